@@ -1,0 +1,1 @@
+//! Paged attention, KV write and page copy behind one backend trait.
