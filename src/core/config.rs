@@ -97,17 +97,26 @@ impl Config {
     pub fn validate(&self) -> Result<()> {
         let bad = |field: &'static str, reason: String| Err(Error::InvalidConfig { field, reason });
         if self.page_size == 0 || self.page_size > MAX_PAGE_SIZE {
-            return bad("page_size", format!("{} is not in 1..={MAX_PAGE_SIZE}", self.page_size));
+            return bad(
+                "page_size",
+                format!("{} is not in 1..={MAX_PAGE_SIZE}", self.page_size),
+            );
         }
         let min_device = 1 + u32::from(self.reserve_null_page);
         if self.num_device_pages < min_device || self.num_device_pages > MAX_PAGES {
             return bad(
                 "num_device_pages",
-                format!("{} is not in {min_device}..={MAX_PAGES}", self.num_device_pages),
+                format!(
+                    "{} is not in {min_device}..={MAX_PAGES}",
+                    self.num_device_pages
+                ),
             );
         }
         if self.num_host_pages > MAX_PAGES {
-            return bad("num_host_pages", format!("{} exceeds {MAX_PAGES}", self.num_host_pages));
+            return bad(
+                "num_host_pages",
+                format!("{} exceeds {MAX_PAGES}", self.num_host_pages),
+            );
         }
         if (self.num_device_pages as u64) * (self.page_size as u64) > i64::MAX as u64 / 2 {
             return bad("num_device_pages", "slot ids would overflow int64".into());
@@ -171,18 +180,27 @@ mod tests {
             ("page_size", Box::new(|c| c.page_size = 0)),
             ("page_size", Box::new(|c| c.page_size = MAX_PAGE_SIZE + 1)),
             ("num_device_pages", Box::new(|c| c.num_device_pages = 0)),
-            ("num_device_pages", Box::new(|c| {
-                c.num_device_pages = 1;
-                c.reserve_null_page = true;
-            })),
-            ("num_host_pages", Box::new(|c| c.num_host_pages = MAX_PAGES + 1)),
+            (
+                "num_device_pages",
+                Box::new(|c| {
+                    c.num_device_pages = 1;
+                    c.reserve_null_page = true;
+                }),
+            ),
+            (
+                "num_host_pages",
+                Box::new(|c| c.num_host_pages = MAX_PAGES + 1),
+            ),
             ("num_layers", Box::new(|c| c.num_layers = 0)),
             ("num_kv_heads", Box::new(|c| c.num_kv_heads = 0)),
             ("head_dim", Box::new(|c| c.head_dim = 0)),
-            ("defer_commit", Box::new(|c| {
-                c.defer_commit = true;
-                c.enable_prefix_caching = false;
-            })),
+            (
+                "defer_commit",
+                Box::new(|c| {
+                    c.defer_commit = true;
+                    c.enable_prefix_caching = false;
+                }),
+            ),
         ];
         for (field, mutate) in cases {
             let mut c = Config::default();
@@ -196,10 +214,19 @@ mod tests {
 
     #[test]
     fn page_bytes() {
-        let c = Config { num_layers: 2, num_kv_heads: 8, head_dim: 128, page_size: 16, ..Config::default() };
+        let c = Config {
+            num_layers: 2,
+            num_kv_heads: 8,
+            head_dim: 128,
+            page_size: 16,
+            ..Config::default()
+        };
         assert_eq!(c.page_bytes(), Some(2 * 2 * 16 * 8 * 128 * 2));
         assert_eq!(c.usable_pages(Tier::Device), 1024);
-        let c = Config { reserve_null_page: true, ..c };
+        let c = Config {
+            reserve_null_page: true,
+            ..c
+        };
         assert_eq!(c.usable_pages(Tier::Device), 1023);
     }
 }

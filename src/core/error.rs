@@ -125,6 +125,9 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 impl Error {
     /// Builds [`Error::InvalidArgument`].
     pub fn arg(field: &'static str, reason: impl Into<String>) -> Self {
-        Error::InvalidArgument { field, reason: reason.into() }
+        Error::InvalidArgument {
+            field,
+            reason: reason.into(),
+        }
     }
 }

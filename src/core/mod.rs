@@ -1,7 +1,25 @@
 //! The cache manager core: safe Rust, no raw pointers, no `extern`.
+//!
+//! [`Cache`] is the thread-safe entry point; [`State`] holds everything behind its lock. The
+//! files split by concept: [`config`], page [`pool`] (with the intrusive lists of [`list`]),
+//! [`prefix`] index, sequences ([`seq`]), [`stats`], and the invariant [`check`]er.
 
+pub mod cache;
+pub mod check;
 pub mod config;
 pub mod error;
+pub mod list;
+pub mod pool;
+pub mod prefix;
+pub mod seq;
+pub mod state;
+pub mod stats;
 
+pub use cache::Cache;
 pub use config::{Config, DType, Tier};
 pub use error::{Error, Result};
+pub use pool::PageState;
+pub use prefix::{ExtraKeys, MmItem};
+pub use seq::{BeginInfo, CopyKind, PageCopy, SeqInfo};
+pub use state::{Match, State};
+pub use stats::{Counters, Stats};

@@ -18,7 +18,11 @@ fn check_len<T>(len: usize, name: &'static str) -> Result<(), Error> {
 /// # Safety
 /// When non-NULL, `ptr` must point to `len` initialised `T`s that live and stay unchanged by
 /// others for `'a` (the caller's contract, documented on each C function).
-pub(crate) unsafe fn slice<'a, T>(ptr: *const T, len: usize, name: &'static str) -> Result<&'a [T], Error> {
+pub(crate) unsafe fn slice<'a, T>(
+    ptr: *const T,
+    len: usize,
+    name: &'static str,
+) -> Result<&'a [T], Error> {
     if len == 0 {
         return Ok(&[]);
     }
@@ -37,7 +41,11 @@ pub(crate) unsafe fn slice<'a, T>(ptr: *const T, len: usize, name: &'static str)
 ///
 /// # Safety
 /// As [`slice`], and nobody else reads or writes the memory during `'a`.
-pub(crate) unsafe fn slice_mut<'a, T>(ptr: *mut T, len: usize, name: &'static str) -> Result<&'a mut [T], Error> {
+pub(crate) unsafe fn slice_mut<'a, T>(
+    ptr: *mut T,
+    len: usize,
+    name: &'static str,
+) -> Result<&'a mut [T], Error> {
     if len == 0 {
         return Ok(&mut []);
     }
@@ -83,7 +91,10 @@ pub(crate) unsafe fn try_out<'a, T>(ptr: *mut T, name: &'static str) -> Result<&
 ///
 /// # Safety
 /// As [`try_out`] when non-NULL.
-pub(crate) unsafe fn opt_out<'a, T>(ptr: *mut T, name: &'static str) -> Result<Option<&'a mut T>, Error> {
+pub(crate) unsafe fn opt_out<'a, T>(
+    ptr: *mut T,
+    name: &'static str,
+) -> Result<Option<&'a mut T>, Error> {
     if ptr.is_null() {
         Ok(None)
     } else {

@@ -1,0 +1,299 @@
+//! The prefix index: exact longest-prefix matching of token pages.
+//!
+//! Each full page of a token sequence gets a chain digest
+//!
+//! ```text
+//! h_0 = ROOT
+//! h_i = xxh3_128( h_{i-1} as 16 LE bytes ‖ e_i as 16 LE bytes ‖ page i's tokens as int32 LE )
+//! ```
+//!
+//! where `e_i` is the page's extra-key digest ([`ExtraKeys::page_digest`]: LoRA id, cache salt
+//! and the multimodal items overlapping the page; 0 when there are none). The index maps `h_i`
+//! to the page holding that KV. A lookup verifies the stored tokens and the extra digest of the
+//! page itself, so a hit needs the page's own tokens to be equal and the whole earlier prefix to
+//! have the same 128-bit xxh3 digest. xxh3-128 (XXH3_128bits, seed 0) is the specified
+//! algorithm; routers can recompute `h_i` from token ids alone (see README, "Prefix keys").
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+use xxhash_rust::xxh3::xxh3_128;
+
+/// Chain digest of the empty prefix: `xxh3_128(b"kvshare-prefix-v1")`.
+pub fn root_hash() -> u128 {
+    xxh3_128(b"kvshare-prefix-v1")
+}
+
+/// A multimodal input placed in the token sequence (its placeholder tokens span
+/// `offset..offset+length`), identified by a 128-bit content hash from the engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MmItem {
+    /// Content hash of the item (e.g. of the image bytes).
+    pub hash: u128,
+    /// First token position of the item.
+    pub offset: u32,
+    /// Number of token positions it covers.
+    pub length: u32,
+}
+
+/// Extra keys that are part of every page's identity besides its tokens.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ExtraKeys {
+    /// LoRA adapter id (0: base model).
+    pub lora_id: u64,
+    /// Cache salt: sequences with different salts never share pages.
+    pub salt: Vec<u8>,
+    /// Multimodal items, in any order.
+    pub mm: Vec<MmItem>,
+}
+
+impl ExtraKeys {
+    /// Whether no extra key is set.
+    pub fn is_empty(&self) -> bool {
+        self.lora_id == 0 && self.salt.is_empty() && self.mm.is_empty()
+    }
+
+    /// The extra digest `e_i` of page `page_index`: 0 when no LoRA id, no salt and no item
+    /// overlapping the page; otherwise `xxh3_128(b"kvs-extra-v1" ‖ lora_id u64 LE ‖ salt length
+    /// u64 LE ‖ salt ‖ for each overlapping item in the given order: hash 16 LE bytes ‖ (offset -
+    /// page start) i64 LE ‖ length u32 LE)`.
+    pub fn page_digest(&self, page_index: usize, page_size: usize) -> u128 {
+        if self.is_empty() {
+            return 0;
+        }
+        let start = (page_index * page_size) as i64;
+        let end = start + page_size as i64;
+        let overlapping = self.mm.iter().filter(|m| {
+            let (a, b) = (m.offset as i64, m.offset as i64 + m.length as i64);
+            a < end && b > start
+        });
+        if self.lora_id == 0 && self.salt.is_empty() && overlapping.clone().next().is_none() {
+            return 0;
+        }
+        let mut buf = Vec::with_capacity(32 + self.salt.len());
+        buf.extend_from_slice(b"kvs-extra-v1");
+        buf.extend_from_slice(&self.lora_id.to_le_bytes());
+        buf.extend_from_slice(&(self.salt.len() as u64).to_le_bytes());
+        buf.extend_from_slice(&self.salt);
+        for m in overlapping {
+            buf.extend_from_slice(&m.hash.to_le_bytes());
+            buf.extend_from_slice(&(m.offset as i64 - start).to_le_bytes());
+            buf.extend_from_slice(&m.length.to_le_bytes());
+        }
+        xxh3_128(&buf)
+    }
+}
+
+/// `h_i` from `h_{i-1}`, the page's extra digest and its tokens. `scratch` is reused to avoid
+/// an allocation per page.
+pub fn chain_hash(parent: u128, extra: u128, tokens: &[i32], scratch: &mut Vec<u8>) -> u128 {
+    scratch.clear();
+    scratch.extend_from_slice(&parent.to_le_bytes());
+    scratch.extend_from_slice(&extra.to_le_bytes());
+    for t in tokens {
+        scratch.extend_from_slice(&t.to_le_bytes());
+    }
+    xxh3_128(scratch)
+}
+
+/// Keys are already uniform 128-bit digests: fold them instead of hashing them again.
+#[derive(Default)]
+pub struct DigestHasher(u64);
+
+impl Hasher for DigestHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+    fn write_u128(&mut self, v: u128) {
+        self.0 = (v as u64) ^ ((v >> 64) as u64);
+    }
+}
+
+type DigestMap = HashMap<u128, u32, BuildHasherDefault<DigestHasher>>;
+
+/// Index of one tier's registered pages.
+#[derive(Debug, Clone)]
+pub struct PrefixIndex {
+    page_size: usize,
+    map: DigestMap,
+    hash: Vec<u128>,
+    extra: Vec<u128>,
+    registered: Vec<bool>,
+    tokens: Vec<i32>,
+}
+
+impl PrefixIndex {
+    /// An empty index over `num_pages` pages of `page_size` tokens.
+    pub fn new(num_pages: u32, page_size: u32) -> Self {
+        let n = num_pages as usize;
+        PrefixIndex {
+            page_size: page_size as usize,
+            map: DigestMap::default(),
+            hash: vec![0; n],
+            extra: vec![0; n],
+            registered: vec![false; n],
+            tokens: vec![0; n * page_size as usize],
+        }
+    }
+
+    /// Registered pages.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Whether no page is registered.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// Whether `page` holds an index entry.
+    pub fn is_registered(&self, page: u32) -> bool {
+        self.registered[page as usize]
+    }
+
+    /// The chain digest of a registered page.
+    pub fn hash_of(&self, page: u32) -> Option<u128> {
+        self.registered[page as usize].then(|| self.hash[page as usize])
+    }
+
+    fn page_tokens(&self, page: u32) -> &[i32] {
+        let s = page as usize * self.page_size;
+        &self.tokens[s..s + self.page_size]
+    }
+
+    /// The page registered under `hash` whose stored tokens and extra digest equal the given
+    /// ones; `None` on a miss (including the astronomically unlikely digest collision).
+    pub fn lookup(&self, hash: u128, extra: u128, tokens: &[i32]) -> Option<u32> {
+        let &page = self.map.get(&hash)?;
+        (self.extra[page as usize] == extra && self.page_tokens(page) == tokens).then_some(page)
+    }
+
+    /// Registers `page` under `hash`. Returns false (and changes nothing) when another page
+    /// already holds `hash` (a duplicate: the first copy stays canonical) or `page` is already
+    /// registered.
+    pub fn insert(&mut self, page: u32, hash: u128, extra: u128, tokens: &[i32]) -> bool {
+        debug_assert_eq!(tokens.len(), self.page_size);
+        let i = page as usize;
+        if self.registered[i] || self.map.contains_key(&hash) {
+            return false;
+        }
+        self.map.insert(hash, page);
+        self.hash[i] = hash;
+        self.extra[i] = extra;
+        self.registered[i] = true;
+        let s = i * self.page_size;
+        self.tokens[s..s + self.page_size].copy_from_slice(tokens);
+        true
+    }
+
+    /// Drops `page`'s entry, if any. Returns whether it had one.
+    pub fn remove(&mut self, page: u32) -> bool {
+        let i = page as usize;
+        if !self.registered[i] {
+            return false;
+        }
+        self.registered[i] = false;
+        let removed = self.map.remove(&self.hash[i]);
+        debug_assert_eq!(removed, Some(page));
+        true
+    }
+
+    /// Drops every entry; returns the pages that had one.
+    pub fn clear(&mut self) -> Vec<u32> {
+        let pages: Vec<u32> = self.map.drain().map(|(_, p)| p).collect();
+        for &p in &pages {
+            self.registered[p as usize] = false;
+        }
+        pages
+    }
+
+    /// Every `(hash, page)` entry, for the invariant checker.
+    pub fn entries(&self) -> impl Iterator<Item = (u128, u32)> + '_ {
+        self.map.iter().map(|(&h, &p)| (h, p))
+    }
+
+    /// Count of pages flagged registered (must equal [`len`](Self::len)).
+    pub fn registered_count(&self) -> usize {
+        self.registered.iter().filter(|&&r| r).count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chain_differs_by_parent_extra_and_tokens() {
+        let mut s = Vec::new();
+        let r = root_hash();
+        let a = chain_hash(r, 0, &[1, 2], &mut s);
+        assert_ne!(a, chain_hash(r, 0, &[1, 3], &mut s));
+        assert_ne!(a, chain_hash(r, 1, &[1, 2], &mut s));
+        assert_ne!(a, chain_hash(a, 0, &[1, 2], &mut s));
+        assert_eq!(a, chain_hash(r, 0, &[1, 2], &mut s));
+    }
+
+    #[test]
+    fn extra_digest() {
+        let none = ExtraKeys::default();
+        assert_eq!(none.page_digest(3, 16), 0);
+        let salted = ExtraKeys {
+            salt: b"tenant-a".to_vec(),
+            ..Default::default()
+        };
+        let other = ExtraKeys {
+            salt: b"tenant-b".to_vec(),
+            ..Default::default()
+        };
+        assert_ne!(salted.page_digest(0, 16), 0);
+        assert_ne!(salted.page_digest(0, 16), other.page_digest(0, 16));
+        let lora = ExtraKeys {
+            lora_id: 7,
+            ..Default::default()
+        };
+        assert_ne!(lora.page_digest(0, 16), 0);
+        let mm = ExtraKeys {
+            mm: vec![MmItem {
+                hash: 99,
+                offset: 20,
+                length: 8,
+            }],
+            ..Default::default()
+        };
+        assert_eq!(mm.page_digest(0, 16), 0, "item does not overlap page 0");
+        assert_ne!(mm.page_digest(1, 16), 0);
+        assert_eq!(mm.page_digest(2, 16), 0);
+        let mm2 = ExtraKeys {
+            mm: vec![MmItem {
+                hash: 98,
+                offset: 20,
+                length: 8,
+            }],
+            ..Default::default()
+        };
+        assert_ne!(mm.page_digest(1, 16), mm2.page_digest(1, 16));
+    }
+
+    #[test]
+    fn insert_lookup_remove() {
+        let mut ix = PrefixIndex::new(4, 2);
+        assert!(ix.insert(1, 10, 0, &[5, 6]));
+        assert!(!ix.insert(2, 10, 0, &[5, 6]), "duplicate hash");
+        assert!(!ix.insert(1, 11, 0, &[5, 6]), "page already registered");
+        assert_eq!(ix.lookup(10, 0, &[5, 6]), Some(1));
+        assert_eq!(ix.lookup(10, 0, &[5, 7]), None, "tokens verified");
+        assert_eq!(ix.lookup(10, 3, &[5, 6]), None, "extra verified");
+        assert!(ix.remove(1));
+        assert!(!ix.remove(1));
+        assert_eq!(ix.lookup(10, 0, &[5, 6]), None);
+        assert!(ix.insert(2, 10, 0, &[5, 6]));
+        assert_eq!(ix.clear(), vec![2]);
+        assert!(ix.is_empty());
+        assert_eq!(ix.registered_count(), 0);
+    }
+}

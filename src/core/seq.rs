@@ -1,0 +1,602 @@
+//! Sequences: block tables, append with copy-on-write, fork, free, swap between tiers, and the
+//! batch block-table / slot-mapping builders.
+
+use std::collections::HashSet;
+
+use super::config::Tier;
+use super::error::{Error, Result};
+use super::prefix::{chain_hash, ExtraKeys};
+use super::state::State;
+
+/// Direction of a page copy the engine (or a backend) must execute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CopyKind {
+    /// Copy-on-write inside the device tier.
+    DeviceToDevice,
+    /// Swap out.
+    DeviceToHost,
+    /// Swap in.
+    HostToDevice,
+}
+
+/// Copy token slots `0..num_tokens` of page `src` into page `dst`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PageCopy {
+    /// Source page id (in the source tier).
+    pub src: u32,
+    /// Destination page id (in the destination tier).
+    pub dst: u32,
+    /// Slots to copy from the start of the page (`page_size` = the whole page; may be 0 for a
+    /// reserved page that holds no token yet).
+    pub num_tokens: u32,
+    /// Tiers of `src` and `dst`.
+    pub kind: CopyKind,
+}
+
+/// One sequence (request, or one beam of it).
+#[derive(Debug, Clone)]
+pub struct Seq {
+    pub(super) tokens: Vec<i32>,
+    pub(super) pages: Vec<u32>,
+    pub(super) tier: Tier,
+    pub(super) extra: Option<Box<ExtraKeys>>,
+    /// Chain digests of the first `hashes.len()` full pages (offered to the index already).
+    pub(super) hashes: Vec<u128>,
+    /// A page with a placeholder (negative) token was reached: no later page is hashed.
+    pub(super) hash_stopped: bool,
+    /// Full pages await [`State::commit`] (defer_commit mode).
+    pub(super) pending: bool,
+    pub(super) matched_tokens: usize,
+}
+
+/// What [`State::begin`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BeginInfo {
+    /// Prompt tokens whose KV was found cached (a multiple of the page size).
+    pub matched_tokens: usize,
+    /// Pages in the sequence's block table.
+    pub num_pages: usize,
+    /// Pages newly allocated (the rest are shared prefix hits).
+    pub new_pages: usize,
+}
+
+/// A sequence's current shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SeqInfo {
+    /// Tokens (prompt plus appended).
+    pub num_tokens: usize,
+    /// Pages in the block table (may exceed what the tokens need by reserved lookahead).
+    pub num_pages: usize,
+    /// Tokens matched in the prefix index at begin.
+    pub matched_tokens: usize,
+    /// Where the pages are.
+    pub tier: Tier,
+}
+
+fn ceil_div(a: usize, b: usize) -> usize {
+    a.div_ceil(b)
+}
+
+/// Tokens held by page `j` of a sequence of `len` tokens.
+fn tokens_in_page(len: usize, j: usize, ps: usize) -> u32 {
+    len.saturating_sub(j * ps).min(ps) as u32
+}
+
+impl State {
+    fn seq(&self, id: u64) -> Result<&Seq> {
+        self.seqs.get(&id).ok_or(Error::SeqNotFound(id))
+    }
+
+    fn device_seq(&self, id: u64) -> Result<&Seq> {
+        let s = self.seq(id)?;
+        if s.tier != Tier::Device {
+            return Err(Error::SeqWrongTier {
+                seq: id,
+                tier: s.tier,
+                needed: Tier::Device,
+            });
+        }
+        Ok(s)
+    }
+
+    /// Offers the sequence's newly full pages to the prefix index (or queues them for
+    /// [`commit`](Self::commit) in defer-commit mode).
+    fn register_full_pages(&mut self, id: u64) {
+        if !self.cfg.enable_prefix_caching {
+            return;
+        }
+        if self.cfg.defer_commit {
+            if let Some(s) = self.seqs.get_mut(&id) {
+                let full = s.tokens.len() / self.ps;
+                if !s.pending && !s.hash_stopped && s.hashes.len() < full {
+                    s.pending = true;
+                    self.pending.push(id);
+                }
+            }
+            return;
+        }
+        self.register_now(id);
+    }
+
+    fn register_now(&mut self, id: u64) {
+        let State {
+            seqs,
+            index,
+            scratch,
+            root,
+            ps,
+            counters,
+            ..
+        } = self;
+        let Some(s) = seqs.get_mut(&id) else { return };
+        let ps = *ps;
+        let full = s.tokens.len() / ps;
+        while !s.hash_stopped && s.hashes.len() < full {
+            let i = s.hashes.len();
+            let chunk = &s.tokens[i * ps..(i + 1) * ps];
+            if chunk.iter().any(|&t| t < 0) {
+                s.hash_stopped = true;
+                break;
+            }
+            let e = s.extra.as_ref().map_or(0, |x| x.page_digest(i, ps));
+            let parent = s.hashes.last().copied().unwrap_or(*root);
+            let h = chain_hash(parent, e, chunk, scratch);
+            if index.insert(s.pages[i], h, e, chunk) {
+                counters.pages_registered += 1;
+            }
+            s.hashes.push(h);
+        }
+    }
+
+    /// Makes every page that filled up since the last commit matchable (MindIE's
+    /// `MarkBlocksAsComputed`). A no-op unless the config defers commits.
+    pub fn commit(&mut self) {
+        let pending = std::mem::take(&mut self.pending);
+        for id in pending {
+            let on_device = match self.seqs.get_mut(&id) {
+                Some(s) => {
+                    s.pending = false;
+                    s.tier == Tier::Device
+                }
+                None => continue,
+            };
+            if on_device {
+                self.register_now(id);
+            }
+        }
+    }
+
+    /// Starts sequence `id` with its prompt: matches the longest cached prefix (at most
+    /// `max_match_tokens` tokens, whole pages), shares those pages, and allocates pages for the
+    /// rest. All or nothing.
+    pub fn begin(
+        &mut self,
+        id: u64,
+        tokens: &[i32],
+        extra: Option<ExtraKeys>,
+        max_match_tokens: usize,
+    ) -> Result<BeginInfo> {
+        if self.seqs.contains_key(&id) {
+            return Err(Error::SeqExists(id));
+        }
+        let extra = extra.filter(|x| !x.is_empty()).map(Box::new);
+        let max_pages = tokens.len().min(max_match_tokens) / self.ps;
+        let m = self.walk(tokens, extra.as_deref(), max_pages);
+        let total = ceil_div(tokens.len(), self.ps);
+        let need = total - m.pages.len();
+        self.ensure_available(Tier::Device, need, self.cached_among(&m.pages))?;
+        if self.cfg.enable_prefix_caching {
+            self.counters.prefix_queries += 1;
+            self.counters.prefix_query_tokens += tokens.len() as u64;
+            self.counters.prefix_hit_tokens += m.tokens as u64;
+        }
+        let mut pages = m.pages;
+        for &p in &pages {
+            self.dev.acquire(p, false);
+        }
+        for _ in 0..need {
+            pages.push(self.take_device(false));
+        }
+        let seq = Seq {
+            tokens: tokens.to_vec(),
+            pages,
+            tier: Tier::Device,
+            extra,
+            hashes: m.hashes,
+            hash_stopped: false,
+            pending: false,
+            matched_tokens: m.tokens,
+        };
+        self.seqs.insert(id, seq);
+        self.register_full_pages(id);
+        Ok(BeginInfo {
+            matched_tokens: m.tokens,
+            num_pages: total,
+            new_pages: need,
+        })
+    }
+
+    /// Pages an append of `n` tokens (plus `lookahead` reserved slots) needs: new capacity pages
+    /// and copy-on-write replacements of shared pages it would write into.
+    fn append_need(&self, s: &Seq, n: usize, lookahead: usize) -> (usize, usize) {
+        let ps = self.ps;
+        let old = s.tokens.len();
+        let cap = ceil_div(old + n + lookahead, ps).saturating_sub(s.pages.len());
+        let mut cow = 0;
+        if n > 0 {
+            let last = ((old + n - 1) / ps).min(s.pages.len().saturating_sub(1));
+            for j in old / ps..=last {
+                if j < s.pages.len() && self.dev.refcount(s.pages[j]) > 1 {
+                    cow += 1;
+                }
+            }
+        }
+        (cap, cow)
+    }
+
+    /// Applies an append whose page needs were checked.
+    fn append_unchecked(
+        &mut self,
+        id: u64,
+        tokens: &[i32],
+        lookahead: usize,
+        copies: &mut Vec<PageCopy>,
+    ) {
+        let ps = self.ps;
+        let (old, npages) = {
+            let s = &self.seqs[&id];
+            (s.tokens.len(), s.pages.len())
+        };
+        let n = tokens.len();
+        if n > 0 {
+            let last = ((old + n - 1) / ps).min(npages.saturating_sub(1));
+            for j in old / ps..=last {
+                if j >= npages {
+                    break;
+                }
+                let src = self.seqs[&id].pages[j];
+                if self.dev.refcount(src) <= 1 {
+                    continue;
+                }
+                let dst = self.take_device(false);
+                let keep = if j == old / ps { old % ps } else { 0 };
+                if keep > 0 {
+                    copies.push(PageCopy {
+                        src,
+                        dst,
+                        num_tokens: keep as u32,
+                        kind: CopyKind::DeviceToDevice,
+                    });
+                    self.counters.cow_copies += 1;
+                }
+                self.release_device(src, false);
+                self.seqs.get_mut(&id).expect("checked").pages[j] = dst;
+            }
+        }
+        let want = ceil_div(old + n + lookahead, ps);
+        let mut fresh = Vec::new();
+        for _ in npages..want.max(npages) {
+            fresh.push(self.take_device(false));
+        }
+        let s = self.seqs.get_mut(&id).expect("checked");
+        s.pages.extend(fresh);
+        s.tokens.extend_from_slice(tokens);
+        self.register_full_pages(id);
+    }
+
+    /// Appends tokens to a device-resident sequence, keeping room for `lookahead` more slots
+    /// (speculative decoding). Writing into a page shared with another sequence copies it first;
+    /// the copy is pushed to `copies`. All or nothing.
+    pub fn append(
+        &mut self,
+        id: u64,
+        tokens: &[i32],
+        lookahead: usize,
+        copies: &mut Vec<PageCopy>,
+    ) -> Result<()> {
+        let s = self.device_seq(id)?;
+        let (cap, cow) = self.append_need(s, tokens.len(), lookahead);
+        self.ensure_available(Tier::Device, cap + cow, 0)?;
+        self.append_unchecked(id, tokens, lookahead, copies);
+        Ok(())
+    }
+
+    /// One decode step for a batch: appends `tokens[i]` to `ids[i]`. All or nothing across the
+    /// whole batch; at most one copy per sequence is pushed.
+    pub fn append_batch(
+        &mut self,
+        ids: &[u64],
+        tokens: &[i32],
+        copies: &mut Vec<PageCopy>,
+    ) -> Result<()> {
+        if ids.len() != tokens.len() {
+            return Err(Error::arg(
+                "tokens",
+                format!("{} tokens for {} sequences", tokens.len(), ids.len()),
+            ));
+        }
+        let mut need = 0;
+        let mut seen = HashSet::with_capacity(ids.len());
+        for &id in ids {
+            if !seen.insert(id) {
+                return Err(Error::arg(
+                    "seq_ids",
+                    format!("sequence {id} appears twice in the batch"),
+                ));
+            }
+            let s = self.device_seq(id)?;
+            let (cap, cow) = self.append_need(s, 1, 0);
+            need += cap + cow;
+        }
+        self.ensure_available(Tier::Device, need, 0)?;
+        for (i, &id) in ids.iter().enumerate() {
+            self.append_unchecked(id, &tokens[i..i + 1], 0, copies);
+        }
+        Ok(())
+    }
+
+    /// Creates `child` sharing every page of `parent` (beam search, parallel sampling). Writes
+    /// into shared pages later copy them on write.
+    pub fn fork(&mut self, parent: u64, child: u64) -> Result<()> {
+        if self.seqs.contains_key(&child) {
+            return Err(Error::SeqExists(child));
+        }
+        let mut s = self.device_seq(parent)?.clone();
+        for &p in &s.pages {
+            self.dev.acquire(p, false);
+        }
+        s.pending = false;
+        self.seqs.insert(child, s);
+        self.register_full_pages(child);
+        Ok(())
+    }
+
+    /// Ends a sequence: releases its pages, last page first, so the deepest cached pages of a
+    /// chain are evicted before its shared head.
+    pub fn free(&mut self, id: u64) -> Result<()> {
+        let s = self.seqs.remove(&id).ok_or(Error::SeqNotFound(id))?;
+        for &p in s.pages.iter().rev() {
+            match s.tier {
+                Tier::Device => self.release_device(p, false),
+                Tier::Host => self.host.release(p, false, false),
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves a sequence's pages to host pages (one per device page), pushing one
+    /// device→host copy per page. Shared device pages stay with their other holders; registered
+    /// ones stay cached. All or nothing (`NoSpace` on the host tier).
+    pub fn swap_out(&mut self, id: u64, copies: &mut Vec<PageCopy>) -> Result<()> {
+        let n = self.device_seq(id)?.pages.len();
+        if n > self.host.num_free() {
+            return Err(Error::NoSpace {
+                tier: Tier::Host,
+                needed: n,
+                available: self.host.num_free(),
+            });
+        }
+        let mut s = self.seqs.remove(&id).expect("checked");
+        let len = s.tokens.len();
+        let mut host_pages = Vec::with_capacity(n);
+        for (j, &p) in s.pages.iter().enumerate() {
+            let (h, _) = self.host.take(false).expect("checked");
+            copies.push(PageCopy {
+                src: p,
+                dst: h,
+                num_tokens: tokens_in_page(len, j, self.ps),
+                kind: CopyKind::DeviceToHost,
+            });
+            host_pages.push(h);
+        }
+        for &p in s.pages.iter().rev() {
+            self.release_device(p, false);
+        }
+        s.pages = host_pages;
+        s.tier = Tier::Host;
+        self.counters.swap_out_pages += n as u64;
+        self.seqs.insert(id, s);
+        Ok(())
+    }
+
+    /// Brings a swapped-out sequence back to device pages. Full pages whose content is cached on
+    /// the device are shared instead of copied; the others get new pages and a host→device copy
+    /// each. All or nothing (`NoSpace` on the device tier).
+    pub fn swap_in(&mut self, id: u64, copies: &mut Vec<PageCopy>) -> Result<()> {
+        let s = self.seq(id)?;
+        if s.tier != Tier::Host {
+            return Err(Error::SeqWrongTier {
+                seq: id,
+                tier: s.tier,
+                needed: Tier::Host,
+            });
+        }
+        let ps = self.ps;
+        let mut hits: Vec<Option<u32>> = vec![None; s.pages.len()];
+        if self.cfg.enable_prefix_caching {
+            for (j, h) in s.hashes.iter().enumerate() {
+                let e = s.extra.as_ref().map_or(0, |x| x.page_digest(j, ps));
+                hits[j] = self.index.lookup(*h, e, &s.tokens[j * ps..(j + 1) * ps]);
+            }
+        }
+        let hit_pages: Vec<u32> = hits.iter().flatten().copied().collect();
+        let need = s.pages.len() - hit_pages.len();
+        self.ensure_available(Tier::Device, need, self.cached_among(&hit_pages))?;
+
+        let mut s = self.seqs.remove(&id).expect("checked");
+        for &p in &hit_pages {
+            self.dev.acquire(p, false);
+        }
+        let len = s.tokens.len();
+        let mut dev_pages = Vec::with_capacity(s.pages.len());
+        let mut copied = 0u64;
+        for (j, &h) in s.pages.iter().enumerate() {
+            match hits[j] {
+                Some(p) => dev_pages.push(p),
+                None => {
+                    let d = self.take_device(false);
+                    copies.push(PageCopy {
+                        src: h,
+                        dst: d,
+                        num_tokens: tokens_in_page(len, j, ps),
+                        kind: CopyKind::HostToDevice,
+                    });
+                    copied += 1;
+                    dev_pages.push(d);
+                }
+            }
+        }
+        for &h in s.pages.iter().rev() {
+            self.host.release(h, false, false);
+        }
+        if self.cfg.enable_prefix_caching {
+            for (j, &h) in s.hashes.iter().enumerate() {
+                if hits[j].is_none() {
+                    let e = s.extra.as_ref().map_or(0, |x| x.page_digest(j, ps));
+                    if self
+                        .index
+                        .insert(dev_pages[j], h, e, &s.tokens[j * ps..(j + 1) * ps])
+                    {
+                        self.counters.pages_registered += 1;
+                    }
+                }
+            }
+        }
+        s.pages = dev_pages;
+        s.tier = Tier::Device;
+        self.counters.swap_in_pages += copied;
+        self.seqs.insert(id, s);
+        self.register_full_pages(id);
+        Ok(())
+    }
+
+    /// The block table (page ids) of a sequence.
+    pub fn seq_pages(&self, id: u64) -> Result<&[u32]> {
+        Ok(&self.seq(id)?.pages)
+    }
+
+    /// The token ids of a sequence.
+    pub fn seq_tokens(&self, id: u64) -> Result<&[i32]> {
+        Ok(&self.seq(id)?.tokens)
+    }
+
+    /// A sequence's shape.
+    pub fn seq_info(&self, id: u64) -> Result<SeqInfo> {
+        let s = self.seq(id)?;
+        Ok(SeqInfo {
+            num_tokens: s.tokens.len(),
+            num_pages: s.pages.len(),
+            matched_tokens: s.matched_tokens,
+            tier: s.tier,
+        })
+    }
+
+    /// Fills `table` (row-major `[ids.len(), max_pages]`) with each sequence's page ids, padded
+    /// with `pad`, and `context_lens` (if not empty) with token counts. Writes nothing on error.
+    pub fn block_tables(
+        &self,
+        ids: &[u64],
+        max_pages: usize,
+        pad: i32,
+        table: &mut [i32],
+        context_lens: &mut [i32],
+    ) -> Result<()> {
+        let needed = ids
+            .len()
+            .checked_mul(max_pages)
+            .ok_or_else(|| Error::arg("max_pages_per_seq", "overflow"))?;
+        if table.len() < needed {
+            return Err(Error::BufferTooSmall {
+                what: "table_out",
+                needed,
+                capacity: table.len(),
+            });
+        }
+        if !context_lens.is_empty() && context_lens.len() < ids.len() {
+            return Err(Error::BufferTooSmall {
+                what: "context_lens_out",
+                needed: ids.len(),
+                capacity: context_lens.len(),
+            });
+        }
+        for &id in ids {
+            let s = self.device_seq(id)?;
+            if s.pages.len() > max_pages {
+                return Err(Error::arg(
+                    "max_pages_per_seq",
+                    format!(
+                        "sequence {id} has {} pages, more than {max_pages}",
+                        s.pages.len()
+                    ),
+                ));
+            }
+            if s.tokens.len() > i32::MAX as usize {
+                return Err(Error::arg(
+                    "seq_ids",
+                    format!("sequence {id} is too long for int32 lengths"),
+                ));
+            }
+        }
+        for (i, &id) in ids.iter().enumerate() {
+            let s = &self.seqs[&id];
+            let row = &mut table[i * max_pages..(i + 1) * max_pages];
+            for (dst, &p) in row.iter_mut().zip(&s.pages) {
+                *dst = p as i32;
+            }
+            row[s.pages.len()..].fill(pad);
+            if !context_lens.is_empty() {
+                context_lens[i] = s.tokens.len() as i32;
+            }
+        }
+        Ok(())
+    }
+
+    /// Slot ids (`page * page_size + offset`) of the last `query_lens[i]` tokens of each
+    /// sequence, concatenated; entries after them are set to -1 (padding). Returns the number of
+    /// real slots written. Writes nothing on error.
+    pub fn slot_mapping(&self, ids: &[u64], query_lens: &[u32], out: &mut [i64]) -> Result<usize> {
+        if ids.len() != query_lens.len() {
+            return Err(Error::arg(
+                "query_lens",
+                format!(
+                    "{} query lengths for {} sequences",
+                    query_lens.len(),
+                    ids.len()
+                ),
+            ));
+        }
+        let mut total = 0usize;
+        for (&id, &q) in ids.iter().zip(query_lens) {
+            let s = self.device_seq(id)?;
+            if q as usize > s.tokens.len() {
+                return Err(Error::arg(
+                    "query_lens",
+                    format!(
+                        "{q} query tokens for sequence {id} of {} tokens",
+                        s.tokens.len()
+                    ),
+                ));
+            }
+            total += q as usize;
+        }
+        if out.len() < total {
+            return Err(Error::BufferTooSmall {
+                what: "slots_out",
+                needed: total,
+                capacity: out.len(),
+            });
+        }
+        let ps = self.ps;
+        let mut k = 0;
+        for (&id, &q) in ids.iter().zip(query_lens) {
+            let s = &self.seqs[&id];
+            let len = s.tokens.len();
+            for pos in len - q as usize..len {
+                out[k] = s.pages[pos / ps] as i64 * ps as i64 + (pos % ps) as i64;
+                k += 1;
+            }
+        }
+        out[k..].fill(-1);
+        Ok(total)
+    }
+}

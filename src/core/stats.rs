@@ -1,0 +1,59 @@
+//! Counters and the stats snapshot.
+
+/// Event counters, monotonically increasing over the cache's life.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Prefix lookups (matches and sequence begins with prefix caching on).
+    pub prefix_queries: u64,
+    /// Tokens offered to those lookups.
+    pub prefix_query_tokens: u64,
+    /// Tokens found cached.
+    pub prefix_hit_tokens: u64,
+    /// Cached pages evicted to satisfy an allocation.
+    pub evictions: u64,
+    /// Copy-on-write copies reported.
+    pub cow_copies: u64,
+    /// Pages moved device → host by swap out.
+    pub swap_out_pages: u64,
+    /// Pages moved host → device by swap in (copies; prefix hits are not counted).
+    pub swap_in_pages: u64,
+    /// Pages inserted into the prefix index.
+    pub pages_registered: u64,
+    /// Times the prefix index was cleared.
+    pub index_clears: u64,
+}
+
+/// A consistent snapshot of the cache, taken under its lock.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Device pages, padding page included.
+    pub device_pages_total: u64,
+    /// Device pages on the free list.
+    pub device_pages_free: u64,
+    /// Unreferenced device pages kept for prefix hits (evictable).
+    pub device_pages_cached: u64,
+    /// Device pages with refcount > 0.
+    pub device_pages_in_use: u64,
+    /// Device pages with refcount > 1.
+    pub device_pages_shared: u64,
+    /// Host pages.
+    pub host_pages_total: u64,
+    /// Host pages on the free list.
+    pub host_pages_free: u64,
+    /// Host pages with refcount > 0.
+    pub host_pages_in_use: u64,
+    /// Device pages registered in the prefix index (in use or cached).
+    pub index_pages: u64,
+    /// Live sequences (both tiers).
+    pub num_seqs: u64,
+    /// Sequences currently swapped out to host.
+    pub num_seqs_swapped: u64,
+    /// Tokens of device-resident sequences, as if each held its own copy.
+    pub logical_tokens: u64,
+    /// Token slots of device pages in use (`device_pages_in_use * page_size`).
+    pub physical_tokens: u64,
+    /// Bytes of K+V per page over all layers.
+    pub page_bytes: u64,
+    /// Event counters.
+    pub counters: Counters,
+}

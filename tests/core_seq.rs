@@ -1,0 +1,302 @@
+//! Scenario tests of the core cache manager through its Rust API.
+
+use kvshare::core::{Cache, Config, CopyKind, Error, ExtraKeys, PageCopy, PageState, State, Tier};
+
+fn state(pages: u32, ps: u32) -> State {
+    State::new(Config {
+        page_size: ps,
+        num_device_pages: pages,
+        num_host_pages: 8,
+        ..Config::default()
+    })
+    .unwrap()
+}
+
+fn toks(range: std::ops::Range<i32>) -> Vec<i32> {
+    range.collect()
+}
+
+#[test]
+fn shared_prefix_is_stored_once_and_freed_after_last_user() {
+    let mut s = state(16, 4);
+    let sys = toks(0..8); // two full pages of system prompt
+    let a: Vec<i32> = sys.iter().copied().chain(100..103).collect();
+    let b: Vec<i32> = sys.iter().copied().chain(200..206).collect();
+    let ia = s.begin(1, &a, None, usize::MAX).unwrap();
+    assert_eq!((ia.matched_tokens, ia.num_pages, ia.new_pages), (0, 3, 3));
+    let ib = s.begin(2, &b, None, usize::MAX).unwrap();
+    assert_eq!((ib.matched_tokens, ib.num_pages, ib.new_pages), (8, 4, 2));
+    let pa = s.seq_pages(1).unwrap().to_vec();
+    let pb = s.seq_pages(2).unwrap().to_vec();
+    assert_eq!(pa[..2], pb[..2]);
+    for &p in &pa[..2] {
+        assert_eq!(s.page_info(Tier::Device, p).unwrap().0, 2);
+    }
+    let st = s.stats();
+    assert_eq!(st.device_pages_in_use, 5);
+    assert_eq!(st.device_pages_shared, 2);
+    assert_eq!(st.logical_tokens, 11 + 14);
+    s.check().unwrap();
+    s.free(1).unwrap();
+    assert_eq!(s.page_info(Tier::Device, pa[0]).unwrap().0, 1);
+    assert_eq!(
+        s.page_info(Tier::Device, pa[2]).unwrap().1,
+        PageState::Free,
+        "partial page not cached"
+    );
+    s.free(2).unwrap();
+    let (rc, st, reg) = s.page_info(Tier::Device, pa[0]).unwrap();
+    assert_eq!((rc, st, reg), (0, PageState::Cached, true));
+    assert_eq!(s.stats().device_pages_in_use, 0);
+    assert_eq!(s.free(2), Err(Error::SeqNotFound(2)));
+    s.check().unwrap();
+    // A third request hits the cached prefix after both users left.
+    let c: Vec<i32> = sys.iter().copied().chain(300..301).collect();
+    assert_eq!(s.begin(3, &c, None, usize::MAX).unwrap().matched_tokens, 8);
+    s.check().unwrap();
+}
+
+#[test]
+fn max_match_and_salt_and_lora_isolate() {
+    let mut s = state(32, 4);
+    let p = toks(0..12);
+    s.begin(1, &p, None, usize::MAX).unwrap();
+    // vLLM recomputes the last token: cap at len-1 → only 2 of 3 full pages match.
+    assert_eq!(s.begin(2, &p, None, p.len() - 1).unwrap().matched_tokens, 8);
+    let salted = ExtraKeys {
+        salt: b"tenant".to_vec(),
+        ..Default::default()
+    };
+    assert_eq!(
+        s.begin(3, &p, Some(salted.clone()), usize::MAX)
+            .unwrap()
+            .matched_tokens,
+        0
+    );
+    assert_eq!(
+        s.begin(4, &p, Some(salted), usize::MAX)
+            .unwrap()
+            .matched_tokens,
+        12
+    );
+    let lora = ExtraKeys {
+        lora_id: 3,
+        ..Default::default()
+    };
+    assert_eq!(
+        s.begin(5, &p, Some(lora), usize::MAX)
+            .unwrap()
+            .matched_tokens,
+        0
+    );
+    s.check().unwrap();
+}
+
+#[test]
+fn append_registers_full_pages_and_decode_continues_chain() {
+    let mut s = state(32, 4);
+    s.begin(1, &toks(0..6), None, usize::MAX).unwrap();
+    let mut copies = Vec::new();
+    s.append(1, &[6, 7], 0, &mut copies).unwrap();
+    assert!(copies.is_empty());
+    s.append(1, &[8], 0, &mut copies).unwrap();
+    assert_eq!(s.seq_info(1).unwrap().num_pages, 3);
+    // A later turn repeating the history hits both pages filled by decode.
+    assert_eq!(
+        s.begin(2, &toks(0..10), None, usize::MAX)
+            .unwrap()
+            .matched_tokens,
+        8
+    );
+    s.check().unwrap();
+}
+
+#[test]
+fn fork_then_append_copies_on_write() {
+    let mut s = state(32, 4);
+    s.begin(1, &toks(0..6), None, usize::MAX).unwrap();
+    s.fork(1, 2).unwrap();
+    let before = s.seq_pages(2).unwrap().to_vec();
+    let mut copies = Vec::new();
+    s.append(2, &[50], 0, &mut copies).unwrap();
+    let after = s.seq_pages(2).unwrap().to_vec();
+    assert_eq!(before[0], after[0], "full page stays shared");
+    assert_ne!(before[1], after[1], "partial page copied");
+    assert_eq!(
+        copies,
+        vec![PageCopy {
+            src: before[1],
+            dst: after[1],
+            num_tokens: 2,
+            kind: CopyKind::DeviceToDevice
+        }]
+    );
+    // The parent now owns its partial page alone: no copy.
+    copies.clear();
+    s.append(1, &[60], 0, &mut copies).unwrap();
+    assert!(copies.is_empty());
+    assert_eq!(s.seq_pages(1).unwrap()[1], before[1]);
+    assert_eq!(s.stats().counters.cow_copies, 1);
+    s.check().unwrap();
+    s.free(1).unwrap();
+    s.free(2).unwrap();
+    s.check().unwrap();
+    assert_eq!(s.stats().device_pages_in_use, 0);
+}
+
+#[test]
+fn allocation_is_all_or_nothing_and_evicts_lru() {
+    let mut s = state(4, 4);
+    s.begin(1, &toks(0..8), None, usize::MAX).unwrap();
+    s.free(1).unwrap(); // 2 cached pages
+    assert_eq!(s.stats().device_pages_cached, 2);
+    let err = s.begin(2, &toks(100..120), None, usize::MAX).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::NoSpace {
+                needed: 5,
+                available: 4,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(s.stats().device_pages_cached, 2, "nothing changed");
+    s.check().unwrap();
+    s.begin(3, &toks(100..112), None, usize::MAX).unwrap(); // 3 pages: 2 free + evict 1
+    assert_eq!(s.stats().counters.evictions, 1);
+    // The tail page of the old chain went first; its head survives.
+    assert_eq!(
+        s.begin(4, &toks(0..8), None, usize::MAX).unwrap_err(),
+        Error::NoSpace {
+            tier: Tier::Device,
+            needed: 1,
+            available: 0
+        }
+    );
+    s.check().unwrap();
+}
+
+#[test]
+fn swap_out_and_in_reports_pairs_and_reuses_cached_pages() {
+    let mut s = state(8, 4);
+    s.begin(1, &toks(0..10), None, usize::MAX).unwrap();
+    s.begin(2, &toks(0..8), None, usize::MAX).unwrap(); // shares 2 pages
+    let dev = s.seq_pages(1).unwrap().to_vec();
+    let mut copies = Vec::new();
+    s.swap_out(1, &mut copies).unwrap();
+    assert_eq!(copies.len(), 3);
+    assert!(copies.iter().all(|c| c.kind == CopyKind::DeviceToHost));
+    assert_eq!(
+        copies.iter().map(|c| c.num_tokens).collect::<Vec<_>>(),
+        vec![4, 4, 2]
+    );
+    assert_eq!(copies.iter().map(|c| c.src).collect::<Vec<_>>(), dev);
+    assert_eq!(s.seq_info(1).unwrap().tier, Tier::Host);
+    let mut c2 = Vec::new();
+    assert!(matches!(
+        s.append(1, &[1], 0, &mut c2),
+        Err(Error::SeqWrongTier { .. })
+    ));
+    s.check().unwrap();
+    copies.clear();
+    s.swap_in(1, &mut copies).unwrap();
+    // The two shared full pages were still cached on device: only the partial page is copied.
+    assert_eq!(copies.len(), 1);
+    assert_eq!(copies[0].kind, CopyKind::HostToDevice);
+    assert_eq!(s.seq_pages(1).unwrap()[..2], dev[..2]);
+    s.check().unwrap();
+    assert_eq!(s.stats().host_pages_in_use, 0);
+}
+
+#[test]
+fn defer_commit_gates_hits() {
+    let cfg = Config {
+        page_size: 4,
+        num_device_pages: 16,
+        defer_commit: true,
+        ..Config::default()
+    };
+    let mut s = State::new(cfg).unwrap();
+    s.begin(1, &toks(0..8), None, usize::MAX).unwrap();
+    assert_eq!(
+        s.begin(2, &toks(0..8), None, usize::MAX)
+            .unwrap()
+            .matched_tokens,
+        0
+    );
+    s.commit();
+    s.check().unwrap();
+    assert_eq!(
+        s.begin(3, &toks(0..8), None, usize::MAX)
+            .unwrap()
+            .matched_tokens,
+        8
+    );
+    s.check().unwrap();
+}
+
+#[test]
+fn placeholder_pages_never_hashed() {
+    let mut s = state(16, 4);
+    s.begin(
+        1,
+        &[1, 2, 3, 4, 5, 6, 7, -1, 9, 10, 11, 12],
+        None,
+        usize::MAX,
+    )
+    .unwrap();
+    assert_eq!(s.stats().index_pages, 1);
+    s.check().unwrap();
+}
+
+#[test]
+fn page_api_refcounts_and_underflow() {
+    let mut s = State::new(Config {
+        page_size: 4,
+        num_device_pages: 4,
+        reserve_null_page: true,
+        ..Config::default()
+    })
+    .unwrap();
+    let pages = s.alloc_pages(3).unwrap();
+    assert_eq!(pages, vec![1, 2, 3]);
+    assert!(matches!(s.alloc_pages(1), Err(Error::NoSpace { .. })));
+    s.acquire_pages(&[1]).unwrap();
+    assert_eq!(
+        s.release_pages(&[2, 2]),
+        Err(Error::RefcountUnderflow { page: 2 })
+    );
+    assert_eq!(
+        s.page_info(Tier::Device, 2).unwrap().0,
+        1,
+        "nothing released"
+    );
+    assert_eq!(s.release_pages(&[0]), Err(Error::PaddingPage { page: 0 }));
+    assert!(matches!(
+        s.release_pages(&[9]),
+        Err(Error::PageOutOfRange { .. })
+    ));
+    s.register(&toks(0..8), &pages[..2], None).unwrap();
+    s.release_pages(&[1, 1, 2, 3]).unwrap();
+    assert_eq!(s.stats().device_pages_cached, 2);
+    assert!(matches!(
+        s.acquire_pages(&[3]),
+        Err(Error::PageNotAllocated { .. })
+    ));
+    let m = s.match_prefix(&toks(0..9), None, usize::MAX, true);
+    assert_eq!((m.pages.clone(), m.tokens), (vec![1, 2], 8));
+    s.check().unwrap();
+    s.clear_index();
+    assert_eq!(s.stats().index_pages, 0);
+    s.release_pages(&m.pages).unwrap();
+    assert_eq!(s.stats().device_pages_free, 3);
+    s.check().unwrap();
+}
+
+#[test]
+fn cache_is_send_sync() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Cache>();
+}
