@@ -97,9 +97,9 @@ fn append_registers_full_pages_and_decode_continues_chain() {
     let mut s = state(32, 4);
     s.begin(1, &toks(0..6), None, usize::MAX).unwrap();
     let mut copies = Vec::new();
-    s.append(1, &[6, 7], 0, &mut copies).unwrap();
+    s.append(1, &[6, 7], 0, &mut copies, usize::MAX).unwrap();
     assert!(copies.is_empty());
-    s.append(1, &[8], 0, &mut copies).unwrap();
+    s.append(1, &[8], 0, &mut copies, usize::MAX).unwrap();
     assert_eq!(s.seq_info(1).unwrap().num_pages, 3);
     // A later turn repeating the history hits both pages filled by decode.
     assert_eq!(
@@ -118,7 +118,7 @@ fn fork_then_append_copies_on_write() {
     s.fork(1, 2).unwrap();
     let before = s.seq_pages(2).unwrap().to_vec();
     let mut copies = Vec::new();
-    s.append(2, &[50], 0, &mut copies).unwrap();
+    s.append(2, &[50], 0, &mut copies, usize::MAX).unwrap();
     let after = s.seq_pages(2).unwrap().to_vec();
     assert_eq!(before[0], after[0], "full page stays shared");
     assert_ne!(before[1], after[1], "partial page copied");
@@ -133,7 +133,7 @@ fn fork_then_append_copies_on_write() {
     );
     // The parent now owns its partial page alone: no copy.
     copies.clear();
-    s.append(1, &[60], 0, &mut copies).unwrap();
+    s.append(1, &[60], 0, &mut copies, usize::MAX).unwrap();
     assert!(copies.is_empty());
     assert_eq!(s.seq_pages(1).unwrap()[1], before[1]);
     assert_eq!(s.stats().counters.cow_copies, 1);
@@ -185,7 +185,7 @@ fn swap_out_and_in_reports_pairs_and_reuses_cached_pages() {
     s.begin(2, &toks(0..8), None, usize::MAX).unwrap(); // shares 2 pages
     let dev = s.seq_pages(1).unwrap().to_vec();
     let mut copies = Vec::new();
-    s.swap_out(1, &mut copies).unwrap();
+    s.swap_out(1, &mut copies, usize::MAX).unwrap();
     assert_eq!(copies.len(), 3);
     assert!(copies.iter().all(|c| c.kind == CopyKind::DeviceToHost));
     assert_eq!(
@@ -196,12 +196,12 @@ fn swap_out_and_in_reports_pairs_and_reuses_cached_pages() {
     assert_eq!(s.seq_info(1).unwrap().tier, Tier::Host);
     let mut c2 = Vec::new();
     assert!(matches!(
-        s.append(1, &[1], 0, &mut c2),
+        s.append(1, &[1], 0, &mut c2, usize::MAX),
         Err(Error::SeqWrongTier { .. })
     ));
     s.check().unwrap();
     copies.clear();
-    s.swap_in(1, &mut copies).unwrap();
+    s.swap_in(1, &mut copies, usize::MAX).unwrap();
     // The two shared full pages were still cached on device: only the partial page is copied.
     assert_eq!(copies.len(), 1);
     assert_eq!(copies[0].kind, CopyKind::HostToDevice);

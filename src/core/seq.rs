@@ -73,6 +73,17 @@ pub struct SeqInfo {
     pub tier: Tier,
 }
 
+fn check_room(needed: usize, capacity: usize) -> Result<()> {
+    if needed > capacity {
+        return Err(Error::BufferTooSmall {
+            what: "copies_out",
+            needed,
+            capacity,
+        });
+    }
+    Ok(())
+}
+
 fn ceil_div(a: usize, b: usize) -> usize {
     a.div_ceil(b)
 }
@@ -234,6 +245,15 @@ impl State {
         (cap, cow)
     }
 
+    /// Copies an append of `n` tokens would report (0 or 1: only a partially filled shared page
+    /// needs its tokens copied).
+    fn append_copies(&self, s: &Seq, n: usize) -> usize {
+        let (old, j) = (s.tokens.len(), s.tokens.len() / self.ps);
+        usize::from(
+            n > 0 && old % self.ps > 0 && j < s.pages.len() && self.dev.refcount(s.pages[j]) > 1,
+        )
+    }
+
     /// Applies an append whose page needs were checked.
     fn append_unchecked(
         &mut self,
@@ -287,15 +307,20 @@ impl State {
     /// Appends tokens to a device-resident sequence, keeping room for `lookahead` more slots
     /// (speculative decoding). Writing into a page shared with another sequence copies it first;
     /// the copy is pushed to `copies`. All or nothing.
+    ///
+    /// `max_copies` is the room the caller has for copies: `BufferTooSmall` (before any change)
+    /// if the append would report more.
     pub fn append(
         &mut self,
         id: u64,
         tokens: &[i32],
         lookahead: usize,
         copies: &mut Vec<PageCopy>,
+        max_copies: usize,
     ) -> Result<()> {
         let s = self.device_seq(id)?;
         let (cap, cow) = self.append_need(s, tokens.len(), lookahead);
+        check_room(self.append_copies(s, tokens.len()), max_copies)?;
         self.ensure_available(Tier::Device, cap + cow, 0)?;
         self.append_unchecked(id, tokens, lookahead, copies);
         Ok(())
@@ -308,6 +333,7 @@ impl State {
         ids: &[u64],
         tokens: &[i32],
         copies: &mut Vec<PageCopy>,
+        max_copies: usize,
     ) -> Result<()> {
         if ids.len() != tokens.len() {
             return Err(Error::arg(
@@ -315,7 +341,7 @@ impl State {
                 format!("{} tokens for {} sequences", tokens.len(), ids.len()),
             ));
         }
-        let mut need = 0;
+        let (mut need, mut n_copies) = (0, 0);
         let mut seen = HashSet::with_capacity(ids.len());
         for &id in ids {
             if !seen.insert(id) {
@@ -327,7 +353,9 @@ impl State {
             let s = self.device_seq(id)?;
             let (cap, cow) = self.append_need(s, 1, 0);
             need += cap + cow;
+            n_copies += self.append_copies(s, 1);
         }
+        check_room(n_copies, max_copies)?;
         self.ensure_available(Tier::Device, need, 0)?;
         for (i, &id) in ids.iter().enumerate() {
             self.append_unchecked(id, &tokens[i..i + 1], 0, copies);
@@ -367,8 +395,14 @@ impl State {
     /// Moves a sequence's pages to host pages (one per device page), pushing one
     /// device→host copy per page. Shared device pages stay with their other holders; registered
     /// ones stay cached. All or nothing (`NoSpace` on the host tier).
-    pub fn swap_out(&mut self, id: u64, copies: &mut Vec<PageCopy>) -> Result<()> {
+    pub fn swap_out(
+        &mut self,
+        id: u64,
+        copies: &mut Vec<PageCopy>,
+        max_copies: usize,
+    ) -> Result<()> {
         let n = self.device_seq(id)?.pages.len();
+        check_room(n, max_copies)?;
         if n > self.host.num_free() {
             return Err(Error::NoSpace {
                 tier: Tier::Host,
@@ -402,7 +436,12 @@ impl State {
     /// Brings a swapped-out sequence back to device pages. Full pages whose content is cached on
     /// the device are shared instead of copied; the others get new pages and a host→device copy
     /// each. All or nothing (`NoSpace` on the device tier).
-    pub fn swap_in(&mut self, id: u64, copies: &mut Vec<PageCopy>) -> Result<()> {
+    pub fn swap_in(
+        &mut self,
+        id: u64,
+        copies: &mut Vec<PageCopy>,
+        max_copies: usize,
+    ) -> Result<()> {
         let s = self.seq(id)?;
         if s.tier != Tier::Host {
             return Err(Error::SeqWrongTier {
@@ -421,6 +460,7 @@ impl State {
         }
         let hit_pages: Vec<u32> = hits.iter().flatten().copied().collect();
         let need = s.pages.len() - hit_pages.len();
+        check_room(need, max_copies)?;
         self.ensure_available(Tier::Device, need, self.cached_among(&hit_pages))?;
 
         let mut s = self.seqs.remove(&id).expect("checked");

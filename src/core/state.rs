@@ -273,14 +273,20 @@ impl State {
         let max_pages = tokens.len().min(max_tokens) / self.ps;
         let m = self.walk(tokens, extra, max_pages);
         if acquire {
-            self.counters.prefix_queries += 1;
-            self.counters.prefix_query_tokens += tokens.len() as u64;
-            self.counters.prefix_hit_tokens += m.tokens as u64;
-            for &p in &m.pages {
-                self.dev.acquire(p, true);
-            }
+            self.acquire_match(&m, tokens.len());
         }
         m
+    }
+
+    /// Takes one external reference on each page of a match made without `acquire` (with no
+    /// change to the cache in between) and counts the lookup of `query_tokens` in the stats.
+    pub fn acquire_match(&mut self, m: &Match, query_tokens: usize) {
+        self.counters.prefix_queries += 1;
+        self.counters.prefix_query_tokens += query_tokens as u64;
+        self.counters.prefix_hit_tokens += m.tokens as u64;
+        for &p in &m.pages {
+            self.dev.acquire(p, true);
+        }
     }
 
     /// Drops every prefix-index entry. Unreferenced cached pages become free; pages in use stay

@@ -5,8 +5,12 @@
 #![deny(missing_docs)]
 #![allow(non_camel_case_types)]
 
+pub mod cache;
 pub(crate) mod handle;
+pub mod pages;
 pub(crate) mod panic;
+pub mod prefix;
+pub mod seq;
 pub(crate) mod slice;
 pub mod status;
 pub mod types;

@@ -24,20 +24,6 @@ pub(crate) fn guard<F: FnOnce() -> Result<(), Error>>(body: F) -> kvs_status {
     }
 }
 
-/// Like [`guard`] for functions that return a value instead of a status: `fallback` on error
-/// or panic (the message is recorded either way).
-pub(crate) fn guard_value<T, F: FnOnce() -> Result<T, Error>>(fallback: T, body: F) -> T {
-    let mut out = None;
-    let status = guard(|| {
-        out = Some(body()?);
-        Ok(())
-    });
-    match (status, out) {
-        (kvs_status::Ok, Some(v)) => v,
-        _ => fallback,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -51,7 +37,5 @@ mod tests {
         assert_eq!(s, kvs_status::Panic);
         assert_eq!(guard(|| Err(Error::SeqExists(1))), kvs_status::SeqExists);
         assert_eq!(guard(|| Ok(())), kvs_status::Ok);
-        assert_eq!(guard_value(0u32, || Ok(5)), 5);
-        assert_eq!(guard_value(0u32, || Err(Error::Poisoned)), 0);
     }
 }

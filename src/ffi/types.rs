@@ -1,6 +1,7 @@
 //! Plain C enums and structs shared by several exported objects.
 
-use crate::core::{DType, Error, Tier};
+use super::slice::{slice, try_ref};
+use crate::core::{CopyKind, DType, Error, ExtraKeys, MmItem, PageCopy, Tier};
 
 /// Element type of KV caches and attention tensors.
 #[allow(non_camel_case_types)]
@@ -52,4 +53,107 @@ pub(crate) fn tier_from_raw(raw: u32, field: &'static str) -> Result<Tier, Error
         1 => Ok(Tier::Host),
         _ => Err(Error::arg(field, format!("{raw} is not a kvs_tier"))),
     }
+}
+
+/// Direction of a page copy (values of `kvs_copy.kind`).
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum kvs_copy_kind {
+    /// Inside the device tier (copy-on-write).
+    DeviceToDevice = 0,
+    /// Device page to host page (swap out).
+    DeviceToHost = 1,
+    /// Host page to device page (swap in).
+    HostToDevice = 2,
+}
+
+/// One page copy the engine (or `kvs_page_copy` of a backend) must execute before the next
+/// attention launch that reads `dst`: token slots `[0, num_tokens)` of page `src` into page `dst`
+/// for every layer, K and V. `num_tokens == page_size` means the whole page; it may be 0 for a
+/// reserved page that holds no token yet (nothing to move).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct kvs_copy {
+    /// Source page id, in the source tier of `kind`.
+    pub src_page: u32,
+    /// Destination page id, in the destination tier of `kind`.
+    pub dst_page: u32,
+    /// Slots to copy from the start of the page.
+    pub num_tokens: u32,
+    /// A `kvs_copy_kind` value.
+    pub kind: u32,
+}
+
+impl From<PageCopy> for kvs_copy {
+    fn from(c: PageCopy) -> Self {
+        kvs_copy {
+            src_page: c.src,
+            dst_page: c.dst,
+            num_tokens: c.num_tokens,
+            kind: match c.kind {
+                CopyKind::DeviceToDevice => kvs_copy_kind::DeviceToDevice,
+                CopyKind::DeviceToHost => kvs_copy_kind::DeviceToHost,
+                CopyKind::HostToDevice => kvs_copy_kind::HostToDevice,
+            } as u32,
+        }
+    }
+}
+
+/// A multimodal item in a prompt: its placeholder tokens cover positions
+/// `[offset, offset + length)`; `hash_lo`/`hash_hi` are the low and high 64 bits of a 128-bit
+/// content hash the engine computed (e.g. of the image bytes).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct kvs_mm_item {
+    /// Low 64 bits of the content hash.
+    pub hash_lo: u64,
+    /// High 64 bits of the content hash.
+    pub hash_hi: u64,
+    /// First token position.
+    pub offset: u32,
+    /// Number of positions.
+    pub length: u32,
+}
+
+/// Keys that are part of a page's identity besides its tokens. Pass NULL for "none".
+/// Sequences with different `lora_id`, salt bytes or multimodal items never share pages.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct kvs_extra_keys {
+    /// LoRA adapter id; 0 is the base model.
+    pub lora_id: u64,
+    /// Cache salt bytes (tenant isolation); may be NULL when `salt_len` is 0.
+    pub salt: *const u8,
+    /// Length of `salt` in bytes.
+    pub salt_len: usize,
+    /// Multimodal items; may be NULL when `num_mm_items` is 0.
+    pub mm_items: *const kvs_mm_item,
+    /// Number of `mm_items`.
+    pub num_mm_items: usize,
+}
+
+/// Reads an optional `kvs_extra_keys` pointer into the core's owned form.
+///
+/// # Safety
+/// A non-NULL `ptr` must point to a valid `kvs_extra_keys` whose arrays are valid for their
+/// lengths.
+pub(crate) unsafe fn extra_from_c(ptr: *const kvs_extra_keys) -> Result<Option<ExtraKeys>, Error> {
+    if ptr.is_null() {
+        return Ok(None);
+    }
+    let x = try_ref(ptr, "extra")?;
+    let salt = slice(x.salt, x.salt_len, "extra.salt")?;
+    let mm = slice(x.mm_items, x.num_mm_items, "extra.mm_items")?;
+    Ok(Some(ExtraKeys {
+        lora_id: x.lora_id,
+        salt: salt.to_vec(),
+        mm: mm
+            .iter()
+            .map(|m| MmItem {
+                hash: (m.hash_hi as u128) << 64 | m.hash_lo as u128,
+                offset: m.offset,
+                length: m.length,
+            })
+            .collect(),
+    }))
 }

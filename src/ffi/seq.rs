@@ -1,0 +1,286 @@
+//! `kvs_seq_*`: sequences, one call per request per step (MindIE's BlockSpaceManager, vLLM's
+//! KVCacheManager).
+
+use super::cache::{cache, kvs_cache};
+use super::panic::guard;
+use super::slice::{opt_out, slice, slice_mut, try_out};
+use super::status::kvs_status;
+use super::types::{extra_from_c, kvs_copy, kvs_extra_keys, kvs_tier};
+use crate::core::{Error, PageCopy, SeqInfo, State};
+
+/// A sequence's shape (`kvs_seq_begin`, `kvs_seq_info`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct kvs_seq_info {
+    /// Tokens in the sequence (prompt plus appended).
+    pub num_tokens: u64,
+    /// Pages in its block table (may exceed what the tokens need by reserved lookahead slots).
+    pub num_pages: u64,
+    /// Prompt tokens found cached at `kvs_seq_begin` (a multiple of the page size): the engine
+    /// skips computing them.
+    pub matched_tokens: u64,
+    /// Pages newly allocated at `kvs_seq_begin` (0 in `kvs_seq_info`).
+    pub new_pages: u64,
+    /// A `kvs_tier` value: where the pages are (host while swapped out).
+    pub tier: u32,
+}
+
+fn info_of(i: SeqInfo) -> kvs_seq_info {
+    kvs_seq_info {
+        num_tokens: i.num_tokens as u64,
+        num_pages: i.num_pages as u64,
+        matched_tokens: i.matched_tokens as u64,
+        new_pages: 0,
+        tier: kvs_tier::from(i.tier) as u32,
+    }
+}
+
+/// Runs an operation that reports page copies into a caller buffer: the core checks the room
+/// before changing anything, so on error nothing is written.
+unsafe fn with_copies(
+    cache: *mut kvs_cache,
+    copies_out: *mut kvs_copy,
+    copies_len: usize,
+    num_copies_out: *mut usize,
+    op: impl FnOnce(&mut State, &mut Vec<PageCopy>, usize) -> Result<(), Error>,
+) -> Result<(), Error> {
+    let c = self::cache(cache)?;
+    let out = slice_mut(copies_out, copies_len, "copies_out")?;
+    let n_out = try_out(num_copies_out, "num_copies_out")?;
+    let mut copies = Vec::new();
+    op(&mut *c.lock()?, &mut copies, out.len())?;
+    for (dst, src) in out.iter_mut().zip(&copies) {
+        *dst = kvs_copy::from(*src);
+    }
+    *n_out = copies.len();
+    Ok(())
+}
+
+impl kvs_cache {
+    /// Starts sequence `seq_id` (chosen by the caller, unique among live sequences) with its
+    /// prompt: matches the longest cached prefix (whole pages, at most `max_match_tokens` tokens:
+    /// `SIZE_MAX` for no limit, `num_tokens - 1` to recompute the last token), shares those pages,
+    /// and allocates pages for the rest; full new pages are registered for later prompts
+    /// (at `kvs_cache_commit` with `defer_commit`). `extra` may be NULL. Writes what happened to
+    /// `*info_out` (optional).
+    ///
+    /// **Failure:** `KVS_STATUS_SEQ_EXISTS`, `KVS_STATUS_NO_SPACE` (free + evictable pages too
+    /// few): nothing changes and `*info_out` is untouched.
+    /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+    #[no_mangle]
+    pub unsafe extern "C" fn kvs_seq_begin(
+        cache: *mut kvs_cache,
+        seq_id: u64,
+        tokens: *const i32,
+        num_tokens: usize,
+        extra: *const kvs_extra_keys,
+        max_match_tokens: usize,
+        info_out: *mut kvs_seq_info,
+    ) -> kvs_status {
+        guard(|| {
+            let c = self::cache(cache)?;
+            let t = slice(tokens, num_tokens, "tokens")?;
+            let x = extra_from_c(extra)?;
+            let out = opt_out(info_out, "info_out")?;
+            let b = c.lock()?.begin(seq_id, t, x, max_match_tokens)?;
+            if let Some(o) = out {
+                *o = kvs_seq_info {
+                    num_tokens: num_tokens as u64,
+                    num_pages: b.num_pages as u64,
+                    matched_tokens: b.matched_tokens as u64,
+                    new_pages: b.new_pages as u64,
+                    tier: kvs_tier::Device as u32,
+                };
+            }
+            Ok(())
+        })
+    }
+
+    /// Appends `num_tokens` tokens to a device-resident sequence and keeps `lookahead_slots`
+    /// more slots allocated (speculative decoding). Pages that fill up are registered. Writing
+    /// into a page shared with another sequence (after `kvs_seq_fork`) first moves this sequence
+    /// to a private copy: the copy is written to `copies_out` (at most 1) and its count to
+    /// `*num_copies_out`; execute it before the KV write.
+    ///
+    /// **Failure:** unknown sequence, swapped-out sequence (`KVS_STATUS_SEQ_WRONG_TIER`),
+    /// `KVS_STATUS_NO_SPACE`, or `copies_len` too small: nothing changes, outputs untouched.
+    /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+    #[no_mangle]
+    pub unsafe extern "C" fn kvs_seq_append(
+        cache: *mut kvs_cache,
+        seq_id: u64,
+        tokens: *const i32,
+        num_tokens: usize,
+        lookahead_slots: usize,
+        copies_out: *mut kvs_copy,
+        copies_len: usize,
+        num_copies_out: *mut usize,
+    ) -> kvs_status {
+        guard(|| {
+            let t = slice(tokens, num_tokens, "tokens")?;
+            with_copies(
+                cache,
+                copies_out,
+                copies_len,
+                num_copies_out,
+                |st, v, cap| st.append(seq_id, t, lookahead_slots, v, cap),
+            )
+        })
+    }
+
+    /// One decode step for a whole batch: appends `tokens[i]` to `seq_ids[i]`
+    /// (`num_tokens == num_seqs`, ids distinct). All or nothing across the batch. Copy-on-write
+    /// copies (at most one per sequence) go to `copies_out`, their count to `*num_copies_out`.
+    ///
+    /// **Failure:** as `kvs_seq_append`, for any sequence of the batch: nothing changes.
+    /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+    #[no_mangle]
+    pub unsafe extern "C" fn kvs_seq_append_batch(
+        cache: *mut kvs_cache,
+        seq_ids: *const u64,
+        num_seqs: usize,
+        tokens: *const i32,
+        num_tokens: usize,
+        copies_out: *mut kvs_copy,
+        copies_len: usize,
+        num_copies_out: *mut usize,
+    ) -> kvs_status {
+        guard(|| {
+            let ids = slice(seq_ids, num_seqs, "seq_ids")?;
+            let t = slice(tokens, num_tokens, "tokens")?;
+            with_copies(
+                cache,
+                copies_out,
+                copies_len,
+                num_copies_out,
+                |st, v, cap| st.append_batch(ids, t, v, cap),
+            )
+        })
+    }
+
+    /// Creates sequence `child_id` sharing every page of `parent_id` (beam search, n > 1
+    /// sampling). Later writes into a shared partial page copy it on write.
+    ///
+    /// **Failure:** unknown or swapped-out parent, existing child: nothing changes.
+    /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+    #[no_mangle]
+    pub unsafe extern "C" fn kvs_seq_fork(
+        cache: *mut kvs_cache,
+        parent_id: u64,
+        child_id: u64,
+    ) -> kvs_status {
+        guard(|| self::cache(cache)?.lock()?.fork(parent_id, child_id))
+    }
+
+    /// Ends a sequence and releases its pages (last page first). Full registered pages stay
+    /// cached for later prompts until evicted.
+    ///
+    /// **Failure:** `KVS_STATUS_SEQ_NOT_FOUND` (also for a second free of the same id).
+    /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+    #[no_mangle]
+    pub unsafe extern "C" fn kvs_seq_free(cache: *mut kvs_cache, seq_id: u64) -> kvs_status {
+        guard(|| self::cache(cache)?.lock()?.free(seq_id))
+    }
+
+    /// Swaps a sequence out to host pages: one device→host copy per page of its block table, in
+    /// block-table order (`num_tokens` is the tokens held by that page), written to `copies_out`.
+    /// Execute the copies before the device pages are reused (i.e. before the next step's KV
+    /// writes).
+    ///
+    /// **Failure:** `KVS_STATUS_NO_SPACE` on the host tier, unknown or already swapped-out
+    /// sequence, `copies_len` below the page count: nothing changes.
+    /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+    #[no_mangle]
+    pub unsafe extern "C" fn kvs_seq_swap_out(
+        cache: *mut kvs_cache,
+        seq_id: u64,
+        copies_out: *mut kvs_copy,
+        copies_len: usize,
+        num_copies_out: *mut usize,
+    ) -> kvs_status {
+        guard(|| {
+            with_copies(
+                cache,
+                copies_out,
+                copies_len,
+                num_copies_out,
+                |st, v, cap| st.swap_out(seq_id, v, cap),
+            )
+        })
+    }
+
+    /// Swaps a sequence back in: full pages whose content is still cached on the device are
+    /// shared without a copy; every other page gets a new device page and a host→device copy in
+    /// `copies_out`.
+    ///
+    /// **Failure:** `KVS_STATUS_NO_SPACE` on the device tier, unknown or device-resident
+    /// sequence, `copies_len` too small: nothing changes.
+    /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+    #[no_mangle]
+    pub unsafe extern "C" fn kvs_seq_swap_in(
+        cache: *mut kvs_cache,
+        seq_id: u64,
+        copies_out: *mut kvs_copy,
+        copies_len: usize,
+        num_copies_out: *mut usize,
+    ) -> kvs_status {
+        guard(|| {
+            with_copies(
+                cache,
+                copies_out,
+                copies_len,
+                num_copies_out,
+                |st, v, cap| st.swap_in(seq_id, v, cap),
+            )
+        })
+    }
+
+    /// Writes a sequence's shape to `*info_out` (`new_pages` is 0).
+    ///
+    /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+    #[no_mangle]
+    pub unsafe extern "C" fn kvs_seq_info(
+        cache: *const kvs_cache,
+        seq_id: u64,
+        info_out: *mut kvs_seq_info,
+    ) -> kvs_status {
+        guard(|| {
+            let c = self::cache(cache)?;
+            let out = try_out(info_out, "info_out")?;
+            *out = info_of(c.lock()?.seq_info(seq_id)?);
+            Ok(())
+        })
+    }
+
+    /// Copies a sequence's block table (page ids of its tier) to `pages_out` and the count to
+    /// `*num_pages_out`.
+    ///
+    /// **Failure:** unknown sequence or `pages_len` too small: outputs untouched.
+    /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+    #[no_mangle]
+    pub unsafe extern "C" fn kvs_seq_pages(
+        cache: *const kvs_cache,
+        seq_id: u64,
+        pages_out: *mut u32,
+        pages_len: usize,
+        num_pages_out: *mut usize,
+    ) -> kvs_status {
+        guard(|| {
+            let c = self::cache(cache)?;
+            let out = slice_mut(pages_out, pages_len, "pages_out")?;
+            let n_out = try_out(num_pages_out, "num_pages_out")?;
+            let st = c.lock()?;
+            let pages = st.seq_pages(seq_id)?;
+            if pages.len() > out.len() {
+                return Err(Error::BufferTooSmall {
+                    what: "pages_out",
+                    needed: pages.len(),
+                    capacity: out.len(),
+                });
+            }
+            out[..pages.len()].copy_from_slice(pages);
+            *n_out = pages.len();
+            Ok(())
+        })
+    }
+}
