@@ -423,39 +423,6 @@ extern "C" {
 #endif // __cplusplus
 
 /*
- A static, NUL-terminated name for a status (`"KVS_STATUS_OK"`, …); `"KVS_STATUS_UNKNOWN"`
- for a number that is not a status.
-
- **Ownership:** the string is static; do not free it.
- **Thread safety:** safe from any thread.
- */
-const char *kvs_status_str(uint32_t status);
-
-/*
- The human-readable message of the last failed `kvs_` call on this thread (it names the
- bad argument or field), or `""` if none failed yet.
-
- **Ownership:** owned by the library; valid until the next failing `kvs_` call on this
- thread. Copy it if you need it longer. Never NULL.
- **Thread safety:** thread-local; each thread sees its own last error.
- */
-const char *kvs_last_error_message(void);
-
-/*
- The library version (`"MAJOR.MINOR.PATCH"`, matching `KVS_VERSION` in the header).
-
- **Ownership:** static string; do not free. **Thread safety:** safe from any thread.
- */
-const char *kvs_version(void);
-
-/*
- The ABI version the library was built with; compare with `KVS_ABI_VERSION`.
-
- **Thread safety:** safe from any thread.
- */
-uint32_t kvs_abi_version(void);
-
-/*
  A valid default configuration: 16-token pages, 1024 device pages, no host pages, one
  layer of one 128-wide f16 KV head, prefix caching on, no padding page, no deferred commit.
 
@@ -779,6 +746,39 @@ kvs_status kvs_seq_pages(const struct kvs_cache *cache,
                          uint32_t *pages_out,
                          size_t pages_len,
                          size_t *num_pages_out);
+
+/*
+ A static, NUL-terminated name for a status (`"KVS_STATUS_OK"`, …); `"KVS_STATUS_UNKNOWN"`
+ for a number that is not a status.
+
+ **Ownership:** the string is static; do not free it.
+ **Thread safety:** safe from any thread.
+ */
+const char *kvs_status_str(uint32_t status);
+
+/*
+ The human-readable message of the last failed `kvs_` call on this thread (it names the
+ bad argument or field), or `""` if none failed yet.
+
+ **Ownership:** owned by the library; valid until the next failing `kvs_` call on this
+ thread. Copy it if you need it longer. Never NULL.
+ **Thread safety:** thread-local; each thread sees its own last error.
+ */
+const char *kvs_last_error_message(void);
+
+/*
+ The library version (`"MAJOR.MINOR.PATCH"`, matching `KVS_VERSION` in the header).
+
+ **Ownership:** static string; do not free. **Thread safety:** safe from any thread.
+ */
+const char *kvs_version(void);
+
+/*
+ The ABI version the library was built with; compare with `KVS_ABI_VERSION`.
+
+ **Thread safety:** safe from any thread.
+ */
+uint32_t kvs_abi_version(void);
 
 #ifdef __cplusplus
 }  // extern "C"
