@@ -73,6 +73,12 @@ pub struct Config {
     /// Pages that fill up become matchable only after [`super::Cache::commit`]
     /// (MindIE's `MarkBlocksAsComputed`); otherwise as soon as they are full.
     pub defer_commit: bool,
+    /// A prompt shares every cached full page, even the ones holding tokens past
+    /// `max_match_tokens` that the engine recomputes (for the last token's logits); the slot
+    /// mapping then marks those already-cached slots -1 so the recomputation never writes into a
+    /// shared page. Turn it off for engines that build their own slot mapping (vLLM): such pages
+    /// are then allocated fresh and recomputed, as vLLM does.
+    pub skip_cached_writes: bool,
 }
 
 impl Default for Config {
@@ -88,6 +94,7 @@ impl Default for Config {
             enable_prefix_caching: true,
             reserve_null_page: false,
             defer_commit: false,
+            skip_cached_writes: true,
         }
     }
 }
