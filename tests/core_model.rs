@@ -7,8 +7,6 @@
 //! the fingerprints of its own tokens. A false prefix hit, a missed copy-on-write, a wrong swap
 //! pair, a leaked or doubly used page all fail here.
 
-use std::collections::HashMap;
-
 use kvshare::core::{Config, CopyKind, Error, ExtraKeys, PageCopy, State, Tier};
 use proptest::prelude::*;
 
@@ -16,14 +14,32 @@ const PS: usize = 4;
 
 #[derive(Debug, Clone)]
 enum Op {
-    Begin { prefix: u8, extra_len: u8, salt: bool, cap_last: bool },
-    Append { seq: u8, n: u8 },
+    Begin {
+        prefix: u8,
+        extra_len: u8,
+        salt: bool,
+        cap_last: bool,
+    },
+    Append {
+        seq: u8,
+        n: u8,
+    },
     Decode,
-    Fork { seq: u8 },
-    Free { seq: u8 },
-    SwapOut { seq: u8 },
-    SwapIn { seq: u8 },
-    PageMatch { prefix: u8 },
+    Fork {
+        seq: u8,
+    },
+    Free {
+        seq: u8,
+    },
+    SwapOut {
+        seq: u8,
+    },
+    SwapIn {
+        seq: u8,
+    },
+    PageMatch {
+        prefix: u8,
+    },
     ReleaseHeld,
     Clear,
 }
@@ -46,7 +62,11 @@ fn op() -> impl Strategy<Value = Op> {
 
 /// Fingerprint of the KV at position `pos` of `tokens` under `salt`: depends on the whole prefix.
 fn fp(tokens: &[i32], pos: usize, salt: bool) -> u64 {
-    let mut h: u64 = if salt { 0x9e37_79b9_7f4a_7c15 } else { 0x1234_5678 };
+    let mut h: u64 = if salt {
+        0x9e37_79b9_7f4a_7c15
+    } else {
+        0x1234_5678
+    };
     for &t in &tokens[..=pos] {
         h = (h ^ t as u64).wrapping_mul(0x100_0000_01b3).rotate_left(17);
     }
@@ -72,7 +92,14 @@ impl Engine {
             skip_cached_writes,
             ..Config::default()
         };
-        Engine { s: State::new(cfg).unwrap(), dev: vec![[None; PS]; 24], host: vec![[None; PS]; 12], live: vec![], next_id: 1, held: vec![] }
+        Engine {
+            s: State::new(cfg).unwrap(),
+            dev: vec![[None; PS]; 24],
+            host: vec![[None; PS]; 12],
+            live: vec![],
+            next_id: 1,
+            held: vec![],
+        }
     }
 
     fn pick(&self, k: u8) -> Option<(u64, bool)> {
@@ -83,9 +110,15 @@ impl Engine {
         for c in copies {
             let n = c.num_tokens as usize;
             let (src, dst) = match c.kind {
-                CopyKind::DeviceToDevice => (self.dev[c.src as usize], &mut self.dev[c.dst as usize]),
-                CopyKind::DeviceToHost => (self.dev[c.src as usize], &mut self.host[c.dst as usize]),
-                CopyKind::HostToDevice => (self.host[c.src as usize], &mut self.dev[c.dst as usize]),
+                CopyKind::DeviceToDevice => {
+                    (self.dev[c.src as usize], &mut self.dev[c.dst as usize])
+                }
+                CopyKind::DeviceToHost => {
+                    (self.dev[c.src as usize], &mut self.host[c.dst as usize])
+                }
+                CopyKind::HostToDevice => {
+                    (self.host[c.src as usize], &mut self.dev[c.dst as usize])
+                }
             };
             dst[..n].copy_from_slice(&src[..n]);
         }
@@ -95,7 +128,10 @@ impl Engine {
     fn write_last(&mut self, id: u64, salt: bool, q: usize) {
         let tokens = self.s.seq_tokens(id).unwrap().to_vec();
         let mut slots = vec![0i64; q];
-        assert_eq!(self.s.slot_mapping(&[id], &[q as u32], &mut slots).unwrap(), q);
+        assert_eq!(
+            self.s.slot_mapping(&[id], &[q as u32], &mut slots).unwrap(),
+            q
+        );
         for (i, &slot) in slots.iter().enumerate() {
             if slot >= 0 {
                 let page = (slot as usize / PS) as u32;
@@ -119,21 +155,43 @@ impl Engine {
             };
             for pos in 0..tokens.len() {
                 let got = kv[pages[pos / PS] as usize][pos % PS];
-                assert_eq!(got, Some(fp(tokens, pos, salt)), "seq {id} pos {pos} reads wrong KV ({:?})", info.tier);
+                assert_eq!(
+                    got,
+                    Some(fp(tokens, pos, salt)),
+                    "seq {id} pos {pos} reads wrong KV ({:?})",
+                    info.tier
+                );
             }
         }
     }
 
     fn step(&mut self, op: &Op) {
-        let prefixes: [Vec<i32>; 4] = [(0..8).collect(), (0..5).collect(), (100..112).collect(), (0..12).collect()];
+        let prefixes: [Vec<i32>; 4] = [
+            (0..8).collect(),
+            (0..5).collect(),
+            (100..112).collect(),
+            (0..12).collect(),
+        ];
         match *op {
-            Op::Begin { prefix, extra_len, salt, cap_last } => {
+            Op::Begin {
+                prefix,
+                extra_len,
+                salt,
+                cap_last,
+            } => {
                 let id = self.next_id;
                 self.next_id += 1;
                 let mut t = prefixes[prefix as usize].clone();
                 t.extend((0..extra_len as i32).map(|k| 1000 + k + (id as i32 % 3) * 10));
-                let extra = salt.then(|| ExtraKeys { salt: b"tenant-b".to_vec(), ..Default::default() });
-                let cap = if cap_last { t.len().saturating_sub(1) } else { usize::MAX };
+                let extra = salt.then(|| ExtraKeys {
+                    salt: b"tenant-b".to_vec(),
+                    ..Default::default()
+                });
+                let cap = if cap_last {
+                    t.len().saturating_sub(1)
+                } else {
+                    usize::MAX
+                };
                 match self.s.begin(id, &t, extra, cap) {
                     Ok(b) => {
                         assert!(b.matched_tokens <= cap);
@@ -153,7 +211,9 @@ impl Engine {
                             self.exec(&copies);
                             self.write_last(id, salt, t.len());
                         }
-                        Err(Error::NoSpace { .. } | Error::SeqWrongTier { .. }) => assert!(copies.is_empty()),
+                        Err(Error::NoSpace { .. } | Error::SeqWrongTier { .. }) => {
+                            assert!(copies.is_empty())
+                        }
                         Err(e) => panic!("append: {e}"),
                     }
                 }
@@ -223,7 +283,11 @@ impl Engine {
                 let m = self.s.match_prefix(t, None, usize::MAX, true);
                 for (i, &p) in m.pages.iter().enumerate() {
                     for o in 0..PS {
-                        assert_eq!(self.dev[p as usize][o], Some(fp(t, i * PS + o, false)), "false hit");
+                        assert_eq!(
+                            self.dev[p as usize][o],
+                            Some(fp(t, i * PS + o, false)),
+                            "false hit"
+                        );
                     }
                 }
                 self.held.extend(m.pages);
@@ -233,7 +297,10 @@ impl Engine {
                 self.s.release_pages(&held).unwrap();
                 if let Some(&p) = held.first() {
                     if self.s.page_info(Tier::Device, p).unwrap().0 == 0 {
-                        assert_eq!(self.s.release_pages(&[p]), Err(Error::RefcountUnderflow { page: p }));
+                        assert_eq!(
+                            self.s.release_pages(&[p]),
+                            Err(Error::RefcountUnderflow { page: p })
+                        );
                     }
                 }
             }
@@ -245,10 +312,15 @@ impl Engine {
         for (id, _) in std::mem::take(&mut self.live) {
             self.s.free(id).unwrap();
         }
-        self.s.release_pages(&std::mem::take(&mut self.held)).unwrap();
+        self.s
+            .release_pages(&std::mem::take(&mut self.held))
+            .unwrap();
         self.s.check().unwrap();
         let st = self.s.stats();
-        assert_eq!((st.device_pages_in_use, st.host_pages_in_use, st.num_seqs), (0, 0, 0));
+        assert_eq!(
+            (st.device_pages_in_use, st.host_pages_in_use, st.num_seqs),
+            (0, 0, 0)
+        );
     }
 }
 

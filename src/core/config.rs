@@ -183,7 +183,8 @@ mod tests {
 
     #[test]
     fn bad_fields_are_named() {
-        let cases: Vec<(&str, Box<dyn Fn(&mut Config)>)> = vec![
+        type Mutation = Box<dyn Fn(&mut Config)>;
+        let cases: Vec<(&str, Mutation)> = vec![
             ("page_size", Box::new(|c| c.page_size = 0)),
             ("page_size", Box::new(|c| c.page_size = MAX_PAGE_SIZE + 1)),
             ("num_device_pages", Box::new(|c| c.num_device_pages = 0)),

@@ -1,8 +1,6 @@
 //! Sequences: block tables, append with copy-on-write, fork, free, swap between tiers, and the
 //! batch block-table / slot-mapping builders.
 
-use std::collections::HashSet;
-
 use super::config::Tier;
 use super::error::{Error, Result};
 use super::prefix::{chain_hash, ExtraKeys};
@@ -49,6 +47,8 @@ pub struct Seq {
     pub(super) matched_tokens: usize,
     /// Tokens at the start whose KV sits in shared cached pages: their slots are never written.
     pub(super) cached_tokens: usize,
+    /// The batch call that last listed this sequence (duplicate detection).
+    pub(super) stamp: u64,
 }
 
 /// What [`State::begin`] did.
@@ -229,6 +229,7 @@ impl State {
             pending: false,
             matched_tokens: matched,
             cached_tokens: m.tokens,
+            stamp: 0,
         };
         self.seqs.insert(id, seq);
         self.register_full_pages(id);
@@ -354,15 +355,18 @@ impl State {
             ));
         }
         let (mut need, mut n_copies) = (0, 0);
-        let mut seen = HashSet::with_capacity(ids.len());
+        self.batch_stamp += 1;
+        let stamp = self.batch_stamp;
         for &id in ids {
-            if !seen.insert(id) {
+            let s = self.device_seq(id)?;
+            if s.stamp == stamp {
                 return Err(Error::arg(
                     "seq_ids",
                     format!("sequence {id} appears twice in the batch"),
                 ));
             }
-            let s = self.device_seq(id)?;
+            self.seqs.get_mut(&id).expect("checked").stamp = stamp;
+            let s = &self.seqs[&id];
             let (cap, cow) = self.append_need(s, 1, 0);
             need += cap + cow;
             n_copies += self.append_copies(s, 1);

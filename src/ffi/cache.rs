@@ -77,7 +77,7 @@ pub struct kvs_config {
 }
 
 impl kvs_config {
-    fn to_core(&self) -> Result<Config, Error> {
+    fn to_core(self) -> Result<Config, Error> {
         let dtype = dtype_from_raw(self.dtype, "dtype").map_err(|_| Error::InvalidConfig {
             field: "dtype",
             reason: format!("{} is not a kvs_dtype", self.dtype),
