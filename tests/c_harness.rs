@@ -357,6 +357,7 @@ macro_rules! programs {
 programs! {
     version;
     lifecycle;
+    seed_scenario;
 }
 
 /// Reproductions of known library bugs (`tests/c/bug_*.c`): ignored until fixed, with the bug
