@@ -358,6 +358,7 @@ programs! {
     version;
     lifecycle;
     seed_scenario;
+    bad_input;
 }
 
 /// Reproductions of known library bugs (`tests/c/bug_*.c`): ignored until fixed, with the bug
