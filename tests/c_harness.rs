@@ -123,10 +123,22 @@ impl Variant {
                 ("UBSAN_OPTIONS", "print_stacktrace=1:halt_on_error=1"),
                 ("LSAN_OPTIONS", "exitcode=87"),
             ],
-            Variant::Tsan => &[(
-                "TSAN_OPTIONS",
-                "halt_on_error=1:exitcode=66:second_deadlock_stack=1",
+            Variant::Tsan => &[],
+        }
+    }
+
+    /// Runtime options that name files of the repository.
+    fn env_owned(self) -> Vec<(String, String)> {
+        match self {
+            // The library itself is not instrumented: see tests/c/tsan.supp.
+            Variant::Tsan => vec![(
+                "TSAN_OPTIONS".into(),
+                format!(
+                    "halt_on_error=1:exitcode=66:second_deadlock_stack=1:suppressions={}",
+                    root().join("tests/c/tsan.supp").display()
+                ),
             )],
+            _ => Vec::new(),
         }
     }
 
@@ -183,6 +195,7 @@ fn probe(v: Variant) -> Result<(), String> {
     }
     let run = Command::new(&exe)
         .envs(v.env().iter().copied())
+        .envs(v.env_owned())
         .output()
         .map_err(|e| format!("cannot run probe: {e}"))?;
     if !run.status.success() {
@@ -306,6 +319,7 @@ fn run_program(name: &str, v: Variant) {
         Command::new(&exe)
     };
     cmd.envs(v.env().iter().copied());
+    cmd.envs(v.env_owned());
     let shown = show(&cmd);
     let timeout = if v == Variant::Valgrind {
         VALGRIND_TIMEOUT
@@ -359,6 +373,7 @@ programs! {
     lifecycle;
     seed_scenario;
     bad_input;
+    stress + tsan;
 }
 
 /// Reproductions of known library bugs (`tests/c/bug_*.c`): ignored until fixed, with the bug
