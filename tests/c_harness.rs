@@ -378,7 +378,6 @@ programs! {
 
 /// Reproductions of known library bugs (`tests/c/bug_*.c`): ignored until fixed, with the bug
 /// in the reason. Run them with `cargo test --test c_harness -- --ignored`.
-#[allow(unused_macros)]
 macro_rules! known_bugs {
     ($($name:ident: $why:literal;)*) => {
         $(
@@ -390,6 +389,15 @@ macro_rules! known_bugs {
             }
         )*
     };
+}
+
+known_bugs! {
+    bug_defer_commit_stale_pending: "library bug: with defer_commit, kvs_seq_free leaves the id \
+        in the commit queue; reusing it makes kvs_cache_check report INVARIANT_VIOLATION";
+    bug_append_lookahead_overflow: "library bug: kvs_seq_append with lookahead_slots = SIZE_MAX \
+        overflows (debug: KVS_STATUS_PANIC and a poisoned cache; release: wraps)";
+    bug_append_batch_cow_overcount: "library bug: kvs_seq_append_batch counts a CoW page for \
+        every fork sharing a partial page and refuses a step that fits (NO_SPACE)";
 }
 
 /// Every `tests/c/*.c` that is not in [`KNOWN`] (e.g. `attn_*.c`), sorted.
