@@ -1,5 +1,5 @@
 /*
- * Known library bug (tests/c_harness.rs runs this with `-- --ignored`).
+ * Regression test for a library bug the C harness found (now fixed).
  *
  * kvs_seq_append_batch checks the pages a batch needs before changing anything
  * (State::append_batch in src/core/seq.rs), summing append_need() per sequence against the

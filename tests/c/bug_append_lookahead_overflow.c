@@ -1,5 +1,5 @@
 /*
- * Known library bug (tests/c_harness.rs runs this with `-- --ignored`).
+ * Regression test for a library bug the C harness found (now fixed).
  *
  * kvs_seq_append computes `old + num_tokens + lookahead_slots` unchecked
  * (State::append_need and State::append_unchecked in src/core/seq.rs). A huge

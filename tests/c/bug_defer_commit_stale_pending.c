@@ -1,5 +1,5 @@
 /*
- * Known library bug (tests/c_harness.rs runs this with `-- --ignored`).
+ * Regression test for a library bug the C harness found (now fixed).
  *
  * With defer_commit, kvs_seq_free does not remove the sequence from the commit queue
  * (State::pending in src/core/state.rs; State::free in src/core/seq.rs leaves it). If the id is

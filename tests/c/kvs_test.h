@@ -13,52 +13,30 @@
 #include <stdlib.h>
 #include <string.h>
 
-/*
- * WORKAROUND for a header bug: include/kvshare.h declares `typedef struct kvs_page_info {..}
- * kvs_page_info;` and `typedef struct kvs_seq_info {..} kvs_seq_info;` and also functions
- * named `kvs_page_info` and `kvs_seq_info`. C and C++ forbid a typedef and a function with the
- * same name, so the header does not compile on its own (tests/c_harness.rs: header_c11 and
- * header_cxx17 show it). Until the header is fixed, the harness programs include it with the
- * two function declarations renamed to unused names (a function-like macro only fires on
- * `name(`, not on the typedef), and call the real symbols through aliases with GNU asm labels
- * (gcc and clang). The header itself is included unmodified. Programs call
- * `kvs_page_info_fn` / `kvs_seq_info_fn`; when the header is fixed, change only these lines.
- */
-#define kvs_page_info(...) kvs_page_info_decl_renamed_by_kvs_test_h_(__VA_ARGS__)
-#define kvs_seq_info(...) kvs_seq_info_decl_renamed_by_kvs_test_h_(__VA_ARGS__)
 #include "kvshare.h"
-#undef kvs_page_info
-#undef kvs_seq_info
-kvs_status kvs_page_info_fn(const kvs_cache *cache, uint32_t tier, uint32_t page,
-                            kvs_page_info *info_out) __asm__("kvs_page_info");
-kvs_status kvs_seq_info_fn(const kvs_cache *cache, uint64_t seq_id, kvs_seq_info *info_out)
-    __asm__("kvs_seq_info");
 
-/*
- * The header documents fields as "a `kvs_tier` value", "a `kvs_dtype` value", "a
- * `kvs_page_state` value" and "a `kvs_copy_kind` value", but does not define those enums
- * (cbindgen only emits types reachable from a signature). Mirror src/ffi/types.rs and
- * src/ffi/pages.rs here until the header exports them.
- */
+/* Short names used by the programs, bound to the header's own names. */
+#define kvs_page_info_fn kvs_page_get_info
+#define kvs_seq_info_fn kvs_seq_get_info
 enum {
-    T_TIER_DEVICE = 0,
-    T_TIER_HOST = 1,
+    T_TIER_DEVICE = KVS_TIER_DEVICE,
+    T_TIER_HOST = KVS_TIER_HOST,
 };
 enum {
-    T_DTYPE_F32 = 0,
-    T_DTYPE_F16 = 1,
-    T_DTYPE_BF16 = 2,
+    T_DTYPE_F32 = KVS_DTYPE_F32,
+    T_DTYPE_F16 = KVS_DTYPE_F16,
+    T_DTYPE_BF16 = KVS_DTYPE_BF16,
 };
 enum {
-    T_PAGE_FREE = 0,
-    T_PAGE_CACHED = 1,
-    T_PAGE_IN_USE = 2,
-    T_PAGE_PADDING = 3,
+    T_PAGE_FREE = KVS_PAGE_STATE_FREE,
+    T_PAGE_CACHED = KVS_PAGE_STATE_CACHED,
+    T_PAGE_IN_USE = KVS_PAGE_STATE_IN_USE,
+    T_PAGE_PADDING = KVS_PAGE_STATE_PADDING,
 };
 enum {
-    T_COPY_D2D = 0,
-    T_COPY_D2H = 1,
-    T_COPY_H2D = 2,
+    T_COPY_D2D = KVS_COPY_KIND_DEVICE_TO_DEVICE,
+    T_COPY_D2H = KVS_COPY_KIND_DEVICE_TO_HOST,
+    T_COPY_H2D = KVS_COPY_KIND_HOST_TO_DEVICE,
 };
 
 /* Failure reporting lives in functions so that each check expands to very little code (the

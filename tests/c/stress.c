@@ -329,7 +329,7 @@ static void *run(void *arg) {
             kvs_stats s = t_stats(cache);
             CHECK(s.device_pages_free + s.device_pages_cached + s.device_pages_in_use ==
                   NDEV - 1);
-            CHECK(s.host_pages_free + s.host_pages_in_use == NHOST);
+            CHECK(s.host_pages_free + s.host_pages_cached + s.host_pages_in_use == NHOST);
         } else {
             CHECK_CACHE(cache);
             if (below(w, 8) == 0) {
