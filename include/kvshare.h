@@ -629,7 +629,9 @@ typedef struct kvs_mm_item {
 
 /*
  Keys that are part of a page's identity besides its tokens. Pass NULL for "none".
- Sequences with different `lora_id`, salt bytes or multimodal items never share pages.
+ Sequences with different `lora_id` or salt bytes never share pages; a multimodal item changes
+ the identity of the pages it overlaps (and, through the chain digest, of every later page),
+ so text pages before it are still shared.
  */
 typedef struct kvs_extra_keys {
   /*
@@ -667,8 +669,9 @@ typedef struct kvs_seq_info {
    */
   uint64_t num_pages;
   /*
-   Prompt tokens found cached at `kvs_seq_begin` (a multiple of the page size): the engine
-   skips computing them.
+   Prompt tokens found cached at `kvs_seq_begin`, at most `max_match_tokens`: the engine skips
+   computing them. A multiple of the page size, unless `max_match_tokens` cut into a cached
+   page (with `skip_cached_writes` that page is still shared and its slots hidden).
    */
   uint64_t matched_tokens;
   /*

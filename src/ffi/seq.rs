@@ -16,8 +16,9 @@ pub struct kvs_seq_info {
     pub num_tokens: u64,
     /// Pages in its block table (may exceed what the tokens need by reserved lookahead slots).
     pub num_pages: u64,
-    /// Prompt tokens found cached at `kvs_seq_begin` (a multiple of the page size): the engine
-    /// skips computing them.
+    /// Prompt tokens found cached at `kvs_seq_begin`, at most `max_match_tokens`: the engine skips
+    /// computing them. A multiple of the page size, unless `max_match_tokens` cut into a cached
+    /// page (with `skip_cached_writes` that page is still shared and its slots hidden).
     pub matched_tokens: u64,
     /// Pages newly allocated at `kvs_seq_begin` for tokens to compute (0 in `kvs_seq_get_info`).
     pub new_pages: u64,
