@@ -1,8 +1,10 @@
 // Test harness for the kvshare MindIE adapter: checks, MindIE-shaped sequence builders, and an
 // independent, deliberately simple model of the block state the adapter must produce.
 //
-// The model knows nothing about kvshare: it keeps its own blocks (refcount, registered key), a map
-// from prefix keys to blocks, and per sequence the list of its blocks. After every step the tests
+// The model knows nothing about kvshare's code: it keeps its own blocks (refcount, registered),
+// a map from prefix keys to blocks, the cached blocks in least-recently-released order (the
+// documented eviction order: free blocks first, then the cached block released longest ago), and
+// per sequence the list of its blocks. After every step the tests
 // compare it with what the adapter reports through MindIE's interface: free NPU/CPU block counts,
 // block-table lengths, which positions of which sequences share a block (a bijection between
 // model blocks and adapter block ids), cached and registered counts, copy-on-write and swap pairs,
@@ -13,6 +15,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <list>
 #include <map>
 #include <memory>
 #include <set>
@@ -198,7 +201,7 @@ class Model {
             return false;
         }
         for (int b : hits) {
-            blocks_[b].rc++;
+            Acquire(b);
         }
         s.blocks = hits;
         for (size_t i = 0; i < need; ++i) {
@@ -225,7 +228,7 @@ class Model {
     void Fork(SequenceId parent, SequenceId child) {
         Seq s = seqs_.at(parent);
         for (int b : s.blocks) {
-            blocks_[b].rc++;
+            Acquire(b);
         }
         seqs_[child] = s;
         Pend(child);
@@ -313,7 +316,11 @@ class Model {
         std::vector<bool> copied;
         for (size_t j = 0; j < s.hostPages; ++j) {
             if (hit[j] >= 0) {
-                blocks_[hit[j]].rc++;
+                Acquire(hit[j]);  // every hit first, then the new blocks
+            }
+        }
+        for (size_t j = 0; j < s.hostPages; ++j) {
+            if (hit[j] >= 0) {
                 s.blocks.push_back(hit[j]);
                 copied.push_back(false);
             } else {
@@ -338,7 +345,10 @@ class Model {
             blocks_[kv.second].registered = false;
         }
         index_.clear();
+        lru_.clear();
     }
+
+    size_t Evictions() const { return evictions_; }
 
    private:
     struct Block {
@@ -365,11 +375,25 @@ class Model {
     }
 
     int NewBlock() {
-        // A never-used or free block if there is one; the tests never need an eviction, which
-        // would make later hits depend on kvshare's eviction order.
+        // A never-used or free block if there is one, else the least recently released cached
+        // block, which leaves the prefix index.
         size_t freeList = npu_ - InUse() - Cached();
         if (freeList == 0) {
-            throw std::logic_error("model: this step would evict a cached block (not modelled)");
+            if (lru_.empty()) {
+                throw std::logic_error("model: no block left");
+            }
+            int b = lru_.front();
+            lru_.pop_front();
+            for (auto it = index_.begin(); it != index_.end(); ++it) {
+                if (it->second == b) {
+                    index_.erase(it);
+                    break;
+                }
+            }
+            blocks_[b].registered = false;
+            blocks_[b].rc = 1;
+            ++evictions_;
+            return b;
         }
         for (size_t b = 0; b < blocks_.size(); ++b) {
             if (blocks_[b].rc == 0 && !blocks_[b].registered) {
@@ -385,7 +409,15 @@ class Model {
         if (blocks_[b].rc <= 0) {
             throw std::logic_error("model: refcount underflow");
         }
-        blocks_[b].rc--;
+        if (--blocks_[b].rc == 0 && blocks_[b].registered) {
+            lru_.push_back(b);
+        }
+    }
+
+    void Acquire(int b) {
+        if (blocks_[b].rc++ == 0) {
+            lru_.remove(b);
+        }
     }
 
     void Insert(const std::string &key, int b) {
@@ -422,6 +454,8 @@ class Model {
     std::map<std::string, int> index_;
     std::map<SequenceId, Seq> seqs_;
     std::set<SequenceId> pending_;
+    std::list<int> lru_;
+    size_t evictions_ = 0;
     size_t hostUsed_ = 0;
 };
 
@@ -435,6 +469,7 @@ inline std::map<int, BlockId> Compare(KvshareBlockManager &m, const Model &model
     CHECK_EQ(st.device_pages_cached, static_cast<uint64_t>(model.Cached()));
     CHECK_EQ(st.index_pages, static_cast<uint64_t>(model.Registered()));
     CHECK_EQ(st.num_seqs, static_cast<uint64_t>(model.Seqs().size()));
+    CHECK_EQ(st.evictions, static_cast<uint64_t>(model.Evictions()));
     std::map<int, BlockId> fwd;
     std::map<BlockId, int> back;
     std::set<BlockId> hostIds;

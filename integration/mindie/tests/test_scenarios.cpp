@@ -315,22 +315,21 @@ static void AdmissionLimits() {
 }
 
 static void Eviction() {
-    // With every block cached, new prompts evict cached blocks; the counts stay right (which
-    // blocks go is kvshare's LRU choice, so this test does not use the model).
+    // With every block cached, new prompts evict cached blocks, least recently released first.
     const size_t ps = 4;
-    KvshareBlockManager m(Config(ps, 8, 0, true));
+    Sim sim(ps, 8, 0, true);
     for (SequenceId id = 1; id <= 6; ++id) {
         auto s = MakeSeq(id, Range(100 * id, 16));
-        auto g = MakeGroup({s});
-        CHECK(m.CanAllocate(g) == AllocStatus::OK);
-        CHECK(m.Allocate(g));
-        m.MarkBlocksAsComputed();
-        CHECK_EQ(m.GetNumFreeNpuBlocks(), static_cast<size_t>(4));
-        m.Free(id);
-        CHECK_EQ(m.GetNumFreeNpuBlocks(), static_cast<size_t>(8));
-        CheckKvs(m);
+        CHECK(sim.Admit(MakeGroup({s})));
+        sim.EndStep();
+        CHECK_EQ(sim.m.GetNumFreeNpuBlocks(), static_cast<size_t>(4));
+        sim.Free(id);
+        CHECK_EQ(sim.m.GetNumFreeNpuBlocks(), static_cast<size_t>(8));
     }
-    CHECK(Stats(m).evictions > 0);
+    CHECK(Stats(sim.m).evictions > 0);
+    // The last prompt is still cached (3 of its 4 blocks are shareable), the first is gone.
+    CHECK_EQ(sim.m.GetSeqNumCachedTokens(MakeSeq(10, Range(600, 16))), 3 * ps);
+    CHECK_EQ(sim.m.GetSeqNumCachedTokens(MakeSeq(11, Range(100, 16))), static_cast<size_t>(0));
     std::printf("eviction: ok\n");
 }
 
