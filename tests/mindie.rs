@@ -52,6 +52,17 @@ fn libkvshare() -> PathBuf {
         .unwrap_or_else(|| panic!("libkvshare.so not found in {}", dir.display()))
 }
 
+/// `LD_LIBRARY_PATH` for running programs: cargo puts `target/<profile>` on it for tests, and it
+/// beats the programs' RUNPATH, so a stale uplifted copy of the library would be loaded instead
+/// of the one built for this run. Put the run's own library first.
+fn loader_path() -> String {
+    let dir = libkvshare().parent().unwrap().display().to_string();
+    match std::env::var("LD_LIBRARY_PATH") {
+        Ok(old) if !old.is_empty() => format!("{dir}:{old}"),
+        _ => dir,
+    }
+}
+
 fn cxx() -> String {
     std::env::var("CXX").unwrap_or_else(|_| "c++".to_string())
 }
@@ -141,6 +152,7 @@ fn build_and_run(variant: &str, extra: &[&str], env: &[(&str, &str)]) {
     let built = start.elapsed();
     for exe in &exes {
         let mut c = Command::new(exe);
+        c.env("LD_LIBRARY_PATH", loader_path());
         for (k, v) in env {
             c.env(k, v);
         }
@@ -243,6 +255,7 @@ fn mindie_adapter_cmake_build() {
     let text = run(
         Command::new("ctest")
             .arg("--output-on-failure")
+            .env("LD_LIBRARY_PATH", loader_path())
             .current_dir(&build),
         "ctest",
     );

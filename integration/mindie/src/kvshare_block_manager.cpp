@@ -17,7 +17,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "kvshare_c.h"
+#include "kvshare.h"
 
 namespace kvshare_mindie {
 
@@ -30,9 +30,9 @@ namespace {
 // Values of kvshare enums that the generated header does not emit (they are only referenced as
 // uint32_t fields); taken from src/ffi/types.rs (`kvs_tier`, `kvs_copy_kind`).
 constexpr uint32_t KVS_TIER_HOST_VALUE = 1;
-constexpr uint32_t KVS_COPY_DEVICE_TO_DEVICE_VALUE = 0;
-constexpr uint32_t KVS_COPY_DEVICE_TO_HOST_VALUE = 1;
-constexpr uint32_t KVS_COPY_HOST_TO_DEVICE_VALUE = 2;
+constexpr uint32_t KVS_COPY_DEVICE_TO_DEVICE_VALUE = KVS_COPY_KIND_DEVICE_TO_DEVICE;
+constexpr uint32_t KVS_COPY_DEVICE_TO_HOST_VALUE = KVS_COPY_KIND_DEVICE_TO_HOST;
+constexpr uint32_t KVS_COPY_HOST_TO_DEVICE_VALUE = KVS_COPY_KIND_HOST_TO_DEVICE;
 
 std::string Prefix(const char *method) { return std::string("kvshare MindIE adapter: ") + method + ": "; }
 
@@ -149,6 +149,11 @@ KvshareBlockManager::KvshareBlockManager(const BlockManagerConfig &config, size_
     c.reserve_null_page = false;
     c.defer_commit = enableCaching_;
     c.skip_cached_writes = false;
+    // MindIE executes only the copies its interface returns (AppendSlot's copy-on-write pairs,
+    // SwapIn/SwapOut pairs); it has no channel for kvshare's queued demotion/promotion copies, so
+    // CPU blocks stay what MindIE uses them for: swapped-out sequences.
+    c.demote_to_host = false;
+    c.enable_events = false;
     kvs_status st = kvs_cache_new(&c, &cache_);
     if (st != KVS_STATUS_OK) {
         throw std::invalid_argument(Prefix("constructor") + kvs_status_str(st) + ": " + kvs_last_error_message());
@@ -165,11 +170,11 @@ mindie_llm::BlockSpaceManagerSPtr CreateKvshareBlockManager(const BlockManagerCo
 
 bool KvshareBlockManager::Shape(SequenceId seqId, SeqShape &out) const {
     ::kvs_seq_info info{};
-    kvs_status st = kvshare_c::kvs_seq_info(cache_, KvsId(seqId), &info);
+    kvs_status st = kvs_seq_get_info(cache_, KvsId(seqId), &info);
     if (st == KVS_STATUS_SEQ_NOT_FOUND) {
         return false;
     }
-    Check(st, "kvs_seq_info");
+    Check(st, "kvs_seq_get_info");
     out = SeqShape{info.num_tokens, info.num_pages, info.matched_tokens, info.tier == KVS_TIER_HOST_VALUE};
     return true;
 }
@@ -204,7 +209,7 @@ size_t KvshareBlockManager::AppendNeed(SequenceId seqId, const SeqShape &shape, 
         size_t last = std::min((old + newTokens - 1) / blockSize_, ids.size() - 1);
         for (size_t j = old / blockSize_; j <= last && j < ids.size(); ++j) {
             ::kvs_page_info info{};
-            Check(kvshare_c::kvs_page_info(cache_, 0, ids[j], &info), "kvs_page_info");
+            Check(kvs_page_get_info(cache_, 0, ids[j], &info), "kvs_page_get_info");
             if (info.refcount > 1) {
                 ++need;
             }

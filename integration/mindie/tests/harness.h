@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "block_manager_interface.h"
-#include "kvshare_c.h"
+#include "kvshare.h"
 #include "kvshare_mindie.h"
 
 namespace harness {
