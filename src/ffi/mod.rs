@@ -5,6 +5,7 @@
 #![deny(missing_docs)]
 #![allow(non_camel_case_types)]
 
+pub mod attn;
 pub(crate) mod handle;
 pub(crate) mod panic;
 pub(crate) mod slice;

@@ -1,0 +1,416 @@
+//! The inner attention kernel: a group of up to 8 query rows (query heads sharing one kv head,
+//! possibly of several query tokens) against one sequence's paged K/V of one kv head, in a
+//! single pass with an online softmax (flash-decoding style).
+//!
+//! K/V are read once per group: each K/V row is converted to f32 in registers (F16C for f16,
+//! a shift for bf16) and used by all rows of the group. The same generic code is compiled twice:
+//! with AVX2+FMA+F16C intrinsics behind runtime detection, and with plain `[f32; 8]` lanes
+//! (which the compiler vectorises for the baseline target, e.g. SSE2 or NEON).
+
+use half::{bf16, f16};
+
+use super::CacheLayout;
+
+/// Tokens per K/V block (a block never crosses a page).
+const BT: usize = 32;
+/// Most rows processed together.
+pub(crate) const MAX_GROUP: usize = 8;
+
+/// A KV element type.
+pub(crate) trait KvElem: Copy + Send + Sync + 'static {
+    fn to_f32(self) -> f32;
+    /// Loads 8 elements as f32.
+    ///
+    /// # Safety
+    /// `p` must be valid for 8 reads; the CPU must have AVX2, FMA and F16C.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load8_avx2(p: *const Self) -> std::arch::x86_64::__m256;
+}
+
+impl KvElem for f32 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8_avx2(p: *const Self) -> std::arch::x86_64::__m256 {
+        std::arch::x86_64::_mm256_loadu_ps(p)
+    }
+}
+
+impl KvElem for f16 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8_avx2(p: *const Self) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        _mm256_cvtph_ps(_mm_loadu_si128(p.cast::<__m128i>()))
+    }
+}
+
+impl KvElem for bf16 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f32::from_bits((self.to_bits() as u32) << 16)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8_avx2(p: *const Self) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        let w = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.cast::<__m128i>()));
+        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(w))
+    }
+}
+
+/// 8 f32 lanes. All methods are `unsafe`: pointers must be valid for 8 elements, and the
+/// AVX2 implementation needs the CPU features.
+trait Lanes {
+    type V: Copy;
+    unsafe fn zero() -> Self::V;
+    unsafe fn splat(x: f32) -> Self::V;
+    unsafe fn load(p: *const f32) -> Self::V;
+    unsafe fn store(p: *mut f32, v: Self::V);
+    /// `a * b + c`.
+    unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
+    unsafe fn hsum(v: Self::V) -> f32;
+    unsafe fn load_kv<T: KvElem>(p: *const T) -> Self::V;
+    /// `exp` in place; `-inf` (and anything below about -87) gives 0.
+    unsafe fn exp_slice(x: &mut [f32]);
+}
+
+struct Scalar;
+
+impl Lanes for Scalar {
+    type V = [f32; 8];
+    #[inline(always)]
+    unsafe fn zero() -> [f32; 8] {
+        [0.0; 8]
+    }
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> [f32; 8] {
+        [x; 8]
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> [f32; 8] {
+        p.cast::<[f32; 8]>().read_unaligned()
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: [f32; 8]) {
+        p.cast::<[f32; 8]>().write_unaligned(v)
+    }
+    #[inline(always)]
+    unsafe fn fma(a: [f32; 8], b: [f32; 8], c: [f32; 8]) -> [f32; 8] {
+        std::array::from_fn(|i| a[i] * b[i] + c[i])
+    }
+    #[inline(always)]
+    unsafe fn hsum(v: [f32; 8]) -> f32 {
+        ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]))
+    }
+    #[inline(always)]
+    unsafe fn load_kv<T: KvElem>(p: *const T) -> [f32; 8] {
+        std::array::from_fn(|i| p.add(i).read().to_f32())
+    }
+    #[inline(always)]
+    unsafe fn exp_slice(x: &mut [f32]) {
+        for v in x {
+            *v = v.exp();
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{KvElem, Lanes};
+    use std::arch::x86_64::*;
+
+    pub(super) struct Avx2;
+
+    #[inline(always)]
+    unsafe fn exp8(x: __m256) -> __m256 {
+        // Cephes expf: range reduction by ln 2 (split in two constants), degree-6 polynomial;
+        // relative error about 2e-7 on the range used here (x <= 0).
+        let zero = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(-87.0));
+        let x = _mm256_min_ps(
+            _mm256_max_ps(x, _mm256_set1_ps(-87.0)),
+            _mm256_set1_ps(88.0),
+        );
+        let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
+        );
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
+        let mut p = _mm256_set1_ps(1.987_569_1e-4);
+        for c in [
+            1.398_199_9e-3,
+            8.333_452e-3,
+            4.166_579_6e-2,
+            0.166_666_65,
+            0.5,
+        ] {
+            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+        }
+        let p = _mm256_fmadd_ps(
+            p,
+            _mm256_mul_ps(r, r),
+            _mm256_add_ps(r, _mm256_set1_ps(1.0)),
+        );
+        let e = _mm256_slli_epi32::<23>(_mm256_add_epi32(
+            _mm256_cvtps_epi32(n),
+            _mm256_set1_epi32(127),
+        ));
+        _mm256_andnot_ps(zero, _mm256_mul_ps(p, _mm256_castsi256_ps(e)))
+    }
+
+    impl Lanes for Avx2 {
+        type V = __m256;
+        #[inline(always)]
+        unsafe fn zero() -> __m256 {
+            _mm256_setzero_ps()
+        }
+        #[inline(always)]
+        unsafe fn splat(x: f32) -> __m256 {
+            _mm256_set1_ps(x)
+        }
+        #[inline(always)]
+        unsafe fn load(p: *const f32) -> __m256 {
+            _mm256_loadu_ps(p)
+        }
+        #[inline(always)]
+        unsafe fn store(p: *mut f32, v: __m256) {
+            _mm256_storeu_ps(p, v)
+        }
+        #[inline(always)]
+        unsafe fn fma(a: __m256, b: __m256, c: __m256) -> __m256 {
+            _mm256_fmadd_ps(a, b, c)
+        }
+        #[inline(always)]
+        unsafe fn hsum(v: __m256) -> f32 {
+            let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            let s = _mm_add_ss(s, _mm_shuffle_ps::<1>(s, s));
+            _mm_cvtss_f32(s)
+        }
+        #[inline(always)]
+        unsafe fn load_kv<T: KvElem>(p: *const T) -> __m256 {
+            T::load8_avx2(p)
+        }
+        #[inline(always)]
+        unsafe fn exp_slice(x: &mut [f32]) {
+            let mut chunks = x.chunks_exact_mut(8);
+            for c in &mut chunks {
+                _mm256_storeu_ps(c.as_mut_ptr(), exp8(_mm256_loadu_ps(c.as_ptr())));
+            }
+            let rest = chunks.into_remainder();
+            if !rest.is_empty() {
+                let mut tmp = [f32::NEG_INFINITY; 8];
+                tmp[..rest.len()].copy_from_slice(rest);
+                _mm256_storeu_ps(tmp.as_mut_ptr(), exp8(_mm256_loadu_ps(tmp.as_ptr())));
+                rest.copy_from_slice(&tmp[..rest.len()]);
+            }
+        }
+    }
+}
+
+/// One sequence's K/V for one kv head.
+pub(crate) struct SeqKv<'a, T> {
+    pub k: &'a [T],
+    pub v: &'a [T],
+    /// Block-table entries the sequence uses (validated page ids).
+    pub pages: &'a [i32],
+    pub layout: &'a CacheLayout,
+    pub kv_head: usize,
+    /// Logit soft cap (0 = off).
+    pub softcap: f32,
+}
+
+/// Attends `lo.len()` rows. Row `r` has query `q[r*d..][..d]` (already multiplied by the
+/// scale) and sees positions `lo[r]..hi[r]`. Writes the normalised output to `out[r*d..][..d]`.
+pub(crate) fn attend<T: KvElem>(
+    kv: &SeqKv<'_, T>,
+    q: &[f32],
+    lo: &[usize],
+    hi: &[usize],
+    out: &mut [f32],
+) {
+    let d = kv.layout.head_dim;
+    let rows = lo.len();
+    assert!(hi.len() == rows && q.len() >= rows * d && out.len() >= rows * d);
+    let mut r0 = 0;
+    while r0 < rows {
+        let left = rows - r0;
+        let ng = [8, 4, 2, 1].into_iter().find(|&g| g <= left).unwrap_or(1);
+        let (q, out) = (&q[r0 * d..(r0 + ng) * d], &mut out[r0 * d..(r0 + ng) * d]);
+        let (lo, hi) = (&lo[r0..r0 + ng], &hi[r0..r0 + ng]);
+        match ng {
+            8 => group::<T, 8>(kv, q, lo, hi, out),
+            4 => group::<T, 4>(kv, q, lo, hi, out),
+            2 => group::<T, 2>(kv, q, lo, hi, out),
+            _ => group::<T, 1>(kv, q, lo, hi, out),
+        }
+        r0 += ng;
+    }
+}
+
+fn group<T: KvElem, const NG: usize>(
+    kv: &SeqKv<'_, T>,
+    q: &[f32],
+    lo: &[usize],
+    hi: &[usize],
+    out: &mut [f32],
+) {
+    let lo: [usize; NG] = std::array::from_fn(|r| lo[r]);
+    let hi: [usize; NG] = std::array::from_fn(|r| hi[r]);
+    #[cfg(target_arch = "x86_64")]
+    {
+        if is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+        {
+            // SAFETY: the features are present; `rows` checks the slice lengths.
+            unsafe { group_avx2::<T, NG>(kv, q, &lo, &hi, out) };
+            return;
+        }
+    }
+    // SAFETY: `rows` checks the slice lengths the pointer reads rely on.
+    unsafe { rows::<Scalar, T, NG>(kv, q, &lo, &hi, out) }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn group_avx2<T: KvElem, const NG: usize>(
+    kv: &SeqKv<'_, T>,
+    q: &[f32],
+    lo: &[usize; NG],
+    hi: &[usize; NG],
+    out: &mut [f32],
+) {
+    rows::<avx2::Avx2, T, NG>(kv, q, lo, hi, out)
+}
+
+/// The kernel for `NG` rows. Every pointer read is inside a row slice taken (and so bounds
+/// checked) from `kv.k`, `kv.v`, `q` or `acc`.
+#[inline(always)]
+unsafe fn rows<L: Lanes, T: KvElem, const NG: usize>(
+    kv: &SeqKv<'_, T>,
+    q: &[f32],
+    lo: &[usize; NG],
+    hi: &[usize; NG],
+    out: &mut [f32],
+) {
+    let lay = kv.layout;
+    let d = lay.head_dim;
+    let d8 = d / 8 * 8;
+    let (q, acc) = (&q[..NG * d], &mut out[..NG * d]);
+    acc.fill(0.0);
+    let mut m = [f32::NEG_INFINITY; NG];
+    let mut l = [0f32; NG];
+    let start = lo.iter().copied().min().unwrap_or(0);
+    let end = hi.iter().copied().max().unwrap_or(0);
+    let (all_lo, all_hi) = (
+        lo.iter().copied().max().unwrap_or(0),
+        hi.iter().copied().min().unwrap_or(0),
+    );
+    let mut s = [0f32; BT * MAX_GROUP];
+    let mut vrows: [&[T]; BT] = [&[]; BT];
+    let mut pos = start;
+    while pos < end {
+        let page = kv.pages[pos / lay.page_size] as usize;
+        let slot = pos % lay.page_size;
+        let n = BT.min(lay.page_size - slot).min(end - pos);
+        let base = page * lay.page_stride + kv.kv_head * lay.head_stride;
+        // Scores: s[t][r] = q[r] . k[t], each K row converted once for all rows.
+        for t in 0..n {
+            let off = base + (slot + t) * lay.slot_stride;
+            let krow = &kv.k[off..off + d];
+            vrows[t] = &kv.v[off..off + d];
+            let mut a = [L::zero(); NG];
+            let mut c = 0;
+            while c < d8 {
+                let kk = L::load_kv(krow.as_ptr().add(c));
+                for (r, ar) in a.iter_mut().enumerate() {
+                    *ar = L::fma(L::load(q.as_ptr().add(r * d + c)), kk, *ar);
+                }
+                c += 8;
+            }
+            for (r, ar) in a.iter().enumerate() {
+                let mut x = L::hsum(*ar);
+                for c in d8..d {
+                    x += q[r * d + c] * krow[c].to_f32();
+                }
+                s[t * NG + r] = x;
+            }
+        }
+        let s = &mut s[..n * NG];
+        if kv.softcap > 0.0 {
+            let cap = kv.softcap;
+            for x in s.iter_mut() {
+                *x = cap * (*x / cap).tanh();
+            }
+        }
+        if pos < all_lo || pos + n > all_hi {
+            for t in 0..n {
+                for r in 0..NG {
+                    if pos + t < lo[r] || pos + t >= hi[r] {
+                        s[t * NG + r] = f32::NEG_INFINITY;
+                    }
+                }
+            }
+        }
+        // Online softmax: raise the running max, rescale what was accumulated, shift scores.
+        for r in 0..NG {
+            let bm = (0..n)
+                .map(|t| s[t * NG + r])
+                .fold(f32::NEG_INFINITY, f32::max);
+            if bm > m[r] {
+                if m[r] > f32::NEG_INFINITY {
+                    let alpha = (m[r] - bm).exp();
+                    l[r] *= alpha;
+                    acc[r * d..(r + 1) * d].iter_mut().for_each(|x| *x *= alpha);
+                }
+                m[r] = bm;
+            }
+            let shift = if m[r] > f32::NEG_INFINITY { m[r] } else { 0.0 };
+            for t in 0..n {
+                s[t * NG + r] -= shift;
+            }
+        }
+        L::exp_slice(s);
+        for t in 0..n {
+            for r in 0..NG {
+                l[r] += s[t * NG + r];
+            }
+        }
+        // acc[r] += sum_t p[t][r] * v[t], each V chunk converted once for all rows.
+        let mut c = 0;
+        while c < d8 {
+            let mut a: [L::V; NG] = std::array::from_fn(|r| L::load(acc.as_ptr().add(r * d + c)));
+            for (t, vrow) in vrows.iter().enumerate().take(n) {
+                let vv = L::load_kv(vrow.as_ptr().add(c));
+                for (r, ar) in a.iter_mut().enumerate() {
+                    *ar = L::fma(L::splat(s[t * NG + r]), vv, *ar);
+                }
+            }
+            for (r, ar) in a.iter().enumerate() {
+                L::store(acc.as_mut_ptr().add(r * d + c), *ar);
+            }
+            c += 8;
+        }
+        for c in d8..d {
+            for (t, vrow) in vrows.iter().enumerate().take(n) {
+                let v = vrow[c].to_f32();
+                for r in 0..NG {
+                    acc[r * d + c] += s[t * NG + r] * v;
+                }
+            }
+        }
+        pos += n;
+    }
+    for r in 0..NG {
+        let inv = if l[r] > 0.0 { 1.0 / l[r] } else { 0.0 };
+        acc[r * d..(r + 1) * d].iter_mut().for_each(|x| *x *= inv);
+    }
+}
