@@ -278,6 +278,39 @@ fn layout(c: &kvs_kv_layout, num_pages: u32) -> Result<CacheLayout> {
     })
 }
 
+/// Refuses a misaligned pointer as an attention argument error (the shared slice helpers
+/// `debug_assert` alignment, which would turn this caller error into a panic in debug builds).
+fn aligned<T>(ptr: *const T, name: &'static str) -> Result<()> {
+    if !ptr.is_aligned() {
+        return Err(Error::AttnInvalid {
+            field: name,
+            reason: format!(
+                "pointer {ptr:p} is not aligned to {} bytes",
+                std::mem::align_of::<T>()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// [`slice`] with attention errors.
+///
+/// # Safety
+/// As [`slice`].
+unsafe fn aslice<'a, T>(ptr: *const T, len: usize, name: &'static str) -> Result<&'a [T]> {
+    aligned(ptr, name)?;
+    slice(ptr, len, name).map_err(attn)
+}
+
+/// [`slice_mut`] with attention errors.
+///
+/// # Safety
+/// As [`slice_mut`].
+unsafe fn aslice_mut<'a, T>(ptr: *mut T, len: usize, name: &'static str) -> Result<&'a mut [T]> {
+    aligned(ptr.cast_const(), name)?;
+    slice_mut(ptr, len, name).map_err(attn)
+}
+
 /// # Safety
 /// Non-NULL `ptr` must be valid for `len` elements of `dtype` for `'a`.
 unsafe fn buf<'a>(
@@ -287,9 +320,9 @@ unsafe fn buf<'a>(
     name: &'static str,
 ) -> Result<Buf<'a>> {
     Ok(match dtype {
-        DType::F32 => Buf::F32(slice(ptr.cast(), len, name).map_err(attn)?),
-        DType::F16 => Buf::F16(slice(ptr.cast(), len, name).map_err(attn)?),
-        DType::BF16 => Buf::BF16(slice(ptr.cast(), len, name).map_err(attn)?),
+        DType::F32 => Buf::F32(aslice(ptr.cast(), len, name)?),
+        DType::F16 => Buf::F16(aslice(ptr.cast(), len, name)?),
+        DType::BF16 => Buf::BF16(aslice(ptr.cast(), len, name)?),
     })
 }
 
@@ -302,9 +335,9 @@ unsafe fn buf_mut<'a>(
     name: &'static str,
 ) -> Result<BufMut<'a>> {
     Ok(match dtype {
-        DType::F32 => BufMut::F32(slice_mut(ptr.cast(), len, name).map_err(attn)?),
-        DType::F16 => BufMut::F16(slice_mut(ptr.cast(), len, name).map_err(attn)?),
-        DType::BF16 => BufMut::BF16(slice_mut(ptr.cast(), len, name).map_err(attn)?),
+        DType::F32 => BufMut::F32(aslice_mut(ptr.cast(), len, name)?),
+        DType::F16 => BufMut::F16(aslice_mut(ptr.cast(), len, name)?),
+        DType::BF16 => BufMut::BF16(aslice_mut(ptr.cast(), len, name)?),
     })
 }
 
@@ -487,15 +520,14 @@ impl kvs_backend {
                     query: buf(a.query, params.query_dtype, spans.query, "query")?,
                     key_cache: buf(a.key_cache, cache.dtype, spans.cache, "key_cache")?,
                     value_cache: buf(a.value_cache, cache.dtype, spans.cache, "value_cache")?,
-                    block_table: slice(a.block_table, spans.block_table, "block_table")
-                        .map_err(attn)?,
-                    context_lens: slice(a.context_lens, spans.context_lens, "context_lens")
-                        .map_err(attn)?,
+                    block_table: aslice(a.block_table, spans.block_table, "block_table")?,
+                    context_lens: aslice(a.context_lens, spans.context_lens, "context_lens")?,
                     query_start_loc: if params.varlen {
-                        Some(
-                            slice(a.query_start_loc, spans.query_start_loc, "query_start_loc")
-                                .map_err(attn)?,
-                        )
+                        Some(aslice(
+                            a.query_start_loc,
+                            spans.query_start_loc,
+                            "query_start_loc",
+                        )?)
                     } else {
                         None
                     },
@@ -565,9 +597,9 @@ impl kvs_backend {
             // SAFETY: caller contract; the written caches overlap nothing else (checked above).
             let write = unsafe {
                 let slots = if slot_bytes == 4 {
-                    SlotMapping::I32(slice(a.slot_mapping.cast(), n, "slot_mapping").map_err(attn)?)
+                    SlotMapping::I32(aslice(a.slot_mapping.cast(), n, "slot_mapping")?)
                 } else {
-                    SlotMapping::I64(slice(a.slot_mapping.cast(), n, "slot_mapping").map_err(attn)?)
+                    SlotMapping::I64(aslice(a.slot_mapping.cast(), n, "slot_mapping")?)
                 };
                 KvWrite::new(
                     params,
@@ -606,7 +638,7 @@ impl kvs_backend {
             // SAFETY: caller contract for `backend`, `args` and `copies`.
             let b = unsafe { handle::borrow(backend)? };
             let a = unsafe { try_ref(args, "args")? };
-            let raw = unsafe { slice(copies, num_copies, "copies").map_err(attn)? };
+            let raw = unsafe { aslice(copies, num_copies, "copies")? };
             let mut list = Vec::with_capacity(raw.len());
             for (i, c) in raw.iter().enumerate() {
                 let kind = match c.kind {
@@ -654,17 +686,14 @@ impl kvs_backend {
             // SAFETY: caller contract; the four caches are pairwise disjoint (checked above).
             let caches = unsafe {
                 CopyCaches {
-                    key_cache: slice_mut(a.key_cache.cast(), dev, "key_cache").map_err(attn)?,
-                    value_cache: slice_mut(a.value_cache.cast(), dev, "value_cache")
-                        .map_err(attn)?,
-                    host_key_cache: slice_mut(a.host_key_cache.cast(), host, "host_key_cache")
-                        .map_err(attn)?,
-                    host_value_cache: slice_mut(
+                    key_cache: aslice_mut(a.key_cache.cast(), dev, "key_cache")?,
+                    value_cache: aslice_mut(a.value_cache.cast(), dev, "value_cache")?,
+                    host_key_cache: aslice_mut(a.host_key_cache.cast(), host, "host_key_cache")?,
+                    host_value_cache: aslice_mut(
                         a.host_value_cache.cast(),
                         host,
                         "host_value_cache",
-                    )
-                    .map_err(attn)?,
+                    )?,
                 }
             };
             b.backend
