@@ -7,6 +7,9 @@
 //! with AVX2+FMA+F16C intrinsics behind runtime detection, and with plain `[f32; 8]` lanes
 //! (which the compiler vectorises for the baseline target, e.g. SSE2 or NEON).
 
+// Index loops over small fixed arrays read more plainly than iterator chains in SIMD code.
+#![allow(clippy::needless_range_loop)]
+
 use half::{bf16, f16};
 
 use super::CacheLayout;
@@ -80,6 +83,14 @@ trait Lanes {
     unsafe fn load_kv<T: KvElem>(p: *const T) -> Self::V;
     /// `exp` in place; `-inf` (and anything below about -87) gives 0.
     unsafe fn exp_slice(x: &mut [f32]);
+    /// Hints that the cache line holding `p` will be read soon (never faults).
+    #[inline(always)]
+    unsafe fn prefetch(p: *const u8) {
+        #[cfg(target_arch = "x86_64")]
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast());
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = p;
+    }
 }
 
 struct Scalar;
@@ -246,16 +257,17 @@ pub(crate) fn attend<T: KvElem>(
         let (q, out) = (&q[r0 * d..(r0 + ng) * d], &mut out[r0 * d..(r0 + ng) * d]);
         let (lo, hi) = (&lo[r0..r0 + ng], &hi[r0..r0 + ng]);
         match ng {
-            8 => group::<T, 8>(kv, q, lo, hi, out),
-            4 => group::<T, 4>(kv, q, lo, hi, out),
-            2 => group::<T, 2>(kv, q, lo, hi, out),
-            _ => group::<T, 1>(kv, q, lo, hi, out),
+            // (rows, tokens per score step, chunks per value step): about 8 accumulators.
+            8 => group::<T, 8, 1, 1>(kv, q, lo, hi, out),
+            4 => group::<T, 4, 2, 2>(kv, q, lo, hi, out),
+            2 => group::<T, 2, 4, 4>(kv, q, lo, hi, out),
+            _ => group::<T, 1, 8, 8>(kv, q, lo, hi, out),
         }
         r0 += ng;
     }
 }
 
-fn group<T: KvElem, const NG: usize>(
+fn group<T: KvElem, const NG: usize, const TT: usize, const U: usize>(
     kv: &SeqKv<'_, T>,
     q: &[f32],
     lo: &[usize],
@@ -271,30 +283,98 @@ fn group<T: KvElem, const NG: usize>(
             && is_x86_feature_detected!("f16c")
         {
             // SAFETY: the features are present; `rows` checks the slice lengths.
-            unsafe { group_avx2::<T, NG>(kv, q, &lo, &hi, out) };
+            unsafe { group_avx2::<T, NG, TT, U>(kv, q, &lo, &hi, out) };
             return;
         }
     }
     // SAFETY: `rows` checks the slice lengths the pointer reads rely on.
-    unsafe { rows::<Scalar, T, NG>(kv, q, &lo, &hi, out) }
+    unsafe { rows::<Scalar, T, NG, TT, U>(kv, q, &lo, &hi, out) }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn group_avx2<T: KvElem, const NG: usize>(
+unsafe fn group_avx2<T: KvElem, const NG: usize, const TT: usize, const U: usize>(
     kv: &SeqKv<'_, T>,
     q: &[f32],
     lo: &[usize; NG],
     hi: &[usize; NG],
     out: &mut [f32],
 ) {
-    rows::<avx2::Avx2, T, NG>(kv, q, lo, hi, out)
+    rows::<avx2::Avx2, T, NG, TT, U>(kv, q, lo, hi, out)
 }
 
-/// The kernel for `NG` rows. Every pointer read is inside a row slice taken (and so bounds
-/// checked) from `kv.k`, `kv.v`, `q` or `acc`.
+/// Scores of `TT` K rows against `NG` query rows: `s[t * NG + r] = q[r] . k[t]`. Each K chunk
+/// is converted once and used by every row; `TT * NG` independent accumulators hide the FMA
+/// latency. `q` holds `NG * d` values, each K row `d`.
 #[inline(always)]
-unsafe fn rows<L: Lanes, T: KvElem, const NG: usize>(
+unsafe fn qk<L: Lanes, T: KvElem, const NG: usize, const TT: usize>(
+    q: &[f32],
+    krows: &[&[T]],
+    d: usize,
+    s: &mut [f32],
+) {
+    let d8 = d / 8 * 8;
+    let q = &q[..NG * d];
+    let krows: [&[T]; TT] = std::array::from_fn(|t| &krows[t][..d]);
+    let mut a = [[L::zero(); NG]; TT];
+    let mut c = 0;
+    while c < d8 {
+        let kk: [L::V; TT] = std::array::from_fn(|t| L::load_kv(krows[t].as_ptr().add(c)));
+        for r in 0..NG {
+            let qq = L::load(q.as_ptr().add(r * d + c));
+            for t in 0..TT {
+                a[t][r] = L::fma(qq, kk[t], a[t][r]);
+            }
+        }
+        c += 8;
+    }
+    for t in 0..TT {
+        for r in 0..NG {
+            let mut x = L::hsum(a[t][r]);
+            for c in d8..d {
+                x += q[r * d + c] * krows[t][c].to_f32();
+            }
+            s[t * NG + r] = x;
+        }
+    }
+}
+
+/// `acc[r][c..c + 8U] += sum_t p[t * NG + r] * v[t][c..c + 8U]`: each V chunk converted once
+/// for all rows, `NG * U` independent accumulators. Needs `c + 8U <= d`.
+#[inline(always)]
+unsafe fn pv<L: Lanes, T: KvElem, const NG: usize, const U: usize>(
+    acc: &mut [f32],
+    vrows: &[&[T]],
+    p: &[f32],
+    c: usize,
+    d: usize,
+) {
+    assert!(c + 8 * U <= d && acc.len() >= NG * d && p.len() >= vrows.len() * NG);
+    let mut a: [[L::V; U]; NG] = std::array::from_fn(|r| {
+        std::array::from_fn(|u| L::load(acc.as_ptr().add(r * d + c + 8 * u)))
+    });
+    for (t, vrow) in vrows.iter().enumerate() {
+        let vrow = &vrow[..d];
+        let vv: [L::V; U] = std::array::from_fn(|u| L::load_kv(vrow.as_ptr().add(c + 8 * u)));
+        for (r, ar) in a.iter_mut().enumerate() {
+            let pp = L::splat(*p.get_unchecked(t * NG + r));
+            for u in 0..U {
+                ar[u] = L::fma(pp, vv[u], ar[u]);
+            }
+        }
+    }
+    for (r, ar) in a.iter().enumerate() {
+        for (u, v) in ar.iter().enumerate() {
+            L::store(acc.as_mut_ptr().add(r * d + c + 8 * u), *v);
+        }
+    }
+}
+
+/// The kernel for `NG` rows, `TT` tokens per score step and `U` chunks per value step. Every
+/// pointer read is inside a row slice taken (and so bounds checked) from `kv.k`, `kv.v`, `q`
+/// or `out`.
+#[inline(always)]
+unsafe fn rows<L: Lanes, T: KvElem, const NG: usize, const TT: usize, const U: usize>(
     kv: &SeqKv<'_, T>,
     q: &[f32],
     lo: &[usize; NG],
@@ -304,6 +384,7 @@ unsafe fn rows<L: Lanes, T: KvElem, const NG: usize>(
     let lay = kv.layout;
     let d = lay.head_dim;
     let d8 = d / 8 * 8;
+    let du = d / (8 * U) * (8 * U);
     let (q, acc) = (&q[..NG * d], &mut out[..NG * d]);
     acc.fill(0.0);
     let mut m = [f32::NEG_INFINITY; NG];
@@ -315,34 +396,59 @@ unsafe fn rows<L: Lanes, T: KvElem, const NG: usize>(
         hi.iter().copied().min().unwrap_or(0),
     );
     let mut s = [0f32; BT * MAX_GROUP];
+    let mut krows: [&[T]; BT] = [&[]; BT];
     let mut vrows: [&[T]; BT] = [&[]; BT];
-    let mut pos = start;
-    while pos < end {
+    // Block at `pos`: (element offset of its first row, tokens).
+    let block_at = |pos: usize| {
         let page = kv.pages[pos / lay.page_size] as usize;
         let slot = pos % lay.page_size;
         let n = BT.min(lay.page_size - slot).min(end - pos);
-        let base = page * lay.page_stride + kv.kv_head * lay.head_stride;
-        // Scores: s[t][r] = q[r] . k[t], each K row converted once for all rows.
+        (
+            page * lay.page_stride + kv.kv_head * lay.head_stride + slot * lay.slot_stride,
+            n,
+        )
+    };
+    let row_bytes = d * std::mem::size_of::<T>();
+    let mut pos = start;
+    let mut cur = if start < end { block_at(start) } else { (0, 0) };
+    while pos < end {
+        let (base, n) = cur;
+        let next = if pos + n < end {
+            block_at(pos + n)
+        } else {
+            (0, 0)
+        };
         for t in 0..n {
-            let off = base + (slot + t) * lay.slot_stride;
-            let krow = &kv.k[off..off + d];
+            // Prefetch the next block while this one computes: rows of one kv head are
+            // `slot_stride` apart, a pattern the hardware prefetchers follow poorly.
+            if t < next.1 {
+                let off = next.0 + t * lay.slot_stride;
+                if off + d <= kv.k.len() && off + d <= kv.v.len() {
+                    let (kp, vp) = (
+                        kv.k.as_ptr().add(off).cast::<u8>(),
+                        kv.v.as_ptr().add(off).cast::<u8>(),
+                    );
+                    let mut b = 0;
+                    while b < row_bytes {
+                        L::prefetch(kp.add(b));
+                        L::prefetch(vp.add(b));
+                        b += 64;
+                    }
+                }
+            }
+            let off = base + t * lay.slot_stride;
+            krows[t] = &kv.k[off..off + d];
             vrows[t] = &kv.v[off..off + d];
-            let mut a = [L::zero(); NG];
-            let mut c = 0;
-            while c < d8 {
-                let kk = L::load_kv(krow.as_ptr().add(c));
-                for (r, ar) in a.iter_mut().enumerate() {
-                    *ar = L::fma(L::load(q.as_ptr().add(r * d + c)), kk, *ar);
-                }
-                c += 8;
-            }
-            for (r, ar) in a.iter().enumerate() {
-                let mut x = L::hsum(*ar);
-                for c in d8..d {
-                    x += q[r * d + c] * krow[c].to_f32();
-                }
-                s[t * NG + r] = x;
-            }
+        }
+        // Scores.
+        let mut t = 0;
+        while t + TT <= n {
+            qk::<L, T, NG, TT>(q, &krows[t..t + TT], d, &mut s[t * NG..(t + TT) * NG]);
+            t += TT;
+        }
+        while t < n {
+            qk::<L, T, NG, 1>(q, &krows[t..t + 1], d, &mut s[t * NG..(t + 1) * NG]);
+            t += 1;
         }
         let s = &mut s[..n * NG];
         if kv.softcap > 0.0 {
@@ -384,19 +490,14 @@ unsafe fn rows<L: Lanes, T: KvElem, const NG: usize>(
                 l[r] += s[t * NG + r];
             }
         }
-        // acc[r] += sum_t p[t][r] * v[t], each V chunk converted once for all rows.
+        // Values.
         let mut c = 0;
+        while c < du {
+            pv::<L, T, NG, U>(acc, &vrows[..n], s, c, d);
+            c += 8 * U;
+        }
         while c < d8 {
-            let mut a: [L::V; NG] = std::array::from_fn(|r| L::load(acc.as_ptr().add(r * d + c)));
-            for (t, vrow) in vrows.iter().enumerate().take(n) {
-                let vv = L::load_kv(vrow.as_ptr().add(c));
-                for (r, ar) in a.iter_mut().enumerate() {
-                    *ar = L::fma(L::splat(s[t * NG + r]), vv, *ar);
-                }
-            }
-            for (r, ar) in a.iter().enumerate() {
-                L::store(acc.as_mut_ptr().add(r * d + c), *ar);
-            }
+            pv::<L, T, NG, 1>(acc, &vrows[..n], s, c, d);
             c += 8;
         }
         for c in d8..d {
@@ -408,6 +509,7 @@ unsafe fn rows<L: Lanes, T: KvElem, const NG: usize>(
             }
         }
         pos += n;
+        cur = next;
     }
     for r in 0..NG {
         let inv = if l[r] > 0.0 { 1.0 / l[r] } else { 0.0 };
@@ -472,7 +574,7 @@ mod tests {
         }
         let mut scalar = vec![0f32; 8 * d];
         // SAFETY: slice lengths match the rows.
-        unsafe { rows::<Scalar, bf16, 8>(&kv, &q, &lo, &hi, &mut scalar) };
+        unsafe { rows::<Scalar, bf16, 8, 1, 1>(&kv, &q, &lo, &hi, &mut scalar) };
         let mut auto = vec![0f32; 8 * d];
         attend(&kv, &q, &lo, &hi, &mut auto);
         let mut split = vec![0f32; 8 * d];
