@@ -414,7 +414,6 @@ fn kv_copy_bad_inputs() {
         ccase(INVALID, "copies", |_, f, _| {
             f.copies[1].dst_page = HP as u32
         }), // host tier is smaller
-        ccase(INVALID, "copies", |_, f, _| f.copies[1].num_tokens = 0),
         ccase(INVALID, "copies", |_, f, _| {
             f.copies[1].num_tokens = PS as u32 + 1
         }),

@@ -767,7 +767,8 @@ pub enum CopyKind {
     HostToDevice,
 }
 
-/// One copy: token slots `[0, num_tokens)` of page `src` into page `dst`.
+/// One copy: token slots `[0, num_tokens)` of page `src` into page `dst` (0 tokens: nothing to
+/// move, e.g. a reserved page that holds no token yet; the page ids are still checked).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PageCopy {
     /// Source page id (in the source tier).
@@ -839,11 +840,11 @@ impl CopyParams {
                     ),
                 ));
             }
-            if c.num_tokens == 0 || c.num_tokens as usize > self.cache.page_size {
+            if c.num_tokens as usize > self.cache.page_size {
                 return Err(bad(
                     "copies",
                     format!(
-                        "copies[{i}].num_tokens = {} is not in 1..={}",
+                        "copies[{i}].num_tokens = {} is more than page_size {}",
                         c.num_tokens, self.cache.page_size
                     ),
                 ));

@@ -621,8 +621,9 @@ impl kvs_backend {
     ///
     /// **Failure:** `KVS_STATUS_NULL_ARGUMENT` for a NULL `backend`, `args`, required cache
     /// pointer or `copies` with `num_copies > 0`; `KVS_STATUS_ATTN_INVALID_ARGUMENT` for a bad
-    /// layout, an unknown kind, a page id beyond its tier or `num_tokens` not in
-    /// `1..=page_size` (message names the field, e.g. `copies`). Nothing is copied on error.
+    /// layout, an unknown kind, a page id beyond its tier or `num_tokens` above `page_size`
+    /// (0 is a valid no-op; the message names the field, e.g. `copies`). Nothing is copied on
+    /// error.
     /// **Thread safety:** safe from any thread; the caches must not be accessed by others
     /// during the call.
     #[no_mangle]
