@@ -80,6 +80,13 @@ trait Lanes {
     /// `a * b + c`.
     unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
     unsafe fn hsum(v: Self::V) -> f32;
+    /// Lane `i` of the result is the sum of the lanes of `a[i]`.
+    unsafe fn hsum8(a: &[Self::V; 8]) -> Self::V;
+    unsafe fn add(a: Self::V, b: Self::V) -> Self::V;
+    unsafe fn sub(a: Self::V, b: Self::V) -> Self::V;
+    unsafe fn max(a: Self::V, b: Self::V) -> Self::V;
+    /// `exp` per lane; `-inf` (and anything below about -87) gives 0.
+    unsafe fn exp(v: Self::V) -> Self::V;
     unsafe fn load_kv<T: KvElem>(p: *const T) -> Self::V;
     /// `exp` in place; `-inf` (and anything below about -87) gives 0.
     unsafe fn exp_slice(x: &mut [f32]);
@@ -124,6 +131,26 @@ impl Lanes for Scalar {
     #[inline(always)]
     unsafe fn load_kv<T: KvElem>(p: *const T) -> [f32; 8] {
         std::array::from_fn(|i| p.add(i).read().to_f32())
+    }
+    #[inline(always)]
+    unsafe fn hsum8(a: &[[f32; 8]; 8]) -> [f32; 8] {
+        std::array::from_fn(|i| Self::hsum(a[i]))
+    }
+    #[inline(always)]
+    unsafe fn add(a: [f32; 8], b: [f32; 8]) -> [f32; 8] {
+        std::array::from_fn(|i| a[i] + b[i])
+    }
+    #[inline(always)]
+    unsafe fn sub(a: [f32; 8], b: [f32; 8]) -> [f32; 8] {
+        std::array::from_fn(|i| a[i] - b[i])
+    }
+    #[inline(always)]
+    unsafe fn max(a: [f32; 8], b: [f32; 8]) -> [f32; 8] {
+        std::array::from_fn(|i| a[i].max(b[i]))
+    }
+    #[inline(always)]
+    unsafe fn exp(v: [f32; 8]) -> [f32; 8] {
+        v.map(f32::exp)
     }
     #[inline(always)]
     unsafe fn exp_slice(x: &mut [f32]) {
@@ -204,6 +231,36 @@ mod avx2 {
             let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
             let s = _mm_add_ss(s, _mm_shuffle_ps::<1>(s, s));
             _mm_cvtss_f32(s)
+        }
+        #[inline(always)]
+        unsafe fn hsum8(a: &[__m256; 8]) -> __m256 {
+            // hadd pairs: [a0 a0 a1 a1 | ...] partial sums, then lane halves added.
+            let h01 = _mm256_hadd_ps(a[0], a[1]);
+            let h23 = _mm256_hadd_ps(a[2], a[3]);
+            let h45 = _mm256_hadd_ps(a[4], a[5]);
+            let h67 = _mm256_hadd_ps(a[6], a[7]);
+            let h0123 = _mm256_hadd_ps(h01, h23);
+            let h4567 = _mm256_hadd_ps(h45, h67);
+            _mm256_add_ps(
+                _mm256_permute2f128_ps::<0x20>(h0123, h4567),
+                _mm256_permute2f128_ps::<0x31>(h0123, h4567),
+            )
+        }
+        #[inline(always)]
+        unsafe fn add(a: __m256, b: __m256) -> __m256 {
+            _mm256_add_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn sub(a: __m256, b: __m256) -> __m256 {
+            _mm256_sub_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn max(a: __m256, b: __m256) -> __m256 {
+            _mm256_max_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn exp(v: __m256) -> __m256 {
+            exp8(v)
         }
         #[inline(always)]
         unsafe fn load_kv<T: KvElem>(p: *const T) -> __m256 {
@@ -328,6 +385,11 @@ unsafe fn qk<L: Lanes, T: KvElem, const NG: usize, const TT: usize>(
         }
         c += 8;
     }
+    if TT * NG == 8 && d8 == d {
+        let flat: [L::V; 8] = std::array::from_fn(|i| a[i / NG][i % NG]);
+        L::store(s.as_mut_ptr(), L::hsum8(&flat));
+        return;
+    }
     for t in 0..TT {
         for r in 0..NG {
             let mut x = L::hsum(a[t][r]);
@@ -450,7 +512,9 @@ unsafe fn rows<L: Lanes, T: KvElem, const NG: usize, const TT: usize, const U: u
             qk::<L, T, NG, 1>(q, &krows[t..t + 1], d, &mut s[t * NG..(t + 1) * NG]);
             t += 1;
         }
-        let s = &mut s[..n * NG];
+        let sp = &mut s[..(n * NG).div_ceil(8) * 8];
+        sp[n * NG..].fill(f32::NEG_INFINITY);
+        let s = &mut sp[..n * NG];
         if kv.softcap > 0.0 {
             let cap = kv.softcap;
             for x in s.iter_mut() {
@@ -466,10 +530,19 @@ unsafe fn rows<L: Lanes, T: KvElem, const NG: usize, const TT: usize, const U: u
                 }
             }
         }
-        // Online softmax: raise the running max, rescale what was accumulated, shift scores.
+        // Online softmax, vectorised over the t-major scores: lane i of every 8-chunk belongs
+        // to row i % NG (8 is a multiple of NG); the padding lanes hold -inf.
+        let chunks = sp.len() / 8;
+        let mut mx = L::splat(f32::NEG_INFINITY);
+        for c in 0..chunks {
+            mx = L::max(mx, L::load(sp.as_ptr().add(c * 8)));
+        }
+        let mut lanes = [0f32; 8];
+        L::store(lanes.as_mut_ptr(), mx);
         for r in 0..NG {
-            let bm = (0..n)
-                .map(|t| s[t * NG + r])
+            let bm = (r..8)
+                .step_by(NG)
+                .map(|i| lanes[i])
                 .fold(f32::NEG_INFINITY, f32::max);
             if bm > m[r] {
                 if m[r] > f32::NEG_INFINITY {
@@ -479,17 +552,26 @@ unsafe fn rows<L: Lanes, T: KvElem, const NG: usize, const TT: usize, const U: u
                 }
                 m[r] = bm;
             }
-            let shift = if m[r] > f32::NEG_INFINITY { m[r] } else { 0.0 };
-            for t in 0..n {
-                s[t * NG + r] -= shift;
-            }
         }
-        L::exp_slice(s);
-        for t in 0..n {
-            for r in 0..NG {
-                l[r] += s[t * NG + r];
+        let shift: [f32; 8] = std::array::from_fn(|i| {
+            if m[i % NG] > f32::NEG_INFINITY {
+                m[i % NG]
+            } else {
+                0.0
             }
+        });
+        let shift = L::load(shift.as_ptr());
+        let mut sum = L::zero();
+        for c in 0..chunks {
+            let p = L::exp(L::sub(L::load(sp.as_ptr().add(c * 8)), shift));
+            L::store(sp.as_mut_ptr().add(c * 8), p);
+            sum = L::add(sum, p);
         }
+        L::store(lanes.as_mut_ptr(), sum);
+        for i in 0..8 {
+            l[i % NG] += lanes[i];
+        }
+        let s = &sp[..n * NG];
         // Values.
         let mut c = 0;
         while c < du {
@@ -526,78 +608,81 @@ mod tests {
     /// a multiple of 8 (tail loops), masking, a window and a soft cap.
     #[test]
     fn scalar_and_simd_paths_match_naive() {
-        let (ps, hk, d) = (16usize, 2usize, 70usize);
-        let layout = CacheLayout::dense(DType::BF16, 4, ps, hk, d);
-        let mut seed = 5u32;
-        let mut rnd = || {
-            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-            (seed >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0
-        };
-        let n = 4 * ps * hk * d;
-        let k: Vec<bf16> = (0..n).map(|_| bf16::from_f32(rnd())).collect();
-        let v: Vec<bf16> = (0..n).map(|_| bf16::from_f32(rnd())).collect();
-        let pages = [2, 0, 3];
-        let q: Vec<f32> = (0..8 * d).map(|_| rnd() * 0.3).collect();
-        let lo = [0, 0, 5, 5, 0, 0, 30, 30];
-        let hi = [40, 40, 41, 41, 42, 42, 43, 43];
-        let kv = SeqKv {
-            k: &k,
-            v: &v,
-            pages: &pages,
-            layout: &layout,
-            kv_head: 1,
-            softcap: 1.5,
-        };
-        let mut want = vec![0f32; 8 * d];
-        for r in 0..8 {
-            let at = |t: usize| {
-                pages[t / ps] as usize * layout.page_stride + (t % ps) * layout.slot_stride + d
+        // 70: scalar tails; 64: the vector horizontal sums.
+        for d in [70usize, 64] {
+            let (ps, hk) = (16usize, 2usize);
+            let layout = CacheLayout::dense(DType::BF16, 4, ps, hk, d);
+            let mut seed = 5u32;
+            let mut rnd = || {
+                seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (seed >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0
             };
-            let s: Vec<f64> = (lo[r]..hi[r])
-                .map(|t| {
-                    let x: f64 = (0..d)
-                        .map(|i| q[r * d + i] as f64 * k[at(t) + i].to_f64())
+            let n = 4 * ps * hk * d;
+            let k: Vec<bf16> = (0..n).map(|_| bf16::from_f32(rnd())).collect();
+            let v: Vec<bf16> = (0..n).map(|_| bf16::from_f32(rnd())).collect();
+            let pages = [2, 0, 3];
+            let q: Vec<f32> = (0..8 * d).map(|_| rnd() * 0.3).collect();
+            let lo = [0, 0, 5, 5, 0, 0, 30, 30];
+            let hi = [40, 40, 41, 41, 42, 42, 43, 43];
+            let kv = SeqKv {
+                k: &k,
+                v: &v,
+                pages: &pages,
+                layout: &layout,
+                kv_head: 1,
+                softcap: 1.5,
+            };
+            let mut want = vec![0f32; 8 * d];
+            for r in 0..8 {
+                let at = |t: usize| {
+                    pages[t / ps] as usize * layout.page_stride + (t % ps) * layout.slot_stride + d
+                };
+                let s: Vec<f64> = (lo[r]..hi[r])
+                    .map(|t| {
+                        let x: f64 = (0..d)
+                            .map(|i| q[r * d + i] as f64 * k[at(t) + i].to_f64())
+                            .sum();
+                        1.5 * (x / 1.5).tanh()
+                    })
+                    .collect();
+                let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let p: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+                let l: f64 = p.iter().sum();
+                for i in 0..d {
+                    let o: f64 = (lo[r]..hi[r])
+                        .zip(&p)
+                        .map(|(t, p)| p * v[at(t) + i].to_f64())
                         .sum();
-                    1.5 * (x / 1.5).tanh()
-                })
-                .collect();
-            let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            let p: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
-            let l: f64 = p.iter().sum();
-            for i in 0..d {
-                let o: f64 = (lo[r]..hi[r])
-                    .zip(&p)
-                    .map(|(t, p)| p * v[at(t) + i].to_f64())
-                    .sum();
-                want[r * d + i] = (o / l) as f32;
+                    want[r * d + i] = (o / l) as f32;
+                }
             }
-        }
-        let mut scalar = vec![0f32; 8 * d];
-        // SAFETY: slice lengths match the rows.
-        unsafe { rows::<Scalar, bf16, 8, 1, 1>(&kv, &q, &lo, &hi, &mut scalar) };
-        let mut auto = vec![0f32; 8 * d];
-        attend(&kv, &q, &lo, &hi, &mut auto);
-        let mut split = vec![0f32; 8 * d];
-        for r in 0..8 {
-            attend(
-                &kv,
-                &q[r * d..(r + 1) * d],
-                &lo[r..r + 1],
-                &hi[r..r + 1],
-                &mut split[r * d..(r + 1) * d],
-            );
-        }
-        for i in 0..8 * d {
-            for (name, got) in [
-                ("scalar", scalar[i]),
-                ("dispatch", auto[i]),
-                ("one row", split[i]),
-            ] {
-                assert!(
-                    (got - want[i]).abs() < 1e-5,
-                    "{name} [{i}]: {got} vs {}",
-                    want[i]
+            let mut scalar = vec![0f32; 8 * d];
+            // SAFETY: slice lengths match the rows.
+            unsafe { rows::<Scalar, bf16, 8, 1, 1>(&kv, &q, &lo, &hi, &mut scalar) };
+            let mut auto = vec![0f32; 8 * d];
+            attend(&kv, &q, &lo, &hi, &mut auto);
+            let mut split = vec![0f32; 8 * d];
+            for r in 0..8 {
+                attend(
+                    &kv,
+                    &q[r * d..(r + 1) * d],
+                    &lo[r..r + 1],
+                    &hi[r..r + 1],
+                    &mut split[r * d..(r + 1) * d],
                 );
+            }
+            for i in 0..8 * d {
+                for (name, got) in [
+                    ("scalar", scalar[i]),
+                    ("dispatch", auto[i]),
+                    ("one row", split[i]),
+                ] {
+                    assert!(
+                        (got - want[i]).abs() < 1e-5,
+                        "{name} [{i}]: {got} vs {}",
+                        want[i]
+                    );
+                }
             }
         }
     }
