@@ -88,8 +88,6 @@ trait Lanes {
     /// `exp` per lane; `-inf` (and anything below about -87) gives 0.
     unsafe fn exp(v: Self::V) -> Self::V;
     unsafe fn load_kv<T: KvElem>(p: *const T) -> Self::V;
-    /// `exp` in place; `-inf` (and anything below about -87) gives 0.
-    unsafe fn exp_slice(x: &mut [f32]);
     /// Hints that the cache line holding `p` will be read soon (never faults).
     #[inline(always)]
     unsafe fn prefetch(p: *const u8) {
@@ -151,12 +149,6 @@ impl Lanes for Scalar {
     #[inline(always)]
     unsafe fn exp(v: [f32; 8]) -> [f32; 8] {
         v.map(f32::exp)
-    }
-    #[inline(always)]
-    unsafe fn exp_slice(x: &mut [f32]) {
-        for v in x {
-            *v = v.exp();
-        }
     }
 }
 
@@ -265,20 +257,6 @@ mod avx2 {
         #[inline(always)]
         unsafe fn load_kv<T: KvElem>(p: *const T) -> __m256 {
             T::load8_avx2(p)
-        }
-        #[inline(always)]
-        unsafe fn exp_slice(x: &mut [f32]) {
-            let mut chunks = x.chunks_exact_mut(8);
-            for c in &mut chunks {
-                _mm256_storeu_ps(c.as_mut_ptr(), exp8(_mm256_loadu_ps(c.as_ptr())));
-            }
-            let rest = chunks.into_remainder();
-            if !rest.is_empty() {
-                let mut tmp = [f32::NEG_INFINITY; 8];
-                tmp[..rest.len()].copy_from_slice(rest);
-                _mm256_storeu_ps(tmp.as_mut_ptr(), exp8(_mm256_loadu_ps(tmp.as_ptr())));
-                rest.copy_from_slice(&tmp[..rest.len()]);
-            }
         }
     }
 }
