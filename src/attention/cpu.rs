@@ -6,7 +6,7 @@
 
 use half::{bf16, f16};
 
-use super::kernel::{self, KvElem, SeqKv, MAX_GROUP};
+use super::kernel::{self, KvElem, Rows, SeqKv, MAX_GROUP};
 use super::pool::ThreadPool;
 use super::{AttnBatch, Backend, Buf, BufMut, CopyKind, KvWrite, PageCopyBatch};
 use crate::core::{Error, Result};
@@ -87,15 +87,19 @@ impl OutRows {
     }
 }
 
-/// One unit of parallel work.
+/// One unit of parallel work: some query tokens of one sequence against a range of its kv
+/// heads (all of them unless the batch is too small to keep every thread busy).
 #[derive(Clone, Copy)]
 struct Item {
     seq: usize,
-    kv_head: usize,
     /// First query token of the item, relative to the sequence.
     q0: usize,
     /// Query tokens of the item.
     qn: usize,
+    /// First kv head.
+    h0: usize,
+    /// Kv heads.
+    hn: usize,
 }
 
 fn run_attention<T: KvElem>(
@@ -108,47 +112,61 @@ fn run_attention<T: KvElem>(
     let p = batch.params();
     let g = p.group();
     let d = p.cache.head_dim;
+    let hk = p.cache.num_kv_heads;
+    // Query tokens per item: enough for 8 rows of one kv head (one register group).
     let qb = MAX_GROUP.div_ceil(g).max(1);
+    let blocks: usize = batch.seqs().iter().map(|s| s.q_len.div_ceil(qb)).sum();
+    // Split the kv heads only when there are too few items for the threads.
+    let want = 4 * pool.num_threads();
+    let splits = want.div_ceil(blocks.max(1)).clamp(1, hk);
+    let hn = hk.div_ceil(splits);
     let mut items = Vec::new();
     for (s, seq) in batch.seqs().iter().enumerate() {
         for q0 in (0..seq.q_len).step_by(qb) {
-            for kv_head in 0..p.cache.num_kv_heads {
+            for h0 in (0..hk).step_by(hn) {
                 items.push(Item {
                     seq: s,
-                    kv_head,
                     q0,
                     qn: qb.min(seq.q_len - q0),
+                    h0,
+                    hn: hn.min(hk - h0),
                 });
             }
         }
     }
     // Longest items first (prefill rows late in a long sequence see the most keys).
-    items.sort_by_key(|it| {
-        std::cmp::Reverse(batch.seqs()[it.seq].ctx_len - batch.seqs()[it.seq].q_len + it.q0)
-    });
+    let seqs = batch.seqs();
+    items.sort_by_key(|it| std::cmp::Reverse(seqs[it.seq].ctx_len - seqs[it.seq].q_len + it.q0));
     let query = batch.bufs.query;
     pool.for_each(items.len(), |i| {
         let it = items[i];
-        let seq = batch.seqs()[it.seq];
-        let rows = it.qn * g;
+        let seq = seqs[it.seq];
+        let rows = it.hn * it.qn * g;
         let mut q = vec![0f32; rows * d];
         let mut lo = vec![0usize; rows];
         let mut hi = vec![0usize; rows];
-        for qi in 0..it.qn {
-            let tok = seq.q_start + it.q0 + qi;
-            let pos = seq.ctx_len - seq.q_len + it.q0 + qi;
-            for gi in 0..g {
-                let r = qi * g + gi;
-                let h = it.kv_head * g + gi;
-                let row = &mut q[r * d..(r + 1) * d];
-                query.read_f32(tok * p.query_strides.token + h * p.query_strides.head, row);
-                row.iter_mut().for_each(|x| *x *= p.scale);
-                hi[r] = pos + 1;
-                lo[r] = if p.sliding_window > 0 {
-                    (pos + 1).saturating_sub(p.sliding_window)
-                } else {
-                    0
-                };
+        let mut kv_head = vec![0usize; rows];
+        // Row order: kv head, then query token, then the head's query heads, so that the rows
+        // sharing a kv head are adjacent.
+        let row_of = |kh: usize, qi: usize, gi: usize| ((kh - it.h0) * it.qn + qi) * g + gi;
+        for kh in it.h0..it.h0 + it.hn {
+            for qi in 0..it.qn {
+                let tok = seq.q_start + it.q0 + qi;
+                let pos = seq.ctx_len - seq.q_len + it.q0 + qi;
+                for gi in 0..g {
+                    let r = row_of(kh, qi, gi);
+                    let row = &mut q[r * d..(r + 1) * d];
+                    let h = kh * g + gi;
+                    query.read_f32(tok * p.query_strides.token + h * p.query_strides.head, row);
+                    row.iter_mut().for_each(|x| *x *= p.scale);
+                    kv_head[r] = kh;
+                    hi[r] = pos + 1;
+                    lo[r] = if p.sliding_window > 0 {
+                        (pos + 1).saturating_sub(p.sliding_window)
+                    } else {
+                        0
+                    };
+                }
             }
         }
         let pages = &batch.bufs.block_table[it.seq * p.block_table_stride..]
@@ -158,23 +176,33 @@ fn run_attention<T: KvElem>(
             v,
             pages,
             layout: &p.cache,
-            kv_head: it.kv_head,
             softcap: p.softcap,
         };
         let mut acc = vec![0f32; rows * d];
-        kernel::attend(&kv, &q, &lo, &hi, &mut acc);
-        for qi in 0..it.qn {
-            let tok = seq.q_start + it.q0 + qi;
-            for gi in 0..g {
-                let r = qi * g + gi;
-                let h = it.kv_head * g + gi;
-                // SAFETY: row (tok, h) belongs to this item only; rows do not overlap.
-                unsafe {
-                    out.write(
-                        tok * p.output_strides.token + h * p.output_strides.head,
-                        &acc[r * d..(r + 1) * d],
-                    )
-                };
+        kernel::attend(
+            &kv,
+            &Rows {
+                q: &q,
+                lo: &lo,
+                hi: &hi,
+                kv_head: &kv_head,
+            },
+            &mut acc,
+        );
+        for kh in it.h0..it.h0 + it.hn {
+            for qi in 0..it.qn {
+                let tok = seq.q_start + it.q0 + qi;
+                for gi in 0..g {
+                    let r = row_of(kh, qi, gi);
+                    let h = kh * g + gi;
+                    // SAFETY: row (tok, h) belongs to this item only; rows do not overlap.
+                    unsafe {
+                        out.write(
+                            tok * p.output_strides.token + h * p.output_strides.head,
+                            &acc[r * d..(r + 1) * d],
+                        )
+                    };
+                }
             }
         }
     });

@@ -261,81 +261,174 @@ mod avx2 {
     }
 }
 
-/// One sequence's K/V for one kv head.
+/// One sequence's K/V (all kv heads).
 pub(crate) struct SeqKv<'a, T> {
     pub k: &'a [T],
     pub v: &'a [T],
     /// Block-table entries the sequence uses (validated page ids).
     pub pages: &'a [i32],
     pub layout: &'a CacheLayout,
-    pub kv_head: usize,
     /// Logit soft cap (0 = off).
     pub softcap: f32,
 }
 
-/// Attends `lo.len()` rows. Row `r` has query `q[r*d..][..d]` (already multiplied by the
-/// scale) and sees positions `lo[r]..hi[r]`. Writes the normalised output to `out[r*d..][..d]`.
-pub(crate) fn attend<T: KvElem>(
-    kv: &SeqKv<'_, T>,
-    q: &[f32],
-    lo: &[usize],
-    hi: &[usize],
-    out: &mut [f32],
-) {
-    let d = kv.layout.head_dim;
-    let rows = lo.len();
-    assert!(hi.len() == rows && q.len() >= rows * d && out.len() >= rows * d);
-    let mut r0 = 0;
-    while r0 < rows {
-        let left = rows - r0;
-        let ng = [8, 4, 2, 1].into_iter().find(|&g| g <= left).unwrap_or(1);
-        let (q, out) = (&q[r0 * d..(r0 + ng) * d], &mut out[r0 * d..(r0 + ng) * d]);
-        let (lo, hi) = (&lo[r0..r0 + ng], &hi[r0..r0 + ng]);
-        match ng {
-            // (rows, tokens per score step, chunks per value step): about 8 accumulators.
-            8 => group::<T, 8, 1, 1>(kv, q, lo, hi, out),
-            4 => group::<T, 4, 2, 2>(kv, q, lo, hi, out),
-            2 => group::<T, 2, 4, 4>(kv, q, lo, hi, out),
-            _ => group::<T, 1, 8, 8>(kv, q, lo, hi, out),
-        }
-        r0 += ng;
-    }
+/// Query rows of one sequence. Row `r` has query `q[r*d..][..d]` (already multiplied by the
+/// scale), reads kv head `kv_head[r]` and sees positions `lo[r]..hi[r]`. Rows of one kv head
+/// should be adjacent: runs of up to 8 of them share every K/V read.
+pub(crate) struct Rows<'a> {
+    pub q: &'a [f32],
+    pub lo: &'a [usize],
+    pub hi: &'a [usize],
+    pub kv_head: &'a [usize],
 }
 
-fn group<T: KvElem, const NG: usize, const TT: usize, const U: usize>(
-    kv: &SeqKv<'_, T>,
-    q: &[f32],
-    lo: &[usize],
-    hi: &[usize],
-    out: &mut [f32],
-) {
-    let lo: [usize; NG] = std::array::from_fn(|r| lo[r]);
-    let hi: [usize; NG] = std::array::from_fn(|r| hi[r]);
+/// Attends every row; writes the normalised output of row `r` to `out[r*d..][..d]`.
+///
+/// The sequence's K/V is walked once, block by block (a block is up to 32 tokens of one page),
+/// and each block is used by every row group before moving on, so memory is read as one
+/// stream per sequence (all heads of a token slot are adjacent in the usual layout).
+pub(crate) fn attend<T: KvElem>(kv: &SeqKv<'_, T>, rows: &Rows<'_>, out: &mut [f32]) {
+    let d = kv.layout.head_dim;
+    let n = rows.lo.len();
+    assert!(rows.hi.len() == n && rows.kv_head.len() == n);
+    assert!(rows.q.len() >= n * d && out.len() >= n * d);
     #[cfg(target_arch = "x86_64")]
     {
         if is_x86_feature_detected!("avx2")
             && is_x86_feature_detected!("fma")
             && is_x86_feature_detected!("f16c")
         {
-            // SAFETY: the features are present; `rows` checks the slice lengths.
-            unsafe { group_avx2::<T, NG, TT, U>(kv, q, &lo, &hi, out) };
+            // SAFETY: the features are present; the lengths are checked above and in `block`.
+            unsafe { attend_avx2(kv, rows, out) };
             return;
         }
     }
-    // SAFETY: `rows` checks the slice lengths the pointer reads rely on.
-    unsafe { rows::<Scalar, T, NG, TT, U>(kv, q, &lo, &hi, out) }
+    // SAFETY: the lengths are checked above and in `block`.
+    unsafe { attend_impl::<Scalar, T>(kv, rows, out) }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn group_avx2<T: KvElem, const NG: usize, const TT: usize, const U: usize>(
-    kv: &SeqKv<'_, T>,
-    q: &[f32],
-    lo: &[usize; NG],
-    hi: &[usize; NG],
-    out: &mut [f32],
-) {
-    rows::<avx2::Avx2, T, NG, TT, U>(kv, q, lo, hi, out)
+unsafe fn attend_avx2<T: KvElem>(kv: &SeqKv<'_, T>, rows: &Rows<'_>, out: &mut [f32]) {
+    attend_impl::<avx2::Avx2, T>(kv, rows, out)
+}
+
+/// Online-softmax state of up to 8 adjacent rows of one kv head.
+struct Group {
+    r0: usize,
+    ng: usize,
+    kv_head: usize,
+    start: usize,
+    end: usize,
+    m: [f32; MAX_GROUP],
+    l: [f32; MAX_GROUP],
+}
+
+#[inline(always)]
+unsafe fn attend_impl<L: Lanes, T: KvElem>(kv: &SeqKv<'_, T>, rows: &Rows<'_>, out: &mut [f32]) {
+    let lay = kv.layout;
+    let d = lay.head_dim;
+    let n = rows.lo.len();
+    let mut groups = Vec::new();
+    let mut r = 0;
+    while r < n {
+        let kh = rows.kv_head[r];
+        let run = (r..n.min(r + MAX_GROUP))
+            .take_while(|&i| rows.kv_head[i] == kh)
+            .count();
+        let ng = [8, 4, 2, 1].into_iter().find(|&g| g <= run).unwrap_or(1);
+        groups.push(Group {
+            r0: r,
+            ng,
+            kv_head: kh,
+            start: rows.lo[r..r + ng].iter().copied().min().unwrap_or(0),
+            end: rows.hi[r..r + ng].iter().copied().max().unwrap_or(0),
+            m: [f32::NEG_INFINITY; MAX_GROUP],
+            l: [0.0; MAX_GROUP],
+        });
+        r += ng;
+    }
+    out[..n * d].fill(0.0);
+    let start = groups.iter().map(|g| g.start).min().unwrap_or(0);
+    let end = groups.iter().map(|g| g.end).max().unwrap_or(0);
+    let mut pos = start;
+    while pos < end {
+        let page = kv.pages[pos / lay.page_size] as usize;
+        let slot = pos % lay.page_size;
+        let nb = BT.min(lay.page_size - slot).min(end - pos);
+        let base = page * lay.page_stride + slot * lay.slot_stride;
+        // Within a page the rows stream and the hardware prefetchers follow; the next page is
+        // anywhere, so its first block is prefetched while this block computes.
+        let next = pos + nb;
+        if next < end && next % lay.page_size == 0 {
+            let np = kv.pages[next / lay.page_size] as usize;
+            let rows_ahead = BT.min(lay.page_size).min(end - next);
+            let mut last_head = usize::MAX;
+            for g in &groups {
+                if g.kv_head == last_head || next >= g.end || next + rows_ahead <= g.start {
+                    continue;
+                }
+                last_head = g.kv_head;
+                for t in 0..rows_ahead {
+                    let off =
+                        np * lay.page_stride + g.kv_head * lay.head_stride + t * lay.slot_stride;
+                    if let (Some(kr), Some(vr)) = (kv.k.get(off..off + d), kv.v.get(off..off + d)) {
+                        let bytes = std::mem::size_of_val(kr);
+                        let (kp, vp) = (kr.as_ptr().cast::<u8>(), vr.as_ptr().cast::<u8>());
+                        for b in (0..bytes).step_by(64) {
+                            L::prefetch(kp.add(b));
+                            L::prefetch(vp.add(b));
+                        }
+                    }
+                }
+            }
+        }
+        for g in groups.iter_mut() {
+            if pos >= g.end || pos + nb <= g.start {
+                continue;
+            }
+            let rr = g.r0..g.r0 + g.ng;
+            let b = Block {
+                base: base + g.kv_head * lay.head_stride,
+                pos,
+                n: nb,
+                q: &rows.q[rr.start * d..rr.end * d],
+                lo: &rows.lo[rr.clone()],
+                hi: &rows.hi[rr.clone()],
+            };
+            let acc = &mut out[rr.start * d..rr.end * d];
+            // (rows, tokens per score step, chunks per value step): about 8 accumulators.
+            match g.ng {
+                8 => block::<L, T, 8, 1, 1>(kv, &b, acc, &mut g.m, &mut g.l),
+                4 => block::<L, T, 4, 2, 2>(kv, &b, acc, &mut g.m, &mut g.l),
+                2 => block::<L, T, 2, 4, 4>(kv, &b, acc, &mut g.m, &mut g.l),
+                _ => block::<L, T, 1, 8, 8>(kv, &b, acc, &mut g.m, &mut g.l),
+            }
+        }
+        pos += nb;
+    }
+    for g in &groups {
+        for r in 0..g.ng {
+            let inv = if g.l[r] > 0.0 { 1.0 / g.l[r] } else { 0.0 };
+            let row = g.r0 + r;
+            out[row * d..(row + 1) * d]
+                .iter_mut()
+                .for_each(|x| *x *= inv);
+        }
+    }
+}
+
+/// One K/V block for one row group.
+struct Block<'a> {
+    /// Element offset of the block's first row for the group's kv head.
+    base: usize,
+    /// Position of the first token.
+    pos: usize,
+    /// Tokens.
+    n: usize,
+    q: &'a [f32],
+    lo: &'a [usize],
+    hi: &'a [usize],
 }
 
 /// Scores of `TT` K rows against `NG` query rows: `s[t * NG + r] = q[r] . k[t]`. Each K chunk
@@ -410,170 +503,124 @@ unsafe fn pv<L: Lanes, T: KvElem, const NG: usize, const U: usize>(
     }
 }
 
-/// The kernel for `NG` rows, `TT` tokens per score step and `U` chunks per value step. Every
-/// pointer read is inside a row slice taken (and so bounds checked) from `kv.k`, `kv.v`, `q`
-/// or `out`.
+/// Advances the online softmax of `NG` rows (`TT` tokens per score step, `U` chunks per value
+/// step) over one block. Every pointer read is inside a row slice taken (and so bounds checked)
+/// from `kv.k`, `kv.v`, `b.q` or `acc`.
 #[inline(always)]
-unsafe fn rows<L: Lanes, T: KvElem, const NG: usize, const TT: usize, const U: usize>(
+unsafe fn block<L: Lanes, T: KvElem, const NG: usize, const TT: usize, const U: usize>(
     kv: &SeqKv<'_, T>,
-    q: &[f32],
-    lo: &[usize; NG],
-    hi: &[usize; NG],
-    out: &mut [f32],
+    b: &Block<'_>,
+    acc: &mut [f32],
+    m: &mut [f32; MAX_GROUP],
+    l: &mut [f32; MAX_GROUP],
 ) {
     let lay = kv.layout;
     let d = lay.head_dim;
     let d8 = d / 8 * 8;
     let du = d / (8 * U) * (8 * U);
-    let (q, acc) = (&q[..NG * d], &mut out[..NG * d]);
-    acc.fill(0.0);
-    let mut m = [f32::NEG_INFINITY; NG];
-    let mut l = [0f32; NG];
-    let start = lo.iter().copied().min().unwrap_or(0);
-    let end = hi.iter().copied().max().unwrap_or(0);
+    let (q, acc) = (&b.q[..NG * d], &mut acc[..NG * d]);
+    let lo: [usize; NG] = std::array::from_fn(|r| b.lo[r]);
+    let hi: [usize; NG] = std::array::from_fn(|r| b.hi[r]);
     let (all_lo, all_hi) = (
         lo.iter().copied().max().unwrap_or(0),
         hi.iter().copied().min().unwrap_or(0),
     );
+    let (base, pos, n) = (b.base, b.pos, b.n.min(BT));
     let mut s = [0f32; BT * MAX_GROUP];
     let mut krows: [&[T]; BT] = [&[]; BT];
     let mut vrows: [&[T]; BT] = [&[]; BT];
-    // Block at `pos`: (element offset of its first row, tokens).
-    let block_at = |pos: usize| {
-        let page = kv.pages[pos / lay.page_size] as usize;
-        let slot = pos % lay.page_size;
-        let n = BT.min(lay.page_size - slot).min(end - pos);
-        (
-            page * lay.page_stride + kv.kv_head * lay.head_stride + slot * lay.slot_stride,
-            n,
-        )
-    };
-    let row_bytes = d * std::mem::size_of::<T>();
-    let mut pos = start;
-    let mut cur = if start < end { block_at(start) } else { (0, 0) };
-    while pos < end {
-        let (base, n) = cur;
-        let next = if pos + n < end {
-            block_at(pos + n)
-        } else {
-            (0, 0)
-        };
-        for t in 0..n {
-            // Prefetch the next block while this one computes: rows of one kv head are
-            // `slot_stride` apart, a pattern the hardware prefetchers follow poorly.
-            if t < next.1 {
-                let off = next.0 + t * lay.slot_stride;
-                if off + d <= kv.k.len() && off + d <= kv.v.len() {
-                    let (kp, vp) = (
-                        kv.k.as_ptr().add(off).cast::<u8>(),
-                        kv.v.as_ptr().add(off).cast::<u8>(),
-                    );
-                    let mut b = 0;
-                    while b < row_bytes {
-                        L::prefetch(kp.add(b));
-                        L::prefetch(vp.add(b));
-                        b += 64;
-                    }
-                }
-            }
-            let off = base + t * lay.slot_stride;
-            krows[t] = &kv.k[off..off + d];
-            vrows[t] = &kv.v[off..off + d];
-        }
-        // Scores.
-        let mut t = 0;
-        while t + TT <= n {
-            qk::<L, T, NG, TT>(q, &krows[t..t + TT], d, &mut s[t * NG..(t + TT) * NG]);
-            t += TT;
-        }
-        while t < n {
-            qk::<L, T, NG, 1>(q, &krows[t..t + 1], d, &mut s[t * NG..(t + 1) * NG]);
-            t += 1;
-        }
-        let sp = &mut s[..(n * NG).div_ceil(8) * 8];
-        sp[n * NG..].fill(f32::NEG_INFINITY);
-        let s = &mut sp[..n * NG];
-        if kv.softcap > 0.0 {
-            let cap = kv.softcap;
-            for x in s.iter_mut() {
-                *x = cap * (*x / cap).tanh();
-            }
-        }
-        if pos < all_lo || pos + n > all_hi {
-            for t in 0..n {
-                for r in 0..NG {
-                    if pos + t < lo[r] || pos + t >= hi[r] {
-                        s[t * NG + r] = f32::NEG_INFINITY;
-                    }
-                }
-            }
-        }
-        // Online softmax, vectorised over the t-major scores: lane i of every 8-chunk belongs
-        // to row i % NG (8 is a multiple of NG); the padding lanes hold -inf.
-        let chunks = sp.len() / 8;
-        let mut mx = L::splat(f32::NEG_INFINITY);
-        for c in 0..chunks {
-            mx = L::max(mx, L::load(sp.as_ptr().add(c * 8)));
-        }
-        let mut lanes = [0f32; 8];
-        L::store(lanes.as_mut_ptr(), mx);
-        for r in 0..NG {
-            let bm = (r..8)
-                .step_by(NG)
-                .map(|i| lanes[i])
-                .fold(f32::NEG_INFINITY, f32::max);
-            if bm > m[r] {
-                if m[r] > f32::NEG_INFINITY {
-                    let alpha = (m[r] - bm).exp();
-                    l[r] *= alpha;
-                    acc[r * d..(r + 1) * d].iter_mut().for_each(|x| *x *= alpha);
-                }
-                m[r] = bm;
-            }
-        }
-        let shift: [f32; 8] = std::array::from_fn(|i| {
-            if m[i % NG] > f32::NEG_INFINITY {
-                m[i % NG]
-            } else {
-                0.0
-            }
-        });
-        let shift = L::load(shift.as_ptr());
-        let mut sum = L::zero();
-        for c in 0..chunks {
-            let p = L::exp(L::sub(L::load(sp.as_ptr().add(c * 8)), shift));
-            L::store(sp.as_mut_ptr().add(c * 8), p);
-            sum = L::add(sum, p);
-        }
-        L::store(lanes.as_mut_ptr(), sum);
-        for i in 0..8 {
-            l[i % NG] += lanes[i];
-        }
-        let s = &sp[..n * NG];
-        // Values.
-        let mut c = 0;
-        while c < du {
-            pv::<L, T, NG, U>(acc, &vrows[..n], s, c, d);
-            c += 8 * U;
-        }
-        while c < d8 {
-            pv::<L, T, NG, 1>(acc, &vrows[..n], s, c, d);
-            c += 8;
-        }
-        for c in d8..d {
-            for (t, vrow) in vrows.iter().enumerate().take(n) {
-                let v = vrow[c].to_f32();
-                for r in 0..NG {
-                    acc[r * d + c] += s[t * NG + r] * v;
-                }
-            }
-        }
-        pos += n;
-        cur = next;
+    for t in 0..n {
+        let off = base + t * lay.slot_stride;
+        krows[t] = &kv.k[off..off + d];
+        vrows[t] = &kv.v[off..off + d];
     }
+    // Scores.
+    let mut t = 0;
+    while t + TT <= n {
+        qk::<L, T, NG, TT>(q, &krows[t..t + TT], d, &mut s[t * NG..(t + TT) * NG]);
+        t += TT;
+    }
+    while t < n {
+        qk::<L, T, NG, 1>(q, &krows[t..t + 1], d, &mut s[t * NG..(t + 1) * NG]);
+        t += 1;
+    }
+    let sp = &mut s[..(n * NG).div_ceil(8) * 8];
+    sp[n * NG..].fill(f32::NEG_INFINITY);
+    let s = &mut sp[..n * NG];
+    if kv.softcap > 0.0 {
+        let cap = kv.softcap;
+        for x in s.iter_mut() {
+            *x = cap * (*x / cap).tanh();
+        }
+    }
+    if pos < all_lo || pos + n > all_hi {
+        for t in 0..n {
+            for r in 0..NG {
+                if pos + t < lo[r] || pos + t >= hi[r] {
+                    s[t * NG + r] = f32::NEG_INFINITY;
+                }
+            }
+        }
+    }
+    // Online softmax, vectorised over the t-major scores: lane i of every 8-chunk belongs
+    // to row i % NG (8 is a multiple of NG); the padding lanes hold -inf.
+    let chunks = sp.len() / 8;
+    let mut mx = L::splat(f32::NEG_INFINITY);
+    for c in 0..chunks {
+        mx = L::max(mx, L::load(sp.as_ptr().add(c * 8)));
+    }
+    let mut lanes = [0f32; 8];
+    L::store(lanes.as_mut_ptr(), mx);
     for r in 0..NG {
-        let inv = if l[r] > 0.0 { 1.0 / l[r] } else { 0.0 };
-        acc[r * d..(r + 1) * d].iter_mut().for_each(|x| *x *= inv);
+        let bm = (r..8)
+            .step_by(NG)
+            .map(|i| lanes[i])
+            .fold(f32::NEG_INFINITY, f32::max);
+        if bm > m[r] {
+            if m[r] > f32::NEG_INFINITY {
+                let alpha = (m[r] - bm).exp();
+                l[r] *= alpha;
+                acc[r * d..(r + 1) * d].iter_mut().for_each(|x| *x *= alpha);
+            }
+            m[r] = bm;
+        }
+    }
+    let shift: [f32; 8] = std::array::from_fn(|i| {
+        if m[i % NG] > f32::NEG_INFINITY {
+            m[i % NG]
+        } else {
+            0.0
+        }
+    });
+    let shift = L::load(shift.as_ptr());
+    let mut sum = L::zero();
+    for c in 0..chunks {
+        let p = L::exp(L::sub(L::load(sp.as_ptr().add(c * 8)), shift));
+        L::store(sp.as_mut_ptr().add(c * 8), p);
+        sum = L::add(sum, p);
+    }
+    L::store(lanes.as_mut_ptr(), sum);
+    for i in 0..8 {
+        l[i % NG] += lanes[i];
+    }
+    let s = &sp[..n * NG];
+    // Values.
+    let mut c = 0;
+    while c < du {
+        pv::<L, T, NG, U>(acc, &vrows[..n], s, c, d);
+        c += 8 * U;
+    }
+    while c < d8 {
+        pv::<L, T, NG, 1>(acc, &vrows[..n], s, c, d);
+        c += 8;
+    }
+    for c in d8..d {
+        for (t, vrow) in vrows.iter().enumerate().take(n) {
+            let v = vrow[c].to_f32();
+            for r in 0..NG {
+                acc[r * d + c] += s[t * NG + r] * v;
+            }
+        }
     }
 }
 
@@ -607,7 +654,6 @@ mod tests {
                 v: &v,
                 pages: &pages,
                 layout: &layout,
-                kv_head: 1,
                 softcap: 1.5,
             };
             let mut want = vec![0f32; 8 * d];
@@ -634,20 +680,21 @@ mod tests {
                     want[r * d + i] = (o / l) as f32;
                 }
             }
+            let heads = [1usize; 8];
+            let rows = |r: std::ops::Range<usize>| Rows {
+                q: &q[r.start * d..r.end * d],
+                lo: &lo[r.clone()],
+                hi: &hi[r.clone()],
+                kv_head: &heads[r],
+            };
             let mut scalar = vec![0f32; 8 * d];
             // SAFETY: slice lengths match the rows.
-            unsafe { rows::<Scalar, bf16, 8, 1, 1>(&kv, &q, &lo, &hi, &mut scalar) };
+            unsafe { attend_impl::<Scalar, bf16>(&kv, &rows(0..8), &mut scalar) };
             let mut auto = vec![0f32; 8 * d];
-            attend(&kv, &q, &lo, &hi, &mut auto);
+            attend(&kv, &rows(0..8), &mut auto);
             let mut split = vec![0f32; 8 * d];
             for r in 0..8 {
-                attend(
-                    &kv,
-                    &q[r * d..(r + 1) * d],
-                    &lo[r..r + 1],
-                    &hi[r..r + 1],
-                    &mut split[r * d..(r + 1) * d],
-                );
+                attend(&kv, &rows(r..r + 1), &mut split[r * d..(r + 1) * d]);
             }
             for i in 0..8 * d {
                 for (name, got) in [
