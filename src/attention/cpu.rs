@@ -1,8 +1,9 @@
 //! The CPU backend: synchronous, host memory, f32/f16/bf16 with f32 accumulation.
 //!
-//! Attention runs on a persistent [`ThreadPool`] over work items `(sequence, kv head, block of
-//! query tokens)`; the query heads of one kv head (GQA/MQA) share each K/V read. See
-//! [`super::kernel`] for the inner loop.
+//! Attention runs on a persistent [`ThreadPool`] over work items `(sequence, block of query
+//! tokens, kv heads)`: all kv heads of a sequence in one item (so its K/V streams from memory)
+//! unless the batch is too small to keep the threads busy, then the heads are split. The query
+//! heads of one kv head (GQA/MQA) share each K/V read. See [`super::kernel`] for the inner loop.
 
 use half::{bf16, f16};
 

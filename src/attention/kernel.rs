@@ -1,11 +1,14 @@
-//! The inner attention kernel: a group of up to 8 query rows (query heads sharing one kv head,
-//! possibly of several query tokens) against one sequence's paged K/V of one kv head, in a
-//! single pass with an online softmax (flash-decoding style).
+//! The inner attention kernel: the query rows of one sequence (each query head of each query
+//! token) against that sequence's paged K/V, in a single pass with an online softmax
+//! (flash-decoding style).
 //!
-//! K/V are read once per group: each K/V row is converted to f32 in registers (F16C for f16,
-//! a shift for bf16) and used by all rows of the group. The same generic code is compiled twice:
-//! with AVX2+FMA+F16C intrinsics behind runtime detection, and with plain `[f32; 8]` lanes
-//! (which the compiler vectorises for the baseline target, e.g. SSE2 or NEON).
+//! Rows that share a kv head (GQA/MQA heads, and several query tokens in prefill) form groups
+//! of up to 8; each K/V row is converted to f32 once per group (F16C for f16, a shift for
+//! bf16) and used by every row of the group. The K/V is walked block by block (up to 32 tokens
+//! of one page) and each block serves all groups before the next, so memory is read as one
+//! stream. The same generic code is compiled twice: with AVX2+FMA+F16C intrinsics behind
+//! runtime detection, and with plain `[f32; 8]` lanes (which the compiler vectorises for the
+//! baseline target, e.g. SSE2 or NEON).
 
 // Index loops over small fixed arrays read more plainly than iterator chains in SIMD code.
 #![allow(clippy::needless_range_loop)]
