@@ -659,57 +659,61 @@ mod tests {
                 layout: &layout,
                 softcap: 1.5,
             };
-            let mut want = vec![0f32; 8 * d];
-            for r in 0..8 {
-                let at = |t: usize| {
-                    pages[t / ps] as usize * layout.page_stride + (t % ps) * layout.slot_stride + d
-                };
-                let s: Vec<f64> = (lo[r]..hi[r])
-                    .map(|t| {
-                        let x: f64 = (0..d)
-                            .map(|i| q[r * d + i] as f64 * k[at(t) + i].to_f64())
+            // Runs of 8 (one group), and 4, 2, 1, 1 (every group size) over two kv heads.
+            for heads in [[1usize; 8], [1, 1, 1, 1, 0, 0, 1, 0]] {
+                let mut want = vec![0f32; 8 * d];
+                for r in 0..8 {
+                    let at = |t: usize| {
+                        pages[t / ps] as usize * layout.page_stride
+                            + (t % ps) * layout.slot_stride
+                            + heads[r] * layout.head_stride
+                    };
+                    let s: Vec<f64> = (lo[r]..hi[r])
+                        .map(|t| {
+                            let x: f64 = (0..d)
+                                .map(|i| q[r * d + i] as f64 * k[at(t) + i].to_f64())
+                                .sum();
+                            1.5 * (x / 1.5).tanh()
+                        })
+                        .collect();
+                    let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                    let p: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+                    let l: f64 = p.iter().sum();
+                    for i in 0..d {
+                        let o: f64 = (lo[r]..hi[r])
+                            .zip(&p)
+                            .map(|(t, p)| p * v[at(t) + i].to_f64())
                             .sum();
-                        1.5 * (x / 1.5).tanh()
-                    })
-                    .collect();
-                let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                let p: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
-                let l: f64 = p.iter().sum();
-                for i in 0..d {
-                    let o: f64 = (lo[r]..hi[r])
-                        .zip(&p)
-                        .map(|(t, p)| p * v[at(t) + i].to_f64())
-                        .sum();
-                    want[r * d + i] = (o / l) as f32;
+                        want[r * d + i] = (o / l) as f32;
+                    }
                 }
-            }
-            let heads = [1usize; 8];
-            let rows = |r: std::ops::Range<usize>| Rows {
-                q: &q[r.start * d..r.end * d],
-                lo: &lo[r.clone()],
-                hi: &hi[r.clone()],
-                kv_head: &heads[r],
-            };
-            let mut scalar = vec![0f32; 8 * d];
-            // SAFETY: slice lengths match the rows.
-            unsafe { attend_impl::<Scalar, bf16>(&kv, &rows(0..8), &mut scalar) };
-            let mut auto = vec![0f32; 8 * d];
-            attend(&kv, &rows(0..8), &mut auto);
-            let mut split = vec![0f32; 8 * d];
-            for r in 0..8 {
-                attend(&kv, &rows(r..r + 1), &mut split[r * d..(r + 1) * d]);
-            }
-            for i in 0..8 * d {
-                for (name, got) in [
-                    ("scalar", scalar[i]),
-                    ("dispatch", auto[i]),
-                    ("one row", split[i]),
-                ] {
-                    assert!(
-                        (got - want[i]).abs() < 1e-5,
-                        "{name} [{i}]: {got} vs {}",
-                        want[i]
-                    );
+                let rows = |r: std::ops::Range<usize>| Rows {
+                    q: &q[r.start * d..r.end * d],
+                    lo: &lo[r.clone()],
+                    hi: &hi[r.clone()],
+                    kv_head: &heads[r],
+                };
+                let mut scalar = vec![0f32; 8 * d];
+                // SAFETY: slice lengths match the rows.
+                unsafe { attend_impl::<Scalar, bf16>(&kv, &rows(0..8), &mut scalar) };
+                let mut auto = vec![0f32; 8 * d];
+                attend(&kv, &rows(0..8), &mut auto);
+                let mut split = vec![0f32; 8 * d];
+                for r in 0..8 {
+                    attend(&kv, &rows(r..r + 1), &mut split[r * d..(r + 1) * d]);
+                }
+                for i in 0..8 * d {
+                    for (name, got) in [
+                        ("scalar", scalar[i]),
+                        ("dispatch", auto[i]),
+                        ("one row", split[i]),
+                    ] {
+                        assert!(
+                            (got - want[i]).abs() < 1e-5,
+                            "{name} d {d} [{i}]: {got} vs {}",
+                            want[i]
+                        );
+                    }
                 }
             }
         }
