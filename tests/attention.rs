@@ -304,8 +304,13 @@ fn check(c: &Case) {
 }
 
 fn ragged(ps: usize) -> Vec<usize> {
-    // 1 token, exactly one and two pages, one past a boundary, something in between.
-    vec![1, ps, 2 * ps, ps + 1, ps / 2 + 3]
+    // 1 token, exactly one page, one past a boundary, something in between; two whole pages
+    // for small pages only (keeps the debug-build suite fast).
+    let mut v = vec![1, ps, ps + 1, ps / 2 + 3];
+    if ps <= 16 {
+        v.push(2 * ps);
+    }
+    v
 }
 
 #[test]
@@ -362,7 +367,7 @@ fn strided_query_output_and_heads_major_cache() {
         c.heads_major = true;
         c.pad = 5;
         check(&c);
-        c.q = Some(vec![1, 10, 3, 17, 4]);
+        c.q = Some(vec![1, 10, 3, 11, 4]);
         check(&c);
     }
 }
