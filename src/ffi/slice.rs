@@ -30,7 +30,6 @@ pub(crate) unsafe fn slice<'a, T>(
         return Err(Error::NullArgument(name));
     }
     check_len::<T>(len, name)?;
-    debug_assert!(ptr.is_aligned(), "{name} is misaligned");
     if !ptr.is_aligned() {
         return Err(Error::arg(name, "pointer is misaligned"));
     }

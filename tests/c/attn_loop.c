@@ -34,7 +34,6 @@
         if (st_ != 0) FAIL("%s returned %s", #call, kvs_status_str(st_));              \
     } while (0)
 
-enum { DTYPE_F32 = 0, BACKEND_CPU = 0, INDEX_INT64 = 1 };
 
 enum {
     PAGE_SIZE = 16,
@@ -134,18 +133,18 @@ static void step(kvs_cache *cache, kvs_backend *be, seq_t **seqs, size_t n, cons
         }
     }
 
-    kvs_kv_layout layout = kvs_kv_layout_dense(DTYPE_F32, NUM_PAGES, PAGE_SIZE, KV_HEADS, DIM);
+    kvs_kv_layout layout = kvs_kv_layout_dense(KVS_DTYPE_F32, NUM_PAGES, PAGE_SIZE, KV_HEADS, DIM);
     kvs_kv_write_args w;
     memset(&w, 0, sizeof w);
     w.num_tokens = (uint32_t)total;
     w.key = newk;
     w.value = newv;
-    w.src_dtype = DTYPE_F32;
+    w.src_dtype = KVS_DTYPE_F32;
     w.key_cache = key_cache;
     w.value_cache = value_cache;
     w.cache = layout;
     w.slot_mapping = slots;
-    w.slot_mapping_type = INDEX_INT64;
+    w.slot_mapping_type = KVS_INDEX_TYPE_INT64;
     CHECK_OK(kvs_kv_write(be, &w, NULL));
 
     int32_t table[NUM_SEQS * MAX_PAGES];
@@ -159,9 +158,9 @@ static void step(kvs_cache *cache, kvs_backend *be, seq_t **seqs, size_t n, cons
     a.num_tokens = (uint32_t)total;
     a.num_heads = HEADS;
     a.query = query;
-    a.query_dtype = DTYPE_F32;
+    a.query_dtype = KVS_DTYPE_F32;
     a.output = out;
-    a.output_dtype = DTYPE_F32;
+    a.output_dtype = KVS_DTYPE_F32;
     a.key_cache = key_cache;
     a.value_cache = value_cache;
     a.cache = layout;
@@ -224,7 +223,7 @@ int main(void) {
     cfg.num_layers = 1;
     cfg.num_kv_heads = KV_HEADS;
     cfg.head_dim = DIM;
-    cfg.dtype = DTYPE_F32;
+    cfg.dtype = KVS_DTYPE_F32;
     cfg.enable_prefix_caching = true;
     cfg.reserve_null_page = true;
     kvs_cache *cache = NULL;
@@ -233,7 +232,7 @@ int main(void) {
     memset(&opts, 0, sizeof opts);
     opts.num_threads = 2;
     kvs_backend *be = NULL;
-    CHECK_OK(kvs_backend_new(BACKEND_CPU, &opts, &be));
+    CHECK_OK(kvs_backend_new(KVS_BACKEND_KIND_CPU, &opts, &be));
 
     /* Three requests: one system prompt, different user turns. */
     static seq_t seqs[NUM_SEQS];
@@ -281,7 +280,7 @@ int main(void) {
             memset(&c, 0, sizeof c);
             c.key_cache = key_cache;
             c.value_cache = value_cache;
-            c.cache = kvs_kv_layout_dense(DTYPE_F32, NUM_PAGES, PAGE_SIZE, KV_HEADS, DIM);
+            c.cache = kvs_kv_layout_dense(KVS_DTYPE_F32, NUM_PAGES, PAGE_SIZE, KV_HEADS, DIM);
             CHECK_OK(kvs_kv_copy(be, &c, copies, num_copies, NULL));
         }
         step(cache, be, batch, NUM_SEQS, qlens, 1);
