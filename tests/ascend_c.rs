@@ -64,6 +64,7 @@ fn run(exe: &Path, emu: Option<&Path>) -> (bool, String) {
         Some(d) => cmd.env("KVS_ASCEND_EMU_DIR", d),
         None => cmd.env_remove("KVS_ASCEND_EMU_DIR"),
     };
+    cmd.env_remove("KVS_ASCEND_LIB_DIR");
     let o = cmd.output().expect("run the program");
     (
         o.status.success(),
