@@ -30,6 +30,7 @@
 //!   Query token `i` of a sequence with context length `L` and query length `q` sits at position
 //!   `L - q + i` and attends causally to positions `0..=L - q + i`.
 
+pub mod ascend;
 pub mod cpu;
 mod kernel;
 pub mod params;
@@ -377,4 +378,16 @@ pub trait Backend: Send + Sync {
     fn kv_write(&self, write: KvWrite<'_>) -> Result<()>;
     /// Copies pages (or a prefix of a page's slots) in order, within and between tiers.
     fn copy_pages(&self, batch: PageCopyBatch<'_>) -> Result<()>;
+
+    // ---- Ascend hook (device memory; see `ascend`) ----
+
+    /// The Ascend backend, whose launches take device addresses instead of host buffers (the C
+    /// exports route to it before building host slices). `None` for host backends.
+    fn ascend(&self) -> Option<&ascend::AscendBackend> {
+        None
+    }
+    /// One line for logs and support (`kvs_backend_describe`).
+    fn describe(&self) -> String {
+        self.name().to_string()
+    }
 }

@@ -16,10 +16,14 @@ use super::panic::guard;
 use super::slice::{slice, slice_mut, try_out, try_ref};
 use super::status::kvs_status;
 use super::types::{dtype_from_raw, kvs_copy};
+use crate::attention::ascend::{
+    AscendBackend, AscendOptions, DeviceAttn, DeviceCopy, DeviceKvWrite,
+};
 use crate::attention::cpu::CpuBackend;
 use crate::attention::{
-    AttnBatch, AttnBuffers, AttnParams, Backend, Buf, BufMut, CacheLayout, CopyCaches, CopyKind,
-    CopyParams, KvWrite, KvWriteParams, PageCopy, PageCopyBatch, SlotMapping, TokenStrides,
+    check_host_arrays, AttnBatch, AttnBuffers, AttnParams, AttnSpans, Backend, Buf, BufMut,
+    CacheLayout, CopyCaches, CopyKind, CopyParams, KvWrite, KvWriteParams, PageCopy, PageCopyBatch,
+    SlotMapping, TokenStrides,
 };
 use crate::core::{DType, Error, Result};
 
@@ -53,7 +57,8 @@ pub(crate) struct BackendBox {
 pub enum kvs_backend_kind {
     /// Host CPU, synchronous; streams are ignored.
     Cpu = 0,
-    /// Huawei Ascend NPU through CANN (not available in this build yet).
+    /// Huawei Ascend NPU through CANN, loaded at run time (`dlopen`): tensor pointers are device
+    /// addresses and launches are enqueued on the caller's `aclrtStream` (see README, "Ascend").
     Ascend = 1,
 }
 
@@ -366,9 +371,14 @@ impl kvs_backend {
     /// threads later.
     ///
     /// **Ownership:** on success `*backend_out` owns a new backend; free it with
-    /// `kvs_backend_free`. **Failure:** `KVS_STATUS_BACKEND_UNAVAILABLE` for Ascend (not in
-    /// this build yet), `KVS_STATUS_INVALID_ARGUMENT` for an unknown kind or out-of-range option;
-    /// `*backend_out` is untouched on error.
+    /// `kvs_backend_free`. **Failure:** `KVS_STATUS_BACKEND_UNAVAILABLE` for Ascend when a CANN
+    /// library or symbol is missing or the device cannot be set (the message names the library,
+    /// symbol or device), `KVS_STATUS_INVALID_ARGUMENT` for an unknown kind or out-of-range
+    /// option; `*backend_out` is untouched on error.
+    ///
+    /// Ascend: loads CANN from `options->library_dir`, else `$ASCEND_HOME_PATH/lib64`, else the
+    /// loader's search path; calls `aclInit(NULL)` (an already initialised ACL is fine) and
+    /// `aclrtSetDevice(options->device_id)` on the calling thread. `num_threads` is ignored.
     /// **Thread safety:** safe from any thread.
     #[no_mangle]
     pub extern "C" fn kvs_backend_new(
@@ -399,11 +409,7 @@ impl kvs_backend {
                         backend: Box::new(cpu),
                     }
                 }
-                1 => return Err(Error::BackendUnavailable(
-                    "the Ascend backend is not available in this build yet (it lands with its own \
-                         issue; use KVS_BACKEND_KIND_CPU)"
-                        .into(),
-                )),
+                1 => ascend_new(opts)?,
                 k => return Err(Error::arg("kind", format!("{k} is not a kvs_backend_kind"))),
             };
             *out = handle::into_raw::<kvs_backend>(obj);
@@ -412,6 +418,9 @@ impl kvs_backend {
     }
 
     /// Frees a backend (its worker threads are joined). NULL is a no-op.
+    ///
+    /// Ascend: frees the backend's device workspaces, so every stream it launched on must be
+    /// synchronised first (kvshare never synchronises a stream itself).
     ///
     /// **Ownership:** `backend` must come from `kvs_backend_new` and is invalid afterwards.
     /// **Thread safety:** no other call may be using `backend`.
@@ -447,6 +456,13 @@ impl kvs_backend {
     /// the backend's stream (`aclrtStream` for Ascend); the CPU backend ignores it (NULL is
     /// fine) and returns when the output is written.
     ///
+    /// Ascend: `query`, `output`, the caches and `block_table` are device addresses (32-byte
+    /// aligned); `context_lens` and `query_start_loc` stay host arrays. The launch is enqueued on
+    /// `stream` (NULL: the default stream) and the call returns without waiting; CANN's limits
+    /// (dtypes, page size, head ratio, layouts; README "Ascend") give
+    /// `KVS_STATUS_UNSUPPORTED` before any launch, and a CANN failure gives
+    /// `KVS_STATUS_BACKEND_FAILURE` with `aclGetRecentErrMsg()` in the message.
+    ///
     /// **Failure:** `KVS_STATUS_NULL_ARGUMENT` for a NULL `backend`, `args` or required
     /// pointer; `KVS_STATUS_ATTN_INVALID_ARGUMENT` for any shape, stride, dtype, head ratio,
     /// length or block-table entry that is out of range or contradicts another (the message
@@ -459,7 +475,6 @@ impl kvs_backend {
         args: *const kvs_attention_args,
         stream: *mut c_void,
     ) -> kvs_status {
-        let _ = stream;
         guard(|| {
             // SAFETY: caller contract for `backend` and `args`.
             let b = unsafe { handle::borrow(backend)? };
@@ -513,6 +528,9 @@ impl kvs_backend {
                     ),
                 ],
             )?;
+            if let Some(asc) = b.backend.ascend() {
+                return ascend_attention(asc, a, &params, &spans, stream);
+            }
             // SAFETY: caller contract: each pointer is valid for the shape the args describe,
             // and `output` overlaps no input (checked above).
             let bufs = unsafe {
@@ -554,7 +572,6 @@ impl kvs_backend {
         args: *const kvs_kv_write_args,
         stream: *mut c_void,
     ) -> kvs_status {
-        let _ = stream;
         guard(|| {
             // SAFETY: caller contract for `backend` and `args`.
             let b = unsafe { handle::borrow(backend)? };
@@ -594,6 +611,9 @@ impl kvs_backend {
                 ("value_cache", a.value_cache, cache_len * ce),
                 &[("key_cache", a.key_cache, cache_len * ce)],
             )?;
+            if let Some(asc) = b.backend.ascend() {
+                return ascend_kv_write(asc, a, &params, src, slot_bytes == 8, stream);
+            }
             // SAFETY: caller contract; the written caches overlap nothing else (checked above).
             let write = unsafe {
                 let slots = if slot_bytes == 4 {
@@ -634,7 +654,6 @@ impl kvs_backend {
         num_copies: usize,
         stream: *mut c_void,
     ) -> kvs_status {
-        let _ = stream;
         guard(|| {
             // SAFETY: caller contract for `backend`, `args` and `copies`.
             let b = unsafe { handle::borrow(backend)? };
@@ -684,6 +703,9 @@ impl kvs_backend {
                     )],
                 )?;
             }
+            if let Some(asc) = b.backend.ascend() {
+                return ascend_copy(asc, a, &params, &list, stream);
+            }
             // SAFETY: caller contract; the four caches are pairwise disjoint (checked above).
             let caches = unsafe {
                 CopyCaches {
@@ -725,5 +747,153 @@ impl kvs_backend {
             slot_stride: h.saturating_mul(d),
             head_stride: d,
         }
+    }
+}
+
+// ---- Ascend (device memory) dispatch: everything below belongs to the Ascend backend ----
+
+fn ascend_new(opts: Option<&kvs_backend_options>) -> Result<BackendBox> {
+    let library_dir = match opts.map(|o| o.library_dir) {
+        Some(p) if !p.is_null() => {
+            // SAFETY: caller contract: a NUL-terminated string read during the call.
+            let c = unsafe { std::ffi::CStr::from_ptr(p) };
+            let s = c
+                .to_str()
+                .map_err(|_| Error::arg("options.library_dir", "is not valid UTF-8".to_string()))?;
+            Some(std::path::PathBuf::from(s))
+        }
+        _ => None,
+    };
+    let asc = AscendBackend::new(&AscendOptions {
+        device_id: opts.map_or(0, |o| o.device_id),
+        library_dir,
+    })?;
+    Ok(BackendBox {
+        num_threads: 0,
+        backend: Box::new(asc),
+    })
+}
+
+fn not_null<T>(p: *const T, name: &'static str) -> Result<usize> {
+    if p.is_null() {
+        Err(Error::NullArgument(name))
+    } else {
+        Ok(p as usize)
+    }
+}
+
+/// Attention on device memory: the host arrays are read and checked here (the shared checks);
+/// the block table is on the device and is not read.
+fn ascend_attention(
+    asc: &AscendBackend,
+    a: &kvs_attention_args,
+    params: &AttnParams,
+    spans: &AttnSpans,
+    stream: *mut c_void,
+) -> Result<()> {
+    let mem = DeviceAttn {
+        query: not_null(a.query, "query")?,
+        output: not_null(a.output.cast_const(), "output")?,
+        key_cache: not_null(a.key_cache, "key_cache")?,
+        value_cache: not_null(a.value_cache, "value_cache")?,
+        block_table: not_null(a.block_table, "block_table")?,
+    };
+    // SAFETY: caller contract: host arrays of the validated lengths.
+    let ctx = unsafe { aslice(a.context_lens, spans.context_lens, "context_lens")? };
+    let qsl = if params.varlen {
+        Some(unsafe { aslice(a.query_start_loc, spans.query_start_loc, "query_start_loc")? })
+    } else {
+        None
+    };
+    let seqs = check_host_arrays(params, ctx, qsl, None)?;
+    asc.attention(params, spans, &seqs, &mem, stream as usize)
+}
+
+/// KV write on device memory (the slot mapping is on the device and is not read).
+fn ascend_kv_write(
+    asc: &AscendBackend,
+    a: &kvs_kv_write_args,
+    params: &KvWriteParams,
+    src_elems: usize,
+    slots_i64: bool,
+    stream: *mut c_void,
+) -> Result<()> {
+    let mem = DeviceKvWrite {
+        key: not_null(a.key, "key")?,
+        value: not_null(a.value, "value")?,
+        key_cache: not_null(a.key_cache.cast_const(), "key_cache")?,
+        value_cache: not_null(a.value_cache.cast_const(), "value_cache")?,
+        slot_mapping: not_null(a.slot_mapping, "slot_mapping")?,
+        slots_i64,
+    };
+    asc.kv_write(params, src_elems, &mem, stream as usize)
+}
+
+/// Page copies: the copy list is a host array, checked here; caches are device memory and
+/// page-locked host memory.
+fn ascend_copy(
+    asc: &AscendBackend,
+    a: &kvs_kv_copy_args,
+    params: &CopyParams,
+    list: &[PageCopy],
+    stream: *mut c_void,
+) -> Result<()> {
+    params.check_copies(list)?;
+    let host = |p: *mut c_void, name| {
+        if params.num_host_pages == 0 {
+            Ok(0)
+        } else {
+            not_null(p.cast_const(), name)
+        }
+    };
+    let mem = DeviceCopy {
+        key_cache: not_null(a.key_cache.cast_const(), "key_cache")?,
+        value_cache: not_null(a.value_cache.cast_const(), "value_cache")?,
+        host_key_cache: host(a.host_key_cache, "host_key_cache")?,
+        host_value_cache: host(a.host_value_cache, "host_value_cache")?,
+    };
+    asc.copy_pages(params, list, &mem, stream as usize)
+}
+
+impl kvs_backend {
+    /// Writes a one-line description of the backend into `buf` (NUL-terminated): its kind and,
+    /// for Ascend, the device, the CANN libraries loaded and the op versions found and used
+    /// (e.g. `aclnnFusedInferAttentionScore found: V2 (libopapi_transformer.so), V3 (...);
+    /// using V3`), for logs and support. `*len_out` gets the length without the NUL.
+    /// `(NULL, 0)` only measures.
+    ///
+    /// **Failure:** `KVS_STATUS_NULL_ARGUMENT` for a NULL `backend` or `len_out` (or a NULL `buf`
+    /// with `buf_len > 0`); `KVS_STATUS_BUFFER_TOO_SMALL` when `buf_len` is not more than the
+    /// length (nothing is written). **Thread safety:** safe from any thread.
+    #[no_mangle]
+    pub extern "C" fn kvs_backend_describe(
+        backend: *const kvs_backend,
+        buf: *mut c_char,
+        buf_len: usize,
+        len_out: *mut usize,
+    ) -> kvs_status {
+        guard(|| {
+            // SAFETY: caller contract.
+            let b = unsafe { handle::borrow(backend)? };
+            let out = unsafe { try_out(len_out, "len_out")? };
+            let text = b.backend.describe().replace('\0', " ");
+            if buf.is_null() && buf_len == 0 {
+                *out = text.len();
+                return Ok(());
+            }
+            // SAFETY: caller contract: `buf` holds `buf_len` bytes.
+            let dst = unsafe { slice_mut(buf.cast::<u8>(), buf_len, "buf")? };
+            if dst.len() <= text.len() {
+                return Err(Error::BufferTooSmall {
+                    what: "buf",
+                    needed: text.len() + 1,
+                    capacity: dst.len(),
+                });
+            }
+            dst[..text.len()].copy_from_slice(text.as_bytes());
+            dst[text.len()] = 0;
+            *out = text.len();
+            Ok(())
+        })
     }
 }
