@@ -24,9 +24,94 @@
 
 
 /*
- Largest head dimension accepted.
+ Side of the square causal mask CANN's optimized causal modes (sparse 2/3) take.
  */
-#define MAX_HEAD_DIM 1024
+#define MASK_SIDE 2048
+
+/*
+ Largest `num_heads / num_kv_heads`.
+ */
+#define MAX_GROUP 64
+
+/*
+ Largest head dim.
+ */
+#define MAX_HEAD_DIM 512
+
+/*
+ Largest `kv_heads * head_dim` of a BnBsH cache.
+ */
+#define MAX_BNBSH_H 65535
+
+/*
+ Most query heads of a decode launch.
+ */
+#define MAX_DECODE_HEADS 256
+
+/*
+ Most sequences of a decode launch.
+ */
+#define MAX_DECODE_BATCH 65536
+
+/*
+ Most entries of a TND `actualSeqLengths`.
+ */
+#define MAX_TND_SEQS 4096
+
+/*
+ Alignment of every device pointer handed to `aclCreateTensor`.
+ */
+#define DEVICE_ALIGN 32
+
+/*
+ `aclDataType` values used here.
+ */
+#define ACL_FLOAT16 1
+
+/*
+ `ACL_INT8`.
+ */
+#define ACL_INT8 2
+
+/*
+ `ACL_INT32`.
+ */
+#define ACL_INT32 3
+
+/*
+ `ACL_INT64`.
+ */
+#define ACL_INT64 9
+
+/*
+ `ACL_BF16`.
+ */
+#define ACL_BF16 27
+
+/*
+ `ACL_FORMAT_ND`.
+ */
+#define ACL_FORMAT_ND 2
+
+/*
+ `aclrtMemcpyKind`.
+ */
+#define ACL_MEMCPY_HOST_TO_DEVICE 1
+
+/*
+ `ACL_MEMCPY_DEVICE_TO_HOST`.
+ */
+#define ACL_MEMCPY_DEVICE_TO_HOST 2
+
+/*
+ `ACL_MEMCPY_DEVICE_TO_DEVICE`.
+ */
+#define ACL_MEMCPY_DEVICE_TO_DEVICE 3
+
+/*
+ `ACL_MEM_MALLOC_HUGE_FIRST`.
+ */
+#define ACL_MEM_MALLOC_HUGE_FIRST 0
 
 /*
  Largest number of query heads (and kv heads) accepted.
@@ -312,7 +397,8 @@ enum kvs_backend_kind
    */
   KVS_BACKEND_KIND_CPU = 0,
   /*
-   Huawei Ascend NPU through CANN (not available in this build yet).
+   Huawei Ascend NPU through CANN, loaded at run time (`dlopen`): tensor pointers are device
+   addresses and launches are enqueued on the caller's `aclrtStream` (see README, "Ascend").
    */
   KVS_BACKEND_KIND_ASCEND = 1,
 };
@@ -1040,6 +1126,50 @@ typedef struct kvs_seq_info {
   uint32_t tier;
 } kvs_seq_info;
 
+/*
+ `aclError` (runtime) and `aclnnStatus` (nnopbase / ops) are both 32-bit ints.
+ */
+typedef int AclError;
+
+/*
+ The order in which FIA versions are preferred (the first found is used). V3 first: it is what
+ torch_npu's op-plugin dispatches to on CANN >= 8.1.RC1, so it is the path vLLM-Ascend
+ exercises most; V4 (a superset: its extra inputs are passed as NULL/0) next, for a CANN that
+ no longer ships V3; V2 last, the oldest paged version (CANN < 8.1.RC1; MindIE's aclnn path).
+ `KVS_ASCEND_FIA_VERSION=2|3|4` forces one version (the validation script tries each).
+ */
+#define FIA_PREFERENCE { 3, 4, 2, }
+
+/*
+ `ACL_SUCCESS`.
+ */
+#define ACL_SUCCESS 0
+
+/*
+ `ACL_ERROR_REPEAT_INITIALIZE`: a second `aclInit`; treated as success.
+ */
+#define ACL_ERROR_REPEAT_INITIALIZE 100002
+
+/*
+ `ACLNN_ERR_PARAM_NULLPTR`.
+ */
+#define ACLNN_ERR_PARAM_NULLPTR 161001
+
+/*
+ `ACLNN_ERR_PARAM_INVALID`.
+ */
+#define ACLNN_ERR_PARAM_INVALID 161002
+
+/*
+ `ACLNN_ERR_RUNTIME_ERROR`.
+ */
+#define ACLNN_ERR_RUNTIME_ERROR 361001
+
+/*
+ `561003`: kernel not found (operator binary package not installed).
+ */
+#define ACLNN_ERR_INNER_FIND_KERNEL_ERROR 561003
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -1050,9 +1180,14 @@ extern "C" {
  threads later.
 
  **Ownership:** on success `*backend_out` owns a new backend; free it with
- `kvs_backend_free`. **Failure:** `KVS_STATUS_BACKEND_UNAVAILABLE` for Ascend (not in
- this build yet), `KVS_STATUS_INVALID_ARGUMENT` for an unknown kind or out-of-range option;
- `*backend_out` is untouched on error.
+ `kvs_backend_free`. **Failure:** `KVS_STATUS_BACKEND_UNAVAILABLE` for Ascend when a CANN
+ library or symbol is missing or the device cannot be set (the message names the library,
+ symbol or device), `KVS_STATUS_INVALID_ARGUMENT` for an unknown kind or out-of-range
+ option; `*backend_out` is untouched on error.
+
+ Ascend: loads CANN from `options->library_dir`, else `$ASCEND_HOME_PATH/lib64`, else the
+ loader's search path; calls `aclInit(NULL)` (an already initialised ACL is fine) and
+ `aclrtSetDevice(options->device_id)` on the calling thread. `num_threads` is ignored.
  **Thread safety:** safe from any thread.
  */
 kvs_status kvs_backend_new(uint32_t kind,
@@ -1061,6 +1196,9 @@ kvs_status kvs_backend_new(uint32_t kind,
 
 /*
  Frees a backend (its worker threads are joined). NULL is a no-op.
+
+ Ascend: frees the backend's device workspaces, so every stream it launched on must be
+ synchronised first (kvshare never synchronises a stream itself).
 
  **Ownership:** `backend` must come from `kvs_backend_new` and is invalid afterwards.
  **Thread safety:** no other call may be using `backend`.
@@ -1080,6 +1218,13 @@ kvs_status kvs_backend_num_threads(const struct kvs_backend *backend, uint32_t *
  sequence) for one layer; see `kvs_attention_args` for shapes and semantics. `stream` is
  the backend's stream (`aclrtStream` for Ascend); the CPU backend ignores it (NULL is
  fine) and returns when the output is written.
+
+ Ascend: `query`, `output`, the caches and `block_table` are device addresses (32-byte
+ aligned); `context_lens` and `query_start_loc` stay host arrays. The launch is enqueued on
+ `stream` (NULL: the default stream) and the call returns without waiting; CANN's limits
+ (dtypes, page size, head ratio, layouts; README "Ascend") give
+ `KVS_STATUS_UNSUPPORTED` before any launch, and a CANN failure gives
+ `KVS_STATUS_BACKEND_FAILURE` with `aclGetRecentErrMsg()` in the message.
 
  **Failure:** `KVS_STATUS_NULL_ARGUMENT` for a NULL `backend`, `args` or required
  pointer; `KVS_STATUS_ATTN_INVALID_ARGUMENT` for any shape, stride, dtype, head ratio,
@@ -1139,6 +1284,22 @@ struct kvs_kv_layout kvs_kv_layout_dense(uint32_t dtype,
                                          uint32_t page_size,
                                          uint32_t num_kv_heads,
                                          uint32_t head_dim);
+
+/*
+ Writes a one-line description of the backend into `buf` (NUL-terminated): its kind and,
+ for Ascend, the device, the CANN libraries loaded and the op versions found and used
+ (e.g. `aclnnFusedInferAttentionScore found: V2 (libopapi_transformer.so), V3 (...);
+ using V3`), for logs and support. `*len_out` gets the length without the NUL.
+ `(NULL, 0)` only measures.
+
+ **Failure:** `KVS_STATUS_NULL_ARGUMENT` for a NULL `backend` or `len_out` (or a NULL `buf`
+ with `buf_len > 0`); `KVS_STATUS_BUFFER_TOO_SMALL` when `buf_len` is not more than the
+ length (nothing is written). **Thread safety:** safe from any thread.
+ */
+kvs_status kvs_backend_describe(const struct kvs_backend *backend,
+                                char *buf,
+                                size_t buf_len,
+                                size_t *len_out);
 
 /*
  A valid default configuration: 16-token pages, 1024 device pages, no host pages, one

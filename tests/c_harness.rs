@@ -402,7 +402,8 @@ fn other_programs() -> Vec<String> {
             let p = e.ok()?.path();
             (p.extension()? == "c").then(|| p.file_stem()?.to_str().map(String::from))?
         })
-        .filter(|n| !KNOWN.contains(&n.as_str()))
+        // `ascend_*.c` need the emulated CANN runtime: tests/ascend_c.rs builds it and runs them.
+        .filter(|n| !KNOWN.contains(&n.as_str()) && !n.starts_with("ascend_"))
         .collect();
     v.sort();
     v
