@@ -427,7 +427,12 @@ class KvshareKVCacheManager:
             if len(hits) * bs != num_new_computed_tokens:
                 raise ValueError("num_new_computed_tokens does not match new_computed_blocks")
             lookahead = max(need_slot - known, 0)
-            if (full_sequence_must_fit or reserved_blocks or lookahead) and not self._gate(
+            # kvs_seq_begin's own NO_SPACE is vLLM's check for `known` tokens; the gate adds
+            # what it cannot see: lookahead slots, reserved blocks, and a full sequence longer
+            # than this chunk (otherwise implied).
+            full_longer = full_sequence_must_fit and _cdiv(
+                min(request.num_tokens, self.max_model_len), bs) > _cdiv(need_slot, bs)
+            if (full_longer or reserved_blocks or lookahead) and not self._gate(
                     None, hits, need_slot,
                     min(request.num_tokens, self.max_model_len) if full_sequence_must_fit else None,
                     reserved_blocks):
@@ -467,7 +472,9 @@ class KvshareKVCacheManager:
             if add < 0:
                 add = 0
             lookahead = max(need_slot - old - add, 0)
-            if (full_sequence_must_fit or reserved_blocks) and not self._gate(
+            full_longer = full_sequence_must_fit and _cdiv(
+                min(request.num_tokens, self.max_model_len), bs) > _cdiv(need_slot, bs)
+            if (full_longer or reserved_blocks) and not self._gate(
                     st, [], need_slot,
                     min(request.num_tokens, self.max_model_len) if full_sequence_must_fit else None,
                     reserved_blocks):

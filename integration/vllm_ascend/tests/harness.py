@@ -63,7 +63,7 @@ def make_scheduler(model_dir: str, *, kvshare: bool, num_blocks: int = 1000, blo
 
 
 def make_request(req_id: str, prompt: list[int], max_tokens: int = 16, block_size: int = 16,
-                 cache_salt: str | None = None, lora_request=None) -> Request:
+                 cache_salt: str | None = None, lora_request=None, block_hasher=None) -> Request:
     global _hash_init
     if not _hash_init:
         init_none_hash(sha256)
@@ -73,7 +73,7 @@ def make_request(req_id: str, prompt: list[int], max_tokens: int = 16, block_siz
     return Request(request_id=req_id, prompt_token_ids=list(prompt), sampling_params=sp,
                    pooling_params=None, mm_features=None, cache_salt=cache_salt,
                    lora_request=lora_request,
-                   block_hasher=get_request_block_hasher(block_size, sha256))
+                   block_hasher=block_hasher or get_request_block_hasher(block_size, sha256))
 
 
 def token_for(req_id: str, pos: int) -> int:
