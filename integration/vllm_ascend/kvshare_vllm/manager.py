@@ -560,11 +560,11 @@ class KvshareKVCacheManager:
         if len(self._reqs) == 1:
             return [len(st.pages)]
         n = 0
-        others = [o.pages for o in self._reqs.values() if o is not st]
-        for i, p in enumerate(st.pages):
-            for o in others:
-                if i >= len(o) or o[i] != p:
-                    return [n]
+        lists = [o.pages for o in self._reqs.values()]
+        k = len(lists)
+        for col in zip(*lists):  # stops at the shortest list, like a missing holder
+            if col[0] != st.pages[n] or col.count(col[0]) != k:
+                break
             n += 1
         return [n]
 
