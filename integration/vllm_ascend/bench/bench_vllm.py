@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""Replays one multi-turn chat workload through vLLM 0.23.0's Scheduler with vLLM's built-in
+KVCacheManager and with kvshare's, in one run, and prints a final single-line JSON object.
+
+KV-cache management time is the time spent inside the manager's methods the scheduler calls
+(every public method and the ``usage`` property, timed with perf_counter_ns; the timer's own
+cost is the same on both sides).  vLLM additionally hashes blocks in ``Request`` (the engine's
+block hasher) - reported separately as ``vllm_hasher_us_per_step``; the kvshare side still
+pays it in a real engine today (the plugin does not switch the hasher off), so the headline
+ratio leaves it out on both sides.
+
+Usage: bench_vllm.py [--quick] [--convs N] [--turns T] [--repeats R]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import logging  # noqa: E402
+
+logging.disable(logging.WARNING)
+
+TIMED = ("get_computed_blocks", "allocate_slots", "free", "get_blocks", "get_block_ids",
+         "take_events", "make_prefix_cache_stats", "reset_prefix_cache", "new_step_starts",
+         "take_new_block_ids", "cache_blocks", "get_num_common_prefix_blocks",
+         "remove_skipped_blocks")
+
+
+class Clock:
+    ns = 0
+
+
+def instrument(mgr, clock: Clock):
+    cls = type(mgr)
+    pc = time.perf_counter_ns
+
+    def wrap(fn):
+        def timed(*a, **k):
+            t = pc()
+            try:
+                return fn(*a, **k)
+            finally:
+                clock.ns += pc() - t
+        return timed
+
+    ns = {name: wrap(getattr(cls, name)) for name in TIMED if hasattr(cls, name)}
+    ns["usage"] = property(wrap(cls.usage.fget))
+    mgr.__class__ = type("Timed" + cls.__name__, (cls,), ns)
+
+
+def run(model_dir, kvshare: bool, args, seed=1):
+    import harness as h
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher
+    from vllm.utils.hashing import sha256
+
+    s = h.make_scheduler(model_dir, kvshare=kvshare, num_blocks=args.blocks,
+                         max_num_seqs=args.convs, max_num_batched_tokens=4096)
+    clock, hclock = Clock(), Clock()
+    instrument(s.kv_cache_manager, clock)
+    base_hasher = get_request_block_hasher(16, sha256)
+
+    def hasher(req):
+        t = time.perf_counter_ns()
+        try:
+            return base_hasher(req)
+        finally:
+            hclock.ns += time.perf_counter_ns() - t
+
+    rng = random.Random(seed)
+    system = [rng.randrange(3, 30000) for _ in range(args.system)]
+    hist = {c: system + [rng.randrange(3, 30000) for _ in range(rng.randint(20, 200))]
+            for c in range(args.convs)}
+    turn = dict.fromkeys(range(args.convs), 0)
+    reqs, live = {}, {}
+    hits = queries = steps = peak = 0
+    n_usable = args.blocks - 1
+
+    def submit(c):
+        rid = f"c{c}t{turn[c]}"
+        r = h.make_request(rid, hist[c], max_tokens=args.max_tokens, block_hasher=hasher)
+        reqs[rid] = r
+        live[rid] = c
+        s.add_request(r)
+
+    for c in range(args.convs):
+        submit(c)
+    while live or s.has_unfinished_requests():
+        out, eco = h.step(s, reqs)
+        steps += 1
+        for co in eco.values():
+            st = co.scheduler_stats.prefix_cache_stats if co.scheduler_stats else None
+            if st is not None:
+                hits += st.hits
+                queries += st.queries
+            if co.scheduler_stats is not None:
+                peak = max(peak, round(co.scheduler_stats.kv_cache_usage * n_usable))
+        for rid in list(live):
+            r = reqs[rid]
+            if r.is_finished():
+                c = live.pop(rid)
+                turn[c] += 1
+                hist[c] = list(r.all_token_ids) + [rng.randrange(3, 30000)
+                                                   for _ in range(rng.randint(20, 200))]
+                if turn[c] < args.turns:
+                    submit(c)
+    tokens = {rid: list(r.all_token_ids) for rid, r in reqs.items()}
+    return dict(steps=steps, kv_ns=clock.ns, hasher_ns=hclock.ns, hits=hits, queries=queries,
+                peak=peak, tokens=tokens)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--convs", type=int, default=32)
+    ap.add_argument("--turns", type=int, default=4)
+    ap.add_argument("--system", type=int, default=512)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--blocks", type=int, default=4096)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    if args.quick:
+        args.convs, args.turns, args.repeats, args.max_tokens = 8, 2, 1, 16
+    from conftest import TINY_CONFIG
+
+    model_dir = tempfile.mkdtemp(prefix="kvshare-bench-")
+    with open(os.path.join(model_dir, "config.json"), "w") as f:
+        json.dump(TINY_CONFIG, f)
+    best = {}
+    for _ in range(args.repeats):  # alternate sides; keep each side's fastest run
+        for side in ("vllm", "kvshare"):
+            r = run(model_dir, side == "kvshare", args)
+            if side not in best or r["kv_ns"] < best[side]["kv_ns"]:
+                best[side] = r
+    v, k = best["vllm"], best["kvshare"]
+    v_us = v["kv_ns"] / 1e3 / v["steps"]
+    k_us = k["kv_ns"] / 1e3 / k["steps"]
+    for name, r in best.items():
+        print(f"{name:8s} steps {r['steps']:5d}  KV management {r['kv_ns'] / 1e3 / r['steps']:8.1f} "
+              f"us/step  hit rate {r['hits'] / max(r['queries'], 1):.4f}  peak blocks {r['peak']}",
+              file=sys.stderr)
+    print(json.dumps({
+        "bench": "vllm",
+        "vllm_version": __import__("vllm").__version__,
+        "workload": {"conversations": args.convs, "turns": args.turns,
+                     "system_tokens": args.system, "max_tokens": args.max_tokens,
+                     "blocks": args.blocks, "block_size": 16},
+        "steps": {"vllm": v["steps"], "kvshare": k["steps"]},
+        "vllm_kv_us_per_step": round(v_us, 2),
+        "kvshare_kv_us_per_step": round(k_us, 2),
+        "speedup": round(v_us / k_us, 2),
+        "vllm_hasher_us_per_step": round(v["hasher_ns"] / 1e3 / v["steps"], 2),
+        "hit_rate": {"vllm": round(v["hits"] / max(v["queries"], 1), 4),
+                     "kvshare": round(k["hits"] / max(k["queries"], 1), 4)},
+        "peak_blocks": {"vllm": v["peak"], "kvshare": k["peak"]},
+        "same_tokens": v["tokens"] == k["tokens"],
+    }))
+
+
+if __name__ == "__main__":
+    main()

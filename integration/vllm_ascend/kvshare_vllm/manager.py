@@ -1,0 +1,627 @@
+"""``KvshareKVCacheManager``: vLLM's ``KVCacheManager`` public surface backed by one kvshare cache.
+
+Each request is one kvshare sequence (u64 id from a counter).  Per request per step there is
+one native call doing the request's work (``kvs_seq_begin`` for an admitted request,
+``kvs_seq_append`` for a running one, ``kvs_seq_free`` at the end); a second one
+(``kvs_seq_pages``) only when the block table grew, to read the new page ids.  Nothing is
+called per block.  Semantics follow vLLM's built-in manager (see README.md, "How each method
+maps"): block 0 is the null block, hits are computed blocks capped at ``num_tokens - 1``, full
+blocks of known tokens are registered as soon as they are allocated, freed blocks are cached
+last-block-first, allocation never evicts before free blocks run out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import logging
+from array import array
+from typing import Any
+
+import kvshare
+from kvshare import ffi, lib
+
+from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
+from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+from vllm.v1.core.kv_cache_utils import KVCacheBlock
+from vllm.v1.metrics.stats import PrefixCacheStats
+
+try:  # vLLM's own conversion (bytes, or the low 64 bits as int with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES)
+    from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash as _external_hash
+except ImportError:  # pragma: no cover - older/newer vLLM
+    def _external_hash(h: bytes):
+        return h
+
+logger = logging.getLogger("kvshare_vllm")
+
+_OK = 0
+_NO_SPACE = kvshare.STATUS["KVS_STATUS_NO_SPACE"]
+_STORED = ffi.typeof("enum kvs_event_kind").relements["KVS_EVENT_KIND_STORED"]
+_REMOVED = ffi.typeof("enum kvs_event_kind").relements["KVS_EVENT_KIND_REMOVED"]
+_CLEARED = ffi.typeof("enum kvs_event_kind").relements["KVS_EVENT_KIND_CLEARED"]
+_DEVICE = ffi.typeof("enum kvs_tier").relements["KVS_TIER_DEVICE"]
+_CACHED_STATE = ffi.typeof("enum kvs_page_state").relements["KVS_PAGE_STATE_CACHED"]
+_MEDIUM = "GPU"  # vLLM's MEDIUM_GPU: the accelerator's KV tensors (NPU HBM on Ascend)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def unsupported_reason(kv_cache_config, scheduler_block_size: int, hash_block_size: int,
+                       dcp_world_size: int = 1, pcp_world_size: int = 1) -> str | None:
+    """Why kvshare cannot manage this configuration (None when it can).
+
+    kvshare manages one group of full-attention layers (vLLM's UnitaryKVCacheCoordinator case):
+    no sliding window, chunked-local, Mamba or cross-attention groups, no context parallelism,
+    hash granularity equal to the block size.
+    """
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    groups = kv_cache_config.kv_cache_groups
+    if len(groups) != 1:
+        return f"{len(groups)} KV-cache groups (kvshare manages exactly one)"
+    spec = groups[0].kv_cache_spec
+    if type(spec).__name__ not in ("FullAttentionSpec", "MLAAttentionSpec", "TQFullAttentionSpec") \
+            or not isinstance(spec, FullAttentionSpec):
+        return f"KV-cache spec {type(spec).__name__} (kvshare manages full attention only)"
+    if getattr(spec, "sliding_window", None) or getattr(spec, "attention_chunk_size", None):
+        return "sliding-window / chunked-local attention"
+    if dcp_world_size != 1 or pcp_world_size != 1:
+        return f"context parallelism (dcp={dcp_world_size}, pcp={pcp_world_size})"
+    if hash_block_size != spec.block_size or scheduler_block_size != spec.block_size:
+        return (f"block sizes differ (kv {spec.block_size}, scheduler {scheduler_block_size}, "
+                f"hash {hash_block_size})")
+    if not 1 <= spec.block_size <= 1024:
+        return f"block size {spec.block_size} outside kvshare's 1..1024"
+    return None
+
+
+class _Req:
+    """A request's kvshare sequence: id, block table (page ids) and tokens appended so far."""
+
+    __slots__ = ("seq", "pages", "n", "extra")
+
+    def __init__(self, seq: int, extra):
+        self.seq = seq
+        self.pages: list[int] = []
+        self.n = 0
+        self.extra = extra
+
+
+class _SingleTypeView:
+    """What the scheduler and connectors read of a single-type manager."""
+
+    def __init__(self, mgr: "KvshareKVCacheManager", spec):
+        self._mgr = mgr
+        self.kv_cache_spec = spec
+        self.block_size = spec.block_size
+        self.kv_cache_group_id = 0
+
+    def take_new_block_ids(self) -> list[int]:
+        return self._mgr.take_new_block_ids()
+
+
+class _CoordinatorView:
+    """``KVCacheManager.coordinator`` surface the scheduler uses (``single_type_managers``,
+    ``get_num_blocks_to_allocate``, ``block_pool``)."""
+
+    def __init__(self, mgr: "KvshareKVCacheManager", spec):
+        self._mgr = mgr
+        self.single_type_managers = (_SingleTypeView(mgr, spec),)
+        self.num_single_type_manager = 1
+        self.block_pool = mgr.block_pool
+        self.enable_caching = mgr.enable_caching
+        self.use_eagle = mgr.use_eagle
+
+    def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int, new_computed_blocks,
+                                   num_encoder_tokens: int = 0, total_computed_tokens: int = 0,
+                                   num_tokens_main_model: int | None = None,
+                                   apply_admission_cap: bool = False) -> int:
+        return self._mgr._blocks_to_allocate(request_id, num_tokens, new_computed_blocks)
+
+    def get_blocks(self, request_id: str):
+        return self._mgr.get_blocks(request_id).blocks
+
+    def new_step_starts(self) -> None:
+        pass
+
+
+class _BlockPoolView:
+    """``KVCacheManager.block_pool`` surface: the null block, per-id block objects, free counts.
+
+    The blocks are plain ``KVCacheBlock`` records (id and ``is_null``) used as handles in
+    ``KVCacheBlocks``; refcounts, hashes and the free list live in kvshare, not in them.
+    """
+
+    def __init__(self, mgr: "KvshareKVCacheManager", num_blocks: int):
+        self._mgr = mgr
+        self.num_gpu_blocks = num_blocks
+        self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
+        self.null_block = self.blocks[0]
+        self.null_block.is_null = True
+        self.enable_caching = mgr.enable_caching
+        self.enable_kv_cache_events = mgr.enable_kv_cache_events
+        self.hash_block_size = mgr.block_size
+
+    def get_num_free_blocks(self) -> int:
+        s = self._mgr._stats()
+        return s.device_pages_free + s.device_pages_cached
+
+    def get_usage(self) -> float:
+        return self._mgr.usage
+
+    def take_events(self) -> list[KVCacheEvent]:
+        return self._mgr.take_events()
+
+    def reset_prefix_cache(self) -> bool:
+        return self._mgr._reset_index()
+
+    def evict_blocks(self, block_ids) -> None:
+        self._mgr.evict_blocks(block_ids)
+
+
+class KvshareKVCacheManager:
+    """Drop-in for ``vllm.v1.core.kv_cache_manager.KVCacheManager`` (vLLM 0.23.0 signature)."""
+
+    def __init__(
+        self,
+        kv_cache_config,
+        max_model_len: int,
+        scheduler_block_size: int,
+        hash_block_size: int,
+        max_num_batched_tokens: int | None = None,
+        enable_caching: bool = True,
+        use_eagle: bool = False,
+        log_stats: bool = False,
+        enable_kv_cache_events: bool = False,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+        metrics_collector=None,
+    ) -> None:
+        why = unsupported_reason(kv_cache_config, scheduler_block_size, hash_block_size,
+                                 dcp_world_size, pcp_world_size)
+        if why:
+            raise ValueError(f"kvshare_vllm: unsupported configuration: {why}")
+        group = kv_cache_config.kv_cache_groups[0]
+        spec = group.kv_cache_spec
+        self.max_model_len = max_model_len
+        self.enable_caching = enable_caching
+        self.use_eagle = use_eagle
+        self.log_stats = log_stats
+        self.metrics_collector = metrics_collector  # sampled block-lifetime metrics: not fed
+        self.enable_kv_cache_events = enable_kv_cache_events
+        self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
+        self.block_size = bs = spec.block_size
+        self.num_blocks = kv_cache_config.num_blocks
+        self.kv_cache_config = kv_cache_config
+        self.num_kv_cache_groups = 1
+
+        dtype = {"torch.float32": "KVS_DTYPE_F32", "torch.bfloat16": "KVS_DTYPE_BF16"}.get(
+            str(getattr(spec, "dtype", "")), "KVS_DTYPE_F16")
+        cfg = kvshare.config_default(
+            page_size=bs,
+            num_device_pages=self.num_blocks,
+            num_host_pages=0,
+            num_layers=max(1, len(group.layer_names)),
+            num_kv_heads=max(1, getattr(spec, "num_kv_heads", 1)),
+            head_dim=max(1, getattr(spec, "head_size", 1)),
+            dtype=ffi.typeof("enum kvs_dtype").relements[dtype],
+            enable_prefix_caching=enable_caching,
+            reserve_null_page=True,
+            defer_commit=False,
+            skip_cached_writes=False,
+            demote_to_host=False,
+            enable_events=enable_kv_cache_events,
+        )
+        self.cache = kvshare.Cache(cfg)
+        self._h = self.cache.handle
+
+        self.block_pool = _BlockPoolView(self, self.num_blocks)
+        self._blocks = self.block_pool.blocks
+        self.coordinator = _CoordinatorView(self, spec)
+        self.empty_kv_cache_blocks = KVCacheBlocks((() ,))
+        from vllm.v1.kv_cache_interface import (get_kv_cache_spec_kind,
+                                                get_kv_cache_spec_sliding_window)
+        self._event_meta = (get_kv_cache_spec_kind(spec).value,
+                            get_kv_cache_spec_sliding_window(spec))
+
+        self._reqs: dict[str, _Req] = {}
+        self._seq_ids = itertools.count(1)
+        self._pending: tuple[str, array] | None = None  # tokens of the last get_computed_blocks
+        self._new_block_ids: list[int] = []  # for KV zeroing (take_new_block_ids)
+        self._track_new = bool(getattr(kv_cache_config, "needs_kv_cache_zeroing", False))
+        self._events: list[KVCacheEvent] = []
+        # Preallocated out-buffers: a block table can hold max_model_len tokens plus lookahead.
+        self._max_pages = self.num_blocks
+        self._pages_buf = ffi.new("uint32_t[]", self._max_pages)
+        self._n1 = ffi.new("size_t *")
+        self._n2 = ffi.new("size_t *")
+        self._info = ffi.new("kvs_seq_info *")
+        self._copies = ffi.new("kvs_copy[]", 1)
+        self._stats_buf = ffi.new("kvs_stats *")
+        self._ev_buf = ffi.new("kvs_event[]", 256)
+        self._tok1 = array("i", [0])
+        self._tok1_ptr = ffi.from_buffer("int32_t[]", self._tok1)
+        self._usable = self.num_blocks - 1  # the null block is never usable
+
+    # ------------------------------------------------------------------ helpers
+    def _stats(self):
+        rc = lib.kvs_cache_stats(self._h, self._stats_buf)
+        if rc:
+            kvshare.check(rc, "kvs_cache_stats")
+        return self._stats_buf
+
+    def _extra_for(self, request):
+        """kvshare extra keys: LoRA id, cache salt, multimodal items (None when none)."""
+        lora = request.lora_request.lora_int_id if request.lora_request else 0
+        salt = request.cache_salt.encode() if getattr(request, "cache_salt", None) else None
+        if getattr(request, "prompt_embeds", None) is not None:
+            # Prompt embeddings are not token ids: isolate the request (never shares).
+            salt = (salt or b"") + b"\0prompt-embeds\0" + request.request_id.encode()
+        items = []
+        for f in getattr(request, "mm_features", None) or ():
+            d = hashlib.blake2b(str(f.identifier).encode(), digest_size=16).digest()
+            pos = f.mm_position
+            items.append((int.from_bytes(d[:8], "little"), int.from_bytes(d[8:], "little"),
+                          pos.offset, pos.length))
+        if not lora and not salt and not items:
+            return None
+        return kvshare.ExtraKeys(lora, salt, items)
+
+    def _tokens(self, request) -> array:
+        pend = self._pending
+        if pend is not None and pend[0] == request.request_id and len(pend[1]) == request.num_tokens:
+            return pend[1]
+        return array("i", request.all_token_ids)
+
+    def _read_pages(self, st: _Req, want: int) -> list[int]:
+        """Refreshes ``st.pages`` from kvshare; returns the new page ids."""
+        rc = lib.kvs_seq_pages(self._h, st.seq, self._pages_buf, self._max_pages, self._n1)
+        if rc:
+            kvshare.check(rc, "kvs_seq_pages")
+        old = len(st.pages)
+        new = ffi.unpack(self._pages_buf + old, self._n1[0] - old)
+        st.pages.extend(new)
+        return new
+
+    def _drain_events(self, st: _Req | None, request) -> None:
+        """Converts queued kvshare events into vLLM events (token ids from ``request``)."""
+        while True:
+            rc = lib.kvs_cache_take_events(self._h, self._ev_buf, 256, self._n2)
+            if rc:
+                kvshare.check(rc, "kvs_cache_take_events")
+            n = self._n2[0]
+            for e in self._ev_buf[0:n]:
+                self._events.append(self._convert_event(e, st, request))
+            if n < 256:
+                return
+
+    def _convert_event(self, e, st: _Req | None, request) -> KVCacheEvent:
+        h = _external_hash(((e.hash_hi << 64) | e.hash_lo).to_bytes(16, "big"))
+        if e.kind == _REMOVED:
+            return BlockRemoved(block_hashes=[h], medium=_MEDIUM, group_idx=0)
+        if e.kind == _CLEARED:
+            return AllBlocksCleared()
+        idx = st.pages.index(e.page) if st is not None and e.page in st.pages else None
+        bs = self.block_size
+        tokens = list(request.all_token_ids[idx * bs:(idx + 1) * bs]) if idx is not None else []
+        parent = None if idx == 0 else _external_hash(
+            ((e.parent_hi << 64) | e.parent_lo).to_bytes(16, "big"))
+        lora = request.lora_request if request is not None else None
+        ev = BlockStored(block_hashes=[h], parent_block_hash=parent, token_ids=tokens,
+                         block_size=bs, lora_id=lora.adapter_id if lora else None,
+                         medium=_MEDIUM, lora_name=lora.name if lora else None, group_idx=0)
+        ev.kv_cache_spec_kind, ev.kv_cache_spec_sliding_window = self._event_meta
+        return ev
+
+    def _num_evictable(self, pages) -> int:
+        """Hit pages with refcount 0 (cached): touching them takes evictable capacity.
+        One ``kvs_page_get_info`` per page: used only when an admission gate is too close
+        to call without it (see README, "C ABI wishes")."""
+        info = ffi.new("kvs_page_info *")
+        n = 0
+        for p in pages:
+            kvshare.check(lib.kvs_page_get_info(self._h, _DEVICE, p, info), "kvs_page_get_info")
+            n += info.state == _CACHED_STATE
+        return n
+
+    def _blocks_to_allocate(self, request_id: str, num_tokens: int, new_computed_blocks) -> int:
+        st = self._reqs.get(request_id)
+        need = _cdiv(num_tokens, self.block_size)
+        if st is not None:
+            return max(need - len(st.pages), 0)
+        group = new_computed_blocks[0] if new_computed_blocks else ()
+        hits = [b.block_id for b in group]
+        return max(need - len(hits), 0) + (self._num_evictable(hits) if hits else 0)
+
+    def _gate(self, st: _Req | None, hits: list[int], need_slot: int, full_tokens: int | None,
+              reserved: int) -> bool:
+        """vLLM's admission checks that kvshare's own NO_SPACE does not cover
+        (``full_sequence_must_fit``, ``reserved_blocks``, lookahead of a new request)."""
+        have = len(st.pages) if st is not None else len(hits)
+        s = self._stats()
+        free = s.device_pages_free + s.device_pages_cached
+        now = max(_cdiv(need_slot, self.block_size) - have, 0)
+        full = max(_cdiv(full_tokens, self.block_size) - have, 0) if full_tokens is not None else 0
+        if st is not None or not hits:
+            return now <= free - reserved and full <= free
+        h = len(hits)
+        if now + h <= free - reserved and full + h <= free:
+            return True
+        if now > free - reserved or full > free:
+            return False
+        e = self._num_evictable(hits)
+        return now + e <= free - reserved and full + e <= free
+
+    # ------------------------------------------------------------------ public surface
+    @property
+    def usage(self) -> float:
+        s = self._stats()
+        return 1.0 - (s.device_pages_free + s.device_pages_cached) / self._usable \
+            if self._usable else 0
+
+    def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
+        if not self.log_stats:
+            return None
+        stats = self.prefix_cache_stats
+        self.prefix_cache_stats = PrefixCacheStats()
+        return stats
+
+    def get_computed_blocks(self, request) -> tuple[KVCacheBlocks, int]:
+        if not self.enable_caching or request.skip_reading_prefix_cache:
+            return self.empty_kv_cache_blocks, 0
+        toks = array("i", request.all_token_ids)
+        n = len(toks)
+        st_extra = self._extra_for(request)
+        rc = lib.kvs_prefix_match(self._h, ffi.from_buffer("int32_t[]", toks) if n else ffi.NULL,
+                                  n, st_extra.ptr if st_extra else ffi.NULL, max(n - 1, 0), False,
+                                  self._pages_buf, self._max_pages, self._n1, self._n2)
+        if rc:
+            kvshare.check(rc, "kvs_prefix_match")
+        pages = ffi.unpack(self._pages_buf, self._n1[0])
+        if self.use_eagle and pages:
+            pages.pop()  # EAGLE recomputes the last matched block for its hidden states
+        hit = len(pages) * self.block_size
+        if self.log_stats:
+            self.prefix_cache_stats.record(num_tokens=request.num_tokens, num_hits=hit,
+                                           preempted=request.num_preemptions > 0)
+        self._pending = (request.request_id, toks, st_extra)
+        if not pages:
+            return self.empty_kv_cache_blocks, 0
+        blocks = self._blocks
+        return KVCacheBlocks(([blocks[p] for p in pages],)), hit
+
+    def allocate_slots(
+        self,
+        request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: KVCacheBlocks | None = None,
+        num_lookahead_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+        delay_cache_blocks: bool = False,
+        num_encoder_tokens: int = 0,
+        full_sequence_must_fit: bool = False,
+        reserved_blocks: int = 0,
+    ) -> KVCacheBlocks | None:
+        if num_new_tokens == 0 and num_external_computed_tokens == 0:
+            raise ValueError("num_new_tokens must be greater than 0 when there are no "
+                             "external computed tokens")
+        if num_external_computed_tokens or delay_cache_blocks or num_encoder_tokens:
+            raise NotImplementedError(
+                "kvshare_vllm: KV connectors' external tokens, delayed caching and encoder "
+                "(cross-attention) blocks are not supported")
+        rid = request.request_id
+        st = self._reqs.get(rid)
+        total_computed = min(request.num_computed_tokens + num_new_computed_tokens,
+                             self.max_model_len)
+        main = total_computed + num_new_tokens
+        need_slot = min(main + num_lookahead_tokens, self.max_model_len)
+        known = min(main, request.num_tokens)  # drafts/placeholders are not tokens yet
+        bs = self.block_size
+
+        if st is None:
+            hits = [b.block_id for b in new_computed_blocks.blocks[0]] \
+                if new_computed_blocks is not None and new_computed_blocks.blocks[0] else []
+            if len(hits) * bs != num_new_computed_tokens:
+                raise ValueError("num_new_computed_tokens does not match new_computed_blocks")
+            lookahead = max(need_slot - known, 0)
+            # kvs_seq_begin's own NO_SPACE is vLLM's check for `known` tokens; the gate adds
+            # what it cannot see: lookahead slots, reserved blocks, and a full sequence longer
+            # than this chunk (otherwise implied).
+            full_longer = full_sequence_must_fit and _cdiv(
+                min(request.num_tokens, self.max_model_len), bs) > _cdiv(need_slot, bs)
+            if (full_longer or reserved_blocks or lookahead) and not self._gate(
+                    None, hits, need_slot,
+                    min(request.num_tokens, self.max_model_len) if full_sequence_must_fit else None,
+                    reserved_blocks):
+                return None
+            toks = self._tokens(request)
+            extra = self._pending[2] if self._pending is not None and \
+                self._pending[0] == rid else self._extra_for(request)
+            seq = next(self._seq_ids)
+            rc = lib.kvs_seq_begin(self._h, seq,
+                                   ffi.from_buffer("int32_t[]", toks) if known else ffi.NULL,
+                                   known, extra.ptr if extra else ffi.NULL,
+                                   num_new_computed_tokens, self._info)
+            if rc == _NO_SPACE:
+                return None
+            if rc:
+                kvshare.check(rc, "kvs_seq_begin")
+            self._pending = None
+            st = _Req(seq, extra)
+            st.n = known
+            self._reqs[rid] = st
+            if self._info.matched_tokens != num_new_computed_tokens:
+                lib.kvs_seq_free(self._h, seq)
+                del self._reqs[rid]
+                raise RuntimeError(
+                    f"kvshare_vllm: request {rid}: {num_new_computed_tokens} tokens were found "
+                    f"cached by get_computed_blocks but only {self._info.matched_tokens} at "
+                    "allocation (pages evicted in between)")
+            if lookahead:
+                rc = lib.kvs_seq_append(self._h, seq, ffi.NULL, 0, lookahead, self._copies, 1,
+                                        self._n1)
+                if rc:  # the gate checked room; anything else is a bug
+                    kvshare.check(rc, "kvs_seq_append")
+            new = self._read_pages(st, 0)[len(hits):]
+        else:
+            old = st.n
+            add = known - old
+            if add < 0:
+                add = 0
+            lookahead = max(need_slot - old - add, 0)
+            full_longer = full_sequence_must_fit and _cdiv(
+                min(request.num_tokens, self.max_model_len), bs) > _cdiv(need_slot, bs)
+            if (full_longer or reserved_blocks) and not self._gate(
+                    st, [], need_slot,
+                    min(request.num_tokens, self.max_model_len) if full_sequence_must_fit else None,
+                    reserved_blocks):
+                return None
+            if add == 1:
+                self._tok1[0] = request.all_token_ids[old]
+                ptr = self._tok1_ptr
+            elif add:
+                ptr = ffi.from_buffer("int32_t[]", array("i", request.all_token_ids[old:known]))
+            else:
+                ptr = ffi.NULL
+            rc = lib.kvs_seq_append(self._h, st.seq, ptr, add, lookahead, self._copies, 1,
+                                    self._n1)
+            if rc == _NO_SPACE:
+                return None
+            if rc:
+                kvshare.check(rc, "kvs_seq_append")
+            st.n = old + add
+            if self._n1[0]:
+                raise RuntimeError("kvshare_vllm: unexpected copy-on-write (no request forks)")
+            if _cdiv(st.n + lookahead, bs) > len(st.pages):
+                new = self._read_pages(st, 0)
+            else:
+                new = ()
+        if self.enable_kv_cache_events:
+            self._drain_events(st, request)
+        if not new:
+            return self.empty_kv_cache_blocks
+        if self._track_new:
+            self._new_block_ids.extend(new)
+        blocks = self._blocks
+        return KVCacheBlocks(([blocks[p] for p in new],))
+
+    def free(self, request) -> None:
+        st = self._reqs.pop(request.request_id, None)
+        if self._pending is not None and self._pending[0] == request.request_id:
+            self._pending = None
+        if st is None:
+            return
+        rc = lib.kvs_seq_free(self._h, st.seq)
+        if rc:
+            kvshare.check(rc, "kvs_seq_free")
+        if self.enable_kv_cache_events:
+            self._drain_events(None, None)
+
+    def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
+        """Full attention skips nothing."""
+
+    def evict_blocks(self, block_ids) -> None:
+        """Drops cached entries of failed KV loads.  kvshare has no per-page unregister call
+        yet, so the whole prefix index is cleared: safe (never a false hit), costs hits."""
+        if not block_ids:
+            return
+        logger.warning("kvshare_vllm: evict_blocks(%d blocks) clears the whole prefix index",
+                       len(block_ids))
+        kvshare.check(lib.kvs_prefix_clear(self._h), "kvs_prefix_clear")
+        if self.enable_kv_cache_events:
+            self._drain_events(None, None)
+
+    def _reset_index(self) -> bool:
+        if self._reqs:
+            logger.warning("Failed to reset prefix cache because some blocks (%d) are not "
+                           "freed yet", sum(len(st.pages) for st in self._reqs.values()))
+            return False
+        kvshare.check(lib.kvs_prefix_clear(self._h), "kvs_prefix_clear")
+        if self.enable_kv_cache_events:
+            self._drain_events(None, None)
+        return True
+
+    def reset_prefix_cache(self) -> bool:
+        if not self._reset_index():
+            return False
+        if self.log_stats:
+            self.prefix_cache_stats.reset = True
+        return True
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
+        """Leading blocks of the request held by every request with blocks (vLLM's
+        ``ref_cnt == len(req_to_blocks)``); a shared page sits at the same index in each."""
+        st = self._reqs.get(running_request_id)
+        if st is None:
+            return [0]
+        if len(self._reqs) == 1:
+            return [len(st.pages)]
+        n = 0
+        lists = [o.pages for o in self._reqs.values()]
+        k = len(lists)
+        for col in zip(*lists):  # stops at the shortest list, like a missing holder
+            if col[0] != st.pages[n] or col.count(col[0]) != k:
+                break
+            n += 1
+        return [n]
+
+    def take_events(self) -> list[KVCacheEvent]:
+        if not self.enable_kv_cache_events:
+            return []
+        self._drain_events(None, None)
+        ev, self._events = self._events, []
+        return ev
+
+    def get_blocks(self, request_id: str) -> KVCacheBlocks:
+        st = self._reqs.get(request_id)
+        if st is None or not st.pages:
+            return self.empty_kv_cache_blocks
+        blocks = self._blocks
+        return KVCacheBlocks(([blocks[p] for p in st.pages],))
+
+    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+        st = self._reqs.get(request_id)
+        return (list(st.pages) if st is not None else [],)
+
+    def cache_blocks(self, request, num_computed_tokens: int) -> None:
+        if not self.enable_caching:
+            return
+        st = self._reqs.get(request.request_id)
+        if st is None:
+            return
+        target = min(num_computed_tokens, request.num_tokens)
+        if target <= st.n:
+            return
+        toks = array("i", request.all_token_ids[st.n:target])
+        rc = lib.kvs_seq_append(self._h, st.seq, ffi.from_buffer("int32_t[]", toks), len(toks),
+                                0, self._copies, 1, self._n1)
+        if rc:
+            kvshare.check(rc, "kvs_seq_append")
+        st.n = target
+        if _cdiv(target, self.block_size) > len(st.pages):
+            new = self._read_pages(st, 0)
+            if self._track_new:
+                self._new_block_ids.extend(new)
+        if self.enable_kv_cache_events:
+            self._drain_events(st, request)
+
+    def create_kv_cache_blocks(self, blocks) -> KVCacheBlocks:
+        return KVCacheBlocks(blocks) if any(blocks) else self.empty_kv_cache_blocks
+
+    def take_new_block_ids(self) -> list[int]:
+        ids, self._new_block_ids = self._new_block_ids, []
+        return ids
+
+    def new_step_starts(self) -> None:
+        """Nothing per step: registration is immediate (no deferred commit)."""
+
+    # ------------------------------------------------------------------ extras
+    def check(self) -> None:
+        """kvshare's full invariant check (tests)."""
+        self.cache.check()
+
+    def kvshare_stats(self) -> dict[str, int]:
+        return self.cache.stats()

@@ -1,0 +1,107 @@
+"""Builds vLLM 0.23.0 Schedulers and drives them without a model (outputs are synthesised)."""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
+from vllm.sampling_params import SamplingParams
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.sched import scheduler as sched_mod
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.request import Request
+from vllm.v1.structured_output import StructuredOutputManager
+from vllm.utils.hashing import sha256
+
+from kvshare_vllm import plugin
+
+EOS = 2
+_hash_init = False
+
+
+def make_scheduler(model_dir: str, *, kvshare: bool, num_blocks: int = 1000, block_size: int = 16,
+                   max_num_seqs: int = 16, max_num_batched_tokens: int = 8192,
+                   max_model_len: int | None = None, enable_prefix_caching: bool = True,
+                   kv_events: bool = False, async_scheduling: bool = False) -> Scheduler:
+    model_config = ModelConfig(model=model_dir, dtype="float16", seed=42,
+                               skip_tokenizer_init=True, max_model_len=max_model_len or 8192)
+    scheduler_config = SchedulerConfig(
+        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+        max_model_len=max_model_len or 8192, enable_chunked_prefill=True,
+        async_scheduling=async_scheduling, is_encoder_decoder=False)
+    cache_config = CacheConfig(block_size=block_size, gpu_memory_utilization=0.9,
+                               cache_dtype="auto", enable_prefix_caching=enable_prefix_caching)
+    kv_events_config = None
+    if kv_events:
+        from vllm.config import KVEventsConfig
+        kv_events_config = KVEventsConfig(enable_kv_cache_events=True, publisher="null")
+    vllm_config = VllmConfig(scheduler_config=scheduler_config, model_config=model_config,
+                             cache_config=cache_config, kv_events_config=kv_events_config,
+                             device_config=DeviceConfig(device="cpu"))
+    kv_cache_config = KVCacheConfig(
+        num_blocks=num_blocks, kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec(["layer"], FullAttentionSpec(
+            block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32))])
+    cache_config.num_gpu_blocks = num_blocks
+    if kvshare:
+        plugin.apply()
+    try:
+        cls = Scheduler
+        if async_scheduling:
+            from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+            cls = AsyncScheduler
+        s = cls(vllm_config=vllm_config, kv_cache_config=kv_cache_config, block_size=block_size,
+                log_stats=True, structured_output_manager=StructuredOutputManager(vllm_config))
+    finally:
+        if kvshare:
+            plugin.remove()
+    return s
+
+
+def make_request(req_id: str, prompt: list[int], max_tokens: int = 16, block_size: int = 16,
+                 cache_salt: str | None = None, lora_request=None, block_hasher=None) -> Request:
+    global _hash_init
+    if not _hash_init:
+        init_none_hash(sha256)
+        _hash_init = True
+    sp = SamplingParams(ignore_eos=True, max_tokens=max_tokens)
+    sp.update_from_generation_config({}, EOS)
+    return Request(request_id=req_id, prompt_token_ids=list(prompt), sampling_params=sp,
+                   pooling_params=None, mm_features=None, cache_salt=cache_salt,
+                   lora_request=lora_request,
+                   block_hasher=block_hasher or get_request_block_hasher(block_size, sha256))
+
+
+def token_for(req_id: str, pos: int) -> int:
+    """Deterministic 'sampled' token: the same for both managers."""
+    return 3 + (hash((req_id, pos)) & 0x7FFF) % 30000
+
+
+def fake_output(sched_out) -> ModelRunnerOutput:
+    req_ids = list(sched_out.num_scheduled_tokens.keys())
+    sampled = []
+    for rid in req_ids:
+        # A request whose prompt is not fully computed after this step samples nothing.
+        sampled.append([])
+    return req_ids, sampled
+
+
+def step(s: Scheduler, requests: dict[str, Request]):
+    """One engine step: schedule, then feed back one sampled token per request whose prefill
+    finished. Returns the SchedulerOutput and the EngineCoreOutputs."""
+    out = s.schedule()
+    req_ids = list(out.num_scheduled_tokens.keys())
+    sampled = []
+    for rid in req_ids:
+        r = requests[rid]
+        done_prefill = r.num_computed_tokens >= r.num_tokens  # already advanced by schedule()
+        sampled.append([token_for(rid, r.num_tokens)] if done_prefill else [])
+    mro = ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                            sampled_token_ids=sampled, logprobs=None,
+                            prompt_logprobs_dict={}, pooler_output=[])
+    eco = s.update_from_output(out, mro)
+    return out, eco

@@ -1,0 +1,372 @@
+"""vLLM 0.23.0's own Scheduler with vLLM's KVCacheManager and with kvshare's, in lockstep on the
+same requests: every step must schedule the same tokens, report the same prefix hits, hand out
+the same number of blocks, preempt and finish the same requests, and produce the same tokens."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+import harness as h
+from vllm.v1.request import RequestStatus
+
+
+class Pair:
+    """The same workload on two schedulers; compares every step."""
+
+    def __init__(self, model_dir, **kw):
+        self.ref = h.make_scheduler(model_dir, kvshare=False, **kw)
+        self.kvs = h.make_scheduler(model_dir, kvshare=True, **kw)
+        assert type(self.kvs.kv_cache_manager).__name__ == "KvshareKVCacheManager"
+        self.reqs_ref: dict = {}
+        self.reqs_kvs: dict = {}
+        self.block_size = kw.get("block_size", 16)
+        self.steps = 0
+        self.hits = [0, 0]
+        self.queries = [0, 0]
+        self.peak_usage = [0.0, 0.0]
+        self.preemptions = 0
+        self.finished: dict[str, list[int]] = {}
+
+    def add(self, rid, prompt, max_tokens=8, **kw):
+        for reqs, s in ((self.reqs_ref, self.ref), (self.reqs_kvs, self.kvs)):
+            r = h.make_request(rid, prompt, max_tokens=max_tokens, block_size=self.block_size, **kw)
+            reqs[rid] = r
+            s.add_request(r)
+
+    def abort(self, rid):
+        for s in (self.ref, self.kvs):
+            s.finish_requests([rid], RequestStatus.FINISHED_ABORTED)
+
+    def step(self):
+        o1, e1 = h.step(self.ref, self.reqs_ref)
+        o2, e2 = h.step(self.kvs, self.reqs_kvs)
+        self.steps += 1
+        where = f"step {self.steps}"
+        assert o1.num_scheduled_tokens == o2.num_scheduled_tokens, where
+        assert o1.total_num_scheduled_tokens == o2.total_num_scheduled_tokens, where
+        n1 = {r.req_id: (r.num_computed_tokens, [len(b) for b in r.block_ids])
+              for r in o1.scheduled_new_reqs}
+        n2 = {r.req_id: (r.num_computed_tokens, [len(b) for b in r.block_ids])
+              for r in o2.scheduled_new_reqs}
+        assert n1 == n2, f"{where}: new requests (computed tokens, block counts) differ"
+        c1, c2 = o1.scheduled_cached_reqs, o2.scheduled_cached_reqs
+        assert c1.req_ids == c2.req_ids, where
+        assert c1.num_computed_tokens == c2.num_computed_tokens, where
+        nb1 = [None if b is None else [len(x) for x in b] for b in c1.new_block_ids]
+        nb2 = [None if b is None else [len(x) for x in b] for b in c2.new_block_ids]
+        assert nb1 == nb2, f"{where}: new block counts of running requests differ"
+        assert o1.preempted_req_ids == o2.preempted_req_ids, where
+        self.preemptions += len(o1.preempted_req_ids or ())
+        assert o1.finished_req_ids == o2.finished_req_ids, where
+        # Same tokens out.
+        t1 = _tokens(e1)
+        t2 = _tokens(e2)
+        assert t1 == t2, f"{where}: token results differ"
+        # Same block accounting and hits.
+        u1, u2 = self.ref.kv_cache_manager.usage, self.kvs.kv_cache_manager.usage
+        assert u1 == pytest.approx(u2), f"{where}: usage {u1} vs {u2}"
+        self.peak_usage = [max(self.peak_usage[0], u1), max(self.peak_usage[1], u2)]
+        for i, e in enumerate((e1, e2)):
+            h_, q_ = _prefix_stats(e)
+            self.hits[i] += h_
+            self.queries[i] += q_
+        assert self.hits[0] == self.hits[1], f"{where}: prefix hits {self.hits}"
+        self.kvs.kv_cache_manager.check()
+        for rid, toks in t1.items():
+            if rid in self.reqs_ref and self.reqs_ref[rid].is_finished():
+                self.finished[rid] = list(self.reqs_ref[rid].all_token_ids)
+        return o1, o2
+
+    def run_until_idle(self, limit=10_000):
+        for _ in range(limit):
+            if not self.ref.has_unfinished_requests() and not self.kvs.has_unfinished_requests():
+                return
+            self.step()
+        raise AssertionError("did not drain")
+
+
+def _prefix_stats(eco) -> tuple[int, int]:
+    """(hits, queries) the scheduler reported this step (it drains make_prefix_cache_stats)."""
+    h_ = q_ = 0
+    for co in eco.values():
+        st = co.scheduler_stats.prefix_cache_stats if co.scheduler_stats else None
+        if st is not None:
+            h_ += st.hits
+            q_ += st.queries
+    return h_, q_
+
+
+def _tokens(eco) -> dict:
+    out = {}
+    for client_outputs in eco.values():
+        for o in client_outputs.outputs:
+            out[o.request_id] = (list(o.new_token_ids), o.finish_reason)
+    return out
+
+
+def conversations(pair: Pair, num_convs: int, turns: int, system: list[int], seed: int,
+                  max_tokens=12, user_len=(5, 40), abort_every=0):
+    """Multi-turn chat: turn t+1's prompt is turn t's prompt + its answer + a new user message;
+    every conversation starts with the same system prompt."""
+    rng = random.Random(seed)
+    history = {c: system + [rng.randrange(3, 30000) for _ in range(rng.randint(*user_len))]
+               for c in range(num_convs)}
+    turn = {c: 0 for c in range(num_convs)}
+    live: dict[str, int] = {}
+    n_abort = 0
+
+    def submit(c):
+        rid = f"c{c}t{turn[c]}"
+        pair.add(rid, history[c], max_tokens=max_tokens)
+        live[rid] = c
+
+    for c in range(num_convs):
+        submit(c)
+    while live:
+        pair.step()
+        if abort_every and pair.steps % abort_every == 0:
+            running = sorted(r for r in live if not pair.reqs_ref[r].is_finished())
+            if running:
+                victim = running[n_abort % len(running)]
+                n_abort += 1
+                pair.abort(victim)
+        for rid in list(live):
+            r = pair.reqs_ref[rid]
+            if r.is_finished():
+                c = live.pop(rid)
+                turn[c] += 1
+                history[c] = list(r.all_token_ids) + [rng.randrange(3, 30000)
+                                                      for _ in range(rng.randint(*user_len))]
+                if turn[c] < turns:
+                    submit(c)
+    pair.run_until_idle()
+
+
+class Single:
+    """One scheduler driven alone (for workloads where the two managers legitimately diverge)."""
+
+    def __init__(self, model_dir, kvshare, **kw):
+        self.s = h.make_scheduler(model_dir, kvshare=kvshare, **kw)
+        self.reqs: dict = {}
+        self.reqs_ref = self.reqs
+        self.block_size = kw.get("block_size", 16)
+        self.steps = 0
+        self.hits = self.queries = self.preemptions = 0
+        self.peak_usage = 0.0
+        self.kvshare = kvshare
+
+    def add(self, rid, prompt, max_tokens=8, **kw):
+        r = h.make_request(rid, prompt, max_tokens=max_tokens, block_size=self.block_size, **kw)
+        self.reqs[rid] = r
+        self.s.add_request(r)
+
+    def abort(self, rid):
+        self.s.finish_requests([rid], RequestStatus.FINISHED_ABORTED)
+
+    def step(self):
+        o, e = h.step(self.s, self.reqs)
+        self.steps += 1
+        h_, q_ = _prefix_stats(e)
+        self.hits += h_
+        self.queries += q_
+        self.preemptions += len(o.preempted_req_ids or ())
+        self.peak_usage = max(self.peak_usage, self.s.kv_cache_manager.usage)
+        if self.kvshare:
+            self.s.kv_cache_manager.check()
+        return o, e
+
+    def run_until_idle(self, limit=10_000):
+        for _ in range(limit):
+            if not self.s.has_unfinished_requests():
+                return
+            self.step()
+        raise AssertionError("did not drain")
+
+
+def compare_under_pressure(model_dir, workload, **kw):
+    """Runs ``workload`` on each manager alone: same token results for every request, and
+    kvshare's prefix hits at least vLLM's (kvshare evicts a cached page only when no free page
+    is left; vLLM 0.23 queues freed uncached blocks behind cached ones and evicts earlier)."""
+    ref, kvs = Single(model_dir, False, **kw), Single(model_dir, True, **kw)
+    workload(ref)
+    workload(kvs)
+    assert set(ref.reqs) == set(kvs.reqs)
+    for rid, r in ref.reqs.items():
+        assert list(r.all_token_ids) == list(kvs.reqs[rid].all_token_ids), rid
+        assert r.status == kvs.reqs[rid].status, rid
+    assert kvs.hits >= ref.hits, (kvs.hits, ref.hits)
+    st = kvs.s.kv_cache_manager.kvshare_stats()
+    assert st["num_seqs"] == 0 and st["device_pages_in_use"] == 0
+    return ref, kvs
+
+
+def test_multi_turn_prefix_hits(tiny_model_dir):
+    pair = Pair(tiny_model_dir, num_blocks=2000)
+    rng = random.Random(1)
+    system = [rng.randrange(3, 30000) for _ in range(100)]
+    conversations(pair, num_convs=6, turns=4, system=system, seed=2)
+    assert pair.hits[0] > 0 and pair.hits[0] == pair.hits[1]
+    assert pair.queries[0] == pair.queries[1]
+
+
+def test_preemption_under_memory_pressure(tiny_model_dir):
+    rng = random.Random(3)
+    system = [rng.randrange(3, 30000) for _ in range(40)]
+    ref, kvs = compare_under_pressure(
+        tiny_model_dir,
+        lambda d: conversations(d, num_convs=8, turns=3, system=system, seed=4, max_tokens=40),
+        num_blocks=48, max_num_seqs=8)
+    assert ref.preemptions > 0 and kvs.preemptions > 0, "the workload must preempt"
+    assert kvs.peak_usage <= 1.0
+
+
+def test_preemption_lockstep_without_cache_pressure(tiny_model_dir):
+    """Preemption where eviction order cannot matter (prefix caching off): exact lockstep."""
+    pair = Pair(tiny_model_dir, num_blocks=48, max_num_seqs=8, enable_prefix_caching=False)
+    rng = random.Random(3)
+    system = [rng.randrange(3, 30000) for _ in range(40)]
+    conversations(pair, num_convs=8, turns=2, system=system, seed=4, max_tokens=40)
+    assert pair.preemptions > 0
+
+
+def test_chunked_prefill_and_full_sequence_gate(tiny_model_dir):
+    rng = random.Random(5)
+    system = [rng.randrange(3, 30000) for _ in range(70)]
+    compare_under_pressure(
+        tiny_model_dir,
+        lambda d: conversations(d, num_convs=5, turns=3, system=system, seed=6, max_tokens=20,
+                                user_len=(20, 120)),
+        num_blocks=40, max_num_batched_tokens=64, max_num_seqs=4)
+
+
+def test_chunked_prefill_lockstep(tiny_model_dir):
+    pair = Pair(tiny_model_dir, num_blocks=400, max_num_batched_tokens=64, max_num_seqs=4)
+    rng = random.Random(5)
+    system = [rng.randrange(3, 30000) for _ in range(70)]
+    conversations(pair, num_convs=5, turns=3, system=system, seed=6, max_tokens=20,
+                  user_len=(20, 120))
+    assert pair.hits[0] == pair.hits[1] > 0
+
+
+def test_abort_and_finish(tiny_model_dir):
+    pair = Pair(tiny_model_dir, num_blocks=300)
+    rng = random.Random(7)
+    system = [rng.randrange(3, 30000) for _ in range(33)]
+    conversations(pair, num_convs=5, turns=3, system=system, seed=8, max_tokens=20, abort_every=7)
+    st = pair.kvs.kv_cache_manager.kvshare_stats()
+    assert st["num_seqs"] == 0 and st["device_pages_in_use"] == 0
+
+
+def test_reset_prefix_cache(tiny_model_dir):
+    pair = Pair(tiny_model_dir, num_blocks=300)
+    prompt = list(range(100, 180))
+    pair.add("a", prompt)
+    pair.step()
+    # Running request holds blocks: both refuse.
+    assert pair.ref.kv_cache_manager.reset_prefix_cache() is False
+    assert pair.kvs.kv_cache_manager.reset_prefix_cache() is False
+    pair.run_until_idle()
+    pair.add("b", prompt)
+    o1, o2 = pair.step()
+    assert o2.scheduled_new_reqs[0].num_computed_tokens == 64  # a hit before the reset
+    pair.run_until_idle()
+    assert pair.ref.reset_prefix_cache() is True
+    assert pair.kvs.reset_prefix_cache() is True
+    for s in (pair.ref, pair.kvs):
+        assert s.kv_cache_manager.make_prefix_cache_stats().reset is True
+    pair.add("c", prompt)
+    o1, o2 = pair.step()
+    assert o2.scheduled_new_reqs[0].num_computed_tokens == 0  # no hit after it
+    pair.run_until_idle()
+
+
+def test_salt_and_lora_isolate(tiny_model_dir):
+    from vllm.lora.request import LoRARequest
+
+    pair = Pair(tiny_model_dir, num_blocks=300)
+    prompt = list(range(500, 580))
+    pair.add("x", prompt, cache_salt="tenant-a")
+    pair.run_until_idle()
+    pair.add("y", prompt, cache_salt="tenant-b")
+    o1, o2 = pair.step()
+    assert o2.scheduled_new_reqs[0].num_computed_tokens == 0
+    pair.run_until_idle()
+    pair.add("z", prompt, cache_salt="tenant-a")
+    o1, o2 = pair.step()
+    assert o2.scheduled_new_reqs[0].num_computed_tokens == 64
+    pair.run_until_idle()
+    lora = LoRARequest("ad", 1, "/nonexistent")
+    pair.add("l", prompt, lora_request=lora)
+    o1, o2 = pair.step()
+    assert o2.scheduled_new_reqs[0].num_computed_tokens == 0
+    pair.run_until_idle()
+
+
+def test_kv_events(tiny_model_dir):
+    from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+
+    pair = Pair(tiny_model_dir, num_blocks=400, kv_events=True)
+    rng = random.Random(9)
+    system = [rng.randrange(3, 30000) for _ in range(48)]
+    stored_tokens = [[], []]
+    live_hashes = set()
+    n_removed = [0, 0]
+
+    published = [[], []]
+    for i, s in enumerate((pair.ref, pair.kvs)):
+        # The scheduler drains take_events() every step and publishes a KVEventBatch.
+        s.kv_event_publisher.publish = (lambda lst: lambda batch: lst.extend(batch.events))(
+            published[i])
+
+    def drain():
+        for i, s in enumerate((pair.ref, pair.kvs)):
+            evs = published[i] + s.kv_cache_manager.take_events()
+            published[i].clear()
+            for ev in evs:
+                if isinstance(ev, BlockStored):
+                    for k, hsh in enumerate(ev.block_hashes):
+                        stored_tokens[i].append(tuple(ev.token_ids[k * 16:(k + 1) * 16]))
+                        if i == 1:
+                            # 16 digest bytes, or its low 64 bits with vLLM's (default)
+                            # VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES
+                            assert isinstance(hsh, int) or len(hsh) == 16
+                            assert ev.medium == "GPU" and ev.block_size == 16
+                            live_hashes.add(hsh)
+                elif isinstance(ev, BlockRemoved):
+                    n_removed[i] += len(ev.block_hashes)
+                    if i == 1:
+                        for hsh in ev.block_hashes:
+                            live_hashes.remove(hsh)
+                elif isinstance(ev, AllBlocksCleared) and i == 1:
+                    live_hashes.clear()
+
+    orig_step = pair.step
+
+    def step():
+        r = orig_step()
+        drain()
+        return r
+
+    pair.step = step
+    conversations(pair, num_convs=4, turns=3, system=system, seed=10, max_tokens=30)
+    drain()
+    # Same blocks stored, with the same token ids, in the same order.
+    assert stored_tokens[0] == stored_tokens[1]
+    assert all(len(t) == 16 for t in stored_tokens[1])
+    assert n_removed[0] == n_removed[1]
+    assert len(stored_tokens[1]) > 0
+    # Replaying kvshare's events reproduces its index.
+    assert len(live_hashes) == pair.kvs.kv_cache_manager.kvshare_stats()["index_pages"]
+    assert pair.ref.reset_prefix_cache() and pair.kvs.reset_prefix_cache()
+    drain()
+    assert not live_hashes
+
+
+def test_async_scheduling(tiny_model_dir):
+    pair = Pair(tiny_model_dir, num_blocks=200, async_scheduling=True)
+    rng = random.Random(11)
+    system = [rng.randrange(3, 30000) for _ in range(50)]
+    conversations(pair, num_convs=4, turns=3, system=system, seed=12)
+    assert pair.hits[0] == pair.hits[1]
