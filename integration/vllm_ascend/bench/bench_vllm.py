@@ -41,23 +41,35 @@ TIMED = ("get_computed_blocks", "allocate_slots", "free", "get_blocks", "get_blo
 
 class Clock:
     ns = 0
+    depth = 0
+    per_method: dict = {}
 
 
 def instrument(mgr, clock: Clock):
     cls = type(mgr)
     pc = time.perf_counter_ns
 
-    def wrap(fn):
+    clock.per_method = {}
+
+    def wrap(name, fn):
+        # Only the outermost timed call counts: a method calling another timed method (e.g.
+        # allocate_slots reading usage) must not be counted twice.
         def timed(*a, **k):
+            if clock.depth:
+                return fn(*a, **k)
+            clock.depth += 1
             t = pc()
             try:
                 return fn(*a, **k)
             finally:
-                clock.ns += pc() - t
+                dt = pc() - t
+                clock.depth -= 1
+                clock.ns += dt
+                clock.per_method[name] = clock.per_method.get(name, 0) + dt
         return timed
 
-    ns = {name: wrap(getattr(cls, name)) for name in TIMED if hasattr(cls, name)}
-    ns["usage"] = property(wrap(cls.usage.fget))
+    ns = {name: wrap(name, getattr(cls, name)) for name in TIMED if hasattr(cls, name)}
+    ns["usage"] = property(wrap("usage", cls.usage.fget))
     mgr.__class__ = type("Timed" + cls.__name__, (cls,), ns)
 
 
@@ -117,6 +129,10 @@ def run(model_dir, kvshare: bool, args, seed=1):
                 if turn[c] < args.turns:
                     submit(c)
     tokens = {rid: list(r.all_token_ids) for rid, r in reqs.items()}
+    who = "kvshare" if kvshare else "vllm"
+    top = sorted(clock.per_method.items(), key=lambda kv: -kv[1])[:6]
+    print(f"{who:8} per step: " + ", ".join(f"{k} {v / 1e3 / max(steps, 1):.1f} us" for k, v in top),
+          file=sys.stderr)
     return dict(steps=steps, kv_ns=clock.ns, hasher_ns=hclock.ns, hits=hits, queries=queries,
                 peak=peak, tokens=tokens)
 
