@@ -1,5 +1,6 @@
 //! `kvshare-bench attention`: decode throughput of the CPU paged-attention kernel against the
-//! machine's measured memory read bandwidth, and against the same KV stored contiguously.
+//! machine's measured memory read bandwidth, against the same KV stored contiguously, and (when
+//! torch imports with `$KVS_TORCH_PYTHON`, default `python3`) against torch's SDPA on that KV.
 //!
 //! Prints human lines, then one final single-line JSON object. Not a test: numbers depend on
 //! the machine; the targets are a bandwidth fraction >= 0.6 and paging overhead within 10%.
@@ -221,22 +222,35 @@ pub fn run(args: &[String]) -> Result<(), String> {
         contig.as_secs_f64() * 1e3,
         ratio
     );
-    let torch = std::process::Command::new("python3")
-        .args(["-c", "import torch"])
-        .stderr(std::process::Stdio::null())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
-    if torch {
-        println!("torch: importable, but the comparison is not implemented yet (skipped)");
-    } else {
-        println!("torch: not installed, comparison skipped");
-    }
+    let torch = torch_compare(&o, &q, &k, &v, &out, threads);
+    let torch_json = match &torch {
+        Ok(t) => {
+            println!(
+                "torch {} scaled_dot_product_attention on the same KV made contiguous: {:.2} ms; \
+kvshare paged is {:.2}x faster (max |output diff| {:.2e})",
+                t.version,
+                t.ms,
+                t.ms / (paged_s * 1e3),
+                t.max_diff
+            );
+            format!(
+                "{{\"version\":\"{}\",\"ms\":{:.3},\"kvshare_speedup\":{:.3},\"max_abs_diff\":{:.3e}}}",
+                t.version,
+                t.ms,
+                t.ms / (paged_s * 1e3),
+                t.max_diff
+            )
+        }
+        Err(why) => {
+            println!("torch: comparison skipped: {why}");
+            "null".to_string()
+        }
+    };
     println!(
         "{{\"bench\":\"attention\",\"seqs\":{},\"ctx\":{},\"kv_heads\":{},\"head_dim\":{},\"group\":{},\
 \"page_size\":{},\"dtype\":\"f16\",\"threads\":{},\"kv_bytes\":{},\"mem_read_gbs\":{:.3},\
 \"paged_ms\":{:.3},\"kv_read_gbs\":{:.3},\"bw_fraction\":{:.3},\"contiguous_ms\":{:.3},\
-\"paged_over_contiguous\":{:.3},\"torch\":null}}",
+\"paged_over_contiguous\":{:.3},\"torch\":{}}}",
         o.seqs,
         o.ctx,
         hk,
@@ -250,7 +264,113 @@ pub fn run(args: &[String]) -> Result<(), String> {
         achieved / 1e9,
         achieved / bw,
         contig.as_secs_f64() * 1e3,
-        ratio
+        ratio,
+        torch_json
     );
     Ok(())
+}
+
+struct TorchResult {
+    version: String,
+    ms: f64,
+    max_diff: f64,
+}
+
+/// Python that times torch's SDPA on the dumped tensors (q `[seqs, heads, dim]`, K/V
+/// `[seqs, ctx, kv_heads, dim]` made `[seqs, kv_heads, ctx, dim]` contiguous before timing) and
+/// compares its output with kvshare's.
+const TORCH_SCRIPT: &str = r#"
+import json, sys, time
+import numpy as np, torch
+d, seqs, ctx, hk, dim, h, iters, threads = sys.argv[1], *map(int, sys.argv[2:9])
+torch.set_num_threads(threads)
+load = lambda n: torch.from_numpy(np.fromfile(f"{d}/{n}.bin", dtype=np.float16))
+q = load("q").view(seqs, h, 1, dim)
+k = load("k").view(seqs, ctx, hk, dim).permute(0, 2, 1, 3).contiguous()
+v = load("v").view(seqs, ctx, hk, dim).permute(0, 2, 1, 3).contiguous()
+ref = load("out").view(seqs, h, dim).float()
+sdpa = torch.nn.functional.scaled_dot_product_attention
+with torch.inference_mode():
+    out = sdpa(q, k, v, enable_gqa=True)
+    best = float("inf")
+    for _ in range(iters):
+        t = time.perf_counter()
+        sdpa(q, k, v, enable_gqa=True)
+        best = min(best, time.perf_counter() - t)
+diff = (out.view(seqs, h, dim).float() - ref).abs().max().item()
+print(json.dumps({"version": torch.__version__, "ms": best * 1e3, "max_diff": diff}))
+"#;
+
+fn f16_bytes(v: &[f16]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect()
+}
+
+/// Runs [`TORCH_SCRIPT`] with `$KVS_TORCH_PYTHON` (default `python3`) when torch imports there.
+fn torch_compare(
+    o: &Opts,
+    q: &[f16],
+    k: &[f16],
+    v: &[f16],
+    out: &[f16],
+    threads: usize,
+) -> Result<TorchResult, String> {
+    let python = std::env::var("KVS_TORCH_PYTHON").unwrap_or_else(|_| "python3".into());
+    let ok = std::process::Command::new(&python)
+        .args(["-c", "import torch, numpy"])
+        .stderr(std::process::Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !ok {
+        return Err(format!(
+            "torch is not importable by {python} (set KVS_TORCH_PYTHON)"
+        ));
+    }
+    if o.ctx % o.page_size != 0 {
+        return Err("--ctx must be a multiple of --page-size for the contiguous view".into());
+    }
+    let dir = std::env::temp_dir().join(format!("kvshare-bench-torch-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let result = (|| {
+        for (name, data) in [("q", q), ("k", k), ("v", v), ("out", out)] {
+            std::fs::write(dir.join(format!("{name}.bin")), f16_bytes(data))
+                .map_err(|e| e.to_string())?;
+        }
+        let h = o.kv_heads * o.group;
+        let args: Vec<String> = [o.seqs, o.ctx, o.kv_heads, o.head_dim, h, o.iters, threads]
+            .iter()
+            .map(|n| n.to_string())
+            .collect();
+        let res = std::process::Command::new(&python)
+            .args(["-c", TORCH_SCRIPT])
+            .arg(&dir)
+            .args(&args)
+            .output()
+            .map_err(|e| e.to_string())?;
+        if !res.status.success() {
+            return Err(format!(
+                "torch script failed: {}",
+                String::from_utf8_lossy(&res.stderr)
+            ));
+        }
+        let text = String::from_utf8_lossy(&res.stdout);
+        let line = text.lines().last().unwrap_or_default();
+        let field = |key: &str| -> Option<&str> {
+            let at = line.find(&format!("\"{key}\": "))? + key.len() + 4;
+            let rest = &line[at..];
+            Some(rest[..rest.find([',', '}'])?].trim().trim_matches('"'))
+        };
+        let num = |key: &str| {
+            field(key)
+                .and_then(|s| s.parse::<f64>().ok())
+                .ok_or(format!("bad torch output: {line}"))
+        };
+        Ok(TorchResult {
+            version: field("version").unwrap_or("?").to_string(),
+            ms: num("ms")?,
+            max_diff: num("max_diff")?,
+        })
+    })();
+    let _ = std::fs::remove_dir_all(&dir);
+    result
 }
