@@ -197,6 +197,14 @@ typedef struct kvs_config {
    Needs `enable_prefix_caching`.
    */
   bool defer_commit;
+  /*
+   A prompt shares every cached full page, even pages holding tokens past `max_match_tokens`
+   that the engine recomputes for the last token's logits; `kvs_cache_slot_mapping` returns
+   -1 for those already-cached slots so the recomputation never writes into a shared page.
+   Default on. Turn it off when the engine builds its own slot mapping from the block table
+   (vLLM): such pages are then allocated fresh and recomputed.
+   */
+  bool skip_cached_writes;
 } kvs_config;
 
 /*
@@ -424,7 +432,7 @@ extern "C" {
 
 /*
  A valid default configuration: 16-token pages, 1024 device pages, no host pages, one
- layer of one 128-wide f16 KV head, prefix caching on, no padding page, no deferred commit.
+ layer of one 128-wide f16 KV head, prefix caching on, no padding page, no deferred commit, cached writes skipped.
 
  **Thread safety:** safe from any thread.
  */
@@ -505,7 +513,9 @@ kvs_status kvs_cache_block_tables(const struct kvs_cache *cache,
  Builds the slot mapping of a batch: for each sequence `seq_ids[i]`, the slots
  (`page * page_size + offset`) of its last `query_lens[i]` tokens, concatenated into
  `slots_out`; remaining entries up to `slots_len` are set to -1 (padding, skipped by the KV
- write). Writes the number of real slots to `*num_slots_out` (optional, may be NULL).
+ write). A token whose KV already sits in a shared cached page (`skip_cached_writes`) also
+ gets -1, so recomputing it never overwrites shared KV. Writes the sum of `query_lens` to
+ `*num_slots_out` (optional, may be NULL).
 
  **Failure:** unknown or swapped-out sequence, a query length over the sequence length,
  `slots_len` below the sum of query lengths: an error status and nothing is written.

@@ -61,8 +61,14 @@ fn max_match_and_salt_and_lora_isolate() {
     let mut s = state(32, 4);
     let p = toks(0..12);
     s.begin(1, &p, None, usize::MAX).unwrap();
-    // vLLM recomputes the last token: cap at len-1 → only 2 of 3 full pages match.
-    assert_eq!(s.begin(2, &p, None, p.len() - 1).unwrap().matched_tokens, 8);
+    // The engine recomputes the last token: cap at len-1. All 3 cached pages are shared, and the
+    // recomputed token's slot is hidden from the KV write.
+    let b = s.begin(2, &p, None, p.len() - 1).unwrap();
+    assert_eq!((b.matched_tokens, b.new_pages), (11, 0));
+    assert_eq!(s.seq_pages(2).unwrap(), s.seq_pages(1).unwrap());
+    let mut slots = [0i64; 3];
+    assert_eq!(s.slot_mapping(&[2], &[2], &mut slots).unwrap(), 2);
+    assert_eq!(slots, [-1, -1, -1]);
     let salted = ExtraKeys {
         salt: b"tenant".to_vec(),
         ..Default::default()
@@ -89,6 +95,26 @@ fn max_match_and_salt_and_lora_isolate() {
             .matched_tokens,
         0
     );
+    s.check().unwrap();
+}
+
+#[test]
+fn without_skip_cached_writes_the_capped_page_is_recomputed() {
+    let cfg = Config {
+        page_size: 4,
+        num_device_pages: 16,
+        skip_cached_writes: false,
+        ..Config::default()
+    };
+    let mut s = State::new(cfg).unwrap();
+    let p = toks(0..12);
+    s.begin(1, &p, None, usize::MAX).unwrap();
+    let b = s.begin(2, &p, None, p.len() - 1).unwrap();
+    assert_eq!((b.matched_tokens, b.new_pages), (8, 1));
+    let pages = s.seq_pages(2).unwrap().to_vec();
+    let mut slots = [0i64; 4];
+    s.slot_mapping(&[2], &[4], &mut slots).unwrap();
+    assert_eq!(slots, [0, 1, 2, 3].map(|o| pages[2] as i64 * 4 + o));
     s.check().unwrap();
 }
 

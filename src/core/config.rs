@@ -73,6 +73,12 @@ pub struct Config {
     /// Pages that fill up become matchable only after [`super::Cache::commit`]
     /// (MindIE's `MarkBlocksAsComputed`); otherwise as soon as they are full.
     pub defer_commit: bool,
+    /// A prompt shares every cached full page, even the ones holding tokens past
+    /// `max_match_tokens` that the engine recomputes (for the last token's logits); the slot
+    /// mapping then marks those already-cached slots -1 so the recomputation never writes into a
+    /// shared page. Turn it off for engines that build their own slot mapping (vLLM): such pages
+    /// are then allocated fresh and recomputed, as vLLM does.
+    pub skip_cached_writes: bool,
 }
 
 impl Default for Config {
@@ -88,6 +94,7 @@ impl Default for Config {
             enable_prefix_caching: true,
             reserve_null_page: false,
             defer_commit: false,
+            skip_cached_writes: true,
         }
     }
 }
@@ -176,7 +183,8 @@ mod tests {
 
     #[test]
     fn bad_fields_are_named() {
-        let cases: Vec<(&str, Box<dyn Fn(&mut Config)>)> = vec![
+        type Mutation = Box<dyn Fn(&mut Config)>;
+        let cases: Vec<(&str, Mutation)> = vec![
             ("page_size", Box::new(|c| c.page_size = 0)),
             ("page_size", Box::new(|c| c.page_size = MAX_PAGE_SIZE + 1)),
             ("num_device_pages", Box::new(|c| c.num_device_pages = 0)),

@@ -214,6 +214,22 @@ impl PagePool {
         }
     }
 
+    /// Removes one external reference mark without releasing the page (the caller releases it
+    /// next with `external = false`). False, changing nothing, if there is none left.
+    pub fn take_ext(&mut self, page: u32) -> bool {
+        let e = &mut self.ext_refs[page as usize];
+        if *e == 0 {
+            return false;
+        }
+        *e -= 1;
+        true
+    }
+
+    /// Undoes [`take_ext`](Self::take_ext).
+    pub fn restore_ext(&mut self, page: u32) {
+        self.ext_refs[page as usize] += 1;
+    }
+
     /// Moves an unreferenced cached page to the free list (its index entry was dropped).
     pub fn uncache(&mut self, page: u32) {
         if self.refcount[page as usize] == 0 && self.on_cached[page as usize] {

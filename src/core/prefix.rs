@@ -87,14 +87,38 @@ impl ExtraKeys {
 /// `h_i` from `h_{i-1}`, the page's extra digest and its tokens. `scratch` is reused to avoid
 /// an allocation per page.
 pub fn chain_hash(parent: u128, extra: u128, tokens: &[i32], scratch: &mut Vec<u8>) -> u128 {
-    scratch.clear();
-    scratch.extend_from_slice(&parent.to_le_bytes());
-    scratch.extend_from_slice(&extra.to_le_bytes());
-    for t in tokens {
-        scratch.extend_from_slice(&t.to_le_bytes());
+    scratch.resize(32 + 4 * tokens.len(), 0);
+    scratch[..16].copy_from_slice(&parent.to_le_bytes());
+    scratch[16..32].copy_from_slice(&extra.to_le_bytes());
+    for (dst, t) in scratch[32..].chunks_exact_mut(4).zip(tokens) {
+        dst.copy_from_slice(&t.to_le_bytes());
     }
     xxh3_128(scratch)
 }
+
+/// Hasher for maps keyed by integer ids the library or the caller chose (sequence ids):
+/// a multiply-fold, much cheaper than SipHash. Keys are not attacker-chosen digests, and a bad
+/// distribution only costs time, never correctness.
+#[derive(Default)]
+pub struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        let m = (v ^ self.0).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        self.0 = m ^ (m >> 29);
+    }
+}
+
+/// A map keyed by sequence ids.
+pub type IdMap<V> = HashMap<u64, V, BuildHasherDefault<IdHasher>>;
 
 /// Keys are already uniform 128-bit digests: fold them instead of hashing them again.
 #[derive(Default)]

@@ -1,8 +1,6 @@
 //! Sequences: block tables, append with copy-on-write, fork, free, swap between tiers, and the
 //! batch block-table / slot-mapping builders.
 
-use std::collections::HashSet;
-
 use super::config::Tier;
 use super::error::{Error, Result};
 use super::prefix::{chain_hash, ExtraKeys};
@@ -47,6 +45,10 @@ pub struct Seq {
     /// Full pages await [`State::commit`] (defer_commit mode).
     pub(super) pending: bool,
     pub(super) matched_tokens: usize,
+    /// Tokens at the start whose KV sits in shared cached pages: their slots are never written.
+    pub(super) cached_tokens: usize,
+    /// The batch call that last listed this sequence (duplicate detection).
+    pub(super) stamp: u64,
 }
 
 /// What [`State::begin`] did.
@@ -177,9 +179,13 @@ impl State {
         }
     }
 
-    /// Starts sequence `id` with its prompt: matches the longest cached prefix (at most
-    /// `max_match_tokens` tokens, whole pages), shares those pages, and allocates pages for the
-    /// rest. All or nothing.
+    /// Starts sequence `id` with its prompt: matches the longest cached prefix, shares those
+    /// pages, and allocates pages for the rest. All or nothing.
+    ///
+    /// The reported `matched_tokens` (what the engine may skip computing) is at most
+    /// `max_match_tokens`. With `skip_cached_writes` every cached full page is shared even past
+    /// that limit, and the slot mapping hides its slots (-1); without it, only whole pages within
+    /// the limit are shared.
     pub fn begin(
         &mut self,
         id: u64,
@@ -191,15 +197,20 @@ impl State {
             return Err(Error::SeqExists(id));
         }
         let extra = extra.filter(|x| !x.is_empty()).map(Box::new);
-        let max_pages = tokens.len().min(max_match_tokens) / self.ps;
+        let max_pages = if self.cfg.skip_cached_writes {
+            tokens.len() / self.ps
+        } else {
+            tokens.len().min(max_match_tokens) / self.ps
+        };
         let m = self.walk(tokens, extra.as_deref(), max_pages);
+        let matched = m.tokens.min(max_match_tokens);
         let total = ceil_div(tokens.len(), self.ps);
         let need = total - m.pages.len();
         self.ensure_available(Tier::Device, need, self.cached_among(&m.pages))?;
         if self.cfg.enable_prefix_caching {
             self.counters.prefix_queries += 1;
             self.counters.prefix_query_tokens += tokens.len() as u64;
-            self.counters.prefix_hit_tokens += m.tokens as u64;
+            self.counters.prefix_hit_tokens += matched as u64;
         }
         let mut pages = m.pages;
         for &p in &pages {
@@ -216,12 +227,14 @@ impl State {
             hashes: m.hashes,
             hash_stopped: false,
             pending: false,
-            matched_tokens: m.tokens,
+            matched_tokens: matched,
+            cached_tokens: m.tokens,
+            stamp: 0,
         };
         self.seqs.insert(id, seq);
         self.register_full_pages(id);
         Ok(BeginInfo {
-            matched_tokens: m.tokens,
+            matched_tokens: matched,
             num_pages: total,
             new_pages: need,
         })
@@ -342,15 +355,18 @@ impl State {
             ));
         }
         let (mut need, mut n_copies) = (0, 0);
-        let mut seen = HashSet::with_capacity(ids.len());
+        self.batch_stamp += 1;
+        let stamp = self.batch_stamp;
         for &id in ids {
-            if !seen.insert(id) {
+            let s = self.device_seq(id)?;
+            if s.stamp == stamp {
                 return Err(Error::arg(
                     "seq_ids",
                     format!("sequence {id} appears twice in the batch"),
                 ));
             }
-            let s = self.device_seq(id)?;
+            self.seqs.get_mut(&id).expect("checked").stamp = stamp;
+            let s = &self.seqs[&id];
             let (cap, cow) = self.append_need(s, 1, 0);
             need += cap + cow;
             n_copies += self.append_copies(s, 1);
@@ -592,8 +608,10 @@ impl State {
     }
 
     /// Slot ids (`page * page_size + offset`) of the last `query_lens[i]` tokens of each
-    /// sequence, concatenated; entries after them are set to -1 (padding). Returns the number of
-    /// real slots written. Writes nothing on error.
+    /// sequence, concatenated; entries after them are set to -1 (padding). Tokens whose KV is
+    /// already in a shared cached page (see `skip_cached_writes`) get -1 too, so recomputing them
+    /// never overwrites shared KV. Returns the number of query slots (the sum of `query_lens`).
+    /// Writes nothing on error.
     pub fn slot_mapping(&self, ids: &[u64], query_lens: &[u32], out: &mut [i64]) -> Result<usize> {
         if ids.len() != query_lens.len() {
             return Err(Error::arg(
@@ -632,7 +650,11 @@ impl State {
             let s = &self.seqs[&id];
             let len = s.tokens.len();
             for pos in len - q as usize..len {
-                out[k] = s.pages[pos / ps] as i64 * ps as i64 + (pos % ps) as i64;
+                out[k] = if pos < s.cached_tokens {
+                    -1
+                } else {
+                    s.pages[pos / ps] as i64 * ps as i64 + (pos % ps) as i64
+                };
                 k += 1;
             }
         }

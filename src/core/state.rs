@@ -4,12 +4,10 @@
 //! Every public operation validates everything first and mutates only once it cannot fail, so an
 //! error leaves the state exactly as it was.
 
-use std::collections::HashMap;
-
 use super::config::{Config, Tier};
 use super::error::{Error, Result};
 use super::pool::{PagePool, PageState};
-use super::prefix::{chain_hash, root_hash, ExtraKeys, PrefixIndex};
+use super::prefix::{chain_hash, root_hash, ExtraKeys, IdMap, PrefixIndex};
 use super::seq::Seq;
 use super::stats::{Counters, Stats};
 
@@ -32,7 +30,9 @@ pub struct State {
     pub(super) dev: PagePool,
     pub(super) host: PagePool,
     pub(super) index: PrefixIndex,
-    pub(super) seqs: HashMap<u64, Seq>,
+    pub(super) seqs: IdMap<Seq>,
+    /// Stamp of the current batch call, to spot a sequence listed twice without a set.
+    pub(super) batch_stamp: u64,
     pub(super) pending: Vec<u64>,
     pub(super) counters: Counters,
     pub(super) root: u128,
@@ -55,7 +55,8 @@ impl State {
                 },
                 cfg.page_size,
             ),
-            seqs: HashMap::new(),
+            seqs: IdMap::default(),
+            batch_stamp: 0,
             pending: Vec::new(),
             counters: Counters::default(),
             root: root_hash(),
@@ -192,17 +193,22 @@ impl State {
     /// if registered, else free). A page listed more times than it has external references is
     /// `RefcountUnderflow`, and then nothing is released.
     pub fn release_pages(&mut self, pages: &[u32]) -> Result<()> {
-        let mut counts: HashMap<u32, u32> = HashMap::with_capacity(pages.len());
         for &p in pages {
             self.dev.check_id(p)?;
-            let c = counts.entry(p).or_insert(0);
-            *c += 1;
-            if *c > self.dev.ext_refs(p) {
+        }
+        // Take the external references first (a page listed more often than it is held runs out
+        // here), undoing them all if one is missing; only then release.
+        for (k, &p) in pages.iter().enumerate() {
+            if !self.dev.take_ext(p) {
+                for &q in &pages[..k] {
+                    self.dev.restore_ext(q);
+                }
                 return Err(Error::RefcountUnderflow { page: p });
             }
         }
         for &p in pages {
-            self.release_device(p, true);
+            let registered = self.is_registered(p);
+            self.dev.release(p, false, registered);
         }
         Ok(())
     }

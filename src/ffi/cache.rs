@@ -68,10 +68,16 @@ pub struct kvs_config {
     /// `MarkBlocksAsComputed`, called once the step that computes their KV was scheduled).
     /// Needs `enable_prefix_caching`.
     pub defer_commit: bool,
+    /// A prompt shares every cached full page, even pages holding tokens past `max_match_tokens`
+    /// that the engine recomputes for the last token's logits; `kvs_cache_slot_mapping` returns
+    /// -1 for those already-cached slots so the recomputation never writes into a shared page.
+    /// Default on. Turn it off when the engine builds its own slot mapping from the block table
+    /// (vLLM): such pages are then allocated fresh and recomputed.
+    pub skip_cached_writes: bool,
 }
 
 impl kvs_config {
-    fn to_core(&self) -> Result<Config, Error> {
+    fn to_core(self) -> Result<Config, Error> {
         let dtype = dtype_from_raw(self.dtype, "dtype").map_err(|_| Error::InvalidConfig {
             field: "dtype",
             reason: format!("{} is not a kvs_dtype", self.dtype),
@@ -87,6 +93,7 @@ impl kvs_config {
             enable_prefix_caching: self.enable_prefix_caching,
             reserve_null_page: self.reserve_null_page,
             defer_commit: self.defer_commit,
+            skip_cached_writes: self.skip_cached_writes,
         })
     }
 
@@ -106,6 +113,7 @@ impl kvs_config {
             enable_prefix_caching: c.enable_prefix_caching,
             reserve_null_page: c.reserve_null_page,
             defer_commit: c.defer_commit,
+            skip_cached_writes: c.skip_cached_writes,
         }
     }
 }
@@ -164,7 +172,7 @@ pub struct kvs_stats {
 
 impl kvs_cache {
     /// A valid default configuration: 16-token pages, 1024 device pages, no host pages, one
-    /// layer of one 128-wide f16 KV head, prefix caching on, no padding page, no deferred commit.
+    /// layer of one 128-wide f16 KV head, prefix caching on, no padding page, no deferred commit, cached writes skipped.
     ///
     /// **Thread safety:** safe from any thread.
     #[no_mangle]
@@ -318,7 +326,9 @@ impl kvs_cache {
     /// Builds the slot mapping of a batch: for each sequence `seq_ids[i]`, the slots
     /// (`page * page_size + offset`) of its last `query_lens[i]` tokens, concatenated into
     /// `slots_out`; remaining entries up to `slots_len` are set to -1 (padding, skipped by the KV
-    /// write). Writes the number of real slots to `*num_slots_out` (optional, may be NULL).
+    /// write). A token whose KV already sits in a shared cached page (`skip_cached_writes`) also
+    /// gets -1, so recomputing it never overwrites shared KV. Writes the sum of `query_lens` to
+    /// `*num_slots_out` (optional, may be NULL).
     ///
     /// **Failure:** unknown or swapped-out sequence, a query length over the sequence length,
     /// `slots_len` below the sum of query lengths: an error status and nothing is written.

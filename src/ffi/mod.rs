@@ -2,7 +2,14 @@
 //! handle ownership. All behaviour lives in [`crate::core`] and [`crate::attention`].
 //!
 //! One file per exported object (`cache.rs` ↔ `kvs_cache_*`, …) plus shared helpers.
+//!
+//! # Safety contract of every export
+//! Pointer arguments are either NULL (refused with `KVS_STATUS_NULL_ARGUMENT` unless documented
+//! as optional) or valid for the length given beside them, for the duration of the call; handles
+//! come from their `*_new` function and are not yet freed. Each function's own doc states what it
+//! reads and writes. This is the shared `# Safety` section of all `unsafe extern "C"` functions.
 #![deny(missing_docs)]
+#![allow(clippy::missing_safety_doc)]
 #![allow(non_camel_case_types)]
 
 pub mod cache;

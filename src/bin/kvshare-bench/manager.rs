@@ -1,0 +1,346 @@
+//! `kvshare-bench manager`: cache-manager bookkeeping costs, through the C ABI (what an engine
+//! pays, lock and checks included) and the Rust core, each beside a floor measured in the same run.
+
+use std::ptr;
+
+use kvshare::core::{Config, State};
+use kvshare::ffi::cache::{kvs_cache, kvs_config};
+use kvshare::ffi::status::kvs_status;
+use kvshare::ffi::types::kvs_copy;
+use xxhash_rust::xxh3::xxh3_128;
+
+use crate::timing::ns_per_unit;
+
+fn ok(s: kvs_status) {
+    assert_eq!(s, kvs_status::Ok, "kvshare call failed");
+}
+
+struct CCache(*mut kvs_cache);
+
+impl CCache {
+    fn new(page_size: u32, pages: u32) -> Self {
+        let mut cfg: kvs_config = kvs_cache::kvs_config_default();
+        cfg.page_size = page_size;
+        cfg.num_device_pages = pages;
+        let mut c = ptr::null_mut();
+        unsafe { ok(kvs_cache::kvs_cache_new(&cfg, &mut c)) };
+        CCache(c)
+    }
+}
+
+impl Drop for CCache {
+    fn drop(&mut self) {
+        unsafe { kvs_cache::kvs_cache_free(self.0) };
+    }
+}
+
+/// Deterministic pseudo-random token ids.
+fn tokens(seed: u64, n: usize) -> Vec<i32> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % 150_000) as i32
+        })
+        .collect()
+}
+
+struct Row {
+    name: &'static str,
+    unit: &'static str,
+    ns: f64,
+    floor_ns: f64,
+    target_ns: f64,
+}
+
+fn alloc_release(repeats: usize, rows: &mut Vec<Row>) {
+    const BATCH: usize = 64;
+    const ROUNDS: usize = 200;
+    let c = CCache::new(16, 4096);
+    let mut pages = vec![0u32; BATCH];
+    let ns_c = ns_per_unit(repeats, BATCH * ROUNDS, || unsafe {
+        for _ in 0..ROUNDS {
+            ok(kvs_cache::kvs_pages_alloc(
+                c.0,
+                BATCH,
+                pages.as_mut_ptr(),
+                BATCH,
+            ));
+            ok(kvs_cache::kvs_pages_release(c.0, pages.as_ptr(), BATCH));
+        }
+    });
+    let mut s = State::new(Config {
+        num_device_pages: 4096,
+        ..Config::default()
+    })
+    .unwrap();
+    let ns_core = ns_per_unit(repeats, BATCH * ROUNDS, || {
+        for _ in 0..ROUNDS {
+            let p = s.alloc_pages(BATCH).unwrap();
+            s.release_pages(&p).unwrap();
+        }
+    });
+    // Floor: a bare free stack with a refcount array, no checks, no lists, no lock.
+    let mut free: Vec<u32> = (0..4096).collect();
+    let mut rc = vec![0u32; 4096];
+    let ns_floor = ns_per_unit(repeats, BATCH * ROUNDS, || {
+        for _ in 0..ROUNDS {
+            for slot in pages.iter_mut() {
+                let p = free.pop().unwrap();
+                rc[p as usize] = 1;
+                *slot = p;
+            }
+            for &p in pages.iter().rev() {
+                rc[p as usize] -= 1;
+                free.push(p);
+            }
+            std::hint::black_box(&pages);
+        }
+    });
+    rows.push(Row {
+        name: "alloc_release_c_abi",
+        unit: "page",
+        ns: ns_c,
+        floor_ns: ns_floor,
+        target_ns: 50.0,
+    });
+    rows.push(Row {
+        name: "alloc_release_core",
+        unit: "page",
+        ns: ns_core,
+        floor_ns: ns_floor,
+        target_ns: 50.0,
+    });
+}
+
+fn prefix_match(repeats: usize, page_size: u32, target_ns: f64, rows: &mut Vec<Row>) {
+    const N: usize = 4096;
+    let c = CCache::new(page_size, 8192);
+    let prompt = tokens(7, N);
+    let mut info = Default::default();
+    unsafe {
+        ok(kvs_cache::kvs_seq_begin(
+            c.0,
+            1,
+            prompt.as_ptr(),
+            N,
+            ptr::null(),
+            usize::MAX,
+            &mut info,
+        ));
+        ok(kvs_cache::kvs_seq_free(c.0, 1));
+    }
+    let mut pages = vec![0u32; N];
+    let (mut np, mut nt) = (0usize, 0usize);
+    let ns = ns_per_unit(repeats, 100, || unsafe {
+        for _ in 0..100 {
+            ok(kvs_cache::kvs_prefix_match(
+                c.0,
+                prompt.as_ptr(),
+                N,
+                ptr::null(),
+                usize::MAX,
+                true,
+                pages.as_mut_ptr(),
+                N,
+                &mut np,
+                &mut nt,
+            ));
+            ok(kvs_cache::kvs_pages_release(c.0, pages.as_ptr(), np));
+        }
+    });
+    assert_eq!(nt, N, "the whole prompt must match");
+    // Floor: one xxh3-128 pass over the prompt's bytes (any hashing matcher reads them once).
+    let bytes: Vec<u8> = prompt.iter().flat_map(|t| t.to_le_bytes()).collect();
+    let floor = ns_per_unit(repeats, 100, || {
+        for _ in 0..100 {
+            std::hint::black_box(xxh3_128(std::hint::black_box(&bytes)));
+        }
+    });
+    let name = if page_size == 128 {
+        "match_4096_tokens_ps128"
+    } else {
+        "match_4096_tokens_ps16"
+    };
+    rows.push(Row {
+        name,
+        unit: "call",
+        ns,
+        floor_ns: floor,
+        target_ns,
+    });
+}
+
+fn decode_step(repeats: usize, rows: &mut Vec<Row>) {
+    const SEQS: usize = 256;
+    const PS: usize = 16;
+    const MAX_PAGES: usize = 128;
+    let c = CCache::new(PS as u32, (SEQS * MAX_PAGES) as u32 + 64);
+    let system = tokens(1, 512);
+    let ids: Vec<u64> = (1..=SEQS as u64).collect();
+    for &id in &ids {
+        let mut p = system.clone();
+        p.extend(tokens(100 + id, 300));
+        unsafe {
+            ok(kvs_cache::kvs_seq_begin(
+                c.0,
+                id,
+                p.as_ptr(),
+                p.len(),
+                ptr::null(),
+                p.len() - 1,
+                ptr::null_mut(),
+            ))
+        };
+    }
+    let mut table = vec![0i32; SEQS * MAX_PAGES];
+    let mut lens = vec![0i32; SEQS];
+    let mut slots = vec![0i64; SEQS];
+    let qlens = vec![1u32; SEQS];
+    let mut copies = vec![
+        kvs_copy {
+            src_page: 0,
+            dst_page: 0,
+            num_tokens: 0,
+            kind: 0
+        };
+        SEQS
+    ];
+    let mut step = 0i32;
+    const STEPS: usize = 20;
+    let ns = ns_per_unit(repeats.min(15), STEPS, || unsafe {
+        for _ in 0..STEPS {
+            step += 1;
+            let toks = vec![step; SEQS];
+            let mut nc = 0;
+            ok(kvs_cache::kvs_seq_append_batch(
+                c.0,
+                ids.as_ptr(),
+                SEQS,
+                toks.as_ptr(),
+                SEQS,
+                copies.as_mut_ptr(),
+                SEQS,
+                &mut nc,
+            ));
+            ok(kvs_cache::kvs_cache_block_tables(
+                c.0,
+                ids.as_ptr(),
+                SEQS,
+                MAX_PAGES,
+                -1,
+                table.as_mut_ptr(),
+                table.len(),
+                lens.as_mut_ptr(),
+                SEQS,
+            ));
+            ok(kvs_cache::kvs_cache_slot_mapping(
+                c.0,
+                ids.as_ptr(),
+                qlens.as_ptr(),
+                SEQS,
+                slots.as_mut_ptr(),
+                SEQS,
+                ptr::null_mut(),
+            ));
+        }
+    });
+    // Floor: writing the same block-table matrix from an engine-side copy (no bookkeeping).
+    let src = table.clone();
+    let floor = ns_per_unit(repeats, STEPS, || {
+        for _ in 0..STEPS {
+            table.copy_from_slice(std::hint::black_box(&src));
+            std::hint::black_box(&table);
+        }
+    });
+    unsafe { ok(kvs_cache::kvs_cache_check(c.0)) };
+    rows.push(Row {
+        name: "decode_step_256_seqs",
+        unit: "step",
+        ns,
+        floor_ns: floor,
+        target_ns: 50_000.0,
+    });
+
+    // begin + free of a request sharing the 512-token system prompt (prompt 812 tokens).
+    let ns_bf = ns_per_unit(repeats, 100, || unsafe {
+        for k in 0..100u64 {
+            let mut p = system.clone();
+            p.extend(tokens(10_000 + k, 300));
+            ok(kvs_cache::kvs_seq_begin(
+                c.0,
+                1_000_000 + k,
+                p.as_ptr(),
+                p.len(),
+                ptr::null(),
+                p.len() - 1,
+                ptr::null_mut(),
+            ));
+            ok(kvs_cache::kvs_seq_free(c.0, 1_000_000 + k));
+        }
+    });
+    rows.push(Row {
+        name: "begin_free_812_tokens",
+        unit: "request",
+        ns: ns_bf,
+        floor_ns: f64::NAN,
+        target_ns: f64::NAN,
+    });
+}
+
+/// Runs the manager benchmarks; `--quick` uses fewer repeats.
+pub fn run(args: &[String]) -> Result<(), String> {
+    let quick = args.iter().any(|a| a == "--quick");
+    let repeats = if quick { 5 } else { 31 };
+    let mut rows = Vec::new();
+    alloc_release(repeats, &mut rows);
+    prefix_match(repeats, 128, 10_000.0, &mut rows);
+    prefix_match(repeats, 16, 30_000.0, &mut rows);
+    decode_step(repeats, &mut rows);
+
+    println!(
+        "{:<26} {:>12} {:>10} {:>12} {:>9} {:>10} {:>6}",
+        "operation", "ns", "per", "floor ns", "x floor", "target ns", "met"
+    );
+    let mut json = String::from("{\"mode\":\"manager\"");
+    for r in &rows {
+        let met = if r.target_ns.is_nan() {
+            "-"
+        } else if r.ns <= r.target_ns {
+            "yes"
+        } else {
+            "NO"
+        };
+        println!(
+            "{:<26} {:>12.1} {:>10} {:>12.1} {:>9.2} {:>10.0} {:>6}",
+            r.name,
+            r.ns,
+            r.unit,
+            r.floor_ns,
+            r.ns / r.floor_ns,
+            r.target_ns,
+            met
+        );
+        let num = |v: f64| {
+            if v.is_finite() {
+                format!("{v:.1}")
+            } else {
+                "null".into()
+            }
+        };
+        json.push_str(&format!(
+            ",\"{}\":{{\"ns_per_{}\":{},\"floor_ns\":{},\"ratio_to_floor\":{},\"target_ns\":{}}}",
+            r.name,
+            r.unit,
+            num(r.ns),
+            num(r.floor_ns),
+            num(r.ns / r.floor_ns),
+            num(r.target_ns)
+        ));
+    }
+    json.push('}');
+    println!("{json}");
+    Ok(())
+}

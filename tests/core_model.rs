@@ -1,0 +1,342 @@
+//! Property test: random operation sequences against a model of the KV each page holds.
+//!
+//! The test plays the engine: it writes a fingerprint of "the KV of token `pos` given the whole
+//! prefix before it" into a model of every page slot, through the slot mapping kvshare returns,
+//! and executes every copy kvshare reports (copy-on-write, swap). After every operation it
+//! checks `State::check` and that every live sequence reads, through its block table, exactly
+//! the fingerprints of its own tokens. A false prefix hit, a missed copy-on-write, a wrong swap
+//! pair, a leaked or doubly used page all fail here.
+
+use kvshare::core::{Config, CopyKind, Error, ExtraKeys, PageCopy, State, Tier};
+use proptest::prelude::*;
+
+const PS: usize = 4;
+
+#[derive(Debug, Clone)]
+enum Op {
+    Begin {
+        prefix: u8,
+        extra_len: u8,
+        salt: bool,
+        cap_last: bool,
+    },
+    Append {
+        seq: u8,
+        n: u8,
+    },
+    Decode,
+    Fork {
+        seq: u8,
+    },
+    Free {
+        seq: u8,
+    },
+    SwapOut {
+        seq: u8,
+    },
+    SwapIn {
+        seq: u8,
+    },
+    PageMatch {
+        prefix: u8,
+    },
+    ReleaseHeld,
+    Clear,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0u8..4, 0u8..10, any::<bool>(), any::<bool>())
+            .prop_map(|(prefix, extra_len, salt, cap_last)| Op::Begin { prefix, extra_len, salt, cap_last }),
+        3 => (any::<u8>(), 1u8..7).prop_map(|(seq, n)| Op::Append { seq, n }),
+        2 => Just(Op::Decode),
+        2 => any::<u8>().prop_map(|seq| Op::Fork { seq }),
+        3 => any::<u8>().prop_map(|seq| Op::Free { seq }),
+        1 => any::<u8>().prop_map(|seq| Op::SwapOut { seq }),
+        1 => any::<u8>().prop_map(|seq| Op::SwapIn { seq }),
+        1 => (0u8..4).prop_map(|prefix| Op::PageMatch { prefix }),
+        1 => Just(Op::ReleaseHeld),
+        1 => Just(Op::Clear),
+    ]
+}
+
+/// Fingerprint of the KV at position `pos` of `tokens` under `salt`: depends on the whole prefix.
+fn fp(tokens: &[i32], pos: usize, salt: bool) -> u64 {
+    let mut h: u64 = if salt {
+        0x9e37_79b9_7f4a_7c15
+    } else {
+        0x1234_5678
+    };
+    for &t in &tokens[..=pos] {
+        h = (h ^ t as u64).wrapping_mul(0x100_0000_01b3).rotate_left(17);
+    }
+    h
+}
+
+struct Engine {
+    s: State,
+    dev: Vec<[Option<u64>; PS]>,
+    host: Vec<[Option<u64>; PS]>,
+    live: Vec<(u64, bool)>,
+    next_id: u64,
+    held: Vec<u32>,
+}
+
+impl Engine {
+    fn new(skip_cached_writes: bool) -> Self {
+        let cfg = Config {
+            page_size: PS as u32,
+            num_device_pages: 24,
+            num_host_pages: 12,
+            reserve_null_page: true,
+            skip_cached_writes,
+            ..Config::default()
+        };
+        Engine {
+            s: State::new(cfg).unwrap(),
+            dev: vec![[None; PS]; 24],
+            host: vec![[None; PS]; 12],
+            live: vec![],
+            next_id: 1,
+            held: vec![],
+        }
+    }
+
+    fn pick(&self, k: u8) -> Option<(u64, bool)> {
+        (!self.live.is_empty()).then(|| self.live[k as usize % self.live.len()])
+    }
+
+    fn exec(&mut self, copies: &[PageCopy]) {
+        for c in copies {
+            let n = c.num_tokens as usize;
+            let (src, dst) = match c.kind {
+                CopyKind::DeviceToDevice => {
+                    (self.dev[c.src as usize], &mut self.dev[c.dst as usize])
+                }
+                CopyKind::DeviceToHost => {
+                    (self.dev[c.src as usize], &mut self.host[c.dst as usize])
+                }
+                CopyKind::HostToDevice => {
+                    (self.host[c.src as usize], &mut self.dev[c.dst as usize])
+                }
+            };
+            dst[..n].copy_from_slice(&src[..n]);
+        }
+    }
+
+    /// Writes the last `q` tokens' KV through the slot mapping kvshare returns.
+    fn write_last(&mut self, id: u64, salt: bool, q: usize) {
+        let tokens = self.s.seq_tokens(id).unwrap().to_vec();
+        let mut slots = vec![0i64; q];
+        assert_eq!(
+            self.s.slot_mapping(&[id], &[q as u32], &mut slots).unwrap(),
+            q
+        );
+        for (i, &slot) in slots.iter().enumerate() {
+            if slot >= 0 {
+                let page = (slot as usize / PS) as u32;
+                let rc = self.s.page_info(Tier::Device, page).unwrap().0;
+                assert_eq!(rc, 1, "KV write into page {page} shared by {rc} holders");
+                let pos = tokens.len() - q + i;
+                self.dev[slot as usize / PS][slot as usize % PS] = Some(fp(&tokens, pos, salt));
+            }
+        }
+    }
+
+    fn verify(&self) {
+        self.s.check().unwrap();
+        for &(id, salt) in &self.live {
+            let info = self.s.seq_info(id).unwrap();
+            let tokens = self.s.seq_tokens(id).unwrap();
+            let pages = self.s.seq_pages(id).unwrap();
+            let kv = match info.tier {
+                Tier::Device => &self.dev,
+                Tier::Host => &self.host,
+            };
+            for pos in 0..tokens.len() {
+                let got = kv[pages[pos / PS] as usize][pos % PS];
+                assert_eq!(
+                    got,
+                    Some(fp(tokens, pos, salt)),
+                    "seq {id} pos {pos} reads wrong KV ({:?})",
+                    info.tier
+                );
+            }
+        }
+    }
+
+    fn step(&mut self, op: &Op) {
+        let prefixes: [Vec<i32>; 4] = [
+            (0..8).collect(),
+            (0..5).collect(),
+            (100..112).collect(),
+            (0..12).collect(),
+        ];
+        match *op {
+            Op::Begin {
+                prefix,
+                extra_len,
+                salt,
+                cap_last,
+            } => {
+                let id = self.next_id;
+                self.next_id += 1;
+                let mut t = prefixes[prefix as usize].clone();
+                t.extend((0..extra_len as i32).map(|k| 1000 + k + (id as i32 % 3) * 10));
+                let extra = salt.then(|| ExtraKeys {
+                    salt: b"tenant-b".to_vec(),
+                    ..Default::default()
+                });
+                let cap = if cap_last {
+                    t.len().saturating_sub(1)
+                } else {
+                    usize::MAX
+                };
+                match self.s.begin(id, &t, extra, cap) {
+                    Ok(b) => {
+                        assert!(b.matched_tokens <= cap);
+                        self.live.push((id, salt));
+                        self.write_last(id, salt, t.len() - b.matched_tokens);
+                    }
+                    Err(Error::NoSpace { .. }) => {}
+                    Err(e) => panic!("begin: {e}"),
+                }
+            }
+            Op::Append { seq, n } => {
+                if let Some((id, salt)) = self.pick(seq) {
+                    let t: Vec<i32> = (0..n as i32).map(|k| 2000 + k + id as i32).collect();
+                    let mut copies = vec![];
+                    match self.s.append(id, &t, 0, &mut copies, 1) {
+                        Ok(()) => {
+                            self.exec(&copies);
+                            self.write_last(id, salt, t.len());
+                        }
+                        Err(Error::NoSpace { .. } | Error::SeqWrongTier { .. }) => {
+                            assert!(copies.is_empty())
+                        }
+                        Err(e) => panic!("append: {e}"),
+                    }
+                }
+            }
+            Op::Decode => {
+                let ids: Vec<u64> = self
+                    .live
+                    .iter()
+                    .filter(|(id, _)| self.s.seq_info(*id).unwrap().tier == Tier::Device)
+                    .map(|(id, _)| *id)
+                    .collect();
+                let toks: Vec<i32> = ids.iter().map(|&id| 3000 + id as i32).collect();
+                let mut copies = vec![];
+                match self.s.append_batch(&ids, &toks, &mut copies, ids.len()) {
+                    Ok(()) => {
+                        self.exec(&copies);
+                        for &(id, salt) in &self.live.clone() {
+                            if ids.contains(&id) {
+                                self.write_last(id, salt, 1);
+                            }
+                        }
+                    }
+                    Err(Error::NoSpace { .. }) => {}
+                    Err(e) => panic!("decode: {e}"),
+                }
+            }
+            Op::Fork { seq } => {
+                if let Some((id, salt)) = self.pick(seq) {
+                    let child = self.next_id;
+                    self.next_id += 1;
+                    match self.s.fork(id, child) {
+                        Ok(()) => self.live.push((child, salt)),
+                        Err(Error::SeqWrongTier { .. }) => {}
+                        Err(e) => panic!("fork: {e}"),
+                    }
+                }
+            }
+            Op::Free { seq } => {
+                if let Some((id, _)) = self.pick(seq) {
+                    self.s.free(id).unwrap();
+                    self.live.retain(|&(i, _)| i != id);
+                    assert_eq!(self.s.free(id), Err(Error::SeqNotFound(id)));
+                }
+            }
+            Op::SwapOut { seq } => {
+                if let Some((id, _)) = self.pick(seq) {
+                    let mut copies = vec![];
+                    match self.s.swap_out(id, &mut copies, usize::MAX) {
+                        Ok(()) => self.exec(&copies),
+                        Err(Error::NoSpace { .. } | Error::SeqWrongTier { .. }) => {}
+                        Err(e) => panic!("swap_out: {e}"),
+                    }
+                }
+            }
+            Op::SwapIn { seq } => {
+                if let Some((id, _)) = self.pick(seq) {
+                    let mut copies = vec![];
+                    match self.s.swap_in(id, &mut copies, usize::MAX) {
+                        Ok(()) => self.exec(&copies),
+                        Err(Error::NoSpace { .. } | Error::SeqWrongTier { .. }) => {}
+                        Err(e) => panic!("swap_in: {e}"),
+                    }
+                }
+            }
+            Op::PageMatch { prefix } => {
+                let t = &prefixes[prefix as usize];
+                let m = self.s.match_prefix(t, None, usize::MAX, true);
+                for (i, &p) in m.pages.iter().enumerate() {
+                    for o in 0..PS {
+                        assert_eq!(
+                            self.dev[p as usize][o],
+                            Some(fp(t, i * PS + o, false)),
+                            "false hit"
+                        );
+                    }
+                }
+                self.held.extend(m.pages);
+            }
+            Op::ReleaseHeld => {
+                let held = std::mem::take(&mut self.held);
+                self.s.release_pages(&held).unwrap();
+                if let Some(&p) = held.first() {
+                    if self.s.page_info(Tier::Device, p).unwrap().0 == 0 {
+                        assert_eq!(
+                            self.s.release_pages(&[p]),
+                            Err(Error::RefcountUnderflow { page: p })
+                        );
+                    }
+                }
+            }
+            Op::Clear => self.s.clear_index(),
+        }
+    }
+
+    fn finish(mut self) {
+        for (id, _) in std::mem::take(&mut self.live) {
+            self.s.free(id).unwrap();
+        }
+        self.s
+            .release_pages(&std::mem::take(&mut self.held))
+            .unwrap();
+        self.s.check().unwrap();
+        let st = self.s.stats();
+        assert_eq!(
+            (st.device_pages_in_use, st.host_pages_in_use, st.num_seqs),
+            (0, 0, 0)
+        );
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_operations_keep_every_sequence_reading_its_own_kv(
+        ops in proptest::collection::vec(op(), 1..60),
+        skip in any::<bool>(),
+    ) {
+        let mut e = Engine::new(skip);
+        for o in &ops {
+            e.step(o);
+            e.verify();
+        }
+        e.finish();
+    }
+}
