@@ -46,6 +46,10 @@ pub struct ReplayConfig {
     pub geometry: Geometry,
     /// Run the cache manager's invariant checker after every step.
     pub check: bool,
+    /// The core's `skip_cached_writes`: a fully cached prompt shares its last page too and the
+    /// recomputed last token's slot is hidden from the KV write (off: that page is allocated
+    /// fresh and recomputed, as vLLM does).
+    pub skip_cached_writes: bool,
 }
 
 impl Default for ReplayConfig {
@@ -58,6 +62,7 @@ impl Default for ReplayConfig {
             step_ms: 20.0,
             geometry: Geometry::default(),
             check: false,
+            skip_cached_writes: true,
         }
     }
 }
@@ -76,6 +81,7 @@ impl ReplayConfig {
             enable_prefix_caching: true,
             reserve_null_page: false,
             defer_commit: false,
+            skip_cached_writes: self.skip_cached_writes,
         }
     }
 
