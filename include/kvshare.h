@@ -24,6 +24,16 @@
 
 
 /*
+ Events kept when nobody drains them; older events are dropped (and counted) past this.
+ */
+#define MAX_QUEUED_EVENTS (1 << 20)
+
+/*
+ Number of retention priorities (0 ..= `PRIORITIES - 1`; higher is kept longer).
+ */
+#define PRIORITIES 4
+
+/*
  ABI version of `include/kvshare.h`. Bumped on any incompatible change to a signature, struct
  layout or enum value; adapters refuse a library whose `kvs_abi_version()` differs from the
  `KVS_ABI_VERSION` they were built with.
@@ -205,6 +215,17 @@ typedef struct kvs_config {
    (vLLM): such pages are then allocated fresh and recomputed.
    */
   bool skip_cached_writes;
+  /*
+   With host pages: a cached device page chosen for eviction is copied to a host page (the
+   copy is queued for `kvs_cache_take_copies`) and stays matchable there; a later match that
+   reaches it promotes it back. Default on.
+   */
+  bool demote_to_host;
+  /*
+   Queue a `kvs_event` for every page stored in or removed from a tier's prefix index and
+   every clear, drained with `kvs_cache_take_events`. Default off (nothing is queued).
+   */
+  bool enable_events;
 } kvs_config;
 
 /*
@@ -232,6 +253,10 @@ typedef struct kvs_stats {
    */
   uint64_t device_pages_shared;
   /*
+   Device pages held by a pin (`kvs_prefix_pin`).
+   */
+  uint64_t device_pages_pinned;
+  /*
    Host pages.
    */
   uint64_t host_pages_total;
@@ -240,6 +265,10 @@ typedef struct kvs_stats {
    */
   uint64_t host_pages_free;
   /*
+   Unreferenced host pages holding demoted cached content (evictable).
+   */
+  uint64_t host_pages_cached;
+  /*
    Host pages in use.
    */
   uint64_t host_pages_in_use;
@@ -247,6 +276,10 @@ typedef struct kvs_stats {
    Device pages registered in the prefix index.
    */
   uint64_t index_pages;
+  /*
+   Host pages registered in the host tier's index.
+   */
+  uint64_t host_index_pages;
   /*
    Live sequences.
    */
@@ -267,6 +300,14 @@ typedef struct kvs_stats {
    Bytes of K and V of one page over all layers.
    */
   uint64_t page_bytes;
+  /*
+   Page copies queued for `kvs_cache_take_copies`.
+   */
+  uint64_t pending_copies;
+  /*
+   Events queued for `kvs_cache_take_events`.
+   */
+  uint64_t pending_events;
   /*
    Prefix lookups made (matches and sequence begins).
    */
@@ -303,7 +344,99 @@ typedef struct kvs_stats {
    Times the prefix index was cleared.
    */
   uint64_t index_clears;
+  /*
+   Cached device pages demoted to the host tier on eviction.
+   */
+  uint64_t demotions;
+  /*
+   Host-tier pages promoted back to the device (hits, pins, prefetch).
+   */
+  uint64_t promotions;
+  /*
+   Of those, promoted by `kvs_prefix_prefetch`.
+   */
+  uint64_t prefetched;
+  /*
+   Cached host pages evicted.
+   */
+  uint64_t host_evictions;
+  /*
+   Prefix-hit tokens served from the host tier.
+   */
+  uint64_t host_hit_tokens;
+  /*
+   Events dropped because the queue was full (nobody drained it).
+   */
+  uint64_t events_dropped;
 } kvs_stats;
+
+/*
+ One page copy the engine (or `kvs_page_copy` of a backend) must execute before the next
+ attention launch that reads `dst`: token slots `[0, num_tokens)` of page `src` into page `dst`
+ for every layer, K and V. `num_tokens == page_size` means the whole page; it may be 0 for a
+ reserved page that holds no token yet (nothing to move).
+ */
+typedef struct kvs_copy {
+  /*
+   Source page id, in the source tier of `kind`.
+   */
+  uint32_t src_page;
+  /*
+   Destination page id, in the destination tier of `kind`.
+   */
+  uint32_t dst_page;
+  /*
+   Slots to copy from the start of the page.
+   */
+  uint32_t num_tokens;
+  /*
+   A `kvs_copy_kind` value.
+   */
+  uint32_t kind;
+} kvs_copy;
+
+/*
+ One prefix-index change. Hashes are the chain digests `h_i` described in README.md ("Prefix
+ keys"), as two 64-bit halves; a router recomputes them from token ids alone.
+ */
+typedef struct kvs_event {
+  /*
+   A `kvs_event_kind` value.
+   */
+  uint32_t kind;
+  /*
+   A `kvs_tier` value: the tier whose index changed.
+   */
+  uint32_t tier;
+  /*
+   Low 64 bits of the page's chain digest (0 for Cleared).
+   */
+  uint64_t hash_lo;
+  /*
+   High 64 bits of the page's chain digest.
+   */
+  uint64_t hash_hi;
+  /*
+   Low 64 bits of the previous page's digest (Stored only; the root digest for a first page).
+   */
+  uint64_t parent_lo;
+  /*
+   High 64 bits of the previous page's digest.
+   */
+  uint64_t parent_hi;
+  /*
+   LoRA id of the sequence that stored it (Stored only).
+   */
+  uint64_t lora_id;
+  /*
+   Tokens in the page (the page size; 0 for Cleared).
+   */
+  uint32_t num_tokens;
+  /*
+   Page id in `tier` (0 for Cleared).
+   */
+  uint32_t page;
+} kvs_event;
 
 /*
  What `kvs_page_info` reports about one page.
@@ -392,39 +525,19 @@ typedef struct kvs_seq_info {
    */
   uint64_t matched_tokens;
   /*
-   Pages newly allocated at `kvs_seq_begin` (0 in `kvs_seq_info`).
+   Pages newly allocated at `kvs_seq_begin` for tokens to compute (0 in `kvs_seq_info`).
    */
   uint64_t new_pages;
+  /*
+   Prefix-hit pages promoted from the host tier at `kvs_seq_begin` (0 in `kvs_seq_info`);
+   their copies are queued for `kvs_cache_take_copies`.
+   */
+  uint64_t promoted_pages;
   /*
    A `kvs_tier` value: where the pages are (host while swapped out).
    */
   uint32_t tier;
 } kvs_seq_info;
-
-/*
- One page copy the engine (or `kvs_page_copy` of a backend) must execute before the next
- attention launch that reads `dst`: token slots `[0, num_tokens)` of page `src` into page `dst`
- for every layer, K and V. `num_tokens == page_size` means the whole page; it may be 0 for a
- reserved page that holds no token yet (nothing to move).
- */
-typedef struct kvs_copy {
-  /*
-   Source page id, in the source tier of `kind`.
-   */
-  uint32_t src_page;
-  /*
-   Destination page id, in the destination tier of `kind`.
-   */
-  uint32_t dst_page;
-  /*
-   Slots to copy from the start of the page.
-   */
-  uint32_t num_tokens;
-  /*
-   A `kvs_copy_kind` value.
-   */
-  uint32_t kind;
-} kvs_copy;
 
 #ifdef __cplusplus
 extern "C" {
@@ -432,7 +545,8 @@ extern "C" {
 
 /*
  A valid default configuration: 16-token pages, 1024 device pages, no host pages, one
- layer of one 128-wide f16 KV head, prefix caching on, no padding page, no deferred commit, cached writes skipped.
+ layer of one 128-wide f16 KV head, prefix caching on, no padding page, no deferred commit, cached writes skipped, demotion to host pages on,
+ events off.
 
  **Thread safety:** safe from any thread.
  */
@@ -530,6 +644,34 @@ kvs_status kvs_cache_slot_mapping(const struct kvs_cache *cache,
                                   size_t *num_slots_out);
 
 /*
+ Drains up to `copies_len` queued page copies, oldest first: demotions of evicted cached
+ pages to the host tier and promotions of host-tier hits back to the device. Writes how
+ many were taken to `*num_copies_out`; call again while it equals `copies_len`. Execute them
+ in order, each step, before the copies returned by that step's later calls and before its
+ KV writes (a demotion reads a page that is about to be reused).
+
+ **Thread safety:** safe concurrently with any call but `kvs_cache_free`; with several
+ threads scheduling on one cache, drain from the thread that launches the copies.
+ */
+kvs_status kvs_cache_take_copies(struct kvs_cache *cache,
+                                 struct kvs_copy *copies_out,
+                                 size_t copies_len,
+                                 size_t *num_copies_out);
+
+/*
+ Drains up to `events_len` queued index events, oldest first (needs `enable_events` in the
+ config; otherwise none is ever queued). Writes how many were taken to `*num_events_out`;
+ call again while it equals `events_len`. Applying them in order to an empty set of
+ `(tier, hash)` reproduces exactly the registered pages.
+
+ **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+ */
+kvs_status kvs_cache_take_events(struct kvs_cache *cache,
+                                 struct kvs_event *events_out,
+                                 size_t events_len,
+                                 size_t *num_events_out);
+
+/*
  Allocates `num_pages` device pages, all or nothing, each at refcount 1 held by the caller.
  Takes free pages first, then evicts least-recently-used cached pages. O(1) per page.
 
@@ -603,8 +745,10 @@ kvs_status kvs_prefix_register(struct kvs_cache *cache,
  pages are tied in by a 128-bit xxh3 chain digest. Writes the page ids to `pages_out`,
  their count to `*num_pages_out` and the matched token count to `*matched_tokens_out`.
  With `acquire`, each returned page gets one caller-held reference (release it with
- `kvs_pages_release`) and the lookup counts in the hit-rate stats; without, the pages may be
- evicted by any later allocation.
+ `kvs_pages_release`), pages found only in the host tier are promoted to new device pages
+ as far as device room allows (their copies are queued: `kvs_cache_take_copies`), and the
+ lookup counts in the hit-rate stats. Without, it is a pure lookup of the device tier and
+ the pages may be evicted by any later allocation.
 
  **Failure:** `KVS_STATUS_BUFFER_TOO_SMALL` if `pages_len` is below the match length; all
  outputs untouched and nothing acquired on error.
@@ -622,8 +766,50 @@ kvs_status kvs_prefix_match(struct kvs_cache *cache,
                             size_t *matched_tokens_out);
 
 /*
- Drops every prefix-index entry (e.g. after a weight update or for `reset_prefix_cache`).
- Cached pages become free; pages in use stay with their holders. Works at any time.
+ Pins the cached prefix of `tokens` (whole pages; pages found in the host tier are promoted
+ first, copies queued): its pages are never evicted until `kvs_prefix_unpin(pin_id)`. Use it
+ for a system prompt shared by every request. Writes the pin id to `*pin_id_out` and the
+ number of pages pinned to `*num_pages_out` (optional; 0 if nothing of it is cached yet —
+ pin after the first request registered it).
+
+ **Failure:** `KVS_STATUS_NO_SPACE` if host pages cannot be promoted; nothing changes.
+ **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+ */
+kvs_status kvs_prefix_pin(struct kvs_cache *cache,
+                          const int32_t *tokens,
+                          size_t num_tokens,
+                          const struct kvs_extra_keys *extra,
+                          uint64_t *pin_id_out,
+                          size_t *num_pages_out);
+
+/*
+ Releases a pin made by `kvs_prefix_pin`; its pages become evictable again unless held
+ otherwise.
+
+ **Failure:** unknown (or already released) pin id: `KVS_STATUS_INVALID_ARGUMENT`.
+ **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+ */
+kvs_status kvs_prefix_unpin(struct kvs_cache *cache, uint64_t pin_id);
+
+/*
+ Prefetch hint for a queued request: starts promoting the host-tier pages of `tokens`'
+ cached prefix back to device pages (kept as cached, unreferenced pages) using only free or
+ evictable room, so the copies (queued: `kvs_cache_take_copies`) overlap with other work
+ and the request's `kvs_seq_begin` later finds them on the device. Writes the number of
+ pages promoted to `*promoted_out` (optional).
+
+ **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+ */
+kvs_status kvs_prefix_prefetch(struct kvs_cache *cache,
+                               const int32_t *tokens,
+                               size_t num_tokens,
+                               const struct kvs_extra_keys *extra,
+                               size_t *promoted_out);
+
+/*
+ Drops every prefix-index entry of both tiers (e.g. after a weight update or for
+ `reset_prefix_cache`). Cached pages become free; pages in use or pinned stay with their
+ holders. Works at any time.
 
  **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
  */
@@ -736,7 +922,17 @@ kvs_status kvs_seq_swap_in(struct kvs_cache *cache,
                            size_t *num_copies_out);
 
 /*
- Writes a sequence's shape to `*info_out` (`new_pages` is 0).
+ Sets a sequence's retention priority, 0 ..= 3 (default 0; higher is kept longer): once its
+ pages are unreferenced and cached, they are evicted only after every cached page of lower
+ priority. A page shared by several sequences keeps the highest priority given to it.
+
+ **Failure:** unknown or swapped-out sequence, priority above 3: nothing changes.
+ **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+ */
+kvs_status kvs_seq_set_priority(struct kvs_cache *cache, uint64_t seq_id, uint32_t priority);
+
+/*
+ Writes a sequence's shape to `*info_out` (`new_pages` and `promoted_pages` are 0).
 
  **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
  */

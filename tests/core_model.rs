@@ -7,7 +7,9 @@
 //! the fingerprints of its own tokens. A false prefix hit, a missed copy-on-write, a wrong swap
 //! pair, a leaked or doubly used page all fail here.
 
-use kvshare::core::{Config, CopyKind, Error, ExtraKeys, PageCopy, State, Tier};
+use std::collections::HashSet;
+
+use kvshare::core::{Config, CopyKind, Error, EventKind, ExtraKeys, PageCopy, State, Tier};
 use proptest::prelude::*;
 
 const PS: usize = 4;
@@ -42,6 +44,17 @@ enum Op {
     },
     ReleaseHeld,
     Clear,
+    Pin {
+        prefix: u8,
+    },
+    Unpin,
+    Prefetch {
+        prefix: u8,
+    },
+    Priority {
+        seq: u8,
+        prio: u8,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -57,6 +70,10 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0u8..4).prop_map(|prefix| Op::PageMatch { prefix }),
         1 => Just(Op::ReleaseHeld),
         1 => Just(Op::Clear),
+        1 => (0u8..4).prop_map(|prefix| Op::Pin { prefix }),
+        1 => Just(Op::Unpin),
+        1 => (0u8..4).prop_map(|prefix| Op::Prefetch { prefix }),
+        1 => (any::<u8>(), 0u8..4).prop_map(|(seq, prio)| Op::Priority { seq, prio }),
     ]
 }
 
@@ -80,6 +97,9 @@ struct Engine {
     live: Vec<(u64, bool)>,
     next_id: u64,
     held: Vec<u32>,
+    pins: Vec<u64>,
+    /// The registered set as an event consumer sees it.
+    seen: HashSet<(Tier, u128)>,
 }
 
 impl Engine {
@@ -90,6 +110,7 @@ impl Engine {
             num_host_pages: 12,
             reserve_null_page: true,
             skip_cached_writes,
+            enable_events: true,
             ..Config::default()
         };
         Engine {
@@ -99,6 +120,8 @@ impl Engine {
             live: vec![],
             next_id: 1,
             held: vec![],
+            pins: vec![],
+            seen: HashSet::new(),
         }
     }
 
@@ -124,6 +147,12 @@ impl Engine {
         }
     }
 
+    /// Executes the queued demotion / promotion copies (before anything else of the step).
+    fn drain(&mut self) {
+        let queued = self.s.take_copies(usize::MAX);
+        self.exec(&queued);
+    }
+
     /// Writes the last `q` tokens' KV through the slot mapping kvshare returns.
     fn write_last(&mut self, id: u64, salt: bool, q: usize) {
         let tokens = self.s.seq_tokens(id).unwrap().to_vec();
@@ -143,8 +172,22 @@ impl Engine {
         }
     }
 
-    fn verify(&self) {
+    fn verify(&mut self) {
         self.s.check().unwrap();
+        for e in self.s.take_events(usize::MAX) {
+            match e.kind {
+                EventKind::Stored => {
+                    assert!(self.seen.insert((e.tier, e.hash)), "stored twice: {e:?}")
+                }
+                EventKind::Removed => assert!(
+                    self.seen.remove(&(e.tier, e.hash)),
+                    "removed unknown: {e:?}"
+                ),
+                EventKind::Cleared => self.seen.retain(|&(t, _)| t != e.tier),
+            }
+        }
+        let actual: HashSet<(Tier, u128)> = self.s.registered_hashes().into_iter().collect();
+        assert_eq!(self.seen, actual, "event consumer disagrees with the index");
         for &(id, salt) in &self.live {
             let info = self.s.seq_info(id).unwrap();
             let tokens = self.s.seq_tokens(id).unwrap();
@@ -194,6 +237,7 @@ impl Engine {
                 };
                 match self.s.begin(id, &t, extra, cap) {
                     Ok(b) => {
+                        self.drain();
                         assert!(b.matched_tokens <= cap);
                         self.live.push((id, salt));
                         self.write_last(id, salt, t.len() - b.matched_tokens);
@@ -208,6 +252,7 @@ impl Engine {
                     let mut copies = vec![];
                     match self.s.append(id, &t, 0, &mut copies, 1) {
                         Ok(()) => {
+                            self.drain();
                             self.exec(&copies);
                             self.write_last(id, salt, t.len());
                         }
@@ -229,6 +274,7 @@ impl Engine {
                 let mut copies = vec![];
                 match self.s.append_batch(&ids, &toks, &mut copies, ids.len()) {
                     Ok(()) => {
+                        self.drain();
                         self.exec(&copies);
                         for &(id, salt) in &self.live.clone() {
                             if ids.contains(&id) {
@@ -262,7 +308,10 @@ impl Engine {
                 if let Some((id, _)) = self.pick(seq) {
                     let mut copies = vec![];
                     match self.s.swap_out(id, &mut copies, usize::MAX) {
-                        Ok(()) => self.exec(&copies),
+                        Ok(()) => {
+                            self.drain();
+                            self.exec(&copies)
+                        }
                         Err(Error::NoSpace { .. } | Error::SeqWrongTier { .. }) => {}
                         Err(e) => panic!("swap_out: {e}"),
                     }
@@ -272,7 +321,10 @@ impl Engine {
                 if let Some((id, _)) = self.pick(seq) {
                     let mut copies = vec![];
                     match self.s.swap_in(id, &mut copies, usize::MAX) {
-                        Ok(()) => self.exec(&copies),
+                        Ok(()) => {
+                            self.drain();
+                            self.exec(&copies)
+                        }
                         Err(Error::NoSpace { .. } | Error::SeqWrongTier { .. }) => {}
                         Err(e) => panic!("swap_in: {e}"),
                     }
@@ -280,7 +332,11 @@ impl Engine {
             }
             Op::PageMatch { prefix } => {
                 let t = &prefixes[prefix as usize];
-                let m = self.s.match_prefix(t, None, usize::MAX, true);
+                let m = self
+                    .s
+                    .match_prefix(t, None, usize::MAX, true, usize::MAX)
+                    .unwrap();
+                self.drain();
                 for (i, &p) in m.pages.iter().enumerate() {
                     for o in 0..PS {
                         assert_eq!(
@@ -305,6 +361,32 @@ impl Engine {
                 }
             }
             Op::Clear => self.s.clear_index(),
+            Op::Pin { prefix } => match self.s.pin(&prefixes[prefix as usize], None) {
+                Ok((id, _)) => {
+                    self.drain();
+                    self.pins.push(id);
+                }
+                Err(Error::NoSpace { .. }) => {}
+                Err(e) => panic!("pin: {e}"),
+            },
+            Op::Unpin => {
+                if let Some(id) = self.pins.pop() {
+                    self.s.unpin(id).unwrap();
+                    assert!(self.s.unpin(id).is_err(), "double unpin refused");
+                }
+            }
+            Op::Prefetch { prefix } => {
+                self.s.prefetch(&prefixes[prefix as usize], None);
+                self.drain();
+            }
+            Op::Priority { seq, prio } => {
+                if let Some((id, _)) = self.pick(seq) {
+                    match self.s.set_priority(id, prio) {
+                        Ok(()) | Err(Error::SeqWrongTier { .. }) => {}
+                        Err(e) => panic!("set_priority: {e}"),
+                    }
+                }
+            }
         }
     }
 
@@ -315,6 +397,9 @@ impl Engine {
         self.s
             .release_pages(&std::mem::take(&mut self.held))
             .unwrap();
+        for id in std::mem::take(&mut self.pins) {
+            self.s.unpin(id).unwrap();
+        }
         self.s.check().unwrap();
         let st = self.s.stats();
         assert_eq!(

@@ -311,7 +311,9 @@ fn page_api_refcounts_and_underflow() {
         s.acquire_pages(&[3]),
         Err(Error::PageNotAllocated { .. })
     ));
-    let m = s.match_prefix(&toks(0..9), None, usize::MAX, true);
+    let m = s
+        .match_prefix(&toks(0..9), None, usize::MAX, true, usize::MAX)
+        .unwrap();
     assert_eq!((m.pages.clone(), m.tokens), (vec![1, 2], 8));
     s.check().unwrap();
     s.clear_index();
@@ -325,4 +327,195 @@ fn page_api_refcounts_and_underflow() {
 fn cache_is_send_sync() {
     fn assert_send_sync<T: Send + Sync>() {}
     assert_send_sync::<Cache>();
+}
+
+fn tiered(device: u32, host: u32) -> State {
+    State::new(Config {
+        page_size: 4,
+        num_device_pages: device,
+        num_host_pages: host,
+        enable_events: true,
+        ..Config::default()
+    })
+    .unwrap()
+}
+
+#[test]
+fn evicted_pages_are_demoted_and_promoted_back_on_a_hit() {
+    let mut s = tiered(4, 4);
+    s.begin(1, &toks(0..8), None, usize::MAX).unwrap();
+    s.free(1).unwrap(); // 2 cached device pages
+    let old = s.seq_pages(1).err();
+    assert!(old.is_some());
+    // A 4-page request evicts both cached pages: they are demoted, not dropped.
+    s.begin(2, &toks(100..116), None, usize::MAX).unwrap();
+    let demoted = s.take_copies(usize::MAX);
+    assert_eq!(demoted.len(), 2);
+    assert!(demoted
+        .iter()
+        .all(|c| c.kind == CopyKind::DeviceToHost && c.num_tokens == 4));
+    let st = s.stats();
+    assert_eq!(
+        (
+            st.counters.demotions,
+            st.host_pages_cached,
+            st.host_index_pages
+        ),
+        (2, 2, 2)
+    );
+    s.check().unwrap();
+    s.free(2).unwrap();
+    // The old prompt hits in the host tier: promoted back, counted as a hit.
+    let b = s.begin(3, &toks(0..9), None, usize::MAX).unwrap();
+    assert_eq!((b.matched_tokens, b.promoted_pages, b.new_pages), (8, 2, 1));
+    let promoted = s.take_copies(usize::MAX);
+    let h2d: Vec<_> = promoted
+        .iter()
+        .filter(|c| c.kind == CopyKind::HostToDevice)
+        .collect();
+    assert_eq!(h2d.len(), 2);
+    assert_eq!(
+        h2d.iter().map(|c| c.dst).collect::<Vec<_>>(),
+        s.seq_pages(3).unwrap()[..2]
+    );
+    let st = s.stats();
+    assert_eq!(
+        (st.counters.promotions, st.counters.host_hit_tokens),
+        (2, 8)
+    );
+    s.check().unwrap();
+}
+
+#[test]
+fn without_host_tier_evicted_pages_are_dropped() {
+    let mut s = tiered(4, 0);
+    s.begin(1, &toks(0..8), None, usize::MAX).unwrap();
+    s.free(1).unwrap();
+    s.begin(2, &toks(100..116), None, usize::MAX).unwrap();
+    assert!(s.take_copies(usize::MAX).is_empty());
+    s.free(2).unwrap();
+    assert_eq!(
+        s.begin(3, &toks(0..9), None, usize::MAX)
+            .unwrap()
+            .matched_tokens,
+        0
+    );
+}
+
+#[test]
+fn pinned_prefix_survives_pressure_until_unpinned() {
+    let mut s = tiered(6, 0);
+    let system = toks(0..8);
+    s.begin(1, &system, None, usize::MAX).unwrap();
+    s.free(1).unwrap();
+    let (pin, n) = s.pin(&system, None).unwrap();
+    assert_eq!(n, 2);
+    assert_eq!(s.stats().device_pages_pinned, 2);
+    // Only 4 pages are allocatable now; a 5-page request is refused rather than evicting.
+    assert!(matches!(
+        s.begin(2, &toks(100..120), None, usize::MAX),
+        Err(Error::NoSpace { available: 4, .. })
+    ));
+    s.begin(3, &toks(100..116), None, usize::MAX).unwrap();
+    s.free(3).unwrap();
+    assert_eq!(
+        s.begin(4, &toks(0..9), None, usize::MAX)
+            .unwrap()
+            .matched_tokens,
+        8
+    );
+    s.free(4).unwrap();
+    s.unpin(pin).unwrap();
+    assert!(s.unpin(pin).is_err());
+    s.check().unwrap();
+    s.begin(5, &toks(200..224), None, usize::MAX).unwrap(); // 6 pages: evicts everything
+    s.free(5).unwrap();
+    assert_eq!(
+        s.begin(6, &toks(0..9), None, usize::MAX)
+            .unwrap()
+            .matched_tokens,
+        0
+    );
+    s.check().unwrap();
+}
+
+#[test]
+fn lower_priority_cached_pages_are_evicted_first() {
+    let mut s = tiered(4, 0);
+    s.begin(1, &toks(0..4), None, usize::MAX).unwrap();
+    s.set_priority(1, 3).unwrap();
+    s.begin(2, &toks(10..14), None, usize::MAX).unwrap();
+    s.free(1).unwrap(); // high priority, released first (older in LRU)
+    s.free(2).unwrap();
+    assert!(matches!(s.set_priority(1, 1), Err(Error::SeqNotFound(1))));
+    // One page is needed beyond the 2 free ones: the low-priority page goes, not the older one.
+    s.begin(3, &toks(20..32), None, usize::MAX).unwrap();
+    s.free(3).unwrap();
+    assert_eq!(
+        s.begin(4, &toks(0..5), None, usize::MAX)
+            .unwrap()
+            .matched_tokens,
+        4
+    );
+    assert_eq!(
+        s.begin(5, &toks(10..15), None, usize::MAX)
+            .unwrap()
+            .matched_tokens,
+        0
+    );
+    assert!(matches!(
+        s.set_priority(4, 4),
+        Err(Error::InvalidArgument { .. })
+    ));
+    s.check().unwrap();
+}
+
+#[test]
+fn prefetch_promotes_ahead_of_the_request() {
+    let mut s = tiered(4, 4);
+    s.begin(1, &toks(0..8), None, usize::MAX).unwrap();
+    s.free(1).unwrap();
+    s.begin(2, &toks(100..116), None, usize::MAX).unwrap();
+    s.free(2).unwrap();
+    s.take_copies(usize::MAX);
+    assert_eq!(s.prefetch(&toks(0..9), None), 2);
+    assert_eq!(
+        s.take_copies(usize::MAX).len(),
+        4,
+        "2 promotions + 2 demotions of the pages they displaced"
+    );
+    assert_eq!(s.stats().counters.prefetched, 2);
+    let b = s.begin(3, &toks(0..9), None, usize::MAX).unwrap();
+    assert_eq!(
+        (b.matched_tokens, b.promoted_pages),
+        (8, 0),
+        "already on the device"
+    );
+    s.check().unwrap();
+}
+
+#[test]
+fn events_replay_to_exactly_the_registered_pages() {
+    use kvshare::core::EventKind;
+    use std::collections::HashSet;
+    let mut s = tiered(4, 4);
+    s.begin(1, &toks(0..8), None, usize::MAX).unwrap();
+    s.free(1).unwrap();
+    s.begin(2, &toks(100..116), None, usize::MAX).unwrap();
+    let mut seen = HashSet::new();
+    let mut apply = |s: &mut State| {
+        for e in s.take_events(usize::MAX) {
+            match e.kind {
+                EventKind::Stored => assert!(seen.insert((e.tier, e.hash))),
+                EventKind::Removed => assert!(seen.remove(&(e.tier, e.hash))),
+                EventKind::Cleared => seen.retain(|&(t, _)| t != e.tier),
+            }
+        }
+        let actual: HashSet<_> = s.registered_hashes().into_iter().collect();
+        assert_eq!(seen, actual);
+    };
+    apply(&mut s);
+    s.clear_index();
+    apply(&mut s);
+    assert!(s.registered_hashes().is_empty());
 }

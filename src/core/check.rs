@@ -11,11 +11,12 @@ fn violation(msg: String) -> Result<()> {
 }
 
 impl State {
-    /// Verifies: refcount = sequence holders + external holders for every page; each page is on
-    /// exactly the list its state says (free / cached-LRU / none when in use); cached ⇔
-    /// registered for unreferenced pages; list lengths and counters agree with a full recount;
-    /// free + cached + in use = usable pages; every index entry points at a page registered under
-    /// that digest; every sequence's pages are valid and cover its tokens.
+    /// Verifies: refcount = sequence + external + pin holders for every page; each page is on
+    /// exactly the list its state says (free / the cached list of its priority / none when in
+    /// use); cached ⇔ registered for unreferenced pages; list lengths and counters agree with a
+    /// full recount; free + cached + in use = usable pages; every index entry (both tiers) points
+    /// at a page registered under that digest; every sequence's pages are valid and cover its
+    /// tokens; pins hold what the pin table says.
     pub fn check(&self) -> Result<()> {
         let ps = self.ps;
         let mut holders = [
@@ -23,10 +24,7 @@ impl State {
             vec![0u32; self.host.num_pages() as usize],
         ];
         for (&id, s) in &self.seqs {
-            let t = match s.tier {
-                Tier::Device => 0,
-                Tier::Host => 1,
-            };
+            let t = usize::from(s.tier == Tier::Host);
             let pool = self.pool(s.tier);
             if s.pages.len() < s.tokens.len().div_ceil(ps) {
                 return violation(format!(
@@ -45,25 +43,45 @@ impl State {
                 holders[t][p as usize] += 1;
             }
         }
+        let mut pins = vec![0u32; self.dev.num_pages() as usize];
+        for (&id, pages) in &self.pins {
+            for &p in pages {
+                if self.dev.check_id(p).is_err() {
+                    return violation(format!("pin {id}: bad page id {p}"));
+                }
+                pins[p as usize] += 1;
+            }
+        }
+        for p in 0..self.dev.num_pages() {
+            if self.dev.pins(p) != pins[p as usize] {
+                return violation(format!(
+                    "device page {p}: {} pins recorded, {} in the pin table",
+                    self.dev.pins(p),
+                    pins[p as usize]
+                ));
+            }
+        }
         self.check_pool(&self.dev, &holders[0])?;
         self.check_pool(&self.host, &holders[1])?;
 
-        if self.cfg.enable_prefix_caching {
-            for (h, p) in self.index.entries() {
-                if self.dev.check_id(p).is_err() || self.index.hash_of(p) != Some(h) {
-                    return violation(format!(
-                        "index entry {h:032x} points at page {p}, which is not registered under it"
-                    ));
+        for (tier, ix, pool) in [
+            (Tier::Device, &self.index, &self.dev),
+            (Tier::Host, &self.host_index, &self.host),
+        ] {
+            for (h, p) in ix.entries() {
+                if pool.check_id(p).is_err() || ix.hash_of(p) != Some(h) {
+                    return violation(format!("{tier} index entry {h:032x} points at page {p}, which is not registered under it"));
                 }
             }
-            if self.index.registered_count() != self.index.len() {
+            if ix.registered_count() != ix.len() {
                 return violation(format!(
-                    "{} pages flagged registered but the index has {} entries",
-                    self.index.registered_count(),
-                    self.index.len()
+                    "{tier}: {} pages flagged registered but the index has {} entries",
+                    ix.registered_count(),
+                    ix.len()
                 ));
             }
-        } else if !self.index.is_empty() {
+        }
+        if !self.cfg.enable_prefix_caching && !self.index.is_empty() {
             return violation("prefix caching is off but the index has entries".into());
         }
         for &id in &self.pending {
@@ -83,67 +101,86 @@ impl State {
         let Some((free, cached)) = pool.lists() else {
             return violation(format!("{tier} page lists are corrupt"));
         };
+        // 0: on no list; 1: free; 2 + k: cached list k. Any page seen twice is an error.
         let mut on = vec![0u8; pool.num_pages() as usize];
+        let mut mark = |p: u32, m: u8| -> Result<()> {
+            if on[p as usize] != 0 {
+                return violation(format!("{tier} page {p} is on two lists"));
+            }
+            on[p as usize] = m;
+            Ok(())
+        };
         for &p in &free {
-            on[p as usize] |= 1;
+            mark(p, 1)?;
         }
-        for &p in &cached {
-            on[p as usize] |= 2;
+        for (k, list) in cached.iter().enumerate() {
+            for &p in list {
+                mark(p, 2 + k as u8)?;
+            }
         }
-        let (mut n_in_use, mut n_shared) = (0usize, 0usize);
+        let (mut n_in_use, mut n_shared, mut n_pinned) = (0usize, 0usize, 0usize);
         for p in 0..pool.num_pages() {
             let i = p as usize;
             let rc = pool.refcount(p);
-            let registered = tier == Tier::Device && self.is_registered(p);
+            let registered = self.is_registered_in(tier, p);
             if Some(p) == pool.padding() {
                 if rc != 0 || on[i] != 0 || registered || seq_holders[i] != 0 {
                     return violation(format!("padding page {p} is in use, listed or registered"));
                 }
                 continue;
             }
-            let expect = seq_holders[i] + pool.ext_refs(p);
+            let expect = seq_holders[i] + pool.ext_refs(p) + pool.pins(p);
             if rc != expect {
                 return violation(format!(
-                    "{tier} page {p}: refcount {rc} but {} sequence holders + {} external holders",
+                    "{tier} page {p}: refcount {rc} but {} sequence + {} external + {} pin holders",
                     seq_holders[i],
-                    pool.ext_refs(p)
+                    pool.ext_refs(p),
+                    pool.pins(p)
                 ));
             }
             let state = pool.state(p);
             match (rc, on[i]) {
                 (0, 1) if !registered && state == PageState::Free => {}
-                (0, 2) if registered && state == PageState::Cached => {}
+                (0, m) if m >= 2 && registered && state == PageState::Cached => {
+                    let k = m - 2;
+                    if pool.cached_list(p) != Some(k) || pool.priority(p) != k {
+                        return violation(format!("{tier} page {p}: on cached list {k} but priority {}", pool.priority(p)));
+                    }
+                }
                 (0, _) => {
                     return violation(format!(
-                        "{tier} page {p}: unreferenced, registered={registered}, list mask {}, state {state:?}",
+                        "{tier} page {p}: unreferenced, registered={registered}, list mark {}, state {state:?}",
                         on[i]
                     ))
                 }
                 (_, 0) if state == PageState::InUse => {
                     n_in_use += 1;
-                    if rc > 1 {
-                        n_shared += 1;
-                    }
+                    n_shared += usize::from(rc > 1);
+                    n_pinned += usize::from(pool.pins(p) > 0);
                 }
-                _ => return violation(format!("{tier} page {p}: refcount {rc} but on a list (mask {})", on[i])),
+                _ => return violation(format!("{tier} page {p}: refcount {rc} but on a list (mark {})", on[i])),
             }
         }
-        if n_in_use != pool.num_in_use() || n_shared != pool.num_shared() {
+        if n_in_use != pool.num_in_use()
+            || n_shared != pool.num_shared()
+            || n_pinned != pool.num_pinned()
+        {
             return violation(format!(
-                "{tier} counters: in use {} / shared {} recorded, {n_in_use} / {n_shared} counted",
+                "{tier} counters: in use/shared/pinned {}/{}/{} recorded, {n_in_use}/{n_shared}/{n_pinned} counted",
                 pool.num_in_use(),
-                pool.num_shared()
+                pool.num_shared(),
+                pool.num_pinned()
             ));
         }
+        let n_cached: usize = cached.iter().map(Vec::len).sum();
         let usable = self.cfg.usable_pages(tier) as usize;
-        if free.len() + cached.len() + n_in_use != usable {
+        if free.len() + n_cached + n_in_use != usable {
             return violation(format!(
-                "{tier}: free {} + cached {} + in use {n_in_use} != usable {usable}",
-                free.len(),
-                cached.len()
+                "{tier}: free {} + cached {n_cached} + in use {n_in_use} != usable {usable}",
+                free.len()
             ));
         }
-        if free.len() != pool.num_free() || cached.len() != pool.num_cached() {
+        if free.len() != pool.num_free() || n_cached != pool.num_cached() {
             return violation(format!(
                 "{tier}: list length counters disagree with the lists"
             ));

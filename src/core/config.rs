@@ -79,6 +79,11 @@ pub struct Config {
     /// shared page. Turn it off for engines that build their own slot mapping (vLLM): such pages
     /// are then allocated fresh and recomputed, as vLLM does.
     pub skip_cached_writes: bool,
+    /// With host pages: a cached device page chosen for eviction is copied to a host page and
+    /// stays matchable there (promoted back on a hit) instead of being dropped.
+    pub demote_to_host: bool,
+    /// Queue an event for every page stored in / removed from a tier's index and every clear.
+    pub enable_events: bool,
 }
 
 impl Default for Config {
@@ -95,6 +100,8 @@ impl Default for Config {
             reserve_null_page: false,
             defer_commit: false,
             skip_cached_writes: true,
+            demote_to_host: true,
+            enable_events: false,
         }
     }
 }

@@ -146,9 +146,26 @@ pub struct PrefixIndex {
     page_size: usize,
     map: DigestMap,
     hash: Vec<u128>,
+    parent: Vec<u128>,
     extra: Vec<u128>,
+    lora: Vec<u64>,
     registered: Vec<bool>,
     tokens: Vec<i32>,
+}
+
+/// Everything stored for a registered page (to move it between tiers and to report events).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Entry<'a> {
+    /// Chain digest `h_i`.
+    pub hash: u128,
+    /// Chain digest of the previous page (`root_hash()` for the first page).
+    pub parent: u128,
+    /// Extra-key digest `e_i`.
+    pub extra: u128,
+    /// LoRA id of the sequence that registered it (for events).
+    pub lora: u64,
+    /// The page's token ids.
+    pub tokens: &'a [i32],
 }
 
 impl PrefixIndex {
@@ -159,7 +176,9 @@ impl PrefixIndex {
             page_size: page_size as usize,
             map: DigestMap::default(),
             hash: vec![0; n],
+            parent: vec![0; n],
             extra: vec![0; n],
+            lora: vec![0; n],
             registered: vec![false; n],
             tokens: vec![0; n * page_size as usize],
         }
@@ -197,10 +216,34 @@ impl PrefixIndex {
         (self.extra[page as usize] == extra && self.page_tokens(page) == tokens).then_some(page)
     }
 
-    /// Registers `page` under `hash`. Returns false (and changes nothing) when another page
-    /// already holds `hash` (a duplicate: the first copy stays canonical) or `page` is already
-    /// registered.
-    pub fn insert(&mut self, page: u32, hash: u128, extra: u128, tokens: &[i32]) -> bool {
+    /// The stored entry of a registered page.
+    pub fn entry(&self, page: u32) -> Option<Entry<'_>> {
+        let i = page as usize;
+        self.registered[i].then(|| Entry {
+            hash: self.hash[i],
+            parent: self.parent[i],
+            extra: self.extra[i],
+            lora: self.lora[i],
+            tokens: self.page_tokens(page),
+        })
+    }
+
+    /// Whether some page is registered under `hash`.
+    pub fn contains(&self, hash: u128) -> bool {
+        self.map.contains_key(&hash)
+    }
+
+    /// Registers `page` under `e.hash`. Returns false (and changes nothing) when another page
+    /// already holds the digest (a duplicate: the first copy stays canonical) or `page` is
+    /// already registered.
+    pub fn insert(&mut self, page: u32, e: Entry<'_>) -> bool {
+        let Entry {
+            hash,
+            parent,
+            extra,
+            lora,
+            tokens,
+        } = e;
         debug_assert_eq!(tokens.len(), self.page_size);
         let i = page as usize;
         if self.registered[i] || self.map.contains_key(&hash) {
@@ -208,6 +251,8 @@ impl PrefixIndex {
         }
         self.map.insert(hash, page);
         self.hash[i] = hash;
+        self.parent[i] = parent;
+        self.lora[i] = lora;
         self.extra[i] = extra;
         self.registered[i] = true;
         let s = i * self.page_size;
@@ -306,16 +351,24 @@ mod tests {
     #[test]
     fn insert_lookup_remove() {
         let mut ix = PrefixIndex::new(4, 2);
-        assert!(ix.insert(1, 10, 0, &[5, 6]));
-        assert!(!ix.insert(2, 10, 0, &[5, 6]), "duplicate hash");
-        assert!(!ix.insert(1, 11, 0, &[5, 6]), "page already registered");
+        let e = |hash| Entry {
+            hash,
+            parent: 1,
+            extra: 0,
+            lora: 0,
+            tokens: &[5, 6],
+        };
+        assert!(ix.insert(1, e(10)));
+        assert!(!ix.insert(2, e(10)), "duplicate hash");
+        assert!(!ix.insert(1, e(11)), "page already registered");
+        assert_eq!(ix.entry(1), Some(e(10)));
         assert_eq!(ix.lookup(10, 0, &[5, 6]), Some(1));
         assert_eq!(ix.lookup(10, 0, &[5, 7]), None, "tokens verified");
         assert_eq!(ix.lookup(10, 3, &[5, 6]), None, "extra verified");
         assert!(ix.remove(1));
         assert!(!ix.remove(1));
         assert_eq!(ix.lookup(10, 0, &[5, 6]), None);
-        assert!(ix.insert(2, 10, 0, &[5, 6]));
+        assert!(ix.insert(2, e(10)));
         assert_eq!(ix.clear(), vec![2]);
         assert!(ix.is_empty());
         assert_eq!(ix.registered_count(), 0);

@@ -3,8 +3,9 @@
 
 use super::config::Tier;
 use super::error::{Error, Result};
-use super::prefix::{chain_hash, ExtraKeys};
-use super::state::State;
+use super::pool::{Holder, PRIORITIES};
+use super::prefix::{chain_hash, Entry, ExtraKeys};
+use super::state::{insert_noted, State};
 
 /// Direction of a page copy the engine (or a backend) must execute.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,6 +50,8 @@ pub struct Seq {
     pub(super) cached_tokens: usize,
     /// The batch call that last listed this sequence (duplicate detection).
     pub(super) stamp: u64,
+    /// Retention priority its pages keep once cached (higher is evicted later).
+    pub(super) priority: u8,
 }
 
 /// What [`State::begin`] did.
@@ -58,8 +61,10 @@ pub struct BeginInfo {
     pub matched_tokens: usize,
     /// Pages in the sequence's block table.
     pub num_pages: usize,
-    /// Pages newly allocated (the rest are shared prefix hits).
+    /// Pages newly allocated for tokens to compute (the rest are prefix hits).
     pub new_pages: usize,
+    /// Prefix-hit pages promoted from the host tier (their copies are queued: `take_copies`).
+    pub promoted_pages: usize,
 }
 
 /// A sequence's current shape.
@@ -139,6 +144,7 @@ impl State {
             root,
             ps,
             counters,
+            events,
             ..
         } = self;
         let Some(s) = seqs.get_mut(&id) else { return };
@@ -154,9 +160,15 @@ impl State {
             let e = s.extra.as_ref().map_or(0, |x| x.page_digest(i, ps));
             let parent = s.hashes.last().copied().unwrap_or(*root);
             let h = chain_hash(parent, e, chunk, scratch);
-            if index.insert(s.pages[i], h, e, chunk) {
-                counters.pages_registered += 1;
-            }
+            let lora = s.extra.as_ref().map_or(0, |x| x.lora_id);
+            let entry = Entry {
+                hash: h,
+                parent,
+                extra: e,
+                lora,
+                tokens: chunk,
+            };
+            insert_noted(index, events, counters, Tier::Device, s.pages[i], entry);
             s.hashes.push(h);
         }
     }
@@ -202,41 +214,43 @@ impl State {
         } else {
             tokens.len().min(max_match_tokens) / self.ps
         };
-        let m = self.walk(tokens, extra.as_deref(), max_pages);
-        let matched = m.tokens.min(max_match_tokens);
+        let hits = self.walk(tokens, extra.as_deref(), max_pages, true);
+        let hit_tokens = hits.len() * self.ps;
+        let matched = hit_tokens.min(max_match_tokens);
         let total = ceil_div(tokens.len(), self.ps);
-        let need = total - m.pages.len();
-        self.ensure_available(Tier::Device, need, self.cached_among(&m.pages))?;
+        let fresh = total - hits.len();
+        let promoted = hits.iter().filter(|h| h.tier == Tier::Host).count();
+        self.ensure_available(Tier::Device, fresh + promoted, self.cached_among(&hits))?;
         if self.cfg.enable_prefix_caching {
             self.counters.prefix_queries += 1;
             self.counters.prefix_query_tokens += tokens.len() as u64;
             self.counters.prefix_hit_tokens += matched as u64;
         }
-        let mut pages = m.pages;
-        for &p in &pages {
-            self.dev.acquire(p, false);
+        let mut pages = self.materialize(&hits, Holder::Seq);
+        for _ in 0..fresh {
+            pages.push(self.take_device(Holder::Seq));
         }
-        for _ in 0..need {
-            pages.push(self.take_device(false));
-        }
+        let hashes = hits.iter().map(|h| h.hash).collect();
         let seq = Seq {
             tokens: tokens.to_vec(),
             pages,
             tier: Tier::Device,
             extra,
-            hashes: m.hashes,
+            hashes,
             hash_stopped: false,
             pending: false,
             matched_tokens: matched,
-            cached_tokens: m.tokens,
+            cached_tokens: hit_tokens,
             stamp: 0,
+            priority: 0,
         };
         self.seqs.insert(id, seq);
         self.register_full_pages(id);
         Ok(BeginInfo {
             matched_tokens: matched,
             num_pages: total,
-            new_pages: need,
+            new_pages: fresh,
+            promoted_pages: promoted,
         })
     }
 
@@ -276,9 +290,9 @@ impl State {
         copies: &mut Vec<PageCopy>,
     ) {
         let ps = self.ps;
-        let (old, npages) = {
+        let (old, npages, prio) = {
             let s = &self.seqs[&id];
-            (s.tokens.len(), s.pages.len())
+            (s.tokens.len(), s.pages.len(), s.priority)
         };
         let n = tokens.len();
         if n > 0 {
@@ -291,7 +305,8 @@ impl State {
                 if self.dev.refcount(src) <= 1 {
                     continue;
                 }
-                let dst = self.take_device(false);
+                let dst = self.take_device(Holder::Seq);
+                self.dev.raise_priority(dst, prio);
                 let keep = if j == old / ps { old % ps } else { 0 };
                 if keep > 0 {
                     copies.push(PageCopy {
@@ -302,14 +317,16 @@ impl State {
                     });
                     self.counters.cow_copies += 1;
                 }
-                self.release_device(src, false);
+                self.release_device(src, Holder::Seq);
                 self.seqs.get_mut(&id).expect("checked").pages[j] = dst;
             }
         }
         let want = ceil_div(old + n + lookahead, ps);
         let mut fresh = Vec::new();
         for _ in npages..want.max(npages) {
-            fresh.push(self.take_device(false));
+            let p = self.take_device(Holder::Seq);
+            self.dev.raise_priority(p, prio);
+            fresh.push(p);
         }
         let s = self.seqs.get_mut(&id).expect("checked");
         s.pages.extend(fresh);
@@ -387,7 +404,7 @@ impl State {
         }
         let mut s = self.device_seq(parent)?.clone();
         for &p in &s.pages {
-            self.dev.acquire(p, false);
+            self.dev.acquire(p, Holder::Seq);
         }
         s.pending = false;
         self.seqs.insert(child, s);
@@ -401,8 +418,8 @@ impl State {
         let s = self.seqs.remove(&id).ok_or(Error::SeqNotFound(id))?;
         for &p in s.pages.iter().rev() {
             match s.tier {
-                Tier::Device => self.release_device(p, false),
-                Tier::Host => self.host.release(p, false, false),
+                Tier::Device => self.release_device(p, Holder::Seq),
+                Tier::Host => self.host.release(p, Holder::Seq, false),
             }
         }
         Ok(())
@@ -419,18 +436,12 @@ impl State {
     ) -> Result<()> {
         let n = self.device_seq(id)?.pages.len();
         check_room(n, max_copies)?;
-        if n > self.host.num_free() {
-            return Err(Error::NoSpace {
-                tier: Tier::Host,
-                needed: n,
-                available: self.host.num_free(),
-            });
-        }
+        self.ensure_available(Tier::Host, n, 0)?;
         let mut s = self.seqs.remove(&id).expect("checked");
         let len = s.tokens.len();
         let mut host_pages = Vec::with_capacity(n);
         for (j, &p) in s.pages.iter().enumerate() {
-            let (h, _) = self.host.take(false).expect("checked");
+            let h = self.take_host(Holder::Seq);
             copies.push(PageCopy {
                 src: p,
                 dst: h,
@@ -440,7 +451,7 @@ impl State {
             host_pages.push(h);
         }
         for &p in s.pages.iter().rev() {
-            self.release_device(p, false);
+            self.release_device(p, Holder::Seq);
         }
         s.pages = host_pages;
         s.tier = Tier::Host;
@@ -477,11 +488,15 @@ impl State {
         let hit_pages: Vec<u32> = hits.iter().flatten().copied().collect();
         let need = s.pages.len() - hit_pages.len();
         check_room(need, max_copies)?;
-        self.ensure_available(Tier::Device, need, self.cached_among(&hit_pages))?;
+        let cached_hits = hit_pages
+            .iter()
+            .filter(|&&p| self.dev.refcount(p) == 0)
+            .count();
+        self.ensure_available(Tier::Device, need, cached_hits)?;
 
         let mut s = self.seqs.remove(&id).expect("checked");
         for &p in &hit_pages {
-            self.dev.acquire(p, false);
+            self.dev.acquire(p, Holder::Seq);
         }
         let len = s.tokens.len();
         let mut dev_pages = Vec::with_capacity(s.pages.len());
@@ -490,7 +505,7 @@ impl State {
             match hits[j] {
                 Some(p) => dev_pages.push(p),
                 None => {
-                    let d = self.take_device(false);
+                    let d = self.take_device(Holder::Seq);
                     copies.push(PageCopy {
                         src: h,
                         dst: d,
@@ -503,18 +518,20 @@ impl State {
             }
         }
         for &h in s.pages.iter().rev() {
-            self.host.release(h, false, false);
+            self.host.release(h, Holder::Seq, false);
         }
         if self.cfg.enable_prefix_caching {
             for (j, &h) in s.hashes.iter().enumerate() {
                 if hits[j].is_none() {
                     let e = s.extra.as_ref().map_or(0, |x| x.page_digest(j, ps));
-                    if self
-                        .index
-                        .insert(dev_pages[j], h, e, &s.tokens[j * ps..(j + 1) * ps])
-                    {
-                        self.counters.pages_registered += 1;
-                    }
+                    let entry = Entry {
+                        hash: h,
+                        parent: if j == 0 { self.root } else { s.hashes[j - 1] },
+                        extra: e,
+                        lora: s.extra.as_ref().map_or(0, |x| x.lora_id),
+                        tokens: &s.tokens[j * ps..(j + 1) * ps],
+                    };
+                    self.index_insert(Tier::Device, dev_pages[j], entry);
                 }
             }
         }
@@ -523,6 +540,25 @@ impl State {
         self.counters.swap_in_pages += copied;
         self.seqs.insert(id, s);
         self.register_full_pages(id);
+        Ok(())
+    }
+
+    /// Sets the retention priority of a sequence (0 ..= 3, higher is kept longer): its pages,
+    /// once unreferenced and cached, are evicted only after every cached page of lower priority.
+    /// A page shared by several sequences keeps the highest priority any of them gave it.
+    pub fn set_priority(&mut self, id: u64, priority: u8) -> Result<()> {
+        if priority >= PRIORITIES {
+            return Err(Error::arg(
+                "priority",
+                format!("{priority} is not in 0..{PRIORITIES}"),
+            ));
+        }
+        let s = self.device_seq(id)?;
+        let pages = s.pages.clone();
+        self.seqs.get_mut(&id).expect("checked").priority = priority;
+        for p in pages {
+            self.dev.raise_priority(p, priority);
+        }
         Ok(())
     }
 

@@ -1,14 +1,19 @@
-//! The cache state behind the lock, and the page-level operations (allocate, acquire, release,
-//! register, match, clear). Sequence operations are in `seq.rs`, the checker in `check.rs`.
+//! The cache state behind the lock and the helpers every operation shares: taking and releasing
+//! pages (with demotion of evicted cached pages to the host tier), index updates (with events),
+//! and the tier-crossing prefix walk (with promotion back to the device).
 //!
+//! Page-level operations are in `pages.rs`, sequences in `seq.rs`, the checker in `check.rs`.
 //! Every public operation validates everything first and mutates only once it cannot fail, so an
 //! error leaves the state exactly as it was.
 
+use std::collections::VecDeque;
+
 use super::config::{Config, Tier};
 use super::error::{Error, Result};
-use super::pool::{PagePool, PageState};
-use super::prefix::{chain_hash, root_hash, ExtraKeys, IdMap, PrefixIndex};
-use super::seq::Seq;
+use super::events::{Event, EventKind, EventQueue};
+use super::pool::{Holder, PagePool, PageState};
+use super::prefix::{chain_hash, root_hash, Entry, ExtraKeys, IdMap, PrefixIndex};
+use super::seq::{CopyKind, PageCopy, Seq};
 use super::stats::{Counters, Stats};
 
 /// A prefix match: the pages found, their chain digests, and the tokens they cover.
@@ -20,6 +25,44 @@ pub struct Match {
     pub hashes: Vec<u128>,
     /// `pages.len() * page_size`.
     pub tokens: usize,
+    /// How many of `pages` were promoted from the host tier (copies queued).
+    pub promoted: usize,
+}
+
+/// Inserts into `ix` (the index of `tier`) and records the `Stored` event and counter. A free
+/// function so callers holding other fields of [`State`] borrowed can use it.
+pub(super) fn insert_noted(
+    ix: &mut PrefixIndex,
+    events: &mut EventQueue,
+    counters: &mut Counters,
+    tier: Tier,
+    page: u32,
+    e: Entry<'_>,
+) -> bool {
+    if !ix.insert(page, e) {
+        return false;
+    }
+    if tier == Tier::Device {
+        counters.pages_registered += 1;
+    }
+    events.push(Event {
+        kind: EventKind::Stored,
+        tier,
+        hash: e.hash,
+        parent: e.parent,
+        lora_id: e.lora,
+        num_tokens: e.tokens.len() as u32,
+        page,
+    });
+    true
+}
+
+/// One page of a tier-crossing prefix walk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Hit {
+    pub tier: Tier,
+    pub page: u32,
+    pub hash: u128,
 }
 
 /// Everything the cache manages. Not thread-safe by itself: [`super::Cache`] wraps it in a lock.
@@ -30,10 +73,15 @@ pub struct State {
     pub(super) dev: PagePool,
     pub(super) host: PagePool,
     pub(super) index: PrefixIndex,
+    pub(super) host_index: PrefixIndex,
     pub(super) seqs: IdMap<Seq>,
     /// Stamp of the current batch call, to spot a sequence listed twice without a set.
     pub(super) batch_stamp: u64,
     pub(super) pending: Vec<u64>,
+    pub(super) copies: VecDeque<PageCopy>,
+    pub(super) events: EventQueue,
+    pub(super) pins: IdMap<Vec<u32>>,
+    pub(super) next_pin: u64,
     pub(super) counters: Counters,
     pub(super) root: u128,
     pub(super) scratch: Vec<u8>,
@@ -43,21 +91,27 @@ impl State {
     /// A fresh state; the config must be valid.
     pub fn new(cfg: Config) -> Result<Self> {
         cfg.validate()?;
+        let caching = cfg.enable_prefix_caching;
+        let host_cache = caching && cfg.demote_to_host && cfg.num_host_pages > 0;
         Ok(State {
             ps: cfg.page_size as usize,
             dev: PagePool::new(Tier::Device, cfg.num_device_pages, cfg.reserve_null_page),
             host: PagePool::new(Tier::Host, cfg.num_host_pages, false),
             index: PrefixIndex::new(
-                if cfg.enable_prefix_caching {
-                    cfg.num_device_pages
-                } else {
-                    0
-                },
+                if caching { cfg.num_device_pages } else { 0 },
+                cfg.page_size,
+            ),
+            host_index: PrefixIndex::new(
+                if host_cache { cfg.num_host_pages } else { 0 },
                 cfg.page_size,
             ),
             seqs: IdMap::default(),
             batch_stamp: 0,
             pending: Vec::new(),
+            copies: VecDeque::new(),
+            events: EventQueue::new(cfg.enable_events),
+            pins: IdMap::default(),
+            next_pin: 1,
             counters: Counters::default(),
             root: root_hash(),
             scratch: Vec::with_capacity(32 + 4 * cfg.page_size as usize),
@@ -70,6 +124,10 @@ impl State {
         &self.cfg
     }
 
+    pub(super) fn host_cache(&self) -> bool {
+        self.cfg.enable_prefix_caching && self.cfg.demote_to_host && self.cfg.num_host_pages > 0
+    }
+
     pub(super) fn pool(&self, tier: Tier) -> &PagePool {
         match tier {
             Tier::Device => &self.dev,
@@ -77,19 +135,33 @@ impl State {
         }
     }
 
+    fn index_of(&self, tier: Tier) -> &PrefixIndex {
+        match tier {
+            Tier::Device => &self.index,
+            Tier::Host => &self.host_index,
+        }
+    }
+
     pub(super) fn is_registered(&self, page: u32) -> bool {
         self.cfg.enable_prefix_caching && self.index.is_registered(page)
     }
 
-    /// Refuses when `tier` cannot supply `needed` pages.
+    pub(super) fn is_registered_in(&self, tier: Tier, page: u32) -> bool {
+        match tier {
+            Tier::Device => self.is_registered(page),
+            Tier::Host => self.host_cache() && self.host_index.is_registered(page),
+        }
+    }
+
+    /// Refuses when `tier` cannot supply `needed` pages, `reserved` of its evictable pages being
+    /// about to be taken by the caller.
     pub(super) fn ensure_available(
         &self,
         tier: Tier,
         needed: usize,
-        reserved_hits: usize,
+        reserved: usize,
     ) -> Result<()> {
-        let pool = self.pool(tier);
-        let available = pool.available() - reserved_hits;
+        let available = self.pool(tier).available() - reserved;
         if needed > available {
             return Err(Error::NoSpace {
                 tier,
@@ -100,43 +172,134 @@ impl State {
         Ok(())
     }
 
-    /// Takes one device page (evicting the LRU cached page if the free list is empty). The
-    /// caller has checked availability.
-    pub(super) fn take_device(&mut self, external: bool) -> u32 {
+    // ---- index updates (with events) ----
+
+    /// Registers `page` of `tier`; returns whether it was new. Emits `Stored`.
+    pub(super) fn index_insert(&mut self, tier: Tier, page: u32, e: Entry<'_>) -> bool {
+        let ix = match tier {
+            Tier::Device => &mut self.index,
+            Tier::Host => &mut self.host_index,
+        };
+        insert_noted(ix, &mut self.events, &mut self.counters, tier, page, e)
+    }
+
+    /// Drops `page`'s entry in `tier`, if any. Emits `Removed`.
+    pub(super) fn index_remove(&mut self, tier: Tier, page: u32) {
+        let ix = match tier {
+            Tier::Device => &mut self.index,
+            Tier::Host => &mut self.host_index,
+        };
+        let Some(hash) = ix.hash_of(page) else { return };
+        ix.remove(page);
+        self.events.push(Event {
+            kind: EventKind::Removed,
+            tier,
+            hash,
+            parent: 0,
+            lora_id: 0,
+            num_tokens: self.ps as u32,
+            page,
+        });
+    }
+
+    // ---- taking and releasing pages ----
+
+    /// Takes one device page for `holder`, evicting the LRU cached page of the lowest priority
+    /// if the free list is empty (demoting it to the host tier when configured). The caller has
+    /// checked availability.
+    pub(super) fn take_device(&mut self, holder: Holder) -> u32 {
         let (page, evicted) = self
             .dev
-            .take(external)
+            .take(holder)
             .expect("availability checked by caller");
         if evicted {
-            self.index.remove(page);
             self.counters.evictions += 1;
+            self.demote(page);
+            self.index_remove(Tier::Device, page);
         }
         page
     }
 
-    /// Drops one reference on a device page.
-    pub(super) fn release_device(&mut self, page: u32, external: bool) {
+    /// Takes one host page (evicting the LRU cached host page if needed). The caller has checked
+    /// availability.
+    pub(super) fn take_host(&mut self, holder: Holder) -> u32 {
+        let (page, evicted) = self
+            .host
+            .take(holder)
+            .expect("availability checked by caller");
+        if evicted {
+            self.counters.host_evictions += 1;
+            self.index_remove(Tier::Host, page);
+        }
+        page
+    }
+
+    /// Copies the entry of evicted device page `page` to a host page and queues the copy, when
+    /// the host tier caches pages, has room, and does not hold that content already.
+    fn demote(&mut self, page: u32) {
+        if !self.host_cache() {
+            return;
+        }
+        let Some(e) = self.index.entry(page) else {
+            return;
+        };
+        if self.host_index.contains(e.hash) || self.host.available() == 0 {
+            return;
+        }
+        let (hash, parent, extra, lora) = (e.hash, e.parent, e.extra, e.lora);
+        let tokens = e.tokens.to_vec();
+        let hp = self.take_host(Holder::Seq);
+        self.index_insert(
+            Tier::Host,
+            hp,
+            Entry {
+                hash,
+                parent,
+                extra,
+                lora,
+                tokens: &tokens,
+            },
+        );
+        self.host.release(hp, Holder::Seq, true);
+        self.copies.push_back(PageCopy {
+            src: page,
+            dst: hp,
+            num_tokens: self.ps as u32,
+            kind: CopyKind::DeviceToHost,
+        });
+        self.counters.demotions += 1;
+    }
+
+    /// Drops one `holder` reference on a device page.
+    pub(super) fn release_device(&mut self, page: u32, holder: Holder) {
         let registered = self.is_registered(page);
-        self.dev.release(page, external, registered);
+        self.dev.release(page, holder, registered);
     }
 
-    /// Number of cached (refcount 0) pages among `pages`: acquiring them shrinks the evictable
-    /// set, which availability checks must account for.
-    pub(super) fn cached_among(&self, pages: &[u32]) -> usize {
-        pages.iter().filter(|&&p| self.dev.refcount(p) == 0).count()
+    /// Number of cached (refcount 0) device pages among the device hits: taking them shrinks the
+    /// evictable set, which availability checks must account for.
+    pub(super) fn cached_among(&self, hits: &[Hit]) -> usize {
+        hits.iter()
+            .filter(|h| h.tier == Tier::Device && self.dev.refcount(h.page) == 0)
+            .count()
     }
 
-    /// Walks the index along `tokens` for at most `max_pages` pages. Read-only.
+    // ---- the prefix walk ----
+
+    /// Walks the prefix index along `tokens` for at most `max_pages` pages: each page is looked
+    /// up on the device, then (with a host cache) on the host. Read-only.
     pub(super) fn walk(
         &mut self,
         tokens: &[i32],
         extra: Option<&ExtraKeys>,
         max_pages: usize,
-    ) -> Match {
-        let mut m = Match::default();
+        tiers: bool,
+    ) -> Vec<Hit> {
+        let mut hits = Vec::new();
         if !self.cfg.enable_prefix_caching {
-            return m;
+            return hits;
         }
+        let host = tiers && self.host_cache();
         let ps = self.ps;
         let mut parent = self.root;
         for (i, chunk) in tokens.chunks_exact(ps).take(max_pages).enumerate() {
@@ -145,163 +308,122 @@ impl State {
             }
             let e = extra.map_or(0, |x| x.page_digest(i, ps));
             let h = chain_hash(parent, e, chunk, &mut self.scratch);
-            match self.index.lookup(h, e, chunk) {
-                Some(page) => {
-                    m.pages.push(page);
-                    m.hashes.push(h);
-                    parent = h;
-                }
-                None => break,
-            }
-        }
-        m.tokens = m.pages.len() * ps;
-        m
-    }
-
-    // ---- page-level API (external holders) ----
-
-    /// Allocates `n` device pages at refcount 1, all or nothing.
-    pub fn alloc_pages(&mut self, n: usize) -> Result<Vec<u32>> {
-        self.ensure_available(Tier::Device, n, 0)?;
-        Ok((0..n).map(|_| self.take_device(true)).collect())
-    }
-
-    fn check_held_or_cached(&self, pages: &[u32]) -> Result<()> {
-        for &p in pages {
-            self.dev.check_id(p)?;
-            if self.dev.state(p) == PageState::Free {
-                return Err(Error::PageNotAllocated {
+            let hit = match self.index.lookup(h, e, chunk) {
+                Some(page) => Hit {
                     tier: Tier::Device,
-                    page: p,
-                });
-            }
-        }
-        Ok(())
-    }
-
-    /// Adds one external reference to each page (in use, or cached: a cached page stops being
-    /// evictable). All or nothing.
-    pub fn acquire_pages(&mut self, pages: &[u32]) -> Result<()> {
-        self.check_held_or_cached(pages)?;
-        for &p in pages {
-            self.dev.acquire(p, true);
-        }
-        Ok(())
-    }
-
-    /// Drops one external reference from each page, in order (a page reaching 0 becomes cached
-    /// if registered, else free). A page listed more times than it has external references is
-    /// `RefcountUnderflow`, and then nothing is released.
-    pub fn release_pages(&mut self, pages: &[u32]) -> Result<()> {
-        for &p in pages {
-            self.dev.check_id(p)?;
-        }
-        // Take the external references first (a page listed more often than it is held runs out
-        // here), undoing them all if one is missing; only then release.
-        for (k, &p) in pages.iter().enumerate() {
-            if !self.dev.take_ext(p) {
-                for &q in &pages[..k] {
-                    self.dev.restore_ext(q);
-                }
-                return Err(Error::RefcountUnderflow { page: p });
-            }
-        }
-        for &p in pages {
-            let registered = self.is_registered(p);
-            self.dev.release(p, false, registered);
-        }
-        Ok(())
-    }
-
-    /// Registers the full pages of a token sequence held in `pages` (page `i` holds tokens
-    /// `i*page_size..(i+1)*page_size`). Pages already registered, pages whose content is already
-    /// cached in another page, and pages with negative (placeholder) tokens — and everything after
-    /// them — are skipped. Returns how many pages were newly registered.
-    pub fn register(
-        &mut self,
-        tokens: &[i32],
-        pages: &[u32],
-        extra: Option<&ExtraKeys>,
-    ) -> Result<usize> {
-        if !self.cfg.enable_prefix_caching {
-            return Err(Error::Unsupported(
-                "prefix caching is disabled in this cache's config".into(),
-            ));
-        }
-        let full = tokens.len() / self.ps;
-        if pages.len() > full {
-            return Err(Error::arg(
-                "pages",
-                format!(
-                    "{} pages given but the tokens fill only {full} pages",
-                    pages.len()
-                ),
-            ));
-        }
-        for &p in pages {
-            self.dev.check_id(p)?;
-            if self.dev.refcount(p) == 0 {
-                return Err(Error::PageNotAllocated {
-                    tier: Tier::Device,
-                    page: p,
-                });
-            }
-        }
-        let mut parent = self.root;
-        let mut added = 0;
-        for (i, &page) in pages.iter().enumerate() {
-            let chunk = &tokens[i * self.ps..(i + 1) * self.ps];
-            if chunk.iter().any(|&t| t < 0) {
-                break;
-            }
-            let e = extra.map_or(0, |x| x.page_digest(i, self.ps));
-            let h = chain_hash(parent, e, chunk, &mut self.scratch);
-            if self.index.insert(page, h, e, chunk) {
-                added += 1;
-            }
+                    page,
+                    hash: h,
+                },
+                None => match host.then(|| self.host_index.lookup(h, e, chunk)).flatten() {
+                    Some(page) => Hit {
+                        tier: Tier::Host,
+                        page,
+                        hash: h,
+                    },
+                    None => break,
+                },
+            };
+            hits.push(hit);
             parent = h;
         }
-        self.counters.pages_registered += added as u64;
-        Ok(added)
+        hits
     }
 
-    /// Longest cached prefix of `tokens` (at most `max_tokens` tokens, whole pages only). With
-    /// `acquire`, each returned page gets an external reference (release it with
-    /// [`release_pages`](Self::release_pages)); without, the pages may be evicted by the next
-    /// allocation.
-    pub fn match_prefix(
-        &mut self,
-        tokens: &[i32],
-        extra: Option<&ExtraKeys>,
-        max_tokens: usize,
-        acquire: bool,
-    ) -> Match {
-        let max_pages = tokens.len().min(max_tokens) / self.ps;
-        let m = self.walk(tokens, extra, max_pages);
-        if acquire {
-            self.acquire_match(&m, tokens.len());
-        }
-        m
+    /// Keeps the longest prefix of `hits` whose host pages can be promoted, given `extra_needed`
+    /// more device pages the caller will also take.
+    pub(super) fn promotable(&self, hits: &mut Vec<Hit>, extra_needed: usize) {
+        let mut room = self
+            .dev
+            .available()
+            .saturating_sub(self.cached_among(hits) + extra_needed);
+        let keep = hits
+            .iter()
+            .position(|h| {
+                if h.tier == Tier::Host {
+                    if room == 0 {
+                        return true;
+                    }
+                    room -= 1;
+                }
+                false
+            })
+            .unwrap_or(hits.len());
+        hits.truncate(keep);
     }
 
-    /// Takes one external reference on each page of a match made without `acquire` (with no
-    /// change to the cache in between) and counts the lookup of `query_tokens` in the stats.
-    pub fn acquire_match(&mut self, m: &Match, query_tokens: usize) {
-        self.counters.prefix_queries += 1;
-        self.counters.prefix_query_tokens += query_tokens as u64;
-        self.counters.prefix_hit_tokens += m.tokens as u64;
-        for &p in &m.pages {
-            self.dev.acquire(p, true);
+    /// Takes a `holder` reference on every hit, promoting host hits to new device pages (their
+    /// host→device copies are queued and the device index learns them). Returns the device pages
+    /// in order. The caller has checked device availability for the host hits.
+    pub(super) fn materialize(&mut self, hits: &[Hit], holder: Holder) -> Vec<u32> {
+        for h in hits {
+            match h.tier {
+                Tier::Device => self.dev.acquire(h.page, holder),
+                // Hold host hits so that demotions below cannot evict them.
+                Tier::Host => self.host.acquire(h.page, Holder::Seq),
+            }
         }
+        let mut pages = Vec::with_capacity(hits.len());
+        for h in hits {
+            if h.tier == Tier::Device {
+                pages.push(h.page);
+                continue;
+            }
+            let d = self.take_device(holder);
+            let e = self
+                .host_index
+                .entry(h.page)
+                .expect("host hit is registered");
+            let (hash, parent, extra, lora) = (e.hash, e.parent, e.extra, e.lora);
+            let tokens = e.tokens.to_vec();
+            self.index_insert(
+                Tier::Device,
+                d,
+                Entry {
+                    hash,
+                    parent,
+                    extra,
+                    lora,
+                    tokens: &tokens,
+                },
+            );
+            self.copies.push_back(PageCopy {
+                src: h.page,
+                dst: d,
+                num_tokens: self.ps as u32,
+                kind: CopyKind::HostToDevice,
+            });
+            self.counters.promotions += 1;
+            self.counters.host_hit_tokens += self.ps as u64;
+            pages.push(d);
+        }
+        for h in hits {
+            if h.tier == Tier::Host {
+                let registered = self.is_registered_in(Tier::Host, h.page);
+                self.host.release(h.page, Holder::Seq, registered);
+            }
+        }
+        pages
     }
 
-    /// Drops every prefix-index entry. Unreferenced cached pages become free; pages in use stay
-    /// with their holders but will not be matched again. Works at any time.
-    pub fn clear_index(&mut self) {
-        for page in self.index.clear() {
-            self.dev.uncache(page);
-        }
-        self.counters.index_clears += 1;
+    /// Removes and returns up to `max` queued page copies (demotions and promotions), oldest
+    /// first. Execute them in order, before the copies returned by the calls that follow and
+    /// before the step's KV writes.
+    pub fn take_copies(&mut self, max: usize) -> Vec<PageCopy> {
+        let n = max.min(self.copies.len());
+        self.copies.drain(..n).collect()
+    }
+
+    /// Removes and returns up to `max` queued index events, oldest first.
+    pub fn take_events(&mut self, max: usize) -> Vec<Event> {
+        self.events.take(max)
+    }
+
+    /// Every `(tier, chain digest)` registered now, in no particular order (for diagnostics and
+    /// for checking an event consumer's view).
+    pub fn registered_hashes(&self) -> Vec<(Tier, u128)> {
+        let dev = self.index.entries().map(|(h, _)| (Tier::Device, h));
+        dev.chain(self.host_index.entries().map(|(h, _)| (Tier::Host, h)))
+            .collect()
     }
 
     /// A consistent snapshot of pool figures and counters.
@@ -314,26 +436,33 @@ impl State {
                 Tier::Host => swapped += 1,
             }
         }
+        let mut counters = self.counters;
+        counters.events_dropped = self.events.dropped();
         Stats {
             device_pages_total: self.dev.num_pages() as u64,
             device_pages_free: self.dev.num_free() as u64,
             device_pages_cached: self.dev.num_cached() as u64,
             device_pages_in_use: self.dev.num_in_use() as u64,
             device_pages_shared: self.dev.num_shared() as u64,
+            device_pages_pinned: self.dev.num_pinned() as u64,
             host_pages_total: self.host.num_pages() as u64,
             host_pages_free: self.host.num_free() as u64,
+            host_pages_cached: self.host.num_cached() as u64,
             host_pages_in_use: self.host.num_in_use() as u64,
             index_pages: self.index.len() as u64,
+            host_index_pages: self.host_index.len() as u64,
             num_seqs: self.seqs.len() as u64,
             num_seqs_swapped: swapped,
             logical_tokens: logical,
             physical_tokens: self.dev.num_in_use() as u64 * self.ps as u64,
             page_bytes: self.cfg.page_bytes().unwrap_or(0),
-            counters: self.counters,
+            pending_copies: self.copies.len() as u64,
+            pending_events: self.events.len() as u64,
+            counters,
         }
     }
 
-    /// Refcount and state of a page of `tier`.
+    /// Refcount, state and registration of a page of `tier`.
     pub fn page_info(&self, tier: Tier, page: u32) -> Result<(u32, PageState, bool)> {
         let pool = self.pool(tier);
         if page >= pool.num_pages() {
@@ -343,7 +472,10 @@ impl State {
                 num_pages: pool.num_pages(),
             });
         }
-        let registered = tier == Tier::Device && self.is_registered(page);
+        let registered = match tier {
+            Tier::Device => self.is_registered(page),
+            Tier::Host => self.host_cache() && self.index_of(Tier::Host).is_registered(page),
+        };
         Ok((pool.refcount(page), pool.state(page), registered))
     }
 }

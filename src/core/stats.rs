@@ -21,6 +21,18 @@ pub struct Counters {
     pub pages_registered: u64,
     /// Times the prefix index was cleared.
     pub index_clears: u64,
+    /// Cached device pages copied to the host tier on eviction.
+    pub demotions: u64,
+    /// Host-tier pages copied back to the device on a prefix hit, pin or prefetch.
+    pub promotions: u64,
+    /// Of those, promoted by prefetch hints.
+    pub prefetched: u64,
+    /// Cached host pages evicted.
+    pub host_evictions: u64,
+    /// Prefix-hit tokens served from the host tier (promoted).
+    pub host_hit_tokens: u64,
+    /// Events dropped because nobody drained the queue.
+    pub events_dropped: u64,
 }
 
 /// A consistent snapshot of the cache, taken under its lock.
@@ -36,14 +48,20 @@ pub struct Stats {
     pub device_pages_in_use: u64,
     /// Device pages with refcount > 1.
     pub device_pages_shared: u64,
+    /// Device pages held by a pin.
+    pub device_pages_pinned: u64,
     /// Host pages.
     pub host_pages_total: u64,
     /// Host pages on the free list.
     pub host_pages_free: u64,
+    /// Unreferenced host pages holding demoted cached content (evictable).
+    pub host_pages_cached: u64,
     /// Host pages with refcount > 0.
     pub host_pages_in_use: u64,
     /// Device pages registered in the prefix index (in use or cached).
     pub index_pages: u64,
+    /// Host pages registered in the host tier's index.
+    pub host_index_pages: u64,
     /// Live sequences (both tiers).
     pub num_seqs: u64,
     /// Sequences currently swapped out to host.
@@ -54,6 +72,10 @@ pub struct Stats {
     pub physical_tokens: u64,
     /// Bytes of K+V per page over all layers.
     pub page_bytes: u64,
+    /// Queued page copies waiting for `take_copies`.
+    pub pending_copies: u64,
+    /// Queued events waiting for `take_events`.
+    pub pending_events: u64,
     /// Event counters.
     pub counters: Counters,
 }

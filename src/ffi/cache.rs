@@ -74,6 +74,13 @@ pub struct kvs_config {
     /// Default on. Turn it off when the engine builds its own slot mapping from the block table
     /// (vLLM): such pages are then allocated fresh and recomputed.
     pub skip_cached_writes: bool,
+    /// With host pages: a cached device page chosen for eviction is copied to a host page (the
+    /// copy is queued for `kvs_cache_take_copies`) and stays matchable there; a later match that
+    /// reaches it promotes it back. Default on.
+    pub demote_to_host: bool,
+    /// Queue a `kvs_event` for every page stored in or removed from a tier's prefix index and
+    /// every clear, drained with `kvs_cache_take_events`. Default off (nothing is queued).
+    pub enable_events: bool,
 }
 
 impl kvs_config {
@@ -94,6 +101,8 @@ impl kvs_config {
             reserve_null_page: self.reserve_null_page,
             defer_commit: self.defer_commit,
             skip_cached_writes: self.skip_cached_writes,
+            demote_to_host: self.demote_to_host,
+            enable_events: self.enable_events,
         })
     }
 
@@ -114,6 +123,8 @@ impl kvs_config {
             reserve_null_page: c.reserve_null_page,
             defer_commit: c.defer_commit,
             skip_cached_writes: c.skip_cached_writes,
+            demote_to_host: c.demote_to_host,
+            enable_events: c.enable_events,
         }
     }
 }
@@ -132,14 +143,20 @@ pub struct kvs_stats {
     pub device_pages_in_use: u64,
     /// Device pages with refcount > 1.
     pub device_pages_shared: u64,
+    /// Device pages held by a pin (`kvs_prefix_pin`).
+    pub device_pages_pinned: u64,
     /// Host pages.
     pub host_pages_total: u64,
     /// Host pages free.
     pub host_pages_free: u64,
+    /// Unreferenced host pages holding demoted cached content (evictable).
+    pub host_pages_cached: u64,
     /// Host pages in use.
     pub host_pages_in_use: u64,
     /// Device pages registered in the prefix index.
     pub index_pages: u64,
+    /// Host pages registered in the host tier's index.
+    pub host_index_pages: u64,
     /// Live sequences.
     pub num_seqs: u64,
     /// Live sequences swapped out to host.
@@ -150,6 +167,10 @@ pub struct kvs_stats {
     pub physical_tokens: u64,
     /// Bytes of K and V of one page over all layers.
     pub page_bytes: u64,
+    /// Page copies queued for `kvs_cache_take_copies`.
+    pub pending_copies: u64,
+    /// Events queued for `kvs_cache_take_events`.
+    pub pending_events: u64,
     /// Prefix lookups made (matches and sequence begins).
     pub prefix_queries: u64,
     /// Tokens offered to prefix lookups.
@@ -168,11 +189,24 @@ pub struct kvs_stats {
     pub pages_registered: u64,
     /// Times the prefix index was cleared.
     pub index_clears: u64,
+    /// Cached device pages demoted to the host tier on eviction.
+    pub demotions: u64,
+    /// Host-tier pages promoted back to the device (hits, pins, prefetch).
+    pub promotions: u64,
+    /// Of those, promoted by `kvs_prefix_prefetch`.
+    pub prefetched: u64,
+    /// Cached host pages evicted.
+    pub host_evictions: u64,
+    /// Prefix-hit tokens served from the host tier.
+    pub host_hit_tokens: u64,
+    /// Events dropped because the queue was full (nobody drained it).
+    pub events_dropped: u64,
 }
 
 impl kvs_cache {
     /// A valid default configuration: 16-token pages, 1024 device pages, no host pages, one
-    /// layer of one 128-wide f16 KV head, prefix caching on, no padding page, no deferred commit, cached writes skipped.
+    /// layer of one 128-wide f16 KV head, prefix caching on, no padding page, no deferred commit, cached writes skipped, demotion to host pages on,
+    /// events off.
     ///
     /// **Thread safety:** safe from any thread.
     #[no_mangle]
@@ -245,15 +279,20 @@ impl kvs_cache {
                 device_pages_cached: s.device_pages_cached,
                 device_pages_in_use: s.device_pages_in_use,
                 device_pages_shared: s.device_pages_shared,
+                device_pages_pinned: s.device_pages_pinned,
                 host_pages_total: s.host_pages_total,
                 host_pages_free: s.host_pages_free,
+                host_pages_cached: s.host_pages_cached,
                 host_pages_in_use: s.host_pages_in_use,
                 index_pages: s.index_pages,
+                host_index_pages: s.host_index_pages,
                 num_seqs: s.num_seqs,
                 num_seqs_swapped: s.num_seqs_swapped,
                 logical_tokens: s.logical_tokens,
                 physical_tokens: s.physical_tokens,
                 page_bytes: s.page_bytes,
+                pending_copies: s.pending_copies,
+                pending_events: s.pending_events,
                 prefix_queries: k.prefix_queries,
                 prefix_query_tokens: k.prefix_query_tokens,
                 prefix_hit_tokens: k.prefix_hit_tokens,
@@ -263,6 +302,12 @@ impl kvs_cache {
                 swap_in_pages: k.swap_in_pages,
                 pages_registered: k.pages_registered,
                 index_clears: k.index_clears,
+                demotions: k.demotions,
+                promotions: k.promotions,
+                prefetched: k.prefetched,
+                host_evictions: k.host_evictions,
+                host_hit_tokens: k.host_hit_tokens,
+                events_dropped: k.events_dropped,
             };
             Ok(())
         })

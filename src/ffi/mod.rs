@@ -13,6 +13,7 @@
 #![allow(non_camel_case_types)]
 
 pub mod cache;
+pub mod events;
 pub(crate) mod handle;
 pub mod pages;
 pub(crate) mod panic;

@@ -5,7 +5,6 @@ use super::panic::guard;
 use super::slice::{opt_out, slice, slice_mut};
 use super::status::kvs_status;
 use super::types::{extra_from_c, kvs_extra_keys};
-use crate::core::Error;
 
 impl kvs_cache {
     /// Registers the full pages of a token sequence in the prefix index: `pages[i]` (held by the
@@ -47,8 +46,10 @@ impl kvs_cache {
     /// pages are tied in by a 128-bit xxh3 chain digest. Writes the page ids to `pages_out`,
     /// their count to `*num_pages_out` and the matched token count to `*matched_tokens_out`.
     /// With `acquire`, each returned page gets one caller-held reference (release it with
-    /// `kvs_pages_release`) and the lookup counts in the hit-rate stats; without, the pages may be
-    /// evicted by any later allocation.
+    /// `kvs_pages_release`), pages found only in the host tier are promoted to new device pages
+    /// as far as device room allows (their copies are queued: `kvs_cache_take_copies`), and the
+    /// lookup counts in the hit-rate stats. Without, it is a pure lookup of the device tier and
+    /// the pages may be evicted by any later allocation.
     ///
     /// **Failure:** `KVS_STATUS_BUFFER_TOO_SMALL` if `pages_len` is below the match length; all
     /// outputs untouched and nothing acquired on error.
@@ -73,19 +74,9 @@ impl kvs_cache {
             let out = slice_mut(pages_out, pages_len, "pages_out")?;
             let n_out = opt_out(num_pages_out, "num_pages_out")?;
             let tok_out = opt_out(matched_tokens_out, "matched_tokens_out")?;
-            let mut st = c.lock()?;
-            let probe = st.match_prefix(t, x.as_ref(), max_tokens, false);
-            if probe.pages.len() > out.len() {
-                return Err(Error::BufferTooSmall {
-                    what: "pages_out",
-                    needed: probe.pages.len(),
-                    capacity: out.len(),
-                });
-            }
-            if acquire {
-                st.acquire_match(&probe, t.len());
-            }
-            let m = probe;
+            let m = c
+                .lock()?
+                .match_prefix(t, x.as_ref(), max_tokens, acquire, out.len())?;
             out[..m.pages.len()].copy_from_slice(&m.pages);
             if let Some(o) = n_out {
                 *o = m.pages.len();
@@ -97,8 +88,79 @@ impl kvs_cache {
         })
     }
 
-    /// Drops every prefix-index entry (e.g. after a weight update or for `reset_prefix_cache`).
-    /// Cached pages become free; pages in use stay with their holders. Works at any time.
+    /// Pins the cached prefix of `tokens` (whole pages; pages found in the host tier are promoted
+    /// first, copies queued): its pages are never evicted until `kvs_prefix_unpin(pin_id)`. Use it
+    /// for a system prompt shared by every request. Writes the pin id to `*pin_id_out` and the
+    /// number of pages pinned to `*num_pages_out` (optional; 0 if nothing of it is cached yet —
+    /// pin after the first request registered it).
+    ///
+    /// **Failure:** `KVS_STATUS_NO_SPACE` if host pages cannot be promoted; nothing changes.
+    /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+    #[no_mangle]
+    pub unsafe extern "C" fn kvs_prefix_pin(
+        cache: *mut kvs_cache,
+        tokens: *const i32,
+        num_tokens: usize,
+        extra: *const kvs_extra_keys,
+        pin_id_out: *mut u64,
+        num_pages_out: *mut usize,
+    ) -> kvs_status {
+        guard(|| {
+            let c = self::cache(cache)?;
+            let t = slice(tokens, num_tokens, "tokens")?;
+            let x = extra_from_c(extra)?;
+            let id_out = super::slice::try_out(pin_id_out, "pin_id_out")?;
+            let n_out = opt_out(num_pages_out, "num_pages_out")?;
+            let (id, n) = c.lock()?.pin(t, x.as_ref())?;
+            *id_out = id;
+            if let Some(o) = n_out {
+                *o = n;
+            }
+            Ok(())
+        })
+    }
+
+    /// Releases a pin made by `kvs_prefix_pin`; its pages become evictable again unless held
+    /// otherwise.
+    ///
+    /// **Failure:** unknown (or already released) pin id: `KVS_STATUS_INVALID_ARGUMENT`.
+    /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+    #[no_mangle]
+    pub unsafe extern "C" fn kvs_prefix_unpin(cache: *mut kvs_cache, pin_id: u64) -> kvs_status {
+        guard(|| self::cache(cache)?.lock()?.unpin(pin_id))
+    }
+
+    /// Prefetch hint for a queued request: starts promoting the host-tier pages of `tokens`'
+    /// cached prefix back to device pages (kept as cached, unreferenced pages) using only free or
+    /// evictable room, so the copies (queued: `kvs_cache_take_copies`) overlap with other work
+    /// and the request's `kvs_seq_begin` later finds them on the device. Writes the number of
+    /// pages promoted to `*promoted_out` (optional).
+    ///
+    /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+    #[no_mangle]
+    pub unsafe extern "C" fn kvs_prefix_prefetch(
+        cache: *mut kvs_cache,
+        tokens: *const i32,
+        num_tokens: usize,
+        extra: *const kvs_extra_keys,
+        promoted_out: *mut usize,
+    ) -> kvs_status {
+        guard(|| {
+            let c = self::cache(cache)?;
+            let t = slice(tokens, num_tokens, "tokens")?;
+            let x = extra_from_c(extra)?;
+            let out = opt_out(promoted_out, "promoted_out")?;
+            let n = c.lock()?.prefetch(t, x.as_ref());
+            if let Some(o) = out {
+                *o = n;
+            }
+            Ok(())
+        })
+    }
+
+    /// Drops every prefix-index entry of both tiers (e.g. after a weight update or for
+    /// `reset_prefix_cache`). Cached pages become free; pages in use or pinned stay with their
+    /// holders. Works at any time.
     ///
     /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
     #[no_mangle]

@@ -19,8 +19,11 @@ pub struct kvs_seq_info {
     /// Prompt tokens found cached at `kvs_seq_begin` (a multiple of the page size): the engine
     /// skips computing them.
     pub matched_tokens: u64,
-    /// Pages newly allocated at `kvs_seq_begin` (0 in `kvs_seq_info`).
+    /// Pages newly allocated at `kvs_seq_begin` for tokens to compute (0 in `kvs_seq_info`).
     pub new_pages: u64,
+    /// Prefix-hit pages promoted from the host tier at `kvs_seq_begin` (0 in `kvs_seq_info`);
+    /// their copies are queued for `kvs_cache_take_copies`.
+    pub promoted_pages: u64,
     /// A `kvs_tier` value: where the pages are (host while swapped out).
     pub tier: u32,
 }
@@ -31,6 +34,7 @@ fn info_of(i: SeqInfo) -> kvs_seq_info {
         num_pages: i.num_pages as u64,
         matched_tokens: i.matched_tokens as u64,
         new_pages: 0,
+        promoted_pages: 0,
         tier: kvs_tier::from(i.tier) as u32,
     }
 }
@@ -89,6 +93,7 @@ impl kvs_cache {
                     num_pages: b.num_pages as u64,
                     matched_tokens: b.matched_tokens as u64,
                     new_pages: b.new_pages as u64,
+                    promoted_pages: b.promoted_pages as u64,
                     tier: kvs_tier::Device as u32,
                 };
             }
@@ -235,7 +240,26 @@ impl kvs_cache {
         })
     }
 
-    /// Writes a sequence's shape to `*info_out` (`new_pages` is 0).
+    /// Sets a sequence's retention priority, 0 ..= 3 (default 0; higher is kept longer): once its
+    /// pages are unreferenced and cached, they are evicted only after every cached page of lower
+    /// priority. A page shared by several sequences keeps the highest priority given to it.
+    ///
+    /// **Failure:** unknown or swapped-out sequence, priority above 3: nothing changes.
+    /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+    #[no_mangle]
+    pub unsafe extern "C" fn kvs_seq_set_priority(
+        cache: *mut kvs_cache,
+        seq_id: u64,
+        priority: u32,
+    ) -> kvs_status {
+        guard(|| {
+            let p = u8::try_from(priority)
+                .map_err(|_| Error::arg("priority", format!("{priority} is not in 0..4")))?;
+            self::cache(cache)?.lock()?.set_priority(seq_id, p)
+        })
+    }
+
+    /// Writes a sequence's shape to `*info_out` (`new_pages` and `promoted_pages` are 0).
     ///
     /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
     #[no_mangle]

@@ -1,0 +1,245 @@
+//! Page-level operations for external holders (vLLM's BlockPool, ATB's KVCacheManager shape):
+//! allocate, acquire, release, register, match, clear; pinning and prefetch of prefixes.
+
+use super::config::Tier;
+use super::error::{Error, Result};
+use super::pool::{Holder, PageState};
+use super::prefix::{chain_hash, Entry, ExtraKeys};
+use super::state::{Match, State};
+
+impl State {
+    /// Allocates `n` device pages at refcount 1, all or nothing.
+    pub fn alloc_pages(&mut self, n: usize) -> Result<Vec<u32>> {
+        self.ensure_available(Tier::Device, n, 0)?;
+        Ok((0..n).map(|_| self.take_device(Holder::External)).collect())
+    }
+
+    /// Adds one external reference to each page (in use, or cached: a cached page stops being
+    /// evictable). All or nothing.
+    pub fn acquire_pages(&mut self, pages: &[u32]) -> Result<()> {
+        for &p in pages {
+            self.dev.check_id(p)?;
+            if self.dev.state(p) == PageState::Free {
+                return Err(Error::PageNotAllocated {
+                    tier: Tier::Device,
+                    page: p,
+                });
+            }
+        }
+        for &p in pages {
+            self.dev.acquire(p, Holder::External);
+        }
+        Ok(())
+    }
+
+    /// Drops one external reference from each page, in order (a page reaching 0 becomes cached
+    /// if registered, else free). A page listed more times than it has external references is
+    /// `RefcountUnderflow`, and then nothing is released.
+    pub fn release_pages(&mut self, pages: &[u32]) -> Result<()> {
+        for &p in pages {
+            self.dev.check_id(p)?;
+        }
+        // Take the external references first (a page listed more often than it is held runs out
+        // here), undoing them all if one is missing; only then release.
+        for (k, &p) in pages.iter().enumerate() {
+            if !self.dev.take_ext(p) {
+                for &q in &pages[..k] {
+                    self.dev.restore_ext(q);
+                }
+                return Err(Error::RefcountUnderflow { page: p });
+            }
+        }
+        for &p in pages {
+            self.release_device(p, Holder::Seq);
+        }
+        Ok(())
+    }
+
+    /// Registers the full pages of a token sequence held in `pages` (page `i` holds tokens
+    /// `i*page_size..(i+1)*page_size`). Pages already registered, pages whose content is already
+    /// cached in another page, and pages with negative (placeholder) tokens — and everything after
+    /// them — are skipped. Returns how many pages were newly registered.
+    pub fn register(
+        &mut self,
+        tokens: &[i32],
+        pages: &[u32],
+        extra: Option<&ExtraKeys>,
+    ) -> Result<usize> {
+        if !self.cfg.enable_prefix_caching {
+            return Err(Error::Unsupported(
+                "prefix caching is disabled in this cache's config".into(),
+            ));
+        }
+        let full = tokens.len() / self.ps;
+        if pages.len() > full {
+            return Err(Error::arg(
+                "pages",
+                format!(
+                    "{} pages given but the tokens fill only {full} pages",
+                    pages.len()
+                ),
+            ));
+        }
+        for &p in pages {
+            self.dev.check_id(p)?;
+            if self.dev.refcount(p) == 0 {
+                return Err(Error::PageNotAllocated {
+                    tier: Tier::Device,
+                    page: p,
+                });
+            }
+        }
+        let lora = extra.map_or(0, |x| x.lora_id);
+        let mut parent = self.root;
+        let mut added = 0;
+        for (i, &page) in pages.iter().enumerate() {
+            let chunk = &tokens[i * self.ps..(i + 1) * self.ps];
+            if chunk.iter().any(|&t| t < 0) {
+                break;
+            }
+            let e = extra.map_or(0, |x| x.page_digest(i, self.ps));
+            let h = chain_hash(parent, e, chunk, &mut self.scratch);
+            if self.index_insert(
+                Tier::Device,
+                page,
+                Entry {
+                    hash: h,
+                    parent,
+                    extra: e,
+                    lora,
+                    tokens: chunk,
+                },
+            ) {
+                added += 1;
+            }
+            parent = h;
+        }
+        Ok(added)
+    }
+
+    /// Longest cached prefix of `tokens` (at most `max_tokens` tokens, whole pages only).
+    ///
+    /// Without `acquire` this is a pure lookup of the device tier: the pages may be evicted by the
+    /// next allocation. With `acquire`, each returned page gets an external reference (release it
+    /// with [`release_pages`](Self::release_pages)), pages found only in the host tier are promoted
+    /// to new device pages (copies queued, see [`take_copies`](Self::take_copies)) as far as
+    /// device room allows, and the lookup counts in the stats. `BufferTooSmall` (before any
+    /// change) if the match has more than `max_pages_out` pages.
+    pub fn match_prefix(
+        &mut self,
+        tokens: &[i32],
+        extra: Option<&ExtraKeys>,
+        max_tokens: usize,
+        acquire: bool,
+        max_pages_out: usize,
+    ) -> Result<Match> {
+        let max_pages = tokens.len().min(max_tokens) / self.ps;
+        let mut hits = self.walk(tokens, extra, max_pages, acquire);
+        if acquire {
+            self.promotable(&mut hits, 0);
+        }
+        if hits.len() > max_pages_out {
+            return Err(Error::BufferTooSmall {
+                what: "pages_out",
+                needed: hits.len(),
+                capacity: max_pages_out,
+            });
+        }
+        let hashes: Vec<u128> = hits.iter().map(|h| h.hash).collect();
+        let promoted = hits.iter().filter(|h| h.tier == Tier::Host).count();
+        let pages = if acquire {
+            self.counters.prefix_queries += 1;
+            self.counters.prefix_query_tokens += tokens.len() as u64;
+            self.counters.prefix_hit_tokens += (hits.len() * self.ps) as u64;
+            self.materialize(&hits, Holder::External)
+        } else {
+            hits.iter().map(|h| h.page).collect()
+        };
+        Ok(Match {
+            tokens: pages.len() * self.ps,
+            pages,
+            hashes,
+            promoted,
+        })
+    }
+
+    /// Pins the cached prefix of `tokens` (whole pages; host pages are promoted first): its pages
+    /// are never evicted until [`unpin`](Self::unpin) with the returned id. Returns the pin id and
+    /// the number of pages pinned (0 if nothing of the prefix is cached: register it first).
+    pub fn pin(&mut self, tokens: &[i32], extra: Option<&ExtraKeys>) -> Result<(u64, usize)> {
+        let mut hits = self.walk(tokens, extra, usize::MAX, true);
+        let wanted = hits.len();
+        self.promotable(&mut hits, 0);
+        if hits.len() < wanted {
+            let host = wanted - hits.iter().filter(|h| h.tier == Tier::Device).count();
+            return Err(Error::NoSpace {
+                tier: Tier::Device,
+                needed: host,
+                available: self.dev.available(),
+            });
+        }
+        let pages = self.materialize(&hits, Holder::Pin);
+        let id = self.next_pin;
+        self.next_pin += 1;
+        let n = pages.len();
+        self.pins.insert(id, pages);
+        Ok((id, n))
+    }
+
+    /// Releases a pin; its pages become evictable again (unless held otherwise).
+    pub fn unpin(&mut self, pin_id: u64) -> Result<()> {
+        let pages = self
+            .pins
+            .remove(&pin_id)
+            .ok_or_else(|| Error::arg("pin_id", format!("no pin {pin_id}")))?;
+        for &p in pages.iter().rev() {
+            self.release_device(p, Holder::Pin);
+        }
+        Ok(())
+    }
+
+    /// Starts promoting the host-tier pages of `tokens`' cached prefix back to the device (as
+    /// cached, unreferenced pages) so a request queued behind others finds them there; the copies
+    /// are queued. Uses only room that is free or evictable; returns the pages promoted.
+    pub fn prefetch(&mut self, tokens: &[i32], extra: Option<&ExtraKeys>) -> usize {
+        let mut hits = self.walk(tokens, extra, usize::MAX, true);
+        self.promotable(&mut hits, 0);
+        let promoted = hits.iter().filter(|h| h.tier == Tier::Host).count();
+        if promoted == 0 {
+            return 0;
+        }
+        let pages = self.materialize(&hits, Holder::Seq);
+        for &p in pages.iter().rev() {
+            self.release_device(p, Holder::Seq);
+        }
+        self.counters.prefetched += promoted as u64;
+        promoted
+    }
+
+    /// Drops every prefix-index entry of both tiers. Unreferenced cached pages become free; pages
+    /// in use (or pinned) stay with their holders but will not be matched again. Works at any time.
+    pub fn clear_index(&mut self) {
+        for tier in [Tier::Device, Tier::Host] {
+            let pages = match tier {
+                Tier::Device => self.index.clear(),
+                Tier::Host => self.host_index.clear(),
+            };
+            for page in pages {
+                match tier {
+                    Tier::Device => self.dev.uncache(page),
+                    Tier::Host => self.host.uncache(page),
+                }
+            }
+            self.events.push(super::events::Event {
+                kind: super::events::EventKind::Cleared,
+                tier,
+                hash: 0,
+                parent: 0,
+                lora_id: 0,
+                num_tokens: 0,
+                page: 0,
+            });
+        }
+        self.counters.index_clears += 1;
+    }
+}
