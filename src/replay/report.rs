@@ -246,6 +246,13 @@ pub fn format_report(
         out.swaps,
         out.recomputes
     );
+    if cfg.host_pages > 0 {
+        let _ = writeln!(
+            s,
+            "host tier: {} evicted pages demoted, {} promoted back on hits ({} hit tokens served from host)",
+            f.demotions, f.promotions, f.host_hit_tokens
+        );
+    }
     let _ = writeln!(
         s,
         "cache manager: {:.2} ms in {} calls ({:.2} us per call, {:.1} us per request)",
@@ -307,6 +314,8 @@ pub fn json_totals(out: &Outcome, cfg: &ReplayConfig, attention: bool, svg: Opti
         "ideal_gap_min": out.min_gap,
         "ideal_gap_max": out.max_gap,
         "evictions": f.evictions,
+        "demotions": f.demotions,
+        "promotions": f.promotions,
         "cow_copies": f.cow_copies,
         "swaps": out.swaps,
         "recomputes": out.recomputes,

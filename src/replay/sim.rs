@@ -15,10 +15,10 @@
 //!    `append_batch` (copy-on-write copies executed first), then KV write + attention. When the
 //!    device is full, the most recently admitted request is preempted: swapped out if the host
 //!    tier has room, else freed and recomputed later;
-//! 5. samples that appended their last token are freed; a request finishes with its last sample;
-//! 6. pages in use are sampled: kvshare (`device_pages_in_use`), no sharing (every live sample
+//! 5. pages in use are sampled: kvshare (`device_pages_in_use`), no sharing (every live sample
 //!    holding its own copy) and the ideal ([`IdealTracker`]), and kvshare is compared with the
-//!    ideal.
+//!    ideal (a request that appended its last token is still counted, at its largest);
+//! 6. samples that appended their last token are freed; a request finishes with its last sample.
 
 use std::collections::VecDeque;
 use std::time::Instant;
@@ -50,6 +50,9 @@ pub struct ReplayConfig {
     /// recomputed last token's slot is hidden from the KV write (off: that page is allocated
     /// fresh and recomputed, as vLLM does).
     pub skip_cached_writes: bool,
+    /// The core's `demote_to_host`: with host pages, an evicted cached page is copied to the
+    /// host tier and promoted back on a later hit instead of being recomputed.
+    pub demote_to_host: bool,
 }
 
 impl Default for ReplayConfig {
@@ -63,6 +66,7 @@ impl Default for ReplayConfig {
             geometry: Geometry::default(),
             check: false,
             skip_cached_writes: true,
+            demote_to_host: true,
         }
     }
 }
@@ -82,6 +86,8 @@ impl ReplayConfig {
             reserve_null_page: false,
             defer_commit: false,
             skip_cached_writes: self.skip_cached_writes,
+            demote_to_host: self.demote_to_host,
+            enable_events: false,
         }
     }
 
@@ -326,6 +332,33 @@ impl Sim<'_> {
         r
     }
 
+    /// Executes the copies the cache manager queued (demotions of evicted pages to the host
+    /// tier, promotions of host hits), which must run before any copy returned by a later call
+    /// and before the step's KV write. Only a host tier queues copies.
+    fn drain_queued(&mut self, owners: &[usize]) -> Result<(), String> {
+        if self.cfg.host_pages == 0 {
+            return Ok(());
+        }
+        let queued = self
+            .mgr(owners, |s| Ok(s.take_copies(usize::MAX)))
+            .map_err(|e| format!("take_copies: {e}"))?;
+        if queued.is_empty() {
+            return Ok(());
+        }
+        // A promotion (host hit) gives the request a device page: count it as allocated.
+        let promoted = queued
+            .iter()
+            .filter(|c| c.kind == crate::core::CopyKind::HostToDevice)
+            .count() as u64;
+        if let [o] = owners {
+            self.stats[*o].allocated_pages += promoted;
+        }
+        let returned = std::mem::replace(&mut self.copies, queued);
+        self.copy(owners)?;
+        self.copies = returned;
+        Ok(())
+    }
+
     fn state_stats(&self) -> Stats {
         self.cache.lock().expect("cache lock").stats()
     }
@@ -483,6 +516,7 @@ impl Sim<'_> {
                     .map_err(|e| format!("swap_in of {:?}: {e}", self.reqs[i].id))?;
                 self.stats[i].allocated_pages += c.len() as u64;
                 self.copies = c;
+                self.drain_queued(&[i])?;
                 self.copy(&[i])?;
             }
             for b in 0..self.st[i].samples.len() {
@@ -538,6 +572,7 @@ impl Sim<'_> {
                 st.hit_tokens += info.matched_tokens as u64;
                 st.allocated_pages += info.new_pages as u64;
                 self.track(i, b);
+                self.drain_queued(&[i])?;
                 items.push((i, b, toks.len() - info.matched_tokens));
             }
             if !self.st[i].started {
@@ -582,7 +617,8 @@ impl Sim<'_> {
             .iter()
             .map(|&b| self.st[i].samples[b].len.div_ceil(self.ps))
             .sum();
-        let host_free = self.state_stats().host_pages_free as usize;
+        let host = self.state_stats();
+        let host_free = (host.host_pages_free + host.host_pages_cached) as usize;
         for &b in &live {
             self.ideal.remove(self.st[i].samples[b].seq);
         }
@@ -593,6 +629,7 @@ impl Sim<'_> {
                 self.mgr(&[i], |s| s.swap_out(seq, &mut c, usize::MAX))
                     .map_err(|e| format!("swap_out of {:?}: {e}", self.reqs[i].id))?;
                 self.copies = c;
+                self.drain_queued(&[i])?;
                 self.copy(&[i])?;
             }
             self.st[i].phase = Phase::Swapped;
@@ -679,6 +716,7 @@ impl Sim<'_> {
                     }
                 }
             }
+            self.drain_queued(&owners)?;
             self.copy(&owners)?;
             let mut items = Vec::with_capacity(batch.len());
             for (k, &(i, b)) in batch.iter().enumerate() {
@@ -907,8 +945,8 @@ pub fn replay(
         sim.forward(&items, false)?;
         sim.forks(&items)?;
         sim.decode()?;
-        sim.finish()?;
         sim.sample(step)?;
+        sim.finish()?;
         done = sim.st.iter().filter(|s| s.phase == Phase::Done).count();
         sim.now += cfg.step_ms;
         step += 1;

@@ -24,7 +24,9 @@ WORKLOAD:
 CACHE AND SCHEDULER:
     --page-size N         tokens per page [16]
     --device-pages N      device pages [28672 tokens' worth: 1792 at page size 16]
-    --host-pages N        host pages; preempted requests are swapped there (0: recomputed) [0]
+    --host-pages N        host pages: evicted cached pages are demoted there and promoted back on
+                          a hit, preempted requests are swapped there (0: none; recompute) [0]
+    --no-demote           with host pages, drop evicted cached pages instead of demoting them
     --concurrency N       most requests running at once [8]
     --step-ms MS          simulated duration of one engine step [20]
     --no-skip-cached-writes
@@ -72,6 +74,7 @@ pub struct Args {
     pub concurrency: usize,
     pub step_ms: f64,
     pub skip_cached_writes: bool,
+    pub demote_to_host: bool,
     pub check: bool,
     pub attention: bool,
     pub layers: u32,
@@ -101,6 +104,7 @@ impl Default for Args {
             concurrency: 8,
             step_ms: 20.0,
             skip_cached_writes: true,
+            demote_to_host: true,
             check: false,
             attention: true,
             layers: 2,
@@ -117,9 +121,9 @@ impl Default for Args {
     }
 }
 
-fn num<T: std::str::FromStr>(flag: &str, v: &str, min: T) -> Result<T, String>
+fn num<T>(flag: &str, v: &str, min: T) -> Result<T, String>
 where
-    T: PartialOrd + std::fmt::Display,
+    T: std::str::FromStr + PartialOrd + std::fmt::Display,
 {
     let x: T = v
         .parse()
@@ -160,6 +164,7 @@ pub fn parse(argv: &[String]) -> Result<Args, String> {
                 }
             }
             "--no-skip-cached-writes" => a.skip_cached_writes = false,
+            "--no-demote" => a.demote_to_host = false,
             "--check" => a.check = true,
             "--no-attention" => a.attention = false,
             "--layers" => a.layers = num(flag, val()?, 1)?,

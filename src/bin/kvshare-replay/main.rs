@@ -65,6 +65,7 @@ fn config(a: &Args) -> ReplayConfig {
         },
         check: a.check,
         skip_cached_writes: a.skip_cached_writes,
+        demote_to_host: a.demote_to_host,
     }
 }
 
