@@ -140,6 +140,151 @@ typedef uint32_t kvs_status;
 #endif // __cplusplus
 
 /*
+ Element type of KV caches and attention tensors.
+ */
+enum kvs_dtype
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /*
+   32-bit float.
+   */
+  KVS_DTYPE_F32 = 0,
+  /*
+   IEEE half precision.
+   */
+  KVS_DTYPE_F16 = 1,
+  /*
+   bfloat16.
+   */
+  KVS_DTYPE_BF16 = 2,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum kvs_dtype kvs_dtype;
+#else
+typedef uint32_t kvs_dtype;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/*
+ Which memory tier a page id refers to.
+ */
+enum kvs_tier
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /*
+   Device (accelerator) memory.
+   */
+  KVS_TIER_DEVICE = 0,
+  /*
+   Host memory.
+   */
+  KVS_TIER_HOST = 1,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum kvs_tier kvs_tier;
+#else
+typedef uint32_t kvs_tier;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/*
+ Direction of a page copy (values of `kvs_copy.kind`).
+ */
+enum kvs_copy_kind
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /*
+   Inside the device tier (copy-on-write).
+   */
+  KVS_COPY_KIND_DEVICE_TO_DEVICE = 0,
+  /*
+   Device page to host page (swap out).
+   */
+  KVS_COPY_KIND_DEVICE_TO_HOST = 1,
+  /*
+   Host page to device page (swap in).
+   */
+  KVS_COPY_KIND_HOST_TO_DEVICE = 2,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum kvs_copy_kind kvs_copy_kind;
+#else
+typedef uint32_t kvs_copy_kind;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/*
+ State of a page (`kvs_page_info.state`).
+ */
+enum kvs_page_state
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /*
+   On the free list, no content.
+   */
+  KVS_PAGE_STATE_FREE = 0,
+  /*
+   Refcount 0 but registered in the prefix index: reusable by a prefix hit, evictable.
+   */
+  KVS_PAGE_STATE_CACHED = 1,
+  /*
+   Refcount > 0.
+   */
+  KVS_PAGE_STATE_IN_USE = 2,
+  /*
+   The reserved padding page.
+   */
+  KVS_PAGE_STATE_PADDING = 3,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum kvs_page_state kvs_page_state;
+#else
+typedef uint32_t kvs_page_state;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/*
+ Kind of a `kvs_event`.
+ */
+enum kvs_event_kind
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /*
+   A page was registered under `hash` in `tier` (vLLM's `BlockStored`).
+   */
+  KVS_EVENT_KIND_STORED = 0,
+  /*
+   The page registered under `hash` in `tier` left the index (vLLM's `BlockRemoved`).
+   */
+  KVS_EVENT_KIND_REMOVED = 1,
+  /*
+   Every entry of `tier` was dropped (vLLM's `AllBlocksCleared`).
+   */
+  KVS_EVENT_KIND_CLEARED = 2,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum kvs_event_kind kvs_event_kind;
+#else
+typedef uint32_t kvs_event_kind;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/*
  A KV-cache manager: page pools (device and host), refcounts, the prefix index and sequences.
 
  **Ownership:** created by `kvs_cache_new`, freed by `kvs_cache_free`.
@@ -152,10 +297,12 @@ typedef uint32_t kvs_status;
 
  **Methods:** `kvs_cache_new`, `kvs_cache_free`, `kvs_cache_get_config`, `kvs_cache_stats`,
  `kvs_cache_check`, `kvs_cache_commit`, `kvs_cache_block_tables`, `kvs_cache_slot_mapping`;
- pages: `kvs_pages_alloc`, `kvs_pages_acquire`, `kvs_pages_release`, `kvs_page_info`;
+ pages: `kvs_pages_alloc`, `kvs_pages_acquire`, `kvs_pages_release`, `kvs_page_get_info`;
  prefix index: `kvs_prefix_register`, `kvs_prefix_match`, `kvs_prefix_clear`; sequences:
  `kvs_seq_begin`, `kvs_seq_append`, `kvs_seq_append_batch`, `kvs_seq_fork`, `kvs_seq_free`,
- `kvs_seq_swap_out`, `kvs_seq_swap_in`, `kvs_seq_info`, `kvs_seq_pages`.
+ `kvs_seq_swap_out`, `kvs_seq_swap_in`, `kvs_seq_get_info`, `kvs_seq_pages`, `kvs_seq_set_priority`;
+ queues: `kvs_cache_take_copies`, `kvs_cache_take_events`; retention: `kvs_prefix_pin`,
+ `kvs_prefix_unpin`, `kvs_prefix_prefetch`.
  */
 typedef struct kvs_cache kvs_cache;
 
@@ -439,7 +586,7 @@ typedef struct kvs_event {
 } kvs_event;
 
 /*
- What `kvs_page_info` reports about one page.
+ What `kvs_page_get_info` reports about one page.
  */
 typedef struct kvs_page_info {
   /*
@@ -482,7 +629,9 @@ typedef struct kvs_mm_item {
 
 /*
  Keys that are part of a page's identity besides its tokens. Pass NULL for "none".
- Sequences with different `lora_id`, salt bytes or multimodal items never share pages.
+ Sequences with different `lora_id` or salt bytes never share pages; a multimodal item changes
+ the identity of the pages it overlaps (and, through the chain digest, of every later page),
+ so text pages before it are still shared.
  */
 typedef struct kvs_extra_keys {
   /*
@@ -508,7 +657,7 @@ typedef struct kvs_extra_keys {
 } kvs_extra_keys;
 
 /*
- A sequence's shape (`kvs_seq_begin`, `kvs_seq_info`).
+ A sequence's shape (`kvs_seq_begin`, `kvs_seq_get_info`).
  */
 typedef struct kvs_seq_info {
   /*
@@ -520,16 +669,17 @@ typedef struct kvs_seq_info {
    */
   uint64_t num_pages;
   /*
-   Prompt tokens found cached at `kvs_seq_begin` (a multiple of the page size): the engine
-   skips computing them.
+   Prompt tokens found cached at `kvs_seq_begin`, at most `max_match_tokens`: the engine skips
+   computing them. A multiple of the page size, unless `max_match_tokens` cut into a cached
+   page (with `skip_cached_writes` that page is still shared and its slots hidden).
    */
   uint64_t matched_tokens;
   /*
-   Pages newly allocated at `kvs_seq_begin` for tokens to compute (0 in `kvs_seq_info`).
+   Pages newly allocated at `kvs_seq_begin` for tokens to compute (0 in `kvs_seq_get_info`).
    */
   uint64_t new_pages;
   /*
-   Prefix-hit pages promoted from the host tier at `kvs_seq_begin` (0 in `kvs_seq_info`);
+   Prefix-hit pages promoted from the host tier at `kvs_seq_begin` (0 in `kvs_seq_get_info`);
    their copies are queued for `kvs_cache_take_copies`.
    */
   uint64_t promoted_pages;
@@ -714,10 +864,10 @@ kvs_status kvs_pages_release(struct kvs_cache *cache, const uint32_t *pages, siz
  **Failure:** bad tier or out-of-range id; `*info_out` untouched.
  **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
  */
-kvs_status kvs_page_info(const struct kvs_cache *cache,
-                         uint32_t tier,
-                         uint32_t page,
-                         struct kvs_page_info *info_out);
+kvs_status kvs_page_get_info(const struct kvs_cache *cache,
+                             uint32_t tier,
+                             uint32_t page,
+                             struct kvs_page_info *info_out);
 
 /*
  Registers the full pages of a token sequence in the prefix index: `pages[i]` (held by the
@@ -936,9 +1086,9 @@ kvs_status kvs_seq_set_priority(struct kvs_cache *cache, uint64_t seq_id, uint32
 
  **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
  */
-kvs_status kvs_seq_info(const struct kvs_cache *cache,
-                        uint64_t seq_id,
-                        struct kvs_seq_info *info_out);
+kvs_status kvs_seq_get_info(const struct kvs_cache *cache,
+                            uint64_t seq_id,
+                            struct kvs_seq_info *info_out);
 
 /*
  Copies a sequence's block table (page ids of its tier) to `pages_out` and the count to

@@ -84,13 +84,13 @@ impl State {
         if !self.cfg.enable_prefix_caching && !self.index.is_empty() {
             return violation("prefix caching is off but the index has entries".into());
         }
-        for &id in &self.pending {
-            if let Some(s) = self.seqs.get(&id) {
-                if !s.pending {
-                    return violation(format!(
-                        "sequence {id} queued for commit but not flagged pending"
-                    ));
-                }
+        // The commit queue may hold ids of sequences freed (or freed and reused) since; what must
+        // hold is that every sequence flagged pending is queued.
+        for (&id, s) in &self.seqs {
+            if s.pending && !self.pending.contains(&id) {
+                return violation(format!(
+                    "sequence {id} is flagged pending but not queued for commit"
+                ));
             }
         }
         Ok(())

@@ -178,12 +178,13 @@ impl State {
     pub fn commit(&mut self) {
         let pending = std::mem::take(&mut self.pending);
         for id in pending {
+            // Entries of freed (or freed and reused) ids are stale: only flagged sequences count.
             let on_device = match self.seqs.get_mut(&id) {
-                Some(s) => {
+                Some(s) if s.pending => {
                     s.pending = false;
                     s.tier == Tier::Device
                 }
-                None => continue,
+                _ => continue,
             };
             if on_device {
                 self.register_now(id);
@@ -256,10 +257,19 @@ impl State {
 
     /// Pages an append of `n` tokens (plus `lookahead` reserved slots) needs: new capacity pages
     /// and copy-on-write replacements of shared pages it would write into.
-    fn append_need(&self, s: &Seq, n: usize, lookahead: usize) -> (usize, usize) {
+    fn append_need(&self, s: &Seq, n: usize, lookahead: usize) -> Result<(usize, usize)> {
         let ps = self.ps;
         let old = s.tokens.len();
-        let cap = ceil_div(old + n + lookahead, ps).saturating_sub(s.pages.len());
+        let slots = old
+            .checked_add(n)
+            .and_then(|v| v.checked_add(lookahead))
+            .ok_or_else(|| {
+                Error::arg(
+                    "lookahead_slots",
+                    format!("{old} + {n} + {lookahead} slots overflow"),
+                )
+            })?;
+        let cap = ceil_div(slots, ps).saturating_sub(s.pages.len());
         let mut cow = 0;
         if n > 0 {
             let last = ((old + n - 1) / ps).min(s.pages.len().saturating_sub(1));
@@ -269,7 +279,7 @@ impl State {
                 }
             }
         }
-        (cap, cow)
+        Ok((cap, cow))
     }
 
     /// Copies an append of `n` tokens would report (0 or 1: only a partially filled shared page
@@ -349,7 +359,7 @@ impl State {
         max_copies: usize,
     ) -> Result<()> {
         let s = self.device_seq(id)?;
-        let (cap, cow) = self.append_need(s, tokens.len(), lookahead);
+        let (cap, cow) = self.append_need(s, tokens.len(), lookahead)?;
         check_room(self.append_copies(s, tokens.len()), max_copies)?;
         self.ensure_available(Tier::Device, cap + cow, 0)?;
         self.append_unchecked(id, tokens, lookahead, copies);
@@ -372,6 +382,8 @@ impl State {
             ));
         }
         let (mut need, mut n_copies) = (0, 0);
+        // Shared pages the batch writes into: (page, whether its tokens must be copied).
+        let mut shared: Vec<(u32, bool)> = Vec::new();
         self.batch_stamp += 1;
         let stamp = self.batch_stamp;
         for &id in ids {
@@ -384,9 +396,23 @@ impl State {
             }
             self.seqs.get_mut(&id).expect("checked").stamp = stamp;
             let s = &self.seqs[&id];
-            let (cap, cow) = self.append_need(s, 1, 0);
-            need += cap + cow;
-            n_copies += self.append_copies(s, 1);
+            let (cap, _) = self.append_need(s, 1, 0)?;
+            need += cap;
+            let j = s.tokens.len() / self.ps;
+            if j < s.pages.len() && self.dev.refcount(s.pages[j]) > 1 {
+                shared.push((s.pages[j], s.tokens.len() % self.ps > 0));
+            }
+        }
+        // w writers into a page with r holders copy min(w, r - 1) times: the last holder left
+        // writes in place.
+        shared.sort_unstable();
+        for group in shared.chunk_by(|a, b| a.0 == b.0) {
+            let (page, data) = group[0];
+            let copies = group.len().min(self.dev.refcount(page) as usize - 1);
+            need += copies;
+            if data {
+                n_copies += copies;
+            }
         }
         check_room(n_copies, max_copies)?;
         self.ensure_available(Tier::Device, need, 0)?;
@@ -414,6 +440,9 @@ impl State {
 
     /// Ends a sequence: releases its pages, last page first, so the deepest cached pages of a
     /// chain are evicted before its shared head.
+    ///
+    /// With `defer_commit`, full pages not yet committed are not registered: their KV may never
+    /// have been computed.
     pub fn free(&mut self, id: u64) -> Result<()> {
         let s = self.seqs.remove(&id).ok_or(Error::SeqNotFound(id))?;
         for &p in s.pages.iter().rev() {

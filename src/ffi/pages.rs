@@ -1,4 +1,4 @@
-//! `kvs_pages_*` / `kvs_page_info`: page-level allocation and refcounts (vLLM's BlockPool,
+//! `kvs_pages_*` / `kvs_page_get_info`: page-level allocation and refcounts (vLLM's BlockPool,
 //! ATB's KVCacheManager), for engines that keep their own block tables.
 
 use super::cache::{cache, kvs_cache};
@@ -22,7 +22,7 @@ pub enum kvs_page_state {
     Padding = 3,
 }
 
-/// What `kvs_page_info` reports about one page.
+/// What `kvs_page_get_info` reports about one page.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct kvs_page_info {
@@ -111,7 +111,7 @@ impl kvs_cache {
     /// **Failure:** bad tier or out-of-range id; `*info_out` untouched.
     /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
     #[no_mangle]
-    pub unsafe extern "C" fn kvs_page_info(
+    pub unsafe extern "C" fn kvs_page_get_info(
         cache: *const kvs_cache,
         tier: u32,
         page: u32,

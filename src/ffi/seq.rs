@@ -8,7 +8,7 @@ use super::status::kvs_status;
 use super::types::{extra_from_c, kvs_copy, kvs_extra_keys, kvs_tier};
 use crate::core::{Error, PageCopy, SeqInfo, State};
 
-/// A sequence's shape (`kvs_seq_begin`, `kvs_seq_info`).
+/// A sequence's shape (`kvs_seq_begin`, `kvs_seq_get_info`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct kvs_seq_info {
@@ -16,12 +16,13 @@ pub struct kvs_seq_info {
     pub num_tokens: u64,
     /// Pages in its block table (may exceed what the tokens need by reserved lookahead slots).
     pub num_pages: u64,
-    /// Prompt tokens found cached at `kvs_seq_begin` (a multiple of the page size): the engine
-    /// skips computing them.
+    /// Prompt tokens found cached at `kvs_seq_begin`, at most `max_match_tokens`: the engine skips
+    /// computing them. A multiple of the page size, unless `max_match_tokens` cut into a cached
+    /// page (with `skip_cached_writes` that page is still shared and its slots hidden).
     pub matched_tokens: u64,
-    /// Pages newly allocated at `kvs_seq_begin` for tokens to compute (0 in `kvs_seq_info`).
+    /// Pages newly allocated at `kvs_seq_begin` for tokens to compute (0 in `kvs_seq_get_info`).
     pub new_pages: u64,
-    /// Prefix-hit pages promoted from the host tier at `kvs_seq_begin` (0 in `kvs_seq_info`);
+    /// Prefix-hit pages promoted from the host tier at `kvs_seq_begin` (0 in `kvs_seq_get_info`);
     /// their copies are queued for `kvs_cache_take_copies`.
     pub promoted_pages: u64,
     /// A `kvs_tier` value: where the pages are (host while swapped out).
@@ -263,7 +264,7 @@ impl kvs_cache {
     ///
     /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
     #[no_mangle]
-    pub unsafe extern "C" fn kvs_seq_info(
+    pub unsafe extern "C" fn kvs_seq_get_info(
         cache: *const kvs_cache,
         seq_id: u64,
         info_out: *mut kvs_seq_info,

@@ -116,7 +116,9 @@ pub struct kvs_mm_item {
 }
 
 /// Keys that are part of a page's identity besides its tokens. Pass NULL for "none".
-/// Sequences with different `lora_id`, salt bytes or multimodal items never share pages.
+/// Sequences with different `lora_id` or salt bytes never share pages; a multimodal item changes
+/// the identity of the pages it overlaps (and, through the chain digest, of every later page),
+/// so text pages before it are still shared.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct kvs_extra_keys {

@@ -290,6 +290,82 @@ fn decode_step(repeats: usize, rows: &mut Vec<Row>) {
     });
 }
 
+/// Host tier: two prompts that each fill the device take turns, so every begin demotes the other
+/// prompt's pages to host and promotes its own back (copies drained each round), and every
+/// index change is an event drained in batches.
+fn tiers(repeats: usize, rows: &mut Vec<Row>) {
+    const PAGES: usize = 256;
+    const PS: usize = 16;
+    let mut s = State::new(Config {
+        page_size: PS as u32,
+        num_device_pages: PAGES as u32,
+        num_host_pages: 2 * PAGES as u32,
+        enable_events: true,
+        ..Config::default()
+    })
+    .unwrap();
+    let a = tokens(1, PAGES * PS);
+    let b = tokens(2, PAGES * PS);
+    let mut id = 0u64;
+    let mut round = |s: &mut State, p: &[i32]| {
+        id += 1;
+        s.begin(id, p, None, usize::MAX).unwrap();
+        s.free(id).unwrap();
+        std::hint::black_box(s.take_copies(usize::MAX));
+    };
+    round(&mut s, &a);
+    round(&mut s, &b);
+    s.take_events(usize::MAX);
+    const ROUNDS: usize = 10;
+    let before = s.stats().counters;
+    let mut events = 0usize;
+    let ns = ns_per_unit(repeats.min(11), ROUNDS * PAGES, || {
+        for k in 0..ROUNDS {
+            round(&mut s, if k % 2 == 0 { &a } else { &b });
+            events += s.take_events(4096).len();
+        }
+    });
+    let after = s.stats().counters;
+    assert!(after.promotions > before.promotions && after.demotions > before.demotions);
+    s.check().unwrap();
+    // Floor: a device-only cache where the same rounds are plain misses (evict + allocate).
+    let mut f = State::new(Config {
+        page_size: PS as u32,
+        num_device_pages: PAGES as u32,
+        ..Config::default()
+    })
+    .unwrap();
+    let mut fid = 0u64;
+    let floor = ns_per_unit(repeats.min(11), ROUNDS * PAGES, || {
+        for k in 0..ROUNDS {
+            fid += 1;
+            f.begin(fid, if k % 2 == 0 { &a } else { &b }, None, usize::MAX)
+                .unwrap();
+            f.free(fid).unwrap();
+        }
+    });
+    rows.push(Row {
+        name: "demote_promote_page",
+        unit: "page",
+        ns,
+        floor_ns: floor,
+        target_ns: f64::NAN,
+    });
+    // Per page and round: device Removed + host Stored (demotion) + device Stored (promotion).
+    let per_page = events as f64 / (ROUNDS * PAGES) as f64 / (repeats.min(11) + 1) as f64;
+    println!(
+        "tiers: {per_page:.1} events per page moved, {:.1} M events/s of bookkeeping",
+        per_page / ns * 1e3
+    );
+    rows.push(Row {
+        name: "tiered_bookkeeping_per_event",
+        unit: "event",
+        ns: ns / per_page,
+        floor_ns: f64::NAN,
+        target_ns: f64::NAN,
+    });
+}
+
 /// Runs the manager benchmarks; `--quick` uses fewer repeats.
 pub fn run(args: &[String]) -> Result<(), String> {
     let quick = args.iter().any(|a| a == "--quick");
@@ -299,6 +375,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     prefix_match(repeats, 128, 10_000.0, &mut rows);
     prefix_match(repeats, 16, 30_000.0, &mut rows);
     decode_step(repeats, &mut rows);
+    tiers(repeats, &mut rows);
 
     println!(
         "{:<26} {:>12} {:>10} {:>12} {:>9} {:>10} {:>6}",
