@@ -100,6 +100,9 @@ pub struct Forward<'a> {
     pub block_table: &'a [i32],
     /// Columns of `block_table`.
     pub max_pages: usize,
+    /// Every token of each sequence (for models that check their output against a reference);
+    /// empty unless [`Model::wants_history`].
+    pub history: &'a [Vec<i32>],
 }
 
 impl Forward<'_> {
@@ -117,6 +120,10 @@ pub trait Model {
     fn copy_pages(&mut self, copies: &[PageCopy]) -> Result<(), String>;
     /// KV write of the new tokens and paged attention for them, every layer.
     fn forward(&mut self, f: &Forward<'_>) -> Result<(), String>;
+    /// Whether [`Forward::history`] must be filled (costs a copy of every sequence per step).
+    fn wants_history(&self) -> bool {
+        false
+    }
 }
 
 /// `--no-attention`: the cache manager alone.

@@ -446,6 +446,14 @@ impl Sim<'_> {
             // Attention work: each new token attends to its causal prefix.
             work.push(qn as f64 * (len as f64 - qn as f64 / 2.0 + 0.5));
         }
+        let history: Vec<Vec<i32>> = if self.model.wants_history() {
+            items
+                .iter()
+                .map(|&(i, b, _)| self.tokens_of(i, b))
+                .collect()
+        } else {
+            Vec::new()
+        };
         let f = Forward {
             decode,
             num_seqs: ids.len(),
@@ -456,6 +464,7 @@ impl Sim<'_> {
             slots: &slots,
             block_table: &table,
             max_pages,
+            history: &history,
         };
         let t = Instant::now();
         self.model.forward(&f)?;

@@ -40,7 +40,7 @@ pub struct ChatWorkload {
 impl Default for ChatWorkload {
     fn default() -> Self {
         ChatWorkload {
-            users: 16,
+            users: 8,
             turns: 10,
             system_tokens: 1024,
             user_tokens: (40, 120),

@@ -15,7 +15,7 @@ USAGE:
 WORKLOAD:
     --trace FILE          replay a JSON Lines trace (shared/design/trace-format.md) instead of the
                           built-in chat workload; malformed lines are refused before anything runs
-    --users N             built-in workload: conversations [16]
+    --users N             built-in workload: conversations [8]
     --turns N             built-in workload: turns per conversation [10]
     --system-tokens N     built-in workload: shared system prompt tokens [1024]
     --seed N              seed of the built-in workload and of the model's values [42]
@@ -23,7 +23,7 @@ WORKLOAD:
 
 CACHE AND SCHEDULER:
     --page-size N         tokens per page [16]
-    --device-pages N      device pages [28672 tokens' worth: 1792 at page size 16]
+    --device-pages N      device pages [14336 tokens' worth: 896 at page size 16]
     --host-pages N        host pages: evicted cached pages are demoted there and promoted back on
                           a hit, preempted requests are swapped there (0: none; recompute) [0]
     --no-demote           with host pages, drop evicted cached pages instead of demoting them
@@ -51,8 +51,8 @@ OUTPUT:
     -h, --help            this text
 ";
 
-/// Tokens of device memory by default (1792 pages of 16 tokens: the built-in workload starts evicting useful history in its last turns).
-pub const DEFAULT_DEVICE_TOKENS: u64 = 28672;
+/// Tokens of device memory by default (896 pages of 16 tokens: the built-in workload starts evicting useful history in its last turns).
+pub const DEFAULT_DEVICE_TOKENS: u64 = 14336;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Sweep {
@@ -93,7 +93,7 @@ impl Default for Args {
     fn default() -> Self {
         Args {
             trace: None,
-            users: 16,
+            users: 8,
             turns: 10,
             system_tokens: 1024,
             seed: 42,
