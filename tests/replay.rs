@@ -370,3 +370,32 @@ fn too_large_request_is_refused_before_running() {
     let e = replay(&r, &cfg(4, 8), &mut NoModel, &mut |_| {}).unwrap_err();
     assert!(e.contains("\"big\" needs 12 pages"), "{e}");
 }
+
+#[test]
+fn share_ratio_sweep_measures_the_shared_prefix() {
+    use kvshare::replay::model::Model;
+    use kvshare::replay::sweep;
+    // 4 concurrent requests of 128 tokens (120 prompt + 8 output), 16-token pages: the first
+    // round(r * 128) tokens are common, so each request but the first hits k = that / 16 whole
+    // pages, and at the peak (all four at their end) kvshare holds 4 * 8 - 3k pages.
+    let mut factory = |_: &ReplayConfig| Ok(Box::new(NoModel) as Box<dyn Model>);
+    let rows = sweep::share_ratio(&cfg(16, 0), 4, 128, 8, 7, &mut factory, &mut |_, _| {}).unwrap();
+    let got: Vec<(u32, u64, u32, u32)> = rows
+        .iter()
+        .map(|r| {
+            let t = total_row(&turn_rows(&r.out));
+            let s = series(&r.out);
+            (r.value, t.hit_tokens, s.kvshare_peak, s.no_sharing_peak)
+        })
+        .collect();
+    let want: Vec<(u32, u64, u32, u32)> = [(10, 0), (30, 2), (50, 4), (70, 5), (90, 7)]
+        .iter()
+        .map(|&(r, k)| (r, 3 * 16 * k as u64, 32 - 3 * k, 32))
+        .collect();
+    assert_eq!(got, want);
+    assert!(rows
+        .iter()
+        .all(|r| r.out.gap_steps == 0 && r.out.final_stats.counters.evictions == 0));
+    let table = sweep::format_share_ratio(&rows);
+    assert_eq!(table.lines().count(), 6, "{table}");
+}

@@ -181,3 +181,54 @@ fn default_table_prints_one_row_per_turn() {
     assert!(text.contains("\n all "), "{text}");
     assert!(text.contains("plot: "), "{text}");
 }
+
+#[test]
+fn page_size_sweep_reports_five_measured_runs() {
+    let out = run(&[
+        "--sweep",
+        "page-size",
+        "--no-attention",
+        "--users",
+        "2",
+        "--turns",
+        "3",
+        "--system-tokens",
+        "128",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let runs = j["runs"].as_array().unwrap();
+    let sizes: Vec<u64> = runs
+        .iter()
+        .map(|r| r["page_size"].as_u64().unwrap())
+        .collect();
+    assert_eq!(sizes, vec![8, 16, 32, 64, 128]);
+    for r in runs {
+        assert_eq!(r["ideal_gap_steps"], 0);
+        assert_eq!(r["requests"], 6);
+        // Same device memory in tokens for every page size.
+        assert_eq!(
+            r["device_pages"].as_u64().unwrap() * r["page_size"].as_u64().unwrap(),
+            14336
+        );
+    }
+    // Finer pages share more of each history (the partial last page is recomputed).
+    let hits: Vec<f64> = runs
+        .iter()
+        .map(|r| r["prefix_hit_pct"].as_f64().unwrap())
+        .collect();
+    assert!(hits.windows(2).all(|w| w[0] >= w[1]), "{hits:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        err.lines()
+            .filter(|l| l.starts_with(|c: char| c == ' ' || c.is_ascii_digit()))
+            .count(),
+        5,
+        "{err}"
+    );
+}
