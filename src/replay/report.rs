@@ -172,7 +172,7 @@ pub fn ideal_verdict(out: &Outcome) -> String {
 pub fn format_report(
     out: &Outcome,
     cfg: &ReplayConfig,
-    attention: &str,
+    attention: bool,
     svg: Option<&str>,
 ) -> String {
     let pb = cfg.page_bytes();
@@ -253,22 +253,33 @@ pub fn format_report(
             f.demotions, f.promotions, f.host_hit_tokens
         );
     }
+    let model_ns = out.prefill_ns + out.decode_ns + out.copy_ns;
     let _ = writeln!(
         s,
-        "cache manager: {:.2} ms in {} calls ({:.2} us per call, {:.1} us per request)",
+        "cache manager: {:.2} ms in {} calls ({:.2} us per call, {:.1} us per request){}",
         out.mgr_ns as f64 / 1e6,
         out.mgr_calls,
         out.mgr_ns as f64 / 1e3 / out.mgr_calls.max(1) as f64,
-        out.mgr_ns as f64 / 1e3 / out.requests.len().max(1) as f64
+        out.mgr_ns as f64 / 1e3 / out.requests.len().max(1) as f64,
+        if model_ns > 1_000_000 {
+            format!(
+                ", {:.2}% of the model's time",
+                100.0 * out.mgr_ns as f64 / model_ns as f64
+            )
+        } else {
+            String::new()
+        }
     );
-    let _ = writeln!(
-        s,
-        "model ({attention}): {:.2} s (prefill {:.2} s, decode {:.2} s, page copies {:.3} s)",
-        (out.prefill_ns + out.decode_ns + out.copy_ns) as f64 / 1e9,
-        out.prefill_ns as f64 / 1e9,
-        out.decode_ns as f64 / 1e9,
-        out.copy_ns as f64 / 1e9
-    );
+    if attention {
+        let _ = writeln!(
+            s,
+            "attention and KV write: {:.2} s (prefill {:.2} s, decode {:.2} s, page copies {:.3} s)",
+            model_ns as f64 / 1e9,
+            out.prefill_ns as f64 / 1e9,
+            out.decode_ns as f64 / 1e9,
+            out.copy_ns as f64 / 1e9
+        );
+    }
     let _ = writeln!(
         s,
         "simulated {:.1} s in {} steps of {} ms; wall time {:.2} s",

@@ -167,7 +167,7 @@ fn run(a: &Args) -> Result<(), String> {
             let svg_path = write_svg(&a.svg, &svg)?;
             say(
                 &mut human,
-                &format_report(&out, &cfg, &attention, Some(&svg_path)),
+                &format_report(&out, &cfg, a.attention, Some(&svg_path)),
             );
             if a.json {
                 println!("{}", json_totals(&out, &cfg, a.attention, Some(&svg_path)));
