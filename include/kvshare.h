@@ -24,6 +24,21 @@
 
 
 /*
+ Largest head dimension accepted.
+ */
+#define MAX_HEAD_DIM 1024
+
+/*
+ Largest number of query heads (and kv heads) accepted.
+ */
+#define MAX_HEADS 4096
+
+/*
+ Largest number of sequences or tokens in one launch.
+ */
+#define MAX_BATCH (1 << 24)
+
+/*
  Events kept when nobody drains them; older events are dropped (and counted) past this.
  */
 #define MAX_QUEUED_EVENTS (1 << 20)
@@ -206,11 +221,11 @@ enum kvs_copy_kind
    */
   KVS_COPY_KIND_DEVICE_TO_DEVICE = 0,
   /*
-   Device page to host page (swap out).
+   Device page to host page (swap out, demotion).
    */
   KVS_COPY_KIND_DEVICE_TO_HOST = 1,
   /*
-   Host page to device page (swap in).
+   Host page to device page (swap in, promotion).
    */
   KVS_COPY_KIND_HOST_TO_DEVICE = 2,
 };
@@ -285,6 +300,69 @@ typedef uint32_t kvs_event_kind;
 #endif // __cplusplus
 
 /*
+ Which backend `kvs_backend_new` creates.
+ */
+enum kvs_backend_kind
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /*
+   Host CPU, synchronous; streams are ignored.
+   */
+  KVS_BACKEND_KIND_CPU = 0,
+  /*
+   Huawei Ascend NPU through CANN (not available in this build yet).
+   */
+  KVS_BACKEND_KIND_ASCEND = 1,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum kvs_backend_kind kvs_backend_kind;
+#else
+typedef uint32_t kvs_backend_kind;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/*
+ Element type of a slot mapping (`kvs_kv_write_args.slot_mapping_type`).
+ */
+enum kvs_index_type
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /*
+   `int32_t` (vLLM-Ascend, MindIE).
+   */
+  KVS_INDEX_TYPE_INT32 = 0,
+  /*
+   `int64_t` (upstream vLLM).
+   */
+  KVS_INDEX_TYPE_INT64 = 1,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum kvs_index_type kvs_index_type;
+#else
+typedef uint32_t kvs_index_type;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/*
+ A compute backend (CPU today; Ascend later) that launches paged attention, KV writes and
+ page copies.
+
+ **Ownership:** create with `kvs_backend_new`, free with `kvs_backend_free`.
+ **Thread safety:** a backend may be used from several threads at once; the CPU backend runs
+ one call at a time on its thread pool and queues the others.
+
+ **Methods:** `kvs_backend_new`, `kvs_backend_free`, `kvs_backend_num_threads`,
+ `kvs_attention_launch`, `kvs_kv_write`, `kvs_kv_copy`.
+ */
+typedef struct kvs_backend kvs_backend;
+
+/*
  A KV-cache manager: page pools (device and host), refcounts, the prefix index and sequences.
 
  **Ownership:** created by `kvs_cache_new`, freed by `kvs_cache_free`.
@@ -305,6 +383,304 @@ typedef uint32_t kvs_event_kind;
  `kvs_prefix_unpin`, `kvs_prefix_prefetch`.
  */
 typedef struct kvs_cache kvs_cache;
+
+/*
+ Options of `kvs_backend_new`. Zero-initialise and set what you need.
+
+ **Thread safety:** plain data, read only during the call.
+ */
+typedef struct kvs_backend_options {
+  /*
+   CPU: threads of the persistent pool (the calling thread included); 0 = the machine's
+   available parallelism. At most 1024.
+   */
+  uint32_t num_threads;
+  /*
+   Ascend: device id (ignored by the CPU backend).
+   */
+  int32_t device_id;
+  /*
+   Ascend: directory holding the CANN libraries, or NULL for the loader's search path
+   (ignored by the CPU backend). NUL-terminated; read only during the call.
+   */
+  const char *library_dir;
+} kvs_backend_options;
+
+/*
+ Layout of one layer's K cache and V cache (they share it):
+ `[num_pages, page_size, num_kv_heads, head_dim]`, `head_dim` contiguous, outer strides in
+ **elements**. A stride of 0 means the dense value (`page_size*num_kv_heads*head_dim`,
+ `num_kv_heads*head_dim`, `head_dim`). Any non-overlapping strides are accepted, e.g. CANN's
+ `[num_pages, num_kv_heads, page_size, head_dim]` ("BnNBsD") is
+ `slot_stride = head_dim, head_stride = page_size*head_dim`.
+
+ **Thread safety:** plain data.
+ */
+typedef struct kvs_kv_layout {
+  /*
+   Element type: a `kvs_dtype` value.
+   */
+  uint32_t dtype;
+  /*
+   Pages in the cache.
+   */
+  uint32_t num_pages;
+  /*
+   Token slots per page.
+   */
+  uint32_t page_size;
+  /*
+   KV heads.
+   */
+  uint32_t num_kv_heads;
+  /*
+   Elements per head.
+   */
+  uint32_t head_dim;
+  /*
+   Elements between pages (0 = dense).
+   */
+  size_t page_stride;
+  /*
+   Elements between the token slots of a page (0 = dense).
+   */
+  size_t slot_stride;
+  /*
+   Elements between the kv heads of a slot (0 = dense).
+   */
+  size_t head_stride;
+} kvs_kv_layout;
+
+/*
+ Everything one paged-attention launch reads and writes (one layer).
+
+ Shapes (strides in **elements**; 0 = dense; `head_dim` is always contiguous):
+ - `query`, `output`: `[num_tokens, num_heads, head_dim]`; `output` must not overlap any input.
+ - `key_cache`, `value_cache`: see `kvs_kv_layout`.
+ - `block_table`: int32 `[num_seqs, max_pages_per_seq]`, row stride `block_table_stride`.
+   Only the first `ceil(context_lens[i] / page_size)` entries of row `i` are read, and each
+   must be a page id below `cache.num_pages`; the rest is padding.
+ - `context_lens`: host int32 `[num_seqs]`: KV tokens of each sequence, this step's query
+   tokens included (write them with `kvs_kv_write` first). At most
+   `max_pages_per_seq * page_size`.
+ - `query_start_loc`: host int32 `[num_seqs + 1]`, cumulative query starts (`[0]` is 0,
+   `[num_seqs]` is `num_tokens`), or NULL for decode (one query token per sequence,
+   `num_tokens == num_seqs`). Query token `i` of a sequence with context length `L` and
+   query length `q` sits at position `L - q + i` and attends to positions `0..=L - q + i`.
+
+ GQA/MQA: `num_heads` is a multiple of `cache.num_kv_heads`; query head `h` uses kv head
+ `h / (num_heads / num_kv_heads)`. Scores are `scale * q·k`, then `softcap * tanh(s / softcap)`
+ when `softcap > 0`; with `sliding_window > 0` a token sees only the `sliding_window` most
+ recent positions (itself included). Accumulation is in f32 whatever the dtypes.
+
+ **Thread safety:** plain data; the memory it points to must not change during the call.
+ */
+typedef struct kvs_attention_args {
+  /*
+   Sequences in the batch (>= 1).
+   */
+  uint32_t num_seqs;
+  /*
+   Query tokens in the batch (>= 1).
+   */
+  uint32_t num_tokens;
+  /*
+   Query heads.
+   */
+  uint32_t num_heads;
+  /*
+   Query tensor `[num_tokens, num_heads, head_dim]`.
+   */
+  const void *query;
+  /*
+   Query element type: a `kvs_dtype` value.
+   */
+  uint32_t query_dtype;
+  /*
+   Elements between query tokens (0 = `num_heads * head_dim`).
+   */
+  size_t query_token_stride;
+  /*
+   Elements between query heads (0 = `head_dim`).
+   */
+  size_t query_head_stride;
+  /*
+   Output tensor `[num_tokens, num_heads, head_dim]`, written on success only.
+   */
+  void *output;
+  /*
+   Output element type: a `kvs_dtype` value.
+   */
+  uint32_t output_dtype;
+  /*
+   Elements between output tokens (0 = `num_heads * head_dim`).
+   */
+  size_t output_token_stride;
+  /*
+   Elements between output heads (0 = `head_dim`).
+   */
+  size_t output_head_stride;
+  /*
+   K cache of the layer.
+   */
+  const void *key_cache;
+  /*
+   V cache of the layer.
+   */
+  const void *value_cache;
+  /*
+   Layout of both caches.
+   */
+  struct kvs_kv_layout cache;
+  /*
+   int32 block table `[num_seqs, max_pages_per_seq]`.
+   */
+  const int32_t *block_table;
+  /*
+   Columns of the block table.
+   */
+  uint32_t max_pages_per_seq;
+  /*
+   Elements between block-table rows (0 = `max_pages_per_seq`).
+   */
+  size_t block_table_stride;
+  /*
+   Host int32 `[num_seqs]` context lengths.
+   */
+  const int32_t *context_lens;
+  /*
+   Host int32 `[num_seqs + 1]` cumulative query starts, or NULL for decode.
+   */
+  const int32_t *query_start_loc;
+  /*
+   Multiplier of `q·k`, finite and > 0 (usually `1 / sqrt(head_dim)`).
+   */
+  float scale;
+  /*
+   Logit soft cap; 0 = off.
+   */
+  float softcap;
+  /*
+   Sliding window in tokens; 0 = off.
+   */
+  uint32_t sliding_window;
+} kvs_attention_args;
+
+/*
+ Everything one KV write reads and writes (one layer): scatter `key`/`value`
+ `[num_tokens, cache.num_kv_heads, cache.head_dim]` into the caches at
+ `slot = page * page_size + offset` from `slot_mapping`; negative slots are padding and are
+ skipped. Slots must be unique (later ones win on CPU). The new K/V may have another dtype
+ than the cache; values are converted (round to nearest).
+
+ **Thread safety:** plain data; the memory it points to must not change during the call.
+ */
+typedef struct kvs_kv_write_args {
+  /*
+   Tokens to write (>= 1).
+   */
+  uint32_t num_tokens;
+  /*
+   New keys `[num_tokens, num_kv_heads, head_dim]`.
+   */
+  const void *key;
+  /*
+   New values, same shape and strides as `key`.
+   */
+  const void *value;
+  /*
+   Element type of `key` and `value`: a `kvs_dtype` value.
+   */
+  uint32_t src_dtype;
+  /*
+   Elements between tokens of `key`/`value` (0 = `num_kv_heads * head_dim`).
+   */
+  size_t src_token_stride;
+  /*
+   Elements between heads of `key`/`value` (0 = `head_dim`).
+   */
+  size_t src_head_stride;
+  /*
+   K cache of the layer (written).
+   */
+  void *key_cache;
+  /*
+   V cache of the layer (written; must not overlap `key_cache`).
+   */
+  void *value_cache;
+  /*
+   Layout of both caches.
+   */
+  struct kvs_kv_layout cache;
+  /*
+   `[num_tokens]` slots, `int32_t` or `int64_t` as `slot_mapping_type` says.
+   */
+  const void *slot_mapping;
+  /*
+   A `kvs_index_type` value.
+   */
+  uint32_t slot_mapping_type;
+} kvs_kv_write_args;
+
+/*
+ The caches a page copy works on (one layer): device K/V caches laid out as `cache`, and
+ optional host K/V caches with the same per-page layout and strides and `num_host_pages`
+ pages (0 = no host caches; their pointers may then be NULL). The four buffers must not
+ overlap.
+
+ **Thread safety:** plain data.
+ */
+typedef struct kvs_kv_copy_args {
+  /*
+   Device K cache.
+   */
+  void *key_cache;
+  /*
+   Device V cache.
+   */
+  void *value_cache;
+  /*
+   Layout of the device caches (and per page of the host caches).
+   */
+  struct kvs_kv_layout cache;
+  /*
+   Host K cache, or NULL when `num_host_pages` is 0.
+   */
+  void *host_key_cache;
+  /*
+   Host V cache, or NULL when `num_host_pages` is 0.
+   */
+  void *host_value_cache;
+  /*
+   Pages of each host cache.
+   */
+  uint32_t num_host_pages;
+} kvs_kv_copy_args;
+
+/*
+ One page copy the engine (or a backend's `kvs_kv_copy`) must execute before the next
+ attention launch that reads `dst`: token slots `[0, num_tokens)` of page `src` into page `dst`
+ for every layer, K and V. `num_tokens == page_size` means the whole page; it may be 0 for a
+ reserved page that holds no token yet (nothing to move).
+ */
+typedef struct kvs_copy {
+  /*
+   Source page id, in the source tier of `kind`.
+   */
+  uint32_t src_page;
+  /*
+   Destination page id, in the destination tier of `kind`.
+   */
+  uint32_t dst_page;
+  /*
+   Slots to copy from the start of the page.
+   */
+  uint32_t num_tokens;
+  /*
+   A `kvs_copy_kind` value.
+   */
+  uint32_t kind;
+} kvs_copy;
 
 /*
  Geometry and options of a cache. Start from `kvs_config_default()` and set what you need.
@@ -518,31 +894,6 @@ typedef struct kvs_stats {
 } kvs_stats;
 
 /*
- One page copy the engine (or `kvs_page_copy` of a backend) must execute before the next
- attention launch that reads `dst`: token slots `[0, num_tokens)` of page `src` into page `dst`
- for every layer, K and V. `num_tokens == page_size` means the whole page; it may be 0 for a
- reserved page that holds no token yet (nothing to move).
- */
-typedef struct kvs_copy {
-  /*
-   Source page id, in the source tier of `kind`.
-   */
-  uint32_t src_page;
-  /*
-   Destination page id, in the destination tier of `kind`.
-   */
-  uint32_t dst_page;
-  /*
-   Slots to copy from the start of the page.
-   */
-  uint32_t num_tokens;
-  /*
-   A `kvs_copy_kind` value.
-   */
-  uint32_t kind;
-} kvs_copy;
-
-/*
  One prefix-index change. Hashes are the chain digests `h_i` described in README.md ("Prefix
  keys"), as two 64-bit halves; a router recomputes them from token ids alone.
  */
@@ -692,6 +1043,102 @@ typedef struct kvs_seq_info {
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
+
+/*
+ Creates a backend of `kind` (a `kvs_backend_kind` value). `options` may be NULL (all
+ defaults). The CPU backend starts its persistent worker threads here; no call spawns
+ threads later.
+
+ **Ownership:** on success `*backend_out` owns a new backend; free it with
+ `kvs_backend_free`. **Failure:** `KVS_STATUS_BACKEND_UNAVAILABLE` for Ascend (not in
+ this build yet), `KVS_STATUS_INVALID_ARGUMENT` for an unknown kind or out-of-range option;
+ `*backend_out` is untouched on error.
+ **Thread safety:** safe from any thread.
+ */
+kvs_status kvs_backend_new(uint32_t kind,
+                           const struct kvs_backend_options *options,
+                           struct kvs_backend **backend_out);
+
+/*
+ Frees a backend (its worker threads are joined). NULL is a no-op.
+
+ **Ownership:** `backend` must come from `kvs_backend_new` and is invalid afterwards.
+ **Thread safety:** no other call may be using `backend`.
+ */
+void kvs_backend_free(struct kvs_backend *backend);
+
+/*
+ Threads the backend computes on (CPU: pool size, the calling thread included).
+
+ **Failure:** `KVS_STATUS_NULL_ARGUMENT` for a NULL argument; `*num_threads_out` is
+ untouched on error. **Thread safety:** safe from any thread.
+ */
+kvs_status kvs_backend_num_threads(const struct kvs_backend *backend, uint32_t *num_threads_out);
+
+/*
+ Launches paged attention (decode, prefill or chunked prefill, causal within each
+ sequence) for one layer; see `kvs_attention_args` for shapes and semantics. `stream` is
+ the backend's stream (`aclrtStream` for Ascend); the CPU backend ignores it (NULL is
+ fine) and returns when the output is written.
+
+ **Failure:** `KVS_STATUS_NULL_ARGUMENT` for a NULL `backend`, `args` or required
+ pointer; `KVS_STATUS_ATTN_INVALID_ARGUMENT` for any shape, stride, dtype, head ratio,
+ length or block-table entry that is out of range or contradicts another (the message
+ names the field). Nothing is written on error.
+ **Thread safety:** safe from any thread; `output` must not be accessed by others
+ during the call.
+ */
+kvs_status kvs_attention_launch(const struct kvs_backend *backend,
+                                const struct kvs_attention_args *args,
+                                void *stream);
+
+/*
+ Scatters new K and V into one layer's paged caches by slot mapping (vLLM's
+ `reshape_and_cache`, CANN's `aclnnScatterPaKvCache` "Norm" mode); see
+ `kvs_kv_write_args`. `stream` as in `kvs_attention_launch`.
+
+ **Failure:** `KVS_STATUS_NULL_ARGUMENT` for a NULL `backend`, `args` or required
+ pointer; `KVS_STATUS_ATTN_INVALID_ARGUMENT` for a bad shape, stride, dtype, index type or
+ a slot at or beyond `num_pages * page_size` (message names the field). Nothing is
+ written on error.
+ **Thread safety:** safe from any thread; the caches must not be accessed by others
+ during the call.
+ */
+kvs_status kvs_kv_write(const struct kvs_backend *backend,
+                        const struct kvs_kv_write_args *args,
+                        void *stream);
+
+/*
+ Performs page copies reported by the cache manager (copy-on-write of a partial page,
+ swap out/in, demotion/promotion) on one layer's K and V caches, in array order; see
+ `kvs_copy` and `kvs_kv_copy_args`. `(NULL, 0)` copies nothing. `stream` as in
+ `kvs_attention_launch`. Call once per layer.
+
+ **Failure:** `KVS_STATUS_NULL_ARGUMENT` for a NULL `backend`, `args`, required cache
+ pointer or `copies` with `num_copies > 0`; `KVS_STATUS_ATTN_INVALID_ARGUMENT` for a bad
+ layout, an unknown kind, a page id beyond its tier or `num_tokens` above `page_size`
+ (0 is a valid no-op; the message names the field, e.g. `copies`). Nothing is copied on
+ error.
+ **Thread safety:** safe from any thread; the caches must not be accessed by others
+ during the call.
+ */
+kvs_status kvs_kv_copy(const struct kvs_backend *backend,
+                       const struct kvs_kv_copy_args *args,
+                       const struct kvs_copy *copies,
+                       size_t num_copies,
+                       void *stream);
+
+/*
+ The dense layout of a `[num_pages, page_size, num_kv_heads, head_dim]` cache of `dtype`
+ (a `kvs_dtype` value), strides filled in. Pure; nothing is checked here.
+
+ **Thread safety:** safe from any thread.
+ */
+struct kvs_kv_layout kvs_kv_layout_dense(uint32_t dtype,
+                                         uint32_t num_pages,
+                                         uint32_t page_size,
+                                         uint32_t num_kv_heads,
+                                         uint32_t head_dim);
 
 /*
  A valid default configuration: 16-token pages, 1024 device pages, no host pages, one

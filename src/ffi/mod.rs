@@ -12,6 +12,7 @@
 #![allow(clippy::missing_safety_doc)]
 #![allow(non_camel_case_types)]
 
+pub mod attn;
 pub mod cache;
 pub mod events;
 pub(crate) mod handle;

@@ -61,13 +61,13 @@ pub(crate) fn tier_from_raw(raw: u32, field: &'static str) -> Result<Tier, Error
 pub enum kvs_copy_kind {
     /// Inside the device tier (copy-on-write).
     DeviceToDevice = 0,
-    /// Device page to host page (swap out).
+    /// Device page to host page (swap out, demotion).
     DeviceToHost = 1,
-    /// Host page to device page (swap in).
+    /// Host page to device page (swap in, promotion).
     HostToDevice = 2,
 }
 
-/// One page copy the engine (or `kvs_page_copy` of a backend) must execute before the next
+/// One page copy the engine (or a backend's `kvs_kv_copy`) must execute before the next
 /// attention launch that reads `dst`: token slots `[0, num_tokens)` of page `src` into page `dst`
 /// for every layer, K and V. `num_tokens == page_size` means the whole page; it may be 0 for a
 /// reserved page that holds no token yet (nothing to move).

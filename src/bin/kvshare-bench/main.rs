@@ -4,6 +4,7 @@
 //! Numbers are medians over repeats; each mode measures its own baseline in the same run and
 //! reports ratios, because these machines are noisy.
 
+mod attention;
 mod manager;
 mod timing;
 
@@ -11,8 +12,9 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("manager") => manager::run(&args[1..]),
+        Some("attention") => attention::run(&args[1..]),
         Some("--help" | "-h") | None => {
-            println!("usage: kvshare-bench <manager|attention> [--quick]");
+            println!("usage: kvshare-bench <manager|attention> [--quick] [--help]");
             Ok(())
         }
         Some(other) => Err(format!("unknown mode `{other}` (try --help)")),

@@ -1,0 +1,694 @@
+// kvshare adapter for MindIE-LLM: every BlockSpaceManager method on top of kvshare's C ABI.
+//
+// Mapping in one paragraph: a MindIE sequence id is a kvshare sequence id (cast to uint64_t), an
+// NPU block id is a kvshare device page id, and a global CPU block id is a kvshare host page id
+// plus the number of allocatable NPU blocks (physical CPU ids, used in swap pairs, are the host
+// page ids). The cache is created with deferred commit, so a full block becomes a prefix hit only
+// after MarkBlocksAsComputed (kvs_cache_commit), and without skip_cached_writes, because MindIE's
+// Python side builds its slot mapping from the block tables: a prompt shares whole cached pages
+// within its first len-1 tokens only, so a page the engine recomputes is always private.
+#include "kvshare_mindie.h"
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include "kvshare.h"
+
+namespace kvshare_mindie {
+
+using mindie_llm::KvCacheType;
+using mindie_llm::SequenceStage;
+using mindie_llm::SequenceStatus;
+
+namespace {
+
+// Values of kvshare enums that the generated header does not emit (they are only referenced as
+// uint32_t fields); taken from src/ffi/types.rs (`kvs_tier`, `kvs_copy_kind`).
+constexpr uint32_t KVS_TIER_HOST_VALUE = 1;
+constexpr uint32_t KVS_COPY_DEVICE_TO_DEVICE_VALUE = KVS_COPY_KIND_DEVICE_TO_DEVICE;
+constexpr uint32_t KVS_COPY_DEVICE_TO_HOST_VALUE = KVS_COPY_KIND_DEVICE_TO_HOST;
+constexpr uint32_t KVS_COPY_HOST_TO_DEVICE_VALUE = KVS_COPY_KIND_HOST_TO_DEVICE;
+
+std::string Prefix(const char *method) { return std::string("kvshare MindIE adapter: ") + method + ": "; }
+
+[[noreturn]] void Fail(const char *method, kvs_status st) {
+    throw std::runtime_error(Prefix(method) + kvs_status_str(st) + ": " + kvs_last_error_message());
+}
+
+void Check(kvs_status st, const char *method) {
+    if (st != KVS_STATUS_OK) {
+        Fail(method, st);
+    }
+}
+
+uint64_t KvsId(SequenceId id) { return static_cast<uint64_t>(id); }
+
+size_t CeilDiv(size_t a, size_t b) { return (a + b - 1) / b; }
+
+size_t NumTokens(const mindie_llm::Sequence &seq) {
+    return seq.data_.promptTokenIds.size() + seq.data_.outputTokenIds.size();
+}
+
+// Tokens [from, len) of prompt + output as kvshare's int32 ids. A token outside int32 is refused
+// (kvshare ids are int32; MindIE's TokenId is long). Placeholders (-1) pass through unchanged and
+// kvshare never hashes a page holding one (nor any later page of the sequence).
+std::vector<int32_t> Tokens32(const mindie_llm::Sequence &seq, size_t from, const char *method) {
+    const auto &prompt = seq.data_.promptTokenIds;
+    const auto &output = seq.data_.outputTokenIds;
+    size_t total = prompt.size() + output.size();
+    std::vector<int32_t> out;
+    out.reserve(total > from ? total - from : 0);
+    for (size_t i = from; i < total; ++i) {
+        TokenId t = i < prompt.size() ? prompt[i] : output[i - prompt.size()];
+        if (t < static_cast<TokenId>(INT32_MIN) || t > static_cast<TokenId>(INT32_MAX)) {
+            throw std::out_of_range(Prefix(method) + "token id " + std::to_string(t) + " at position " +
+                                    std::to_string(i) + " of sequence " + std::to_string(seq.seqId_) +
+                                    " does not fit kvshare's int32 token ids");
+        }
+        out.push_back(static_cast<int32_t>(t));
+    }
+    return out;
+}
+
+// The LoRA salt (Sequence::hashValue_, MindIE's "extra hash") as a kvshare extra key; none for 0.
+struct Extra {
+    kvs_extra_keys keys{};
+    const kvs_extra_keys *ptr = nullptr;
+    Extra(const Extra &) = delete;
+    Extra &operator=(const Extra &) = delete;
+    explicit Extra(HashValue h) {
+        if (h != mindie_llm::INVALID_HASH_VALUE) {
+            keys.lora_id = h;
+            ptr = &keys;
+        }
+    }
+};
+
+void RequireSeq(const SequenceSPtr &seq, const char *method) {
+    if (!seq) {
+        throw std::invalid_argument(Prefix(method) + "null sequence");
+    }
+}
+
+void RequireGroup(const SequenceGroupSPtr &group, const char *method) {
+    if (!group) {
+        throw std::invalid_argument(Prefix(method) + "null sequence group");
+    }
+}
+
+}  // namespace
+
+Unsupported::Unsupported(const std::string &feature)
+    : std::runtime_error("kvshare MindIE adapter: not supported yet: " + feature) {}
+
+KvshareBlockManager::KvshareBlockManager(const BlockManagerConfig &config, size_t localDPRank)
+    : blockSize_(config.cacheBlockSize),
+      npuBlockNum_(config.npuBlockNum),
+      cpuIdOffset_(0),
+      allocatableNpuBlocks_(0),
+      speculativeSlots_(config.speculativeSlots),
+      enableCaching_(config.enableCaching),
+      localDPRank_(localDPRank) {
+    if (config.rankSize != 1 || config.hostSize != 1) {
+        throw Unsupported("sequence/context parallel (rankSize " + std::to_string(config.rankSize) + ", hostSize " +
+                          std::to_string(config.hostSize) + "; only 1 is supported)");
+    }
+    if (config.enableKvPool) {
+        throw Unsupported("KV pool (enableKvPool)");
+    }
+    if (config.cacheType != KvCacheType::TOKEN) {
+        throw Unsupported("KV cache type other than TOKEN");
+    }
+    if (config.reservedBlockNum > config.npuBlockNum) {
+        throw std::invalid_argument(Prefix("constructor") + "reservedBlockNum is larger than npuBlockNum");
+    }
+    if (blockSize_ == 0) {
+        throw std::invalid_argument(Prefix("constructor") + "cacheBlockSize must be greater than 0");
+    }
+    allocatableNpuBlocks_ = config.npuBlockNum - config.reservedBlockNum;
+    cpuIdOffset_ = allocatableNpuBlocks_;
+    constexpr size_t kMax = std::numeric_limits<uint32_t>::max();
+    if (blockSize_ > kMax || allocatableNpuBlocks_ > kMax || config.cpuBlockNum > kMax) {
+        throw std::invalid_argument(Prefix("constructor") + "block size or block count exceeds 2^32-1");
+    }
+    if (kvs_abi_version() != KVS_ABI_VERSION) {
+        throw std::runtime_error(Prefix("constructor") + "libkvshare ABI version " +
+                                 std::to_string(kvs_abi_version()) + " differs from the header's " +
+                                 std::to_string(KVS_ABI_VERSION));
+    }
+    kvs_config c = kvs_config_default();
+    c.page_size = static_cast<uint32_t>(blockSize_);
+    c.num_device_pages = static_cast<uint32_t>(allocatableNpuBlocks_);
+    c.num_host_pages = static_cast<uint32_t>(config.cpuBlockNum);
+    c.enable_prefix_caching = enableCaching_;
+    c.reserve_null_page = false;
+    c.defer_commit = enableCaching_;
+    c.skip_cached_writes = false;
+    // MindIE executes only the copies its interface returns (AppendSlot's copy-on-write pairs,
+    // SwapIn/SwapOut pairs); it has no channel for kvshare's queued demotion/promotion copies, so
+    // CPU blocks stay what MindIE uses them for: swapped-out sequences.
+    c.demote_to_host = false;
+    c.enable_events = false;
+    kvs_status st = kvs_cache_new(&c, &cache_);
+    if (st != KVS_STATUS_OK) {
+        throw std::invalid_argument(Prefix("constructor") + kvs_status_str(st) + ": " + kvs_last_error_message());
+    }
+}
+
+KvshareBlockManager::~KvshareBlockManager() { kvs_cache_free(cache_); }
+
+mindie_llm::BlockSpaceManagerSPtr CreateKvshareBlockManager(const BlockManagerConfig &config, size_t localDPRank) {
+    return std::make_shared<KvshareBlockManager>(config, localDPRank);
+}
+
+// ---- helpers ----
+
+bool KvshareBlockManager::Shape(SequenceId seqId, SeqShape &out) const {
+    ::kvs_seq_info info{};
+    kvs_status st = kvs_seq_get_info(cache_, KvsId(seqId), &info);
+    if (st == KVS_STATUS_SEQ_NOT_FOUND) {
+        return false;
+    }
+    Check(st, "kvs_seq_get_info");
+    out = SeqShape{info.num_tokens, info.num_pages, info.matched_tokens, info.tier == KVS_TIER_HOST_VALUE};
+    return true;
+}
+
+KvshareBlockManager::SeqShape KvshareBlockManager::ShapeOrThrow(SequenceId seqId, const char *method) const {
+    SeqShape s{};
+    if (!Shape(seqId, s)) {
+        // MindIE's manager looks sequences up with unordered_map::at, so unknown ids surface as
+        // std::out_of_range there too.
+        throw std::out_of_range(Prefix(method) + "unknown sequence id " + std::to_string(seqId));
+    }
+    return s;
+}
+
+std::vector<uint32_t> KvshareBlockManager::Pages(SequenceId seqId, const SeqShape &shape) const {
+    std::vector<uint32_t> pages(static_cast<size_t>(shape.numPages));
+    size_t n = 0;
+    Check(kvs_seq_pages(cache_, KvsId(seqId), pages.data(), pages.size(), &n), "kvs_seq_pages");
+    pages.resize(n);
+    return pages;
+}
+
+size_t KvshareBlockManager::AppendNeed(SequenceId seqId, const SeqShape &shape, size_t newTokens) const {
+    // The same count kvs_seq_append checks: new capacity pages for tokens + lookahead slots, plus
+    // one copy-on-write page for every shared page the new tokens land in.
+    size_t old = static_cast<size_t>(shape.numTokens);
+    size_t pages = static_cast<size_t>(shape.numPages);
+    size_t want = CeilDiv(old + newTokens + speculativeSlots_, blockSize_);
+    size_t need = want > pages ? want - pages : 0;
+    if (newTokens > 0 && pages > 0) {
+        std::vector<uint32_t> ids = Pages(seqId, shape);
+        size_t last = std::min((old + newTokens - 1) / blockSize_, ids.size() - 1);
+        for (size_t j = old / blockSize_; j <= last && j < ids.size(); ++j) {
+            ::kvs_page_info info{};
+            Check(kvs_page_get_info(cache_, 0, ids[j], &info), "kvs_page_get_info");
+            if (info.refcount > 1) {
+                ++need;
+            }
+        }
+    }
+    return need;
+}
+
+size_t KvshareBlockManager::FreeDevicePages() const {
+    kvs_stats s{};
+    Check(kvs_cache_stats(cache_, &s), "kvs_cache_stats");
+    // Evictable cached blocks count as free, as in MindIE's prefix-caching allocator.
+    return static_cast<size_t>(s.device_pages_free + s.device_pages_cached);
+}
+
+size_t KvshareBlockManager::FreeHostPages() const {
+    kvs_stats s{};
+    Check(kvs_cache_stats(cache_, &s), "kvs_cache_stats");
+    return static_cast<size_t>(s.host_pages_free);
+}
+
+// ---- admission ----
+
+AllocStatus KvshareBlockManager::CanAllocate(const SequenceGroupSPtr &seqGroup) const {
+    RequireGroup(seqGroup, "CanAllocate");
+    std::vector<SequenceSPtr> waiting = seqGroup->GetFirstSequence(SequenceStatus::WAITING);
+    if (waiting.empty()) {
+        return AllocStatus::NEVER;
+    }
+    // Conservative like MindIE: prefix hits are not subtracted. Enough for kvs_seq_begin, which
+    // needs (pages not hit) + (hit pages that are only cached) <= free + cached.
+    size_t need = CeilDiv(NumTokens(*waiting.at(0)), blockSize_);
+    if (allocatableNpuBlocks_ < need) {
+        return AllocStatus::NEVER;
+    }
+    return FreeDevicePages() >= need ? AllocStatus::OK : AllocStatus::LATER;
+}
+
+bool KvshareBlockManager::Allocate(const SequenceGroupSPtr &seqGroup) {
+    RequireGroup(seqGroup, "Allocate");
+    std::vector<SequenceSPtr> waiting = seqGroup->GetFirstSequence(SequenceStatus::WAITING);
+    if (waiting.empty()) {
+        return false;
+    }
+    SeqShape s{};
+    for (const auto &seq : waiting) {
+        RequireSeq(seq, "Allocate");
+        if (Shape(seq->seqId_, s)) {
+            return false;  // a block table already exists (MindIE refuses the same way)
+        }
+    }
+    const SequenceSPtr &first = waiting.at(0);
+    std::vector<int32_t> tokens = Tokens32(*first, 0, "Allocate");
+    if (tokens.empty()) {
+        return false;
+    }
+    Extra extra(first->hashValue_);
+    ::kvs_seq_info info{};
+    // Share cached pages within the first len-1 tokens only: the engine always computes at least
+    // the last prompt token, and the page holding it must be private (no skip_cached_writes).
+    Check(kvs_seq_begin(cache_, KvsId(first->seqId_), tokens.data(), tokens.size(), extra.ptr, tokens.size() - 1,
+                        &info),
+          "Allocate");
+    for (size_t i = 1; i < waiting.size(); ++i) {
+        kvs_status st = kvs_seq_fork(cache_, KvsId(first->seqId_), KvsId(waiting[i]->seqId_));
+        if (st != KVS_STATUS_OK) {
+            std::string msg = Prefix("Allocate") + kvs_status_str(st) + ": " + kvs_last_error_message();
+            for (size_t k = 0; k < i; ++k) {
+                (void)kvs_seq_free(cache_, KvsId(waiting[k]->seqId_));
+            }
+            throw std::runtime_error(msg);
+        }
+    }
+    if (enableCaching_) {
+        // MindIE's hit rate: one record per full prompt block, a hit when the block was cached.
+        uint64_t full = tokens.size() / blockSize_;
+        uint64_t hits = info.matched_tokens / blockSize_;
+        hitBlocks_ += hits;
+        missBlocks_ += full - hits;
+    }
+    return true;
+}
+
+// ---- decode ----
+
+bool KvshareBlockManager::CanAppendSlot(const SequenceGroupSPtr &seqGroup) const {
+    RequireGroup(seqGroup, "CanAppendSlot");
+    size_t need = 0;
+    for (const auto &seq : seqGroup->GetSequences(SequenceStatus::RUNNING)) {
+        RequireSeq(seq, "CanAppendSlot");
+        SeqShape s{};
+        if (!Shape(seq->seqId_, s) || s.onHost) {
+            return false;
+        }
+        size_t len = NumTokens(*seq);
+        if (len < s.numTokens) {
+            return false;
+        }
+        need += AppendNeed(seq->seqId_, s, len - static_cast<size_t>(s.numTokens));
+    }
+    return need <= FreeDevicePages();
+}
+
+std::vector<std::pair<BlockId, BlockId>> KvshareBlockManager::AppendSlot(const SequenceSPtr &seq) {
+    RequireSeq(seq, "AppendSlot");
+    SeqShape s = ShapeOrThrow(seq->seqId_, "AppendSlot");
+    size_t len = NumTokens(*seq);
+    if (len < s.numTokens) {
+        throw std::runtime_error(Prefix("AppendSlot") + "sequence " + std::to_string(seq->seqId_) + " has " +
+                                 std::to_string(len) + " tokens but its block table holds " +
+                                 std::to_string(s.numTokens));
+    }
+    std::vector<int32_t> tokens = Tokens32(*seq, static_cast<size_t>(s.numTokens), "AppendSlot");
+    kvs_copy copies[4];
+    size_t n = 0;
+    Check(kvs_seq_append(cache_, KvsId(seq->seqId_), tokens.data(), tokens.size(), speculativeSlots_, copies, 4, &n),
+          "AppendSlot");
+    std::vector<std::pair<BlockId, BlockId>> out;
+    for (size_t i = 0; i < n; ++i) {
+        if (copies[i].kind == KVS_COPY_DEVICE_TO_DEVICE_VALUE) {
+            out.emplace_back(static_cast<BlockId>(copies[i].src_page), static_cast<BlockId>(copies[i].dst_page));
+        }
+    }
+    return out;
+}
+
+void KvshareBlockManager::Fork(SequenceSPtr &parentSeq, SequenceSPtr &childSeq) {
+    RequireSeq(parentSeq, "Fork");
+    RequireSeq(childSeq, "Fork");
+    SeqShape s{};
+    if (!Shape(parentSeq->seqId_, s)) {
+        throw std::runtime_error(Prefix("Fork") + "unknown parent sequence id " + std::to_string(parentSeq->seqId_));
+    }
+    Check(kvs_seq_fork(cache_, KvsId(parentSeq->seqId_), KvsId(childSeq->seqId_)), "Fork");
+}
+
+// ---- swap ----
+
+bool KvshareBlockManager::CanSwapOut(const SequenceGroupSPtr &seqGroup) {
+    RequireGroup(seqGroup, "CanSwapOut");
+    size_t need = 0;
+    for (const auto &seq : seqGroup->GetFirstSequence(SequenceStatus::RUNNING)) {
+        RequireSeq(seq, "CanSwapOut");
+        SeqShape s = ShapeOrThrow(seq->seqId_, "CanSwapOut");
+        if (s.onHost) {
+            return false;
+        }
+        need += static_cast<size_t>(s.numPages);  // one host page per block, lookahead pages included
+    }
+    return need <= FreeHostPages();
+}
+
+std::vector<std::pair<PhysicalBlockId, PhysicalBlockId>> KvshareBlockManager::SwapOut(
+    const SequenceGroupSPtr &seqGroup) {
+    RequireGroup(seqGroup, "SwapOut");
+    std::vector<SequenceSPtr> seqs = seqGroup->GetFirstSequence(SequenceStatus::RUNNING);
+    size_t need = 0;
+    for (const auto &seq : seqs) {
+        RequireSeq(seq, "SwapOut");
+        SeqShape s = ShapeOrThrow(seq->seqId_, "SwapOut");
+        if (s.onHost) {
+            throw std::runtime_error(Prefix("SwapOut") + "sequence " + std::to_string(seq->seqId_) +
+                                     " is already swapped out");
+        }
+        need += static_cast<size_t>(s.numPages);
+    }
+    // Refuse the whole group before moving anything.
+    size_t free = FreeHostPages();
+    if (need > free) {
+        throw std::runtime_error(Prefix("SwapOut") + "not enough free CPU blocks: need " + std::to_string(need) +
+                                 ", free " + std::to_string(free));
+    }
+    std::vector<std::pair<PhysicalBlockId, PhysicalBlockId>> out;
+    for (const auto &seq : seqs) {
+        SeqShape s = ShapeOrThrow(seq->seqId_, "SwapOut");
+        std::vector<kvs_copy> copies(static_cast<size_t>(s.numPages));
+        size_t n = 0;
+        Check(kvs_seq_swap_out(cache_, KvsId(seq->seqId_), copies.data(), copies.size(), &n), "SwapOut");
+        for (size_t i = 0; i < n; ++i) {
+            if (copies[i].kind == KVS_COPY_DEVICE_TO_HOST_VALUE) {
+                out.emplace_back(static_cast<PhysicalBlockId>(copies[i].src_page),
+                                 static_cast<PhysicalBlockId>(copies[i].dst_page));
+            }
+        }
+    }
+    return out;
+}
+
+AllocStatus KvshareBlockManager::CanSwapIn(const SequenceGroupSPtr &seqGroup, size_t numLookheadSlots) {
+    RequireGroup(seqGroup, "CanSwapIn");
+    size_t need = 0;
+    for (const auto &seq : seqGroup->GetFirstSequence(SequenceStatus::SWAPPED)) {
+        RequireSeq(seq, "CanSwapIn");
+        SeqShape s = ShapeOrThrow(seq->seqId_, "CanSwapIn");
+        size_t pages = static_cast<size_t>(s.numPages);
+        need += std::max(pages, CeilDiv(static_cast<size_t>(s.numTokens) + numLookheadSlots, blockSize_));
+    }
+    if (need > allocatableNpuBlocks_) {
+        return AllocStatus::NEVER;
+    }
+    return FreeDevicePages() >= need ? AllocStatus::OK : AllocStatus::LATER;
+}
+
+std::vector<std::pair<PhysicalBlockId, PhysicalBlockId>> KvshareBlockManager::SwapIn(
+    const SequenceGroupSPtr &seqGroup) {
+    RequireGroup(seqGroup, "SwapIn");
+    std::vector<SequenceSPtr> seqs = seqGroup->GetFirstSequence(SequenceStatus::SWAPPED);
+    size_t need = 0;
+    for (const auto &seq : seqs) {
+        RequireSeq(seq, "SwapIn");
+        SeqShape s = ShapeOrThrow(seq->seqId_, "SwapIn");
+        if (!s.onHost) {
+            throw std::runtime_error(Prefix("SwapIn") + "sequence " + std::to_string(seq->seqId_) +
+                                     " is not swapped out");
+        }
+        need += static_cast<size_t>(s.numPages);
+    }
+    // Conservative (pages still cached on the device are shared without a copy and need less),
+    // so that the whole group is refused before anything moves.
+    size_t free = FreeDevicePages();
+    if (need > free) {
+        throw std::runtime_error(Prefix("SwapIn") + "not enough free NPU blocks: need " + std::to_string(need) +
+                                 ", free " + std::to_string(free));
+    }
+    std::vector<std::pair<PhysicalBlockId, PhysicalBlockId>> out;
+    for (const auto &seq : seqs) {
+        SeqShape s = ShapeOrThrow(seq->seqId_, "SwapIn");
+        std::vector<kvs_copy> copies(static_cast<size_t>(s.numPages));
+        size_t n = 0;
+        Check(kvs_seq_swap_in(cache_, KvsId(seq->seqId_), copies.data(), copies.size(), &n), "SwapIn");
+        for (size_t i = 0; i < n; ++i) {
+            if (copies[i].kind == KVS_COPY_HOST_TO_DEVICE_VALUE) {
+                out.emplace_back(static_cast<PhysicalBlockId>(copies[i].src_page),
+                                 static_cast<PhysicalBlockId>(copies[i].dst_page));
+            }
+        }
+    }
+    return out;
+}
+
+void KvshareBlockManager::Free(SequenceId seqId) {
+    kvs_status st = kvs_seq_free(cache_, KvsId(seqId));
+    if (st != KVS_STATUS_OK && st != KVS_STATUS_SEQ_NOT_FOUND) {  // unknown / already freed: no-op
+        Fail("Free", st);
+    }
+}
+
+// ---- block tables ----
+
+std::vector<BlockIds> KvshareBlockManager::GetBlockIds(SequenceId seqId) const {
+    SeqShape s = ShapeOrThrow(seqId, "GetBlockIds");
+    std::vector<uint32_t> pages = Pages(seqId, s);
+    BlockIds ids;
+    ids.reserve(pages.size());
+    BlockId offset = s.onHost ? static_cast<BlockId>(cpuIdOffset_) : 0;
+    for (uint32_t p : pages) {
+        ids.push_back(static_cast<BlockId>(p) + offset);
+    }
+    return {ids};
+}
+
+void KvshareBlockManager::GetRankedBlockIds(SequenceId seqId, std::vector<RankedBlockId> &rankedBlockIds) const {
+    BlockIds ids = GetBlockIds(seqId).at(0);
+    rankedBlockIds.clear();
+    for (BlockId id : ids) {
+        rankedBlockIds.push_back(RankedBlockId{id, 0});
+    }
+}
+
+void KvshareBlockManager::GetRankedBlockIds(SequenceId seqId,
+                                            std::vector<std::vector<BlockId>> &rankedBlockIds) const {
+    BlockIds ids = GetBlockIds(seqId).at(0);
+    rankedBlockIds.clear();
+    rankedBlockIds.push_back(std::move(ids));
+}
+
+std::vector<std::vector<HashValue>> KvshareBlockManager::GetRankedHashValues(SequenceId) const {
+    throw Unsupported("MindIE block hash values (GetRankedHashValues; used by the KV pool)");
+}
+
+std::vector<HashValue> KvshareBlockManager::GetSeqHashValues(SequenceId) const {
+    throw Unsupported("MindIE block hash values (GetSeqHashValues; used by the KV pool)");
+}
+
+// ---- sequence/context parallel: rank size is always 1 here ----
+
+std::vector<size_t> KvshareBlockManager::GetTokenCountPerRank(SequenceId seqId) const {
+    return {static_cast<size_t>(ShapeOrThrow(seqId, "GetTokenCountPerRank").numTokens)};
+}
+
+size_t KvshareBlockManager::GetLatestAppendedRankId(SequenceId seqId) const {
+    (void)ShapeOrThrow(seqId, "GetLatestAppendedRankId");
+    return 0;
+}
+
+size_t KvshareBlockManager::GetAppendedBlockRankId(SequenceId seqId) const {
+    (void)ShapeOrThrow(seqId, "GetAppendedBlockRankId");
+    return 0;
+}
+
+bool KvshareBlockManager::IsAppendBlock(SequenceId) {
+    throw Unsupported("sequence/context parallel (IsAppendBlock)");
+}
+
+bool KvshareBlockManager::CanAppendSlotNew(const SequenceGroupSPtr &) const {
+    throw Unsupported("sequence/context parallel (CanAppendSlotNew)");
+}
+
+void KvshareBlockManager::AppendSlotNew(const SequenceGroupSPtr &) {
+    throw Unsupported("sequence/context parallel (AppendSlotNew)");
+}
+
+void KvshareBlockManager::AppendTokenToLatestRank(SequenceId, const std::vector<TokenId> &) {
+    throw Unsupported("sequence/context parallel (AppendTokenToLatestRank)");
+}
+
+// ---- counts ----
+
+size_t KvshareBlockManager::GetNumFreeNpuBlocks() const { return FreeDevicePages(); }
+
+size_t KvshareBlockManager::GetNumFreeCpuBlocks() const { return FreeHostPages(); }
+
+size_t KvshareBlockManager::GetTotalNpuBlocks() const { return npuBlockNum_; }
+
+// ---- prefix cache ----
+
+void KvshareBlockManager::AccessAllblocksInSeq(const SequenceSPtr &seq, float) {
+    RequireSeq(seq, "AccessAllblocksInSeq");
+    // kvshare keeps its own LRU order (pages become evictable when released, a sequence's last
+    // page first); the scheduler's timestamps are not needed. Unknown ids are refused as MindIE
+    // does when prefix caching is on.
+    SeqShape s{};
+    if (enableCaching_ && !Shape(seq->seqId_, s)) {
+        throw std::runtime_error(Prefix("AccessAllblocksInSeq") + "unknown sequence id " +
+                                 std::to_string(seq->seqId_));
+    }
+}
+
+std::vector<BlockId> KvshareBlockManager::GetCommonComputedBlockIds(const std::vector<SequenceSPtr> &seqs) {
+    std::vector<BlockId> common;
+    bool firstSeq = true;
+    for (const auto &seq : seqs) {
+        RequireSeq(seq, "GetCommonComputedBlockIds");
+        BlockIds all = GetBlockIds(seq->seqId_).at(0);
+        size_t cached = GetNumCachedTokens(seq);
+        if (cached % blockSize_ != 0) {
+            throw std::runtime_error(Prefix("GetCommonComputedBlockIds") +
+                                     "the number of cached tokens is not a multiple of the block size");
+        }
+        all.resize(std::min(all.size(), cached / blockSize_));
+        if (firstSeq) {
+            common = std::move(all);
+            firstSeq = false;
+            continue;
+        }
+        size_t j = 0;
+        while (j < common.size() && j < all.size() && common[j] == all[j]) {
+            ++j;
+        }
+        common.resize(j);
+    }
+    return common;
+}
+
+std::vector<size_t> KvshareBlockManager::GetAllrankComputedBlockNum(const std::vector<SequenceSPtr> &seqs) {
+    return {GetCommonComputedBlockIds(seqs).size()};
+}
+
+std::vector<BlockId> KvshareBlockManager::GetRemoteComputedBlockIds(const std::vector<SequenceSPtr> &, size_t,
+                                                                    uint32_t, std::string) {
+    throw Unsupported("KV pool (GetRemoteComputedBlockIds)");
+}
+
+std::vector<size_t> KvshareBlockManager::GetAllRankRemoteComputedBlockIds(const std::vector<SequenceSPtr> &,
+                                                                          std::vector<size_t> &, std::string) {
+    throw Unsupported("KV pool (GetAllRankRemoteComputedBlockIds)");
+}
+
+void KvshareBlockManager::MarkBlocksAsComputed() { Check(kvs_cache_commit(cache_), "MarkBlocksAsComputed"); }
+
+float KvshareBlockManager::GetPrefixCacheHitRate() const {
+    if (!enableCaching_) {
+        return -1.0F;  // what MindIE's manager reports without prefix caching
+    }
+    uint64_t hits = hitBlocks_.load();
+    uint64_t total = hits + missBlocks_.load();
+    return total == 0 ? 0.0F : static_cast<float>(static_cast<double>(hits) / static_cast<double>(total));
+}
+
+bool KvshareBlockManager::ResetPrefixCache() const {
+    if (!enableCaching_) {
+        return true;
+    }
+    kvs_stats s{};
+    Check(kvs_cache_stats(cache_, &s), "ResetPrefixCache");
+    if (s.device_pages_in_use > 0) {
+        return false;  // as in MindIE: only when no block is in use
+    }
+    Check(kvs_prefix_clear(cache_), "ResetPrefixCache");
+    return true;
+}
+
+size_t KvshareBlockManager::GetNumCachedTokens(const SequenceSPtr &seq) {
+    RequireSeq(seq, "GetNumCachedTokens");
+    if (!enableCaching_) {
+        return 0;
+    }
+    SeqShape s = ShapeOrThrow(seq->seqId_, "GetNumCachedTokens");
+    // Fixed at Allocate (kvs_seq_begin's matched tokens), so it stays the same over the chunks of
+    // a chunked prefill; a decoding sequence has nothing left to skip.
+    if (seq->data_.stage_ == SequenceStage::PREFILL || seq->data_.numComputedTokens_ == 0) {
+        return static_cast<size_t>(s.matchedTokens);
+    }
+    return 0;
+}
+
+size_t KvshareBlockManager::GetSeqNumCachedTokens(const SequenceSPtr &seq) {
+    RequireSeq(seq, "GetSeqNumCachedTokens");
+    if (!enableCaching_ || seq->data_.stage_ != SequenceStage::PREFILL) {
+        return 0;
+    }
+    SeqShape s{};
+    if (Shape(seq->seqId_, s)) {
+        return static_cast<size_t>(s.matchedTokens);
+    }
+    if (seq->data_.numComputedTokens_ != 0) {
+        return 0;
+    }
+    // Not allocated yet: probe what Allocate would share now (committed pages only, at most
+    // len-1 tokens), without taking references or counting in the statistics.
+    std::vector<int32_t> tokens = Tokens32(*seq, 0, "GetSeqNumCachedTokens");
+    if (tokens.empty()) {
+        return 0;
+    }
+    Extra extra(seq->hashValue_);
+    std::vector<uint32_t> pages(tokens.size() / blockSize_ + 1);
+    size_t numPages = 0;
+    size_t matched = 0;
+    Check(kvs_prefix_match(cache_, tokens.data(), tokens.size(), extra.ptr, tokens.size() - 1, false, pages.data(),
+                           pages.size(), &numPages, &matched),
+          "GetSeqNumCachedTokens");
+    return matched;
+}
+
+void KvshareBlockManager::ReplaceTrailingPlaceHolder(const SequenceSPtr &seq, size_t trailingPlaceHolderNum,
+                                                     size_t replacedPlaceHolderNum) {
+    RequireSeq(seq, "ReplaceTrailingPlaceHolder");
+    SeqShape s = ShapeOrThrow(seq->seqId_, "ReplaceTrailingPlaceHolder");
+    if (trailingPlaceHolderNum < replacedPlaceHolderNum || s.numTokens < trailingPlaceHolderNum) {
+        throw std::runtime_error(Prefix("ReplaceTrailingPlaceHolder") +
+                                 "tokenIds size is less than replacement size");
+    }
+    // kvshare has no call to rewrite tokens already in a sequence, so pages that held a
+    // placeholder stay unhashed (never prefix hits). That only loses hits: block ids and KV are
+    // unaffected. MindIE itself never calls this (USE_PREFIX_CACHE_WITH_PLACE_HOLDER is false).
+}
+
+size_t KvshareBlockManager::GetLocalDPRank() const { return localDPRank_; }
+
+// ---- layerwise (edge-cloud) disaggregation ----
+
+void KvshareBlockManager::LwdInitCloudBlockManager(const BlockManagerConfig &, size_t) {
+    throw Unsupported("layerwise cloud block manager (LwdInitCloudBlockManager)");
+}
+
+void KvshareBlockManager::LwdGetCloudRankedBlockIds(SequenceId, std::vector<std::vector<BlockId>> &) const {
+    throw Unsupported("layerwise cloud block manager (LwdGetCloudRankedBlockIds)");
+}
+
+size_t KvshareBlockManager::LwdGetCloudLatestAppendedRankId(SequenceId) const {
+    throw Unsupported("layerwise cloud block manager (LwdGetCloudLatestAppendedRankId)");
+}
+
+size_t KvshareBlockManager::LwdGetCloudAppendedBlockRankId(SequenceId) const {
+    throw Unsupported("layerwise cloud block manager (LwdGetCloudAppendedBlockRankId)");
+}
+
+std::vector<size_t> KvshareBlockManager::LwdGetCloudTokenCountPerRank(SequenceId) const {
+    throw Unsupported("layerwise cloud block manager (LwdGetCloudTokenCountPerRank)");
+}
+
+}  // namespace kvshare_mindie

@@ -1,0 +1,350 @@
+// Scheduler-shaped scenarios against the kvshare MindIE adapter, each step checked against the
+// independent model in harness.h: shared system prompts (hits only after MarkBlocksAsComputed),
+// decode with AppendSlot, beam-style Fork with copy-on-write pairs, speculative lookahead slots,
+// preemption by swap out / swap in, LoRA isolation, placeholders, reset and hit rate.
+#include <cstdio>
+
+#include "harness.h"
+
+using namespace harness;
+
+static void SharedSystemPrompt() {
+    const size_t ps = 4;
+    Sim sim(ps, 64, 16, true);
+    std::vector<TokenId> system = Range(1000, 10);  // 2 full pages + 2 tokens
+    auto a = MakeSeq(1, Concat(system, Range(1, 5)));
+    auto b = MakeSeq(2, Concat(system, Range(20, 3)));
+    auto ga = MakeGroup({a});
+    auto gb = MakeGroup({b});
+    CHECK_EQ(sim.m.GetSeqNumCachedTokens(a), static_cast<size_t>(0));
+
+    // Both admitted in the same step: b may not hit a's blocks, they are not computed yet.
+    CHECK(sim.Admit(ga));
+    CHECK_EQ(sim.m.GetSeqNumCachedTokens(b), static_cast<size_t>(0));
+    CHECK(sim.Admit(gb));
+    CHECK_EQ(sim.m.GetNumCachedTokens(b), static_cast<size_t>(0));
+    CHECK(sim.m.GetCommonComputedBlockIds({b}).empty());
+    CHECK(sim.m.GetBlockIds(1)[0][0] != sim.m.GetBlockIds(2)[0][0]);
+    sim.EndStep();
+    Sim::Prefilled(a);
+    Sim::Prefilled(b);
+
+    // Later prompts hit the two system pages once they were marked computed.
+    auto c = MakeSeq(3, Concat(system, Range(40, 7)));
+    CHECK_EQ(sim.m.GetSeqNumCachedTokens(c), 2 * ps);
+    CHECK(sim.Admit(MakeGroup({c})));
+    CHECK_EQ(sim.m.GetNumCachedTokens(c), 2 * ps);
+    std::vector<BlockId> computed = sim.m.GetCommonComputedBlockIds({c});
+    CHECK_EQ(computed.size(), static_cast<size_t>(2));
+    CHECK_EQ(computed[0], sim.m.GetBlockIds(1)[0][0]);
+    CHECK_EQ(computed[1], sim.m.GetBlockIds(1)[0][1]);
+    CHECK_EQ(sim.m.GetAllrankComputedBlockNum({c}).at(0), static_cast<size_t>(2));
+    // Hit rate counts full prompt blocks: a 3 misses, b 3 misses, c 2 hits + 2 misses (17 tokens).
+    CHECK(sim.m.GetPrefixCacheHitRate() > 0.19F && sim.m.GetPrefixCacheHitRate() < 0.21F);
+
+    // Decode steps; full decode pages become hits only after the step is marked computed.
+    for (int i = 0; i < 9; ++i) {
+        sim.Decode(a, 500 + i);
+        sim.Decode(c, 600 + i);
+        sim.EndStep();
+    }
+    sim.Free(1);
+    sim.Free(2);
+    sim.Free(3);
+    // Freed full blocks stay cached but count as free, as in MindIE.
+    CHECK_EQ(sim.m.GetNumFreeNpuBlocks(), static_cast<size_t>(64));
+    CHECK(Stats(sim.m).device_pages_cached > 0);
+
+    // A follow-up turn of a's conversation hits its prompt and decode pages (multi-turn).
+    std::vector<TokenId> turn2 = a->GetTokenIds();
+    turn2.push_back(7);
+    auto d = MakeSeq(4, turn2);
+    size_t expect = ((turn2.size() - 1) / ps) * ps;
+    CHECK_EQ(sim.m.GetSeqNumCachedTokens(d), expect);
+    CHECK(sim.Admit(MakeGroup({d})));
+    CHECK_EQ(sim.m.GetNumCachedTokens(d), expect);
+    sim.Free(4);
+
+    // ResetPrefixCache: refused while blocks are in use, then drops every cached block.
+    auto e = MakeSeq(5, Range(1, 9));
+    CHECK(sim.Admit(MakeGroup({e})));
+    CHECK(!sim.m.ResetPrefixCache());
+    sim.Free(5);
+    CHECK(sim.m.ResetPrefixCache());
+    sim.model.ClearIndex();
+    sim.Check();
+    CHECK_EQ(Stats(sim.m).device_pages_cached, static_cast<uint64_t>(0));
+    auto f = MakeSeq(6, Concat(system, Range(1, 5)));
+    CHECK_EQ(sim.m.GetSeqNumCachedTokens(f), static_cast<size_t>(0));
+    std::printf("shared system prompt: ok\n");
+}
+
+static void ExactMultipleRecomputesLastPage() {
+    // A prompt of exactly k full blocks that is entirely cached shares k-1 blocks: the engine
+    // computes at least the last token, and the block it writes must be private.
+    const size_t ps = 4;
+    Sim sim(ps, 32, 0, true);
+    auto a = MakeSeq(1, Range(1, 12));
+    CHECK(sim.Admit(MakeGroup({a})));
+    sim.EndStep();
+    sim.Free(1);
+    auto b = MakeSeq(2, Range(1, 12));
+    CHECK(sim.Admit(MakeGroup({b})));
+    CHECK_EQ(sim.m.GetNumCachedTokens(b), 2 * ps);
+    CHECK_EQ(sim.m.GetCommonComputedBlockIds({b}).size(), static_cast<size_t>(2));
+    std::printf("exact multiple: ok\n");
+}
+
+static void LoraAndPlaceholders() {
+    const size_t ps = 4;
+    Sim sim(ps, 64, 0, true);
+    std::vector<TokenId> prompt = Range(1, 13);
+    CHECK(sim.Admit(MakeGroup({MakeSeq(1, prompt, 0)})));
+    CHECK(sim.Admit(MakeGroup({MakeSeq(2, prompt, 77)})));
+    sim.EndStep();
+    // Same tokens, other LoRA: no hit; same LoRA: hit.
+    auto base = MakeSeq(3, prompt, 0);
+    auto lora = MakeSeq(4, prompt, 77);
+    auto other = MakeSeq(5, prompt, 78);
+    CHECK_EQ(sim.m.GetSeqNumCachedTokens(base), 3 * ps);
+    CHECK_EQ(sim.m.GetSeqNumCachedTokens(lora), 3 * ps);
+    CHECK_EQ(sim.m.GetSeqNumCachedTokens(other), static_cast<size_t>(0));
+    CHECK(sim.Admit(MakeGroup({lora})));
+    CHECK(sim.Admit(MakeGroup({other})));
+    CHECK(sim.m.GetBlockIds(4)[0][0] == sim.m.GetBlockIds(2)[0][0]);
+    CHECK(sim.m.GetBlockIds(4)[0][0] != sim.m.GetBlockIds(1)[0][0]);
+
+    // Placeholder tokens: the page holding one, and every later page, is never hashed.
+    std::vector<TokenId> ph = Range(100, 12);
+    ph[5] = PLACEHOLDER_TOKEN;
+    auto p = MakeSeq(6, ph);
+    CHECK(sim.Admit(MakeGroup({p})));
+    sim.EndStep();
+    sim.Free(6);
+    auto q = MakeSeq(7, Concat(ph, {1}));
+    CHECK_EQ(sim.m.GetSeqNumCachedTokens(q), ps);  // only the page before the placeholder
+    CHECK(sim.Admit(MakeGroup({q})));
+    CHECK_EQ(sim.m.GetNumCachedTokens(q), ps);
+    // Decode with trailing placeholders (async scheduling); the pages are never hashed.
+    Sim::Prefilled(q);
+    for (int i = 0; i < 6; ++i) {
+        sim.Decode(q, PLACEHOLDER_TOKEN);
+        sim.EndStep();
+    }
+    sim.m.ReplaceTrailingPlaceHolder(q, 6, 2);  // accepted, a no-op for kvshare
+    sim.Check();
+    std::printf("lora and placeholders: ok\n");
+}
+
+static void BeamForkCopyOnWrite() {
+    const size_t ps = 4;
+    Sim sim(ps, 64, 0, true);
+    auto parent = MakeSeq(1, Range(1, 6));  // last block half full
+    auto g = MakeGroup({parent});
+    CHECK(sim.Admit(g));
+    Sim::Prefilled(parent);
+    sim.EndStep();
+    auto child = MakeSeq(2, {});
+    sim.Fork(parent, child);
+    g->seqs_.push_back(child);
+    CHECK(sim.m.GetBlockIds(1) == sim.m.GetBlockIds(2));
+    CHECK(sim.m.CanAppendSlot(g));
+    // The parent writes into the shared half-full block: one copy-on-write pair.
+    auto p1 = sim.Decode(parent, 900);
+    CHECK_EQ(p1.size(), static_cast<size_t>(1));
+    // The child now owns the old block alone: no copy.
+    auto p2 = sim.Decode(child, 901);
+    CHECK(p2.empty());
+    CHECK(sim.m.GetBlockIds(1)[0][0] == sim.m.GetBlockIds(2)[0][0]);  // full block stays shared
+    CHECK(sim.m.GetBlockIds(1)[0][1] != sim.m.GetBlockIds(2)[0][1]);
+    for (int i = 0; i < 6; ++i) {
+        sim.Decode(parent, 910 + i);
+        sim.Decode(child, 920 + i);
+        sim.EndStep();
+    }
+    // Beam pruning: the child is dropped, a new beam forks from the parent.
+    sim.Free(2);
+    auto child2 = MakeSeq(3, {});
+    sim.Fork(parent, child2);
+    auto p3 = sim.Decode(child2, 950);
+    CHECK_EQ(p3.size(), static_cast<size_t>(1));
+    sim.Free(1);
+    sim.Free(3);
+
+    // A group allocated with several WAITING sequences (n > 1 sampling) shares the prompt.
+    auto s1 = MakeSeq(10, Range(50, 7));
+    auto s2 = MakeSeq(11, Range(50, 7));
+    CHECK(sim.Admit(MakeGroup({s1, s2})));
+    CHECK(sim.m.GetBlockIds(10) == sim.m.GetBlockIds(11));
+    Sim::Prefilled(s1);
+    Sim::Prefilled(s2);
+    CHECK_EQ(sim.Decode(s1, 1).size(), static_cast<size_t>(1));
+    CHECK(sim.Decode(s2, 2).empty());
+    std::printf("beam fork copy-on-write: ok\n");
+}
+
+static void SpeculativeSlots() {
+    const size_t ps = 4;
+    const size_t spec = 3;
+    Sim sim(ps, 64, 8, true, spec);
+    auto a = MakeSeq(1, Range(1, 4));
+    auto g = MakeGroup({a});
+    CHECK(sim.Admit(g));
+    Sim::Prefilled(a);
+    // Each AppendSlot keeps `spec` more slots allocated.
+    for (int i = 0; i < 10; ++i) {
+        CHECK(sim.m.CanAppendSlot(g));
+        sim.Decode(a, 100 + i);
+        CHECK(sim.m.GetBlockIds(1)[0].size() * ps >= a->GetLen() + spec);
+        sim.EndStep();
+    }
+    // Fork with reserved lookahead pages, then both decode.
+    auto b = MakeSeq(2, {});
+    sim.Fork(a, b);
+    sim.Decode(a, 200);
+    sim.Decode(b, 201);
+    // Swap out and in with the lookahead pages.
+    auto gb = MakeGroup({b});
+    CHECK(sim.SwapOut(gb));
+    CHECK(sim.SwapIn(gb));
+    sim.Decode(b, 202);
+    std::printf("speculative slots: ok\n");
+}
+
+static void SwapPreemption() {
+    const size_t ps = 4;
+    const size_t npu = 24;
+    const size_t cpu = 8;
+    Sim sim(ps, npu, cpu, true);
+    std::vector<TokenId> system = Range(1000, 8);
+    auto a = MakeSeq(1, Concat(system, Range(1, 6)));  // 4 blocks
+    auto b = MakeSeq(2, Concat(system, Range(9, 6)));
+    auto ga = MakeGroup({a});
+    auto gb = MakeGroup({b});
+    CHECK(sim.Admit(ga));
+    sim.EndStep();
+    CHECK(sim.Admit(gb));  // hits the 2 system blocks
+    sim.EndStep();
+    Sim::Prefilled(a);
+    Sim::Prefilled(b);
+    for (int i = 0; i < 3; ++i) {
+        sim.Decode(a, 100 + i);
+        sim.Decode(b, 200 + i);
+        sim.EndStep();
+    }
+    // Preempt a: its blocks go to the CPU; global CPU ids are offset by npuBlockNum.
+    CHECK(sim.SwapOut(ga));
+    BlockIds cpuIds = sim.m.GetBlockIds(1)[0];
+    CHECK(cpuIds[0] >= static_cast<BlockId>(npu));
+    CHECK_EQ(sim.m.GetNumFreeCpuBlocks(), cpu - cpuIds.size());
+    // b keeps decoding meanwhile.
+    sim.Decode(b, 210);
+    sim.EndStep();
+    // Not enough CPU room for b as well: CanSwapOut says no, SwapOut refuses and changes nothing.
+    auto big = MakeSeq(3, Range(3000, 20));
+    auto gbig = MakeGroup({big});
+    CHECK(sim.Admit(gbig));
+    CHECK(!sim.m.CanSwapOut(gbig));
+    CHECK_THROWS(std::runtime_error, sim.m.SwapOut(gbig), "not enough free CPU blocks");
+    sim.Check();
+    // Resume a: its system blocks are still on the NPU (shared with b), so only the others copy.
+    CHECK(sim.SwapIn(ga));
+    CHECK(sim.m.GetBlockIds(1)[0][0] == sim.m.GetBlockIds(2)[0][0]);
+    sim.Decode(a, 300);
+    sim.EndStep();
+    // Freeing a swapped-out sequence returns its CPU blocks.
+    CHECK(sim.SwapOut(ga));
+    sim.Free(1);
+    CHECK_EQ(sim.m.GetNumFreeCpuBlocks(), cpu);
+    std::printf("swap preemption: ok\n");
+}
+
+static void SwapInWithoutRoom() {
+    const size_t ps = 4;
+    const size_t npu = 12;
+    Sim sim(ps, npu, 8, false);
+    auto a = MakeSeq(1, Range(1, 12));  // 3 blocks
+    auto ga = MakeGroup({a});
+    CHECK(sim.Admit(ga));
+    Sim::Prefilled(a);
+    CHECK(sim.SwapOut(ga));
+    CHECK(sim.Admit(MakeGroup({MakeSeq(2, Range(100, 40))})));  // 10 of 12 blocks
+    CHECK(sim.m.CanSwapIn(ga, 0) == AllocStatus::LATER);
+    CHECK(!sim.SwapIn(ga));
+    CHECK_THROWS(std::runtime_error, sim.m.SwapIn(ga), "not enough free NPU blocks");
+    sim.Check();
+    CHECK(sim.m.CanSwapIn(ga, 4 * npu) == AllocStatus::NEVER);
+    sim.Free(2);
+    CHECK(sim.SwapIn(ga));
+    sim.Decode(a, 7);
+    std::printf("swap in without room: ok\n");
+}
+
+static void NoCaching() {
+    const size_t ps = 4;
+    Sim sim(ps, 16, 4, false);
+    auto a = MakeSeq(1, Range(1, 9));
+    auto b = MakeSeq(2, Range(1, 9));
+    CHECK(sim.Admit(MakeGroup({a})));
+    sim.EndStep();
+    CHECK_EQ(sim.m.GetSeqNumCachedTokens(b), static_cast<size_t>(0));
+    CHECK(sim.Admit(MakeGroup({b})));
+    CHECK_EQ(sim.m.GetNumCachedTokens(b), static_cast<size_t>(0));
+    CHECK(sim.m.GetPrefixCacheHitRate() < 0.0F);
+    CHECK(sim.m.ResetPrefixCache());
+    sim.Free(1);
+    sim.Free(2);
+    CHECK_EQ(Stats(sim.m).device_pages_cached, static_cast<uint64_t>(0));
+    std::printf("no caching: ok\n");
+}
+
+static void AdmissionLimits() {
+    const size_t ps = 4;
+    Sim sim(ps, 8, 0, true);
+    CHECK_EQ(sim.m.GetTotalNpuBlocks(), static_cast<size_t>(8));
+    auto huge = MakeGroup({MakeSeq(1, Range(1, 40))});
+    CHECK(sim.m.CanAllocate(huge) == AllocStatus::NEVER);
+    auto a = MakeSeq(2, Range(1, 20));  // 5 blocks
+    CHECK(sim.Admit(MakeGroup({a})));
+    auto b = MakeGroup({MakeSeq(3, Range(100, 16))});  // 4 blocks, 3 free
+    CHECK(sim.m.CanAllocate(b) == AllocStatus::LATER);
+    CHECK(!sim.Admit(b));
+    sim.Free(2);
+    CHECK(sim.Admit(b));
+    std::printf("admission limits: ok\n");
+}
+
+static void Eviction() {
+    // With every block cached, new prompts evict cached blocks, least recently released first.
+    const size_t ps = 4;
+    Sim sim(ps, 8, 0, true);
+    for (SequenceId id = 1; id <= 6; ++id) {
+        auto s = MakeSeq(id, Range(100 * id, 16));
+        CHECK(sim.Admit(MakeGroup({s})));
+        sim.EndStep();
+        CHECK_EQ(sim.m.GetNumFreeNpuBlocks(), static_cast<size_t>(4));
+        sim.Free(id);
+        CHECK_EQ(sim.m.GetNumFreeNpuBlocks(), static_cast<size_t>(8));
+    }
+    CHECK(Stats(sim.m).evictions > 0);
+    // The last prompt is still cached (3 of its 4 blocks are shareable), the first is gone.
+    CHECK_EQ(sim.m.GetSeqNumCachedTokens(MakeSeq(10, Range(600, 16))), 3 * ps);
+    CHECK_EQ(sim.m.GetSeqNumCachedTokens(MakeSeq(11, Range(100, 16))), static_cast<size_t>(0));
+    std::printf("eviction: ok\n");
+}
+
+int main() {
+    std::setvbuf(stdout, nullptr, _IONBF, 0);
+    SharedSystemPrompt();
+    ExactMultipleRecomputesLastPage();
+    LoraAndPlaceholders();
+    BeamForkCopyOnWrite();
+    SpeculativeSlots();
+    SwapPreemption();
+    SwapInWithoutRoom();
+    NoCaching();
+    AdmissionLimits();
+    Eviction();
+    std::printf("test_scenarios: all passed\n");
+    return 0;
+}

@@ -1,0 +1,721 @@
+//! The inner attention kernel: the query rows of one sequence (each query head of each query
+//! token) against that sequence's paged K/V, in a single pass with an online softmax
+//! (flash-decoding style).
+//!
+//! Rows that share a kv head (GQA/MQA heads, and several query tokens in prefill) form groups
+//! of up to 8; each K/V row is converted to f32 once per group (F16C for f16, a shift for
+//! bf16) and used by every row of the group. The K/V is walked block by block (up to 32 tokens
+//! of one page) and each block serves all groups before the next, so memory is read as one
+//! stream. The same generic code is compiled twice: with AVX2+FMA+F16C intrinsics behind
+//! runtime detection, and with plain `[f32; 8]` lanes (which the compiler vectorises for the
+//! baseline target, e.g. SSE2 or NEON).
+
+// Index loops over small fixed arrays read more plainly than iterator chains in SIMD code.
+#![allow(clippy::needless_range_loop)]
+
+use half::{bf16, f16};
+
+use super::CacheLayout;
+
+/// Tokens per K/V block (a block never crosses a page).
+const BT: usize = 32;
+/// Most rows processed together.
+pub(crate) const MAX_GROUP: usize = 8;
+
+/// A KV element type.
+pub(crate) trait KvElem: Copy + Send + Sync + 'static {
+    fn to_f32(self) -> f32;
+    /// Loads 8 elements as f32.
+    ///
+    /// # Safety
+    /// `p` must be valid for 8 reads; the CPU must have AVX2, FMA and F16C.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load8_avx2(p: *const Self) -> std::arch::x86_64::__m256;
+}
+
+impl KvElem for f32 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8_avx2(p: *const Self) -> std::arch::x86_64::__m256 {
+        std::arch::x86_64::_mm256_loadu_ps(p)
+    }
+}
+
+impl KvElem for f16 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8_avx2(p: *const Self) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        _mm256_cvtph_ps(_mm_loadu_si128(p.cast::<__m128i>()))
+    }
+}
+
+impl KvElem for bf16 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f32::from_bits((self.to_bits() as u32) << 16)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8_avx2(p: *const Self) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        let w = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.cast::<__m128i>()));
+        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(w))
+    }
+}
+
+/// 8 f32 lanes. All methods are `unsafe`: pointers must be valid for 8 elements, and the
+/// AVX2 implementation needs the CPU features.
+trait Lanes {
+    type V: Copy;
+    unsafe fn zero() -> Self::V;
+    unsafe fn splat(x: f32) -> Self::V;
+    unsafe fn load(p: *const f32) -> Self::V;
+    unsafe fn store(p: *mut f32, v: Self::V);
+    /// `a * b + c`.
+    unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
+    unsafe fn hsum(v: Self::V) -> f32;
+    /// Lane `i` of the result is the sum of the lanes of `a[i]`.
+    unsafe fn hsum8(a: &[Self::V; 8]) -> Self::V;
+    unsafe fn add(a: Self::V, b: Self::V) -> Self::V;
+    unsafe fn sub(a: Self::V, b: Self::V) -> Self::V;
+    unsafe fn max(a: Self::V, b: Self::V) -> Self::V;
+    /// `exp` per lane; `-inf` (and anything below about -87) gives 0.
+    unsafe fn exp(v: Self::V) -> Self::V;
+    unsafe fn load_kv<T: KvElem>(p: *const T) -> Self::V;
+    /// Hints that the cache line holding `p` will be read soon (never faults).
+    #[inline(always)]
+    unsafe fn prefetch(p: *const u8) {
+        #[cfg(target_arch = "x86_64")]
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast());
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = p;
+    }
+}
+
+struct Scalar;
+
+impl Lanes for Scalar {
+    type V = [f32; 8];
+    #[inline(always)]
+    unsafe fn zero() -> [f32; 8] {
+        [0.0; 8]
+    }
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> [f32; 8] {
+        [x; 8]
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> [f32; 8] {
+        p.cast::<[f32; 8]>().read_unaligned()
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: [f32; 8]) {
+        p.cast::<[f32; 8]>().write_unaligned(v)
+    }
+    #[inline(always)]
+    unsafe fn fma(a: [f32; 8], b: [f32; 8], c: [f32; 8]) -> [f32; 8] {
+        std::array::from_fn(|i| a[i] * b[i] + c[i])
+    }
+    #[inline(always)]
+    unsafe fn hsum(v: [f32; 8]) -> f32 {
+        ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]))
+    }
+    #[inline(always)]
+    unsafe fn load_kv<T: KvElem>(p: *const T) -> [f32; 8] {
+        std::array::from_fn(|i| p.add(i).read().to_f32())
+    }
+    #[inline(always)]
+    unsafe fn hsum8(a: &[[f32; 8]; 8]) -> [f32; 8] {
+        std::array::from_fn(|i| Self::hsum(a[i]))
+    }
+    #[inline(always)]
+    unsafe fn add(a: [f32; 8], b: [f32; 8]) -> [f32; 8] {
+        std::array::from_fn(|i| a[i] + b[i])
+    }
+    #[inline(always)]
+    unsafe fn sub(a: [f32; 8], b: [f32; 8]) -> [f32; 8] {
+        std::array::from_fn(|i| a[i] - b[i])
+    }
+    #[inline(always)]
+    unsafe fn max(a: [f32; 8], b: [f32; 8]) -> [f32; 8] {
+        std::array::from_fn(|i| a[i].max(b[i]))
+    }
+    #[inline(always)]
+    unsafe fn exp(v: [f32; 8]) -> [f32; 8] {
+        v.map(f32::exp)
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{KvElem, Lanes};
+    use std::arch::x86_64::*;
+
+    pub(super) struct Avx2;
+
+    #[inline(always)]
+    unsafe fn exp8(x: __m256) -> __m256 {
+        // Cephes expf: range reduction by ln 2 (split in two constants), degree-6 polynomial;
+        // relative error about 2e-7 on the range used here (x <= 0).
+        let zero = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(-87.0));
+        let x = _mm256_min_ps(
+            _mm256_max_ps(x, _mm256_set1_ps(-87.0)),
+            _mm256_set1_ps(88.0),
+        );
+        let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
+        );
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
+        let mut p = _mm256_set1_ps(1.987_569_1e-4);
+        for c in [
+            1.398_199_9e-3,
+            8.333_452e-3,
+            4.166_579_6e-2,
+            0.166_666_65,
+            0.5,
+        ] {
+            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+        }
+        let p = _mm256_fmadd_ps(
+            p,
+            _mm256_mul_ps(r, r),
+            _mm256_add_ps(r, _mm256_set1_ps(1.0)),
+        );
+        let e = _mm256_slli_epi32::<23>(_mm256_add_epi32(
+            _mm256_cvtps_epi32(n),
+            _mm256_set1_epi32(127),
+        ));
+        _mm256_andnot_ps(zero, _mm256_mul_ps(p, _mm256_castsi256_ps(e)))
+    }
+
+    impl Lanes for Avx2 {
+        type V = __m256;
+        #[inline(always)]
+        unsafe fn zero() -> __m256 {
+            _mm256_setzero_ps()
+        }
+        #[inline(always)]
+        unsafe fn splat(x: f32) -> __m256 {
+            _mm256_set1_ps(x)
+        }
+        #[inline(always)]
+        unsafe fn load(p: *const f32) -> __m256 {
+            _mm256_loadu_ps(p)
+        }
+        #[inline(always)]
+        unsafe fn store(p: *mut f32, v: __m256) {
+            _mm256_storeu_ps(p, v)
+        }
+        #[inline(always)]
+        unsafe fn fma(a: __m256, b: __m256, c: __m256) -> __m256 {
+            _mm256_fmadd_ps(a, b, c)
+        }
+        #[inline(always)]
+        unsafe fn hsum(v: __m256) -> f32 {
+            let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            let s = _mm_add_ss(s, _mm_shuffle_ps::<1>(s, s));
+            _mm_cvtss_f32(s)
+        }
+        #[inline(always)]
+        unsafe fn hsum8(a: &[__m256; 8]) -> __m256 {
+            // hadd pairs: [a0 a0 a1 a1 | ...] partial sums, then lane halves added.
+            let h01 = _mm256_hadd_ps(a[0], a[1]);
+            let h23 = _mm256_hadd_ps(a[2], a[3]);
+            let h45 = _mm256_hadd_ps(a[4], a[5]);
+            let h67 = _mm256_hadd_ps(a[6], a[7]);
+            let h0123 = _mm256_hadd_ps(h01, h23);
+            let h4567 = _mm256_hadd_ps(h45, h67);
+            _mm256_add_ps(
+                _mm256_permute2f128_ps::<0x20>(h0123, h4567),
+                _mm256_permute2f128_ps::<0x31>(h0123, h4567),
+            )
+        }
+        #[inline(always)]
+        unsafe fn add(a: __m256, b: __m256) -> __m256 {
+            _mm256_add_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn sub(a: __m256, b: __m256) -> __m256 {
+            _mm256_sub_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn max(a: __m256, b: __m256) -> __m256 {
+            _mm256_max_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn exp(v: __m256) -> __m256 {
+            exp8(v)
+        }
+        #[inline(always)]
+        unsafe fn load_kv<T: KvElem>(p: *const T) -> __m256 {
+            T::load8_avx2(p)
+        }
+    }
+}
+
+/// One sequence's K/V (all kv heads).
+pub(crate) struct SeqKv<'a, T> {
+    pub k: &'a [T],
+    pub v: &'a [T],
+    /// Block-table entries the sequence uses (validated page ids).
+    pub pages: &'a [i32],
+    pub layout: &'a CacheLayout,
+    /// Logit soft cap (0 = off).
+    pub softcap: f32,
+}
+
+/// Query rows of one sequence. Row `r` has query `q[r*d..][..d]` (already multiplied by the
+/// scale), reads kv head `kv_head[r]` and sees positions `lo[r]..hi[r]`. Rows of one kv head
+/// should be adjacent: runs of up to 8 of them share every K/V read.
+pub(crate) struct Rows<'a> {
+    pub q: &'a [f32],
+    pub lo: &'a [usize],
+    pub hi: &'a [usize],
+    pub kv_head: &'a [usize],
+}
+
+/// Attends every row; writes the normalised output of row `r` to `out[r*d..][..d]`.
+///
+/// The sequence's K/V is walked once, block by block (a block is up to 32 tokens of one page),
+/// and each block is used by every row group before moving on, so memory is read as one
+/// stream per sequence (all heads of a token slot are adjacent in the usual layout).
+pub(crate) fn attend<T: KvElem>(kv: &SeqKv<'_, T>, rows: &Rows<'_>, out: &mut [f32]) {
+    let d = kv.layout.head_dim;
+    let n = rows.lo.len();
+    assert!(rows.hi.len() == n && rows.kv_head.len() == n);
+    assert!(rows.q.len() >= n * d && out.len() >= n * d);
+    #[cfg(target_arch = "x86_64")]
+    {
+        if is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+        {
+            // SAFETY: the features are present; the lengths are checked above and in `block`.
+            unsafe { attend_avx2(kv, rows, out) };
+            return;
+        }
+    }
+    // SAFETY: the lengths are checked above and in `block`.
+    unsafe { attend_impl::<Scalar, T>(kv, rows, out) }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn attend_avx2<T: KvElem>(kv: &SeqKv<'_, T>, rows: &Rows<'_>, out: &mut [f32]) {
+    attend_impl::<avx2::Avx2, T>(kv, rows, out)
+}
+
+/// Online-softmax state of up to 8 adjacent rows of one kv head.
+struct Group {
+    r0: usize,
+    ng: usize,
+    kv_head: usize,
+    start: usize,
+    end: usize,
+    m: [f32; MAX_GROUP],
+    l: [f32; MAX_GROUP],
+}
+
+#[inline(always)]
+unsafe fn attend_impl<L: Lanes, T: KvElem>(kv: &SeqKv<'_, T>, rows: &Rows<'_>, out: &mut [f32]) {
+    let lay = kv.layout;
+    let d = lay.head_dim;
+    let n = rows.lo.len();
+    let mut groups = Vec::new();
+    let mut r = 0;
+    while r < n {
+        let kh = rows.kv_head[r];
+        let run = (r..n.min(r + MAX_GROUP))
+            .take_while(|&i| rows.kv_head[i] == kh)
+            .count();
+        let ng = [8, 4, 2, 1].into_iter().find(|&g| g <= run).unwrap_or(1);
+        groups.push(Group {
+            r0: r,
+            ng,
+            kv_head: kh,
+            start: rows.lo[r..r + ng].iter().copied().min().unwrap_or(0),
+            end: rows.hi[r..r + ng].iter().copied().max().unwrap_or(0),
+            m: [f32::NEG_INFINITY; MAX_GROUP],
+            l: [0.0; MAX_GROUP],
+        });
+        r += ng;
+    }
+    out[..n * d].fill(0.0);
+    let start = groups.iter().map(|g| g.start).min().unwrap_or(0);
+    let end = groups.iter().map(|g| g.end).max().unwrap_or(0);
+    let mut pos = start;
+    while pos < end {
+        let page = kv.pages[pos / lay.page_size] as usize;
+        let slot = pos % lay.page_size;
+        let nb = BT.min(lay.page_size - slot).min(end - pos);
+        let base = page * lay.page_stride + slot * lay.slot_stride;
+        // Within a page the rows stream and the hardware prefetchers follow; the next page is
+        // anywhere, so its first block is prefetched while this block computes.
+        let next = pos + nb;
+        if next < end && next % lay.page_size == 0 {
+            let np = kv.pages[next / lay.page_size] as usize;
+            let rows_ahead = BT.min(lay.page_size).min(end - next);
+            let mut last_head = usize::MAX;
+            for g in &groups {
+                if g.kv_head == last_head || next >= g.end || next + rows_ahead <= g.start {
+                    continue;
+                }
+                last_head = g.kv_head;
+                for t in 0..rows_ahead {
+                    let off =
+                        np * lay.page_stride + g.kv_head * lay.head_stride + t * lay.slot_stride;
+                    if let (Some(kr), Some(vr)) = (kv.k.get(off..off + d), kv.v.get(off..off + d)) {
+                        let bytes = std::mem::size_of_val(kr);
+                        let (kp, vp) = (kr.as_ptr().cast::<u8>(), vr.as_ptr().cast::<u8>());
+                        for b in (0..bytes).step_by(64) {
+                            L::prefetch(kp.add(b));
+                            L::prefetch(vp.add(b));
+                        }
+                    }
+                }
+            }
+        }
+        for g in groups.iter_mut() {
+            if pos >= g.end || pos + nb <= g.start {
+                continue;
+            }
+            let rr = g.r0..g.r0 + g.ng;
+            let b = Block {
+                base: base + g.kv_head * lay.head_stride,
+                pos,
+                n: nb,
+                q: &rows.q[rr.start * d..rr.end * d],
+                lo: &rows.lo[rr.clone()],
+                hi: &rows.hi[rr.clone()],
+            };
+            let acc = &mut out[rr.start * d..rr.end * d];
+            // (rows, tokens per score step, chunks per value step): about 8 accumulators.
+            match g.ng {
+                8 => block::<L, T, 8, 1, 1>(kv, &b, acc, &mut g.m, &mut g.l),
+                4 => block::<L, T, 4, 2, 2>(kv, &b, acc, &mut g.m, &mut g.l),
+                2 => block::<L, T, 2, 4, 4>(kv, &b, acc, &mut g.m, &mut g.l),
+                _ => block::<L, T, 1, 8, 8>(kv, &b, acc, &mut g.m, &mut g.l),
+            }
+        }
+        pos += nb;
+    }
+    for g in &groups {
+        for r in 0..g.ng {
+            let inv = if g.l[r] > 0.0 { 1.0 / g.l[r] } else { 0.0 };
+            let row = g.r0 + r;
+            out[row * d..(row + 1) * d]
+                .iter_mut()
+                .for_each(|x| *x *= inv);
+        }
+    }
+}
+
+/// One K/V block for one row group.
+struct Block<'a> {
+    /// Element offset of the block's first row for the group's kv head.
+    base: usize,
+    /// Position of the first token.
+    pos: usize,
+    /// Tokens.
+    n: usize,
+    q: &'a [f32],
+    lo: &'a [usize],
+    hi: &'a [usize],
+}
+
+/// Scores of `TT` K rows against `NG` query rows: `s[t * NG + r] = q[r] . k[t]`. Each K chunk
+/// is converted once and used by every row; `TT * NG` independent accumulators hide the FMA
+/// latency. `q` holds `NG * d` values, each K row `d`.
+#[inline(always)]
+unsafe fn qk<L: Lanes, T: KvElem, const NG: usize, const TT: usize>(
+    q: &[f32],
+    krows: &[&[T]],
+    d: usize,
+    s: &mut [f32],
+) {
+    let d8 = d / 8 * 8;
+    let q = &q[..NG * d];
+    let krows: [&[T]; TT] = std::array::from_fn(|t| &krows[t][..d]);
+    let mut a = [[L::zero(); NG]; TT];
+    let mut c = 0;
+    while c < d8 {
+        let kk: [L::V; TT] = std::array::from_fn(|t| L::load_kv(krows[t].as_ptr().add(c)));
+        for r in 0..NG {
+            let qq = L::load(q.as_ptr().add(r * d + c));
+            for t in 0..TT {
+                a[t][r] = L::fma(qq, kk[t], a[t][r]);
+            }
+        }
+        c += 8;
+    }
+    if TT * NG == 8 && d8 == d {
+        let flat: [L::V; 8] = std::array::from_fn(|i| a[i / NG][i % NG]);
+        L::store(s.as_mut_ptr(), L::hsum8(&flat));
+        return;
+    }
+    for t in 0..TT {
+        for r in 0..NG {
+            let mut x = L::hsum(a[t][r]);
+            for c in d8..d {
+                x += q[r * d + c] * krows[t][c].to_f32();
+            }
+            s[t * NG + r] = x;
+        }
+    }
+}
+
+/// `acc[r][c..c + 8U] += sum_t p[t * NG + r] * v[t][c..c + 8U]`: each V chunk converted once
+/// for all rows, `NG * U` independent accumulators. Needs `c + 8U <= d`.
+#[inline(always)]
+unsafe fn pv<L: Lanes, T: KvElem, const NG: usize, const U: usize>(
+    acc: &mut [f32],
+    vrows: &[&[T]],
+    p: &[f32],
+    c: usize,
+    d: usize,
+) {
+    assert!(c + 8 * U <= d && acc.len() >= NG * d && p.len() >= vrows.len() * NG);
+    let mut a: [[L::V; U]; NG] = std::array::from_fn(|r| {
+        std::array::from_fn(|u| L::load(acc.as_ptr().add(r * d + c + 8 * u)))
+    });
+    for (t, vrow) in vrows.iter().enumerate() {
+        let vrow = &vrow[..d];
+        let vv: [L::V; U] = std::array::from_fn(|u| L::load_kv(vrow.as_ptr().add(c + 8 * u)));
+        for (r, ar) in a.iter_mut().enumerate() {
+            let pp = L::splat(*p.get_unchecked(t * NG + r));
+            for u in 0..U {
+                ar[u] = L::fma(pp, vv[u], ar[u]);
+            }
+        }
+    }
+    for (r, ar) in a.iter().enumerate() {
+        for (u, v) in ar.iter().enumerate() {
+            L::store(acc.as_mut_ptr().add(r * d + c + 8 * u), *v);
+        }
+    }
+}
+
+/// Advances the online softmax of `NG` rows (`TT` tokens per score step, `U` chunks per value
+/// step) over one block. Every pointer read is inside a row slice taken (and so bounds checked)
+/// from `kv.k`, `kv.v`, `b.q` or `acc`.
+#[inline(always)]
+unsafe fn block<L: Lanes, T: KvElem, const NG: usize, const TT: usize, const U: usize>(
+    kv: &SeqKv<'_, T>,
+    b: &Block<'_>,
+    acc: &mut [f32],
+    m: &mut [f32; MAX_GROUP],
+    l: &mut [f32; MAX_GROUP],
+) {
+    let lay = kv.layout;
+    let d = lay.head_dim;
+    let d8 = d / 8 * 8;
+    let du = d / (8 * U) * (8 * U);
+    let (q, acc) = (&b.q[..NG * d], &mut acc[..NG * d]);
+    let lo: [usize; NG] = std::array::from_fn(|r| b.lo[r]);
+    let hi: [usize; NG] = std::array::from_fn(|r| b.hi[r]);
+    let (all_lo, all_hi) = (
+        lo.iter().copied().max().unwrap_or(0),
+        hi.iter().copied().min().unwrap_or(0),
+    );
+    let (base, pos, n) = (b.base, b.pos, b.n.min(BT));
+    let mut s = [0f32; BT * MAX_GROUP];
+    let mut krows: [&[T]; BT] = [&[]; BT];
+    let mut vrows: [&[T]; BT] = [&[]; BT];
+    for t in 0..n {
+        let off = base + t * lay.slot_stride;
+        krows[t] = &kv.k[off..off + d];
+        vrows[t] = &kv.v[off..off + d];
+    }
+    // Scores.
+    let mut t = 0;
+    while t + TT <= n {
+        qk::<L, T, NG, TT>(q, &krows[t..t + TT], d, &mut s[t * NG..(t + TT) * NG]);
+        t += TT;
+    }
+    while t < n {
+        qk::<L, T, NG, 1>(q, &krows[t..t + 1], d, &mut s[t * NG..(t + 1) * NG]);
+        t += 1;
+    }
+    let sp = &mut s[..(n * NG).div_ceil(8) * 8];
+    sp[n * NG..].fill(f32::NEG_INFINITY);
+    let s = &mut sp[..n * NG];
+    if kv.softcap > 0.0 {
+        let cap = kv.softcap;
+        for x in s.iter_mut() {
+            *x = cap * (*x / cap).tanh();
+        }
+    }
+    if pos < all_lo || pos + n > all_hi {
+        for t in 0..n {
+            for r in 0..NG {
+                if pos + t < lo[r] || pos + t >= hi[r] {
+                    s[t * NG + r] = f32::NEG_INFINITY;
+                }
+            }
+        }
+    }
+    // Online softmax, vectorised over the t-major scores: lane i of every 8-chunk belongs
+    // to row i % NG (8 is a multiple of NG); the padding lanes hold -inf.
+    let chunks = sp.len() / 8;
+    let mut mx = L::splat(f32::NEG_INFINITY);
+    for c in 0..chunks {
+        mx = L::max(mx, L::load(sp.as_ptr().add(c * 8)));
+    }
+    let mut lanes = [0f32; 8];
+    L::store(lanes.as_mut_ptr(), mx);
+    for r in 0..NG {
+        let bm = (r..8)
+            .step_by(NG)
+            .map(|i| lanes[i])
+            .fold(f32::NEG_INFINITY, f32::max);
+        if bm > m[r] {
+            if m[r] > f32::NEG_INFINITY {
+                let alpha = (m[r] - bm).exp();
+                l[r] *= alpha;
+                acc[r * d..(r + 1) * d].iter_mut().for_each(|x| *x *= alpha);
+            }
+            m[r] = bm;
+        }
+    }
+    let shift: [f32; 8] = std::array::from_fn(|i| {
+        if m[i % NG] > f32::NEG_INFINITY {
+            m[i % NG]
+        } else {
+            0.0
+        }
+    });
+    let shift = L::load(shift.as_ptr());
+    let mut sum = L::zero();
+    for c in 0..chunks {
+        let p = L::exp(L::sub(L::load(sp.as_ptr().add(c * 8)), shift));
+        L::store(sp.as_mut_ptr().add(c * 8), p);
+        sum = L::add(sum, p);
+    }
+    L::store(lanes.as_mut_ptr(), sum);
+    for i in 0..8 {
+        l[i % NG] += lanes[i];
+    }
+    let s = &sp[..n * NG];
+    // Values.
+    let mut c = 0;
+    while c < du {
+        pv::<L, T, NG, U>(acc, &vrows[..n], s, c, d);
+        c += 8 * U;
+    }
+    while c < d8 {
+        pv::<L, T, NG, 1>(acc, &vrows[..n], s, c, d);
+        c += 8;
+    }
+    for c in d8..d {
+        for (t, vrow) in vrows.iter().enumerate().take(n) {
+            let v = vrow[c].to_f32();
+            for r in 0..NG {
+                acc[r * d + c] += s[t * NG + r] * v;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::DType;
+
+    /// The scalar and the AVX2 paths against a naive computation, with a head_dim that is not
+    /// a multiple of 8 (tail loops), masking, a window and a soft cap.
+    #[test]
+    fn scalar_and_simd_paths_match_naive() {
+        // 70: scalar tails; 64: the vector horizontal sums.
+        for d in [70usize, 64] {
+            let (ps, hk) = (16usize, 2usize);
+            let layout = CacheLayout::dense(DType::BF16, 4, ps, hk, d);
+            let mut seed = 5u32;
+            let mut rnd = || {
+                seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (seed >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0
+            };
+            let n = 4 * ps * hk * d;
+            let k: Vec<bf16> = (0..n).map(|_| bf16::from_f32(rnd())).collect();
+            let v: Vec<bf16> = (0..n).map(|_| bf16::from_f32(rnd())).collect();
+            let pages = [2, 0, 3];
+            let q: Vec<f32> = (0..8 * d).map(|_| rnd() * 0.3).collect();
+            let lo = [0, 0, 5, 5, 0, 0, 30, 30];
+            let hi = [40, 40, 41, 41, 42, 42, 43, 43];
+            let kv = SeqKv {
+                k: &k,
+                v: &v,
+                pages: &pages,
+                layout: &layout,
+                softcap: 1.5,
+            };
+            // Runs of 8 (one group), and 4, 2, 1, 1 (every group size) over two kv heads.
+            for heads in [[1usize; 8], [1, 1, 1, 1, 0, 0, 1, 0]] {
+                let mut want = vec![0f32; 8 * d];
+                for r in 0..8 {
+                    let at = |t: usize| {
+                        pages[t / ps] as usize * layout.page_stride
+                            + (t % ps) * layout.slot_stride
+                            + heads[r] * layout.head_stride
+                    };
+                    let s: Vec<f64> = (lo[r]..hi[r])
+                        .map(|t| {
+                            let x: f64 = (0..d)
+                                .map(|i| q[r * d + i] as f64 * k[at(t) + i].to_f64())
+                                .sum();
+                            1.5 * (x / 1.5).tanh()
+                        })
+                        .collect();
+                    let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                    let p: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+                    let l: f64 = p.iter().sum();
+                    for i in 0..d {
+                        let o: f64 = (lo[r]..hi[r])
+                            .zip(&p)
+                            .map(|(t, p)| p * v[at(t) + i].to_f64())
+                            .sum();
+                        want[r * d + i] = (o / l) as f32;
+                    }
+                }
+                let rows = |r: std::ops::Range<usize>| Rows {
+                    q: &q[r.start * d..r.end * d],
+                    lo: &lo[r.clone()],
+                    hi: &hi[r.clone()],
+                    kv_head: &heads[r],
+                };
+                let mut scalar = vec![0f32; 8 * d];
+                // SAFETY: slice lengths match the rows.
+                unsafe { attend_impl::<Scalar, bf16>(&kv, &rows(0..8), &mut scalar) };
+                let mut auto = vec![0f32; 8 * d];
+                attend(&kv, &rows(0..8), &mut auto);
+                let mut split = vec![0f32; 8 * d];
+                for r in 0..8 {
+                    attend(&kv, &rows(r..r + 1), &mut split[r * d..(r + 1) * d]);
+                }
+                for i in 0..8 * d {
+                    for (name, got) in [
+                        ("scalar", scalar[i]),
+                        ("dispatch", auto[i]),
+                        ("one row", split[i]),
+                    ] {
+                        assert!(
+                            (got - want[i]).abs() < 1e-5,
+                            "{name} d {d} [{i}]: {got} vs {}",
+                            want[i]
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,260 @@
+//! A small persistent thread pool: the CPU backend's workers, created once per backend.
+//!
+//! [`ThreadPool::for_each`] runs `f(0..n)` on the calling thread plus every worker, handing out
+//! item indices from one atomic counter, and returns when all items are done. No thread is
+//! spawned per call. Calls from several threads on one pool are serialized.
+//!
+//! Why not `rayon`: the crate needs exactly one primitive (a blocking parallel-for over indices)
+//! and no extra dependency; this is about 150 lines of std.
+
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+
+/// The job being run: borrowed from the `for_each` frame, which outlives every use (it waits
+/// until all workers have checked out of this generation before returning).
+#[derive(Clone, Copy)]
+struct Job {
+    f: *const (dyn Fn(usize) + Sync),
+    next: *const AtomicUsize,
+    n: usize,
+}
+
+// SAFETY: the pointers are only dereferenced while `for_each` keeps their targets alive, and
+// the closure is `Sync`.
+unsafe impl Send for Job {}
+
+struct State {
+    job: Option<Job>,
+    generation: u64,
+    /// Workers that have not finished the current generation.
+    active: usize,
+    /// First panic payload caught in a worker during the current generation.
+    panic: Option<Box<dyn std::any::Any + Send>>,
+    shutdown: bool,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    work: Condvar,
+    done: Condvar,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic never happens while the lock is held (closures run outside it), so poisoning
+    // carries no broken invariant; recover the guard.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A fixed set of worker threads plus the caller.
+pub struct ThreadPool {
+    shared: Arc<Shared>,
+    workers: Vec<JoinHandle<()>>,
+    /// Serializes `for_each` calls from different threads.
+    launch: Mutex<()>,
+}
+
+impl ThreadPool {
+    /// A pool that runs work on `num_threads` threads in total (the caller included), so
+    /// `num_threads - 1` workers are spawned. `0` means the machine's available parallelism.
+    pub fn new(num_threads: usize) -> std::io::Result<ThreadPool> {
+        let total = if num_threads == 0 {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+        } else {
+            num_threads
+        };
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                job: None,
+                generation: 0,
+                active: 0,
+                panic: None,
+                shutdown: false,
+            }),
+            work: Condvar::new(),
+            done: Condvar::new(),
+        });
+        let mut pool = ThreadPool {
+            shared,
+            workers: Vec::new(),
+            launch: Mutex::new(()),
+        };
+        for i in 1..total {
+            let shared = Arc::clone(&pool.shared);
+            let handle = std::thread::Builder::new()
+                .name(format!("kvshare-cpu-{i}"))
+                .spawn(move || worker(&shared))?;
+            pool.workers.push(handle);
+        }
+        Ok(pool)
+    }
+
+    /// Threads that run work (workers plus the caller).
+    pub fn num_threads(&self) -> usize {
+        self.workers.len() + 1
+    }
+
+    /// Runs `f(i)` for every `i in 0..n`, in parallel, and returns when all are done. A panic
+    /// in `f` is re-raised here after every thread has stopped using `f`.
+    pub fn for_each<F: Fn(usize) + Sync>(&self, n: usize, f: F) {
+        if n == 0 {
+            return;
+        }
+        if self.workers.is_empty() || n == 1 {
+            (0..n).for_each(f);
+            return;
+        }
+        let _serial = lock(&self.launch);
+        let next = AtomicUsize::new(0);
+        let f_dyn: &(dyn Fn(usize) + Sync) = &f;
+        // SAFETY (lifetime erasure): the job is removed and every worker has checked out of this
+        // generation before this frame returns or unwinds (see below), so no worker uses the
+        // pointers after `f` and `next` are dropped.
+        let f_static: *const (dyn Fn(usize) + Sync) = unsafe { std::mem::transmute(f_dyn) };
+        let job = Job {
+            f: f_static,
+            next: &next,
+            n,
+        };
+        {
+            let mut st = lock(&self.shared.state);
+            st.job = Some(job);
+            st.generation = st.generation.wrapping_add(1);
+            st.active = self.workers.len();
+            st.panic = None;
+            self.shared.work.notify_all();
+        }
+        let mine = catch_unwind(AssertUnwindSafe(|| run_items(&f, &next, n)));
+        let worker_panic = {
+            let mut st = lock(&self.shared.state);
+            while st.active > 0 {
+                st = self
+                    .shared
+                    .done
+                    .wait(st)
+                    .unwrap_or_else(PoisonError::into_inner);
+            }
+            st.job = None;
+            st.panic.take()
+        };
+        if let Err(p) = mine {
+            resume_unwind(p);
+        }
+        if let Some(p) = worker_panic {
+            resume_unwind(p);
+        }
+    }
+}
+
+fn run_items(f: &(dyn Fn(usize) + Sync), next: &AtomicUsize, n: usize) {
+    loop {
+        let i = next.fetch_add(1, Ordering::Relaxed);
+        if i >= n {
+            return;
+        }
+        f(i);
+    }
+}
+
+fn worker(shared: &Shared) {
+    let mut seen = 0u64;
+    loop {
+        let job = {
+            let mut st = lock(&shared.state);
+            while st.generation == seen && !st.shutdown {
+                st = shared.work.wait(st).unwrap_or_else(PoisonError::into_inner);
+            }
+            if st.shutdown {
+                return;
+            }
+            seen = st.generation;
+            st.job
+        };
+        let result = match job {
+            // SAFETY: `for_each` keeps `f` and `next` alive until this worker checks out below.
+            Some(job) => catch_unwind(AssertUnwindSafe(|| unsafe {
+                run_items(&*job.f, &*job.next, job.n)
+            })),
+            None => Ok(()),
+        };
+        let mut st = lock(&shared.state);
+        if let Err(p) = result {
+            st.panic.get_or_insert(p);
+        }
+        st.active -= 1;
+        if st.active == 0 {
+            shared.done.notify_all();
+        }
+    }
+}
+
+impl Drop for ThreadPool {
+    fn drop(&mut self) {
+        lock(&self.shared.state).shutdown = true;
+        self.shared.work.notify_all();
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_every_item_once() {
+        let pool = ThreadPool::new(3).unwrap();
+        assert_eq!(pool.num_threads(), 3);
+        for n in [0usize, 1, 2, 7, 1000] {
+            let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+            pool.for_each(n, |i| {
+                hits[i].fetch_add(1, Ordering::Relaxed);
+            });
+            assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
+        }
+    }
+
+    #[test]
+    fn panic_is_reraised_and_pool_survives() {
+        let pool = ThreadPool::new(2).unwrap();
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            pool.for_each(64, |i| {
+                if i == 40 {
+                    panic!("item 40");
+                }
+            })
+        }));
+        assert!(r.is_err());
+        let sum = AtomicUsize::new(0);
+        pool.for_each(10, |i| {
+            sum.fetch_add(i, Ordering::Relaxed);
+        });
+        assert_eq!(sum.load(Ordering::Relaxed), 45);
+    }
+
+    #[test]
+    fn concurrent_callers_serialize() {
+        let pool = Arc::new(ThreadPool::new(2).unwrap());
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let pool = Arc::clone(&pool);
+                std::thread::spawn(move || {
+                    for _ in 0..50 {
+                        let sum = AtomicUsize::new(0);
+                        pool.for_each(33, |i| {
+                            sum.fetch_add(i, Ordering::Relaxed);
+                        });
+                        assert_eq!(sum.load(Ordering::Relaxed), 33 * 32 / 2);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+    }
+}

@@ -1,0 +1,729 @@
+//! `kvs_backend`: compute backends, paged attention, KV write and page copy.
+//!
+//! Glue only: each export reads its `#[repr(C)]` args, builds the plain Rust params of
+//! [`crate::attention`], validates them there (the same checks the Ascend backend will use),
+//! turns the pointers into slices whose lengths come from the validated shapes, and calls the
+//! safe backend. Nothing is written unless every check passed.
+
+// The exports take raw pointers by design (C callers); each one is checked by the `slice`/
+// `handle` helpers before use, so the functions stay `extern "C" fn` rather than `unsafe`.
+#![allow(clippy::not_unsafe_ptr_arg_deref)]
+
+use std::ffi::{c_char, c_void};
+
+use super::handle::{self, Handle};
+use super::panic::guard;
+use super::slice::{slice, slice_mut, try_out, try_ref};
+use super::status::kvs_status;
+use super::types::{dtype_from_raw, kvs_copy};
+use crate::attention::cpu::CpuBackend;
+use crate::attention::{
+    AttnBatch, AttnBuffers, AttnParams, Backend, Buf, BufMut, CacheLayout, CopyCaches, CopyKind,
+    CopyParams, KvWrite, KvWriteParams, PageCopy, PageCopyBatch, SlotMapping, TokenStrides,
+};
+use crate::core::{DType, Error, Result};
+
+/// A compute backend (CPU today; Ascend later) that launches paged attention, KV writes and
+/// page copies.
+///
+/// **Ownership:** create with `kvs_backend_new`, free with `kvs_backend_free`.
+/// **Thread safety:** a backend may be used from several threads at once; the CPU backend runs
+/// one call at a time on its thread pool and queues the others.
+///
+/// **Methods:** `kvs_backend_new`, `kvs_backend_free`, `kvs_backend_num_threads`,
+/// `kvs_attention_launch`, `kvs_kv_write`, `kvs_kv_copy`.
+pub struct kvs_backend {
+    _private: [u8; 0],
+}
+
+impl Handle for kvs_backend {
+    type Rust = BackendBox;
+    const NAME: &'static str = "backend";
+}
+
+/// The Rust object behind a `kvs_backend*`.
+pub(crate) struct BackendBox {
+    backend: Box<dyn Backend>,
+    num_threads: usize,
+}
+
+/// Which backend `kvs_backend_new` creates.
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum kvs_backend_kind {
+    /// Host CPU, synchronous; streams are ignored.
+    Cpu = 0,
+    /// Huawei Ascend NPU through CANN (not available in this build yet).
+    Ascend = 1,
+}
+
+/// Element type of a slot mapping (`kvs_kv_write_args.slot_mapping_type`).
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum kvs_index_type {
+    /// `int32_t` (vLLM-Ascend, MindIE).
+    Int32 = 0,
+    /// `int64_t` (upstream vLLM).
+    Int64 = 1,
+}
+
+/// Options of `kvs_backend_new`. Zero-initialise and set what you need.
+///
+/// **Thread safety:** plain data, read only during the call.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct kvs_backend_options {
+    /// CPU: threads of the persistent pool (the calling thread included); 0 = the machine's
+    /// available parallelism. At most 1024.
+    pub num_threads: u32,
+    /// Ascend: device id (ignored by the CPU backend).
+    pub device_id: i32,
+    /// Ascend: directory holding the CANN libraries, or NULL for the loader's search path
+    /// (ignored by the CPU backend). NUL-terminated; read only during the call.
+    pub library_dir: *const c_char,
+}
+
+/// Layout of one layer's K cache and V cache (they share it):
+/// `[num_pages, page_size, num_kv_heads, head_dim]`, `head_dim` contiguous, outer strides in
+/// **elements**. A stride of 0 means the dense value (`page_size*num_kv_heads*head_dim`,
+/// `num_kv_heads*head_dim`, `head_dim`). Any non-overlapping strides are accepted, e.g. CANN's
+/// `[num_pages, num_kv_heads, page_size, head_dim]` ("BnNBsD") is
+/// `slot_stride = head_dim, head_stride = page_size*head_dim`.
+///
+/// **Thread safety:** plain data.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct kvs_kv_layout {
+    /// Element type: a `kvs_dtype` value.
+    pub dtype: u32,
+    /// Pages in the cache.
+    pub num_pages: u32,
+    /// Token slots per page.
+    pub page_size: u32,
+    /// KV heads.
+    pub num_kv_heads: u32,
+    /// Elements per head.
+    pub head_dim: u32,
+    /// Elements between pages (0 = dense).
+    pub page_stride: usize,
+    /// Elements between the token slots of a page (0 = dense).
+    pub slot_stride: usize,
+    /// Elements between the kv heads of a slot (0 = dense).
+    pub head_stride: usize,
+}
+
+/// Everything one paged-attention launch reads and writes (one layer).
+///
+/// Shapes (strides in **elements**; 0 = dense; `head_dim` is always contiguous):
+/// - `query`, `output`: `[num_tokens, num_heads, head_dim]`; `output` must not overlap any input.
+/// - `key_cache`, `value_cache`: see `kvs_kv_layout`.
+/// - `block_table`: int32 `[num_seqs, max_pages_per_seq]`, row stride `block_table_stride`.
+///   Only the first `ceil(context_lens[i] / page_size)` entries of row `i` are read, and each
+///   must be a page id below `cache.num_pages`; the rest is padding.
+/// - `context_lens`: host int32 `[num_seqs]`: KV tokens of each sequence, this step's query
+///   tokens included (write them with `kvs_kv_write` first). At most
+///   `max_pages_per_seq * page_size`.
+/// - `query_start_loc`: host int32 `[num_seqs + 1]`, cumulative query starts (`[0]` is 0,
+///   `[num_seqs]` is `num_tokens`), or NULL for decode (one query token per sequence,
+///   `num_tokens == num_seqs`). Query token `i` of a sequence with context length `L` and
+///   query length `q` sits at position `L - q + i` and attends to positions `0..=L - q + i`.
+///
+/// GQA/MQA: `num_heads` is a multiple of `cache.num_kv_heads`; query head `h` uses kv head
+/// `h / (num_heads / num_kv_heads)`. Scores are `scale * q·k`, then `softcap * tanh(s / softcap)`
+/// when `softcap > 0`; with `sliding_window > 0` a token sees only the `sliding_window` most
+/// recent positions (itself included). Accumulation is in f32 whatever the dtypes.
+///
+/// **Thread safety:** plain data; the memory it points to must not change during the call.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct kvs_attention_args {
+    /// Sequences in the batch (>= 1).
+    pub num_seqs: u32,
+    /// Query tokens in the batch (>= 1).
+    pub num_tokens: u32,
+    /// Query heads.
+    pub num_heads: u32,
+    /// Query tensor `[num_tokens, num_heads, head_dim]`.
+    pub query: *const c_void,
+    /// Query element type: a `kvs_dtype` value.
+    pub query_dtype: u32,
+    /// Elements between query tokens (0 = `num_heads * head_dim`).
+    pub query_token_stride: usize,
+    /// Elements between query heads (0 = `head_dim`).
+    pub query_head_stride: usize,
+    /// Output tensor `[num_tokens, num_heads, head_dim]`, written on success only.
+    pub output: *mut c_void,
+    /// Output element type: a `kvs_dtype` value.
+    pub output_dtype: u32,
+    /// Elements between output tokens (0 = `num_heads * head_dim`).
+    pub output_token_stride: usize,
+    /// Elements between output heads (0 = `head_dim`).
+    pub output_head_stride: usize,
+    /// K cache of the layer.
+    pub key_cache: *const c_void,
+    /// V cache of the layer.
+    pub value_cache: *const c_void,
+    /// Layout of both caches.
+    pub cache: kvs_kv_layout,
+    /// int32 block table `[num_seqs, max_pages_per_seq]`.
+    pub block_table: *const i32,
+    /// Columns of the block table.
+    pub max_pages_per_seq: u32,
+    /// Elements between block-table rows (0 = `max_pages_per_seq`).
+    pub block_table_stride: usize,
+    /// Host int32 `[num_seqs]` context lengths.
+    pub context_lens: *const i32,
+    /// Host int32 `[num_seqs + 1]` cumulative query starts, or NULL for decode.
+    pub query_start_loc: *const i32,
+    /// Multiplier of `q·k`, finite and > 0 (usually `1 / sqrt(head_dim)`).
+    pub scale: f32,
+    /// Logit soft cap; 0 = off.
+    pub softcap: f32,
+    /// Sliding window in tokens; 0 = off.
+    pub sliding_window: u32,
+}
+
+/// Everything one KV write reads and writes (one layer): scatter `key`/`value`
+/// `[num_tokens, cache.num_kv_heads, cache.head_dim]` into the caches at
+/// `slot = page * page_size + offset` from `slot_mapping`; negative slots are padding and are
+/// skipped. Slots must be unique (later ones win on CPU). The new K/V may have another dtype
+/// than the cache; values are converted (round to nearest).
+///
+/// **Thread safety:** plain data; the memory it points to must not change during the call.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct kvs_kv_write_args {
+    /// Tokens to write (>= 1).
+    pub num_tokens: u32,
+    /// New keys `[num_tokens, num_kv_heads, head_dim]`.
+    pub key: *const c_void,
+    /// New values, same shape and strides as `key`.
+    pub value: *const c_void,
+    /// Element type of `key` and `value`: a `kvs_dtype` value.
+    pub src_dtype: u32,
+    /// Elements between tokens of `key`/`value` (0 = `num_kv_heads * head_dim`).
+    pub src_token_stride: usize,
+    /// Elements between heads of `key`/`value` (0 = `head_dim`).
+    pub src_head_stride: usize,
+    /// K cache of the layer (written).
+    pub key_cache: *mut c_void,
+    /// V cache of the layer (written; must not overlap `key_cache`).
+    pub value_cache: *mut c_void,
+    /// Layout of both caches.
+    pub cache: kvs_kv_layout,
+    /// `[num_tokens]` slots, `int32_t` or `int64_t` as `slot_mapping_type` says.
+    pub slot_mapping: *const c_void,
+    /// A `kvs_index_type` value.
+    pub slot_mapping_type: u32,
+}
+
+/// The caches a page copy works on (one layer): device K/V caches laid out as `cache`, and
+/// optional host K/V caches with the same per-page layout and strides and `num_host_pages`
+/// pages (0 = no host caches; their pointers may then be NULL). The four buffers must not
+/// overlap.
+///
+/// **Thread safety:** plain data.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct kvs_kv_copy_args {
+    /// Device K cache.
+    pub key_cache: *mut c_void,
+    /// Device V cache.
+    pub value_cache: *mut c_void,
+    /// Layout of the device caches (and per page of the host caches).
+    pub cache: kvs_kv_layout,
+    /// Host K cache, or NULL when `num_host_pages` is 0.
+    pub host_key_cache: *mut c_void,
+    /// Host V cache, or NULL when `num_host_pages` is 0.
+    pub host_value_cache: *mut c_void,
+    /// Pages of each host cache.
+    pub num_host_pages: u32,
+}
+
+/// Attention errors name fields; the shared slice helpers report `InvalidArgument`.
+fn attn(e: Error) -> Error {
+    match e {
+        Error::InvalidArgument { field, reason } => Error::AttnInvalid { field, reason },
+        e => e,
+    }
+}
+
+fn dtype(raw: u32, field: &'static str) -> Result<DType> {
+    dtype_from_raw(raw, field).map_err(attn)
+}
+
+fn or_dense(stride: usize, dense: usize) -> usize {
+    if stride == 0 {
+        dense
+    } else {
+        stride
+    }
+}
+
+fn layout(c: &kvs_kv_layout, num_pages: u32) -> Result<CacheLayout> {
+    let (ps, h, d) = (
+        c.page_size as usize,
+        c.num_kv_heads as usize,
+        c.head_dim as usize,
+    );
+    Ok(CacheLayout {
+        dtype: dtype(c.dtype, "cache.dtype")?,
+        num_pages: num_pages as usize,
+        page_size: ps,
+        num_kv_heads: h,
+        head_dim: d,
+        page_stride: or_dense(c.page_stride, ps.saturating_mul(h).saturating_mul(d)),
+        slot_stride: or_dense(c.slot_stride, h.saturating_mul(d)),
+        head_stride: or_dense(c.head_stride, d),
+    })
+}
+
+/// Refuses a misaligned pointer as an attention argument error (the shared slice helpers
+/// `debug_assert` alignment, which would turn this caller error into a panic in debug builds).
+fn aligned<T>(ptr: *const T, name: &'static str) -> Result<()> {
+    if !ptr.is_aligned() {
+        return Err(Error::AttnInvalid {
+            field: name,
+            reason: format!(
+                "pointer {ptr:p} is not aligned to {} bytes",
+                std::mem::align_of::<T>()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// [`slice`] with attention errors.
+///
+/// # Safety
+/// As [`slice`].
+unsafe fn aslice<'a, T>(ptr: *const T, len: usize, name: &'static str) -> Result<&'a [T]> {
+    aligned(ptr, name)?;
+    slice(ptr, len, name).map_err(attn)
+}
+
+/// [`slice_mut`] with attention errors.
+///
+/// # Safety
+/// As [`slice_mut`].
+unsafe fn aslice_mut<'a, T>(ptr: *mut T, len: usize, name: &'static str) -> Result<&'a mut [T]> {
+    aligned(ptr.cast_const(), name)?;
+    slice_mut(ptr, len, name).map_err(attn)
+}
+
+/// # Safety
+/// Non-NULL `ptr` must be valid for `len` elements of `dtype` for `'a`.
+unsafe fn buf<'a>(
+    ptr: *const c_void,
+    dtype: DType,
+    len: usize,
+    name: &'static str,
+) -> Result<Buf<'a>> {
+    Ok(match dtype {
+        DType::F32 => Buf::F32(aslice(ptr.cast(), len, name)?),
+        DType::F16 => Buf::F16(aslice(ptr.cast(), len, name)?),
+        DType::BF16 => Buf::BF16(aslice(ptr.cast(), len, name)?),
+    })
+}
+
+/// # Safety
+/// As [`buf`], and nothing else accesses the memory during `'a`.
+unsafe fn buf_mut<'a>(
+    ptr: *mut c_void,
+    dtype: DType,
+    len: usize,
+    name: &'static str,
+) -> Result<BufMut<'a>> {
+    Ok(match dtype {
+        DType::F32 => BufMut::F32(aslice_mut(ptr.cast(), len, name)?),
+        DType::F16 => BufMut::F16(aslice_mut(ptr.cast(), len, name)?),
+        DType::BF16 => BufMut::BF16(aslice_mut(ptr.cast(), len, name)?),
+    })
+}
+
+/// Refuses a written buffer that overlaps another buffer of the call (that would alias a
+/// `&mut` slice).
+fn no_overlap(
+    w: (&'static str, *const c_void, usize),
+    others: &[(&'static str, *const c_void, usize)],
+) -> Result<()> {
+    let (a0, a1) = (w.1 as usize, w.1 as usize + w.2);
+    for &(name, p, bytes) in others {
+        let (b0, b1) = (p as usize, p as usize + bytes);
+        if !p.is_null() && bytes > 0 && w.2 > 0 && a0 < b1 && b0 < a1 {
+            return Err(Error::AttnInvalid {
+                field: w.0,
+                reason: format!("overlaps `{name}`"),
+            });
+        }
+    }
+    Ok(())
+}
+
+impl kvs_backend {
+    /// Creates a backend of `kind` (a `kvs_backend_kind` value). `options` may be NULL (all
+    /// defaults). The CPU backend starts its persistent worker threads here; no call spawns
+    /// threads later.
+    ///
+    /// **Ownership:** on success `*backend_out` owns a new backend; free it with
+    /// `kvs_backend_free`. **Failure:** `KVS_STATUS_BACKEND_UNAVAILABLE` for Ascend (not in
+    /// this build yet), `KVS_STATUS_INVALID_ARGUMENT` for an unknown kind or out-of-range option;
+    /// `*backend_out` is untouched on error.
+    /// **Thread safety:** safe from any thread.
+    #[no_mangle]
+    pub extern "C" fn kvs_backend_new(
+        kind: u32,
+        options: *const kvs_backend_options,
+        backend_out: *mut *mut kvs_backend,
+    ) -> kvs_status {
+        guard(|| {
+            // SAFETY: caller contract: NULL or a valid options struct / out location.
+            let out = unsafe { try_out(backend_out, "backend_out")? };
+            let opts = if options.is_null() {
+                None
+            } else {
+                Some(unsafe { try_ref(options, "options")? })
+            };
+            let num_threads = opts.map_or(0, |o| o.num_threads) as usize;
+            if num_threads > 1024 {
+                return Err(Error::arg(
+                    "options.num_threads",
+                    format!("{num_threads} is more than 1024"),
+                ));
+            }
+            let obj = match kind {
+                0 => {
+                    let cpu = CpuBackend::new(num_threads)?;
+                    BackendBox {
+                        num_threads: cpu.num_threads(),
+                        backend: Box::new(cpu),
+                    }
+                }
+                1 => return Err(Error::BackendUnavailable(
+                    "the Ascend backend is not available in this build yet (it lands with its own \
+                         issue; use KVS_BACKEND_KIND_CPU)"
+                        .into(),
+                )),
+                k => return Err(Error::arg("kind", format!("{k} is not a kvs_backend_kind"))),
+            };
+            *out = handle::into_raw::<kvs_backend>(obj);
+            Ok(())
+        })
+    }
+
+    /// Frees a backend (its worker threads are joined). NULL is a no-op.
+    ///
+    /// **Ownership:** `backend` must come from `kvs_backend_new` and is invalid afterwards.
+    /// **Thread safety:** no other call may be using `backend`.
+    #[no_mangle]
+    pub extern "C" fn kvs_backend_free(backend: *mut kvs_backend) {
+        let _ = guard(|| {
+            // SAFETY: caller contract (from kvs_backend_new, not in use elsewhere).
+            unsafe { handle::free(backend) };
+            Ok(())
+        });
+    }
+
+    /// Threads the backend computes on (CPU: pool size, the calling thread included).
+    ///
+    /// **Failure:** `KVS_STATUS_NULL_ARGUMENT` for a NULL argument; `*num_threads_out` is
+    /// untouched on error. **Thread safety:** safe from any thread.
+    #[no_mangle]
+    pub extern "C" fn kvs_backend_num_threads(
+        backend: *const kvs_backend,
+        num_threads_out: *mut u32,
+    ) -> kvs_status {
+        guard(|| {
+            // SAFETY: caller contract.
+            let b = unsafe { handle::borrow(backend)? };
+            let out = unsafe { try_out(num_threads_out, "num_threads_out")? };
+            *out = b.num_threads as u32;
+            Ok(())
+        })
+    }
+
+    /// Launches paged attention (decode, prefill or chunked prefill, causal within each
+    /// sequence) for one layer; see `kvs_attention_args` for shapes and semantics. `stream` is
+    /// the backend's stream (`aclrtStream` for Ascend); the CPU backend ignores it (NULL is
+    /// fine) and returns when the output is written.
+    ///
+    /// **Failure:** `KVS_STATUS_NULL_ARGUMENT` for a NULL `backend`, `args` or required
+    /// pointer; `KVS_STATUS_ATTN_INVALID_ARGUMENT` for any shape, stride, dtype, head ratio,
+    /// length or block-table entry that is out of range or contradicts another (the message
+    /// names the field). Nothing is written on error.
+    /// **Thread safety:** safe from any thread; `output` must not be accessed by others
+    /// during the call.
+    #[no_mangle]
+    pub extern "C" fn kvs_attention_launch(
+        backend: *const kvs_backend,
+        args: *const kvs_attention_args,
+        stream: *mut c_void,
+    ) -> kvs_status {
+        let _ = stream;
+        guard(|| {
+            // SAFETY: caller contract for `backend` and `args`.
+            let b = unsafe { handle::borrow(backend)? };
+            let a = unsafe { try_ref(args, "args")? };
+            let cache = layout(&a.cache, a.cache.num_pages)?;
+            let (h, d) = (a.num_heads as usize, cache.head_dim);
+            let params = AttnParams {
+                num_seqs: a.num_seqs as usize,
+                num_tokens: a.num_tokens as usize,
+                num_heads: h,
+                query_dtype: dtype(a.query_dtype, "query_dtype")?,
+                query_strides: TokenStrides {
+                    token: or_dense(a.query_token_stride, h.saturating_mul(d)),
+                    head: or_dense(a.query_head_stride, d),
+                },
+                output_dtype: dtype(a.output_dtype, "output_dtype")?,
+                output_strides: TokenStrides {
+                    token: or_dense(a.output_token_stride, h.saturating_mul(d)),
+                    head: or_dense(a.output_head_stride, d),
+                },
+                cache,
+                max_pages_per_seq: a.max_pages_per_seq as usize,
+                block_table_stride: or_dense(a.block_table_stride, a.max_pages_per_seq as usize),
+                varlen: !a.query_start_loc.is_null(),
+                scale: a.scale,
+                softcap: a.softcap,
+                sliding_window: a.sliding_window as usize,
+            };
+            let spans = params.validate()?;
+            let (qe, oe, ce) = (
+                params.query_dtype.size_bytes(),
+                params.output_dtype.size_bytes(),
+                cache.dtype.size_bytes(),
+            );
+            no_overlap(
+                ("output", a.output, spans.output * oe),
+                &[
+                    ("query", a.query, spans.query * qe),
+                    ("key_cache", a.key_cache, spans.cache * ce),
+                    ("value_cache", a.value_cache, spans.cache * ce),
+                    ("block_table", a.block_table.cast(), spans.block_table * 4),
+                    (
+                        "context_lens",
+                        a.context_lens.cast(),
+                        spans.context_lens * 4,
+                    ),
+                    (
+                        "query_start_loc",
+                        a.query_start_loc.cast(),
+                        spans.query_start_loc * 4,
+                    ),
+                ],
+            )?;
+            // SAFETY: caller contract: each pointer is valid for the shape the args describe,
+            // and `output` overlaps no input (checked above).
+            let bufs = unsafe {
+                AttnBuffers {
+                    query: buf(a.query, params.query_dtype, spans.query, "query")?,
+                    key_cache: buf(a.key_cache, cache.dtype, spans.cache, "key_cache")?,
+                    value_cache: buf(a.value_cache, cache.dtype, spans.cache, "value_cache")?,
+                    block_table: aslice(a.block_table, spans.block_table, "block_table")?,
+                    context_lens: aslice(a.context_lens, spans.context_lens, "context_lens")?,
+                    query_start_loc: if params.varlen {
+                        Some(aslice(
+                            a.query_start_loc,
+                            spans.query_start_loc,
+                            "query_start_loc",
+                        )?)
+                    } else {
+                        None
+                    },
+                    output: buf_mut(a.output, params.output_dtype, spans.output, "output")?,
+                }
+            };
+            b.backend.attention(AttnBatch::new(params, bufs)?)
+        })
+    }
+
+    /// Scatters new K and V into one layer's paged caches by slot mapping (vLLM's
+    /// `reshape_and_cache`, CANN's `aclnnScatterPaKvCache` "Norm" mode); see
+    /// `kvs_kv_write_args`. `stream` as in `kvs_attention_launch`.
+    ///
+    /// **Failure:** `KVS_STATUS_NULL_ARGUMENT` for a NULL `backend`, `args` or required
+    /// pointer; `KVS_STATUS_ATTN_INVALID_ARGUMENT` for a bad shape, stride, dtype, index type or
+    /// a slot at or beyond `num_pages * page_size` (message names the field). Nothing is
+    /// written on error.
+    /// **Thread safety:** safe from any thread; the caches must not be accessed by others
+    /// during the call.
+    #[no_mangle]
+    pub extern "C" fn kvs_kv_write(
+        backend: *const kvs_backend,
+        args: *const kvs_kv_write_args,
+        stream: *mut c_void,
+    ) -> kvs_status {
+        let _ = stream;
+        guard(|| {
+            // SAFETY: caller contract for `backend` and `args`.
+            let b = unsafe { handle::borrow(backend)? };
+            let a = unsafe { try_ref(args, "args")? };
+            let cache = layout(&a.cache, a.cache.num_pages)?;
+            let (h, d) = (cache.num_kv_heads, cache.head_dim);
+            let params = KvWriteParams {
+                num_tokens: a.num_tokens as usize,
+                src_dtype: dtype(a.src_dtype, "src_dtype")?,
+                src_strides: TokenStrides {
+                    token: or_dense(a.src_token_stride, h.saturating_mul(d)),
+                    head: or_dense(a.src_head_stride, d),
+                },
+                cache,
+            };
+            let (src, cache_len) = params.validate()?;
+            let n = params.num_tokens;
+            let (se, ce) = (params.src_dtype.size_bytes(), cache.dtype.size_bytes());
+            let slot_bytes = match a.slot_mapping_type {
+                0 => 4,
+                1 => 8,
+                t => {
+                    return Err(Error::AttnInvalid {
+                        field: "slot_mapping_type",
+                        reason: format!("{t} is not a kvs_index_type"),
+                    })
+                }
+            };
+            let inputs = [
+                ("key", a.key, src * se),
+                ("value", a.value, src * se),
+                ("slot_mapping", a.slot_mapping, n * slot_bytes),
+            ];
+            no_overlap(("key_cache", a.key_cache, cache_len * ce), &inputs)?;
+            no_overlap(("value_cache", a.value_cache, cache_len * ce), &inputs)?;
+            no_overlap(
+                ("value_cache", a.value_cache, cache_len * ce),
+                &[("key_cache", a.key_cache, cache_len * ce)],
+            )?;
+            // SAFETY: caller contract; the written caches overlap nothing else (checked above).
+            let write = unsafe {
+                let slots = if slot_bytes == 4 {
+                    SlotMapping::I32(aslice(a.slot_mapping.cast(), n, "slot_mapping")?)
+                } else {
+                    SlotMapping::I64(aslice(a.slot_mapping.cast(), n, "slot_mapping")?)
+                };
+                KvWrite::new(
+                    params,
+                    buf(a.key, params.src_dtype, src, "key")?,
+                    buf(a.value, params.src_dtype, src, "value")?,
+                    slots,
+                    buf_mut(a.key_cache, cache.dtype, cache_len, "key_cache")?,
+                    buf_mut(a.value_cache, cache.dtype, cache_len, "value_cache")?,
+                )?
+            };
+            b.backend.kv_write(write)
+        })
+    }
+
+    /// Performs page copies reported by the cache manager (copy-on-write of a partial page,
+    /// swap out/in, demotion/promotion) on one layer's K and V caches, in array order; see
+    /// `kvs_copy` and `kvs_kv_copy_args`. `(NULL, 0)` copies nothing. `stream` as in
+    /// `kvs_attention_launch`. Call once per layer.
+    ///
+    /// **Failure:** `KVS_STATUS_NULL_ARGUMENT` for a NULL `backend`, `args`, required cache
+    /// pointer or `copies` with `num_copies > 0`; `KVS_STATUS_ATTN_INVALID_ARGUMENT` for a bad
+    /// layout, an unknown kind, a page id beyond its tier or `num_tokens` above `page_size`
+    /// (0 is a valid no-op; the message names the field, e.g. `copies`). Nothing is copied on
+    /// error.
+    /// **Thread safety:** safe from any thread; the caches must not be accessed by others
+    /// during the call.
+    #[no_mangle]
+    pub extern "C" fn kvs_kv_copy(
+        backend: *const kvs_backend,
+        args: *const kvs_kv_copy_args,
+        copies: *const kvs_copy,
+        num_copies: usize,
+        stream: *mut c_void,
+    ) -> kvs_status {
+        let _ = stream;
+        guard(|| {
+            // SAFETY: caller contract for `backend`, `args` and `copies`.
+            let b = unsafe { handle::borrow(backend)? };
+            let a = unsafe { try_ref(args, "args")? };
+            let raw = unsafe { aslice(copies, num_copies, "copies")? };
+            let mut list = Vec::with_capacity(raw.len());
+            for (i, c) in raw.iter().enumerate() {
+                let kind = match c.kind {
+                    0 => CopyKind::DeviceToDevice,
+                    1 => CopyKind::DeviceToHost,
+                    2 => CopyKind::HostToDevice,
+                    k => {
+                        return Err(Error::AttnInvalid {
+                            field: "copies",
+                            reason: format!("copies[{i}].kind = {k} is not a kvs_copy_kind"),
+                        })
+                    }
+                };
+                list.push(PageCopy {
+                    src_page: c.src_page,
+                    dst_page: c.dst_page,
+                    num_tokens: c.num_tokens,
+                    kind,
+                });
+            }
+            let params = CopyParams {
+                cache: layout(&a.cache, a.cache.num_pages)?,
+                num_host_pages: a.num_host_pages as usize,
+            };
+            let (dev, host) = params.validate()?;
+            let esz = params.cache.dtype.size_bytes();
+            let (dev, host) = (dev * esz, host * esz);
+            let all = [
+                ("key_cache", a.key_cache.cast_const(), dev),
+                ("value_cache", a.value_cache.cast_const(), dev),
+                ("host_key_cache", a.host_key_cache.cast_const(), host),
+                ("host_value_cache", a.host_value_cache.cast_const(), host),
+            ];
+            for (i, w) in all.iter().enumerate() {
+                no_overlap(*w, &all[i + 1..])?;
+                no_overlap(
+                    *w,
+                    &[(
+                        "copies",
+                        copies.cast(),
+                        num_copies * std::mem::size_of::<kvs_copy>(),
+                    )],
+                )?;
+            }
+            // SAFETY: caller contract; the four caches are pairwise disjoint (checked above).
+            let caches = unsafe {
+                CopyCaches {
+                    key_cache: aslice_mut(a.key_cache.cast(), dev, "key_cache")?,
+                    value_cache: aslice_mut(a.value_cache.cast(), dev, "value_cache")?,
+                    host_key_cache: aslice_mut(a.host_key_cache.cast(), host, "host_key_cache")?,
+                    host_value_cache: aslice_mut(
+                        a.host_value_cache.cast(),
+                        host,
+                        "host_value_cache",
+                    )?,
+                }
+            };
+            b.backend
+                .copy_pages(PageCopyBatch::new(params, caches, &list)?)
+        })
+    }
+
+    /// The dense layout of a `[num_pages, page_size, num_kv_heads, head_dim]` cache of `dtype`
+    /// (a `kvs_dtype` value), strides filled in. Pure; nothing is checked here.
+    ///
+    /// **Thread safety:** safe from any thread.
+    #[no_mangle]
+    pub extern "C" fn kvs_kv_layout_dense(
+        dtype: u32,
+        num_pages: u32,
+        page_size: u32,
+        num_kv_heads: u32,
+        head_dim: u32,
+    ) -> kvs_kv_layout {
+        let (ps, h, d) = (page_size as usize, num_kv_heads as usize, head_dim as usize);
+        kvs_kv_layout {
+            dtype,
+            num_pages,
+            page_size,
+            num_kv_heads,
+            head_dim,
+            page_stride: ps.saturating_mul(h).saturating_mul(d),
+            slot_stride: h.saturating_mul(d),
+            head_stride: d,
+        }
+    }
+}
