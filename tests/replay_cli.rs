@@ -232,3 +232,42 @@ fn page_size_sweep_reports_five_measured_runs() {
         "{err}"
     );
 }
+
+#[test]
+fn default_mode_runs_attention_and_verifies_it() {
+    // Attention is on unless --no-attention: a small built-in run with every output row checked.
+    let svg = tmp("attn.svg");
+    let out = run(&[
+        "--users",
+        "2",
+        "--turns",
+        "2",
+        "--system-tokens",
+        "32",
+        "--page-size",
+        "8",
+        "--layers",
+        "1",
+        "--kv-heads",
+        "1",
+        "--head-dim",
+        "8",
+        "--verify",
+        "--check",
+        "--json",
+        "--svg",
+        svg.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(j["attention"], true);
+    assert!(j["model_ms"].as_f64().unwrap() > 0.0);
+    assert_eq!(j["ideal_gap_steps"], 0);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("CPU attention backend"), "{err}");
+    assert!(err.contains("checked against a dense reference"), "{err}");
+}

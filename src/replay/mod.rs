@@ -6,9 +6,11 @@
 //! * [`trace`]: requests and the JSON Lines trace parser;
 //! * [`workload`]: the built-in workloads (multi-turn chat; shared-prefix ratio);
 //! * [`sim`]: the replay loop; [`ideal`]: the ideal page count, computed independently;
-//! * [`model`]: the model step behind a small trait ([`model::NoModel`] for `--no-attention`);
+//! * [`model`]: the model step behind a small trait ([`model::NoModel`] for `--no-attention`,
+//!   [`cpu_model::CpuModel`] on the CPU attention backend);
 //! * [`report`], [`svg`], [`sweep`]: the table, the plot and the section-5 sweeps.
 
+pub mod cpu_model;
 pub mod ideal;
 pub mod model;
 pub mod report;

@@ -42,6 +42,8 @@ MODEL (attention for every prefill and decode step):
     --head-dim N          head dimension [64]
     --dtype T             f16, bf16 or f32 [f16]
     --threads N           attention threads (0: all cores) [0]
+    --verify              check every attention output row against a dense reference recomputed
+                          from the token ids (slow: for small runs)
 
 OUTPUT:
     --sweep WHAT          share-ratio: memory saving for shared ratios 10-90% (article 5.1);
@@ -83,6 +85,7 @@ pub struct Args {
     pub head_dim: u32,
     pub dtype: DType,
     pub threads: usize,
+    pub verify: bool,
     pub sweep: Option<Sweep>,
     pub svg: String,
     pub json: bool,
@@ -113,6 +116,7 @@ impl Default for Args {
             head_dim: 64,
             dtype: DType::F16,
             threads: 0,
+            verify: false,
             sweep: None,
             svg: "target/kvshare-replay.svg".into(),
             json: false,
@@ -177,6 +181,7 @@ pub fn parse(argv: &[String]) -> Result<Args, String> {
                     .ok_or_else(|| format!("--dtype: {v:?} is not f16, bf16 or f32"))?
             }
             "--threads" => a.threads = num(flag, val()?, 0)?,
+            "--verify" => a.verify = true,
             "--sweep" => {
                 a.sweep = Some(match val()? {
                     "share-ratio" => Sweep::ShareRatio,

@@ -11,6 +11,7 @@ use std::process::ExitCode;
 
 use indicatif::{ProgressBar, ProgressStyle};
 
+use kvshare::replay::cpu_model::CpuModel;
 use kvshare::replay::model::{Geometry, Model, NoModel};
 use kvshare::replay::report::{format_report, json_totals};
 use kvshare::replay::sim::{replay, Progress, ReplayConfig};
@@ -70,11 +71,19 @@ fn config(a: &Args) -> ReplayConfig {
 }
 
 /// The model for one run: the CPU attention backend, or none with `--no-attention`.
-fn make_model(a: &Args, _cfg: &ReplayConfig) -> Result<Box<dyn Model>, String> {
+fn make_model(a: &Args, cfg: &ReplayConfig) -> Result<Box<dyn Model>, String> {
     if !a.attention {
         return Ok(Box::new(NoModel));
     }
-    Err("this build has no attention backend yet; run with --no-attention".into())
+    Ok(Box::new(CpuModel::new(
+        cfg.geometry,
+        cfg.page_size,
+        cfg.device_pages,
+        cfg.host_pages,
+        a.threads,
+        a.seed,
+        a.verify,
+    )?))
 }
 
 fn bar(total: u64, label: &str) -> ProgressBar {
