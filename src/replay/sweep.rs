@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 
 use super::model::Model;
-use super::report::{series, total_row, turn_rows};
+use super::report::{median_mgr_us, series, total_row, turn_rows};
 use super::sim::{replay, Outcome, Progress, ReplayConfig};
 use super::trace::Request;
 use super::workload::SharedPrefixWorkload;
@@ -86,7 +86,7 @@ pub fn format_share_ratio(rows: &[SweepRow]) -> String {
             mib(se.kvshare_peak as u64, pb),
             mib(se.ideal_peak as u64, pb),
             100.0 * (1.0 - se.kvshare_peak as f64 / se.no_sharing_peak.max(1) as f64),
-            tot.mgr_us_per_req(),
+            median_mgr_us(&r.out, None),
             tot.attn_ms_per_req(),
             if r.out.gap_steps > 0 {
                 "  (kvshare != ideal)"
@@ -150,7 +150,7 @@ pub fn format_page_size(rows: &[SweepRow]) -> String {
             tot.hit_pct(),
             mib(se.kvshare_peak as u64, pb),
             r.out.final_stats.counters.evictions,
-            tot.mgr_us_per_req(),
+            median_mgr_us(&r.out, None),
             tot.attn_ms_per_req(),
             r.out.peak_block_entries as f64 * 4.0 / 1024.0,
             r.out.peak_index_entries,
