@@ -8,7 +8,9 @@
 //! * [`attention`]: paged attention, KV write and page copy behind one backend trait (CPU today).
 //! * [`ffi`]: the C ABI (`include/kvshare.h`): null/length checks, the panic boundary, status
 //!   mapping and handle ownership, and nothing else.
+//! * [`replay`]: the engine of `kvshare-replay` (trace replay, built-in workloads, reports).
 
 pub mod attention;
 pub mod core;
 pub mod ffi;
+pub mod replay;

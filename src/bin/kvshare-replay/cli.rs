@@ -1,0 +1,206 @@
+//! Command-line options (hand-parsed: a dozen flags do not need a parser crate).
+
+use kvshare::core::DType;
+use kvshare::replay::model::parse_dtype;
+
+pub const USAGE: &str = "\
+kvshare-replay: replay multi-turn chat (or a JSON Lines trace) through kvshare's cache manager and
+the CPU attention backend, and report KV memory with and without prefix sharing, the ideal,
+prefix hits, evictions, copy-on-write copies and the time spent in the cache manager and in
+attention.
+
+USAGE:
+    kvshare-replay [OPTIONS]              (cargo run --release -- [OPTIONS])
+
+WORKLOAD:
+    --trace FILE          replay a JSON Lines trace (shared/design/trace-format.md) instead of the
+                          built-in chat workload; malformed lines are refused before anything runs
+    --users N             built-in workload: conversations [8]
+    --turns N             built-in workload: turns per conversation [10]
+    --system-tokens N     built-in workload: shared system prompt tokens [1024]
+    --seed N              seed of the built-in workload and of the model's values [42]
+    --dump-trace FILE     write the built-in workload as a trace (first sample of each request) and exit
+
+CACHE AND SCHEDULER:
+    --page-size N         tokens per page [16]
+    --device-pages N      device pages [14336 tokens' worth: 896 at page size 16]
+    --host-pages N        host pages: evicted cached pages are demoted there and promoted back on
+                          a hit, preempted requests are swapped there (0: none; recompute) [0]
+    --no-demote           with host pages, drop evicted cached pages instead of demoting them
+    --concurrency N       most requests running at once [8]
+    --step-ms MS          simulated duration of one engine step [20]
+    --no-skip-cached-writes
+                          allocate and recompute the last page of a fully cached prompt (vLLM's
+                          behaviour) instead of sharing it
+    --check               run the cache manager's invariant checker after every step
+
+MODEL (attention for every prefill and decode step):
+    --no-attention        cache manager only: no KV write, no attention
+    --layers N            layers [2]
+    --kv-heads N          KV heads [4]
+    --gqa N               query heads per KV head [2]
+    --head-dim N          head dimension [64]
+    --dtype T             f16, bf16 or f32 [f16]
+    --threads N           attention threads (0: all cores) [0]
+    --verify              check every attention output row against a dense reference recomputed
+                          from the token ids (slow: for small runs)
+
+OUTPUT:
+    --sweep WHAT          share-ratio: memory saving for shared ratios 10-90% (article 5.1);
+                          page-size: saving, time and index size for pages of 8-128 tokens (5.2)
+    --svg PATH            where to write the plot [target/kvshare-replay.svg]
+    --json                print the totals as one JSON line on stdout (the report goes to stderr)
+    -h, --help            this text
+";
+
+/// Tokens of device memory by default (896 pages of 16 tokens: the built-in workload starts evicting useful history in its last turns).
+pub const DEFAULT_DEVICE_TOKENS: u64 = 14336;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Sweep {
+    ShareRatio,
+    PageSize,
+}
+
+#[derive(Debug, Clone)]
+pub struct Args {
+    pub trace: Option<String>,
+    pub users: usize,
+    pub turns: usize,
+    pub system_tokens: usize,
+    pub seed: u64,
+    pub dump_trace: Option<String>,
+    pub page_size: u32,
+    pub device_pages: Option<u32>,
+    pub host_pages: u32,
+    pub concurrency: usize,
+    pub step_ms: f64,
+    pub skip_cached_writes: bool,
+    pub demote_to_host: bool,
+    pub check: bool,
+    pub attention: bool,
+    pub layers: u32,
+    pub kv_heads: u32,
+    pub gqa: u32,
+    pub head_dim: u32,
+    pub dtype: DType,
+    pub threads: usize,
+    pub verify: bool,
+    pub sweep: Option<Sweep>,
+    pub svg: String,
+    pub json: bool,
+    pub help: bool,
+}
+
+impl Default for Args {
+    fn default() -> Self {
+        Args {
+            trace: None,
+            users: 8,
+            turns: 10,
+            system_tokens: 1024,
+            seed: 42,
+            dump_trace: None,
+            page_size: 16,
+            device_pages: None,
+            host_pages: 0,
+            concurrency: 8,
+            step_ms: 20.0,
+            skip_cached_writes: true,
+            demote_to_host: true,
+            check: false,
+            attention: true,
+            layers: 2,
+            kv_heads: 4,
+            gqa: 2,
+            head_dim: 64,
+            dtype: DType::F16,
+            threads: 0,
+            verify: false,
+            sweep: None,
+            svg: "target/kvshare-replay.svg".into(),
+            json: false,
+            help: false,
+        }
+    }
+}
+
+fn num<T>(flag: &str, v: &str, min: T) -> Result<T, String>
+where
+    T: std::str::FromStr + PartialOrd + std::fmt::Display,
+{
+    let x: T = v
+        .parse()
+        .map_err(|_| format!("{flag}: {v:?} is not a valid number"))?;
+    if x < min {
+        return Err(format!("{flag}: {v} is below the minimum {min}"));
+    }
+    Ok(x)
+}
+
+/// Parses the arguments after the program name.
+pub fn parse(argv: &[String]) -> Result<Args, String> {
+    let mut a = Args::default();
+    let mut it = argv.iter();
+    while let Some(flag) = it.next() {
+        let flag = flag.as_str();
+        let mut val = || {
+            it.next()
+                .map(String::as_str)
+                .ok_or_else(|| format!("{flag} needs a value (see --help)"))
+        };
+        match flag {
+            "-h" | "--help" => a.help = true,
+            "--trace" => a.trace = Some(val()?.to_string()),
+            "--users" => a.users = num(flag, val()?, 1)?,
+            "--turns" => a.turns = num(flag, val()?, 1)?,
+            "--system-tokens" => a.system_tokens = num(flag, val()?, 0)?,
+            "--seed" => a.seed = num(flag, val()?, 0)?,
+            "--dump-trace" => a.dump_trace = Some(val()?.to_string()),
+            "--page-size" => a.page_size = num(flag, val()?, 1)?,
+            "--device-pages" => a.device_pages = Some(num(flag, val()?, 1)?),
+            "--host-pages" => a.host_pages = num(flag, val()?, 0)?,
+            "--concurrency" => a.concurrency = num(flag, val()?, 1)?,
+            "--step-ms" => {
+                a.step_ms = num(flag, val()?, 0.0)?;
+                if a.step_ms <= 0.0 {
+                    return Err("--step-ms must be above 0".into());
+                }
+            }
+            "--no-skip-cached-writes" => a.skip_cached_writes = false,
+            "--no-demote" => a.demote_to_host = false,
+            "--check" => a.check = true,
+            "--no-attention" => a.attention = false,
+            "--layers" => a.layers = num(flag, val()?, 1)?,
+            "--kv-heads" => a.kv_heads = num(flag, val()?, 1)?,
+            "--gqa" => a.gqa = num(flag, val()?, 1)?,
+            "--head-dim" => a.head_dim = num(flag, val()?, 1)?,
+            "--dtype" => {
+                let v = val()?;
+                a.dtype = parse_dtype(v)
+                    .ok_or_else(|| format!("--dtype: {v:?} is not f16, bf16 or f32"))?
+            }
+            "--threads" => a.threads = num(flag, val()?, 0)?,
+            "--verify" => a.verify = true,
+            "--sweep" => {
+                a.sweep = Some(match val()? {
+                    "share-ratio" => Sweep::ShareRatio,
+                    "page-size" => Sweep::PageSize,
+                    v => return Err(format!("--sweep: {v:?} is not share-ratio or page-size")),
+                })
+            }
+            "--svg" => a.svg = val()?.to_string(),
+            "--json" => a.json = true,
+            other => return Err(format!("unknown option {other:?} (see --help)")),
+        }
+    }
+    Ok(a)
+}
+
+impl Args {
+    /// Device pages: the flag, or the default memory at this page size.
+    pub fn device_pages(&self) -> u32 {
+        self.device_pages
+            .unwrap_or((DEFAULT_DEVICE_TOKENS / self.page_size as u64).max(1) as u32)
+    }
+}

@@ -1,0 +1,325 @@
+//! Requests, and the JSON Lines trace parser (`shared/design/trace-format.md`).
+//!
+//! The whole trace is parsed and checked before anything runs: a bad line is refused with its
+//! line number and the reason, and nothing is half-applied.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use serde_json::{Map, Value};
+
+/// One request of a workload: a prompt and the tokens it generates.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Request {
+    /// Unique id.
+    pub id: String,
+    /// Conversation it belongs to (`None`: a conversation of its own).
+    pub session: Option<String>,
+    /// Arrival time on the simulated clock.
+    pub arrival_ms: f64,
+    /// Full prompt (a later chat turn repeats the whole history).
+    pub prompt: Vec<i32>,
+    /// Generated tokens, one list per parallel sample. A trace line has exactly one (`output`);
+    /// the built-in workload gives some requests two (parallel sampling, `n = 2`), which the
+    /// replay runs as a fork after the prefill.
+    pub outputs: Vec<Vec<i32>>,
+    /// Cache salt (`""`: none).
+    pub salt: String,
+    /// LoRA adapter id (0: base model).
+    pub lora: u64,
+    /// Line of the trace file (0 for generated requests).
+    pub line: usize,
+}
+
+impl Request {
+    /// Tokens of branch `b` at its end (prompt plus all of its output).
+    pub fn final_len(&self, b: usize) -> usize {
+        self.prompt.len() + self.outputs[b].len()
+    }
+}
+
+/// A refused trace line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TraceError {
+    /// 1-based line number.
+    pub line: usize,
+    /// Why the line is refused.
+    pub reason: String,
+}
+
+impl fmt::Display for TraceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "line {}: {}", self.line, self.reason)
+    }
+}
+
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+fn opt_string(obj: &Map<String, Value>, field: &str) -> Result<Option<String>, String> {
+    match obj.get(field) {
+        None => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(v) => Err(format!(
+            "field `{field}` must be a string, found {}",
+            kind(v)
+        )),
+    }
+}
+
+fn tokens(obj: &Map<String, Value>, field: &str) -> Result<Vec<i32>, String> {
+    let arr = match obj.get(field) {
+        None => return Err(format!("missing field `{field}`")),
+        Some(Value::Array(a)) => a,
+        Some(v) => {
+            return Err(format!(
+                "field `{field}` must be an array of token ids, found {}",
+                kind(v)
+            ))
+        }
+    };
+    let mut out = Vec::with_capacity(arr.len());
+    for (i, v) in arr.iter().enumerate() {
+        let t = match v {
+            Value::Number(n) => {
+                if let Some(x) = n.as_i64() {
+                    x
+                } else if n.as_u64().is_some() {
+                    i64::MAX
+                } else {
+                    return Err(format!(
+                        "field `{field}`: element {i} is {n}, not an integer token id"
+                    ));
+                }
+            }
+            v => {
+                return Err(format!(
+                    "field `{field}`: element {i} is {}, not a token id",
+                    kind(v)
+                ))
+            }
+        };
+        if t < 0 {
+            return Err(format!(
+                "field `{field}`: element {i} is {t}; token ids must be non-negative \
+                 (kvshare reserves negative ids for placeholders)"
+            ));
+        }
+        if t > i32::MAX as i64 {
+            return Err(format!(
+                "field `{field}`: element {i} is {v}, larger than the int32 maximum {}",
+                i32::MAX
+            ));
+        }
+        out.push(t as i32);
+    }
+    Ok(out)
+}
+
+/// Parses one line (already known to be non-blank) into a request; `prev_arrival` is the
+/// previous request's arrival, used when `arrival_ms` is absent and to check the order.
+fn parse_line(text: &str, line: usize, prev_arrival: f64) -> Result<Request, String> {
+    let v: Value = serde_json::from_str(text).map_err(|e| format!("not valid JSON: {e}"))?;
+    let Value::Object(obj) = v else {
+        return Err(format!("expected a JSON object, found {}", kind(&v)));
+    };
+    let id = match obj.get("id") {
+        None => return Err("missing field `id`".into()),
+        Some(Value::String(s)) if s.is_empty() => return Err("field `id` is empty".into()),
+        Some(Value::String(s)) => s.clone(),
+        Some(v) => return Err(format!("field `id` must be a string, found {}", kind(v))),
+    };
+    let session = opt_string(&obj, "session")?;
+    let arrival_ms = match obj.get("arrival_ms") {
+        None => prev_arrival,
+        Some(Value::Number(n)) => {
+            let a = n.as_f64().unwrap_or(f64::NAN);
+            if !a.is_finite() || a < 0.0 {
+                return Err(format!(
+                    "field `arrival_ms` is {n}; it must be a finite number >= 0"
+                ));
+            }
+            if a < prev_arrival {
+                return Err(format!(
+                    "field `arrival_ms` is {n}, earlier than the previous request's {prev_arrival}; \
+                     lines must be in arrival order"
+                ));
+            }
+            a
+        }
+        Some(v) => {
+            return Err(format!(
+                "field `arrival_ms` must be a number, found {}",
+                kind(v)
+            ))
+        }
+    };
+    let prompt = tokens(&obj, "prompt")?;
+    if prompt.is_empty() {
+        return Err("field `prompt` is empty; a request needs at least one prompt token".into());
+    }
+    let output = tokens(&obj, "output")?;
+    let salt = opt_string(&obj, "salt")?.unwrap_or_default();
+    let lora = match obj.get("lora") {
+        None => 0,
+        Some(Value::Number(n)) => n.as_u64().ok_or_else(|| {
+            format!("field `lora` is {n}; it must be a non-negative integer adapter id")
+        })?,
+        Some(v) => {
+            return Err(format!(
+                "field `lora` must be an integer, found {}",
+                kind(v)
+            ))
+        }
+    };
+    Ok(Request {
+        id,
+        session,
+        arrival_ms,
+        prompt,
+        outputs: vec![output],
+        salt,
+        lora,
+        line,
+    })
+}
+
+/// Parses a whole JSON Lines trace. Blank lines are skipped; fields not in the format are
+/// ignored. On failure, returns every refused line (in order).
+pub fn parse_trace(text: &str) -> Result<Vec<Request>, Vec<TraceError>> {
+    let mut reqs = Vec::new();
+    let mut errors = Vec::new();
+    let mut first_line: HashMap<String, usize> = HashMap::new();
+    let mut prev_arrival = 0.0;
+    for (i, raw) in text.lines().enumerate() {
+        let line = i + 1;
+        if raw.trim().is_empty() {
+            continue;
+        }
+        match parse_line(raw, line, prev_arrival) {
+            Ok(r) => {
+                if let Some(&first) = first_line.get(&r.id) {
+                    errors.push(TraceError {
+                        line,
+                        reason: format!("duplicate id {:?} (first used on line {first})", r.id),
+                    });
+                    continue;
+                }
+                first_line.insert(r.id.clone(), line);
+                prev_arrival = r.arrival_ms;
+                reqs.push(r);
+            }
+            Err(reason) => errors.push(TraceError { line, reason }),
+        }
+    }
+    if errors.is_empty() && reqs.is_empty() {
+        errors.push(TraceError {
+            line: 0,
+            reason: "the trace has no requests".into(),
+        });
+    }
+    if errors.is_empty() {
+        Ok(reqs)
+    } else {
+        Err(errors)
+    }
+}
+
+/// Writes requests as a JSON Lines trace (one `output` per line: only the first sample of a
+/// parallel-sampling request is written).
+pub fn to_jsonl(reqs: &[Request]) -> String {
+    let mut s = String::new();
+    for r in reqs {
+        let mut obj = Map::new();
+        obj.insert("id".into(), Value::from(r.id.clone()));
+        if let Some(sess) = &r.session {
+            obj.insert("session".into(), Value::from(sess.clone()));
+        }
+        obj.insert("arrival_ms".into(), Value::from(r.arrival_ms));
+        obj.insert("prompt".into(), Value::from(r.prompt.clone()));
+        obj.insert("output".into(), Value::from(r.outputs[0].clone()));
+        if !r.salt.is_empty() {
+            obj.insert("salt".into(), Value::from(r.salt.clone()));
+        }
+        if r.lora != 0 {
+            obj.insert("lora".into(), Value::from(r.lora));
+        }
+        s.push_str(&Value::Object(obj).to_string());
+        s.push('\n');
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(text: &str) -> TraceError {
+        parse_trace(text).unwrap_err().remove(0)
+    }
+
+    #[test]
+    fn good_trace_round_trips() {
+        let t = "{\"id\":\"a\",\"session\":\"s\",\"arrival_ms\":1.5,\"prompt\":[1,2],\"output\":[3],\"salt\":\"x\",\"lora\":2}\n\n{\"id\":\"b\",\"prompt\":[1],\"output\":[],\"extra\":true}\n";
+        let r = parse_trace(t).unwrap();
+        assert_eq!(r.len(), 2);
+        assert_eq!(r[0].session.as_deref(), Some("s"));
+        assert_eq!((r[0].salt.as_str(), r[0].lora, r[0].line), ("x", 2, 1));
+        assert_eq!(r[1].arrival_ms, 1.5, "absent arrival = previous one");
+        assert_eq!(r[1].line, 3);
+        assert_eq!(parse_trace(&to_jsonl(&r)).unwrap()[0], r[0]);
+    }
+
+    #[test]
+    fn bad_lines_are_named() {
+        let ok = "{\"id\":\"a\",\"prompt\":[1],\"output\":[2]}\n";
+        let e = err(&format!(
+            "{ok}{{\"id\":\"b\",\"prompt\":[1,-4],\"output\":[]}}"
+        ));
+        assert_eq!(e.line, 2);
+        assert!(e.reason.contains("element 1 is -4"), "{e}");
+        assert!(err("{\"id\":\"a\",\"output\":[]}")
+            .reason
+            .contains("missing field `prompt`"));
+        assert!(err("{\"prompt\":[1],\"output\":[]}")
+            .reason
+            .contains("missing field `id`"));
+        assert!(err("{\"id\":\"a\",\"prompt\":[1]}")
+            .reason
+            .contains("missing field `output`"));
+        assert!(err("{\"id\":\"a\",\"prompt\":[1],")
+            .reason
+            .contains("not valid JSON"));
+        assert!(err("[1]").reason.contains("expected a JSON object"));
+        assert!(err("{\"id\":7,\"prompt\":[1],\"output\":[]}")
+            .reason
+            .contains("`id` must be a string"));
+        assert!(err("{\"id\":\"a\",\"prompt\":[1.5],\"output\":[]}")
+            .reason
+            .contains("not an integer"));
+        assert!(err("{\"id\":\"a\",\"prompt\":[2147483648],\"output\":[]}")
+            .reason
+            .contains("int32"));
+        assert!(err("{\"id\":\"a\",\"prompt\":[],\"output\":[]}")
+            .reason
+            .contains("empty"));
+        let e = err(&format!("{ok}{ok}"));
+        assert_eq!(e.line, 2);
+        assert!(e
+            .reason
+            .contains("duplicate id \"a\" (first used on line 1)"));
+        let e = err("{\"id\":\"a\",\"arrival_ms\":5,\"prompt\":[1],\"output\":[]}\n{\"id\":\"b\",\"arrival_ms\":4,\"prompt\":[1],\"output\":[]}");
+        assert!(e.reason.contains("arrival order"), "{e}");
+        assert_eq!(err("\n\n").reason, "the trace has no requests");
+        let all = parse_trace("x\n{\"id\":\"a\",\"prompt\":[1],\"output\":[]}\ny").unwrap_err();
+        assert_eq!(all.iter().map(|e| e.line).collect::<Vec<_>>(), vec![1, 3]);
+    }
+}
