@@ -977,6 +977,11 @@ typedef struct kvs_stats {
    Events dropped because the queue was full (nobody drained it).
    */
   uint64_t events_dropped;
+  /*
+   Pages that filled up with content already cached in another page and were switched to
+   that page (the duplicate freed; `skip_cached_writes` mode only).
+   */
+  uint64_t dedup_pages;
 } kvs_stats;
 
 /*

@@ -48,6 +48,9 @@ pub struct Seq {
     pub(super) matched_tokens: usize,
     /// Tokens at the start whose KV sits in shared cached pages: their slots are never written.
     pub(super) cached_tokens: usize,
+    /// Indices (ascending) of later pages switched to an identical cached page when they filled
+    /// up: their slots are never written either.
+    pub(super) borrowed: Vec<u32>,
     /// The batch call that last listed this sequence (duplicate detection).
     pub(super) stamp: u64,
     /// Retention priority its pages keep once cached (higher is evicted later).
@@ -137,6 +140,7 @@ impl State {
     }
 
     fn register_now(&mut self, id: u64) {
+        let dedup = self.cfg.skip_cached_writes;
         let State {
             seqs,
             index,
@@ -145,6 +149,7 @@ impl State {
             ps,
             counters,
             events,
+            dev,
             ..
         } = self;
         let Some(s) = seqs.get_mut(&id) else { return };
@@ -168,7 +173,21 @@ impl State {
                 lora,
                 tokens: chunk,
             };
-            insert_noted(index, events, counters, Tier::Device, s.pages[i], entry);
+            let own = s.pages[i];
+            if !insert_noted(index, events, counters, Tier::Device, own, entry) && dedup {
+                // The same content is already cached in another page (two requests filled
+                // identical pages independently): share that one and free this copy. The slot
+                // mapping hides the page from KV writes, so the tokens of this step that filled
+                // it never write into the shared page.
+                let canonical = index.lookup(h, e, chunk);
+                if let Some(c) = canonical.filter(|&c| c != own && !index.is_registered(own)) {
+                    dev.acquire(c, Holder::Seq);
+                    dev.release(own, Holder::Seq, false);
+                    s.pages[i] = c;
+                    s.borrowed.push(i as u32);
+                    counters.dedup_pages += 1;
+                }
+            }
             s.hashes.push(h);
         }
     }
@@ -242,6 +261,7 @@ impl State {
             pending: false,
             matched_tokens: matched,
             cached_tokens: hit_tokens,
+            borrowed: Vec::new(),
             stamp: 0,
             priority: 0,
         };
@@ -715,7 +735,9 @@ impl State {
             let s = &self.seqs[&id];
             let len = s.tokens.len();
             for pos in len - q as usize..len {
-                out[k] = if pos < s.cached_tokens {
+                let hidden =
+                    pos < s.cached_tokens || s.borrowed.binary_search(&((pos / ps) as u32)).is_ok();
+                out[k] = if hidden {
                     -1
                 } else {
                     s.pages[pos / ps] as i64 * ps as i64 + (pos % ps) as i64

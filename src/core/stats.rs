@@ -33,6 +33,9 @@ pub struct Counters {
     pub host_hit_tokens: u64,
     /// Events dropped because nobody drained the queue.
     pub events_dropped: u64,
+    /// Pages that filled up with content already cached elsewhere and were switched to the
+    /// cached copy (duplicate freed; `skip_cached_writes` mode).
+    pub dedup_pages: u64,
 }
 
 /// A consistent snapshot of the cache, taken under its lock.

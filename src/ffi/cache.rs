@@ -203,6 +203,9 @@ pub struct kvs_stats {
     pub host_hit_tokens: u64,
     /// Events dropped because the queue was full (nobody drained it).
     pub events_dropped: u64,
+    /// Pages that filled up with content already cached in another page and were switched to
+    /// that page (the duplicate freed; `skip_cached_writes` mode only).
+    pub dedup_pages: u64,
 }
 
 impl kvs_cache {
@@ -310,6 +313,7 @@ impl kvs_cache {
                 host_evictions: k.host_evictions,
                 host_hit_tokens: k.host_hit_tokens,
                 events_dropped: k.events_dropped,
+                dedup_pages: k.dedup_pages,
             };
             Ok(())
         })
