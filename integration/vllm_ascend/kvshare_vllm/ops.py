@@ -538,6 +538,9 @@ def copy_pages(key_cache: torch.Tensor, value_cache: torch.Tensor, copies: Any, 
 # ---------------------------------------------------------------------------------------------
 
 _warned: set[str] = set()
+_unavailable: str | None = None  # set once the backend cannot be created: stop trying
+# kvshare refusals after which vllm-ascend's own op runs (nothing was written).
+_FALLBACK_ERRORS = (kvshare.UnsupportedError, kvshare.BackendUnavailableError)
 
 
 def _fallback(what: str, why: str) -> bool:
@@ -547,23 +550,39 @@ def _fallback(what: str, why: str) -> bool:
     return False
 
 
+def _refused(what: str, e: kvshare.KvsError) -> bool:
+    global _unavailable
+    if isinstance(e, kvshare.BackendUnavailableError) and e.func == "kvs_backend_new":
+        _unavailable = str(e)
+    return _fallback(what, str(e))
+
+
 def ascend_kv_write(impl: Any, key: torch.Tensor, value: torch.Tensor,
                     slot_mapping: torch.Tensor) -> bool:
     """KV write of ``AscendAttentionBackendImpl`` through :func:`reshape_and_cache`.
 
     Returns True when done, False (nothing written) when vllm-ascend's own op must run: an
     unsupported cache dtype (int8 C8 quantisation) or layout, or kvshare refusing the launch
-    (``UnsupportedError``, logged once).
+    (``UnsupportedError``, or ``BackendUnavailableError``: no CANN / no
+    ``aclnnScatterPaKvCache``; logged once; a backend that cannot be created is not retried).
+    On the NPU, key/value are first made contiguous in the cache dtype (CANN's scatter needs it).
     """
+    if _unavailable is not None:
+        return _fallback("kv write", _unavailable)
     kc, vc = getattr(impl, "key_cache", None), getattr(impl, "value_cache", None)
     if kc is None or vc is None:
         return _fallback("kv write", "no key/value cache bound to the layer")
     if kc.dtype not in _DTYPES or key.dtype not in _DTYPES:
         return _fallback("kv write", f"cache dtype {kc.dtype} / key dtype {key.dtype}")
+    if kc.device.type != "cpu":  # pragma: no cover - NPU only
+        # aclnnScatterPaKvCache takes contiguous K/V of the cache dtype (vllm-ascend's key and
+        # value are strided views of the fused qkv projection); vllm-ascend's A5 path copies too.
+        key = key.to(kc.dtype).contiguous()
+        value = value.to(kc.dtype).contiguous()
     try:
         reshape_and_cache(key, value, kc, vc, slot_mapping)
-    except kvshare.UnsupportedError as e:
-        return _fallback("kv write", str(e))
+    except _FALLBACK_ERRORS as e:
+        return _refused("kv write", e)
     return True
 
 
@@ -579,6 +598,8 @@ def ascend_decode(impl: Any, query: torch.Tensor, attn_metadata: Any,
     ``block_tables[:num_decodes]``; rows past them (graph padding, trimmed downstream by
     vllm-ascend) are zeroed.
     """
+    if _unavailable is not None:
+        return _fallback("decode", _unavailable)
     kc, vc = getattr(impl, "key_cache", None), getattr(impl, "value_cache", None)
     if kc is None or vc is None:
         return _fallback("decode", "no key/value cache bound to the layer")
@@ -607,8 +628,8 @@ def ascend_decode(impl: Any, query: torch.Tensor, attn_metadata: Any,
         paged_attention(query[:n], kc, vc, attn_metadata.block_tables[:n], seq_lens[:n],
                         output[:n], scale=impl.scale, num_kv_heads=impl.num_kv_heads,
                         sliding_window=int(getattr(impl, "sliding_window", None) or 0))
-    except kvshare.UnsupportedError as e:
-        return _fallback("decode", str(e))
+    except _FALLBACK_ERRORS as e:
+        return _refused("decode", e)
     if output.shape[0] > n:
         output[n:].zero_()
     return True

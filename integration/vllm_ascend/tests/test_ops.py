@@ -459,3 +459,40 @@ def test_enabled_reads_the_environment(monkeypatch):
     assert not ops.enabled()
     monkeypatch.setenv(ops.ENV_ENABLE, "1")
     assert ops.enabled()
+
+
+def test_ascend_hooks_fall_back_on_kvshare_refusals(monkeypatch):
+    """UNSUPPORTED from the backend -> vllm-ascend's op (nothing written); a backend that cannot
+    be created (no CANN) is not retried."""
+    impl, meta, q, _ = _impl_and_meta()
+    unsupported = kvshare.UnsupportedError("Ascend backend: softcap",
+                                           kvshare.STATUS["KVS_STATUS_UNSUPPORTED"],
+                                           "kvs_attention_launch")
+    unavailable = kvshare.BackendUnavailableError(
+        "libascendcl.so not found", kvshare.STATUS["KVS_STATUS_BACKEND_UNAVAILABLE"],
+        "kvs_backend_new")
+    calls = []
+
+    def raising(exc):
+        def f(*a, **k):
+            calls.append(exc)
+            raise exc
+        return f
+
+    monkeypatch.setattr(ops, "_unavailable", None)
+    monkeypatch.setattr(ops, "paged_attention", raising(unsupported))
+    out = torch.full_like(q, 3.0)
+    assert not ops.ascend_decode(impl, q, meta, out) and torch.all(out == 3.0)
+    assert ops._unavailable is None
+    monkeypatch.setattr(ops, "reshape_and_cache", raising(unavailable))
+    key = torch.randn(1, 2, 16)
+    assert not ops.ascend_kv_write(impl, key, key, torch.tensor([3]))
+    assert ops._unavailable and len(calls) == 2
+    assert not ops.ascend_kv_write(impl, key, key, torch.tensor([3]))
+    assert not ops.ascend_decode(impl, q, meta, out)
+    assert len(calls) == 2  # not retried
+    # anything else is a real error and propagates
+    monkeypatch.setattr(ops, "_unavailable", None)
+    monkeypatch.setattr(ops, "paged_attention", raising(ValueError("bug")))
+    with pytest.raises(ValueError):
+        ops.ascend_decode(impl, q, meta, out)
