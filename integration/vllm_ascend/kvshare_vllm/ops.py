@@ -1,0 +1,635 @@
+"""kvshare's paged attention, KV write and page copy on torch tensors (vLLM / vLLM-Ascend).
+
+Each op is one ``kvs_`` launch: tensors cross as ``data_ptr()`` plus explicit shapes and strides
+(in elements) and a dtype code; nothing is copied except small host arrays (context lengths,
+query starts) and, where asked for, an int64 block table narrowed to int32.
+
+* :func:`paged_attention`: decode (``query_start_loc=None``, one query token per sequence) or
+  varlen prefill / chunked prefill (causal within each sequence) over paged K/V caches.
+* :func:`reshape_and_cache`: scatters new K/V into the caches by slot mapping (vLLM's
+  ``reshape_and_cache``; negative slots are padding and are skipped).
+* :func:`copy_pages`: the page copies kvshare's cache manager reports (copy-on-write, swap).
+
+Backends: CPU tensors run on one cached CPU ``kvs_backend`` per process (synchronous). NPU
+tensors (``device.type == "npu"``, torch_npu) run on an ASCEND ``kvs_backend`` bound to the
+tensor's device, launched on ``torch.npu.current_stream(device).npu_stream`` (asynchronous, like
+any NPU op). **The NPU path has never run**: it was written against torch_npu's documented API
+and kvshare's Ascend backend (itself verified only against an emulated CANN runtime).
+
+Cache layout: each of K and V is indexed ``[num_blocks, block_size, num_kv_heads, head_dim]``
+(vLLM's and vllm-ascend 0.23.0's per-layer layout; a fused ``kv_cache[2, ...]`` is passed as
+``kv_cache[0], kv_cache[1]``). Any strides with a contiguous ``head_dim`` are accepted, so a
+heads-major cache ``[num_blocks, num_kv_heads, block_size, head_dim]`` is passed as
+``cache.transpose(1, 2)``. NPU private formats (FRACTAL_NZ) are refused.
+
+Errors: arguments are checked here first (devices, dtypes, ranks, shapes) and raise
+:class:`OpsArgumentError` (a ``ValueError``; ``TypeError`` subclass :class:`OpsDtypeError` for
+dtypes) whose ``field`` names the argument; kvshare's own validation raises
+:class:`kvshare.KvsError` subclasses (``AttnInvalidArgumentError``, ``UnsupportedError``, ...)
+carrying the library's message, which names the field of the C struct.
+
+The ``ascend_*`` functions at the end are the hooks the vllm-ascend 0.23.0 patch
+(``integration/vllm_ascend/patches/``) calls when ``KVSHARE_VLLM_OPS=1``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+from typing import Any, Sequence
+
+import torch
+
+import kvshare
+from kvshare import check, ffi, lib
+
+__all__ = [
+    "paged_attention", "reshape_and_cache", "copy_pages", "OpsArgumentError", "OpsDtypeError",
+    "enabled", "cpu_backend", "backend_for", "describe_backend",
+    "ascend_decode", "ascend_kv_write",
+]
+
+log = logging.getLogger(__name__)
+
+ENV_ENABLE = "KVSHARE_VLLM_OPS"
+ENV_CPU_THREADS = "KVSHARE_OPS_CPU_THREADS"
+
+_DTYPES = {
+    torch.float32: lib.KVS_DTYPE_F32,
+    torch.float16: lib.KVS_DTYPE_F16,
+    torch.bfloat16: lib.KVS_DTYPE_BF16,
+}
+_COPY_KINDS = {
+    "d2d": lib.KVS_COPY_KIND_DEVICE_TO_DEVICE,
+    "d2h": lib.KVS_COPY_KIND_DEVICE_TO_HOST,
+    "h2d": lib.KVS_COPY_KIND_HOST_TO_DEVICE,
+}
+# torch_npu storage formats that are plain row-major memory (ACL_FORMAT_NCHW, ACL_FORMAT_ND).
+_NPU_PLAIN_FORMATS = (0, 2)
+
+
+class OpsArgumentError(ValueError):
+    """An argument of a kvshare op is wrong (device, rank, shape, value); ``field`` names it."""
+
+    def __init__(self, field: str, message: str):
+        self.field = field
+        super().__init__(f"{field}: {message}")
+
+
+class OpsDtypeError(OpsArgumentError, TypeError):
+    """A tensor of a kvshare op has an unsupported dtype; ``field`` names it."""
+
+
+def enabled() -> bool:
+    """Whether ``KVSHARE_VLLM_OPS=1`` (read on every call: cheap, and tests can flip it)."""
+    return os.environ.get(ENV_ENABLE, "") == "1"
+
+
+# ---------------------------------------------------------------------------------------------
+# Backends
+# ---------------------------------------------------------------------------------------------
+
+_lock = threading.Lock()
+_backends: dict[Any, Any] = {}  # (pid, kind, device index) -> kvs_backend* (ffi.gc)
+
+
+def _new_backend(kind: int, device_id: int = 0):
+    opts = ffi.new("kvs_backend_options *")
+    if kind == lib.KVS_BACKEND_KIND_CPU:
+        opts.num_threads = int(os.environ.get(ENV_CPU_THREADS, "0") or 0)
+    opts.device_id = device_id
+    out = ffi.new("kvs_backend **")
+    check(lib.kvs_backend_new(kind, opts, out), "kvs_backend_new")
+    return ffi.gc(out[0], lib.kvs_backend_free)
+
+
+def _cached_backend(kind: int, device_id: int):
+    # Keyed by pid: a forked child must not use the parent's worker threads (they do not exist
+    # there); it makes its own backend.
+    key = (os.getpid(), kind, device_id)
+    b = _backends.get(key)
+    if b is None:
+        with _lock:
+            b = _backends.get(key)
+            if b is None:
+                b = _new_backend(kind, device_id)
+                _backends[key] = b
+    return b
+
+
+def cpu_backend():
+    """The process's CPU ``kvs_backend*`` (threads: ``$KVSHARE_OPS_CPU_THREADS``, 0 = all)."""
+    return _cached_backend(lib.KVS_BACKEND_KIND_CPU, 0)
+
+
+def _torch_npu():
+    try:
+        import torch_npu  # noqa: F401  (registers torch.npu)
+    except ImportError as e:  # pragma: no cover - no torch_npu here
+        raise RuntimeError(
+            "kvshare ops: tensors are on an NPU but torch_npu cannot be imported "
+            f"({e}); NPU tensors need torch_npu and CANN") from e
+    return torch_npu
+
+
+def backend_for(device: torch.device):
+    """``(kvs_backend*, stream)`` for tensors on ``device``: the CPU backend and NULL, or the
+    ASCEND backend bound to the NPU's index and its current stream (untested: no NPU here)."""
+    if device.type == "cpu":
+        return cpu_backend(), ffi.NULL
+    if device.type == "npu":  # pragma: no cover - needs torch_npu and an Ascend NPU
+        _torch_npu()
+        index = device.index if device.index is not None else torch.npu.current_device()
+        b = _cached_backend(lib.KVS_BACKEND_KIND_ASCEND, int(index))
+        stream = torch.npu.current_stream(index).npu_stream
+        return b, ffi.cast("void *", int(stream))
+    raise OpsArgumentError("device", f"{device} is not supported: kvshare ops take CPU tensors, "
+                                     "or NPU tensors (torch_npu) for the Ascend backend")
+
+
+def describe_backend(device: torch.device | str = "cpu") -> str:
+    """``kvs_backend_describe`` of the backend used for ``device`` (for logs)."""
+    b, _ = backend_for(torch.device(device))
+    n = ffi.new("size_t *")
+    check(lib.kvs_backend_describe(b, ffi.NULL, 0, n), "kvs_backend_describe")
+    buf = ffi.new("char[]", n[0] + 1)
+    check(lib.kvs_backend_describe(b, buf, n[0] + 1, n), "kvs_backend_describe")
+    return ffi.string(buf).decode()
+
+
+# ---------------------------------------------------------------------------------------------
+# Argument checks
+# ---------------------------------------------------------------------------------------------
+
+def _tensor(field: str, t: Any) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise OpsArgumentError(field, f"expected a torch.Tensor, got {type(t).__name__}")
+    return t
+
+
+def _dtype_code(field: str, t: torch.Tensor) -> int:
+    code = _DTYPES.get(t.dtype)
+    if code is None:
+        raise OpsDtypeError(field, f"dtype {t.dtype} is not supported (float32, float16, "
+                                   "bfloat16)")
+    return code
+
+
+def _same_device(device: torch.device, **tensors: torch.Tensor | None) -> None:
+    for field, t in tensors.items():
+        if t is not None and t.device != device:
+            raise OpsArgumentError(field, f"is on {t.device}, the other tensors on {device}")
+
+
+def _check_device(field: str, t: torch.Tensor) -> torch.device:
+    if t.device.type not in ("cpu", "npu"):
+        raise OpsArgumentError(field, f"is on {t.device}: kvshare ops take CPU tensors, or NPU "
+                                      "tensors (torch_npu) for the Ascend backend")
+    if t.device.type == "npu":  # pragma: no cover - needs torch_npu
+        torch_npu = _torch_npu()
+        fmt = torch_npu.get_npu_format(t)
+        if fmt not in _NPU_PLAIN_FORMATS:
+            raise OpsArgumentError(field, f"has NPU storage format {fmt} (e.g. 29 = FRACTAL_NZ); "
+                                          "kvshare reads plain ND memory")
+    return t.device
+
+
+def _outer_strides(field: str, t: torch.Tensor, names: Sequence[str]) -> list[int]:
+    """Strides (elements) of every dimension but the last, which must be contiguous; a
+    dimension of size 1 gets the dense stride (its stride is never used)."""
+    if t.dim() and t.shape[-1] > 1 and t.stride(-1) != 1:
+        raise OpsArgumentError(field, f"last dimension (head_dim) must be contiguous, its stride "
+                                      f"is {t.stride(-1)}")
+    out = []
+    dense = 1
+    dense_strides = []
+    for size in reversed(t.shape):
+        dense_strides.append(dense)
+        dense *= max(int(size), 1)
+    dense_strides.reverse()
+    for i, name in enumerate(names):
+        size, stride = int(t.shape[i]), int(t.stride(i))
+        if size <= 1:
+            stride = dense_strides[i]
+        elif stride <= 0:
+            raise OpsArgumentError(field, f"dimension {i} ({name}) has stride {stride}: "
+                                          "broadcast (expanded) tensors are not supported")
+        out.append(stride)
+    return out
+
+
+def _tokens_heads(field: str, t: torch.Tensor, head_dim: int) -> tuple[int, int, int, int]:
+    """``(rows, heads, token stride, head stride)`` of a ``[T, H, D]`` or ``[T, H*D]`` tensor."""
+    if t.dim() == 3:
+        if t.shape[2] != head_dim:
+            raise OpsArgumentError(field, f"head_dim is {t.shape[2]}, the cache's is {head_dim}")
+        ts, hs = _outer_strides(field, t, ("tokens", "heads"))
+        return int(t.shape[0]), int(t.shape[1]), ts, hs
+    if t.dim() == 2:
+        if t.shape[1] % head_dim:
+            raise OpsArgumentError(field, f"width {t.shape[1]} is not a multiple of the cache's "
+                                          f"head_dim {head_dim}")
+        (ts,) = _outer_strides(field, t, ("tokens",))
+        return int(t.shape[0]), int(t.shape[1]) // head_dim, ts, head_dim
+    raise OpsArgumentError(field, f"expected [num_tokens, num_heads, head_dim] (or "
+                                  f"[num_tokens, num_heads * head_dim]), got shape "
+                                  f"{tuple(t.shape)}")
+
+
+def _layout(key_cache: torch.Tensor, value_cache: torch.Tensor):
+    """The ``kvs_kv_layout`` of a K/V cache pair (same shape, strides and dtype)."""
+    if key_cache.dim() != 4:
+        raise OpsArgumentError("key_cache", "expected [num_blocks, block_size, num_kv_heads, "
+                                            f"head_dim], got shape {tuple(key_cache.shape)}")
+    if value_cache.shape != key_cache.shape:
+        raise OpsArgumentError("value_cache", f"shape {tuple(value_cache.shape)} differs from "
+                                              f"key_cache's {tuple(key_cache.shape)}")
+    if value_cache.dtype != key_cache.dtype:
+        raise OpsDtypeError("value_cache", f"dtype {value_cache.dtype} differs from key_cache's "
+                                           f"{key_cache.dtype}")
+    code = _dtype_code("key_cache", key_cache)
+    names = ("num_blocks", "block_size", "num_kv_heads")
+    ks = _outer_strides("key_cache", key_cache, names)
+    vs = _outer_strides("value_cache", value_cache, names)
+    if ks != vs:
+        raise OpsArgumentError("value_cache", f"strides {tuple(value_cache.stride())} differ from "
+                                              f"key_cache's {tuple(key_cache.stride())}")
+    lay = ffi.new("kvs_kv_layout *")
+    lay.dtype = code
+    lay.num_pages, lay.page_size, lay.num_kv_heads, lay.head_dim = (int(x) for x in key_cache.shape)
+    lay.page_stride, lay.slot_stride, lay.head_stride = ks
+    return lay
+
+
+def _host_i32(field: str, x: Any) -> torch.Tensor:
+    """A contiguous host int32 tensor (copied from the device / converted when needed)."""
+    if isinstance(x, torch.Tensor):
+        if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
+            raise OpsDtypeError(field, f"dtype {x.dtype} is not an integer type")
+        t = x.detach()
+        if t.device.type != "cpu":
+            t = t.to("cpu")  # a device->host copy (synchronises that stream)
+        t = t.to(torch.int32)
+    else:
+        try:
+            t = torch.as_tensor(x, dtype=torch.int32)
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise OpsArgumentError(field, f"cannot be read as int32 values: {e}") from e
+    if t.dim() != 1:
+        raise OpsArgumentError(field, f"expected one dimension, got shape {tuple(t.shape)}")
+    return t.contiguous()
+
+
+def _i32_ptr(t: torch.Tensor):
+    return ffi.cast("const int32_t *", t.data_ptr())
+
+
+# ---------------------------------------------------------------------------------------------
+# Ops
+# ---------------------------------------------------------------------------------------------
+
+def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                    block_table: torch.Tensor, seq_lens: Any, out: torch.Tensor, *,
+                    scale: float, num_kv_heads: int, query_start_loc: Any = None,
+                    softcap: float = 0.0, sliding_window: int = 0) -> torch.Tensor:
+    """Paged attention of one layer into ``out``; returns ``out``.
+
+    * ``query``, ``out``: ``[num_tokens, num_heads, head_dim]`` (or ``[num_tokens, num_heads *
+      head_dim]``), float32 / float16 / bfloat16 (may differ), ``head_dim`` contiguous. Only the
+      first ``num_tokens`` rows are read / written (``num_seqs`` for decode, else
+      ``query_start_loc[-1]``); extra (padding) rows are left alone.
+    * ``key_cache``, ``value_cache``: ``[num_blocks, block_size, num_kv_heads, head_dim]`` views
+      (any strides, ``head_dim`` contiguous), same dtype; ``num_kv_heads`` must match.
+    * ``block_table``: int32 (int64 is narrowed, a copy) ``[>= num_seqs, max_blocks]`` on the
+      query's device; row ``i`` lists sequence ``i``'s blocks, padding past
+      ``ceil(seq_lens[i] / block_size)`` is not read.
+    * ``seq_lens``: ``[num_seqs]`` KV lengths, this step's tokens included (written first with
+      :func:`reshape_and_cache`); a tensor (any device, any integer dtype), list or array,
+      converted to host int32.
+    * ``query_start_loc``: ``None`` for decode, else ``[num_seqs + 1]`` cumulative query starts
+      (host int32 after conversion); query token ``j`` of a sequence of length ``L`` with ``q``
+      query tokens sits at position ``L - q + j`` (causal).
+    * ``scale``: multiplier of ``q·k``; ``softcap`` > 0 caps logits ``c * tanh(s / c)``;
+      ``sliding_window`` > 0 limits each token to that many most recent positions.
+
+    GQA/MQA: ``num_heads`` is a multiple of ``num_kv_heads``.
+    """
+    query, out = _tensor("query", query), _tensor("out", out)
+    key_cache, value_cache = _tensor("key_cache", key_cache), _tensor("value_cache", value_cache)
+    block_table = _tensor("block_table", block_table)
+    device = _check_device("query", query)
+    _same_device(device, out=out, key_cache=key_cache, value_cache=value_cache,
+                 block_table=block_table)
+    for f, t in (("out", out), ("key_cache", key_cache), ("value_cache", value_cache)):
+        _check_device(f, t)
+    q_code, o_code = _dtype_code("query", query), _dtype_code("out", out)
+    lay = _layout(key_cache, value_cache)
+    head_dim = lay.head_dim
+    if int(num_kv_heads) != lay.num_kv_heads:
+        raise OpsArgumentError("num_kv_heads", f"is {num_kv_heads}, but key_cache has "
+                                               f"{lay.num_kv_heads} kv heads (dimension 2)")
+    q_rows, num_heads, q_ts, q_hs = _tokens_heads("query", query, head_dim)
+    o_rows, o_heads, o_ts, o_hs = _tokens_heads("out", out, head_dim)
+    if o_heads != num_heads:
+        raise OpsArgumentError("out", f"has {o_heads} heads, query has {num_heads}")
+
+    if block_table.dtype == torch.int64:
+        block_table = block_table.to(torch.int32)
+    elif block_table.dtype != torch.int32:
+        raise OpsDtypeError("block_table", f"dtype {block_table.dtype} is not int32 (or int64)")
+    if block_table.dim() != 2:
+        raise OpsArgumentError("block_table", f"expected [num_seqs, max_blocks], got shape "
+                                              f"{tuple(block_table.shape)}")
+    if block_table.shape[1] > 1 and block_table.stride(1) != 1:
+        block_table = block_table.contiguous()
+    (bt_stride,) = _outer_strides("block_table", block_table, ("num_seqs",))
+
+    lens = _host_i32("seq_lens", seq_lens)
+    num_seqs = int(lens.shape[0])
+    if num_seqs == 0:
+        return out
+    if block_table.shape[0] < num_seqs:
+        raise OpsArgumentError("block_table", f"has {block_table.shape[0]} rows for "
+                                              f"{num_seqs} sequences")
+    if query_start_loc is None:
+        starts = None
+        num_tokens = num_seqs
+    else:
+        starts = _host_i32("query_start_loc", query_start_loc)
+        if starts.shape[0] != num_seqs + 1:
+            raise OpsArgumentError("query_start_loc", f"has {starts.shape[0]} entries, expected "
+                                                      f"num_seqs + 1 = {num_seqs + 1}")
+        num_tokens = int(starts[-1])
+        if num_tokens == 0:
+            return out
+    if q_rows < num_tokens:
+        raise OpsArgumentError("query", f"has {q_rows} rows for {num_tokens} query tokens")
+    if o_rows < num_tokens:
+        raise OpsArgumentError("out", f"has {o_rows} rows for {num_tokens} query tokens")
+    if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+        raise OpsArgumentError("scale", f"{scale!r} is not a finite number > 0")
+
+    a = ffi.new("kvs_attention_args *")
+    a.num_seqs, a.num_tokens, a.num_heads = num_seqs, num_tokens, num_heads
+    a.query = ffi.cast("const void *", query.data_ptr())
+    a.query_dtype, a.query_token_stride, a.query_head_stride = q_code, q_ts, q_hs
+    a.output = ffi.cast("void *", out.data_ptr())
+    a.output_dtype, a.output_token_stride, a.output_head_stride = o_code, o_ts, o_hs
+    a.key_cache = ffi.cast("const void *", key_cache.data_ptr())
+    a.value_cache = ffi.cast("const void *", value_cache.data_ptr())
+    a.cache = lay[0]
+    a.block_table = _i32_ptr(block_table)
+    a.max_pages_per_seq = int(block_table.shape[1])
+    a.block_table_stride = bt_stride
+    a.context_lens = _i32_ptr(lens)
+    a.query_start_loc = ffi.NULL if starts is None else _i32_ptr(starts)
+    a.scale = float(scale)
+    a.softcap = float(softcap or 0.0)
+    a.sliding_window = int(sliding_window or 0)
+    backend, stream = backend_for(device)
+    check(lib.kvs_attention_launch(backend, a, stream), "kvs_attention_launch")
+    # `lens`, `starts` and a narrowed `block_table` are alive until here; the CPU backend is done
+    # with them. The Ascend backend reads the host arrays during the call and enqueues the rest.
+    return out
+
+
+def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+                      value_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Writes new K/V into one layer's paged caches (vLLM's ``reshape_and_cache``).
+
+    * ``key``, ``value``: ``[>= num_tokens, num_kv_heads, head_dim]`` (or ``[T, kv_heads *
+      head_dim]``), same shape and strides, float32 / float16 / bfloat16 (converted to the cache
+      dtype, round to nearest).
+    * ``key_cache``, ``value_cache``: as in :func:`paged_attention`.
+    * ``slot_mapping``: int32 or int64 ``[num_tokens]`` on the caches' device; token ``i`` goes to
+      block ``slot // block_size``, offset ``slot % block_size``; negative slots (-1) are padding
+      and skipped. ``num_tokens = slot_mapping.numel()`` (vLLM's convention: extra key rows are
+      padding).
+    """
+    key, value = _tensor("key", key), _tensor("value", value)
+    key_cache, value_cache = _tensor("key_cache", key_cache), _tensor("value_cache", value_cache)
+    slot_mapping = _tensor("slot_mapping", slot_mapping)
+    device = _check_device("key_cache", key_cache)
+    _same_device(device, key=key, value=value, value_cache=value_cache,
+                 slot_mapping=slot_mapping)
+    for f, t in (("key", key), ("value", value), ("value_cache", value_cache)):
+        _check_device(f, t)
+    src_code = _dtype_code("key", key)
+    if value.dtype != key.dtype:
+        raise OpsDtypeError("value", f"dtype {value.dtype} differs from key's {key.dtype}")
+    lay = _layout(key_cache, value_cache)
+    if value.shape != key.shape:
+        raise OpsArgumentError("value", f"shape {tuple(value.shape)} differs from key's "
+                                        f"{tuple(key.shape)}")
+    rows, heads, ts, hs = _tokens_heads("key", key, lay.head_dim)
+    vrows, vheads, vts, vhs = _tokens_heads("value", value, lay.head_dim)
+    if (vts, vhs) != (ts, hs):
+        raise OpsArgumentError("value", f"strides {tuple(value.stride())} differ from key's "
+                                        f"{tuple(key.stride())}")
+    if heads != lay.num_kv_heads:
+        raise OpsArgumentError("key", f"has {heads} heads, the cache has {lay.num_kv_heads} "
+                                      "kv heads")
+    if slot_mapping.dtype == torch.int32:
+        itype = lib.KVS_INDEX_TYPE_INT32
+    elif slot_mapping.dtype == torch.int64:
+        itype = lib.KVS_INDEX_TYPE_INT64
+    else:
+        raise OpsDtypeError("slot_mapping", f"dtype {slot_mapping.dtype} is not int32 or int64")
+    if slot_mapping.dim() != 1:
+        raise OpsArgumentError("slot_mapping", f"expected [num_tokens], got shape "
+                                               f"{tuple(slot_mapping.shape)}")
+    slot_mapping = slot_mapping.contiguous()
+    num_tokens = int(slot_mapping.shape[0])
+    if num_tokens == 0:
+        return
+    if rows < num_tokens:
+        raise OpsArgumentError("key", f"has {rows} rows for {num_tokens} slots")
+
+    a = ffi.new("kvs_kv_write_args *")
+    a.num_tokens = num_tokens
+    a.key = ffi.cast("const void *", key.data_ptr())
+    a.value = ffi.cast("const void *", value.data_ptr())
+    a.src_dtype, a.src_token_stride, a.src_head_stride = src_code, ts, hs
+    a.key_cache = ffi.cast("void *", key_cache.data_ptr())
+    a.value_cache = ffi.cast("void *", value_cache.data_ptr())
+    a.cache = lay[0]
+    a.slot_mapping = ffi.cast("const void *", slot_mapping.data_ptr())
+    a.slot_mapping_type = itype
+    backend, stream = backend_for(device)
+    check(lib.kvs_kv_write(backend, a, stream), "kvs_kv_write")
+
+
+def copy_pages(key_cache: torch.Tensor, value_cache: torch.Tensor, copies: Any, *,
+               host_key_cache: torch.Tensor | None = None,
+               host_value_cache: torch.Tensor | None = None) -> None:
+    """Executes page copies on one layer's caches (call once per layer).
+
+    ``copies`` is either a sequence of ``(src_page, dst_page, num_tokens, kind)`` as kvshare's
+    manager reports them (``kvshare.Cache.take_copies`` / ``seq_append``; ``kind`` a
+    ``KVS_COPY_KIND_*`` value or ``"d2d"``/``"d2h"``/``"h2d"``), or an integer tensor ``[n, 2]``
+    of ``(src, dst)`` whole-page device copies (vLLM's ``copy_blocks`` argument).
+    Host caches (for d2h/h2d) have the device caches' per-page shape, dtype and strides; on
+    Ascend they must be page-locked host memory (``pin_memory()``).
+    """
+    key_cache, value_cache = _tensor("key_cache", key_cache), _tensor("value_cache", value_cache)
+    device = _check_device("key_cache", key_cache)
+    _same_device(device, value_cache=value_cache)
+    lay = _layout(key_cache, value_cache)
+    page_size = lay.page_size
+    if isinstance(copies, torch.Tensor):
+        if copies.dim() != 2 or copies.shape[1] != 2 or copies.dtype.is_floating_point:
+            raise OpsArgumentError("copies", f"a tensor must be integer [n, 2] (src, dst), got "
+                                             f"{copies.dtype} {tuple(copies.shape)}")
+        rows = [(int(s), int(d), page_size, lib.KVS_COPY_KIND_DEVICE_TO_DEVICE)
+                for s, d in copies.to("cpu").tolist()]
+    else:
+        rows = []
+        for i, c in enumerate(copies):
+            try:
+                src, dst, n, kind = c
+            except (TypeError, ValueError):
+                raise OpsArgumentError("copies", f"copies[{i}] = {c!r} is not (src_page, "
+                                                 "dst_page, num_tokens, kind)") from None
+            if isinstance(kind, str):
+                if kind not in _COPY_KINDS:
+                    raise OpsArgumentError("copies", f"copies[{i}] kind {kind!r} is not one of "
+                                                     f"{sorted(_COPY_KINDS)}")
+                kind = _COPY_KINDS[kind]
+            rows.append((int(src), int(dst), int(n), int(kind)))
+    if not rows:
+        return
+    a = ffi.new("kvs_kv_copy_args *")
+    a.key_cache = ffi.cast("void *", key_cache.data_ptr())
+    a.value_cache = ffi.cast("void *", value_cache.data_ptr())
+    a.cache = lay[0]
+    if host_key_cache is not None or host_value_cache is not None:
+        if host_key_cache is None or host_value_cache is None:
+            raise OpsArgumentError("host_key_cache" if host_key_cache is None
+                                   else "host_value_cache", "both host caches are needed")
+        for f, t in (("host_key_cache", host_key_cache), ("host_value_cache", host_value_cache)):
+            _tensor(f, t)
+            if t.device.type != "cpu":
+                raise OpsArgumentError(f, f"is on {t.device}; host caches are CPU tensors")
+            if t.dtype != key_cache.dtype:
+                raise OpsDtypeError(f, f"dtype {t.dtype} differs from key_cache's "
+                                       f"{key_cache.dtype}")
+            if tuple(t.shape[1:]) != tuple(key_cache.shape[1:]) or \
+                    (t.shape[0] > 1 and tuple(t.stride()) != tuple(key_cache.stride())):
+                raise OpsArgumentError(f, f"shape {tuple(t.shape)} / strides {tuple(t.stride())} "
+                                          "do not match key_cache's per-page shape "
+                                          f"{tuple(key_cache.shape[1:])} and strides "
+                                          f"{tuple(key_cache.stride())}")
+        if host_value_cache.shape != host_key_cache.shape:
+            raise OpsArgumentError("host_value_cache", "shape differs from host_key_cache's")
+        a.host_key_cache = ffi.cast("void *", host_key_cache.data_ptr())
+        a.host_value_cache = ffi.cast("void *", host_value_cache.data_ptr())
+        a.num_host_pages = int(host_key_cache.shape[0])
+    arr = ffi.new("kvs_copy[]", len(rows))
+    for i, (src, dst, n, kind) in enumerate(rows):
+        arr[i].src_page, arr[i].dst_page, arr[i].num_tokens, arr[i].kind = src, dst, n, kind
+    backend, stream = backend_for(device)
+    check(lib.kvs_kv_copy(backend, a, arr, len(rows), stream), "kvs_kv_copy")
+
+
+# ---------------------------------------------------------------------------------------------
+# vllm-ascend 0.23.0 hooks (called by patches/vllm-ascend-0.23.0-kvshare-ops.patch)
+# ---------------------------------------------------------------------------------------------
+
+_warned: set[str] = set()
+_unavailable: str | None = None  # set once the backend cannot be created: stop trying
+# kvshare refusals after which vllm-ascend's own op runs (nothing was written).
+_FALLBACK_ERRORS = (kvshare.UnsupportedError, kvshare.BackendUnavailableError)
+
+
+def _fallback(what: str, why: str) -> bool:
+    if what not in _warned:
+        _warned.add(what)
+        log.warning("kvshare ops: %s falls back to vllm-ascend's own op: %s", what, why)
+    return False
+
+
+def _refused(what: str, e: kvshare.KvsError) -> bool:
+    global _unavailable
+    if isinstance(e, kvshare.BackendUnavailableError) and e.func == "kvs_backend_new":
+        _unavailable = str(e)
+    return _fallback(what, str(e))
+
+
+def ascend_kv_write(impl: Any, key: torch.Tensor, value: torch.Tensor,
+                    slot_mapping: torch.Tensor) -> bool:
+    """KV write of ``AscendAttentionBackendImpl`` through :func:`reshape_and_cache`.
+
+    Returns True when done, False (nothing written) when vllm-ascend's own op must run: an
+    unsupported cache dtype (int8 C8 quantisation) or layout, or kvshare refusing the launch
+    (``UnsupportedError``, or ``BackendUnavailableError``: no CANN / no
+    ``aclnnScatterPaKvCache``; logged once; a backend that cannot be created is not retried).
+    On the NPU, key/value are first made contiguous in the cache dtype (CANN's scatter needs it).
+    """
+    if _unavailable is not None:
+        return _fallback("kv write", _unavailable)
+    kc, vc = getattr(impl, "key_cache", None), getattr(impl, "value_cache", None)
+    if kc is None or vc is None:
+        return _fallback("kv write", "no key/value cache bound to the layer")
+    if kc.dtype not in _DTYPES or key.dtype not in _DTYPES:
+        return _fallback("kv write", f"cache dtype {kc.dtype} / key dtype {key.dtype}")
+    if kc.device.type != "cpu":  # pragma: no cover - NPU only
+        # aclnnScatterPaKvCache takes contiguous K/V of the cache dtype (vllm-ascend's key and
+        # value are strided views of the fused qkv projection); vllm-ascend's A5 path copies too.
+        key = key.to(kc.dtype).contiguous()
+        value = value.to(kc.dtype).contiguous()
+    try:
+        reshape_and_cache(key, value, kc, vc, slot_mapping)
+    except _FALLBACK_ERRORS as e:
+        return _refused("kv write", e)
+    return True
+
+
+def ascend_decode(impl: Any, query: torch.Tensor, attn_metadata: Any,
+                  output: torch.Tensor) -> bool:
+    """Decode attention of ``AscendAttentionBackendImpl`` (state ``DecodeOnly``) through
+    :func:`paged_attention`; returns True when ``output`` was written, False when
+    vllm-ascend's own kernel must run instead (nothing written).
+
+    Taken over: causal decoder self-attention, one query token per request, float caches, no
+    attention sinks, ALiBi, hamming-sparse / kvcomp or context parallelism. The first
+    ``num_decodes`` rows (real requests) are computed from ``seq_lens[:num_decodes]`` and
+    ``block_tables[:num_decodes]``; rows past them (graph padding, trimmed downstream by
+    vllm-ascend) are zeroed.
+    """
+    if _unavailable is not None:
+        return _fallback("decode", _unavailable)
+    kc, vc = getattr(impl, "key_cache", None), getattr(impl, "value_cache", None)
+    if kc is None or vc is None:
+        return _fallback("decode", "no key/value cache bound to the layer")
+    if kc.dtype not in _DTYPES or query.dtype not in _DTYPES:
+        return _fallback("decode", f"cache dtype {kc.dtype} / query dtype {query.dtype}")
+    if getattr(impl, "sinks", None) is not None or getattr(impl, "alibi_slopes", None) is not None:
+        return _fallback("decode", "attention sinks / ALiBi")
+    if getattr(impl, "enable_hamming_sparse", False):
+        return _fallback("decode", "hamming-sparse (kvcomp) attention")
+    attn_type = str(getattr(impl, "attn_type", "decoder")).lower()
+    if "decoder" not in attn_type or "encoder" in attn_type:
+        return _fallback("decode", f"attention type {attn_type}")
+    if not getattr(attn_metadata, "causal", True):
+        return _fallback("decode", "non-causal attention")
+    if getattr(attn_metadata, "decode_meta", None) is not None or \
+            getattr(attn_metadata, "prefill", None) is not None:
+        return _fallback("decode", "context-parallel metadata")
+    n = int(getattr(attn_metadata, "num_decodes", 0) or 0)
+    if n <= 0 or getattr(attn_metadata, "num_prefills", 0) or \
+            int(getattr(attn_metadata, "num_decode_tokens", n)) != n:
+        return _fallback("decode", "not a pure one-token-per-request decode batch")
+    seq_lens = attn_metadata.seq_lens
+    if seq_lens is None:
+        seq_lens = attn_metadata.seq_lens_list
+    try:
+        paged_attention(query[:n], kc, vc, attn_metadata.block_tables[:n], seq_lens[:n],
+                        output[:n], scale=impl.scale, num_kv_heads=impl.num_kv_heads,
+                        sliding_window=int(getattr(impl, "sliding_window", None) or 0))
+    except _FALLBACK_ERRORS as e:
+        return _refused("decode", e)
+    if output.shape[0] > n:
+        output[n:].zero_()
+    return True

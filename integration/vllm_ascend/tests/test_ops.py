@@ -1,0 +1,498 @@
+"""kvshare_vllm.ops on CPU tensors against a plain torch reference.
+
+The reference gathers each sequence's K/V through its block table, in float64, and applies
+softmax attention with the causal positions of paged attention (query token j of a sequence of
+length L with q query tokens sits at L - q + j); an end-to-end test also checks against
+torch's scaled_dot_product_attention on contiguous K/V. The NPU path is not exercised (no NPU).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kvshare
+from kvshare_vllm import ops
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+ATOL = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 2.5e-2}
+
+
+# ---------------------------------------------------------------------------------------------
+# Reference
+# ---------------------------------------------------------------------------------------------
+
+def ref_attention(query, key_cache, value_cache, block_table, seq_lens, query_start_loc=None, *,
+                  scale, softcap=0.0, sliding_window=0):
+    """float64 [num_tokens, num_heads, head_dim]."""
+    nb, bs, hk, d = key_cache.shape
+    h = query.shape[1]
+    g = h // hk
+    lens = [int(x) for x in seq_lens]
+    starts = list(range(len(lens) + 1)) if query_start_loc is None else \
+        [int(x) for x in query_start_loc]
+    out = torch.zeros(starts[-1], h, d, dtype=torch.float64)
+    for s, L in enumerate(lens):
+        a, b = starts[s], starts[s + 1]
+        if b == a:
+            continue
+        pages = [int(p) for p in block_table[s][: math.ceil(L / bs)]]
+        K = torch.cat([key_cache[p] for p in pages])[:L].double().repeat_interleave(g, dim=1)
+        V = torch.cat([value_cache[p] for p in pages])[:L].double().repeat_interleave(g, dim=1)
+        q = query[a:b].double()
+        sc = torch.einsum("qhd,lhd->hql", q, K) * scale
+        if softcap:
+            sc = softcap * torch.tanh(sc / softcap)
+        qpos = torch.arange(L - (b - a), L).view(-1, 1)
+        kpos = torch.arange(L).view(1, -1)
+        mask = kpos <= qpos
+        if sliding_window:
+            mask &= kpos > qpos - sliding_window
+        sc = sc.masked_fill(~mask, float("-inf"))
+        out[a:b] = torch.einsum("hql,lhd->qhd", sc.softmax(-1), V)
+    return out
+
+
+def make_batch(lens, *, num_blocks, block_size, share_prefix_pages=0, seed=0, max_blocks=None):
+    """Block table with shuffled page ids; the first ``share_prefix_pages`` pages of every
+    sequence are the same pages (a shared prefix)."""
+    rng = random.Random(seed)
+    free = list(range(1, num_blocks))  # page 0 stays unused (vLLM's null block)
+    rng.shuffle(free)
+    shared = [free.pop() for _ in range(share_prefix_pages)]
+    need = [math.ceil(L / block_size) for L in lens]
+    width = max_blocks or max(need)
+    table = torch.zeros(len(lens), width, dtype=torch.int32)
+    for s, n in enumerate(need):
+        own = [free.pop() for _ in range(n - min(n, len(shared)))]
+        row = shared[: min(n, len(shared))] + own
+        table[s, : len(row)] = torch.tensor(row, dtype=torch.int32)
+    return table
+
+
+def caches(num_blocks, block_size, hk, d, dtype, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    k = torch.randn(num_blocks, block_size, hk, d, generator=g).to(dtype)
+    v = torch.randn(num_blocks, block_size, hk, d, generator=g).to(dtype)
+    return k, v
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("h,hk", [(4, 4), (8, 2), (6, 1)], ids=["mha", "gqa", "mqa"])
+def test_decode_matches_reference(dtype, h, hk):
+    d, bs, nb = 32, 16, 64
+    lens = [1, 16, 17, 45, 100, 33]
+    bt = make_batch(lens, num_blocks=nb, block_size=bs, share_prefix_pages=1, seed=3,
+                    max_blocks=8)
+    # sequences 2..5 share their first page; 1 shares it too (16 tokens = exactly that page)
+    kc, vc = caches(nb, bs, hk, d, dtype)
+    q = torch.randn(len(lens), h, d).to(dtype)
+    out = torch.full_like(q, float("nan"))
+    scale = 1 / math.sqrt(d)
+    r = ops.paged_attention(q, kc, vc, bt, torch.tensor(lens), out, scale=scale, num_kv_heads=hk)
+    assert r is out
+    ref = ref_attention(q, kc, vc, bt, lens, scale=scale)
+    torch.testing.assert_close(out.double(), ref, atol=ATOL[dtype], rtol=0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_prefill_and_chunked_prefill_match_reference(dtype):
+    h, hk, d, bs, nb = 8, 2, 64, 8, 96
+    # (context length, query length): full prefill, chunked prefill, decode, prefix hit
+    seqs = [(37, 37), (50, 10), (20, 1), (64, 5), (9, 9)]
+    lens = [L for L, _ in seqs]
+    qsl = [0]
+    for _, q in seqs:
+        qsl.append(qsl[-1] + q)
+    bt = make_batch(lens, num_blocks=nb, block_size=bs, share_prefix_pages=2, seed=5)
+    kc, vc = caches(nb, bs, hk, d, dtype, seed=7)
+    q = torch.randn(qsl[-1], h, d).to(dtype)
+    out = torch.empty_like(q)
+    ops.paged_attention(q, kc, vc, bt, lens, out, scale=0.1, num_kv_heads=hk,
+                        query_start_loc=torch.tensor(qsl))
+    ref = ref_attention(q, kc, vc, bt, lens, qsl, scale=0.1)
+    torch.testing.assert_close(out.double(), ref, atol=ATOL[dtype], rtol=0)
+
+
+def test_softcap_and_sliding_window():
+    h, hk, d, bs, nb = 4, 2, 16, 4, 40
+    lens, qsl = [30, 12], [0, 6, 7]
+    bt = make_batch(lens, num_blocks=nb, block_size=bs, seed=9)
+    kc, vc = caches(nb, bs, hk, d, torch.float32, seed=2)
+    q = torch.randn(7, h, d) * 3
+    out = torch.empty_like(q)
+    ops.paged_attention(q, kc, vc, bt, lens, out, scale=0.5, num_kv_heads=hk,
+                        query_start_loc=qsl, softcap=5.0, sliding_window=7)
+    ref = ref_attention(q, kc, vc, bt, lens, qsl, scale=0.5, softcap=5.0, sliding_window=7)
+    torch.testing.assert_close(out.double(), ref, atol=2e-5, rtol=0)
+
+
+def test_strided_views_padding_rows_and_int64_block_table():
+    """query as a view of a fused qkv tensor, 2-D output, a heads-major cache passed as a
+    transposed view, an int64 block table with extra rows, padded query rows left alone."""
+    h, hk, d, bs, nb = 4, 2, 16, 8, 32
+    lens = [9, 30, 1]
+    bt = make_batch(lens, num_blocks=nb, block_size=bs, seed=4, max_blocks=6)
+    bt64 = torch.cat([bt, torch.zeros(2, 6, dtype=torch.int32)]).to(torch.int64)
+    kc_hnd = torch.randn(nb, hk, bs, d)  # CANN's BnNBsD / vLLM's HND
+    vc_hnd = torch.randn(nb, hk, bs, d)
+    kc, vc = kc_hnd.transpose(1, 2), vc_hnd.transpose(1, 2)
+    qkv = torch.randn(5, (h + 2 * hk) * d)  # 2 padding rows
+    q = qkv[:, : h * d].view(5, h, d)
+    out = torch.full((5, h * d), 7.0)
+    ops.paged_attention(q, kc, vc, bt64, lens, out, scale=0.25, num_kv_heads=hk)
+    ref = ref_attention(q[:3], kc.contiguous(), vc.contiguous(), bt, lens, scale=0.25)
+    torch.testing.assert_close(out[:3].view(3, h, d).double(), ref, atol=2e-5, rtol=0)
+    assert torch.all(out[3:] == 7.0)
+
+
+def test_mixed_dtypes_query_and_output():
+    h, hk, d, bs, nb = 4, 1, 16, 4, 16
+    lens = [7, 13]
+    bt = make_batch(lens, num_blocks=nb, block_size=bs, seed=1)
+    kc, vc = caches(nb, bs, hk, d, torch.bfloat16)
+    q = torch.randn(2, h, d, dtype=torch.float16)
+    out = torch.empty(2, h, d, dtype=torch.float32)
+    ops.paged_attention(q, kc, vc, bt, lens, out, scale=0.25, num_kv_heads=hk)
+    ref = ref_attention(q, kc, vc, bt, lens, scale=0.25)
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# KV write, end to end
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("slot_dtype", [torch.int32, torch.int64], ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_reshape_and_cache_with_padding_slots(dtype, slot_dtype):
+    hk, d, bs, nb = 2, 16, 4, 10
+    kc = torch.zeros(nb, bs, hk, d, dtype=dtype)
+    vc = torch.zeros(nb, bs, hk, d, dtype=dtype)
+    # a fused projection: key/value are strided views sharing one token stride
+    kv = torch.randn(6, 2 * hk * d + 8)
+    key = kv[:, : hk * d].view(6, hk, d)
+    value = kv[:, hk * d: 2 * hk * d].view(6, hk, d)
+    slots = torch.tensor([13, -1, 0, 39, -1, 22], dtype=slot_dtype)
+    ops.reshape_and_cache(key, value, kc, vc, slots)
+    ek = torch.zeros_like(kc)
+    ev = torch.zeros_like(vc)
+    for i, s in enumerate(slots.tolist()):
+        if s >= 0:
+            ek[s // bs, s % bs] = key[i].to(dtype)
+            ev[s // bs, s % bs] = value[i].to(dtype)
+    assert torch.equal(kc, ek) and torch.equal(vc, ev)
+    # fewer slots than key rows: only slot_mapping.numel() tokens are written (vLLM's rule)
+    ops.reshape_and_cache(key, value, kc, vc, slots[:1] * 0 + 5)
+    assert torch.equal(kc[1, 1], key[0].to(dtype)) and torch.equal(kc[3], ek[3])
+    ops.reshape_and_cache(key, value, kc, vc, torch.empty(0, dtype=slot_dtype))  # no-op
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_write_then_attend_matches_sdpa(dtype):
+    """Two requests sharing a prefix: prefill (with a cached prefix), then decode steps, all
+    through reshape_and_cache + paged_attention, against SDPA on contiguous K/V."""
+    h, hk, d, bs, nb = 8, 2, 32, 4, 64
+    g = torch.Generator().manual_seed(11)
+    prefix, tails = 12, [5, 9]  # prefix = 3 full shared pages
+    kc = torch.zeros(nb, bs, hk, d, dtype=dtype)
+    vc = torch.zeros_like(kc)
+    free = list(range(1, nb))
+    random.Random(2).shuffle(free)
+    shared = [free.pop() for _ in range(prefix // bs)]
+    pk = torch.randn(prefix, hk, d, generator=g)
+    pv = torch.randn(prefix, hk, d, generator=g)
+    slots = torch.tensor([shared[i // bs] * bs + i % bs for i in range(prefix)])
+    ops.reshape_and_cache(pk, pv, kc, vc, slots)
+    tables = [list(shared), list(shared)]
+    full_k = [pk.clone(), pk.clone()]
+    full_v = [pv.clone(), pv.clone()]
+
+    def slot_of(s, pos):
+        while len(tables[s]) * bs <= pos:
+            tables[s].append(free.pop())
+        return tables[s][pos // bs] * bs + pos % bs
+
+    def step(qlens):
+        lens = [full_k[s].shape[0] + qlens[s] for s in range(2)]
+        ks = [torch.randn(qlens[s], hk, d, generator=g) for s in range(2)]
+        vs = [torch.randn(qlens[s], hk, d, generator=g) for s in range(2)]
+        slots = torch.tensor([slot_of(s, lens[s] - qlens[s] + i)
+                              for s in range(2) for i in range(qlens[s])], dtype=torch.int32)
+        ops.reshape_and_cache(torch.cat(ks), torch.cat(vs), kc, vc, slots)
+        for s in range(2):
+            full_k[s] = torch.cat([full_k[s], ks[s]])
+            full_v[s] = torch.cat([full_v[s], vs[s]])
+        q = torch.randn(sum(qlens), h, d, generator=g).to(dtype)
+        out = torch.empty_like(q)
+        width = max(len(t) for t in tables)
+        bt = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
+        qsl = None if qlens == [1, 1] else [0, qlens[0], qlens[0] + qlens[1]]
+        ops.paged_attention(q, kc, vc, bt, lens, out, scale=1 / math.sqrt(d), num_kv_heads=hk,
+                            query_start_loc=qsl)
+        a = 0
+        for s in range(2):
+            qs = q[a: a + qlens[s]].double().transpose(0, 1)  # [h, q, d]
+            K = full_k[s].to(dtype).double().transpose(0, 1)
+            V = full_v[s].to(dtype).double().transpose(0, 1)
+            L, n = K.shape[1], qlens[s]
+            mask = torch.arange(L).view(1, -1) <= torch.arange(L - n, L).view(-1, 1)
+            ref = F.scaled_dot_product_attention(qs, K, V, attn_mask=mask, enable_gqa=True)
+            torch.testing.assert_close(out[a: a + n].double(), ref.transpose(0, 1),
+                                       atol=ATOL[dtype], rtol=0)
+            a += n
+
+    step(tails)   # prefill of each tail after the cached prefix
+    for _ in range(5):
+        step([1, 1])  # decode, crossing page boundaries
+
+
+# ---------------------------------------------------------------------------------------------
+# Page copies
+# ---------------------------------------------------------------------------------------------
+
+def test_copy_pages_device_and_host():
+    hk, d, bs, nb = 2, 8, 4, 8
+    kc, vc = caches(nb, bs, hk, d, torch.float16, seed=3)
+    k0, v0 = kc.clone(), vc.clone()
+    ops.copy_pages(kc, vc, [(1, 2, bs, "d2d"), (3, 4, 2, kvshare.lib.KVS_COPY_KIND_DEVICE_TO_DEVICE)])
+    assert torch.equal(kc[2], k0[1]) and torch.equal(vc[2], v0[1])
+    assert torch.equal(kc[4, :2], k0[3, :2]) and torch.equal(kc[4, 2:], k0[4, 2:])
+    ops.copy_pages(kc, vc, torch.tensor([[5, 6]]))
+    assert torch.equal(kc[6], kc[5]) and torch.equal(vc[6], vc[5])
+    hkc, hvc = torch.zeros(3, bs, hk, d, dtype=torch.float16), torch.zeros(3, bs, hk, d, dtype=torch.float16)
+    ops.copy_pages(kc, vc, [(7, 1, bs, "d2h")], host_key_cache=hkc, host_value_cache=hvc)
+    assert torch.equal(hkc[1], kc[7]) and torch.equal(hvc[1], vc[7])
+    ops.copy_pages(kc, vc, [(1, 0, bs, "h2d")], host_key_cache=hkc, host_value_cache=hvc)
+    assert torch.equal(kc[0], k0[7])
+    ops.copy_pages(kc, vc, [])  # nothing
+    with pytest.raises(kvshare.AttnInvalidArgumentError, match="copies"):
+        ops.copy_pages(kc, vc, [(1, 99, bs, "d2d")])
+    with pytest.raises(ops.OpsArgumentError) as e:
+        ops.copy_pages(kc, vc, [(1, 2, bs, "sideways")])
+    assert e.value.field == "copies"
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors
+# ---------------------------------------------------------------------------------------------
+
+def _attn_args(**over):
+    h, hk, d, bs, nb = 4, 2, 8, 4, 8
+    kc, vc = caches(nb, bs, hk, d, torch.float32)
+    a = dict(query=torch.randn(2, h, d), key_cache=kc, value_cache=vc,
+             block_table=torch.tensor([[1, 2], [3, 0]], dtype=torch.int32), seq_lens=[6, 3],
+             out=torch.empty(2, h, d), scale=0.3, num_kv_heads=hk)
+    a.update(over)
+    return a
+
+
+def _call(**over):
+    a = _attn_args(**over)
+    return ops.paged_attention(a.pop("query"), a.pop("key_cache"), a.pop("value_cache"),
+                               a.pop("block_table"), a.pop("seq_lens"), a.pop("out"), **a)
+
+
+@pytest.mark.parametrize("over,field", [
+    (dict(query=torch.randn(2, 4, 8, dtype=torch.float64)), "query"),
+    (dict(out=torch.empty(2, 4, 8, dtype=torch.int32)), "out"),
+    (dict(key_cache=torch.zeros(8, 4, 2, 8, dtype=torch.int8),
+          value_cache=torch.zeros(8, 4, 2, 8, dtype=torch.int8)), "key_cache"),
+    (dict(value_cache=torch.zeros(8, 4, 2, 8, dtype=torch.float16)), "value_cache"),
+    (dict(block_table=torch.zeros(2, 2, dtype=torch.float32)), "block_table"),
+    (dict(seq_lens=torch.tensor([6.0, 3.0])), "seq_lens"),
+], ids=["query", "out", "cache-int8", "value-dtype", "block-table", "seq-lens"])
+def test_wrong_dtype_names_the_field(over, field):
+    with pytest.raises(ops.OpsDtypeError) as e:
+        _call(**over)
+    assert e.value.field == field and field in str(e.value)
+    assert isinstance(e.value, TypeError) and isinstance(e.value, ValueError)
+
+
+@pytest.mark.parametrize("over,field", [
+    (dict(query=torch.empty(2, 4, 8, device="meta")), "query"),
+    (dict(out=torch.empty(2, 4, 8, device="meta")), "out"),
+    (dict(key_cache=torch.empty(8, 4, 2, 8, device="meta")), "key_cache"),
+    (dict(block_table=torch.empty(2, 2, dtype=torch.int32, device="meta")), "block_table"),
+], ids=["query", "out", "key_cache", "block_table"])
+def test_non_cpu_tensor_without_npu(over, field):
+    with pytest.raises(ops.OpsArgumentError) as e:
+        _call(**over)
+    assert e.value.field == field and "meta" in str(e.value)
+
+
+@pytest.mark.parametrize("over,field", [
+    (dict(num_kv_heads=4), "num_kv_heads"),
+    (dict(query=torch.randn(1, 4, 8)), "query"),
+    (dict(query=torch.randn(2, 4, 16)), "query"),
+    (dict(out=torch.empty(2, 2, 8)), "out"),
+    (dict(value_cache=torch.zeros(8, 4, 2, 16)), "value_cache"),
+    (dict(key_cache=torch.zeros(8, 4, 16)), "key_cache"),
+    (dict(block_table=torch.tensor([[1, 2]], dtype=torch.int32)), "block_table"),
+    (dict(query_start_loc=[0, 1]), "query_start_loc"),
+    (dict(scale=0.0), "scale"),
+    (dict(query=torch.randn(2, 4, 8).expand(2, 4, 8).transpose(0, 2).contiguous()
+          .transpose(0, 2)), "query"),
+], ids=["num_kv_heads", "rows", "head_dim", "out-heads", "value-shape", "cache-rank",
+        "block-rows", "qsl-len", "scale", "head-dim-not-contiguous"])
+def test_shape_mismatch_names_the_field(over, field):
+    with pytest.raises(ops.OpsArgumentError) as e:
+        _call(**over)
+    assert e.value.field == field
+
+
+@pytest.mark.parametrize("over,field", [
+    (dict(query=torch.randn(2, 3, 8), out=torch.empty(2, 3, 8)), "num_heads"),
+    (dict(block_table=torch.tensor([[1, 99], [3, 0]], dtype=torch.int32)), "block_table"),
+    (dict(seq_lens=[6, 9]), "context_lens"),
+    (dict(query_start_loc=[1, 2, 2]), "query_start_loc"),
+    (dict(query_start_loc=[0, 2, 1]), "query_start_loc"),
+], ids=["gqa-ratio", "page-id", "too-long", "qsl-first", "qsl-decreasing"])
+def test_kvshare_validation_names_the_field(over, field):
+    with pytest.raises(kvshare.AttnInvalidArgumentError) as e:
+        _call(**over)
+    assert field in e.value.message and e.value.func == "kvs_attention_launch"
+
+
+def test_kv_write_errors():
+    kc, vc = caches(8, 4, 2, 8, torch.float16)
+    key, value = torch.randn(3, 2, 8), torch.randn(3, 2, 8)
+    slots = torch.tensor([0, 1, 2], dtype=torch.int32)
+    cases = [
+        (dict(slot_mapping=slots.float()), ops.OpsDtypeError, "slot_mapping"),
+        (dict(key=key.double(), value=value.double()), ops.OpsDtypeError, "key"),
+        (dict(value=value.half()), ops.OpsDtypeError, "value"),
+        (dict(key=torch.randn(3, 3, 8), value=torch.randn(3, 3, 8)), ops.OpsArgumentError, "key"),
+        (dict(value=torch.randn(4, 2, 8)), ops.OpsArgumentError, "value"),
+        (dict(slot_mapping=torch.arange(5, dtype=torch.int32)), ops.OpsArgumentError, "key"),
+        (dict(slot_mapping=slots.view(3, 1)), ops.OpsArgumentError, "slot_mapping"),
+        (dict(key_cache=torch.empty(8, 4, 2, 8, device="meta")), ops.OpsArgumentError,
+         "key_cache"),
+        (dict(slot_mapping=torch.empty(3, dtype=torch.int32, device="meta")),
+         ops.OpsArgumentError, "slot_mapping"),
+    ]
+    for over, exc, field in cases:
+        a = dict(key=key, value=value, key_cache=kc, value_cache=vc, slot_mapping=slots)
+        a.update(over)
+        with pytest.raises(exc) as e:
+            ops.reshape_and_cache(**a)
+        assert e.value.field == field, (over, e.value)
+    with pytest.raises(kvshare.AttnInvalidArgumentError) as e:
+        ops.reshape_and_cache(key, value, kc, vc, torch.tensor([0, 32, 1]))
+    assert "slot_mapping" in e.value.message
+    assert torch.all(kc[0] == caches(8, 4, 2, 8, torch.float16)[0][0])  # nothing written
+
+
+def test_cpu_backend_is_cached():
+    assert ops.cpu_backend() == ops.cpu_backend()
+    assert ops.describe_backend("cpu").startswith("cpu")
+
+
+# ---------------------------------------------------------------------------------------------
+# vllm-ascend hooks (what the patch calls), driven with CPU tensors
+# ---------------------------------------------------------------------------------------------
+
+def _impl_and_meta(dtype=torch.float16, n=3, padded=5):
+    h, hk, d, bs, nb = 8, 2, 16, 16, 24
+    kc, vc = caches(nb, bs, hk, d, dtype)
+    lens = [5, 40, 17][:n]
+    bt = make_batch(lens, num_blocks=nb, block_size=bs, seed=8, max_blocks=4)
+    # vllm-ascend pads block_tables / seq_lens for a dummy graph-padding request
+    bt = torch.cat([bt, torch.zeros(1, 4, dtype=torch.int32)])
+    impl = SimpleNamespace(key_cache=kc, value_cache=vc, scale=0.25, num_heads=h, num_kv_heads=hk,
+                           sliding_window=None, sinks=None, alibi_slopes=None,
+                           enable_hamming_sparse=False, attn_type="decoder")
+    meta = SimpleNamespace(num_decodes=n, num_decode_tokens=n, num_prefills=0, causal=True,
+                           block_tables=bt, seq_lens=torch.tensor(lens + [1]),
+                           seq_lens_list=lens + [1], decode_meta=None, prefill=None)
+    q = torch.randn(padded, h, d).to(dtype)
+    return impl, meta, q, lens
+
+
+def test_ascend_decode_hook():
+    impl, meta, q, lens = _impl_and_meta()
+    out = torch.full_like(q, 3.0)
+    assert ops.ascend_decode(impl, q, meta, out)
+    ref = ref_attention(q[:3], impl.key_cache, impl.value_cache, meta.block_tables, lens,
+                        scale=0.25)
+    torch.testing.assert_close(out[:3].double(), ref, atol=ATOL[torch.float16], rtol=0)
+    assert torch.all(out[3:] == 0)
+
+
+@pytest.mark.parametrize("change", [
+    dict(sinks=torch.zeros(8)), dict(alibi_slopes=torch.zeros(8)),
+    dict(enable_hamming_sparse=True), dict(attn_type="encoder_decoder"),
+    dict(key_cache=torch.zeros(24, 16, 2, 16, dtype=torch.int8)),
+    dict(meta_num_prefills=1), dict(meta_causal=False),
+], ids=["sinks", "alibi", "hamming", "cross", "int8-cache", "prefills", "non-causal"])
+def test_ascend_decode_hook_falls_back_without_writing(change):
+    impl, meta, q, _ = _impl_and_meta()
+    for k, v in change.items():
+        if k.startswith("meta_"):
+            setattr(meta, k[5:], v)
+        else:
+            setattr(impl, k, v)
+    out = torch.full_like(q, 3.0)
+    assert not ops.ascend_decode(impl, q, meta, out)
+    assert torch.all(out == 3.0)
+
+
+def test_ascend_kv_write_hook():
+    impl, _, _, _ = _impl_and_meta(dtype=torch.bfloat16)
+    key, value = torch.randn(2, 2, 16), torch.randn(2, 2, 16)
+    assert ops.ascend_kv_write(impl, key, value, torch.tensor([17, -1], dtype=torch.int32))
+    assert torch.equal(impl.key_cache[1, 1], key[0].bfloat16())
+    impl.key_cache = torch.zeros(24, 16, 2, 16, dtype=torch.int8)
+    assert not ops.ascend_kv_write(impl, key, value, torch.tensor([17, -1], dtype=torch.int32))
+
+
+def test_enabled_reads_the_environment(monkeypatch):
+    monkeypatch.delenv(ops.ENV_ENABLE, raising=False)
+    assert not ops.enabled()
+    monkeypatch.setenv(ops.ENV_ENABLE, "1")
+    assert ops.enabled()
+
+
+def test_ascend_hooks_fall_back_on_kvshare_refusals(monkeypatch):
+    """UNSUPPORTED from the backend -> vllm-ascend's op (nothing written); a backend that cannot
+    be created (no CANN) is not retried."""
+    impl, meta, q, _ = _impl_and_meta()
+    unsupported = kvshare.UnsupportedError("Ascend backend: softcap",
+                                           kvshare.STATUS["KVS_STATUS_UNSUPPORTED"],
+                                           "kvs_attention_launch")
+    unavailable = kvshare.BackendUnavailableError(
+        "libascendcl.so not found", kvshare.STATUS["KVS_STATUS_BACKEND_UNAVAILABLE"],
+        "kvs_backend_new")
+    calls = []
+
+    def raising(exc):
+        def f(*a, **k):
+            calls.append(exc)
+            raise exc
+        return f
+
+    monkeypatch.setattr(ops, "_unavailable", None)
+    monkeypatch.setattr(ops, "paged_attention", raising(unsupported))
+    out = torch.full_like(q, 3.0)
+    assert not ops.ascend_decode(impl, q, meta, out) and torch.all(out == 3.0)
+    assert ops._unavailable is None
+    monkeypatch.setattr(ops, "reshape_and_cache", raising(unavailable))
+    key = torch.randn(1, 2, 16)
+    assert not ops.ascend_kv_write(impl, key, key, torch.tensor([3]))
+    assert ops._unavailable and len(calls) == 2
+    assert not ops.ascend_kv_write(impl, key, key, torch.tensor([3]))
+    assert not ops.ascend_decode(impl, q, meta, out)
+    assert len(calls) == 2  # not retried
+    # anything else is a real error and propagates
+    monkeypatch.setattr(ops, "_unavailable", None)
+    monkeypatch.setattr(ops, "paged_attention", raising(ValueError("bug")))
+    with pytest.raises(ValueError):
+        ops.ascend_decode(impl, q, meta, out)
