@@ -464,7 +464,8 @@ typedef struct kvs_backend kvs_backend;
  pages: `kvs_pages_alloc`, `kvs_pages_acquire`, `kvs_pages_release`, `kvs_page_get_info`;
  prefix index: `kvs_prefix_register`, `kvs_prefix_match`, `kvs_prefix_clear`; sequences:
  `kvs_seq_begin`, `kvs_seq_append`, `kvs_seq_append_batch`, `kvs_seq_fork`, `kvs_seq_free`,
- `kvs_seq_swap_out`, `kvs_seq_swap_in`, `kvs_seq_get_info`, `kvs_seq_pages`, `kvs_seq_set_priority`;
+ `kvs_seq_swap_out`, `kvs_seq_swap_in`, `kvs_seq_get_info`, `kvs_seq_pages`, `kvs_seq_set_priority`,
+ `kvs_seq_append_need`, `kvs_seq_swap_in_need`;
  queues: `kvs_cache_take_copies`, `kvs_cache_take_events`; retention: `kvs_prefix_pin`,
  `kvs_prefix_unpin`, `kvs_prefix_prefetch`.
  */
@@ -1683,6 +1684,39 @@ kvs_status kvs_seq_swap_in(struct kvs_cache *cache,
                            struct kvs_copy *copies_out,
                            size_t copies_len,
                            size_t *num_copies_out);
+
+/*
+ Capacity check without the append: writes the device pages `kvs_seq_append(seq_id,
+ num_tokens tokens, lookahead_slots)` would take now (new pages plus copy-on-write copies)
+ to `*pages_needed_out`, and the copies it would report to `*copies_out` (optional). Compare
+ with `device_pages_free + device_pages_cached` from `kvs_cache_stats` (MindIE's
+ `CanAppendSlot`, vLLM's admission checks).
+
+ **Failure:** unknown or swapped-out sequence, overflowing sizes; outputs untouched.
+ **Thread safety:** safe concurrently with any call but `kvs_cache_free`; the answer holds
+ until the cache changes.
+ */
+kvs_status kvs_seq_append_need(const struct kvs_cache *cache,
+                               uint64_t seq_id,
+                               size_t num_tokens,
+                               size_t lookahead_slots,
+                               size_t *pages_needed_out,
+                               size_t *copies_out);
+
+/*
+ Capacity check without the swap-in: writes the device pages `kvs_seq_swap_in(seq_id)`
+ would take now (its pages minus those still cached on the device, which it shares) to
+ `*pages_needed_out`, and the device pages it can have (free plus evictable, not counting
+ the ones it would share) to `*pages_available_out` (optional). MindIE's `CanSwapIn`.
+
+ **Failure:** unknown or device-resident sequence; outputs untouched.
+ **Thread safety:** safe concurrently with any call but `kvs_cache_free`; the answer holds
+ until the cache changes.
+ */
+kvs_status kvs_seq_swap_in_need(const struct kvs_cache *cache,
+                                uint64_t seq_id,
+                                size_t *pages_needed_out,
+                                size_t *pages_available_out);
 
 /*
  Sets a sequence's retention priority, 0 ..= 3 (default 0; higher is kept longer): once its

@@ -519,3 +519,57 @@ fn events_replay_to_exactly_the_registered_pages() {
     apply(&mut s);
     assert!(s.registered_hashes().is_empty());
 }
+
+#[test]
+fn capacity_queries_match_what_the_operations_take() {
+    let mut s = State::new(Config {
+        page_size: 4,
+        num_device_pages: 8,
+        num_host_pages: 8,
+        ..Config::default()
+    })
+    .unwrap();
+    s.begin(1, &toks(0..6), None, usize::MAX).unwrap();
+    s.fork(1, 2).unwrap();
+    // Appending 3 tokens to a fork: copy the shared partial page, plus one new page.
+    assert_eq!(s.append_need_of(2, 3, 0).unwrap(), (2, 1));
+    assert_eq!(
+        s.append_need_of(2, 0, 9).unwrap(),
+        (2, 0),
+        "6 tokens + 9 reserved slots: 4 pages, 2 of them new"
+    );
+    assert!(matches!(
+        s.append_need_of(2, 1, usize::MAX),
+        Err(Error::InvalidArgument { .. })
+    ));
+    let free_before = s.stats().device_pages_free;
+    let mut copies = Vec::new();
+    s.append(2, &[50, 51, 52], 0, &mut copies, 1).unwrap();
+    assert_eq!(free_before - s.stats().device_pages_free, 2);
+    assert_eq!(copies.len(), 1);
+    // Swap-in need: both full pages (the one shared with seq 1, and seq 2's own full page, left
+    // cached on the device by the swap-out) are shared back; only the partial page is copied.
+    s.swap_out(2, &mut copies, usize::MAX).unwrap();
+    let (need, avail) = s.swap_in_need(2).unwrap();
+    assert_eq!(need, 1);
+    let before = s.stats();
+    s.swap_in(2, &mut copies, usize::MAX).unwrap();
+    let after = s.stats();
+    // The swap-in takes `need` new pages and un-caches the cached pages it shares, which is why
+    // `avail` leaves those out of what it can have.
+    let before_total = before.device_pages_free + before.device_pages_cached;
+    let after_total = after.device_pages_free + after.device_pages_cached;
+    let shared_cached = before_total - avail as u64;
+    assert_eq!(
+        shared_cached, 1,
+        "seq 2's own full page was cached; the shared one is held by seq 1"
+    );
+    assert_eq!(before_total - after_total, need as u64 + shared_cached);
+    assert!(avail >= need);
+    assert!(matches!(s.swap_in_need(2), Err(Error::SeqWrongTier { .. })));
+    assert!(matches!(
+        s.append_need_of(9, 1, 0),
+        Err(Error::SeqNotFound(9))
+    ));
+    s.check().unwrap();
+}

@@ -509,6 +509,55 @@ impl State {
         Ok(())
     }
 
+    /// For each page of a swapped-out sequence, the device page already caching its content (a
+    /// swap-in shares it instead of copying); the device pages a swap-in takes; and how many of
+    /// the shared ones are currently unreferenced (evictable).
+    fn swap_in_plan(&self, s: &Seq) -> (Vec<Option<u32>>, usize, usize) {
+        let ps = self.ps;
+        let mut hits: Vec<Option<u32>> = vec![None; s.pages.len()];
+        if self.cfg.enable_prefix_caching {
+            for (j, h) in s.hashes.iter().enumerate() {
+                let e = s.extra.as_ref().map_or(0, |x| x.page_digest(j, ps));
+                hits[j] = self.index.lookup(*h, e, &s.tokens[j * ps..(j + 1) * ps]);
+            }
+        }
+        let shared = hits.iter().flatten().count();
+        let cached = hits
+            .iter()
+            .flatten()
+            .filter(|&&p| self.dev.refcount(p) == 0)
+            .count();
+        (hits, s.pages.len() - shared, cached)
+    }
+
+    /// Device pages [`swap_in`](Self::swap_in) would take now, and the pages it can have (free
+    /// plus evictable, not counting the cached pages it would share). Read-only.
+    pub fn swap_in_need(&self, id: u64) -> Result<(usize, usize)> {
+        let s = self.seq(id)?;
+        if s.tier != Tier::Host {
+            return Err(Error::SeqWrongTier {
+                seq: id,
+                tier: s.tier,
+                needed: Tier::Host,
+            });
+        }
+        let (_, need, cached_hits) = self.swap_in_plan(s);
+        Ok((need, self.dev.available() - cached_hits))
+    }
+
+    /// Device pages and copy-on-write copies [`append`](Self::append) of `num_tokens` tokens with
+    /// `lookahead` reserved slots would take now (a capacity check without the append). Read-only.
+    pub fn append_need_of(
+        &self,
+        id: u64,
+        num_tokens: usize,
+        lookahead: usize,
+    ) -> Result<(usize, usize)> {
+        let s = self.device_seq(id)?;
+        let (cap, cow) = self.append_need(s, num_tokens, lookahead)?;
+        Ok((cap + cow, self.append_copies(s, num_tokens)))
+    }
+
     /// Brings a swapped-out sequence back to device pages. Full pages whose content is cached on
     /// the device are shared instead of copied; the others get new pages and a host→device copy
     /// each. All or nothing (`NoSpace` on the device tier).
@@ -526,21 +575,10 @@ impl State {
                 needed: Tier::Host,
             });
         }
+        let (hits, need, cached_hits) = self.swap_in_plan(s);
         let ps = self.ps;
-        let mut hits: Vec<Option<u32>> = vec![None; s.pages.len()];
-        if self.cfg.enable_prefix_caching {
-            for (j, h) in s.hashes.iter().enumerate() {
-                let e = s.extra.as_ref().map_or(0, |x| x.page_digest(j, ps));
-                hits[j] = self.index.lookup(*h, e, &s.tokens[j * ps..(j + 1) * ps]);
-            }
-        }
         let hit_pages: Vec<u32> = hits.iter().flatten().copied().collect();
-        let need = s.pages.len() - hit_pages.len();
         check_room(need, max_copies)?;
-        let cached_hits = hit_pages
-            .iter()
-            .filter(|&&p| self.dev.refcount(p) == 0)
-            .count();
         self.ensure_available(Tier::Device, need, cached_hits)?;
 
         let mut s = self.seqs.remove(&id).expect("checked");

@@ -241,6 +241,67 @@ impl kvs_cache {
         })
     }
 
+    /// Capacity check without the append: writes the device pages `kvs_seq_append(seq_id,
+    /// num_tokens tokens, lookahead_slots)` would take now (new pages plus copy-on-write copies)
+    /// to `*pages_needed_out`, and the copies it would report to `*copies_out` (optional). Compare
+    /// with `device_pages_free + device_pages_cached` from `kvs_cache_stats` (MindIE's
+    /// `CanAppendSlot`, vLLM's admission checks).
+    ///
+    /// **Failure:** unknown or swapped-out sequence, overflowing sizes; outputs untouched.
+    /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`; the answer holds
+    /// until the cache changes.
+    #[no_mangle]
+    pub unsafe extern "C" fn kvs_seq_append_need(
+        cache: *const kvs_cache,
+        seq_id: u64,
+        num_tokens: usize,
+        lookahead_slots: usize,
+        pages_needed_out: *mut usize,
+        copies_out: *mut usize,
+    ) -> kvs_status {
+        guard(|| {
+            let c = self::cache(cache)?;
+            let pages = try_out(pages_needed_out, "pages_needed_out")?;
+            let copies = opt_out(copies_out, "copies_out")?;
+            let (p, k) = c
+                .lock()?
+                .append_need_of(seq_id, num_tokens, lookahead_slots)?;
+            *pages = p;
+            if let Some(o) = copies {
+                *o = k;
+            }
+            Ok(())
+        })
+    }
+
+    /// Capacity check without the swap-in: writes the device pages `kvs_seq_swap_in(seq_id)`
+    /// would take now (its pages minus those still cached on the device, which it shares) to
+    /// `*pages_needed_out`, and the device pages it can have (free plus evictable, not counting
+    /// the ones it would share) to `*pages_available_out` (optional). MindIE's `CanSwapIn`.
+    ///
+    /// **Failure:** unknown or device-resident sequence; outputs untouched.
+    /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`; the answer holds
+    /// until the cache changes.
+    #[no_mangle]
+    pub unsafe extern "C" fn kvs_seq_swap_in_need(
+        cache: *const kvs_cache,
+        seq_id: u64,
+        pages_needed_out: *mut usize,
+        pages_available_out: *mut usize,
+    ) -> kvs_status {
+        guard(|| {
+            let c = self::cache(cache)?;
+            let need = try_out(pages_needed_out, "pages_needed_out")?;
+            let avail = opt_out(pages_available_out, "pages_available_out")?;
+            let (n, a) = c.lock()?.swap_in_need(seq_id)?;
+            *need = n;
+            if let Some(o) = avail {
+                *o = a;
+            }
+            Ok(())
+        })
+    }
+
     /// Sets a sequence's retention priority, 0 ..= 3 (default 0; higher is kept longer): once its
     /// pages are unreferenced and cached, they are evicted only after every cached page of lower
     /// priority. A page shared by several sequences keeps the highest priority given to it.

@@ -1,0 +1,80 @@
+/*
+ * kvs_seq_append_need / kvs_seq_swap_in_need: the capacity checks an engine makes before an
+ * append or a swap-in (MindIE's CanAppendSlot / CanSwapIn) agree with what the calls then take,
+ * and bad arguments are refused with outputs untouched.
+ */
+#include "kvs_test.h"
+
+/* `call` returns `status` and the last error message mentions `needle`. */
+#define EXPECT(call, status, needle)                                                   \
+    do {                                                                               \
+        uint32_t got_ = (uint32_t)(call);                                              \
+        if (got_ != (uint32_t)(status) || !strstr(kvs_last_error_message(), (needle))) { \
+            fprintf(stderr, "%s:%d: %s returned %s (\"%s\"), expected %s mentioning %s\n", \
+                    __FILE__, __LINE__, #call, kvs_status_str(got_),                   \
+                    kvs_last_error_message(), kvs_status_str((uint32_t)(status)), (needle)); \
+            exit(1);                                                                   \
+        }                                                                              \
+    } while (0)
+
+static uint64_t avail(kvs_cache *c) {
+    kvs_stats s = t_stats(c);
+    return s.device_pages_free + s.device_pages_cached;
+}
+
+int main(void) {
+    kvs_config cfg = kvs_config_default();
+    cfg.page_size = 4;
+    cfg.num_device_pages = 8;
+    cfg.num_host_pages = 8;
+    kvs_cache *c = NULL;
+    CHECK_OK(kvs_cache_new(&cfg, &c));
+    int32_t t[6];
+    t_iota(t, 6, 1);
+    CHECK_OK(kvs_seq_begin(c, 1, t, 6, NULL, SIZE_MAX, NULL));
+    CHECK_OK(kvs_seq_fork(c, 1, 2));
+
+    /* A fork writing into the shared partial page: one copy-on-write page + one new page. */
+    size_t pages = 99, copies = 99;
+    CHECK_OK(kvs_seq_append_need(c, 2, 3, 0, &pages, &copies));
+    CHECK_EQ(pages, 2);
+    CHECK_EQ(copies, 1);
+    uint64_t before = avail(c);
+    int32_t more[3] = {50, 51, 52};
+    kvs_copy cp[1];
+    size_t n = 0;
+    CHECK_OK(kvs_seq_append(c, 2, more, 3, 0, cp, 1, &n));
+    CHECK_EQ(n, copies);
+    CHECK_EQ(before - avail(c), pages);
+
+    /* Bad arguments: outputs untouched. */
+    pages = 77;
+    EXPECT(kvs_seq_append_need(NULL, 2, 1, 0, &pages, NULL), KVS_STATUS_NULL_ARGUMENT, "cache");
+    EXPECT(kvs_seq_append_need(c, 2, 1, 0, NULL, NULL), KVS_STATUS_NULL_ARGUMENT, "pages_needed_out");
+    EXPECT(kvs_seq_append_need(c, 9, 1, 0, &pages, NULL), KVS_STATUS_SEQ_NOT_FOUND, "9");
+    EXPECT(kvs_seq_append_need(c, 2, 1, SIZE_MAX, &pages, NULL), KVS_STATUS_INVALID_ARGUMENT,
+           "lookahead_slots");
+    CHECK_EQ(pages, 77);
+
+    /* Swap-in need: full pages still cached on the device are shared back, not copied. */
+    kvs_copy out[8];
+    CHECK_OK(kvs_seq_swap_out(c, 2, out, 8, &n));
+    CHECK_EQ(n, 3);
+    EXPECT(kvs_seq_append_need(c, 2, 1, 0, &pages, NULL), KVS_STATUS_SEQ_WRONG_TIER, "host");
+    size_t need = 0, can = 0;
+    CHECK_OK(kvs_seq_swap_in_need(c, 2, &need, &can));
+    CHECK_EQ(need, 1);
+    CHECK(can >= need);
+    CHECK_OK(kvs_seq_swap_in(c, 2, out, 8, &n));
+    CHECK_EQ(n, need);
+    EXPECT(kvs_seq_swap_in_need(c, 2, &need, NULL), KVS_STATUS_SEQ_WRONG_TIER, "device");
+    EXPECT(kvs_seq_swap_in_need(c, 2, NULL, NULL), KVS_STATUS_NULL_ARGUMENT, "pages_needed_out");
+
+    CHECK_CACHE(c);
+    CHECK_OK(kvs_seq_free(c, 1));
+    CHECK_OK(kvs_seq_free(c, 2));
+    CHECK_CACHE(c);
+    kvs_cache_free(c);
+    printf("capacity: ok\n");
+    return 0;
+}
