@@ -121,7 +121,7 @@ class KvshareBlockManager : public mindie_llm::BlockSpaceManager {
     SeqShape ShapeOrThrow(SequenceId seqId, const char *method) const;
     std::vector<uint32_t> Pages(SequenceId seqId, const SeqShape &shape) const;
     // Device pages an append of `newTokens` tokens would take (capacity plus copy-on-write).
-    size_t AppendNeed(SequenceId seqId, const SeqShape &shape, size_t newTokens) const;
+    size_t AppendNeed(SequenceId seqId, size_t newTokens) const;
     size_t FreeDevicePages() const;
     size_t FreeHostPages() const;
 

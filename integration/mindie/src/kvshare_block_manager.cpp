@@ -197,24 +197,12 @@ std::vector<uint32_t> KvshareBlockManager::Pages(SequenceId seqId, const SeqShap
     return pages;
 }
 
-size_t KvshareBlockManager::AppendNeed(SequenceId seqId, const SeqShape &shape, size_t newTokens) const {
-    // The same count kvs_seq_append checks: new capacity pages for tokens + lookahead slots, plus
-    // one copy-on-write page for every shared page the new tokens land in.
-    size_t old = static_cast<size_t>(shape.numTokens);
-    size_t pages = static_cast<size_t>(shape.numPages);
-    size_t want = CeilDiv(old + newTokens + speculativeSlots_, blockSize_);
-    size_t need = want > pages ? want - pages : 0;
-    if (newTokens > 0 && pages > 0) {
-        std::vector<uint32_t> ids = Pages(seqId, shape);
-        size_t last = std::min((old + newTokens - 1) / blockSize_, ids.size() - 1);
-        for (size_t j = old / blockSize_; j <= last && j < ids.size(); ++j) {
-            ::kvs_page_info info{};
-            Check(kvs_page_get_info(cache_, 0, ids[j], &info), "kvs_page_get_info");
-            if (info.refcount > 1) {
-                ++need;
-            }
-        }
-    }
+size_t KvshareBlockManager::AppendNeed(SequenceId seqId, size_t newTokens) const {
+    // Exactly what kvs_seq_append will take: new capacity pages for tokens + lookahead slots, plus
+    // one copy-on-write page per shared page the new tokens land in (kvshare's own count).
+    size_t need = 0;
+    Check(kvs_seq_append_need(cache_, KvsId(seqId), newTokens, speculativeSlots_, &need, nullptr),
+          "kvs_seq_append_need");
     return need;
 }
 
@@ -308,7 +296,7 @@ bool KvshareBlockManager::CanAppendSlot(const SequenceGroupSPtr &seqGroup) const
         if (len < s.numTokens) {
             return false;
         }
-        need += AppendNeed(seq->seqId_, s, len - static_cast<size_t>(s.numTokens));
+        need += AppendNeed(seq->seqId_, len - static_cast<size_t>(s.numTokens));
     }
     return need <= FreeDevicePages();
 }
