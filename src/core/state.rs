@@ -135,13 +135,6 @@ impl State {
         }
     }
 
-    fn index_of(&self, tier: Tier) -> &PrefixIndex {
-        match tier {
-            Tier::Device => &self.index,
-            Tier::Host => &self.host_index,
-        }
-    }
-
     pub(super) fn is_registered(&self, page: u32) -> bool {
         self.cfg.enable_prefix_caching && self.index.is_registered(page)
     }
@@ -472,10 +465,7 @@ impl State {
                 num_pages: pool.num_pages(),
             });
         }
-        let registered = match tier {
-            Tier::Device => self.is_registered(page),
-            Tier::Host => self.host_cache() && self.index_of(Tier::Host).is_registered(page),
-        };
+        let registered = self.is_registered_in(tier, page);
         Ok((pool.refcount(page), pool.state(page), registered))
     }
 }
