@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
-from array import array
+import struct
 from typing import Any
 
 import kvshare
@@ -48,6 +48,19 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _token_ids(request) -> list[int]:
+    """The request's token ids as a plain list (vLLM's own list behind the read-only
+    ``all_token_ids`` view; a copy when a Request type has no such list)."""
+    toks = getattr(request, "_all_token_ids", None)
+    return toks if type(toks) is list else list(request.all_token_ids)
+
+
+def _pack(tokens: list[int]) -> bytes:
+    """int32 token ids, native order: the buffer ``kvs_*`` calls read.  ``struct.pack``
+    converts about 3x faster than ``array('i', list)``."""
+    return struct.pack(f"{len(tokens)}i", *tokens)
+
+
 def unsupported_reason(kv_cache_config, scheduler_block_size: int, hash_block_size: int,
                        dcp_world_size: int = 1, pcp_world_size: int = 1) -> str | None:
     """Why kvshare cannot manage this configuration (None when it can).
@@ -78,15 +91,25 @@ def unsupported_reason(kv_cache_config, scheduler_block_size: int, hash_block_si
 
 
 class _Req:
-    """A request's kvshare sequence: id, block table (page ids) and tokens appended so far."""
+    """A request's kvshare sequence: id, block table (page ids), tokens appended so far (``n``)
+    and ``quiet``: the largest token count the request can reach with no native call - its
+    pages hold the slots and no page fills up with known tokens (which would register it).
+    Tokens of a partly filled last page are handed to kvshare when the page fills (or when
+    more pages are needed): until then nothing observable depends on them."""
 
-    __slots__ = ("seq", "pages", "n", "extra")
+    __slots__ = ("seq", "pages", "n", "extra", "quiet")
 
     def __init__(self, seq: int, extra):
         self.seq = seq
         self.pages: list[int] = []
         self.n = 0
         self.extra = extra
+        self.quiet = -1
+
+    def settle(self, bs: int) -> None:
+        """Recomputes ``quiet`` after ``n`` or ``pages`` changed."""
+        fill = (self.n // bs + 1) * bs  # the token count that fills the current page
+        self.quiet = min(len(self.pages) * bs, fill - 1)
 
 
 class _SingleTypeView:
@@ -228,7 +251,8 @@ class KvshareKVCacheManager:
 
         self._reqs: dict[str, _Req] = {}
         self._seq_ids = itertools.count(1)
-        self._pending: tuple[str, array] | None = None  # tokens of the last get_computed_blocks
+        # (request id, packed tokens, extra keys) of the last get_computed_blocks
+        self._pending: tuple[str, bytes, Any] | None = None
         self._new_block_ids: list[int] = []  # for KV zeroing (take_new_block_ids)
         self._track_new = bool(getattr(kv_cache_config, "needs_kv_cache_zeroing", False))
         self._events: list[KVCacheEvent] = []
@@ -241,9 +265,13 @@ class KvshareKVCacheManager:
         self._copies = ffi.new("kvs_copy[]", 1)
         self._stats_buf = ffi.new("kvs_stats *")
         self._ev_buf = ffi.new("kvs_event[]", 256)
-        self._tok1 = array("i", [0])
-        self._tok1_ptr = ffi.from_buffer("int32_t[]", self._tok1)
+        self._tok1 = ffi.new("int32_t[1]")
         self._usable = self.num_blocks - 1  # the null block is never usable
+        # Requests whose last page filled up with no native call: id -> (state, request,
+        # known tokens); see allocate_slots and _flush.  Off with KV events, which must
+        # come out in vLLM's order.
+        self._dirty: dict[str, tuple[_Req, Any, int]] = {}
+        self._defer = not enable_kv_cache_events
 
     # ------------------------------------------------------------------ helpers
     def _stats(self):
@@ -269,11 +297,13 @@ class KvshareKVCacheManager:
             return None
         return kvshare.ExtraKeys(lora, salt, items)
 
-    def _tokens(self, request) -> array:
+    def _tokens(self, request, n: int):
+        """The first ``n`` token ids packed (a view of what ``get_computed_blocks`` packed
+        when it was this request's)."""
         pend = self._pending
-        if pend is not None and pend[0] == request.request_id and len(pend[1]) == request.num_tokens:
-            return pend[1]
-        return array("i", request.all_token_ids)
+        if pend is not None and pend[0] == request.request_id and len(pend[1]) >= 4 * n:
+            return memoryview(pend[1])[:4 * n]
+        return _pack(_token_ids(request)[:n])
 
     def _read_pages(self, st: _Req, want: int) -> list[int]:
         """Refreshes ``st.pages`` from kvshare; returns the new page ids."""
@@ -371,8 +401,11 @@ class KvshareKVCacheManager:
     def get_computed_blocks(self, request) -> tuple[KVCacheBlocks, int]:
         if not self.enable_caching or request.skip_reading_prefix_cache:
             return self.empty_kv_cache_blocks, 0
-        toks = array("i", request.all_token_ids)
-        n = len(toks)
+        if self._dirty:
+            self._flush()
+        ids = _token_ids(request)
+        n = len(ids)
+        toks = _pack(ids)
         st_extra = self._extra_for(request)
         rc = lib.kvs_prefix_match(self._h, ffi.from_buffer("int32_t[]", toks) if n else ffi.NULL,
                                   n, st_extra.ptr if st_extra else ffi.NULL, max(n - 1, 0), False,
@@ -405,6 +438,34 @@ class KvshareKVCacheManager:
         full_sequence_must_fit: bool = False,
         reserved_blocks: int = 0,
     ) -> KVCacheBlocks | None:
+        st = self._reqs.get(request.request_id)
+        if st is not None and num_new_tokens and not (
+                num_new_computed_tokens or num_lookahead_tokens or full_sequence_must_fit
+                or reserved_blocks or num_external_computed_tokens or delay_cache_blocks
+                or num_encoder_tokens):
+            # A running request's plain step (decode, or the next chunk of a prefill).
+            end = request.num_computed_tokens + num_new_tokens
+            if end <= st.quiet:
+                # Most decode steps: the slots exist and no page fills up, so there is
+                # nothing to tell kvshare yet (the tokens go with a later call).
+                return self.empty_kv_cache_blocks
+            if end <= len(st.pages) * self.block_size and self._defer \
+                    and end <= self.max_model_len:
+                # The last page fills up in slots that exist.  Registering it can wait
+                # until something could look it up or free it (_flush), or until this
+                # request's next native call, which then carries the tokens.
+                self._dirty[request.request_id] = (st, request, min(end, request.num_tokens))
+                return self.empty_kv_cache_blocks
+        return self._allocate(request, st, num_new_tokens, num_new_computed_tokens,
+                              new_computed_blocks, num_lookahead_tokens,
+                              num_external_computed_tokens, delay_cache_blocks,
+                              num_encoder_tokens, full_sequence_must_fit, reserved_blocks)
+
+    def _allocate(self, request, st: _Req | None, num_new_tokens, num_new_computed_tokens,
+                  new_computed_blocks, num_lookahead_tokens, num_external_computed_tokens,
+                  delay_cache_blocks, num_encoder_tokens, full_sequence_must_fit,
+                  reserved_blocks) -> KVCacheBlocks | None:
+        """``allocate_slots`` when a native call is needed."""
         if num_new_tokens == 0 and num_external_computed_tokens == 0:
             raise ValueError("num_new_tokens must be greater than 0 when there are no "
                              "external computed tokens")
@@ -413,7 +474,6 @@ class KvshareKVCacheManager:
                 "kvshare_vllm: KV connectors' external tokens, delayed caching and encoder "
                 "(cross-attention) blocks are not supported")
         rid = request.request_id
-        st = self._reqs.get(rid)
         total_computed = min(request.num_computed_tokens + num_new_computed_tokens,
                              self.max_model_len)
         main = total_computed + num_new_tokens
@@ -422,6 +482,8 @@ class KvshareKVCacheManager:
         bs = self.block_size
 
         if st is None:
+            if self._dirty:
+                self._flush()  # kvs_seq_begin matches: pages that filled must be findable
             hits = [b.block_id for b in new_computed_blocks.blocks[0]] \
                 if new_computed_blocks is not None and new_computed_blocks.blocks[0] else []
             if len(hits) * bs != num_new_computed_tokens:
@@ -437,7 +499,7 @@ class KvshareKVCacheManager:
                     min(request.num_tokens, self.max_model_len) if full_sequence_must_fit else None,
                     reserved_blocks):
                 return None
-            toks = self._tokens(request)
+            toks = self._tokens(request, known)
             extra = self._pending[2] if self._pending is not None and \
                 self._pending[0] == rid else self._extra_for(request)
             seq = next(self._seq_ids)
@@ -466,7 +528,10 @@ class KvshareKVCacheManager:
                 if rc:  # the gate checked room; anything else is a bug
                     kvshare.check(rc, "kvs_seq_append")
             new = self._read_pages(st, 0)[len(hits):]
+            st.settle(bs)
         else:
+            if self._dirty:
+                self._dirty.pop(rid, None)  # this append carries the tokens
             old = st.n
             add = known - old
             if add < 0:
@@ -480,10 +545,10 @@ class KvshareKVCacheManager:
                     reserved_blocks):
                 return None
             if add == 1:
-                self._tok1[0] = request.all_token_ids[old]
-                ptr = self._tok1_ptr
+                self._tok1[0] = _token_ids(request)[old]
+                ptr = self._tok1
             elif add:
-                ptr = ffi.from_buffer("int32_t[]", array("i", request.all_token_ids[old:known]))
+                ptr = ffi.from_buffer("int32_t[]", _pack(_token_ids(request)[old:known]))
             else:
                 ptr = ffi.NULL
             rc = lib.kvs_seq_append(self._h, st.seq, ptr, add, lookahead, self._copies, 1,
@@ -499,6 +564,7 @@ class KvshareKVCacheManager:
                 new = self._read_pages(st, 0)
             else:
                 new = ()
+            st.settle(bs)
         if self.enable_kv_cache_events:
             self._drain_events(st, request)
         if not new:
@@ -514,6 +580,10 @@ class KvshareKVCacheManager:
             self._pending = None
         if st is None:
             return
+        if self._dirty:
+            d = self._dirty.pop(request.request_id, None)
+            if d is not None:  # a filled page is cached at free, as in vLLM
+                self._append_known(*d)
         rc = lib.kvs_seq_free(self._h, st.seq)
         if rc:
             kvshare.check(rc, "kvs_seq_free")
@@ -530,6 +600,7 @@ class KvshareKVCacheManager:
             return
         logger.warning("kvshare_vllm: evict_blocks(%d blocks) clears the whole prefix index",
                        len(block_ids))
+        self._flush()
         kvshare.check(lib.kvs_prefix_clear(self._h), "kvs_prefix_clear")
         if self.enable_kv_cache_events:
             self._drain_events(None, None)
@@ -539,6 +610,7 @@ class KvshareKVCacheManager:
             logger.warning("Failed to reset prefix cache because some blocks (%d) are not "
                            "freed yet", sum(len(st.pages) for st in self._reqs.values()))
             return False
+        self._flush()
         kvshare.check(lib.kvs_prefix_clear(self._h), "kvs_prefix_clear")
         if self.enable_kv_cache_events:
             self._drain_events(None, None)
@@ -559,12 +631,12 @@ class KvshareKVCacheManager:
             return [0]
         if len(self._reqs) == 1:
             return [len(st.pages)]
-        n = 0
+        # The common prefix of all block tables is the common prefix of the lexicographically
+        # smallest and largest ones (list comparison runs in C).
         lists = [o.pages for o in self._reqs.values()]
-        k = len(lists)
-        for col in zip(*lists):  # stops at the shortest list, like a missing holder
-            if col[0] != st.pages[n] or col.count(col[0]) != k:
-                break
+        lo, hi = min(lists), max(lists)
+        n, m = 0, min(len(lo), len(hi))
+        while n < m and lo[n] == hi[n]:
             n += 1
         return [n]
 
@@ -592,12 +664,22 @@ class KvshareKVCacheManager:
         st = self._reqs.get(request.request_id)
         if st is None:
             return
+        if self._dirty:
+            d = self._dirty.pop(request.request_id, None)
+            if d is not None:
+                self._append_known(*d)
         target = min(num_computed_tokens, request.num_tokens)
         if target <= st.n:
             return
-        toks = array("i", request.all_token_ids[st.n:target])
-        rc = lib.kvs_seq_append(self._h, st.seq, ffi.from_buffer("int32_t[]", toks), len(toks),
-                                0, self._copies, 1, self._n1)
+        self._append_known(st, request, target)
+        if self.enable_kv_cache_events:
+            self._drain_events(st, request)
+
+    def _append_known(self, st: _Req, request, target: int) -> None:
+        """Appends the request's tokens ``st.n:target`` (no lookahead): full pages register."""
+        toks = _pack(_token_ids(request)[st.n:target])
+        rc = lib.kvs_seq_append(self._h, st.seq, ffi.from_buffer("int32_t[]", toks),
+                                target - st.n, 0, self._copies, 1, self._n1)
         if rc:
             kvshare.check(rc, "kvs_seq_append")
         st.n = target
@@ -605,8 +687,17 @@ class KvshareKVCacheManager:
             new = self._read_pages(st, 0)
             if self._track_new:
                 self._new_block_ids.extend(new)
-        if self.enable_kv_cache_events:
-            self._drain_events(st, request)
+        st.settle(self.block_size)
+
+    def _flush(self) -> None:
+        """Hands kvshare the tokens of pages that filled up in steps that made no native call
+        (``allocate_slots``), registering those pages.  Runs before anything could look them
+        up (a prefix match, a sequence begin), free them or clear the index, so hits, evictions
+        and block counts are what immediate registration would give."""
+        dirty, self._dirty = self._dirty, {}
+        for st, request, target in dirty.values():
+            if target > st.n:
+                self._append_known(st, request, target)
 
     def create_kv_cache_blocks(self, blocks) -> KVCacheBlocks:
         return KVCacheBlocks(blocks) if any(blocks) else self.empty_kv_cache_blocks
@@ -620,8 +711,9 @@ class KvshareKVCacheManager:
 
     # ------------------------------------------------------------------ extras
     def check(self) -> None:
-        """kvshare's full invariant check (tests)."""
+        """kvshare's full invariant check (tests); registrations still waiting stay waiting."""
         self.cache.check()
 
     def kvshare_stats(self) -> dict[str, int]:
+        self._flush()
         return self.cache.stats()

@@ -8,6 +8,13 @@ once the package is installed is *off*: ``KVSHARE_VLLM=1`` turns it on; vLLM's o
 
 Configurations kvshare does not manage (several KV-cache groups, sliding window, Mamba,
 cross-attention, context parallelism) fall back to vLLM's own manager, with a log line.
+
+When kvshare manages the cache, vLLM's per-request block hasher (``Request.block_hashes``,
+SHA-256 over every full block, recomputed as tokens arrive) has no reader left: kvshare
+hashes tokens natively inside its own calls.  ``EngineCore.preprocess_add_request`` is
+wrapped to drop the engine's ``request_block_hasher`` the first time a request arrives at an
+engine whose scheduler holds a kvshare manager and no KV connector (connectors read
+``block_hashes``).  ``KVSHARE_VLLM_BLOCK_HASHES=1`` keeps the hasher.
 """
 
 from __future__ import annotations
@@ -18,6 +25,8 @@ import os
 logger = logging.getLogger("kvshare_vllm")
 
 ENV = "KVSHARE_VLLM"
+KEEP_HASHES_ENV = "KVSHARE_VLLM_BLOCK_HASHES"
+ENGINE_MODULE = "vllm.v1.engine.core"
 # Modules that imported vLLM's KVCacheManager by name and build it (rebinding them is the swap).
 TARGET_MODULES = ("vllm.v1.core.sched.scheduler",)
 _ORIGINAL_ATTR = "_kvshare_original_KVCacheManager"
@@ -53,8 +62,45 @@ def make_kv_cache_manager_factory(original):
     return KVCacheManagerSelector
 
 
+def drop_block_hasher(engine_core) -> bool:
+    """Removes ``engine_core.request_block_hasher`` when nothing reads the block hashes it
+    computes: the scheduler's KV cache manager is kvshare's and there is no KV connector.
+    Returns whether it did.  Requests built afterwards carry no ``block_hashes``."""
+    from .manager import KvshareKVCacheManager
+
+    if getattr(engine_core, "request_block_hasher", None) is None:
+        return False
+    if os.environ.get(KEEP_HASHES_ENV, "0").strip().lower() in ("1", "true", "yes", "on"):
+        return False
+    sched = getattr(engine_core, "scheduler", None)
+    if not isinstance(getattr(sched, "kv_cache_manager", None), KvshareKVCacheManager):
+        return False
+    get_connector = getattr(sched, "get_kv_connector", None)
+    if get_connector is None or get_connector() is not None:
+        return False
+    engine_core.request_block_hasher = None
+    logger.info("kvshare_vllm: vLLM's request block hasher is off (kvshare hashes natively)")
+    return True
+
+
+def _wrap_preprocess(original):
+    def preprocess_add_request(self, request):
+        if getattr(self, "request_block_hasher", None) is not None \
+                and not getattr(self, "_kvshare_hasher_checked", False):
+            self._kvshare_hasher_checked = True
+            drop_block_hasher(self)
+        return original(self, request)
+
+    preprocess_add_request._kvshare_wrap = True
+    preprocess_add_request.__wrapped__ = original
+    preprocess_add_request.__doc__ = original.__doc__
+    return preprocess_add_request
+
+
 def apply() -> None:
-    """Rebinds ``KVCacheManager`` in the scheduler module(s) (idempotent)."""
+    """Rebinds ``KVCacheManager`` in the scheduler module(s) and wraps
+    ``EngineCore.preprocess_add_request`` (idempotent).  The wrap is a method looked up per
+    call, so it takes effect even when the plugins are loaded inside ``EngineCore.__init__``."""
     import importlib
 
     for name in TARGET_MODULES:
@@ -64,6 +110,9 @@ def apply() -> None:
         original = mod.KVCacheManager
         setattr(mod, _ORIGINAL_ATTR, original)
         mod.KVCacheManager = make_kv_cache_manager_factory(original)
+    core = importlib.import_module(ENGINE_MODULE).EngineCore
+    if not getattr(core.preprocess_add_request, "_kvshare_wrap", False):
+        core.preprocess_add_request = _wrap_preprocess(core.preprocess_add_request)
 
 
 def remove() -> None:
@@ -75,6 +124,9 @@ def remove() -> None:
         if hasattr(mod, _ORIGINAL_ATTR):
             mod.KVCacheManager = getattr(mod, _ORIGINAL_ATTR)
             delattr(mod, _ORIGINAL_ATTR)
+    core = importlib.import_module(ENGINE_MODULE).EngineCore
+    if getattr(core.preprocess_add_request, "_kvshare_wrap", False):
+        core.preprocess_add_request = core.preprocess_add_request.__wrapped__
 
 
 def register() -> None:

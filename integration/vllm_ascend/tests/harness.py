@@ -23,10 +23,10 @@ EOS = 2
 _hash_init = False
 
 
-def make_scheduler(model_dir: str, *, kvshare: bool, num_blocks: int = 1000, block_size: int = 16,
-                   max_num_seqs: int = 16, max_num_batched_tokens: int = 8192,
-                   max_model_len: int | None = None, enable_prefix_caching: bool = True,
-                   kv_events: bool = False, async_scheduling: bool = False) -> Scheduler:
+def make_vllm_config(model_dir: str, *, block_size: int = 16, max_num_seqs: int = 16,
+                     max_num_batched_tokens: int = 8192, max_model_len: int | None = None,
+                     enable_prefix_caching: bool = True, kv_events: bool = False,
+                     async_scheduling: bool = False) -> VllmConfig:
     model_config = ModelConfig(model=model_dir, dtype="float16", seed=42,
                                skip_tokenizer_init=True, max_model_len=max_model_len or 8192)
     scheduler_config = SchedulerConfig(
@@ -42,6 +42,19 @@ def make_scheduler(model_dir: str, *, kvshare: bool, num_blocks: int = 1000, blo
     vllm_config = VllmConfig(scheduler_config=scheduler_config, model_config=model_config,
                              cache_config=cache_config, kv_events_config=kv_events_config,
                              device_config=DeviceConfig(device="cpu"))
+    return vllm_config
+
+
+def make_scheduler(model_dir: str, *, kvshare: bool, num_blocks: int = 1000, block_size: int = 16,
+                   max_num_seqs: int = 16, max_num_batched_tokens: int = 8192,
+                   max_model_len: int | None = None, enable_prefix_caching: bool = True,
+                   kv_events: bool = False, async_scheduling: bool = False) -> Scheduler:
+    vllm_config = make_vllm_config(
+        model_dir, block_size=block_size, max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
+        enable_prefix_caching=enable_prefix_caching, kv_events=kv_events,
+        async_scheduling=async_scheduling)
+    cache_config = vllm_config.cache_config
     kv_cache_config = KVCacheConfig(
         num_blocks=num_blocks, kv_cache_tensors=[],
         kv_cache_groups=[KVCacheGroupSpec(["layer"], FullAttentionSpec(
@@ -63,7 +76,10 @@ def make_scheduler(model_dir: str, *, kvshare: bool, num_blocks: int = 1000, blo
 
 
 def make_request(req_id: str, prompt: list[int], max_tokens: int = 16, block_size: int = 16,
-                 cache_salt: str | None = None, lora_request=None, block_hasher=None) -> Request:
+                 cache_salt: str | None = None, lora_request=None, block_hasher=None,
+                 hash_blocks: bool = True) -> Request:
+    """A request as EngineCore builds it; ``hash_blocks=False`` is what the plugin's engine
+    does when kvshare manages the cache (no vLLM block hasher)."""
     global _hash_init
     if not _hash_init:
         init_none_hash(sha256)
@@ -73,7 +89,8 @@ def make_request(req_id: str, prompt: list[int], max_tokens: int = 16, block_siz
     return Request(request_id=req_id, prompt_token_ids=list(prompt), sampling_params=sp,
                    pooling_params=None, mm_features=None, cache_salt=cache_salt,
                    lora_request=lora_request,
-                   block_hasher=block_hasher or get_request_block_hasher(block_size, sha256))
+                   block_hasher=None if not hash_blocks else
+                   block_hasher or get_request_block_hasher(block_size, sha256))
 
 
 def token_for(req_id: str, pos: int) -> int:

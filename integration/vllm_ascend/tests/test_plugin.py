@@ -70,3 +70,107 @@ def test_unsupported_config_falls_back(tiny_model_dir):
                                                   dtype=torch.float32, sliding_window=32))])
     m = sel(kv_cache_config=cfg, max_model_len=256, scheduler_block_size=16, hash_block_size=16)
     assert type(m) is KVCacheManager
+
+
+class _NoModelExecutor:
+    """Just enough of vLLM's Executor for the real ``EngineCore.__init__`` (no model, no
+    workers): one full-attention layer and room for a fixed number of blocks."""
+
+    BLOCKS = 64
+
+    def __init__(self, vllm_config):
+        self.vllm_config = vllm_config
+
+    def _spec(self):
+        import torch
+        from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+        return FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=1, dtype=torch.float32)
+
+    def register_failure_callback(self, callback):
+        pass
+
+    def get_kv_cache_specs(self):
+        return [{"layer": self._spec()}]
+
+    def determine_available_memory(self):
+        return [self._spec().page_size_bytes * self.BLOCKS]
+
+    def initialize_from_config(self, kv_cache_configs):
+        pass
+
+    def collective_rpc(self, *args, **kwargs):
+        return []
+
+    def shutdown(self):
+        pass
+
+    max_concurrent_batches = 1
+
+
+def _engine_core(tiny_model_dir, kvshare: bool, **kw):
+    import harness as h
+    from vllm.v1.engine.core import EngineCore
+
+    from kvshare_vllm import plugin
+
+    if kvshare:
+        plugin.apply()
+    try:
+        return EngineCore(h.make_vllm_config(tiny_model_dir, max_model_len=512, **kw),
+                          _NoModelExecutor,
+                          log_stats=False)
+    finally:
+        if kvshare:
+            plugin.remove()
+
+
+def _engine_request(rid: str, prompt: list[int]):
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.engine import EngineCoreRequest
+
+    return EngineCoreRequest(request_id=rid, prompt_token_ids=prompt, mm_features=None,
+                             sampling_params=SamplingParams(max_tokens=4), pooling_params=None,
+                             arrival_time=0.0, lora_request=None, cache_salt=None,
+                             data_parallel_rank=None)
+
+
+@pytest.mark.parametrize("kvshare", [True, False])
+def test_engine_core_drops_the_block_hasher_only_for_kvshare(tiny_model_dir, kvshare,
+                                                              monkeypatch):
+    """The real EngineCore.__init__ (model executor faked): with kvshare managing the cache,
+    requests arrive without vLLM's block hashes; with vLLM's manager they keep them."""
+    from kvshare_vllm.manager import KvshareKVCacheManager
+
+    monkeypatch.delenv("KVSHARE_VLLM_BLOCK_HASHES", raising=False)
+    core = _engine_core(tiny_model_dir, kvshare)
+    try:
+        assert isinstance(core.scheduler.kv_cache_manager, KvshareKVCacheManager) is kvshare
+        assert core.request_block_hasher is not None  # built by __init__ either way
+        from kvshare_vllm import plugin
+
+        plugin.apply()  # the wrap is looked up per call: loading after __init__ is enough
+        try:
+            req, _ = core.preprocess_add_request(_engine_request("r", list(range(3, 40))))
+        finally:
+            plugin.remove()
+        assert (core.request_block_hasher is None) is kvshare
+        assert (req.block_hashes == []) is kvshare
+        assert len(req.block_hashes) == (0 if kvshare else 2)
+        core.add_request(req)
+        out = core.scheduler.schedule()
+        assert out.num_scheduled_tokens == {"r": 37}
+    finally:
+        core.shutdown()
+
+
+def test_block_hasher_kept_on_request(tiny_model_dir, monkeypatch):
+    from kvshare_vllm import plugin
+
+    monkeypatch.setenv("KVSHARE_VLLM_BLOCK_HASHES", "1")
+    core = _engine_core(tiny_model_dir, True)
+    try:
+        assert plugin.drop_block_hasher(core) is False
+        assert core.request_block_hasher is not None
+    finally:
+        core.shutdown()

@@ -30,8 +30,10 @@ class Pair:
         self.finished: dict[str, list[int]] = {}
 
     def add(self, rid, prompt, max_tokens=8, **kw):
-        for reqs, s in ((self.reqs_ref, self.ref), (self.reqs_kvs, self.kvs)):
-            r = h.make_request(rid, prompt, max_tokens=max_tokens, block_size=self.block_size, **kw)
+        for reqs, s, hashes in ((self.reqs_ref, self.ref, True), (self.reqs_kvs, self.kvs, False)):
+            # kvshare's side without vLLM's block hasher, as the plugin runs the engine
+            r = h.make_request(rid, prompt, max_tokens=max_tokens, block_size=self.block_size,
+                               hash_blocks=hashes, **kw)
             reqs[rid] = r
             s.add_request(r)
 
@@ -158,7 +160,8 @@ class Single:
         self.kvshare = kvshare
 
     def add(self, rid, prompt, max_tokens=8, **kw):
-        r = h.make_request(rid, prompt, max_tokens=max_tokens, block_size=self.block_size, **kw)
+        r = h.make_request(rid, prompt, max_tokens=max_tokens, block_size=self.block_size,
+                           hash_blocks=not self.kvshare, **kw)
         self.reqs[rid] = r
         self.s.add_request(r)
 
@@ -279,6 +282,42 @@ def test_reset_prefix_cache(tiny_model_dir):
     pair.add("c", prompt)
     o1, o2 = pair.step()
     assert o2.scheduled_new_reqs[0].num_computed_tokens == 0  # no hit after it
+    pair.run_until_idle()
+
+
+def _start_a(pair: Pair, steps: int) -> list[int]:
+    """Request ``a`` (a 20-token prompt, then one token per step) after ``steps`` steps; returns
+    its first 32 tokens (two pages).  Step 13 fills its second page (token 31's KV): kvshare
+    gets no native call for that step, the page's registration waits."""
+    pair.add("a", list(range(1000, 1020)), max_tokens=30)
+    for _ in range(steps):
+        pair.step()
+    prefix = list(pair.reqs_ref["a"].all_token_ids)[:32]
+    assert prefix == list(pair.reqs_kvs["a"].all_token_ids)[:32] and len(prefix) == 32
+    return prefix
+
+
+def test_page_filled_without_a_call_is_found_by_a_match_in_the_same_step(tiny_model_dir):
+    """vLLM's manager caches the block during allocate_slots, so a request scheduled later in
+    the same step hits it; kvshare registers the waiting page before that lookup."""
+    pair = Pair(tiny_model_dir, num_blocks=300)
+    prefix = _start_a(pair, 12)
+    pair.add("b", prefix + list(range(2000, 2010)))
+    o1, o2 = pair.step()  # a fills page 2, then b is matched
+    assert [r.num_computed_tokens for r in o2.scheduled_new_reqs] == [32]
+    pair.run_until_idle()
+
+
+def test_page_filled_without_a_call_is_cached_at_free(tiny_model_dir):
+    pair = Pair(tiny_model_dir, num_blocks=300)
+    prefix = _start_a(pair, 13)
+    mgr = pair.kvs.kv_cache_manager
+    assert "a" in mgr._dirty and mgr._reqs["a"].n < 32  # full, not yet registered
+    pair.abort("a")
+    assert not mgr._dirty
+    pair.add("b", prefix + list(range(2000, 2010)))
+    o1, o2 = pair.step()
+    assert [r.num_computed_tokens for r in o2.scheduled_new_reqs] == [32]
     pair.run_until_idle()
 
 
