@@ -463,9 +463,9 @@ typedef struct kvs_backend kvs_backend;
  `kvs_cache_check`, `kvs_cache_commit`, `kvs_cache_block_tables`, `kvs_cache_slot_mapping`;
  pages: `kvs_pages_alloc`, `kvs_pages_acquire`, `kvs_pages_release`, `kvs_page_get_info`;
  prefix index: `kvs_prefix_register`, `kvs_prefix_match`, `kvs_prefix_clear`; sequences:
- `kvs_seq_begin`, `kvs_seq_append`, `kvs_seq_append_batch`, `kvs_seq_fork`, `kvs_seq_free`,
- `kvs_seq_swap_out`, `kvs_seq_swap_in`, `kvs_seq_get_info`, `kvs_seq_pages`, `kvs_seq_set_priority`,
- `kvs_seq_append_need`, `kvs_seq_swap_in_need`;
+ `kvs_seq_begin`, `kvs_seq_append`, `kvs_seq_append_pages`, `kvs_seq_append_batch`,
+ `kvs_seq_fork`, `kvs_seq_free`, `kvs_seq_swap_out`, `kvs_seq_swap_in`, `kvs_seq_get_info`,
+ `kvs_seq_pages`, `kvs_seq_set_priority`, `kvs_seq_append_need`, `kvs_seq_swap_in_need`;
  queues: `kvs_cache_take_copies`, `kvs_cache_take_events`; retention: `kvs_prefix_pin`,
  `kvs_prefix_unpin`, `kvs_prefix_prefetch`.
  */
@@ -1618,6 +1618,30 @@ kvs_status kvs_seq_append(struct kvs_cache *cache,
                           struct kvs_copy *copies_out,
                           size_t copies_len,
                           size_t *num_copies_out);
+
+/*
+ `kvs_seq_append`, then the block table's tail in the same call: writes the sequence's
+ page ids from index `first_page` on to `pages_out` and their count to `*num_pages_out`.
+ With `first_page` = the page count before the call, that is the pages the append added
+ (what an engine keeping its own block table needs; saves a `kvs_seq_pages` call).
+
+ **Failure:** as `kvs_seq_append`; also `KVS_STATUS_INVALID_ARGUMENT` when `first_page`
+ lies past the table the append would leave and `KVS_STATUS_BUFFER_TOO_SMALL` when
+ `pages_len` cannot hold the tail: nothing changes, outputs untouched.
+ **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+ */
+kvs_status kvs_seq_append_pages(struct kvs_cache *cache,
+                                uint64_t seq_id,
+                                const int32_t *tokens,
+                                size_t num_tokens,
+                                size_t lookahead_slots,
+                                struct kvs_copy *copies_out,
+                                size_t copies_len,
+                                size_t *num_copies_out,
+                                size_t first_page,
+                                uint32_t *pages_out,
+                                size_t pages_len,
+                                size_t *num_pages_out);
 
 /*
  One decode step for a whole batch: appends `tokens[i]` to `seq_ids[i]`

@@ -250,7 +250,21 @@ impl Engine {
                 if let Some((id, salt)) = self.pick(seq) {
                     let t: Vec<i32> = (0..n as i32).map(|k| 2000 + k + id as i32).collect();
                     let mut copies = vec![];
-                    match self.s.append(id, &t, 0, &mut copies, 1) {
+                    let before = self.s.seq_pages(id).unwrap().len();
+                    // Odd counts go through append_pages: the same append, plus the table's
+                    // tail from the old page count, which must be exactly the pages added.
+                    let res = if n % 2 == 0 {
+                        self.s.append(id, &t, 0, &mut copies, 1)
+                    } else {
+                        self.s
+                            .append_pages(id, &t, 0, &mut copies, 1, before, usize::MAX)
+                            .map(|tail| tail.to_vec())
+                            .map(|tail| {
+                                let all = self.s.seq_pages(id).unwrap();
+                                assert_eq!(tail, all[before..], "append_pages tail");
+                            })
+                    };
+                    match res {
                         Ok(()) => {
                             self.drain();
                             self.exec(&copies);

@@ -84,9 +84,13 @@ pub struct SeqInfo {
 }
 
 fn check_room(needed: usize, capacity: usize) -> Result<()> {
+    check_room_named("copies_out", needed, capacity)
+}
+
+fn check_room_named(what: &'static str, needed: usize, capacity: usize) -> Result<()> {
     if needed > capacity {
         return Err(Error::BufferTooSmall {
-            what: "copies_out",
+            what,
             needed,
             capacity,
         });
@@ -384,6 +388,35 @@ impl State {
         self.ensure_available(Tier::Device, cap + cow, 0)?;
         self.append_unchecked(id, tokens, lookahead, copies);
         Ok(())
+    }
+
+    /// [`append`](Self::append), then the sequence's page ids from index `first_page` on (the
+    /// pages the append added when `first_page` is the page count before it). Fails before any
+    /// change when `first_page` lies past the table the append would leave, or when the tail
+    /// would not fit in `max_pages_out` (`BufferTooSmall`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn append_pages(
+        &mut self,
+        id: u64,
+        tokens: &[i32],
+        lookahead: usize,
+        copies: &mut Vec<PageCopy>,
+        max_copies: usize,
+        first_page: usize,
+        max_pages_out: usize,
+    ) -> Result<&[u32]> {
+        let s = self.device_seq(id)?;
+        let (cap, _) = self.append_need(s, tokens.len(), lookahead)?;
+        let after = s.pages.len() + cap;
+        if first_page > after {
+            return Err(Error::arg(
+                "first_page",
+                format!("{first_page} is past the {after} pages the sequence would hold"),
+            ));
+        }
+        check_room_named("pages_out", after - first_page, max_pages_out)?;
+        self.append(id, tokens, lookahead, copies, max_copies)?;
+        Ok(&self.seq(id)?.pages[first_page..])
     }
 
     /// One decode step for a batch: appends `tokens[i]` to `ids[i]`. All or nothing across the

@@ -21,9 +21,9 @@ use crate::core::{Cache, Config, DType, Error};
 /// `kvs_cache_check`, `kvs_cache_commit`, `kvs_cache_block_tables`, `kvs_cache_slot_mapping`;
 /// pages: `kvs_pages_alloc`, `kvs_pages_acquire`, `kvs_pages_release`, `kvs_page_get_info`;
 /// prefix index: `kvs_prefix_register`, `kvs_prefix_match`, `kvs_prefix_clear`; sequences:
-/// `kvs_seq_begin`, `kvs_seq_append`, `kvs_seq_append_batch`, `kvs_seq_fork`, `kvs_seq_free`,
-/// `kvs_seq_swap_out`, `kvs_seq_swap_in`, `kvs_seq_get_info`, `kvs_seq_pages`, `kvs_seq_set_priority`,
-/// `kvs_seq_append_need`, `kvs_seq_swap_in_need`;
+/// `kvs_seq_begin`, `kvs_seq_append`, `kvs_seq_append_pages`, `kvs_seq_append_batch`,
+/// `kvs_seq_fork`, `kvs_seq_free`, `kvs_seq_swap_out`, `kvs_seq_swap_in`, `kvs_seq_get_info`,
+/// `kvs_seq_pages`, `kvs_seq_set_priority`, `kvs_seq_append_need`, `kvs_seq_swap_in_need`;
 /// queues: `kvs_cache_take_copies`, `kvs_cache_take_events`; retention: `kvs_prefix_pin`,
 /// `kvs_prefix_unpin`, `kvs_prefix_prefetch`.
 pub struct kvs_cache {

@@ -134,6 +134,51 @@ impl kvs_cache {
         })
     }
 
+    /// `kvs_seq_append`, then the block table's tail in the same call: writes the sequence's
+    /// page ids from index `first_page` on to `pages_out` and their count to `*num_pages_out`.
+    /// With `first_page` = the page count before the call, that is the pages the append added
+    /// (what an engine keeping its own block table needs; saves a `kvs_seq_pages` call).
+    ///
+    /// **Failure:** as `kvs_seq_append`; also `KVS_STATUS_INVALID_ARGUMENT` when `first_page`
+    /// lies past the table the append would leave and `KVS_STATUS_BUFFER_TOO_SMALL` when
+    /// `pages_len` cannot hold the tail: nothing changes, outputs untouched.
+    /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+    #[no_mangle]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe extern "C" fn kvs_seq_append_pages(
+        cache: *mut kvs_cache,
+        seq_id: u64,
+        tokens: *const i32,
+        num_tokens: usize,
+        lookahead_slots: usize,
+        copies_out: *mut kvs_copy,
+        copies_len: usize,
+        num_copies_out: *mut usize,
+        first_page: usize,
+        pages_out: *mut u32,
+        pages_len: usize,
+        num_pages_out: *mut usize,
+    ) -> kvs_status {
+        guard(|| {
+            let t = slice(tokens, num_tokens, "tokens")?;
+            let out = slice_mut(pages_out, pages_len, "pages_out")?;
+            let n_out = try_out(num_pages_out, "num_pages_out")?;
+            with_copies(
+                cache,
+                copies_out,
+                copies_len,
+                num_copies_out,
+                |st, v, cap| {
+                    let tail =
+                        st.append_pages(seq_id, t, lookahead_slots, v, cap, first_page, out.len())?;
+                    out[..tail.len()].copy_from_slice(tail);
+                    *n_out = tail.len();
+                    Ok(())
+                },
+            )
+        })
+    }
+
     /// One decode step for a whole batch: appends `tokens[i]` to `seq_ids[i]`
     /// (`num_tokens == num_seqs`, ids distinct). All or nothing across the batch. Copy-on-write
     /// copies (at most one per sequence) go to `copies_out`, their count to `*num_copies_out`.

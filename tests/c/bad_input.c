@@ -188,6 +188,8 @@ static void null_cache(void) {
     EXPECT(kvs_seq_begin(NULL, 50, tok, 4, NULL, SIZE_MAX, &si), KVS_STATUS_NULL_ARGUMENT,
            "cache");
     EXPECT(kvs_seq_append(NULL, 1, tok, 1, 0, cp, 4, &n1), KVS_STATUS_NULL_ARGUMENT, "cache");
+    EXPECT(kvs_seq_append_pages(NULL, 1, tok, 1, 0, cp, 4, &n1, 0, pages, 4, &n2),
+           KVS_STATUS_NULL_ARGUMENT, "cache");
     EXPECT(kvs_seq_append_batch(NULL, ids, 1, tok, 1, cp, 4, &n1), KVS_STATUS_NULL_ARGUMENT,
            "cache");
     EXPECT(kvs_seq_fork(NULL, 1, 50), KVS_STATUS_NULL_ARGUMENT, "cache");
@@ -216,6 +218,10 @@ static void null_cache(void) {
            "num_copies_out");
     EXPECT(kvs_seq_append_batch(c, ids, 1, tok, 1, cp, 4, NULL), KVS_STATUS_NULL_ARGUMENT,
            "num_copies_out");
+    EXPECT(kvs_seq_append_pages(c, 1, tok, 1, 0, cp, 4, NULL, 0, pages, 4, &n2),
+           KVS_STATUS_NULL_ARGUMENT, "num_copies_out");
+    EXPECT(kvs_seq_append_pages(c, 1, tok, 1, 0, cp, 4, &n1, 0, pages, 4, NULL),
+           KVS_STATUS_NULL_ARGUMENT, "num_pages_out");
     EXPECT(kvs_seq_swap_out(c, 1, cp, 4, NULL), KVS_STATUS_NULL_ARGUMENT, "num_copies_out");
     EXPECT(kvs_seq_swap_in(c, 2, cp, 4, NULL), KVS_STATUS_NULL_ARGUMENT, "num_copies_out");
 }

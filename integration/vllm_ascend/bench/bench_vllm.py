@@ -81,8 +81,12 @@ def run(model_dir, kvshare: bool, args, seed=1):
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher
     from vllm.utils.hashing import sha256
 
+    import gc
+    from vllm.utils.gc_utils import freeze_gc_heap
+
     s = h.make_scheduler(model_dir, kvshare=kvshare, num_blocks=args.blocks,
                          max_num_seqs=args.convs, max_num_batched_tokens=4096)
+    freeze_gc_heap()  # as EngineCore.__init__ does once the engine is built
     clock, hclock = Clock(), Clock()
     instrument(s.kv_cache_manager, clock)
     base_hasher = get_request_block_hasher(16, sha256)
@@ -135,6 +139,7 @@ def run(model_dir, kvshare: bool, args, seed=1):
                                                    for _ in range(rng.randint(20, 200))]
                 if turn[c] < args.turns:
                     submit(c)
+    gc.unfreeze()
     tokens = {rid: list(r.all_token_ids) for rid, r in reqs.items()}
     who = "kvshare" if kvshare else "vllm"
     top = sorted(clock.per_method.items(), key=lambda kv: -kv[1])[:6]

@@ -55,6 +55,9 @@ def _token_ids(request) -> list[int]:
     return toks if type(toks) is list else list(request.all_token_ids)
 
 
+_SMALL = 64  # appends up to this many tokens are copied into a preallocated buffer
+
+
 def _pack(tokens: list[int]) -> bytes:
     """int32 token ids, native order: the buffer ``kvs_*`` calls read.  ``struct.pack``
     converts about 3x faster than ``array('i', list)``."""
@@ -97,14 +100,19 @@ class _Req:
     Tokens of a partly filled last page are handed to kvshare when the page fills (or when
     more pages are needed): until then nothing observable depends on them."""
 
-    __slots__ = ("seq", "pages", "n", "extra", "quiet")
+    __slots__ = ("seq", "pages", "raw", "n", "extra", "quiet")
 
     def __init__(self, seq: int, extra):
         self.seq = seq
         self.pages: list[int] = []
+        self.raw = b""  # the page ids as uint32 bytes (get_num_common_prefix_blocks)
         self.n = 0
         self.extra = extra
         self.quiet = -1
+
+    def add_pages(self, new: list[int]) -> None:
+        self.pages.extend(new)
+        self.raw += struct.pack(f"{len(new)}I", *new)
 
     def settle(self, bs: int) -> None:
         """Recomputes ``quiet`` after ``n`` or ``pages`` changed."""
@@ -265,7 +273,7 @@ class KvshareKVCacheManager:
         self._copies = ffi.new("kvs_copy[]", 1)
         self._stats_buf = ffi.new("kvs_stats *")
         self._ev_buf = ffi.new("kvs_event[]", 256)
-        self._tok1 = ffi.new("int32_t[1]")
+        self._tokbuf = ffi.new("int32_t[]", _SMALL)  # small appends (decode steps)
         self._usable = self.num_blocks - 1  # the null block is never usable
         # Requests whose last page filled up with no native call: id -> (state, request,
         # known tokens); see allocate_slots and _flush.  Off with KV events, which must
@@ -312,7 +320,7 @@ class KvshareKVCacheManager:
             kvshare.check(rc, "kvs_seq_pages")
         old = len(st.pages)
         new = ffi.unpack(self._pages_buf + old, self._n1[0] - old)
-        st.pages.extend(new)
+        st.add_pages(new)
         return new
 
     def _drain_events(self, st: _Req | None, request) -> None:
@@ -544,26 +552,20 @@ class KvshareKVCacheManager:
                     min(request.num_tokens, self.max_model_len) if full_sequence_must_fit else None,
                     reserved_blocks):
                 return None
-            if add == 1:
-                self._tok1[0] = _token_ids(request)[old]
-                ptr = self._tok1
-            elif add:
-                ptr = ffi.from_buffer("int32_t[]", _pack(_token_ids(request)[old:known]))
-            else:
-                ptr = ffi.NULL
-            rc = lib.kvs_seq_append(self._h, st.seq, ptr, add, lookahead, self._copies, 1,
-                                    self._n1)
+            rc = lib.kvs_seq_append_pages(self._h, st.seq, self._token_ptr(request, old, known),
+                                          add, lookahead, self._copies, 1, self._n1,
+                                          len(st.pages), self._pages_buf, self._max_pages,
+                                          self._n2)
             if rc == _NO_SPACE:
                 return None
             if rc:
-                kvshare.check(rc, "kvs_seq_append")
+                kvshare.check(rc, "kvs_seq_append_pages")
             st.n = old + add
             if self._n1[0]:
                 raise RuntimeError("kvshare_vllm: unexpected copy-on-write (no request forks)")
-            if _cdiv(st.n + lookahead, bs) > len(st.pages):
-                new = self._read_pages(st, 0)
-            else:
-                new = ()
+            new = ffi.unpack(self._pages_buf, self._n2[0]) if self._n2[0] else ()
+            if new:
+                st.add_pages(new)
             st.settle(bs)
         if self.enable_kv_cache_events:
             self._drain_events(st, request)
@@ -632,12 +634,20 @@ class KvshareKVCacheManager:
         if len(self._reqs) == 1:
             return [len(st.pages)]
         # The common prefix of all block tables is the common prefix of the lexicographically
-        # smallest and largest ones (list comparison runs in C).
-        lists = [o.pages for o in self._reqs.values()]
-        lo, hi = min(lists), max(lists)
-        n, m = 0, min(len(lo), len(hi))
-        while n < m and lo[n] == hi[n]:
-            n += 1
+        # smallest and largest (any lexicographic order: here their uint32 bytes, compared by
+        # memcmp); then a binary search on whole pages.
+        raws = [o.raw for o in self._reqs.values()]
+        lo, hi = min(raws), max(raws)
+        n = min(len(lo), len(hi)) // 4
+        if lo[:4 * n] != hi[:4 * n]:
+            a, b = 0, n  # lo and hi agree on a pages, not on b
+            while b - a > 1:
+                m = (a + b) // 2
+                if lo[:4 * m] == hi[:4 * m]:
+                    a = m
+                else:
+                    b = m
+            n = a
         return [n]
 
     def take_events(self) -> list[KVCacheEvent]:
@@ -675,16 +685,28 @@ class KvshareKVCacheManager:
         if self.enable_kv_cache_events:
             self._drain_events(st, request)
 
+    def _token_ptr(self, request, start: int, end: int):
+        """``int32_t *`` to the request's tokens ``start:end`` (NULL when empty)."""
+        n = end - start
+        if n <= 0:
+            return ffi.NULL
+        if n <= _SMALL:
+            buf = self._tokbuf
+            buf[0:n] = _token_ids(request)[start:end]
+            return buf
+        return ffi.from_buffer("int32_t[]", _pack(_token_ids(request)[start:end]))
+
     def _append_known(self, st: _Req, request, target: int) -> None:
         """Appends the request's tokens ``st.n:target`` (no lookahead): full pages register."""
-        toks = _pack(_token_ids(request)[st.n:target])
-        rc = lib.kvs_seq_append(self._h, st.seq, ffi.from_buffer("int32_t[]", toks),
-                                target - st.n, 0, self._copies, 1, self._n1)
+        rc = lib.kvs_seq_append_pages(self._h, st.seq, self._token_ptr(request, st.n, target),
+                                      target - st.n, 0, self._copies, 1, self._n1,
+                                      len(st.pages), self._pages_buf, self._max_pages, self._n2)
         if rc:
-            kvshare.check(rc, "kvs_seq_append")
+            kvshare.check(rc, "kvs_seq_append_pages")
         st.n = target
-        if _cdiv(target, self.block_size) > len(st.pages):
-            new = self._read_pages(st, 0)
+        if self._n2[0]:
+            new = ffi.unpack(self._pages_buf, self._n2[0])
+            st.add_pages(new)
             if self._track_new:
                 self._new_block_ids.extend(new)
         st.settle(self.block_size)

@@ -60,6 +60,11 @@ class Pair:
         nb2 = [None if b is None else [len(x) for x in b] for b in c2.new_block_ids]
         assert nb1 == nb2, f"{where}: new block counts of running requests differ"
         assert o1.preempted_req_ids == o2.preempted_req_ids, where
+        # Cascade attention's shared prefix, for every request holding blocks.
+        assert o1.num_common_prefix_blocks == o2.num_common_prefix_blocks, where
+        for r in self.ref.running:
+            assert self.ref.kv_cache_manager.get_num_common_prefix_blocks(r.request_id) == \
+                self.kvs.kv_cache_manager.get_num_common_prefix_blocks(r.request_id), where
         self.preemptions += len(o1.preempted_req_ids or ())
         assert o1.finished_req_ids == o2.finished_req_ids, where
         # Same tokens out.
