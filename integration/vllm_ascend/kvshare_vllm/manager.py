@@ -58,6 +58,21 @@ def _token_ids(request) -> list[int]:
 _SMALL = 64  # appends up to this many tokens are copied into a preallocated buffer
 
 
+def _common_pages(a: bytes, b: bytes) -> int:
+    """Leading uint32 page ids two packed block tables share (memcmp + binary search)."""
+    n = min(len(a), len(b)) // 4
+    if a[:4 * n] == b[:4 * n]:
+        return n
+    lo, hi = 0, n  # they agree on lo pages, not on hi
+    while hi - lo > 1:
+        m = (lo + hi) // 2
+        if a[:4 * m] == b[:4 * m]:
+            lo = m
+        else:
+            hi = m
+    return lo
+
+
 def _pack(tokens: list[int]) -> bytes:
     """int32 token ids, native order: the buffer ``kvs_*`` calls read.  ``struct.pack``
     converts about 3x faster than ``array('i', list)``."""
@@ -279,6 +294,9 @@ class KvshareKVCacheManager:
         # known tokens); see allocate_slots and _flush.  Off with KV events, which must
         # come out in vLLM's order.
         self._dirty: dict[str, tuple[_Req, Any, int]] = {}
+        # The block-table prefix every request shares (packed page ids), None when it must be
+        # recomputed; kept across steps (see get_num_common_prefix_blocks).
+        self._common: bytes | None = None
         self._defer = not enable_kv_cache_events
 
     # ------------------------------------------------------------------ helpers
@@ -537,6 +555,8 @@ class KvshareKVCacheManager:
                     kvshare.check(rc, "kvs_seq_append")
             new = self._read_pages(st, 0)[len(hits):]
             st.settle(bs)
+            if self._common is not None:  # a new table can only shorten the shared prefix
+                self._common = self._common[:4 * _common_pages(self._common, st.raw)]
         else:
             if self._dirty:
                 self._dirty.pop(rid, None)  # this append carries the tokens
@@ -578,6 +598,7 @@ class KvshareKVCacheManager:
 
     def free(self, request) -> None:
         st = self._reqs.pop(request.request_id, None)
+        self._common = None
         if self._pending is not None and self._pending[0] == request.request_id:
             self._pending = None
         if st is None:
@@ -636,19 +657,16 @@ class KvshareKVCacheManager:
         # The common prefix of all block tables is the common prefix of the lexicographically
         # smallest and largest (any lexicographic order: here their uint32 bytes, compared by
         # memcmp); then a binary search on whole pages.
-        raws = [o.raw for o in self._reqs.values()]
-        lo, hi = min(raws), max(raws)
-        n = min(len(lo), len(hi)) // 4
-        if lo[:4 * n] != hi[:4 * n]:
-            a, b = 0, n  # lo and hi agree on a pages, not on b
-            while b - a > 1:
-                m = (a + b) // 2
-                if lo[:4 * m] == hi[:4 * m]:
-                    a = m
-                else:
-                    b = m
-            n = a
-        return [n]
+        # Kept between calls: a new table can only shorten it and a free can lengthen it
+        # (recomputed).  A growing table cannot: its new pages are fresh, held by it alone, and
+        # the shared prefix already ends before its last page (every request computes at least
+        # its last token into a page of its own).
+        common = self._common
+        if common is None:
+            raws = [o.raw for o in self._reqs.values()]
+            lo, hi = min(raws), max(raws)
+            common = self._common = lo[:4 * _common_pages(lo, hi)]
+        return [len(common) // 4]
 
     def take_events(self) -> list[KVCacheEvent]:
         if not self.enable_kv_cache_events:

@@ -326,6 +326,29 @@ def test_page_filled_without_a_call_is_cached_at_free(tiny_model_dir):
     pair.run_until_idle()
 
 
+def test_common_prefix_follows_arrivals_and_departures(tiny_model_dir):
+    """Cascade attention's shared prefix (get_num_common_prefix_blocks, kept between steps by
+    the adapter) shrinks when a request with another prefix arrives and grows back when it
+    leaves; Pair.step compares it with vLLM's for every running request."""
+    pair = Pair(tiny_model_dir, num_blocks=300)
+    system = list(range(3000, 3048))  # 3 pages
+    pair.add("a", system + [1, 2, 3], max_tokens=40)
+    pair.add("b", system + [4, 5, 6, 7], max_tokens=40)
+    o1, o2 = pair.step()
+    pair.step()
+    o1, o2 = pair.step()
+    assert o2.num_common_prefix_blocks == [3]
+    pair.add("c", list(range(5000, 5020)), max_tokens=3)
+    o1, o2 = pair.step()
+    assert o2.num_common_prefix_blocks == [0]
+    for _ in range(4):
+        o1, o2 = pair.step()
+    assert "c" in o2.finished_req_ids or pair.reqs_kvs["c"].is_finished()
+    o1, o2 = pair.step()
+    assert o2.num_common_prefix_blocks == [3]
+    pair.run_until_idle()
+
+
 def test_salt_and_lora_isolate(tiny_model_dir):
     from vllm.lora.request import LoRARequest
 
