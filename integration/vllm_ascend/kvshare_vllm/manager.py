@@ -466,32 +466,24 @@ class KvshareKVCacheManager:
     ) -> KVCacheBlocks | None:
         st = self._reqs.get(request.request_id)
         if st is not None and num_new_tokens and not (
-                num_new_computed_tokens or num_lookahead_tokens or full_sequence_must_fit
-                or reserved_blocks or num_external_computed_tokens or delay_cache_blocks
+                num_new_computed_tokens or num_external_computed_tokens or delay_cache_blocks
                 or num_encoder_tokens):
-            # A running request's plain step (decode, or the next chunk of a prefill).
+            # A running request's step (decode, or the next chunk of a prefill).
             end = request.num_computed_tokens + num_new_tokens
-            if end <= st.quiet:
-                # Most decode steps: the slots exist and no page fills up, so there is
-                # nothing to tell kvshare yet (the tokens go with a later call).
-                return self.empty_kv_cache_blocks
-            if end <= len(st.pages) * self.block_size and self._defer \
-                    and end <= self.max_model_len:
-                # The last page fills up in slots that exist.  Registering it can wait
-                # until something could look it up or free it (_flush), or until this
-                # request's next native call, which then carries the tokens.
-                self._dirty[request.request_id] = (st, request, min(end, request.num_tokens))
-                return self.empty_kv_cache_blocks
-        return self._allocate(request, st, num_new_tokens, num_new_computed_tokens,
-                              new_computed_blocks, num_lookahead_tokens,
-                              num_external_computed_tokens, delay_cache_blocks,
-                              num_encoder_tokens, full_sequence_must_fit, reserved_blocks)
-
-    def _allocate(self, request, st: _Req | None, num_new_tokens, num_new_computed_tokens,
-                  new_computed_blocks, num_lookahead_tokens, num_external_computed_tokens,
-                  delay_cache_blocks, num_encoder_tokens, full_sequence_must_fit,
-                  reserved_blocks) -> KVCacheBlocks | None:
-        """``allocate_slots`` when a native call is needed."""
+            if not (num_lookahead_tokens or full_sequence_must_fit or reserved_blocks):
+                if end <= st.quiet:
+                    # Most decode steps: the slots exist and no page fills up, so there is
+                    # nothing to tell kvshare yet (the tokens go with a later call).
+                    return self.empty_kv_cache_blocks
+                if end <= len(st.pages) * self.block_size and self._defer \
+                        and end <= self.max_model_len:
+                    # The last page fills up in slots that exist.  Registering it can wait
+                    # until something could look it up or free it (_flush), or until this
+                    # request's next native call, which then carries the tokens.
+                    self._dirty[request.request_id] = (st, request, min(end, request.num_tokens))
+                    return self.empty_kv_cache_blocks
+            return self._extend(request, st, end, num_lookahead_tokens, full_sequence_must_fit,
+                                reserved_blocks)
         if num_new_tokens == 0 and num_external_computed_tokens == 0:
             raise ValueError("num_new_tokens must be greater than 0 when there are no "
                              "external computed tokens")
@@ -499,94 +491,116 @@ class KvshareKVCacheManager:
             raise NotImplementedError(
                 "kvshare_vllm: KV connectors' external tokens, delayed caching and encoder "
                 "(cross-attention) blocks are not supported")
+        if st is not None:  # not from vLLM 0.23's scheduler; handled as its manager would
+            main = min(request.num_computed_tokens + num_new_computed_tokens,
+                       self.max_model_len) + num_new_tokens
+            return self._extend(request, st, main, num_lookahead_tokens, full_sequence_must_fit,
+                                reserved_blocks)
+        return self._begin(request, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
+                           num_lookahead_tokens, full_sequence_must_fit, reserved_blocks)
+
+    def _begin(self, request, num_new_tokens: int, num_new_computed_tokens: int,
+               new_computed_blocks, num_lookahead_tokens: int, full_sequence_must_fit: bool,
+               reserved_blocks: int) -> KVCacheBlocks | None:
+        """``allocate_slots`` of a request that has no sequence yet: ``kvs_seq_begin``."""
         rid = request.request_id
+        bs = self.block_size
         total_computed = min(request.num_computed_tokens + num_new_computed_tokens,
                              self.max_model_len)
         main = total_computed + num_new_tokens
         need_slot = min(main + num_lookahead_tokens, self.max_model_len)
         known = min(main, request.num_tokens)  # drafts/placeholders are not tokens yet
-        bs = self.block_size
+        if self._dirty:
+            self._flush()  # kvs_seq_begin matches: pages that filled must be findable
+        hits = [b.block_id for b in new_computed_blocks.blocks[0]] \
+            if new_computed_blocks is not None and new_computed_blocks.blocks[0] else []
+        if len(hits) * bs != num_new_computed_tokens:
+            raise ValueError("num_new_computed_tokens does not match new_computed_blocks")
+        lookahead = max(need_slot - known, 0)
+        # kvs_seq_begin's own NO_SPACE is vLLM's check for `known` tokens; the gate adds what
+        # it cannot see: lookahead slots, reserved blocks, and a full sequence longer than this
+        # chunk (otherwise implied).
+        full_longer = full_sequence_must_fit and _cdiv(
+            min(request.num_tokens, self.max_model_len), bs) > _cdiv(need_slot, bs)
+        if (full_longer or reserved_blocks or lookahead) and not self._gate(
+                None, hits, need_slot,
+                min(request.num_tokens, self.max_model_len) if full_sequence_must_fit else None,
+                reserved_blocks):
+            return None
+        toks = self._tokens(request, known)
+        extra = self._pending[2] if self._pending is not None and \
+            self._pending[0] == rid else self._extra_for(request)
+        seq = next(self._seq_ids)
+        rc = lib.kvs_seq_begin(self._h, seq,
+                               ffi.from_buffer("int32_t[]", toks) if known else ffi.NULL,
+                               known, extra.ptr if extra else ffi.NULL,
+                               num_new_computed_tokens, self._info)
+        if rc == _NO_SPACE:
+            return None
+        if rc:
+            kvshare.check(rc, "kvs_seq_begin")
+        self._pending = None
+        st = _Req(seq, extra)
+        st.n = known
+        self._reqs[rid] = st
+        if self._info.matched_tokens != num_new_computed_tokens:
+            lib.kvs_seq_free(self._h, seq)
+            del self._reqs[rid]
+            raise RuntimeError(
+                f"kvshare_vllm: request {rid}: {num_new_computed_tokens} tokens were found "
+                f"cached by get_computed_blocks but only {self._info.matched_tokens} at "
+                "allocation (pages evicted in between)")
+        if lookahead:
+            rc = lib.kvs_seq_append(self._h, seq, ffi.NULL, 0, lookahead, self._copies, 1,
+                                    self._n1)
+            if rc:  # the gate checked room; anything else is a bug
+                kvshare.check(rc, "kvs_seq_append")
+        new = self._read_pages(st, 0)[len(hits):]
+        st.settle(bs)
+        if self._common is not None:  # a new table can only shorten the shared prefix
+            self._common = self._common[:4 * _common_pages(self._common, st.raw)]
+        return self._new_blocks(st, request, new)
 
-        if st is None:
-            if self._dirty:
-                self._flush()  # kvs_seq_begin matches: pages that filled must be findable
-            hits = [b.block_id for b in new_computed_blocks.blocks[0]] \
-                if new_computed_blocks is not None and new_computed_blocks.blocks[0] else []
-            if len(hits) * bs != num_new_computed_tokens:
-                raise ValueError("num_new_computed_tokens does not match new_computed_blocks")
-            lookahead = max(need_slot - known, 0)
-            # kvs_seq_begin's own NO_SPACE is vLLM's check for `known` tokens; the gate adds
-            # what it cannot see: lookahead slots, reserved blocks, and a full sequence longer
-            # than this chunk (otherwise implied).
-            full_longer = full_sequence_must_fit and _cdiv(
-                min(request.num_tokens, self.max_model_len), bs) > _cdiv(need_slot, bs)
-            if (full_longer or reserved_blocks or lookahead) and not self._gate(
-                    None, hits, need_slot,
-                    min(request.num_tokens, self.max_model_len) if full_sequence_must_fit else None,
+    def _extend(self, request, st: _Req, main: int, num_lookahead_tokens: int,
+                full_sequence_must_fit: bool, reserved_blocks: int) -> KVCacheBlocks | None:
+        """``allocate_slots`` of a running request needing kvshare: ``main`` tokens computed
+        after this step, plus lookahead slots; one ``kvs_seq_append_pages``."""
+        need_slot = main + num_lookahead_tokens
+        if need_slot > self.max_model_len:
+            need_slot = self.max_model_len
+        ntok = request.num_tokens
+        known = main if main < ntok else ntok  # drafts/placeholders are not tokens yet
+        old = st.n
+        add = known - old if known > old else 0
+        lookahead = need_slot - old - add if need_slot > old + add else 0
+        if full_sequence_must_fit or reserved_blocks:
+            bs = self.block_size
+            full = min(ntok, self.max_model_len)
+            if (reserved_blocks or _cdiv(full, bs) > _cdiv(need_slot, bs)) and not self._gate(
+                    st, [], need_slot, full if full_sequence_must_fit else None,
                     reserved_blocks):
                 return None
-            toks = self._tokens(request, known)
-            extra = self._pending[2] if self._pending is not None and \
-                self._pending[0] == rid else self._extra_for(request)
-            seq = next(self._seq_ids)
-            rc = lib.kvs_seq_begin(self._h, seq,
-                                   ffi.from_buffer("int32_t[]", toks) if known else ffi.NULL,
-                                   known, extra.ptr if extra else ffi.NULL,
-                                   num_new_computed_tokens, self._info)
+        if self._dirty:
+            self._dirty.pop(request.request_id, None)  # this append carries the tokens
+        rc = lib.kvs_seq_append_pages(self._h, st.seq, self._token_ptr(request, old, known),
+                                      add, lookahead, self._copies, 1, self._n1, len(st.pages),
+                                      self._pages_buf, self._max_pages, self._n2)
+        if rc:
             if rc == _NO_SPACE:
                 return None
-            if rc:
-                kvshare.check(rc, "kvs_seq_begin")
-            self._pending = None
-            st = _Req(seq, extra)
-            st.n = known
-            self._reqs[rid] = st
-            if self._info.matched_tokens != num_new_computed_tokens:
-                lib.kvs_seq_free(self._h, seq)
-                del self._reqs[rid]
-                raise RuntimeError(
-                    f"kvshare_vllm: request {rid}: {num_new_computed_tokens} tokens were found "
-                    f"cached by get_computed_blocks but only {self._info.matched_tokens} at "
-                    "allocation (pages evicted in between)")
-            if lookahead:
-                rc = lib.kvs_seq_append(self._h, seq, ffi.NULL, 0, lookahead, self._copies, 1,
-                                        self._n1)
-                if rc:  # the gate checked room; anything else is a bug
-                    kvshare.check(rc, "kvs_seq_append")
-            new = self._read_pages(st, 0)[len(hits):]
-            st.settle(bs)
-            if self._common is not None:  # a new table can only shorten the shared prefix
-                self._common = self._common[:4 * _common_pages(self._common, st.raw)]
-        else:
-            if self._dirty:
-                self._dirty.pop(rid, None)  # this append carries the tokens
-            old = st.n
-            add = known - old
-            if add < 0:
-                add = 0
-            lookahead = max(need_slot - old - add, 0)
-            full_longer = full_sequence_must_fit and _cdiv(
-                min(request.num_tokens, self.max_model_len), bs) > _cdiv(need_slot, bs)
-            if (full_longer or reserved_blocks) and not self._gate(
-                    st, [], need_slot,
-                    min(request.num_tokens, self.max_model_len) if full_sequence_must_fit else None,
-                    reserved_blocks):
-                return None
-            rc = lib.kvs_seq_append_pages(self._h, st.seq, self._token_ptr(request, old, known),
-                                          add, lookahead, self._copies, 1, self._n1,
-                                          len(st.pages), self._pages_buf, self._max_pages,
-                                          self._n2)
-            if rc == _NO_SPACE:
-                return None
-            if rc:
-                kvshare.check(rc, "kvs_seq_append_pages")
-            st.n = old + add
-            if self._n1[0]:
-                raise RuntimeError("kvshare_vllm: unexpected copy-on-write (no request forks)")
-            new = ffi.unpack(self._pages_buf, self._n2[0]) if self._n2[0] else ()
-            if new:
-                st.add_pages(new)
-            st.settle(bs)
+            kvshare.check(rc, "kvs_seq_append_pages")
+        st.n = old + add
+        if self._n1[0]:
+            raise RuntimeError("kvshare_vllm: unexpected copy-on-write (no request forks)")
+        k = self._n2[0]
+        new = ffi.unpack(self._pages_buf, k) if k else ()
+        if k:
+            st.add_pages(new)
+        st.settle(self.block_size)
+        return self._new_blocks(st, request, new)
+
+    def _new_blocks(self, st: _Req, request, new) -> KVCacheBlocks:
+        """What ``allocate_slots`` returns: the blocks added (and events, zeroing ids)."""
         if self.enable_kv_cache_events:
             self._drain_events(st, request)
         if not new:
