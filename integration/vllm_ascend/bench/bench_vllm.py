@@ -10,7 +10,9 @@ plugin switches off when kvshare manages the cache (kvshare hashes inside its ow
 the kvshare side runs its requests without it, as the engine does.
 
 Reported: ``speedup`` = (vLLM manager + hasher) / (kvshare manager + hasher, i.e. none), and
-``speedup_manager_only``, the managers' methods alone.
+``speedup_manager_only``, the managers' methods alone: medians over ``--repeats`` pairs of runs
+(vLLM and kvshare back to back, order alternating), each pair's ratio taken in the same
+seconds.  Per-side microseconds per step are medians too.
 
 Usage: bench_vllm.py [--quick] [--convs N] [--turns T] [--repeats R]
 """
@@ -21,6 +23,7 @@ import argparse
 import json
 import os
 import random
+import statistics
 import sys
 import tempfile
 import time
@@ -157,7 +160,7 @@ def main():
     ap.add_argument("--system", type=int, default=512)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--blocks", type=int, default=4096)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
     if args.quick:
         args.convs, args.turns, args.repeats, args.max_tokens = 8, 2, 1, 16
@@ -166,23 +169,36 @@ def main():
     model_dir = tempfile.mkdtemp(prefix="kvshare-bench-")
     with open(os.path.join(model_dir, "config.json"), "w") as f:
         json.dump(TINY_CONFIG, f)
-    best = {}
-    for _ in range(args.repeats):  # alternate sides; keep each side's fastest run
-        for side in ("vllm", "kvshare"):
-            r = run(model_dir, side == "kvshare", args)
-            if side not in best or r["kv_ns"] + r["hasher_ns"] < \
-                    best[side]["kv_ns"] + best[side]["hasher_ns"]:
-                best[side] = r
-    v, k = best["vllm"], best["kvshare"]
-    v_us = v["kv_ns"] / 1e3 / v["steps"]
-    k_us = k["kv_ns"] / 1e3 / k["steps"]
-    vh_us = v["hasher_ns"] / 1e3 / v["steps"]
-    kh_us = k["hasher_ns"] / 1e3 / k["steps"]
-    for name, r in best.items():
-        print(f"{name:8s} steps {r['steps']:5d}  manager {r['kv_ns'] / 1e3 / r['steps']:7.1f} "
-              f"us/step  hasher {r['hasher_ns'] / 1e3 / r['steps']:6.1f} us/step  "
-              f"hit rate {r['hits'] / max(r['queries'], 1):.4f}  peak blocks {r['peak']}",
-              file=sys.stderr)
+    # Noise on these machines comes in phases of seconds: runs are taken in pairs (vLLM and
+    # kvshare back to back, the order alternating) and the ratio is the median of the pairs'
+    # ratios; per-side times are medians too.
+    pairs = []
+    for i in range(args.repeats):
+        order = ("vllm", "kvshare") if i % 2 == 0 else ("kvshare", "vllm")
+        got = {side: run(model_dir, side == "kvshare", args) for side in order}
+        pairs.append(got)
+
+    def per_step(r, key):
+        return r[key] / 1e3 / r["steps"]
+
+    def med(xs):
+        return statistics.median(xs)
+
+    v_us = med([per_step(p["vllm"], "kv_ns") for p in pairs])
+    k_us = med([per_step(p["kvshare"], "kv_ns") for p in pairs])
+    vh_us = med([per_step(p["vllm"], "hasher_ns") for p in pairs])
+    kh_us = med([per_step(p["kvshare"], "hasher_ns") for p in pairs])
+    total = [(per_step(p["vllm"], "kv_ns") + per_step(p["vllm"], "hasher_ns"))
+             / (per_step(p["kvshare"], "kv_ns") + per_step(p["kvshare"], "hasher_ns"))
+             for p in pairs]
+    manager = [per_step(p["vllm"], "kv_ns") / per_step(p["kvshare"], "kv_ns") for p in pairs]
+    v, k = pairs[0]["vllm"], pairs[0]["kvshare"]
+    for name, r in pairs[0].items():
+        print(f"{name:8s} steps {r['steps']:5d}  hit rate {r['hits'] / max(r['queries'], 1):.4f}"
+              f"  peak blocks {r['peak']}", file=sys.stderr)
+    print("speedup per pair: " + ", ".join(f"{x:.2f}" for x in total)
+          + "  (manager only: " + ", ".join(f"{x:.2f}" for x in manager) + ")",
+          file=sys.stderr)
     print(json.dumps({
         "bench": "vllm",
         "vllm_version": __import__("vllm").__version__,
@@ -192,16 +208,17 @@ def main():
         "steps": {"vllm": v["steps"], "kvshare": k["steps"]},
         "vllm_kv_us_per_step": round(v_us + vh_us, 2),
         "kvshare_kv_us_per_step": round(k_us + kh_us, 2),
-        "speedup": round((v_us + vh_us) / (k_us + kh_us), 2),
+        "speedup": round(med(total), 2),
         "vllm_manager_us_per_step": round(v_us, 2),
         "kvshare_manager_us_per_step": round(k_us, 2),
-        "speedup_manager_only": round(v_us / k_us, 2),
+        "speedup_manager_only": round(med(manager), 2),
+        "pairs": len(pairs),
         "vllm_hasher_us_per_step": round(vh_us, 2),
         "kvshare_hasher_us_per_step": round(kh_us, 2),
         "hit_rate": {"vllm": round(v["hits"] / max(v["queries"], 1), 4),
                      "kvshare": round(k["hits"] / max(k["queries"], 1), 4)},
         "peak_blocks": {"vllm": v["peak"], "kvshare": k["peak"]},
-        "same_tokens": v["tokens"] == k["tokens"],
+        "same_tokens": all(p["vllm"]["tokens"] == p["kvshare"]["tokens"] for p in pairs),
     }))
 
 

@@ -564,11 +564,13 @@ class KvshareKVCacheManager:
     def _extend(self, request, st: _Req, main: int, num_lookahead_tokens: int,
                 full_sequence_must_fit: bool, reserved_blocks: int) -> KVCacheBlocks | None:
         """``allocate_slots`` of a running request needing kvshare: ``main`` tokens computed
-        after this step, plus lookahead slots; one ``kvs_seq_append_pages``."""
+        after this step, plus lookahead slots; one ``kvs_seq_append_pages``.  Written flat
+        (it runs once per page per request, with cold caches)."""
         need_slot = main + num_lookahead_tokens
         if need_slot > self.max_model_len:
             need_slot = self.max_model_len
-        ntok = request.num_tokens
+        ids = _token_ids(request)
+        ntok = len(ids)
         known = main if main < ntok else ntok  # drafts/placeholders are not tokens yet
         old = st.n
         add = known - old if known > old else 0
@@ -582,9 +584,16 @@ class KvshareKVCacheManager:
                 return None
         if self._dirty:
             self._dirty.pop(request.request_id, None)  # this append carries the tokens
-        rc = lib.kvs_seq_append_pages(self._h, st.seq, self._token_ptr(request, old, known),
-                                      add, lookahead, self._copies, 1, self._n1, len(st.pages),
-                                      self._pages_buf, self._max_pages, self._n2)
+        if not add:
+            ptr = ffi.NULL
+        elif add <= _SMALL:
+            ptr = self._tokbuf
+            ptr[0:add] = ids[old:known]
+        else:
+            ptr = ffi.from_buffer("int32_t[]", _pack(ids[old:known]))
+        rc = lib.kvs_seq_append_pages(self._h, st.seq, ptr, add, lookahead, self._copies, 1,
+                                      self._n1, len(st.pages), self._pages_buf,
+                                      self._max_pages, self._n2)
         if rc:
             if rc == _NO_SPACE:
                 return None
