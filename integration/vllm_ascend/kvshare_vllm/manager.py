@@ -374,7 +374,7 @@ class KvshareKVCacheManager:
     def _num_evictable(self, pages) -> int:
         """Hit pages with refcount 0 (cached): touching them takes evictable capacity.
         One ``kvs_page_get_info`` per page: used only when an admission gate is too close
-        to call without it (see README, "C ABI wishes")."""
+        to call without it (the ABI has no evictable-hit count)."""
         info = ffi.new("kvs_page_info *")
         n = 0
         for p in pages:
