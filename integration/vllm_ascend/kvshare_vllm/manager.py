@@ -331,7 +331,7 @@ class KvshareKVCacheManager:
             return memoryview(pend[1])[:4 * n]
         return _pack(_token_ids(request)[:n])
 
-    def _read_pages(self, st: _Req, want: int) -> list[int]:
+    def _read_pages(self, st: _Req) -> list[int]:
         """Refreshes ``st.pages`` from kvshare; returns the new page ids."""
         rc = lib.kvs_seq_pages(self._h, st.seq, self._pages_buf, self._max_pages, self._n1)
         if rc:
@@ -555,7 +555,7 @@ class KvshareKVCacheManager:
                                     self._n1)
             if rc:  # the gate checked room; anything else is a bug
                 kvshare.check(rc, "kvs_seq_append")
-        new = self._read_pages(st, 0)[len(hits):]
+        new = self._read_pages(st)[len(hits):]
         st.settle(bs)
         if self._common is not None:  # a new table can only shorten the shared prefix
             self._common = self._common[:4 * _common_pages(self._common, st.raw)]
@@ -584,16 +584,9 @@ class KvshareKVCacheManager:
                 return None
         if self._dirty:
             self._dirty.pop(request.request_id, None)  # this append carries the tokens
-        if not add:
-            ptr = ffi.NULL
-        elif add <= _SMALL:
-            ptr = self._tokbuf
-            ptr[0:add] = ids[old:known]
-        else:
-            ptr = ffi.from_buffer("int32_t[]", _pack(ids[old:known]))
-        rc = lib.kvs_seq_append_pages(self._h, st.seq, ptr, add, lookahead, self._copies, 1,
-                                      self._n1, len(st.pages), self._pages_buf,
-                                      self._max_pages, self._n2)
+        rc = lib.kvs_seq_append_pages(self._h, st.seq, self._token_ptr(ids, old, known), add,
+                                      lookahead, self._copies, 1, self._n1, len(st.pages),
+                                      self._pages_buf, self._max_pages, self._n2)
         if rc:
             if rc == _NO_SPACE:
                 return None
@@ -726,22 +719,24 @@ class KvshareKVCacheManager:
         if self.enable_kv_cache_events:
             self._drain_events(st, request)
 
-    def _token_ptr(self, request, start: int, end: int):
-        """``int32_t *`` to the request's tokens ``start:end`` (NULL when empty)."""
+    def _token_ptr(self, ids: list[int], start: int, end: int):
+        """``int32_t *`` to token ids ``start:end`` (NULL when empty); small runs go through
+        the preallocated buffer."""
         n = end - start
         if n <= 0:
             return ffi.NULL
         if n <= _SMALL:
             buf = self._tokbuf
-            buf[0:n] = _token_ids(request)[start:end]
+            buf[0:n] = ids[start:end]
             return buf
-        return ffi.from_buffer("int32_t[]", _pack(_token_ids(request)[start:end]))
+        return ffi.from_buffer("int32_t[]", _pack(ids[start:end]))
 
     def _append_known(self, st: _Req, request, target: int) -> None:
         """Appends the request's tokens ``st.n:target`` (no lookahead): full pages register."""
-        rc = lib.kvs_seq_append_pages(self._h, st.seq, self._token_ptr(request, st.n, target),
-                                      target - st.n, 0, self._copies, 1, self._n1,
-                                      len(st.pages), self._pages_buf, self._max_pages, self._n2)
+        ptr = self._token_ptr(_token_ids(request), st.n, target)
+        rc = lib.kvs_seq_append_pages(self._h, st.seq, ptr, target - st.n, 0, self._copies, 1,
+                                      self._n1, len(st.pages), self._pages_buf, self._max_pages,
+                                      self._n2)
         if rc:
             kvshare.check(rc, "kvs_seq_append_pages")
         st.n = target
