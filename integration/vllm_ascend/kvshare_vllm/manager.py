@@ -125,9 +125,10 @@ class _Req:
         self.extra = extra
         self.quiet = -1
 
-    def add_pages(self, new: list[int]) -> None:
+    def add_pages(self, new: list[int], raw: bytes) -> None:
+        """Appends page ids, given both as ints and as their uint32 bytes."""
         self.pages.extend(new)
-        self.raw += struct.pack(f"{len(new)}I", *new)
+        self.raw += raw
 
     def settle(self, bs: int) -> None:
         """Recomputes ``quiet`` after ``n`` or ``pages`` changed."""
@@ -337,9 +338,10 @@ class KvshareKVCacheManager:
         if rc:
             kvshare.check(rc, "kvs_seq_pages")
         old = len(st.pages)
-        new = ffi.unpack(self._pages_buf + old, self._n1[0] - old)
-        st.add_pages(new)
-        return new
+        k = self._n1[0] - old
+        st.add_pages(ffi.unpack(self._pages_buf + old, k),
+                     ffi.buffer(self._pages_buf + old, 4 * k)[:])
+        return st.pages[old:]
 
     def _drain_events(self, st: _Req | None, request) -> None:
         """Converts queued kvshare events into vLLM events (token ids from ``request``)."""
@@ -512,9 +514,9 @@ class KvshareKVCacheManager:
         known = min(main, request.num_tokens)  # drafts/placeholders are not tokens yet
         if self._dirty:
             self._flush()  # kvs_seq_begin matches: pages that filled must be findable
-        hits = [b.block_id for b in new_computed_blocks.blocks[0]] \
-            if new_computed_blocks is not None and new_computed_blocks.blocks[0] else []
-        if len(hits) * bs != num_new_computed_tokens:
+        group = new_computed_blocks.blocks[0] if new_computed_blocks is not None else ()
+        nh = len(group)
+        if nh * bs != num_new_computed_tokens:
             raise ValueError("num_new_computed_tokens does not match new_computed_blocks")
         lookahead = max(need_slot - known, 0)
         # kvs_seq_begin's own NO_SPACE is vLLM's check for `known` tokens; the gate adds what
@@ -523,7 +525,7 @@ class KvshareKVCacheManager:
         full_longer = full_sequence_must_fit and _cdiv(
             min(request.num_tokens, self.max_model_len), bs) > _cdiv(need_slot, bs)
         if (full_longer or reserved_blocks or lookahead) and not self._gate(
-                None, hits, need_slot,
+                None, [b.block_id for b in group], need_slot,
                 min(request.num_tokens, self.max_model_len) if full_sequence_must_fit else None,
                 reserved_blocks):
             return None
@@ -555,7 +557,7 @@ class KvshareKVCacheManager:
                                     self._n1)
             if rc:  # the gate checked room; anything else is a bug
                 kvshare.check(rc, "kvs_seq_append")
-        new = self._read_pages(st)[len(hits):]
+        new = self._read_pages(st)[nh:]
         st.settle(bs)
         if self._common is not None:  # a new table can only shorten the shared prefix
             self._common = self._common[:4 * _common_pages(self._common, st.raw)]
@@ -597,7 +599,7 @@ class KvshareKVCacheManager:
         k = self._n2[0]
         new = ffi.unpack(self._pages_buf, k) if k else ()
         if k:
-            st.add_pages(new)
+            st.add_pages(new, ffi.buffer(self._pages_buf, 4 * k)[:])
         st.settle(self.block_size)
         return self._new_blocks(st, request, new)
 
@@ -741,8 +743,9 @@ class KvshareKVCacheManager:
             kvshare.check(rc, "kvs_seq_append_pages")
         st.n = target
         if self._n2[0]:
-            new = ffi.unpack(self._pages_buf, self._n2[0])
-            st.add_pages(new)
+            k = self._n2[0]
+            new = ffi.unpack(self._pages_buf, k)
+            st.add_pages(new, ffi.buffer(self._pages_buf, 4 * k)[:])
             if self._track_new:
                 self._new_block_ids.extend(new)
         st.settle(self.block_size)
