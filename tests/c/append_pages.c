@@ -6,18 +6,6 @@
  */
 #include "kvs_test.h"
 
-/* `call` returns `status` and the last error message mentions `needle`. */
-#define EXPECT(call, status, needle)                                                   \
-    do {                                                                               \
-        uint32_t got_ = (uint32_t)(call);                                              \
-        if (got_ != (uint32_t)(status) || !strstr(kvs_last_error_message(), (needle))) { \
-            fprintf(stderr, "%s:%d: %s returned %s (\"%s\"), expected %s mentioning %s\n", \
-                    __FILE__, __LINE__, #call, kvs_status_str(got_),                   \
-                    kvs_last_error_message(), kvs_status_str((uint32_t)(status)), (needle)); \
-            exit(1);                                                                   \
-        }                                                                              \
-    } while (0)
-
 static size_t table(kvs_cache *c, uint64_t seq, uint32_t *out, size_t len) {
     size_t n = 0;
     CHECK_OK(kvs_seq_pages(c, seq, out, len, &n));
@@ -82,32 +70,32 @@ int main(void) {
     uint32_t guard[2] = {777, 777};
     ncp = ntail = 55;
     na = table(c, 1, after, 16);
-    EXPECT(kvs_seq_append_pages(NULL, 1, t, 1, 0, cp, 1, &ncp, na, guard, 2, &ntail),
+    CHECK_FAILS(kvs_seq_append_pages(NULL, 1, t, 1, 0, cp, 1, &ncp, na, guard, 2, &ntail),
            KVS_STATUS_NULL_ARGUMENT, "cache");
-    EXPECT(kvs_seq_append_pages(c, 1, t, 1, 0, cp, 1, &ncp, na, NULL, 2, &ntail),
+    CHECK_FAILS(kvs_seq_append_pages(c, 1, t, 1, 0, cp, 1, &ncp, na, NULL, 2, &ntail),
            KVS_STATUS_NULL_ARGUMENT, "pages_out");
-    EXPECT(kvs_seq_append_pages(c, 1, t, 1, 0, cp, 1, &ncp, na, guard, 2, NULL),
+    CHECK_FAILS(kvs_seq_append_pages(c, 1, t, 1, 0, cp, 1, &ncp, na, guard, 2, NULL),
            KVS_STATUS_NULL_ARGUMENT, "num_pages_out");
-    EXPECT(kvs_seq_append_pages(c, 1, t, 1, 0, cp, 1, NULL, na, guard, 2, &ntail),
+    CHECK_FAILS(kvs_seq_append_pages(c, 1, t, 1, 0, cp, 1, NULL, na, guard, 2, &ntail),
            KVS_STATUS_NULL_ARGUMENT, "num_copies_out");
-    EXPECT(kvs_seq_append_pages(c, 1, NULL, 1, 0, cp, 1, &ncp, na, guard, 2, &ntail),
+    CHECK_FAILS(kvs_seq_append_pages(c, 1, NULL, 1, 0, cp, 1, &ncp, na, guard, 2, &ntail),
            KVS_STATUS_NULL_ARGUMENT, "tokens");
-    EXPECT(kvs_seq_append_pages(c, 9, t, 1, 0, cp, 1, &ncp, 0, guard, 2, &ntail),
+    CHECK_FAILS(kvs_seq_append_pages(c, 9, t, 1, 0, cp, 1, &ncp, 0, guard, 2, &ntail),
            KVS_STATUS_SEQ_NOT_FOUND, "9");
     /* Past the table the append would leave (5 pages; 10 tokens + 1 fit in them). */
-    EXPECT(kvs_seq_append_pages(c, 1, t, 1, 0, cp, 1, &ncp, na + 1, guard, 2, &ntail),
+    CHECK_FAILS(kvs_seq_append_pages(c, 1, t, 1, 0, cp, 1, &ncp, na + 1, guard, 2, &ntail),
            KVS_STATUS_INVALID_ARGUMENT, "first_page");
     /* The whole table (5) does not fit in 2. */
-    EXPECT(kvs_seq_append_pages(c, 1, t, 1, 0, cp, 1, &ncp, 0, guard, 2, &ntail),
+    CHECK_FAILS(kvs_seq_append_pages(c, 1, t, 1, 0, cp, 1, &ncp, 0, guard, 2, &ntail),
            KVS_STATUS_BUFFER_TOO_SMALL, "pages_out");
     /* Room for the tail is checked against what the append adds: 20 more tokens (30 slots)
      * need 3 more pages, before the free pages are counted. */
-    EXPECT(kvs_seq_append_pages(c, 1, t, 20, 0, cp, 1, &ncp, na, guard, 2, &ntail),
+    CHECK_FAILS(kvs_seq_append_pages(c, 1, t, 20, 0, cp, 1, &ncp, na, guard, 2, &ntail),
            KVS_STATUS_BUFFER_TOO_SMALL, "pages_out");
     /* 11 tokens + 40 slots: 8 more pages, 4 are free. */
-    EXPECT(kvs_seq_append_pages(c, 1, t, 1, 40, cp, 1, &ncp, na, tail, 16, &ntail),
+    CHECK_FAILS(kvs_seq_append_pages(c, 1, t, 1, 40, cp, 1, &ncp, na, tail, 16, &ntail),
            KVS_STATUS_NO_SPACE, "");
-    EXPECT(kvs_seq_append_pages(c, 1, t, SIZE_MAX, 0, cp, 1, &ncp, na, guard, 2, &ntail),
+    CHECK_FAILS(kvs_seq_append_pages(c, 1, t, SIZE_MAX, 0, cp, 1, &ncp, na, guard, 2, &ntail),
            KVS_STATUS_INVALID_ARGUMENT, "tokens");
     CHECK_EQ(ncp, 55);
     CHECK_EQ(ntail, 55);

@@ -16,30 +16,8 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include <dlfcn.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 
-#include "kvshare.h"
-
-#define FAIL(...)                                                                      \
-    do {                                                                               \
-        fprintf(stderr, "%s:%d: ", __FILE__, __LINE__);                                \
-        fprintf(stderr, __VA_ARGS__);                                                  \
-        fprintf(stderr, " (last kvs error: \"%s\")\n", kvs_last_error_message());      \
-        exit(1);                                                                       \
-    } while (0)
-#define CHECK(cond)                                                                    \
-    do {                                                                               \
-        if (!(cond)) FAIL("CHECK failed: %s", #cond);                                  \
-    } while (0)
-#define CHECK_ST(call, want)                                                           \
-    do {                                                                               \
-        uint32_t st_ = (uint32_t)(call);                                               \
-        if (st_ != (uint32_t)(want))                                                   \
-            FAIL("%s returned %s, want %s", #call, kvs_status_str(st_), #want);        \
-    } while (0)
+#include "kvs_test.h"
 
 /* Raw values (the header's enum names are not relied on). */
 enum { BACKEND_ASCEND = 1, DTYPE_BF16 = 2, INDEX_INT32 = 0, ST_OK = 0, ST_UNSUPPORTED = 6,
@@ -80,7 +58,7 @@ static long cnt(const char *name, long if_real) { return counter ? counter(name)
 
 static void *sym(void *h, const char *name) {
     void *p = dlsym(h, name);
-    if (!p) FAIL("emulator symbol %s missing", name);
+    if (!p) T_FAIL("emulator symbol %s missing", name);
     return p;
 }
 #define BIND(var, name)                                                                \
@@ -143,7 +121,7 @@ int main(void) {
     char path[4096];
     snprintf(path, sizeof path, "%s/libascendcl.so", dir);
     void *h = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
-    if (!h) FAIL("dlopen %s: %s", path, dlerror());
+    if (!h) T_FAIL("dlopen %s: %s", path, dlerror());
     BIND(acl_init, "aclInit");
     BIND(set_device, "aclrtSetDevice");
     BIND(dmalloc, "aclrtMalloc");
@@ -166,17 +144,17 @@ int main(void) {
     memset(&opts, 0, sizeof opts);
     opts.library_dir = "/nonexistent/cann/lib64";
     kvs_backend *be = NULL;
-    CHECK_ST(kvs_backend_new(BACKEND_ASCEND, &opts, &be), ST_UNAVAILABLE);
+    CHECK_STATUS(kvs_backend_new(BACKEND_ASCEND, &opts, &be), ST_UNAVAILABLE);
     CHECK(strstr(kvs_last_error_message(), "libascendcl.so") != NULL);
     CHECK(be == NULL);
 
     opts.library_dir = dir;
     opts.device_id = device;
-    CHECK_ST(kvs_backend_new(BACKEND_ASCEND, &opts, &be), ST_OK);
+    CHECK_STATUS(kvs_backend_new(BACKEND_ASCEND, &opts, &be), ST_OK);
     size_t len = 0;
-    CHECK_ST(kvs_backend_describe(be, NULL, 0, &len), ST_OK);
+    CHECK_STATUS(kvs_backend_describe(be, NULL, 0, &len), ST_OK);
     char *desc = malloc(len + 1);
-    CHECK_ST(kvs_backend_describe(be, desc, len + 1, &len), ST_OK);
+    CHECK_STATUS(kvs_backend_describe(be, desc, len + 1, &len), ST_OK);
     printf("%s\n", desc);
     CHECK(strstr(desc, "aclnnFusedInferAttentionScore") != NULL);
     free(desc);
@@ -227,7 +205,7 @@ int main(void) {
     w.slot_mapping = dslots;
     w.slot_mapping_type = INDEX_INT32;
     long syncs = cnt("calls:aclrtSynchronizeStream", 0);
-    CHECK_ST(kvs_kv_write(be, &w, stream), ST_OK);
+    CHECK_STATUS(kvs_kv_write(be, &w, stream), ST_OK);
 
     /* Two launches on the same stream after the write: decode (one query token per sequence),
      * then a chunked prefill (the last 9 and 3 tokens). */
@@ -257,7 +235,7 @@ int main(void) {
         a.context_lens = ctx;
         a.query_start_loc = pass ? qsl : NULL;
         a.scale = 0.08838834764f; /* 1/sqrt(128) */
-        CHECK_ST(kvs_attention_launch(be, &a, stream), ST_OK);
+        CHECK_STATUS(kvs_attention_launch(be, &a, stream), ST_OK);
         CHECK(cnt("calls:aclrtSynchronizeStream", 0) == syncs); /* kvshare never syncs */
         CHECK(cnt("pending_tasks", 1) > 0);
         CHECK(stream_sync(stream) == 0);
@@ -293,7 +271,7 @@ int main(void) {
                         double err = d_abs(got - want) / (d_abs(want) + 0.1);
                         if (err > worst) worst = err;
                         if (err > 2e-2)
-                            FAIL("pass %d seq %d token %d head %d dim %d: got %f want %f", pass, s,
+                            T_FAIL("pass %d seq %d token %d head %d dim %d: got %f want %f", pass, s,
                                  i, n, d, got, want);
                     }
                 }
@@ -326,7 +304,7 @@ int main(void) {
         a.context_lens = c1;
         a.query_start_loc = qsl;
         a.scale = 0.1f;
-        CHECK_ST(kvs_attention_launch(be, &a, stream), ST_UNSUPPORTED);
+        CHECK_STATUS(kvs_attention_launch(be, &a, stream), ST_UNSUPPORTED);
         CHECK(strstr(kvs_last_error_message(), "page_size 16") != NULL);
     }
 

@@ -10,30 +10,7 @@
  *      hold exactly what the sequence would have written itself).
  * Exit code 0 = pass.
  */
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-
-#include "kvshare.h"
-
-#define FAIL(...)                                                                      \
-    do {                                                                               \
-        fprintf(stderr, "%s:%d: ", __FILE__, __LINE__);                                \
-        fprintf(stderr, __VA_ARGS__);                                                  \
-        fprintf(stderr, " (last kvs error: \"%s\")\n", kvs_last_error_message());      \
-        exit(1);                                                                       \
-    } while (0)
-#define CHECK(cond)                                                                    \
-    do {                                                                               \
-        if (!(cond)) FAIL("CHECK failed: %s", #cond);                                  \
-    } while (0)
-#define CHECK_OK(call)                                                                 \
-    do {                                                                               \
-        uint32_t st_ = (uint32_t)(call);                                               \
-        if (st_ != 0) FAIL("%s returned %s", #call, kvs_status_str(st_));              \
-    } while (0)
-
+#include "kvs_test.h"
 
 enum {
     PAGE_SIZE = 16,
@@ -205,7 +182,7 @@ static void step(kvs_cache *cache, kvs_backend *be, seq_t **seqs, size_t n, cons
                     double err = d_abs(o - out[(t * HEADS + h) * DIM + x]);
                     if (err > worst) worst = err;
                     if (err > 1e-4 * (1 + d_abs(o)))
-                        FAIL("seq %llu token %zu head %d dim %d: got %f, want %f",
+                        T_FAIL("seq %llu token %zu head %d dim %d: got %f, want %f",
                              (unsigned long long)s->id, j, h, x, out[(t * HEADS + h) * DIM + x], o);
                 }
             }

@@ -5,18 +5,6 @@
  */
 #include "kvs_test.h"
 
-/* `call` returns `status` and the last error message mentions `needle`. */
-#define EXPECT(call, status, needle)                                                   \
-    do {                                                                               \
-        uint32_t got_ = (uint32_t)(call);                                              \
-        if (got_ != (uint32_t)(status) || !strstr(kvs_last_error_message(), (needle))) { \
-            fprintf(stderr, "%s:%d: %s returned %s (\"%s\"), expected %s mentioning %s\n", \
-                    __FILE__, __LINE__, #call, kvs_status_str(got_),                   \
-                    kvs_last_error_message(), kvs_status_str((uint32_t)(status)), (needle)); \
-            exit(1);                                                                   \
-        }                                                                              \
-    } while (0)
-
 static uint64_t avail(kvs_cache *c) {
     kvs_stats s = t_stats(c);
     return s.device_pages_free + s.device_pages_cached;
@@ -49,10 +37,10 @@ int main(void) {
 
     /* Bad arguments: outputs untouched. */
     pages = 77;
-    EXPECT(kvs_seq_append_need(NULL, 2, 1, 0, &pages, NULL), KVS_STATUS_NULL_ARGUMENT, "cache");
-    EXPECT(kvs_seq_append_need(c, 2, 1, 0, NULL, NULL), KVS_STATUS_NULL_ARGUMENT, "pages_needed_out");
-    EXPECT(kvs_seq_append_need(c, 9, 1, 0, &pages, NULL), KVS_STATUS_SEQ_NOT_FOUND, "9");
-    EXPECT(kvs_seq_append_need(c, 2, 1, SIZE_MAX, &pages, NULL), KVS_STATUS_INVALID_ARGUMENT,
+    CHECK_FAILS(kvs_seq_append_need(NULL, 2, 1, 0, &pages, NULL), KVS_STATUS_NULL_ARGUMENT, "cache");
+    CHECK_FAILS(kvs_seq_append_need(c, 2, 1, 0, NULL, NULL), KVS_STATUS_NULL_ARGUMENT, "pages_needed_out");
+    CHECK_FAILS(kvs_seq_append_need(c, 9, 1, 0, &pages, NULL), KVS_STATUS_SEQ_NOT_FOUND, "9");
+    CHECK_FAILS(kvs_seq_append_need(c, 2, 1, SIZE_MAX, &pages, NULL), KVS_STATUS_INVALID_ARGUMENT,
            "lookahead_slots");
     CHECK_EQ(pages, 77);
 
@@ -60,15 +48,15 @@ int main(void) {
     kvs_copy out[8];
     CHECK_OK(kvs_seq_swap_out(c, 2, out, 8, &n));
     CHECK_EQ(n, 3);
-    EXPECT(kvs_seq_append_need(c, 2, 1, 0, &pages, NULL), KVS_STATUS_SEQ_WRONG_TIER, "host");
+    CHECK_FAILS(kvs_seq_append_need(c, 2, 1, 0, &pages, NULL), KVS_STATUS_SEQ_WRONG_TIER, "host");
     size_t need = 0, can = 0;
     CHECK_OK(kvs_seq_swap_in_need(c, 2, &need, &can));
     CHECK_EQ(need, 1);
     CHECK(can >= need);
     CHECK_OK(kvs_seq_swap_in(c, 2, out, 8, &n));
     CHECK_EQ(n, need);
-    EXPECT(kvs_seq_swap_in_need(c, 2, &need, NULL), KVS_STATUS_SEQ_WRONG_TIER, "device");
-    EXPECT(kvs_seq_swap_in_need(c, 2, NULL, NULL), KVS_STATUS_NULL_ARGUMENT, "pages_needed_out");
+    CHECK_FAILS(kvs_seq_swap_in_need(c, 2, &need, NULL), KVS_STATUS_SEQ_WRONG_TIER, "device");
+    CHECK_FAILS(kvs_seq_swap_in_need(c, 2, NULL, NULL), KVS_STATUS_NULL_ARGUMENT, "pages_needed_out");
 
     CHECK_CACHE(c);
     CHECK_OK(kvs_seq_free(c, 1));

@@ -83,12 +83,12 @@ static T_UNUSED void t_check_msg(const char *file, int line, const char *needle)
     }
 }
 
-/* printf-style failure. */
+/* printf-style failure (with the library's last error message). */
 #define T_FAIL(...)                                                                    \
     do {                                                                               \
         fprintf(stderr, "%s:%d: ", __FILE__, __LINE__);                                \
         fprintf(stderr, __VA_ARGS__);                                                  \
-        fprintf(stderr, "\n");                                                         \
+        fprintf(stderr, " (last kvs error: \"%s\")\n", kvs_last_error_message());      \
         fflush(stderr);                                                                \
         exit(1);                                                                       \
     } while (0)
@@ -124,6 +124,13 @@ static T_UNUSED void t_check_msg(const char *file, int line, const char *needle)
 
 /* The last error message on this thread must contain `needle`. */
 #define CHECK_MSG(needle) t_check_msg(__FILE__, __LINE__, (needle))
+
+/* A call must fail with `want`, leaving a last error message that mentions `needle`. */
+#define CHECK_FAILS(call, want, needle)                                                \
+    do {                                                                               \
+        CHECK_STATUS(call, want);                                                      \
+        CHECK_MSG(needle);                                                             \
+    } while (0)
 
 /* kvs_cache_check must be OK. */
 #define CHECK_CACHE(c) CHECK_OK(kvs_cache_check(c))
