@@ -124,6 +124,17 @@ class KvshareBlockManager : public mindie_llm::BlockSpaceManager {
     size_t AppendNeed(SequenceId seqId, size_t newTokens) const;
     size_t FreeDevicePages() const;
     size_t FreeHostPages() const;
+    // What swapping `seqs` back in takes from the free + evictable device pages: the pages it
+    // copies (plus `lookahead` slots' new pages) and the cached pages it shares (which leave
+    // the evictable count). Sequences are counted one by one: exact for one sequence, an upper
+    // bound for a group whose sequences share cached pages. `method` names errors.
+    struct SwapInCost {
+        size_t pages;         // new device pages
+        size_t sharedCached;  // cached (unreferenced) device pages it would share
+        size_t worst;         // pages with nothing shared (for NEVER)
+    };
+    SwapInCost CostOfSwapIn(const std::vector<SequenceSPtr> &seqs, size_t lookahead,
+                            const char *method) const;
 
     kvs_cache *cache_ = nullptr;
     size_t blockSize_;

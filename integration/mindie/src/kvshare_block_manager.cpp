@@ -386,41 +386,51 @@ std::vector<std::pair<PhysicalBlockId, PhysicalBlockId>> KvshareBlockManager::Sw
     return out;
 }
 
+KvshareBlockManager::SwapInCost KvshareBlockManager::CostOfSwapIn(const std::vector<SequenceSPtr> &seqs,
+                                                                 size_t lookahead, const char *method) const {
+    SwapInCost c{0, 0, 0};
+    size_t total = FreeDevicePages();
+    for (const auto &seq : seqs) {
+        RequireSeq(seq, method);
+        SeqShape s = ShapeOrThrow(seq->seqId_, method);
+        if (!s.onHost) {
+            throw std::runtime_error(Prefix(method) + "sequence " + std::to_string(seq->seqId_) +
+                                     " is not swapped out");
+        }
+        size_t pages = static_cast<size_t>(s.numPages);
+        size_t slots = CeilDiv(static_cast<size_t>(s.numTokens) + lookahead, blockSize_);
+        size_t extra = slots > pages ? slots - pages : 0;
+        size_t copied = 0;
+        size_t available = 0;
+        Check(kvs_seq_swap_in_need(cache_, KvsId(seq->seqId_), &copied, &available), method);
+        c.pages += copied + extra;
+        c.sharedCached += total - available;
+        c.worst += pages + extra;
+    }
+    return c;
+}
+
 AllocStatus KvshareBlockManager::CanSwapIn(const SequenceGroupSPtr &seqGroup, size_t numLookheadSlots) {
     RequireGroup(seqGroup, "CanSwapIn");
-    size_t need = 0;
-    for (const auto &seq : seqGroup->GetFirstSequence(SequenceStatus::SWAPPED)) {
-        RequireSeq(seq, "CanSwapIn");
-        SeqShape s = ShapeOrThrow(seq->seqId_, "CanSwapIn");
-        size_t pages = static_cast<size_t>(s.numPages);
-        need += std::max(pages, CeilDiv(static_cast<size_t>(s.numTokens) + numLookheadSlots, blockSize_));
-    }
-    if (need > allocatableNpuBlocks_) {
+    SwapInCost c = CostOfSwapIn(seqGroup->GetFirstSequence(SequenceStatus::SWAPPED), numLookheadSlots,
+                                "CanSwapIn");
+    if (c.worst > allocatableNpuBlocks_) {
         return AllocStatus::NEVER;
     }
-    return FreeDevicePages() >= need ? AllocStatus::OK : AllocStatus::LATER;
+    // Pages still cached on the device are shared back instead of copied (kvs_seq_swap_in_need).
+    return c.pages + c.sharedCached <= FreeDevicePages() ? AllocStatus::OK : AllocStatus::LATER;
 }
 
 std::vector<std::pair<PhysicalBlockId, PhysicalBlockId>> KvshareBlockManager::SwapIn(
     const SequenceGroupSPtr &seqGroup) {
     RequireGroup(seqGroup, "SwapIn");
     std::vector<SequenceSPtr> seqs = seqGroup->GetFirstSequence(SequenceStatus::SWAPPED);
-    size_t need = 0;
-    for (const auto &seq : seqs) {
-        RequireSeq(seq, "SwapIn");
-        SeqShape s = ShapeOrThrow(seq->seqId_, "SwapIn");
-        if (!s.onHost) {
-            throw std::runtime_error(Prefix("SwapIn") + "sequence " + std::to_string(seq->seqId_) +
-                                     " is not swapped out");
-        }
-        need += static_cast<size_t>(s.numPages);
-    }
-    // Conservative (pages still cached on the device are shared without a copy and need less),
-    // so that the whole group is refused before anything moves.
+    // The whole group is refused before anything moves (CanSwapIn's count, no lookahead).
+    SwapInCost c = CostOfSwapIn(seqs, 0, "SwapIn");
     size_t free = FreeDevicePages();
-    if (need > free) {
-        throw std::runtime_error(Prefix("SwapIn") + "not enough free NPU blocks: need " + std::to_string(need) +
-                                 ", free " + std::to_string(free));
+    if (c.pages + c.sharedCached > free) {
+        throw std::runtime_error(Prefix("SwapIn") + "not enough free NPU blocks: need " +
+                                 std::to_string(c.pages + c.sharedCached) + ", free " + std::to_string(free));
     }
     std::vector<std::pair<PhysicalBlockId, PhysicalBlockId>> out;
     for (const auto &seq : seqs) {

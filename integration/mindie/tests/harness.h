@@ -301,6 +301,23 @@ class Model {
         return true;
     }
 
+    // What a swap-in of `id` takes from the free + cached NPU blocks: {pages it copies, cached
+    // (unreferenced) blocks it shares}.
+    std::pair<size_t, size_t> SwapInNeed(SequenceId id) const {
+        const Seq &s = seqs_.at(id);
+        size_t copied = 0;
+        size_t cached = 0;
+        for (size_t j = 0; j < s.hostPages; ++j) {
+            auto it = caching_ && j < s.hashed ? index_.find(Key(s.tokens, s.lora, j)) : index_.end();
+            if (it == index_.end()) {
+                ++copied;
+            } else {
+                cached += blocks_[it->second].rc == 0;
+            }
+        }
+        return {copied, cached};
+    }
+
     // Returns for each page whether it was copied from the host (false: shared cached page).
     std::vector<bool> SwapIn(SequenceId id) {
         Seq &s = seqs_.at(id);
@@ -628,7 +645,8 @@ struct Sim {
         AllocStatus st = m.CanSwapIn(g, 0);
         size_t need = 0;
         for (const auto &s : g->seqs_) {
-            need += model.At(s->seqId_).hostPages;
+            auto n = model.SwapInNeed(s->seqId_);
+            need += n.first + n.second;
         }
         CHECK((st == AllocStatus::OK) == (need <= model.FreeNpu()));
         if (st != AllocStatus::OK) {
