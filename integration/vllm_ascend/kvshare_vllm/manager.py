@@ -1,12 +1,12 @@
 """``KvshareKVCacheManager``: vLLM's ``KVCacheManager`` public surface backed by one kvshare cache.
 
-Each request is one kvshare sequence (u64 id from a counter).  Per request per step there is
-one native call doing the request's work (``kvs_seq_begin`` for an admitted request,
-``kvs_seq_append`` for a running one, ``kvs_seq_free`` at the end); a second one
-(``kvs_seq_pages``) only when the block table grew, to read the new page ids.  Nothing is
-called per block.  Semantics follow vLLM's built-in manager (see README.md, "How each method
-maps"): block 0 is the null block, hits are computed blocks capped at ``num_tokens - 1``, full
-blocks of known tokens are registered as soon as they are allocated, freed blocks are cached
+Each request is one kvshare sequence (u64 id from a counter).  An admitted request takes
+``kvs_seq_begin`` plus one ``kvs_seq_append_pages`` (lookahead slots and the page ids); a
+running one takes one ``kvs_seq_append_pages`` only when it needs new slots (most decode steps
+make no native call, see ``allocate_slots``); ``kvs_seq_free`` ends it.  Nothing is called per
+block.  Semantics follow vLLM's built-in manager (see README.md, "How each method maps"):
+block 0 is the null block, hits are computed blocks capped at ``num_tokens - 1``, full blocks
+of known tokens are registered before anything could look them up, freed blocks are cached
 last-block-first, allocation never evicts before free blocks run out.
 """
 
@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
-import struct
 from typing import Any
 
 import kvshare
@@ -71,12 +70,6 @@ def _common_pages(a: bytes, b: bytes) -> int:
         else:
             hi = m
     return lo
-
-
-def _pack(tokens: list[int]) -> bytes:
-    """int32 token ids, native order: the buffer ``kvs_*`` calls read.  ``struct.pack``
-    converts about 3x faster than ``array('i', list)``."""
-    return struct.pack(f"{len(tokens)}i", *tokens)
 
 
 def unsupported_reason(kv_cache_config, scheduler_block_size: int, hash_block_size: int,
@@ -330,18 +323,7 @@ class KvshareKVCacheManager:
         pend = self._pending
         if pend is not None and pend[0] == request.request_id and len(pend[1]) >= 4 * n:
             return memoryview(pend[1])[:4 * n]
-        return _pack(_token_ids(request)[:n])
-
-    def _read_pages(self, st: _Req) -> list[int]:
-        """Refreshes ``st.pages`` from kvshare; returns the new page ids."""
-        rc = lib.kvs_seq_pages(self._h, st.seq, self._pages_buf, self._max_pages, self._n1)
-        if rc:
-            kvshare.check(rc, "kvs_seq_pages")
-        old = len(st.pages)
-        k = self._n1[0] - old
-        st.add_pages(ffi.unpack(self._pages_buf + old, k),
-                     ffi.buffer(self._pages_buf + old, 4 * k)[:])
-        return st.pages[old:]
+        return kvshare.pack_i32(_token_ids(request)[:n])
 
     def _drain_events(self, st: _Req | None, request) -> None:
         """Converts queued kvshare events into vLLM events (token ids from ``request``)."""
@@ -433,7 +415,7 @@ class KvshareKVCacheManager:
             self._flush()
         ids = _token_ids(request)
         n = len(ids)
-        toks = _pack(ids)
+        toks = kvshare.pack_i32(ids)
         st_extra = self._extra_for(request)
         rc = lib.kvs_prefix_match(self._h, ffi.from_buffer("int32_t[]", toks) if n else ffi.NULL,
                                   n, st_extra.ptr if st_extra else ffi.NULL, max(n - 1, 0), False,
@@ -552,13 +534,11 @@ class KvshareKVCacheManager:
                 f"kvshare_vllm: request {rid}: {num_new_computed_tokens} tokens were found "
                 f"cached by get_computed_blocks but only {self._info.matched_tokens} at "
                 "allocation (pages evicted in between)")
-        if lookahead:
-            rc = lib.kvs_seq_append(self._h, seq, ffi.NULL, 0, lookahead, self._copies, 1,
-                                    self._n1)
-            if rc:  # the gate checked room; anything else is a bug
-                kvshare.check(rc, "kvs_seq_append")
-        new = self._read_pages(st)[nh:]
-        st.settle(bs)
+        # The lookahead slots and the whole block table in one call (no tokens to hand over).
+        rc, table = self._append(st, (), known, lookahead)
+        if rc:  # the gate checked room for the lookahead; anything else is a bug
+            kvshare.check(rc, "kvs_seq_append_pages")
+        new = table[nh:]
         if self._common is not None:  # a new table can only shorten the shared prefix
             self._common = self._common[:4 * _common_pages(self._common, st.raw)]
         return self._new_blocks(st, request, new)
@@ -574,9 +554,8 @@ class KvshareKVCacheManager:
         ids = _token_ids(request)
         ntok = len(ids)
         known = main if main < ntok else ntok  # drafts/placeholders are not tokens yet
-        old = st.n
-        add = known - old if known > old else 0
-        lookahead = need_slot - old - add if need_slot > old + add else 0
+        have = known if known > st.n else st.n  # tokens kvshare holds after the append
+        lookahead = need_slot - have if need_slot > have else 0
         if full_sequence_must_fit or reserved_blocks:
             bs = self.block_size
             full = min(ntok, self.max_model_len)
@@ -586,21 +565,11 @@ class KvshareKVCacheManager:
                 return None
         if self._dirty:
             self._dirty.pop(request.request_id, None)  # this append carries the tokens
-        rc = lib.kvs_seq_append_pages(self._h, st.seq, self._token_ptr(ids, old, known), add,
-                                      lookahead, self._copies, 1, self._n1, len(st.pages),
-                                      self._pages_buf, self._max_pages, self._n2)
+        rc, new = self._append(st, ids, known, lookahead)
         if rc:
             if rc == _NO_SPACE:
                 return None
             kvshare.check(rc, "kvs_seq_append_pages")
-        st.n = old + add
-        if self._n1[0]:
-            raise RuntimeError("kvshare_vllm: unexpected copy-on-write (no request forks)")
-        k = self._n2[0]
-        new = ffi.unpack(self._pages_buf, k) if k else ()
-        if k:
-            st.add_pages(new, ffi.buffer(self._pages_buf, 4 * k)[:])
-        st.settle(self.block_size)
         return self._new_blocks(st, request, new)
 
     def _new_blocks(self, st: _Req, request, new) -> KVCacheBlocks:
@@ -731,24 +700,36 @@ class KvshareKVCacheManager:
             buf = self._tokbuf
             buf[0:n] = ids[start:end]
             return buf
-        return ffi.from_buffer("int32_t[]", _pack(ids[start:end]))
+        return ffi.from_buffer("int32_t[]", kvshare.pack_i32(ids[start:end]))
+
+    def _append(self, st: _Req, ids, known: int, lookahead: int) -> tuple[int, list[int]]:
+        """One ``kvs_seq_append_pages``: hands kvshare the tokens ``ids[st.n:known]`` (none
+        when ``known <= st.n``) and keeps ``lookahead`` slots past them; the pages it adds go
+        into ``st``.  Returns ``(status, new page ids)``; on a failure nothing changed."""
+        old = st.n
+        add = known - old if known > old else 0
+        rc = lib.kvs_seq_append_pages(self._h, st.seq, self._token_ptr(ids, old, old + add), add,
+                                      lookahead, self._copies, 1, self._n1, len(st.pages),
+                                      self._pages_buf, self._max_pages, self._n2)
+        if rc:
+            return rc, ()
+        if self._n1[0]:
+            raise RuntimeError("kvshare_vllm: unexpected copy-on-write (no request forks)")
+        st.n = old + add
+        k = self._n2[0]
+        new = ffi.unpack(self._pages_buf, k) if k else ()
+        if k:
+            st.add_pages(new, ffi.buffer(self._pages_buf, 4 * k)[:])
+        st.settle(self.block_size)
+        return 0, new
 
     def _append_known(self, st: _Req, request, target: int) -> None:
         """Appends the request's tokens ``st.n:target`` (no lookahead): full pages register."""
-        ptr = self._token_ptr(_token_ids(request), st.n, target)
-        rc = lib.kvs_seq_append_pages(self._h, st.seq, ptr, target - st.n, 0, self._copies, 1,
-                                      self._n1, len(st.pages), self._pages_buf, self._max_pages,
-                                      self._n2)
+        rc, new = self._append(st, _token_ids(request), target, 0)
         if rc:
             kvshare.check(rc, "kvs_seq_append_pages")
-        st.n = target
-        if self._n2[0]:
-            k = self._n2[0]
-            new = ffi.unpack(self._pages_buf, k)
-            st.add_pages(new, ffi.buffer(self._pages_buf, 4 * k)[:])
-            if self._track_new:
-                self._new_block_ids.extend(new)
-        st.settle(self.block_size)
+        if new and self._track_new:
+            self._new_block_ids.extend(new)
 
     def _flush(self) -> None:
         """Hands kvshare the tokens of pages that filled up in steps that made no native call

@@ -437,3 +437,31 @@ def test_async_scheduling(tiny_model_dir):
     system = [rng.randrange(3, 30000) for _ in range(50)]
     conversations(pair, num_convs=4, turns=3, system=system, seed=12)
     assert pair.hits[0] == pair.hits[1]
+
+
+def test_lookahead_slots_match_vllm(tiny_model_dir):
+    """Speculative-decoding lookahead slots, at admission and on every decode step: the same
+    new-block counts and usage as vLLM's manager, driven directly (no scheduler)."""
+    counts = []
+    for kvshare in (False, True):
+        m = h.make_scheduler(tiny_model_dir, kvshare=kvshare, num_blocks=64).kv_cache_manager
+        r = h.make_request("a", list(range(100, 130)), hash_blocks=not kvshare)
+        blocks, hit = m.get_computed_blocks(r)
+        seen = []
+        new = m.allocate_slots(r, 30 - hit, hit, blocks, num_lookahead_tokens=5)
+        seen.append((len(new.blocks[0]), round(m.usage, 6)))
+        r.num_computed_tokens = 30
+        for step in range(40):
+            r.append_output_token_ids(7 + step)
+            new = m.allocate_slots(r, 1, num_lookahead_tokens=5)
+            seen.append((len(new.blocks[0]), round(m.usage, 6)))
+            r.num_computed_tokens += 1
+        if kvshare:
+            m.check()
+        counts.append(seen)
+    assert counts[0] == counts[1]
+    assert sum(n for n, _ in counts[1]) == _ceil_div(30 + 40 + 5, 16)
+
+
+def _ceil_div(a, b):
+    return -(-a // b)
