@@ -132,6 +132,7 @@ class KvshareBlockManager : public mindie_llm::BlockSpaceManager {
         size_t pages;         // new device pages
         size_t sharedCached;  // cached (unreferenced) device pages it would share
         size_t worst;         // pages with nothing shared (for NEVER)
+        size_t free;          // free + evictable device pages when counted
     };
     SwapInCost CostOfSwapIn(const std::vector<SequenceSPtr> &seqs, size_t lookahead,
                             const char *method) const;

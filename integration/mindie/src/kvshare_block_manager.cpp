@@ -388,8 +388,7 @@ std::vector<std::pair<PhysicalBlockId, PhysicalBlockId>> KvshareBlockManager::Sw
 
 KvshareBlockManager::SwapInCost KvshareBlockManager::CostOfSwapIn(const std::vector<SequenceSPtr> &seqs,
                                                                  size_t lookahead, const char *method) const {
-    SwapInCost c{0, 0, 0};
-    size_t total = FreeDevicePages();
+    SwapInCost c{0, 0, 0, FreeDevicePages()};
     for (const auto &seq : seqs) {
         RequireSeq(seq, method);
         SeqShape s = ShapeOrThrow(seq->seqId_, method);
@@ -404,7 +403,7 @@ KvshareBlockManager::SwapInCost KvshareBlockManager::CostOfSwapIn(const std::vec
         size_t available = 0;
         Check(kvs_seq_swap_in_need(cache_, KvsId(seq->seqId_), &copied, &available), method);
         c.pages += copied + extra;
-        c.sharedCached += total - available;
+        c.sharedCached += c.free - available;
         c.worst += pages + extra;
     }
     return c;
@@ -418,7 +417,7 @@ AllocStatus KvshareBlockManager::CanSwapIn(const SequenceGroupSPtr &seqGroup, si
         return AllocStatus::NEVER;
     }
     // Pages still cached on the device are shared back instead of copied (kvs_seq_swap_in_need).
-    return c.pages + c.sharedCached <= FreeDevicePages() ? AllocStatus::OK : AllocStatus::LATER;
+    return c.pages + c.sharedCached <= c.free ? AllocStatus::OK : AllocStatus::LATER;
 }
 
 std::vector<std::pair<PhysicalBlockId, PhysicalBlockId>> KvshareBlockManager::SwapIn(
@@ -427,10 +426,9 @@ std::vector<std::pair<PhysicalBlockId, PhysicalBlockId>> KvshareBlockManager::Sw
     std::vector<SequenceSPtr> seqs = seqGroup->GetFirstSequence(SequenceStatus::SWAPPED);
     // The whole group is refused before anything moves (CanSwapIn's count, no lookahead).
     SwapInCost c = CostOfSwapIn(seqs, 0, "SwapIn");
-    size_t free = FreeDevicePages();
-    if (c.pages + c.sharedCached > free) {
+    if (c.pages + c.sharedCached > c.free) {
         throw std::runtime_error(Prefix("SwapIn") + "not enough free NPU blocks: need " +
-                                 std::to_string(c.pages + c.sharedCached) + ", free " + std::to_string(free));
+                                 std::to_string(c.pages + c.sharedCached) + ", free " + std::to_string(c.free));
     }
     std::vector<std::pair<PhysicalBlockId, PhysicalBlockId>> out;
     for (const auto &seq : seqs) {
