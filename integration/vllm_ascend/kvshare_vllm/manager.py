@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
+import os as _os
 from typing import Any
 
 import kvshare
@@ -32,6 +33,11 @@ except ImportError:  # pragma: no cover - older/newer vLLM
         return h
 
 logger = logging.getLogger("kvshare_vllm")
+
+try:  # the compiled _append (kvshare_vllm/_fast.c); the Python one below when not built
+    from . import _fast
+except ImportError:  # pragma: no cover - depends on the install
+    _fast = None
 
 _OK = 0
 _NO_SPACE = kvshare.STATUS["KVS_STATUS_NO_SPACE"]
@@ -185,8 +191,7 @@ class _BlockPoolView:
         self.hash_block_size = mgr.block_size
 
     def get_num_free_blocks(self) -> int:
-        s = self._mgr._stats()
-        return s.device_pages_free + s.device_pages_cached
+        return self._mgr._capacity()
 
     def get_usage(self) -> float:
         return self._mgr.usage
@@ -279,7 +284,6 @@ class KvshareKVCacheManager:
         self._n1 = ffi.new("size_t *")
         self._n2 = ffi.new("size_t *")
         self._info = ffi.new("kvs_seq_info *")
-        self._copies = ffi.new("kvs_copy[]", 1)
         self._stats_buf = ffi.new("kvs_stats *")
         self._ev_buf = ffi.new("kvs_event[]", 256)
         self._tokbuf = ffi.new("int32_t[]", _SMALL)  # small appends (decode steps)
@@ -292,13 +296,28 @@ class KvshareKVCacheManager:
         # recomputed; kept across steps (see get_num_common_prefix_blocks).
         self._common: bytes | None = None
         self._defer = not enable_kv_cache_events
+        self._avail: int | None = None  # see _capacity
+        if _fast is not None and not _os.environ.get("KVSHARE_VLLM_PURE_PYTHON"):
+            self._append = _fast.Appender(
+                int(ffi.cast("uintptr_t", self._h)),
+                int(ffi.cast("uintptr_t", ffi.addressof(lib, "kvs_seq_append_pages"))),
+                bs, self._max_pages).append
 
     # ------------------------------------------------------------------ helpers
-    def _stats(self):
-        rc = lib.kvs_cache_stats(self._h, self._stats_buf)
-        if rc:
-            kvshare.check(rc, "kvs_cache_stats")
-        return self._stats_buf
+    def _capacity(self) -> int:
+        """Free plus evictable device pages (vLLM's free blocks).  Kept between calls: a
+        page-adding append takes exactly one page each from it (a fresh page comes off the
+        free list or out of the cache); a sequence begin or free, an index clear change it by
+        counts only kvshare knows, so they drop it (``None``) and the next read asks
+        ``kvs_cache_stats``."""
+        a = self._avail
+        if a is None:
+            rc = lib.kvs_cache_stats(self._h, self._stats_buf)
+            if rc:
+                kvshare.check(rc, "kvs_cache_stats")
+            s = self._stats_buf
+            a = self._avail = s.device_pages_free + s.device_pages_cached
+        return a
 
     def _extra_for(self, request):
         """kvshare extra keys: LoRA id, cache salt, multimodal items (None when none)."""
@@ -380,8 +399,7 @@ class KvshareKVCacheManager:
         """vLLM's admission checks that kvshare's own NO_SPACE does not cover
         (``full_sequence_must_fit``, ``reserved_blocks``, lookahead of a new request)."""
         have = len(st.pages) if st is not None else len(hits)
-        s = self._stats()
-        free = s.device_pages_free + s.device_pages_cached
+        free = self._capacity()
         now = max(_cdiv(need_slot, self.block_size) - have, 0)
         full = max(_cdiv(full_tokens, self.block_size) - have, 0) if full_tokens is not None else 0
         if st is not None or not hits:
@@ -397,9 +415,7 @@ class KvshareKVCacheManager:
     # ------------------------------------------------------------------ public surface
     @property
     def usage(self) -> float:
-        s = self._stats()
-        return 1.0 - (s.device_pages_free + s.device_pages_cached) / self._usable \
-            if self._usable else 0
+        return 1.0 - self._capacity() / self._usable if self._usable else 0
 
     def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
         if not self.log_stats:
@@ -515,6 +531,7 @@ class KvshareKVCacheManager:
         extra = self._pending[2] if self._pending is not None and \
             self._pending[0] == rid else self._extra_for(request)
         seq = next(self._seq_ids)
+        self._avail = None
         rc = lib.kvs_seq_begin(self._h, seq,
                                ffi.from_buffer("int32_t[]", toks) if known else ffi.NULL,
                                known, extra.ptr if extra else ffi.NULL,
@@ -578,6 +595,8 @@ class KvshareKVCacheManager:
             self._drain_events(st, request)
         if not new:
             return self.empty_kv_cache_blocks
+        if self._avail is not None:
+            self._avail -= len(new)
         if self._track_new:
             self._new_block_ids.extend(new)
         blocks = self._blocks
@@ -594,6 +613,7 @@ class KvshareKVCacheManager:
             d = self._dirty.pop(request.request_id, None)
             if d is not None:  # a filled page is cached at free, as in vLLM
                 self._append_known(*d)
+        self._avail = None
         rc = lib.kvs_seq_free(self._h, st.seq)
         if rc:
             kvshare.check(rc, "kvs_seq_free")
@@ -611,6 +631,7 @@ class KvshareKVCacheManager:
         logger.warning("kvshare_vllm: evict_blocks(%d blocks) clears the whole prefix index",
                        len(block_ids))
         self._flush()
+        self._avail = None
         kvshare.check(lib.kvs_prefix_clear(self._h), "kvs_prefix_clear")
         if self.enable_kv_cache_events:
             self._drain_events(None, None)
@@ -621,6 +642,7 @@ class KvshareKVCacheManager:
                            "freed yet", sum(len(st.pages) for st in self._reqs.values()))
             return False
         self._flush()
+        self._avail = None
         kvshare.check(lib.kvs_prefix_clear(self._h), "kvs_prefix_clear")
         if self.enable_kv_cache_events:
             self._drain_events(None, None)
@@ -709,12 +731,10 @@ class KvshareKVCacheManager:
         old = st.n
         add = known - old if known > old else 0
         rc = lib.kvs_seq_append_pages(self._h, st.seq, self._token_ptr(ids, old, old + add), add,
-                                      lookahead, self._copies, 1, self._n1, len(st.pages),
+                                      lookahead, ffi.NULL, 0, self._n1, len(st.pages),
                                       self._pages_buf, self._max_pages, self._n2)
         if rc:
             return rc, ()
-        if self._n1[0]:
-            raise RuntimeError("kvshare_vllm: unexpected copy-on-write (no request forks)")
         st.n = old + add
         k = self._n2[0]
         new = ffi.unpack(self._pages_buf, k) if k else ()
@@ -728,8 +748,11 @@ class KvshareKVCacheManager:
         rc, new = self._append(st, _token_ids(request), target, 0)
         if rc:
             kvshare.check(rc, "kvs_seq_append_pages")
-        if new and self._track_new:
-            self._new_block_ids.extend(new)
+        if new:
+            if self._avail is not None:
+                self._avail -= len(new)
+            if self._track_new:
+                self._new_block_ids.extend(new)
 
     def _flush(self) -> None:
         """Hands kvshare the tokens of pages that filled up in steps that made no native call
@@ -753,8 +776,13 @@ class KvshareKVCacheManager:
 
     # ------------------------------------------------------------------ extras
     def check(self) -> None:
-        """kvshare's full invariant check (tests); registrations still waiting stay waiting."""
+        """kvshare's full invariant check (tests); registrations still waiting stay waiting.
+        Also checks the kept free capacity (``_capacity``) against kvshare's count."""
         self.cache.check()
+        kept, self._avail = self._avail, None
+        if kept is not None and kept != self._capacity():
+            raise AssertionError(f"kvshare_vllm: kept free capacity {kept} but kvshare counts "
+                                 f"{self._avail}")
 
     def kvshare_stats(self) -> dict[str, int]:
         self._flush()

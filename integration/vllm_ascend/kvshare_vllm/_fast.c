@@ -1,0 +1,249 @@
+/* kvshare_vllm._fast: the adapter's per-page hand-over (``KvshareKVCacheManager._append``)
+ * compiled, for the scheduler's hot path.
+ *
+ * ``Appender(cache_addr, fn_addr, block_size, max_pages)`` holds the cache handle and the address
+ * of ``kvs_seq_append_pages`` (both taken from the cffi binding, so this module links against
+ * nothing and follows the binding's library lookup).  ``Appender.append(st, ids, known,
+ * lookahead)`` is ``_append`` of manager.py: it hands kvshare the token ids ``ids[st.n:known]``,
+ * keeps ``lookahead`` slots past them, appends the pages kvshare added to ``st.pages`` (ints) and
+ * ``st.raw`` (uint32 bytes), updates ``st.n`` and ``st.quiet``, and returns ``(status, new page
+ * ids)``; on a failure nothing changed (``(status, ())``).  Copy-on-write is reported by kvshare
+ * as KVS_STATUS_BUFFER_TOO_SMALL (no copy buffer is passed: the adapter never forks requests).
+ * manager.py keeps the same function in Python for interpreters where this is not built.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvshare.h"
+
+typedef kvs_status (*append_pages_fn)(kvs_cache *, uint64_t, const int32_t *, size_t, size_t,
+                                      kvs_copy *, size_t, size_t *, size_t, uint32_t *, size_t,
+                                      size_t *);
+
+typedef struct {
+    PyObject_HEAD
+    kvs_cache *cache;
+    append_pages_fn fn;
+    Py_ssize_t block_size;
+    size_t max_pages;
+    uint32_t *pages;  /* max_pages */
+    int32_t *tokens;  /* tok_cap */
+    size_t tok_cap;
+} Appender;
+
+static PyObject *s_n, *s_seq, *s_pages, *s_raw, *s_quiet, *empty_tuple;
+
+static void Appender_dealloc(Appender *self) {
+    free(self->pages);
+    free(self->tokens);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int Appender_init(Appender *self, PyObject *args, PyObject *kwds) {
+    unsigned long long cache, fn;
+    Py_ssize_t bs, max_pages;
+    static char *kw[] = {"cache_addr", "fn_addr", "block_size", "max_pages", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "KKnn", kw, &cache, &fn, &bs, &max_pages))
+        return -1;
+    if (!cache || !fn || bs <= 0 || max_pages <= 0) {
+        PyErr_SetString(PyExc_ValueError, "Appender: null address or non-positive size");
+        return -1;
+    }
+    free(self->pages);
+    self->pages = malloc((size_t)max_pages * sizeof(uint32_t));
+    if (!self->pages) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->cache = (kvs_cache *)(uintptr_t)cache;
+    self->fn = (append_pages_fn)(uintptr_t)fn;
+    self->block_size = bs;
+    self->max_pages = (size_t)max_pages;
+    return 0;
+}
+
+/* An int attribute of ``st`` as Py_ssize_t (-1 with an exception set on failure). */
+static Py_ssize_t get_size(PyObject *st, PyObject *name) {
+    PyObject *v = PyObject_GetAttr(st, name);
+    if (!v)
+        return -1;
+    Py_ssize_t r = PyLong_AsSsize_t(v);
+    Py_DECREF(v);
+    if (r < 0 && !PyErr_Occurred())
+        PyErr_Format(PyExc_ValueError, "Appender: negative %U", name);
+    return r;
+}
+
+static int set_size(PyObject *st, PyObject *name, Py_ssize_t value) {
+    PyObject *v = PyLong_FromSsize_t(value);
+    if (!v)
+        return -1;
+    int r = PyObject_SetAttr(st, name, v);
+    Py_DECREF(v);
+    return r;
+}
+
+static PyObject *Appender_append(Appender *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "append(st, ids, known, lookahead) takes 4 arguments");
+        return NULL;
+    }
+    PyObject *st = args[0], *ids = args[1];
+    Py_ssize_t known = PyLong_AsSsize_t(args[2]);
+    if (known == -1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t lookahead = PyLong_AsSsize_t(args[3]);
+    if (lookahead == -1 && PyErr_Occurred())
+        return NULL;
+    if (lookahead < 0) {
+        PyErr_SetString(PyExc_ValueError, "append: negative lookahead");
+        return NULL;
+    }
+    Py_ssize_t old = get_size(st, s_n);
+    if (old < 0)
+        return NULL;
+    Py_ssize_t add = known > old ? known - old : 0;
+    if (add) {
+        if (!PyList_Check(ids) && !PyTuple_Check(ids)) {
+            PyErr_SetString(PyExc_TypeError, "append: token ids must be a list or tuple");
+            return NULL;
+        }
+        if (PySequence_Fast_GET_SIZE(ids) < known) {
+            PyErr_SetString(PyExc_ValueError, "append: fewer token ids than known");
+            return NULL;
+        }
+        if ((size_t)add > self->tok_cap) {
+            int32_t *t = realloc(self->tokens, (size_t)add * sizeof(int32_t));
+            if (!t)
+                return PyErr_NoMemory();
+            self->tokens = t;
+            self->tok_cap = (size_t)add;
+        }
+        PyObject **items = PySequence_Fast_ITEMS(ids);
+        for (Py_ssize_t i = 0; i < add; i++) {
+            long v = PyLong_AsLong(items[old + i]);
+            if (v == -1 && PyErr_Occurred())
+                return NULL;
+            if (v < INT32_MIN || v > INT32_MAX) {
+                PyErr_Format(PyExc_OverflowError, "token id %ld does not fit in int32", v);
+                return NULL;
+            }
+            self->tokens[i] = (int32_t)v;
+        }
+    }
+    PyObject *seq_obj = PyObject_GetAttr(st, s_seq);
+    if (!seq_obj)
+        return NULL;
+    unsigned long long seq = PyLong_AsUnsignedLongLong(seq_obj);
+    Py_DECREF(seq_obj);
+    if (seq == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    PyObject *pages = PyObject_GetAttr(st, s_pages);
+    if (!pages)
+        return NULL;
+    if (!PyList_Check(pages)) {
+        Py_DECREF(pages);
+        PyErr_SetString(PyExc_TypeError, "append: st.pages must be a list");
+        return NULL;
+    }
+    size_t have = (size_t)PyList_GET_SIZE(pages), ncopies = 0, k = 0;
+    kvs_status rc = self->fn(self->cache, seq, add ? self->tokens : NULL, (size_t)add,
+                             (size_t)lookahead, NULL, 0, &ncopies, have, self->pages,
+                             self->max_pages, &k);
+    if (rc != KVS_STATUS_OK) {
+        Py_DECREF(pages);
+        return Py_BuildValue("(iO)", (int)rc, empty_tuple);
+    }
+    /* kvshare changed: from here on the Python state must follow, whatever it costs. */
+    PyObject *new = PyList_New((Py_ssize_t)k);
+    PyObject *raw_add = PyBytes_FromStringAndSize((const char *)self->pages,
+                                                  (Py_ssize_t)(k * sizeof(uint32_t)));
+    PyObject *raw = PyObject_GetAttr(st, s_raw);
+    PyObject *result = NULL, *raw_new = NULL;
+    if (!new || !raw_add || !raw)
+        goto done;
+    if (!PyBytes_Check(raw)) {
+        PyErr_SetString(PyExc_TypeError, "append: st.raw must be bytes");
+        goto done;
+    }
+    for (size_t i = 0; i < k; i++) {
+        PyObject *p = PyLong_FromUnsignedLong(self->pages[i]);
+        if (!p)
+            goto done;
+        PyList_SET_ITEM(new, (Py_ssize_t)i, p);
+    }
+    if (k) {
+        if (PyList_SetSlice(pages, (Py_ssize_t)have, (Py_ssize_t)have, new) < 0)
+            goto done;
+        raw_new = PyBytes_FromStringAndSize(NULL, PyBytes_GET_SIZE(raw) + PyBytes_GET_SIZE(raw_add));
+        if (!raw_new)
+            goto done;
+        memcpy(PyBytes_AS_STRING(raw_new), PyBytes_AS_STRING(raw), PyBytes_GET_SIZE(raw));
+        memcpy(PyBytes_AS_STRING(raw_new) + PyBytes_GET_SIZE(raw), PyBytes_AS_STRING(raw_add),
+               PyBytes_GET_SIZE(raw_add));
+        if (PyObject_SetAttr(st, s_raw, raw_new) < 0)
+            goto done;
+    }
+    Py_ssize_t n = old + add, bs = self->block_size;
+    if (set_size(st, s_n, n) < 0)
+        goto done;
+    Py_ssize_t fill = (n / bs + 1) * bs, slots = PyList_GET_SIZE(pages) * bs;
+    if (set_size(st, s_quiet, slots < fill - 1 ? slots : fill - 1) < 0)
+        goto done;
+    result = Py_BuildValue("(iO)", 0, k ? new : empty_tuple);
+done:
+    Py_DECREF(pages);
+    Py_XDECREF(new);
+    Py_XDECREF(raw_add);
+    Py_XDECREF(raw);
+    Py_XDECREF(raw_new);
+    return result;
+}
+
+static PyMethodDef Appender_methods[] = {
+    {"append", (PyCFunction)(void (*)(void))Appender_append, METH_FASTCALL,
+     "append(st, ids, known, lookahead) -> (status, new page ids)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject AppenderType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "kvshare_vllm._fast.Appender",
+    .tp_basicsize = sizeof(Appender),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "kvs_seq_append_pages plus the request-state update of the vLLM adapter",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Appender_init,
+    .tp_dealloc = (destructor)Appender_dealloc,
+    .tp_methods = Appender_methods,
+};
+
+static struct PyModuleDef fastmodule = {
+    PyModuleDef_HEAD_INIT, "_fast", "Compiled hot path of the kvshare vLLM adapter.", -1, NULL,
+};
+
+PyMODINIT_FUNC PyInit__fast(void) {
+    if (PyType_Ready(&AppenderType) < 0)
+        return NULL;
+    s_n = PyUnicode_InternFromString("n");
+    s_seq = PyUnicode_InternFromString("seq");
+    s_pages = PyUnicode_InternFromString("pages");
+    s_raw = PyUnicode_InternFromString("raw");
+    s_quiet = PyUnicode_InternFromString("quiet");
+    empty_tuple = PyTuple_New(0);
+    if (!s_n || !s_seq || !s_pages || !s_raw || !s_quiet || !empty_tuple)
+        return NULL;
+    PyObject *m = PyModule_Create(&fastmodule);
+    if (!m)
+        return NULL;
+    Py_INCREF(&AppenderType);
+    if (PyModule_AddObject(m, "Appender", (PyObject *)&AppenderType) < 0) {
+        Py_DECREF(&AppenderType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,150 @@
+"""The compiled page hand-over (``kvshare_vllm/_fast.c``) against the Python one in
+``manager.py``: the same status, pages and request state for random appends, and bad input
+raising before anything changes."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+import torch
+
+import kvshare
+from kvshare import ffi, lib
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+
+from kvshare_vllm import manager as mgr_mod
+from kvshare_vllm.manager import KvshareKVCacheManager, _Req
+
+BS = 16
+
+
+def make_manager(monkeypatch, *, pure: bool, num_blocks: int = 64) -> KvshareKVCacheManager:
+    cfg = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[
+        KVCacheGroupSpec(["layer"], FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=1,
+                                                      dtype=torch.float32))])
+    if pure:
+        monkeypatch.setenv("KVSHARE_VLLM_PURE_PYTHON", "1")
+    else:
+        monkeypatch.delenv("KVSHARE_VLLM_PURE_PYTHON", raising=False)
+    return KvshareKVCacheManager(cfg, max_model_len=4096, scheduler_block_size=BS,
+                                 hash_block_size=BS)
+
+
+def begin(m: KvshareKVCacheManager, seq: int, prompt: list[int]) -> _Req:
+    """A sequence holding ``prompt`` (hits shared), as ``_begin`` leaves it."""
+    info = ffi.new("kvs_seq_info *")
+    toks = kvshare.pack_i32(prompt)
+    kvshare.check(lib.kvs_seq_begin(m._h, seq, ffi.from_buffer("int32_t[]", toks), len(prompt),
+                                    ffi.NULL, max(len(prompt) - 1, 0), info), "kvs_seq_begin")
+    st = _Req(seq, None)
+    st.n = len(prompt)
+    rc, _ = m._append(st, (), st.n, 0)  # reads the block table
+    assert rc == 0
+    return st
+
+
+def state(st: _Req):
+    return (st.n, list(st.pages), st.raw, st.quiet)
+
+
+fast_only = pytest.mark.skipif(mgr_mod._fast is None, reason="kvshare_vllm._fast not built")
+
+
+def test_fast_built_when_required(monkeypatch):
+    """scripts/test-python builds the extension and sets KVSHARE_VLLM_REQUIRE_FAST: a broken
+    build must fail here rather than pass every test on the Python fallback."""
+    if not os.environ.get("KVSHARE_VLLM_REQUIRE_FAST"):
+        pytest.skip("KVSHARE_VLLM_REQUIRE_FAST not set")
+    assert mgr_mod._fast is not None, "kvshare_vllm._fast did not import"
+    m = make_manager(monkeypatch, pure=False)
+    assert type(m._append).__name__ == "builtin_function_or_method"
+    p = make_manager(monkeypatch, pure=True)
+    assert p._append.__func__ is KvshareKVCacheManager._append
+
+
+@fast_only
+@pytest.mark.parametrize("seed", range(4))
+def test_fast_matches_python(monkeypatch, seed):
+    rng = random.Random(seed)
+    fast = make_manager(monkeypatch, pure=False)
+    slow = make_manager(monkeypatch, pure=True)
+    system = [rng.randrange(3, 30000) for _ in range(rng.randint(0, 40))]
+    live: dict[int, tuple[_Req, _Req, list[int]]] = {}
+    seq = 0
+    for _ in range(400):
+        op = rng.random()
+        if op < 0.15 or not live:
+            seq += 1
+            prompt = system + [rng.randrange(3, 30000) for _ in range(rng.randint(1, 40))]
+            try:
+                a = begin(fast, seq, prompt)
+            except kvshare.NoSpaceError:
+                with pytest.raises(kvshare.NoSpaceError):
+                    begin(slow, seq, prompt)
+                continue
+            b = begin(slow, seq, prompt)
+            assert state(a) == state(b)
+            live[seq] = (a, b, list(prompt))
+        elif op < 0.25:
+            s = rng.choice(list(live))
+            a, b, _ = live.pop(s)
+            kvshare.check(lib.kvs_seq_free(fast._h, a.seq), "kvs_seq_free")
+            kvshare.check(lib.kvs_seq_free(slow._h, b.seq), "kvs_seq_free")
+        else:
+            s = rng.choice(list(live))
+            a, b, ids = live[s]
+            ids.extend(rng.randrange(3, 30000) for _ in range(rng.choice((1, 1, 1, 3, 17, 90))))
+            known = rng.randint(a.n, len(ids))  # a chunk, or a whole run of tokens
+            lookahead = rng.choice((0, 0, 0, 1, 5, 40))
+            got = fast._append(a, ids, known, lookahead)
+            want = slow._append(b, ids, known, lookahead)
+            assert (got[0], list(got[1])) == (want[0], list(want[1]))
+            assert state(a) == state(b)
+            if got[0]:
+                assert got[0] == kvshare.STATUS["KVS_STATUS_NO_SPACE"]
+        assert fast.cache.stats() == slow.cache.stats()
+    fast.check()
+    slow.check()
+
+
+@fast_only
+def test_fast_bad_input_changes_nothing(monkeypatch):
+    m = make_manager(monkeypatch, pure=False, num_blocks=8)
+    st = begin(m, 1, list(range(3, 23)))  # 20 tokens: 2 pages
+    ids = list(range(3, 23)) + [40, 41]
+    before_state, before_stats = state(st), m.cache.stats()
+
+    def unchanged():
+        assert state(st) == before_state
+        assert m.cache.stats() == before_stats
+
+    with pytest.raises(TypeError):
+        m._append(st, ids, 22)
+    with pytest.raises(TypeError):
+        m._append(st, iter(ids), 22, 0)
+    with pytest.raises(ValueError):
+        m._append(st, ids, 30, 0)  # fewer ids than known
+    with pytest.raises(ValueError):
+        m._append(st, ids, 22, -1)
+    with pytest.raises(OverflowError):
+        m._append(st, ids[:20] + [2 ** 31, 5], 22, 0)
+    with pytest.raises(TypeError):
+        m._append(st, ids[:20] + ["x", 5], 22, 0)
+    unchanged()
+    # More slots than the cache has: kvshare's NO_SPACE, nothing changed.
+    rc, new = m._append(st, ids, 22, 100)
+    assert rc == kvshare.STATUS["KVS_STATUS_NO_SPACE"] and new == ()
+    unchanged()
+    # A sequence kvshare does not know: its status, nothing changed.
+    ghost = _Req(99, None)
+    rc, new = m._append(ghost, ids, 22, 0)
+    assert rc == kvshare.STATUS["KVS_STATUS_SEQ_NOT_FOUND"] and new == ()
+    assert state(ghost) == (0, [], b"", -1)
+    unchanged()
+    # And then a good append goes through.
+    rc, new = m._append(st, ids, 22, 12)
+    assert rc == 0 and len(new) == 1 and st.pages[-1] == new[0]
+    assert (st.n, st.quiet) == (22, 31)
+    m.check()
