@@ -65,6 +65,40 @@ static int Appender_init(Appender *self, PyObject *args, PyObject *kwds) {
     return 0;
 }
 
+/* Converts items ``start..start+n`` of the list or tuple ``ids`` to int32 (OverflowError /
+ * TypeError as ``kvshare.pack_i32`` raises them); 0 on success.  An item that is not an int
+ * goes through ``__index__``, which may run Python code: the item is held and the size
+ * re-checked, so a list changed meanwhile is an error, never a stale read. */
+static int to_i32(PyObject *ids, Py_ssize_t start, Py_ssize_t n, int32_t *out) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (start + i >= PySequence_Fast_GET_SIZE(ids)) {
+            PyErr_SetString(PyExc_RuntimeError, "token id list changed size while packed");
+            return -1;
+        }
+        PyObject *item = PySequence_Fast_GET_ITEM(ids, start + i);
+        long v;
+        if (PyLong_Check(item)) {
+            v = PyLong_AsLong(item);
+        } else {
+            Py_INCREF(item);
+            PyObject *idx = PyNumber_Index(item);
+            Py_DECREF(item);
+            if (!idx)
+                return -1;
+            v = PyLong_AsLong(idx);
+            Py_DECREF(idx);
+        }
+        if (v == -1 && PyErr_Occurred())
+            return -1;
+        if (v < INT32_MIN || v > INT32_MAX) {
+            PyErr_Format(PyExc_OverflowError, "token id %ld does not fit in int32", v);
+            return -1;
+        }
+        out[i] = (int32_t)v;
+    }
+    return 0;
+}
+
 /* An int attribute of ``st`` as Py_ssize_t (-1 with an exception set on failure). */
 static Py_ssize_t get_size(PyObject *st, PyObject *name) {
     PyObject *v = PyObject_GetAttr(st, name);
@@ -122,17 +156,8 @@ static PyObject *Appender_append(Appender *self, PyObject *const *args, Py_ssize
             self->tokens = t;
             self->tok_cap = (size_t)add;
         }
-        PyObject **items = PySequence_Fast_ITEMS(ids);
-        for (Py_ssize_t i = 0; i < add; i++) {
-            long v = PyLong_AsLong(items[old + i]);
-            if (v == -1 && PyErr_Occurred())
-                return NULL;
-            if (v < INT32_MIN || v > INT32_MAX) {
-                PyErr_Format(PyExc_OverflowError, "token id %ld does not fit in int32", v);
-                return NULL;
-            }
-            self->tokens[i] = (int32_t)v;
-        }
+        if (to_i32(ids, old, add, self->tokens) < 0)
+            return NULL;
     }
     PyObject *seq_obj = PyObject_GetAttr(st, s_seq);
     if (!seq_obj)
@@ -221,8 +246,33 @@ static PyTypeObject AppenderType = {
     .tp_methods = Appender_methods,
 };
 
+/* pack_i32(ids) -> bytes: a list or tuple of token ids as native int32 (``kvshare.pack_i32``
+ * for the prompts the adapter matches and begins). */
+static PyObject *pack_i32(PyObject *module, PyObject *ids) {
+    (void)module;
+    if (!PyList_Check(ids) && !PyTuple_Check(ids)) {
+        PyErr_SetString(PyExc_TypeError, "pack_i32: token ids must be a list or tuple");
+        return NULL;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(ids);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(int32_t));
+    if (!out)
+        return NULL;
+    if (to_i32(ids, 0, n, (int32_t *)PyBytes_AS_STRING(out)) < 0) {
+        Py_DECREF(out);
+        return NULL;
+    }
+    return out;
+}
+
+static PyMethodDef module_methods[] = {
+    {"pack_i32", pack_i32, METH_O, "pack_i32(ids) -> bytes: token ids as native int32"},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef fastmodule = {
-    PyModuleDef_HEAD_INIT, "_fast", "Compiled hot path of the kvshare vLLM adapter.", -1, NULL,
+    PyModuleDef_HEAD_INIT, "_fast", "Compiled hot path of the kvshare vLLM adapter.", -1,
+    module_methods, NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__fast(void) {

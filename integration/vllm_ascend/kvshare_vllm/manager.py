@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
-import os as _os
+import os
 from typing import Any
 
 import kvshare
@@ -34,7 +34,7 @@ except ImportError:  # pragma: no cover - older/newer vLLM
 
 logger = logging.getLogger("kvshare_vllm")
 
-try:  # the compiled _append (kvshare_vllm/_fast.c); the Python one below when not built
+try:  # the compiled _append and packing (kvshare_vllm/_fast.c); Python's when not built
     from . import _fast
 except ImportError:  # pragma: no cover - depends on the install
     _fast = None
@@ -297,8 +297,11 @@ class KvshareKVCacheManager:
         self._common: bytes | None = None
         self._defer = not enable_kv_cache_events
         self._avail: int | None = None  # see _capacity
-        if _fast is not None and not _os.environ.get("KVSHARE_VLLM_PURE_PYTHON"):
-            self._append = _fast.Appender(
+        # The compiled hand-over and packing when built (KVSHARE_VLLM_PURE_PYTHON=1: Python's).
+        fast = None if os.environ.get("KVSHARE_VLLM_PURE_PYTHON") else _fast
+        self._pack = fast.pack_i32 if fast is not None else kvshare.pack_i32
+        if fast is not None:
+            self._append = fast.Appender(
                 int(ffi.cast("uintptr_t", self._h)),
                 int(ffi.cast("uintptr_t", ffi.addressof(lib, "kvs_seq_append_pages"))),
                 bs, self._max_pages).append
@@ -342,7 +345,7 @@ class KvshareKVCacheManager:
         pend = self._pending
         if pend is not None and pend[0] == request.request_id and len(pend[1]) >= 4 * n:
             return memoryview(pend[1])[:4 * n]
-        return kvshare.pack_i32(_token_ids(request)[:n])
+        return self._pack(_token_ids(request)[:n])
 
     def _drain_events(self, st: _Req | None, request) -> None:
         """Converts queued kvshare events into vLLM events (token ids from ``request``)."""
@@ -431,7 +434,7 @@ class KvshareKVCacheManager:
             self._flush()
         ids = _token_ids(request)
         n = len(ids)
-        toks = kvshare.pack_i32(ids)
+        toks = self._pack(ids)
         st_extra = self._extra_for(request)
         rc = lib.kvs_prefix_match(self._h, ffi.from_buffer("int32_t[]", toks) if n else ffi.NULL,
                                   n, st_extra.ptr if st_extra else ffi.NULL, max(n - 1, 0), False,

@@ -148,3 +148,40 @@ def test_fast_bad_input_changes_nothing(monkeypatch):
     assert rc == 0 and len(new) == 1 and st.pages[-1] == new[0]
     assert (st.n, st.quiet) == (22, 31)
     m.check()
+
+
+@fast_only
+def test_fast_pack_i32_matches_binding():
+    fast = mgr_mod._fast.pack_i32
+    rng = random.Random(7)
+    for n in (0, 1, 17, 1000):
+        ids = [rng.randrange(-2 ** 31, 2 ** 31) for _ in range(n)]
+        assert fast(ids) == kvshare.pack_i32(ids) == fast(tuple(ids))
+    assert fast([2 ** 31 - 1, -2 ** 31, True]) == kvshare.pack_i32([2 ** 31 - 1, -2 ** 31, 1])
+
+    class Idx:  # an int-like (numpy scalars are such)
+        def __init__(self, v):
+            self.v = v
+
+        def __index__(self):
+            return self.v
+
+    assert fast([Idx(5), 6]) == kvshare.pack_i32([5, 6])
+    for bad, exc in (([2 ** 31], OverflowError), ([-2 ** 31 - 1], OverflowError),
+                     ([2 ** 70], OverflowError), (["1"], TypeError), ([1.0], TypeError),
+                     (iter([1]), TypeError)):
+        with pytest.raises(exc):
+            fast(bad)
+        with pytest.raises(exc):
+            kvshare.pack_i32(bad)
+
+    ids = [1, 2, 3]
+
+    class Shrink:  # __index__ empties the list being packed: an error, not a stale read
+        def __index__(self):
+            ids.clear()
+            return 0
+
+    ids[0] = Shrink()
+    with pytest.raises(RuntimeError):
+        fast(ids)
