@@ -9,10 +9,14 @@ cost is the same on both sides) plus the engine's block hasher: vLLM's prefix ca
 plugin switches off when kvshare manages the cache (kvshare hashes inside its own calls), so
 the kvshare side runs its requests without it, as the engine does.
 
+The two schedulers run in lockstep: one step of one, then one step of the other, so the
+machine's noise (it comes in phases of seconds) falls on both alike, and each side's caches are
+as cold at its next step as an engine's are after a model step.  The side going first in every
+step runs measurably slower, so the order alternates between repeats (an even number).
+
 Reported: ``speedup`` = (vLLM manager + hasher) / (kvshare manager + hasher, i.e. none), and
-``speedup_manager_only``, the managers' methods alone: medians over ``--repeats`` pairs of runs
-(vLLM and kvshare back to back, order alternating), each pair's ratio taken in the same
-seconds.  Per-side microseconds per step are medians too.
+``speedup_manager_only``, the managers' methods alone: geometric means over the repeats of
+each repeat's ratio.  Per-side microseconds per step are medians.
 
 Usage: bench_vllm.py [--quick] [--convs N] [--turns T] [--repeats R]
 """
@@ -77,6 +81,11 @@ def instrument(mgr, clock: Clock):
     ns = {name: wrap(name, getattr(cls, name)) for name in TIMED if hasattr(cls, name)}
     ns["usage"] = property(wrap("usage", cls.usage.fget))
     mgr.__class__ = type("Timed" + cls.__name__, (cls,), ns)
+    # Methods the manager installs per instance (kvshare's compiled allocate_slots) shadow the
+    # class's: they are timed where they are.
+    for name in TIMED:
+        if name in vars(mgr):
+            setattr(mgr, name, wrap(name, vars(mgr)[name]))
 
 
 def side(model_dir, kvshare: bool, args, seed=1):

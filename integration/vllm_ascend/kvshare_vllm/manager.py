@@ -452,7 +452,7 @@ class KvshareKVCacheManager:
         if not pages:
             return self.empty_kv_cache_blocks, 0
         blocks = self._blocks
-        return KVCacheBlocks(([blocks[p] for p in pages],)), hit
+        return KVCacheBlocks((list(map(blocks.__getitem__, pages)),)), hit
 
     def allocate_slots(
         self,
@@ -603,7 +603,7 @@ class KvshareKVCacheManager:
         if self._track_new:
             self._new_block_ids.extend(new)
         blocks = self._blocks
-        return KVCacheBlocks(([blocks[p] for p in new],))
+        return KVCacheBlocks((list(map(blocks.__getitem__, new)),))
 
     def free(self, request) -> None:
         st = self._reqs.pop(request.request_id, None)
@@ -692,7 +692,7 @@ class KvshareKVCacheManager:
         if st is None or not st.pages:
             return self.empty_kv_cache_blocks
         blocks = self._blocks
-        return KVCacheBlocks(([blocks[p] for p in st.pages],))
+        return KVCacheBlocks((list(map(blocks.__getitem__, st.pages)),))
 
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
         st = self._reqs.get(request_id)
