@@ -32,6 +32,7 @@ typedef struct {
     uint32_t *pages;  /* max_pages */
     int32_t *tokens;  /* tok_cap */
     size_t tok_cap;
+    int busy;         /* inside append: __index__ or attribute code re-entering is refused */
 } Appender;
 
 static PyObject *s_n, *s_seq, *s_pages, *s_raw, *s_quiet, *empty_tuple;
@@ -52,12 +53,21 @@ static int Appender_init(Appender *self, PyObject *args, PyObject *kwds) {
         PyErr_SetString(PyExc_ValueError, "Appender: null address or non-positive size");
         return -1;
     }
-    free(self->pages);
-    self->pages = malloc((size_t)max_pages * sizeof(uint32_t));
-    if (!self->pages) {
+    if ((size_t)max_pages > PY_SSIZE_T_MAX / sizeof(uint32_t)) {
+        PyErr_SetString(PyExc_OverflowError, "Appender: max_pages too large");
+        return -1;
+    }
+    if (self->busy) {
+        PyErr_SetString(PyExc_RuntimeError, "Appender: __init__ during append");
+        return -1;
+    }
+    uint32_t *pages = malloc((size_t)max_pages * sizeof(uint32_t));
+    if (!pages) {
         PyErr_NoMemory();
         return -1;
     }
+    free(self->pages);
+    self->pages = pages;
     self->cache = (kvs_cache *)(uintptr_t)cache;
     self->fn = (append_pages_fn)(uintptr_t)fn;
     self->block_size = bs;
@@ -120,7 +130,7 @@ static int set_size(PyObject *st, PyObject *name, Py_ssize_t value) {
     return r;
 }
 
-static PyObject *Appender_append(Appender *self, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *append_impl(Appender *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 4) {
         PyErr_SetString(PyExc_TypeError, "append(st, ids, known, lookahead) takes 4 arguments");
         return NULL;
@@ -174,26 +184,33 @@ static PyObject *Appender_append(Appender *self, PyObject *const *args, Py_ssize
         PyErr_SetString(PyExc_TypeError, "append: st.pages must be a list");
         return NULL;
     }
+    PyObject *raw = PyObject_GetAttr(st, s_raw);
+    if (!raw) {
+        Py_DECREF(pages);
+        return NULL;
+    }
+    if (!PyBytes_Check(raw)) {
+        Py_DECREF(pages);
+        Py_DECREF(raw);
+        PyErr_SetString(PyExc_TypeError, "append: st.raw must be bytes");
+        return NULL;
+    }
     size_t have = (size_t)PyList_GET_SIZE(pages), ncopies = 0, k = 0;
     kvs_status rc = self->fn(self->cache, seq, add ? self->tokens : NULL, (size_t)add,
                              (size_t)lookahead, NULL, 0, &ncopies, have, self->pages,
                              self->max_pages, &k);
     if (rc != KVS_STATUS_OK) {
         Py_DECREF(pages);
+        Py_DECREF(raw);
         return Py_BuildValue("(iO)", (int)rc, empty_tuple);
     }
     /* kvshare changed: from here on the Python state must follow, whatever it costs. */
     PyObject *new = PyList_New((Py_ssize_t)k);
     PyObject *raw_add = PyBytes_FromStringAndSize((const char *)self->pages,
                                                   (Py_ssize_t)(k * sizeof(uint32_t)));
-    PyObject *raw = PyObject_GetAttr(st, s_raw);
     PyObject *result = NULL, *raw_new = NULL;
-    if (!new || !raw_add || !raw)
+    if (!new || !raw_add)
         goto done;
-    if (!PyBytes_Check(raw)) {
-        PyErr_SetString(PyExc_TypeError, "append: st.raw must be bytes");
-        goto done;
-    }
     for (size_t i = 0; i < k; i++) {
         PyObject *p = PyLong_FromUnsignedLong(self->pages[i]);
         if (!p)
@@ -223,9 +240,26 @@ done:
     Py_DECREF(pages);
     Py_XDECREF(new);
     Py_XDECREF(raw_add);
-    Py_XDECREF(raw);
+    Py_DECREF(raw);
     Py_XDECREF(raw_new);
     return result;
+}
+
+/* append_impl with its buffers held: Python code it runs (``__index__``, attribute hooks) cannot
+ * re-enter this Appender. */
+static PyObject *Appender_append(Appender *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (!self->fn || !self->pages) {
+        PyErr_SetString(PyExc_RuntimeError, "Appender: not initialised");
+        return NULL;
+    }
+    if (self->busy) {
+        PyErr_SetString(PyExc_RuntimeError, "Appender: append re-entered");
+        return NULL;
+    }
+    self->busy = 1;
+    PyObject *r = append_impl(self, args, nargs);
+    self->busy = 0;
+    return r;
 }
 
 static PyMethodDef Appender_methods[] = {

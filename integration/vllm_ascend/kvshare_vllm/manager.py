@@ -733,6 +733,8 @@ class KvshareKVCacheManager:
         into ``st``.  Returns ``(status, new page ids)``; on a failure nothing changed."""
         old = st.n
         add = known - old if known > old else 0
+        if add and len(ids) < known:
+            raise ValueError("append: fewer token ids than known")
         rc = lib.kvs_seq_append_pages(self._h, st.seq, self._token_ptr(ids, old, old + add), add,
                                       lookahead, ffi.NULL, 0, self._n1, len(st.pages),
                                       self._pages_buf, self._max_pages, self._n2)

@@ -132,6 +132,16 @@ def test_fast_bad_input_changes_nothing(monkeypatch):
         m._append(st, ids[:20] + [2 ** 31, 5], 22, 0)
     with pytest.raises(TypeError):
         m._append(st, ids[:20] + ["x", 5], 22, 0)
+
+    class Reenter:  # __index__ calling back into the same Appender: refused, nothing changed
+        def __index__(self):
+            m._append(st, ids, 22, 0)
+            return 7
+
+    with pytest.raises(RuntimeError, match="re-entered"):
+        m._append(st, ids[:21] + [Reenter()], 22, 0)
+    with pytest.raises(RuntimeError, match="not initialised"):
+        mgr_mod._fast.Appender.__new__(mgr_mod._fast.Appender).append(st, ids, 22, 0)
     unchanged()
     # More slots than the cache has: kvshare's NO_SPACE, nothing changed.
     rc, new = m._append(st, ids, 22, 100)
