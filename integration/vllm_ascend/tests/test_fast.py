@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
+import subprocess
+import sys
+import sysconfig
 
 import pytest
 import torch
@@ -195,3 +199,30 @@ def test_fast_pack_i32_matches_binding():
     ids[0] = Shrink()
     with pytest.raises(RuntimeError):
         fast(ids)
+
+
+def test_fast_under_asan(tmp_path):
+    """_fast.c built with -fsanitize=address,undefined and driven by tests/fast_asan/drive.py in
+    a process of its own (the sanitizer runtime preloaded; no torch, no vLLM)."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    asan = subprocess.run([cc, "-print-file-name=libasan.so"], capture_output=True,
+                          text=True).stdout.strip()
+    if not os.path.isabs(asan) or not os.path.exists(asan):
+        pytest.skip("libasan not installed")
+    here = os.path.dirname(os.path.abspath(__file__))
+    src = os.path.join(here, "..", "kvshare_vllm", "_fast.c")
+    so = str(tmp_path / "_fast.so")
+    header = os.environ.get("KVSHARE_HEADER") or kvshare.HEADER_PATH
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-g", "-fsanitize=address,undefined",
+                    "-fno-sanitize-recover=undefined", "-fno-omit-frame-pointer",
+                    "-Wall", "-Wextra", "-Werror", "-Wno-missing-field-initializers",
+                    "-I", os.path.dirname(header), "-I", sysconfig.get_paths()["include"],
+                    src, "-o", so], check=True)
+    env = dict(os.environ, LD_PRELOAD=asan, ASAN_OPTIONS="detect_leaks=0",
+               PYTHONPATH=os.pathsep.join(sys.path), KVSHARE_LIB=kvshare.LIB_PATH,
+               KVSHARE_HEADER=header)
+    r = subprocess.run([sys.executable, os.path.join(here, "fast_asan", "drive.py"), so],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr

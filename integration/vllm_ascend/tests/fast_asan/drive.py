@@ -1,0 +1,112 @@
+"""Drives kvshare_vllm/_fast.c built with AddressSanitizer + UBSan (loaded from the path given
+as argv[1], no torch or vLLM in the process): random appends against a plain Python model of
+the request state, every bad input, re-entry and packing.  Run by tests/test_fast.py under
+LD_PRELOAD=libasan; any memory error aborts the process."""
+
+import importlib.machinery
+import importlib.util
+import random
+import sys
+
+import kvshare
+from kvshare import ffi, lib
+
+spec = importlib.util.spec_from_file_location(
+    "_fast", sys.argv[1], loader=importlib.machinery.ExtensionFileLoader("_fast", sys.argv[1]))
+fast = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(fast)
+
+BS, PAGES = 16, 64
+
+
+class St:  # the attributes the Appender reads and writes (manager._Req's)
+    __slots__ = ("seq", "pages", "raw", "n", "extra", "quiet")
+
+    def __init__(self, seq):
+        self.seq, self.pages, self.raw, self.n, self.extra, self.quiet = seq, [], b"", 0, None, -1
+
+
+cfg = kvshare.config_default(page_size=BS, num_device_pages=PAGES, num_host_pages=0,
+                             reserve_null_page=True, enable_prefix_caching=True)
+cache = kvshare.Cache(cfg)
+h = cache.handle
+app = fast.Appender(int(ffi.cast("uintptr_t", h)),
+                    int(ffi.cast("uintptr_t", ffi.addressof(lib, "kvs_seq_append_pages"))),
+                    BS, PAGES)
+rng = random.Random(3)
+system = [rng.randrange(3, 30000) for _ in range(40)]
+live = {}
+for seq in range(1, 400):
+    op = rng.random()
+    if op < 0.2 or not live:
+        prompt = system + [rng.randrange(3, 30000) for _ in range(rng.randint(1, 40))]
+        toks = fast.pack_i32(prompt)
+        assert toks == kvshare.pack_i32(prompt)
+        rc = lib.kvs_seq_begin(h, seq, ffi.from_buffer("int32_t[]", toks), len(prompt), ffi.NULL,
+                               len(prompt) - 1, ffi.NULL)
+        if rc:
+            continue
+        st = St(seq)
+        st.n = len(prompt)
+        assert app.append(st, (), st.n, 0)[0] == 0
+        live[seq] = (st, prompt)
+    elif op < 0.3:
+        s = rng.choice(list(live))
+        st, _ = live.pop(s)
+        kvshare.check(lib.kvs_seq_free(h, st.seq), "kvs_seq_free")
+    else:
+        s = rng.choice(list(live))
+        st, ids = live[s]
+        ids.extend(rng.randrange(3, 30000) for _ in range(rng.choice((1, 3, 17, 90))))
+        before = (st.n, list(st.pages), st.raw)
+        rc, new = app.append(st, ids, rng.randint(st.n, len(ids)), rng.choice((0, 1, 40)))
+        if rc == 0:
+            assert st.pages == before[1] + list(new)
+            assert st.raw == before[2] + b"".join(p.to_bytes(4, sys.byteorder) for p in new)
+            fill = (st.n // BS + 1) * BS
+            assert st.quiet == min(len(st.pages) * BS, fill - 1)
+        else:
+            assert (st.n, st.pages, st.raw) == before and new == ()
+cache.check()
+
+st, ids = next(iter(live.values()))
+for args, exc in (((st, ids, st.n), TypeError), ((st, iter(ids), len(ids), 0), (TypeError, ValueError)),
+                  ((st, ids, len(ids) + 5, 0), ValueError), ((st, ids, len(ids), -1), ValueError),
+                  ((st, ids + [2 ** 31], len(ids) + 1, 0), OverflowError)):
+    try:
+        app.append(*args)
+    except exc:
+        pass
+    else:
+        raise AssertionError(f"no error for {args[2:]}")
+
+
+class Reenter:
+    def __index__(self):
+        app.append(st, ids, len(ids), 0)
+        return 5
+
+
+try:
+    app.append(st, ids + [Reenter()], len(ids) + 1, 0)
+except RuntimeError:
+    pass
+else:
+    raise AssertionError("re-entry not refused")
+try:
+    fast.Appender.__new__(fast.Appender).append(st, ids, len(ids), 0)
+except RuntimeError:
+    pass
+else:
+    raise AssertionError("uninitialised Appender ran")
+app.__init__(int(ffi.cast("uintptr_t", h)),
+             int(ffi.cast("uintptr_t", ffi.addressof(lib, "kvs_seq_append_pages"))), BS, PAGES)
+for bad in ([2 ** 40], ["x"], [None]):
+    try:
+        fast.pack_i32(bad)
+    except (OverflowError, TypeError):
+        pass
+    else:
+        raise AssertionError(bad)
+cache.check()
+print("ok")
