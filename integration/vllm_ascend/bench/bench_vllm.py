@@ -163,7 +163,7 @@ def side(model_dir, kvshare: bool, args, seed=1):
 def lockstep(model_dir, args, sides: dict) -> dict:
     """Runs the sides (name -> kvshare flag, in this order) one scheduler step each in turn, so
     that the machine's noise (it comes in phases of seconds) falls on both alike; returns
-    name -> figures.  The side going first in every step runs measurably slower (about 5-15%
+    name -> figures.  The side going first in every step runs measurably slower (about 5-20%
     here), so callers alternate the order between repeats."""
     import gc
     from vllm.utils.gc_utils import freeze_gc_heap
