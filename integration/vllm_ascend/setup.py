@@ -25,6 +25,9 @@ def header_dir() -> str:
     return os.path.join(REPO, "include")
 
 
+# Optional for users; scripts/test-python sets KVSHARE_VLLM_REQUIRE_FAST so a failed build fails.
+HEADER_DIR = header_dir()
 setup(ext_modules=[Extension("kvshare_vllm._fast", ["kvshare_vllm/_fast.c"],
-                             include_dirs=[header_dir()], extra_compile_args=["-O2"],
-                             optional=True)])
+                             include_dirs=[HEADER_DIR], extra_compile_args=["-O2"],
+                             depends=[os.path.join(HEADER_DIR, "kvshare.h")],
+                             optional=not os.environ.get("KVSHARE_VLLM_REQUIRE_FAST"))])

@@ -81,8 +81,8 @@ def instrument(mgr, clock: Clock):
     ns = {name: wrap(name, getattr(cls, name)) for name in TIMED if hasattr(cls, name)}
     ns["usage"] = property(wrap("usage", cls.usage.fget))
     mgr.__class__ = type("Timed" + cls.__name__, (cls,), ns)
-    # Methods the manager installs per instance (kvshare's compiled allocate_slots) shadow the
-    # class's: they are timed where they are.
+    # A method a manager installs per instance would shadow the class's: it is timed where it
+    # is (none of the timed ones is today; the guard keeps a future one from escaping).
     for name in TIMED:
         if name in vars(mgr):
             setattr(mgr, name, wrap(name, vars(mgr)[name]))

@@ -7,8 +7,9 @@
  * lookahead)`` is ``_append`` of manager.py: it hands kvshare the token ids ``ids[st.n:known]``,
  * keeps ``lookahead`` slots past them, appends the pages kvshare added to ``st.pages`` (ints) and
  * ``st.raw`` (uint32 bytes), updates ``st.n`` and ``st.quiet``, and returns ``(status, new page
- * ids)``; on a failure nothing changed (``(status, ())``).  Copy-on-write is reported by kvshare
- * as KVS_STATUS_BUFFER_TOO_SMALL (no copy buffer is passed: the adapter never forks requests).
+ * ids)``; on a failure nothing changed (``(status, ())``).  No copy buffer is passed: the adapter
+ * shares only full prefix-hit pages, all below ``st.n``, so an append never writes into a shared
+ * page (a copy-on-write would be refused as KVS_STATUS_BUFFER_TOO_SMALL).
  * manager.py keeps the same function in Python for interpreters where this is not built.
  */
 #define PY_SSIZE_T_CLEAN

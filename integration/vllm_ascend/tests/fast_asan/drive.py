@@ -70,7 +70,7 @@ for seq in range(1, 400):
 cache.check()
 
 st, ids = next(iter(live.values()))
-for args, exc in (((st, ids, st.n), TypeError), ((st, iter(ids), len(ids), 0), (TypeError, ValueError)),
+for args, exc in (((st, ids, st.n), TypeError), ((st, iter(ids + [5]), len(ids) + 1, 0), TypeError),
                   ((st, ids, len(ids) + 5, 0), ValueError), ((st, ids, len(ids), -1), ValueError),
                   ((st, ids + [2 ** 31], len(ids) + 1, 0), OverflowError)):
     try:
