@@ -113,12 +113,17 @@ impl State {
     }
 
     fn device_seq(&self, id: u64) -> Result<&Seq> {
+        self.seq_on(id, Tier::Device)
+    }
+
+    /// The sequence, when it lives on `tier` (`SeqWrongTier` otherwise).
+    fn seq_on(&self, id: u64, tier: Tier) -> Result<&Seq> {
         let s = self.seq(id)?;
-        if s.tier != Tier::Device {
+        if s.tier != tier {
             return Err(Error::SeqWrongTier {
                 seq: id,
                 tier: s.tier,
-                needed: Tier::Device,
+                needed: tier,
             });
         }
         Ok(s)
@@ -566,14 +571,7 @@ impl State {
     /// Device pages [`swap_in`](Self::swap_in) would take now, and the pages it can have (free
     /// plus evictable, not counting the cached pages it would share). Read-only.
     pub fn swap_in_need(&self, id: u64) -> Result<(usize, usize)> {
-        let s = self.seq(id)?;
-        if s.tier != Tier::Host {
-            return Err(Error::SeqWrongTier {
-                seq: id,
-                tier: s.tier,
-                needed: Tier::Host,
-            });
-        }
+        let s = self.seq_on(id, Tier::Host)?;
         let (_, need, cached_hits) = self.swap_in_plan(s);
         Ok((need, self.dev.available() - cached_hits))
     }
@@ -600,14 +598,7 @@ impl State {
         copies: &mut Vec<PageCopy>,
         max_copies: usize,
     ) -> Result<()> {
-        let s = self.seq(id)?;
-        if s.tier != Tier::Host {
-            return Err(Error::SeqWrongTier {
-                seq: id,
-                tier: s.tier,
-                needed: Tier::Host,
-            });
-        }
+        let s = self.seq_on(id, Tier::Host)?;
         let (hits, need, cached_hits) = self.swap_in_plan(s);
         let ps = self.ps;
         let hit_pages: Vec<u32> = hits.iter().flatten().copied().collect();
