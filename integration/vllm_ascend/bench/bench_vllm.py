@@ -81,11 +81,6 @@ def instrument(mgr, clock: Clock):
     ns = {name: wrap(name, getattr(cls, name)) for name in TIMED if hasattr(cls, name)}
     ns["usage"] = property(wrap("usage", cls.usage.fget))
     mgr.__class__ = type("Timed" + cls.__name__, (cls,), ns)
-    # A method a manager installs per instance would shadow the class's: it is timed where it
-    # is (none of the timed ones is today; the guard keeps a future one from escaping).
-    for name in TIMED:
-        if name in vars(mgr):
-            setattr(mgr, name, wrap(name, vars(mgr)[name]))
 
 
 def side(model_dir, kvshare: bool, args, seed=1):

@@ -214,7 +214,7 @@ def test_fast_under_asan(tmp_path):
     here = os.path.dirname(os.path.abspath(__file__))
     src = os.path.join(here, "..", "kvshare_vllm", "_fast.c")
     so = str(tmp_path / "_fast.so")
-    header = os.environ.get("KVSHARE_HEADER") or kvshare.HEADER_PATH
+    header = kvshare.HEADER_PATH  # $KVSHARE_HEADER first, as the binding looks it up
     subprocess.run([cc, "-shared", "-fPIC", "-O1", "-g", "-fsanitize=address,undefined",
                     "-fno-sanitize-recover=undefined", "-fno-omit-frame-pointer",
                     "-Wall", "-Wextra", "-Werror", "-Wno-missing-field-initializers",
