@@ -573,3 +573,70 @@ fn capacity_queries_match_what_the_operations_take() {
     ));
     s.check().unwrap();
 }
+
+/// Walks hash pages in groups before looking them up (State::walk): a long walk must still stop
+/// exactly at the first page that differs, holds a placeholder, or passes the cap, wherever
+/// that falls in a group.
+#[test]
+fn long_walks_stop_exactly_at_the_first_difference() {
+    const PAGES: usize = 37; // several walk groups and a partial one
+    let mut s = state(4 * PAGES as u32, 4);
+    let base = toks(1000..1000 + 4 * PAGES as i32);
+    s.begin(1, &base, None, usize::MAX).unwrap();
+    let registered = s.seq_pages(1).unwrap().to_vec();
+    s.free(1).unwrap();
+    let full = s
+        .match_prefix(&base, None, usize::MAX, false, PAGES)
+        .unwrap();
+    assert_eq!(full.pages, registered);
+    for k in 0..PAGES {
+        let mut other = base.clone();
+        other[4 * k + 2] += 1; // page k differs
+        let m = s
+            .match_prefix(&other, None, usize::MAX, false, PAGES)
+            .unwrap();
+        assert_eq!(m.pages, registered[..k], "difference in page {k}");
+        let mut held = base.clone();
+        held[4 * k + 3] = -1; // page k holds a placeholder
+        let m = s
+            .match_prefix(&held, None, usize::MAX, false, PAGES)
+            .unwrap();
+        assert_eq!(m.pages, registered[..k], "placeholder in page {k}");
+        let m = s
+            .match_prefix(&base, None, 4 * k + 3, false, PAGES)
+            .unwrap();
+        assert_eq!(m.pages, registered[..k], "cap of {} tokens", 4 * k + 3);
+        let m = s
+            .match_prefix(&base[..4 * k + 1], None, usize::MAX, false, PAGES)
+            .unwrap();
+        assert_eq!(m.pages, registered[..k], "prompt of {} tokens", 4 * k + 1);
+    }
+    let salted = ExtraKeys {
+        salt: b"other".to_vec(),
+        ..Default::default()
+    };
+    assert!(s
+        .match_prefix(&base, Some(&salted), usize::MAX, false, PAGES)
+        .unwrap()
+        .pages
+        .is_empty());
+    s.check().unwrap();
+}
+
+/// A long walk whose middle pages were demoted to the host tier finds them there and goes on.
+#[test]
+fn long_walks_continue_through_host_hits() {
+    let mut s = tiered(24, 32);
+    let base = toks(0..4 * 20);
+    s.begin(1, &base, None, usize::MAX).unwrap();
+    s.free(1).unwrap(); // 20 cached device pages, LRU: the last page first
+                        // Taking 12 fresh pages evicts (demotes) the 8 least recently used cached ones.
+    s.begin(2, &toks(5000..5000 + 4 * 12), None, usize::MAX)
+        .unwrap();
+    assert_eq!(s.stats().counters.demotions, 8);
+    s.free(2).unwrap();
+    s.take_copies(usize::MAX);
+    let b = s.begin(3, &base, None, usize::MAX).unwrap();
+    assert_eq!((b.matched_tokens, b.promoted_pages), (80, 8));
+    s.check().unwrap();
+}

@@ -140,15 +140,24 @@ impl Hasher for DigestHasher {
 
 type DigestMap = HashMap<u128, u32, BuildHasherDefault<DigestHasher>>;
 
+/// What the index stores of a registered page besides its tokens: one 64-byte record, so that
+/// registering or verifying a page touches one line of it (plus the tokens), not one per field.
+#[derive(Debug, Clone, Copy, Default)]
+#[repr(align(64))]
+struct Meta {
+    hash: u128,
+    parent: u128,
+    extra: u128,
+    lora: u64,
+}
+
 /// Index of one tier's registered pages.
 #[derive(Debug, Clone)]
 pub struct PrefixIndex {
     page_size: usize,
     map: DigestMap,
-    hash: Vec<u128>,
-    parent: Vec<u128>,
-    extra: Vec<u128>,
-    lora: Vec<u64>,
+    meta: Vec<Meta>,
+    /// Kept apart from `meta`: releases read it for every page, and a byte per page stays cached.
     registered: Vec<bool>,
     tokens: Vec<i32>,
 }
@@ -175,10 +184,7 @@ impl PrefixIndex {
         PrefixIndex {
             page_size: page_size as usize,
             map: DigestMap::default(),
-            hash: vec![0; n],
-            parent: vec![0; n],
-            extra: vec![0; n],
-            lora: vec![0; n],
+            meta: vec![Meta::default(); n],
             registered: vec![false; n],
             tokens: vec![0; n * page_size as usize],
         }
@@ -201,7 +207,7 @@ impl PrefixIndex {
 
     /// The chain digest of a registered page.
     pub fn hash_of(&self, page: u32) -> Option<u128> {
-        self.registered[page as usize].then(|| self.hash[page as usize])
+        self.registered[page as usize].then(|| self.meta[page as usize].hash)
     }
 
     fn page_tokens(&self, page: u32) -> &[i32] {
@@ -212,18 +218,28 @@ impl PrefixIndex {
     /// The page registered under `hash` whose stored tokens and extra digest equal the given
     /// ones; `None` on a miss (including the astronomically unlikely digest collision).
     pub fn lookup(&self, hash: u128, extra: u128, tokens: &[i32]) -> Option<u32> {
-        let &page = self.map.get(&hash)?;
-        (self.extra[page as usize] == extra && self.page_tokens(page) == tokens).then_some(page)
+        self.find(hash).filter(|&p| self.verify(p, extra, tokens))
+    }
+
+    /// The page registered under `hash`, unverified: [`lookup`](Self::lookup) in two halves,
+    /// so that a walk can issue several finds before it reads their pages.
+    pub fn find(&self, hash: u128) -> Option<u32> {
+        self.map.get(&hash).copied()
+    }
+
+    /// Whether registered page `page` stores these tokens and this extra digest.
+    pub fn verify(&self, page: u32, extra: u128, tokens: &[i32]) -> bool {
+        self.meta[page as usize].extra == extra && self.page_tokens(page) == tokens
     }
 
     /// The stored entry of a registered page.
     pub fn entry(&self, page: u32) -> Option<Entry<'_>> {
-        let i = page as usize;
-        self.registered[i].then(|| Entry {
-            hash: self.hash[i],
-            parent: self.parent[i],
-            extra: self.extra[i],
-            lora: self.lora[i],
+        let m = &self.meta[page as usize];
+        self.registered[page as usize].then(|| Entry {
+            hash: m.hash,
+            parent: m.parent,
+            extra: m.extra,
+            lora: m.lora,
             tokens: self.page_tokens(page),
         })
     }
@@ -246,14 +262,19 @@ impl PrefixIndex {
         } = e;
         debug_assert_eq!(tokens.len(), self.page_size);
         let i = page as usize;
-        if self.registered[i] || self.map.contains_key(&hash) {
+        if self.registered[i] {
             return false;
         }
-        self.map.insert(hash, page);
-        self.hash[i] = hash;
-        self.parent[i] = parent;
-        self.lora[i] = lora;
-        self.extra[i] = extra;
+        match self.map.entry(hash) {
+            std::collections::hash_map::Entry::Occupied(_) => return false,
+            std::collections::hash_map::Entry::Vacant(v) => v.insert(page),
+        };
+        self.meta[i] = Meta {
+            hash,
+            parent,
+            extra,
+            lora,
+        };
         self.registered[i] = true;
         let s = i * self.page_size;
         self.tokens[s..s + self.page_size].copy_from_slice(tokens);
@@ -267,7 +288,7 @@ impl PrefixIndex {
             return false;
         }
         self.registered[i] = false;
-        let removed = self.map.remove(&self.hash[i]);
+        let removed = self.map.remove(&self.meta[i].hash);
         debug_assert_eq!(removed, Some(page));
         true
     }

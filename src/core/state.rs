@@ -65,6 +65,9 @@ pub(super) struct Hit {
     pub hash: u128,
 }
 
+/// Pages of a prefix walk hashed before their lookups (see [`State::walk`]).
+const WALK_GROUP: usize = 8;
+
 /// Everything the cache manages. Not thread-safe by itself: [`super::Cache`] wraps it in a lock.
 #[derive(Debug)]
 pub struct State {
@@ -281,6 +284,11 @@ impl State {
 
     /// Walks the prefix index along `tokens` for at most `max_pages` pages: each page is looked
     /// up on the device, then (with a host cache) on the host. Read-only.
+    ///
+    /// Pages go in groups of [`WALK_GROUP`]: the group's chain digests first (they depend on the
+    /// tokens alone), then its device lookups, which are independent of each other, so their
+    /// cache misses overlap instead of following one another (the index is cold when an engine
+    /// calls between model steps). A miss ends the walk; at most one group is hashed past it.
     pub(super) fn walk(
         &mut self,
         tokens: &[i32],
@@ -295,31 +303,52 @@ impl State {
         let host = tiers && self.host_cache();
         let ps = self.ps;
         let mut parent = self.root;
-        for (i, chunk) in tokens.chunks_exact(ps).take(max_pages).enumerate() {
-            if chunk.iter().any(|&t| t < 0) {
-                break;
+        let mut chunks = tokens.chunks_exact(ps).take(max_pages).enumerate();
+        let mut group = [(0u128, 0u128, None::<u32>); WALK_GROUP];
+        loop {
+            // Digests of the next group, up to a page holding a placeholder (negative) token.
+            let mut len = 0;
+            let mut last = false;
+            let first = hits.len();
+            for (i, chunk) in chunks.by_ref() {
+                if chunk.iter().any(|&t| t < 0) {
+                    last = true;
+                    break;
+                }
+                let e = extra.map_or(0, |x| x.page_digest(i, ps));
+                parent = chain_hash(parent, e, chunk, &mut self.scratch);
+                group[len] = (parent, e, None);
+                len += 1;
+                if len == WALK_GROUP {
+                    break;
+                }
             }
-            let e = extra.map_or(0, |x| x.page_digest(i, ps));
-            let h = chain_hash(parent, e, chunk, &mut self.scratch);
-            let hit = match self.index.lookup(h, e, chunk) {
-                Some(page) => Hit {
-                    tier: Tier::Device,
-                    page,
-                    hash: h,
-                },
-                None => match host.then(|| self.host_index.lookup(h, e, chunk)).flatten() {
+            for g in &mut group[..len] {
+                g.2 = self.index.find(g.0);
+            }
+            for (j, &(h, e, found)) in group[..len].iter().enumerate() {
+                let chunk = &tokens[(first + j) * ps..(first + j + 1) * ps];
+                let hit = match found.filter(|&p| self.index.verify(p, e, chunk)) {
                     Some(page) => Hit {
-                        tier: Tier::Host,
+                        tier: Tier::Device,
                         page,
                         hash: h,
                     },
-                    None => break,
-                },
-            };
-            hits.push(hit);
-            parent = h;
+                    None => match host.then(|| self.host_index.lookup(h, e, chunk)).flatten() {
+                        Some(page) => Hit {
+                            tier: Tier::Host,
+                            page,
+                            hash: h,
+                        },
+                        None => return hits,
+                    },
+                };
+                hits.push(hit);
+            }
+            if last || len < WALK_GROUP {
+                return hits;
+            }
         }
-        hits
     }
 
     /// Keeps the longest prefix of `hits` whose host pages can be promoted, given `extra_needed`
