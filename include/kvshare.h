@@ -1341,6 +1341,16 @@ void kvs_cache_free(struct kvs_cache *cache);
 kvs_status kvs_cache_get_config(const struct kvs_cache *cache, struct kvs_config *config_out);
 
 /*
+ Writes the pages an allocation in `tier` (a `kvs_tier`) can take now to `*pages_out`:
+ free plus evictable cached pages, `*_pages_free + *_pages_cached` of `kvs_cache_stats`
+ without the rest of the snapshot (O(1); an engine's "free blocks" read every step).
+
+ **Failure:** bad tier; `*pages_out` untouched.
+ **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+ */
+kvs_status kvs_cache_available(const struct kvs_cache *cache, uint32_t tier, size_t *pages_out);
+
+/*
  Writes a consistent snapshot of pool figures and counters to `*stats_out`.
 
  **Thread safety:** safe concurrently with any call but `kvs_cache_free`.

@@ -448,6 +448,12 @@ impl State {
             .collect()
     }
 
+    /// Pages an allocation in `tier` can take now: free plus evictable cached pages (the
+    /// `*_pages_free + *_pages_cached` of [`stats`](Self::stats), in O(1)).
+    pub fn available(&self, tier: Tier) -> usize {
+        self.pool(tier).available()
+    }
+
     /// A consistent snapshot of pool figures and counters.
     pub fn stats(&self) -> Stats {
         let mut logical = 0u64;

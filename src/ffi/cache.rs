@@ -4,7 +4,7 @@ use super::handle::{self, Handle};
 use super::panic::guard;
 use super::slice::{slice, slice_mut, try_out, try_ref};
 use super::status::kvs_status;
-use super::types::dtype_from_raw;
+use super::types::{dtype_from_raw, tier_from_raw};
 use crate::core::{Cache, Config, DType, Error};
 
 /// A KV-cache manager: page pools (device and host), refcounts, the prefix index and sequences.
@@ -262,6 +262,27 @@ impl kvs_cache {
         guard(|| {
             let c = self::cache(cache)?;
             *try_out(config_out, "config_out")? = kvs_config::from_core(c.config());
+            Ok(())
+        })
+    }
+
+    /// Writes the pages an allocation in `tier` (a `kvs_tier`) can take now to `*pages_out`:
+    /// free plus evictable cached pages, `*_pages_free + *_pages_cached` of `kvs_cache_stats`
+    /// without the rest of the snapshot (O(1); an engine's "free blocks" read every step).
+    ///
+    /// **Failure:** bad tier; `*pages_out` untouched.
+    /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+    #[no_mangle]
+    pub unsafe extern "C" fn kvs_cache_available(
+        cache: *const kvs_cache,
+        tier: u32,
+        pages_out: *mut usize,
+    ) -> kvs_status {
+        guard(|| {
+            let c = self::cache(cache)?;
+            let tier = tier_from_raw(tier, "tier")?;
+            let out = try_out(pages_out, "pages_out")?;
+            *out = c.lock()?.available(tier);
             Ok(())
         })
     }

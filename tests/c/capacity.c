@@ -1,14 +1,27 @@
 /*
  * kvs_seq_append_need / kvs_seq_swap_in_need: the capacity checks an engine makes before an
  * append or a swap-in (MindIE's CanAppendSlot / CanSwapIn) agree with what the calls then take,
- * and bad arguments are refused with outputs untouched.
+ * kvs_cache_available agrees with kvs_cache_stats after every step, and bad arguments are
+ * refused with outputs untouched.
  */
 #include "kvs_test.h"
 
-static uint64_t avail(kvs_cache *c) {
+/* Free plus evictable device pages, read both ways (they must agree). */
+static uint64_t avail_at(kvs_cache *c, const char *file, int line) {
     kvs_stats s = t_stats(c);
-    return s.device_pages_free + s.device_pages_cached;
+    size_t dev = 0, host = 0;
+    if (kvs_cache_available(c, KVS_TIER_DEVICE, &dev) != KVS_STATUS_OK ||
+        kvs_cache_available(c, KVS_TIER_HOST, &host) != KVS_STATUS_OK ||
+        dev != s.device_pages_free + s.device_pages_cached ||
+        host != s.host_pages_free + s.host_pages_cached) {
+        fprintf(stderr, "%s:%d: kvs_cache_available %zu/%zu, stats %llu/%llu\n", file, line,
+                dev, host, (unsigned long long)(s.device_pages_free + s.device_pages_cached),
+                (unsigned long long)(s.host_pages_free + s.host_pages_cached));
+        exit(1);
+    }
+    return dev;
 }
+#define avail(c) avail_at((c), __FILE__, __LINE__)
 
 int main(void) {
     kvs_config cfg = kvs_config_default();
@@ -19,8 +32,11 @@ int main(void) {
     CHECK_OK(kvs_cache_new(&cfg, &c));
     int32_t t[6];
     t_iota(t, 6, 1);
+    CHECK_EQ(avail(c), 8);
     CHECK_OK(kvs_seq_begin(c, 1, t, 6, NULL, SIZE_MAX, NULL));
+    CHECK_EQ(avail(c), 6);
     CHECK_OK(kvs_seq_fork(c, 1, 2));
+    CHECK_EQ(avail(c), 6);
 
     /* A fork writing into the shared partial page: one copy-on-write page + one new page. */
     size_t pages = 99, copies = 99;
@@ -57,10 +73,19 @@ int main(void) {
     CHECK_EQ(n, need);
     CHECK_FAILS(kvs_seq_swap_in_need(c, 2, &need, NULL), KVS_STATUS_SEQ_WRONG_TIER, "device");
     CHECK_FAILS(kvs_seq_swap_in_need(c, 2, NULL, NULL), KVS_STATUS_NULL_ARGUMENT, "pages_needed_out");
+    avail(c);
+
+    size_t got = 55;
+    CHECK_FAILS(kvs_cache_available(NULL, KVS_TIER_DEVICE, &got), KVS_STATUS_NULL_ARGUMENT, "cache");
+    CHECK_FAILS(kvs_cache_available(c, 7, &got), KVS_STATUS_INVALID_ARGUMENT, "tier");
+    CHECK_FAILS(kvs_cache_available(c, KVS_TIER_DEVICE, NULL), KVS_STATUS_NULL_ARGUMENT, "pages_out");
+    CHECK_EQ(got, 55);
 
     CHECK_CACHE(c);
     CHECK_OK(kvs_seq_free(c, 1));
+    avail(c);
     CHECK_OK(kvs_seq_free(c, 2));
+    CHECK_EQ(avail(c), 8); /* every page free or cached again */
     CHECK_CACHE(c);
     kvs_cache_free(c);
     printf("capacity: ok\n");

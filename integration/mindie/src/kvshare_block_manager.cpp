@@ -207,10 +207,10 @@ size_t KvshareBlockManager::AppendNeed(SequenceId seqId, size_t newTokens) const
 }
 
 size_t KvshareBlockManager::FreeDevicePages() const {
-    kvs_stats s{};
-    Check(kvs_cache_stats(cache_, &s), "kvs_cache_stats");
     // Evictable cached blocks count as free, as in MindIE's prefix-caching allocator.
-    return static_cast<size_t>(s.device_pages_free + s.device_pages_cached);
+    size_t pages = 0;
+    Check(kvs_cache_available(cache_, KVS_TIER_DEVICE, &pages), "kvs_cache_available");
+    return pages;
 }
 
 size_t KvshareBlockManager::FreeHostPages() const {

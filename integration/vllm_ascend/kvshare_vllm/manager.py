@@ -284,7 +284,6 @@ class KvshareKVCacheManager:
         self._n1 = ffi.new("size_t *")
         self._n2 = ffi.new("size_t *")
         self._info = ffi.new("kvs_seq_info *")
-        self._stats_buf = ffi.new("kvs_stats *")
         self._ev_buf = ffi.new("kvs_event[]", 256)
         self._tokbuf = ffi.new("int32_t[]", _SMALL)  # small appends (decode steps)
         self._usable = self.num_blocks - 1  # the null block is never usable
@@ -312,14 +311,13 @@ class KvshareKVCacheManager:
         page-adding append takes exactly one page each from it (a fresh page comes off the
         free list or out of the cache); a sequence begin or free, an index clear change it by
         counts only kvshare knows, so they drop it (``None``) and the next read asks
-        ``kvs_cache_stats``."""
+        ``kvs_cache_available``."""
         a = self._avail
         if a is None:
-            rc = lib.kvs_cache_stats(self._h, self._stats_buf)
+            rc = lib.kvs_cache_available(self._h, _DEVICE, self._n1)
             if rc:
-                kvshare.check(rc, "kvs_cache_stats")
-            s = self._stats_buf
-            a = self._avail = s.device_pages_free + s.device_pages_cached
+                kvshare.check(rc, "kvs_cache_available")
+            a = self._avail = self._n1[0]
         return a
 
     def _extra_for(self, request):
