@@ -172,6 +172,15 @@ def test_fast_pack_i32_matches_binding():
         ids = [rng.randrange(-2 ** 31, 2 ** 31) for _ in range(n)]
         assert fast(ids) == kvshare.pack_i32(ids) == fast(tuple(ids))
     assert fast([2 ** 31 - 1, -2 ** 31, True]) == kvshare.pack_i32([2 ** 31 - 1, -2 ** 31, 1])
+    # Token-sized ids take the in-place read of one-digit ints: both signs, digit edges, zero.
+    edges = [0, 1, -1, 2 ** 15 - 1, 2 ** 15, 2 ** 30 - 1, 2 ** 30, -(2 ** 30) + 1, -(2 ** 30)]
+    ids = edges + [rng.randrange(-2 ** 30, 2 ** 30) for _ in range(300)]
+    assert fast(ids) == kvshare.pack_i32(ids)
+
+    class Sub(int):  # an int subclass is not read in place
+        pass
+
+    assert fast([Sub(7), Sub(-7), 8]) == kvshare.pack_i32([7, -7, 8])
 
     class Idx:  # an int-like (numpy scalars are such)
         def __init__(self, v):
@@ -199,6 +208,16 @@ def test_fast_pack_i32_matches_binding():
     ids[0] = Shrink()
     with pytest.raises(RuntimeError):
         fast(ids)
+    long_ids = list(range(200))  # emptied while items past it are being read ahead
+
+    class ShrinkLong:
+        def __index__(self):
+            long_ids.clear()
+            return 0
+
+    long_ids[100] = ShrinkLong()
+    with pytest.raises(RuntimeError):
+        fast(long_ids)
 
 
 def test_fast_under_asan(tmp_path):
@@ -220,7 +239,9 @@ def test_fast_under_asan(tmp_path):
                     "-Wall", "-Wextra", "-Werror", "-Wno-missing-field-initializers",
                     "-I", os.path.dirname(header), "-I", sysconfig.get_paths()["include"],
                     src, "-o", so], check=True)
-    env = dict(os.environ, LD_PRELOAD=asan, ASAN_OPTIONS="detect_leaks=0",
+    # PYTHONMALLOC=malloc: every Python allocation (list item arrays too) goes through the
+    # sanitizer's malloc, so reads past a list's items are caught, not hidden in an arena.
+    env = dict(os.environ, LD_PRELOAD=asan, ASAN_OPTIONS="detect_leaks=0", PYTHONMALLOC="malloc",
                PYTHONPATH=os.pathsep.join(sys.path), KVSHARE_LIB=kvshare.LIB_PATH,
                KVSHARE_HEADER=header)
     r = subprocess.run([sys.executable, os.path.join(here, "fast_asan", "drive.py"), so],

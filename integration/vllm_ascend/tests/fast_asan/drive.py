@@ -108,5 +108,24 @@ for bad in ([2 ** 40], ["x"], [None]):
         pass
     else:
         raise AssertionError(bad)
+# An __index__ that shrinks a long list while it is packed (the read-ahead must follow the
+# list's current size, not the size it started with).
+for at in (3, 100, 190):
+    long_ids = list(range(1000, 1200))
+
+    class Shrink:
+        def __index__(self):
+            del long_ids[at - 2:]
+            return 0
+
+    long_ids[at] = Shrink()
+    try:
+        fast.pack_i32(long_ids)
+    except RuntimeError:
+        pass
+    else:
+        raise AssertionError("shrunk list packed")
+edges = [0, 1, -1, 2 ** 30 - 1, 2 ** 30, -(2 ** 30), 2 ** 31 - 1, -(2 ** 31)] * 20
+assert fast.pack_i32(edges) == kvshare.pack_i32(edges)
 cache.check()
 print("ok")
