@@ -1,16 +1,24 @@
-/* kvshare_vllm._fast: the adapter's per-page hand-over (``KvshareKVCacheManager._append``)
- * compiled, for the scheduler's hot path.
+/* kvshare_vllm._fast: the adapter's per-page hand-over (``KvshareKVCacheManager._append`` and
+ * ``_cross``) compiled, for the scheduler's hot path.
  *
- * ``Appender(cache_addr, fn_addr, block_size, max_pages)`` holds the cache handle and the address
- * of ``kvs_seq_append_pages`` (both taken from the cffi binding, so this module links against
- * nothing and follows the binding's library lookup).  ``Appender.append(st, ids, known,
- * lookahead)`` is ``_append`` of manager.py: it hands kvshare the token ids ``ids[st.n:known]``,
- * keeps ``lookahead`` slots past them, appends the pages kvshare added to ``st.pages`` (ints) and
- * ``st.raw`` (uint32 bytes), updates ``st.n`` and ``st.quiet``, and returns ``(status, new page
- * ids)``; on a failure nothing changed (``(status, ())``).  No copy buffer is passed: the adapter
- * shares only full prefix-hit pages, all below ``st.n``, so an append never writes into a shared
- * page (a copy-on-write would be refused as KVS_STATUS_BUFFER_TOO_SMALL).
- * manager.py keeps the same function in Python for interpreters where this is not built.
+ * ``Appender(cache_addr, fn_addr, block_size, max_pages, blocks=None)`` holds the cache handle
+ * and the address of ``kvs_seq_append_pages`` (both taken from the cffi binding, so this module
+ * links against nothing and follows the binding's library lookup), and the manager's block
+ * objects (``blocks[page id]``).
+ *
+ * ``Appender.append(st, ids, known, lookahead)`` is ``_append`` of manager.py: it hands kvshare
+ * the token ids ``ids[st.n:known]``, keeps ``lookahead`` slots past them, appends the pages
+ * kvshare added to ``st.pages`` (ints) and ``st.raw`` (uint32 bytes), updates ``st.n`` and
+ * ``st.quiet``, and returns ``(status, new page ids)``; on a failure nothing changed
+ * (``(status, ())``).  No copy buffer is passed: the adapter shares only full prefix-hit pages,
+ * all below ``st.n``, so an append never writes into a shared page (a copy-on-write would be
+ * refused as KVS_STATUS_BUFFER_TOO_SMALL).
+ *
+ * ``Appender.cross(st, ids, main, lookahead_tokens, max_model_len)`` is ``_cross``: the append a
+ * running request's step needs (``main`` tokens computed after it, the known ones handed over,
+ * lookahead slots up to ``max_model_len``), returning ``(status, [block objects added])``.
+ *
+ * manager.py keeps the same functions in Python for interpreters where this is not built.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -34,11 +42,24 @@ typedef struct {
     int32_t *tokens;  /* tok_cap */
     size_t tok_cap;
     int busy;         /* inside append: __index__ or attribute code re-entering is refused */
+    PyObject *blocks; /* list: block object of each page id (cross), or NULL */
 } Appender;
 
 static PyObject *s_n, *s_seq, *s_pages, *s_raw, *s_quiet, *empty_tuple;
 
+static int Appender_traverse(Appender *self, visitproc visit, void *arg) {
+    Py_VISIT(self->blocks);
+    return 0;
+}
+
+static int Appender_clear(Appender *self) {
+    Py_CLEAR(self->blocks);
+    return 0;
+}
+
 static void Appender_dealloc(Appender *self) {
+    PyObject_GC_UnTrack(self);
+    Py_CLEAR(self->blocks);
     free(self->pages);
     free(self->tokens);
     Py_TYPE(self)->tp_free((PyObject *)self);
@@ -47,9 +68,15 @@ static void Appender_dealloc(Appender *self) {
 static int Appender_init(Appender *self, PyObject *args, PyObject *kwds) {
     unsigned long long cache, fn;
     Py_ssize_t bs, max_pages;
-    static char *kw[] = {"cache_addr", "fn_addr", "block_size", "max_pages", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "KKnn", kw, &cache, &fn, &bs, &max_pages))
+    PyObject *blocks = Py_None;
+    static char *kw[] = {"cache_addr", "fn_addr", "block_size", "max_pages", "blocks", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "KKnn|O", kw, &cache, &fn, &bs, &max_pages,
+                                     &blocks))
         return -1;
+    if (blocks != Py_None && !PyList_Check(blocks)) {
+        PyErr_SetString(PyExc_TypeError, "Appender: blocks must be a list or None");
+        return -1;
+    }
     if (!cache || !fn || bs <= 0 || max_pages <= 0) {
         PyErr_SetString(PyExc_ValueError, "Appender: null address or non-positive size");
         return -1;
@@ -69,6 +96,12 @@ static int Appender_init(Appender *self, PyObject *args, PyObject *kwds) {
     }
     free(self->pages);
     self->pages = pages;
+    if (blocks == Py_None) {
+        Py_CLEAR(self->blocks);
+    } else {
+        Py_INCREF(blocks);
+        Py_XSETREF(self->blocks, blocks);
+    }
     self->cache = (kvs_cache *)(uintptr_t)cache;
     self->fn = (append_pages_fn)(uintptr_t)fn;
     self->block_size = bs;
@@ -164,86 +197,81 @@ static int set_size(PyObject *st, PyObject *name, Py_ssize_t value) {
     return r;
 }
 
-static PyObject *append_impl(Appender *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "append(st, ids, known, lookahead) takes 4 arguments");
-        return NULL;
-    }
-    PyObject *st = args[0], *ids = args[1];
-    Py_ssize_t known = PyLong_AsSsize_t(args[2]);
-    if (known == -1 && PyErr_Occurred())
-        return NULL;
-    Py_ssize_t lookahead = PyLong_AsSsize_t(args[3]);
-    if (lookahead == -1 && PyErr_Occurred())
-        return NULL;
+/* The append shared by ``append`` and ``cross``: ``*rc`` is kvshare's status; on KVS_STATUS_OK
+ * ``st`` follows kvshare and ``*new_out`` is the list of new page ids (``self->pages`` holds
+ * them too).  Returns -1 with an exception set (nothing changed, unless the failure came after
+ * kvshare's change: a MemoryError, or a hook on ``st`` refusing the update). */
+static int append_core(Appender *self, PyObject *st, PyObject *ids, Py_ssize_t known,
+                       Py_ssize_t lookahead, kvs_status *rc, PyObject **new_out) {
+    *new_out = NULL;
     if (lookahead < 0) {
         PyErr_SetString(PyExc_ValueError, "append: negative lookahead");
-        return NULL;
+        return -1;
     }
     Py_ssize_t old = get_size(st, s_n);
     if (old < 0)
-        return NULL;
+        return -1;
     Py_ssize_t add = known > old ? known - old : 0;
     if (add) {
         if (!PyList_Check(ids) && !PyTuple_Check(ids)) {
             PyErr_SetString(PyExc_TypeError, "append: token ids must be a list or tuple");
-            return NULL;
+            return -1;
         }
         if (PySequence_Fast_GET_SIZE(ids) < known) {
             PyErr_SetString(PyExc_ValueError, "append: fewer token ids than known");
-            return NULL;
+            return -1;
         }
         if ((size_t)add > self->tok_cap) {
             int32_t *t = realloc(self->tokens, (size_t)add * sizeof(int32_t));
-            if (!t)
-                return PyErr_NoMemory();
+            if (!t) {
+                PyErr_NoMemory();
+                return -1;
+            }
             self->tokens = t;
             self->tok_cap = (size_t)add;
         }
         if (to_i32(ids, old, add, self->tokens) < 0)
-            return NULL;
+            return -1;
     }
     PyObject *seq_obj = PyObject_GetAttr(st, s_seq);
     if (!seq_obj)
-        return NULL;
+        return -1;
     unsigned long long seq = PyLong_AsUnsignedLongLong(seq_obj);
     Py_DECREF(seq_obj);
     if (seq == (unsigned long long)-1 && PyErr_Occurred())
-        return NULL;
+        return -1;
     PyObject *pages = PyObject_GetAttr(st, s_pages);
     if (!pages)
-        return NULL;
+        return -1;
     if (!PyList_Check(pages)) {
         Py_DECREF(pages);
         PyErr_SetString(PyExc_TypeError, "append: st.pages must be a list");
-        return NULL;
+        return -1;
     }
     PyObject *raw = PyObject_GetAttr(st, s_raw);
     if (!raw) {
         Py_DECREF(pages);
-        return NULL;
+        return -1;
     }
     if (!PyBytes_Check(raw)) {
         Py_DECREF(pages);
         Py_DECREF(raw);
         PyErr_SetString(PyExc_TypeError, "append: st.raw must be bytes");
-        return NULL;
+        return -1;
     }
     size_t have = (size_t)PyList_GET_SIZE(pages), ncopies = 0, k = 0;
-    kvs_status rc = self->fn(self->cache, seq, add ? self->tokens : NULL, (size_t)add,
-                             (size_t)lookahead, NULL, 0, &ncopies, have, self->pages,
-                             self->max_pages, &k);
-    if (rc != KVS_STATUS_OK) {
+    *rc = self->fn(self->cache, seq, add ? self->tokens : NULL, (size_t)add, (size_t)lookahead,
+                   NULL, 0, &ncopies, have, self->pages, self->max_pages, &k);
+    if (*rc != KVS_STATUS_OK) {
         Py_DECREF(pages);
         Py_DECREF(raw);
-        return Py_BuildValue("(iO)", (int)rc, empty_tuple);
+        return 0;
     }
     /* kvshare changed: from here on the Python state must follow, whatever it costs. */
+    int ok = -1;
     PyObject *new = PyList_New((Py_ssize_t)k);
-    PyObject *raw_add = PyBytes_FromStringAndSize((const char *)self->pages,
-                                                  (Py_ssize_t)(k * sizeof(uint32_t)));
-    PyObject *result = NULL, *raw_new = NULL;
-    if (!new || !raw_add)
+    PyObject *raw_new = NULL;
+    if (!new)
         goto done;
     for (size_t i = 0; i < k; i++) {
         PyObject *p = PyLong_FromUnsignedLong(self->pages[i]);
@@ -254,12 +282,12 @@ static PyObject *append_impl(Appender *self, PyObject *const *args, Py_ssize_t n
     if (k) {
         if (PyList_SetSlice(pages, (Py_ssize_t)have, (Py_ssize_t)have, new) < 0)
             goto done;
-        raw_new = PyBytes_FromStringAndSize(NULL, PyBytes_GET_SIZE(raw) + PyBytes_GET_SIZE(raw_add));
+        Py_ssize_t rlen = PyBytes_GET_SIZE(raw), alen = (Py_ssize_t)(k * sizeof(uint32_t));
+        raw_new = PyBytes_FromStringAndSize(NULL, rlen + alen);
         if (!raw_new)
             goto done;
-        memcpy(PyBytes_AS_STRING(raw_new), PyBytes_AS_STRING(raw), PyBytes_GET_SIZE(raw));
-        memcpy(PyBytes_AS_STRING(raw_new) + PyBytes_GET_SIZE(raw), PyBytes_AS_STRING(raw_add),
-               PyBytes_GET_SIZE(raw_add));
+        memcpy(PyBytes_AS_STRING(raw_new), PyBytes_AS_STRING(raw), (size_t)rlen);
+        memcpy(PyBytes_AS_STRING(raw_new) + rlen, self->pages, (size_t)alen);
         if (PyObject_SetAttr(st, s_raw, raw_new) < 0)
             goto done;
     }
@@ -269,19 +297,103 @@ static PyObject *append_impl(Appender *self, PyObject *const *args, Py_ssize_t n
     Py_ssize_t fill = (n / bs + 1) * bs, slots = PyList_GET_SIZE(pages) * bs;
     if (set_size(st, s_quiet, slots < fill - 1 ? slots : fill - 1) < 0)
         goto done;
-    result = Py_BuildValue("(iO)", 0, k ? new : empty_tuple);
+    ok = 0;
+    *new_out = new;
+    new = NULL;
 done:
     Py_DECREF(pages);
     Py_XDECREF(new);
-    Py_XDECREF(raw_add);
     Py_DECREF(raw);
     Py_XDECREF(raw_new);
-    return result;
+    return ok;
 }
 
-/* append_impl with its buffers held: Python code it runs (``__index__``, attribute hooks) cannot
- * re-enter this Appender. */
-static PyObject *Appender_append(Appender *self, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *append_impl(Appender *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "append(st, ids, known, lookahead) takes 4 arguments");
+        return NULL;
+    }
+    Py_ssize_t known = PyLong_AsSsize_t(args[2]);
+    if (known == -1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t lookahead = PyLong_AsSsize_t(args[3]);
+    if (lookahead == -1 && PyErr_Occurred())
+        return NULL;
+    kvs_status rc;
+    PyObject *new;
+    if (append_core(self, args[0], args[1], known, lookahead, &rc, &new) < 0)
+        return NULL;
+    if (rc != KVS_STATUS_OK)
+        return Py_BuildValue("(iO)", (int)rc, empty_tuple);
+    PyObject *r = Py_BuildValue("(iO)", 0, PyList_GET_SIZE(new) ? new : empty_tuple);
+    Py_DECREF(new);
+    return r;
+}
+
+/* ``_cross`` of manager.py (see the top of this file). */
+static PyObject *cross_impl(Appender *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError,
+                        "cross(st, ids, main, lookahead_tokens, max_model_len) takes 5 arguments");
+        return NULL;
+    }
+    if (!self->blocks) {
+        PyErr_SetString(PyExc_RuntimeError, "Appender: cross needs the blocks list");
+        return NULL;
+    }
+    PyObject *st = args[0], *ids = args[1];
+    if (!PyList_Check(ids) && !PyTuple_Check(ids)) {
+        PyErr_SetString(PyExc_TypeError, "cross: token ids must be a list or tuple");
+        return NULL;
+    }
+    Py_ssize_t v[3];
+    for (int i = 0; i < 3; i++) {
+        v[i] = PyLong_AsSsize_t(args[2 + i]);
+        if (v[i] == -1 && PyErr_Occurred())
+            return NULL;
+        if (v[i] < 0) {
+            PyErr_SetString(PyExc_ValueError, "cross: negative token count");
+            return NULL;
+        }
+    }
+    Py_ssize_t main_ = v[0], lookahead_tokens = v[1], max_model_len = v[2];
+    Py_ssize_t need = main_ > max_model_len || lookahead_tokens > max_model_len - main_
+                          ? max_model_len : main_ + lookahead_tokens;
+    Py_ssize_t ntok = PySequence_Fast_GET_SIZE(ids);
+    Py_ssize_t known = main_ < ntok ? main_ : ntok; /* drafts/placeholders are not tokens yet */
+    Py_ssize_t n = get_size(st, s_n);
+    if (n < 0)
+        return NULL;
+    Py_ssize_t have = known > n ? known : n;
+    kvs_status rc;
+    PyObject *new;
+    if (append_core(self, st, ids, known, need > have ? need - have : 0, &rc, &new) < 0)
+        return NULL;
+    if (rc != KVS_STATUS_OK)
+        return Py_BuildValue("(i[])", (int)rc);
+    Py_ssize_t k = PyList_GET_SIZE(new);
+    Py_DECREF(new);
+    PyObject *out = PyList_New(k);
+    if (!out)
+        return NULL;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        uint32_t p = self->pages[i];
+        if ((Py_ssize_t)p >= PyList_GET_SIZE(self->blocks)) {
+            Py_DECREF(out);
+            return PyErr_Format(PyExc_IndexError, "cross: page %u has no block object", p);
+        }
+        PyObject *b = PyList_GET_ITEM(self->blocks, (Py_ssize_t)p);
+        Py_INCREF(b);
+        PyList_SET_ITEM(out, i, b);
+    }
+    PyObject *r = Py_BuildValue("(iN)", 0, out);
+    return r;
+}
+
+/* The methods with the Appender's buffers held: Python code they run (``__index__``, attribute
+ * hooks) cannot re-enter this Appender. */
+static PyObject *guarded(Appender *self, PyObject *const *args, Py_ssize_t nargs,
+                         PyObject *(*impl)(Appender *, PyObject *const *, Py_ssize_t)) {
     if (!self->fn || !self->pages) {
         PyErr_SetString(PyExc_RuntimeError, "Appender: not initialised");
         return NULL;
@@ -291,14 +403,24 @@ static PyObject *Appender_append(Appender *self, PyObject *const *args, Py_ssize
         return NULL;
     }
     self->busy = 1;
-    PyObject *r = append_impl(self, args, nargs);
+    PyObject *r = impl(self, args, nargs);
     self->busy = 0;
     return r;
+}
+
+static PyObject *Appender_append(Appender *self, PyObject *const *args, Py_ssize_t nargs) {
+    return guarded(self, args, nargs, append_impl);
+}
+
+static PyObject *Appender_cross(Appender *self, PyObject *const *args, Py_ssize_t nargs) {
+    return guarded(self, args, nargs, cross_impl);
 }
 
 static PyMethodDef Appender_methods[] = {
     {"append", (PyCFunction)(void (*)(void))Appender_append, METH_FASTCALL,
      "append(st, ids, known, lookahead) -> (status, new page ids)"},
+    {"cross", (PyCFunction)(void (*)(void))Appender_cross, METH_FASTCALL,
+     "cross(st, ids, main, lookahead_tokens, max_model_len) -> (status, new block objects)"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -306,7 +428,9 @@ static PyTypeObject AppenderType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "kvshare_vllm._fast.Appender",
     .tp_basicsize = sizeof(Appender),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = (traverseproc)Appender_traverse,
+    .tp_clear = (inquiry)Appender_clear,
     .tp_doc = "kvs_seq_append_pages plus the request-state update of the vLLM adapter",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Appender_init,

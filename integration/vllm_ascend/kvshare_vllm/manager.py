@@ -300,10 +300,11 @@ class KvshareKVCacheManager:
         fast = None if os.environ.get("KVSHARE_VLLM_PURE_PYTHON") else _fast
         self._pack = fast.pack_i32 if fast is not None else kvshare.pack_i32
         if fast is not None:
-            self._append = fast.Appender(
+            appender = fast.Appender(
                 int(ffi.cast("uintptr_t", self._h)),
                 int(ffi.cast("uintptr_t", ffi.addressof(lib, "kvs_seq_append_pages"))),
-                bs, self._max_pages).append
+                bs, self._max_pages, self._blocks)
+            self._append, self._cross = appender.append, appender.cross
 
     # ------------------------------------------------------------------ helpers
     def _capacity(self) -> int:
@@ -483,6 +484,18 @@ class KvshareKVCacheManager:
                     # request's next native call, which then carries the tokens.
                     self._dirty[request.request_id] = (st, request, min(end, request.num_tokens))
                     return self.empty_kv_cache_blocks
+            if not (full_sequence_must_fit or reserved_blocks):
+                # A page crossing (the common case of a native call while running): written
+                # out here rather than through _extend, it runs once per page per request.
+                if self._dirty:
+                    self._dirty.pop(request.request_id, None)  # this append carries the tokens
+                rc, blocks = self._cross(st, _token_ids(request), end, num_lookahead_tokens,
+                                         self.max_model_len)
+                if rc:
+                    if rc == _NO_SPACE:
+                        return None
+                    kvshare.check(rc, "kvs_seq_append_pages")
+                return self._handed(st, request, blocks)
             return self._extend(request, st, end, num_lookahead_tokens, full_sequence_must_fit,
                                 reserved_blocks)
         if num_new_tokens == 0 and num_external_computed_tokens == 0:
@@ -556,52 +569,60 @@ class KvshareKVCacheManager:
         rc, table = self._append(st, (), known, lookahead)
         if rc:  # the gate checked room for the lookahead; anything else is a bug
             kvshare.check(rc, "kvs_seq_append_pages")
-        new = table[nh:]
         if self._common is not None:  # a new table can only shorten the shared prefix
             self._common = self._common[:4 * _common_pages(self._common, st.raw)]
-        return self._new_blocks(st, request, new)
+        blocks = self._blocks
+        return self._handed(st, request, list(map(blocks.__getitem__, table[nh:])))
 
     def _extend(self, request, st: _Req, main: int, num_lookahead_tokens: int,
                 full_sequence_must_fit: bool, reserved_blocks: int) -> KVCacheBlocks | None:
         """``allocate_slots`` of a running request needing kvshare: ``main`` tokens computed
-        after this step, plus lookahead slots; one ``kvs_seq_append_pages``.  Written flat
-        (it runs once per page per request, with cold caches)."""
-        need_slot = main + num_lookahead_tokens
-        if need_slot > self.max_model_len:
-            need_slot = self.max_model_len
+        after this step, plus lookahead slots; vLLM's admission checks kvshare's own NO_SPACE
+        does not cover (``_gate``), then one ``kvs_seq_append_pages`` (``_cross``)."""
         ids = _token_ids(request)
-        ntok = len(ids)
-        known = main if main < ntok else ntok  # drafts/placeholders are not tokens yet
-        have = known if known > st.n else st.n  # tokens kvshare holds after the append
-        lookahead = need_slot - have if need_slot > have else 0
         if full_sequence_must_fit or reserved_blocks:
             bs = self.block_size
-            full = min(ntok, self.max_model_len)
+            need_slot = min(main + num_lookahead_tokens, self.max_model_len)
+            full = min(len(ids), self.max_model_len)
             if (reserved_blocks or _cdiv(full, bs) > _cdiv(need_slot, bs)) and not self._gate(
                     st, [], need_slot, full if full_sequence_must_fit else None,
                     reserved_blocks):
                 return None
         if self._dirty:
             self._dirty.pop(request.request_id, None)  # this append carries the tokens
-        rc, new = self._append(st, ids, known, lookahead)
+        rc, blocks = self._cross(st, ids, main, num_lookahead_tokens, self.max_model_len)
         if rc:
             if rc == _NO_SPACE:
                 return None
             kvshare.check(rc, "kvs_seq_append_pages")
-        return self._new_blocks(st, request, new)
+        return self._handed(st, request, blocks)
 
-    def _new_blocks(self, st: _Req, request, new) -> KVCacheBlocks:
+    def _cross(self, st: _Req, ids, main: int, lookahead_tokens: int,
+               max_model_len: int) -> tuple[int, list]:
+        """One ``kvs_seq_append_pages`` for a running request: ``main`` tokens computed after
+        this step plus ``lookahead_tokens`` slots (capped at ``max_model_len``); the known
+        tokens among them (``ids`` holds the rest as drafts/placeholders) are handed over.
+        Returns ``(status, the block objects added)``; on a failure nothing changed.
+        The compiled twin is ``_fast.Appender.cross``."""
+        need_slot = min(main + lookahead_tokens, max_model_len)
+        known = min(main, len(ids))  # drafts/placeholders are not tokens yet
+        rc, new = self._append(st, ids, known, max(need_slot - max(known, st.n), 0))
+        if rc:
+            return rc, []
+        blocks = self._blocks
+        return 0, list(map(blocks.__getitem__, new))
+
+    def _handed(self, st: _Req, request, blocks: list) -> KVCacheBlocks:
         """What ``allocate_slots`` returns: the blocks added (and events, zeroing ids)."""
         if self.enable_kv_cache_events:
             self._drain_events(st, request)
-        if not new:
+        if not blocks:
             return self.empty_kv_cache_blocks
         if self._avail is not None:
-            self._avail -= len(new)
+            self._avail -= len(blocks)
         if self._track_new:
-            self._new_block_ids.extend(new)
-        blocks = self._blocks
-        return KVCacheBlocks((list(map(blocks.__getitem__, new)),))
+            self._new_block_ids.extend([b.block_id for b in blocks])
+        return KVCacheBlocks((blocks,))
 
     def free(self, request) -> None:
         st = self._reqs.pop(request.request_id, None)

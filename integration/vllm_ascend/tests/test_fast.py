@@ -64,8 +64,10 @@ def test_fast_built_when_required(monkeypatch):
     assert mgr_mod._fast is not None, "kvshare_vllm._fast did not import"
     m = make_manager(monkeypatch, pure=False)
     assert type(m._append).__name__ == "builtin_function_or_method"
+    assert type(m._cross).__name__ == "builtin_function_or_method"
     p = make_manager(monkeypatch, pure=True)
     assert p._append.__func__ is KvshareKVCacheManager._append
+    assert p._cross.__func__ is KvshareKVCacheManager._cross
 
 
 @fast_only
@@ -96,7 +98,7 @@ def test_fast_matches_python(monkeypatch, seed):
             a, b, _ = live.pop(s)
             kvshare.check(lib.kvs_seq_free(fast._h, a.seq), "kvs_seq_free")
             kvshare.check(lib.kvs_seq_free(slow._h, b.seq), "kvs_seq_free")
-        else:
+        elif op < 0.6:
             s = rng.choice(list(live))
             a, b, ids = live[s]
             ids.extend(rng.randrange(3, 30000) for _ in range(rng.choice((1, 1, 1, 3, 17, 90))))
@@ -108,6 +110,21 @@ def test_fast_matches_python(monkeypatch, seed):
             assert state(a) == state(b)
             if got[0]:
                 assert got[0] == kvshare.STATUS["KVS_STATUS_NO_SPACE"]
+        else:  # a running request's step: main may run past the known ids (drafts)
+            s = rng.choice(list(live))
+            a, b, ids = live[s]
+            ids.extend(rng.randrange(3, 30000) for _ in range(rng.choice((0, 1, 1, 16, 40))))
+            main = rng.randint(a.n, len(ids) + rng.choice((0, 0, 3)))
+            la = rng.choice((0, 0, 1, 4, 50))
+            mml = rng.choice((4096, main + la, main, max(main - 5, a.n)))
+            got = fast._cross(a, ids, main, la, mml)
+            want = slow._cross(b, ids, main, la, mml)
+            assert got[0] == want[0]
+            assert [x.block_id for x in got[1]] == [x.block_id for x in want[1]]
+            assert all(blk is fast._blocks[p] for blk, p in zip(got[1], a.pages[-len(got[1]):]))
+            assert state(a) == state(b)
+            if got[0]:
+                assert got[0] == kvshare.STATUS["KVS_STATUS_NO_SPACE"] and got[1] == []
         assert fast.cache.stats() == slow.cache.stats()
     fast.check()
     slow.check()
@@ -157,7 +174,41 @@ def test_fast_bad_input_changes_nothing(monkeypatch):
     assert rc == kvshare.STATUS["KVS_STATUS_SEQ_NOT_FOUND"] and new == ()
     assert state(ghost) == (0, [], b"", -1)
     unchanged()
-    # And then a good append goes through.
+    # cross: bad arguments raise before anything changes.
+    with pytest.raises(TypeError):
+        m._cross(st, ids, 22, 0)
+    with pytest.raises(TypeError):
+        m._cross(st, iter(ids), 22, 0, 4096)
+    for args in ((-1, 0, 4096), (22, -1, 4096), (22, 0, -1)):
+        with pytest.raises(ValueError):
+            m._cross(st, ids, *args)
+    with pytest.raises(OverflowError):
+        m._cross(st, ids[:20] + [2 ** 31, 5], 22, 0, 4096)
+    with pytest.raises(OverflowError):
+        m._cross(st, ids, 2 ** 70, 0, 4096)
+    with pytest.raises(RuntimeError, match="blocks"):  # an Appender built without the blocks
+        bare = mgr_mod._fast.Appender(int(ffi.cast("uintptr_t", m._h)), int(ffi.cast(
+            "uintptr_t", ffi.addressof(lib, "kvs_seq_append_pages"))), BS, 8)
+        bare.cross(st, ids, 22, 0, 4096)
+    with pytest.raises(TypeError):
+        mgr_mod._fast.Appender(1, 1, BS, 8, (1, 2))
+    unchanged()
+    rc, blocks = m._cross(st, ids, 22, 100, 4096)  # kvshare's NO_SPACE, nothing changed
+    assert rc == kvshare.STATUS["KVS_STATUS_NO_SPACE"] and blocks == []
+    unchanged()
+    rc, blocks = m._cross(st, ids, 22, 100, 40)  # capped at 40 slots: one page more
+    assert rc == 0 and [b.block_id for b in blocks] == st.pages[-1:] and st.n == 22
+    m.check()
+
+
+@fast_only
+def test_fast_append_after_bad_input(monkeypatch):
+    m = make_manager(monkeypatch, pure=False, num_blocks=8)
+    st = begin(m, 1, list(range(3, 23)))
+    ids = list(range(3, 23)) + [40, 41]
+    with pytest.raises(ValueError):
+        m._append(st, ids, 30, 0)
+    # A good append goes through after a refused one.
     rc, new = m._append(st, ids, 22, 12)
     assert rc == 0 and len(new) == 1 and st.pages[-1] == new[0]
     assert (st.n, st.quiet) == (22, 31)

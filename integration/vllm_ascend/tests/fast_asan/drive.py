@@ -1,6 +1,6 @@
 """Drives kvshare_vllm/_fast.c built with AddressSanitizer + UBSan (loaded from the path given
 as argv[1], no torch or vLLM in the process): random appends against a plain Python model of
-the request state, every bad input, re-entry and packing.  Run by tests/test_fast.py under
+the request state (``append`` and ``cross``), every bad input, re-entry and packing.  Run by tests/test_fast.py under
 LD_PRELOAD=libasan; any memory error aborts the process."""
 
 import importlib.machinery
@@ -30,9 +30,10 @@ cfg = kvshare.config_default(page_size=BS, num_device_pages=PAGES, num_host_page
                              reserve_null_page=True, enable_prefix_caching=True)
 cache = kvshare.Cache(cfg)
 h = cache.handle
+blocks = [object() for _ in range(PAGES)]  # stand-ins for the manager's block objects
 app = fast.Appender(int(ffi.cast("uintptr_t", h)),
                     int(ffi.cast("uintptr_t", ffi.addressof(lib, "kvs_seq_append_pages"))),
-                    BS, PAGES)
+                    BS, PAGES, blocks)
 rng = random.Random(3)
 system = [rng.randrange(3, 30000) for _ in range(40)]
 live = {}
@@ -54,6 +55,20 @@ for seq in range(1, 400):
         s = rng.choice(list(live))
         st, _ = live.pop(s)
         kvshare.check(lib.kvs_seq_free(h, st.seq), "kvs_seq_free")
+    elif op < 0.6:  # cross: a running request's step, main possibly past the known ids
+        s = rng.choice(list(live))
+        st, ids = live[s]
+        ids.extend(rng.randrange(3, 30000) for _ in range(rng.choice((0, 1, 16, 40))))
+        main = rng.randint(st.n, len(ids) + 3)
+        la, mml = rng.choice((0, 1, 50)), rng.choice((4096, main, main + 2))
+        before = (st.n, list(st.pages), st.raw)
+        rc, got = app.cross(st, ids, main, la, mml)
+        if rc == 0:
+            assert st.n == max(before[0], min(main, len(ids)))
+            assert len(st.pages) * BS >= min(main + la, mml)
+            assert got == [blocks[p] for p in st.pages[len(before[1]):]]
+        else:
+            assert (st.n, st.pages, st.raw) == before and got == []
     else:
         s = rng.choice(list(live))
         st, ids = live[s]
@@ -79,6 +94,15 @@ for args, exc in (((st, ids, st.n), TypeError), ((st, iter(ids + [5]), len(ids) 
         pass
     else:
         raise AssertionError(f"no error for {args[2:]}")
+for args, exc in (((st, ids, st.n, 0), TypeError), ((st, iter(ids), st.n, 0, 99), TypeError),
+                  ((st, ids, -1, 0, 99), ValueError), ((st, ids, 2 ** 70, 0, 99), OverflowError),
+                  ((st, ids + [2 ** 31], len(ids) + 1, 0, 4096), OverflowError)):
+    try:
+        app.cross(*args)
+    except exc:
+        pass
+    else:
+        raise AssertionError(f"cross: no error for {args[2:]}")
 
 
 class Reenter:
