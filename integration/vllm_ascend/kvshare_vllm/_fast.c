@@ -18,6 +18,12 @@
  * running request's step needs (``main`` tokens computed after it, the known ones handed over,
  * lookahead slots up to ``max_model_len``), returning ``(status, [block objects added])``.
  *
+ * ``Matcher(cache_addr, fn_addr, max_pages, blocks)`` (``fn_addr``: ``kvs_prefix_match``) is the
+ * prefix lookup of ``get_computed_blocks``: ``Matcher.match(ids, extra_addr, max_tokens)`` packs
+ * the token ids to int32, looks up their cached prefix (``extra_addr``: a ``kvs_extra_keys *``
+ * as an int, 0 for none; nothing acquired) and returns ``(status, packed ids, [block objects
+ * of the hit pages])``, manager.py's ``_match``.
+ *
  * manager.py keeps the same functions in Python for interpreters where this is not built.
  */
 #define PY_SSIZE_T_CLEAN
@@ -31,6 +37,9 @@
 typedef kvs_status (*append_pages_fn)(kvs_cache *, uint64_t, const int32_t *, size_t, size_t,
                                       kvs_copy *, size_t, size_t *, size_t, uint32_t *, size_t,
                                       size_t *);
+typedef kvs_status (*prefix_match_fn)(kvs_cache *, const int32_t *, size_t,
+                                      const kvs_extra_keys *, size_t, bool, uint32_t *, size_t,
+                                      size_t *, size_t *);
 
 typedef struct {
     PyObject_HEAD
@@ -438,6 +447,158 @@ static PyTypeObject AppenderType = {
     .tp_methods = Appender_methods,
 };
 
+typedef struct {
+    PyObject_HEAD
+    kvs_cache *cache;
+    prefix_match_fn fn;
+    size_t max_pages;
+    uint32_t *pages;  /* max_pages */
+    PyObject *blocks; /* list: block object of each page id */
+    int busy;
+} Matcher;
+
+static int Matcher_traverse(Matcher *self, visitproc visit, void *arg) {
+    Py_VISIT(self->blocks);
+    return 0;
+}
+
+static int Matcher_clear(Matcher *self) {
+    Py_CLEAR(self->blocks);
+    return 0;
+}
+
+static void Matcher_dealloc(Matcher *self) {
+    PyObject_GC_UnTrack(self);
+    Py_CLEAR(self->blocks);
+    free(self->pages);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int Matcher_init(Matcher *self, PyObject *args, PyObject *kwds) {
+    unsigned long long cache, fn;
+    Py_ssize_t max_pages;
+    PyObject *blocks;
+    static char *kw[] = {"cache_addr", "fn_addr", "max_pages", "blocks", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "KKnO!", kw, &cache, &fn, &max_pages,
+                                     &PyList_Type, &blocks))
+        return -1;
+    if (!cache || !fn || max_pages <= 0) {
+        PyErr_SetString(PyExc_ValueError, "Matcher: null address or non-positive size");
+        return -1;
+    }
+    if ((size_t)max_pages > PY_SSIZE_T_MAX / sizeof(uint32_t)) {
+        PyErr_SetString(PyExc_OverflowError, "Matcher: max_pages too large");
+        return -1;
+    }
+    if (self->busy) {
+        PyErr_SetString(PyExc_RuntimeError, "Matcher: __init__ during match");
+        return -1;
+    }
+    uint32_t *pages = malloc((size_t)max_pages * sizeof(uint32_t));
+    if (!pages) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    free(self->pages);
+    self->pages = pages;
+    Py_INCREF(blocks);
+    Py_XSETREF(self->blocks, blocks);
+    self->cache = (kvs_cache *)(uintptr_t)cache;
+    self->fn = (prefix_match_fn)(uintptr_t)fn;
+    self->max_pages = (size_t)max_pages;
+    return 0;
+}
+
+static PyObject *match_impl(Matcher *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "match(ids, extra_addr, max_tokens) takes 3 arguments");
+        return NULL;
+    }
+    PyObject *ids = args[0];
+    if (!PyList_Check(ids) && !PyTuple_Check(ids)) {
+        PyErr_SetString(PyExc_TypeError, "match: token ids must be a list or tuple");
+        return NULL;
+    }
+    unsigned long long extra = PyLong_AsUnsignedLongLong(args[1]);
+    if (extra == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t max_tokens = PyLong_AsSsize_t(args[2]);
+    if (max_tokens == -1 && PyErr_Occurred())
+        return NULL;
+    if (max_tokens < 0) {
+        PyErr_SetString(PyExc_ValueError, "match: negative max_tokens");
+        return NULL;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(ids);
+    PyObject *packed = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(int32_t));
+    if (!packed)
+        return NULL;
+    int32_t *toks = (int32_t *)PyBytes_AS_STRING(packed);
+    if (to_i32(ids, 0, n, toks) < 0) {
+        Py_DECREF(packed);
+        return NULL;
+    }
+    size_t np = 0, matched = 0;
+    kvs_status rc = self->fn(self->cache, n ? toks : NULL, (size_t)n,
+                             (const kvs_extra_keys *)(uintptr_t)extra, (size_t)max_tokens, false,
+                             self->pages, self->max_pages, &np, &matched);
+    if (rc != KVS_STATUS_OK)
+        return Py_BuildValue("(iN[])", (int)rc, packed);
+    PyObject *hits = PyList_New((Py_ssize_t)np);
+    if (!hits) {
+        Py_DECREF(packed);
+        return NULL;
+    }
+    for (size_t i = 0; i < np; i++) {
+        uint32_t p = self->pages[i];
+        if ((Py_ssize_t)p >= PyList_GET_SIZE(self->blocks)) {
+            Py_DECREF(hits);
+            Py_DECREF(packed);
+            return PyErr_Format(PyExc_IndexError, "match: page %u has no block object", p);
+        }
+        PyObject *b = PyList_GET_ITEM(self->blocks, (Py_ssize_t)p);
+        Py_INCREF(b);
+        PyList_SET_ITEM(hits, (Py_ssize_t)i, b);
+    }
+    return Py_BuildValue("(iNN)", 0, packed, hits);
+}
+
+/* match_impl held: an ``__index__`` it runs cannot re-enter this Matcher. */
+static PyObject *Matcher_match(Matcher *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (!self->fn || !self->pages || !self->blocks) {
+        PyErr_SetString(PyExc_RuntimeError, "Matcher: not initialised");
+        return NULL;
+    }
+    if (self->busy) {
+        PyErr_SetString(PyExc_RuntimeError, "Matcher: match re-entered");
+        return NULL;
+    }
+    self->busy = 1;
+    PyObject *r = match_impl(self, args, nargs);
+    self->busy = 0;
+    return r;
+}
+
+static PyMethodDef Matcher_methods[] = {
+    {"match", (PyCFunction)(void (*)(void))Matcher_match, METH_FASTCALL,
+     "match(ids, extra_addr, max_tokens) -> (status, packed ids, hit block objects)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject MatcherType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "kvshare_vllm._fast.Matcher",
+    .tp_basicsize = sizeof(Matcher),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "kvs_prefix_match of a request's token ids, hits as the vLLM adapter's blocks",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Matcher_init,
+    .tp_dealloc = (destructor)Matcher_dealloc,
+    .tp_traverse = (traverseproc)Matcher_traverse,
+    .tp_clear = (inquiry)Matcher_clear,
+    .tp_methods = Matcher_methods,
+};
+
 /* pack_i32(ids) -> bytes: a list or tuple of token ids as native int32 (``kvshare.pack_i32``
  * for the prompts the adapter matches and begins). */
 static PyObject *pack_i32(PyObject *module, PyObject *ids) {
@@ -468,7 +629,7 @@ static struct PyModuleDef fastmodule = {
 };
 
 PyMODINIT_FUNC PyInit__fast(void) {
-    if (PyType_Ready(&AppenderType) < 0)
+    if (PyType_Ready(&AppenderType) < 0 || PyType_Ready(&MatcherType) < 0)
         return NULL;
     s_n = PyUnicode_InternFromString("n");
     s_seq = PyUnicode_InternFromString("seq");
@@ -484,6 +645,12 @@ PyMODINIT_FUNC PyInit__fast(void) {
     Py_INCREF(&AppenderType);
     if (PyModule_AddObject(m, "Appender", (PyObject *)&AppenderType) < 0) {
         Py_DECREF(&AppenderType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&MatcherType);
+    if (PyModule_AddObject(m, "Matcher", (PyObject *)&MatcherType) < 0) {
+        Py_DECREF(&MatcherType);
         Py_DECREF(m);
         return NULL;
     }

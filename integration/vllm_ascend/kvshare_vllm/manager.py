@@ -305,6 +305,10 @@ class KvshareKVCacheManager:
                 int(ffi.cast("uintptr_t", ffi.addressof(lib, "kvs_seq_append_pages"))),
                 bs, self._max_pages, self._blocks)
             self._append, self._cross = appender.append, appender.cross
+            self._match = fast.Matcher(
+                int(ffi.cast("uintptr_t", self._h)),
+                int(ffi.cast("uintptr_t", ffi.addressof(lib, "kvs_prefix_match"))),
+                self._max_pages, self._blocks).match
 
     # ------------------------------------------------------------------ helpers
     def _capacity(self) -> int:
@@ -432,26 +436,36 @@ class KvshareKVCacheManager:
         if self._dirty:
             self._flush()
         ids = _token_ids(request)
-        n = len(ids)
-        toks = self._pack(ids)
         st_extra = self._extra_for(request)
-        rc = lib.kvs_prefix_match(self._h, ffi.from_buffer("int32_t[]", toks) if n else ffi.NULL,
-                                  n, st_extra.ptr if st_extra else ffi.NULL, max(n - 1, 0), False,
-                                  self._pages_buf, self._max_pages, self._n1, self._n2)
+        rc, toks, hits = self._match(ids, int(ffi.cast("uintptr_t", st_extra.ptr))
+                                     if st_extra else 0, max(len(ids) - 1, 0))
         if rc:
             kvshare.check(rc, "kvs_prefix_match")
-        pages = ffi.unpack(self._pages_buf, self._n1[0])
-        if self.use_eagle and pages:
-            pages.pop()  # EAGLE recomputes the last matched block for its hidden states
-        hit = len(pages) * self.block_size
+        if self.use_eagle and hits:
+            hits.pop()  # EAGLE recomputes the last matched block for its hidden states
+        hit = len(hits) * self.block_size
         if self.log_stats:
             self.prefix_cache_stats.record(num_tokens=request.num_tokens, num_hits=hit,
                                            preempted=request.num_preemptions > 0)
         self._pending = (request.request_id, toks, st_extra)
-        if not pages:
+        if not hits:
             return self.empty_kv_cache_blocks, 0
+        return KVCacheBlocks((hits,)), hit
+
+    def _match(self, ids, extra_addr: int, max_tokens: int) -> tuple[int, bytes, list]:
+        """``kvs_prefix_match`` of the token ids ``ids`` (``extra_addr``: a ``kvs_extra_keys *``
+        as an int, 0 for none) up to ``max_tokens``, acquiring nothing: ``(status, the ids
+        packed to int32, [block objects of the hit pages])``.  The compiled twin is
+        ``_fast.Matcher.match``."""
+        toks = self._pack(ids)
+        n = len(ids)
+        rc = lib.kvs_prefix_match(self._h, ffi.from_buffer("int32_t[]", toks) if n else ffi.NULL,
+                                  n, ffi.cast("kvs_extra_keys *", extra_addr), max_tokens, False,
+                                  self._pages_buf, self._max_pages, self._n1, self._n2)
+        if rc:
+            return rc, toks, []
         blocks = self._blocks
-        return KVCacheBlocks((list(map(blocks.__getitem__, pages)),)), hit
+        return 0, toks, list(map(blocks.__getitem__, ffi.unpack(self._pages_buf, self._n1[0])))
 
     def allocate_slots(
         self,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import random
+from typing import Any
 import shutil
 import subprocess
 import sys
@@ -65,9 +66,11 @@ def test_fast_built_when_required(monkeypatch):
     m = make_manager(monkeypatch, pure=False)
     assert type(m._append).__name__ == "builtin_function_or_method"
     assert type(m._cross).__name__ == "builtin_function_or_method"
+    assert type(m._match).__name__ == "builtin_function_or_method"
     p = make_manager(monkeypatch, pure=True)
     assert p._append.__func__ is KvshareKVCacheManager._append
     assert p._cross.__func__ is KvshareKVCacheManager._cross
+    assert p._match.__func__ is KvshareKVCacheManager._match
 
 
 @fast_only
@@ -128,6 +131,75 @@ def test_fast_matches_python(monkeypatch, seed):
         assert fast.cache.stats() == slow.cache.stats()
     fast.check()
     slow.check()
+
+
+def addr(extra) -> int:
+    return int(ffi.cast("uintptr_t", extra.ptr)) if extra is not None else 0
+
+
+@fast_only
+@pytest.mark.parametrize("seed", range(3))
+def test_fast_match_matches_python(monkeypatch, seed):
+    """Matcher.match against _match: the same status, packed ids and hit blocks for prompts
+    sharing prefixes (with and without extra keys) while the index fills and evicts."""
+    rng = random.Random(seed)
+    fast = make_manager(monkeypatch, pure=False, num_blocks=40)
+    slow = make_manager(monkeypatch, pure=True, num_blocks=40)
+    system = [rng.randrange(3, 30000) for _ in range(rng.choice((0, 16, 50)))]
+    salts = [None, kvshare.ExtraKeys(salt=b"tenant"), kvshare.ExtraKeys(lora_id=3)]
+    seen: list[tuple[list[int], Any]] = []
+    for seq in range(1, 150):
+        if seen and rng.random() < 0.5:
+            base, extra = rng.choice(seen)
+            prompt = base[:rng.randint(0, len(base))] + [rng.randrange(3, 30000)
+                                                         for _ in range(rng.randint(0, 20))]
+        else:
+            prompt = system + [rng.randrange(3, 30000) for _ in range(rng.randint(0, 60))]
+            extra = rng.choice(salts)
+        cap = rng.choice((max(len(prompt) - 1, 0), len(prompt), 0, 17))
+        got = fast._match(prompt, addr(extra), cap)
+        want = slow._match(prompt, addr(extra), cap)
+        assert got[0] == want[0] == 0 and got[1] == want[1] == kvshare.pack_i32(prompt)
+        assert [b.block_id for b in got[2]] == [b.block_id for b in want[2]]
+        assert all(b is fast._blocks[b.block_id] for b in got[2])
+        for m in (fast, slow):  # register the prompt, then free it (cached, evictable)
+            toks = kvshare.pack_i32(prompt)
+            rc = lib.kvs_seq_begin(m._h, seq, ffi.from_buffer("int32_t[]", toks) if prompt
+                                   else ffi.NULL, len(prompt), extra.ptr if extra else ffi.NULL,
+                                   0, ffi.NULL)
+            if rc == 0:
+                kvshare.check(lib.kvs_seq_free(m._h, seq), "kvs_seq_free")
+        seen.append((prompt, extra))
+        assert fast.cache.stats() == slow.cache.stats()
+    fast.check()
+
+
+@fast_only
+def test_fast_match_bad_input(monkeypatch):
+    m = make_manager(monkeypatch, pure=False, num_blocks=8)
+    before = m.cache.stats()
+    for args, exc in (((list(range(5)), 0), TypeError), ((iter([1]), 0, 0), TypeError),
+                      (([1, 2], -1, 0), OverflowError), (([1, 2], 0, -1), ValueError),
+                      (([1, 2 ** 31], 0, 1), OverflowError), ((["x"], 0, 1), TypeError)):
+        with pytest.raises(exc):
+            m._match(*args)
+    ids = [1, 2, 3]
+
+    class Reenter:
+        def __index__(self):
+            m._match(ids[:2], 0, 1)
+            return 4
+
+    with pytest.raises(RuntimeError, match="re-entered"):
+        m._match([1, Reenter()], 0, 1)
+    with pytest.raises(RuntimeError, match="not initialised"):
+        mgr_mod._fast.Matcher.__new__(mgr_mod._fast.Matcher).match(ids, 0, 2)
+    with pytest.raises(TypeError):
+        mgr_mod._fast.Matcher(1, 1, 8, (1, 2))
+    with pytest.raises(ValueError):
+        mgr_mod._fast.Matcher(0, 1, 8, [])
+    assert m.cache.stats() == before
+    assert m._match([], 0, 0) == (0, b"", [])
 
 
 @fast_only

@@ -1,6 +1,7 @@
 """Drives kvshare_vllm/_fast.c built with AddressSanitizer + UBSan (loaded from the path given
 as argv[1], no torch or vLLM in the process): random appends against a plain Python model of
-the request state (``append`` and ``cross``), every bad input, re-entry and packing.  Run by tests/test_fast.py under
+the request state (``append`` and ``cross``), prefix lookups (``Matcher``) against the
+binding's, every bad input, re-entry and packing.  Run by tests/test_fast.py under
 LD_PRELOAD=libasan; any memory error aborts the process."""
 
 import importlib.machinery
@@ -149,6 +150,51 @@ for at in (3, 100, 190):
         pass
     else:
         raise AssertionError("shrunk list packed")
+# Matcher: the hits of random prompts (live and freed ones' prefixes) equal the binding's.
+matcher = fast.Matcher(int(ffi.cast("uintptr_t", h)),
+                       int(ffi.cast("uintptr_t", ffi.addressof(lib, "kvs_prefix_match"))),
+                       PAGES, blocks)
+pages_buf, n1, n2 = ffi.new("uint32_t[]", PAGES), ffi.new("size_t *"), ffi.new("size_t *")
+salted = kvshare.ExtraKeys(salt=b"s")
+for i in range(300):
+    prompt = system[:rng.randint(0, len(system))] + [rng.randrange(3, 30000)
+                                                     for _ in range(rng.randint(0, 30))]
+    if live and rng.random() < 0.5:
+        _, ids = rng.choice(list(live.values()))
+        prompt = ids[:rng.randint(0, len(ids))]
+    extra = salted if rng.random() < 0.2 else None
+    ea = int(ffi.cast("uintptr_t", extra.ptr)) if extra else 0
+    cap = rng.choice((len(prompt), max(len(prompt) - 1, 0), 5))
+    rc, packed, hits = matcher.match(prompt, ea, cap)
+    toks = kvshare.pack_i32(prompt)
+    want = lib.kvs_prefix_match(h, ffi.from_buffer("int32_t[]", toks) if prompt else ffi.NULL,
+                                len(prompt), extra.ptr if extra else ffi.NULL, cap, False,
+                                pages_buf, PAGES, n1, n2)
+    assert rc == want == 0 and packed == toks
+    assert hits == [blocks[p] for p in ffi.unpack(pages_buf, n1[0])]
+for args, exc in (((system, 0), TypeError), ((iter(system), 0, 1), TypeError),
+                  ((system, -1, 1), OverflowError), ((system, 0, -1), ValueError),
+                  ((system + [2 ** 31], 0, 1), OverflowError)):
+    try:
+        matcher.match(*args)
+    except exc:
+        pass
+    else:
+        raise AssertionError(f"match: no error for {args[1:]}")
+
+
+class ReenterMatch:
+    def __index__(self):
+        matcher.match(system, 0, 1)
+        return 5
+
+
+try:
+    matcher.match(system + [ReenterMatch()], 0, 1)
+except RuntimeError:
+    pass
+else:
+    raise AssertionError("match re-entry not refused")
 edges = [0, 1, -1, 2 ** 30 - 1, 2 ** 30, -(2 ** 30), 2 ** 31 - 1, -(2 ** 31)] * 20
 assert fast.pack_i32(edges) == kvshare.pack_i32(edges)
 cache.check()
