@@ -1,10 +1,10 @@
 /* kvshare_vllm._fast: the adapter's per-page hand-over (``KvshareKVCacheManager._append`` and
  * ``_cross``) compiled, for the scheduler's hot path.
  *
- * ``Appender(cache_addr, fn_addr, block_size, max_pages, blocks=None)`` holds the cache handle
- * and the address of ``kvs_seq_append_pages`` (both taken from the cffi binding, so this module
- * links against nothing and follows the binding's library lookup), and the manager's block
- * objects (``blocks[page id]``).
+ * ``Appender(cache_addr, fn_addr, block_size, max_pages, blocks=None, begin_addr=0)`` holds
+ * the cache handle and the address of ``kvs_seq_append_pages`` (both taken from the cffi
+ * binding, so this module links against nothing and follows the binding's library lookup), the
+ * manager's block objects (``blocks[page id]``) and the address of ``kvs_seq_begin``.
  *
  * ``Appender.append(st, ids, known, lookahead)`` is ``_append`` of manager.py: it hands kvshare
  * the token ids ``ids[st.n:known]``, keeps ``lookahead`` slots past them, appends the pages
@@ -24,6 +24,12 @@
  * as an int, 0 for none; nothing acquired) and returns ``(status, packed ids, [block objects
  * of the hit pages])``, manager.py's ``_match``.
  *
+ * ``Appender.begin(st, toks, extra_addr, max_match, lookahead, first)`` is ``_open``: a request's
+ * ``kvs_seq_begin`` (sequence ``st.seq``; ``toks``: its known token ids packed to int32, any
+ * buffer; ``extra_addr`` as for ``Matcher``), then the append that keeps ``lookahead`` slots and
+ * reads the block table into ``st``.  Returns ``(begin status, append status, matched tokens,
+ * [block objects of the table from page first on])``; on a begin failure nothing changed.
+ *
  * manager.py keeps the same functions in Python for interpreters where this is not built.
  */
 #define PY_SSIZE_T_CLEAN
@@ -37,6 +43,8 @@
 typedef kvs_status (*append_pages_fn)(kvs_cache *, uint64_t, const int32_t *, size_t, size_t,
                                       kvs_copy *, size_t, size_t *, size_t, uint32_t *, size_t,
                                       size_t *);
+typedef kvs_status (*seq_begin_fn)(kvs_cache *, uint64_t, const int32_t *, size_t,
+                                   const kvs_extra_keys *, size_t, kvs_seq_info *);
 typedef kvs_status (*prefix_match_fn)(kvs_cache *, const int32_t *, size_t,
                                       const kvs_extra_keys *, size_t, bool, uint32_t *, size_t,
                                       size_t *, size_t *);
@@ -51,7 +59,8 @@ typedef struct {
     int32_t *tokens;  /* tok_cap */
     size_t tok_cap;
     int busy;         /* inside append: __index__ or attribute code re-entering is refused */
-    PyObject *blocks; /* list: block object of each page id (cross), or NULL */
+    PyObject *blocks; /* list: block object of each page id (cross, begin), or NULL */
+    seq_begin_fn begin; /* or NULL */
 } Appender;
 
 static PyObject *s_n, *s_seq, *s_pages, *s_raw, *s_quiet, *empty_tuple;
@@ -78,9 +87,11 @@ static int Appender_init(Appender *self, PyObject *args, PyObject *kwds) {
     unsigned long long cache, fn;
     Py_ssize_t bs, max_pages;
     PyObject *blocks = Py_None;
-    static char *kw[] = {"cache_addr", "fn_addr", "block_size", "max_pages", "blocks", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "KKnn|O", kw, &cache, &fn, &bs, &max_pages,
-                                     &blocks))
+    unsigned long long begin = 0;
+    static char *kw[] = {"cache_addr", "fn_addr", "block_size", "max_pages", "blocks",
+                         "begin_addr", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "KKnn|OK", kw, &cache, &fn, &bs, &max_pages,
+                                     &blocks, &begin))
         return -1;
     if (blocks != Py_None && !PyList_Check(blocks)) {
         PyErr_SetString(PyExc_TypeError, "Appender: blocks must be a list or None");
@@ -113,6 +124,7 @@ static int Appender_init(Appender *self, PyObject *args, PyObject *kwds) {
     }
     self->cache = (kvs_cache *)(uintptr_t)cache;
     self->fn = (append_pages_fn)(uintptr_t)fn;
+    self->begin = (seq_begin_fn)(uintptr_t)begin;
     self->block_size = bs;
     self->max_pages = (size_t)max_pages;
     return 0;
@@ -206,7 +218,25 @@ static int set_size(PyObject *st, PyObject *name, Py_ssize_t value) {
     return r;
 }
 
-/* The append shared by ``append`` and ``cross``: ``*rc`` is kvshare's status; on KVS_STATUS_OK
+/* ``[blocks[pages[i]] for i in range(lo, hi)]`` (IndexError for a page with no block object). */
+static PyObject *block_list(PyObject *blocks, const uint32_t *pages, Py_ssize_t lo, Py_ssize_t hi) {
+    PyObject *out = PyList_New(hi - lo);
+    if (!out)
+        return NULL;
+    for (Py_ssize_t i = lo; i < hi; i++) {
+        uint32_t p = pages[i];
+        if ((Py_ssize_t)p >= PyList_GET_SIZE(blocks)) {
+            Py_DECREF(out);
+            return PyErr_Format(PyExc_IndexError, "page %u has no block object", p);
+        }
+        PyObject *b = PyList_GET_ITEM(blocks, (Py_ssize_t)p);
+        Py_INCREF(b);
+        PyList_SET_ITEM(out, i - lo, b);
+    }
+    return out;
+}
+
+/* The append shared by ``append``, ``cross`` and ``begin``: ``*rc`` is kvshare's status; on KVS_STATUS_OK
  * ``st`` follows kvshare and ``*new_out`` is the list of new page ids (``self->pages`` holds
  * them too).  Returns -1 with an exception set (nothing changed, unless the failure came after
  * kvshare's change: a MemoryError, or a hook on ``st`` refusing the update). */
@@ -382,21 +412,82 @@ static PyObject *cross_impl(Appender *self, PyObject *const *args, Py_ssize_t na
         return Py_BuildValue("(i[])", (int)rc);
     Py_ssize_t k = PyList_GET_SIZE(new);
     Py_DECREF(new);
-    PyObject *out = PyList_New(k);
-    if (!out)
+    PyObject *out = block_list(self->blocks, self->pages, 0, k);
+    return out ? Py_BuildValue("(iN)", 0, out) : NULL;
+}
+
+/* ``_open`` of manager.py (see the top of this file). */
+static PyObject *begin_impl(Appender *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError,
+                        "begin(st, toks, extra_addr, max_match, lookahead, first) takes 6 arguments");
         return NULL;
-    for (Py_ssize_t i = 0; i < k; i++) {
-        uint32_t p = self->pages[i];
-        if ((Py_ssize_t)p >= PyList_GET_SIZE(self->blocks)) {
-            Py_DECREF(out);
-            return PyErr_Format(PyExc_IndexError, "cross: page %u has no block object", p);
-        }
-        PyObject *b = PyList_GET_ITEM(self->blocks, (Py_ssize_t)p);
-        Py_INCREF(b);
-        PyList_SET_ITEM(out, i, b);
     }
-    PyObject *r = Py_BuildValue("(iN)", 0, out);
-    return r;
+    if (!self->blocks || !self->begin) {
+        PyErr_SetString(PyExc_RuntimeError, "Appender: begin needs the blocks list and begin_addr");
+        return NULL;
+    }
+    PyObject *st = args[0];
+    unsigned long long extra = PyLong_AsUnsignedLongLong(args[2]);
+    if (extra == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t v[3];
+    for (int i = 0; i < 3; i++) {
+        v[i] = PyLong_AsSsize_t(args[3 + i]);
+        if (v[i] == -1 && PyErr_Occurred())
+            return NULL;
+        if (v[i] < 0) {
+            PyErr_SetString(PyExc_ValueError, "begin: negative count");
+            return NULL;
+        }
+    }
+    Py_ssize_t max_match = v[0], lookahead = v[1], first = v[2];
+    PyObject *seq_obj = PyObject_GetAttr(st, s_seq);
+    if (!seq_obj)
+        return NULL;
+    unsigned long long seq = PyLong_AsUnsignedLongLong(seq_obj);
+    Py_DECREF(seq_obj);
+    if (seq == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t n0 = get_size(st, s_n);
+    if (n0 < 0)
+        return NULL;
+    if (n0 != 0) {
+        PyErr_SetString(PyExc_ValueError, "begin: st already holds tokens");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[1], &view, PyBUF_C_CONTIGUOUS) < 0)
+        return NULL;
+    if (view.len % (Py_ssize_t)sizeof(int32_t)) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "begin: toks is not whole int32 values");
+        return NULL;
+    }
+    Py_ssize_t known = view.len / (Py_ssize_t)sizeof(int32_t);
+    kvs_seq_info info;
+    memset(&info, 0, sizeof info);
+    kvs_status rc = self->begin(self->cache, seq, known ? (const int32_t *)view.buf : NULL,
+                                (size_t)known, (const kvs_extra_keys *)(uintptr_t)extra,
+                                (size_t)max_match, &info);
+    PyBuffer_Release(&view);
+    if (rc != KVS_STATUS_OK)
+        return Py_BuildValue("(iin[])", (int)rc, 0, (Py_ssize_t)0);
+    /* The sequence exists: st follows it (n), then one append reads the table and keeps the
+     * lookahead slots (no tokens: all of them were given to the begin). */
+    if (set_size(st, s_n, known) < 0)
+        return NULL;
+    kvs_status rc2;
+    PyObject *new;
+    if (append_core(self, st, empty_tuple, known, lookahead, &rc2, &new) < 0)
+        return NULL;
+    Py_ssize_t matched = (Py_ssize_t)info.matched_tokens;
+    if (rc2 != KVS_STATUS_OK)
+        return Py_BuildValue("(iin[])", 0, (int)rc2, matched);
+    Py_ssize_t k = PyList_GET_SIZE(new);
+    Py_DECREF(new);
+    PyObject *out = block_list(self->blocks, self->pages, first < k ? first : k, k);
+    return out ? Py_BuildValue("(iinN)", 0, 0, matched, out) : NULL;
 }
 
 /* The methods with the Appender's buffers held: Python code they run (``__index__``, attribute
@@ -425,9 +516,16 @@ static PyObject *Appender_cross(Appender *self, PyObject *const *args, Py_ssize_
     return guarded(self, args, nargs, cross_impl);
 }
 
+static PyObject *Appender_begin(Appender *self, PyObject *const *args, Py_ssize_t nargs) {
+    return guarded(self, args, nargs, begin_impl);
+}
+
 static PyMethodDef Appender_methods[] = {
     {"append", (PyCFunction)(void (*)(void))Appender_append, METH_FASTCALL,
      "append(st, ids, known, lookahead) -> (status, new page ids)"},
+    {"begin", (PyCFunction)(void (*)(void))Appender_begin, METH_FASTCALL,
+     "begin(st, toks, extra_addr, max_match, lookahead, first) -> (begin status, append status, "
+     "matched tokens, block objects from page first on)"},
     {"cross", (PyCFunction)(void (*)(void))Appender_cross, METH_FASTCALL,
      "cross(st, ids, main, lookahead_tokens, max_model_len) -> (status, new block objects)"},
     {NULL, NULL, 0, NULL},
@@ -544,21 +642,10 @@ static PyObject *match_impl(Matcher *self, PyObject *const *args, Py_ssize_t nar
                              self->pages, self->max_pages, &np, &matched);
     if (rc != KVS_STATUS_OK)
         return Py_BuildValue("(iN[])", (int)rc, packed);
-    PyObject *hits = PyList_New((Py_ssize_t)np);
+    PyObject *hits = block_list(self->blocks, self->pages, 0, (Py_ssize_t)np);
     if (!hits) {
         Py_DECREF(packed);
         return NULL;
-    }
-    for (size_t i = 0; i < np; i++) {
-        uint32_t p = self->pages[i];
-        if ((Py_ssize_t)p >= PyList_GET_SIZE(self->blocks)) {
-            Py_DECREF(hits);
-            Py_DECREF(packed);
-            return PyErr_Format(PyExc_IndexError, "match: page %u has no block object", p);
-        }
-        PyObject *b = PyList_GET_ITEM(self->blocks, (Py_ssize_t)p);
-        Py_INCREF(b);
-        PyList_SET_ITEM(hits, (Py_ssize_t)i, b);
     }
     return Py_BuildValue("(iNN)", 0, packed, hits);
 }

@@ -303,8 +303,10 @@ class KvshareKVCacheManager:
             appender = fast.Appender(
                 int(ffi.cast("uintptr_t", self._h)),
                 int(ffi.cast("uintptr_t", ffi.addressof(lib, "kvs_seq_append_pages"))),
-                bs, self._max_pages, self._blocks)
-            self._append, self._cross = appender.append, appender.cross
+                bs, self._max_pages, self._blocks,
+                int(ffi.cast("uintptr_t", ffi.addressof(lib, "kvs_seq_begin"))))
+            self._append, self._cross, self._open = appender.append, appender.cross, \
+                appender.begin
             self._match = fast.Matcher(
                 int(ffi.cast("uintptr_t", self._h)),
                 int(ffi.cast("uintptr_t", ffi.addressof(lib, "kvs_prefix_match"))),
@@ -558,35 +560,51 @@ class KvshareKVCacheManager:
         toks = self._tokens(request, known)
         extra = self._pending[2] if self._pending is not None and \
             self._pending[0] == rid else self._extra_for(request)
-        seq = next(self._seq_ids)
+        st = _Req(next(self._seq_ids), extra)
         self._avail = None
-        rc = lib.kvs_seq_begin(self._h, seq,
-                               ffi.from_buffer("int32_t[]", toks) if known else ffi.NULL,
-                               known, extra.ptr if extra else ffi.NULL,
-                               num_new_computed_tokens, self._info)
+        rc, rc2, matched, new = self._open(st, toks, int(ffi.cast("uintptr_t", extra.ptr))
+                                           if extra else 0, num_new_computed_tokens,
+                                           lookahead, nh)
         if rc == _NO_SPACE:
             return None
         if rc:
             kvshare.check(rc, "kvs_seq_begin")
         self._pending = None
-        st = _Req(seq, extra)
-        st.n = known
         self._reqs[rid] = st
-        if self._info.matched_tokens != num_new_computed_tokens:
-            lib.kvs_seq_free(self._h, seq)
+        if matched != num_new_computed_tokens:
+            lib.kvs_seq_free(self._h, st.seq)
             del self._reqs[rid]
             raise RuntimeError(
                 f"kvshare_vllm: request {rid}: {num_new_computed_tokens} tokens were found "
-                f"cached by get_computed_blocks but only {self._info.matched_tokens} at "
-                "allocation (pages evicted in between)")
-        # The lookahead slots and the whole block table in one call (no tokens to hand over).
-        rc, table = self._append(st, (), known, lookahead)
-        if rc:  # the gate checked room for the lookahead; anything else is a bug
-            kvshare.check(rc, "kvs_seq_append_pages")
+                f"cached by get_computed_blocks but only {matched} at allocation (pages "
+                "evicted in between)")
+        if rc2:  # the gate checked room for the lookahead; anything else is a bug
+            kvshare.check(rc2, "kvs_seq_append_pages")
         if self._common is not None:  # a new table can only shorten the shared prefix
             self._common = self._common[:4 * _common_pages(self._common, st.raw)]
+        return self._handed(st, request, new)
+
+    def _open(self, st: _Req, toks, extra_addr: int, max_match: int, lookahead: int,
+              first: int) -> tuple[int, int, int, list]:
+        """``kvs_seq_begin`` of sequence ``st.seq`` with the packed token ids ``toks`` (any
+        buffer; ``extra_addr``: a ``kvs_extra_keys *`` as an int, 0 for none), then one append
+        keeping ``lookahead`` slots and reading the block table into ``st``.  Returns ``(begin
+        status, append status, matched tokens, [block objects of the table from page first
+        on])``; on a begin failure nothing changed.  The compiled twin is
+        ``_fast.Appender.begin``."""
+        known = len(toks) // 4
+        rc = lib.kvs_seq_begin(self._h, st.seq,
+                               ffi.from_buffer("int32_t[]", toks) if known else ffi.NULL, known,
+                               ffi.cast("kvs_extra_keys *", extra_addr), max_match, self._info)
+        if rc:
+            return rc, 0, 0, []
+        st.n = known
+        matched = self._info.matched_tokens
+        rc, table = self._append(st, (), known, lookahead)
+        if rc:
+            return 0, rc, matched, []
         blocks = self._blocks
-        return self._handed(st, request, list(map(blocks.__getitem__, table[nh:])))
+        return 0, 0, matched, list(map(blocks.__getitem__, table[first:]))
 
     def _extend(self, request, st: _Req, main: int, num_lookahead_tokens: int,
                 full_sequence_must_fit: bool, reserved_blocks: int) -> KVCacheBlocks | None:

@@ -67,10 +67,12 @@ def test_fast_built_when_required(monkeypatch):
     assert type(m._append).__name__ == "builtin_function_or_method"
     assert type(m._cross).__name__ == "builtin_function_or_method"
     assert type(m._match).__name__ == "builtin_function_or_method"
+    assert type(m._open).__name__ == "builtin_function_or_method"
     p = make_manager(monkeypatch, pure=True)
     assert p._append.__func__ is KvshareKVCacheManager._append
     assert p._cross.__func__ is KvshareKVCacheManager._cross
     assert p._match.__func__ is KvshareKVCacheManager._match
+    assert p._open.__func__ is KvshareKVCacheManager._open
 
 
 @fast_only
@@ -172,6 +174,90 @@ def test_fast_match_matches_python(monkeypatch, seed):
         seen.append((prompt, extra))
         assert fast.cache.stats() == slow.cache.stats()
     fast.check()
+
+
+@fast_only
+@pytest.mark.parametrize("seed", range(3))
+def test_fast_begin_matches_python(monkeypatch, seed):
+    """Appender.begin against _open: the same statuses, matched tokens, blocks, request state
+    and cache for admissions with prefix hits, lookahead, extra keys and running out of room."""
+    rng = random.Random(seed)
+    fast = make_manager(monkeypatch, pure=False, num_blocks=48)
+    slow = make_manager(monkeypatch, pure=True, num_blocks=48)
+    system = [rng.randrange(3, 30000) for _ in range(rng.choice((0, 16, 40)))]
+    salt = kvshare.ExtraKeys(salt=b"t")
+    live: list[tuple[_Req, _Req]] = []
+    prompts: list[list[int]] = []
+    for seq in range(1, 200):
+        if live and rng.random() < 0.35:
+            a, b = live.pop(rng.randrange(len(live)))
+            kvshare.check(lib.kvs_seq_free(fast._h, a.seq), "kvs_seq_free")
+            kvshare.check(lib.kvs_seq_free(slow._h, b.seq), "kvs_seq_free")
+            continue
+        base = rng.choice(prompts) if prompts and rng.random() < 0.5 else system
+        prompt = base[:rng.randint(0, len(base))] + [rng.randrange(3, 30000)
+                                                     for _ in range(rng.randint(1, 70))]
+        prompts.append(prompt)
+        extra = salt if rng.random() < 0.2 else None
+        ea = addr(extra)
+        rc, toks, hits = fast._match(prompt, ea, len(prompt) - 1)
+        assert rc == 0
+        max_match = rng.choice((len(hits) * BS, len(hits) * BS, 0, len(prompt)))
+        lookahead, first = rng.choice((0, 0, 1, 30)), rng.choice((len(hits), 0))
+        if rng.random() < 0.3:
+            toks = memoryview(toks)  # as _tokens hands a view of the pending bytes
+        a, b = _Req(seq, extra), _Req(seq, extra)
+        got = fast._open(a, toks, ea, max_match, lookahead, first)
+        want = slow._open(b, toks, ea, max_match, lookahead, first)
+        assert got[:3] == want[:3]
+        assert [x.block_id for x in got[3]] == [x.block_id for x in want[3]]
+        assert all(x is fast._blocks[x.block_id] for x in got[3])
+        assert state(a) == state(b)
+        if got[0] == 0:
+            assert got[3] == [fast._blocks[p] for p in a.pages[first:]] or got[1]
+            live.append((a, b))
+        else:
+            assert got[0] == kvshare.STATUS["KVS_STATUS_NO_SPACE"]
+            assert state(a) == (0, [], b"", -1) and got[3] == []
+        assert fast.cache.stats() == slow.cache.stats()
+    fast.check()
+    slow.check()
+
+
+@fast_only
+def test_fast_begin_bad_input(monkeypatch):
+    m = make_manager(monkeypatch, pure=False, num_blocks=8)
+    before = m.cache.stats()
+    toks = kvshare.pack_i32(list(range(3, 23)))
+    for args, exc in (((_Req(1, None), toks, 0, 0, 0), TypeError),
+                      ((_Req(1, None), [1, 2], 0, 0, 0, 0), TypeError),
+                      ((_Req(1, None), toks[:-1], 0, 0, 0, 0), ValueError),
+                      ((_Req(1, None), toks, -1, 0, 0, 0), OverflowError),
+                      ((_Req(1, None), toks, 0, -1, 0, 0), ValueError),
+                      ((_Req(1, None), toks, 0, 0, -1, 0), ValueError),
+                      ((_Req(1, None), toks, 0, 0, 0, -1), ValueError)):
+        with pytest.raises(exc):
+            m._open(*args)
+    used = _Req(1, None)
+    used.n = 3
+    with pytest.raises(ValueError):
+        m._open(used, toks, 0, 0, 0, 0)
+    with pytest.raises(RuntimeError, match="begin"):  # an Appender built without begin_addr
+        bare = mgr_mod._fast.Appender(int(ffi.cast("uintptr_t", m._h)), int(ffi.cast(
+            "uintptr_t", ffi.addressof(lib, "kvs_seq_append_pages"))), BS, 8, m._blocks)
+        bare.begin(_Req(1, None), toks, 0, 0, 0, 0)
+    assert m.cache.stats() == before
+    big = kvshare.pack_i32(list(range(3, 3 + 16 * 9)))  # 9 pages, 7 usable: NO_SPACE
+    st = _Req(1, None)
+    assert m._open(st, big, 0, 0, 0, 0) == (kvshare.STATUS["KVS_STATUS_NO_SPACE"], 0, 0, [])
+    assert state(st) == (0, [], b"", -1) and m.cache.stats() == before
+    rc, rc2, matched, blocks = m._open(st, toks, 0, 0, 100, 0)  # begins; no room for 100 slots
+    assert (rc, rc2, matched, blocks) == (0, kvshare.STATUS["KVS_STATUS_NO_SPACE"], 0, [])
+    assert st.n == 20 and st.pages == []
+    again = _Req(1, None)  # the same sequence id twice: kvshare's status, nothing changed
+    assert m._open(again, toks, 0, 0, 0, 0)[0] == kvshare.STATUS["KVS_STATUS_SEQ_EXISTS"]
+    assert state(again) == (0, [], b"", -1)
+    m.check()
 
 
 @fast_only

@@ -1,6 +1,6 @@
 """Drives kvshare_vllm/_fast.c built with AddressSanitizer + UBSan (loaded from the path given
 as argv[1], no torch or vLLM in the process): random appends against a plain Python model of
-the request state (``append`` and ``cross``), prefix lookups (``Matcher``) against the
+the request state (``append``, ``cross``, ``begin``), prefix lookups (``Matcher``) against the
 binding's, every bad input, re-entry and packing.  Run by tests/test_fast.py under
 LD_PRELOAD=libasan; any memory error aborts the process."""
 
@@ -34,7 +34,8 @@ h = cache.handle
 blocks = [object() for _ in range(PAGES)]  # stand-ins for the manager's block objects
 app = fast.Appender(int(ffi.cast("uintptr_t", h)),
                     int(ffi.cast("uintptr_t", ffi.addressof(lib, "kvs_seq_append_pages"))),
-                    BS, PAGES, blocks)
+                    BS, PAGES, blocks,
+                    int(ffi.cast("uintptr_t", ffi.addressof(lib, "kvs_seq_begin"))))
 rng = random.Random(3)
 system = [rng.randrange(3, 30000) for _ in range(40)]
 live = {}
@@ -44,13 +45,19 @@ for seq in range(1, 400):
         prompt = system + [rng.randrange(3, 30000) for _ in range(rng.randint(1, 40))]
         toks = fast.pack_i32(prompt)
         assert toks == kvshare.pack_i32(prompt)
-        rc = lib.kvs_seq_begin(h, seq, ffi.from_buffer("int32_t[]", toks), len(prompt), ffi.NULL,
-                               len(prompt) - 1, ffi.NULL)
-        if rc:
-            continue
         st = St(seq)
-        st.n = len(prompt)
-        assert app.append(st, (), st.n, 0)[0] == 0
+        view = memoryview(toks) if seq % 2 else toks
+        la, first = rng.choice((0, 0, 3, 40)), rng.choice((0, 2))
+        rc, rc2, matched, got = app.begin(st, view, 0, len(prompt) - 1, la, first)
+        if rc:
+            assert (st.n, st.pages, got) == (0, [], [])
+            continue
+        assert st.n == len(prompt) and matched % BS == 0 and matched < len(prompt)
+        if rc2:
+            kvshare.check(lib.kvs_seq_free(h, seq), "kvs_seq_free")
+            continue
+        assert got == [blocks[p] for p in st.pages[first:]]
+        assert len(st.pages) * BS >= len(prompt) + la
         live[seq] = (st, prompt)
     elif op < 0.3:
         s = rng.choice(list(live))
@@ -95,6 +102,16 @@ for args, exc in (((st, ids, st.n), TypeError), ((st, iter(ids + [5]), len(ids) 
         pass
     else:
         raise AssertionError(f"no error for {args[2:]}")
+toks = kvshare.pack_i32(system)
+for args, exc in (((St(999), toks, 0, 0, 0), TypeError), ((St(999), system, 0, 0, 0, 0), TypeError),
+                  ((St(999), toks[:-2], 0, 0, 0, 0), ValueError),
+                  ((St(999), toks, 0, 0, -1, 0), ValueError), ((st, toks, 0, 0, 0, 0), ValueError)):
+    try:
+        app.begin(*args)
+    except exc:
+        pass
+    else:
+        raise AssertionError(f"begin: no error for {args[2:]}")
 for args, exc in (((st, ids, st.n, 0), TypeError), ((st, iter(ids), st.n, 0, 99), TypeError),
                   ((st, ids, -1, 0, 99), ValueError), ((st, ids, 2 ** 70, 0, 99), OverflowError),
                   ((st, ids + [2 ** 31], len(ids) + 1, 0, 4096), OverflowError)):
