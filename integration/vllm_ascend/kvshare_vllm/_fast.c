@@ -101,6 +101,10 @@ static int Appender_init(Appender *self, PyObject *args, PyObject *kwds) {
         PyErr_SetString(PyExc_ValueError, "Appender: null address or non-positive size");
         return -1;
     }
+    if (bs > 1024) { /* kvshare's largest page size; keeps pages * block_size in range */
+        PyErr_SetString(PyExc_ValueError, "Appender: block_size above 1024");
+        return -1;
+    }
     if ((size_t)max_pages > PY_SSIZE_T_MAX / sizeof(uint32_t)) {
         PyErr_SetString(PyExc_OverflowError, "Appender: max_pages too large");
         return -1;
@@ -116,17 +120,18 @@ static int Appender_init(Appender *self, PyObject *args, PyObject *kwds) {
     }
     free(self->pages);
     self->pages = pages;
+    self->cache = (kvs_cache *)(uintptr_t)cache;
+    self->fn = (append_pages_fn)(uintptr_t)fn;
+    self->begin = (seq_begin_fn)(uintptr_t)begin;
+    self->block_size = bs;
+    self->max_pages = (size_t)max_pages;
+    /* Last: dropping the old list may run finalizers, which then see a consistent Appender. */
     if (blocks == Py_None) {
         Py_CLEAR(self->blocks);
     } else {
         Py_INCREF(blocks);
         Py_XSETREF(self->blocks, blocks);
     }
-    self->cache = (kvs_cache *)(uintptr_t)cache;
-    self->fn = (append_pages_fn)(uintptr_t)fn;
-    self->begin = (seq_begin_fn)(uintptr_t)begin;
-    self->block_size = bs;
-    self->max_pages = (size_t)max_pages;
     return 0;
 }
 
@@ -599,11 +604,12 @@ static int Matcher_init(Matcher *self, PyObject *args, PyObject *kwds) {
     }
     free(self->pages);
     self->pages = pages;
-    Py_INCREF(blocks);
-    Py_XSETREF(self->blocks, blocks);
     self->cache = (kvs_cache *)(uintptr_t)cache;
     self->fn = (prefix_match_fn)(uintptr_t)fn;
     self->max_pages = (size_t)max_pages;
+    /* Last: dropping the old list may run finalizers, which then see a consistent Matcher. */
+    Py_INCREF(blocks);
+    Py_XSETREF(self->blocks, blocks);
     return 0;
 }
 

@@ -459,6 +459,12 @@ class KvshareKVCacheManager:
         as an int, 0 for none) up to ``max_tokens``, acquiring nothing: ``(status, the ids
         packed to int32, [block objects of the hit pages])``.  The compiled twin is
         ``_fast.Matcher.match``."""
+        if not isinstance(ids, (list, tuple)):
+            raise TypeError("match: token ids must be a list or tuple")
+        if extra_addr < 0:
+            raise OverflowError("match: negative extra_addr")
+        if max_tokens < 0:
+            raise ValueError("match: negative max_tokens")
         toks = self._pack(ids)
         n = len(ids)
         rc = lib.kvs_prefix_match(self._h, ffi.from_buffer("int32_t[]", toks) if n else ffi.NULL,
@@ -562,9 +568,16 @@ class KvshareKVCacheManager:
             self._pending[0] == rid else self._extra_for(request)
         st = _Req(next(self._seq_ids), extra)
         self._avail = None
-        rc, rc2, matched, new = self._open(st, toks, int(ffi.cast("uintptr_t", extra.ptr))
-                                           if extra else 0, num_new_computed_tokens,
-                                           lookahead, nh)
+        try:
+            rc, rc2, matched, new = self._open(st, toks, int(ffi.cast("uintptr_t", extra.ptr))
+                                               if extra else 0, num_new_computed_tokens,
+                                               lookahead, nh)
+        except BaseException:
+            # Raised after kvs_seq_begin succeeded (only MemoryError-like failures can): the
+            # sequence exists in kvshare but not here, so it is ended rather than leaked.
+            if lib.kvs_seq_get_info(self._h, st.seq, self._info) == _OK:
+                lib.kvs_seq_free(self._h, st.seq)
+            raise
         if rc == _NO_SPACE:
             return None
         if rc:
@@ -592,7 +605,16 @@ class KvshareKVCacheManager:
         status, append status, matched tokens, [block objects of the table from page first
         on])``; on a begin failure nothing changed.  The compiled twin is
         ``_fast.Appender.begin``."""
-        known = len(toks) // 4
+        if extra_addr < 0:
+            raise OverflowError("begin: negative extra_addr")
+        if max_match < 0 or lookahead < 0 or first < 0:
+            raise ValueError("begin: negative count")
+        if st.n != 0:
+            raise ValueError("begin: st already holds tokens")
+        nbytes = memoryview(toks).nbytes
+        if nbytes % 4:
+            raise ValueError("begin: toks is not whole int32 values")
+        known = nbytes // 4
         rc = lib.kvs_seq_begin(self._h, st.seq,
                                ffi.from_buffer("int32_t[]", toks) if known else ffi.NULL, known,
                                ffi.cast("kvs_extra_keys *", extra_addr), max_match, self._info)
@@ -636,6 +658,10 @@ class KvshareKVCacheManager:
         tokens among them (``ids`` holds the rest as drafts/placeholders) are handed over.
         Returns ``(status, the block objects added)``; on a failure nothing changed.
         The compiled twin is ``_fast.Appender.cross``."""
+        if not isinstance(ids, (list, tuple)):
+            raise TypeError("cross: token ids must be a list or tuple")
+        if main < 0 or lookahead_tokens < 0 or max_model_len < 0:
+            raise ValueError("cross: negative token count")
         need_slot = min(main + lookahead_tokens, max_model_len)
         known = min(main, len(ids))  # drafts/placeholders are not tokens yet
         rc, new = self._append(st, ids, known, max(need_slot - max(known, st.n), 0))
@@ -782,8 +808,12 @@ class KvshareKVCacheManager:
         """One ``kvs_seq_append_pages``: hands kvshare the tokens ``ids[st.n:known]`` (none
         when ``known <= st.n``) and keeps ``lookahead`` slots past them; the pages it adds go
         into ``st``.  Returns ``(status, new page ids)``; on a failure nothing changed."""
+        if lookahead < 0:
+            raise ValueError("append: negative lookahead")
         old = st.n
         add = known - old if known > old else 0
+        if add and not isinstance(ids, (list, tuple)):
+            raise TypeError("append: token ids must be a list or tuple")
         if add and len(ids) < known:
             raise ValueError("append: fewer token ids than known")
         rc = lib.kvs_seq_append_pages(self._h, st.seq, self._token_ptr(ids, old, old + add), add,

@@ -350,6 +350,8 @@ def test_fast_bad_input_changes_nothing(monkeypatch):
         bare.cross(st, ids, 22, 0, 4096)
     with pytest.raises(TypeError):
         mgr_mod._fast.Appender(1, 1, BS, 8, (1, 2))
+    with pytest.raises(ValueError):  # above kvshare's largest page size
+        mgr_mod._fast.Appender(1, 1, 1025, 8)
     unchanged()
     rc, blocks = m._cross(st, ids, 22, 100, 4096)  # kvshare's NO_SPACE, nothing changed
     assert rc == kvshare.STATUS["KVS_STATUS_NO_SPACE"] and blocks == []
@@ -456,3 +458,80 @@ def test_fast_under_asan(tmp_path):
     r = subprocess.run([sys.executable, os.path.join(here, "fast_asan", "drive.py"), so],
                        capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("pure", [False, True])
+def test_twins_refuse_bad_input_alike(monkeypatch, pure):
+    """The argument checks every compiled call makes, made by its Python twin too: the same
+    exception, raised before kvshare or the request state changes."""
+    if not pure and mgr_mod._fast is None:
+        pytest.skip("kvshare_vllm._fast not built")
+    m = make_manager(monkeypatch, pure=pure, num_blocks=8)
+    st = begin(m, 1, list(range(3, 23)))
+    ids = list(range(3, 23)) + [40, 41]
+    toks = kvshare.pack_i32(ids[:20])
+    before_state, before_stats = state(st), m.cache.stats()
+    cases = [
+        (m._append, (st, ids, 22, -1), ValueError),
+        (m._append, (st, range(3, 25), 22, 0), TypeError),
+        (m._append, (st, ids, 30, 0), ValueError),
+        (m._cross, (st, ids, -1, 40, 4096), ValueError),
+        (m._cross, (st, ids, 22, -1, 4096), ValueError),
+        (m._cross, (st, ids, 22, 0, -1), ValueError),
+        (m._cross, (st, range(3, 25), 22, 0, 4096), TypeError),
+        (m._cross, (st, "abc", 22, 0, 4096), TypeError),
+        (m._match, (ids, 0, -1), ValueError),
+        (m._match, (ids, -1, 5), OverflowError),
+        (m._match, (range(5), 0, 5), TypeError),
+    ]
+    for args, exc in (((0, -1, 0, 0), ValueError), ((0, 0, -1, 0), ValueError),
+                      ((0, 0, 0, -1), ValueError), ((-1, 0, 0, 0), OverflowError)):
+        cases.append((m._open, (_Req(2, None), toks) + args, exc))
+    cases += [
+        (m._open, (_Req(2, None), toks[:-1], 0, 0, 0, 0), ValueError),
+        (m._open, (st, toks, 0, 0, 0, 0), ValueError),  # st already holds tokens
+        (m._open, (_Req(2, None), [1, 2], 0, 0, 0, 0), TypeError),
+    ]
+    for fn, args, exc in cases:
+        with pytest.raises(exc):
+            fn(*args)
+        assert state(st) == before_state, (fn, args)
+        assert m.cache.stats() == before_stats, (fn, args)
+    # A buffer of 4-byte items counts its bytes, as the compiled call does.
+    fresh = _Req(2, None)
+    rc, rc2, matched, blocks = m._open(fresh, memoryview(toks).cast("i"), 0, 0, 0, 0)
+    assert (rc, rc2, fresh.n, len(fresh.pages)) == (0, 0, 20, 2)
+    m.check()
+
+
+@pytest.mark.parametrize("pure", [False, True])
+def test_begin_failing_after_kvshare_began_leaks_nothing(monkeypatch, pure, tiny_model_dir):
+    """An exception out of _open after kvs_seq_begin succeeded (a MemoryError can do that) ends
+    the sequence kvshare began, so nothing outlives the failed admission."""
+    if not pure and mgr_mod._fast is None:
+        pytest.skip("kvshare_vllm._fast not built")
+    import harness as h
+
+    if pure:
+        monkeypatch.setenv("KVSHARE_VLLM_PURE_PYTHON", "1")
+    else:
+        monkeypatch.delenv("KVSHARE_VLLM_PURE_PYTHON", raising=False)
+    s = h.make_scheduler(tiny_model_dir, kvshare=True, num_blocks=64)
+    m = s.kv_cache_manager
+    real = m._open
+
+    def fails_after_begin(*a):
+        real(*a)
+        raise MemoryError("planted")
+
+    m._open = fails_after_begin
+    r = h.make_request("r0", list(range(3, 60)), hash_blocks=False)
+    blocks, hit = m.get_computed_blocks(r)
+    with pytest.raises(MemoryError):
+        m.allocate_slots(r, r.num_tokens - hit, hit, blocks)
+    assert m.cache.stats()["num_seqs"] == 0 and "r0" not in m._reqs
+    m.check()
+    m._open = real  # and the next admission goes through
+    assert m.allocate_slots(r, r.num_tokens - hit, hit, blocks) is not None
+    assert m.cache.stats()["num_seqs"] == 1
+    m.check()
