@@ -1,10 +1,12 @@
-/* kvshare_vllm._fast: the adapter's per-page hand-over (``KvshareKVCacheManager._append`` and
- * ``_cross``) compiled, for the scheduler's hot path.
+/* kvshare_vllm._fast: the adapter's native calls (``KvshareKVCacheManager._append``, ``_cross``,
+ * ``_open``, ``_match``) compiled with the Python work around them, for the scheduler's hot path.
  *
- * ``Appender(cache_addr, fn_addr, block_size, max_pages, blocks=None, begin_addr=0)`` holds
- * the cache handle and the address of ``kvs_seq_append_pages`` (both taken from the cffi
- * binding, so this module links against nothing and follows the binding's library lookup), the
- * manager's block objects (``blocks[page id]``) and the address of ``kvs_seq_begin``.
+ * ``Appender(cache_addr, fn_addr, block_size, max_pages, blocks=None, begin_addr=0,
+ * match_addr=0)`` holds the cache handle and the address of ``kvs_seq_append_pages`` (both taken
+ * from the cffi binding, so this module links against nothing and follows the binding's library
+ * lookup), the manager's block objects (``blocks[page id]``) and the addresses of
+ * ``kvs_seq_begin`` and ``kvs_prefix_match``: every native call of the adapter's hot path, with
+ * one page buffer and one re-entry guard.
  *
  * ``Appender.append(st, ids, known, lookahead)`` is ``_append`` of manager.py: it hands kvshare
  * the token ids ``ids[st.n:known]``, keeps ``lookahead`` slots past them, appends the pages
@@ -18,15 +20,14 @@
  * running request's step needs (``main`` tokens computed after it, the known ones handed over,
  * lookahead slots up to ``max_model_len``), returning ``(status, [block objects added])``.
  *
- * ``Matcher(cache_addr, fn_addr, max_pages, blocks)`` (``fn_addr``: ``kvs_prefix_match``) is the
- * prefix lookup of ``get_computed_blocks``: ``Matcher.match(ids, extra_addr, max_tokens)`` packs
- * the token ids to int32, looks up their cached prefix (``extra_addr``: a ``kvs_extra_keys *``
- * as an int, 0 for none; nothing acquired) and returns ``(status, packed ids, [block objects
- * of the hit pages])``, manager.py's ``_match``.
+ * ``Appender.match(ids, extra_addr, max_tokens)`` is ``_match``, the prefix lookup of
+ * ``get_computed_blocks``: it packs the token ids to int32, looks up their cached prefix
+ * (``extra_addr``: a ``kvs_extra_keys *`` as an int, 0 for none; nothing acquired) and returns
+ * ``(status, packed ids, [block objects of the hit pages])``.
  *
  * ``Appender.begin(st, toks, extra_addr, max_match, lookahead, first)`` is ``_open``: a request's
  * ``kvs_seq_begin`` (sequence ``st.seq``; ``toks``: its known token ids packed to int32, any
- * buffer; ``extra_addr`` as for ``Matcher``), then the append that keeps ``lookahead`` slots and
+ * buffer; ``extra_addr`` as for ``match``), then the append that keeps ``lookahead`` slots and
  * reads the block table into ``st``.  Returns ``(begin status, append status, matched tokens,
  * [block objects of the table from page first on])``; on a begin failure nothing changed.
  *
@@ -58,9 +59,10 @@ typedef struct {
     uint32_t *pages;  /* max_pages */
     int32_t *tokens;  /* tok_cap */
     size_t tok_cap;
-    int busy;         /* inside append: __index__ or attribute code re-entering is refused */
-    PyObject *blocks; /* list: block object of each page id (cross, begin), or NULL */
+    int busy;         /* inside a call: __index__ or attribute code re-entering is refused */
+    PyObject *blocks; /* list: block object of each page id (cross, begin, match), or NULL */
     seq_begin_fn begin; /* or NULL */
+    prefix_match_fn match; /* or NULL */
 } Appender;
 
 static PyObject *s_n, *s_seq, *s_pages, *s_raw, *s_quiet, *empty_tuple;
@@ -87,11 +89,11 @@ static int Appender_init(Appender *self, PyObject *args, PyObject *kwds) {
     unsigned long long cache, fn;
     Py_ssize_t bs, max_pages;
     PyObject *blocks = Py_None;
-    unsigned long long begin = 0;
+    unsigned long long begin = 0, match = 0;
     static char *kw[] = {"cache_addr", "fn_addr", "block_size", "max_pages", "blocks",
-                         "begin_addr", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "KKnn|OK", kw, &cache, &fn, &bs, &max_pages,
-                                     &blocks, &begin))
+                         "begin_addr", "match_addr", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "KKnn|OKK", kw, &cache, &fn, &bs, &max_pages,
+                                     &blocks, &begin, &match))
         return -1;
     if (blocks != Py_None && !PyList_Check(blocks)) {
         PyErr_SetString(PyExc_TypeError, "Appender: blocks must be a list or None");
@@ -123,6 +125,7 @@ static int Appender_init(Appender *self, PyObject *args, PyObject *kwds) {
     self->cache = (kvs_cache *)(uintptr_t)cache;
     self->fn = (append_pages_fn)(uintptr_t)fn;
     self->begin = (seq_begin_fn)(uintptr_t)begin;
+    self->match = (prefix_match_fn)(uintptr_t)match;
     self->block_size = bs;
     self->max_pages = (size_t)max_pages;
     /* Last: dropping the old list may run finalizers, which then see a consistent Appender. */
@@ -221,6 +224,31 @@ static int set_size(PyObject *st, PyObject *name, Py_ssize_t value) {
     int r = PyObject_SetAttr(st, name, v);
     Py_DECREF(v);
     return r;
+}
+
+/* ``args[0..n]`` as non-negative Py_ssize_t counts into ``out`` (-1 with an exception set: an
+ * OverflowError, or ValueError "<what>: negative count"). */
+static int counts(PyObject *const *args, int n, Py_ssize_t *out, const char *what) {
+    for (int i = 0; i < n; i++) {
+        out[i] = PyLong_AsSsize_t(args[i]);
+        if (out[i] == -1 && PyErr_Occurred())
+            return -1;
+        if (out[i] < 0) {
+            PyErr_Format(PyExc_ValueError, "%s: negative count", what);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* ``extra_addr`` (an int: a ``kvs_extra_keys *``, 0 for none) as a pointer; -1 with an
+ * exception set (OverflowError for a negative or too large int). */
+static int extra_ptr(PyObject *addr, const kvs_extra_keys **out) {
+    unsigned long long v = PyLong_AsUnsignedLongLong(addr);
+    if (v == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    *out = (const kvs_extra_keys *)(uintptr_t)v;
+    return 0;
 }
 
 /* ``[blocks[pages[i]] for i in range(lo, hi)]`` (IndexError for a page with no block object). */
@@ -391,15 +419,8 @@ static PyObject *cross_impl(Appender *self, PyObject *const *args, Py_ssize_t na
         return NULL;
     }
     Py_ssize_t v[3];
-    for (int i = 0; i < 3; i++) {
-        v[i] = PyLong_AsSsize_t(args[2 + i]);
-        if (v[i] == -1 && PyErr_Occurred())
-            return NULL;
-        if (v[i] < 0) {
-            PyErr_SetString(PyExc_ValueError, "cross: negative token count");
-            return NULL;
-        }
-    }
+    if (counts(args + 2, 3, v, "cross") < 0)
+        return NULL;
     Py_ssize_t main_ = v[0], lookahead_tokens = v[1], max_model_len = v[2];
     Py_ssize_t need = main_ > max_model_len || lookahead_tokens > max_model_len - main_
                           ? max_model_len : main_ + lookahead_tokens;
@@ -433,19 +454,12 @@ static PyObject *begin_impl(Appender *self, PyObject *const *args, Py_ssize_t na
         return NULL;
     }
     PyObject *st = args[0];
-    unsigned long long extra = PyLong_AsUnsignedLongLong(args[2]);
-    if (extra == (unsigned long long)-1 && PyErr_Occurred())
+    const kvs_extra_keys *extra;
+    if (extra_ptr(args[2], &extra) < 0)
         return NULL;
     Py_ssize_t v[3];
-    for (int i = 0; i < 3; i++) {
-        v[i] = PyLong_AsSsize_t(args[3 + i]);
-        if (v[i] == -1 && PyErr_Occurred())
-            return NULL;
-        if (v[i] < 0) {
-            PyErr_SetString(PyExc_ValueError, "begin: negative count");
-            return NULL;
-        }
-    }
+    if (counts(args + 3, 3, v, "begin") < 0)
+        return NULL;
     Py_ssize_t max_match = v[0], lookahead = v[1], first = v[2];
     PyObject *seq_obj = PyObject_GetAttr(st, s_seq);
     if (!seq_obj)
@@ -473,7 +487,7 @@ static PyObject *begin_impl(Appender *self, PyObject *const *args, Py_ssize_t na
     kvs_seq_info info;
     memset(&info, 0, sizeof info);
     kvs_status rc = self->begin(self->cache, seq, known ? (const int32_t *)view.buf : NULL,
-                                (size_t)known, (const kvs_extra_keys *)(uintptr_t)extra,
+                                (size_t)known, extra,
                                 (size_t)max_match, &info);
     PyBuffer_Release(&view);
     if (rc != KVS_STATUS_OK)
@@ -495,6 +509,50 @@ static PyObject *begin_impl(Appender *self, PyObject *const *args, Py_ssize_t na
     return out ? Py_BuildValue("(iinN)", 0, 0, matched, out) : NULL;
 }
 
+/* ``_match`` of manager.py (see the top of this file). */
+static PyObject *match_impl(Appender *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "match(ids, extra_addr, max_tokens) takes 3 arguments");
+        return NULL;
+    }
+    if (!self->blocks || !self->match) {
+        PyErr_SetString(PyExc_RuntimeError, "Appender: match needs the blocks list and match_addr");
+        return NULL;
+    }
+    PyObject *ids = args[0];
+    if (!PyList_Check(ids) && !PyTuple_Check(ids)) {
+        PyErr_SetString(PyExc_TypeError, "match: token ids must be a list or tuple");
+        return NULL;
+    }
+    const kvs_extra_keys *extra;
+    if (extra_ptr(args[1], &extra) < 0)
+        return NULL;
+    Py_ssize_t max_tokens;
+    if (counts(args + 2, 1, &max_tokens, "match") < 0)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(ids);
+    PyObject *packed = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(int32_t));
+    if (!packed)
+        return NULL;
+    int32_t *toks = (int32_t *)PyBytes_AS_STRING(packed);
+    if (to_i32(ids, 0, n, toks) < 0) {
+        Py_DECREF(packed);
+        return NULL;
+    }
+    size_t np = 0, matched = 0;
+    kvs_status rc = self->match(self->cache, n ? toks : NULL, (size_t)n, extra,
+                                (size_t)max_tokens, false, self->pages, self->max_pages, &np,
+                                &matched);
+    if (rc != KVS_STATUS_OK)
+        return Py_BuildValue("(iN[])", (int)rc, packed);
+    PyObject *hits = block_list(self->blocks, self->pages, 0, (Py_ssize_t)np);
+    if (!hits) {
+        Py_DECREF(packed);
+        return NULL;
+    }
+    return Py_BuildValue("(iNN)", 0, packed, hits);
+}
+
 /* The methods with the Appender's buffers held: Python code they run (``__index__``, attribute
  * hooks) cannot re-enter this Appender. */
 static PyObject *guarded(Appender *self, PyObject *const *args, Py_ssize_t nargs,
@@ -504,7 +562,7 @@ static PyObject *guarded(Appender *self, PyObject *const *args, Py_ssize_t nargs
         return NULL;
     }
     if (self->busy) {
-        PyErr_SetString(PyExc_RuntimeError, "Appender: append re-entered");
+        PyErr_SetString(PyExc_RuntimeError, "Appender: call re-entered");
         return NULL;
     }
     self->busy = 1;
@@ -525,12 +583,18 @@ static PyObject *Appender_begin(Appender *self, PyObject *const *args, Py_ssize_
     return guarded(self, args, nargs, begin_impl);
 }
 
+static PyObject *Appender_match(Appender *self, PyObject *const *args, Py_ssize_t nargs) {
+    return guarded(self, args, nargs, match_impl);
+}
+
 static PyMethodDef Appender_methods[] = {
     {"append", (PyCFunction)(void (*)(void))Appender_append, METH_FASTCALL,
      "append(st, ids, known, lookahead) -> (status, new page ids)"},
     {"begin", (PyCFunction)(void (*)(void))Appender_begin, METH_FASTCALL,
      "begin(st, toks, extra_addr, max_match, lookahead, first) -> (begin status, append status, "
      "matched tokens, block objects from page first on)"},
+    {"match", (PyCFunction)(void (*)(void))Appender_match, METH_FASTCALL,
+     "match(ids, extra_addr, max_tokens) -> (status, packed ids, hit block objects)"},
     {"cross", (PyCFunction)(void (*)(void))Appender_cross, METH_FASTCALL,
      "cross(st, ids, main, lookahead_tokens, max_model_len) -> (status, new block objects)"},
     {NULL, NULL, 0, NULL},
@@ -543,153 +607,12 @@ static PyTypeObject AppenderType = {
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_traverse = (traverseproc)Appender_traverse,
     .tp_clear = (inquiry)Appender_clear,
-    .tp_doc = "kvs_seq_append_pages plus the request-state update of the vLLM adapter",
+    .tp_doc = "the vLLM adapter's native calls (append, cross, begin, match) with their "
+              "request-state updates",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Appender_init,
     .tp_dealloc = (destructor)Appender_dealloc,
     .tp_methods = Appender_methods,
-};
-
-typedef struct {
-    PyObject_HEAD
-    kvs_cache *cache;
-    prefix_match_fn fn;
-    size_t max_pages;
-    uint32_t *pages;  /* max_pages */
-    PyObject *blocks; /* list: block object of each page id */
-    int busy;
-} Matcher;
-
-static int Matcher_traverse(Matcher *self, visitproc visit, void *arg) {
-    Py_VISIT(self->blocks);
-    return 0;
-}
-
-static int Matcher_clear(Matcher *self) {
-    Py_CLEAR(self->blocks);
-    return 0;
-}
-
-static void Matcher_dealloc(Matcher *self) {
-    PyObject_GC_UnTrack(self);
-    Py_CLEAR(self->blocks);
-    free(self->pages);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
-
-static int Matcher_init(Matcher *self, PyObject *args, PyObject *kwds) {
-    unsigned long long cache, fn;
-    Py_ssize_t max_pages;
-    PyObject *blocks;
-    static char *kw[] = {"cache_addr", "fn_addr", "max_pages", "blocks", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "KKnO!", kw, &cache, &fn, &max_pages,
-                                     &PyList_Type, &blocks))
-        return -1;
-    if (!cache || !fn || max_pages <= 0) {
-        PyErr_SetString(PyExc_ValueError, "Matcher: null address or non-positive size");
-        return -1;
-    }
-    if ((size_t)max_pages > PY_SSIZE_T_MAX / sizeof(uint32_t)) {
-        PyErr_SetString(PyExc_OverflowError, "Matcher: max_pages too large");
-        return -1;
-    }
-    if (self->busy) {
-        PyErr_SetString(PyExc_RuntimeError, "Matcher: __init__ during match");
-        return -1;
-    }
-    uint32_t *pages = malloc((size_t)max_pages * sizeof(uint32_t));
-    if (!pages) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    free(self->pages);
-    self->pages = pages;
-    self->cache = (kvs_cache *)(uintptr_t)cache;
-    self->fn = (prefix_match_fn)(uintptr_t)fn;
-    self->max_pages = (size_t)max_pages;
-    /* Last: dropping the old list may run finalizers, which then see a consistent Matcher. */
-    Py_INCREF(blocks);
-    Py_XSETREF(self->blocks, blocks);
-    return 0;
-}
-
-static PyObject *match_impl(Matcher *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "match(ids, extra_addr, max_tokens) takes 3 arguments");
-        return NULL;
-    }
-    PyObject *ids = args[0];
-    if (!PyList_Check(ids) && !PyTuple_Check(ids)) {
-        PyErr_SetString(PyExc_TypeError, "match: token ids must be a list or tuple");
-        return NULL;
-    }
-    unsigned long long extra = PyLong_AsUnsignedLongLong(args[1]);
-    if (extra == (unsigned long long)-1 && PyErr_Occurred())
-        return NULL;
-    Py_ssize_t max_tokens = PyLong_AsSsize_t(args[2]);
-    if (max_tokens == -1 && PyErr_Occurred())
-        return NULL;
-    if (max_tokens < 0) {
-        PyErr_SetString(PyExc_ValueError, "match: negative max_tokens");
-        return NULL;
-    }
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(ids);
-    PyObject *packed = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(int32_t));
-    if (!packed)
-        return NULL;
-    int32_t *toks = (int32_t *)PyBytes_AS_STRING(packed);
-    if (to_i32(ids, 0, n, toks) < 0) {
-        Py_DECREF(packed);
-        return NULL;
-    }
-    size_t np = 0, matched = 0;
-    kvs_status rc = self->fn(self->cache, n ? toks : NULL, (size_t)n,
-                             (const kvs_extra_keys *)(uintptr_t)extra, (size_t)max_tokens, false,
-                             self->pages, self->max_pages, &np, &matched);
-    if (rc != KVS_STATUS_OK)
-        return Py_BuildValue("(iN[])", (int)rc, packed);
-    PyObject *hits = block_list(self->blocks, self->pages, 0, (Py_ssize_t)np);
-    if (!hits) {
-        Py_DECREF(packed);
-        return NULL;
-    }
-    return Py_BuildValue("(iNN)", 0, packed, hits);
-}
-
-/* match_impl held: an ``__index__`` it runs cannot re-enter this Matcher. */
-static PyObject *Matcher_match(Matcher *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (!self->fn || !self->pages || !self->blocks) {
-        PyErr_SetString(PyExc_RuntimeError, "Matcher: not initialised");
-        return NULL;
-    }
-    if (self->busy) {
-        PyErr_SetString(PyExc_RuntimeError, "Matcher: match re-entered");
-        return NULL;
-    }
-    self->busy = 1;
-    PyObject *r = match_impl(self, args, nargs);
-    self->busy = 0;
-    return r;
-}
-
-static PyMethodDef Matcher_methods[] = {
-    {"match", (PyCFunction)(void (*)(void))Matcher_match, METH_FASTCALL,
-     "match(ids, extra_addr, max_tokens) -> (status, packed ids, hit block objects)"},
-    {NULL, NULL, 0, NULL},
-};
-
-static PyTypeObject MatcherType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "kvshare_vllm._fast.Matcher",
-    .tp_basicsize = sizeof(Matcher),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "kvs_prefix_match of a request's token ids, hits as the vLLM adapter's blocks",
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)Matcher_init,
-    .tp_dealloc = (destructor)Matcher_dealloc,
-    .tp_traverse = (traverseproc)Matcher_traverse,
-    .tp_clear = (inquiry)Matcher_clear,
-    .tp_methods = Matcher_methods,
 };
 
 /* pack_i32(ids) -> bytes: a list or tuple of token ids as native int32 (``kvshare.pack_i32``
@@ -722,7 +645,7 @@ static struct PyModuleDef fastmodule = {
 };
 
 PyMODINIT_FUNC PyInit__fast(void) {
-    if (PyType_Ready(&AppenderType) < 0 || PyType_Ready(&MatcherType) < 0)
+    if (PyType_Ready(&AppenderType) < 0)
         return NULL;
     s_n = PyUnicode_InternFromString("n");
     s_seq = PyUnicode_InternFromString("seq");
@@ -738,12 +661,6 @@ PyMODINIT_FUNC PyInit__fast(void) {
     Py_INCREF(&AppenderType);
     if (PyModule_AddObject(m, "Appender", (PyObject *)&AppenderType) < 0) {
         Py_DECREF(&AppenderType);
-        Py_DECREF(m);
-        return NULL;
-    }
-    Py_INCREF(&MatcherType);
-    if (PyModule_AddObject(m, "Matcher", (PyObject *)&MatcherType) < 0) {
-        Py_DECREF(&MatcherType);
         Py_DECREF(m);
         return NULL;
     }

@@ -63,6 +63,12 @@ def _token_ids(request) -> list[int]:
 _SMALL = 64  # appends up to this many tokens are copied into a preallocated buffer
 
 
+def _extra_addr(extra) -> int:
+    """A ``kvshare.ExtraKeys``' ``kvs_extra_keys *`` as an int (0 for None), the form the
+    compiled calls and their twins take."""
+    return int(ffi.cast("uintptr_t", extra.ptr)) if extra is not None else 0
+
+
 def _common_pages(a: bytes, b: bytes) -> int:
     """Leading uint32 page ids two packed block tables share (memcmp + binary search)."""
     n = min(len(a), len(b)) // 4
@@ -304,13 +310,10 @@ class KvshareKVCacheManager:
                 int(ffi.cast("uintptr_t", self._h)),
                 int(ffi.cast("uintptr_t", ffi.addressof(lib, "kvs_seq_append_pages"))),
                 bs, self._max_pages, self._blocks,
-                int(ffi.cast("uintptr_t", ffi.addressof(lib, "kvs_seq_begin"))))
-            self._append, self._cross, self._open = appender.append, appender.cross, \
-                appender.begin
-            self._match = fast.Matcher(
-                int(ffi.cast("uintptr_t", self._h)),
-                int(ffi.cast("uintptr_t", ffi.addressof(lib, "kvs_prefix_match"))),
-                self._max_pages, self._blocks).match
+                int(ffi.cast("uintptr_t", ffi.addressof(lib, "kvs_seq_begin"))),
+                int(ffi.cast("uintptr_t", ffi.addressof(lib, "kvs_prefix_match"))))
+            self._append, self._cross, self._open, self._match = \
+                appender.append, appender.cross, appender.begin, appender.match
 
     # ------------------------------------------------------------------ helpers
     def _capacity(self) -> int:
@@ -439,8 +442,7 @@ class KvshareKVCacheManager:
             self._flush()
         ids = _token_ids(request)
         st_extra = self._extra_for(request)
-        rc, toks, hits = self._match(ids, int(ffi.cast("uintptr_t", st_extra.ptr))
-                                     if st_extra else 0, max(len(ids) - 1, 0))
+        rc, toks, hits = self._match(ids, _extra_addr(st_extra), max(len(ids) - 1, 0))
         if rc:
             kvshare.check(rc, "kvs_prefix_match")
         if self.use_eagle and hits:
@@ -458,7 +460,7 @@ class KvshareKVCacheManager:
         """``kvs_prefix_match`` of the token ids ``ids`` (``extra_addr``: a ``kvs_extra_keys *``
         as an int, 0 for none) up to ``max_tokens``, acquiring nothing: ``(status, the ids
         packed to int32, [block objects of the hit pages])``.  The compiled twin is
-        ``_fast.Matcher.match``."""
+        ``_fast.Appender.match``."""
         if not isinstance(ids, (list, tuple)):
             raise TypeError("match: token ids must be a list or tuple")
         if extra_addr < 0:
@@ -569,9 +571,8 @@ class KvshareKVCacheManager:
         st = _Req(next(self._seq_ids), extra)
         self._avail = None
         try:
-            rc, rc2, matched, new = self._open(st, toks, int(ffi.cast("uintptr_t", extra.ptr))
-                                               if extra else 0, num_new_computed_tokens,
-                                               lookahead, nh)
+            rc, rc2, matched, new = self._open(st, toks, _extra_addr(extra),
+                                               num_new_computed_tokens, lookahead, nh)
         except BaseException:
             # Raised after kvs_seq_begin succeeded (only MemoryError-like failures can): the
             # sequence exists in kvshare but not here, so it is ended rather than leaked.

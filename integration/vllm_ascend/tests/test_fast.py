@@ -20,19 +20,33 @@ from kvshare import ffi, lib
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 
 from kvshare_vllm import manager as mgr_mod
-from kvshare_vllm.manager import KvshareKVCacheManager, _Req
+from kvshare_vllm.manager import KvshareKVCacheManager, _Req, _extra_addr
 
 BS = 16
+
+
+def use_mode(monkeypatch, pure: bool) -> None:
+    """Managers built after this use the Python twins (``pure``) or the compiled calls."""
+    if pure:
+        monkeypatch.setenv("KVSHARE_VLLM_PURE_PYTHON", "1")
+    else:
+        monkeypatch.delenv("KVSHARE_VLLM_PURE_PYTHON", raising=False)
+
+
+@pytest.fixture(params=[False, True], ids=["compiled", "python"])
+def pure(request, monkeypatch) -> bool:
+    """Runs a test once with the compiled calls (skipped when not built), once with the twins."""
+    if not request.param and mgr_mod._fast is None:
+        pytest.skip("kvshare_vllm._fast not built")
+    use_mode(monkeypatch, request.param)
+    return request.param
 
 
 def make_manager(monkeypatch, *, pure: bool, num_blocks: int = 64) -> KvshareKVCacheManager:
     cfg = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[
         KVCacheGroupSpec(["layer"], FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=1,
                                                       dtype=torch.float32))])
-    if pure:
-        monkeypatch.setenv("KVSHARE_VLLM_PURE_PYTHON", "1")
-    else:
-        monkeypatch.delenv("KVSHARE_VLLM_PURE_PYTHON", raising=False)
+    use_mode(monkeypatch, pure)
     return KvshareKVCacheManager(cfg, max_model_len=4096, scheduler_block_size=BS,
                                  hash_block_size=BS)
 
@@ -135,14 +149,10 @@ def test_fast_matches_python(monkeypatch, seed):
     slow.check()
 
 
-def addr(extra) -> int:
-    return int(ffi.cast("uintptr_t", extra.ptr)) if extra is not None else 0
-
-
 @fast_only
 @pytest.mark.parametrize("seed", range(3))
 def test_fast_match_matches_python(monkeypatch, seed):
-    """Matcher.match against _match: the same status, packed ids and hit blocks for prompts
+    """Appender.match against _match: the same status, packed ids and hit blocks for prompts
     sharing prefixes (with and without extra keys) while the index fills and evicts."""
     rng = random.Random(seed)
     fast = make_manager(monkeypatch, pure=False, num_blocks=40)
@@ -159,8 +169,8 @@ def test_fast_match_matches_python(monkeypatch, seed):
             prompt = system + [rng.randrange(3, 30000) for _ in range(rng.randint(0, 60))]
             extra = rng.choice(salts)
         cap = rng.choice((max(len(prompt) - 1, 0), len(prompt), 0, 17))
-        got = fast._match(prompt, addr(extra), cap)
-        want = slow._match(prompt, addr(extra), cap)
+        got = fast._match(prompt, _extra_addr(extra), cap)
+        want = slow._match(prompt, _extra_addr(extra), cap)
         assert got[0] == want[0] == 0 and got[1] == want[1] == kvshare.pack_i32(prompt)
         assert [b.block_id for b in got[2]] == [b.block_id for b in want[2]]
         assert all(b is fast._blocks[b.block_id] for b in got[2])
@@ -199,7 +209,7 @@ def test_fast_begin_matches_python(monkeypatch, seed):
                                                      for _ in range(rng.randint(1, 70))]
         prompts.append(prompt)
         extra = salt if rng.random() < 0.2 else None
-        ea = addr(extra)
+        ea = _extra_addr(extra)
         rc, toks, hits = fast._match(prompt, ea, len(prompt) - 1)
         assert rc == 0
         max_match = rng.choice((len(hits) * BS, len(hits) * BS, 0, len(prompt)))
@@ -279,11 +289,13 @@ def test_fast_match_bad_input(monkeypatch):
     with pytest.raises(RuntimeError, match="re-entered"):
         m._match([1, Reenter()], 0, 1)
     with pytest.raises(RuntimeError, match="not initialised"):
-        mgr_mod._fast.Matcher.__new__(mgr_mod._fast.Matcher).match(ids, 0, 2)
-    with pytest.raises(TypeError):
-        mgr_mod._fast.Matcher(1, 1, 8, (1, 2))
+        mgr_mod._fast.Appender.__new__(mgr_mod._fast.Appender).match(ids, 0, 2)
+    with pytest.raises(RuntimeError, match="match_addr"):  # built without kvs_prefix_match
+        mgr_mod._fast.Appender(int(ffi.cast("uintptr_t", m._h)), int(ffi.cast(
+            "uintptr_t", ffi.addressof(lib, "kvs_seq_append_pages"))), BS, 8, m._blocks).match(
+                ids, 0, 2)
     with pytest.raises(ValueError):
-        mgr_mod._fast.Matcher(0, 1, 8, [])
+        mgr_mod._fast.Appender(0, 1, BS, 8, [])
     assert m.cache.stats() == before
     assert m._match([], 0, 0) == (0, b"", [])
 
@@ -460,12 +472,9 @@ def test_fast_under_asan(tmp_path):
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr
 
 
-@pytest.mark.parametrize("pure", [False, True])
 def test_twins_refuse_bad_input_alike(monkeypatch, pure):
     """The argument checks every compiled call makes, made by its Python twin too: the same
     exception, raised before kvshare or the request state changes."""
-    if not pure and mgr_mod._fast is None:
-        pytest.skip("kvshare_vllm._fast not built")
     m = make_manager(monkeypatch, pure=pure, num_blocks=8)
     st = begin(m, 1, list(range(3, 23)))
     ids = list(range(3, 23)) + [40, 41]
@@ -504,18 +513,11 @@ def test_twins_refuse_bad_input_alike(monkeypatch, pure):
     m.check()
 
 
-@pytest.mark.parametrize("pure", [False, True])
-def test_begin_failing_after_kvshare_began_leaks_nothing(monkeypatch, pure, tiny_model_dir):
+def test_begin_failing_after_kvshare_began_leaks_nothing(pure, tiny_model_dir):
     """An exception out of _open after kvs_seq_begin succeeded (a MemoryError can do that) ends
     the sequence kvshare began, so nothing outlives the failed admission."""
-    if not pure and mgr_mod._fast is None:
-        pytest.skip("kvshare_vllm._fast not built")
     import harness as h
 
-    if pure:
-        monkeypatch.setenv("KVSHARE_VLLM_PURE_PYTHON", "1")
-    else:
-        monkeypatch.delenv("KVSHARE_VLLM_PURE_PYTHON", raising=False)
     s = h.make_scheduler(tiny_model_dir, kvshare=True, num_blocks=64)
     m = s.kv_cache_manager
     real = m._open

@@ -1,6 +1,6 @@
 """Drives kvshare_vllm/_fast.c built with AddressSanitizer + UBSan (loaded from the path given
 as argv[1], no torch or vLLM in the process): random appends against a plain Python model of
-the request state (``append``, ``cross``, ``begin``), prefix lookups (``Matcher``) against the
+the request state (``append``, ``cross``, ``begin``), prefix lookups (``match``) against the
 binding's, every bad input, re-entry and packing.  Run by tests/test_fast.py under
 LD_PRELOAD=libasan; any memory error aborts the process."""
 
@@ -167,10 +167,12 @@ for at in (3, 100, 190):
         pass
     else:
         raise AssertionError("shrunk list packed")
-# Matcher: the hits of random prompts (live and freed ones' prefixes) equal the binding's.
-matcher = fast.Matcher(int(ffi.cast("uintptr_t", h)),
-                       int(ffi.cast("uintptr_t", ffi.addressof(lib, "kvs_prefix_match"))),
-                       PAGES, blocks)
+# match: the hits of random prompts (live and freed ones' prefixes) equal the binding's (an
+# Appender of its own: `app` was re-initialised above without the blocks and addresses).
+matcher = fast.Appender(int(ffi.cast("uintptr_t", h)),
+                        int(ffi.cast("uintptr_t", ffi.addressof(lib, "kvs_seq_append_pages"))),
+                        BS, PAGES, blocks, 0,
+                        int(ffi.cast("uintptr_t", ffi.addressof(lib, "kvs_prefix_match"))))
 pages_buf, n1, n2 = ffi.new("uint32_t[]", PAGES), ffi.new("size_t *"), ffi.new("size_t *")
 salted = kvshare.ExtraKeys(salt=b"s")
 for i in range(300):
