@@ -51,6 +51,27 @@ fn vllm_mode_runs_the_script_with_its_arguments() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("set KVS_VLLM_PYTHON"));
+
+    // vllm-e2e: the engine script's bench mode, with this build's library and header.
+    let out = bench()
+        .args(["vllm-e2e", "--quick"])
+        .env("KVS_VLLM_PYTHON", &fake)
+        .env_remove("KVSHARE_HEADER")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("integration/vllm_ascend/bench/engine_e2e.py bench --quick"),
+        "{said}"
+    );
+    let out = bench()
+        .args(["vllm-e2e", "--fail"])
+        .env("KVS_VLLM_PYTHON", &fake)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("engine_e2e.py failed"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import logging
 import os
 from typing import Any
 
@@ -32,7 +31,7 @@ except ImportError:  # pragma: no cover - older/newer vLLM
     def _external_hash(h: bytes):
         return h
 
-logger = logging.getLogger("kvshare_vllm")
+from . import logger
 
 try:  # the compiled _append and packing (kvshare_vllm/_fast.c); Python's when not built
     from . import _fast

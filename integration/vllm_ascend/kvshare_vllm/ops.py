@@ -51,7 +51,7 @@ __all__ = [
     "ascend_decode", "ascend_kv_write",
 ]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("vllm.kvshare_vllm.ops")  # see kvshare_vllm.logger
 
 ENV_ENABLE = "KVSHARE_VLLM_OPS"
 ENV_CPU_THREADS = "KVSHARE_OPS_CPU_THREADS"

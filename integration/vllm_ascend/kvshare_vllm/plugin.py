@@ -6,6 +6,9 @@ vLLM's source is not changed.  The swap is active when ``KVSHARE_VLLM`` is ``1``
 once the package is installed is *off*: ``KVSHARE_VLLM=1`` turns it on; vLLM's own
 ``VLLM_PLUGINS`` list can also exclude the ``kvshare`` plugin).  ``register()`` is idempotent.
 
+``KVSHARE_VLLM_OPS=1`` (independently of ``KVSHARE_VLLM``) also puts kvshare's attention inside
+vLLM's CPU engine: :mod:`kvshare_vllm.cpu_attn` serves the platform's attention backend slot.
+
 Configurations kvshare does not manage (several KV-cache groups, sliding window, Mamba,
 cross-attention, context parallelism) fall back to vLLM's own manager, with a log line.
 
@@ -19,12 +22,12 @@ engine whose scheduler holds a kvshare manager and no KV connector (connectors r
 
 from __future__ import annotations
 
-import logging
 import os
 
-logger = logging.getLogger("kvshare_vllm")
+from . import logger
 
 ENV = "KVSHARE_VLLM"
+OPS_ENV = "KVSHARE_VLLM_OPS"
 KEEP_HASHES_ENV = "KVSHARE_VLLM_BLOCK_HASHES"
 ENGINE_MODULE = "vllm.v1.engine.core"
 # Modules that imported vLLM's KVCacheManager by name and build it (rebinding them is the swap).
@@ -129,8 +132,29 @@ def remove() -> None:
         core.preprocess_add_request = core.preprocess_add_request.__wrapped__
 
 
+def ops_enabled() -> bool:
+    """``KVSHARE_VLLM_OPS=1``: kvshare's attention ops (on vLLM's CPU platform, the attention
+    backend of :mod:`kvshare_vllm.cpu_attn`; on Ascend, the vllm-ascend patch's hooks)."""
+    return os.environ.get(OPS_ENV, "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+def register_attention() -> bool:
+    """On vLLM's CPU platform, serves its attention backend slot with kvshare's; returns whether
+    it did (other platforms: the vllm-ascend patch calls :mod:`kvshare_vllm.ops` directly)."""
+    from vllm.platforms import current_platform
+
+    if current_platform.device_type != "cpu":
+        return False
+    from . import cpu_attn
+
+    cpu_attn.register()
+    logger.info("kvshare_vllm: attention (KV write, paged attention) runs in kvshare")
+    return True
+
+
 def register() -> None:
     """Entry point of ``vllm.general_plugins`` (runs in every vLLM process; re-entrant)."""
-    if not enabled():
-        return
-    apply()
+    if ops_enabled():
+        register_attention()
+    if enabled():
+        apply()

@@ -39,3 +39,13 @@ def tiny_model_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("tiny-llama")
     (d / "config.json").write_text(json.dumps(TINY_CONFIG))
     return str(d)
+
+
+@pytest.fixture(scope="session")
+def installed(tmp_path_factory):
+    """A folder with the binding and the plugin installed as real distributions (the plugin's
+    ``vllm.general_plugins`` entry point included), for subprocesses' ``PYTHONPATH``."""
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "bench"))
+    from engine_e2e import install_plugin
+
+    return install_plugin(str(tmp_path_factory.mktemp("site")))

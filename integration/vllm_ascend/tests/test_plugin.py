@@ -6,8 +6,6 @@ import sys
 
 import pytest
 
-PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BINDING = os.path.join(os.path.dirname(PKG), "python")
 
 CHECK = r"""
 import os, sys
@@ -18,16 +16,6 @@ load_general_plugins()  # re-entrant
 import vllm.v1.core.sched.scheduler as m
 print("SWAPPED" if hasattr(m, "_kvshare_original_KVCacheManager") else "ORIGINAL", m.KVCacheManager.__name__)
 """
-
-
-@pytest.fixture(scope="module")
-def installed(tmp_path_factory):
-    target = tmp_path_factory.mktemp("site")
-    for pkg in (BINDING, PKG):
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-                        "--no-build-isolation", "--no-index", "--target", str(target), pkg],
-                       check=True)
-    return str(target)
 
 
 def _run(site, env_extra):

@@ -1,0 +1,396 @@
+"""The real vLLM engine (vLLM's CPU build) end to end, with and without kvshare's manager.
+
+One configuration runs in one process (``python engine_e2e.py run CONFIG.json OUT.json``): the
+plugin's swap is process-wide and an engine's memory is only given back when its process ends.
+The tests (``tests/test_engine.py``) and ``kvshare-bench vllm-e2e`` (``python engine_e2e.py
+bench``) both drive it.
+
+The model is a tiny Llama written here (``write_tiny_model``): a local ``config.json`` and a
+``model.safetensors`` of seeded normal weights scaled so that attention is far from uniform and
+greedy decoding does not collapse onto one token (vLLM's ``load_format="dummy"`` fills weights
+with U(-1e-3, 1e-3), under which every logit is nearly equal). Prompts are token ids
+(``skip_tokenizer_init``): nothing is downloaded.
+
+The workload is multi-turn chat: ``convs`` conversations share a system prompt; each turn's
+prompt is the conversation's whole history (previous prompt + generated tokens) plus a new user
+message, and all conversations' turn k are submitted together. After the turns, two extra
+requests exercise parallel sampling (``n > 1``, seeded) and tenant isolation (``cache_salt``).
+
+Measured per run (in-process engines; the multiprocess engine reports tokens, hits and logs):
+  * ``tokens``: every request's generated ids, by request name;
+  * ``cached``: vLLM's ``num_cached_tokens`` of each request (prefix hits);
+  * ``prefix_queries`` / ``prefix_hits`` / ``preemptions``: vLLM's own counters;
+  * ``sched_s`` / ``model_s`` / ``steps``: time in ``Scheduler.schedule`` +
+    ``update_from_output`` against time in ``model_executor.execute_model``/``sample_tokens``;
+  * ``blocks_peak`` / ``blocks_mean``: KV blocks in use, sampled at every ``schedule``;
+  * ``ttft_s``: mean time to first token (vLLM's histogram); ``wall_s``, ``gen_tokens``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PKG = os.path.dirname(HERE)
+
+MODEL = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 4,
+    "vocab_size": 2048,
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-6,
+    "torch_dtype": "float32",
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "tie_word_embeddings": False,
+}
+
+# Defaults of one run; a CONFIG file overrides any of them.
+DEFAULTS = {
+    "model_dir": None,          # written by write_tiny_model when None
+    "kvshare": False,           # KVSHARE_VLLM=1: the plugin's manager
+    "kvshare_attention": False,  # KVSHARE_VLLM_OPS=1: kvshare's attention backend
+    "multiprocess": False,      # VLLM_ENABLE_V1_MULTIPROCESSING
+    "kv_blocks": 1024,          # KV-cache size in blocks of 16 tokens (the pressure knob)
+    "block_size": 16,
+    "max_model_len": 1024,
+    "max_num_seqs": 16,
+    "max_num_batched_tokens": 256,
+    "convs": 8,
+    "turns": 3,
+    "system_tokens": 256,
+    "user_tokens": 24,
+    "output_tokens": 12,
+    "extras": True,             # the n>1 and cache_salt requests after the turns
+    "seed": 0,
+}
+
+
+def write_tiny_model(path: str, seed: int = 0) -> str:
+    """Writes ``config.json`` + ``model.safetensors`` of the tiny Llama into ``path``."""
+    import torch
+    from safetensors.torch import save_file
+
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(MODEL, f)
+    g = torch.Generator().manual_seed(seed)
+    hidden, inter, vocab = MODEL["hidden_size"], MODEL["intermediate_size"], MODEL["vocab_size"]
+    head_dim = hidden // MODEL["num_attention_heads"]
+    kv = MODEL["num_key_value_heads"] * head_dim
+
+    def normal(*shape, std):
+        return (torch.randn(*shape, generator=g) * std).contiguous()
+
+    # Embeddings of unit scale and q/k projections of 0.15 give attention scores of a few units:
+    # softmax rows that are far from uniform, so the KV a block table points at matters.
+    w = {"model.embed_tokens.weight": normal(vocab, hidden, std=1.0),
+         "lm_head.weight": normal(vocab, hidden, std=0.1),
+         "model.norm.weight": torch.ones(hidden)}
+    for i in range(MODEL["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        w[p + "self_attn.q_proj.weight"] = normal(hidden, hidden, std=0.15)
+        w[p + "self_attn.k_proj.weight"] = normal(kv, hidden, std=0.15)
+        w[p + "self_attn.v_proj.weight"] = normal(kv, hidden, std=0.05)
+        w[p + "self_attn.o_proj.weight"] = normal(hidden, hidden, std=0.05)
+        w[p + "mlp.gate_proj.weight"] = normal(inter, hidden, std=0.05)
+        w[p + "mlp.up_proj.weight"] = normal(inter, hidden, std=0.05)
+        w[p + "mlp.down_proj.weight"] = normal(hidden, inter, std=0.05)
+        w[p + "input_layernorm.weight"] = torch.ones(hidden)
+        w[p + "post_attention_layernorm.weight"] = torch.ones(hidden)
+    save_file(w, os.path.join(path, "model.safetensors"))
+    return path
+
+
+def install_plugin(target: str, python: str = sys.executable) -> str:
+    """Installs the ``kvshare`` binding and the ``kvshare_vllm`` plugin (with its
+    ``vllm.general_plugins`` entry point, which is how every vLLM process finds it) into the
+    folder ``target``, from this checkout, offline; put ``target`` on ``PYTHONPATH`` to use it."""
+    binding = os.path.join(os.path.dirname(PKG), "python")
+    for pkg in (binding, PKG):
+        subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                        "--no-index", "--disable-pip-version-check", "--target", target, pkg],
+                       check=True)
+    return target
+
+
+def block_bytes(block_size: int) -> int:
+    """Bytes of one KV block of the tiny model (K and V, every layer, float32)."""
+    head_dim = MODEL["hidden_size"] // MODEL["num_attention_heads"]
+    return 2 * MODEL["num_hidden_layers"] * block_size * MODEL["num_key_value_heads"] \
+        * head_dim * 4
+
+
+class _Timer:
+    """Wraps the in-process engine's scheduler and executor to split step time."""
+
+    def __init__(self, core):
+        self.sched_s = 0.0
+        self.model_s = 0.0
+        self.steps = 0
+        self.blocks = []
+        sched = core.scheduler
+        mgr = sched.kv_cache_manager
+        total = mgr.block_pool.num_gpu_blocks - 1  # the null block is never in use
+        self.manager = type(mgr).__name__
+
+        def timed(obj, name, field, sample=False):
+            fn = getattr(obj, name)
+
+            def wrapper(*a, **k):
+                t = time.perf_counter()
+                try:
+                    return fn(*a, **k)
+                finally:
+                    setattr(self, field, getattr(self, field) + time.perf_counter() - t)
+                    if sample:
+                        self.steps += 1
+                        self.blocks.append(round(mgr.usage * total))
+            setattr(obj, name, wrapper)
+
+        timed(sched, "schedule", "sched_s", sample=True)
+        timed(sched, "update_from_output", "sched_s")
+        ex = core.model_executor
+        timed(ex, "execute_model", "model_s")
+        if hasattr(ex, "sample_tokens"):
+            timed(ex, "sample_tokens", "model_s")
+
+
+def _attention_backend(llm) -> str | None:
+    """The attention backend class the in-process engine's model runner uses."""
+    try:
+        runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker \
+            .model_runner
+        return runner.attn_groups[0][0].backend.__name__
+    except (AttributeError, IndexError, TypeError):
+        return None
+
+
+def _metric(metrics, name):
+    for m in metrics:
+        if m.name == name:
+            if hasattr(m, "value"):
+                return m.value
+            if hasattr(m, "sum"):
+                return (m.sum, m.count)
+    return None
+
+
+def run(cfg: dict) -> dict:
+    """Runs one configuration in this process; returns the measurements (module doc)."""
+    cfg = {**DEFAULTS, **cfg}
+    os.environ["KVSHARE_VLLM"] = "1" if cfg["kvshare"] else "0"
+    os.environ["KVSHARE_VLLM_OPS"] = "1" if cfg["kvshare_attention"] else "0"
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if cfg["multiprocess"] else "0"
+    os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import numpy as np
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    model_dir = cfg["model_dir"] or write_tiny_model(
+        os.path.join(os.environ.get("TMPDIR", "/tmp"), f"kvshare-tiny-{os.getpid()}"), cfg["seed"])
+    t0 = time.perf_counter()
+    llm = LLM(model=model_dir, skip_tokenizer_init=True, enable_prefix_caching=True,
+              block_size=cfg["block_size"], max_model_len=cfg["max_model_len"], dtype="float32",
+              seed=cfg["seed"], enforce_eager=True, max_num_seqs=cfg["max_num_seqs"],
+              max_num_batched_tokens=cfg["max_num_batched_tokens"], disable_log_stats=False,
+              kv_cache_memory_bytes=cfg["kv_blocks"] * block_bytes(cfg["block_size"]))
+    init_s = time.perf_counter() - t0
+    timer = None
+    if not cfg["multiprocess"]:
+        timer = _Timer(llm.llm_engine.engine_core.engine_core)
+
+    rng = np.random.default_rng(cfg["seed"] + 1)
+    vocab = MODEL["vocab_size"]
+
+    def ids(n):
+        return rng.integers(3, vocab, n).tolist()
+
+    system = ids(cfg["system_tokens"])
+    history = [system + ids(cfg["user_tokens"]) for _ in range(cfg["convs"])]
+    greedy = SamplingParams(max_tokens=cfg["output_tokens"], temperature=0.0, ignore_eos=True,
+                            detokenize=False)
+    tokens, cached = {}, {}
+    gen_tokens = 0
+    t0 = time.perf_counter()
+    for turn in range(cfg["turns"]):
+        outs = llm.generate([TokensPrompt(prompt_token_ids=h) for h in history], greedy,
+                            use_tqdm=False)
+        for c, o in enumerate(outs):
+            name = f"c{c}t{turn}"
+            out = list(o.outputs[0].token_ids)
+            tokens[name] = out
+            cached[name] = o.num_cached_tokens
+            gen_tokens += len(out)
+            history[c] = history[c] + out + ids(cfg["user_tokens"])
+    if cfg["extras"]:
+        # Parallel sampling: n seeded samples share the prompt's blocks.
+        sampled = SamplingParams(n=3, max_tokens=cfg["output_tokens"], temperature=1.0, seed=7,
+                                 ignore_eos=True, detokenize=False)
+        o = llm.generate([TokensPrompt(prompt_token_ids=history[0])], sampled, use_tqdm=False)[0]
+        for i, s in enumerate(sorted(o.outputs, key=lambda s: s.index)):
+            tokens[f"n3s{i}"] = list(s.token_ids)
+        cached["n3"] = o.num_cached_tokens
+        # Salted prompts: the same tokens under another tenant's salt share nothing.
+        prompt = system + ids(cfg["user_tokens"])
+        for name, salt in (("salt_a1", "tenant-a"), ("salt_b", "tenant-b"),
+                           ("salt_a2", "tenant-a")):
+            p = TokensPrompt(prompt_token_ids=prompt)
+            p["cache_salt"] = salt
+            o = llm.generate([p], greedy, use_tqdm=False)[0]
+            tokens[name] = list(o.outputs[0].token_ids)
+            cached[name] = o.num_cached_tokens
+    wall_s = time.perf_counter() - t0
+
+    metrics = llm.get_metrics()
+    ttft = _metric(metrics, "vllm:time_to_first_token_seconds")
+    res = {
+        "config": cfg,
+        "tokens": tokens,
+        "cached": cached,
+        "prefix_queries": _metric(metrics, "vllm:prefix_cache_queries"),
+        "prefix_hits": _metric(metrics, "vllm:prefix_cache_hits"),
+        "preemptions": _metric(metrics, "vllm:num_preemptions"),
+        "ttft_s": ttft[0] / ttft[1] if ttft and ttft[1] else None,
+        "wall_s": wall_s,
+        "init_s": init_s,
+        "gen_tokens": gen_tokens,
+    }
+    if timer is not None:
+        res.update(attention=_attention_backend(llm))
+        res.update(manager=timer.manager, sched_s=timer.sched_s, model_s=timer.model_s,
+                   steps=timer.steps, blocks_peak=max(timer.blocks, default=0),
+                   blocks_mean=sum(timer.blocks) / max(len(timer.blocks), 1))
+    return res
+
+
+def run_in_subprocess(cfg: dict, python: str = sys.executable, env: dict | None = None,
+                      timeout: float = 900) -> tuple[dict, str]:
+    """Runs ``cfg`` in a fresh interpreter; returns (measurements, the process's output: stdout,
+    where vLLM's default logging writes, then stderr)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        cfg_path, out_path = os.path.join(d, "cfg.json"), os.path.join(d, "out.json")
+        with open(cfg_path, "w") as f:
+            json.dump(cfg, f)
+        proc = subprocess.run([python, os.path.abspath(__file__), "run", cfg_path, out_path],
+                              env=env, capture_output=True, text=True, timeout=timeout)
+        if proc.returncode != 0:
+            raise RuntimeError(f"engine run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
+                               f"{proc.stderr[-6000:]}")
+        with open(out_path) as f:
+            return json.load(f), proc.stdout + proc.stderr
+
+
+def bench(argv) -> int:
+    """``kvshare-bench vllm-e2e``: both managers through the real engine, order alternating."""
+    import argparse
+    import statistics
+    import tempfile
+
+    ap = argparse.ArgumentParser(prog="kvshare-bench vllm-e2e")
+    ap.add_argument("--repeats", type=int, default=2, help="runs of each configuration")
+    ap.add_argument("--convs", type=int, default=16)
+    ap.add_argument("--turns", type=int, default=4)
+    ap.add_argument("--system-tokens", type=int, default=512)
+    ap.add_argument("--output-tokens", type=int, default=32)
+    ap.add_argument("--kv-blocks", type=int, default=2048)
+    ap.add_argument("--quick", action="store_true", help="a small run for CI smoke tests")
+    ap.add_argument("--json", action="store_true", help="print the raw measurements as JSON")
+    a = ap.parse_args(argv)
+    if a.quick:
+        a.repeats, a.convs, a.turns, a.system_tokens, a.output_tokens = 1, 4, 2, 128, 8
+    configs = [("vLLM manager + vLLM attention", {"kvshare": False}),
+               ("kvshare manager + vLLM attention", {"kvshare": True}),
+               ("kvshare manager + kvshare attention",
+                {"kvshare": True, "kvshare_attention": True})]
+    results = {name: [] for name, _ in configs}
+    with tempfile.TemporaryDirectory() as d:
+        model = write_tiny_model(os.path.join(d, "model"))
+        site = install_plugin(os.path.join(d, "site"))
+        env = dict(os.environ, PYTHONPATH=site)
+        for rep in range(a.repeats):
+            order = configs if rep % 2 == 0 else configs[::-1]
+            for name, extra in order:
+                cfg = dict(extra, model_dir=model, convs=a.convs, turns=a.turns,
+                           system_tokens=a.system_tokens, output_tokens=a.output_tokens,
+                           kv_blocks=a.kv_blocks, max_model_len=4096, extras=False,
+                           max_num_seqs=max(16, a.convs), max_num_batched_tokens=1024)
+                res, _ = run_in_subprocess(cfg, env=env)
+                results[name].append(res)
+                print(f"  run {rep + 1}: {name}: {res['wall_s']:.2f} s", file=sys.stderr)
+    if a.json:
+        print(json.dumps(results, indent=1))
+    ref = results[configs[0][0]][0]["tokens"]
+    same = {name: all(r["tokens"] == ref for r in rs) for name, rs in results.items()}
+    med = statistics.median
+    print(f"workload: {a.convs} conversations x {a.turns} turns, {a.system_tokens}-token system "
+          f"prompt, {a.output_tokens} output tokens, {a.kv_blocks} KV blocks of 16; medians of "
+          f"{a.repeats} runs each, order alternating")
+    print(f"{'configuration':36} {'tok/s':>8} {'TTFT ms':>8} {'sched us/step':>14} "
+          f"{'model ms/step':>14} {'steps':>6} {'hit rate':>9} {'blocks peak':>12} "
+          f"{'blocks mean':>12}")
+    base = None
+    for name, _ in configs:
+        rs = results[name]
+        row = dict(
+            tps=med(r["gen_tokens"] / r["wall_s"] for r in rs),
+            ttft=med(r["ttft_s"] * 1e3 for r in rs),
+            sched=med(r["sched_s"] / r["steps"] * 1e6 for r in rs),
+            model=med(r["model_s"] / r["steps"] * 1e3 for r in rs),
+            steps=med(r["steps"] for r in rs),
+            hit=med(r["prefix_hits"] / r["prefix_queries"] for r in rs),
+            peak=med(r["blocks_peak"] for r in rs),
+            mean=med(r["blocks_mean"] for r in rs))
+        base = base or row
+        print(f"{name:36} {row['tps']:8.1f} {row['ttft']:8.1f} {row['sched']:14.1f} "
+              f"{row['model']:14.2f} {row['steps']:6.0f} {row['hit']:9.4f} {row['peak']:12.0f} "
+              f"{row['mean']:12.1f}")
+        if row is not base:
+            print(f"{'  ratio to the first (x faster)':36} {row['tps'] / base['tps']:8.2f} "
+                  f"{base['ttft'] / row['ttft']:8.2f} {base['sched'] / row['sched']:14.2f} "
+                  f"{base['model'] / row['model']:14.2f}")
+    for name, ok in same.items():
+        print(f"generated tokens of '{name}' identical to the first's in every run: {ok}")
+        if not ok:
+            print("  first divergence: " + _first_divergence(ref, results[name][0]["tokens"]))
+    # The managers must agree exactly; an attention kernel may round differently (reported above).
+    return 0 if same[configs[1][0]] else 1
+
+
+def _first_divergence(a: dict, b: dict) -> str:
+    for req in a:
+        for i, (x, y) in enumerate(zip(a[req], b.get(req, []))):
+            if x != y:
+                return f"request {req}, output token {i}: {x} vs {y}"
+    return "none (different requests or lengths)"
+
+
+def main(argv) -> int:
+    if len(argv) >= 3 and argv[0] == "run":
+        with open(argv[1]) as f:
+            cfg = json.load(f)
+        res = run(cfg)
+        with open(argv[2], "w") as f:
+            json.dump(res, f)
+        return 0
+    if argv and argv[0] == "bench":
+        return bench(argv[1:])
+    print("usage: engine_e2e.py run CONFIG.json OUT.json | bench [--quick] [--repeats N] ...",
+          file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

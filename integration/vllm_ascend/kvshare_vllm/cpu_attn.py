@@ -1,0 +1,166 @@
+"""kvshare's KV write and paged attention as an attention backend of vLLM's CPU platform.
+
+vLLM's CPU platform always answers ``CPU_ATTN`` (``CpuPlatform.get_attn_backend_cls``), so with
+``KVSHARE_VLLM_OPS=1`` the plugin re-registers that name to :class:`KvshareCPUAttentionBackend`
+(``vllm.v1.attention.backends.registry.register_backend``, vLLM's own override hook) in every
+vLLM process; nothing else in vLLM changes.
+
+The backend owns the KV-cache layout it asks vLLM to allocate: ``[2, num_blocks, block_size,
+num_kv_heads, head_dim]`` per layer, K then V, each half the ``[num_blocks, block_size, heads,
+head_dim]`` paged layout kvshare's ops read and write directly (vLLM's own CPU backend stores K
+and V interleaved per block and head, ``[num_blocks, heads, block_size, 2 * head_dim]``).
+Every step of a layer is two kvshare launches on the whole batch:
+
+* :func:`kvshare_vllm.ops.reshape_and_cache`: the new tokens' K/V scattered by vLLM's slot
+  mapping (negative slots are padding);
+* :func:`kvshare_vllm.ops.paged_attention` in its varlen form: decode, prefill and chunked
+  prefill requests in one call (causal within each request, GQA, sliding window, soft cap).
+
+Decoder self-attention only: encoder, encoder-only and cross attention, ALiBi, attention sinks
+and quantized (fp8) KV caches are refused when the layer is built, naming what is unsupported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from vllm.v1.attention.backend import (
+    AttentionImpl,
+    AttentionMetadataBuilder,
+    AttentionType,
+    CommonAttentionMetadata,
+    MultipleOf,
+)
+from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+from . import ops
+
+BACKEND_PATH = "kvshare_vllm.cpu_attn.KvshareCPUAttentionBackend"
+
+
+class KvshareCPUAttentionBackend(CPUAttentionBackend):
+    """vLLM's ``CPU_ATTN`` slot, served by kvshare's CPU backend (module doc)."""
+
+    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16,
+                                                     torch.float32]
+    supported_kv_cache_dtypes: ClassVar[list] = ["auto"]
+
+    @staticmethod
+    def get_supported_kernel_block_sizes() -> list:
+        return [MultipleOf(16)]
+
+    @classmethod
+    def get_supported_head_sizes(cls) -> list[int]:
+        return [32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512]
+
+    @classmethod
+    def supports_attn_type(cls, attn_type: str) -> bool:
+        return attn_type == AttentionType.DECODER
+
+    @staticmethod
+    def get_impl_cls() -> type["KvshareCPUAttentionImpl"]:
+        return KvshareCPUAttentionImpl
+
+    @staticmethod
+    def get_builder_cls() -> type["KvshareCPUMetadataBuilder"]:
+        return KvshareCPUMetadataBuilder
+
+    @staticmethod
+    def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_size: int,
+                           cache_dtype_str: str = "auto") -> tuple[int, ...]:
+        return 2, num_blocks, block_size, num_kv_heads, head_size
+
+    @classmethod
+    def get_required_kv_cache_layout(cls):
+        return None
+
+
+@dataclass
+class KvshareCPUMetadata:
+    """One step's batch, as kvshare's varlen launch takes it (host int32 / int64 tensors)."""
+
+    num_actual_tokens: int
+    query_start_loc: torch.Tensor  # [num_reqs + 1]
+    seq_lens: torch.Tensor         # [num_reqs], this step's tokens included
+    block_table: torch.Tensor      # [num_reqs, max_blocks]
+    slot_mapping: torch.Tensor     # [num_actual_tokens]
+
+
+class KvshareCPUMetadataBuilder(AttentionMetadataBuilder[KvshareCPUMetadata]):
+    """Passes vLLM's common metadata through: decodes and prefills need no reordering, since
+    one varlen launch serves both."""
+
+    def __init__(self, kv_cache_spec, layer_names, vllm_config, device) -> None:
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+
+    def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
+              fast_build: bool = False) -> KvshareCPUMetadata:
+        m = common_attn_metadata
+        n = m.num_reqs
+        return KvshareCPUMetadata(
+            num_actual_tokens=m.num_actual_tokens,
+            query_start_loc=m.query_start_loc[:n + 1],
+            seq_lens=m.seq_lens[:n],
+            block_table=m.block_table_tensor[:n],
+            slot_mapping=m.slot_mapping[:m.num_actual_tokens])
+
+
+class KvshareCPUAttentionImpl(AttentionImpl):
+    """One layer: the KV write, then paged attention, each one kvshare launch."""
+
+    def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int,
+                 alibi_slopes, sliding_window, kv_cache_dtype: str, logits_soft_cap=None,
+                 attn_type: str = AttentionType.DECODER, kv_sharing_target_layer_name=None,
+                 sinks=None) -> None:
+        unsupported = [what for what, bad in (
+            (f"attention type {attn_type}", attn_type != AttentionType.DECODER),
+            ("ALiBi", alibi_slopes is not None),
+            ("attention sinks", sinks is not None),
+            (f"kv_cache_dtype {kv_cache_dtype}", kv_cache_dtype != "auto")) if bad]
+        if unsupported:
+            raise NotImplementedError("kvshare's CPU attention backend does not support "
+                                      + ", ".join(unsupported))
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.scale = float(scale)
+        self.num_kv_heads = num_kv_heads
+        self.sliding_window = int(sliding_window or 0)
+        self.softcap = float(logits_soft_cap or 0.0)
+        self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
+        self.kv_cache_dtype = kv_cache_dtype
+        self.attn_type = attn_type
+
+    def forward(self, layer, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                kv_cache: torch.Tensor, attn_metadata: KvshareCPUMetadata | None,
+                output: torch.Tensor, output_scale=None, output_block_scale=None) -> torch.Tensor:
+        """``query`` ``[T, heads, head_dim]``, ``key``/``value`` ``[T, kv_heads, head_dim]``,
+        ``kv_cache`` ``[2, num_blocks, block_size, kv_heads, head_dim]``; writes ``output``
+        ``[T, heads * head_dim]`` (rows past the batch's tokens are left alone)."""
+        if output_scale is not None or output_block_scale is not None:
+            raise NotImplementedError("fused output quantization is not supported by kvshare's "
+                                      "CPU attention backend")
+        if attn_metadata is None:  # vLLM's profiling / warm-up pass
+            return output
+        n = attn_metadata.num_actual_tokens
+        key_cache, value_cache = kv_cache[0], kv_cache[1]
+        if self.kv_sharing_target_layer_name is None and key is not None and value is not None:
+            ops.reshape_and_cache(key, value, key_cache, value_cache, attn_metadata.slot_mapping)
+        if n == 0:
+            return output
+        out = output[:n].view(n, self.num_heads, self.head_size)
+        ops.paged_attention(query[:n], key_cache, value_cache, attn_metadata.block_table,
+                            attn_metadata.seq_lens, out, scale=self.scale,
+                            num_kv_heads=self.num_kv_heads,
+                            query_start_loc=attn_metadata.query_start_loc,
+                            softcap=self.softcap, sliding_window=self.sliding_window)
+        return output
+
+
+def register() -> None:
+    """Serves vLLM's ``CPU_ATTN`` with :class:`KvshareCPUAttentionBackend` (idempotent)."""
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+
+    register_backend(AttentionBackendEnum.CPU_ATTN, BACKEND_PATH)

@@ -1,0 +1,137 @@
+"""The real vLLM engine (vLLM's CPU build, 0.23.0) generating text with and without kvshare.
+
+Each configuration runs in its own process through ``bench/engine_e2e.py`` (the plugin's swap
+is process-wide): a tiny Llama with seeded non-degenerate weights, greedy multi-turn chat on a
+shared system prompt, then a parallel-sampling request (n=3, seeded) and salted prompts. The
+plugin is found through its installed ``vllm.general_plugins`` entry point, as in a deployment.
+
+kvshare's manager must be invisible to the engine's output: identical tokens and identical
+prefix hits (vLLM's own ``num_cached_tokens`` and counters) with and without the plugin, without
+cache pressure and under pressure with preemption, in the in-process and the multiprocess
+engine; and the plugin's log line must show under vLLM's default logging in both. With
+``KVSHARE_VLLM_OPS=1`` kvshare's own attention backend (``kvshare_vllm.cpu_attn``) computes every
+layer, in a KV-cache layout it owns, and must generate the tokens vLLM's CPU attention does.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "bench"))
+import engine_e2e  # noqa: E402
+
+ENGAGED = "kvshare_vllm: KV-cache bookkeeping runs in kvshare"
+WORKLOAD = dict(convs=6, turns=3, system_tokens=256, user_tokens=24, output_tokens=10,
+                max_model_len=512)
+# 40 blocks of 16 tokens: the shared system prompt (16 blocks) plus six conversations' own
+# blocks do not fit from the second turn on, so running requests are preempted and recomputed.
+PRESSURE_BLOCKS = 40
+
+CONFIGS = {
+    "off": dict(kvshare=False),
+    "on": dict(kvshare=True),
+    "off_pressure": dict(kvshare=False, kv_blocks=PRESSURE_BLOCKS),
+    "on_pressure": dict(kvshare=True, kv_blocks=PRESSURE_BLOCKS),
+    "on_multiprocess": dict(kvshare=True, multiprocess=True),
+    # kvshare's attention backend (KVSHARE_VLLM_OPS=1) with kvshare's manager, and under pressure.
+    "ops": dict(kvshare=True, kvshare_attention=True),
+    "ops_pressure": dict(kvshare=True, kvshare_attention=True, kv_blocks=PRESSURE_BLOCKS),
+}
+
+
+@pytest.fixture(scope="module")
+def engine(installed, tmp_path_factory):
+    """Runs a configuration once (lazily) and returns (measurements, its log output)."""
+    model = engine_e2e.write_tiny_model(str(tmp_path_factory.mktemp("tiny-llama")))
+    env = dict(os.environ, PYTHONPATH=installed, VLLM_HOST_IP="127.0.0.1")
+    env.pop("VLLM_LOGGING_LEVEL", None)  # vLLM's default logging, as a user has it
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            cfg = dict(WORKLOAD, model_dir=model, **CONFIGS[name])
+            cache[name] = engine_e2e.run_in_subprocess(cfg, env=env)
+        return cache[name]
+
+    return get
+
+
+def test_plugin_engages_and_logs_in_process(engine):
+    on, err = engine("on")
+    assert on["manager"] == "KvshareKVCacheManager"
+    assert ENGAGED in err
+    off, err_off = engine("off")
+    assert off["manager"] == "KVCacheManager"
+    assert ENGAGED not in err_off
+
+
+def test_same_tokens_and_hits_without_pressure(engine):
+    off, _ = engine("off")
+    on, _ = engine("on")
+    assert on["tokens"] == off["tokens"]
+    assert on["cached"] == off["cached"]
+    assert (on["prefix_queries"], on["prefix_hits"]) == (off["prefix_queries"],
+                                                         off["prefix_hits"])
+    # The workload does share: later turns hit their whole history up to the last full block.
+    assert off["cached"]["c1t0"] >= 240 and off["cached"]["c0t2"] > off["cached"]["c0t1"]
+    assert off["preemptions"] == 0
+    # The model is not degenerate: the conversations generate different tokens.
+    assert len({tuple(off["tokens"][f"c{c}t0"]) for c in range(WORKLOAD["convs"])}) > 1
+
+
+def test_parallel_sampling_and_salt(engine):
+    off, _ = engine("off")
+    on, _ = engine("on")
+    samples = [tuple(on["tokens"][f"n3s{i}"]) for i in range(3)]
+    assert len(set(samples)) == 3, "seeded n=3 samples should differ"
+    assert samples == [tuple(off["tokens"][f"n3s{i}"]) for i in range(3)]
+    for res in (off, on):
+        c = res["cached"]
+        assert c["n3"] > 0
+        # Same tokens, another tenant: nothing shared across salts (nor with unsalted KV).
+        assert c["salt_a1"] == 0 and c["salt_b"] == 0
+        assert c["salt_a2"] >= 256
+
+
+def test_same_tokens_under_pressure_with_preemption(engine):
+    off, _ = engine("off_pressure")
+    on, _ = engine("on_pressure")
+    assert off["preemptions"] > 0, "the workload should preempt at this cache size"
+    assert on["preemptions"] == off["preemptions"]
+    assert on["tokens"] == off["tokens"]
+    assert on["cached"] == off["cached"]
+    assert on["blocks_peak"] <= PRESSURE_BLOCKS
+    # Recomputation after preemption yields the tokens an unpressured engine generates.
+    unpressured, _ = engine("off")
+    assert on["tokens"] == unpressured["tokens"]
+
+
+def test_multiprocess_engine(engine):
+    mp, err = engine("on_multiprocess")
+    assert ENGAGED in err, "the plugin's log line must show from the engine-core process"
+    off, _ = engine("off")
+    assert mp["tokens"] == off["tokens"]
+    assert mp["cached"] == off["cached"]
+
+
+def test_kvshare_attention_backend_generates_the_same_tokens(engine):
+    ops_run, log = engine("ops")
+    assert ops_run["attention"] == "KvshareCPUAttentionBackend"
+    assert "kvshare_vllm: attention (KV write, paged attention) runs in kvshare" in log
+    on, _ = engine("on")
+    assert on["attention"] == "CPUAttentionBackend"
+    # float32 on both sides: the kernels round differently only in the last bits, and greedy
+    # decoding of this model does not flip on those.
+    assert ops_run["tokens"] == on["tokens"]
+    assert ops_run["cached"] == on["cached"]
+
+
+def test_kvshare_attention_under_pressure(engine):
+    ops_run, _ = engine("ops_pressure")
+    off, _ = engine("off_pressure")
+    assert ops_run["preemptions"] == off["preemptions"] > 0
+    assert ops_run["tokens"] == off["tokens"]
