@@ -135,3 +135,26 @@ def test_kvshare_attention_under_pressure(engine):
     off, _ = engine("off_pressure")
     assert ops_run["preemptions"] == off["preemptions"] > 0
     assert ops_run["tokens"] == off["tokens"]
+
+
+def test_readme_block_runs_verbatim():
+    """README.md's 'vLLM on CPU, end to end' block, run as written from the repository root."""
+    import re
+    import subprocess
+
+    root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+    with open(os.path.join(root, "README.md")) as f:
+        readme = f.read()
+    m = re.search(r"<!-- test: vllm-cpu-e2e -->\s*```bash\n(.*?)```", readme, re.S)
+    assert m, "README.md lost its 'vllm-cpu-e2e' block"
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "KVSHARE_VLLM", "KVSHARE_VLLM_OPS", "VLLM_LOGGING_LEVEL")}
+    res = subprocess.run(["bash", "-euo", "pipefail", "-c", m.group(1)], cwd=root, env=env,
+                         capture_output=True, text=True, timeout=1200)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-6000:]
+    assert ENGAGED in out
+    assert "kvshare_vllm: attention (KV write, paged attention) runs in kvshare" in out
+    lines = [ln for ln in res.stdout.splitlines() if ln.startswith("request ")]
+    assert len(lines) == 4, out[-3000:]
+    assert all("cached 256," in ln for ln in lines[1:]), lines
