@@ -25,6 +25,7 @@ use crate::attention::{
     CacheLayout, CopyCaches, CopyKind, CopyParams, KvWrite, KvWriteParams, PageCopy, PageCopyBatch,
     SlotMapping, TokenStrides,
 };
+use crate::core::alloc::try_with_capacity;
 use crate::core::{DType, Error, Result};
 
 /// A compute backend (CPU today; Ascend later) that launches paged attention, KV writes and
@@ -659,7 +660,7 @@ impl kvs_backend {
             let b = unsafe { handle::borrow(backend)? };
             let a = unsafe { try_ref(args, "args")? };
             let raw = unsafe { aslice(copies, num_copies, "copies")? };
-            let mut list = Vec::with_capacity(raw.len());
+            let mut list = try_with_capacity(raw.len(), "copies")?;
             for (i, c) in raw.iter().enumerate() {
                 let kind = match c.kind {
                     0 => CopyKind::DeviceToDevice,
