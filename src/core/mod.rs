@@ -23,7 +23,7 @@ pub use cache::Cache;
 pub use config::{Config, DType, Tier};
 pub use error::{Error, Result};
 pub use events::{Event, EventKind};
-pub use pool::{PageState, PRIORITIES};
+pub use pool::PageState;
 pub use prefix::{ExtraKeys, MmItem};
 pub use seq::{BeginInfo, CopyKind, PageCopy, SeqInfo};
 pub use state::{Match, State};
