@@ -24,121 +24,26 @@
 
 
 /*
- Side of the square causal mask CANN's optimized causal modes (sparse 2/3) take.
+ Most events a cache queues; further events are dropped (and counted in
+ `kvs_stats.events_dropped`) until `kvs_cache_take_events` drains some.
  */
-#define MASK_SIDE 2048
+#define KVS_MAX_QUEUED_EVENTS (1 << 20)
 
 /*
- Largest `num_heads / num_kv_heads`.
+ Number of retention priorities: `kvs_seq_set_priority` takes 0 ..= `KVS_NUM_PRIORITIES - 1`.
  */
-#define MAX_GROUP 64
-
-/*
- Largest head dim.
- */
-#define MAX_HEAD_DIM 512
-
-/*
- Largest `kv_heads * head_dim` of a BnBsH cache.
- */
-#define MAX_BNBSH_H 65535
-
-/*
- Most query heads of a decode launch.
- */
-#define MAX_DECODE_HEADS 256
-
-/*
- Most sequences of a decode launch.
- */
-#define MAX_DECODE_BATCH 65536
-
-/*
- Most entries of a TND `actualSeqLengths`.
- */
-#define MAX_TND_SEQS 4096
-
-/*
- Alignment of every device pointer handed to `aclCreateTensor`.
- */
-#define DEVICE_ALIGN 32
-
-/*
- `aclDataType` values used here.
- */
-#define ACL_FLOAT16 1
-
-/*
- `ACL_INT8`.
- */
-#define ACL_INT8 2
-
-/*
- `ACL_INT32`.
- */
-#define ACL_INT32 3
-
-/*
- `ACL_INT64`.
- */
-#define ACL_INT64 9
-
-/*
- `ACL_BF16`.
- */
-#define ACL_BF16 27
-
-/*
- `ACL_FORMAT_ND`.
- */
-#define ACL_FORMAT_ND 2
-
-/*
- `aclrtMemcpyKind`.
- */
-#define ACL_MEMCPY_HOST_TO_DEVICE 1
-
-/*
- `ACL_MEMCPY_DEVICE_TO_HOST`.
- */
-#define ACL_MEMCPY_DEVICE_TO_HOST 2
-
-/*
- `ACL_MEMCPY_DEVICE_TO_DEVICE`.
- */
-#define ACL_MEMCPY_DEVICE_TO_DEVICE 3
-
-/*
- `ACL_MEM_MALLOC_HUGE_FIRST`.
- */
-#define ACL_MEM_MALLOC_HUGE_FIRST 0
-
-/*
- Largest number of query heads (and kv heads) accepted.
- */
-#define MAX_HEADS 4096
-
-/*
- Largest number of sequences or tokens in one launch.
- */
-#define MAX_BATCH (1 << 24)
-
-/*
- Events kept when nobody drains them; older events are dropped (and counted) past this.
- */
-#define MAX_QUEUED_EVENTS (1 << 20)
-
-/*
- Number of retention priorities (0 ..= `PRIORITIES - 1`; higher is kept longer).
- */
-#define PRIORITIES 4
+#define KVS_NUM_PRIORITIES 4
 
 /*
  ABI version of `include/kvshare.h`. Bumped on any incompatible change to a signature, struct
  layout or enum value; adapters refuse a library whose `kvs_abi_version()` differs from the
  `KVS_ABI_VERSION` they were built with.
+
+ 2: the header no longer defines unprefixed macros (`ACL_*`, `ACLNN_*`, `MAX_*`, `PRIORITIES`,
+ ...; now `KVS_NUM_PRIORITIES`, `KVS_MAX_QUEUED_EVENTS`); new statuses
+ `KVS_STATUS_OUT_OF_MEMORY` and `KVS_STATUS_REFCOUNT_OVERFLOW`.
  */
-#define KVS_ABI_VERSION 1
+#define KVS_ABI_VERSION 2
 
 /*
  Result of every fallible `kvs_` function. Numbers are stable and never reused; each
@@ -179,6 +84,11 @@ enum kvs_status
    */
   KVS_STATUS_UNSUPPORTED = 6,
   /*
+   An allocation sized by the caller failed (the message names the field or argument);
+   nothing changed.
+   */
+  KVS_STATUS_OUT_OF_MEMORY = 7,
+  /*
    The configuration has a bad field (named in the message).
    */
   KVS_STATUS_INVALID_CONFIG = 100,
@@ -202,6 +112,10 @@ enum kvs_status
    The reserved padding page was used as a real page.
    */
   KVS_STATUS_PADDING_PAGE = 204,
+  /*
+   An acquire would take a page's reference count past `UINT32_MAX`; nothing changed.
+   */
+  KVS_STATUS_REFCOUNT_OVERFLOW = 205,
   /*
    No live sequence has the id.
    */
@@ -1132,50 +1046,6 @@ typedef struct kvs_seq_info {
   uint32_t tier;
 } kvs_seq_info;
 
-/*
- `aclError` (runtime) and `aclnnStatus` (nnopbase / ops) are both 32-bit ints.
- */
-typedef int AclError;
-
-/*
- The order in which FIA versions are preferred (the first found is used). V3 first: it is what
- torch_npu's op-plugin dispatches to on CANN >= 8.1.RC1, so it is the path vLLM-Ascend
- exercises most; V4 (a superset: its extra inputs are passed as NULL/0) next, for a CANN that
- no longer ships V3; V2 last, the oldest paged version (CANN < 8.1.RC1; MindIE's aclnn path).
- `KVS_ASCEND_FIA_VERSION=2|3|4` forces one version (the validation script tries each).
- */
-#define FIA_PREFERENCE { 3, 4, 2, }
-
-/*
- `ACL_SUCCESS`.
- */
-#define ACL_SUCCESS 0
-
-/*
- `ACL_ERROR_REPEAT_INITIALIZE`: a second `aclInit`; treated as success.
- */
-#define ACL_ERROR_REPEAT_INITIALIZE 100002
-
-/*
- `ACLNN_ERR_PARAM_NULLPTR`.
- */
-#define ACLNN_ERR_PARAM_NULLPTR 161001
-
-/*
- `ACLNN_ERR_PARAM_INVALID`.
- */
-#define ACLNN_ERR_PARAM_INVALID 161002
-
-/*
- `ACLNN_ERR_RUNTIME_ERROR`.
- */
-#define ACLNN_ERR_RUNTIME_ERROR 361001
-
-/*
- `561003`: kernel not found (operator binary package not installed).
- */
-#define ACLNN_ERR_INNER_FIND_KERNEL_ERROR 561003
-
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -1268,7 +1138,9 @@ kvs_status kvs_kv_write(const struct kvs_backend *backend,
  **Failure:** `KVS_STATUS_NULL_ARGUMENT` for a NULL `backend`, `args`, required cache
  pointer or `copies` with `num_copies > 0`; `KVS_STATUS_ATTN_INVALID_ARGUMENT` for a bad
  layout, an unknown kind, a page id beyond its tier or `num_tokens` above `page_size`
- (0 is a valid no-op; the message names the field, e.g. `copies`). Nothing is copied on
+ (0 is a valid no-op; the message names the field, e.g. `copies`), or a cache pointer
+ that `kvs_kv_write` and `kvs_attention_launch` would refuse too (not aligned to the
+ element size; on Ascend, a device cache not 32-byte aligned). Nothing is copied on
  error.
  **Thread safety:** safe from any thread; the caches must not be accessed by others
  during the call.
@@ -1295,7 +1167,8 @@ struct kvs_kv_layout kvs_kv_layout_dense(uint32_t dtype,
  Writes a one-line description of the backend into `buf` (NUL-terminated): its kind and,
  for Ascend, the device, the CANN libraries loaded and the op versions found and used
  (e.g. `aclnnFusedInferAttentionScore found: V2 (libopapi_transformer.so), V3 (...);
- using V3`), for logs and support. `*len_out` gets the length without the NUL.
+ using V3`), then the backend's own shape limits (`limits: head_dim <= 512, heads <= 4096,
+ heads per kv head <= 64, ...` for Ascend; 1024 and 4096 for the CPU), for logs and support. `*len_out` gets the length without the NUL.
  `(NULL, 0)` only measures.
 
  **Failure:** `KVS_STATUS_NULL_ARGUMENT` for a NULL `backend` or `len_out` (or a NULL `buf`
@@ -1320,8 +1193,11 @@ struct kvs_config kvs_config_default(void);
  Creates a cache from `config` and writes its handle to `*cache_out`.
 
  **Ownership:** free the cache with `kvs_cache_free`. The config is copied.
- **Failure:** `KVS_STATUS_INVALID_CONFIG` names the bad field in `kvs_last_error_message()`;
- `*cache_out` is untouched on error.
+ **Failure:** `KVS_STATUS_INVALID_CONFIG` names the bad field in `kvs_last_error_message()`
+ (a `bool` field holding a byte other than 0 or 1 is one);
+ `KVS_STATUS_OUT_OF_MEMORY` names the page-count field whose metadata could not be
+ allocated (about 150 bytes per device page with prefix caching, `page_size * 4` of them
+ token ids); `*cache_out` is untouched on error.
  **Thread safety:** safe from any thread.
  */
 kvs_status kvs_cache_new(const struct kvs_config *config, struct kvs_cache **cache_out);
@@ -1465,7 +1341,9 @@ kvs_status kvs_pages_alloc(struct kvs_cache *cache,
  must be in use or cached; acquiring a cached page makes it unevictable until released.
 
  **Failure:** out-of-range id, the padding page, or a free page: an error status naming
- the page, and no refcount changes.
+ the page, and no refcount changes. `KVS_STATUS_REFCOUNT_OVERFLOW` when a page would pass
+ `UINT32_MAX` references (counting each time it is listed): the count never wraps, and
+ nothing changes.
  **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
  */
 kvs_status kvs_pages_acquire(struct kvs_cache *cache, const uint32_t *pages, size_t num_pages);
@@ -1597,8 +1475,14 @@ kvs_status kvs_prefix_clear(struct kvs_cache *cache);
  (at `kvs_cache_commit` with `defer_commit`). `extra` may be NULL. Writes what happened to
  `*info_out` (optional).
 
+ An empty prompt (`num_tokens` 0; `tokens` may then be NULL) is valid: the sequence starts
+ with no token and no page, matches nothing, and gets its pages from later appends (an
+ engine that reserves a request's id before its prompt is known).
+
  **Failure:** `KVS_STATUS_SEQ_EXISTS`, `KVS_STATUS_NO_SPACE` (free + evictable pages too
- few): nothing changes and `*info_out` is untouched.
+ few), `KVS_STATUS_REFCOUNT_OVERFLOW` (a cached page to share already has `UINT32_MAX`
+ holders), `KVS_STATUS_OUT_OF_MEMORY` (the prompt could not be copied): nothing changes
+ and `*info_out` is untouched.
  **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
  */
 kvs_status kvs_seq_begin(struct kvs_cache *cache,

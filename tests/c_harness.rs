@@ -392,6 +392,9 @@ programs! {
     bug_defer_commit_stale_pending;
     bug_append_lookahead_overflow;
     bug_append_batch_cow_overcount;
+    bug_config_bool_byte;
+    // The header next to declarations mirroring CANN's (issue 15: no unprefixed macros).
+    header_cann_names;
 }
 
 /// Every `tests/c/*.c` that is not in [`KNOWN`] (e.g. `attn_*.c`), sorted.

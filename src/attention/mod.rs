@@ -43,8 +43,7 @@ use crate::core::Result;
 use params::bad;
 pub use params::{
     check_host_arrays, check_slots, span, AttnParams, AttnSpans, CacheLayout, CopyKind, CopyParams,
-    KvWriteParams, PageCopy, SeqSpan, SlotMapping, TokenStrides, MAX_BATCH, MAX_HEADS,
-    MAX_HEAD_DIM, MAX_PAGES, MAX_PAGE_SIZE,
+    KvWriteParams, PageCopy, SeqSpan, SlotMapping, TokenStrides, MAX_PAGES, MAX_PAGE_SIZE,
 };
 
 /// A host buffer of one of the supported element types.
@@ -364,6 +363,43 @@ impl<'a> PageCopyBatch<'a> {
     }
 }
 
+/// The largest shapes a backend accepts, reported by `kvs_backend_describe` (CANN's kernels stop
+/// earlier than the shared checks that the CPU backend applies).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest head dimension.
+    pub head_dim: usize,
+    /// Most query (and kv) heads.
+    pub heads: usize,
+    /// Largest `num_heads / num_kv_heads`.
+    pub group: usize,
+    /// Most sequences, or tokens, of one launch.
+    pub batch: usize,
+}
+
+impl Limits {
+    /// The checks every backend shares ([`params`]): the CPU backend's limits.
+    pub fn shared() -> Self {
+        Limits {
+            head_dim: params::MAX_HEAD_DIM,
+            heads: params::MAX_HEADS,
+            group: params::MAX_HEADS,
+            batch: params::MAX_BATCH,
+        }
+    }
+}
+
+impl std::fmt::Display for Limits {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "limits: head_dim <= {}, heads <= {}, heads per kv head <= {}, sequences or tokens \
+             per launch <= {}",
+            self.head_dim, self.heads, self.group, self.batch
+        )
+    }
+}
+
 /// A compute backend. Receives only validated batches; a backend must not write anything when
 /// it returns an error it could have detected before starting.
 ///
@@ -386,8 +422,12 @@ pub trait Backend: Send + Sync {
     fn ascend(&self) -> Option<&ascend::AscendBackend> {
         None
     }
-    /// One line for logs and support (`kvs_backend_describe`).
+    /// One line for logs and support (`kvs_backend_describe` adds [`limits`](Self::limits)).
     fn describe(&self) -> String {
         self.name().to_string()
+    }
+    /// The largest shapes this backend accepts.
+    fn limits(&self) -> Limits {
+        Limits::shared()
     }
 }

@@ -7,10 +7,10 @@
 use crate::core::{DType, Error, Result};
 
 /// Largest head dimension accepted.
-pub const MAX_HEAD_DIM: usize = 1024;
+pub(crate) const MAX_HEAD_DIM: usize = 1024;
 
 /// Largest number of query heads (and kv heads) accepted.
-pub const MAX_HEADS: usize = 4096;
+pub(crate) const MAX_HEADS: usize = 4096;
 
 /// Largest page size accepted by attention (the cache manager caps at 1024; a larger page lets
 /// the benchmark express a contiguous cache as one page per sequence).
@@ -20,7 +20,7 @@ pub const MAX_PAGE_SIZE: usize = 1 << 16;
 pub const MAX_PAGES: usize = (i32::MAX as usize) + 1;
 
 /// Largest number of sequences or tokens in one launch.
-pub const MAX_BATCH: usize = 1 << 24;
+pub(crate) const MAX_BATCH: usize = 1 << 24;
 
 pub(crate) fn bad(field: &'static str, reason: impl Into<String>) -> Error {
     Error::AttnInvalid {

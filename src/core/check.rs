@@ -1,6 +1,7 @@
 //! The invariant checker behind `kvs_cache_check`: recomputes every derived fact from first
 //! principles and reports the first disagreement.
 
+use super::alloc::try_vec;
 use super::config::Tier;
 use super::error::{Error, Result};
 use super::pool::{PagePool, PageState};
@@ -20,8 +21,8 @@ impl State {
     pub fn check(&self) -> Result<()> {
         let ps = self.ps;
         let mut holders = [
-            vec![0u32; self.dev.num_pages() as usize],
-            vec![0u32; self.host.num_pages() as usize],
+            try_vec(self.dev.num_pages() as usize, 0u32, "num_device_pages")?,
+            try_vec(self.host.num_pages() as usize, 0u32, "num_host_pages")?,
         ];
         for (&id, s) in &self.seqs {
             let t = usize::from(s.tier == Tier::Host);
@@ -43,7 +44,7 @@ impl State {
                 holders[t][p as usize] += 1;
             }
         }
-        let mut pins = vec![0u32; self.dev.num_pages() as usize];
+        let mut pins = try_vec(self.dev.num_pages() as usize, 0u32, "num_device_pages")?;
         for (&id, pages) in &self.pins {
             for &p in pages {
                 if self.dev.check_id(p).is_err() {
@@ -102,7 +103,7 @@ impl State {
             return violation(format!("{tier} page lists are corrupt"));
         };
         // 0: on no list; 1: free; 2 + k: cached list k. Any page seen twice is an error.
-        let mut on = vec![0u8; pool.num_pages() as usize];
+        let mut on = try_vec(pool.num_pages() as usize, 0u8, "num_pages")?;
         let mut mark = |p: u32, m: u8| -> Result<()> {
             if on[p as usize] != 0 {
                 return violation(format!("{tier} page {p} is on two lists"));

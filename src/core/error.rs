@@ -69,6 +69,24 @@ pub enum Error {
         /// The page.
         page: u32,
     },
+    /// An acquire would take a page's 32-bit reference count past `u32::MAX` (it never wraps).
+    #[error("refcount overflow: page {page} already holds {refcount} references; {adding} more would exceed {max}", max = u32::MAX)]
+    RefcountOverflow {
+        /// The page.
+        page: u32,
+        /// Its reference count now.
+        refcount: u32,
+        /// References the call would add to it.
+        adding: u64,
+    },
+    /// An allocation sized by the caller (a config field, a list length) failed.
+    #[error("out of memory: `{what}` needs {bytes} bytes, which could not be allocated")]
+    OutOfMemory {
+        /// The config field or argument that sized the allocation.
+        what: &'static str,
+        /// Bytes requested.
+        bytes: u64,
+    },
     /// The reserved padding (null) page was passed where a real page is needed.
     #[error("page {page} is the reserved padding page")]
     PaddingPage {

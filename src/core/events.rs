@@ -39,7 +39,7 @@ pub struct Event {
 }
 
 /// Events kept when nobody drains them; older events are dropped (and counted) past this.
-pub const MAX_QUEUED_EVENTS: usize = 1 << 20;
+pub(crate) const MAX_QUEUED_EVENTS: usize = 1 << 20;
 
 /// A bounded FIFO of events.
 #[derive(Debug, Default)]

@@ -4,6 +4,9 @@
 //! is in at most one list at a time. Push/pop at either end and removal from the middle are O(1)
 //! and allocate nothing.
 
+use super::alloc::try_vec;
+use super::error::Result;
+
 const NONE: u32 = u32::MAX;
 
 /// Links for `n` items plus `lists` sentinels (item ids `0..n`, sentinel of list `k` is `n + k`).
@@ -16,13 +19,14 @@ pub struct Links {
 }
 
 impl Links {
-    /// `n` unlinked items and `lists` empty lists.
-    pub fn new(n: u32, lists: u32) -> Self {
-        let total = (n + lists) as usize;
+    /// `n` unlinked items and `lists` empty lists; `OutOfMemory` naming `what` when the links
+    /// cannot be allocated.
+    pub fn new(n: u32, lists: u32, what: &'static str) -> Result<Self> {
+        let total = n as usize + lists as usize;
         let mut l = Links {
-            prev: vec![NONE; total],
-            next: vec![NONE; total],
-            len: vec![0; lists as usize],
+            prev: try_vec(total, NONE, what)?,
+            next: try_vec(total, NONE, what)?,
+            len: try_vec(lists as usize, 0, what)?,
             n,
         };
         for k in 0..lists {
@@ -30,7 +34,7 @@ impl Links {
             l.prev[s as usize] = s;
             l.next[s as usize] = s;
         }
-        l
+        Ok(l)
     }
 
     fn sentinel(&self, list: usize) -> u32 {
@@ -123,7 +127,7 @@ mod tests {
 
     #[test]
     fn push_pop_remove() {
-        let mut l = Links::new(5, 2);
+        let mut l = Links::new(5, 2, "test").unwrap();
         l.push_back(0, 1);
         l.push_back(0, 2);
         l.push_front(0, 3);

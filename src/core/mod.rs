@@ -4,11 +4,13 @@
 //! files split by concept: [`config`], page [`pool`] (with the intrusive lists of [`list`]),
 //! [`prefix`] index, sequences ([`seq`]), [`stats`], and the invariant [`check`]er.
 
+pub mod alloc;
 pub mod cache;
 pub mod check;
 pub mod config;
 pub mod error;
 pub mod events;
+pub mod hashing;
 pub mod list;
 pub mod pages;
 pub mod pool;
@@ -21,7 +23,7 @@ pub use cache::Cache;
 pub use config::{Config, DType, Tier};
 pub use error::{Error, Result};
 pub use events::{Event, EventKind};
-pub use pool::{PageState, PRIORITIES};
+pub use pool::PageState;
 pub use prefix::{ExtraKeys, MmItem};
 pub use seq::{BeginInfo, CopyKind, PageCopy, SeqInfo};
 pub use state::{Match, State};

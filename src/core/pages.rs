@@ -26,6 +26,7 @@ impl State {
                 });
             }
         }
+        self.dev.check_acquire(pages.iter().copied())?;
         for &p in pages {
             self.dev.acquire(p, Holder::External);
         }
@@ -145,6 +146,9 @@ impl State {
                 capacity: max_pages_out,
             });
         }
+        if acquire {
+            self.check_hit_refs(&hits)?;
+        }
         let hashes: Vec<u128> = hits.iter().map(|h| h.hash).collect();
         let promoted = hits.iter().filter(|h| h.tier == Tier::Host).count();
         let pages = if acquire {
@@ -178,6 +182,7 @@ impl State {
                 available: self.dev.available(),
             });
         }
+        self.check_hit_refs(&hits)?;
         let pages = self.materialize(&hits, Holder::Pin);
         let id = self.next_pin;
         self.next_pin += 1;
@@ -205,7 +210,8 @@ impl State {
         let mut hits = self.walk(tokens, extra, usize::MAX, true);
         self.promotable(&mut hits, 0);
         let promoted = hits.iter().filter(|h| h.tier == Tier::Host).count();
-        if promoted == 0 {
+        // A device page at the reference limit cannot take the transient hold: promote nothing.
+        if promoted == 0 || self.check_hit_refs(&hits).is_err() {
             return 0;
         }
         let pages = self.materialize(&hits, Holder::Seq);
@@ -241,5 +247,88 @@ impl State {
             });
         }
         self.counters.index_clears += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::Config;
+
+    /// Issue 15, item 1: page size 4, 8 device pages, one page registered under 4 tokens and
+    /// acquired up to the 32-bit limit (forced: 2^32 real calls take minutes). Every acquire past
+    /// the limit must fail with `RefcountOverflow` and change nothing; before the fix the count
+    /// wrapped to 0 (FREE yet registered) and the next `match(acquire)` panicked.
+    #[test]
+    fn acquire_never_wraps_the_refcount() {
+        let mut s = State::new(Config {
+            page_size: 4,
+            num_device_pages: 8,
+            ..Config::default()
+        })
+        .unwrap();
+        let tokens = [1, 2, 3, 4];
+        let p = s.alloc_pages(1).unwrap()[0];
+        assert_eq!(s.register(&tokens, &[p], None).unwrap(), 1);
+        s.dev.force_external_refs(p, u32::MAX - 1);
+        s.check().unwrap();
+        let before = s.stats();
+
+        let overflow = Err(Error::RefcountOverflow {
+            page: p,
+            refcount: u32::MAX - 1,
+            adding: 2,
+        });
+        assert_eq!(s.acquire_pages(&[p, p]), overflow);
+        assert_eq!(s.stats(), before);
+        s.acquire_pages(&[p]).unwrap(); // exactly u32::MAX
+        assert_eq!(s.dev.refcount(p), u32::MAX);
+        let full = |adding| {
+            Err(Error::RefcountOverflow {
+                page: p,
+                refcount: u32::MAX,
+                adding,
+            })
+        };
+        assert_eq!(s.acquire_pages(&[p]), full(1));
+        // Every other path that adds a holder to a cached page refuses the same way.
+        assert_eq!(
+            s.match_prefix(&tokens, None, 4, true, 1).map(|_| ()),
+            full(1)
+        );
+        assert_eq!(s.pin(&tokens, None).map(|_| ()), full(1));
+        assert_eq!(s.begin(7, &tokens, None, 4).map(|_| ()), full(1));
+        assert_eq!(s.prefetch(&tokens, None), 0);
+        // A lookup without a hold still works, and nothing changed.
+        assert_eq!(
+            s.match_prefix(&tokens, None, 4, false, 1).unwrap().pages,
+            [p]
+        );
+        assert_eq!(s.dev.refcount(p), u32::MAX);
+        assert_eq!(s.page_info(Tier::Device, p).unwrap().1, PageState::InUse);
+        s.check().unwrap();
+        s.release_pages(&[p]).unwrap();
+        s.match_prefix(&tokens, None, 4, true, 1).unwrap();
+        s.check().unwrap();
+    }
+
+    /// Fork adds a holder to every page of the parent: refused at the limit.
+    #[test]
+    fn fork_never_wraps_the_refcount() {
+        let mut s = State::new(Config {
+            page_size: 4,
+            num_device_pages: 8,
+            ..Config::default()
+        })
+        .unwrap();
+        s.begin(1, &[1, 2, 3, 4, 5], None, 0).unwrap();
+        let p = s.seq_pages(1).unwrap()[1];
+        s.dev.force_external_refs(p, u32::MAX);
+        assert!(matches!(
+            s.fork(1, 2),
+            Err(Error::RefcountOverflow { adding: 1, .. })
+        ));
+        assert!(s.seq_info(2).is_err());
+        s.check().unwrap();
     }
 }

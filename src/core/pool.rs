@@ -10,6 +10,7 @@
 //! Every operation here is O(1) per page (O(priorities) to find a victim). The pool trusts its
 //! caller (`State`) to have validated ids and states; it `debug_assert!`s them.
 
+use super::alloc::try_vec;
 use super::config::Tier;
 use super::error::{Error, Result};
 use super::list::Links;
@@ -18,7 +19,7 @@ const FREE: usize = 0;
 const NOT_CACHED: u8 = u8::MAX;
 
 /// Number of retention priorities (0 ..= `PRIORITIES - 1`; higher is kept longer).
-pub const PRIORITIES: u8 = 4;
+pub(crate) const PRIORITIES: u8 = 4;
 
 /// Where a page stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,29 +66,40 @@ pub struct PagePool {
 
 impl PagePool {
     /// `num_pages` free pages; page 0 reserved as padding when `reserve_padding`.
-    pub fn new(tier: Tier, num_pages: u32, reserve_padding: bool) -> Self {
-        let mut links = Links::new(num_pages, 1 + PRIORITIES as u32);
+    /// `OutOfMemory` (naming the tier's config field) when the metadata cannot be allocated.
+    pub fn new(tier: Tier, num_pages: u32, reserve_padding: bool) -> Result<Self> {
+        let what = match tier {
+            Tier::Device => "num_device_pages",
+            Tier::Host => "num_host_pages",
+        };
+        let n = num_pages as usize;
+        // Everything first, so a refusal happens before the free list is threaded.
+        let refcount = try_vec(n, 0, what)?;
+        let ext_refs = try_vec(n, 0, what)?;
+        let pins = try_vec(n, 0, what)?;
+        let cached_on = try_vec(n, NOT_CACHED, what)?;
+        let prio = try_vec(n, 0, what)?;
+        let mut links = Links::new(num_pages, 1 + PRIORITIES as u32, what)?;
         let padding = reserve_padding.then_some(0);
         for p in 0..num_pages {
             if Some(p) != padding {
                 links.push_back(FREE, p);
             }
         }
-        let n = num_pages as usize;
-        PagePool {
+        Ok(PagePool {
             tier,
             num_pages,
             padding,
-            refcount: vec![0; n],
-            ext_refs: vec![0; n],
-            pins: vec![0; n],
-            cached_on: vec![NOT_CACHED; n],
-            prio: vec![0; n],
+            refcount,
+            ext_refs,
+            pins,
+            cached_on,
+            prio,
             links,
             in_use: 0,
             shared: 0,
             pinned: 0,
-        }
+        })
     }
 
     /// The tier this pool serves.
@@ -230,7 +242,39 @@ impl PagePool {
         }
     }
 
-    /// Adds a reference to an in-use or cached page (a cached page leaves its LRU list).
+    /// Refuses, with `RefcountOverflow`, a batch of acquires that would take some page's 32-bit
+    /// reference count past `u32::MAX`: `pages` lists each page once per reference to add (so a
+    /// page listed twice gains two). Ids must be valid. Sorting is needed only when a page is
+    /// within `pages.len()` of the limit, which no real workload reaches.
+    pub fn check_acquire<I>(&self, pages: I) -> Result<()>
+    where
+        I: IntoIterator<Item = u32>,
+        I::IntoIter: Clone,
+    {
+        let pages = pages.into_iter();
+        let n = pages.clone().count() as u64;
+        let near = |p: u32| u64::from(self.refcount[p as usize]) + n > u64::from(u32::MAX);
+        if !pages.clone().any(near) {
+            return Ok(());
+        }
+        let mut sorted: Vec<u32> = pages.collect();
+        sorted.sort_unstable();
+        for run in sorted.chunk_by(|a, b| a == b) {
+            let (page, adding) = (run[0], run.len() as u64);
+            let refcount = self.refcount[page as usize];
+            if u64::from(refcount) + adding > u64::from(u32::MAX) {
+                return Err(Error::RefcountOverflow {
+                    page,
+                    refcount,
+                    adding,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds a reference to an in-use or cached page (a cached page leaves its LRU list). The
+    /// caller has made sure the count cannot overflow ([`check_acquire`](Self::check_acquire)).
     pub fn acquire(&mut self, page: u32, holder: Holder) {
         let i = page as usize;
         match self.refcount[i] {
@@ -296,6 +340,22 @@ impl PagePool {
         true
     }
 
+    /// Sets a page's counts as if `refs` external holders held it (tests of the overflow checks,
+    /// which would otherwise need 2^32 calls).
+    #[cfg(test)]
+    pub(crate) fn force_external_refs(&mut self, page: u32, refs: u32) {
+        let i = page as usize;
+        assert!(
+            self.refcount[i] > 0 && refs > 1,
+            "test helper: page must be in use"
+        );
+        if self.refcount[i] == 1 {
+            self.shared += 1;
+        }
+        self.ext_refs[i] = refs - (self.refcount[i] - self.ext_refs[i]);
+        self.refcount[i] = refs;
+    }
+
     /// Undoes [`take_ext`](Self::take_ext).
     pub fn restore_ext(&mut self, page: u32) {
         self.ext_refs[page as usize] += 1;
@@ -344,7 +404,7 @@ mod tests {
 
     #[test]
     fn take_prefers_free_then_lru() {
-        let mut p = PagePool::new(Tier::Device, 4, true);
+        let mut p = PagePool::new(Tier::Device, 4, true).unwrap();
         assert_eq!(p.available(), 3);
         let a = p.take(Holder::Seq).unwrap();
         let b = p.take(Holder::Seq).unwrap();
@@ -368,7 +428,7 @@ mod tests {
 
     #[test]
     fn lower_priority_is_evicted_first() {
-        let mut p = PagePool::new(Tier::Device, 3, false);
+        let mut p = PagePool::new(Tier::Device, 3, false).unwrap();
         for _ in 0..3 {
             p.take(Holder::Seq).unwrap();
         }
@@ -385,7 +445,7 @@ mod tests {
 
     #[test]
     fn shared_and_pinned_counters() {
-        let mut p = PagePool::new(Tier::Host, 2, false);
+        let mut p = PagePool::new(Tier::Host, 2, false).unwrap();
         let (a, _) = p.take(Holder::Seq).unwrap();
         p.acquire(a, Holder::Pin);
         p.acquire(a, Holder::Pin);

@@ -14,10 +14,11 @@
 //! have the same 128-bit xxh3 digest. xxh3-128 (XXH3_128bits, seed 0) is the specified
 //! algorithm; routers can recompute `h_i` from token ids alone (see README, "Prefix keys").
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
-
 use xxhash_rust::xxh3::xxh3_128;
+
+use super::alloc::try_vec;
+use super::error::{Error, Result};
+use super::hashing::DigestMap;
 
 /// Chain digest of the empty prefix: `xxh3_128(b"kvshare-prefix-v1")`.
 pub fn root_hash() -> u128 {
@@ -96,49 +97,7 @@ pub fn chain_hash(parent: u128, extra: u128, tokens: &[i32], scratch: &mut Vec<u
     xxh3_128(scratch)
 }
 
-/// Hasher for maps keyed by integer ids the library or the caller chose (sequence ids):
-/// a multiply-fold, much cheaper than SipHash. Keys are not attacker-chosen digests, and a bad
-/// distribution only costs time, never correctness.
-#[derive(Default)]
-pub struct IdHasher(u64);
-
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
-        }
-    }
-    fn write_u64(&mut self, v: u64) {
-        let m = (v ^ self.0).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        self.0 = m ^ (m >> 29);
-    }
-}
-
-/// A map keyed by sequence ids.
-pub type IdMap<V> = HashMap<u64, V, BuildHasherDefault<IdHasher>>;
-
-/// Keys are already uniform 128-bit digests: fold them instead of hashing them again.
-#[derive(Default)]
-pub struct DigestHasher(u64);
-
-impl Hasher for DigestHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
-        }
-    }
-    fn write_u128(&mut self, v: u128) {
-        self.0 = (v as u64) ^ ((v >> 64) as u64);
-    }
-}
-
-type DigestMap = HashMap<u128, u32, BuildHasherDefault<DigestHasher>>;
+type IndexMap = DigestMap<u32>;
 
 /// What the index stores of a registered page besides its tokens: one 64-byte record, so that
 /// registering or verifying a page touches one line of it (plus the tokens), not one per field.
@@ -155,7 +114,7 @@ struct Meta {
 #[derive(Debug, Clone)]
 pub struct PrefixIndex {
     page_size: usize,
-    map: DigestMap,
+    map: IndexMap,
     meta: Vec<Meta>,
     /// Kept apart from `meta`: releases read it for every page, and a byte per page stays cached.
     registered: Vec<bool>,
@@ -178,16 +137,23 @@ pub struct Entry<'a> {
 }
 
 impl PrefixIndex {
-    /// An empty index over `num_pages` pages of `page_size` tokens.
-    pub fn new(num_pages: u32, page_size: u32) -> Self {
+    /// An empty index over `num_pages` pages of `page_size` tokens; `OutOfMemory` naming `what`
+    /// (the tier's page-count field) when its arrays cannot be allocated.
+    pub fn new(num_pages: u32, page_size: u32, what: &'static str) -> Result<Self> {
         let n = num_pages as usize;
-        PrefixIndex {
+        let slots = n
+            .checked_mul(page_size as usize)
+            .ok_or(Error::OutOfMemory {
+                what,
+                bytes: u64::MAX,
+            })?;
+        Ok(PrefixIndex {
             page_size: page_size as usize,
-            map: DigestMap::default(),
-            meta: vec![Meta::default(); n],
-            registered: vec![false; n],
-            tokens: vec![0; n * page_size as usize],
-        }
+            map: IndexMap::default(),
+            meta: try_vec(n, Meta::default(), what)?,
+            registered: try_vec(n, false, what)?,
+            tokens: try_vec(slots, 0, what)?,
+        })
     }
 
     /// Registered pages.
@@ -371,7 +337,7 @@ mod tests {
 
     #[test]
     fn insert_lookup_remove() {
-        let mut ix = PrefixIndex::new(4, 2);
+        let mut ix = PrefixIndex::new(4, 2, "test").unwrap();
         let e = |hash| Entry {
             hash,
             parent: 1,

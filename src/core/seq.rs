@@ -1,6 +1,7 @@
 //! Sequences: block tables, append with copy-on-write, fork, free, swap between tiers, and the
 //! batch block-table / slot-mapping builders.
 
+use super::alloc::try_copy;
 use super::config::Tier;
 use super::error::{Error, Result};
 use super::pool::{Holder, PRIORITIES};
@@ -189,7 +190,11 @@ impl State {
                 // mapping hides the page from KV writes, so the tokens of this step that filled
                 // it never write into the shared page.
                 let canonical = index.lookup(h, e, chunk);
-                if let Some(c) = canonical.filter(|&c| c != own && !index.is_registered(own)) {
+                // A canonical page at the reference limit is not shared: this copy is kept.
+                let shareable = |c: u32| {
+                    c != own && !index.is_registered(own) && dev.check_acquire([c]).is_ok()
+                };
+                if let Some(c) = canonical.filter(|&c| shareable(c)) {
                     dev.acquire(c, Holder::Seq);
                     dev.release(own, Holder::Seq, false);
                     s.pages[i] = c;
@@ -250,6 +255,8 @@ impl State {
         let fresh = total - hits.len();
         let promoted = hits.iter().filter(|h| h.tier == Tier::Host).count();
         self.ensure_available(Tier::Device, fresh + promoted, self.cached_among(&hits))?;
+        self.check_hit_refs(&hits)?;
+        let owned = try_copy(tokens, "tokens")?;
         if self.cfg.enable_prefix_caching {
             self.counters.prefix_queries += 1;
             self.counters.prefix_query_tokens += tokens.len() as u64;
@@ -261,7 +268,7 @@ impl State {
         }
         let hashes = hits.iter().map(|h| h.hash).collect();
         let seq = Seq {
-            tokens: tokens.to_vec(),
+            tokens: owned,
             pages,
             tier: Tier::Device,
             extra,
@@ -318,6 +325,16 @@ impl State {
         usize::from(
             n > 0 && old % self.ps > 0 && j < s.pages.len() && self.dev.refcount(s.pages[j]) > 1,
         )
+    }
+
+    /// Makes room for `n` more tokens in a live sequence's token list (`OutOfMemory` instead of
+    /// an abort). Only capacity changes, which no operation can observe.
+    fn reserve_tokens(&mut self, id: u64, n: usize) -> Result<()> {
+        let s = self.seqs.get_mut(&id).ok_or(Error::SeqNotFound(id))?;
+        s.tokens.try_reserve(n).map_err(|_| Error::OutOfMemory {
+            what: "tokens",
+            bytes: (n as u64).saturating_mul(4),
+        })
     }
 
     /// Applies an append whose page needs were checked.
@@ -391,6 +408,7 @@ impl State {
         let (cap, cow) = self.append_need(s, tokens.len(), lookahead)?;
         check_room(self.append_copies(s, tokens.len()), max_copies)?;
         self.ensure_available(Tier::Device, cap + cow, 0)?;
+        self.reserve_tokens(id, tokens.len())?;
         self.append_unchecked(id, tokens, lookahead, copies);
         Ok(())
     }
@@ -474,6 +492,9 @@ impl State {
         }
         check_room(n_copies, max_copies)?;
         self.ensure_available(Tier::Device, need, 0)?;
+        for &id in ids {
+            self.reserve_tokens(id, 1)?;
+        }
         for (i, &id) in ids.iter().enumerate() {
             self.append_unchecked(id, &tokens[i..i + 1], 0, copies);
         }
@@ -486,7 +507,9 @@ impl State {
         if self.seqs.contains_key(&child) {
             return Err(Error::SeqExists(child));
         }
-        let mut s = self.device_seq(parent)?.clone();
+        let s = self.device_seq(parent)?;
+        self.dev.check_acquire(s.pages.iter().copied())?;
+        let mut s = s.clone();
         for &p in &s.pages {
             self.dev.acquire(p, Holder::Seq);
         }
@@ -604,6 +627,7 @@ impl State {
         let hit_pages: Vec<u32> = hits.iter().flatten().copied().collect();
         check_room(need, max_copies)?;
         self.ensure_available(Tier::Device, need, cached_hits)?;
+        self.dev.check_acquire(hit_pages.iter().copied())?;
 
         let mut s = self.seqs.remove(&id).expect("checked");
         for &p in &hit_pages {

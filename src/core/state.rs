@@ -11,8 +11,9 @@ use std::collections::VecDeque;
 use super::config::{Config, Tier};
 use super::error::{Error, Result};
 use super::events::{Event, EventKind, EventQueue};
+use super::hashing::IdMap;
 use super::pool::{Holder, PagePool, PageState};
-use super::prefix::{chain_hash, root_hash, Entry, ExtraKeys, IdMap, PrefixIndex};
+use super::prefix::{chain_hash, root_hash, Entry, ExtraKeys, PrefixIndex};
 use super::seq::{CopyKind, PageCopy, Seq};
 use super::stats::{Counters, Stats};
 
@@ -98,16 +99,18 @@ impl State {
         let host_cache = caching && cfg.demote_to_host && cfg.num_host_pages > 0;
         Ok(State {
             ps: cfg.page_size as usize,
-            dev: PagePool::new(Tier::Device, cfg.num_device_pages, cfg.reserve_null_page),
-            host: PagePool::new(Tier::Host, cfg.num_host_pages, false),
+            dev: PagePool::new(Tier::Device, cfg.num_device_pages, cfg.reserve_null_page)?,
+            host: PagePool::new(Tier::Host, cfg.num_host_pages, false)?,
             index: PrefixIndex::new(
                 if caching { cfg.num_device_pages } else { 0 },
                 cfg.page_size,
-            ),
+                "num_device_pages",
+            )?,
             host_index: PrefixIndex::new(
                 if host_cache { cfg.num_host_pages } else { 0 },
                 cfg.page_size,
-            ),
+                "num_host_pages",
+            )?,
             seqs: IdMap::default(),
             batch_stamp: 0,
             pending: Vec::new(),
@@ -371,6 +374,16 @@ impl State {
             })
             .unwrap_or(hits.len());
         hits.truncate(keep);
+    }
+
+    /// Refuses (`RefcountOverflow`) hits whose device pages cannot take one more reference:
+    /// check before [`materialize`](Self::materialize).
+    pub(super) fn check_hit_refs(&self, hits: &[Hit]) -> Result<()> {
+        self.dev.check_acquire(
+            hits.iter()
+                .filter(|h| h.tier == Tier::Device)
+                .map(|h| h.page),
+        )
     }
 
     /// Takes a `holder` reference on every hit, promoting host hits to new device pages (their

@@ -16,6 +16,7 @@ use super::panic::guard;
 use super::slice::{slice, slice_mut, try_out, try_ref};
 use super::status::kvs_status;
 use super::types::{dtype_from_raw, kvs_copy};
+use crate::attention::ascend::plan::check_align;
 use crate::attention::ascend::{
     AscendBackend, AscendOptions, DeviceAttn, DeviceCopy, DeviceKvWrite,
 };
@@ -25,6 +26,7 @@ use crate::attention::{
     CacheLayout, CopyCaches, CopyKind, CopyParams, KvWrite, KvWriteParams, PageCopy, PageCopyBatch,
     SlotMapping, TokenStrides,
 };
+use crate::core::alloc::try_with_capacity;
 use crate::core::{DType, Error, Result};
 
 /// A compute backend (CPU today; Ascend later) that launches paged attention, KV writes and
@@ -298,6 +300,33 @@ fn aligned<T>(ptr: *const T, name: &'static str) -> Result<()> {
     Ok(())
 }
 
+/// The one check of a paged K/V cache pointer, shared by `kvs_attention_launch`, `kvs_kv_write`
+/// and `kvs_kv_copy` so that a pointer one call refuses is refused by all: aligned to the cache's
+/// element type, and for device memory of the Ascend backend to CANN's 32 bytes. NULL is left to
+/// each call's own NULL check.
+fn cache_ptr(
+    backend: &dyn Backend,
+    ptr: *const c_void,
+    dtype: DType,
+    device: bool,
+    name: &'static str,
+) -> Result<()> {
+    if ptr.is_null() {
+        return Ok(());
+    }
+    let align = dtype.size_bytes();
+    if (ptr as usize) % align != 0 {
+        return Err(Error::AttnInvalid {
+            field: name,
+            reason: format!("pointer {ptr:p} is not aligned to {align} bytes (its element size)"),
+        });
+    }
+    if device && backend.ascend().is_some() {
+        check_align(name, ptr as usize)?;
+    }
+    Ok(())
+}
+
 /// [`slice`] with attention errors.
 ///
 /// # Safety
@@ -504,6 +533,9 @@ impl kvs_backend {
                 sliding_window: a.sliding_window as usize,
             };
             let spans = params.validate()?;
+            for (name, p) in [("key_cache", a.key_cache), ("value_cache", a.value_cache)] {
+                cache_ptr(&*b.backend, p, cache.dtype, true, name)?;
+            }
             let (qe, oe, ce) = (
                 params.query_dtype.size_bytes(),
                 params.output_dtype.size_bytes(),
@@ -588,6 +620,9 @@ impl kvs_backend {
                 cache,
             };
             let (src, cache_len) = params.validate()?;
+            for (name, p) in [("key_cache", a.key_cache), ("value_cache", a.value_cache)] {
+                cache_ptr(&*b.backend, p.cast_const(), cache.dtype, true, name)?;
+            }
             let n = params.num_tokens;
             let (se, ce) = (params.src_dtype.size_bytes(), cache.dtype.size_bytes());
             let slot_bytes = match a.slot_mapping_type {
@@ -642,7 +677,9 @@ impl kvs_backend {
     /// **Failure:** `KVS_STATUS_NULL_ARGUMENT` for a NULL `backend`, `args`, required cache
     /// pointer or `copies` with `num_copies > 0`; `KVS_STATUS_ATTN_INVALID_ARGUMENT` for a bad
     /// layout, an unknown kind, a page id beyond its tier or `num_tokens` above `page_size`
-    /// (0 is a valid no-op; the message names the field, e.g. `copies`). Nothing is copied on
+    /// (0 is a valid no-op; the message names the field, e.g. `copies`), or a cache pointer
+    /// that `kvs_kv_write` and `kvs_attention_launch` would refuse too (not aligned to the
+    /// element size; on Ascend, a device cache not 32-byte aligned). Nothing is copied on
     /// error.
     /// **Thread safety:** safe from any thread; the caches must not be accessed by others
     /// during the call.
@@ -659,7 +696,7 @@ impl kvs_backend {
             let b = unsafe { handle::borrow(backend)? };
             let a = unsafe { try_ref(args, "args")? };
             let raw = unsafe { aslice(copies, num_copies, "copies")? };
-            let mut list = Vec::with_capacity(raw.len());
+            let mut list = try_with_capacity(raw.len(), "copies")?;
             for (i, c) in raw.iter().enumerate() {
                 let kind = match c.kind {
                     0 => CopyKind::DeviceToDevice,
@@ -684,6 +721,21 @@ impl kvs_backend {
                 num_host_pages: a.num_host_pages as usize,
             };
             let (dev, host) = params.validate()?;
+            let caches = [
+                ("key_cache", a.key_cache, true),
+                ("value_cache", a.value_cache, true),
+                ("host_key_cache", a.host_key_cache, false),
+                ("host_value_cache", a.host_value_cache, false),
+            ];
+            for (name, p, device) in caches {
+                cache_ptr(
+                    &*b.backend,
+                    p.cast_const(),
+                    params.cache.dtype,
+                    device,
+                    name,
+                )?;
+            }
             let esz = params.cache.dtype.size_bytes();
             let (dev, host) = (dev * esz, host * esz);
             let all = [
@@ -859,7 +911,8 @@ impl kvs_backend {
     /// Writes a one-line description of the backend into `buf` (NUL-terminated): its kind and,
     /// for Ascend, the device, the CANN libraries loaded and the op versions found and used
     /// (e.g. `aclnnFusedInferAttentionScore found: V2 (libopapi_transformer.so), V3 (...);
-    /// using V3`), for logs and support. `*len_out` gets the length without the NUL.
+    /// using V3`), then the backend's own shape limits (`limits: head_dim <= 512, heads <= 4096,
+    /// heads per kv head <= 64, ...` for Ascend; 1024 and 4096 for the CPU), for logs and support. `*len_out` gets the length without the NUL.
     /// `(NULL, 0)` only measures.
     ///
     /// **Failure:** `KVS_STATUS_NULL_ARGUMENT` for a NULL `backend` or `len_out` (or a NULL `buf`
@@ -876,7 +929,8 @@ impl kvs_backend {
             // SAFETY: caller contract.
             let b = unsafe { handle::borrow(backend)? };
             let out = unsafe { try_out(len_out, "len_out")? };
-            let text = b.backend.describe().replace('\0', " ");
+            let text =
+                format!("{}; {}", b.backend.describe(), b.backend.limits()).replace('\0', " ");
             if buf.is_null() && buf_len == 0 {
                 *out = text.len();
                 return Ok(());

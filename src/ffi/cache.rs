@@ -86,6 +86,62 @@ pub struct kvs_config {
     pub enable_events: bool,
 }
 
+/// The `bool` fields of `kvs_config`, with their byte offsets.
+const CONFIG_BOOLS: [(&str, usize); 6] = [
+    (
+        "enable_prefix_caching",
+        std::mem::offset_of!(kvs_config, enable_prefix_caching),
+    ),
+    (
+        "reserve_null_page",
+        std::mem::offset_of!(kvs_config, reserve_null_page),
+    ),
+    (
+        "defer_commit",
+        std::mem::offset_of!(kvs_config, defer_commit),
+    ),
+    (
+        "skip_cached_writes",
+        std::mem::offset_of!(kvs_config, skip_cached_writes),
+    ),
+    (
+        "demote_to_host",
+        std::mem::offset_of!(kvs_config, demote_to_host),
+    ),
+    (
+        "enable_events",
+        std::mem::offset_of!(kvs_config, enable_events),
+    ),
+];
+
+/// Reads a caller's `kvs_config`. A `bool` field holding a byte other than 0 or 1 (written by
+/// `memset`, a `uint8_t` view, or a ctypes field of the wrong type) is `KVS_STATUS_INVALID_CONFIG`
+/// naming the field: such a value is no Rust `bool`, so each field is read as a byte first and
+/// the struct is borrowed only once every byte is a valid `bool`.
+///
+/// # Safety
+/// When non-NULL, `ptr` must point to a readable `kvs_config`.
+unsafe fn read_config<'a>(ptr: *const kvs_config) -> Result<&'a kvs_config, Error> {
+    if ptr.is_null() {
+        return Err(Error::NullArgument("config"));
+    }
+    if !ptr.is_aligned() {
+        return Err(Error::arg("config", "pointer is misaligned"));
+    }
+    for (field, offset) in CONFIG_BOOLS {
+        // SAFETY: `offset` is a field's offset inside the readable struct; bytes of a `bool`
+        // field are initialised whatever value the caller stored.
+        let byte = ptr.cast::<u8>().add(offset).read();
+        if byte > 1 {
+            return Err(Error::InvalidConfig {
+                field,
+                reason: format!("byte value {byte} is not a bool (0 or 1)"),
+            });
+        }
+    }
+    try_ref(ptr, "config")
+}
+
 impl kvs_config {
     fn to_core(self) -> Result<Config, Error> {
         let dtype = dtype_from_raw(self.dtype, "dtype").map_err(|_| Error::InvalidConfig {
@@ -223,8 +279,11 @@ impl kvs_cache {
     /// Creates a cache from `config` and writes its handle to `*cache_out`.
     ///
     /// **Ownership:** free the cache with `kvs_cache_free`. The config is copied.
-    /// **Failure:** `KVS_STATUS_INVALID_CONFIG` names the bad field in `kvs_last_error_message()`;
-    /// `*cache_out` is untouched on error.
+    /// **Failure:** `KVS_STATUS_INVALID_CONFIG` names the bad field in `kvs_last_error_message()`
+    /// (a `bool` field holding a byte other than 0 or 1 is one);
+    /// `KVS_STATUS_OUT_OF_MEMORY` names the page-count field whose metadata could not be
+    /// allocated (about 150 bytes per device page with prefix caching, `page_size * 4` of them
+    /// token ids); `*cache_out` is untouched on error.
     /// **Thread safety:** safe from any thread.
     #[no_mangle]
     pub unsafe extern "C" fn kvs_cache_new(
@@ -232,7 +291,7 @@ impl kvs_cache {
         cache_out: *mut *mut kvs_cache,
     ) -> kvs_status {
         guard(|| {
-            let cfg = try_ref(config, "config")?.to_core()?;
+            let cfg = read_config(config)?.to_core()?;
             let out = try_out(cache_out, "cache_out")?;
             let c = Cache::new(cfg)?;
             *out = handle::into_raw::<kvs_cache>(c);

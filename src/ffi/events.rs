@@ -65,6 +65,11 @@ impl From<Event> for kvs_event {
     }
 }
 
+/// Most events a cache queues; further events are dropped (and counted in
+/// `kvs_stats.events_dropped`) until `kvs_cache_take_events` drains some.
+pub const KVS_MAX_QUEUED_EVENTS: usize = 1 << 20;
+const _: () = assert!(KVS_MAX_QUEUED_EVENTS == crate::core::events::MAX_QUEUED_EVENTS);
+
 impl kvs_cache {
     /// Drains up to `copies_len` queued page copies, oldest first: demotions of evicted cached
     /// pages to the host tier and promotions of host-tier hits back to the device. Writes how

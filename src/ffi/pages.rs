@@ -70,7 +70,9 @@ impl kvs_cache {
     /// must be in use or cached; acquiring a cached page makes it unevictable until released.
     ///
     /// **Failure:** out-of-range id, the padding page, or a free page: an error status naming
-    /// the page, and no refcount changes.
+    /// the page, and no refcount changes. `KVS_STATUS_REFCOUNT_OVERFLOW` when a page would pass
+    /// `UINT32_MAX` references (counting each time it is listed): the count never wraps, and
+    /// nothing changes.
     /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
     #[no_mangle]
     pub unsafe extern "C" fn kvs_pages_acquire(

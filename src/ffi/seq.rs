@@ -61,6 +61,10 @@ unsafe fn with_copies(
     Ok(())
 }
 
+/// Number of retention priorities: `kvs_seq_set_priority` takes 0 ..= `KVS_NUM_PRIORITIES - 1`.
+pub const KVS_NUM_PRIORITIES: u32 = 4;
+const _: () = assert!(KVS_NUM_PRIORITIES == crate::core::pool::PRIORITIES as u32);
+
 impl kvs_cache {
     /// Starts sequence `seq_id` (chosen by the caller, unique among live sequences) with its
     /// prompt: matches the longest cached prefix (whole pages, at most `max_match_tokens` tokens:
@@ -69,8 +73,14 @@ impl kvs_cache {
     /// (at `kvs_cache_commit` with `defer_commit`). `extra` may be NULL. Writes what happened to
     /// `*info_out` (optional).
     ///
+    /// An empty prompt (`num_tokens` 0; `tokens` may then be NULL) is valid: the sequence starts
+    /// with no token and no page, matches nothing, and gets its pages from later appends (an
+    /// engine that reserves a request's id before its prompt is known).
+    ///
     /// **Failure:** `KVS_STATUS_SEQ_EXISTS`, `KVS_STATUS_NO_SPACE` (free + evictable pages too
-    /// few): nothing changes and `*info_out` is untouched.
+    /// few), `KVS_STATUS_REFCOUNT_OVERFLOW` (a cached page to share already has `UINT32_MAX`
+    /// holders), `KVS_STATUS_OUT_OF_MEMORY` (the prompt could not be copied): nothing changes
+    /// and `*info_out` is untouched.
     /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
     #[no_mangle]
     pub unsafe extern "C" fn kvs_seq_begin(

@@ -26,6 +26,9 @@ pub enum kvs_status {
     Poisoned = 5,
     /// Valid request the library does not support (yet).
     Unsupported = 6,
+    /// An allocation sized by the caller failed (the message names the field or argument);
+    /// nothing changed.
+    OutOfMemory = 7,
     /// The configuration has a bad field (named in the message).
     InvalidConfig = 100,
     /// Not enough free or evictable pages in a tier.
@@ -38,6 +41,8 @@ pub enum kvs_status {
     RefcountUnderflow = 203,
     /// The reserved padding page was used as a real page.
     PaddingPage = 204,
+    /// An acquire would take a page's reference count past `UINT32_MAX`; nothing changed.
+    RefcountOverflow = 205,
     /// No live sequence has the id.
     SeqNotFound = 300,
     /// A live sequence already has the id.
@@ -67,6 +72,8 @@ pub(crate) fn status_of(e: &Error) -> kvs_status {
         Error::PageNotAllocated { .. } => S::PageNotAllocated,
         Error::RefcountUnderflow { .. } => S::RefcountUnderflow,
         Error::PaddingPage { .. } => S::PaddingPage,
+        Error::RefcountOverflow { .. } => S::RefcountOverflow,
+        Error::OutOfMemory { .. } => S::OutOfMemory,
         Error::SeqNotFound(_) => S::SeqNotFound,
         Error::SeqExists(_) => S::SeqExists,
         Error::SeqWrongTier { .. } => S::SeqWrongTier,
@@ -107,12 +114,14 @@ impl kvs_status {
             4 => b"KVS_STATUS_BUFFER_TOO_SMALL\0",
             5 => b"KVS_STATUS_POISONED\0",
             6 => b"KVS_STATUS_UNSUPPORTED\0",
+            7 => b"KVS_STATUS_OUT_OF_MEMORY\0",
             100 => b"KVS_STATUS_INVALID_CONFIG\0",
             200 => b"KVS_STATUS_NO_SPACE\0",
             201 => b"KVS_STATUS_PAGE_OUT_OF_RANGE\0",
             202 => b"KVS_STATUS_PAGE_NOT_ALLOCATED\0",
             203 => b"KVS_STATUS_REFCOUNT_UNDERFLOW\0",
             204 => b"KVS_STATUS_PADDING_PAGE\0",
+            205 => b"KVS_STATUS_REFCOUNT_OVERFLOW\0",
             300 => b"KVS_STATUS_SEQ_NOT_FOUND\0",
             301 => b"KVS_STATUS_SEQ_EXISTS\0",
             302 => b"KVS_STATUS_SEQ_WRONG_TIER\0",
@@ -153,12 +162,14 @@ mod tests {
             (S::BufferTooSmall, "BUFFER_TOO_SMALL"),
             (S::Poisoned, "POISONED"),
             (S::Unsupported, "UNSUPPORTED"),
+            (S::OutOfMemory, "OUT_OF_MEMORY"),
             (S::InvalidConfig, "INVALID_CONFIG"),
             (S::NoSpace, "NO_SPACE"),
             (S::PageOutOfRange, "PAGE_OUT_OF_RANGE"),
             (S::PageNotAllocated, "PAGE_NOT_ALLOCATED"),
             (S::RefcountUnderflow, "REFCOUNT_UNDERFLOW"),
             (S::PaddingPage, "PADDING_PAGE"),
+            (S::RefcountOverflow, "REFCOUNT_OVERFLOW"),
             (S::SeqNotFound, "SEQ_NOT_FOUND"),
             (S::SeqExists, "SEQ_EXISTS"),
             (S::SeqWrongTier, "SEQ_WRONG_TIER"),

@@ -1,6 +1,7 @@
 //! Plain C enums and structs shared by several exported objects.
 
 use super::slice::{slice, try_ref};
+use crate::core::alloc::{try_copy, try_with_capacity};
 use crate::core::{CopyKind, DType, Error, ExtraKeys, MmItem, PageCopy, Tier};
 
 /// Element type of KV caches and attention tensors.
@@ -146,16 +147,15 @@ pub(crate) unsafe fn extra_from_c(ptr: *const kvs_extra_keys) -> Result<Option<E
     let x = try_ref(ptr, "extra")?;
     let salt = slice(x.salt, x.salt_len, "extra.salt")?;
     let mm = slice(x.mm_items, x.num_mm_items, "extra.mm_items")?;
+    let mut items = try_with_capacity(mm.len(), "extra.mm_items")?;
+    items.extend(mm.iter().map(|m| MmItem {
+        hash: (m.hash_hi as u128) << 64 | m.hash_lo as u128,
+        offset: m.offset,
+        length: m.length,
+    }));
     Ok(Some(ExtraKeys {
         lora_id: x.lora_id,
-        salt: salt.to_vec(),
-        mm: mm
-            .iter()
-            .map(|m| MmItem {
-                hash: (m.hash_hi as u128) << 64 | m.hash_lo as u128,
-                offset: m.offset,
-                length: m.length,
-            })
-            .collect(),
+        salt: try_copy(salt, "extra.salt")?,
+        mm: items,
     }))
 }

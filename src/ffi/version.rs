@@ -5,7 +5,11 @@ use std::ffi::c_char;
 /// ABI version of `include/kvshare.h`. Bumped on any incompatible change to a signature, struct
 /// layout or enum value; adapters refuse a library whose `kvs_abi_version()` differs from the
 /// `KVS_ABI_VERSION` they were built with.
-pub const KVS_ABI_VERSION: u32 = 1;
+///
+/// 2: the header no longer defines unprefixed macros (`ACL_*`, `ACLNN_*`, `MAX_*`, `PRIORITIES`,
+/// ...; now `KVS_NUM_PRIORITIES`, `KVS_MAX_QUEUED_EVENTS`); new statuses
+/// `KVS_STATUS_OUT_OF_MEMORY` and `KVS_STATUS_REFCOUNT_OVERFLOW`.
+pub const KVS_ABI_VERSION: u32 = 2;
 
 /// The library version (`"MAJOR.MINOR.PATCH"`, matching `KVS_VERSION` in the header).
 ///

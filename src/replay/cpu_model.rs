@@ -17,6 +17,7 @@ use crate::attention::{
     CopyKind as AttnCopyKind, CopyParams, KvWrite, KvWriteParams, PageCopy as AttnPageCopy,
     PageCopyBatch, SlotMapping, TokenStrides,
 };
+use crate::core::alloc::try_vec;
 use crate::core::{CopyKind, DType, PageCopy};
 
 use super::model::{Forward, Geometry, Model};
@@ -44,12 +45,14 @@ fn bytes_mut<T: Plain>(v: &mut [T]) -> &mut [u8] {
 }
 
 impl Store {
-    fn new(dtype: DType, n: usize) -> Store {
-        match dtype {
-            DType::F32 => Store::F32(vec![0.0; n]),
-            DType::F16 => Store::F16(vec![f16::ZERO; n]),
-            DType::BF16 => Store::BF16(vec![bf16::ZERO; n]),
-        }
+    /// `n` zeroes; an error (not an abort) when the memory cannot be had.
+    fn new(dtype: DType, n: usize) -> Result<Store, String> {
+        let what = "KV cache of the CPU model";
+        Ok(match dtype {
+            DType::F32 => Store::F32(try_vec(n, 0.0, what).map_err(|e| e.to_string())?),
+            DType::F16 => Store::F16(try_vec(n, f16::ZERO, what).map_err(|e| e.to_string())?),
+            DType::BF16 => Store::BF16(try_vec(n, bf16::ZERO, what).map_err(|e| e.to_string())?),
+        })
     }
     fn buf(&self) -> Buf<'_> {
         match self {
@@ -138,9 +141,11 @@ impl CpuModel {
         let host_n = n / device_pages as usize * host_pages as usize;
         let backend = CpuBackend::new(threads).map_err(|e| e.to_string())?;
         let layers = geo.layers as usize;
-        let stores = |n: usize| (0..layers).map(|_| Store::new(geo.dtype, n)).collect();
+        let stores = |n: usize| -> Result<Vec<Store>, String> {
+            (0..layers).map(|_| Store::new(geo.dtype, n)).collect()
+        };
         let (hk, hv) = if host_pages > 0 {
-            (stores(host_n), stores(host_n))
+            (stores(host_n)?, stores(host_n)?)
         } else {
             (Vec::new(), Vec::new())
         };
@@ -150,8 +155,8 @@ impl CpuModel {
             layout,
             host_pages: host_pages as usize,
             seed,
-            k: stores(n),
-            v: stores(n),
+            k: stores(n)?,
+            v: stores(n)?,
             hk,
             hv,
             q: Vec::new(),

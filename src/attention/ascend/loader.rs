@@ -111,7 +111,7 @@ impl FiaFn {
 /// exercises most; V4 (a superset: its extra inputs are passed as NULL/0) next, for a CANN that
 /// no longer ships V3; V2 last, the oldest paged version (CANN < 8.1.RC1; MindIE's aclnn path).
 /// `KVS_ASCEND_FIA_VERSION=2|3|4` forces one version (the validation script tries each).
-pub const FIA_PREFERENCE: [u32; 3] = [3, 4, 2];
+pub(crate) const FIA_PREFERENCE: [u32; 3] = [3, 4, 2];
 
 /// One resolved op: its two halves and the library that provided them.
 #[derive(Debug, Clone, Copy)]

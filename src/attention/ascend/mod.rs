@@ -38,7 +38,7 @@ use super::{
 use crate::core::{Error, Result};
 
 /// Side of the square causal mask CANN's optimized causal modes (sparse 2/3) take.
-pub const MASK_SIDE: usize = 2048;
+pub(crate) const MASK_SIDE: usize = 2048;
 /// `preTokens` / `nextTokens` as the FIA doc suggests (no band limit).
 const NO_BAND: i64 = 2147483647;
 
@@ -535,6 +535,13 @@ impl Backend for AscendBackend {
     }
     fn describe(&self) -> String {
         AscendBackend::describe(self)
+    }
+    fn limits(&self) -> super::Limits {
+        super::Limits {
+            head_dim: plan::MAX_HEAD_DIM,
+            group: plan::MAX_GROUP,
+            ..super::Limits::shared()
+        }
     }
 }
 

@@ -47,19 +47,19 @@ pub enum AttnPlan {
 }
 
 /// Largest `num_heads / num_kv_heads`.
-pub const MAX_GROUP: usize = 64;
+pub(crate) const MAX_GROUP: usize = 64;
 /// Largest head dim.
-pub const MAX_HEAD_DIM: usize = 512;
+pub(crate) const MAX_HEAD_DIM: usize = 512;
 /// Largest `kv_heads * head_dim` of a BnBsH cache.
-pub const MAX_BNBSH_H: usize = 65535;
+pub(crate) const MAX_BNBSH_H: usize = 65535;
 /// Most query heads of a decode launch.
-pub const MAX_DECODE_HEADS: usize = 256;
+pub(crate) const MAX_DECODE_HEADS: usize = 256;
 /// Most sequences of a decode launch.
-pub const MAX_DECODE_BATCH: usize = 65536;
+pub(crate) const MAX_DECODE_BATCH: usize = 65536;
 /// Most entries of a TND `actualSeqLengths`.
-pub const MAX_TND_SEQS: usize = 4096;
+pub(crate) const MAX_TND_SEQS: usize = 4096;
 /// Alignment of every device pointer handed to `aclCreateTensor`.
-pub const DEVICE_ALIGN: usize = 32;
+pub(crate) const DEVICE_ALIGN: usize = 32;
 
 fn unsupported(what: impl Into<String>) -> Error {
     Error::Unsupported(format!("Ascend backend: {}", what.into()))

@@ -32,39 +32,39 @@ pub struct AclOpExecutor {
 }
 
 /// `ACL_SUCCESS`.
-pub const ACL_SUCCESS: AclError = 0;
+pub(crate) const ACL_SUCCESS: AclError = 0;
 /// `ACL_ERROR_REPEAT_INITIALIZE`: a second `aclInit`; treated as success.
-pub const ACL_ERROR_REPEAT_INITIALIZE: AclError = 100002;
+pub(crate) const ACL_ERROR_REPEAT_INITIALIZE: AclError = 100002;
 /// `ACLNN_ERR_PARAM_NULLPTR`.
-pub const ACLNN_ERR_PARAM_NULLPTR: AclError = 161001;
+pub(crate) const ACLNN_ERR_PARAM_NULLPTR: AclError = 161001;
 /// `ACLNN_ERR_PARAM_INVALID`.
-pub const ACLNN_ERR_PARAM_INVALID: AclError = 161002;
+pub(crate) const ACLNN_ERR_PARAM_INVALID: AclError = 161002;
 /// `ACLNN_ERR_RUNTIME_ERROR`.
-pub const ACLNN_ERR_RUNTIME_ERROR: AclError = 361001;
+pub(crate) const ACLNN_ERR_RUNTIME_ERROR: AclError = 361001;
 /// `561003`: kernel not found (operator binary package not installed).
-pub const ACLNN_ERR_INNER_FIND_KERNEL_ERROR: AclError = 561003;
+pub(crate) const ACLNN_ERR_INNER_FIND_KERNEL_ERROR: AclError = 561003;
 
 /// `aclDataType` values used here.
-pub const ACL_FLOAT16: c_int = 1;
+pub(crate) const ACL_FLOAT16: c_int = 1;
 /// `ACL_INT8`.
-pub const ACL_INT8: c_int = 2;
+pub(crate) const ACL_INT8: c_int = 2;
 /// `ACL_INT32`.
-pub const ACL_INT32: c_int = 3;
+pub(crate) const ACL_INT32: c_int = 3;
 /// `ACL_INT64`.
-pub const ACL_INT64: c_int = 9;
+pub(crate) const ACL_INT64: c_int = 9;
 /// `ACL_BF16`.
-pub const ACL_BF16: c_int = 27;
+pub(crate) const ACL_BF16: c_int = 27;
 /// `ACL_FORMAT_ND`.
-pub const ACL_FORMAT_ND: c_int = 2;
+pub(crate) const ACL_FORMAT_ND: c_int = 2;
 
 /// `aclrtMemcpyKind`.
-pub const ACL_MEMCPY_HOST_TO_DEVICE: c_int = 1;
+pub(crate) const ACL_MEMCPY_HOST_TO_DEVICE: c_int = 1;
 /// `ACL_MEMCPY_DEVICE_TO_HOST`.
-pub const ACL_MEMCPY_DEVICE_TO_HOST: c_int = 2;
+pub(crate) const ACL_MEMCPY_DEVICE_TO_HOST: c_int = 2;
 /// `ACL_MEMCPY_DEVICE_TO_DEVICE`.
-pub const ACL_MEMCPY_DEVICE_TO_DEVICE: c_int = 3;
+pub(crate) const ACL_MEMCPY_DEVICE_TO_DEVICE: c_int = 3;
 /// `ACL_MEM_MALLOC_HUGE_FIRST`.
-pub const ACL_MEM_MALLOC_HUGE_FIRST: c_int = 0;
+pub(crate) const ACL_MEM_MALLOC_HUGE_FIRST: c_int = 0;
 
 /// A short name for a status code from the documented list, or `None`.
 pub fn status_name(code: AclError) -> Option<&'static str> {
