@@ -157,6 +157,17 @@ class _Timer:
                         self.blocks.append(round(mgr.usage * total))
             setattr(obj, name, wrapper)
 
+        self.trace = []  # per step: scheduled (request, tokens), preempted, blocks in use
+        self.scheduler = type(sched).__name__
+        schedule = sched.schedule
+
+        def traced():
+            out = schedule()
+            self.trace.append([sorted(out.num_scheduled_tokens.items()),
+                               sorted(getattr(out, "preempted_req_ids", None) or ()),
+                               round(mgr.usage * total)])
+            return out
+        sched.schedule = traced
         timed(sched, "schedule", "sched_s", sample=True)
         timed(sched, "update_from_output", "sched_s")
         ex = core.model_executor
@@ -268,6 +279,7 @@ def run(cfg: dict) -> dict:
     }
     if timer is not None:
         res.update(attention=_attention_backend(llm))
+        res.update(scheduler=timer.scheduler, trace=timer.trace if cfg.get("trace") else None)
         res.update(manager=timer.manager, sched_s=timer.sched_s, model_s=timer.model_s,
                    steps=timer.steps, blocks_peak=max(timer.blocks, default=0),
                    blocks_mean=sum(timer.blocks) / max(len(timer.blocks), 1))

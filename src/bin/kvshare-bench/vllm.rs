@@ -55,7 +55,11 @@ fn run_script(name: &str, lead: &[&str], args: &[String]) -> Result<(), String> 
     // This build's library (cargo builds the cdylib with the benchmark) and header.
     let lib = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("target")
-        .join(if cfg!(debug_assertions) { "debug" } else { "release" })
+        .join(if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        })
         .join("libkvshare.so");
     if std::env::var_os("KVSHARE_LIB").is_none() && lib.is_file() {
         cmd.env("KVSHARE_LIB", &lib);
