@@ -134,7 +134,9 @@ class KvshareBlockManager : public mindie_llm::BlockSpaceManager {
         size_t worst;         // pages with nothing shared (for NEVER)
         size_t free;          // free + evictable device pages when counted
     };
-    SwapInCost CostOfSwapIn(const std::vector<SequenceSPtr> &seqs, size_t lookahead,
+    // `withPending`: also the pages the append that follows a swap-in takes (the sequence's full
+    // length, pending token included, plus max(lookahead, speculativeSlots) slots).
+    SwapInCost CostOfSwapIn(const std::vector<SequenceSPtr> &seqs, size_t lookahead, bool withPending,
                             const char *method) const;
 
     kvs_cache *cache_ = nullptr;

@@ -522,12 +522,12 @@ inline std::map<int, BlockId> Compare(KvshareBlockManager &m, const Model &model
 // Drives the adapter the way MindIE's scheduler does and the model alongside it, comparing them
 // after every call.
 struct Sim {
-    size_t ps, npu, cpu;
+    size_t ps, npu, cpu, spec;
     KvshareBlockManager m;
     Model model;
 
     Sim(size_t ps_, size_t npu_, size_t cpu_, bool caching, size_t spec = 0)
-        : ps(ps_), npu(npu_), cpu(cpu_), m(Config(ps_, npu_, cpu_, caching, spec)), model(ps_, npu_, cpu_, caching, spec) {}
+        : ps(ps_), npu(npu_), cpu(cpu_), spec(spec), m(Config(ps_, npu_, cpu_, caching, spec)), model(ps_, npu_, cpu_, caching, spec) {}
 
     std::map<int, BlockId> Check() { return Compare(m, model, npu, cpu); }
 
@@ -640,13 +640,17 @@ struct Sim {
     }
 
     // Resumes a swapped group; checks the {cpu, npu} physical pairs (pages whose content is
-    // still cached on the NPU are shared and need no copy).
+    // still cached on the NPU are shared and need no copy). CanSwapIn must also leave room for the
+    // AppendSlot MindIE's scheduler makes right after SwapIn: the sequence's full length (its
+    // pending token included) plus the speculative slots.
     bool SwapIn(const SequenceGroupSPtr &g) {
         AllocStatus st = m.CanSwapIn(g, 0);
         size_t need = 0;
         for (const auto &s : g->seqs_) {
             auto n = model.SwapInNeed(s->seqId_);
-            need += n.first + n.second;
+            size_t pages = model.At(s->seqId_).hostPages;
+            size_t slots = (s->GetLen() + spec + ps - 1) / ps;
+            need += n.first + n.second + (slots > pages ? slots - pages : 0);
         }
         CHECK((st == AllocStatus::OK) == (need <= model.FreeNpu()));
         if (st != AllocStatus::OK) {

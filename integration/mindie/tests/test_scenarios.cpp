@@ -248,7 +248,19 @@ static void SwapPreemption() {
     CHECK_THROWS(std::runtime_error, sim.m.SwapOut(gbig), "not enough free CPU blocks");
     sim.Check();
     // Resume a: its system blocks are still on the NPU (shared with b), so only the others copy.
+    // Hit rate as MindIE counts it: one record per full prompt block at Allocate (a: 3 misses; b: 2
+    // hits, 1 miss; big: 5 misses), and one per full block at SwapIn: a hit where the NPU still
+    // caches the content (shared, no copy), a miss where it is copied.
+    CHECK(sim.m.GetPrefixCacheHitRate() > 2.0F / 11 - 1e-6F && sim.m.GetPrefixCacheHitRate() < 2.0F / 11 + 1e-6F);
+    uint64_t copiedBefore = Stats(sim.m).swap_in_pages;
     CHECK(sim.SwapIn(ga));
+    {
+        // a holds 17 tokens: 4 full blocks and a partial one (always copied).
+        uint64_t copiedFull = Stats(sim.m).swap_in_pages - copiedBefore - 1;
+        float want = static_cast<float>(2 + 4 - copiedFull) / 15.0F;
+        CHECK(copiedFull < 4);
+        CHECK(sim.m.GetPrefixCacheHitRate() > want - 1e-6F && sim.m.GetPrefixCacheHitRate() < want + 1e-6F);
+    }
     CHECK(sim.m.GetBlockIds(1)[0][0] == sim.m.GetBlockIds(2)[0][0]);
     sim.Decode(a, 300);
     sim.EndStep();
@@ -278,6 +290,33 @@ static void SwapInWithoutRoom() {
     CHECK(sim.SwapIn(ga));
     sim.Decode(a, 7);
     std::printf("swap in without room: ok\n");
+}
+
+// MindIE's FcfsPolicy::ApplyToSwappedQueue calls CanSwapIn, SwapIn and then AppendSlot for the
+// token the sequence generated before it was preempted, with no CanAppendSlot in between: CanSwapIn
+// must size the swap-in by the sequence's full length (GetLen(), the pending token included).
+static void SwapInCoversPendingToken() {
+    const size_t ps = 4;
+    const size_t npu = 6;
+    Sim sim(ps, npu, 8, false);
+    auto a = MakeSeq(1, Range(1, 8));  // 2 full blocks
+    auto ga = MakeGroup({a});
+    CHECK(sim.Admit(ga));
+    Sim::Prefilled(a);
+    sim.EndStep();
+    CHECK(sim.SwapOut(ga));
+    CHECK(sim.Admit(MakeGroup({MakeSeq(2, Range(100, 16))})));  // 4 blocks: 2 left
+    a->data_.outputTokenIds.push_back(5);                          // the pending token: 9 tokens
+    // Two blocks would hold what kvshare has, but not the append that follows.
+    CHECK(sim.m.CanSwapIn(ga, 0) == AllocStatus::LATER);
+    CHECK(!sim.SwapIn(ga));
+    sim.Free(2);
+    CHECK(sim.m.CanSwapIn(ga, 0) == AllocStatus::OK);
+    CHECK(sim.SwapIn(ga));
+    a->data_.outputTokenIds.pop_back();
+    sim.Decode(a, 5);  // the scheduler's AppendSlot right after SwapIn
+    CHECK_EQ(sim.m.GetBlockIds(1)[0].size(), static_cast<size_t>(3));
+    std::printf("swap in covers the pending token: ok\n");
 }
 
 static void NoCaching() {
@@ -342,6 +381,7 @@ int main() {
     SpeculativeSlots();
     SwapPreemption();
     SwapInWithoutRoom();
+    SwapInCoversPendingToken();
     NoCaching();
     AdmissionLimits();
     Eviction();
