@@ -529,45 +529,111 @@ impl State {
         for &p in s.pages.iter().rev() {
             match s.tier {
                 Tier::Device => self.release_device(p, Holder::Seq),
-                Tier::Host => self.host.release(p, Holder::Seq, false),
+                Tier::Host => self.release_host(p),
             }
         }
         Ok(())
     }
 
-    /// Moves a sequence's pages to host pages (one per device page), pushing one
-    /// device→host copy per page. Shared device pages stay with their other holders; registered
-    /// ones stay cached. All or nothing (`NoSpace` on the host tier).
+    /// For each page of a device sequence, the host page already holding its content (a
+    /// swap-out shares it instead of copying; full hashed pages only, when the host tier has an
+    /// index); the host pages a swap-out takes; and how many of the shared ones are currently
+    /// unreferenced (evictable).
+    fn swap_out_plan(&self, s: &Seq) -> (Vec<Option<u32>>, usize, usize) {
+        let ps = self.ps;
+        let mut hits: Vec<Option<u32>> = vec![None; s.pages.len()];
+        if self.host_index_on() {
+            for (j, h) in s.hashes.iter().enumerate() {
+                let e = s.extra.as_ref().map_or(0, |x| x.page_digest(j, ps));
+                hits[j] = self
+                    .host_index
+                    .lookup(*h, e, &s.tokens[j * ps..(j + 1) * ps]);
+            }
+        }
+        let shared = hits.iter().flatten().count();
+        let cached = hits
+            .iter()
+            .flatten()
+            .filter(|&&p| self.host.refcount(p) == 0)
+            .count();
+        (hits, s.pages.len() - shared, cached)
+    }
+
+    /// Host pages [`swap_out`](Self::swap_out) would take now, and the host pages it can have
+    /// (free plus evictable, not counting the cached ones it would share). Read-only.
+    pub fn swap_out_need(&self, id: u64) -> Result<(usize, usize)> {
+        let s = self.device_seq(id)?;
+        let (_, need, cached_hits) = self.swap_out_plan(s);
+        Ok((need, self.host.available() - cached_hits))
+    }
+
+    /// Moves a sequence's pages to the host tier. A full page whose content the host tier holds
+    /// already (registered in its index by an earlier swap-out or a demotion) is shared: no copy,
+    /// no new page. Every other page gets a new host page and one device→host copy, and its
+    /// content is registered in the host index (when prefix caching is on) for later swap-outs to
+    /// share. Shared device pages stay with their other holders; registered ones stay cached. All
+    /// or nothing (`NoSpace` on the host tier).
     pub fn swap_out(
         &mut self,
         id: u64,
         copies: &mut Vec<PageCopy>,
         max_copies: usize,
     ) -> Result<()> {
-        let n = self.device_seq(id)?.pages.len();
-        check_room(n, max_copies)?;
-        self.ensure_available(Tier::Host, n, 0)?;
+        let s = self.device_seq(id)?;
+        let (hits, need, cached_hits) = self.swap_out_plan(s);
+        let n = s.pages.len();
+        check_room(need, max_copies)?;
+        self.ensure_available(Tier::Host, need, cached_hits)?;
         let mut s = self.seqs.remove(&id).expect("checked");
+        for &h in hits.iter().flatten() {
+            self.host.acquire(h, Holder::Seq);
+        }
         let len = s.tokens.len();
+        let ps = self.ps;
         let mut host_pages = Vec::with_capacity(n);
         for (j, &p) in s.pages.iter().enumerate() {
+            if let Some(h) = hits[j] {
+                host_pages.push(h);
+                continue;
+            }
             let h = self.take_host(Holder::Seq);
             copies.push(PageCopy {
                 src: p,
                 dst: h,
-                num_tokens: tokens_in_page(len, j, self.ps),
+                num_tokens: tokens_in_page(len, j, ps),
                 kind: CopyKind::DeviceToHost,
             });
             host_pages.push(h);
+        }
+        if self.host_index_on() {
+            for (j, &h) in s.hashes.iter().enumerate() {
+                if hits[j].is_none() {
+                    let e = s.extra.as_ref().map_or(0, |x| x.page_digest(j, ps));
+                    let entry = Entry {
+                        hash: h,
+                        parent: if j == 0 { self.root } else { s.hashes[j - 1] },
+                        extra: e,
+                        lora: s.extra.as_ref().map_or(0, |x| x.lora_id),
+                        tokens: &s.tokens[j * ps..(j + 1) * ps],
+                    };
+                    self.index_insert(Tier::Host, host_pages[j], entry);
+                }
+            }
         }
         for &p in s.pages.iter().rev() {
             self.release_device(p, Holder::Seq);
         }
         s.pages = host_pages;
         s.tier = Tier::Host;
-        self.counters.swap_out_pages += n as u64;
+        self.counters.swap_out_pages += need as u64;
         self.seqs.insert(id, s);
         Ok(())
+    }
+
+    /// Drops one sequence reference on a host page (registered content stays cached there).
+    fn release_host(&mut self, page: u32) {
+        let registered = self.is_registered_in(Tier::Host, page);
+        self.host.release(page, Holder::Seq, registered);
     }
 
     /// For each page of a swapped-out sequence, the device page already caching its content (a
@@ -653,7 +719,7 @@ impl State {
             }
         }
         for &h in s.pages.iter().rev() {
-            self.host.release(h, Holder::Seq, false);
+            self.release_host(h);
         }
         if self.cfg.enable_prefix_caching {
             for (j, &h) in s.hashes.iter().enumerate() {

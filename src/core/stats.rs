@@ -57,7 +57,7 @@ pub struct Stats {
     pub host_pages_total: u64,
     /// Host pages on the free list.
     pub host_pages_free: u64,
-    /// Unreferenced host pages holding demoted cached content (evictable).
+    /// Unreferenced host pages holding demoted or swapped-out content still indexed (evictable).
     pub host_pages_cached: u64,
     /// Host pages with refcount > 0.
     pub host_pages_in_use: u64,

@@ -214,9 +214,11 @@ size_t KvshareBlockManager::FreeDevicePages() const {
 }
 
 size_t KvshareBlockManager::FreeHostPages() const {
-    kvs_stats s{};
-    Check(kvs_cache_stats(cache_, &s), "kvs_cache_stats");
-    return static_cast<size_t>(s.host_pages_free);
+    // Host pages holding swapped-out content stay cached (indexed) once released: like MindIE's
+    // CPU allocator, they count as free.
+    size_t pages = 0;
+    Check(kvs_cache_available(cache_, KVS_TIER_HOST, &pages), "kvs_cache_available");
+    return pages;
 }
 
 // ---- admission ----
@@ -336,34 +338,44 @@ void KvshareBlockManager::Fork(SequenceSPtr &parentSeq, SequenceSPtr &childSeq) 
 
 // ---- swap ----
 
+size_t KvshareBlockManager::CostOfSwapOut(const std::vector<SequenceSPtr> &seqs, const char *method,
+                                          bool *onHost) const {
+    size_t free = FreeHostPages();
+    size_t need = 0;
+    for (const auto &seq : seqs) {
+        RequireSeq(seq, method);
+        SeqShape s = ShapeOrThrow(seq->seqId_, method);
+        if (s.onHost) {
+            *onHost = true;
+            return 0;
+        }
+        // New host pages (full blocks whose content the CPU holds already are shared), plus the
+        // cached host pages it shares, which leave the evictable count.
+        size_t pages = 0;
+        size_t available = 0;
+        Check(kvs_seq_swap_out_need(cache_, KvsId(seq->seqId_), &pages, &available), method);
+        need += pages + (free - available);
+    }
+    *onHost = false;
+    return need;
+}
+
 bool KvshareBlockManager::CanSwapOut(const SequenceGroupSPtr &seqGroup) {
     RequireGroup(seqGroup, "CanSwapOut");
-    size_t need = 0;
-    for (const auto &seq : seqGroup->GetFirstSequence(SequenceStatus::RUNNING)) {
-        RequireSeq(seq, "CanSwapOut");
-        SeqShape s = ShapeOrThrow(seq->seqId_, "CanSwapOut");
-        if (s.onHost) {
-            return false;
-        }
-        need += static_cast<size_t>(s.numPages);  // one host page per block, lookahead pages included
-    }
-    return need <= FreeHostPages();
+    bool onHost = false;
+    size_t need = CostOfSwapOut(seqGroup->GetFirstSequence(SequenceStatus::RUNNING), "CanSwapOut", &onHost);
+    return !onHost && need <= FreeHostPages();
 }
 
 std::vector<std::pair<PhysicalBlockId, PhysicalBlockId>> KvshareBlockManager::SwapOut(
     const SequenceGroupSPtr &seqGroup) {
     RequireGroup(seqGroup, "SwapOut");
     std::vector<SequenceSPtr> seqs = seqGroup->GetFirstSequence(SequenceStatus::RUNNING);
-    size_t need = 0;
-    for (const auto &seq : seqs) {
-        RequireSeq(seq, "SwapOut");
-        SeqShape s = ShapeOrThrow(seq->seqId_, "SwapOut");
-        if (s.onHost) {
-            // MindIE's allocator refuses blocks of the wrong device with std::invalid_argument.
-            throw std::invalid_argument(Prefix("SwapOut") + "sequence " + std::to_string(seq->seqId_) +
-                                        " is already swapped out");
-        }
-        need += static_cast<size_t>(s.numPages);
+    bool onHost = false;
+    size_t need = CostOfSwapOut(seqs, "SwapOut", &onHost);
+    if (onHost) {
+        // MindIE's allocator refuses blocks of the wrong device with std::invalid_argument.
+        throw std::invalid_argument(Prefix("SwapOut") + "a sequence of the group is already swapped out");
     }
     // Refuse the whole group before moving anything.
     size_t free = FreeHostPages();
@@ -377,6 +389,7 @@ std::vector<std::pair<PhysicalBlockId, PhysicalBlockId>> KvshareBlockManager::Sw
         std::vector<kvs_copy> copies(static_cast<size_t>(s.numPages));
         size_t n = 0;
         Check(kvs_seq_swap_out(cache_, KvsId(seq->seqId_), copies.data(), copies.size(), &n), "SwapOut");
+        // Blocks whose content the CPU held already are shared: no pair, nothing to copy.
         for (size_t i = 0; i < n; ++i) {
             if (copies[i].kind == KVS_COPY_DEVICE_TO_HOST_VALUE) {
                 out.emplace_back(static_cast<PhysicalBlockId>(copies[i].src_page),

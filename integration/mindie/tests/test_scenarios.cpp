@@ -292,6 +292,48 @@ static void SwapInWithoutRoom() {
     std::printf("swap in without room: ok\n");
 }
 
+// A swap-out of content the CPU already holds (another sequence swapped it out) shares that CPU
+// block, as MindIE's CPU allocator does: no pair, no new block. CanSwapOut counts only the blocks
+// it takes, and released CPU blocks that still hold indexed content count as free.
+static void SwapOutSharesCpuCopies() {
+    const size_t ps = 4;
+    const size_t npu = 16;
+    const size_t cpu = 4;
+    Sim sim(ps, npu, cpu, true);
+    std::vector<TokenId> system = Range(1000, 8);
+    auto a = MakeSeq(1, Concat(system, Range(1, 3)));  // 2 full blocks + 3 tokens
+    auto b = MakeSeq(2, Concat(system, Range(9, 2)));
+    auto ga = MakeGroup({a});
+    auto gb = MakeGroup({b});
+    CHECK(sim.Admit(ga));
+    sim.EndStep();
+    CHECK(sim.Admit(gb));  // shares the 2 system blocks on the NPU
+    sim.EndStep();
+    Sim::Prefilled(a);
+    Sim::Prefilled(b);
+    CHECK(sim.SwapOut(ga));  // 3 copies: 1 CPU block left
+    CHECK_EQ(sim.m.GetNumFreeCpuBlocks(), cpu - 3);
+    // b's system blocks are on the CPU already: only its last block needs the one left.
+    CHECK(sim.m.CanSwapOut(gb));
+    CHECK(sim.SwapOut(gb));
+    CHECK_EQ(sim.m.GetNumFreeCpuBlocks(), static_cast<size_t>(0));
+    BlockIds ca = sim.m.GetBlockIds(1)[0];
+    BlockIds cb = sim.m.GetBlockIds(2)[0];
+    CHECK(ca[0] == cb[0] && ca[1] == cb[1] && ca[2] != cb[2]);
+    CHECK_EQ(Stats(sim.m).swap_out_pages, static_cast<uint64_t>(4));
+    CHECK(sim.SwapIn(ga));
+    CHECK(sim.SwapIn(gb));
+    // The CPU blocks holding the system prompt stay cached there, and count as free.
+    CHECK_EQ(sim.m.GetNumFreeCpuBlocks(), cpu);
+    CHECK_EQ(Stats(sim.m).host_pages_cached, static_cast<uint64_t>(2));
+    CHECK(sim.SwapOut(gb));  // shares them again: one copy
+    CHECK_EQ(Stats(sim.m).swap_out_pages, static_cast<uint64_t>(5));
+    sim.Free(2);
+    sim.Free(1);
+    CHECK_EQ(sim.m.GetNumFreeCpuBlocks(), cpu);
+    std::printf("swap out shares CPU copies: ok\n");
+}
+
 // MindIE's FcfsPolicy::ApplyToSwappedQueue calls CanSwapIn, SwapIn and then AppendSlot for the
 // token the sequence generated before it was preempted, with no CanAppendSlot in between: CanSwapIn
 // must size the swap-in by the sequence's full length (GetLen(), the pending token included).
@@ -382,6 +424,7 @@ int main() {
     SwapPreemption();
     SwapInWithoutRoom();
     SwapInCoversPendingToken();
+    SwapOutSharesCpuCopies();
     NoCaching();
     AdmissionLimits();
     Eviction();
