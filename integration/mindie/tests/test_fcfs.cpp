@@ -375,7 +375,7 @@ struct Fcfs {
 int main(int argc, char **argv) {
     std::setvbuf(stdout, nullptr, _IONBF, 0);
     uint64_t seed0 = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 1;
-    size_t steps = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 600;
+    size_t steps = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 1000;
     Counts total;
     for (uint64_t seed = seed0; seed < seed0 + 6; ++seed) {
         size_t npu = 24 + 8 * (seed % 3);
