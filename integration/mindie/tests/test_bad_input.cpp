@@ -41,6 +41,9 @@ static void UnknownIdsAndLifecycle() {
     CHECK(!sim.m.Allocate(ga));
     a->status_ = SequenceStatus::RUNNING;
     sim.Check();
+    // AppendSlot with no new token (a repeated call): nothing appended, no pair, nothing changed.
+    CHECK(sim.m.AppendSlot(a).empty());
+    sim.Check();
     // A group whose first sequence is waiting but whose id is live is refused too.
     auto dup = MakeSeq(1, Range(1, 9));
     CHECK(!sim.m.Allocate(MakeGroup({dup})));
