@@ -584,6 +584,7 @@ impl State {
         let n = s.pages.len();
         check_room(need, max_copies)?;
         self.ensure_available(Tier::Host, need, cached_hits)?;
+        self.host.check_acquire(hits.iter().flatten().copied())?;
         let mut s = self.seqs.remove(&id).expect("checked");
         for &h in hits.iter().flatten() {
             self.host.acquire(h, Holder::Seq);
