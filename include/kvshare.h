@@ -854,7 +854,8 @@ typedef struct kvs_stats {
    */
   uint64_t cow_copies;
   /*
-   Pages swapped out.
+   Pages copied out by swap out (pages shared with content already on the host are not
+   counted).
    */
   uint64_t swap_out_pages;
   /*

@@ -13,7 +13,8 @@ pub struct Counters {
     pub evictions: u64,
     /// Copy-on-write copies reported.
     pub cow_copies: u64,
-    /// Pages moved device → host by swap out.
+    /// Pages copied device → host by swap out (pages shared with content already on the host
+    /// are not counted).
     pub swap_out_pages: u64,
     /// Pages moved host → device by swap in (copies; prefix hits are not counted).
     pub swap_in_pages: u64,

@@ -241,7 +241,8 @@ pub struct kvs_stats {
     pub evictions: u64,
     /// Copy-on-write copies reported.
     pub cow_copies: u64,
-    /// Pages swapped out.
+    /// Pages copied out by swap out (pages shared with content already on the host are not
+    /// counted).
     pub swap_out_pages: u64,
     /// Pages copied in by swap in.
     pub swap_in_pages: u64,

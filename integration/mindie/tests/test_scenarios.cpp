@@ -74,6 +74,12 @@ static void SharedSystemPrompt() {
     sim.model.ClearIndex();
     sim.Check();
     CHECK_EQ(Stats(sim.m).device_pages_cached, static_cast<uint64_t>(0));
+    // The same prompt again: fresh blocks, no hit (MindIE's manager throws here and leaks a block:
+    // its reset keeps the hash map while rebuilding the free list).
+    auto e2 = MakeSeq(7, Range(1, 9));
+    CHECK(sim.Admit(MakeGroup({e2})));
+    CHECK_EQ(sim.m.GetNumCachedTokens(e2), static_cast<size_t>(0));
+    sim.Free(7);
     auto f = MakeSeq(6, Concat(system, Range(1, 5)));
     CHECK_EQ(sim.m.GetSeqNumCachedTokens(f), static_cast<size_t>(0));
     std::printf("shared system prompt: ok\n");
