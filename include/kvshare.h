@@ -379,7 +379,8 @@ typedef struct kvs_backend kvs_backend;
  prefix index: `kvs_prefix_register`, `kvs_prefix_match`, `kvs_prefix_clear`; sequences:
  `kvs_seq_begin`, `kvs_seq_append`, `kvs_seq_append_pages`, `kvs_seq_append_batch`,
  `kvs_seq_fork`, `kvs_seq_free`, `kvs_seq_swap_out`, `kvs_seq_swap_in`, `kvs_seq_get_info`,
- `kvs_seq_pages`, `kvs_seq_set_priority`, `kvs_seq_append_need`, `kvs_seq_swap_in_need`;
+ `kvs_seq_pages`, `kvs_seq_set_priority`, `kvs_seq_append_need`, `kvs_seq_swap_in_need`,
+ `kvs_seq_swap_out_need`;
  queues: `kvs_cache_take_copies`, `kvs_cache_take_events`; retention: `kvs_prefix_pin`,
  `kvs_prefix_unpin`, `kvs_prefix_prefetch`.
  */
@@ -789,7 +790,7 @@ typedef struct kvs_stats {
    */
   uint64_t host_pages_free;
   /*
-   Unreferenced host pages holding demoted cached content (evictable).
+   Unreferenced host pages holding demoted or swapped-out content still indexed (evictable).
    */
   uint64_t host_pages_cached;
   /*
@@ -853,7 +854,8 @@ typedef struct kvs_stats {
    */
   uint64_t cow_copies;
   /*
-   Pages swapped out.
+   Pages copied out by swap out (pages shared with content already on the host are not
+   counted).
    */
   uint64_t swap_out_pages;
   /*
@@ -1575,11 +1577,13 @@ kvs_status kvs_seq_free(struct kvs_cache *cache, uint64_t seq_id);
 /*
  Swaps a sequence out to host pages: one device→host copy per page of its block table, in
  block-table order (`num_tokens` is the tokens held by that page), written to `copies_out`.
- Execute the copies before the device pages are reused (i.e. before the next step's KV
- writes).
+ With prefix caching, a full page whose content the host tier already holds (an earlier
+ swap-out's, or a demotion's) is shared instead: no copy, no new host page
+ (`kvs_seq_swap_out_need` counts what it takes). Execute the copies before the device pages
+ are reused (i.e. before the next step's KV writes).
 
  **Failure:** `KVS_STATUS_NO_SPACE` on the host tier, unknown or already swapped-out
- sequence, `copies_len` below the page count: nothing changes.
+ sequence, `copies_len` below the number of copies: nothing changes.
  **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
  */
 kvs_status kvs_seq_swap_out(struct kvs_cache *cache,
@@ -1635,6 +1639,22 @@ kvs_status kvs_seq_swap_in_need(const struct kvs_cache *cache,
                                 uint64_t seq_id,
                                 size_t *pages_needed_out,
                                 size_t *pages_available_out);
+
+/*
+ Capacity check without the swap-out: writes the host pages `kvs_seq_swap_out(seq_id)`
+ would take now (its pages minus the full pages whose content the host tier already holds,
+ which it shares) to `*pages_needed_out`, and the host pages it can have (free plus
+ evictable, not counting the ones it would share) to `*pages_available_out` (optional).
+ MindIE's `CanSwapOut`.
+
+ **Failure:** unknown or swapped-out sequence; outputs untouched.
+ **Thread safety:** safe concurrently with any call but `kvs_cache_free`; the answer holds
+ until the cache changes.
+ */
+kvs_status kvs_seq_swap_out_need(const struct kvs_cache *cache,
+                                 uint64_t seq_id,
+                                 size_t *pages_needed_out,
+                                 size_t *pages_available_out);
 
 /*
  Sets a sequence's retention priority, 0 ..= 3 (default 0; higher is kept longer): once its

@@ -640,3 +640,130 @@ fn long_walks_continue_through_host_hits() {
     assert_eq!((b.matched_tokens, b.promoted_pages), (80, 8));
     s.check().unwrap();
 }
+
+fn swap_state(caching: bool, demote: bool, host: u32) -> State {
+    State::new(Config {
+        page_size: 4,
+        num_device_pages: 16,
+        num_host_pages: host,
+        enable_prefix_caching: caching,
+        demote_to_host: demote,
+        ..Config::default()
+    })
+    .unwrap()
+}
+
+/// A swap-out of content the host tier already holds (swapped out by another sequence) shares
+/// that host page: no copy, no new page, with or without demotion. `swap_out_need` says what it
+/// takes, and the pages stay cached on the host after the swap-in for later swap-outs.
+#[test]
+fn swap_out_shares_content_already_on_the_host() {
+    for demote in [false, true] {
+        let mut s = swap_state(true, demote, 8);
+        let sys = toks(0..8); // two full pages
+        let a: Vec<i32> = sys.iter().copied().chain(100..103).collect();
+        let b: Vec<i32> = sys.iter().copied().chain(200..206).collect();
+        s.begin(1, &a, None, usize::MAX).unwrap();
+        s.begin(2, &b, None, usize::MAX).unwrap(); // shares the two system pages on the device
+        let mut copies = Vec::new();
+        assert_eq!(s.swap_out_need(1).unwrap(), (3, 8));
+        s.swap_out(1, &mut copies, usize::MAX).unwrap();
+        assert_eq!(copies.len(), 3);
+        let host_a = s.seq_pages(1).unwrap().to_vec();
+        // b's system pages are on the host already (a's copies): only its own 2 pages move.
+        assert_eq!(s.swap_out_need(2).unwrap(), (2, 5));
+        copies.clear();
+        s.swap_out(2, &mut copies, 2).unwrap();
+        assert_eq!(copies.len(), 2, "demote={demote}");
+        let host_b = s.seq_pages(2).unwrap().to_vec();
+        assert_eq!(host_b[..2], host_a[..2]);
+        assert_eq!(
+            copies.iter().map(|c| c.num_tokens).collect::<Vec<_>>(),
+            vec![4, 2]
+        );
+        let st = s.stats();
+        assert_eq!(st.host_pages_in_use, 5);
+        assert_eq!(st.counters.swap_out_pages, 5, "pages copied");
+        s.check().unwrap();
+        // Swap-ins release the host pages; the registered ones stay cached (evictable), so a
+        // later swap-out of the same content shares them again.
+        copies.clear();
+        s.swap_in(1, &mut copies, usize::MAX).unwrap();
+        s.swap_in(2, &mut copies, usize::MAX).unwrap();
+        let st = s.stats();
+        assert_eq!(st.host_pages_in_use, 0);
+        assert_eq!(
+            st.host_pages_cached, 3,
+            "the two system pages and b's full page"
+        );
+        assert_eq!(s.available(Tier::Host), 8);
+        s.check().unwrap();
+        // Sharing a cached host page takes it off the evictable count: available excludes it.
+        assert_eq!(s.swap_out_need(1).unwrap(), (1, 6));
+        copies.clear();
+        s.swap_out(1, &mut copies, usize::MAX).unwrap();
+        assert_eq!(copies.len(), 1);
+        assert_eq!(s.available(Tier::Host), 5, "its three pages are in use");
+        // Freeing a swapped-out sequence keeps its registered host pages cached.
+        s.free(1).unwrap();
+        assert_eq!(s.stats().host_pages_cached, 3);
+        s.check().unwrap();
+    }
+}
+
+/// The room check counts only the pages a swap-out takes, and reserves the cached host pages
+/// it shares: exactly when `need > available` it fails with NoSpace, changing nothing.
+#[test]
+fn swap_out_need_is_exactly_the_room_check() {
+    let mut s = swap_state(true, false, 3);
+    let p: Vec<i32> = toks(0..8).into_iter().chain(50..52).collect(); // 2 full + 1 partial
+    s.begin(1, &p, None, usize::MAX).unwrap();
+    s.begin(2, &p, None, usize::MAX).unwrap();
+    let mut copies = Vec::new();
+    s.swap_out(1, &mut copies, usize::MAX).unwrap(); // all 3 host pages
+    assert_eq!(s.available(Tier::Host), 0);
+    // Seq 2 shares the two full pages but needs one page for its partial one: no room.
+    assert_eq!(s.swap_out_need(2).unwrap(), (1, 0));
+    let before = s.stats();
+    assert!(matches!(
+        s.swap_out(2, &mut copies, usize::MAX),
+        Err(Error::NoSpace {
+            tier: Tier::Host,
+            ..
+        })
+    ));
+    assert_eq!(s.stats(), before);
+    s.check().unwrap();
+    // Seq 1 back in: its 2 full pages are cached on the host, its partial page free.
+    s.swap_in(1, &mut copies, usize::MAX).unwrap();
+    assert_eq!(s.swap_out_need(2).unwrap(), (1, 1));
+    copies.clear();
+    s.swap_out(2, &mut copies, usize::MAX).unwrap();
+    assert_eq!(copies.len(), 1);
+    assert_eq!(s.available(Tier::Host), 0);
+    assert!(matches!(
+        s.swap_out_need(2),
+        Err(Error::SeqWrongTier { .. })
+    ));
+    assert!(matches!(s.swap_out_need(9), Err(Error::SeqNotFound(9))));
+    s.check().unwrap();
+}
+
+/// Without prefix caching nothing is hashed, so every swap-out copies every page and the host
+/// pages come back free.
+#[test]
+fn swap_out_without_caching_copies_every_page() {
+    let mut s = swap_state(false, false, 8);
+    s.begin(1, &toks(0..10), None, usize::MAX).unwrap();
+    s.begin(2, &toks(0..10), None, usize::MAX).unwrap();
+    let mut copies = Vec::new();
+    s.swap_out(1, &mut copies, usize::MAX).unwrap();
+    assert_eq!(s.swap_out_need(2).unwrap(), (3, 5));
+    s.swap_out(2, &mut copies, usize::MAX).unwrap();
+    assert_eq!(copies.len(), 6);
+    s.swap_in(1, &mut copies, usize::MAX).unwrap();
+    s.free(2).unwrap();
+    let st = s.stats();
+    assert_eq!((st.host_pages_free, st.host_pages_cached), (8, 0));
+    s.check().unwrap();
+}

@@ -10,7 +10,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-const TESTS: &[&str] = &["test_scenarios", "test_bad_input", "test_random"];
+const TESTS: &[&str] = &[
+    "test_scenarios",
+    "test_bad_input",
+    "test_random",
+    "test_fcfs",
+];
 
 const WARNINGS: &[&str] = &[
     "-std=c++17",

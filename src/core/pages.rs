@@ -331,4 +331,32 @@ mod tests {
         assert!(s.seq_info(2).is_err());
         s.check().unwrap();
     }
+
+    /// A swap-out sharing a host page (content already on the host) adds a holder to it:
+    /// refused at the limit, changing nothing.
+    #[test]
+    fn swap_out_sharing_never_wraps_a_host_refcount() {
+        let mut s = State::new(Config {
+            page_size: 4,
+            num_device_pages: 8,
+            num_host_pages: 8,
+            ..Config::default()
+        })
+        .unwrap();
+        s.begin(1, &[1, 2, 3, 4, 5], None, usize::MAX).unwrap();
+        s.begin(2, &[1, 2, 3, 4, 6], None, usize::MAX).unwrap();
+        let mut copies = Vec::new();
+        s.swap_out(1, &mut copies, usize::MAX).unwrap();
+        let h = s.seq_pages(1).unwrap()[0];
+        s.host.force_external_refs(h, u32::MAX);
+        s.check().unwrap();
+        let before = s.stats();
+        assert!(matches!(
+            s.swap_out(2, &mut copies, usize::MAX),
+            Err(Error::RefcountOverflow { adding: 1, .. })
+        ));
+        assert_eq!(s.stats(), before);
+        assert_eq!(s.seq_info(2).unwrap().tier, Tier::Device);
+        s.check().unwrap();
+    }
 }

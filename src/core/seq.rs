@@ -1,6 +1,8 @@
 //! Sequences: block tables, append with copy-on-write, fork, free, swap between tiers, and the
 //! batch block-table / slot-mapping builders.
 
+mod swap;
+
 use super::alloc::try_copy;
 use super::config::Tier;
 use super::error::{Error, Result};
@@ -529,74 +531,10 @@ impl State {
         for &p in s.pages.iter().rev() {
             match s.tier {
                 Tier::Device => self.release_device(p, Holder::Seq),
-                Tier::Host => self.host.release(p, Holder::Seq, false),
+                Tier::Host => self.release_host(p),
             }
         }
         Ok(())
-    }
-
-    /// Moves a sequence's pages to host pages (one per device page), pushing one
-    /// device→host copy per page. Shared device pages stay with their other holders; registered
-    /// ones stay cached. All or nothing (`NoSpace` on the host tier).
-    pub fn swap_out(
-        &mut self,
-        id: u64,
-        copies: &mut Vec<PageCopy>,
-        max_copies: usize,
-    ) -> Result<()> {
-        let n = self.device_seq(id)?.pages.len();
-        check_room(n, max_copies)?;
-        self.ensure_available(Tier::Host, n, 0)?;
-        let mut s = self.seqs.remove(&id).expect("checked");
-        let len = s.tokens.len();
-        let mut host_pages = Vec::with_capacity(n);
-        for (j, &p) in s.pages.iter().enumerate() {
-            let h = self.take_host(Holder::Seq);
-            copies.push(PageCopy {
-                src: p,
-                dst: h,
-                num_tokens: tokens_in_page(len, j, self.ps),
-                kind: CopyKind::DeviceToHost,
-            });
-            host_pages.push(h);
-        }
-        for &p in s.pages.iter().rev() {
-            self.release_device(p, Holder::Seq);
-        }
-        s.pages = host_pages;
-        s.tier = Tier::Host;
-        self.counters.swap_out_pages += n as u64;
-        self.seqs.insert(id, s);
-        Ok(())
-    }
-
-    /// For each page of a swapped-out sequence, the device page already caching its content (a
-    /// swap-in shares it instead of copying); the device pages a swap-in takes; and how many of
-    /// the shared ones are currently unreferenced (evictable).
-    fn swap_in_plan(&self, s: &Seq) -> (Vec<Option<u32>>, usize, usize) {
-        let ps = self.ps;
-        let mut hits: Vec<Option<u32>> = vec![None; s.pages.len()];
-        if self.cfg.enable_prefix_caching {
-            for (j, h) in s.hashes.iter().enumerate() {
-                let e = s.extra.as_ref().map_or(0, |x| x.page_digest(j, ps));
-                hits[j] = self.index.lookup(*h, e, &s.tokens[j * ps..(j + 1) * ps]);
-            }
-        }
-        let shared = hits.iter().flatten().count();
-        let cached = hits
-            .iter()
-            .flatten()
-            .filter(|&&p| self.dev.refcount(p) == 0)
-            .count();
-        (hits, s.pages.len() - shared, cached)
-    }
-
-    /// Device pages [`swap_in`](Self::swap_in) would take now, and the pages it can have (free
-    /// plus evictable, not counting the cached pages it would share). Read-only.
-    pub fn swap_in_need(&self, id: u64) -> Result<(usize, usize)> {
-        let s = self.seq_on(id, Tier::Host)?;
-        let (_, need, cached_hits) = self.swap_in_plan(s);
-        Ok((need, self.dev.available() - cached_hits))
     }
 
     /// Device pages and copy-on-write copies [`append`](Self::append) of `num_tokens` tokens with
@@ -610,72 +548,6 @@ impl State {
         let s = self.device_seq(id)?;
         let (cap, cow) = self.append_need(s, num_tokens, lookahead)?;
         Ok((cap + cow, self.append_copies(s, num_tokens)))
-    }
-
-    /// Brings a swapped-out sequence back to device pages. Full pages whose content is cached on
-    /// the device are shared instead of copied; the others get new pages and a host→device copy
-    /// each. All or nothing (`NoSpace` on the device tier).
-    pub fn swap_in(
-        &mut self,
-        id: u64,
-        copies: &mut Vec<PageCopy>,
-        max_copies: usize,
-    ) -> Result<()> {
-        let s = self.seq_on(id, Tier::Host)?;
-        let (hits, need, cached_hits) = self.swap_in_plan(s);
-        let ps = self.ps;
-        let hit_pages: Vec<u32> = hits.iter().flatten().copied().collect();
-        check_room(need, max_copies)?;
-        self.ensure_available(Tier::Device, need, cached_hits)?;
-        self.dev.check_acquire(hit_pages.iter().copied())?;
-
-        let mut s = self.seqs.remove(&id).expect("checked");
-        for &p in &hit_pages {
-            self.dev.acquire(p, Holder::Seq);
-        }
-        let len = s.tokens.len();
-        let mut dev_pages = Vec::with_capacity(s.pages.len());
-        let mut copied = 0u64;
-        for (j, &h) in s.pages.iter().enumerate() {
-            match hits[j] {
-                Some(p) => dev_pages.push(p),
-                None => {
-                    let d = self.take_device(Holder::Seq);
-                    copies.push(PageCopy {
-                        src: h,
-                        dst: d,
-                        num_tokens: tokens_in_page(len, j, ps),
-                        kind: CopyKind::HostToDevice,
-                    });
-                    copied += 1;
-                    dev_pages.push(d);
-                }
-            }
-        }
-        for &h in s.pages.iter().rev() {
-            self.host.release(h, Holder::Seq, false);
-        }
-        if self.cfg.enable_prefix_caching {
-            for (j, &h) in s.hashes.iter().enumerate() {
-                if hits[j].is_none() {
-                    let e = s.extra.as_ref().map_or(0, |x| x.page_digest(j, ps));
-                    let entry = Entry {
-                        hash: h,
-                        parent: if j == 0 { self.root } else { s.hashes[j - 1] },
-                        extra: e,
-                        lora: s.extra.as_ref().map_or(0, |x| x.lora_id),
-                        tokens: &s.tokens[j * ps..(j + 1) * ps],
-                    };
-                    self.index_insert(Tier::Device, dev_pages[j], entry);
-                }
-            }
-        }
-        s.pages = dev_pages;
-        s.tier = Tier::Device;
-        self.counters.swap_in_pages += copied;
-        self.seqs.insert(id, s);
-        self.register_full_pages(id);
-        Ok(())
     }
 
     /// Sets the retention priority of a sequence (0 ..= 3, higher is kept longer): its pages,

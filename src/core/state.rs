@@ -96,7 +96,7 @@ impl State {
     pub fn new(cfg: Config) -> Result<Self> {
         cfg.validate()?;
         let caching = cfg.enable_prefix_caching;
-        let host_cache = caching && cfg.demote_to_host && cfg.num_host_pages > 0;
+        let host_index_on = caching && cfg.num_host_pages > 0;
         Ok(State {
             ps: cfg.page_size as usize,
             dev: PagePool::new(Tier::Device, cfg.num_device_pages, cfg.reserve_null_page)?,
@@ -107,7 +107,7 @@ impl State {
                 "num_device_pages",
             )?,
             host_index: PrefixIndex::new(
-                if host_cache { cfg.num_host_pages } else { 0 },
+                if host_index_on { cfg.num_host_pages } else { 0 },
                 cfg.page_size,
                 "num_host_pages",
             )?,
@@ -130,8 +130,15 @@ impl State {
         &self.cfg
     }
 
+    /// Evicted device pages are demoted to the host tier, and prefix walks look there too.
     pub(super) fn host_cache(&self) -> bool {
-        self.cfg.enable_prefix_caching && self.cfg.demote_to_host && self.cfg.num_host_pages > 0
+        self.host_index_on() && self.cfg.demote_to_host
+    }
+
+    /// The host tier has a prefix index: swap-outs register their full pages there and share
+    /// content already present (with or without demotion).
+    pub(super) fn host_index_on(&self) -> bool {
+        self.cfg.enable_prefix_caching && self.cfg.num_host_pages > 0
     }
 
     pub(super) fn pool(&self, tier: Tier) -> &PagePool {
@@ -148,7 +155,7 @@ impl State {
     pub(super) fn is_registered_in(&self, tier: Tier, page: u32) -> bool {
         match tier {
             Tier::Device => self.is_registered(page),
-            Tier::Host => self.host_cache() && self.host_index.is_registered(page),
+            Tier::Host => self.host_index_on() && self.host_index.is_registered(page),
         }
     }
 

@@ -13,7 +13,8 @@ pub struct Counters {
     pub evictions: u64,
     /// Copy-on-write copies reported.
     pub cow_copies: u64,
-    /// Pages moved device → host by swap out.
+    /// Pages copied device → host by swap out (pages shared with content already on the host
+    /// are not counted).
     pub swap_out_pages: u64,
     /// Pages moved host → device by swap in (copies; prefix hits are not counted).
     pub swap_in_pages: u64,
@@ -57,7 +58,7 @@ pub struct Stats {
     pub host_pages_total: u64,
     /// Host pages on the free list.
     pub host_pages_free: u64,
-    /// Unreferenced host pages holding demoted cached content (evictable).
+    /// Unreferenced host pages holding demoted or swapped-out content still indexed (evictable).
     pub host_pages_cached: u64,
     /// Host pages with refcount > 0.
     pub host_pages_in_use: u64,

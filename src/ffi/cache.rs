@@ -23,7 +23,8 @@ use crate::core::{Cache, Config, DType, Error};
 /// prefix index: `kvs_prefix_register`, `kvs_prefix_match`, `kvs_prefix_clear`; sequences:
 /// `kvs_seq_begin`, `kvs_seq_append`, `kvs_seq_append_pages`, `kvs_seq_append_batch`,
 /// `kvs_seq_fork`, `kvs_seq_free`, `kvs_seq_swap_out`, `kvs_seq_swap_in`, `kvs_seq_get_info`,
-/// `kvs_seq_pages`, `kvs_seq_set_priority`, `kvs_seq_append_need`, `kvs_seq_swap_in_need`;
+/// `kvs_seq_pages`, `kvs_seq_set_priority`, `kvs_seq_append_need`, `kvs_seq_swap_in_need`,
+/// `kvs_seq_swap_out_need`;
 /// queues: `kvs_cache_take_copies`, `kvs_cache_take_events`; retention: `kvs_prefix_pin`,
 /// `kvs_prefix_unpin`, `kvs_prefix_prefetch`.
 pub struct kvs_cache {
@@ -208,7 +209,7 @@ pub struct kvs_stats {
     pub host_pages_total: u64,
     /// Host pages free.
     pub host_pages_free: u64,
-    /// Unreferenced host pages holding demoted cached content (evictable).
+    /// Unreferenced host pages holding demoted or swapped-out content still indexed (evictable).
     pub host_pages_cached: u64,
     /// Host pages in use.
     pub host_pages_in_use: u64,
@@ -240,7 +241,8 @@ pub struct kvs_stats {
     pub evictions: u64,
     /// Copy-on-write copies reported.
     pub cow_copies: u64,
-    /// Pages swapped out.
+    /// Pages copied out by swap out (pages shared with content already on the host are not
+    /// counted).
     pub swap_out_pages: u64,
     /// Pages copied in by swap in.
     pub swap_in_pages: u64,

@@ -245,11 +245,13 @@ impl kvs_cache {
 
     /// Swaps a sequence out to host pages: one device→host copy per page of its block table, in
     /// block-table order (`num_tokens` is the tokens held by that page), written to `copies_out`.
-    /// Execute the copies before the device pages are reused (i.e. before the next step's KV
-    /// writes).
+    /// With prefix caching, a full page whose content the host tier already holds (an earlier
+    /// swap-out's, or a demotion's) is shared instead: no copy, no new host page
+    /// (`kvs_seq_swap_out_need` counts what it takes). Execute the copies before the device pages
+    /// are reused (i.e. before the next step's KV writes).
     ///
     /// **Failure:** `KVS_STATUS_NO_SPACE` on the host tier, unknown or already swapped-out
-    /// sequence, `copies_len` below the page count: nothing changes.
+    /// sequence, `copies_len` below the number of copies: nothing changes.
     /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
     #[no_mangle]
     pub unsafe extern "C" fn kvs_seq_swap_out(
@@ -349,6 +351,35 @@ impl kvs_cache {
             let need = try_out(pages_needed_out, "pages_needed_out")?;
             let avail = opt_out(pages_available_out, "pages_available_out")?;
             let (n, a) = c.lock()?.swap_in_need(seq_id)?;
+            *need = n;
+            if let Some(o) = avail {
+                *o = a;
+            }
+            Ok(())
+        })
+    }
+
+    /// Capacity check without the swap-out: writes the host pages `kvs_seq_swap_out(seq_id)`
+    /// would take now (its pages minus the full pages whose content the host tier already holds,
+    /// which it shares) to `*pages_needed_out`, and the host pages it can have (free plus
+    /// evictable, not counting the ones it would share) to `*pages_available_out` (optional).
+    /// MindIE's `CanSwapOut`.
+    ///
+    /// **Failure:** unknown or swapped-out sequence; outputs untouched.
+    /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`; the answer holds
+    /// until the cache changes.
+    #[no_mangle]
+    pub unsafe extern "C" fn kvs_seq_swap_out_need(
+        cache: *const kvs_cache,
+        seq_id: u64,
+        pages_needed_out: *mut usize,
+        pages_available_out: *mut usize,
+    ) -> kvs_status {
+        guard(|| {
+            let c = self::cache(cache)?;
+            let need = try_out(pages_needed_out, "pages_needed_out")?;
+            let avail = opt_out(pages_available_out, "pages_available_out")?;
+            let (n, a) = c.lock()?.swap_out_need(seq_id)?;
             *need = n;
             if let Some(o) = avail {
                 *o = a;

@@ -1,6 +1,6 @@
 /*
- * kvs_seq_append_need / kvs_seq_swap_in_need: the capacity checks an engine makes before an
- * append or a swap-in (MindIE's CanAppendSlot / CanSwapIn) agree with what the calls then take,
+ * kvs_seq_append_need / kvs_seq_swap_in_need / kvs_seq_swap_out_need: the capacity checks an
+ * engine makes before an append or a swap (MindIE's CanAppendSlot / CanSwapIn / CanSwapOut) agree with what the calls then take,
  * kvs_cache_available agrees with kvs_cache_stats after every step, and bad arguments are
  * refused with outputs untouched.
  */
@@ -73,6 +73,28 @@ int main(void) {
     CHECK_EQ(n, need);
     CHECK_FAILS(kvs_seq_swap_in_need(c, 2, &need, NULL), KVS_STATUS_SEQ_WRONG_TIER, "device");
     CHECK_FAILS(kvs_seq_swap_in_need(c, 2, NULL, NULL), KVS_STATUS_NULL_ARGUMENT, "pages_needed_out");
+    avail(c);
+
+    /* Swap-out need: seq 2's swap-out left its full pages indexed on the host, so seq 1 (which
+     * shares the first of them) copies only its partial page; the cached host page it shares
+     * leaves the evictable count. */
+    size_t host_before = 0;
+    CHECK_OK(kvs_cache_available(c, KVS_TIER_HOST, &host_before));
+    CHECK_EQ(host_before, 8);
+    CHECK_OK(kvs_seq_swap_out_need(c, 1, &need, &can));
+    CHECK_EQ(need, 1);
+    CHECK_EQ(can, 7);
+    CHECK_OK(kvs_seq_swap_out(c, 1, out, 8, &n));
+    CHECK_EQ(n, need);
+    CHECK_OK(kvs_cache_available(c, KVS_TIER_HOST, &host_before));
+    CHECK_EQ(host_before, 6);
+    need = 33;
+    CHECK_FAILS(kvs_seq_swap_out_need(c, 1, &need, NULL), KVS_STATUS_SEQ_WRONG_TIER, "host");
+    CHECK_FAILS(kvs_seq_swap_out_need(c, 9, &need, NULL), KVS_STATUS_SEQ_NOT_FOUND, "9");
+    CHECK_FAILS(kvs_seq_swap_out_need(NULL, 2, &need, NULL), KVS_STATUS_NULL_ARGUMENT, "cache");
+    CHECK_FAILS(kvs_seq_swap_out_need(c, 2, NULL, NULL), KVS_STATUS_NULL_ARGUMENT, "pages_needed_out");
+    CHECK_EQ(need, 33);
+    CHECK_OK(kvs_seq_swap_in(c, 1, out, 8, &n));
     avail(c);
 
     size_t got = 55;

@@ -225,7 +225,8 @@ static void op_swap(worker *w) {
         kvs_seq_info before;
         CHECK_OK(kvs_seq_info_fn(cache, s->id, &before));
         if (ALLOC_OK(w, kvs_seq_swap_out(cache, s->id, cp, MAXPG, &nc))) {
-            CHECK_EQ(nc, before.num_pages);
+            /* Full pages whose content the host holds already are shared, not copied. */
+            CHECK(nc <= before.num_pages);
             for (size_t j = 0; j < nc; j++) {
                 CHECK_EQ(cp[j].kind, T_COPY_D2H);
             }

@@ -134,7 +134,13 @@ class KvshareBlockManager : public mindie_llm::BlockSpaceManager {
         size_t worst;         // pages with nothing shared (for NEVER)
         size_t free;          // free + evictable device pages when counted
     };
-    SwapInCost CostOfSwapIn(const std::vector<SequenceSPtr> &seqs, size_t lookahead,
+    // What swapping `seqs` out takes from the free + evictable host pages: new host pages plus
+    // the cached host pages it shares (kvs_seq_swap_out_need); exact for one sequence, an upper
+    // bound for a group. Sets *onHost (and returns 0) if a sequence is swapped out already.
+    size_t CostOfSwapOut(const std::vector<SequenceSPtr> &seqs, const char *method, bool *onHost) const;
+    // `withPending`: also the pages the append that follows a swap-in takes (the sequence's full
+    // length, pending token included, plus max(lookahead, speculativeSlots) slots).
+    SwapInCost CostOfSwapIn(const std::vector<SequenceSPtr> &seqs, size_t lookahead, bool withPending,
                             const char *method) const;
 
     kvs_cache *cache_ = nullptr;

@@ -214,9 +214,11 @@ size_t KvshareBlockManager::FreeDevicePages() const {
 }
 
 size_t KvshareBlockManager::FreeHostPages() const {
-    kvs_stats s{};
-    Check(kvs_cache_stats(cache_, &s), "kvs_cache_stats");
-    return static_cast<size_t>(s.host_pages_free);
+    // Host pages holding swapped-out content stay cached (indexed) once released: like MindIE's
+    // CPU allocator, they count as free.
+    size_t pages = 0;
+    Check(kvs_cache_available(cache_, KVS_TIER_HOST, &pages), "kvs_cache_available");
+    return pages;
 }
 
 // ---- admission ----
@@ -336,33 +338,44 @@ void KvshareBlockManager::Fork(SequenceSPtr &parentSeq, SequenceSPtr &childSeq) 
 
 // ---- swap ----
 
+size_t KvshareBlockManager::CostOfSwapOut(const std::vector<SequenceSPtr> &seqs, const char *method,
+                                          bool *onHost) const {
+    size_t free = FreeHostPages();
+    size_t need = 0;
+    for (const auto &seq : seqs) {
+        RequireSeq(seq, method);
+        SeqShape s = ShapeOrThrow(seq->seqId_, method);
+        if (s.onHost) {
+            *onHost = true;
+            return 0;
+        }
+        // New host pages (full blocks whose content the CPU holds already are shared), plus the
+        // cached host pages it shares, which leave the evictable count.
+        size_t pages = 0;
+        size_t available = 0;
+        Check(kvs_seq_swap_out_need(cache_, KvsId(seq->seqId_), &pages, &available), method);
+        need += pages + (free - available);
+    }
+    *onHost = false;
+    return need;
+}
+
 bool KvshareBlockManager::CanSwapOut(const SequenceGroupSPtr &seqGroup) {
     RequireGroup(seqGroup, "CanSwapOut");
-    size_t need = 0;
-    for (const auto &seq : seqGroup->GetFirstSequence(SequenceStatus::RUNNING)) {
-        RequireSeq(seq, "CanSwapOut");
-        SeqShape s = ShapeOrThrow(seq->seqId_, "CanSwapOut");
-        if (s.onHost) {
-            return false;
-        }
-        need += static_cast<size_t>(s.numPages);  // one host page per block, lookahead pages included
-    }
-    return need <= FreeHostPages();
+    bool onHost = false;
+    size_t need = CostOfSwapOut(seqGroup->GetFirstSequence(SequenceStatus::RUNNING), "CanSwapOut", &onHost);
+    return !onHost && need <= FreeHostPages();
 }
 
 std::vector<std::pair<PhysicalBlockId, PhysicalBlockId>> KvshareBlockManager::SwapOut(
     const SequenceGroupSPtr &seqGroup) {
     RequireGroup(seqGroup, "SwapOut");
     std::vector<SequenceSPtr> seqs = seqGroup->GetFirstSequence(SequenceStatus::RUNNING);
-    size_t need = 0;
-    for (const auto &seq : seqs) {
-        RequireSeq(seq, "SwapOut");
-        SeqShape s = ShapeOrThrow(seq->seqId_, "SwapOut");
-        if (s.onHost) {
-            throw std::runtime_error(Prefix("SwapOut") + "sequence " + std::to_string(seq->seqId_) +
-                                     " is already swapped out");
-        }
-        need += static_cast<size_t>(s.numPages);
+    bool onHost = false;
+    size_t need = CostOfSwapOut(seqs, "SwapOut", &onHost);
+    if (onHost) {
+        // MindIE's allocator refuses blocks of the wrong device with std::invalid_argument.
+        throw std::invalid_argument(Prefix("SwapOut") + "a sequence of the group is already swapped out");
     }
     // Refuse the whole group before moving anything.
     size_t free = FreeHostPages();
@@ -376,6 +389,7 @@ std::vector<std::pair<PhysicalBlockId, PhysicalBlockId>> KvshareBlockManager::Sw
         std::vector<kvs_copy> copies(static_cast<size_t>(s.numPages));
         size_t n = 0;
         Check(kvs_seq_swap_out(cache_, KvsId(seq->seqId_), copies.data(), copies.size(), &n), "SwapOut");
+        // Blocks whose content the CPU held already are shared: no pair, nothing to copy.
         for (size_t i = 0; i < n; ++i) {
             if (copies[i].kind == KVS_COPY_DEVICE_TO_HOST_VALUE) {
                 out.emplace_back(static_cast<PhysicalBlockId>(copies[i].src_page),
@@ -387,18 +401,27 @@ std::vector<std::pair<PhysicalBlockId, PhysicalBlockId>> KvshareBlockManager::Sw
 }
 
 KvshareBlockManager::SwapInCost KvshareBlockManager::CostOfSwapIn(const std::vector<SequenceSPtr> &seqs,
-                                                                 size_t lookahead, const char *method) const {
+                                                                 size_t lookahead, bool withPending,
+                                                                 const char *method) const {
     SwapInCost c{0, 0, 0, FreeDevicePages()};
     for (const auto &seq : seqs) {
         RequireSeq(seq, method);
         SeqShape s = ShapeOrThrow(seq->seqId_, method);
         if (!s.onHost) {
-            throw std::runtime_error(Prefix(method) + "sequence " + std::to_string(seq->seqId_) +
-                                     " is not swapped out");
+            throw std::invalid_argument(Prefix(method) + "sequence " + std::to_string(seq->seqId_) +
+                                        " is not swapped out");
         }
         size_t pages = static_cast<size_t>(s.numPages);
-        size_t slots = CeilDiv(static_cast<size_t>(s.numTokens) + lookahead, blockSize_);
-        size_t extra = slots > pages ? slots - pages : 0;
+        size_t extra = 0;
+        if (withPending) {
+            // MindIE's scheduler follows SwapIn with AppendSlot for the token the sequence generated
+            // before it was preempted (FcfsPolicy::ApplyToSwappedQueue, no CanAppendSlot in
+            // between), so the answer must cover the sequence's full length (GetLen(), as MindIE
+            // sizes it) plus the lookahead that append reserves, not only the tokens kvshare holds.
+            size_t len = std::max(NumTokens(*seq), static_cast<size_t>(s.numTokens));
+            size_t slots = CeilDiv(len + std::max(lookahead, speculativeSlots_), blockSize_);
+            extra = slots > pages ? slots - pages : 0;
+        }
         size_t copied = 0;
         size_t available = 0;
         Check(kvs_seq_swap_in_need(cache_, KvsId(seq->seqId_), &copied, &available), method);
@@ -411,7 +434,7 @@ KvshareBlockManager::SwapInCost KvshareBlockManager::CostOfSwapIn(const std::vec
 
 AllocStatus KvshareBlockManager::CanSwapIn(const SequenceGroupSPtr &seqGroup, size_t numLookheadSlots) {
     RequireGroup(seqGroup, "CanSwapIn");
-    SwapInCost c = CostOfSwapIn(seqGroup->GetFirstSequence(SequenceStatus::SWAPPED), numLookheadSlots,
+    SwapInCost c = CostOfSwapIn(seqGroup->GetFirstSequence(SequenceStatus::SWAPPED), numLookheadSlots, true,
                                 "CanSwapIn");
     if (c.worst > allocatableNpuBlocks_) {
         return AllocStatus::NEVER;
@@ -424,24 +447,39 @@ std::vector<std::pair<PhysicalBlockId, PhysicalBlockId>> KvshareBlockManager::Sw
     const SequenceGroupSPtr &seqGroup) {
     RequireGroup(seqGroup, "SwapIn");
     std::vector<SequenceSPtr> seqs = seqGroup->GetFirstSequence(SequenceStatus::SWAPPED);
-    // The whole group is refused before anything moves (CanSwapIn's count, no lookahead).
-    SwapInCost c = CostOfSwapIn(seqs, 0, "SwapIn");
+    // The whole group is refused before anything moves (the swap alone: the pending token's
+    // append is AppendSlot's business).
+    SwapInCost c = CostOfSwapIn(seqs, 0, false, "SwapIn");
     if (c.pages + c.sharedCached > c.free) {
         throw std::runtime_error(Prefix("SwapIn") + "not enough free NPU blocks: need " +
                                  std::to_string(c.pages + c.sharedCached) + ", free " + std::to_string(c.free));
     }
     std::vector<std::pair<PhysicalBlockId, PhysicalBlockId>> out;
+    uint64_t hits = 0;
+    uint64_t misses = 0;
     for (const auto &seq : seqs) {
         SeqShape s = ShapeOrThrow(seq->seqId_, "SwapIn");
         std::vector<kvs_copy> copies(static_cast<size_t>(s.numPages));
         size_t n = 0;
         Check(kvs_seq_swap_in(cache_, KvsId(seq->seqId_), copies.data(), copies.size(), &n), "SwapIn");
+        uint64_t copiedFull = 0;
         for (size_t i = 0; i < n; ++i) {
             if (copies[i].kind == KVS_COPY_HOST_TO_DEVICE_VALUE) {
                 out.emplace_back(static_cast<PhysicalBlockId>(copies[i].src_page),
                                  static_cast<PhysicalBlockId>(copies[i].dst_page));
+                copiedFull += copies[i].num_tokens == blockSize_ ? 1 : 0;
             }
         }
+        // MindIE re-allocates every full block at SwapIn through its prefix-caching allocator and
+        // records a hit (the content is cached on the NPU: kvshare shares that page, no copy) or a
+        // miss (a copy) for each.
+        uint64_t full = s.numTokens / blockSize_;
+        hits += full - copiedFull;
+        misses += copiedFull;
+    }
+    if (enableCaching_) {
+        hitBlocks_ += hits;
+        missBlocks_ += misses;
     }
     return out;
 }
@@ -610,10 +648,11 @@ bool KvshareBlockManager::ResetPrefixCache() const {
 
 size_t KvshareBlockManager::GetNumCachedTokens(const SequenceSPtr &seq) {
     RequireSeq(seq, "GetNumCachedTokens");
+    // MindIE looks the sequence up first (unordered_map::at), with or without caching.
+    SeqShape s = ShapeOrThrow(seq->seqId_, "GetNumCachedTokens");
     if (!enableCaching_) {
         return 0;
     }
-    SeqShape s = ShapeOrThrow(seq->seqId_, "GetNumCachedTokens");
     // Fixed at Allocate (kvs_seq_begin's matched tokens), so it stays the same over the chunks of
     // a chunked prefill; a decoding sequence has nothing left to skip.
     if (seq->data_.stage_ == SequenceStage::PREFILL || seq->data_.numComputedTokens_ == 0) {
@@ -653,11 +692,12 @@ size_t KvshareBlockManager::GetSeqNumCachedTokens(const SequenceSPtr &seq) {
 void KvshareBlockManager::ReplaceTrailingPlaceHolder(const SequenceSPtr &seq, size_t trailingPlaceHolderNum,
                                                      size_t replacedPlaceHolderNum) {
     RequireSeq(seq, "ReplaceTrailingPlaceHolder");
-    SeqShape s = ShapeOrThrow(seq->seqId_, "ReplaceTrailingPlaceHolder");
-    if (trailingPlaceHolderNum < replacedPlaceHolderNum || s.numTokens < trailingPlaceHolderNum) {
+    // MindIE's order: the counts against the sequence's own tokens first, then the id.
+    if (trailingPlaceHolderNum < replacedPlaceHolderNum || NumTokens(*seq) < trailingPlaceHolderNum) {
         throw std::runtime_error(Prefix("ReplaceTrailingPlaceHolder") +
                                  "tokenIds size is less than replacement size");
     }
+    (void)ShapeOrThrow(seq->seqId_, "ReplaceTrailingPlaceHolder");
     // kvshare has no call to rewrite tokens already in a sequence, so pages that held a
     // placeholder stay unhashed (never prefix hits). That only loses hits: block ids and KV are
     // unaffected. MindIE itself never calls this (USE_PREFIX_CACHE_WITH_PLACE_HOLDER is false).

@@ -136,7 +136,8 @@ class Model {
    public:
     struct Seq {
         std::vector<TokenId> tokens;
-        std::vector<int> blocks;  // model block ids (device), or host page count while swapped
+        std::vector<int> blocks;  // model block ids (device)
+        std::vector<int> host;    // model host block ids while swapped out
         size_t hostPages = 0;
         bool onHost = false;
         HashValue lora = 0;
@@ -153,7 +154,14 @@ class Model {
         : ps_(ps), npu_(npu), cpu_(cpu), caching_(caching), spec_(spec) {}
 
     size_t FreeNpu() const { return npu_ - InUse(); }
-    size_t FreeCpu() const { return cpu_ - hostUsed_; }
+    // Free + evictable CPU blocks (host pages holding swapped-out content stay cached).
+    size_t FreeCpu() const {
+        size_t n = 0;
+        for (const auto &b : hblocks_) {
+            n += b.rc > 0;
+        }
+        return cpu_ - n;
+    }
     size_t InUse() const {
         size_t n = 0;
         for (const auto &b : blocks_) {
@@ -277,7 +285,9 @@ class Model {
             return;
         }
         if (it->second.onHost) {
-            hostUsed_ -= it->second.hostPages;
+            for (auto b = it->second.host.rbegin(); b != it->second.host.rend(); ++b) {
+                HRelease(*b);
+            }
         } else {
             for (auto b = it->second.blocks.rbegin(); b != it->second.blocks.rend(); ++b) {
                 Release(*b);
@@ -286,13 +296,62 @@ class Model {
         seqs_.erase(it);
     }
 
-    bool SwapOut(SequenceId id) {
-        Seq &s = seqs_.at(id);
-        if (s.blocks.size() > FreeCpu()) {
+    // What a swap-out of `id` takes from the free + cached CPU blocks: {pages it copies, cached
+    // (unreferenced) host blocks it shares}. Full hashed pages whose content a host block holds
+    // already are shared.
+    std::pair<size_t, size_t> SwapOutNeed(SequenceId id) const {
+        const Seq &s = seqs_.at(id);
+        size_t copied = 0;
+        size_t cached = 0;
+        for (size_t j = 0; j < s.blocks.size(); ++j) {
+            auto it = caching_ && j < s.hashed ? hindex_.find(Key(s.tokens, s.lora, j)) : hindex_.end();
+            if (it == hindex_.end()) {
+                ++copied;
+            } else {
+                cached += hblocks_[it->second].rc == 0;
+            }
+        }
+        return {copied, cached};
+    }
+
+    // Swaps `id` out; false (nothing changed) without room. `copied` gets, for each page, whether
+    // it was copied (false: shared host block).
+    bool SwapOut(SequenceId id, std::vector<bool> *copied = nullptr) {
+        auto need = SwapOutNeed(id);
+        if (need.first + need.second > FreeCpu()) {
             return false;
         }
-        hostUsed_ += s.blocks.size();
-        s.hostPages = s.blocks.size();
+        Seq &s = seqs_.at(id);
+        std::vector<int> hit(s.blocks.size(), -1);
+        if (caching_) {
+            for (size_t j = 0; j < s.hashed; ++j) {
+                auto it = hindex_.find(Key(s.tokens, s.lora, j));
+                if (it != hindex_.end()) {
+                    hit[j] = it->second;
+                    if (hblocks_[it->second].rc++ == 0) {
+                        hlru_.remove(it->second);
+                    }
+                }
+            }
+        }
+        s.host.clear();
+        for (size_t j = 0; j < s.blocks.size(); ++j) {
+            bool copy = hit[j] < 0;
+            s.host.push_back(copy ? NewHostBlock() : hit[j]);
+            if (copied) {
+                copied->push_back(copy);
+            }
+        }
+        if (caching_) {
+            for (size_t j = 0; j < s.hashed; ++j) {
+                std::string key = Key(s.tokens, s.lora, j);
+                if (hit[j] < 0 && !hindex_.count(key) && !hblocks_[s.host[j]].registered) {
+                    hindex_[key] = s.host[j];
+                    hblocks_[s.host[j]].registered = true;
+                }
+            }
+        }
+        s.hostPages = s.host.size();
         for (auto b = s.blocks.rbegin(); b != s.blocks.rend(); ++b) {
             Release(*b);
         }
@@ -350,7 +409,10 @@ class Model {
                 Insert(Key(s.tokens, s.lora, j), s.blocks[j]);
             }
         }
-        hostUsed_ -= s.hostPages;
+        for (auto b = s.host.rbegin(); b != s.host.rend(); ++b) {
+            HRelease(*b);
+        }
+        s.host.clear();
         s.hostPages = 0;
         s.onHost = false;
         Pend(id);
@@ -363,6 +425,11 @@ class Model {
         }
         index_.clear();
         lru_.clear();
+        for (auto &kv : hindex_) {
+            hblocks_[kv.second].registered = false;
+        }
+        hindex_.clear();
+        hlru_.clear();
     }
 
     size_t Evictions() const { return evictions_; }
@@ -422,6 +489,48 @@ class Model {
         return static_cast<int>(blocks_.size() - 1);
     }
 
+    // A host block: a free one if any, else the least recently released cached one, which
+    // leaves the host index.
+    int NewHostBlock() {
+        size_t inUse = 0;
+        for (const auto &b : hblocks_) {
+            inUse += b.rc > 0;
+        }
+        if (cpu_ - inUse - hlru_.size() == 0) {
+            if (hlru_.empty()) {
+                throw std::logic_error("model: no host block left");
+            }
+            int b = hlru_.front();
+            hlru_.pop_front();
+            for (auto it = hindex_.begin(); it != hindex_.end(); ++it) {
+                if (it->second == b) {
+                    hindex_.erase(it);
+                    break;
+                }
+            }
+            hblocks_[b].registered = false;
+            hblocks_[b].rc = 1;
+            return b;
+        }
+        for (size_t b = 0; b < hblocks_.size(); ++b) {
+            if (hblocks_[b].rc == 0 && !hblocks_[b].registered) {
+                hblocks_[b].rc = 1;
+                return static_cast<int>(b);
+            }
+        }
+        hblocks_.push_back(Block{1, false});
+        return static_cast<int>(hblocks_.size() - 1);
+    }
+
+    void HRelease(int b) {
+        if (hblocks_[b].rc <= 0) {
+            throw std::logic_error("model: host refcount underflow");
+        }
+        if (--hblocks_[b].rc == 0 && hblocks_[b].registered) {
+            hlru_.push_back(b);
+        }
+    }
+
     void Release(int b) {
         if (blocks_[b].rc <= 0) {
             throw std::logic_error("model: refcount underflow");
@@ -473,7 +582,9 @@ class Model {
     std::set<SequenceId> pending_;
     std::list<int> lru_;
     size_t evictions_ = 0;
-    size_t hostUsed_ = 0;
+    std::vector<Block> hblocks_;
+    std::map<std::string, int> hindex_;
+    std::list<int> hlru_;
 };
 
 // Compares the adapter with the model: counts, block tables and sharing structure, kvshare's
@@ -489,16 +600,26 @@ inline std::map<int, BlockId> Compare(KvshareBlockManager &m, const Model &model
     CHECK_EQ(st.evictions, static_cast<uint64_t>(model.Evictions()));
     std::map<int, BlockId> fwd;
     std::map<BlockId, int> back;
-    std::set<BlockId> hostIds;
+    std::map<int, BlockId> hfwd;
+    std::map<BlockId, int> hback;
     for (const auto &kv : model.Seqs()) {
         std::vector<BlockIds> tables = m.GetBlockIds(kv.first);
         CHECK_EQ(tables.size(), static_cast<size_t>(1));
         const BlockIds &ids = tables[0];
         if (kv.second.onHost) {
-            CHECK_EQ(ids.size(), kv.second.hostPages);
-            for (BlockId id : ids) {
-                CHECK(id >= static_cast<BlockId>(npu) && id < static_cast<BlockId>(npu + cpu));
-                CHECK(hostIds.insert(id).second);
+            // Which positions share a host block: a bijection, as for NPU blocks.
+            CHECK_EQ(ids.size(), kv.second.host.size());
+            for (size_t j = 0; j < ids.size(); ++j) {
+                CHECK(ids[j] >= static_cast<BlockId>(npu) && ids[j] < static_cast<BlockId>(npu + cpu));
+                int b = kv.second.host[j];
+                auto f = hfwd.find(b);
+                if (f == hfwd.end()) {
+                    CHECK(hback.count(ids[j]) == 0);
+                    hfwd[b] = ids[j];
+                    hback[ids[j]] = b;
+                } else {
+                    CHECK_EQ(f->second, ids[j]);
+                }
             }
             continue;
         }
@@ -522,12 +643,12 @@ inline std::map<int, BlockId> Compare(KvshareBlockManager &m, const Model &model
 // Drives the adapter the way MindIE's scheduler does and the model alongside it, comparing them
 // after every call.
 struct Sim {
-    size_t ps, npu, cpu;
+    size_t ps, npu, cpu, spec;
     KvshareBlockManager m;
     Model model;
 
     Sim(size_t ps_, size_t npu_, size_t cpu_, bool caching, size_t spec = 0)
-        : ps(ps_), npu(npu_), cpu(cpu_), m(Config(ps_, npu_, cpu_, caching, spec)), model(ps_, npu_, cpu_, caching, spec) {}
+        : ps(ps_), npu(npu_), cpu(cpu_), spec(spec), m(Config(ps_, npu_, cpu_, caching, spec)), model(ps_, npu_, cpu_, caching, spec) {}
 
     std::map<int, BlockId> Check() { return Compare(m, model, npu, cpu); }
 
@@ -601,12 +722,14 @@ struct Sim {
         Check();
     }
 
-    // Preempts a running group by swapping it out; checks the {npu, cpu} physical pairs.
+    // Preempts a running group by swapping it out; checks the {npu, cpu} physical pairs (full
+    // blocks whose content the CPU holds already are shared and need no copy).
     bool SwapOut(const SequenceGroupSPtr &g) {
         bool can = m.CanSwapOut(g);
         size_t need = 0;
         for (const auto &s : g->seqs_) {
-            need += model.At(s->seqId_).blocks.size();
+            auto n = model.SwapOutNeed(s->seqId_);
+            need += n.first + n.second;
         }
         CHECK_EQ(can, need <= model.FreeCpu());
         if (!can) {
@@ -618,35 +741,47 @@ struct Sim {
             before.insert(before.end(), ids.begin(), ids.end());
         }
         auto pairs = m.SwapOut(g);
+        std::vector<bool> copied;
         for (const auto &s : g->seqs_) {
-            CHECK(model.SwapOut(s->seqId_));
+            CHECK(model.SwapOut(s->seqId_, &copied));
             s->status_ = SequenceStatus::SWAPPED;
         }
         Check();
-        CHECK_EQ(pairs.size(), before.size());
         std::vector<BlockId> after;
         for (const auto &s : g->seqs_) {
             BlockIds ids = m.GetBlockIds(s->seqId_)[0];
             after.insert(after.end(), ids.begin(), ids.end());
         }
+        CHECK_EQ(copied.size(), before.size());
         std::set<BlockId> dsts;
-        for (size_t i = 0; i < pairs.size(); ++i) {
-            CHECK_EQ(pairs[i].first, before[i]);                                  // NPU id
-            CHECK_EQ(pairs[i].second, after[i] - static_cast<BlockId>(npu));      // CPU physical id
-            CHECK(pairs[i].second >= 0 && pairs[i].second < static_cast<BlockId>(cpu));
-            CHECK(dsts.insert(pairs[i].second).second);
+        size_t k = 0;
+        for (size_t i = 0; i < copied.size(); ++i) {
+            if (!copied[i]) {
+                continue;
+            }
+            CHECK(k < pairs.size());
+            CHECK_EQ(pairs[k].first, before[i]);                                  // NPU id
+            CHECK_EQ(pairs[k].second, after[i] - static_cast<BlockId>(npu));      // CPU physical id
+            CHECK(pairs[k].second >= 0 && pairs[k].second < static_cast<BlockId>(cpu));
+            CHECK(dsts.insert(pairs[k].second).second);
+            ++k;
         }
+        CHECK_EQ(k, pairs.size());
         return true;
     }
 
     // Resumes a swapped group; checks the {cpu, npu} physical pairs (pages whose content is
-    // still cached on the NPU are shared and need no copy).
+    // still cached on the NPU are shared and need no copy). CanSwapIn must also leave room for the
+    // AppendSlot MindIE's scheduler makes right after SwapIn: the sequence's full length (its
+    // pending token included) plus the speculative slots.
     bool SwapIn(const SequenceGroupSPtr &g) {
         AllocStatus st = m.CanSwapIn(g, 0);
         size_t need = 0;
         for (const auto &s : g->seqs_) {
             auto n = model.SwapInNeed(s->seqId_);
-            need += n.first + n.second;
+            size_t pages = model.At(s->seqId_).hostPages;
+            size_t slots = (s->GetLen() + spec + ps - 1) / ps;
+            need += n.first + n.second + (slots > pages ? slots - pages : 0);
         }
         CHECK((st == AllocStatus::OK) == (need <= model.FreeNpu()));
         if (st != AllocStatus::OK) {

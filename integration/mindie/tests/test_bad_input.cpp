@@ -41,6 +41,9 @@ static void UnknownIdsAndLifecycle() {
     CHECK(!sim.m.Allocate(ga));
     a->status_ = SequenceStatus::RUNNING;
     sim.Check();
+    // AppendSlot with no new token (a repeated call): nothing appended, no pair, nothing changed.
+    CHECK(sim.m.AppendSlot(a).empty());
+    sim.Check();
     // A group whose first sequence is waiting but whose id is live is refused too.
     auto dup = MakeSeq(1, Range(1, 9));
     CHECK(!sim.m.Allocate(MakeGroup({dup})));
@@ -57,12 +60,12 @@ static void UnknownIdsAndLifecycle() {
 
     // Swap the wrong way round.
     a->status_ = SequenceStatus::SWAPPED;
-    CHECK_THROWS(std::runtime_error, sim.m.SwapIn(ga), "is not swapped out");
+    CHECK_THROWS(std::invalid_argument, sim.m.SwapIn(ga), "is not swapped out");
     a->status_ = SequenceStatus::RUNNING;
     CHECK(sim.SwapOut(ga));
     a->status_ = SequenceStatus::RUNNING;
     CHECK(!sim.m.CanSwapOut(ga));
-    CHECK_THROWS(std::runtime_error, sim.m.SwapOut(ga), "already swapped out");
+    CHECK_THROWS(std::invalid_argument, sim.m.SwapOut(ga), "already swapped out");
     a->data_.outputTokenIds.push_back(5);
     CHECK_THROWS(std::runtime_error, sim.m.AppendSlot(a), "KVS_STATUS_SEQ_WRONG_TIER");
     CHECK(!sim.m.CanAppendSlot(ga));
@@ -107,6 +110,25 @@ static void UnknownIdsAndLifecycle() {
     CHECK(!sim.m.CanAppendSlot(gbig));
     sim.Check();
     std::printf("unknown ids and lifecycle: ok\n");
+}
+
+// Without prefix caching MindIE still looks the sequence up first where it does with caching:
+// GetNumCachedTokens and GetCommonComputedBlockIds of an unknown id throw std::out_of_range;
+// AccessAllblocksInSeq and GetSeqNumCachedTokens never look it up (no-op / 0).
+static void UnknownIdsWithoutCaching() {
+    Sim sim(4, 16, 8, false);
+    auto ghost = MakeSeq(99, Range(1, 5));
+    ghost->status_ = SequenceStatus::RUNNING;
+    CHECK_THROWS(std::out_of_range, sim.m.GetNumCachedTokens(ghost), "unknown sequence id 99");
+    CHECK_THROWS(std::out_of_range, sim.m.GetCommonComputedBlockIds({ghost}), "unknown sequence id 99");
+    sim.m.AccessAllblocksInSeq(ghost, 1.0F);
+    CHECK_EQ(sim.m.GetSeqNumCachedTokens(ghost), static_cast<size_t>(0));
+    // ReplaceTrailingPlaceHolder checks the counts against the sequence's own tokens before the
+    // id (MindIE's order), so bad counts on an unknown id are a runtime_error, good ones out_of_range.
+    CHECK_THROWS(std::runtime_error, sim.m.ReplaceTrailingPlaceHolder(ghost, 6, 1), "replacement size");
+    CHECK_THROWS(std::out_of_range, sim.m.ReplaceTrailingPlaceHolder(ghost, 5, 1), "unknown sequence id 99");
+    sim.Check();
+    std::printf("unknown ids without caching: ok\n");
 }
 
 static void TokenRange() {
@@ -226,6 +248,7 @@ static void ConfigAndFactory() {
 int main() {
     std::setvbuf(stdout, nullptr, _IONBF, 0);
     UnknownIdsAndLifecycle();
+    UnknownIdsWithoutCaching();
     TokenRange();
     UnsupportedFeatures();
     ConfigAndFactory();

@@ -74,6 +74,12 @@ static void SharedSystemPrompt() {
     sim.model.ClearIndex();
     sim.Check();
     CHECK_EQ(Stats(sim.m).device_pages_cached, static_cast<uint64_t>(0));
+    // The same prompt again: fresh blocks, no hit (MindIE's manager throws here and leaks a block:
+    // its reset keeps the hash map while rebuilding the free list).
+    auto e2 = MakeSeq(7, Range(1, 9));
+    CHECK(sim.Admit(MakeGroup({e2})));
+    CHECK_EQ(sim.m.GetNumCachedTokens(e2), static_cast<size_t>(0));
+    sim.Free(7);
     auto f = MakeSeq(6, Concat(system, Range(1, 5)));
     CHECK_EQ(sim.m.GetSeqNumCachedTokens(f), static_cast<size_t>(0));
     std::printf("shared system prompt: ok\n");
@@ -248,7 +254,19 @@ static void SwapPreemption() {
     CHECK_THROWS(std::runtime_error, sim.m.SwapOut(gbig), "not enough free CPU blocks");
     sim.Check();
     // Resume a: its system blocks are still on the NPU (shared with b), so only the others copy.
+    // Hit rate as MindIE counts it: one record per full prompt block at Allocate (a: 3 misses; b: 2
+    // hits, 1 miss; big: 5 misses), and one per full block at SwapIn: a hit where the NPU still
+    // caches the content (shared, no copy), a miss where it is copied.
+    CHECK(sim.m.GetPrefixCacheHitRate() > 2.0F / 11 - 1e-6F && sim.m.GetPrefixCacheHitRate() < 2.0F / 11 + 1e-6F);
+    uint64_t copiedBefore = Stats(sim.m).swap_in_pages;
     CHECK(sim.SwapIn(ga));
+    {
+        // a holds 17 tokens: 4 full blocks and a partial one (always copied).
+        uint64_t copiedFull = Stats(sim.m).swap_in_pages - copiedBefore - 1;
+        float want = static_cast<float>(2 + 4 - copiedFull) / 15.0F;
+        CHECK(copiedFull < 4);
+        CHECK(sim.m.GetPrefixCacheHitRate() > want - 1e-6F && sim.m.GetPrefixCacheHitRate() < want + 1e-6F);
+    }
     CHECK(sim.m.GetBlockIds(1)[0][0] == sim.m.GetBlockIds(2)[0][0]);
     sim.Decode(a, 300);
     sim.EndStep();
@@ -278,6 +296,75 @@ static void SwapInWithoutRoom() {
     CHECK(sim.SwapIn(ga));
     sim.Decode(a, 7);
     std::printf("swap in without room: ok\n");
+}
+
+// A swap-out of content the CPU already holds (another sequence swapped it out) shares that CPU
+// block, as MindIE's CPU allocator does: no pair, no new block. CanSwapOut counts only the blocks
+// it takes, and released CPU blocks that still hold indexed content count as free.
+static void SwapOutSharesCpuCopies() {
+    const size_t ps = 4;
+    const size_t npu = 16;
+    const size_t cpu = 4;
+    Sim sim(ps, npu, cpu, true);
+    std::vector<TokenId> system = Range(1000, 8);
+    auto a = MakeSeq(1, Concat(system, Range(1, 3)));  // 2 full blocks + 3 tokens
+    auto b = MakeSeq(2, Concat(system, Range(9, 2)));
+    auto ga = MakeGroup({a});
+    auto gb = MakeGroup({b});
+    CHECK(sim.Admit(ga));
+    sim.EndStep();
+    CHECK(sim.Admit(gb));  // shares the 2 system blocks on the NPU
+    sim.EndStep();
+    Sim::Prefilled(a);
+    Sim::Prefilled(b);
+    CHECK(sim.SwapOut(ga));  // 3 copies: 1 CPU block left
+    CHECK_EQ(sim.m.GetNumFreeCpuBlocks(), cpu - 3);
+    // b's system blocks are on the CPU already: only its last block needs the one left.
+    CHECK(sim.m.CanSwapOut(gb));
+    CHECK(sim.SwapOut(gb));
+    CHECK_EQ(sim.m.GetNumFreeCpuBlocks(), static_cast<size_t>(0));
+    BlockIds ca = sim.m.GetBlockIds(1)[0];
+    BlockIds cb = sim.m.GetBlockIds(2)[0];
+    CHECK(ca[0] == cb[0] && ca[1] == cb[1] && ca[2] != cb[2]);
+    CHECK_EQ(Stats(sim.m).swap_out_pages, static_cast<uint64_t>(4));
+    CHECK(sim.SwapIn(ga));
+    CHECK(sim.SwapIn(gb));
+    // The CPU blocks holding the system prompt stay cached there, and count as free.
+    CHECK_EQ(sim.m.GetNumFreeCpuBlocks(), cpu);
+    CHECK_EQ(Stats(sim.m).host_pages_cached, static_cast<uint64_t>(2));
+    CHECK(sim.SwapOut(gb));  // shares them again: one copy
+    CHECK_EQ(Stats(sim.m).swap_out_pages, static_cast<uint64_t>(5));
+    sim.Free(2);
+    sim.Free(1);
+    CHECK_EQ(sim.m.GetNumFreeCpuBlocks(), cpu);
+    std::printf("swap out shares CPU copies: ok\n");
+}
+
+// MindIE's FcfsPolicy::ApplyToSwappedQueue calls CanSwapIn, SwapIn and then AppendSlot for the
+// token the sequence generated before it was preempted, with no CanAppendSlot in between: CanSwapIn
+// must size the swap-in by the sequence's full length (GetLen(), the pending token included).
+static void SwapInCoversPendingToken() {
+    const size_t ps = 4;
+    const size_t npu = 6;
+    Sim sim(ps, npu, 8, false);
+    auto a = MakeSeq(1, Range(1, 8));  // 2 full blocks
+    auto ga = MakeGroup({a});
+    CHECK(sim.Admit(ga));
+    Sim::Prefilled(a);
+    sim.EndStep();
+    CHECK(sim.SwapOut(ga));
+    CHECK(sim.Admit(MakeGroup({MakeSeq(2, Range(100, 16))})));  // 4 blocks: 2 left
+    a->data_.outputTokenIds.push_back(5);                          // the pending token: 9 tokens
+    // Two blocks would hold what kvshare has, but not the append that follows.
+    CHECK(sim.m.CanSwapIn(ga, 0) == AllocStatus::LATER);
+    CHECK(!sim.SwapIn(ga));
+    sim.Free(2);
+    CHECK(sim.m.CanSwapIn(ga, 0) == AllocStatus::OK);
+    CHECK(sim.SwapIn(ga));
+    a->data_.outputTokenIds.pop_back();
+    sim.Decode(a, 5);  // the scheduler's AppendSlot right after SwapIn
+    CHECK_EQ(sim.m.GetBlockIds(1)[0].size(), static_cast<size_t>(3));
+    std::printf("swap in covers the pending token: ok\n");
 }
 
 static void NoCaching() {
@@ -342,6 +429,8 @@ int main() {
     SpeculativeSlots();
     SwapPreemption();
     SwapInWithoutRoom();
+    SwapInCoversPendingToken();
+    SwapOutSharesCpuCopies();
     NoCaching();
     AdmissionLimits();
     Eviction();
