@@ -20,12 +20,14 @@ static void status_strings(void) {
         {KVS_STATUS_BUFFER_TOO_SMALL, "KVS_STATUS_BUFFER_TOO_SMALL"},
         {KVS_STATUS_POISONED, "KVS_STATUS_POISONED"},
         {KVS_STATUS_UNSUPPORTED, "KVS_STATUS_UNSUPPORTED"},
+        {KVS_STATUS_OUT_OF_MEMORY, "KVS_STATUS_OUT_OF_MEMORY"},
         {KVS_STATUS_INVALID_CONFIG, "KVS_STATUS_INVALID_CONFIG"},
         {KVS_STATUS_NO_SPACE, "KVS_STATUS_NO_SPACE"},
         {KVS_STATUS_PAGE_OUT_OF_RANGE, "KVS_STATUS_PAGE_OUT_OF_RANGE"},
         {KVS_STATUS_PAGE_NOT_ALLOCATED, "KVS_STATUS_PAGE_NOT_ALLOCATED"},
         {KVS_STATUS_REFCOUNT_UNDERFLOW, "KVS_STATUS_REFCOUNT_UNDERFLOW"},
         {KVS_STATUS_PADDING_PAGE, "KVS_STATUS_PADDING_PAGE"},
+        {KVS_STATUS_REFCOUNT_OVERFLOW, "KVS_STATUS_REFCOUNT_OVERFLOW"},
         {KVS_STATUS_SEQ_NOT_FOUND, "KVS_STATUS_SEQ_NOT_FOUND"},
         {KVS_STATUS_SEQ_EXISTS, "KVS_STATUS_SEQ_EXISTS"},
         {KVS_STATUS_SEQ_WRONG_TIER, "KVS_STATUS_SEQ_WRONG_TIER"},
@@ -46,7 +48,7 @@ static void status_strings(void) {
         }
     }
     /* Numbers between the ranges and at the extremes are not statuses. */
-    const uint32_t unknown[] = {7, 99, 101, 199, 205, 299, 303, 401, 499, 503, 9999, UINT32_MAX};
+    const uint32_t unknown[] = {8, 99, 101, 199, 206, 299, 303, 401, 499, 503, 9999, UINT32_MAX};
     for (size_t i = 0; i < sizeof unknown / sizeof unknown[0]; i++) {
         const char *s = kvs_status_str(unknown[i]);
         CHECK(s != NULL);
