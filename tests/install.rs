@@ -390,3 +390,158 @@ fn mindie_adapter_cmake_finds_installed_kvshare() {
         "{needed:?}"
     );
 }
+
+/// Whether `python3 -m venv` works here; `Err` says why not.
+fn venv_available() -> Result<(), String> {
+    let dir = scratch("venv-probe");
+    match Command::new("python3")
+        .args(["-m", "venv"])
+        .arg(dir.join("v"))
+        .output()
+    {
+        Ok(o) if o.status.success() => Ok(()),
+        Ok(o) => Err(format!(
+            "python3 -m venv fails (apt-get install python3-venv): {}",
+            String::from_utf8_lossy(&o.stderr)
+        )),
+        Err(e) => Err(format!("python3 is not installed: {e}")),
+    }
+}
+
+/// A command with no kvshare override in its environment, cargo's homes kept.
+fn python_cmd(program: &Path) -> Command {
+    let mut cmd = Command::new(program);
+    cmd.env_remove("KVSHARE_LIB")
+        .env_remove("KVSHARE_HEADER")
+        .env_remove("PYTHONPATH");
+    keep_toolchain_homes(&mut cmd);
+    cmd
+}
+
+/// `python -m kvshare` passed and found its library and header inside `site`.
+fn check_smoke_output(out: &str, site_hint: &str) {
+    let title = format!("kvshare {} (ABI {})", env!("CARGO_PKG_VERSION"), abi());
+    assert!(
+        out.lines().any(|l| l == title),
+        "no line {title:?} in:\n{out}"
+    );
+    for file in ["kvshare/libkvshare.so", "kvshare/kvshare.h"] {
+        assert!(
+            out.lines()
+                .any(|l| l.contains(site_hint) && l.trim_end().ends_with(file)),
+            "the installed package must use its bundled {file}:\n{out}"
+        );
+    }
+    assert!(out.contains("8 tokens found cached: ok"), "{out}");
+}
+
+#[test]
+fn readme_python_block_installs_both_packages_from_the_checkout() {
+    if let Err(why) = venv_available() {
+        println!("skipped: {why}");
+        return;
+    }
+    let home = scratch("readme-python");
+    let block = readme_block("python");
+    let mut cmd = python_cmd(Path::new("bash"));
+    cmd.args(["-euo", "pipefail", "-c"])
+        .arg(&block)
+        .current_dir(root())
+        .env("HOME", &home);
+    let out = run(&mut cmd, &format!("README block `python`:\n{block}"));
+    print!("{out}");
+    check_smoke_output(&out, &home.join(".venvs/kvshare").display().to_string());
+}
+
+#[test]
+fn pip_wheels_install_into_a_fresh_venv_and_work_without_environment() {
+    if let Err(why) = venv_available() {
+        println!("skipped: {why}");
+        return;
+    }
+    let dir = scratch("wheel");
+    let (build_venv, fresh, dist) = (dir.join("build-venv"), dir.join("fresh"), dir.join("dist"));
+    for v in [&build_venv, &fresh] {
+        run(
+            Command::new("python3").args(["-m", "venv"]).arg(v),
+            "python3 -m venv",
+        );
+    }
+    run(
+        python_cmd(&build_venv.join("bin/pip"))
+            .args(["wheel", "-q", "--no-deps", "-w"])
+            .arg(&dist)
+            .arg(root().join("integration/python"))
+            .arg(root().join("integration/vllm_ascend"))
+            .current_dir(&dir),
+        "pip wheel",
+    );
+    let wheels: Vec<PathBuf> = std::fs::read_dir(&dist)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    let v = env!("CARGO_PKG_VERSION");
+    let find = |prefix: &str| {
+        wheels
+            .iter()
+            .find(|w| w.file_name().unwrap().to_string_lossy().starts_with(prefix))
+            .unwrap_or_else(|| panic!("no {prefix}* wheel in {wheels:?}"))
+            .clone()
+    };
+    let binding = find(&format!("kvshare-{v}-py3-none-linux_"));
+    let plugin = find(&format!("kvshare_vllm-{v}-cp3"));
+    // The binding's wheel carries the library and the header; the plugin's its extension.
+    let list = |wheel: &Path| {
+        run(
+            Command::new("python3")
+                .args(["-m", "zipfile", "-l"])
+                .arg(wheel),
+            "python3 -m zipfile -l",
+        )
+    };
+    let names = list(&binding);
+    for f in ["kvshare/libkvshare.so ", "kvshare/kvshare.h "] {
+        assert!(
+            names.contains(f),
+            "{} lacks {f}:\n{names}",
+            binding.display()
+        );
+    }
+    let names = list(&plugin);
+    assert!(
+        names.contains("kvshare_vllm/_fast.cpython-"),
+        "{} lacks the compiled _fast:\n{names}",
+        plugin.display()
+    );
+    run(
+        python_cmd(&fresh.join("bin/pip"))
+            .args(["install", "-q"])
+            .arg(&binding)
+            .arg(&plugin)
+            .current_dir(&dir),
+        "pip install (the wheels)",
+    );
+    let out = run(
+        python_cmd(&fresh.join("bin/python"))
+            .args(["-m", "kvshare"])
+            .current_dir(&dir),
+        "python -m kvshare",
+    );
+    print!("{out}");
+    check_smoke_output(&out, &fresh.display().to_string());
+    let out = run(
+        python_cmd(&fresh.join("bin/python"))
+            .args([
+                "-c",
+                "import kvshare_vllm._fast as f, importlib.metadata as m; \
+                 print(f.__file__, m.version('kvshare'), m.version('kvshare-vllm'))",
+            ])
+            .current_dir(&dir),
+        "import kvshare_vllm._fast",
+    );
+    assert!(
+        out.starts_with(&fresh.display().to_string())
+            && out.trim_end().ends_with(&format!("{v} {v}")),
+        "{out}"
+    );
+}

@@ -1,4 +1,6 @@
-"""Builds ``kvshare_vllm._fast`` (the adapter's page hand-over, compiled) when a C compiler is at
+"""The version is Cargo.toml's (``integration/cargo_version.py``).
+
+Builds ``kvshare_vllm._fast`` (the adapter's page hand-over, compiled) when a C compiler is at
 hand; without it the package still installs and ``manager.py`` runs the same step in Python.
 The extension includes the generated ``kvshare.h`` (``$KVSHARE_HEADER``, the installed
 ``kvshare`` package's copy, or the repository's ``include/``) and links against nothing: it calls
@@ -6,11 +8,14 @@ The extension includes the generated ``kvshare.h`` (``$KVSHARE_HEADER``, the ins
 
 import importlib.util
 import os
+import sys
 
 from setuptools import Extension, setup
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.dirname(HERE))
+from cargo_version import cargo_version  # noqa: E402  (integration/cargo_version.py)
 
 
 def header_dir() -> str:
@@ -27,7 +32,8 @@ def header_dir() -> str:
 
 # Optional for users; scripts/test-python sets KVSHARE_VLLM_REQUIRE_FAST so a failed build fails.
 HEADER_DIR = header_dir()
-setup(ext_modules=[Extension("kvshare_vllm._fast", ["kvshare_vllm/_fast.c"],
+setup(version=cargo_version(),
+      ext_modules=[Extension("kvshare_vllm._fast", ["kvshare_vllm/_fast.c"],
                              include_dirs=[HEADER_DIR], extra_compile_args=["-O2"],
                              depends=[os.path.join(HEADER_DIR, "kvshare.h")],
                              optional=not os.environ.get("KVSHARE_VLLM_REQUIRE_FAST"))])

@@ -266,9 +266,9 @@ class Cache:
 
     def close(self) -> None:
         if self.handle is not None:
-            h = ffi.gc(self.handle, None)
+            h, self.handle = self.handle, None
+            ffi.gc(h, None)  # detaches the destructor in place (and returns None)
             lib.kvs_cache_free(h)
-            self.handle = None
 
     # -- cache ----------------------------------------------------------------------------
     def stats(self) -> dict[str, int]:

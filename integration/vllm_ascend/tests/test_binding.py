@@ -79,3 +79,11 @@ def test_extra_keys_isolate():
     c.seq_free(1)
     assert c.prefix_match(list(range(12)), kvshare.ExtraKeys(salt=b"b"))[1] == 0
     assert c.prefix_match(list(range(12)), kvshare.ExtraKeys(salt=b"a"))[1] == 12
+
+
+def test_close_frees_once_and_is_idempotent():
+    """close() frees the cache now (not at garbage collection), once; a second close is a no-op."""
+    c = kvshare.Cache(page_size=4, num_device_pages=8)
+    c.close()
+    assert c.handle is None
+    c.close()
