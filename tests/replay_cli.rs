@@ -74,6 +74,27 @@ fn missing_file_and_bad_flags_fail_cleanly() {
 }
 
 #[test]
+fn flag_forms_and_non_utf8_arguments() {
+    let stderr = |o: &Output| String::from_utf8_lossy(&o.stderr).into_owned();
+    // `--flag=value` is the same as `--flag value`.
+    let out = run(&["--page-size=zero"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("--page-size: \"zero\" is not a valid number"));
+    // A value attached to a flag that takes none is refused, not ignored.
+    let out = run(&["--check=1"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("--check"), "{}", stderr(&out));
+    // A non-UTF-8 argument is a usage error (exit 2), not a panic (exit 101).
+    use std::os::unix::ffi::OsStrExt;
+    let bad = std::ffi::OsStr::from_bytes(b"/tmp/\xff.jsonl");
+    let out = bin().arg("--trace").arg(bad).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("--trace: ") && stderr(&out).contains("not valid UTF-8"));
+    let out = bin().arg(bad).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+}
+
+#[test]
 fn help_lists_every_option() {
     let out = run(&["--help"]);
     assert!(out.status.success());

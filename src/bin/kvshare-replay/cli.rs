@@ -1,4 +1,10 @@
-//! Command-line options (hand-parsed: a dozen flags do not need a parser crate).
+//! Command-line options, read with `lexopt` (one small crate, no dependencies): it takes the
+//! arguments as `OsString`s (a non-UTF-8 argument is an error message, not a panic in
+//! `std::env::args`), accepts `--flag value` and `--flag=value`, and refuses a value attached
+//! to a flag that takes none (`--check=1`). `clap` would also write the usage text, but costs
+//! 16 crates and about 470 KB of binary (README.md, "Dependencies").
+
+use std::ffi::OsString;
 
 use kvshare::core::DType;
 use kvshare::replay::model::parse_dtype;
@@ -139,30 +145,42 @@ where
 }
 
 /// Parses the arguments after the program name.
-pub fn parse(argv: &[String]) -> Result<Args, String> {
+pub fn parse<I>(argv: I) -> Result<Args, String>
+where
+    I: IntoIterator,
+    I::Item: Into<OsString>,
+{
+    use lexopt::Arg::{Long, Short, Value};
     let mut a = Args::default();
-    let mut it = argv.iter();
-    while let Some(flag) = it.next() {
+    let mut p = lexopt::Parser::from_args(argv);
+    let see_help = |e: lexopt::Error| format!("{e} (see --help)");
+    while let Some(arg) = p.next().map_err(see_help)? {
+        let flag = match arg {
+            Long(name) => format!("--{name}"),
+            Short(c) => format!("-{c}"),
+            Value(v) => return Err(format!("unexpected argument {v:?} (see --help)")),
+        };
         let flag = flag.as_str();
-        let mut val = || {
-            it.next()
-                .map(String::as_str)
-                .ok_or_else(|| format!("{flag} needs a value (see --help)"))
+        let mut val = || -> Result<String, String> {
+            p.value()
+                .map_err(|_| format!("{flag} needs a value (see --help)"))?
+                .into_string()
+                .map_err(|v| format!("{flag}: {v:?} is not valid UTF-8"))
         };
         match flag {
             "-h" | "--help" => a.help = true,
-            "--trace" => a.trace = Some(val()?.to_string()),
-            "--users" => a.users = num(flag, val()?, 1)?,
-            "--turns" => a.turns = num(flag, val()?, 1)?,
-            "--system-tokens" => a.system_tokens = num(flag, val()?, 0)?,
-            "--seed" => a.seed = num(flag, val()?, 0)?,
-            "--dump-trace" => a.dump_trace = Some(val()?.to_string()),
-            "--page-size" => a.page_size = num(flag, val()?, 1)?,
-            "--device-pages" => a.device_pages = Some(num(flag, val()?, 1)?),
-            "--host-pages" => a.host_pages = num(flag, val()?, 0)?,
-            "--concurrency" => a.concurrency = num(flag, val()?, 1)?,
+            "--trace" => a.trace = Some(val()?),
+            "--users" => a.users = num(flag, &val()?, 1)?,
+            "--turns" => a.turns = num(flag, &val()?, 1)?,
+            "--system-tokens" => a.system_tokens = num(flag, &val()?, 0)?,
+            "--seed" => a.seed = num(flag, &val()?, 0)?,
+            "--dump-trace" => a.dump_trace = Some(val()?),
+            "--page-size" => a.page_size = num(flag, &val()?, 1)?,
+            "--device-pages" => a.device_pages = Some(num(flag, &val()?, 1)?),
+            "--host-pages" => a.host_pages = num(flag, &val()?, 0)?,
+            "--concurrency" => a.concurrency = num(flag, &val()?, 1)?,
             "--step-ms" => {
-                a.step_ms = num(flag, val()?, 0.0)?;
+                a.step_ms = num(flag, &val()?, 0.0)?;
                 if a.step_ms <= 0.0 {
                     return Err("--step-ms must be above 0".into());
                 }
@@ -171,25 +189,25 @@ pub fn parse(argv: &[String]) -> Result<Args, String> {
             "--no-demote" => a.demote_to_host = false,
             "--check" => a.check = true,
             "--no-attention" => a.attention = false,
-            "--layers" => a.layers = num(flag, val()?, 1)?,
-            "--kv-heads" => a.kv_heads = num(flag, val()?, 1)?,
-            "--gqa" => a.gqa = num(flag, val()?, 1)?,
-            "--head-dim" => a.head_dim = num(flag, val()?, 1)?,
+            "--layers" => a.layers = num(flag, &val()?, 1)?,
+            "--kv-heads" => a.kv_heads = num(flag, &val()?, 1)?,
+            "--gqa" => a.gqa = num(flag, &val()?, 1)?,
+            "--head-dim" => a.head_dim = num(flag, &val()?, 1)?,
             "--dtype" => {
                 let v = val()?;
-                a.dtype = parse_dtype(v)
+                a.dtype = parse_dtype(&v)
                     .ok_or_else(|| format!("--dtype: {v:?} is not f16, bf16 or f32"))?
             }
-            "--threads" => a.threads = num(flag, val()?, 0)?,
+            "--threads" => a.threads = num(flag, &val()?, 0)?,
             "--verify" => a.verify = true,
             "--sweep" => {
-                a.sweep = Some(match val()? {
+                a.sweep = Some(match val()?.as_str() {
                     "share-ratio" => Sweep::ShareRatio,
                     "page-size" => Sweep::PageSize,
                     v => return Err(format!("--sweep: {v:?} is not share-ratio or page-size")),
                 })
             }
-            "--svg" => a.svg = val()?.to_string(),
+            "--svg" => a.svg = val()?,
             "--json" => a.json = true,
             other => return Err(format!("unknown option {other:?} (see --help)")),
         }

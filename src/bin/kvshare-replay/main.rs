@@ -250,8 +250,7 @@ fn run(a: &Args) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    let argv: Vec<String> = std::env::args().skip(1).collect();
-    let a = match cli::parse(&argv) {
+    let a = match cli::parse(std::env::args_os().skip(1)) {
         Ok(a) => a,
         Err(e) => {
             eprintln!("kvshare-replay: {e}");
