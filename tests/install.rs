@@ -196,6 +196,9 @@ fn readme_cxx_block_builds_with_cmake_shared_and_static() {
         return;
     }
     let home = scratch("readme-cxx");
+    // A CMake build directory remembers the kvshare_DIR it found first (a previous run's
+    // $HOME): start from none, as a first-time user does.
+    let _ = std::fs::remove_dir_all(root().join("build/hello-cmake"));
     let out = run_readme_block("cxx", &home);
     check_hello_output(&out, 2);
     let build = root().join("build/hello-cmake");
@@ -408,6 +411,14 @@ fn venv_available() -> Result<(), String> {
     }
 }
 
+/// pip builds a local directory in place (setuptools' `build/` inside it): two builds of one
+/// package at once collide ("File exists"), so the tests that run pip take turns.
+fn pip_turn() -> std::sync::MutexGuard<'static, ()> {
+    static PIP: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    PIP.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// A command with no kvshare override in its environment, cargo's homes kept.
 fn python_cmd(program: &Path) -> Command {
     let mut cmd = Command::new(program);
@@ -441,6 +452,7 @@ fn readme_python_block_installs_both_packages_from_the_checkout() {
         println!("skipped: {why}");
         return;
     }
+    let _turn = pip_turn();
     let home = scratch("readme-python");
     let block = readme_block("python");
     let mut cmd = python_cmd(Path::new("bash"));
@@ -459,6 +471,7 @@ fn pip_wheels_install_into_a_fresh_venv_and_work_without_environment() {
         println!("skipped: {why}");
         return;
     }
+    let _turn = pip_turn();
     let dir = scratch("wheel");
     let (build_venv, fresh, dist) = (dir.join("build-venv"), dir.join("fresh"), dir.join("dist"));
     for v in [&build_venv, &fresh] {
