@@ -1,33 +1,69 @@
 //! The CPU backend: synchronous, host memory, f32/f16/bf16 with f32 accumulation.
 //!
-//! Attention runs on a persistent [`ThreadPool`] over work items `(sequence, block of query
-//! tokens, kv heads)`: all kv heads of a sequence in one item (so its K/V streams from memory)
-//! unless the batch is too small to keep the threads busy, then the heads are split. The query
-//! heads of one kv head (GQA/MQA) share each K/V read. See [`super::kernel`] for the inner loop.
+//! Attention runs on a persistent [`ThreadPool`] over the items of a [`plan`]: some query tokens
+//! of one sequence against all its kv heads (so its K/V streams from memory) and a range of its
+//! keys; long sequences are split into key chunks whose partial softmaxes are merged exactly
+//! (split-K / flash-decoding), and the heads are divided only when the batch is still too small
+//! to keep the threads busy. The query heads of one kv head (GQA/MQA) share each K/V read. See
+//! [`super::kernel`] for the inner loop and [`isa`] for the instruction-set paths.
 
 use half::{bf16, f16};
 
-use super::kernel::{self, KvElem, Rows, SeqKv, MAX_GROUP};
+use std::sync::OnceLock;
+
+pub use isa::{amx_permission, cpu_flags, Isa, ISA_ENV};
+use plan::Item;
+
+use super::kernel::{self, KvElem, Rows, SeqKv};
 use super::pool::ThreadPool;
 use super::{AttnBatch, Backend, Buf, BufMut, CopyKind, KvWrite, PageCopyBatch};
 use crate::core::{Error, Result};
 
+mod isa;
+mod plan;
+
 /// The CPU backend.
 pub struct CpuBackend {
     pool: ThreadPool,
+    isa: Isa,
+    /// Whether `isa` came from `KVSHARE_CPU_ISA`.
+    forced: bool,
 }
 
 impl CpuBackend {
-    /// A backend whose pool runs on `num_threads` threads (0: the machine's parallelism).
+    /// A backend whose pool runs on `num_threads` threads (0: the machine's parallelism), on
+    /// the best kernel path this CPU has, or the one `KVSHARE_CPU_ISA` forces (an error, not a
+    /// fallback, when that path cannot run here; see [`Isa::from_env`]).
     pub fn new(num_threads: usize) -> Result<Self> {
+        let forced = std::env::var_os(ISA_ENV).is_some_and(|v| !v.is_empty());
+        let isa = Isa::from_env()?;
+        let mut b = Self::with_isa(num_threads, isa)?;
+        b.forced = forced;
+        Ok(b)
+    }
+
+    /// As [`CpuBackend::new`] on the given path (the environment is not read); an error when
+    /// this machine cannot run it.
+    pub fn with_isa(num_threads: usize, isa: Isa) -> Result<Self> {
+        isa.check()
+            .map_err(|why| Error::BackendUnavailable(format!("CPU path {}: {why}", isa.name())))?;
         let pool = ThreadPool::new(num_threads)
             .map_err(|e| Error::BackendFailure(format!("cannot start CPU worker threads: {e}")))?;
-        Ok(CpuBackend { pool })
+        Ok(CpuBackend {
+            pool,
+            isa,
+            forced: false,
+        })
     }
 
     /// Threads that run work.
     pub fn num_threads(&self) -> usize {
         self.pool.num_threads()
+    }
+
+    /// The kernel path that runs.
+    pub fn isa(&self) -> Isa {
+        self.isa
     }
 }
 
@@ -88,88 +124,111 @@ impl OutRows {
     }
 }
 
-/// One unit of parallel work: some query tokens of one sequence against a range of its kv
-/// heads (all of them unless the batch is too small to keep every thread busy).
-#[derive(Clone, Copy)]
-struct Item {
-    seq: usize,
-    /// First query token of the item, relative to the sequence.
-    q0: usize,
-    /// Query tokens of the item.
-    qn: usize,
-    /// First kv head.
-    h0: usize,
-    /// Kv heads.
-    hn: usize,
+/// An item's query rows, in kernel order (kv head, then query token, then the head's query
+/// heads, so rows sharing a kv head are adjacent), restricted to the item's key range.
+struct ItemRows {
+    q: Vec<f32>,
+    lo: Vec<usize>,
+    hi: Vec<usize>,
+    kv_head: Vec<usize>,
+}
+
+fn item_rows(batch: &AttnBatch<'_>, it: &Item) -> ItemRows {
+    let p = batch.params();
+    let (g, d) = (p.group(), p.cache.head_dim);
+    let seq = &batch.seqs()[it.seq];
+    let rows = it.hn * it.qn * g;
+    let mut r = ItemRows {
+        q: vec![0f32; rows * d],
+        lo: vec![0; rows],
+        hi: vec![0; rows],
+        kv_head: vec![0; rows],
+    };
+    for kh in it.h0..it.h0 + it.hn {
+        for qi in 0..it.qn {
+            let tok = seq.q_start + it.q0 + qi;
+            let (lo, hi) = plan::row_range(seq, it.q0 + qi, p.sliding_window);
+            // Clamped into the item's range; a row that sees none of it gets an empty range.
+            let (lo, hi) = (lo.clamp(it.k0, it.k1), hi.clamp(it.k0, it.k1));
+            for gi in 0..g {
+                let row = ((kh - it.h0) * it.qn + qi) * g + gi;
+                let q = &mut r.q[row * d..(row + 1) * d];
+                let h = kh * g + gi;
+                batch
+                    .bufs
+                    .query
+                    .read_f32(tok * p.query_strides.token + h * p.query_strides.head, q);
+                q.iter_mut().for_each(|x| *x *= p.scale);
+                r.kv_head[row] = kh;
+                r.lo[row] = lo;
+                r.hi[row] = hi;
+            }
+        }
+    }
+    r
+}
+
+/// Writes an item's `rows` output rows (`d` floats each, kernel order) to the output tensor.
+fn write_rows(batch: &AttnBatch<'_>, it: &Item, acc: &[f32], out: &OutRows) {
+    let p = batch.params();
+    let (g, d) = (p.group(), p.cache.head_dim);
+    let seq = &batch.seqs()[it.seq];
+    for kh in it.h0..it.h0 + it.hn {
+        for qi in 0..it.qn {
+            let tok = seq.q_start + it.q0 + qi;
+            for gi in 0..g {
+                let row = ((kh - it.h0) * it.qn + qi) * g + gi;
+                let h = kh * g + gi;
+                // SAFETY: row (tok, h) belongs to this item (or split) only; the plan covers
+                // every row once and validation proved output rows do not overlap.
+                unsafe {
+                    out.write(
+                        tok * p.output_strides.token + h * p.output_strides.head,
+                        &acc[row * d..(row + 1) * d],
+                    )
+                };
+            }
+        }
+    }
+}
+
+/// The unnormalised state of one part of a split (see [`kernel::attend_partial`]).
+struct Partial {
+    acc: Vec<f32>,
+    m: Vec<f32>,
+    l: Vec<f32>,
 }
 
 fn run_attention<T: KvElem>(
     pool: &ThreadPool,
+    isa: Isa,
     batch: &AttnBatch<'_>,
     k: &[T],
     v: &[T],
     out: &OutRows,
 ) {
     let p = batch.params();
-    let g = p.group();
     let d = p.cache.head_dim;
-    let hk = p.cache.num_kv_heads;
-    // Query tokens per item: enough for 8 rows of one kv head (one register group).
-    let qb = MAX_GROUP.div_ceil(g).max(1);
-    let blocks: usize = batch.seqs().iter().map(|s| s.q_len.div_ceil(qb)).sum();
-    // Split the kv heads only when there are too few items for the threads.
-    let want = 4 * pool.num_threads();
-    let splits = want.div_ceil(blocks.max(1)).clamp(1, hk);
-    let hn = hk.div_ceil(splits);
-    let mut items = Vec::new();
-    for (s, seq) in batch.seqs().iter().enumerate() {
-        for q0 in (0..seq.q_len).step_by(qb) {
-            for h0 in (0..hk).step_by(hn) {
-                items.push(Item {
-                    seq: s,
-                    q0,
-                    qn: qb.min(seq.q_len - q0),
-                    h0,
-                    hn: hn.min(hk - h0),
-                });
-            }
-        }
-    }
-    // Longest items first (prefill rows late in a long sequence see the most keys).
     let seqs = batch.seqs();
-    items.sort_by_key(|it| std::cmp::Reverse(seqs[it.seq].ctx_len - seqs[it.seq].q_len + it.q0));
-    let query = batch.bufs.query;
-    pool.for_each(items.len(), |i| {
-        let it = items[i];
+    let plan = plan::plan(
+        seqs,
+        p.group(),
+        p.cache.num_kv_heads,
+        p.cache.page_size,
+        p.sliding_window,
+        pool.num_threads(),
+    );
+    let partials: Vec<OnceLock<Partial>> = (0..plan.num_parts).map(|_| OnceLock::new()).collect();
+    pool.for_each(plan.items.len(), |i| {
+        let it = plan.items[i];
         let seq = seqs[it.seq];
-        let rows = it.hn * it.qn * g;
-        let mut q = vec![0f32; rows * d];
-        let mut lo = vec![0usize; rows];
-        let mut hi = vec![0usize; rows];
-        let mut kv_head = vec![0usize; rows];
-        // Row order: kv head, then query token, then the head's query heads, so that the rows
-        // sharing a kv head are adjacent.
-        let row_of = |kh: usize, qi: usize, gi: usize| ((kh - it.h0) * it.qn + qi) * g + gi;
-        for kh in it.h0..it.h0 + it.hn {
-            for qi in 0..it.qn {
-                let tok = seq.q_start + it.q0 + qi;
-                let pos = seq.ctx_len - seq.q_len + it.q0 + qi;
-                for gi in 0..g {
-                    let r = row_of(kh, qi, gi);
-                    let row = &mut q[r * d..(r + 1) * d];
-                    let h = kh * g + gi;
-                    query.read_f32(tok * p.query_strides.token + h * p.query_strides.head, row);
-                    row.iter_mut().for_each(|x| *x *= p.scale);
-                    kv_head[r] = kh;
-                    hi[r] = pos + 1;
-                    lo[r] = if p.sliding_window > 0 {
-                        (pos + 1).saturating_sub(p.sliding_window)
-                    } else {
-                        0
-                    };
-                }
-            }
-        }
+        let r = item_rows(batch, &it);
+        let rows = Rows {
+            q: &r.q,
+            lo: &r.lo,
+            hi: &r.hi,
+            kv_head: &r.kv_head,
+        };
         let pages = &batch.bufs.block_table[it.seq * p.block_table_stride..]
             [..seq.ctx_len.div_ceil(p.cache.page_size)];
         let kv = SeqKv {
@@ -179,33 +238,38 @@ fn run_attention<T: KvElem>(
             layout: &p.cache,
             softcap: p.softcap,
         };
-        let mut acc = vec![0f32; rows * d];
-        kernel::attend(
-            &kv,
-            &Rows {
-                q: &q,
-                lo: &lo,
-                hi: &hi,
-                kv_head: &kv_head,
-            },
-            &mut acc,
-        );
-        for kh in it.h0..it.h0 + it.hn {
-            for qi in 0..it.qn {
-                let tok = seq.q_start + it.q0 + qi;
-                for gi in 0..g {
-                    let r = row_of(kh, qi, gi);
-                    let h = kh * g + gi;
-                    // SAFETY: row (tok, h) belongs to this item only; rows do not overlap.
-                    unsafe {
-                        out.write(
-                            tok * p.output_strides.token + h * p.output_strides.head,
-                            &acc[r * d..(r + 1) * d],
-                        )
-                    };
-                }
+        let n = r.lo.len();
+        let mut acc = vec![0f32; n * d];
+        match it.part {
+            None => {
+                kernel::attend(isa, &kv, &rows, &mut acc);
+                write_rows(batch, &it, &acc, out);
+            }
+            Some(part) => {
+                let (mut m, mut l) = (vec![0f32; n], vec![0f32; n]);
+                kernel::attend_partial(isa, &kv, &rows, &mut acc, &mut m, &mut l);
+                // Each part index belongs to exactly one item, so the cell is empty here.
+                let _ = partials[part].set(Partial { acc, m, l });
             }
         }
+    });
+    pool.for_each(plan.splits.len(), |i| {
+        let split = &plan.splits[i];
+        let parts: Vec<&Partial> = split
+            .parts
+            .clone()
+            .map(|j| partials[j].get().expect("every part ran"))
+            .collect();
+        let n = parts[0].m.len();
+        let mut acc = vec![0f32; n * d];
+        for r in 0..n {
+            let rp: Vec<(&[f32], f32, f32)> = parts
+                .iter()
+                .map(|pt| (&pt.acc[r * d..(r + 1) * d], pt.m[r], pt.l[r]))
+                .collect();
+            kernel::merge_partials(&rp, &mut acc[r * d..(r + 1) * d]);
+        }
+        write_rows(batch, &split.rows, &acc, out);
     });
 }
 
@@ -233,15 +297,29 @@ impl Backend for CpuBackend {
         "cpu"
     }
 
+    fn describe(&self) -> String {
+        format!(
+            "cpu: kernel path {} ({}), {} threads; CPU flags: {}",
+            self.isa.name(),
+            if self.forced {
+                "forced by KVSHARE_CPU_ISA"
+            } else {
+                "best available"
+            },
+            self.pool.num_threads(),
+            cpu_flags()
+        )
+    }
+
     fn attention(&self, mut batch: AttnBatch<'_>) -> Result<()> {
         let out = OutRows::new(std::mem::replace(
             &mut batch.bufs.output,
             BufMut::F32(&mut []),
         ));
         match (batch.bufs.key_cache, batch.bufs.value_cache) {
-            (Buf::F32(k), Buf::F32(v)) => run_attention(&self.pool, &batch, k, v, &out),
-            (Buf::F16(k), Buf::F16(v)) => run_attention(&self.pool, &batch, k, v, &out),
-            (Buf::BF16(k), Buf::BF16(v)) => run_attention(&self.pool, &batch, k, v, &out),
+            (Buf::F32(k), Buf::F32(v)) => run_attention(&self.pool, self.isa, &batch, k, v, &out),
+            (Buf::F16(k), Buf::F16(v)) => run_attention(&self.pool, self.isa, &batch, k, v, &out),
+            (Buf::BF16(k), Buf::BF16(v)) => run_attention(&self.pool, self.isa, &batch, k, v, &out),
             _ => {
                 return Err(Error::BackendFailure(
                     "K and V caches differ in dtype".into(),

@@ -15,6 +15,7 @@
 
 use half::{bf16, f16};
 
+use super::cpu::Isa;
 use super::CacheLayout;
 
 /// Tokens per K/V block (a block never crosses a page).
@@ -162,6 +163,26 @@ mod avx2 {
 
     pub(super) struct Avx2;
 
+    /// `exp(r)` for `|r| <= ln 2 / 2`: the Cephes degree-6 polynomial.
+    #[inline(always)]
+    unsafe fn poly(r: __m256) -> __m256 {
+        let mut p = _mm256_set1_ps(1.987_569_1e-4);
+        for c in [
+            1.398_199_9e-3,
+            8.333_452e-3,
+            4.166_579_6e-2,
+            0.166_666_65,
+            0.5,
+        ] {
+            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+        }
+        _mm256_fmadd_ps(
+            p,
+            _mm256_mul_ps(r, r),
+            _mm256_add_ps(r, _mm256_set1_ps(1.0)),
+        )
+    }
+
     #[inline(always)]
     unsafe fn exp8(x: __m256) -> __m256 {
         // Cephes expf: range reduction by ln 2 (split in two constants), degree-6 polynomial;
@@ -176,21 +197,7 @@ mod avx2 {
         );
         let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
         let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
-        let mut p = _mm256_set1_ps(1.987_569_1e-4);
-        for c in [
-            1.398_199_9e-3,
-            8.333_452e-3,
-            4.166_579_6e-2,
-            0.166_666_65,
-            0.5,
-        ] {
-            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
-        }
-        let p = _mm256_fmadd_ps(
-            p,
-            _mm256_mul_ps(r, r),
-            _mm256_add_ps(r, _mm256_set1_ps(1.0)),
-        );
+        let p = poly(r);
         let e = _mm256_slli_epi32::<23>(_mm256_add_epi32(
             _mm256_cvtps_epi32(n),
             _mm256_set1_epi32(127),
@@ -262,6 +269,60 @@ mod avx2 {
             T::load8_avx2(p)
         }
     }
+
+    /// The AVX-512 path: [`Avx2`]'s operations, inlined into a function compiled with
+    /// AVX-512F/VL (32 registers, EVEX), except `exp`, which scales by `vscalefps`.
+    pub(super) struct Avx512;
+
+    #[inline(always)]
+    unsafe fn exp8_scalef(x: __m256) -> __m256 {
+        // As exp8, but 2^n applied by vscalefps (exact for the n in range here).
+        let zero = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(-87.0));
+        let x = _mm256_min_ps(
+            _mm256_max_ps(x, _mm256_set1_ps(-87.0)),
+            _mm256_set1_ps(88.0),
+        );
+        let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
+        );
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
+        let p = poly(r);
+        _mm256_andnot_ps(zero, _mm256_scalef_ps(p, n))
+    }
+
+    macro_rules! delegate {
+        ($($f:ident($($a:ident: $t:ty),*) -> $r:ty;)*) => {
+            $(#[inline(always)]
+            unsafe fn $f($($a: $t),*) -> $r {
+                <Avx2 as Lanes>::$f($($a),*)
+            })*
+        };
+    }
+
+    impl Lanes for Avx512 {
+        type V = __m256;
+        delegate! {
+            zero() -> __m256;
+            splat(x: f32) -> __m256;
+            load(p: *const f32) -> __m256;
+            store(p: *mut f32, v: __m256) -> ();
+            fma(a: __m256, b: __m256, c: __m256) -> __m256;
+            hsum(v: __m256) -> f32;
+            hsum8(a: &[__m256; 8]) -> __m256;
+            add(a: __m256, b: __m256) -> __m256;
+            sub(a: __m256, b: __m256) -> __m256;
+            max(a: __m256, b: __m256) -> __m256;
+        }
+        #[inline(always)]
+        unsafe fn exp(v: __m256) -> __m256 {
+            exp8_scalef(v)
+        }
+        #[inline(always)]
+        unsafe fn load_kv<T: KvElem>(p: *const T) -> __m256 {
+            T::load8_avx2(p)
+        }
+    }
 }
 
 /// One sequence's K/V (all kv heads).
@@ -290,30 +351,97 @@ pub(crate) struct Rows<'a> {
 /// The sequence's K/V is walked once, block by block (a block is up to 32 tokens of one page),
 /// and each block is used by every row group before moving on, so memory is read as one
 /// stream per sequence (all heads of a token slot are adjacent in the usual layout).
-pub(crate) fn attend<T: KvElem>(kv: &SeqKv<'_, T>, rows: &Rows<'_>, out: &mut [f32]) {
+pub(crate) fn attend<T: KvElem>(isa: Isa, kv: &SeqKv<'_, T>, rows: &Rows<'_>, out: &mut [f32]) {
+    let n = rows.lo.len();
+    let d = kv.layout.head_dim;
+    let (mut m, mut l) = (vec![0f32; n], vec![0f32; n]);
+    attend_partial(isa, kv, rows, out, &mut m, &mut l);
+    for r in 0..n {
+        let inv = if l[r] > 0.0 { 1.0 / l[r] } else { 0.0 };
+        out[r * d..(r + 1) * d].iter_mut().for_each(|x| *x *= inv);
+    }
+}
+
+/// The online-softmax state of every row, not normalised: `out[r*d..][..d]` gets
+/// `sum_t exp(s_t - m[r]) v_t`, `m[r]` the largest score seen (`-inf` when the row sees no
+/// position) and `l[r]` the sum `sum_t exp(s_t - m[r])` (0 then). States of disjoint position
+/// ranges of one row merge exactly (see [`merge_partials`]); split-K decoding relies on it.
+pub(crate) fn attend_partial<T: KvElem>(
+    isa: Isa,
+    kv: &SeqKv<'_, T>,
+    rows: &Rows<'_>,
+    out: &mut [f32],
+    m: &mut [f32],
+    l: &mut [f32],
+) {
     let d = kv.layout.head_dim;
     let n = rows.lo.len();
     assert!(rows.hi.len() == n && rows.kv_head.len() == n);
     assert!(rows.q.len() >= n * d && out.len() >= n * d);
-    #[cfg(target_arch = "x86_64")]
-    {
-        if is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c")
-        {
-            // SAFETY: the features are present; the lengths are checked above and in `block`.
-            unsafe { attend_avx2(kv, rows, out) };
-            return;
-        }
+    assert!(m.len() >= n && l.len() >= n);
+    // A path the machine lacks runs the portable code instead (check() is a cached load).
+    let isa = if isa.check().is_ok() {
+        isa
+    } else {
+        Isa::Portable
+    };
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: check() found the features; the lengths are checked above and in `block`.
+        Isa::Avx512 => unsafe { attend_avx512(kv, rows, out, m, l) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        Isa::Avx2 => unsafe { attend_avx2(kv, rows, out, m, l) },
+        // SAFETY: the lengths are checked above and in `block`.
+        _ => unsafe { attend_impl::<Scalar, T>(kv, rows, out, m, l) },
     }
-    // SAFETY: the lengths are checked above and in `block`.
-    unsafe { attend_impl::<Scalar, T>(kv, rows, out) }
+}
+
+/// Merges the partial states of one row over disjoint position ranges into the normalised
+/// output: with `M = max_i m_i` and `w_i = exp(m_i - M)`,
+/// `out = sum_i w_i acc_i / sum_i w_i l_i` (zeros when no part saw a position), which is the
+/// softmax over the union of the ranges.
+pub(crate) fn merge_partials(parts: &[(&[f32], f32, f32)], out: &mut [f32]) {
+    let mx = parts.iter().map(|p| p.1).fold(f32::NEG_INFINITY, f32::max);
+    out.fill(0.0);
+    if mx == f32::NEG_INFINITY {
+        return;
+    }
+    let mut l = 0f32;
+    for &(acc, m, pl) in parts {
+        if m == f32::NEG_INFINITY {
+            continue;
+        }
+        let w = (m - mx).exp();
+        l += w * pl;
+        out.iter_mut().zip(acc).for_each(|(o, a)| *o += w * a);
+    }
+    let inv = if l > 0.0 { 1.0 / l } else { 0.0 };
+    out.iter_mut().for_each(|x| *x *= inv);
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn attend_avx2<T: KvElem>(kv: &SeqKv<'_, T>, rows: &Rows<'_>, out: &mut [f32]) {
-    attend_impl::<avx2::Avx2, T>(kv, rows, out)
+unsafe fn attend_avx2<T: KvElem>(
+    kv: &SeqKv<'_, T>,
+    rows: &Rows<'_>,
+    out: &mut [f32],
+    m: &mut [f32],
+    l: &mut [f32],
+) {
+    attend_impl::<avx2::Avx2, T>(kv, rows, out, m, l)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
+unsafe fn attend_avx512<T: KvElem>(
+    kv: &SeqKv<'_, T>,
+    rows: &Rows<'_>,
+    out: &mut [f32],
+    m: &mut [f32],
+    l: &mut [f32],
+) {
+    attend_impl::<avx2::Avx512, T>(kv, rows, out, m, l)
 }
 
 /// Online-softmax state of up to 8 adjacent rows of one kv head.
@@ -328,7 +456,13 @@ struct Group {
 }
 
 #[inline(always)]
-unsafe fn attend_impl<L: Lanes, T: KvElem>(kv: &SeqKv<'_, T>, rows: &Rows<'_>, out: &mut [f32]) {
+unsafe fn attend_impl<L: Lanes, T: KvElem>(
+    kv: &SeqKv<'_, T>,
+    rows: &Rows<'_>,
+    out: &mut [f32],
+    m_out: &mut [f32],
+    l_out: &mut [f32],
+) {
     let lay = kv.layout;
     let d = lay.head_dim;
     let n = rows.lo.len();
@@ -412,11 +546,8 @@ unsafe fn attend_impl<L: Lanes, T: KvElem>(kv: &SeqKv<'_, T>, rows: &Rows<'_>, o
     }
     for g in &groups {
         for r in 0..g.ng {
-            let inv = if g.l[r] > 0.0 { 1.0 / g.l[r] } else { 0.0 };
-            let row = g.r0 + r;
-            out[row * d..(row + 1) * d]
-                .iter_mut()
-                .for_each(|x| *x *= inv);
+            m_out[g.r0 + r] = g.m[r];
+            l_out[g.r0 + r] = g.l[r];
         }
     }
 }
@@ -693,29 +824,110 @@ mod tests {
                     hi: &hi[r.clone()],
                     kv_head: &heads[r],
                 };
-                let mut scalar = vec![0f32; 8 * d];
-                // SAFETY: slice lengths match the rows.
-                unsafe { attend_impl::<Scalar, bf16>(&kv, &rows(0..8), &mut scalar) };
-                let mut auto = vec![0f32; 8 * d];
-                attend(&kv, &rows(0..8), &mut auto);
-                let mut split = vec![0f32; 8 * d];
-                for r in 0..8 {
-                    attend(&kv, &rows(r..r + 1), &mut split[r * d..(r + 1) * d]);
+                let mut results = Vec::new();
+                for isa in Isa::ALL {
+                    if let Err(why) = isa.check() {
+                        println!("kernel path {}: skipped: {why}", isa.name());
+                        continue;
+                    }
+                    let mut all = vec![0f32; 8 * d];
+                    attend(isa, &kv, &rows(0..8), &mut all);
+                    results.push((isa.name(), "8 rows", all));
+                    let mut split = vec![0f32; 8 * d];
+                    for r in 0..8 {
+                        attend(isa, &kv, &rows(r..r + 1), &mut split[r * d..(r + 1) * d]);
+                    }
+                    results.push((isa.name(), "one row", split));
                 }
                 for i in 0..8 * d {
-                    for (name, got) in [
-                        ("scalar", scalar[i]),
-                        ("dispatch", auto[i]),
-                        ("one row", split[i]),
-                    ] {
+                    for (isa, how, got) in &results {
                         assert!(
-                            (got - want[i]).abs() < 1e-5,
-                            "{name} d {d} [{i}]: {got} vs {}",
+                            (got[i] - want[i]).abs() < 1e-5,
+                            "{isa} {how} d {d} [{i}]: {} vs {}",
+                            got[i],
                             want[i]
                         );
                     }
                 }
             }
         }
+    }
+
+    /// Split-K: partial states over disjoint position ranges merge to the one-pass result,
+    /// including ranges a row does not see (empty parts) and a row seeing nothing at all.
+    #[test]
+    fn partials_over_split_ranges_merge_exactly() {
+        let (ps, hk, d) = (16usize, 1usize, 64usize);
+        let layout = CacheLayout::dense(DType::F32, 8, ps, hk, d);
+        let mut seed = 9u32;
+        let mut rnd = || {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (seed >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0
+        };
+        let n = 8 * ps * hk * d;
+        let k: Vec<f32> = (0..n).map(|_| rnd()).collect();
+        let v: Vec<f32> = (0..n).map(|_| rnd()).collect();
+        let pages = [5, 1, 7, 0, 2, 6];
+        let q: Vec<f32> = (0..4 * d).map(|_| rnd()).collect();
+        // Row 3 sees nothing in [40, 70): its last part is empty for it.
+        let (lo, hi) = ([0usize, 10, 0, 0], [90usize, 90, 33, 40]);
+        let kv = SeqKv {
+            k: &k,
+            v: &v,
+            pages: &pages,
+            layout: &layout,
+            softcap: 0.0,
+        };
+        let heads = [0usize; 4];
+        for isa in Isa::ALL.into_iter().filter(|i| i.check().is_ok()) {
+            let rows = Rows {
+                q: &q,
+                lo: &lo,
+                hi: &hi,
+                kv_head: &heads,
+            };
+            let mut whole = vec![0f32; 4 * d];
+            attend(isa, &kv, &rows, &mut whole);
+            let cuts = [0usize, 17, 40, 70, 96];
+            let mut parts = Vec::new();
+            for w in cuts.windows(2) {
+                let plo: Vec<usize> = lo.iter().map(|&x| x.clamp(w[0], w[1])).collect();
+                let phi: Vec<usize> = hi.iter().map(|&x| x.clamp(w[0], w[1])).collect();
+                let prow = Rows {
+                    q: &q,
+                    lo: &plo,
+                    hi: &phi,
+                    kv_head: &heads,
+                };
+                let (mut acc, mut m, mut l) = (vec![0f32; 4 * d], vec![0f32; 4], vec![0f32; 4]);
+                attend_partial(isa, &kv, &prow, &mut acc, &mut m, &mut l);
+                parts.push((acc, m, l));
+            }
+            assert_eq!(
+                parts[3].1[3],
+                f32::NEG_INFINITY,
+                "row 3 sees nothing in [70, 96)"
+            );
+            assert_eq!(parts[3].2[3], 0.0);
+            for r in 0..4 {
+                let rp: Vec<(&[f32], f32, f32)> = parts
+                    .iter()
+                    .map(|(a, m, l)| (&a[r * d..(r + 1) * d], m[r], l[r]))
+                    .collect();
+                let mut merged = vec![0f32; d];
+                merge_partials(&rp, &mut merged);
+                for i in 0..d {
+                    let (a, b) = (merged[i], whole[r * d + i]);
+                    assert!(
+                        (a - b).abs() < 1e-6,
+                        "{} row {r} [{i}]: {a} vs {b}",
+                        isa.name()
+                    );
+                }
+            }
+        }
+        let mut none = vec![1f32; 4];
+        merge_partials(&[(&[2.0; 4], f32::NEG_INFINITY, 0.0)], &mut none);
+        assert_eq!(none, [0.0; 4]);
     }
 }

@@ -1,0 +1,258 @@
+//! Which instruction-set path the CPU kernel runs, chosen once per backend at run time.
+//!
+//! The kernel is one generic loop over 8 f32 lanes ([`super::super::kernel`]), compiled once
+//! per path with that path's target features:
+//!
+//! * `portable`: plain `[f32; 8]` arrays (the compiler vectorises them for the build target:
+//!   SSE2 on x86-64, NEON on aarch64). Runs everywhere.
+//! * `avx2`: AVX2 + FMA + F16C intrinsics (f16 converted by `vcvtph2ps`, bf16 by a shift).
+//! * `avx512`: the same 8-lane kernel compiled with AVX-512F/VL enabled, so it gets 32 vector
+//!   registers and EVEX encodings, and `exp` scales by `vscalefps` instead of building the
+//!   exponent bits. It is not a 16-lane kernel.
+//! * `amx`: named so that `KVSHARE_CPU_ISA=amx` is understood, but no AMX kernel exists yet:
+//!   [`Isa::check`] refuses it on every machine, saying why. [`amx_permission`] is the part
+//!   that is done: the one-time `arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)` request
+//!   a tile kernel needs before its first tile instruction.
+//!
+//! The best available path is picked unless `KVSHARE_CPU_ISA` names one
+//! (`portable|avx2|avx512|amx`); a named path the machine lacks makes backend creation fail
+//! with the reason, so a test or benchmark that forces a path never silently runs another.
+
+use crate::core::{Error, Result};
+
+/// The environment variable that forces a path.
+pub const ISA_ENV: &str = "KVSHARE_CPU_ISA";
+
+/// One CPU kernel path. Construct with [`Isa::parse`], [`Isa::best`] or [`Isa::from_env`];
+/// the kernel re-checks [`Isa::check`] before running a path, so a value naming a path the
+/// machine lacks runs the portable path instead of faulting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Isa {
+    /// Plain arrays; any CPU.
+    Portable,
+    /// AVX2 + FMA + F16C.
+    Avx2,
+    /// AVX-512F + AVX-512VL (+ the AVX2 set).
+    Avx512,
+    /// AMX tiles (bf16). No kernel yet: always refused by [`Isa::check`].
+    Amx,
+}
+
+impl Isa {
+    /// Every path, in order of preference from worst to best.
+    pub const ALL: [Isa; 4] = [Isa::Portable, Isa::Avx2, Isa::Avx512, Isa::Amx];
+
+    /// The name `KVSHARE_CPU_ISA` takes and `describe` prints.
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Portable => "portable",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
+            Isa::Amx => "amx",
+        }
+    }
+
+    /// The path named `s` (one of [`Isa::name`]'s values), if any.
+    pub fn parse(s: &str) -> Option<Isa> {
+        Isa::ALL.into_iter().find(|i| i.name() == s)
+    }
+
+    /// `Ok` when this machine (and this process) can run the path, else why not.
+    pub fn check(self) -> std::result::Result<(), String> {
+        match self {
+            Isa::Portable => Ok(()),
+            Isa::Avx2 => need(&[
+                ("avx2", has_avx2()),
+                ("fma", has_fma()),
+                ("f16c", has_f16c()),
+            ]),
+            Isa::Avx512 => need(&[
+                ("avx2", has_avx2()),
+                ("fma", has_fma()),
+                ("f16c", has_f16c()),
+                ("avx512f", has_avx512f()),
+                ("avx512vl", has_avx512vl()),
+            ]),
+            Isa::Amx => Err("no AMX kernel is built into this library yet (AMX paths: \
+                             see README, CPU attention)"
+                .into()),
+        }
+    }
+
+    /// The best path this machine runs.
+    pub fn best() -> Isa {
+        Isa::ALL
+            .into_iter()
+            .rev()
+            .find(|i| i.check().is_ok())
+            .unwrap_or(Isa::Portable)
+    }
+
+    /// [`Isa::best`], unless `KVSHARE_CPU_ISA` is set: then that path, or an error when the
+    /// value names no path or the machine cannot run it.
+    pub fn from_env() -> Result<Isa> {
+        match std::env::var(ISA_ENV) {
+            Err(std::env::VarError::NotPresent) => Ok(Isa::best()),
+            Err(std::env::VarError::NotUnicode(_)) => Err(Error::BackendUnavailable(format!(
+                "{ISA_ENV} is not valid UTF-8"
+            ))),
+            Ok(s) if s.is_empty() => Ok(Isa::best()),
+            Ok(s) => {
+                let isa = Isa::parse(&s).ok_or_else(|| {
+                    Error::BackendUnavailable(format!(
+                        "{ISA_ENV}={s:?} names no CPU path (portable, avx2, avx512, amx)"
+                    ))
+                })?;
+                isa.check().map_err(|why| {
+                    Error::BackendUnavailable(format!("{ISA_ENV}={s}: cannot run here: {why}"))
+                })?;
+                Ok(isa)
+            }
+        }
+    }
+}
+
+fn need(flags: &[(&str, bool)]) -> std::result::Result<(), String> {
+    let missing: Vec<&str> = flags.iter().filter(|f| !f.1).map(|f| f.0).collect();
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("the CPU lacks {}", missing.join(", ")))
+    }
+}
+
+macro_rules! detect {
+    ($name:ident, $feat:tt) => {
+        fn $name() -> bool {
+            #[cfg(target_arch = "x86_64")]
+            {
+                std::arch::is_x86_feature_detected!($feat)
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            {
+                false
+            }
+        }
+    };
+}
+detect!(has_avx2, "avx2");
+detect!(has_fma, "fma");
+detect!(has_f16c, "f16c");
+detect!(has_avx512f, "avx512f");
+detect!(has_avx512vl, "avx512vl");
+detect!(has_avx512bf16, "avx512bf16");
+detect!(has_avx512fp16, "avx512fp16");
+
+/// CPUID leaf 7, subleaf 0, EDX bit `bit` (AMX detection through `is_x86_feature_detected!`
+/// is not stable Rust yet).
+fn cpuid7_edx(bit: u32) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::__cpuid_count;
+        // Leaf 7 is read only when leaf 0 says it exists.
+        __cpuid_count(0, 0).eax >= 7 && __cpuid_count(7, 0).edx & (1 << bit) != 0
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = bit;
+        false
+    }
+}
+
+fn has_amx_tile() -> bool {
+    cpuid7_edx(24)
+}
+
+fn has_amx_bf16() -> bool {
+    cpuid7_edx(22)
+}
+
+/// The CPU flags that matter to the paths, present ones only, e.g. `avx2 fma f16c`.
+pub fn cpu_flags() -> String {
+    let all = [
+        ("avx2", has_avx2()),
+        ("fma", has_fma()),
+        ("f16c", has_f16c()),
+        ("avx512f", has_avx512f()),
+        ("avx512vl", has_avx512vl()),
+        ("avx512_bf16", has_avx512bf16()),
+        ("avx512_fp16", has_avx512fp16()),
+        ("amx_tile", has_amx_tile()),
+        ("amx_bf16", has_amx_bf16()),
+    ];
+    let on: Vec<&str> = all.iter().filter(|f| f.1).map(|f| f.0).collect();
+    if on.is_empty() {
+        "none".into()
+    } else {
+        on.join(" ")
+    }
+}
+
+/// Asks the kernel, once per process, for permission to use AMX tile data
+/// (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`; Linux 5.16+ requires it before the
+/// first tile instruction, which otherwise kills the process with SIGILL). `Ok` when granted;
+/// `Err` with the reason when the CPU lacks AMX, the OS is not Linux/x86-64, or the kernel
+/// refuses (the caller then uses another path). Later calls return the first answer.
+pub fn amx_permission() -> std::result::Result<(), String> {
+    static ANSWER: std::sync::OnceLock<std::result::Result<(), String>> =
+        std::sync::OnceLock::new();
+    ANSWER.get_or_init(request_amx).clone()
+}
+
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+fn request_amx() -> std::result::Result<(), String> {
+    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+    const XFEATURE_XTILEDATA: libc::c_long = 18;
+    if !(has_amx_tile() && has_amx_bf16()) {
+        return Err("the CPU lacks amx_tile/amx_bf16".into());
+    }
+    // SAFETY: arch_prctl with ARCH_REQ_XCOMP_PERM only reads its integer argument; it changes
+    // the process's permitted xsave features (adding tile data), nothing in our memory.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_arch_prctl,
+            ARCH_REQ_XCOMP_PERM,
+            XFEATURE_XTILEDATA,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(format!(
+            "the kernel refused AMX tile data (arch_prctl: {})",
+            std::io::Error::last_os_error()
+        ))
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_arch = "x86_64")))]
+fn request_amx() -> std::result::Result<(), String> {
+    Err("AMX tile permission is requested on Linux x86-64 only".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_best_is_runnable() {
+        for isa in Isa::ALL {
+            assert_eq!(Isa::parse(isa.name()), Some(isa));
+        }
+        assert_eq!(Isa::parse("sse"), None);
+        assert!(Isa::best().check().is_ok());
+        assert!(Isa::Portable.check().is_ok());
+        let amx = Isa::Amx.check().unwrap_err();
+        assert!(amx.contains("no AMX kernel"), "{amx}");
+    }
+
+    #[test]
+    fn amx_permission_answers_the_same_twice() {
+        // On a machine without AMX this is the refusal; with AMX it is granted (or refused by
+        // the kernel); either way it never faults and the second call repeats the first.
+        assert_eq!(amx_permission(), amx_permission());
+        if !cpu_flags().contains("amx_tile") {
+            assert!(amx_permission().unwrap_err().contains("lacks"));
+        }
+    }
+}
