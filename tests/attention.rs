@@ -387,9 +387,10 @@ fn softcap_and_sliding_window() {
 
 #[test]
 fn thread_counts_agree() {
+    // The 1300-token sequence is split into key chunks; the cut must not depend on threads.
     let c = Case {
-        q: Some(vec![5, 1, 20]),
-        ..Case::decode(F16, 4, 64, 16, vec![40, 17, 20])
+        q: Some(vec![5, 1, 20, 1]),
+        ..Case::decode(F16, 4, 64, 16, vec![40, 17, 20, 1300])
     };
     let mut outs = Vec::new();
     for threads in [1, 3] {
@@ -410,6 +411,124 @@ fn thread_counts_agree() {
         kvs_backend::kvs_backend_free(be);
     }
     assert_eq!(outs[0], outs[1], "work split must not change results");
+}
+
+/// Split-K: sequences long enough to be cut into key chunks (over 640 tokens: 3 and 2 parts), next to short
+/// ones, over every dtype, head dims 64/128/256 and pages 16/128, with shared and shuffled block
+/// tables (see `build`); also a chunked prefill and a sliding window across chunk edges.
+#[test]
+fn decode_split_k_long_sequences() {
+    let be = new_backend(2);
+    let mut i = 0u64;
+    for dtype in [F32, F16, BF16] {
+        for d in [64, 128, 256] {
+            for ps in [16, 128] {
+                i += 1;
+                let group = [1, 4, 8][i as usize % 3];
+                let mut c = Case::decode(dtype, group, d, ps, vec![1300, 3, 700, ps + 1]);
+                c.seed = 500 + i;
+                check_on(be, &c);
+            }
+        }
+    }
+    let mut c = Case::decode(BF16, 4, 128, 16, vec![1300, 900]);
+    c.q = Some(vec![9, 1]);
+    check_on(be, &c);
+    c.window = 700;
+    check_on(be, &c);
+    kvs_backend::kvs_backend_free(be);
+}
+
+/// Run in a child process by `every_cpu_path_matches_reference` with `KVSHARE_CPU_ISA` set
+/// (a no-op otherwise): a path the machine runs is the one `kvs_backend_describe` names; one
+/// it lacks (or an unknown name) makes `kvs_backend_new` fail with the reason.
+#[test]
+fn cpu_path_from_env() {
+    use kvshare::attention::cpu::{Isa, ISA_ENV};
+    let Ok(name) = std::env::var(ISA_ENV) else {
+        return;
+    };
+    let mut b = std::ptr::null_mut();
+    let st = kvs_backend::kvs_backend_new(0, std::ptr::null(), &mut b);
+    match Isa::parse(&name).map(|i| i.check()) {
+        Some(Ok(())) => {
+            assert_eq!(st, kvs_status::Ok, "{}", last_error());
+            let mut buf = vec![0u8; 512];
+            let mut len = 0usize;
+            let st = kvs_backend::kvs_backend_describe(b, buf.as_mut_ptr().cast(), 512, &mut len);
+            assert_eq!(st, kvs_status::Ok);
+            let text = String::from_utf8_lossy(&buf[..len]).into_owned();
+            assert!(
+                text.contains(&format!("kernel path {name} (forced by KVSHARE_CPU_ISA)")),
+                "{text}"
+            );
+            kvs_backend::kvs_backend_free(b);
+        }
+        Some(Err(why)) => {
+            assert_eq!(st, kvs_status::BackendUnavailable);
+            assert!(b.is_null());
+            assert!(last_error().contains(&why), "{}", last_error());
+        }
+        None => {
+            assert_eq!(st, kvs_status::BackendUnavailable);
+            assert!(
+                last_error().contains("names no CPU path"),
+                "{}",
+                last_error()
+            );
+        }
+    }
+}
+
+/// Every kernel path this machine has, forced through `KVSHARE_CPU_ISA` in a child run of
+/// this test binary, against the f64 reference (the decode and split-K tests); paths it lacks
+/// are printed with the reason and checked to be refused.
+#[test]
+fn every_cpu_path_matches_reference() {
+    use kvshare::attention::cpu::{Isa, ISA_ENV};
+    if std::env::var_os(ISA_ENV).is_some() {
+        return; // a child run
+    }
+    let exe = std::env::current_exe().expect("test binary path");
+    for (name, runs) in Isa::ALL
+        .iter()
+        .map(|i| (i.name(), i.check()))
+        .chain([("sse", Err("not a path".to_string()))])
+    {
+        let mut cmd = std::process::Command::new(&exe);
+        cmd.env(ISA_ENV, name)
+            .args(["--exact", "cpu_path_from_env"]);
+        match &runs {
+            // This process already ran every test on the best path.
+            Ok(()) if name == Isa::best().name() => {
+                println!("CPU path {name}: the default here, tested by this run")
+            }
+            Ok(()) => {
+                println!("CPU path {name}: running the reference tests");
+                cmd.args([
+                    "decode_all_dtypes_ratios_dims_page_sizes",
+                    "decode_split_k_long_sequences",
+                ]);
+            }
+            Err(why) => println!("CPU path {name}: skipped: {why}"),
+        }
+        let out = cmd.output().expect("run the test binary");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "path {name}: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let want = if runs.is_ok() && name != Isa::best().name() {
+            3
+        } else {
+            1
+        };
+        assert!(
+            text.contains(&format!("{want} passed")),
+            "path {name}: expected {want} tests to run: {text}"
+        );
+    }
 }
 
 #[test]
