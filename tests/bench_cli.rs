@@ -75,6 +75,83 @@ fn vllm_mode_runs_the_script_with_its_arguments() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// `kvshare-bench attention` on one small shape with a stand-in for vLLM's Python that speaks
+/// the side-by-side protocol: the K/V files are handed over, vLLM's log lines are skipped, every
+/// round is one request, and the ratios come out in the JSON.
+#[test]
+fn attention_mode_side_by_side_protocol() {
+    let dir = std::env::temp_dir().join(format!("kvshare-bench-attn-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let fake = dir.join("python");
+    std::fs::write(
+        &fake,
+        r#"#!/bin/sh
+[ "$2" = "import vllm._custom_ops, numpy" ] && exit 0
+for f in k v q out table; do [ -s "$3/$f.bin" ] || { echo "no $f" >&2; exit 1; }; done
+echo "INFO a vLLM log line on stdout"
+echo 'KVSBENCH {"version": "fake", "isa": "vec", "max_diff": 0.5}'
+while read line; do echo "KVSBENCH 2.5"; done
+"#,
+    )
+    .unwrap();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let args = [
+        "attention",
+        "--seqs",
+        "3",
+        "--ctx",
+        "256",
+        "--kv-heads",
+        "2",
+        "--head-dim",
+        "64",
+        "--page-size",
+        "16",
+        "--iters",
+        "2",
+    ];
+    let out = bench()
+        .args(args)
+        .env("KVS_VLLM_PYTHON", &fake)
+        .env("KVS_TORCH_PYTHON", dir.join("missing"))
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        said.contains("vLLM fake cpu_attention_with_kv_cache (isa vec)"),
+        "{said}"
+    );
+    assert!(
+        said.contains("\"vllm\":{\"version\":\"fake\",\"isa\":\"vec\",\"ms\":2.500"),
+        "{said}"
+    );
+    assert!(said.contains("vLLM time / kvshare time"), "{said}");
+    let json = said.lines().last().unwrap();
+    let _: serde_json::Value = serde_json::from_str(json).expect("last line is JSON");
+    assert!(!json.contains("\"vllm_over_kvshare\":null"), "{json}");
+
+    // Without vLLM: the comparison is skipped with the reason, the rest still runs.
+    let out = bench()
+        .args(args)
+        .env("KVS_VLLM_PYTHON", dir.join("missing"))
+        .env("KVS_TORCH_PYTHON", dir.join("missing"))
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        said.contains("vLLM side-by-side: skipped: vllm._custom_ops is not importable"),
+        "{said}"
+    );
+    assert!(said.contains("\"vllm\":null"), "{said}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn unknown_mode_is_an_error() {
     let out = bench().arg("nonsense").output().unwrap();
