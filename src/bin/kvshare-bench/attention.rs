@@ -290,7 +290,7 @@ fn run_shape(
     // vLLM side by side: alternate one launch of each kvshare path and one of vLLM, N rounds.
     let mut vllm_json = "null".to_string();
     let mut vllm_ms = None;
-    if let Some(python) = python.filter(|_| o.ctx % ps == 0) {
+    if let Some(python) = python.filter(|_| o.ctx.is_multiple_of(ps)) {
         let inputs = attention_vllm::Inputs {
             k: &k,
             v: &v,
@@ -461,7 +461,7 @@ fn torch_compare(
             "torch is not importable by {python} (set KVS_TORCH_PYTHON)"
         ));
     }
-    if o.ctx % o.page_size != 0 {
+    if !o.ctx.is_multiple_of(o.page_size) {
         return Err("--ctx must be a multiple of --page-size for the contiguous view".into());
     }
     let dir = std::env::temp_dir().join(format!("kvshare-bench-torch-{}", std::process::id()));
