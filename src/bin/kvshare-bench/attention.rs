@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use half::f16;
 use kvshare::attention::cpu::{cpu_flags, CpuBackend, Isa, ISA_ENV};
 
-use super::attention_vllm;
+use super::{attention_prefill, attention_vllm};
 use kvshare::attention::{
     AttnBatch, AttnBuffers, AttnParams, Backend, Buf, BufMut, CacheLayout, DType, TokenStrides,
 };
@@ -24,6 +24,8 @@ use kvshare::attention::{
 struct Opts {
     /// `--seqs` or `--ctx` given: run that one shape.
     shape_given: bool,
+    /// `--prefill`: causal prefill in f32 and bf16 against torch SDPA instead of decode.
+    prefill: bool,
     seqs: usize,
     ctx: usize,
     kv_heads: usize,
@@ -36,11 +38,13 @@ struct Opts {
 
 const USAGE: &str =
     "kvshare-bench attention [--seqs N --ctx N (default: 32x4096, 256x512, 2x32768)] \
-[--kv-heads 8] [--head-dim 128] [--group 4] [--page-size 128] [--iters 5] [--threads 0 (= all cores)]";
+[--kv-heads 8] [--head-dim 128] [--group 4] [--page-size 128] [--iters 5] [--threads 0 (= all cores)] \
+[--prefill (causal prefill, f32 and bf16, against torch SDPA; default 2x1024)]";
 
 fn parse(args: &[String]) -> Result<Opts, String> {
     let mut o = Opts {
         shape_given: false,
+        prefill: false,
         seqs: 32,
         ctx: 4096,
         kv_heads: 8,
@@ -54,6 +58,10 @@ fn parse(args: &[String]) -> Result<Opts, String> {
     while let Some(flag) = it.next() {
         if flag == "--help" || flag == "-h" {
             return Err(USAGE.to_string());
+        }
+        if flag == "--prefill" {
+            o.prefill = true;
+            continue;
         }
         let value: usize = it
             .next()
@@ -165,6 +173,33 @@ pub fn run(args: &[String]) -> Result<(), String> {
         }
     }
     println!("CPU flags: {}", cpu_flags());
+    if o.prefill {
+        let (seqs, ctx) = if o.shape_given {
+            (o.seqs, o.ctx)
+        } else {
+            (2, 1024)
+        };
+        let threads = match o.threads {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
+        };
+        let shape = attention_prefill::Shape {
+            seqs,
+            ctx,
+            kv_heads: o.kv_heads,
+            head_dim: o.head_dim,
+            group: o.group,
+            page_size: o.page_size,
+            threads,
+            iters: o.iters,
+        };
+        let results = attention_prefill::run(shape, &paths)?;
+        println!(
+            "{{\"bench\":\"attention-prefill\",\"cpu_flags\":\"{}\",\"threads\":{threads},\"results\":{results}}}",
+            cpu_flags()
+        );
+        return Ok(());
+    }
     let python = attention_vllm::python();
     if let Err(why) = &python {
         println!("vLLM side-by-side: skipped: {why}");

@@ -7,6 +7,7 @@
 //! reports ratios, because these machines are noisy.
 
 mod attention;
+mod attention_prefill;
 mod attention_vllm;
 mod manager;
 mod timing;
