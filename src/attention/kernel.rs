@@ -6,9 +6,14 @@
 //! of up to 8; each K/V row is converted to f32 once per group (F16C for f16, a shift for
 //! bf16) and used by every row of the group. The K/V is walked block by block (up to 32 tokens
 //! of one page) and each block serves all groups before the next, so memory is read as one
-//! stream. The same generic code is compiled twice: with AVX2+FMA+F16C intrinsics behind
-//! runtime detection, and with plain `[f32; 8]` lanes (which the compiler vectorises for the
-//! baseline target, e.g. SSE2 or NEON).
+//! stream. The same generic code is compiled once per CPU path ([`Isa`]): with AVX2+FMA+F16C
+//! intrinsics, with the same intrinsics inside an AVX-512F/VL function (`avx2::Avx512`), and with
+//! plain `[f32; 8]` lanes (which the compiler vectorises for the baseline target, e.g. SSE2 or
+//! NEON); [`attend_partial`] dispatches on the backend's path.
+//!
+//! Besides the normalised output ([`attend`]), the kernel returns the unnormalised online-softmax
+//! state of each row ([`attend_partial`]); [`merge_partials`] combines the states of disjoint key
+//! ranges exactly, which is how a long sequence is split across threads (`cpu/plan.rs`).
 
 // Index loops over small fixed arrays read more plainly than iterator chains in SIMD code.
 #![allow(clippy::needless_range_loop)]
@@ -157,173 +162,7 @@ impl Lanes for Scalar {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
-    use super::{KvElem, Lanes};
-    use std::arch::x86_64::*;
-
-    pub(super) struct Avx2;
-
-    /// `exp(r)` for `|r| <= ln 2 / 2`: the Cephes degree-6 polynomial.
-    #[inline(always)]
-    unsafe fn poly(r: __m256) -> __m256 {
-        let mut p = _mm256_set1_ps(1.987_569_1e-4);
-        for c in [
-            1.398_199_9e-3,
-            8.333_452e-3,
-            4.166_579_6e-2,
-            0.166_666_65,
-            0.5,
-        ] {
-            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
-        }
-        _mm256_fmadd_ps(
-            p,
-            _mm256_mul_ps(r, r),
-            _mm256_add_ps(r, _mm256_set1_ps(1.0)),
-        )
-    }
-
-    #[inline(always)]
-    unsafe fn exp8(x: __m256) -> __m256 {
-        // Cephes expf: range reduction by ln 2 (split in two constants), degree-6 polynomial;
-        // relative error about 2e-7 on the range used here (x <= 0).
-        let zero = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(-87.0));
-        let x = _mm256_min_ps(
-            _mm256_max_ps(x, _mm256_set1_ps(-87.0)),
-            _mm256_set1_ps(88.0),
-        );
-        let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-            _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
-        );
-        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
-        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
-        let p = poly(r);
-        let e = _mm256_slli_epi32::<23>(_mm256_add_epi32(
-            _mm256_cvtps_epi32(n),
-            _mm256_set1_epi32(127),
-        ));
-        _mm256_andnot_ps(zero, _mm256_mul_ps(p, _mm256_castsi256_ps(e)))
-    }
-
-    impl Lanes for Avx2 {
-        type V = __m256;
-        #[inline(always)]
-        unsafe fn zero() -> __m256 {
-            _mm256_setzero_ps()
-        }
-        #[inline(always)]
-        unsafe fn splat(x: f32) -> __m256 {
-            _mm256_set1_ps(x)
-        }
-        #[inline(always)]
-        unsafe fn load(p: *const f32) -> __m256 {
-            _mm256_loadu_ps(p)
-        }
-        #[inline(always)]
-        unsafe fn store(p: *mut f32, v: __m256) {
-            _mm256_storeu_ps(p, v)
-        }
-        #[inline(always)]
-        unsafe fn fma(a: __m256, b: __m256, c: __m256) -> __m256 {
-            _mm256_fmadd_ps(a, b, c)
-        }
-        #[inline(always)]
-        unsafe fn hsum(v: __m256) -> f32 {
-            let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-            let s = _mm_add_ss(s, _mm_shuffle_ps::<1>(s, s));
-            _mm_cvtss_f32(s)
-        }
-        #[inline(always)]
-        unsafe fn hsum8(a: &[__m256; 8]) -> __m256 {
-            // hadd pairs: [a0 a0 a1 a1 | ...] partial sums, then lane halves added.
-            let h01 = _mm256_hadd_ps(a[0], a[1]);
-            let h23 = _mm256_hadd_ps(a[2], a[3]);
-            let h45 = _mm256_hadd_ps(a[4], a[5]);
-            let h67 = _mm256_hadd_ps(a[6], a[7]);
-            let h0123 = _mm256_hadd_ps(h01, h23);
-            let h4567 = _mm256_hadd_ps(h45, h67);
-            _mm256_add_ps(
-                _mm256_permute2f128_ps::<0x20>(h0123, h4567),
-                _mm256_permute2f128_ps::<0x31>(h0123, h4567),
-            )
-        }
-        #[inline(always)]
-        unsafe fn add(a: __m256, b: __m256) -> __m256 {
-            _mm256_add_ps(a, b)
-        }
-        #[inline(always)]
-        unsafe fn sub(a: __m256, b: __m256) -> __m256 {
-            _mm256_sub_ps(a, b)
-        }
-        #[inline(always)]
-        unsafe fn max(a: __m256, b: __m256) -> __m256 {
-            _mm256_max_ps(a, b)
-        }
-        #[inline(always)]
-        unsafe fn exp(v: __m256) -> __m256 {
-            exp8(v)
-        }
-        #[inline(always)]
-        unsafe fn load_kv<T: KvElem>(p: *const T) -> __m256 {
-            T::load8_avx2(p)
-        }
-    }
-
-    /// The AVX-512 path: [`Avx2`]'s operations, inlined into a function compiled with
-    /// AVX-512F/VL (32 registers, EVEX), except `exp`, which scales by `vscalefps`.
-    pub(super) struct Avx512;
-
-    #[inline(always)]
-    unsafe fn exp8_scalef(x: __m256) -> __m256 {
-        // As exp8, but 2^n applied by vscalefps (exact for the n in range here).
-        let zero = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(-87.0));
-        let x = _mm256_min_ps(
-            _mm256_max_ps(x, _mm256_set1_ps(-87.0)),
-            _mm256_set1_ps(88.0),
-        );
-        let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-            _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
-        );
-        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
-        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
-        let p = poly(r);
-        _mm256_andnot_ps(zero, _mm256_scalef_ps(p, n))
-    }
-
-    macro_rules! delegate {
-        ($($f:ident($($a:ident: $t:ty),*) -> $r:ty;)*) => {
-            $(#[inline(always)]
-            unsafe fn $f($($a: $t),*) -> $r {
-                <Avx2 as Lanes>::$f($($a),*)
-            })*
-        };
-    }
-
-    impl Lanes for Avx512 {
-        type V = __m256;
-        delegate! {
-            zero() -> __m256;
-            splat(x: f32) -> __m256;
-            load(p: *const f32) -> __m256;
-            store(p: *mut f32, v: __m256) -> ();
-            fma(a: __m256, b: __m256, c: __m256) -> __m256;
-            hsum(v: __m256) -> f32;
-            hsum8(a: &[__m256; 8]) -> __m256;
-            add(a: __m256, b: __m256) -> __m256;
-            sub(a: __m256, b: __m256) -> __m256;
-            max(a: __m256, b: __m256) -> __m256;
-        }
-        #[inline(always)]
-        unsafe fn exp(v: __m256) -> __m256 {
-            exp8_scalef(v)
-        }
-        #[inline(always)]
-        unsafe fn load_kv<T: KvElem>(p: *const T) -> __m256 {
-            T::load8_avx2(p)
-        }
-    }
-}
+mod avx2;
 
 /// One sequence's K/V (all kv heads).
 pub(crate) struct SeqKv<'a, T> {

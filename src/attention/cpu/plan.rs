@@ -87,9 +87,7 @@ pub(crate) fn plan(
 ) -> Plan {
     // Query tokens per unit: enough for 8 rows of one kv head (one register group).
     let qb = super::super::kernel::MAX_GROUP.div_ceil(group).max(1);
-    // Chunk edges fall on whole pages and whole 32-token kernel blocks.
-    let align = page_size * 32usize.div_ceil(page_size);
-    let chunk = CHUNK.next_multiple_of(align);
+    let chunk = chunk_len(page_size);
     let mut units: Vec<(Item, usize)> = Vec::new(); // (unit, number of chunks)
     for (s, seq) in seqs.iter().enumerate() {
         for q0 in (0..seq.q_len).step_by(qb) {
@@ -151,6 +149,18 @@ pub(crate) fn plan(
     p
 }
 
+/// The chunk length for pages of `page_size` tokens: [`CHUNK`] rounded up to whole pages and
+/// whole 32-token kernel blocks when pages are small; for pages longer than a chunk (e.g. one
+/// contiguous page per sequence) to whole kernel blocks only, so such sequences split too.
+pub(crate) fn chunk_len(page_size: usize) -> usize {
+    let align = if page_size <= CHUNK {
+        page_size * 32usize.div_ceil(page_size)
+    } else {
+        32
+    };
+    CHUNK.next_multiple_of(align)
+}
+
 /// `k0..k1` cut at multiples of `chunk` (a multiple of the alignment) into pieces of at most
 /// `chunk` tokens; a last piece shorter than a quarter chunk joins the one before, so no item
 /// is tiny. Never empty (an empty range gives one empty piece).
@@ -201,7 +211,7 @@ mod tests {
             lens in proptest::collection::vec((1usize..10, 0usize..1800), 1..4),
             group in prop::sample::select(vec![1usize, 4, 8]),
             kv_heads in 1usize..4,
-            page_size in prop::sample::select(vec![16usize, 24, 128]),
+            page_size in prop::sample::select(vec![16usize, 24, 128, 2048]),
             window in prop::sample::select(vec![0usize, 300]),
             threads in 1usize..5,
         ) {
@@ -244,7 +254,7 @@ mod tests {
                     let it = p.items.iter().find(|i| i.part == Some(part)).unwrap();
                     prop_assert_eq!(Item { k0: sp.rows.k0, k1: sp.rows.k1, part: None, ..*it }, sp.rows);
                     prop_assert_eq!(it.k0, last);
-                    prop_assert!(it.k1 - it.k0 <= CHUNK.next_multiple_of(page_size * 32usize.div_ceil(page_size)) * 3 / 2);
+                    prop_assert!(it.k1 - it.k0 <= chunk_len(page_size) * 3 / 2);
                     last = it.k1;
                 }
                 prop_assert_eq!(last, sp.rows.k1);
@@ -280,6 +290,9 @@ mod tests {
         let p = plan(&seqs, 4, 8, 16, 0, 2);
         assert_eq!(p.items.len(), 64);
         assert!(p.splits.is_empty() && p.items.iter().all(|i| i.hn == 8));
+        // One contiguous 32768-token page per sequence splits the same way.
+        let p = plan(&spans(&[(1, 32768), (1, 32768)]), 4, 8, 32768, 0, 2);
+        assert_eq!(p.items.len(), 128);
         // One short sequence on 4 threads: heads divided.
         let p = plan(&spans(&[(1, 100)]), 4, 8, 16, 0, 4);
         assert_eq!(p.items.len(), 8);

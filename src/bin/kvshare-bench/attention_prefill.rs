@@ -48,7 +48,7 @@ fn f32_bytes(v: &[f32]) -> Vec<u8> {
 pub fn run(s: Shape, paths: &[Isa]) -> Result<String, String> {
     let (hk, d, ps) = (s.kv_heads, s.head_dim, s.page_size);
     let h = hk * s.group;
-    if s.ctx % ps != 0 {
+    if !s.ctx.is_multiple_of(ps) {
         return Err("--prefill needs --ctx a multiple of --page-size".into());
     }
     let pps = s.ctx / ps;
