@@ -490,7 +490,7 @@ fn every_cpu_path_matches_reference() {
         return; // a child run
     }
     let exe = std::env::current_exe().expect("test binary path");
-    for (name, runs) in Isa::ALL
+    for (name, runs) in Isa::all()
         .iter()
         .map(|i| (i.name(), i.check()))
         .chain([("sse", Err("not a path".to_string()))])

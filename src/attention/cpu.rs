@@ -1,11 +1,11 @@
 //! The CPU backend: synchronous, host memory, f32/f16/bf16 with f32 accumulation.
 //!
-//! Attention runs on a persistent [`ThreadPool`] over the items of a [`plan`]: some query tokens
+//! Attention runs on a persistent [`ThreadPool`] over the items of a plan (`cpu/plan.rs`): some query tokens
 //! of one sequence against all its kv heads (so its K/V streams from memory) and a range of its
 //! keys; long sequences are split into key chunks whose partial softmaxes are merged exactly
 //! (split-K / flash-decoding), and the heads are divided only when the batch is still too small
 //! to keep the threads busy. The query heads of one kv head (GQA/MQA) share each K/V read. See
-//! [`super::kernel`] for the inner loop and [`isa`] for the instruction-set paths.
+//! [`super::kernel`] for the inner loop and `cpu/isa.rs` for the instruction-set paths.
 
 use half::{bf16, f16};
 

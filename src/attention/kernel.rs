@@ -664,7 +664,7 @@ mod tests {
                     kv_head: &heads[r],
                 };
                 let mut results = Vec::new();
-                for isa in Isa::ALL {
+                for isa in Isa::all() {
                     if let Err(why) = isa.check() {
                         println!("kernel path {}: skipped: {why}", isa.name());
                         continue;
@@ -718,7 +718,7 @@ mod tests {
             softcap: 0.0,
         };
         let heads = [0usize; 4];
-        for isa in Isa::ALL.into_iter().filter(|i| i.check().is_ok()) {
+        for isa in Isa::all().into_iter().filter(|i| i.check().is_ok()) {
             let rows = Rows {
                 q: &q,
                 lo: &lo,

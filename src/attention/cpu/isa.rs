@@ -20,8 +20,9 @@
 
 use crate::core::{Error, Result};
 
-/// The environment variable that forces a path.
-pub const ISA_ENV: &str = "KVSHARE_CPU_ISA";
+/// The environment variable that forces a path. (A `static`, which cbindgen does not export,
+/// so the C header keeps only `KVS_`/`kvs_` names.)
+pub static ISA_ENV: &str = "KVSHARE_CPU_ISA";
 
 /// One CPU kernel path. Construct with [`Isa::parse`], [`Isa::best`] or [`Isa::from_env`];
 /// the kernel re-checks [`Isa::check`] before running a path, so a value naming a path the
@@ -39,8 +40,11 @@ pub enum Isa {
 }
 
 impl Isa {
-    /// Every path, in order of preference from worst to best.
-    pub const ALL: [Isa; 4] = [Isa::Portable, Isa::Avx2, Isa::Avx512, Isa::Amx];
+    /// Every path, in order of preference from worst to best. (A function, not an associated
+    /// constant, so that cbindgen does not put this Rust-only type into the C header.)
+    pub fn all() -> [Isa; 4] {
+        [Isa::Portable, Isa::Avx2, Isa::Avx512, Isa::Amx]
+    }
 
     /// The name `KVSHARE_CPU_ISA` takes and `describe` prints.
     pub fn name(self) -> &'static str {
@@ -54,7 +58,7 @@ impl Isa {
 
     /// The path named `s` (one of [`Isa::name`]'s values), if any.
     pub fn parse(s: &str) -> Option<Isa> {
-        Isa::ALL.into_iter().find(|i| i.name() == s)
+        Isa::all().into_iter().find(|i| i.name() == s)
     }
 
     /// `Ok` when this machine (and this process) can run the path, else why not.
@@ -81,7 +85,7 @@ impl Isa {
 
     /// The best path this machine runs.
     pub fn best() -> Isa {
-        Isa::ALL
+        Isa::all()
             .into_iter()
             .rev()
             .find(|i| i.check().is_ok())
@@ -236,7 +240,7 @@ mod tests {
 
     #[test]
     fn names_round_trip_and_best_is_runnable() {
-        for isa in Isa::ALL {
+        for isa in Isa::all() {
             assert_eq!(Isa::parse(isa.name()), Some(isa));
         }
         assert_eq!(Isa::parse("sse"), None);

@@ -156,12 +156,12 @@ pub fn run(args: &[String]) -> Result<(), String> {
         Ok(s) if !s.is_empty() => vec![Isa::from_env().map_err(|e| e.to_string())?],
         // The portable path is about 10x slower than any SIMD path; timing it would dominate
         // the run, so it runs only when it is the only path or is forced.
-        _ => Isa::ALL
+        _ => Isa::all()
             .into_iter()
             .filter(|i| i.check().is_ok() && (*i != Isa::Portable || Isa::best() == Isa::Portable))
             .collect(),
     };
-    for isa in Isa::ALL {
+    for isa in Isa::all() {
         match isa.check() {
             Err(why) => println!("kvshare path {}: not run: {why}", isa.name()),
             Ok(()) if !paths.contains(&isa) => println!(
