@@ -20,18 +20,13 @@ from typing import Any
 import kvshare
 from kvshare import ffi, lib
 
-from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
+from vllm.distributed.kv_events import KVCacheEvent
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
 from vllm.v1.metrics.stats import PrefixCacheStats
 
-try:  # vLLM's own conversion (bytes, or the low 64 bits as int with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES)
-    from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash as _external_hash
-except ImportError:  # pragma: no cover - older/newer vLLM
-    def _external_hash(h: bytes):
-        return h
-
 from . import logger
+from .events import EventTranslator
 
 try:  # the compiled _append and packing (kvshare_vllm/_fast.c); Python's when not built
     from . import _fast
@@ -45,7 +40,6 @@ _REMOVED = ffi.typeof("enum kvs_event_kind").relements["KVS_EVENT_KIND_REMOVED"]
 _CLEARED = ffi.typeof("enum kvs_event_kind").relements["KVS_EVENT_KIND_CLEARED"]
 _DEVICE = ffi.typeof("enum kvs_tier").relements["KVS_TIER_DEVICE"]
 _CACHED_STATE = ffi.typeof("enum kvs_page_state").relements["KVS_PAGE_STATE_CACHED"]
-_MEDIUM = "GPU"  # vLLM's MEDIUM_GPU: the accelerator's KV tensors (NPU HBM on Ascend)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -273,8 +267,9 @@ class KvshareKVCacheManager:
         self.empty_kv_cache_blocks = KVCacheBlocks((() ,))
         from vllm.v1.kv_cache_interface import (get_kv_cache_spec_kind,
                                                 get_kv_cache_spec_sliding_window)
-        self._event_meta = (get_kv_cache_spec_kind(spec).value,
-                            get_kv_cache_spec_sliding_window(spec))
+        self._translator = EventTranslator(
+            bs, _STORED, _REMOVED, _CLEARED, _DEVICE,
+            (get_kv_cache_spec_kind(spec).value, get_kv_cache_spec_sliding_window(spec)))
 
         self._reqs: dict[str, _Req] = {}
         self._seq_ids = itertools.count(1)
@@ -355,34 +350,20 @@ class KvshareKVCacheManager:
         return self._pack(_token_ids(request)[:n])
 
     def _drain_events(self, st: _Req | None, request) -> None:
-        """Converts queued kvshare events into vLLM events (token ids from ``request``)."""
+        """Converts queued kvshare events into vLLM's (``events.EventTranslator``: vLLM's block
+        hashes from ``request``, whose call stored them)."""
+        raw = []
         while True:
             rc = lib.kvs_cache_take_events(self._h, self._ev_buf, 256, self._n2)
             if rc:
                 kvshare.check(rc, "kvs_cache_take_events")
             n = self._n2[0]
-            for e in self._ev_buf[0:n]:
-                self._events.append(self._convert_event(e, st, request))
+            raw.extend((e.kind, e.tier, e.page) for e in self._ev_buf[0:n])
             if n < 256:
-                return
-
-    def _convert_event(self, e, st: _Req | None, request) -> KVCacheEvent:
-        h = _external_hash(((e.hash_hi << 64) | e.hash_lo).to_bytes(16, "big"))
-        if e.kind == _REMOVED:
-            return BlockRemoved(block_hashes=[h], medium=_MEDIUM, group_idx=0)
-        if e.kind == _CLEARED:
-            return AllBlocksCleared()
-        idx = st.pages.index(e.page) if st is not None and e.page in st.pages else None
-        bs = self.block_size
-        tokens = list(request.all_token_ids[idx * bs:(idx + 1) * bs]) if idx is not None else []
-        parent = None if idx == 0 else _external_hash(
-            ((e.parent_hi << 64) | e.parent_lo).to_bytes(16, "big"))
-        lora = request.lora_request if request is not None else None
-        ev = BlockStored(block_hashes=[h], parent_block_hash=parent, token_ids=tokens,
-                         block_size=bs, lora_id=lora.adapter_id if lora else None,
-                         medium=_MEDIUM, lora_name=lora.name if lora else None, group_idx=0)
-        ev.kv_cache_spec_kind, ev.kv_cache_spec_sliding_window = self._event_meta
-        return ev
+                break
+        if raw:
+            self._events.extend(self._translator.convert(
+                raw, st.pages if st is not None else None, request))
 
     def _num_evictable(self, pages) -> int:
         """Hit pages with refcount 0 (cached): touching them takes evictable capacity.

@@ -16,8 +16,9 @@ When kvshare manages the cache, vLLM's per-request block hasher (``Request.block
 SHA-256 over every full block, recomputed as tokens arrive) has no reader left: kvshare
 hashes tokens natively inside its own calls.  ``EngineCore.preprocess_add_request`` is
 wrapped to drop the engine's ``request_block_hasher`` the first time a request arrives at an
-engine whose scheduler holds a kvshare manager and no KV connector (connectors read
-``block_hashes``).  ``KVSHARE_VLLM_BLOCK_HASHES=1`` keeps the hasher.
+engine whose scheduler holds a kvshare manager, no KV connector (connectors read
+``block_hashes``) and KV events off (the events carry vLLM's block hashes: see
+:mod:`kvshare_vllm.events`).  ``KVSHARE_VLLM_BLOCK_HASHES=1`` keeps the hasher.
 """
 
 from __future__ import annotations
@@ -67,7 +68,8 @@ def make_kv_cache_manager_factory(original):
 
 def drop_block_hasher(engine_core) -> bool:
     """Removes ``engine_core.request_block_hasher`` when nothing reads the block hashes it
-    computes: the scheduler's KV cache manager is kvshare's and there is no KV connector.
+    computes: the scheduler's KV cache manager is kvshare's, KV events are off (they publish
+    vLLM's block hashes) and there is no KV connector.
     Returns whether it did.  Requests built afterwards carry no ``block_hashes``."""
     from .manager import KvshareKVCacheManager
 
@@ -76,7 +78,8 @@ def drop_block_hasher(engine_core) -> bool:
     if os.environ.get(KEEP_HASHES_ENV, "0").strip().lower() in ("1", "true", "yes", "on"):
         return False
     sched = getattr(engine_core, "scheduler", None)
-    if not isinstance(getattr(sched, "kv_cache_manager", None), KvshareKVCacheManager):
+    manager = getattr(sched, "kv_cache_manager", None)
+    if not isinstance(manager, KvshareKVCacheManager) or manager.enable_kv_cache_events:
         return False
     get_connector = getattr(sched, "get_kv_connector", None)
     if get_connector is None or get_connector() is not None:

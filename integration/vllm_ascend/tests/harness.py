@@ -15,12 +15,12 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCache
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
-from vllm.utils.hashing import sha256
+from vllm.utils.hashing import get_hash_fn_by_name
 
 from kvshare_vllm import plugin
 
 EOS = 2
-_hash_init = False
+_hash_algo = None  # the algorithm vLLM's NONE_HASH was last initialised with
 
 
 def make_vllm_config(model_dir: str, *, block_size: int = 16, max_num_seqs: int = 16,
@@ -77,20 +77,23 @@ def make_scheduler(model_dir: str, *, kvshare: bool, num_blocks: int = 1000, blo
 
 def make_request(req_id: str, prompt: list[int], max_tokens: int = 16, block_size: int = 16,
                  cache_salt: str | None = None, lora_request=None, block_hasher=None,
-                 hash_blocks: bool = True) -> Request:
+                 hash_blocks: bool = True, hash_algo: str = "sha256") -> Request:
     """A request as EngineCore builds it; ``hash_blocks=False`` is what the plugin's engine
-    does when kvshare manages the cache (no vLLM block hasher)."""
-    global _hash_init
-    if not _hash_init:
-        init_none_hash(sha256)
-        _hash_init = True
+    does when kvshare manages the cache and KV events are off (no vLLM block hasher).
+    ``hash_algo``: vLLM's ``prefix_caching_hash_algo`` (NONE_HASH is re-initialised with it
+    when it changes, as EngineCore does at start)."""
+    global _hash_algo
+    hash_fn = get_hash_fn_by_name(hash_algo)
+    if _hash_algo != hash_algo:
+        init_none_hash(hash_fn)
+        _hash_algo = hash_algo
     sp = SamplingParams(ignore_eos=True, max_tokens=max_tokens)
     sp.update_from_generation_config({}, EOS)
     return Request(request_id=req_id, prompt_token_ids=list(prompt), sampling_params=sp,
                    pooling_params=None, mm_features=None, cache_salt=cache_salt,
                    lora_request=lora_request,
                    block_hasher=None if not hash_blocks else
-                   block_hasher or get_request_block_hasher(block_size, sha256))
+                   block_hasher or get_request_block_hasher(block_size, hash_fn))
 
 
 def token_for(req_id: str, pos: int) -> int:

@@ -162,3 +162,20 @@ def test_block_hasher_kept_on_request(tiny_model_dir, monkeypatch):
         assert core.request_block_hasher is not None
     finally:
         core.shutdown()
+
+
+def test_block_hasher_kept_with_kv_events(tiny_model_dir, monkeypatch):
+    """KV events publish vLLM's block hashes (kvshare_vllm.events): with events on, the real
+    EngineCore keeps vLLM's request block hasher under kvshare's manager."""
+    from kvshare_vllm import plugin
+    from kvshare_vllm.manager import KvshareKVCacheManager
+
+    monkeypatch.delenv("KVSHARE_VLLM_BLOCK_HASHES", raising=False)
+    core = _engine_core(tiny_model_dir, True, kv_events=True)
+    try:
+        assert isinstance(core.scheduler.kv_cache_manager, KvshareKVCacheManager)
+        assert plugin.drop_block_hasher(core) is False
+        req, _ = core.preprocess_add_request(_engine_request("r", list(range(3, 40))))
+        assert len(req.block_hashes) == 2
+    finally:
+        core.shutdown()

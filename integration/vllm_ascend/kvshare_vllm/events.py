@@ -1,0 +1,125 @@
+"""KV events as vLLM's own manager publishes them: kvshare's queued index events (its xxh3
+chain digests, one per page) turned into ``BlockStored`` / ``BlockRemoved`` /
+``AllBlocksCleared`` carrying vLLM's block hashes, so a router that recomputes vLLM's hashes
+from tokens (llm-d's indexer, Dynamo's KV router, Mooncake's conductor) cannot tell the two
+managers' streams apart.
+
+The hashes are vLLM's: ``Request.block_hashes``, computed by the engine's own request block
+hasher (``get_request_block_hasher`` with the configured ``prefix_caching_hash_algo``, the
+parent chain from ``NONE_HASH``, LoRA / cache-salt / multimodal / prompt-embedding extra keys).
+The plugin keeps that hasher when KV events are on (``plugin.drop_block_hasher``), so the cost
+of hashing is paid only then; this module reads the hashes, never recomputes them.  The extra
+keys a ``BlockStored`` carries come from vLLM's ``generate_block_hash_extra_keys``.
+
+Shape follows ``vllm.v1.core.block_pool.BlockPool`` (0.23.0): one ``BlockStored`` per caching
+call, for the run of blocks it registered (parent: the hash of the block before the run, None
+for a run starting at block 0); one ``BlockRemoved`` per evicted block; removals a call makes
+(allocating pages evicts) come before what it stores.  Removals name the vLLM hash the page was
+stored under (kept per page until it leaves the index).
+"""
+
+from __future__ import annotations
+
+from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
+from vllm.v1.core.kv_cache_utils import generate_block_hash_extra_keys
+
+try:  # vLLM's own conversion (bytes, or the low 64 bits as int with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES)
+    from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash as external_hash
+except ImportError:  # pragma: no cover - older/newer vLLM
+    def external_hash(h: bytes):
+        return h
+
+MEDIUM = "GPU"  # vLLM's MEDIUM_GPU: the accelerator's KV tensors (NPU HBM on Ascend)
+
+
+def _index(pages: list[int] | None, page: int) -> int:
+    """Where ``page`` sits in a block table (searched from the end: stored pages are the
+    newly filled ones)."""
+    for i in range(len(pages) - 1 if pages else -1, -1, -1):
+        if pages[i] == page:
+            return i
+    raise RuntimeError(f"kvshare_vllm: page {page} stored outside the calling request")
+
+
+class EventTranslator:
+    """Turns one drain of kvshare events (kind, tier, page) into vLLM's events.
+
+    ``stored``/``removed``/``cleared`` are kvshare's ``kvs_event_kind`` values, ``device`` its
+    device tier; ``meta`` is ``(kv_cache_spec_kind, kv_cache_spec_sliding_window)`` as vLLM sets
+    them on a ``BlockStored``."""
+
+    def __init__(self, block_size: int, stored: int, removed: int, cleared: int, device: int,
+                 meta: tuple) -> None:
+        self.block_size = block_size
+        self._kinds = (stored, removed, cleared)
+        self._device = device
+        self._meta = meta
+        self._page_hash: dict[int, object] = {}  # page id -> external hash it was stored under
+
+    def __len__(self) -> int:
+        """Pages currently published as stored."""
+        return len(self._page_hash)
+
+    def convert(self, raw, pages: list[int] | None, request) -> list[KVCacheEvent]:
+        """vLLM's events for ``raw`` (kvshare events as ``(kind, tier, page)``, in order, of one
+        native call or of calls
+        that stored nothing).  ``pages`` is the block table of the request whose call it was
+        (``request``); stored pages are looked up in it.  Raises RuntimeError when a page was
+        stored by no known request or when the request carries no vLLM block hashes for it
+        (its engine dropped vLLM's request block hasher)."""
+        stored, removed, cleared = self._kinds
+        out: list[KVCacheEvent] = []
+        run: list[int] = []  # block indices stored by this call
+        for kind, tier, page in raw:
+            if tier != self._device:
+                continue
+            if kind == removed:
+                h = self._page_hash.pop(page, None)
+                if h is None:
+                    raise RuntimeError(f"kvshare_vllm: page {page} removed but never stored")
+                out.append(BlockRemoved(block_hashes=[h], medium=MEDIUM, group_idx=0))
+            elif kind == cleared:
+                self._flush_run(out, run, request, pages)
+                self._page_hash.clear()
+                out.append(AllBlocksCleared())
+            elif kind == stored:
+                run.append(_index(pages, page))
+        self._flush_run(out, run, request, pages)
+        return out
+
+    def _flush_run(self, out: list, run: list[int], request, pages) -> None:
+        """Appends one ``BlockStored`` for the blocks in ``run`` (then empties it)."""
+        if not run:
+            return
+        run.sort()
+        first, last = run[0], run[-1]
+        if last - first + 1 != len(run):
+            raise RuntimeError(f"kvshare_vllm: stored blocks {run} are not one run")
+        hashes = request.block_hashes
+        if len(hashes) <= last:
+            raise RuntimeError(
+                f"kvshare_vllm: request {request.request_id} has {len(hashes)} vLLM block "
+                f"hashes, events need {last + 1} (KV events need vLLM's request block hasher)")
+        bs = self.block_size
+        new = [external_hash(hashes[i]) for i in run]
+        for i, h in zip(run, new):
+            self._page_hash[pages[i]] = h
+        extra, mm = [], 0
+        for i in run:
+            keys, mm = generate_block_hash_extra_keys(request, i * bs, (i + 1) * bs, mm)
+            extra.append(keys)
+        lora = request.lora_request
+        ev = BlockStored(
+            block_hashes=new,
+            parent_block_hash=external_hash(hashes[first - 1]) if first else None,
+            token_ids=request.all_token_ids[first * bs:(last + 1) * bs],
+            block_size=bs,
+            lora_id=lora.adapter_id if lora else None,
+            medium=MEDIUM,
+            lora_name=lora.name if lora else None,
+            extra_keys=extra,
+            group_idx=0,
+        )
+        ev.kv_cache_spec_kind, ev.kv_cache_spec_sliding_window = self._meta
+        out.append(ev)
+        run.clear()
