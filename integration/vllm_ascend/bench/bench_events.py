@@ -11,6 +11,8 @@ does), and reports for each hash algorithm:
 
   * ``us_per_stored_block``: (manager + hasher time, events on) - (the same, events off),
     divided by the blocks the events-on side published as stored (median over repeats);
+  * ``hasher_us_per_hashed_block``: the hasher's time per block it hashed (every full block
+    of every request, hits included, as in stock vLLM);
   * ``hasher_us_per_stored_block`` / ``translate_us_per_stored_block``: the two parts (the
     hasher's time, and the manager's extra time: draining and converting events);
   * ``ratio``: events-on time / events-off time (geometric mean over repeats).
@@ -93,6 +95,7 @@ def side(model_dir, events: bool, algo: str, args, seed=1):
                     submit(c)
         yield
     return dict(steps=steps, kv_ns=clock.ns, hasher_ns=hclock.ns, stored=stored[0],
+                hashed=sum(len(r.block_hashes) for r in reqs.values()),
                 tokens={rid: list(r.all_token_ids) for rid, r in reqs.items()})
 
 
@@ -150,8 +153,12 @@ def main():
         per = [(total(r["on"]) - total(r["off"])) / 1e3 / stored for r in runs]
         hasher = [r["on"]["hasher_ns"] / 1e3 / stored for r in runs]
         translate = [(r["on"]["kv_ns"] - r["off"]["kv_ns"]) / 1e3 / stored for r in runs]
+        hashed = runs[0]["on"]["hashed"]
         result[algo] = {
             "stored_blocks": stored,
+            "hashed_blocks": hashed,
+            "hasher_us_per_hashed_block": round(statistics.median(
+                [r["on"]["hasher_ns"] / 1e3 / hashed for r in runs]), 2),
             "us_per_stored_block": round(statistics.median(per), 2),
             "hasher_us_per_stored_block": round(statistics.median(hasher), 2),
             "translate_us_per_stored_block": round(statistics.median(translate), 2),
