@@ -23,7 +23,9 @@ from __future__ import annotations
 from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from vllm.v1.core.kv_cache_utils import generate_block_hash_extra_keys
 
-try:  # vLLM's own conversion (bytes, or the low 64 bits as int with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES)
+# vLLM's own conversion: bytes, or the low 64 bits as an int with
+# VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES
+try:
     from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash as external_hash
 except ImportError:  # pragma: no cover - older/newer vLLM
     def external_hash(h: bytes):
@@ -55,10 +57,6 @@ class EventTranslator:
         self._device = device
         self._meta = meta
         self._page_hash: dict[int, object] = {}  # page id -> external hash it was stored under
-
-    def __len__(self) -> int:
-        """Pages currently published as stored."""
-        return len(self._page_hash)
 
     def convert(self, raw, pages: list[int] | None, request) -> list[KVCacheEvent]:
         """vLLM's events for ``raw`` (kvshare events as ``(kind, tier, page)``, in order, of one
