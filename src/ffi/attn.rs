@@ -475,7 +475,7 @@ impl kvs_backend {
             // SAFETY: caller contract.
             let b = unsafe { handle::borrow(backend)? };
             let out = unsafe { try_out(num_threads_out, "num_threads_out")? };
-            *out = b.num_threads as u32;
+            *out = u32::try_from(b.num_threads).unwrap_or(u32::MAX); // at most 1024
             Ok(())
         })
     }
@@ -780,6 +780,7 @@ impl kvs_backend {
     /// (a `kvs_dtype` value), strides filled in. Pure; nothing is checked here.
     ///
     /// **Thread safety:** safe from any thread.
+    #[must_use]
     #[no_mangle]
     pub extern "C" fn kvs_kv_layout_dense(
         dtype: u32,

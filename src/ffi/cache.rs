@@ -273,6 +273,7 @@ impl kvs_cache {
     /// events off.
     ///
     /// **Thread safety:** safe from any thread.
+    #[must_use]
     #[no_mangle]
     pub extern "C" fn kvs_config_default() -> kvs_config {
         kvs_config::from_core(&Config::default())
@@ -409,6 +410,7 @@ impl kvs_cache {
     /// **Failure:** `KVS_STATUS_INVARIANT_VIOLATION` with the first violation in the message
     /// (a bug in kvshare: please report it).
     /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+    #[must_use]
     #[no_mangle]
     pub unsafe extern "C" fn kvs_cache_check(cache: *const kvs_cache) -> kvs_status {
         guard(|| self::cache(cache)?.lock()?.check())

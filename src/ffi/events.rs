@@ -54,10 +54,10 @@ impl From<Event> for kvs_event {
                 EventKind::Cleared => kvs_event_kind::Cleared,
             } as u32,
             tier: kvs_tier::from(e.tier) as u32,
-            hash_lo: e.hash as u64,
-            hash_hi: (e.hash >> 64) as u64,
-            parent_lo: e.parent as u64,
-            parent_hi: (e.parent >> 64) as u64,
+            hash_lo: halves(e.hash).0,
+            hash_hi: halves(e.hash).1,
+            parent_lo: halves(e.parent).0,
+            parent_hi: halves(e.parent).1,
             lora_id: e.lora_id,
             num_tokens: e.num_tokens,
             page: e.page,
@@ -69,6 +69,12 @@ impl From<Event> for kvs_event {
 /// `kvs_stats.events_dropped`) until `kvs_cache_take_events` drains some.
 pub const KVS_MAX_QUEUED_EVENTS: usize = 1 << 20;
 const _: () = assert!(KVS_MAX_QUEUED_EVENTS == crate::core::events::MAX_QUEUED_EVENTS);
+
+/// A 128-bit digest as its (low, high) 64-bit halves.
+#[allow(clippy::cast_possible_truncation)] // keeping the low half is the point
+fn halves(h: u128) -> (u64, u64) {
+    (h as u64, (h >> 64) as u64)
+}
 
 impl kvs_cache {
     /// Drains up to `copies_len` queued page copies, oldest first: demotions of evicted cached

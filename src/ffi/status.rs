@@ -104,6 +104,7 @@ impl kvs_status {
     ///
     /// **Ownership:** the string is static; do not free it.
     /// **Thread safety:** safe from any thread.
+    #[must_use]
     #[no_mangle]
     pub extern "C" fn kvs_status_str(status: u32) -> *const c_char {
         let s: &'static [u8] = match status {
@@ -140,6 +141,7 @@ impl kvs_status {
     /// **Ownership:** owned by the library; valid until the next failing `kvs_` call on this
     /// thread. Copy it if you need it longer. Never NULL.
     /// **Thread safety:** thread-local; each thread sees its own last error.
+    #[must_use]
     #[no_mangle]
     pub extern "C" fn kvs_last_error_message() -> *const c_char {
         LAST_ERROR.with(|m| m.borrow().as_ptr())

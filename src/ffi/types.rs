@@ -149,7 +149,7 @@ pub(crate) unsafe fn extra_from_c(ptr: *const kvs_extra_keys) -> Result<Option<E
     let mm = slice(x.mm_items, x.num_mm_items, "extra.mm_items")?;
     let mut items = try_with_capacity(mm.len(), "extra.mm_items")?;
     items.extend(mm.iter().map(|m| MmItem {
-        hash: (m.hash_hi as u128) << 64 | m.hash_lo as u128,
+        hash: u128::from(m.hash_hi) << 64 | u128::from(m.hash_lo),
         offset: m.offset,
         length: m.length,
     }));
