@@ -35,6 +35,13 @@
 #define KVS_NUM_PRIORITIES 4
 
 /*
+ The largest `kvs_config.page_size` the library accepts, in tokens per page: adapters read
+ this instead of typing the number again. (A literal because cbindgen writes only literals;
+ the assertion below ties it to the core's limit, which `Config::validate` enforces.)
+ */
+#define KVS_MAX_PAGE_SIZE 1024
+
+/*
  ABI version of `include/kvshare.h`. Bumped on any incompatible change to a signature, struct
  layout or enum value; adapters refuse a library whose `kvs_abi_version()` differs from the
  `KVS_ABI_VERSION` they were built with.
@@ -689,7 +696,8 @@ typedef struct kvs_copy {
  */
 typedef struct kvs_config {
   /*
-   Tokens per page (1..=1024; CANN kernels want 16..=128 and a multiple of 16).
+   Tokens per page (1..=`KVS_MAX_PAGE_SIZE`, 1024; CANN kernels want 16..=128 and a
+   multiple of 16).
    */
   uint32_t page_size;
   /*

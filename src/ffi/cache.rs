@@ -44,11 +44,18 @@ pub(crate) unsafe fn cache<'a>(cache: *const kvs_cache) -> Result<&'a Cache, Err
     handle::borrow(cache)
 }
 
+/// The largest `kvs_config.page_size` the library accepts, in tokens per page: adapters read
+/// this instead of typing the number again. (A literal, because cbindgen writes only literals;
+/// a compile-time assertion ties it to the core's limit, which `kvs_cache_new` enforces.)
+pub const KVS_MAX_PAGE_SIZE: u32 = 1024;
+const _: () = assert!(KVS_MAX_PAGE_SIZE == crate::core::config::MAX_PAGE_SIZE);
+
 /// Geometry and options of a cache. Start from `kvs_config_default()` and set what you need.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct kvs_config {
-    /// Tokens per page (1..=1024; CANN kernels want 16..=128 and a multiple of 16).
+    /// Tokens per page (1..=`KVS_MAX_PAGE_SIZE`, 1024; CANN kernels want 16..=128 and a
+    /// multiple of 16).
     pub page_size: u32,
     /// Pages in the device tier, the padding page included. Page ids index the engine's KV
     /// tensors `[num_pages, page_size, kv_heads, head_dim]` per layer.
