@@ -24,6 +24,13 @@
 
 
 /*
+ The largest `kvs_config.page_size` the library accepts, in tokens per page: adapters read
+ this instead of typing the number again. (A literal, because cbindgen writes only literals;
+ a compile-time assertion ties it to the core's limit, which `kvs_cache_new` enforces.)
+ */
+#define KVS_MAX_PAGE_SIZE 1024
+
+/*
  Most events a cache queues; further events are dropped (and counted in
  `kvs_stats.events_dropped`) until `kvs_cache_take_events` drains some.
  */
@@ -33,13 +40,6 @@
  Number of retention priorities: `kvs_seq_set_priority` takes 0 ..= `KVS_NUM_PRIORITIES - 1`.
  */
 #define KVS_NUM_PRIORITIES 4
-
-/*
- The largest `kvs_config.page_size` the library accepts, in tokens per page: adapters read
- this instead of typing the number again. (A literal because cbindgen writes only literals;
- the assertion below ties it to the core's limit, which `Config::validate` enforces.)
- */
-#define KVS_MAX_PAGE_SIZE 1024
 
 /*
  ABI version of `include/kvshare.h`. Bumped on any incompatible change to a signature, struct
