@@ -1,11 +1,12 @@
 //! `kvs_cache_*`: creating, inspecting and checking a cache, and the per-step batch builders.
 
+use super::enums::decode;
 use super::handle::{self, Handle};
 use super::panic::guard;
 use super::slice::{slice, slice_mut, try_out, try_ref};
 use super::status::kvs_status;
-use super::types::{dtype_from_raw, tier_from_raw};
-use crate::core::{Cache, Config, DType, Error};
+use super::types::{kvs_dtype, kvs_tier};
+use crate::core::{Cache, Config, DType, Error, Tier};
 
 /// A KV-cache manager: page pools (device and host), refcounts, the prefix index and sequences.
 ///
@@ -152,10 +153,12 @@ unsafe fn read_config<'a>(ptr: *const kvs_config) -> Result<&'a kvs_config, Erro
 
 impl kvs_config {
     fn to_core(self) -> Result<Config, Error> {
-        let dtype = dtype_from_raw(self.dtype, "dtype").map_err(|_| Error::InvalidConfig {
-            field: "dtype",
-            reason: format!("{} is not a kvs_dtype", self.dtype),
-        })?;
+        let dtype: DType = kvs_dtype::try_from(self.dtype)
+            .map_err(|e| Error::InvalidConfig {
+                field: "dtype",
+                reason: e.reason(),
+            })?
+            .into();
         Ok(Config {
             page_size: self.page_size,
             num_device_pages: self.num_device_pages,
@@ -181,11 +184,7 @@ impl kvs_config {
             num_layers: c.num_layers,
             num_kv_heads: c.num_kv_heads,
             head_dim: c.head_dim,
-            dtype: match c.dtype {
-                DType::F32 => 0,
-                DType::F16 => 1,
-                DType::BF16 => 2,
-            },
+            dtype: kvs_dtype::from(c.dtype) as u32,
             enable_prefix_caching: c.enable_prefix_caching,
             reserve_null_page: c.reserve_null_page,
             defer_commit: c.defer_commit,
@@ -348,7 +347,7 @@ impl kvs_cache {
     ) -> kvs_status {
         guard(|| {
             let c = self::cache(cache)?;
-            let tier = tier_from_raw(tier, "tier")?;
+            let tier: Tier = decode::<kvs_tier>(tier, "tier")?.into();
             let out = try_out(pages_out, "pages_out")?;
             *out = c.lock()?.available(tier);
             Ok(())
