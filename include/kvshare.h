@@ -357,8 +357,8 @@ typedef uint32_t kvs_index_type;
 #endif // __cplusplus
 
 /*
- A compute backend (CPU today; Ascend later) that launches paged attention, KV writes and
- page copies.
+ A compute backend (`KVS_BACKEND_KIND_CPU` or `KVS_BACKEND_KIND_ASCEND`) that launches paged
+ attention, KV writes and page copies.
 
  **Ownership:** create with `kvs_backend_new`, free with `kvs_backend_free`.
  **Thread safety:** a backend may be used from several threads at once; the CPU backend runs

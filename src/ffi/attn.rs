@@ -30,8 +30,8 @@ use crate::attention::{
 use crate::core::alloc::try_with_capacity;
 use crate::core::{DType, Error, Result};
 
-/// A compute backend (CPU today; Ascend later) that launches paged attention, KV writes and
-/// page copies.
+/// A compute backend (`KVS_BACKEND_KIND_CPU` or `KVS_BACKEND_KIND_ASCEND`) that launches paged
+/// attention, KV writes and page copies.
 ///
 /// **Ownership:** create with `kvs_backend_new`, free with `kvs_backend_free`.
 /// **Thread safety:** a backend may be used from several threads at once; the CPU backend runs
@@ -288,8 +288,9 @@ fn layout(c: &kvs_kv_layout, num_pages: u32) -> Result<CacheLayout> {
     })
 }
 
-/// Refuses a misaligned pointer as an attention argument error (the shared slice helpers
-/// `debug_assert` alignment, which would turn this caller error into a panic in debug builds).
+/// Refuses a misaligned pointer as an attention argument error that names the address and the
+/// alignment. (`slice.rs` refuses it too, before any slice is made, but with the shorter shared
+/// message; this check runs first so attention callers get the precise one.)
 fn aligned<T>(ptr: *const T, name: &'static str) -> Result<()> {
     if !ptr.is_aligned() {
         return Err(Error::AttnInvalid {
