@@ -514,7 +514,7 @@ impl State {
             need += self.append_plan(s, 1, 0)?.capacity_pages;
             let j = s.tokens.len() / self.page_size;
             if j < s.pages.len() && self.device.refcount(s.pages[j]) > 1 {
-                shared.push((s.pages[j], s.tokens.len() % self.page_size > 0));
+                shared.push((s.pages[j], !s.tokens.len().is_multiple_of(self.page_size)));
             }
         }
         // w writers into a page with r holders copy min(w, r - 1) times: the last holder left

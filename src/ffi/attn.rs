@@ -319,7 +319,7 @@ fn cache_ptr(
         return Ok(());
     }
     let align = dtype.size_bytes();
-    if (ptr as usize) % align != 0 {
+    if !(ptr as usize).is_multiple_of(align) {
         return Err(Error::AttnInvalid {
             field: name,
             reason: format!("pointer {ptr:p} is not aligned to {align} bytes (its element size)"),

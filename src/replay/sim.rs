@@ -512,7 +512,7 @@ impl Sim<'_> {
             let mut items = Vec::with_capacity(batch.len());
             for (k, &(i, b)) in batch.iter().enumerate() {
                 let s = &mut self.state[i].samples[b];
-                if s.len % self.page_size == 0 {
+                if s.len.is_multiple_of(self.page_size) {
                     self.stats[i].allocated_pages += 1;
                 }
                 s.len += 1;
