@@ -24,6 +24,13 @@
 
 
 /*
+ The largest `kvs_config.page_size` the library accepts, in tokens per page: adapters read
+ this instead of typing the number again. (A literal, because cbindgen writes only literals;
+ a compile-time assertion ties it to the core's limit, which `kvs_cache_new` enforces.)
+ */
+#define KVS_MAX_PAGE_SIZE 1024
+
+/*
  Most events a cache queues; further events are dropped (and counted in
  `kvs_stats.events_dropped`) until `kvs_cache_take_events` drains some.
  */
@@ -350,8 +357,8 @@ typedef uint32_t kvs_index_type;
 #endif // __cplusplus
 
 /*
- A compute backend (CPU today; Ascend later) that launches paged attention, KV writes and
- page copies.
+ A compute backend (`KVS_BACKEND_KIND_CPU` or `KVS_BACKEND_KIND_ASCEND`) that launches paged
+ attention, KV writes and page copies.
 
  **Ownership:** create with `kvs_backend_new`, free with `kvs_backend_free`.
  **Thread safety:** a backend may be used from several threads at once; the CPU backend runs
@@ -689,7 +696,8 @@ typedef struct kvs_copy {
  */
 typedef struct kvs_config {
   /*
-   Tokens per page (1..=1024; CANN kernels want 16..=128 and a multiple of 16).
+   Tokens per page (1..=`KVS_MAX_PAGE_SIZE`, 1024; CANN kernels want 16..=128 and a
+   multiple of 16).
    */
   uint32_t page_size;
   /*

@@ -8,24 +8,23 @@
 //! Tolerances (the CPU backend accumulates in f32, the emulator in f64, both round the output
 //! once): f16 `2e-3`, bf16 `2e-2` relative (as in tests/attention.rs).
 
-mod ascend_common;
-mod attention_common;
+mod support;
 
 use std::ffi::{c_void, CString};
 
-use ascend_common::*;
-use attention_common::{Data, Rng, BF16, F16, F32};
 use kvshare::ffi::attn::{
     kvs_attention_args, kvs_backend, kvs_backend_options, kvs_kv_copy_args, kvs_kv_layout,
     kvs_kv_write_args,
 };
 use kvshare::ffi::status::kvs_status;
 use kvshare::ffi::types::kvs_copy;
+use support::attention::{build, new_backend, Built, Case, Data, Rng, BF16, F16, F32};
+use support::cann_emu::*;
 
 const ASCEND: u32 = 1;
 
 fn last_error() -> String {
-    attention_common::last_error()
+    support::attention::last_error()
 }
 
 /// A backend on the emulator of `emu` (device 0 unless given).
@@ -91,159 +90,34 @@ fn assert_close(dtype: u32, got: &Data, want: &Data, what: &str) {
     }
 }
 
-/// One attention case.
-#[derive(Clone)]
-struct Case {
-    dtype: u32,
-    kv_heads: usize,
-    group: usize,
-    d: usize,
-    page_size: usize,
-    ctx: Vec<usize>,
-    q: Option<Vec<usize>>,
-    heads_major: bool,
-    pad: usize,
-    softcap: f32,
-    seed: u64,
-}
-
-fn decode(dtype: u32, group: usize, d: usize, page_size: usize, ctx: Vec<usize>) -> Case {
+/// A decode case as these tests use it: two KV heads, seed 7.
+fn decode(dtype: u32, group: usize, head_dim: usize, page_size: usize, ctx: Vec<usize>) -> Case {
     Case {
-        dtype,
-        kv_heads: 2,
-        group,
-        d,
-        page_size,
-        ctx,
-        q: None,
-        heads_major: false,
-        pad: 0,
-        softcap: 0.0,
         seed: 7,
+        ..Case::decode(dtype, group, head_dim, page_size, ctx)
     }
 }
 
-struct Built {
-    c: Case,
-    h: usize,
-    num_tokens: usize,
-    layout: kvs_kv_layout,
-    q_ts: usize,
-    max_pages: usize,
-    query: Data,
-    k: Data,
-    v: Data,
-    out: Data,
-    bt: Vec<i32>,
-    ctx: Vec<i32>,
-    qsl: Option<Vec<i32>>,
-}
-
-fn build(c: &Case) -> Built {
-    let mut rng = Rng(c.seed);
-    let (ps, hk, d) = (c.page_size, c.kv_heads, c.d);
-    let h = hk * c.group;
-    let pages_of: Vec<usize> = c.ctx.iter().map(|&x| x.div_ceil(ps)).collect();
-    let num_pages = pages_of.iter().sum::<usize>() + 2;
-    let mut free: Vec<i32> = (0..num_pages as i32).collect();
-    rng.shuffle(&mut free);
-    let max_pages = pages_of.iter().copied().max().unwrap() + 1;
-    let mut bt = vec![-1i32; c.ctx.len() * max_pages];
-    for (i, &np) in pages_of.iter().enumerate() {
-        for j in 0..np {
-            bt[i * max_pages + j] = free.pop().unwrap();
-        }
-    }
-    let mut layout =
-        kvs_backend::kvs_kv_layout_dense(c.dtype, num_pages as u32, ps as u32, hk as u32, d as u32);
-    if c.heads_major {
-        layout.slot_stride = d;
-        layout.head_stride = ps * d;
-    }
-    let q_lens = c.q.clone().unwrap_or_else(|| vec![1; c.ctx.len()]);
-    let num_tokens: usize = q_lens.iter().sum();
-    let q_ts = h * d + c.pad;
-    let cache_len = num_pages * ps * hk * d;
-    let qsl = c.q.as_ref().map(|q| {
-        let mut v = vec![0i32];
-        for &x in q {
-            v.push(v.last().unwrap() + x as i32);
-        }
-        v
-    });
-    Built {
-        c: c.clone(),
-        h,
-        num_tokens,
-        layout,
-        q_ts,
-        max_pages,
-        query: Data::random(c.dtype, num_tokens * q_ts, &mut rng),
-        k: Data::random(c.dtype, cache_len, &mut rng),
-        v: Data::random(c.dtype, cache_len, &mut rng),
-        out: Data::filled(c.dtype, num_tokens * q_ts, 0.0),
-        bt,
-        ctx: c.ctx.iter().map(|&x| x as i32).collect(),
-        qsl,
-    }
-}
-
-impl Built {
-    /// Args over the given memory (host buffers for the CPU, device addresses for Ascend).
-    #[allow(clippy::too_many_arguments)]
-    fn args(
-        &self,
-        query: *const c_void,
-        out: *mut c_void,
-        k: *const c_void,
-        v: *const c_void,
-        bt: *const i32,
-    ) -> kvs_attention_args {
-        kvs_attention_args {
-            num_seqs: self.ctx.len() as u32,
-            num_tokens: self.num_tokens as u32,
-            num_heads: self.h as u32,
-            query,
-            query_dtype: self.c.dtype,
-            query_token_stride: self.q_ts,
-            query_head_stride: 0,
-            output: out,
-            output_dtype: self.c.dtype,
-            output_token_stride: self.q_ts,
-            output_head_stride: 0,
-            key_cache: k,
-            value_cache: v,
-            cache: self.layout,
-            block_table: bt,
-            max_pages_per_seq: self.max_pages as u32,
-            block_table_stride: 0,
-            context_lens: self.ctx.as_ptr(),
-            query_start_loc: self.qsl.as_ref().map_or(std::ptr::null(), |q| q.as_ptr()),
-            scale: 1.0 / (self.c.d as f32).sqrt(),
-            softcap: self.c.softcap,
-            sliding_window: 0,
-        }
-    }
-
-    fn cpu(&mut self) -> Data {
-        let cpu = attention_common::new_backend(1);
-        let mut out = self.out.clone();
-        let a = self.args(
-            self.query.ptr(),
-            out.ptr_mut(),
-            self.k.ptr(),
-            self.v.ptr(),
-            self.bt.as_ptr(),
-        );
-        assert_eq!(
-            kvs_backend::kvs_attention_launch(cpu, &a, std::ptr::null_mut()),
-            kvs_status::Ok,
-            "{}",
-            last_error()
-        );
-        kvs_backend::kvs_backend_free(cpu);
-        out
-    }
+/// The CPU backend's output for a built case (what the Ascend output is compared with), into a
+/// copy of the output buffer: `b.out` stays as built, so a device copy of it starts unwritten.
+fn cpu_output(b: &Built) -> Data {
+    let cpu = new_backend(1);
+    let mut out = b.out.clone();
+    let a = b.args_over(
+        b.query.ptr(),
+        out.ptr_mut(),
+        b.k.ptr(),
+        b.v.ptr(),
+        b.block_table.as_ptr(),
+    );
+    assert_eq!(
+        kvs_backend::kvs_attention_launch(cpu, &a, std::ptr::null_mut()),
+        kvs_status::Ok,
+        "{}",
+        last_error()
+    );
+    kvs_backend::kvs_backend_free(cpu);
+    out
 }
 
 /// Device copies of a case's inputs.
@@ -261,12 +135,12 @@ fn upload<'e>(emu: &'e Emu, b: &Built) -> Dev<'e> {
         out: emu.upload(&data_bytes(&b.out)),
         k: emu.upload(&data_bytes(&b.k)),
         v: emu.upload(&data_bytes(&b.v)),
-        bt: emu.upload(&bytes(&b.bt)),
+        bt: emu.upload(&bytes(&b.block_table)),
     }
 }
 
 fn launch(be: *mut kvs_backend, b: &Built, d: &Dev<'_>, stream: *mut c_void) -> kvs_status {
-    let a = b.args(d.q.ptr, d.out.ptr, d.k.ptr, d.v.ptr, d.bt.ptr.cast());
+    let a = b.args_over(d.q.ptr, d.out.ptr, d.k.ptr, d.v.ptr, d.bt.ptr.cast());
     kvs_backend::kvs_attention_launch(be, &a, stream)
 }
 
@@ -274,8 +148,8 @@ fn launch(be: *mut kvs_backend, b: &Built, d: &Dev<'_>, stream: *mut c_void) -> 
 /// and kvshare never created or synchronised a stream. Returns the FIA GetWorkspaceSize calls.
 fn check_case(emu: &Emu, c: &Case) -> i64 {
     emu.init_thread(0);
-    let mut b = build(c);
-    let want = b.cpu();
+    let b = build(c);
+    let want = cpu_output(&b);
     let be = backend(emu);
     let stream = emu.stream();
     let dev = upload(emu, &b);
@@ -346,7 +220,7 @@ fn decode_page16_bf16_mqa() {
     let _g = serial();
     let emu = Emu::load(Variant::Full);
     let mut c = decode(BF16, 8, 32, 16, vec![1, 17, 40, 33]);
-    c.kv_heads = 1;
+    c.num_kv_heads = 1;
     check_case(emu, &c);
 }
 
@@ -454,7 +328,7 @@ fn refused_before_any_cann_call() {
         c.q = Some(vec![2]);
         v.push((c, "head_dim 72"));
         let mut c = decode(F16, 65, 64, 128, vec![20]);
-        c.kv_heads = 1;
+        c.num_kv_heads = 1;
         v.push((c, "above CANN's limit 64"));
         v
     };
@@ -470,7 +344,7 @@ fn refused_before_any_cann_call() {
     // Misaligned device pointer.
     let b = build(&decode(F16, 2, 64, 128, vec![20]));
     let dev = upload(emu, &b);
-    let mut a = b.args(
+    let mut a = b.args_over(
         dev.q.ptr,
         dev.out.ptr,
         dev.k.ptr,
@@ -485,7 +359,7 @@ fn refused_before_any_cann_call() {
         "query",
     );
     // A NULL device pointer, and shared validation (context length beyond the block table).
-    let mut a = b.args(
+    let mut a = b.args_over(
         dev.q.ptr,
         dev.out.ptr,
         dev.k.ptr,
@@ -525,12 +399,12 @@ fn missing_libraries_and_symbols() {
         "{m}"
     );
 
-    let dir = ascend_common::build(Variant::NoNnopbase);
+    let dir = support::cann_emu::build(Variant::NoNnopbase);
     let (s, m) = backend_at(&dir, 0).unwrap_err();
     assert_eq!(s, kvs_status::BackendUnavailable);
     assert!(m.contains("libnnopbase.so"), "{m}");
 
-    let dir = ascend_common::build(Variant::NoFia);
+    let dir = support::cann_emu::build(Variant::NoFia);
     let (s, m) = backend_at(&dir, 0).unwrap_err();
     assert_eq!(s, kvs_status::BackendUnavailable);
     assert!(m.contains("aclnnFusedInferAttentionScore"), "{m}");
@@ -578,7 +452,7 @@ fn device_binding() {
         dev.v.ptr as usize,
         dev.bt.ptr as usize,
     );
-    let a = b.args(q as _, o as _, k as _, v as _, bt as _);
+    let a = b.args_over(q as _, o as _, k as _, v as _, bt as _);
     let a_ptr = &a as *const kvs_attention_args as usize;
     std::thread::scope(|s| {
         // A thread with no current device is bound to the backend's device.
@@ -884,7 +758,7 @@ impl WriteCase {
     }
 
     fn cpu(&self) -> (Data, Data) {
-        let cpu = attention_common::new_backend(1);
+        let cpu = new_backend(1);
         let (mut kc, mut vc) = (self.kc.clone(), self.vc.clone());
         let a = self.args(
             self.key.ptr(),
@@ -1021,7 +895,7 @@ fn page_copies_on_the_stream() {
             }, // no-op
         ];
         // CPU on host copies.
-        let cpu = attention_common::new_backend(1);
+        let cpu = new_backend(1);
         let (mut ck, mut cv, mut chk, mut chv) = (k.clone(), v.clone(), hk.clone(), hv.clone());
         let a = kvs_kv_copy_args {
             key_cache: ck.ptr_mut(),
@@ -1100,14 +974,14 @@ fn engine_loop_write_then_attend() {
     // Slots of every token of both sequences, from the block table.
     let slots: Vec<i32> = (0..2)
         .flat_map(|s| (0..c.ctx[s]).map(move |p| (s, p)))
-        .map(|(s, p)| b.bt[s * b.max_pages + p / 128] * 128 + (p % 128) as i32)
+        .map(|(s, p)| b.block_table[s * b.bt_stride + p / 128] * 128 + (p % 128) as i32)
         .collect();
     let mut rng = Rng(3);
     let t = slots.len();
     let newk = Data::random(F16, t * 128, &mut rng);
     let newv = Data::random(F16, t * 128, &mut rng);
     // CPU: write then attend.
-    let cpu = attention_common::new_backend(1);
+    let cpu = new_backend(1);
     let wa = kvs_kv_write_args {
         num_tokens: t as u32,
         key: newk.ptr(),
@@ -1127,7 +1001,7 @@ fn engine_loop_write_then_attend() {
         kvs_status::Ok
     );
     kvs_backend::kvs_backend_free(cpu);
-    let want = b.cpu();
+    let want = cpu_output(&b);
     // Ascend.
     let (dk, dv, ds) = (
         emu.upload(&data_bytes(&newk)),

@@ -7,25 +7,12 @@
 //! this test does not depend on the committed `include/kvshare.h` being regenerated yet.
 //! Compiled with the harness's flags: `-std=c11 -Wall -Wextra -Wpedantic -Werror`.
 
-mod ascend_common;
+mod support;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-fn root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn lib_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let deps = exe.parent().unwrap();
-    let found = [deps, deps.parent().unwrap()]
-        .into_iter()
-        .find(|d| d.join("libkvshare.so").is_file())
-        .expect("libkvshare.so next to the test executable")
-        .to_path_buf();
-    found
-}
+use support::native::{cc, lib_dir, loader_path, root, C_WARNINGS};
 
 fn header_dir() -> PathBuf {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("ascend_c_include");
@@ -54,12 +41,7 @@ fn programs() -> Vec<String> {
 
 fn run(exe: &Path, emu: Option<&Path>) -> (bool, String) {
     let mut cmd = Command::new(exe);
-    let lib = lib_dir();
-    let ld = match std::env::var_os("LD_LIBRARY_PATH") {
-        Some(old) => format!("{}:{}", lib.display(), old.to_string_lossy()),
-        None => lib.display().to_string(),
-    };
-    cmd.env("LD_LIBRARY_PATH", ld);
+    cmd.env("LD_LIBRARY_PATH", loader_path());
     match emu {
         Some(d) => cmd.env("KVS_ASCEND_EMU_DIR", d),
         None => cmd.env_remove("KVS_ASCEND_EMU_DIR"),
@@ -80,23 +62,17 @@ fn run(exe: &Path, emu: Option<&Path>) -> (bool, String) {
 fn ascend_c_programs() {
     let progs = programs();
     assert!(!progs.is_empty(), "no tests/c/ascend_*.c");
-    let emu = ascend_common::build(ascend_common::Variant::Full);
+    let emu = support::cann_emu::build(support::cann_emu::Variant::Full);
     let inc = header_dir();
     let lib = lib_dir();
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("ascend_c_bin");
     std::fs::create_dir_all(&out).unwrap();
     for name in progs {
         let exe = out.join(&name);
-        let o = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
-            .args([
-                "-std=c11",
-                "-Wall",
-                "-Wextra",
-                "-Wpedantic",
-                "-Werror",
-                "-g",
-                "-O1",
-            ])
+        let o = Command::new(cc())
+            .arg("-std=c11")
+            .args(C_WARNINGS)
+            .args(["-g", "-O1"])
             .arg("-I")
             .arg(&inc)
             .arg(root().join("tests/c").join(format!("{name}.c")))

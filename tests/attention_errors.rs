@@ -1,12 +1,12 @@
 //! Bad input through the C ABI for every argument of every attention export: each call must
 //! return the right status, name the field in `kvs_last_error_message()`, and write nothing.
 
-mod attention_common;
+mod support;
 
-use attention_common::*;
 use kvshare::ffi::attn::{kvs_attention_args, kvs_backend, kvs_kv_copy_args, kvs_kv_write_args};
 use kvshare::ffi::status::kvs_status;
 use kvshare::ffi::types::kvs_copy;
+use support::attention::*;
 
 use kvs_status::{AttnInvalidArgument as INVALID, NullArgument as NULL};
 

@@ -20,45 +20,18 @@
 //! Environment: `CC` / `CXX` pick the compilers (default `cc` / `c++`); `KVS_VALGRIND=1` adds the
 //! valgrind runs.
 
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use support::native::{cc, cxx, lib_dir, loader_path, root, C_WARNINGS};
+
 /// Seconds a program may run before it is killed (valgrind gets `VALGRIND_TIMEOUT`).
 const TIMEOUT: Duration = Duration::from_secs(120);
 const VALGRIND_TIMEOUT: Duration = Duration::from_secs(600);
-
-fn root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// The directory holding the `libkvshare.so` cargo built for this run.
-///
-/// Cargo builds the library's `cdylib` crate type before integration tests, into
-/// `target/<profile>/deps/`, the directory of this test executable (`cargo build` also copies it
-/// one level up, to `target/<profile>/`, but `cargo test` alone does not, and that copy may be
-/// stale). So look next to the executable first, then one level up; never fall back silently.
-fn lib_dir() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let exe = std::env::current_exe().expect("current_exe");
-        let deps = exe.parent().expect("test executable has a directory");
-        let mut tried = Vec::new();
-        for dir in [deps, deps.parent().unwrap_or(deps)] {
-            let so = dir.join("libkvshare.so");
-            if so.is_file() {
-                return dir.to_path_buf();
-            }
-            tried.push(so.display().to_string());
-        }
-        panic!(
-            "libkvshare.so not found (looked for {}). The C harness needs the cdylib that cargo \
-             builds for integration tests; check that Cargo.toml keeps crate-type \"cdylib\".",
-            tried.join(" and ")
-        )
-    })
-}
 
 /// Where compiled programs go.
 fn out_dir(variant: &str) -> PathBuf {
@@ -68,16 +41,6 @@ fn out_dir(variant: &str) -> PathBuf {
     std::fs::create_dir_all(&d).expect("create output dir");
     d
 }
-
-fn cc() -> String {
-    std::env::var("CC").unwrap_or_else(|_| "cc".into())
-}
-
-fn cxx() -> String {
-    std::env::var("CXX").unwrap_or_else(|_| "c++".into())
-}
-
-const WARNINGS: &[&str] = &["-Wall", "-Wextra", "-Wpedantic", "-Werror"];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Variant {
@@ -270,7 +233,7 @@ fn compile(name: &str, v: Variant) -> PathBuf {
     let exe = out_dir(v.name()).join(name);
     let mut cmd = Command::new(cc());
     cmd.arg("-std=c11")
-        .args(WARNINGS)
+        .args(C_WARNINGS)
         .arg("-g")
         .args(v.flags())
         .arg("-I")
@@ -322,14 +285,7 @@ fn run_program(name: &str, v: Variant) {
     };
     cmd.envs(v.env().iter().copied());
     cmd.envs(v.env_owned());
-    // cargo puts target/<profile> on LD_LIBRARY_PATH for tests, and LD_LIBRARY_PATH beats the
-    // executable's RUNPATH: a stale copy of the library there would be loaded instead of the one
-    // built for this run. Point the loader at the run's own library first.
-    let ld_path = match std::env::var_os("LD_LIBRARY_PATH") {
-        Some(old) => format!("{}:{}", lib_dir().display(), old.to_string_lossy()),
-        None => lib_dir().display().to_string(),
-    };
-    cmd.env("LD_LIBRARY_PATH", ld_path);
+    cmd.env("LD_LIBRARY_PATH", loader_path());
     let shown = show(&cmd);
     let timeout = if v == Variant::Valgrind {
         VALGRIND_TIMEOUT

@@ -1,6 +1,8 @@
 //! Scenario tests of the core cache manager through its Rust API.
 
-use kvshare::core::{Cache, Config, CopyKind, Error, ExtraKeys, PageCopy, PageState, State, Tier};
+use kvshare::core::{
+    AppendNeed, Cache, Config, CopyKind, Error, ExtraKeys, PageCopy, PageState, State, Tier,
+};
 
 fn state(pages: u32, ps: u32) -> State {
     State::new(Config {
@@ -532,14 +534,23 @@ fn capacity_queries_match_what_the_operations_take() {
     s.begin(1, &toks(0..6), None, usize::MAX).unwrap();
     s.fork(1, 2).unwrap();
     // Appending 3 tokens to a fork: copy the shared partial page, plus one new page.
-    assert_eq!(s.append_need_of(2, 3, 0).unwrap(), (2, 1));
     assert_eq!(
-        s.append_need_of(2, 0, 9).unwrap(),
-        (2, 0),
+        s.append_need(2, 3, 0).unwrap(),
+        AppendNeed {
+            pages: 2,
+            copies: 1
+        }
+    );
+    assert_eq!(
+        s.append_need(2, 0, 9).unwrap(),
+        AppendNeed {
+            pages: 2,
+            copies: 0
+        },
         "6 tokens + 9 reserved slots: 4 pages, 2 of them new"
     );
     assert!(matches!(
-        s.append_need_of(2, 1, usize::MAX),
+        s.append_need(2, 1, usize::MAX),
         Err(Error::InvalidArgument { .. })
     ));
     let free_before = s.stats().device_pages_free;
@@ -567,10 +578,7 @@ fn capacity_queries_match_what_the_operations_take() {
     assert_eq!(before_total - after_total, need as u64 + shared_cached);
     assert!(avail >= need);
     assert!(matches!(s.swap_in_need(2), Err(Error::SeqWrongTier { .. })));
-    assert!(matches!(
-        s.append_need_of(9, 1, 0),
-        Err(Error::SeqNotFound(9))
-    ));
+    assert!(matches!(s.append_need(9, 1, 0), Err(Error::SeqNotFound(9))));
     s.check().unwrap();
 }
 

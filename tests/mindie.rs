@@ -6,9 +6,13 @@
 //!
 //! Needs a C++17 compiler: `$CXX`, else `c++`. `KVS_MINDIE_NO_ASAN=1` skips the sanitizer run.
 
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
+
+use support::native::{cxx, libkvshare, loader_path, root};
 
 const TESTS: &[&str] = &[
     "test_scenarios",
@@ -28,10 +32,6 @@ const WARNINGS: &[&str] = &[
     "-Wdelete-non-virtual-dtor",
 ];
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
 /// `target/<profile>/`: two directories above this test executable (`target/<profile>/deps/`).
 fn profile_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
@@ -39,37 +39,6 @@ fn profile_dir() -> PathBuf {
         .and_then(Path::parent)
         .expect("test executable lives in target/<profile>/deps")
         .to_path_buf()
-}
-
-/// The newest `libkvshare.so` cargo built for this profile (`deps/` is refreshed by every
-/// `cargo test`; the uplifted copy in `target/<profile>/` only by `cargo build`).
-fn libkvshare() -> PathBuf {
-    let dir = profile_dir();
-    let candidates = [dir.join("deps/libkvshare.so"), dir.join("libkvshare.so")];
-    candidates
-        .iter()
-        .filter_map(|p| {
-            let t = std::fs::metadata(p).and_then(|m| m.modified()).ok()?;
-            Some((t, p.clone()))
-        })
-        .max()
-        .map(|(_, p)| p)
-        .unwrap_or_else(|| panic!("libkvshare.so not found in {}", dir.display()))
-}
-
-/// `LD_LIBRARY_PATH` for running programs: cargo puts `target/<profile>` on it for tests, and it
-/// beats the programs' RUNPATH, so a stale uplifted copy of the library would be loaded instead
-/// of the one built for this run. Put the run's own library first.
-fn loader_path() -> String {
-    let dir = libkvshare().parent().unwrap().display().to_string();
-    match std::env::var("LD_LIBRARY_PATH") {
-        Ok(old) if !old.is_empty() => format!("{dir}:{old}"),
-        _ => dir,
-    }
-}
-
-fn cxx() -> String {
-    std::env::var("CXX").unwrap_or_else(|_| "c++".to_string())
 }
 
 fn run(cmd: &mut Command, what: &str) -> String {

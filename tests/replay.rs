@@ -5,9 +5,9 @@
 
 use kvshare::replay::model::NoModel;
 use kvshare::replay::report::{json_totals, series, total_row, turn_rows, TurnRow};
-use kvshare::replay::sim::{replay, Outcome, ReplayConfig};
 use kvshare::replay::trace::{parse_trace, Request};
 use kvshare::replay::workload::ChatWorkload;
+use kvshare::replay::{replay, Outcome, ReplayConfig};
 
 fn cfg(ps: u32, device_pages: u32) -> ReplayConfig {
     ReplayConfig {
@@ -27,8 +27,8 @@ fn run(reqs: &[Request], c: &ReplayConfig) -> Outcome {
     replay(reqs, c, &mut NoModel, &mut |_| {}).unwrap()
 }
 
-fn col(out: &Outcome, f: impl Fn(&kvshare::replay::Sample) -> u32) -> Vec<u32> {
-    out.samples.iter().map(f).collect()
+fn col(out: &Outcome, f: impl Fn(&kvshare::replay::StepPages) -> u32) -> Vec<u32> {
+    out.per_step.iter().map(f).collect()
 }
 
 fn req(id: &str, arrival: f64, prompt: &[i32], outputs: &[&[i32]]) -> Request {
@@ -309,7 +309,7 @@ fn chat_without_eviction_matches_the_ideal_at_every_step() {
         out.first_gap_step
     );
     assert!(out
-        .samples
+        .per_step
         .iter()
         .all(|s| s.kvshare == s.ideal && s.kvshare <= s.no_sharing));
     let t = total_row(&turn_rows(&out));
@@ -352,7 +352,7 @@ fn chat_under_memory_pressure_evicts_preempts_and_still_matches_the_ideal() {
     assert!(out.final_stats.counters.evictions > 0);
     assert!(out.recomputes > 0, "preemption exercised");
     assert_eq!(out.gap_steps, 0);
-    assert!(out.samples.iter().all(|s| s.kvshare <= 64));
+    assert!(out.per_step.iter().all(|s| s.kvshare <= 64));
     // Swap preemption and demotion with a host tier.
     let host = ReplayConfig {
         host_pages: 256,

@@ -6,9 +6,9 @@
 use kvshare::core::DType;
 use kvshare::replay::cpu_model::CpuModel;
 use kvshare::replay::model::Geometry;
-use kvshare::replay::sim::{replay, ReplayConfig};
 use kvshare::replay::trace::Request;
 use kvshare::replay::workload::ChatWorkload;
+use kvshare::replay::{replay, ReplayConfig};
 
 fn chat() -> Vec<Request> {
     ChatWorkload {

@@ -7,7 +7,7 @@
 //! * their validation: every shape, stride, dtype, head ratio and length is checked before a
 //!   launch, and the data-dependent host arrays (context lengths, query starts, used block-table
 //!   entries, slot mapping, copy pairs) are checked before anything is written. Errors are
-//!   [`Error::AttnInvalid`] naming the C field. The Ascend backend (a later issue) reuses these
+//!   [`Error::AttnInvalid`] naming the C field. The Ascend backend ([`ascend`]) reuses these
 //!   checks on the same numbers; only the memory it launches on differs;
 //! * the [`Backend`] trait and the validated batch types it receives ([`AttnBatch`],
 //!   [`KvWrite`], [`PageCopyBatch`]), which can only be built through validation;

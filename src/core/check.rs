@@ -19,9 +19,9 @@ impl State {
     /// at a page registered under that digest; every sequence's pages are valid and cover its
     /// tokens; pins hold what the pin table says.
     pub fn check(&self) -> Result<()> {
-        let ps = self.ps;
+        let ps = self.page_size;
         let mut holders = [
-            try_vec(self.dev.num_pages() as usize, 0u32, "num_device_pages")?,
+            try_vec(self.device.num_pages() as usize, 0u32, "num_device_pages")?,
             try_vec(self.host.num_pages() as usize, 0u32, "num_host_pages")?,
         ];
         for (&id, s) in &self.seqs {
@@ -44,29 +44,29 @@ impl State {
                 holders[t][p as usize] += 1;
             }
         }
-        let mut pins = try_vec(self.dev.num_pages() as usize, 0u32, "num_device_pages")?;
+        let mut pins = try_vec(self.device.num_pages() as usize, 0u32, "num_device_pages")?;
         for (&id, pages) in &self.pins {
             for &p in pages {
-                if self.dev.check_id(p).is_err() {
+                if self.device.check_id(p).is_err() {
                     return violation(format!("pin {id}: bad page id {p}"));
                 }
                 pins[p as usize] += 1;
             }
         }
-        for p in 0..self.dev.num_pages() {
-            if self.dev.pins(p) != pins[p as usize] {
+        for p in 0..self.device.num_pages() {
+            if self.device.pins(p) != pins[p as usize] {
                 return violation(format!(
                     "device page {p}: {} pins recorded, {} in the pin table",
-                    self.dev.pins(p),
+                    self.device.pins(p),
                     pins[p as usize]
                 ));
             }
         }
-        self.check_pool(&self.dev, &holders[0])?;
+        self.check_pool(&self.device, &holders[0])?;
         self.check_pool(&self.host, &holders[1])?;
 
         for (tier, ix, pool) in [
-            (Tier::Device, &self.index, &self.dev),
+            (Tier::Device, &self.index, &self.device),
             (Tier::Host, &self.host_index, &self.host),
         ] {
             for (h, p) in ix.entries() {
@@ -88,7 +88,7 @@ impl State {
         // The commit queue may hold ids of sequences freed (or freed and reused) since; what must
         // hold is that every sequence flagged pending is queued.
         for (&id, s) in &self.seqs {
-            if s.pending && !self.pending.contains(&id) {
+            if s.pending && !self.uncommitted.contains(&id) {
                 return violation(format!(
                     "sequence {id} is flagged pending but not queued for commit"
                 ));

@@ -2,9 +2,12 @@
 //!
 //! [`Cache`] is the thread-safe entry point; [`State`] holds everything behind its lock. The
 //! files split by concept: [`config`], page [`pool`] (with the intrusive lists of [`list`]),
-//! [`prefix`] index, sequences ([`seq`]), [`stats`], and the invariant [`check`]er.
+//! [`prefix`] index, sequences ([`seq`]; swapping between tiers in `seq/swap.rs`, the per-step
+//! block-table and slot-mapping builders in `batch.rs`), [`stats`], and the invariant
+//! [`check`]er.
 
 pub mod alloc;
+mod batch;
 pub mod cache;
 pub mod check;
 pub mod config;
@@ -25,6 +28,6 @@ pub use error::{Error, Result};
 pub use events::{Event, EventKind};
 pub use pool::PageState;
 pub use prefix::{ExtraKeys, MmItem};
-pub use seq::{BeginInfo, CopyKind, PageCopy, SeqInfo};
+pub use seq::{AppendNeed, BeginInfo, CopyKind, PageCopy, SeqInfo};
 pub use state::{Match, State};
 pub use stats::{Counters, Stats};

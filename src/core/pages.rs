@@ -18,17 +18,17 @@ impl State {
     /// evictable). All or nothing.
     pub fn acquire_pages(&mut self, pages: &[u32]) -> Result<()> {
         for &p in pages {
-            self.dev.check_id(p)?;
-            if self.dev.state(p) == PageState::Free {
+            self.device.check_id(p)?;
+            if self.device.state(p) == PageState::Free {
                 return Err(Error::PageNotAllocated {
                     tier: Tier::Device,
                     page: p,
                 });
             }
         }
-        self.dev.check_acquire(pages.iter().copied())?;
+        self.device.check_acquire(pages.iter().copied())?;
         for &p in pages {
-            self.dev.acquire(p, Holder::External);
+            self.device.acquire(p, Holder::External);
         }
         Ok(())
     }
@@ -38,14 +38,14 @@ impl State {
     /// `RefcountUnderflow`, and then nothing is released.
     pub fn release_pages(&mut self, pages: &[u32]) -> Result<()> {
         for &p in pages {
-            self.dev.check_id(p)?;
+            self.device.check_id(p)?;
         }
         // Take the external references first (a page listed more often than it is held runs out
         // here), undoing them all if one is missing; only then release.
         for (k, &p) in pages.iter().enumerate() {
-            if !self.dev.take_ext(p) {
+            if !self.device.take_ext(p) {
                 for &q in &pages[..k] {
-                    self.dev.restore_ext(q);
+                    self.device.restore_ext(q);
                 }
                 return Err(Error::RefcountUnderflow { page: p });
             }
@@ -71,7 +71,7 @@ impl State {
                 "prefix caching is disabled in this cache's config".into(),
             ));
         }
-        let full = tokens.len() / self.ps;
+        let full = tokens.len() / self.page_size;
         if pages.len() > full {
             return Err(Error::arg(
                 "pages",
@@ -82,8 +82,8 @@ impl State {
             ));
         }
         for &p in pages {
-            self.dev.check_id(p)?;
-            if self.dev.refcount(p) == 0 {
+            self.device.check_id(p)?;
+            if self.device.refcount(p) == 0 {
                 return Err(Error::PageNotAllocated {
                     tier: Tier::Device,
                     page: p,
@@ -94,12 +94,12 @@ impl State {
         let mut parent = self.root;
         let mut added = 0;
         for (i, &page) in pages.iter().enumerate() {
-            let chunk = &tokens[i * self.ps..(i + 1) * self.ps];
+            let chunk = &tokens[i * self.page_size..(i + 1) * self.page_size];
             if chunk.iter().any(|&t| t < 0) {
                 break;
             }
-            let e = extra.map_or(0, |x| x.page_digest(i, self.ps));
-            let h = chain_hash(parent, e, chunk, &mut self.scratch);
+            let e = extra.map_or(0, |x| x.page_digest(i, self.page_size));
+            let h = chain_hash(parent, e, chunk, &mut self.hash_scratch);
             if self.index_insert(
                 Tier::Device,
                 page,
@@ -134,7 +134,7 @@ impl State {
         acquire: bool,
         max_pages_out: usize,
     ) -> Result<Match> {
-        let max_pages = tokens.len().min(max_tokens) / self.ps;
+        let max_pages = tokens.len().min(max_tokens) / self.page_size;
         let mut hits = self.walk(tokens, extra, max_pages, acquire);
         if acquire {
             self.promotable(&mut hits, 0);
@@ -154,13 +154,13 @@ impl State {
         let pages = if acquire {
             self.counters.prefix_queries += 1;
             self.counters.prefix_query_tokens += tokens.len() as u64;
-            self.counters.prefix_hit_tokens += (hits.len() * self.ps) as u64;
+            self.counters.prefix_hit_tokens += (hits.len() * self.page_size) as u64;
             self.materialize(&hits, Holder::External)
         } else {
             hits.iter().map(|h| h.page).collect()
         };
         Ok(Match {
-            tokens: pages.len() * self.ps,
+            tokens: pages.len() * self.page_size,
             pages,
             hashes,
             promoted,
@@ -179,7 +179,7 @@ impl State {
             return Err(Error::NoSpace {
                 tier: Tier::Device,
                 needed: host,
-                available: self.dev.available(),
+                available: self.device.available(),
             });
         }
         self.check_hit_refs(&hits)?;
@@ -232,7 +232,7 @@ impl State {
             };
             for page in pages {
                 match tier {
-                    Tier::Device => self.dev.uncache(page),
+                    Tier::Device => self.device.uncache(page),
                     Tier::Host => self.host.uncache(page),
                 }
             }
@@ -270,7 +270,7 @@ mod tests {
         let tokens = [1, 2, 3, 4];
         let p = s.alloc_pages(1).unwrap()[0];
         assert_eq!(s.register(&tokens, &[p], None).unwrap(), 1);
-        s.dev.force_external_refs(p, u32::MAX - 1);
+        s.device.force_external_refs(p, u32::MAX - 1);
         s.check().unwrap();
         let before = s.stats();
 
@@ -282,7 +282,7 @@ mod tests {
         assert_eq!(s.acquire_pages(&[p, p]), overflow);
         assert_eq!(s.stats(), before);
         s.acquire_pages(&[p]).unwrap(); // exactly u32::MAX
-        assert_eq!(s.dev.refcount(p), u32::MAX);
+        assert_eq!(s.device.refcount(p), u32::MAX);
         let full = |adding| {
             Err(Error::RefcountOverflow {
                 page: p,
@@ -304,7 +304,7 @@ mod tests {
             s.match_prefix(&tokens, None, 4, false, 1).unwrap().pages,
             [p]
         );
-        assert_eq!(s.dev.refcount(p), u32::MAX);
+        assert_eq!(s.device.refcount(p), u32::MAX);
         assert_eq!(s.page_info(Tier::Device, p).unwrap().1, PageState::InUse);
         s.check().unwrap();
         s.release_pages(&[p]).unwrap();
@@ -323,7 +323,7 @@ mod tests {
         .unwrap();
         s.begin(1, &[1, 2, 3, 4, 5], None, 0).unwrap();
         let p = s.seq_pages(1).unwrap()[1];
-        s.dev.force_external_refs(p, u32::MAX);
+        s.device.force_external_refs(p, u32::MAX);
         assert!(matches!(
             s.fork(1, 2),
             Err(Error::RefcountOverflow { adding: 1, .. })

@@ -1,5 +1,6 @@
-//! Sequences: block tables, append with copy-on-write, fork, free, swap between tiers, and the
-//! batch block-table / slot-mapping builders.
+//! Sequences: the `Seq` record, begin (with the prefix match), append with copy-on-write,
+//! fork, free, priorities and accessors. Swapping between tiers is in `seq/swap.rs`; the batch
+//! block-table and slot-mapping builders are in `batch.rs`.
 
 mod swap;
 
@@ -60,6 +61,25 @@ pub struct Seq {
     pub(super) priority: u8,
 }
 
+impl Seq {
+    /// Extra-key digest of page `j` (0 without extra keys).
+    pub(super) fn extra_digest(&self, j: usize, ps: usize) -> u128 {
+        self.extra.as_ref().map_or(0, |x| x.page_digest(j, ps))
+    }
+
+    /// The index entry of full page `j`, whose chain digest is `hash` under `parent`: the one
+    /// place a sequence's page becomes an [`Entry`].
+    pub(super) fn page_entry(&self, j: usize, ps: usize, hash: u128, parent: u128) -> Entry<'_> {
+        Entry {
+            hash,
+            parent,
+            extra: self.extra_digest(j, ps),
+            lora: self.extra.as_ref().map_or(0, |x| x.lora_id),
+            tokens: &self.tokens[j * ps..(j + 1) * ps],
+        }
+    }
+}
+
 /// What [`State::begin`] did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct BeginInfo {
@@ -71,6 +91,24 @@ pub struct BeginInfo {
     pub new_pages: usize,
     /// Prefix-hit pages promoted from the host tier (their copies are queued: `take_copies`).
     pub promoted_pages: usize,
+}
+
+/// What [`State::append_need`] reports: what an append would take, without the append.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AppendNeed {
+    /// Device pages it would take (new capacity plus copy-on-write replacements).
+    pub pages: usize,
+    /// Page copies it would report (0 or 1).
+    pub copies: usize,
+}
+
+/// The pages an append needs, split by reason (see `State::append_plan`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct AppendPlan {
+    /// New pages past the end of the block table.
+    capacity_pages: usize,
+    /// Replacements of shared pages the append would write into.
+    cow_pages: usize,
 }
 
 /// A sequence's current shape.
@@ -86,11 +124,13 @@ pub struct SeqInfo {
     pub tier: Tier,
 }
 
-fn check_room(needed: usize, capacity: usize) -> Result<()> {
+/// `BufferTooSmall` for `copies_out` when `needed` copies do not fit in `capacity`.
+pub(super) fn check_room(needed: usize, capacity: usize) -> Result<()> {
     check_room_named("copies_out", needed, capacity)
 }
 
-fn check_room_named(what: &'static str, needed: usize, capacity: usize) -> Result<()> {
+/// `BufferTooSmall` for the out-buffer `what` when `needed` entries do not fit in `capacity`.
+pub(super) fn check_room_named(what: &'static str, needed: usize, capacity: usize) -> Result<()> {
     if needed > capacity {
         return Err(Error::BufferTooSmall {
             what,
@@ -106,7 +146,7 @@ fn ceil_div(a: usize, b: usize) -> usize {
 }
 
 /// Tokens held by page `j` of a sequence of `len` tokens.
-fn tokens_in_page(len: usize, j: usize, ps: usize) -> u32 {
+pub(super) fn tokens_in_page(len: usize, j: usize, ps: usize) -> u32 {
     len.saturating_sub(j * ps).min(ps) as u32
 }
 
@@ -115,12 +155,12 @@ impl State {
         self.seqs.get(&id).ok_or(Error::SeqNotFound(id))
     }
 
-    fn device_seq(&self, id: u64) -> Result<&Seq> {
+    pub(super) fn device_seq(&self, id: u64) -> Result<&Seq> {
         self.seq_on(id, Tier::Device)
     }
 
     /// The sequence, when it lives on `tier` (`SeqWrongTier` otherwise).
-    fn seq_on(&self, id: u64, tier: Tier) -> Result<&Seq> {
+    pub(super) fn seq_on(&self, id: u64, tier: Tier) -> Result<&Seq> {
         let s = self.seq(id)?;
         if s.tier != tier {
             return Err(Error::SeqWrongTier {
@@ -134,16 +174,16 @@ impl State {
 
     /// Offers the sequence's newly full pages to the prefix index (or queues them for
     /// [`commit`](Self::commit) in defer-commit mode).
-    fn register_full_pages(&mut self, id: u64) {
+    pub(super) fn register_full_pages(&mut self, id: u64) {
         if !self.cfg.enable_prefix_caching {
             return;
         }
         if self.cfg.defer_commit {
             if let Some(s) = self.seqs.get_mut(&id) {
-                let full = s.tokens.len() / self.ps;
+                let full = s.tokens.len() / self.page_size;
                 if !s.pending && !s.hash_stopped && s.hashes.len() < full {
                     s.pending = true;
-                    self.pending.push(id);
+                    self.uncommitted.push(id);
                 }
             }
             return;
@@ -156,16 +196,16 @@ impl State {
         let State {
             seqs,
             index,
-            scratch,
+            hash_scratch,
             root,
-            ps,
+            page_size,
             counters,
             events,
-            dev,
+            device,
             ..
         } = self;
         let Some(s) = seqs.get_mut(&id) else { return };
-        let ps = *ps;
+        let ps = *page_size;
         let full = s.tokens.len() / ps;
         while !s.hash_stopped && s.hashes.len() < full {
             let i = s.hashes.len();
@@ -174,31 +214,23 @@ impl State {
                 s.hash_stopped = true;
                 break;
             }
-            let e = s.extra.as_ref().map_or(0, |x| x.page_digest(i, ps));
             let parent = s.hashes.last().copied().unwrap_or(*root);
-            let h = chain_hash(parent, e, chunk, scratch);
-            let lora = s.extra.as_ref().map_or(0, |x| x.lora_id);
-            let entry = Entry {
-                hash: h,
-                parent,
-                extra: e,
-                lora,
-                tokens: chunk,
-            };
+            let h = chain_hash(parent, s.extra_digest(i, ps), chunk, hash_scratch);
+            let entry = s.page_entry(i, ps, h, parent);
             let own = s.pages[i];
             if !insert_noted(index, events, counters, Tier::Device, own, entry) && dedup {
                 // The same content is already cached in another page (two requests filled
                 // identical pages independently): share that one and free this copy. The slot
                 // mapping hides the page from KV writes, so the tokens of this step that filled
                 // it never write into the shared page.
-                let canonical = index.lookup(h, e, chunk);
+                let canonical = index.lookup(h, entry.extra, entry.tokens);
                 // A canonical page at the reference limit is not shared: this copy is kept.
                 let shareable = |c: u32| {
-                    c != own && !index.is_registered(own) && dev.check_acquire([c]).is_ok()
+                    c != own && !index.is_registered(own) && device.check_acquire([c]).is_ok()
                 };
                 if let Some(c) = canonical.filter(|&c| shareable(c)) {
-                    dev.acquire(c, Holder::Seq);
-                    dev.release(own, Holder::Seq, false);
+                    device.acquire(c, Holder::Seq);
+                    device.release(own, Holder::Seq, false);
                     s.pages[i] = c;
                     s.borrowed.push(i as u32);
                     counters.dedup_pages += 1;
@@ -211,7 +243,7 @@ impl State {
     /// Makes every page that filled up since the last commit matchable (MindIE's
     /// `MarkBlocksAsComputed`). A no-op unless the config defers commits.
     pub fn commit(&mut self) {
-        let pending = std::mem::take(&mut self.pending);
+        let pending = std::mem::take(&mut self.uncommitted);
         for id in pending {
             // Entries of freed (or freed and reused) ids are stale: only flagged sequences count.
             let on_device = match self.seqs.get_mut(&id) {
@@ -246,14 +278,14 @@ impl State {
         }
         let extra = extra.filter(|x| !x.is_empty()).map(Box::new);
         let max_pages = if self.cfg.skip_cached_writes {
-            tokens.len() / self.ps
+            tokens.len() / self.page_size
         } else {
-            tokens.len().min(max_match_tokens) / self.ps
+            tokens.len().min(max_match_tokens) / self.page_size
         };
         let hits = self.walk(tokens, extra.as_deref(), max_pages, true);
-        let hit_tokens = hits.len() * self.ps;
+        let hit_tokens = hits.len() * self.page_size;
         let matched = hit_tokens.min(max_match_tokens);
-        let total = ceil_div(tokens.len(), self.ps);
+        let total = ceil_div(tokens.len(), self.page_size);
         let fresh = total - hits.len();
         let promoted = hits.iter().filter(|h| h.tier == Tier::Host).count();
         self.ensure_available(Tier::Device, fresh + promoted, self.cached_among(&hits))?;
@@ -293,10 +325,10 @@ impl State {
         })
     }
 
-    /// Pages an append of `n` tokens (plus `lookahead` reserved slots) needs: new capacity pages
-    /// and copy-on-write replacements of shared pages it would write into.
-    fn append_need(&self, s: &Seq, n: usize, lookahead: usize) -> Result<(usize, usize)> {
-        let ps = self.ps;
+    /// Pages an append of `n` tokens (plus `lookahead` reserved slots) to `s` needs: new
+    /// capacity pages and copy-on-write replacements of shared pages it would write into.
+    fn append_plan(&self, s: &Seq, n: usize, lookahead: usize) -> Result<AppendPlan> {
+        let ps = self.page_size;
         let old = s.tokens.len();
         let slots = old
             .checked_add(n)
@@ -312,20 +344,26 @@ impl State {
         if n > 0 {
             let last = ((old + n - 1) / ps).min(s.pages.len().saturating_sub(1));
             for j in old / ps..=last {
-                if j < s.pages.len() && self.dev.refcount(s.pages[j]) > 1 {
+                if j < s.pages.len() && self.device.refcount(s.pages[j]) > 1 {
                     cow += 1;
                 }
             }
         }
-        Ok((cap, cow))
+        Ok(AppendPlan {
+            capacity_pages: cap,
+            cow_pages: cow,
+        })
     }
 
     /// Copies an append of `n` tokens would report (0 or 1: only a partially filled shared page
     /// needs its tokens copied).
     fn append_copies(&self, s: &Seq, n: usize) -> usize {
-        let (old, j) = (s.tokens.len(), s.tokens.len() / self.ps);
+        let (old, j) = (s.tokens.len(), s.tokens.len() / self.page_size);
         usize::from(
-            n > 0 && old % self.ps > 0 && j < s.pages.len() && self.dev.refcount(s.pages[j]) > 1,
+            n > 0
+                && old % self.page_size > 0
+                && j < s.pages.len()
+                && self.device.refcount(s.pages[j]) > 1,
         )
     }
 
@@ -347,7 +385,7 @@ impl State {
         lookahead: usize,
         copies: &mut Vec<PageCopy>,
     ) {
-        let ps = self.ps;
+        let ps = self.page_size;
         let (old, npages, prio) = {
             let s = &self.seqs[&id];
             (s.tokens.len(), s.pages.len(), s.priority)
@@ -360,11 +398,11 @@ impl State {
                     break;
                 }
                 let src = self.seqs[&id].pages[j];
-                if self.dev.refcount(src) <= 1 {
+                if self.device.refcount(src) <= 1 {
                     continue;
                 }
                 let dst = self.take_device(Holder::Seq);
-                self.dev.raise_priority(dst, prio);
+                self.device.raise_priority(dst, prio);
                 let keep = if j == old / ps { old % ps } else { 0 };
                 if keep > 0 {
                     copies.push(PageCopy {
@@ -383,7 +421,7 @@ impl State {
         let mut fresh = Vec::new();
         for _ in npages..want.max(npages) {
             let p = self.take_device(Holder::Seq);
-            self.dev.raise_priority(p, prio);
+            self.device.raise_priority(p, prio);
             fresh.push(p);
         }
         let s = self.seqs.get_mut(&id).expect("checked");
@@ -407,9 +445,9 @@ impl State {
         max_copies: usize,
     ) -> Result<()> {
         let s = self.device_seq(id)?;
-        let (cap, cow) = self.append_need(s, tokens.len(), lookahead)?;
+        let plan = self.append_plan(s, tokens.len(), lookahead)?;
         check_room(self.append_copies(s, tokens.len()), max_copies)?;
-        self.ensure_available(Tier::Device, cap + cow, 0)?;
+        self.ensure_available(Tier::Device, plan.capacity_pages + plan.cow_pages, 0)?;
         self.reserve_tokens(id, tokens.len())?;
         self.append_unchecked(id, tokens, lookahead, copies);
         Ok(())
@@ -431,8 +469,7 @@ impl State {
         max_pages_out: usize,
     ) -> Result<&[u32]> {
         let s = self.device_seq(id)?;
-        let (cap, _) = self.append_need(s, tokens.len(), lookahead)?;
-        let after = s.pages.len() + cap;
+        let after = s.pages.len() + self.append_plan(s, tokens.len(), lookahead)?.capacity_pages;
         if first_page > after {
             return Err(Error::arg(
                 "first_page",
@@ -474,11 +511,10 @@ impl State {
             }
             self.seqs.get_mut(&id).expect("checked").stamp = stamp;
             let s = &self.seqs[&id];
-            let (cap, _) = self.append_need(s, 1, 0)?;
-            need += cap;
-            let j = s.tokens.len() / self.ps;
-            if j < s.pages.len() && self.dev.refcount(s.pages[j]) > 1 {
-                shared.push((s.pages[j], s.tokens.len() % self.ps > 0));
+            need += self.append_plan(s, 1, 0)?.capacity_pages;
+            let j = s.tokens.len() / self.page_size;
+            if j < s.pages.len() && self.device.refcount(s.pages[j]) > 1 {
+                shared.push((s.pages[j], !s.tokens.len().is_multiple_of(self.page_size)));
             }
         }
         // w writers into a page with r holders copy min(w, r - 1) times: the last holder left
@@ -486,7 +522,7 @@ impl State {
         shared.sort_unstable();
         for group in shared.chunk_by(|a, b| a.0 == b.0) {
             let (page, data) = group[0];
-            let copies = group.len().min(self.dev.refcount(page) as usize - 1);
+            let copies = group.len().min(self.device.refcount(page) as usize - 1);
             need += copies;
             if data {
                 n_copies += copies;
@@ -510,10 +546,10 @@ impl State {
             return Err(Error::SeqExists(child));
         }
         let s = self.device_seq(parent)?;
-        self.dev.check_acquire(s.pages.iter().copied())?;
+        self.device.check_acquire(s.pages.iter().copied())?;
         let mut s = s.clone();
         for &p in &s.pages {
-            self.dev.acquire(p, Holder::Seq);
+            self.device.acquire(p, Holder::Seq);
         }
         s.pending = false;
         self.seqs.insert(child, s);
@@ -539,15 +575,13 @@ impl State {
 
     /// Device pages and copy-on-write copies [`append`](Self::append) of `num_tokens` tokens with
     /// `lookahead` reserved slots would take now (a capacity check without the append). Read-only.
-    pub fn append_need_of(
-        &self,
-        id: u64,
-        num_tokens: usize,
-        lookahead: usize,
-    ) -> Result<(usize, usize)> {
+    pub fn append_need(&self, id: u64, num_tokens: usize, lookahead: usize) -> Result<AppendNeed> {
         let s = self.device_seq(id)?;
-        let (cap, cow) = self.append_need(s, num_tokens, lookahead)?;
-        Ok((cap + cow, self.append_copies(s, num_tokens)))
+        let plan = self.append_plan(s, num_tokens, lookahead)?;
+        Ok(AppendNeed {
+            pages: plan.capacity_pages + plan.cow_pages,
+            copies: self.append_copies(s, num_tokens),
+        })
     }
 
     /// Sets the retention priority of a sequence (0 ..= 3, higher is kept longer): its pages,
@@ -564,7 +598,7 @@ impl State {
         let pages = s.pages.clone();
         self.seqs.get_mut(&id).expect("checked").priority = priority;
         for p in pages {
-            self.dev.raise_priority(p, priority);
+            self.device.raise_priority(p, priority);
         }
         Ok(())
     }
@@ -588,122 +622,5 @@ impl State {
             matched_tokens: s.matched_tokens,
             tier: s.tier,
         })
-    }
-
-    /// Fills `table` (row-major `[ids.len(), max_pages]`) with each sequence's page ids, padded
-    /// with `pad`, and `context_lens` (if not empty) with token counts. Writes nothing on error.
-    pub fn block_tables(
-        &self,
-        ids: &[u64],
-        max_pages: usize,
-        pad: i32,
-        table: &mut [i32],
-        context_lens: &mut [i32],
-    ) -> Result<()> {
-        let needed = ids
-            .len()
-            .checked_mul(max_pages)
-            .ok_or_else(|| Error::arg("max_pages_per_seq", "overflow"))?;
-        if table.len() < needed {
-            return Err(Error::BufferTooSmall {
-                what: "table_out",
-                needed,
-                capacity: table.len(),
-            });
-        }
-        if !context_lens.is_empty() && context_lens.len() < ids.len() {
-            return Err(Error::BufferTooSmall {
-                what: "context_lens_out",
-                needed: ids.len(),
-                capacity: context_lens.len(),
-            });
-        }
-        for &id in ids {
-            let s = self.device_seq(id)?;
-            if s.pages.len() > max_pages {
-                return Err(Error::arg(
-                    "max_pages_per_seq",
-                    format!(
-                        "sequence {id} has {} pages, more than {max_pages}",
-                        s.pages.len()
-                    ),
-                ));
-            }
-            if s.tokens.len() > i32::MAX as usize {
-                return Err(Error::arg(
-                    "seq_ids",
-                    format!("sequence {id} is too long for int32 lengths"),
-                ));
-            }
-        }
-        for (i, &id) in ids.iter().enumerate() {
-            let s = &self.seqs[&id];
-            let row = &mut table[i * max_pages..(i + 1) * max_pages];
-            for (dst, &p) in row.iter_mut().zip(&s.pages) {
-                *dst = p as i32;
-            }
-            row[s.pages.len()..].fill(pad);
-            if !context_lens.is_empty() {
-                context_lens[i] = s.tokens.len() as i32;
-            }
-        }
-        Ok(())
-    }
-
-    /// Slot ids (`page * page_size + offset`) of the last `query_lens[i]` tokens of each
-    /// sequence, concatenated; entries after them are set to -1 (padding). Tokens whose KV is
-    /// already in a shared cached page (see `skip_cached_writes`) get -1 too, so recomputing them
-    /// never overwrites shared KV. Returns the number of query slots (the sum of `query_lens`).
-    /// Writes nothing on error.
-    pub fn slot_mapping(&self, ids: &[u64], query_lens: &[u32], out: &mut [i64]) -> Result<usize> {
-        if ids.len() != query_lens.len() {
-            return Err(Error::arg(
-                "query_lens",
-                format!(
-                    "{} query lengths for {} sequences",
-                    query_lens.len(),
-                    ids.len()
-                ),
-            ));
-        }
-        let mut total = 0usize;
-        for (&id, &q) in ids.iter().zip(query_lens) {
-            let s = self.device_seq(id)?;
-            if q as usize > s.tokens.len() {
-                return Err(Error::arg(
-                    "query_lens",
-                    format!(
-                        "{q} query tokens for sequence {id} of {} tokens",
-                        s.tokens.len()
-                    ),
-                ));
-            }
-            total += q as usize;
-        }
-        if out.len() < total {
-            return Err(Error::BufferTooSmall {
-                what: "slots_out",
-                needed: total,
-                capacity: out.len(),
-            });
-        }
-        let ps = self.ps;
-        let mut k = 0;
-        for (&id, &q) in ids.iter().zip(query_lens) {
-            let s = &self.seqs[&id];
-            let len = s.tokens.len();
-            for pos in len - q as usize..len {
-                let hidden =
-                    pos < s.cached_tokens || s.borrowed.binary_search(&((pos / ps) as u32)).is_ok();
-                out[k] = if hidden {
-                    -1
-                } else {
-                    s.pages[pos / ps] as i64 * ps as i64 + (pos % ps) as i64
-                };
-                k += 1;
-            }
-        }
-        out[k..].fill(-1);
-        Ok(total)
     }
 }

@@ -2,7 +2,8 @@
 //! pages (with demotion of evicted cached pages to the host tier), index updates (with events),
 //! and the tier-crossing prefix walk (with promotion back to the device).
 //!
-//! Page-level operations are in `pages.rs`, sequences in `seq.rs`, the checker in `check.rs`.
+//! Page-level operations are in `pages.rs`, sequences in `seq.rs` (swaps in `seq/swap.rs`, batch
+//! builders in `batch.rs`), the checker in `check.rs`.
 //! Every public operation validates everything first and mutates only once it cannot fail, so an
 //! error leaves the state exactly as it was.
 
@@ -69,26 +70,48 @@ pub(super) struct Hit {
 /// Pages of a prefix walk hashed before their lookups (see [`State::walk`]).
 const WALK_GROUP: usize = 8;
 
+/// One page of a prefix walk's group: its digests, then the device page its digest finds
+/// (unverified until the group's lookups are done).
+#[derive(Debug, Clone, Copy, Default)]
+struct WalkPage {
+    /// Chain digest.
+    hash: u128,
+    /// Extra-key digest.
+    extra: u128,
+    /// The device page registered under `hash`, if any.
+    found: Option<u32>,
+}
+
 /// Everything the cache manages. Not thread-safe by itself: [`super::Cache`] wraps it in a lock.
 #[derive(Debug)]
 pub struct State {
     pub(super) cfg: Config,
-    pub(super) ps: usize,
-    pub(super) dev: PagePool,
+    /// Tokens per page (`cfg.page_size` as a `usize`).
+    pub(super) page_size: usize,
+    /// The device tier's pages.
+    pub(super) device: PagePool,
+    /// The host tier's pages (swap space, demoted cached pages).
     pub(super) host: PagePool,
+    /// Registered device pages by chain digest.
     pub(super) index: PrefixIndex,
+    /// Registered host pages by chain digest (demoted pages; empty without a host cache).
     pub(super) host_index: PrefixIndex,
     pub(super) seqs: IdMap<Seq>,
     /// Stamp of the current batch call, to spot a sequence listed twice without a set.
     pub(super) batch_stamp: u64,
-    pub(super) pending: Vec<u64>,
+    /// Sequences with full pages awaiting [`State::commit`] (defer-commit mode).
+    pub(super) uncommitted: Vec<u64>,
+    /// Page copies queued for the engine (demotions and promotions): `take_copies`.
     pub(super) copies: VecDeque<PageCopy>,
     pub(super) events: EventQueue,
+    /// Pinned prefixes: pin id -> its device pages.
     pub(super) pins: IdMap<Vec<u32>>,
     pub(super) next_pin: u64,
     pub(super) counters: Counters,
+    /// The chain digest every first page hangs off (`root_hash()`).
     pub(super) root: u128,
-    pub(super) scratch: Vec<u8>,
+    /// Reused buffer for hashing a page's tokens (no allocation per page).
+    pub(super) hash_scratch: Vec<u8>,
 }
 
 impl State {
@@ -98,8 +121,8 @@ impl State {
         let caching = cfg.enable_prefix_caching;
         let host_index_on = caching && cfg.num_host_pages > 0;
         Ok(State {
-            ps: cfg.page_size as usize,
-            dev: PagePool::new(Tier::Device, cfg.num_device_pages, cfg.reserve_null_page)?,
+            page_size: cfg.page_size as usize,
+            device: PagePool::new(Tier::Device, cfg.num_device_pages, cfg.reserve_null_page)?,
             host: PagePool::new(Tier::Host, cfg.num_host_pages, false)?,
             index: PrefixIndex::new(
                 if caching { cfg.num_device_pages } else { 0 },
@@ -113,14 +136,14 @@ impl State {
             )?,
             seqs: IdMap::default(),
             batch_stamp: 0,
-            pending: Vec::new(),
+            uncommitted: Vec::new(),
             copies: VecDeque::new(),
             events: EventQueue::new(cfg.enable_events),
             pins: IdMap::default(),
             next_pin: 1,
             counters: Counters::default(),
             root: root_hash(),
-            scratch: Vec::with_capacity(32 + 4 * cfg.page_size as usize),
+            hash_scratch: Vec::with_capacity(32 + 4 * cfg.page_size as usize),
             cfg,
         })
     }
@@ -143,7 +166,7 @@ impl State {
 
     pub(super) fn pool(&self, tier: Tier) -> &PagePool {
         match tier {
-            Tier::Device => &self.dev,
+            Tier::Device => &self.device,
             Tier::Host => &self.host,
         }
     }
@@ -203,7 +226,7 @@ impl State {
             hash,
             parent: 0,
             lora_id: 0,
-            num_tokens: self.ps as u32,
+            num_tokens: self.page_size as u32,
             page,
         });
     }
@@ -215,7 +238,7 @@ impl State {
     /// checked availability.
     pub(super) fn take_device(&mut self, holder: Holder) -> u32 {
         let (page, evicted) = self
-            .dev
+            .device
             .take(holder)
             .expect("availability checked by caller");
         if evicted {
@@ -252,12 +275,26 @@ impl State {
         if self.host_index.contains(e.hash) || self.host.available() == 0 {
             return;
         }
+        let hp = self.take_host(Holder::Seq);
+        self.copy_entry_across(Tier::Device, page, hp);
+        self.host.release(hp, Holder::Seq, true);
+        self.counters.demotions += 1;
+    }
+
+    /// Registers page `dst` of the other tier under the index entry of page `src` of tier
+    /// `from`, and queues the whole-page copy `src` -> `dst`: the shared half of a demotion
+    /// (device to host) and a promotion (host to device). `src` must be registered.
+    fn copy_entry_across(&mut self, from: Tier, src: u32, dst: u32) {
+        let (index, to, kind) = match from {
+            Tier::Device => (&self.index, Tier::Host, CopyKind::DeviceToHost),
+            Tier::Host => (&self.host_index, Tier::Device, CopyKind::HostToDevice),
+        };
+        let e = index.entry(src).expect("the copied page is registered");
         let (hash, parent, extra, lora) = (e.hash, e.parent, e.extra, e.lora);
         let tokens = e.tokens.to_vec();
-        let hp = self.take_host(Holder::Seq);
         self.index_insert(
-            Tier::Host,
-            hp,
+            to,
+            dst,
             Entry {
                 hash,
                 parent,
@@ -266,27 +303,25 @@ impl State {
                 tokens: &tokens,
             },
         );
-        self.host.release(hp, Holder::Seq, true);
         self.copies.push_back(PageCopy {
-            src: page,
-            dst: hp,
-            num_tokens: self.ps as u32,
-            kind: CopyKind::DeviceToHost,
+            src,
+            dst,
+            num_tokens: self.page_size as u32,
+            kind,
         });
-        self.counters.demotions += 1;
     }
 
     /// Drops one `holder` reference on a device page.
     pub(super) fn release_device(&mut self, page: u32, holder: Holder) {
         let registered = self.is_registered(page);
-        self.dev.release(page, holder, registered);
+        self.device.release(page, holder, registered);
     }
 
     /// Number of cached (refcount 0) device pages among the device hits: taking them shrinks the
     /// evictable set, which availability checks must account for.
     pub(super) fn cached_among(&self, hits: &[Hit]) -> usize {
         hits.iter()
-            .filter(|h| h.tier == Tier::Device && self.dev.refcount(h.page) == 0)
+            .filter(|h| h.tier == Tier::Device && self.device.refcount(h.page) == 0)
             .count()
     }
 
@@ -311,10 +346,10 @@ impl State {
             return hits;
         }
         let host = tiers && self.host_cache();
-        let ps = self.ps;
+        let ps = self.page_size;
         let mut parent = self.root;
         let mut chunks = tokens.chunks_exact(ps).take(max_pages).enumerate();
-        let mut group = [(0u128, 0u128, None::<u32>); WALK_GROUP];
+        let mut group = [WalkPage::default(); WALK_GROUP];
         loop {
             // Digests of the next group, up to a page holding a placeholder (negative) token.
             let mut len = 0;
@@ -326,17 +361,29 @@ impl State {
                     break;
                 }
                 let e = extra.map_or(0, |x| x.page_digest(i, ps));
-                parent = chain_hash(parent, e, chunk, &mut self.scratch);
-                group[len] = (parent, e, None);
+                parent = chain_hash(parent, e, chunk, &mut self.hash_scratch);
+                group[len] = WalkPage {
+                    hash: parent,
+                    extra: e,
+                    found: None,
+                };
                 len += 1;
                 if len == WALK_GROUP {
                     break;
                 }
             }
             for g in &mut group[..len] {
-                g.2 = self.index.find(g.0);
+                g.found = self.index.find(g.hash);
             }
-            for (j, &(h, e, found)) in group[..len].iter().enumerate() {
+            for (
+                j,
+                &WalkPage {
+                    hash: h,
+                    extra: e,
+                    found,
+                },
+            ) in group[..len].iter().enumerate()
+            {
                 let chunk = &tokens[(first + j) * ps..(first + j + 1) * ps];
                 let hit = match found.filter(|&p| self.index.verify(p, e, chunk)) {
                     Some(page) => Hit {
@@ -365,7 +412,7 @@ impl State {
     /// more device pages the caller will also take.
     pub(super) fn promotable(&self, hits: &mut Vec<Hit>, extra_needed: usize) {
         let mut room = self
-            .dev
+            .device
             .available()
             .saturating_sub(self.cached_among(hits) + extra_needed);
         let keep = hits
@@ -386,7 +433,7 @@ impl State {
     /// Refuses (`RefcountOverflow`) hits whose device pages cannot take one more reference:
     /// check before [`materialize`](Self::materialize).
     pub(super) fn check_hit_refs(&self, hits: &[Hit]) -> Result<()> {
-        self.dev.check_acquire(
+        self.device.check_acquire(
             hits.iter()
                 .filter(|h| h.tier == Tier::Device)
                 .map(|h| h.page),
@@ -399,7 +446,7 @@ impl State {
     pub(super) fn materialize(&mut self, hits: &[Hit], holder: Holder) -> Vec<u32> {
         for h in hits {
             match h.tier {
-                Tier::Device => self.dev.acquire(h.page, holder),
+                Tier::Device => self.device.acquire(h.page, holder),
                 // Hold host hits so that demotions below cannot evict them.
                 Tier::Host => self.host.acquire(h.page, Holder::Seq),
             }
@@ -411,31 +458,9 @@ impl State {
                 continue;
             }
             let d = self.take_device(holder);
-            let e = self
-                .host_index
-                .entry(h.page)
-                .expect("host hit is registered");
-            let (hash, parent, extra, lora) = (e.hash, e.parent, e.extra, e.lora);
-            let tokens = e.tokens.to_vec();
-            self.index_insert(
-                Tier::Device,
-                d,
-                Entry {
-                    hash,
-                    parent,
-                    extra,
-                    lora,
-                    tokens: &tokens,
-                },
-            );
-            self.copies.push_back(PageCopy {
-                src: h.page,
-                dst: d,
-                num_tokens: self.ps as u32,
-                kind: CopyKind::HostToDevice,
-            });
+            self.copy_entry_across(Tier::Host, h.page, d);
             self.counters.promotions += 1;
-            self.counters.host_hit_tokens += self.ps as u64;
+            self.counters.host_hit_tokens += self.page_size as u64;
             pages.push(d);
         }
         for h in hits {
@@ -487,12 +512,12 @@ impl State {
         let mut counters = self.counters;
         counters.events_dropped = self.events.dropped();
         Stats {
-            device_pages_total: self.dev.num_pages() as u64,
-            device_pages_free: self.dev.num_free() as u64,
-            device_pages_cached: self.dev.num_cached() as u64,
-            device_pages_in_use: self.dev.num_in_use() as u64,
-            device_pages_shared: self.dev.num_shared() as u64,
-            device_pages_pinned: self.dev.num_pinned() as u64,
+            device_pages_total: self.device.num_pages() as u64,
+            device_pages_free: self.device.num_free() as u64,
+            device_pages_cached: self.device.num_cached() as u64,
+            device_pages_in_use: self.device.num_in_use() as u64,
+            device_pages_shared: self.device.num_shared() as u64,
+            device_pages_pinned: self.device.num_pinned() as u64,
             host_pages_total: self.host.num_pages() as u64,
             host_pages_free: self.host.num_free() as u64,
             host_pages_cached: self.host.num_cached() as u64,
@@ -502,7 +527,7 @@ impl State {
             num_seqs: self.seqs.len() as u64,
             num_seqs_swapped: swapped,
             logical_tokens: logical,
-            physical_tokens: self.dev.num_in_use() as u64 * self.ps as u64,
+            physical_tokens: self.device.num_in_use() as u64 * self.page_size as u64,
             page_bytes: self.cfg.page_bytes().unwrap_or(0),
             pending_copies: self.copies.len() as u64,
             pending_events: self.events.len() as u64,

@@ -11,11 +11,12 @@
 
 use std::ffi::{c_char, c_void};
 
+use super::enums::decode;
 use super::handle::{self, Handle};
 use super::panic::guard;
 use super::slice::{slice, slice_mut, try_out, try_ref};
 use super::status::kvs_status;
-use super::types::{dtype_from_raw, kvs_copy};
+use super::types::{kvs_copy, kvs_copy_kind, kvs_dtype};
 use crate::attention::ascend::plan::check_align;
 use crate::attention::ascend::{
     AscendBackend, AscendOptions, DeviceAttn, DeviceCopy, DeviceKvWrite,
@@ -29,8 +30,8 @@ use crate::attention::{
 use crate::core::alloc::try_with_capacity;
 use crate::core::{DType, Error, Result};
 
-/// A compute backend (CPU today; Ascend later) that launches paged attention, KV writes and
-/// page copies.
+/// A compute backend (`KVS_BACKEND_KIND_CPU` or `KVS_BACKEND_KIND_ASCEND`) that launches paged
+/// attention, KV writes and page copies.
 ///
 /// **Ownership:** create with `kvs_backend_new`, free with `kvs_backend_free`.
 /// **Thread safety:** a backend may be used from several threads at once; the CPU backend runs
@@ -256,7 +257,9 @@ fn attn(e: Error) -> Error {
 }
 
 fn dtype(raw: u32, field: &'static str) -> Result<DType> {
-    dtype_from_raw(raw, field).map_err(attn)
+    decode::<kvs_dtype>(raw, field)
+        .map(DType::from)
+        .map_err(attn)
 }
 
 fn or_dense(stride: usize, dense: usize) -> usize {
@@ -285,8 +288,9 @@ fn layout(c: &kvs_kv_layout, num_pages: u32) -> Result<CacheLayout> {
     })
 }
 
-/// Refuses a misaligned pointer as an attention argument error (the shared slice helpers
-/// `debug_assert` alignment, which would turn this caller error into a panic in debug builds).
+/// Refuses a misaligned pointer as an attention argument error that names the address and the
+/// alignment. (`slice.rs` refuses it too, before any slice is made, but with the shorter shared
+/// message; this check runs first so attention callers get the precise one.)
 fn aligned<T>(ptr: *const T, name: &'static str) -> Result<()> {
     if !ptr.is_aligned() {
         return Err(Error::AttnInvalid {
@@ -430,16 +434,15 @@ impl kvs_backend {
                     format!("{num_threads} is more than 1024"),
                 ));
             }
-            let obj = match kind {
-                0 => {
+            let obj = match decode::<kvs_backend_kind>(kind, "kind")? {
+                kvs_backend_kind::Cpu => {
                     let cpu = CpuBackend::new(num_threads)?;
                     BackendBox {
                         num_threads: cpu.num_threads(),
                         backend: Box::new(cpu),
                     }
                 }
-                1 => ascend_new(opts)?,
-                k => return Err(Error::arg("kind", format!("{k} is not a kvs_backend_kind"))),
+                kvs_backend_kind::Ascend => ascend_new(opts)?,
             };
             *out = handle::into_raw::<kvs_backend>(obj);
             Ok(())
@@ -625,15 +628,9 @@ impl kvs_backend {
             }
             let n = params.num_tokens;
             let (se, ce) = (params.src_dtype.size_bytes(), cache.dtype.size_bytes());
-            let slot_bytes = match a.slot_mapping_type {
-                0 => 4,
-                1 => 8,
-                t => {
-                    return Err(Error::AttnInvalid {
-                        field: "slot_mapping_type",
-                        reason: format!("{t} is not a kvs_index_type"),
-                    })
-                }
+            let slot_bytes = match decode(a.slot_mapping_type, "slot_mapping_type").map_err(attn)? {
+                kvs_index_type::Int32 => 4,
+                kvs_index_type::Int64 => 8,
             };
             let inputs = [
                 ("key", a.key, src * se),
@@ -698,17 +695,12 @@ impl kvs_backend {
             let raw = unsafe { aslice(copies, num_copies, "copies")? };
             let mut list = try_with_capacity(raw.len(), "copies")?;
             for (i, c) in raw.iter().enumerate() {
-                let kind = match c.kind {
-                    0 => CopyKind::DeviceToDevice,
-                    1 => CopyKind::DeviceToHost,
-                    2 => CopyKind::HostToDevice,
-                    k => {
-                        return Err(Error::AttnInvalid {
-                            field: "copies",
-                            reason: format!("copies[{i}].kind = {k} is not a kvs_copy_kind"),
-                        })
-                    }
-                };
+                let kind: CopyKind = kvs_copy_kind::try_from(c.kind)
+                    .map_err(|e| Error::AttnInvalid {
+                        field: "copies",
+                        reason: format!("copies[{i}].kind = {}", e.reason()),
+                    })?
+                    .into();
                 list.push(PageCopy {
                     src_page: c.src_page,
                     dst_page: c.dst_page,

@@ -1,11 +1,12 @@
 //! `kvs_cache_*`: creating, inspecting and checking a cache, and the per-step batch builders.
 
+use super::enums::decode;
 use super::handle::{self, Handle};
 use super::panic::guard;
 use super::slice::{slice, slice_mut, try_out, try_ref};
 use super::status::kvs_status;
-use super::types::{dtype_from_raw, tier_from_raw};
-use crate::core::{Cache, Config, DType, Error};
+use super::types::{kvs_dtype, kvs_tier};
+use crate::core::{Cache, Config, DType, Error, Tier};
 
 /// A KV-cache manager: page pools (device and host), refcounts, the prefix index and sequences.
 ///
@@ -44,11 +45,18 @@ pub(crate) unsafe fn cache<'a>(cache: *const kvs_cache) -> Result<&'a Cache, Err
     handle::borrow(cache)
 }
 
+/// The largest `kvs_config.page_size` the library accepts, in tokens per page: adapters read
+/// this instead of typing the number again. (A literal, because cbindgen writes only literals;
+/// a compile-time assertion ties it to the core's limit, which `kvs_cache_new` enforces.)
+pub const KVS_MAX_PAGE_SIZE: u32 = 1024;
+const _: () = assert!(KVS_MAX_PAGE_SIZE == crate::core::config::MAX_PAGE_SIZE);
+
 /// Geometry and options of a cache. Start from `kvs_config_default()` and set what you need.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct kvs_config {
-    /// Tokens per page (1..=1024; CANN kernels want 16..=128 and a multiple of 16).
+    /// Tokens per page (1..=`KVS_MAX_PAGE_SIZE`, 1024; CANN kernels want 16..=128 and a
+    /// multiple of 16).
     pub page_size: u32,
     /// Pages in the device tier, the padding page included. Page ids index the engine's KV
     /// tensors `[num_pages, page_size, kv_heads, head_dim]` per layer.
@@ -145,10 +153,12 @@ unsafe fn read_config<'a>(ptr: *const kvs_config) -> Result<&'a kvs_config, Erro
 
 impl kvs_config {
     fn to_core(self) -> Result<Config, Error> {
-        let dtype = dtype_from_raw(self.dtype, "dtype").map_err(|_| Error::InvalidConfig {
-            field: "dtype",
-            reason: format!("{} is not a kvs_dtype", self.dtype),
-        })?;
+        let dtype: DType = kvs_dtype::try_from(self.dtype)
+            .map_err(|e| Error::InvalidConfig {
+                field: "dtype",
+                reason: e.reason(),
+            })?
+            .into();
         Ok(Config {
             page_size: self.page_size,
             num_device_pages: self.num_device_pages,
@@ -174,11 +184,7 @@ impl kvs_config {
             num_layers: c.num_layers,
             num_kv_heads: c.num_kv_heads,
             head_dim: c.head_dim,
-            dtype: match c.dtype {
-                DType::F32 => 0,
-                DType::F16 => 1,
-                DType::BF16 => 2,
-            },
+            dtype: kvs_dtype::from(c.dtype) as u32,
             enable_prefix_caching: c.enable_prefix_caching,
             reserve_null_page: c.reserve_null_page,
             defer_commit: c.defer_commit,
@@ -342,7 +348,7 @@ impl kvs_cache {
     ) -> kvs_status {
         guard(|| {
             let c = self::cache(cache)?;
-            let tier = tier_from_raw(tier, "tier")?;
+            let tier: Tier = decode::<kvs_tier>(tier, "tier")?.into();
             let out = try_out(pages_out, "pages_out")?;
             *out = c.lock()?.available(tier);
             Ok(())

@@ -6,7 +6,7 @@ use super::panic::guard;
 use super::slice::{slice_mut, try_out};
 use super::status::kvs_status;
 use super::types::{kvs_copy, kvs_tier};
-use crate::core::{Event, EventKind};
+use crate::core::Event;
 
 /// Kind of a `kvs_event`.
 #[repr(u32)]
@@ -48,11 +48,7 @@ pub struct kvs_event {
 impl From<Event> for kvs_event {
     fn from(e: Event) -> Self {
         kvs_event {
-            kind: match e.kind {
-                EventKind::Stored => kvs_event_kind::Stored,
-                EventKind::Removed => kvs_event_kind::Removed,
-                EventKind::Cleared => kvs_event_kind::Cleared,
-            } as u32,
+            kind: kvs_event_kind::from(e.kind) as u32,
             tier: kvs_tier::from(e.tier) as u32,
             hash_lo: halves(e.hash).0,
             hash_hi: halves(e.hash).1,

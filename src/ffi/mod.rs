@@ -19,6 +19,7 @@
 
 pub mod attn;
 pub mod cache;
+pub mod enums;
 pub mod events;
 pub(crate) mod handle;
 pub mod pages;

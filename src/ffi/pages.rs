@@ -2,11 +2,12 @@
 //! ATB's KVCacheManager), for engines that keep their own block tables.
 
 use super::cache::{cache, kvs_cache};
+use super::enums::decode;
 use super::panic::guard;
 use super::slice::{slice, slice_mut, try_out};
 use super::status::kvs_status;
-use super::types::tier_from_raw;
-use crate::core::{Error, PageState};
+use super::types::kvs_tier;
+use crate::core::{Error, Tier};
 
 /// State of a page (`kvs_page_info.state`).
 #[repr(u32)]
@@ -121,15 +122,10 @@ impl kvs_cache {
     ) -> kvs_status {
         guard(|| {
             let c = self::cache(cache)?;
-            let tier = tier_from_raw(tier, "tier")?;
+            let tier: Tier = decode::<kvs_tier>(tier, "tier")?.into();
             let out = try_out(info_out, "info_out")?;
             let (refcount, state, registered) = c.lock()?.page_info(tier, page)?;
-            let state = match state {
-                PageState::Free => kvs_page_state::Free,
-                PageState::Cached => kvs_page_state::Cached,
-                PageState::InUse => kvs_page_state::InUse,
-                PageState::Padding => kvs_page_state::Padding,
-            } as u32;
+            let state = kvs_page_state::from(state) as u32;
             *out = kvs_page_info {
                 refcount,
                 state,

@@ -320,12 +320,10 @@ impl kvs_cache {
             let c = self::cache(cache)?;
             let pages = try_out(pages_needed_out, "pages_needed_out")?;
             let copies = opt_out(copies_out, "copies_out")?;
-            let (p, k) = c
-                .lock()?
-                .append_need_of(seq_id, num_tokens, lookahead_slots)?;
-            *pages = p;
+            let need = c.lock()?.append_need(seq_id, num_tokens, lookahead_slots)?;
+            *pages = need.pages;
             if let Some(o) = copies {
-                *o = k;
+                *o = need.copies;
             }
             Ok(())
         })

@@ -1,8 +1,9 @@
-//! Plain C enums and structs shared by several exported objects.
+//! Plain C enums and structs shared by several exported objects (their conversions are in
+//! `enums.rs`).
 
 use super::slice::{slice, try_ref};
 use crate::core::alloc::{try_copy, try_with_capacity};
-use crate::core::{CopyKind, DType, Error, ExtraKeys, MmItem, PageCopy, Tier};
+use crate::core::{Error, ExtraKeys, MmItem, PageCopy};
 
 /// Element type of KV caches and attention tensors.
 #[allow(non_camel_case_types)]
@@ -17,16 +18,6 @@ pub enum kvs_dtype {
     Bf16 = 2,
 }
 
-/// Decodes a raw `kvs_dtype` value coming from C (which may hold any number).
-pub(crate) fn dtype_from_raw(raw: u32, field: &'static str) -> Result<DType, Error> {
-    match raw {
-        0 => Ok(DType::F32),
-        1 => Ok(DType::F16),
-        2 => Ok(DType::BF16),
-        _ => Err(Error::arg(field, format!("{raw} is not a kvs_dtype"))),
-    }
-}
-
 /// Which memory tier a page id refers to.
 #[allow(non_camel_case_types)]
 #[repr(u32)]
@@ -36,24 +27,6 @@ pub enum kvs_tier {
     Device = 0,
     /// Host memory.
     Host = 1,
-}
-
-impl From<Tier> for kvs_tier {
-    fn from(t: Tier) -> Self {
-        match t {
-            Tier::Device => kvs_tier::Device,
-            Tier::Host => kvs_tier::Host,
-        }
-    }
-}
-
-/// Decodes a raw `kvs_tier` value coming from C.
-pub(crate) fn tier_from_raw(raw: u32, field: &'static str) -> Result<Tier, Error> {
-    match raw {
-        0 => Ok(Tier::Device),
-        1 => Ok(Tier::Host),
-        _ => Err(Error::arg(field, format!("{raw} is not a kvs_tier"))),
-    }
 }
 
 /// Direction of a page copy (values of `kvs_copy.kind`).
@@ -91,11 +64,7 @@ impl From<PageCopy> for kvs_copy {
             src_page: c.src,
             dst_page: c.dst,
             num_tokens: c.num_tokens,
-            kind: match c.kind {
-                CopyKind::DeviceToDevice => kvs_copy_kind::DeviceToDevice,
-                CopyKind::DeviceToHost => kvs_copy_kind::DeviceToHost,
-                CopyKind::HostToDevice => kvs_copy_kind::HostToDevice,
-            } as u32,
+            kind: kvs_copy_kind::from(c.kind) as u32,
         }
     }
 }

@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 
 use serde_json::{json, Value};
 
-use super::sim::{Outcome, ReplayConfig};
+use super::{Outcome, ReplayConfig};
 
 /// Aggregates of the requests of one turn index (or of all of them).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -154,9 +154,9 @@ pub struct Series {
 
 /// Peaks and means of the sampled series.
 pub fn series(out: &Outcome) -> Series {
-    let n = out.samples.len().max(1) as f64;
+    let n = out.per_step.len().max(1) as f64;
     let mut s = Series::default();
-    for x in &out.samples {
+    for x in &out.per_step {
         s.no_sharing_peak = s.no_sharing_peak.max(x.no_sharing);
         s.kvshare_peak = s.kvshare_peak.max(x.kvshare);
         s.ideal_peak = s.ideal_peak.max(x.ideal);
@@ -176,13 +176,13 @@ pub fn ideal_verdict(out: &Outcome) -> String {
     if out.gap_steps == 0 {
         format!(
             "kvshare == ideal at every one of the {} steps",
-            out.samples.len()
+            out.per_step.len()
         )
     } else {
         format!(
             "kvshare != ideal at {} of {} steps (first at step {}; kvshare - ideal from {:+} to {:+} pages)",
             out.gap_steps,
-            out.samples.len(),
+            out.per_step.len(),
             out.first_gap_step.unwrap_or(0),
             out.min_gap,
             out.max_gap

@@ -23,276 +23,35 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use crate::core::{Cache, Config, Error, ExtraKeys, PageCopy, Stats};
+use crate::core::{Cache, Error, ExtraKeys, PageCopy, Stats};
 
+use super::config::{check_fits, ReplayConfig};
 use super::ideal::IdealTracker;
-use super::model::{Forward, Geometry, Model};
+use super::model::{Forward, Model};
+use super::outcome::{Outcome, Progress, RequestStats, StepPages};
+use super::requests::{seq_id, turn_numbers, Phase, RequestState, SampleSeq};
 use super::trace::Request;
 
-/// Replay settings.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ReplayConfig {
-    /// Tokens per page.
-    pub page_size: u32,
-    /// Device pages.
-    pub device_pages: u32,
-    /// Host pages (swap space for preempted requests; 0: preemption recomputes).
-    pub host_pages: u32,
-    /// Most requests running at once.
-    pub concurrency: usize,
-    /// Simulated duration of one engine step.
-    pub step_ms: f64,
-    /// Model geometry (page bytes; the model's shapes).
-    pub geometry: Geometry,
-    /// Run the cache manager's invariant checker after every step.
-    pub check: bool,
-    /// The core's `skip_cached_writes`: a fully cached prompt shares its last page too and the
-    /// recomputed last token's slot is hidden from the KV write (off: that page is allocated
-    /// fresh and recomputed, as vLLM does).
-    pub skip_cached_writes: bool,
-    /// The core's `demote_to_host`: with host pages, an evicted cached page is copied to the
-    /// host tier and promoted back on a later hit instead of being recomputed.
-    pub demote_to_host: bool,
-}
-
-impl Default for ReplayConfig {
-    fn default() -> Self {
-        ReplayConfig {
-            page_size: 16,
-            device_pages: 1024,
-            host_pages: 0,
-            concurrency: 8,
-            step_ms: 20.0,
-            geometry: Geometry::default(),
-            check: false,
-            skip_cached_writes: true,
-            demote_to_host: true,
-        }
-    }
-}
-
-impl ReplayConfig {
-    /// The cache manager's configuration.
-    pub fn cache_config(&self) -> Config {
-        Config {
-            page_size: self.page_size,
-            num_device_pages: self.device_pages,
-            num_host_pages: self.host_pages,
-            num_layers: self.geometry.layers,
-            num_kv_heads: self.geometry.kv_heads,
-            head_dim: self.geometry.head_dim,
-            dtype: self.geometry.dtype,
-            enable_prefix_caching: true,
-            reserve_null_page: false,
-            defer_commit: false,
-            skip_cached_writes: self.skip_cached_writes,
-            demote_to_host: self.demote_to_host,
-            enable_events: false,
-        }
-    }
-
-    /// Bytes of K plus V of one page over all layers.
-    pub fn page_bytes(&self) -> u64 {
-        self.geometry.token_bytes() * self.page_size as u64
-    }
-}
-
-/// Pages in use after one step.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Sample {
-    /// Step number (0-based).
-    pub step: u64,
-    /// Simulated time at the end of the step.
-    pub time_ms: f64,
-    /// kvshare: device pages with refcount > 0.
-    pub kvshare: u32,
-    /// Every live sample holding its own copy of its tokens.
-    pub no_sharing: u32,
-    /// Distinct token-prefix pages of live samples.
-    pub ideal: u32,
-    /// Unreferenced pages kept for prefix hits.
-    pub cached: u32,
-    /// Requests running (on the device).
-    pub running: u32,
-}
-
-/// What one request did.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RequestStats {
-    /// Request id.
-    pub id: String,
-    /// 1-based position of the request in its conversation.
-    pub turn: usize,
-    /// Parallel samples.
-    pub samples: usize,
-    /// Prompt tokens.
-    pub prompt_tokens: usize,
-    /// Generated tokens over all samples.
-    pub output_tokens: usize,
-    /// Pages it would hold at its end with no sharing (each sample its own copy).
-    pub no_reuse_pages: u64,
-    /// Pages the cache manager allocated for it (prefix hits and forked pages excluded;
-    /// copy-on-write copies, swap-in copies and recomputation after preemption included).
-    pub allocated_pages: u64,
-    /// Prompt tokens offered to prefix matching (every `begin`).
-    pub query_tokens: u64,
-    /// Of those, tokens found cached.
-    pub hit_tokens: u64,
-    /// Time in cache-manager calls attributed to it (batched calls split evenly).
-    pub mgr_ns: u64,
-    /// Cache-manager calls attributed to it (a batched call counts once per sample in it).
-    pub mgr_calls: u64,
-    /// Time in the model (KV write + attention + copies) attributed to it, by attention work.
-    pub attn_ns: u64,
-    /// Times it was preempted.
-    pub preemptions: u32,
-    /// Arrival on the simulated clock.
-    pub arrival_ms: f64,
-    /// Admission (first prefill step start).
-    pub start_ms: f64,
-    /// End of its last step.
-    pub finish_ms: f64,
-}
-
-/// Results of a replay.
-#[derive(Debug, Clone)]
-pub struct Outcome {
-    /// Per request, in trace order.
-    pub requests: Vec<RequestStats>,
-    /// One per step.
-    pub samples: Vec<Sample>,
-    /// Cache-manager stats at the end.
-    pub final_stats: Stats,
-    /// Steps run.
-    pub steps: u64,
-    /// Simulated time at the end.
-    pub sim_ms: f64,
-    /// Steps where kvshare's pages in use differed from the ideal.
-    pub gap_steps: u64,
-    /// Largest `kvshare - ideal` seen (negative: kvshare below the ideal, a bug in either).
-    pub max_gap: i64,
-    /// Smallest `kvshare - ideal` seen.
-    pub min_gap: i64,
-    /// First step with a gap.
-    pub first_gap_step: Option<u64>,
-    /// Preemptions that swapped a request out.
-    pub swaps: u64,
-    /// Preemptions that freed a request for recomputation.
-    pub recomputes: u64,
-    /// Most block-table entries held by live sequences at once.
-    pub peak_block_entries: u64,
-    /// Most prefix-index entries at once.
-    pub peak_index_entries: u64,
-    /// Time in cache-manager calls.
-    pub mgr_ns: u64,
-    /// Cache-manager calls.
-    pub mgr_calls: u64,
-    /// Model time in prefill launches (KV write + attention).
-    pub prefill_ns: u64,
-    /// Model time in decode launches.
-    pub decode_ns: u64,
-    /// Model time in page copies.
-    pub copy_ns: u64,
-    /// Wall time of the whole replay.
-    pub wall_ns: u64,
-}
-
-/// Progress of a running replay.
+/// New tokens of one sample in a forward launch: the last `count` tokens of sample `sample` of
+/// request `request` (a prefill's uncached prompt tokens, or a decode's one token).
 #[derive(Debug, Clone, Copy)]
-pub struct Progress {
-    /// Requests finished.
-    pub done: usize,
-    /// Requests in the workload.
-    pub total: usize,
-    /// Steps so far.
-    pub step: u64,
+struct NewTokens {
+    request: usize,
+    sample: usize,
+    count: usize,
 }
 
-#[derive(Debug, Clone)]
-struct Sample1 {
-    seq: u64,
-    len: usize,
-    /// Output tokens appended.
-    out: usize,
-    done: bool,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Phase {
-    NotArrived,
-    Blocked,
-    Queued,
-    Running,
-    Swapped,
-    Done,
-}
-
-#[derive(Debug, Clone)]
-struct ReqState {
-    phase: Phase,
-    samples: Vec<Sample1>,
-    /// Started (begin called) at least once.
-    started: bool,
-    /// Admitted (or swapped in) during the current step: no decode this step.
-    fresh: bool,
-    admitted_order: u64,
-    extra: Option<ExtraKeys>,
-}
-
-/// Checks before anything runs that every request fits the device on its own (at its end, with
-/// no sharing), so the replay can always make progress.
-pub fn check_fits(reqs: &[Request], cfg: &ReplayConfig) -> Result<(), String> {
-    let ps = cfg.page_size as usize;
-    for r in reqs {
-        let end: usize = (0..r.outputs.len())
-            .map(|b| r.final_len(b).div_ceil(ps))
-            .sum();
-        let need = end + r.outputs.len();
-        if need > cfg.device_pages as usize {
-            let at = if r.line > 0 {
-                format!("line {}: ", r.line)
-            } else {
-                String::new()
-            };
-            return Err(format!(
-                "{at}request {:?} needs {need} pages of {ps} tokens ({end} at its end plus one of \
-                 headroom per sample) but the device has {} (--device-pages)",
-                r.id, cfg.device_pages
-            ));
-        }
-    }
-    Ok(())
-}
-
-fn turn_numbers(reqs: &[Request]) -> (Vec<usize>, Vec<Option<usize>>) {
-    let mut last: std::collections::HashMap<&str, (usize, usize)> = Default::default();
-    let mut turn = Vec::with_capacity(reqs.len());
-    let mut prev = Vec::with_capacity(reqs.len());
-    for (i, r) in reqs.iter().enumerate() {
-        match &r.session {
-            None => {
-                turn.push(1);
-                prev.push(None);
-            }
-            Some(s) => {
-                let e = last.get(s.as_str()).copied();
-                turn.push(e.map_or(1, |(_, t)| t + 1));
-                prev.push(e.map(|(j, _)| j));
-                last.insert(s.as_str(), (i, e.map_or(1, |(_, t)| t + 1)));
-            }
-        }
-    }
-    (turn, prev)
-}
-
+/// The replay in progress.
 struct Sim<'a> {
     reqs: &'a [Request],
     cfg: &'a ReplayConfig,
-    ps: usize,
+    /// Tokens per page.
+    page_size: usize,
     cache: Cache,
     model: &'a mut dyn Model,
     ideal: IdealTracker,
-    st: Vec<ReqState>,
+    /// Per request, in trace order.
+    state: Vec<RequestState>,
     stats: Vec<RequestStats>,
     /// Successor in the same conversation.
     next_in_session: Vec<Option<usize>>,
@@ -304,10 +63,6 @@ struct Sim<'a> {
     now: f64,
     out: Outcome,
     copies: Vec<PageCopy>,
-}
-
-fn seq_id(req: usize, sample: usize) -> u64 {
-    ((req as u64) << 16) | sample as u64
 }
 
 impl Sim<'_> {
@@ -371,13 +126,13 @@ impl Sim<'_> {
     fn running_samples(&self) -> usize {
         self.running
             .iter()
-            .map(|&i| self.st[i].samples.iter().filter(|s| !s.done).count())
+            .map(|&i| self.state[i].samples.iter().filter(|s| !s.done).count())
             .sum()
     }
 
     fn tokens_of(&self, i: usize, b: usize) -> Vec<i32> {
         let r = &self.reqs[i];
-        let s = &self.st[i].samples[b];
+        let s = &self.state[i].samples[b];
         let mut t = Vec::with_capacity(s.len);
         t.extend_from_slice(&r.prompt);
         t.extend_from_slice(&r.outputs[b][..s.out]);
@@ -388,12 +143,12 @@ impl Sim<'_> {
         while *next < self.reqs.len() && self.reqs[*next].arrival_ms <= self.now {
             let i = *next;
             *next += 1;
-            let ready = self.prev_in_session[i].is_none_or(|p| self.st[p].phase == Phase::Done);
+            let ready = self.prev_in_session[i].is_none_or(|p| self.state[p].phase == Phase::Done);
             if ready {
-                self.st[i].phase = Phase::Queued;
+                self.state[i].phase = Phase::Queued;
                 self.queue.push_back(i);
             } else {
-                self.st[i].phase = Phase::Blocked;
+                self.state[i].phase = Phase::Blocked;
             }
         }
     }
@@ -401,25 +156,34 @@ impl Sim<'_> {
     fn track(&mut self, i: usize, b: usize) {
         let toks = self.tokens_of(i, b);
         let r = &self.reqs[i];
-        self.ideal
-            .insert(self.st[i].samples[b].seq, i as u64, &r.salt, r.lora, &toks);
+        self.ideal.insert(
+            self.state[i].samples[b].seq,
+            i as u64,
+            &r.salt,
+            r.lora,
+            &toks,
+        );
     }
 
-    /// One forward launch over `(request, sample, new tokens)`.
-    fn forward(&mut self, items: &[(usize, usize, usize)], decode: bool) -> Result<(), String> {
+    /// One forward launch over the new tokens of each item.
+    fn forward(&mut self, items: &[NewTokens], decode: bool) -> Result<(), String> {
         if items.is_empty() {
             return Ok(());
         }
         let ids: Vec<u64> = items
             .iter()
-            .map(|&(i, b, _)| self.st[i].samples[b].seq)
+            .map(|n| self.state[n.request].samples[n.sample].seq)
             .collect();
-        let q: Vec<u32> = items.iter().map(|&(_, _, q)| q as u32).collect();
-        let owners: Vec<usize> = items.iter().map(|&(i, _, _)| i).collect();
+        let q: Vec<u32> = items.iter().map(|n| n.count as u32).collect();
+        let owners: Vec<usize> = items.iter().map(|n| n.request).collect();
         let total: usize = q.iter().map(|&x| x as usize).sum();
         let max_pages = items
             .iter()
-            .map(|&(i, b, _)| self.st[i].samples[b].len.div_ceil(self.ps))
+            .map(|n| {
+                self.state[n.request].samples[n.sample]
+                    .len
+                    .div_ceil(self.page_size)
+            })
             .max()
             .unwrap_or(1);
         let mut slots = vec![0i64; total];
@@ -436,8 +200,16 @@ impl Sim<'_> {
         let mut starts = Vec::with_capacity(ids.len() + 1);
         starts.push(0i32);
         let mut work = Vec::with_capacity(items.len());
-        for (k, &(i, b, qn)) in items.iter().enumerate() {
-            let len = self.st[i].samples[b].len;
+        for (
+            k,
+            &NewTokens {
+                request: i,
+                sample: b,
+                count: qn,
+            },
+        ) in items.iter().enumerate()
+        {
+            let len = self.state[i].samples[b].len;
             debug_assert_eq!(ctx[k] as usize, len);
             let all = self.tokens_of(i, b);
             tokens.extend_from_slice(&all[len - qn..]);
@@ -449,7 +221,7 @@ impl Sim<'_> {
         let history: Vec<Vec<i32>> = if self.model.wants_history() {
             items
                 .iter()
-                .map(|&(i, b, _)| self.tokens_of(i, b))
+                .map(|n| self.tokens_of(n.request, n.sample))
                 .collect()
         } else {
             Vec::new()
@@ -475,7 +247,8 @@ impl Sim<'_> {
             self.out.prefill_ns += ns;
         }
         let sum: f64 = work.iter().sum::<f64>().max(1e-9);
-        for (k, &(i, _, _)) in items.iter().enumerate() {
+        for (k, n) in items.iter().enumerate() {
+            let i = n.request;
             self.stats[i].attn_ns += (ns as f64 * work[k] / sum) as u64;
         }
         Ok(())
@@ -502,18 +275,18 @@ impl Sim<'_> {
             if self.running.len() >= self.cfg.concurrency {
                 break;
             }
-            let pages: usize = self.st[i]
+            let pages: usize = self.state[i]
                 .samples
                 .iter()
                 .filter(|s| !s.done)
-                .map(|s| s.len.div_ceil(self.ps))
+                .map(|s| s.len.div_ceil(self.page_size))
                 .sum();
-            let live = self.st[i].samples.iter().filter(|s| !s.done).count();
+            let live = self.state[i].samples.iter().filter(|s| !s.done).count();
             if self.available() < pages + self.running_samples() + live {
                 break;
             }
             self.swapped.pop_front();
-            let ids: Vec<u64> = self.st[i]
+            let ids: Vec<u64> = self.state[i]
                 .samples
                 .iter()
                 .filter(|s| !s.done)
@@ -528,19 +301,19 @@ impl Sim<'_> {
                 self.drain_queued(&[i])?;
                 self.copy(&[i])?;
             }
-            for b in 0..self.st[i].samples.len() {
-                if !self.st[i].samples[b].done {
+            for b in 0..self.state[i].samples.len() {
+                if !self.state[i].samples[b].done {
                     self.track(i, b);
                 }
             }
-            self.st[i].phase = Phase::Running;
+            self.state[i].phase = Phase::Running;
             self.running.push(i);
         }
         Ok(())
     }
 
-    /// Admits queued requests; returns the prefill items `(request, sample, new tokens)`.
-    fn admit(&mut self) -> Result<Vec<(usize, usize, usize)>, String> {
+    /// Admits queued requests; returns the new prompt tokens to prefill.
+    fn admit(&mut self) -> Result<Vec<NewTokens>, String> {
         let mut items = Vec::new();
         while self.running.len() < self.cfg.concurrency && self.swapped.is_empty() {
             let Some(&i) = self.queue.front() else { break };
@@ -549,10 +322,10 @@ impl Sim<'_> {
             // Which samples to begin: a fresh request (or one preempted before its samples
             // diverged) begins sample 0 and forks the rest after the prefill; a request
             // recomputed after divergence begins each unfinished sample.
-            let diverged = self.st[i].samples.iter().any(|s| s.out > 0);
+            let diverged = self.state[i].samples.iter().any(|s| s.out > 0);
             let begins: Vec<usize> = if diverged {
                 (0..nsamp)
-                    .filter(|&b| !self.st[i].samples[b].done)
+                    .filter(|&b| !self.state[i].samples[b].done)
                     .collect()
             } else {
                 vec![0]
@@ -561,7 +334,7 @@ impl Sim<'_> {
             // sample for the next decode step.
             let need: usize = begins
                 .iter()
-                .map(|&b| self.st[i].samples[b].len.div_ceil(self.ps))
+                .map(|&b| self.state[i].samples[b].len.div_ceil(self.page_size))
                 .sum::<usize>()
                 + nsamp;
             if self.available() < need + self.running_samples() {
@@ -570,8 +343,8 @@ impl Sim<'_> {
             self.queue.pop_front();
             for &b in &begins {
                 let toks = self.tokens_of(i, b);
-                let seq = self.st[i].samples[b].seq;
-                let extra = self.st[i].extra.clone();
+                let seq = self.state[i].samples[b].seq;
+                let extra = self.state[i].extra.clone();
                 let max_match = toks.len() - 1;
                 let info = self
                     .mgr(&[i], |s| s.begin(seq, &toks, extra, max_match))
@@ -582,30 +355,39 @@ impl Sim<'_> {
                 st.allocated_pages += info.new_pages as u64;
                 self.track(i, b);
                 self.drain_queued(&[i])?;
-                items.push((i, b, toks.len() - info.matched_tokens));
+                items.push(NewTokens {
+                    request: i,
+                    sample: b,
+                    count: toks.len() - info.matched_tokens,
+                });
             }
-            if !self.st[i].started {
+            if !self.state[i].started {
                 self.stats[i].start_ms = self.now;
-                self.st[i].started = true;
+                self.state[i].started = true;
             }
             self.admitted += 1;
-            self.st[i].admitted_order = self.admitted;
-            self.st[i].phase = Phase::Running;
-            self.st[i].fresh = true;
+            self.state[i].admitted_order = self.admitted;
+            self.state[i].phase = Phase::Running;
+            self.state[i].fresh = true;
             self.running.push(i);
         }
         Ok(items)
     }
 
     /// Forks the unbegun samples of freshly prefilled requests.
-    fn forks(&mut self, items: &[(usize, usize, usize)]) -> Result<(), String> {
-        for &(i, b, _) in items {
-            if b != 0 || self.st[i].samples.iter().any(|s| s.out > 0) {
+    fn forks(&mut self, items: &[NewTokens]) -> Result<(), String> {
+        for &NewTokens {
+            request: i,
+            sample: b,
+            ..
+        } in items
+        {
+            if b != 0 || self.state[i].samples.iter().any(|s| s.out > 0) {
                 continue;
             }
-            let parent = self.st[i].samples[0].seq;
-            for c in 1..self.st[i].samples.len() {
-                let child = self.st[i].samples[c].seq;
+            let parent = self.state[i].samples[0].seq;
+            for c in 1..self.state[i].samples.len() {
+                let child = self.state[i].samples[c].seq;
                 self.mgr(&[i], |s| s.fork(parent, child))
                     .map_err(|e| format!("fork of {:?}: {e}", self.reqs[i].id))?;
                 self.track(i, c);
@@ -619,21 +401,21 @@ impl Sim<'_> {
     fn preempt(&mut self, i: usize) -> Result<(), String> {
         self.running.retain(|&x| x != i);
         self.stats[i].preemptions += 1;
-        let live: Vec<usize> = (0..self.st[i].samples.len())
-            .filter(|&b| !self.st[i].samples[b].done)
+        let live: Vec<usize> = (0..self.state[i].samples.len())
+            .filter(|&b| !self.state[i].samples[b].done)
             .collect();
         let pages: usize = live
             .iter()
-            .map(|&b| self.st[i].samples[b].len.div_ceil(self.ps))
+            .map(|&b| self.state[i].samples[b].len.div_ceil(self.page_size))
             .sum();
         let host = self.state_stats();
         let host_free = (host.host_pages_free + host.host_pages_cached) as usize;
         for &b in &live {
-            self.ideal.remove(self.st[i].samples[b].seq);
+            self.ideal.remove(self.state[i].samples[b].seq);
         }
         if pages <= host_free {
             for &b in &live {
-                let seq = self.st[i].samples[b].seq;
+                let seq = self.state[i].samples[b].seq;
                 let mut c = std::mem::take(&mut self.copies);
                 self.mgr(&[i], |s| s.swap_out(seq, &mut c, usize::MAX))
                     .map_err(|e| format!("swap_out of {:?}: {e}", self.reqs[i].id))?;
@@ -641,22 +423,22 @@ impl Sim<'_> {
                 self.drain_queued(&[i])?;
                 self.copy(&[i])?;
             }
-            self.st[i].phase = Phase::Swapped;
+            self.state[i].phase = Phase::Swapped;
             self.swapped.push_back(i);
             self.out.swaps += 1;
         } else {
             for &b in &live {
-                let seq = self.st[i].samples[b].seq;
+                let seq = self.state[i].samples[b].seq;
                 self.mgr(&[i], |s| s.free(seq))
                     .map_err(|e| format!("free of {:?}: {e}", self.reqs[i].id))?;
             }
             // Samples not begun yet (forked later) restart from the prompt with sample 0.
-            if !self.st[i].samples.iter().any(|s| s.out > 0) {
-                for s in &mut self.st[i].samples {
+            if !self.state[i].samples.iter().any(|s| s.out > 0) {
+                for s in &mut self.state[i].samples {
                     s.len = self.reqs[i].prompt.len();
                 }
             }
-            self.st[i].phase = Phase::Queued;
+            self.state[i].phase = Phase::Queued;
             self.queue.push_front(i);
             self.out.recomputes += 1;
         }
@@ -668,10 +450,10 @@ impl Sim<'_> {
         loop {
             let mut batch: Vec<(usize, usize)> = Vec::new();
             for &i in &self.running {
-                if self.st[i].fresh {
+                if self.state[i].fresh {
                     continue;
                 }
-                for (b, s) in self.st[i].samples.iter().enumerate() {
+                for (b, s) in self.state[i].samples.iter().enumerate() {
                     if !s.done && s.out < self.reqs[i].outputs[b].len() {
                         batch.push((i, b));
                     }
@@ -682,11 +464,11 @@ impl Sim<'_> {
             }
             let ids: Vec<u64> = batch
                 .iter()
-                .map(|&(i, b)| self.st[i].samples[b].seq)
+                .map(|&(i, b)| self.state[i].samples[b].seq)
                 .collect();
             let toks: Vec<i32> = batch
                 .iter()
-                .map(|&(i, b)| self.reqs[i].outputs[b][self.st[i].samples[b].out])
+                .map(|&(i, b)| self.reqs[i].outputs[b][self.state[i].samples[b].out])
                 .collect();
             let owners: Vec<usize> = batch.iter().map(|&(i, _)| i).collect();
             let mut c = std::mem::take(&mut self.copies);
@@ -699,7 +481,7 @@ impl Sim<'_> {
                         .running
                         .iter()
                         .copied()
-                        .max_by_key(|&i| self.st[i].admitted_order)
+                        .max_by_key(|&i| self.state[i].admitted_order)
                         .expect("a running request");
                     if self.running.len() == 1 {
                         return Err(format!(
@@ -717,9 +499,9 @@ impl Sim<'_> {
                 let lock = self.cache.lock().map_err(|e| e.to_string())?;
                 for c in &self.copies {
                     for &(i, b) in &batch {
-                        let s = &self.st[i].samples[b];
+                        let s = &self.state[i].samples[b];
                         let pages = lock.seq_pages(s.seq).map_err(|e| e.to_string())?;
-                        if pages.get(s.len / self.ps) == Some(&c.dst) {
+                        if pages.get(s.len / self.page_size) == Some(&c.dst) {
                             self.stats[i].allocated_pages += 1;
                         }
                     }
@@ -729,15 +511,19 @@ impl Sim<'_> {
             self.copy(&owners)?;
             let mut items = Vec::with_capacity(batch.len());
             for (k, &(i, b)) in batch.iter().enumerate() {
-                let s = &mut self.st[i].samples[b];
-                if s.len % self.ps == 0 {
+                let s = &mut self.state[i].samples[b];
+                if s.len.is_multiple_of(self.page_size) {
                     self.stats[i].allocated_pages += 1;
                 }
                 s.len += 1;
                 s.out += 1;
                 let seq = s.seq;
                 self.ideal.push(seq, toks[k]);
-                items.push((i, b, 1));
+                items.push(NewTokens {
+                    request: i,
+                    sample: b,
+                    count: 1,
+                });
             }
             return self.forward(&items, true);
         }
@@ -748,8 +534,8 @@ impl Sim<'_> {
         let end = self.now + self.cfg.step_ms;
         let running = self.running.clone();
         for i in running {
-            for b in 0..self.st[i].samples.len() {
-                let s = &self.st[i].samples[b];
+            for b in 0..self.state[i].samples.len() {
+                let s = &self.state[i].samples[b];
                 if s.done || s.out < self.reqs[i].outputs[b].len() {
                     continue;
                 }
@@ -757,15 +543,15 @@ impl Sim<'_> {
                 self.mgr(&[i], |st| st.free(seq))
                     .map_err(|e| format!("free of {:?}: {e}", self.reqs[i].id))?;
                 self.ideal.remove(seq);
-                self.st[i].samples[b].done = true;
+                self.state[i].samples[b].done = true;
             }
-            if self.st[i].samples.iter().all(|s| s.done) {
-                self.st[i].phase = Phase::Done;
+            if self.state[i].samples.iter().all(|s| s.done) {
+                self.state[i].phase = Phase::Done;
                 self.stats[i].finish_ms = end;
                 self.running.retain(|&x| x != i);
                 if let Some(n) = self.next_in_session[i] {
-                    if self.st[n].phase == Phase::Blocked {
-                        self.st[n].phase = Phase::Queued;
+                    if self.state[n].phase == Phase::Blocked {
+                        self.state[n].phase = Phase::Queued;
                         self.queue.push_back(n);
                     }
                 }
@@ -774,7 +560,8 @@ impl Sim<'_> {
         Ok(())
     }
 
-    fn sample(&mut self, step: u64) -> Result<(), String> {
+    /// Records the pages in use after step `step` and compares kvshare with the ideal.
+    fn record_pages(&mut self, step: u64) -> Result<(), String> {
         let s = self.state_stats();
         let kvshare = s.device_pages_in_use as u32;
         let ideal = self.ideal.pages() as u32;
@@ -782,7 +569,7 @@ impl Sim<'_> {
             let lock = self.cache.lock().map_err(|e| e.to_string())?;
             let mut n = 0u64;
             for &i in &self.running {
-                for smp in &self.st[i].samples {
+                for smp in &self.state[i].samples {
                     if !smp.done {
                         n += lock.seq_pages(smp.seq).map_err(|e| e.to_string())?.len() as u64;
                     }
@@ -803,7 +590,7 @@ impl Sim<'_> {
         }
         self.out.max_gap = self.out.max_gap.max(gap);
         self.out.min_gap = self.out.min_gap.min(gap);
-        self.out.samples.push(Sample {
+        self.out.per_step.push(StepPages {
             step,
             time_ms: self.now + self.cfg.step_ms,
             kvshare,
@@ -841,13 +628,13 @@ pub fn replay(
         }
     }
     let ps = cfg.page_size as usize;
-    let st = reqs
+    let state = reqs
         .iter()
         .enumerate()
-        .map(|(i, r)| ReqState {
+        .map(|(i, r)| RequestState {
             phase: Phase::NotArrived,
             samples: (0..r.outputs.len())
-                .map(|b| Sample1 {
+                .map(|b| SampleSeq {
                     seq: seq_id(i, b),
                     len: r.prompt.len(),
                     out: 0,
@@ -892,11 +679,11 @@ pub fn replay(
     let mut sim = Sim {
         reqs,
         cfg,
-        ps,
+        page_size: ps,
         cache,
         model,
         ideal: IdealTracker::new(ps),
-        st,
+        state,
         stats,
         next_in_session: next,
         prev_in_session: prev,
@@ -907,7 +694,7 @@ pub fn replay(
         now: 0.0,
         out: Outcome {
             requests: Vec::new(),
-            samples: Vec::new(),
+            per_step: Vec::new(),
             final_stats,
             steps: 0,
             sim_ms: 0.0,
@@ -944,7 +731,7 @@ pub fn replay(
             }
         }
         for &i in &sim.running {
-            sim.st[i].fresh = false;
+            sim.state[i].fresh = false;
         }
         sim.swap_ins()?;
         let items = sim.admit()?;
@@ -954,9 +741,9 @@ pub fn replay(
         sim.forward(&items, false)?;
         sim.forks(&items)?;
         sim.decode()?;
-        sim.sample(step)?;
+        sim.record_pages(step)?;
         sim.finish()?;
-        done = sim.st.iter().filter(|s| s.phase == Phase::Done).count();
+        done = sim.state.iter().filter(|s| s.phase == Phase::Done).count();
         sim.now += cfg.step_ms;
         step += 1;
         progress(Progress {

@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use super::sim::Sample;
+use super::outcome::StepPages;
 
 /// A "nice" tick step (1, 2 or 5 × 10^k) giving about `target` ticks over `span`.
 fn nice_step(span: f64, target: f64) -> f64 {
@@ -23,10 +23,10 @@ fn nice_step(span: f64, target: f64) -> f64 {
 }
 
 /// At most `max_points` points per series: each bucket keeps its maximum (so peaks survive).
-fn downsample(samples: &[Sample], max_points: usize) -> Vec<(f64, [u32; 3])> {
-    let n = samples.len();
+fn downsample(per_step: &[StepPages], max_points: usize) -> Vec<(f64, [u32; 3])> {
+    let n = per_step.len();
     let bucket = n.div_ceil(max_points.max(1)).max(1);
-    samples
+    per_step
         .chunks(bucket)
         .map(|c| {
             let mut m = [0u32; 3];
@@ -47,11 +47,11 @@ fn esc(s: &str) -> String {
 }
 
 /// The SVG document.
-pub fn plot(samples: &[Sample], title: &str, device_pages: u32) -> String {
+pub fn plot(per_step: &[StepPages], title: &str, device_pages: u32) -> String {
     let (w, h) = (960.0, 440.0);
     let (ml, mr, mt, mb) = (72.0, 24.0, 48.0, 56.0);
     let (pw, ph) = (w - ml - mr, h - mt - mb);
-    let pts = downsample(samples, 1200);
+    let pts = downsample(per_step, 1200);
     let t_max = pts.last().map_or(1.0, |p| p.0).max(1e-3);
     let y_data = pts
         .iter()
@@ -175,8 +175,8 @@ mod tests {
 
     #[test]
     fn plot_has_three_series_and_keeps_peaks() {
-        let samples: Vec<Sample> = (0..5000)
-            .map(|i| Sample {
+        let samples: Vec<StepPages> = (0..5000)
+            .map(|i| StepPages {
                 step: i,
                 time_ms: i as f64 * 20.0,
                 kvshare: if i == 2500 { 900 } else { 10 },

@@ -5,9 +5,9 @@ use std::fmt::Write as _;
 
 use super::model::Model;
 use super::report::{median_mgr_us, series, total_row, turn_rows};
-use super::sim::{replay, Outcome, Progress, ReplayConfig};
 use super::trace::Request;
 use super::workload::SharedPrefixWorkload;
+use super::{replay, Outcome, Progress, ReplayConfig};
 
 /// Builds the model for one run (its caches depend on the page count and size).
 pub type ModelFactory<'a> = dyn FnMut(&ReplayConfig) -> Result<Box<dyn Model>, String> + 'a;

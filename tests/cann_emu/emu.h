@@ -1,7 +1,7 @@
 /*
  * Emulated CANN runtime for kvshare's Ascend backend tests (see README.md here).
  *
- * Built by tests/ascend_common into shared libraries with the real names (libascendcl.so,
+ * Built by tests/support/cann_emu.rs into shared libraries with the real names (libascendcl.so,
  * libnnopbase.so, libopapi.so, libopapi_transformer.so, libcust_opapi.so), from these sources
  * only: it shares no code with kvshare. "Device" memory is host memory handed out by
  * aclrtMalloc and tracked, so that tensors over anything else are refused. Work enqueued on a

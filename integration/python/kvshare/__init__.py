@@ -29,7 +29,7 @@ from cffi import FFI
 from . import _header
 
 __all__ = [
-    "ffi", "lib", "HEADER_PATH", "LIB_PATH", "ABI_VERSION", "VERSION", "KvsError",
+    "ffi", "lib", "HEADER_PATH", "LIB_PATH", "ABI_VERSION", "MAX_PAGE_SIZE", "VERSION", "KvsError",
     "check", "status_error", "Cache", "config_default", "i32_buffer", "u32_buffer", "pack_i32",
 ]
 
@@ -75,6 +75,8 @@ with open(HEADER_PATH, encoding="utf-8") as _f:
     _HEADER_TEXT = _f.read()
 MACROS = _header.int_macros(_HEADER_TEXT)
 ABI_VERSION: int = MACROS["KVS_ABI_VERSION"]
+#: The largest page size (tokens per page) the library accepts (``KVS_MAX_PAGE_SIZE``).
+MAX_PAGE_SIZE: int = MACROS["KVS_MAX_PAGE_SIZE"]
 
 ffi = FFI()
 ffi.cdef(_header.cdef_text(HEADER_PATH))

@@ -103,8 +103,8 @@ static int Appender_init(Appender *self, PyObject *args, PyObject *kwds) {
         PyErr_SetString(PyExc_ValueError, "Appender: null address or non-positive size");
         return -1;
     }
-    if (bs > 1024) { /* kvshare's largest page size; keeps pages * block_size in range */
-        PyErr_SetString(PyExc_ValueError, "Appender: block_size above 1024");
+    if (bs > KVS_MAX_PAGE_SIZE) { /* kvshare's largest page size; keeps pages * block_size in range */
+        PyErr_Format(PyExc_ValueError, "Appender: block_size above %d", KVS_MAX_PAGE_SIZE);
         return -1;
     }
     if ((size_t)max_pages > PY_SSIZE_T_MAX / sizeof(uint32_t)) {

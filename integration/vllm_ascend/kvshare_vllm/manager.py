@@ -8,6 +8,11 @@ block.  Semantics follow vLLM's built-in manager (see README.md, "How each metho
 block 0 is the null block, hits are computed blocks capped at ``num_tokens - 1``, full blocks
 of known tokens are registered before anything could look them up, freed blocks are cached
 last-block-first, allocation never evicts before free blocks run out.
+
+This file owns the manager: its state and vLLM's public methods.  The attribute views the
+scheduler reads (``coordinator``, ``block_pool``) are in ``views.py``; the Python twins of the
+compiled calls (``_match``, ``_open``, ``_cross``, ``_append``) and the per-request state
+``_Req`` are in ``twins.py``.
 """
 
 from __future__ import annotations
@@ -22,11 +27,12 @@ from kvshare import ffi, lib
 
 from vllm.distributed.kv_events import KVCacheEvent
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
-from vllm.v1.core.kv_cache_utils import KVCacheBlock
 from vllm.v1.metrics.stats import PrefixCacheStats
 
 from . import logger
 from .events import EventTranslator
+from .twins import _SMALL, PythonTwins, _extra_addr, _Req, _token_ids
+from .views import _BlockPoolView, _CoordinatorView
 
 try:  # the compiled _append and packing (kvshare_vllm/_fast.c); Python's when not built
     from . import _fast
@@ -44,22 +50,6 @@ _CACHED_STATE = ffi.typeof("enum kvs_page_state").relements["KVS_PAGE_STATE_CACH
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
-
-
-def _token_ids(request) -> list[int]:
-    """The request's token ids as a plain list (vLLM's own list behind the read-only
-    ``all_token_ids`` view; a copy when a Request type has no such list)."""
-    toks = getattr(request, "_all_token_ids", None)
-    return toks if type(toks) is list else list(request.all_token_ids)
-
-
-_SMALL = 64  # appends up to this many tokens are copied into a preallocated buffer
-
-
-def _extra_addr(extra) -> int:
-    """A ``kvshare.ExtraKeys``' ``kvs_extra_keys *`` as an int (0 for None), the form the
-    compiled calls and their twins take."""
-    return int(ffi.cast("uintptr_t", extra.ptr)) if extra is not None else 0
 
 
 def _common_pages(a: bytes, b: bytes) -> int:
@@ -101,111 +91,12 @@ def unsupported_reason(kv_cache_config, scheduler_block_size: int, hash_block_si
     if hash_block_size != spec.block_size or scheduler_block_size != spec.block_size:
         return (f"block sizes differ (kv {spec.block_size}, scheduler {scheduler_block_size}, "
                 f"hash {hash_block_size})")
-    if not 1 <= spec.block_size <= 1024:
-        return f"block size {spec.block_size} outside kvshare's 1..1024"
+    if not 1 <= spec.block_size <= kvshare.MAX_PAGE_SIZE:
+        return f"block size {spec.block_size} outside kvshare's 1..{kvshare.MAX_PAGE_SIZE}"
     return None
 
 
-class _Req:
-    """A request's kvshare sequence: id, block table (page ids), tokens appended so far (``n``)
-    and ``quiet``: the largest token count the request can reach with no native call - its
-    pages hold the slots and no page fills up with known tokens (which would register it).
-    Tokens of a partly filled last page are handed to kvshare when the page fills (or when
-    more pages are needed): until then nothing observable depends on them."""
-
-    __slots__ = ("seq", "pages", "raw", "n", "extra", "quiet")
-
-    def __init__(self, seq: int, extra):
-        self.seq = seq
-        self.pages: list[int] = []
-        self.raw = b""  # the page ids as uint32 bytes (get_num_common_prefix_blocks)
-        self.n = 0
-        self.extra = extra
-        self.quiet = -1
-
-    def add_pages(self, new: list[int], raw: bytes) -> None:
-        """Appends page ids, given both as ints and as their uint32 bytes."""
-        self.pages.extend(new)
-        self.raw += raw
-
-    def settle(self, bs: int) -> None:
-        """Recomputes ``quiet`` after ``n`` or ``pages`` changed."""
-        fill = (self.n // bs + 1) * bs  # the token count that fills the current page
-        self.quiet = min(len(self.pages) * bs, fill - 1)
-
-
-class _SingleTypeView:
-    """What the scheduler and connectors read of a single-type manager."""
-
-    def __init__(self, mgr: "KvshareKVCacheManager", spec):
-        self._mgr = mgr
-        self.kv_cache_spec = spec
-        self.block_size = spec.block_size
-        self.kv_cache_group_id = 0
-
-    def take_new_block_ids(self) -> list[int]:
-        return self._mgr.take_new_block_ids()
-
-
-class _CoordinatorView:
-    """``KVCacheManager.coordinator`` surface the scheduler uses (``single_type_managers``,
-    ``get_num_blocks_to_allocate``, ``block_pool``)."""
-
-    def __init__(self, mgr: "KvshareKVCacheManager", spec):
-        self._mgr = mgr
-        self.single_type_managers = (_SingleTypeView(mgr, spec),)
-        self.num_single_type_manager = 1
-        self.block_pool = mgr.block_pool
-        self.enable_caching = mgr.enable_caching
-        self.use_eagle = mgr.use_eagle
-
-    def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int, new_computed_blocks,
-                                   num_encoder_tokens: int = 0, total_computed_tokens: int = 0,
-                                   num_tokens_main_model: int | None = None,
-                                   apply_admission_cap: bool = False) -> int:
-        return self._mgr._blocks_to_allocate(request_id, num_tokens, new_computed_blocks)
-
-    def get_blocks(self, request_id: str):
-        return self._mgr.get_blocks(request_id).blocks
-
-    def new_step_starts(self) -> None:
-        pass
-
-
-class _BlockPoolView:
-    """``KVCacheManager.block_pool`` surface: the null block, per-id block objects, free counts.
-
-    The blocks are plain ``KVCacheBlock`` records (id and ``is_null``) used as handles in
-    ``KVCacheBlocks``; refcounts, hashes and the free list live in kvshare, not in them.
-    """
-
-    def __init__(self, mgr: "KvshareKVCacheManager", num_blocks: int):
-        self._mgr = mgr
-        self.num_gpu_blocks = num_blocks
-        self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
-        self.null_block = self.blocks[0]
-        self.null_block.is_null = True
-        self.enable_caching = mgr.enable_caching
-        self.enable_kv_cache_events = mgr.enable_kv_cache_events
-        self.hash_block_size = mgr.block_size
-
-    def get_num_free_blocks(self) -> int:
-        return self._mgr._capacity()
-
-    def get_usage(self) -> float:
-        return self._mgr.usage
-
-    def take_events(self) -> list[KVCacheEvent]:
-        return self._mgr.take_events()
-
-    def reset_prefix_cache(self) -> bool:
-        return self._mgr._reset_index()
-
-    def evict_blocks(self, block_ids) -> None:
-        self._mgr.evict_blocks(block_ids)
-
-
-class KvshareKVCacheManager:
+class KvshareKVCacheManager(PythonTwins):
     """Drop-in for ``vllm.v1.core.kv_cache_manager.KVCacheManager`` (vLLM 0.23.0 signature)."""
 
     def __init__(
@@ -281,8 +172,12 @@ class KvshareKVCacheManager:
         # Preallocated out-buffers: a block table can hold max_model_len tokens plus lookahead.
         self._max_pages = self.num_blocks
         self._pages_buf = ffi.new("uint32_t[]", self._max_pages)
-        self._n1 = ffi.new("size_t *")
-        self._n2 = ffi.new("size_t *")
+        # One size_t out-cell per meaning (the twins in twins.py use them too).
+        self._available_out = ffi.new("size_t *")  # kvs_cache_available
+        self._num_pages_out = ffi.new("size_t *")  # pages written to _pages_buf
+        self._matched_out = ffi.new("size_t *")  # kvs_prefix_match's matched tokens
+        self._num_copies_out = ffi.new("size_t *")  # kvs_seq_append_pages' copies (none here)
+        self._num_events_out = ffi.new("size_t *")  # kvs_cache_take_events
         self._info = ffi.new("kvs_seq_info *")
         self._ev_buf = ffi.new("kvs_event[]", 256)
         self._tokbuf = ffi.new("int32_t[]", _SMALL)  # small appends (decode steps)
@@ -318,10 +213,10 @@ class KvshareKVCacheManager:
         ``kvs_cache_available``."""
         a = self._avail
         if a is None:
-            rc = lib.kvs_cache_available(self._h, _DEVICE, self._n1)
+            rc = lib.kvs_cache_available(self._h, _DEVICE, self._available_out)
             if rc:
                 kvshare.check(rc, "kvs_cache_available")
-            a = self._avail = self._n1[0]
+            a = self._avail = self._available_out[0]
         return a
 
     def _extra_for(self, request):
@@ -354,10 +249,10 @@ class KvshareKVCacheManager:
         hashes from ``request``, whose call stored them)."""
         raw = []
         while True:
-            rc = lib.kvs_cache_take_events(self._h, self._ev_buf, 256, self._n2)
+            rc = lib.kvs_cache_take_events(self._h, self._ev_buf, 256, self._num_events_out)
             if rc:
                 kvshare.check(rc, "kvs_cache_take_events")
-            n = self._n2[0]
+            n = self._num_events_out[0]
             raw.extend((e.kind, e.tier, e.page) for e in self._ev_buf[0:n])
             if n < 256:
                 break
@@ -435,27 +330,6 @@ class KvshareKVCacheManager:
         if not hits:
             return self.empty_kv_cache_blocks, 0
         return KVCacheBlocks((hits,)), hit
-
-    def _match(self, ids, extra_addr: int, max_tokens: int) -> tuple[int, bytes, list]:
-        """``kvs_prefix_match`` of the token ids ``ids`` (``extra_addr``: a ``kvs_extra_keys *``
-        as an int, 0 for none) up to ``max_tokens``, acquiring nothing: ``(status, the ids
-        packed to int32, [block objects of the hit pages])``.  The compiled twin is
-        ``_fast.Appender.match``."""
-        if not isinstance(ids, (list, tuple)):
-            raise TypeError("match: token ids must be a list or tuple")
-        if extra_addr < 0:
-            raise OverflowError("match: negative extra_addr")
-        if max_tokens < 0:
-            raise ValueError("match: negative max_tokens")
-        toks = self._pack(ids)
-        n = len(ids)
-        rc = lib.kvs_prefix_match(self._h, ffi.from_buffer("int32_t[]", toks) if n else ffi.NULL,
-                                  n, ffi.cast("kvs_extra_keys *", extra_addr), max_tokens, False,
-                                  self._pages_buf, self._max_pages, self._n1, self._n2)
-        if rc:
-            return rc, toks, []
-        blocks = self._blocks
-        return 0, toks, list(map(blocks.__getitem__, ffi.unpack(self._pages_buf, self._n1[0])))
 
     def allocate_slots(
         self,
@@ -551,18 +425,18 @@ class KvshareKVCacheManager:
         st = _Req(next(self._seq_ids), extra)
         self._avail = None
         try:
-            rc, rc2, matched, new = self._open(st, toks, _extra_addr(extra),
-                                               num_new_computed_tokens, lookahead, nh)
+            begin_rc, append_rc, matched, new = self._open(st, toks, _extra_addr(extra),
+                                                           num_new_computed_tokens, lookahead, nh)
         except BaseException:
             # Raised after kvs_seq_begin succeeded (only MemoryError-like failures can): the
             # sequence exists in kvshare but not here, so it is ended rather than leaked.
             if lib.kvs_seq_get_info(self._h, st.seq, self._info) == _OK:
                 lib.kvs_seq_free(self._h, st.seq)
             raise
-        if rc == _NO_SPACE:
+        if begin_rc == _NO_SPACE:
             return None
-        if rc:
-            kvshare.check(rc, "kvs_seq_begin")
+        if begin_rc:
+            kvshare.check(begin_rc, "kvs_seq_begin")
         self._pending = None
         self._reqs[rid] = st
         if matched != num_new_computed_tokens:
@@ -572,42 +446,11 @@ class KvshareKVCacheManager:
                 f"kvshare_vllm: request {rid}: {num_new_computed_tokens} tokens were found "
                 f"cached by get_computed_blocks but only {matched} at allocation (pages "
                 "evicted in between)")
-        if rc2:  # the gate checked room for the lookahead; anything else is a bug
-            kvshare.check(rc2, "kvs_seq_append_pages")
+        if append_rc:  # the gate checked room for the lookahead; anything else is a bug
+            kvshare.check(append_rc, "kvs_seq_append_pages")
         if self._common is not None:  # a new table can only shorten the shared prefix
             self._common = self._common[:4 * _common_pages(self._common, st.raw)]
         return self._handed(st, request, new)
-
-    def _open(self, st: _Req, toks, extra_addr: int, max_match: int, lookahead: int,
-              first: int) -> tuple[int, int, int, list]:
-        """``kvs_seq_begin`` of sequence ``st.seq`` with the packed token ids ``toks`` (any
-        buffer; ``extra_addr``: a ``kvs_extra_keys *`` as an int, 0 for none), then one append
-        keeping ``lookahead`` slots and reading the block table into ``st``.  Returns ``(begin
-        status, append status, matched tokens, [block objects of the table from page first
-        on])``; on a begin failure nothing changed.  The compiled twin is
-        ``_fast.Appender.begin``."""
-        if extra_addr < 0:
-            raise OverflowError("begin: negative extra_addr")
-        if max_match < 0 or lookahead < 0 or first < 0:
-            raise ValueError("begin: negative count")
-        if st.n != 0:
-            raise ValueError("begin: st already holds tokens")
-        nbytes = memoryview(toks).nbytes
-        if nbytes % 4:
-            raise ValueError("begin: toks is not whole int32 values")
-        known = nbytes // 4
-        rc = lib.kvs_seq_begin(self._h, st.seq,
-                               ffi.from_buffer("int32_t[]", toks) if known else ffi.NULL, known,
-                               ffi.cast("kvs_extra_keys *", extra_addr), max_match, self._info)
-        if rc:
-            return rc, 0, 0, []
-        st.n = known
-        matched = self._info.matched_tokens
-        rc, table = self._append(st, (), known, lookahead)
-        if rc:
-            return 0, rc, matched, []
-        blocks = self._blocks
-        return 0, 0, matched, list(map(blocks.__getitem__, table[first:]))
 
     def _extend(self, request, st: _Req, main: int, num_lookahead_tokens: int,
                 full_sequence_must_fit: bool, reserved_blocks: int) -> KVCacheBlocks | None:
@@ -631,25 +474,6 @@ class KvshareKVCacheManager:
                 return None
             kvshare.check(rc, "kvs_seq_append_pages")
         return self._handed(st, request, blocks)
-
-    def _cross(self, st: _Req, ids, main: int, lookahead_tokens: int,
-               max_model_len: int) -> tuple[int, list]:
-        """One ``kvs_seq_append_pages`` for a running request: ``main`` tokens computed after
-        this step plus ``lookahead_tokens`` slots (capped at ``max_model_len``); the known
-        tokens among them (``ids`` holds the rest as drafts/placeholders) are handed over.
-        Returns ``(status, the block objects added)``; on a failure nothing changed.
-        The compiled twin is ``_fast.Appender.cross``."""
-        if not isinstance(ids, (list, tuple)):
-            raise TypeError("cross: token ids must be a list or tuple")
-        if main < 0 or lookahead_tokens < 0 or max_model_len < 0:
-            raise ValueError("cross: negative token count")
-        need_slot = min(main + lookahead_tokens, max_model_len)
-        known = min(main, len(ids))  # drafts/placeholders are not tokens yet
-        rc, new = self._append(st, ids, known, max(need_slot - max(known, st.n), 0))
-        if rc:
-            return rc, []
-        blocks = self._blocks
-        return 0, list(map(blocks.__getitem__, new))
 
     def _handed(self, st: _Req, request, blocks: list) -> KVCacheBlocks:
         """What ``allocate_slots`` returns: the blocks added (and events, zeroing ids)."""
@@ -772,43 +596,6 @@ class KvshareKVCacheManager:
         self._append_known(st, request, target)
         if self.enable_kv_cache_events:
             self._drain_events(st, request)
-
-    def _token_ptr(self, ids: list[int], start: int, end: int):
-        """``int32_t *`` to token ids ``start:end`` (NULL when empty); small runs go through
-        the preallocated buffer."""
-        n = end - start
-        if n <= 0:
-            return ffi.NULL
-        if n <= _SMALL:
-            buf = self._tokbuf
-            buf[0:n] = ids[start:end]
-            return buf
-        return ffi.from_buffer("int32_t[]", kvshare.pack_i32(ids[start:end]))
-
-    def _append(self, st: _Req, ids, known: int, lookahead: int) -> tuple[int, list[int]]:
-        """One ``kvs_seq_append_pages``: hands kvshare the tokens ``ids[st.n:known]`` (none
-        when ``known <= st.n``) and keeps ``lookahead`` slots past them; the pages it adds go
-        into ``st``.  Returns ``(status, new page ids)``; on a failure nothing changed."""
-        if lookahead < 0:
-            raise ValueError("append: negative lookahead")
-        old = st.n
-        add = known - old if known > old else 0
-        if add and not isinstance(ids, (list, tuple)):
-            raise TypeError("append: token ids must be a list or tuple")
-        if add and len(ids) < known:
-            raise ValueError("append: fewer token ids than known")
-        rc = lib.kvs_seq_append_pages(self._h, st.seq, self._token_ptr(ids, old, old + add), add,
-                                      lookahead, ffi.NULL, 0, self._n1, len(st.pages),
-                                      self._pages_buf, self._max_pages, self._n2)
-        if rc:
-            return rc, ()
-        st.n = old + add
-        k = self._n2[0]
-        new = ffi.unpack(self._pages_buf, k) if k else ()
-        if k:
-            st.add_pages(new, ffi.buffer(self._pages_buf, 4 * k)[:])
-        st.settle(self.block_size)
-        return 0, new
 
     def _append_known(self, st: _Req, request, target: int) -> None:
         """Appends the request's tokens ``st.n:target`` (no lookahead): full pages register."""

@@ -1,5 +1,5 @@
 """The compiled page hand-over (``kvshare_vllm/_fast.c``) against the Python one in
-``manager.py``: the same status, pages and request state for random appends, and bad input
+``twins.py``: the same status, pages and request state for random appends, and bad input
 raising before anything changes."""
 
 from __future__ import annotations
@@ -261,8 +261,8 @@ def test_fast_begin_bad_input(monkeypatch):
     st = _Req(1, None)
     assert m._open(st, big, 0, 0, 0, 0) == (kvshare.STATUS["KVS_STATUS_NO_SPACE"], 0, 0, [])
     assert state(st) == (0, [], b"", -1) and m.cache.stats() == before
-    rc, rc2, matched, blocks = m._open(st, toks, 0, 0, 100, 0)  # begins; no room for 100 slots
-    assert (rc, rc2, matched, blocks) == (0, kvshare.STATUS["KVS_STATUS_NO_SPACE"], 0, [])
+    rc, append_rc, matched, blocks = m._open(st, toks, 0, 0, 100, 0)  # begins; no room for 100 slots
+    assert (rc, append_rc, matched, blocks) == (0, kvshare.STATUS["KVS_STATUS_NO_SPACE"], 0, [])
     assert st.n == 20 and st.pages == []
     again = _Req(1, None)  # the same sequence id twice: kvshare's status, nothing changed
     assert m._open(again, toks, 0, 0, 0, 0)[0] == kvshare.STATUS["KVS_STATUS_SEQ_EXISTS"]
@@ -363,7 +363,7 @@ def test_fast_bad_input_changes_nothing(monkeypatch):
     with pytest.raises(TypeError):
         mgr_mod._fast.Appender(1, 1, BS, 8, (1, 2))
     with pytest.raises(ValueError):  # above kvshare's largest page size
-        mgr_mod._fast.Appender(1, 1, 1025, 8)
+        mgr_mod._fast.Appender(1, 1, kvshare.MAX_PAGE_SIZE + 1, 8)
     unchanged()
     rc, blocks = m._cross(st, ids, 22, 100, 4096)  # kvshare's NO_SPACE, nothing changed
     assert rc == kvshare.STATUS["KVS_STATUS_NO_SPACE"] and blocks == []
@@ -508,8 +508,8 @@ def test_twins_refuse_bad_input_alike(monkeypatch, pure):
         assert m.cache.stats() == before_stats, (fn, args)
     # A buffer of 4-byte items counts its bytes, as the compiled call does.
     fresh = _Req(2, None)
-    rc, rc2, matched, blocks = m._open(fresh, memoryview(toks).cast("i"), 0, 0, 0, 0)
-    assert (rc, rc2, fresh.n, len(fresh.pages)) == (0, 0, 20, 2)
+    rc, append_rc, matched, blocks = m._open(fresh, memoryview(toks).cast("i"), 0, 0, 0, 0)
+    assert (rc, append_rc, fresh.n, len(fresh.pages)) == (0, 0, 20, 2)
     m.check()
 
 

@@ -14,10 +14,10 @@ use indicatif::{ProgressBar, ProgressStyle};
 use kvshare::replay::cpu_model::CpuModel;
 use kvshare::replay::model::{Geometry, Model, NoModel};
 use kvshare::replay::report::{format_report, json_totals};
-use kvshare::replay::sim::{replay, Progress, ReplayConfig};
 use kvshare::replay::sweep;
 use kvshare::replay::trace::{parse_trace, to_jsonl, Request};
 use kvshare::replay::workload::ChatWorkload;
+use kvshare::replay::{replay, Progress, ReplayConfig};
 
 use cli::{Args, Sweep};
 
@@ -172,7 +172,7 @@ fn run(a: &Args) -> Result<(), String> {
                 reqs.len(),
                 cfg.page_size
             );
-            let svg = kvshare::replay::svg::plot(&out.samples, &title, cfg.device_pages);
+            let svg = kvshare::replay::svg::plot(&out.per_step, &title, cfg.device_pages);
             let svg_path = write_svg(&a.svg, &svg)?;
             say(
                 &mut human,

@@ -4,41 +4,59 @@
 use super::super::config::Tier;
 use super::super::error::Result;
 use super::super::pool::Holder;
-use super::super::prefix::Entry;
 use super::super::state::State;
 use super::{check_room, tokens_in_page, CopyKind, PageCopy, Seq};
 
+/// What a swap would do (see `State::swap_plan`).
+#[derive(Debug)]
+struct SwapPlan {
+    /// Per page of the sequence, the page of the destination tier already holding its content
+    /// (shared instead of copied), if any.
+    shared: Vec<Option<u32>>,
+    /// Pages the swap takes in the destination tier (the pages not shared).
+    new_pages: usize,
+    /// How many of the shared pages are unreferenced (cached): taking them shrinks the
+    /// evictable set.
+    cached_shared: usize,
+}
+
 impl State {
-    /// For each page of a device sequence, the host page already holding its content (a
-    /// swap-out shares it instead of copying; full hashed pages only, when the host tier has an
-    /// index); the host pages a swap-out takes; and how many of the shared ones are currently
-    /// unreferenced (evictable).
-    fn swap_out_plan(&self, s: &Seq) -> (Vec<Option<u32>>, usize, usize) {
-        let ps = self.ps;
-        let mut hits: Vec<Option<u32>> = vec![None; s.pages.len()];
-        if self.host_index_on() {
+    /// What a swap of `s` to tier `to` would do: for each page, the page of `to` already
+    /// holding its content (shared instead of copied: full hashed pages only, when `to`'s index
+    /// is on — the host index for a swap-out, the device index for a swap-in), the pages of `to`
+    /// it takes, and how many of the shared ones are unreferenced (evictable) now.
+    fn swap_plan(&self, s: &Seq, to: Tier) -> SwapPlan {
+        let (index, pool, indexed) = match to {
+            Tier::Host => (&self.host_index, &self.host, self.host_index_on()),
+            Tier::Device => (&self.index, &self.device, self.cfg.enable_prefix_caching),
+        };
+        let ps = self.page_size;
+        let mut shared: Vec<Option<u32>> = vec![None; s.pages.len()];
+        if indexed {
             for (j, h) in s.hashes.iter().enumerate() {
-                let e = s.extra.as_ref().map_or(0, |x| x.page_digest(j, ps));
-                hits[j] = self
-                    .host_index
-                    .lookup(*h, e, &s.tokens[j * ps..(j + 1) * ps]);
+                let e = s.extra_digest(j, ps);
+                shared[j] = index.lookup(*h, e, &s.tokens[j * ps..(j + 1) * ps]);
             }
         }
-        let shared = hits.iter().flatten().count();
-        let cached = hits
+        let num_shared = shared.iter().flatten().count();
+        let cached_shared = shared
             .iter()
             .flatten()
-            .filter(|&&p| self.host.refcount(p) == 0)
+            .filter(|&&p| pool.refcount(p) == 0)
             .count();
-        (hits, s.pages.len() - shared, cached)
+        SwapPlan {
+            new_pages: s.pages.len() - num_shared,
+            cached_shared,
+            shared,
+        }
     }
 
     /// Host pages [`swap_out`](Self::swap_out) would take now, and the host pages it can have
     /// (free plus evictable, not counting the cached ones it would share). Read-only.
     pub fn swap_out_need(&self, id: u64) -> Result<(usize, usize)> {
         let s = self.device_seq(id)?;
-        let (_, need, cached_hits) = self.swap_out_plan(s);
-        Ok((need, self.host.available() - cached_hits))
+        let plan = self.swap_plan(s, Tier::Host);
+        Ok((plan.new_pages, self.host.available() - plan.cached_shared))
     }
 
     /// Moves a sequence's pages to the host tier. A full page whose content the host tier holds
@@ -54,7 +72,11 @@ impl State {
         max_copies: usize,
     ) -> Result<()> {
         let s = self.device_seq(id)?;
-        let (hits, need, cached_hits) = self.swap_out_plan(s);
+        let SwapPlan {
+            shared: hits,
+            new_pages: need,
+            cached_shared: cached_hits,
+        } = self.swap_plan(s, Tier::Host);
         let n = s.pages.len();
         check_room(need, max_copies)?;
         self.ensure_available(Tier::Host, need, cached_hits)?;
@@ -64,7 +86,7 @@ impl State {
             self.host.acquire(h, Holder::Seq);
         }
         let len = s.tokens.len();
-        let ps = self.ps;
+        let ps = self.page_size;
         let mut host_pages = Vec::with_capacity(n);
         for (j, &p) in s.pages.iter().enumerate() {
             if let Some(h) = hits[j] {
@@ -83,14 +105,8 @@ impl State {
         if self.host_index_on() {
             for (j, &h) in s.hashes.iter().enumerate() {
                 if hits[j].is_none() {
-                    let e = s.extra.as_ref().map_or(0, |x| x.page_digest(j, ps));
-                    let entry = Entry {
-                        hash: h,
-                        parent: if j == 0 { self.root } else { s.hashes[j - 1] },
-                        extra: e,
-                        lora: s.extra.as_ref().map_or(0, |x| x.lora_id),
-                        tokens: &s.tokens[j * ps..(j + 1) * ps],
-                    };
+                    let parent = if j == 0 { self.root } else { s.hashes[j - 1] };
+                    let entry = s.page_entry(j, ps, h, parent);
                     self.index_insert(Tier::Host, host_pages[j], entry);
                 }
             }
@@ -111,33 +127,12 @@ impl State {
         self.host.release(page, Holder::Seq, registered);
     }
 
-    /// For each page of a swapped-out sequence, the device page already caching its content (a
-    /// swap-in shares it instead of copying); the device pages a swap-in takes; and how many of
-    /// the shared ones are currently unreferenced (evictable).
-    fn swap_in_plan(&self, s: &Seq) -> (Vec<Option<u32>>, usize, usize) {
-        let ps = self.ps;
-        let mut hits: Vec<Option<u32>> = vec![None; s.pages.len()];
-        if self.cfg.enable_prefix_caching {
-            for (j, h) in s.hashes.iter().enumerate() {
-                let e = s.extra.as_ref().map_or(0, |x| x.page_digest(j, ps));
-                hits[j] = self.index.lookup(*h, e, &s.tokens[j * ps..(j + 1) * ps]);
-            }
-        }
-        let shared = hits.iter().flatten().count();
-        let cached = hits
-            .iter()
-            .flatten()
-            .filter(|&&p| self.dev.refcount(p) == 0)
-            .count();
-        (hits, s.pages.len() - shared, cached)
-    }
-
     /// Device pages [`swap_in`](Self::swap_in) would take now, and the pages it can have (free
     /// plus evictable, not counting the cached pages it would share). Read-only.
     pub fn swap_in_need(&self, id: u64) -> Result<(usize, usize)> {
         let s = self.seq_on(id, Tier::Host)?;
-        let (_, need, cached_hits) = self.swap_in_plan(s);
-        Ok((need, self.dev.available() - cached_hits))
+        let plan = self.swap_plan(s, Tier::Device);
+        Ok((plan.new_pages, self.device.available() - plan.cached_shared))
     }
 
     /// Brings a swapped-out sequence back to device pages. Full pages whose content is cached on
@@ -150,16 +145,20 @@ impl State {
         max_copies: usize,
     ) -> Result<()> {
         let s = self.seq_on(id, Tier::Host)?;
-        let (hits, need, cached_hits) = self.swap_in_plan(s);
-        let ps = self.ps;
+        let SwapPlan {
+            shared: hits,
+            new_pages: need,
+            cached_shared: cached_hits,
+        } = self.swap_plan(s, Tier::Device);
+        let ps = self.page_size;
         let hit_pages: Vec<u32> = hits.iter().flatten().copied().collect();
         check_room(need, max_copies)?;
         self.ensure_available(Tier::Device, need, cached_hits)?;
-        self.dev.check_acquire(hit_pages.iter().copied())?;
+        self.device.check_acquire(hit_pages.iter().copied())?;
 
         let mut s = self.seqs.remove(&id).expect("checked");
         for &p in &hit_pages {
-            self.dev.acquire(p, Holder::Seq);
+            self.device.acquire(p, Holder::Seq);
         }
         let len = s.tokens.len();
         let mut dev_pages = Vec::with_capacity(s.pages.len());
@@ -186,14 +185,8 @@ impl State {
         if self.cfg.enable_prefix_caching {
             for (j, &h) in s.hashes.iter().enumerate() {
                 if hits[j].is_none() {
-                    let e = s.extra.as_ref().map_or(0, |x| x.page_digest(j, ps));
-                    let entry = Entry {
-                        hash: h,
-                        parent: if j == 0 { self.root } else { s.hashes[j - 1] },
-                        extra: e,
-                        lora: s.extra.as_ref().map_or(0, |x| x.lora_id),
-                        tokens: &s.tokens[j * ps..(j + 1) * ps],
-                    };
+                    let parent = if j == 0 { self.root } else { s.hashes[j - 1] };
+                    let entry = s.page_entry(j, ps, h, parent);
                     self.index_insert(Tier::Device, dev_pages[j], entry);
                 }
             }

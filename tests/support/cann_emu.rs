@@ -2,12 +2,13 @@
 //! names, one directory per variant under `CARGO_TARGET_TMPDIR`, and wraps its runtime and
 //! `emu_*` control functions for the tests (loaded with `dlopen` by path, as kvshare does, so
 //! the test and the backend share one emulator instance per directory).
-#![allow(dead_code)]
 
 use std::ffi::{c_char, c_int, c_long, c_void, CStr, CString};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Mutex, MutexGuard};
+
+use super::native::cc;
 
 /// Which symbols each library of a variant exports.
 #[derive(Clone, Copy, Debug)]
@@ -75,10 +76,6 @@ impl Variant {
 
 fn src_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cann_emu")
-}
-
-fn cc() -> String {
-    std::env::var("CC").unwrap_or_else(|_| "cc".into())
 }
 
 fn compile(out: &Path, sources: &[&str], defines: &[&str]) {

@@ -1,0 +1,84 @@
+"""The parts of vLLM's ``KVCacheManager`` surface that the scheduler and connectors read
+through attributes (``coordinator``, ``coordinator.single_type_managers``, ``block_pool``):
+thin views that forward to ``KvshareKVCacheManager``, which holds all the state."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from vllm.distributed.kv_events import KVCacheEvent
+from vllm.v1.core.kv_cache_utils import KVCacheBlock
+
+if TYPE_CHECKING:  # pragma: no cover - annotations only
+    from .manager import KvshareKVCacheManager
+
+
+class _SingleTypeView:
+    """What the scheduler and connectors read of a single-type manager."""
+
+    def __init__(self, mgr: "KvshareKVCacheManager", spec):
+        self._mgr = mgr
+        self.kv_cache_spec = spec
+        self.block_size = spec.block_size
+        self.kv_cache_group_id = 0
+
+    def take_new_block_ids(self) -> list[int]:
+        return self._mgr.take_new_block_ids()
+
+
+class _CoordinatorView:
+    """``KVCacheManager.coordinator`` surface the scheduler uses (``single_type_managers``,
+    ``get_num_blocks_to_allocate``, ``block_pool``)."""
+
+    def __init__(self, mgr: "KvshareKVCacheManager", spec):
+        self._mgr = mgr
+        self.single_type_managers = (_SingleTypeView(mgr, spec),)
+        self.num_single_type_manager = 1
+        self.block_pool = mgr.block_pool
+        self.enable_caching = mgr.enable_caching
+        self.use_eagle = mgr.use_eagle
+
+    def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int, new_computed_blocks,
+                                   num_encoder_tokens: int = 0, total_computed_tokens: int = 0,
+                                   num_tokens_main_model: int | None = None,
+                                   apply_admission_cap: bool = False) -> int:
+        return self._mgr._blocks_to_allocate(request_id, num_tokens, new_computed_blocks)
+
+    def get_blocks(self, request_id: str):
+        return self._mgr.get_blocks(request_id).blocks
+
+    def new_step_starts(self) -> None:
+        pass
+
+
+class _BlockPoolView:
+    """``KVCacheManager.block_pool`` surface: the null block, per-id block objects, free counts.
+
+    The blocks are plain ``KVCacheBlock`` records (id and ``is_null``) used as handles in
+    ``KVCacheBlocks``; refcounts, hashes and the free list live in kvshare, not in them.
+    """
+
+    def __init__(self, mgr: "KvshareKVCacheManager", num_blocks: int):
+        self._mgr = mgr
+        self.num_gpu_blocks = num_blocks
+        self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
+        self.null_block = self.blocks[0]
+        self.null_block.is_null = True
+        self.enable_caching = mgr.enable_caching
+        self.enable_kv_cache_events = mgr.enable_kv_cache_events
+        self.hash_block_size = mgr.block_size
+
+    def get_num_free_blocks(self) -> int:
+        return self._mgr._capacity()
+
+    def get_usage(self) -> float:
+        return self._mgr.usage
+
+    def take_events(self) -> list[KVCacheEvent]:
+        return self._mgr.take_events()
+
+    def reset_prefix_cache(self) -> bool:
+        return self._mgr._reset_index()
+
+    def evict_blocks(self, block_ids) -> None:
+        self._mgr.evict_blocks(block_ids)

@@ -1,0 +1,110 @@
+//! The batch builders an engine calls every step: block tables (each sequence's page ids,
+//! padded) and the slot mapping (where each new token's KV goes). Read-only; each validates
+//! every sequence and buffer before writing anything.
+
+use super::error::{Error, Result};
+use super::seq::check_room_named;
+use super::state::State;
+
+impl State {
+    /// Fills `table` (row-major `[ids.len(), max_pages]`) with each sequence's page ids, padded
+    /// with `pad`, and `context_lens` (if not empty) with token counts. Writes nothing on error.
+    pub fn block_tables(
+        &self,
+        ids: &[u64],
+        max_pages: usize,
+        pad: i32,
+        table: &mut [i32],
+        context_lens: &mut [i32],
+    ) -> Result<()> {
+        let needed = ids
+            .len()
+            .checked_mul(max_pages)
+            .ok_or_else(|| Error::arg("max_pages_per_seq", "overflow"))?;
+        check_room_named("table_out", needed, table.len())?;
+        if !context_lens.is_empty() {
+            check_room_named("context_lens_out", ids.len(), context_lens.len())?;
+        }
+        for &id in ids {
+            let s = self.device_seq(id)?;
+            if s.pages.len() > max_pages {
+                return Err(Error::arg(
+                    "max_pages_per_seq",
+                    format!(
+                        "sequence {id} has {} pages, more than {max_pages}",
+                        s.pages.len()
+                    ),
+                ));
+            }
+            if s.tokens.len() > i32::MAX as usize {
+                return Err(Error::arg(
+                    "seq_ids",
+                    format!("sequence {id} is too long for int32 lengths"),
+                ));
+            }
+        }
+        for (i, &id) in ids.iter().enumerate() {
+            let s = &self.seqs[&id];
+            let row = &mut table[i * max_pages..(i + 1) * max_pages];
+            for (dst, &p) in row.iter_mut().zip(&s.pages) {
+                *dst = p as i32;
+            }
+            row[s.pages.len()..].fill(pad);
+            if !context_lens.is_empty() {
+                context_lens[i] = s.tokens.len() as i32;
+            }
+        }
+        Ok(())
+    }
+
+    /// Slot ids (`page * page_size + offset`) of the last `query_lens[i]` tokens of each
+    /// sequence, concatenated; entries after them are set to -1 (padding). Tokens whose KV is
+    /// already in a shared cached page (see `skip_cached_writes`) get -1 too, so recomputing them
+    /// never overwrites shared KV. Returns the number of query slots (the sum of `query_lens`).
+    /// Writes nothing on error.
+    pub fn slot_mapping(&self, ids: &[u64], query_lens: &[u32], out: &mut [i64]) -> Result<usize> {
+        if ids.len() != query_lens.len() {
+            return Err(Error::arg(
+                "query_lens",
+                format!(
+                    "{} query lengths for {} sequences",
+                    query_lens.len(),
+                    ids.len()
+                ),
+            ));
+        }
+        let mut total = 0usize;
+        for (&id, &q) in ids.iter().zip(query_lens) {
+            let s = self.device_seq(id)?;
+            if q as usize > s.tokens.len() {
+                return Err(Error::arg(
+                    "query_lens",
+                    format!(
+                        "{q} query tokens for sequence {id} of {} tokens",
+                        s.tokens.len()
+                    ),
+                ));
+            }
+            total += q as usize;
+        }
+        check_room_named("slots_out", total, out.len())?;
+        let ps = self.page_size;
+        let mut k = 0;
+        for (&id, &q) in ids.iter().zip(query_lens) {
+            let s = &self.seqs[&id];
+            let len = s.tokens.len();
+            for pos in len - q as usize..len {
+                let hidden =
+                    pos < s.cached_tokens || s.borrowed.binary_search(&((pos / ps) as u32)).is_ok();
+                out[k] = if hidden {
+                    -1
+                } else {
+                    s.pages[pos / ps] as i64 * ps as i64 + (pos % ps) as i64
+                };
+                k += 1;
+            }
+        }
+        out[k..].fill(-1);
+        Ok(total)
+    }
+}
