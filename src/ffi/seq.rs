@@ -344,16 +344,8 @@ impl kvs_cache {
         pages_needed_out: *mut usize,
         pages_available_out: *mut usize,
     ) -> kvs_status {
-        guard(|| {
-            let c = self::cache(cache)?;
-            let need = try_out(pages_needed_out, "pages_needed_out")?;
-            let avail = opt_out(pages_available_out, "pages_available_out")?;
-            let (n, a) = c.lock()?.swap_in_need(seq_id)?;
-            *need = n;
-            if let Some(o) = avail {
-                *o = a;
-            }
-            Ok(())
+        write_need(cache, pages_needed_out, pages_available_out, |st| {
+            st.swap_in_need(seq_id)
         })
     }
 
@@ -373,16 +365,8 @@ impl kvs_cache {
         pages_needed_out: *mut usize,
         pages_available_out: *mut usize,
     ) -> kvs_status {
-        guard(|| {
-            let c = self::cache(cache)?;
-            let need = try_out(pages_needed_out, "pages_needed_out")?;
-            let avail = opt_out(pages_available_out, "pages_available_out")?;
-            let (n, a) = c.lock()?.swap_out_need(seq_id)?;
-            *need = n;
-            if let Some(o) = avail {
-                *o = a;
-            }
-            Ok(())
+        write_need(cache, pages_needed_out, pages_available_out, |st| {
+            st.swap_out_need(seq_id)
         })
     }
 
@@ -453,4 +437,31 @@ impl kvs_cache {
             Ok(())
         })
     }
+}
+
+/// The body of `kvs_seq_swap_in_need` / `kvs_seq_swap_out_need`: checks the out-params, asks
+/// `query` under the cache's lock for `(pages needed, pages available)`, and writes them only on
+/// success (`pages_available_out` is optional).
+///
+/// # Safety
+/// The exports' contract: `cache` is NULL or a live cache; each out-param is NULL or valid for a
+/// write of one `usize` (checked for NULL and alignment by `try_out` / `opt_out`).
+unsafe fn write_need(
+    cache: *const kvs_cache,
+    pages_needed_out: *mut usize,
+    pages_available_out: *mut usize,
+    query: impl FnOnce(&State) -> Result<(usize, usize), Error>,
+) -> kvs_status {
+    guard(|| {
+        let c = self::cache(cache)?;
+        let need = try_out(pages_needed_out, "pages_needed_out")?;
+        let avail = opt_out(pages_available_out, "pages_available_out")?;
+        let state = c.lock()?;
+        let (n, a) = query(&state)?;
+        *need = n;
+        if let Some(o) = avail {
+            *o = a;
+        }
+        Ok(())
+    })
 }
