@@ -24,7 +24,6 @@ Prints one JSON line.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import random
@@ -100,22 +99,7 @@ def side(model_dir, events: bool, algo: str, args, seed=1):
 
 
 def lockstep(model_dir, algo, args, order):
-    from vllm.utils.gc_utils import freeze_gc_heap
-
-    gens = {name: side(model_dir, name == "on", algo, args) for name in order}
-    for g in gens.values():
-        next(g)
-    freeze_gc_heap()
-    out = {}
-    while len(out) < len(gens):
-        for name, g in gens.items():
-            if name not in out:
-                try:
-                    next(g)
-                except StopIteration as done:
-                    out[name] = done.value
-    gc.unfreeze()
-    return out
+    return bv.run_in_lockstep({name: side(model_dir, name == "on", algo, args) for name in order})
 
 
 def main():

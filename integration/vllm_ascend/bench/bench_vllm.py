@@ -160,13 +160,20 @@ def lockstep(model_dir, args, sides: dict) -> dict:
     that the machine's noise (it comes in phases of seconds) falls on both alike; returns
     name -> figures.  The side going first in every step runs measurably slower (about 5-20%
     here), so callers alternate the order between repeats."""
+    return run_in_lockstep({name: side(model_dir, flag, args) for name, flag in sides.items()})
+
+
+def run_in_lockstep(gens: dict) -> dict:
+    """Drives generators (name -> a side that yields once when built, then once per scheduler
+    step, and returns its figures) one step each in turn until all are done; returns name ->
+    figures.  The heap is frozen after every side is built, as ``EngineCore.__init__`` does
+    once the engine is built."""
     import gc
     from vllm.utils.gc_utils import freeze_gc_heap
 
-    gens = {name: side(model_dir, flag, args) for name, flag in sides.items()}
     for g in gens.values():
         next(g)
-    freeze_gc_heap()  # as EngineCore.__init__ does once the engine is built
+    freeze_gc_heap()
     out = {}
     while len(out) < len(gens):
         for name, g in gens.items():
