@@ -8,6 +8,15 @@ fn bench() -> Command {
     Command::new(env!("CARGO_BIN_EXE_kvshare-bench"))
 }
 
+/// `kvshare-bench ARGS` with `python` as the vLLM venv's interpreter.
+fn run_with(python: &std::path::Path, args: &[&str]) -> std::process::Output {
+    bench()
+        .args(args)
+        .env("KVS_VLLM_PYTHON", python)
+        .output()
+        .unwrap()
+}
+
 #[test]
 fn vllm_mode_runs_the_script_with_its_arguments() {
     let dir = std::env::temp_dir().join(format!("kvshare-bench-cli-{}", std::process::id()));
@@ -24,54 +33,27 @@ fn vllm_mode_runs_the_script_with_its_arguments() {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
     }
-    let out = bench()
-        .args(["vllm", "--quick", "--repeats", "2"])
-        .env("KVS_VLLM_PYTHON", &fake)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-    let said = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        said.contains("integration/vllm_ascend/bench/bench_vllm.py --quick --repeats 2"),
-        "{said}"
-    );
+    // Each mode runs its script (after the mode's leading arguments) with the arguments given,
+    // and reports the script's failure naming it.
+    for (mode, script) in [
+        ("vllm", "bench_vllm.py"),
+        ("vllm-e2e", "engine_e2e.py bench"),
+    ] {
+        let out = run_with(&fake, &[mode, "--quick", "--repeats", "2"]);
+        assert!(out.status.success(), "{out:?}");
+        let said = String::from_utf8_lossy(&out.stdout);
+        let want = format!("integration/vllm_ascend/bench/{script} --quick --repeats 2");
+        assert!(said.contains(&want), "{said}");
 
-    let out = bench()
-        .args(["vllm", "--fail"])
-        .env("KVS_VLLM_PYTHON", &fake)
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("bench_vllm.py failed"));
+        let out = run_with(&fake, &[mode, "--fail"]);
+        assert_eq!(out.status.code(), Some(2));
+        let file = script.split(' ').next().unwrap();
+        assert!(String::from_utf8_lossy(&out.stderr).contains(&format!("{file} failed")));
+    }
 
-    let out = bench()
-        .args(["vllm"])
-        .env("KVS_VLLM_PYTHON", dir.join("missing"))
-        .output()
-        .unwrap();
+    let out = run_with(&dir.join("missing"), &["vllm"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("set KVS_VLLM_PYTHON"));
-
-    // vllm-e2e: the engine script's bench mode, with this build's library and header.
-    let out = bench()
-        .args(["vllm-e2e", "--quick"])
-        .env("KVS_VLLM_PYTHON", &fake)
-        .env_remove("KVSHARE_HEADER")
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-    let said = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        said.contains("integration/vllm_ascend/bench/engine_e2e.py bench --quick"),
-        "{said}"
-    );
-    let out = bench()
-        .args(["vllm-e2e", "--fail"])
-        .env("KVS_VLLM_PYTHON", &fake)
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("engine_e2e.py failed"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
