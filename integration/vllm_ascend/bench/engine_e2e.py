@@ -131,19 +131,23 @@ def block_bytes(block_size: int) -> int:
 
 
 class _Timer:
-    """Wraps the in-process engine's scheduler and executor to split step time."""
+    """Wraps the in-process engine's scheduler and executor to split step time; samples the
+    KV blocks in use after every ``schedule`` (outside the timed region), and with ``trace``
+    records each step's scheduled requests, preemptions and blocks."""
 
-    def __init__(self, core):
+    def __init__(self, core, trace: bool = False):
         self.sched_s = 0.0
         self.model_s = 0.0
         self.steps = 0
         self.blocks = []
+        self.trace = [] if trace else None
         sched = core.scheduler
         mgr = sched.kv_cache_manager
         total = mgr.block_pool.num_gpu_blocks - 1  # the null block is never in use
         self.manager = type(mgr).__name__
+        self.scheduler = type(sched).__name__
 
-        def timed(obj, name, field, sample=False):
+        def timed(obj, name, field):
             fn = getattr(obj, name)
 
             def wrapper(*a, **k):
@@ -152,23 +156,21 @@ class _Timer:
                     return fn(*a, **k)
                 finally:
                     setattr(self, field, getattr(self, field) + time.perf_counter() - t)
-                    if sample:
-                        self.steps += 1
-                        self.blocks.append(round(mgr.usage * total))
             setattr(obj, name, wrapper)
+            return wrapper
 
-        self.trace = []  # per step: scheduled (request, tokens), preempted, blocks in use
-        self.scheduler = type(sched).__name__
-        schedule = sched.schedule
+        timed_schedule = timed(sched, "schedule", "sched_s")
 
-        def traced():
-            out = schedule()
-            self.trace.append([sorted(out.num_scheduled_tokens.items()),
-                               sorted(getattr(out, "preempted_req_ids", None) or ()),
-                               round(mgr.usage * total)])
+        def schedule():
+            out = timed_schedule()
+            self.steps += 1
+            used = round(mgr.usage * total)
+            self.blocks.append(used)
+            if self.trace is not None:
+                self.trace.append([sorted(out.num_scheduled_tokens.items()),
+                                   sorted(getattr(out, "preempted_req_ids", None) or ()), used])
             return out
-        sched.schedule = traced
-        timed(sched, "schedule", "sched_s", sample=True)
+        sched.schedule = schedule
         timed(sched, "update_from_output", "sched_s")
         ex = core.model_executor
         timed(ex, "execute_model", "model_s")
@@ -219,7 +221,7 @@ def run(cfg: dict) -> dict:
     init_s = time.perf_counter() - t0
     timer = None
     if not cfg["multiprocess"]:
-        timer = _Timer(llm.llm_engine.engine_core.engine_core)
+        timer = _Timer(llm.llm_engine.engine_core.engine_core, trace=bool(cfg.get("trace")))
 
     rng = np.random.default_rng(cfg["seed"] + 1)
     vocab = MODEL["vocab_size"]
@@ -279,7 +281,7 @@ def run(cfg: dict) -> dict:
     }
     if timer is not None:
         res.update(attention=_attention_backend(llm))
-        res.update(scheduler=timer.scheduler, trace=timer.trace if cfg.get("trace") else None)
+        res.update(scheduler=timer.scheduler, trace=timer.trace)
         res.update(manager=timer.manager, sched_s=timer.sched_s, model_s=timer.model_s,
                    steps=timer.steps, blocks_peak=max(timer.blocks, default=0),
                    blocks_mean=sum(timer.blocks) / max(len(timer.blocks), 1))

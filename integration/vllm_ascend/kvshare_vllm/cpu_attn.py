@@ -32,7 +32,6 @@ from vllm.v1.attention.backend import (
     AttentionMetadataBuilder,
     AttentionType,
     CommonAttentionMetadata,
-    MultipleOf,
 )
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
@@ -44,17 +43,8 @@ BACKEND_PATH = "kvshare_vllm.cpu_attn.KvshareCPUAttentionBackend"
 class KvshareCPUAttentionBackend(CPUAttentionBackend):
     """vLLM's ``CPU_ATTN`` slot, served by kvshare's CPU backend (module doc)."""
 
-    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16,
-                                                     torch.float32]
+    # Dtypes, block sizes (multiples of 16) and head sizes are vLLM's CPU backend's, inherited.
     supported_kv_cache_dtypes: ClassVar[list] = ["auto"]
-
-    @staticmethod
-    def get_supported_kernel_block_sizes() -> list:
-        return [MultipleOf(16)]
-
-    @classmethod
-    def get_supported_head_sizes(cls) -> list[int]:
-        return [32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512]
 
     @classmethod
     def supports_attn_type(cls, attn_type: str) -> bool:
@@ -93,6 +83,7 @@ class KvshareCPUMetadataBuilder(AttentionMetadataBuilder[KvshareCPUMetadata]):
     """Passes vLLM's common metadata through: decodes and prefills need no reordering, since
     one varlen launch serves both."""
 
+    # vLLM's AttentionMetadataBuilder declares __init__ abstract: a builder must define one.
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
 
