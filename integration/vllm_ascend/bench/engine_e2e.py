@@ -71,6 +71,9 @@ DEFAULTS = {
     "user_tokens": 24,
     "output_tokens": 12,
     "extras": True,             # the n>1 and cache_salt requests after the turns
+    "host_pages": 0,            # > 0: kvshare's KV connector with a host tier of that many pages
+    "prefetch_waiting": 2,      # the connector's prefetch_waiting option
+    "returns": 0,               # evict-and-return rounds before the turns (see run)
     "seed": 0,
 }
 
@@ -213,7 +216,16 @@ def run(cfg: dict) -> dict:
     model_dir = cfg["model_dir"] or write_tiny_model(
         os.path.join(os.environ.get("TMPDIR", "/tmp"), f"kvshare-tiny-{os.getpid()}"), cfg["seed"])
     t0 = time.perf_counter()
-    llm = LLM(model=model_dir, skip_tokenizer_init=True, enable_prefix_caching=True,
+    extra_args = {}
+    if cfg["host_pages"]:
+        from vllm.config import KVTransferConfig
+
+        extra_args["kv_transfer_config"] = KVTransferConfig(
+            kv_connector="KvshareConnector", kv_connector_module_path="kvshare_vllm.connector",
+            kv_role="kv_both",
+            kv_connector_extra_config={"num_host_pages": cfg["host_pages"],
+                                       "prefetch_waiting": cfg["prefetch_waiting"]})
+    llm = LLM(model=model_dir, **extra_args, skip_tokenizer_init=True, enable_prefix_caching=True,
               block_size=cfg["block_size"], max_model_len=cfg["max_model_len"], dtype="float32",
               seed=cfg["seed"], enforce_eager=True, max_num_seqs=cfg["max_num_seqs"],
               max_num_batched_tokens=cfg["max_num_batched_tokens"], disable_log_stats=False,
@@ -236,6 +248,20 @@ def run(cfg: dict) -> dict:
     tokens, cached = {}, {}
     gen_tokens = 0
     t0 = time.perf_counter()
+    if cfg["returns"]:
+        # Evict and return: each conversation's first prompt, then enough unrelated prompts to
+        # push it out of a small device cache, then the same prompt again (its second run can
+        # hit only what a host tier kept).
+        for r in range(cfg["returns"]):
+            first = history[r % len(history)]
+            for name, prompt in ([(f"ret{r}a", first)]
+                                 + [(f"ret{r}f{i}", ids(len(first))) for i in range(3)]
+                                 + [(f"ret{r}b", first)]):
+                o = llm.generate([TokensPrompt(prompt_token_ids=prompt)], greedy,
+                                 use_tqdm=False)[0]
+                tokens[name] = list(o.outputs[0].token_ids)
+                cached[name] = o.num_cached_tokens
+                gen_tokens += len(tokens[name])
     for turn in range(cfg["turns"]):
         outs = llm.generate([TokensPrompt(prompt_token_ids=h) for h in history], greedy,
                             use_tqdm=False)
@@ -280,6 +306,21 @@ def run(cfg: dict) -> dict:
         "gen_tokens": gen_tokens,
     }
     if timer is not None:
+        core = llm.llm_engine.engine_core.engine_core
+        mgr = core.scheduler.kv_cache_manager
+        if hasattr(mgr, "kvshare_stats"):
+            st = mgr.kvshare_stats()
+            res["kvshare_stats"] = {k: st[k] for k in ("demotions", "promotions", "prefetched",
+                                                      "host_hit_tokens", "evictions")
+                                    if k in st}
+        if cfg["host_pages"]:
+            from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+            w = get_kv_transfer_group()
+            s = core.scheduler.connector
+            res["connector"] = dict(copy_s=w.copy_s, copies=w.copies_done,
+                                    steps_with_copies=w.steps_with_copies,
+                                    prefetched_pages=s.prefetched_pages)
         res.update(attention=_attention_backend(llm))
         res.update(scheduler=timer.scheduler, trace=timer.trace)
         res.update(manager=timer.manager, sched_s=timer.sched_s, model_s=timer.model_s,

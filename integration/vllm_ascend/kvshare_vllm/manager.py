@@ -31,6 +31,7 @@ from vllm.v1.metrics.stats import PrefixCacheStats
 
 from . import logger
 from .events import EventTranslator
+from .host_tier import HostTier
 from .twins import _SMALL, PythonTwins, _extra_addr, _Req, _token_ids
 from .views import _BlockPoolView, _CoordinatorView
 
@@ -113,6 +114,7 @@ class KvshareKVCacheManager(PythonTwins):
         dcp_world_size: int = 1,
         pcp_world_size: int = 1,
         metrics_collector=None,
+        num_host_pages: int = 0,
     ) -> None:
         why = unsupported_reason(kv_cache_config, scheduler_block_size, hash_block_size,
                                  dcp_world_size, pcp_world_size)
@@ -137,7 +139,7 @@ class KvshareKVCacheManager(PythonTwins):
         cfg = kvshare.config_default(
             page_size=bs,
             num_device_pages=self.num_blocks,
-            num_host_pages=0,
+            num_host_pages=num_host_pages,
             num_layers=max(1, len(group.layer_names)),
             num_kv_heads=max(1, getattr(spec, "num_kv_heads", 1)),
             head_dim=max(1, getattr(spec, "head_size", 1)),
@@ -146,11 +148,13 @@ class KvshareKVCacheManager(PythonTwins):
             reserve_null_page=True,
             defer_commit=False,
             skip_cached_writes=False,
-            demote_to_host=False,
+            demote_to_host=num_host_pages > 0,
             enable_events=enable_kv_cache_events,
         )
         self.cache = kvshare.Cache(cfg)
         self._h = self.cache.handle
+        # The host tier, when kvshare's KV connector executes its copies (host_tier.py).
+        self.host_tier = HostTier(self, num_host_pages) if num_host_pages > 0 else None
 
         self.block_pool = _BlockPoolView(self, self.num_blocks)
         self._blocks = self.block_pool.blocks
@@ -317,6 +321,8 @@ class KvshareKVCacheManager(PythonTwins):
             self._flush()
         ids = _token_ids(request)
         st_extra = self._extra_for(request)
+        if self.host_tier is not None:
+            self.host_tier.promote(ids, st_extra)
         rc, toks, hits = self._match(ids, _extra_addr(st_extra), max(len(ids) - 1, 0))
         if rc:
             kvshare.check(rc, "kvs_prefix_match")
