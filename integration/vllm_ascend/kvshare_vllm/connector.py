@@ -34,7 +34,6 @@ prefill, several KV-cache groups, and use inside vLLM's ``MultiConnector``.
 
 from __future__ import annotations
 
-import contextvars
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -55,9 +54,6 @@ if TYPE_CHECKING:  # pragma: no cover - annotations only
 
 NAME = "KvshareConnector"
 MODULE = "kvshare_vllm.connector"
-# Set by the plugin around Scheduler.__init__: the host pages the kvshare manager built there
-# gets (plugin._wrap_scheduler_init); 0 outside.
-HOST_PAGES: contextvars.ContextVar[int] = contextvars.ContextVar("kvshare_host_pages", default=0)
 
 
 def host_pages(vllm_config) -> int:

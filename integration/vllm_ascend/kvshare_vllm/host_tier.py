@@ -27,10 +27,18 @@ the step that reuses it writes there, and a promotion lands before any attention
 
 from __future__ import annotations
 
+import contextvars
+
 import kvshare
 from kvshare import ffi, lib
 
 COPY_BYTES = ffi.sizeof("kvs_copy")
+# The host pages of the manager being built: set by the plugin around ``Scheduler.__init__``
+# from the connector's options (``plugin._wrap_scheduler_init``), 0 otherwise.  A context
+# variable because vLLM's manager constructor (whose signature kvshare's keeps exactly, see
+# compat.py) has no view of the KV-transfer config; the scheduler builds its connector and then
+# its manager.
+HOST_PAGES: contextvars.ContextVar[int] = contextvars.ContextVar("kvshare_host_pages", default=0)
 
 
 class HostTier:

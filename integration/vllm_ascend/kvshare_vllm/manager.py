@@ -31,7 +31,7 @@ from vllm.v1.metrics.stats import PrefixCacheStats
 
 from . import logger
 from .events import EventTranslator
-from .host_tier import HostTier
+from .host_tier import HOST_PAGES, HostTier
 from .twins import _SMALL, PythonTwins, _extra_addr, _Req, _token_ids
 from .views import _BlockPoolView, _CoordinatorView
 
@@ -114,7 +114,6 @@ class KvshareKVCacheManager(PythonTwins):
         dcp_world_size: int = 1,
         pcp_world_size: int = 1,
         metrics_collector=None,
-        num_host_pages: int = 0,
     ) -> None:
         why = unsupported_reason(kv_cache_config, scheduler_block_size, hash_block_size,
                                  dcp_world_size, pcp_world_size)
@@ -133,6 +132,7 @@ class KvshareKVCacheManager(PythonTwins):
         self.num_blocks = kv_cache_config.num_blocks
         self.kv_cache_config = kv_cache_config
         self.num_kv_cache_groups = 1
+        num_host_pages = HOST_PAGES.get()  # > 0 with kvshare's KV connector (host_tier.py)
 
         dtype = {"torch.float32": "KVS_DTYPE_F32", "torch.bfloat16": "KVS_DTYPE_BF16"}.get(
             str(getattr(spec, "dtype", "")), "KVS_DTYPE_F16")

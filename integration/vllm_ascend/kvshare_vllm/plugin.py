@@ -60,11 +60,10 @@ def make_kv_cache_manager_factory(original):
                 return original(kv_cache_config, max_model_len, scheduler_block_size,
                                 hash_block_size, *args, **kwargs)
             logger.info("kvshare_vllm: KV-cache bookkeeping runs in kvshare")
-            from .connector import HOST_PAGES
+            from .host_tier import HOST_PAGES
 
             host = HOST_PAGES.get()  # kvshare's KV connector configured: the host tier is on
             if host:
-                kwargs["num_host_pages"] = host
                 logger.info("kvshare_vllm: host tier of %d pages (kvshare's KV connector)", host)
             return KvshareKVCacheManager(kv_cache_config, max_model_len, scheduler_block_size,
                                          hash_block_size, *args, **kwargs)
@@ -114,9 +113,10 @@ def _wrap_preprocess(original):
 
 def _wrap_scheduler_init(original):
     """``Scheduler.__init__`` with the host pages of kvshare's KV connector (0 without it) in
-    ``connector.HOST_PAGES``, where the manager selector reads them: the scheduler builds its
-    connector and then its manager, and the manager's constructor has no view of the config."""
-    from .connector import HOST_PAGES, host_pages
+    ``host_tier.HOST_PAGES``, where the manager reads them: the scheduler builds its connector
+    and then its manager, and the manager's constructor has no view of the config."""
+    from .connector import host_pages
+    from .host_tier import HOST_PAGES
 
     def __init__(self, vllm_config, *args, **kwargs):
         token = HOST_PAGES.set(host_pages(vllm_config))
