@@ -45,6 +45,9 @@ CONFIGS = {
     "ops_pressure": dict(kvshare=True, kvshare_attention=True, kv_blocks=PRESSURE_BLOCKS),
     # kvshare's KV connector (kvshare_vllm.connector): the host tier under the same pressure.
     "host_pressure": dict(kvshare=True, kv_blocks=PRESSURE_BLOCKS, host_pages=HOST_PAGES),
+    # The same in the multiprocess engine: the metadata crosses to a separate worker process.
+    "host_multiprocess": dict(kvshare=True, kv_blocks=PRESSURE_BLOCKS, host_pages=HOST_PAGES,
+                              multiprocess=True),
     # Evict and return (engine_e2e's `returns`): a prompt, three unrelated prompts of its size
     # that push it out of the device cache, the prompt again; twice.
     "return_off": dict(kvshare=False, kv_blocks=PRESSURE_BLOCKS, **RETURNS),
@@ -188,6 +191,16 @@ def test_host_tier_more_hits_same_tokens(engine):
     assert all(host["cached"][r] >= on["cached"][r] for r in on["cached"]), \
         {r: (on["cached"][r], host["cached"][r]) for r in on["cached"]}
     assert host["blocks_peak"] <= PRESSURE_BLOCKS
+
+
+def test_host_tier_multiprocess_engine(engine):
+    """The connector's metadata pickled to a worker process: the same hits and tokens."""
+    mp, log = engine("host_multiprocess")
+    host, _ = engine("host_pressure")
+    off, _ = engine("off_pressure")
+    assert HOST_ENGAGED in log
+    assert mp["cached"] == host["cached"]
+    assert mp["tokens"] == off["tokens"]
 
 
 def test_host_tier_hits_are_the_demoted_kv(engine):
