@@ -137,8 +137,8 @@ impl Vllm {
                 };
                 let sb = start / ps;
                 let mut out = vec![vec![NULL; sb]; gids.len()];
-                for i in sb..max_blocks {
-                    match self.get_cached_block(hashes[i], gids) {
+                for &h in &hashes[sb..max_blocks] {
+                    match self.get_cached_block(h, gids) {
                         Some(b) => out.iter_mut().zip(b).for_each(|(o, x)| o.push(x)),
                         None => break,
                     }
@@ -234,7 +234,7 @@ impl Vllm {
             }
         }
         if prepend {
-            freed.extend(self.queue.drain(..));
+            freed.append(&mut self.queue);
             self.queue = freed;
         } else {
             self.queue.extend(freed);
