@@ -11,14 +11,15 @@
 //! multi-turn conversations over shared documents, chunked prefills and decode steps, frees,
 //! and pools small enough to evict and refuse. After every operation both sides must agree on
 //! the result (ok or out of space), the hit, every group's block table of every live sequence
-//! (page ids, the null page at released positions) and the whole free queue in order; and the
-//! cache's invariant checker must pass.
+//! (page ids, the null page at released positions) and the whole free queue in order; the
+//! cached (hash, group, page) triples rebuilt from the cache's events alone must be vLLM's
+//! cached blocks (duplicates included); and the cache's invariant checker must pass.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use kvshare::core::groups::{GroupKind, GroupSpec, Hybrid, HybridConfig};
 use kvshare::core::prefix::{chain_hash, root_hash};
-use kvshare::core::Error;
+use kvshare::core::{Error, EventKind};
 use proptest::prelude::*;
 
 const NULL: u32 = 0;
@@ -436,9 +437,11 @@ fn run(
             })
             .collect(),
         enable_prefix_caching: true,
-        enable_events: false,
+        enable_events: true,
     };
     let mut h = Hybrid::new(cfg).unwrap();
+    // (hash, group, page) of every cached page, rebuilt from the events alone.
+    let mut from_events: HashSet<(u128, usize, u32)> = HashSet::new();
     let mut v = Vllm::new(ps, num_pages, kinds.clone());
     let mut live: Vec<u64> = Vec::new();
     let mut history: Vec<Vec<i32>> = Vec::new();
@@ -508,6 +511,29 @@ fn run(
                 );
             }
         }
+        for e in h.take_events(usize::MAX) {
+            let key = (e.hash, e.group as usize, e.page);
+            match e.kind {
+                EventKind::Stored => {
+                    prop_assert!(from_events.insert(key), "step {step}: stored twice")
+                }
+                EventKind::Removed => {
+                    prop_assert!(from_events.remove(&key), "step {step}: removed unknown")
+                }
+                EventKind::Cleared => prop_assert!(false, "no clear"),
+            }
+        }
+        let cached: HashSet<(u128, usize, u32)> = v
+            .cached
+            .iter()
+            .flat_map(|(&(hash, g), blocks)| blocks.iter().map(move |&b| (hash, g, b)))
+            .collect();
+        prop_assert_eq!(
+            &cached,
+            &from_events,
+            "step {}: events vs vLLM's cached blocks",
+            step
+        );
         let (free, back) = h.pool(0).unwrap().lists().unwrap();
         let queue: Vec<u32> = free.into_iter().chain(back[0].iter().copied()).collect();
         prop_assert_eq!(&v.queue, &queue, "step {}: free queue", step);
