@@ -37,6 +37,8 @@ struct Vllm {
     /// `cached_block_hash_to_block`: blocks per (hash, group), insertion order.
     cached: HashMap<(u128, usize), Vec<u32>>,
     reqs: HashMap<u64, Req>,
+    /// `enable_caching` (off: vLLM's `KVCacheCoordinatorNoPrefixCache`: no hit, nothing cached).
+    caching: bool,
 }
 
 struct Req {
@@ -59,7 +61,7 @@ fn hashes_of(tokens: &[i32], ps: usize) -> Vec<u128> {
 }
 
 impl Vllm {
-    fn new(ps: usize, num_pages: u32, kinds: Vec<GroupKind>) -> Self {
+    fn new(ps: usize, num_pages: u32, kinds: Vec<GroupKind>, caching: bool) -> Self {
         let mut sets: Vec<Vec<usize>> = Vec::new();
         for (g, k) in kinds.iter().enumerate() {
             match sets.iter_mut().find(|s| kinds[s[0]] == *k) {
@@ -78,6 +80,7 @@ impl Vllm {
             block_hash: vec![None; n],
             cached: HashMap::new(),
             reqs: HashMap::new(),
+            caching,
         }
     }
 
@@ -150,6 +153,9 @@ impl Vllm {
     }
 
     fn find_longest_cache_hit(&self, hashes: &[u128], max: usize) -> (Vec<Vec<u32>>, usize) {
+        if !self.caching {
+            return (vec![Vec::new(); self.kinds.len()], 0);
+        }
         let mut by_group: Vec<Option<Vec<u32>>> = vec![None; self.kinds.len()];
         let simple = self.sets.len() == 2 && self.kinds[self.sets[0][0]] == GroupKind::Full;
         let mut hit = max;
@@ -266,6 +272,9 @@ impl Vllm {
     }
 
     fn cache_blocks(&mut self, id: u64, num_tokens: usize) {
+        if !self.caching {
+            return;
+        }
         let r = self.reqs.get_mut(&id).unwrap();
         let full = num_tokens / self.ps;
         for g in 0..self.kinds.len() {
@@ -426,6 +435,17 @@ fn run(
     doc_len: usize,
     ops: &[Op],
 ) -> Result<(), TestCaseError> {
+    run_with(ps, num_pages, kinds, doc_len, ops, true)
+}
+
+fn run_with(
+    ps: usize,
+    num_pages: u32,
+    kinds: Vec<GroupKind>,
+    doc_len: usize,
+    ops: &[Op],
+    caching: bool,
+) -> Result<(), TestCaseError> {
     let cfg = HybridConfig {
         page_size: ps as u32,
         num_pages,
@@ -436,13 +456,13 @@ fn run(
                 page_bytes: 4096,
             })
             .collect(),
-        enable_prefix_caching: true,
+        enable_prefix_caching: caching,
         enable_events: true,
     };
     let mut h = Hybrid::new(cfg).unwrap();
     // (hash, group, page) of every cached page, rebuilt from the events alone.
     let mut from_events: HashSet<(u128, usize, u32)> = HashSet::new();
-    let mut v = Vllm::new(ps, num_pages, kinds.clone());
+    let mut v = Vllm::new(ps, num_pages, kinds.clone(), caching);
     let mut live: Vec<u64> = Vec::new();
     let mut history: Vec<Vec<i32>> = Vec::new();
     let mut next = 1u64;
@@ -564,6 +584,14 @@ proptest! {
     fn llama4_like(ops in proptest::collection::vec(op(9000, 4000), 1..24)) {
         let kinds = vec![GroupKind::ChunkedLocal(8192), GroupKind::Full];
         run(64, 700, kinds, 8500, &ops)?;
+    }
+
+    /// Prefix caching off (h17b's report: the checker indexed the empty indices): no hit,
+    /// nothing registered, the same tables and free queue as vLLM's no-cache coordinator.
+    #[test]
+    fn no_prefix_caching(ops in proptest::collection::vec(op(40, 20), 1..60)) {
+        let kinds = vec![GroupKind::SlidingWindow(9), GroupKind::Full, GroupKind::ChunkedLocal(12)];
+        run_with(4, 48, kinds, 10, &ops, false)?;
     }
 
     /// Mixed kinds, windows of a page multiple plus one and less, small pages.

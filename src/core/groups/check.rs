@@ -70,9 +70,14 @@ impl Hybrid {
                     }
                     *o = g as u32;
                     holders[pool][p as usize] += 1;
-                    let digest = self.indices[g]
-                        .hash_of(p)
-                        .or(self.dup_of[pool][p as usize].map(|(_, h)| h));
+                    // Without prefix caching the indices have no pages to ask about.
+                    let digest = if self.cfg.enable_prefix_caching {
+                        self.indices[g]
+                            .hash_of(p)
+                            .or(self.dup_of[pool][p as usize].map(|(_, h)| h))
+                    } else {
+                        None
+                    };
                     if let (Some(h), Some(k)) = (digest, s.keys.get(j)) {
                         if h != k.hash {
                             return violation(format!("sequence {id}: group {g} page {p} at {j} is registered under another digest"));
@@ -161,10 +166,11 @@ impl Hybrid {
             let mut in_use = 0;
             for p in 0..pool.num_pages() {
                 let i = p as usize;
-                let registered = self.pool_groups[pi]
-                    .iter()
-                    .any(|&g| self.indices[g].is_registered(p))
-                    || self.dup_of[pi][i].is_some();
+                let registered = self.cfg.enable_prefix_caching
+                    && (self.pool_groups[pi]
+                        .iter()
+                        .any(|&g| self.indices[g].is_registered(p))
+                        || self.dup_of[pi][i].is_some());
                 let rc = pool.refcount(p);
                 if Some(p) == pool.padding() {
                     if rc != 0 || on[i] != 0 || registered || holders[pi][i] != 0 {
