@@ -191,7 +191,7 @@ pub fn replay_groups(reqs: &[Request], cfg: &HybridReplayConfig) -> Result<Hybri
             let mut tokens = r.prompt.clone();
             tokens.extend_from_slice(&r.outputs[0][..produced]);
             let seq = next_seq;
-            match h.begin(seq, &tokens, None, tokens.len() - 1, 0) {
+            match h.begin(seq, &tokens, None, tokens.len().saturating_sub(1), 0) {
                 Ok(b) => {
                     out.hit_tokens += b.matched_tokens as u64;
                     out.query_tokens += tokens.len() as u64;
