@@ -9,7 +9,8 @@
 
 use crate::core::{CopyKind, DType, Error, EventKind, PageState, Tier};
 
-use super::attn::{kvs_backend_kind, kvs_index_type};
+use super::attn::kvs_index_type;
+use super::backend::kvs_backend_kind;
 use super::events::kvs_event_kind;
 use super::pages::kvs_page_state;
 use super::types::{kvs_copy_kind, kvs_dtype, kvs_tier};

@@ -18,6 +18,8 @@
 #![allow(non_camel_case_types)]
 
 pub mod attn;
+mod attn_args;
+pub mod backend;
 pub mod cache;
 pub mod enums;
 pub mod events;
