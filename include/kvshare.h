@@ -1618,9 +1618,9 @@ kvs_status kvs_seq_swap_in(struct kvs_cache *cache,
 /*
  Capacity check without the append: writes the device pages `kvs_seq_append(seq_id,
  num_tokens tokens, lookahead_slots)` would take now (new pages plus copy-on-write copies)
- to `*pages_needed_out`, and the copies it would report to `*copies_out` (optional). Compare
- with `device_pages_free + device_pages_cached` from `kvs_cache_stats` (MindIE's
- `CanAppendSlot`, vLLM's admission checks).
+ to `*pages_needed_out`, and the number of copies it would report to `*num_copies_out`
+ (optional). Compare with `device_pages_free + device_pages_cached` from `kvs_cache_stats`
+ (MindIE's `CanAppendSlot`, vLLM's admission checks).
 
  **Failure:** unknown or swapped-out sequence, overflowing sizes; outputs untouched.
  **Thread safety:** safe concurrently with any call but `kvs_cache_free`; the answer holds
@@ -1631,7 +1631,7 @@ kvs_status kvs_seq_append_need(const struct kvs_cache *cache,
                                size_t num_tokens,
                                size_t lookahead_slots,
                                size_t *pages_needed_out,
-                               size_t *copies_out);
+                               size_t *num_copies_out);
 
 /*
  Capacity check without the swap-in: writes the device pages `kvs_seq_swap_in(seq_id)`

@@ -51,7 +51,7 @@ pub use device::DeviceBackend;
 use params::bad;
 pub use params::{
     check_host_arrays, check_slots, span, AttnParams, AttnSpans, CacheLayout, CopyKind, CopyParams,
-    KvWriteParams, PageCopy, SeqSpan, SlotMapping, TokenStrides, MAX_PAGES, MAX_PAGE_SIZE,
+    KvWriteParams, PageCopy, SeqSpan, SlotMapping, TokenStrides, MAX_ATTN_PAGE_SIZE, MAX_PAGES,
 };
 
 /// A host buffer of one of the supported element types.

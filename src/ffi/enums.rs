@@ -123,18 +123,6 @@ impl From<CopyKind> for kvs_copy_kind {
     }
 }
 
-/// The attention layer's copy direction (`kvs_kv_copy`'s copies).
-impl From<kvs_copy_kind> for crate::attention::params::CopyKind {
-    fn from(k: kvs_copy_kind) -> Self {
-        use crate::attention::params::CopyKind as Attn;
-        match k {
-            kvs_copy_kind::DeviceToDevice => Attn::DeviceToDevice,
-            kvs_copy_kind::DeviceToHost => Attn::DeviceToHost,
-            kvs_copy_kind::HostToDevice => Attn::HostToDevice,
-        }
-    }
-}
-
 impl From<PageState> for kvs_page_state {
     fn from(s: PageState) -> Self {
         match s {

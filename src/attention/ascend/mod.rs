@@ -454,7 +454,7 @@ impl BackendInfo for AscendBackend {
     fn limits(&self) -> super::Limits {
         super::Limits {
             head_dim: plan::MAX_HEAD_DIM,
-            group: plan::MAX_GROUP,
+            group: plan::MAX_HEADS_PER_KV_HEAD,
             ..super::Limits::shared()
         }
     }
