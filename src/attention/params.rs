@@ -212,7 +212,7 @@ impl AttnParams {
         check_range("num_tokens", self.num_tokens, MAX_BATCH)?;
         check_range("num_heads", self.num_heads, MAX_HEADS)?;
         let cache = self.cache.validate()?;
-        if self.num_heads % self.cache.num_kv_heads != 0 {
+        if !self.num_heads.is_multiple_of(self.cache.num_kv_heads) {
             return Err(bad(
                 "num_heads",
                 format!(

@@ -26,6 +26,7 @@ pub struct NotAnEnum {
 
 impl NotAnEnum {
     /// The message every refusal uses: `"7 is not a kvs_dtype"`.
+    #[must_use]
     pub fn reason(self) -> String {
         format!("{} is not a {}", self.raw, self.name)
     }
@@ -158,7 +159,7 @@ mod tests {
         for &v in variants {
             assert_eq!(T::try_from(u32::from(v)), Ok(v));
         }
-        let past = variants.len() as u32;
+        let past = u32::try_from(variants.len()).unwrap();
         let e = T::try_from(past).unwrap_err();
         assert_eq!((e.raw, e.name), (past, name));
         assert_eq!(T::try_from(u32::MAX).unwrap_err().raw, u32::MAX);

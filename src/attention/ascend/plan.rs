@@ -209,7 +209,7 @@ pub fn plan_attention(p: &AttnParams, seqs: &[SeqSpan]) -> Result<AttnPlan> {
 
 /// Refuses a device pointer that is not [`DEVICE_ALIGN`]-byte aligned.
 pub fn check_align(field: &'static str, addr: usize) -> Result<()> {
-    if addr % DEVICE_ALIGN != 0 {
+    if !addr.is_multiple_of(DEVICE_ALIGN) {
         return Err(Error::AttnInvalid {
             field,
             reason: format!(
