@@ -14,7 +14,7 @@ use super::attn_args::{
     aslice, aslice_mut, attn, buf, buf_mut, cache_ptr, dtype, layout, no_overlap, not_null,
     or_dense,
 };
-use super::backend::{kvs_backend, Launcher};
+use super::backend::{kvs_backend, BackendBox, Launcher};
 use super::enums::decode;
 use super::handle;
 use super::panic::guard;
@@ -29,7 +29,7 @@ use crate::attention::{
     PageCopy, PageCopyBatch, SlotMapping, TokenStrides,
 };
 use crate::core::alloc::try_with_capacity;
-use crate::core::Error;
+use crate::core::{Error, Result};
 
 /// Element type of a slot mapping (`kvs_kv_write_args.slot_mapping_type`).
 #[repr(u32)]
@@ -198,6 +198,19 @@ pub struct kvs_kv_copy_args {
     pub num_host_pages: u32,
 }
 
+/// The backend and the args struct every launch starts from, both refused when NULL.
+///
+/// # Safety
+/// A non-NULL `backend` is a live handle from `kvs_backend_new`, and a non-NULL `args` a struct
+/// readable for `'a` (the export contract, ffi/mod.rs): `borrow` and `try_ref` check the rest
+/// (NULL, alignment).
+unsafe fn launch_inputs<'a, A>(
+    backend: *const kvs_backend,
+    args: *const A,
+) -> Result<(&'a BackendBox, &'a A)> {
+    Ok((handle::borrow(backend)?, try_ref(args, "args")?))
+}
+
 impl kvs_backend {
     /// Launches paged attention (decode, prefill or chunked prefill, causal within each
     /// sequence) for one layer; see `kvs_attention_args` for shapes and semantics. `stream` is
@@ -224,10 +237,8 @@ impl kvs_backend {
         stream: *mut c_void,
     ) -> kvs_status {
         guard(|| {
-            // SAFETY: NULL is refused; otherwise a live handle from `kvs_backend_new` and an
-            // args struct readable for the call (export contract, ffi/mod.rs).
-            let b = unsafe { handle::borrow(backend)? };
-            let a = unsafe { try_ref(args, "args")? };
+            // SAFETY: as this export's contract (`launch_inputs`).
+            let (b, a) = unsafe { launch_inputs(backend, args)? };
             let cache = layout(&a.cache, a.cache.num_pages)?;
             let (h, d) = (a.num_heads as usize, cache.head_dim);
             let params = AttnParams {
@@ -350,10 +361,8 @@ impl kvs_backend {
         stream: *mut c_void,
     ) -> kvs_status {
         guard(|| {
-            // SAFETY: NULL is refused; otherwise a live handle from `kvs_backend_new` and an
-            // args struct readable for the call (export contract, ffi/mod.rs).
-            let b = unsafe { handle::borrow(backend)? };
-            let a = unsafe { try_ref(args, "args")? };
+            // SAFETY: as this export's contract (`launch_inputs`).
+            let (b, a) = unsafe { launch_inputs(backend, args)? };
             let cache = layout(&a.cache, a.cache.num_pages)?;
             let (h, d) = (cache.num_kv_heads, cache.head_dim);
             let params = KvWriteParams {
@@ -448,11 +457,10 @@ impl kvs_backend {
         stream: *mut c_void,
     ) -> kvs_status {
         guard(|| {
-            // SAFETY: NULL is refused (`copies` only with `num_copies > 0`); otherwise a live
-            // handle, an args struct and `num_copies` copy records readable for the call
-            // (export contract, ffi/mod.rs); the copy list is host memory on every backend.
-            let b = unsafe { handle::borrow(backend)? };
-            let a = unsafe { try_ref(args, "args")? };
+            // SAFETY: as this export's contract (`launch_inputs`); `copies`: NULL is refused
+            // with `num_copies > 0`, otherwise `num_copies` records readable for the call (the
+            // copy list is host memory on every backend).
+            let (b, a) = unsafe { launch_inputs(backend, args)? };
             let raw = unsafe { aslice(copies, num_copies, "copies")? };
             let mut list = try_with_capacity(raw.len(), "copies")?;
             for (i, c) in raw.iter().enumerate() {
