@@ -49,8 +49,11 @@
  2: the header no longer defines unprefixed macros (`ACL_*`, `ACLNN_*`, `MAX_*`, `PRIORITIES`,
  ...; now `KVS_NUM_PRIORITIES`, `KVS_MAX_QUEUED_EVENTS`); new statuses
  `KVS_STATUS_OUT_OF_MEMORY` and `KVS_STATUS_REFCOUNT_OVERFLOW`.
+
+ 3: `kvs_config.match_unit` (hits finer than a page) and `kvs_stats.unit_hits`,
+ `unit_hit_tokens` change both structs' layouts.
  */
-#define KVS_ABI_VERSION 2
+#define KVS_ABI_VERSION 3
 
 /*
  Result of every fallible `kvs_` function. Numbers are stable and never reused; each
@@ -759,6 +762,14 @@ typedef struct kvs_config {
    every clear, drained with `kvs_cache_take_events`. Default off (nothing is queued).
    */
   bool enable_events;
+  /*
+   Granularity of prefix hits in tokens: a divisor of `page_size`, or 0 (the default) for
+   `page_size`, whole pages. Smaller, a prompt that goes on inside a cached page for whole
+   units also takes them: its first new page receives them by a partial copy (`num_tokens`
+   below `page_size`) queued for `kvs_cache_take_copies`, which the engine must execute
+   before the step's KV writes. Keep 0 unless the engine executes the copy list.
+   */
+  uint32_t match_unit;
 } kvs_config;
 
 /*
@@ -907,6 +918,15 @@ typedef struct kvs_stats {
    that page (the duplicate freed; `skip_cached_writes` mode only).
    */
   uint64_t dedup_pages;
+  /*
+   Prefix hits that ended inside a cached page (`match_unit` below `page_size`): each
+   queued one partial-page copy.
+   */
+  uint64_t unit_hits;
+  /*
+   Tokens those hits copied (also counted in `prefix_hit_tokens`).
+   */
+  uint64_t unit_hit_tokens;
 } kvs_stats;
 
 /*
@@ -1193,7 +1213,7 @@ kvs_status kvs_backend_describe(const struct kvs_backend *backend,
 /*
  A valid default configuration: 16-token pages, 1024 device pages, no host pages, one
  layer of one 128-wide f16 KV head, prefix caching on, no padding page, no deferred commit, cached writes skipped, demotion to host pages on,
- events off.
+ events off, whole-page matching (`match_unit` 0).
 
  **Thread safety:** safe from any thread.
  */

@@ -6,6 +6,10 @@
 //! checks `State::check` and that every live sequence reads, through its block table, exactly
 //! the fingerprints of its own tokens. A false prefix hit, a missed copy-on-write, a wrong swap
 //! pair, a leaked or doubly used page all fail here.
+//!
+//! The match unit is drawn too (the page, half of it, one token): hits ending inside a page
+//! queue a partial copy, and `BeginPair` starts a second prompt before draining the first one's
+//! copies, so that its allocations (evictions, demotions) run between a unit hit and its copy.
 
 use std::collections::HashSet;
 
@@ -21,6 +25,11 @@ enum Op {
         extra_len: u8,
         salt: bool,
         cap_last: bool,
+    },
+    /// Two begins, then the drain and both KV writes.
+    BeginPair {
+        first: (u8, u8),
+        second: (u8, u8),
     },
     Append {
         seq: u8,
@@ -61,6 +70,8 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         4 => (0u8..4, 0u8..10, any::<bool>(), any::<bool>())
             .prop_map(|(prefix, extra_len, salt, cap_last)| Op::Begin { prefix, extra_len, salt, cap_last }),
+        2 => ((0u8..4, 0u8..10), (0u8..4, 0u8..16))
+            .prop_map(|(first, second)| Op::BeginPair { first, second }),
         3 => (any::<u8>(), 1u8..7).prop_map(|(seq, n)| Op::Append { seq, n }),
         2 => Just(Op::Decode),
         2 => any::<u8>().prop_map(|seq| Op::Fork { seq }),
@@ -90,6 +101,15 @@ fn fp(tokens: &[i32], pos: usize, salt: bool) -> u64 {
     h
 }
 
+/// Shared prompt prefixes: the first two and the last share 5 and 8 tokens, so hits end inside
+/// pages as well as on their boundaries.
+const PREFIXES: [&[i32]; 4] = [
+    &[0, 1, 2, 3, 4, 5, 6, 7],
+    &[0, 1, 2, 3, 4],
+    &[100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111],
+    &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11],
+];
+
 struct Engine {
     s: State,
     dev: Vec<[Option<u64>; PS]>,
@@ -103,9 +123,10 @@ struct Engine {
 }
 
 impl Engine {
-    fn new(skip_cached_writes: bool) -> Self {
+    fn new(skip_cached_writes: bool, match_unit: u32) -> Self {
         let cfg = Config {
             page_size: PS as u32,
+            match_unit,
             num_device_pages: 24,
             num_host_pages: 12,
             reserve_null_page: true,
@@ -177,6 +198,7 @@ impl Engine {
         for e in self.s.take_events(usize::MAX) {
             match e.kind {
                 EventKind::Stored => {
+                    assert_eq!(e.num_tokens as usize, PS, "a partial page published: {e:?}");
                     assert!(self.seen.insert((e.tier, e.hash)), "stored twice: {e:?}")
                 }
                 EventKind::Removed => assert!(
@@ -208,14 +230,46 @@ impl Engine {
         }
     }
 
+    /// The prompt of a begin: one of the shared prefixes plus `extra_len` tokens that differ
+    /// between ids (so prompts diverge inside pages).
+    fn prompt(&self, id: u64, prefix: u8, extra_len: u8) -> Vec<i32> {
+        let mut t = PREFIXES[prefix as usize].to_vec();
+        t.extend((0..extra_len as i32).map(|k| 1000 + k + (id as i32 % 3) * 10));
+        t
+    }
+
     fn step(&mut self, op: &Op) {
-        let prefixes: [Vec<i32>; 4] = [
-            (0..8).collect(),
-            (0..5).collect(),
-            (100..112).collect(),
-            (0..12).collect(),
-        ];
+        let prefixes = PREFIXES.map(|p| p.to_vec());
         match *op {
+            Op::BeginPair { first, second } => {
+                // The first prompt's KV is written at once (its slots after the match: disjoint
+                // from what its unit copy fills), so the second may share its full pages; its
+                // unit copy runs only at the drain, after the second begin's allocations.
+                let mut pending = None;
+                for (prefix, extra_len) in [first, second] {
+                    let id = self.next_id;
+                    self.next_id += 1;
+                    let t = self.prompt(id, prefix, extra_len);
+                    match self.s.begin(id, &t, None, t.len().saturating_sub(1)) {
+                        Ok(b) => {
+                            self.live.push((id, false));
+                            let q = t.len() - b.matched_tokens;
+                            if pending.is_none() {
+                                self.write_last(id, false, q);
+                                pending = Some((id, 0));
+                            } else {
+                                pending = Some((id, q));
+                            }
+                        }
+                        Err(Error::NoSpace { .. }) => {}
+                        Err(e) => panic!("begin: {e}"),
+                    }
+                }
+                self.drain();
+                if let Some((id, q)) = pending.filter(|&(_, q)| q > 0) {
+                    self.write_last(id, false, q);
+                }
+            }
             Op::Begin {
                 prefix,
                 extra_len,
@@ -224,8 +278,7 @@ impl Engine {
             } => {
                 let id = self.next_id;
                 self.next_id += 1;
-                let mut t = prefixes[prefix as usize].clone();
-                t.extend((0..extra_len as i32).map(|k| 1000 + k + (id as i32 % 3) * 10));
+                let t = self.prompt(id, prefix, extra_len);
                 let extra = salt.then(|| ExtraKeys {
                     salt: b"tenant-b".to_vec(),
                     ..Default::default()
@@ -430,8 +483,9 @@ proptest! {
     fn random_operations_keep_every_sequence_reading_its_own_kv(
         ops in proptest::collection::vec(op(), 1..60),
         skip in any::<bool>(),
+        unit in prop_oneof![Just(PS as u32), Just(2u32), Just(1u32)],
     ) {
-        let mut e = Engine::new(skip);
+        let mut e = Engine::new(skip, unit);
         for o in &ops {
             e.step(o);
             e.verify();

@@ -65,6 +65,7 @@ impl ReplayConfig {
             skip_cached_writes: self.skip_cached_writes,
             demote_to_host: self.demote_to_host,
             enable_events: false,
+            match_unit: 0,
         }
     }
 
