@@ -11,6 +11,8 @@
 //!   checks on the same numbers; only the memory it launches on differs;
 //! * the [`Backend`] trait and the validated batch types it receives ([`AttnBatch`],
 //!   [`KvWrite`], [`PageCopyBatch`]), which can only be built through validation;
+//! * [`copy_runs`]: a page copy split into contiguous byte runs per layout, shared by every
+//!   backend;
 //! * [`cpu`]: the CPU backend.
 //!
 //! # Layouts (all strides in elements, never bytes)
@@ -31,6 +33,7 @@
 //!   `L - q + i` and attends causally to positions `0..=L - q + i`.
 
 pub mod ascend;
+pub mod copy_runs;
 pub mod cpu;
 mod kernel;
 pub mod params;

@@ -31,6 +31,7 @@ use self::plan::{acl_dtype, check_align, kv_layout, AttnPlan, KvLayout};
 use self::rt::{check, opt, opt_arr, Executor, IntArray, Tensor, TensorList, View};
 use self::sys::*;
 use self::workspace::{dev_alloc, Workspaces};
+use super::copy_runs::page_copy_runs;
 use super::{
     AttnBatch, AttnParams, AttnSpans, Backend, CopyKind, CopyParams, KvWrite, KvWriteParams,
     PageCopy, PageCopyBatch, SeqSpan,
@@ -427,9 +428,6 @@ impl AscendBackend {
             let (d, h) = p.validate()?;
             (d * esz, h * esz)
         };
-        let dense =
-            lay.head_stride == lay.head_dim && lay.slot_stride == lay.num_kv_heads * lay.head_dim;
-        let heads_major = lay.slot_stride == lay.head_dim;
         if copies.iter().all(|c| c.num_tokens == 0) {
             return Ok(());
         }
@@ -440,23 +438,6 @@ impl AscendBackend {
                 continue;
             }
             let (sp, dp) = (cp.src_page as usize, cp.dst_page as usize);
-            // Byte runs (src offset, dst offset, length) within one page pair.
-            let runs: Vec<(usize, usize, usize)> = if dense {
-                vec![(
-                    lay.offset(sp, 0, 0),
-                    lay.offset(dp, 0, 0),
-                    n * lay.slot_stride,
-                )]
-            } else if heads_major {
-                (0..lay.num_kv_heads)
-                    .map(|h| (lay.offset(sp, 0, h), lay.offset(dp, 0, h), n * lay.head_dim))
-                    .collect()
-            } else {
-                (0..n)
-                    .flat_map(|s| (0..lay.num_kv_heads).map(move |h| (s, h)))
-                    .map(|(s, h)| (lay.offset(sp, s, h), lay.offset(dp, s, h), lay.head_dim))
-                    .collect()
-            };
             let (kind, pairs) = match cp.kind {
                 CopyKind::DeviceToDevice => (
                     ACL_MEMCPY_DEVICE_TO_DEVICE,
@@ -481,16 +462,19 @@ impl AscendBackend {
                 ),
             };
             for (src, dst, dst_len) in pairs {
-                for &(so, dof, len) in &runs {
-                    let (so, dof, len) = (so * esz, dof * esz, len * esz);
-                    // SAFETY: offsets were validated against the buffer sizes (check_copies and
-                    // the layout spans); CANN copies asynchronously on the stream.
+                for run in page_copy_runs(&lay, sp, dp, n) {
+                    // SAFETY: the run lies inside both caches: `p.validate()` sized the layout
+                    // spans, the caller's buffers hold at least those bytes (the C export's
+                    // contract), and `page_copy_runs` stays within pages below each tier's page
+                    // count and slots below `num_tokens <= page_size` (checked by the caller's
+                    // `check_copies`). CANN copies asynchronously on the stream, which the caller
+                    // keeps the buffers alive for.
                     let code = unsafe {
                         (self.cann.memcpy_async)(
-                            (dst + dof) as *mut c_void,
-                            dst_len - dof,
-                            (src + so) as *const c_void,
-                            len,
+                            (dst + run.dst) as *mut c_void,
+                            dst_len - run.dst,
+                            (src + run.src) as *const c_void,
+                            run.len,
                             kind,
                             stream_ptr(stream),
                         )
