@@ -767,7 +767,10 @@ typedef struct kvs_config {
    `page_size`, whole pages. Smaller, a prompt that goes on inside a cached page for whole
    units also takes them: its first new page receives them by a partial copy (`num_tokens`
    below `page_size`) queued for `kvs_cache_take_copies`, which the engine must execute
-   before the step's KV writes. Keep 0 unless the engine executes the copy list.
+   before the step's KV writes; the copy holds its source page until taken. When a sequence
+   ends (`kvs_seq_free`), the whole units of its last, never-full page stay matchable too
+   (never published as a `kvs_event`, as no partial page is). Keep 0 unless the engine
+   executes the copy list.
    */
   uint32_t match_unit;
 } kvs_config;

@@ -198,3 +198,57 @@ fn match_unit_must_divide_the_page() {
         ));
     }
 }
+
+#[test]
+fn a_finished_sequence_keeps_the_whole_units_of_its_last_page() {
+    let mut s = State::new(Config {
+        page_size: 8,
+        match_unit: 2,
+        num_device_pages: 4,
+        enable_events: true,
+        ..Config::default()
+    })
+    .unwrap();
+    // Turn 1 ends 3 tokens into page 1: one whole unit is kept, unpublished.
+    let turn1 = prompt(11, 0..0);
+    s.begin(1, &turn1, None, usize::MAX).unwrap();
+    let p1 = s.seq_pages(1).unwrap()[1];
+    s.free(1).unwrap();
+    assert_eq!(
+        s.page_info(Tier::Device, p1).unwrap(),
+        (0, PageState::Cached, true)
+    );
+    let events = s.take_events(usize::MAX);
+    assert_eq!(
+        events.len(),
+        1,
+        "only the full page is published: {events:?}"
+    );
+    assert_eq!(s.stats().index_pages, 1);
+    s.check().unwrap();
+    // Turn 2 repeats turn 1 and goes on: page 0 shared, 2 tokens of page 1 copied.
+    let turn2 = prompt(11, 0..6);
+    let info = s.begin(2, &turn2, None, usize::MAX).unwrap();
+    assert_eq!((info.matched_tokens, info.unit_tokens), (10, 2));
+    let copies = s.take_copies(usize::MAX);
+    assert_eq!((copies[0].src, copies[0].num_tokens), (p1, 2));
+    s.free(2).unwrap();
+    // Evicting the partial page publishes nothing either; clearing drops it.
+    s.begin(3, &prompt(0, 100..132), None, usize::MAX).unwrap();
+    // Four pages evicted: two full ones (page 0 and turn 2's page 1) and the partial one.
+    let removed = s
+        .take_events(usize::MAX)
+        .iter()
+        .filter(|e| e.kind == kvshare::core::EventKind::Removed)
+        .count();
+    assert_eq!(removed, 2);
+    assert_eq!(s.stats().counters.evictions, 3);
+    s.check().unwrap();
+    s.free(3).unwrap();
+    s.clear_index();
+    s.check().unwrap();
+    assert_eq!(
+        s.begin(4, &turn2, None, usize::MAX).unwrap().matched_tokens,
+        0
+    );
+}

@@ -90,11 +90,12 @@ impl State {
                     "{tier} unit key {g:032x} points at page {p}, which does not hold that unit prefix"
                 ));
             }
-            if ix.registered_count() != ix.len() {
+            if ix.registered_count() != ix.len() + ix.partial_len() {
                 return violation(format!(
-                    "{tier}: {} pages flagged registered but the index has {} entries",
+                    "{tier}: {} pages flagged registered but the index has {} entries and {} partial ones",
                     ix.registered_count(),
-                    ix.len()
+                    ix.len(),
+                    ix.partial_len()
                 ));
             }
         }

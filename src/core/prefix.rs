@@ -33,6 +33,12 @@
 //! page's parent digest, extra digest and first `k·u` tokens, so a unit hit is as exact as a
 //! page hit.
 //!
+//! A sequence's last page, never full, would hold a conversation's tail that its next turn
+//! repeats: when a sequence ends, that page is kept as a *partial entry* with its whole units
+//! ([`PrefixIndex::insert_partial`]): it has unit keys only, no `h_i` (a full-page walk never
+//! finds it and no `Stored` event publishes it), is cached and evicted like any registered
+//! page, and is never demoted.
+//!
 //! Costs: registering or removing a page hashes its tokens once more (the unit chain is linear
 //! in the page, not quadratic) and touches `page_size/u - 1` map slots; a lookup adds at most
 //! `page_size/u - 1` unit hashes and map probes to the page walk. With `u = page_size` the second
@@ -132,6 +138,8 @@ struct Meta {
     parent: u128,
     extra: u128,
     lora: u64,
+    /// Tokens held: the page size, or fewer (whole units) for a partial entry.
+    len: u32,
 }
 
 /// Index of one tier's registered pages.
@@ -146,6 +154,8 @@ pub struct PrefixIndex {
     units: IndexMap,
     /// Reused buffer for hashing unit keys at insert and remove.
     scratch: Vec<u8>,
+    /// Pages registered as partial entries (unit keys only).
+    partial: usize,
     meta: Vec<Meta>,
     /// Kept apart from `meta`: releases read it for every page, and a byte per page stays cached.
     registered: Vec<bool>,
@@ -214,13 +224,14 @@ impl PrefixIndex {
             map: IndexMap::default(),
             units: IndexMap::default(),
             scratch: Vec::new(),
+            partial: 0,
             meta: try_vec(n, Meta::default(), what)?,
             registered: try_vec(n, false, what)?,
             tokens: try_vec(slots, 0, what)?,
         })
     }
 
-    /// Registered pages.
+    /// Registered full pages (partial entries: [`partial_len`](Self::partial_len)).
     pub fn len(&self) -> usize {
         self.map.len()
     }
@@ -235,9 +246,20 @@ impl PrefixIndex {
         self.registered[page as usize]
     }
 
-    /// The chain digest of a registered page.
+    /// The chain digest of a registered full page (`None` for a partial entry).
     pub fn hash_of(&self, page: u32) -> Option<u128> {
-        self.registered[page as usize].then(|| self.meta[page as usize].hash)
+        (self.registered[page as usize] && !self.is_partial(page))
+            .then(|| self.meta[page as usize].hash)
+    }
+
+    /// Whether `page` holds a partial entry (whole units of a page that never filled).
+    pub fn is_partial(&self, page: u32) -> bool {
+        self.registered[page as usize] && (self.meta[page as usize].len as usize) < self.page_size
+    }
+
+    /// Pages holding partial entries.
+    pub fn partial_len(&self) -> usize {
+        self.partial
     }
 
     fn page_tokens(&self, page: u32) -> &[i32] {
@@ -262,10 +284,10 @@ impl PrefixIndex {
         self.meta[page as usize].extra == extra && self.page_tokens(page) == tokens
     }
 
-    /// The stored entry of a registered page.
+    /// The stored entry of a registered full page (`None` for a partial entry).
     pub fn entry(&self, page: u32) -> Option<Entry<'_>> {
         let m = &self.meta[page as usize];
-        self.registered[page as usize].then(|| Entry {
+        self.hash_of(page).map(|_| Entry {
             hash: m.hash,
             parent: m.parent,
             extra: m.extra,
@@ -304,6 +326,7 @@ impl PrefixIndex {
             parent,
             extra,
             lora,
+            len: self.page_size as u32,
         };
         self.registered[i] = true;
         let s = i * self.page_size;
@@ -314,15 +337,50 @@ impl PrefixIndex {
         true
     }
 
-    /// Unit keys `g_1 .. g_{n-1}` of registered page `page` (`n` units per page), recomputed
-    /// from its stored entry.
+    /// Keeps page `page`, whose first `tokens.len()` slots (whole units, fewer than a page,
+    /// at least one unit) hold the KV of `tokens` after a prefix with chain digest `parent`,
+    /// as a partial entry: matchable by its units, never by a full-page walk. Returns false
+    /// (and changes nothing) when `page` is registered already or the length is not whole
+    /// units below a page.
+    pub fn insert_partial(
+        &mut self,
+        page: u32,
+        parent: u128,
+        extra: u128,
+        lora: u64,
+        tokens: &[i32],
+    ) -> bool {
+        let i = page as usize;
+        let n = tokens.len();
+        if self.registered[i] || n == 0 || n >= self.page_size || !n.is_multiple_of(self.unit) {
+            return false;
+        }
+        self.meta[i] = Meta {
+            hash: 0,
+            parent,
+            extra,
+            lora,
+            len: n as u32,
+        };
+        self.registered[i] = true;
+        self.partial += 1;
+        let s = i * self.page_size;
+        self.tokens[s..s + n].copy_from_slice(tokens);
+        for g in self.own_unit_keys(page) {
+            self.units.insert(g, page);
+        }
+        true
+    }
+
+    /// Unit keys `g_1 .. g_k` of registered page `page`: every proper unit prefix of a full
+    /// page, every unit of a partial entry; recomputed from its stored entry.
     fn own_unit_keys(&mut self, page: u32) -> Vec<u128> {
-        let n = self.page_size / self.unit - 1;
+        let m = self.meta[page as usize];
+        let n = (self.page_size / self.unit - 1).min(m.len as usize / self.unit);
         let mut keys = Vec::new();
         if n == 0 {
             return keys;
         }
-        let m = self.meta[page as usize];
         let s = page as usize * self.page_size;
         let tokens = &self.tokens[s..s + self.page_size];
         unit_keys(
@@ -360,6 +418,7 @@ impl PrefixIndex {
             let m = &self.meta[page as usize];
             let s = page as usize * self.page_size;
             let ok = self.registered[page as usize]
+                && len <= m.len as usize
                 && m.parent == parent
                 && m.extra == extra
                 && self.tokens[s..s + len] == tokens[..len];
@@ -378,18 +437,27 @@ impl PrefixIndex {
                 self.units.remove(&g);
             }
         }
+        if self.is_partial(page) {
+            self.registered[i] = false;
+            self.partial -= 1;
+            return true;
+        }
         self.registered[i] = false;
         let removed = self.map.remove(&self.meta[i].hash);
         debug_assert_eq!(removed, Some(page));
         true
     }
 
-    /// Drops every entry; returns the pages that had one.
+    /// Drops every entry, partial ones included; returns the pages that had one.
     pub fn clear(&mut self) -> Vec<u32> {
         self.units.clear();
-        let pages: Vec<u32> = self.map.drain().map(|(_, p)| p).collect();
-        for &p in &pages {
-            self.registered[p as usize] = false;
+        self.map.clear();
+        self.partial = 0;
+        let mut pages = Vec::new();
+        for (p, r) in self.registered.iter_mut().enumerate() {
+            if std::mem::take(r) {
+                pages.push(p as u32);
+            }
         }
         pages
     }
@@ -414,7 +482,7 @@ impl PrefixIndex {
                 m.extra,
                 self.page_tokens(p),
                 self.unit,
-                self.page_size / self.unit - 1,
+                (self.page_size / self.unit - 1).min(m.len as usize / self.unit),
                 &mut scratch,
                 &mut keys,
             );
@@ -427,7 +495,8 @@ impl PrefixIndex {
         self.units.len()
     }
 
-    /// Count of pages flagged registered (must equal [`len`](Self::len)).
+    /// Count of pages flagged registered (must equal [`len`](Self::len) plus
+    /// [`partial_len`](Self::partial_len)).
     pub fn registered_count(&self) -> usize {
         self.registered.iter().filter(|&&r| r).count()
     }

@@ -597,8 +597,15 @@ impl State {
     ///
     /// With `defer_commit`, full pages not yet committed are not registered: their KV may never
     /// have been computed.
+    ///
+    /// With a match unit below the page size, the whole units of its last, never-full page are
+    /// kept matchable (a partial entry: the next turn of a conversation repeats them), when
+    /// the sequence is its only holder.
     pub fn free(&mut self, id: u64) -> Result<()> {
         let s = self.seqs.remove(&id).ok_or(Error::SeqNotFound(id))?;
+        if s.tier == Tier::Device {
+            self.keep_partial_page(&s);
+        }
         for &p in s.pages.iter().rev() {
             match s.tier {
                 Tier::Device => self.release_device(p, Holder::Seq),
@@ -606,6 +613,31 @@ impl State {
             }
         }
         Ok(())
+    }
+
+    /// Registers the whole units of `s`'s first unregistered page as a partial entry (see
+    /// `prefix.rs`), when units are finer than pages, pages fill up without deferred commits,
+    /// and the page is a never-full page `s` alone holds, free of placeholder tokens.
+    fn keep_partial_page(&mut self, s: &Seq) {
+        let (ps, unit) = (self.page_size, self.cfg.unit());
+        if !self.cfg.enable_prefix_caching || self.cfg.defer_commit || unit == ps {
+            return;
+        }
+        let j = s.hashes.len();
+        let start = j * ps;
+        let units = s.tokens.len().saturating_sub(start) / unit;
+        if s.hash_stopped || units == 0 || s.tokens.len() - start >= ps || j >= s.pages.len() {
+            return;
+        }
+        let page = s.pages[j];
+        let tokens = &s.tokens[start..start + units * unit];
+        if self.device.refcount(page) != 1 || tokens.iter().any(|&t| t < 0) {
+            return;
+        }
+        let parent = s.hashes.last().copied().unwrap_or(self.root);
+        let lora = s.extra.as_ref().map_or(0, |x| x.lora_id);
+        self.index
+            .insert_partial(page, parent, s.extra_digest(j, ps), lora, tokens);
     }
 
     /// Device pages and copy-on-write copies [`append`](Self::append) of `num_tokens` tokens with

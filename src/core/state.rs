@@ -244,7 +244,11 @@ impl State {
             Tier::Device => &mut self.index,
             Tier::Host => &mut self.host_index,
         };
-        let Some(hash) = ix.hash_of(page) else { return };
+        let Some(hash) = ix.hash_of(page) else {
+            // A partial entry was never published: it goes without an event.
+            ix.remove(page);
+            return;
+        };
         ix.remove(page);
         self.events.push(Event {
             kind: EventKind::Removed,
