@@ -764,8 +764,9 @@ typedef struct kvs_config {
   bool enable_events;
   /*
    Granularity of prefix hits in tokens: a divisor of `page_size`, or 0 (the default) for
-   `page_size`, whole pages. Smaller, a prompt that goes on inside a cached page for whole
-   units also takes them: its first new page receives them by a partial copy (`num_tokens`
+   `page_size`, whole pages. Smaller, a prompt that goes on for whole units inside a cached
+   page no sequence holds (one that may have filled this step could lack its KV when the
+   copy runs) also takes them: its first new page receives them by a partial copy (`num_tokens`
    below `page_size`) queued for `kvs_cache_take_copies`, which the engine must execute
    before the step's KV writes; the copy holds its source page until taken. When a sequence
    ends (`kvs_seq_free`), the whole units of its last, never-full page stay matchable too
@@ -1061,7 +1062,9 @@ typedef struct kvs_seq_info {
   /*
    Prompt tokens found cached at `kvs_seq_begin`, at most `max_match_tokens`: the engine skips
    computing them. A multiple of the page size, unless `max_match_tokens` cut into a cached
-   page (with `skip_cached_writes` that page is still shared and its slots hidden).
+   page (with `skip_cached_writes` that page is still shared and its slots hidden) or the hit
+   ended inside a cached page at a `match_unit` boundary (its units are copied into the
+   sequence's first new page: a partial copy queued for `kvs_cache_take_copies`).
    */
   uint64_t matched_tokens;
   /*

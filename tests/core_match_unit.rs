@@ -90,6 +90,12 @@ fn unit_hits_respect_the_match_limit_and_recover_the_last_page() {
     })
     .unwrap();
     s2.begin(1, &a, None, usize::MAX).unwrap();
+    // While sequence 1 runs, its pages are no unit source (they may have filled this step and
+    // hold no KV until the step's writes, which come after the copies).
+    let info = s2.begin(5, &a, None, 15).unwrap();
+    assert_eq!((info.matched_tokens, info.unit_tokens), (8, 0));
+    s2.free(5).unwrap();
+    s2.free(1).unwrap();
     let info = s2.begin(2, &a, None, 15).unwrap();
     assert_eq!((info.matched_tokens, info.unit_tokens), (14, 6));
     s2.check().unwrap();

@@ -8,8 +8,9 @@
 //! pair, a leaked or doubly used page all fail here.
 //!
 //! The match unit is drawn too (the page, half of it, one token): hits ending inside a page
-//! queue a partial copy, and `BeginPair` starts a second prompt before draining the first one's
-//! copies, so that its allocations (evictions, demotions) run between a unit hit and its copy.
+//! queue a partial copy, and `BeginPair` starts two prompts in one step (copies, then KV writes):
+//! the second begin's allocations (evictions, demotions) run between the first one's unit hit and
+//! its copy, and the second may find pages whose KV the step has yet to write.
 
 use std::collections::HashSet;
 
@@ -176,6 +177,12 @@ impl Engine {
 
     /// Writes the last `q` tokens' KV through the slot mapping kvshare returns.
     fn write_last(&mut self, id: u64, salt: bool, q: usize) {
+        self.write_last_of_step(id, salt, q, false)
+    }
+
+    /// [`write_last`](Self::write_last); with `same_step`, the pages may already be shared by a
+    /// prompt begun later in the same step (it found them registered and hides their slots).
+    fn write_last_of_step(&mut self, id: u64, salt: bool, q: usize, same_step: bool) {
         let tokens = self.s.seq_tokens(id).unwrap().to_vec();
         let mut slots = vec![0i64; q];
         assert_eq!(
@@ -186,7 +193,10 @@ impl Engine {
             if slot >= 0 {
                 let page = (slot as usize / PS) as u32;
                 let rc = self.s.page_info(Tier::Device, page).unwrap().0;
-                assert_eq!(rc, 1, "KV write into page {page} shared by {rc} holders");
+                assert!(
+                    rc == 1 || same_step,
+                    "KV write into page {page} shared by {rc} holders"
+                );
                 let pos = tokens.len() - q + i;
                 self.dev[slot as usize / PS][slot as usize % PS] = Some(fp(&tokens, pos, salt));
             }
@@ -242,10 +252,11 @@ impl Engine {
         let prefixes = PREFIXES.map(|p| p.to_vec());
         match *op {
             Op::BeginPair { first, second } => {
-                // The first prompt's KV is written at once (its slots after the match: disjoint
-                // from what its unit copy fills), so the second may share its full pages; its
-                // unit copy runs only at the drain, after the second begin's allocations.
-                let mut pending = None;
+                // One engine step: both prompts begin, then the queued copies run, then the KV
+                // writes. The second may hit pages the first registered this step, whose KV is
+                // written only now; and the first's unit copy runs after the second begin's
+                // allocations (evictions, demotions).
+                let mut started = vec![];
                 for (prefix, extra_len) in [first, second] {
                     let id = self.next_id;
                     self.next_id += 1;
@@ -253,21 +264,15 @@ impl Engine {
                     match self.s.begin(id, &t, None, t.len().saturating_sub(1)) {
                         Ok(b) => {
                             self.live.push((id, false));
-                            let q = t.len() - b.matched_tokens;
-                            if pending.is_none() {
-                                self.write_last(id, false, q);
-                                pending = Some((id, 0));
-                            } else {
-                                pending = Some((id, q));
-                            }
+                            started.push((id, t.len() - b.matched_tokens));
                         }
                         Err(Error::NoSpace { .. }) => {}
                         Err(e) => panic!("begin: {e}"),
                     }
                 }
                 self.drain();
-                if let Some((id, q)) = pending.filter(|&(_, q)| q > 0) {
-                    self.write_last(id, false, q);
+                for (id, q) in started {
+                    self.write_last_of_step(id, false, q, true);
                 }
             }
             Op::Begin {

@@ -31,7 +31,8 @@
 //! newer sibling stays with that sibling. A lookup (after the page walk stops at page `i`)
 //! hashes the query's units of page `i`, probes from the longest down and verifies the found
 //! page's parent digest, extra digest and first `k·u` tokens, so a unit hit is as exact as a
-//! page hit.
+//! page hit. The caller also says which pages it accepts as copy sources (the cache takes only
+//! unreferenced ones; see `State::walk_units`).
 //!
 //! A sequence's last page, never full, would hold a conversation's tail that its next turn
 //! repeats: when a sequence ends, that page is kept as a *partial entry* with its whole units
@@ -396,15 +397,16 @@ impl PrefixIndex {
     }
 
     /// The longest unit prefix of `tokens` (the query's tokens of one page, up to a page; fewer
-    /// than a page is fine) cached in a page whose parent digest is `parent` and extra digest is
-    /// `extra`, limited to fewer than a whole page. `None` when not even one unit matches or the
-    /// unit is the page size.
+    /// than a page is fine) cached in a page that `accept` takes, whose parent digest is
+    /// `parent` and extra digest is `extra`, limited to fewer than a whole page. `None` when not
+    /// even one unit matches or the unit is the page size.
     pub fn lookup_units(
         &self,
         parent: u128,
         extra: u128,
         tokens: &[i32],
         scratch: &mut Vec<u8>,
+        accept: impl Fn(u32) -> bool,
     ) -> Option<UnitHit> {
         let n = (self.page_size / self.unit - 1).min(tokens.len() / self.unit);
         if n == 0 || self.units.is_empty() {
@@ -418,6 +420,7 @@ impl PrefixIndex {
             let m = &self.meta[page as usize];
             let s = page as usize * self.page_size;
             let ok = self.registered[page as usize]
+                && accept(page)
                 && len <= m.len as usize
                 && m.parent == parent
                 && m.extra == extra
@@ -600,7 +603,8 @@ mod tests {
         };
         assert!(ix.insert(1, e(&a, 100)));
         assert_eq!(ix.unit_keys_len(), 3);
-        let hit = |ix: &PrefixIndex, q: &[i32], s: &mut Vec<u8>| ix.lookup_units(7, 0, q, s);
+        let hit =
+            |ix: &PrefixIndex, q: &[i32], s: &mut Vec<u8>| ix.lookup_units(7, 0, q, s, |_| true);
         assert_eq!(
             hit(&ix, &[1, 2, 3, 4, 5, 6, 7], &mut s),
             Some(UnitHit { page: 1, tokens: 6 })
@@ -617,8 +621,21 @@ mod tests {
         );
         assert_eq!(hit(&ix, &[1], &mut s), None, "less than a unit");
         assert_eq!(hit(&ix, &[0, 2, 3, 4], &mut s), None);
-        assert_eq!(ix.lookup_units(8, 0, &a, &mut s), None, "other parent");
-        assert_eq!(ix.lookup_units(7, 1, &a, &mut s), None, "other extra");
+        assert_eq!(
+            ix.lookup_units(8, 0, &a, &mut s, |_| true),
+            None,
+            "other parent"
+        );
+        assert_eq!(
+            ix.lookup_units(7, 1, &a, &mut s, |_| true),
+            None,
+            "other extra"
+        );
+        assert_eq!(
+            ix.lookup_units(7, 0, &a, &mut s, |p| p != 1),
+            None,
+            "refused page"
+        );
         // A sibling sharing 4 tokens takes the shared keys; removing the older page keeps them.
         assert!(ix.insert(2, e(&b, 200)));
         assert_eq!(
@@ -652,6 +669,6 @@ mod tests {
         };
         assert!(ix.insert(0, e));
         assert_eq!(ix.unit_keys_len(), 0);
-        assert_eq!(ix.lookup_units(0, 0, &t, &mut Vec::new()), None);
+        assert_eq!(ix.lookup_units(0, 0, &t, &mut Vec::new(), |_| true), None);
     }
 }

@@ -268,7 +268,8 @@ impl State {
     /// pages, and allocates pages for the rest. All or nothing.
     ///
     /// With a match unit below the page size, a prefix that goes on inside a cached page for
-    /// whole units also counts: the sequence's first new page receives those units by a partial
+    /// whole units also counts (a page no sequence holds: a held page may have filled in this
+    /// step, and a copy runs before the step's KV writes): the sequence's first new page receives those units by a partial
     /// copy queued for [`take_copies`](Self::take_copies) (the copy holds its source page until
     /// taken); the page is the sequence's own and is registered once full, like any other.
     ///

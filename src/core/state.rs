@@ -554,12 +554,21 @@ impl State {
         let chunk = &chunk[..chunk.iter().position(|&t| t < 0).unwrap_or(chunk.len())];
         let parent = hits.last().map_or(self.root, |h| h.hash);
         let e = extra.map_or(0, |x| x.page_digest(i, ps));
+        // Only unreferenced (cached) sources: a page some sequence holds may have filled in
+        // this very step, and its KV is written only after the step's copies have run (a page
+        // shared whole is read after the writes, a copied one before). A cached page's KV was
+        // written before its last holder let it go, or is the target of a copy queued earlier.
+        let (device, host) = (&self.device, &self.host);
         let dev = self
             .index
-            .lookup_units(parent, e, chunk, &mut self.hash_scratch);
+            .lookup_units(parent, e, chunk, &mut self.hash_scratch, |p| {
+                device.refcount(p) == 0
+            });
         let host = if self.host_cache() {
             self.host_index
-                .lookup_units(parent, e, chunk, &mut self.hash_scratch)
+                .lookup_units(parent, e, chunk, &mut self.hash_scratch, |p| {
+                    host.refcount(p) == 0
+                })
         } else {
             None
         };

@@ -94,8 +94,9 @@ pub struct kvs_config {
     /// every clear, drained with `kvs_cache_take_events`. Default off (nothing is queued).
     pub enable_events: bool,
     /// Granularity of prefix hits in tokens: a divisor of `page_size`, or 0 (the default) for
-    /// `page_size`, whole pages. Smaller, a prompt that goes on inside a cached page for whole
-    /// units also takes them: its first new page receives them by a partial copy (`num_tokens`
+    /// `page_size`, whole pages. Smaller, a prompt that goes on for whole units inside a cached
+    /// page no sequence holds (one that may have filled this step could lack its KV when the
+    /// copy runs) also takes them: its first new page receives them by a partial copy (`num_tokens`
     /// below `page_size`) queued for `kvs_cache_take_copies`, which the engine must execute
     /// before the step's KV writes; the copy holds its source page until taken. When a sequence
     /// ends (`kvs_seq_free`), the whole units of its last, never-full page stay matchable too
