@@ -116,7 +116,7 @@ fn held_source_is_neither_evicted_nor_reused_before_its_copy_is_taken() {
     let pa = s.seq_pages(1).unwrap().to_vec();
     s.free(1).unwrap();
     // b hits page 0 and 2 tokens of page 1 (a's page 1 is the held source).
-    let b = prompt(6, 10..8);
+    let b = prompt(6, 0..0);
     let b: Vec<i32> = b.into_iter().chain([7000, 7001]).collect();
     let info = s.begin(2, &b, None, usize::MAX).unwrap();
     assert_eq!((info.matched_tokens, info.unit_tokens), (6, 2));
