@@ -49,8 +49,8 @@ fn hit_inside_a_page_shares_full_pages_and_copies_whole_units() {
     assert_eq!(
         s.take_copies(usize::MAX),
         vec![PageCopy {
-            src: pa[1],
-            dst: pb[1],
+            src_page: pa[1],
+            dst_page: pb[1],
             num_tokens: 4,
             kind: CopyKind::DeviceToDevice,
         }]
@@ -130,7 +130,7 @@ fn held_source_is_neither_evicted_nor_reused_before_its_copy_is_taken() {
     ));
     let copies = s.take_copies(usize::MAX);
     assert_eq!(copies.len(), 1);
-    assert_eq!((copies[0].src, copies[0].num_tokens), (pa[1], 2));
+    assert_eq!((copies[0].src_page, copies[0].num_tokens), (pa[1], 2));
     // Taken, the source is cached again and an allocation may evict it.
     assert_eq!(s.available(Tier::Device), 2);
     s.begin(3, &c, None, usize::MAX).unwrap();
@@ -237,7 +237,7 @@ fn a_finished_sequence_keeps_the_whole_units_of_its_last_page() {
     let info = s.begin(2, &turn2, None, usize::MAX).unwrap();
     assert_eq!((info.matched_tokens, info.unit_tokens), (10, 2));
     let copies = s.take_copies(usize::MAX);
-    assert_eq!((copies[0].src, copies[0].num_tokens), (p1, 2));
+    assert_eq!((copies[0].src_page, copies[0].num_tokens), (p1, 2));
     s.free(2).unwrap();
     // Evicting the partial page publishes nothing either; clearing drops it.
     s.begin(3, &prompt(0, 100..132), None, usize::MAX).unwrap();

@@ -166,7 +166,7 @@ mod tests {
         pad: [usize; 3],
     ) -> CacheLayout {
         // Innermost-first order of (slot, head) below the page dimension.
-        let heads_inner = order % 2 == 0;
+        let heads_inner = order == 0;
         let (head_stride, slot_stride) = if heads_inner {
             let hs = head_dim + pad[0];
             (hs, heads * hs + pad[1])

@@ -17,7 +17,7 @@ use plan::Item;
 use super::copy_runs::{page_copy_runs, ByteRun};
 use super::kernel::{self, KvElem, Rows, SeqKv};
 use super::pool::ThreadPool;
-use super::{AttnBatch, Backend, Buf, BufMut, CopyKind, KvWrite, PageCopyBatch};
+use super::{AttnBatch, Backend, BackendInfo, Buf, BufMut, CopyKind, KvWrite, PageCopyBatch};
 use crate::core::{Error, Result};
 
 mod isa;
@@ -293,7 +293,7 @@ fn copy_elems(src: &Buf<'_>, so: usize, dst: &mut BufMut<'_>, dof: usize, tmp: &
     }
 }
 
-impl Backend for CpuBackend {
+impl BackendInfo for CpuBackend {
     fn name(&self) -> &'static str {
         "cpu"
     }
@@ -311,7 +311,9 @@ impl Backend for CpuBackend {
             cpu_flags()
         )
     }
+}
 
+impl Backend for CpuBackend {
     fn attention(&self, mut batch: AttnBatch<'_>) -> Result<()> {
         let out = OutRows::new(std::mem::replace(
             &mut batch.bufs.output,

@@ -49,10 +49,10 @@ impl State {
             if q.holds_src {
                 let t = usize::from(q.copy.kind == super::seq::CopyKind::HostToDevice);
                 let pool = [&self.device, &self.host][t];
-                if pool.check_id(q.copy.src).is_err() {
-                    return violation(format!("queued copy: bad source page {}", q.copy.src));
+                if pool.check_id(q.copy.src_page).is_err() {
+                    return violation(format!("queued copy: bad source page {}", q.copy.src_page));
                 }
-                holders[t][q.copy.src as usize] += 1;
+                holders[t][q.copy.src_page as usize] += 1;
             }
         }
         let mut pins = try_vec(self.device.num_pages() as usize, 0u32, "num_device_pages")?;

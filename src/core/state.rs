@@ -335,8 +335,8 @@ impl State {
         );
         self.copies.push_back(Queued {
             copy: PageCopy {
-                src,
-                dst,
+                src_page: src,
+                dst_page: dst,
                 num_tokens: self.page_size as u32,
                 kind,
             },
@@ -526,10 +526,10 @@ impl State {
     fn release_copy_source(&mut self, c: PageCopy) {
         match c.kind {
             CopyKind::HostToDevice => {
-                let registered = self.is_registered_in(Tier::Host, c.src);
-                self.host.release(c.src, Holder::Seq, registered);
+                let registered = self.is_registered_in(Tier::Host, c.src_page);
+                self.host.release(c.src_page, Holder::Seq, registered);
             }
-            _ => self.release_device(c.src, Holder::Seq),
+            _ => self.release_device(c.src_page, Holder::Seq),
         }
     }
 
@@ -604,8 +604,8 @@ impl State {
         };
         self.copies.push_back(Queued {
             copy: PageCopy {
-                src: u.page,
-                dst,
+                src_page: u.page,
+                dst_page: dst,
                 num_tokens: u.tokens as u32,
                 kind,
             },

@@ -10,7 +10,10 @@ once the package is installed is *off*: ``KVSHARE_VLLM=1`` turns it on; vLLM's o
 vLLM's CPU engine: :mod:`kvshare_vllm.cpu_attn` serves the platform's attention backend slot.
 
 Configurations kvshare does not manage (several KV-cache groups, sliding window, Mamba,
-cross-attention, context parallelism) fall back to vLLM's own manager, with a log line.
+cross-attention, context parallelism) fall back to vLLM's own manager, with a log line.  So do
+KV connectors whose scheduler side takes vLLM's ``BlockPool`` itself (``connector_reason``:
+``SimpleCPUOffloadConnector`` in vLLM 0.23.0); every other connector runs with kvshare's manager,
+which takes their external tokens and delayed caching (``allocate_slots``).
 
 When kvshare manages the cache, vLLM's per-request block hasher (``Request.block_hashes``,
 SHA-256 over every full block, recomputed as tokens arrive) has no reader left: kvshare
@@ -40,6 +43,44 @@ def enabled() -> bool:
     return os.environ.get(ENV, "0").strip().lower() in ("1", "true", "yes", "on")
 
 
+def connector_reason(connector) -> str | None:
+    """Why kvshare's manager cannot serve this KV connector's scheduler side (None when it can,
+    and for no connector).  A connector is served when it uses the manager's public surface
+    only (``get_blocks`` / ``get_block_ids`` and the block objects' ``block_id``, ``is_null``,
+    ``block_hash``, plus ``allocate_slots``' external tokens).  One that overrides
+    ``KVConnectorBase_V1.bind_gpu_block_pool`` takes vLLM's ``BlockPool`` and drives its
+    internals (free queue, cached-block map, ref counts), which kvshare's manager does not
+    have; a ``MultiConnector`` is judged by the connectors it holds."""
+    if connector is None:
+        return None
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
+
+    subs = getattr(connector, "_connectors", None)
+    if type(connector).__name__ == "MultiConnector" and subs is not None:
+        for sub in subs:
+            why = connector_reason(sub)
+            if why:
+                return why
+        return None
+    bind = getattr(type(connector), "bind_gpu_block_pool", None)
+    if bind is not None and bind is not KVConnectorBase_V1.bind_gpu_block_pool:
+        return (f"KV connector {type(connector).__name__} takes vLLM's BlockPool "
+                "(bind_gpu_block_pool) and drives its internals")
+    return None
+
+
+def _building_scheduler_connector():
+    """The KV connector of the ``Scheduler`` whose ``__init__`` is constructing the manager
+    (vLLM 0.23.0's ``Scheduler.__init__`` builds ``self.connector`` before the
+    ``KVCacheManager``, and passes the manager no config that names it); None when the caller
+    is not a scheduler or has no connector."""
+    import sys
+
+    frame = sys._getframe(2)  # the caller of KVCacheManagerSelector.__new__
+    sched = frame.f_locals.get("self") if frame is not None else None
+    return getattr(sched, "connector", None)
+
+
 def make_kv_cache_manager_factory(original):
     """A callable with KVCacheManager's constructor signature choosing kvshare or ``original``."""
     from .manager import KvshareKVCacheManager, unsupported_reason
@@ -54,7 +95,8 @@ def make_kv_cache_manager_factory(original):
                     *args, **kwargs):
             why = unsupported_reason(kv_cache_config, scheduler_block_size, hash_block_size,
                                      kwargs.get("dcp_world_size", 1),
-                                     kwargs.get("pcp_world_size", 1))
+                                     kwargs.get("pcp_world_size", 1)) \
+                or connector_reason(_building_scheduler_connector())
             if why:
                 logger.warning("kvshare_vllm: using vLLM's KVCacheManager: %s", why)
                 return original(kv_cache_config, max_model_len, scheduler_block_size,
