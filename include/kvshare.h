@@ -60,8 +60,11 @@
  2: the header no longer defines unprefixed macros (`ACL_*`, `ACLNN_*`, `MAX_*`, `PRIORITIES`,
  ...; now `KVS_NUM_PRIORITIES`, `KVS_MAX_QUEUED_EVENTS`); new statuses
  `KVS_STATUS_OUT_OF_MEMORY` and `KVS_STATUS_REFCOUNT_OVERFLOW`.
+
+ 3: `kvs_config.match_unit` (hits finer than a page) and `kvs_stats.unit_hits`,
+ `unit_hit_tokens` change both structs' layouts.
  */
-#define KVS_ABI_VERSION 2
+#define KVS_ABI_VERSION 3
 
 /*
  Result of every fallible `kvs_` function. Numbers are stable and never reused; each
@@ -823,6 +826,18 @@ typedef struct kvs_config {
    every clear, drained with `kvs_cache_take_events`. Default off (nothing is queued).
    */
   bool enable_events;
+  /*
+   Granularity of prefix hits in tokens: a divisor of `page_size`, or 0 (the default) for
+   `page_size`, whole pages. Smaller, a prompt that goes on for whole units inside a cached
+   page no sequence holds (one that may have filled this step could lack its KV when the
+   copy runs) also takes them: its first new page receives them by a partial copy (`num_tokens`
+   below `page_size`) queued for `kvs_cache_take_copies`, which the engine must execute
+   before the step's KV writes; the copy holds its source page until taken. When a sequence
+   ends (`kvs_seq_free`), the whole units of its last, never-full page stay matchable too
+   (never published as a `kvs_event`, as no partial page is). Keep 0 unless the engine
+   executes the copy list.
+   */
+  uint32_t match_unit;
 } kvs_config;
 
 /*
@@ -971,6 +986,15 @@ typedef struct kvs_stats {
    that page (the duplicate freed; `skip_cached_writes` mode only).
    */
   uint64_t dedup_pages;
+  /*
+   Prefix hits that ended inside a cached page (`match_unit` below `page_size`): each
+   queued one partial-page copy.
+   */
+  uint64_t unit_hits;
+  /*
+   Tokens those hits copied (also counted in `prefix_hit_tokens`).
+   */
+  uint64_t unit_hit_tokens;
 } kvs_stats;
 
 /*
@@ -1323,7 +1347,9 @@ typedef struct kvs_seq_info {
   /*
    Prompt tokens found cached at `kvs_seq_begin`, at most `max_match_tokens`: the engine skips
    computing them. A multiple of the page size, unless `max_match_tokens` cut into a cached
-   page (with `skip_cached_writes` that page is still shared and its slots hidden).
+   page (with `skip_cached_writes` that page is still shared and its slots hidden) or the hit
+   ended inside a cached page at a `match_unit` boundary (its units are copied into the
+   sequence's first new page: a partial copy queued for `kvs_cache_take_copies`).
    */
   uint64_t matched_tokens;
   /*
@@ -1478,7 +1504,7 @@ kvs_status kvs_backend_describe(const struct kvs_backend *backend,
 /*
  A valid default configuration: 16-token pages, 1024 device pages, no host pages, one
  layer of one 128-wide f16 KV head, prefix caching on, no padding page, no deferred commit, cached writes skipped, demotion to host pages on,
- events off.
+ events off, whole-page matching (`match_unit` 0).
 
  **Thread safety:** safe from any thread.
  */

@@ -6,6 +6,11 @@
 //! checks `State::check` and that every live sequence reads, through its block table, exactly
 //! the fingerprints of its own tokens. A false prefix hit, a missed copy-on-write, a wrong swap
 //! pair, a leaked or doubly used page all fail here.
+//!
+//! The match unit is drawn too (the page, half of it, one token): hits ending inside a page
+//! queue a partial copy, and `BeginPair` starts two prompts in one step (copies, then KV writes):
+//! the second begin's allocations (evictions, demotions) run between the first one's unit hit and
+//! its copy, and the second may find pages whose KV the step has yet to write.
 
 use std::collections::HashSet;
 
@@ -21,6 +26,11 @@ enum Op {
         extra_len: u8,
         salt: bool,
         cap_last: bool,
+    },
+    /// Two begins, then the drain and both KV writes.
+    BeginPair {
+        first: (u8, u8),
+        second: (u8, u8),
     },
     Append {
         seq: u8,
@@ -61,6 +71,8 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         4 => (0u8..4, 0u8..10, any::<bool>(), any::<bool>())
             .prop_map(|(prefix, extra_len, salt, cap_last)| Op::Begin { prefix, extra_len, salt, cap_last }),
+        2 => ((0u8..4, 0u8..10), (0u8..4, 0u8..16))
+            .prop_map(|(first, second)| Op::BeginPair { first, second }),
         3 => (any::<u8>(), 1u8..7).prop_map(|(seq, n)| Op::Append { seq, n }),
         2 => Just(Op::Decode),
         2 => any::<u8>().prop_map(|seq| Op::Fork { seq }),
@@ -90,6 +102,15 @@ fn fp(tokens: &[i32], pos: usize, salt: bool) -> u64 {
     h
 }
 
+/// Shared prompt prefixes: the first two and the last share 5 and 8 tokens, so hits end inside
+/// pages as well as on their boundaries.
+const PREFIXES: [&[i32]; 4] = [
+    &[0, 1, 2, 3, 4, 5, 6, 7],
+    &[0, 1, 2, 3, 4],
+    &[100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111],
+    &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11],
+];
+
 struct Engine {
     s: State,
     dev: Vec<[Option<u64>; PS]>,
@@ -103,9 +124,10 @@ struct Engine {
 }
 
 impl Engine {
-    fn new(skip_cached_writes: bool) -> Self {
+    fn new(skip_cached_writes: bool, match_unit: u32) -> Self {
         let cfg = Config {
             page_size: PS as u32,
+            match_unit,
             num_device_pages: 24,
             num_host_pages: 12,
             reserve_null_page: true,
@@ -158,6 +180,12 @@ impl Engine {
 
     /// Writes the last `q` tokens' KV through the slot mapping kvshare returns.
     fn write_last(&mut self, id: u64, salt: bool, q: usize) {
+        self.write_last_of_step(id, salt, q, false)
+    }
+
+    /// [`write_last`](Self::write_last); with `same_step`, the pages may already be shared by a
+    /// prompt begun later in the same step (it found them registered and hides their slots).
+    fn write_last_of_step(&mut self, id: u64, salt: bool, q: usize, same_step: bool) {
         let tokens = self.s.seq_tokens(id).unwrap().to_vec();
         let mut slots = vec![0i64; q];
         assert_eq!(
@@ -168,7 +196,10 @@ impl Engine {
             if slot >= 0 {
                 let page = (slot as usize / PS) as u32;
                 let rc = self.s.page_info(Tier::Device, page).unwrap().0;
-                assert_eq!(rc, 1, "KV write into page {page} shared by {rc} holders");
+                assert!(
+                    rc == 1 || same_step,
+                    "KV write into page {page} shared by {rc} holders"
+                );
                 let pos = tokens.len() - q + i;
                 self.dev[slot as usize / PS][slot as usize % PS] = Some(fp(&tokens, pos, salt));
             }
@@ -180,6 +211,7 @@ impl Engine {
         for e in self.s.take_events(usize::MAX) {
             match e.kind {
                 EventKind::Stored => {
+                    assert_eq!(e.num_tokens as usize, PS, "a partial page published: {e:?}");
                     assert!(self.seen.insert((e.tier, e.hash)), "stored twice: {e:?}")
                 }
                 EventKind::Removed => assert!(
@@ -211,14 +243,41 @@ impl Engine {
         }
     }
 
+    /// The prompt of a begin: one of the shared prefixes plus `extra_len` tokens that differ
+    /// between ids (so prompts diverge inside pages).
+    fn prompt(&self, id: u64, prefix: u8, extra_len: u8) -> Vec<i32> {
+        let mut t = PREFIXES[prefix as usize].to_vec();
+        t.extend((0..extra_len as i32).map(|k| 1000 + k + (id as i32 % 3) * 10));
+        t
+    }
+
     fn step(&mut self, op: &Op) {
-        let prefixes: [Vec<i32>; 4] = [
-            (0..8).collect(),
-            (0..5).collect(),
-            (100..112).collect(),
-            (0..12).collect(),
-        ];
+        let prefixes = PREFIXES.map(|p| p.to_vec());
         match *op {
+            Op::BeginPair { first, second } => {
+                // One engine step: both prompts begin, then the queued copies run, then the KV
+                // writes. The second may hit pages the first registered this step, whose KV is
+                // written only now; and the first's unit copy runs after the second begin's
+                // allocations (evictions, demotions).
+                let mut started = vec![];
+                for (prefix, extra_len) in [first, second] {
+                    let id = self.next_id;
+                    self.next_id += 1;
+                    let t = self.prompt(id, prefix, extra_len);
+                    match self.s.begin(id, &t, None, t.len().saturating_sub(1)) {
+                        Ok(b) => {
+                            self.live.push((id, false));
+                            started.push((id, t.len() - b.matched_tokens));
+                        }
+                        Err(Error::NoSpace { .. }) => {}
+                        Err(e) => panic!("begin: {e}"),
+                    }
+                }
+                self.drain();
+                for (id, q) in started {
+                    self.write_last_of_step(id, false, q, true);
+                }
+            }
             Op::Begin {
                 prefix,
                 extra_len,
@@ -227,8 +286,7 @@ impl Engine {
             } => {
                 let id = self.next_id;
                 self.next_id += 1;
-                let mut t = prefixes[prefix as usize].clone();
-                t.extend((0..extra_len as i32).map(|k| 1000 + k + (id as i32 % 3) * 10));
+                let t = self.prompt(id, prefix, extra_len);
                 let extra = salt.then(|| ExtraKeys {
                     salt: b"tenant-b".to_vec(),
                     ..Default::default()
@@ -433,8 +491,9 @@ proptest! {
     fn random_operations_keep_every_sequence_reading_its_own_kv(
         ops in proptest::collection::vec(op(), 1..60),
         skip in any::<bool>(),
+        unit in prop_oneof![Just(PS as u32), Just(2u32), Just(1u32)],
     ) {
-        let mut e = Engine::new(skip);
+        let mut e = Engine::new(skip, unit);
         for o in &ops {
             e.step(o);
             e.verify();

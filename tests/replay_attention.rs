@@ -85,3 +85,23 @@ fn attention_reads_the_right_kv_through_swap_demotion_and_promotion() {
     assert!(c.demotions > 0 && c.promotions > 0, "{c:?}");
     assert_eq!(out.gap_steps, 0);
 }
+
+#[test]
+fn attention_reads_the_right_kv_after_hits_inside_pages() {
+    // Pages of 8 tokens matched by 2: hits end inside pages (partial copies), with eviction,
+    // demotion and promotion of their sources.
+    for (device, host) in [(512, 0), (24, 32)] {
+        let c = ReplayConfig {
+            page_size: 8,
+            match_unit: 2,
+            ..cfg(device, host, DType::F16)
+        };
+        let (out, rows) = run(&c);
+        assert!(rows > 0);
+        let k = out.final_stats.counters;
+        assert!(k.unit_hits > 0 && k.unit_hit_tokens > 0, "{k:?}");
+        if host > 0 {
+            assert!(k.evictions > 0 && k.demotions > 0, "{k:?}");
+        }
+    }
+}

@@ -102,6 +102,7 @@ fn help_lists_every_option() {
     for flag in [
         "--trace",
         "--page-size",
+        "--match-unit",
         "--device-pages",
         "--host-pages",
         "--concurrency",
@@ -252,6 +253,68 @@ fn page_size_sweep_reports_five_measured_runs() {
         5,
         "{err}"
     );
+}
+
+#[test]
+fn page_size_sweep_with_a_match_unit_runs_each_larger_page_twice() {
+    let out = run(&[
+        "--sweep",
+        "page-size",
+        "--match-unit",
+        "16",
+        "--no-attention",
+        "--users",
+        "2",
+        "--turns",
+        "3",
+        "--system-tokens",
+        "120",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let runs = j["runs"].as_array().unwrap();
+    let shape: Vec<(u64, u64)> = runs
+        .iter()
+        .map(|r| {
+            (
+                r["page_size"].as_u64().unwrap(),
+                r["match_unit"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        shape,
+        vec![
+            (8, 8),
+            (16, 16),
+            (32, 32),
+            (32, 16),
+            (64, 64),
+            (64, 16),
+            (128, 128),
+            (128, 16)
+        ]
+    );
+    for pair in runs.windows(2) {
+        let (whole, unit) = (&pair[0], &pair[1]);
+        if whole["page_size"] != unit["page_size"] {
+            continue;
+        }
+        // The same page, matched by 16 tokens: at least the whole-page hits, by partial copies.
+        let hit = |r: &serde_json::Value| r["hit_tokens"].as_u64().unwrap();
+        assert!(hit(unit) > hit(whole), "{unit} vs {whole}");
+        assert!(unit["unit_hits"].as_u64().unwrap() > 0);
+        assert_eq!(whole["unit_hits"], 0);
+    }
+    // A unit that does not divide the page is refused by the cache config.
+    let out = run(&["--page-size", "16", "--match-unit", "5", "--no-attention"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("match_unit"));
 }
 
 #[test]

@@ -44,6 +44,17 @@ impl State {
                 holders[t][p as usize] += 1;
             }
         }
+        // A queued unit-hit copy holds its source page until taken.
+        for q in &self.copies {
+            if q.holds_src {
+                let t = usize::from(q.copy.kind == super::seq::CopyKind::HostToDevice);
+                let pool = [&self.device, &self.host][t];
+                if pool.check_id(q.copy.src_page).is_err() {
+                    return violation(format!("queued copy: bad source page {}", q.copy.src_page));
+                }
+                holders[t][q.copy.src_page as usize] += 1;
+            }
+        }
         let mut pins = try_vec(self.device.num_pages() as usize, 0u32, "num_device_pages")?;
         for (&id, pages) in &self.pins {
             for &p in pages {
@@ -74,11 +85,17 @@ impl State {
                     return violation(format!("{tier} index entry {h:032x} points at page {p}, which is not registered under it"));
                 }
             }
-            if ix.registered_count() != ix.len() {
+            if let Some((g, p)) = ix.stray_unit_key() {
                 return violation(format!(
-                    "{tier}: {} pages flagged registered but the index has {} entries",
+                    "{tier} unit key {g:032x} points at page {p}, which does not hold that unit prefix"
+                ));
+            }
+            if ix.registered_count() != ix.len() + ix.partial_len() {
+                return violation(format!(
+                    "{tier}: {} pages flagged registered but the index has {} entries and {} partial ones",
                     ix.registered_count(),
-                    ix.len()
+                    ix.len(),
+                    ix.partial_len()
                 ));
             }
         }

@@ -84,6 +84,12 @@ pub struct Config {
     pub demote_to_host: bool,
     /// Queue an event for every page stored in / removed from a tier's index and every clear.
     pub enable_events: bool,
+    /// Granularity of prefix hits in tokens: a divisor of `page_size`, or 0 for the page size
+    /// (the default). Equal to `page_size`, a hit covers whole pages; smaller, a prompt that ends or diverges inside a
+    /// cached page also takes that page's first whole units, copied into a new page of its own
+    /// (one partial copy queued for `take_copies`). Engines that cannot execute copies keep the
+    /// page size.
+    pub match_unit: u32,
 }
 
 impl Default for Config {
@@ -102,6 +108,7 @@ impl Default for Config {
             skip_cached_writes: true,
             demote_to_host: true,
             enable_events: false,
+            match_unit: 0,
         }
     }
 }
@@ -147,6 +154,15 @@ impl Config {
         if self.page_bytes().is_none() {
             return bad("head_dim", "bytes per page overflow u64".into());
         }
+        if self.match_unit != 0 && !self.page_size.is_multiple_of(self.match_unit) {
+            return bad(
+                "match_unit",
+                format!(
+                    "{} does not divide page_size {}",
+                    self.match_unit, self.page_size
+                ),
+            );
+        }
         if self.defer_commit && !self.enable_prefix_caching {
             return bad("defer_commit", "needs enable_prefix_caching".into());
         }
@@ -167,6 +183,14 @@ impl Config {
         match tier {
             Tier::Device => self.num_device_pages,
             Tier::Host => self.num_host_pages,
+        }
+    }
+
+    /// Tokens per match unit: `match_unit`, or the page size when it is 0.
+    pub fn unit(&self) -> usize {
+        match self.match_unit {
+            0 => self.page_size as usize,
+            u => u as usize,
         }
     }
 
@@ -209,6 +233,8 @@ mod tests {
             ("num_layers", Box::new(|c| c.num_layers = 0)),
             ("num_kv_heads", Box::new(|c| c.num_kv_heads = 0)),
             ("head_dim", Box::new(|c| c.head_dim = 0)),
+            ("match_unit", Box::new(|c| c.match_unit = 5)),
+            ("match_unit", Box::new(|c| c.match_unit = 32)),
             (
                 "defer_commit",
                 Box::new(|c| {

@@ -13,6 +13,37 @@
 //! page itself, so a hit needs the page's own tokens to be equal and the whole earlier prefix to
 //! have the same 128-bit xxh3 digest. xxh3-128 (XXH3_128bits, seed 0) is the specified
 //! algorithm; routers can recompute `h_i` from token ids alone (see README, "Prefix keys").
+//!
+//! ## Hits finer than a page (`match_unit`)
+//!
+//! With a match unit `u` smaller than the page size (a divisor of it), each registered page `i`
+//! also gets one *unit key* per proper unit prefix of its tokens, chained like the pages:
+//!
+//! ```text
+//! g_0 = h_{i-1}
+//! g_k = xxh3_128( g_{k-1} as 16 LE bytes ‖ e_i as 16 LE bytes ‖ unit k's tokens as int32 LE )
+//! ```
+//!
+//! for `k` in `1..page_size/u` (the whole page is `h_i`'s job). A second map holds `g_k -> page`;
+//! when several pages share a unit prefix (siblings diverging inside a page) the most recently
+//! registered one holds the key, as it is the last to be evicted under LRU. Removing a page
+//! recomputes its keys from its stored tokens and drops those it still holds; a key it lost to a
+//! newer sibling stays with that sibling. A lookup (after the page walk stops at page `i`)
+//! hashes the query's units of page `i`, probes from the longest down and verifies the found
+//! page's parent digest, extra digest and first `k·u` tokens, so a unit hit is as exact as a
+//! page hit. The caller also says which pages it accepts as copy sources (the cache takes only
+//! unreferenced ones; see `State::walk_units`).
+//!
+//! A sequence's last page, never full, would hold a conversation's tail that its next turn
+//! repeats: when a sequence ends, that page is kept as a *partial entry* with its whole units
+//! ([`PrefixIndex::insert_partial`]): it has unit keys only, no `h_i` (a full-page walk never
+//! finds it and no `Stored` event publishes it), is cached and evicted like any registered
+//! page, and is never demoted.
+//!
+//! Costs: registering or removing a page hashes its tokens once more (the unit chain is linear
+//! in the page, not quadratic) and touches `page_size/u - 1` map slots; a lookup adds at most
+//! `page_size/u - 1` unit hashes and map probes to the page walk. With `u = page_size` the second
+//! map stays empty and nothing changes.
 
 use xxhash_rust::xxh3::xxh3_128;
 
@@ -108,13 +139,24 @@ struct Meta {
     parent: u128,
     extra: u128,
     lora: u64,
+    /// Tokens held: the page size, or fewer (whole units) for a partial entry.
+    len: u32,
 }
 
 /// Index of one tier's registered pages.
 #[derive(Debug, Clone)]
 pub struct PrefixIndex {
     page_size: usize,
+    /// Match unit in tokens (divides `page_size`).
+    unit: usize,
     map: IndexMap,
+    /// Unit keys `g_k` of registered pages -> the page holding them (empty when
+    /// `unit == page_size`).
+    units: IndexMap,
+    /// Reused buffer for hashing unit keys at insert and remove.
+    scratch: Vec<u8>,
+    /// Pages registered as partial entries (unit keys only).
+    partial: usize,
     meta: Vec<Meta>,
     /// Kept apart from `meta`: releases read it for every page, and a byte per page stays cached.
     registered: Vec<bool>,
@@ -136,10 +178,40 @@ pub struct Entry<'a> {
     pub tokens: &'a [i32],
 }
 
+/// A prefix hit ending inside a page: `page` holds the queried parent and extra digests and
+/// the first `tokens` (a multiple of the match unit, less than a page) of the queried tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UnitHit {
+    /// The page whose first `tokens` slots hold the matched KV.
+    pub page: u32,
+    /// Matched tokens (whole units, fewer than a page).
+    pub tokens: usize,
+}
+
+/// The unit keys `g_1 ..= g_n` of a page with parent digest `parent` and extra digest `extra`,
+/// for the first `n` whole units of `tokens`, pushed to `out`.
+fn unit_keys(
+    parent: u128,
+    extra: u128,
+    tokens: &[i32],
+    unit: usize,
+    n: usize,
+    scratch: &mut Vec<u8>,
+    out: &mut Vec<u128>,
+) {
+    let mut g = parent;
+    for chunk in tokens.chunks_exact(unit).take(n) {
+        g = chain_hash(g, extra, chunk, scratch);
+        out.push(g);
+    }
+}
+
 impl PrefixIndex {
-    /// An empty index over `num_pages` pages of `page_size` tokens; `OutOfMemory` naming `what`
-    /// (the tier's page-count field) when its arrays cannot be allocated.
-    pub fn new(num_pages: u32, page_size: u32, what: &'static str) -> Result<Self> {
+    /// An empty index over `num_pages` pages of `page_size` tokens matched in units of `unit`
+    /// tokens (a divisor of `page_size`); `OutOfMemory` naming `what` (the tier's page-count
+    /// field) when its arrays cannot be allocated.
+    pub fn new(num_pages: u32, page_size: u32, unit: usize, what: &'static str) -> Result<Self> {
+        debug_assert!(unit > 0 && (page_size as usize).is_multiple_of(unit));
         let n = num_pages as usize;
         let slots = n
             .checked_mul(page_size as usize)
@@ -149,14 +221,18 @@ impl PrefixIndex {
             })?;
         Ok(PrefixIndex {
             page_size: page_size as usize,
+            unit,
             map: IndexMap::default(),
+            units: IndexMap::default(),
+            scratch: Vec::new(),
+            partial: 0,
             meta: try_vec(n, Meta::default(), what)?,
             registered: try_vec(n, false, what)?,
             tokens: try_vec(slots, 0, what)?,
         })
     }
 
-    /// Registered pages.
+    /// Registered full pages (partial entries: [`partial_len`](Self::partial_len)).
     pub fn len(&self) -> usize {
         self.map.len()
     }
@@ -171,9 +247,20 @@ impl PrefixIndex {
         self.registered[page as usize]
     }
 
-    /// The chain digest of a registered page.
+    /// The chain digest of a registered full page (`None` for a partial entry).
     pub fn hash_of(&self, page: u32) -> Option<u128> {
-        self.registered[page as usize].then(|| self.meta[page as usize].hash)
+        (self.registered[page as usize] && !self.is_partial(page))
+            .then(|| self.meta[page as usize].hash)
+    }
+
+    /// Whether `page` holds a partial entry (whole units of a page that never filled).
+    pub fn is_partial(&self, page: u32) -> bool {
+        self.registered[page as usize] && (self.meta[page as usize].len as usize) < self.page_size
+    }
+
+    /// Pages holding partial entries.
+    pub fn partial_len(&self) -> usize {
+        self.partial
     }
 
     fn page_tokens(&self, page: u32) -> &[i32] {
@@ -198,10 +285,10 @@ impl PrefixIndex {
         self.meta[page as usize].extra == extra && self.page_tokens(page) == tokens
     }
 
-    /// The stored entry of a registered page.
+    /// The stored entry of a registered full page (`None` for a partial entry).
     pub fn entry(&self, page: u32) -> Option<Entry<'_>> {
         let m = &self.meta[page as usize];
-        self.registered[page as usize].then(|| Entry {
+        self.hash_of(page).map(|_| Entry {
             hash: m.hash,
             parent: m.parent,
             extra: m.extra,
@@ -240,11 +327,106 @@ impl PrefixIndex {
             parent,
             extra,
             lora,
+            len: self.page_size as u32,
         };
         self.registered[i] = true;
         let s = i * self.page_size;
         self.tokens[s..s + self.page_size].copy_from_slice(tokens);
+        for g in self.own_unit_keys(page) {
+            self.units.insert(g, page);
+        }
         true
+    }
+
+    /// Keeps page `page`, whose first `tokens.len()` slots (whole units, fewer than a page,
+    /// at least one unit) hold the KV of `tokens` after a prefix with chain digest `parent`,
+    /// as a partial entry: matchable by its units, never by a full-page walk. Returns false
+    /// (and changes nothing) when `page` is registered already or the length is not whole
+    /// units below a page.
+    pub fn insert_partial(
+        &mut self,
+        page: u32,
+        parent: u128,
+        extra: u128,
+        lora: u64,
+        tokens: &[i32],
+    ) -> bool {
+        let i = page as usize;
+        let n = tokens.len();
+        if self.registered[i] || n == 0 || n >= self.page_size || !n.is_multiple_of(self.unit) {
+            return false;
+        }
+        self.meta[i] = Meta {
+            hash: 0,
+            parent,
+            extra,
+            lora,
+            len: n as u32,
+        };
+        self.registered[i] = true;
+        self.partial += 1;
+        let s = i * self.page_size;
+        self.tokens[s..s + n].copy_from_slice(tokens);
+        for g in self.own_unit_keys(page) {
+            self.units.insert(g, page);
+        }
+        true
+    }
+
+    /// Unit keys `g_1 .. g_k` of registered page `page`: every proper unit prefix of a full
+    /// page, every unit of a partial entry; recomputed from its stored entry.
+    fn own_unit_keys(&mut self, page: u32) -> Vec<u128> {
+        let m = self.meta[page as usize];
+        let n = (self.page_size / self.unit - 1).min(m.len as usize / self.unit);
+        let mut keys = Vec::new();
+        if n == 0 {
+            return keys;
+        }
+        let s = page as usize * self.page_size;
+        let tokens = &self.tokens[s..s + self.page_size];
+        unit_keys(
+            m.parent,
+            m.extra,
+            tokens,
+            self.unit,
+            n,
+            &mut self.scratch,
+            &mut keys,
+        );
+        keys
+    }
+
+    /// The longest unit prefix of `tokens` (the query's tokens of one page, up to a page; fewer
+    /// than a page is fine) cached in a page that `accept` takes, whose parent digest is
+    /// `parent` and extra digest is `extra`, limited to fewer than a whole page. `None` when not
+    /// even one unit matches or the unit is the page size.
+    pub fn lookup_units(
+        &self,
+        parent: u128,
+        extra: u128,
+        tokens: &[i32],
+        scratch: &mut Vec<u8>,
+        accept: impl Fn(u32) -> bool,
+    ) -> Option<UnitHit> {
+        let n = (self.page_size / self.unit - 1).min(tokens.len() / self.unit);
+        if n == 0 || self.units.is_empty() {
+            return None;
+        }
+        let mut keys = Vec::with_capacity(n);
+        unit_keys(parent, extra, tokens, self.unit, n, scratch, &mut keys);
+        keys.iter().enumerate().rev().find_map(|(k, g)| {
+            let page = *self.units.get(g)?;
+            let len = (k + 1) * self.unit;
+            let m = &self.meta[page as usize];
+            let s = page as usize * self.page_size;
+            let ok = self.registered[page as usize]
+                && accept(page)
+                && len <= m.len as usize
+                && m.parent == parent
+                && m.extra == extra
+                && self.tokens[s..s + len] == tokens[..len];
+            ok.then_some(UnitHit { page, tokens: len })
+        })
     }
 
     /// Drops `page`'s entry, if any. Returns whether it had one.
@@ -253,17 +435,32 @@ impl PrefixIndex {
         if !self.registered[i] {
             return false;
         }
+        for g in self.own_unit_keys(page) {
+            if self.units.get(&g) == Some(&page) {
+                self.units.remove(&g);
+            }
+        }
+        if self.is_partial(page) {
+            self.registered[i] = false;
+            self.partial -= 1;
+            return true;
+        }
         self.registered[i] = false;
         let removed = self.map.remove(&self.meta[i].hash);
         debug_assert_eq!(removed, Some(page));
         true
     }
 
-    /// Drops every entry; returns the pages that had one.
+    /// Drops every entry, partial ones included; returns the pages that had one.
     pub fn clear(&mut self) -> Vec<u32> {
-        let pages: Vec<u32> = self.map.drain().map(|(_, p)| p).collect();
-        for &p in &pages {
-            self.registered[p as usize] = false;
+        self.units.clear();
+        self.map.clear();
+        self.partial = 0;
+        let mut pages = Vec::new();
+        for (p, r) in self.registered.iter_mut().enumerate() {
+            if std::mem::take(r) {
+                pages.push(p as u32);
+            }
         }
         pages
     }
@@ -273,7 +470,36 @@ impl PrefixIndex {
         self.map.iter().map(|(&h, &p)| (h, p))
     }
 
-    /// Count of pages flagged registered (must equal [`len`](Self::len)).
+    /// The first unit key that does not point at a registered page holding it, as
+    /// `(key, page)`, for the invariant checker.
+    pub fn stray_unit_key(&self) -> Option<(u128, u32)> {
+        let mut scratch = Vec::new();
+        self.units.iter().map(|(&g, &p)| (g, p)).find(|&(g, p)| {
+            if !self.registered.get(p as usize).copied().unwrap_or(false) {
+                return true;
+            }
+            let m = &self.meta[p as usize];
+            let mut keys = Vec::new();
+            unit_keys(
+                m.parent,
+                m.extra,
+                self.page_tokens(p),
+                self.unit,
+                (self.page_size / self.unit - 1).min(m.len as usize / self.unit),
+                &mut scratch,
+                &mut keys,
+            );
+            !keys.contains(&g)
+        })
+    }
+
+    /// Unit keys held (for the invariant checker and tests).
+    pub fn unit_keys_len(&self) -> usize {
+        self.units.len()
+    }
+
+    /// Count of pages flagged registered (must equal [`len`](Self::len) plus
+    /// [`partial_len`](Self::partial_len)).
     pub fn registered_count(&self) -> usize {
         self.registered.iter().filter(|&&r| r).count()
     }
@@ -337,7 +563,7 @@ mod tests {
 
     #[test]
     fn insert_lookup_remove() {
-        let mut ix = PrefixIndex::new(4, 2, "test").unwrap();
+        let mut ix = PrefixIndex::new(4, 2, 2, "test").unwrap();
         let e = |hash| Entry {
             hash,
             parent: 1,
@@ -359,5 +585,90 @@ mod tests {
         assert_eq!(ix.clear(), vec![2]);
         assert!(ix.is_empty());
         assert_eq!(ix.registered_count(), 0);
+    }
+
+    #[test]
+    fn unit_keys_find_prefixes_inside_pages() {
+        // Pages of 8 tokens in units of 2: keys for 2, 4 and 6 tokens.
+        let mut ix = PrefixIndex::new(4, 8, 2, "test").unwrap();
+        let mut s = Vec::new();
+        let a = [1, 2, 3, 4, 5, 6, 7, 8];
+        let b = [1, 2, 3, 4, 9, 9, 9, 9];
+        let e = |tokens, hash| Entry {
+            hash,
+            parent: 7,
+            extra: 0,
+            lora: 0,
+            tokens,
+        };
+        assert!(ix.insert(1, e(&a, 100)));
+        assert_eq!(ix.unit_keys_len(), 3);
+        let hit =
+            |ix: &PrefixIndex, q: &[i32], s: &mut Vec<u8>| ix.lookup_units(7, 0, q, s, |_| true);
+        assert_eq!(
+            hit(&ix, &[1, 2, 3, 4, 5, 6, 7], &mut s),
+            Some(UnitHit { page: 1, tokens: 6 })
+        );
+        assert_eq!(
+            hit(&ix, &[1, 2, 3, 4, 5, 0, 7, 8], &mut s),
+            Some(UnitHit { page: 1, tokens: 4 }),
+            "diverges inside unit 3"
+        );
+        assert_eq!(
+            hit(&ix, &a, &mut s),
+            Some(UnitHit { page: 1, tokens: 6 }),
+            "never a whole page"
+        );
+        assert_eq!(hit(&ix, &[1], &mut s), None, "less than a unit");
+        assert_eq!(hit(&ix, &[0, 2, 3, 4], &mut s), None);
+        assert_eq!(
+            ix.lookup_units(8, 0, &a, &mut s, |_| true),
+            None,
+            "other parent"
+        );
+        assert_eq!(
+            ix.lookup_units(7, 1, &a, &mut s, |_| true),
+            None,
+            "other extra"
+        );
+        assert_eq!(
+            ix.lookup_units(7, 0, &a, &mut s, |p| p != 1),
+            None,
+            "refused page"
+        );
+        // A sibling sharing 4 tokens takes the shared keys; removing the older page keeps them.
+        assert!(ix.insert(2, e(&b, 200)));
+        assert_eq!(
+            hit(&ix, &[1, 2, 3, 4, 0], &mut s),
+            Some(UnitHit { page: 2, tokens: 4 })
+        );
+        assert!(ix.remove(1));
+        assert_eq!(ix.stray_unit_key(), None);
+        assert_eq!(
+            hit(&ix, &[1, 2, 3, 4, 5, 6], &mut s),
+            Some(UnitHit { page: 2, tokens: 4 })
+        );
+        assert!(ix.remove(2));
+        assert_eq!(ix.unit_keys_len(), 0);
+        assert_eq!(hit(&ix, &[1, 2, 3, 4], &mut s), None);
+        assert!(ix.insert(3, e(&a, 100)));
+        ix.clear();
+        assert_eq!(ix.unit_keys_len(), 0);
+    }
+
+    #[test]
+    fn whole_page_unit_keeps_no_unit_keys() {
+        let mut ix = PrefixIndex::new(2, 4, 4, "test").unwrap();
+        let t = [1, 2, 3, 4];
+        let e = Entry {
+            hash: 1,
+            parent: 0,
+            extra: 0,
+            lora: 0,
+            tokens: &t,
+        };
+        assert!(ix.insert(0, e));
+        assert_eq!(ix.unit_keys_len(), 0);
+        assert_eq!(ix.lookup_units(0, 0, &t, &mut Vec::new(), |_| true), None);
     }
 }

@@ -87,7 +87,8 @@ impl Seq {
 /// What [`State::begin`] did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct BeginInfo {
-    /// Prompt tokens whose KV was found cached (a multiple of the page size).
+    /// Prompt tokens whose KV was found cached (a multiple of the page size, or of the match
+    /// unit when the hit ends inside a page).
     pub matched_tokens: usize,
     /// Pages in the sequence's block table.
     pub num_pages: usize,
@@ -95,6 +96,10 @@ pub struct BeginInfo {
     pub new_pages: usize,
     /// Prefix-hit pages promoted from the host tier (their copies are queued: `take_copies`).
     pub promoted_pages: usize,
+    /// Tokens of `matched_tokens` found in the first units of a cached page and copied into
+    /// the sequence's own page (one partial copy queued: `take_copies`); 0 with whole-page
+    /// matching.
+    pub unit_tokens: usize,
 }
 
 /// What [`State::append_need`] reports: what an append would take, without the append.
@@ -266,6 +271,12 @@ impl State {
     /// Starts sequence `id` with its prompt: matches the longest cached prefix, shares those
     /// pages, and allocates pages for the rest. All or nothing.
     ///
+    /// With a match unit below the page size, a prefix that goes on inside a cached page for
+    /// whole units also counts (a page no sequence holds: a held page may have filled in this
+    /// step, and a copy runs before the step's KV writes): the sequence's first new page receives those units by a partial
+    /// copy queued for [`take_copies`](Self::take_copies) (the copy holds its source page until
+    /// taken); the page is the sequence's own and is registered once full, like any other.
+    ///
     /// The reported `matched_tokens` (what the engine may skip computing) is at most
     /// `max_match_tokens`. With `skip_cached_writes` every cached full page is shared even past
     /// that limit, and the slot mapping hides its slots (-1); without it, only whole pages within
@@ -287,22 +298,46 @@ impl State {
             tokens.len().min(max_match_tokens) / self.page_size
         };
         let hits = self.walk(tokens, extra.as_deref(), max_pages, true);
+        // A hit ending inside page `hits.len()`: whole units, never past what may be skipped.
+        let limit = tokens.len().min(max_match_tokens);
+        let unit = self.walk_units(tokens, extra.as_deref(), &hits, limit);
         let hit_tokens = hits.len() * self.page_size;
-        let matched = hit_tokens.min(max_match_tokens);
+        let unit_tokens = unit.map_or(0, |u| u.tokens);
+        let matched = (hit_tokens + unit_tokens).min(max_match_tokens);
         let total = ceil_div(tokens.len(), self.page_size);
         let fresh = total - hits.len();
         let promoted = hits.iter().filter(|h| h.tier == Tier::Host).count();
-        self.ensure_available(Tier::Device, fresh + promoted, self.cached_among(&hits))?;
+        // Holding a cached device source takes it off the evictable set, like a device hit.
+        let unit_cached = unit
+            .filter(|u| u.tier == Tier::Device && self.device.refcount(u.page) == 0)
+            .map_or(0, |_| 1);
+        self.ensure_available(
+            Tier::Device,
+            fresh + promoted,
+            self.cached_among(&hits) + unit_cached,
+        )?;
         self.check_hit_refs(&hits)?;
+        if let Some(u) = unit {
+            self.pool(u.tier).check_acquire([u.page])?;
+        }
         let owned = try_copy(tokens, "tokens")?;
         if self.cfg.enable_prefix_caching {
             self.counters.prefix_queries += 1;
             self.counters.prefix_query_tokens += tokens.len() as u64;
             self.counters.prefix_hit_tokens += matched as u64;
         }
+        // The unit source is held first, so that no promotion, demotion or allocation below
+        // can evict it before its copy is queued.
+        if let Some(u) = unit {
+            self.hold_unit_source(u);
+        }
         let mut pages = self.materialize(&hits, Holder::Seq);
         for _ in 0..fresh {
             pages.push(self.take_device(Holder::Seq));
+        }
+        if let Some(u) = unit {
+            // The new page after the shared ones receives the cached units.
+            self.queue_unit_copy(u, pages[hits.len()]);
         }
         let hashes = hits.iter().map(|h| h.hash).collect();
         let seq = Seq {
@@ -326,6 +361,7 @@ impl State {
             num_pages: total,
             new_pages: fresh,
             promoted_pages: promoted,
+            unit_tokens,
         })
     }
 
@@ -566,8 +602,15 @@ impl State {
     ///
     /// With `defer_commit`, full pages not yet committed are not registered: their KV may never
     /// have been computed.
+    ///
+    /// With a match unit below the page size, the whole units of its last, never-full page are
+    /// kept matchable (a partial entry: the next turn of a conversation repeats them), when
+    /// the sequence is its only holder.
     pub fn free(&mut self, id: u64) -> Result<()> {
         let s = self.seqs.remove(&id).ok_or(Error::SeqNotFound(id))?;
+        if s.tier == Tier::Device {
+            self.keep_partial_page(&s);
+        }
         for &p in s.pages.iter().rev() {
             match s.tier {
                 Tier::Device => self.release_device(p, Holder::Seq),
@@ -575,6 +618,31 @@ impl State {
             }
         }
         Ok(())
+    }
+
+    /// Registers the whole units of `s`'s first unregistered page as a partial entry (see
+    /// `prefix.rs`), when units are finer than pages, pages fill up without deferred commits,
+    /// and the page is a never-full page `s` alone holds, free of placeholder tokens.
+    fn keep_partial_page(&mut self, s: &Seq) {
+        let (ps, unit) = (self.page_size, self.cfg.unit());
+        if !self.cfg.enable_prefix_caching || self.cfg.defer_commit || unit == ps {
+            return;
+        }
+        let j = s.hashes.len();
+        let start = j * ps;
+        let units = s.tokens.len().saturating_sub(start) / unit;
+        if s.hash_stopped || units == 0 || s.tokens.len() - start >= ps || j >= s.pages.len() {
+            return;
+        }
+        let page = s.pages[j];
+        let tokens = &s.tokens[start..start + units * unit];
+        if self.device.refcount(page) != 1 || tokens.iter().any(|&t| t < 0) {
+            return;
+        }
+        let parent = s.hashes.last().copied().unwrap_or(self.root);
+        let lora = s.extra.as_ref().map_or(0, |x| x.lora_id);
+        self.index
+            .insert_partial(page, parent, s.extra_digest(j, ps), lora, tokens);
     }
 
     /// Device pages and copy-on-write copies [`append`](Self::append) of `num_tokens` tokens with

@@ -67,6 +67,30 @@ pub(super) struct Hit {
     pub hash: u128,
 }
 
+/// A page copy waiting in the queue for `take_copies`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Queued {
+    pub copy: PageCopy,
+    /// The copy holds a reference (`Holder::Seq`) on its source page until `take_copies` hands
+    /// it out: the source of a unit hit is a page nobody else may hold, and without the
+    /// reference an allocation later in the same step could evict it and reuse it as the
+    /// destination of a copy the engine runs first (an append's copy-on-write). Held, it is
+    /// neither evicted nor demoted before the engine has the copy; after that, the copy runs
+    /// before any copy returned by a later call and before the step's KV writes.
+    pub holds_src: bool,
+}
+
+/// A prefix hit ending inside a page (see [`State::walk_units`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct UnitMatch {
+    /// Tier of `page`.
+    pub tier: Tier,
+    /// The cached page holding the matched units.
+    pub page: u32,
+    /// Tokens matched in it (whole units, fewer than a page).
+    pub tokens: usize,
+}
+
 /// Pages of a prefix walk hashed before their lookups (see [`State::walk`]).
 const WALK_GROUP: usize = 8;
 
@@ -101,8 +125,8 @@ pub struct State {
     pub(super) batch_stamp: u64,
     /// Sequences with full pages awaiting [`State::commit`] (defer-commit mode).
     pub(super) uncommitted: Vec<u64>,
-    /// Page copies queued for the engine (demotions and promotions): `take_copies`.
-    pub(super) copies: VecDeque<PageCopy>,
+    /// Page copies queued for the engine (demotions, promotions, unit hits): `take_copies`.
+    pub(super) copies: VecDeque<Queued>,
     pub(super) events: EventQueue,
     /// Pinned prefixes: pin id -> its device pages.
     pub(super) pins: IdMap<Vec<u32>>,
@@ -127,11 +151,13 @@ impl State {
             index: PrefixIndex::new(
                 if caching { cfg.num_device_pages } else { 0 },
                 cfg.page_size,
+                cfg.unit(),
                 "num_device_pages",
             )?,
             host_index: PrefixIndex::new(
                 if host_index_on { cfg.num_host_pages } else { 0 },
                 cfg.page_size,
+                cfg.unit(),
                 "num_host_pages",
             )?,
             seqs: IdMap::default(),
@@ -218,7 +244,11 @@ impl State {
             Tier::Device => &mut self.index,
             Tier::Host => &mut self.host_index,
         };
-        let Some(hash) = ix.hash_of(page) else { return };
+        let Some(hash) = ix.hash_of(page) else {
+            // A partial entry was never published: it goes without an event.
+            ix.remove(page);
+            return;
+        };
         ix.remove(page);
         self.events.push(Event {
             kind: EventKind::Removed,
@@ -303,11 +333,14 @@ impl State {
                 tokens: &tokens,
             },
         );
-        self.copies.push_back(PageCopy {
-            src_page: src,
-            dst_page: dst,
-            num_tokens: self.page_size as u32,
-            kind,
+        self.copies.push_back(Queued {
+            copy: PageCopy {
+                src_page: src,
+                dst_page: dst,
+                num_tokens: self.page_size as u32,
+                kind,
+            },
+            holds_src: false,
         });
     }
 
@@ -475,9 +508,111 @@ impl State {
     /// Removes and returns up to `max` queued page copies (demotions and promotions), oldest
     /// first. Execute them in order, before the copies returned by the calls that follow and
     /// before the step's KV writes.
+    ///
+    /// A unit hit's copy holds its source page until it is taken here; the reference is dropped
+    /// now, so the source may be evicted by the next allocation: execute the copies first.
     pub fn take_copies(&mut self, max: usize) -> Vec<PageCopy> {
         let n = max.min(self.copies.len());
-        self.copies.drain(..n).collect()
+        let taken: Vec<Queued> = self.copies.drain(..n).collect();
+        for q in &taken {
+            if q.holds_src {
+                self.release_copy_source(q.copy);
+            }
+        }
+        taken.into_iter().map(|q| q.copy).collect()
+    }
+
+    /// Drops the reference a queued copy held on its source page.
+    fn release_copy_source(&mut self, c: PageCopy) {
+        match c.kind {
+            CopyKind::HostToDevice => {
+                let registered = self.is_registered_in(Tier::Host, c.src_page);
+                self.host.release(c.src_page, Holder::Seq, registered);
+            }
+            _ => self.release_device(c.src_page, Holder::Seq),
+        }
+    }
+
+    /// Looks for the longest unit prefix of page `i = hits.len()` of `tokens` (within the first
+    /// `limit` tokens) cached in either tier after a page walk that found `hits`. Read-only.
+    /// `None` with whole-page matching, when prefix caching is off, or when no unit matches.
+    pub(super) fn walk_units(
+        &mut self,
+        tokens: &[i32],
+        extra: Option<&ExtraKeys>,
+        hits: &[Hit],
+        limit: usize,
+    ) -> Option<UnitMatch> {
+        let ps = self.page_size;
+        if !self.cfg.enable_prefix_caching || self.cfg.unit() == ps {
+            return None;
+        }
+        let i = hits.len();
+        let start = i * ps;
+        let end = tokens.len().min(limit).min(start + ps);
+        let chunk = tokens.get(start..end)?;
+        let chunk = &chunk[..chunk.iter().position(|&t| t < 0).unwrap_or(chunk.len())];
+        let parent = hits.last().map_or(self.root, |h| h.hash);
+        let e = extra.map_or(0, |x| x.page_digest(i, ps));
+        // Only unreferenced (cached) sources: a page some sequence holds may have filled in
+        // this very step, and its KV is written only after the step's copies have run (a page
+        // shared whole is read after the writes, a copied one before). A cached page's KV was
+        // written before its last holder let it go, or is the target of a copy queued earlier.
+        let (device, host) = (&self.device, &self.host);
+        let dev = self
+            .index
+            .lookup_units(parent, e, chunk, &mut self.hash_scratch, |p| {
+                device.refcount(p) == 0
+            });
+        let host = if self.host_cache() {
+            self.host_index
+                .lookup_units(parent, e, chunk, &mut self.hash_scratch, |p| {
+                    host.refcount(p) == 0
+                })
+        } else {
+            None
+        };
+        // The longer hit wins; the device one on a tie (no cross-tier read).
+        let best = match (dev, host) {
+            (Some(d), Some(h)) if h.tokens > d.tokens => Some((Tier::Host, h)),
+            (Some(d), _) => Some((Tier::Device, d)),
+            (None, Some(h)) => Some((Tier::Host, h)),
+            (None, None) => None,
+        }?;
+        Some(UnitMatch {
+            tier: best.0,
+            page: best.1.page,
+            tokens: best.1.tokens,
+        })
+    }
+
+    /// Takes the reference a unit hit's copy holds on its source page (see [`Queued`]). The
+    /// caller has checked that the page can take one more reference.
+    pub(super) fn hold_unit_source(&mut self, u: UnitMatch) {
+        match u.tier {
+            Tier::Device => self.device.acquire(u.page, Holder::Seq),
+            Tier::Host => self.host.acquire(u.page, Holder::Seq),
+        }
+    }
+
+    /// Queues the copy of a unit hit's tokens from its held source page into `dst` (a new
+    /// device page of the sequence); `take_copies` drops the hold.
+    pub(super) fn queue_unit_copy(&mut self, u: UnitMatch, dst: u32) {
+        let kind = match u.tier {
+            Tier::Device => CopyKind::DeviceToDevice,
+            Tier::Host => CopyKind::HostToDevice,
+        };
+        self.copies.push_back(Queued {
+            copy: PageCopy {
+                src_page: u.page,
+                dst_page: dst,
+                num_tokens: u.tokens as u32,
+                kind,
+            },
+            holds_src: true,
+        });
+        self.counters.unit_hits += 1;
+        self.counters.unit_hit_tokens += u.tokens as u64;
     }
 
     /// Removes and returns up to `max` queued index events, oldest first.

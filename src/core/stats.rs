@@ -37,6 +37,11 @@ pub struct Counters {
     /// Pages that filled up with content already cached elsewhere and were switched to the
     /// cached copy (duplicate freed; `skip_cached_writes` mode).
     pub dedup_pages: u64,
+    /// Prefix hits that ended inside a cached page (`match_unit` below the page size): each
+    /// queued one partial-page copy.
+    pub unit_hits: u64,
+    /// Tokens those hits copied (also counted in `prefix_hit_tokens`).
+    pub unit_hit_tokens: u64,
 }
 
 /// A consistent snapshot of the cache, taken under its lock.

@@ -93,6 +93,16 @@ pub struct kvs_config {
     /// Queue a `kvs_event` for every page stored in or removed from a tier's prefix index and
     /// every clear, drained with `kvs_cache_take_events`. Default off (nothing is queued).
     pub enable_events: bool,
+    /// Granularity of prefix hits in tokens: a divisor of `page_size`, or 0 (the default) for
+    /// `page_size`, whole pages. Smaller, a prompt that goes on for whole units inside a cached
+    /// page no sequence holds (one that may have filled this step could lack its KV when the
+    /// copy runs) also takes them: its first new page receives them by a partial copy (`num_tokens`
+    /// below `page_size`) queued for `kvs_cache_take_copies`, which the engine must execute
+    /// before the step's KV writes; the copy holds its source page until taken. When a sequence
+    /// ends (`kvs_seq_free`), the whole units of its last, never-full page stay matchable too
+    /// (never published as a `kvs_event`, as no partial page is). Keep 0 unless the engine
+    /// executes the copy list.
+    pub match_unit: u32,
 }
 
 /// The `bool` fields of `kvs_config`, with their byte offsets.
@@ -173,6 +183,7 @@ impl kvs_config {
             skip_cached_writes: self.skip_cached_writes,
             demote_to_host: self.demote_to_host,
             enable_events: self.enable_events,
+            match_unit: self.match_unit,
         })
     }
 
@@ -191,6 +202,7 @@ impl kvs_config {
             skip_cached_writes: c.skip_cached_writes,
             demote_to_host: c.demote_to_host,
             enable_events: c.enable_events,
+            match_unit: c.match_unit,
         }
     }
 }
@@ -271,12 +283,17 @@ pub struct kvs_stats {
     /// Pages that filled up with content already cached in another page and were switched to
     /// that page (the duplicate freed; `skip_cached_writes` mode only).
     pub dedup_pages: u64,
+    /// Prefix hits that ended inside a cached page (`match_unit` below `page_size`): each
+    /// queued one partial-page copy.
+    pub unit_hits: u64,
+    /// Tokens those hits copied (also counted in `prefix_hit_tokens`).
+    pub unit_hit_tokens: u64,
 }
 
 impl kvs_cache {
     /// A valid default configuration: 16-token pages, 1024 device pages, no host pages, one
     /// layer of one 128-wide f16 KV head, prefix caching on, no padding page, no deferred commit, cached writes skipped, demotion to host pages on,
-    /// events off.
+    /// events off, whole-page matching (`match_unit` 0).
     ///
     /// **Thread safety:** safe from any thread.
     #[must_use]
@@ -404,6 +421,8 @@ impl kvs_cache {
                 host_hit_tokens: k.host_hit_tokens,
                 events_dropped: k.events_dropped,
                 dedup_pages: k.dedup_pages,
+                unit_hits: k.unit_hits,
+                unit_hit_tokens: k.unit_hit_tokens,
             };
             Ok(())
         })

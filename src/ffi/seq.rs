@@ -18,7 +18,9 @@ pub struct kvs_seq_info {
     pub num_pages: u64,
     /// Prompt tokens found cached at `kvs_seq_begin`, at most `max_match_tokens`: the engine skips
     /// computing them. A multiple of the page size, unless `max_match_tokens` cut into a cached
-    /// page (with `skip_cached_writes` that page is still shared and its slots hidden).
+    /// page (with `skip_cached_writes` that page is still shared and its slots hidden) or the hit
+    /// ended inside a cached page at a `match_unit` boundary (its units are copied into the
+    /// sequence's first new page: a partial copy queued for `kvs_cache_take_copies`).
     pub matched_tokens: u64,
     /// Pages newly allocated at `kvs_seq_begin` for tokens to compute (0 in `kvs_seq_get_info`).
     pub new_pages: u64,

@@ -9,7 +9,10 @@ use std::ffi::c_char;
 /// 2: the header no longer defines unprefixed macros (`ACL_*`, `ACLNN_*`, `MAX_*`, `PRIORITIES`,
 /// ...; now `KVS_NUM_PRIORITIES`, `KVS_MAX_QUEUED_EVENTS`); new statuses
 /// `KVS_STATUS_OUT_OF_MEMORY` and `KVS_STATUS_REFCOUNT_OVERFLOW`.
-pub const KVS_ABI_VERSION: u32 = 2;
+///
+/// 3: `kvs_config.match_unit` (hits finer than a page) and `kvs_stats.unit_hits`,
+/// `unit_hit_tokens` change both structs' layouts.
+pub const KVS_ABI_VERSION: u32 = 3;
 
 /// The library version (`"MAJOR.MINOR.PATCH"`, matching `KVS_VERSION` in the header).
 ///

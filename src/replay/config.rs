@@ -30,6 +30,9 @@ pub struct ReplayConfig {
     /// The core's `demote_to_host`: with host pages, an evicted cached page is copied to the
     /// host tier and promoted back on a later hit instead of being recomputed.
     pub demote_to_host: bool,
+    /// The core's `match_unit`: hits in units of this many tokens (a divisor of the page size;
+    /// 0: whole pages). A hit ending inside a page copies its units into a new page.
+    pub match_unit: u32,
 }
 
 impl Default for ReplayConfig {
@@ -44,6 +47,7 @@ impl Default for ReplayConfig {
             check: false,
             skip_cached_writes: true,
             demote_to_host: true,
+            match_unit: 0,
         }
     }
 }
@@ -65,6 +69,15 @@ impl ReplayConfig {
             skip_cached_writes: self.skip_cached_writes,
             demote_to_host: self.demote_to_host,
             enable_events: false,
+            match_unit: self.match_unit,
+        }
+    }
+
+    /// The match unit in tokens (the page size when `match_unit` is 0).
+    pub fn unit(&self) -> u32 {
+        match self.match_unit {
+            0 => self.page_size,
+            u => u,
         }
     }
 

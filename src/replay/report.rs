@@ -257,10 +257,20 @@ pub fn format_report(
     let _ = writeln!(s, "{}", ideal_verdict(out));
     let _ = writeln!(
         s,
-        "prefix hits: {} of {} prompt tokens ({:.1}%)",
+        "prefix hits: {} of {} prompt tokens ({:.1}%){}",
         tot.hit_tokens,
         tot.query_tokens,
-        tot.hit_pct()
+        tot.hit_pct(),
+        if cfg.unit() < cfg.page_size {
+            format!(
+                "; match unit {}: {} hits ended inside a page, {} tokens copied by partial page copies",
+                cfg.unit(),
+                f.unit_hits,
+                f.unit_hit_tokens
+            )
+        } else {
+            String::new()
+        }
     );
     let _ = writeln!(
         s,
@@ -327,7 +337,7 @@ pub fn json_totals(out: &Outcome, cfg: &ReplayConfig, attention: bool, svg: Opti
     let tot = total_row(&turn_rows(out));
     let se = series(out);
     let f = &out.final_stats.counters;
-    json!({
+    let mut v = json!({
         "requests": out.requests.len(),
         "turns": out.requests.iter().map(|r| r.turn).max().unwrap_or(0),
         "page_size": cfg.page_size,
@@ -368,5 +378,10 @@ pub fn json_totals(out: &Outcome, cfg: &ReplayConfig, attention: bool, svg: Opti
         "sim_ms": out.sim_ms,
         "wall_ms": out.wall_ns as f64 / 1e6,
         "svg": svg,
-    })
+    });
+    // Apart: one more entry in the literal above passes `json!`'s recursion limit.
+    v["match_unit"] = cfg.unit().into();
+    v["unit_hits"] = f.unit_hits.into();
+    v["unit_hit_tokens"] = f.unit_hit_tokens.into();
+    v
 }

@@ -89,9 +89,10 @@ impl Sim<'_> {
 
     /// Executes the copies the cache manager queued (demotions of evicted pages to the host
     /// tier, promotions of host hits), which must run before any copy returned by a later call
-    /// and before the step's KV write. Only a host tier queues copies.
+    /// and before the step's KV write, and the partial copies of hits ending inside a page
+    /// (`match_unit`). Only a host tier or a match unit below the page size queues copies.
     fn drain_queued(&mut self, owners: &[usize]) -> Result<(), String> {
-        if self.cfg.host_pages == 0 {
+        if self.cfg.host_pages == 0 && self.cfg.unit() == self.cfg.page_size {
             return Ok(());
         }
         let queued = self
@@ -100,10 +101,13 @@ impl Sim<'_> {
         if queued.is_empty() {
             return Ok(());
         }
-        // A promotion (host hit) gives the request a device page: count it as allocated.
+        // A promotion (host hit) gives the request a device page: count it as allocated. (A
+        // unit hit's copy fills a page `begin` already counted; it is never a whole page.)
         let promoted = queued
             .iter()
-            .filter(|c| c.kind == crate::core::CopyKind::HostToDevice)
+            .filter(|c| {
+                c.kind == crate::core::CopyKind::HostToDevice && c.num_tokens == self.cfg.page_size
+            })
             .count() as u64;
         if let [o] = owners {
             self.stats[*o].allocated_pages += promoted;

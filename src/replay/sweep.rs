@@ -71,7 +71,7 @@ pub fn format_share_ratio(rows: &[SweepRow]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "share  prefix hit  no reuse MiB  kvshare MiB  ideal MiB  saving  mgr us/req  attn ms/req"
+        "share  prefix hit  unit hits  no reuse MiB  kvshare MiB  ideal MiB  saving  mgr us/req  attn ms/req"
     );
     for r in rows {
         let pb = r.cfg.page_bytes();
@@ -79,9 +79,10 @@ pub fn format_share_ratio(rows: &[SweepRow]) -> String {
         let tot = total_row(&turn_rows(&r.out));
         let _ = writeln!(
             s,
-            "{:>4}%  {:>9.1}%  {:>12.1}  {:>11.1}  {:>9.1}  {:>5.1}%  {:>10.1}  {:>11.2}{}",
+            "{:>4}%  {:>9.1}%  {:>9}  {:>12.1}  {:>11.1}  {:>9.1}  {:>5.1}%  {:>10.1}  {:>11.2}{}",
             r.value,
             tot.hit_pct(),
+            r.out.final_stats.counters.unit_hits,
             mib(se.no_sharing_peak as u64, pb),
             mib(se.kvshare_peak as u64, pb),
             mib(se.ideal_peak as u64, pb),
@@ -98,8 +99,33 @@ pub fn format_share_ratio(rows: &[SweepRow]) -> String {
     s
 }
 
-/// Page sizes 8..128 on one workload, with the same device memory (`device_tokens` token
-/// slots) for each.
+/// The runs of the page-size sweep: page sizes 8..128 with the same device memory
+/// (`device_tokens` token slots) and whole-page hits; with a match unit in `base`, each page
+/// size it divides and exceeds runs a second time with hits in that unit.
+pub fn page_size_configs(base: &ReplayConfig, device_tokens: u64) -> Vec<ReplayConfig> {
+    let mut runs = Vec::new();
+    for ps in [8u32, 16, 32, 64, 128] {
+        let whole = ReplayConfig {
+            page_size: ps,
+            device_pages: (device_tokens / ps as u64) as u32,
+            match_unit: 0,
+            ..base.clone()
+        };
+        let u = base.match_unit;
+        if u > 0 && u < ps && ps.is_multiple_of(u) {
+            runs.push(whole.clone());
+            runs.push(ReplayConfig {
+                match_unit: u,
+                ..whole
+            });
+        } else {
+            runs.push(whole);
+        }
+    }
+    runs
+}
+
+/// The page-size sweep: every run of [`page_size_configs`] on one workload.
 pub fn page_size(
     base: &ReplayConfig,
     reqs: &[Request],
@@ -108,12 +134,11 @@ pub fn page_size(
     progress: &mut dyn FnMut(usize, Progress),
 ) -> Result<Vec<SweepRow>, String> {
     let mut rows = Vec::new();
-    for (k, ps) in [8u32, 16, 32, 64, 128].into_iter().enumerate() {
-        let cfg = ReplayConfig {
-            page_size: ps,
-            device_pages: (device_tokens / ps as u64) as u32,
-            ..base.clone()
-        };
+    for (k, cfg) in page_size_configs(base, device_tokens)
+        .into_iter()
+        .enumerate()
+    {
+        let ps = cfg.page_size;
         let mut m = model(&cfg)?;
         let out = replay(reqs, &cfg, m.as_mut(), &mut |p| progress(k, p))?;
         rows.push(SweepRow {
@@ -136,7 +161,7 @@ pub fn format_page_size(rows: &[SweepRow]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "page  saving  prefix hit  peak MiB  evictions  mgr us/req  attn ms/req  block tables KiB  index entries  index KiB"
+        "page  unit  saving  prefix hit  unit hits  peak MiB  evictions  mgr us/req  attn ms/req  block tables KiB  index entries  index KiB"
     );
     for r in rows {
         let pb = r.cfg.page_bytes();
@@ -144,10 +169,12 @@ pub fn format_page_size(rows: &[SweepRow]) -> String {
         let tot = total_row(&turn_rows(&r.out));
         let _ = writeln!(
             s,
-            "{:>4}  {:>5.1}%  {:>9.1}%  {:>8.1}  {:>9}  {:>10.1}  {:>11.2}  {:>16.1}  {:>13}  {:>9.1}{}",
+            "{:>4}  {:>4}  {:>5.1}%  {:>9.1}%  {:>9}  {:>8.1}  {:>9}  {:>10.1}  {:>11.2}  {:>16.1}  {:>13}  {:>9.1}{}",
             r.value,
+            r.cfg.unit(),
             tot.saving_pct(),
             tot.hit_pct(),
+            r.out.final_stats.counters.unit_hits,
             mib(se.kvshare_peak as u64, pb),
             r.out.final_stats.counters.evictions,
             median_mgr_us(&r.out, None),

@@ -183,6 +183,9 @@ KvshareBlockManager::KvshareBlockManager(const BlockManagerConfig &config, size_
     // CPU blocks stay what MindIE uses them for: swapped-out sequences.
     c.demote_to_host = false;
     c.enable_events = false;
+    // Whole-page hits: a hit inside a page needs a partial copy executed on the NPU, and the
+    // adapter has no copy channel into MindIE's worker yet (README, "Prefix hits").
+    c.match_unit = 0;
     kvs_status st = kvs_cache_new(&c, &cache_);
     if (st != KVS_STATUS_OK) {
         throw std::invalid_argument(Prefix("constructor") + kvs_status_str(st) + ": " + kvs_last_error_message());

@@ -153,6 +153,9 @@ class KvshareKVCacheManager(PythonTwins):
             skip_cached_writes=False,
             demote_to_host=num_host_pages > 0,
             enable_events=enable_kv_cache_events,
+            # Whole-page hits: a hit inside a page needs its partial copy executed in the
+            # worker, and no worker-side copy channel exists yet (README, "Prefix hits").
+            match_unit=0,
         )
         self.cache = kvshare.Cache(cfg)
         self._h = self.cache.handle

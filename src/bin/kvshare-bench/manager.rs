@@ -19,8 +19,13 @@ struct CCache(*mut kvs_cache);
 
 impl CCache {
     fn new(page_size: u32, pages: u32) -> Self {
+        Self::with_unit(page_size, 0, pages)
+    }
+
+    fn with_unit(page_size: u32, match_unit: u32, pages: u32) -> Self {
         let mut cfg: kvs_config = kvs_cache::kvs_config_default();
         cfg.page_size = page_size;
+        cfg.match_unit = match_unit;
         cfg.num_device_pages = pages;
         let mut c = ptr::null_mut();
         // SAFETY: `cfg` and `c` are live locals, readable / writable for the call.
@@ -180,6 +185,82 @@ fn prefix_match(repeats: usize, page_size: u32, target_ns: f64, rows: &mut Vec<R
         ns,
         floor_ns: floor,
         target_ns,
+    });
+}
+
+/// A request whose 4041-token prompt repeats the first 4040 tokens of a cached 4096-token one:
+/// `kvs_seq_begin` (the prefix walk, plus the unit lookup inside the page where the match ends),
+/// draining its copies, `kvs_seq_free`; per call. Page 128 / unit 16 and page 16 / unit 16
+/// match 4032 tokens, page 128 / unit 128 matches 3968; each allocates one page. Floor: one
+/// xxh3-128 pass over the prompt's bytes, as for the match rows.
+fn begin_with_unit(
+    repeats: usize,
+    page_size: u32,
+    unit: u32,
+    name: &'static str,
+    rows: &mut Vec<Row>,
+) {
+    const N: usize = 4096;
+    const Q: usize = 4041;
+    let c = CCache::with_unit(page_size, unit, 8192);
+    let cached = tokens(7, N);
+    let mut prompt = cached[..Q - 1].to_vec();
+    prompt.push(-7 & 0x7fff_ffff);
+    let mut info = Default::default();
+    unsafe {
+        ok(kvs_cache::kvs_seq_begin(
+            c.0,
+            1,
+            cached.as_ptr(),
+            N,
+            ptr::null(),
+            usize::MAX,
+            &mut info,
+        ));
+        ok(kvs_cache::kvs_seq_free(c.0, 1));
+    }
+    let mut copies = [kvs_copy {
+        src_page: 0,
+        dst_page: 0,
+        num_tokens: 0,
+        kind: 0,
+    }; 4];
+    let mut n = 0usize;
+    let ns = ns_per_unit(repeats, 100, || unsafe {
+        for _ in 0..100 {
+            ok(kvs_cache::kvs_seq_begin(
+                c.0,
+                2,
+                prompt.as_ptr(),
+                Q,
+                ptr::null(),
+                usize::MAX,
+                &mut info,
+            ));
+            ok(kvs_cache::kvs_cache_take_copies(
+                c.0,
+                copies.as_mut_ptr(),
+                copies.len(),
+                &mut n,
+            ));
+            ok(kvs_cache::kvs_seq_free(c.0, 2));
+        }
+    });
+    let whole = (Q - 1) / page_size as usize * page_size as usize;
+    let expect = whole + ((Q - 1 - whole) / unit as usize) * unit as usize;
+    assert_eq!(info.matched_tokens as usize, expect, "{name}");
+    let bytes: Vec<u8> = prompt.iter().flat_map(|t| t.to_le_bytes()).collect();
+    let floor = ns_per_unit(repeats, 100, || {
+        for _ in 0..100 {
+            std::hint::black_box(xxh3_128(std::hint::black_box(&bytes)));
+        }
+    });
+    rows.push(Row {
+        name,
+        unit: "call",
+        ns,
+        floor_ns: floor,
+        target_ns: f64::NAN,
     });
 }
 
@@ -392,6 +473,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
     alloc_release(repeats, &mut rows);
     prefix_match(repeats, 128, 10_000.0, &mut rows);
     prefix_match(repeats, 16, 30_000.0, &mut rows);
+    begin_with_unit(repeats, 128, 128, "begin_4k_hit_ps128_u128", &mut rows);
+    begin_with_unit(repeats, 128, 16, "begin_4k_hit_ps128_u16", &mut rows);
+    begin_with_unit(repeats, 16, 16, "begin_4k_hit_ps16_u16", &mut rows);
     decode_step(repeats, &mut rows);
     tiers(repeats, &mut rows);
 

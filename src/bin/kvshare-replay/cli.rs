@@ -32,6 +32,9 @@ CACHE AND SCHEDULER:
     --device-pages N      device pages [14336 tokens' worth: 896 at page size 16]
     --host-pages N        host pages: evicted cached pages are demoted there and promoted back on
                           a hit, preempted requests are swapped there (0: none; recompute) [0]
+    --match-unit N        prefix-hit granularity in tokens, a divisor of the page size: a prompt
+                          that goes on inside a cached page takes its whole units by a partial
+                          page copy (0: whole pages) [0]
     --no-demote           with host pages, drop evicted cached pages instead of demoting them
     --concurrency N       most requests running at once [8]
     --step-ms MS          simulated duration of one engine step [20]
@@ -58,7 +61,8 @@ MODEL (attention for every prefill and decode step):
 
 OUTPUT:
     --sweep WHAT          share-ratio: memory saving for shared ratios 10-90% (article 5.1);
-                          page-size: saving, time and index size for pages of 8-128 tokens (5.2)
+                          page-size: saving, time and index size for pages of 8-128 tokens (5.2);
+                          with --match-unit N, each page size above N also runs with unit N
     --svg PATH            where to write the plot [target/kvshare-replay.svg]
     --json                print the totals as one JSON line on stdout (the report goes to stderr)
     -h, --help            this text
@@ -88,6 +92,7 @@ pub struct Args {
     pub step_ms: f64,
     pub skip_cached_writes: bool,
     pub demote_to_host: bool,
+    pub match_unit: u32,
     pub check: bool,
     pub attention: bool,
     pub layers: u32,
@@ -122,6 +127,7 @@ impl Default for Args {
             step_ms: 20.0,
             skip_cached_writes: true,
             demote_to_host: true,
+            match_unit: 0,
             check: false,
             attention: true,
             layers: 2,
@@ -198,6 +204,7 @@ where
             }
             "--no-skip-cached-writes" => a.skip_cached_writes = false,
             "--no-demote" => a.demote_to_host = false,
+            "--match-unit" => a.match_unit = num(flag, &val()?, 0)?,
             "--check" => a.check = true,
             "--no-attention" => a.attention = false,
             "--layers" => a.layers = num(flag, &val()?, 1)?,

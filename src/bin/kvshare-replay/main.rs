@@ -67,6 +67,7 @@ fn config(a: &Args) -> ReplayConfig {
         check: a.check,
         skip_cached_writes: a.skip_cached_writes,
         demote_to_host: a.demote_to_host,
+        match_unit: a.match_unit,
     }
 }
 
@@ -207,9 +208,10 @@ fn run(a: &Args) -> Result<(), String> {
             say(
                 &mut human,
                 &format!(
-                    "kvshare-replay: {what}\ncache: {} device pages of {} tokens ({:.1} MiB of KV, {} KiB per page), {} host pages, concurrency {}, simulated step {} ms\nmodel: {attention}\n\n",
+                    "kvshare-replay: {what}\ncache: {} device pages of {} tokens, match unit {} ({:.1} MiB of KV, {} KiB per page), {} host pages, concurrency {}, simulated step {} ms\nmodel: {attention}\n\n",
                     cfg.device_pages,
                     cfg.page_size,
+                    cfg.unit(),
                     (cfg.device_pages as u64 * cfg.page_bytes()) as f64 / (1u64 << 20) as f64,
                     cfg.page_bytes() / 1024,
                     cfg.host_pages,
@@ -238,7 +240,13 @@ fn run(a: &Args) -> Result<(), String> {
         }
         Some(which) => {
             let mut factory = |c: &ReplayConfig| make_model(a, c);
-            let total_runs = 5u64;
+            let total_runs = match which {
+                Sweep::ShareRatio => 5,
+                Sweep::PageSize => {
+                    sweep::page_size_configs(&cfg, cfg.device_pages as u64 * cfg.page_size as u64)
+                        .len() as u64
+                }
+            };
             let pb = bar(total_runs, "sweep");
             pb.set_style(
                 ProgressStyle::with_template(
@@ -261,8 +269,9 @@ fn run(a: &Args) -> Result<(), String> {
                     let rows = rows?;
                     (
                         format!(
-                            "kvshare-replay --sweep share-ratio: 16 concurrent requests of 1024 tokens (960 prompt + 64 output), the first share% of them common; {}-token pages\n\n{}",
+                            "kvshare-replay --sweep share-ratio: 16 concurrent requests of 1024 tokens (960 prompt + 64 output), the first share% of them common; {}-token pages, match unit {}\n\n{}",
                             cfg.page_size,
+                            cfg.unit(),
                             sweep::format_share_ratio(&rows)
                         ),
                         rows,

@@ -157,7 +157,13 @@ impl Hybrid {
         };
         let mut indices = Vec::with_capacity(cfg.groups.len());
         for _ in &cfg.groups {
-            indices.push(PrefixIndex::new(index_pages, cfg.page_size, "num_pages")?);
+            // Whole-page hits: the groups' caches take no `match_unit` (issue 19 is single-group).
+            indices.push(PrefixIndex::new(
+                index_pages,
+                cfg.page_size,
+                cfg.page_size as usize,
+                "num_pages",
+            )?);
         }
         let mut dup_of = Vec::with_capacity(num_pools);
         for _ in 0..num_pools {
