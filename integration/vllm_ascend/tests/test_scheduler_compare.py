@@ -24,7 +24,8 @@ class Pair:
         self.hash_algo = hash_algo
         self.ref = h.make_scheduler(model_dir, kvshare=False, **kw)
         self.kvs = h.make_scheduler(model_dir, kvshare=True, **kw)
-        self.managed = type(self.kvs.kv_cache_manager).__name__ == "KvshareKVCacheManager"
+        self.managed = type(self.kvs.kv_cache_manager).__name__ in (
+            "KvshareKVCacheManager", "KvshareHybridKVCacheManager")
         if require_kvshare and not self.managed:
             raise NotManaged(type(self.kvs.kv_cache_manager).__name__)
         # With KV events on, the plugin keeps vLLM's request block hasher (events carry its
