@@ -37,6 +37,17 @@
 #define KVS_MAX_QUEUED_EVENTS (1 << 20)
 
 /*
+ Most groups a `kvs_hybrid` holds.
+ */
+#define KVS_MAX_GROUPS 32
+
+/*
+ The null page of every pool of a `kvs_hybrid`: never allocated; block tables show it at
+ positions a group released or skipped (vLLM's `null_block`).
+ */
+#define KVS_NULL_PAGE 0
+
+/*
  Number of retention priorities: `kvs_seq_set_priority` takes 0 ..= `KVS_NUM_PRIORITIES - 1`.
  */
 #define KVS_NUM_PRIORITIES 4
@@ -357,6 +368,39 @@ typedef uint32_t kvs_index_type;
 #endif // __cplusplus
 
 /*
+ The attention of a group's layers (values of `kvs_group.kind`).
+ */
+enum kvs_group_kind
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /*
+   Full attention (MLA too, with its own `page_bytes`): `window` must be 0.
+   */
+  KVS_GROUP_KIND_FULL = 0,
+  /*
+   Sliding window of `window` tokens (vLLM `SlidingWindowSpec.sliding_window`).
+   */
+  KVS_GROUP_KIND_SLIDING_WINDOW = 1,
+  /*
+   Chunked local attention, chunks of `window` tokens (vLLM `attention_chunk_size`).
+   */
+  KVS_GROUP_KIND_CHUNKED_LOCAL = 2,
+  /*
+   Mamba / linear-attention state: not supported yet (`KVS_STATUS_INVALID_CONFIG`).
+   */
+  KVS_GROUP_KIND_STATE = 3,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum kvs_group_kind kvs_group_kind;
+#else
+typedef uint32_t kvs_group_kind;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/*
  A compute backend (`KVS_BACKEND_KIND_CPU` or `KVS_BACKEND_KIND_ASCEND`) that launches paged
  attention, KV writes and page copies.
 
@@ -392,6 +436,26 @@ typedef struct kvs_backend kvs_backend;
  `kvs_prefix_unpin`, `kvs_prefix_prefetch`.
  */
 typedef struct kvs_cache kvs_cache;
+
+/*
+ A cache of KV-cache groups: one page pool per distinct `page_bytes` (shared by the groups
+ with those bytes, vLLM's single block pool), one prefix index per group, and per sequence
+ one block table per group. Sliding-window and chunked-local groups release the pages they
+ no longer read (`kvs_hybrid_seq_release_skipped`); registered ones stay matchable.
+
+ **Ownership:** created by `kvs_hybrid_new`, freed by `kvs_hybrid_free`.
+ **Thread safety:** every function taking a `kvs_hybrid*` may be called from any thread at
+ once (one internal lock); `kvs_hybrid_free` must not race with any other call. A panic inside
+ the library poisons the object (later calls: `KVS_STATUS_POISONED`).
+
+ **Methods:** `kvs_hybrid_new`, `kvs_hybrid_free`, `kvs_hybrid_check`,
+ `kvs_hybrid_group_info`, `kvs_hybrid_match`, `kvs_hybrid_seq_begin`,
+ `kvs_hybrid_seq_release_skipped`, `kvs_hybrid_seq_append`, `kvs_hybrid_seq_append_need`,
+ `kvs_hybrid_seq_free`, `kvs_hybrid_seq_get_info`, `kvs_hybrid_seq_pages`,
+ `kvs_hybrid_block_tables`, `kvs_hybrid_slot_mapping`, `kvs_hybrid_stats`,
+ `kvs_hybrid_take_events`.
+ */
+typedef struct kvs_hybrid kvs_hybrid;
 
 /*
  Options of `kvs_backend_new`. Zero-initialise and set what you need.
@@ -953,22 +1017,79 @@ typedef struct kvs_event {
 } kvs_event;
 
 /*
- What `kvs_page_get_info` reports about one page.
+ One KV-cache group.
  */
-typedef struct kvs_page_info {
+typedef struct kvs_group {
   /*
-   Holders (sequences plus external acquires).
+   A `kvs_group_kind` value.
    */
-  uint32_t refcount;
+  uint32_t kind;
   /*
-   A `kvs_page_state` value.
+   Sliding window or chunk in tokens (at least 1); 0 for full attention.
    */
-  uint32_t state;
+  uint32_t window;
   /*
-   Whether the page has a prefix-index entry.
+   Bytes of one page of this group (all its layers, K and V). Groups with equal
+   `page_bytes` share one page pool; each distinct value has its own pool.
    */
-  bool registered;
-} kvs_page_info;
+  uint64_t page_bytes;
+} kvs_group;
+
+/*
+ Geometry and options of a `kvs_hybrid`.
+ */
+typedef struct kvs_hybrid_config {
+  /*
+   Tokens per page, every group (1..=`KVS_MAX_PAGE_SIZE`).
+   */
+  uint32_t page_size;
+  /*
+   Pages in each pool, the null page 0 included (at least 2).
+   */
+  uint32_t num_pages;
+  /*
+   Register full pages and match prompts against them.
+   */
+  bool enable_prefix_caching;
+  /*
+   Queue a `kvs_group_event` per page stored in / removed from a group's index.
+   */
+  bool enable_events;
+  /*
+   The groups in the engine's order (the index is `group_idx`).
+   */
+  const struct kvs_group *groups;
+  /*
+   Number of `groups` (1..=`KVS_MAX_GROUPS`).
+   */
+  size_t num_groups;
+} kvs_hybrid_config;
+
+/*
+ A group as the cache sees it.
+ */
+typedef struct kvs_group_info {
+  /*
+   A `kvs_group_kind` value.
+   */
+  uint32_t kind;
+  /*
+   Window or chunk in tokens; 0 for full attention.
+   */
+  uint32_t window;
+  /*
+   Bytes of one page.
+   */
+  uint64_t page_bytes;
+  /*
+   The group's pool (page ids index that pool's KV tensors).
+   */
+  uint32_t pool;
+  /*
+   Pools of the cache.
+   */
+  uint32_t num_pools;
+} kvs_group_info;
 
 /*
  A multimodal item in a prompt: its placeholder tokens cover positions
@@ -1022,6 +1143,170 @@ typedef struct kvs_extra_keys {
    */
   size_t num_mm_items;
 } kvs_extra_keys;
+
+/*
+ What `kvs_hybrid_seq_begin` did.
+ */
+typedef struct kvs_hybrid_begin_info {
+  /*
+   The hit: tokens the engine may skip computing.
+   */
+  uint64_t matched_tokens;
+  /*
+   Length of every group's block table.
+   */
+  uint64_t num_pages;
+  /*
+   Pages taken fresh, all groups together.
+   */
+  uint64_t new_pages;
+} kvs_hybrid_begin_info;
+
+/*
+ A sequence's shape.
+ */
+typedef struct kvs_hybrid_seq_info {
+  /*
+   Tokens appended so far.
+   */
+  uint64_t num_tokens;
+  /*
+   Length of every group's block table (null entries included).
+   */
+  uint64_t num_pages;
+  /*
+   Tokens matched at begin.
+   */
+  uint64_t matched_tokens;
+} kvs_hybrid_seq_info;
+
+/*
+ One group's share of a `kvs_hybrid` and its pool's totals.
+ */
+typedef struct kvs_group_stats {
+  /*
+   The group's pool.
+   */
+  uint64_t pool;
+  /*
+   Pages of that pool, the null page included.
+   */
+  uint64_t pool_pages_total;
+  /*
+   Unreferenced pages of the pool, cached ones included (vLLM's `get_num_free_blocks`).
+   */
+  uint64_t pool_pages_free;
+  /*
+   Referenced pages of the pool (all its groups).
+   */
+  uint64_t pool_pages_in_use;
+  /*
+   Non-null entries of this group's tables over all sequences (a page shared by k
+   sequences counts k times).
+   */
+  uint64_t pages_held;
+  /*
+   Distinct pages this group's tables hold.
+   */
+  uint64_t pages_distinct;
+  /*
+   Entries in this group's prefix index.
+   */
+  uint64_t pages_registered;
+  /*
+   Cumulative: pages released out of this group's window.
+   */
+  uint64_t pages_released;
+  /*
+   Cumulative: registered pages of this group evicted for reuse.
+   */
+  uint64_t evictions;
+  /*
+   Cumulative: tokens matched by sequence begins (the same for every group).
+   */
+  uint64_t prefix_hit_tokens;
+  /*
+   Cumulative: begins that looked up the index.
+   */
+  uint64_t prefix_queries;
+  /*
+   Live sequences.
+   */
+  uint64_t num_seqs;
+  /*
+   Events dropped because the queue was full (the same for every group).
+   */
+  uint64_t events_dropped;
+} kvs_group_stats;
+
+/*
+ One index change of one group: vLLM's `BlockStored` / `BlockRemoved` with their
+ `group_idx`, `kv_cache_spec_kind` and `kv_cache_spec_sliding_window` fields.
+ */
+typedef struct kvs_group_event {
+  /*
+   A `kvs_event_kind` value (Stored or Removed).
+   */
+  uint32_t kind;
+  /*
+   The group whose index changed.
+   */
+  uint32_t group_idx;
+  /*
+   The group's `kvs_group_kind`.
+   */
+  uint32_t group_kind;
+  /*
+   The group's window or chunk (0 for full attention).
+   */
+  uint32_t window;
+  /*
+   Low 64 bits of the page's chain digest (README, "Prefix keys").
+   */
+  uint64_t hash_lo;
+  /*
+   High 64 bits.
+   */
+  uint64_t hash_hi;
+  /*
+   Low 64 bits of the previous page's digest (Stored only; the root digest for a first page).
+   */
+  uint64_t parent_lo;
+  /*
+   High 64 bits.
+   */
+  uint64_t parent_hi;
+  /*
+   LoRA id of the sequence that stored it (Stored only).
+   */
+  uint64_t lora_id;
+  /*
+   Tokens in the page (the page size).
+   */
+  uint32_t num_tokens;
+  /*
+   Page id in the group's pool.
+   */
+  uint32_t page;
+} kvs_group_event;
+
+/*
+ What `kvs_page_get_info` reports about one page.
+ */
+typedef struct kvs_page_info {
+  /*
+   Holders (sequences plus external acquires).
+   */
+  uint32_t refcount;
+  /*
+   A `kvs_page_state` value.
+   */
+  uint32_t state;
+  /*
+   Whether the page has a prefix-index entry.
+   */
+  bool registered;
+} kvs_page_info;
 
 /*
  A sequence's shape (`kvs_seq_begin`, `kvs_seq_get_info`).
@@ -1330,6 +1615,231 @@ kvs_status kvs_cache_take_events(struct kvs_cache *cache,
                                  struct kvs_event *events_out,
                                  size_t events_len,
                                  size_t *num_events_out);
+
+/*
+ Creates a cache of groups from `config` and writes its handle to `*hybrid_out`.
+
+ **Ownership:** free it with `kvs_hybrid_free`; the config and its groups are copied.
+ **Failure:** `KVS_STATUS_INVALID_CONFIG` names the bad field (a bool byte other than
+ 0/1, `num_groups` outside 1..=`KVS_MAX_GROUPS`, an unknown or `STATE` kind, a window of
+ 0 for a window kind or non-0 for full attention, `page_bytes` 0, `num_pages` below 2);
+ `KVS_STATUS_OUT_OF_MEMORY`; `*hybrid_out` is untouched on error.
+ **Thread safety:** safe from any thread.
+ */
+kvs_status kvs_hybrid_new(const struct kvs_hybrid_config *config, struct kvs_hybrid **hybrid_out);
+
+/*
+ Frees a cache of groups and everything in it. NULL is a no-op.
+
+ **Thread safety:** no other call may use `hybrid` during or after this one.
+ */
+void kvs_hybrid_free(struct kvs_hybrid *hybrid);
+
+/*
+ Runs the invariant checker (tables, refcounts, lists, indices of every group).
+
+ **Failure:** `KVS_STATUS_INVARIANT_VIOLATION` with the first disagreement in
+ `kvs_last_error_message()` (a bug in the library).
+ **Thread safety:** safe concurrently with any call but `kvs_hybrid_free`.
+ */
+kvs_status kvs_hybrid_check(const struct kvs_hybrid *hybrid);
+
+/*
+ Writes group `group`'s kind, window, page bytes and pool to `*info_out`.
+
+ **Failure:** `group` not below the group count (`KVS_STATUS_INVALID_ARGUMENT`):
+ `*info_out` untouched.
+ **Thread safety:** safe concurrently with any call but `kvs_hybrid_free`.
+ */
+kvs_status kvs_hybrid_group_info(const struct kvs_hybrid *hybrid,
+                                 size_t group,
+                                 struct kvs_group_info *info_out);
+
+/*
+ The longest prefix hit of `tokens` across all groups, at most `max_tokens` (vLLM's
+ `get_computed_blocks`: pass `num_tokens - 1`). Read-only. Writes the hit N to
+ `*matched_tokens_out` and, when `pages_out` is not NULL, row `g` of `pages_out`
+ (row-major `[num_groups, max_pages_per_group]`) gets group `g`'s `N / page_size` pages:
+ its hit pages, `KVS_NULL_PAGE` where it skips; entries after them are left as they were.
+
+ **Failure:** NULL pointers, `pages_len` below `num_groups * max_pages_per_group`, a hit
+ longer than `max_pages_per_group` pages with `pages_out` given (`KVS_STATUS_BUFFER_TOO_SMALL`):
+ nothing is written.
+ **Thread safety:** safe concurrently with any call but `kvs_hybrid_free`.
+ */
+kvs_status kvs_hybrid_match(const struct kvs_hybrid *hybrid,
+                            const int32_t *tokens,
+                            size_t num_tokens,
+                            const struct kvs_extra_keys *extra,
+                            size_t max_tokens,
+                            uint32_t *pages_out,
+                            size_t pages_len,
+                            size_t max_pages_per_group,
+                            size_t *matched_tokens_out);
+
+/*
+ Starts sequence `seq_id` with its known tokens (vLLM: computed plus this step's
+ scheduled tokens): the longest hit N (at most `max_match_tokens`, as `kvs_hybrid_match`),
+ then per group `KVS_NULL_PAGE` where it skips at N, the hit pages, and fresh pages up to
+ `num_tokens + lookahead_slots` slots (groups in order). Full pages are registered.
+
+ **Failure:** `KVS_STATUS_SEQ_EXISTS`, `KVS_STATUS_NO_SPACE` (a pool's free + evictable
+ pages below the fresh pages plus the evictable hit pages, vLLM's admission check),
+ `KVS_STATUS_REFCOUNT_OVERFLOW`, `KVS_STATUS_OUT_OF_MEMORY`: nothing changes and
+ `*info_out` (optional, may be NULL) is untouched.
+ **Thread safety:** safe concurrently with any call but `kvs_hybrid_free`.
+ */
+kvs_status kvs_hybrid_seq_begin(struct kvs_hybrid *hybrid,
+                                uint64_t seq_id,
+                                const int32_t *tokens,
+                                size_t num_tokens,
+                                const struct kvs_extra_keys *extra,
+                                size_t max_match_tokens,
+                                size_t lookahead_slots,
+                                struct kvs_hybrid_begin_info *info_out);
+
+/*
+ vLLM's `remove_skipped_blocks(request, num_computed_tokens)`: every group replaces the
+ positions it no longer reads once `num_computed_tokens` tokens have KV (sliding window
+ W: the first `max(0, c - W + 1) / page_size` pages; chunked local C: the pages before
+ `c / C * C`; full attention: none) by `KVS_NULL_PAGE`, from the last such position down
+ to the first one already null, and returns those pages to their pool: registered ones to
+ the back of the reuse queue (still matchable), the others to its front. vLLM calls it
+ before its admission check and does not undo it when the allocation fails, hence a call
+ of its own. `num_computed_tokens` past the table is capped to it. Writes the number of
+ pages released to `*num_released_out` (optional).
+
+ **Failure:** unknown sequence: nothing changes.
+ **Thread safety:** safe concurrently with any call but `kvs_hybrid_free`.
+ */
+kvs_status kvs_hybrid_seq_release_skipped(struct kvs_hybrid *hybrid,
+                                          uint64_t seq_id,
+                                          size_t num_computed_tokens,
+                                          size_t *num_released_out);
+
+/*
+ Appends `num_tokens` tokens and grows every group's table to the pages
+ `len + lookahead_slots` slots need (groups in order; vLLM's `allocate_new_blocks`), then
+ registers the pages that filled (vLLM's `cache_blocks`).
+
+ **Failure:** unknown sequence, `KVS_STATUS_NO_SPACE`, `KVS_STATUS_OUT_OF_MEMORY`:
+ nothing changes.
+ **Thread safety:** safe concurrently with any call but `kvs_hybrid_free`.
+ */
+kvs_status kvs_hybrid_seq_append(struct kvs_hybrid *hybrid,
+                                 uint64_t seq_id,
+                                 const int32_t *tokens,
+                                 size_t num_tokens,
+                                 size_t lookahead_slots);
+
+/*
+ Pages `kvs_hybrid_seq_append` of `num_tokens` tokens with `lookahead_slots` would take
+ now, all groups together, to `*pages_out`. Read-only.
+
+ **Failure:** unknown sequence, overflow: `*pages_out` untouched.
+ **Thread safety:** safe concurrently with any call but `kvs_hybrid_free`.
+ */
+kvs_status kvs_hybrid_seq_append_need(const struct kvs_hybrid *hybrid,
+                                      uint64_t seq_id,
+                                      size_t num_tokens,
+                                      size_t lookahead_slots,
+                                      size_t *pages_out);
+
+/*
+ Ends a sequence: groups in order, each table from its last position (vLLM's
+ `free`); registered pages stay matchable.
+
+ **Failure:** unknown sequence: nothing changes.
+ **Thread safety:** safe concurrently with any call but `kvs_hybrid_free`.
+ */
+kvs_status kvs_hybrid_seq_free(struct kvs_hybrid *hybrid, uint64_t seq_id);
+
+/*
+ Writes a sequence's token count, table length and matched tokens to `*info_out`.
+
+ **Failure:** unknown sequence: `*info_out` untouched.
+ **Thread safety:** safe concurrently with any call but `kvs_hybrid_free`.
+ */
+kvs_status kvs_hybrid_seq_get_info(const struct kvs_hybrid *hybrid,
+                                   uint64_t seq_id,
+                                   struct kvs_hybrid_seq_info *info_out);
+
+/*
+ Copies group `group`'s block table of a sequence (`KVS_NULL_PAGE` at released
+ positions) to `pages_out` and its length to `*num_pages_out`.
+
+ **Failure:** unknown sequence or group, `max_pages` below the table length
+ (`KVS_STATUS_BUFFER_TOO_SMALL`): nothing is written.
+ **Thread safety:** safe concurrently with any call but `kvs_hybrid_free`.
+ */
+kvs_status kvs_hybrid_seq_pages(const struct kvs_hybrid *hybrid,
+                                uint64_t seq_id,
+                                size_t group,
+                                uint32_t *pages_out,
+                                size_t max_pages,
+                                size_t *num_pages_out);
+
+/*
+ `kvs_cache_block_tables` for group `group`: row `i` of `table_out` gets sequence
+ `seq_ids[i]`'s pages in that group (`KVS_NULL_PAGE` at released positions) followed by
+ `pad_page`; `context_lens_out` (optional: NULL with length 0) its token counts.
+
+ **Failure:** unknown sequence or group, a table longer than `max_pages_per_seq`, short
+ buffers: nothing is written.
+ **Thread safety:** safe concurrently with any call but `kvs_hybrid_free`.
+ */
+kvs_status kvs_hybrid_block_tables(const struct kvs_hybrid *hybrid,
+                                   size_t group,
+                                   const uint64_t *seq_ids,
+                                   size_t num_seqs,
+                                   size_t max_pages_per_seq,
+                                   int32_t pad_page,
+                                   int32_t *table_out,
+                                   size_t table_len,
+                                   int32_t *context_lens_out,
+                                   size_t context_lens_len);
+
+/*
+ `kvs_cache_slot_mapping` for group `group`: the slots (`page * page_size + offset`) of
+ each sequence's last `query_lens[i]` tokens in that group, concatenated; -1 for a token
+ at a released position and for the padding up to `slots_len`. Writes the sum of
+ `query_lens` to `*num_slots_out` (optional).
+
+ **Failure:** unknown sequence or group, a query length over the sequence length,
+ `slots_len` too small: nothing is written.
+ **Thread safety:** safe concurrently with any call but `kvs_hybrid_free`.
+ */
+kvs_status kvs_hybrid_slot_mapping(const struct kvs_hybrid *hybrid,
+                                   size_t group,
+                                   const uint64_t *seq_ids,
+                                   const uint32_t *query_lens,
+                                   size_t num_seqs,
+                                   int64_t *slots_out,
+                                   size_t slots_len,
+                                   size_t *num_slots_out);
+
+/*
+ Writes group `group`'s stats (and its pool's totals) to `*stats_out`.
+
+ **Failure:** unknown group: `*stats_out` untouched.
+ **Thread safety:** safe concurrently with any call but `kvs_hybrid_free`.
+ */
+kvs_status kvs_hybrid_stats(const struct kvs_hybrid *hybrid,
+                            size_t group,
+                            struct kvs_group_stats *stats_out);
+
+/*
+ Drains up to `events_len` queued events, oldest first, into `events_out` and writes how
+ many to `*num_events_out`; call again while it equals `events_len`. Empty unless the
+ config enabled events.
+
+ **Failure:** NULL pointers: nothing is taken.
+ **Thread safety:** safe concurrently with any call but `kvs_hybrid_free`.
+ */
+kvs_status kvs_hybrid_take_events(struct kvs_hybrid *hybrid,
+                                  struct kvs_group_event *events_out,
+                                  size_t events_len,
+                                  size_t *num_events_out);
 
 /*
  Allocates `num_pages` device pages, all or nothing, each at refcount 1 held by the caller.

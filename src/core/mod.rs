@@ -13,6 +13,7 @@ pub mod check;
 pub mod config;
 pub mod error;
 pub mod events;
+pub mod groups;
 pub mod hashing;
 pub mod list;
 pub mod pages;

@@ -11,6 +11,7 @@ use crate::core::{CopyKind, DType, Error, EventKind, PageState, Tier};
 
 use super::attn::{kvs_backend_kind, kvs_index_type};
 use super::events::kvs_event_kind;
+use super::hybrid::kvs_group_kind;
 use super::pages::kvs_page_state;
 use super::types::{kvs_copy_kind, kvs_dtype, kvs_tier};
 
@@ -56,6 +57,12 @@ macro_rules! try_from_raw {
 
 try_from_raw!(kvs_dtype { F32, F16, Bf16 });
 try_from_raw!(kvs_tier { Device, Host });
+try_from_raw!(kvs_group_kind {
+    Full,
+    SlidingWindow,
+    ChunkedLocal,
+    State,
+});
 try_from_raw!(kvs_copy_kind {
     DeviceToDevice,
     DeviceToHost,

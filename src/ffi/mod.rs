@@ -22,6 +22,7 @@ pub mod cache;
 pub mod enums;
 pub mod events;
 pub(crate) mod handle;
+pub mod hybrid;
 pub mod pages;
 pub(crate) mod panic;
 pub mod prefix;

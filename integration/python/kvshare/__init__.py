@@ -443,3 +443,8 @@ class Cache:
                                 cap, n), "kvs_seq_pages")
         del out[n[0]:]
         return out
+
+
+from .hybrid import Hybrid  # noqa: E402  (needs the names above)
+
+__all__ += ["Hybrid", "ExtraKeys", "SIZE_MAX"]
