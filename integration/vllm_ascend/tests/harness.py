@@ -55,7 +55,9 @@ def make_vllm_config(model_dir: str, *, block_size: int = 16, max_num_seqs: int 
 #   gemma3:   5 sliding-window layers (window 1024) per full layer (30 layers: 6 groups)
 #   llama4:   3 chunked-local layers (chunk 8192) per full (NoPE) layer (24 layers: 4 groups)
 #   mla:      DeepSeek-like MLA (full attention, one latent vector per token: 1 group)
+#   mistral:  every layer a sliding window of 4096 (Mistral 7B v0.1: 1 windowed group)
 MODELS = {
+    "mistral": ("sw", 4096, None, 8),
     "gpt-oss": ("sw", 128, 2, 24),
     "gemma3": ("sw", 1024, 6, 30),
     "llama4": ("chunk", 8192, 4, 24),
@@ -77,7 +79,7 @@ def layer_specs(model: str, block_size: int = 16, size: int | None = None) -> di
             specs[name] = MLAAttentionSpec(block_size=block_size, num_kv_heads=1,
                                            head_size=576, dtype=torch.bfloat16,
                                            cache_dtype_str="auto")
-        elif i % period == period - 1:
+        elif period is not None and i % period == period - 1:
             specs[name] = full
         elif kind == "sw":
             specs[name] = SlidingWindowSpec(block_size=block_size, num_kv_heads=8,
