@@ -165,6 +165,7 @@ class KvshareHybridKVCacheManager:
             max_num_batched_tokens=mnbt, max_model_len=max_model_len)
             for (k, _), s in zip(kinds, self.specs)]
         self._full = [k == "full" for k, _ in kinds]
+        self._windowed = [g for g, (k, _) in enumerate(kinds) if k != "full"]
         self._zero_new = bool(getattr(kv_cache_config, "needs_kv_cache_zeroing", False))
         self.cache = self._new_cache()
 
@@ -254,9 +255,37 @@ class KvshareHybridKVCacheManager:
         return KVCacheBlocks(tuple([blocks[p] for p in pages] for pages in added))
 
     def _release(self, st: _HReq, total_computed: int) -> None:
-        """vLLM's ``remove_skipped_blocks``: positions out of every window become null."""
-        if self.cache.seq_release_skipped(st.seq, total_computed):
-            self._refresh(st)
+        """vLLM's ``remove_skipped_blocks``: positions out of every window become null.  The
+        mirror follows the same rule as kvshare (from the last skipped position down to the
+        first null one) without reading the tables back; ``check`` compares them."""
+        if not self._windowed:
+            return
+        bs, refs = self.block_size, self._refs
+        todo = False
+        for g in self._windowed:
+            t = st.tables[g]
+            k = min(self._skipped(g, total_computed) // bs, len(t))
+            if k and t[k - 1]:
+                todo = True
+                break
+        if not todo:
+            return  # nothing to release: no native call
+        released = self.cache.seq_release_skipped(st.seq, total_computed)
+        n = 0
+        for g in self._windowed:
+            t = st.tables[g]
+            i = min(self._skipped(g, total_computed) // bs, len(t)) - 1
+            while i >= 0 and t[i]:
+                p = t[i]
+                refs[p] -= 1
+                if not refs[p]:
+                    del refs[p]
+                t[i] = 0
+                n += 1
+                i -= 1
+        if n != released:
+            raise AssertionError(f"kvshare_vllm: kvshare released {released} pages, the "
+                                 f"mirror {n}")
 
     # ------------------------------------------------------------------ public surface
     @property
@@ -325,10 +354,12 @@ class KvshareHybridKVCacheManager:
         if st is None:
             return self._begin(request, ids, known, need_slot, num_new_computed_tokens)
         toks = ids[st.n:known] if known > st.n else []
-        if toks or _cdiv(need_slot, self.block_size) > len(st.tables[0]):
+        grows = _cdiv(need_slot, self.block_size) > len(st.tables[0])
+        if toks or grows:
             st.n += len(toks)
             self.cache.seq_append(st.seq, toks, max(need_slot - st.n, 0))
-            return self._handed(self._refresh(st))
+            if grows:  # the tables get fresh pages: read them
+                return self._handed(self._refresh(st))
         return self.empty_kv_cache_blocks
 
     def _begin(self, request, ids, known: int, need_slot: int, num_hit: int) -> KVCacheBlocks:
@@ -384,7 +415,8 @@ class KvshareHybridKVCacheManager:
         if target > st.n:
             self.cache.seq_append(st.seq, _token_ids(request)[st.n:target], 0)
             st.n = target
-            self._refresh(st)
+            if _cdiv(target, self.block_size) > len(st.tables[0]):
+                self._refresh(st)
 
     def evict_blocks(self, block_ids) -> None:
         """Failed KV loads (KV connectors, which these configurations do not run with)."""

@@ -18,15 +18,17 @@ class NotManaged(Exception):
 
 class Pair:
     """The same workload on two schedulers; compares every step.  ``require_kvshare=False``
-    lets the second side fall back to vLLM's manager (checks a workload on vLLM alone)."""
+    lets the second side fall back to vLLM's manager; ``vllm_only`` runs vLLM's manager on both
+    sides (checks a workload on vLLM alone)."""
 
-    def __init__(self, model_dir, hash_algo="sha256", require_kvshare=True, **kw):
+    def __init__(self, model_dir, hash_algo="sha256", require_kvshare=True, vllm_only=False,
+                 **kw):
         self.hash_algo = hash_algo
         self.ref = h.make_scheduler(model_dir, kvshare=False, **kw)
-        self.kvs = h.make_scheduler(model_dir, kvshare=True, **kw)
+        self.kvs = h.make_scheduler(model_dir, kvshare=not vllm_only, **kw)
         self.managed = type(self.kvs.kv_cache_manager).__name__ in (
             "KvshareKVCacheManager", "KvshareHybridKVCacheManager")
-        if require_kvshare and not self.managed:
+        if require_kvshare and not vllm_only and not self.managed:
             raise NotManaged(type(self.kvs.kv_cache_manager).__name__)
         # With KV events on, the plugin keeps vLLM's request block hasher (events carry its
         # hashes); otherwise kvshare's side runs without it, as the plugin runs the engine.
