@@ -22,6 +22,7 @@ import itertools
 from collections import Counter
 
 import kvshare
+from kvshare import ffi, lib
 
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.metrics.stats import PrefixCacheStats
@@ -168,6 +169,8 @@ class KvshareHybridKVCacheManager:
         self._windowed = [g for g, (k, _) in enumerate(kinds) if k != "full"]
         self._zero_new = bool(getattr(kv_cache_config, "needs_kv_cache_zeroing", False))
         self.cache = self._new_cache()
+        self._stats_out = ffi.new("kvs_group_stats *")
+        self._avail: int | None = None  # see _capacity
 
         self.block_pool = _BlockPoolView(self, self.num_blocks)
         self._blocks = self.block_pool.blocks
@@ -195,8 +198,14 @@ class KvshareHybridKVCacheManager:
 
     def _capacity(self) -> int:
         """vLLM's ``get_num_free_blocks``: unreferenced pages of the pool, cached ones
-        included, the null page not."""
-        return self.cache.stats(0)["pool_pages_free"]
+        included, the null page not.  Kept until the next call that changes the pool."""
+        a = self._avail
+        if a is None:
+            rc = lib.kvs_hybrid_stats(self.cache.handle, 0, self._stats_out)
+            if rc:
+                kvshare.check(rc, "kvs_hybrid_stats")
+            a = self._avail = self._stats_out.pool_pages_free
+        return a
 
     def _evictable(self, blocks) -> int:
         """Hit blocks no live table holds (vLLM: ``ref_cnt == 0``, not null)."""
@@ -226,23 +235,33 @@ class KvshareHybridKVCacheManager:
 
     def _refresh(self, st: _HReq) -> list[list[int]]:
         """Re-reads the request's tables from kvshare; returns each group's positions past the
-        old length (the pages added), and keeps the page refcount mirror."""
+        old length (the pages added).  Keeps the page refcount mirror and the kept free count
+        (a page going from no holder to one leaves vLLM's free count, and back)."""
         added = []
-        refs = self._refs
+        delta: Counter = Counter()
         for g in range(self.num_kv_cache_groups):
             old = st.tables[g]
             new = list(self.cache.seq_pages(st.seq, g))
-            for p in old:
-                if p:
-                    refs[p] -= 1
-            for p in new:
-                if p:
-                    refs[p] += 1
+            delta.update(p for p in new if p)
+            delta.subtract(p for p in old if p)
             added.append(new[len(old):])
             st.tables[g] = new
-        for p in [p for p, c in refs.items() if c <= 0]:
-            del refs[p]
+        refs = self._refs
+        for p, d in delta.items():
+            if d:
+                self._ref(refs, p, d)
         return added
+
+    def _ref(self, refs: Counter, p: int, d: int) -> None:
+        """Adds ``d`` holders to page ``p`` in the mirror, and the kept free count follows."""
+        before = refs[p]
+        after = before + d
+        if after:
+            refs[p] = after
+        else:
+            del refs[p]
+        if self._avail is not None and (before == 0) != (after == 0):
+            self._avail += 1 if after == 0 else -1
 
     def _handed(self, added: list[list[int]]) -> KVCacheBlocks:
         if not any(added):
@@ -276,10 +295,7 @@ class KvshareHybridKVCacheManager:
             t = st.tables[g]
             i = min(self._skipped(g, total_computed) // bs, len(t)) - 1
             while i >= 0 and t[i]:
-                p = t[i]
-                refs[p] -= 1
-                if not refs[p]:
-                    del refs[p]
+                self._ref(refs, t[i], -1)
                 t[i] = 0
                 n += 1
                 i -= 1
@@ -345,17 +361,20 @@ class KvshareHybridKVCacheManager:
             # of steps still in flight keep their window, as its patched manager does.
             inflight = max(0, getattr(request, "num_in_flight_tokens", 0))
             self._release(st, max(0, total - inflight))
-        if self._blocks_to_allocate(st, need_slot, hits, local, False) > \
-                self._capacity() - reserved_blocks:
+        need = self._blocks_to_allocate(st, need_slot, hits, local, False)
+        if (need or reserved_blocks) and need > self._capacity() - reserved_blocks:
             return None
         # vLLM caches min(total + new, num_tokens) tokens: drafts are not tokens yet.
         known = min(main, request.num_tokens)
         ids = _token_ids(request)
         if st is None:
             return self._begin(request, ids, known, need_slot, num_new_computed_tokens)
-        toks = ids[st.n:known] if known > st.n else []
-        grows = _cdiv(need_slot, self.block_size) > len(st.tables[0])
-        if toks or grows:
+        bs = self.block_size
+        grows = _cdiv(need_slot, bs) > len(st.tables[0])
+        if grows or known // bs > st.n // bs:
+            # New pages, or a page filled with known tokens (vLLM caches it now).  Tokens of a
+            # partly filled page wait for such a call: nothing can look them up before.
+            toks = ids[st.n:known] if known > st.n else []
             st.n += len(toks)
             self.cache.seq_append(st.seq, toks, max(need_slot - st.n, 0))
             if grows:  # the tables get fresh pages: read them
@@ -396,9 +415,7 @@ class KvshareHybridKVCacheManager:
         for t in st.tables:
             for p in t:
                 if p:
-                    refs[p] -= 1
-                    if not refs[p]:
-                        del refs[p]
+                    self._ref(refs, p, -1)
 
     def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
         st = self._reqs.get(request_id)
@@ -412,10 +429,11 @@ class KvshareHybridKVCacheManager:
         if st is None:
             return
         target = min(num_computed_tokens, request.num_tokens)
-        if target > st.n:
+        bs = self.block_size
+        if target // bs > st.n // bs:  # a page fills (partial pages wait, see allocate_slots)
             self.cache.seq_append(st.seq, _token_ids(request)[st.n:target], 0)
             st.n = target
-            if _cdiv(target, self.block_size) > len(st.tables[0]):
+            if _cdiv(target, bs) > len(st.tables[0]):
                 self._refresh(st)
 
     def evict_blocks(self, block_ids) -> None:
@@ -432,6 +450,7 @@ class KvshareHybridKVCacheManager:
             return False
         self.cache.close()
         self.cache = self._new_cache()
+        self._avail = None
         self._refs.clear()
         return True
 
@@ -500,6 +519,10 @@ class KvshareHybridKVCacheManager:
                 refs.update(p for p in t if p)
         if refs != self._refs:
             raise AssertionError("kvshare_vllm: page refcount mirror differs from the tables")
+        kept, self._avail = self._avail, None
+        if kept is not None and kept != self._capacity():
+            raise AssertionError(f"kvshare_vllm: kept free count {kept} but kvshare counts "
+                                 f"{self._avail}")
 
     def kvshare_stats(self) -> dict[str, int]:
         st = self.cache.stats(0)
