@@ -340,6 +340,7 @@ impl kvs_hybrid {
     /// **Failure:** `KVS_STATUS_INVARIANT_VIOLATION` with the first disagreement in
     /// `kvs_last_error_message()` (a bug in the library).
     /// **Thread safety:** safe concurrently with any call but `kvs_hybrid_free`.
+    #[must_use]
     #[no_mangle]
     pub unsafe extern "C" fn kvs_hybrid_check(hybrid: *const kvs_hybrid) -> kvs_status {
         guard(|| lock(hybrid)?.check())
@@ -365,8 +366,9 @@ impl kvs_hybrid {
                 kind: kind_of(g.kind) as u32,
                 window: g.kind.window(),
                 page_bytes: g.page_bytes,
-                pool: pool as u32,
-                num_pools: h.num_pools() as u32,
+                pool: u32::try_from(pool).map_err(|_| Error::arg("group", "pool id overflow"))?,
+                num_pools: u32::try_from(h.num_pools())
+                    .map_err(|_| Error::arg("group", "pool count overflow"))?,
             };
             Ok(())
         })

@@ -14,6 +14,7 @@
 
 pub mod config;
 pub mod cpu_model;
+pub mod hybrid;
 pub mod ideal;
 pub mod model;
 pub mod outcome;

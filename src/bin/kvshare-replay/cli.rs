@@ -38,6 +38,11 @@ CACHE AND SCHEDULER:
     --no-skip-cached-writes
                           allocate and recompute the last page of a fully cached prompt (vLLM's
                           behaviour) instead of sharing it
+    --window W            hybrid model: sliding-window groups of window W next to full attention
+                          (a cache of KV-cache groups; report per group, against a full-attention
+                          model of the same size in the same run)
+    --chunk C             hybrid model: chunked-local groups of chunk C instead of a window
+    --full-every K        hybrid model: one full-attention group per K groups [6]
     --check               run the cache manager's invariant checker after every step
 
 MODEL (attention for every prefill and decode step):
@@ -95,6 +100,9 @@ pub struct Args {
     pub sweep: Option<Sweep>,
     pub svg: String,
     pub json: bool,
+    pub window: Option<u32>,
+    pub chunk: Option<u32>,
+    pub full_every: u32,
     pub help: bool,
 }
 
@@ -126,6 +134,9 @@ impl Default for Args {
             sweep: None,
             svg: "target/kvshare-replay.svg".into(),
             json: false,
+            window: None,
+            chunk: None,
+            full_every: 6,
             help: false,
         }
     }
@@ -209,8 +220,14 @@ where
             }
             "--svg" => a.svg = val()?,
             "--json" => a.json = true,
+            "--window" => a.window = Some(num(flag, &val()?, 1)?),
+            "--chunk" => a.chunk = Some(num(flag, &val()?, 1)?),
+            "--full-every" => a.full_every = num(flag, &val()?, 1)?,
             other => return Err(format!("unknown option {other:?} (see --help)")),
         }
+    }
+    if a.window.is_some() && a.chunk.is_some() {
+        return Err("--window and --chunk exclude each other (see --help)".into());
     }
     Ok(a)
 }

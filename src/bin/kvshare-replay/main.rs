@@ -118,6 +118,57 @@ fn write_svg(path: &str, svg: &str) -> Result<String, String> {
         .unwrap_or_else(|_| path.to_string()))
 }
 
+/// `--window` / `--chunk`: the hybrid model and the full-attention model of the same size, in
+/// one run, on the same requests and the same bytes of KV.
+fn run_hybrid(a: &Args, reqs: &[kvshare::replay::Request], what: &str) -> Result<(), String> {
+    use kvshare::core::groups::GroupKind;
+    use kvshare::replay::hybrid::{format_hybrid, hybrid_kinds, replay_groups, HybridReplayConfig};
+    let local = match (a.window, a.chunk) {
+        (Some(w), _) => GroupKind::SlidingWindow(w),
+        (_, Some(c)) => GroupKind::ChunkedLocal(c),
+        _ => unreachable!("checked by the caller"),
+    };
+    let kinds = hybrid_kinds(local, a.full_every);
+    let k = kinds.len() as u32;
+    let pages = a.device_pages();
+    let base = HybridReplayConfig {
+        kinds: vec![GroupKind::Full],
+        page_size: a.page_size,
+        num_pages: pages + 1,
+        concurrency: a.concurrency,
+        step_ms: a.step_ms,
+        check: a.check,
+    };
+    let hybrid = HybridReplayConfig {
+        kinds,
+        num_pages: pages
+            .checked_mul(k)
+            .and_then(|p| p.checked_add(1))
+            .ok_or("--device-pages too large")?,
+        ..base.clone()
+    };
+    println!(
+        "kvshare-replay: {what}\nhybrid: {k} groups ({local:?} x {}, full x 1), {} pages of {} tokens per group page; full model: {} pages (same bytes)\n",
+        k - 1,
+        hybrid.num_pages - 1,
+        a.page_size,
+        pages
+    );
+    let full = replay_groups(reqs, &base)?;
+    let hy = replay_groups(reqs, &hybrid)?;
+    print!("{}", format_hybrid(&hy, &full, a.page_size));
+    if a.json {
+        println!(
+            "{{\"hybrid_mean_model_pages\":{:.2},\"full_mean_model_pages\":{:.2},\"hybrid_peak_model_pages\":{:.2},\"full_peak_model_pages\":{:.2}}}",
+            hy.mean_model_pages(),
+            full.mean_model_pages(),
+            hy.peak_model_pages(),
+            full.peak_model_pages()
+        );
+    }
+    Ok(())
+}
+
 fn run(a: &Args) -> Result<(), String> {
     let (reqs, what) = match &a.trace {
         Some(path) => {
@@ -134,6 +185,9 @@ fn run(a: &Args) -> Result<(), String> {
         std::fs::write(path, to_jsonl(&reqs)).map_err(|e| format!("cannot write {path}: {e}"))?;
         println!("wrote {} requests to {path}", reqs.len());
         return Ok(());
+    }
+    if a.window.is_some() || a.chunk.is_some() {
+        return run_hybrid(a, &reqs, &what);
     }
     let cfg = config(a);
     // With --json the human report goes to stderr and stdout carries the JSON line alone.

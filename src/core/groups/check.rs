@@ -70,7 +70,15 @@ impl Hybrid {
                     }
                     *o = g as u32;
                     holders[pool][p as usize] += 1;
-                    if let (Some(h), Some(k)) = (self.indices[g].hash_of(p), s.keys.get(j)) {
+                    // Without prefix caching the indices have no pages to ask about.
+                    let digest = if self.cfg.enable_prefix_caching {
+                        self.indices[g]
+                            .hash_of(p)
+                            .or(self.dup_of[pool][p as usize].map(|(_, h)| h))
+                    } else {
+                        None
+                    };
+                    if let (Some(h), Some(k)) = (digest, s.keys.get(j)) {
                         if h != k.hash {
                             return violation(format!("sequence {id}: group {g} page {p} at {j} is registered under another digest"));
                         }
@@ -103,6 +111,39 @@ impl Hybrid {
                 ));
             }
         }
+        for (g, dups) in self.dups.iter().enumerate() {
+            let pool = self.pool_of[g];
+            for (&h, pages) in dups {
+                if pages.is_empty() || self.indices[g].find(h).is_none() {
+                    return violation(format!(
+                        "group {g}: duplicates of {h:032x} without a registered page"
+                    ));
+                }
+                for &p in pages {
+                    if self.dup_of[pool][p as usize] != Some((g as u32, h))
+                        || self.indices[g].is_registered(p)
+                    {
+                        return violation(format!(
+                            "group {g}: duplicate page {p} is not recorded as one"
+                        ));
+                    }
+                }
+            }
+        }
+        for (pool, marks) in self.dup_of.iter().enumerate() {
+            for (p, m) in marks.iter().enumerate() {
+                if let Some((g, h)) = *m {
+                    let listed = self.dups[g as usize]
+                        .get(&h)
+                        .is_some_and(|l| l.contains(&(p as u32)));
+                    if !listed || self.pool_of[g as usize] != pool {
+                        return violation(format!(
+                            "pool {pool}: page {p} marked a duplicate of group {g} but not listed"
+                        ));
+                    }
+                }
+            }
+        }
         for (pi, pool) in self.pools.iter().enumerate() {
             let Some((free, back)) = pool.lists() else {
                 return violation(format!("pool {pi}: lists are corrupt"));
@@ -125,9 +166,11 @@ impl Hybrid {
             let mut in_use = 0;
             for p in 0..pool.num_pages() {
                 let i = p as usize;
-                let registered = self.pool_groups[pi]
-                    .iter()
-                    .any(|&g| self.indices[g].is_registered(p));
+                let registered = self.cfg.enable_prefix_caching
+                    && (self.pool_groups[pi]
+                        .iter()
+                        .any(|&g| self.indices[g].is_registered(p))
+                        || self.dup_of[pi][i].is_some());
                 let rc = pool.refcount(p);
                 if Some(p) == pool.padding() {
                     if rc != 0 || on[i] != 0 || registered || holders[pi][i] != 0 {

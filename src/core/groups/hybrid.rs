@@ -13,6 +13,12 @@
 //! free list first, then the back part, which is exactly popping vLLM's queue head. Such a page
 //! may sit on the back list unregistered; the hybrid checker knows that.
 //!
+//! Duplicates are kept as vLLM keeps them: a page filled with content its group already has
+//! registered (two sequences computed the same page) is recorded as a duplicate of that digest;
+//! when the registered page is evicted, the oldest duplicate takes its place in the index, and
+//! a duplicate counts as cached (it has a digest) when released. So hits and the reuse order are
+//! vLLM's even when identical pages are computed twice.
+//!
 //! Every operation validates everything first and mutates only once it cannot fail.
 
 use std::collections::VecDeque;
@@ -21,7 +27,7 @@ use super::super::alloc::try_copy;
 use super::super::config::Tier;
 use super::super::error::{Error, Result};
 use super::super::events::{EventKind, MAX_QUEUED_EVENTS};
-use super::super::hashing::IdMap;
+use super::super::hashing::{DigestMap, IdMap};
 use super::super::pool::{Holder, PagePool};
 use super::super::prefix::{chain_hash, root_hash, Entry, ExtraKeys, PrefixIndex};
 use super::spec::{GroupKind, HybridConfig};
@@ -106,6 +112,10 @@ pub struct Hybrid {
     pub(super) pool_groups: Vec<Vec<usize>>,
     /// Prefix index of each group.
     pub(super) indices: Vec<PrefixIndex>,
+    /// Per group: later pages holding a registered digest's content, oldest first.
+    pub(super) dups: Vec<DigestMap<Vec<u32>>>,
+    /// Per pool and page: the (group, digest) it duplicates, if any.
+    pub(super) dup_of: Vec<Vec<Option<(u32, u128)>>>,
     /// Lookup sets: groups with identical specs, full-attention sets first (vLLM's
     /// `attention_groups` after its sort).
     pub(super) sets: Vec<Vec<usize>>,
@@ -149,6 +159,14 @@ impl Hybrid {
         for _ in &cfg.groups {
             indices.push(PrefixIndex::new(index_pages, cfg.page_size, "num_pages")?);
         }
+        let mut dup_of = Vec::with_capacity(num_pools);
+        for _ in 0..num_pools {
+            dup_of.push(super::super::alloc::try_vec(
+                cfg.num_pages as usize,
+                None,
+                "num_pages",
+            )?);
+        }
         let mut sets: Vec<Vec<usize>> = Vec::new();
         for (g, spec) in cfg.groups.iter().enumerate() {
             match sets.iter_mut().find(|s| cfg.groups[s[0]] == *spec) {
@@ -164,6 +182,8 @@ impl Hybrid {
             pools,
             pool_groups,
             indices,
+            dups: vec![DigestMap::default(); cfg.groups.len()],
+            dup_of,
             sets,
             seqs: IdMap::default(),
             events: VecDeque::new(),
@@ -264,30 +284,74 @@ impl Hybrid {
         (keys, false)
     }
 
-    /// Takes a page of `pool` for a sequence; a page popped while registered leaves its
-    /// group's index (vLLM's `_maybe_evict_cached_block`). Availability was checked.
+    /// Whether `page` of group `g` carries a digest (registered, or a duplicate): vLLM's
+    /// `block.block_hash is not None`.
+    pub(super) fn has_hash(&self, g: usize, page: u32) -> bool {
+        self.cfg.enable_prefix_caching
+            && (self.indices[g].is_registered(page)
+                || self.dup_of[self.pool_of[g]][page as usize].is_some())
+    }
+
+    /// Takes a page of `pool` for a sequence; a page popped with a digest loses it (vLLM's
+    /// `_maybe_evict_cached_block`): a registered page leaves its group's index, the oldest
+    /// duplicate of its content taking its place; a duplicate leaves its list. Availability
+    /// was checked.
     fn take(&mut self, pool: usize) -> u32 {
         let (page, _) = self.pools[pool]
             .take(Holder::Seq)
             .expect("availability checked by caller");
-        if self.cfg.enable_prefix_caching {
+        if !self.cfg.enable_prefix_caching {
+            return page;
+        }
+        let mut gone = None;
+        if let Some((g, hash)) = self.dup_of[pool][page as usize].take() {
+            let g = g as usize;
+            let list = self.dups[g].get_mut(&hash).expect("duplicate listed");
+            list.retain(|&p| p != page);
+            if list.is_empty() {
+                self.dups[g].remove(&hash);
+            }
+            gone = Some((g, hash));
+        } else {
             for i in 0..self.pool_groups[pool].len() {
                 let g = self.pool_groups[pool][i];
-                if let Some(hash) = self.indices[g].hash_of(page) {
-                    self.indices[g].remove(page);
-                    self.counters[g].evictions += 1;
-                    self.push_event(GroupEvent {
-                        kind: EventKind::Removed,
-                        group: g as u32,
+                let Some(e) = self.indices[g].entry(page) else {
+                    continue;
+                };
+                let (hash, parent, extra, lora) = (e.hash, e.parent, e.extra, e.lora);
+                let tokens = e.tokens.to_vec();
+                self.indices[g].remove(page);
+                if let Some(list) = self.dups[g].get_mut(&hash) {
+                    let next = list.remove(0);
+                    if list.is_empty() {
+                        self.dups[g].remove(&hash);
+                    }
+                    self.dup_of[pool][next as usize] = None;
+                    let entry = Entry {
                         hash,
-                        parent: 0,
-                        lora_id: 0,
-                        num_tokens: self.ps as u32,
-                        page,
-                    });
-                    break;
+                        parent,
+                        extra,
+                        lora,
+                        tokens: &tokens,
+                    };
+                    let ok = self.indices[g].insert(next, entry);
+                    debug_assert!(ok, "a duplicate's digest is free once its page left");
                 }
+                gone = Some((g, hash));
+                break;
             }
+        }
+        if let Some((g, hash)) = gone {
+            self.counters[g].evictions += 1;
+            self.push_event(GroupEvent {
+                kind: EventKind::Removed,
+                group: g as u32,
+                hash,
+                parent: 0,
+                lora_id: 0,
+                num_tokens: self.ps as u32,
+                page,
+            });
         }
         page
     }
@@ -449,6 +513,13 @@ impl Hybrid {
                 };
                 if self.indices[g].insert(page, entry) {
                     stored.push((g, k.hash, parent, page));
+                } else if !self.indices[g].is_registered(page)
+                    && self.dup_of[self.pool_of[g]][page as usize].is_none()
+                {
+                    // Same content as a registered page: a duplicate, as vLLM keeps it.
+                    self.dups[g].entry(k.hash).or_default().push(page);
+                    self.dup_of[self.pool_of[g]][page as usize] = Some((g as u32, k.hash));
+                    stored.push((g, k.hash, parent, page));
                 }
             }
             let s = self.seqs.get_mut(&id).expect("live sequence");
@@ -499,9 +570,8 @@ impl Hybrid {
     /// the back of the queue in order, the others to its front keeping their order.
     fn release_split(&mut self, g: usize, pages: &[u32]) {
         let pool = self.pool_of[g];
-        let (cached, uncached): (Vec<u32>, Vec<u32>) = pages
-            .iter()
-            .partition(|&&p| self.cfg.enable_prefix_caching && self.indices[g].is_registered(p));
+        let (cached, uncached): (Vec<u32>, Vec<u32>) =
+            pages.iter().partition(|&&p| self.has_hash(g, p));
         for p in cached {
             self.pools[pool].release(p, Holder::Seq, true);
         }

@@ -1,0 +1,76 @@
+"""``kvshare.Hybrid``: the binding of ``kvs_hybrid_*`` (KV-cache groups) that the plugin's hybrid
+support builds on: config, per-group tables after the window moved, hits, views, stats, events,
+and errors raised as the package's exception classes."""
+
+import pytest
+
+import kvshare
+
+PS = 4
+
+
+def make(**kw):
+    groups = kw.pop("groups", [("sliding_window", 8, 4096), ("full", 0, 4096)])
+    return kvshare.Hybrid(PS, kw.pop("num_pages", 32), groups, enable_events=True, **kw)
+
+
+def test_config_errors_name_the_field():
+    for groups, field in [([], "num_groups"), ([("sliding_window", 0, 1)], "groups.window"),
+                          ([("full", 3, 1)], "groups.window"), ([("state", 0, 1)], "groups.kind"),
+                          ([("full", 0, 0)], "groups.page_bytes")]:
+        with pytest.raises(kvshare.InvalidConfigError) as e:
+            make(groups=groups)
+        assert field in str(e.value)
+
+
+def test_pools_follow_page_bytes():
+    h = make(groups=[("full", 0, 100), {"kind": "chunked_local", "window": 16, "page_bytes": 50},
+                     ("sliding_window", 8, 100)])
+    assert [h.group_info(g)["pool"] for g in range(3)] == [0, 1, 0]
+    assert h.group_info(1) == {"kind": "chunked_local", "window": 16, "page_bytes": 50,
+                               "pool": 1, "num_pools": 2}
+
+
+def test_window_release_hit_and_views():
+    h = make()
+    toks = list(range(100, 120))
+    assert h.seq_begin(1, toks) == {"matched_tokens": 0, "num_pages": 5, "new_pages": 10}
+    assert h.seq_release_skipped(1, 20) == 3  # (20 - 8 + 1) // 4 pages out of the window
+    sw, full = h.seq_pages(1, 0), h.seq_pages(1, 1)
+    assert list(sw[:3]) == [0, 0, 0] and 0 not in sw[3:] and 0 not in full
+    h.seq_append(1, [7])
+    # The released pages stay matchable for the full group; the window group needs only the
+    # last cdiv(8 - 1, 4) = 2 pages before the hit.
+    n, pages = h.match(toks + [9], 20)
+    assert n == 20 and list(pages[0][:3]) == [0, 0, 0] and list(pages[1]) == list(full)
+    info = h.seq_begin(2, toks + [9], max_match_tokens=20)
+    assert info["matched_tokens"] == 20 and info["new_pages"] == 2
+    table, lens = h.block_tables(0, [1, 2], 8)
+    assert list(lens) == [21, 21] and table[8:11].tolist() == [0, 0, 0]
+    slots = h.slot_mapping(1, [2], [1])
+    assert slots[0] == h.seq_pages(2, 1)[5] * PS
+    st = h.stats(0)
+    assert st["pages_released"] == 3 and st["num_seqs"] == 2 and st["prefix_hit_tokens"] == 20
+    ev = h.take_events()
+    assert {(e["group_idx"], e["group_kind"], e["window"]) for e in ev} == {
+        (0, "sliding_window", 8), (1, "full", 0)}
+    h.check()
+    h.seq_free(1)
+    h.seq_free(2)
+    assert h.stats(1)["pool_pages_in_use"] == 0
+    h.check()
+
+
+def test_errors():
+    h = make(num_pages=6)
+    h.seq_begin(1, list(range(8)))  # 2 pages per group: 4 of the 5 usable pages
+    with pytest.raises(kvshare.SeqExistsError):
+        h.seq_begin(1, [1])
+    with pytest.raises(kvshare.NoSpaceError):
+        h.seq_append(1, list(range(8)))
+    assert h.seq_append_need(1, 8) == 4
+    with pytest.raises(kvshare.SeqNotFoundError):
+        h.seq_free(9)
+    with pytest.raises(kvshare.InvalidArgumentError):
+        h.seq_pages(1, 2)
+    h.check()
