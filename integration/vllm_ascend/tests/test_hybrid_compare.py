@@ -54,6 +54,11 @@ CASES = {
     "llama4-c64-preempt": ("llama4", 64, dict(num_blocks=90, max_num_seqs=8),
                            dict(num_convs=8, turns=3, system=40, user_len=(5, 40),
                                 max_tokens=40)),
+    # Prefix caching off (vLLM's KVCacheCoordinatorNoPrefixCache): preemption, nothing cached.
+    "gpt-oss-w32-nocache-preempt": ("gpt-oss", 32, dict(num_blocks=60, max_num_seqs=8,
+                                                         enable_prefix_caching=False),
+                                    dict(num_convs=8, turns=2, system=40, user_len=(5, 40),
+                                         max_tokens=40)),
     "gemma3-w64-preempt": ("gemma3", 64, dict(num_blocks=150, max_num_seqs=8),
                            dict(num_convs=8, turns=3, system=40, user_len=(5, 40),
                                 max_tokens=40)),
