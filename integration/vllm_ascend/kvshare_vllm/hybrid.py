@@ -466,7 +466,7 @@ class KvshareHybridKVCacheManager:
         ``ref_cnt == len(req_to_blocks)``); windowed groups: 0, as vLLM."""
         st = self._reqs.get(running_request_id)
         out = [0] * self.num_kv_cache_groups
-        if st is None:
+        if st is None or not self.enable_caching:  # vLLM's no-prefix-cache coordinator: 0s
             return out
         live, refs = len(self._reqs), self._refs
         for g, full in enumerate(self._full):
