@@ -409,7 +409,7 @@ typedef uint32_t kvs_group_kind;
  one call at a time on its thread pool and queues the others.
 
  **Methods:** `kvs_backend_new`, `kvs_backend_free`, `kvs_backend_num_threads`,
- `kvs_attention_launch`, `kvs_kv_write`, `kvs_kv_copy`.
+ `kvs_backend_describe`, `kvs_attention_launch`, `kvs_kv_write`, `kvs_kv_copy`.
  */
 typedef struct kvs_backend kvs_backend;
 
@@ -456,28 +456,6 @@ typedef struct kvs_cache kvs_cache;
  `kvs_hybrid_take_events`.
  */
 typedef struct kvs_hybrid kvs_hybrid;
-
-/*
- Options of `kvs_backend_new`. Zero-initialise and set what you need.
-
- **Thread safety:** plain data, read only during the call.
- */
-typedef struct kvs_backend_options {
-  /*
-   CPU: threads of the persistent pool (the calling thread included); 0 = the machine's
-   available parallelism. At most 1024.
-   */
-  uint32_t num_threads;
-  /*
-   Ascend: device id (ignored by the CPU backend).
-   */
-  int32_t device_id;
-  /*
-   Ascend: directory holding the CANN libraries, or NULL for the loader's search path
-   (ignored by the CPU backend). NUL-terminated; read only during the call.
-   */
-  const char *library_dir;
-} kvs_backend_options;
 
 /*
  Layout of one layer's K cache and V cache (they share it):
@@ -754,6 +732,28 @@ typedef struct kvs_copy {
    */
   uint32_t kind;
 } kvs_copy;
+
+/*
+ Options of `kvs_backend_new`. Zero-initialise and set what you need.
+
+ **Thread safety:** plain data, read only during the call.
+ */
+typedef struct kvs_backend_options {
+  /*
+   CPU: threads of the persistent pool (the calling thread included); 0 = the machine's
+   available parallelism. At most 1024.
+   */
+  uint32_t num_threads;
+  /*
+   Ascend: device id (ignored by the CPU backend).
+   */
+  int32_t device_id;
+  /*
+   Ascend: directory holding the CANN libraries, or NULL for the loader's search path
+   (ignored by the CPU backend). NUL-terminated; read only during the call.
+   */
+  const char *library_dir;
+} kvs_backend_options;
 
 /*
  Geometry and options of a cache. Start from `kvs_config_default()` and set what you need.
@@ -1346,45 +1346,6 @@ extern "C" {
 #endif // __cplusplus
 
 /*
- Creates a backend of `kind` (a `kvs_backend_kind` value). `options` may be NULL (all
- defaults). The CPU backend starts its persistent worker threads here; no call spawns
- threads later.
-
- **Ownership:** on success `*backend_out` owns a new backend; free it with
- `kvs_backend_free`. **Failure:** `KVS_STATUS_BACKEND_UNAVAILABLE` for Ascend when a CANN
- library or symbol is missing or the device cannot be set (the message names the library,
- symbol or device), `KVS_STATUS_INVALID_ARGUMENT` for an unknown kind or out-of-range
- option; `*backend_out` is untouched on error.
-
- Ascend: loads CANN from `options->library_dir`, else `$ASCEND_HOME_PATH/lib64`, else the
- loader's search path; calls `aclInit(NULL)` (an already initialised ACL is fine) and
- `aclrtSetDevice(options->device_id)` on the calling thread. `num_threads` is ignored.
- **Thread safety:** safe from any thread.
- */
-kvs_status kvs_backend_new(uint32_t kind,
-                           const struct kvs_backend_options *options,
-                           struct kvs_backend **backend_out);
-
-/*
- Frees a backend (its worker threads are joined). NULL is a no-op.
-
- Ascend: frees the backend's device workspaces, so every stream it launched on must be
- synchronised first (kvshare never synchronises a stream itself).
-
- **Ownership:** `backend` must come from `kvs_backend_new` and is invalid afterwards.
- **Thread safety:** no other call may be using `backend`.
- */
-void kvs_backend_free(struct kvs_backend *backend);
-
-/*
- Threads the backend computes on (CPU: pool size, the calling thread included).
-
- **Failure:** `KVS_STATUS_NULL_ARGUMENT` for a NULL argument; `*num_threads_out` is
- untouched on error. **Thread safety:** safe from any thread.
- */
-kvs_status kvs_backend_num_threads(const struct kvs_backend *backend, uint32_t *num_threads_out);
-
-/*
  Launches paged attention (decode, prefill or chunked prefill, causal within each
  sequence) for one layer; see `kvs_attention_args` for shapes and semantics. `stream` is
  the backend's stream (`aclrtStream` for Ascend); the CPU backend ignores it (NULL is
@@ -1457,6 +1418,45 @@ struct kvs_kv_layout kvs_kv_layout_dense(uint32_t dtype,
                                          uint32_t page_size,
                                          uint32_t num_kv_heads,
                                          uint32_t head_dim);
+
+/*
+ Creates a backend of `kind` (a `kvs_backend_kind` value). `options` may be NULL (all
+ defaults). The CPU backend starts its persistent worker threads here; no call spawns
+ threads later.
+
+ **Ownership:** on success `*backend_out` owns a new backend; free it with
+ `kvs_backend_free`. **Failure:** `KVS_STATUS_BACKEND_UNAVAILABLE` for Ascend when a CANN
+ library or symbol is missing or the device cannot be set (the message names the library,
+ symbol or device), `KVS_STATUS_INVALID_ARGUMENT` for an unknown kind or out-of-range
+ option; `*backend_out` is untouched on error.
+
+ Ascend: loads CANN from `options->library_dir`, else `$ASCEND_HOME_PATH/lib64`, else the
+ loader's search path; calls `aclInit(NULL)` (an already initialised ACL is fine) and
+ `aclrtSetDevice(options->device_id)` on the calling thread. `num_threads` is ignored.
+ **Thread safety:** safe from any thread.
+ */
+kvs_status kvs_backend_new(uint32_t kind,
+                           const struct kvs_backend_options *options,
+                           struct kvs_backend **backend_out);
+
+/*
+ Frees a backend (its worker threads are joined). NULL is a no-op.
+
+ Ascend: frees the backend's device workspaces, so every stream it launched on must be
+ synchronised first (kvshare never synchronises a stream itself).
+
+ **Ownership:** `backend` must come from `kvs_backend_new` and is invalid afterwards.
+ **Thread safety:** no other call may be using `backend`.
+ */
+void kvs_backend_free(struct kvs_backend *backend);
+
+/*
+ Threads the backend computes on (CPU: pool size, the calling thread included).
+
+ **Failure:** `KVS_STATUS_NULL_ARGUMENT` for a NULL argument; `*num_threads_out` is
+ untouched on error. **Thread safety:** safe from any thread.
+ */
+kvs_status kvs_backend_num_threads(const struct kvs_backend *backend, uint32_t *num_threads_out);
 
 /*
  Writes a one-line description of the backend into `buf` (NUL-terminated): its kind and,
@@ -2128,9 +2128,9 @@ kvs_status kvs_seq_swap_in(struct kvs_cache *cache,
 /*
  Capacity check without the append: writes the device pages `kvs_seq_append(seq_id,
  num_tokens tokens, lookahead_slots)` would take now (new pages plus copy-on-write copies)
- to `*pages_needed_out`, and the copies it would report to `*copies_out` (optional). Compare
- with `device_pages_free + device_pages_cached` from `kvs_cache_stats` (MindIE's
- `CanAppendSlot`, vLLM's admission checks).
+ to `*pages_needed_out`, and the number of copies it would report to `*num_copies_out`
+ (optional). Compare with `device_pages_free + device_pages_cached` from `kvs_cache_stats`
+ (MindIE's `CanAppendSlot`, vLLM's admission checks).
 
  **Failure:** unknown or swapped-out sequence, overflowing sizes; outputs untouched.
  **Thread safety:** safe concurrently with any call but `kvs_cache_free`; the answer holds
@@ -2141,7 +2141,7 @@ kvs_status kvs_seq_append_need(const struct kvs_cache *cache,
                                size_t num_tokens,
                                size_t lookahead_slots,
                                size_t *pages_needed_out,
-                               size_t *copies_out);
+                               size_t *num_copies_out);
 
 /*
  Capacity check without the swap-in: writes the device pages `kvs_seq_swap_in(seq_id)`

@@ -12,10 +12,8 @@ mod support;
 
 use std::ffi::{c_void, CString};
 
-use kvshare::ffi::attn::{
-    kvs_attention_args, kvs_backend, kvs_backend_options, kvs_kv_copy_args, kvs_kv_layout,
-    kvs_kv_write_args,
-};
+use kvshare::ffi::attn::{kvs_attention_args, kvs_kv_copy_args, kvs_kv_layout, kvs_kv_write_args};
+use kvshare::ffi::backend::{kvs_backend, kvs_backend_options};
 use kvshare::ffi::status::kvs_status;
 use kvshare::ffi::types::kvs_copy;
 use support::attention::{build, new_backend, Built, Case, Data, Rng, BF16, F16, F32};
@@ -39,7 +37,7 @@ fn backend_at(
         library_dir: d.as_ptr(),
     };
     let mut b = std::ptr::null_mut();
-    match kvs_backend::kvs_backend_new(ASCEND, &opts, &mut b) {
+    match unsafe { kvs_backend::kvs_backend_new(ASCEND, &opts, &mut b) } {
         kvs_status::Ok => Ok(b),
         s => Err((s, last_error())),
     }
@@ -52,13 +50,13 @@ fn backend(emu: &Emu) -> *mut kvs_backend {
 fn describe(b: *mut kvs_backend) -> String {
     let mut n = 0usize;
     assert_eq!(
-        kvs_backend::kvs_backend_describe(b, std::ptr::null_mut(), 0, &mut n),
+        unsafe { kvs_backend::kvs_backend_describe(b, std::ptr::null_mut(), 0, &mut n) },
         kvs_status::Ok
     );
     let mut buf = vec![0u8; n + 1];
     let mut m = 0usize;
     assert_eq!(
-        kvs_backend::kvs_backend_describe(b, buf.as_mut_ptr().cast(), buf.len(), &mut m),
+        unsafe { kvs_backend::kvs_backend_describe(b, buf.as_mut_ptr().cast(), buf.len(), &mut m) },
         kvs_status::Ok
     );
     assert_eq!(m, n);
@@ -111,12 +109,12 @@ fn cpu_output(b: &Built) -> Data {
         b.block_table.as_ptr(),
     );
     assert_eq!(
-        kvs_backend::kvs_attention_launch(cpu, &a, std::ptr::null_mut()),
+        unsafe { kvs_backend::kvs_attention_launch(cpu, &a, std::ptr::null_mut()) },
         kvs_status::Ok,
         "{}",
         last_error()
     );
-    kvs_backend::kvs_backend_free(cpu);
+    unsafe { kvs_backend::kvs_backend_free(cpu) };
     out
 }
 
@@ -141,7 +139,7 @@ fn upload<'e>(emu: &'e Emu, b: &Built) -> Dev<'e> {
 
 fn launch(be: *mut kvs_backend, b: &Built, d: &Dev<'_>, stream: *mut c_void) -> kvs_status {
     let a = b.args_over(d.q.ptr, d.out.ptr, d.k.ptr, d.v.ptr, d.bt.ptr.cast());
-    kvs_backend::kvs_attention_launch(be, &a, stream)
+    unsafe { kvs_backend::kvs_attention_launch(be, &a, stream) }
 }
 
 /// Runs `c` on the emulator and on the CPU and compares; checks the launch only enqueued work
@@ -202,7 +200,7 @@ fn check_case(emu: &Emu, c: &Case) -> i64 {
     assert_close(c.dtype, &got, &want, "attention");
     assert_eq!(emu.live_objects(), 0, "CANN objects leaked");
     assert_eq!(emu.faults(), 0, "emulator fault: {}", emu.last_fault());
-    kvs_backend::kvs_backend_free(be);
+    unsafe { kvs_backend::kvs_backend_free(be) };
     emu.destroy_stream(stream);
     fia
 }
@@ -268,7 +266,7 @@ fn fia_versions_v2_and_custom_v4() {
     assert!(d.contains("V2 (libopapi_transformer.so)"), "{d}");
     assert!(d.contains("using V3"), "{d}");
     assert!(d.contains("aclnnScatterPaKvCache: libopapi.so"), "{d}");
-    kvs_backend::kvs_backend_free(be);
+    unsafe { kvs_backend::kvs_backend_free(be) };
 
     // A fresh emulator whose ACL nobody initialised yet: the backend calls aclInit itself.
     let v2 = Emu::load(Variant::V2Only);
@@ -277,7 +275,7 @@ fn fia_versions_v2_and_custom_v4() {
     assert_eq!(v2.counter("inited"), 1);
     let d = describe(be);
     assert!(d.contains("using V2"), "{d}");
-    kvs_backend::kvs_backend_free(be);
+    unsafe { kvs_backend::kvs_backend_free(be) };
     assert_eq!(check_case(v2, &decode(F16, 2, 64, 128, vec![9, 200])), 1);
     assert_eq!(v2.calls("aclnnFusedInferAttentionScoreV2"), 1);
 
@@ -289,7 +287,7 @@ fn fia_versions_v2_and_custom_v4() {
         d.contains("V4 (libcust_opapi.so)") && d.contains("using V4"),
         "{d}"
     );
-    kvs_backend::kvs_backend_free(be);
+    unsafe { kvs_backend::kvs_backend_free(be) };
     let mut c = decode(F16, 2, 64, 128, vec![3, 129]);
     c.q = Some(vec![3, 2]);
     check_case(v4, &c);
@@ -354,7 +352,7 @@ fn refused_before_any_cann_call() {
     a.query = unsafe { dev.q.ptr.cast::<u8>().add(2) }.cast();
     a.num_seqs = 1;
     expect_status(
-        kvs_backend::kvs_attention_launch(be, &a, stream),
+        unsafe { kvs_backend::kvs_attention_launch(be, &a, stream) },
         kvs_status::AttnInvalidArgument,
         "query",
     );
@@ -367,7 +365,7 @@ fn refused_before_any_cann_call() {
         std::ptr::null(),
     );
     expect_status(
-        kvs_backend::kvs_attention_launch(be, &a, stream),
+        unsafe { kvs_backend::kvs_attention_launch(be, &a, stream) },
         kvs_status::NullArgument,
         "block_table",
     );
@@ -375,7 +373,7 @@ fn refused_before_any_cann_call() {
     let big = [100_000i32];
     a.context_lens = big.as_ptr();
     expect_status(
-        kvs_backend::kvs_attention_launch(be, &a, stream),
+        unsafe { kvs_backend::kvs_attention_launch(be, &a, stream) },
         kvs_status::AttnInvalidArgument,
         "context_lens",
     );
@@ -385,7 +383,7 @@ fn refused_before_any_cann_call() {
     );
     assert_eq!(emu.calls("aclCreateTensor"), tensors);
     assert_eq!(emu.counter("pending_tasks"), 0);
-    kvs_backend::kvs_backend_free(be);
+    unsafe { kvs_backend::kvs_backend_free(be) };
     emu.destroy_stream(stream);
 }
 
@@ -423,7 +421,7 @@ fn missing_libraries_and_symbols() {
         kvs_status::BackendUnavailable,
         "aclnnScatterPaKvCache",
     );
-    kvs_backend::kvs_backend_free(be);
+    unsafe { kvs_backend::kvs_backend_free(be) };
     emu.destroy_stream(stream);
     check_case(emu, &decode(F16, 2, 64, 128, vec![9]));
 }
@@ -457,11 +455,13 @@ fn device_binding() {
     std::thread::scope(|s| {
         // A thread with no current device is bound to the backend's device.
         s.spawn(|| {
-            let st = kvs_backend::kvs_attention_launch(
-                be as *const kvs_backend,
-                a_ptr as *const kvs_attention_args,
-                stream as *mut c_void,
-            );
+            let st = unsafe {
+                kvs_backend::kvs_attention_launch(
+                    be as *const kvs_backend,
+                    a_ptr as *const kvs_attention_args,
+                    stream as *mut c_void,
+                )
+            };
             assert_eq!(st, kvs_status::Ok, "{}", last_error());
         });
     });
@@ -469,11 +469,13 @@ fn device_binding() {
         // A thread bound to another device is refused, not switched.
         s.spawn(|| {
             assert_eq!(emu.set_device(1), 0);
-            let st = kvs_backend::kvs_attention_launch(
-                be as *const kvs_backend,
-                a_ptr as *const kvs_attention_args,
-                stream as *mut c_void,
-            );
+            let st = unsafe {
+                kvs_backend::kvs_attention_launch(
+                    be as *const kvs_backend,
+                    a_ptr as *const kvs_attention_args,
+                    stream as *mut c_void,
+                )
+            };
             assert_eq!(st, kvs_status::BackendFailure);
             assert!(
                 last_error().contains("current device is 1"),
@@ -485,7 +487,7 @@ fn device_binding() {
     emu.sync(stream as *mut c_void);
     assert_eq!(emu.faults(), 0, "{}", emu.last_fault());
     assert_eq!(emu.live_objects(), 0);
-    kvs_backend::kvs_backend_free(be as *mut kvs_backend);
+    unsafe { kvs_backend::kvs_backend_free(be as *mut kvs_backend) };
     emu.destroy_stream(stream as *mut c_void);
 }
 
@@ -585,7 +587,7 @@ fn injected_failures_leak_nothing() {
             emu.sync(stream);
             assert_eq!(emu.live_objects(), 0, "{f}#{nth}: CANN objects leaked");
             assert_eq!(emu.faults(), 0, "{f}#{nth}: {}", emu.last_fault());
-            kvs_backend::kvs_backend_free(be);
+            unsafe { kvs_backend::kvs_backend_free(be) };
             assert!(
                 emu.counter("live_device_allocs") <= allocs,
                 "{f}#{nth}: device memory leaked"
@@ -611,7 +613,7 @@ fn injected_failures_leak_nothing() {
     assert_eq!(launch(be, &b, &dev, stream), Ok, "{}", last_error());
     emu.sync(stream);
     assert_eq!(emu.live_objects(), 0);
-    kvs_backend::kvs_backend_free(be);
+    unsafe { kvs_backend::kvs_backend_free(be) };
     emu.destroy_stream(stream);
 }
 
@@ -660,7 +662,7 @@ fn workspaces_grow_per_stream_and_outlive_queued_work() {
     emu.sync(s1);
     emu.sync(s2);
     assert_eq!(emu.faults(), 0, "{}", emu.last_fault());
-    kvs_backend::kvs_backend_free(be); // after the streams were synchronised
+    unsafe { kvs_backend::kvs_backend_free(be) }; // after the streams were synchronised
     assert_eq!(emu.faults(), 0, "{}", emu.last_fault());
     emu.set_workspace_per_row(256);
     emu.destroy_stream(s1);
@@ -754,7 +756,7 @@ impl WriteCase {
             d[4 + ty as usize].ptr,
             ty,
         );
-        kvs_backend::kvs_kv_write(be, &a, stream)
+        unsafe { kvs_backend::kvs_kv_write(be, &a, stream) }
     }
 
     fn cpu(&self) -> (Data, Data) {
@@ -769,10 +771,10 @@ impl WriteCase {
             1,
         );
         assert_eq!(
-            kvs_backend::kvs_kv_write(cpu, &a, std::ptr::null_mut()),
+            unsafe { kvs_backend::kvs_kv_write(cpu, &a, std::ptr::null_mut()) },
             kvs_status::Ok
         );
-        kvs_backend::kvs_backend_free(cpu);
+        unsafe { kvs_backend::kvs_backend_free(cpu) };
         (kc, vc)
     }
 }
@@ -811,14 +813,14 @@ fn kv_write_scatter_matches_cpu() {
     let mut a = w.args(d[0].ptr, d[1].ptr, d[2].ptr, d[3].ptr, d[4].ptr, 0);
     a.src_dtype = BF16;
     expect_status(
-        kvs_backend::kvs_kv_write(be, &a, stream),
+        unsafe { kvs_backend::kvs_kv_write(be, &a, stream) },
         kvs_status::Unsupported,
         "does not convert",
     );
     a.src_dtype = F16;
     a.src_token_stride = 80;
     expect_status(
-        kvs_backend::kvs_kv_write(be, &a, stream),
+        unsafe { kvs_backend::kvs_kv_write(be, &a, stream) },
         kvs_status::Unsupported,
         "contiguous",
     );
@@ -826,7 +828,7 @@ fn kv_write_scatter_matches_cpu() {
     a.cache.slot_stride = 32;
     a.cache.head_stride = 16 * 32;
     expect_status(
-        kvs_backend::kvs_kv_write(be, &a, stream),
+        unsafe { kvs_backend::kvs_kv_write(be, &a, stream) },
         kvs_status::Unsupported,
         "Norm",
     );
@@ -845,7 +847,7 @@ fn kv_write_scatter_matches_cpu() {
         assert_eq!(emu.live_objects(), 0, "{f}: leaked");
     }
     assert_eq!(emu.faults(), 0, "{}", emu.last_fault());
-    kvs_backend::kvs_backend_free(be);
+    unsafe { kvs_backend::kvs_backend_free(be) };
     emu.destroy_stream(stream);
 }
 
@@ -906,10 +908,18 @@ fn page_copies_on_the_stream() {
             num_host_pages: 4,
         };
         assert_eq!(
-            kvs_backend::kvs_kv_copy(cpu, &a, copies.as_ptr(), copies.len(), std::ptr::null_mut()),
+            unsafe {
+                kvs_backend::kvs_kv_copy(
+                    cpu,
+                    &a,
+                    copies.as_ptr(),
+                    copies.len(),
+                    std::ptr::null_mut(),
+                )
+            },
             kvs_status::Ok
         );
-        kvs_backend::kvs_backend_free(cpu);
+        unsafe { kvs_backend::kvs_backend_free(cpu) };
         // Ascend: device caches, page-locked host caches.
         let (dk, dv) = (emu.upload(&data_bytes(&k)), emu.upload(&data_bytes(&v)));
         let (phk, phv) = (emu.alloc_host(nh * 2), emu.alloc_host(nh * 2));
@@ -925,7 +935,7 @@ fn page_copies_on_the_stream() {
         };
         let n0 = emu.calls("aclrtMemcpyAsync");
         assert_eq!(
-            kvs_backend::kvs_kv_copy(be, &a, copies.as_ptr(), copies.len(), stream),
+            unsafe { kvs_backend::kvs_kv_copy(be, &a, copies.as_ptr(), copies.len(), stream) },
             kvs_status::Ok,
             "{}",
             last_error()
@@ -950,12 +960,12 @@ fn page_copies_on_the_stream() {
         let mut plain = hk.clone();
         let mut a2 = a;
         a2.host_key_cache = plain.ptr_mut();
-        let st = kvs_backend::kvs_kv_copy(be, &a2, copies[1..2].as_ptr(), 1, stream);
+        let st = unsafe { kvs_backend::kvs_kv_copy(be, &a2, copies[1..2].as_ptr(), 1, stream) };
         expect_status(st, kvs_status::BackendFailure, "aclrtMallocHost");
         emu.sync(stream);
         assert_eq!(emu.faults(), 0, "{}", emu.last_fault());
     }
-    kvs_backend::kvs_backend_free(be);
+    unsafe { kvs_backend::kvs_backend_free(be) };
     emu.destroy_stream(stream);
 }
 
@@ -997,10 +1007,10 @@ fn engine_loop_write_then_attend() {
     };
     let dev = upload(emu, &b); // caches as they were before the write
     assert_eq!(
-        kvs_backend::kvs_kv_write(cpu, &wa, std::ptr::null_mut()),
+        unsafe { kvs_backend::kvs_kv_write(cpu, &wa, std::ptr::null_mut()) },
         kvs_status::Ok
     );
-    kvs_backend::kvs_backend_free(cpu);
+    unsafe { kvs_backend::kvs_backend_free(cpu) };
     let want = cpu_output(&b);
     // Ascend.
     let (dk, dv, ds) = (
@@ -1017,7 +1027,7 @@ fn engine_loop_write_then_attend() {
         ..wa
     };
     assert_eq!(
-        kvs_backend::kvs_kv_write(be, &wd, stream),
+        unsafe { kvs_backend::kvs_kv_write(be, &wd, stream) },
         kvs_status::Ok,
         "{}",
         last_error()
@@ -1032,7 +1042,7 @@ fn engine_loop_write_then_attend() {
     assert_close(F16, &data_from(F16, &dev.out.read()), &want, "write+attend");
     assert_eq!(emu.live_objects(), 0);
     assert_eq!(emu.faults(), 0, "{}", emu.last_fault());
-    kvs_backend::kvs_backend_free(be);
+    unsafe { kvs_backend::kvs_backend_free(be) };
     emu.destroy_stream(stream);
 }
 

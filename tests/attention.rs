@@ -11,7 +11,8 @@
 
 mod support;
 
-use kvshare::ffi::attn::{kvs_backend, kvs_kv_copy_args, kvs_kv_write_args};
+use kvshare::ffi::attn::{kvs_kv_copy_args, kvs_kv_write_args};
+use kvshare::ffi::backend::kvs_backend;
 use kvshare::ffi::status::kvs_status;
 use kvshare::ffi::types::kvs_copy;
 use support::attention::*;
@@ -28,7 +29,7 @@ fn rtol(dtype: u32) -> f64 {
 fn check_on(backend: *const kvs_backend, c: &Case) {
     let mut b = build(c);
     let args = b.args();
-    let st = kvs_backend::kvs_attention_launch(backend, &args, std::ptr::null_mut());
+    let st = unsafe { kvs_backend::kvs_attention_launch(backend, &args, std::ptr::null_mut()) };
     assert_eq!(st, kvs_status::Ok, "{}", last_error());
     let want = b.reference();
     let tol = rtol(c.dtype);
@@ -57,7 +58,7 @@ fn check_on(backend: *const kvs_backend, c: &Case) {
 fn check(c: &Case) {
     let be = new_backend(2);
     check_on(be, c);
-    kvs_backend::kvs_backend_free(be);
+    unsafe { kvs_backend::kvs_backend_free(be) };
 }
 
 fn ragged(ps: usize) -> Vec<usize> {
@@ -84,7 +85,7 @@ fn decode_all_dtypes_ratios_dims_page_sizes() {
             }
         }
     }
-    kvs_backend::kvs_backend_free(be);
+    unsafe { kvs_backend::kvs_backend_free(be) };
 }
 
 #[test]
@@ -105,7 +106,7 @@ fn prefill_and_chunked_prefill_causal() {
             check_on(be, &c);
         }
     }
-    kvs_backend::kvs_backend_free(be);
+    unsafe { kvs_backend::kvs_backend_free(be) };
 }
 
 #[test]
@@ -154,18 +155,18 @@ fn thread_counts_agree() {
         let be = new_backend(threads);
         let mut n = 0u32;
         assert_eq!(
-            kvs_backend::kvs_backend_num_threads(be, &mut n),
+            unsafe { kvs_backend::kvs_backend_num_threads(be, &mut n) },
             kvs_status::Ok
         );
         assert_eq!(n, threads);
         let mut b = build(&c);
         let args = b.args();
         assert_eq!(
-            kvs_backend::kvs_attention_launch(be, &args, std::ptr::null_mut()),
+            unsafe { kvs_backend::kvs_attention_launch(be, &args, std::ptr::null_mut()) },
             kvs_status::Ok
         );
         outs.push(b.out);
-        kvs_backend::kvs_backend_free(be);
+        unsafe { kvs_backend::kvs_backend_free(be) };
     }
     assert_eq!(outs[0], outs[1], "work split must not change results");
 }
@@ -193,7 +194,7 @@ fn decode_split_k_long_sequences() {
     check_on(be, &c);
     c.window = 700;
     check_on(be, &c);
-    kvs_backend::kvs_backend_free(be);
+    unsafe { kvs_backend::kvs_backend_free(be) };
 }
 
 /// Run in a child process by `every_cpu_path_matches_reference` with `KVSHARE_CPU_ISA` set
@@ -206,20 +207,22 @@ fn cpu_path_from_env() {
         return;
     };
     let mut b = std::ptr::null_mut();
-    let st = kvs_backend::kvs_backend_new(0, std::ptr::null(), &mut b);
+    let st = unsafe { kvs_backend::kvs_backend_new(0, std::ptr::null(), &mut b) };
     match Isa::parse(&name).map(|i| i.check()) {
         Some(Ok(())) => {
             assert_eq!(st, kvs_status::Ok, "{}", last_error());
             let mut buf = vec![0u8; 512];
             let mut len = 0usize;
-            let st = kvs_backend::kvs_backend_describe(b, buf.as_mut_ptr().cast(), 512, &mut len);
+            let st = unsafe {
+                kvs_backend::kvs_backend_describe(b, buf.as_mut_ptr().cast(), 512, &mut len)
+            };
             assert_eq!(st, kvs_status::Ok);
             let text = String::from_utf8_lossy(&buf[..len]).into_owned();
             assert!(
                 text.contains(&format!("kernel path {name} (forced by KVSHARE_CPU_ISA)")),
                 "{text}"
             );
-            kvs_backend::kvs_backend_free(b);
+            unsafe { kvs_backend::kvs_backend_free(b) };
         }
         Some(Err(why)) => {
             assert_eq!(st, kvs_status::BackendUnavailable);
@@ -290,50 +293,50 @@ fn every_cpu_path_matches_reference() {
 
 #[test]
 fn backend_lifecycle() {
-    kvs_backend::kvs_backend_free(std::ptr::null_mut());
+    unsafe { kvs_backend::kvs_backend_free(std::ptr::null_mut()) };
     let mut b = std::ptr::null_mut();
     assert_eq!(
-        kvs_backend::kvs_backend_new(0, std::ptr::null(), &mut b),
+        unsafe { kvs_backend::kvs_backend_new(0, std::ptr::null(), &mut b) },
         kvs_status::Ok
     );
     let mut n = 0u32;
     assert_eq!(
-        kvs_backend::kvs_backend_num_threads(b, &mut n),
+        unsafe { kvs_backend::kvs_backend_num_threads(b, &mut n) },
         kvs_status::Ok
     );
     assert!(n >= 1);
-    kvs_backend::kvs_backend_free(b);
+    unsafe { kvs_backend::kvs_backend_free(b) };
 
     let mut b = std::ptr::null_mut();
     assert_eq!(
-        kvs_backend::kvs_backend_new(1, std::ptr::null(), &mut b),
+        unsafe { kvs_backend::kvs_backend_new(1, std::ptr::null(), &mut b) },
         kvs_status::BackendUnavailable
     );
     assert!(last_error().contains("libascendcl.so"), "{}", last_error());
     assert!(b.is_null());
     assert_eq!(
-        kvs_backend::kvs_backend_new(7, std::ptr::null(), &mut b),
+        unsafe { kvs_backend::kvs_backend_new(7, std::ptr::null(), &mut b) },
         kvs_status::InvalidArgument
     );
     assert!(last_error().contains("kind"));
     assert_eq!(
-        kvs_backend::kvs_backend_new(0, std::ptr::null(), std::ptr::null_mut()),
+        unsafe { kvs_backend::kvs_backend_new(0, std::ptr::null(), std::ptr::null_mut()) },
         kvs_status::NullArgument
     );
     assert!(last_error().contains("backend_out"));
-    let opts = kvshare::ffi::attn::kvs_backend_options {
+    let opts = kvshare::ffi::backend::kvs_backend_options {
         num_threads: 5000,
         device_id: 0,
         library_dir: std::ptr::null(),
     };
     assert_eq!(
-        kvs_backend::kvs_backend_new(0, &opts, &mut b),
+        unsafe { kvs_backend::kvs_backend_new(0, &opts, &mut b) },
         kvs_status::InvalidArgument
     );
     assert!(last_error().contains("num_threads"));
     assert!(b.is_null());
     assert_eq!(
-        kvs_backend::kvs_backend_num_threads(std::ptr::null(), &mut n),
+        unsafe { kvs_backend::kvs_backend_num_threads(std::ptr::null(), &mut n) },
         kvs_status::NullArgument
     );
 }
@@ -377,7 +380,7 @@ fn write_case(slot_type: u32, src_dtype: u32, cache_dtype: u32) {
         slot_mapping_type: slot_type,
     };
     assert_eq!(
-        kvs_backend::kvs_kv_write(be, &args, std::ptr::null_mut()),
+        unsafe { kvs_backend::kvs_kv_write(be, &args, std::ptr::null_mut()) },
         kvs_status::Ok,
         "{}",
         last_error()
@@ -395,7 +398,7 @@ fn write_case(slot_type: u32, src_dtype: u32, cache_dtype: u32) {
     }
     assert_eq!(kc, want_k);
     assert_eq!(vc, want_v);
-    kvs_backend::kvs_backend_free(be);
+    unsafe { kvs_backend::kvs_backend_free(be) };
 }
 
 #[test]
@@ -445,7 +448,7 @@ fn kv_write_then_attention_matches_reference() {
         slot_mapping_type: 1,
     };
     assert_eq!(
-        kvs_backend::kvs_kv_write(be, &args, std::ptr::null_mut()),
+        unsafe { kvs_backend::kvs_kv_write(be, &args, std::ptr::null_mut()) },
         kvs_status::Ok,
         "{}",
         last_error()
@@ -459,7 +462,7 @@ fn kv_write_then_attention_matches_reference() {
     }
     let args = b.args();
     assert_eq!(
-        kvs_backend::kvs_attention_launch(be, &args, std::ptr::null_mut()),
+        unsafe { kvs_backend::kvs_attention_launch(be, &args, std::ptr::null_mut()) },
         kvs_status::Ok
     );
     let want = b.reference();
@@ -470,7 +473,7 @@ fn kv_write_then_attention_matches_reference() {
             "{i}: {got} vs {w}"
         );
     }
-    kvs_backend::kvs_backend_free(be);
+    unsafe { kvs_backend::kvs_backend_free(be) };
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -528,15 +531,17 @@ fn page_copy_whole_partial_and_between_tiers() {
             num_host_pages: host_pages as u32,
         };
         let be = new_backend(1);
-        let st = kvs_backend::kvs_kv_copy(
-            be,
-            &args,
-            copies.as_ptr(),
-            copies.len(),
-            std::ptr::null_mut(),
-        );
+        let st = unsafe {
+            kvs_backend::kvs_kv_copy(
+                be,
+                &args,
+                copies.as_ptr(),
+                copies.len(),
+                std::ptr::null_mut(),
+            )
+        };
         assert_eq!(st, kvs_status::Ok, "{}", last_error());
-        kvs_backend::kvs_backend_free(be);
+        unsafe { kvs_backend::kvs_backend_free(be) };
 
         // Reference: apply the copies in order on per-(page, slot, head) rows.
         let off = |page: usize, slot: usize, head: usize| {

@@ -3,7 +3,8 @@
 
 mod support;
 
-use kvshare::ffi::attn::{kvs_attention_args, kvs_backend, kvs_kv_copy_args, kvs_kv_write_args};
+use kvshare::ffi::attn::{kvs_attention_args, kvs_kv_copy_args, kvs_kv_write_args};
+use kvshare::ffi::backend::kvs_backend;
 use kvshare::ffi::status::kvs_status;
 use kvshare::ffi::types::kvs_copy;
 use support::attention::*;
@@ -181,7 +182,7 @@ fn attention_launch_bad_inputs() {
         let mut a = f.args();
         mutate(&mut a, &mut f);
         let (q0, k0, v0) = (f.q.clone(), f.k.clone(), f.v.clone());
-        let st = kvs_backend::kvs_attention_launch(be, &a, std::ptr::null_mut());
+        let st = unsafe { kvs_backend::kvs_attention_launch(be, &a, std::ptr::null_mut()) };
         let msg = last_error();
         assert_eq!(st, *status, "case {i} ({field}): {msg}");
         assert!(
@@ -201,7 +202,7 @@ fn attention_launch_bad_inputs() {
     let mut f = Fix::new();
     let a = f.args();
     assert_eq!(
-        kvs_backend::kvs_attention_launch(be, &a, std::ptr::null_mut()),
+        unsafe { kvs_backend::kvs_attention_launch(be, &a, std::ptr::null_mut()) },
         kvs_status::Ok,
         "{}",
         last_error()
@@ -209,16 +210,16 @@ fn attention_launch_bad_inputs() {
     assert!(f.out != Data::filled(F16, CAP * H * D, 7.0));
     // Handles.
     assert_eq!(
-        kvs_backend::kvs_attention_launch(std::ptr::null(), &a, std::ptr::null_mut()),
+        unsafe { kvs_backend::kvs_attention_launch(std::ptr::null(), &a, std::ptr::null_mut()) },
         NULL
     );
     assert!(last_error().contains("backend"));
     assert_eq!(
-        kvs_backend::kvs_attention_launch(be, std::ptr::null(), std::ptr::null_mut()),
+        unsafe { kvs_backend::kvs_attention_launch(be, std::ptr::null(), std::ptr::null_mut()) },
         NULL
     );
     assert!(last_error().contains("args"));
-    kvs_backend::kvs_backend_free(be);
+    unsafe { kvs_backend::kvs_backend_free(be) };
 }
 
 struct WriteFix {
@@ -306,7 +307,7 @@ fn kv_write_bad_inputs() {
         let mut f = fresh();
         let mut a = args(&mut f);
         mutate(&mut a, &mut f);
-        let st = kvs_backend::kvs_kv_write(be, &a, std::ptr::null_mut());
+        let st = unsafe { kvs_backend::kvs_kv_write(be, &a, std::ptr::null_mut()) };
         let msg = last_error();
         assert_eq!(st, *status, "case {i} ({field}): {msg}");
         assert!(
@@ -322,22 +323,22 @@ fn kv_write_bad_inputs() {
     let mut f = fresh();
     let a = args(&mut f);
     assert_eq!(
-        kvs_backend::kvs_kv_write(be, &a, std::ptr::null_mut()),
+        unsafe { kvs_backend::kvs_kv_write(be, &a, std::ptr::null_mut()) },
         kvs_status::Ok,
         "{}",
         last_error()
     );
     assert_eq!(
-        kvs_backend::kvs_kv_write(std::ptr::null(), &a, std::ptr::null_mut()),
+        unsafe { kvs_backend::kvs_kv_write(std::ptr::null(), &a, std::ptr::null_mut()) },
         NULL
     );
     assert!(last_error().contains("backend"));
     assert_eq!(
-        kvs_backend::kvs_kv_write(be, std::ptr::null(), std::ptr::null_mut()),
+        unsafe { kvs_backend::kvs_kv_write(be, std::ptr::null(), std::ptr::null_mut()) },
         NULL
     );
     assert!(last_error().contains("args"));
-    kvs_backend::kvs_backend_free(be);
+    unsafe { kvs_backend::kvs_backend_free(be) };
 }
 
 struct CopyFix {
@@ -459,7 +460,7 @@ fn kv_copy_bad_inputs() {
         } else {
             f.copies.as_ptr()
         };
-        let st = kvs_backend::kvs_kv_copy(be, &a, ptr, n, std::ptr::null_mut());
+        let st = unsafe { kvs_backend::kvs_kv_copy(be, &a, ptr, n, std::ptr::null_mut()) };
         let msg = last_error();
         assert_eq!(st, *status, "case {i} ({field}): {msg}");
         assert!(
@@ -474,34 +475,38 @@ fn kv_copy_bad_inputs() {
     let mut f = fresh();
     let a = args(&mut f);
     assert_eq!(
-        kvs_backend::kvs_kv_copy(be, &a, f.copies.as_ptr(), 2, std::ptr::null_mut()),
+        unsafe { kvs_backend::kvs_kv_copy(be, &a, f.copies.as_ptr(), 2, std::ptr::null_mut()) },
         kvs_status::Ok
     );
     assert_eq!(
-        kvs_backend::kvs_kv_copy(be, &a, std::ptr::null(), 0, std::ptr::null_mut()),
+        unsafe { kvs_backend::kvs_kv_copy(be, &a, std::ptr::null(), 0, std::ptr::null_mut()) },
         kvs_status::Ok
     );
     assert_eq!(
-        kvs_backend::kvs_kv_copy(
-            std::ptr::null(),
-            &a,
-            std::ptr::null(),
-            0,
-            std::ptr::null_mut()
-        ),
+        unsafe {
+            kvs_backend::kvs_kv_copy(
+                std::ptr::null(),
+                &a,
+                std::ptr::null(),
+                0,
+                std::ptr::null_mut(),
+            )
+        },
         NULL
     );
     assert!(last_error().contains("backend"));
     assert_eq!(
-        kvs_backend::kvs_kv_copy(
-            be,
-            std::ptr::null(),
-            std::ptr::null(),
-            0,
-            std::ptr::null_mut()
-        ),
+        unsafe {
+            kvs_backend::kvs_kv_copy(
+                be,
+                std::ptr::null(),
+                std::ptr::null(),
+                0,
+                std::ptr::null_mut(),
+            )
+        },
         NULL
     );
     assert!(last_error().contains("args"));
-    kvs_backend::kvs_backend_free(be);
+    unsafe { kvs_backend::kvs_backend_free(be) };
 }

@@ -10,7 +10,7 @@
 mod support;
 
 use kvshare::core::groups::GroupKind;
-use kvshare::ffi::attn::kvs_backend;
+use kvshare::ffi::backend::kvs_backend;
 use kvshare::ffi::status::kvs_status;
 use support::attention::*;
 
@@ -50,8 +50,10 @@ fn check_released(c: &Case) -> usize {
     }
     let be = new_backend(2);
     let args = b.args();
-    let st = kvs_backend::kvs_attention_launch(be, &args, std::ptr::null_mut());
-    kvs_backend::kvs_backend_free(be);
+    // SAFETY: `be` is a live backend from `new_backend`, freed right after; `args` points at
+    // buffers the case built for exactly these shapes.
+    let st = unsafe { kvs_backend::kvs_attention_launch(be, &args, std::ptr::null_mut()) };
+    unsafe { kvs_backend::kvs_backend_free(be) };
     assert_eq!(st, kvs_status::Ok, "{}", last_error());
     let tol = rtol(c.dtype);
     let d = c.head_dim;

@@ -133,15 +133,18 @@ impl Engine {
         for c in copies {
             let n = c.num_tokens as usize;
             let (src, dst) = match c.kind {
-                CopyKind::DeviceToDevice => {
-                    (self.dev[c.src as usize], &mut self.dev[c.dst as usize])
-                }
-                CopyKind::DeviceToHost => {
-                    (self.dev[c.src as usize], &mut self.host[c.dst as usize])
-                }
-                CopyKind::HostToDevice => {
-                    (self.host[c.src as usize], &mut self.dev[c.dst as usize])
-                }
+                CopyKind::DeviceToDevice => (
+                    self.dev[c.src_page as usize],
+                    &mut self.dev[c.dst_page as usize],
+                ),
+                CopyKind::DeviceToHost => (
+                    self.dev[c.src_page as usize],
+                    &mut self.host[c.dst_page as usize],
+                ),
+                CopyKind::HostToDevice => (
+                    self.host[c.src_page as usize],
+                    &mut self.dev[c.dst_page as usize],
+                ),
             };
             dst[..n].copy_from_slice(&src[..n]);
         }

@@ -153,8 +153,8 @@ fn fork_then_append_copies_on_write() {
     assert_eq!(
         copies,
         vec![PageCopy {
-            src: before[1],
-            dst: after[1],
+            src_page: before[1],
+            dst_page: after[1],
             num_tokens: 2,
             kind: CopyKind::DeviceToDevice
         }]
@@ -220,7 +220,7 @@ fn swap_out_and_in_reports_pairs_and_reuses_cached_pages() {
         copies.iter().map(|c| c.num_tokens).collect::<Vec<_>>(),
         vec![4, 4, 2]
     );
-    assert_eq!(copies.iter().map(|c| c.src).collect::<Vec<_>>(), dev);
+    assert_eq!(copies.iter().map(|c| c.src_page).collect::<Vec<_>>(), dev);
     assert_eq!(s.seq_info(1).unwrap().tier, Tier::Host);
     let mut c2 = Vec::new();
     assert!(matches!(
@@ -377,7 +377,7 @@ fn evicted_pages_are_demoted_and_promoted_back_on_a_hit() {
         .collect();
     assert_eq!(h2d.len(), 2);
     assert_eq!(
-        h2d.iter().map(|c| c.dst).collect::<Vec<_>>(),
+        h2d.iter().map(|c| c.dst_page).collect::<Vec<_>>(),
         s.seq_pages(3).unwrap()[..2]
     );
     let st = s.stats();

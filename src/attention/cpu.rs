@@ -14,9 +14,10 @@ use std::sync::OnceLock;
 pub use isa::{amx_permission, cpu_flags, Isa, ISA_ENV};
 use plan::Item;
 
+use super::copy_runs::{page_copy_runs, ByteRun};
 use super::kernel::{self, KvElem, Rows, SeqKv};
 use super::pool::ThreadPool;
-use super::{AttnBatch, Backend, Buf, BufMut, CopyKind, KvWrite, PageCopyBatch};
+use super::{AttnBatch, Backend, BackendInfo, Buf, BufMut, CopyKind, KvWrite, PageCopyBatch};
 use crate::core::{Error, Result};
 
 mod isa;
@@ -292,7 +293,7 @@ fn copy_elems(src: &Buf<'_>, so: usize, dst: &mut BufMut<'_>, dof: usize, tmp: &
     }
 }
 
-impl Backend for CpuBackend {
+impl BackendInfo for CpuBackend {
     fn name(&self) -> &'static str {
         "cpu"
     }
@@ -310,7 +311,9 @@ impl Backend for CpuBackend {
             cpu_flags()
         )
     }
+}
 
+impl Backend for CpuBackend {
     fn attention(&self, mut batch: AttnBatch<'_>) -> Result<()> {
         let out = OutRows::new(std::mem::replace(
             &mut batch.bufs.output,
@@ -352,39 +355,25 @@ impl Backend for CpuBackend {
 
     fn copy_pages(&self, b: PageCopyBatch<'_>) -> Result<()> {
         let lay = b.params.cache;
-        let esz = lay.dtype.size_bytes();
-        let row = lay.head_dim * esz;
-        // Slots [0, n) of a page are one contiguous run when heads and slots are dense.
-        let dense =
-            lay.head_stride == lay.head_dim && lay.slot_stride == lay.num_kv_heads * lay.head_dim;
         let c = b.caches;
         for cp in b.copies {
-            let n = cp.num_tokens as usize;
-            let (sp, dp) = (cp.src_page as usize, cp.dst_page as usize);
+            let (sp, dp, n) = (
+                cp.src_page as usize,
+                cp.dst_page as usize,
+                cp.num_tokens as usize,
+            );
             for (dev, host) in [
                 (&mut *c.key_cache, &mut *c.host_key_cache),
                 (&mut *c.value_cache, &mut *c.host_value_cache),
             ] {
-                let runs: Vec<(usize, usize, usize)> = if dense {
-                    vec![(
-                        lay.offset(sp, 0, 0) * esz,
-                        lay.offset(dp, 0, 0) * esz,
-                        n * lay.slot_stride * esz,
-                    )]
-                } else {
-                    (0..n)
-                        .flat_map(|s| (0..lay.num_kv_heads).map(move |h| (s, h)))
-                        .map(|(s, h)| (lay.offset(sp, s, h) * esz, lay.offset(dp, s, h) * esz, row))
-                        .collect()
-                };
-                for (so, dof, len) in runs {
+                for ByteRun { src, dst, len } in page_copy_runs(&lay, sp, dp, n) {
                     match cp.kind {
-                        CopyKind::DeviceToDevice => dev.copy_within(so..so + len, dof),
+                        CopyKind::DeviceToDevice => dev.copy_within(src..src + len, dst),
                         CopyKind::DeviceToHost => {
-                            host[dof..dof + len].copy_from_slice(&dev[so..so + len])
+                            host[dst..dst + len].copy_from_slice(&dev[src..src + len])
                         }
                         CopyKind::HostToDevice => {
-                            dev[dof..dof + len].copy_from_slice(&host[so..so + len])
+                            dev[dst..dst + len].copy_from_slice(&host[src..src + len])
                         }
                     }
                 }

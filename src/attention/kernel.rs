@@ -25,8 +25,10 @@ use super::CacheLayout;
 
 /// Tokens per K/V block (a block never crosses a page).
 const BT: usize = 32;
-/// Most rows processed together.
-pub(crate) const MAX_GROUP: usize = 8;
+/// Query rows (query heads of one kv head, times tokens) one kernel pass processes together.
+/// Not a head-ratio limit: the CPU takes any ratio (CANN's limit is
+/// `ascend::plan::MAX_HEADS_PER_KV_HEAD`).
+pub(crate) const ROWS_PER_PASS: usize = 8;
 
 /// A KV element type.
 pub(crate) trait KvElem: Copy + Send + Sync + 'static {
@@ -290,8 +292,8 @@ struct Group {
     kv_head: usize,
     start: usize,
     end: usize,
-    m: [f32; MAX_GROUP],
-    l: [f32; MAX_GROUP],
+    m: [f32; ROWS_PER_PASS],
+    l: [f32; ROWS_PER_PASS],
 }
 
 #[inline(always)]
@@ -309,7 +311,7 @@ unsafe fn attend_impl<L: Lanes, T: KvElem>(
     let mut r = 0;
     while r < n {
         let kh = rows.kv_head[r];
-        let run = (r..n.min(r + MAX_GROUP))
+        let run = (r..n.min(r + ROWS_PER_PASS))
             .take_while(|&i| rows.kv_head[i] == kh)
             .count();
         let ng = [8, 4, 2, 1].into_iter().find(|&g| g <= run).unwrap_or(1);
@@ -319,8 +321,8 @@ unsafe fn attend_impl<L: Lanes, T: KvElem>(
             kv_head: kh,
             start: rows.lo[r..r + ng].iter().copied().min().unwrap_or(0),
             end: rows.hi[r..r + ng].iter().copied().max().unwrap_or(0),
-            m: [f32::NEG_INFINITY; MAX_GROUP],
-            l: [0.0; MAX_GROUP],
+            m: [f32::NEG_INFINITY; ROWS_PER_PASS],
+            l: [0.0; ROWS_PER_PASS],
         });
         r += ng;
     }
@@ -484,8 +486,8 @@ unsafe fn block<L: Lanes, T: KvElem, const NG: usize, const TT: usize, const U: 
     kv: &SeqKv<'_, T>,
     b: &Block<'_>,
     acc: &mut [f32],
-    m: &mut [f32; MAX_GROUP],
-    l: &mut [f32; MAX_GROUP],
+    m: &mut [f32; ROWS_PER_PASS],
+    l: &mut [f32; ROWS_PER_PASS],
 ) {
     let lay = kv.layout;
     let d = lay.head_dim;
@@ -499,7 +501,7 @@ unsafe fn block<L: Lanes, T: KvElem, const NG: usize, const TT: usize, const U: 
         hi.iter().copied().min().unwrap_or(0),
     );
     let (base, pos, n) = (b.base, b.pos, b.n.min(BT));
-    let mut s = [0f32; BT * MAX_GROUP];
+    let mut s = [0f32; BT * ROWS_PER_PASS];
     let mut krows: [&[T]; BT] = [&[]; BT];
     let mut vrows: [&[T]; BT] = [&[]; BT];
     for t in 0..n {

@@ -9,8 +9,13 @@
 //!   entries, slot mapping, copy pairs) are checked before anything is written. Errors are
 //!   [`Error::AttnInvalid`] naming the C field. The Ascend backend ([`ascend`]) reuses these
 //!   checks on the same numbers; only the memory it launches on differs;
-//! * the [`Backend`] trait and the validated batch types it receives ([`AttnBatch`],
-//!   [`KvWrite`], [`PageCopyBatch`]), which can only be built through validation;
+//! * the [`Backend`] trait (host memory) and the validated batch types it receives
+//!   ([`AttnBatch`], [`KvWrite`], [`PageCopyBatch`]), which can only be built through
+//!   validation; [`BackendInfo`], what every backend reports;
+//! * [`device`]: the [`DeviceBackend`] trait for backends on device memory (Ascend) and its
+//!   validated batches;
+//! * [`copy_runs`]: a page copy split into contiguous byte runs per layout, shared by every
+//!   backend;
 //! * [`cpu`]: the CPU backend.
 //!
 //! # Layouts (all strides in elements, never bytes)
@@ -31,7 +36,9 @@
 //!   `L - q + i` and attends causally to positions `0..=L - q + i`.
 
 pub mod ascend;
+pub mod copy_runs;
 pub mod cpu;
+pub mod device;
 mod kernel;
 pub mod params;
 pub mod pool;
@@ -40,10 +47,11 @@ use half::{bf16, f16};
 
 pub use crate::core::DType;
 use crate::core::Result;
+pub use device::DeviceBackend;
 use params::bad;
 pub use params::{
     check_host_arrays, check_slots, span, AttnParams, AttnSpans, CacheLayout, CopyKind, CopyParams,
-    KvWriteParams, PageCopy, SeqSpan, SlotMapping, TokenStrides, MAX_PAGES, MAX_PAGE_SIZE,
+    KvWriteParams, PageCopy, SeqSpan, SlotMapping, TokenStrides, MAX_ATTN_PAGE_SIZE, MAX_PAGES,
 };
 
 /// A host buffer of one of the supported element types.
@@ -400,28 +408,11 @@ impl std::fmt::Display for Limits {
     }
 }
 
-/// A compute backend. Receives only validated batches; a backend must not write anything when
-/// it returns an error it could have detected before starting.
-///
-/// **Thread safety:** backends are `Send + Sync`; calls on one backend may come from several
-/// threads (the CPU backend serializes them on its pool).
-pub trait Backend: Send + Sync {
+/// What every backend reports, host or device memory alike (the C layer's
+/// `kvs_backend_describe`).
+pub trait BackendInfo: Send + Sync {
     /// Short name ("cpu", "ascend").
     fn name(&self) -> &'static str;
-    /// Paged attention; writes the output rows of every query token and head.
-    fn attention(&self, batch: AttnBatch<'_>) -> Result<()>;
-    /// Scatters new K and V into the caches by slot.
-    fn kv_write(&self, write: KvWrite<'_>) -> Result<()>;
-    /// Copies pages (or a prefix of a page's slots) in order, within and between tiers.
-    fn copy_pages(&self, batch: PageCopyBatch<'_>) -> Result<()>;
-
-    // ---- Ascend hook (device memory; see `ascend`) ----
-
-    /// The Ascend backend, whose launches take device addresses instead of host buffers (the C
-    /// exports route to it before building host slices). `None` for host backends.
-    fn ascend(&self) -> Option<&ascend::AscendBackend> {
-        None
-    }
     /// One line for logs and support (`kvs_backend_describe` adds [`limits`](Self::limits)).
     fn describe(&self) -> String {
         self.name().to_string()
@@ -430,4 +421,19 @@ pub trait Backend: Send + Sync {
     fn limits(&self) -> Limits {
         Limits::shared()
     }
+}
+
+/// A compute backend on **host memory**: receives only validated batches of host slices; a
+/// backend must not write anything when it returns an error it could have detected before
+/// starting. (Backends on device memory implement [`DeviceBackend`] instead.)
+///
+/// **Thread safety:** backends are `Send + Sync`; calls on one backend may come from several
+/// threads (the CPU backend serializes them on its pool).
+pub trait Backend: BackendInfo {
+    /// Paged attention; writes the output rows of every query token and head.
+    fn attention(&self, batch: AttnBatch<'_>) -> Result<()>;
+    /// Scatters new K and V into the caches by slot.
+    fn kv_write(&self, write: KvWrite<'_>) -> Result<()>;
+    /// Copies pages (or a prefix of a page's slots) in order, within and between tiers.
+    fn copy_pages(&self, batch: PageCopyBatch<'_>) -> Result<()>;
 }

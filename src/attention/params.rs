@@ -4,6 +4,7 @@
 //! touching memory, and the Ascend backend will check the same numbers before building its
 //! `aclTensor`s. Errors are [`Error::AttnInvalid`] naming the field of the C struct.
 
+pub use crate::core::{CopyKind, PageCopy};
 use crate::core::{DType, Error, Result};
 
 /// Largest head dimension accepted.
@@ -12,9 +13,10 @@ pub(crate) const MAX_HEAD_DIM: usize = 1024;
 /// Largest number of query heads (and kv heads) accepted.
 pub(crate) const MAX_HEADS: usize = 4096;
 
-/// Largest page size accepted by attention (the cache manager caps at 1024; a larger page lets
-/// the benchmark express a contiguous cache as one page per sequence).
-pub const MAX_PAGE_SIZE: usize = 1 << 16;
+/// Largest page size accepted by the attention launches. Not the cache manager's limit
+/// (`core::config::MAX_PAGE_SIZE`, `KVS_MAX_PAGE_SIZE` in C: 1024): a larger page here lets the
+/// benchmark express a contiguous cache as one page per sequence.
+pub const MAX_ATTN_PAGE_SIZE: usize = 1 << 16;
 
 /// Largest page count of one cache tier (fits `i32` block-table entries).
 pub const MAX_PAGES: usize = (i32::MAX as usize) + 1;
@@ -107,7 +109,7 @@ impl CacheLayout {
     /// Checks sizes and strides; returns the elements one cache buffer must hold.
     pub fn validate(&self) -> Result<usize> {
         check_range("num_pages", self.num_pages, MAX_PAGES)?;
-        check_range("page_size", self.page_size, MAX_PAGE_SIZE)?;
+        check_range("page_size", self.page_size, MAX_ATTN_PAGE_SIZE)?;
         check_range("num_kv_heads", self.num_kv_heads, MAX_HEADS)?;
         check_range("head_dim", self.head_dim, MAX_HEAD_DIM)?;
         span(
@@ -210,7 +212,7 @@ impl AttnParams {
         check_range("num_tokens", self.num_tokens, MAX_BATCH)?;
         check_range("num_heads", self.num_heads, MAX_HEADS)?;
         let cache = self.cache.validate()?;
-        if self.num_heads % self.cache.num_kv_heads != 0 {
+        if !self.num_heads.is_multiple_of(self.cache.num_kv_heads) {
             return Err(bad(
                 "num_heads",
                 format!(
@@ -456,31 +458,6 @@ pub fn check_slots(slots: &SlotMapping<'_>, cache: &CacheLayout) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// Direction of a page copy (`kvs_copy_kind`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CopyKind {
-    /// Device page to device page.
-    DeviceToDevice,
-    /// Device page to host page (swap out, demotion).
-    DeviceToHost,
-    /// Host page to device page (swap in, promotion).
-    HostToDevice,
-}
-
-/// One copy: token slots `[0, num_tokens)` of page `src` into page `dst` (0 tokens: nothing to
-/// move, e.g. a reserved page that holds no token yet; the page ids are still checked).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PageCopy {
-    /// Source page id (in the source tier).
-    pub src_page: u32,
-    /// Destination page id (in the destination tier).
-    pub dst_page: u32,
-    /// Slots copied from the start of the page; `page_size` copies the whole page.
-    pub num_tokens: u32,
-    /// Direction.
-    pub kind: CopyKind,
 }
 
 /// Numbers of a page copy: the device caches' layout and the host caches' page count (host

@@ -11,7 +11,9 @@ use super::pool::{Holder, PRIORITIES};
 use super::prefix::{chain_hash, Entry, ExtraKeys};
 use super::state::{insert_noted, State};
 
-/// Direction of a page copy the engine (or a backend) must execute.
+/// Direction of a page copy the engine (or a backend) must execute. One type for the cache
+/// manager, which reports copies, and the attention backends, which execute them
+/// (`attention::CopyKind` is this type).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CopyKind {
     /// Copy-on-write inside the device tier.
@@ -22,13 +24,15 @@ pub enum CopyKind {
     HostToDevice,
 }
 
-/// Copy token slots `0..num_tokens` of page `src` into page `dst`.
+/// Copy token slots `0..num_tokens` of page `src_page` into page `dst_page` (the C `kvs_copy`,
+/// field for field; `attention::PageCopy` is this type). 0 tokens moves nothing (the page ids
+/// are still checked by a backend).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PageCopy {
     /// Source page id (in the source tier).
-    pub src: u32,
+    pub src_page: u32,
     /// Destination page id (in the destination tier).
-    pub dst: u32,
+    pub dst_page: u32,
     /// Slots to copy from the start of the page (`page_size` = the whole page; may be 0 for a
     /// reserved page that holds no token yet).
     pub num_tokens: u32,
@@ -406,8 +410,8 @@ impl State {
                 let keep = if j == old / ps { old % ps } else { 0 };
                 if keep > 0 {
                     copies.push(PageCopy {
-                        src,
-                        dst,
+                        src_page: src,
+                        dst_page: dst,
                         num_tokens: keep as u32,
                         kind: CopyKind::DeviceToDevice,
                     });

@@ -304,8 +304,8 @@ impl State {
             },
         );
         self.copies.push_back(PageCopy {
-            src,
-            dst,
+            src_page: src,
+            dst_page: dst,
             num_tokens: self.page_size as u32,
             kind,
         });

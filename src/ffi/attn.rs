@@ -1,69 +1,35 @@
-//! `kvs_backend`: compute backends, paged attention, KV write and page copy.
+//! `kvs_attention_launch`, `kvs_kv_write`, `kvs_kv_copy`: the launches of a `kvs_backend`, and
+//! the `#[repr(C)]` args they take.
 //!
-//! Glue only: each export reads its `#[repr(C)]` args, builds the plain Rust params of
-//! [`crate::attention`], validates them there (the same checks the Ascend backend will use),
-//! turns the pointers into slices whose lengths come from the validated shapes, and calls the
-//! safe backend. Nothing is written unless every check passed.
+//! Glue only: each export reads its args into the plain params of [`crate::attention`]
+//! (`attn_args.rs`), validates them there, checks every pointer, and then hands the launch to
+//! the backend by the memory it takes: host slices whose lengths come from the validated shapes
+//! for a host-memory [`Backend`](crate::attention::Backend), device addresses plus the checked
+//! host arrays for a [`DeviceBackend`](crate::attention::DeviceBackend). Which backend it is
+//! stays behind those two traits. Nothing is written unless every check passed.
 
-// The exports take raw pointers by design (C callers); each one is checked by the `slice`/
-// `handle` helpers before use, so the functions stay `extern "C" fn` rather than `unsafe`.
-#![allow(clippy::not_unsafe_ptr_arg_deref)]
+use std::ffi::c_void;
 
-use std::ffi::{c_char, c_void};
-
-use super::enums::decode;
-use super::handle::{self, Handle};
-use super::panic::guard;
-use super::slice::{slice, slice_mut, try_out, try_ref};
-use super::status::kvs_status;
-use super::types::{kvs_copy, kvs_copy_kind, kvs_dtype};
-use crate::attention::ascend::plan::check_align;
-use crate::attention::ascend::{
-    AscendBackend, AscendOptions, DeviceAttn, DeviceCopy, DeviceKvWrite,
+use super::attn_args::{
+    aslice, aslice_mut, attn, buf, buf_mut, cache_ptr, dtype, layout, no_overlap, not_null,
+    or_dense,
 };
-use crate::attention::cpu::CpuBackend;
+use super::backend::{kvs_backend, BackendBox, Launcher};
+use super::enums::decode;
+use super::handle;
+use super::panic::guard;
+use super::slice::try_ref;
+use super::status::kvs_status;
+use super::types::{kvs_copy, kvs_copy_kind};
+use crate::attention::device::{
+    DeviceAttn, DeviceAttnBatch, DeviceCopy, DeviceCopyBatch, DeviceKvWrite, DeviceKvWriteBatch,
+};
 use crate::attention::{
-    check_host_arrays, AttnBatch, AttnBuffers, AttnParams, AttnSpans, Backend, Buf, BufMut,
-    CacheLayout, CopyCaches, CopyKind, CopyParams, KvWrite, KvWriteParams, PageCopy, PageCopyBatch,
-    SlotMapping, TokenStrides,
+    AttnBatch, AttnBuffers, AttnParams, CopyCaches, CopyKind, CopyParams, KvWrite, KvWriteParams,
+    PageCopy, PageCopyBatch, SlotMapping, TokenStrides,
 };
 use crate::core::alloc::try_with_capacity;
-use crate::core::{DType, Error, Result};
-
-/// A compute backend (`KVS_BACKEND_KIND_CPU` or `KVS_BACKEND_KIND_ASCEND`) that launches paged
-/// attention, KV writes and page copies.
-///
-/// **Ownership:** create with `kvs_backend_new`, free with `kvs_backend_free`.
-/// **Thread safety:** a backend may be used from several threads at once; the CPU backend runs
-/// one call at a time on its thread pool and queues the others.
-///
-/// **Methods:** `kvs_backend_new`, `kvs_backend_free`, `kvs_backend_num_threads`,
-/// `kvs_attention_launch`, `kvs_kv_write`, `kvs_kv_copy`.
-pub struct kvs_backend {
-    _private: [u8; 0],
-}
-
-impl Handle for kvs_backend {
-    type Rust = BackendBox;
-    const NAME: &'static str = "backend";
-}
-
-/// The Rust object behind a `kvs_backend*`.
-pub(crate) struct BackendBox {
-    backend: Box<dyn Backend>,
-    num_threads: usize,
-}
-
-/// Which backend `kvs_backend_new` creates.
-#[repr(u32)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum kvs_backend_kind {
-    /// Host CPU, synchronous; streams are ignored.
-    Cpu = 0,
-    /// Huawei Ascend NPU through CANN, loaded at run time (`dlopen`): tensor pointers are device
-    /// addresses and launches are enqueued on the caller's `aclrtStream` (see README, "Ascend").
-    Ascend = 1,
-}
+use crate::core::{Error, Result};
 
 /// Element type of a slot mapping (`kvs_kv_write_args.slot_mapping_type`).
 #[repr(u32)]
@@ -73,22 +39,6 @@ pub enum kvs_index_type {
     Int32 = 0,
     /// `int64_t` (upstream vLLM).
     Int64 = 1,
-}
-
-/// Options of `kvs_backend_new`. Zero-initialise and set what you need.
-///
-/// **Thread safety:** plain data, read only during the call.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct kvs_backend_options {
-    /// CPU: threads of the persistent pool (the calling thread included); 0 = the machine's
-    /// available parallelism. At most 1024.
-    pub num_threads: u32,
-    /// Ascend: device id (ignored by the CPU backend).
-    pub device_id: i32,
-    /// Ascend: directory holding the CANN libraries, or NULL for the loader's search path
-    /// (ignored by the CPU backend). NUL-terminated; read only during the call.
-    pub library_dir: *const c_char,
 }
 
 /// Layout of one layer's K cache and V cache (they share it):
@@ -248,241 +198,20 @@ pub struct kvs_kv_copy_args {
     pub num_host_pages: u32,
 }
 
-/// Attention errors name fields; the shared slice helpers report `InvalidArgument`.
-fn attn(e: Error) -> Error {
-    match e {
-        Error::InvalidArgument { field, reason } => Error::AttnInvalid { field, reason },
-        e => e,
-    }
-}
-
-fn dtype(raw: u32, field: &'static str) -> Result<DType> {
-    decode::<kvs_dtype>(raw, field)
-        .map(DType::from)
-        .map_err(attn)
-}
-
-fn or_dense(stride: usize, dense: usize) -> usize {
-    if stride == 0 {
-        dense
-    } else {
-        stride
-    }
-}
-
-fn layout(c: &kvs_kv_layout, num_pages: u32) -> Result<CacheLayout> {
-    let (ps, h, d) = (
-        c.page_size as usize,
-        c.num_kv_heads as usize,
-        c.head_dim as usize,
-    );
-    Ok(CacheLayout {
-        dtype: dtype(c.dtype, "cache.dtype")?,
-        num_pages: num_pages as usize,
-        page_size: ps,
-        num_kv_heads: h,
-        head_dim: d,
-        page_stride: or_dense(c.page_stride, ps.saturating_mul(h).saturating_mul(d)),
-        slot_stride: or_dense(c.slot_stride, h.saturating_mul(d)),
-        head_stride: or_dense(c.head_stride, d),
-    })
-}
-
-/// Refuses a misaligned pointer as an attention argument error that names the address and the
-/// alignment. (`slice.rs` refuses it too, before any slice is made, but with the shorter shared
-/// message; this check runs first so attention callers get the precise one.)
-fn aligned<T>(ptr: *const T, name: &'static str) -> Result<()> {
-    if !ptr.is_aligned() {
-        return Err(Error::AttnInvalid {
-            field: name,
-            reason: format!(
-                "pointer {ptr:p} is not aligned to {} bytes",
-                std::mem::align_of::<T>()
-            ),
-        });
-    }
-    Ok(())
-}
-
-/// The one check of a paged K/V cache pointer, shared by `kvs_attention_launch`, `kvs_kv_write`
-/// and `kvs_kv_copy` so that a pointer one call refuses is refused by all: aligned to the cache's
-/// element type, and for device memory of the Ascend backend to CANN's 32 bytes. NULL is left to
-/// each call's own NULL check.
-fn cache_ptr(
-    backend: &dyn Backend,
-    ptr: *const c_void,
-    dtype: DType,
-    device: bool,
-    name: &'static str,
-) -> Result<()> {
-    if ptr.is_null() {
-        return Ok(());
-    }
-    let align = dtype.size_bytes();
-    if !(ptr as usize).is_multiple_of(align) {
-        return Err(Error::AttnInvalid {
-            field: name,
-            reason: format!("pointer {ptr:p} is not aligned to {align} bytes (its element size)"),
-        });
-    }
-    if device && backend.ascend().is_some() {
-        check_align(name, ptr as usize)?;
-    }
-    Ok(())
-}
-
-/// [`slice`] with attention errors.
+/// The backend and the args struct every launch starts from, both refused when NULL.
 ///
 /// # Safety
-/// As [`slice`].
-unsafe fn aslice<'a, T>(ptr: *const T, len: usize, name: &'static str) -> Result<&'a [T]> {
-    aligned(ptr, name)?;
-    slice(ptr, len, name).map_err(attn)
-}
-
-/// [`slice_mut`] with attention errors.
-///
-/// # Safety
-/// As [`slice_mut`].
-unsafe fn aslice_mut<'a, T>(ptr: *mut T, len: usize, name: &'static str) -> Result<&'a mut [T]> {
-    aligned(ptr.cast_const(), name)?;
-    slice_mut(ptr, len, name).map_err(attn)
-}
-
-/// # Safety
-/// Non-NULL `ptr` must be valid for `len` elements of `dtype` for `'a`.
-unsafe fn buf<'a>(
-    ptr: *const c_void,
-    dtype: DType,
-    len: usize,
-    name: &'static str,
-) -> Result<Buf<'a>> {
-    Ok(match dtype {
-        DType::F32 => Buf::F32(aslice(ptr.cast(), len, name)?),
-        DType::F16 => Buf::F16(aslice(ptr.cast(), len, name)?),
-        DType::BF16 => Buf::BF16(aslice(ptr.cast(), len, name)?),
-    })
-}
-
-/// # Safety
-/// As [`buf`], and nothing else accesses the memory during `'a`.
-unsafe fn buf_mut<'a>(
-    ptr: *mut c_void,
-    dtype: DType,
-    len: usize,
-    name: &'static str,
-) -> Result<BufMut<'a>> {
-    Ok(match dtype {
-        DType::F32 => BufMut::F32(aslice_mut(ptr.cast(), len, name)?),
-        DType::F16 => BufMut::F16(aslice_mut(ptr.cast(), len, name)?),
-        DType::BF16 => BufMut::BF16(aslice_mut(ptr.cast(), len, name)?),
-    })
-}
-
-/// Refuses a written buffer that overlaps another buffer of the call (that would alias a
-/// `&mut` slice).
-fn no_overlap(
-    w: (&'static str, *const c_void, usize),
-    others: &[(&'static str, *const c_void, usize)],
-) -> Result<()> {
-    let (a0, a1) = (w.1 as usize, w.1 as usize + w.2);
-    for &(name, p, bytes) in others {
-        let (b0, b1) = (p as usize, p as usize + bytes);
-        if !p.is_null() && bytes > 0 && w.2 > 0 && a0 < b1 && b0 < a1 {
-            return Err(Error::AttnInvalid {
-                field: w.0,
-                reason: format!("overlaps `{name}`"),
-            });
-        }
-    }
-    Ok(())
+/// A non-NULL `backend` is a live handle from `kvs_backend_new`, and a non-NULL `args` a struct
+/// readable for `'a` (the export contract, ffi/mod.rs): `borrow` and `try_ref` check the rest
+/// (NULL, alignment).
+unsafe fn launch_inputs<'a, A>(
+    backend: *const kvs_backend,
+    args: *const A,
+) -> Result<(&'a BackendBox, &'a A)> {
+    Ok((handle::borrow(backend)?, try_ref(args, "args")?))
 }
 
 impl kvs_backend {
-    /// Creates a backend of `kind` (a `kvs_backend_kind` value). `options` may be NULL (all
-    /// defaults). The CPU backend starts its persistent worker threads here; no call spawns
-    /// threads later.
-    ///
-    /// **Ownership:** on success `*backend_out` owns a new backend; free it with
-    /// `kvs_backend_free`. **Failure:** `KVS_STATUS_BACKEND_UNAVAILABLE` for Ascend when a CANN
-    /// library or symbol is missing or the device cannot be set (the message names the library,
-    /// symbol or device), `KVS_STATUS_INVALID_ARGUMENT` for an unknown kind or out-of-range
-    /// option; `*backend_out` is untouched on error.
-    ///
-    /// Ascend: loads CANN from `options->library_dir`, else `$ASCEND_HOME_PATH/lib64`, else the
-    /// loader's search path; calls `aclInit(NULL)` (an already initialised ACL is fine) and
-    /// `aclrtSetDevice(options->device_id)` on the calling thread. `num_threads` is ignored.
-    /// **Thread safety:** safe from any thread.
-    #[no_mangle]
-    pub extern "C" fn kvs_backend_new(
-        kind: u32,
-        options: *const kvs_backend_options,
-        backend_out: *mut *mut kvs_backend,
-    ) -> kvs_status {
-        guard(|| {
-            // SAFETY: caller contract: NULL or a valid options struct / out location.
-            let out = unsafe { try_out(backend_out, "backend_out")? };
-            let opts = if options.is_null() {
-                None
-            } else {
-                Some(unsafe { try_ref(options, "options")? })
-            };
-            let num_threads = opts.map_or(0, |o| o.num_threads) as usize;
-            if num_threads > 1024 {
-                return Err(Error::arg(
-                    "options.num_threads",
-                    format!("{num_threads} is more than 1024"),
-                ));
-            }
-            let obj = match decode::<kvs_backend_kind>(kind, "kind")? {
-                kvs_backend_kind::Cpu => {
-                    let cpu = CpuBackend::new(num_threads)?;
-                    BackendBox {
-                        num_threads: cpu.num_threads(),
-                        backend: Box::new(cpu),
-                    }
-                }
-                kvs_backend_kind::Ascend => ascend_new(opts)?,
-            };
-            *out = handle::into_raw::<kvs_backend>(obj);
-            Ok(())
-        })
-    }
-
-    /// Frees a backend (its worker threads are joined). NULL is a no-op.
-    ///
-    /// Ascend: frees the backend's device workspaces, so every stream it launched on must be
-    /// synchronised first (kvshare never synchronises a stream itself).
-    ///
-    /// **Ownership:** `backend` must come from `kvs_backend_new` and is invalid afterwards.
-    /// **Thread safety:** no other call may be using `backend`.
-    #[no_mangle]
-    pub extern "C" fn kvs_backend_free(backend: *mut kvs_backend) {
-        let _ = guard(|| {
-            // SAFETY: caller contract (from kvs_backend_new, not in use elsewhere).
-            unsafe { handle::free(backend) };
-            Ok(())
-        });
-    }
-
-    /// Threads the backend computes on (CPU: pool size, the calling thread included).
-    ///
-    /// **Failure:** `KVS_STATUS_NULL_ARGUMENT` for a NULL argument; `*num_threads_out` is
-    /// untouched on error. **Thread safety:** safe from any thread.
-    #[no_mangle]
-    pub extern "C" fn kvs_backend_num_threads(
-        backend: *const kvs_backend,
-        num_threads_out: *mut u32,
-    ) -> kvs_status {
-        guard(|| {
-            // SAFETY: caller contract.
-            let b = unsafe { handle::borrow(backend)? };
-            let out = unsafe { try_out(num_threads_out, "num_threads_out")? };
-            *out = u32::try_from(b.num_threads).unwrap_or(u32::MAX); // at most 1024
-            Ok(())
-        })
-    }
-
     /// Launches paged attention (decode, prefill or chunked prefill, causal within each
     /// sequence) for one layer; see `kvs_attention_args` for shapes and semantics. `stream` is
     /// the backend's stream (`aclrtStream` for Ascend); the CPU backend ignores it (NULL is
@@ -502,15 +231,14 @@ impl kvs_backend {
     /// **Thread safety:** safe from any thread; `output` must not be accessed by others
     /// during the call.
     #[no_mangle]
-    pub extern "C" fn kvs_attention_launch(
+    pub unsafe extern "C" fn kvs_attention_launch(
         backend: *const kvs_backend,
         args: *const kvs_attention_args,
         stream: *mut c_void,
     ) -> kvs_status {
         guard(|| {
-            // SAFETY: caller contract for `backend` and `args`.
-            let b = unsafe { handle::borrow(backend)? };
-            let a = unsafe { try_ref(args, "args")? };
+            // SAFETY: as this export's contract (`launch_inputs`).
+            let (b, a) = unsafe { launch_inputs(backend, args)? };
             let cache = layout(&a.cache, a.cache.num_pages)?;
             let (h, d) = (a.num_heads as usize, cache.head_dim);
             let params = AttnParams {
@@ -537,7 +265,7 @@ impl kvs_backend {
             };
             let spans = params.validate()?;
             for (name, p) in [("key_cache", a.key_cache), ("value_cache", a.value_cache)] {
-                cache_ptr(&*b.backend, p, cache.dtype, true, name)?;
+                cache_ptr(&b.launcher, p, cache.dtype, true, name)?;
             }
             let (qe, oe, ce) = (
                 params.query_dtype.size_bytes(),
@@ -563,11 +291,36 @@ impl kvs_backend {
                     ),
                 ],
             )?;
-            if let Some(asc) = b.backend.ascend() {
-                return ascend_attention(asc, a, &params, &spans, stream);
-            }
-            // SAFETY: caller contract: each pointer is valid for the shape the args describe,
-            // and `output` overlaps no input (checked above).
+            let host = match &b.launcher {
+                Launcher::Host(host) => host,
+                Launcher::Device(device) => {
+                    let mem = DeviceAttn {
+                        query: not_null(a.query, "query")?,
+                        output: not_null(a.output.cast_const(), "output")?,
+                        key_cache: not_null(a.key_cache, "key_cache")?,
+                        value_cache: not_null(a.value_cache, "value_cache")?,
+                        block_table: not_null(a.block_table, "block_table")?,
+                    };
+                    // SAFETY: `context_lens` and `query_start_loc` stay host arrays on every
+                    // backend; `aslice` refuses NULL and misalignment, and the lengths are the
+                    // validated `spans` that `kvs_attention_args` documents them to hold.
+                    let ctx =
+                        unsafe { aslice(a.context_lens, spans.context_lens, "context_lens")? };
+                    let starts = if params.varlen {
+                        Some(unsafe {
+                            aslice(a.query_start_loc, spans.query_start_loc, "query_start_loc")?
+                        })
+                    } else {
+                        None
+                    };
+                    let batch = DeviceAttnBatch::new(params, mem, ctx, starts)?;
+                    return device.attention(batch, stream as usize);
+                }
+            };
+            // SAFETY: host memory: each pointer is non-NULL and aligned (checked by `buf`/
+            // `aslice`) and valid for the element counts of the validated `spans`, which are the
+            // shapes `kvs_attention_args` documents (export contract); `output`, the one `&mut`,
+            // overlaps no input (checked above), so no slice aliases it.
             let bufs = unsafe {
                 AttnBuffers {
                     query: buf(a.query, params.query_dtype, spans.query, "query")?,
@@ -587,7 +340,7 @@ impl kvs_backend {
                     output: buf_mut(a.output, params.output_dtype, spans.output, "output")?,
                 }
             };
-            b.backend.attention(AttnBatch::new(params, bufs)?)
+            host.attention(AttnBatch::new(params, bufs)?)
         })
     }
 
@@ -602,15 +355,14 @@ impl kvs_backend {
     /// **Thread safety:** safe from any thread; the caches must not be accessed by others
     /// during the call.
     #[no_mangle]
-    pub extern "C" fn kvs_kv_write(
+    pub unsafe extern "C" fn kvs_kv_write(
         backend: *const kvs_backend,
         args: *const kvs_kv_write_args,
         stream: *mut c_void,
     ) -> kvs_status {
         guard(|| {
-            // SAFETY: caller contract for `backend` and `args`.
-            let b = unsafe { handle::borrow(backend)? };
-            let a = unsafe { try_ref(args, "args")? };
+            // SAFETY: as this export's contract (`launch_inputs`).
+            let (b, a) = unsafe { launch_inputs(backend, args)? };
             let cache = layout(&a.cache, a.cache.num_pages)?;
             let (h, d) = (cache.num_kv_heads, cache.head_dim);
             let params = KvWriteParams {
@@ -624,7 +376,7 @@ impl kvs_backend {
             };
             let (src, cache_len) = params.validate()?;
             for (name, p) in [("key_cache", a.key_cache), ("value_cache", a.value_cache)] {
-                cache_ptr(&*b.backend, p.cast_const(), cache.dtype, true, name)?;
+                cache_ptr(&b.launcher, p.cast_const(), cache.dtype, true, name)?;
             }
             let n = params.num_tokens;
             let (se, ce) = (params.src_dtype.size_bytes(), cache.dtype.size_bytes());
@@ -643,10 +395,26 @@ impl kvs_backend {
                 ("value_cache", a.value_cache, cache_len * ce),
                 &[("key_cache", a.key_cache, cache_len * ce)],
             )?;
-            if let Some(asc) = b.backend.ascend() {
-                return ascend_kv_write(asc, a, &params, src, slot_bytes == 8, stream);
-            }
-            // SAFETY: caller contract; the written caches overlap nothing else (checked above).
+            let host = match &b.launcher {
+                Launcher::Host(host) => host,
+                Launcher::Device(device) => {
+                    let mem = DeviceKvWrite {
+                        key: not_null(a.key, "key")?,
+                        value: not_null(a.value, "value")?,
+                        key_cache: not_null(a.key_cache.cast_const(), "key_cache")?,
+                        value_cache: not_null(a.value_cache.cast_const(), "value_cache")?,
+                        slot_mapping: not_null(a.slot_mapping, "slot_mapping")?,
+                        slots_i64: slot_bytes == 8,
+                    };
+                    let write = DeviceKvWriteBatch::new(params, mem)?;
+                    return device.kv_write(write, stream as usize);
+                }
+            };
+            // SAFETY: host memory: each pointer is non-NULL and aligned (checked by `buf`/
+            // `aslice`) and valid for the validated element counts (`src`, `cache_len`,
+            // `num_tokens` slots of the decoded index type), as `kvs_kv_write_args` documents
+            // (export contract); the two written caches overlap each other and every input
+            // nowhere (checked above), so the `&mut` slices alias nothing.
             let write = unsafe {
                 let slots = if slot_bytes == 4 {
                     SlotMapping::I32(aslice(a.slot_mapping.cast(), n, "slot_mapping")?)
@@ -662,7 +430,7 @@ impl kvs_backend {
                     buf_mut(a.value_cache, cache.dtype, cache_len, "value_cache")?,
                 )?
             };
-            b.backend.kv_write(write)
+            host.kv_write(write)
         })
     }
 
@@ -681,7 +449,7 @@ impl kvs_backend {
     /// **Thread safety:** safe from any thread; the caches must not be accessed by others
     /// during the call.
     #[no_mangle]
-    pub extern "C" fn kvs_kv_copy(
+    pub unsafe extern "C" fn kvs_kv_copy(
         backend: *const kvs_backend,
         args: *const kvs_kv_copy_args,
         copies: *const kvs_copy,
@@ -689,9 +457,10 @@ impl kvs_backend {
         stream: *mut c_void,
     ) -> kvs_status {
         guard(|| {
-            // SAFETY: caller contract for `backend`, `args` and `copies`.
-            let b = unsafe { handle::borrow(backend)? };
-            let a = unsafe { try_ref(args, "args")? };
+            // SAFETY: as this export's contract (`launch_inputs`); `copies`: NULL is refused
+            // with `num_copies > 0`, otherwise `num_copies` records readable for the call (the
+            // copy list is host memory on every backend).
+            let (b, a) = unsafe { launch_inputs(backend, args)? };
             let raw = unsafe { aslice(copies, num_copies, "copies")? };
             let mut list = try_with_capacity(raw.len(), "copies")?;
             for (i, c) in raw.iter().enumerate() {
@@ -721,7 +490,7 @@ impl kvs_backend {
             ];
             for (name, p, device) in caches {
                 cache_ptr(
-                    &*b.backend,
+                    &b.launcher,
                     p.cast_const(),
                     params.cache.dtype,
                     device,
@@ -747,10 +516,25 @@ impl kvs_backend {
                     )],
                 )?;
             }
-            if let Some(asc) = b.backend.ascend() {
-                return ascend_copy(asc, a, &params, &list, stream);
-            }
-            // SAFETY: caller contract; the four caches are pairwise disjoint (checked above).
+            let host_backend = match &b.launcher {
+                Launcher::Host(host) => host,
+                Launcher::Device(device) => {
+                    // 0 stands for NULL; the batch refuses it where a cache is needed.
+                    let mem = DeviceCopy {
+                        key_cache: a.key_cache as usize,
+                        value_cache: a.value_cache as usize,
+                        host_key_cache: a.host_key_cache as usize,
+                        host_value_cache: a.host_value_cache as usize,
+                    };
+                    let batch = DeviceCopyBatch::new(params, &list, mem)?;
+                    return device.copy_pages(batch, stream as usize);
+                }
+            };
+            // SAFETY: host memory: each cache pointer is non-NULL and aligned (checked by
+            // `aslice_mut`; host caches may be NULL only with 0 bytes) and valid for the
+            // validated byte counts `dev`/`host` that `kvs_kv_copy_args` documents (export
+            // contract); the four caches and the copy list are pairwise disjoint (checked
+            // above), so the four `&mut` slices alias nothing.
             let caches = unsafe {
                 CopyCaches {
                     key_cache: aslice_mut(a.key_cache.cast(), dev, "key_cache")?,
@@ -763,8 +547,7 @@ impl kvs_backend {
                     )?,
                 }
             };
-            b.backend
-                .copy_pages(PageCopyBatch::new(params, caches, &list)?)
+            host_backend.copy_pages(PageCopyBatch::new(params, caches, &list)?)
         })
     }
 
@@ -792,155 +575,5 @@ impl kvs_backend {
             slot_stride: h.saturating_mul(d),
             head_stride: d,
         }
-    }
-}
-
-// ---- Ascend (device memory) dispatch: everything below belongs to the Ascend backend ----
-
-fn ascend_new(opts: Option<&kvs_backend_options>) -> Result<BackendBox> {
-    let library_dir = match opts.map(|o| o.library_dir) {
-        Some(p) if !p.is_null() => {
-            // SAFETY: caller contract: a NUL-terminated string read during the call.
-            let c = unsafe { std::ffi::CStr::from_ptr(p) };
-            let s = c
-                .to_str()
-                .map_err(|_| Error::arg("options.library_dir", "is not valid UTF-8".to_string()))?;
-            Some(std::path::PathBuf::from(s))
-        }
-        _ => None,
-    };
-    let asc = AscendBackend::new(&AscendOptions {
-        device_id: opts.map_or(0, |o| o.device_id),
-        library_dir,
-    })?;
-    Ok(BackendBox {
-        num_threads: 0,
-        backend: Box::new(asc),
-    })
-}
-
-fn not_null<T>(p: *const T, name: &'static str) -> Result<usize> {
-    if p.is_null() {
-        Err(Error::NullArgument(name))
-    } else {
-        Ok(p as usize)
-    }
-}
-
-/// Attention on device memory: the host arrays are read and checked here (the shared checks);
-/// the block table is on the device and is not read.
-fn ascend_attention(
-    asc: &AscendBackend,
-    a: &kvs_attention_args,
-    params: &AttnParams,
-    spans: &AttnSpans,
-    stream: *mut c_void,
-) -> Result<()> {
-    let mem = DeviceAttn {
-        query: not_null(a.query, "query")?,
-        output: not_null(a.output.cast_const(), "output")?,
-        key_cache: not_null(a.key_cache, "key_cache")?,
-        value_cache: not_null(a.value_cache, "value_cache")?,
-        block_table: not_null(a.block_table, "block_table")?,
-    };
-    // SAFETY: caller contract: host arrays of the validated lengths.
-    let ctx = unsafe { aslice(a.context_lens, spans.context_lens, "context_lens")? };
-    let qsl = if params.varlen {
-        Some(unsafe { aslice(a.query_start_loc, spans.query_start_loc, "query_start_loc")? })
-    } else {
-        None
-    };
-    let seqs = check_host_arrays(params, ctx, qsl, None)?;
-    asc.attention(params, spans, &seqs, &mem, stream as usize)
-}
-
-/// KV write on device memory (the slot mapping is on the device and is not read).
-fn ascend_kv_write(
-    asc: &AscendBackend,
-    a: &kvs_kv_write_args,
-    params: &KvWriteParams,
-    src_elems: usize,
-    slots_i64: bool,
-    stream: *mut c_void,
-) -> Result<()> {
-    let mem = DeviceKvWrite {
-        key: not_null(a.key, "key")?,
-        value: not_null(a.value, "value")?,
-        key_cache: not_null(a.key_cache.cast_const(), "key_cache")?,
-        value_cache: not_null(a.value_cache.cast_const(), "value_cache")?,
-        slot_mapping: not_null(a.slot_mapping, "slot_mapping")?,
-        slots_i64,
-    };
-    asc.kv_write(params, src_elems, &mem, stream as usize)
-}
-
-/// Page copies: the copy list is a host array, checked here; caches are device memory and
-/// page-locked host memory.
-fn ascend_copy(
-    asc: &AscendBackend,
-    a: &kvs_kv_copy_args,
-    params: &CopyParams,
-    list: &[PageCopy],
-    stream: *mut c_void,
-) -> Result<()> {
-    params.check_copies(list)?;
-    let host = |p: *mut c_void, name| {
-        if params.num_host_pages == 0 {
-            Ok(0)
-        } else {
-            not_null(p.cast_const(), name)
-        }
-    };
-    let mem = DeviceCopy {
-        key_cache: not_null(a.key_cache.cast_const(), "key_cache")?,
-        value_cache: not_null(a.value_cache.cast_const(), "value_cache")?,
-        host_key_cache: host(a.host_key_cache, "host_key_cache")?,
-        host_value_cache: host(a.host_value_cache, "host_value_cache")?,
-    };
-    asc.copy_pages(params, list, &mem, stream as usize)
-}
-
-impl kvs_backend {
-    /// Writes a one-line description of the backend into `buf` (NUL-terminated): its kind and,
-    /// for Ascend, the device, the CANN libraries loaded and the op versions found and used
-    /// (e.g. `aclnnFusedInferAttentionScore found: V2 (libopapi_transformer.so), V3 (...);
-    /// using V3`), then the backend's own shape limits (`limits: head_dim <= 512, heads <= 4096,
-    /// heads per kv head <= 64, ...` for Ascend; 1024 and 4096 for the CPU), for logs and support. `*len_out` gets the length without the NUL.
-    /// `(NULL, 0)` only measures.
-    ///
-    /// **Failure:** `KVS_STATUS_NULL_ARGUMENT` for a NULL `backend` or `len_out` (or a NULL `buf`
-    /// with `buf_len > 0`); `KVS_STATUS_BUFFER_TOO_SMALL` when `buf_len` is not more than the
-    /// length (nothing is written). **Thread safety:** safe from any thread.
-    #[no_mangle]
-    pub extern "C" fn kvs_backend_describe(
-        backend: *const kvs_backend,
-        buf: *mut c_char,
-        buf_len: usize,
-        len_out: *mut usize,
-    ) -> kvs_status {
-        guard(|| {
-            // SAFETY: caller contract.
-            let b = unsafe { handle::borrow(backend)? };
-            let out = unsafe { try_out(len_out, "len_out")? };
-            let text =
-                format!("{}; {}", b.backend.describe(), b.backend.limits()).replace('\0', " ");
-            if buf.is_null() && buf_len == 0 {
-                *out = text.len();
-                return Ok(());
-            }
-            // SAFETY: caller contract: `buf` holds `buf_len` bytes.
-            let dst = unsafe { slice_mut(buf.cast::<u8>(), buf_len, "buf")? };
-            if dst.len() <= text.len() {
-                return Err(Error::BufferTooSmall {
-                    what: "buf",
-                    needed: text.len() + 1,
-                    capacity: dst.len(),
-                });
-            }
-            dst[..text.len()].copy_from_slice(text.as_bytes());
-            dst[text.len()] = 0;
-            *out = text.len();
-            Ok(())
-        })
     }
 }

@@ -9,7 +9,8 @@
 
 use crate::core::{CopyKind, DType, Error, EventKind, PageState, Tier};
 
-use super::attn::{kvs_backend_kind, kvs_index_type};
+use super::attn::kvs_index_type;
+use super::backend::kvs_backend_kind;
 use super::events::kvs_event_kind;
 use super::hybrid::kvs_group_kind;
 use super::pages::kvs_page_state;
@@ -26,6 +27,7 @@ pub struct NotAnEnum {
 
 impl NotAnEnum {
     /// The message every refusal uses: `"7 is not a kvs_dtype"`.
+    #[must_use]
     pub fn reason(self) -> String {
         format!("{} is not a {}", self.raw, self.name)
     }
@@ -129,18 +131,6 @@ impl From<CopyKind> for kvs_copy_kind {
     }
 }
 
-/// The attention layer's copy direction (`kvs_kv_copy`'s copies).
-impl From<kvs_copy_kind> for crate::attention::params::CopyKind {
-    fn from(k: kvs_copy_kind) -> Self {
-        use crate::attention::params::CopyKind as Attn;
-        match k {
-            kvs_copy_kind::DeviceToDevice => Attn::DeviceToDevice,
-            kvs_copy_kind::DeviceToHost => Attn::DeviceToHost,
-            kvs_copy_kind::HostToDevice => Attn::HostToDevice,
-        }
-    }
-}
-
 impl From<PageState> for kvs_page_state {
     fn from(s: PageState) -> Self {
         match s {
@@ -176,7 +166,7 @@ mod tests {
         for &v in variants {
             assert_eq!(T::try_from(u32::from(v)), Ok(v));
         }
-        let past = variants.len() as u32;
+        let past = u32::try_from(variants.len()).unwrap();
         let e = T::try_from(past).unwrap_err();
         assert_eq!((e.raw, e.name), (past, name));
         assert_eq!(T::try_from(u32::MAX).unwrap_err().raw, u32::MAX);

@@ -107,6 +107,8 @@ mod tests {
     fn panics_become_status() {
         let s = guard(|| panic!("boom"));
         assert_eq!(s, kvs_status::Panic);
+        // SAFETY: `kvs_last_error_message` returns a NUL-terminated string that stays valid on
+        // this thread until its next failing call.
         let msg = unsafe { CStr::from_ptr(kvs_status::kvs_last_error_message()) };
         let msg = msg.to_str().unwrap();
         assert!(

@@ -300,9 +300,9 @@ impl kvs_cache {
 
     /// Capacity check without the append: writes the device pages `kvs_seq_append(seq_id,
     /// num_tokens tokens, lookahead_slots)` would take now (new pages plus copy-on-write copies)
-    /// to `*pages_needed_out`, and the copies it would report to `*copies_out` (optional). Compare
-    /// with `device_pages_free + device_pages_cached` from `kvs_cache_stats` (MindIE's
-    /// `CanAppendSlot`, vLLM's admission checks).
+    /// to `*pages_needed_out`, and the number of copies it would report to `*num_copies_out`
+    /// (optional). Compare with `device_pages_free + device_pages_cached` from `kvs_cache_stats`
+    /// (MindIE's `CanAppendSlot`, vLLM's admission checks).
     ///
     /// **Failure:** unknown or swapped-out sequence, overflowing sizes; outputs untouched.
     /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`; the answer holds
@@ -314,12 +314,12 @@ impl kvs_cache {
         num_tokens: usize,
         lookahead_slots: usize,
         pages_needed_out: *mut usize,
-        copies_out: *mut usize,
+        num_copies_out: *mut usize,
     ) -> kvs_status {
         guard(|| {
             let c = self::cache(cache)?;
             let pages = try_out(pages_needed_out, "pages_needed_out")?;
-            let copies = opt_out(copies_out, "copies_out")?;
+            let copies = opt_out(num_copies_out, "num_copies_out")?;
             let need = c.lock()?.append_need(seq_id, num_tokens, lookahead_slots)?;
             *pages = need.pages;
             if let Some(o) = copies {

@@ -181,9 +181,11 @@ mod tests {
             (S::BackendFailure, "BACKEND_FAILURE"),
         ];
         for (s, name) in all {
+            // SAFETY: `kvs_status_str` returns a static NUL-terminated string for any value.
             let got = unsafe { CStr::from_ptr(kvs_status::kvs_status_str(s as u32)) };
             assert_eq!(got.to_str().unwrap(), format!("KVS_STATUS_{name}"));
         }
+        // SAFETY: as above, a static string (the unknown one).
         let unknown = unsafe { CStr::from_ptr(kvs_status::kvs_status_str(9999)) };
         assert_eq!(unknown.to_str().unwrap(), "KVS_STATUS_UNKNOWN");
     }
@@ -191,9 +193,11 @@ mod tests {
     #[test]
     fn last_error_is_per_thread() {
         fail(&Error::SeqNotFound(7));
+        // SAFETY: a NUL-terminated thread-local string, valid until this thread's next failure.
         let msg = unsafe { CStr::from_ptr(kvs_status::kvs_last_error_message()) };
         assert_eq!(msg.to_str().unwrap(), "sequence 7 not found");
         std::thread::spawn(|| {
+            // SAFETY: a NUL-terminated thread-local string, valid until this thread's next failure.
             let msg = unsafe { CStr::from_ptr(kvs_status::kvs_last_error_message()) };
             assert_eq!(msg.to_str().unwrap(), "");
         })

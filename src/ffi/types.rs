@@ -61,8 +61,8 @@ pub struct kvs_copy {
 impl From<PageCopy> for kvs_copy {
     fn from(c: PageCopy) -> Self {
         kvs_copy {
-            src_page: c.src,
-            dst_page: c.dst,
+            src_page: c.src_page,
+            dst_page: c.dst_page,
             num_tokens: c.num_tokens,
             kind: kvs_copy_kind::from(c.kind) as u32,
         }

@@ -13,12 +13,11 @@ use half::{bf16, f16};
 
 use crate::attention::cpu::CpuBackend;
 use crate::attention::{
-    AttnBatch, AttnBuffers, AttnParams, Backend, Buf, BufMut, CacheLayout, CopyCaches,
-    CopyKind as AttnCopyKind, CopyParams, KvWrite, KvWriteParams, PageCopy as AttnPageCopy,
-    PageCopyBatch, SlotMapping, TokenStrides,
+    AttnBatch, AttnBuffers, AttnParams, Backend, Buf, BufMut, CacheLayout, CopyCaches, CopyParams,
+    KvWrite, KvWriteParams, PageCopyBatch, SlotMapping, TokenStrides,
 };
 use crate::core::alloc::try_vec;
-use crate::core::{CopyKind, DType, PageCopy};
+use crate::core::{DType, PageCopy};
 
 use super::model::{Forward, Geometry, Model};
 use super::rng::{mix, Rng};
@@ -258,14 +257,6 @@ impl CpuModel {
     }
 }
 
-fn attn_kind(k: CopyKind) -> AttnCopyKind {
-    match k {
-        CopyKind::DeviceToDevice => AttnCopyKind::DeviceToDevice,
-        CopyKind::DeviceToHost => AttnCopyKind::DeviceToHost,
-        CopyKind::HostToDevice => AttnCopyKind::HostToDevice,
-    }
-}
-
 impl Model for CpuModel {
     fn describe(&self) -> String {
         format!(
@@ -285,15 +276,10 @@ impl Model for CpuModel {
     }
 
     fn copy_pages(&mut self, copies: &[PageCopy]) -> Result<(), String> {
-        let copies: Vec<AttnPageCopy> = copies
+        let copies: Vec<PageCopy> = copies
             .iter()
             .filter(|c| c.num_tokens > 0)
-            .map(|c| AttnPageCopy {
-                src_page: c.src,
-                dst_page: c.dst,
-                num_tokens: c.num_tokens,
-                kind: attn_kind(c.kind),
-            })
+            .copied()
             .collect();
         if copies.is_empty() {
             return Ok(());

@@ -501,7 +501,7 @@ impl Sim<'_> {
                     for &(i, b) in &batch {
                         let s = &self.state[i].samples[b];
                         let pages = lock.seq_pages(s.seq).map_err(|e| e.to_string())?;
-                        if pages.get(s.len / self.page_size) == Some(&c.dst) {
+                        if pages.get(s.len / self.page_size) == Some(&c.dst_page) {
                             self.stats[i].allocated_pages += 1;
                         }
                     }

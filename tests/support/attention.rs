@@ -6,7 +6,8 @@
 use std::ffi::{c_void, CStr};
 
 use half::{bf16, f16};
-use kvshare::ffi::attn::{kvs_attention_args, kvs_backend, kvs_kv_layout};
+use kvshare::ffi::attn::{kvs_attention_args, kvs_kv_layout};
+use kvshare::ffi::backend::kvs_backend;
 use kvshare::ffi::status::kvs_status;
 
 pub const F32: u32 = 0;
@@ -98,13 +99,13 @@ impl Data {
 }
 
 pub fn new_backend(num_threads: u32) -> *mut kvs_backend {
-    let opts = kvshare::ffi::attn::kvs_backend_options {
+    let opts = kvshare::ffi::backend::kvs_backend_options {
         num_threads,
         device_id: 0,
         library_dir: std::ptr::null(),
     };
     let mut b = std::ptr::null_mut();
-    let st = kvs_backend::kvs_backend_new(0, &opts, &mut b);
+    let st = unsafe { kvs_backend::kvs_backend_new(0, &opts, &mut b) };
     assert_eq!(st, kvs_status::Ok, "{}", last_error());
     assert!(!b.is_null());
     b

@@ -27,14 +27,43 @@ using mindie_llm::SequenceStatus;
 
 namespace {
 
-// Values of kvshare enums that the generated header does not emit (they are only referenced as
-// uint32_t fields); taken from src/ffi/types.rs (`kvs_tier`, `kvs_copy_kind`).
-constexpr uint32_t KVS_TIER_HOST_VALUE = 1;
-constexpr uint32_t KVS_COPY_DEVICE_TO_DEVICE_VALUE = KVS_COPY_KIND_DEVICE_TO_DEVICE;
-constexpr uint32_t KVS_COPY_DEVICE_TO_HOST_VALUE = KVS_COPY_KIND_DEVICE_TO_HOST;
-constexpr uint32_t KVS_COPY_HOST_TO_DEVICE_VALUE = KVS_COPY_KIND_HOST_TO_DEVICE;
-
 std::string Prefix(const char *method) { return std::string("kvshare MindIE adapter: ") + method + ": "; }
+
+// ---- kvshare enums carried as uint32_t fields: one decoding function per enum ----
+// The header defines their values (KVS_TIER_*, KVS_COPY_KIND_*); struct fields hold them as
+// uint32_t so that every C compiler agrees on the layout. Each field is decoded here, once, into
+// a C++ enum, and a value the header does not define is refused (a newer library than this
+// adapter was built against) instead of being read as some other case.
+
+enum class Tier { Device, Host };
+
+// `kvs_seq_info.tier` (a `kvs_tier` value).
+Tier DecodeTier(uint32_t raw, const char *method) {
+    switch (raw) {
+        case KVS_TIER_DEVICE:
+            return Tier::Device;
+        case KVS_TIER_HOST:
+            return Tier::Host;
+        default:
+            throw std::runtime_error(Prefix(method) + std::to_string(raw) + " is not a kvs_tier");
+    }
+}
+
+enum class CopyKind { DeviceToDevice, DeviceToHost, HostToDevice };
+
+// `kvs_copy.kind` (a `kvs_copy_kind` value).
+CopyKind DecodeCopyKind(uint32_t raw, const char *method) {
+    switch (raw) {
+        case KVS_COPY_KIND_DEVICE_TO_DEVICE:
+            return CopyKind::DeviceToDevice;
+        case KVS_COPY_KIND_DEVICE_TO_HOST:
+            return CopyKind::DeviceToHost;
+        case KVS_COPY_KIND_HOST_TO_DEVICE:
+            return CopyKind::HostToDevice;
+        default:
+            throw std::runtime_error(Prefix(method) + std::to_string(raw) + " is not a kvs_copy_kind");
+    }
+}
 
 [[noreturn]] void Fail(const char *method, kvs_status st) {
     throw std::runtime_error(Prefix(method) + kvs_status_str(st) + ": " + kvs_last_error_message());
@@ -175,7 +204,8 @@ bool KvshareBlockManager::Shape(SequenceId seqId, SeqShape &out) const {
         return false;
     }
     Check(st, "kvs_seq_get_info");
-    out = SeqShape{info.num_tokens, info.num_pages, info.matched_tokens, info.tier == KVS_TIER_HOST_VALUE};
+    bool onHost = DecodeTier(info.tier, "kvs_seq_get_info") == Tier::Host;
+    out = SeqShape{info.num_tokens, info.num_pages, info.matched_tokens, onHost};
     return true;
 }
 
@@ -319,7 +349,7 @@ std::vector<std::pair<BlockId, BlockId>> KvshareBlockManager::AppendSlot(const S
           "AppendSlot");
     std::vector<std::pair<BlockId, BlockId>> out;
     for (size_t i = 0; i < n; ++i) {
-        if (copies[i].kind == KVS_COPY_DEVICE_TO_DEVICE_VALUE) {
+        if (DecodeCopyKind(copies[i].kind, "AppendSlot") == CopyKind::DeviceToDevice) {
             out.emplace_back(static_cast<BlockId>(copies[i].src_page), static_cast<BlockId>(copies[i].dst_page));
         }
     }
@@ -391,7 +421,7 @@ std::vector<std::pair<PhysicalBlockId, PhysicalBlockId>> KvshareBlockManager::Sw
         Check(kvs_seq_swap_out(cache_, KvsId(seq->seqId_), copies.data(), copies.size(), &n), "SwapOut");
         // Blocks whose content the CPU held already are shared: no pair, nothing to copy.
         for (size_t i = 0; i < n; ++i) {
-            if (copies[i].kind == KVS_COPY_DEVICE_TO_HOST_VALUE) {
+            if (DecodeCopyKind(copies[i].kind, "SwapOut") == CopyKind::DeviceToHost) {
                 out.emplace_back(static_cast<PhysicalBlockId>(copies[i].src_page),
                                  static_cast<PhysicalBlockId>(copies[i].dst_page));
             }
@@ -464,7 +494,7 @@ std::vector<std::pair<PhysicalBlockId, PhysicalBlockId>> KvshareBlockManager::Sw
         Check(kvs_seq_swap_in(cache_, KvsId(seq->seqId_), copies.data(), copies.size(), &n), "SwapIn");
         uint64_t copiedFull = 0;
         for (size_t i = 0; i < n; ++i) {
-            if (copies[i].kind == KVS_COPY_HOST_TO_DEVICE_VALUE) {
+            if (DecodeCopyKind(copies[i].kind, "SwapIn") == CopyKind::HostToDevice) {
                 out.emplace_back(static_cast<PhysicalBlockId>(copies[i].src_page),
                                  static_cast<PhysicalBlockId>(copies[i].dst_page));
                 copiedFull += copies[i].num_tokens == blockSize_ ? 1 : 0;

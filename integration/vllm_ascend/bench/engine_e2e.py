@@ -71,6 +71,11 @@ DEFAULTS = {
     "user_tokens": 24,
     "output_tokens": 12,
     "extras": True,             # the n>1 and cache_salt requests after the turns
+    "kv_transfer": None,        # a KV connector's KVTransferConfig fields (e.g. ExampleConnector)
+    "replay": False,            # after the turns: reset the prefix cache, then send each last
+                                # turn's prompt + its first generated token again (a KV
+                                # connector that stored the prompt serves it; the device
+                                # cache cannot)
     "seed": 0,
     "sliding_window": None,     # a hybrid model: even layers slide over this many tokens
 }
@@ -223,12 +228,16 @@ def run(cfg: dict) -> dict:
     model_dir = cfg["model_dir"] or write_tiny_model(
         os.path.join(os.environ.get("TMPDIR", "/tmp"), f"kvshare-tiny-{os.getpid()}"), cfg["seed"],
         cfg["sliding_window"])
+    extra = {}
+    if cfg["kv_transfer"]:
+        from vllm.config import KVTransferConfig
+        extra["kv_transfer_config"] = KVTransferConfig(**cfg["kv_transfer"])
     t0 = time.perf_counter()
     llm = LLM(model=model_dir, skip_tokenizer_init=True, enable_prefix_caching=True,
               block_size=cfg["block_size"], max_model_len=cfg["max_model_len"], dtype="float32",
               seed=cfg["seed"], enforce_eager=True, max_num_seqs=cfg["max_num_seqs"],
               max_num_batched_tokens=cfg["max_num_batched_tokens"], disable_log_stats=False,
-              kv_cache_memory_bytes=cfg["kv_blocks"] * block_bytes(cfg["block_size"]))
+              kv_cache_memory_bytes=cfg["kv_blocks"] * block_bytes(cfg["block_size"]), **extra)
     init_s = time.perf_counter() - t0
     timer = None
     if not cfg["multiprocess"]:
@@ -247,6 +256,7 @@ def run(cfg: dict) -> dict:
     tokens, cached = {}, {}
     gen_tokens = 0
     t0 = time.perf_counter()
+    replay = [None] * cfg["convs"]
     for turn in range(cfg["turns"]):
         outs = llm.generate([TokensPrompt(prompt_token_ids=h) for h in history], greedy,
                             use_tqdm=False)
@@ -256,7 +266,15 @@ def run(cfg: dict) -> dict:
             tokens[name] = out
             cached[name] = o.num_cached_tokens
             gen_tokens += len(out)
+            replay[c] = history[c] + out[:1]
             history[c] = history[c] + out + ids(cfg["user_tokens"])
+    if cfg["replay"]:
+        assert llm.reset_prefix_cache()
+        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in replay], greedy,
+                            use_tqdm=False)
+        for c, o in enumerate(outs):
+            tokens[f"c{c}replay"] = list(o.outputs[0].token_ids)
+            cached[f"c{c}replay"] = o.num_cached_tokens
     if cfg["extras"]:
         # Parallel sampling: n seeded samples share the prompt's blocks.
         sampled = SamplingParams(n=3, max_tokens=cfg["output_tokens"], temperature=1.0, seed=7,
@@ -284,6 +302,8 @@ def run(cfg: dict) -> dict:
         "cached": cached,
         "prefix_queries": _metric(metrics, "vllm:prefix_cache_queries"),
         "prefix_hits": _metric(metrics, "vllm:prefix_cache_hits"),
+        "connector_queries": _metric(metrics, "vllm:external_prefix_cache_queries"),
+        "connector_hits": _metric(metrics, "vllm:external_prefix_cache_hits"),
         "preemptions": _metric(metrics, "vllm:num_preemptions"),
         "ttft_s": ttft[0] / ttft[1] if ttft and ttft[1] else None,
         "wall_s": wall_s,

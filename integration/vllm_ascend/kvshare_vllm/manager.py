@@ -27,6 +27,7 @@ from kvshare import ffi, lib
 
 from vllm.distributed.kv_events import KVCacheEvent
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
 from vllm.v1.metrics.stats import PrefixCacheStats
 
 from . import logger
@@ -46,6 +47,8 @@ _REMOVED = ffi.typeof("enum kvs_event_kind").relements["KVS_EVENT_KIND_REMOVED"]
 _CLEARED = ffi.typeof("enum kvs_event_kind").relements["KVS_EVENT_KIND_CLEARED"]
 _DEVICE = ffi.typeof("enum kvs_tier").relements["KVS_TIER_DEVICE"]
 _CACHED_STATE = ffi.typeof("enum kvs_page_state").relements["KVS_PAGE_STATE_CACHED"]
+# block_hash of a registered page whose request carries no vLLM block hash (see _mark_hashed)
+_HASHED = b"kvshare:registered"
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -382,29 +385,39 @@ class KvshareKVCacheManager(PythonTwins):
         if num_new_tokens == 0 and num_external_computed_tokens == 0:
             raise ValueError("num_new_tokens must be greater than 0 when there are no "
                              "external computed tokens")
-        if num_external_computed_tokens or delay_cache_blocks or num_encoder_tokens:
+        if num_encoder_tokens:
             raise NotImplementedError(
-                "kvshare_vllm: KV connectors' external tokens, delayed caching and encoder "
-                "(cross-attention) blocks are not supported")
+                "kvshare_vllm: encoder (cross-attention) blocks are not supported")
         if st is not None:  # not from vLLM 0.23's scheduler; handled as its manager would
-            main = min(request.num_computed_tokens + num_new_computed_tokens,
-                       self.max_model_len) + num_new_tokens
+            main = min(request.num_computed_tokens + num_new_computed_tokens
+                       + num_external_computed_tokens, self.max_model_len) + num_new_tokens
             return self._extend(request, st, main, num_lookahead_tokens, full_sequence_must_fit,
-                                reserved_blocks)
+                                reserved_blocks, delay_cache_blocks)
         return self._begin(request, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
-                           num_lookahead_tokens, full_sequence_must_fit, reserved_blocks)
+                           num_lookahead_tokens, full_sequence_must_fit, reserved_blocks,
+                           num_external_computed_tokens, delay_cache_blocks)
 
     def _begin(self, request, num_new_tokens: int, num_new_computed_tokens: int,
                new_computed_blocks, num_lookahead_tokens: int, full_sequence_must_fit: bool,
-               reserved_blocks: int) -> KVCacheBlocks | None:
-        """``allocate_slots`` of a request that has no sequence yet: ``kvs_seq_begin``."""
+               reserved_blocks: int, num_external: int = 0,
+               delay: bool = False) -> KVCacheBlocks | None:
+        """``allocate_slots`` of a request that has no sequence yet: ``kvs_seq_begin``.
+
+        External tokens (a KV connector loads their KV into the pages allocated here) are
+        tokens like the rest: with ``delay`` (an asynchronous load, ``delay_cache_blocks``)
+        only the local hits are handed to kvshare and every other slot is lookahead, so no
+        page of the transfer is registered (findable) before ``cache_blocks`` after the load
+        lands; without it they are handed over and their full pages registered at once, as
+        vLLM's manager caches them in this call."""
         rid = request.request_id
         bs = self.block_size
-        total_computed = min(request.num_computed_tokens + num_new_computed_tokens,
-                             self.max_model_len)
+        local = request.num_computed_tokens + num_new_computed_tokens
+        total_computed = min(local + num_external, self.max_model_len)
         main = total_computed + num_new_tokens
         need_slot = min(main + num_lookahead_tokens, self.max_model_len)
-        known = min(main, request.num_tokens)  # drafts/placeholders are not tokens yet
+        # Tokens handed to kvshare (their full pages register): drafts/placeholders are not
+        # tokens yet, and a delayed transfer's are not computed yet.
+        known = min(local if delay else main, request.num_tokens)
         if self._dirty:
             self._flush()  # kvs_seq_begin matches: pages that filled must be findable
         group = new_computed_blocks.blocks[0] if new_computed_blocks is not None else ()
@@ -453,14 +466,44 @@ class KvshareKVCacheManager(PythonTwins):
             kvshare.check(append_rc, "kvs_seq_append_pages")
         if self._common is not None:  # a new table can only shorten the shared prefix
             self._common = self._common[:4 * _common_pages(self._common, st.raw)]
-        return self._handed(st, request, new)
+        if not num_external:
+            return self._handed(st, request, new)
+        self._mark_hashed(st, request)
+        # vLLM returns the blocks past the external tokens' (those are in get_blocks and,
+        # for KV zeroing, in take_new_block_ids, like every block added here).
+        return self._handed(st, request, new, max(_cdiv(local + num_external, bs) - nh, 0))
+
+    def _mark_hashed(self, st: _Req, request) -> None:
+        """Sets ``block_hash`` on the request's block objects as vLLM's blocks have it right
+        after an allocation with external tokens: the pages kvshare registered (the first
+        ``st.n // block_size``: local hits, and without a delayed load every full page of
+        the handed tokens) carry the request's vLLM block hash (a placeholder when the engine
+        computes none), the others ``None``.  KV connectors read exactly this, on
+        ``get_blocks`` of this request in ``update_state_after_alloc`` (the offloading
+        connector's first unhashed block, ``get_unhashed_block_ids`` of NIXL / Mooncake /
+        HF3FS); nothing else reads it, so it is maintained only here (the block objects are
+        shared handles: a page's flag is only meaningful in this request's table now)."""
+        blocks = self._blocks
+        n = st.n // self.block_size if self.enable_caching else 0
+        hashes = getattr(request, "block_hashes", None) or ()
+        for i, p in enumerate(st.pages):
+            b = blocks[p]
+            if i < n:
+                b._block_hash = make_block_hash_with_group_id(hashes[i], 0) \
+                    if i < len(hashes) else _HASHED
+            else:
+                b._block_hash = None
 
     def _extend(self, request, st: _Req, main: int, num_lookahead_tokens: int,
-                full_sequence_must_fit: bool, reserved_blocks: int) -> KVCacheBlocks | None:
+                full_sequence_must_fit: bool, reserved_blocks: int,
+                delay: bool = False) -> KVCacheBlocks | None:
         """``allocate_slots`` of a running request needing kvshare: ``main`` tokens computed
         after this step, plus lookahead slots; vLLM's admission checks kvshare's own NO_SPACE
-        does not cover (``_gate``), then one ``kvs_seq_append_pages`` (``_cross``)."""
+        does not cover (``_gate``), then one ``kvs_seq_append_pages`` (``_cross``).
+        ``delay``: slots only, no token handed (nothing registers)."""
         ids = _token_ids(request)
+        if delay:
+            ids = ids[:st.n]
         if full_sequence_must_fit or reserved_blocks:
             bs = self.block_size
             need_slot = min(main + num_lookahead_tokens, self.max_model_len)
@@ -478,8 +521,9 @@ class KvshareKVCacheManager(PythonTwins):
             kvshare.check(rc, "kvs_seq_append_pages")
         return self._handed(st, request, blocks)
 
-    def _handed(self, st: _Req, request, blocks: list) -> KVCacheBlocks:
-        """What ``allocate_slots`` returns: the blocks added (and events, zeroing ids)."""
+    def _handed(self, st: _Req, request, blocks: list, skip: int = 0) -> KVCacheBlocks:
+        """What ``allocate_slots`` returns: the blocks added from ``skip`` on (and events,
+        zeroing ids of all of them)."""
         if self.enable_kv_cache_events:
             self._drain_events(st, request)
         if not blocks:
@@ -488,6 +532,10 @@ class KvshareKVCacheManager(PythonTwins):
             self._avail -= len(blocks)
         if self._track_new:
             self._new_block_ids.extend([b.block_id for b in blocks])
+        if skip:
+            blocks = blocks[skip:]
+            if not blocks:
+                return self.empty_kv_cache_blocks
         return KVCacheBlocks((blocks,))
 
     def free(self, request) -> None:

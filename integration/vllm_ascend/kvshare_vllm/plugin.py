@@ -12,8 +12,11 @@ vLLM's CPU engine: :mod:`kvshare_vllm.cpu_attn` serves the platform's attention 
 One full-attention group runs in :class:`kvshare_vllm.manager.KvshareKVCacheManager`; several
 groups (sliding window, chunked local attention, full / MLA) or one windowed group run in
 :class:`kvshare_vllm.hybrid.KvshareHybridKVCacheManager`.  Configurations neither manages
-(Mamba / linear attention, cross-attention, EAGLE with groups, KV events with groups, context
-parallelism) fall back to vLLM's own manager, with a log line.
+(Mamba / linear attention, cross-attention, EAGLE with groups, KV events or a KV connector with
+groups, context parallelism) fall back to vLLM's own manager, with a log line.  So do KV
+connectors whose scheduler side takes vLLM's ``BlockPool`` itself (``connector_reason``:
+``SimpleCPUOffloadConnector`` in vLLM 0.23.0); every other connector runs with kvshare's
+single-group manager, which takes their external tokens and delayed caching (``allocate_slots``).
 
 When kvshare manages the cache, vLLM's per-request block hasher (``Request.block_hashes``,
 SHA-256 over every full block, recomputed as tokens arrive) has no reader left: kvshare
@@ -43,6 +46,44 @@ def enabled() -> bool:
     return os.environ.get(ENV, "0").strip().lower() in ("1", "true", "yes", "on")
 
 
+def connector_reason(connector) -> str | None:
+    """Why kvshare's manager cannot serve this KV connector's scheduler side (None when it can,
+    and for no connector).  A connector is served when it uses the manager's public surface
+    only (``get_blocks`` / ``get_block_ids`` and the block objects' ``block_id``, ``is_null``,
+    ``block_hash``, plus ``allocate_slots``' external tokens).  One that overrides
+    ``KVConnectorBase_V1.bind_gpu_block_pool`` takes vLLM's ``BlockPool`` and drives its
+    internals (free queue, cached-block map, ref counts), which kvshare's manager does not
+    have; a ``MultiConnector`` is judged by the connectors it holds."""
+    if connector is None:
+        return None
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
+
+    subs = getattr(connector, "_connectors", None)
+    if type(connector).__name__ == "MultiConnector" and subs is not None:
+        for sub in subs:
+            why = connector_reason(sub)
+            if why:
+                return why
+        return None
+    bind = getattr(type(connector), "bind_gpu_block_pool", None)
+    if bind is not None and bind is not KVConnectorBase_V1.bind_gpu_block_pool:
+        return (f"KV connector {type(connector).__name__} takes vLLM's BlockPool "
+                "(bind_gpu_block_pool) and drives its internals")
+    return None
+
+
+def _building_scheduler_connector():
+    """The KV connector of the ``Scheduler`` whose ``__init__`` is constructing the manager
+    (vLLM 0.23.0's ``Scheduler.__init__`` builds ``self.connector`` before the
+    ``KVCacheManager``, and passes the manager no config that names it); None when the caller
+    is not a scheduler or has no connector."""
+    import sys
+
+    frame = sys._getframe(2)  # the caller of KVCacheManagerSelector.__new__
+    sched = frame.f_locals.get("self") if frame is not None else None
+    return getattr(sched, "connector", None)
+
+
 def make_kv_cache_manager_factory(original):
     """A callable with KVCacheManager's constructor signature choosing kvshare or ``original``."""
     from .hybrid import KvshareHybridKVCacheManager, hybrid_unsupported_reason
@@ -56,17 +97,20 @@ def make_kv_cache_manager_factory(original):
 
         def __new__(cls, kv_cache_config, max_model_len, scheduler_block_size, hash_block_size,
                     *args, **kwargs):
-            why = unsupported_reason(kv_cache_config, scheduler_block_size, hash_block_size,
-                                     kwargs.get("dcp_world_size", 1),
-                                     kwargs.get("pcp_world_size", 1))
+            connector = _building_scheduler_connector()
+            why_groups = unsupported_reason(kv_cache_config, scheduler_block_size,
+                                            hash_block_size, kwargs.get("dcp_world_size", 1),
+                                            kwargs.get("pcp_world_size", 1))
+            why = why_groups or connector_reason(connector)
             if why:
                 kw = dict(kwargs)
-                why_hybrid = hybrid_unsupported_reason(
-                    kv_cache_config, scheduler_block_size, hash_block_size,
-                    kw.get("dcp_world_size", 1), kw.get("pcp_world_size", 1),
-                    _arg(args, kw, 2, "use_eagle", False),
-                    _arg(args, kw, 4, "enable_kv_cache_events", False))
-                if not why_hybrid:
+                why_hybrid = "a KV connector with KV-cache groups" if connector is not None \
+                    else hybrid_unsupported_reason(
+                        kv_cache_config, scheduler_block_size, hash_block_size,
+                        kw.get("dcp_world_size", 1), kw.get("pcp_world_size", 1),
+                        _arg(args, kw, 2, "use_eagle", False),
+                        _arg(args, kw, 4, "enable_kv_cache_events", False))
+                if why_groups and not why_hybrid:
                     logger.info("kvshare_vllm: KV-cache bookkeeping of %d KV-cache groups "
                                 "runs in kvshare", len(kv_cache_config.kv_cache_groups))
                     return KvshareHybridKVCacheManager(kv_cache_config, max_model_len,

@@ -28,7 +28,8 @@ _hash_algo = None  # the algorithm vLLM's NONE_HASH was last initialised with
 def make_vllm_config(model_dir: str, *, block_size: int = 16, max_num_seqs: int = 16,
                      max_num_batched_tokens: int = 8192, max_model_len: int | None = None,
                      enable_prefix_caching: bool = True, kv_events: bool = False,
-                     async_scheduling: bool = False) -> VllmConfig:
+                     async_scheduling: bool = False,
+                     kv_transfer: dict | None = None) -> VllmConfig:
     model_config = ModelConfig(model=model_dir, dtype="float16", seed=42,
                                skip_tokenizer_init=True, max_model_len=max_model_len or 8192)
     scheduler_config = SchedulerConfig(
@@ -41,8 +42,13 @@ def make_vllm_config(model_dir: str, *, block_size: int = 16, max_num_seqs: int 
     if kv_events:
         from vllm.config import KVEventsConfig
         kv_events_config = KVEventsConfig(enable_kv_cache_events=True, publisher="null")
+    kv_transfer_config = None
+    if kv_transfer is not None:  # KVTransferConfig's fields (kv_connector, kv_role, ...)
+        from vllm.config import KVTransferConfig
+        kv_transfer_config = KVTransferConfig(**kv_transfer)
     vllm_config = VllmConfig(scheduler_config=scheduler_config, model_config=model_config,
                              cache_config=cache_config, kv_events_config=kv_events_config,
+                             kv_transfer_config=kv_transfer_config,
                              device_config=DeviceConfig(device="cpu"))
     return vllm_config
 
@@ -96,14 +102,17 @@ def make_scheduler(model_dir: str, *, kvshare: bool, num_blocks: int = 1000, blo
                    max_num_seqs: int = 16, max_num_batched_tokens: int = 8192,
                    max_model_len: int | None = None, enable_prefix_caching: bool = True,
                    kv_events: bool = False, async_scheduling: bool = False,
-                   specs: dict | None = None) -> Scheduler:
-    """``specs``: per-layer KV-cache specs (``layer_specs``), grouped by vLLM's own
+                   kv_transfer: dict | None = None, specs: dict | None = None) -> Scheduler:
+    """``kv_transfer``: a KV connector's ``KVTransferConfig`` fields; the scheduler then builds
+    the connector's scheduler side (the KV tensor's size is declared: one float32 K and V
+    value per slot, which offloading specs divide into per-block bytes).
+    ``specs``: per-layer KV-cache specs (``layer_specs``), grouped by vLLM's own
     ``get_kv_cache_groups``; default one full-attention layer."""
     vllm_config = make_vllm_config(
         model_dir, block_size=block_size, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
         enable_prefix_caching=enable_prefix_caching, kv_events=kv_events,
-        async_scheduling=async_scheduling)
+        async_scheduling=async_scheduling, kv_transfer=kv_transfer)
     cache_config = vllm_config.cache_config
     if specs is None:
         groups = [KVCacheGroupSpec(["layer"], FullAttentionSpec(
@@ -112,7 +121,11 @@ def make_scheduler(model_dir: str, *, kvshare: bool, num_blocks: int = 1000, blo
         from vllm.v1.core.kv_cache_utils import get_kv_cache_groups
 
         groups = get_kv_cache_groups(vllm_config, dict(specs))
-    kv_cache_config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
+    tensors = []
+    if kv_transfer is not None:
+        from vllm.v1.kv_cache_interface import KVCacheTensor
+        tensors = [KVCacheTensor(size=num_blocks * block_size * 2 * 4, shared_by=["layer"])]
+    kv_cache_config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=tensors,
                                     kv_cache_groups=groups)
     cache_config.num_gpu_blocks = num_blocks
     if kvshare:

@@ -167,3 +167,33 @@ def test_readme_block_runs_verbatim():
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith("request ")]
     assert len(lines) == 4, out[-3000:]
     assert all("cached 256," in ln for ln in lines[1:]), lines
+
+
+def test_example_kv_connector_same_tokens_and_hits(installed, tmp_path):
+    """vLLM's example KV connector (``ExampleConnector``: prompts stored to and loaded from a
+    folder, synchronously, in the worker) on the real engine, with vLLM's manager and with
+    kvshare's: the same tokens, the same device and connector hits.  After the turns the device
+    cache is reset and each last prompt (+ its first generated token) is sent again: the
+    connector loads it into the blocks kvshare allocated for the external tokens."""
+    model = engine_e2e.write_tiny_model(str(tmp_path / "tiny-llama"))
+    env = dict(os.environ, PYTHONPATH=installed, VLLM_HOST_IP="127.0.0.1")
+    env.pop("VLLM_LOGGING_LEVEL", None)
+    res = {}
+    for kvshare in (False, True):
+        store = tmp_path / f"store-{int(kvshare)}"
+        cfg = dict(model_dir=model, kvshare=kvshare, convs=3, turns=2, system_tokens=64,
+                   user_tokens=24, output_tokens=6, max_model_len=512, extras=False,
+                   replay=True,
+                   kv_transfer={"kv_connector": "ExampleConnector", "kv_role": "kv_both",
+                                "kv_connector_extra_config": {"shared_storage_path": str(store)}})
+        res[kvshare], log = engine_e2e.run_in_subprocess(cfg, env=env)
+        assert (ENGAGED in log) is kvshare
+    off, on = res[False], res[True]
+    assert on["manager"] == "KvshareKVCacheManager" and off["manager"] == "KVCacheManager"
+    assert on["tokens"] == off["tokens"]
+    assert on["cached"] == off["cached"]
+    assert (on["prefix_hits"], on["connector_queries"], on["connector_hits"]) == \
+        (off["prefix_hits"], off["connector_queries"], off["connector_hits"])
+    # The replayed prompts come from the connector: all their full blocks but the last token's.
+    assert all(off["cached"][f"c{c}replay"] == 112 for c in range(3)), off["cached"]
+    assert off["connector_hits"] > 0

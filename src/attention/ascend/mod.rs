@@ -1,6 +1,8 @@
 //! The Ascend backend: paged attention, KV write and page copy launched on the caller's
 //! `aclrtStream` through CANN loaded at run time (`dlopen`; no build-time dependency).
 //!
+//! * `fia`: the launch builder of `aclnnFusedInferAttentionScore` (V2/V3/V4): the tensors,
+//!   lists and arrays of one attention call, by the plan's layout (decode, TND, per sequence);
 //! * [`loader`]: finds and loads `libascendcl.so`, `libnnopbase.so` and the op libraries, and
 //!   resolves every symbol (FIA version preference: [`loader::FIA_PREFERENCE`]).
 //! * [`plan`]: the CANN constraints, checked before any CANN call.
@@ -16,31 +18,31 @@
 //! Verified only against the emulated CANN runtime of `tests/cann_emu` and the documented API;
 //! see `docs/ascend.md`.
 
+mod fia;
 pub mod loader;
 pub mod plan;
 pub mod rt;
 pub mod sys;
 pub mod workspace;
 
-use std::ffi::{c_void, CStr};
+use std::ffi::c_void;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use self::loader::{Cann, FiaFn};
+use self::loader::Cann;
 use self::plan::{acl_dtype, check_align, kv_layout, AttnPlan, KvLayout};
-use self::rt::{check, opt, opt_arr, Executor, IntArray, Tensor, TensorList, View};
+use self::rt::{check, Executor, IntArray, Tensor, View};
 use self::sys::*;
 use self::workspace::{dev_alloc, Workspaces};
-use super::{
-    AttnBatch, AttnParams, AttnSpans, Backend, CopyKind, CopyParams, KvWrite, KvWriteParams,
-    PageCopy, PageCopyBatch, SeqSpan,
+use super::copy_runs::page_copy_runs;
+use super::device::{
+    DeviceAttn, DeviceAttnBatch, DeviceBackend, DeviceCopyBatch, DeviceKvWrite, DeviceKvWriteBatch,
 };
+use super::{AttnParams, AttnSpans, BackendInfo, CopyKind, KvWriteParams, SeqSpan};
 use crate::core::{Error, Result};
 
 /// Side of the square causal mask CANN's optimized causal modes (sparse 2/3) take.
 pub(crate) const MASK_SIDE: usize = 2048;
-/// `preTokens` / `nextTokens` as the FIA doc suggests (no band limit).
-const NO_BAND: i64 = 2147483647;
 
 /// Options of [`AscendBackend::new`].
 #[derive(Debug, Clone, Default)]
@@ -50,52 +52,6 @@ pub struct AscendOptions {
     /// Directory holding the CANN libraries (else `$ASCEND_HOME_PATH/lib64`, else the loader's
     /// search path).
     pub library_dir: Option<PathBuf>,
-}
-
-/// The memory of one attention launch: device addresses (query, output, caches, block table).
-#[derive(Debug, Clone, Copy)]
-pub struct DeviceAttn {
-    /// `[num_tokens, num_heads, head_dim]` query.
-    pub query: usize,
-    /// Output, same shape.
-    pub output: usize,
-    /// K cache.
-    pub key_cache: usize,
-    /// V cache.
-    pub value_cache: usize,
-    /// int32 block table.
-    pub block_table: usize,
-}
-
-/// The memory of one KV write (device addresses).
-#[derive(Debug, Clone, Copy)]
-pub struct DeviceKvWrite {
-    /// New keys `[num_tokens, kv_heads, head_dim]`.
-    pub key: usize,
-    /// New values.
-    pub value: usize,
-    /// K cache.
-    pub key_cache: usize,
-    /// V cache.
-    pub value_cache: usize,
-    /// Slot mapping `[num_tokens]`.
-    pub slot_mapping: usize,
-    /// Whether the slot mapping is int64 (else int32).
-    pub slots_i64: bool,
-}
-
-/// The caches of one page copy: device K/V (device addresses) and host K/V (host addresses of
-/// page-locked memory from `aclrtMallocHost`; 0 when there are no host pages).
-#[derive(Debug, Clone, Copy)]
-pub struct DeviceCopy {
-    /// Device K cache.
-    pub key_cache: usize,
-    /// Device V cache.
-    pub value_cache: usize,
-    /// Host K cache.
-    pub host_key_cache: usize,
-    /// Host V cache.
-    pub host_value_cache: usize,
 }
 
 /// The Ascend backend. **Thread safety:** `Send + Sync`; launches from several threads are
@@ -252,7 +208,7 @@ impl AscendBackend {
     }
 
     /// Paged attention: see [`plan`] for what CANN accepts.
-    pub fn attention(
+    fn launch_attention(
         &self,
         p: &AttnParams,
         spans: &AttnSpans,
@@ -270,7 +226,7 @@ impl AscendBackend {
         let needs_mask = matches!(plan, AttnPlan::Tnd(_))
             || (plan == AttnPlan::PerSeqBsnd && seqs.iter().any(|s| s.q_len > 1));
         let mask = if needs_mask { Some(self.mask()?) } else { None };
-        let f = Fia {
+        let f = fia::Fia {
             be: self,
             p,
             spans,
@@ -293,7 +249,7 @@ impl AscendBackend {
     }
 
     /// KV write through `aclnnScatterPaKvCache` ("Norm" cache mode).
-    pub fn kv_write(
+    fn launch_kv_write(
         &self,
         p: &KvWriteParams,
         src_elems: usize,
@@ -414,22 +370,9 @@ impl AscendBackend {
     }
 
     /// Page copies with `aclrtMemcpyAsync` on the stream, in order.
-    pub fn copy_pages(
-        &self,
-        p: &CopyParams,
-        copies: &[PageCopy],
-        mem: &DeviceCopy,
-        stream: usize,
-    ) -> Result<()> {
-        let lay = p.cache;
-        let esz = lay.dtype.size_bytes();
-        let (dev_bytes, host_bytes) = {
-            let (d, h) = p.validate()?;
-            (d * esz, h * esz)
-        };
-        let dense =
-            lay.head_stride == lay.head_dim && lay.slot_stride == lay.num_kv_heads * lay.head_dim;
-        let heads_major = lay.slot_stride == lay.head_dim;
+    fn launch_copies(&self, batch: &DeviceCopyBatch<'_>, stream: usize) -> Result<()> {
+        let (lay, copies, mem) = (batch.params.cache, batch.copies, &batch.mem);
+        let (dev_bytes, host_bytes) = (batch.device_bytes, batch.host_bytes);
         if copies.iter().all(|c| c.num_tokens == 0) {
             return Ok(());
         }
@@ -440,23 +383,6 @@ impl AscendBackend {
                 continue;
             }
             let (sp, dp) = (cp.src_page as usize, cp.dst_page as usize);
-            // Byte runs (src offset, dst offset, length) within one page pair.
-            let runs: Vec<(usize, usize, usize)> = if dense {
-                vec![(
-                    lay.offset(sp, 0, 0),
-                    lay.offset(dp, 0, 0),
-                    n * lay.slot_stride,
-                )]
-            } else if heads_major {
-                (0..lay.num_kv_heads)
-                    .map(|h| (lay.offset(sp, 0, h), lay.offset(dp, 0, h), n * lay.head_dim))
-                    .collect()
-            } else {
-                (0..n)
-                    .flat_map(|s| (0..lay.num_kv_heads).map(move |h| (s, h)))
-                    .map(|(s, h)| (lay.offset(sp, s, h), lay.offset(dp, s, h), lay.head_dim))
-                    .collect()
-            };
             let (kind, pairs) = match cp.kind {
                 CopyKind::DeviceToDevice => (
                     ACL_MEMCPY_DEVICE_TO_DEVICE,
@@ -481,16 +407,19 @@ impl AscendBackend {
                 ),
             };
             for (src, dst, dst_len) in pairs {
-                for &(so, dof, len) in &runs {
-                    let (so, dof, len) = (so * esz, dof * esz, len * esz);
-                    // SAFETY: offsets were validated against the buffer sizes (check_copies and
-                    // the layout spans); CANN copies asynchronously on the stream.
+                for run in page_copy_runs(&lay, sp, dp, n) {
+                    // SAFETY: the run lies inside both caches: `p.validate()` sized the layout
+                    // spans, the caller's buffers hold at least those bytes (the C export's
+                    // contract), and `page_copy_runs` stays within pages below each tier's page
+                    // count and slots below `num_tokens <= page_size` (checked by the caller's
+                    // `check_copies`). CANN copies asynchronously on the stream, which the caller
+                    // keeps the buffers alive for.
                     let code = unsafe {
                         (self.cann.memcpy_async)(
-                            (dst + dof) as *mut c_void,
-                            dst_len - dof,
-                            (src + so) as *const c_void,
-                            len,
+                            (dst + run.dst) as *mut c_void,
+                            dst_len - run.dst,
+                            (src + run.src) as *const c_void,
+                            run.len,
                             kind,
                             stream_ptr(stream),
                         )
@@ -515,23 +444,9 @@ impl Drop for AscendBackend {
     }
 }
 
-/// The host-memory entry points of [`Backend`] are never used for this backend (the C exports
-/// route device memory to [`AscendBackend`]'s own methods through [`Backend::ascend`]).
-impl Backend for AscendBackend {
+impl BackendInfo for AscendBackend {
     fn name(&self) -> &'static str {
         "ascend"
-    }
-    fn attention(&self, _batch: AttnBatch<'_>) -> Result<()> {
-        Err(host_memory())
-    }
-    fn kv_write(&self, _write: KvWrite<'_>) -> Result<()> {
-        Err(host_memory())
-    }
-    fn copy_pages(&self, _batch: PageCopyBatch<'_>) -> Result<()> {
-        Err(host_memory())
-    }
-    fn ascend(&self) -> Option<&AscendBackend> {
-        Some(self)
     }
     fn describe(&self) -> String {
         AscendBackend::describe(self)
@@ -539,302 +454,23 @@ impl Backend for AscendBackend {
     fn limits(&self) -> super::Limits {
         super::Limits {
             head_dim: plan::MAX_HEAD_DIM,
-            group: plan::MAX_GROUP,
+            group: plan::MAX_HEADS_PER_KV_HEAD,
             ..super::Limits::shared()
         }
     }
 }
 
-fn host_memory() -> Error {
-    Error::Unsupported("the Ascend backend takes device memory, not host buffers".into())
-}
-
-/// One attention call's shared state.
-struct Fia<'a> {
-    be: &'a AscendBackend,
-    p: &'a AttnParams,
-    spans: &'a AttnSpans,
-    mem: &'a DeviceAttn,
-    stream: usize,
-    mask: Option<usize>,
-}
-
-/// The tensors and numbers of one FIA launch.
-struct FiaArgs<'c> {
-    query: Tensor<'c>,
-    out: Tensor<'c>,
-    block_table: Tensor<'c>,
-    act_q: Option<IntArray<'c>>,
-    act_kv: IntArray<'c>,
-    layout: &'static CStr,
-    sparse_mode: i64,
-    inner_precise: i64,
-}
-
-impl<'a> Fia<'a> {
-    fn cann(&self) -> &'a Cann {
-        &self.be.cann
+impl DeviceBackend for AscendBackend {
+    fn check_address(&self, field: &'static str, addr: usize) -> Result<()> {
+        check_align(field, addr)
     }
-
-    fn dt(&self) -> i32 {
-        // Checked by the plan.
-        acl_dtype(self.p.cache.dtype, "cache.dtype").unwrap_or(ACL_FLOAT16)
+    fn attention(&self, b: DeviceAttnBatch, stream: usize) -> Result<()> {
+        self.launch_attention(&b.params, &b.spans, &b.seqs, &b.mem, stream)
     }
-
-    fn cache_list(&self, kv: KvLayout, addr: usize) -> Result<TensorList<'a>> {
-        let c = &self.p.cache;
-        let (n, ps, h, d) = (
-            c.num_pages as i64,
-            c.page_size as i64,
-            c.num_kv_heads as i64,
-            c.head_dim as i64,
-        );
-        let (dims, strides) = match kv {
-            KvLayout::BnBsH => (vec![n, ps, h * d], vec![ps * h * d, h * d, 1]),
-            KvLayout::BnNBsD => (vec![n, h, ps, d], vec![h * ps * d, ps * d, d, 1]),
-        };
-        let t = Tensor::new(
-            self.cann(),
-            &View {
-                dims,
-                strides,
-                offset: 0,
-                storage: self.spans.cache as i64,
-                dtype: self.dt(),
-                data: addr as *mut c_void,
-            },
-        )?;
-        TensorList::of_one(self.cann(), t)
+    fn kv_write(&self, b: DeviceKvWriteBatch, stream: usize) -> Result<()> {
+        self.launch_kv_write(&b.params, b.src_elems, &b.mem, stream)
     }
-
-    /// A view of the query (`output = false`) or output buffer.
-    fn qo(
-        &self,
-        output: bool,
-        dims: Vec<i64>,
-        strides: Vec<i64>,
-        offset: i64,
-    ) -> Result<Tensor<'a>> {
-        let (addr, storage) = if output {
-            (self.mem.output, self.spans.output)
-        } else {
-            (self.mem.query, self.spans.query)
-        };
-        Tensor::new(
-            self.cann(),
-            &View {
-                dims,
-                strides,
-                offset,
-                storage: storage as i64,
-                dtype: self.dt(),
-                data: addr as *mut c_void,
-            },
-        )
-    }
-
-    /// Block-table rows `[rows, max_pages]` from row `first`.
-    fn block_table(&self, first: usize, rows: usize) -> Result<Tensor<'a>> {
-        let s = self.p.block_table_stride as i64;
-        Tensor::new(
-            self.cann(),
-            &View {
-                dims: vec![rows as i64, self.p.max_pages_per_seq as i64],
-                strides: vec![s, 1],
-                offset: first as i64 * s,
-                storage: self.spans.block_table as i64,
-                dtype: ACL_INT32,
-                data: self.mem.block_table as *mut c_void,
-            },
-        )
-    }
-
-    fn decode(&self, kv: KvLayout, seqs: &[SeqSpan]) -> Result<()> {
-        let (b, n, d) = (
-            self.p.num_seqs as i64,
-            self.p.num_heads as i64,
-            self.p.cache.head_dim as i64,
-        );
-        let (qs, os) = (self.p.query_strides, self.p.output_strides);
-        let (layout, qd, qst, ost): (&'static CStr, _, _, _) = match kv {
-            // [B, 1, N, D]
-            KvLayout::BnBsH => (
-                c"BSND",
-                vec![b, 1, n, d],
-                vec![qs.token as i64, qs.token as i64, qs.head as i64, 1],
-                vec![os.token as i64, os.token as i64, os.head as i64, 1],
-            ),
-            // [B, N, 1, D]
-            KvLayout::BnNBsD => (
-                c"BNSD",
-                vec![b, n, 1, d],
-                vec![qs.token as i64, qs.head as i64, d, 1],
-                vec![os.token as i64, os.head as i64, d, 1],
-            ),
-        };
-        let kv_lens: Vec<i64> = seqs.iter().map(|s| s.ctx_len as i64).collect();
-        let args = FiaArgs {
-            query: self.qo(false, qd.clone(), qst, 0)?,
-            out: self.qo(true, qd, ost, 0)?,
-            block_table: self.block_table(0, seqs.len())?,
-            act_q: None,
-            act_kv: IntArray::new(self.cann(), &kv_lens)?,
-            layout,
-            sparse_mode: 0,
-            inner_precise: 1,
-        };
-        self.launch(kv, args)
-    }
-
-    fn tnd(&self, kv: KvLayout, seqs: &[SeqSpan]) -> Result<()> {
-        let (t, n, d) = (
-            self.p.num_tokens as i64,
-            self.p.num_heads as i64,
-            self.p.cache.head_dim as i64,
-        );
-        let (qs, os) = (self.p.query_strides, self.p.output_strides);
-        let q_ends: Vec<i64> = seqs.iter().map(|s| (s.q_start + s.q_len) as i64).collect();
-        let kv_lens: Vec<i64> = seqs.iter().map(|s| s.ctx_len as i64).collect();
-        let args = FiaArgs {
-            query: self.qo(
-                false,
-                vec![t, n, d],
-                vec![qs.token as i64, qs.head as i64, 1],
-                0,
-            )?,
-            out: self.qo(
-                true,
-                vec![t, n, d],
-                vec![os.token as i64, os.head as i64, 1],
-                0,
-            )?,
-            block_table: self.block_table(0, seqs.len())?,
-            act_q: Some(IntArray::new(self.cann(), &q_ends)?),
-            act_kv: IntArray::new(self.cann(), &kv_lens)?,
-            layout: c"TND",
-            sparse_mode: 3,
-            inner_precise: 0,
-        };
-        self.launch(kv, args)
-    }
-
-    fn one_seq(&self, s: usize, seq: &SeqSpan) -> Result<()> {
-        let (sl, n, d) = (
-            seq.q_len as i64,
-            self.p.num_heads as i64,
-            self.p.cache.head_dim as i64,
-        );
-        let (qs, os) = (self.p.query_strides, self.p.output_strides);
-        let q_tok = qs.token as i64;
-        let o_tok = os.token as i64;
-        let args = FiaArgs {
-            query: self.qo(
-                false,
-                vec![1, sl, n, d],
-                vec![sl * q_tok, q_tok, qs.head as i64, 1],
-                seq.q_start as i64 * q_tok,
-            )?,
-            out: self.qo(
-                true,
-                vec![1, sl, n, d],
-                vec![sl * o_tok, o_tok, os.head as i64, 1],
-                seq.q_start as i64 * o_tok,
-            )?,
-            block_table: self.block_table(s, 1)?,
-            act_q: None,
-            act_kv: IntArray::new(self.cann(), &[seq.ctx_len as i64])?,
-            layout: c"BSND",
-            // Query row i sits at position ctx - q + i: CANN's right-down causal mode.
-            sparse_mode: if seq.q_len > 1 { 3 } else { 0 },
-            inner_precise: if seq.q_len > 1 { 0 } else { 1 },
-        };
-        self.launch(KvLayout::BnBsH, args)
-    }
-
-    fn launch(&self, kv: KvLayout, a: FiaArgs<'a>) -> Result<()> {
-        let cann = self.cann();
-        let key = self.cache_list(kv, self.mem.key_cache)?;
-        let value = self.cache_list(kv, self.mem.value_cache)?;
-        let mask = match (a.sparse_mode, self.mask) {
-            (3, Some(addr)) => Some(Tensor::new(
-                cann,
-                &View {
-                    dims: vec![MASK_SIDE as i64, MASK_SIDE as i64],
-                    strides: vec![MASK_SIDE as i64, 1],
-                    offset: 0,
-                    storage: (MASK_SIDE * MASK_SIDE) as i64,
-                    dtype: ACL_INT8,
-                    data: addr as *mut c_void,
-                },
-            )?),
-            (3, None) => return Err(Error::BackendFailure("causal mask missing".into())),
-            _ => None,
-        };
-        let p = self.p;
-        let c = &p.cache;
-        let nul = std::ptr::null::<AclTensor>();
-        let nula = std::ptr::null::<AclIntArray>();
-        let layout = a.layout.as_ptr().cast_mut();
-        let (nh, scale, nkv, sparse, ip, bs) = (
-            p.num_heads as i64,
-            p.scale as f64,
-            c.num_kv_heads as i64,
-            a.sparse_mode,
-            a.inner_precise,
-            c.page_size as i64,
-        );
-        let (q, k, v, m, aq, akv, bt, o) = (
-            a.query.raw(),
-            key.raw(),
-            value.raw(),
-            opt(&mask),
-            opt_arr(&a.act_q),
-            a.act_kv.raw(),
-            a.block_table.raw(),
-            a.out.raw(),
-        );
-        let mut ws = 0u64;
-        let mut exec = std::ptr::null_mut();
-        let fia = self.be.cann.fia;
-        // SAFETY: every tensor/array pointer is a live object created above or NULL for an
-        // unused optional input; argument order follows the V2/V3/V4 headers (sys.rs); the
-        // layout string is NUL-terminated and not written by CANN.
-        let (code, call, run_call): (AclError, &'static str, &'static str) = unsafe {
-            match fia.get_ws {
-                FiaFn::V2(f) => (
-                    f(
-                        q, k, v, nul, m, aq, akv, nul, nul, nul, nul, nul, nul, nul, bt, nul, nul,
-                        nul, nul, nul, nul, nul, nul, nula, nh, scale, NO_BAND, NO_BAND, layout,
-                        nkv, sparse, ip, bs, 0, false, 0, 0, o, nul, &mut ws, &mut exec,
-                    ),
-                    "aclnnFusedInferAttentionScoreV2GetWorkspaceSize",
-                    "aclnnFusedInferAttentionScoreV2",
-                ),
-                FiaFn::V3(f) => (
-                    f(
-                        q, k, v, nul, m, aq, akv, nul, nul, nul, nul, nul, nul, nul, bt, nul, nul,
-                        nul, nul, nul, nul, nul, nul, nula, nul, nul, nul, nh, scale, NO_BAND,
-                        NO_BAND, layout, nkv, sparse, ip, bs, 0, false, 0, 0, o, nul, &mut ws,
-                        &mut exec,
-                    ),
-                    "aclnnFusedInferAttentionScoreV3GetWorkspaceSize",
-                    "aclnnFusedInferAttentionScoreV3",
-                ),
-                FiaFn::V4(f) => (
-                    f(
-                        q, k, v, nul, m, aq, akv, nul, nul, nul, nul, nul, nul, nul, bt, nul, nul,
-                        nul, nul, nul, nul, nul, nul, nula, nul, nul, nul, nul, nul, nh, scale,
-                        NO_BAND, NO_BAND, layout, nkv, sparse, ip, bs, 0, false, 0, 0, 0, o, nul,
-                        &mut ws, &mut exec,
-                    ),
-                    "aclnnFusedInferAttentionScoreV4GetWorkspaceSize",
-                    "aclnnFusedInferAttentionScoreV4",
-                ),
-            }
-        };
-        check(cann, code, call)?;
-        let exec = Executor::new(cann, exec, call)?;
-        self.be.execute(exec, ws, fia.exec, self.stream, run_call)
-        // Tensors, lists and arrays drop here, after the launch (host descriptors only).
+    fn copy_pages(&self, b: DeviceCopyBatch<'_>, stream: usize) -> Result<()> {
+        self.launch_copies(&b, stream)
     }
 }

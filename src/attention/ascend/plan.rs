@@ -46,8 +46,8 @@ pub enum AttnPlan {
     PerSeqBsnd,
 }
 
-/// Largest `num_heads / num_kv_heads`.
-pub(crate) const MAX_GROUP: usize = 64;
+/// Largest `num_heads / num_kv_heads` CANN's FIA accepts (the CPU kernel has no such limit).
+pub(crate) const MAX_HEADS_PER_KV_HEAD: usize = 64;
 /// Largest head dim.
 pub(crate) const MAX_HEAD_DIM: usize = 512;
 /// Largest `kv_heads * head_dim` of a BnBsH cache.
@@ -122,9 +122,9 @@ pub fn plan_attention(p: &AttnParams, seqs: &[SeqSpan]) -> Result<AttnPlan> {
     }
     let kv = kv_layout(c)?;
     let (h, d, ps) = (c.num_kv_heads, c.head_dim, c.page_size);
-    if p.group() > MAX_GROUP {
+    if p.group() > MAX_HEADS_PER_KV_HEAD {
         return Err(unsupported(format!(
-            "num_heads / num_kv_heads = {} / {h} = {} is above CANN's limit {MAX_GROUP}",
+            "num_heads / num_kv_heads = {} / {h} = {} is above CANN's limit {MAX_HEADS_PER_KV_HEAD}",
             p.num_heads,
             p.group()
         )));
@@ -209,7 +209,7 @@ pub fn plan_attention(p: &AttnParams, seqs: &[SeqSpan]) -> Result<AttnPlan> {
 
 /// Refuses a device pointer that is not [`DEVICE_ALIGN`]-byte aligned.
 pub fn check_align(field: &'static str, addr: usize) -> Result<()> {
-    if addr % DEVICE_ALIGN != 0 {
+    if !addr.is_multiple_of(DEVICE_ALIGN) {
         return Err(Error::AttnInvalid {
             field,
             reason: format!(

@@ -86,7 +86,7 @@ pub(crate) fn plan(
     threads: usize,
 ) -> Plan {
     // Query tokens per unit: enough for 8 rows of one kv head (one register group).
-    let qb = super::super::kernel::MAX_GROUP.div_ceil(group).max(1);
+    let qb = super::super::kernel::ROWS_PER_PASS.div_ceil(group).max(1);
     let chunk = chunk_len(page_size);
     let mut units: Vec<(Item, usize)> = Vec::new(); // (unit, number of chunks)
     for (s, seq) in seqs.iter().enumerate() {

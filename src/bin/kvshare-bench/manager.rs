@@ -23,6 +23,7 @@ impl CCache {
         cfg.page_size = page_size;
         cfg.num_device_pages = pages;
         let mut c = ptr::null_mut();
+        // SAFETY: `cfg` and `c` are live locals, readable / writable for the call.
         unsafe { ok(kvs_cache::kvs_cache_new(&cfg, &mut c)) };
         CCache(c)
     }
@@ -30,6 +31,8 @@ impl CCache {
 
 impl Drop for CCache {
     fn drop(&mut self) {
+        // SAFETY: `self.0` came from `kvs_cache_new` (`CCache::new` asserted success), is freed
+        // only here, once, and no call can be using it while its owner is dropped.
         unsafe { kvs_cache::kvs_cache_free(self.0) };
     }
 }
@@ -60,6 +63,8 @@ fn alloc_release(repeats: usize, rows: &mut Vec<Row>) {
     const ROUNDS: usize = 200;
     let c = CCache::new(16, 4096);
     let mut pages = vec![0u32; BATCH];
+    // SAFETY: `c.0` is a live cache (owned by `c`, outlives the closure); `pages` holds BATCH
+    // ids, the length passed with it, and the released ids are the ones just allocated.
     let ns_c = ns_per_unit(repeats, BATCH * ROUNDS, || unsafe {
         for _ in 0..ROUNDS {
             ok(kvs_cache::kvs_pages_alloc(
@@ -120,6 +125,8 @@ fn prefix_match(repeats: usize, page_size: u32, target_ns: f64, rows: &mut Vec<R
     let c = CCache::new(page_size, 8192);
     let prompt = tokens(7, N);
     let mut info = Default::default();
+    // SAFETY: `c.0` is a live cache; `prompt` holds N tokens, the length passed with it; `extra`
+    // NULL is allowed; `info` is a live out location.
     unsafe {
         ok(kvs_cache::kvs_seq_begin(
             c.0,
@@ -134,6 +141,9 @@ fn prefix_match(repeats: usize, page_size: u32, target_ns: f64, rows: &mut Vec<R
     }
     let mut pages = vec![0u32; N];
     let (mut np, mut nt) = (0usize, 0usize);
+    // SAFETY: `c.0` is a live cache; `prompt` holds N tokens and `pages` N ids, the lengths
+    // passed with them; `np`/`nt` are live out locations; the released ids are the `np` just
+    // matched (and pinned).
     let ns = ns_per_unit(repeats, 100, || unsafe {
         for _ in 0..100 {
             ok(kvs_cache::kvs_prefix_match(
@@ -183,6 +193,8 @@ fn decode_step(repeats: usize, rows: &mut Vec<Row>) {
     for &id in &ids {
         let mut p = system.clone();
         p.extend(tokens(100 + id, 300));
+        // SAFETY: `c.0` is a live cache; `p` holds `p.len()` tokens; NULL extra and info are
+        // allowed.
         unsafe {
             ok(kvs_cache::kvs_seq_begin(
                 c.0,
@@ -210,6 +222,10 @@ fn decode_step(repeats: usize, rows: &mut Vec<Row>) {
     ];
     let mut step = 0i32;
     const STEPS: usize = 20;
+    // SAFETY: `c.0` is a live cache; every buffer is passed with its own length (`ids`, `toks`:
+    // SEQS; `copies`: SEQS records; `table`: its len, rows of MAX_PAGES; `lens`, `qlens`,
+    // `slots`: SEQS) and lives across the closure; `nc` is a live out location; the NULL
+    // `num_slots_out` is optional.
     let ns = ns_per_unit(repeats.min(15), STEPS, || unsafe {
         for _ in 0..STEPS {
             step += 1;
@@ -255,6 +271,7 @@ fn decode_step(repeats: usize, rows: &mut Vec<Row>) {
             std::hint::black_box(&table);
         }
     });
+    // SAFETY: `c.0` is a live cache.
     unsafe { ok(kvs_cache::kvs_cache_check(c.0)) };
     rows.push(Row {
         name: "decode_step_256_seqs",
@@ -265,6 +282,7 @@ fn decode_step(repeats: usize, rows: &mut Vec<Row>) {
     });
 
     // begin + free of a request sharing the 512-token system prompt (prompt 812 tokens).
+    // SAFETY: `c.0` is a live cache; `p` holds `p.len()` tokens; NULL extra and info are allowed.
     let ns_bf = ns_per_unit(repeats, 100, || unsafe {
         for k in 0..100u64 {
             let mut p = system.clone();

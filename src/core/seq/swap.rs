@@ -95,8 +95,8 @@ impl State {
             }
             let h = self.take_host(Holder::Seq);
             copies.push(PageCopy {
-                src: p,
-                dst: h,
+                src_page: p,
+                dst_page: h,
                 num_tokens: tokens_in_page(len, j, ps),
                 kind: CopyKind::DeviceToHost,
             });
@@ -169,8 +169,8 @@ impl State {
                 None => {
                     let d = self.take_device(Holder::Seq);
                     copies.push(PageCopy {
-                        src: h,
-                        dst: d,
+                        src_page: h,
+                        dst_page: d,
                         num_tokens: tokens_in_page(len, j, ps),
                         kind: CopyKind::HostToDevice,
                     });
