@@ -71,6 +71,9 @@ DEFAULTS = {
     "user_tokens": 24,
     "output_tokens": 12,
     "extras": True,             # the n>1 and cache_salt requests after the turns
+    "host_pages": 0,            # > 0: kvshare's KV connector with a host tier of that many pages
+    "prefetch_waiting": 2,      # the connector's prefetch_waiting option
+    "returns": 0,               # evict-and-return rounds before the turns (see run)
     "kv_transfer": None,        # a KV connector's KVTransferConfig fields (e.g. ExampleConnector)
     "replay": False,            # after the turns: reset the prefix cache, then send each last
                                 # turn's prompt + its first generated token again (a KV
@@ -232,6 +235,16 @@ def run(cfg: dict) -> dict:
     if cfg["kv_transfer"]:
         from vllm.config import KVTransferConfig
         extra["kv_transfer_config"] = KVTransferConfig(**cfg["kv_transfer"])
+    if cfg["host_pages"]:  # kvshare's own connector (one connector: not with kv_transfer)
+        from vllm.config import KVTransferConfig
+
+        if cfg["kv_transfer"]:
+            raise ValueError("engine_e2e: host_pages and kv_transfer both select a connector")
+        extra["kv_transfer_config"] = KVTransferConfig(
+            kv_connector="KvshareConnector", kv_connector_module_path="kvshare_vllm.connector",
+            kv_role="kv_both",
+            kv_connector_extra_config={"num_host_pages": cfg["host_pages"],
+                                       "prefetch_waiting": cfg["prefetch_waiting"]})
     t0 = time.perf_counter()
     llm = LLM(model=model_dir, skip_tokenizer_init=True, enable_prefix_caching=True,
               block_size=cfg["block_size"], max_model_len=cfg["max_model_len"], dtype="float32",
@@ -256,6 +269,20 @@ def run(cfg: dict) -> dict:
     tokens, cached = {}, {}
     gen_tokens = 0
     t0 = time.perf_counter()
+    if cfg["returns"]:
+        # Evict and return: each conversation's first prompt, then enough unrelated prompts to
+        # push it out of a small device cache, then the same prompt again (its second run can
+        # hit only what a host tier kept).
+        for r in range(cfg["returns"]):
+            first = history[r % len(history)]
+            for name, prompt in ([(f"ret{r}a", first)]
+                                 + [(f"ret{r}f{i}", ids(len(first))) for i in range(3)]
+                                 + [(f"ret{r}b", first)]):
+                o = llm.generate([TokensPrompt(prompt_token_ids=prompt)], greedy,
+                                 use_tqdm=False)[0]
+                tokens[name] = list(o.outputs[0].token_ids)
+                cached[name] = o.num_cached_tokens
+                gen_tokens += len(tokens[name])
     replay = [None] * cfg["convs"]
     for turn in range(cfg["turns"]):
         outs = llm.generate([TokensPrompt(prompt_token_ids=h) for h in history], greedy,
@@ -311,6 +338,21 @@ def run(cfg: dict) -> dict:
         "gen_tokens": gen_tokens,
     }
     if timer is not None:
+        core = llm.llm_engine.engine_core.engine_core
+        mgr = core.scheduler.kv_cache_manager
+        if hasattr(mgr, "kvshare_stats"):
+            st = mgr.kvshare_stats()
+            res["kvshare_stats"] = {k: st[k] for k in ("demotions", "promotions", "prefetched",
+                                                      "host_hit_tokens", "evictions")
+                                    if k in st}
+        if cfg["host_pages"]:
+            from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+            w = get_kv_transfer_group()
+            s = core.scheduler.connector
+            res["connector"] = dict(copy_s=w.copy_s, copies=w.copies_done,
+                                    steps_with_copies=w.steps_with_copies,
+                                    prefetched_pages=s.prefetched_pages)
         res.update(attention=_attention_backend(llm))
         res.update(scheduler=timer.scheduler, trace=timer.trace, kv_groups=timer.groups,
                    kv_blocks_total=timer.total + 1)
@@ -415,6 +457,77 @@ def bench(argv) -> int:
     return 0 if same[configs[1][0]] else 1
 
 
+def bench_host_tier(argv) -> int:
+    """``engine_e2e.py host-tier``: kvshare's manager with and without its KV connector's host
+    tier, with a device budget below the working set (hits, recomputed prompt tokens), and
+    without pressure (the connector's step-time cost when it copies nothing); vLLM's manager
+    gives the reference tokens.  Order alternates between repeats; medians."""
+    import argparse
+    import statistics
+    import tempfile
+
+    ap = argparse.ArgumentParser(prog="engine_e2e.py host-tier")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--convs", type=int, default=8)
+    ap.add_argument("--turns", type=int, default=4)
+    ap.add_argument("--system-tokens", type=int, default=256)
+    ap.add_argument("--output-tokens", type=int, default=16)
+    ap.add_argument("--kv-blocks", type=int, default=48, help="device budget under pressure")
+    ap.add_argument("--host-pages", type=int, default=512)
+    a = ap.parse_args(argv)
+    host = {"host_pages": a.host_pages}
+    configs = [("vLLM manager", "pressure", {"kvshare": False}),
+               ("kvshare", "pressure", {"kvshare": True}),
+               ("kvshare + host tier", "pressure", dict(host, kvshare=True)),
+               ("kvshare", "no pressure", {"kvshare": True}),
+               ("kvshare + host tier", "no pressure", dict(host, kvshare=True))]
+    results = {(n, p): [] for n, p, _ in configs}
+    with tempfile.TemporaryDirectory() as d:
+        model = write_tiny_model(os.path.join(d, "model"))
+        site = install_plugin(os.path.join(d, "site"))
+        env = dict(os.environ, PYTHONPATH=site)
+        for rep in range(a.repeats):
+            for name, p, extra in (configs if rep % 2 == 0 else configs[::-1]):
+                cfg = dict(extra, model_dir=model, convs=a.convs, turns=a.turns,
+                           system_tokens=a.system_tokens, output_tokens=a.output_tokens,
+                           user_tokens=32, extras=False, max_model_len=16 * a.kv_blocks,
+                           kv_blocks=a.kv_blocks if p == "pressure" else 4096)
+                res, _ = run_in_subprocess(cfg, env=env)
+                results[(name, p)].append(res)
+                print(f"  run {rep + 1}: {name}, {p}: {res['wall_s']:.2f} s", file=sys.stderr)
+    med = statistics.median
+    ref = results[configs[0][:2]][0]["tokens"]
+    print(f"workload: {a.convs} conversations x {a.turns} turns, {a.system_tokens}-token system "
+          f"prompt, 32-token user turns, {a.output_tokens} output tokens; device budget "
+          f"{a.kv_blocks} blocks of 16 under pressure (4096 without), host tier {a.host_pages} "
+          f"pages; medians of {a.repeats} runs, order alternating")
+    print(f"{'configuration':22} {'budget':12} {'hit rate':>9} {'recomputed':>11} "
+          f"{'preempt':>8} {'promoted':>9} {'demoted':>8} {'step ms':>8} {'sched us':>9} "
+          f"{'copy us':>8} {'same tokens':>12}")
+    rows = {}
+    for name, p, _ in configs:
+        rs = results[(name, p)]
+        st = [r.get("kvshare_stats") or {} for r in rs]
+        con = [r.get("connector") or {} for r in rs]
+        row = rows[(name, p)] = dict(
+            hit=med(r["prefix_hits"] / r["prefix_queries"] for r in rs),
+            recomputed=med(r["prefix_queries"] - r["prefix_hits"] for r in rs),
+            preempt=med(r["preemptions"] for r in rs),
+            promoted=med(s.get("promotions", 0) for s in st),
+            demoted=med(s.get("demotions", 0) for s in st),
+            step=med((r["sched_s"] + r["model_s"]) / r["steps"] * 1e3 for r in rs),
+            sched=med(r["sched_s"] / r["steps"] * 1e6 for r in rs),
+            copy=med(c.get("copy_s", 0.0) / r["steps"] * 1e6 for c, r in zip(con, rs)),
+            same=all(r["tokens"] == ref for r in rs))
+        print(f"{name:22} {p:12} {row['hit']:9.4f} {row['recomputed']:11.0f} "
+              f"{row['preempt']:8.0f} {row['promoted']:9.0f} {row['demoted']:8.0f} "
+              f"{row['step']:8.2f} {row['sched']:9.1f} {row['copy']:8.1f} {str(row['same']):>12}")
+    base, conn = rows[("kvshare", "no pressure")], rows[("kvshare + host tier", "no pressure")]
+    print(f"connector cost without pressure (no copies): step time x{conn['step'] / base['step']:.3f}, "
+          f"scheduler time per step x{conn['sched'] / base['sched']:.3f}")
+    return 0 if all(r["same"] for r in rows.values()) else 1
+
+
 def _first_divergence(a: dict, b: dict) -> str:
     for req in a:
         for i, (x, y) in enumerate(zip(a[req], b.get(req, []))):
@@ -433,7 +546,10 @@ def main(argv) -> int:
         return 0
     if argv and argv[0] == "bench":
         return bench(argv[1:])
-    print("usage: engine_e2e.py run CONFIG.json OUT.json | bench [--quick] [--repeats N] ...",
+    if argv and argv[0] == "host-tier":
+        return bench_host_tier(argv[1:])
+    print("usage: engine_e2e.py run CONFIG.json OUT.json | bench [--quick] [--repeats N] ... | "
+          "host-tier [--repeats N] ...",
           file=sys.stderr)
     return 2
 

@@ -32,6 +32,7 @@ from vllm.v1.metrics.stats import PrefixCacheStats
 
 from . import logger
 from .events import EventTranslator
+from .host_tier import HOST_PAGES, HostTier
 from .twins import _SMALL, PythonTwins, _extra_addr, _Req, _token_ids
 from .views import _BlockPoolView, _CoordinatorView
 
@@ -152,13 +153,14 @@ class KvshareKVCacheManager(PythonTwins):
         self.num_blocks = kv_cache_config.num_blocks
         self.kv_cache_config = kv_cache_config
         self.num_kv_cache_groups = 1
+        num_host_pages = HOST_PAGES.get()  # > 0 with kvshare's KV connector (host_tier.py)
 
         dtype = {"torch.float32": "KVS_DTYPE_F32", "torch.bfloat16": "KVS_DTYPE_BF16"}.get(
             str(getattr(spec, "dtype", "")), "KVS_DTYPE_F16")
         cfg = kvshare.config_default(
             page_size=bs,
             num_device_pages=self.num_blocks,
-            num_host_pages=0,
+            num_host_pages=num_host_pages,
             num_layers=max(1, len(group.layer_names)),
             num_kv_heads=max(1, getattr(spec, "num_kv_heads", 1)),
             head_dim=max(1, getattr(spec, "head_size", 1)),
@@ -167,11 +169,13 @@ class KvshareKVCacheManager(PythonTwins):
             reserve_null_page=True,
             defer_commit=False,
             skip_cached_writes=False,
-            demote_to_host=False,
+            demote_to_host=num_host_pages > 0,
             enable_events=enable_kv_cache_events,
         )
         self.cache = kvshare.Cache(cfg)
         self._h = self.cache.handle
+        # The host tier, when kvshare's KV connector executes its copies (host_tier.py).
+        self.host_tier = HostTier(self, num_host_pages) if num_host_pages > 0 else None
 
         self.block_pool = _BlockPoolView(self, self.num_blocks)
         self._blocks = self.block_pool.blocks
@@ -323,6 +327,8 @@ class KvshareKVCacheManager(PythonTwins):
             self._flush()
         ids = _token_ids(request)
         st_extra = self._extra_for(request)
+        if self.host_tier is not None:
+            self.host_tier.promote(ids, st_extra)
         rc, toks, hits = self._match(ids, _extra_addr(st_extra), max(len(ids) - 1, 0))
         if rc:
             kvshare.check(rc, "kvs_prefix_match")

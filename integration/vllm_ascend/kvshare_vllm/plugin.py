@@ -65,6 +65,10 @@ def connector_reason(connector) -> str | None:
             if why:
                 return why
         return None
+    from .connector import KvshareConnector
+
+    if isinstance(connector, KvshareConnector):  # binds kvshare's own manager (connector.py)
+        return None
     bind = getattr(type(connector), "bind_gpu_block_pool", None)
     if bind is not None and bind is not KVConnectorBase_V1.bind_gpu_block_pool:
         return (f"KV connector {type(connector).__name__} takes vLLM's BlockPool "
@@ -121,6 +125,11 @@ def make_kv_cache_manager_factory(original):
                 return original(kv_cache_config, max_model_len, scheduler_block_size,
                                 hash_block_size, *args, **kwargs)
             logger.info("kvshare_vllm: KV-cache bookkeeping runs in kvshare")
+            from .host_tier import HOST_PAGES
+
+            host = HOST_PAGES.get()  # kvshare's KV connector configured: the host tier is on
+            if host:
+                logger.info("kvshare_vllm: host tier of %d pages (kvshare's KV connector)", host)
             return KvshareKVCacheManager(kv_cache_config, max_model_len, scheduler_block_size,
                                          hash_block_size, *args, **kwargs)
 
@@ -153,7 +162,10 @@ def drop_block_hasher(engine_core) -> bool:
             or manager.enable_kv_cache_events:
         return False
     get_connector = getattr(sched, "get_kv_connector", None)
-    if get_connector is None or get_connector() is not None:
+    if get_connector is None:
+        return False
+    conn = get_connector()
+    if conn is not None and type(conn).__name__ != "KvshareConnector":  # ours reads no hashes
         return False
     engine_core.request_block_hasher = None
     logger.info("kvshare_vllm: vLLM's request block hasher is off (kvshare hashes natively)")
@@ -174,6 +186,26 @@ def _wrap_preprocess(original):
     return preprocess_add_request
 
 
+def _wrap_scheduler_init(original):
+    """``Scheduler.__init__`` with the host pages of kvshare's KV connector (0 without it) in
+    ``host_tier.HOST_PAGES``, where the manager reads them: the scheduler builds its connector
+    and then its manager, and the manager's constructor has no view of the config."""
+    from .connector import host_pages
+    from .host_tier import HOST_PAGES
+
+    def __init__(self, vllm_config, *args, **kwargs):
+        token = HOST_PAGES.set(host_pages(vllm_config))
+        try:
+            original(self, vllm_config, *args, **kwargs)
+        finally:
+            HOST_PAGES.reset(token)
+
+    __init__._kvshare_wrap = True
+    __init__.__wrapped__ = original
+    __init__.__doc__ = original.__doc__
+    return __init__
+
+
 def apply() -> None:
     """Rebinds ``KVCacheManager`` in the scheduler module(s) and wraps
     ``EngineCore.preprocess_add_request`` (idempotent).  The wrap is a method looked up per
@@ -187,6 +219,9 @@ def apply() -> None:
         original = mod.KVCacheManager
         setattr(mod, _ORIGINAL_ATTR, original)
         mod.KVCacheManager = make_kv_cache_manager_factory(original)
+        sched = getattr(mod, "Scheduler", None)
+        if sched is not None and not getattr(sched.__init__, "_kvshare_wrap", False):
+            sched.__init__ = _wrap_scheduler_init(sched.__init__)
     core = importlib.import_module(ENGINE_MODULE).EngineCore
     if not getattr(core.preprocess_add_request, "_kvshare_wrap", False):
         core.preprocess_add_request = _wrap_preprocess(core.preprocess_add_request)
@@ -201,6 +236,9 @@ def remove() -> None:
         if hasattr(mod, _ORIGINAL_ATTR):
             mod.KVCacheManager = getattr(mod, _ORIGINAL_ATTR)
             delattr(mod, _ORIGINAL_ATTR)
+        sched = getattr(mod, "Scheduler", None)
+        if sched is not None and getattr(sched.__init__, "_kvshare_wrap", False):
+            sched.__init__ = sched.__init__.__wrapped__
     core = importlib.import_module(ENGINE_MODULE).EngineCore
     if getattr(core.preprocess_add_request, "_kvshare_wrap", False):
         core.preprocess_add_request = core.preprocess_add_request.__wrapped__

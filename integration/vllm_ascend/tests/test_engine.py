@@ -30,6 +30,9 @@ WORKLOAD = dict(convs=6, turns=3, system_tokens=256, user_tokens=24, output_toke
 # 40 blocks of 16 tokens: the shared system prompt (16 blocks) plus six conversations' own
 # blocks do not fit from the second turn on, so running requests are preempted and recomputed.
 PRESSURE_BLOCKS = 40
+HOST_PAGES = 256
+RETURNS = dict(returns=2, turns=0, extras=False)
+HOST_ENGAGED = f"kvshare_vllm: host tier of {HOST_PAGES} pages (kvshare's KV connector)"
 
 CONFIGS = {
     "off": dict(kvshare=False),
@@ -40,6 +43,21 @@ CONFIGS = {
     # kvshare's attention backend (KVSHARE_VLLM_OPS=1) with kvshare's manager, and under pressure.
     "ops": dict(kvshare=True, kvshare_attention=True),
     "ops_pressure": dict(kvshare=True, kvshare_attention=True, kv_blocks=PRESSURE_BLOCKS),
+    # kvshare's KV connector (kvshare_vllm.connector): the host tier under the same pressure.
+    "host_pressure": dict(kvshare=True, kv_blocks=PRESSURE_BLOCKS, host_pages=HOST_PAGES),
+    # The same in the multiprocess engine: the metadata crosses to a separate worker process.
+    "host_multiprocess": dict(kvshare=True, kv_blocks=PRESSURE_BLOCKS, host_pages=HOST_PAGES,
+                              multiprocess=True),
+    # Evict and return (engine_e2e's `returns`): a prompt, three unrelated prompts of its size
+    # that push it out of the device cache, the prompt again; twice.
+    "return_off": dict(kvshare=False, kv_blocks=PRESSURE_BLOCKS, **RETURNS),
+    "return_on": dict(kvshare=True, kv_blocks=PRESSURE_BLOCKS, **RETURNS),
+    "return_host": dict(kvshare=True, kv_blocks=PRESSURE_BLOCKS, host_pages=HOST_PAGES,
+                        **RETURNS),
+    # The same through kvshare's attention backend, whose KV layout the connector copies with
+    # kvs_kv_copy (vLLM's CPU layout interleaves K and V: copied with torch).
+    "return_ops_host": dict(kvshare=True, kvshare_attention=True, kv_blocks=PRESSURE_BLOCKS,
+                            host_pages=HOST_PAGES, **RETURNS),
 }
 
 
@@ -144,6 +162,73 @@ def test_kvshare_attention_under_pressure(engine):
     assert ops_run["preemptions"] == off["preemptions"] > 0
     assert ops_run["tokens"] == off["tokens"]
     assert ops_run["cached"] == on["cached"]
+
+
+def _recomputed(res) -> int:
+    """Prompt tokens the engine computed rather than hit (vLLM's own counters: every prefix
+    lookup, recomputation after preemption included)."""
+    return res["prefix_queries"] - res["prefix_hits"]
+
+
+def test_host_tier_more_hits_same_tokens(engine):
+    """Device budget below the working set: kvshare with its KV connector's host tier hits
+    more and recomputes less than without it, and generates vLLM's tokens."""
+    host, log = engine("host_pressure")
+    on, log_on = engine("on_pressure")
+    off, _ = engine("off_pressure")
+    unpressured, _ = engine("off")
+    assert host["manager"] == "KvshareKVCacheManager" and HOST_ENGAGED in log
+    assert HOST_ENGAGED not in log_on
+    assert host["tokens"] == off["tokens"] == unpressured["tokens"]
+    st = host["kvshare_stats"]
+    assert st["demotions"] > 0 and st["promotions"] > 0 and st["host_hit_tokens"] > 0
+    # Every queued copy reached the worker and ran (each on every layer).
+    assert host["connector"]["copies"] == st["demotions"] + st["promotions"]
+    # Without the connector nothing changes: no host tier, nothing demoted.
+    assert on["kvshare_stats"]["demotions"] == on["kvshare_stats"]["promotions"] == 0
+    assert host["prefix_hits"] > on["prefix_hits"] >= off["prefix_hits"]
+    assert _recomputed(host) < _recomputed(on)
+    assert all(host["cached"][r] >= on["cached"][r] for r in on["cached"]), \
+        {r: (on["cached"][r], host["cached"][r]) for r in on["cached"]}
+    assert host["blocks_peak"] <= PRESSURE_BLOCKS
+
+
+def test_host_tier_multiprocess_engine(engine):
+    """The connector's metadata pickled to a worker process: the same hits and tokens."""
+    mp, log = engine("host_multiprocess")
+    host, _ = engine("host_pressure")
+    off, _ = engine("off_pressure")
+    assert HOST_ENGAGED in log
+    assert mp["cached"] == host["cached"]
+    assert mp["tokens"] == off["tokens"]
+
+
+def test_host_tier_hits_are_the_demoted_kv(engine):
+    """A prompt pushed out of the device cache and asked again: without a host tier nothing
+    of it is hit; with it its whole prefix is, so every one of those hits came from a
+    promotion, and the tokens are vLLM's (which recomputed it).  A promotion that did not
+    carry the demoted KV would change them (checked: with the worker's copies skipped, 10 of
+    the 24 outputs of host_pressure differ)."""
+    host, _ = engine("return_host")
+    on, _ = engine("return_on")
+    off, _ = engine("return_off")
+    for r in range(RETURNS["returns"]):
+        assert on["cached"][f"ret{r}b"] == 0, on["cached"]
+        assert host["cached"][f"ret{r}b"] >= WORKLOAD["system_tokens"], host["cached"]
+    assert host["kvshare_stats"]["host_hit_tokens"] >= sum(
+        host["cached"][f"ret{r}b"] for r in range(RETURNS["returns"]))
+    assert host["tokens"] == off["tokens"] == on["tokens"]
+
+
+def test_host_tier_with_kvshare_attention(engine):
+    """The connector's kvs_kv_copy path (kvshare's own KV layout): same hits and tokens."""
+    ops_host, _ = engine("return_ops_host")
+    host, _ = engine("return_host")
+    off, _ = engine("return_off")
+    assert ops_host["attention"] == "KvshareCPUAttentionBackend"
+    assert ops_host["cached"] == host["cached"]
+    assert ops_host["kvshare_stats"]["promotions"] > 0
+    assert ops_host["tokens"] == off["tokens"]
 
 
 def test_readme_block_runs_verbatim():

@@ -1,0 +1,306 @@
+"""``KvshareConnector``: kvshare's host tier inside the vLLM engine, as a vLLM v1 KV connector.
+
+Selected with vLLM's usual KV-transfer config (kvshare's manager must be on: ``KVSHARE_VLLM=1``)::
+
+    KVTransferConfig(kv_connector="KvshareConnector",
+                     kv_connector_module_path="kvshare_vllm.connector", kv_role="kv_both",
+                     kv_connector_extra_config={"num_host_pages": 4096})
+
+Options (``kv_connector_extra_config``):
+
+* ``num_host_pages`` (required, > 0): host pages (of one block of every layer each) in the pool
+  the worker allocates, page-locked when the KV cache is not on the CPU; kvshare's manager is
+  built with the same number (``num_host_pages``, ``demote_to_host``).
+* ``prefetch_waiting`` (default 2): waiting requests whose host-tier prefix is promoted after
+  each ``schedule`` (``kvs_prefix_prefetch``), so their copies run with the current step.
+
+Scheduler side: the manager promotes a request's host-tier prefix when it looks the request up
+(``host_tier.HostTier.promote``) and demotes evicted cached pages; every copy this queues in a
+``schedule`` is drained (``kvs_cache_take_copies``) by :meth:`build_connector_meta` and shipped in
+that step's :class:`KvshareConnectorMetadata`.  Nothing is loaded "externally":
+``get_num_new_matched_tokens`` answers 0, since promoted pages are ordinary device hits.
+
+Worker side: :meth:`register_kv_caches` allocates the host pool in the engine's own per-layer
+layout and :meth:`start_load_kv` runs the step's copies, in order, on every layer with
+``kvs_kv_copy`` (CPU tensors: kvshare's CPU backend; NPU tensors: the Ascend backend on the
+current stream - **untested, no NPU here**) before the forward pass.  That order is what tells
+the manager a copy is complete before its page is reused (see ``host_tier``'s module doc): no
+completion report travels back.
+
+Not covered: layerwise transfer (copies run whole before the step, not per layer), a copy
+overlapping the forward pass on the CPU (the CPU backend is synchronous), disaggregated
+prefill, several KV-cache groups, and use inside vLLM's ``MultiConnector``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from kvshare import check, ffi, lib
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+
+from . import logger
+
+if TYPE_CHECKING:  # pragma: no cover - annotations only
+    from vllm.v1.core.sched.output import SchedulerOutput
+
+NAME = "KvshareConnector"
+MODULE = "kvshare_vllm.connector"
+
+
+def host_pages(vllm_config) -> int:
+    """``num_host_pages`` of a config that selects this connector; 0 when it does not."""
+    ktc = getattr(vllm_config, "kv_transfer_config", None)
+    if ktc is None or ktc.kv_connector != NAME:
+        return 0
+    n = (ktc.kv_connector_extra_config or {}).get("num_host_pages")
+    if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
+        raise ValueError(f"{NAME}: kv_connector_extra_config['num_host_pages'] must be an "
+                         f"int > 0, got {n!r}")
+    return n
+
+
+@dataclass
+class KvshareConnectorMetadata(KVConnectorMetadata):
+    """One step's page copies, oldest first, as packed ``kvs_copy`` records (16 bytes each:
+    src page, dst page, tokens, kind), ready for ``kvs_kv_copy``."""
+
+    copies: bytes = b""
+
+    @property
+    def num_copies(self) -> int:
+        return len(self.copies) // ffi.sizeof("kvs_copy")
+
+
+@dataclass
+class _Layer:
+    """One KV tensor and its host pool: ``args`` for ``kvs_kv_copy``, or (``args`` None) the
+    device and host tensors whose blocks dimension 0 is copied block by block with torch."""
+
+    args: Any  # kvs_kv_copy_args *, or None
+    host: tuple  # the host tensors (the args point into them)
+    device: Any = None  # the device tensor (torch path only)
+
+
+def _kv_views(t, spec):
+    """``(key, value)`` views ``[num_blocks, block_size, kv_heads, head_dim]`` of one layer's KV
+    cache, and the index of its blocks dimension; ``None`` for an unknown layout."""
+    bs, h, d = spec.block_size, spec.num_kv_heads, spec.head_size
+    if isinstance(t, (tuple, list)) and len(t) == 2:  # vllm-ascend: (key_cache, value_cache)
+        return (t[0], t[1]), 0
+    if t.dim() == 5 and t.shape[0] == 2 and tuple(t.shape[2:]) == (bs, h, d):
+        return (t[0], t[1]), 1  # [2, blocks, block_size, heads, head_dim] (kvshare's, GPU's)
+    return None
+
+
+def _interleaved(t, spec) -> bool:
+    """vLLM's CPU backend's layout ``[blocks, heads, block_size, 2 * head_dim]`` (K then V in
+    each row): K and V interleave, so no pair of disjoint K/V buffers describes it and
+    ``kvs_kv_copy`` (which refuses overlapping buffers) cannot take it; whole blocks are
+    copied with torch instead."""
+    return not isinstance(t, (tuple, list)) and t.dim() == 4 and \
+        tuple(t.shape[1:]) == (spec.num_kv_heads, spec.block_size, 2 * spec.head_size)
+
+
+def _host_like(t, num_pages: int, dim: int):
+    """A host tensor of ``t``'s layout with ``num_pages`` blocks (page-locked for an
+    accelerator's cache)."""
+    if isinstance(t, (tuple, list)):
+        return tuple(_host_like(x, num_pages, 0) for x in t)
+    shape = list(t.shape)
+    shape[dim] = num_pages
+    pin = t.device.type != "cpu"
+    return torch.zeros(shape, dtype=t.dtype, device="cpu", pin_memory=pin)
+
+
+_D2H = lib.KVS_COPY_KIND_DEVICE_TO_HOST
+_H2D = lib.KVS_COPY_KIND_HOST_TO_DEVICE
+_D2D = lib.KVS_COPY_KIND_DEVICE_TO_DEVICE
+
+
+def _torch_copies(dev, host, rows, page_size: int) -> None:
+    """Whole-block copies along dimension 0 of ``dev`` / ``host``, one at a time, in order (a
+    block may be written and read again within one step's list)."""
+    for src, dst, n, kind in rows:
+        if n == 0:
+            continue
+        if n != page_size:
+            raise NotImplementedError(f"{NAME}: a partial-page copy ({n} of {page_size} tokens) "
+                                      "on vLLM's CPU KV layout")
+        if kind == _D2H:
+            host[dst].copy_(dev[src])
+        elif kind == _H2D:
+            dev[dst].copy_(host[src])
+        elif kind == _D2D:
+            dev[dst].copy_(dev[src])
+        else:
+            raise ValueError(f"{NAME}: unknown copy kind {kind}")
+
+
+class KvshareConnector(KVConnectorBase_V1):
+    """kvshare's host tier carried into the worker (module doc)."""
+
+    def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None):
+        super().__init__(vllm_config, role, kv_cache_config)
+        extra = self._kv_transfer_config.kv_connector_extra_config or {}
+        self.num_host_pages = host_pages(vllm_config)
+        self.prefetch_waiting = int(extra.get("prefetch_waiting", 2))
+        if self.prefetch_waiting < 0:
+            raise ValueError(f"{NAME}: prefetch_waiting must be >= 0")
+        # Scheduler side.
+        self._manager = None
+        self._live: dict[str, Any] = {}     # request id -> Request, until finished
+        self._waiting: dict[str, Any] = {}  # not scheduled yet (or preempted), arrival order
+        self.prefetched_pages = 0
+        # Worker side.
+        self._layers: list[_Layer] = []
+        self._device = None
+        self.copy_s = 0.0       # time in start_load_kv's copies
+        self.copies_done = 0    # copies executed (each on every layer)
+        self.steps_with_copies = 0
+
+    # ------------------------------------------------------------------ scheduler side
+    def bind_gpu_block_pool(self, gpu_block_pool) -> None:
+        """Links the connector to kvshare's manager (its block pool view names it)."""
+        from .manager import KvshareKVCacheManager
+
+        mgr = getattr(gpu_block_pool, "_mgr", None)
+        if not isinstance(mgr, KvshareKVCacheManager) or mgr.host_tier is None:
+            raise RuntimeError(
+                f"{NAME} needs kvshare's KV-cache manager with host pages (KVSHARE_VLLM=1 and a "
+                "configuration kvshare manages); the scheduler built "
+                f"{type(mgr).__name__ if mgr is not None else type(gpu_block_pool).__name__}")
+        if mgr.host_tier.num_host_pages != self.num_host_pages:
+            raise RuntimeError(f"{NAME}: the manager has {mgr.host_tier.num_host_pages} host "
+                               f"pages, the connector {self.num_host_pages}")
+        self._manager = mgr
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
+        # Host-tier hits were promoted by the manager's lookup: they are device hits already.
+        return 0, False
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
+        return None
+
+    def on_new_request(self, request) -> None:
+        self._live[request.request_id] = request
+        self._waiting[request.request_id] = request
+
+    def request_finished(self, request, block_ids):
+        self._live.pop(request.request_id, None)
+        self._waiting.pop(request.request_id, None)
+        return False, None
+
+    def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KvshareConnectorMetadata:
+        """Prefetches the first waiting requests' host-tier prefixes, then ships every copy
+        queued during this ``schedule``."""
+        if self._manager is None:
+            raise RuntimeError(f"{NAME}: no kvshare manager bound (bind_gpu_block_pool)")
+        waiting = self._waiting
+        for rid in scheduler_output.num_scheduled_tokens:
+            waiting.pop(rid, None)
+        for rid in scheduler_output.finished_req_ids:
+            waiting.pop(rid, None)
+        for rid in getattr(scheduler_output, "preempted_req_ids", None) or ():
+            req = self._live.get(rid)
+            if req is not None:
+                waiting[rid] = req
+        if self.prefetch_waiting and waiting:
+            tier = self._manager.host_tier
+            for req in list(waiting.values())[:self.prefetch_waiting]:
+                self.prefetched_pages += tier.prefetch(req)
+        return KvshareConnectorMetadata(self._manager.host_tier.take_copies())
+
+    # ------------------------------------------------------------------ worker side
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        """Allocates the host pool, one host tensor per KV tensor in that tensor's layout."""
+        from . import ops
+
+        groups = self._kv_cache_config.kv_cache_groups
+        if len(groups) != 1:
+            raise NotImplementedError(f"{NAME}: {len(groups)} KV-cache groups (one supported)")
+        spec = groups[0].kv_cache_spec
+        seen = set()
+        layers = []
+        for name, t in kv_caches.items():
+            key = tuple(x.data_ptr() for x in t) if isinstance(t, (tuple, list)) \
+                else t.data_ptr()
+            if key in seen:  # layers sharing one KV tensor
+                continue
+            seen.add(key)
+            if _interleaved(t, spec):
+                host = _host_like(t, self.num_host_pages, 0)
+                layers.append(_Layer(None, (host,), t))
+                self._device = t.device
+                continue
+            found = _kv_views(t, spec)
+            if found is None:
+                raise NotImplementedError(
+                    f"{NAME}: layer {name}: KV cache shape {tuple(t.shape)} is not a layout "
+                    "kvshare's connector knows ([2, blocks, block_size, heads, head_dim], vLLM "
+                    "CPU's [blocks, heads, block_size, 2 * head_dim], or a (key, value) pair)")
+            (k, v), dim = found
+            host = _host_like(t, self.num_host_pages, dim)
+            (hk, hv), _ = _kv_views(host, spec)
+            lay = ops._layout(k, v)
+            hlay = ops._layout(hk, hv)
+            if (hlay.page_stride, hlay.slot_stride, hlay.head_stride) != \
+                    (lay.page_stride, lay.slot_stride, lay.head_stride):
+                raise NotImplementedError(f"{NAME}: layer {name}: the host pool's strides differ "
+                                          "from the KV cache's (a non-dense KV tensor)")
+            a = ffi.new("kvs_kv_copy_args *")
+            a.key_cache = ffi.cast("void *", k.data_ptr())
+            a.value_cache = ffi.cast("void *", v.data_ptr())
+            a.cache = lay[0]
+            a.host_key_cache = ffi.cast("void *", hk.data_ptr())
+            a.host_value_cache = ffi.cast("void *", hv.data_ptr())
+            a.num_host_pages = self.num_host_pages
+            layers.append(_Layer(a, host if isinstance(host, tuple) else (host,)))
+            self._device = k.device
+        self._layers = layers
+        self._page_size = spec.block_size
+        logger.info("kvshare_vllm: KV connector host pool: %d pages x %d KV tensors",
+                    self.num_host_pages, len(layers))
+
+    def start_load_kv(self, forward_context, **kwargs) -> None:
+        """Runs this step's copies on every layer, in order, before the forward pass."""
+        from . import ops
+
+        meta = self._connector_metadata
+        if not isinstance(meta, KvshareConnectorMetadata) or not meta.copies:
+            return
+        if not self._layers:
+            raise RuntimeError(f"{NAME}: copies arrived before register_kv_caches")
+        t0 = time.perf_counter()
+        n = meta.num_copies
+        arr = ffi.from_buffer("kvs_copy[]", meta.copies)
+        backend, stream = ops.backend_for(self._device)
+        rows = None
+        for layer in self._layers:
+            if layer.args is not None:
+                check(lib.kvs_kv_copy(backend, layer.args, arr, n, stream), "kvs_kv_copy")
+                continue
+            if rows is None:
+                rows = [(c.src_page, c.dst_page, c.num_tokens, c.kind) for c in arr[0:n]]
+            _torch_copies(layer.device, layer.host[0], rows, self._page_size)
+        self.copy_s += time.perf_counter() - t0
+        self.copies_done += n
+        self.steps_with_copies += 1
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        """Nothing: every copy ran (CPU) or was queued ahead of the forward (NPU stream) in
+        ``start_load_kv``."""
+
+    def save_kv_layer(self, layer_name: str, kv_layer, attn_metadata, **kwargs) -> None:
+        """Nothing: demotions are scheduled by the manager, not saved per layer."""
+
+    def wait_for_save(self) -> None:
+        """Nothing: demotions ran in ``start_load_kv``."""

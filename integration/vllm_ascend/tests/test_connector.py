@@ -1,0 +1,284 @@
+"""kvshare's KV connector (``kvshare_vllm.connector``) without an engine.
+
+* Scheduler side, model-based: vLLM's real ``Scheduler`` with kvshare's manager and the
+  connector selected by a ``KVTransferConfig``, under a device budget far below the working
+  set, and a shadow worker that executes each step's shipped copies on a model of the KV (each
+  page holds a label: the tokens whose KV it carries) and then "computes" the step's tokens
+  into the block table.  Before each step every computed token of every scheduled request must
+  sit in its block table with the right label: a promotion that did not bring back the demoted
+  page, a copy shipped late or out of order, or a page reused before its demotion ran would
+  break it.
+* Worker side, model-based: ``register_kv_caches`` + ``start_load_kv`` on random KV tensors in
+  the layouts the connector knows (kvshare's ``[2, blocks, ...]`` through ``kvs_kv_copy``,
+  vLLM CPU's interleaved one through torch), random copy lists, against the same copies applied
+  one by one with torch.
+"""
+
+from __future__ import annotations
+
+import random
+import struct
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from harness import make_request, make_vllm_config
+from kvshare import lib
+from kvshare_vllm import connector as conn_mod
+from kvshare_vllm import plugin
+from kvshare_vllm.connector import KvshareConnector, KvshareConnectorMetadata
+from vllm.config import KVTransferConfig
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.structured_output import StructuredOutputManager
+
+BS = 16
+D2H, H2D = lib.KVS_COPY_KIND_DEVICE_TO_HOST, lib.KVS_COPY_KIND_HOST_TO_DEVICE
+
+
+def _ktc(num_host_pages=64, **extra) -> KVTransferConfig:
+    return KVTransferConfig(kv_connector="KvshareConnector", kv_role="kv_both",
+                            kv_connector_module_path="kvshare_vllm.connector",
+                            kv_connector_extra_config=dict(extra, num_host_pages=num_host_pages))
+
+
+def _scheduler(model_dir, num_blocks: int, host_pages: int, kvshare: bool = True,
+               max_num_seqs: int = 4, budget: int = 96):
+    vllm_config = make_vllm_config(model_dir, max_num_seqs=max_num_seqs,
+                                   max_num_batched_tokens=budget, max_model_len=2048)
+    vllm_config.kv_transfer_config = _ktc(host_pages)
+    # Set after construction: what VllmConfig decides when it is built with the connector.
+    vllm_config.scheduler_config.disable_hybrid_kv_cache_manager = True
+    kv_cache_config = KVCacheConfig(
+        num_blocks=num_blocks, kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec(["layer"], FullAttentionSpec(
+            block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32))])
+    vllm_config.cache_config.num_gpu_blocks = num_blocks
+    if kvshare:
+        plugin.apply()
+    try:
+        return Scheduler(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
+                         block_size=BS, log_stats=True,
+                         structured_output_manager=StructuredOutputManager(vllm_config))
+    finally:
+        if kvshare:
+            plugin.remove()
+
+
+def _copies(meta: KvshareConnectorMetadata):
+    return list(struct.iter_unpack("<4I", meta.copies))
+
+
+class ShadowWorker:
+    """The KV as labels: ``dev[page]`` / ``host[page]`` is the token tuple whose KV the page
+    holds (``None``: garbage).  ``apply`` runs a step's copies in order; ``compute`` writes the
+    step's tokens; ``check`` verifies a request's computed tokens before its step."""
+
+    def __init__(self, num_blocks: int, host_pages: int, apply_copies: bool = True):
+        self.dev = [None] * num_blocks
+        self.host = [None] * host_pages
+        self.apply_copies = apply_copies
+        self.promotions = 0
+
+    def apply(self, meta) -> None:
+        for src, dst, n, kind in _copies(meta):
+            assert n == BS
+            if not self.apply_copies:
+                continue
+            if kind == D2H:
+                self.host[dst] = self.dev[src]
+            elif kind == H2D:
+                self.dev[dst] = self.host[src]
+                self.promotions += 1
+            else:
+                raise AssertionError(f"unexpected copy kind {kind}")
+
+    def check(self, rid, tokens, table, computed: int) -> None:
+        for i in range((computed + BS - 1) // BS):
+            end = min((i + 1) * BS, computed)
+            want = tuple(tokens[:end])
+            got = self.dev[table[i]]
+            assert got is not None and got[:end] == want, \
+                f"{rid}: block {i} (page {table[i]}) does not hold tokens [0, {end})"
+
+    def compute(self, tokens, table, start: int, end: int) -> None:
+        for pos in range(start, end):
+            self.dev[table[pos // BS]] = tuple(tokens[:pos + 1])
+
+
+def _run(model_dir, seed: int, apply_copies: bool = True):
+    num_blocks, host_pages = 20, 128
+    s = _scheduler(model_dir, num_blocks, host_pages)
+    mgr = s.kv_cache_manager
+    assert type(mgr).__name__ == "KvshareKVCacheManager" and mgr.host_tier is not None
+    assert isinstance(s.connector, KvshareConnector)
+    rng = random.Random(seed)
+    # A few shared prefixes (system prompts, documents) of 3-8 blocks; each request takes one
+    # plus a private tail, and they return after others pushed them out of 19 device blocks.
+    prefixes = [[rng.randrange(3, 30000) for _ in range(rng.randrange(3, 9) * BS)]
+                for _ in range(4)]
+    shadow = ShadowWorker(num_blocks, host_pages, apply_copies)
+    reqs: dict = {}
+    pending = []
+    for i in range(40):
+        p = rng.choice(prefixes)
+        pending.append(make_request(f"r{i}", p + [rng.randrange(3, 30000)
+                                                  for _ in range(rng.randrange(1, 40))],
+                                    max_tokens=rng.randrange(1, 12), hash_blocks=False))
+    for _ in range(2000):
+        while pending and (not reqs or rng.random() < 0.3):
+            r = pending.pop(0)
+            reqs[r.request_id] = r
+            s.add_request(r)
+        if not reqs and not pending:
+            break
+        out = s.schedule()
+        shadow.apply(out.kv_connector_metadata)
+        sampled, ids = [], list(out.num_scheduled_tokens)
+        for rid in ids:
+            r = reqs[rid]
+            n = out.num_scheduled_tokens[rid]
+            end = r.num_computed_tokens  # schedule() advanced it already
+            start = end - n
+            table = mgr.get_block_ids(rid)[0]
+            toks = list(r.all_token_ids)
+            shadow.check(rid, toks, table, start)
+            shadow.compute(toks, table, start, end)
+            done = end >= r.num_tokens
+            sampled.append([rng.randrange(3, 30000)] if done else [])
+        mro = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                                sampled_token_ids=sampled, logprobs=None,
+                                prompt_logprobs_dict={}, pooler_output=[])
+        s.update_from_output(out, mro)
+        for rid in [rid for rid, r in reqs.items() if r.is_finished()]:
+            del reqs[rid]
+    assert not reqs and not pending, "the workload did not finish"
+    mgr.check()
+    return mgr.kvshare_stats(), shadow, s.connector
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_shipped_copies_keep_every_hit_right(tiny_model_dir, seed):
+    stats, shadow, connector = _run(tiny_model_dir, seed)
+    # The workload exercises the host tier: pages went down and came back, some by prefetch.
+    assert stats["demotions"] > 0 and stats["promotions"] > 0
+    assert shadow.promotions == stats["promotions"]
+    assert stats["pending_copies"] == 0
+
+
+def test_skipped_copies_are_caught(tiny_model_dir):
+    """The check above can fail: the same run with the shipped copies dropped."""
+    with pytest.raises(AssertionError, match="does not hold tokens"):
+        _run(tiny_model_dir, 0, apply_copies=False)
+
+
+def test_waiting_requests_are_prefetched(tiny_model_dir):
+    """A waiting request's host-tier prefix is promoted while another request runs."""
+    s = _scheduler(tiny_model_dir, 16, 64, max_num_seqs=1)
+
+    hit = {}  # request id -> tokens computed before its first step (its prefix hit)
+
+    def run_all(rs):
+        by_id = {r.request_id: r for r in rs}
+        for r in rs:
+            s.add_request(r)
+        while any(not r.is_finished() for r in rs):
+            out = s.schedule()
+            ids = list(out.num_scheduled_tokens)
+            for i in ids:
+                hit.setdefault(i, by_id[i].num_computed_tokens - out.num_scheduled_tokens[i])
+            sampled = [[7] if by_id[i].num_computed_tokens >= by_id[i].num_tokens else []
+                       for i in ids]
+            s.update_from_output(out, ModelRunnerOutput(
+                req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                sampled_token_ids=sampled, logprobs=None, prompt_logprobs_dict={},
+                pooler_output=[]))
+
+    doc = list(range(100, 100 + 6 * BS))
+    run_all([make_request("a", doc + [1, 2, 3], max_tokens=1, hash_blocks=False)])
+    # b takes every device page: doc's six cached pages go to the host tier.
+    run_all([make_request("b", list(range(5000, 5000 + 14 * BS)) + [4, 5], max_tokens=1,
+                          hash_blocks=False)])
+    assert s.kv_cache_manager.kvshare_stats()["demotions"] >= 6
+    before = s.connector.prefetched_pages
+    c = make_request("c", list(range(9000, 9020)), max_tokens=8, hash_blocks=False)
+    d = make_request("d", doc + [8], max_tokens=1, hash_blocks=False)
+    run_all([c, d])  # d waits behind c (max_num_seqs=1): its prefix is prefetched meanwhile
+    assert s.connector.prefetched_pages - before == 6
+    assert hit["d"] == 6 * BS
+
+
+def test_host_pages_option(tiny_model_dir):
+    assert conn_mod.host_pages(SimpleNamespace(kv_transfer_config=None)) == 0
+    assert conn_mod.host_pages(SimpleNamespace(kv_transfer_config=_ktc(7))) == 7
+    for bad in (0, -1, "8", None, True):
+        with pytest.raises(ValueError, match="num_host_pages"):
+            conn_mod.host_pages(SimpleNamespace(kv_transfer_config=_ktc(bad)))
+
+
+def test_connector_needs_kvshare_manager(tiny_model_dir):
+    """With vLLM's own manager the connector refuses to run (it would copy nothing)."""
+    with pytest.raises(RuntimeError, match="needs kvshare's KV-cache manager"):
+        _scheduler(tiny_model_dir, 32, 16, kvshare=False)
+
+
+def test_without_connector_no_host_tier(tiny_model_dir):
+    from harness import make_scheduler
+
+    s = make_scheduler(tiny_model_dir, kvshare=True, num_blocks=32)
+    assert s.kv_cache_manager.host_tier is None
+    assert s.kv_cache_manager.cache.stats()["host_pages_total"] == 0
+
+
+# ------------------------------------------------------------------ worker side
+def _worker(spec, host_pages: int) -> KvshareConnector:
+    kcc = SimpleNamespace(kv_cache_groups=[SimpleNamespace(kv_cache_spec=spec)])
+    return KvshareConnector(SimpleNamespace(kv_transfer_config=_ktc(host_pages)),
+                            KVConnectorRole.WORKER, kcc)
+
+
+@pytest.mark.parametrize("layout", ["kvshare", "vllm_cpu"])
+@pytest.mark.parametrize("seed", range(4))
+def test_worker_copies_match_torch(layout, seed):
+    g = torch.Generator().manual_seed(seed)
+    rng = random.Random(seed)
+    blocks, host_pages, heads, hd = 10, 6, 2, 8
+    spec = SimpleNamespace(block_size=BS, num_kv_heads=heads, head_size=hd)
+    shape = (2, blocks, BS, heads, hd) if layout == "kvshare" else (blocks, heads, BS, 2 * hd)
+    caches = {f"l{i}": torch.randn(shape, generator=g) for i in range(3)}
+    w = _worker(spec, host_pages)
+    w.register_kv_caches(caches)
+    dim = 1 if layout == "kvshare" else 0
+    ref = {k: v.clone() for k, v in caches.items()}
+    ref_host = {k: torch.zeros([host_pages if i == dim else s for i, s in enumerate(shape)])
+                for k in caches}
+    for _ in range(5):
+        rows = []
+        for _ in range(rng.randrange(0, 12)):
+            kind = rng.choice([D2H, H2D])
+            src = rng.randrange(blocks if kind == D2H else host_pages)
+            dst = rng.randrange(host_pages if kind == D2H else blocks)
+            rows.append((src, dst, BS, kind))
+            for k in caches:
+                d, h = ref[k], ref_host[k]
+                if kind == D2H:
+                    h.select(dim, dst).copy_(d.select(dim, src))
+                else:
+                    d.select(dim, dst).copy_(h.select(dim, src))
+        w.bind_connector_metadata(KvshareConnectorMetadata(
+            b"".join(struct.pack("<4I", *r) for r in rows)))
+        w.start_load_kv(None)
+        w.clear_connector_metadata()
+        for k in caches:
+            assert torch.equal(caches[k], ref[k]), k
+    assert w.copies_done > 0
+
+
+def test_worker_refuses_unknown_layout():
+    spec = SimpleNamespace(block_size=BS, num_kv_heads=2, head_size=8)
+    w = _worker(spec, 4)
+    with pytest.raises(NotImplementedError, match="not a layout"):
+        w.register_kv_caches({"l0": torch.zeros(3, 5, 7)})
