@@ -18,7 +18,12 @@ Reported: ``speedup`` = (vLLM manager + hasher) / (kvshare manager + hasher, i.e
 ``speedup_manager_only``, the managers' methods alone: geometric means over the repeats of
 each repeat's ratio.  Per-side microseconds per step are medians.
 
-Usage: bench_vllm.py [--quick] [--convs N] [--turns T] [--repeats R]
+``--model gpt-oss|gemma3|llama4|mla`` runs a hybrid model's KV-cache groups (``harness.MODELS``,
+grouped by vLLM's own ``get_kv_cache_groups``; ``--window N`` overrides its window / chunk):
+vLLM's side then runs its ``HybridKVCacheCoordinator``, kvshare's side the plugin's hybrid
+manager.  Default: one full-attention group.
+
+Usage: bench_vllm.py [--quick] [--convs N] [--turns T] [--repeats R] [--model M [--window N]]
 """
 
 from __future__ import annotations
@@ -90,8 +95,10 @@ def side(model_dir, kvshare: bool, args, seed=1):
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher
     from vllm.utils.hashing import sha256
 
+    specs = h.layer_specs(args.model, size=args.window) if args.model else None
     s = h.make_scheduler(model_dir, kvshare=kvshare, num_blocks=args.blocks,
-                         max_num_seqs=args.convs, max_num_batched_tokens=4096)
+                         max_num_seqs=args.convs, max_num_batched_tokens=4096,
+                         max_model_len=args.max_model_len, specs=specs)
     clock, hclock = Clock(), Clock()
     instrument(s.kv_cache_manager, clock)
     base_hasher = get_request_block_hasher(16, sha256)
@@ -152,7 +159,7 @@ def side(model_dir, kvshare: bool, args, seed=1):
     print(f"{who:8} per step: " + ", ".join(f"{k} {v / 1e3 / max(steps, 1):.1f} us" for k, v in top),
           file=sys.stderr)
     return dict(steps=steps, kv_ns=clock.ns, hasher_ns=hclock.ns, hits=hits, queries=queries,
-                peak=peak, tokens=tokens)
+                peak=peak, tokens=tokens, manager=type(s.kv_cache_manager).__mro__[1].__name__)
 
 
 def lockstep(model_dir, args, sides: dict) -> dict:
@@ -195,6 +202,10 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--blocks", type=int, default=4096)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--model", choices=("gpt-oss", "gemma3", "llama4", "mla"), default=None,
+                    help="a hybrid model's KV-cache groups (default: one full-attention group)")
+    ap.add_argument("--window", type=int, default=None, help="the model's window / chunk")
+    ap.add_argument("--max-model-len", type=int, default=None)
     args = ap.parse_args()
     if args.quick:
         args.convs, args.turns, args.repeats, args.max_tokens = 8, 2, 1, 16
@@ -239,6 +250,8 @@ def main():
     print(json.dumps({
         "bench": "vllm",
         "vllm_version": __import__("vllm").__version__,
+        "model": args.model or "full-attention", "window": args.window,
+        "managers": {"vllm": v["manager"], "kvshare": k["manager"]},
         "workload": {"conversations": args.convs, "turns": args.turns,
                      "system_tokens": args.system, "max_tokens": args.max_tokens,
                      "blocks": args.blocks, "block_size": 16},

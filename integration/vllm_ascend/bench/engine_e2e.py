@@ -80,17 +80,26 @@ DEFAULTS = {
                                 # connector that stored the prompt serves it; the device
                                 # cache cannot)
     "seed": 0,
+    "sliding_window": None,     # a hybrid model: even layers slide over this many tokens
 }
 
 
-def write_tiny_model(path: str, seed: int = 0) -> str:
-    """Writes ``config.json`` + ``model.safetensors`` of the tiny Llama into ``path``."""
+def write_tiny_model(path: str, seed: int = 0, sliding_window: int | None = None) -> str:
+    """Writes ``config.json`` + ``model.safetensors`` of the tiny Llama into ``path``.
+    ``sliding_window``: a hybrid model (gpt-oss's layout, Mistral's ``layer_types``): even
+    layers attend to the last ``sliding_window`` tokens, odd layers to all of them; vLLM then
+    builds two KV-cache groups (same weights as the full-attention model)."""
     import torch
     from safetensors.torch import save_file
 
     os.makedirs(path, exist_ok=True)
+    config = dict(MODEL)
+    if sliding_window:
+        config["sliding_window"] = sliding_window
+        config["layer_types"] = ["sliding_attention" if i % 2 == 0 else "full_attention"
+                                 for i in range(MODEL["num_hidden_layers"])]
     with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(MODEL, f)
+        json.dump(config, f)
     g = torch.Generator().manual_seed(seed)
     hidden, inter, vocab = MODEL["hidden_size"], MODEL["intermediate_size"], MODEL["vocab_size"]
     head_dim = hidden // MODEL["num_attention_heads"]
@@ -151,9 +160,10 @@ class _Timer:
         self.trace = [] if trace else None
         sched = core.scheduler
         mgr = sched.kv_cache_manager
-        total = mgr.block_pool.num_gpu_blocks - 1  # the null block is never in use
+        self.total = total = mgr.block_pool.num_gpu_blocks - 1  # the null block is never in use
         self.manager = type(mgr).__name__
         self.scheduler = type(sched).__name__
+        self.groups = len(sched.kv_cache_config.kv_cache_groups)
 
         def timed(obj, name, field):
             fn = getattr(obj, name)
@@ -219,7 +229,8 @@ def run(cfg: dict) -> dict:
     from vllm.inputs import TokensPrompt
 
     model_dir = cfg["model_dir"] or write_tiny_model(
-        os.path.join(os.environ.get("TMPDIR", "/tmp"), f"kvshare-tiny-{os.getpid()}"), cfg["seed"])
+        os.path.join(os.environ.get("TMPDIR", "/tmp"), f"kvshare-tiny-{os.getpid()}"), cfg["seed"],
+        cfg["sliding_window"])
     extra = {}
     if cfg["kv_transfer"]:
         from vllm.config import KVTransferConfig
@@ -343,7 +354,8 @@ def run(cfg: dict) -> dict:
                                     steps_with_copies=w.steps_with_copies,
                                     prefetched_pages=s.prefetched_pages)
         res.update(attention=_attention_backend(llm))
-        res.update(scheduler=timer.scheduler, trace=timer.trace)
+        res.update(scheduler=timer.scheduler, trace=timer.trace, kv_groups=timer.groups,
+                   kv_blocks_total=timer.total + 1)
         res.update(manager=timer.manager, sched_s=timer.sched_s, model_s=timer.model_s,
                    steps=timer.steps, blocks_peak=max(timer.blocks, default=0),
                    blocks_mean=sum(timer.blocks) / max(len(timer.blocks), 1))

@@ -71,6 +71,24 @@ def _common_pages(a: bytes, b: bytes) -> int:
     return lo
 
 
+def extra_keys_for(request):
+    """kvshare extra keys: LoRA id, cache salt, multimodal items (None when none)."""
+    lora = request.lora_request.lora_int_id if request.lora_request else 0
+    salt = request.cache_salt.encode() if getattr(request, "cache_salt", None) else None
+    if getattr(request, "prompt_embeds", None) is not None:
+        # Prompt embeddings are not token ids: isolate the request (never shares).
+        salt = (salt or b"") + b"\0prompt-embeds\0" + request.request_id.encode()
+    items = []
+    for f in getattr(request, "mm_features", None) or ():
+        d = hashlib.blake2b(str(f.identifier).encode(), digest_size=16).digest()
+        pos = f.mm_position
+        items.append((int.from_bytes(d[:8], "little"), int.from_bytes(d[8:], "little"),
+                      pos.offset, pos.length))
+    if not lora and not salt and not items:
+        return None
+    return kvshare.ExtraKeys(lora, salt, items)
+
+
 def unsupported_reason(kv_cache_config, scheduler_block_size: int, hash_block_size: int,
                        dcp_world_size: int = 1, pcp_world_size: int = 1) -> str | None:
     """Why kvshare cannot manage this configuration (None when it can).
@@ -229,22 +247,7 @@ class KvshareKVCacheManager(PythonTwins):
             a = self._avail = self._available_out[0]
         return a
 
-    def _extra_for(self, request):
-        """kvshare extra keys: LoRA id, cache salt, multimodal items (None when none)."""
-        lora = request.lora_request.lora_int_id if request.lora_request else 0
-        salt = request.cache_salt.encode() if getattr(request, "cache_salt", None) else None
-        if getattr(request, "prompt_embeds", None) is not None:
-            # Prompt embeddings are not token ids: isolate the request (never shares).
-            salt = (salt or b"") + b"\0prompt-embeds\0" + request.request_id.encode()
-        items = []
-        for f in getattr(request, "mm_features", None) or ():
-            d = hashlib.blake2b(str(f.identifier).encode(), digest_size=16).digest()
-            pos = f.mm_position
-            items.append((int.from_bytes(d[:8], "little"), int.from_bytes(d[8:], "little"),
-                          pos.offset, pos.length))
-        if not lora and not salt and not items:
-            return None
-        return kvshare.ExtraKeys(lora, salt, items)
+    _extra_for = staticmethod(extra_keys_for)
 
     def _tokens(self, request, n: int):
         """The first ``n`` token ids packed (a view of what ``get_computed_blocks`` packed

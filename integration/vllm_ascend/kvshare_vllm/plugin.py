@@ -9,11 +9,14 @@ once the package is installed is *off*: ``KVSHARE_VLLM=1`` turns it on; vLLM's o
 ``KVSHARE_VLLM_OPS=1`` (independently of ``KVSHARE_VLLM``) also puts kvshare's attention inside
 vLLM's CPU engine: :mod:`kvshare_vllm.cpu_attn` serves the platform's attention backend slot.
 
-Configurations kvshare does not manage (several KV-cache groups, sliding window, Mamba,
-cross-attention, context parallelism) fall back to vLLM's own manager, with a log line.  So do
-KV connectors whose scheduler side takes vLLM's ``BlockPool`` itself (``connector_reason``:
-``SimpleCPUOffloadConnector`` in vLLM 0.23.0); every other connector runs with kvshare's manager,
-which takes their external tokens and delayed caching (``allocate_slots``).
+One full-attention group runs in :class:`kvshare_vllm.manager.KvshareKVCacheManager`; several
+groups (sliding window, chunked local attention, full / MLA) or one windowed group run in
+:class:`kvshare_vllm.hybrid.KvshareHybridKVCacheManager`.  Configurations neither manages
+(Mamba / linear attention, cross-attention, EAGLE with groups, KV events or a KV connector with
+groups, context parallelism) fall back to vLLM's own manager, with a log line.  So do KV
+connectors whose scheduler side takes vLLM's ``BlockPool`` itself (``connector_reason``:
+``SimpleCPUOffloadConnector`` in vLLM 0.23.0); every other connector runs with kvshare's
+single-group manager, which takes their external tokens and delayed caching (``allocate_slots``).
 
 When kvshare manages the cache, vLLM's per-request block hasher (``Request.block_hashes``,
 SHA-256 over every full block, recomputed as tokens arrive) has no reader left: kvshare
@@ -87,6 +90,7 @@ def _building_scheduler_connector():
 
 def make_kv_cache_manager_factory(original):
     """A callable with KVCacheManager's constructor signature choosing kvshare or ``original``."""
+    from .hybrid import KvshareHybridKVCacheManager, hybrid_unsupported_reason
     from .manager import KvshareKVCacheManager, unsupported_reason
 
     class KVCacheManagerSelector:
@@ -97,12 +101,27 @@ def make_kv_cache_manager_factory(original):
 
         def __new__(cls, kv_cache_config, max_model_len, scheduler_block_size, hash_block_size,
                     *args, **kwargs):
-            why = unsupported_reason(kv_cache_config, scheduler_block_size, hash_block_size,
-                                     kwargs.get("dcp_world_size", 1),
-                                     kwargs.get("pcp_world_size", 1)) \
-                or connector_reason(_building_scheduler_connector())
+            connector = _building_scheduler_connector()
+            why_groups = unsupported_reason(kv_cache_config, scheduler_block_size,
+                                            hash_block_size, kwargs.get("dcp_world_size", 1),
+                                            kwargs.get("pcp_world_size", 1))
+            why = why_groups or connector_reason(connector)
             if why:
-                logger.warning("kvshare_vllm: using vLLM's KVCacheManager: %s", why)
+                kw = dict(kwargs)
+                why_hybrid = "a KV connector with KV-cache groups" if connector is not None \
+                    else hybrid_unsupported_reason(
+                        kv_cache_config, scheduler_block_size, hash_block_size,
+                        kw.get("dcp_world_size", 1), kw.get("pcp_world_size", 1),
+                        _arg(args, kw, 2, "use_eagle", False),
+                        _arg(args, kw, 4, "enable_kv_cache_events", False))
+                if why_groups and not why_hybrid:
+                    logger.info("kvshare_vllm: KV-cache bookkeeping of %d KV-cache groups "
+                                "runs in kvshare", len(kv_cache_config.kv_cache_groups))
+                    return KvshareHybridKVCacheManager(kv_cache_config, max_model_len,
+                                                       scheduler_block_size, hash_block_size,
+                                                       *args, **kwargs)
+                logger.warning("kvshare_vllm: using vLLM's KVCacheManager: %s; %s", why,
+                               why_hybrid)
                 return original(kv_cache_config, max_model_len, scheduler_block_size,
                                 hash_block_size, *args, **kwargs)
             logger.info("kvshare_vllm: KV-cache bookkeeping runs in kvshare")
@@ -117,11 +136,20 @@ def make_kv_cache_manager_factory(original):
     return KVCacheManagerSelector
 
 
+def _arg(args, kwargs, index: int, name: str, default):
+    """A KVCacheManager constructor argument after ``hash_block_size``, given by position
+    (``index`` in ``args``) or by name."""
+    if name in kwargs:
+        return kwargs[name]
+    return args[index] if len(args) > index else default
+
+
 def drop_block_hasher(engine_core) -> bool:
     """Removes ``engine_core.request_block_hasher`` when nothing reads the block hashes it
     computes: the scheduler's KV cache manager is kvshare's, KV events are off (they publish
     vLLM's block hashes) and there is no KV connector.
     Returns whether it did.  Requests built afterwards carry no ``block_hashes``."""
+    from .hybrid import KvshareHybridKVCacheManager
     from .manager import KvshareKVCacheManager
 
     if getattr(engine_core, "request_block_hasher", None) is None:
@@ -130,7 +158,8 @@ def drop_block_hasher(engine_core) -> bool:
         return False
     sched = getattr(engine_core, "scheduler", None)
     manager = getattr(sched, "kv_cache_manager", None)
-    if not isinstance(manager, KvshareKVCacheManager) or manager.enable_kv_cache_events:
+    if not isinstance(manager, (KvshareKVCacheManager, KvshareHybridKVCacheManager)) \
+            or manager.enable_kv_cache_events:
         return False
     get_connector = getattr(sched, "get_kv_connector", None)
     if get_connector is None:

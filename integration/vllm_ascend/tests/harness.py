@@ -11,7 +11,9 @@ from vllm.sampling_params import SamplingParams
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched import scheduler as sched_mod
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from vllm.v1.kv_cache_interface import (ChunkedLocalAttentionSpec, FullAttentionSpec,
+                                        KVCacheConfig, KVCacheGroupSpec, MLAAttentionSpec,
+                                        SlidingWindowSpec)
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
@@ -51,28 +53,80 @@ def make_vllm_config(model_dir: str, *, block_size: int = 16, max_num_seqs: int 
     return vllm_config
 
 
+# Hybrid models' attention layers, as their vLLM model files declare them (window / chunk sizes
+# from the published configs; heads and dtypes only set page bytes, which the scheduler never
+# reads).  ``layer_specs`` turns one into vLLM's per-layer spec dict, which vLLM's own
+# ``get_kv_cache_groups`` groups exactly as the engine does.
+#   gpt-oss:  sliding window 128 and full attention alternating (24 layers: 2 groups)
+#   gemma3:   5 sliding-window layers (window 1024) per full layer (30 layers: 6 groups)
+#   llama4:   3 chunked-local layers (chunk 8192) per full (NoPE) layer (24 layers: 4 groups)
+#   mla:      DeepSeek-like MLA (full attention, one latent vector per token: 1 group)
+#   mistral:  every layer a sliding window of 4096 (Mistral 7B v0.1: 1 windowed group)
+MODELS = {
+    "mistral": ("sw", 4096, None, 8),
+    "gpt-oss": ("sw", 128, 2, 24),
+    "gemma3": ("sw", 1024, 6, 30),
+    "llama4": ("chunk", 8192, 4, 24),
+    "mla": ("mla", None, 1, 4),
+}
+
+
+def layer_specs(model: str, block_size: int = 16, size: int | None = None) -> dict:
+    """vLLM's per-layer KV-cache specs of ``model`` (a key of ``MODELS``); ``size`` overrides
+    the window / chunk (short ones exercise releases with short prompts)."""
+    kind, default, period, n = MODELS[model]
+    size = size or default
+    specs = {}
+    for i in range(n):
+        name = f"model.layers.{i}.self_attn.attn"
+        full = FullAttentionSpec(block_size=block_size, num_kv_heads=8, head_size=64,
+                                 dtype=torch.bfloat16)
+        if kind == "mla":
+            specs[name] = MLAAttentionSpec(block_size=block_size, num_kv_heads=1,
+                                           head_size=576, dtype=torch.bfloat16,
+                                           cache_dtype_str="auto")
+        elif period is not None and i % period == period - 1:
+            specs[name] = full
+        elif kind == "sw":
+            specs[name] = SlidingWindowSpec(block_size=block_size, num_kv_heads=8,
+                                            head_size=64, dtype=torch.bfloat16,
+                                            sliding_window=size)
+        else:
+            specs[name] = ChunkedLocalAttentionSpec(block_size=block_size, num_kv_heads=8,
+                                                    head_size=64, dtype=torch.bfloat16,
+                                                    attention_chunk_size=size)
+    return specs
+
+
 def make_scheduler(model_dir: str, *, kvshare: bool, num_blocks: int = 1000, block_size: int = 16,
                    max_num_seqs: int = 16, max_num_batched_tokens: int = 8192,
                    max_model_len: int | None = None, enable_prefix_caching: bool = True,
                    kv_events: bool = False, async_scheduling: bool = False,
-                   kv_transfer: dict | None = None) -> Scheduler:
+                   kv_transfer: dict | None = None, specs: dict | None = None) -> Scheduler:
     """``kv_transfer``: a KV connector's ``KVTransferConfig`` fields; the scheduler then builds
     the connector's scheduler side (the KV tensor's size is declared: one float32 K and V
-    value per slot, which offloading specs divide into per-block bytes)."""
+    value per slot, which offloading specs divide into per-block bytes).
+    ``specs``: per-layer KV-cache specs (``layer_specs``), grouped by vLLM's own
+    ``get_kv_cache_groups``; default one full-attention layer."""
     vllm_config = make_vllm_config(
         model_dir, block_size=block_size, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
         enable_prefix_caching=enable_prefix_caching, kv_events=kv_events,
         async_scheduling=async_scheduling, kv_transfer=kv_transfer)
     cache_config = vllm_config.cache_config
+    if specs is None:
+        groups = [KVCacheGroupSpec(["layer"], FullAttentionSpec(
+            block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32))]
+    else:
+        from vllm.v1.core.kv_cache_utils import get_kv_cache_groups
+
+        groups = get_kv_cache_groups(vllm_config, dict(specs))
     tensors = []
     if kv_transfer is not None:
         from vllm.v1.kv_cache_interface import KVCacheTensor
         tensors = [KVCacheTensor(size=num_blocks * block_size * 2 * 4, shared_by=["layer"])]
-    kv_cache_config = KVCacheConfig(
-        num_blocks=num_blocks, kv_cache_tensors=tensors,
-        kv_cache_groups=[KVCacheGroupSpec(["layer"], FullAttentionSpec(
-            block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32))])
+    kv_cache_config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=tensors,
+                                    kv_cache_groups=groups)
     cache_config.num_gpu_blocks = num_blocks
     if kvshare:
         plugin.apply()

@@ -42,20 +42,33 @@ def test_vllm_plugins_filter_excludes_it(installed):
 
 
 def test_unsupported_config_falls_back(tiny_model_dir):
-    """Two KV-cache groups: the selector builds vLLM's own manager."""
+    """Sliding window + full attention: kvshare's hybrid manager; a Mamba group (or KV events
+    with several groups): the selector builds vLLM's own manager."""
     import torch
     from vllm.v1.core.kv_cache_manager import KVCacheManager
     from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
-                                            SlidingWindowSpec)
+                                            MambaSpec, SlidingWindowSpec)
 
+    from kvshare_vllm.hybrid import KvshareHybridKVCacheManager
     from kvshare_vllm.plugin import make_kv_cache_manager_factory
 
     sel = make_kv_cache_manager_factory(KVCacheManager)
-    cfg = KVCacheConfig(num_blocks=64, kv_cache_tensors=[], kv_cache_groups=[
+    groups = [
         KVCacheGroupSpec(["a"], FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=1,
                                                   dtype=torch.float32)),
         KVCacheGroupSpec(["b"], SlidingWindowSpec(block_size=16, num_kv_heads=1, head_size=1,
-                                                  dtype=torch.float32, sliding_window=32))])
+                                                  dtype=torch.float32, sliding_window=32))]
+    cfg = KVCacheConfig(num_blocks=64, kv_cache_tensors=[], kv_cache_groups=groups)
+    m = sel(kv_cache_config=cfg, max_model_len=256, scheduler_block_size=16, hash_block_size=16)
+    assert type(m) is KvshareHybridKVCacheManager
+    m = sel(kv_cache_config=cfg, max_model_len=256, scheduler_block_size=16, hash_block_size=16,
+            enable_kv_cache_events=True)
+    assert type(m) is KVCacheManager
+    m = sel(cfg, 256, 16, 16, 256, True, False, False, True)  # events on, by position
+    assert type(m) is KVCacheManager
+    mamba = KVCacheGroupSpec(["m"], MambaSpec(block_size=16, shapes=((1, 16),),
+                                              dtypes=(torch.float32,)))
+    cfg = KVCacheConfig(num_blocks=64, kv_cache_tensors=[], kv_cache_groups=[groups[0], mamba])
     m = sel(kv_cache_config=cfg, max_model_len=256, scheduler_block_size=16, hash_block_size=16)
     assert type(m) is KVCacheManager
 

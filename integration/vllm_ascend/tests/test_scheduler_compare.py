@@ -12,17 +12,30 @@ import harness as h
 from vllm.v1.request import RequestStatus
 
 
-class Pair:
-    """The same workload on two schedulers; compares every step."""
+class NotManaged(Exception):
+    """The plugin handed the configuration back to vLLM's own manager."""
 
-    def __init__(self, model_dir, hash_algo="sha256", **kw):
+
+class Pair:
+    """The same workload on two schedulers; compares every step.  ``require_kvshare=False``
+    lets the second side fall back to vLLM's manager; ``vllm_only`` runs vLLM's manager on both
+    sides (checks a workload on vLLM alone)."""
+
+    def __init__(self, model_dir, hash_algo="sha256", require_kvshare=True, vllm_only=False,
+                 **kw):
         self.hash_algo = hash_algo
+        self.ref = h.make_scheduler(model_dir, kvshare=False, **kw)
+        self.kvs = h.make_scheduler(model_dir, kvshare=not vllm_only, **kw)
+        self.managed = type(self.kvs.kv_cache_manager).__name__ in (
+            "KvshareKVCacheManager", "KvshareHybridKVCacheManager")
+        if require_kvshare and not vllm_only and not self.managed:
+            raise NotManaged(type(self.kvs.kv_cache_manager).__name__)
         # With KV events on, the plugin keeps vLLM's request block hasher (events carry its
         # hashes); otherwise kvshare's side runs without it, as the plugin runs the engine.
-        self.kvs_hashes = bool(kw.get("kv_events"))
-        self.ref = h.make_scheduler(model_dir, kvshare=False, **kw)
-        self.kvs = h.make_scheduler(model_dir, kvshare=True, **kw)
-        assert type(self.kvs.kv_cache_manager).__name__ == "KvshareKVCacheManager"
+        self.kvs_hashes = bool(kw.get("kv_events")) or not self.managed
+        self.num_blocks = kw.get("num_blocks", 1000)
+        self.peak_blocks = [0, 0]  # most blocks in use (null block excluded) at a step's end
+        self.nulls = 0  # released (null) block-table entries seen on vLLM's side
         self.reqs_ref: dict = {}
         self.reqs_kvs: dict = {}
         self.block_size = kw.get("block_size", 16)
@@ -67,8 +80,16 @@ class Pair:
         # Cascade attention's shared prefix, for every request holding blocks.
         assert o1.num_common_prefix_blocks == o2.num_common_prefix_blocks, where
         for r in self.ref.running:
-            assert self.ref.kv_cache_manager.get_num_common_prefix_blocks(r.request_id) == \
-                self.kvs.kv_cache_manager.get_num_common_prefix_blocks(r.request_id), where
+            rid = r.request_id
+            assert self.ref.kv_cache_manager.get_num_common_prefix_blocks(rid) == \
+                self.kvs.kv_cache_manager.get_num_common_prefix_blocks(rid), where
+            # Per group: the same table length, and the null block (id 0: a position released
+            # out of a window, or skipped by a hit) at the same positions.
+            t1 = self.ref.kv_cache_manager.get_block_ids(rid)
+            t2 = self.kvs.kv_cache_manager.get_block_ids(rid)
+            p1 = [[b == 0 for b in g] for g in t1]
+            assert p1 == [[b == 0 for b in g] for g in t2], f"{where}: {rid}'s block tables"
+            self.nulls += sum(map(sum, p1))
         self.preemptions += len(o1.preempted_req_ids or ())
         assert o1.finished_req_ids == o2.finished_req_ids, where
         # Same tokens out.
@@ -79,12 +100,15 @@ class Pair:
         u1, u2 = self.ref.kv_cache_manager.usage, self.kvs.kv_cache_manager.usage
         assert u1 == pytest.approx(u2), f"{where}: usage {u1} vs {u2}"
         self.peak_usage = [max(self.peak_usage[0], u1), max(self.peak_usage[1], u2)]
+        used = [round(u * (self.num_blocks - 1)) for u in (u1, u2)]
+        self.peak_blocks = [max(a, b) for a, b in zip(self.peak_blocks, used)]
         for i, e in enumerate((e1, e2)):
             h_, q_ = _prefix_stats(e)
             self.hits[i] += h_
             self.queries[i] += q_
         assert self.hits[0] == self.hits[1], f"{where}: prefix hits {self.hits}"
-        self.kvs.kv_cache_manager.check()
+        if self.managed:
+            self.kvs.kv_cache_manager.check()
         for rid, toks in t1.items():
             if rid in self.reqs_ref and self.reqs_ref[rid].is_finished():
                 self.finished[rid] = list(self.reqs_ref[rid].all_token_ids)

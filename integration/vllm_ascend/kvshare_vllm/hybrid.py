@@ -1,0 +1,531 @@
+"""``KvshareHybridKVCacheManager``: vLLM's ``KVCacheManager`` surface for models with several
+KV-cache groups (sliding window, chunked local attention and full attention / MLA), backed by
+one ``kvshare.Hybrid`` (the core's KV-cache groups, ``kvs_hybrid_*``).
+
+It plays vLLM 0.23.0's ``HybridKVCacheCoordinator`` (or its ``UnitaryKVCacheCoordinator`` with a
+single sliding-window / chunked-local group): one page pool shared by every group (vLLM unifies
+page bytes, so kvshare puts all groups in one pool), one block table per group and request, the
+null block (page 0) at positions a window released or a hit skipped, hits found by kvshare's
+fixed point across groups (``kvs_hybrid_match``), positions released out of the window by
+``remove_skipped_blocks`` (``kvs_hybrid_seq_release_skipped``, registered pages still matchable).
+
+vLLM's admission arithmetic (``get_num_blocks_to_allocate``: the per-request cap of windowed
+groups under ``full_sequence_must_fit``, skipped positions, evictable hit blocks) runs here on a
+mirror of the block tables; every page operation runs in kvshare.  What is not handled is
+refused by :func:`hybrid_unsupported_reason` (the plugin then keeps vLLM's manager): Mamba /
+linear-attention state groups, cross attention, EAGLE, KV events, per-group block sizes.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+
+import kvshare
+from kvshare import ffi, lib
+
+from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+from vllm.v1.metrics.stats import PrefixCacheStats
+
+from . import logger
+from .manager import extra_keys_for
+from .twins import _token_ids
+from .views import _BlockPoolView, _CoordinatorView, _SingleTypeView
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _group_kind(spec) -> tuple[str, int] | None:
+    """kvshare's (kind, window) for a vLLM spec; None when kvshare has no such kind."""
+    from vllm.v1.kv_cache_interface import (ChunkedLocalAttentionSpec, FullAttentionSpec,
+                                            SlidingWindowSpec)
+
+    name = type(spec).__name__
+    if name in ("SlidingWindowSpec", "SlidingWindowMLASpec") \
+            and isinstance(spec, SlidingWindowSpec):
+        return "sliding_window", spec.sliding_window
+    if name == "ChunkedLocalAttentionSpec" and isinstance(spec, ChunkedLocalAttentionSpec):
+        return "chunked_local", spec.attention_chunk_size
+    if name in ("FullAttentionSpec", "MLAAttentionSpec") and isinstance(spec, FullAttentionSpec) \
+            and not getattr(spec, "sliding_window", None) \
+            and not getattr(spec, "attention_chunk_size", None):
+        return "full", 0
+    return None
+
+
+def hybrid_unsupported_reason(kv_cache_config, scheduler_block_size: int, hash_block_size: int,
+                              dcp_world_size: int = 1, pcp_world_size: int = 1,
+                              use_eagle: bool = False,
+                              enable_kv_cache_events: bool = False) -> str | None:
+    """Why the hybrid manager cannot manage this configuration (None when it can)."""
+    groups = kv_cache_config.kv_cache_groups
+    if not groups:
+        return "no KV-cache groups (attention-free model)"
+    if not hasattr(kvshare, "Hybrid"):
+        return "this kvshare binding has no KV-cache groups (kvshare.Hybrid)"
+    for i, g in enumerate(groups):
+        if _group_kind(g.kv_cache_spec) is None:
+            return (f"KV-cache group {i}: {type(g.kv_cache_spec).__name__} (kvshare's groups "
+                    "manage full attention / MLA, sliding window and chunked local attention)")
+        if g.is_eagle_group:
+            return "EAGLE / MTP groups"
+    sizes = {g.kv_cache_spec.block_size for g in groups}
+    if len(sizes) != 1:
+        return f"block sizes differ between groups ({sorted(sizes)})"
+    bs = sizes.pop()
+    if hash_block_size != bs or scheduler_block_size != bs:
+        return (f"block sizes differ (kv {bs}, scheduler {scheduler_block_size}, "
+                f"hash {hash_block_size})")
+    if len({g.kv_cache_spec.page_size_bytes for g in groups}) != 1:
+        return "page bytes differ between groups (vLLM unifies them; one pool here)"
+    if use_eagle:
+        return "EAGLE / MTP speculative decoding (drops a hit block per group)"
+    if enable_kv_cache_events:
+        return "KV events with several KV-cache groups"
+    if dcp_world_size != 1 or pcp_world_size != 1:
+        return f"context parallelism (dcp={dcp_world_size}, pcp={pcp_world_size})"
+    if len(groups) > getattr(kvshare, "MAX_GROUPS", 32):
+        return f"{len(groups)} KV-cache groups (kvshare manages at most 32)"
+    return None
+
+
+class _HReq:
+    """A request's kvshare sequence: id, tokens handed over (``n``), extra keys and a mirror of
+    its block table per group (page ids, 0 for the null page)."""
+
+    __slots__ = ("seq", "n", "extra", "tables")
+
+    def __init__(self, seq: int, extra, num_groups: int):
+        self.seq = seq
+        self.n = 0
+        self.extra = extra
+        self.tables: list[list[int]] = [[] for _ in range(num_groups)]
+
+
+class _HybridCoordinatorView(_CoordinatorView):
+    """``coordinator`` with one single-type view per group; ``get_num_blocks_to_allocate`` is
+    vLLM's arithmetic (``_blocks_to_allocate``)."""
+
+    def __init__(self, mgr: "KvshareHybridKVCacheManager", specs):
+        super().__init__(mgr, specs[0])
+        views = []
+        for i, spec in enumerate(specs):
+            v = _SingleTypeView(mgr, spec)
+            v.kv_cache_group_id = i
+            # vLLM's per-request admission cap of a windowed group (None: uncapped).  Read at
+            # every admission: vllm-ascend's Scheduler.__init__ patch (async SWA lifetime)
+            # rewrites it on the coordinator's managers, and kvshare follows.
+            v._max_admission_blocks_per_request = mgr._caps[i]
+            views.append(v)
+        self.single_type_managers = tuple(views)
+        self.num_single_type_manager = len(views)
+
+    def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int, new_computed_blocks,
+                                   num_encoder_tokens: int = 0, total_computed_tokens: int = 0,
+                                   num_tokens_main_model: int | None = None,
+                                   apply_admission_cap: bool = False) -> int:
+        return self._mgr._blocks_to_allocate(self._mgr._reqs.get(request_id), num_tokens,
+                                             new_computed_blocks, total_computed_tokens,
+                                             apply_admission_cap)
+
+
+class KvshareHybridKVCacheManager:
+    """Drop-in for ``vllm.v1.core.kv_cache_manager.KVCacheManager`` on hybrid configurations."""
+
+    def __init__(self, kv_cache_config, max_model_len: int, scheduler_block_size: int,
+                 hash_block_size: int, max_num_batched_tokens: int | None = None,
+                 enable_caching: bool = True, use_eagle: bool = False, log_stats: bool = False,
+                 enable_kv_cache_events: bool = False, dcp_world_size: int = 1,
+                 pcp_world_size: int = 1, metrics_collector=None) -> None:
+        why = hybrid_unsupported_reason(kv_cache_config, scheduler_block_size, hash_block_size,
+                                        dcp_world_size, pcp_world_size, use_eagle,
+                                        enable_kv_cache_events)
+        if why:
+            raise ValueError(f"kvshare_vllm: unsupported configuration: {why}")
+        self.kv_cache_config = kv_cache_config
+        self.max_model_len = max_model_len
+        self.enable_caching = enable_caching
+        self.use_eagle = use_eagle
+        self.log_stats = log_stats
+        self.metrics_collector = metrics_collector  # sampled block-lifetime metrics: not fed
+        self.enable_kv_cache_events = enable_kv_cache_events
+        self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
+        self.specs = [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups]
+        self.num_kv_cache_groups = ng = len(self.specs)
+        self.block_size = bs = self.specs[0].block_size
+        self.num_blocks = kv_cache_config.num_blocks
+        kinds = [_group_kind(s) for s in self.specs]
+        self._groups = [(k, w, s.page_size_bytes) for (k, w), s in zip(kinds, self.specs)]
+        # Tokens a group skips once c tokens are computed (vLLM's get_num_skipped_tokens).
+        self._windows = [(k, w) for k, w in kinds]
+        # vLLM's per-request admission cap of windowed groups (full_sequence_must_fit).
+        mnbt = max_num_batched_tokens if max_num_batched_tokens is not None else max_model_len
+        self._caps = [None if k == "full" else s.max_admission_blocks_per_request(
+            max_num_batched_tokens=mnbt, max_model_len=max_model_len)
+            for (k, _), s in zip(kinds, self.specs)]
+        self._full = [k == "full" for k, _ in kinds]
+        self._windowed = [g for g, (k, _) in enumerate(kinds) if k != "full"]
+        self._zero_new = bool(getattr(kv_cache_config, "needs_kv_cache_zeroing", False))
+        self.cache = self._new_cache()
+        self._stats_out = ffi.new("kvs_group_stats *")
+        self._avail: int | None = None  # see _capacity
+
+        self.block_pool = _BlockPoolView(self, self.num_blocks)
+        self._blocks = self.block_pool.blocks
+        self.coordinator = _HybridCoordinatorView(self, self.specs)
+        self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in range(ng)))
+        self._reqs: dict[str, _HReq] = {}
+        self._refs: Counter = Counter()  # page -> tables holding it (live sequences)
+        self._seq_ids = itertools.count(1)
+        self._pending: tuple[str, object] | None = None  # (request id, extra keys) of a match
+        self._new_block_ids: list[int] = []
+
+    def _new_cache(self):
+        return kvshare.Hybrid(page_size=self.block_size, num_pages=self.num_blocks,
+                              groups=self._groups, enable_prefix_caching=self.enable_caching,
+                              enable_events=False)
+
+    # ------------------------------------------------------------------ helpers
+    def _skipped(self, g: int, c: int) -> int:
+        kind, w = self._windows[g]
+        if kind == "sliding_window":
+            return max(0, c - w + 1)
+        if kind == "chunked_local":
+            return c // w * w
+        return 0
+
+    def _capacity(self) -> int:
+        """vLLM's ``get_num_free_blocks``: unreferenced pages of the pool, cached ones
+        included, the null page not.  Kept until the next call that changes the pool."""
+        a = self._avail
+        if a is None:
+            rc = lib.kvs_hybrid_stats(self.cache.handle, 0, self._stats_out)
+            if rc:
+                kvshare.check(rc, "kvs_hybrid_stats")
+            a = self._avail = self._stats_out.pool_pages_free
+        return a
+
+    def _evictable(self, blocks) -> int:
+        """Hit blocks no live table holds (vLLM: ``ref_cnt == 0``, not null)."""
+        refs = self._refs
+        return sum(1 for b in blocks if b.block_id and not refs[b.block_id])
+
+    def _blocks_to_allocate(self, st: _HReq | None, num_tokens: int, hits, total_computed: int,
+                            cap: bool) -> int:
+        """vLLM's ``coordinator.get_num_blocks_to_allocate`` (sum over the groups)."""
+        bs = self.block_size
+        n = 0
+        views = self.coordinator.single_type_managers
+        for g in range(self.num_kv_cache_groups):
+            need = _cdiv(num_tokens, bs)
+            gcap = views[g]._max_admission_blocks_per_request if cap else None
+            if gcap is not None:
+                need = min(need, gcap)
+            held = len(st.tables[g]) if st is not None else 0
+            if st is not None:  # a running request: no new hits
+                n += max(need - held, 0)
+                continue
+            hit = hits[g] if hits else ()
+            skipped = self._skipped(g, total_computed) // bs
+            n += max(need - max(skipped, len(hit)), 0)
+            n += self._evictable(hit[skipped:])
+        return n
+
+    def _refresh(self, st: _HReq) -> list[list[int]]:
+        """Re-reads the request's tables from kvshare; returns each group's positions past the
+        old length (the pages added).  Keeps the page refcount mirror and the kept free count
+        (a page going from no holder to one leaves vLLM's free count, and back)."""
+        added = []
+        delta: Counter = Counter()
+        for g in range(self.num_kv_cache_groups):
+            old = st.tables[g]
+            new = list(self.cache.seq_pages(st.seq, g))
+            delta.update(p for p in new if p)
+            delta.subtract(p for p in old if p)
+            added.append(new[len(old):])
+            st.tables[g] = new
+        refs = self._refs
+        for p, d in delta.items():
+            if d:
+                self._ref(refs, p, d)
+        return added
+
+    def _ref(self, refs: Counter, p: int, d: int) -> None:
+        """Adds ``d`` holders to page ``p`` in the mirror, and the kept free count follows."""
+        before = refs[p]
+        after = before + d
+        if after:
+            refs[p] = after
+        else:
+            del refs[p]
+        if self._avail is not None and (before == 0) != (after == 0):
+            self._avail += 1 if after == 0 else -1
+
+    def _handed(self, added: list[list[int]]) -> KVCacheBlocks:
+        if not any(added):
+            return self.empty_kv_cache_blocks
+        if self._zero_new:  # vLLM zeroes new blocks of full-attention groups only
+            for g, pages in enumerate(added):
+                if self._full[g]:
+                    self._new_block_ids.extend(pages)
+        blocks = self._blocks
+        return KVCacheBlocks(tuple([blocks[p] for p in pages] for pages in added))
+
+    def _release(self, st: _HReq, total_computed: int) -> None:
+        """vLLM's ``remove_skipped_blocks``: positions out of every window become null.  The
+        mirror follows the same rule as kvshare (from the last skipped position down to the
+        first null one) without reading the tables back; ``check`` compares them."""
+        if not self._windowed:
+            return
+        bs, refs = self.block_size, self._refs
+        todo = False
+        for g in self._windowed:
+            t = st.tables[g]
+            k = min(self._skipped(g, total_computed) // bs, len(t))
+            if k and t[k - 1]:
+                todo = True
+                break
+        if not todo:
+            return  # nothing to release: no native call
+        released = self.cache.seq_release_skipped(st.seq, total_computed)
+        n = 0
+        for g in self._windowed:
+            t = st.tables[g]
+            i = min(self._skipped(g, total_computed) // bs, len(t)) - 1
+            while i >= 0 and t[i]:
+                self._ref(refs, t[i], -1)
+                t[i] = 0
+                n += 1
+                i -= 1
+        if n != released:
+            raise AssertionError(f"kvshare_vllm: kvshare released {released} pages, the "
+                                 f"mirror {n}")
+
+    # ------------------------------------------------------------------ public surface
+    @property
+    def usage(self) -> float:
+        usable = self.num_blocks - 1
+        return 1.0 - self._capacity() / usable if usable else 0
+
+    def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
+        if not self.log_stats:
+            return None
+        stats = self.prefix_cache_stats
+        self.prefix_cache_stats = PrefixCacheStats()
+        return stats
+
+    def get_computed_blocks(self, request) -> tuple[KVCacheBlocks, int]:
+        if not self.enable_caching or request.skip_reading_prefix_cache:
+            return self.empty_kv_cache_blocks, 0
+        ids = _token_ids(request)
+        extra = extra_keys_for(request)
+        hit, rows = self.cache.match(ids, max(len(ids) - 1, 0), extra)
+        if self.log_stats:
+            self.prefix_cache_stats.record(num_tokens=request.num_tokens, num_hits=hit,
+                                           preempted=request.num_preemptions > 0)
+        self._pending = (request.request_id, extra)
+        if not hit:
+            return self.empty_kv_cache_blocks, 0
+        blocks = self._blocks
+        return KVCacheBlocks(tuple([blocks[p] for p in row] for row in rows)), hit
+
+    def allocate_slots(self, request, num_new_tokens: int, num_new_computed_tokens: int = 0,
+                       new_computed_blocks: KVCacheBlocks | None = None,
+                       num_lookahead_tokens: int = 0, num_external_computed_tokens: int = 0,
+                       delay_cache_blocks: bool = False, num_encoder_tokens: int = 0,
+                       full_sequence_must_fit: bool = False,
+                       reserved_blocks: int = 0) -> KVCacheBlocks | None:
+        if num_new_tokens == 0 and num_external_computed_tokens == 0:
+            raise ValueError("num_new_tokens must be greater than 0 when there are no "
+                             "external computed tokens")
+        if num_external_computed_tokens or delay_cache_blocks or num_encoder_tokens:
+            raise NotImplementedError(
+                "kvshare_vllm: KV connectors' external tokens, delayed caching and encoder "
+                "(cross-attention) blocks are not supported with KV-cache groups")
+        rid = request.request_id
+        st = self._reqs.get(rid)
+        hits = new_computed_blocks.blocks if new_computed_blocks is not None else None
+        local = request.num_computed_tokens + num_new_computed_tokens
+        total = min(local, self.max_model_len)
+        if full_sequence_must_fit:
+            full = min(request.num_tokens, self.max_model_len)
+            if self._blocks_to_allocate(st, full, hits, total, True) > self._capacity():
+                return None
+        main = total + num_new_tokens
+        need_slot = min(main + num_lookahead_tokens, self.max_model_len)
+        if st is not None:
+            # vLLM's remove_skipped_blocks, done even when the allocation below fails.  Under
+            # vllm-ascend (its async-SWA patch gives requests ``num_in_flight_tokens``), tokens
+            # of steps still in flight keep their window, as its patched manager does.
+            inflight = max(0, getattr(request, "num_in_flight_tokens", 0))
+            self._release(st, max(0, total - inflight))
+        need = self._blocks_to_allocate(st, need_slot, hits, local, False)
+        if (need or reserved_blocks) and need > self._capacity() - reserved_blocks:
+            return None
+        # vLLM caches min(total + new, num_tokens) tokens: drafts are not tokens yet.
+        known = min(main, request.num_tokens)
+        ids = _token_ids(request)
+        if st is None:
+            return self._begin(request, ids, known, need_slot, num_new_computed_tokens)
+        bs = self.block_size
+        grows = _cdiv(need_slot, bs) > len(st.tables[0])
+        if grows or known // bs > st.n // bs:
+            # New pages, or a page filled with known tokens (vLLM caches it now).  Tokens of a
+            # partly filled page wait for such a call: nothing can look them up before.
+            toks = ids[st.n:known] if known > st.n else []
+            st.n += len(toks)
+            self.cache.seq_append(st.seq, toks, max(need_slot - st.n, 0))
+            if grows:  # the tables get fresh pages: read them
+                return self._handed(self._refresh(st))
+        return self.empty_kv_cache_blocks
+
+    def _begin(self, request, ids, known: int, need_slot: int, num_hit: int) -> KVCacheBlocks:
+        """``allocate_slots`` of a request without a sequence: ``kvs_hybrid_seq_begin`` (the
+        hit again, skipped positions null, fresh pages up to ``need_slot``, full pages of the
+        known tokens registered)."""
+        rid = request.request_id
+        pend = self._pending
+        extra = pend[1] if pend is not None and pend[0] == rid else extra_keys_for(request)
+        self._pending = None
+        st = _HReq(next(self._seq_ids), extra, self.num_kv_cache_groups)
+        info = self.cache.seq_begin(st.seq, ids[:known], max_match_tokens=num_hit,
+                                    lookahead_slots=max(need_slot - known, 0), extra=extra)
+        self._reqs[rid] = st
+        st.n = known
+        self._refresh(st)
+        if info["matched_tokens"] != num_hit:
+            self.free(request)
+            raise RuntimeError(
+                f"kvshare_vllm: request {rid}: {num_hit} tokens were found cached by "
+                f"get_computed_blocks but {info['matched_tokens']} at allocation")
+        nh = num_hit // self.block_size
+        return self._handed([t[nh:] for t in st.tables])
+
+    def free(self, request) -> None:
+        rid = request.request_id
+        if self._pending is not None and self._pending[0] == rid:
+            self._pending = None
+        st = self._reqs.pop(rid, None)
+        if st is None:
+            return
+        self.cache.seq_free(st.seq)
+        refs = self._refs
+        for t in st.tables:
+            for p in t:
+                if p:
+                    self._ref(refs, p, -1)
+
+    def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
+        st = self._reqs.get(request_id)
+        if st is not None:
+            self._release(st, total_computed_tokens)
+
+    def cache_blocks(self, request, num_computed_tokens: int) -> None:
+        if not self.enable_caching:
+            return
+        st = self._reqs.get(request.request_id)
+        if st is None:
+            return
+        target = min(num_computed_tokens, request.num_tokens)
+        bs = self.block_size
+        if target // bs > st.n // bs:  # a page fills (partial pages wait, see allocate_slots)
+            self.cache.seq_append(st.seq, _token_ids(request)[st.n:target], 0)
+            st.n = target
+            if _cdiv(target, bs) > len(st.tables[0]):
+                self._refresh(st)
+
+    def evict_blocks(self, block_ids) -> None:
+        """Failed KV loads (KV connectors, which these configurations do not run with)."""
+        if block_ids:
+            raise NotImplementedError("kvshare_vllm: evict_blocks with KV-cache groups")
+
+    def _reset_index(self) -> bool:
+        """No request holds pages: every page is free, so a fresh cache is the cleared one."""
+        if self._reqs:
+            logger.warning("Failed to reset prefix cache because some blocks (%d) are not "
+                           "freed yet", sum(len(t) for st in self._reqs.values()
+                                            for t in st.tables))
+            return False
+        self.cache.close()
+        self.cache = self._new_cache()
+        self._avail = None
+        self._refs.clear()
+        return True
+
+    def reset_prefix_cache(self) -> bool:
+        if not self._reset_index():
+            return False
+        if self.log_stats:
+            self.prefix_cache_stats.reset = True
+        return True
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
+        """Full-attention groups: leading pages every request with pages holds (vLLM's
+        ``ref_cnt == len(req_to_blocks)``); windowed groups: 0, as vLLM."""
+        st = self._reqs.get(running_request_id)
+        out = [0] * self.num_kv_cache_groups
+        if st is None or not self.enable_caching:  # vLLM's no-prefix-cache coordinator: 0s
+            return out
+        live, refs = len(self._reqs), self._refs
+        for g, full in enumerate(self._full):
+            if full:
+                n = 0
+                for p in st.tables[g]:
+                    if refs[p] != live:
+                        break
+                    n += 1
+                out[g] = n
+        return out
+
+    def take_events(self) -> list:
+        return []
+
+    def get_blocks(self, request_id: str) -> KVCacheBlocks:
+        st = self._reqs.get(request_id)
+        if st is None:
+            return self.empty_kv_cache_blocks
+        blocks = self._blocks
+        return KVCacheBlocks(tuple([blocks[p] for p in t] for t in st.tables))
+
+    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+        st = self._reqs.get(request_id)
+        if st is None:
+            return tuple([] for _ in range(self.num_kv_cache_groups))
+        return tuple(list(t) for t in st.tables)
+
+    def create_kv_cache_blocks(self, blocks) -> KVCacheBlocks:
+        return KVCacheBlocks(blocks) if any(blocks) else self.empty_kv_cache_blocks
+
+    def take_new_block_ids(self) -> list[int]:
+        ids, self._new_block_ids = self._new_block_ids, []
+        return ids
+
+    def new_step_starts(self) -> None:
+        """Nothing per step."""
+
+    # ------------------------------------------------------------------ extras
+    def check(self) -> None:
+        """kvshare's invariant check, plus the mirrored tables and refcounts against it."""
+        self.cache.check()
+        refs: Counter = Counter()
+        for st in self._reqs.values():
+            for g, t in enumerate(st.tables):
+                got = list(self.cache.seq_pages(st.seq, g))
+                if got != t:
+                    raise AssertionError(f"kvshare_vllm: sequence {st.seq} group {g}: table "
+                                         f"{got} but mirrored {t}")
+                refs.update(p for p in t if p)
+        if refs != self._refs:
+            raise AssertionError("kvshare_vllm: page refcount mirror differs from the tables")
+        kept, self._avail = self._avail, None
+        if kept is not None and kept != self._capacity():
+            raise AssertionError(f"kvshare_vllm: kept free count {kept} but kvshare counts "
+                                 f"{self._avail}")
+
+    def kvshare_stats(self) -> dict[str, int]:
+        st = self.cache.stats(0)
+        return {"num_seqs": st["num_seqs"], "device_pages_in_use": st["pool_pages_in_use"],
+                **{f"group{g}_{k}": v for g in range(self.num_kv_cache_groups)
+                   for k, v in self.cache.stats(g).items()}}

@@ -1,0 +1,167 @@
+"""Hybrid models (several KV-cache groups) through vLLM 0.23.0's Scheduler: vLLM's own
+``HybridKVCacheCoordinator`` against kvshare's manager, in lockstep (``Pair.step``: same tokens
+scheduled, hits, per-group block counts, null-block positions of every block table, blocks in
+use, preemptions, sampled tokens, every step).
+
+The group layouts are vLLM's own (``harness.layer_specs`` per layer, grouped by vLLM's
+``get_kv_cache_groups``): gpt-oss (sliding window 128 / full alternating), Gemma 3 (5 windows of
+1024 per full layer), Llama 4 (chunked local 8192, 3 per full layer), MLA (one group), plus the
+same layouts with short windows / chunks so short prompts release pages often.
+
+``test_workload_on_vllm`` runs each workload with vLLM's manager on both sides: it checks that
+the workload does what the lockstep needs (hits, released positions, preemptions)."""
+
+from __future__ import annotations
+
+import random
+import zlib
+
+import pytest
+
+import harness as h
+from test_scheduler_compare import NotManaged, Pair, conversations
+
+# (model, window/chunk override, Pair kwargs, workload kwargs)
+CASES = {
+    "gpt-oss": ("gpt-oss", None, dict(num_blocks=2000),
+                dict(num_convs=6, turns=4, system=200, user_len=(5, 40), max_tokens=12)),
+    "gpt-oss-w32": ("gpt-oss", 32, dict(num_blocks=2000),
+                    dict(num_convs=6, turns=4, system=60, user_len=(5, 40), max_tokens=20)),
+    "gemma3": ("gemma3", None, dict(num_blocks=3000),
+               dict(num_convs=4, turns=3, system=1100, user_len=(50, 200), max_tokens=12)),
+    "gemma3-w64": ("gemma3", 64, dict(num_blocks=2000),
+                   dict(num_convs=5, turns=4, system=90, user_len=(10, 60), max_tokens=20)),
+    "llama4": ("llama4", None, dict(num_blocks=3000, max_model_len=16384),
+               dict(num_convs=2, turns=2, system=8250, user_len=(20, 60), max_tokens=8)),
+    "llama4-c64": ("llama4", 64, dict(num_blocks=2000),
+                   dict(num_convs=5, turns=4, system=90, user_len=(10, 60), max_tokens=20)),
+    "mla": ("mla", None, dict(num_blocks=2000),
+            dict(num_convs=6, turns=4, system=100, user_len=(5, 40), max_tokens=12)),
+    "mistral-w32": ("mistral", 32, dict(num_blocks=2000),
+                    dict(num_convs=6, turns=4, system=60, user_len=(5, 40), max_tokens=20)),
+    "gpt-oss-w32-async": ("gpt-oss", 32, dict(num_blocks=2000, async_scheduling=True),
+                          dict(num_convs=6, turns=3, system=60, user_len=(5, 40),
+                               max_tokens=20)),
+    # Chunked prefill (64-token budget): windows slide inside a prompt's prefill.
+    "gpt-oss-w32-chunked": ("gpt-oss", 32, dict(num_blocks=400, max_num_batched_tokens=64,
+                                                 max_num_seqs=4),
+                            dict(num_convs=5, turns=3, system=70, user_len=(20, 120),
+                                 max_tokens=20)),
+    # Memory pressure: preemptions, and cached pages evicted in vLLM's order.
+    "gpt-oss-w32-preempt": ("gpt-oss", 32, dict(num_blocks=60, max_num_seqs=8),
+                            dict(num_convs=8, turns=3, system=40, user_len=(5, 40),
+                                 max_tokens=40)),
+    "llama4-c64-preempt": ("llama4", 64, dict(num_blocks=90, max_num_seqs=8),
+                           dict(num_convs=8, turns=3, system=40, user_len=(5, 40),
+                                max_tokens=40)),
+    # Prefix caching off (vLLM's KVCacheCoordinatorNoPrefixCache): preemption, nothing cached.
+    "gpt-oss-w32-nocache-preempt": ("gpt-oss", 32, dict(num_blocks=60, max_num_seqs=8,
+                                                         enable_prefix_caching=False),
+                                    dict(num_convs=8, turns=2, system=40, user_len=(5, 40),
+                                         max_tokens=40)),
+    "gemma3-w64-preempt": ("gemma3", 64, dict(num_blocks=150, max_num_seqs=8),
+                           dict(num_convs=8, turns=3, system=40, user_len=(5, 40),
+                                max_tokens=40)),
+}
+WINDOWED = {"gpt-oss", "gemma3", "llama4", "mistral"}
+
+
+def run_case(model_dir, name: str, vllm_only: bool = False) -> Pair:
+    model, size, pair_kw, work = CASES[name]
+    pair = Pair(model_dir, vllm_only=vllm_only, specs=h.layer_specs(model, size=size),
+                **pair_kw)
+    work = dict(work)
+    rng = random.Random(zlib.crc32(name.encode()))
+    system = [rng.randrange(3, 30000) for _ in range(work.pop("system"))]
+    conversations(pair, system=system, seed=rng.randrange(1 << 30), **work)
+    return pair
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_workload_on_vllm(tiny_model_dir, name):
+    """The workload on vLLM's manager (both sides): it hits, releases out-of-window positions
+    (null entries in block tables) on windowed models, preempts where meant to; deterministic."""
+    pair = run_case(tiny_model_dir, name, vllm_only=True)
+    assert type(pair.kvs.kv_cache_manager).__name__ == "KVCacheManager"
+    groups = pair.ref.kv_cache_config.kv_cache_groups
+    model = CASES[name][0]
+    assert len(groups) == (h.MODELS[model][2] or 1)
+    if pair_kw_caching(name):
+        assert pair.hits[0] > 0
+    if model in WINDOWED:
+        assert pair.nulls > 0, "the workload must release positions out of the window"
+    if name.endswith("-preempt"):
+        assert pair.preemptions > 0
+    assert pair.hits[0] == pair.hits[1] and pair.peak_blocks[0] == pair.peak_blocks[1]
+
+
+def pair_kw_caching(name: str) -> bool:
+    return CASES[name][2].get("enable_prefix_caching", True)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_lockstep(tiny_model_dir, name):
+    """kvshare's manager against vLLM's on the same workload, every step (``Pair.step``)."""
+    pair = run_case(tiny_model_dir, name)
+    manager = type(pair.kvs.kv_cache_manager).__name__
+    assert manager == ("KvshareKVCacheManager" if name == "mla" else
+                       "KvshareHybridKVCacheManager")
+    assert pair.hits[0] == pair.hits[1]
+    assert pair.peak_blocks[0] == pair.peak_blocks[1]
+    st = pair.kvs.kv_cache_manager.kvshare_stats()
+    assert st["num_seqs"] == 0 and st["device_pages_in_use"] == 0
+
+
+def test_unmanaged_configurations_fall_back(tiny_model_dir):
+    """What kvshare's groups do not cover stays with vLLM's manager (the plugin logs why):
+    KV events with several groups, and Mamba / linear-attention state groups."""
+    import torch
+    from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
+                                            MambaSpec)
+
+    from kvshare_vllm.hybrid import hybrid_unsupported_reason
+
+    s = h.make_scheduler(tiny_model_dir, kvshare=True, kv_events=True,
+                         specs=h.layer_specs("gpt-oss", size=32))
+    assert type(s.kv_cache_manager).__name__ == "KVCacheManager"
+    s = h.make_scheduler(tiny_model_dir, kvshare=True, specs=h.layer_specs("gpt-oss", size=32))
+    assert type(s.kv_cache_manager).__name__ == "KvshareHybridKVCacheManager"
+    full = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=8, dtype=torch.float32)
+    mamba = MambaSpec(block_size=16, shapes=((4, 4),), dtypes=(torch.float32,))
+    cfg = KVCacheConfig(num_blocks=64, kv_cache_tensors=[],
+                        kv_cache_groups=[KVCacheGroupSpec(["a"], full),
+                                         KVCacheGroupSpec(["m"], mamba)])
+    assert "MambaSpec" in hybrid_unsupported_reason(cfg, 16, 16)
+    cfg.kv_cache_groups.pop()
+    assert hybrid_unsupported_reason(cfg, 16, 16) is None
+    assert "EAGLE" in hybrid_unsupported_reason(cfg, 16, 16, use_eagle=True)
+    assert "block sizes" in hybrid_unsupported_reason(cfg, 32, 16)
+
+
+def test_pressure_with_duplicate_blocks_same_tokens(tiny_model_dir):
+    """Heavier pressure (48 blocks, 256-token chunks, six conversations computing the same
+    system prompt at once): vLLM registers a block whose content is already cached a second
+    time and keeps both copies (the copy is cached: freed to the LRU tail, evicting one copy
+    leaves the other matchable); kvshare's groups keep the first only, so some later hit is a
+    block shorter and the schedules part (step 158 here).  Each manager runs alone: every
+    request's tokens and final status must still be equal."""
+    from test_scheduler_compare import Single
+
+    def workload(d):
+        rng = random.Random(0)
+        system = [rng.randrange(3, 30000) for _ in range(192)]
+        conversations(d, num_convs=6, turns=2, system=system, seed=0, max_tokens=64,
+                      user_len=(20, 30))
+
+    kw = dict(specs=h.layer_specs("gpt-oss", size=64), num_blocks=48,
+              max_num_batched_tokens=256, max_model_len=400)
+    ref, kvs = Single(tiny_model_dir, False, **kw), Single(tiny_model_dir, True, **kw)
+    assert type(kvs.s.kv_cache_manager).__name__ == "KvshareHybridKVCacheManager"
+    workload(ref)
+    workload(kvs)
+    assert ref.preemptions > 0 and kvs.preemptions > 0
+    for rid, r in ref.reqs.items():
+        assert list(r.all_token_ids) == list(kvs.reqs[rid].all_token_ids), rid
+        assert r.status == kvs.reqs[rid].status, rid
+    st = kvs.s.kv_cache_manager.kvshare_stats()
+    assert st["num_seqs"] == 0 and st["device_pages_in_use"] == 0
