@@ -1,8 +1,8 @@
 //! Per-group views an engine reads every step: block tables, slot mappings, and stats. Each
 //! validates every sequence and buffer before writing anything.
 
-use super::super::error::{Error, Result};
-use super::super::seq::check_room_named;
+use super::super::batch::{fill_block_tables, fill_slot_mapping, TableView};
+use super::super::error::Result;
 use super::hybrid::{Hybrid, NULL_PAGE};
 
 /// A group's share of the cache (and its pool's totals).
@@ -78,45 +78,9 @@ impl Hybrid {
         context_lens: &mut [i32],
     ) -> Result<()> {
         self.check_group(group)?;
-        let needed = ids
-            .len()
-            .checked_mul(max_pages)
-            .ok_or_else(|| Error::arg("max_pages_per_seq", "overflow"))?;
-        check_room_named("table_out", needed, table.len())?;
-        if !context_lens.is_empty() {
-            check_room_named("context_lens_out", ids.len(), context_lens.len())?;
-        }
-        for &id in ids {
-            let s = self.seq(id)?;
-            if s.tables[group].len() > max_pages {
-                return Err(Error::arg(
-                    "max_pages_per_seq",
-                    format!(
-                        "sequence {id} has {} pages, more than {max_pages}",
-                        s.tables[group].len()
-                    ),
-                ));
-            }
-            if s.tokens.len() > i32::MAX as usize {
-                return Err(Error::arg(
-                    "seq_ids",
-                    format!("sequence {id} is too long for int32 lengths"),
-                ));
-            }
-        }
-        for (i, &id) in ids.iter().enumerate() {
-            let s = &self.seqs[&id];
-            let t = &s.tables[group];
-            let row = &mut table[i * max_pages..(i + 1) * max_pages];
-            for (dst, &p) in row.iter_mut().zip(t) {
-                *dst = p as i32;
-            }
-            row[t.len()..].fill(pad);
-            if !context_lens.is_empty() {
-                context_lens[i] = s.tokens.len() as i32;
-            }
-        }
-        Ok(())
+        fill_block_tables(ids, max_pages, pad, table, context_lens, |id| {
+            self.table_view(group, id)
+        })
     }
 
     /// Slot ids (`page * page_size + offset`) in `group` of the last `query_lens[i]` tokens of
@@ -130,47 +94,22 @@ impl Hybrid {
         out: &mut [i64],
     ) -> Result<usize> {
         self.check_group(group)?;
-        if ids.len() != query_lens.len() {
-            return Err(Error::arg(
-                "query_lens",
-                format!(
-                    "{} query lengths for {} sequences",
-                    query_lens.len(),
-                    ids.len()
-                ),
-            ));
-        }
-        let mut total = 0usize;
-        for (&id, &q) in ids.iter().zip(query_lens) {
-            let s = self.seq(id)?;
-            if q as usize > s.tokens.len() {
-                return Err(Error::arg(
-                    "query_lens",
-                    format!(
-                        "{q} query tokens for sequence {id} of {} tokens",
-                        s.tokens.len()
-                    ),
-                ));
-            }
-            total += q as usize;
-        }
-        check_room_named("slots_out", total, out.len())?;
         let ps = self.ps;
-        let mut k = 0;
-        for (&id, &q) in ids.iter().zip(query_lens) {
-            let s = &self.seqs[&id];
-            let len = s.tokens.len();
-            for pos in len - q as usize..len {
-                let page = s.tables[group][pos / ps];
-                out[k] = if page == NULL_PAGE {
-                    -1
-                } else {
-                    page as i64 * ps as i64 + (pos % ps) as i64
-                };
-                k += 1;
-            }
-        }
-        out[k..].fill(-1);
-        Ok(total)
+        fill_slot_mapping(
+            ids,
+            query_lens,
+            ps,
+            out,
+            |id| self.table_view(group, id),
+            |id, pos| self.seqs[&id].tables[group][pos / ps] == NULL_PAGE,
+        )
+    }
+
+    fn table_view(&self, group: usize, id: u64) -> Result<TableView<'_>> {
+        let s = self.seq(id)?;
+        Ok(TableView {
+            pages: &s.tables[group],
+            num_tokens: s.tokens.len(),
+        })
     }
 }
