@@ -93,31 +93,90 @@ class EventTranslator:
         first, last = run[0], run[-1]
         if last - first + 1 != len(run):
             raise RuntimeError(f"kvshare_vllm: stored blocks {run} are not one run")
-        hashes = request.block_hashes
-        if len(hashes) <= last:
-            raise RuntimeError(
-                f"kvshare_vllm: request {request.request_id} has {len(hashes)} vLLM block "
-                f"hashes, events need {last + 1} (KV events need vLLM's request block hasher)")
-        bs = self.block_size
-        new = [external_hash(hashes[i]) for i in run]
+        new = stored_event(out, request, first, last + 1, run, self.block_size, 0, self._meta)
         for i, h in zip(run, new):
             self._page_hash[pages[i]] = h
-        extra, mm = [], 0
-        for i in run:
-            keys, mm = generate_block_hash_extra_keys(request, i * bs, (i + 1) * bs, mm)
-            extra.append(keys)
-        lora = request.lora_request
-        ev = BlockStored(
-            block_hashes=new,
-            parent_block_hash=external_hash(hashes[first - 1]) if first else None,
-            token_ids=request.all_token_ids[first * bs:(last + 1) * bs],
-            block_size=bs,
-            lora_id=lora.adapter_id if lora else None,
-            medium=MEDIUM,
-            lora_name=lora.name if lora else None,
-            extra_keys=extra,
-            group_idx=0,
-        )
-        ev.kv_cache_spec_kind, ev.kv_cache_spec_sliding_window = self._meta
-        out.append(ev)
         run.clear()
+
+
+def stored_event(out: list, request, first: int, end: int, run: list[int], bs: int,
+                 group: int, meta: tuple) -> list:
+    """vLLM's ``BlockPool.cache_full_blocks`` event for blocks ``first..end-1`` of ``request``
+    in KV-cache group ``group``, of which the blocks ``run`` (sorted) were registered (vLLM
+    skips null blocks: their hashes and extra keys are left out, their tokens are not).
+    Appends the ``BlockStored`` to ``out``; returns the external hashes of ``run``."""
+    hashes = request.block_hashes
+    if len(hashes) < end:
+        raise RuntimeError(
+            f"kvshare_vllm: request {request.request_id} has {len(hashes)} vLLM block "
+            f"hashes, events need {end} (KV events need vLLM's request block hasher)")
+    new = [external_hash(hashes[i]) for i in run]
+    extra, mm = [], 0
+    for i in run:
+        keys, mm = generate_block_hash_extra_keys(request, i * bs, (i + 1) * bs, mm)
+        extra.append(keys)
+    lora = request.lora_request
+    ev = BlockStored(
+        block_hashes=new,
+        parent_block_hash=external_hash(hashes[first - 1]) if first else None,
+        token_ids=request.all_token_ids[first * bs:end * bs],
+        block_size=bs,
+        lora_id=lora.adapter_id if lora else None,
+        medium=MEDIUM,
+        lora_name=lora.name if lora else None,
+        extra_keys=extra if extra else None,
+        group_idx=group,
+    )
+    ev.kv_cache_spec_kind, ev.kv_cache_spec_sliding_window = meta
+    out.append(ev)
+    return new
+
+
+class GroupEventTranslator:
+    """The same translation for several KV-cache groups (``kvshare.Hybrid.take_events()``
+    dicts), as vLLM's ``HybridKVCacheCoordinator`` publishes: per caching call, the removals
+    of its allocations (each in the group its page was stored for), then one ``BlockStored``
+    per group, in group order, for the call's block range (also when the group registered
+    none of it: null positions).  ``metas[g]`` is group g's (kind, sliding window)."""
+
+    def __init__(self, block_size: int, stored: int, removed: int, metas) -> None:
+        self.block_size = block_size
+        self._kinds = (stored, removed)
+        self._metas = list(metas)
+        self._page_hash: dict[int, tuple] = {}  # page id -> (external hash, group)
+
+    def clear(self) -> AllBlocksCleared:
+        self._page_hash.clear()
+        return AllBlocksCleared()
+
+    def convert(self, raw, tables, request, first: int, end: int) -> list[KVCacheEvent]:
+        """vLLM's events for ``raw`` (one native call's events, in order).  ``tables`` are the
+        request's block tables per group after the call, ``first..end-1`` the blocks the call
+        caches (vLLM's ``num_cached_blocks`` .. ``num_full_blocks``; empty when it caches
+        none).  Raises RuntimeError on a stored page outside that range or never stored
+        before its removal."""
+        stored, removed = self._kinds
+        out: list[KVCacheEvent] = []
+        runs: list[list[int]] = [[] for _ in self._metas]
+        for e in raw:
+            kind, g, page = e["kind"], e["group_idx"], e["page"]
+            if kind == removed:
+                h = self._page_hash.pop(page, None)
+                if h is None or h[1] != g:
+                    raise RuntimeError(f"kvshare_vllm: page {page} of group {g} removed but "
+                                       "never stored there")
+                out.append(BlockRemoved(block_hashes=[h[0]], medium=MEDIUM, group_idx=g))
+            elif kind == stored:
+                i = _index(tables[g] if tables else None, page)
+                if not first <= i < end:
+                    raise RuntimeError(f"kvshare_vllm: block {i} of group {g} stored outside "
+                                       f"the call's blocks {first}..{end - 1}")
+                runs[g].append(i)
+        if end > first:
+            for g, run in enumerate(runs):
+                run.sort()
+                new = stored_event(out, request, first, end, run, self.block_size, g,
+                                   self._metas[g])
+                for i, h in zip(run, new):
+                    self._page_hash[tables[g][i]] = (h, g)
+        return out

@@ -13,7 +13,9 @@ vLLM's admission arithmetic (``get_num_blocks_to_allocate``: the per-request cap
 groups under ``full_sequence_must_fit``, skipped positions, evictable hit blocks) runs here on a
 mirror of the block tables; every page operation runs in kvshare.  What is not handled is
 refused by :func:`hybrid_unsupported_reason` (the plugin then keeps vLLM's manager): Mamba /
-linear-attention state groups, cross attention, EAGLE, KV events, per-group block sizes.
+linear-attention state groups, cross attention, EAGLE, per-group block sizes.  KV events are
+vLLM's (``events.GroupEventTranslator``: its block hashes, one ``BlockStored`` per group and
+caching call, removals in the group the page was stored for).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.metrics.stats import PrefixCacheStats
 
 from . import logger
-from .manager import extra_keys_for
+from .manager import _REMOVED, _STORED, extra_keys_for
 from .twins import _token_ids
 from .views import _BlockPoolView, _CoordinatorView, _SingleTypeView
 
@@ -82,8 +84,6 @@ def hybrid_unsupported_reason(kv_cache_config, scheduler_block_size: int, hash_b
         return "page bytes differ between groups (vLLM unifies them; one pool here)"
     if use_eagle:
         return "EAGLE / MTP speculative decoding (drops a hit block per group)"
-    if enable_kv_cache_events:
-        return "KV events with several KV-cache groups"
     if dcp_world_size != 1 or pcp_world_size != 1:
         return f"context parallelism (dcp={dcp_world_size}, pcp={pcp_world_size})"
     if len(groups) > getattr(kvshare, "MAX_GROUPS", 32):
@@ -95,7 +95,7 @@ class _HReq:
     """A request's kvshare sequence: id, tokens handed over (``n``), extra keys and a mirror of
     its block table per group (page ids, 0 for the null page)."""
 
-    __slots__ = ("seq", "n", "extra", "tables")
+    __slots__ = ("seq", "n", "extra", "tables")  # n // block size: blocks cached
 
     def __init__(self, seq: int, extra, num_groups: int):
         self.seq = seq
@@ -169,6 +169,16 @@ class KvshareHybridKVCacheManager:
         self._windowed = [g for g, (k, _) in enumerate(kinds) if k != "full"]
         self._zero_new = bool(getattr(kv_cache_config, "needs_kv_cache_zeroing", False))
         self.cache = self._new_cache()
+        self._events: list = []  # vLLM's KV events not yet taken
+        if enable_kv_cache_events:
+            from vllm.v1.kv_cache_interface import (get_kv_cache_spec_kind,
+                                                    get_kv_cache_spec_sliding_window)
+
+            from .events import GroupEventTranslator
+            self._translator = GroupEventTranslator(
+                bs, _STORED, _REMOVED,
+                [(get_kv_cache_spec_kind(s).value, get_kv_cache_spec_sliding_window(s))
+                 for s in self.specs])
         self._stats_out = ffi.new("kvs_group_stats *")
         self._avail: int | None = None  # see _capacity
 
@@ -185,9 +195,18 @@ class KvshareHybridKVCacheManager:
     def _new_cache(self):
         return kvshare.Hybrid(page_size=self.block_size, num_pages=self.num_blocks,
                               groups=self._groups, enable_prefix_caching=self.enable_caching,
-                              enable_events=False)
+                              enable_events=self.enable_kv_cache_events)
 
     # ------------------------------------------------------------------ helpers
+    def _drain(self, st: _HReq | None, request, first: int = 0, end: int = 0) -> None:
+        """vLLM's events for what the last native call queued (``request``'s call caching its
+        blocks ``first..end-1``; tables already re-read)."""
+        if self.enable_kv_cache_events:
+            raw = self.cache.take_events()
+            if raw or end > first:
+                self._events.extend(self._translator.convert(
+                    raw, st.tables if st is not None else None, request, first, end))
+
     def _skipped(self, g: int, c: int) -> int:
         kind, w = self._windows[g]
         if kind == "sliding_window":
@@ -375,10 +394,13 @@ class KvshareHybridKVCacheManager:
             # New pages, or a page filled with known tokens (vLLM caches it now).  Tokens of a
             # partly filled page wait for such a call: nothing can look them up before.
             toks = ids[st.n:known] if known > st.n else []
+            cached = st.n // bs
             st.n += len(toks)
             self.cache.seq_append(st.seq, toks, max(need_slot - st.n, 0))
-            if grows:  # the tables get fresh pages: read them
-                return self._handed(self._refresh(st))
+            out = self._handed(self._refresh(st)) if grows else self.empty_kv_cache_blocks
+            # vLLM caches with prefix caching on only
+            self._drain(st, request, cached, st.n // bs if self.enable_caching else cached)
+            return out
         return self.empty_kv_cache_blocks
 
     def _begin(self, request, ids, known: int, need_slot: int, num_hit: int) -> KVCacheBlocks:
@@ -395,12 +417,13 @@ class KvshareHybridKVCacheManager:
         self._reqs[rid] = st
         st.n = known
         self._refresh(st)
+        nh = num_hit // self.block_size
+        self._drain(st, request, nh, known // self.block_size if self.enable_caching else nh)
         if info["matched_tokens"] != num_hit:
             self.free(request)
             raise RuntimeError(
                 f"kvshare_vllm: request {rid}: {num_hit} tokens were found cached by "
                 f"get_computed_blocks but {info['matched_tokens']} at allocation")
-        nh = num_hit // self.block_size
         return self._handed([t[nh:] for t in st.tables])
 
     def free(self, request) -> None:
@@ -432,9 +455,10 @@ class KvshareHybridKVCacheManager:
         bs = self.block_size
         if target // bs > st.n // bs:  # a page fills (partial pages wait, see allocate_slots)
             self.cache.seq_append(st.seq, _token_ids(request)[st.n:target], 0)
-            st.n = target
+            cached, st.n = st.n // bs, target
             if _cdiv(target, bs) > len(st.tables[0]):
                 self._refresh(st)
+            self._drain(st, request, cached, target // bs)
 
     def evict_blocks(self, block_ids) -> None:
         """Failed KV loads (KV connectors, which these configurations do not run with)."""
@@ -448,10 +472,13 @@ class KvshareHybridKVCacheManager:
                            "freed yet", sum(len(t) for st in self._reqs.values()
                                             for t in st.tables))
             return False
+        self._drain(None, None)
         self.cache.close()
         self.cache = self._new_cache()
         self._avail = None
         self._refs.clear()
+        if self.enable_kv_cache_events:  # vLLM's BlockPool.reset_prefix_cache
+            self._events.append(self._translator.clear())
         return True
 
     def reset_prefix_cache(self) -> bool:
@@ -480,7 +507,11 @@ class KvshareHybridKVCacheManager:
         return out
 
     def take_events(self) -> list:
-        return []
+        if not self.enable_kv_cache_events:
+            return []
+        self._drain(None, None)
+        ev, self._events = self._events, []
+        return ev
 
     def get_blocks(self, request_id: str) -> KVCacheBlocks:
         st = self._reqs.get(request_id)

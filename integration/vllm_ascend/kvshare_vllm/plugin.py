@@ -12,7 +12,7 @@ vLLM's CPU engine: :mod:`kvshare_vllm.cpu_attn` serves the platform's attention 
 One full-attention group runs in :class:`kvshare_vllm.manager.KvshareKVCacheManager`; several
 groups (sliding window, chunked local attention, full / MLA) or one windowed group run in
 :class:`kvshare_vllm.hybrid.KvshareHybridKVCacheManager`.  Configurations neither manages
-(Mamba / linear attention, cross-attention, EAGLE with groups, KV events or a KV connector with
+(Mamba / linear attention, cross-attention, EAGLE with groups, a KV connector with
 groups, context parallelism) fall back to vLLM's own manager, with a log line.  So do KV
 connectors whose scheduler side takes vLLM's ``BlockPool`` itself (``connector_reason``:
 ``SimpleCPUOffloadConnector`` in vLLM 0.23.0); every other connector runs with kvshare's

@@ -19,7 +19,7 @@ import zlib
 import pytest
 
 import harness as h
-from test_scheduler_compare import NotManaged, Pair, conversations
+from test_scheduler_compare import NotManaged, Pair, _lockstep_events, conversations
 
 # (model, window/chunk override, Pair kwargs, workload kwargs)
 CASES = {
@@ -66,10 +66,16 @@ CASES = {
 WINDOWED = {"gpt-oss", "gemma3", "llama4", "mistral"}
 
 
-def run_case(model_dir, name: str, vllm_only: bool = False) -> Pair:
+def run_case(model_dir, name: str, vllm_only: bool = False, events: list | None = None,
+             **extra) -> Pair:
+    """Runs case ``name``; with ``events`` (a list), KV events are on and every step compares
+    both managers' streams (``_lockstep_events``), whose common stream lands in ``events``."""
     model, size, pair_kw, work = CASES[name]
     pair = Pair(model_dir, vllm_only=vllm_only, specs=h.layer_specs(model, size=size),
-                **pair_kw)
+                kv_events=events is not None, **pair_kw, **extra)
+    if events is not None:
+        seen = _lockstep_events(pair)
+        events.append(seen[1])
     work = dict(work)
     rng = random.Random(zlib.crc32(name.encode()))
     system = [rng.randrange(3, 30000) for _ in range(work.pop("system"))]
@@ -112,9 +118,38 @@ def test_lockstep(tiny_model_dir, name):
     assert st["num_seqs"] == 0 and st["device_pages_in_use"] == 0
 
 
+EVENT_CASES = ["gpt-oss", "gpt-oss-w32", "gpt-oss-w32-chunked", "gpt-oss-w32-preempt", "gemma3",
+               "gemma3-w64", "gemma3-w64-preempt"]
+
+
+@pytest.mark.parametrize("name", EVENT_CASES)
+def test_kv_events_match_vllm(tiny_model_dir, name):
+    """With KV events on, kvshare's hybrid manager publishes vLLM's hybrid stream field by
+    field every step: one ``BlockStored`` per group and caching call (group index, spec kind
+    and window, vLLM's block hashes of the group's registered blocks, parent, token ids, extra
+    keys), ``BlockRemoved`` in the group the page was stored for, and the clear of a reset."""
+    events: list = []
+    pair = run_case(tiny_model_dir, name, events=events)
+    assert type(pair.kvs.kv_cache_manager).__name__ == "KvshareHybridKVCacheManager"
+    assert pair.ref.reset_prefix_cache() and pair.kvs.reset_prefix_cache()
+    pair.step()  # drains (and compares) the reset's events
+    stream = events[0]
+    assert stream[-1][0] == "AllBlocksCleared"
+    stored = [dict(e[1:]) for e in stream if e[0] == "BlockStored"]
+    ngroups = len(pair.ref.kv_cache_config.kv_cache_groups)
+    assert {ev["group_idx"] for ev in stored} == set(range(ngroups))
+    assert {ev["kv_cache_spec_kind"] for ev in stored} >= {"full_attention", "sliding_window"}
+    assert any(ev["kv_cache_spec_sliding_window"] for ev in stored)
+    assert any(ev["parent_block_hash"] is not None for ev in stored)
+    if name.endswith("-preempt"):
+        removed = [dict(e[1:]) for e in stream if e[0] == "BlockRemoved"]
+        assert removed and {ev["group_idx"] for ev in removed} == set(range(ngroups))
+
+
 def test_unmanaged_configurations_fall_back(tiny_model_dir):
     """What kvshare's groups do not cover stays with vLLM's manager (the plugin logs why):
-    KV events with several groups, and Mamba / linear-attention state groups."""
+    Mamba / linear-attention state groups, EAGLE, differing block sizes.  KV events with
+    several groups run in kvshare (``test_kv_events_match_vllm``)."""
     import torch
     from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
                                             MambaSpec)
@@ -123,7 +158,8 @@ def test_unmanaged_configurations_fall_back(tiny_model_dir):
 
     s = h.make_scheduler(tiny_model_dir, kvshare=True, kv_events=True,
                          specs=h.layer_specs("gpt-oss", size=32))
-    assert type(s.kv_cache_manager).__name__ == "KVCacheManager"
+    assert type(s.kv_cache_manager).__name__ == "KvshareHybridKVCacheManager"
+    assert s.kv_cache_manager.enable_kv_cache_events
     s = h.make_scheduler(tiny_model_dir, kvshare=True, specs=h.layer_specs("gpt-oss", size=32))
     assert type(s.kv_cache_manager).__name__ == "KvshareHybridKVCacheManager"
     full = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=8, dtype=torch.float32)
@@ -134,6 +170,7 @@ def test_unmanaged_configurations_fall_back(tiny_model_dir):
     assert "MambaSpec" in hybrid_unsupported_reason(cfg, 16, 16)
     cfg.kv_cache_groups.pop()
     assert hybrid_unsupported_reason(cfg, 16, 16) is None
+    assert hybrid_unsupported_reason(cfg, 16, 16, enable_kv_cache_events=True) is None
     assert "EAGLE" in hybrid_unsupported_reason(cfg, 16, 16, use_eagle=True)
     assert "block sizes" in hybrid_unsupported_reason(cfg, 32, 16)
 

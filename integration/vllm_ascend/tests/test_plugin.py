@@ -42,8 +42,8 @@ def test_vllm_plugins_filter_excludes_it(installed):
 
 
 def test_unsupported_config_falls_back(tiny_model_dir):
-    """Sliding window + full attention: kvshare's hybrid manager; a Mamba group (or KV events
-    with several groups): the selector builds vLLM's own manager."""
+    """Sliding window + full attention: kvshare's hybrid manager (KV events on too); a Mamba
+    group (or EAGLE with several groups): the selector builds vLLM's own manager."""
     import torch
     from vllm.v1.core.kv_cache_manager import KVCacheManager
     from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
@@ -63,8 +63,10 @@ def test_unsupported_config_falls_back(tiny_model_dir):
     assert type(m) is KvshareHybridKVCacheManager
     m = sel(kv_cache_config=cfg, max_model_len=256, scheduler_block_size=16, hash_block_size=16,
             enable_kv_cache_events=True)
-    assert type(m) is KVCacheManager
+    assert type(m) is KvshareHybridKVCacheManager and m.enable_kv_cache_events
     m = sel(cfg, 256, 16, 16, 256, True, False, False, True)  # events on, by position
+    assert type(m) is KvshareHybridKVCacheManager and m.enable_kv_cache_events
+    m = sel(cfg, 256, 16, 16, 256, True, True)  # EAGLE with groups, by position
     assert type(m) is KVCacheManager
     mamba = KVCacheGroupSpec(["m"], MambaSpec(block_size=16, shapes=((1, 16),),
                                               dtypes=(torch.float32,)))
