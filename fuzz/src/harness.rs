@@ -338,6 +338,43 @@ impl Run {
         }
     }
 
+    /// One swap call (`kvs_seq_swap_out` / `kvs_seq_swap_in`) of sequence `id % 16`, which the
+    /// model must hold in tier `from`; on success the model moves it to `to`.
+    fn swap(
+        &mut self,
+        id: u8,
+        from: Tier,
+        to: Tier,
+        call: unsafe extern "C" fn(
+            *mut kvs_cache,
+            u64,
+            *mut kvs_copy,
+            usize,
+            *mut usize,
+        ) -> kvs_status,
+        copies: &mut [kvs_copy],
+        ncopies: &mut usize,
+    ) {
+        let id = u64::from(id % 16);
+        // SAFETY: `self.c` is the live cache this harness owns; `copies` is a writable buffer of
+        // `copies.len()` entries and `ncopies` a valid out-pointer, both outliving the call.
+        let st = unsafe { call(self.c, id, copies.as_mut_ptr(), copies.len(), ncopies) };
+        if let Some(want) = self.seq_status(id, from) {
+            return self.expect(st, &[want]);
+        }
+        self.expect(
+            st,
+            &[
+                kvs_status::Ok,
+                kvs_status::NoSpace,
+                kvs_status::BufferTooSmall,
+            ],
+        );
+        if st == kvs_status::Ok {
+            self.model.seqs.get_mut(&id).unwrap().tier = to;
+        }
+    }
+
     fn apply(&mut self, op: &Op) {
         let mut copies = [kvs_copy {
             src_page: 0,
@@ -462,58 +499,22 @@ impl Run {
                     self.expect(st, &[kvs_status::SeqNotFound]);
                 }
             }
-            Op::SwapOut { id } => {
-                let id = u64::from(id % 16);
-                let st = unsafe {
-                    kvs_cache::kvs_seq_swap_out(
-                        self.c,
-                        id,
-                        copies.as_mut_ptr(),
-                        copies.len(),
-                        &mut ncopies,
-                    )
-                };
-                if let Some(want) = self.seq_status(id, Tier::Device) {
-                    return self.expect(st, &[want]);
-                }
-                self.expect(
-                    st,
-                    &[
-                        kvs_status::Ok,
-                        kvs_status::NoSpace,
-                        kvs_status::BufferTooSmall,
-                    ],
-                );
-                if st == kvs_status::Ok {
-                    self.model.seqs.get_mut(&id).unwrap().tier = Tier::Host;
-                }
-            }
-            Op::SwapIn { id } => {
-                let id = u64::from(id % 16);
-                let st = unsafe {
-                    kvs_cache::kvs_seq_swap_in(
-                        self.c,
-                        id,
-                        copies.as_mut_ptr(),
-                        copies.len(),
-                        &mut ncopies,
-                    )
-                };
-                if let Some(want) = self.seq_status(id, Tier::Host) {
-                    return self.expect(st, &[want]);
-                }
-                self.expect(
-                    st,
-                    &[
-                        kvs_status::Ok,
-                        kvs_status::NoSpace,
-                        kvs_status::BufferTooSmall,
-                    ],
-                );
-                if st == kvs_status::Ok {
-                    self.model.seqs.get_mut(&id).unwrap().tier = Tier::Device;
-                }
-            }
+            Op::SwapOut { id } => self.swap(
+                id,
+                Tier::Device,
+                Tier::Host,
+                kvs_cache::kvs_seq_swap_out,
+                &mut copies,
+                &mut ncopies,
+            ),
+            Op::SwapIn { id } => self.swap(
+                id,
+                Tier::Host,
+                Tier::Device,
+                kvs_cache::kvs_seq_swap_in,
+                &mut copies,
+                &mut ncopies,
+            ),
             Op::SetPriority { id, priority } => {
                 let id = u64::from(id % 16);
                 let prio = u32::from(priority % 6);
