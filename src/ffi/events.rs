@@ -68,7 +68,7 @@ const _: () = assert!(KVS_MAX_QUEUED_EVENTS == crate::core::events::MAX_QUEUED_E
 
 /// A 128-bit digest as its (low, high) 64-bit halves.
 #[allow(clippy::cast_possible_truncation)] // keeping the low half is the point
-fn halves(h: u128) -> (u64, u64) {
+pub(super) fn halves(h: u128) -> (u64, u64) {
     (h as u64, (h >> 64) as u64)
 }
 

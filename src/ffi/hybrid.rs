@@ -10,7 +10,7 @@ use std::mem::offset_of;
 use std::sync::{Mutex, MutexGuard};
 
 use super::enums::decode;
-use super::events::kvs_event_kind;
+use super::events::{halves, kvs_event_kind};
 use super::handle::{self, Handle};
 use super::panic::guard;
 use super::slice::{opt_out, slice, slice_mut, try_out, try_ref};
@@ -294,11 +294,6 @@ fn kind_of(k: GroupKind) -> kvs_group_kind {
         GroupKind::SlidingWindow(_) => kvs_group_kind::SlidingWindow,
         GroupKind::ChunkedLocal(_) => kvs_group_kind::ChunkedLocal,
     }
-}
-
-#[allow(clippy::cast_possible_truncation)] // keeping the low half is the point
-fn halves(h: u128) -> (u64, u64) {
-    (h as u64, (h >> 64) as u64)
 }
 
 impl kvs_hybrid {
