@@ -14,14 +14,6 @@ use kvshare::ffi::backend::kvs_backend;
 use kvshare::ffi::status::kvs_status;
 use support::attention::*;
 
-fn rtol(dtype: u32) -> f64 {
-    match dtype {
-        F32 => 1e-4,
-        F16 => 2e-3,
-        _ => 2e-2,
-    }
-}
-
 fn check_released(c: &Case) -> usize {
     let mut b = build(c);
     let want = b.reference();
@@ -55,23 +47,10 @@ fn check_released(c: &Case) -> usize {
     let st = unsafe { kvs_backend::kvs_attention_launch(be, &args, std::ptr::null_mut()) };
     unsafe { kvs_backend::kvs_backend_free(be) };
     assert_eq!(st, kvs_status::Ok, "{}", last_error());
-    let tol = rtol(c.dtype);
-    let d = c.head_dim;
-    for t in 0..b.num_tokens {
-        for hh in 0..b.h {
-            for x in 0..d {
-                let got = b.out.get(t * b.q_ts + hh * d + x);
-                let r = want[(t * b.h + hh) * d + x];
-                assert!(
-                    (got - r).abs() <= tol * r.abs() + tol / 10.0,
-                    "dtype {} ps {} window {} token {t} head {hh} dim {x}: got {got}, want {r}",
-                    c.dtype,
-                    ps,
-                    c.window
-                );
-            }
-        }
-    }
+    b.assert_output(
+        &want,
+        &format!("dtype {} ps {} window {}", c.dtype, ps, c.window),
+    );
     released
 }
 

@@ -14,6 +14,16 @@ pub const F32: u32 = 0;
 pub const F16: u32 = 1;
 pub const BF16: u32 = 2;
 
+/// Relative tolerance of an output dtype against the f64 reference:
+/// |got - ref| <= rtol * |ref| + rtol / 10.
+pub fn rtol(dtype: u32) -> f64 {
+    match dtype {
+        F32 => 1e-4,
+        F16 => 2e-3,
+        _ => 2e-2,
+    }
+}
+
 /// xorshift64*: deterministic, no dependency.
 pub struct Rng(pub u64);
 
@@ -309,6 +319,25 @@ impl Built {
     pub fn cache_off(&self, page: usize, slot: usize, head: usize) -> usize {
         let l = &self.layout;
         page * l.page_stride + slot * l.slot_stride + head * l.head_stride
+    }
+
+    /// Asserts every output element equals `want` (the reference, `[num_tokens, h, d]`) within
+    /// `rtol` of the case's dtype; `what` names the case in the failure message.
+    pub fn assert_output(&self, want: &[f64], what: &str) {
+        let tol = rtol(self.c.dtype);
+        let d = self.c.head_dim;
+        for t in 0..self.num_tokens {
+            for hh in 0..self.h {
+                for x in 0..d {
+                    let got = self.out.get(t * self.q_ts + hh * d + x);
+                    let r = want[(t * self.h + hh) * d + x];
+                    assert!(
+                        (got - r).abs() <= tol * r.abs() + tol / 10.0,
+                        "{what} token {t} head {hh} dim {x}: got {got}, want {r}",
+                    );
+                }
+            }
+        }
     }
 
     /// Naive reference output `[num_tokens, h, d]` (dense).
