@@ -241,14 +241,18 @@ fn run_attention<T: KvElem>(
         };
         let n = r.lo.len();
         let mut acc = vec![0f32; n * d];
+        let (mut m, mut l) = (vec![0f32; n], vec![0f32; n]);
+        if it.tiled {
+            kernel::tiled::attend_partial(isa, &kv, &rows, &mut acc, &mut m, &mut l);
+        } else {
+            kernel::attend_partial(isa, &kv, &rows, &mut acc, &mut m, &mut l);
+        }
         match it.part {
             None => {
-                kernel::attend(isa, &kv, &rows, &mut acc);
+                kernel::normalize(d, &l, &mut acc);
                 write_rows(batch, &it, &acc, out);
             }
             Some(part) => {
-                let (mut m, mut l) = (vec![0f32; n], vec![0f32; n]);
-                kernel::attend_partial(isa, &kv, &rows, &mut acc, &mut m, &mut l);
                 // Each part index belongs to exactly one item, so the cell is empty here.
                 let _ = partials[part].set(Partial { acc, m, l });
             }

@@ -163,8 +163,10 @@ impl Lanes for Scalar {
     }
 }
 
+mod amx;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+pub(crate) mod tiled;
 
 /// One sequence's K/V (all kv heads).
 pub(crate) struct SeqKv<'a, T> {
@@ -192,12 +194,18 @@ pub(crate) struct Rows<'a> {
 /// The sequence's K/V is walked once, block by block (a block is up to 32 tokens of one page),
 /// and each block is used by every row group before moving on, so memory is read as one
 /// stream per sequence (all heads of a token slot are adjacent in the usual layout).
+#[cfg(test)]
 pub(crate) fn attend<T: KvElem>(isa: Isa, kv: &SeqKv<'_, T>, rows: &Rows<'_>, out: &mut [f32]) {
     let n = rows.lo.len();
-    let d = kv.layout.head_dim;
     let (mut m, mut l) = (vec![0f32; n], vec![0f32; n]);
     attend_partial(isa, kv, rows, out, &mut m, &mut l);
-    for r in 0..n {
+    normalize(kv.layout.head_dim, &l, out);
+}
+
+/// Divides each row of `out` (`d` floats) by its softmax sum `l[r]` (0 when the row saw
+/// nothing): the end of [`attend`] and of the tiled kernel's whole-range items.
+pub(crate) fn normalize(d: usize, l: &[f32], out: &mut [f32]) {
+    for r in 0..l.len() {
         let inv = if l[r] > 0.0 { 1.0 / l[r] } else { 0.0 };
         out[r * d..(r + 1) * d].iter_mut().for_each(|x| *x *= inv);
     }
@@ -226,7 +234,7 @@ pub(crate) fn attend_partial<T: KvElem>(
     } else {
         Isa::Portable
     };
-    match isa {
+    match isa.vector() {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: check() found the features; the lengths are checked above and in `block`.
         Isa::Avx512 => unsafe { attend_avx512(kv, rows, out, m, l) },

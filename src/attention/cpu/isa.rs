@@ -9,10 +9,13 @@
 //! * `avx512`: the same 8-lane kernel compiled with AVX-512F/VL enabled, so it gets 32 vector
 //!   registers and EVEX encodings, and `exp` scales by `vscalefps` instead of building the
 //!   exponent bits. It is not a 16-lane kernel.
-//! * `amx`: named so that `KVSHARE_CPU_ISA=amx` is understood, but no AMX kernel exists yet:
-//!   [`Isa::check`] refuses it on every machine, saying why. [`amx_permission`] is the part
-//!   that is done: the one-time `arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)` request
-//!   a tile kernel needs before its first tile instruction.
+//! * `amx`: prefill rows (the tiled kernel, `kernel/tiled.rs`) on AMX tiles in bf16
+//!   (`kernel/amx.rs`, `tdpbf16ps`); decode rows on the best vector path (`avx512`, else
+//!   `avx2`: [`Isa::vector`]). Runs only when CPUID reports amx_tile and amx_bf16 and the
+//!   kernel granted tile data to the process ([`amx_permission`], the one-time
+//!   `arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)` request); otherwise refused with
+//!   the reason. No machine this project is built on has AMX: the tile instructions have
+//!   never executed here; the algorithm is tested through software tiles with AMX's semantics.
 //!
 //! The best available path is picked unless `KVSHARE_CPU_ISA` names one
 //! (`portable|avx2|avx512|amx`); a named path the machine lacks makes backend creation fail
@@ -35,7 +38,7 @@ pub enum Isa {
     Avx2,
     /// AVX-512F + AVX-512VL (+ the AVX2 set).
     Avx512,
-    /// AMX tiles (bf16). No kernel yet: always refused by [`Isa::check`].
+    /// AMX tiles (bf16) for prefill, the best vector path for decode.
     Amx,
 }
 
@@ -77,9 +80,26 @@ impl Isa {
                 ("avx512f", has_avx512f()),
                 ("avx512vl", has_avx512vl()),
             ]),
-            Isa::Amx => Err("no AMX kernel is built into this library yet (AMX paths: \
-                             see README, CPU attention)"
-                .into()),
+            Isa::Amx => {
+                need(&[
+                    ("avx2", has_avx2()),
+                    ("fma", has_fma()),
+                    ("f16c", has_f16c()),
+                    ("amx_tile", has_amx_tile()),
+                    ("amx_bf16", has_amx_bf16()),
+                ])?;
+                amx_permission()
+            }
+        }
+    }
+
+    /// The vector path that runs this path's decode rows: itself, except `amx`, whose decode
+    /// rows run on `avx512` where the CPU has it, else `avx2`.
+    pub fn vector(self) -> Isa {
+        match self {
+            Isa::Amx if Isa::Avx512.check().is_ok() => Isa::Avx512,
+            Isa::Amx => Isa::Avx2,
+            isa => isa,
         }
     }
 
@@ -246,8 +266,11 @@ mod tests {
         assert_eq!(Isa::parse("sse"), None);
         assert!(Isa::best().check().is_ok());
         assert!(Isa::Portable.check().is_ok());
-        let amx = Isa::Amx.check().unwrap_err();
-        assert!(amx.contains("no AMX kernel"), "{amx}");
+        assert_eq!(Isa::Avx2.vector(), Isa::Avx2);
+        match Isa::Amx.check() {
+            Ok(()) => assert!(amx_permission().is_ok() && Isa::Amx.vector() != Isa::Amx),
+            Err(why) => assert!(why.contains("lacks") || why.contains("refused"), "{why}"),
+        }
     }
 
     #[test]

@@ -17,6 +17,11 @@
 //!   fill the gaps at the end ("longest processing time first"): for many short sequences the
 //!   threads finish within about one short item of each other.
 //!
+//! * **Prefill.** A sequence with at least [`TILED_MIN_TOKENS`] query tokens (prefill, chunked
+//!   prefill) is cut into units of [`TILED_ROWS`] rows per kv head (not 8) that run the tiled
+//!   kernel (`kernel/tiled.rs`): there, each converted K/V tile is reused by every row of the
+//!   unit, so bigger units convert less per row. Decode rows keep the decode kernel.
+//!
 //! Costs: a merge reads `parts x rows x head_dim` floats per split unit, about `group / CHUNK`
 //! of the K/V bytes the unit read (under 1% for GQA 4).
 
@@ -24,6 +29,12 @@ use super::super::params::SeqSpan;
 
 /// Target key tokens per item when a sequence is split (before rounding to pages).
 pub(crate) const CHUNK: usize = 512;
+
+/// Query tokens from which a sequence's rows run the tiled (prefill) kernel.
+pub(crate) const TILED_MIN_TOKENS: usize = 8;
+
+/// Rows per kv head of a tiled unit (a multiple of both engines' row blocks, 6 and 16).
+pub(crate) const TILED_ROWS: usize = 96;
 
 /// One unit of parallel work.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,6 +54,8 @@ pub(crate) struct Item {
     /// Index of this item's partial state when it is one part of a split; `None`: the item
     /// covers its rows' whole range and writes the output itself.
     pub part: Option<usize>,
+    /// Whether the rows run the tiled (prefill) kernel.
+    pub tiled: bool,
 }
 
 /// The parts of one split: items with the same rows over consecutive key ranges, whose states
@@ -85,11 +98,18 @@ pub(crate) fn plan(
     window: usize,
     threads: usize,
 ) -> Plan {
-    // Query tokens per unit: enough for 8 rows of one kv head (one register group).
-    let qb = super::super::kernel::ROWS_PER_PASS.div_ceil(group).max(1);
     let chunk = chunk_len(page_size);
     let mut units: Vec<(Item, usize)> = Vec::new(); // (unit, number of chunks)
     for (s, seq) in seqs.iter().enumerate() {
+        let tiled = seq.q_len >= TILED_MIN_TOKENS;
+        // Query tokens per unit: enough for 8 rows of one kv head (one register group) for
+        // decode rows, TILED_ROWS for the tiled kernel.
+        let rows = if tiled {
+            TILED_ROWS
+        } else {
+            super::super::kernel::ROWS_PER_PASS
+        };
+        let qb = rows.div_ceil(group).max(1);
         for q0 in (0..seq.q_len).step_by(qb) {
             let qn = qb.min(seq.q_len - q0);
             let (k0, _) = row_range(seq, q0, window);
@@ -103,6 +123,7 @@ pub(crate) fn plan(
                 k0,
                 k1,
                 part: None,
+                tiled,
             };
             units.push((unit, chunks_of(k0, k1, chunk).len()));
         }

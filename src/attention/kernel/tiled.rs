@@ -1,0 +1,467 @@
+//! The tiled (flash-attention) kernel for prefill and chunked-prefill rows: many query rows of
+//! one sequence against its paged K/V, computed as small matrix products.
+//!
+//! The K/V is walked in tiles of up to [`KT`] tokens of one page. For each tile and kv head, the
+//! tile is converted once (f32 for the vector engine, bf16 in AMX's layout for the tile engine)
+//! and then used by every row block of that head: scores `S = Q K^T` as a register-blocked
+//! product, the causal / window mask per tile (skipped when the whole tile is inside every row's
+//! range, and blocks that see none of the tile are skipped), an online softmax per row, and
+//! `O += P V` as a second blocked product. The products are an [`Engine`]: [`Fma`] (f32 FMAs on
+//! the CPU path's lanes, `MR x 16` accumulators) or the AMX engine (`amx.rs`).
+//!
+//! The result is the same unnormalised online-softmax state as the decode kernel's
+//! (`kernel::attend_partial`), so split-K merging and normalisation are shared.
+
+#![allow(clippy::needless_range_loop)]
+
+#[cfg(target_arch = "x86_64")]
+use super::avx2::{Avx2, Avx512};
+use super::{Isa, KvElem, Lanes, Rows, Scalar, SeqKv};
+
+/// Key tokens per tile (a tile never crosses a page).
+pub(super) const KT: usize = 32;
+
+/// The two matrix products of the tiled algorithm, on one kv head's tile at a time.
+pub(super) trait Engine<T: KvElem> {
+    /// Rows per block (at most).
+    const MR: usize;
+    /// Called once per launch with every row's (scaled) query, `n` rows of `d`.
+    ///
+    /// # Safety
+    /// The CPU must have the engine's features.
+    unsafe fn queries(&mut self, q: &[f32], n: usize, d: usize);
+    /// Takes the tile `k[t]`, `v[t]` (`t < k.len() <= KT`, rows of `d`).
+    ///
+    /// # Safety
+    /// As [`Engine::queries`].
+    unsafe fn kv_tile(&mut self, k: &[&[T]], v: &[&[T]], d: usize);
+    /// `s[r * KT + t] = q[r0 + r] . k[t]` for `r < mr`, `t < nb` (other entries: anything);
+    /// `q` holds rows `r0..r0 + mr` (the f32 queries given to [`Engine::queries`]).
+    ///
+    /// # Safety
+    /// As [`Engine::queries`]; `r0 + mr <= n`, `mr <= MR`, `nb` the tile's length.
+    unsafe fn scores(&mut self, q: &[f32], r0: usize, mr: usize, nb: usize, s: &mut [f32]);
+    /// `acc[r * d..][..d] += sum_t p[r * KT + t] v[t]` for `r < mr`, `t < nb`.
+    ///
+    /// # Safety
+    /// As [`Engine::scores`].
+    unsafe fn values(&mut self, mr: usize, nb: usize, p: &[f32], acc: &mut [f32]);
+    /// Whether the engine multiplies rounded probabilities ([`Engine::round_p`]); the softmax
+    /// denominator then sums the rounded values, so that it matches what the product uses.
+    const ROUNDS_P: bool = false;
+    /// The value the engine multiplies in place of probability `p` (bf16 rounding for AMX).
+    #[inline(always)]
+    fn round_p(p: f32) -> f32 {
+        p
+    }
+}
+
+/// Runs the tiled algorithm: the unnormalised state of every row as `kernel::attend_partial`
+/// defines it.
+///
+/// # Safety
+/// The CPU must have `L`'s and `E`'s features; lengths as `kernel::attend_partial` checks.
+pub(super) unsafe fn run<L: Lanes, T: KvElem, E: Engine<T>>(
+    e: &mut E,
+    kv: &SeqKv<'_, T>,
+    rows: &Rows<'_>,
+    out: &mut [f32],
+    m_out: &mut [f32],
+    l_out: &mut [f32],
+) {
+    let lay = kv.layout;
+    let d = lay.head_dim;
+    let n = rows.lo.len();
+    out[..n * d].fill(0.0);
+    m_out[..n].fill(f32::NEG_INFINITY);
+    l_out[..n].fill(0.0);
+    if n == 0 {
+        return;
+    }
+    e.queries(&rows.q[..n * d], n, d);
+    // Runs of rows of one kv head: (kv head, first row, end row, lowest lo, highest hi).
+    let mut runs = Vec::new();
+    let mut r = 0;
+    while r < n {
+        let kh = rows.kv_head[r];
+        let end = r + rows.kv_head[r..].iter().take_while(|&&h| h == kh).count();
+        let lo = rows.lo[r..end].iter().copied().min().unwrap_or(0);
+        let hi = rows.hi[r..end].iter().copied().max().unwrap_or(0);
+        runs.push((kh, r, end, lo, hi));
+        r = end;
+    }
+    let start = runs.iter().map(|x| x.3).min().unwrap_or(0);
+    let end = runs.iter().map(|x| x.4).max().unwrap_or(0);
+    let mut s = vec![0f32; E::MR * KT];
+    let mut krows: [&[T]; KT] = [&[]; KT];
+    let mut vrows: [&[T]; KT] = [&[]; KT];
+    let mut pos = start;
+    while pos < end {
+        let page = kv.pages[pos / lay.page_size] as usize;
+        let slot = pos % lay.page_size;
+        let nb = KT.min(lay.page_size - slot).min(end - pos);
+        for &(kh, r0, r1, lo, hi) in &runs {
+            if pos >= hi || pos + nb <= lo {
+                continue;
+            }
+            let base = page * lay.page_stride + slot * lay.slot_stride + kh * lay.head_stride;
+            for t in 0..nb {
+                let off = base + t * lay.slot_stride;
+                krows[t] = &kv.k[off..off + d];
+                vrows[t] = &kv.v[off..off + d];
+            }
+            e.kv_tile(&krows[..nb], &vrows[..nb], d);
+            let mut rb = r0;
+            while rb < r1 {
+                let mr = E::MR.min(r1 - rb);
+                let rr = rb..rb + mr;
+                let blo = rows.lo[rr.clone()].iter().copied().min().unwrap_or(0);
+                let bhi = rows.hi[rr.clone()].iter().copied().max().unwrap_or(0);
+                if pos < bhi && pos + nb > blo {
+                    e.scores(&rows.q[rb * d..(rb + mr) * d], rb, mr, nb, &mut s);
+                    let acc = &mut out[rb * d..(rb + mr) * d];
+                    softmax::<L, T, E>(
+                        kv.softcap,
+                        (pos, nb),
+                        (&rows.lo[rr.clone()], &rows.hi[rr.clone()]),
+                        &mut s[..mr * KT],
+                        (&mut m_out[rr.clone()], &mut l_out[rr]),
+                        acc,
+                    );
+                    e.values(mr, nb, &s, acc);
+                }
+                rb += mr;
+            }
+        }
+        pos += nb;
+    }
+}
+
+/// Turns the scores of one block (`s[r * KT + t]`, keys `pos..pos + nb`) into probabilities
+/// against each row's running maximum, rescaling the row's accumulator and sum when the
+/// maximum grows. Entries a row does not see (mask, padding) become 0.
+#[inline(always)]
+unsafe fn softmax<L: Lanes, T: KvElem, E: Engine<T>>(
+    softcap: f32,
+    (pos, nb): (usize, usize),
+    (lo, hi): (&[usize], &[usize]),
+    s: &mut [f32],
+    (m, l): (&mut [f32], &mut [f32]),
+    acc: &mut [f32],
+) {
+    let mr = lo.len();
+    let d = acc.len() / mr;
+    for r in 0..mr {
+        let sr = &mut s[r * KT..(r + 1) * KT];
+        sr[nb..].fill(f32::NEG_INFINITY);
+        if softcap > 0.0 {
+            for x in &mut sr[..nb] {
+                *x = softcap * (*x / softcap).tanh();
+            }
+        }
+        if pos < lo[r] || pos + nb > hi[r] {
+            for t in 0..nb {
+                if pos + t < lo[r] || pos + t >= hi[r] {
+                    sr[t] = f32::NEG_INFINITY;
+                }
+            }
+        }
+        let mut mx = L::splat(f32::NEG_INFINITY);
+        for c in (0..KT).step_by(8) {
+            mx = L::max(mx, L::load(sr.as_ptr().add(c)));
+        }
+        let mut lanes = [0f32; 8];
+        L::store(lanes.as_mut_ptr(), mx);
+        let bm = lanes.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        if bm == f32::NEG_INFINITY {
+            sr.fill(0.0);
+            continue;
+        }
+        if bm > m[r] {
+            if m[r] > f32::NEG_INFINITY {
+                let alpha = (m[r] - bm).exp();
+                l[r] *= alpha;
+                scale::<L>(&mut acc[r * d..(r + 1) * d], alpha);
+            }
+            m[r] = bm;
+        }
+        let shift = L::splat(m[r]);
+        let mut sum = L::zero();
+        for c in (0..KT).step_by(8) {
+            let p = L::exp(L::sub(L::load(sr.as_ptr().add(c)), shift));
+            L::store(sr.as_mut_ptr().add(c), p);
+            sum = L::add(sum, p);
+        }
+        if E::ROUNDS_P {
+            // The engine multiplies rounded probabilities; sum those.
+            let mut tot = 0f32;
+            for x in &mut sr[..nb] {
+                *x = E::round_p(*x);
+                tot += *x;
+            }
+            l[r] += tot;
+        } else {
+            L::store(lanes.as_mut_ptr(), sum);
+            l[r] += lanes.iter().sum::<f32>();
+        }
+    }
+}
+
+/// `x *= a`.
+#[inline(always)]
+unsafe fn scale<L: Lanes>(x: &mut [f32], a: f32) {
+    let n8 = x.len() / 8 * 8;
+    let (av, z) = (L::splat(a), L::zero());
+    for c in (0..n8).step_by(8) {
+        let p = x.as_mut_ptr().add(c);
+        L::store(p, L::fma(L::load(p), av, z));
+    }
+    x[n8..].iter_mut().for_each(|v| *v *= a);
+}
+
+/// The f32 engine: the tile converted to f32 once (K transposed, so a score block is a
+/// broadcast-FMA product), `MR x 16` register blocks for both products.
+pub(super) struct Fma<L> {
+    d: usize,
+    /// K tile transposed: `kt[c * KT + t]`.
+    kt: Vec<f32>,
+    /// V tile: `vt[t * d + c]`.
+    vt: Vec<f32>,
+    /// One converted K row.
+    row: Vec<f32>,
+    _l: std::marker::PhantomData<L>,
+}
+
+impl<L> Fma<L> {
+    pub(super) fn new(d: usize) -> Self {
+        Fma {
+            d,
+            kt: vec![0.0; d * KT],
+            vt: vec![0.0; d * KT],
+            row: vec![0.0; d],
+            _l: std::marker::PhantomData,
+        }
+    }
+}
+
+/// Rows per block of the f32 engine: 6 x 2 vectors = 12 accumulators (of 16 AVX2 registers).
+const FMA_MR: usize = 6;
+
+/// Converts one K/V row to f32.
+#[inline(always)]
+unsafe fn convert<L: Lanes, T: KvElem>(src: &[T], dst: &mut [f32]) {
+    let d = dst.len();
+    let src = &src[..d];
+    let d8 = d / 8 * 8;
+    for c in (0..d8).step_by(8) {
+        L::store(dst.as_mut_ptr().add(c), L::load_kv(src.as_ptr().add(c)));
+    }
+    for c in d8..d {
+        dst[c] = src[c].to_f32();
+    }
+}
+
+impl<L: Lanes, T: KvElem> Engine<T> for Fma<L> {
+    const MR: usize = FMA_MR;
+
+    #[inline(always)]
+    unsafe fn queries(&mut self, _q: &[f32], _n: usize, d: usize) {
+        self.d = d;
+    }
+
+    #[inline(always)]
+    unsafe fn kv_tile(&mut self, k: &[&[T]], v: &[&[T]], d: usize) {
+        for (t, (kr, vr)) in k.iter().zip(v).enumerate() {
+            convert::<L, T>(kr, &mut self.row[..d]);
+            for c in 0..d {
+                *self.kt.get_unchecked_mut(c * KT + t) = *self.row.get_unchecked(c);
+            }
+            convert::<L, T>(vr, &mut self.vt[t * d..(t + 1) * d]);
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn scores(&mut self, q: &[f32], _r0: usize, mr: usize, nb: usize, s: &mut [f32]) {
+        let d = self.d;
+        let q = &q[..mr * d];
+        assert!(s.len() >= mr * KT && self.kt.len() >= d * KT);
+        for j in (0..nb).step_by(16) {
+            match mr {
+                6 => qk::<L, 6>(q, &self.kt, d, j, s),
+                5 => qk::<L, 5>(q, &self.kt, d, j, s),
+                4 => qk::<L, 4>(q, &self.kt, d, j, s),
+                3 => qk::<L, 3>(q, &self.kt, d, j, s),
+                2 => qk::<L, 2>(q, &self.kt, d, j, s),
+                _ => qk::<L, 1>(q, &self.kt, d, j, s),
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn values(&mut self, mr: usize, nb: usize, p: &[f32], acc: &mut [f32]) {
+        let d = self.d;
+        assert!(acc.len() >= mr * d && p.len() >= mr * KT && self.vt.len() >= nb * d);
+        let (d16, d8) = (d / 16 * 16, d / 8 * 8);
+        let vt = &self.vt[..nb * d];
+        macro_rules! cols {
+            ($u:literal, $c:expr) => {
+                match mr {
+                    6 => pv::<L, 6, $u>(p, vt, nb, d, $c, acc),
+                    5 => pv::<L, 5, $u>(p, vt, nb, d, $c, acc),
+                    4 => pv::<L, 4, $u>(p, vt, nb, d, $c, acc),
+                    3 => pv::<L, 3, $u>(p, vt, nb, d, $c, acc),
+                    2 => pv::<L, 2, $u>(p, vt, nb, d, $c, acc),
+                    _ => pv::<L, 1, $u>(p, vt, nb, d, $c, acc),
+                }
+            };
+        }
+        for c in (0..d16).step_by(16) {
+            cols!(2, c);
+        }
+        if d8 > d16 {
+            cols!(1, d16);
+        }
+        for r in 0..mr {
+            for c in d8..d {
+                let mut x = acc[r * d + c];
+                for t in 0..nb {
+                    x += p[r * KT + t] * vt[t * d + c];
+                }
+                acc[r * d + c] = x;
+            }
+        }
+    }
+}
+
+/// Scores of `M` rows against the 16 keys `j..j + 16` of the transposed tile:
+/// `s[r * KT + j + i] = sum_c q[r][c] kt[c][j + i]`, `2M` accumulators.
+#[inline(always)]
+unsafe fn qk<L: Lanes, const M: usize>(q: &[f32], kt: &[f32], d: usize, j: usize, s: &mut [f32]) {
+    assert!(q.len() >= M * d && kt.len() >= d * KT && j + 16 <= KT && s.len() >= M * KT);
+    let mut a = [[L::zero(); 2]; M];
+    let (qp, kp) = (q.as_ptr(), kt.as_ptr().add(j));
+    for c in 0..d {
+        let b0 = L::load(kp.add(c * KT));
+        let b1 = L::load(kp.add(c * KT + 8));
+        for r in 0..M {
+            let x = L::splat(*qp.add(r * d + c));
+            a[r][0] = L::fma(x, b0, a[r][0]);
+            a[r][1] = L::fma(x, b1, a[r][1]);
+        }
+    }
+    for r in 0..M {
+        L::store(s.as_mut_ptr().add(r * KT + j), a[r][0]);
+        L::store(s.as_mut_ptr().add(r * KT + j + 8), a[r][1]);
+    }
+}
+
+/// `acc[r][c..c + 8U] += sum_{t < nb} p[r][t] v[t][c..c + 8U]` for `M` rows, `M * U`
+/// accumulators.
+#[inline(always)]
+unsafe fn pv<L: Lanes, const M: usize, const U: usize>(
+    p: &[f32],
+    vt: &[f32],
+    nb: usize,
+    d: usize,
+    c: usize,
+    acc: &mut [f32],
+) {
+    assert!(c + 8 * U <= d && vt.len() >= nb * d && p.len() >= M * KT && acc.len() >= M * d);
+    let ap = acc.as_mut_ptr();
+    let mut a: [[L::V; U]; M] =
+        std::array::from_fn(|r| std::array::from_fn(|u| L::load(ap.add(r * d + c + 8 * u))));
+    for t in 0..nb {
+        let vv: [L::V; U] = std::array::from_fn(|u| L::load(vt.as_ptr().add(t * d + c + 8 * u)));
+        for r in 0..M {
+            let x = L::splat(*p.get_unchecked(r * KT + t));
+            for u in 0..U {
+                a[r][u] = L::fma(x, vv[u], a[r][u]);
+            }
+        }
+    }
+    for r in 0..M {
+        for u in 0..U {
+            L::store(ap.add(r * d + c + 8 * u), a[r][u]);
+        }
+    }
+}
+
+/// The tiled kernel's entry: as `kernel::attend_partial` (same arguments, same result up to
+/// rounding), on the backend's path: `amx` runs the AMX engine (bf16 inputs, see `amx.rs`),
+/// the vector paths the f32 [`Fma`] engine on their lanes.
+pub(crate) fn attend_partial<T: KvElem>(
+    isa: Isa,
+    kv: &SeqKv<'_, T>,
+    rows: &Rows<'_>,
+    out: &mut [f32],
+    m: &mut [f32],
+    l: &mut [f32],
+) {
+    let d = kv.layout.head_dim;
+    let n = rows.lo.len();
+    assert!(rows.hi.len() == n && rows.kv_head.len() == n);
+    assert!(rows.q.len() >= n * d && out.len() >= n * d);
+    assert!(m.len() >= n && l.len() >= n);
+    let isa = if isa.check().is_ok() {
+        isa
+    } else {
+        Isa::Portable
+    };
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: check() found AMX, the tile permission and AVX2/FMA/F16C; lengths checked
+        // above and by slicing in `run`.
+        Isa::Amx => unsafe { amx_avx2(kv, rows, out, m, l) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: check() found the features; as above.
+        Isa::Avx512 => unsafe { fma_avx512(kv, rows, out, m, l) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        Isa::Avx2 => unsafe { fma_avx2(kv, rows, out, m, l) },
+        // SAFETY: lengths as above.
+        _ => unsafe { run::<Scalar, T, _>(&mut Fma::<Scalar>::new(d), kv, rows, out, m, l) },
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn fma_avx2<T: KvElem>(
+    kv: &SeqKv<'_, T>,
+    rows: &Rows<'_>,
+    out: &mut [f32],
+    m: &mut [f32],
+    l: &mut [f32],
+) {
+    let mut e = Fma::<Avx2>::new(kv.layout.head_dim);
+    run::<Avx2, T, _>(&mut e, kv, rows, out, m, l)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
+unsafe fn fma_avx512<T: KvElem>(
+    kv: &SeqKv<'_, T>,
+    rows: &Rows<'_>,
+    out: &mut [f32],
+    m: &mut [f32],
+    l: &mut [f32],
+) {
+    let mut e = Fma::<Avx512>::new(kv.layout.head_dim);
+    run::<Avx512, T, _>(&mut e, kv, rows, out, m, l)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn amx_avx2<T: KvElem>(
+    kv: &SeqKv<'_, T>,
+    rows: &Rows<'_>,
+    out: &mut [f32],
+    m: &mut [f32],
+    l: &mut [f32],
+) {
+    let mut e = super::amx::Amx::new(super::amx::AsmTiles, kv.layout.head_dim);
+    run::<Avx2, T, _>(&mut e, kv, rows, out, m, l)
+}
+
+#[cfg(test)]
+#[path = "tiled_tests.rs"]
+mod tests;

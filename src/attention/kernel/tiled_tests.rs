@@ -1,0 +1,327 @@
+//! The tiled kernel against an f64 reference: the f32 engine on every vector path this machine
+//! runs, and the AMX engine's whole algorithm (VNNI packing, tiling, tails, masking, softmax)
+//! through [`SoftTiles`], which reproduce the tile instructions' semantics.
+
+use half::{bf16, f16};
+use proptest::prelude::*;
+
+use super::super::amx::{Amx, SoftTiles, TileConfig, Tiles};
+use super::*;
+use crate::attention::CacheLayout;
+use crate::core::DType;
+
+/// A prefill case: `kv_heads` x `group` heads, query tokens `q_len` at the end of a sequence
+/// of `ctx` tokens (a cached prefix of `ctx - q_len`), causal, optional window and soft cap.
+#[derive(Clone, Debug)]
+struct Case {
+    dtype: DType,
+    d: usize,
+    ps: usize,
+    kv_heads: usize,
+    group: usize,
+    ctx: usize,
+    q_len: usize,
+    window: usize,
+    softcap: f32,
+    seed: u32,
+}
+
+struct Data<T> {
+    k: Vec<T>,
+    v: Vec<T>,
+    /// The stored values as f64 (what the reference uses).
+    k64: Vec<f64>,
+    v64: Vec<f64>,
+    pages: Vec<i32>,
+    layout: CacheLayout,
+    q: Vec<f32>,
+    lo: Vec<usize>,
+    hi: Vec<usize>,
+    kv_head: Vec<usize>,
+}
+
+fn data<T: KvElem>(c: &Case, from: impl Fn(f32) -> T) -> Data<T> {
+    let mut seed = c.seed | 1;
+    let mut rnd = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 17;
+        seed ^= seed << 5;
+        (seed >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0
+    };
+    let npages = c.ctx.div_ceil(c.ps) + 2;
+    let layout = CacheLayout::dense(c.dtype, npages, c.ps, c.kv_heads, c.d);
+    let n = npages * c.ps * c.kv_heads * c.d;
+    let k: Vec<T> = (0..n).map(|_| from(rnd())).collect();
+    let v: Vec<T> = (0..n).map(|_| from(rnd())).collect();
+    // A shuffled table: page i of the sequence is physical page (i * 7 + 3) % npages.
+    let mut pages: Vec<i32> = (0..npages as i32).collect();
+    for i in (1..pages.len()).rev() {
+        pages.swap(i, (rnd().abs() * 1e6) as usize % (i + 1));
+    }
+    pages.truncate(c.ctx.div_ceil(c.ps));
+    // Kernel row order: kv head, query token, the head's query heads.
+    let rows = c.kv_heads * c.q_len * c.group;
+    let (mut lo, mut hi, mut kv_head) = (vec![0; rows], vec![0; rows], vec![0; rows]);
+    let scale = 1.0 / (c.d as f32).sqrt();
+    let q: Vec<f32> = (0..rows * c.d).map(|_| rnd() * scale * 2.0).collect();
+    for r in 0..rows {
+        let (kh, qi) = (r / (c.q_len * c.group), r / c.group % c.q_len);
+        let pos = c.ctx - c.q_len + qi;
+        kv_head[r] = kh;
+        hi[r] = pos + 1;
+        lo[r] = if c.window > 0 {
+            (pos + 1).saturating_sub(c.window)
+        } else {
+            0
+        };
+    }
+    Data {
+        k64: k.iter().map(|x| x.to_f32() as f64).collect(),
+        v64: v.iter().map(|x| x.to_f32() as f64).collect(),
+        k,
+        v,
+        pages,
+        layout,
+        q,
+        lo,
+        hi,
+        kv_head,
+    }
+}
+
+/// The f64 reference of every row (normalised), with each input passed through `round`.
+fn reference<T>(c: &Case, x: &Data<T>, round: impl Fn(f64) -> f64) -> Vec<f64> {
+    let (d, lay) = (c.d, &x.layout);
+    let rows = x.lo.len();
+    let mut out = vec![0f64; rows * d];
+    for r in 0..rows {
+        let at = |t: usize| {
+            x.pages[t / c.ps] as usize * lay.page_stride
+                + (t % c.ps) * lay.slot_stride
+                + x.kv_head[r] * lay.head_stride
+        };
+        let s: Vec<f64> = (x.lo[r]..x.hi[r])
+            .map(|t| {
+                let s: f64 = (0..d)
+                    .map(|i| round(x.q[r * d + i] as f64) * round(x.k64[at(t) + i]))
+                    .sum();
+                if c.softcap > 0.0 {
+                    let cap = c.softcap as f64;
+                    cap * (s / cap).tanh()
+                } else {
+                    s
+                }
+            })
+            .collect();
+        let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let p: Vec<f64> = s.iter().map(|s| (s - m).exp()).collect();
+        let l: f64 = p.iter().sum();
+        for i in 0..d {
+            let o: f64 = (x.lo[r]..x.hi[r])
+                .zip(&p)
+                .map(|(t, p)| p * round(x.v64[at(t) + i]))
+                .sum();
+            out[r * d + i] = o / l;
+        }
+    }
+    out
+}
+
+/// Runs engine `e` on lanes `L` and returns the normalised rows.
+fn run_engine<L: Lanes, T: KvElem, E: Engine<T>>(e: &mut E, c: &Case, x: &Data<T>) -> Vec<f32> {
+    let kv = SeqKv {
+        k: &x.k,
+        v: &x.v,
+        pages: &x.pages,
+        layout: &x.layout,
+        softcap: c.softcap,
+    };
+    let rows = Rows {
+        q: &x.q,
+        lo: &x.lo,
+        hi: &x.hi,
+        kv_head: &x.kv_head,
+    };
+    let n = x.lo.len();
+    let (mut out, mut m, mut l) = (vec![0f32; n * c.d], vec![0f32; n], vec![0f32; n]);
+    // SAFETY: L and E are run only where the CPU has their features (the caller checks).
+    unsafe { run::<L, T, E>(e, &kv, &rows, &mut out, &mut m, &mut l) };
+    super::super::normalize(c.d, &l, &mut out);
+    out
+}
+
+fn compare(what: &str, c: &Case, got: &[f32], want: &[f64], tol: f64) {
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g as f64 - w).abs() <= tol,
+            "{what} {c:?} row {} [{}]: {g} vs {w}",
+            i / c.d,
+            i % c.d
+        );
+    }
+}
+
+fn bf64(x: f64) -> f64 {
+    bf16::from_f64(x).to_f64()
+}
+
+/// Every engine this machine runs on one case.
+fn check_case<T: KvElem>(c: &Case, from: impl Fn(f32) -> T) {
+    let x = data(c, from);
+    let exact = reference(c, &x, |v| v);
+    // The f32 engine: inputs exact, f32 accumulation, polynomial exp.
+    let tol = 2e-5;
+    compare(
+        "fma portable",
+        c,
+        &run_engine::<Scalar, T, _>(&mut Fma::<Scalar>::new(c.d), c, &x),
+        &exact,
+        tol,
+    );
+    #[cfg(target_arch = "x86_64")]
+    if Isa::Avx2.check().is_ok() {
+        // SAFETY: the CPU has AVX2, FMA and F16C.
+        let got = unsafe { avx2_engine(c, &x) };
+        compare("fma avx2", c, &got, &exact, tol);
+    }
+    // The AMX algorithm through software tiles: against the reference on bf16-rounded
+    // q/k/v, the probabilities rounded to bf16 too (relative 2^-9 per weight, so at most
+    // about 2e-3 of |v| <= 1), and against the exact reference within bf16 accuracy.
+    let got = run_engine::<Scalar, T, _>(&mut Amx::new(SoftTiles::new(), c.d), c, &x);
+    compare(
+        "amx (software tiles)",
+        c,
+        &got,
+        &reference(c, &x, bf64),
+        4e-3,
+    );
+    compare("amx vs exact", c, &got, &exact, 3e-2);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn avx2_engine<T: KvElem>(c: &Case, x: &Data<T>) -> Vec<f32> {
+    run_engine::<Avx2, T, _>(&mut Fma::<Avx2>::new(c.d), c, x)
+}
+
+fn check(c: Case) {
+    match c.dtype {
+        DType::F32 => check_case(&c, |x| x),
+        DType::F16 => check_case(&c, f16::from_f32),
+        _ => check_case(&c, bf16::from_f32),
+    }
+}
+
+#[test]
+fn prefill_dims_groups_pages_dtypes() {
+    let mut seed = 1;
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        for (d, ps) in [(64, 16), (128, 128), (256, 16)] {
+            for group in [1, 4, 8] {
+                seed += 1;
+                // A cached prefix of 37 tokens and a 23-token chunk: row blocks of 6 and 16
+                // both get tails, and tiles cross page boundaries.
+                check(Case {
+                    dtype,
+                    d,
+                    ps,
+                    kv_heads: 2,
+                    group,
+                    ctx: 60,
+                    q_len: 23,
+                    window: 0,
+                    softcap: 0.0,
+                    seed,
+                });
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(16))]
+
+    /// Random shapes: head dims with tails (not multiples of 8, 16 or 32), any page size, full
+    /// prefill or a chunk after a cached prefix, windows and soft caps.
+    #[test]
+    fn prefill_random_shapes(
+        dtype in prop::sample::select(vec![DType::F32, DType::F16, DType::BF16]),
+        d in prop::sample::select(vec![8usize, 40, 64, 72, 100, 128]),
+        ps in prop::sample::select(vec![1usize, 5, 16, 33, 128]),
+        kv_heads in 1usize..3,
+        group in prop::sample::select(vec![1usize, 2, 4, 8]),
+        prefix in 0usize..70,
+        q_len in 1usize..40,
+        window in prop::sample::select(vec![0usize, 1, 17, 50]),
+        softcap in prop::sample::select(vec![0.0f32, 2.0]),
+        seed in any::<u32>(),
+    ) {
+        check(Case { dtype, d, ps, kv_heads, group, ctx: prefix + q_len, q_len, window, softcap, seed });
+    }
+}
+
+/// The software `tdpbf16ps` against the SDM's definition written out directly, with configured
+/// shapes smaller than the maximum, and its shape checks.
+#[test]
+fn soft_tiles_follow_the_instruction() {
+    let mut cfg = TileConfig {
+        palette: 1,
+        start_row: 0,
+        reserved: [0; 14],
+        colsb: [0; 16],
+        rows: [0; 16],
+    };
+    // C: 5 rows x 12 f32; A: 5 rows x 7 pairs; B: 7 rows x 12 pairs.
+    for (t, r, cb) in [(0, 5, 48), (1, 5, 28), (2, 7, 48)] {
+        cfg.rows[t] = r;
+        cfg.colsb[t] = cb;
+    }
+    let mut seed = 77u32;
+    let mut rnd = move || {
+        seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+        (seed >> 8) as f32 / (1u32 << 24) as f32 * 4.0 - 2.0
+    };
+    let a: Vec<u16> = (0..16 * 32)
+        .map(|_| bf16::from_f32(rnd()).to_bits())
+        .collect();
+    let b: Vec<u16> = (0..16 * 32)
+        .map(|_| bf16::from_f32(rnd()).to_bits())
+        .collect();
+    let c0: Vec<f32> = (0..16 * 16).map(|_| rnd()).collect();
+    let mut x = SoftTiles::new();
+    let mut got = vec![f32::NAN; 16 * 16];
+    unsafe {
+        x.config(&cfg);
+        x.load::<0>(c0.as_ptr().cast(), 64);
+        x.load::<1>(a.as_ptr().cast(), 64);
+        x.load::<2>(b.as_ptr().cast(), 64);
+        x.dpbf16::<0, 1, 2>();
+        x.store::<0>(got.as_mut_ptr().cast(), 64);
+    }
+    let f = |v: u16| bf16::from_bits(v).to_f32();
+    for m in 0..16 {
+        for n in 0..16 {
+            if m >= 5 || n >= 12 {
+                assert!(
+                    got[m * 16 + n].is_nan(),
+                    "store wrote outside the tile shape"
+                );
+                continue;
+            }
+            let mut want = c0[m * 16 + n];
+            for k in 0..7 {
+                want += f(a[m * 32 + 2 * k]) * f(b[k * 32 + 2 * n]);
+                want += f(a[m * 32 + 2 * k + 1]) * f(b[k * 32 + 2 * n + 1]);
+            }
+            assert_eq!(got[m * 16 + n], want, "[{m}][{n}]");
+        }
+    }
+    // A and B not matching (A has 7 pairs, B 5 rows) is a fault, like the hardware's #UD.
+    cfg.rows[2] = 5;
+    let bad = std::panic::catch_unwind(move || unsafe {
+        let mut x = SoftTiles::new();
+        x.config(&cfg);
+        x.dpbf16::<0, 1, 2>();
+    });
+    assert!(bad.is_err());
+}
