@@ -29,6 +29,8 @@ pub struct CpuBackend {
     isa: Isa,
     /// Whether `isa` came from `KVSHARE_CPU_ISA`.
     forced: bool,
+    /// Query tokens from which a sequence runs the tiled (prefill) kernel.
+    tiled_min: usize,
 }
 
 impl CpuBackend {
@@ -54,7 +56,19 @@ impl CpuBackend {
             pool,
             isa,
             forced: false,
+            tiled_min: plan::TILED_MIN_TOKENS,
         })
+    }
+
+    /// Whether prefill rows (sequences with at least 8 query tokens) run the tiled kernel (the
+    /// default) or, when `false`, the decode kernel like every other row; the benchmark's
+    /// same-run baseline.
+    pub fn set_tiled_prefill(&mut self, on: bool) {
+        self.tiled_min = if on {
+            plan::TILED_MIN_TOKENS
+        } else {
+            usize::MAX
+        };
     }
 
     /// Threads that run work.
@@ -201,8 +215,7 @@ struct Partial {
 }
 
 fn run_attention<T: KvElem>(
-    pool: &ThreadPool,
-    isa: Isa,
+    be: &CpuBackend,
     batch: &AttnBatch<'_>,
     k: &[T],
     v: &[T],
@@ -211,6 +224,7 @@ fn run_attention<T: KvElem>(
     let p = batch.params();
     let d = p.cache.head_dim;
     let seqs = batch.seqs();
+    let (pool, isa) = (&be.pool, be.isa);
     let plan = plan::plan(
         seqs,
         p.group(),
@@ -218,6 +232,7 @@ fn run_attention<T: KvElem>(
         p.cache.page_size,
         p.sliding_window,
         pool.num_threads(),
+        be.tiled_min,
     );
     let partials: Vec<OnceLock<Partial>> = (0..plan.num_parts).map(|_| OnceLock::new()).collect();
     pool.for_each(plan.items.len(), |i| {
@@ -324,9 +339,9 @@ impl Backend for CpuBackend {
             BufMut::F32(&mut []),
         ));
         match (batch.bufs.key_cache, batch.bufs.value_cache) {
-            (Buf::F32(k), Buf::F32(v)) => run_attention(&self.pool, self.isa, &batch, k, v, &out),
-            (Buf::F16(k), Buf::F16(v)) => run_attention(&self.pool, self.isa, &batch, k, v, &out),
-            (Buf::BF16(k), Buf::BF16(v)) => run_attention(&self.pool, self.isa, &batch, k, v, &out),
+            (Buf::F32(k), Buf::F32(v)) => run_attention(self, &batch, k, v, &out),
+            (Buf::F16(k), Buf::F16(v)) => run_attention(self, &batch, k, v, &out),
+            (Buf::BF16(k), Buf::BF16(v)) => run_attention(self, &batch, k, v, &out),
             _ => {
                 return Err(Error::BackendFailure(
                     "K and V caches differ in dtype".into(),

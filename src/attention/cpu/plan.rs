@@ -89,7 +89,9 @@ pub(crate) fn row_range(seq: &SeqSpan, qi: usize, window: usize) -> (usize, usiz
 }
 
 /// Plans a launch over `seqs` with `group` query heads per kv head, `kv_heads` kv heads,
-/// pages of `page_size` tokens, a sliding `window` (0: none), on `threads` threads.
+/// pages of `page_size` tokens, a sliding `window` (0: none), on `threads` threads; sequences
+/// with at least `tiled_min` query tokens run the tiled kernel ([`TILED_MIN_TOKENS`] by
+/// default; `usize::MAX`: never, which the benchmark uses as its baseline).
 pub(crate) fn plan(
     seqs: &[SeqSpan],
     group: usize,
@@ -97,11 +99,12 @@ pub(crate) fn plan(
     page_size: usize,
     window: usize,
     threads: usize,
+    tiled_min: usize,
 ) -> Plan {
     let chunk = chunk_len(page_size);
     let mut units: Vec<(Item, usize)> = Vec::new(); // (unit, number of chunks)
     for (s, seq) in seqs.iter().enumerate() {
-        let tiled = seq.q_len >= TILED_MIN_TOKENS;
+        let tiled = seq.q_len >= tiled_min;
         // Query tokens per unit: enough for 8 rows of one kv head (one register group) for
         // decode rows, TILED_ROWS for the tiled kernel.
         let rows = if tiled {
@@ -235,11 +238,12 @@ mod tests {
             page_size in prop::sample::select(vec![16usize, 24, 128, 2048]),
             window in prop::sample::select(vec![0usize, 300]),
             threads in 1usize..5,
+            tiled_min in prop::sample::select(vec![1usize, 8, usize::MAX]),
         ) {
             let lens: Vec<(usize, usize)> =
                 lens.into_iter().map(|(q, c)| (q, q + c)).collect();
             let seqs = spans(&lens);
-            let p = plan(&seqs, group, kv_heads, page_size, window, threads);
+            let p = plan(&seqs, group, kv_heads, page_size, window, threads, tiled_min);
             let mut seen = std::collections::HashMap::new();
             for it in &p.items {
                 for qi in it.q0..it.q0 + it.qn {
@@ -289,7 +293,7 @@ mod tests {
             let seqs = spans(&[(1, ctx)]);
             let cuts = |t| {
                 let mut c: Vec<(usize, usize)> =
-                    plan(&seqs, 4, 2, 16, 0, t).items.iter().map(|i| (i.k0, i.k1)).collect();
+                    plan(&seqs, 4, 2, 16, 0, t, TILED_MIN_TOKENS).items.iter().map(|i| (i.k0, i.k1)).collect();
                 c.sort();
                 c.dedup();
                 c
@@ -302,20 +306,28 @@ mod tests {
     fn few_long_sequences_give_every_thread_work() {
         // 2 sequences x 32k tokens, decode, page 128: 64 chunks of 512.
         let seqs = spans(&[(1, 32768), (1, 32768)]);
-        let p = plan(&seqs, 4, 8, 128, 0, 2);
+        let p = plan(&seqs, 4, 8, 128, 0, 2, TILED_MIN_TOKENS);
         assert_eq!(p.items.len(), 128);
         assert_eq!(p.splits.len(), 2);
         assert!(p.items.iter().all(|i| i.k1 - i.k0 == 512 && i.hn == 8));
         // Many short sequences: no split, all heads together.
         let seqs = spans(&vec![(1, 300); 64]);
-        let p = plan(&seqs, 4, 8, 16, 0, 2);
+        let p = plan(&seqs, 4, 8, 16, 0, 2, TILED_MIN_TOKENS);
         assert_eq!(p.items.len(), 64);
         assert!(p.splits.is_empty() && p.items.iter().all(|i| i.hn == 8));
         // One contiguous 32768-token page per sequence splits the same way.
-        let p = plan(&spans(&[(1, 32768), (1, 32768)]), 4, 8, 32768, 0, 2);
+        let p = plan(
+            &spans(&[(1, 32768), (1, 32768)]),
+            4,
+            8,
+            32768,
+            0,
+            2,
+            TILED_MIN_TOKENS,
+        );
         assert_eq!(p.items.len(), 128);
         // One short sequence on 4 threads: heads divided.
-        let p = plan(&spans(&[(1, 100)]), 4, 8, 16, 0, 4);
+        let p = plan(&spans(&[(1, 100)]), 4, 8, 16, 0, 4, TILED_MIN_TOKENS);
         assert_eq!(p.items.len(), 8);
     }
 }

