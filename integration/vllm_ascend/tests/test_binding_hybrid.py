@@ -18,13 +18,16 @@ def test_config_errors_name_the_field():
     for groups, field in [([], "num_groups"), ([("sliding_window", 0, 1)], "groups.window"),
                           ([("full", 3, 1)], "groups.window"), ([(7, 0, 1)], "groups.kind"),
                           ([("full", 0, 0)], "groups.page_bytes"),
-                          # state: align is not supported, 9 is no mode, none needs caching off
-                          ([("state", "align", 1)], "groups.window"),
+                          # state: 9 is no mode, none needs prefix caching off
                           ([("state", 9, 1)], "groups.window"),
                           ([("state", "none", 1)], "groups.window")]:
         with pytest.raises(kvshare.InvalidConfigError) as e:
             make(groups=groups)
         assert field in str(e.value)
+    for mode in ("all", "align"):  # these need prefix caching on
+        with pytest.raises(kvshare.InvalidConfigError) as e:
+            make(groups=[("state", mode, 1)], enable_prefix_caching=False)
+        assert "groups.window" in str(e.value)
 
 
 def test_pools_follow_page_bytes():
@@ -125,4 +128,29 @@ def test_state_none_one_page():
     assert list(h.seq_pages(1, 1)) == [0, 0, 0, p]
     assert h.seq_append_need(1, 8) == 2  # the full group only
     assert h.stats(1)["pages_held"] == 1
+    h.check()
+
+
+def test_state_align_keeps_the_previous_state_until_released():
+    """Mode "align" (vLLM's for Qwen3-Next): one new page per step at the table's end, nulls
+    padded before it; the previous step's page is released at the next release; a step ending
+    on a page boundary leaves a checkpoint that a later prompt resumes from."""
+    h = make(groups=[("full", 0, 4096), ("state", "align", 4096)])
+    toks = list(range(200, 212))
+    # A 12-token first chunk: 3 full pages, but one state page (at the end).
+    assert h.seq_begin(1, toks[:8]) == {"matched_tokens": 0, "num_pages": 2, "new_pages": 3}
+    a = h.seq_state_page(1, 1)
+    assert list(h.seq_pages(1, 1)) == [0, a]
+    assert h.seq_release_skipped(1, 8) == 0
+    assert h.seq_append_need(1, 4) == 2
+    h.seq_append(1, toks[8:])
+    b = h.seq_state_page(1, 1)
+    assert list(h.seq_pages(1, 1)) == [0, a, b] and a != b  # previous state kept
+    assert h.seq_release_skipped(1, 12) == 1  # ... until the state moved on
+    assert list(h.seq_pages(1, 1)) == [0, 0, b]
+    with pytest.raises(kvshare.InvalidArgumentError):
+        h.seq_append(1, [1], lookahead_slots=1)  # align takes no lookahead
+    h.new_step()
+    info = h.seq_begin(2, toks[:8] + [5, 6, 7], max_match_tokens=10)
+    assert info["matched_tokens"] == 8 and list(h.seq_pages(2, 1))[:2] == [0, a]
     h.check()
