@@ -34,7 +34,7 @@ pub(crate) const CHUNK: usize = 512;
 pub(crate) const TILED_MIN_TOKENS: usize = 8;
 
 /// Rows per kv head of a tiled unit (a multiple of both engines' row blocks, 6 and 16).
-pub(crate) const TILED_ROWS: usize = 96;
+pub(crate) const TILED_ROWS: usize = 192;
 
 /// One unit of parallel work.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

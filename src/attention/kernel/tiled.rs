@@ -15,7 +15,7 @@
 #![allow(clippy::needless_range_loop)]
 
 #[cfg(target_arch = "x86_64")]
-use super::avx2::{Avx2, Avx512};
+use super::avx2::Avx2;
 use super::{Isa, KvElem, Lanes, Rows, Scalar, SeqKv};
 
 /// Key tokens per tile (a tile never crosses a page).
@@ -447,8 +447,9 @@ unsafe fn fma_avx512<T: KvElem>(
     m: &mut [f32],
     l: &mut [f32],
 ) {
-    let mut e = Fma::<Avx512>::new(kv.layout.head_dim);
-    run::<Avx512, T, _>(&mut e, kv, rows, out, m, l)
+    // The 8-lane AVX2 engine compiled with AVX-512F/VL (32 registers, EVEX encodings).
+    let mut e = Fma::<Avx2>::new(kv.layout.head_dim);
+    run::<Avx2, T, _>(&mut e, kv, rows, out, m, l)
 }
 
 #[cfg(target_arch = "x86_64")]
