@@ -24,7 +24,9 @@
  *       ``ids[st.n:known]`` with slots up to ``need_slot`` when a page is added or fills.
  *   append(st, ids, known, lookahead, avail) -> (rc, added, avail)     (``cache_blocks``)
  *   release(st, num_computed, avail) -> (released, avail)     (``remove_skipped_blocks``)
- *   begin(st, ids, known, extra_addr, max_match, lookahead, avail) -> (rc, matched, avail)
+ *   begin(st, ids, known, extra_addr, max_match, lookahead, first, avail)
+ *       -> (rc, matched, rows, avail)     (``_begin``; rows: per group the block objects of
+ *       the table from position ``first`` on, None on a failure)
  *   free(st, avail) -> (rc, avail)
  *   match(ids, extra_addr, max_tokens) -> (rc, hit tokens, [block objects] per group)
  * ``added``: None when the tables did not grow, else one list of block objects per group (the
@@ -589,14 +591,14 @@ static PyObject *release_impl(Groups *self, PyObject *const *args, Py_ssize_t na
 }
 
 static PyObject *begin_impl(Groups *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 7) {
+    if (nargs != 8) {
         PyErr_SetString(PyExc_TypeError, "begin(st, ids, known, extra_addr, max_match, "
-                                         "lookahead, avail) takes 7 arguments");
+                                         "lookahead, first, avail) takes 8 arguments");
         return NULL;
     }
-    Py_ssize_t known, v[2], avail;
-    if (sizes(args + 2, 1, &known, "begin") < 0 || sizes(args + 4, 2, v, "begin") < 0 ||
-        avail_in(args[6], &avail) < 0)
+    Py_ssize_t known, v[3], avail;
+    if (sizes(args + 2, 1, &known, "begin") < 0 || sizes(args + 4, 3, v, "begin") < 0 ||
+        avail_in(args[7], &avail) < 0)
         return NULL;
     unsigned long long ex = PyLong_AsUnsignedLongLong(args[3]);
     if (ex == (unsigned long long)-1 && PyErr_Occurred())
@@ -619,14 +621,35 @@ static PyObject *begin_impl(Groups *self, PyObject *const *args, Py_ssize_t narg
                                 (const kvs_extra_keys *)(uintptr_t)ex, (size_t)v[0],
                                 (size_t)v[1], &info);
     if (rc != KVS_STATUS_OK) {
-        out = Py_BuildValue("(inN)", (int)rc, (Py_ssize_t)0, avail_out(avail));
+        out = Py_BuildValue("(inON)", (int)rc, (Py_ssize_t)0, Py_None, avail_out(avail));
         goto done;
     }
     if (set_n(args[0], known) < 0)
         goto done;
     s.n = known;
-    if (refresh(self, &s, &avail, NULL) == 0)
-        out = Py_BuildValue("(inN)", 0, (Py_ssize_t)info.matched_tokens, avail_out(avail));
+    if (refresh(self, &s, &avail, NULL) < 0)
+        goto done;
+    /* The block objects from position ``first`` on, from the rows refresh read into buf. */
+    Py_ssize_t np = PyList_GET_SIZE(PyList_GET_ITEM(s.tables, 0)), first = v[2];
+    if (first > np)
+        first = np;
+    PyObject *rows = PyTuple_New(self->ng);
+    if (!rows)
+        goto done;
+    for (Py_ssize_t g = 0; g < self->ng; g++) {
+        PyObject *row = PyList_New(np - first);
+        if (!row) {
+            Py_DECREF(rows);
+            goto done;
+        }
+        PyTuple_SET_ITEM(rows, g, row);
+        for (Py_ssize_t i = first; i < np; i++) {
+            uint32_t p = self->buf[(size_t)g * self->max_pages + (size_t)i];
+            PyList_SET_ITEM(row, i - first,
+                            Py_NewRef(PyList_GET_ITEM(self->blocks, (Py_ssize_t)p)));
+        }
+    }
+    out = Py_BuildValue("(inNN)", 0, (Py_ssize_t)info.matched_tokens, rows, avail_out(avail));
 done:
     Py_DECREF(s.tables);
     return out;
@@ -751,7 +774,8 @@ static PyMethodDef Groups_methods[] = {
     {"release", (PyCFunction)(void (*)(void))Groups_release, METH_FASTCALL,
      "release(st, num_computed, avail) -> (released, avail)"},
     {"begin", (PyCFunction)(void (*)(void))Groups_begin, METH_FASTCALL,
-     "begin(st, ids, known, extra_addr, max_match, lookahead, avail) -> (rc, matched, avail)"},
+     "begin(st, ids, known, extra_addr, max_match, lookahead, first, avail) -> (rc, matched, "
+     "rows, avail)"},
     {"free", (PyCFunction)(void (*)(void))Groups_free, METH_FASTCALL,
      "free(st, avail) -> (rc, avail)"},
     {"match", (PyCFunction)(void (*)(void))Groups_match, METH_FASTCALL,

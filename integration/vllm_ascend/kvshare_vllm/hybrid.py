@@ -389,18 +389,20 @@ class KvshareHybridKVCacheManager(ManagerBase):
             # A running request's step, one compiled call: the release, vLLM's room check and
             # the append below (full_sequence_must_fit was checked above).
             inflight = max(0, getattr(request, "num_in_flight_tokens", 0))
-            cached = st.n // self.block_size
+            events = self.enable_kv_cache_events
+            cached = st.n // self.block_size if events else 0
+            avail = self._avail
             room, rc, appended, added, self._avail = fast.running(
                 st, _token_ids(request), max(0, total - inflight), need_slot,
-                min(main, request.num_tokens), self._capacity())
+                min(main, request.num_tokens), avail if avail is not None else self._capacity())
             if not room:
                 return None
             if rc:
                 kvshare.check(rc, "kvs_hybrid_seq_append")
-            if appended:
+            if appended and events:
                 self._drain_events(st, request, cached,
                                    st.n // self.block_size if self.enable_caching else cached)
-            return self._handed_blocks(added)
+            return self.empty_kv_cache_blocks if added is None else self._handed_blocks(added)
         if st is not None:
             # vLLM's remove_skipped_blocks, done even when the allocation below fails.  Under
             # vllm-ascend (its async-SWA patch gives requests ``num_in_flight_tokens``), tokens
@@ -440,9 +442,12 @@ class KvshareHybridKVCacheManager(ManagerBase):
         self._pending = None
         st = _HReq(next(self._seq_ids), extra, self.num_kv_cache_groups)
         fast = self._fast
+        nh = num_hit // self.block_size
+        rows = None
         if fast is not None:
-            rc, matched, self._avail = fast.begin(st, ids, known, _extra_addr(extra), num_hit,
-                                                  max(need_slot - known, 0), self._avail)
+            rc, matched, rows, self._avail = fast.begin(st, ids, known, _extra_addr(extra),
+                                                        num_hit, max(need_slot - known, 0), nh,
+                                                        self._avail)
             if rc:
                 kvshare.check(rc, "kvs_hybrid_seq_begin")
             info = {"matched_tokens": matched}
@@ -453,13 +458,14 @@ class KvshareHybridKVCacheManager(ManagerBase):
             self._reqs[rid] = st
             st.n = known
             self._refresh(st)
-        nh = num_hit // self.block_size
         self._drain_events(st, request, nh, known // self.block_size if self.enable_caching else nh)
         if info["matched_tokens"] != num_hit:
             self.free(request)
             raise RuntimeError(
                 f"kvshare_vllm: request {rid}: {num_hit} tokens were found cached by "
                 f"get_computed_blocks but {info['matched_tokens']} at allocation")
+        if rows is not None:
+            return self._handed_blocks(rows)
         return self._handed([t[nh:] for t in st.tables])
 
     def free(self, request) -> None:

@@ -62,7 +62,7 @@ def test_bad_input_changes_nothing(mgr):
         (fast.append, (st, ids + ["x"] * 10, 80, 0, None), TypeError),
         (fast.append, (st, ids + [2 ** 40] * 10, 80, 0, None), OverflowError),
         (fast.release, (st, -5, None), ValueError),
-        (fast.begin, (st, ids, 70, 0, 70, 0, None), ValueError),  # st holds tokens
+        (fast.begin, (st, ids, 70, 0, 70, 0, 0, None), ValueError),  # st holds tokens
         (fast.match, (range(5), 0, 4), TypeError),
         (fast.match, (ids, -1, 4), OverflowError),
         (fast.match, (ids, 0, -1), ValueError),

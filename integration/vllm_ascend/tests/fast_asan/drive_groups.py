@@ -69,11 +69,14 @@ for seq in range(1, 500):
         assert n_hit == hit
         assert [[blocks[p] for p in r] for r in want_rows] == [list(r) for r in rows]
         st = St(seq)
-        rc, matched, avail = g.begin(st, ids, len(ids), 0, hit, rng.choice((0, 5)), avail)
+        first = rng.choice((0, hit // BS))
+        rc, matched, rows, avail = g.begin(st, ids, len(ids), 0, hit, rng.choice((0, 5)), first,
+                                           avail)
         if rc:
-            assert st.n == 0 and st.tables == [[], []]
+            assert st.n == 0 and st.tables == [[], []] and rows is None
             continue
         assert matched == hit and st.n == len(ids)
+        assert list(rows) == [[blocks[p] for p in t[first:]] for t in st.tables]
         live[seq] = (st, ids)
     elif op < 0.75:
         st, ids = live[rng.choice(list(live))]
@@ -102,7 +105,7 @@ for fn, args, exc in [
         (g.append, (st, ids, len(ids) + 5, 0, avail), ValueError),
         (g.append, (st, ids + ["x"], len(ids) + 1, 0, avail), TypeError),
         (g.append, (st, range(5), len(ids) + 1, 0, avail), TypeError),
-        (g.begin, (st, ids, 3, 0, 0, 0, avail), ValueError),
+        (g.begin, (st, ids, 3, 0, 0, 0, 0, avail), ValueError),
         (g.match, (ids, -1, 3), OverflowError),
         (g.match, ("abc", 0, 3), TypeError),
         (g.free, (object(), avail), AttributeError)]:
