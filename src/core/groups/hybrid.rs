@@ -30,7 +30,7 @@ use super::super::events::{EventKind, MAX_QUEUED_EVENTS};
 use super::super::hashing::{DigestMap, IdMap};
 use super::super::pool::{Holder, PagePool};
 use super::super::prefix::{chain_hash, root_hash, Entry, ExtraKeys, PrefixIndex};
-use super::spec::{GroupKind, HybridConfig};
+use super::spec::{GroupKind, HybridConfig, StateMode};
 
 /// The page every pool reserves (vLLM's `null_block`): what released positions show.
 pub const NULL_PAGE: u32 = 0;
@@ -87,6 +87,10 @@ pub(super) struct HSeq {
     /// Per group: positions below this were offered to the group's index.
     pub offered: Vec<usize>,
     pub matched: usize,
+    /// Per state group in mode align: vLLM's `last_state_block_idx` (the previous step's state
+    /// position) and whether it ever allocated (`_allocated_block_reqs`).
+    pub state_last: Vec<Option<usize>>,
+    pub state_alloc: Vec<bool>,
 }
 
 /// What [`Hybrid::begin`] did.
@@ -125,6 +129,9 @@ pub struct Hybrid {
     pub(super) counters: Vec<GroupCounters>,
     pub(super) prefix_queries: u64,
     pub(super) prefix_hit_tokens: u64,
+    /// Per group: digests a state group registered since the last [`Hybrid::new_step`]
+    /// (vLLM's `MambaManager.cached_blocks_this_step`); empty for other kinds.
+    pub(super) this_step: Vec<std::collections::HashSet<u128>>,
     root: u128,
     scratch: Vec<u8>,
 }
@@ -197,6 +204,7 @@ impl Hybrid {
             counters: vec![GroupCounters::default(); cfg.groups.len()],
             prefix_queries: 0,
             prefix_hit_tokens: 0,
+            this_step: vec![Default::default(); cfg.groups.len()],
             root: root_hash(),
             scratch: Vec::with_capacity(32 + 4 * cfg.page_size as usize),
             cfg,
@@ -302,7 +310,7 @@ impl Hybrid {
     /// `_maybe_evict_cached_block`): a registered page leaves its group's index, the oldest
     /// duplicate of its content taking its place; a duplicate leaves its list. Availability
     /// was checked.
-    fn take(&mut self, pool: usize) -> u32 {
+    pub(super) fn take(&mut self, pool: usize) -> u32 {
         let (page, _) = self.pools[pool]
             .take(Holder::Seq)
             .expect("availability checked by caller");
@@ -397,6 +405,7 @@ impl Hybrid {
                 format!("{} + {lookahead} overflow", tokens.len()),
             )
         })?;
+        self.check_lookahead(lookahead)?;
         let extra = extra.filter(|x| !x.is_empty()).map(Box::new);
         let (keys, stopped) = self.page_keys(tokens, extra.as_deref(), &[]);
         let max = max_match_tokens.min(tokens.len());
@@ -408,13 +417,17 @@ impl Hybrid {
         let total = slots.div_ceil(self.ps);
         let hit_pages = hit / self.ps;
         let fresh = total.saturating_sub(hit_pages);
+        self.state_gate(&keys, hit, &blocks)?;
         let (mut need, mut reserved) = (vec![0; self.pools.len()], vec![0; self.pools.len()]);
         let mut skip = Vec::with_capacity(self.num_groups());
+        let mut new_pages = 0;
         for (g, b) in blocks.iter().enumerate() {
             let pool = self.pool_of[g];
             let s = (self.cfg.groups[g].kind.skipped_tokens(hit) / self.ps).min(b.len());
             skip.push(s);
-            need[pool] += fresh;
+            let n = self.fresh_pages(g, total, fresh, tokens.len(), b.len());
+            need[pool] += n;
+            new_pages += n;
             let live = b[s..].iter().filter(|&&p| p != NULL_PAGE);
             reserved[pool] += live
                 .clone()
@@ -450,7 +463,21 @@ impl Hybrid {
             }
             tables.push(t);
         }
+        let mut state_last = vec![None; self.num_groups()];
+        let mut state_alloc = vec![false; self.num_groups()];
         for (g, t) in tables.iter_mut().enumerate() {
+            if let GroupKind::State(m @ (StateMode::None | StateMode::Align)) =
+                self.cfg.groups[g].kind
+            {
+                let want = if m == StateMode::None {
+                    total
+                } else {
+                    tokens.len().div_ceil(self.ps)
+                };
+                let (last, alloc) = (&mut state_last[g], &mut state_alloc[g]);
+                self.state_grow(g, t, want, last, alloc);
+                continue;
+            }
             for _ in t.len()..total {
                 t.push(self.take(self.pool_of[g]));
             }
@@ -466,13 +493,15 @@ impl Hybrid {
                 tables,
                 offered,
                 matched: hit,
+                state_last,
+                state_alloc,
             },
         );
         self.register(id);
         Ok(HybridBegin {
             matched_tokens: hit,
             num_pages: total,
-            new_pages: fresh * self.num_groups(),
+            new_pages,
         })
     }
 
@@ -505,6 +534,9 @@ impl Hybrid {
                     continue;
                 }
                 let k = s.keys[j];
+                if let GroupKind::State(_) = self.cfg.groups[g].kind {
+                    self.this_step[g].insert(k.hash);
+                }
                 let parent = if j == 0 {
                     self.root
                 } else {
@@ -568,13 +600,16 @@ impl Hybrid {
             released += pages.len();
             self.counters[g].released += pages.len() as u64;
             self.release_split(g, &pages);
+            if self.cfg.groups[g].kind == GroupKind::State(StateMode::Align) {
+                released += self.release_last_state(id, g, num_computed);
+            }
         }
         Ok(released)
     }
 
     /// Frees `pages` of group `g` in order, vLLM's way for a window group: registered pages to
     /// the back of the queue in order, the others to its front keeping their order.
-    fn release_split(&mut self, g: usize, pages: &[u32]) {
+    pub(super) fn release_split(&mut self, g: usize, pages: &[u32]) {
         let pool = self.pool_of[g];
         let (cached, uncached): (Vec<u32>, Vec<u32>) =
             pages.iter().partition(|&&p| self.has_hash(g, p));
@@ -588,6 +623,7 @@ impl Hybrid {
 
     /// Pages [`append`](Self::append) would take now, per pool.
     fn append_plan(&self, s: &HSeq, n: usize, lookahead: usize) -> Result<Vec<usize>> {
+        self.check_lookahead(lookahead)?;
         let slots = s
             .tokens
             .len()
@@ -597,7 +633,13 @@ impl Hybrid {
         let want = slots.div_ceil(self.ps);
         let mut need = vec![0; self.pools.len()];
         for (g, t) in s.tables.iter().enumerate() {
-            need[self.pool_of[g]] += want.saturating_sub(t.len());
+            need[self.pool_of[g]] += match self.cfg.groups[g].kind {
+                // One page for the whole sequence, taken when the table first grows.
+                GroupKind::State(StateMode::None) => usize::from(t.is_empty() && want > 0),
+                // vLLM's align mode: at most one new page a step, whatever the tokens.
+                GroupKind::State(StateMode::Align) => usize::from(want > t.len()),
+                _ => want.saturating_sub(t.len()),
+            };
         }
         Ok(need)
     }
@@ -628,6 +670,15 @@ impl Hybrid {
             })?;
         for g in 0..self.num_groups() {
             let have = self.seqs[&id].tables[g].len();
+            if let GroupKind::State(StateMode::None | StateMode::Align) = self.cfg.groups[g].kind {
+                let s = self.seqs.get_mut(&id).expect("checked");
+                let mut t = std::mem::take(&mut s.tables[g]);
+                let (mut last, mut alloc) = (s.state_last[g], s.state_alloc[g]);
+                self.state_grow(g, &mut t, want, &mut last, &mut alloc);
+                let s = self.seqs.get_mut(&id).expect("checked");
+                (s.tables[g], s.state_last[g], s.state_alloc[g]) = (t, last, alloc);
+                continue;
+            }
             for _ in have..want {
                 let p = self.take(self.pool_of[g]);
                 self.seqs.get_mut(&id).expect("checked").tables[g].push(p);
@@ -656,7 +707,7 @@ impl Hybrid {
                 .collect();
             match self.cfg.groups[g].kind {
                 GroupKind::SlidingWindow(_) => self.release_split(g, &rev),
-                GroupKind::Full | GroupKind::ChunkedLocal(_) => {
+                GroupKind::Full | GroupKind::ChunkedLocal(_) | GroupKind::State(_) => {
                     let pool = self.pool_of[g];
                     for p in rev {
                         self.pools[pool].release(p, Holder::Seq, true);
