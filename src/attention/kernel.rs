@@ -319,32 +319,19 @@ unsafe fn attend_impl<L: Lanes, T: KvElem>(
         let slot = pos % lay.page_size;
         let nb = BT.min(lay.page_size - slot).min(end - pos);
         let base = page * lay.page_stride + slot * lay.slot_stride;
-        // Within a page the rows stream and the hardware prefetchers follow; the next page is
-        // anywhere, so its first block is prefetched while this block computes.
+        // The next block (same page or the next one), whose K rows each group prefetches
+        // while it computes this one.
         let next = pos + nb;
-        if next < end && next % lay.page_size == 0 {
+        let (next_base, next_n) = if next < end {
+            let nslot = next % lay.page_size;
             let np = kv.pages[next / lay.page_size] as usize;
-            let rows_ahead = BT.min(lay.page_size).min(end - next);
-            let mut last_head = usize::MAX;
-            for g in &groups {
-                if g.kv_head == last_head || next >= g.end || next + rows_ahead <= g.start {
-                    continue;
-                }
-                last_head = g.kv_head;
-                for t in 0..rows_ahead {
-                    let off =
-                        np * lay.page_stride + g.kv_head * lay.head_stride + t * lay.slot_stride;
-                    if let (Some(kr), Some(vr)) = (kv.k.get(off..off + d), kv.v.get(off..off + d)) {
-                        let bytes = std::mem::size_of_val(kr);
-                        let (kp, vp) = (kr.as_ptr().cast::<u8>(), vr.as_ptr().cast::<u8>());
-                        for b in (0..bytes).step_by(64) {
-                            L::prefetch(kp.add(b));
-                            L::prefetch(vp.add(b));
-                        }
-                    }
-                }
-            }
-        }
+            (
+                np * lay.page_stride + nslot * lay.slot_stride,
+                BT.min(lay.page_size - nslot).min(end - next),
+            )
+        } else {
+            (0, 0)
+        };
         for g in groups.iter_mut() {
             if pos >= g.end || pos + nb <= g.start {
                 continue;
@@ -352,6 +339,8 @@ unsafe fn attend_impl<L: Lanes, T: KvElem>(
             let rr = g.r0..g.r0 + g.ng;
             let b = Block {
                 base: base + g.kv_head * lay.head_stride,
+                next_base: next_base + g.kv_head * lay.head_stride,
+                next_n: if next < g.end { next_n } else { 0 },
                 pos,
                 n: nb,
                 q: &rows.q[rr.start * d..rr.end * d],
@@ -397,6 +386,10 @@ unsafe fn prefetch_row<L: Lanes>(p: *const u8, bytes: usize) {
 struct Block<'a> {
     /// Element offset of the block's first row for the group's kv head.
     base: usize,
+    /// The same for the next block the group reads, and its tokens (0: none): its K rows are
+    /// prefetched while this block computes.
+    next_base: usize,
+    next_n: usize,
     /// Position of the first token.
     pos: usize,
     /// Tokens.
@@ -519,29 +512,39 @@ unsafe fn block<L: Lanes, T: KvElem, const NG: usize, const TT: usize, const U: 
         krows[t] = &kv.k[off..off + d];
         vrows[t] = &kv.v[off..off + d];
     }
-    // The V rows are read after the scores and the next block's K rows (same page) after
-    // that: ask for both now, so the loads below find them in cache.
+    // Prefetches, spread over the score loop (a few lines per token, so they never pile up
+    // in the miss queues): this block's V rows, read after the scores, and the next block's K
+    // rows, read after this block. The rows are a slot stride apart, usually on different
+    // 4 KiB pages, where the hardware prefetchers stop.
     let row_bytes = d * std::mem::size_of::<T>();
-    for vrow in &vrows[..n] {
-        prefetch_row::<L>(vrow.as_ptr().cast(), row_bytes);
-    }
-    let next_n = (lay.page_size - pos % lay.page_size - n).min(n);
-    for t in n..n + next_n {
-        let off = base + t * lay.slot_stride;
-        if let Some(krow) = kv.k.get(off..off + d) {
-            prefetch_row::<L>(krow.as_ptr().cast(), row_bytes);
+    let prefetch = |t: usize| {
+        prefetch_row::<L>(vrows[t].as_ptr().cast(), row_bytes);
+        let off = b.next_base + t * lay.slot_stride;
+        if t < b.next_n {
+            if let Some(krow) = kv.k.get(off..off + d) {
+                prefetch_row::<L>(krow.as_ptr().cast(), row_bytes);
+            }
         }
-    }
+    };
     // Scores.
     let mut t = 0;
     while t + TT <= n {
+        (t..t + TT).for_each(prefetch);
         qk::<L, T, NG, TT>(q, &krows[t..t + TT], d, &mut s[t * NG..(t + TT) * NG]);
         t += TT;
     }
     while t < n {
+        prefetch(t);
         qk::<L, T, NG, 1>(q, &krows[t..t + 1], d, &mut s[t * NG..(t + 1) * NG]);
         t += 1;
     }
+    // A next block longer than this one (this one ended a page early): the rest of its rows.
+    (n..b.next_n).for_each(|t| {
+        let off = b.next_base + t * lay.slot_stride;
+        if let Some(krow) = kv.k.get(off..off + d) {
+            prefetch_row::<L>(krow.as_ptr().cast(), row_bytes);
+        }
+    });
     let sp = &mut s[..(n * NG).div_ceil(w) * w];
     sp[n * NG..].fill(f32::NEG_INFINITY);
     let s = &mut sp[..n * NG];
