@@ -71,6 +71,8 @@ pub(super) unsafe fn run<L: Lanes, T: KvElem, E: Engine<T>>(
     m_out: &mut [f32],
     l_out: &mut [f32],
 ) {
+    // The softmax and the 16-key register blocks step by 8 lanes.
+    const { assert!(L::W == 8, "the tiled kernel runs on 8-lane Lanes") };
     let lay = kv.layout;
     let d = lay.head_dim;
     let n = rows.lo.len();
