@@ -20,23 +20,18 @@ caching call, removals in the group the page was stored for).
 
 from __future__ import annotations
 
-import itertools
 from collections import Counter
 
 import kvshare
 from kvshare import ffi, lib
 
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
-from vllm.v1.metrics.stats import PrefixCacheStats
 
 from . import logger
+from .base import ManagerBase, _cdiv
 from .manager import _REMOVED, _STORED, extra_keys_for
 from .twins import _token_ids
 from .views import _BlockPoolView, _CoordinatorView, _SingleTypeView
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def _group_kind(spec) -> tuple[str, int] | None:
@@ -131,7 +126,7 @@ class _HybridCoordinatorView(_CoordinatorView):
                                              apply_admission_cap)
 
 
-class KvshareHybridKVCacheManager:
+class KvshareHybridKVCacheManager(ManagerBase):
     """Drop-in for ``vllm.v1.core.kv_cache_manager.KVCacheManager`` on hybrid configurations."""
 
     def __init__(self, kv_cache_config, max_model_len: int, scheduler_block_size: int,
@@ -144,18 +139,11 @@ class KvshareHybridKVCacheManager:
                                         enable_kv_cache_events)
         if why:
             raise ValueError(f"kvshare_vllm: unsupported configuration: {why}")
-        self.kv_cache_config = kv_cache_config
-        self.max_model_len = max_model_len
-        self.enable_caching = enable_caching
-        self.use_eagle = use_eagle
-        self.log_stats = log_stats
-        self.metrics_collector = metrics_collector  # sampled block-lifetime metrics: not fed
-        self.enable_kv_cache_events = enable_kv_cache_events
-        self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
+        self._init_base(kv_cache_config, max_model_len, enable_caching, use_eagle, log_stats,
+                        enable_kv_cache_events, metrics_collector)
         self.specs = [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups]
         self.num_kv_cache_groups = ng = len(self.specs)
         self.block_size = bs = self.specs[0].block_size
-        self.num_blocks = kv_cache_config.num_blocks
         kinds = [_group_kind(s) for s in self.specs]
         self._groups = [(k, w, s.page_size_bytes) for (k, w), s in zip(kinds, self.specs)]
         # Tokens a group skips once c tokens are computed (vLLM's get_num_skipped_tokens).
@@ -169,7 +157,6 @@ class KvshareHybridKVCacheManager:
         self._windowed = [g for g, (k, _) in enumerate(kinds) if k != "full"]
         self._zero_new = bool(getattr(kv_cache_config, "needs_kv_cache_zeroing", False))
         self.cache = self._new_cache()
-        self._events: list = []  # vLLM's KV events not yet taken
         if enable_kv_cache_events:
             from vllm.v1.kv_cache_interface import (get_kv_cache_spec_kind,
                                                     get_kv_cache_spec_sliding_window)
@@ -180,17 +167,13 @@ class KvshareHybridKVCacheManager:
                 [(get_kv_cache_spec_kind(s).value, get_kv_cache_spec_sliding_window(s))
                  for s in self.specs])
         self._stats_out = ffi.new("kvs_group_stats *")
-        self._avail: int | None = None  # see _capacity
 
         self.block_pool = _BlockPoolView(self, self.num_blocks)
         self._blocks = self.block_pool.blocks
         self.coordinator = _HybridCoordinatorView(self, self.specs)
         self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in range(ng)))
-        self._reqs: dict[str, _HReq] = {}
         self._refs: Counter = Counter()  # page -> tables holding it (live sequences)
-        self._seq_ids = itertools.count(1)
         self._pending: tuple[str, object] | None = None  # (request id, extra keys) of a match
-        self._new_block_ids: list[int] = []
 
     def _new_cache(self):
         return kvshare.Hybrid(page_size=self.block_size, num_pages=self.num_blocks,
@@ -198,7 +181,7 @@ class KvshareHybridKVCacheManager:
                               enable_events=self.enable_kv_cache_events)
 
     # ------------------------------------------------------------------ helpers
-    def _drain(self, st: _HReq | None, request, first: int = 0, end: int = 0) -> None:
+    def _drain_events(self, st: _HReq | None, request, first: int = 0, end: int = 0) -> None:
         """vLLM's events for what the last native call queued (``request``'s call caching its
         blocks ``first..end-1``; tables already re-read)."""
         if self.enable_kv_cache_events:
@@ -323,18 +306,6 @@ class KvshareHybridKVCacheManager:
                                  f"mirror {n}")
 
     # ------------------------------------------------------------------ public surface
-    @property
-    def usage(self) -> float:
-        usable = self.num_blocks - 1
-        return 1.0 - self._capacity() / usable if usable else 0
-
-    def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
-        if not self.log_stats:
-            return None
-        stats = self.prefix_cache_stats
-        self.prefix_cache_stats = PrefixCacheStats()
-        return stats
-
     def get_computed_blocks(self, request) -> tuple[KVCacheBlocks, int]:
         if not self.enable_caching or request.skip_reading_prefix_cache:
             return self.empty_kv_cache_blocks, 0
@@ -399,7 +370,7 @@ class KvshareHybridKVCacheManager:
             self.cache.seq_append(st.seq, toks, max(need_slot - st.n, 0))
             out = self._handed(self._refresh(st)) if grows else self.empty_kv_cache_blocks
             # vLLM caches with prefix caching on only
-            self._drain(st, request, cached, st.n // bs if self.enable_caching else cached)
+            self._drain_events(st, request, cached, st.n // bs if self.enable_caching else cached)
             return out
         return self.empty_kv_cache_blocks
 
@@ -418,7 +389,7 @@ class KvshareHybridKVCacheManager:
         st.n = known
         self._refresh(st)
         nh = num_hit // self.block_size
-        self._drain(st, request, nh, known // self.block_size if self.enable_caching else nh)
+        self._drain_events(st, request, nh, known // self.block_size if self.enable_caching else nh)
         if info["matched_tokens"] != num_hit:
             self.free(request)
             raise RuntimeError(
@@ -458,7 +429,7 @@ class KvshareHybridKVCacheManager:
             cached, st.n = st.n // bs, target
             if _cdiv(target, bs) > len(st.tables[0]):
                 self._refresh(st)
-            self._drain(st, request, cached, target // bs)
+            self._drain_events(st, request, cached, target // bs)
 
     def evict_blocks(self, block_ids) -> None:
         """Failed KV loads (KV connectors, which these configurations do not run with)."""
@@ -472,20 +443,13 @@ class KvshareHybridKVCacheManager:
                            "freed yet", sum(len(t) for st in self._reqs.values()
                                             for t in st.tables))
             return False
-        self._drain(None, None)
+        self._drain_events(None, None)
         self.cache.close()
         self.cache = self._new_cache()
         self._avail = None
         self._refs.clear()
         if self.enable_kv_cache_events:  # vLLM's BlockPool.reset_prefix_cache
             self._events.append(self._translator.clear())
-        return True
-
-    def reset_prefix_cache(self) -> bool:
-        if not self._reset_index():
-            return False
-        if self.log_stats:
-            self.prefix_cache_stats.reset = True
         return True
 
     def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
@@ -506,13 +470,6 @@ class KvshareHybridKVCacheManager:
                 out[g] = n
         return out
 
-    def take_events(self) -> list:
-        if not self.enable_kv_cache_events:
-            return []
-        self._drain(None, None)
-        ev, self._events = self._events, []
-        return ev
-
     def get_blocks(self, request_id: str) -> KVCacheBlocks:
         st = self._reqs.get(request_id)
         if st is None:
@@ -525,16 +482,6 @@ class KvshareHybridKVCacheManager:
         if st is None:
             return tuple([] for _ in range(self.num_kv_cache_groups))
         return tuple(list(t) for t in st.tables)
-
-    def create_kv_cache_blocks(self, blocks) -> KVCacheBlocks:
-        return KVCacheBlocks(blocks) if any(blocks) else self.empty_kv_cache_blocks
-
-    def take_new_block_ids(self) -> list[int]:
-        ids, self._new_block_ids = self._new_block_ids, []
-        return ids
-
-    def new_step_starts(self) -> None:
-        """Nothing per step."""
 
     # ------------------------------------------------------------------ extras
     def check(self) -> None:

@@ -18,19 +18,17 @@ compiled calls (``_match``, ``_open``, ``_cross``, ``_append``) and the per-requ
 from __future__ import annotations
 
 import hashlib
-import itertools
 import os
 from typing import Any
 
 import kvshare
 from kvshare import ffi, lib
 
-from vllm.distributed.kv_events import KVCacheEvent
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
-from vllm.v1.metrics.stats import PrefixCacheStats
 
 from . import logger
+from .base import ManagerBase, _cdiv
 from .events import EventTranslator
 from .host_tier import HOST_PAGES, HostTier
 from .twins import _SMALL, PythonTwins, _extra_addr, _Req, _token_ids
@@ -50,10 +48,6 @@ _DEVICE = ffi.typeof("enum kvs_tier").relements["KVS_TIER_DEVICE"]
 _CACHED_STATE = ffi.typeof("enum kvs_page_state").relements["KVS_PAGE_STATE_CACHED"]
 # block_hash of a registered page whose request carries no vLLM block hash (see _mark_hashed)
 _HASHED = b"kvshare:registered"
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def _common_pages(a: bytes, b: bytes) -> int:
@@ -118,7 +112,7 @@ def unsupported_reason(kv_cache_config, scheduler_block_size: int, hash_block_si
     return None
 
 
-class KvshareKVCacheManager(PythonTwins):
+class KvshareKVCacheManager(ManagerBase, PythonTwins):
     """Drop-in for ``vllm.v1.core.kv_cache_manager.KVCacheManager`` (vLLM 0.23.0 signature)."""
 
     def __init__(
@@ -140,18 +134,11 @@ class KvshareKVCacheManager(PythonTwins):
                                  dcp_world_size, pcp_world_size)
         if why:
             raise ValueError(f"kvshare_vllm: unsupported configuration: {why}")
+        self._init_base(kv_cache_config, max_model_len, enable_caching, use_eagle, log_stats,
+                        enable_kv_cache_events, metrics_collector)
         group = kv_cache_config.kv_cache_groups[0]
         spec = group.kv_cache_spec
-        self.max_model_len = max_model_len
-        self.enable_caching = enable_caching
-        self.use_eagle = use_eagle
-        self.log_stats = log_stats
-        self.metrics_collector = metrics_collector  # sampled block-lifetime metrics: not fed
-        self.enable_kv_cache_events = enable_kv_cache_events
-        self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
         self.block_size = bs = spec.block_size
-        self.num_blocks = kv_cache_config.num_blocks
-        self.kv_cache_config = kv_cache_config
         self.num_kv_cache_groups = 1
         num_host_pages = HOST_PAGES.get()  # > 0 with kvshare's KV connector (host_tier.py)
 
@@ -190,13 +177,9 @@ class KvshareKVCacheManager(PythonTwins):
             bs, _STORED, _REMOVED, _CLEARED, _DEVICE,
             (get_kv_cache_spec_kind(spec).value, get_kv_cache_spec_sliding_window(spec)))
 
-        self._reqs: dict[str, _Req] = {}
-        self._seq_ids = itertools.count(1)
         # (request id, packed tokens, extra keys) of the last get_computed_blocks
         self._pending: tuple[str, bytes, Any] | None = None
-        self._new_block_ids: list[int] = []  # for KV zeroing (take_new_block_ids)
         self._track_new = bool(getattr(kv_cache_config, "needs_kv_cache_zeroing", False))
-        self._events: list[KVCacheEvent] = []
         # Preallocated out-buffers: a block table can hold max_model_len tokens plus lookahead.
         self._max_pages = self.num_blocks
         self._pages_buf = ffi.new("uint32_t[]", self._max_pages)
@@ -209,7 +192,6 @@ class KvshareKVCacheManager(PythonTwins):
         self._info = ffi.new("kvs_seq_info *")
         self._ev_buf = ffi.new("kvs_event[]", 256)
         self._tokbuf = ffi.new("int32_t[]", _SMALL)  # small appends (decode steps)
-        self._usable = self.num_blocks - 1  # the null block is never usable
         # Requests whose last page filled up with no native call: id -> (state, request,
         # known tokens); see allocate_slots and _flush.  Off with KV events, which must
         # come out in vLLM's order.
@@ -218,7 +200,6 @@ class KvshareKVCacheManager(PythonTwins):
         # recomputed; kept across steps (see get_num_common_prefix_blocks).
         self._common: bytes | None = None
         self._defer = not enable_kv_cache_events
-        self._avail: int | None = None  # see _capacity
         # The compiled hand-over and packing when built (KVSHARE_VLLM_PURE_PYTHON=1: Python's).
         fast = None if os.environ.get("KVSHARE_VLLM_PURE_PYTHON") else _fast
         self._pack = fast.pack_i32 if fast is not None else kvshare.pack_i32
@@ -312,17 +293,6 @@ class KvshareKVCacheManager(PythonTwins):
         return now + e <= free - reserved and full + e <= free
 
     # ------------------------------------------------------------------ public surface
-    @property
-    def usage(self) -> float:
-        return 1.0 - self._capacity() / self._usable if self._usable else 0
-
-    def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
-        if not self.log_stats:
-            return None
-        stats = self.prefix_cache_stats
-        self.prefix_cache_stats = PrefixCacheStats()
-        return stats
-
     def get_computed_blocks(self, request) -> tuple[KVCacheBlocks, int]:
         if not self.enable_caching or request.skip_reading_prefix_cache:
             return self.empty_kv_cache_blocks, 0
@@ -593,13 +563,6 @@ class KvshareKVCacheManager(PythonTwins):
             self._drain_events(None, None)
         return True
 
-    def reset_prefix_cache(self) -> bool:
-        if not self._reset_index():
-            return False
-        if self.log_stats:
-            self.prefix_cache_stats.reset = True
-        return True
-
     def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
         """Leading blocks of the request held by every request with blocks (vLLM's
         ``ref_cnt == len(req_to_blocks)``); a shared page sits at the same index in each."""
@@ -621,13 +584,6 @@ class KvshareKVCacheManager(PythonTwins):
             lo, hi = min(raws), max(raws)
             common = self._common = lo[:4 * _common_pages(lo, hi)]
         return [len(common) // 4]
-
-    def take_events(self) -> list[KVCacheEvent]:
-        if not self.enable_kv_cache_events:
-            return []
-        self._drain_events(None, None)
-        ev, self._events = self._events, []
-        return ev
 
     def get_blocks(self, request_id: str) -> KVCacheBlocks:
         st = self._reqs.get(request_id)
@@ -677,16 +633,6 @@ class KvshareKVCacheManager(PythonTwins):
         for st, request, target in dirty.values():
             if target > st.n:
                 self._append_known(st, request, target)
-
-    def create_kv_cache_blocks(self, blocks) -> KVCacheBlocks:
-        return KVCacheBlocks(blocks) if any(blocks) else self.empty_kv_cache_blocks
-
-    def take_new_block_ids(self) -> list[int]:
-        ids, self._new_block_ids = self._new_block_ids, []
-        return ids
-
-    def new_step_starts(self) -> None:
-        """Nothing per step: registration is immediate (no deferred commit)."""
 
     # ------------------------------------------------------------------ extras
     def check(self) -> None:

@@ -1,0 +1,79 @@
+"""``ManagerBase``: what the single-group manager (``manager.KvshareKVCacheManager``) and the
+hybrid one (``hybrid.KvshareHybridKVCacheManager``) share of vLLM's ``KVCacheManager``
+surface: the constructor arguments both keep, prefix-cache stats, the usage fraction, new-block
+ids for KV zeroing, ``KVCacheBlocks`` construction, reset and event hand-out.
+
+A subclass provides ``empty_kv_cache_blocks``, ``_capacity()`` (vLLM's free blocks),
+``_drain_events(st, request)`` (vLLM's events for what kvshare queued; called with
+``(None, None)`` when no request's call is pending) and ``_reset_index()``.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+from vllm.v1.metrics.stats import PrefixCacheStats
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class ManagerBase:
+    """The shared half of both managers; see the module doc for what a subclass provides."""
+
+    def _init_base(self, kv_cache_config, max_model_len: int, enable_caching: bool,
+                   use_eagle: bool, log_stats: bool, enable_kv_cache_events: bool,
+                   metrics_collector) -> None:
+        """The state both managers keep, set before anything else of theirs."""
+        self.kv_cache_config = kv_cache_config
+        self.max_model_len = max_model_len
+        self.enable_caching = enable_caching
+        self.use_eagle = use_eagle
+        self.log_stats = log_stats
+        self.metrics_collector = metrics_collector  # sampled block-lifetime metrics: not fed
+        self.enable_kv_cache_events = enable_kv_cache_events
+        self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
+        self.num_blocks = kv_cache_config.num_blocks
+        self._usable = self.num_blocks - 1  # the null block is never usable
+        self._reqs: dict = {}  # request id -> the subclass's per-request state
+        self._seq_ids = itertools.count(1)  # kvshare sequence ids
+        self._new_block_ids: list[int] = []  # for KV zeroing (take_new_block_ids)
+        self._events: list = []  # vLLM's KV events not yet taken
+        self._avail: int | None = None  # the kept free count (the subclass's _capacity)
+
+    @property
+    def usage(self) -> float:
+        return 1.0 - self._capacity() / self._usable if self._usable else 0
+
+    def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
+        if not self.log_stats:
+            return None
+        stats = self.prefix_cache_stats
+        self.prefix_cache_stats = PrefixCacheStats()
+        return stats
+
+    def reset_prefix_cache(self) -> bool:
+        if not self._reset_index():
+            return False
+        if self.log_stats:
+            self.prefix_cache_stats.reset = True
+        return True
+
+    def take_events(self) -> list:
+        if not self.enable_kv_cache_events:
+            return []
+        self._drain_events(None, None)
+        ev, self._events = self._events, []
+        return ev
+
+    def create_kv_cache_blocks(self, blocks) -> KVCacheBlocks:
+        return KVCacheBlocks(blocks) if any(blocks) else self.empty_kv_cache_blocks
+
+    def take_new_block_ids(self) -> list[int]:
+        ids, self._new_block_ids = self._new_block_ids, []
+        return ids
+
+    def new_step_starts(self) -> None:
+        """Nothing per step: registration is immediate (no deferred commit)."""
