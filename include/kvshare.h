@@ -391,7 +391,9 @@ enum kvs_group_kind
    */
   KVS_GROUP_KIND_CHUNKED_LOCAL = 2,
   /*
-   Mamba / linear-attention state: not supported yet (`KVS_STATUS_INVALID_CONFIG`).
+   Mamba / linear-attention state: `window` is a `kvs_state_mode` (vLLM's
+   `mamba_cache_mode`; none and all supported). See `kvs_hybrid_new_step` and
+   `kvs_hybrid_seq_state_page`.
    */
   KVS_GROUP_KIND_STATE = 3,
 };
@@ -400,6 +402,37 @@ enum kvs_group_kind
 typedef enum kvs_group_kind kvs_group_kind;
 #else
 typedef uint32_t kvs_group_kind;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/*
+ How a state group keeps and caches states (vLLM's `mamba_cache_mode`); the value of
+ `kvs_group.window` for a `KVS_GROUP_KIND_STATE` group.
+ */
+enum kvs_state_mode
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /*
+   `"none"`: one page per sequence, never cached (needs `enable_prefix_caching` false).
+   */
+  KVS_STATE_MODE_NONE = 0,
+  /*
+   `"all"`: a state checkpoint per page of tokens, every full one cached; a sequence keeps
+   the page of its last computed token (needs `enable_prefix_caching` true).
+   */
+  KVS_STATE_MODE_ALL = 1,
+  /*
+   `"align"`: not supported (`KVS_STATUS_INVALID_CONFIG`).
+   */
+  KVS_STATE_MODE_ALIGN = 2,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum kvs_state_mode kvs_state_mode;
+#else
+typedef uint32_t kvs_state_mode;
 #endif // __STDC_VERSION__ >= 202311L
 #endif // __cplusplus
 
@@ -456,7 +489,7 @@ typedef struct kvs_cache kvs_cache;
  `kvs_hybrid_seq_release_skipped`, `kvs_hybrid_seq_append`, `kvs_hybrid_seq_append_need`,
  `kvs_hybrid_seq_free`, `kvs_hybrid_seq_get_info`, `kvs_hybrid_seq_pages`,
  `kvs_hybrid_block_tables`, `kvs_hybrid_slot_mapping`, `kvs_hybrid_stats`,
- `kvs_hybrid_take_events`.
+ `kvs_hybrid_take_events`, `kvs_hybrid_new_step`, `kvs_hybrid_seq_state_page`.
  */
 typedef struct kvs_hybrid kvs_hybrid;
 
@@ -1049,7 +1082,8 @@ typedef struct kvs_group {
    */
   uint32_t kind;
   /*
-   Sliding window or chunk in tokens (at least 1); 0 for full attention.
+   Sliding window or chunk in tokens (at least 1); 0 for full attention; for a state
+   group its `kvs_state_mode`.
    */
   uint32_t window;
   /*
@@ -1098,7 +1132,7 @@ typedef struct kvs_group_info {
    */
   uint32_t kind;
   /*
-   Window or chunk in tokens; 0 for full attention.
+   Window or chunk in tokens; 0 for full attention; a state group's `kvs_state_mode`.
    */
   uint32_t window;
   /*
@@ -1647,8 +1681,9 @@ kvs_status kvs_cache_take_events(struct kvs_cache *cache,
 
  **Ownership:** free it with `kvs_hybrid_free`; the config and its groups are copied.
  **Failure:** `KVS_STATUS_INVALID_CONFIG` names the bad field (a bool byte other than
- 0/1, `num_groups` outside 1..=`KVS_MAX_GROUPS`, an unknown or `STATE` kind, a window of
- 0 for a window kind or non-0 for full attention, `page_bytes` 0, `num_pages` below 2);
+ 0/1, `num_groups` outside 1..=`KVS_MAX_GROUPS`, an unknown kind, a window of 0 for a
+ window kind or non-0 for full attention, a state group whose mode is unknown, align, none
+ with prefix caching on or all with it off, `page_bytes` 0, `num_pages` below 2);
  `KVS_STATUS_OUT_OF_MEMORY`; `*hybrid_out` is untouched on error.
  **Thread safety:** safe from any thread.
  */
@@ -1866,6 +1901,34 @@ kvs_status kvs_hybrid_take_events(struct kvs_hybrid *hybrid,
                                   struct kvs_group_event *events_out,
                                   size_t events_len,
                                   size_t *num_events_out);
+
+/*
+ Starts a scheduler step (vLLM's `KVCacheManager.new_step_starts`): state checkpoints
+ registered before this call may now be hit. Until then a `kvs_hybrid_seq_begin` whose
+ hit ends at a state page registered in the current step fails with
+ `KVS_STATUS_NO_SPACE` (vLLM does not schedule such a request in that step: the state is
+ written by the step's own forward pass). Call it once at the start of every step; a
+ cache without state groups ignores it.
+
+ **Failure:** NULL or freed `hybrid`, `KVS_STATUS_POISONED`: nothing changes.
+ **Thread safety:** safe concurrently with any call but `kvs_hybrid_free`.
+ */
+kvs_status kvs_hybrid_new_step(struct kvs_hybrid *hybrid);
+
+/*
+ Writes the page holding sequence `seq_id`'s running state in state group `group` (the
+ last non-null entry of its block table) to `*page_out`. In mode none that is the
+ group's only page (vLLM's block table for the group is `[page]`).
+
+ **Failure:** NULL `page_out`, `group` not below the group count or not a state group,
+ unknown sequence, a sequence with no state page yet (no tokens):
+ `KVS_STATUS_INVALID_ARGUMENT` / `KVS_STATUS_SEQ_NOT_FOUND`, `*page_out` untouched.
+ **Thread safety:** safe concurrently with any call but `kvs_hybrid_free`.
+ */
+kvs_status kvs_hybrid_seq_state_page(const struct kvs_hybrid *hybrid,
+                                     uint64_t seq_id,
+                                     size_t group,
+                                     uint32_t *page_out);
 
 /*
  Allocates `num_pages` device pages, all or nothing, each at refcount 1 held by the caller.

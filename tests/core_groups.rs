@@ -3,11 +3,15 @@
 //! block pool (`block_pool.py`: the free queue, `touch`, `free_blocks(prepend)`,
 //! `_maybe_evict_cached_block`, duplicate hashes; `single_type_kv_cache_manager.py`: each kind's
 //! `find_longest_cache_hit`, `get_num_skipped_tokens`, `remove_skipped_blocks`, `free`,
-//! `get_num_blocks_to_allocate`; `kv_cache_coordinator.py`: the fixed point of
+//! `get_num_blocks_to_allocate`; `MambaManager`'s rules for mamba_cache_mode "all" and "none":
+//! the right-to-left hit, `n - 1` skipped tokens, `cached_blocks_this_step` and
+//! `new_step_starts`, a "none" block of `max_model_len` tokens;
+//! `kv_cache_coordinator.py`: the fixed point of
 //! `HybridKVCacheCoordinator.find_longest_cache_hit`; `kv_cache_manager.allocate_slots`' order).
 //!
 //! An engine plays gpt-oss-like (sliding window 128 / full), Gemma-3-like (5 sliding-window
-//! groups of window 1024 per full group) and Llama-4-like (chunk 8192 / full) configurations:
+//! groups of window 1024 per full group), Llama-4-like (chunk 8192 / full) and state-group
+//! (Qwen3-Next-like, Nemotron-H-like, Jamba-like) configurations, with scheduler steps:
 //! multi-turn conversations over shared documents, chunked prefills and decode steps, frees,
 //! and pools small enough to evict and refuse. After every operation both sides must agree on
 //! the result (ok or out of space), the hit, every group's block table of every live sequence
@@ -17,7 +21,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use kvshare::core::groups::{GroupKind, GroupSpec, Hybrid, HybridConfig};
+use kvshare::core::groups::{GroupKind, GroupSpec, Hybrid, HybridConfig, StateMode};
 use kvshare::core::prefix::{chain_hash, root_hash};
 use kvshare::core::{Error, EventKind};
 use proptest::prelude::*;
@@ -39,7 +43,12 @@ struct Vllm {
     reqs: HashMap<u64, Req>,
     /// `enable_caching` (off: vLLM's `KVCacheCoordinatorNoPrefixCache`: no hit, nothing cached).
     caching: bool,
+    /// Per group: `MambaManager.cached_blocks_this_step`.
+    this_step: Vec<HashSet<u128>>,
 }
+
+/// vLLM's mamba block size in mode "none": `max_model_len` (longer than any test sequence).
+const MAX_MODEL_LEN: usize = 1 << 30;
 
 struct Req {
     tokens: Vec<i32>,
@@ -71,6 +80,7 @@ impl Vllm {
         }
         sets.sort_by_key(|s| kinds[s[0]] != GroupKind::Full);
         let n = num_pages as usize;
+        let n_groups = kinds.len();
         Vllm {
             ps,
             kinds,
@@ -81,7 +91,21 @@ impl Vllm {
             cached: HashMap::new(),
             reqs: HashMap::new(),
             caching,
+            this_step: vec![HashSet::new(); n_groups],
         }
+    }
+
+    /// Block size of group `g`: the page size, or `max_model_len` for a "none" state group.
+    fn bs(&self, g: usize) -> usize {
+        match self.kinds[g] {
+            GroupKind::State(StateMode::None) => MAX_MODEL_LEN,
+            _ => self.ps,
+        }
+    }
+
+    /// `KVCacheManager.new_step_starts`.
+    fn new_step(&mut self) {
+        self.this_step.iter_mut().for_each(HashSet::clear);
     }
 
     fn get_cached_block(&self, h: u128, gids: &[usize]) -> Option<Vec<u32>> {
@@ -149,6 +173,20 @@ impl Vllm {
                 }
                 out
             }
+            GroupKind::State(_) => {
+                // MambaManager: right to left, stop at the first cached block.
+                let mut out = vec![Vec::new(); gids.len()];
+                for i in (0..max_blocks).rev() {
+                    if let Some(b) = self.get_cached_block(hashes[i], gids) {
+                        for (o, x) in out.iter_mut().zip(b) {
+                            o.extend(std::iter::repeat_n(NULL, i));
+                            o.push(x);
+                        }
+                        break;
+                    }
+                }
+                out
+            }
         }
     }
 
@@ -202,6 +240,8 @@ impl Vllm {
             GroupKind::Full => 0,
             GroupKind::SlidingWindow(w) => (computed + 1).saturating_sub(w as usize),
             GroupKind::ChunkedLocal(c) => computed / c as usize * c as usize,
+            // MambaManager.get_num_skipped_tokens: num_computed_tokens - 1.
+            GroupKind::State(_) => computed.saturating_sub(1),
         }
     }
 
@@ -250,7 +290,7 @@ impl Vllm {
 
     fn remove_skipped_blocks(&mut self, id: u64, computed: usize) {
         for g in 0..self.kinds.len() {
-            let skipped = self.skipped(g, computed) / self.ps;
+            let skipped = self.skipped(g, computed) / self.bs(g);
             let r = self.reqs.get_mut(&id).unwrap();
             let skipped = skipped.min(r.blocks[g].len());
             let (mut cached, mut uncached) = (Vec::new(), Vec::new());
@@ -284,6 +324,9 @@ impl Vllm {
                     continue;
                 }
                 let key = (r.hashes[j], g);
+                if let GroupKind::State(_) = self.kinds[g] {
+                    self.this_step[g].insert(r.hashes[j]);
+                }
                 self.block_hash[b as usize] = Some(key);
                 self.cached.entry(key).or_default().push(b);
             }
@@ -295,10 +338,17 @@ impl Vllm {
     fn begin(&mut self, id: u64, tokens: &[i32]) -> Option<usize> {
         let hashes = hashes_of(tokens, self.ps);
         let (hit_blocks, hit) = self.find_longest_cache_hit(&hashes, tokens.len() - 1);
-        let required = tokens.len().div_ceil(self.ps);
         let mut need = 0;
         for (g, b) in hit_blocks.iter().enumerate() {
-            let skipped = self.skipped(g, hit) / self.ps;
+            // MambaManager: a hit on a block cached in this step answers num_gpu_blocks + 1.
+            if let (GroupKind::State(_), Some(&last)) = (self.kinds[g], b.last()) {
+                let (h, _) = self.block_hash[last as usize].unwrap();
+                if self.this_step[g].contains(&h) {
+                    return None;
+                }
+            }
+            let required = tokens.len().div_ceil(self.bs(g));
+            let skipped = self.skipped(g, hit) / self.bs(g);
             need += required.saturating_sub(skipped.max(b.len()));
             need += b[skipped.min(b.len())..]
                 .iter()
@@ -310,7 +360,7 @@ impl Vllm {
         }
         let mut blocks = Vec::new();
         for (g, b) in hit_blocks.iter().enumerate() {
-            let skipped = (self.skipped(g, hit) / self.ps).min(b.len());
+            let skipped = (self.skipped(g, hit) / self.bs(g)).min(b.len());
             self.touch(&b[skipped..]);
             let mut t = vec![NULL; skipped];
             t.extend_from_slice(&b[skipped..]);
@@ -328,7 +378,7 @@ impl Vllm {
         );
         for g in 0..n {
             let have = self.reqs[&id].blocks[g].len();
-            let new = self.get_new_blocks(required - have);
+            let new = self.get_new_blocks(tokens.len().div_ceil(self.bs(g)) - have);
             self.reqs.get_mut(&id).unwrap().blocks[g].extend(new);
         }
         self.cache_blocks(id, tokens.len());
@@ -339,18 +389,21 @@ impl Vllm {
     fn step(&mut self, id: u64, tokens: &[i32]) -> bool {
         let computed = self.reqs[&id].tokens.len();
         self.remove_skipped_blocks(id, computed);
-        let required = (computed + tokens.len()).div_ceil(self.ps);
+        let required: Vec<usize> = (0..self.kinds.len())
+            .map(|g| (computed + tokens.len()).div_ceil(self.bs(g)))
+            .collect();
         let need: usize = self.reqs[&id]
             .blocks
             .iter()
-            .map(|b| required.saturating_sub(b.len()))
+            .enumerate()
+            .map(|(g, b)| required[g].saturating_sub(b.len()))
             .sum();
         if need > self.queue.len() {
             return false;
         }
-        for g in 0..self.kinds.len() {
+        for (g, &req) in required.iter().enumerate() {
             let have = self.reqs[&id].blocks[g].len();
-            let new = self.get_new_blocks(required.saturating_sub(have));
+            let new = self.get_new_blocks(req.saturating_sub(have));
             self.reqs.get_mut(&id).unwrap().blocks[g].extend(new);
         }
         let r = self.reqs.get_mut(&id).unwrap();
@@ -398,6 +451,8 @@ enum Op {
     Free {
         who: usize,
     },
+    /// The scheduler starts a new step.
+    NewStep,
 }
 
 fn op(max_extra: u16, max_step: u16) -> impl Strategy<Value = Op> {
@@ -407,6 +462,7 @@ fn op(max_extra: u16, max_step: u16) -> impl Strategy<Value = Op> {
         5 => (0usize..64, prop_oneof![Just(1u16), 1..=max_step], any::<u32>())
             .prop_map(|(who, k, seed)| Op::Step { who, k, seed }),
         2 => (0usize..64).prop_map(|who| Op::Free { who }),
+        2 => Just(Op::NewStep),
     ]
 }
 
@@ -516,11 +572,42 @@ fn run_with(
                 v.free(id);
                 h.free(id).unwrap();
             }
+            Op::NewStep => {
+                v.new_step();
+                h.new_step();
+            }
         }
         h.check()
             .map_err(|e| TestCaseError::fail(format!("step {step}: {e}")))?;
         for &id in &live {
-            for g in 0..kinds.len() {
+            for (g, &kind) in kinds.iter().enumerate() {
+                if kind == GroupKind::State(StateMode::None) {
+                    // vLLM's one block of max_model_len tokens: kvshare's table holds that one
+                    // page at its last position, the length of the other groups' tables.
+                    let t = h.seq_pages(id, g).unwrap();
+                    let held: Vec<u32> = t.iter().copied().filter(|&p| p != NULL).collect();
+                    prop_assert_eq!(
+                        &v.reqs[&id].blocks[g],
+                        &held,
+                        "step {}: seq {} group {}",
+                        step,
+                        id,
+                        g
+                    );
+                    prop_assert_eq!(
+                        t.last().copied(),
+                        held.first().copied(),
+                        "step {}: state page last",
+                        step
+                    );
+                    prop_assert_eq!(
+                        h.state_page(id, g).ok(),
+                        held.first().copied(),
+                        "step {}",
+                        step
+                    );
+                    continue;
+                }
                 prop_assert_eq!(
                     &v.reqs[&id].blocks[g][..],
                     h.seq_pages(id, g).unwrap(),
@@ -591,6 +678,46 @@ proptest! {
     #[test]
     fn no_prefix_caching(ops in proptest::collection::vec(op(40, 20), 1..60)) {
         let kinds = vec![GroupKind::SlidingWindow(9), GroupKind::Full, GroupKind::ChunkedLocal(12)];
+        run_with(4, 48, kinds, 10, &ops, false)?;
+    }
+
+    /// Qwen3-Next-like: three linear-attention (state) groups per full-attention group, mode
+    /// "all" (vLLM runs Qwen3-Next itself in "align"; the layer shape is what this plays).
+    #[test]
+    fn qwen3_next_like(ops in proptest::collection::vec(op(300, 200), 1..50)) {
+        let mut kinds = vec![GroupKind::Full];
+        kinds.extend([GroupKind::State(StateMode::All); 3]);
+        run(16, 200, kinds, 200, &ops)?;
+    }
+
+    /// Nemotron-H-like: mostly Mamba2 layers, a few attention layers (six state groups per
+    /// full group), mode "all", long documents.
+    #[test]
+    fn nemotron_h_like(ops in proptest::collection::vec(op(600, 300), 1..40)) {
+        let mut kinds = vec![GroupKind::State(StateMode::All); 6];
+        kinds.insert(2, GroupKind::Full);
+        run(32, 300, kinds, 500, &ops)?;
+    }
+
+    /// Jamba-like: one attention layer per eight (seven state groups per full group), and a
+    /// sliding-window group too for a three-spec fixed point; mode "all"; small pages.
+    #[test]
+    fn jamba_like(ops in proptest::collection::vec(op(40, 20), 1..60)) {
+        let mut kinds = vec![GroupKind::Full];
+        kinds.extend([GroupKind::State(StateMode::All); 7]);
+        kinds.push(GroupKind::SlidingWindow(9));
+        run(4, 120, kinds, 10, &ops)?;
+    }
+
+    /// Mode "none" (prefix caching off): one state page per sequence, nothing cached.
+    #[test]
+    fn state_none_no_caching(ops in proptest::collection::vec(op(40, 20), 1..60)) {
+        let kinds = vec![
+            GroupKind::State(StateMode::None),
+            GroupKind::Full,
+            GroupKind::State(StateMode::None),
+            GroupKind::SlidingWindow(9),
+        ];
         run_with(4, 48, kinds, 10, &ops, false)?;
     }
 

@@ -13,6 +13,7 @@ use super::attn::kvs_index_type;
 use super::backend::kvs_backend_kind;
 use super::events::kvs_event_kind;
 use super::hybrid::kvs_group_kind;
+use super::hybrid_state::kvs_state_mode;
 use super::pages::kvs_page_state;
 use super::types::{kvs_copy_kind, kvs_dtype, kvs_tier};
 
@@ -65,6 +66,7 @@ try_from_raw!(kvs_group_kind {
     ChunkedLocal,
     State,
 });
+try_from_raw!(kvs_state_mode { None, All, Align });
 try_from_raw!(kvs_copy_kind {
     DeviceToDevice,
     DeviceToHost,

@@ -12,11 +12,12 @@ use std::sync::{Mutex, MutexGuard};
 use super::enums::decode;
 use super::events::{halves, kvs_event_kind};
 use super::handle::{self, Handle};
+use super::hybrid_state::kvs_state_mode;
 use super::panic::guard;
 use super::slice::{opt_out, slice, slice_mut, try_out, try_ref};
 use super::status::kvs_status;
 use super::types::{extra_from_c, kvs_extra_keys};
-use crate::core::groups::{GroupKind, GroupSpec, Hybrid, HybridConfig};
+use crate::core::groups::{GroupKind, GroupSpec, Hybrid, HybridConfig, StateMode};
 use crate::core::Error;
 
 /// Most groups a `kvs_hybrid` holds.
@@ -38,7 +39,9 @@ pub enum kvs_group_kind {
     SlidingWindow = 1,
     /// Chunked local attention, chunks of `window` tokens (vLLM `attention_chunk_size`).
     ChunkedLocal = 2,
-    /// Mamba / linear-attention state: not supported yet (`KVS_STATUS_INVALID_CONFIG`).
+    /// Mamba / linear-attention state: `window` is a `kvs_state_mode` (vLLM's
+    /// `mamba_cache_mode`; none and all supported). See `kvs_hybrid_new_step` and
+    /// `kvs_hybrid_seq_state_page`.
     State = 3,
 }
 
@@ -48,7 +51,8 @@ pub enum kvs_group_kind {
 pub struct kvs_group {
     /// A `kvs_group_kind` value.
     pub kind: u32,
-    /// Sliding window or chunk in tokens (at least 1); 0 for full attention.
+    /// Sliding window or chunk in tokens (at least 1); 0 for full attention; for a state
+    /// group its `kvs_state_mode`.
     pub window: u32,
     /// Bytes of one page of this group (all its layers, K and V). Groups with equal
     /// `page_bytes` share one page pool; each distinct value has its own pool.
@@ -79,7 +83,7 @@ pub struct kvs_hybrid_config {
 pub struct kvs_group_info {
     /// A `kvs_group_kind` value.
     pub kind: u32,
-    /// Window or chunk in tokens; 0 for full attention.
+    /// Window or chunk in tokens; 0 for full attention; a state group's `kvs_state_mode`.
     pub window: u32,
     /// Bytes of one page.
     pub page_bytes: u64,
@@ -190,7 +194,7 @@ pub struct kvs_group_event {
 /// `kvs_hybrid_seq_release_skipped`, `kvs_hybrid_seq_append`, `kvs_hybrid_seq_append_need`,
 /// `kvs_hybrid_seq_free`, `kvs_hybrid_seq_get_info`, `kvs_hybrid_seq_pages`,
 /// `kvs_hybrid_block_tables`, `kvs_hybrid_slot_mapping`, `kvs_hybrid_stats`,
-/// `kvs_hybrid_take_events`.
+/// `kvs_hybrid_take_events`, `kvs_hybrid_new_step`, `kvs_hybrid_seq_state_page`.
 pub struct kvs_hybrid {
     _private: [u8; 0],
 }
@@ -204,7 +208,7 @@ impl Handle for kvs_hybrid {
 ///
 /// # Safety
 /// `h` must be NULL or a live handle from `kvs_hybrid_new`.
-unsafe fn lock<'a>(h: *const kvs_hybrid) -> Result<MutexGuard<'a, Hybrid>, Error> {
+pub(super) unsafe fn lock<'a>(h: *const kvs_hybrid) -> Result<MutexGuard<'a, Hybrid>, Error> {
     handle::borrow(h)?.lock().map_err(|_| Error::Poisoned)
 }
 
@@ -262,10 +266,22 @@ unsafe fn read_config(ptr: *const kvs_hybrid_config) -> Result<HybridConfig, Err
             Ok(kvs_group_kind::SlidingWindow) => GroupKind::SlidingWindow(g.window),
             Ok(kvs_group_kind::ChunkedLocal) => GroupKind::ChunkedLocal(g.window),
             Ok(kvs_group_kind::State) => {
-                return Err(Error::InvalidConfig {
-                    field: "groups.kind",
-                    reason: format!("group {i}: state (Mamba) groups are not supported yet"),
-                })
+                match decode::<kvs_state_mode>(g.window, "groups.window") {
+                    Ok(kvs_state_mode::None) => GroupKind::State(StateMode::None),
+                    Ok(kvs_state_mode::All) => GroupKind::State(StateMode::All),
+                    Ok(kvs_state_mode::Align) => {
+                        return Err(Error::InvalidConfig {
+                            field: "groups.window",
+                            reason: format!("group {i}: state mode align is not supported"),
+                        })
+                    }
+                    Err(e) => {
+                        return Err(Error::InvalidConfig {
+                            field: "groups.window",
+                            reason: format!("group {i}: {e}"),
+                        })
+                    }
+                }
             }
             Err(e) => {
                 return Err(Error::InvalidConfig {
@@ -293,6 +309,15 @@ fn kind_of(k: GroupKind) -> kvs_group_kind {
         GroupKind::Full => kvs_group_kind::Full,
         GroupKind::SlidingWindow(_) => kvs_group_kind::SlidingWindow,
         GroupKind::ChunkedLocal(_) => kvs_group_kind::ChunkedLocal,
+        GroupKind::State(_) => kvs_group_kind::State,
+    }
+}
+
+/// `kvs_group_info.window`: the window or chunk, or a state group's `kvs_state_mode`.
+fn window_of(k: GroupKind) -> u32 {
+    match k {
+        GroupKind::State(m) => kvs_state_mode::from(m) as u32,
+        _ => k.window(),
     }
 }
 
@@ -301,8 +326,9 @@ impl kvs_hybrid {
     ///
     /// **Ownership:** free it with `kvs_hybrid_free`; the config and its groups are copied.
     /// **Failure:** `KVS_STATUS_INVALID_CONFIG` names the bad field (a bool byte other than
-    /// 0/1, `num_groups` outside 1..=`KVS_MAX_GROUPS`, an unknown or `STATE` kind, a window of
-    /// 0 for a window kind or non-0 for full attention, `page_bytes` 0, `num_pages` below 2);
+    /// 0/1, `num_groups` outside 1..=`KVS_MAX_GROUPS`, an unknown kind, a window of 0 for a
+    /// window kind or non-0 for full attention, a state group whose mode is unknown, align, none
+    /// with prefix caching on or all with it off, `page_bytes` 0, `num_pages` below 2);
     /// `KVS_STATUS_OUT_OF_MEMORY`; `*hybrid_out` is untouched on error.
     /// **Thread safety:** safe from any thread.
     #[no_mangle]
@@ -359,7 +385,7 @@ impl kvs_hybrid {
             let g = h.config().groups[group];
             *out = kvs_group_info {
                 kind: kind_of(g.kind) as u32,
-                window: g.kind.window(),
+                window: window_of(g.kind),
                 page_bytes: g.page_bytes,
                 pool: u32::try_from(pool).map_err(|_| Error::arg("group", "pool id overflow"))?,
                 num_pools: u32::try_from(h.num_pools())

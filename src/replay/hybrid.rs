@@ -114,6 +114,8 @@ fn first_needed(kind: GroupKind, len: usize, ps: usize) -> usize {
         GroupKind::Full => 0,
         GroupKind::SlidingWindow(w) => len.saturating_sub(w as usize) / ps,
         GroupKind::ChunkedLocal(c) => len.saturating_sub(1) / c as usize * c as usize / ps,
+        // The page holding the state after the last token.
+        GroupKind::State(_) => len.saturating_sub(1) / ps,
     }
 }
 
@@ -308,6 +310,7 @@ pub fn format_hybrid(hy: &HybridOutcome, full: &HybridOutcome, ps: u32) -> Strin
         GroupKind::Full => "full".to_string(),
         GroupKind::SlidingWindow(w) => format!("sliding window {w}"),
         GroupKind::ChunkedLocal(c) => format!("chunked local {c}"),
+        GroupKind::State(_) => "state".to_string(),
     };
     s.push_str(&format!(
         "hybrid model, {} groups of equal layers ({}-token pages; a group page holds 1/{} of the layers)\n",

@@ -5,7 +5,7 @@ use super::super::alloc::try_vec;
 use super::super::error::{Error, Result};
 use super::super::pool::PageState;
 use super::hybrid::{Hybrid, NULL_PAGE};
-use super::spec::GroupKind;
+use super::spec::{GroupKind, StateMode};
 
 fn violation(msg: String) -> Result<()> {
     Err(Error::InvariantViolation(msg))
@@ -16,7 +16,8 @@ const NO_GROUP: u32 = u32::MAX;
 
 impl Hybrid {
     /// Verifies: every group's table of a sequence has the same length and covers its tokens;
-    /// null entries only form a prefix and only in window groups; a page is held by the tables
+    /// null entries only form a prefix and only in window and state groups; a "none" state
+    /// group holds exactly one page, at the last position; a page is held by the tables
     /// of one group only and registered in at most one group's index, that group's when held;
     /// refcount = holders; every unreferenced page is on exactly one list (the free list only
     /// when registered nowhere); list lengths and counters agree with a recount; every index
@@ -55,6 +56,15 @@ impl Hybrid {
                 if nulls > 0 && self.cfg.groups[g].kind == GroupKind::Full {
                     return violation(format!(
                         "sequence {id}: full-attention group {g} holds the null page"
+                    ));
+                }
+                if self.cfg.groups[g].kind == GroupKind::State(StateMode::None)
+                    && !t.is_empty()
+                    && nulls + 1 != t.len()
+                {
+                    return violation(format!(
+                        "sequence {id}: state group {g} (mode none) holds {} pages, not one at the end",
+                        t.len() - nulls
                     ));
                 }
                 let pool = self.pool_of[g];

@@ -4,10 +4,11 @@
 //!
 //! A hit of N tokens needs every full-attention page of the first N tokens, for a sliding
 //! window W the `cdiv(W - 1, page_size)` pages before N, and for chunked local attention the
-//! pages of N's chunk before N; the longest N every group accepts wins.
+//! pages of N's chunk before N, and for a state group the checkpoint at exactly N; the longest
+//! N every group accepts wins.
 
 use super::hybrid::{Hybrid, PageKey, NULL_PAGE};
-use super::spec::GroupKind;
+use super::spec::{GroupKind, StateMode};
 
 /// Pages per member group of a lookup set: `[member][position]`.
 type SetPages = Vec<Vec<u32>>;
@@ -111,6 +112,33 @@ impl Hybrid {
         out
     }
 
+    /// `MambaManager.find_longest_cache_hit`: the rightmost page `j` cached in every group of
+    /// the set with `(j + 1) * page_size <= max_len` (one page size, so vLLM's alignment test
+    /// always passes); null before it. A "none" group never caches, so it never hits.
+    fn hit_state(
+        &self,
+        set: &[usize],
+        keys: &[PageKey],
+        tokens: &[i32],
+        max_len: usize,
+        mode: StateMode,
+    ) -> SetPages {
+        let mut out = vec![Vec::new(); set.len()];
+        if mode == StateMode::None {
+            return out;
+        }
+        for i in (0..max_len / self.ps).rev() {
+            if let Some(pages) = self.lookup_set(set, keys, tokens, i) {
+                for (o, p) in out.iter_mut().zip(pages) {
+                    o.resize(i, NULL_PAGE);
+                    o.push(p);
+                }
+                break;
+            }
+        }
+        out
+    }
+
     /// The fixed point: each lookup set (full attention first) accepts the current length or
     /// shortens it; repeat until none shortens it. Returns the hit in tokens and each group's
     /// pages for it.
@@ -136,6 +164,7 @@ impl Hybrid {
                     GroupKind::Full => self.hit_full(set, keys, tokens, curr),
                     GroupKind::SlidingWindow(w) => self.hit_window(set, keys, tokens, curr, w),
                     GroupKind::ChunkedLocal(c) => self.hit_chunk(set, keys, tokens, curr, c),
+                    GroupKind::State(m) => self.hit_state(set, keys, tokens, curr, m),
                 };
                 curr = pages[0].len() * self.ps;
                 for (&g, p) in set.iter().zip(pages) {

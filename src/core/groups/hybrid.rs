@@ -30,7 +30,7 @@ use super::super::events::{EventKind, MAX_QUEUED_EVENTS};
 use super::super::hashing::{DigestMap, IdMap};
 use super::super::pool::{Holder, PagePool};
 use super::super::prefix::{chain_hash, root_hash, Entry, ExtraKeys, PrefixIndex};
-use super::spec::{GroupKind, HybridConfig};
+use super::spec::{GroupKind, HybridConfig, StateMode};
 
 /// The page every pool reserves (vLLM's `null_block`): what released positions show.
 pub const NULL_PAGE: u32 = 0;
@@ -125,6 +125,9 @@ pub struct Hybrid {
     pub(super) counters: Vec<GroupCounters>,
     pub(super) prefix_queries: u64,
     pub(super) prefix_hit_tokens: u64,
+    /// Per group: digests a state group registered since the last [`Hybrid::new_step`]
+    /// (vLLM's `MambaManager.cached_blocks_this_step`); empty for other kinds.
+    pub(super) this_step: Vec<std::collections::HashSet<u128>>,
     root: u128,
     scratch: Vec<u8>,
 }
@@ -197,6 +200,7 @@ impl Hybrid {
             counters: vec![GroupCounters::default(); cfg.groups.len()],
             prefix_queries: 0,
             prefix_hit_tokens: 0,
+            this_step: vec![Default::default(); cfg.groups.len()],
             root: root_hash(),
             scratch: Vec::with_capacity(32 + 4 * cfg.page_size as usize),
             cfg,
@@ -408,13 +412,17 @@ impl Hybrid {
         let total = slots.div_ceil(self.ps);
         let hit_pages = hit / self.ps;
         let fresh = total.saturating_sub(hit_pages);
+        self.state_gate(&keys, hit, &blocks)?;
         let (mut need, mut reserved) = (vec![0; self.pools.len()], vec![0; self.pools.len()]);
         let mut skip = Vec::with_capacity(self.num_groups());
+        let mut new_pages = 0;
         for (g, b) in blocks.iter().enumerate() {
             let pool = self.pool_of[g];
             let s = (self.cfg.groups[g].kind.skipped_tokens(hit) / self.ps).min(b.len());
             skip.push(s);
-            need[pool] += fresh;
+            let n = self.fresh_pages(g, total, fresh);
+            need[pool] += n;
+            new_pages += n;
             let live = b[s..].iter().filter(|&&p| p != NULL_PAGE);
             reserved[pool] += live
                 .clone()
@@ -451,6 +459,13 @@ impl Hybrid {
             tables.push(t);
         }
         for (g, t) in tables.iter_mut().enumerate() {
+            if self.cfg.groups[g].kind == GroupKind::State(StateMode::None) {
+                if total > 0 {
+                    t.resize(total - 1, NULL_PAGE);
+                    t.push(self.take(self.pool_of[g]));
+                }
+                continue;
+            }
             for _ in t.len()..total {
                 t.push(self.take(self.pool_of[g]));
             }
@@ -472,8 +487,63 @@ impl Hybrid {
         Ok(HybridBegin {
             matched_tokens: hit,
             num_pages: total,
-            new_pages: fresh * self.num_groups(),
+            new_pages,
         })
+    }
+
+    /// Fresh pages group `g` takes at a begin whose tables are `total` long with `fresh`
+    /// positions after the hit: one state page for a "none" state group, else `fresh`.
+    fn fresh_pages(&self, g: usize, total: usize, fresh: usize) -> usize {
+        match self.cfg.groups[g].kind {
+            GroupKind::State(StateMode::None) => total.min(1),
+            _ => fresh,
+        }
+    }
+
+    /// vLLM's same-step rule for state groups (`MambaManager.get_num_blocks_to_allocate`
+    /// answers `num_gpu_blocks + 1`): a hit whose state page was registered in this step is
+    /// not usable yet (the state is written by this step's forward pass), so the begin fails
+    /// with `NoSpace` and the engine retries in a later step.
+    fn state_gate(&self, keys: &[PageKey], hit: usize, blocks: &[Vec<u32>]) -> Result<()> {
+        if hit == 0 {
+            return Ok(());
+        }
+        let digest = keys[hit / self.ps - 1].hash;
+        for (g, b) in blocks.iter().enumerate() {
+            if let GroupKind::State(StateMode::All) = self.cfg.groups[g].kind {
+                if !b.is_empty() && self.this_step[g].contains(&digest) {
+                    let pool = &self.pools[self.pool_of[g]];
+                    return Err(no_space(pool.num_pages() as usize + 1, pool.available()));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts a scheduler step: states registered before now become usable by hits (vLLM's
+    /// `KVCacheManager.new_step_starts`).
+    pub fn new_step(&mut self) {
+        for s in &mut self.this_step {
+            s.clear();
+        }
+    }
+
+    /// The page holding a sequence's running state in state group `group`: the last non-null
+    /// entry of its table.
+    pub fn state_page(&self, id: u64, group: usize) -> Result<u32> {
+        self.check_group(group)?;
+        if !matches!(self.cfg.groups[group].kind, GroupKind::State(_)) {
+            return Err(Error::arg(
+                "group",
+                format!("group {group} is not a state group"),
+            ));
+        }
+        self.seq(id)?.tables[group]
+            .iter()
+            .rev()
+            .copied()
+            .find(|&p| p != NULL_PAGE)
+            .ok_or_else(|| Error::arg("seq_id", format!("sequence {id} holds no state page yet")))
     }
 
     /// Offers the newly full pages of every group to its index (vLLM's `cache_blocks`, groups
@@ -505,6 +575,9 @@ impl Hybrid {
                     continue;
                 }
                 let k = s.keys[j];
+                if self.cfg.groups[g].kind == GroupKind::State(StateMode::All) {
+                    self.this_step[g].insert(k.hash);
+                }
                 let parent = if j == 0 {
                     self.root
                 } else {
@@ -597,7 +670,11 @@ impl Hybrid {
         let want = slots.div_ceil(self.ps);
         let mut need = vec![0; self.pools.len()];
         for (g, t) in s.tables.iter().enumerate() {
-            need[self.pool_of[g]] += want.saturating_sub(t.len());
+            need[self.pool_of[g]] += match self.cfg.groups[g].kind {
+                // One page for the whole sequence, taken when the table first grows.
+                GroupKind::State(StateMode::None) => usize::from(t.is_empty() && want > 0),
+                _ => want.saturating_sub(t.len()),
+            };
         }
         Ok(need)
     }
@@ -628,6 +705,19 @@ impl Hybrid {
             })?;
         for g in 0..self.num_groups() {
             let have = self.seqs[&id].tables[g].len();
+            if self.cfg.groups[g].kind == GroupKind::State(StateMode::None) {
+                if want > have {
+                    let page = match have {
+                        0 => self.take(self.pool_of[g]),
+                        _ => self.seqs[&id].tables[g][have - 1],
+                    };
+                    let t = &mut self.seqs.get_mut(&id).expect("checked").tables[g];
+                    t.fill(NULL_PAGE);
+                    t.resize(want - 1, NULL_PAGE);
+                    t.push(page);
+                }
+                continue;
+            }
             for _ in have..want {
                 let p = self.take(self.pool_of[g]);
                 self.seqs.get_mut(&id).expect("checked").tables[g].push(p);
@@ -656,7 +746,7 @@ impl Hybrid {
                 .collect();
             match self.cfg.groups[g].kind {
                 GroupKind::SlidingWindow(_) => self.release_split(g, &rev),
-                GroupKind::Full | GroupKind::ChunkedLocal(_) => {
+                GroupKind::Full | GroupKind::ChunkedLocal(_) | GroupKind::State(_) => {
                     let pool = self.pool_of[g];
                     for p in rev {
                         self.pools[pool].release(p, Holder::Seq, true);

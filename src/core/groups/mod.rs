@@ -19,5 +19,5 @@ pub mod spec;
 mod tables;
 
 pub use hybrid::{GroupCounters, GroupEvent, Hybrid, HybridBegin, NULL_PAGE};
-pub use spec::{GroupKind, GroupSpec, HybridConfig, MAX_GROUPS};
+pub use spec::{GroupKind, GroupSpec, HybridConfig, StateMode, MAX_GROUPS};
 pub use tables::GroupStats;

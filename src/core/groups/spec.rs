@@ -18,6 +18,21 @@ pub enum GroupKind {
     /// Chunked local attention: a token attends to its own chunk of `chunk` tokens (vLLM
     /// `ChunkedLocalAttentionSpec`, Llama 4).
     ChunkedLocal(u32),
+    /// Mamba / linear-attention state (vLLM `MambaSpec`): one running state per sequence, in
+    /// a page of the group's page bytes, cached at page-aligned checkpoints as the mode says.
+    State(StateMode),
+}
+
+/// How a state group keeps and caches states (vLLM's `mamba_cache_mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StateMode {
+    /// `"none"` (prefix caching off): one page per sequence, never cached; vLLM's mamba block
+    /// is `max_model_len` tokens long, so a request holds exactly one block.
+    None,
+    /// `"all"`: a page per page of tokens, the state after token `(j + 1) * page_size` in page
+    /// `j`; every full page is cached; the sequence keeps only the page holding its last
+    /// computed token (vLLM's `get_num_skipped_tokens(n) = n - 1`).
+    All,
 }
 
 impl GroupKind {
@@ -28,13 +43,17 @@ impl GroupKind {
             GroupKind::Full => 0,
             GroupKind::SlidingWindow(w) => (computed + 1).saturating_sub(w as usize),
             GroupKind::ChunkedLocal(c) => computed / c as usize * c as usize,
+            // MambaManager: only the state after the last computed token is needed. "none"
+            // keeps its one page wherever the sequence is (see `Hybrid`).
+            GroupKind::State(StateMode::All) => computed.saturating_sub(1),
+            GroupKind::State(StateMode::None) => 0,
         }
     }
 
-    /// The window or chunk in tokens; 0 for full attention.
+    /// The window or chunk in tokens; 0 for full attention and state groups.
     pub fn window(self) -> u32 {
         match self {
-            GroupKind::Full => 0,
+            GroupKind::Full | GroupKind::State(_) => 0,
             GroupKind::SlidingWindow(w) | GroupKind::ChunkedLocal(w) => w,
         }
     }
@@ -98,6 +117,22 @@ impl HybridConfig {
             }
             if let GroupKind::SlidingWindow(0) | GroupKind::ChunkedLocal(0) = g.kind {
                 return bad("groups.window", format!("group {i}: must be at least 1"));
+            }
+            // vLLM sets "none" exactly when prefix caching is off, and "all" only with it on.
+            match (g.kind, self.enable_prefix_caching) {
+                (GroupKind::State(StateMode::None), true) => {
+                    return bad(
+                        "groups.window",
+                        format!("group {i}: state mode none needs prefix caching off"),
+                    )
+                }
+                (GroupKind::State(StateMode::All), false) => {
+                    return bad(
+                        "groups.window",
+                        format!("group {i}: state mode all needs prefix caching on"),
+                    )
+                }
+                _ => {}
             }
         }
         Ok(())
