@@ -392,7 +392,7 @@ enum kvs_group_kind
   KVS_GROUP_KIND_CHUNKED_LOCAL = 2,
   /*
    Mamba / linear-attention state: `window` is a `kvs_state_mode` (vLLM's
-   `mamba_cache_mode`; none and all supported). See `kvs_hybrid_new_step` and
+   `mamba_cache_mode`: none, all, align). See `kvs_hybrid_new_step` and
    `kvs_hybrid_seq_state_page`.
    */
   KVS_GROUP_KIND_STATE = 3,
@@ -424,7 +424,9 @@ enum kvs_state_mode
    */
   KVS_STATE_MODE_ALL = 1,
   /*
-   `"align"`: not supported (`KVS_STATUS_INVALID_CONFIG`).
+   `"align"`: the running state in one page at the table's end, at most one new page per
+   step, the previous step's page kept until the next release; checkpoints cached when a
+   step ends on a page boundary (needs `enable_prefix_caching` true; no lookahead slots).
    */
   KVS_STATE_MODE_ALIGN = 2,
 };
@@ -1682,8 +1684,8 @@ kvs_status kvs_cache_take_events(struct kvs_cache *cache,
  **Ownership:** free it with `kvs_hybrid_free`; the config and its groups are copied.
  **Failure:** `KVS_STATUS_INVALID_CONFIG` names the bad field (a bool byte other than
  0/1, `num_groups` outside 1..=`KVS_MAX_GROUPS`, an unknown kind, a window of 0 for a
- window kind or non-0 for full attention, a state group whose mode is unknown, align, none
- with prefix caching on or all with it off, `page_bytes` 0, `num_pages` below 2);
+ window kind or non-0 for full attention, a state group whose mode is unknown, none with
+ prefix caching on or all / align with it off, `page_bytes` 0, `num_pages` below 2);
  `KVS_STATUS_OUT_OF_MEMORY`; `*hybrid_out` is untouched on error.
  **Thread safety:** safe from any thread.
  */

@@ -55,6 +55,9 @@ struct Req {
     hashes: Vec<u128>,
     blocks: Vec<Vec<u32>>,
     num_cached: Vec<usize>,
+    /// Align mode: `last_state_block_idx` and `_allocated_block_reqs`, per group.
+    last_state: Vec<Option<usize>>,
+    allocated: Vec<bool>,
 }
 
 fn hashes_of(tokens: &[i32], ps: usize) -> Vec<u128> {
@@ -308,6 +311,18 @@ impl Vllm {
             }
             self.free_blocks(&cached, false);
             self.free_blocks(&uncached, true);
+            // MambaManager align: free the state block of two steps ago.
+            if self.kinds[g] == GroupKind::State(StateMode::Align) {
+                let r = self.reqs.get_mut(&id).unwrap();
+                if let Some(i) = r.last_state[g] {
+                    if (i as isize) < computed.div_ceil(self.ps) as isize - 1
+                        && r.blocks[g][i] != NULL
+                    {
+                        let b = std::mem::replace(&mut r.blocks[g][i], NULL);
+                        self.free_blocks(&[b], false);
+                    }
+                }
+            }
         }
     }
 
@@ -339,6 +354,7 @@ impl Vllm {
         let hashes = hashes_of(tokens, self.ps);
         let (hit_blocks, hit) = self.find_longest_cache_hit(&hashes, tokens.len() - 1);
         let mut need = 0;
+        let align = |k| k == GroupKind::State(StateMode::Align);
         for (g, b) in hit_blocks.iter().enumerate() {
             // MambaManager: a hit on a block cached in this step answers num_gpu_blocks + 1.
             if let (GroupKind::State(_), Some(&last)) = (self.kinds[g], b.last()) {
@@ -349,7 +365,11 @@ impl Vllm {
             }
             let required = tokens.len().div_ceil(self.bs(g));
             let skipped = self.skipped(g, hit) / self.bs(g);
-            need += required.saturating_sub(skipped.max(b.len()));
+            need += if align(self.kinds[g]) {
+                usize::from(required > b.len()) // first prefill: 1 block
+            } else {
+                required.saturating_sub(skipped.max(b.len()))
+            };
             need += b[skipped.min(b.len())..]
                 .iter()
                 .filter(|&&x| x != NULL && self.ref_cnt[x as usize] == 0)
@@ -374,12 +394,12 @@ impl Vllm {
                 hashes,
                 num_cached: blocks.iter().map(Vec::len).collect(),
                 blocks,
+                last_state: vec![None; n],
+                allocated: vec![false; n],
             },
         );
         for g in 0..n {
-            let have = self.reqs[&id].blocks[g].len();
-            let new = self.get_new_blocks(tokens.len().div_ceil(self.bs(g)) - have);
-            self.reqs.get_mut(&id).unwrap().blocks[g].extend(new);
+            self.allocate_new_blocks(id, g, tokens.len().div_ceil(self.bs(g)));
         }
         self.cache_blocks(id, tokens.len());
         Some(hit)
@@ -396,15 +416,16 @@ impl Vllm {
             .blocks
             .iter()
             .enumerate()
-            .map(|(g, b)| required[g].saturating_sub(b.len()))
+            .map(|(g, b)| match self.kinds[g] {
+                GroupKind::State(StateMode::Align) => usize::from(required[g] > b.len()),
+                _ => required[g].saturating_sub(b.len()),
+            })
             .sum();
         if need > self.queue.len() {
             return false;
         }
         for (g, &req) in required.iter().enumerate() {
-            let have = self.reqs[&id].blocks[g].len();
-            let new = self.get_new_blocks(req.saturating_sub(have));
-            self.reqs.get_mut(&id).unwrap().blocks[g].extend(new);
+            self.allocate_new_blocks(id, g, req);
         }
         let r = self.reqs.get_mut(&id).unwrap();
         r.tokens.extend_from_slice(tokens);
@@ -412,6 +433,29 @@ impl Vllm {
         let n = r.tokens.len();
         self.cache_blocks(id, n);
         true
+    }
+
+    /// `allocate_new_blocks` (base, and MambaManager's align branch without speculative
+    /// blocks).
+    fn allocate_new_blocks(&mut self, id: u64, g: usize, required: usize) {
+        let have = self.reqs[&id].blocks[g].len();
+        if required <= have {
+            return;
+        }
+        if self.kinds[g] != GroupKind::State(StateMode::Align) {
+            let new = self.get_new_blocks(required - have);
+            self.reqs.get_mut(&id).unwrap().blocks[g].extend(new);
+            return;
+        }
+        let r = self.reqs.get_mut(&id).unwrap();
+        if r.allocated[g] || have > 0 {
+            r.last_state[g] = Some(have - 1);
+        }
+        r.blocks[g].resize(required - 1, NULL);
+        let new = self.get_new_blocks(1);
+        let r = self.reqs.get_mut(&id).unwrap();
+        r.blocks[g].extend(new);
+        r.allocated[g] = true;
     }
 
     fn free(&mut self, id: u64) {
@@ -707,6 +751,27 @@ proptest! {
         kinds.extend([GroupKind::State(StateMode::All); 7]);
         kinds.push(GroupKind::SlidingWindow(9));
         run(4, 120, kinds, 10, &ops)?;
+    }
+
+    /// Qwen3-Next in vLLM's own mode, "align": the running state in the last page, the
+    /// previous step's page until the next release, checkpoints on page boundaries.
+    #[test]
+    fn qwen3_next_align(ops in proptest::collection::vec(op(300, 200), 1..50)) {
+        let mut kinds = vec![GroupKind::Full];
+        kinds.extend([GroupKind::State(StateMode::Align); 3]);
+        run(16, 200, kinds, 200, &ops)?;
+    }
+
+    /// Align next to a window and full attention, two state groups, small pages.
+    #[test]
+    fn align_mixed_small(ops in proptest::collection::vec(op(40, 20), 1..60)) {
+        let kinds = vec![
+            GroupKind::State(StateMode::Align),
+            GroupKind::Full,
+            GroupKind::State(StateMode::Align),
+            GroupKind::SlidingWindow(9),
+        ];
+        run(4, 64, kinds, 10, &ops)?;
     }
 
     /// Mode "none" (prefix caching off): one state page per sequence, nothing cached.

@@ -3,9 +3,10 @@
 //! every step. A window longer than any sequence must change nothing; a short window must keep
 //! the window groups at their ideal (never fewer pages than the window needs, at most a page
 //! per sequence more: the page released one step later) and below the full group; a pool too
-//! small for everyone must preempt and still finish.
+//! small for everyone must preempt and still finish; state groups (`--state`) must hold about one
+//! page per running sequence and hit on their checkpoints.
 
-use kvshare::core::groups::GroupKind;
+use kvshare::core::groups::{GroupKind, StateMode};
 use kvshare::replay::hybrid::{hybrid_kinds, replay_groups, HybridReplayConfig};
 use kvshare::replay::workload::ChatWorkload;
 use kvshare::replay::Request;
@@ -89,4 +90,28 @@ fn a_small_pool_preempts_and_finishes() {
     .unwrap();
     assert!(out.preemptions > 0);
     assert!(out.peak_in_use <= 59);
+}
+
+#[test]
+fn state_groups_hold_one_state_per_sequence_and_resume_from_checkpoints() {
+    let reqs = workload();
+    let full = replay_groups(&reqs, &cfg(vec![GroupKind::Full], 401)).unwrap();
+    for mode in [StateMode::All, StateMode::Align] {
+        let out =
+            replay_groups(&reqs, &cfg(hybrid_kinds(GroupKind::State(mode), 4), 1601)).unwrap();
+        assert_eq!(
+            out.groups[0].peak_pages, out.groups[0].ideal_peak,
+            "{mode:?}"
+        );
+        for g in &out.groups[1..] {
+            assert!(g.released > 0, "{mode:?}: states were released");
+            assert!(g.mean_pages >= g.ideal_mean, "{mode:?}: {g:?}");
+            // The running state, plus the previous one or a prefill's checkpoints for a step.
+            assert!(g.mean_pages <= 2.0 * g.ideal_mean + 1.0, "{mode:?}: {g:?}");
+        }
+        // Resuming needs the checkpoint at the hit: at most the full model's hits, and some.
+        assert!(out.hit_tokens <= full.hit_tokens, "{mode:?}");
+        assert!(out.hit_tokens > full.hit_tokens / 2, "{mode:?}: {out:?}");
+        assert_eq!(out.steps, full.steps, "{mode:?}");
+    }
 }

@@ -40,7 +40,7 @@ pub enum kvs_group_kind {
     /// Chunked local attention, chunks of `window` tokens (vLLM `attention_chunk_size`).
     ChunkedLocal = 2,
     /// Mamba / linear-attention state: `window` is a `kvs_state_mode` (vLLM's
-    /// `mamba_cache_mode`; none and all supported). See `kvs_hybrid_new_step` and
+    /// `mamba_cache_mode`: none, all, align). See `kvs_hybrid_new_step` and
     /// `kvs_hybrid_seq_state_page`.
     State = 3,
 }
@@ -269,12 +269,7 @@ unsafe fn read_config(ptr: *const kvs_hybrid_config) -> Result<HybridConfig, Err
                 match decode::<kvs_state_mode>(g.window, "groups.window") {
                     Ok(kvs_state_mode::None) => GroupKind::State(StateMode::None),
                     Ok(kvs_state_mode::All) => GroupKind::State(StateMode::All),
-                    Ok(kvs_state_mode::Align) => {
-                        return Err(Error::InvalidConfig {
-                            field: "groups.window",
-                            reason: format!("group {i}: state mode align is not supported"),
-                        })
-                    }
+                    Ok(kvs_state_mode::Align) => GroupKind::State(StateMode::Align),
                     Err(e) => {
                         return Err(Error::InvalidConfig {
                             field: "groups.window",
@@ -327,8 +322,8 @@ impl kvs_hybrid {
     /// **Ownership:** free it with `kvs_hybrid_free`; the config and its groups are copied.
     /// **Failure:** `KVS_STATUS_INVALID_CONFIG` names the bad field (a bool byte other than
     /// 0/1, `num_groups` outside 1..=`KVS_MAX_GROUPS`, an unknown kind, a window of 0 for a
-    /// window kind or non-0 for full attention, a state group whose mode is unknown, align, none
-    /// with prefix caching on or all with it off, `page_bytes` 0, `num_pages` below 2);
+    /// window kind or non-0 for full attention, a state group whose mode is unknown, none with
+    /// prefix caching on or all / align with it off, `page_bytes` 0, `num_pages` below 2);
     /// `KVS_STATUS_OUT_OF_MEMORY`; `*hybrid_out` is untouched on error.
     /// **Thread safety:** safe from any thread.
     #[no_mangle]

@@ -21,7 +21,9 @@ pub enum kvs_state_mode {
     /// `"all"`: a state checkpoint per page of tokens, every full one cached; a sequence keeps
     /// the page of its last computed token (needs `enable_prefix_caching` true).
     All = 1,
-    /// `"align"`: not supported (`KVS_STATUS_INVALID_CONFIG`).
+    /// `"align"`: the running state in one page at the table's end, at most one new page per
+    /// step, the previous step's page kept until the next release; checkpoints cached when a
+    /// step ends on a page boundary (needs `enable_prefix_caching` true; no lookahead slots).
     Align = 2,
 }
 
@@ -30,6 +32,7 @@ impl From<StateMode> for kvs_state_mode {
         match m {
             StateMode::None => kvs_state_mode::None,
             StateMode::All => kvs_state_mode::All,
+            StateMode::Align => kvs_state_mode::Align,
         }
     }
 }

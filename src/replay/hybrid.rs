@@ -14,7 +14,8 @@
 //! held (distinct) at peak and on average over steps, and the ideal computed per group
 //! independently of the cache: the distinct pages the live sequences need for their next token
 //! (every page for full attention; the pages touching the last W tokens, or the current chunk),
-//! full pages shared by content.
+//! full pages shared by content; for a state group (`--state all|align`, Mamba / linear
+//! attention) the one page holding the state after the last token.
 
 use std::collections::{HashSet, VecDeque};
 
@@ -179,6 +180,8 @@ pub fn replay_groups(reqs: &[Request], cfg: &HybridReplayConfig) -> Result<Hybri
     let (mut sum_held, mut sum_ideal, mut sum_in_use) = (vec![0u64; ng], vec![0u64; ng], 0u64);
     while done < reqs.len() {
         let now = step as f64 * cfg.step_ms;
+        // State checkpoints registered last step become matchable (vLLM's new_step_starts).
+        h.new_step();
         // Admissions (prefill this step).
         let mut admitted = 0;
         while running.len() < cfg.concurrency {
@@ -310,7 +313,7 @@ pub fn format_hybrid(hy: &HybridOutcome, full: &HybridOutcome, ps: u32) -> Strin
         GroupKind::Full => "full".to_string(),
         GroupKind::SlidingWindow(w) => format!("sliding window {w}"),
         GroupKind::ChunkedLocal(c) => format!("chunked local {c}"),
-        GroupKind::State(_) => "state".to_string(),
+        GroupKind::State(m) => format!("state ({m:?})").to_lowercase(),
     };
     s.push_str(&format!(
         "hybrid model, {} groups of equal layers ({}-token pages; a group page holds 1/{} of the layers)\n",

@@ -50,8 +50,8 @@ int main(void) {
     kvs_group bad[1];
     bad[0] = (kvs_group){7, 0, 1};
     bad_config(cfg_of(bad, 1), "groups.kind");
-    bad[0] = (kvs_group){KVS_GROUP_KIND_STATE, 0, 1};
-    bad_config(cfg_of(bad, 1), "groups.kind");
+    bad[0] = (kvs_group){KVS_GROUP_KIND_STATE, 9, 1}; /* 9 is no kvs_state_mode */
+    bad_config(cfg_of(bad, 1), "groups.window");
     bad[0] = (kvs_group){KVS_GROUP_KIND_SLIDING_WINDOW, 0, 1};
     bad_config(cfg_of(bad, 1), "groups.window");
     bad[0] = (kvs_group){KVS_GROUP_KIND_CHUNKED_LOCAL, 0, 1};

@@ -1,8 +1,11 @@
 """``Hybrid``: the Python face of ``kvs_hybrid`` (a cache of KV-cache groups for hybrid models).
 
 Groups are given as ``(kind, window, page_bytes)`` tuples or ``{"kind", "window", "page_bytes"}``
-dicts, ``kind`` one of ``"full"``, ``"sliding_window"``, ``"chunked_local"`` (or the
-``KVS_GROUP_KIND_*`` value); the list order is the engine's ``group_idx``.  Every method is one
+dicts, ``kind`` one of ``"full"``, ``"sliding_window"``, ``"chunked_local"``, ``"state"`` (or the
+``KVS_GROUP_KIND_*`` value); the list order is the engine's ``group_idx``.  A ``"state"`` group
+(Mamba / linear attention) takes its ``mamba_cache_mode`` in place of the window: ``"none"``,
+``"all"`` (or the ``KVS_STATE_MODE_*`` value), e.g. ``("state", "all", page_bytes)`` or
+``{"kind": "state", "mode": "all", "page_bytes": page_bytes}``.  Every method is one
 ``kvs_hybrid_`` call; errors raise the package's :class:`KvsError` subclasses.
 """
 
@@ -20,14 +23,24 @@ KINDS = {
     "state": lib.KVS_GROUP_KIND_STATE,
 }
 KIND_NAMES = {v: k for k, v in KINDS.items()}
+STATE_MODES = {
+    "none": lib.KVS_STATE_MODE_NONE,
+    "all": lib.KVS_STATE_MODE_ALL,
+    "align": lib.KVS_STATE_MODE_ALIGN,
+}
+STATE_MODE_NAMES = {v: k for k, v in STATE_MODES.items()}
 
 
 def _group(g: Any) -> tuple[int, int, int]:
     if isinstance(g, dict):
-        kind, window, page_bytes = g["kind"], g.get("window", 0), g["page_bytes"]
+        kind, page_bytes = g["kind"], g["page_bytes"]
+        window = g["mode"] if "mode" in g else g.get("window", 0)
     else:
         kind, window, page_bytes = g
-    return (KINDS[kind] if isinstance(kind, str) else int(kind)), int(window), int(page_bytes)
+    k = KINDS[kind] if isinstance(kind, str) else int(kind)
+    if isinstance(window, str):
+        window = STATE_MODES[window]
+    return k, int(window), int(page_bytes)
 
 
 class Hybrid:
@@ -65,7 +78,21 @@ class Hybrid:
         check(lib.kvs_hybrid_group_info(self.handle, group, info), "kvs_hybrid_group_info")
         d = _struct_dict(info)
         d["kind"] = KIND_NAMES[d["kind"]]
+        if d["kind"] == "state":
+            d["mode"] = STATE_MODE_NAMES[d["window"]]
         return d
+
+    def new_step(self) -> None:
+        """Starts a scheduler step (vLLM's ``new_step_starts``): state checkpoints registered
+        before now may be hit; until then a begin hitting one fails with ``NoSpaceError``."""
+        check(lib.kvs_hybrid_new_step(self.handle), "kvs_hybrid_new_step")
+
+    def seq_state_page(self, seq_id: int, group: int) -> int:
+        """The page holding the sequence's running state in state group ``group``."""
+        page = ffi.new("uint32_t *")
+        check(lib.kvs_hybrid_seq_state_page(self.handle, seq_id, group, page),
+              "kvs_hybrid_seq_state_page")
+        return page[0]
 
     def match(self, tokens, max_tokens: int = SIZE_MAX,
               extra: ExtraKeys | None = None) -> tuple[int, list[array]]:

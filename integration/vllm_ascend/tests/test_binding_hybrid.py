@@ -16,11 +16,18 @@ def make(**kw):
 
 def test_config_errors_name_the_field():
     for groups, field in [([], "num_groups"), ([("sliding_window", 0, 1)], "groups.window"),
-                          ([("full", 3, 1)], "groups.window"), ([("state", 0, 1)], "groups.kind"),
-                          ([("full", 0, 0)], "groups.page_bytes")]:
+                          ([("full", 3, 1)], "groups.window"), ([(7, 0, 1)], "groups.kind"),
+                          ([("full", 0, 0)], "groups.page_bytes"),
+                          # state: 9 is no mode, none needs prefix caching off
+                          ([("state", 9, 1)], "groups.window"),
+                          ([("state", "none", 1)], "groups.window")]:
         with pytest.raises(kvshare.InvalidConfigError) as e:
             make(groups=groups)
         assert field in str(e.value)
+    for mode in ("all", "align"):  # these need prefix caching on
+        with pytest.raises(kvshare.InvalidConfigError) as e:
+            make(groups=[("state", mode, 1)], enable_prefix_caching=False)
+        assert "groups.window" in str(e.value)
 
 
 def test_pools_follow_page_bytes():
@@ -73,4 +80,77 @@ def test_errors():
         h.seq_free(9)
     with pytest.raises(kvshare.InvalidArgumentError):
         h.seq_pages(1, 2)
+    h.check()
+
+
+def test_state_all_checkpoints_gate_and_release():
+    """Mode "all": a checkpoint per page; a hit resumes from the deepest one; a checkpoint
+    registered in this step is not usable until ``new_step`` (vLLM's cached_blocks_this_step)."""
+    h = make(groups=[("full", 0, 4096), {"kind": "state", "mode": "all", "page_bytes": 4096}])
+    assert h.group_info(1) == {"kind": "state", "window": kvshare.lib.KVS_STATE_MODE_ALL,
+                               "mode": "all", "page_bytes": 4096, "pool": 0, "num_pools": 1}
+    toks = list(range(100, 110))
+    assert h.seq_begin(1, toks) == {"matched_tokens": 0, "num_pages": 3, "new_pages": 6}
+    state = h.seq_pages(1, 1)
+    assert h.seq_state_page(1, 1) == state[2]
+    follow = toks[:8] + [50, 51, 52]
+    with pytest.raises(kvshare.NoSpaceError):
+        h.seq_begin(2, follow, max_match_tokens=10)
+    h.new_step()
+    info = h.seq_begin(2, follow, max_match_tokens=10)
+    # Resumes from the checkpoint after 8 tokens (page 1 of sequence 1's state group).
+    assert info == {"matched_tokens": 8, "num_pages": 3, "new_pages": 2}
+    assert list(h.seq_pages(2, 1)[:2]) == [0, state[1]]
+    # The running state only: pages before the one holding token 9 are released.
+    assert h.seq_release_skipped(1, 10) == 2
+    assert list(h.seq_pages(1, 1)) == [0, 0, state[2]]
+    assert h.stats(1)["pages_held"] == 1 + 2
+    ev = h.take_events()
+    assert {(e["group_idx"], e["group_kind"], e["window"]) for e in ev} == {
+        (0, "full", 0), (1, "state", 0)}
+    with pytest.raises(kvshare.InvalidArgumentError):
+        h.seq_state_page(1, 0)  # not a state group
+    h.check()
+    h.seq_free(1)
+    h.seq_free(2)
+    # Released checkpoints stay matchable.
+    assert h.match(follow, 10)[0] == 8
+    h.check()
+
+
+def test_state_none_one_page():
+    h = make(groups=[("full", 0, 4096), ("state", "none", 4096)], enable_prefix_caching=False)
+    assert h.seq_begin(1, list(range(10))) == {"matched_tokens": 0, "num_pages": 3,
+                                               "new_pages": 4}
+    p = h.seq_state_page(1, 1)
+    assert list(h.seq_pages(1, 1)) == [0, 0, p]
+    h.seq_append(1, [1, 2, 3])
+    assert list(h.seq_pages(1, 1)) == [0, 0, 0, p]
+    assert h.seq_append_need(1, 8) == 2  # the full group only
+    assert h.stats(1)["pages_held"] == 1
+    h.check()
+
+
+def test_state_align_keeps_the_previous_state_until_released():
+    """Mode "align" (vLLM's for Qwen3-Next): one new page per step at the table's end, nulls
+    padded before it; the previous step's page is released at the next release; a step ending
+    on a page boundary leaves a checkpoint that a later prompt resumes from."""
+    h = make(groups=[("full", 0, 4096), ("state", "align", 4096)])
+    toks = list(range(200, 212))
+    # A 12-token first chunk: 3 full pages, but one state page (at the end).
+    assert h.seq_begin(1, toks[:8]) == {"matched_tokens": 0, "num_pages": 2, "new_pages": 3}
+    a = h.seq_state_page(1, 1)
+    assert list(h.seq_pages(1, 1)) == [0, a]
+    assert h.seq_release_skipped(1, 8) == 0
+    assert h.seq_append_need(1, 4) == 2
+    h.seq_append(1, toks[8:])
+    b = h.seq_state_page(1, 1)
+    assert list(h.seq_pages(1, 1)) == [0, a, b] and a != b  # previous state kept
+    assert h.seq_release_skipped(1, 12) == 1  # ... until the state moved on
+    assert list(h.seq_pages(1, 1)) == [0, 0, b]
+    with pytest.raises(kvshare.InvalidArgumentError):
+        h.seq_append(1, [1], lookahead_slots=1)  # align takes no lookahead
+    h.new_step()
+    info = h.seq_begin(2, toks[:8] + [5, 6, 7], max_match_tokens=10)
+    assert info["matched_tokens"] == 8 and list(h.seq_pages(2, 1))[:2] == [0, a]
     h.check()

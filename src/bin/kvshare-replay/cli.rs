@@ -45,6 +45,9 @@ CACHE AND SCHEDULER:
                           (a cache of KV-cache groups; report per group, against a full-attention
                           model of the same size in the same run)
     --chunk C             hybrid model: chunked-local groups of chunk C instead of a window
+    --state MODE          hybrid model: Mamba / linear-attention state groups (vLLM's
+                          mamba_cache_mode all or align) instead of a window; a state page has
+                          the attention page's bytes (vLLM pads them equal)
     --full-every K        hybrid model: one full-attention group per K groups [6]
     --check               run the cache manager's invariant checker after every step
 
@@ -107,6 +110,7 @@ pub struct Args {
     pub json: bool,
     pub window: Option<u32>,
     pub chunk: Option<u32>,
+    pub state: Option<String>,
     pub full_every: u32,
     pub help: bool,
 }
@@ -142,6 +146,7 @@ impl Default for Args {
             json: false,
             window: None,
             chunk: None,
+            state: None,
             full_every: 6,
             help: false,
         }
@@ -229,12 +234,21 @@ where
             "--json" => a.json = true,
             "--window" => a.window = Some(num(flag, &val()?, 1)?),
             "--chunk" => a.chunk = Some(num(flag, &val()?, 1)?),
+            "--state" => match val()?.as_str() {
+                m @ ("all" | "align") => a.state = Some(m.to_string()),
+                v => return Err(format!("--state: {v:?} is not all or align")),
+            },
             "--full-every" => a.full_every = num(flag, &val()?, 1)?,
             other => return Err(format!("unknown option {other:?} (see --help)")),
         }
     }
-    if a.window.is_some() && a.chunk.is_some() {
-        return Err("--window and --chunk exclude each other (see --help)".into());
+    if [a.window.is_some(), a.chunk.is_some(), a.state.is_some()]
+        .iter()
+        .filter(|&&x| x)
+        .count()
+        > 1
+    {
+        return Err("--window, --chunk and --state exclude each other (see --help)".into());
     }
     Ok(a)
 }

@@ -123,10 +123,13 @@ fn write_svg(path: &str, svg: &str) -> Result<String, String> {
 /// one run, on the same requests and the same bytes of KV.
 fn run_hybrid(a: &Args, reqs: &[kvshare::replay::Request], what: &str) -> Result<(), String> {
     use kvshare::core::groups::GroupKind;
+    use kvshare::core::groups::StateMode;
     use kvshare::replay::hybrid::{format_hybrid, hybrid_kinds, replay_groups, HybridReplayConfig};
-    let local = match (a.window, a.chunk) {
-        (Some(w), _) => GroupKind::SlidingWindow(w),
-        (_, Some(c)) => GroupKind::ChunkedLocal(c),
+    let local = match (a.window, a.chunk, a.state.as_deref()) {
+        (Some(w), _, _) => GroupKind::SlidingWindow(w),
+        (_, Some(c), _) => GroupKind::ChunkedLocal(c),
+        (_, _, Some("align")) => GroupKind::State(StateMode::Align),
+        (_, _, Some(_)) => GroupKind::State(StateMode::All),
         _ => unreachable!("checked by the caller"),
     };
     let kinds = hybrid_kinds(local, a.full_every);
@@ -187,7 +190,7 @@ fn run(a: &Args) -> Result<(), String> {
         println!("wrote {} requests to {path}", reqs.len());
         return Ok(());
     }
-    if a.window.is_some() || a.chunk.is_some() {
+    if a.window.is_some() || a.chunk.is_some() || a.state.is_some() {
         return run_hybrid(a, &reqs, &what);
     }
     let cfg = config(a);

@@ -16,8 +16,9 @@ const NO_GROUP: u32 = u32::MAX;
 
 impl Hybrid {
     /// Verifies: every group's table of a sequence has the same length and covers its tokens;
-    /// null entries only form a prefix and only in window and state groups; a "none" state
-    /// group holds exactly one page, at the last position; a page is held by the tables
+    /// null entries only form a prefix and only in window and state groups (an "align" state
+    /// group: its last position and at most one more live); a "none" state group holds
+    /// exactly one page, at the last position; a page is held by the tables
     /// of one group only and registered in at most one group's index, that group's when held;
     /// refcount = holders; every unreferenced page is on exactly one list (the free list only
     /// when registered nowhere); list lengths and counters agree with a recount; every index
@@ -48,17 +49,26 @@ impl Hybrid {
                     ));
                 }
                 let nulls = t.iter().take_while(|&&p| p == NULL_PAGE).count();
-                if t[nulls..].contains(&NULL_PAGE) {
+                let kind = self.cfg.groups[g].kind;
+                if kind == GroupKind::State(StateMode::Align) {
+                    // The running state at the end, and at most the previous step's page.
+                    let live = t.iter().filter(|&&p| p != NULL_PAGE).count();
+                    if live > 2 || t.last().is_some_and(|&p| p == NULL_PAGE && live > 0) {
+                        return violation(format!(
+                            "sequence {id}: state group {g} (mode align) holds {live} pages, not the last one and at most one more"
+                        ));
+                    }
+                } else if t[nulls..].contains(&NULL_PAGE) {
                     return violation(format!(
                         "sequence {id}: group {g} has a null page after a real one"
                     ));
                 }
-                if nulls > 0 && self.cfg.groups[g].kind == GroupKind::Full {
+                if nulls > 0 && kind == GroupKind::Full {
                     return violation(format!(
                         "sequence {id}: full-attention group {g} holds the null page"
                     ));
                 }
-                if self.cfg.groups[g].kind == GroupKind::State(StateMode::None)
+                if kind == GroupKind::State(StateMode::None)
                     && !t.is_empty()
                     && nulls + 1 != t.len()
                 {
@@ -69,6 +79,9 @@ impl Hybrid {
                 }
                 let pool = self.pool_of[g];
                 for (j, &p) in t.iter().enumerate().skip(nulls) {
+                    if p == NULL_PAGE {
+                        continue; // align: a released previous state
+                    }
                     if self.pools[pool].check_id(p).is_err() {
                         return violation(format!("sequence {id}: group {g}: bad page id {p}"));
                     }

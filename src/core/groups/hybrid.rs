@@ -87,6 +87,10 @@ pub(super) struct HSeq {
     /// Per group: positions below this were offered to the group's index.
     pub offered: Vec<usize>,
     pub matched: usize,
+    /// Per state group in mode align: vLLM's `last_state_block_idx` (the previous step's state
+    /// position) and whether it ever allocated (`_allocated_block_reqs`).
+    pub state_last: Vec<Option<usize>>,
+    pub state_alloc: Vec<bool>,
 }
 
 /// What [`Hybrid::begin`] did.
@@ -306,7 +310,7 @@ impl Hybrid {
     /// `_maybe_evict_cached_block`): a registered page leaves its group's index, the oldest
     /// duplicate of its content taking its place; a duplicate leaves its list. Availability
     /// was checked.
-    fn take(&mut self, pool: usize) -> u32 {
+    pub(super) fn take(&mut self, pool: usize) -> u32 {
         let (page, _) = self.pools[pool]
             .take(Holder::Seq)
             .expect("availability checked by caller");
@@ -401,6 +405,7 @@ impl Hybrid {
                 format!("{} + {lookahead} overflow", tokens.len()),
             )
         })?;
+        self.check_lookahead(lookahead)?;
         let extra = extra.filter(|x| !x.is_empty()).map(Box::new);
         let (keys, stopped) = self.page_keys(tokens, extra.as_deref(), &[]);
         let max = max_match_tokens.min(tokens.len());
@@ -420,7 +425,7 @@ impl Hybrid {
             let pool = self.pool_of[g];
             let s = (self.cfg.groups[g].kind.skipped_tokens(hit) / self.ps).min(b.len());
             skip.push(s);
-            let n = self.fresh_pages(g, total, fresh);
+            let n = self.fresh_pages(g, total, fresh, tokens.len(), b.len());
             need[pool] += n;
             new_pages += n;
             let live = b[s..].iter().filter(|&&p| p != NULL_PAGE);
@@ -458,12 +463,19 @@ impl Hybrid {
             }
             tables.push(t);
         }
+        let mut state_last = vec![None; self.num_groups()];
+        let mut state_alloc = vec![false; self.num_groups()];
         for (g, t) in tables.iter_mut().enumerate() {
-            if self.cfg.groups[g].kind == GroupKind::State(StateMode::None) {
-                if total > 0 {
-                    t.resize(total - 1, NULL_PAGE);
-                    t.push(self.take(self.pool_of[g]));
-                }
+            if let GroupKind::State(m @ (StateMode::None | StateMode::Align)) =
+                self.cfg.groups[g].kind
+            {
+                let want = if m == StateMode::None {
+                    total
+                } else {
+                    tokens.len().div_ceil(self.ps)
+                };
+                let (last, alloc) = (&mut state_last[g], &mut state_alloc[g]);
+                self.state_grow(g, t, want, last, alloc);
                 continue;
             }
             for _ in t.len()..total {
@@ -481,6 +493,8 @@ impl Hybrid {
                 tables,
                 offered,
                 matched: hit,
+                state_last,
+                state_alloc,
             },
         );
         self.register(id);
@@ -489,61 +503,6 @@ impl Hybrid {
             num_pages: total,
             new_pages,
         })
-    }
-
-    /// Fresh pages group `g` takes at a begin whose tables are `total` long with `fresh`
-    /// positions after the hit: one state page for a "none" state group, else `fresh`.
-    fn fresh_pages(&self, g: usize, total: usize, fresh: usize) -> usize {
-        match self.cfg.groups[g].kind {
-            GroupKind::State(StateMode::None) => total.min(1),
-            _ => fresh,
-        }
-    }
-
-    /// vLLM's same-step rule for state groups (`MambaManager.get_num_blocks_to_allocate`
-    /// answers `num_gpu_blocks + 1`): a hit whose state page was registered in this step is
-    /// not usable yet (the state is written by this step's forward pass), so the begin fails
-    /// with `NoSpace` and the engine retries in a later step.
-    fn state_gate(&self, keys: &[PageKey], hit: usize, blocks: &[Vec<u32>]) -> Result<()> {
-        if hit == 0 {
-            return Ok(());
-        }
-        let digest = keys[hit / self.ps - 1].hash;
-        for (g, b) in blocks.iter().enumerate() {
-            if let GroupKind::State(StateMode::All) = self.cfg.groups[g].kind {
-                if !b.is_empty() && self.this_step[g].contains(&digest) {
-                    let pool = &self.pools[self.pool_of[g]];
-                    return Err(no_space(pool.num_pages() as usize + 1, pool.available()));
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Starts a scheduler step: states registered before now become usable by hits (vLLM's
-    /// `KVCacheManager.new_step_starts`).
-    pub fn new_step(&mut self) {
-        for s in &mut self.this_step {
-            s.clear();
-        }
-    }
-
-    /// The page holding a sequence's running state in state group `group`: the last non-null
-    /// entry of its table.
-    pub fn state_page(&self, id: u64, group: usize) -> Result<u32> {
-        self.check_group(group)?;
-        if !matches!(self.cfg.groups[group].kind, GroupKind::State(_)) {
-            return Err(Error::arg(
-                "group",
-                format!("group {group} is not a state group"),
-            ));
-        }
-        self.seq(id)?.tables[group]
-            .iter()
-            .rev()
-            .copied()
-            .find(|&p| p != NULL_PAGE)
-            .ok_or_else(|| Error::arg("seq_id", format!("sequence {id} holds no state page yet")))
     }
 
     /// Offers the newly full pages of every group to its index (vLLM's `cache_blocks`, groups
@@ -575,7 +534,7 @@ impl Hybrid {
                     continue;
                 }
                 let k = s.keys[j];
-                if self.cfg.groups[g].kind == GroupKind::State(StateMode::All) {
+                if let GroupKind::State(_) = self.cfg.groups[g].kind {
                     self.this_step[g].insert(k.hash);
                 }
                 let parent = if j == 0 {
@@ -641,13 +600,16 @@ impl Hybrid {
             released += pages.len();
             self.counters[g].released += pages.len() as u64;
             self.release_split(g, &pages);
+            if self.cfg.groups[g].kind == GroupKind::State(StateMode::Align) {
+                released += self.release_last_state(id, g, num_computed);
+            }
         }
         Ok(released)
     }
 
     /// Frees `pages` of group `g` in order, vLLM's way for a window group: registered pages to
     /// the back of the queue in order, the others to its front keeping their order.
-    fn release_split(&mut self, g: usize, pages: &[u32]) {
+    pub(super) fn release_split(&mut self, g: usize, pages: &[u32]) {
         let pool = self.pool_of[g];
         let (cached, uncached): (Vec<u32>, Vec<u32>) =
             pages.iter().partition(|&&p| self.has_hash(g, p));
@@ -661,6 +623,7 @@ impl Hybrid {
 
     /// Pages [`append`](Self::append) would take now, per pool.
     fn append_plan(&self, s: &HSeq, n: usize, lookahead: usize) -> Result<Vec<usize>> {
+        self.check_lookahead(lookahead)?;
         let slots = s
             .tokens
             .len()
@@ -673,6 +636,8 @@ impl Hybrid {
             need[self.pool_of[g]] += match self.cfg.groups[g].kind {
                 // One page for the whole sequence, taken when the table first grows.
                 GroupKind::State(StateMode::None) => usize::from(t.is_empty() && want > 0),
+                // vLLM's align mode: at most one new page a step, whatever the tokens.
+                GroupKind::State(StateMode::Align) => usize::from(want > t.len()),
                 _ => want.saturating_sub(t.len()),
             };
         }
@@ -705,17 +670,13 @@ impl Hybrid {
             })?;
         for g in 0..self.num_groups() {
             let have = self.seqs[&id].tables[g].len();
-            if self.cfg.groups[g].kind == GroupKind::State(StateMode::None) {
-                if want > have {
-                    let page = match have {
-                        0 => self.take(self.pool_of[g]),
-                        _ => self.seqs[&id].tables[g][have - 1],
-                    };
-                    let t = &mut self.seqs.get_mut(&id).expect("checked").tables[g];
-                    t.fill(NULL_PAGE);
-                    t.resize(want - 1, NULL_PAGE);
-                    t.push(page);
-                }
+            if let GroupKind::State(StateMode::None | StateMode::Align) = self.cfg.groups[g].kind {
+                let s = self.seqs.get_mut(&id).expect("checked");
+                let mut t = std::mem::take(&mut s.tables[g]);
+                let (mut last, mut alloc) = (s.state_last[g], s.state_alloc[g]);
+                self.state_grow(g, &mut t, want, &mut last, &mut alloc);
+                let s = self.seqs.get_mut(&id).expect("checked");
+                (s.tables[g], s.state_last[g], s.state_alloc[g]) = (t, last, alloc);
                 continue;
             }
             for _ in have..want {

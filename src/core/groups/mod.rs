@@ -7,6 +7,7 @@
 //!   append, free).
 //! * `hit.rs`: the longest hit across groups (vLLM's `HybridKVCacheCoordinator` fixed point).
 //! * `tables.rs`: per-group block tables, slot mappings and stats.
+//! * `state.rs`: the rules of state groups (Mamba / linear attention) per vLLM cache mode.
 //! * `check.rs`: the invariant checker.
 //!
 //! A cache of one full-attention group is the existing [`super::Cache`]: that path is not
@@ -16,6 +17,7 @@ mod check;
 mod hit;
 pub mod hybrid;
 pub mod spec;
+mod state;
 mod tables;
 
 pub use hybrid::{GroupCounters, GroupEvent, Hybrid, HybridBegin, NULL_PAGE};

@@ -33,6 +33,10 @@ pub enum StateMode {
     /// `j`; every full page is cached; the sequence keeps only the page holding its last
     /// computed token (vLLM's `get_num_skipped_tokens(n) = n - 1`).
     All,
+    /// `"align"` (Qwen3-Next / GDN): the running state in one page at the table's last
+    /// position, at most one new page per step, the previous step's page kept until the next
+    /// release; a checkpoint is cached when a step ends on a page boundary.
+    Align,
 }
 
 impl GroupKind {
@@ -45,7 +49,7 @@ impl GroupKind {
             GroupKind::ChunkedLocal(c) => computed / c as usize * c as usize,
             // MambaManager: only the state after the last computed token is needed. "none"
             // keeps its one page wherever the sequence is (see `Hybrid`).
-            GroupKind::State(StateMode::All) => computed.saturating_sub(1),
+            GroupKind::State(StateMode::All | StateMode::Align) => computed.saturating_sub(1),
             GroupKind::State(StateMode::None) => 0,
         }
     }
@@ -126,10 +130,10 @@ impl HybridConfig {
                         format!("group {i}: state mode none needs prefix caching off"),
                     )
                 }
-                (GroupKind::State(StateMode::All), false) => {
+                (GroupKind::State(m @ (StateMode::All | StateMode::Align)), false) => {
                     return bad(
                         "groups.window",
-                        format!("group {i}: state mode all needs prefix caching on"),
+                        format!("group {i}: state mode {m:?} needs prefix caching on"),
                     )
                 }
                 _ => {}
