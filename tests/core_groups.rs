@@ -692,6 +692,46 @@ fn run_with(
     Ok(())
 }
 
+/// A state group whose page bytes differ from the attention pages' gets a pool of its own: the
+/// state's pages come from it, the attention pool is untouched by them, and both pools return
+/// to empty (vLLM pads the bytes equal instead; this is the cache's answer when they are not).
+#[test]
+fn state_pages_of_other_bytes_have_their_own_pool() {
+    let group = |kind, page_bytes| GroupSpec { kind, page_bytes };
+    let mut h = Hybrid::new(HybridConfig {
+        page_size: 4,
+        num_pages: 16,
+        groups: vec![
+            group(GroupKind::Full, 4096),
+            group(GroupKind::State(StateMode::All), 12_288),
+        ],
+        enable_prefix_caching: true,
+        enable_events: false,
+    })
+    .unwrap();
+    assert_eq!((h.pool_of(0).unwrap(), h.pool_of(1).unwrap()), (0, 1));
+    let toks: Vec<i32> = (0..10).collect();
+    h.begin(1, &toks, None, 9, 0).unwrap();
+    h.release_skipped(1, 10).unwrap();
+    // 3 attention pages; of the 3 state pages only the running one is held.
+    assert_eq!(h.pool(0).unwrap().num_in_use(), 3);
+    assert_eq!(h.pool(1).unwrap().num_in_use(), 1);
+    h.new_step();
+    let b = h.begin(2, &toks, None, 9, 0).unwrap();
+    assert_eq!(
+        b.matched_tokens, 8,
+        "the released checkpoint at 8 is matchable"
+    );
+    h.check().unwrap();
+    h.free(1).unwrap();
+    h.free(2).unwrap();
+    assert_eq!(
+        h.pool(0).unwrap().num_in_use() + h.pool(1).unwrap().num_in_use(),
+        0
+    );
+    h.check().unwrap();
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 

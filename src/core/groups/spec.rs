@@ -195,6 +195,12 @@ mod tests {
             (8, 8, 0)
         );
         assert_eq!(GroupKind::Full.skipped_tokens(1 << 20), 0);
+        // MambaManager.get_num_skipped_tokens: n - 1 (nothing at 0); "none" keeps its page.
+        for m in [StateMode::All, StateMode::Align] {
+            assert_eq!(GroupKind::State(m).skipped_tokens(7), 6);
+            assert_eq!(GroupKind::State(m).skipped_tokens(0), 0);
+        }
+        assert_eq!(GroupKind::State(StateMode::None).skipped_tokens(99), 0);
     }
 
     #[test]
@@ -217,6 +223,18 @@ mod tests {
                 cfg(vec![g(GroupKind::SlidingWindow(0), 1)]),
             ),
             ("groups.window", cfg(vec![g(GroupKind::ChunkedLocal(0), 1)])),
+            // vLLM: "none" exactly when prefix caching is off (cfg has it on).
+            (
+                "groups.window",
+                cfg(vec![g(GroupKind::State(StateMode::None), 1)]),
+            ),
+            (
+                "groups.window",
+                HybridConfig {
+                    enable_prefix_caching: false,
+                    ..cfg(vec![g(GroupKind::State(StateMode::Align), 1)])
+                },
+            ),
             (
                 "num_pages",
                 HybridConfig {
