@@ -174,6 +174,8 @@ class KvshareHybridKVCacheManager(ManagerBase):
         # State groups in "none": one page per request, handed to vLLM as a one-block table.
         self._single = frozenset(g for g, w in enumerate(self._windows) if w == ("state", "none"))
         self._has_state = any(k == "state" for k, _ in kinds)
+        # State groups in "align": at most the running state page and the previous step's.
+        self._align = frozenset(g for g, w in enumerate(self._windows) if w == ("state", "align"))
         self._windowed = [g for g, (k, _) in enumerate(kinds)
                           if k != "full" and g not in self._single]
         self._zero_new = bool(getattr(kv_cache_config, "needs_kv_cache_zeroing", False))
@@ -247,6 +249,9 @@ class KvshareHybridKVCacheManager(ManagerBase):
             if g in self._single:  # vLLM: one block of max_model_len tokens, at admission
                 n += st is None
                 continue
+            if g in self._align:
+                n += self._align_blocks_to_allocate(g, st, num_tokens, hits)
+                continue
             need = _cdiv(num_tokens, bs)
             gcap = views[g]._max_admission_blocks_per_request if cap else None
             if gcap is not None:
@@ -315,7 +320,7 @@ class KvshareHybridKVCacheManager(ManagerBase):
         for g in self._windowed:
             t = st.tables[g]
             k = min(self._skipped(g, total_computed) // bs, len(t))
-            if k and t[k - 1]:
+            if k and (t[k - 1] or (g in self._align and any(t[:k]))):
                 todo = True
                 break
         if not todo:
@@ -325,6 +330,9 @@ class KvshareHybridKVCacheManager(ManagerBase):
         for g in self._windowed:
             t = st.tables[g]
             i = min(self._skipped(g, total_computed) // bs, len(t)) - 1
+            if g in self._align:
+                n += self._align_release(t, i + 1)
+                continue
             while i >= 0 and t[i]:
                 self._ref(refs, t[i], -1)
                 t[i] = 0
@@ -514,11 +522,33 @@ class KvshareHybridKVCacheManager(ManagerBase):
             return st.tables
         return [vllm_table(t) if g in self._single else t for g, t in enumerate(st.tables)]
 
+    def _align_blocks_to_allocate(self, g: int, st: _HReq | None, num_tokens: int,
+                                  hits) -> int:
+        """vLLM's ``MambaManager.get_num_blocks_to_allocate`` in "align": one new block when
+        the table must grow (whatever the tokens), plus the evictable hit blocks."""
+        hit = hits[g] if hits and st is None else ()
+        held = len(st.tables[g]) if st is not None else 0
+        grow = _cdiv(num_tokens, self.block_size) - len(hit) - held > 0
+        return int(grow) + (self._evictable(hit) if hit else 0)
+
+    def _align_release(self, t: list[int], k: int) -> int:
+        """The mirror of an "align" group's ``remove_skipped_blocks``: every page before
+        position ``k`` (the last computed token's) is released (the pages above the first null
+        by the base rule, the previous step's state page by ``last_state_block_idx``; at most
+        those two are live).  Returns the pages released."""
+        n = 0
+        for i in range(k):
+            if t[i]:
+                self._ref(self._refs, t[i], -1)
+                t[i] = 0
+                n += 1
+        return n
+
     def new_step_starts(self) -> None:
         """vLLM's ``MambaManager.new_step_starts`` (clears ``cached_blocks_this_step``):
-        ``kvs_hybrid_new_step``; nothing to do without state groups."""
+        ``Hybrid.new_step`` (``kvs_hybrid_new_step``); nothing to do without state groups."""
         if self._has_state:
-            kvshare.check(lib.kvs_hybrid_new_step(self.cache.handle), "kvs_hybrid_new_step")
+            self.cache.new_step()
 
     def get_blocks(self, request_id: str) -> KVCacheBlocks:
         st = self._reqs.get(request_id)

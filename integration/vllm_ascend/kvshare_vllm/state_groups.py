@@ -15,8 +15,10 @@ vLLM 0.23.0's ``mamba_cache_mode`` decides what a request holds in a state group
   for the group is one block, ``[state]``, for the request's life.  kvshare keeps the state
   page at the last position of a table as long as the attention groups'; the manager hands
   vLLM ``[page]`` (:func:`vllm_table`).
-* ``"align"`` (the default for Qwen3-Next / Qwen3.5 GDN layers): not managed (kvshare's core
-  refuses it: ``KVS_STATE_MODE_ALIGN`` is INVALID_CONFIG); the plugin keeps vLLM's manager.
+* ``"align"`` (the default for Qwen3-Next / Qwen3.5 GDN layers): not managed by the plugin yet
+  (the core runs it since h17m's 61c0b67; vLLM's align admission arithmetic, one new block per
+  step regardless of tokens, and the mirror of its releases are not written here): the plugin
+  keeps vLLM's manager, logged.
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ import math
 
 #: ``kvs_state_mode`` values (``include/kvshare.h``) of vLLM's ``mamba_cache_mode`` names.
 STATE_MODES = {"none": 0, "all": 1, "align": 2}
-#: Modes kvshare's STATE groups run (``kvs_hybrid_new`` refuses the others).
-MANAGED_MODES = ("none", "all")
+#: Modes the plugin runs on kvshare's STATE groups.
+MANAGED_MODES = ("none", "all", "align")
 
 
 def is_state_spec(spec) -> bool:
@@ -52,9 +54,8 @@ def state_unsupported_reason(groups, scheduler_block_size: int, hash_block_size:
         mode = spec.mamba_cache_mode
         if mode not in MANAGED_MODES:
             return (f"KV-cache group {i}: MambaSpec with mamba_cache_mode {mode!r} (kvshare's "
-                    f"state groups run {' and '.join(map(repr, MANAGED_MODES))}; 'align' "
-                    "keeps a running state and the previous step's per request, not "
-                    "implemented in the core)"), None
+                    f"state groups run {' and '.join(map(repr, MANAGED_MODES))} in the plugin; "
+                    "'align''s admission arithmetic and table mirror are not written)"), None
         if spec.num_speculative_blocks:
             return (f"KV-cache group {i}: MambaSpec with {spec.num_speculative_blocks} "
                     "speculative blocks (MTP / EAGLE with linear attention)"), None
@@ -68,10 +69,10 @@ def state_unsupported_reason(groups, scheduler_block_size: int, hash_block_size:
         return f"block sizes differ between attention groups ({sorted(attn)})", None
     bs = next(iter(attn))
     sizes = {spec.block_size for _, spec in states}
-    if modes == {"all"}:
+    if modes <= {"all", "align"}:
         if sizes != {bs}:
             return (f"state block size {sorted(sizes)} is not the attention block size {bs} "
-                    "(mamba_cache_mode 'all')"), None
+                    f"(mamba_cache_mode {sorted(modes)})"), None
     else:  # "none": one state block per request, max_model_len tokens
         if max_model_len is not None and any(s < max_model_len for s in sizes):
             return (f"state block size {sorted(sizes)} below max_model_len {max_model_len} "
@@ -86,7 +87,7 @@ def state_unsupported_reason(groups, scheduler_block_size: int, hash_block_size:
 def skipped_tokens(mode: str, c: int) -> int:
     """vLLM's ``MambaManager.get_num_skipped_tokens`` in kvshare's page units: ``"all"`` keeps
     the page of the last computed token; ``"none"``'s single block never falls out."""
-    return max(0, c - 1) if mode == "all" else 0
+    return max(0, c - 1) if mode in ("all", "align") else 0
 
 
 def vllm_table(table: list[int]) -> list[int]:

@@ -3,9 +3,9 @@ per full-attention layer, random seeded weights), with vLLM's manager and with k
 
 vLLM's CPU build runs Qwen3-Next's GDN layers (its only CPU linear-attention kernels) in
 ``mamba_cache_mode`` "none" (prefix caching off) or "align" (prefix caching on: Qwen3-Next has
-no "all" support).  kvshare's state groups run "none": there the two engines must produce the
-same tokens and, every step, schedule the same requests with the same blocks in use.  With
-prefix caching on ("align", which the plugin leaves to vLLM's manager) vLLM's CPU engine itself
+no "all" support).  In "none" the two engines must produce the same tokens and, every step,
+schedule the same requests with the same blocks in use.  With prefix caching on ("align",
+lockstep-tested in ``test_mamba_compare.py`` against vLLM's Scheduler) vLLM's CPU engine itself
 fails here: ``mamba_utils.batch_memcpy`` launches a Triton kernel, and Triton has no CPU
 driver."""
 

@@ -22,7 +22,7 @@ import zlib
 import pytest
 
 import harness as h
-from test_scheduler_compare import NotManaged, Pair, conversations
+from test_scheduler_compare import Pair, conversations
 
 # (model, mamba_cache_mode, Pair kwargs, workload kwargs)
 CASES = {
@@ -107,10 +107,7 @@ def test_mamba_workload_on_vllm(tiny_model_dir, name):
     assert pair.hits[0] == pair.hits[1] and pair.peak_blocks[0] == pair.peak_blocks[1]
 
 
-MANAGED = sorted(n for n in CASES if CASES[n][1] != "align")
-
-
-@pytest.mark.parametrize("name", MANAGED)
+@pytest.mark.parametrize("name", sorted(CASES))
 def test_mamba_lockstep(tiny_model_dir, name):
     """kvshare's manager against vLLM's on the same workload, every step (``Pair.step``)."""
     pair = run_case(tiny_model_dir, name)
@@ -119,12 +116,3 @@ def test_mamba_lockstep(tiny_model_dir, name):
     assert pair.peak_blocks[0] == pair.peak_blocks[1]
     st = pair.kvs.kv_cache_manager.kvshare_stats()
     assert st["num_seqs"] == 0 and st["device_pages_in_use"] == 0
-
-
-@pytest.mark.parametrize("name", sorted(set(CASES) - set(MANAGED)))
-def test_mamba_align_falls_back(tiny_model_dir, name, caplog):
-    """mamba_cache_mode "align" (Qwen3-Next's default with prefix caching) stays with vLLM's
-    manager, logged: kvshare's state groups run "all" and "none"."""
-    with pytest.raises(NotManaged, match="KVCacheManager"):
-        run_case(tiny_model_dir, name)
-    assert "'align'" in caplog.text
