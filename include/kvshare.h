@@ -479,7 +479,9 @@ typedef struct kvs_cache kvs_cache;
  A cache of KV-cache groups: one page pool per distinct `page_bytes` (shared by the groups
  with those bytes, vLLM's single block pool), one prefix index per group, and per sequence
  one block table per group. Sliding-window and chunked-local groups release the pages they
- no longer read (`kvs_hybrid_seq_release_skipped`); registered ones stay matchable.
+ no longer read (`kvs_hybrid_seq_release_skipped`); registered ones stay matchable. State
+ groups (Mamba / linear attention, `kvs_state_mode`) keep the running state's page and cache
+ page-aligned checkpoints (see `src/ffi/hybrid_state.rs`'s calls).
 
  **Ownership:** created by `kvs_hybrid_new`, freed by `kvs_hybrid_free`.
  **Thread safety:** every function taking a `kvs_hybrid*` may be called from any thread at
@@ -1746,8 +1748,13 @@ kvs_status kvs_hybrid_match(const struct kvs_hybrid *hybrid,
  then per group `KVS_NULL_PAGE` where it skips at N, the hit pages, and fresh pages up to
  `num_tokens + lookahead_slots` slots (groups in order). Full pages are registered.
 
+ A state group takes one page in modes none and align (at the table's end), a page per
+ position after the hit in mode all.
+
  **Failure:** `KVS_STATUS_SEQ_EXISTS`, `KVS_STATUS_NO_SPACE` (a pool's free + evictable
- pages below the fresh pages plus the evictable hit pages, vLLM's admission check),
+ pages below the fresh pages plus the evictable hit pages, vLLM's admission check; or the
+ hit ends at a state checkpoint registered since the last `kvs_hybrid_new_step`),
+ `KVS_STATUS_INVALID_ARGUMENT` (lookahead slots with a state group in mode align),
  `KVS_STATUS_REFCOUNT_OVERFLOW`, `KVS_STATUS_OUT_OF_MEMORY`: nothing changes and
  `*info_out` (optional, may be NULL) is untouched.
  **Thread safety:** safe concurrently with any call but `kvs_hybrid_free`.
@@ -1765,7 +1772,9 @@ kvs_status kvs_hybrid_seq_begin(struct kvs_hybrid *hybrid,
  vLLM's `remove_skipped_blocks(request, num_computed_tokens)`: every group replaces the
  positions it no longer reads once `num_computed_tokens` tokens have KV (sliding window
  W: the first `max(0, c - W + 1) / page_size` pages; chunked local C: the pages before
- `c / C * C`; full attention: none) by `KVS_NULL_PAGE`, from the last such position down
+ `c / C * C`; a state group in mode all or align: the pages before `(c - 1) / page_size`,
+ and in align also the previous step's state page once `c` moved past it; full attention
+ and state mode none: none) by `KVS_NULL_PAGE`, from the last such position down
  to the first one already null, and returns those pages to their pool: registered ones to
  the back of the reuse queue (still matchable), the others to its front. vLLM calls it
  before its admission check and does not undo it when the allocation fails, hence a call
@@ -1783,9 +1792,12 @@ kvs_status kvs_hybrid_seq_release_skipped(struct kvs_hybrid *hybrid,
 /*
  Appends `num_tokens` tokens and grows every group's table to the pages
  `len + lookahead_slots` slots need (groups in order; vLLM's `allocate_new_blocks`), then
- registers the pages that filled (vLLM's `cache_blocks`).
+ registers the pages that filled (vLLM's `cache_blocks`). A state group in mode align
+ takes at most one page (the new last position, nulls before it); in mode none its one
+ page moves to the new last position.
 
- **Failure:** unknown sequence, `KVS_STATUS_NO_SPACE`, `KVS_STATUS_OUT_OF_MEMORY`:
+ **Failure:** unknown sequence, `KVS_STATUS_NO_SPACE`, `KVS_STATUS_OUT_OF_MEMORY`,
+ `KVS_STATUS_INVALID_ARGUMENT` (lookahead slots with a state group in mode align):
  nothing changes.
  **Thread safety:** safe concurrently with any call but `kvs_hybrid_free`.
  */
@@ -1799,7 +1811,8 @@ kvs_status kvs_hybrid_seq_append(struct kvs_hybrid *hybrid,
  Pages `kvs_hybrid_seq_append` of `num_tokens` tokens with `lookahead_slots` would take
  now, all groups together, to `*pages_out`. Read-only.
 
- **Failure:** unknown sequence, overflow: `*pages_out` untouched.
+ **Failure:** unknown sequence, overflow, lookahead slots with a state group in mode
+ align: `*pages_out` untouched.
  **Thread safety:** safe concurrently with any call but `kvs_hybrid_free`.
  */
 kvs_status kvs_hybrid_seq_append_need(const struct kvs_hybrid *hybrid,

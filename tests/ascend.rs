@@ -10,41 +10,17 @@
 
 mod support;
 
-use std::ffi::{c_void, CString};
+use std::ffi::c_void;
 
 use kvshare::ffi::attn::{kvs_attention_args, kvs_kv_copy_args, kvs_kv_layout, kvs_kv_write_args};
-use kvshare::ffi::backend::{kvs_backend, kvs_backend_options};
+use kvshare::ffi::backend::kvs_backend;
 use kvshare::ffi::status::kvs_status;
 use kvshare::ffi::types::kvs_copy;
 use support::attention::{build, new_backend, Built, Case, Data, Rng, BF16, F16, F32};
 use support::cann_emu::*;
 
-const ASCEND: u32 = 1;
-
 fn last_error() -> String {
     support::attention::last_error()
-}
-
-/// A backend on the emulator of `emu` (device 0 unless given).
-fn backend_at(
-    dir: &std::path::Path,
-    device: i32,
-) -> Result<*mut kvs_backend, (kvs_status, String)> {
-    let d = CString::new(dir.to_str().unwrap()).unwrap();
-    let opts = kvs_backend_options {
-        num_threads: 0,
-        device_id: device,
-        library_dir: d.as_ptr(),
-    };
-    let mut b = std::ptr::null_mut();
-    match unsafe { kvs_backend::kvs_backend_new(ASCEND, &opts, &mut b) } {
-        kvs_status::Ok => Ok(b),
-        s => Err((s, last_error())),
-    }
-}
-
-fn backend(emu: &Emu) -> *mut kvs_backend {
-    backend_at(&emu.dir, 0).unwrap_or_else(|(s, m)| panic!("kvs_backend_new: {s:?}: {m}"))
 }
 
 fn describe(b: *mut kvs_backend) -> String {
@@ -61,19 +37,6 @@ fn describe(b: *mut kvs_backend) -> String {
     );
     assert_eq!(m, n);
     String::from_utf8(buf[..n].to_vec()).unwrap()
-}
-
-fn data_from(dtype: u32, b: &[u8]) -> Data {
-    let mut d = Data::filled(dtype, b.len() / if dtype == F32 { 4 } else { 2 }, 0.0);
-    unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), d.ptr_mut().cast::<u8>(), b.len()) };
-    d
-}
-
-fn data_bytes(d: &Data) -> Vec<u8> {
-    let n = d.len() * if matches!(d, Data::F32(_)) { 4 } else { 2 };
-    let mut v = vec![0u8; n];
-    unsafe { std::ptr::copy_nonoverlapping(d.ptr().cast::<u8>(), v.as_mut_ptr(), n) };
-    v
 }
 
 fn assert_close(dtype: u32, got: &Data, want: &Data, what: &str) {
@@ -116,30 +79,6 @@ fn cpu_output(b: &Built) -> Data {
     );
     unsafe { kvs_backend::kvs_backend_free(cpu) };
     out
-}
-
-/// Device copies of a case's inputs.
-struct Dev<'e> {
-    q: DevBuf<'e>,
-    out: DevBuf<'e>,
-    k: DevBuf<'e>,
-    v: DevBuf<'e>,
-    bt: DevBuf<'e>,
-}
-
-fn upload<'e>(emu: &'e Emu, b: &Built) -> Dev<'e> {
-    Dev {
-        q: emu.upload(&data_bytes(&b.query)),
-        out: emu.upload(&data_bytes(&b.out)),
-        k: emu.upload(&data_bytes(&b.k)),
-        v: emu.upload(&data_bytes(&b.v)),
-        bt: emu.upload(&bytes(&b.block_table)),
-    }
-}
-
-fn launch(be: *mut kvs_backend, b: &Built, d: &Dev<'_>, stream: *mut c_void) -> kvs_status {
-    let a = b.args_over(d.q.ptr, d.out.ptr, d.k.ptr, d.v.ptr, d.bt.ptr.cast());
-    unsafe { kvs_backend::kvs_attention_launch(be, &a, stream) }
 }
 
 /// Runs `c` on the emulator and on the CPU and compares; checks the launch only enqueued work

@@ -19,6 +19,7 @@ const TESTS: &[&str] = &[
     "test_bad_input",
     "test_random",
     "test_fcfs",
+    "test_hybrid",
 ];
 
 const WARNINGS: &[&str] = &[
@@ -75,6 +76,7 @@ fn build_and_run(variant: &str, extra: &[&str], env: &[(&str, &str)]) {
 
     let objects = [
         ("adapter", m.join("src/kvshare_block_manager.cpp")),
+        ("hybrid", m.join("src/kvshare_hybrid_manager.cpp")),
         ("factory", m.join("src/factory.cpp")),
         ("sequence_compat", m.join("compat/sequence_compat.cpp")),
     ];

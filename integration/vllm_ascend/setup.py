@@ -1,7 +1,8 @@
 """The version is Cargo.toml's (``integration/cargo_version.py``).
 
-Builds ``kvshare_vllm._fast`` (the adapter's page hand-over, compiled) when a C compiler is at
-hand; without it the package still installs and ``manager.py`` runs the same step in Python.
+Builds ``kvshare_vllm._fast`` and ``kvshare_vllm._fast_groups`` (the adapter's page hand-over,
+compiled, for one group and for KV-cache groups) when a C compiler is at hand; without it the
+package still installs and ``manager.py`` / ``hybrid.py`` run the same steps in Python.
 The extension includes the generated ``kvshare.h`` (``$KVSHARE_HEADER``, the installed
 ``kvshare`` package's copy, or the repository's ``include/``) and links against nothing: it calls
 ``kvs_seq_append_pages`` through the address the cffi binding resolved."""
@@ -33,7 +34,11 @@ def header_dir() -> str:
 # Optional for users; scripts/test-python sets KVSHARE_VLLM_REQUIRE_FAST so a failed build fails.
 HEADER_DIR = header_dir()
 setup(version=cargo_version(),
-      ext_modules=[Extension("kvshare_vllm._fast", ["kvshare_vllm/_fast.c"],
+      ext_modules=[Extension(f"kvshare_vllm.{name}", [f"kvshare_vllm/{name}.c"],
                              include_dirs=[HEADER_DIR], extra_compile_args=["-O2"],
-                             depends=[os.path.join(HEADER_DIR, "kvshare.h")],
-                             optional=not os.environ.get("KVSHARE_VLLM_REQUIRE_FAST"))])
+                             depends=[os.path.join(HEADER_DIR, "kvshare.h"),
+                                      "kvshare_vllm/_fast_common.h"],
+                             optional=not os.environ.get("KVSHARE_VLLM_REQUIRE_FAST"))
+                   # _fast: one full-attention group (manager.py); _fast_groups: KV-cache
+                   # groups (hybrid.py)
+                   for name in ("_fast", "_fast_groups")])

@@ -93,6 +93,8 @@ typedef struct {
     /* FIA */
     emu_view q, k, v, out, bt, mask;
     int has_mask;
+    int mask_kind;       /* 1: compressed 2048x2048 (sparse 3/4); 2: decode (B, .., KV_S) */
+    int64_t pre, next;   /* band of sparse 4 (right-down reference) */
     int layout; /* 0 BSND, 1 BNSD, 2 TND */
     int kv4d;   /* 1: [nb, kvh, bs, D] */
     int64_t B, N, KVH, D, bs, nb;

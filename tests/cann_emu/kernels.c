@@ -23,7 +23,7 @@ static int64_t load_int(const emu_view *v, const int64_t *idx) {
 }
 
 void emu_run_fia(const emu_op *o) {
-    if (o->has_mask) {
+    if (o->mask_kind == 1) {
         for (int64_t i = 0; i < 2048; i++)
             for (int64_t j = 0; j < 2048; j++) {
                 int64_t idx[2] = {i, j};
@@ -57,9 +57,24 @@ void emu_run_fia(const emu_op *o) {
             sc_cap = kl;
             sc = realloc(sc, (size_t)sc_cap * sizeof *sc);
         }
+        /* Decode mask (incremental branch): a nonzero byte hides that key. */
+        unsigned char *hidden = calloc((size_t)(kl ? kl : 1), 1);
+        if (o->mask_kind == 2)
+            for (int64_t j = 0; j < kl; j++) {
+                int64_t midx[4] = {b, 0, 0, 0};
+                midx[o->mask.ndim - 1] = j;
+                hidden[j] = *(const unsigned char *)emu_at(&o->mask, midx) != 0;
+            }
         for (int64_t i = 0; i < ql; i++) {
-            /* Right-down causal (sparse 3): row i sees positions <= kl - ql + i. */
-            int64_t lim = o->sparse == 3 ? kl - ql + i + 1 : kl;
+            /* Right-down reference: row i's diagonal is key kl - ql + i. Sparse 3 sees keys up
+             * to the diagonal; sparse 4 sees diag - preTokens ..= diag + nextTokens. */
+            int64_t diag = kl - ql + i, first = 0, lim = kl;
+            if (o->sparse == 3) lim = diag + 1;
+            if (o->sparse == 4) {
+                first = diag - o->pre > 0 ? diag - o->pre : 0;
+                lim = o->next < kl - diag ? diag + o->next + 1 : kl;
+            }
+            int64_t seen = 0;
             for (int64_t n = 0; n < o->N; n++) {
                 int64_t g = n / group;
                 int64_t qidx[4];
@@ -72,7 +87,10 @@ void emu_run_fia(const emu_op *o) {
                     q[d] = emu_load(emu_at(&o->q, qidx), o->q.dtype);
                 }
                 double mx = -INFINITY;
-                for (int64_t j = 0; j < lim; j++) {
+                seen = 0;
+                for (int64_t j = first; j < lim; j++) {
+                    if (hidden[j]) continue;
+                    seen++;
                     int64_t page = pages[j / bs], slot = j % bs;
                     double dot = 0;
                     for (int64_t d = 0; d < D; d++) {
@@ -85,12 +103,14 @@ void emu_run_fia(const emu_op *o) {
                     if (sc[j] > mx) mx = sc[j];
                 }
                 double sum = 0;
-                for (int64_t j = 0; j < lim; j++) {
+                for (int64_t j = first; j < lim; j++) {
+                    if (hidden[j]) continue;
                     sc[j] = exp(sc[j] - mx);
                     sum += sc[j];
                 }
                 for (int64_t d = 0; d < D; d++) acc[d] = 0;
-                for (int64_t j = 0; j < lim; j++) {
+                for (int64_t j = first; j < lim; j++) {
+                    if (hidden[j]) continue;
                     int64_t page = pages[j / bs], slot = j % bs;
                     for (int64_t d = 0; d < D; d++) {
                         int64_t vidx[4];
@@ -101,10 +121,11 @@ void emu_run_fia(const emu_op *o) {
                 }
                 for (int64_t d = 0; d < D; d++) {
                     qidx[dq] = d;
-                    emu_store(emu_at(&o->out, qidx), o->out.dtype, lim > 0 ? acc[d] / sum : 0.0);
+                    emu_store(emu_at(&o->out, qidx), o->out.dtype, seen > 0 ? acc[d] / sum : 0.0);
                 }
             }
         }
+        free(hidden);
         free(pages);
     }
 out:

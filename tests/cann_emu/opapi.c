@@ -285,15 +285,33 @@ static int fia_plan(const char *fn, const char *exec_name, fia_args *a) {
         if (!(a->sparse == 0 && !a->mask) && !(a->sparse == 3 && a->mask)) INVALID("TND: sparseMode must be 0 without a mask or 3 with one");
     }
 
-    /* Mask / sparse mode. */
-    if (a->sparse == 0) {
-        if (a->mask) INVALID("sparseMode 0 with an explicit mask is not modelled");
-    } else if (a->sparse == 3) {
+    /* Mask / sparse mode. With Q_S == 1 outside TND, FIA takes the incremental branch, where
+     * sparseMode, preTokens and nextTokens are ignored (FIA doc: "Q_S为1时该参数无效"); a
+     * mask there is the explicit (B, KV_S) / (B, 1, KV_S) / (B, 1, 1, KV_S) one (checked
+     * against the block table below). Otherwise: sparse 0 without a mask, sparse 3 (right-down
+     * causal) or 4 (band between preTokens and nextTokens from the right-down corner) with the
+     * compressed [2048, 2048] mask. */
+    int incremental = S <= 1 && layout != L_TND;
+    int mask_kind = 0;
+    if (incremental) {
+        if (a->mask) {
+            const aclTensor *m = a->mask;
+            if (m->dtype != DT_INT8 && m->dtype != DT_BOOL && m->dtype != DT_UINT8) INVALID("attenMask dtype %d is not int8/bool/uint8", m->dtype);
+            if (m->ndim < 2 || m->ndim > 4 || m->dims[0] != B) INVALID("Q_S == 1: attenMask must be (B, KV_S), (B, 1, KV_S) or (B, 1, 1, KV_S) with B = %lld", (long long)B);
+            for (int i = 1; i < m->ndim - 1; i++) if (m->dims[i] != 1) INVALID("Q_S == 1: attenMask must be (B, KV_S), (B, 1, KV_S) or (B, 1, 1, KV_S)");
+            if (m->strides[m->ndim - 1] != 1) INVALID("attenMask is not contiguous in KV_S");
+            mask_kind = 2;
+        }
+    } else if (a->sparse == 0) {
+        if (a->mask) INVALID("sparseMode 0 with an explicit mask and Q_S > 1 is not modelled");
+    } else if (a->sparse == 3 || a->sparse == 4) {
         const aclTensor *m = a->mask;
-        if (!m) INVALID("sparseMode 3 needs the 2048x2048 attenMask");
+        if (!m) INVALID("sparseMode %lld needs the 2048x2048 attenMask", (long long)a->sparse);
         if (m->dtype != DT_INT8 && m->dtype != DT_BOOL && m->dtype != DT_UINT8) INVALID("attenMask dtype %d is not int8/bool/uint8", m->dtype);
-        if (m->ndim != 2 || m->dims[0] != 2048 || m->dims[1] != 2048 || !contiguous(m)) INVALID("sparseMode 3: attenMask must be a contiguous [2048, 2048] tensor");
-    } else if (a->sparse == 2 || a->sparse == 4) {
+        if (m->ndim != 2 || m->dims[0] != 2048 || m->dims[1] != 2048 || !contiguous(m)) INVALID("sparseMode %lld: attenMask must be a contiguous [2048, 2048] tensor", (long long)a->sparse);
+        if (a->sparse == 4 && a->pre + a->next < 0) INVALID("sparseMode 4: the band between preTokens %lld and nextTokens %lld is empty (they must intersect)", (long long)a->pre, (long long)a->next);
+        mask_kind = 1;
+    } else if (a->sparse == 1 || a->sparse == 2) {
         INVALID("sparseMode %lld is valid CANN but not modelled", (long long)a->sparse);
     } else INVALID("sparseMode %lld is not a sparse mode", (long long)a->sparse);
 
@@ -303,6 +321,8 @@ static int fia_plan(const char *fn, const char *exec_name, fia_args *a) {
     if (bt->ndim != 2 || bt->dims[0] != B) INVALID("blockTable must be [B = %lld, maxBlocks], got %d-D with dims[0] = %lld", (long long)B, bt->ndim, (long long)bt->dims[0]);
     if (bt->strides[1] != 1) INVALID("blockTable rows must be contiguous");
     int64_t cols = bt->dims[1];
+    if (mask_kind == 2 && a->mask->dims[a->mask->ndim - 1] < cols * bs)
+        INVALID("Q_S == 1 with paging: attenMask KV_S = %lld < maxBlocks*blockSize = %lld", (long long)a->mask->dims[a->mask->ndim - 1], (long long)(cols * bs));
 
     /* KV lengths: host int64 array, mandatory with paging. */
     if (!a->actKv) INVALID("actualSeqLengthsKv is mandatory with paging");
@@ -337,11 +357,14 @@ static int fia_plan(const char *fn, const char *exec_name, fia_args *a) {
     op.out = view_of(o);
     op.bt = view_of(bt);
     op.has_mask = a->mask != NULL;
+    op.mask_kind = mask_kind;
+    op.pre = a->pre;
+    op.next = a->next;
     if (a->mask) op.mask = view_of(a->mask);
     op.layout = layout;
     op.kv4d = kv4d;
     op.B = B; op.N = N; op.KVH = KVH; op.D = D; op.bs = bs; op.nb = nb;
-    op.sparse = (int)a->sparse;
+    op.sparse = incremental ? 0 : (int)a->sparse; /* ignored by the incremental branch */
     op.scale = a->scale;
     (void)T;
 

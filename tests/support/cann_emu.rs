@@ -8,6 +8,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Mutex, MutexGuard};
 
+use kvshare::ffi::backend::{kvs_backend, kvs_backend_options};
+use kvshare::ffi::status::kvs_status;
+
+use super::attention::{last_error, Built, Data, F32};
 use super::native::cc;
 
 /// Which symbols each library of a variant exports.
@@ -421,4 +425,68 @@ pub fn bytes<T: Copy>(v: &[T]) -> Vec<u8> {
     let mut out = vec![0u8; n];
     unsafe { std::ptr::copy_nonoverlapping(v.as_ptr().cast::<u8>(), out.as_mut_ptr(), n) };
     out
+}
+
+// ---- The Ascend backend over an emulator (shared by ascend.rs and ascend_window.rs) ----
+
+/// `KVS_BACKEND_ASCEND`.
+pub const ASCEND: u32 = 1;
+
+/// A backend on the emulator of `emu` (device 0 unless given).
+pub fn backend_at(
+    dir: &std::path::Path,
+    device: i32,
+) -> Result<*mut kvs_backend, (kvs_status, String)> {
+    let d = CString::new(dir.to_str().unwrap()).unwrap();
+    let opts = kvs_backend_options {
+        num_threads: 0,
+        device_id: device,
+        library_dir: d.as_ptr(),
+    };
+    let mut b = std::ptr::null_mut();
+    match unsafe { kvs_backend::kvs_backend_new(ASCEND, &opts, &mut b) } {
+        kvs_status::Ok => Ok(b),
+        s => Err((s, last_error())),
+    }
+}
+
+pub fn backend(emu: &Emu) -> *mut kvs_backend {
+    backend_at(&emu.dir, 0).unwrap_or_else(|(s, m)| panic!("kvs_backend_new: {s:?}: {m}"))
+}
+
+pub fn data_from(dtype: u32, b: &[u8]) -> Data {
+    let mut d = Data::filled(dtype, b.len() / if dtype == F32 { 4 } else { 2 }, 0.0);
+    unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), d.ptr_mut().cast::<u8>(), b.len()) };
+    d
+}
+
+pub fn data_bytes(d: &Data) -> Vec<u8> {
+    let n = d.len() * if matches!(d, Data::F32(_)) { 4 } else { 2 };
+    let mut v = vec![0u8; n];
+    unsafe { std::ptr::copy_nonoverlapping(d.ptr().cast::<u8>(), v.as_mut_ptr(), n) };
+    v
+}
+
+/// Device copies of a case's inputs.
+pub struct Dev<'e> {
+    pub q: DevBuf<'e>,
+    pub out: DevBuf<'e>,
+    pub k: DevBuf<'e>,
+    pub v: DevBuf<'e>,
+    pub bt: DevBuf<'e>,
+}
+
+pub fn upload<'e>(emu: &'e Emu, b: &Built) -> Dev<'e> {
+    Dev {
+        q: emu.upload(&data_bytes(&b.query)),
+        out: emu.upload(&data_bytes(&b.out)),
+        k: emu.upload(&data_bytes(&b.k)),
+        v: emu.upload(&data_bytes(&b.v)),
+        bt: emu.upload(&bytes(&b.block_table)),
+    }
+}
+
+pub fn launch(be: *mut kvs_backend, b: &Built, d: &Dev<'_>, stream: *mut c_void) -> kvs_status {
+    let a = b.args_over(d.q.ptr, d.out.ptr, d.k.ptr, d.v.ptr, d.bt.ptr.cast());
+    unsafe { kvs_backend::kvs_attention_launch(be, &a, stream) }
 }

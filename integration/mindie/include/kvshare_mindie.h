@@ -24,6 +24,7 @@
 #include "block_manager_interface.h"
 
 struct kvs_cache;
+struct kvs_hybrid;
 
 namespace kvshare_mindie {
 
@@ -155,10 +156,117 @@ class KvshareBlockManager : public mindie_llm::BlockSpaceManager {
     std::atomic<uint64_t> missBlocks_{0};
 };
 
+// MindIE's KV-cache groups on one kvshare cache of groups (`kvs_hybrid`): a COMPOSITEBLOCKMANAGER
+// (`config.subManagers`, one kvshare group per sub-manager, in order), a
+// REQUESTSLIDINGWINDOWBLOCKMANAGER, or a self-attention config whose `cacheType` is
+// SLIDING_WINDOW. A TOKEN sub-manager is a full-attention group; a SLIDING_WINDOW one is a
+// sliding-window group in which each sequence holds at most `requestBlockWindowSize` (N) blocks:
+// kvshare window (N-1)*cacheBlockSize + 1 tokens, released as the sequence grows (AppendSlot
+// calls kvs_hybrid_seq_release_skipped before it appends). All groups share one pool of page
+// ids (block 0 is kvshare's null page, never handed out). GetBlockIds returns one list per group:
+// the whole table of a TOKEN group, the held blocks (the last <= N, oldest first) of a
+// SLIDING_WINDOW group. What MindIE at 8b4871a does not define (it declares these types but its
+// factory refuses them) is documented in README.md ("KV-cache groups"), as are the methods this
+// manager does not support (fork, swap, SP/CP, KV pool).
+class KvshareHybridBlockManager : public mindie_llm::BlockSpaceManager {
+   public:
+    // Throws `Unsupported` for what the adapter does not support (SEQUENCE cache type, rankSize or
+    // hostSize > 1, enableKvPool, nested subManagers), std::invalid_argument for a bad config
+    // (sub-managers with different block sizes, block size 0, requestBlockWindowSize 0,
+    // reservedBlockNum > npuBlockNum, fewer than 2 blocks, counts over 2^32-1), and
+    // std::runtime_error if libkvshare's ABI version differs from the header's.
+    explicit KvshareHybridBlockManager(const BlockManagerConfig &config, size_t localDPRank = 0);
+    ~KvshareHybridBlockManager() override;
+    KvshareHybridBlockManager(const KvshareHybridBlockManager &) = delete;
+    KvshareHybridBlockManager &operator=(const KvshareHybridBlockManager &) = delete;
+
+    AllocStatus CanAllocate(const SequenceGroupSPtr &seqGroup) const override;
+    bool Allocate(const SequenceGroupSPtr &seqGroup) override;
+    bool CanAppendSlot(const SequenceGroupSPtr &seqGroup) const override;
+    std::vector<std::pair<BlockId, BlockId>> AppendSlot(const SequenceSPtr &seq) override;
+    bool CanAppendSlotNew(const SequenceGroupSPtr &seqGroup) const override;
+    void AppendSlotNew(const SequenceGroupSPtr &seqGroup) override;
+    void AppendTokenToLatestRank(SequenceId seqId, const std::vector<TokenId> &tokens) override;
+    void Fork(SequenceSPtr &parentSeq, SequenceSPtr &childSeq) override;
+    bool CanSwapOut(const SequenceGroupSPtr &seqGroup) override;
+    std::vector<std::pair<PhysicalBlockId, PhysicalBlockId>> SwapOut(const SequenceGroupSPtr &seqGroup) override;
+    AllocStatus CanSwapIn(const SequenceGroupSPtr &seqGroup, size_t numLookheadSlots) override;
+    std::vector<std::pair<PhysicalBlockId, PhysicalBlockId>> SwapIn(const SequenceGroupSPtr &seqGroup) override;
+    void Free(SequenceId seqId) override;
+    std::vector<BlockIds> GetBlockIds(SequenceId seqId) const override;
+    void GetRankedBlockIds(SequenceId seqId, std::vector<RankedBlockId> &rankedBlockIds) const override;
+    void GetRankedBlockIds(SequenceId seqId, std::vector<std::vector<BlockId>> &rankedBlockIds) const override;
+    std::vector<std::vector<HashValue>> GetRankedHashValues(SequenceId seqId) const override;
+    std::vector<HashValue> GetSeqHashValues(SequenceId seqId) const override;
+    std::vector<size_t> GetTokenCountPerRank(SequenceId seqId) const override;
+    size_t GetLatestAppendedRankId(SequenceId seqId) const override;
+    size_t GetAppendedBlockRankId(SequenceId seqId) const override;
+    bool IsAppendBlock(SequenceId seqId) override;
+    size_t GetNumFreeNpuBlocks() const override;
+    size_t GetNumFreeCpuBlocks() const override;
+    size_t GetTotalNpuBlocks() const override;
+    void AccessAllblocksInSeq(const SequenceSPtr &seq, float accessTime) override;
+    std::vector<BlockId> GetCommonComputedBlockIds(const std::vector<SequenceSPtr> &seqs) override;
+    std::vector<size_t> GetAllrankComputedBlockNum(const std::vector<SequenceSPtr> &seqs) override;
+    std::vector<BlockId> GetRemoteComputedBlockIds(const std::vector<SequenceSPtr> &seqs, size_t computedLens,
+                                                   uint32_t tpSize, std::string modelName) override;
+    std::vector<size_t> GetAllRankRemoteComputedBlockIds(const std::vector<SequenceSPtr> &seqs,
+                                                         std::vector<size_t> &computedBlocksNum,
+                                                         std::string modelName) override;
+    void MarkBlocksAsComputed() override;
+    float GetPrefixCacheHitRate() const override;
+    bool ResetPrefixCache() const override;
+    size_t GetNumCachedTokens(const SequenceSPtr &seq) override;
+    size_t GetSeqNumCachedTokens(const SequenceSPtr &seq) override;
+    void ReplaceTrailingPlaceHolder(const SequenceSPtr &seq, size_t trailingPlaceHolderNum,
+                                    size_t replacedPlaceHolderNum) override;
+    size_t GetLocalDPRank() const override;
+    void LwdInitCloudBlockManager(const BlockManagerConfig &lwdCloudConfig, size_t localDPRank) override;
+    void LwdGetCloudRankedBlockIds(SequenceId seqId, std::vector<std::vector<BlockId>> &rankedBlockIds) const override;
+    size_t LwdGetCloudLatestAppendedRankId(SequenceId seqId) const override;
+    size_t LwdGetCloudAppendedBlockRankId(SequenceId seqId) const override;
+    std::vector<size_t> LwdGetCloudTokenCountPerRank(SequenceId seqId) const override;
+
+    // Not part of MindIE's interface: the kvshare cache of groups behind this manager (for tests
+    // and diagnostics: kvs_hybrid_check, kvs_hybrid_stats). Owned by the manager.
+    kvs_hybrid *Hybrid() const { return hybrid_; }
+    // Blocks a SLIDING_WINDOW group lets one sequence hold (its requestBlockWindowSize); 0 for a
+    // TOKEN group. One entry per group.
+    const std::vector<size_t> &WindowBlocks() const { return windowBlocks_; }
+
+   private:
+    struct Shape {
+        uint64_t numTokens;
+        uint64_t numPages;
+        uint64_t matchedTokens;
+    };
+    bool Find(SequenceId seqId, Shape &out) const;
+    Shape FindOrThrow(SequenceId seqId, const char *method) const;
+    // Group `g`'s positional table (KVS_NULL_PAGE at released positions).
+    std::vector<uint32_t> Table(SequenceId seqId, size_t g, const Shape &shape) const;
+    size_t FreePages() const;
+
+    kvs_hybrid *hybrid_ = nullptr;
+    std::vector<size_t> windowBlocks_;
+    size_t blockSize_ = 0;
+    size_t numPages_ = 0;
+    size_t speculativeSlots_ = 0;
+    bool enableCaching_ = false;
+    size_t localDPRank_ = 0;
+    std::atomic<uint64_t> hitBlocks_{0};
+    std::atomic<uint64_t> missBlocks_{0};
+};
+
 // Creates the adapter (what a patched MindIE factory calls; see README.md). Throws as the
 // constructor does.
 mindie_llm::BlockSpaceManagerSPtr CreateKvshareBlockManager(const BlockManagerConfig &config,
                                                             size_t localDPRank = 0);
+
+// The manager for KV-cache groups (what the factory gives COMPOSITEBLOCKMANAGER,
+// REQUESTSLIDINGWINDOWBLOCKMANAGER and a SLIDING_WINDOW self-attention config). Throws as its
+// constructor does.
+mindie_llm::BlockSpaceManagerSPtr CreateKvshareHybridBlockManager(const BlockManagerConfig &config,
+                                                                  size_t localDPRank = 0);
 
 }  // namespace kvshare_mindie
 

@@ -11,16 +11,35 @@
 
 namespace mindie_llm {
 
+using kvshare_mindie::BlockManagerConfig;
+
 BlockSpaceManagerSPtr BlockManagerFactory::CreateBlockSpaceManager(BlockManagerType type,
                                                                    const BlockManagerConfig &config,
                                                                    size_t localDPRank) {
     switch (type) {
         case BlockManagerType::SELFATTNBLOCKMANAGER:
+            // MindIE's scheduler builds a self-attention config for one kvCacheDesc and sets its
+            // cacheType; a SLIDING_WINDOW one is a cache of one window group.
+            if (config.cacheType == KvCacheType::SLIDING_WINDOW) {
+                return kvshare_mindie::CreateKvshareHybridBlockManager(config, localDPRank);
+            }
             return kvshare_mindie::CreateKvshareBlockManager(config, localDPRank);
+        case BlockManagerType::COMPOSITEBLOCKMANAGER:
+            // "If empty, COMPOSITEBLOCKMANAGER creation will fail fast" (MindIE's header).
+            if (config.subManagers.empty()) {
+                throw std::invalid_argument("COMPOSITEBLOCKMANAGER needs subManagers");
+            }
+            return kvshare_mindie::CreateKvshareHybridBlockManager(config, localDPRank);
+        case BlockManagerType::REQUESTSLIDINGWINDOWBLOCKMANAGER: {
+            BlockManagerConfig window = config;
+            window.cacheType = KvCacheType::SLIDING_WINDOW;
+            return kvshare_mindie::CreateKvshareHybridBlockManager(window, localDPRank);
+        }
         case BlockManagerType::LWDSELFATTNBLOCKMANAGER:
             throw kvshare_mindie::Unsupported("layerwise cloud block manager (LWDSELFATTNBLOCKMANAGER)");
         default:
-            // MindIE's own factory refuses the other types the same way.
+            // REQUESTSINGLEBLOCKMANAGER (one block per request) and unknown values: MindIE's own
+            // factory refuses them the same way.
             throw std::invalid_argument("Invalid block manager type");
     }
 }

@@ -22,6 +22,8 @@ caching call, removals in the group the page was stored for).
 
 from __future__ import annotations
 
+import os
+from array import array
 from collections import Counter
 
 import kvshare
@@ -34,8 +36,16 @@ from .base import ManagerBase, _cdiv
 from .state_groups import (is_state_spec, skipped_tokens, state_group_kind,
                            state_unsupported_reason, vllm_table)
 from .manager import _REMOVED, _STORED, extra_keys_for
-from .twins import _token_ids
+from .twins import _extra_addr, _token_ids
 from .views import _BlockPoolView, _CoordinatorView, _SingleTypeView
+
+try:  # the compiled hot calls (kvshare_vllm/_fast_groups.c); Python's when not built
+    from . import _fast_groups
+except ImportError:  # pragma: no cover - depends on the install
+    _fast_groups = None
+
+# kvshare_vllm._fast_groups' group kinds
+_FAST_KINDS = {"full": 0, "sliding_window": 1, "chunked_local": 2}
 
 
 def _group_kind(spec) -> tuple[str, int] | None:
@@ -195,13 +205,29 @@ class KvshareHybridKVCacheManager(ManagerBase):
         self._blocks = self.block_pool.blocks
         self.coordinator = _HybridCoordinatorView(self, self.specs)
         self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in range(ng)))
-        self._refs: Counter = Counter()  # page -> tables holding it (live sequences)
+        # page -> tables holding it (live sequences); shared with the compiled calls
+        self._refs = array("I", bytes(4 * self.num_blocks))
+        self._fast = self._new_fast()
         self._pending: tuple[str, object] | None = None  # (request id, extra keys) of a match
 
     def _new_cache(self):
         return kvshare.Hybrid(page_size=self.block_size, num_pages=self.num_blocks,
                               groups=self._groups, enable_prefix_caching=self.enable_caching,
                               enable_events=self.enable_kv_cache_events)
+
+    def _new_fast(self):
+        """The compiled calls over this cache (``_fast_groups.Groups``), or None: not built,
+        ``KVSHARE_VLLM_PURE_PYTHON`` set, or a group kind it does not handle."""
+        if _fast_groups is None or os.environ.get("KVSHARE_VLLM_PURE_PYTHON"):
+            return None
+        if any(k not in _FAST_KINDS for k, _ in self._windows):
+            return None
+        fns = tuple(int(ffi.cast("uintptr_t", ffi.addressof(lib, f"kvs_hybrid_{name}")))
+                    for name in ("seq_append", "seq_get_info", "seq_pages",
+                                 "seq_release_skipped", "seq_free", "seq_begin", "match"))
+        return _fast_groups.Groups(
+            int(ffi.cast("uintptr_t", self.cache.handle)), fns, self.block_size, self.num_blocks,
+            tuple((_FAST_KINDS[k], w) for k, w in self._windows), self._refs, self._blocks)
 
     # ------------------------------------------------------------------ helpers
     def _drain_events(self, st: _HReq | None, request, first: int = 0, end: int = 0) -> None:
@@ -288,14 +314,10 @@ class KvshareHybridKVCacheManager(ManagerBase):
                 self._ref(refs, p, d)
         return added
 
-    def _ref(self, refs: Counter, p: int, d: int) -> None:
+    def _ref(self, refs: array, p: int, d: int) -> None:
         """Adds ``d`` holders to page ``p`` in the mirror, and the kept free count follows."""
         before = refs[p]
-        after = before + d
-        if after:
-            refs[p] = after
-        else:
-            del refs[p]
+        after = refs[p] = before + d
         if self._avail is not None and (before == 0) != (after == 0):
             self._avail += 1 if after == 0 else -1
 
@@ -308,6 +330,16 @@ class KvshareHybridKVCacheManager(ManagerBase):
                     self._new_block_ids.extend(pages)
         blocks = self._blocks
         return KVCacheBlocks(tuple([blocks[p] for p in pages] for pages in added))
+
+    def _handed_blocks(self, added) -> KVCacheBlocks:
+        """``_handed`` of the compiled calls' ``added`` (block objects per group, or None)."""
+        if added is None or not any(added):
+            return self.empty_kv_cache_blocks
+        if self._zero_new:
+            for g, objs in enumerate(added):
+                if self._full[g]:
+                    self._new_block_ids.extend(b.block_id for b in objs)
+        return KVCacheBlocks(tuple(added))
 
     def _release(self, st: _HReq, total_computed: int) -> None:
         """vLLM's ``remove_skipped_blocks``: positions out of every window become null.  The
@@ -348,15 +380,22 @@ class KvshareHybridKVCacheManager(ManagerBase):
             return self.empty_kv_cache_blocks, 0
         ids = _token_ids(request)
         extra = extra_keys_for(request)
-        hit, rows = self.cache.match(ids, max(len(ids) - 1, 0), extra)
+        fast = self._fast
+        if fast is not None:
+            rc, hit, rows = fast.match(ids, _extra_addr(extra), max(len(ids) - 1, 0))
+            if rc:
+                kvshare.check(rc, "kvs_hybrid_match")
+        else:
+            hit, rows = self.cache.match(ids, max(len(ids) - 1, 0), extra)
+            blocks = self._blocks
+            rows = [[blocks[p] for p in row] for row in rows] if hit else rows
         if self.log_stats:
             self.prefix_cache_stats.record(num_tokens=request.num_tokens, num_hits=hit,
                                            preempted=request.num_preemptions > 0)
         self._pending = (request.request_id, extra)
         if not hit:
             return self.empty_kv_cache_blocks, 0
-        blocks = self._blocks
-        return KVCacheBlocks(tuple([blocks[p] for p in row] for row in rows)), hit
+        return KVCacheBlocks(tuple(rows)), hit
 
     def allocate_slots(self, request, num_new_tokens: int, num_new_computed_tokens: int = 0,
                        new_computed_blocks: KVCacheBlocks | None = None,
@@ -382,6 +421,25 @@ class KvshareHybridKVCacheManager(ManagerBase):
                 return None
         main = total + num_new_tokens
         need_slot = min(main + num_lookahead_tokens, self.max_model_len)
+        fast = self._fast
+        if st is not None and fast is not None and not reserved_blocks:
+            # A running request's step, one compiled call: the release, vLLM's room check and
+            # the append below (full_sequence_must_fit was checked above).
+            inflight = max(0, getattr(request, "num_in_flight_tokens", 0))
+            events = self.enable_kv_cache_events
+            cached = st.n // self.block_size if events else 0
+            avail = self._avail
+            room, rc, appended, added, self._avail = fast.running(
+                st, _token_ids(request), max(0, total - inflight), need_slot,
+                min(main, request.num_tokens), avail if avail is not None else self._capacity())
+            if not room:
+                return None
+            if rc:
+                kvshare.check(rc, "kvs_hybrid_seq_append")
+            if appended and events:
+                self._drain_events(st, request, cached,
+                                   st.n // self.block_size if self.enable_caching else cached)
+            return self.empty_kv_cache_blocks if added is None else self._handed_blocks(added)
         if st is not None:
             # vLLM's remove_skipped_blocks, done even when the allocation below fails.  Under
             # vllm-ascend (its async-SWA patch gives requests ``num_in_flight_tokens``), tokens
@@ -420,25 +478,39 @@ class KvshareHybridKVCacheManager(ManagerBase):
         extra = pend[1] if pend is not None and pend[0] == rid else extra_keys_for(request)
         self._pending = None
         st = _HReq(next(self._seq_ids), extra, self.num_kv_cache_groups)
-        try:
-            info = self.cache.seq_begin(st.seq, ids[:known], max_match_tokens=num_hit,
-                                        lookahead_slots=max(need_slot - known, 0), extra=extra)
-        except kvshare.NoSpaceError:
-            if not self._has_state:
-                raise
-            # A hit ending at a state checkpoint registered in this step (its state is written
-            # by this step's forward): vLLM's MambaManager refuses the allocation too.
-            return None
-        self._reqs[rid] = st
-        st.n = known
-        self._refresh(st)
+        fast = self._fast
         nh = num_hit // self.block_size
+        rows = None
+        if fast is not None:
+            rc, matched, rows, self._avail = fast.begin(st, ids, known, _extra_addr(extra),
+                                                        num_hit, max(need_slot - known, 0), nh,
+                                                        self._avail)
+            if rc:
+                kvshare.check(rc, "kvs_hybrid_seq_begin")
+            info = {"matched_tokens": matched}
+            self._reqs[rid] = st
+        else:
+            try:
+                info = self.cache.seq_begin(st.seq, ids[:known], max_match_tokens=num_hit,
+                                            lookahead_slots=max(need_slot - known, 0),
+                                            extra=extra)
+            except kvshare.NoSpaceError:
+                if not self._has_state:
+                    raise
+                # A hit ending at a state checkpoint registered in this step (its state is
+                # written by this step's forward): vLLM's MambaManager refuses it too.
+                return None
+            self._reqs[rid] = st
+            st.n = known
+            self._refresh(st)
         self._drain_events(st, request, nh, known // self.block_size if self.enable_caching else nh)
         if info["matched_tokens"] != num_hit:
             self.free(request)
             raise RuntimeError(
                 f"kvshare_vllm: request {rid}: {num_hit} tokens were found cached by "
                 f"get_computed_blocks but {info['matched_tokens']} at allocation")
+        if rows is not None:
+            return self._handed_blocks(rows)
         return self._handed([vllm_table(t) if g in self._single else t[nh:]
                              for g, t in enumerate(st.tables)])
 
@@ -449,6 +521,11 @@ class KvshareHybridKVCacheManager(ManagerBase):
         st = self._reqs.pop(rid, None)
         if st is None:
             return
+        if self._fast is not None:
+            rc, self._avail = self._fast.free(st, self._avail)
+            if rc:
+                kvshare.check(rc, "kvs_hybrid_seq_free")
+            return
         self.cache.seq_free(st.seq)
         refs = self._refs
         for t in st.tables:
@@ -458,7 +535,11 @@ class KvshareHybridKVCacheManager(ManagerBase):
 
     def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
         st = self._reqs.get(request_id)
-        if st is not None:
+        if st is None:
+            return
+        if self._fast is not None:
+            _, self._avail = self._fast.release(st, total_computed_tokens, self._avail)
+        else:
             self._release(st, total_computed_tokens)
 
     def cache_blocks(self, request, num_computed_tokens: int) -> None:
@@ -469,7 +550,14 @@ class KvshareHybridKVCacheManager(ManagerBase):
             return
         target = min(num_computed_tokens, request.num_tokens)
         bs = self.block_size
-        if target // bs > st.n // bs:  # a page fills (partial pages wait, see allocate_slots)
+        if target // bs > st.n // bs and self._fast is not None:
+            cached = st.n // bs
+            rc, added, self._avail = self._fast.append(st, _token_ids(request), target, 0,
+                                                       self._avail)
+            if rc:
+                kvshare.check(rc, "kvs_hybrid_seq_append")
+            self._drain_events(st, request, cached, target // bs)
+        elif target // bs > st.n // bs:  # a page fills (partial pages wait, see allocate_slots)
             self.cache.seq_append(st.seq, _token_ids(request)[st.n:target], 0)
             cached, st.n = st.n // bs, target
             if _cdiv(target, bs) > len(st.tables[0]):
@@ -491,8 +579,8 @@ class KvshareHybridKVCacheManager(ManagerBase):
         self._drain_events(None, None)
         self.cache.close()
         self.cache = self._new_cache()
-        self._avail = None
-        self._refs.clear()
+        self._fast = self._new_fast()
+        self._avail = None  # no request holds a page: every count in _refs is 0 already
         if self.enable_kv_cache_events:  # vLLM's BlockPool.reset_prefix_cache
             self._events.append(self._translator.clear())
         return True
@@ -575,7 +663,7 @@ class KvshareHybridKVCacheManager(ManagerBase):
                     raise AssertionError(f"kvshare_vllm: sequence {st.seq} group {g}: table "
                                          f"{got} but mirrored {t}")
                 refs.update(p for p in t if p)
-        if refs != self._refs:
+        if any(self._refs[p] != refs[p] for p in range(self.num_blocks)):
             raise AssertionError("kvshare_vllm: page refcount mirror differs from the tables")
         kept, self._avail = self._avail, None
         if kept is not None and kept != self._capacity():

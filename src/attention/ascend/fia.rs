@@ -8,7 +8,7 @@
 use std::ffi::{c_void, CStr};
 
 use super::loader::{Cann, FiaFn};
-use super::plan::{acl_dtype, KvLayout};
+use super::plan::{acl_dtype, window_launch, KvLayout, WindowLaunch};
 use super::rt::{check, opt, opt_arr, Executor, IntArray, Tensor, TensorList, View};
 use super::sys::*;
 use super::{AscendBackend, MASK_SIDE};
@@ -27,6 +27,22 @@ pub(super) struct Fia<'a> {
     pub(super) mem: &'a DeviceAttn,
     pub(super) stream: usize,
     pub(super) mask: Option<usize>,
+    /// The decode-window ramp `(address, half)`: `half` bytes of 1 then `half` bytes of 0
+    /// (see [`AscendBackend::ramp`]); present when a decode row needs a window mask.
+    pub(super) ramp: Option<(usize, usize)>,
+}
+
+/// Which `attenMask` a launch passes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum MaskArg {
+    None,
+    /// The int8 `[2048, 2048]` `triu(ones, 1)` of sparse modes 3 and 4.
+    Causal,
+    /// A decode window mask `[1, 1, 1, kv_s]` hiding keys `0..masked` (sparse mode 0).
+    Decode {
+        masked: usize,
+        kv_s: usize,
+    },
 }
 
 /// The tensors and numbers of one FIA launch.
@@ -39,6 +55,9 @@ struct FiaArgs<'c> {
     layout: &'static CStr,
     sparse_mode: i64,
     inner_precise: i64,
+    mask: MaskArg,
+    pre: i64,
+    next: i64,
 }
 
 impl<'a> Fia<'a> {
@@ -152,6 +171,9 @@ impl<'a> Fia<'a> {
             layout,
             sparse_mode: 0,
             inner_precise: 1,
+            mask: MaskArg::None,
+            pre: NO_BAND,
+            next: NO_BAND,
         };
         self.launch(kv, args)
     }
@@ -184,6 +206,9 @@ impl<'a> Fia<'a> {
             layout: c"TND",
             sparse_mode: 3,
             inner_precise: 0,
+            mask: MaskArg::Causal,
+            pre: NO_BAND,
+            next: NO_BAND,
         };
         self.launch(kv, args)
     }
@@ -197,6 +222,24 @@ impl<'a> Fia<'a> {
         let (qs, os) = (self.p.query_strides, self.p.output_strides);
         let q_tok = qs.token as i64;
         let o_tok = os.token as i64;
+        // Query row i sits at position ctx - q + i: CANN's right-down causal mode (3), or its
+        // right-down band (4) for a window; a decode row takes no sparse mode (see
+        // `plan::window_launch`).
+        let (sparse_mode, mask, pre, next) =
+            match (window_launch(self.p.sliding_window, seq), seq.q_len > 1) {
+                (WindowLaunch::Band { pre, next }, _) => (4, MaskArg::Causal, pre, next),
+                (WindowLaunch::DecodeMask { masked }, _) => (
+                    0,
+                    MaskArg::Decode {
+                        masked,
+                        kv_s: self.p.max_pages_per_seq * self.p.cache.page_size,
+                    },
+                    NO_BAND,
+                    NO_BAND,
+                ),
+                (WindowLaunch::None, true) => (3, MaskArg::Causal, NO_BAND, NO_BAND),
+                (WindowLaunch::None, false) => (0, MaskArg::None, NO_BAND, NO_BAND),
+            };
         let args = FiaArgs {
             query: self.qo(
                 false,
@@ -214,9 +257,11 @@ impl<'a> Fia<'a> {
             act_q: None,
             act_kv: IntArray::new(self.cann(), &[seq.ctx_len as i64])?,
             layout: c"BSND",
-            // Query row i sits at position ctx - q + i: CANN's right-down causal mode.
-            sparse_mode: if seq.q_len > 1 { 3 } else { 0 },
+            sparse_mode,
             inner_precise: if seq.q_len > 1 { 0 } else { 1 },
+            mask,
+            pre,
+            next,
         };
         self.launch(KvLayout::BnBsH, args)
     }
@@ -225,8 +270,9 @@ impl<'a> Fia<'a> {
         let cann = self.cann();
         let key = self.cache_list(kv, self.mem.key_cache)?;
         let value = self.cache_list(kv, self.mem.value_cache)?;
-        let mask = match (a.sparse_mode, self.mask) {
-            (3, Some(addr)) => Some(Tensor::new(
+        let mask = match (a.mask, self.mask, self.ramp) {
+            (MaskArg::None, _, _) => None,
+            (MaskArg::Causal, Some(addr), _) => Some(Tensor::new(
                 cann,
                 &View {
                     dims: vec![MASK_SIDE as i64, MASK_SIDE as i64],
@@ -237,21 +283,39 @@ impl<'a> Fia<'a> {
                     data: addr as *mut c_void,
                 },
             )?),
-            (3, None) => return Err(Error::BackendFailure("causal mask missing".into())),
-            _ => None,
+            // Row `masked` of the ramp: bytes `half - masked ..` are `masked` ones, then zeros.
+            (MaskArg::Decode { masked, kv_s }, _, Some((addr, half)))
+                if masked <= half && kv_s <= half =>
+            {
+                let k = kv_s as i64;
+                Some(Tensor::new(
+                    cann,
+                    &View {
+                        dims: vec![1, 1, 1, k],
+                        strides: vec![k, k, k, 1],
+                        offset: (half - masked) as i64,
+                        storage: 2 * half as i64,
+                        dtype: ACL_INT8,
+                        data: addr as *mut c_void,
+                    },
+                )?)
+            }
+            _ => return Err(Error::BackendFailure("attention mask missing".into())),
         };
         let p = self.p;
         let c = &p.cache;
         let nul = std::ptr::null::<AclTensor>();
         let nula = std::ptr::null::<AclIntArray>();
         let layout = a.layout.as_ptr().cast_mut();
-        let (nh, scale, nkv, sparse, ip, bs) = (
+        let (nh, scale, nkv, sparse, ip, bs, pre, next) = (
             p.num_heads as i64,
             p.scale as f64,
             c.num_kv_heads as i64,
             a.sparse_mode,
             a.inner_precise,
             c.page_size as i64,
+            a.pre,
+            a.next,
         );
         let (q, k, v, m, aq, akv, bt, o) = (
             a.query.raw(),
@@ -274,8 +338,8 @@ impl<'a> Fia<'a> {
                 FiaFn::V2(f) => (
                     f(
                         q, k, v, nul, m, aq, akv, nul, nul, nul, nul, nul, nul, nul, bt, nul, nul,
-                        nul, nul, nul, nul, nul, nul, nula, nh, scale, NO_BAND, NO_BAND, layout,
-                        nkv, sparse, ip, bs, 0, false, 0, 0, o, nul, &mut ws, &mut exec,
+                        nul, nul, nul, nul, nul, nul, nula, nh, scale, pre, next, layout, nkv,
+                        sparse, ip, bs, 0, false, 0, 0, o, nul, &mut ws, &mut exec,
                     ),
                     "aclnnFusedInferAttentionScoreV2GetWorkspaceSize",
                     "aclnnFusedInferAttentionScoreV2",
@@ -283,9 +347,8 @@ impl<'a> Fia<'a> {
                 FiaFn::V3(f) => (
                     f(
                         q, k, v, nul, m, aq, akv, nul, nul, nul, nul, nul, nul, nul, bt, nul, nul,
-                        nul, nul, nul, nul, nul, nul, nula, nul, nul, nul, nh, scale, NO_BAND,
-                        NO_BAND, layout, nkv, sparse, ip, bs, 0, false, 0, 0, o, nul, &mut ws,
-                        &mut exec,
+                        nul, nul, nul, nul, nul, nul, nula, nul, nul, nul, nh, scale, pre, next,
+                        layout, nkv, sparse, ip, bs, 0, false, 0, 0, o, nul, &mut ws, &mut exec,
                     ),
                     "aclnnFusedInferAttentionScoreV3GetWorkspaceSize",
                     "aclnnFusedInferAttentionScoreV3",
@@ -294,8 +357,8 @@ impl<'a> Fia<'a> {
                     f(
                         q, k, v, nul, m, aq, akv, nul, nul, nul, nul, nul, nul, nul, bt, nul, nul,
                         nul, nul, nul, nul, nul, nul, nula, nul, nul, nul, nul, nul, nh, scale,
-                        NO_BAND, NO_BAND, layout, nkv, sparse, ip, bs, 0, false, 0, 0, 0, o, nul,
-                        &mut ws, &mut exec,
+                        pre, next, layout, nkv, sparse, ip, bs, 0, false, 0, 0, 0, o, nul, &mut ws,
+                        &mut exec,
                     ),
                     "aclnnFusedInferAttentionScoreV4GetWorkspaceSize",
                     "aclnnFusedInferAttentionScoreV4",

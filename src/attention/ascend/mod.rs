@@ -63,6 +63,9 @@ pub struct AscendBackend {
     ws: Workspaces,
     /// The int8 `[2048, 2048]` causal mask on the device, made on the first prefill.
     mask: Mutex<Option<usize>>,
+    /// Decode-window ramps `(address, half)`, grow-only: the last is the largest; older ones
+    /// stay allocated (queued launches may still read them) until the backend is freed.
+    ramps: Mutex<Vec<(usize, usize)>>,
 }
 
 // SAFETY: the function table is immutable; device addresses are plain integers; mutable state
@@ -110,6 +113,7 @@ impl AscendBackend {
             cann,
             device: options.device_id,
             mask: Mutex::new(None),
+            ramps: Mutex::new(Vec::new()),
         })
     }
 
@@ -194,6 +198,45 @@ impl AscendBackend {
         Ok(addr)
     }
 
+    /// A device ramp of at least `need` keys for decode-window masks: `half` int8 ones then
+    /// `half` zeros (`half >= need`, a power of two), so bytes `half - m .. half - m + kv_s`
+    /// are the mask `[1, 1, 1, kv_s]` hiding keys `0..m` for any `m, kv_s <= half`. Its contents
+    /// never change, so one ramp serves every launch on every stream (made like the causal
+    /// mask: `aclrtMalloc` + a synchronous `aclrtMemcpy`).
+    fn ramp(&self, need: usize) -> Result<(usize, usize)> {
+        let mut r = self
+            .ramps
+            .lock()
+            .map_err(|_| Error::BackendFailure("mask lock poisoned".into()))?;
+        if let Some(&(a, half)) = r.last() {
+            if half >= need {
+                return Ok((a, half));
+            }
+        }
+        let half = need.max(MASK_SIDE).next_power_of_two();
+        let n = 2 * half;
+        let mut host = vec![0i8; n];
+        host[..half].fill(1);
+        let addr = dev_alloc(&self.cann, n as u64)?;
+        // SAFETY: both buffers hold n bytes.
+        let code = unsafe {
+            (self.cann.memcpy)(
+                addr as *mut c_void,
+                n,
+                host.as_ptr().cast(),
+                n,
+                ACL_MEMCPY_HOST_TO_DEVICE,
+            )
+        };
+        if let Err(e) = check(&self.cann, code, "aclrtMemcpy") {
+            // SAFETY: allocated just above, never handed to a launch.
+            unsafe { (self.cann.free)(addr as *mut c_void) };
+            return Err(e);
+        }
+        r.push((addr, half));
+        Ok((addr, half))
+    }
+
     /// Runs GetWorkspaceSize's result: gets a workspace for the stream and executes.
     fn execute(
         &self,
@@ -226,6 +269,18 @@ impl AscendBackend {
         let needs_mask = matches!(plan, AttnPlan::Tnd(_))
             || (plan == AttnPlan::PerSeqBsnd && seqs.iter().any(|s| s.q_len > 1));
         let mask = if needs_mask { Some(self.mask()?) } else { None };
+        let needs_ramp = plan == AttnPlan::PerSeqBsnd
+            && seqs.iter().any(|s| {
+                matches!(
+                    plan::window_launch(p.sliding_window, s),
+                    plan::WindowLaunch::DecodeMask { .. }
+                )
+            });
+        let ramp = if needs_ramp {
+            Some(self.ramp(p.max_pages_per_seq * p.cache.page_size)?)
+        } else {
+            None
+        };
         let f = fia::Fia {
             be: self,
             p,
@@ -233,6 +288,7 @@ impl AscendBackend {
             mem,
             stream,
             mask,
+            ramp,
         };
         match plan {
             AttnPlan::Decode(kv) => f.decode(kv, seqs),
@@ -438,6 +494,12 @@ impl Drop for AscendBackend {
             if let Some(a) = m.take() {
                 // SAFETY: allocated by aclrtMalloc; the caller synchronised its streams before
                 // freeing the backend (documented contract).
+                unsafe { (self.cann.free)(a as *mut c_void) };
+            }
+        }
+        if let Ok(r) = self.ramps.get_mut() {
+            for (a, _) in r.drain(..) {
+                // SAFETY: as the mask above.
                 unsafe { (self.cann.free)(a as *mut c_void) };
             }
         }

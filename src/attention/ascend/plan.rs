@@ -4,7 +4,11 @@
 //! Rules (from `aclnnFusedInferAttentionScoreV2.md` as summarised in
 //! `../shared/design/ascend-cann.md` §2; status `KVS_STATUS_UNSUPPORTED` unless noted):
 //! * dtypes: query, output, K and V all fp16 or all bf16 (FIA's non-quantised path).
-//! * no logit soft cap, no sliding window (FIA has neither in the paged path kvshare uses).
+//! * no logit soft cap (FIA has none).
+//! * sliding window `W` (see [`window_launch`]): FIA's band (`sparseMode` 4, `preTokens` W-1,
+//!   `nextTokens` 0) for query lengths > 1; an explicit decode mask for query length 1 (FIA ignores
+//!   `sparseMode`/`preTokens`/`nextTokens` when `Q_S == 1`). One BSND launch per sequence, a
+//!   dense `BnBsH` cache (TND takes sparse mode 0 or 3 only; a BnNBsD cache needs BNSD/TND).
 //! * cache layout dense `BnBsH` (`[pages, page_size, kv_heads*head_dim]`, kvshare's default
 //!   `[pages, page_size, kv_heads, head_dim]`) with `kv_heads*head_dim <= 65535`, or dense
 //!   `BnNBsD` (`[pages, kv_heads, page_size, head_dim]`), which CANN takes only with a BNSD or
@@ -42,8 +46,61 @@ pub enum AttnPlan {
     /// One launch, query `[T, N, D]` "TND", cumulative query ends, sparse mode 3 + mask.
     Tnd(KvLayout),
     /// One BSND launch per sequence with query tokens: `[1, S, N, D]`; sparse mode 3 + mask
-    /// when `S > 1`, sparse mode 0 when `S == 1`.
+    /// when `S > 1`, sparse mode 0 when `S == 1`; with a sliding window, [`window_launch`].
     PerSeqBsnd,
+}
+
+/// How one sequence's FIA launch applies a sliding window of `W` tokens (a query token at
+/// position `p` sees positions `p-W+1..=p`, as the CPU backend's `sliding_window`).
+///
+/// CANN facts this follows (`sparse_mode参数说明.md` of ops-transformer, and the FIA / torch_npu
+/// `npu_fused_infer_attention_score` docs; none run on hardware):
+/// * `sparseMode` 4 is the band: it computes the part of `QK^T` between `preTokens` and
+///   `nextTokens`, measured from the **bottom-right** corner, with the optimised 2048x2048
+///   lower-triangular `attenMask` (the same int8 `triu(ones, 1)` as mode 3). Query row `i` of
+///   `S_q` rows over `S_kv` keys has its diagonal at key `S_kv - S_q + i` and sees keys
+///   `diag - preTokens ..= diag + nextTokens`. So `preTokens = W - 1`, `nextTokens = 0` is the
+///   causal window of `W` keys, and with paging `S_kv` is `actualSeqLengthsKv` (the whole
+///   context, released pages included: their positions are outside every row's band).
+/// * `Q_S == 1` (decode) takes FIA's incremental branch, where `sparseMode`, `preTokens` and
+///   `nextTokens` are ignored ("Q_S为1时该参数无效"): a band there would silently be full
+///   attention. The window is an explicit `attenMask` `(B, 1, 1, KV_S)` (bool/int8, 1 = masked),
+///   `KV_S >= maxBlockNumPerSeq * blockSize` with paging, with sparse mode 0.
+/// * TND accepts only sparse mode 0 (no mask) or 3 (mask), so windowed prefill runs per
+///   sequence in BSND.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WindowLaunch {
+    /// No window (or none needed): the launch as without one.
+    None,
+    /// Sparse mode 4 with the 2048x2048 mask.
+    Band {
+        /// `preTokens`.
+        pre: i64,
+        /// `nextTokens`.
+        next: i64,
+    },
+    /// Sparse mode 0 with a decode mask hiding keys `0..masked`.
+    DecodeMask {
+        /// Keys before the window.
+        masked: usize,
+    },
+}
+
+/// The window launch of one sequence (`window` 0: none).
+pub fn window_launch(window: usize, seq: &SeqSpan) -> WindowLaunch {
+    if window == 0 || seq.q_len == 0 {
+        return WindowLaunch::None;
+    }
+    if seq.q_len > 1 {
+        return WindowLaunch::Band {
+            pre: window as i64 - 1,
+            next: 0,
+        };
+    }
+    match seq.ctx_len.saturating_sub(window) {
+        0 => WindowLaunch::None,
+        masked => WindowLaunch::DecodeMask { masked },
+    }
 }
 
 /// Largest `num_heads / num_kv_heads` CANN's FIA accepts (the CPU kernel has no such limit).
@@ -115,12 +172,15 @@ pub fn plan_attention(p: &AttnParams, seqs: &[SeqSpan]) -> Result<AttnPlan> {
             "softcap: aclnnFusedInferAttentionScore has no logit soft cap",
         ));
     }
-    if p.sliding_window != 0 {
+    let kv = kv_layout(c)?;
+    let window = p.sliding_window > 0;
+    if window && kv == KvLayout::BnNBsD {
         return Err(unsupported(
-            "sliding_window: not supported with the paged aclnnFusedInferAttentionScore path",
+            "sliding_window with a BnNBsD cache: a window runs one BSND launch per sequence \
+             (TND takes no band), which CANN takes only with the dense [pages, page_size, \
+             kv_heads, head_dim] layout",
         ));
     }
-    let kv = kv_layout(c)?;
     let (h, d, ps) = (c.num_kv_heads, c.head_dim, c.page_size);
     if p.group() > MAX_HEADS_PER_KV_HEAD {
         return Err(unsupported(format!(
@@ -161,10 +221,11 @@ pub fn plan_attention(p: &AttnParams, seqs: &[SeqSpan]) -> Result<AttnPlan> {
             )));
         }
         // Every sequence has one query token at row s (decode, or varlen with all lengths 1).
-        if seqs
-            .iter()
-            .enumerate()
-            .all(|(i, s)| s.q_len == 1 && s.q_start == i)
+        if !window
+            && seqs
+                .iter()
+                .enumerate()
+                .all(|(i, s)| s.q_len == 1 && s.q_start == i)
         {
             return Ok(AttnPlan::Decode(kv));
         }
@@ -189,7 +250,8 @@ pub fn plan_attention(p: &AttnParams, seqs: &[SeqSpan]) -> Result<AttnPlan> {
             "head_dim {d}: CANN paged prefill needs a multiple of 16 for fp16/bf16"
         )));
     }
-    let tnd = c.dtype == DType::BF16
+    let tnd = !window
+        && c.dtype == DType::BF16
         && (d == 128 || d == 192)
         && (ps == 128 || ps == 512)
         && p.num_seqs <= MAX_TND_SEQS
@@ -322,7 +384,7 @@ mod tests {
         assert!(unsup(plan_attention(&p, &dec())).contains("softcap"));
         p.softcap = 0.0;
         p.sliding_window = 4;
-        assert!(unsup(plan_attention(&p, &dec())).contains("sliding_window"));
+        assert_eq!(plan_attention(&p, &dec()).unwrap(), AttnPlan::PerSeqBsnd);
         p.sliding_window = 0;
         p.output_dtype = DType::BF16;
         assert!(unsup(plan_attention(&p, &dec())).contains("differ"));
@@ -349,6 +411,77 @@ mod tests {
         p.query_dtype = DType::F16;
         p.output_dtype = DType::F16;
         assert!(unsup(plan_attention(&p, &pre())).contains("TND"));
+    }
+
+    #[test]
+    fn window_plans() {
+        // Windowed decode and prefill: per sequence, never TND, never BnNBsD.
+        let mut p = params(DType::BF16, 128, 2, 4, 128, true);
+        p.sliding_window = 17;
+        assert_eq!(plan_attention(&p, &pre()).unwrap(), AttnPlan::PerSeqBsnd);
+        p.varlen = false;
+        assert_eq!(plan_attention(&p, &dec()).unwrap(), AttnPlan::PerSeqBsnd);
+        p.cache.slot_stride = 128;
+        p.cache.head_stride = 128 * 128;
+        assert!(unsup(plan_attention(&p, &dec())).contains("BnNBsD"));
+        // Decode page sizes still follow the decode rule.
+        let mut p = params(DType::F16, 16, 2, 4, 64, false);
+        p.sliding_window = 3;
+        assert_eq!(plan_attention(&p, &dec()).unwrap(), AttnPlan::PerSeqBsnd);
+    }
+
+    #[test]
+    fn window_launch_rows_are_the_cpu_rows() {
+        // The band / decode mask a launch gets, applied as CANN documents it (bottom-right
+        // diagonal; keys diag-pre..=diag+next; decode mask hides 0..masked), gives each query
+        // row exactly the keys of the window `AttnParams::sliding_window` defines.
+        for w in [1usize, 2, 17, 128] {
+            for ctx in 1..300usize {
+                for q in [1usize, 2, 5, ctx.min(130)] {
+                    if q > ctx {
+                        continue;
+                    }
+                    let seq = SeqSpan {
+                        q_start: 0,
+                        q_len: q,
+                        ctx_len: ctx,
+                    };
+                    for i in 0..q {
+                        // `AttnParams::sliding_window`: the W most recent positions, itself
+                        // included.
+                        let pos = ctx - q + i;
+                        let (lo, hi) = ((pos + 1).saturating_sub(w), pos + 1);
+                        let diag = (ctx - q + i) as i64;
+                        let (glo, ghi) = match window_launch(w, &seq) {
+                            WindowLaunch::Band { pre, next } => {
+                                assert!(q > 1);
+                                ((diag - pre).max(0), (diag + next).min(ctx as i64 - 1) + 1)
+                            }
+                            WindowLaunch::DecodeMask { masked } => {
+                                assert_eq!(q, 1);
+                                (masked as i64, ctx as i64)
+                            }
+                            WindowLaunch::None => {
+                                assert_eq!(q, 1);
+                                (0, ctx as i64)
+                            }
+                        };
+                        assert_eq!(
+                            (glo as usize, ghi as usize),
+                            (lo, hi),
+                            "w {w} ctx {ctx} q {q} i {i}"
+                        );
+                    }
+                }
+            }
+        }
+        let s = SeqSpan {
+            q_start: 0,
+            q_len: 0,
+            ctx_len: 5,
+        };
+        assert_eq!(window_launch(3, &s), WindowLaunch::None);
+        assert_eq!(window_launch(0, &pre()[0]), WindowLaunch::None);
     }
 
     #[test]

@@ -1,0 +1,89 @@
+// Helpers shared by the adapter's managers (kvshare_block_manager.cpp, kvshare_hybrid_manager.cpp):
+// error messages, kvshare status checks, token conversion, the LoRA extra key. Internal header.
+#ifndef KVSHARE_MINDIE_ADAPTER_COMMON_H
+#define KVSHARE_MINDIE_ADAPTER_COMMON_H
+
+#include <climits>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kvshare.h"
+#include "kvshare_mindie.h"
+
+namespace kvshare_mindie {
+namespace detail {
+
+inline std::string Prefix(const char *method) { return std::string("kvshare MindIE adapter: ") + method + ": "; }
+
+[[noreturn]] inline void Fail(const char *method, kvs_status st) {
+    throw std::runtime_error(Prefix(method) + kvs_status_str(st) + ": " + kvs_last_error_message());
+}
+
+inline void Check(kvs_status st, const char *method) {
+    if (st != KVS_STATUS_OK) {
+        Fail(method, st);
+    }
+}
+
+inline uint64_t KvsId(SequenceId id) { return static_cast<uint64_t>(id); }
+
+inline size_t CeilDiv(size_t a, size_t b) { return (a + b - 1) / b; }
+
+inline size_t NumTokens(const mindie_llm::Sequence &seq) {
+    return seq.data_.promptTokenIds.size() + seq.data_.outputTokenIds.size();
+}
+
+// Tokens [from, len) of prompt + output as kvshare's int32 ids. A token outside int32 is refused
+// (kvshare ids are int32; MindIE's TokenId is long). Placeholders (-1) pass through unchanged and
+// kvshare never hashes a page holding one (nor any later page of the sequence).
+inline std::vector<int32_t> Tokens32(const mindie_llm::Sequence &seq, size_t from, const char *method) {
+    const auto &prompt = seq.data_.promptTokenIds;
+    const auto &output = seq.data_.outputTokenIds;
+    size_t total = prompt.size() + output.size();
+    std::vector<int32_t> out;
+    out.reserve(total > from ? total - from : 0);
+    for (size_t i = from; i < total; ++i) {
+        TokenId t = i < prompt.size() ? prompt[i] : output[i - prompt.size()];
+        if (t < static_cast<TokenId>(INT32_MIN) || t > static_cast<TokenId>(INT32_MAX)) {
+            throw std::out_of_range(Prefix(method) + "token id " + std::to_string(t) + " at position " +
+                                    std::to_string(i) + " of sequence " + std::to_string(seq.seqId_) +
+                                    " does not fit kvshare's int32 token ids");
+        }
+        out.push_back(static_cast<int32_t>(t));
+    }
+    return out;
+}
+
+// The LoRA salt (Sequence::hashValue_, MindIE's "extra hash") as a kvshare extra key; none for 0.
+struct Extra {
+    kvs_extra_keys keys{};
+    const kvs_extra_keys *ptr = nullptr;
+    Extra(const Extra &) = delete;
+    Extra &operator=(const Extra &) = delete;
+    explicit Extra(HashValue h) {
+        if (h != mindie_llm::INVALID_HASH_VALUE) {
+            keys.lora_id = h;
+            ptr = &keys;
+        }
+    }
+};
+
+inline void RequireSeq(const SequenceSPtr &seq, const char *method) {
+    if (!seq) {
+        throw std::invalid_argument(Prefix(method) + "null sequence");
+    }
+}
+
+inline void RequireGroup(const SequenceGroupSPtr &group, const char *method) {
+    if (!group) {
+        throw std::invalid_argument(Prefix(method) + "null sequence group");
+    }
+}
+
+
+}  // namespace detail
+}  // namespace kvshare_mindie
+
+#endif

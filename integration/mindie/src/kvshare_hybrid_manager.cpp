@@ -1,0 +1,529 @@
+// kvshare adapter for MindIE-LLM: KV-cache groups (COMPOSITEBLOCKMANAGER, SLIDING_WINDOW) on
+// one kvshare cache of groups (`kvs_hybrid`).
+//
+// Mapping: a MindIE sequence id is a kvshare sequence id; a sub-manager is a group (TOKEN: full
+// attention; SLIDING_WINDOW with requestBlockWindowSize N: a window of (N-1)*blockSize + 1
+// tokens, so that once AppendSlot has released what fell out, a sequence holds exactly its last
+// N blocks); every group draws its blocks from one pool whose ids index every group's KV tensor.
+// A group's block ids are kvshare page ids of that pool. See README.md, "KV-cache groups".
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include "adapter_common.h"
+#include "kvshare.h"
+#include "kvshare_mindie.h"
+
+namespace kvshare_mindie {
+
+using mindie_llm::KvCacheType;
+using mindie_llm::SequenceStage;
+using mindie_llm::SequenceStatus;
+
+using namespace detail;
+
+namespace {
+
+const char *const kCtor = "KvshareHybridBlockManager";
+
+// One sub-manager's checks (the parts kvshare cannot honour or MindIE defines as invalid).
+void CheckSub(const BlockManagerConfig &c) {
+    if (c.rankSize != 1 || c.hostSize != 1) {
+        throw Unsupported("sequence/context parallel with KV-cache groups (rankSize " + std::to_string(c.rankSize) +
+                          ", hostSize " + std::to_string(c.hostSize) + ")");
+    }
+    if (c.enableKvPool) {
+        throw Unsupported("KV pool (enableKvPool) with KV-cache groups");
+    }
+    if (c.cacheType == KvCacheType::SEQUENCE) {
+        throw Unsupported(
+            "KV cache type SEQUENCE (one block per request, MindIE's RequestSingleBlockManager): not a "
+            "token KV-cache group");
+    }
+    if (c.cacheType != KvCacheType::TOKEN && c.cacheType != KvCacheType::SLIDING_WINDOW) {
+        throw std::invalid_argument(Prefix(kCtor) + "unknown cacheType " +
+                                    std::to_string(static_cast<int32_t>(c.cacheType)));
+    }
+    if (c.cacheBlockSize == 0) {
+        throw std::invalid_argument(Prefix(kCtor) + "cacheBlockSize must be greater than 0");
+    }
+    if (c.reservedBlockNum > c.npuBlockNum) {
+        throw std::invalid_argument(Prefix(kCtor) + "reservedBlockNum is larger than npuBlockNum");
+    }
+    if (c.cacheType == KvCacheType::SLIDING_WINDOW && c.requestBlockWindowSize == 0) {
+        throw std::invalid_argument(Prefix(kCtor) + "requestBlockWindowSize must be at least 1");
+    }
+}
+
+}  // namespace
+
+KvshareHybridBlockManager::KvshareHybridBlockManager(const BlockManagerConfig &config, size_t localDPRank)
+    : speculativeSlots_(config.speculativeSlots), enableCaching_(config.enableCaching), localDPRank_(localDPRank) {
+    // The groups: the sub-managers of a composite, else the config itself.
+    std::vector<BlockManagerConfig> subs = config.subManagers;
+    if (subs.empty()) {
+        subs.push_back(config);
+    } else if (config.cacheBlockSize != 0 && config.cacheBlockSize != subs[0].cacheBlockSize) {
+        throw std::invalid_argument(Prefix(kCtor) + "the composite's cacheBlockSize " +
+                                    std::to_string(config.cacheBlockSize) + " differs from its sub-managers' " +
+                                    std::to_string(subs[0].cacheBlockSize));
+    }
+    if (subs.size() > KVS_MAX_GROUPS) {
+        throw std::invalid_argument(Prefix(kCtor) + std::to_string(subs.size()) + " sub-managers; kvshare holds at most " +
+                                    std::to_string(KVS_MAX_GROUPS) + " groups");
+    }
+    blockSize_ = subs[0].cacheBlockSize;
+    numPages_ = std::numeric_limits<size_t>::max();
+    std::vector<kvs_group> groups;
+    for (const BlockManagerConfig &c : subs) {
+        CheckSub(c);
+        if (!c.subManagers.empty()) {
+            throw Unsupported("nested composite block managers (a sub-manager with subManagers)");
+        }
+        if (c.cacheBlockSize != blockSize_) {
+            throw std::invalid_argument(Prefix(kCtor) + "sub-managers with different cacheBlockSize (" +
+                                        std::to_string(blockSize_) + ", " + std::to_string(c.cacheBlockSize) +
+                                        "): a kvshare cache of groups has one page size");
+        }
+        // Every group draws from one pool, so a block id must be valid in every group's tensor.
+        numPages_ = std::min(numPages_, c.npuBlockNum - c.reservedBlockNum);
+        kvs_group g{};
+        g.page_bytes = 1;  // equal for every group: one shared pool
+        if (c.cacheType == KvCacheType::SLIDING_WINDOW) {
+            size_t window = (c.requestBlockWindowSize - 1) * blockSize_ + 1;
+            if (c.requestBlockWindowSize > UINT32_MAX / blockSize_ || window > UINT32_MAX) {
+                throw std::invalid_argument(Prefix(kCtor) + "requestBlockWindowSize * cacheBlockSize exceeds 2^32-1");
+            }
+            g.kind = KVS_GROUP_KIND_SLIDING_WINDOW;
+            g.window = static_cast<uint32_t>(window);
+            windowBlocks_.push_back(c.requestBlockWindowSize);
+        } else {
+            g.kind = KVS_GROUP_KIND_FULL;
+            g.window = 0;
+            windowBlocks_.push_back(0);
+        }
+        groups.push_back(g);
+    }
+    if (blockSize_ > UINT32_MAX || numPages_ > UINT32_MAX) {
+        throw std::invalid_argument(Prefix(kCtor) + "block size or block count exceeds 2^32-1");
+    }
+    if (kvs_abi_version() != KVS_ABI_VERSION) {
+        throw std::runtime_error(Prefix(kCtor) + "libkvshare ABI version " + std::to_string(kvs_abi_version()) +
+                                 " differs from the header's " + std::to_string(KVS_ABI_VERSION));
+    }
+    kvs_hybrid_config hc{};
+    hc.page_size = static_cast<uint32_t>(blockSize_);
+    hc.num_pages = static_cast<uint32_t>(numPages_);
+    hc.enable_prefix_caching = enableCaching_;
+    hc.enable_events = false;
+    hc.groups = groups.data();
+    hc.num_groups = groups.size();
+    kvs_status st = kvs_hybrid_new(&hc, &hybrid_);
+    if (st != KVS_STATUS_OK) {
+        throw std::invalid_argument(Prefix(kCtor) + kvs_status_str(st) + ": " + kvs_last_error_message());
+    }
+}
+
+KvshareHybridBlockManager::~KvshareHybridBlockManager() { kvs_hybrid_free(hybrid_); }
+
+mindie_llm::BlockSpaceManagerSPtr CreateKvshareHybridBlockManager(const BlockManagerConfig &config,
+                                                                  size_t localDPRank) {
+    return std::make_shared<KvshareHybridBlockManager>(config, localDPRank);
+}
+
+// ---- lookups ----
+
+bool KvshareHybridBlockManager::Find(SequenceId seqId, Shape &out) const {
+    kvs_hybrid_seq_info info{};
+    kvs_status st = kvs_hybrid_seq_get_info(hybrid_, KvsId(seqId), &info);
+    if (st == KVS_STATUS_SEQ_NOT_FOUND) {
+        return false;
+    }
+    Check(st, "kvs_hybrid_seq_get_info");
+    out = Shape{info.num_tokens, info.num_pages, info.matched_tokens};
+    return true;
+}
+
+KvshareHybridBlockManager::Shape KvshareHybridBlockManager::FindOrThrow(SequenceId seqId, const char *method) const {
+    Shape s{};
+    if (!Find(seqId, s)) {
+        // As MindIE's managers (unordered_map::at).
+        throw std::out_of_range(Prefix(method) + "unknown sequence id " + std::to_string(seqId));
+    }
+    return s;
+}
+
+std::vector<uint32_t> KvshareHybridBlockManager::Table(SequenceId seqId, size_t g, const Shape &shape) const {
+    std::vector<uint32_t> pages(static_cast<size_t>(shape.numPages));
+    size_t n = 0;
+    Check(kvs_hybrid_seq_pages(hybrid_, KvsId(seqId), g, pages.data(), pages.size(), &n), "kvs_hybrid_seq_pages");
+    pages.resize(n);
+    return pages;
+}
+
+size_t KvshareHybridBlockManager::FreePages() const {
+    kvs_group_stats s{};
+    Check(kvs_hybrid_stats(hybrid_, 0, &s), "kvs_hybrid_stats");
+    return static_cast<size_t>(s.pool_pages_free);
+}
+
+// ---- admission and growth ----
+
+AllocStatus KvshareHybridBlockManager::CanAllocate(const SequenceGroupSPtr &seqGroup) const {
+    RequireGroup(seqGroup, "CanAllocate");
+    std::vector<SequenceSPtr> waiting = seqGroup->GetFirstSequence(SequenceStatus::WAITING);
+    if (waiting.empty()) {
+        return AllocStatus::NEVER;
+    }
+    // Each waiting sequence begins on its own (kvs_hybrid has no fork) and takes, in the worst
+    // case (no hit), every position of its prompt in every group: kvshare releases a window
+    // group's early pages only from the next AppendSlot on, as vLLM does.
+    size_t perSeq = CeilDiv(NumTokens(*waiting[0]), blockSize_) * windowBlocks_.size();
+    size_t allocatable = numPages_ - 1;  // block 0 is kvshare's null page
+    if (perSeq > allocatable) {
+        return AllocStatus::NEVER;
+    }
+    size_t all = seqGroup->GetSequences(SequenceStatus::WAITING).size() * perSeq;
+    return all <= FreePages() ? AllocStatus::OK : AllocStatus::LATER;
+}
+
+bool KvshareHybridBlockManager::Allocate(const SequenceGroupSPtr &seqGroup) {
+    RequireGroup(seqGroup, "Allocate");
+    std::vector<SequenceSPtr> waiting = seqGroup->GetSequences(SequenceStatus::WAITING);
+    if (waiting.empty()) {
+        return false;
+    }
+    for (const auto &seq : waiting) {
+        RequireSeq(seq, "Allocate");
+        Shape s{};
+        if (Find(seq->seqId_, s) || NumTokens(*seq) == 0) {
+            return false;  // as MindIE: a table exists already, or nothing to allocate
+        }
+    }
+    // All or nothing: a sequence that does not fit undoes the ones begun before it.
+    std::vector<SequenceId> begun;
+    uint64_t hits = 0;
+    uint64_t misses = 0;
+    for (const auto &seq : waiting) {
+        std::vector<int32_t> tokens = Tokens32(*seq, 0, "Allocate");
+        Extra extra(seq->hashValue_);
+        kvs_hybrid_begin_info info{};
+        kvs_status st = kvs_hybrid_seq_begin(hybrid_, KvsId(seq->seqId_), tokens.data(), tokens.size(), extra.ptr,
+                                             tokens.size() - 1, 0, &info);
+        if (st != KVS_STATUS_OK) {
+            for (SequenceId id : begun) {
+                (void)kvs_hybrid_seq_free(hybrid_, KvsId(id));
+            }
+            Fail("Allocate", st);  // NO_SPACE: MindIE's allocator throws too
+        }
+        begun.push_back(seq->seqId_);
+        uint64_t full = tokens.size() / blockSize_;
+        uint64_t hit = info.matched_tokens / blockSize_;
+        hits += hit;
+        misses += full - hit;
+    }
+    hitBlocks_ += hits;
+    missBlocks_ += misses;
+    return true;
+}
+
+bool KvshareHybridBlockManager::CanAppendSlot(const SequenceGroupSPtr &seqGroup) const {
+    RequireGroup(seqGroup, "CanAppendSlot");
+    size_t need = 0;
+    for (const auto &seq : seqGroup->GetSequences(SequenceStatus::RUNNING)) {
+        RequireSeq(seq, "CanAppendSlot");
+        Shape s{};
+        if (!Find(seq->seqId_, s)) {
+            return false;  // as MindIE
+        }
+        size_t len = NumTokens(*seq);
+        size_t fresh = len > s.numTokens ? len - static_cast<size_t>(s.numTokens) : 0;
+        size_t n = 0;
+        Check(kvs_hybrid_seq_append_need(hybrid_, KvsId(seq->seqId_), fresh, speculativeSlots_, &n), "CanAppendSlot");
+        need += n;
+    }
+    // Conservative: the pages AppendSlot's release of out-of-window blocks returns are not counted.
+    return need <= FreePages();
+}
+
+std::vector<std::pair<BlockId, BlockId>> KvshareHybridBlockManager::AppendSlot(const SequenceSPtr &seq) {
+    RequireSeq(seq, "AppendSlot");
+    Shape s = FindOrThrow(seq->seqId_, "AppendSlot");
+    // The tokens kvshare holds have their KV (the previous steps computed them): release what no
+    // window reads any more, then grow every group for the new tokens (vLLM's
+    // remove_skipped_blocks then allocate_new_blocks; the release is not undone if the append
+    // fails, as in vLLM).
+    Check(kvs_hybrid_seq_release_skipped(hybrid_, KvsId(seq->seqId_), static_cast<size_t>(s.numTokens), nullptr),
+          "AppendSlot");
+    std::vector<int32_t> tokens = Tokens32(*seq, static_cast<size_t>(s.numTokens), "AppendSlot");
+    Check(kvs_hybrid_seq_append(hybrid_, KvsId(seq->seqId_), tokens.data(), tokens.size(), speculativeSlots_),
+          "AppendSlot");
+    return {};  // no block is shared with another sequence's writes: nothing to copy
+}
+
+// ---- what a cache of groups does not do (yet) ----
+
+void KvshareHybridBlockManager::Fork(SequenceSPtr &, SequenceSPtr &) {
+    throw Unsupported("Fork with KV-cache groups (kvs_hybrid has no fork)");
+}
+
+bool KvshareHybridBlockManager::CanSwapOut(const SequenceGroupSPtr &seqGroup) {
+    RequireGroup(seqGroup, "CanSwapOut");
+    // kvs_hybrid has no host tier: MindIE's policy preempts by recompute instead (as it does with
+    // its own RequestSingleBlockManager, whose CanSwapOut is false too).
+    return false;
+}
+
+std::vector<std::pair<PhysicalBlockId, PhysicalBlockId>> KvshareHybridBlockManager::SwapOut(
+    const SequenceGroupSPtr &) {
+    throw Unsupported("SwapOut with KV-cache groups (no host tier; CanSwapOut is false)");
+}
+
+AllocStatus KvshareHybridBlockManager::CanSwapIn(const SequenceGroupSPtr &seqGroup, size_t) {
+    RequireGroup(seqGroup, "CanSwapIn");
+    return AllocStatus::NEVER;  // nothing is ever swapped out
+}
+
+std::vector<std::pair<PhysicalBlockId, PhysicalBlockId>> KvshareHybridBlockManager::SwapIn(
+    const SequenceGroupSPtr &) {
+    throw Unsupported("SwapIn with KV-cache groups (no host tier)");
+}
+
+void KvshareHybridBlockManager::Free(SequenceId seqId) {
+    kvs_status st = kvs_hybrid_seq_free(hybrid_, KvsId(seqId));
+    if (st != KVS_STATUS_SEQ_NOT_FOUND) {
+        Check(st, "Free");  // unknown id or double free: a no-op, as in MindIE
+    }
+}
+
+// ---- block ids ----
+
+std::vector<BlockIds> KvshareHybridBlockManager::GetBlockIds(SequenceId seqId) const {
+    Shape s = FindOrThrow(seqId, "GetBlockIds");
+    std::vector<BlockIds> out;
+    for (size_t g = 0; g < windowBlocks_.size(); ++g) {
+        BlockIds ids;
+        for (uint32_t p : Table(seqId, g, s)) {
+            if (p != KVS_NULL_PAGE) {  // a window group's released positions (only at the front)
+                ids.push_back(static_cast<BlockId>(p));
+            }
+        }
+        out.push_back(std::move(ids));
+    }
+    return out;
+}
+
+void KvshareHybridBlockManager::GetRankedBlockIds(SequenceId seqId, std::vector<RankedBlockId> &rankedBlockIds) const {
+    if (windowBlocks_.size() != 1) {
+        throw Unsupported("GetRankedBlockIds of a composite manager (one list per group: use GetBlockIds)");
+    }
+    BlockIds ids = GetBlockIds(seqId).at(0);
+    rankedBlockIds.clear();
+    for (BlockId id : ids) {
+        rankedBlockIds.push_back(RankedBlockId{id, 0});
+    }
+}
+
+void KvshareHybridBlockManager::GetRankedBlockIds(SequenceId seqId,
+                                                  std::vector<std::vector<BlockId>> &rankedBlockIds) const {
+    if (windowBlocks_.size() != 1) {
+        throw Unsupported("GetRankedBlockIds of a composite manager (one list per group: use GetBlockIds)");
+    }
+    rankedBlockIds = {GetBlockIds(seqId).at(0)};
+}
+
+std::vector<std::vector<HashValue>> KvshareHybridBlockManager::GetRankedHashValues(SequenceId) const {
+    throw Unsupported("MindIE block hash values (GetRankedHashValues; used by the KV pool)");
+}
+
+std::vector<HashValue> KvshareHybridBlockManager::GetSeqHashValues(SequenceId) const {
+    throw Unsupported("MindIE block hash values (GetSeqHashValues; used by the KV pool)");
+}
+
+std::vector<size_t> KvshareHybridBlockManager::GetTokenCountPerRank(SequenceId seqId) const {
+    return {static_cast<size_t>(FindOrThrow(seqId, "GetTokenCountPerRank").numTokens)};
+}
+
+size_t KvshareHybridBlockManager::GetLatestAppendedRankId(SequenceId seqId) const {
+    (void)FindOrThrow(seqId, "GetLatestAppendedRankId");
+    return 0;
+}
+
+size_t KvshareHybridBlockManager::GetAppendedBlockRankId(SequenceId seqId) const {
+    (void)FindOrThrow(seqId, "GetAppendedBlockRankId");
+    return 0;
+}
+
+bool KvshareHybridBlockManager::IsAppendBlock(SequenceId) {
+    throw Unsupported("sequence/context parallel (IsAppendBlock)");
+}
+
+bool KvshareHybridBlockManager::CanAppendSlotNew(const SequenceGroupSPtr &) const {
+    throw Unsupported("sequence/context parallel (CanAppendSlotNew)");
+}
+
+void KvshareHybridBlockManager::AppendSlotNew(const SequenceGroupSPtr &) {
+    throw Unsupported("sequence/context parallel (AppendSlotNew)");
+}
+
+void KvshareHybridBlockManager::AppendTokenToLatestRank(SequenceId, const std::vector<TokenId> &) {
+    throw Unsupported("sequence/context parallel (AppendTokenToLatestRank)");
+}
+
+size_t KvshareHybridBlockManager::GetNumFreeNpuBlocks() const { return FreePages(); }
+
+size_t KvshareHybridBlockManager::GetNumFreeCpuBlocks() const { return 0; }
+
+size_t KvshareHybridBlockManager::GetTotalNpuBlocks() const { return numPages_; }
+
+// ---- prefix cache ----
+
+void KvshareHybridBlockManager::AccessAllblocksInSeq(const SequenceSPtr &seq, float) {
+    RequireSeq(seq, "AccessAllblocksInSeq");
+    Shape s{};
+    if (enableCaching_ && !Find(seq->seqId_, s)) {
+        throw std::runtime_error(Prefix("AccessAllblocksInSeq") + "unknown sequence id " +
+                                 std::to_string(seq->seqId_));
+    }
+}
+
+std::vector<BlockId> KvshareHybridBlockManager::GetCommonComputedBlockIds(const std::vector<SequenceSPtr> &seqs) {
+    // The first group's positions (KVS_NULL_PAGE, 0, where a window group skips), up to each
+    // sequence's hit, then their longest common prefix.
+    std::vector<BlockId> common;
+    bool first = true;
+    for (const auto &seq : seqs) {
+        RequireSeq(seq, "GetCommonComputedBlockIds");
+        Shape s = FindOrThrow(seq->seqId_, "GetCommonComputedBlockIds");
+        size_t cached = GetNumCachedTokens(seq);
+        std::vector<uint32_t> table = Table(seq->seqId_, 0, s);
+        std::vector<BlockId> ids(table.begin(), table.begin() + static_cast<std::ptrdiff_t>(
+                                                                    std::min(table.size(), cached / blockSize_)));
+        if (first) {
+            common = std::move(ids);
+            first = false;
+            continue;
+        }
+        size_t j = 0;
+        while (j < common.size() && j < ids.size() && common[j] == ids[j]) {
+            ++j;
+        }
+        common.resize(j);
+    }
+    return common;
+}
+
+std::vector<size_t> KvshareHybridBlockManager::GetAllrankComputedBlockNum(const std::vector<SequenceSPtr> &seqs) {
+    return {GetCommonComputedBlockIds(seqs).size()};
+}
+
+std::vector<BlockId> KvshareHybridBlockManager::GetRemoteComputedBlockIds(const std::vector<SequenceSPtr> &, size_t,
+                                                                          uint32_t, std::string) {
+    throw Unsupported("KV pool (GetRemoteComputedBlockIds)");
+}
+
+std::vector<size_t> KvshareHybridBlockManager::GetAllRankRemoteComputedBlockIds(const std::vector<SequenceSPtr> &,
+                                                                                std::vector<size_t> &, std::string) {
+    throw Unsupported("KV pool (GetAllRankRemoteComputedBlockIds)");
+}
+
+// kvs_hybrid registers full pages when Allocate / AppendSlot schedule them (vLLM's rule: every
+// sequence of one step runs in one forward, where each layer writes all K/V before attending),
+// so there is nothing left to commit here.
+void KvshareHybridBlockManager::MarkBlocksAsComputed() {}
+
+float KvshareHybridBlockManager::GetPrefixCacheHitRate() const {
+    if (!enableCaching_) {
+        return -1.0F;
+    }
+    uint64_t hits = hitBlocks_.load();
+    uint64_t total = hits + missBlocks_.load();
+    return total == 0 ? 0.0F : static_cast<float>(static_cast<double>(hits) / static_cast<double>(total));
+}
+
+bool KvshareHybridBlockManager::ResetPrefixCache() const {
+    if (!enableCaching_) {
+        return true;
+    }
+    kvs_group_stats s{};
+    Check(kvs_hybrid_stats(hybrid_, 0, &s), "ResetPrefixCache");
+    if (s.pool_pages_in_use > 0) {
+        return false;  // as in MindIE: only when no block is in use
+    }
+    throw Unsupported("ResetPrefixCache with KV-cache groups (kvs_hybrid has no prefix clear)");
+}
+
+size_t KvshareHybridBlockManager::GetNumCachedTokens(const SequenceSPtr &seq) {
+    RequireSeq(seq, "GetNumCachedTokens");
+    Shape s = FindOrThrow(seq->seqId_, "GetNumCachedTokens");
+    if (!enableCaching_) {
+        return 0;
+    }
+    if (seq->data_.stage_ == SequenceStage::PREFILL || seq->data_.numComputedTokens_ == 0) {
+        return static_cast<size_t>(s.matchedTokens);
+    }
+    return 0;
+}
+
+size_t KvshareHybridBlockManager::GetSeqNumCachedTokens(const SequenceSPtr &seq) {
+    RequireSeq(seq, "GetSeqNumCachedTokens");
+    if (!enableCaching_ || seq->data_.stage_ != SequenceStage::PREFILL) {
+        return 0;
+    }
+    Shape s{};
+    if (Find(seq->seqId_, s)) {
+        return static_cast<size_t>(s.matchedTokens);
+    }
+    if (seq->data_.numComputedTokens_ != 0) {
+        return 0;
+    }
+    std::vector<int32_t> tokens = Tokens32(*seq, 0, "GetSeqNumCachedTokens");
+    if (tokens.empty()) {
+        return 0;
+    }
+    Extra extra(seq->hashValue_);
+    size_t matched = 0;
+    Check(kvs_hybrid_match(hybrid_, tokens.data(), tokens.size(), extra.ptr, tokens.size() - 1, nullptr, 0, 0,
+                           &matched),
+          "GetSeqNumCachedTokens");
+    return matched;
+}
+
+void KvshareHybridBlockManager::ReplaceTrailingPlaceHolder(const SequenceSPtr &seq, size_t trailingPlaceHolderNum,
+                                                           size_t replacedPlaceHolderNum) {
+    RequireSeq(seq, "ReplaceTrailingPlaceHolder");
+    if (trailingPlaceHolderNum < replacedPlaceHolderNum || NumTokens(*seq) < trailingPlaceHolderNum) {
+        throw std::runtime_error(Prefix("ReplaceTrailingPlaceHolder") +
+                                 "tokenIds size is less than replacement size");
+    }
+    (void)FindOrThrow(seq->seqId_, "ReplaceTrailingPlaceHolder");
+    // As KvshareBlockManager: pages that held a placeholder are never hashed; nothing to rewrite.
+}
+
+size_t KvshareHybridBlockManager::GetLocalDPRank() const { return localDPRank_; }
+
+void KvshareHybridBlockManager::LwdInitCloudBlockManager(const BlockManagerConfig &, size_t) {
+    throw Unsupported("layerwise cloud block manager (LwdInitCloudBlockManager)");
+}
+
+void KvshareHybridBlockManager::LwdGetCloudRankedBlockIds(SequenceId, std::vector<std::vector<BlockId>> &) const {
+    throw Unsupported("layerwise cloud block manager (LwdGetCloudRankedBlockIds)");
+}
+
+size_t KvshareHybridBlockManager::LwdGetCloudLatestAppendedRankId(SequenceId) const {
+    throw Unsupported("layerwise cloud block manager (LwdGetCloudLatestAppendedRankId)");
+}
+
+size_t KvshareHybridBlockManager::LwdGetCloudAppendedBlockRankId(SequenceId) const {
+    throw Unsupported("layerwise cloud block manager (LwdGetCloudAppendedBlockRankId)");
+}
+
+std::vector<size_t> KvshareHybridBlockManager::LwdGetCloudTokenCountPerRank(SequenceId) const {
+    throw Unsupported("layerwise cloud block manager (LwdGetCloudTokenCountPerRank)");
+}
+
+}  // namespace kvshare_mindie

@@ -1,0 +1,340 @@
+// KV-cache groups in the MindIE adapter (KvshareHybridBlockManager): a COMPOSITEBLOCKMANAGER of a
+// TOKEN and a SLIDING_WINDOW sub-manager, a SLIDING_WINDOW self-attention config, the factory.
+//
+// The scheduler loop follows MindIE's FcfsPolicy call order at 8b4871a (as test_fcfs.cpp does):
+// CanAllocate / Allocate for waiting groups in arrival order, CanAppendSlot / AppendSlot for
+// running ones (preemption by recompute when the adapter says no: CanSwapOut is false), then
+// GetBlockIds + AccessAllblocksInSeq for every scheduled sequence, GetCommonComputedBlockIds for
+// prefills, MarkBlocksAsComputed. After every call the adapter is compared with an independent
+// model of what the interface means: a TOKEN group holds a block per cdiv(len, blockSize)
+// position; a SLIDING_WINDOW group of requestBlockWindowSize N holds its whole prompt after
+// Allocate and min(N, cdiv(len, blockSize)) blocks after each AppendSlot, the newest ones, in
+// position order (kvs_hybrid_seq_pages shows the released positions as the null page); no block
+// is held twice; the free count is what nobody holds; kvs_hybrid_check is clean.
+#include <algorithm>
+#include <cstdio>
+#include <random>
+
+#include "harness.h"
+
+using namespace harness;
+using kvshare_mindie::KvshareHybridBlockManager;
+using kvshare_mindie::Unsupported;
+
+namespace {
+
+void CheckHybrid(const KvshareHybridBlockManager &m) {
+    kvs_status st = kvs_hybrid_check(m.Hybrid());
+    if (st != KVS_STATUS_OK) {
+        std::fprintf(stderr, "kvs_hybrid_check: %s: %s\n", kvs_status_str(st), kvs_last_error_message());
+        std::exit(1);
+    }
+}
+
+BlockManagerConfig Composite(size_t bs, size_t npu, bool caching, size_t window, size_t spec = 0) {
+    BlockManagerConfig full = Config(bs, npu, 0, caching);
+    BlockManagerConfig sw = Config(bs, npu, 0, caching);
+    sw.cacheType = KvCacheType::SLIDING_WINDOW;
+    sw.requestBlockWindowSize = window;
+    BlockManagerConfig c = Config(bs, npu, 0, caching, spec);
+    c.subManagers = {full, sw};
+    return c;
+}
+
+size_t Len(const Sequence &s) { return s.data_.promptTokenIds.size() + s.data_.outputTokenIds.size(); }
+
+// The model's expectation for one live sequence.
+struct Expect {
+    size_t tokens = 0;      // tokens the adapter was given (Allocate, then each AppendSlot)
+    bool appended = false;  // AppendSlot ran since Allocate
+};
+
+// Compares every live sequence with the model; returns the blocks held.
+size_t Compare(const KvshareHybridBlockManager &m, const std::map<SequenceId, SequenceSPtr> &live,
+               const std::map<SequenceId, Expect> &expect, size_t bs) {
+    const std::vector<size_t> &win = m.WindowBlocks();
+    std::set<BlockId> seen;
+    size_t held = 0;
+    for (const auto &[id, seq] : live) {
+        std::vector<BlockIds> ids = m.GetBlockIds(id);
+        CHECK_EQ(ids.size(), win.size());
+        (void)seq;
+        size_t positions = (expect.at(id).tokens + bs - 1) / bs;
+        for (size_t g = 0; g < win.size(); ++g) {
+            size_t want = positions;
+            if (win[g] > 0 && expect.at(id).appended) {
+                want = std::min(win[g], positions);
+            }
+            CHECK_EQ(ids[g].size(), want);
+            // The held blocks are the newest positions of the table, in order.
+            std::vector<uint32_t> table(positions + 8);
+            size_t n = 0;
+            CHECK(kvs_hybrid_seq_pages(m.Hybrid(), static_cast<uint64_t>(id), g, table.data(), table.size(), &n) ==
+                  KVS_STATUS_OK);
+            CHECK_EQ(n, positions);
+            for (size_t p = 0; p < n; ++p) {
+                if (p < n - want) {
+                    CHECK_EQ(table[p], static_cast<uint32_t>(KVS_NULL_PAGE));
+                } else {
+                    CHECK_EQ(static_cast<BlockId>(table[p]), ids[g][p - (n - want)]);
+                }
+            }
+            for (BlockId b : ids[g]) {
+                CHECK(b >= 1 && b < static_cast<BlockId>(m.GetTotalNpuBlocks()));
+                CHECK(seen.insert(b).second);  // caching off: no block is held twice
+            }
+            held += ids[g].size();
+        }
+    }
+    CHECK_EQ(m.GetNumFreeNpuBlocks(), m.GetTotalNpuBlocks() - 1 - held);
+    CheckHybrid(m);
+    return held;
+}
+
+struct Request {
+    SequenceGroupSPtr group;
+    SequenceSPtr seq;
+    size_t outputs;  // tokens to generate
+};
+
+// One seeded workload in MindIE's call order; returns (steps run, appends, recomputes, window peak).
+void Workload(unsigned seed, size_t window, size_t npu, size_t steps) {
+    const size_t bs = 4;
+    KvshareHybridBlockManager m(Composite(bs, npu, false, window));
+    std::mt19937 rng(seed);
+    std::vector<Request> waiting;
+    std::vector<Request> running;
+    std::map<SequenceId, SequenceSPtr> live;
+    std::map<SequenceId, Expect> expect;
+    SequenceId next = 1;
+    size_t allocs = 0, appends = 0, recomputes = 0, finished = 0, peak = 0;
+    for (size_t step = 0; step < steps; ++step) {
+        if (rng() % 3 == 0) {
+            std::vector<TokenId> prompt = Range(static_cast<TokenId>(rng() % 1000), 1 + rng() % 30);
+            auto s = MakeSeq(next++, prompt);
+            waiting.push_back({MakeGroup({s}), s, 1 + rng() % 40});
+        }
+        // ApplyToWaitingQueue: arrival order, stop at the first LATER.
+        while (!waiting.empty()) {
+            Request r = waiting.front();
+            AllocStatus st = m.CanAllocate(r.group);
+            if (st == AllocStatus::LATER) {
+                break;
+            }
+            waiting.erase(waiting.begin());
+            if (st == AllocStatus::NEVER) {
+                continue;
+            }
+            CHECK(m.Allocate(r.group));  // OK must mean it fits
+            ++allocs;
+            r.seq->status_ = SequenceStatus::RUNNING;
+            live[r.seq->seqId_] = r.seq;
+            expect[r.seq->seqId_] = Expect{Len(*r.seq), false};
+            Compare(m, live, expect, bs);
+            CHECK_EQ(m.GetNumCachedTokens(r.seq), static_cast<size_t>(0));
+            CHECK(m.GetCommonComputedBlockIds({r.seq}).empty());
+            running.push_back(r);
+        }
+        // ApplyToRunningQueue: each running sequence computed its tokens and sampled one more.
+        for (size_t i = 0; i < running.size();) {
+            Request &r = running[i];
+            r.seq->data_.numComputedTokens_ = Len(*r.seq);
+            r.seq->data_.stage_ = SequenceStage::DECODE;
+            if (r.seq->data_.outputTokenIds.size() >= r.outputs) {
+                m.Free(r.seq->seqId_);
+                live.erase(r.seq->seqId_);
+                expect.erase(r.seq->seqId_);
+                running.erase(running.begin() + static_cast<std::ptrdiff_t>(i));
+                ++finished;
+                continue;
+            }
+            r.seq->data_.outputTokenIds.push_back(static_cast<TokenId>(rng() % 1000));
+            if (!m.CanAppendSlot(r.group)) {
+                // CanSwapOut is false for groups: MindIE preempts the newest group by recompute.
+                Request victim = running.back();
+                CHECK(!m.CanSwapOut(victim.group));
+                m.Free(victim.seq->seqId_);
+                live.erase(victim.seq->seqId_);
+                expect.erase(victim.seq->seqId_);
+                auto fresh = MakeSeq(victim.seq->seqId_,
+                                     Concat(victim.seq->data_.promptTokenIds, victim.seq->data_.outputTokenIds));
+                waiting.insert(waiting.begin(), {MakeGroup({fresh}), fresh, victim.outputs});
+                running.pop_back();
+                ++recomputes;
+                Compare(m, live, expect, bs);
+                continue;  // re-check the same index (or the loop ends if it was the victim)
+            }
+            CHECK(m.AppendSlot(r.seq).empty());
+            ++appends;
+            expect[r.seq->seqId_] = Expect{Len(*r.seq), true};
+            ++i;
+        }
+        // Scheduled sequences: block ids for the model, the access tracker, the commit.
+        for (const Request &r : running) {
+            (void)m.GetBlockIds(r.seq->seqId_);
+            m.AccessAllblocksInSeq(r.seq, static_cast<float>(step));
+            size_t sw = m.GetBlockIds(r.seq->seqId_).at(1).size();
+            peak = std::max(peak, sw);
+        }
+        m.MarkBlocksAsComputed();
+        Compare(m, live, expect, bs);
+    }
+    for (const Request &r : running) {
+        m.Free(r.seq->seqId_);
+    }
+    CHECK_EQ(m.GetNumFreeNpuBlocks(), npu - 1);
+    CheckHybrid(m);
+    CHECK(peak <= std::max(window, static_cast<size_t>(8)));  // a prompt of <= 30 tokens: <= 8 blocks
+    std::printf("workload seed %u window %zu npu %zu: %zu allocations, %zu AppendSlot, %zu recomputes, %zu finished\n",
+                seed, window, npu, allocs, appends, recomputes, finished);
+    CHECK(allocs > 20 && appends > 200 && finished > 5);
+}
+
+void PrefixHitsAcrossGroups() {
+    const size_t bs = 4;
+    KvshareHybridBlockManager m(Composite(bs, 64, true, 2));
+    auto a = MakeSeq(1, Range(100, 18));  // 4 full blocks + 2 tokens
+    auto ga = MakeGroup({a});
+    CHECK(m.GetSeqNumCachedTokens(a) == 0);
+    CHECK(m.CanAllocate(ga) == AllocStatus::OK);
+    CHECK(m.Allocate(ga));
+    a->status_ = SequenceStatus::RUNNING;
+    BlockIds fullA = m.GetBlockIds(1).at(0);
+    CHECK_EQ(fullA.size(), static_cast<size_t>(5));
+    // Decode a few tokens: the window group keeps its last 2 blocks, the full group grows.
+    for (int i = 0; i < 6; ++i) {
+        a->data_.numComputedTokens_ = Len(*a);
+        a->data_.stage_ = SequenceStage::DECODE;
+        a->data_.outputTokenIds.push_back(900 + i);
+        CHECK(m.CanAppendSlot(ga));
+        CHECK(m.AppendSlot(a).empty());
+    }
+    CHECK_EQ(m.GetBlockIds(1).at(0).size(), static_cast<size_t>(6));
+    CHECK_EQ(m.GetBlockIds(1).at(1).size(), static_cast<size_t>(2));
+    m.MarkBlocksAsComputed();
+    m.Free(1);
+    // Same first 16 tokens: a hit of 16 (every full block, and the window's blocks before 16,
+    // released but still cached) in both groups.
+    auto b = MakeSeq(2, Concat(Range(100, 16), Range(5000, 7)));
+    auto gb = MakeGroup({b});
+    CHECK_EQ(m.GetSeqNumCachedTokens(b), static_cast<size_t>(16));
+    CHECK(m.Allocate(gb));
+    b->status_ = SequenceStatus::RUNNING;
+    CHECK_EQ(m.GetNumCachedTokens(b), static_cast<size_t>(16));
+    BlockIds fullB = m.GetBlockIds(2).at(0);
+    CHECK(std::equal(fullA.begin(), fullA.begin() + 4, fullB.begin()));
+    std::vector<BlockId> common = m.GetCommonComputedBlockIds({b});
+    CHECK(std::equal(common.begin(), common.end(), fullA.begin()));
+    CHECK_EQ(common.size(), static_cast<size_t>(4));
+    CHECK(m.GetPrefixCacheHitRate() > 0.0F);
+    CheckHybrid(m);
+    m.Free(2);
+    std::printf("prefix hits across groups: ok\n");
+}
+
+void ConfigsAndFactory() {
+    // SEQUENCE, mixed block sizes, a window of 0 blocks, nested composites.
+    BlockManagerConfig c = Composite(4, 32, false, 2);
+    c.subManagers[1].cacheType = KvCacheType::SEQUENCE;
+    CHECK_THROWS(Unsupported, KvshareHybridBlockManager m(c), "SEQUENCE");
+    c = Composite(4, 32, false, 2);
+    c.subManagers[1].cacheBlockSize = 8;
+    CHECK_THROWS(std::invalid_argument, KvshareHybridBlockManager m(c), "different cacheBlockSize");
+    c = Composite(4, 32, false, 0);
+    CHECK_THROWS(std::invalid_argument, KvshareHybridBlockManager m(c), "requestBlockWindowSize");
+    c = Composite(4, 32, false, 2);
+    c.subManagers[0].subManagers = {Config(4, 32, 0, false)};
+    CHECK_THROWS(Unsupported, KvshareHybridBlockManager m(c), "nested");
+    c = Composite(4, 32, false, 2);
+    c.subManagers[0].enableKvPool = true;
+    CHECK_THROWS(Unsupported, KvshareHybridBlockManager m(c), "KV pool");
+    // The shared pool is the smallest sub-manager's (ids valid in every group's tensor).
+    c = Composite(4, 32, false, 2);
+    c.subManagers[1].npuBlockNum = 20;
+    CHECK_EQ(KvshareHybridBlockManager(c).GetTotalNpuBlocks(), static_cast<size_t>(20));
+
+    // Factory: COMPOSITE needs subManagers; REQUESTSLIDINGWINDOW and a SLIDING_WINDOW
+    // self-attention config are one window group; REQUESTSINGLE is refused as MindIE does.
+    CHECK_THROWS(std::invalid_argument,
+                 BlockManagerFactory::CreateBlockSpaceManager(BlockManagerType::COMPOSITEBLOCKMANAGER,
+                                                              Config(4, 16, 4, true)),
+                 "needs subManagers");
+    auto comp = BlockManagerFactory::CreateBlockSpaceManager(BlockManagerType::COMPOSITEBLOCKMANAGER,
+                                                             Composite(4, 16, true, 2), 2);
+    auto *hc = dynamic_cast<KvshareHybridBlockManager *>(comp.get());
+    CHECK(hc != nullptr);
+    CHECK_EQ(hc->WindowBlocks().size(), static_cast<size_t>(2));
+    CHECK_EQ(comp->GetLocalDPRank(), static_cast<size_t>(2));
+    BlockManagerConfig sw = Config(4, 16, 4, true);
+    sw.requestBlockWindowSize = 3;
+    auto rs = BlockManagerFactory::CreateBlockSpaceManager(BlockManagerType::REQUESTSLIDINGWINDOWBLOCKMANAGER, sw);
+    auto *hr = dynamic_cast<KvshareHybridBlockManager *>(rs.get());
+    CHECK(hr != nullptr && hr->WindowBlocks() == std::vector<size_t>{3});
+    sw.cacheType = KvCacheType::SLIDING_WINDOW;
+    auto sa = BlockManagerFactory::CreateBlockSpaceManager(BlockManagerType::SELFATTNBLOCKMANAGER, sw);
+    CHECK(dynamic_cast<KvshareHybridBlockManager *>(sa.get()) != nullptr);
+    CHECK_THROWS(std::invalid_argument,
+                 BlockManagerFactory::CreateBlockSpaceManager(BlockManagerType::REQUESTSINGLEBLOCKMANAGER,
+                                                              Config(4, 16, 4, true)),
+                 "Invalid block manager type");
+
+    // One window group: ranked ids are its ids; a composite refuses the rank views.
+    auto s = MakeSeq(7, Range(1, 13));
+    auto g = MakeGroup({s});
+    CHECK(sa->Allocate(g));
+    std::vector<std::vector<BlockId>> ranked;
+    sa->GetRankedBlockIds(7, ranked);
+    CHECK(ranked.size() == 1 && ranked[0] == sa->GetBlockIds(7).at(0));
+    auto t = MakeSeq(8, Range(1, 5));
+    auto gt = MakeGroup({t});
+    CHECK(comp->Allocate(gt));
+    CHECK_THROWS(Unsupported, comp->GetRankedBlockIds(8, ranked), "composite");
+
+    // Unsupported paths refuse by name and change nothing; unknown ids as MindIE.
+    size_t freeBefore = comp->GetNumFreeNpuBlocks();
+    CHECK(!comp->CanSwapOut(gt));
+    CHECK(comp->CanSwapIn(gt, 0) == AllocStatus::NEVER);
+    CHECK_THROWS(Unsupported, comp->SwapOut(gt), "SwapOut");
+    CHECK_THROWS(Unsupported, comp->SwapIn(gt), "SwapIn");
+    SequenceSPtr child = MakeSeq(9, Range(1, 5));
+    CHECK_THROWS(Unsupported, comp->Fork(t, child), "Fork");
+    CHECK_THROWS(std::out_of_range, comp->GetBlockIds(99), "unknown sequence id 99");
+    CHECK_THROWS(std::out_of_range, comp->AppendSlot(MakeSeq(99, Range(1, 3))), "unknown sequence id 99");
+    SequenceSPtr ghost = MakeSeq(99, Range(1, 3));
+    ghost->status_ = SequenceStatus::RUNNING;
+    CHECK(!comp->CanAppendSlot(MakeGroup({ghost})));
+    CHECK(!comp->Allocate(gt));  // a table exists already
+    CHECK(!comp->ResetPrefixCache());  // blocks in use
+    comp->Free(99);
+    CHECK_EQ(comp->GetNumFreeNpuBlocks(), freeBefore);
+    CheckHybrid(*hc);
+    comp->Free(8);
+    comp->Free(8);
+    CHECK_EQ(comp->GetNumFreeNpuBlocks(), static_cast<size_t>(15));
+    // Too long for the pool at all: NEVER; Allocate anyway throws NO_SPACE and changes nothing.
+    auto big = MakeSeq(10, Range(1, 40));
+    auto gbig = MakeGroup({big});
+    CHECK(comp->CanAllocate(gbig) == AllocStatus::NEVER);
+    CHECK_THROWS(std::runtime_error, comp->Allocate(gbig), "KVS_STATUS_NO_SPACE");
+    CHECK_EQ(comp->GetNumFreeNpuBlocks(), static_cast<size_t>(15));
+    CheckHybrid(*hc);
+    std::printf("configs and factory: ok\n");
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+    std::setvbuf(stdout, nullptr, _IONBF, 0);
+    unsigned seeds = argc > 1 ? static_cast<unsigned>(std::atoi(argv[1])) : 4;
+    for (unsigned seed = 1; seed <= seeds; ++seed) {
+        Workload(seed, 1 + seed % 3, 24 + 8 * (seed % 2), 400);
+    }
+    PrefixHitsAcrossGroups();
+    ConfigsAndFactory();
+    if (Failures() != 0) {
+        std::printf("test_hybrid: %d failure(s)\n", Failures());
+        return 1;
+    }
+    std::printf("test_hybrid: all passed\n");
+    return 0;
+}
