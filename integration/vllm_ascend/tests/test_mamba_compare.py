@@ -43,6 +43,14 @@ CASES = {
                     dict(num_convs=5, turns=3, system=90, user_len=(10, 60), max_tokens=20)),
     "jamba-none": ("jamba", "none", dict(num_blocks=400, max_num_seqs=8),
                    dict(num_convs=6, turns=3, system=60, user_len=(5, 40), max_tokens=20)),
+    # Async scheduling (output placeholders: tokens scheduled before the last step's arrive).
+    "qwen3-next-align-async": ("qwen3-next", "align", dict(num_blocks=2000,
+                                                           async_scheduling=True),
+                               dict(num_convs=4, turns=2, system=100, user_len=(5, 40),
+                                    max_tokens=12)),
+    "qwen3-next-all-async": ("qwen3-next", "all", dict(num_blocks=2000, async_scheduling=True),
+                             dict(num_convs=4, turns=2, system=100, user_len=(5, 40),
+                                  max_tokens=12)),
     # Chunked prefill (64-token budget): "align" cuts prefill chunks at block boundaries.
     "qwen3-next-align-chunked": ("qwen3-next", "align",
                                  dict(num_blocks=600, max_num_batched_tokens=64,
