@@ -61,12 +61,12 @@ fn decode_all_dtypes_ratios_dims_page_sizes() {
     let be = new_backend(2);
     for dtype in [F32, F16, BF16] {
         for group in [1, 4, 8] {
-            for d in [64, 128] {
-                for ps in [16, 128] {
-                    let mut c = Case::decode(dtype, group, d, ps, ragged(ps));
-                    c.seed = (dtype as u64 + 1) * 1000 + group as u64 * 100 + d as u64 + ps as u64;
-                    check_on(be, &c);
-                }
+            // Head dim 256 on small pages only (keeps the debug-build suite fast; the split-K
+            // test has it on both page sizes).
+            for (d, ps) in [(64, 16), (64, 128), (128, 16), (128, 128), (256, 16)] {
+                let mut c = Case::decode(dtype, group, d, ps, ragged(ps));
+                c.seed = (dtype as u64 + 1) * 1000 + group as u64 * 100 + d as u64 + ps as u64;
+                check_on(be, &c);
             }
         }
     }

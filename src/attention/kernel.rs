@@ -6,10 +6,12 @@
 //! of up to 8; each K/V row is converted to f32 once per group (F16C for f16, a shift for
 //! bf16) and used by every row of the group. The K/V is walked block by block (up to 32 tokens
 //! of one page) and each block serves all groups before the next, so memory is read as one
-//! stream. The same generic code is compiled once per CPU path ([`Isa`]): with AVX2+FMA+F16C
-//! intrinsics, with the same intrinsics inside an AVX-512F/VL function (`avx2::Avx512`), and with
-//! plain `[f32; 8]` lanes (which the compiler vectorises for the baseline target, e.g. SSE2 or
-//! NEON); [`attend_partial`] dispatches on the backend's path.
+//! stream. The same generic code, over a lane width `W` of 8 or 16 f32 ([`Lanes`]), is
+//! compiled once per CPU path ([`Isa`]): 8 lanes with AVX2+FMA+F16C intrinsics (`avx2`),
+//! 16 lanes with AVX-512F intrinsics (`avx512`), and plain `[f32; 8]` / `[f32; 16]` arrays
+//! (`portable`; the compiler vectorises them for the baseline target, e.g. SSE2 or NEON; the
+//! 16-lane one runs the AVX-512 path's algorithm on machines without AVX-512);
+//! [`attend_partial`] dispatches on the backend's path.
 //!
 //! Besides the normalised output ([`attend`]), the kernel returns the unnormalised online-softmax
 //! state of each row ([`attend_partial`]); [`merge_partials`] combines the states of disjoint key
@@ -25,6 +27,8 @@ use super::CacheLayout;
 
 /// Tokens per K/V block (a block never crosses a page).
 const BT: usize = 32;
+/// Tokens per value sub-block (see `block`).
+const SUB: usize = 8;
 /// Query rows (query heads of one kv head, times tokens) one kernel pass processes together.
 /// Not a head-ratio limit: the CPU takes any ratio (CANN's limit is
 /// `ascend::plan::MAX_HEADS_PER_KV_HEAD`).
@@ -39,6 +43,12 @@ pub(crate) trait KvElem: Copy + Send + Sync + 'static {
     /// `p` must be valid for 8 reads; the CPU must have AVX2, FMA and F16C.
     #[cfg(target_arch = "x86_64")]
     unsafe fn load8_avx2(p: *const Self) -> std::arch::x86_64::__m256;
+    /// Loads 16 elements as f32.
+    ///
+    /// # Safety
+    /// `p` must be valid for 16 reads; the CPU must have AVX-512F.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load16_avx512(p: *const Self) -> std::arch::x86_64::__m512;
 }
 
 impl KvElem for f32 {
@@ -50,6 +60,11 @@ impl KvElem for f32 {
     #[inline(always)]
     unsafe fn load8_avx2(p: *const Self) -> std::arch::x86_64::__m256 {
         std::arch::x86_64::_mm256_loadu_ps(p)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16_avx512(p: *const Self) -> std::arch::x86_64::__m512 {
+        std::arch::x86_64::_mm512_loadu_ps(p)
     }
 }
 
@@ -63,6 +78,12 @@ impl KvElem for f16 {
     unsafe fn load8_avx2(p: *const Self) -> std::arch::x86_64::__m256 {
         use std::arch::x86_64::*;
         _mm256_cvtph_ps(_mm_loadu_si128(p.cast::<__m128i>()))
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16_avx512(p: *const Self) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        _mm512_cvtph_ps(_mm256_loadu_si256(p.cast::<__m256i>()))
     }
 }
 
@@ -78,11 +99,21 @@ impl KvElem for bf16 {
         let w = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.cast::<__m128i>()));
         _mm256_castsi256_ps(_mm256_slli_epi32::<16>(w))
     }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16_avx512(p: *const Self) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        let w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p.cast::<__m256i>()));
+        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(w))
+    }
 }
 
-/// 8 f32 lanes. All methods are `unsafe`: pointers must be valid for 8 elements, and the
-/// AVX2 implementation needs the CPU features.
+/// `W` f32 lanes (8 or 16). All methods are `unsafe`: pointers must be valid for `W`
+/// elements, and the intrinsics implementations need their CPU features.
 trait Lanes {
+    /// Lanes per vector: 8 or 16 (the kernel's chunking needs a power of two that is a
+    /// multiple of every group size, 1 to 8).
+    const W: usize;
     type V: Copy;
     unsafe fn zero() -> Self::V;
     unsafe fn splat(x: f32) -> Self::V;
@@ -91,8 +122,9 @@ trait Lanes {
     /// `a * b + c`.
     unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
     unsafe fn hsum(v: Self::V) -> f32;
-    /// Lane `i` of the result is the sum of the lanes of `a[i]`.
-    unsafe fn hsum8(a: &[Self::V; 8]) -> Self::V;
+    /// Lane `i` of the result is the sum of the lanes of `a[i]`, for `i < W` (`a[W..]` is not
+    /// read).
+    unsafe fn hsum_w(a: &[Self::V; 16]) -> Self::V;
     unsafe fn add(a: Self::V, b: Self::V) -> Self::V;
     unsafe fn sub(a: Self::V, b: Self::V) -> Self::V;
     unsafe fn max(a: Self::V, b: Self::V) -> Self::V;
@@ -109,62 +141,12 @@ trait Lanes {
     }
 }
 
-struct Scalar;
-
-impl Lanes for Scalar {
-    type V = [f32; 8];
-    #[inline(always)]
-    unsafe fn zero() -> [f32; 8] {
-        [0.0; 8]
-    }
-    #[inline(always)]
-    unsafe fn splat(x: f32) -> [f32; 8] {
-        [x; 8]
-    }
-    #[inline(always)]
-    unsafe fn load(p: *const f32) -> [f32; 8] {
-        p.cast::<[f32; 8]>().read_unaligned()
-    }
-    #[inline(always)]
-    unsafe fn store(p: *mut f32, v: [f32; 8]) {
-        p.cast::<[f32; 8]>().write_unaligned(v)
-    }
-    #[inline(always)]
-    unsafe fn fma(a: [f32; 8], b: [f32; 8], c: [f32; 8]) -> [f32; 8] {
-        std::array::from_fn(|i| a[i] * b[i] + c[i])
-    }
-    #[inline(always)]
-    unsafe fn hsum(v: [f32; 8]) -> f32 {
-        ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]))
-    }
-    #[inline(always)]
-    unsafe fn load_kv<T: KvElem>(p: *const T) -> [f32; 8] {
-        std::array::from_fn(|i| p.add(i).read().to_f32())
-    }
-    #[inline(always)]
-    unsafe fn hsum8(a: &[[f32; 8]; 8]) -> [f32; 8] {
-        std::array::from_fn(|i| Self::hsum(a[i]))
-    }
-    #[inline(always)]
-    unsafe fn add(a: [f32; 8], b: [f32; 8]) -> [f32; 8] {
-        std::array::from_fn(|i| a[i] + b[i])
-    }
-    #[inline(always)]
-    unsafe fn sub(a: [f32; 8], b: [f32; 8]) -> [f32; 8] {
-        std::array::from_fn(|i| a[i] - b[i])
-    }
-    #[inline(always)]
-    unsafe fn max(a: [f32; 8], b: [f32; 8]) -> [f32; 8] {
-        std::array::from_fn(|i| a[i].max(b[i]))
-    }
-    #[inline(always)]
-    unsafe fn exp(v: [f32; 8]) -> [f32; 8] {
-        v.map(f32::exp)
-    }
-}
-
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+mod portable;
+use portable::Portable;
 
 /// One sequence's K/V (all kv heads).
 pub(crate) struct SeqKv<'a, T> {
@@ -234,7 +216,9 @@ pub(crate) fn attend_partial<T: KvElem>(
         // SAFETY: as above.
         Isa::Avx2 => unsafe { attend_avx2(kv, rows, out, m, l) },
         // SAFETY: the lengths are checked above and in `block`.
-        _ => unsafe { attend_impl::<Scalar, T>(kv, rows, out, m, l) },
+        Isa::Portable16 => unsafe { attend_impl::<Portable<16>, T>(kv, rows, out, m, l) },
+        // SAFETY: as above.
+        _ => unsafe { attend_impl::<Portable<8>, T>(kv, rows, out, m, l) },
     }
 }
 
@@ -282,7 +266,7 @@ unsafe fn attend_avx512<T: KvElem>(
     m: &mut [f32],
     l: &mut [f32],
 ) {
-    attend_impl::<avx2::Avx512, T>(kv, rows, out, m, l)
+    attend_impl::<avx512::Avx512, T>(kv, rows, out, m, l)
 }
 
 /// Online-softmax state of up to 8 adjacent rows of one kv head.
@@ -335,32 +319,19 @@ unsafe fn attend_impl<L: Lanes, T: KvElem>(
         let slot = pos % lay.page_size;
         let nb = BT.min(lay.page_size - slot).min(end - pos);
         let base = page * lay.page_stride + slot * lay.slot_stride;
-        // Within a page the rows stream and the hardware prefetchers follow; the next page is
-        // anywhere, so its first block is prefetched while this block computes.
+        // The next block (same page or the next one), whose K rows each group prefetches
+        // while it computes this one.
         let next = pos + nb;
-        if next < end && next % lay.page_size == 0 {
+        let (next_base, next_n) = if next < end {
+            let nslot = next % lay.page_size;
             let np = kv.pages[next / lay.page_size] as usize;
-            let rows_ahead = BT.min(lay.page_size).min(end - next);
-            let mut last_head = usize::MAX;
-            for g in &groups {
-                if g.kv_head == last_head || next >= g.end || next + rows_ahead <= g.start {
-                    continue;
-                }
-                last_head = g.kv_head;
-                for t in 0..rows_ahead {
-                    let off =
-                        np * lay.page_stride + g.kv_head * lay.head_stride + t * lay.slot_stride;
-                    if let (Some(kr), Some(vr)) = (kv.k.get(off..off + d), kv.v.get(off..off + d)) {
-                        let bytes = std::mem::size_of_val(kr);
-                        let (kp, vp) = (kr.as_ptr().cast::<u8>(), vr.as_ptr().cast::<u8>());
-                        for b in (0..bytes).step_by(64) {
-                            L::prefetch(kp.add(b));
-                            L::prefetch(vp.add(b));
-                        }
-                    }
-                }
-            }
-        }
+            (
+                np * lay.page_stride + nslot * lay.slot_stride,
+                BT.min(lay.page_size - nslot).min(end - next),
+            )
+        } else {
+            (0, 0)
+        };
         for g in groups.iter_mut() {
             if pos >= g.end || pos + nb <= g.start {
                 continue;
@@ -368,6 +339,8 @@ unsafe fn attend_impl<L: Lanes, T: KvElem>(
             let rr = g.r0..g.r0 + g.ng;
             let b = Block {
                 base: base + g.kv_head * lay.head_stride,
+                next_base: next_base + g.kv_head * lay.head_stride,
+                next_n: if next < g.end { next_n } else { 0 },
                 pos,
                 n: nb,
                 q: &rows.q[rr.start * d..rr.end * d],
@@ -375,12 +348,18 @@ unsafe fn attend_impl<L: Lanes, T: KvElem>(
                 hi: &rows.hi[rr.clone()],
             };
             let acc = &mut out[rr.start * d..rr.end * d];
-            // (rows, tokens per score step, chunks per value step): about 8 accumulators.
-            match g.ng {
-                8 => block::<L, T, 8, 1, 1>(kv, &b, acc, &mut g.m, &mut g.l),
-                4 => block::<L, T, 4, 2, 2>(kv, &b, acc, &mut g.m, &mut g.l),
-                2 => block::<L, T, 2, 4, 4>(kv, &b, acc, &mut g.m, &mut g.l),
-                _ => block::<L, T, 1, 8, 8>(kv, &b, acc, &mut g.m, &mut g.l),
+            // (rows, tokens per score step, chunks per value step): rows x tokens = W score
+            // accumulators (one transposed horizontal sum), about W value accumulators.
+            let (m, l) = (&mut g.m, &mut g.l);
+            match (L::W, g.ng) {
+                (8, 8) => block::<L, T, 8, 1, 1>(kv, &b, acc, m, l),
+                (8, 4) => block::<L, T, 4, 2, 2>(kv, &b, acc, m, l),
+                (8, 2) => block::<L, T, 2, 4, 4>(kv, &b, acc, m, l),
+                (8, _) => block::<L, T, 1, 8, 8>(kv, &b, acc, m, l),
+                (_, 8) => block::<L, T, 8, 2, 2>(kv, &b, acc, m, l),
+                (_, 4) => block::<L, T, 4, 4, 4>(kv, &b, acc, m, l),
+                (_, 2) => block::<L, T, 2, 8, 4>(kv, &b, acc, m, l),
+                _ => block::<L, T, 1, 16, 8>(kv, &b, acc, m, l),
             }
         }
         pos += nb;
@@ -393,10 +372,24 @@ unsafe fn attend_impl<L: Lanes, T: KvElem>(
     }
 }
 
+/// Prefetches the cache lines of one `bytes`-long row starting at `p`.
+#[inline(always)]
+unsafe fn prefetch_row<L: Lanes>(p: *const u8, bytes: usize) {
+    let mut b = 0;
+    while b < bytes {
+        L::prefetch(p.add(b));
+        b += 64;
+    }
+}
+
 /// One K/V block for one row group.
 struct Block<'a> {
     /// Element offset of the block's first row for the group's kv head.
     base: usize,
+    /// The same for the next block the group reads, and its tokens (0: none): its K rows are
+    /// prefetched while this block computes.
+    next_base: usize,
+    next_n: usize,
     /// Position of the first token.
     pos: usize,
     /// Tokens.
@@ -416,12 +409,13 @@ unsafe fn qk<L: Lanes, T: KvElem, const NG: usize, const TT: usize>(
     d: usize,
     s: &mut [f32],
 ) {
-    let d8 = d / 8 * 8;
+    let w = L::W;
+    let dw = d / w * w;
     let q = &q[..NG * d];
     let krows: [&[T]; TT] = std::array::from_fn(|t| &krows[t][..d]);
     let mut a = [[L::zero(); NG]; TT];
     let mut c = 0;
-    while c < d8 {
+    while c < dw {
         let kk: [L::V; TT] = std::array::from_fn(|t| L::load_kv(krows[t].as_ptr().add(c)));
         for r in 0..NG {
             let qq = L::load(q.as_ptr().add(r * d + c));
@@ -429,17 +423,24 @@ unsafe fn qk<L: Lanes, T: KvElem, const NG: usize, const TT: usize>(
                 a[t][r] = L::fma(qq, kk[t], a[t][r]);
             }
         }
-        c += 8;
+        c += w;
     }
-    if TT * NG == 8 && d8 == d {
-        let flat: [L::V; 8] = std::array::from_fn(|i| a[i / NG][i % NG]);
-        L::store(s.as_mut_ptr(), L::hsum8(&flat));
+    if TT * NG == w && dw == d {
+        assert!(s.len() >= w);
+        let flat: [L::V; 16] = std::array::from_fn(|i| {
+            if i < TT * NG {
+                a[i / NG][i % NG]
+            } else {
+                L::zero()
+            }
+        });
+        L::store(s.as_mut_ptr(), L::hsum_w(&flat));
         return;
     }
     for t in 0..TT {
         for r in 0..NG {
             let mut x = L::hsum(a[t][r]);
-            for c in d8..d {
+            for c in dw..d {
                 x += q[r * d + c] * krows[t][c].to_f32();
             }
             s[t * NG + r] = x;
@@ -447,8 +448,8 @@ unsafe fn qk<L: Lanes, T: KvElem, const NG: usize, const TT: usize>(
     }
 }
 
-/// `acc[r][c..c + 8U] += sum_t p[t * NG + r] * v[t][c..c + 8U]`: each V chunk converted once
-/// for all rows, `NG * U` independent accumulators. Needs `c + 8U <= d`.
+/// `acc[r][c..c + WU] += sum_t p[t * NG + r] * v[t][c..c + WU]` (`W` = `L::W`): each V chunk
+/// converted once for all rows, `NG * U` independent accumulators. Needs `c + WU <= d`.
 #[inline(always)]
 unsafe fn pv<L: Lanes, T: KvElem, const NG: usize, const U: usize>(
     acc: &mut [f32],
@@ -457,13 +458,14 @@ unsafe fn pv<L: Lanes, T: KvElem, const NG: usize, const U: usize>(
     c: usize,
     d: usize,
 ) {
-    assert!(c + 8 * U <= d && acc.len() >= NG * d && p.len() >= vrows.len() * NG);
+    let w = L::W;
+    assert!(c + w * U <= d && acc.len() >= NG * d && p.len() >= vrows.len() * NG);
     let mut a: [[L::V; U]; NG] = std::array::from_fn(|r| {
-        std::array::from_fn(|u| L::load(acc.as_ptr().add(r * d + c + 8 * u)))
+        std::array::from_fn(|u| L::load(acc.as_ptr().add(r * d + c + w * u)))
     });
     for (t, vrow) in vrows.iter().enumerate() {
         let vrow = &vrow[..d];
-        let vv: [L::V; U] = std::array::from_fn(|u| L::load_kv(vrow.as_ptr().add(c + 8 * u)));
+        let vv: [L::V; U] = std::array::from_fn(|u| L::load_kv(vrow.as_ptr().add(c + w * u)));
         for (r, ar) in a.iter_mut().enumerate() {
             let pp = L::splat(*p.get_unchecked(t * NG + r));
             for u in 0..U {
@@ -473,7 +475,7 @@ unsafe fn pv<L: Lanes, T: KvElem, const NG: usize, const U: usize>(
     }
     for (r, ar) in a.iter().enumerate() {
         for (u, v) in ar.iter().enumerate() {
-            L::store(acc.as_mut_ptr().add(r * d + c + 8 * u), *v);
+            L::store(acc.as_mut_ptr().add(r * d + c + w * u), *v);
         }
     }
 }
@@ -491,8 +493,9 @@ unsafe fn block<L: Lanes, T: KvElem, const NG: usize, const TT: usize, const U: 
 ) {
     let lay = kv.layout;
     let d = lay.head_dim;
-    let d8 = d / 8 * 8;
-    let du = d / (8 * U) * (8 * U);
+    let w = L::W;
+    let dw = d / w * w;
+    let du = d / (w * U) * (w * U);
     let (q, acc) = (&b.q[..NG * d], &mut acc[..NG * d]);
     let lo: [usize; NG] = std::array::from_fn(|r| b.lo[r]);
     let hi: [usize; NG] = std::array::from_fn(|r| b.hi[r]);
@@ -509,17 +512,40 @@ unsafe fn block<L: Lanes, T: KvElem, const NG: usize, const TT: usize, const U: 
         krows[t] = &kv.k[off..off + d];
         vrows[t] = &kv.v[off..off + d];
     }
+    // Prefetches, spread over the score loop (a few lines per token, so they never pile up
+    // in the miss queues): this block's V rows, read after the scores, and the next block's K
+    // rows, read after this block. The rows are a slot stride apart, usually on different
+    // 4 KiB pages, where the hardware prefetchers stop.
+    let row_bytes = d * std::mem::size_of::<T>();
+    let prefetch = |t: usize| {
+        prefetch_row::<L>(vrows[t].as_ptr().cast(), row_bytes);
+        let off = b.next_base + t * lay.slot_stride;
+        if t < b.next_n {
+            if let Some(krow) = kv.k.get(off..off + d) {
+                prefetch_row::<L>(krow.as_ptr().cast(), row_bytes);
+            }
+        }
+    };
     // Scores.
     let mut t = 0;
     while t + TT <= n {
+        (t..t + TT).for_each(prefetch);
         qk::<L, T, NG, TT>(q, &krows[t..t + TT], d, &mut s[t * NG..(t + TT) * NG]);
         t += TT;
     }
     while t < n {
+        prefetch(t);
         qk::<L, T, NG, 1>(q, &krows[t..t + 1], d, &mut s[t * NG..(t + 1) * NG]);
         t += 1;
     }
-    let sp = &mut s[..(n * NG).div_ceil(8) * 8];
+    // A next block longer than this one (this one ended a page early): the rest of its rows.
+    (n..b.next_n).for_each(|t| {
+        let off = b.next_base + t * lay.slot_stride;
+        if let Some(krow) = kv.k.get(off..off + d) {
+            prefetch_row::<L>(krow.as_ptr().cast(), row_bytes);
+        }
+    });
+    let sp = &mut s[..(n * NG).div_ceil(w) * w];
     sp[n * NG..].fill(f32::NEG_INFINITY);
     let s = &mut sp[..n * NG];
     if kv.softcap > 0.0 {
@@ -537,17 +563,17 @@ unsafe fn block<L: Lanes, T: KvElem, const NG: usize, const TT: usize, const U: 
             }
         }
     }
-    // Online softmax, vectorised over the t-major scores: lane i of every 8-chunk belongs
-    // to row i % NG (8 is a multiple of NG); the padding lanes hold -inf.
-    let chunks = sp.len() / 8;
+    // Online softmax, vectorised over the t-major scores: lane i of every W-chunk belongs
+    // to row i % NG (W is a multiple of NG); the padding lanes hold -inf.
+    let chunks = sp.len() / w;
     let mut mx = L::splat(f32::NEG_INFINITY);
     for c in 0..chunks {
-        mx = L::max(mx, L::load(sp.as_ptr().add(c * 8)));
+        mx = L::max(mx, L::load(sp.as_ptr().add(c * w)));
     }
-    let mut lanes = [0f32; 8];
+    let mut lanes = [0f32; 16];
     L::store(lanes.as_mut_ptr(), mx);
     for r in 0..NG {
-        let bm = (r..8)
+        let bm = (r..w)
             .step_by(NG)
             .map(|i| lanes[i])
             .fold(f32::NEG_INFINITY, f32::max);
@@ -560,7 +586,7 @@ unsafe fn block<L: Lanes, T: KvElem, const NG: usize, const TT: usize, const U: 
             m[r] = bm;
         }
     }
-    let shift: [f32; 8] = std::array::from_fn(|i| {
+    let shift: [f32; 16] = std::array::from_fn(|i| {
         if m[i % NG] > f32::NEG_INFINITY {
             m[i % NG]
         } else {
@@ -570,26 +596,35 @@ unsafe fn block<L: Lanes, T: KvElem, const NG: usize, const TT: usize, const U: 
     let shift = L::load(shift.as_ptr());
     let mut sum = L::zero();
     for c in 0..chunks {
-        let p = L::exp(L::sub(L::load(sp.as_ptr().add(c * 8)), shift));
-        L::store(sp.as_mut_ptr().add(c * 8), p);
+        let p = L::exp(L::sub(L::load(sp.as_ptr().add(c * w)), shift));
+        L::store(sp.as_mut_ptr().add(c * w), p);
         sum = L::add(sum, p);
     }
     L::store(lanes.as_mut_ptr(), sum);
-    for i in 0..8 {
+    for i in 0..w {
         l[i % NG] += lanes[i];
     }
     let s = &sp[..n * NG];
-    // Values.
-    let mut c = 0;
-    while c < du {
-        pv::<L, T, NG, U>(acc, &vrows[..n], s, c, d);
-        c += 8 * U;
+    // Values, SUB tokens at a time: the rows of one block are a slot stride apart (2 KiB in
+    // the usual layout), so all 32 map to two L1 sets and would evict each other between the
+    // passes over a row's chunks; SUB rows fit the ways, and the accumulators' extra loads and
+    // stores per SUB tokens cost little.
+    let mut t0 = 0;
+    while t0 < n {
+        let t1 = n.min(t0 + SUB);
+        let (vr, st) = (&vrows[t0..t1], &s[t0 * NG..t1 * NG]);
+        let mut c = 0;
+        while c < du {
+            pv::<L, T, NG, U>(acc, vr, st, c, d);
+            c += w * U;
+        }
+        while c < dw {
+            pv::<L, T, NG, 1>(acc, vr, st, c, d);
+            c += w;
+        }
+        t0 = t1;
     }
-    while c < d8 {
-        pv::<L, T, NG, 1>(acc, &vrows[..n], s, c, d);
-        c += 8;
-    }
-    for c in d8..d {
+    for c in dw..d {
         for (t, vrow) in vrows.iter().enumerate().take(n) {
             let v = vrow[c].to_f32();
             for r in 0..NG {
@@ -600,175 +635,4 @@ unsafe fn block<L: Lanes, T: KvElem, const NG: usize, const TT: usize, const U: 
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::core::DType;
-
-    /// The scalar and the AVX2 paths against a naive computation, with a head_dim that is not
-    /// a multiple of 8 (tail loops), masking, a window and a soft cap.
-    #[test]
-    fn scalar_and_simd_paths_match_naive() {
-        // 70: scalar tails; 64: the vector horizontal sums.
-        for d in [70usize, 64] {
-            let (ps, hk) = (16usize, 2usize);
-            let layout = CacheLayout::dense(DType::BF16, 4, ps, hk, d);
-            let mut seed = 5u32;
-            let mut rnd = || {
-                seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-                (seed >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0
-            };
-            let n = 4 * ps * hk * d;
-            let k: Vec<bf16> = (0..n).map(|_| bf16::from_f32(rnd())).collect();
-            let v: Vec<bf16> = (0..n).map(|_| bf16::from_f32(rnd())).collect();
-            let pages = [2, 0, 3];
-            let q: Vec<f32> = (0..8 * d).map(|_| rnd() * 0.3).collect();
-            let lo = [0, 0, 5, 5, 0, 0, 30, 30];
-            let hi = [40, 40, 41, 41, 42, 42, 43, 43];
-            let kv = SeqKv {
-                k: &k,
-                v: &v,
-                pages: &pages,
-                layout: &layout,
-                softcap: 1.5,
-            };
-            // Runs of 8 (one group), and 4, 2, 1, 1 (every group size) over two kv heads.
-            for heads in [[1usize; 8], [1, 1, 1, 1, 0, 0, 1, 0]] {
-                let mut want = vec![0f32; 8 * d];
-                for r in 0..8 {
-                    let at = |t: usize| {
-                        pages[t / ps] as usize * layout.page_stride
-                            + (t % ps) * layout.slot_stride
-                            + heads[r] * layout.head_stride
-                    };
-                    let s: Vec<f64> = (lo[r]..hi[r])
-                        .map(|t| {
-                            let x: f64 = (0..d)
-                                .map(|i| q[r * d + i] as f64 * k[at(t) + i].to_f64())
-                                .sum();
-                            1.5 * (x / 1.5).tanh()
-                        })
-                        .collect();
-                    let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                    let p: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
-                    let l: f64 = p.iter().sum();
-                    for i in 0..d {
-                        let o: f64 = (lo[r]..hi[r])
-                            .zip(&p)
-                            .map(|(t, p)| p * v[at(t) + i].to_f64())
-                            .sum();
-                        want[r * d + i] = (o / l) as f32;
-                    }
-                }
-                let rows = |r: std::ops::Range<usize>| Rows {
-                    q: &q[r.start * d..r.end * d],
-                    lo: &lo[r.clone()],
-                    hi: &hi[r.clone()],
-                    kv_head: &heads[r],
-                };
-                let mut results = Vec::new();
-                for isa in Isa::all() {
-                    if let Err(why) = isa.check() {
-                        println!("kernel path {}: skipped: {why}", isa.name());
-                        continue;
-                    }
-                    let mut all = vec![0f32; 8 * d];
-                    attend(isa, &kv, &rows(0..8), &mut all);
-                    results.push((isa.name(), "8 rows", all));
-                    let mut split = vec![0f32; 8 * d];
-                    for r in 0..8 {
-                        attend(isa, &kv, &rows(r..r + 1), &mut split[r * d..(r + 1) * d]);
-                    }
-                    results.push((isa.name(), "one row", split));
-                }
-                for i in 0..8 * d {
-                    for (isa, how, got) in &results {
-                        assert!(
-                            (got[i] - want[i]).abs() < 1e-5,
-                            "{isa} {how} d {d} [{i}]: {} vs {}",
-                            got[i],
-                            want[i]
-                        );
-                    }
-                }
-            }
-        }
-    }
-
-    /// Split-K: partial states over disjoint position ranges merge to the one-pass result,
-    /// including ranges a row does not see (empty parts) and a row seeing nothing at all.
-    #[test]
-    fn partials_over_split_ranges_merge_exactly() {
-        let (ps, hk, d) = (16usize, 1usize, 64usize);
-        let layout = CacheLayout::dense(DType::F32, 8, ps, hk, d);
-        let mut seed = 9u32;
-        let mut rnd = || {
-            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-            (seed >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0
-        };
-        let n = 8 * ps * hk * d;
-        let k: Vec<f32> = (0..n).map(|_| rnd()).collect();
-        let v: Vec<f32> = (0..n).map(|_| rnd()).collect();
-        let pages = [5, 1, 7, 0, 2, 6];
-        let q: Vec<f32> = (0..4 * d).map(|_| rnd()).collect();
-        // Row 3 sees nothing in [40, 70): its last part is empty for it.
-        let (lo, hi) = ([0usize, 10, 0, 0], [90usize, 90, 33, 40]);
-        let kv = SeqKv {
-            k: &k,
-            v: &v,
-            pages: &pages,
-            layout: &layout,
-            softcap: 0.0,
-        };
-        let heads = [0usize; 4];
-        for isa in Isa::all().into_iter().filter(|i| i.check().is_ok()) {
-            let rows = Rows {
-                q: &q,
-                lo: &lo,
-                hi: &hi,
-                kv_head: &heads,
-            };
-            let mut whole = vec![0f32; 4 * d];
-            attend(isa, &kv, &rows, &mut whole);
-            let cuts = [0usize, 17, 40, 70, 96];
-            let mut parts = Vec::new();
-            for w in cuts.windows(2) {
-                let plo: Vec<usize> = lo.iter().map(|&x| x.clamp(w[0], w[1])).collect();
-                let phi: Vec<usize> = hi.iter().map(|&x| x.clamp(w[0], w[1])).collect();
-                let prow = Rows {
-                    q: &q,
-                    lo: &plo,
-                    hi: &phi,
-                    kv_head: &heads,
-                };
-                let (mut acc, mut m, mut l) = (vec![0f32; 4 * d], vec![0f32; 4], vec![0f32; 4]);
-                attend_partial(isa, &kv, &prow, &mut acc, &mut m, &mut l);
-                parts.push((acc, m, l));
-            }
-            assert_eq!(
-                parts[3].1[3],
-                f32::NEG_INFINITY,
-                "row 3 sees nothing in [70, 96)"
-            );
-            assert_eq!(parts[3].2[3], 0.0);
-            for r in 0..4 {
-                let rp: Vec<(&[f32], f32, f32)> = parts
-                    .iter()
-                    .map(|(a, m, l)| (&a[r * d..(r + 1) * d], m[r], l[r]))
-                    .collect();
-                let mut merged = vec![0f32; d];
-                merge_partials(&rp, &mut merged);
-                for i in 0..d {
-                    let (a, b) = (merged[i], whole[r * d + i]);
-                    assert!(
-                        (a - b).abs() < 1e-6,
-                        "{} row {r} [{i}]: {a} vs {b}",
-                        isa.name()
-                    );
-                }
-            }
-        }
-        let mut none = vec![1f32; 4];
-        merge_partials(&[(&[2.0; 4], f32::NEG_INFINITY, 0.0)], &mut none);
-        assert_eq!(none, [0.0; 4]);
-    }
-}
+mod tests;

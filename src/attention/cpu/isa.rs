@@ -1,21 +1,23 @@
 //! Which instruction-set path the CPU kernel runs, chosen once per backend at run time.
 //!
-//! The kernel is one generic loop over 8 f32 lanes ([`super::super::kernel`]), compiled once
-//! per path with that path's target features:
+//! The kernel is one generic loop over 8 or 16 f32 lanes ([`super::super::kernel`]), compiled
+//! once per path with that path's target features:
 //!
 //! * `portable`: plain `[f32; 8]` arrays (the compiler vectorises them for the build target:
 //!   SSE2 on x86-64, NEON on aarch64). Runs everywhere.
+//! * `portable16`: plain `[f32; 16]` arrays: the `avx512` path's 16-lane algorithm (group
+//!   sizes, score batches, tails) without its intrinsics, so that algorithm runs and is tested
+//!   on any machine. Never picked by default (the 8-lane paths are faster without AVX-512).
 //! * `avx2`: AVX2 + FMA + F16C intrinsics (f16 converted by `vcvtph2ps`, bf16 by a shift).
-//! * `avx512`: the same 8-lane kernel compiled with AVX-512F/VL enabled, so it gets 32 vector
-//!   registers and EVEX encodings, and `exp` scales by `vscalefps` instead of building the
-//!   exponent bits. It is not a 16-lane kernel.
+//! * `avx512`: 16 lanes in `__m512` with AVX-512F intrinsics (`vcvtph2ps zmm` for f16, a
+//!   widening shift for bf16, `vscalefps` in `exp`); needs AVX-512F/VL and the AVX2 set.
 //! * `amx`: named so that `KVSHARE_CPU_ISA=amx` is understood, but no AMX kernel exists yet:
 //!   [`Isa::check`] refuses it on every machine, saying why. [`amx_permission`] is the part
 //!   that is done: the one-time `arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)` request
 //!   a tile kernel needs before its first tile instruction.
 //!
 //! The best available path is picked unless `KVSHARE_CPU_ISA` names one
-//! (`portable|avx2|avx512|amx`); a named path the machine lacks makes backend creation fail
+//! (`portable|portable16|avx2|avx512|amx`); a named path the machine lacks makes backend creation fail
 //! with the reason, so a test or benchmark that forces a path never silently runs another.
 
 use crate::core::{Error, Result};
@@ -29,11 +31,13 @@ pub static ISA_ENV: &str = "KVSHARE_CPU_ISA";
 /// machine lacks runs the portable path instead of faulting.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Isa {
-    /// Plain arrays; any CPU.
+    /// Plain 8-lane arrays; any CPU.
     Portable,
-    /// AVX2 + FMA + F16C.
+    /// Plain 16-lane arrays (the AVX-512 path's algorithm); any CPU, never the default.
+    Portable16,
+    /// AVX2 + FMA + F16C, 8 lanes.
     Avx2,
-    /// AVX-512F + AVX-512VL (+ the AVX2 set).
+    /// AVX-512F + AVX-512VL (+ the AVX2 set), 16 lanes.
     Avx512,
     /// AMX tiles (bf16). No kernel yet: always refused by [`Isa::check`].
     Amx,
@@ -42,14 +46,21 @@ pub enum Isa {
 impl Isa {
     /// Every path, in order of preference from worst to best. (A function, not an associated
     /// constant, so that cbindgen does not put this Rust-only type into the C header.)
-    pub fn all() -> [Isa; 4] {
-        [Isa::Portable, Isa::Avx2, Isa::Avx512, Isa::Amx]
+    pub fn all() -> [Isa; 5] {
+        [
+            Isa::Portable,
+            Isa::Portable16,
+            Isa::Avx2,
+            Isa::Avx512,
+            Isa::Amx,
+        ]
     }
 
     /// The name `KVSHARE_CPU_ISA` takes and `describe` prints.
     pub fn name(self) -> &'static str {
         match self {
             Isa::Portable => "portable",
+            Isa::Portable16 => "portable16",
             Isa::Avx2 => "avx2",
             Isa::Avx512 => "avx512",
             Isa::Amx => "amx",
@@ -64,7 +75,7 @@ impl Isa {
     /// `Ok` when this machine (and this process) can run the path, else why not.
     pub fn check(self) -> std::result::Result<(), String> {
         match self {
-            Isa::Portable => Ok(()),
+            Isa::Portable | Isa::Portable16 => Ok(()),
             Isa::Avx2 => need(&[
                 ("avx2", has_avx2()),
                 ("fma", has_fma()),
@@ -83,12 +94,13 @@ impl Isa {
         }
     }
 
-    /// The best path this machine runs.
+    /// The best path this machine runs (`portable16` is never the best: without AVX-512,
+    /// 16 lanes in arrays are split into narrower vectors and only add work).
     pub fn best() -> Isa {
         Isa::all()
             .into_iter()
             .rev()
-            .find(|i| i.check().is_ok())
+            .find(|i| *i != Isa::Portable16 && i.check().is_ok())
             .unwrap_or(Isa::Portable)
     }
 
@@ -104,7 +116,7 @@ impl Isa {
             Ok(s) => {
                 let isa = Isa::parse(&s).ok_or_else(|| {
                     Error::BackendUnavailable(format!(
-                        "{ISA_ENV}={s:?} names no CPU path (portable, avx2, avx512, amx)"
+                        "{ISA_ENV}={s:?} names no CPU path (portable, portable16, avx2, avx512, amx)"
                     ))
                 })?;
                 isa.check().map_err(|why| {

@@ -1,5 +1,5 @@
-//! The x86-64 lanes: AVX2 + FMA + F16C intrinsics ([`Avx2`]) and the same operations for the
-//! AVX-512 path ([`Avx512`]), both 8 f32 lanes in a `__m256`.
+//! The AVX2 lanes: AVX2 + FMA + F16C intrinsics, 8 f32 lanes in a `__m256` (f16 converted by
+//! `vcvtph2ps`, bf16 by a widening shift).
 
 use super::{KvElem, Lanes};
 use std::arch::x86_64::*;
@@ -50,7 +50,24 @@ unsafe fn exp8(x: __m256) -> __m256 {
     _mm256_andnot_ps(zero, _mm256_mul_ps(p, _mm256_castsi256_ps(e)))
 }
 
+/// Lane `i` of the result is the sum of the lanes of `a[i]` (a transposed horizontal sum).
+#[inline(always)]
+pub(super) unsafe fn hsum8(a: &[__m256; 8]) -> __m256 {
+    // hadd pairs: [a0 a0 a1 a1 | ...] partial sums, then lane halves added.
+    let h01 = _mm256_hadd_ps(a[0], a[1]);
+    let h23 = _mm256_hadd_ps(a[2], a[3]);
+    let h45 = _mm256_hadd_ps(a[4], a[5]);
+    let h67 = _mm256_hadd_ps(a[6], a[7]);
+    let h0123 = _mm256_hadd_ps(h01, h23);
+    let h4567 = _mm256_hadd_ps(h45, h67);
+    _mm256_add_ps(
+        _mm256_permute2f128_ps::<0x20>(h0123, h4567),
+        _mm256_permute2f128_ps::<0x31>(h0123, h4567),
+    )
+}
+
 impl Lanes for Avx2 {
+    const W: usize = 8;
     type V = __m256;
     #[inline(always)]
     unsafe fn zero() -> __m256 {
@@ -80,18 +97,8 @@ impl Lanes for Avx2 {
         _mm_cvtss_f32(s)
     }
     #[inline(always)]
-    unsafe fn hsum8(a: &[__m256; 8]) -> __m256 {
-        // hadd pairs: [a0 a0 a1 a1 | ...] partial sums, then lane halves added.
-        let h01 = _mm256_hadd_ps(a[0], a[1]);
-        let h23 = _mm256_hadd_ps(a[2], a[3]);
-        let h45 = _mm256_hadd_ps(a[4], a[5]);
-        let h67 = _mm256_hadd_ps(a[6], a[7]);
-        let h0123 = _mm256_hadd_ps(h01, h23);
-        let h4567 = _mm256_hadd_ps(h45, h67);
-        _mm256_add_ps(
-            _mm256_permute2f128_ps::<0x20>(h0123, h4567),
-            _mm256_permute2f128_ps::<0x31>(h0123, h4567),
-        )
+    unsafe fn hsum_w(a: &[__m256; 16]) -> __m256 {
+        hsum8(&[a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]])
     }
     #[inline(always)]
     unsafe fn add(a: __m256, b: __m256) -> __m256 {
@@ -108,61 +115,6 @@ impl Lanes for Avx2 {
     #[inline(always)]
     unsafe fn exp(v: __m256) -> __m256 {
         exp8(v)
-    }
-    #[inline(always)]
-    unsafe fn load_kv<T: KvElem>(p: *const T) -> __m256 {
-        T::load8_avx2(p)
-    }
-}
-
-/// The AVX-512 path: [`Avx2`]'s operations, inlined into a function compiled with
-/// AVX-512F/VL (32 registers, EVEX), except `exp`, which scales by `vscalefps`.
-pub(super) struct Avx512;
-
-#[inline(always)]
-unsafe fn exp8_scalef(x: __m256) -> __m256 {
-    // As exp8, but 2^n applied by vscalefps (exact for the n in range here).
-    let zero = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(-87.0));
-    let x = _mm256_min_ps(
-        _mm256_max_ps(x, _mm256_set1_ps(-87.0)),
-        _mm256_set1_ps(88.0),
-    );
-    let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
-        x,
-        _mm256_set1_ps(std::f32::consts::LOG2_E),
-    ));
-    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
-    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
-    let p = poly(r);
-    _mm256_andnot_ps(zero, _mm256_scalef_ps(p, n))
-}
-
-macro_rules! delegate {
-    ($($f:ident($($a:ident: $t:ty),*) -> $r:ty;)*) => {
-        $(#[inline(always)]
-        unsafe fn $f($($a: $t),*) -> $r {
-            <Avx2 as Lanes>::$f($($a),*)
-        })*
-    };
-}
-
-impl Lanes for Avx512 {
-    type V = __m256;
-    delegate! {
-        zero() -> __m256;
-        splat(x: f32) -> __m256;
-        load(p: *const f32) -> __m256;
-        store(p: *mut f32, v: __m256) -> ();
-        fma(a: __m256, b: __m256, c: __m256) -> __m256;
-        hsum(v: __m256) -> f32;
-        hsum8(a: &[__m256; 8]) -> __m256;
-        add(a: __m256, b: __m256) -> __m256;
-        sub(a: __m256, b: __m256) -> __m256;
-        max(a: __m256, b: __m256) -> __m256;
-    }
-    #[inline(always)]
-    unsafe fn exp(v: __m256) -> __m256 {
-        exp8_scalef(v)
     }
     #[inline(always)]
     unsafe fn load_kv<T: KvElem>(p: *const T) -> __m256 {

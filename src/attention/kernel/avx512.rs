@@ -1,0 +1,118 @@
+//! The AVX-512 lanes: 16 f32 lanes in a `__m512` (AVX-512F; the path also requires VL and the
+//! AVX2 set). f16 K/V is converted by `vcvtph2ps zmm` (16 values per instruction), bf16 by a
+//! widening shift; `exp` scales by `vscalefps`. AVX512_BF16 / AVX512_FP16 arithmetic is not
+//! used: the kernel accumulates in f32 and converts each K/V vector once, which these
+//! conversions already do in one or two instructions.
+//!
+//! No machine this project is built on has AVX-512, so this file has never executed; the same
+//! 16-lane algorithm runs and is tested through `portable::Portable<16>`.
+
+use super::avx2::hsum8;
+use super::{KvElem, Lanes};
+use std::arch::x86_64::*;
+
+/// The AVX-512 path's lanes (needs AVX-512F/VL, AVX2, FMA and F16C).
+pub(super) struct Avx512;
+
+/// `exp(r)` for `|r| <= ln 2 / 2`: the Cephes degree-6 polynomial (as `avx2::poly`).
+#[inline(always)]
+unsafe fn poly16(r: __m512) -> __m512 {
+    let mut p = _mm512_set1_ps(1.987_569_1e-4);
+    for c in [
+        1.398_199_9e-3,
+        8.333_452e-3,
+        4.166_579_6e-2,
+        0.166_666_65,
+        0.5,
+    ] {
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+    }
+    _mm512_fmadd_ps(
+        p,
+        _mm512_mul_ps(r, r),
+        _mm512_add_ps(r, _mm512_set1_ps(1.0)),
+    )
+}
+
+#[inline(always)]
+unsafe fn exp16(x: __m512) -> __m512 {
+    // As avx2::exp8; lanes below -87 (and -inf) are zeroed by mask, 2^n applied by vscalefps.
+    let tiny: __mmask16 = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_set1_ps(-87.0));
+    let x = _mm512_min_ps(
+        _mm512_max_ps(x, _mm512_set1_ps(-87.0)),
+        _mm512_set1_ps(88.0),
+    );
+    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+        _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)),
+    );
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_359_4), x);
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.121_944_4e-4), r);
+    _mm512_maskz_mov_ps(!tiny, _mm512_scalef_ps(poly16(r), n))
+}
+
+/// The upper 256 bits of `v` (AVX-512F only; `vextractf32x8` would need DQ).
+#[inline(always)]
+unsafe fn high256(v: __m512) -> __m256 {
+    _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)))
+}
+
+impl Lanes for Avx512 {
+    const W: usize = 16;
+    type V = __m512;
+    #[inline(always)]
+    unsafe fn zero() -> __m512 {
+        _mm512_setzero_ps()
+    }
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> __m512 {
+        _mm512_set1_ps(x)
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> __m512 {
+        _mm512_loadu_ps(p)
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: __m512) {
+        _mm512_storeu_ps(p, v)
+    }
+    #[inline(always)]
+    unsafe fn fma(a: __m512, b: __m512, c: __m512) -> __m512 {
+        _mm512_fmadd_ps(a, b, c)
+    }
+    #[inline(always)]
+    unsafe fn hsum(v: __m512) -> f32 {
+        _mm512_reduce_add_ps(v)
+    }
+    #[inline(always)]
+    unsafe fn hsum_w(a: &[__m512; 16]) -> __m512 {
+        // Fold each vector to 8 lanes, then two 8-way transposed sums (rows 0-7 and 8-15).
+        let h: [__m256; 16] =
+            std::array::from_fn(|i| _mm256_add_ps(_mm512_castps512_ps256(a[i]), high256(a[i])));
+        let lo = hsum8(&[h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]]);
+        let hi = hsum8(&[h[8], h[9], h[10], h[11], h[12], h[13], h[14], h[15]]);
+        _mm512_castpd_ps(_mm512_insertf64x4::<1>(
+            _mm512_castpd256_pd512(_mm256_castps_pd(lo)),
+            _mm256_castps_pd(hi),
+        ))
+    }
+    #[inline(always)]
+    unsafe fn add(a: __m512, b: __m512) -> __m512 {
+        _mm512_add_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn sub(a: __m512, b: __m512) -> __m512 {
+        _mm512_sub_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn max(a: __m512, b: __m512) -> __m512 {
+        _mm512_max_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn exp(v: __m512) -> __m512 {
+        exp16(v)
+    }
+    #[inline(always)]
+    unsafe fn load_kv<T: KvElem>(p: *const T) -> __m512 {
+        T::load16_avx512(p)
+    }
+}
