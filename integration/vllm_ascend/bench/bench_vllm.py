@@ -18,6 +18,9 @@ Reported: ``speedup`` = (vLLM manager + hasher) / (kvshare manager + hasher, i.e
 ``speedup_manager_only``, the managers' methods alone: geometric means over the repeats of
 each repeat's ratio.  Per-side microseconds per step are medians.
 
+``--model qwen3-next|nemotron-h|jamba [--mamba-mode all|none]`` runs a Mamba / linear-attention
+hybrid (``harness.mamba_layer_specs``) the same way.
+
 ``--model gpt-oss|gemma3|llama4|mla`` runs a hybrid model's KV-cache groups (``harness.MODELS``,
 grouped by vLLM's own ``get_kv_cache_groups``; ``--window N`` overrides its window / chunk):
 vLLM's side then runs its ``HybridKVCacheCoordinator``, kvshare's side the plugin's hybrid
@@ -95,10 +98,18 @@ def side(model_dir, kvshare: bool, args, seed=1):
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher
     from vllm.utils.hashing import sha256
 
-    specs = h.layer_specs(args.model, size=args.window) if args.model else None
+    extra = {}
+    if args.model in h.MAMBA_MODELS:  # Mamba / linear-attention state groups
+        mml = args.max_model_len or 8192
+        specs = h.mamba_layer_specs(args.model, args.mamba_mode, max_model_len=mml)
+        extra = dict(mamba_cache_mode=args.mamba_mode, max_model_len=mml,
+                     enable_prefix_caching=args.mamba_mode != "none")
+    else:
+        specs = h.layer_specs(args.model, size=args.window) if args.model else None
+        extra = dict(max_model_len=args.max_model_len)
     s = h.make_scheduler(model_dir, kvshare=kvshare, num_blocks=args.blocks,
-                         max_num_seqs=args.convs, max_num_batched_tokens=4096,
-                         max_model_len=args.max_model_len, specs=specs)
+                         max_num_seqs=args.convs, max_num_batched_tokens=4096, specs=specs,
+                         **extra)
     clock, hclock = Clock(), Clock()
     instrument(s.kv_cache_manager, clock)
     base_hasher = get_request_block_hasher(16, sha256)
@@ -202,8 +213,11 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--blocks", type=int, default=4096)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--model", choices=("gpt-oss", "gemma3", "llama4", "mla"), default=None,
+    ap.add_argument("--model", choices=("gpt-oss", "gemma3", "llama4", "mla", "qwen3-next",
+                                        "nemotron-h", "jamba"), default=None,
                     help="a hybrid model's KV-cache groups (default: one full-attention group)")
+    ap.add_argument("--mamba-mode", choices=("all", "none", "align"), default="all",
+                    help="mamba_cache_mode of a Mamba hybrid (none: prefix caching off)")
     ap.add_argument("--window", type=int, default=None, help="the model's window / chunk")
     ap.add_argument("--max-model-len", type=int, default=None)
     args = ap.parse_args()
@@ -251,6 +265,8 @@ def main():
         "bench": "vllm",
         "vllm_version": __import__("vllm").__version__,
         "model": args.model or "full-attention", "window": args.window,
+        "mamba_cache_mode": args.mamba_mode if args.model in ("qwen3-next", "nemotron-h",
+                                                                "jamba") else None,
         "managers": {"vllm": v["manager"], "kvshare": k["manager"]},
         "workload": {"conversations": args.convs, "turns": args.turns,
                      "system_tokens": args.system, "max_tokens": args.max_tokens,

@@ -81,6 +81,9 @@ DEFAULTS = {
                                 # cache cannot)
     "seed": 0,
     "sliding_window": None,     # a hybrid model: even layers slide over this many tokens
+    "qwen3_next": False,        # a tiny Qwen3-Next (3 gated-delta-net layers per full one, random
+                                # "dummy" weights): Mamba-style state groups (write_qwen3_next)
+    "prefix_caching": True,     # False: vLLM runs state groups in mamba_cache_mode "none"
 }
 
 
@@ -126,6 +129,45 @@ def write_tiny_model(path: str, seed: int = 0, sliding_window: int | None = None
         w[p + "post_attention_layernorm.weight"] = torch.ones(hidden)
     save_file(w, os.path.join(path, "model.safetensors"))
     return path
+
+
+# The tiny Qwen3-Next: layers 0-2 gated delta net (linear attention, vLLM's CPU GDN kernels),
+# layer 3 full attention; dense MLPs except layer 3's MoE (vLLM needs one MoE layer).  The CPU
+# kernels want head sizes that are multiples of 32, bf16 activations and an f32 SSM state.
+QWEN3_NEXT = {
+    "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next",
+    "vocab_size": MODEL["vocab_size"], "hidden_size": 64, "intermediate_size": 128,
+    "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+    "linear_conv_kernel_dim": 4, "linear_key_head_dim": 32, "linear_value_head_dim": 32,
+    "linear_num_key_heads": 2, "linear_num_value_heads": 4, "decoder_sparse_step": 1,
+    "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32,
+    "num_experts_per_tok": 2, "num_experts": 4, "norm_topk_prob": True,
+    "mlp_only_layers": [0, 1, 2], "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
+    "torch_dtype": "bfloat16", "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+    "rope_parameters": {"rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+                        "rope_type": "default"},
+    "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": False,
+}
+
+
+def write_qwen3_next(path: str) -> str:
+    """Writes the tiny Qwen3-Next's ``config.json`` (weights: vLLM's seeded "dummy" loader)."""
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(QWEN3_NEXT, f)
+    return path
+
+
+def _cpu_moe_silu_workaround() -> None:
+    """vLLM 0.23.0's CPU MoE (``cpu_fused_moe.forward_torch``, taken without the prepacked
+    kernels) builds a ``SiluAndMul`` CustomOp inside the forward pass, which asserts that no
+    vLLM config is current; the same function, without the CustomOp."""
+    import torch.nn.functional as F
+    from vllm.model_executor.layers.fused_moe import cpu_fused_moe
+    from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+
+    cpu_fused_moe._CPU_MOE_ACT_FN[MoEActivation.SILU] = \
+        lambda x: F.silu(x[..., :x.shape[-1] // 2]) * x[..., x.shape[-1] // 2:]
 
 
 def install_plugin(target: str, python: str = sys.executable) -> str:
@@ -225,13 +267,18 @@ def run(cfg: dict) -> dict:
     os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import numpy as np
+    extra = {}
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
+    if cfg["qwen3_next"]:
+        _cpu_moe_silu_workaround()
+        extra.update(load_format="dummy", mamba_ssm_cache_dtype="float32")
+        cfg["model_dir"] = cfg["model_dir"] or write_qwen3_next(os.path.join(
+            os.environ.get("TMPDIR", "/tmp"), f"kvshare-qwen3-next-{os.getpid()}"))
     model_dir = cfg["model_dir"] or write_tiny_model(
         os.path.join(os.environ.get("TMPDIR", "/tmp"), f"kvshare-tiny-{os.getpid()}"), cfg["seed"],
         cfg["sliding_window"])
-    extra = {}
     if cfg["kv_transfer"]:
         from vllm.config import KVTransferConfig
         extra["kv_transfer_config"] = KVTransferConfig(**cfg["kv_transfer"])
@@ -246,8 +293,11 @@ def run(cfg: dict) -> dict:
             kv_connector_extra_config={"num_host_pages": cfg["host_pages"],
                                        "prefetch_waiting": cfg["prefetch_waiting"]})
     t0 = time.perf_counter()
-    llm = LLM(model=model_dir, skip_tokenizer_init=True, enable_prefix_caching=True,
-              block_size=cfg["block_size"], max_model_len=cfg["max_model_len"], dtype="float32",
+    if not cfg["qwen3_next"]:  # a hybrid's block size is vLLM's (attention page = state page)
+        extra["block_size"] = cfg["block_size"]
+    llm = LLM(model=model_dir, skip_tokenizer_init=True,
+              enable_prefix_caching=cfg["prefix_caching"], max_model_len=cfg["max_model_len"],
+              dtype="bfloat16" if cfg["qwen3_next"] else "float32",
               seed=cfg["seed"], enforce_eager=True, max_num_seqs=cfg["max_num_seqs"],
               max_num_batched_tokens=cfg["max_num_batched_tokens"], disable_log_stats=False,
               kv_cache_memory_bytes=cfg["kv_blocks"] * block_bytes(cfg["block_size"]), **extra)

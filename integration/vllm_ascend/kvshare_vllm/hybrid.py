@@ -13,7 +13,9 @@ vLLM's admission arithmetic (``get_num_blocks_to_allocate``: the per-request cap
 groups under ``full_sequence_must_fit``, skipped positions, evictable hit blocks) runs here on a
 mirror of the block tables; every page operation runs in kvshare.  What is not handled is
 refused by :func:`hybrid_unsupported_reason` (the plugin then keeps vLLM's manager): Mamba /
-linear-attention state groups, cross attention, EAGLE, per-group block sizes.  KV events are
+linear-attention state groups in ``mamba_cache_mode`` "align" or with KV events, cross
+attention, EAGLE, per-group block sizes.  Mamba / linear-attention state groups in "all" and
+"none" run on kvshare's STATE groups (``state_groups``).  KV events are
 vLLM's (``events.GroupEventTranslator``: its block hashes, one ``BlockStored`` per group and
 caching call, removals in the group the page was stored for).
 """
@@ -31,6 +33,8 @@ from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 
 from . import logger
 from .base import ManagerBase, _cdiv
+from .state_groups import (is_state_spec, skipped_tokens, state_group_kind,
+                           state_unsupported_reason, vllm_table)
 from .manager import _REMOVED, _STORED, extra_keys_for
 from .twins import _extra_addr, _token_ids
 from .views import _BlockPoolView, _CoordinatorView, _SingleTypeView
@@ -50,6 +54,8 @@ def _group_kind(spec) -> tuple[str, int] | None:
                                             SlidingWindowSpec)
 
     name = type(spec).__name__
+    if is_state_spec(spec):
+        return state_group_kind(spec)
     if name in ("SlidingWindowSpec", "SlidingWindowMLASpec") \
             and isinstance(spec, SlidingWindowSpec):
         return "sliding_window", spec.sliding_window
@@ -65,7 +71,8 @@ def _group_kind(spec) -> tuple[str, int] | None:
 def hybrid_unsupported_reason(kv_cache_config, scheduler_block_size: int, hash_block_size: int,
                               dcp_world_size: int = 1, pcp_world_size: int = 1,
                               use_eagle: bool = False,
-                              enable_kv_cache_events: bool = False) -> str | None:
+                              enable_kv_cache_events: bool = False,
+                              max_model_len: int | None = None) -> str | None:
     """Why the hybrid manager cannot manage this configuration (None when it can)."""
     groups = kv_cache_config.kv_cache_groups
     if not groups:
@@ -75,14 +82,21 @@ def hybrid_unsupported_reason(kv_cache_config, scheduler_block_size: int, hash_b
     for i, g in enumerate(groups):
         if _group_kind(g.kv_cache_spec) is None:
             return (f"KV-cache group {i}: {type(g.kv_cache_spec).__name__} (kvshare's groups "
-                    "manage full attention / MLA, sliding window and chunked local attention)")
+                    "manage full attention / MLA, sliding window, chunked local attention and "
+                    "Mamba / linear-attention state)")
         if g.is_eagle_group:
             return "EAGLE / MTP groups"
+    why, state_bs = state_unsupported_reason(groups, scheduler_block_size, hash_block_size,
+                                             max_model_len, lib)
+    if why:
+        return why
+    if state_bs is not None and enable_kv_cache_events:
+        return "KV events with Mamba / linear-attention state groups"
     sizes = {g.kv_cache_spec.block_size for g in groups}
-    if len(sizes) != 1:
+    if state_bs is None and len(sizes) != 1:
         return f"block sizes differ between groups ({sorted(sizes)})"
-    bs = sizes.pop()
-    if hash_block_size != bs or scheduler_block_size != bs:
+    bs = sizes.pop() if state_bs is None else state_bs
+    if state_bs is None and (hash_block_size != bs or scheduler_block_size != bs):
         return (f"block sizes differ (kv {bs}, scheduler {scheduler_block_size}, "
                 f"hash {hash_block_size})")
     if len({g.kv_cache_spec.page_size_bytes for g in groups}) != 1:
@@ -146,25 +160,34 @@ class KvshareHybridKVCacheManager(ManagerBase):
                  pcp_world_size: int = 1, metrics_collector=None) -> None:
         why = hybrid_unsupported_reason(kv_cache_config, scheduler_block_size, hash_block_size,
                                         dcp_world_size, pcp_world_size, use_eagle,
-                                        enable_kv_cache_events)
+                                        enable_kv_cache_events, max_model_len)
         if why:
             raise ValueError(f"kvshare_vllm: unsupported configuration: {why}")
         self._init_base(kv_cache_config, max_model_len, enable_caching, use_eagle, log_stats,
                         enable_kv_cache_events, metrics_collector)
         self.specs = [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups]
         self.num_kv_cache_groups = ng = len(self.specs)
-        self.block_size = bs = self.specs[0].block_size
+        # The page size: the attention groups' block size (a "none" state group's block is
+        # max_model_len tokens: one page here, see state_groups).
+        self.block_size = bs = next(s.block_size for s in self.specs if not is_state_spec(s))
         kinds = [_group_kind(s) for s in self.specs]
         self._groups = [(k, w, s.page_size_bytes) for (k, w), s in zip(kinds, self.specs)]
         # Tokens a group skips once c tokens are computed (vLLM's get_num_skipped_tokens).
-        self._windows = [(k, w) for k, w in kinds]
+        self._windows = [(k, s.mamba_cache_mode if k == "state" else w)
+                         for (k, w), s in zip(kinds, self.specs)]
         # vLLM's per-request admission cap of windowed groups (full_sequence_must_fit).
         mnbt = max_num_batched_tokens if max_num_batched_tokens is not None else max_model_len
-        self._caps = [None if k == "full" else s.max_admission_blocks_per_request(
+        self._caps = [None if k in ("full", "state") else s.max_admission_blocks_per_request(
             max_num_batched_tokens=mnbt, max_model_len=max_model_len)
             for (k, _), s in zip(kinds, self.specs)]
         self._full = [k == "full" for k, _ in kinds]
-        self._windowed = [g for g, (k, _) in enumerate(kinds) if k != "full"]
+        # State groups in "none": one page per request, handed to vLLM as a one-block table.
+        self._single = frozenset(g for g, w in enumerate(self._windows) if w == ("state", "none"))
+        self._has_state = any(k == "state" for k, _ in kinds)
+        # State groups in "align": at most the running state page and the previous step's.
+        self._align = frozenset(g for g, w in enumerate(self._windows) if w == ("state", "align"))
+        self._windowed = [g for g, (k, _) in enumerate(kinds)
+                          if k != "full" and g not in self._single]
         self._zero_new = bool(getattr(kv_cache_config, "needs_kv_cache_zeroing", False))
         self.cache = self._new_cache()
         if enable_kv_cache_events:
@@ -222,6 +245,8 @@ class KvshareHybridKVCacheManager(ManagerBase):
             return max(0, c - w + 1)
         if kind == "chunked_local":
             return c // w * w
+        if kind == "state":
+            return skipped_tokens(w, c)
         return 0
 
     def _capacity(self) -> int:
@@ -247,6 +272,12 @@ class KvshareHybridKVCacheManager(ManagerBase):
         n = 0
         views = self.coordinator.single_type_managers
         for g in range(self.num_kv_cache_groups):
+            if g in self._single:  # vLLM: one block of max_model_len tokens, at admission
+                n += st is None
+                continue
+            if g in self._align:
+                n += self._align_blocks_to_allocate(g, st, num_tokens, hits)
+                continue
             need = _cdiv(num_tokens, bs)
             gcap = views[g]._max_admission_blocks_per_request if cap else None
             if gcap is not None:
@@ -272,7 +303,10 @@ class KvshareHybridKVCacheManager(ManagerBase):
             new = list(self.cache.seq_pages(st.seq, g))
             delta.update(p for p in new if p)
             delta.subtract(p for p in old if p)
-            added.append(new[len(old):])
+            if g in self._single:  # the state page moves to the table's end: not a new block
+                added.append([] if old else vllm_table(new))
+            else:
+                added.append(new[len(old):])
             st.tables[g] = new
         refs = self._refs
         for p, d in delta.items():
@@ -318,7 +352,7 @@ class KvshareHybridKVCacheManager(ManagerBase):
         for g in self._windowed:
             t = st.tables[g]
             k = min(self._skipped(g, total_computed) // bs, len(t))
-            if k and t[k - 1]:
+            if k and (t[k - 1] or (g in self._align and any(t[:k]))):
                 todo = True
                 break
         if not todo:
@@ -328,6 +362,9 @@ class KvshareHybridKVCacheManager(ManagerBase):
         for g in self._windowed:
             t = st.tables[g]
             i = min(self._skipped(g, total_computed) // bs, len(t)) - 1
+            if g in self._align:
+                n += self._align_release(t, i + 1)
+                continue
             while i >= 0 and t[i]:
                 self._ref(refs, t[i], -1)
                 t[i] = 0
@@ -453,8 +490,16 @@ class KvshareHybridKVCacheManager(ManagerBase):
             info = {"matched_tokens": matched}
             self._reqs[rid] = st
         else:
-            info = self.cache.seq_begin(st.seq, ids[:known], max_match_tokens=num_hit,
-                                        lookahead_slots=max(need_slot - known, 0), extra=extra)
+            try:
+                info = self.cache.seq_begin(st.seq, ids[:known], max_match_tokens=num_hit,
+                                            lookahead_slots=max(need_slot - known, 0),
+                                            extra=extra)
+            except kvshare.NoSpaceError:
+                if not self._has_state:
+                    raise
+                # A hit ending at a state checkpoint registered in this step (its state is
+                # written by this step's forward): vLLM's MambaManager refuses it too.
+                return None
             self._reqs[rid] = st
             st.n = known
             self._refresh(st)
@@ -466,7 +511,8 @@ class KvshareHybridKVCacheManager(ManagerBase):
                 f"get_computed_blocks but {info['matched_tokens']} at allocation")
         if rows is not None:
             return self._handed_blocks(rows)
-        return self._handed([t[nh:] for t in st.tables])
+        return self._handed([vllm_table(t) if g in self._single else t[nh:]
+                             for g, t in enumerate(st.tables)])
 
     def free(self, request) -> None:
         rid = request.request_id
@@ -557,18 +603,53 @@ class KvshareHybridKVCacheManager(ManagerBase):
                 out[g] = n
         return out
 
+    # ------------------------------------------------------------------ state groups
+    def _vllm_tables(self, st: _HReq) -> list[list[int]]:
+        """The request's tables as vLLM holds them ("none" state groups: one block)."""
+        if not self._single:
+            return st.tables
+        return [vllm_table(t) if g in self._single else t for g, t in enumerate(st.tables)]
+
+    def _align_blocks_to_allocate(self, g: int, st: _HReq | None, num_tokens: int,
+                                  hits) -> int:
+        """vLLM's ``MambaManager.get_num_blocks_to_allocate`` in "align": one new block when
+        the table must grow (whatever the tokens), plus the evictable hit blocks."""
+        hit = hits[g] if hits and st is None else ()
+        held = len(st.tables[g]) if st is not None else 0
+        grow = _cdiv(num_tokens, self.block_size) - len(hit) - held > 0
+        return int(grow) + (self._evictable(hit) if hit else 0)
+
+    def _align_release(self, t: list[int], k: int) -> int:
+        """The mirror of an "align" group's ``remove_skipped_blocks``: every page before
+        position ``k`` (the last computed token's) is released (the pages above the first null
+        by the base rule, the previous step's state page by ``last_state_block_idx``; at most
+        those two are live).  Returns the pages released."""
+        n = 0
+        for i in range(k):
+            if t[i]:
+                self._ref(self._refs, t[i], -1)
+                t[i] = 0
+                n += 1
+        return n
+
+    def new_step_starts(self) -> None:
+        """vLLM's ``MambaManager.new_step_starts`` (clears ``cached_blocks_this_step``):
+        ``Hybrid.new_step`` (``kvs_hybrid_new_step``); nothing to do without state groups."""
+        if self._has_state:
+            self.cache.new_step()
+
     def get_blocks(self, request_id: str) -> KVCacheBlocks:
         st = self._reqs.get(request_id)
         if st is None:
             return self.empty_kv_cache_blocks
         blocks = self._blocks
-        return KVCacheBlocks(tuple([blocks[p] for p in t] for t in st.tables))
+        return KVCacheBlocks(tuple([blocks[p] for p in t] for t in self._vllm_tables(st)))
 
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
         st = self._reqs.get(request_id)
         if st is None:
             return tuple([] for _ in range(self.num_kv_cache_groups))
-        return tuple(list(t) for t in st.tables)
+        return tuple(list(t) for t in self._vllm_tables(st))
 
     # ------------------------------------------------------------------ extras
     def check(self) -> None:

@@ -113,7 +113,8 @@ def make_kv_cache_manager_factory(original):
                         kv_cache_config, scheduler_block_size, hash_block_size,
                         kw.get("dcp_world_size", 1), kw.get("pcp_world_size", 1),
                         _arg(args, kw, 2, "use_eagle", False),
-                        _arg(args, kw, 4, "enable_kv_cache_events", False))
+                        _arg(args, kw, 4, "enable_kv_cache_events", False),
+                        max_model_len=max_model_len)
                 if why_groups and not why_hybrid:
                     logger.info("kvshare_vllm: KV-cache bookkeeping of %d KV-cache groups "
                                 "runs in kvshare", len(kv_cache_config.kv_cache_groups))

@@ -12,8 +12,8 @@ from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched import scheduler as sched_mod
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import (ChunkedLocalAttentionSpec, FullAttentionSpec,
-                                        KVCacheConfig, KVCacheGroupSpec, MLAAttentionSpec,
-                                        SlidingWindowSpec)
+                                        KVCacheConfig, KVCacheGroupSpec, MambaSpec,
+                                        MLAAttentionSpec, SlidingWindowSpec)
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
@@ -70,6 +70,43 @@ MODELS = {
     "mla": ("mla", None, 1, 4),
 }
 
+# Mamba / linear-attention hybrids: (state backend, attention layers' positions, layers).  The
+# state layers' page (conv + SSM state) is sized to equal one attention page, as vLLM's
+# ``HybridAttentionMambaModelConfig`` makes it (it raises the attention block size and pads
+# the state page until both are equal); vLLM groups the layers by page (``get_kv_cache_groups``).
+#   qwen3-next: 3 gated-delta-net (linear attention) layers per full layer (8 layers: 4 groups)
+#   nemotron-h: 6 Mamba2 layers per attention layer (28 layers: 7 groups)
+#   jamba:      one attention layer in 8 (offset 4), the others Mamba1 (32 layers: 8 groups)
+MAMBA_MODELS = {
+    "qwen3-next": ("GDN_ATTN", lambda i: i % 4 == 3, 8, 4),
+    "nemotron-h": ("MAMBA2", lambda i: i % 7 == 6, 28, 7),
+    "jamba": ("MAMBA1", lambda i: i % 8 == 4, 32, 8),
+}
+
+
+def mamba_layer_specs(model: str, mode: str, block_size: int = 16,
+                      max_model_len: int = 8192) -> dict:
+    """vLLM's per-layer specs of a Mamba / linear-attention hybrid (a key of ``MAMBA_MODELS``)
+    under ``mamba_cache_mode`` ``mode``: "all" / "align" (prefix caching on: the state's block
+    size is the attention block size) or "none" (prefix caching off: one state block of
+    ``max_model_len`` tokens), as ``MambaModelConfig.verify_and_update_config`` sets them."""
+    from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
+
+    backend, is_attn, n, _ = MAMBA_MODELS[model]
+    specs = {}
+    state_block = max_model_len if mode == "none" else block_size
+    for i in range(n):
+        if is_attn(i):
+            specs[f"model.layers.{i}.self_attn.attn"] = FullAttentionSpec(
+                block_size=block_size, num_kv_heads=8, head_size=64, dtype=torch.bfloat16)
+        else:
+            # conv state 8 KiB + recurrent state 24 KiB = one 32 KiB attention page
+            specs[f"model.layers.{i}.mixer"] = MambaSpec(
+                block_size=state_block, shapes=((16, 128), (48, 128)),
+                dtypes=(torch.float32, torch.float32),
+                mamba_type=MambaAttentionBackendEnum[backend], mamba_cache_mode=mode)
+    return specs
+
 
 def layer_specs(model: str, block_size: int = 16, size: int | None = None) -> dict:
     """vLLM's per-layer KV-cache specs of ``model`` (a key of ``MODELS``); ``size`` overrides
@@ -102,12 +139,15 @@ def make_scheduler(model_dir: str, *, kvshare: bool, num_blocks: int = 1000, blo
                    max_num_seqs: int = 16, max_num_batched_tokens: int = 8192,
                    max_model_len: int | None = None, enable_prefix_caching: bool = True,
                    kv_events: bool = False, async_scheduling: bool = False,
-                   kv_transfer: dict | None = None, specs: dict | None = None) -> Scheduler:
+                   kv_transfer: dict | None = None, specs: dict | None = None,
+                   mamba_cache_mode: str | None = None) -> Scheduler:
     """``kv_transfer``: a KV connector's ``KVTransferConfig`` fields; the scheduler then builds
     the connector's scheduler side (the KV tensor's size is declared: one float32 K and V
     value per slot, which offloading specs divide into per-block bytes).
     ``specs``: per-layer KV-cache specs (``layer_specs``), grouped by vLLM's own
-    ``get_kv_cache_groups``; default one full-attention layer."""
+    ``get_kv_cache_groups``; default one full-attention layer.  ``mamba_cache_mode``: the
+    cache config's mode for specs with Mamba layers (``mamba_layer_specs``); the scheduler's
+    block sizes are then resolved as EngineCore resolves them."""
     vllm_config = make_vllm_config(
         model_dir, block_size=block_size, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
@@ -128,6 +168,16 @@ def make_scheduler(model_dir: str, *, kvshare: bool, num_blocks: int = 1000, blo
     kv_cache_config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=tensors,
                                     kv_cache_groups=groups)
     cache_config.num_gpu_blocks = num_blocks
+    sched_kw = {}
+    if mamba_cache_mode is not None:
+        from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
+
+        cache_config.mamba_cache_mode = mamba_cache_mode
+        cache_config.mamba_block_size = next(
+            g.kv_cache_spec.block_size for g in groups
+            if isinstance(g.kv_cache_spec, MambaSpec))
+        block_size, sched_kw["hash_block_size"] = resolve_kv_cache_block_sizes(
+            kv_cache_config, vllm_config)
     if kvshare:
         plugin.apply()
     try:
@@ -136,7 +186,8 @@ def make_scheduler(model_dir: str, *, kvshare: bool, num_blocks: int = 1000, blo
             from vllm.v1.core.sched.async_scheduler import AsyncScheduler
             cls = AsyncScheduler
         s = cls(vllm_config=vllm_config, kv_cache_config=kv_cache_config, block_size=block_size,
-                log_stats=True, structured_output_manager=StructuredOutputManager(vllm_config))
+                log_stats=True, structured_output_manager=StructuredOutputManager(vllm_config),
+                **sched_kw)
     finally:
         if kvshare:
             plugin.remove()

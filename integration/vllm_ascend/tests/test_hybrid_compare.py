@@ -176,7 +176,8 @@ def test_kv_events_match_vllm(tiny_model_dir, name):
 
 def test_unmanaged_configurations_fall_back(tiny_model_dir):
     """What kvshare's groups do not cover stays with vLLM's manager (the plugin logs why):
-    Mamba / linear-attention state groups, EAGLE, differing block sizes.  KV events with
+    Mamba / linear-attention state groups with speculative blocks or KV events,
+    EAGLE, differing block sizes.  KV events with
     several groups run in kvshare (``test_kv_events_match_vllm``)."""
     import torch
     from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
@@ -191,11 +192,22 @@ def test_unmanaged_configurations_fall_back(tiny_model_dir):
     s = h.make_scheduler(tiny_model_dir, kvshare=True, specs=h.layer_specs("gpt-oss", size=32))
     assert type(s.kv_cache_manager).__name__ == "KvshareHybridKVCacheManager"
     full = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=8, dtype=torch.float32)
-    mamba = MambaSpec(block_size=16, shapes=((4, 4),), dtypes=(torch.float32,))
+    # Mamba state groups run in kvshare in "align" / "all" / "none" (test_mamba_compare.py);
+    # speculative state blocks and KV events with state groups stay with vLLM.
+    mamba = MambaSpec(block_size=16, shapes=((16, 16),), dtypes=(torch.float32,),
+                      mamba_cache_mode="align")
     cfg = KVCacheConfig(num_blocks=64, kv_cache_tensors=[],
                         kv_cache_groups=[KVCacheGroupSpec(["a"], full),
                                          KVCacheGroupSpec(["m"], mamba)])
-    assert "MambaSpec" in hybrid_unsupported_reason(cfg, 16, 16)
+    assert hybrid_unsupported_reason(cfg, 16, 16) is None
+    cfg.kv_cache_groups[1] = KVCacheGroupSpec(["m"], MambaSpec(
+        block_size=16, shapes=((16, 16),), dtypes=(torch.float32,), mamba_cache_mode="all"))
+    assert hybrid_unsupported_reason(cfg, 16, 16) is None
+    assert "KV events" in hybrid_unsupported_reason(cfg, 16, 16, enable_kv_cache_events=True)
+    cfg.kv_cache_groups[1] = KVCacheGroupSpec(["m"], MambaSpec(
+        block_size=16, shapes=((16, 16),), dtypes=(torch.float32,), mamba_cache_mode="all",
+        num_speculative_blocks=1))
+    assert "speculative" in hybrid_unsupported_reason(cfg, 16, 16)
     cfg.kv_cache_groups.pop()
     assert hybrid_unsupported_reason(cfg, 16, 16) is None
     assert hybrid_unsupported_reason(cfg, 16, 16, enable_kv_cache_events=True) is None
