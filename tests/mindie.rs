@@ -77,6 +77,7 @@ fn build_and_run(variant: &str, extra: &[&str], env: &[(&str, &str)]) {
     let objects = [
         ("adapter", m.join("src/kvshare_block_manager.cpp")),
         ("hybrid", m.join("src/kvshare_hybrid_manager.cpp")),
+        ("base", m.join("src/kvshare_manager_base.cpp")),
         ("factory", m.join("src/factory.cpp")),
         ("sequence_compat", m.join("compat/sequence_compat.cpp")),
     ];

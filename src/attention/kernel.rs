@@ -207,17 +207,7 @@ pub(crate) fn attend_partial<T: KvElem>(
     m: &mut [f32],
     l: &mut [f32],
 ) {
-    let d = kv.layout.head_dim;
-    let n = rows.lo.len();
-    assert!(rows.hi.len() == n && rows.kv_head.len() == n);
-    assert!(rows.q.len() >= n * d && out.len() >= n * d);
-    assert!(m.len() >= n && l.len() >= n);
-    // A path the machine lacks runs the portable code instead (check() is a cached load).
-    let isa = if isa.check().is_ok() {
-        isa
-    } else {
-        Isa::Portable
-    };
+    let isa = checked_path(isa, kv.layout.head_dim, rows, out, m, l);
     match isa.vector() {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: check() found the features; the lengths are checked above and in `block`.
@@ -229,6 +219,29 @@ pub(crate) fn attend_partial<T: KvElem>(
         Isa::Portable16 => unsafe { attend_impl::<Portable<16>, T>(kv, rows, out, m, l) },
         // SAFETY: as above.
         _ => unsafe { attend_impl::<Portable<8>, T>(kv, rows, out, m, l) },
+    }
+}
+
+/// What both kernels' entries ([`attend_partial`], `tiled::attend_partial`) check first: the
+/// row arrays agree in length and `out`, `m`, `l` hold every row (panics otherwise: a caller
+/// bug, never input). Returns the path to run: `isa`, or the portable path when the machine
+/// lacks it (so a value naming a missing path never faults; `check()` is a cached load).
+pub(crate) fn checked_path(
+    isa: Isa,
+    d: usize,
+    rows: &Rows<'_>,
+    out: &[f32],
+    m: &[f32],
+    l: &[f32],
+) -> Isa {
+    let n = rows.lo.len();
+    assert!(rows.hi.len() == n && rows.kv_head.len() == n);
+    assert!(rows.q.len() >= n * d && out.len() >= n * d);
+    assert!(m.len() >= n && l.len() >= n);
+    if isa.check().is_ok() {
+        isa
+    } else {
+        Isa::Portable
     }
 }
 

@@ -47,7 +47,44 @@ class Unsupported : public std::runtime_error {
     explicit Unsupported(const std::string &feature);
 };
 
-class KvshareBlockManager : public mindie_llm::BlockSpaceManager {
+// What both kvshare managers answer alike: one rank (no sequence/context parallelism), no KV pool
+// (block hash values, remote computed blocks), no layerwise cloud manager, and the DP rank they
+// were made for. Defined once in src/kvshare_manager_base.cpp; each manager supplies
+// `TokensOrThrow`.
+class KvshareManagerBase : public mindie_llm::BlockSpaceManager {
+   public:
+    bool CanAppendSlotNew(const SequenceGroupSPtr &seqGroup) const override;
+    void AppendSlotNew(const SequenceGroupSPtr &seqGroup) override;
+    void AppendTokenToLatestRank(SequenceId seqId, const std::vector<TokenId> &tokens) override;
+    std::vector<std::vector<HashValue>> GetRankedHashValues(SequenceId seqId) const override;
+    std::vector<HashValue> GetSeqHashValues(SequenceId seqId) const override;
+    std::vector<size_t> GetTokenCountPerRank(SequenceId seqId) const override;
+    size_t GetLatestAppendedRankId(SequenceId seqId) const override;
+    size_t GetAppendedBlockRankId(SequenceId seqId) const override;
+    bool IsAppendBlock(SequenceId seqId) override;
+    std::vector<size_t> GetAllrankComputedBlockNum(const std::vector<SequenceSPtr> &seqs) override;
+    std::vector<BlockId> GetRemoteComputedBlockIds(const std::vector<SequenceSPtr> &seqs, size_t computedLens,
+                                                   uint32_t tpSize, std::string modelName) override;
+    std::vector<size_t> GetAllRankRemoteComputedBlockIds(const std::vector<SequenceSPtr> &seqs,
+                                                         std::vector<size_t> &computedBlocksNum,
+                                                         std::string modelName) override;
+    size_t GetLocalDPRank() const override;
+    void LwdInitCloudBlockManager(const BlockManagerConfig &lwdCloudConfig, size_t localDPRank) override;
+    void LwdGetCloudRankedBlockIds(SequenceId seqId, std::vector<std::vector<BlockId>> &rankedBlockIds) const override;
+    size_t LwdGetCloudLatestAppendedRankId(SequenceId seqId) const override;
+    size_t LwdGetCloudAppendedBlockRankId(SequenceId seqId) const override;
+    std::vector<size_t> LwdGetCloudTokenCountPerRank(SequenceId seqId) const override;
+
+   protected:
+    explicit KvshareManagerBase(size_t localDPRank) : localDPRank_(localDPRank) {}
+    // The token count of `seqId`; throws std::out_of_range naming `method` for an unknown id.
+    virtual uint64_t TokensOrThrow(SequenceId seqId, const char *method) const = 0;
+
+   private:
+    size_t localDPRank_;
+};
+
+class KvshareBlockManager : public KvshareManagerBase {
    public:
     // Throws `Unsupported` for a configuration the adapter does not support (rankSize or
     // hostSize > 1, enableKvPool, a cache type other than TOKEN), std::invalid_argument for a bad
@@ -63,9 +100,6 @@ class KvshareBlockManager : public mindie_llm::BlockSpaceManager {
     bool Allocate(const SequenceGroupSPtr &seqGroup) override;
     bool CanAppendSlot(const SequenceGroupSPtr &seqGroup) const override;
     std::vector<std::pair<BlockId, BlockId>> AppendSlot(const SequenceSPtr &seq) override;
-    bool CanAppendSlotNew(const SequenceGroupSPtr &seqGroup) const override;
-    void AppendSlotNew(const SequenceGroupSPtr &seqGroup) override;
-    void AppendTokenToLatestRank(SequenceId seqId, const std::vector<TokenId> &tokens) override;
     void Fork(SequenceSPtr &parentSeq, SequenceSPtr &childSeq) override;
     bool CanSwapOut(const SequenceGroupSPtr &seqGroup) override;
     std::vector<std::pair<PhysicalBlockId, PhysicalBlockId>> SwapOut(const SequenceGroupSPtr &seqGroup) override;
@@ -75,23 +109,11 @@ class KvshareBlockManager : public mindie_llm::BlockSpaceManager {
     std::vector<BlockIds> GetBlockIds(SequenceId seqId) const override;
     void GetRankedBlockIds(SequenceId seqId, std::vector<RankedBlockId> &rankedBlockIds) const override;
     void GetRankedBlockIds(SequenceId seqId, std::vector<std::vector<BlockId>> &rankedBlockIds) const override;
-    std::vector<std::vector<HashValue>> GetRankedHashValues(SequenceId seqId) const override;
-    std::vector<HashValue> GetSeqHashValues(SequenceId seqId) const override;
-    std::vector<size_t> GetTokenCountPerRank(SequenceId seqId) const override;
-    size_t GetLatestAppendedRankId(SequenceId seqId) const override;
-    size_t GetAppendedBlockRankId(SequenceId seqId) const override;
-    bool IsAppendBlock(SequenceId seqId) override;
     size_t GetNumFreeNpuBlocks() const override;
     size_t GetNumFreeCpuBlocks() const override;
     size_t GetTotalNpuBlocks() const override;
     void AccessAllblocksInSeq(const SequenceSPtr &seq, float accessTime) override;
     std::vector<BlockId> GetCommonComputedBlockIds(const std::vector<SequenceSPtr> &seqs) override;
-    std::vector<size_t> GetAllrankComputedBlockNum(const std::vector<SequenceSPtr> &seqs) override;
-    std::vector<BlockId> GetRemoteComputedBlockIds(const std::vector<SequenceSPtr> &seqs, size_t computedLens,
-                                                   uint32_t tpSize, std::string modelName) override;
-    std::vector<size_t> GetAllRankRemoteComputedBlockIds(const std::vector<SequenceSPtr> &seqs,
-                                                         std::vector<size_t> &computedBlocksNum,
-                                                         std::string modelName) override;
     void MarkBlocksAsComputed() override;
     float GetPrefixCacheHitRate() const override;
     bool ResetPrefixCache() const override;
@@ -99,12 +121,6 @@ class KvshareBlockManager : public mindie_llm::BlockSpaceManager {
     size_t GetSeqNumCachedTokens(const SequenceSPtr &seq) override;
     void ReplaceTrailingPlaceHolder(const SequenceSPtr &seq, size_t trailingPlaceHolderNum,
                                     size_t replacedPlaceHolderNum) override;
-    size_t GetLocalDPRank() const override;
-    void LwdInitCloudBlockManager(const BlockManagerConfig &lwdCloudConfig, size_t localDPRank) override;
-    void LwdGetCloudRankedBlockIds(SequenceId seqId, std::vector<std::vector<BlockId>> &rankedBlockIds) const override;
-    size_t LwdGetCloudLatestAppendedRankId(SequenceId seqId) const override;
-    size_t LwdGetCloudAppendedBlockRankId(SequenceId seqId) const override;
-    std::vector<size_t> LwdGetCloudTokenCountPerRank(SequenceId seqId) const override;
 
     // Not part of MindIE's interface: the kvshare cache behind this manager (for tests and
     // diagnostics such as kvs_cache_check / kvs_cache_stats). Owned by the manager.
@@ -120,6 +136,9 @@ class KvshareBlockManager : public mindie_llm::BlockSpaceManager {
     // Shape of a live sequence; false if kvshare has no sequence with that id.
     bool Shape(SequenceId seqId, SeqShape &out) const;
     SeqShape ShapeOrThrow(SequenceId seqId, const char *method) const;
+    uint64_t TokensOrThrow(SequenceId seqId, const char *method) const override {
+        return ShapeOrThrow(seqId, method).numTokens;
+    }
     std::vector<uint32_t> Pages(SequenceId seqId, const SeqShape &shape) const;
     // Device pages an append of `newTokens` tokens would take (capacity plus copy-on-write).
     size_t AppendNeed(SequenceId seqId, size_t newTokens) const;
@@ -151,7 +170,6 @@ class KvshareBlockManager : public mindie_llm::BlockSpaceManager {
     size_t allocatableNpuBlocks_;
     size_t speculativeSlots_;
     bool enableCaching_;
-    size_t localDPRank_;
     std::atomic<uint64_t> hitBlocks_{0};
     std::atomic<uint64_t> missBlocks_{0};
 };
@@ -168,7 +186,7 @@ class KvshareBlockManager : public mindie_llm::BlockSpaceManager {
 // SLIDING_WINDOW group. What MindIE at 8b4871a does not define (it declares these types but its
 // factory refuses them) is documented in README.md ("KV-cache groups"), as are the methods this
 // manager does not support (fork, swap, SP/CP, KV pool).
-class KvshareHybridBlockManager : public mindie_llm::BlockSpaceManager {
+class KvshareHybridBlockManager : public KvshareManagerBase {
    public:
     // Throws `Unsupported` for what the adapter does not support (SEQUENCE cache type, rankSize or
     // hostSize > 1, enableKvPool, nested subManagers), std::invalid_argument for a bad config
@@ -184,9 +202,6 @@ class KvshareHybridBlockManager : public mindie_llm::BlockSpaceManager {
     bool Allocate(const SequenceGroupSPtr &seqGroup) override;
     bool CanAppendSlot(const SequenceGroupSPtr &seqGroup) const override;
     std::vector<std::pair<BlockId, BlockId>> AppendSlot(const SequenceSPtr &seq) override;
-    bool CanAppendSlotNew(const SequenceGroupSPtr &seqGroup) const override;
-    void AppendSlotNew(const SequenceGroupSPtr &seqGroup) override;
-    void AppendTokenToLatestRank(SequenceId seqId, const std::vector<TokenId> &tokens) override;
     void Fork(SequenceSPtr &parentSeq, SequenceSPtr &childSeq) override;
     bool CanSwapOut(const SequenceGroupSPtr &seqGroup) override;
     std::vector<std::pair<PhysicalBlockId, PhysicalBlockId>> SwapOut(const SequenceGroupSPtr &seqGroup) override;
@@ -196,23 +211,11 @@ class KvshareHybridBlockManager : public mindie_llm::BlockSpaceManager {
     std::vector<BlockIds> GetBlockIds(SequenceId seqId) const override;
     void GetRankedBlockIds(SequenceId seqId, std::vector<RankedBlockId> &rankedBlockIds) const override;
     void GetRankedBlockIds(SequenceId seqId, std::vector<std::vector<BlockId>> &rankedBlockIds) const override;
-    std::vector<std::vector<HashValue>> GetRankedHashValues(SequenceId seqId) const override;
-    std::vector<HashValue> GetSeqHashValues(SequenceId seqId) const override;
-    std::vector<size_t> GetTokenCountPerRank(SequenceId seqId) const override;
-    size_t GetLatestAppendedRankId(SequenceId seqId) const override;
-    size_t GetAppendedBlockRankId(SequenceId seqId) const override;
-    bool IsAppendBlock(SequenceId seqId) override;
     size_t GetNumFreeNpuBlocks() const override;
     size_t GetNumFreeCpuBlocks() const override;
     size_t GetTotalNpuBlocks() const override;
     void AccessAllblocksInSeq(const SequenceSPtr &seq, float accessTime) override;
     std::vector<BlockId> GetCommonComputedBlockIds(const std::vector<SequenceSPtr> &seqs) override;
-    std::vector<size_t> GetAllrankComputedBlockNum(const std::vector<SequenceSPtr> &seqs) override;
-    std::vector<BlockId> GetRemoteComputedBlockIds(const std::vector<SequenceSPtr> &seqs, size_t computedLens,
-                                                   uint32_t tpSize, std::string modelName) override;
-    std::vector<size_t> GetAllRankRemoteComputedBlockIds(const std::vector<SequenceSPtr> &seqs,
-                                                         std::vector<size_t> &computedBlocksNum,
-                                                         std::string modelName) override;
     void MarkBlocksAsComputed() override;
     float GetPrefixCacheHitRate() const override;
     bool ResetPrefixCache() const override;
@@ -220,12 +223,6 @@ class KvshareHybridBlockManager : public mindie_llm::BlockSpaceManager {
     size_t GetSeqNumCachedTokens(const SequenceSPtr &seq) override;
     void ReplaceTrailingPlaceHolder(const SequenceSPtr &seq, size_t trailingPlaceHolderNum,
                                     size_t replacedPlaceHolderNum) override;
-    size_t GetLocalDPRank() const override;
-    void LwdInitCloudBlockManager(const BlockManagerConfig &lwdCloudConfig, size_t localDPRank) override;
-    void LwdGetCloudRankedBlockIds(SequenceId seqId, std::vector<std::vector<BlockId>> &rankedBlockIds) const override;
-    size_t LwdGetCloudLatestAppendedRankId(SequenceId seqId) const override;
-    size_t LwdGetCloudAppendedBlockRankId(SequenceId seqId) const override;
-    std::vector<size_t> LwdGetCloudTokenCountPerRank(SequenceId seqId) const override;
 
     // Not part of MindIE's interface: the kvshare cache of groups behind this manager (for tests
     // and diagnostics: kvs_hybrid_check, kvs_hybrid_stats). Owned by the manager.
@@ -242,6 +239,9 @@ class KvshareHybridBlockManager : public mindie_llm::BlockSpaceManager {
     };
     bool Find(SequenceId seqId, Shape &out) const;
     Shape FindOrThrow(SequenceId seqId, const char *method) const;
+    uint64_t TokensOrThrow(SequenceId seqId, const char *method) const override {
+        return FindOrThrow(seqId, method).numTokens;
+    }
     // Group `g`'s positional table (KVS_NULL_PAGE at released positions).
     std::vector<uint32_t> Table(SequenceId seqId, size_t g, const Shape &shape) const;
     size_t FreePages() const;
@@ -252,7 +252,6 @@ class KvshareHybridBlockManager : public mindie_llm::BlockSpaceManager {
     size_t numPages_ = 0;
     size_t speculativeSlots_ = 0;
     bool enableCaching_ = false;
-    size_t localDPRank_ = 0;
     std::atomic<uint64_t> hitBlocks_{0};
     std::atomic<uint64_t> missBlocks_{0};
 };

@@ -72,13 +72,13 @@ Unsupported::Unsupported(const std::string &feature)
     : std::runtime_error("kvshare MindIE adapter: not supported yet: " + feature) {}
 
 KvshareBlockManager::KvshareBlockManager(const BlockManagerConfig &config, size_t localDPRank)
-    : blockSize_(config.cacheBlockSize),
+    : KvshareManagerBase(localDPRank),
+      blockSize_(config.cacheBlockSize),
       npuBlockNum_(config.npuBlockNum),
       cpuIdOffset_(0),
       allocatableNpuBlocks_(0),
       speculativeSlots_(config.speculativeSlots),
-      enableCaching_(config.enableCaching),
-      localDPRank_(localDPRank) {
+      enableCaching_(config.enableCaching) {
     if (config.rankSize != 1 || config.hostSize != 1) {
         throw Unsupported("sequence/context parallel (rankSize " + std::to_string(config.rankSize) + ", hostSize " +
                           std::to_string(config.hostSize) + "; only 1 is supported)");
@@ -489,46 +489,6 @@ void KvshareBlockManager::GetRankedBlockIds(SequenceId seqId,
     rankedBlockIds.push_back(std::move(ids));
 }
 
-std::vector<std::vector<HashValue>> KvshareBlockManager::GetRankedHashValues(SequenceId) const {
-    throw Unsupported("MindIE block hash values (GetRankedHashValues; used by the KV pool)");
-}
-
-std::vector<HashValue> KvshareBlockManager::GetSeqHashValues(SequenceId) const {
-    throw Unsupported("MindIE block hash values (GetSeqHashValues; used by the KV pool)");
-}
-
-// ---- sequence/context parallel: rank size is always 1 here ----
-
-std::vector<size_t> KvshareBlockManager::GetTokenCountPerRank(SequenceId seqId) const {
-    return {static_cast<size_t>(ShapeOrThrow(seqId, "GetTokenCountPerRank").numTokens)};
-}
-
-size_t KvshareBlockManager::GetLatestAppendedRankId(SequenceId seqId) const {
-    (void)ShapeOrThrow(seqId, "GetLatestAppendedRankId");
-    return 0;
-}
-
-size_t KvshareBlockManager::GetAppendedBlockRankId(SequenceId seqId) const {
-    (void)ShapeOrThrow(seqId, "GetAppendedBlockRankId");
-    return 0;
-}
-
-bool KvshareBlockManager::IsAppendBlock(SequenceId) {
-    throw Unsupported("sequence/context parallel (IsAppendBlock)");
-}
-
-bool KvshareBlockManager::CanAppendSlotNew(const SequenceGroupSPtr &) const {
-    throw Unsupported("sequence/context parallel (CanAppendSlotNew)");
-}
-
-void KvshareBlockManager::AppendSlotNew(const SequenceGroupSPtr &) {
-    throw Unsupported("sequence/context parallel (AppendSlotNew)");
-}
-
-void KvshareBlockManager::AppendTokenToLatestRank(SequenceId, const std::vector<TokenId> &) {
-    throw Unsupported("sequence/context parallel (AppendTokenToLatestRank)");
-}
-
 // ---- counts ----
 
 size_t KvshareBlockManager::GetNumFreeNpuBlocks() const { return FreeDevicePages(); }
@@ -575,20 +535,6 @@ std::vector<BlockId> KvshareBlockManager::GetCommonComputedBlockIds(const std::v
         common.resize(j);
     }
     return common;
-}
-
-std::vector<size_t> KvshareBlockManager::GetAllrankComputedBlockNum(const std::vector<SequenceSPtr> &seqs) {
-    return {GetCommonComputedBlockIds(seqs).size()};
-}
-
-std::vector<BlockId> KvshareBlockManager::GetRemoteComputedBlockIds(const std::vector<SequenceSPtr> &, size_t,
-                                                                    uint32_t, std::string) {
-    throw Unsupported("KV pool (GetRemoteComputedBlockIds)");
-}
-
-std::vector<size_t> KvshareBlockManager::GetAllRankRemoteComputedBlockIds(const std::vector<SequenceSPtr> &,
-                                                                          std::vector<size_t> &, std::string) {
-    throw Unsupported("KV pool (GetAllRankRemoteComputedBlockIds)");
 }
 
 void KvshareBlockManager::MarkBlocksAsComputed() { Check(kvs_cache_commit(cache_), "MarkBlocksAsComputed"); }
@@ -670,30 +616,6 @@ void KvshareBlockManager::ReplaceTrailingPlaceHolder(const SequenceSPtr &seq, si
     // kvshare has no call to rewrite tokens already in a sequence, so pages that held a
     // placeholder stay unhashed (never prefix hits). That only loses hits: block ids and KV are
     // unaffected. MindIE itself never calls this (USE_PREFIX_CACHE_WITH_PLACE_HOLDER is false).
-}
-
-size_t KvshareBlockManager::GetLocalDPRank() const { return localDPRank_; }
-
-// ---- layerwise (edge-cloud) disaggregation ----
-
-void KvshareBlockManager::LwdInitCloudBlockManager(const BlockManagerConfig &, size_t) {
-    throw Unsupported("layerwise cloud block manager (LwdInitCloudBlockManager)");
-}
-
-void KvshareBlockManager::LwdGetCloudRankedBlockIds(SequenceId, std::vector<std::vector<BlockId>> &) const {
-    throw Unsupported("layerwise cloud block manager (LwdGetCloudRankedBlockIds)");
-}
-
-size_t KvshareBlockManager::LwdGetCloudLatestAppendedRankId(SequenceId) const {
-    throw Unsupported("layerwise cloud block manager (LwdGetCloudLatestAppendedRankId)");
-}
-
-size_t KvshareBlockManager::LwdGetCloudAppendedBlockRankId(SequenceId) const {
-    throw Unsupported("layerwise cloud block manager (LwdGetCloudAppendedBlockRankId)");
-}
-
-std::vector<size_t> KvshareBlockManager::LwdGetCloudTokenCountPerRank(SequenceId) const {
-    throw Unsupported("layerwise cloud block manager (LwdGetCloudTokenCountPerRank)");
 }
 
 }  // namespace kvshare_mindie

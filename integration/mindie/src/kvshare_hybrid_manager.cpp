@@ -62,7 +62,7 @@ void CheckSub(const BlockManagerConfig &c) {
 }  // namespace
 
 KvshareHybridBlockManager::KvshareHybridBlockManager(const BlockManagerConfig &config, size_t localDPRank)
-    : speculativeSlots_(config.speculativeSlots), enableCaching_(config.enableCaching), localDPRank_(localDPRank) {
+    : KvshareManagerBase(localDPRank), speculativeSlots_(config.speculativeSlots), enableCaching_(config.enableCaching) {
     // The groups: the sub-managers of a composite, else the config itself.
     std::vector<BlockManagerConfig> subs = config.subManagers;
     if (subs.empty()) {
@@ -336,44 +336,6 @@ void KvshareHybridBlockManager::GetRankedBlockIds(SequenceId seqId,
     rankedBlockIds = {GetBlockIds(seqId).at(0)};
 }
 
-std::vector<std::vector<HashValue>> KvshareHybridBlockManager::GetRankedHashValues(SequenceId) const {
-    throw Unsupported("MindIE block hash values (GetRankedHashValues; used by the KV pool)");
-}
-
-std::vector<HashValue> KvshareHybridBlockManager::GetSeqHashValues(SequenceId) const {
-    throw Unsupported("MindIE block hash values (GetSeqHashValues; used by the KV pool)");
-}
-
-std::vector<size_t> KvshareHybridBlockManager::GetTokenCountPerRank(SequenceId seqId) const {
-    return {static_cast<size_t>(FindOrThrow(seqId, "GetTokenCountPerRank").numTokens)};
-}
-
-size_t KvshareHybridBlockManager::GetLatestAppendedRankId(SequenceId seqId) const {
-    (void)FindOrThrow(seqId, "GetLatestAppendedRankId");
-    return 0;
-}
-
-size_t KvshareHybridBlockManager::GetAppendedBlockRankId(SequenceId seqId) const {
-    (void)FindOrThrow(seqId, "GetAppendedBlockRankId");
-    return 0;
-}
-
-bool KvshareHybridBlockManager::IsAppendBlock(SequenceId) {
-    throw Unsupported("sequence/context parallel (IsAppendBlock)");
-}
-
-bool KvshareHybridBlockManager::CanAppendSlotNew(const SequenceGroupSPtr &) const {
-    throw Unsupported("sequence/context parallel (CanAppendSlotNew)");
-}
-
-void KvshareHybridBlockManager::AppendSlotNew(const SequenceGroupSPtr &) {
-    throw Unsupported("sequence/context parallel (AppendSlotNew)");
-}
-
-void KvshareHybridBlockManager::AppendTokenToLatestRank(SequenceId, const std::vector<TokenId> &) {
-    throw Unsupported("sequence/context parallel (AppendTokenToLatestRank)");
-}
-
 size_t KvshareHybridBlockManager::GetNumFreeNpuBlocks() const { return FreePages(); }
 
 size_t KvshareHybridBlockManager::GetNumFreeCpuBlocks() const { return 0; }
@@ -415,20 +377,6 @@ std::vector<BlockId> KvshareHybridBlockManager::GetCommonComputedBlockIds(const 
         common.resize(j);
     }
     return common;
-}
-
-std::vector<size_t> KvshareHybridBlockManager::GetAllrankComputedBlockNum(const std::vector<SequenceSPtr> &seqs) {
-    return {GetCommonComputedBlockIds(seqs).size()};
-}
-
-std::vector<BlockId> KvshareHybridBlockManager::GetRemoteComputedBlockIds(const std::vector<SequenceSPtr> &, size_t,
-                                                                          uint32_t, std::string) {
-    throw Unsupported("KV pool (GetRemoteComputedBlockIds)");
-}
-
-std::vector<size_t> KvshareHybridBlockManager::GetAllRankRemoteComputedBlockIds(const std::vector<SequenceSPtr> &,
-                                                                                std::vector<size_t> &, std::string) {
-    throw Unsupported("KV pool (GetAllRankRemoteComputedBlockIds)");
 }
 
 // kvs_hybrid registers full pages when Allocate / AppendSlot schedule them (vLLM's rule: every
@@ -502,28 +450,6 @@ void KvshareHybridBlockManager::ReplaceTrailingPlaceHolder(const SequenceSPtr &s
     }
     (void)FindOrThrow(seq->seqId_, "ReplaceTrailingPlaceHolder");
     // As KvshareBlockManager: pages that held a placeholder are never hashed; nothing to rewrite.
-}
-
-size_t KvshareHybridBlockManager::GetLocalDPRank() const { return localDPRank_; }
-
-void KvshareHybridBlockManager::LwdInitCloudBlockManager(const BlockManagerConfig &, size_t) {
-    throw Unsupported("layerwise cloud block manager (LwdInitCloudBlockManager)");
-}
-
-void KvshareHybridBlockManager::LwdGetCloudRankedBlockIds(SequenceId, std::vector<std::vector<BlockId>> &) const {
-    throw Unsupported("layerwise cloud block manager (LwdGetCloudRankedBlockIds)");
-}
-
-size_t KvshareHybridBlockManager::LwdGetCloudLatestAppendedRankId(SequenceId) const {
-    throw Unsupported("layerwise cloud block manager (LwdGetCloudLatestAppendedRankId)");
-}
-
-size_t KvshareHybridBlockManager::LwdGetCloudAppendedBlockRankId(SequenceId) const {
-    throw Unsupported("layerwise cloud block manager (LwdGetCloudAppendedBlockRankId)");
-}
-
-std::vector<size_t> KvshareHybridBlockManager::LwdGetCloudTokenCountPerRank(SequenceId) const {
-    throw Unsupported("layerwise cloud block manager (LwdGetCloudTokenCountPerRank)");
 }
 
 }  // namespace kvshare_mindie

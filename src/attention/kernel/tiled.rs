@@ -402,15 +402,7 @@ pub(crate) fn attend_partial<T: KvElem>(
     l: &mut [f32],
 ) {
     let d = kv.layout.head_dim;
-    let n = rows.lo.len();
-    assert!(rows.hi.len() == n && rows.kv_head.len() == n);
-    assert!(rows.q.len() >= n * d && out.len() >= n * d);
-    assert!(m.len() >= n && l.len() >= n);
-    let isa = if isa.check().is_ok() {
-        isa
-    } else {
-        Isa::Portable
-    };
+    let isa = super::checked_path(isa, d, rows, out, m, l);
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: check() found AMX, the tile permission and AVX2/FMA/F16C; lengths checked
