@@ -160,21 +160,6 @@ static int set_size(PyObject *st, PyObject *name, Py_ssize_t value) {
     return r;
 }
 
-/* ``args[0..n]`` as non-negative Py_ssize_t counts into ``out`` (-1 with an exception set: an
- * OverflowError, or ValueError "<what>: negative count"). */
-static int counts(PyObject *const *args, int n, Py_ssize_t *out, const char *what) {
-    for (int i = 0; i < n; i++) {
-        out[i] = PyLong_AsSsize_t(args[i]);
-        if (out[i] == -1 && PyErr_Occurred())
-            return -1;
-        if (out[i] < 0) {
-            PyErr_Format(PyExc_ValueError, "%s: negative count", what);
-            return -1;
-        }
-    }
-    return 0;
-}
-
 /* ``extra_addr`` (an int: a ``kvs_extra_keys *``, 0 for none) as a pointer; -1 with an
  * exception set (OverflowError for a negative or too large int). */
 static int extra_ptr(PyObject *addr, const kvs_extra_keys **out) {

@@ -1,6 +1,7 @@
 /* Token-id packing shared by the compiled modules of the vLLM adapter (``_fast.c`` for one
  * full-attention group, ``_fast_groups.c`` for KV-cache groups): Python ints to int32, with the
- * checks ``kvshare.pack_i32`` makes.  Static functions: each module has its own copy. */
+ * checks ``kvshare.pack_i32`` makes, and count arguments read as non-negative
+ * Py_ssize_t.  Static functions: each module has its own copy. */
 #ifndef KVSHARE_VLLM_FAST_COMMON_H
 #define KVSHARE_VLLM_FAST_COMMON_H
 
@@ -71,6 +72,21 @@ static inline int to_i32(PyObject *ids, Py_ssize_t start, Py_ssize_t n, int32_t 
             return -1;
         }
         out[i] = (int32_t)v;
+    }
+    return 0;
+}
+
+/* ``args[0..n]`` as non-negative Py_ssize_t counts into ``out`` (-1 with an exception set: an
+ * OverflowError, or ValueError "<what>: negative count"). */
+static inline int counts(PyObject *const *args, int n, Py_ssize_t *out, const char *what) {
+    for (int i = 0; i < n; i++) {
+        out[i] = PyLong_AsSsize_t(args[i]);
+        if (out[i] == -1 && PyErr_Occurred())
+            return -1;
+        if (out[i] < 0) {
+            PyErr_Format(PyExc_ValueError, "%s: negative count", what);
+            return -1;
+        }
     }
     return 0;
 }

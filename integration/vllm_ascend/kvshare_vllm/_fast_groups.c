@@ -491,19 +491,6 @@ static int append_core(Groups *self, PyObject *st, State *s, PyObject *ids, Py_s
 
 /* ---------------------------------------------------------------- methods */
 
-static int sizes(PyObject *const *args, int n, Py_ssize_t *out, const char *what) {
-    for (int i = 0; i < n; i++) {
-        out[i] = PyLong_AsSsize_t(args[i]);
-        if (out[i] == -1 && PyErr_Occurred())
-            return -1;
-        if (out[i] < 0) {
-            PyErr_Format(PyExc_ValueError, "%s: negative count", what);
-            return -1;
-        }
-    }
-    return 0;
-}
-
 static PyObject *running_impl(Groups *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 6) {
         PyErr_SetString(PyExc_TypeError,
@@ -511,7 +498,7 @@ static PyObject *running_impl(Groups *self, PyObject *const *args, Py_ssize_t na
         return NULL;
     }
     Py_ssize_t v[3], avail;
-    if (sizes(args + 2, 3, v, "running") < 0 || avail_in(args[5], &avail) < 0)
+    if (counts(args + 2, 3, v, "running") < 0 || avail_in(args[5], &avail) < 0)
         return NULL;
     if (avail < 0) {
         PyErr_SetString(PyExc_ValueError, "running: avail must be known");
@@ -558,7 +545,7 @@ static PyObject *append_impl(Groups *self, PyObject *const *args, Py_ssize_t nar
         return NULL;
     }
     Py_ssize_t v[2], avail;
-    if (sizes(args + 2, 2, v, "append") < 0 || avail_in(args[4], &avail) < 0)
+    if (counts(args + 2, 2, v, "append") < 0 || avail_in(args[4], &avail) < 0)
         return NULL;
     State s;
     if (state_read(self, args[0], &s) < 0)
@@ -578,7 +565,7 @@ static PyObject *release_impl(Groups *self, PyObject *const *args, Py_ssize_t na
         return NULL;
     }
     Py_ssize_t c, avail, released;
-    if (sizes(args + 1, 1, &c, "release") < 0 || avail_in(args[2], &avail) < 0)
+    if (counts(args + 1, 1, &c, "release") < 0 || avail_in(args[2], &avail) < 0)
         return NULL;
     State s;
     if (state_read(self, args[0], &s) < 0)
@@ -597,7 +584,7 @@ static PyObject *begin_impl(Groups *self, PyObject *const *args, Py_ssize_t narg
         return NULL;
     }
     Py_ssize_t known, v[3], avail;
-    if (sizes(args + 2, 1, &known, "begin") < 0 || sizes(args + 4, 3, v, "begin") < 0 ||
+    if (counts(args + 2, 1, &known, "begin") < 0 || counts(args + 4, 3, v, "begin") < 0 ||
         avail_in(args[7], &avail) < 0)
         return NULL;
     unsigned long long ex = PyLong_AsUnsignedLongLong(args[3]);
@@ -700,7 +687,7 @@ static PyObject *match_impl(Groups *self, PyObject *const *args, Py_ssize_t narg
     if (ex == (unsigned long long)-1 && PyErr_Occurred())
         return NULL;
     Py_ssize_t max_tokens;
-    if (sizes(args + 2, 1, &max_tokens, "match") < 0)
+    if (counts(args + 2, 1, &max_tokens, "match") < 0)
         return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(ids);
     if (pack(self, ids, 0, n) < 0)
