@@ -131,14 +131,6 @@ trait Lanes {
     /// `exp` per lane; `-inf` (and anything below about -87) gives 0.
     unsafe fn exp(v: Self::V) -> Self::V;
     unsafe fn load_kv<T: KvElem>(p: *const T) -> Self::V;
-    /// Hints that the cache line holding `p` will be read soon (never faults).
-    #[inline(always)]
-    unsafe fn prefetch(p: *const u8) {
-        #[cfg(target_arch = "x86_64")]
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast());
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = p;
-    }
 }
 
 mod amx;
@@ -147,7 +139,9 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 mod portable;
+mod prefetch;
 use portable::Portable;
+use prefetch::Ahead;
 pub(crate) mod tiled;
 /// The 8-lane portable lanes (the tiled kernel's portable engine).
 type Scalar = Portable<8>;
@@ -336,25 +330,42 @@ unsafe fn attend_impl<L: Lanes, T: KvElem>(
     out[..n * d].fill(0.0);
     let start = groups.iter().map(|g| g.start).min().unwrap_or(0);
     let end = groups.iter().map(|g| g.end).max().unwrap_or(0);
-    let mut pos = start;
-    while pos < end {
-        let page = kv.pages[pos / lay.page_size] as usize;
+    // The heads the groups read, whose rows of the next block are prefetched.
+    let h_lo = groups.iter().map(|g| g.kv_head).min().unwrap_or(0);
+    let h_hi = groups.iter().map(|g| g.kv_head).max().unwrap_or(0);
+    let rows_at = |base: usize, tokens: usize| {
+        let (ss, hs) = (lay.slot_stride, lay.head_stride);
+        prefetch::Rows::block(base, tokens, ss, h_lo, h_hi + 1 - h_lo, hs, d)
+    };
+    let block_at = |pos: usize| {
         let slot = pos % lay.page_size;
-        let nb = BT.min(lay.page_size - slot).min(end - pos);
-        let base = page * lay.page_stride + slot * lay.slot_stride;
-        // The next block (same page or the next one), whose K rows each group prefetches
-        // while it computes this one.
+        let page = kv.pages[pos / lay.page_size] as usize;
+        (
+            page * lay.page_stride + slot * lay.slot_stride,
+            BT.min(lay.page_size - slot).min(end - pos),
+        )
+    };
+    let mut pos = start;
+    if pos < end {
+        // The first block has nobody to prefetch it: request it at once.
+        let (base, nb) = block_at(pos);
+        Ahead::new(kv.k, kv.v, rows_at(base, nb)).finish();
+    }
+    while pos < end {
+        let (base, nb) = block_at(pos);
+        // The next block (same page or the next one): every group requests its share of its
+        // lines while it computes this one.
         let next = pos + nb;
-        let (next_base, next_n) = if next < end {
-            let nslot = next % lay.page_size;
-            let np = kv.pages[next / lay.page_size] as usize;
-            (
-                np * lay.page_stride + nslot * lay.slot_stride,
-                BT.min(lay.page_size - nslot).min(end - next),
-            )
+        let mut ahead = if next < end {
+            let (nbase, nn) = block_at(next);
+            Ahead::new(kv.k, kv.v, rows_at(nbase, nn))
         } else {
-            (0, 0)
+            Ahead::none()
         };
+        let mut busy = groups
+            .iter()
+            .filter(|g| pos < g.end && pos + nb > g.start)
+            .count();
         for g in groups.iter_mut() {
             if pos >= g.end || pos + nb <= g.start {
                 continue;
@@ -362,8 +373,6 @@ unsafe fn attend_impl<L: Lanes, T: KvElem>(
             let rr = g.r0..g.r0 + g.ng;
             let b = Block {
                 base: base + g.kv_head * lay.head_stride,
-                next_base: next_base + g.kv_head * lay.head_stride,
-                next_n: if next < g.end { next_n } else { 0 },
                 pos,
                 n: nb,
                 q: &rows.q[rr.start * d..rr.end * d],
@@ -371,20 +380,25 @@ unsafe fn attend_impl<L: Lanes, T: KvElem>(
                 hi: &rows.hi[rr.clone()],
             };
             let acc = &mut out[rr.start * d..rr.end * d];
+            // This group's share of the next block's lines, spread over its tokens.
+            let per_tok = ahead.left().div_ceil(busy).div_ceil(2 * nb);
+            busy -= 1;
+            let pf = (&mut ahead, per_tok);
             // (rows, tokens per score step, chunks per value step): rows x tokens = W score
             // accumulators (one transposed horizontal sum), about W value accumulators.
             let (m, l) = (&mut g.m, &mut g.l);
             match (L::W, g.ng) {
-                (8, 8) => block::<L, T, 8, 1, 1>(kv, &b, acc, m, l),
-                (8, 4) => block::<L, T, 4, 2, 2>(kv, &b, acc, m, l),
-                (8, 2) => block::<L, T, 2, 4, 4>(kv, &b, acc, m, l),
-                (8, _) => block::<L, T, 1, 8, 8>(kv, &b, acc, m, l),
-                (_, 8) => block::<L, T, 8, 2, 2>(kv, &b, acc, m, l),
-                (_, 4) => block::<L, T, 4, 4, 4>(kv, &b, acc, m, l),
-                (_, 2) => block::<L, T, 2, 8, 4>(kv, &b, acc, m, l),
-                _ => block::<L, T, 1, 16, 8>(kv, &b, acc, m, l),
+                (8, 8) => block::<L, T, 8, 1, 1>(kv, &b, acc, m, l, pf),
+                (8, 4) => block::<L, T, 4, 2, 2>(kv, &b, acc, m, l, pf),
+                (8, 2) => block::<L, T, 2, 4, 4>(kv, &b, acc, m, l, pf),
+                (8, _) => block::<L, T, 1, 8, 8>(kv, &b, acc, m, l, pf),
+                (_, 8) => block::<L, T, 8, 2, 2>(kv, &b, acc, m, l, pf),
+                (_, 4) => block::<L, T, 4, 4, 4>(kv, &b, acc, m, l, pf),
+                (_, 2) => block::<L, T, 2, 8, 4>(kv, &b, acc, m, l, pf),
+                _ => block::<L, T, 1, 16, 8>(kv, &b, acc, m, l, pf),
             }
         }
+        ahead.finish();
         pos += nb;
     }
     for g in &groups {
@@ -395,24 +409,10 @@ unsafe fn attend_impl<L: Lanes, T: KvElem>(
     }
 }
 
-/// Prefetches the cache lines of one `bytes`-long row starting at `p`.
-#[inline(always)]
-unsafe fn prefetch_row<L: Lanes>(p: *const u8, bytes: usize) {
-    let mut b = 0;
-    while b < bytes {
-        L::prefetch(p.add(b));
-        b += 64;
-    }
-}
-
 /// One K/V block for one row group.
 struct Block<'a> {
     /// Element offset of the block's first row for the group's kv head.
     base: usize,
-    /// The same for the next block the group reads, and its tokens (0: none): its K rows are
-    /// prefetched while this block computes.
-    next_base: usize,
-    next_n: usize,
     /// Position of the first token.
     pos: usize,
     /// Tokens.
@@ -513,6 +513,7 @@ unsafe fn block<L: Lanes, T: KvElem, const NG: usize, const TT: usize, const U: 
     acc: &mut [f32],
     m: &mut [f32; ROWS_PER_PASS],
     l: &mut [f32; ROWS_PER_PASS],
+    (ahead, per_tok): (&mut Ahead, usize),
 ) {
     let lay = kv.layout;
     let d = lay.head_dim;
@@ -535,39 +536,20 @@ unsafe fn block<L: Lanes, T: KvElem, const NG: usize, const TT: usize, const U: 
         krows[t] = &kv.k[off..off + d];
         vrows[t] = &kv.v[off..off + d];
     }
-    // Prefetches, spread over the score loop (a few lines per token, so they never pile up
-    // in the miss queues): this block's V rows, read after the scores, and the next block's K
-    // rows, read after this block. The rows are a slot stride apart, usually on different
-    // 4 KiB pages, where the hardware prefetchers stop.
-    let row_bytes = d * std::mem::size_of::<T>();
-    let prefetch = |t: usize| {
-        prefetch_row::<L>(vrows[t].as_ptr().cast(), row_bytes);
-        let off = b.next_base + t * lay.slot_stride;
-        if t < b.next_n {
-            if let Some(krow) = kv.k.get(off..off + d) {
-                prefetch_row::<L>(krow.as_ptr().cast(), row_bytes);
-            }
-        }
-    };
-    // Scores.
+    // Scores (the next block's lines requested as we go: see `prefetch.rs`).
     let mut t = 0;
     while t + TT <= n {
-        (t..t + TT).for_each(prefetch);
+        ahead.step(per_tok * TT);
+        vrows[t..t + TT].iter().for_each(|r| prefetch::row(r));
         qk::<L, T, NG, TT>(q, &krows[t..t + TT], d, &mut s[t * NG..(t + TT) * NG]);
         t += TT;
     }
     while t < n {
-        prefetch(t);
+        ahead.step(per_tok);
+        prefetch::row(vrows[t]);
         qk::<L, T, NG, 1>(q, &krows[t..t + 1], d, &mut s[t * NG..(t + 1) * NG]);
         t += 1;
     }
-    // A next block longer than this one (this one ended a page early): the rest of its rows.
-    (n..b.next_n).for_each(|t| {
-        let off = b.next_base + t * lay.slot_stride;
-        if let Some(krow) = kv.k.get(off..off + d) {
-            prefetch_row::<L>(krow.as_ptr().cast(), row_bytes);
-        }
-    });
     let sp = &mut s[..(n * NG).div_ceil(w) * w];
     sp[n * NG..].fill(f32::NEG_INFINITY);
     let s = &mut sp[..n * NG];
@@ -636,6 +618,7 @@ unsafe fn block<L: Lanes, T: KvElem, const NG: usize, const TT: usize, const U: 
     while t0 < n {
         let t1 = n.min(t0 + SUB);
         let (vr, st) = (&vrows[t0..t1], &s[t0 * NG..t1 * NG]);
+        ahead.step(per_tok * (t1 - t0));
         let mut c = 0;
         while c < du {
             pv::<L, T, NG, U>(acc, vr, st, c, d);
