@@ -63,8 +63,12 @@ def test_bad_input_changes_nothing(mgr):
         (fast.append, (st, ids + [2 ** 40] * 10, 80, 0, None), OverflowError),
         (fast.release, (st, -5, None), ValueError),
         (fast.begin, (st, ids, 70, 0, 70, 0, 0, None), ValueError),  # st holds tokens
+        (fast.begin, (st, ids, 70, -1, 70, 0, 0, None), OverflowError),  # extra_addr first
+        (fast.begin, (st, ids, 70, "x", 70, 0, 0, None), TypeError),
         (fast.match, (range(5), 0, 4), TypeError),
         (fast.match, (ids, -1, 4), OverflowError),
+        (fast.match, (ids, 2 ** 64, 4), OverflowError),
+        (fast.match, (ids, "x", 4), TypeError),
         (fast.match, (ids, 0, -1), ValueError),
         (fast.free, (object(), None), AttributeError),
     ]
