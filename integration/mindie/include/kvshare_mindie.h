@@ -24,6 +24,7 @@
 #include "block_manager_interface.h"
 
 struct kvs_cache;
+struct kvs_extra_keys;
 struct kvs_hybrid;
 
 namespace kvshare_mindie {
@@ -48,11 +49,14 @@ class Unsupported : public std::runtime_error {
 };
 
 // What both kvshare managers answer alike: one rank (no sequence/context parallelism), no KV pool
-// (block hash values, remote computed blocks), no layerwise cloud manager, and the DP rank they
-// were made for. Defined once in src/kvshare_manager_base.cpp; each manager supplies
-// `TokensOrThrow`.
+// (block hash values, remote computed blocks), no layerwise cloud manager, the DP rank they were
+// made for, and MindIE's cached-token policy (GetNumCachedTokens, GetSeqNumCachedTokens). Defined
+// once in src/kvshare_manager_base.cpp; each manager supplies `Lookup` (its kvshare sequence
+// info) and `ProbeCachedTokens` (its prefix lookup).
 class KvshareManagerBase : public mindie_llm::BlockSpaceManager {
    public:
+    size_t GetNumCachedTokens(const SequenceSPtr &seq) override;
+    size_t GetSeqNumCachedTokens(const SequenceSPtr &seq) override;
     bool CanAppendSlotNew(const SequenceGroupSPtr &seqGroup) const override;
     void AppendSlotNew(const SequenceGroupSPtr &seqGroup) override;
     void AppendTokenToLatestRank(SequenceId seqId, const std::vector<TokenId> &tokens) override;
@@ -76,12 +80,33 @@ class KvshareManagerBase : public mindie_llm::BlockSpaceManager {
     std::vector<size_t> LwdGetCloudTokenCountPerRank(SequenceId seqId) const override;
 
    protected:
-    explicit KvshareManagerBase(size_t localDPRank) : localDPRank_(localDPRank) {}
-    // The token count of `seqId`; throws std::out_of_range naming `method` for an unknown id.
-    virtual uint64_t TokensOrThrow(SequenceId seqId, const char *method) const = 0;
+    KvshareManagerBase(size_t localDPRank, bool enableCaching)
+        : localDPRank_(localDPRank), enableCaching_(enableCaching) {}
+
+    // What the base reads of a live kvshare sequence.
+    struct SeqCounts {
+        uint64_t numTokens;
+        uint64_t matchedTokens;  // the prefix hit fixed when it was allocated
+    };
+    // The counts of `seqId`; false (and `out` untouched) if kvshare has no sequence with that id.
+    virtual bool Lookup(SequenceId seqId, SeqCounts &out) const = 0;
+    // Tokens of `tokens` (a prompt not allocated yet, not empty; `extra` its extra keys or null)
+    // that Allocate would share now, at most len-1: a lookup that takes no references and counts
+    // nothing in the statistics. Errors name `method`.
+    virtual size_t ProbeCachedTokens(const std::vector<int32_t> &tokens, const kvs_extra_keys *extra,
+                                     const char *method) const = 0;
+
+    // `Lookup`, with std::out_of_range naming `method` for an unknown id (as MindIE's manager,
+    // which looks sequences up with unordered_map::at).
+    SeqCounts CountsOrThrow(SequenceId seqId, const char *method) const;
+    uint64_t TokensOrThrow(SequenceId seqId, const char *method) const {
+        return CountsOrThrow(seqId, method).numTokens;
+    }
+    bool CachingEnabled() const { return enableCaching_; }
 
    private:
     size_t localDPRank_;
+    bool enableCaching_;
 };
 
 class KvshareBlockManager : public KvshareManagerBase {
@@ -117,8 +142,6 @@ class KvshareBlockManager : public KvshareManagerBase {
     void MarkBlocksAsComputed() override;
     float GetPrefixCacheHitRate() const override;
     bool ResetPrefixCache() const override;
-    size_t GetNumCachedTokens(const SequenceSPtr &seq) override;
-    size_t GetSeqNumCachedTokens(const SequenceSPtr &seq) override;
     void ReplaceTrailingPlaceHolder(const SequenceSPtr &seq, size_t trailingPlaceHolderNum,
                                     size_t replacedPlaceHolderNum) override;
 
@@ -136,9 +159,9 @@ class KvshareBlockManager : public KvshareManagerBase {
     // Shape of a live sequence; false if kvshare has no sequence with that id.
     bool Shape(SequenceId seqId, SeqShape &out) const;
     SeqShape ShapeOrThrow(SequenceId seqId, const char *method) const;
-    uint64_t TokensOrThrow(SequenceId seqId, const char *method) const override {
-        return ShapeOrThrow(seqId, method).numTokens;
-    }
+    bool Lookup(SequenceId seqId, SeqCounts &out) const override;
+    size_t ProbeCachedTokens(const std::vector<int32_t> &tokens, const kvs_extra_keys *extra,
+                             const char *method) const override;
     std::vector<uint32_t> Pages(SequenceId seqId, const SeqShape &shape) const;
     // Device pages an append of `newTokens` tokens would take (capacity plus copy-on-write).
     size_t AppendNeed(SequenceId seqId, size_t newTokens) const;
@@ -169,7 +192,6 @@ class KvshareBlockManager : public KvshareManagerBase {
     size_t cpuIdOffset_;  // first global CPU block id (= allocatable NPU blocks)
     size_t allocatableNpuBlocks_;
     size_t speculativeSlots_;
-    bool enableCaching_;
     std::atomic<uint64_t> hitBlocks_{0};
     std::atomic<uint64_t> missBlocks_{0};
 };
@@ -219,8 +241,6 @@ class KvshareHybridBlockManager : public KvshareManagerBase {
     void MarkBlocksAsComputed() override;
     float GetPrefixCacheHitRate() const override;
     bool ResetPrefixCache() const override;
-    size_t GetNumCachedTokens(const SequenceSPtr &seq) override;
-    size_t GetSeqNumCachedTokens(const SequenceSPtr &seq) override;
     void ReplaceTrailingPlaceHolder(const SequenceSPtr &seq, size_t trailingPlaceHolderNum,
                                     size_t replacedPlaceHolderNum) override;
 
@@ -239,9 +259,9 @@ class KvshareHybridBlockManager : public KvshareManagerBase {
     };
     bool Find(SequenceId seqId, Shape &out) const;
     Shape FindOrThrow(SequenceId seqId, const char *method) const;
-    uint64_t TokensOrThrow(SequenceId seqId, const char *method) const override {
-        return FindOrThrow(seqId, method).numTokens;
-    }
+    bool Lookup(SequenceId seqId, SeqCounts &out) const override;
+    size_t ProbeCachedTokens(const std::vector<int32_t> &tokens, const kvs_extra_keys *extra,
+                             const char *method) const override;
     // Group `g`'s positional table (KVS_NULL_PAGE at released positions).
     std::vector<uint32_t> Table(SequenceId seqId, size_t g, const Shape &shape) const;
     size_t FreePages() const;
@@ -251,7 +271,6 @@ class KvshareHybridBlockManager : public KvshareManagerBase {
     size_t blockSize_ = 0;
     size_t numPages_ = 0;
     size_t speculativeSlots_ = 0;
-    bool enableCaching_ = false;
     std::atomic<uint64_t> hitBlocks_{0};
     std::atomic<uint64_t> missBlocks_{0};
 };

@@ -70,6 +70,12 @@ struct Extra {
     }
 };
 
+// What an unknown sequence id throws: std::out_of_range, as in MindIE's manager, which looks
+// sequences up with unordered_map::at.
+[[noreturn]] inline void UnknownSeq(const char *method, SequenceId id) {
+    throw std::out_of_range(Prefix(method) + "unknown sequence id " + std::to_string(id));
+}
+
 inline void RequireSeq(const SequenceSPtr &seq, const char *method) {
     if (!seq) {
         throw std::invalid_argument(Prefix(method) + "null sequence");

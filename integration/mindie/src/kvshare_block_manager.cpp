@@ -23,7 +23,6 @@
 namespace kvshare_mindie {
 
 using mindie_llm::KvCacheType;
-using mindie_llm::SequenceStage;
 using mindie_llm::SequenceStatus;
 
 using namespace detail;
@@ -72,13 +71,12 @@ Unsupported::Unsupported(const std::string &feature)
     : std::runtime_error("kvshare MindIE adapter: not supported yet: " + feature) {}
 
 KvshareBlockManager::KvshareBlockManager(const BlockManagerConfig &config, size_t localDPRank)
-    : KvshareManagerBase(localDPRank),
+    : KvshareManagerBase(localDPRank, config.enableCaching),
       blockSize_(config.cacheBlockSize),
       npuBlockNum_(config.npuBlockNum),
       cpuIdOffset_(0),
       allocatableNpuBlocks_(0),
-      speculativeSlots_(config.speculativeSlots),
-      enableCaching_(config.enableCaching) {
+      speculativeSlots_(config.speculativeSlots) {
     if (config.rankSize != 1 || config.hostSize != 1) {
         throw Unsupported("sequence/context parallel (rankSize " + std::to_string(config.rankSize) + ", hostSize " +
                           std::to_string(config.hostSize) + "; only 1 is supported)");
@@ -110,9 +108,9 @@ KvshareBlockManager::KvshareBlockManager(const BlockManagerConfig &config, size_
     c.page_size = static_cast<uint32_t>(blockSize_);
     c.num_device_pages = static_cast<uint32_t>(allocatableNpuBlocks_);
     c.num_host_pages = static_cast<uint32_t>(config.cpuBlockNum);
-    c.enable_prefix_caching = enableCaching_;
+    c.enable_prefix_caching = CachingEnabled();
     c.reserve_null_page = false;
-    c.defer_commit = enableCaching_;
+    c.defer_commit = CachingEnabled();
     c.skip_cached_writes = false;
     // MindIE executes only the copies its interface returns (AppendSlot's copy-on-write pairs,
     // SwapIn/SwapOut pairs); it has no channel for kvshare's queued demotion/promotion copies, so
@@ -151,11 +149,30 @@ bool KvshareBlockManager::Shape(SequenceId seqId, SeqShape &out) const {
 KvshareBlockManager::SeqShape KvshareBlockManager::ShapeOrThrow(SequenceId seqId, const char *method) const {
     SeqShape s{};
     if (!Shape(seqId, s)) {
-        // MindIE's manager looks sequences up with unordered_map::at, so unknown ids surface as
-        // std::out_of_range there too.
-        throw std::out_of_range(Prefix(method) + "unknown sequence id " + std::to_string(seqId));
+        UnknownSeq(method, seqId);
     }
     return s;
+}
+
+bool KvshareBlockManager::Lookup(SequenceId seqId, SeqCounts &out) const {
+    SeqShape s{};
+    if (!Shape(seqId, s)) {
+        return false;
+    }
+    out = SeqCounts{s.numTokens, s.matchedTokens};
+    return true;
+}
+
+// Committed pages only (deferred commit: MarkBlocksAsComputed), nothing acquired.
+size_t KvshareBlockManager::ProbeCachedTokens(const std::vector<int32_t> &tokens, const kvs_extra_keys *extra,
+                                              const char *method) const {
+    std::vector<uint32_t> pages(tokens.size() / blockSize_ + 1);
+    size_t numPages = 0;
+    size_t matched = 0;
+    Check(kvs_prefix_match(cache_, tokens.data(), tokens.size(), extra, tokens.size() - 1, false, pages.data(),
+                           pages.size(), &numPages, &matched),
+          method);
+    return matched;
 }
 
 std::vector<uint32_t> KvshareBlockManager::Pages(SequenceId seqId, const SeqShape &shape) const {
@@ -242,7 +259,7 @@ bool KvshareBlockManager::Allocate(const SequenceGroupSPtr &seqGroup) {
             throw std::runtime_error(msg);
         }
     }
-    if (enableCaching_) {
+    if (CachingEnabled()) {
         // MindIE's hit rate: one record per full prompt block, a hit when the block was cached.
         uint64_t full = tokens.size() / blockSize_;
         uint64_t hits = info.matched_tokens / blockSize_;
@@ -446,7 +463,7 @@ std::vector<std::pair<PhysicalBlockId, PhysicalBlockId>> KvshareBlockManager::Sw
         hits += full - copiedFull;
         misses += copiedFull;
     }
-    if (enableCaching_) {
+    if (CachingEnabled()) {
         hitBlocks_ += hits;
         missBlocks_ += misses;
     }
@@ -505,7 +522,7 @@ void KvshareBlockManager::AccessAllblocksInSeq(const SequenceSPtr &seq, float) {
     // page first); the scheduler's timestamps are not needed. Unknown ids are refused as MindIE
     // does when prefix caching is on.
     SeqShape s{};
-    if (enableCaching_ && !Shape(seq->seqId_, s)) {
+    if (CachingEnabled() && !Shape(seq->seqId_, s)) {
         throw std::runtime_error(Prefix("AccessAllblocksInSeq") + "unknown sequence id " +
                                  std::to_string(seq->seqId_));
     }
@@ -540,7 +557,7 @@ std::vector<BlockId> KvshareBlockManager::GetCommonComputedBlockIds(const std::v
 void KvshareBlockManager::MarkBlocksAsComputed() { Check(kvs_cache_commit(cache_), "MarkBlocksAsComputed"); }
 
 float KvshareBlockManager::GetPrefixCacheHitRate() const {
-    if (!enableCaching_) {
+    if (!CachingEnabled()) {
         return -1.0F;  // what MindIE's manager reports without prefix caching
     }
     uint64_t hits = hitBlocks_.load();
@@ -549,7 +566,7 @@ float KvshareBlockManager::GetPrefixCacheHitRate() const {
 }
 
 bool KvshareBlockManager::ResetPrefixCache() const {
-    if (!enableCaching_) {
+    if (!CachingEnabled()) {
         return true;
     }
     kvs_stats s{};
@@ -559,49 +576,6 @@ bool KvshareBlockManager::ResetPrefixCache() const {
     }
     Check(kvs_prefix_clear(cache_), "ResetPrefixCache");
     return true;
-}
-
-size_t KvshareBlockManager::GetNumCachedTokens(const SequenceSPtr &seq) {
-    RequireSeq(seq, "GetNumCachedTokens");
-    // MindIE looks the sequence up first (unordered_map::at), with or without caching.
-    SeqShape s = ShapeOrThrow(seq->seqId_, "GetNumCachedTokens");
-    if (!enableCaching_) {
-        return 0;
-    }
-    // Fixed at Allocate (kvs_seq_begin's matched tokens), so it stays the same over the chunks of
-    // a chunked prefill; a decoding sequence has nothing left to skip.
-    if (seq->data_.stage_ == SequenceStage::PREFILL || seq->data_.numComputedTokens_ == 0) {
-        return static_cast<size_t>(s.matchedTokens);
-    }
-    return 0;
-}
-
-size_t KvshareBlockManager::GetSeqNumCachedTokens(const SequenceSPtr &seq) {
-    RequireSeq(seq, "GetSeqNumCachedTokens");
-    if (!enableCaching_ || seq->data_.stage_ != SequenceStage::PREFILL) {
-        return 0;
-    }
-    SeqShape s{};
-    if (Shape(seq->seqId_, s)) {
-        return static_cast<size_t>(s.matchedTokens);
-    }
-    if (seq->data_.numComputedTokens_ != 0) {
-        return 0;
-    }
-    // Not allocated yet: probe what Allocate would share now (committed pages only, at most
-    // len-1 tokens), without taking references or counting in the statistics.
-    std::vector<int32_t> tokens = Tokens32(*seq, 0, "GetSeqNumCachedTokens");
-    if (tokens.empty()) {
-        return 0;
-    }
-    Extra extra(seq->hashValue_);
-    std::vector<uint32_t> pages(tokens.size() / blockSize_ + 1);
-    size_t numPages = 0;
-    size_t matched = 0;
-    Check(kvs_prefix_match(cache_, tokens.data(), tokens.size(), extra.ptr, tokens.size() - 1, false, pages.data(),
-                           pages.size(), &numPages, &matched),
-          "GetSeqNumCachedTokens");
-    return matched;
 }
 
 void KvshareBlockManager::ReplaceTrailingPlaceHolder(const SequenceSPtr &seq, size_t trailingPlaceHolderNum,

@@ -21,7 +21,6 @@
 namespace kvshare_mindie {
 
 using mindie_llm::KvCacheType;
-using mindie_llm::SequenceStage;
 using mindie_llm::SequenceStatus;
 
 using namespace detail;
@@ -62,7 +61,7 @@ void CheckSub(const BlockManagerConfig &c) {
 }  // namespace
 
 KvshareHybridBlockManager::KvshareHybridBlockManager(const BlockManagerConfig &config, size_t localDPRank)
-    : KvshareManagerBase(localDPRank), speculativeSlots_(config.speculativeSlots), enableCaching_(config.enableCaching) {
+    : KvshareManagerBase(localDPRank, config.enableCaching), speculativeSlots_(config.speculativeSlots) {
     // The groups: the sub-managers of a composite, else the config itself.
     std::vector<BlockManagerConfig> subs = config.subManagers;
     if (subs.empty()) {
@@ -118,7 +117,7 @@ KvshareHybridBlockManager::KvshareHybridBlockManager(const BlockManagerConfig &c
     kvs_hybrid_config hc{};
     hc.page_size = static_cast<uint32_t>(blockSize_);
     hc.num_pages = static_cast<uint32_t>(numPages_);
-    hc.enable_prefix_caching = enableCaching_;
+    hc.enable_prefix_caching = CachingEnabled();
     hc.enable_events = false;
     hc.groups = groups.data();
     hc.num_groups = groups.size();
@@ -151,10 +150,27 @@ bool KvshareHybridBlockManager::Find(SequenceId seqId, Shape &out) const {
 KvshareHybridBlockManager::Shape KvshareHybridBlockManager::FindOrThrow(SequenceId seqId, const char *method) const {
     Shape s{};
     if (!Find(seqId, s)) {
-        // As MindIE's managers (unordered_map::at).
-        throw std::out_of_range(Prefix(method) + "unknown sequence id " + std::to_string(seqId));
+        UnknownSeq(method, seqId);
     }
     return s;
+}
+
+bool KvshareHybridBlockManager::Lookup(SequenceId seqId, SeqCounts &out) const {
+    Shape s{};
+    if (!Find(seqId, s)) {
+        return false;
+    }
+    out = SeqCounts{s.numTokens, s.matchedTokens};
+    return true;
+}
+
+// Across every group (kvs_hybrid's hit rule), no page buffers, nothing acquired.
+size_t KvshareHybridBlockManager::ProbeCachedTokens(const std::vector<int32_t> &tokens, const kvs_extra_keys *extra,
+                                                    const char *method) const {
+    size_t matched = 0;
+    Check(kvs_hybrid_match(hybrid_, tokens.data(), tokens.size(), extra, tokens.size() - 1, nullptr, 0, 0, &matched),
+          method);
+    return matched;
 }
 
 std::vector<uint32_t> KvshareHybridBlockManager::Table(SequenceId seqId, size_t g, const Shape &shape) const {
@@ -347,7 +363,7 @@ size_t KvshareHybridBlockManager::GetTotalNpuBlocks() const { return numPages_; 
 void KvshareHybridBlockManager::AccessAllblocksInSeq(const SequenceSPtr &seq, float) {
     RequireSeq(seq, "AccessAllblocksInSeq");
     Shape s{};
-    if (enableCaching_ && !Find(seq->seqId_, s)) {
+    if (CachingEnabled() && !Find(seq->seqId_, s)) {
         throw std::runtime_error(Prefix("AccessAllblocksInSeq") + "unknown sequence id " +
                                  std::to_string(seq->seqId_));
     }
@@ -385,7 +401,7 @@ std::vector<BlockId> KvshareHybridBlockManager::GetCommonComputedBlockIds(const 
 void KvshareHybridBlockManager::MarkBlocksAsComputed() {}
 
 float KvshareHybridBlockManager::GetPrefixCacheHitRate() const {
-    if (!enableCaching_) {
+    if (!CachingEnabled()) {
         return -1.0F;
     }
     uint64_t hits = hitBlocks_.load();
@@ -394,7 +410,7 @@ float KvshareHybridBlockManager::GetPrefixCacheHitRate() const {
 }
 
 bool KvshareHybridBlockManager::ResetPrefixCache() const {
-    if (!enableCaching_) {
+    if (!CachingEnabled()) {
         return true;
     }
     kvs_group_stats s{};
@@ -403,42 +419,6 @@ bool KvshareHybridBlockManager::ResetPrefixCache() const {
         return false;  // as in MindIE: only when no block is in use
     }
     throw Unsupported("ResetPrefixCache with KV-cache groups (kvs_hybrid has no prefix clear)");
-}
-
-size_t KvshareHybridBlockManager::GetNumCachedTokens(const SequenceSPtr &seq) {
-    RequireSeq(seq, "GetNumCachedTokens");
-    Shape s = FindOrThrow(seq->seqId_, "GetNumCachedTokens");
-    if (!enableCaching_) {
-        return 0;
-    }
-    if (seq->data_.stage_ == SequenceStage::PREFILL || seq->data_.numComputedTokens_ == 0) {
-        return static_cast<size_t>(s.matchedTokens);
-    }
-    return 0;
-}
-
-size_t KvshareHybridBlockManager::GetSeqNumCachedTokens(const SequenceSPtr &seq) {
-    RequireSeq(seq, "GetSeqNumCachedTokens");
-    if (!enableCaching_ || seq->data_.stage_ != SequenceStage::PREFILL) {
-        return 0;
-    }
-    Shape s{};
-    if (Find(seq->seqId_, s)) {
-        return static_cast<size_t>(s.matchedTokens);
-    }
-    if (seq->data_.numComputedTokens_ != 0) {
-        return 0;
-    }
-    std::vector<int32_t> tokens = Tokens32(*seq, 0, "GetSeqNumCachedTokens");
-    if (tokens.empty()) {
-        return 0;
-    }
-    Extra extra(seq->hashValue_);
-    size_t matched = 0;
-    Check(kvs_hybrid_match(hybrid_, tokens.data(), tokens.size(), extra.ptr, tokens.size() - 1, nullptr, 0, 0,
-                           &matched),
-          "GetSeqNumCachedTokens");
-    return matched;
 }
 
 void KvshareHybridBlockManager::ReplaceTrailingPlaceHolder(const SequenceSPtr &seq, size_t trailingPlaceHolderNum,

@@ -10,7 +10,8 @@
 // position; a SLIDING_WINDOW group of requestBlockWindowSize N holds its whole prompt after
 // Allocate and min(N, cdiv(len, blockSize)) blocks after each AppendSlot, the newest ones, in
 // position order (kvs_hybrid_seq_pages shows the released positions as the null page); no block
-// is held twice; the free count is what nobody holds; kvs_hybrid_check is clean.
+// is held twice; the free count is what nobody holds; kvs_hybrid_check is clean. CachedTokensAgree
+// drives both managers alike to check the cached-token policy they share.
 #include <algorithm>
 #include <cstdio>
 #include <random>
@@ -232,6 +233,118 @@ void PrefixHitsAcrossGroups() {
     std::printf("prefix hits across groups: ok\n");
 }
 
+// MindIE's cached-token policy (answered once, by KvshareManagerBase) through both managers' hooks:
+// a KvshareHybridBlockManager of one TOKEN group and a KvshareBlockManager get the same requests
+// (system prompts, multi-turn prompts that extend a finished request, two LoRA salts), one
+// admission per step and MarkBlocksAsComputed at its end (the block manager's hits need the commit;
+// kvs_hybrid registers pages when Allocate / AppendSlot schedule them), with pools too large for
+// eviction. Then the two prefix caches hold the same pages, so both must answer alike:
+// GetSeqNumCachedTokens before Allocate (kvs_hybrid_match vs kvs_prefix_match) is a whole number of
+// blocks below the prompt length, equals what Allocate then matched (GetNumCachedTokens, and
+// GetSeqNumCachedTokens of the live prefill), and is 0 once decoding; an unknown id throws in
+// GetNumCachedTokens on both. Caching off: 0 from both methods on both managers.
+void CachedTokensAgree(unsigned seed, size_t steps) {
+    const size_t bs = 4, npu = 4096;
+    KvshareHybridBlockManager h(Config(bs, npu, 0, true));
+    kvshare_mindie::KvshareBlockManager b(Config(bs, npu, 0, true));
+    std::mt19937 rng(seed);
+    const std::vector<std::vector<TokenId>> systems = {Range(100, 9), Range(200, 16), Range(300, 23)};
+    std::vector<std::vector<TokenId>> history;  // prompt + output of finished requests
+    struct Live {
+        SequenceSPtr seq;
+        size_t outputs;
+    };
+    std::vector<Live> running;
+    SequenceId next = 1;
+    size_t admitted = 0, hits = 0, saltedHits = 0, historyHits = 0;
+    for (size_t step = 0; step < steps; ++step) {
+        if (rng() % 2 == 0) {
+            std::vector<TokenId> prompt;
+            bool fromHistory = !history.empty() && rng() % 3 == 0;
+            if (fromHistory) {
+                prompt = history[rng() % history.size()];
+            } else {
+                const std::vector<TokenId> &sys = systems[rng() % systems.size()];
+                prompt.assign(sys.begin(), sys.begin() + static_cast<std::ptrdiff_t>(1 + rng() % sys.size()));
+            }
+            prompt = Concat(prompt, Range(static_cast<TokenId>(1000 + rng() % 1000), rng() % 10));
+            HashValue salt = rng() % 3 == 0 ? 7 : 0;
+            auto s = MakeSeq(next++, prompt, salt);
+            auto g = MakeGroup({s});
+            size_t probe = h.GetSeqNumCachedTokens(s);
+            CHECK_EQ(probe, b.GetSeqNumCachedTokens(s));
+            CHECK(probe % bs == 0 && probe < prompt.size());
+            CHECK_THROWS(std::out_of_range, h.GetNumCachedTokens(s), "unknown sequence id");
+            CHECK_THROWS(std::out_of_range, b.GetNumCachedTokens(s), "unknown sequence id");
+            CHECK(h.CanAllocate(g) == AllocStatus::OK && b.CanAllocate(g) == AllocStatus::OK);
+            CHECK(h.Allocate(g));
+            CHECK(b.Allocate(g));
+            s->status_ = SequenceStatus::RUNNING;
+            CHECK_EQ(h.GetNumCachedTokens(s), probe);
+            CHECK_EQ(b.GetNumCachedTokens(s), probe);
+            CHECK_EQ(h.GetSeqNumCachedTokens(s), probe);
+            CHECK_EQ(b.GetSeqNumCachedTokens(s), probe);
+            ++admitted;
+            hits += probe > 0;
+            saltedHits += probe > 0 && salt != 0;
+            historyHits += probe > 0 && fromHistory;
+            running.push_back({s, 1 + rng() % 12});
+        }
+        for (size_t i = 0; i < running.size();) {
+            const SequenceSPtr &s = running[i].seq;
+            s->data_.numComputedTokens_ = Len(*s);
+            s->data_.stage_ = SequenceStage::DECODE;
+            CHECK_EQ(h.GetNumCachedTokens(s), static_cast<size_t>(0));
+            CHECK_EQ(b.GetNumCachedTokens(s), static_cast<size_t>(0));
+            CHECK_EQ(h.GetSeqNumCachedTokens(s), static_cast<size_t>(0));
+            CHECK_EQ(b.GetSeqNumCachedTokens(s), static_cast<size_t>(0));
+            if (s->data_.outputTokenIds.size() >= running[i].outputs) {
+                if (Len(*s) < 64) {
+                    history.push_back(Concat(s->data_.promptTokenIds, s->data_.outputTokenIds));
+                }
+                h.Free(s->seqId_);
+                b.Free(s->seqId_);
+                running.erase(running.begin() + static_cast<std::ptrdiff_t>(i));
+                continue;
+            }
+            s->data_.outputTokenIds.push_back(static_cast<TokenId>(2000 + rng() % 1000));
+            CHECK(h.AppendSlot(s).empty());
+            CHECK(b.AppendSlot(s).empty());
+            ++i;
+        }
+        h.MarkBlocksAsComputed();
+        b.MarkBlocksAsComputed();
+    }
+    for (const Live &r : running) {
+        h.Free(r.seq->seqId_);
+        b.Free(r.seq->seqId_);
+    }
+    CheckHybrid(h);
+    CheckKvs(b);
+    std::printf("cached tokens seed %u: %zu admitted, %zu hits (%zu salted, %zu multi-turn), both managers alike\n",
+                seed, admitted, hits, saltedHits, historyHits);
+    CHECK(admitted > steps / 3 && hits > admitted / 4 && saltedHits > 0 && historyHits > 0);
+
+    // Caching off: nothing is cached, the lookup still comes first in GetNumCachedTokens.
+    KvshareHybridBlockManager hoff(Config(bs, 64, 0, false));
+    kvshare_mindie::KvshareBlockManager boff(Config(bs, 64, 0, false));
+    for (int round = 0; round < 2; ++round) {
+        auto s = MakeSeq(1, Range(100, 9));
+        auto g = MakeGroup({s});
+        CHECK_EQ(hoff.GetSeqNumCachedTokens(s), static_cast<size_t>(0));
+        CHECK_EQ(boff.GetSeqNumCachedTokens(s), static_cast<size_t>(0));
+        CHECK_THROWS(std::out_of_range, hoff.GetNumCachedTokens(s), "unknown sequence id 1");
+        CHECK_THROWS(std::out_of_range, boff.GetNumCachedTokens(s), "unknown sequence id 1");
+        CHECK(hoff.Allocate(g) && boff.Allocate(g));
+        CHECK_EQ(hoff.GetNumCachedTokens(s), static_cast<size_t>(0));
+        CHECK_EQ(boff.GetNumCachedTokens(s), static_cast<size_t>(0));
+        hoff.MarkBlocksAsComputed();
+        boff.MarkBlocksAsComputed();
+        hoff.Free(1);
+        boff.Free(1);
+    }
+}
+
 void ConfigsAndFactory() {
     // SEQUENCE, mixed block sizes, a window of 0 blocks, nested composites.
     BlockManagerConfig c = Composite(4, 32, false, 2);
@@ -330,6 +443,9 @@ int main(int argc, char **argv) {
         Workload(seed, 1 + seed % 3, 24 + 8 * (seed % 2), 400);
     }
     PrefixHitsAcrossGroups();
+    for (unsigned seed = 1; seed <= seeds; ++seed) {
+        CachedTokensAgree(seed, 300);
+    }
     ConfigsAndFactory();
     if (Failures() != 0) {
         std::printf("test_hybrid: %d failure(s)\n", Failures());

@@ -160,16 +160,6 @@ static int set_size(PyObject *st, PyObject *name, Py_ssize_t value) {
     return r;
 }
 
-/* ``extra_addr`` (an int: a ``kvs_extra_keys *``, 0 for none) as a pointer; -1 with an
- * exception set (OverflowError for a negative or too large int). */
-static int extra_ptr(PyObject *addr, const kvs_extra_keys **out) {
-    unsigned long long v = PyLong_AsUnsignedLongLong(addr);
-    if (v == (unsigned long long)-1 && PyErr_Occurred())
-        return -1;
-    *out = (const kvs_extra_keys *)(uintptr_t)v;
-    return 0;
-}
-
 /* ``[blocks[pages[i]] for i in range(lo, hi)]`` (IndexError for a page with no block object). */
 static PyObject *block_list(PyObject *blocks, const uint32_t *pages, Py_ssize_t lo, Py_ssize_t hi) {
     PyObject *out = PyList_New(hi - lo);

@@ -1,13 +1,16 @@
-/* Token-id packing shared by the compiled modules of the vLLM adapter (``_fast.c`` for one
- * full-attention group, ``_fast_groups.c`` for KV-cache groups): Python ints to int32, with the
- * checks ``kvshare.pack_i32`` makes, and count arguments read as non-negative
- * Py_ssize_t.  Static functions: each module has its own copy. */
+/* Argument parsing shared by the compiled modules of the vLLM adapter (``_fast.c`` for one
+ * full-attention group, ``_fast_groups.c`` for KV-cache groups): token ids packed from Python
+ * ints to int32, with the checks ``kvshare.pack_i32`` makes, count arguments read as
+ * non-negative Py_ssize_t, and the extra-keys address read as a pointer.  Static functions:
+ * each module has its own copy. */
 #ifndef KVSHARE_VLLM_FAST_COMMON_H
 #define KVSHARE_VLLM_FAST_COMMON_H
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+
+#include "kvshare.h"
 
 /* The value of an exact int that fits one digit (every token id), read in place: 1 and
  * ``*v`` set, else 0 (the caller takes the general path). */
@@ -88,6 +91,16 @@ static inline int counts(PyObject *const *args, int n, Py_ssize_t *out, const ch
             return -1;
         }
     }
+    return 0;
+}
+
+/* ``extra_addr`` (an int: a ``kvs_extra_keys *``, 0 for none) as a pointer; -1 with an
+ * exception set (OverflowError for a negative or too large int, TypeError for a non-int). */
+static inline int extra_ptr(PyObject *addr, const kvs_extra_keys **out) {
+    unsigned long long v = PyLong_AsUnsignedLongLong(addr);
+    if (v == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    *out = (const kvs_extra_keys *)(uintptr_t)v;
     return 0;
 }
 

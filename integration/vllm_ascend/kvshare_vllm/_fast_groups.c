@@ -587,8 +587,8 @@ static PyObject *begin_impl(Groups *self, PyObject *const *args, Py_ssize_t narg
     if (counts(args + 2, 1, &known, "begin") < 0 || counts(args + 4, 3, v, "begin") < 0 ||
         avail_in(args[7], &avail) < 0)
         return NULL;
-    unsigned long long ex = PyLong_AsUnsignedLongLong(args[3]);
-    if (ex == (unsigned long long)-1 && PyErr_Occurred())
+    const kvs_extra_keys *extra;
+    if (extra_ptr(args[3], &extra) < 0)
         return NULL;
     State s;
     if (state_read(self, args[0], &s) < 0)
@@ -605,7 +605,7 @@ static PyObject *begin_impl(Groups *self, PyObject *const *args, Py_ssize_t narg
         goto done;
     kvs_hybrid_begin_info info;
     kvs_status rc = self->begin(self->h, s.seq, known ? self->tokens : NULL, (size_t)known,
-                                (const kvs_extra_keys *)(uintptr_t)ex, (size_t)v[0],
+                                extra, (size_t)v[0],
                                 (size_t)v[1], &info);
     if (rc != KVS_STATUS_OK) {
         out = Py_BuildValue("(inON)", (int)rc, (Py_ssize_t)0, Py_None, avail_out(avail));
@@ -683,8 +683,8 @@ static PyObject *match_impl(Groups *self, PyObject *const *args, Py_ssize_t narg
         PyErr_SetString(PyExc_TypeError, "Groups: token ids must be a list or tuple");
         return NULL;
     }
-    unsigned long long ex = PyLong_AsUnsignedLongLong(args[1]);
-    if (ex == (unsigned long long)-1 && PyErr_Occurred())
+    const kvs_extra_keys *extra;
+    if (extra_ptr(args[1], &extra) < 0)
         return NULL;
     Py_ssize_t max_tokens;
     if (counts(args + 2, 1, &max_tokens, "match") < 0)
@@ -696,7 +696,7 @@ static PyObject *match_impl(Groups *self, PyObject *const *args, Py_ssize_t narg
     if (per > self->max_pages)
         per = self->max_pages;
     kvs_status rc = self->match(self->h, n ? self->tokens : NULL, (size_t)n,
-                                (const kvs_extra_keys *)(uintptr_t)ex, (size_t)max_tokens,
+                                extra, (size_t)max_tokens,
                                 self->buf, per * (size_t)self->ng, per, &matched);
     if (rc != KVS_STATUS_OK)
         return Py_BuildValue("(inO)", (int)rc, (Py_ssize_t)0, Py_None);

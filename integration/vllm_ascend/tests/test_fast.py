@@ -7,10 +7,6 @@ from __future__ import annotations
 import os
 import random
 from typing import Any
-import shutil
-import subprocess
-import sys
-import sysconfig
 
 import pytest
 import torch
@@ -21,6 +17,8 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCache
 
 from kvshare_vllm import manager as mgr_mod
 from kvshare_vllm.manager import KvshareKVCacheManager, _Req, _extra_addr
+
+import asan_drive
 
 BS = 16
 
@@ -446,30 +444,7 @@ def test_fast_pack_i32_matches_binding():
 def test_fast_under_asan(tmp_path):
     """_fast.c built with -fsanitize=address,undefined and driven by tests/fast_asan/drive.py in
     a process of its own (the sanitizer runtime preloaded; no torch, no vLLM)."""
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        pytest.skip("no C compiler")
-    asan = subprocess.run([cc, "-print-file-name=libasan.so"], capture_output=True,
-                          text=True).stdout.strip()
-    if not os.path.isabs(asan) or not os.path.exists(asan):
-        pytest.skip("libasan not installed")
-    here = os.path.dirname(os.path.abspath(__file__))
-    src = os.path.join(here, "..", "kvshare_vllm", "_fast.c")
-    so = str(tmp_path / "_fast.so")
-    header = kvshare.HEADER_PATH  # $KVSHARE_HEADER first, as the binding looks it up
-    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-g", "-fsanitize=address,undefined",
-                    "-fno-sanitize-recover=undefined", "-fno-omit-frame-pointer",
-                    "-Wall", "-Wextra", "-Werror", "-Wno-missing-field-initializers",
-                    "-I", os.path.dirname(header), "-I", sysconfig.get_paths()["include"],
-                    src, "-o", so], check=True)
-    # PYTHONMALLOC=malloc: every Python allocation (list item arrays too) goes through the
-    # sanitizer's malloc, so reads past a list's items are caught, not hidden in an arena.
-    env = dict(os.environ, LD_PRELOAD=asan, ASAN_OPTIONS="detect_leaks=0", PYTHONMALLOC="malloc",
-               PYTHONPATH=os.pathsep.join(sys.path), KVSHARE_LIB=kvshare.LIB_PATH,
-               KVSHARE_HEADER=header)
-    r = subprocess.run([sys.executable, os.path.join(here, "fast_asan", "drive.py"), so],
-                       capture_output=True, text=True, env=env, timeout=300)
-    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr
+    asan_drive.build_and_drive(tmp_path, "_fast", "drive.py")
 
 
 def test_twins_refuse_bad_input_alike(monkeypatch, pure):

@@ -6,16 +6,11 @@ tests' (``test_hybrid_compare.py::test_lockstep[...-compiled]`` against vLLM, ev
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
-import sysconfig
 from array import array
 
-import kvshare
 import pytest
 
+import asan_drive
 import harness as h
 from kvshare_vllm import hybrid as hybrid_mod
 
@@ -63,8 +58,12 @@ def test_bad_input_changes_nothing(mgr):
         (fast.append, (st, ids + [2 ** 40] * 10, 80, 0, None), OverflowError),
         (fast.release, (st, -5, None), ValueError),
         (fast.begin, (st, ids, 70, 0, 70, 0, 0, None), ValueError),  # st holds tokens
+        (fast.begin, (st, ids, 70, -1, 70, 0, 0, None), OverflowError),  # extra_addr first
+        (fast.begin, (st, ids, 70, "x", 70, 0, 0, None), TypeError),
         (fast.match, (range(5), 0, 4), TypeError),
         (fast.match, (ids, -1, 4), OverflowError),
+        (fast.match, (ids, 2 ** 64, 4), OverflowError),
+        (fast.match, (ids, "x", 4), TypeError),
         (fast.match, (ids, 0, -1), ValueError),
         (fast.free, (object(), None), AttributeError),
     ]
@@ -121,25 +120,4 @@ def test_groups_refuses_what_it_cannot_run(mgr):
 def test_fast_groups_under_asan(tmp_path):
     """_fast_groups.c built with -fsanitize=address,undefined and driven by
     tests/fast_asan/drive_groups.py in a process of its own (the sanitizer runtime preloaded)."""
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        pytest.skip("no C compiler")
-    asan = subprocess.run([cc, "-print-file-name=libasan.so"], capture_output=True,
-                          text=True).stdout.strip()
-    if not os.path.isabs(asan) or not os.path.exists(asan):
-        pytest.skip("libasan not installed")
-    here = os.path.dirname(os.path.abspath(__file__))
-    src = os.path.join(here, "..", "kvshare_vllm", "_fast_groups.c")
-    so = str(tmp_path / "_fast_groups.so")
-    header = kvshare.HEADER_PATH
-    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-g", "-fsanitize=address,undefined",
-                    "-fno-sanitize-recover=undefined", "-fno-omit-frame-pointer",
-                    "-Wall", "-Wextra", "-Werror", "-Wno-missing-field-initializers",
-                    "-I", os.path.dirname(header), "-I", sysconfig.get_paths()["include"],
-                    src, "-o", so], check=True)
-    env = dict(os.environ, LD_PRELOAD=asan, ASAN_OPTIONS="detect_leaks=0", PYTHONMALLOC="malloc",
-               PYTHONPATH=os.pathsep.join(sys.path), KVSHARE_LIB=kvshare.LIB_PATH,
-               KVSHARE_HEADER=header)
-    r = subprocess.run([sys.executable, os.path.join(here, "fast_asan", "drive_groups.py"), so],
-                       capture_output=True, text=True, env=env, timeout=300)
-    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr
+    asan_drive.build_and_drive(tmp_path, "_fast_groups", "drive_groups.py")

@@ -1,0 +1,45 @@
+"""Runs one of the adapter's compiled modules (``kvshare_vllm/_fast.c``, ``_fast_groups.c``) under
+AddressSanitizer + UndefinedBehaviorSanitizer: built with ``-fsanitize=address,undefined`` and
+driven by a script of ``tests/fast_asan/`` in a process of its own (the sanitizer runtime
+preloaded; no torch, no vLLM).  One helper for ``test_fast.py`` and ``test_fast_groups.py``."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+
+import kvshare
+import pytest
+
+
+def build_and_drive(tmp_path, module: str, driver: str) -> None:
+    """Builds ``kvshare_vllm/<module>.c`` into ``tmp_path`` and runs ``tests/fast_asan/<driver>``
+    on it; the driver must exit 0 and print ``ok`` last.  Skips the test without a C compiler
+    or libasan."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    asan = subprocess.run([cc, "-print-file-name=libasan.so"], capture_output=True,
+                          text=True).stdout.strip()
+    if not os.path.isabs(asan) or not os.path.exists(asan):
+        pytest.skip("libasan not installed")
+    here = os.path.dirname(os.path.abspath(__file__))
+    src = os.path.join(here, "..", "kvshare_vllm", f"{module}.c")
+    so = str(tmp_path / f"{module}.so")
+    header = kvshare.HEADER_PATH  # $KVSHARE_HEADER first, as the binding looks it up
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-g", "-fsanitize=address,undefined",
+                    "-fno-sanitize-recover=undefined", "-fno-omit-frame-pointer",
+                    "-Wall", "-Wextra", "-Werror", "-Wno-missing-field-initializers",
+                    "-I", os.path.dirname(header), "-I", sysconfig.get_paths()["include"],
+                    src, "-o", so], check=True)
+    # PYTHONMALLOC=malloc: every Python allocation (list item arrays too) goes through the
+    # sanitizer's malloc, so reads past a list's items are caught, not hidden in an arena.
+    env = dict(os.environ, LD_PRELOAD=asan, ASAN_OPTIONS="detect_leaks=0", PYTHONMALLOC="malloc",
+               PYTHONPATH=os.pathsep.join(sys.path), KVSHARE_LIB=kvshare.LIB_PATH,
+               KVSHARE_HEADER=header)
+    r = subprocess.run([sys.executable, os.path.join(here, "fast_asan", driver), so],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr
