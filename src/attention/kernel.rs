@@ -540,13 +540,11 @@ unsafe fn block<L: Lanes, T: KvElem, const NG: usize, const TT: usize, const U: 
     let mut t = 0;
     while t + TT <= n {
         ahead.step(per_tok * TT);
-        vrows[t..t + TT].iter().for_each(|r| prefetch::row(r));
         qk::<L, T, NG, TT>(q, &krows[t..t + TT], d, &mut s[t * NG..(t + TT) * NG]);
         t += TT;
     }
     while t < n {
         ahead.step(per_tok);
-        prefetch::row(vrows[t]);
         qk::<L, T, NG, 1>(q, &krows[t..t + 1], d, &mut s[t * NG..(t + 1) * NG]);
         t += 1;
     }

@@ -1,5 +1,5 @@
 //! Software prefetch for the decode kernel: the next K/V block, spread evenly over the
-//! current block's work, and each row of the current block just before it is read.
+//! current block's work.
 //!
 //! The decode kernel reads each kv head's rows a slot stride apart (2 KiB for 8 heads x 128
 //! f16), so a head's rows usually sit on different 4 KiB pages, where the hardware prefetchers
@@ -9,21 +9,18 @@
 //! them: the misses overlap the arithmetic, enough lines are in flight to cover the memory
 //! latency, and never so many at once that the miss queues fill and stall the loads the
 //! arithmetic waits for (a burst of whole rows per token did). A block (128 KiB of K and V
-//! for 8 heads x 128 f16 x 32 tokens) is larger than L1, so these requests aim at L2 (`T1`),
-//! and [`row`] brings each V row of the current block into L1 (`T0`) while its scores are
-//! computed.
+//! for 8 heads x 128 f16 x 32 tokens) is larger than L1, so these requests aim at L2 (`T1`).
+//! Also requesting each V row into L1 just before use (`T0`) cost 7% on a KV in L3 and gained
+//! nothing from DRAM (single-thread A/B on the lead's machine), so it is not done.
 
 /// Bytes per cache line.
 const LINE: usize = 64;
-/// Prefetch hints: the next block's lines (far) and the current block's (near).
+/// The prefetch hint: a block is larger than L1, so its lines are asked for in L2 (`T1`; on
+/// CPUs that treat all hints alike they land in L1 too).
 #[cfg(target_arch = "x86_64")]
 const FAR: i32 = std::arch::x86_64::_MM_HINT_T1;
-#[cfg(target_arch = "x86_64")]
-const NEAR: i32 = std::arch::x86_64::_MM_HINT_T0;
 #[cfg(not(target_arch = "x86_64"))]
 const FAR: i32 = 0;
-#[cfg(not(target_arch = "x86_64"))]
-const NEAR: i32 = 0;
 
 /// Rows of the cache: `outer` groups `outer_stride` apart of `inner` rows `inner_stride` apart,
 /// each `span` long (elements): a block's rows for a set of kv heads, token-major (the heads
@@ -263,19 +260,6 @@ impl Ahead {
 #[inline(always)]
 fn lines(k: usize, v: usize, bytes: usize) -> usize {
     ((k % LINE).max(v % LINE) + bytes).div_ceil(LINE)
-}
-
-/// Requests every line of `row` (the rows of the block being computed, just before they are
-/// read: the block-ahead lines may have left L1 by then).
-#[inline(always)]
-pub(super) fn row<T>(row: &[T]) {
-    let p = row.as_ptr() as usize;
-    let end = p + std::mem::size_of_val(row);
-    let mut line = p & !(LINE - 1);
-    while line < end {
-        prefetch::<NEAR>(line);
-        line += LINE;
-    }
 }
 
 /// Hints that the cache line at address `p` will be read soon. A prefetch never faults and
