@@ -360,14 +360,12 @@ unsafe fn attend_impl<L: Lanes, T: KvElem>(
             let (nbase, nn) = block_at(next);
             Ahead::new(kv.k, kv.v, rows_at(nbase, nn))
         } else {
-            Ahead::none()
+            Ahead::default()
         };
-        let mut busy = groups
-            .iter()
-            .filter(|g| pos < g.end && pos + nb > g.start)
-            .count();
+        let sees = |g: &Group| pos < g.end && pos + nb > g.start;
+        let mut busy = groups.iter().filter(|g| sees(g)).count();
         for g in groups.iter_mut() {
-            if pos >= g.end || pos + nb <= g.start {
+            if !sees(g) {
                 continue;
             }
             let rr = g.r0..g.r0 + g.ng;

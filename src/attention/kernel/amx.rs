@@ -39,6 +39,19 @@ pub(super) struct TileConfig {
     pub rows: [u8; 16],
 }
 
+impl TileConfig {
+    /// Palette 1 with every tile unconfigured (0 rows, 0 bytes per row).
+    pub(super) fn palette1() -> Self {
+        TileConfig {
+            palette: 1,
+            start_row: 0,
+            reserved: [0; 14],
+            colsb: [0; 16],
+            rows: [0; 16],
+        }
+    }
+}
+
 /// Tile registers and the AMX-BF16 operations the engine needs. Tile numbers are constants
 /// (they are encoded in the instructions).
 pub(super) trait Tiles {
@@ -290,13 +303,7 @@ impl<X: Tiles> Amx<X> {
         if self.configured == mr {
             return;
         }
-        let mut cfg = TileConfig {
-            palette: 1,
-            start_row: 0,
-            reserved: [0; 14],
-            colsb: [0; 16],
-            rows: [0; 16],
-        };
+        let mut cfg = TileConfig::palette1();
         for (t, rows) in [
             (S0, mr),
             (S1, mr),

@@ -26,7 +26,7 @@ const FAR: i32 = 0;
 /// each `span` long (elements): a block's rows for a set of kv heads, token-major (the heads
 /// of a token one span) or head-major (one head's tokens after another, as in a head-major
 /// cache).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub(super) struct Rows {
     pub start: usize,
     pub outer: usize,
@@ -74,7 +74,8 @@ impl Rows {
 }
 
 /// The cache lines of some rows of K and V (the same rows of each), requested a few at a time
-/// in address order (row by row).
+/// in address order (row by row). The default requests nothing.
+#[derive(Default)]
 pub(super) struct Ahead {
     /// The next K and V lines to request (addresses; only ever prefetched, never read).
     kp: usize,
@@ -96,29 +97,6 @@ pub(super) struct Ahead {
 }
 
 impl Ahead {
-    /// Nothing to request.
-    pub(super) fn none() -> Self {
-        Ahead {
-            kp: 0,
-            vp: 0,
-            in_row: 0,
-            even: None,
-            k: 0,
-            v: 0,
-            rows: Rows {
-                start: 0,
-                outer: 0,
-                outer_stride: 0,
-                inner: 0,
-                inner_stride: 0,
-                span: 0,
-            },
-            t: 0,
-            count: 0,
-            left: 0,
-        }
-    }
-
     /// `rows` of `k` and of `v`; nothing when a row would leave either slice (a caller
     /// passing an odd layout loses the prefetch, never memory safety). Rows that follow each
     /// other without a gap are requested as one.
@@ -191,7 +169,7 @@ impl Ahead {
                         },
                 }
             }
-            _ => Ahead::none(),
+            _ => Ahead::default(),
         }
     }
 

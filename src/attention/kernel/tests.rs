@@ -3,6 +3,14 @@
 use super::*;
 use crate::core::DType;
 
+/// A seeded stream of f32 in [-1, 1) (a 32-bit LCG's top 24 bits), for test data.
+pub(super) fn uniform(mut seed: u32) -> impl FnMut() -> f32 {
+    move || {
+        seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+        (seed >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0
+    }
+}
+
 /// Every path this machine runs (8 and 16 lanes) against a naive computation, with a head_dim that is not
 /// a multiple of 8 (tail loops), masking, a window and a soft cap.
 #[test]
@@ -11,11 +19,7 @@ fn scalar_and_simd_paths_match_naive() {
     for d in [70usize, 64] {
         let (ps, hk) = (16usize, 2usize);
         let layout = CacheLayout::dense(DType::BF16, 4, ps, hk, d);
-        let mut seed = 5u32;
-        let mut rnd = || {
-            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-            (seed >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0
-        };
+        let mut rnd = uniform(5);
         let n = 4 * ps * hk * d;
         let k: Vec<bf16> = (0..n).map(|_| bf16::from_f32(rnd())).collect();
         let v: Vec<bf16> = (0..n).map(|_| bf16::from_f32(rnd())).collect();
@@ -99,11 +103,7 @@ fn scalar_and_simd_paths_match_naive() {
 fn partials_over_split_ranges_merge_exactly() {
     let (ps, hk, d) = (16usize, 1usize, 64usize);
     let layout = CacheLayout::dense(DType::F32, 8, ps, hk, d);
-    let mut seed = 9u32;
-    let mut rnd = || {
-        seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-        (seed >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0
-    };
+    let mut rnd = uniform(9);
     let n = 8 * ps * hk * d;
     let k: Vec<f32> = (0..n).map(|_| rnd()).collect();
     let v: Vec<f32> = (0..n).map(|_| rnd()).collect();

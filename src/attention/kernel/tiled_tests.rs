@@ -264,23 +264,14 @@ proptest! {
 /// shapes smaller than the maximum, and its shape checks.
 #[test]
 fn soft_tiles_follow_the_instruction() {
-    let mut cfg = TileConfig {
-        palette: 1,
-        start_row: 0,
-        reserved: [0; 14],
-        colsb: [0; 16],
-        rows: [0; 16],
-    };
+    let mut cfg = TileConfig::palette1();
     // C: 5 rows x 12 f32; A: 5 rows x 7 pairs; B: 7 rows x 12 pairs.
     for (t, r, cb) in [(0, 5, 48), (1, 5, 28), (2, 7, 48)] {
         cfg.rows[t] = r;
         cfg.colsb[t] = cb;
     }
-    let mut seed = 77u32;
-    let mut rnd = move || {
-        seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-        (seed >> 8) as f32 / (1u32 << 24) as f32 * 4.0 - 2.0
-    };
+    let mut unit = super::super::tests::uniform(77);
+    let mut rnd = move || 2.0 * unit();
     let a: Vec<u16> = (0..16 * 32)
         .map(|_| bf16::from_f32(rnd()).to_bits())
         .collect();
