@@ -1,0 +1,775 @@
+"""Runs one call of a native x86-64 function of this process under an emulated CPU (BochsCPU,
+through bochscpu-python 0.4.0), so that code for instructions this machine lacks (AVX-512)
+executes here. The test suite uses it for kvshare's avx512 CPU kernel path
+(test_ops_emulated.py); test_x86emu.py checks it.
+
+    import x86emu
+    rax = x86emu.call(fn_addr, [arg0, arg1, ...])   # SysV ABI, up to 6 integer/pointer args
+    x86emu.last_stats   # {'instructions': N, 'seconds': t, 'mips': ..., 'remapped': ..., ...}
+    lib = x86emu.CffiLib(cffi_lib, ffi, path)       # a cffi library whose calls are emulated
+
+The emulated CPU is Bochs' default model in this build (Tiger Lake: AVX-512 F/VL/BW/DQ/..., no
+AMX), 64-bit user mode. Guest virtual addresses are host virtual addresses: the guest reads and
+writes this process's real memory (anonymous memory, the heap, stacks, and the shared objects
+named in LIBRARIES: libc, the loader, libgcc_s, plus the library under test); every such page
+is bound before the guest runs. The guest's thread-local storage, and so its malloc arena, is
+a parked thread's (_GuestThread), not the caller's: state a library keeps per thread (an error
+message) is read back by an emulated call too.
+
+Any guest exception (#UD, #GP, #PF outside the mapped set, ...), a `syscall` instruction (#UD:
+the guest cannot make system calls; its malloc arena is grown beforehand so that malloc needs
+none), `hlt` or an interrupt raises EmulationError naming the vector and the instruction's
+address. One call at a time (a lock); a guest that never returns is stopped by the caller's
+own timeout (the tests' pytest-timeout).
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from array import array
+
+__all__ = ["call", "EmulationError", "last_stats", "CffiLib"]
+
+PAGE = 0x1000
+HUGE = 0x200000
+# Shared objects (file-name prefixes) mapped into the guest besides anonymous memory: the C
+# library, the loader (thread-local storage), libgcc_s (unwinding). Callers add the library
+# under test (:class:`CffiLib` adds the one it wraps when given its path).
+LIBRARIES = ["libc.so", "libc-", "ld-linux", "libgcc_s", "libm.so", "libm-"]
+
+
+class EmulationError(RuntimeError):
+    pass
+
+
+# ----------------------------------------------------------------------------------------
+# Import bochscpu. The 0.4.0 wheel (tagged manylinux_2_28) references the unversioned
+# glibc-2.38 symbols __isoc23_strtoull / __isoc23_sscanf; on older glibc we build a tiny
+# forwarding shim (isoc23_shim.c) and load it RTLD_GLOBAL before the extension.
+# ----------------------------------------------------------------------------------------
+_SHIM_SRC = r"""
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+unsigned long long __isoc23_strtoull(const char *s, char **e, int b) { return strtoull(s, e, b); }
+int __isoc23_sscanf(const char *s, const char *f, ...) {
+    va_list ap; va_start(ap, f); int r = vsscanf(s, f, ap); va_end(ap); return r; }
+"""
+
+
+def _load_bochscpu():
+    try:
+        import bochscpu  # noqa: F401
+    except ImportError as e:
+        if "__isoc23" not in str(e):
+            raise
+        shim = os.environ.get("EMU_ISOC23_SHIM")
+        if not shim:
+            # Built per process into a temporary folder (a C compiler is needed; the tests
+            # have one): nothing is written outside it.
+            d = tempfile.mkdtemp(prefix="x86emu-shim-")
+            src = os.path.join(d, "isoc23_shim.c")
+            with open(src, "w") as f:
+                f.write(_SHIM_SRC)
+            shim = os.path.join(d, "libisoc23_shim.so")
+            cc = os.environ.get("CC", "cc")
+            subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", shim, src], check=True)
+        ctypes.CDLL(shim, mode=ctypes.RTLD_GLOBAL)
+        sys.modules.pop("bochscpu", None)
+        import bochscpu  # noqa: F401
+    import bochscpu
+    import bochscpu.memory
+    return bochscpu
+
+
+bochscpu = _load_bochscpu()
+_mem = bochscpu.memory
+_lib = ctypes.CDLL(bochscpu._bochscpu.__file__)  # raw bochscpu-ffi C API (exported)
+
+_VP, _U32, _U64 = ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint64
+_lib.bochscpu_cpu_from.restype = _VP
+_lib.bochscpu_cpu_from.argtypes = [_U32]
+_lib.bochscpu_cpu_run.restype = None
+_lib.bochscpu_cpu_run.argtypes = [_VP, _VP]  # releases the GIL (plain ctypes call)
+_lib.bochscpu_cpu_stop.restype = None
+_lib.bochscpu_cpu_stop.argtypes = [_VP]
+for _n in ("rip", "rsp", "rax", "cr2"):
+    getattr(_lib, "bochscpu_cpu_" + _n).restype = _U64
+    getattr(_lib, "bochscpu_cpu_" + _n).argtypes = [_VP]
+_flush_icaches = getattr(_lib, "_Z12flushICachesv")  # Bochs flushICaches(): decoded-insn cache
+_flush_icaches.restype = None
+_flush_icaches.argtypes = []
+_MISSING_CB_T = ctypes.CFUNCTYPE(None, _U64)
+_lib.bochscpu_mem_missing_page.restype = None
+_lib.bochscpu_mem_missing_page.argtypes = [_MISSING_CB_T]
+
+# bochscpu_hooks_t (bochscpu-ffi src/hook.rs): ctx + 25 nullable fn pointers, in order.
+_HOOK_FIELDS = ["reset", "hlt", "mwait", "cnear_branch_taken", "cnear_branch_not_taken",
+                "ucnear_branch", "far_branch", "opcode", "interrupt", "exception",
+                "hw_interrupt", "tlb_cntrl", "cache_cntrl", "prefetch_hint", "clflush",
+                "before_execution", "after_execution", "repeat_iteration", "inp", "inp2",
+                "outp", "lin_access", "phy_access", "wrmsr", "vmexit"]
+
+
+class _Hooks(ctypes.Structure):
+    _fields_ = [("ctx", _VP)] + [(n, _VP) for n in _HOOK_FIELDS]
+
+
+_EXC_CB_T = ctypes.CFUNCTYPE(None, _VP, _U32, _U32, _U32)
+_INT_CB_T = ctypes.CFUNCTYPE(None, _VP, _U32, _U32)
+_HLT_CB_T = ctypes.CFUNCTYPE(None, _VP, _U32)
+
+# ----------------------------------------------------------------------------------------
+# libc helpers
+# ----------------------------------------------------------------------------------------
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = _VP
+_libc.mmap.argtypes = [_VP, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+_libc.syscall.restype = ctypes.c_long
+
+
+def _mmap(size, prot=3):
+    p = _libc.mmap(None, size, prot, 0x22, -1, 0)  # MAP_PRIVATE|MAP_ANONYMOUS
+    if p in (None, ctypes.c_void_p(-1).value):
+        raise OSError(ctypes.get_errno(), "mmap failed")
+    return p
+
+
+def _host_fs_base():
+    out = ctypes.c_uint64(0)
+    r = _libc.syscall(ctypes.c_long(158), ctypes.c_long(0x1003), ctypes.byref(out))  # arch_prctl(ARCH_GET_FS)
+    if r != 0:
+        raise OSError(ctypes.get_errno(), "arch_prctl(ARCH_GET_FS) failed")
+    return out.value
+
+
+
+class _DlInfo(ctypes.Structure):
+    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", _VP),
+                ("dli_sname", ctypes.c_char_p), ("dli_saddr", _VP)]
+
+
+def _symbol(a):
+    info = _DlInfo()
+    if not _libc.dladdr(_VP(a), ctypes.byref(info)) or not info.dli_fname:
+        return None
+    name = os.path.basename(info.dli_fname.decode(errors="replace"))
+    if info.dli_sname:
+        return "%s!%s+%#x" % (name, info.dli_sname.decode(errors="replace"), a - info.dli_saddr)
+    return "%s+%#x" % (name, a - info.dli_fbase)
+
+
+def _stack_scan(n=96):
+    """The code addresses found among the guest stack's top `n` words (return addresses,
+    mostly), symbolized: a rough backtrace for error messages."""
+    rsp = _lib.bochscpu_cpu_rsp(_cpu)
+    lo, hi = _stack, _stack + _STACK_SIZE
+    out = []
+    for i in range(n):
+        a = rsp + 8 * i
+        if not lo <= a < hi:
+            break
+        sym = _symbol(ctypes.c_uint64.from_address(a).value)
+        if sym and sym not in out:
+            out.append(sym)
+    return out
+
+# ----------------------------------------------------------------------------------------
+# Bochs internals used for instruction count / faulting RIP (offsets into the global
+# BX_CPU_C object `bx_cpu`, read from this build's cpu_loop disassembly and verified at
+# runtime by _calibrate(); disabled if the check fails).
+# ----------------------------------------------------------------------------------------
+_BX_CPU = ctypes.addressof(ctypes.c_char.in_dll(_lib, "bx_cpu"))
+_OFF_RIP, _OFF_PREV_RIP, _OFF_ICOUNT = 0xD8, 0x110, 0x128
+_have_icount = False
+
+
+def _rd64(a):
+    return ctypes.c_uint64.from_address(a).value
+
+
+def _icount():
+    return _rd64(_BX_CPU + _OFF_ICOUNT) if _have_icount else None
+
+
+# ----------------------------------------------------------------------------------------
+# Guest physical memory / page tables
+# ----------------------------------------------------------------------------------------
+_PT_GPA_BASE = 0x0010_0000      # page-table pages live at [1 MiB, 1 GiB)
+_PT_GPA_LIMIT = 0x4000_0000
+_DATA_GPA_BASE = 0x4000_0000    # 2 MiB "chunks" of guest-visible memory from 1 GiB up
+_DATA_GPA_LIMIT = 1 << 39       # stay below Bochs' physical-address width
+_P, _RW, _US, _PS = 1, 2, 4, 0x80
+_NX = 1 << 63
+
+
+class _PhysMem:
+    def __init__(self):
+        self.pt_pages = []          # [(gpa, hva)] pool, reused on rebuild
+        self.pt_used = 0
+        self.chunk_gpa = {}         # va 2MiB chunk -> gpa 2MiB chunk (permanent; VA==HVA)
+        self.gpa_chunk = {}         # reverse
+        self.next_chunk = _DATA_GPA_BASE
+        self.inserted = {}          # gpa page -> host page it is bound to
+        self.maps_key = None
+        self.pml4 = None
+        self.stats = {}
+
+    # -- table pages -------------------------------------------------------------------
+    def _new_table(self):
+        if self.pt_used == len(self.pt_pages):
+            n = 512  # grow by 2 MiB of table pages
+            base = _mmap(n * PAGE)
+            g0 = _PT_GPA_BASE + len(self.pt_pages) * PAGE
+            if g0 + n * PAGE > _PT_GPA_LIMIT:
+                raise EmulationError("page-table pool exhausted")
+            for i in range(n):
+                _mem.page_insert(g0 + i * PAGE, base + i * PAGE)
+                self.pt_pages.append((g0 + i * PAGE, base + i * PAGE))
+        gpa, hva = self.pt_pages[self.pt_used]
+        self.pt_used += 1
+        ctypes.memset(hva, 0, PAGE)
+        return gpa, hva
+
+    def _chunk(self, va2m):
+        g = self.chunk_gpa.get(va2m)
+        if g is None:
+            g = self.next_chunk
+            if g + HUGE > _DATA_GPA_LIMIT:
+                raise EmulationError("guest physical space exhausted (> 512 GiB mapped)")
+            self.next_chunk += HUGE
+            self.chunk_gpa[va2m] = g
+            self.gpa_chunk[g] = va2m
+        return g
+
+    # -- /proc/self/maps ---------------------------------------------------------------
+    @staticmethod
+    def _read_maps():
+        """The readable mappings the guest may touch: anonymous memory, the heap and stacks,
+        and the shared objects whose file name starts with one of :data:`LIBRARIES` (the
+        bulk of a process's mappings, e.g. torch's libraries, stays out: touching it faults
+        with its address named)."""
+        with open("/proc/self/maps", "rb") as f:
+            text = f.read()
+        regions = []
+        for line in text.splitlines():
+            parts = line.split(None, 5)
+            rng, perms = parts[0], parts[1]
+            name = parts[5].strip() if len(parts) > 5 else b""
+            if perms[0:1] != b"r" or name in (b"[vsyscall]", b"[vvar]", b"[vvar_vclock]"):
+                continue
+            if name.startswith(b"/") and not os.path.basename(name).decode(
+                    errors="replace").startswith(tuple(LIBRARIES)):
+                continue
+            lo, hi = (int(x, 16) for x in rng.split(b"-"))
+            if hi > (1 << 47):
+                continue
+            regions.append((lo, hi, perms[1:2] == b"w", perms[2:3] == b"x"))
+        return text, regions
+
+    # -- build 4-level tables for all readable host mappings ------------------------------
+    def sync(self):
+        text, regions = self._read_maps()
+        if text == self.maps_key:
+            return False
+        t0 = time.perf_counter()
+        self.pt_used = 0
+        self.pml4 = self._new_table()
+        tables = {}  # (level, index-prefix) -> (gpa, hva) ; level 1=pdpt, 2=pd, 3=pt
+
+        def table(level, key, parent_hva, idx):
+            t = tables.get((level, key))
+            if t is None:
+                t = self._new_table()
+                tables[(level, key)] = t
+                # intermediate entries: present|rw|user, permissions decided at the leaf
+                ctypes.c_uint64.from_address(parent_hva + idx * 8).value = t[0] | _P | _RW | _US
+            return t
+
+        def pd_for(va):
+            i4, i3 = (va >> 39) & 511, (va >> 30) & 511
+            pdpt = table(1, i4, self.pml4[1], i4)
+            return table(2, (i4, i3), pdpt[1], i3)
+
+        # split regions into 2 MiB chunks: full uniform chunk -> 2 MiB page, else 4 KiB PTEs
+        per_chunk = {}
+        for lo, hi, w, x in regions:
+            c = lo & ~(HUGE - 1)
+            while c < hi:
+                a, b = max(lo, c), min(hi, c + HUGE)
+                per_chunk.setdefault(c, []).append((a, b, w, x))
+                c += HUGE
+        n4k = n2m = 0
+        for c, parts in per_chunk.items():
+            pd = pd_for(c)
+            g = self._chunk(c)
+            pdi = (c >> 21) & 511
+            if len(parts) == 1 and parts[0][0] == c and parts[0][1] == c + HUGE:
+                w, x = parts[0][2], parts[0][3]
+                e = g | _P | _US | _PS | (_RW if w else 0) | (0 if x else _NX)
+                ctypes.c_uint64.from_address(pd[1] + pdi * 8).value = e
+                n2m += 1
+                continue
+            ptg, pth = self._new_table()
+            ctypes.c_uint64.from_address(pd[1] + pdi * 8).value = ptg | _P | _RW | _US
+            ents = array("Q", bytes(PAGE))
+            for a, b, w, x in parts:
+                i0, i1 = (a - c) >> 12, (b - c) >> 12
+                fl = _P | _US | (_RW if w else 0)
+                first = g + (a - c)
+                vals = array("Q", range(first | fl, first + (i1 - i0) * PAGE, PAGE))
+                if not x:
+                    vals = array("Q", (v | _NX for v in vals))
+                ents[i0:i1] = vals
+                n4k += i1 - i0
+            ctypes.memmove(pth, ents.tobytes(), PAGE)
+        # Bind every mapped page now, natively: binding a page allocates (bochscpu's page map),
+        # and doing it from the missing-page callback while the guest holds malloc's lock (the
+        # guest runs glibc's malloc on the real heap) deadlocks.
+        n_new = 0
+        for lo, hi, _, _ in regions:
+            for va in range(lo, hi, PAGE):
+                c = va & ~(HUGE - 1)
+                gpa = self.chunk_gpa[c] + (va - c)
+                if self.inserted.get(gpa) != va:
+                    _mem.page_insert(gpa, va)
+                    self.inserted[gpa] = va
+                    n_new += 1
+        self.maps_key = text
+        self.stats = {"regions": len(regions), "pages_2m": n2m, "pages_4k": n4k, "bound": n_new,
+                      "table_pages": self.pt_used, "build_s": time.perf_counter() - t0}
+        return True
+
+    def missing(self, gpa):
+        """GPA not yet bound: bind it to its host page (VA == HVA)."""
+        page = gpa & ~(PAGE - 1)
+        c = page & ~(HUGE - 1)
+        va2m = self.gpa_chunk.get(c)
+        if va2m is None:
+            return False
+        _mem.page_insert(page, va2m + (page - c))
+        self.inserted[page] = va2m + (page - c)
+        return True
+
+
+# ----------------------------------------------------------------------------------------
+# CPU / run
+# ----------------------------------------------------------------------------------------
+_lock = threading.RLock()
+_pm = _PhysMem()
+_sess = None
+_cpu = None
+_stack = None
+_STACK_SIZE = 1 << 20
+_SENTINEL = None
+_scratch = None
+_run_info = {}
+last_stats = {}
+
+_VEC_NAMES = {0: "#DE", 1: "#DB", 2: "NMI", 3: "#BP", 4: "#OF", 5: "#BR", 6: "#UD", 7: "#NM",
+              8: "#DF", 10: "#TS", 11: "#NP", 12: "#SS", 13: "#GP", 14: "#PF", 16: "#MF",
+              17: "#AC", 18: "#MC", 19: "#XM", 21: "#CP"}
+
+
+def _on_missing(gpa):
+    if not _pm.missing(gpa):
+        # Not ours: bind a scratch page so Bochs does not panic, and stop the CPU.
+        _mem.page_insert(gpa & ~(PAGE - 1), _scratch)
+        _run_info.setdefault("error", ("missing-gpa", gpa))
+        _lib.bochscpu_cpu_stop(_cpu)
+
+
+def _on_exception(ctx, cpu_id, vector, error):
+    if "exc" not in _run_info:
+        _run_info["exc"] = (vector, error, _lib.bochscpu_cpu_rip(_cpu),
+                            _rd64(_BX_CPU + _OFF_PREV_RIP) if _have_icount else None,
+                            _lib.bochscpu_cpu_cr2(_cpu))
+    _lib.bochscpu_cpu_stop(_cpu)
+
+
+def _on_interrupt(ctx, cpu_id, vector):
+    _run_info.setdefault("intr", (vector, _lib.bochscpu_cpu_rip(_cpu)))
+    _lib.bochscpu_cpu_stop(_cpu)
+
+
+def _on_hlt(ctx, cpu_id):
+    _run_info.setdefault("hlt", _lib.bochscpu_cpu_rip(_cpu))
+    _lib.bochscpu_cpu_stop(_cpu)
+
+
+_cb_missing = _MISSING_CB_T(_on_missing)
+_cb_exc = _EXC_CB_T(_on_exception)
+_cb_int = _INT_CB_T(_on_interrupt)
+_cb_hlt = _HLT_CB_T(_on_hlt)
+_hooks = _Hooks()
+_hooks.exception = ctypes.cast(_cb_exc, _VP)
+_hooks.interrupt = ctypes.cast(_cb_int, _VP)
+_hooks.hlt = ctypes.cast(_cb_hlt, _VP)
+_hook_list = (ctypes.c_void_p * 2)(ctypes.addressof(_hooks), None)
+
+
+def _seg(sel, attr):
+    s = bochscpu.Segment()
+    s.present, s.selector, s.base, s.limit, s.attr = True, sel, 0, 0xFFFFFFFF, attr
+    return s
+
+
+class _GuestThread:
+    """A parked host thread whose identity the guest takes: its thread-local storage (FS base),
+    hence its own malloc arena and tcache. The guest runs glibc's malloc on this process's
+    memory and takes the locks of the arena it uses; it cannot make the futex system call that
+    contention needs, and a guest stopped by a fault may leave a lock taken. With an arena of
+    its own (never touched by a host thread: this one only sleeps), neither can block the host.
+    The arena is grown here first, natively, so that the guest's allocations (up to 32 MiB each:
+    the mmap threshold is raised to glibc's maximum) need no system call."""
+
+    GROW = 48 << 20
+
+    def __init__(self):
+        libc = ctypes.CDLL(None)
+        libc.malloc.restype = _VP
+        libc.malloc.argtypes = [ctypes.c_size_t]
+        libc.free.argtypes = [_VP]
+        libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+        M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+        # Nothing is given back to the system below 1 GiB of free top (a trim is madvise or
+        # munmap), and allocations up to 32 MiB come from the arena.
+        if not (libc.mallopt(M_MMAP_THRESHOLD, 32 << 20)
+                and libc.mallopt(M_TRIM_THRESHOLD, 1 << 30)):
+            raise OSError("mallopt refused the thresholds")
+        ready, self._park = threading.Event(), threading.Event()
+        self.fs_base, self.block, self.error = None, None, None
+
+        def run():
+            try:
+                self.fs_base = _host_fs_base()
+                blocks = [libc.malloc(1 << 20) for _ in range(self.GROW >> 20)]
+                if not all(blocks):
+                    raise MemoryError("malloc failed")
+                self.block = blocks[0]
+                for blk in blocks:
+                    libc.free(blk)
+            except Exception as e:  # noqa: BLE001 (reported by the constructor)
+                self.error = e
+            ready.set()
+            self._park.wait()
+
+        threading.Thread(target=run, name="x86emu-guest", daemon=True).start()
+        ready.wait()
+        if self.error is not None:
+            raise EmulationError(f"guest thread: {self.error}")
+        with open("/proc/self/maps") as f:
+            for line in f:
+                if line.rstrip().endswith("[heap]"):
+                    lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+                    if lo <= self.block < hi:
+                        raise EmulationError("the guest thread shares the main malloc arena "
+                                             "(glibc's arena limit reached)")
+
+
+def _init():
+    global _sess, _cpu, _stack, _SENTINEL, _scratch, _gather_code, _guest
+    if _sess is not None:
+        return
+    _guest = _GuestThread()
+    _sess = bochscpu.Session()                # creates Bochs CPU #0
+    _cpu = _lib.bochscpu_cpu_from(0)          # raw handle for run/stop from ctypes
+    _lib.bochscpu_mem_missing_page(_cb_missing)
+    _stack = _mmap(_STACK_SIZE)
+    _SENTINEL = _mmap(PAGE, 0)                # PROT_NONE -> never in the guest page tables
+    _scratch = _mmap(PAGE)
+    _gather_code = _mmap(PAGE, 7)             # rwx: re-encoded gathers (see _GatherFix)
+    _calibrate()
+
+
+def _make_state(rip, args, rsp):
+    st = bochscpu.State()
+    st.cr0 = 0x80050033           # PG|AM|WP|NE|ET|MP|PE
+    st.cr4 = (1 << 5) | (1 << 9) | (1 << 10) | (1 << 18)  # PAE|OSFXSR|OSXMMEXCPT|OSXSAVE
+    st.efer = (1 << 8) | (1 << 10) | (1 << 11)            # LME|LMA|NXE (SCE=0 -> syscall #UD)
+    st.xcr0 = 0xE7                # x87|SSE|AVX|opmask|ZMM_Hi256|Hi16_ZMM
+    st.mxcsr = 0x1F80
+    st.mxcsr_mask = 0xFFFF
+    st.fpcw = 0x037F
+    st.fptw = 0xFFFF              # Bochs full tag word: all empty
+    st.pat = 0x0007040600070406
+    st.cr3 = _pm.pml4[0]
+    st.cs = _seg(0x33, 0x20FB)    # 64-bit code, DPL3 (user mode: privileged insns #GP)
+    data = _seg(0x2B, 0xC0F3)
+    st.ss, st.ds, st.es = data, data, data
+    fs = _seg(0, 0xC0F3)
+    fs.base = _guest.fs_base
+    st.fs = fs
+    st.gs = _seg(0, 0xC0F3)
+    st.rflags = 0x202
+    st.rip = rip
+    st.rsp = rsp
+    regs = ["rdi", "rsi", "rdx", "rcx", "r8", "r9"]
+    for r, v in zip(regs, args):
+        setattr(st, r, v & 0xFFFFFFFFFFFFFFFF)
+    return st
+
+
+def _start(fn_addr, args):
+    """Puts the CPU at the function's entry: arguments, a fresh stack whose return address is
+    the sentinel."""
+    top = (_stack + _STACK_SIZE - 64) & ~0xF
+    rsp = top - 8                                 # as after `call`: rsp % 16 == 8
+    ctypes.c_uint64.from_address(rsp).value = _SENTINEL
+    _sess.cpu.state = _make_state(fn_addr, args, rsp)   # set_state flushes the TLB
+
+
+def _go():
+    """Runs from the current state until the CPU stops (the sentinel fetch fault, another
+    exception). Returns (seconds, instructions, what the hooks saw).
+
+    Nothing else of this process runs Python meanwhile (no watchdog thread): the guest runs
+    glibc's malloc on this process's heap and takes its locks, and contention on them needs
+    the futex system call, which the guest cannot make. A guest that never returns is stopped
+    by the caller's own timeout (the tests' pytest-timeout kills the process)."""
+    _flush_icaches()   # host-side writes to code are invisible to Bochs' SMC detection
+    _run_info.clear()
+    ic0 = _icount()
+    t0 = time.perf_counter()
+    _lib.bochscpu_cpu_run(_cpu, _hook_list)
+    dt = time.perf_counter() - t0
+    n = None if ic0 is None else _icount() - ic0
+    return dt, n, dict(_run_info)
+
+
+# ----------------------------------------------------------------------------------------
+# EVEX gathers with an index register above 15: this Bochs build raises #UD on them (it
+# applies the "unused EVEX.V' must be 1" rule to VSIB, where V' extends the index register;
+# hardware and the SDM accept them, and compilers emit them). Such a gather is run by Bochs
+# itself with the index copied into a low register: the instruction, re-encoded with that
+# register, runs from a scratch page followed by int3; then the low register gets its value
+# back and execution continues after the original instruction.
+# ----------------------------------------------------------------------------------------
+_ZMM = ctypes.c_uint64 * 8
+_lib.bochscpu_cpu_zmm.restype = None
+_lib.bochscpu_cpu_zmm.argtypes = [_VP, ctypes.c_size_t, ctypes.POINTER(_ZMM)]
+_lib.bochscpu_cpu_set_zmm.restype = None
+_lib.bochscpu_cpu_set_zmm.argtypes = [_VP, ctypes.c_size_t, ctypes.POINTER(_ZMM)]
+_lib.bochscpu_cpu_set_rip.restype = None
+_lib.bochscpu_cpu_set_rip.argtypes = [_VP, _U64]
+
+
+def _zmm(i):
+    z = _ZMM()
+    _lib.bochscpu_cpu_zmm(_cpu, i, ctypes.byref(z))
+    return z
+
+
+def _high_index_gather(code: bytes):
+    """(length, destination, index register, the bytes re-encoded for index register `t`)
+    when `code` starts with an EVEX gather (0F38 90-93, VSIB) whose index register is 16-31;
+    else None."""
+    if len(code) < 7 or code[0] != 0x62:
+        return None
+    p0, p1, p2, op, modrm, sib = code[1:7]
+    if p0 & 3 != 2 or p1 & 3 != 1 or op not in (0x90, 0x91, 0x92, 0x93) or p2 & 0x08:
+        return None                           # not map 0F38 / 66, not a gather, low index
+    mod, rm, base = modrm >> 6, modrm & 7, sib & 7
+    if mod == 3 or rm != 4:
+        return None
+    disp = 4 if mod == 2 or (mod == 0 and base == 5) else 1 if mod == 1 else 0
+    n = 7 + disp
+    dst = ((modrm >> 3) & 7) | (0 if p0 & 0x80 else 8) | (0 if p0 & 0x10 else 16)
+    index = ((sib >> 3) & 7) | (0 if p0 & 0x40 else 8) | 16
+
+    def encode(t):
+        q0 = (p0 & ~0x40) | (0 if t & 8 else 0x40)
+        return bytes([0x62, q0, p1, p2 | 0x08, op, modrm, (sib & 0xC7) | ((t & 7) << 3)]) \
+            + code[7:n]
+
+    return n, dst, index, encode
+
+
+class _GatherFix:
+    def __init__(self):
+        self.pending = None   # (low register, its saved value, where to continue, int3 address)
+        self.count = 0
+
+    def handle(self, exc) -> bool:
+        vec, _err, rip, prev_rip, _cr2 = exc
+        at = prev_rip if prev_rip is not None else rip
+        if self.pending is not None:
+            t, saved, cont, trap = self.pending
+            if vec != 3 or trap not in (rip - 1, rip):
+                return False
+            _lib.bochscpu_cpu_set_zmm(_cpu, t, ctypes.byref(saved))
+            _lib.bochscpu_cpu_set_rip(_cpu, cont)
+            self.pending = None
+            self.count += 1
+            return True
+        if vec != 6:
+            return False
+        g = _high_index_gather(ctypes.string_at(at, 16))
+        if g is None:
+            return False
+        n, dst, index, encode = g
+        t = 0 if dst != 0 else 1
+        saved = _zmm(t)
+        _lib.bochscpu_cpu_set_zmm(_cpu, t, ctypes.byref(_zmm(index)))
+        code = encode(t) + b"\xcc"
+        ctypes.memmove(_gather_code, code, len(code))
+        self.pending = (t, saved, at + n, _gather_code + len(code) - 1)
+        _lib.bochscpu_cpu_set_rip(_cpu, _gather_code)
+        return True
+
+
+def _calibrate():
+    """Check the bx_cpu field offsets on a known sequence; disable icount if they differ."""
+    global _have_icount
+    code = _mmap(PAGE, 7)
+    # mov ecx, 1000 ; l: dec ecx ; jnz l ; mov eax, 7 ; ret   -> 1 + 2*1000 + 1 + 1 insns
+    prog = b"\xb9\xe8\x03\x00\x00\xff\xc9\x75\xfc\xb8\x07\x00\x00\x00\xc3"
+    ctypes.memmove(code, prog, len(prog))
+    _pm.sync()
+    _sess.cpu.state = _make_state(code, [], (_stack + _STACK_SIZE - 72) & ~0xF | 8)
+    ok = _rd64(_BX_CPU + _OFF_RIP) == code
+    _have_icount = ok
+    if ok:
+        try:
+            r = call(code, [])
+        except EmulationError:
+            _have_icount = False
+            return
+        # the sentinel fetch fault counts as one more instruction
+        n = last_stats.get("instructions")
+        _have_icount = r == 7 and n in (2003, 2004)
+        _calibrate.measured = n
+
+
+def call(fn_addr: int, args: list[int] = ()) -> int:
+    """Emulate fn_addr(*args) (SysV x86-64, integer/pointer args only); return rax."""
+    if len(args) > 6:
+        raise ValueError("at most 6 integer arguments")
+    with _lock:
+        _init()
+        remapped = _pm.sync()
+        _start(fn_addr, list(args))
+        fix = _GatherFix()
+        dt, n = 0.0, 0
+        while True:
+            d, k, info = _go()
+            dt += d
+            n = None if k is None or n is None else n + k
+            # int3 reaches the interrupt hook (a software interrupt), faults the exception hook.
+            stop = info.get("exc")
+            if stop is None and "intr" in info:
+                stop = (info["intr"][0], 0, info["intr"][1], None, 0)
+            if stop is None or not fix.handle(stop):
+                break
+        last_stats.clear()
+        last_stats.update({"instructions": n, "seconds": dt, "gathers_rerun": fix.count,
+                           "mips": (n / dt / 1e6) if (n and dt) else None,
+                           "remapped": remapped, **{"map_" + k: v for k, v in _pm.stats.items()}})
+        exc = info.get("exc")
+        if exc is not None:
+            vec, err, rip, prev_rip, cr2 = exc
+            if vec == 14 and cr2 == _SENTINEL and rip == _SENTINEL:
+                return _lib.bochscpu_cpu_rax(_cpu)
+            at = prev_rip if prev_rip is not None else rip
+            what = _VEC_NAMES.get(vec, "vector %d" % vec)
+            extra = ""
+            try:
+                op = ctypes.string_at(at, 2)
+                if vec == 6 and op == b"\x0f\x05":
+                    extra = " (syscall instruction, number %d)" % _lib.bochscpu_cpu_rax(_cpu)
+                extra += " bytes=%s" % ctypes.string_at(at, 8).hex()
+            except Exception:
+                pass
+            if vec == 14:
+                extra += " cr2=%#x err=%#x" % (cr2, err)
+            extra += "; in %s; called from: %s" % (_symbol(at), ", ".join(_stack_scan()[:12]))
+            raise EmulationError("guest exception %s (vector %d, error %#x) at rip=%#x%s after %s instructions"
+                                 % (what, vec, err, at, extra, n))
+        if "intr" in info:
+            raise EmulationError("guest interrupt vector %d at rip=%#x" % info["intr"])
+        if "hlt" in info:
+            raise EmulationError("guest hlt at rip=%#x" % info["hlt"])
+        if "error" in info:
+            raise EmulationError("guest touched unknown guest-physical address %#x" % info["error"][1])
+        raise EmulationError("emulation stopped unexpectedly at rip=%#x" % _lib.bochscpu_cpu_rip(_cpu))
+
+
+
+# ----------------------------------------------------------------------------------------
+# Helpers for callers
+# ----------------------------------------------------------------------------------------
+class CffiLib:
+    """A cffi ``lib`` (ABI mode) whose functions run under the emulator: each call converts
+    the arguments (integers, pointers, arrays; ``None`` is NULL) to 64-bit integers, runs the
+    function with :func:`call` and converts rax back to the declared result type. Functions
+    named in ``native``, and everything that is not a function (constants), pass through.
+    ``calls`` and ``instructions`` count what ran emulated. ``path`` is the shared object's
+    file, added to :data:`LIBRARIES` (the guest may touch its pages)."""
+
+    def __init__(self, lib, ffi, path, native=()):
+        self._lib, self._ffi, self._native = lib, ffi, frozenset(native)
+        name = os.path.basename(path)
+        if name not in LIBRARIES:
+            LIBRARIES.append(name)
+        self.calls = 0
+        self.instructions = 0
+
+    def _arg(self, a):
+        if a is None:
+            return 0
+        if isinstance(a, int):
+            return a & 0xFFFF_FFFF_FFFF_FFFF
+        kind = self._ffi.typeof(a).kind
+        if kind in ("pointer", "function", "array"):
+            return int(self._ffi.cast("uintptr_t", a))
+        return int(a) & 0xFFFF_FFFF_FFFF_FFFF
+
+    def __getattr__(self, name):
+        f = getattr(self._lib, name)
+        if name in self._native or not isinstance(f, self._ffi.CData):
+            return f
+        t = self._ffi.typeof(f)
+        if t.kind != "function":
+            return f
+        if t.ellipsis or len(t.args) > 6 or any(
+                a.kind in ("struct", "union") or a.cname in ("float", "double") for a in t.args):
+            raise TypeError(f"{name}: only up to 6 integer or pointer arguments can be emulated")
+        addr = int(self._ffi.cast("uintptr_t", f))
+        res = t.result
+
+        def emulated(*args):
+            if len(args) != len(t.args):
+                raise TypeError(f"{name}() takes {len(t.args)} arguments ({len(args)} given)")
+            rax = call(addr, [self._arg(a) for a in args])
+            self.calls += 1
+            self.instructions += last_stats.get("instructions") or 0
+            if res.kind == "pointer":
+                return self._ffi.cast(res, rax)
+            if res.kind == "void":
+                return None
+            bits = 8 * self._ffi.sizeof(res)
+            v = rax & ((1 << bits) - 1)
+            unsigned = res.kind == "primitive" and (res.cname.startswith("uint")
+                                                    or res.cname in ("size_t", "_Bool", "bool"))
+            if not unsigned and v >> (bits - 1):
+                v -= 1 << bits
+            return v
+
+        emulated.__name__ = name
+        return emulated
+
+def _cleanup():
+    # Drop nanobind objects before interpreter teardown (otherwise a segfault at exit).
+    global _sess
+    _sess = None
+    import gc
+    gc.collect()
+
+
+import atexit  # noqa: E402
+atexit.register(_cleanup)
