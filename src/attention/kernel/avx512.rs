@@ -4,8 +4,10 @@
 //! used: the kernel accumulates in f32 and converts each K/V vector once, which these
 //! conversions already do in one or two instructions.
 //!
-//! No machine this project is built on has AVX-512, so this file has never executed; the same
-//! 16-lane algorithm runs and is tested through `portable::Portable<16>`.
+//! No machine this project is built on has AVX-512: this file runs in the tests under an x86
+//! emulator (BochsCPU; `integration/vllm_ascend/tests/test_ops_emulated.py` emulates whole
+//! `kvs_attention_launch` calls on this path against the f64 reference), and the same 16-lane
+//! algorithm runs natively through `portable::Portable<16>`. Never timed on hardware.
 
 use super::avx2::hsum8;
 use super::{KvElem, Lanes};
