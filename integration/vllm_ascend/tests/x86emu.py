@@ -213,7 +213,6 @@ class _PhysMem:
         self.pt_pages = []          # [(gpa, hva)] pool, reused on rebuild
         self.pt_used = 0
         self.chunk_gpa = {}         # va 2MiB chunk -> gpa 2MiB chunk (permanent; VA==HVA)
-        self.gpa_chunk = {}         # reverse
         self.next_chunk = _DATA_GPA_BASE
         self.inserted = {}          # gpa page -> host page it is bound to
         self.maps_key = None
@@ -244,7 +243,6 @@ class _PhysMem:
                 raise EmulationError("guest physical space exhausted (> 512 GiB mapped)")
             self.next_chunk += HUGE
             self.chunk_gpa[va2m] = g
-            self.gpa_chunk[g] = va2m
         return g
 
     # -- /proc/self/maps ---------------------------------------------------------------
@@ -328,9 +326,9 @@ class _PhysMem:
                 ents[i0:i1] = vals
                 n4k += i1 - i0
             ctypes.memmove(pth, ents.tobytes(), PAGE)
-        # Bind every mapped page now, natively: binding a page allocates (bochscpu's page map),
-        # and doing it from the missing-page callback while the guest holds malloc's lock (the
-        # guest runs glibc's malloc on the real heap) deadlocks.
+        # Bind every mapped page now, natively: binding allocates (bochscpu's page map), which a
+        # callback in the middle of the guest's run must not do (the guest may hold a malloc
+        # lock: it runs glibc's malloc on this process's memory).
         n_new = 0
         for lo, hi, _, _ in regions:
             for va in range(lo, hi, PAGE):
@@ -343,17 +341,6 @@ class _PhysMem:
         self.maps_key = text
         self.stats = {"regions": len(regions), "pages_2m": n2m, "pages_4k": n4k, "bound": n_new,
                       "table_pages": self.pt_used, "build_s": time.perf_counter() - t0}
-        return True
-
-    def missing(self, gpa):
-        """GPA not yet bound: bind it to its host page (VA == HVA)."""
-        page = gpa & ~(PAGE - 1)
-        c = page & ~(HUGE - 1)
-        va2m = self.gpa_chunk.get(c)
-        if va2m is None:
-            return False
-        _mem.page_insert(page, va2m + (page - c))
-        self.inserted[page] = va2m + (page - c)
         return True
 
 
@@ -377,11 +364,11 @@ _VEC_NAMES = {0: "#DE", 1: "#DB", 2: "NMI", 3: "#BP", 4: "#OF", 5: "#BR", 6: "#U
 
 
 def _on_missing(gpa):
-    if not _pm.missing(gpa):
-        # Not ours: bind a scratch page so Bochs does not panic, and stop the CPU.
-        _mem.page_insert(gpa & ~(PAGE - 1), _scratch)
-        _run_info.setdefault("error", ("missing-gpa", gpa))
-        _lib.bochscpu_cpu_stop(_cpu)
+    # Every page the tables map is bound before the run, so this is a bug of this module: bind
+    # a scratch page so that Bochs does not panic, and stop the CPU (the call raises).
+    _mem.page_insert(gpa & ~(PAGE - 1), _scratch)
+    _run_info.setdefault("error", ("missing-gpa", gpa))
+    _lib.bochscpu_cpu_stop(_cpu)
 
 
 def _on_exception(ctx, cpu_id, vector, error):
@@ -762,6 +749,7 @@ class CffiLib:
 
         emulated.__name__ = name
         return emulated
+
 
 def _cleanup():
     # Drop nanobind objects before interpreter teardown (otherwise a segfault at exit).
