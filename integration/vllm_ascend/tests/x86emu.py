@@ -214,7 +214,7 @@ class _PhysMem:
         self.pt_used = 0
         self.chunk_gpa = {}         # va 2MiB chunk -> gpa 2MiB chunk (permanent; VA==HVA)
         self.next_chunk = _DATA_GPA_BASE
-        self.inserted = {}          # gpa page -> host page it is bound to
+        self.bound = set()          # gpa pages bound (each to its VA: chunk_gpa never changes)
         self.maps_key = None
         self.pml4 = None
         self.stats = {}
@@ -334,9 +334,9 @@ class _PhysMem:
             for va in range(lo, hi, PAGE):
                 c = va & ~(HUGE - 1)
                 gpa = self.chunk_gpa[c] + (va - c)
-                if self.inserted.get(gpa) != va:
+                if gpa not in self.bound:
                     _mem.page_insert(gpa, va)
-                    self.inserted[gpa] = va
+                    self.bound.add(gpa)
                     n_new += 1
         self.maps_key = text
         self.stats = {"regions": len(regions), "pages_2m": n2m, "pages_4k": n4k, "bound": n_new,
@@ -418,16 +418,15 @@ class _GuestThread:
     GROW = 48 << 20
 
     def __init__(self):
-        libc = ctypes.CDLL(None)
-        libc.malloc.restype = _VP
-        libc.malloc.argtypes = [ctypes.c_size_t]
-        libc.free.argtypes = [_VP]
-        libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+        _libc.malloc.restype = _VP
+        _libc.malloc.argtypes = [ctypes.c_size_t]
+        _libc.free.argtypes = [_VP]
+        _libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
         M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
         # Nothing is given back to the system below 1 GiB of free top (a trim is madvise or
         # munmap), and allocations up to 32 MiB come from the arena.
-        if not (libc.mallopt(M_MMAP_THRESHOLD, 32 << 20)
-                and libc.mallopt(M_TRIM_THRESHOLD, 1 << 30)):
+        if not (_libc.mallopt(M_MMAP_THRESHOLD, 32 << 20)
+                and _libc.mallopt(M_TRIM_THRESHOLD, 1 << 30)):
             raise OSError("mallopt refused the thresholds")
         ready, self._park = threading.Event(), threading.Event()
         self.fs_base, self.block, self.error = None, None, None
@@ -435,12 +434,12 @@ class _GuestThread:
         def run():
             try:
                 self.fs_base = _host_fs_base()
-                blocks = [libc.malloc(1 << 20) for _ in range(self.GROW >> 20)]
+                blocks = [_libc.malloc(1 << 20) for _ in range(self.GROW >> 20)]
                 if not all(blocks):
                     raise MemoryError("malloc failed")
                 self.block = blocks[0]
                 for blk in blocks:
-                    libc.free(blk)
+                    _libc.free(blk)
             except Exception as e:  # noqa: BLE001 (reported by the constructor)
                 self.error = e
             ready.set()
