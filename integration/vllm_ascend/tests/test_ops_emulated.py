@@ -12,21 +12,24 @@ whatever the thread count); prefill and chunked prefill on the tiled kernel; sof
 window and a heads-major cache. A wrong result is an assertion against the reference; an
 instruction the emulator refuses, a fault or a system call is an EmulationError naming it.
 
-The parent test runs the cases below in a child pytest process with ``KVSHARE_CPU_ISA=avx512``,
-``KVSHARE_OPS_CPU_THREADS=1`` and every ``kvs_`` call of `kvshare_vllm.ops` going through the
-emulator (a process whose CPU-feature answers came from the emulated CPU must never run the
-library natively, and the library caches those answers per process). In the child the backend's
-own description must name the avx512 path, so a silent fallback to another path fails.
+The parent test runs the cases below in a child pytest process per emulated CPU model with
+``KVSHARE_CPU_ISA=avx512``, ``KVSHARE_OPS_CPU_THREADS=1`` and every ``kvs_`` call of
+`kvshare_vllm.ops` going through the emulator (a process whose CPU-feature answers came from the
+emulated CPU must never run the library natively, and the library caches those answers per
+process). Two models: Cannon Lake, the first AVX-512 CPU (F/CD/BW/DQ/VL/IFMA/VBMI), and Sapphire
+Rapids, the Xeon the avx512 path is meant for (it adds VNNI, AVX512_BF16 and AVX512_FP16). In the
+child the backend's own description must name the avx512 path and the emulated CPU's flags, so a
+silent fallback to another path, or the host's answers, fail.
 
-Not covered here: AMX (this Bochs build emulates a Tiger Lake CPU, which has no AMX: forcing
-`amx` is refused, checked below), AVX512_BF16 / AVX512_FP16 (not used by the kernel), and
-timing (an emulator says nothing about speed).
+Not covered here: AMX (this Bochs build has none, not even in its Sapphire Rapids model: forcing
+`amx` is refused, checked below), and timing (an emulator says nothing about speed).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -58,10 +61,20 @@ if CHILD:
 # The parent: one child run per emulated path
 # ---------------------------------------------------------------------------------------------
 
+# The emulated models (x86emu.MODELS names) and the CPU flags the backend must report on each
+# (kvshare's own list, `cpu_flags()` in src/attention/cpu/isa.rs).
+MODEL_FLAGS = {
+    "cannonlake": "avx2 fma f16c avx512f avx512vl",
+    "sapphire_rapids": "avx2 fma f16c avx512f avx512vl avx512_bf16 avx512_fp16",
+}
+
+
 @pytest.mark.skipif(CHILD is not None, reason="the child run")
-def test_avx512_path_under_emulation():
+@pytest.mark.parametrize("model", list(MODEL_FLAGS))
+def test_avx512_path_under_emulation(model):
     env = dict(os.environ)
-    env.update({CHILD_ENV: "avx512", "KVSHARE_CPU_ISA": "avx512", "KVSHARE_OPS_CPU_THREADS": "1"})
+    env.update({CHILD_ENV: "avx512", "KVSHARE_CPU_ISA": "avx512", "KVSHARE_OPS_CPU_THREADS": "1",
+                "X86EMU_CPU_MODEL": model})
     env["PYTHONPATH"] = os.pathsep.join([HERE] + [p for p in [env.get("PYTHONPATH")] if p])
     r = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", "--timeout", "900",
@@ -85,10 +98,15 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 @child_only
 def test_emulated_backend_runs_the_path():
+    model = os.environ["X86EMU_CPU_MODEL"]
+    x86emu.cpuid(0)  # the CPU exists (the model is checked against its brand string)
+    assert x86emu.model == model, (x86emu.model, x86emu.cpu_brand)
     text = ops.describe_backend("cpu")
     assert f"kernel path {CHILD} (forced by KVSHARE_CPU_ISA)" in text, text
     assert "1 threads" in text, text
-    assert "avx512f" in text, text  # the emulated CPU's flags, not the host's
+    # The emulated CPU's flags, exactly (not the host's: this machine has no avx512f).
+    flags = re.search(r"CPU flags: ([a-z0-9_ ]+)", text)
+    assert flags and flags.group(1).strip() == MODEL_FLAGS[model], text
 
 
 @child_only

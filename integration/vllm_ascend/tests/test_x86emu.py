@@ -14,6 +14,7 @@ import os
 import random
 import struct
 import subprocess
+import sys
 
 import pytest
 
@@ -191,12 +192,68 @@ def test_system_calls_are_refused():
 
 
 def test_amx_is_not_emulated(libs):
-    """This Bochs build's CPU (Tiger Lake) has no AMX: `ldtilecfg` is #UD (the reason the AMX
-    path is not run under the emulator)."""
+    """This Bochs build has no AMX: `ldtilecfg` is #UD (the reason the AMX path is not run
+    under the emulator); the model's CPUID says so too. The Sapphire Rapids model's answer is
+    checked in test_models."""
     cfg = (ctypes.c_uint8 * 64)()
     cfg[0] = 1
     with pytest.raises(x86emu.EmulationError, match="#UD"):
         x86emu.call(addr(libs[0], "amx_loadcfg"), [ctypes.addressof(cfg)])
+    assert not x86emu.cpuid(7)[3] >> 24 & 1  # amx_tile
+
+
+def test_default_model():
+    """Without X86EMU_CPU_MODEL the CPU is this build's default, Cannon Lake, checked by its
+    brand string: AVX-512 F/BW/DQ/VL (leaf 7 EBX bits 16, 30, 17, 31), no AVX512_FP16."""
+    if os.environ.get(x86emu.MODEL_ENV):
+        pytest.skip(f"{x86emu.MODEL_ENV} is set")
+    _, ebx, _, edx = x86emu.cpuid(7)
+    assert x86emu.model == "cannonlake" and "i3-8121U" in x86emu.cpu_brand, x86emu.cpu_brand
+    assert all(ebx >> b & 1 for b in (16, 17, 30, 31)) and not edx >> 23 & 1
+
+
+MODEL_PROBE = r"""
+import ctypes, os, sys, x86emu
+_, ebx, ecx, edx = x86emu.cpuid(7)
+eax71 = x86emu.cpuid(7, 1)[0]
+cfg = (ctypes.c_uint8 * 64)(1)
+lib = ctypes.CDLL(sys.argv[1])
+x86emu.LIBRARIES.append(os.path.basename(sys.argv[1]))
+try:
+    x86emu.call(ctypes.cast(lib.amx_loadcfg, ctypes.c_void_p).value, [ctypes.addressof(cfg)])
+    amx = "ran"
+except x86emu.EmulationError as e:
+    amx = "#UD" if "#UD" in str(e) else str(e)
+print(x86emu.model, "|", x86emu.cpu_brand, "|", ebx >> 16 & 1, ecx >> 11 & 1, eax71 >> 5 & 1,
+      edx >> 23 & 1, edx >> 24 & 1, "|", amx)
+"""
+
+
+@pytest.mark.parametrize("model,brand,bits", [
+    # avx512f, avx512_vnni, avx512_bf16, avx512_fp16, amx_tile
+    ("icelake", "i7-1065G7", "1 1 0 0 0"),
+    ("tigerlake", "i5-1135G7", "1 1 0 0 0"),
+    ("sapphire_rapids", "Xeon(R) w9-3475X", "1 1 1 1 0"),
+])
+def test_models(libs, model, brand, bits):
+    """X86EMU_CPU_MODEL picks the model (in a fresh process: the CPU is created once): its
+    brand string and CPUID leaf 7 bits; and `ldtilecfg` is #UD even on Sapphire Rapids."""
+    env = dict(os.environ, **{x86emu.MODEL_ENV: model})
+    env["PYTHONPATH"] = os.pathsep.join([HERE] + [p for p in [env.get("PYTHONPATH")] if p])
+    r = subprocess.run([sys.executable, "-c", MODEL_PROBE, libs[0]._name], env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-4000:]
+    got = [x.strip() for x in r.stdout.strip().splitlines()[-1].split("|")]
+    assert got[0] == model and brand in got[1], got
+    assert got[2] == bits and got[3] == "#UD", got
+
+
+def test_unknown_model_is_refused():
+    env = dict(os.environ, **{x86emu.MODEL_ENV: "pentium"})
+    env["PYTHONPATH"] = os.pathsep.join([HERE] + [p for p in [env.get("PYTHONPATH")] if p])
+    r = subprocess.run([sys.executable, "-c", "import x86emu; x86emu.cpuid(0)"], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and "no such model" in r.stderr, r.stderr[-2000:]
 
 
 def test_instruction_count(libs):

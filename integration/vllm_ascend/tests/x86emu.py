@@ -8,8 +8,11 @@ executes here. The test suite uses it for kvshare's avx512 CPU kernel path
     x86emu.last_stats   # {'instructions': N, 'seconds': t, 'mips': ..., 'remapped': ..., ...}
     lib = x86emu.CffiLib(cffi_lib, ffi, path)       # a cffi library whose calls are emulated
 
-The emulated CPU is Bochs' default model in this build (Tiger Lake: AVX-512 F/VL/BW/DQ/..., no
-AMX), 64-bit user mode. Guest virtual addresses are host virtual addresses: the guest reads and
+The emulated CPU is one of the Bochs CPU models in MODELS, chosen by X86EMU_CPU_MODEL before the
+first call: by default Cannon Lake (this build's default: AVX-512 F/CD/BW/DQ/VL/IFMA/VBMI), up to
+Sapphire Rapids (a Xeon: + VNNI, AVX512_BF16, AVX512_FP16); 64-bit user mode. `cpuid()` asks it.
+No model of this build has AMX: the wheel's Bochs was compiled without it (no tile instruction
+decodes, and even the Sapphire Rapids model reports no amx_tile), so tile instructions are #UD. Guest virtual addresses are host virtual addresses: the guest reads and
 writes this process's real memory (anonymous memory, the heap, stacks, and the shared objects
 named in LIBRARIES: libc, the loader, libgcc_s, plus the library under test); every such page
 is bound before the guest runs. The guest's thread-local storage, and so its malloc arena, is
@@ -29,11 +32,12 @@ import os
 import subprocess
 import sys
 import tempfile
+import struct
 import threading
 import time
 from array import array
 
-__all__ = ["call", "EmulationError", "last_stats", "CffiLib"]
+__all__ = ["call", "cpuid", "EmulationError", "last_stats", "CffiLib", "MODELS", "MODEL_ENV"]
 
 PAGE = 0x1000
 HUGE = 0x200000
@@ -458,19 +462,105 @@ class _GuestThread:
                                              "(glibc's arena limit reached)")
 
 
+# ----------------------------------------------------------------------------------------
+# CPU model. Bochs picks the CPUID model from the "cpu.model" parameter when the CPU is
+# created, by its index in Bochs' CPU database (cpudb.h). bochscpu declares that parameter with
+# an older, shorter list of names (it ends at index 27, which this build's database calls
+# Cannon Lake; the list lacks two entries, so its names are off by two and its range stops
+# short); the index is what counts. So the range is widened and the index set directly, before
+# the CPU exists, and the result is checked against the brand string the guest reads with
+# CPUID (a wrong index fails at start-up, never silently).
+# ----------------------------------------------------------------------------------------
+# name -> (index in this build's cpudb, part of the CPUID brand string)
+MODELS = {
+    "cannonlake": (27, "i3-8121U"),               # this build's default: AVX-512 F/CD/BW/DQ/VL/IFMA/VBMI
+    "icelake": (28, "i7-1065G7"),                 # + VNNI, VBMI2, BITALG, VPOPCNTDQ
+    "tigerlake": (29, "i5-1135G7"),               # + VP2INTERSECT
+    "sapphire_rapids": (30, "Xeon(R) w9-3475X"),  # + AVX512_BF16, AVX512_FP16 (no AMX here)
+}
+MODEL_ENV = "X86EMU_CPU_MODEL"  # a MODELS name; default "cannonlake" (the build's default)
+model = None       # the emulated model's name, once the CPU exists
+cpu_brand = None   # its CPUID brand string
+
+_get_param_enum = getattr(_lib, "_ZN13bx_real_sim_c14get_param_enumEPKcP10bx_param_c")
+_get_param_enum.restype = _VP      # bx_real_sim_c::get_param_enum(name, base): ignores `this`
+_get_param_enum.argtypes = [_VP, ctypes.c_char_p, _VP]
+_param_set_range = getattr(_lib, "_ZN14bx_param_num_c9set_rangeEmm")
+_param_set_range.restype = None
+_param_set_range.argtypes = [_VP, _U64, _U64]
+_param_set = getattr(_lib, "_ZN15bx_param_enum_c3setEl")
+_param_set.restype = None
+_param_set.argtypes = [_VP, ctypes.c_int64]
+_param_get = getattr(_lib, "_ZN14bx_param_num_c3getEv")
+_param_get.restype = ctypes.c_int32
+_param_get.argtypes = [_VP]
+
+
+def _select_model(name):
+    if name not in MODELS:
+        raise EmulationError(f"{MODEL_ENV}={name!r}: no such model (one of {', '.join(MODELS)})")
+    idx = MODELS[name][0]
+    p = _get_param_enum(None, b"cpu.model", None)
+    if not p:
+        raise EmulationError("bochscpu has no cpu.model parameter")
+    _param_set_range(p, 0, max(i for i, _ in MODELS.values()))
+    _param_set(p, idx)
+    if _param_get(p) != idx:
+        raise EmulationError(f"cpu.model refused index {idx} ({name})")
+
+
+# cpuid(leaf=edi, subleaf=esi) -> out[0..4] = eax, ebx, ecx, edx (out = rdx)
+_CPUID_CODE = bytes.fromhex(
+    "53"            # push rbx
+    "89f8"          # mov eax, edi
+    "89f1"          # mov ecx, esi
+    "4989d0"        # mov r8, rdx
+    "0fa2"          # cpuid
+    "418900"        # mov [r8], eax
+    "41895804"      # mov [r8+4], ebx
+    "41894808"      # mov [r8+8], ecx
+    "4189500c"      # mov [r8+12], edx
+    "5b"            # pop rbx
+    "c3")           # ret
+_cpuid_fn = None
+
+
+def cpuid(leaf: int, subleaf: int = 0) -> tuple[int, int, int, int]:
+    """(eax, ebx, ecx, edx) of CPUID as the emulated CPU answers it."""
+    out = (ctypes.c_uint32 * 4)()
+    with _lock:
+        _init()
+        call(_cpuid_fn, [leaf, subleaf, ctypes.addressof(out)])
+    return tuple(out)
+
+
+def _check_model(name):
+    global model, cpu_brand
+    regs = b"".join(struct.pack("<4I", *cpuid(0x80000002 + i)) for i in range(3))
+    brand = regs.split(b"\0")[0].decode("ascii", "replace").strip()
+    if MODELS[name][1] not in brand:
+        raise EmulationError(f"asked for the {name} model, the emulated CPU says {brand!r}")
+    model, cpu_brand = name, brand
+
+
 def _init():
-    global _sess, _cpu, _stack, _SENTINEL, _scratch, _gather_code, _guest
+    global _sess, _cpu, _stack, _SENTINEL, _scratch, _gather_code, _guest, _cpuid_fn
     if _sess is not None:
         return
+    name = os.environ.get(MODEL_ENV) or "cannonlake"
+    _select_model(name)
     _guest = _GuestThread()
-    _sess = bochscpu.Session()                # creates Bochs CPU #0
+    _sess = bochscpu.Session()                # creates Bochs CPU #0 (its CPUID model: above)
     _cpu = _lib.bochscpu_cpu_from(0)          # raw handle for run/stop from ctypes
     _lib.bochscpu_mem_missing_page(_cb_missing)
     _stack = _mmap(_STACK_SIZE)
     _SENTINEL = _mmap(PAGE, 0)                # PROT_NONE -> never in the guest page tables
     _scratch = _mmap(PAGE)
     _gather_code = _mmap(PAGE, 7)             # rwx: re-encoded gathers (see _GatherFix)
+    _cpuid_fn = _mmap(PAGE, 7)                # the CPUID helper's code (cpuid())
+    ctypes.memmove(_cpuid_fn, _CPUID_CODE, len(_CPUID_CODE))
     _calibrate()
+    _check_model(name)
 
 
 def _make_state(rip, args, rsp):

@@ -6,7 +6,8 @@
 //!
 //! No machine this project is built on has AVX-512: this file runs in the tests under an x86
 //! emulator (BochsCPU; `integration/vllm_ascend/tests/test_ops_emulated.py` emulates whole
-//! `kvs_attention_launch` calls on this path against the f64 reference), and the same 16-lane
+//! `kvs_attention_launch` calls on this path against the f64 reference, on an emulated Cannon
+//! Lake and an emulated Sapphire Rapids), and the same 16-lane
 //! algorithm runs natively through `portable::Portable<16>`. Never timed on hardware.
 
 use super::avx2::hsum8;
