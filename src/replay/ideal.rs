@@ -143,7 +143,7 @@ impl IdealTracker {
         let old = self.tail_key(&t);
         self.remove_tail(old);
         t.tokens.push(token);
-        if t.tokens.len() % self.ps == 0 {
+        if t.tokens.len().is_multiple_of(self.ps) {
             let start = t.tokens.len() - self.ps;
             let page: Vec<i32> = t.tokens[start..].to_vec();
             let n = self.intern(t.parent(), &page);

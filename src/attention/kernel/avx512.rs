@@ -89,8 +89,15 @@ impl Lanes for Avx512 {
     #[inline(always)]
     unsafe fn hsum_w(a: &[__m512; 16]) -> __m512 {
         // Fold each vector to 8 lanes, then two 8-way transposed sums (rows 0-7 and 8-15).
-        let h: [__m256; 16] =
-            std::array::from_fn(|i| _mm256_add_ps(_mm512_castps512_ps256(a[i]), high256(a[i])));
+        // A plain loop, not `std::array::from_fn`: a closure does not inherit the caller's
+        // target features, so its intrinsics cannot be inlined into it, and when the compiler
+        // kept `from_fn` out of line each lane was a function call through memory (measured:
+        // a third of the avx512 decode path's instructions; kernel.rs's `from_fn` calls are
+        // inlined, so their intrinsics land in the target-feature function).
+        let mut h = [_mm256_setzero_ps(); 16];
+        for i in 0..16 {
+            h[i] = _mm256_add_ps(_mm512_castps512_ps256(a[i]), high256(a[i]));
+        }
         let lo = hsum8(&[h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]]);
         let hi = hsum8(&[h[8], h[9], h[10], h[11], h[12], h[13], h[14], h[15]]);
         _mm512_castpd_ps(_mm512_insertf64x4::<1>(

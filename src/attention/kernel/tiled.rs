@@ -7,7 +7,8 @@
 //! product, the causal / window mask per tile (skipped when the whole tile is inside every row's
 //! range, and blocks that see none of the tile are skipped), an online softmax per row, and
 //! `O += P V` as a second blocked product. The products are an [`Engine`]: [`Fma`] (f32 FMAs on
-//! the CPU path's lanes, `MR x 16` accumulators) or the AMX engine (`amx.rs`).
+//! the CPU path's lanes, `MR x 2W` accumulators: 8 lanes on `avx2`/`portable`, 16 on
+//! `avx512`/`portable16`) or the AMX engine (`amx.rs`).
 //!
 //! The result is the same unnormalised online-softmax state as the decode kernel's
 //! (`kernel::attend_partial`), so split-K merging and normalisation are shared.
@@ -16,7 +17,9 @@
 
 #[cfg(target_arch = "x86_64")]
 use super::avx2::Avx2;
-use super::{Isa, KvElem, Lanes, Rows, Scalar, SeqKv};
+#[cfg(target_arch = "x86_64")]
+use super::avx512::Avx512;
+use super::{Isa, KvElem, Lanes, Portable, Rows, Scalar, SeqKv};
 
 /// Key tokens per tile (a tile never crosses a page).
 pub(super) const KT: usize = 32;
@@ -71,8 +74,13 @@ pub(super) unsafe fn run<L: Lanes, T: KvElem, E: Engine<T>>(
     m_out: &mut [f32],
     l_out: &mut [f32],
 ) {
-    // The softmax and the 16-key register blocks step by 8 lanes.
-    const { assert!(L::W == 8, "the tiled kernel runs on 8-lane Lanes") };
+    // The softmax steps by W lanes and the f32 engine's score blocks by 2W keys.
+    const {
+        assert!(
+            L::W <= 16 && KT.is_multiple_of(2 * L::W),
+            "lanes must divide half a tile"
+        )
+    };
     let lay = kv.layout;
     let d = lay.head_dim;
     let n = rows.lo.len();
@@ -171,12 +179,15 @@ unsafe fn softmax<L: Lanes, T: KvElem, E: Engine<T>>(
             }
         }
         let mut mx = L::splat(f32::NEG_INFINITY);
-        for c in (0..KT).step_by(8) {
+        for c in (0..KT).step_by(L::W) {
             mx = L::max(mx, L::load(sr.as_ptr().add(c)));
         }
-        let mut lanes = [0f32; 8];
+        let mut lanes = [0f32; 16];
         L::store(lanes.as_mut_ptr(), mx);
-        let bm = lanes.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let bm = lanes[..L::W]
+            .iter()
+            .copied()
+            .fold(f32::NEG_INFINITY, f32::max);
         if bm == f32::NEG_INFINITY {
             sr.fill(0.0);
             continue;
@@ -191,7 +202,7 @@ unsafe fn softmax<L: Lanes, T: KvElem, E: Engine<T>>(
         }
         let shift = L::splat(m[r]);
         let mut sum = L::zero();
-        for c in (0..KT).step_by(8) {
+        for c in (0..KT).step_by(L::W) {
             let p = L::exp(L::sub(L::load(sr.as_ptr().add(c)), shift));
             L::store(sr.as_mut_ptr().add(c), p);
             sum = L::add(sum, p);
@@ -206,7 +217,7 @@ unsafe fn softmax<L: Lanes, T: KvElem, E: Engine<T>>(
             l[r] += tot;
         } else {
             L::store(lanes.as_mut_ptr(), sum);
-            l[r] += lanes.iter().sum::<f32>();
+            l[r] += lanes[..L::W].iter().sum::<f32>();
         }
     }
 }
@@ -214,17 +225,18 @@ unsafe fn softmax<L: Lanes, T: KvElem, E: Engine<T>>(
 /// `x *= a`.
 #[inline(always)]
 unsafe fn scale<L: Lanes>(x: &mut [f32], a: f32) {
-    let n8 = x.len() / 8 * 8;
+    let nw = x.len() / L::W * L::W;
     let (av, z) = (L::splat(a), L::zero());
-    for c in (0..n8).step_by(8) {
+    for c in (0..nw).step_by(L::W) {
         let p = x.as_mut_ptr().add(c);
         L::store(p, L::fma(L::load(p), av, z));
     }
-    x[n8..].iter_mut().for_each(|v| *v *= a);
+    x[nw..].iter_mut().for_each(|v| *v *= a);
 }
 
 /// The f32 engine: the tile converted to f32 once (K transposed, so a score block is a
-/// broadcast-FMA product), `MR x 16` register blocks for both products.
+/// broadcast-FMA product), `MR x 2W` register blocks for both products (`W` = the lanes'
+/// width: 16 keys or columns per block on the 8-lane paths, 32 on the 16-lane ones).
 pub(super) struct Fma<L> {
     d: usize,
     /// K tile transposed: `kt[c * KT + t]`.
@@ -248,7 +260,8 @@ impl<L> Fma<L> {
     }
 }
 
-/// Rows per block of the f32 engine: 6 x 2 vectors = 12 accumulators (of 16 AVX2 registers).
+/// Rows per block of the f32 engine: 6 x 2 vectors = 12 accumulators (of 16 AVX2 registers;
+/// AVX-512 has 32, but more rows cut few instructions: each row's broadcast feeds 2 FMAs).
 const FMA_MR: usize = 6;
 
 /// Converts one K/V row to f32.
@@ -256,11 +269,11 @@ const FMA_MR: usize = 6;
 unsafe fn convert<L: Lanes, T: KvElem>(src: &[T], dst: &mut [f32]) {
     let d = dst.len();
     let src = &src[..d];
-    let d8 = d / 8 * 8;
-    for c in (0..d8).step_by(8) {
+    let dw = d / L::W * L::W;
+    for c in (0..dw).step_by(L::W) {
         L::store(dst.as_mut_ptr().add(c), L::load_kv(src.as_ptr().add(c)));
     }
-    for c in d8..d {
+    for c in dw..d {
         dst[c] = src[c].to_f32();
     }
 }
@@ -289,14 +302,28 @@ impl<L: Lanes, T: KvElem> Engine<T> for Fma<L> {
         let d = self.d;
         let q = &q[..mr * d];
         assert!(s.len() >= mr * KT && self.kt.len() >= d * KT);
-        for j in (0..nb).step_by(16) {
-            match mr {
-                6 => qk::<L, 6>(q, &self.kt, d, j, s),
-                5 => qk::<L, 5>(q, &self.kt, d, j, s),
-                4 => qk::<L, 4>(q, &self.kt, d, j, s),
-                3 => qk::<L, 3>(q, &self.kt, d, j, s),
-                2 => qk::<L, 2>(q, &self.kt, d, j, s),
-                _ => qk::<L, 1>(q, &self.kt, d, j, s),
+        macro_rules! keys {
+            ($nv:literal, $j:expr) => {
+                match mr {
+                    6 => qk::<L, 6, $nv>(q, &self.kt, d, $j, s),
+                    5 => qk::<L, 5, $nv>(q, &self.kt, d, $j, s),
+                    4 => qk::<L, 4, $nv>(q, &self.kt, d, $j, s),
+                    3 => qk::<L, 3, $nv>(q, &self.kt, d, $j, s),
+                    2 => qk::<L, 2, $nv>(q, &self.kt, d, $j, s),
+                    _ => qk::<L, 1, $nv>(q, &self.kt, d, $j, s),
+                }
+            };
+        }
+        // Blocks of 2W keys; a last W or fewer (a short tile: a page of 16 tokens on the
+        // 16-lane paths) takes one vector, not two.
+        let mut j = 0;
+        while j < nb {
+            if nb - j > L::W {
+                keys!(2, j);
+                j += 2 * L::W;
+            } else {
+                keys!(1, j);
+                j += L::W;
             }
         }
     }
@@ -305,7 +332,8 @@ impl<L: Lanes, T: KvElem> Engine<T> for Fma<L> {
     unsafe fn values(&mut self, mr: usize, nb: usize, p: &[f32], acc: &mut [f32]) {
         let d = self.d;
         assert!(acc.len() >= mr * d && p.len() >= mr * KT && self.vt.len() >= nb * d);
-        let (d16, d8) = (d / 16 * 16, d / 8 * 8);
+        let w = L::W;
+        let (d2w, dw) = (d / (2 * w) * 2 * w, d / w * w);
         let vt = &self.vt[..nb * d];
         macro_rules! cols {
             ($u:literal, $c:expr) => {
@@ -319,14 +347,14 @@ impl<L: Lanes, T: KvElem> Engine<T> for Fma<L> {
                 }
             };
         }
-        for c in (0..d16).step_by(16) {
+        for c in (0..d2w).step_by(2 * w) {
             cols!(2, c);
         }
-        if d8 > d16 {
-            cols!(1, d16);
+        if dw > d2w {
+            cols!(1, d2w);
         }
         for r in 0..mr {
-            for c in d8..d {
+            for c in dw..d {
                 let mut x = acc[r * d + c];
                 for t in 0..nb {
                     x += p[r * KT + t] * vt[t * d + c];
@@ -337,30 +365,41 @@ impl<L: Lanes, T: KvElem> Engine<T> for Fma<L> {
     }
 }
 
-/// Scores of `M` rows against the 16 keys `j..j + 16` of the transposed tile:
-/// `s[r * KT + j + i] = sum_c q[r][c] kt[c][j + i]`, `2M` accumulators.
+/// Scores of `M` rows against the `NV * W` keys `j..j + NV * W` of the transposed tile:
+/// `s[r * KT + j + i] = sum_c q[r][c] kt[c][j + i]`, `NV * M` accumulators.
 #[inline(always)]
-unsafe fn qk<L: Lanes, const M: usize>(q: &[f32], kt: &[f32], d: usize, j: usize, s: &mut [f32]) {
-    assert!(q.len() >= M * d && kt.len() >= d * KT && j + 16 <= KT && s.len() >= M * KT);
-    let mut a = [[L::zero(); 2]; M];
+unsafe fn qk<L: Lanes, const M: usize, const NV: usize>(
+    q: &[f32],
+    kt: &[f32],
+    d: usize,
+    j: usize,
+    s: &mut [f32],
+) {
+    let w = L::W;
+    assert!(q.len() >= M * d && kt.len() >= d * KT && j + NV * w <= KT && s.len() >= M * KT);
+    let mut a = [[L::zero(); NV]; M];
     let (qp, kp) = (q.as_ptr(), kt.as_ptr().add(j));
     for c in 0..d {
-        let b0 = L::load(kp.add(c * KT));
-        let b1 = L::load(kp.add(c * KT + 8));
+        let mut b = [L::zero(); NV];
+        for v in 0..NV {
+            b[v] = L::load(kp.add(c * KT + v * w));
+        }
         for r in 0..M {
             let x = L::splat(*qp.add(r * d + c));
-            a[r][0] = L::fma(x, b0, a[r][0]);
-            a[r][1] = L::fma(x, b1, a[r][1]);
+            for v in 0..NV {
+                a[r][v] = L::fma(x, b[v], a[r][v]);
+            }
         }
     }
     for r in 0..M {
-        L::store(s.as_mut_ptr().add(r * KT + j), a[r][0]);
-        L::store(s.as_mut_ptr().add(r * KT + j + 8), a[r][1]);
+        for v in 0..NV {
+            L::store(s.as_mut_ptr().add(r * KT + j + v * w), a[r][v]);
+        }
     }
 }
 
-/// `acc[r][c..c + 8U] += sum_{t < nb} p[r][t] v[t][c..c + 8U]` for `M` rows, `M * U`
-/// accumulators.
+/// `acc[r][c..c + WU] += sum_{t < nb} p[r][t] v[t][c..c + WU]` for `M` rows, `M * U`
+/// accumulators. Plain loops, not `std::array::from_fn`: see `Avx512::hsum_w`.
 #[inline(always)]
 unsafe fn pv<L: Lanes, const M: usize, const U: usize>(
     p: &[f32],
@@ -370,12 +409,20 @@ unsafe fn pv<L: Lanes, const M: usize, const U: usize>(
     c: usize,
     acc: &mut [f32],
 ) {
-    assert!(c + 8 * U <= d && vt.len() >= nb * d && p.len() >= M * KT && acc.len() >= M * d);
+    let w = L::W;
+    assert!(c + w * U <= d && vt.len() >= nb * d && p.len() >= M * KT && acc.len() >= M * d);
     let ap = acc.as_mut_ptr();
-    let mut a: [[L::V; U]; M] =
-        std::array::from_fn(|r| std::array::from_fn(|u| L::load(ap.add(r * d + c + 8 * u))));
+    let mut a = [[L::zero(); U]; M];
+    for r in 0..M {
+        for u in 0..U {
+            a[r][u] = L::load(ap.add(r * d + c + w * u));
+        }
+    }
     for t in 0..nb {
-        let vv: [L::V; U] = std::array::from_fn(|u| L::load(vt.as_ptr().add(t * d + c + 8 * u)));
+        let mut vv = [L::zero(); U];
+        for u in 0..U {
+            vv[u] = L::load(vt.as_ptr().add(t * d + c + w * u));
+        }
         for r in 0..M {
             let x = L::splat(*p.get_unchecked(r * KT + t));
             for u in 0..U {
@@ -385,7 +432,7 @@ unsafe fn pv<L: Lanes, const M: usize, const U: usize>(
     }
     for r in 0..M {
         for u in 0..U {
-            L::store(ap.add(r * d + c + 8 * u), a[r][u]);
+            L::store(ap.add(r * d + c + w * u), a[r][u]);
         }
     }
 }
@@ -415,6 +462,10 @@ pub(crate) fn attend_partial<T: KvElem>(
         // SAFETY: as above.
         Isa::Avx2 => unsafe { fma_avx2(kv, rows, out, m, l) },
         // SAFETY: lengths as above.
+        Isa::Portable16 => unsafe {
+            run::<Portable<16>, T, _>(&mut Fma::<Portable<16>>::new(d), kv, rows, out, m, l)
+        },
+        // SAFETY: lengths as above.
         _ => unsafe { run::<Scalar, T, _>(&mut Fma::<Scalar>::new(d), kv, rows, out, m, l) },
     }
 }
@@ -441,9 +492,9 @@ unsafe fn fma_avx512<T: KvElem>(
     m: &mut [f32],
     l: &mut [f32],
 ) {
-    // The 8-lane AVX2 engine compiled with AVX-512F/VL (32 registers, EVEX encodings).
-    let mut e = Fma::<Avx2>::new(kv.layout.head_dim);
-    run::<Avx2, T, _>(&mut e, kv, rows, out, m, l)
+    // The 16-lane engine: 32-key score blocks, 32-column value blocks.
+    let mut e = Fma::<Avx512>::new(kv.layout.head_dim);
+    run::<Avx512, T, _>(&mut e, kv, rows, out, m, l)
 }
 
 #[cfg(target_arch = "x86_64")]

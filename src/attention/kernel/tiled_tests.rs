@@ -178,11 +178,27 @@ fn check_case<T: KvElem>(c: &Case, from: impl Fn(f32) -> T) {
         &exact,
         tol,
     );
+    // The 16-lane engine (32-key score and 32-column value blocks), as the avx512 path runs it.
+    compare(
+        "fma portable16",
+        c,
+        &run_engine::<Portable<16>, T, _>(&mut Fma::<Portable<16>>::new(c.d), c, &x),
+        &exact,
+        tol,
+    );
     #[cfg(target_arch = "x86_64")]
     if Isa::Avx2.check().is_ok() {
         // SAFETY: the CPU has AVX2, FMA and F16C.
         let got = unsafe { avx2_engine(c, &x) };
         compare("fma avx2", c, &got, &exact, tol);
+    }
+    // (No AVX-512 here: the avx512 engine runs under an x86 emulator in
+    // integration/vllm_ascend/tests/test_ops_emulated.py, and here where the CPU has it.)
+    #[cfg(target_arch = "x86_64")]
+    if Isa::Avx512.check().is_ok() {
+        // SAFETY: the CPU has AVX-512F/VL, AVX2, FMA and F16C.
+        let got = unsafe { avx512_engine(c, &x) };
+        compare("fma avx512", c, &got, &exact, tol);
     }
     // The AMX algorithm through software tiles: against the reference on bf16-rounded
     // q/k/v, the probabilities rounded to bf16 too (relative 2^-9 per weight, so at most
@@ -202,6 +218,12 @@ fn check_case<T: KvElem>(c: &Case, from: impl Fn(f32) -> T) {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn avx2_engine<T: KvElem>(c: &Case, x: &Data<T>) -> Vec<f32> {
     run_engine::<Avx2, T, _>(&mut Fma::<Avx2>::new(c.d), c, x)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
+unsafe fn avx512_engine<T: KvElem>(c: &Case, x: &Data<T>) -> Vec<f32> {
+    run_engine::<Avx512, T, _>(&mut Fma::<Avx512>::new(c.d), c, x)
 }
 
 fn check(c: Case) {

@@ -99,7 +99,7 @@ fn bar(total: u64, label: &str) -> ProgressBar {
 }
 
 fn tick(pb: &ProgressBar, p: Progress) {
-    if p.step % 64 == 0 || p.done == p.total {
+    if p.step.is_multiple_of(64) || p.done == p.total {
         pb.set_position(p.done as u64);
         pb.set_message(format!("step {}", p.step));
     }
@@ -259,7 +259,7 @@ fn run(a: &Args) -> Result<(), String> {
                 .progress_chars("=> "),
             );
             let mut prog = |k: usize, p: Progress| {
-                if p.step % 64 == 0 || p.done == p.total {
+                if p.step.is_multiple_of(64) || p.done == p.total {
                     pb.set_position(k as u64);
                     pb.set_message(format!("{}/{} requests", p.done, p.total));
                 }
