@@ -16,7 +16,6 @@ names another.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 
@@ -27,7 +26,7 @@ import torch  # noqa: E402
 import kvshare  # noqa: E402
 import x86emu  # noqa: E402
 from kvshare_vllm import ops  # noqa: E402
-from test_ops import caches, make_batch  # noqa: E402
+from test_ops_emulated import launch_instructions  # noqa: E402
 
 EMU = x86emu.CffiLib(kvshare.lib, kvshare.ffi, kvshare.LIB_PATH, native={"kvs_backend_free"})
 ops.lib = EMU
@@ -37,21 +36,9 @@ DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
 
 
 def count(isa: str, dtype, prefill: bool) -> int:
-    os.environ["KVSHARE_CPU_ISA"] = isa
-    ops._backends.clear()  # a backend on this path
-    h, hk, d, bs = 32, 8, 128, 16
-    lens, qsl = ([256], [0, 256]) if prefill else ([512] * 4, None)
-    nb = sum(math.ceil(L / bs) for L in lens) + 2
-    bt = make_batch(lens, num_blocks=nb, block_size=bs, seed=1)
-    kc, vc = caches(nb, bs, hk, d, dtype, seed=2)
-    torch.manual_seed(0)
-    q = torch.randn(qsl[-1] if prefill else len(lens), h, d).to(dtype)
-    out = torch.empty_like(q)
-    kw = {"query_start_loc": torch.tensor(qsl)} if prefill else {}
-    ops.paged_attention(q, kc, vc, bt, lens, out, scale=0.1, num_kv_heads=hk, **kw)
-    before = EMU.instructions
-    ops.paged_attention(q, kc, vc, bt, lens, out, scale=0.1, num_kv_heads=hk, **kw)
-    return EMU.instructions - before
+    n, _ = launch_instructions(EMU, isa, dtype, prefill, heads=32, kv_heads=8,
+                               ctx=256 if prefill else 512, seqs=4)
+    return n
 
 
 def main() -> int:

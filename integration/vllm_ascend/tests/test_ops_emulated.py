@@ -216,28 +216,35 @@ def test_emulated_softcap_window_and_heads_major():
     torch.testing.assert_close(out2, out, atol=0, rtol=0)
 
 
-def _launch_instructions(isa, dtype, prefill):
-    """Instructions the emulated CPU executes for one launch on `isa` (a fresh backend forced to
-    it; a warm-up launch first), and the launch's output."""
-    h, hk, d, bs = 16, 4, 128, 16
-    lens, qsl = ([64], [0, 64]) if prefill else ([256, 256], None)
+def launch_instructions(emu, isa, dtype, prefill, heads=16, kv_heads=4, ctx=256, seqs=2):
+    """Instructions the emulated CPU executes (``emu``: the :class:`x86emu.CffiLib` that
+    ``ops`` calls) for one launch on ``isa`` (a fresh backend forced to it; one warm-up launch
+    first), and the launch's output: decode of ``seqs`` x ``ctx`` tokens or, with ``prefill``,
+    one causal ``ctx``-token prefill; ``kv_heads`` x 128, page 16. Also used by
+    bench/count_instructions.py."""
+    d, bs = 128, 16
+    lens, qsl = ([ctx], [0, ctx]) if prefill else ([ctx] * seqs, None)
     nb = sum(math.ceil(L / bs) for L in lens) + 2
     bt = make_batch(lens, num_blocks=nb, block_size=bs, seed=5)
-    kc, vc = caches(nb, bs, hk, d, dtype, seed=6)
+    kc, vc = caches(nb, bs, kv_heads, d, dtype, seed=6)
     torch.manual_seed(7)
-    q = torch.randn(qsl[-1] if prefill else len(lens), h, d).to(dtype)
+    q = torch.randn(qsl[-1] if prefill else len(lens), heads, d).to(dtype)
     out = torch.empty_like(q)
     kw = {"query_start_loc": torch.tensor(qsl)} if prefill else {}
+    old_isa = os.environ.get("KVSHARE_CPU_ISA")
     os.environ["KVSHARE_CPU_ISA"] = isa
     saved = dict(ops._backends)
     ops._backends.clear()
     try:
-        ops.paged_attention(q, kc, vc, bt, lens, out, scale=0.1, num_kv_heads=hk, **kw)
-        before = EMU_LIB.instructions
-        ops.paged_attention(q, kc, vc, bt, lens, out, scale=0.1, num_kv_heads=hk, **kw)
-        return EMU_LIB.instructions - before, out
+        ops.paged_attention(q, kc, vc, bt, lens, out, scale=0.1, num_kv_heads=kv_heads, **kw)
+        before = emu.instructions
+        ops.paged_attention(q, kc, vc, bt, lens, out, scale=0.1, num_kv_heads=kv_heads, **kw)
+        return emu.instructions - before, out
     finally:
-        os.environ["KVSHARE_CPU_ISA"] = CHILD
+        if old_isa is None:
+            os.environ.pop("KVSHARE_CPU_ISA", None)
+        else:
+            os.environ["KVSHARE_CPU_ISA"] = old_isa
         ops._backends.clear()
         ops._backends.update(saved)
 
@@ -253,8 +260,9 @@ def test_emulated_avx512_runs_fewer_instructions(prefill):
     quietly losing its width: a helper left out of line by the compiler made the avx512 decode
     run 1.1x avx2's instructions, and the tiled prefill kernel once ran 8-lane blocks on avx512
     (0.97x); now about 0.6x and 0.65x."""
-    n2, out2 = _launch_instructions("avx2", torch.float16, prefill)
-    n5, out5 = _launch_instructions("avx512", torch.float16, prefill)
+    ctx = 64 if prefill else 256
+    n2, out2 = launch_instructions(EMU_LIB, "avx2", torch.float16, prefill, ctx=ctx)
+    n5, out5 = launch_instructions(EMU_LIB, "avx512", torch.float16, prefill, ctx=ctx)
     torch.testing.assert_close(out5.double(), out2.double(), atol=ATOL[torch.float16], rtol=0)
     print(f"{'prefill' if prefill else 'decode'}: avx2 {n2}, avx512 {n5} instructions "
           f"({n5 / n2:.3f})")
