@@ -49,6 +49,10 @@ def main() -> int:
     args = ap.parse_args()
     paths = args.paths.split(",")
     x86emu.cpuid(0)  # creates the emulated CPU (X86EMU_CPU_MODEL)
+    if not x86emu.last_stats.get("instructions"):
+        print("the emulator's instruction counter is off here (x86emu._calibrate)",
+              file=sys.stderr)
+        return 1
     print(f"emulated CPU: {x86emu.model} ({x86emu.cpu_brand}); library {kvshare.LIB_PATH}")
     for prefill in (False, True):
         for name in args.dtypes.split(","):

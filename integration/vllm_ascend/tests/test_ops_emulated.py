@@ -18,7 +18,7 @@ The parent test runs the cases below in a child pytest process per emulated CPU 
 ``KVSHARE_CPU_ISA=avx512``, ``KVSHARE_OPS_CPU_THREADS=1`` and every ``kvs_`` call of
 `kvshare_vllm.ops` going through the emulator (a process whose CPU-feature answers came from the
 emulated CPU must never run the library natively, and the library caches those answers per
-process). Two models: Cannon Lake, the first AVX-512 CPU (F/CD/BW/DQ/VL/IFMA/VBMI), and Sapphire
+process). Two models: Cannon Lake, a client CPU with AVX-512 (F/CD/BW/DQ/VL/IFMA/VBMI), and Sapphire
 Rapids, the Xeon the avx512 path is meant for (it adds VNNI, AVX512_BF16 and AVX512_FP16). In the
 child the backend's own description must name the avx512 path and the emulated CPU's flags, so a
 silent fallback to another path, or the host's answers, fail.
@@ -263,6 +263,7 @@ def test_emulated_avx512_runs_fewer_instructions(prefill):
     ctx = 64 if prefill else 256
     n2, out2 = launch_instructions(EMU_LIB, "avx2", torch.float16, prefill, ctx=ctx)
     n5, out5 = launch_instructions(EMU_LIB, "avx512", torch.float16, prefill, ctx=ctx)
+    assert n2 > 0 and n5 > 0, "the emulator's instruction counter is off (x86emu._calibrate)"
     torch.testing.assert_close(out5.double(), out2.double(), atol=ATOL[torch.float16], rtol=0)
     print(f"{'prefill' if prefill else 'decode'}: avx2 {n2}, avx512 {n5} instructions "
           f"({n5 / n2:.3f})")

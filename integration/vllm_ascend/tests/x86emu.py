@@ -29,10 +29,10 @@ from __future__ import annotations
 
 import ctypes
 import os
+import struct
 import subprocess
 import sys
 import tempfile
-import struct
 import threading
 import time
 from array import array
@@ -354,6 +354,7 @@ class _PhysMem:
 _lock = threading.RLock()
 _pm = _PhysMem()
 _sess = None
+_init_error = None   # a failed start-up (the model check): raised again by every later call
 _cpu = None
 _stack = None
 _STACK_SIZE = 1 << 20
@@ -545,6 +546,9 @@ def _check_model(name):
 
 def _init():
     global _sess, _cpu, _stack, _SENTINEL, _scratch, _gather_code, _guest, _cpuid_fn
+    global _init_error
+    if _init_error is not None:
+        raise _init_error
     if _sess is not None:
         return
     name = os.environ.get(MODEL_ENV) or "cannonlake"
@@ -560,7 +564,11 @@ def _init():
     _cpuid_fn = _mmap(PAGE, 7)                # the CPUID helper's code (cpuid())
     ctypes.memmove(_cpuid_fn, _CPUID_CODE, len(_CPUID_CODE))
     _calibrate()
-    _check_model(name)
+    try:
+        _check_model(name)
+    except EmulationError as e:
+        _init_error = e  # never run later calls on a CPU that is not the one asked for
+        raise
 
 
 def _make_state(rip, args, rsp):

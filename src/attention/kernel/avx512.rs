@@ -92,7 +92,7 @@ impl Lanes for Avx512 {
         // A plain loop, not `std::array::from_fn`: a closure does not inherit the caller's
         // target features, so its intrinsics cannot be inlined into it, and when the compiler
         // kept `from_fn` out of line each lane was a function call through memory (measured:
-        // a third of the avx512 decode path's instructions; kernel.rs's `from_fn` calls are
+        // 42-47% of an avx512 decode launch's instructions; kernel.rs's `from_fn` calls are
         // inlined, so their intrinsics land in the target-feature function).
         let mut h = [_mm256_setzero_ps(); 16];
         for i in 0..16 {

@@ -192,20 +192,27 @@ impl Ahead {
     fn step_with(&mut self, n: usize, mut sink: impl FnMut(usize, usize)) {
         let n = n.min(self.left);
         self.left -= n;
+        // The cursor in locals: a prefetch counts as a memory access to the compiler, so fields
+        // of `self` updated around it were stored back on every line.
+        let (mut kp, mut vp, mut in_row) = (self.kp, self.vp, self.in_row);
         for _ in 0..n {
-            sink(self.kp, self.vp);
-            self.kp += LINE;
-            self.vp += LINE;
-            self.in_row -= 1;
-            if self.in_row == 0 {
+            sink(kp, vp);
+            kp += LINE;
+            vp += LINE;
+            in_row -= 1;
+            if in_row == 0 {
                 self.t += 1;
                 if self.t == self.count {
+                    (self.kp, self.vp, self.in_row) = (kp, vp, in_row);
                     self.left = 0;
                     return;
                 }
+                (self.kp, self.vp) = (kp, vp);
                 self.next_row();
+                (kp, vp, in_row) = (self.kp, self.vp, self.in_row);
             }
         }
+        (self.kp, self.vp, self.in_row) = (kp, vp, in_row);
     }
 
     /// Moves to the first line of row `t`.

@@ -261,7 +261,8 @@ impl<L> Fma<L> {
 }
 
 /// Rows per block of the f32 engine: 6 x 2 vectors = 12 accumulators (of 16 AVX2 registers;
-/// AVX-512 has 32, but more rows cut few instructions: each row's broadcast feeds 2 FMAs).
+/// AVX-512 has 32, but more rows cut few instructions: each row's broadcast feeds only its
+/// own NV FMAs).
 const FMA_MR: usize = 6;
 
 /// Converts one K/V row to f32.

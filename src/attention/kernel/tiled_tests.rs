@@ -192,8 +192,8 @@ fn check_case<T: KvElem>(c: &Case, from: impl Fn(f32) -> T) {
         let got = unsafe { avx2_engine(c, &x) };
         compare("fma avx2", c, &got, &exact, tol);
     }
-    // (No AVX-512 here: the avx512 engine runs under an x86 emulator in
-    // integration/vllm_ascend/tests/test_ops_emulated.py, and here where the CPU has it.)
+    // On a CPU with AVX-512 (none of this project's machines has one, so there the avx512
+    // engine runs under an x86 emulator: integration/vllm_ascend/tests/test_ops_emulated.py).
     #[cfg(target_arch = "x86_64")]
     if Isa::Avx512.check().is_ok() {
         // SAFETY: the CPU has AVX-512F/VL, AVX2, FMA and F16C.
