@@ -208,8 +208,15 @@ def test_default_model():
     if os.environ.get(x86emu.MODEL_ENV):
         pytest.skip(f"{x86emu.MODEL_ENV} is set")
     _, ebx, _, edx = x86emu.cpuid(7)
-    assert x86emu.model == "cannonlake" and "i3-8121U" in x86emu.cpu_brand, x86emu.cpu_brand
+    assert x86emu.model == x86emu.DEFAULT_MODEL == "cannonlake" and "i3-8121U" in x86emu.cpu_brand, x86emu.cpu_brand
     assert all(ebx >> b & 1 for b in (16, 17, 30, 31)) and not edx >> 23 & 1
+
+
+def _model_env(model):
+    """This process's environment for a child Python on emulated CPU model `model`."""
+    env = dict(os.environ, **{x86emu.MODEL_ENV: model})
+    env["PYTHONPATH"] = os.pathsep.join([HERE] + [p for p in [env.get("PYTHONPATH")] if p])
+    return env
 
 
 MODEL_PROBE = r"""
@@ -238,10 +245,8 @@ print(x86emu.model, "|", x86emu.cpu_brand, "|", ebx >> 16 & 1, ecx >> 11 & 1, ea
 def test_models(libs, model, brand, bits):
     """X86EMU_CPU_MODEL picks the model (in a fresh process: the CPU is created once): its
     brand string and CPUID leaf 7 bits; and `ldtilecfg` is #UD even on Sapphire Rapids."""
-    env = dict(os.environ, **{x86emu.MODEL_ENV: model})
-    env["PYTHONPATH"] = os.pathsep.join([HERE] + [p for p in [env.get("PYTHONPATH")] if p])
-    r = subprocess.run([sys.executable, "-c", MODEL_PROBE, libs[0]._name], env=env, capture_output=True,
-                       text=True, timeout=300)
+    r = subprocess.run([sys.executable, "-c", MODEL_PROBE, libs[0]._name], env=_model_env(model),
+                       capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-4000:]
     got = [x.strip() for x in r.stdout.strip().splitlines()[-1].split("|")]
     assert got[0] == model and brand in got[1], got
@@ -249,10 +254,8 @@ def test_models(libs, model, brand, bits):
 
 
 def test_unknown_model_is_refused():
-    env = dict(os.environ, **{x86emu.MODEL_ENV: "pentium"})
-    env["PYTHONPATH"] = os.pathsep.join([HERE] + [p for p in [env.get("PYTHONPATH")] if p])
-    r = subprocess.run([sys.executable, "-c", "import x86emu; x86emu.cpuid(0)"], env=env,
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run([sys.executable, "-c", "import x86emu; x86emu.cpuid(0)"],
+                       env=_model_env("pentium"), capture_output=True, text=True, timeout=300)
     assert r.returncode != 0 and "no such model" in r.stderr, r.stderr[-2000:]
 
 

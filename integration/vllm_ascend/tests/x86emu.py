@@ -37,7 +37,8 @@ import threading
 import time
 from array import array
 
-__all__ = ["call", "cpuid", "EmulationError", "last_stats", "CffiLib", "MODELS", "MODEL_ENV"]
+__all__ = ["call", "cpuid", "EmulationError", "last_stats", "CffiLib", "MODELS", "MODEL_ENV",
+           "DEFAULT_MODEL"]
 
 PAGE = 0x1000
 HUGE = 0x200000
@@ -479,7 +480,8 @@ MODELS = {
     "tigerlake": (29, "i5-1135G7"),               # + VP2INTERSECT
     "sapphire_rapids": (30, "Xeon(R) w9-3475X"),  # + AVX512_BF16, AVX512_FP16 (no AMX here)
 }
-MODEL_ENV = "X86EMU_CPU_MODEL"  # a MODELS name; default "cannonlake" (the build's default)
+MODEL_ENV = "X86EMU_CPU_MODEL"  # a MODELS name; default DEFAULT_MODEL
+DEFAULT_MODEL = "cannonlake"    # the build's own default (cpu.model = 27)
 model = None       # the emulated model's name, once the CPU exists
 cpu_brand = None   # its CPUID brand string
 
@@ -551,7 +553,7 @@ def _init():
         raise _init_error
     if _sess is not None:
         return
-    name = os.environ.get(MODEL_ENV) or "cannonlake"
+    name = os.environ.get(MODEL_ENV) or DEFAULT_MODEL
     _select_model(name)
     _guest = _GuestThread()
     _sess = bochscpu.Session()                # creates Bochs CPU #0 (its CPUID model: above)

@@ -203,9 +203,8 @@ impl Ahead {
             if in_row == 0 {
                 self.t += 1;
                 if self.t == self.count {
-                    (self.kp, self.vp, self.in_row) = (kp, vp, in_row);
                     self.left = 0;
-                    return;
+                    break;
                 }
                 (self.kp, self.vp) = (kp, vp);
                 self.next_row();
