@@ -422,80 +422,95 @@ struct Block<'a> {
 
 /// Scores of `TT` K rows against `NG` query rows: `s[t * NG + r] = q[r] . k[t]`. Each K chunk
 /// is converted once and used by every row; `TT * NG` independent accumulators hide the FMA
-/// latency. `q` holds `NG * d` values, each K row `d`.
+/// latency. `q` holds `NG * d` values; each `krows[t]` must be valid for `d` reads (`block`
+/// checks its whole block once: per-row slices cost a bounds check and two stores per row).
 #[inline(always)]
 unsafe fn qk<L: Lanes, T: KvElem, const NG: usize, const TT: usize>(
     q: &[f32],
-    krows: &[&[T]],
+    krows: [*const T; TT],
     d: usize,
     s: &mut [f32],
 ) {
     let w = L::W;
     let dw = d / w * w;
     let q = &q[..NG * d];
-    let krows: [&[T]; TT] = std::array::from_fn(|t| &krows[t][..d]);
-    let mut a = [[L::zero(); NG]; TT];
+    // Accumulator `t * NG + r`; one flat array, so that the transposed sum takes it as it is
+    // (building a second array from a nested one kept both in memory, 3 stores per
+    // accumulator and call).
+    const { assert!(TT * NG <= 16) };
+    let mut a = [L::zero(); 16];
     let mut c = 0;
-    while c < dw {
-        let kk: [L::V; TT] = std::array::from_fn(|t| L::load_kv(krows[t].as_ptr().add(c)));
-        for r in 0..NG {
-            let qq = L::load(q.as_ptr().add(r * d + c));
-            for t in 0..TT {
-                a[t][r] = L::fma(qq, kk[t], a[t][r]);
-            }
-        }
-        c += w;
+    // Two chunks per turn: the loop's own 3 instructions were a sixth of it.
+    while c + 2 * w <= dw {
+        qk_chunk::<L, T, NG, TT>(&mut a, q, krows, d, c);
+        qk_chunk::<L, T, NG, TT>(&mut a, q, krows, d, c + w);
+        c += 2 * w;
+    }
+    if c < dw {
+        qk_chunk::<L, T, NG, TT>(&mut a, q, krows, d, c);
     }
     if TT * NG == w && dw == d {
         assert!(s.len() >= w);
-        let flat: [L::V; 16] = std::array::from_fn(|i| {
-            if i < TT * NG {
-                a[i / NG][i % NG]
-            } else {
-                L::zero()
-            }
-        });
-        L::store(s.as_mut_ptr(), L::hsum_w(&flat));
+        L::store(s.as_mut_ptr(), L::hsum_w(&a));
         return;
+    }
+    // The sums first, in a loop simple enough to unroll: an accumulator indexed inside the
+    // loops below would keep the whole array in memory for the common path too.
+    let mut x = [0f32; 16];
+    for i in 0..TT * NG {
+        x[i] = L::hsum(a[i]);
     }
     for t in 0..TT {
         for r in 0..NG {
-            let mut x = L::hsum(a[t][r]);
+            let mut x = x[t * NG + r];
             for c in dw..d {
-                x += q[r * d + c] * krows[t][c].to_f32();
+                x += q[r * d + c] * (*krows[t].add(c)).to_f32();
             }
             s[t * NG + r] = x;
         }
     }
 }
 
-/// `acc[r][c..c + WU] += sum_t p[t * NG + r] * v[t][c..c + WU]` (`W` = `L::W`): each V chunk
-/// converted once for all rows, `NG * U` independent accumulators. Needs `c + WU <= d` and
-/// every `vrows[t]` at least `d` long: `block` takes them as `d`-element slices of `kv.v`, and
-/// the length is not checked again per row and chunk here (that check was 3 of the loop's 21
-/// instructions per token).
+/// One `W`-wide chunk at `c` of [`qk`]: `a[t * NG + r] += q[r][c..] * k[t][c..]`.
+#[inline(always)]
+unsafe fn qk_chunk<L: Lanes, T: KvElem, const NG: usize, const TT: usize>(
+    a: &mut [L::V; 16],
+    q: &[f32],
+    krows: [*const T; TT],
+    d: usize,
+    c: usize,
+) {
+    let kk: [L::V; TT] = std::array::from_fn(|t| L::load_kv(krows[t].add(c)));
+    for r in 0..NG {
+        let qq = L::load(q.as_ptr().add(r * d + c));
+        for t in 0..TT {
+            a[t * NG + r] = L::fma(qq, kk[t], a[t * NG + r]);
+        }
+    }
+}
+
+/// `acc[r][c..c + WU] += sum_t p[t * NG + r] * v[t][c..c + WU]` (`W` = `L::W`) over the
+/// `nt` V rows `v[t] = v0 + t * ss`: each V chunk converted once for all rows, `NG * U`
+/// independent accumulators. Needs `c + WU <= d` and every row valid for `d` reads (`block`
+/// checks its whole block once).
 #[inline(always)]
 unsafe fn pv<L: Lanes, T: KvElem, const NG: usize, const U: usize>(
     acc: &mut [f32],
-    vrows: &[&[T]],
+    (v0, ss, nt): (*const T, usize, usize),
     p: &[f32],
     c: usize,
     d: usize,
 ) {
     let w = L::W;
-    assert!(c + w * U <= d && acc.len() >= NG * d && p.len() >= vrows.len() * NG);
+    assert!(c + w * U <= d && acc.len() >= NG * d && p.len() >= nt * NG);
     let mut a: [[L::V; U]; NG] = std::array::from_fn(|r| {
         std::array::from_fn(|u| L::load(acc.as_ptr().add(r * d + c + w * u)))
     });
-    for (t, vrow) in vrows.iter().enumerate() {
-        debug_assert!(vrow.len() >= d);
-        let vv: [L::V; U] = std::array::from_fn(|u| L::load_kv(vrow.as_ptr().add(c + w * u)));
-        for (r, ar) in a.iter_mut().enumerate() {
-            let pp = L::splat(*p.get_unchecked(t * NG + r));
-            for u in 0..U {
-                ar[u] = L::fma(pp, vv[u], ar[u]);
-            }
-        }
+    // A whole sub-block (the usual case) with its count known, so the loop unrolls.
+    if nt == SUB {
+        pv_rows::<L, T, NG, U>(&mut a, (v0, ss, SUB), p, c);
+    } else {
+        pv_rows::<L, T, NG, U>(&mut a, (v0, ss, nt), p, c);
     }
     for (r, ar) in a.iter().enumerate() {
         for (u, v) in ar.iter().enumerate() {
@@ -504,9 +519,31 @@ unsafe fn pv<L: Lanes, T: KvElem, const NG: usize, const U: usize>(
     }
 }
 
+/// [`pv`]'s loop over the rows (a function, not a closure: a closure does not inherit the
+/// caller's target features, so its intrinsics would not inline).
+#[inline(always)]
+unsafe fn pv_rows<L: Lanes, T: KvElem, const NG: usize, const U: usize>(
+    a: &mut [[L::V; U]; NG],
+    (v0, ss, nt): (*const T, usize, usize),
+    p: &[f32],
+    c: usize,
+) {
+    let w = L::W;
+    for t in 0..nt {
+        let vrow = v0.add(t * ss + c);
+        let vv: [L::V; U] = std::array::from_fn(|u| L::load_kv(vrow.add(w * u)));
+        for (r, ar) in a.iter_mut().enumerate() {
+            let pp = L::splat(*p.get_unchecked(t * NG + r));
+            for u in 0..U {
+                ar[u] = L::fma(pp, vv[u], ar[u]);
+            }
+        }
+    }
+}
+
 /// Advances the online softmax of `NG` rows (`TT` tokens per score step, `U` chunks per value
-/// step) over one block. Every pointer read is inside a row slice taken (and so bounds checked)
-/// from `kv.k`, `kv.v`, `b.q` or `acc`.
+/// step) over one block. Every pointer read is inside `b.q`, `acc`, or the block's K/V rows,
+/// which are checked to lie inside `kv.k` and `kv.v` once, up front.
 #[inline(always)]
 unsafe fn block<L: Lanes, T: KvElem, const NG: usize, const TT: usize, const U: usize>(
     kv: &SeqKv<'_, T>,
@@ -529,24 +566,30 @@ unsafe fn block<L: Lanes, T: KvElem, const NG: usize, const TT: usize, const U: 
         hi.iter().copied().min().unwrap_or(0),
     );
     let (base, pos, n) = (b.base, b.pos, b.n.min(BT));
-    let mut s = [0f32; BT * ROWS_PER_PASS];
-    let mut krows: [&[T]; BT] = [&[]; BT];
-    let mut vrows: [&[T]; BT] = [&[]; BT];
-    for t in 0..n {
-        let off = base + t * lay.slot_stride;
-        krows[t] = &kv.k[off..off + d];
-        vrows[t] = &kv.v[off..off + d];
+    if n == 0 {
+        return;
     }
+    // Row `t` of the block is `base + t * ss .. + d` in K and in V: the last one inside both
+    // slices means all are (a caller bug otherwise: the launch validated the layout).
+    let ss = lay.slot_stride;
+    let last = (n - 1)
+        .checked_mul(ss)
+        .and_then(|x| x.checked_add(base))
+        .and_then(|x| x.checked_add(d));
+    assert!(last.is_some_and(|e| e <= kv.k.len() && e <= kv.v.len()));
+    let (k0, v0) = (kv.k.as_ptr().add(base), kv.v.as_ptr().add(base));
+    let mut s = [0f32; BT * ROWS_PER_PASS];
     // Scores (the next block's lines requested as we go: see `prefetch.rs`).
     let mut t = 0;
     while t + TT <= n {
         ahead.step(per_tok * TT);
-        qk::<L, T, NG, TT>(q, &krows[t..t + TT], d, &mut s[t * NG..(t + TT) * NG]);
+        let kr = std::array::from_fn(|i| k0.add((t + i) * ss));
+        qk::<L, T, NG, TT>(q, kr, d, &mut s[t * NG..(t + TT) * NG]);
         t += TT;
     }
     while t < n {
         ahead.step(per_tok);
-        qk::<L, T, NG, 1>(q, &krows[t..t + 1], d, &mut s[t * NG..(t + 1) * NG]);
+        qk::<L, T, NG, 1>(q, [k0.add(t * ss)], d, &mut s[t * NG..(t + 1) * NG]);
         t += 1;
     }
     let sp = &mut s[..(n * NG).div_ceil(w) * w];
@@ -616,7 +659,7 @@ unsafe fn block<L: Lanes, T: KvElem, const NG: usize, const TT: usize, const U: 
     let mut t0 = 0;
     while t0 < n {
         let t1 = n.min(t0 + SUB);
-        let (vr, st) = (&vrows[t0..t1], &s[t0 * NG..t1 * NG]);
+        let (vr, st) = ((v0.add(t0 * ss), ss, t1 - t0), &s[t0 * NG..t1 * NG]);
         ahead.step(per_tok * (t1 - t0));
         let mut c = 0;
         while c < du {
@@ -630,8 +673,8 @@ unsafe fn block<L: Lanes, T: KvElem, const NG: usize, const TT: usize, const U: 
         t0 = t1;
     }
     for c in dw..d {
-        for (t, vrow) in vrows.iter().enumerate().take(n) {
-            let v = vrow[c].to_f32();
+        for t in 0..n {
+            let v = (*v0.add(t * ss + c)).to_f32();
             for r in 0..NG {
                 acc[r * d + c] += s[t * NG + r] * v;
             }

@@ -190,28 +190,42 @@ impl Ahead {
     /// [`Ahead::step`], handing each pair's addresses to `sink`.
     #[inline(always)]
     fn step_with(&mut self, n: usize, mut sink: impl FnMut(usize, usize)) {
-        let n = n.min(self.left);
+        let mut n = n.min(self.left);
         self.left -= n;
         // The cursor in locals: a prefetch counts as a memory access to the compiler, so fields
-        // of `self` updated around it were stored back on every line.
-        let (mut kp, mut vp, mut in_row) = (self.kp, self.vp, self.in_row);
-        for _ in 0..n {
-            sink(kp, vp);
-            kp += LINE;
-            vp += LINE;
-            in_row -= 1;
+        // of `self` updated around it were stored back on every line. Within a row the lines
+        // are consecutive: one plain loop per run (the compiler unrolls it), the row
+        // bookkeeping once per run rather than per line.
+        let (mut kp, mut in_row) = (self.kp, self.in_row);
+        let mut dv = self.vp.wrapping_sub(kp);
+        while n > 0 {
+            let m = n.min(in_row);
+            for i in 0..m {
+                let a = kp + i * LINE;
+                sink(a, a.wrapping_add(dv));
+            }
+            (kp, in_row, n) = (kp + m * LINE, in_row - m, n - m);
             if in_row == 0 {
                 self.t += 1;
                 if self.t == self.count {
                     self.left = 0;
                     break;
                 }
-                (self.kp, self.vp) = (kp, vp);
-                self.next_row();
-                (kp, vp, in_row) = (self.kp, self.vp, self.in_row);
+                (self.kp, self.vp) = (kp, kp.wrapping_add(dv));
+                self.next_row_cold();
+                (kp, in_row) = (self.kp, self.in_row);
+                dv = self.vp.wrapping_sub(kp);
             }
         }
-        (self.kp, self.vp, self.in_row) = (kp, vp, in_row);
+        (self.kp, self.vp, self.in_row) = (kp, kp.wrapping_add(dv), in_row);
+    }
+
+    /// [`Ahead::next_row`] out of line: once per row (once per block for a token-major
+    /// cache), and inlined it kept the whole cursor state in registers around every step.
+    #[cold]
+    #[inline(never)]
+    fn next_row_cold(&mut self) {
+        self.next_row()
     }
 
     /// Moves to the first line of row `t`.

@@ -15,8 +15,9 @@ pub(super) fn uniform(mut seed: u32) -> impl FnMut() -> f32 {
 /// a multiple of 8 (tail loops), masking, a window and a soft cap.
 #[test]
 fn scalar_and_simd_paths_match_naive() {
-    // 70: scalar tails; 64: the vector horizontal sums.
-    for d in [70usize, 64] {
+    // 70: scalar tails; 64: the vector horizontal sums; 88: an odd number of vector chunks
+    // (11 of 8 lanes, 5 of 16 and a tail), the score loop's single-chunk turn.
+    for d in [70usize, 64, 88] {
         let (ps, hk) = (16usize, 2usize);
         let layout = CacheLayout::dense(DType::BF16, 4, ps, hk, d);
         let mut rnd = uniform(5);
