@@ -1,0 +1,60 @@
+"""scripts/count-decode-instructions: the per-launch instruction count the README's decode
+figures come from (callgrind inside kvs_attention_launch). Checks that it counts the launch
+itself (at least the FMAs a decode must execute, so a broken collection that counts nothing or
+only set-up fails), that it skips exactly the paths this CPU lacks, and that the vector path
+needs fewer instructions than the portable one."""
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+SCRIPT = ROOT / "scripts" / "count-decode-instructions"
+SEQS, CTX, PAGE = 2, 256, 16
+KV_HEADS, GROUP, DIM = 8, 4, 128  # fixed in scripts/decode-launch.c
+
+
+def cpu_flags():
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    return set()
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind not installed")
+def test_counts_each_path_this_cpu_has():
+    env = dict(os.environ, KVS_COUNT_PATHS="portable16 avx2 avx512")
+    if "KVSHARE_LIB" not in env:
+        pytest.skip("KVSHARE_LIB unset: run through scripts/test-python")
+    res = subprocess.run([str(SCRIPT), str(SEQS), str(CTX), str(PAGE)], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
+    print(res.stdout)
+    counts = {(m[1], m[2]): int(m[3])
+              for m in re.finditer(r"^(\w+) (f16|bf16|f32): (\d+)$", res.stdout, re.M)}
+    skipped = set(re.findall(r"^(\w+): skipped", res.stdout, re.M))
+    flags = cpu_flags()
+    has = {"portable16": True,
+           "avx2": {"avx2", "fma", "f16c"} <= flags,
+           "avx512": {"avx2", "fma", "f16c", "avx512f", "avx512vl"} <= flags}
+    for isa, present in has.items():
+        if present:
+            assert isa not in skipped
+            for dt in ("f16", "bf16", "f32"):
+                assert (isa, dt) in counts, f"{isa} {dt} not counted:\n{res.stdout}"
+        else:
+            assert isa in skipped and not any(k[0] == isa for k in counts)
+    # Every launch does 2 * GROUP * DIM multiply-adds per token and kv head (scores and
+    # values); a vector instruction does at most 16 of them, a scalar/SSE one at most 4.
+    madds = SEQS * CTX * KV_HEADS * 2 * GROUP * DIM
+    for (isa, dt), n in counts.items():
+        assert n >= madds // (4 if isa == "portable16" else 16), (isa, dt, n)
+        assert n < 50 * madds, (isa, dt, n)  # and nothing but the launches
+    if has["avx2"]:
+        for dt in ("f16", "bf16", "f32"):
+            assert counts[("avx2", dt)] < counts[("portable16", dt)]
