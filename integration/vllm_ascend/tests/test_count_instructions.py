@@ -58,3 +58,19 @@ def test_counts_each_path_this_cpu_has():
     if has["avx2"]:
         for dt in ("f16", "bf16", "f32"):
             assert counts[("avx2", dt)] < counts[("portable16", dt)]
+
+
+@pytest.mark.skipif(not {"avx2", "fma"} <= cpu_flags(), reason="the CPU lacks avx2 or fma")
+def test_fma_probe_builds_and_measures(tmp_path):
+    """scripts/fma-probe.c (README's Zen 1 limit): builds with the command in its header and
+    prints a plausible clock and FMA rates (a core issues at most 4 256-bit FMAs per cycle)."""
+    exe = tmp_path / "fma-probe"
+    subprocess.run([os.environ.get("CC", "cc"), "-O2", "-Wall", "-Werror", "-mavx2", "-mfma",
+                    str(ROOT / "scripts" / "fma-probe.c"), "-o", str(exe)], check=True)
+    out = subprocess.run([str(exe)], capture_output=True, text=True, check=True,
+                         timeout=300).stdout
+    print(out)
+    ghz = float(re.search(r"^clock ([\d.]+) GHz$", out, re.M)[1])
+    assert 0.3 < ghz < 10, out
+    rates = [float(x) for x in re.findall(r"([\d.]+) cycles per FMA$", out, re.M)]
+    assert len(rates) == 2 and all(0.25 <= r < 20 for r in rates), out
