@@ -1,12 +1,13 @@
 /*
- * How fast this core issues 256-bit FMAs in the decode kernel's score-loop pattern, in cycles
- * per FMA (the clock measured here by a chain of dependent adds). README "what limits it" uses
- * it: the 128 FMAs per token and kv head (GQA 4 x 128 dims) bound decode from below, and the
- * kernel's cycles per token against that bound say how far from the arithmetic it runs.
+ * How fast this core runs the decode kernel's inner loop shape: cycles per turn of 8 256-bit
+ * FMAs (4 query rows x 2 tokens of one 8-dim chunk), alone and with the loads and f16
+ * conversions that feed them (the clock measured by a chain of dependent adds). README "what
+ * limits it" uses it: the kernel does 8 such turns per token and kv head for the scores and 8
+ * for the values (GQA 4 x 128 dims), so 16 turns bound decode from below.
  *
- *   cc -O2 -mavx2 -mfma scripts/fma-probe.c -o fma-probe && taskset -c 1 ./fma-probe
+ *   cc -O2 -mavx2 -mfma -mf16c scripts/fma-probe.c -o fma-probe && taskset -c 1 ./fma-probe
  *
- * x86-64 with AVX2 and FMA only. Each figure is the median of 5 runs of 10^8 loop turns, each
+ * x86-64 with AVX2, FMA and F16C only. Each figure is the median of 5 runs of 10^8 loop turns, each
  * against the clock chain timed right around it.
  */
 #include <immintrin.h>
@@ -21,53 +22,60 @@ static double now(void) {
 
 #define TURNS 100000000L
 
+/* Data the loops read (never written: the values do not matter, only the instructions). */
+static _Alignas(64) unsigned short kf16[2][64];
+static _Alignas(64) float kf32[2][64], q[4][64];
+
 /* The loops are whole in asm, 64-byte aligned: a compiler's loop around the same FMAs ran at
  * 1.4-1.5 cycles per FMA on a Zen 1 core that does 1.0 here (code placement matters there). */
-#define LOOP(body, ...)                                                                      \
-    ({                                                                                     \
-        long n_ = TURNS;                                                                   \
-        double t_ = now();                                                                 \
-        __asm__ volatile(".p2align 6\n1:\n" body "dec %0\njnz 1b\n" : "+r"(n_)::__VA_ARGS__); \
-        now() - t_;                                                                        \
+#define LOOP(body, ...)                                                                    \
+    ({                                                                                   \
+        long n_ = TURNS;                                                                 \
+        double t_ = now();                                                               \
+        __asm__ volatile(".p2align 6\n1:\n" body "dec %0\njnz 1b\n"                       \
+                         : "+r"(n_)                                                      \
+                         : "r"(kf16), "r"(kf32), "r"(q)                                  \
+                         : __VA_ARGS__);                                                 \
+        now() - t_;                                                                      \
     })
 #define ADDS "add $1,%%rax\nadd $1,%%rax\nadd $1,%%rax\nadd $1,%%rax\n"
-/* Every FMA reads the same two sources. */
-#define SAME                                                                         \
-    "vfmadd213ps %%ymm8,%%ymm9,%%ymm0\nvfmadd213ps %%ymm8,%%ymm9,%%ymm1\n"            \
-    "vfmadd213ps %%ymm8,%%ymm9,%%ymm2\nvfmadd213ps %%ymm8,%%ymm9,%%ymm3\n"            \
-    "vfmadd213ps %%ymm8,%%ymm9,%%ymm4\nvfmadd213ps %%ymm8,%%ymm9,%%ymm5\n"            \
-    "vfmadd213ps %%ymm8,%%ymm9,%%ymm6\nvfmadd213ps %%ymm8,%%ymm9,%%ymm7\n"
-/* The score loop: 4 query rows (ymm8-11) x 2 tokens (ymm12-13), 8 accumulators. */
-#define SCORE                                                                        \
-    "vfmadd231ps %%ymm8,%%ymm12,%%ymm0\nvfmadd231ps %%ymm8,%%ymm13,%%ymm1\n"          \
-    "vfmadd231ps %%ymm9,%%ymm12,%%ymm2\nvfmadd231ps %%ymm9,%%ymm13,%%ymm3\n"          \
-    "vfmadd231ps %%ymm10,%%ymm12,%%ymm4\nvfmadd231ps %%ymm10,%%ymm13,%%ymm5\n"        \
-    "vfmadd231ps %%ymm11,%%ymm12,%%ymm6\nvfmadd231ps %%ymm11,%%ymm13,%%ymm7\n"
+/* The score loop's 8 FMAs per chunk: 4 query rows (ymm10-13) x 2 tokens (ymm8-9). */
+#define FMAS                                                                           \
+    "vfmadd231ps %%ymm10,%%ymm8,%%ymm0\nvfmadd231ps %%ymm10,%%ymm9,%%ymm1\n"            \
+    "vfmadd231ps %%ymm11,%%ymm8,%%ymm2\nvfmadd231ps %%ymm11,%%ymm9,%%ymm3\n"            \
+    "vfmadd231ps %%ymm12,%%ymm8,%%ymm4\nvfmadd231ps %%ymm12,%%ymm9,%%ymm5\n"            \
+    "vfmadd231ps %%ymm13,%%ymm8,%%ymm6\nvfmadd231ps %%ymm13,%%ymm9,%%ymm7\n"
+/* The two tokens' K chunks: f16 converted by F16C, or f32 loaded. */
+#define K_F16 "vcvtph2ps (%1),%%ymm8\nvcvtph2ps 64(%1),%%ymm9\n"
+#define K_F32 "vmovups (%2),%%ymm8\nvmovups 64(%2),%%ymm9\n"
+/* The 4 query rows' chunks. */
+#define Q_LD "vmovups (%3),%%ymm10\nvmovups 64(%3),%%ymm11\nvmovups 128(%3),%%ymm12\nvmovups 192(%3),%%ymm13\n"
 #define YMMS "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", \
              "xmm10", "xmm11", "xmm12", "xmm13"
 
-/* Cycles per FMA: the FMA loop's time over a dependent-add chain's (4 cycles per turn) timed
+/* Cycles per loop turn: the loop's time over a dependent-add chain's (4 cycles per turn) timed
  * right before and after it (a VM's clock moves); the median of 5. */
-static double cycles_per_fma(int score) {
-    double v[5];
-    for (int r = 0; r < 5; r++) {
-        double c0 = LOOP(ADDS, "rax");
-        double t = score ? LOOP(SCORE, YMMS) : LOOP(SAME, YMMS);
-        v[r] = t / ((c0 + LOOP(ADDS, "rax")) / 2) * 4.0 / 8.0;
-        for (int i = r; i > 0 && v[i] < v[i - 1]; i--) {
-            double x = v[i];
-            v[i] = v[i - 1], v[i - 1] = x;
-        }
-    }
-    return v[2];
-}
+#define CYCLES(body)                                                                   \
+    ({                                                                                 \
+        double v_[5];                                                                  \
+        for (int r_ = 0; r_ < 5; r_++) {                                               \
+            double c0_ = LOOP(ADDS, "rax"), t_ = LOOP(body, YMMS);                     \
+            v_[r_] = t_ / ((c0_ + LOOP(ADDS, "rax")) / 2) * 4.0;                       \
+            for (int i_ = r_; i_ > 0 && v_[i_] < v_[i_ - 1]; i_--) {                   \
+                double x_ = v_[i_];                                                    \
+                v_[i_] = v_[i_ - 1], v_[i_ - 1] = x_;                                  \
+            }                                                                          \
+        }                                                                              \
+        v_[2];                                                                         \
+    })
 
 int main(void) {
     _mm256_zeroall();
     double hz = 4.0 * TURNS / LOOP(ADDS, "rax");
-    double same = cycles_per_fma(0), qk = cycles_per_fma(1);
-    printf("clock %.2f GHz\n", hz / 1e9);
-    printf("256-bit FMA, shared sources:      %.2f cycles per FMA\n", same);
-    printf("256-bit FMA, score-loop pattern:  %.2f cycles per FMA\n", qk);
+    printf("clock %.2f GHz; cycles per turn of 8 256-bit FMAs (4 query rows x 2 tokens):\n", hz / 1e9);
+    printf("FMAs only:                              %.2f\n", CYCLES(FMAS));
+    printf("+ 2 f32 K loads + 4 query loads:        %.2f\n", CYCLES(K_F32 Q_LD FMAS));
+    printf("+ 2 f16 K conversions (vcvtph2ps):      %.2f\n", CYCLES(K_F16 FMAS));
+    printf("+ 2 f16 K conversions + 4 query loads:  %.2f\n", CYCLES(K_F16 Q_LD FMAS));
     return 0;
 }
