@@ -519,8 +519,10 @@ unsafe fn pv<L: Lanes, T: KvElem, const NG: usize, const U: usize>(
     }
 }
 
-/// [`pv`]'s loop over the rows (a function, not a closure: a closure does not inherit the
-/// caller's target features, so its intrinsics would not inline).
+/// [`pv`]'s loop over the rows. A function, not a closure: a closure does not inherit the
+/// caller's target features, and while the `from_fn` closures around one intrinsic here are
+/// inlined (checked in the disassembly), a closure around this loop was not (6.60M → 7.45M
+/// instructions per test launch).
 #[inline(always)]
 unsafe fn pv_rows<L: Lanes, T: KvElem, const NG: usize, const U: usize>(
     a: &mut [[L::V; U]; NG],

@@ -194,7 +194,7 @@ impl Ahead {
         self.left -= n;
         // The cursor in locals: a prefetch counts as a memory access to the compiler, so fields
         // of `self` updated around it were stored back on every line. Within a row the lines
-        // are consecutive: one plain loop per run (the compiler unrolls it), the row
+        // are consecutive: one plain loop per run (unrolled by four in the avx2 build), the row
         // bookkeeping once per run rather than per line.
         let (mut kp, mut in_row) = (self.kp, self.in_row);
         let mut dv = self.vp.wrapping_sub(kp);
@@ -220,8 +220,10 @@ impl Ahead {
         (self.kp, self.vp, self.in_row) = (kp, kp.wrapping_add(dv), in_row);
     }
 
-    /// [`Ahead::next_row`] out of line: once per row (once per block for a token-major
-    /// cache), and inlined it kept the whole cursor state in registers around every step.
+    /// [`Ahead::next_row`] out of line: it runs at most once per row (never when a block's rows
+    /// merge into one run, as a dense token-major cache's do when an item reads every head;
+    /// once per token or head row otherwise), and inlined, its state was loaded from the
+    /// stack around every step.
     #[cold]
     #[inline(never)]
     fn next_row_cold(&mut self) {

@@ -16,8 +16,9 @@ pub(super) fn uniform(mut seed: u32) -> impl FnMut() -> f32 {
 #[test]
 fn scalar_and_simd_paths_match_naive() {
     // 70: scalar tails; 64: the vector horizontal sums; 88: an odd number of vector chunks
-    // (11 of 8 lanes, 5 of 16 and a tail), the score loop's single-chunk turn.
-    for d in [70usize, 64, 88] {
+    // (11 of 8 lanes, 5 of 16 and a tail), the score loop's single-chunk turn; 80: 5 chunks of
+    // 16 and no tail (the single-chunk turn, then the transposed sum).
+    for d in [70usize, 64, 88, 80] {
         let (ps, hk) = (16usize, 2usize);
         let layout = CacheLayout::dense(DType::BF16, 4, ps, hk, d);
         let mut rnd = uniform(5);
