@@ -456,13 +456,13 @@ unsafe fn qk<L: Lanes, T: KvElem, const NG: usize, const TT: usize>(
     }
     // The sums first, in a loop simple enough to unroll: an accumulator indexed inside the
     // loops below would keep the whole array in memory for the common path too.
-    let mut x = [0f32; 16];
+    let mut sums = [0f32; 16];
     for i in 0..TT * NG {
-        x[i] = L::hsum(a[i]);
+        sums[i] = L::hsum(a[i]);
     }
     for t in 0..TT {
         for r in 0..NG {
-            let mut x = x[t * NG + r];
+            let mut x = sums[t * NG + r];
             for c in dw..d {
                 x += q[r * d + c] * (*krows[t].add(c)).to_f32();
             }
