@@ -1,6 +1,6 @@
 /*
  * How fast this core runs the decode kernel's inner loop shape: cycles per turn of 8 256-bit
- * FMAs (4 query rows x 2 tokens of one 8-dim chunk), alone and with the loads and f16
+ * FMAs (4 query rows x 2 tokens of one 8-dim chunk), alone and with the loads and f16 / bf16
  * conversions that feed them (the clock measured by a chain of dependent adds). README "what
  * limits it" uses it: the kernel does 8 such turns per token and kv head for the scores and 8
  * for the values (GQA 4 x 128 dims), so 16 turns bound decode from below.
@@ -50,8 +50,15 @@ static _Alignas(64) float kf32[2][64], q[4][64];
 #define K_F32 "vmovups (%2),%%ymm8\nvmovups 64(%2),%%ymm9\n"
 /* The 4 query rows' chunks. */
 #define Q_LD "vmovups (%3),%%ymm10\nvmovups 64(%3),%%ymm11\nvmovups 128(%3),%%ymm12\nvmovups 192(%3),%%ymm13\n"
+/* bf16 K widened in order, as the kernel did before: zero-extend 8 values, shift each up. */
+#define K_BF16 "vpmovzxwd (%1),%%ymm8\nvpslld $16,%%ymm8,%%ymm8\n" \
+               "vpmovzxwd 64(%1),%%ymm9\nvpslld $16,%%ymm9,%%ymm9\n"
+/* bf16 K as the kernel loads it now (a split pair, kernel.rs `load8x2_avx2`): one 16-value
+ * load, the even values by a shift and the odd ones by an AND with 0xffff0000 (ymm15); a turn
+ * then covers two chunks of one token, so this is half of one token pair's conversions. */
+#define K_BF16_SPLIT "vmovdqu (%1),%%ymm14\nvpslld $16,%%ymm14,%%ymm8\nvpand %%ymm15,%%ymm14,%%ymm9\n"
 #define YMMS "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", \
-             "xmm10", "xmm11", "xmm12", "xmm13"
+             "xmm10", "xmm11", "xmm12", "xmm13", "xmm14"
 
 /* Cycles per loop turn: the loop's time over a dependent-add chain's (4 cycles per turn) timed
  * right before and after it (a VM's clock moves); the median of 5. */
@@ -71,11 +78,15 @@ static _Alignas(64) float kf32[2][64], q[4][64];
 
 int main(void) {
     _mm256_zeroall();
+    /* ymm15 = 0xffff0000 in every lane (the bf16 odd-value mask); no loop below writes it. */
+    __asm__ volatile("vpcmpeqd %%ymm15,%%ymm15,%%ymm15\nvpslld $16,%%ymm15,%%ymm15" ::: "xmm15");
     double hz = 4.0 * TURNS / LOOP(ADDS, "rax");
     printf("clock %.2f GHz; cycles per turn of 8 256-bit FMAs (4 query rows x 2 tokens):\n", hz / 1e9);
     printf("FMAs only:                              %.2f\n", CYCLES(FMAS));
     printf("+ 2 f32 K loads + 4 query loads:        %.2f\n", CYCLES(K_F32 Q_LD FMAS));
     printf("+ 2 f16 K conversions (vcvtph2ps):      %.2f\n", CYCLES(K_F16 FMAS));
     printf("+ 2 f16 K conversions + 4 query loads:  %.2f\n", CYCLES(K_F16 Q_LD FMAS));
+    printf("+ bf16 K widened in order + query:      %.2f\n", CYCLES(K_BF16 Q_LD FMAS));
+    printf("+ bf16 K split pair + query:            %.2f\n", CYCLES(K_BF16_SPLIT Q_LD FMAS));
     return 0;
 }

@@ -36,6 +36,12 @@ pub(crate) const ROWS_PER_PASS: usize = 8;
 
 /// A KV element type.
 pub(crate) trait KvElem: Copy + Send + Sync + 'static {
+    /// Whether a chunk pair (`2W` elements) of this type loads as its even and its odd elements
+    /// ([`Self::load8x2_avx2`]) rather than in order (see [`split_pairs`]). bf16 does: a bf16
+    /// is the upper half of an f32, so one load gives 16 values through one shift (the even
+    /// ones) and one AND (the odd ones), where widening them in order takes a zero-extend and a
+    /// shift per 8.
+    const SPLIT: bool = false;
     fn to_f32(self) -> f32;
     /// Loads 8 elements as f32.
     ///
@@ -49,6 +55,15 @@ pub(crate) trait KvElem: Copy + Send + Sync + 'static {
     /// `p` must be valid for 16 reads; the CPU must have AVX-512F.
     #[cfg(target_arch = "x86_64")]
     unsafe fn load16_avx512(p: *const Self) -> std::arch::x86_64::__m512;
+    /// 16 elements as two vectors of 8: in order, or even and odd ones when [`Self::SPLIT`].
+    ///
+    /// # Safety
+    /// As [`Self::load8_avx2`], for 16 reads.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8x2_avx2(p: *const Self) -> [std::arch::x86_64::__m256; 2] {
+        [Self::load8_avx2(p), Self::load8_avx2(p.add(8))]
+    }
 }
 
 impl KvElem for f32 {
@@ -88,6 +103,7 @@ impl KvElem for f16 {
 }
 
 impl KvElem for bf16 {
+    const SPLIT: bool = true;
     #[inline(always)]
     fn to_f32(self) -> f32 {
         f32::from_bits((self.to_bits() as u32) << 16)
@@ -105,6 +121,49 @@ impl KvElem for bf16 {
         use std::arch::x86_64::*;
         let w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p.cast::<__m256i>()));
         _mm512_castsi512_ps(_mm512_slli_epi32::<16>(w))
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8x2_avx2(p: *const Self) -> [std::arch::x86_64::__m256; 2] {
+        use std::arch::x86_64::*;
+        // 32-bit lane i holds element 2i in its low half and 2i + 1 in its high half.
+        let x = _mm256_loadu_si256(p.cast::<__m256i>());
+        let hi = _mm256_set1_epi32(0xffff_0000_u32 as i32);
+        [
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(x)),
+            _mm256_castsi256_ps(_mm256_and_si256(x, hi)),
+        ]
+    }
+}
+
+/// Puts the whole chunk pairs (`2w` values, `w` = 8 or 16) of each `d`-wide row of `x` in the
+/// order a kernel keeps them when it loads its K/V chunk pairs split ([`Lanes::split`]):
+/// the pair's even elements first, then its odd ones (`INVERSE`: back in element order).
+/// Elements past a row's last whole pair stay in place. The query rows are put in this order
+/// before the dot products and the outputs back after, so each K/V chunk meets the query
+/// values (and each V chunk the accumulator lanes) of its own elements.
+fn split_pairs<const INVERSE: bool>(w: usize, x: &mut [f32], d: usize) {
+    if w == 8 {
+        split_pairs_of::<16, INVERSE>(x, d)
+    } else {
+        split_pairs_of::<32, INVERSE>(x, d)
+    }
+}
+
+/// [`split_pairs`] for pairs of `P` values (a fixed size, so that the moves unroll).
+fn split_pairs_of<const P: usize, const INVERSE: bool>(x: &mut [f32], d: usize) {
+    for row in x.chunks_exact_mut(d) {
+        for pair in row.chunks_exact_mut(P) {
+            let pair: &mut [f32; P] = pair.try_into().expect("chunks of P");
+            let src = *pair;
+            for j in 0..P / 2 {
+                if INVERSE {
+                    (pair[2 * j], pair[2 * j + 1]) = (src[j], src[P / 2 + j]);
+                } else {
+                    (pair[j], pair[P / 2 + j]) = (src[2 * j], src[2 * j + 1]);
+                }
+            }
+        }
     }
 }
 
@@ -131,6 +190,20 @@ trait Lanes {
     /// `exp` per lane; `-inf` (and anything below about -87) gives 0.
     unsafe fn exp(v: Self::V) -> Self::V;
     unsafe fn load_kv<T: KvElem>(p: *const T) -> Self::V;
+    /// Whether these lanes load the chunk pairs of types that offer it split
+    /// ([`KvElem::SPLIT`]): the AVX2 path does (measured: the conversions' share of the core
+    /// drops, see README); the AVX-512 path does not (its count of executed instructions went
+    /// up 6% under the emulator, and it could not be timed), nor the portable ones.
+    const SPLITS: bool = false;
+    /// Whether [`Self::load_kv2`] splits `T`'s pairs.
+    fn split<T: KvElem>() -> bool {
+        Self::SPLITS && T::SPLIT
+    }
+    /// The `2W` elements at `p` as two vectors: in order, or the even and the odd elements
+    /// when [`Self::split`] ([`split_pairs`]).
+    unsafe fn load_kv2<T: KvElem>(p: *const T) -> [Self::V; 2] {
+        [Self::load_kv(p), Self::load_kv(p.add(Self::W))]
+    }
 }
 
 mod amx;
@@ -328,6 +401,17 @@ unsafe fn attend_impl<L: Lanes, T: KvElem>(
         r += ng;
     }
     out[..n * d].fill(0.0);
+    // Split pairs (bf16): the query rows in the order the K/V chunks load in.
+    let w = L::W;
+    let split_q: Vec<f32>;
+    let q = if L::split::<T>() && d >= 2 * w {
+        let mut x = rows.q[..n * d].to_vec();
+        split_pairs::<false>(w, &mut x, d);
+        split_q = x;
+        &split_q[..]
+    } else {
+        rows.q
+    };
     let start = groups.iter().map(|g| g.start).min().unwrap_or(0);
     let end = groups.iter().map(|g| g.end).max().unwrap_or(0);
     // The heads the groups read, whose rows of the next block are prefetched.
@@ -373,7 +457,7 @@ unsafe fn attend_impl<L: Lanes, T: KvElem>(
                 base: base + g.kv_head * lay.head_stride,
                 pos,
                 n: nb,
-                q: &rows.q[rr.start * d..rr.end * d],
+                q: &q[rr.start * d..rr.end * d],
                 lo: &rows.lo[rr.clone()],
                 hi: &rows.hi[rr.clone()],
             };
@@ -404,6 +488,10 @@ unsafe fn attend_impl<L: Lanes, T: KvElem>(
             m_out[g.r0 + r] = g.m[r];
             l_out[g.r0 + r] = g.l[r];
         }
+    }
+    if L::split::<T>() && d >= 2 * w {
+        // The accumulators back in element order.
+        split_pairs::<true>(w, &mut out[..n * d], d);
     }
 }
 
@@ -442,8 +530,12 @@ unsafe fn qk<L: Lanes, T: KvElem, const NG: usize, const TT: usize>(
     let mut c = 0;
     // Two chunks per turn: the loop's own 3 instructions were a sixth of it.
     while c + 2 * w <= dw {
-        qk_chunk::<L, T, NG, TT>(&mut a, q, krows, d, c);
-        qk_chunk::<L, T, NG, TT>(&mut a, q, krows, d, c + w);
+        if L::split::<T>() {
+            qk_pair::<L, T, NG, TT>(&mut a, q, krows, d, c);
+        } else {
+            qk_chunk::<L, T, NG, TT>(&mut a, q, krows, d, c);
+            qk_chunk::<L, T, NG, TT>(&mut a, q, krows, d, c + w);
+        }
         c += 2 * w;
     }
     if c < dw {
@@ -489,6 +581,54 @@ unsafe fn qk_chunk<L: Lanes, T: KvElem, const NG: usize, const TT: usize>(
     }
 }
 
+/// The chunk pair at `c` of [`qk`] through [`Lanes::load_kv2`] (for [`Lanes::split`], whose
+/// query rows are in [`split_pairs`]).
+#[inline(always)]
+unsafe fn qk_pair<L: Lanes, T: KvElem, const NG: usize, const TT: usize>(
+    a: &mut [L::V; 16],
+    q: &[f32],
+    krows: [*const T; TT],
+    d: usize,
+    c: usize,
+) {
+    let w = L::W;
+    let kk: [[L::V; 2]; TT] = std::array::from_fn(|t| L::load_kv2(krows[t].add(c)));
+    for h in 0..2 {
+        for r in 0..NG {
+            let qq = L::load(q.as_ptr().add(r * d + c + h * w));
+            for t in 0..TT {
+                a[t * NG + r] = L::fma(qq, kk[t][h], a[t * NG + r]);
+            }
+        }
+    }
+}
+
+/// The `U` chunks at `c..c + U * W` of the row at `row`, as the kernel keeps them: in order,
+/// or in [`split_pairs`] for [`Lanes::split`] inside the row's whole pairs (`c < pairs`, the pairs'
+/// end). Needs `U` even and `c` a multiple of `2W`, or `U == 1`.
+#[inline(always)]
+unsafe fn load_chunks<L: Lanes, T: KvElem, const U: usize>(
+    row: *const T,
+    c: usize,
+    pairs: usize,
+) -> [L::V; U] {
+    let w = L::W;
+    if !L::split::<T>() || c >= pairs {
+        return std::array::from_fn(|u| L::load_kv(row.add(c + w * u)));
+    }
+    let mut vv = [L::zero(); U];
+    if U == 1 {
+        // One half of a pair: the even elements when `c` starts the pair, else the odd ones.
+        let h = c / w % 2;
+        vv[0] = L::load_kv2(row.add(c - h * w))[h];
+    } else {
+        for u in (0..U).step_by(2) {
+            [vv[u], vv[u + 1]] = L::load_kv2(row.add(c + w * u));
+        }
+    }
+    vv
+}
+
 /// `acc[r][c..c + WU] += sum_t p[t * NG + r] * v[t][c..c + WU]` (`W` = `L::W`) over the
 /// `nt` V rows `v[t] = v0 + t * ss`: each V chunk converted once for all rows, `NG * U`
 /// independent accumulators. Needs `c + WU <= d` and every row valid for `d` reads (`block`
@@ -508,9 +648,9 @@ unsafe fn pv<L: Lanes, T: KvElem, const NG: usize, const U: usize>(
     });
     // A whole sub-block (the usual case) with its count known, so the loop unrolls.
     if nt == SUB {
-        pv_rows::<L, T, NG, U>(&mut a, (v0, ss, SUB), p, c);
+        pv_rows::<L, T, NG, U>(&mut a, (v0, ss, SUB), p, c, d);
     } else {
-        pv_rows::<L, T, NG, U>(&mut a, (v0, ss, nt), p, c);
+        pv_rows::<L, T, NG, U>(&mut a, (v0, ss, nt), p, c, d);
     }
     for (r, ar) in a.iter().enumerate() {
         for (u, v) in ar.iter().enumerate() {
@@ -529,11 +669,11 @@ unsafe fn pv_rows<L: Lanes, T: KvElem, const NG: usize, const U: usize>(
     (v0, ss, nt): (*const T, usize, usize),
     p: &[f32],
     c: usize,
+    d: usize,
 ) {
-    let w = L::W;
+    let pairs = d / (2 * L::W) * (2 * L::W);
     for t in 0..nt {
-        let vrow = v0.add(t * ss + c);
-        let vv: [L::V; U] = std::array::from_fn(|u| L::load_kv(vrow.add(w * u)));
+        let vv = load_chunks::<L, T, U>(v0.add(t * ss), c, pairs);
         for (r, ar) in a.iter_mut().enumerate() {
             let pp = L::splat(*p.get_unchecked(t * NG + r));
             for u in 0..U {

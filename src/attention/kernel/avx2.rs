@@ -1,5 +1,5 @@
 //! The AVX2 lanes: AVX2 + FMA + F16C intrinsics, 8 f32 lanes in a `__m256` (f16 converted by
-//! `vcvtph2ps`, bf16 by a widening shift).
+//! `vcvtph2ps`, bf16 16 at a time as split pairs: a shift and an AND, `KvElem::load8x2_avx2`).
 
 use super::{KvElem, Lanes};
 use std::arch::x86_64::*;
@@ -68,6 +68,7 @@ pub(super) unsafe fn hsum8(a: &[__m256; 8]) -> __m256 {
 
 impl Lanes for Avx2 {
     const W: usize = 8;
+    const SPLITS: bool = true;
     type V = __m256;
     #[inline(always)]
     unsafe fn zero() -> __m256 {
@@ -119,5 +120,9 @@ impl Lanes for Avx2 {
     #[inline(always)]
     unsafe fn load_kv<T: KvElem>(p: *const T) -> __m256 {
         T::load8_avx2(p)
+    }
+    #[inline(always)]
+    unsafe fn load_kv2<T: KvElem>(p: *const T) -> [__m256; 2] {
+        T::load8x2_avx2(p)
     }
 }

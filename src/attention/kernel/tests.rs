@@ -18,7 +18,7 @@ fn scalar_and_simd_paths_match_naive() {
     // 70: scalar tails; 64: the vector horizontal sums; 88: an odd number of vector chunks
     // (11 of 8 lanes, 5 of 16 and a tail), the score loop's single-chunk turn; 80: 5 chunks of
     // 16 and no tail (the single-chunk turn, then the transposed sum).
-    for d in [70usize, 64, 88, 80] {
+    for d in [70usize, 64, 88, 80, 96] {
         let (ps, hk) = (16usize, 2usize);
         let layout = CacheLayout::dense(DType::BF16, 4, ps, hk, d);
         let mut rnd = uniform(5);
@@ -171,4 +171,69 @@ fn partials_over_split_ranges_merge_exactly() {
     let mut none = vec![1f32; 4];
     merge_partials(&[(&[2.0; 4], f32::NEG_INFINITY, 0.0)], &mut none);
     assert_eq!(none, [0.0; 4]);
+}
+
+/// Where [`split_pairs`] puts element `i` of a `d`-wide row with `w` lanes (the definition).
+fn split_order(i: usize, d: usize, w: usize) -> usize {
+    let pairs = d / (2 * w) * (2 * w);
+    if i >= pairs {
+        return i;
+    }
+    let (b, o) = (i / (2 * w) * (2 * w), i % (2 * w));
+    b + if o % 2 == 0 { o / 2 } else { w + o / 2 }
+}
+
+/// The pair order, both ways, against its definition (rows with and without a part past the
+/// last whole pair); and the bf16 pair loads of every path this machine has against it.
+#[test]
+fn split_pairs_follow_the_definition() {
+    for (w, d) in [
+        (8usize, 16usize),
+        (8, 70),
+        (16, 32),
+        (16, 88),
+        (8, 128),
+        (16, 128),
+    ] {
+        let x: Vec<f32> = (0..3 * d).map(|i| i as f32).collect();
+        let mut y = x.clone();
+        split_pairs::<false>(w, &mut y, d);
+        for r in 0..3 {
+            for i in 0..d {
+                assert_eq!(y[r * d + split_order(i, d, w)], x[r * d + i], "w {w} d {d}");
+            }
+        }
+        split_pairs::<true>(w, &mut y, d);
+        assert_eq!(y, x);
+    }
+    assert_eq!(split_order(3, 20, 8), 9);
+    assert_eq!(split_order(17, 20, 8), 17);
+    let v: Vec<bf16> = (0..32).map(|i| bf16::from_f32(i as f32 - 7.5)).collect();
+    let want = |w: usize| {
+        let mut y: Vec<f32> = v[..2 * w].iter().map(|x| x.to_f32()).collect();
+        split_pairs::<false>(w, &mut y, 2 * w);
+        y
+    };
+    // The paths that split bf16 pairs (avx2), and those that do not.
+    assert!(!Portable::<8>::split::<bf16>() && !Portable::<16>::split::<bf16>());
+    #[cfg(target_arch = "x86_64")]
+    {
+        use super::avx2::Avx2 as Avx2Lanes;
+        use std::arch::x86_64::_mm256_storeu_ps;
+        assert!(Avx2Lanes::split::<bf16>() && !Avx2Lanes::split::<f16>());
+        assert!(!super::avx512::Avx512::split::<bf16>());
+        if Isa::Avx2.check().is_ok() {
+            // SAFETY: 32 valid reads; the CPU has AVX2.
+            let y = unsafe {
+                let [a, b] = Avx2Lanes::load_kv2(v.as_ptr());
+                let mut y = [0f32; 16];
+                _mm256_storeu_ps(y.as_mut_ptr(), a);
+                _mm256_storeu_ps(y.as_mut_ptr().add(8), b);
+                y
+            };
+            assert_eq!(y.to_vec(), want(8));
+        } else {
+            println!("avx2 pair load: skipped (this CPU lacks it)");
+        }
+    }
 }
