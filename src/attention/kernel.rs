@@ -573,12 +573,7 @@ unsafe fn qk_chunk<L: Lanes, T: KvElem, const NG: usize, const TT: usize>(
     c: usize,
 ) {
     let kk: [L::V; TT] = std::array::from_fn(|t| L::load_kv(krows[t].add(c)));
-    for r in 0..NG {
-        let qq = L::load(q.as_ptr().add(r * d + c));
-        for t in 0..TT {
-            a[t * NG + r] = L::fma(qq, kk[t], a[t * NG + r]);
-        }
-    }
+    qk_fma::<L, NG, TT>(a, q, kk, d, c);
 }
 
 /// The chunk pair at `c` of [`qk`] through [`Lanes::load_kv2`] (for [`Lanes::split`], whose
@@ -591,14 +586,25 @@ unsafe fn qk_pair<L: Lanes, T: KvElem, const NG: usize, const TT: usize>(
     d: usize,
     c: usize,
 ) {
-    let w = L::W;
     let kk: [[L::V; 2]; TT] = std::array::from_fn(|t| L::load_kv2(krows[t].add(c)));
     for h in 0..2 {
-        for r in 0..NG {
-            let qq = L::load(q.as_ptr().add(r * d + c + h * w));
-            for t in 0..TT {
-                a[t * NG + r] = L::fma(qq, kk[t][h], a[t * NG + r]);
-            }
+        qk_fma::<L, NG, TT>(a, q, std::array::from_fn(|t| kk[t][h]), d, c + h * L::W);
+    }
+}
+
+/// `a[t * NG + r] += q[r][c..c + W] * kk[t]`: the products of one converted chunk per token.
+#[inline(always)]
+unsafe fn qk_fma<L: Lanes, const NG: usize, const TT: usize>(
+    a: &mut [L::V; 16],
+    q: &[f32],
+    kk: [L::V; TT],
+    d: usize,
+    c: usize,
+) {
+    for r in 0..NG {
+        let qq = L::load(q.as_ptr().add(r * d + c));
+        for t in 0..TT {
+            a[t * NG + r] = L::fma(qq, kk[t], a[t * NG + r]);
         }
     }
 }
