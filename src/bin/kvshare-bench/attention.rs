@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use half::slice::HalfBitsSliceExt;
 use half::{bf16, f16};
 use kvshare::attention::cpu::{cpu_flags, CpuBackend, Isa, ISA_ENV};
+use kvshare::replay::model::{dtype_name, parse_dtype};
 
 use super::{attention_prefill, attention_vllm};
 use kvshare::attention::{
@@ -68,10 +69,10 @@ fn parse(args: &[String]) -> Result<Opts, String> {
             continue;
         }
         if flag == "--dtype" {
-            o.dtype = match it.next().map(String::as_str) {
-                Some("f16") => DType::F16,
-                Some("bf16") => DType::BF16,
-                other => return Err(format!("--dtype: f16 or bf16, not {other:?}\n{USAGE}")),
+            let given = it.next();
+            o.dtype = match given.and_then(|s| parse_dtype(s)) {
+                Some(dt @ (DType::F16 | DType::BF16)) => dt,
+                _ => return Err(format!("--dtype: f16 or bf16, not {given:?}\n{USAGE}")),
             };
             continue;
         }
@@ -147,15 +148,6 @@ fn time_best(iters: usize, mut f: impl FnMut() -> Result<(), String>) -> Result<
         best = best.min(t.elapsed());
     }
     Ok(best)
-}
-
-/// The name of a decode dtype (`--dtype`).
-fn dtype_name(dt: DType) -> &'static str {
-    if dt == DType::BF16 {
-        "bf16"
-    } else {
-        "f16"
-    }
 }
 
 /// 16-bit values (the bits of `--dtype` values) as the kernel's buffer of that dtype.
