@@ -59,8 +59,8 @@ fn vllm_mode_runs_the_script_with_its_arguments() {
 
 /// `kvshare-bench attention` on one small shape with a stand-in for vLLM's Python that speaks
 /// the side-by-side protocol: the K/V files are handed over with their dtype (the stand-in
-/// reports it as its "isa"), vLLM's log lines are skipped, every round is one request, and the
-/// ratios come out in the JSON.
+/// reports it as its "isa"), the kernel build it names is printed, vLLM's log lines are
+/// skipped, every round is one request, and the ratios come out in the JSON.
 #[test]
 fn attention_mode_side_by_side_protocol() {
     let dir = std::env::temp_dir().join(format!("kvshare-bench-attn-{}", std::process::id()));
@@ -73,7 +73,7 @@ fn attention_mode_side_by_side_protocol() {
 for f in k v q out table; do [ -s "$3/$f.bin" ] || { echo "no $f" >&2; exit 1; }; done
 for a in "$@"; do last=$a; done
 echo "INFO a vLLM log line on stdout"
-echo "KVSBENCH {\"version\": \"fake\", \"isa\": \"$last\", \"max_diff\": 0.5}"
+echo "KVSBENCH {\"version\": \"fake\", \"build\": \"_C_FAKE\", \"isa\": \"$last\", \"max_diff\": 0.5}"
 while read line; do echo "KVSBENCH 2.5"; done
 "#,
     )
@@ -110,10 +110,14 @@ while read line; do echo "KVSBENCH 2.5"; done
         assert!(out.status.success(), "{out:?}");
         assert!(said.contains(&format!("GQA 4, {dt} KV")), "{said}");
         assert!(
-            said.contains(&format!("vLLM fake cpu_attention_with_kv_cache (isa {dt})")),
+            said.contains(&format!(
+                "vLLM fake cpu_attention_with_kv_cache (build _C_FAKE, isa {dt})"
+            )),
             "{said}"
         );
-        let want = format!("\"vllm\":{{\"version\":\"fake\",\"isa\":\"{dt}\",\"ms\":2.500");
+        let want = format!(
+            "\"vllm\":{{\"version\":\"fake\",\"build\":\"_C_FAKE\",\"isa\":\"{dt}\",\"ms\":2.500"
+        );
         assert!(said.contains(&want), "{said}");
         assert!(said.contains("vLLM time / kvshare time"), "{said}");
         let json = said.lines().last().unwrap();

@@ -402,13 +402,13 @@ fn run_shape(
                     sample_bw();
                 }
                 println!(
-                    "vLLM {} cpu_attention_with_kv_cache (isa {}) on the same KV in its own layout: \
-{:.2} ms; max |vLLM - kvshare| {:.2e}",
-                    ready.version, ready.isa, vbest, ready.max_diff
+                    "vLLM {} cpu_attention_with_kv_cache (build {}, isa {}) on the same KV in its own \
+layout: {:.2} ms; max |vLLM - kvshare| {:.2e}",
+                    ready.version, ready.build, ready.isa, vbest, ready.max_diff
                 );
                 vllm_json = format!(
-                    "{{\"version\":\"{}\",\"isa\":\"{}\",\"ms\":{:.3},\"max_abs_diff\":{:.3e}}}",
-                    ready.version, ready.isa, vbest, ready.max_diff
+                    "{{\"version\":\"{}\",\"build\":\"{}\",\"isa\":\"{}\",\"ms\":{:.3},\"max_abs_diff\":{:.3e}}}",
+                    ready.version, ready.build, ready.isa, vbest, ready.max_diff
                 );
                 vllm_ms = Some(vbest);
             }

