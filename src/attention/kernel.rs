@@ -203,9 +203,14 @@ trait Lanes {
     /// `a * b + c`.
     unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
     unsafe fn hsum(v: Self::V) -> f32;
+    /// The largest lane of `v` (as [`Self::max`] lane by lane, halves folded in pairs).
+    unsafe fn hmax(v: Self::V) -> f32;
     /// Lane `i` of the result is the sum of the lanes of `a[i]`, for `i < W` (`a[W..]` is not
     /// read).
     unsafe fn hsum_w(a: &[Self::V; 16]) -> Self::V;
+    /// Transposes the `W x W` block `a[..W]` in place: lane `j` of `a[i]` and lane `i` of
+    /// `a[j]` swap (`a[W..]` is not touched).
+    unsafe fn transpose(a: &mut [Self::V; 16]);
     unsafe fn add(a: Self::V, b: Self::V) -> Self::V;
     unsafe fn sub(a: Self::V, b: Self::V) -> Self::V;
     unsafe fn max(a: Self::V, b: Self::V) -> Self::V;

@@ -98,6 +98,36 @@ impl Lanes for Avx2 {
         _mm_cvtss_f32(s)
     }
     #[inline(always)]
+    unsafe fn transpose(a: &mut [__m256; 16]) {
+        // 4 x 4 blocks within each 128-bit half (unpack, shuffle), then the halves swapped.
+        let mut t = [_mm256_setzero_ps(); 8];
+        for i in 0..4 {
+            t[2 * i] = _mm256_unpacklo_ps(a[2 * i], a[2 * i + 1]);
+            t[2 * i + 1] = _mm256_unpackhi_ps(a[2 * i], a[2 * i + 1]);
+        }
+        let mut u = [_mm256_setzero_ps(); 8];
+        for j in 0..2 {
+            let b = 4 * j;
+            u[b] = _mm256_shuffle_ps::<0x44>(t[b], t[b + 2]);
+            u[b + 1] = _mm256_shuffle_ps::<0xee>(t[b], t[b + 2]);
+            u[b + 2] = _mm256_shuffle_ps::<0x44>(t[b + 1], t[b + 3]);
+            u[b + 3] = _mm256_shuffle_ps::<0xee>(t[b + 1], t[b + 3]);
+        }
+        // u[m] (rows 0-3) and u[4 + m] (rows 4-7) hold column m in their low halves and
+        // column 4 + m in their high halves.
+        for m in 0..4 {
+            a[m] = _mm256_permute2f128_ps::<0x20>(u[m], u[4 + m]);
+            a[4 + m] = _mm256_permute2f128_ps::<0x31>(u[m], u[4 + m]);
+        }
+    }
+    #[inline(always)]
+    unsafe fn hmax(v: __m256) -> f32 {
+        let s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_max_ss(s, _mm_shuffle_ps::<1>(s, s));
+        _mm_cvtss_f32(s)
+    }
+    #[inline(always)]
     unsafe fn hsum_w(a: &[__m256; 16]) -> __m256 {
         hsum8(&[a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]])
     }

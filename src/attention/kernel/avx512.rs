@@ -89,6 +89,39 @@ impl Lanes for Avx512 {
         _mm512_reduce_add_ps(v)
     }
     #[inline(always)]
+    unsafe fn transpose(a: &mut [__m512; 16]) {
+        // 4 x 4 blocks within each 128-bit lane (unpack, shuffle), then the lanes gathered
+        // in two 128-bit shuffles.
+        let mut t = [_mm512_setzero_ps(); 16];
+        for i in 0..8 {
+            t[2 * i] = _mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]);
+            t[2 * i + 1] = _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]);
+        }
+        let mut u = [_mm512_setzero_ps(); 16];
+        for j in 0..4 {
+            let b = 4 * j;
+            u[b] = _mm512_shuffle_ps::<0x44>(t[b], t[b + 2]);
+            u[b + 1] = _mm512_shuffle_ps::<0xee>(t[b], t[b + 2]);
+            u[b + 2] = _mm512_shuffle_ps::<0x44>(t[b + 1], t[b + 3]);
+            u[b + 3] = _mm512_shuffle_ps::<0xee>(t[b + 1], t[b + 3]);
+        }
+        // Lane k of u[4j + m] holds column 4k + m of rows 4j..4j + 4.
+        for m in 0..4 {
+            let v1 = _mm512_shuffle_f32x4::<0x88>(u[m], u[4 + m]);
+            let v2 = _mm512_shuffle_f32x4::<0xdd>(u[m], u[4 + m]);
+            let w1 = _mm512_shuffle_f32x4::<0x88>(u[8 + m], u[12 + m]);
+            let w2 = _mm512_shuffle_f32x4::<0xdd>(u[8 + m], u[12 + m]);
+            a[m] = _mm512_shuffle_f32x4::<0x88>(v1, w1);
+            a[4 + m] = _mm512_shuffle_f32x4::<0x88>(v2, w2);
+            a[8 + m] = _mm512_shuffle_f32x4::<0xdd>(v1, w1);
+            a[12 + m] = _mm512_shuffle_f32x4::<0xdd>(v2, w2);
+        }
+    }
+    #[inline(always)]
+    unsafe fn hmax(v: __m512) -> f32 {
+        _mm512_reduce_max_ps(v)
+    }
+    #[inline(always)]
     unsafe fn hsum_w(a: &[__m512; 16]) -> __m512 {
         // Fold each vector to 8 lanes, then two 8-way transposed sums (rows 0-7 and 8-15).
         // A plain loop, not `std::array::from_fn`: a closure does not inherit the caller's

@@ -45,6 +45,28 @@ impl<const N: usize> Lanes for Portable<N> {
         v[0]
     }
     #[inline(always)]
+    unsafe fn transpose(a: &mut [[f32; N]; 16]) {
+        for i in 0..N {
+            for j in i + 1..N {
+                let x = a[i][j];
+                a[i][j] = a[j][i];
+                a[j][i] = x;
+            }
+        }
+    }
+    #[inline(always)]
+    unsafe fn hmax(v: [f32; N]) -> f32 {
+        let mut v = v;
+        let mut w = N;
+        while w > 1 {
+            w /= 2;
+            for i in 0..w {
+                v[i] = v[i].max(v[i + w]);
+            }
+        }
+        v[0]
+    }
+    #[inline(always)]
     unsafe fn hsum_w(a: &[[f32; N]; 16]) -> [f32; N] {
         std::array::from_fn(|i| Self::hsum(a[i]))
     }

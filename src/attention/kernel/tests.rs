@@ -237,3 +237,52 @@ fn split_pairs_follow_the_definition() {
         }
     }
 }
+
+/// `Lanes::transpose` (the tiled kernel's K tile) against its definition on every lane type
+/// this machine runs.
+#[test]
+fn transposes_follow_the_definition() {
+    fn check<L: Lanes>(what: &str) {
+        let w = L::W;
+        let x: Vec<f32> = (0..w * w).map(|i| i as f32).collect();
+        let mut got = vec![0f32; w * w];
+        // SAFETY: every load and store is W floats inside `x` / `got`; the caller checked
+        // the CPU's features.
+        unsafe {
+            let mut a = [L::splat(-1.0); 16];
+            for i in 0..w {
+                a[i] = L::load(x.as_ptr().add(i * w));
+            }
+            L::transpose(&mut a);
+            for i in 0..w {
+                L::store(got.as_mut_ptr().add(i * w), a[i]);
+            }
+            // `a[W..]` is left alone.
+            let mut rest = [0f32; 16];
+            for i in w..16 {
+                L::store(rest.as_mut_ptr(), a[i]);
+                assert_eq!(rest[..w], vec![-1.0; w][..], "{what}: a[{i}]");
+            }
+        }
+        for i in 0..w {
+            for j in 0..w {
+                assert_eq!(got[i * w + j], x[j * w + i], "{what}: row {i} lane {j}");
+            }
+        }
+    }
+    check::<Portable<8>>("portable");
+    check::<Portable<16>>("portable16");
+    #[cfg(target_arch = "x86_64")]
+    {
+        if Isa::Avx2.check().is_ok() {
+            check::<super::avx2::Avx2>("avx2");
+        } else {
+            println!("avx2 transpose: skipped (this CPU lacks it)");
+        }
+        if Isa::Avx512.check().is_ok() {
+            check::<super::avx512::Avx512>("avx512");
+        } else {
+            println!("avx512 transpose: skipped (this CPU lacks it)");
+        }
+    }
+}
