@@ -140,25 +140,41 @@ impl OutRows {
 }
 
 /// An item's query rows, in kernel order (kv head, then query token, then the head's query
-/// heads, so rows sharing a kv head are adjacent), restricted to the item's key range.
+/// heads, so rows sharing a kv head are adjacent), restricted to the item's key range; and
+/// the item's output accumulators.
+#[derive(Default)]
 struct ItemRows {
     q: Vec<f32>,
     lo: Vec<usize>,
     hi: Vec<usize>,
     kv_head: Vec<usize>,
+    acc: Vec<f32>,
 }
 
-fn item_rows(batch: &AttnBatch<'_>, it: &Item) -> ItemRows {
+thread_local! {
+    /// Each thread's [`ItemRows`], reused by every item it runs, in this launch and later ones
+    /// (they keep the largest item's size: rows x head_dim floats, twice). Allocated per item,
+    /// they were freed between items and glibc handed the memory back to the kernel each time
+    /// (its trim threshold is 128 KiB; a 192-row prefill unit holds 2 x 96 KiB at d = 128), so
+    /// every item page-faulted it in again: 7-12% of a prefill launch (measured on Zen 4; the
+    /// README's *AVX-512 on hardware*).
+    static ITEM_ROWS: std::cell::RefCell<ItemRows> = std::cell::RefCell::new(ItemRows::default());
+}
+
+/// Fills `r` with item `it`'s rows (`acc` sized; its contents are the kernel's to set).
+fn item_rows(batch: &AttnBatch<'_>, it: &Item, r: &mut ItemRows) {
     let p = batch.params();
     let (g, d) = (p.group(), p.cache.head_dim);
     let seq = &batch.seqs()[it.seq];
     let rows = it.hn * it.qn * g;
-    let mut r = ItemRows {
-        q: vec![0f32; rows * d],
-        lo: vec![0; rows],
-        hi: vec![0; rows],
-        kv_head: vec![0; rows],
-    };
+    for v in [&mut r.q, &mut r.acc] {
+        v.clear();
+        v.resize(rows * d, 0.0);
+    }
+    for v in [&mut r.lo, &mut r.hi, &mut r.kv_head] {
+        v.clear();
+        v.resize(rows, 0);
+    }
     for kh in it.h0..it.h0 + it.hn {
         for qi in 0..it.qn {
             let tok = seq.q_start + it.q0 + qi;
@@ -180,7 +196,6 @@ fn item_rows(batch: &AttnBatch<'_>, it: &Item) -> ItemRows {
             }
         }
     }
-    r
 }
 
 /// Writes an item's `rows` output rows (`d` floats each, kernel order) to the output tensor.
@@ -224,7 +239,7 @@ fn run_attention<T: KvElem>(
     let p = batch.params();
     let d = p.cache.head_dim;
     let seqs = batch.seqs();
-    let (pool, isa) = (&be.pool, be.isa);
+    let pool = &be.pool;
     let plan = plan::plan(
         seqs,
         p.group(),
@@ -236,42 +251,8 @@ fn run_attention<T: KvElem>(
     );
     let partials: Vec<OnceLock<Partial>> = (0..plan.num_parts).map(|_| OnceLock::new()).collect();
     pool.for_each(plan.items.len(), |i| {
-        let it = plan.items[i];
-        let seq = seqs[it.seq];
-        let r = item_rows(batch, &it);
-        let rows = Rows {
-            q: &r.q,
-            lo: &r.lo,
-            hi: &r.hi,
-            kv_head: &r.kv_head,
-        };
-        let pages = &batch.bufs.block_table[it.seq * p.block_table_stride..]
-            [..seq.ctx_len.div_ceil(p.cache.page_size)];
-        let kv = SeqKv {
-            k,
-            v,
-            pages,
-            layout: &p.cache,
-            softcap: p.softcap,
-        };
-        let n = r.lo.len();
-        let mut acc = vec![0f32; n * d];
-        let (mut m, mut l) = (vec![0f32; n], vec![0f32; n]);
-        if it.tiled {
-            kernel::tiled::attend_partial(isa, &kv, &rows, &mut acc, &mut m, &mut l);
-        } else {
-            kernel::attend_partial(isa, &kv, &rows, &mut acc, &mut m, &mut l);
-        }
-        match it.part {
-            None => {
-                kernel::normalize(d, &l, &mut acc);
-                write_rows(batch, &it, &acc, out);
-            }
-            Some(part) => {
-                // Each part index belongs to exactly one item, so the cell is empty here.
-                let _ = partials[part].set(Partial { acc, m, l });
-            }
-        }
+        let run = |r: &mut ItemRows| run_item(be, batch, &plan.items[i], r, (k, v), out, &partials);
+        ITEM_ROWS.with_borrow_mut(run)
     });
     pool.for_each(plan.splits.len(), |i| {
         let split = &plan.splits[i];
@@ -281,16 +262,71 @@ fn run_attention<T: KvElem>(
             .map(|j| partials[j].get().expect("every part ran"))
             .collect();
         let n = parts[0].m.len();
-        let mut acc = vec![0f32; n * d];
-        for r in 0..n {
-            let rp: Vec<(&[f32], f32, f32)> = parts
-                .iter()
-                .map(|pt| (&pt.acc[r * d..(r + 1) * d], pt.m[r], pt.l[r]))
-                .collect();
-            kernel::merge_partials(&rp, &mut acc[r * d..(r + 1) * d]);
-        }
-        write_rows(batch, &split.rows, &acc, out);
+        ITEM_ROWS.with_borrow_mut(|buf| {
+            let acc = &mut buf.acc;
+            acc.clear();
+            acc.resize(n * d, 0.0);
+            for r in 0..n {
+                let rp: Vec<(&[f32], f32, f32)> = parts
+                    .iter()
+                    .map(|pt| (&pt.acc[r * d..(r + 1) * d], pt.m[r], pt.l[r]))
+                    .collect();
+                kernel::merge_partials(&rp, &mut acc[r * d..(r + 1) * d]);
+            }
+            write_rows(batch, &split.rows, acc, out);
+        })
     });
+}
+
+/// Runs item `it` with the thread's buffers `r`: its unnormalised state into `partials` when
+/// it is one part of a split, else its normalised rows into the output.
+fn run_item<T: KvElem>(
+    be: &CpuBackend,
+    batch: &AttnBatch<'_>,
+    it: &Item,
+    r: &mut ItemRows,
+    (k, v): (&[T], &[T]),
+    out: &OutRows,
+    partials: &[OnceLock<Partial>],
+) {
+    let p = batch.params();
+    let d = p.cache.head_dim;
+    let seq = batch.seqs()[it.seq];
+    item_rows(batch, it, r);
+    let rows = Rows {
+        q: &r.q,
+        lo: &r.lo,
+        hi: &r.hi,
+        kv_head: &r.kv_head,
+    };
+    let pages = &batch.bufs.block_table[it.seq * p.block_table_stride..]
+        [..seq.ctx_len.div_ceil(p.cache.page_size)];
+    let kv = SeqKv {
+        k,
+        v,
+        pages,
+        layout: &p.cache,
+        softcap: p.softcap,
+    };
+    let n = r.lo.len();
+    let (mut m, mut l) = (vec![0f32; n], vec![0f32; n]);
+    if it.tiled {
+        kernel::tiled::attend_partial(be.isa, &kv, &rows, &mut r.acc, &mut m, &mut l);
+    } else {
+        kernel::attend_partial(be.isa, &kv, &rows, &mut r.acc, &mut m, &mut l);
+    }
+    match it.part {
+        None => {
+            kernel::normalize(d, &l, &mut r.acc);
+            write_rows(batch, it, &r.acc, out);
+        }
+        Some(part) => {
+            // Each part index belongs to exactly one item, so the cell is empty here. The
+            // accumulators go with it until the merge; the thread's next item allocates anew.
+            let acc = std::mem::take(&mut r.acc);
+            let _ = partials[part].set(Partial { acc, m, l });
+        }
+    }
 }
 
 /// Copies `n` elements, converting through f32 when the dtypes differ.
