@@ -42,7 +42,8 @@ pub(super) trait Engine<T: KvElem> {
     /// `q` holds rows `r0..r0 + mr` (the f32 queries given to [`Engine::queries`]).
     ///
     /// # Safety
-    /// As [`Engine::queries`]; `r0 + mr <= n`, `mr <= MR`, `nb` the tile's length.
+    /// As [`Engine::queries`]; `r0 + mr <= n`, `mr <= MR`, `nb` at most the tile's length
+    /// (the keys the block sees up to).
     unsafe fn scores(&mut self, q: &[f32], r0: usize, mr: usize, nb: usize, s: &mut [f32]);
     /// `acc[r * d..][..d] += sum_t p[r * KT + t] v[t]` for `r < mr`, `t < nb`.
     ///
@@ -130,6 +131,9 @@ pub(super) unsafe fn run<L: Lanes, T: KvElem, E: Engine<T>>(
                 let blo = rows.lo[rr.clone()].iter().copied().min().unwrap_or(0);
                 let bhi = rows.hi[rr.clone()].iter().copied().max().unwrap_or(0);
                 if pos < bhi && pos + nb > blo {
+                    // Keys past the block's last visible one (on the causal diagonal) are
+                    // neither scored nor summed.
+                    let nb = nb.min(bhi - pos);
                     e.scores(&rows.q[rb * d..(rb + mr) * d], rb, mr, nb, &mut s);
                     let acc = &mut out[rb * d..(rb + mr) * d];
                     softmax::<L, T, E>(
