@@ -5,8 +5,8 @@
 //! conversions already do in one or two instructions.
 //!
 //! Run and timed natively on a Zen 4 EPYC (stop 31; the README's *AVX-512 on hardware*: decode
-//! 1.36-2.02x vLLM's AVX-512 build). bf16 is widened in order, not in split pairs as on `avx2`:
-//! the split timed 1.00-1.05x slower there. On machines without AVX-512 this file runs in the
+//! 1.29-2.02x vLLM's AVX-512 build in two runs). bf16 is widened in order, not in split pairs
+//! as on `avx2`: the split timed 1.00-1.05x slower there. On machines without AVX-512 this file runs in the
 //! tests under an x86 emulator (BochsCPU; `integration/vllm_ascend/tests/test_ops_emulated.py`
 //! emulates whole `kvs_attention_launch` calls on this path against the f64 reference, on an
 //! emulated Cannon Lake and an emulated Sapphire Rapids), and the same 16-lane algorithm runs
