@@ -149,6 +149,9 @@ struct ItemRows {
     hi: Vec<usize>,
     kv_head: Vec<usize>,
     acc: Vec<f32>,
+    /// The query rows as given, before the scale, when the query is bf16 and the item runs
+    /// the tiled kernel (its bf16 pair engine multiplies these); else empty.
+    q_bf16: Vec<bf16>,
 }
 
 thread_local! {
@@ -176,6 +179,14 @@ fn item_rows(batch: &AttnBatch<'_>, it: &Item, r: &mut ItemRows) {
         v.clear();
         v.resize(rows, 0);
     }
+    let raw = match &batch.bufs.query {
+        Buf::BF16(s) if it.tiled => Some(*s),
+        _ => None,
+    };
+    r.q_bf16.clear();
+    if raw.is_some() {
+        r.q_bf16.resize(rows * d, bf16::ZERO);
+    }
     for kh in it.h0..it.h0 + it.hn {
         for qi in 0..it.qn {
             let tok = seq.q_start + it.q0 + qi;
@@ -191,6 +202,10 @@ fn item_rows(batch: &AttnBatch<'_>, it: &Item, r: &mut ItemRows) {
                     .query
                     .read_f32(tok * p.query_strides.token + h * p.query_strides.head, q);
                 q.iter_mut().for_each(|x| *x *= p.scale);
+                if let Some(s) = raw {
+                    let off = tok * p.query_strides.token + h * p.query_strides.head;
+                    r.q_bf16[row * d..(row + 1) * d].copy_from_slice(&s[off..off + d]);
+                }
                 r.kv_head[row] = kh;
                 r.lo[row] = lo;
                 r.hi[row] = hi;
@@ -299,6 +314,7 @@ fn run_item<T: KvElem>(
         lo: &r.lo,
         hi: &r.hi,
         kv_head: &r.kv_head,
+        q_bf16: (!r.q_bf16.is_empty()).then(|| (&r.q_bf16[..], p.scale)),
     };
     let pages = &batch.bufs.block_table[it.seq * p.block_table_stride..]
         [..seq.ctx_len.div_ceil(p.cache.page_size)];
@@ -356,12 +372,17 @@ impl BackendInfo for CpuBackend {
 
     fn describe(&self) -> String {
         format!(
-            "cpu: kernel path {} ({}), {} threads; CPU flags: {}",
+            "cpu: kernel path {} ({}){}, {} threads; CPU flags: {}",
             self.isa.name(),
             if self.forced {
                 "forced by KVSHARE_CPU_ISA"
             } else {
                 "best available"
+            },
+            if self.isa.bf16_pairs() {
+                "; bf16 prefill scores by bf16 pairs (vdpbf16ps)"
+            } else {
+                ""
             },
             self.pool.num_threads(),
             cpu_flags()

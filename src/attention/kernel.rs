@@ -43,6 +43,11 @@ pub(crate) trait KvElem: Copy + Send + Sync + 'static {
     /// shift per 8.
     const SPLIT: bool = false;
     fn to_f32(self) -> f32;
+    /// The slice as bf16 when `Self` is bf16 (the tiled kernel's pair engine takes bf16 only).
+    fn as_bf16(s: &[Self]) -> Option<&[bf16]> {
+        let _ = s;
+        None
+    }
     /// Loads 8 elements as f32.
     ///
     /// # Safety
@@ -104,6 +109,9 @@ impl KvElem for f16 {
 
 impl KvElem for bf16 {
     const SPLIT: bool = true;
+    fn as_bf16(s: &[Self]) -> Option<&[bf16]> {
+        Some(s)
+    }
     #[inline(always)]
     fn to_f32(self) -> f32 {
         f32::from_bits((self.to_bits() as u32) << 16)
@@ -238,6 +246,8 @@ mod amx;
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod bf16dot;
 mod portable;
 mod prefetch;
 use portable::Portable;
@@ -265,6 +275,10 @@ pub(crate) struct Rows<'a> {
     pub lo: &'a [usize],
     pub hi: &'a [usize],
     pub kv_head: &'a [usize],
+    /// The same queries as the caller gave them in bf16, before the scale, and the scale
+    /// (`q[i] = scale * q_bf16[i]`); set when the query input is bf16. The tiled kernel's
+    /// bf16 pair engine multiplies these (exact products) instead of `q`.
+    pub q_bf16: Option<(&'a [half::bf16], f32)>,
 }
 
 /// Attends every row; writes the normalised output of row `r` to `out[r*d..][..d]`.

@@ -117,6 +117,13 @@ impl Isa {
         }
     }
 
+    /// Whether this path's tiled (prefill) kernel scores a bf16 query against a bf16 cache by
+    /// multiplying bf16 pairs (`vdpbf16ps`, `kernel/bf16dot.rs`): `avx512` on a CPU with
+    /// AVX512_BF16.
+    pub fn bf16_pairs(self) -> bool {
+        self == Isa::Avx512 && self.check().is_ok() && has_avx512bf16()
+    }
+
     /// The best path this machine runs (`portable16` is never the best: without AVX-512,
     /// 16 lanes in arrays are split into narrower vectors and only add work).
     pub fn best() -> Isa {

@@ -8,7 +8,7 @@
 //!
 //! Layout. Scores: A = the block's queries, `mr` rows of 32 bf16 (one 32-element slice of the
 //! head dim); B = the K tile in AMX's VNNI layout, 16 rows (pairs of head-dim elements) of 16
-//! keys x 2 bf16; C = 16 f32 scores per row; two C tiles cover the [`KT`] = 32 keys. Values:
+//! keys x 2 bf16; C = 16 f32 scores per row; two C tiles cover the `KT` = 32 keys. Values:
 //! A = the probabilities, `mr` rows of 32 bf16 (the keys); B = the V tile in VNNI layout, 16
 //! rows (key pairs) of 16 head-dim columns x 2 bf16; C = 16 output columns, added to the f32
 //! accumulator after each tile (so the online-softmax rescaling stays in f32). The head dim is
@@ -24,7 +24,10 @@
 
 use half::bf16;
 
-use super::tiled::{Engine, KT};
+use super::tiled::Engine;
+
+/// Key tokens per tile: two 16-column C tiles of scores.
+const KT: usize = 32;
 use super::KvElem;
 
 /// The 64-byte operand of `ldtilecfg` (palette 1).
@@ -332,6 +335,7 @@ impl<X: Tiles> Drop for Amx<X> {
 
 impl<X: Tiles, T: KvElem> Engine<T> for Amx<X> {
     const MR: usize = AMX_MR;
+    const KT: usize = KT;
 
     unsafe fn queries(&mut self, q: &[f32], n: usize, d: usize) {
         assert_eq!(d, self.d);

@@ -69,6 +69,7 @@ fn scalar_and_simd_paths_match_naive() {
                 lo: &lo[r.clone()],
                 hi: &hi[r.clone()],
                 kv_head: &heads[r],
+                q_bf16: None,
             };
             let mut results = Vec::new();
             for isa in Isa::all() {
@@ -127,6 +128,7 @@ fn partials_over_split_ranges_merge_exactly() {
             lo: &lo,
             hi: &hi,
             kv_head: &heads,
+            q_bf16: None,
         };
         let mut whole = vec![0f32; 4 * d];
         attend(isa, &kv, &rows, &mut whole);
@@ -140,6 +142,7 @@ fn partials_over_split_ranges_merge_exactly() {
                 lo: &plo,
                 hi: &phi,
                 kv_head: &heads,
+                q_bf16: None,
             };
             let (mut acc, mut m, mut l) = (vec![0f32; 4 * d], vec![0f32; 4], vec![0f32; 4]);
             attend_partial(isa, &kv, &prow, &mut acc, &mut m, &mut l);

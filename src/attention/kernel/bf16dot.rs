@@ -1,0 +1,202 @@
+//! The bf16 pair engine of the tiled kernel, on the `avx512` path of CPUs with AVX512_BF16,
+//! for a bf16 query against a bf16 cache: scores `Q K^T` by `vdpbf16ps` (16 lanes, each adding
+//! the products of one bf16 pair to an f32 accumulator), values by the f32 engine ([`Fma`]).
+//!
+//! Exactness. The products of two bf16 are exact in f32 and `vdpbf16ps` adds them to f32
+//! accumulators with round-to-nearest-even, as the f32 engine's FMAs do on the same values
+//! converted; only the order of the additions differs (pairs of head-dim elements), and inputs
+//! below f32's normal range are read as zero (bf16 subnormals, under 1.2e-38). The query is
+//! taken as the caller gave it ([`Rows::q_bf16`], before the scale) and the scale multiplies
+//! each score, so nothing is rounded to bf16 that was not bf16 already. The probabilities stay
+//! f32 (the AMX engine rounds them to bf16; this one does not).
+//!
+//! Layout. The K tile is stored as pairs, transposed: `kp[j * KT + t]` holds elements `2j`
+//! (low half) and `2j + 1` (high half) of key `t`'s row, so a score block is a broadcast of
+//! one query pair times 16 keys' pairs, `d / 2` steps per block where the f32 engine takes
+//! `d`. The transpose is the f32 one on the pairs' bits (shuffles move bits, they do not
+//! round). The head dim must be even (the path falls back to the f32 engine otherwise).
+//!
+//! Timed on Zen 4 (stop 32): `vdpbf16ps zmm` issues one per cycle, as `vfmadd231ps zmm`, so the
+//! score half of a block takes half the cycles; the README's *AVX-512 on hardware* has the
+//! prefill figures.
+
+#![allow(clippy::needless_range_loop)]
+
+use half::bf16;
+use std::arch::x86_64::*;
+
+use super::avx512::Avx512;
+use super::tiled::{Engine, Fma, FMA_MR, KT};
+use super::{Lanes, Rows};
+
+/// The bf16 pair engine (see the module doc).
+pub(super) struct Dot<'q> {
+    /// The V tile and the value product.
+    fma: Fma<Avx512>,
+    /// The queries, unscaled bf16 rows of `d` ([`Rows::q_bf16`]).
+    q: &'q [bf16],
+    scale: f32,
+    d: usize,
+    /// K tile as transposed pairs: `kp[j * KT + t]`.
+    kp: Vec<u32>,
+}
+
+impl<'q> Dot<'q> {
+    /// `None` when the engine cannot run `rows`: no bf16 query, or an odd head dim.
+    pub(super) fn new(d: usize, rows: &Rows<'q>) -> Option<Self> {
+        let (q, scale) = rows.q_bf16?;
+        if !d.is_multiple_of(2) || q.len() < rows.lo.len() * d {
+            return None;
+        }
+        Some(Dot {
+            fma: Fma::new(d),
+            q,
+            scale,
+            d,
+            kp: vec![0; d / 2 * KT],
+        })
+    }
+}
+
+impl Engine<bf16> for Dot<'_> {
+    const MR: usize = FMA_MR;
+    const KT: usize = KT;
+
+    #[inline(always)]
+    unsafe fn queries(&mut self, q: &[f32], n: usize, d: usize) {
+        assert!(d == self.d && self.q.len() >= n * d);
+        <Fma<Avx512> as Engine<bf16>>::queries(&mut self.fma, q, n, d);
+    }
+
+    #[inline(always)]
+    unsafe fn kv_tile(&mut self, k: &[&[bf16]], v: &[&[bf16]], d: usize) {
+        let nb = k.len();
+        let dp = d / 2;
+        assert!(nb <= KT && d == self.d && self.kp.len() >= dp * KT);
+        assert!(k.iter().all(|r| r.len() >= d));
+        // 16 keys x 16 pairs at a time: each key's 32 elements loaded as 16 pairs, the block
+        // transposed on the pairs' bits, stored as 16 rows of pairs.
+        let (tw, pw) = (nb / 16 * 16, dp / 16 * 16);
+        let mut a = [_mm512_setzero_ps(); 16];
+        for t0 in (0..tw).step_by(16) {
+            for j0 in (0..pw).step_by(16) {
+                for i in 0..16 {
+                    a[i] = _mm512_loadu_ps(k[t0 + i].as_ptr().add(2 * j0).cast());
+                }
+                Avx512::transpose(&mut a);
+                for j in 0..16 {
+                    _mm512_storeu_ps(self.kp.as_mut_ptr().add((j0 + j) * KT + t0).cast(), a[j]);
+                }
+            }
+        }
+        // The pairs past the last whole block, and every pair of keys past the last 16.
+        for t in 0..nb {
+            for j in if t < tw { pw } else { 0 }..dp {
+                let (lo, hi) = (k[t][2 * j].to_bits(), k[t][2 * j + 1].to_bits());
+                *self.kp.get_unchecked_mut(j * KT + t) = lo as u32 | (hi as u32) << 16;
+            }
+        }
+        self.fma.v_tile(v, d);
+    }
+
+    #[inline(always)]
+    unsafe fn scores(&mut self, _q: &[f32], r0: usize, mr: usize, nb: usize, s: &mut [f32]) {
+        let d = self.d;
+        let q = &self.q[r0 * d..(r0 + mr) * d];
+        let (kp, sc) = (&self.kp[..], self.scale);
+        macro_rules! keys {
+            ($nv:literal, $j:expr) => {
+                match mr {
+                    6 => dot::<6, $nv>(q, kp, d, $j, sc, s),
+                    5 => dot::<5, $nv>(q, kp, d, $j, sc, s),
+                    4 => dot::<4, $nv>(q, kp, d, $j, sc, s),
+                    3 => dot::<3, $nv>(q, kp, d, $j, sc, s),
+                    2 => dot::<2, $nv>(q, kp, d, $j, sc, s),
+                    _ => dot::<1, $nv>(q, kp, d, $j, sc, s),
+                }
+            };
+        }
+        // As the f32 engine: blocks of 32 keys, a last 16 or fewer in one vector.
+        let mut j = 0;
+        while j < nb {
+            if nb - j > 16 {
+                keys!(2, j);
+                j += 32;
+            } else {
+                keys!(1, j);
+                j += 16;
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn values(&mut self, mr: usize, nb: usize, p: &[f32], acc: &mut [f32]) {
+        <Fma<Avx512> as Engine<bf16>>::values(&mut self.fma, mr, nb, p, acc);
+    }
+}
+
+/// 32 bf16 (16 pairs) from their bits.
+#[inline(always)]
+fn bh(x: __m512i) -> __m512bh {
+    // SAFETY: both are 64 plain bytes; every bit pattern is a valid value of either.
+    unsafe { std::mem::transmute::<__m512i, __m512bh>(x) }
+}
+
+/// `s[r * KT + j + i] = scale * sum_c q[r][c] k[j + i][c]` for `M` rows and the `NV * 16`
+/// keys from `j`, by pairs: `NV * M` accumulators.
+#[inline(always)]
+unsafe fn dot<const M: usize, const NV: usize>(
+    q: &[bf16],
+    kp: &[u32],
+    d: usize,
+    j: usize,
+    scale: f32,
+    s: &mut [f32],
+) {
+    assert!(q.len() >= M * d && kp.len() >= d / 2 * KT && j + NV * 16 <= KT);
+    assert!(s.len() >= M * KT);
+    let mut a = [[_mm512_setzero_ps(); NV]; M];
+    let (qp, kq) = (q.as_ptr(), kp.as_ptr().add(j));
+    for c in 0..d / 2 {
+        let mut b = [bh(_mm512_setzero_si512()); NV];
+        for v in 0..NV {
+            b[v] = bh(_mm512_loadu_si512(kq.add(c * KT + v * 16).cast()));
+        }
+        for r in 0..M {
+            // Elements 2c (low half) and 2c + 1 (high half) of row r, as the keys' pairs.
+            let pair = qp.add(r * d + 2 * c).cast::<i32>().read_unaligned();
+            let x = bh(_mm512_set1_epi32(pair));
+            for v in 0..NV {
+                a[r][v] = _mm512_dpbf16_ps(a[r][v], x, b[v]);
+            }
+        }
+    }
+    let sv = _mm512_set1_ps(scale);
+    for r in 0..M {
+        for v in 0..NV {
+            _mm512_storeu_ps(
+                s.as_mut_ptr().add(r * KT + j + v * 16),
+                _mm512_mul_ps(a[r][v], sv),
+            );
+        }
+    }
+}
+
+/// Runs the tiled algorithm with the pair engine; `None` (nothing written) when it cannot
+/// run these rows ([`Dot::new`]).
+///
+/// # Safety
+/// The CPU must have AVX-512F/VL, AVX512_BF16 and the AVX2 set; lengths as
+/// `kernel::attend_partial` checks.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bf16")]
+pub(super) unsafe fn run_avx512(
+    kv: &super::SeqKv<'_, bf16>,
+    rows: &Rows<'_>,
+    out: &mut [f32],
+    m: &mut [f32],
+    l: &mut [f32],
+) -> Option<()> {
+    let mut e = Dot::new(kv.layout.head_dim, rows)?;
+    super::tiled::run::<Avx512, bf16, _>(&mut e, kv, rows, out, m, l);
+    Some(())
+}
