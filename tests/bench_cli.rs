@@ -150,6 +150,88 @@ while read line; do echo "KVSBENCH 2.5"; done
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// `kvshare-bench attention --prefill --chunk N`: chunked prefill (the last N tokens of each
+/// sequence are the queries) with a stand-in for the torch / vLLM script that checks what it is
+/// handed: N in its arguments and a query file of N tokens per sequence.
+#[test]
+fn prefill_chunk_hands_the_chunk_over() {
+    let dir = std::env::temp_dir().join(format!("kvshare-bench-chunk-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let fake = dir.join("python");
+    // Arguments: -c SCRIPT DIR SEQS CTX KV_HEADS HEAD_DIM HEADS PAGE THREADS DTYPE CHUNK.
+    std::fs::write(
+        &fake,
+        r#"#!/bin/sh
+want=$(( $4 * ${12} * $8 * $7 * 4 ))
+got=$(stat -c %s "$3/q.bin")
+[ "$got" = "$want" ] || { echo "q.bin $got bytes, want $want" >&2; exit 1; }
+echo "KVSBENCH {\"torch\": \"fake\", \"torch_max_diff\": 0.0, \"vllm\": \"fake\", \"vllm_isa\": \"chunk ${12} of $5\", \"vllm_max_diff\": 0.0}"
+while read line; do echo "KVSBENCH 2.5"; done
+"#,
+    )
+    .unwrap();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let args = [
+        "attention",
+        "--prefill",
+        "--seqs",
+        "2",
+        "--ctx",
+        "64",
+        "--kv-heads",
+        "2",
+        "--head-dim",
+        "64",
+        "--page-size",
+        "16",
+        "--iters",
+        "1",
+        "--threads",
+        "1",
+    ];
+    let out = bench()
+        .args(args)
+        .args(["--chunk", "16"])
+        .env("KVS_VLLM_PYTHON", &fake)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        said.contains("chunked: the last 16 tokens of each are queries, 48 cached before them"),
+        "{said}"
+    );
+    assert!(said.contains("(isa chunk 16 of 64)"), "{said}");
+    assert!(said.contains("vllm time / this"), "{said}");
+    let j: serde_json::Value = serde_json::from_str(said.lines().last().unwrap()).unwrap();
+    for r in j["results"].as_array().unwrap() {
+        assert_eq!(
+            (r["ctx"].as_u64(), r["chunk"].as_u64()),
+            (Some(64), Some(16)),
+            "{r}"
+        );
+        assert_eq!(r["sides"]["vllm"]["ms"].as_f64(), Some(2.5), "{r}");
+    }
+    let out = bench().args(args).args(["--chunk", "65"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let why = "--chunk: 1..=64 (--ctx), not 65";
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains(why),
+        "{out:?}"
+    );
+    let out = bench()
+        .args(["attention", "--chunk", "16"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--chunk needs --prefill"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn unknown_mode_is_an_error() {
     let out = bench().arg("nonsense").output().unwrap();

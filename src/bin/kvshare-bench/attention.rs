@@ -28,6 +28,9 @@ struct Opts {
     shape_given: bool,
     /// `--prefill`: causal prefill in f32 and bf16 against torch SDPA instead of decode.
     prefill: bool,
+    /// `--chunk`: with `--prefill`, only the last N tokens of each sequence are queries (chunked
+    /// prefill after a cached prefix); 0 = every token.
+    chunk: usize,
     seqs: usize,
     ctx: usize,
     kv_heads: usize,
@@ -43,12 +46,14 @@ struct Opts {
 const USAGE: &str =
     "kvshare-bench attention [--seqs N --ctx N (default: 32x4096, 256x512, 2x32768)] \
 [--kv-heads 8] [--head-dim 128] [--group 4] [--page-size 128] [--iters 5] [--threads 0 (= all cores)] \
-[--dtype f16|bf16 (decode K/V, query and output; default f16)] [--prefill (causal prefill, f32 and bf16, against torch SDPA; default 2x1024)]";
+[--dtype f16|bf16 (decode K/V, query and output; default f16)] [--prefill (causal prefill, f32 and bf16, against torch SDPA; default 2x1024)] \
+[--chunk N (with --prefill: the last N tokens of each sequence are the queries, after a cached prefix)]";
 
 fn parse(args: &[String]) -> Result<Opts, String> {
     let mut o = Opts {
         shape_given: false,
         prefill: false,
+        chunk: 0,
         seqs: 32,
         ctx: 4096,
         kv_heads: 8,
@@ -90,8 +95,12 @@ fn parse(args: &[String]) -> Result<Opts, String> {
             "--page-size" => o.page_size = value,
             "--iters" => o.iters = value.max(1),
             "--threads" => o.threads = value,
+            "--chunk" => o.chunk = value,
             _ => return Err(format!("unknown flag {flag}\n{USAGE}")),
         }
+    }
+    if o.chunk > 0 && !o.prefill {
+        return Err(format!("--chunk needs --prefill\n{USAGE}"));
     }
     Ok(o)
 }
@@ -228,6 +237,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
             page_size: o.page_size,
             threads,
             iters: o.iters,
+            chunk: if o.chunk == 0 { ctx } else { o.chunk },
         };
         let results = attention_prefill::run(shape, &paths)?;
         println!(

