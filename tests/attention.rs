@@ -206,6 +206,12 @@ fn decode_split_k_long_sequences() {
     check_on(be, &c);
     c.window = 700;
     check_on(be, &c);
+    // Prefill rows (the tiled kernel) are cut at 2048 keys: a chunk after 2700 cached tokens.
+    for dtype in [F32, BF16] {
+        let mut c = Case::decode(dtype, 4, 128, 128, vec![2700, 40]);
+        c.q = Some(vec![9, 40]);
+        check_on(be, &c);
+    }
     unsafe { kvs_backend::kvs_backend_free(be) };
 }
 
