@@ -1,8 +1,9 @@
 //! The AVX-512 lanes: 16 f32 lanes in a `__m512` (AVX-512F; the path also requires VL and the
 //! AVX2 set). f16 K/V is converted by `vcvtph2ps zmm` (16 values per instruction), bf16 by a
-//! widening shift; `exp` scales by `vscalefps`. AVX512_BF16 / AVX512_FP16 arithmetic is not
-//! used: the kernel accumulates in f32 and converts each K/V vector once, which these
-//! conversions already do in one or two instructions.
+//! widening shift; `exp` scales by `vscalefps`. AVX512_FP16 arithmetic is not used, nor
+//! AVX512_BF16 in decode: the kernel accumulates in f32 and converts each K/V vector once, which
+//! these conversions already do in one or two instructions. Prefill of a bf16 query against a
+//! bf16 cache scores by AVX512_BF16 pairs where the CPU has them (`bf16dot.rs`).
 //!
 //! Run and timed natively on a Zen 4 EPYC (stop 31; the README's *AVX-512 on hardware*: decode
 //! 1.29-2.02x vLLM's AVX-512 build in two runs). bf16 is widened in order, not in split pairs
