@@ -196,14 +196,10 @@ fn item_rows(batch: &AttnBatch<'_>, it: &Item, r: &mut ItemRows) {
             for gi in 0..g {
                 let row = ((kh - it.h0) * it.qn + qi) * g + gi;
                 let q = &mut r.q[row * d..(row + 1) * d];
-                let h = kh * g + gi;
-                batch
-                    .bufs
-                    .query
-                    .read_f32(tok * p.query_strides.token + h * p.query_strides.head, q);
+                let off = tok * p.query_strides.token + (kh * g + gi) * p.query_strides.head;
+                batch.bufs.query.read_f32(off, q);
                 q.iter_mut().for_each(|x| *x *= p.scale);
                 if let Some(s) = raw {
-                    let off = tok * p.query_strides.token + h * p.query_strides.head;
                     r.q_bf16[row * d..(row + 1) * d].copy_from_slice(&s[off..off + d]);
                 }
                 r.kv_head[row] = kh;

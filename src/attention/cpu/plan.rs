@@ -6,11 +6,12 @@
 //! all the time:
 //!
 //! * **Split-K.** A unit whose key span is longer than [`CHUNK`] tokens ([`TILED_CHUNK`] for
-//!   prefill units) is cut into chunks of about that many tokens (rounded to whole pages and kernel blocks), one item each; the items'
-//!   unnormalised states are merged exactly afterwards ([`super::super::kernel::merge_partials`]).
-//!   So 2 sequences of 32k tokens become 64 items, not 2, and two threads stay busy. The cut
-//!   depends on the sequence alone, never on the thread count, so results do not change with
-//!   the number of threads (tests/attention.rs `thread_counts_agree`).
+//!   prefill units) is cut into chunks of about that many tokens (rounded to whole pages and
+//!   kernel blocks), one item each; the items' unnormalised states are merged exactly
+//!   afterwards ([`super::super::kernel::merge_partials`]). So 2 sequences of 32k tokens
+//!   become 64 items, not 2, and two threads stay busy. The cut depends on the sequence alone,
+//!   never on the thread count, so results do not change with the number of threads
+//!   (tests/attention.rs `thread_counts_agree`).
 //! * **Head split.** If there are still fewer than 4 items per thread (few short sequences),
 //!   every item's kv heads are divided too; that changes no arithmetic.
 //! * **Order.** Items run longest first from one shared counter (the pool's), so the short ones
@@ -32,8 +33,8 @@ pub(crate) const CHUNK: usize = 512;
 
 /// The same for tiled (prefill) units: a unit already holds [`TILED_ROWS`] rows per kv head, so
 /// a prefill has many units and needs no cut for parallelism until its keys run long; each
-/// split part costs a merge and a fresh accumulator. Cutting at 512 as for decode made bf16
-/// 2 x 1024 prefill 1.05-1.08x slower on Zen 4 (f32 1.01-1.02x) than not cutting it.
+/// split part costs a merge and a fresh accumulator. Cutting at 512 as for decode made 2 x 1024
+/// prefill on Zen 4 slower than this: bf16 1.04-1.08x, f32 1.01-1.04x.
 pub(crate) const TILED_CHUNK: usize = 2048;
 
 /// Query tokens from which a sequence's rows run the tiled (prefill) kernel.
@@ -180,8 +181,7 @@ pub(crate) fn plan(
 }
 
 /// The chunk length for pages of `page_size` tokens: [`CHUNK`] ([`TILED_CHUNK`] for tiled
-/// units) rounded up to whole pages and
-/// whole 32-token kernel blocks when pages are small; for pages longer than a chunk (e.g. one
+/// units) rounded up to whole pages and whole 32-token kernel blocks when pages are small; for pages longer than a chunk (e.g. one
 /// contiguous page per sequence) to whole kernel blocks only, so such sequences split too.
 pub(crate) fn chunk_len(page_size: usize, tiled: bool) -> usize {
     let target = if tiled { TILED_CHUNK } else { CHUNK };
