@@ -17,22 +17,28 @@ fn run_with(python: &std::path::Path, args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
-#[test]
-fn vllm_mode_runs_the_script_with_its_arguments() {
-    let dir = std::env::temp_dir().join(format!("kvshare-bench-cli-{}", std::process::id()));
+/// A fresh folder for test `tag` holding `python`, an executable stand-in interpreter with
+/// `script` as its text: (the folder, the stand-in).
+fn stand_in(tag: &str, script: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("kvshare-bench-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let fake = dir.join("python");
-    // A stand-in interpreter: prints what it was given, fails when asked to.
-    std::fs::write(
-        &fake,
-        "#!/bin/sh\necho \"ran $*\"\nfor a in \"$@\"; do [ \"$a\" = --fail ] && exit 3; done\nexit 0\n",
-    )
-    .unwrap();
+    std::fs::write(&fake, script).unwrap();
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
     }
+    (dir, fake)
+}
+
+#[test]
+fn vllm_mode_runs_the_script_with_its_arguments() {
+    // A stand-in interpreter: prints what it was given, fails when asked to.
+    let (dir, fake) = stand_in(
+        "cli",
+        "#!/bin/sh\necho \"ran $*\"\nfor a in \"$@\"; do [ \"$a\" = --fail ] && exit 3; done\nexit 0\n",
+    );
     // Each mode runs its script (after the mode's leading arguments) with the arguments given,
     // and reports the script's failure naming it.
     for (mode, script) in [
@@ -63,11 +69,8 @@ fn vllm_mode_runs_the_script_with_its_arguments() {
 /// skipped, every round is one request, and the ratios come out in the JSON.
 #[test]
 fn attention_mode_side_by_side_protocol() {
-    let dir = std::env::temp_dir().join(format!("kvshare-bench-attn-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let fake = dir.join("python");
-    std::fs::write(
-        &fake,
+    let (dir, fake) = stand_in(
+        "attn",
         r#"#!/bin/sh
 [ "$2" = "import vllm._custom_ops, numpy" ] && exit 0
 for f in k v q out table; do [ -s "$3/$f.bin" ] || { echo "no $f" >&2; exit 1; }; done
@@ -76,13 +79,7 @@ echo "INFO a vLLM log line on stdout"
 echo "KVSBENCH {\"version\": \"fake\", \"build\": \"_C_FAKE\", \"isa\": \"$last\", \"max_diff\": 0.5}"
 while read line; do echo "KVSBENCH 2.5"; done
 "#,
-    )
-    .unwrap();
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
-    }
+    );
     let args = [
         "attention",
         "--seqs",
@@ -155,12 +152,9 @@ while read line; do echo "KVSBENCH 2.5"; done
 /// handed: N in its arguments and a query file of N tokens per sequence.
 #[test]
 fn prefill_chunk_hands_the_chunk_over() {
-    let dir = std::env::temp_dir().join(format!("kvshare-bench-chunk-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let fake = dir.join("python");
     // Arguments: -c SCRIPT DIR SEQS CTX KV_HEADS HEAD_DIM HEADS PAGE THREADS DTYPE CHUNK.
-    std::fs::write(
-        &fake,
+    let (dir, fake) = stand_in(
+        "chunk",
         r#"#!/bin/sh
 want=$(( $4 * ${12} * $8 * $7 * 4 ))
 got=$(stat -c %s "$3/q.bin")
@@ -168,13 +162,7 @@ got=$(stat -c %s "$3/q.bin")
 echo "KVSBENCH {\"torch\": \"fake\", \"torch_max_diff\": 0.0, \"vllm\": \"fake\", \"vllm_isa\": \"chunk ${12} of $5\", \"vllm_max_diff\": 0.0}"
 while read line; do echo "KVSBENCH 2.5"; done
 "#,
-    )
-    .unwrap();
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
-    }
+    );
     let args = [
         "attention",
         "--prefill",

@@ -44,6 +44,19 @@ struct Data<T> {
     kv_head: Vec<usize>,
 }
 
+impl<T> Data<T> {
+    /// The case's rows, with `q_bf16` as given.
+    fn rows<'a>(&'a self, q_bf16: Option<(&'a [bf16], f32)>) -> Rows<'a> {
+        Rows {
+            q: &self.q,
+            lo: &self.lo,
+            hi: &self.hi,
+            kv_head: &self.kv_head,
+            q_bf16,
+        }
+    }
+}
+
 fn data<T: KvElem>(c: &Case, from: impl Fn(f32) -> T) -> Data<T> {
     let mut seed = c.seed | 1;
     let mut rnd = move || {
@@ -147,13 +160,7 @@ fn run_engine<L: Lanes, T: KvElem, E: Engine<T>>(e: &mut E, c: &Case, x: &Data<T
         layout: &x.layout,
         softcap: c.softcap,
     };
-    let rows = Rows {
-        q: &x.q,
-        lo: &x.lo,
-        hi: &x.hi,
-        kv_head: &x.kv_head,
-        q_bf16: None,
-    };
+    let rows = x.rows(None);
     let n = x.lo.len();
     let (mut out, mut m, mut l) = (vec![0f32; n * c.d], vec![0f32; n], vec![0f32; n]);
     // SAFETY: L and E are run only where the CPU has their features (the caller checks).
@@ -262,13 +269,7 @@ unsafe fn pair_engine<T>(c: &Case, x: &Data<T>, k: &[bf16], v: &[bf16]) -> Optio
         layout: &x.layout,
         softcap: c.softcap,
     };
-    let rows = Rows {
-        q: &x.q,
-        lo: &x.lo,
-        hi: &x.hi,
-        kv_head: &x.kv_head,
-        q_bf16: Some((&x.qb, x.scale)),
-    };
+    let rows = x.rows(Some((&x.qb, x.scale)));
     let n = x.lo.len();
     let (mut out, mut m, mut l) = (vec![0f32; n * c.d], vec![0f32; n], vec![0f32; n]);
     super::super::bf16dot::run_avx512(&kv, &rows, &mut out, &mut m, &mut l)?;
