@@ -149,8 +149,8 @@ struct ItemRows {
     hi: Vec<usize>,
     kv_head: Vec<usize>,
     acc: Vec<f32>,
-    /// The query rows as given, before the scale, when the query is bf16 and the item runs
-    /// the tiled kernel (its bf16 pair engine multiplies these); else empty.
+    /// The query rows as given, before the scale, when the query is bf16 (the bf16 pair
+    /// engines multiply these: `kernel/bf16dot.rs`); else empty.
     q_bf16: Vec<bf16>,
 }
 
@@ -180,7 +180,7 @@ fn item_rows(batch: &AttnBatch<'_>, it: &Item, r: &mut ItemRows) {
         v.resize(rows, 0);
     }
     let raw = match &batch.bufs.query {
-        Buf::BF16(s) if it.tiled => Some(*s),
+        Buf::BF16(s) => Some(*s),
         _ => None,
     };
     r.q_bf16.clear();
@@ -376,7 +376,7 @@ impl BackendInfo for CpuBackend {
                 "best available"
             },
             if self.isa.bf16_pairs() {
-                "; bf16 prefill scores by bf16 pairs (vdpbf16ps)"
+                "; bf16 scores by bf16 pairs (vdpbf16ps)"
             } else {
                 ""
             },

@@ -267,6 +267,20 @@ pub(crate) struct SeqKv<'a, T> {
     pub softcap: f32,
 }
 
+impl<T: KvElem> SeqKv<'_, T> {
+    /// The same K/V typed as bf16, when `T` is bf16 (the pair engines' input).
+    pub(crate) fn as_bf16(&self) -> Option<SeqKv<'_, bf16>> {
+        let (k, v) = (T::as_bf16(self.k)?, T::as_bf16(self.v)?);
+        Some(SeqKv {
+            k,
+            v,
+            pages: self.pages,
+            layout: self.layout,
+            softcap: self.softcap,
+        })
+    }
+}
+
 /// Query rows of one sequence. Row `r` has query `q[r*d..][..d]` (already multiplied by the
 /// scale), reads kv head `kv_head[r]` and sees positions `lo[r]..hi[r]`. Rows of one kv head
 /// should be adjacent: runs of up to 8 of them share every K/V read.
@@ -276,8 +290,9 @@ pub(crate) struct Rows<'a> {
     pub hi: &'a [usize],
     pub kv_head: &'a [usize],
     /// The same queries as the caller gave them in bf16, before the scale, and the scale
-    /// (`q[i] = scale * q_bf16[i]`); set when the query input is bf16. The tiled kernel's
-    /// bf16 pair engine multiplies these (exact products) instead of `q`.
+    /// (`q[i] = scale * q_bf16[i]`); set when the query input is bf16. The bf16 pair engines
+    /// (`bf16dot.rs`: the tiled kernel's and the decode scores) multiply these (exact
+    /// products) instead of `q`.
     pub q_bf16: Option<(&'a [half::bf16], f32)>,
 }
 
@@ -318,15 +333,29 @@ pub(crate) fn attend_partial<T: KvElem>(
     let isa = checked_path(isa, kv.layout.head_dim, rows, out, m, l);
     match isa.vector() {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: check() found the features; the lengths are checked above and in `block`.
-        Isa::Avx512 => unsafe { attend_avx512(kv, rows, out, m, l) },
+        Isa::Avx512 => {
+            // A bf16 query against a bf16 cache scores by bf16 pairs where the CPU can.
+            if Isa::Avx512.bf16_pairs() {
+                if let Some(kv) = kv.as_bf16() {
+                    // SAFETY: bf16_pairs() found AVX512_BF16 and the avx512 path's features;
+                    // the lengths are checked above and in `block`.
+                    if unsafe { bf16dot::attend_avx512(&kv, rows, out, m, l) }.is_some() {
+                        return;
+                    }
+                }
+            }
+            // SAFETY: check() found the features; the lengths are checked above and in `block`.
+            unsafe { attend_avx512(kv, rows, out, m, l) }
+        }
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
         Isa::Avx2 => unsafe { attend_avx2(kv, rows, out, m, l) },
         // SAFETY: the lengths are checked above and in `block`.
-        Isa::Portable16 => unsafe { attend_impl::<Portable<16>, T>(kv, rows, out, m, l) },
+        Isa::Portable16 => unsafe {
+            attend_impl::<Portable<16>, T, F32Scores>(kv, rows, out, m, l)
+        },
         // SAFETY: as above.
-        _ => unsafe { attend_impl::<Portable<8>, T>(kv, rows, out, m, l) },
+        _ => unsafe { attend_impl::<Portable<8>, T, F32Scores>(kv, rows, out, m, l) },
     }
 }
 
@@ -385,7 +414,7 @@ unsafe fn attend_avx2<T: KvElem>(
     m: &mut [f32],
     l: &mut [f32],
 ) {
-    attend_impl::<avx2::Avx2, T>(kv, rows, out, m, l)
+    attend_impl::<avx2::Avx2, T, F32Scores>(kv, rows, out, m, l)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -397,7 +426,7 @@ unsafe fn attend_avx512<T: KvElem>(
     m: &mut [f32],
     l: &mut [f32],
 ) {
-    attend_impl::<avx512::Avx512, T>(kv, rows, out, m, l)
+    attend_impl::<avx512::Avx512, T, F32Scores>(kv, rows, out, m, l)
 }
 
 /// Online-softmax state of up to 8 adjacent rows of one kv head.
@@ -411,8 +440,34 @@ struct Group {
     l: [f32; ROWS_PER_PASS],
 }
 
+/// How [`block`] takes a block's scores: `s[t * NG + r]` = row `r`'s (scaled) query times the
+/// K row at `krows[t]`, for `TT` rows that are valid for `d` reads.
+trait Scores<T: KvElem> {
+    unsafe fn qk<L: Lanes, const NG: usize, const TT: usize>(
+        b: &Block<'_>,
+        krows: [*const T; TT],
+        d: usize,
+        s: &mut [f32],
+    );
+}
+
+/// Scores from the f32 query rows ([`qk`]): every path and K/V type.
+struct F32Scores;
+
+impl<T: KvElem> Scores<T> for F32Scores {
+    #[inline(always)]
+    unsafe fn qk<L: Lanes, const NG: usize, const TT: usize>(
+        b: &Block<'_>,
+        krows: [*const T; TT],
+        d: usize,
+        s: &mut [f32],
+    ) {
+        qk::<L, T, NG, TT>(b.q, krows, d, s)
+    }
+}
+
 #[inline(always)]
-unsafe fn attend_impl<L: Lanes, T: KvElem>(
+unsafe fn attend_impl<L: Lanes, T: KvElem, S: Scores<T>>(
     kv: &SeqKv<'_, T>,
     rows: &Rows<'_>,
     out: &mut [f32],
@@ -499,6 +554,9 @@ unsafe fn attend_impl<L: Lanes, T: KvElem>(
                 pos,
                 n: nb,
                 q: &q[rr.start * d..rr.end * d],
+                q_bf16: rows
+                    .q_bf16
+                    .map(|(qb, sc)| (&qb[rr.start * d..rr.end * d], sc)),
                 lo: &rows.lo[rr.clone()],
                 hi: &rows.hi[rr.clone()],
             };
@@ -511,14 +569,14 @@ unsafe fn attend_impl<L: Lanes, T: KvElem>(
             // accumulators (one transposed horizontal sum), about W value accumulators.
             let (m, l) = (&mut g.m, &mut g.l);
             match (L::W, g.ng) {
-                (8, 8) => block::<L, T, 8, 1, 1>(kv, &b, acc, m, l, pf),
-                (8, 4) => block::<L, T, 4, 2, 2>(kv, &b, acc, m, l, pf),
-                (8, 2) => block::<L, T, 2, 4, 4>(kv, &b, acc, m, l, pf),
-                (8, _) => block::<L, T, 1, 8, 8>(kv, &b, acc, m, l, pf),
-                (_, 8) => block::<L, T, 8, 2, 2>(kv, &b, acc, m, l, pf),
-                (_, 4) => block::<L, T, 4, 4, 4>(kv, &b, acc, m, l, pf),
-                (_, 2) => block::<L, T, 2, 8, 4>(kv, &b, acc, m, l, pf),
-                _ => block::<L, T, 1, 16, 8>(kv, &b, acc, m, l, pf),
+                (8, 8) => block::<L, T, S, 8, 1, 1>(kv, &b, acc, m, l, pf),
+                (8, 4) => block::<L, T, S, 4, 2, 2>(kv, &b, acc, m, l, pf),
+                (8, 2) => block::<L, T, S, 2, 4, 4>(kv, &b, acc, m, l, pf),
+                (8, _) => block::<L, T, S, 1, 8, 8>(kv, &b, acc, m, l, pf),
+                (_, 8) => block::<L, T, S, 8, 2, 2>(kv, &b, acc, m, l, pf),
+                (_, 4) => block::<L, T, S, 4, 4, 4>(kv, &b, acc, m, l, pf),
+                (_, 2) => block::<L, T, S, 2, 8, 4>(kv, &b, acc, m, l, pf),
+                _ => block::<L, T, S, 1, 16, 8>(kv, &b, acc, m, l, pf),
             }
         }
         ahead.finish();
@@ -545,6 +603,8 @@ struct Block<'a> {
     /// Tokens.
     n: usize,
     q: &'a [f32],
+    /// The group's rows of [`Rows::q_bf16`] and the scale.
+    q_bf16: Option<(&'a [bf16], f32)>,
     lo: &'a [usize],
     hi: &'a [usize],
 }
@@ -734,7 +794,14 @@ unsafe fn pv_rows<L: Lanes, T: KvElem, const NG: usize, const U: usize>(
 /// step) over one block. Every pointer read is inside `b.q`, `acc`, or the block's K/V rows,
 /// which are checked to lie inside `kv.k` and `kv.v` once, up front.
 #[inline(always)]
-unsafe fn block<L: Lanes, T: KvElem, const NG: usize, const TT: usize, const U: usize>(
+unsafe fn block<
+    L: Lanes,
+    T: KvElem,
+    S: Scores<T>,
+    const NG: usize,
+    const TT: usize,
+    const U: usize,
+>(
     kv: &SeqKv<'_, T>,
     b: &Block<'_>,
     acc: &mut [f32],
@@ -747,7 +814,7 @@ unsafe fn block<L: Lanes, T: KvElem, const NG: usize, const TT: usize, const U: 
     let w = L::W;
     let dw = d / w * w;
     let du = d / (w * U) * (w * U);
-    let (q, acc) = (&b.q[..NG * d], &mut acc[..NG * d]);
+    let acc = &mut acc[..NG * d];
     let lo: [usize; NG] = std::array::from_fn(|r| b.lo[r]);
     let hi: [usize; NG] = std::array::from_fn(|r| b.hi[r]);
     let (all_lo, all_hi) = (
@@ -773,12 +840,12 @@ unsafe fn block<L: Lanes, T: KvElem, const NG: usize, const TT: usize, const U: 
     while t + TT <= n {
         ahead.step(per_tok * TT);
         let kr = std::array::from_fn(|i| k0.add((t + i) * ss));
-        qk::<L, T, NG, TT>(q, kr, d, &mut s[t * NG..(t + TT) * NG]);
+        S::qk::<L, NG, TT>(b, kr, d, &mut s[t * NG..(t + TT) * NG]);
         t += TT;
     }
     while t < n {
         ahead.step(per_tok);
-        qk::<L, T, NG, 1>(q, [k0.add(t * ss)], d, &mut s[t * NG..(t + 1) * NG]);
+        S::qk::<L, NG, 1>(b, [k0.add(t * ss)], d, &mut s[t * NG..(t + 1) * NG]);
         t += 1;
     }
     let sp = &mut s[..(n * NG).div_ceil(w) * w];

@@ -1,6 +1,8 @@
-//! The bf16 pair engine of the tiled kernel, on the `avx512` path of CPUs with AVX512_BF16,
-//! for a bf16 query against a bf16 cache: scores `Q K^T` by `vdpbf16ps` (16 lanes, each adding
-//! the products of one bf16 pair to an f32 accumulator), values by the f32 engine ([`Fma`]).
+//! The bf16 pair engines, on the `avx512` path of CPUs with AVX512_BF16, for a bf16 query
+//! against a bf16 cache: scores `Q K^T` by `vdpbf16ps` (16 lanes, each adding the products of
+//! one bf16 pair to an f32 accumulator). Two users: the tiled (prefill) kernel's engine
+//! ([`Dot`]; values by the f32 engine, [`Fma`]) and the decode kernel's scores ([`Pairs`]; its
+//! values stay the f32 ones too).
 //!
 //! Exactness. The products of two bf16 are exact in f32 and `vdpbf16ps` adds them to f32
 //! accumulators with round-to-nearest-even, as the f32 engine's FMAs do on the same values
@@ -10,7 +12,13 @@
 //! each score, so nothing is rounded to bf16 that was not bf16 already. The probabilities stay
 //! f32 (the AMX engine rounds them to bf16; this one does not).
 //!
-//! Layout. The K tile is stored as pairs, transposed: `kp[j * KT + t]` holds elements `2j`
+//! Decode. The K rows are read in place: a 64-byte chunk of a row is 16 pairs in element
+//! order, and so is the query's chunk, so `vdpbf16ps` on the two adds 16 partial sums per
+//! query row and key; the transposed horizontal sum of the decode kernel's 16 accumulators
+//! (`Lanes::hsum_w`) gives their 16 scores. Per key and kv head with 4 query rows of 128, that
+//! is 16 `vdpbf16ps` where the f32 scores take 32 FMAs and 8 conversions.
+//!
+//! Layout (tiled). The K tile is stored as pairs, transposed: `kp[j * KT + t]` holds elements `2j`
 //! (low half) and `2j + 1` (high half) of key `t`'s row, so a score block is a broadcast of
 //! one query pair times 16 keys' pairs, `d / 2` steps per block where the f32 engine takes
 //! `d`. The transpose is the f32 one on the pairs' bits (shuffles move bits, they do not
@@ -27,7 +35,7 @@ use std::arch::x86_64::*;
 
 use super::avx512::Avx512;
 use super::tiled::{Engine, Fma, FMA_MR, KT};
-use super::{Lanes, Rows};
+use super::{Block, Lanes, Rows, Scores};
 
 /// The bf16 pair engine (see the module doc).
 pub(super) struct Dot<'q> {
@@ -198,5 +206,69 @@ pub(super) unsafe fn run_avx512(
 ) -> Option<()> {
     let mut e = Dot::new(kv.layout.head_dim, rows)?;
     super::tiled::run::<Avx512, bf16, _>(&mut e, kv, rows, out, m, l);
+    Some(())
+}
+
+/// The decode kernel's scores by bf16 pairs (see the module doc): the group's unscaled bf16
+/// query rows ([`Block::q_bf16`]) times the K rows as stored, then the scale.
+pub(super) struct Pairs;
+
+/// Elements per chunk of [`Pairs`]: 16 pairs, one `vdpbf16ps`.
+const PAIR_CHUNK: usize = 32;
+
+impl Scores<bf16> for Pairs {
+    #[inline(always)]
+    unsafe fn qk<L: Lanes, const NG: usize, const TT: usize>(
+        b: &Block<'_>,
+        krows: [*const bf16; TT],
+        d: usize,
+        s: &mut [f32],
+    ) {
+        const { assert!(TT * NG <= 16) };
+        let (q, scale) = b.q_bf16.expect("attend_avx512 checked the bf16 query");
+        assert!(q.len() >= NG * d && d.is_multiple_of(PAIR_CHUNK) && s.len() >= TT * NG);
+        let mut a = [_mm512_setzero_ps(); 16];
+        for c in (0..d).step_by(PAIR_CHUNK) {
+            let kk: [__m512bh; TT] =
+                std::array::from_fn(|t| bh(_mm512_loadu_si512(krows[t].add(c).cast())));
+            for r in 0..NG {
+                let qq = bh(_mm512_loadu_si512(q.as_ptr().add(r * d + c).cast()));
+                for t in 0..TT {
+                    a[t * NG + r] = _mm512_dpbf16_ps(a[t * NG + r], qq, kk[t]);
+                }
+            }
+        }
+        let sc = _mm512_set1_ps(scale);
+        if TT * NG == 16 {
+            _mm512_storeu_ps(s.as_mut_ptr(), _mm512_mul_ps(Avx512::hsum_w(&a), sc));
+        } else {
+            for i in 0..TT * NG {
+                s[i] = Avx512::hsum(a[i]) * scale;
+            }
+        }
+    }
+}
+
+/// Runs the decode kernel ([`super::attend_partial`]) with [`Pairs`] scores; `None` (nothing
+/// written) when it cannot run these rows: no bf16 query, or a head dim that is not a multiple
+/// of 32.
+///
+/// # Safety
+/// The CPU must have AVX-512F/VL, AVX512_BF16 and the AVX2 set; lengths as
+/// `kernel::attend_partial` checks.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bf16")]
+pub(super) unsafe fn attend_avx512(
+    kv: &super::SeqKv<'_, bf16>,
+    rows: &Rows<'_>,
+    out: &mut [f32],
+    m: &mut [f32],
+    l: &mut [f32],
+) -> Option<()> {
+    let d = kv.layout.head_dim;
+    let (q, _) = rows.q_bf16?;
+    if !d.is_multiple_of(PAIR_CHUNK) || q.len() < rows.lo.len() * d {
+        return None;
+    }
+    super::attend_impl::<Avx512, bf16, Pairs>(kv, rows, out, m, l);
     Some(())
 }

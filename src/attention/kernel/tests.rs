@@ -12,13 +12,21 @@ pub(super) fn uniform(mut seed: u32) -> impl FnMut() -> f32 {
 }
 
 /// Every path this machine runs (8 and 16 lanes) against a naive computation, with a head_dim that is not
-/// a multiple of 8 (tail loops), masking, a window and a soft cap.
+/// a multiple of 8 (tail loops), masking, a window and a soft cap; with the query as f32 and
+/// as bf16 (which `avx512` scores by bf16 pairs where the CPU has AVX512_BF16).
 #[test]
 fn scalar_and_simd_paths_match_naive() {
     // 70: scalar tails; 64: the vector horizontal sums; 88: an odd number of vector chunks
     // (11 of 8 lanes, 5 of 16 and a tail), the score loop's single-chunk turn; 80: 5 chunks of
-    // 16 and no tail (the single-chunk turn, then the transposed sum).
-    for d in [70usize, 64, 88, 80, 96] {
+    // 16 and no tail (the single-chunk turn, then the transposed sum). The bf16 pairs take
+    // 32 and the multiples of 32 (one, two, three and four chunks) and refuse the rest.
+    if !Isa::Avx512.bf16_pairs() {
+        println!("bf16 pair scores: skipped (this CPU lacks AVX-512 with AVX512_BF16)");
+    }
+    for (d, bf16_query) in [70usize, 64, 88, 80, 96, 32, 128]
+        .into_iter()
+        .flat_map(|d| [(d, false), (d, true)])
+    {
         let (ps, hk) = (16usize, 2usize);
         let layout = CacheLayout::dense(DType::BF16, 4, ps, hk, d);
         let mut rnd = uniform(5);
@@ -26,7 +34,15 @@ fn scalar_and_simd_paths_match_naive() {
         let k: Vec<bf16> = (0..n).map(|_| bf16::from_f32(rnd())).collect();
         let v: Vec<bf16> = (0..n).map(|_| bf16::from_f32(rnd())).collect();
         let pages = [2, 0, 3];
-        let q: Vec<f32> = (0..8 * d).map(|_| rnd() * 0.3).collect();
+        // A bf16 query is read as f32 and scaled (`cpu.rs` `item_rows`); the pairs take it
+        // unscaled, with the scale.
+        let scale = 0.3f32;
+        let qb: Vec<bf16> = (0..8 * d).map(|_| bf16::from_f32(rnd())).collect();
+        let q: Vec<f32> = if bf16_query {
+            qb.iter().map(|x| x.to_f32() * scale).collect()
+        } else {
+            (0..8 * d).map(|_| rnd() * scale).collect()
+        };
         let lo = [0, 0, 5, 5, 0, 0, 30, 30];
         let hi = [40, 40, 41, 41, 42, 42, 43, 43];
         let kv = SeqKv {
@@ -68,8 +84,8 @@ fn scalar_and_simd_paths_match_naive() {
                 q: &q[r.start * d..r.end * d],
                 lo: &lo[r.clone()],
                 hi: &hi[r.clone()],
-                kv_head: &heads[r],
-                q_bf16: None,
+                kv_head: &heads[r.clone()],
+                q_bf16: bf16_query.then(|| (&qb[r.start * d..r.end * d], scale)),
             };
             let mut results = Vec::new();
             for isa in Isa::all() {
@@ -90,7 +106,7 @@ fn scalar_and_simd_paths_match_naive() {
                 for (isa, how, got) in &results {
                     assert!(
                         (got[i] - want[i]).abs() < 1e-5,
-                        "{isa} {how} d {d} [{i}]: {} vs {}",
+                        "{isa} {how} d {d} bf16 query {bf16_query} [{i}]: {} vs {}",
                         got[i],
                         want[i]
                     );

@@ -505,15 +505,7 @@ pub(crate) fn attend_partial<T: KvElem>(
         Isa::Avx512 => {
             // A bf16 query against a bf16 cache multiplies bf16 pairs where the CPU can.
             if isa.bf16_pairs() {
-                if let (Some(k), Some(v)) = (T::as_bf16(kv.k), T::as_bf16(kv.v)) {
-                    let (pages, layout, softcap) = (kv.pages, kv.layout, kv.softcap);
-                    let kv = SeqKv {
-                        k,
-                        v,
-                        pages,
-                        layout,
-                        softcap,
-                    };
+                if let Some(kv) = kv.as_bf16() {
                     // SAFETY: bf16_pairs() found AVX512_BF16 and the avx512 path's features.
                     if unsafe { super::bf16dot::run_avx512(&kv, rows, out, m, l) }.is_some() {
                         return;
