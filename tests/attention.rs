@@ -157,10 +157,10 @@ fn softcap_and_sliding_window() {
 
 #[test]
 fn thread_counts_agree() {
-    // The 1300-token sequence is split into key chunks; the cut must not depend on threads.
+    // The 2700-token sequence is split into key chunks; the cut must not depend on threads.
     let c = Case {
         q: Some(vec![5, 1, 20, 1]),
-        ..Case::decode(F16, 4, 64, 16, vec![40, 17, 20, 1300])
+        ..Case::decode(F16, 4, 64, 16, vec![40, 17, 20, 2700])
     };
     let mut outs = Vec::new();
     for threads in [1, 3] {
@@ -183,7 +183,7 @@ fn thread_counts_agree() {
     assert_eq!(outs[0], outs[1], "work split must not change results");
 }
 
-/// Split-K: sequences long enough to be cut into key chunks (over 640 tokens: 3 and 2 parts), next to short
+/// Split-K: sequences long enough to be cut into key chunks (over 2560 tokens: 3 and 2 parts), next to short
 /// ones, over every dtype, head dims 64/128/256 and pages 16/128, with shared and shuffled block
 /// tables (see `build`); also a chunked prefill and a sliding window across chunk edges.
 #[test]
@@ -195,13 +195,13 @@ fn decode_split_k_long_sequences() {
             for ps in [16, 128] {
                 i += 1;
                 let group = [1, 4, 8][i as usize % 3];
-                let mut c = Case::decode(dtype, group, d, ps, vec![1300, 3, 700, ps + 1]);
+                let mut c = Case::decode(dtype, group, d, ps, vec![5000, 3, 2700, ps + 1]);
                 c.seed = 500 + i;
                 check_on(be, &c);
             }
         }
     }
-    let mut c = Case::decode(BF16, 4, 128, 16, vec![1300, 900]);
+    let mut c = Case::decode(BF16, 4, 128, 16, vec![2700, 900]);
     c.q = Some(vec![9, 1]);
     check_on(be, &c);
     c.window = 700;

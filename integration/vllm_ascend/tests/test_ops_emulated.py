@@ -7,7 +7,7 @@ kernel and the tiled prefill kernel's 16-lane engine) is executed here by BochsC
 inside this process, guest addresses = host addresses). The whole C call is emulated: argument
 validation, the plan, the kernels, the split-K merge and the output writes, on one thread.
 Cases: every dtype; head dims 64/128/256; pages 16/128; GQA 1, 2, 4 and 8; ragged lengths around
-page edges; shared prefix pages in shuffled tables; split-K (a key span over 512 tokens is cut
+page edges; shared prefix pages in shuffled tables; split-K (a key span over 2048 tokens is cut
 whatever the thread count); prefill and chunked prefill on the tiled kernel; soft cap, sliding
 window and a heads-major cache. A wrong result is an assertion against the reference; an
 instruction the emulator refuses, a fault or a system call is an EmulationError naming it. And
@@ -178,7 +178,7 @@ def test_emulated_prefill_and_chunked_prefill(dtype, d):
     torch.testing.assert_close(out.double(), ref, atol=ATOL[dtype], rtol=0)
 
 
-# Split-K: a key span over 512 tokens is cut into page-aligned chunks whatever the thread count,
+# Split-K: a key span over 2048 tokens is cut into page-aligned chunks whatever the thread count,
 # and the chunks' partial softmax states are merged.
 SPLIT = [(dt, bs) for dt in DTYPES for bs in (16, 128)]
 
@@ -187,7 +187,7 @@ SPLIT = [(dt, bs) for dt in DTYPES for bs in (16, 128)]
 @pytest.mark.parametrize("dtype,bs", SPLIT, ids=str)
 def test_emulated_decode_split_k(dtype, bs):
     h, hk, d = 8, 2, 128
-    lens = [1100, 530, 20]
+    lens = [2700, 530, 20]
     nb = sum(math.ceil(L / bs) for L in lens) + 2
     bt = make_batch(lens, num_blocks=nb, block_size=bs, share_prefix_pages=2, seed=bs)
     kc, vc = caches(nb, bs, hk, d, dtype, seed=bs + 3)

@@ -5,11 +5,11 @@
 //! all its kv heads. Decode is memory-bound, so what matters is that every thread streams K/V
 //! all the time:
 //!
-//! * **Split-K.** A unit whose key span is longer than [`CHUNK`] tokens ([`TILED_CHUNK`] for
-//!   prefill units) is cut into chunks of about that many tokens (rounded to whole pages and
-//!   kernel blocks), one item each; the items' unnormalised states are merged exactly
-//!   afterwards ([`super::super::kernel::merge_partials`]). So 2 sequences of 32k tokens
-//!   become 64 items, not 2, and two threads stay busy. The cut depends on the sequence alone,
+//! * **Split-K.** A unit whose key span is longer than [`CHUNK`] tokens is cut into chunks of
+//!   about that many tokens (rounded to whole pages and kernel blocks), one item each; the
+//!   items' unnormalised states are merged exactly afterwards
+//!   ([`super::super::kernel::merge_partials`]). So 2 sequences of 32k tokens become 32 items,
+//!   not 2, and two threads stay busy. The cut depends on the sequence alone,
 //!   never on the thread count, so results do not change with the number of threads
 //!   (tests/attention.rs `thread_counts_agree`).
 //! * **Head split.** If there are still fewer than 4 items per thread (few short sequences),
@@ -28,14 +28,14 @@
 
 use super::super::params::SeqSpan;
 
-/// Target key tokens per item when a sequence's decode rows are split (before rounding to pages).
-pub(crate) const CHUNK: usize = 512;
-
-/// The same for tiled (prefill) units: a unit already holds [`TILED_ROWS`] rows per kv head, so
-/// a prefill has many units and needs no cut for parallelism until its keys run long; each
-/// split part costs a merge and a fresh accumulator. Cutting at 512 as for decode made 2 x 1024
-/// prefill on Zen 4 slower than this: bf16 1.04-1.08x, f32 1.01-1.04x.
-pub(crate) const TILED_CHUNK: usize = 2048;
+/// Target key tokens per item when a unit's keys are split (before rounding to pages), for
+/// decode rows and tiled (prefill) units alike. Each split part costs a merge, a fresh
+/// accumulator, the item's own setup and, in decode, a first block with nothing prefetching
+/// it; 2048 against 512, one process alternating both (Zen 4, page 128, best of 10-12): decode
+/// 32 x 4096 and 2 x 32768 bf16 1.04-1.14x, f16 and f32 0.99-1.08x (4096: 1.03-1.10x, below
+/// 2048); prefill 2 x 1024 bf16 1.04-1.08x, f32 1.01-1.04x. The cost: fewer items for many
+/// threads on few long sequences (the head split below still divides them).
+pub(crate) const CHUNK: usize = 2048;
 
 /// Query tokens from which a sequence's rows run the tiled (prefill) kernel.
 pub(crate) const TILED_MIN_TOKENS: usize = 8;
@@ -134,7 +134,7 @@ pub(crate) fn plan(
                 part: None,
                 tiled,
             };
-            units.push((unit, chunks_of(k0, k1, chunk_len(page_size, tiled)).len()));
+            units.push((unit, chunks_of(k0, k1, chunk_len(page_size)).len()));
         }
     }
     let items_before_heads: usize = units.iter().map(|u| u.1).sum();
@@ -158,7 +158,7 @@ pub(crate) fn plan(
                 continue;
             }
             let first = p.num_parts;
-            let chunk = chunk_len(page_size, unit.tiled);
+            let chunk = chunk_len(page_size);
             for (i, (k0, k1)) in chunks_of(unit.k0, unit.k1, chunk).into_iter().enumerate() {
                 p.items.push(Item {
                     k0,
@@ -180,11 +180,10 @@ pub(crate) fn plan(
     p
 }
 
-/// The chunk length for pages of `page_size` tokens: [`CHUNK`] ([`TILED_CHUNK`] for tiled
-/// units) rounded up to whole pages and whole 32-token kernel blocks when pages are small; for pages longer than a chunk (e.g. one
+/// The chunk length for pages of `page_size` tokens: [`CHUNK`] rounded up to whole pages and whole 32-token kernel blocks when pages are small; for pages longer than a chunk (e.g. one
 /// contiguous page per sequence) to whole kernel blocks only, so such sequences split too.
-pub(crate) fn chunk_len(page_size: usize, tiled: bool) -> usize {
-    let target = if tiled { TILED_CHUNK } else { CHUNK };
+pub(crate) fn chunk_len(page_size: usize) -> usize {
+    let target = CHUNK;
     let align = if page_size <= target {
         page_size * 32usize.div_ceil(page_size)
     } else {
@@ -287,7 +286,7 @@ mod tests {
                     let it = p.items.iter().find(|i| i.part == Some(part)).unwrap();
                     prop_assert_eq!(Item { k0: sp.rows.k0, k1: sp.rows.k1, part: None, ..*it }, sp.rows);
                     prop_assert_eq!(it.k0, last);
-                    prop_assert!(it.k1 - it.k0 <= chunk_len(page_size, it.tiled) * 3 / 2);
+                    prop_assert!(it.k1 - it.k0 <= chunk_len(page_size) * 3 / 2);
                     last = it.k1;
                 }
                 prop_assert_eq!(last, sp.rows.k1);
@@ -311,7 +310,7 @@ mod tests {
     }
 
     #[test]
-    fn tiled_units_cut_at_the_tiled_chunk() {
+    fn prefill_units_cut_at_the_chunk() {
         // 2 x 1024 prefill: 22 units per sequence, none cut.
         let p = plan(
             &spans(&[(1024, 1024), (1024, 1024)]),
@@ -335,12 +334,12 @@ mod tests {
 
     #[test]
     fn few_long_sequences_give_every_thread_work() {
-        // 2 sequences x 32k tokens, decode, page 128: 64 chunks of 512.
+        // 2 sequences x 32k tokens, decode, page 128: 16 chunks of 2048 each.
         let seqs = spans(&[(1, 32768), (1, 32768)]);
         let p = plan(&seqs, 4, 8, 128, 0, 2, TILED_MIN_TOKENS);
-        assert_eq!(p.items.len(), 128);
+        assert_eq!(p.items.len(), 32);
         assert_eq!(p.splits.len(), 2);
-        assert!(p.items.iter().all(|i| i.k1 - i.k0 == 512 && i.hn == 8));
+        assert!(p.items.iter().all(|i| i.k1 - i.k0 == 2048 && i.hn == 8));
         // Many short sequences: no split, all heads together.
         let seqs = spans(&vec![(1, 300); 64]);
         let p = plan(&seqs, 4, 8, 16, 0, 2, TILED_MIN_TOKENS);
@@ -356,7 +355,7 @@ mod tests {
             2,
             TILED_MIN_TOKENS,
         );
-        assert_eq!(p.items.len(), 128);
+        assert_eq!(p.items.len(), 32);
         // One short sequence on 4 threads: heads divided.
         let p = plan(&spans(&[(1, 100)]), 4, 8, 16, 0, 4, TILED_MIN_TOKENS);
         assert_eq!(p.items.len(), 8);
