@@ -339,7 +339,7 @@ pub(crate) fn attend_partial<T: KvElem>(
                 if let Some(kv) = kv.as_bf16() {
                     // SAFETY: bf16_pairs() found AVX512_BF16 and the avx512 path's features;
                     // the lengths are checked above and in `block`.
-                    if unsafe { bf16dot::attend_avx512(&kv, rows, out, m, l) }.is_some() {
+                    if unsafe { bf16dot::run_avx512(false, &kv, rows, out, m, l) }.is_some() {
                         return;
                     }
                 }

@@ -190,25 +190,6 @@ unsafe fn dot<const M: usize, const NV: usize>(
     }
 }
 
-/// Runs the tiled algorithm with the pair engine; `None` (nothing written) when it cannot
-/// run these rows ([`Dot::new`]).
-///
-/// # Safety
-/// The CPU must have AVX-512F/VL, AVX512_BF16 and the AVX2 set; lengths as
-/// `kernel::attend_partial` checks.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bf16")]
-pub(super) unsafe fn run_avx512(
-    kv: &super::SeqKv<'_, bf16>,
-    rows: &Rows<'_>,
-    out: &mut [f32],
-    m: &mut [f32],
-    l: &mut [f32],
-) -> Option<()> {
-    let mut e = Dot::new(kv.layout.head_dim, rows)?;
-    super::tiled::run::<Avx512, bf16, _>(&mut e, kv, rows, out, m, l);
-    Some(())
-}
-
 /// The decode kernel's scores by bf16 pairs (see the module doc): the group's unscaled bf16
 /// query rows ([`Block::q_bf16`]) times the K rows as stored, then the scale.
 pub(super) struct Pairs;
@@ -225,7 +206,7 @@ impl Scores<bf16> for Pairs {
         s: &mut [f32],
     ) {
         const { assert!(TT * NG <= 16) };
-        let (q, scale) = b.q_bf16.expect("attend_avx512 checked the bf16 query");
+        let (q, scale) = b.q_bf16.expect("run_avx512 checked the bf16 query");
         assert!(q.len() >= NG * d && d.is_multiple_of(PAIR_CHUNK) && s.len() >= TT * NG);
         let mut a = [_mm512_setzero_ps(); 16];
         for c in (0..d).step_by(PAIR_CHUNK) {
@@ -249,15 +230,16 @@ impl Scores<bf16> for Pairs {
     }
 }
 
-/// Runs the decode kernel ([`super::attend_partial`]) with [`Pairs`] scores; `None` (nothing
-/// written) when it cannot run these rows: no bf16 query, or a head dim that is not a multiple
-/// of 32.
+/// Runs the tiled algorithm with the pair engine (`tiled`) or the decode kernel with [`Pairs`]
+/// scores; `None` (nothing written) when the pairs cannot run these rows: no bf16 query, an odd
+/// head dim ([`Dot::new`]) or, for decode, one that is not a multiple of 32.
 ///
 /// # Safety
 /// The CPU must have AVX-512F/VL, AVX512_BF16 and the AVX2 set; lengths as
 /// `kernel::attend_partial` checks.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bf16")]
-pub(super) unsafe fn attend_avx512(
+pub(super) unsafe fn run_avx512(
+    tiled: bool,
     kv: &super::SeqKv<'_, bf16>,
     rows: &Rows<'_>,
     out: &mut [f32],
@@ -265,10 +247,15 @@ pub(super) unsafe fn attend_avx512(
     l: &mut [f32],
 ) -> Option<()> {
     let d = kv.layout.head_dim;
-    let (q, _) = rows.q_bf16?;
-    if !d.is_multiple_of(PAIR_CHUNK) || q.len() < rows.lo.len() * d {
-        return None;
+    if tiled {
+        let mut e = Dot::new(d, rows)?;
+        super::tiled::run::<Avx512, bf16, _>(&mut e, kv, rows, out, m, l);
+    } else {
+        let (q, _) = rows.q_bf16?;
+        if !d.is_multiple_of(PAIR_CHUNK) || q.len() < rows.lo.len() * d {
+            return None;
+        }
+        super::attend_impl::<Avx512, bf16, Pairs>(kv, rows, out, m, l);
     }
-    super::attend_impl::<Avx512, bf16, Pairs>(kv, rows, out, m, l);
     Some(())
 }

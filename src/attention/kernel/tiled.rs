@@ -507,7 +507,7 @@ pub(crate) fn attend_partial<T: KvElem>(
             if isa.bf16_pairs() {
                 if let Some(kv) = kv.as_bf16() {
                     // SAFETY: bf16_pairs() found AVX512_BF16 and the avx512 path's features.
-                    if unsafe { super::bf16dot::run_avx512(&kv, rows, out, m, l) }.is_some() {
+                    if unsafe { super::bf16dot::run_avx512(true, &kv, rows, out, m, l) }.is_some() {
                         return;
                     }
                 }

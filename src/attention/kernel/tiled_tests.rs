@@ -272,7 +272,7 @@ unsafe fn pair_engine<T>(c: &Case, x: &Data<T>, k: &[bf16], v: &[bf16]) -> Optio
     let rows = x.rows(Some((&x.qb, x.scale)));
     let n = x.lo.len();
     let (mut out, mut m, mut l) = (vec![0f32; n * c.d], vec![0f32; n], vec![0f32; n]);
-    super::super::bf16dot::run_avx512(&kv, &rows, &mut out, &mut m, &mut l)?;
+    super::super::bf16dot::run_avx512(true, &kv, &rows, &mut out, &mut m, &mut l)?;
     super::super::normalize(c.d, &l, &mut out);
     Some(out)
 }
