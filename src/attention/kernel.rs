@@ -335,14 +335,8 @@ pub(crate) fn attend_partial<T: KvElem>(
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => {
             // A bf16 query against a bf16 cache scores by bf16 pairs where the CPU can.
-            if Isa::Avx512.bf16_pairs() {
-                if let Some(kv) = kv.as_bf16() {
-                    // SAFETY: bf16_pairs() found AVX512_BF16 and the avx512 path's features;
-                    // the lengths are checked above and in `block`.
-                    if unsafe { bf16dot::run_avx512(false, &kv, rows, out, m, l) }.is_some() {
-                        return;
-                    }
-                }
+            if bf16dot::run_if_able(false, kv, rows, out, m, l) {
+                return;
             }
             // SAFETY: check() found the features; the lengths are checked above and in `block`.
             unsafe { attend_avx512(kv, rows, out, m, l) }

@@ -180,16 +180,16 @@ pub(crate) fn plan(
     p
 }
 
-/// The chunk length for pages of `page_size` tokens: [`CHUNK`] rounded up to whole pages and whole 32-token kernel blocks when pages are small; for pages longer than a chunk (e.g. one
+/// The chunk length for pages of `page_size` tokens: [`CHUNK`] rounded up to whole pages and
+/// whole 32-token kernel blocks when pages are small; for pages longer than a chunk (e.g. one
 /// contiguous page per sequence) to whole kernel blocks only, so such sequences split too.
 pub(crate) fn chunk_len(page_size: usize) -> usize {
-    let target = CHUNK;
-    let align = if page_size <= target {
+    let align = if page_size <= CHUNK {
         page_size * 32usize.div_ceil(page_size)
     } else {
         32
     };
-    target.next_multiple_of(align)
+    CHUNK.next_multiple_of(align)
 }
 
 /// `k0..k1` cut at multiples of `chunk` (a multiple of the alignment) into pieces of at most

@@ -35,7 +35,8 @@ use std::arch::x86_64::*;
 
 use super::avx512::Avx512;
 use super::tiled::{Engine, Fma, FMA_MR, KT};
-use super::{Block, Lanes, Rows, Scores};
+use super::{Block, KvElem, Lanes, Rows, Scores, SeqKv};
+use crate::attention::cpu::Isa;
 
 /// The bf16 pair engine (see the module doc).
 pub(super) struct Dot<'q> {
@@ -230,6 +231,27 @@ impl Scores<bf16> for Pairs {
     }
 }
 
+/// Runs the pairs where they can run: [`run_avx512`] on a CPU with AVX-512 and AVX512_BF16 and
+/// a bf16 cache. `false` (nothing written) when they cannot: another CPU, another K/V type, or
+/// rows [`run_avx512`] refuses. The callers check the lengths, as for their own paths.
+pub(super) fn run_if_able<T: KvElem>(
+    tiled: bool,
+    kv: &SeqKv<'_, T>,
+    rows: &Rows<'_>,
+    out: &mut [f32],
+    m: &mut [f32],
+    l: &mut [f32],
+) -> bool {
+    if !Isa::Avx512.bf16_pairs() {
+        return false;
+    }
+    let Some(kv) = kv.as_bf16() else {
+        return false;
+    };
+    // SAFETY: bf16_pairs() found AVX512_BF16 and the avx512 path's features.
+    unsafe { run_avx512(tiled, &kv, rows, out, m, l) }.is_some()
+}
+
 /// Runs the tiled algorithm with the pair engine (`tiled`) or the decode kernel with [`Pairs`]
 /// scores; `None` (nothing written) when the pairs cannot run these rows: no bf16 query, an odd
 /// head dim ([`Dot::new`]) or, for decode, one that is not a multiple of 32.
@@ -240,7 +262,7 @@ impl Scores<bf16> for Pairs {
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bf16")]
 pub(super) unsafe fn run_avx512(
     tiled: bool,
-    kv: &super::SeqKv<'_, bf16>,
+    kv: &SeqKv<'_, bf16>,
     rows: &Rows<'_>,
     out: &mut [f32],
     m: &mut [f32],

@@ -504,13 +504,8 @@ pub(crate) fn attend_partial<T: KvElem>(
         // SAFETY: check() found the features; as above.
         Isa::Avx512 => {
             // A bf16 query against a bf16 cache multiplies bf16 pairs where the CPU can.
-            if isa.bf16_pairs() {
-                if let Some(kv) = kv.as_bf16() {
-                    // SAFETY: bf16_pairs() found AVX512_BF16 and the avx512 path's features.
-                    if unsafe { super::bf16dot::run_avx512(true, &kv, rows, out, m, l) }.is_some() {
-                        return;
-                    }
-                }
+            if super::bf16dot::run_if_able(true, kv, rows, out, m, l) {
+                return;
             }
             // SAFETY: check() found the features; as above.
             unsafe { fma_avx512(kv, rows, out, m, l) }
