@@ -149,8 +149,8 @@ struct ItemRows {
     hi: Vec<usize>,
     kv_head: Vec<usize>,
     acc: Vec<f32>,
-    /// The query rows as given, before the scale, when the query is bf16 (the bf16 pair
-    /// engines multiply these: `kernel/bf16dot.rs`); else empty.
+    /// The query rows as given, before the scale, when the query is bf16 and the backend's
+    /// vector path can multiply bf16 pairs (`kernel/bf16dot.rs`); else empty.
     q_bf16: Vec<bf16>,
 }
 
@@ -165,8 +165,9 @@ thread_local! {
     static ITEM_ROWS: std::cell::RefCell<ItemRows> = std::cell::RefCell::new(ItemRows::default());
 }
 
-/// Fills `r` with item `it`'s rows (`acc` sized; its contents are the kernel's to set).
-fn item_rows(batch: &AttnBatch<'_>, it: &Item, r: &mut ItemRows) {
+/// Fills `r` with item `it`'s rows (`acc` sized; its contents are the kernel's to set); the
+/// bf16 query rows too when `pairs` (the kernels can use them).
+fn item_rows(batch: &AttnBatch<'_>, it: &Item, r: &mut ItemRows, pairs: bool) {
     let p = batch.params();
     let (g, d) = (p.group(), p.cache.head_dim);
     let seq = &batch.seqs()[it.seq];
@@ -180,7 +181,7 @@ fn item_rows(batch: &AttnBatch<'_>, it: &Item, r: &mut ItemRows) {
         v.resize(rows, 0);
     }
     let raw = match &batch.bufs.query {
-        Buf::BF16(s) => Some(*s),
+        Buf::BF16(s) if pairs => Some(*s),
         _ => None,
     };
     r.q_bf16.clear();
@@ -304,7 +305,7 @@ fn run_item<T: KvElem>(
     let p = batch.params();
     let d = p.cache.head_dim;
     let seq = batch.seqs()[it.seq];
-    item_rows(batch, it, r);
+    item_rows(batch, it, r, be.isa.vector().bf16_pairs());
     let rows = Rows {
         q: &r.q,
         lo: &r.lo,
