@@ -51,7 +51,8 @@ HUGE = 0x200000
 # Shared objects (file-name prefixes) mapped into the guest besides anonymous memory: the C
 # library, the loader (thread-local storage), libgcc_s (unwinding). Callers add the library
 # under test (:class:`CffiLib` adds the one it wraps when given its path).
-LIBRARIES = ["libc.so", "libc-", "ld-linux", "libgcc_s", "libm.so", "libm-"]
+SYSTEM_LIBRARIES = ("libc.so", "libc-", "ld-linux", "libgcc_s", "libm.so", "libm-")
+LIBRARIES = list(SYSTEM_LIBRARIES)
 
 
 class EmulationError(RuntimeError):
@@ -345,6 +346,7 @@ class _PhysMem:
         # Bind every mapped page now, natively: binding allocates (bochscpu's page map), which a
         # callback in the middle of the guest's run must not do (the guest may hold a malloc
         # lock: it runs glibc's malloc on this process's memory).
+        _disp8.scan()
         n_new = 0
         for lo, hi, _, _ in regions:
             for va in range(lo, hi, PAGE):
@@ -379,9 +381,6 @@ class _PhysMem:
 # be backed by other host memory).
 # ----------------------------------------------------------------------------------------
 class _Disp8Fix:
-    # Libraries never scanned (they hold no VDPBF16PS): the system ones mapped by default.
-    SKIP = ("libc.so", "libc-", "ld-linux", "libgcc_s", "libm.so", "libm-")
-
     def __init__(self):
         self.scale = None       # the scale Bochs applies (64 = right: nothing to patch)
         self.code = {}          # (lo, hi) -> library name, executable regions not yet scanned
@@ -391,16 +390,18 @@ class _Disp8Fix:
         self.patched = 0
 
     def note_code(self, lo, hi, name):
-        if not name.startswith(self.SKIP) and (lo, hi) not in self.scanned:
+        # The system libraries hold no VDPBF16PS: only the libraries under test are scanned.
+        if not name.startswith(SYSTEM_LIBRARIES) and (lo, hi) not in self.scanned:
             self.code[(lo, hi)] = name
 
     def page(self, va):
         """The host memory backing guest page `va`: its patched copy, or itself."""
-        if self.scale not in (None, 64) and self.code:
-            self._scan()
         return self.copies.get(va, va)
 
-    def _scan(self):
+    def scan(self):
+        """Patches the code regions noted since the last scan, where the scale is wrong."""
+        if self.scale in (None, 64):
+            return
         for (lo, hi), name in list(self.code.items()):
             del self.code[(lo, hi)]
             self.scanned.add((lo, hi))
