@@ -439,6 +439,34 @@ typedef uint32_t kvs_state_mode;
 #endif // __cplusplus
 
 /*
+ What `kvs_cpu_huge_pages` asks of the kernel.
+ */
+enum kvs_huge_pages_mode
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /*
+   `madvise(MADV_HUGEPAGE)`: pages faulted in from now on come as 2 MiB pages. For a fresh
+   allocation, before it is written.
+   */
+  KVS_HUGE_PAGES_MODE_ADVISE = 0,
+  /*
+   Also `madvise(MADV_COLLAPSE)` (Linux 6.1+): the pages already there are copied into
+   2 MiB pages now, contents kept. For a cache already written (e.g. zeroed); takes about
+   the time to copy the range once.
+   */
+  KVS_HUGE_PAGES_MODE_COLLAPSE = 1,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum kvs_huge_pages_mode kvs_huge_pages_mode;
+#else
+typedef uint32_t kvs_huge_pages_mode;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/*
  A compute backend (`KVS_BACKEND_KIND_CPU` or `KVS_BACKEND_KIND_ASCEND`) that launches paged
  attention, KV writes and page copies.
 
@@ -1353,6 +1381,24 @@ typedef struct kvs_group_event {
 } kvs_group_event;
 
 /*
+ What `kvs_cpu_huge_pages` did.
+
+ **Thread safety:** plain data.
+ */
+typedef struct kvs_huge_pages_report {
+  /*
+   Bytes of the range in whole aligned 2 MiB pages: what was advised (0 when the range
+   holds none).
+   */
+  size_t advised_bytes;
+  /*
+   Bytes of the range backed by huge pages after the call (`AnonHugePages` in
+   `/proc/self/smaps`); less than `advised_bytes` when the kernel had none to give.
+   */
+  size_t huge_bytes;
+} kvs_huge_pages_report;
+
+/*
  What `kvs_page_get_info` reports about one page.
  */
 typedef struct kvs_page_info {
@@ -1916,6 +1962,28 @@ kvs_status kvs_hybrid_take_events(struct kvs_hybrid *hybrid,
                                   struct kvs_group_event *events_out,
                                   size_t events_len,
                                   size_t *num_events_out);
+
+/*
+ Asks Linux to back the host memory `[base, base + bytes)` (a KV cache the CPU backend
+ reads) with 2 MiB transparent huge pages: the decode kernel reads 256 bytes of a kv head
+ every slot, so on 4 KiB pages a long sequence misses the TLB at almost every read
+ (2 x 32768 bf16 tokens decoded 1.7x faster on huge pages on Zen 4). Needed where
+ `/sys/kernel/mm/transparent_hugepage/enabled` is `madvise`, the common default. Only the
+ whole aligned 2 MiB pages inside the range are advised; memory outside it is untouched,
+ and the contents never change. `report_out` is optional (NULL: not written).
+
+ **Failure:** `KVS_STATUS_NULL_ARGUMENT` for a NULL `base`; `KVS_STATUS_INVALID_ARGUMENT`
+ for `bytes == 0`, a range that wraps around or is not mapped in this process, or a `mode`
+ that is no `kvs_huge_pages_mode`; `KVS_STATUS_UNSUPPORTED` where the kernel has no
+ transparent huge pages (or, for `KVS_HUGE_PAGES_MODE_COLLAPSE`, no `MADV_COLLAPSE`: the
+ advice stays) or the memory is a file mapping. No huge page free is not a failure:
+ `huge_bytes` says what the range got. **Thread safety:** safe from any thread; the
+ engine may read and write the range meanwhile.
+ */
+kvs_status kvs_cpu_huge_pages(const void *base,
+                              size_t bytes,
+                              uint32_t mode,
+                              struct kvs_huge_pages_report *report_out);
 
 /*
  Starts a scheduler step (vLLM's `KVCacheManager.new_step_starts`): state checkpoints

@@ -22,6 +22,7 @@ use crate::core::{Error, Result};
 
 mod isa;
 mod plan;
+pub mod huge_pages;
 
 /// The CPU backend.
 pub struct CpuBackend {

@@ -12,6 +12,7 @@ use crate::core::{CopyKind, DType, Error, EventKind, PageState, Tier};
 use super::attn::kvs_index_type;
 use super::backend::kvs_backend_kind;
 use super::events::kvs_event_kind;
+use super::huge_pages::kvs_huge_pages_mode;
 use super::hybrid::kvs_group_kind;
 use super::hybrid_state::kvs_state_mode;
 use super::pages::kvs_page_state;
@@ -74,6 +75,7 @@ try_from_raw!(kvs_copy_kind {
 });
 try_from_raw!(kvs_backend_kind { Cpu, Ascend });
 try_from_raw!(kvs_index_type { Int32, Int64 });
+try_from_raw!(kvs_huge_pages_mode { Advise, Collapse });
 
 impl From<kvs_dtype> for DType {
     fn from(d: kvs_dtype) -> Self {

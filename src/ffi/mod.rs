@@ -32,6 +32,7 @@ pub mod enums;
 pub mod events;
 pub(crate) mod handle;
 pub mod hybrid;
+pub mod huge_pages;
 pub mod hybrid_state;
 pub mod pages;
 pub(crate) mod panic;
