@@ -76,7 +76,8 @@ fn attention_mode_side_by_side_protocol() {
 for f in k v q out table; do [ -s "$3/$f.bin" ] || { echo "no $f" >&2; exit 1; }; done
 for a in "$@"; do last=$a; done
 echo "INFO a vLLM log line on stdout"
-echo "KVSBENCH {\"version\": \"fake\", \"build\": \"_C_FAKE\", \"isa\": \"$last\", \"max_diff\": 0.5}"
+huge=0; [ "$THP_MEM_ALLOC_ENABLE" = 1 ] && huge=3145728
+echo "KVSBENCH {\"version\": \"fake\", \"build\": \"_C_FAKE\", \"isa\": \"$last\", \"max_diff\": 0.5, \"huge_bytes\": $huge}"
 while read line; do echo "KVSBENCH 2.5"; done
 "#,
     );
@@ -95,7 +96,11 @@ while read line; do echo "KVSBENCH 2.5"; done
         "--iters",
         "2",
     ];
-    for (extra, dt) in [(&[][..], "f16"), (&["--dtype", "bf16"][..], "bf16")] {
+    // Huge pages on (the default): vLLM's side is started with torch's THP switch on too.
+    for (extra, dt, huge) in [
+        (&[][..], "f16", true),
+        (&["--dtype", "bf16", "--huge-pages", "off"][..], "bf16", false),
+    ] {
         let out = bench()
             .args(args)
             .args(extra)
@@ -120,6 +125,8 @@ while read line; do echo "KVSBENCH 2.5"; done
         let json = said.lines().last().unwrap();
         let j: serde_json::Value = serde_json::from_str(json).expect("last line is JSON");
         assert_eq!(j["shapes"][0]["dtype"], dt, "{json}");
+        assert_eq!(j["shapes"][0]["huge_pages"], huge, "{json}");
+        assert_eq!(j["shapes"][0]["vllm"]["huge_mib"], if huge { 3 } else { 0 }, "{json}");
         assert!(!json.contains("\"vllm_over_kvshare\":null"), "{json}");
     }
     let out = bench()
@@ -129,6 +136,13 @@ while read line; do echo "KVSBENCH 2.5"; done
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--dtype: f16 or bf16"));
+    let out = bench()
+        .args(args)
+        .args(["--huge-pages", "maybe"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--huge-pages: on or off"));
 
     // Without vLLM: the comparison is skipped with the reason, the rest still runs.
     let out = bench()

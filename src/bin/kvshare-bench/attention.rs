@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use half::slice::HalfBitsSliceExt;
 use half::{bf16, f16};
+use kvshare::attention::cpu::huge_pages::{back_with_huge_pages, HugePages, HUGE_PAGE};
 use kvshare::attention::cpu::{cpu_flags, CpuBackend, Isa, ISA_ENV};
 use kvshare::replay::model::{dtype_name, parse_dtype};
 
@@ -41,13 +42,18 @@ struct Opts {
     threads: usize,
     /// `--dtype`: K/V, query and output of the decode runs, F16 or BF16.
     dtype: DType,
+    /// `--huge-pages on|off` (decode): the K/V on 2 MiB pages, asked for with
+    /// `back_with_huge_pages` (`kvs_cpu_huge_pages`) before it is written; vLLM's cache then
+    /// through torch's own switch (`THP_MEM_ALLOC_ENABLE=1`). Off: 4 KiB pages on both sides.
+    huge_pages: bool,
 }
 
 const USAGE: &str =
     "kvshare-bench attention [--seqs N --ctx N (default: 32x4096, 256x512, 2x32768)] \
 [--kv-heads 8] [--head-dim 128] [--group 4] [--page-size 128] [--iters 5] [--threads 0 (= all cores)] \
 [--dtype f16|bf16 (decode K/V, query and output; default f16)] [--prefill (causal prefill, f32 and bf16, against torch SDPA; default 2x1024)] \
-[--chunk N (with --prefill: the last N tokens of each sequence are the queries, after a cached prefix)]";
+[--chunk N (with --prefill: the last N tokens of each sequence are the queries, after a cached prefix)] \
+[--huge-pages on|off (decode K/V, kvshare's and vLLM's, on 2 MiB pages; default on)]";
 
 fn parse(args: &[String]) -> Result<Opts, String> {
     let mut o = Opts {
@@ -63,6 +69,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
         iters: 5,
         threads: 0,
         dtype: DType::F16,
+        huge_pages: true,
     };
     let mut it = args.iter().skip_while(|a| *a == "attention");
     while let Some(flag) = it.next() {
@@ -78,6 +85,15 @@ fn parse(args: &[String]) -> Result<Opts, String> {
             o.dtype = match given.and_then(|s| parse_dtype(s)) {
                 Some(dt @ (DType::F16 | DType::BF16)) => dt,
                 _ => return Err(format!("--dtype: f16 or bf16, not {given:?}\n{USAGE}")),
+            };
+            continue;
+        }
+        if flag == "--huge-pages" {
+            let given = it.next();
+            o.huge_pages = match given.map(String::as_str) {
+                Some("on") => true,
+                Some("off") => false,
+                _ => return Err(format!("--huge-pages: on or off, not {given:?}\n{USAGE}")),
             };
             continue;
         }
@@ -304,8 +320,8 @@ fn run_shape(
             f16::from_f32(x).to_bits()
         }
     };
-    let k: Vec<u16> = (0..elems).map(|_| rnd()).collect();
-    let v: Vec<u16> = (0..elems).map(|_| rnd()).collect();
+    let (k, k_huge) = KvBuf::new(elems, o.huge_pages, &mut rnd)?;
+    let (v, v_huge) = KvBuf::new(elems, o.huge_pages, &mut rnd)?;
     let q: Vec<u16> = (0..o.seqs * h * d).map(|_| rnd()).collect();
     let mut out = vec![0u16; o.seqs * h * d];
     let kv_bytes = (o.seqs * o.ctx * hk * d * 2 * 2) as f64;
@@ -314,6 +330,16 @@ fn run_shape(
         kv_bytes / (1u64 << 20) as f64
     );
 
+    let kv_mib = (2 * elems * 2) as f64 / (1u64 << 20) as f64;
+    let huge_mib = (k_huge + v_huge) as f64 / (1u64 << 20) as f64;
+    if o.huge_pages {
+        println!(
+            "KV memory: 2 MiB pages asked for before writing (kvs_cpu_huge_pages): {huge_mib:.0} of \
+{kv_mib:.0} MiB on huge pages"
+        );
+    } else {
+        println!("KV memory: 4 KiB pages (--huge-pages off)");
+    }
     let (mut bw, check) = read_bandwidth(&[&k, &v], threads, 5);
     println!(
         "memory read bandwidth (streaming, {threads} threads): {:.2} GB/s [{check:x}]",
@@ -397,6 +423,7 @@ fn run_shape(
             table: &perm,
             q: &q,
             out: &out,
+            huge_pages: o.huge_pages,
         };
         let dims = [o.seqs, o.ctx, hk, d, h, ps, threads];
         match attention_vllm::Server::start(python, dims, &inputs) {
@@ -411,13 +438,14 @@ fn run_shape(
                     vbest = vbest.min(server.time_one()?);
                     sample_bw();
                 }
+                let vllm_huge_mib = ready.huge_bytes / (1u64 << 20) as f64;
                 println!(
                     "vLLM {} cpu_attention_with_kv_cache (build {}, isa {}) on the same KV in its own \
-layout: {:.2} ms; max |vLLM - kvshare| {:.2e}",
+layout: {:.2} ms; max |vLLM - kvshare| {:.2e}; its cache {vllm_huge_mib:.0} of {kv_mib:.0} MiB on huge pages",
                     ready.version, ready.build, ready.isa, vbest, ready.max_diff
                 );
                 vllm_json = format!(
-                    "{{\"version\":\"{}\",\"build\":\"{}\",\"isa\":\"{}\",\"ms\":{:.3},\"max_abs_diff\":{:.3e}}}",
+                    "{{\"version\":\"{}\",\"build\":\"{}\",\"isa\":\"{}\",\"ms\":{:.3},\"max_abs_diff\":{:.3e},\"huge_mib\":{vllm_huge_mib:.0}}}",
                     ready.version, ready.build, ready.isa, vbest, ready.max_diff
                 );
                 vllm_ms = Some(vbest);
@@ -490,7 +518,7 @@ kvshare paged is {:.2}x faster (max |output diff| {:.2e})",
     };
     let json = format!(
         "{{\"seqs\":{},\"ctx\":{},\"kv_heads\":{},\"head_dim\":{},\"group\":{},\
-\"page_size\":{},\"dtype\":\"{}\",\"threads\":{},\"kv_bytes\":{},\"mem_read_gbs\":{:.3},\
+\"page_size\":{},\"dtype\":\"{}\",\"threads\":{},\"kv_bytes\":{},\"huge_pages\":{},\"kv_huge_mib\":{huge_mib:.0},\"mem_read_gbs\":{:.3},\
 \"paths\":{{{}}},\"contiguous_ms\":{:.3},\"paged_over_contiguous\":{:.3},\"vllm\":{},\"torch\":{}}}",
         o.seqs,
         o.ctx,
@@ -501,6 +529,7 @@ kvshare paged is {:.2}x faster (max |output diff| {:.2e})",
         dtype_name(dt),
         threads,
         kv_bytes as u64,
+        o.huge_pages,
         bw / 1e9,
         path_json.join(","),
         contig.as_secs_f64() * 1e3,
@@ -509,6 +538,60 @@ kvshare paged is {:.2}x faster (max |output diff| {:.2e})",
         torch_json
     );
     Ok(ShapeResult { json })
+}
+
+/// A K or V cache: `u16` bits on a 2 MiB boundary, as an engine's cache allocation is (torch
+/// aligns to 64 bytes, mmap to a page; a `Vec<u16>` of this size comes from glibc's mmap at 16
+/// bytes past a page, which puts every 256-byte head row across five cache lines: 2 x 32768
+/// bf16 ran 1.3-1.5x slower so).
+struct KvBuf {
+    ptr: std::ptr::NonNull<u16>,
+    len: usize,
+    layout: std::alloc::Layout,
+}
+
+impl KvBuf {
+    /// `n` elements from `rnd`, and the bytes of them on 2 MiB pages: with `huge`, the fresh
+    /// allocation is advised (`back_with_huge_pages`, the Rust side of `kvs_cpu_huge_pages`)
+    /// before it is written, as an engine allocating its cache would do.
+    fn new(n: usize, huge: bool, rnd: &mut impl FnMut() -> u16) -> Result<(KvBuf, usize), String> {
+        let layout = std::alloc::Layout::from_size_align(n.max(1) * 2, HUGE_PAGE)
+            .map_err(|e| e.to_string())?;
+        // SAFETY: the layout has a non-zero size.
+        let raw = unsafe { std::alloc::alloc(layout) }.cast::<u16>();
+        let ptr = std::ptr::NonNull::new(raw).ok_or(format!("cannot allocate {} bytes", n * 2))?;
+        let advise = || {
+            back_with_huge_pages(ptr.as_ptr() as usize, n * 2, HugePages::Advise)
+                .map(|r| r.huge_bytes)
+                .map_err(|e| format!("--huge-pages on: {e}"))
+        };
+        let buf = KvBuf { ptr, len: n, layout };
+        if huge {
+            advise()?;
+        }
+        for i in 0..n {
+            // SAFETY: `i < n` elements allocated above; written before any read.
+            unsafe { ptr.as_ptr().add(i).write(rnd()) };
+        }
+        // Advising again changes nothing and measures what the written pages got.
+        let huge_bytes = if huge { advise()? } else { 0 };
+        Ok((buf, huge_bytes))
+    }
+}
+
+impl std::ops::Deref for KvBuf {
+    type Target = [u16];
+    fn deref(&self) -> &[u16] {
+        // SAFETY: `len` elements, all written in `new`, owned by `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for KvBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout, freed once.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr().cast(), self.layout) };
+    }
 }
 
 struct TorchResult {

@@ -2,7 +2,8 @@
 # CTX KV_HEADS HEAD_DIM HEADS PAGE_SIZE THREADS DTYPE (f16 or bf16: K/V, query and output); DIR holds kvshare's paged K/V (k.bin, v.bin),
 # its page table (table.bin, int32 [seqs, ctx/page]), the query (q.bin) and kvshare's output (out.bin).
 # Prints (after the marker KVSBENCH; vLLM logs to stdout too) one JSON line (vLLM version, the kernel library it
-# loaded, its attention ISA, max |vLLM - kvshare|), then times one
+# loaded, its attention ISA, max |vLLM - kvshare|, the bytes of its K/V cache on 2 MiB pages: torch
+# asks for them when the caller sets THP_MEM_ALLOC_ENABLE=1), then times one
 # vLLM decode per line read from stdin and prints its milliseconds, so the caller alternates.
 import json, sys, time
 import numpy as np, torch
@@ -40,13 +41,25 @@ qsl = torch.arange(seqs + 1, dtype=torch.int32)
 seq_lens = torch.full((seqs,), ctx, dtype=torch.int32)
 bt = torch.from_numpy(table.copy())
 meta = ops.cpu_attn_get_scheduler_metadata(seqs, h, hk, dim, seq_lens, dt, qsl, True, -1, isa, True)
+def huge_bytes(t):
+    # AnonHugePages of the mappings over the tensor's bytes, each capped at its overlap.
+    lo, total, over = t.data_ptr(), 0, 0
+    hi = lo + t.numel() * t.element_size()
+    for line in open("/proc/self/smaps"):
+        if line.startswith("AnonHugePages:"):
+            total += min(int(line.split()[1]) * 1024, over)
+            over = 0
+        elif "-" in line.split(" ", 1)[0] and not line.split(" ", 1)[0].endswith(":"):
+            a, b = (int(x, 16) for x in line.split(" ", 1)[0].split("-"))
+            over = max(0, min(b, hi) - max(a, lo))
+    return total
 def run():
     ops.cpu_attention_with_kv_cache(q, kc, vc, out, qsl, seq_lens, dim ** -0.5, True, None,
                                     (-1, -1), bt, 0.0, meta, None)
 with torch.inference_mode():
     run()
     diff = (out.float() - ref).abs().max().item()
-    print("KVSBENCH", json.dumps({"version": __import__("vllm").__version__, "build": build, "isa": isa, "max_diff": diff}), flush=True)
+    print("KVSBENCH", json.dumps({"version": __import__("vllm").__version__, "build": build, "isa": isa, "max_diff": diff, "huge_bytes": huge_bytes(kv)}), flush=True)
     for line in sys.stdin:
         t = time.perf_counter()
         run()

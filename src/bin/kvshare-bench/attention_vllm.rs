@@ -38,6 +38,8 @@ pub struct Ready {
     pub build: String,
     pub isa: String,
     pub max_diff: f64,
+    /// Bytes of vLLM's K/V cache on 2 MiB pages.
+    pub huge_bytes: f64,
 }
 
 /// A running server; dropped: its stdin closes, it exits, and its files are removed.
@@ -57,6 +59,8 @@ pub struct Inputs<'a> {
     pub table: &'a [i32],
     pub q: &'a [u16],
     pub out: &'a [u16],
+    /// vLLM's cache on 2 MiB pages: torch's `THP_MEM_ALLOC_ENABLE=1` in the server.
+    pub huge_pages: bool,
 }
 
 /// 16-bit values as little-endian bytes (what the scripts read with `np.fromfile`).
@@ -84,7 +88,12 @@ impl Server {
         ];
         let mut args: Vec<String> = dims.iter().map(|n| n.to_string()).collect();
         args.push(inp.dtype.to_string());
-        let (server, line) = Server::start_script(python, SCRIPT, "vllm", &files, &args)?;
+        let env: &[(&str, &str)] = if inp.huge_pages {
+            &[("THP_MEM_ALLOC_ENABLE", "1")]
+        } else {
+            &[("THP_MEM_ALLOC_ENABLE", "0")]
+        };
+        let (server, line) = Server::start_script(python, SCRIPT, "vllm", &files, &args, env)?;
         let field = |key: &str| -> Option<String> {
             let at = line.find(&format!("\"{key}\": "))? + key.len() + 4;
             let rest = &line[at..];
@@ -102,18 +111,22 @@ impl Server {
             max_diff: field("max_diff")
                 .and_then(|s| s.parse().ok())
                 .ok_or(format!("bad vLLM script output: {line}"))?,
+            huge_bytes: field("huge_bytes")
+                .and_then(|s| s.parse().ok())
+                .ok_or(format!("bad vLLM script output: {line}"))?,
         };
         Ok((server, ready))
     }
 
-    /// Starts `script` with the directory holding `files` (`NAME.bin`) and `args`, and returns
-    /// it with the first line it prints after its marker.
+    /// Starts `script` with the directory holding `files` (`NAME.bin`), `args` and the
+    /// variables `env`, and returns it with the first line it prints after its marker.
     pub fn start_script(
         python: &str,
         script: &str,
         tag: &str,
         files: &[(&str, Vec<u8>)],
         args: &[String],
+        env: &[(&str, &str)],
     ) -> Result<(Server, String), String> {
         let dir = std::env::temp_dir().join(format!("kvshare-bench-{tag}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
@@ -126,6 +139,7 @@ impl Server {
                 .args(["-c", script])
                 .arg(&dir)
                 .args(args)
+                .envs(env.iter().copied())
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
