@@ -16,12 +16,20 @@ Every step of a layer is two kvshare launches on the whole batch:
 * :func:`kvshare_vllm.ops.paged_attention` in its varlen form: decode, prefill and chunked
   prefill requests in one call (causal within each request, GQA, sliding window, soft cap).
 
+The first time a layer's step sees its KV cache, the backend asks Linux to back it with 2 MiB
+pages (:func:`kvshare_vllm.ops.huge_pages`, ``MADV_COLLAPSE``: vLLM has zeroed the cache, so its
+pages are collapsed in place). Decode reads one kv head of every token, 256 bytes every 2 KiB in
+this layout, so on 4 KiB pages nearly every read of a long sequence misses the TLB. The first
+such layer logs what it got; ``KVSHARE_CPU_HUGE_PAGES=0`` turns this off.
+
 Decoder self-attention only: encoder, encoder-only and cross attention, ALiBi, attention sinks
 and quantized (fp8) KV caches are refused when the layer is built, naming what is unsupported.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -35,7 +43,11 @@ from vllm.v1.attention.backend import (
 )
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
+import kvshare
+
 from . import ops
+
+logger = logging.getLogger("vllm.kvshare_vllm")
 
 BACKEND_PATH = "kvshare_vllm.cpu_attn.KvshareCPUAttentionBackend"
 
@@ -135,6 +147,7 @@ class KvshareCPUAttentionImpl(AttentionImpl):
                                       "CPU attention backend")
         if attn_metadata is None:  # vLLM's profiling / warm-up pass
             return output
+        _on_huge_pages(kv_cache)
         n = attn_metadata.num_actual_tokens
         key_cache, value_cache = kv_cache[0], kv_cache[1]
         if self.kv_sharing_target_layer_name is None and key is not None and value is not None:
@@ -148,6 +161,34 @@ class KvshareCPUAttentionImpl(AttentionImpl):
                             query_start_loc=attn_metadata.query_start_loc,
                             softcap=self.softcap, sliding_window=self.sliding_window)
         return output
+
+
+# KV caches already asked for huge pages: (pid, storage address). Keyed by pid so that a forked
+# worker asks for its own memory.
+_huge_seen: set[tuple[int, int]] = set()
+
+
+def _on_huge_pages(kv_cache: torch.Tensor) -> None:
+    """Asks once per KV-cache allocation for 2 MiB pages (module doc); the first logs."""
+    key = (os.getpid(), kv_cache.untyped_storage().data_ptr())
+    if key in _huge_seen:
+        return
+    first = not any(pid == key[0] for pid, _ in _huge_seen)
+    _huge_seen.add(key)
+    if os.environ.get(ops.ENV_HUGE_PAGES, "1") == "0":
+        if first:
+            logger.info("kvshare_vllm: KV cache left on the kernel's default pages (%s=0)",
+                        ops.ENV_HUGE_PAGES)
+        return
+    try:
+        advised, huge = ops.huge_pages(kv_cache, collapse=True)
+    except kvshare.KvsError as e:
+        if first:
+            logger.info("kvshare_vllm: KV cache stays on 4 KiB pages: %s", e)
+        return
+    log = logger.info if first else logger.debug
+    log("kvshare_vllm: KV cache on 2 MiB pages: %d of %d MiB of a layer's cache (kvs_cpu_huge_pages)",
+        huge >> 20, kv_cache.untyped_storage().nbytes() >> 20)
 
 
 def register() -> None:

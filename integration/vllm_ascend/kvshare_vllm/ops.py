@@ -47,7 +47,7 @@ from kvshare import check, ffi, lib
 
 __all__ = [
     "paged_attention", "reshape_and_cache", "copy_pages", "OpsArgumentError", "OpsDtypeError",
-    "enabled", "cpu_backend", "backend_for", "describe_backend",
+    "enabled", "cpu_backend", "backend_for", "describe_backend", "huge_pages",
     "ascend_decode", "ascend_kv_write",
 ]
 
@@ -55,6 +55,8 @@ log = logging.getLogger("vllm.kvshare_vllm.ops")  # see kvshare_vllm.logger
 
 ENV_ENABLE = "KVSHARE_VLLM_OPS"
 ENV_CPU_THREADS = "KVSHARE_OPS_CPU_THREADS"
+# "0" keeps kvshare's CPU attention backend from asking for 2 MiB pages on vLLM's KV cache.
+ENV_HUGE_PAGES = "KVSHARE_CPU_HUGE_PAGES"
 
 _DTYPES = {
     torch.float32: lib.KVS_DTYPE_F32,
@@ -157,6 +159,27 @@ def describe_backend(device: torch.device | str = "cpu") -> str:
     buf = ffi.new("char[]", n[0] + 1)
     check(lib.kvs_backend_describe(b, buf, n[0] + 1, n), "kvs_backend_describe")
     return ffi.string(buf).decode()
+
+
+def huge_pages(t: torch.Tensor, *, collapse: bool = True) -> tuple[int, int]:
+    """``kvs_cpu_huge_pages`` on all the memory of a CPU tensor's storage (a KV cache: the whole
+    allocation, whatever view ``t`` is): asks Linux for 2 MiB pages there, and with ``collapse``
+    (``KVS_HUGE_PAGES_MODE_COLLAPSE``) moves the pages already written onto them now, contents
+    kept. Returns ``(advised_bytes, huge_bytes)``: the whole 2 MiB pages inside the storage and
+    how many bytes of them are on huge pages afterwards. Raises :class:`OpsArgumentError` for a
+    tensor not on the CPU, :class:`kvshare.UnsupportedError` where the kernel has no
+    transparent huge pages."""
+    t = _tensor("t", t)
+    if t.device.type != "cpu":
+        raise OpsArgumentError("t", f"is on {t.device}: huge pages are for host (CPU) memory")
+    storage = t.untyped_storage()
+    if storage.nbytes() == 0:
+        return 0, 0
+    report = ffi.new("kvs_huge_pages_report *")
+    mode = lib.KVS_HUGE_PAGES_MODE_COLLAPSE if collapse else lib.KVS_HUGE_PAGES_MODE_ADVISE
+    check(lib.kvs_cpu_huge_pages(ffi.cast("void *", storage.data_ptr()), storage.nbytes(), mode,
+                                 report), "kvs_cpu_huge_pages")
+    return int(report.advised_bytes), int(report.huge_bytes)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -147,6 +147,16 @@ def test_kvshare_attention_backend_generates_the_same_tokens(engine):
     ops_run, log = engine("ops")
     assert ops_run["attention"] == "KvshareCPUAttentionBackend"
     assert "kvshare_vllm: attention (KV write, paged attention) runs in kvshare" in log
+    # Its KV cache (four layers of 16 MiB, zeroed by vLLM) was asked onto 2 MiB pages; where
+    # the kernel has no transparent huge pages the line says so instead.
+    thp = open("/sys/kernel/mm/transparent_hugepage/enabled").read() \
+        if os.path.exists("/sys/kernel/mm/transparent_hugepage/enabled") else ""
+    line = [x for x in log.splitlines() if "kvshare_vllm: KV cache " in x]
+    print(line)
+    if "[never]" in thp or not thp:
+        assert line and "stays on 4 KiB pages" in line[0], line
+    else:
+        assert line and "KV cache on 2 MiB pages: " in line[0], line
     on, _ = engine("on")
     assert on["attention"] == "CPUAttentionBackend"
     # float32 on both sides: the kernels round differently only in the last bits, and greedy

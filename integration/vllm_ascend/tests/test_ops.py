@@ -496,3 +496,28 @@ def test_ascend_hooks_fall_back_on_kvshare_refusals(monkeypatch):
     monkeypatch.setattr(ops, "paged_attention", raising(ValueError("bug")))
     with pytest.raises(ValueError):
         ops.ascend_decode(impl, q, meta, out)
+
+
+def test_huge_pages_on_a_written_cache_keeps_its_contents():
+    # A KV cache as vLLM allocates it (zeroed by torch, then written), 16 MiB: its whole
+    # 2 MiB pages are advised and collapsed; the values never change.
+    cache = torch.arange(4 << 20, dtype=torch.float32).view(2, 256, 16, 2, 256)
+    want = cache.clone()
+    nbytes = cache.untyped_storage().nbytes()
+    advised, huge = ops.huge_pages(cache)
+    assert nbytes - (4 << 20) < advised <= nbytes and advised % (2 << 20) == 0
+    assert 0 <= huge <= advised
+    assert torch.equal(cache, want)
+    # A view asks for its whole storage, as the per-layer K and V halves do.
+    assert ops.huge_pages(cache[1], collapse=False)[0] == advised
+    assert torch.equal(cache, want)
+    # Too small to hold a whole 2 MiB page: nothing to ask.
+    assert ops.huge_pages(torch.ones(1000)) == (0, 0)
+    assert ops.huge_pages(torch.empty(0)) == (0, 0)
+
+
+def test_huge_pages_refuses_what_is_not_host_memory():
+    with pytest.raises(ops.OpsArgumentError, match="t"):
+        ops.huge_pages([1, 2, 3])
+    with pytest.raises(ops.OpsArgumentError, match="meta"):
+        ops.huge_pages(torch.empty(1 << 20, device="meta"))
