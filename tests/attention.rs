@@ -240,6 +240,20 @@ fn cpu_path_from_env() {
                 text.contains(&format!("kernel path {name} (forced by KVSHARE_CPU_ISA)")),
                 "{text}"
             );
+            // The bf16 pairs are named where the path's kernels use them: all of `avx512`'s
+            // with AVX512_BF16, the decode rows of `amx` (which run on `avx512`).
+            let isa = Isa::parse(&name).expect("parsed above");
+            let want = if isa.bf16_pairs() {
+                Some("; bf16 scores by bf16 pairs")
+            } else if isa.vector().bf16_pairs() {
+                Some("; bf16 decode scores by bf16 pairs")
+            } else {
+                None
+            };
+            match want {
+                Some(w) => assert!(text.contains(w), "{text}"),
+                None => assert!(!text.contains("bf16 pairs"), "{text}"),
+            }
             unsafe { kvs_backend::kvs_backend_free(b) };
         }
         Some(Err(why)) => {

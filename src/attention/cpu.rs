@@ -379,6 +379,9 @@ impl BackendInfo for CpuBackend {
             },
             if self.isa.bf16_pairs() {
                 "; bf16 scores by bf16 pairs (vdpbf16ps)"
+            } else if self.isa.vector().bf16_pairs() {
+                // `amx`: its decode rows run on `avx512`, which has the pairs.
+                "; bf16 decode scores by bf16 pairs (vdpbf16ps, on avx512)"
             } else {
                 ""
             },
