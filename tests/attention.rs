@@ -244,9 +244,9 @@ fn cpu_path_from_env() {
             // with AVX512_BF16, the decode rows of `amx` (which run on `avx512`).
             let isa = Isa::parse(&name).expect("parsed above");
             let want = if isa.bf16_pairs() {
-                Some("; bf16 scores by bf16 pairs")
+                Some("; bf16 scores and decode values by bf16 pairs")
             } else if isa.vector().bf16_pairs() {
-                Some("; bf16 decode scores by bf16 pairs")
+                Some("; bf16 decode scores and values by bf16 pairs")
             } else {
                 None
             };

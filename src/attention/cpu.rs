@@ -378,10 +378,12 @@ impl BackendInfo for CpuBackend {
                 "best available"
             },
             if self.isa.bf16_pairs() {
-                "; bf16 scores by bf16 pairs (vdpbf16ps)"
+                "; bf16 scores and decode values by bf16 pairs (vdpbf16ps; decode probabilities \
+                 rounded to bf16)"
             } else if self.isa.vector().bf16_pairs() {
                 // `amx`: its decode rows run on `avx512`, which has the pairs.
-                "; bf16 decode scores by bf16 pairs (vdpbf16ps, on avx512)"
+                "; bf16 decode scores and values by bf16 pairs (vdpbf16ps on avx512; \
+                 probabilities rounded to bf16)"
             } else {
                 ""
             },

@@ -334,7 +334,7 @@ pub(crate) fn attend_partial<T: KvElem>(
     match isa.vector() {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => {
-            // A bf16 query against a bf16 cache scores by bf16 pairs where the CPU can.
+            // A bf16 query against a bf16 cache runs on bf16 pairs where the CPU can.
             if bf16dot::run_if_able(false, kv, rows, out, m, l) {
                 return;
             }
@@ -443,6 +443,29 @@ trait Scores<T: KvElem> {
         d: usize,
         s: &mut [f32],
     );
+    /// Whether the values go through [`Scores::pv`] (bf16 pairs) instead of the f32 [`pv`]:
+    /// then [`block`] rounds the probabilities with [`Scores::round_p`] before summing them,
+    /// and [`attend_impl`] puts the accumulators back in element order with
+    /// [`Scores::finish`].
+    const PAIR_VALUES: bool = false;
+    /// Rounds the probabilities `p` (a multiple of 16 values) to what [`Scores::pv`] multiplies.
+    #[inline(always)]
+    unsafe fn round_p(_p: &mut [f32]) {}
+    /// `acc[r][..d] += sum_t p[t * NG + r] v[t]` over the `nt <= SUB` V rows
+    /// `v[t] = v0 + t * ss`, for `NG` rows (`U`: [`block`]'s chunks of 16 columns per value
+    /// step), in the pair engine's accumulator order.
+    #[inline(always)]
+    unsafe fn pv<const NG: usize, const U: usize>(
+        _acc: &mut [f32],
+        _v: (*const T, usize, usize),
+        _p: &[f32],
+        _d: usize,
+    ) {
+        unreachable!("only called where PAIR_VALUES is true")
+    }
+    /// Puts rows of `d` accumulators from [`Scores::pv`]'s order back in element order.
+    #[inline(always)]
+    fn finish(_out: &mut [f32], _d: usize) {}
 }
 
 /// Scores from the f32 query rows ([`qk`]): every path and K/V type.
@@ -585,6 +608,9 @@ unsafe fn attend_impl<L: Lanes, T: KvElem, S: Scores<T>>(
     if L::split::<T>() && d >= 2 * w {
         // The accumulators back in element order.
         split_pairs::<true>(w, &mut out[..n * d], d);
+    }
+    if S::PAIR_VALUES {
+        S::finish(&mut out[..n * d], d);
     }
 }
 
@@ -895,7 +921,16 @@ unsafe fn block<
     for c in 0..chunks {
         let p = L::exp(L::sub(L::load(sp.as_ptr().add(c * w)), shift));
         L::store(sp.as_mut_ptr().add(c * w), p);
-        sum = L::add(sum, p);
+        if !S::PAIR_VALUES {
+            sum = L::add(sum, p);
+        }
+    }
+    if S::PAIR_VALUES {
+        // The sums take the probabilities the values multiply.
+        S::round_p(sp);
+        for c in 0..chunks {
+            sum = L::add(sum, L::load(sp.as_ptr().add(c * w)));
+        }
     }
     L::store(lanes.as_mut_ptr(), sum);
     for i in 0..w {
@@ -911,6 +946,11 @@ unsafe fn block<
         let t1 = n.min(t0 + SUB);
         let (vr, st) = ((v0.add(t0 * ss), ss, t1 - t0), &s[t0 * NG..t1 * NG]);
         ahead.step(per_tok * (t1 - t0));
+        if S::PAIR_VALUES {
+            S::pv::<NG, U>(acc, vr, st, d);
+            t0 = t1;
+            continue;
+        }
         let mut c = 0;
         while c < du {
             pv::<L, T, NG, U>(acc, vr, st, c, d);

@@ -20,9 +20,9 @@ The parent test runs the cases below in a child pytest process per emulated CPU 
 emulated CPU must never run the library natively, and the library caches those answers per
 process). Two models: Cannon Lake, a client CPU with AVX-512 (F/CD/BW/DQ/VL/IFMA/VBMI), and Sapphire
 Rapids, the Xeon the avx512 path is meant for (it adds VNNI, AVX512_BF16 and AVX512_FP16; there
-bf16 attention scores by bf16 pairs, `vdpbf16ps`, `kernel/bf16dot.rs`: the tiled kernel's pair
-engine in prefill, the decode kernel's pair scores in decode; a planted bug in either fails that
-model's bf16 prefill or bf16 decode cases only). In the child the backend's
+bf16 attention multiplies bf16 pairs, `vdpbf16ps`, `kernel/bf16dot.rs`: the tiled kernel's pair
+engine in prefill, the decode kernel's pair scores and values in decode; a planted bug in either
+fails that model's bf16 prefill or bf16 decode cases only). In the child the backend's
 own description must name the avx512 path and the emulated CPU's flags, so a silent fallback to
 another path, or the host's answers, fail.
 

@@ -1,22 +1,34 @@
 //! The bf16 pair engines, on the `avx512` path of CPUs with AVX512_BF16, for a bf16 query
-//! against a bf16 cache: scores `Q K^T` by `vdpbf16ps` (16 lanes, each adding the products of
-//! one bf16 pair to an f32 accumulator). Two users: the tiled (prefill) kernel's engine
-//! ([`Dot`]; values by the f32 engine, [`Fma`]) and the decode kernel's scores ([`Pairs`]; its
-//! values stay the f32 ones too).
+//! against a bf16 cache: products by `vdpbf16ps` (16 lanes, each adding the products of one
+//! bf16 pair to an f32 accumulator). Two users: the tiled (prefill) kernel's engine ([`Dot`]:
+//! scores `Q K^T` by pairs, values by the f32 engine, [`Fma`]) and the decode kernel ([`Pairs`]:
+//! scores and, since stop 34, values `P V` by pairs).
 //!
 //! Exactness. The products of two bf16 are exact in f32 and `vdpbf16ps` adds them to f32
 //! accumulators with round-to-nearest-even, as the f32 engine's FMAs do on the same values
 //! converted; only the order of the additions differs (pairs of head-dim elements), and inputs
 //! below f32's normal range are read as zero (bf16 subnormals, under 1.2e-38). The query is
 //! taken as the caller gave it ([`Rows::q_bf16`], before the scale) and the scale multiplies
-//! each score, so nothing is rounded to bf16 that was not bf16 already. The probabilities stay
-//! f32 (the AMX engine rounds them to bf16; this one does not).
+//! each score, so no score input is rounded to bf16 that was not bf16 already. Decode's values
+//! multiply the probabilities rounded to bf16 (`vcvtneps2bf16`, as the AMX engine does in
+//! prefill), and the softmax sum adds the same rounded values: each probability moves by at
+//! most 2^-9 of itself, so an output by at most 2^-9 of the largest `|v - out|`, about the
+//! rounding of a bf16 output (the kernel tests bound it; mean 1.4e-4 for V in [-1, 1]).
+//! Prefill's values stay f32.
 //!
-//! Decode. The K rows are read in place: a 64-byte chunk of a row is 16 pairs in element
+//! Decode scores. The K rows are read in place: a 64-byte chunk of a row is 16 pairs in element
 //! order, and so is the query's chunk, so `vdpbf16ps` on the two adds 16 partial sums per
 //! query row and key; the transposed horizontal sum of the decode kernel's 16 accumulators
 //! (`Lanes::hsum_w`) gives their 16 scores. Per key and kv head with 4 query rows of 128, that
 //! is 16 `vdpbf16ps` where the f32 scores take 32 FMAs and 8 conversions.
+//!
+//! Decode values ([`pv_cols`]). Two tokens' V chunks of 32 are interleaved by `vpunpcklwd` /
+//! `vpunpckhwd` into two vectors of 16 (token t, token t + 1) pairs, and each row's
+//! probabilities of the two tokens are one broadcast pair, so one `vdpbf16ps` adds both tokens'
+//! products to 16 accumulators. Per key and kv head at 4 rows of 128: 16 `vdpbf16ps` and 4
+//! unpacks where the f32 values take 32 FMAs and 8 conversions. The unpacks work within
+//! 128-bit lanes, so the accumulators hold their columns in [`pair_column`] order until
+//! `Scores::finish` puts each row back in element order.
 //!
 //! Layout (tiled). The K tile is stored as pairs, transposed: `kp[j * KT + t]` holds elements `2j`
 //! (low half) and `2j + 1` (high half) of key `t`'s row, so a score block is a broadcast of
@@ -35,7 +47,7 @@ use std::arch::x86_64::*;
 
 use super::avx512::Avx512;
 use super::tiled::{Engine, Fma, FMA_MR, KT};
-use super::{Block, KvElem, Lanes, Rows, Scores, SeqKv};
+use super::{Block, KvElem, Lanes, Rows, Scores, SeqKv, SUB};
 use crate::attention::cpu::Isa;
 
 /// The bf16 pair engine (see the module doc).
@@ -191,8 +203,9 @@ unsafe fn dot<const M: usize, const NV: usize>(
     }
 }
 
-/// The decode kernel's scores by bf16 pairs (see the module doc): the group's unscaled bf16
-/// query rows ([`Block::q_bf16`]) times the K rows as stored, then the scale.
+/// The decode kernel's scores and values by bf16 pairs (see the module doc): the group's
+/// unscaled bf16 query rows ([`Block::q_bf16`]) times the K rows as stored, then the scale; the
+/// probabilities rounded to bf16 times pairs of V rows.
 pub(super) struct Pairs;
 
 /// Elements per chunk of [`Pairs`]: 16 pairs, one `vdpbf16ps`.
@@ -226,6 +239,132 @@ impl Scores<bf16> for Pairs {
         } else {
             for i in 0..TT * NG {
                 s[i] = Avx512::hsum(a[i]) * scale;
+            }
+        }
+    }
+
+    const PAIR_VALUES: bool = true;
+
+    #[inline(always)]
+    unsafe fn round_p(p: &mut [f32]) {
+        assert!(p.len().is_multiple_of(16));
+        for c in (0..p.len()).step_by(16) {
+            let x = _mm512_loadu_ps(p.as_ptr().add(c));
+            // Round to nearest even in bf16 (`vcvtneps2bf16`), then back to f32 exactly.
+            let h: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(x));
+            let back = _mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h));
+            _mm512_storeu_ps(p.as_mut_ptr().add(c), _mm512_castsi512_ps(back));
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn pv<const NG: usize, const U: usize>(
+        acc: &mut [f32],
+        (v0, ss, nt): (*const bf16, usize, usize),
+        p: &[f32],
+        d: usize,
+    ) {
+        const { assert!(NG <= 8) };
+        assert!(nt <= SUB && p.len() >= nt * NG && acc.len() >= NG * d);
+        assert!(d.is_multiple_of(PAIR_CHUNK));
+        // pp[i][r]: the probabilities of tokens 2i (low half) and 2i + 1 (high half; 0 past
+        // the last token) of row r, as one bf16 pair. They are bf16 values already (round_p).
+        let mut pp = [[0i32; 8]; SUB / 2];
+        for i in 0..nt.div_ceil(2) {
+            for r in 0..NG {
+                let lo = p[2 * i * NG + r].to_bits() >> 16;
+                let hi = match p.get((2 * i + 1) * NG + r) {
+                    Some(x) if 2 * i + 1 < nt => x.to_bits() & 0xffff_0000,
+                    _ => 0,
+                };
+                pp[i][r] = (lo | hi) as i32;
+            }
+        }
+        // Columns in steps of the f32 path's U chunks of 16 (U / 2 chunks of 32 here), the
+        // rest one chunk of 32 at a time.
+        let step = PAIR_CHUNK * (U / 2).max(1);
+        let mut c = 0;
+        while c + step <= d {
+            match U {
+                8 => pv_cols::<NG, 4>(acc, (v0, ss, nt), &pp, c, d),
+                4 => pv_cols::<NG, 2>(acc, (v0, ss, nt), &pp, c, d),
+                _ => pv_cols::<NG, 1>(acc, (v0, ss, nt), &pp, c, d),
+            }
+            c += step;
+        }
+        while c < d {
+            pv_cols::<NG, 1>(acc, (v0, ss, nt), &pp, c, d);
+            c += PAIR_CHUNK;
+        }
+    }
+
+    fn finish(out: &mut [f32], d: usize) {
+        for row in out.chunks_exact_mut(d) {
+            for chunk in row.chunks_exact_mut(PAIR_CHUNK) {
+                let chunk: &mut [f32; PAIR_CHUNK] = chunk.try_into().expect("chunks of 32");
+                let held = *chunk;
+                for (j, x) in held.into_iter().enumerate() {
+                    chunk[pair_column(j)] = x;
+                }
+            }
+        }
+    }
+}
+
+/// The column (within its chunk of 32) that lane `j` of [`pv_cols`]'s two accumulators of a
+/// chunk holds (`j < 16`: the first, from `vpunpcklwd`; else the second, from `vpunpckhwd`):
+/// per 128-bit lane `L`, the low unpack interleaves the rows' words `8L..8L + 4`, the high one
+/// words `8L + 4..8L + 8`.
+fn pair_column(j: usize) -> usize {
+    let (half, k) = (j / 16, j % 16);
+    8 * (k / 4) + 4 * half + k % 4
+}
+
+/// [`Pairs`]' values for columns `c..c + 32 C` of `NG` rows: each pair of V rows (tokens 2i
+/// and 2i + 1, the last alone paired with itself at probability 0) interleaved by
+/// `vpunpcklwd` / `vpunpckhwd` into 16 bf16 pairs per vector, times the rows' probability
+/// pairs by `vdpbf16ps`: `NG * 2C` accumulators, kept in memory in [`pair_column`] order.
+#[inline(always)]
+unsafe fn pv_cols<const NG: usize, const C: usize>(
+    acc: &mut [f32],
+    (v0, ss, nt): (*const bf16, usize, usize),
+    pp: &[[i32; 8]; SUB / 2],
+    c: usize,
+    d: usize,
+) {
+    assert!(c + PAIR_CHUNK * C <= d && acc.len() >= NG * d && nt <= SUB);
+    let ap = acc.as_mut_ptr();
+    let mut a = [[[_mm512_setzero_ps(); 2]; C]; NG];
+    for r in 0..NG {
+        for u in 0..C {
+            for h in 0..2 {
+                a[r][u][h] = _mm512_loadu_ps(ap.add(r * d + c + PAIR_CHUNK * u + 16 * h));
+            }
+        }
+    }
+    for i in 0..nt.div_ceil(2) {
+        let ra = v0.add(2 * i * ss);
+        let rb = if 2 * i + 1 < nt { v0.add((2 * i + 1) * ss) } else { ra };
+        let mut lo = [_mm512_setzero_si512(); C];
+        let mut hi = [_mm512_setzero_si512(); C];
+        for u in 0..C {
+            let x = _mm512_loadu_si512(ra.add(c + PAIR_CHUNK * u).cast());
+            let y = _mm512_loadu_si512(rb.add(c + PAIR_CHUNK * u).cast());
+            lo[u] = _mm512_unpacklo_epi16(x, y);
+            hi[u] = _mm512_unpackhi_epi16(x, y);
+        }
+        for r in 0..NG {
+            let pr = bh(_mm512_set1_epi32(pp[i][r]));
+            for u in 0..C {
+                a[r][u][0] = _mm512_dpbf16_ps(a[r][u][0], pr, bh(lo[u]));
+                a[r][u][1] = _mm512_dpbf16_ps(a[r][u][1], pr, bh(hi[u]));
+            }
+        }
+    }
+    for r in 0..NG {
+        for u in 0..C {
+            for h in 0..2 {
+                _mm512_storeu_ps(ap.add(r * d + c + PAIR_CHUNK * u + 16 * h), a[r][u][h]);
             }
         }
     }
