@@ -99,7 +99,11 @@ while read line; do echo "KVSBENCH 2.5"; done
     // Huge pages on (the default): vLLM's side is started with torch's THP switch on too.
     for (extra, dt, huge) in [
         (&[][..], "f16", true),
-        (&["--dtype", "bf16", "--huge-pages", "off"][..], "bf16", false),
+        (
+            &["--dtype", "bf16", "--huge-pages", "off"][..],
+            "bf16",
+            false,
+        ),
     ] {
         let out = bench()
             .args(args)
@@ -126,7 +130,11 @@ while read line; do echo "KVSBENCH 2.5"; done
         let j: serde_json::Value = serde_json::from_str(json).expect("last line is JSON");
         assert_eq!(j["shapes"][0]["dtype"], dt, "{json}");
         assert_eq!(j["shapes"][0]["huge_pages"], huge, "{json}");
-        assert_eq!(j["shapes"][0]["vllm"]["huge_mib"], if huge { 3 } else { 0 }, "{json}");
+        assert_eq!(
+            j["shapes"][0]["vllm"]["huge_mib"],
+            if huge { 3 } else { 0 },
+            "{json}"
+        );
         assert!(!json.contains("\"vllm_over_kvshare\":null"), "{json}");
     }
     let out = bench()

@@ -20,9 +20,9 @@ use super::pool::ThreadPool;
 use super::{AttnBatch, Backend, BackendInfo, Buf, BufMut, CopyKind, KvWrite, PageCopyBatch};
 use crate::core::{Error, Result};
 
+pub mod huge_pages;
 mod isa;
 mod plan;
-pub mod huge_pages;
 
 /// The CPU backend.
 pub struct CpuBackend {

@@ -135,7 +135,9 @@ mod sys {
     fn refusal(err: std::io::Error, name: &str, lo: usize, len: usize) -> Error {
         let range = format!("{len} bytes at {lo:#x}");
         match err.raw_os_error() {
-            Some(libc::ENOMEM) => Error::arg("base", format!("{range}: not mapped in this process")),
+            Some(libc::ENOMEM) => {
+                Error::arg("base", format!("{range}: not mapped in this process"))
+            }
             Some(libc::EINVAL | libc::EOPNOTSUPP) => Error::Unsupported(format!(
                 "madvise({name}) on {range}: {err} (no transparent huge pages in this kernel, \
                  or not anonymous memory)"
@@ -185,7 +187,10 @@ AnonHugePages:         0 kB
         let base = 0x7f00_0000_0000usize;
         assert_eq!(smaps_huge_bytes(smaps, base, base + 10 * mb), 6 * mb);
         // The first mapping only: capped at the 2 MiB that overlap.
-        assert_eq!(smaps_huge_bytes(smaps, base + 2 * mb, base + 4 * mb), 2 * mb);
+        assert_eq!(
+            smaps_huge_bytes(smaps, base + 2 * mb, base + 4 * mb),
+            2 * mb
+        );
         assert_eq!(smaps_huge_bytes(smaps, base + 10 * mb, base + 12 * mb), 0);
         assert_eq!(mapping_range("Size: 4 kB"), None);
     }
@@ -210,7 +215,10 @@ AnonHugePages:         0 kB
     fn an_unmapped_range_is_an_argument_error() {
         // The first 2 MiB page above the null page is never mapped.
         let r = back_with_huge_pages(HUGE_PAGE, HUGE_PAGE, HugePages::Advise);
-        assert!(matches!(r, Err(Error::InvalidArgument { field: "base", .. })), "{r:?}");
+        assert!(
+            matches!(r, Err(Error::InvalidArgument { field: "base", .. })),
+            "{r:?}"
+        );
     }
 
     #[cfg(target_os = "linux")]
@@ -223,7 +231,9 @@ AnonHugePages:         0 kB
             return;
         }
         let n = 8 * HUGE_PAGE;
-        let mut v: Vec<u64> = (0..(n / 8) as u64).map(|i| i.wrapping_mul(0x9e37_79b9)).collect();
+        let mut v: Vec<u64> = (0..(n / 8) as u64)
+            .map(|i| i.wrapping_mul(0x9e37_79b9))
+            .collect();
         let addr = v.as_mut_ptr() as usize;
         let r = match back_with_huge_pages(addr, n, HugePages::Collapse) {
             Err(Error::Unsupported(why)) => {
@@ -233,9 +243,19 @@ AnonHugePages:         0 kB
             r => r.unwrap(),
         };
         // At least 7 whole aligned 2 MiB pages lie inside 8 pages' worth of bytes.
-        assert!(r.advised_bytes >= 7 * HUGE_PAGE && r.advised_bytes <= n, "{r:?}");
+        assert!(
+            r.advised_bytes >= 7 * HUGE_PAGE && r.advised_bytes <= n,
+            "{r:?}"
+        );
         assert!(r.huge_bytes <= r.advised_bytes, "{r:?}");
-        println!("advised {} MiB, huge {} MiB", r.advised_bytes >> 20, r.huge_bytes >> 20);
-        assert!(v.iter().enumerate().all(|(i, &x)| x == (i as u64).wrapping_mul(0x9e37_79b9)));
+        println!(
+            "advised {} MiB, huge {} MiB",
+            r.advised_bytes >> 20,
+            r.huge_bytes >> 20
+        );
+        assert!(v
+            .iter()
+            .enumerate()
+            .all(|(i, &x)| x == (i as u64).wrapping_mul(0x9e37_79b9)));
     }
 }

@@ -344,7 +344,11 @@ unsafe fn pv_cols<const NG: usize, const C: usize>(
     }
     for i in 0..nt.div_ceil(2) {
         let ra = v0.add(2 * i * ss);
-        let rb = if 2 * i + 1 < nt { v0.add((2 * i + 1) * ss) } else { ra };
+        let rb = if 2 * i + 1 < nt {
+            v0.add((2 * i + 1) * ss)
+        } else {
+            ra
+        };
         let mut lo = [_mm512_setzero_si512(); C];
         let mut hi = [_mm512_setzero_si512(); C];
         for u in 0..C {

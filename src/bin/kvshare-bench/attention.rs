@@ -565,7 +565,11 @@ impl KvBuf {
                 .map(|r| r.huge_bytes)
                 .map_err(|e| format!("--huge-pages on: {e}"))
         };
-        let buf = KvBuf { ptr, len: n, layout };
+        let buf = KvBuf {
+            ptr,
+            len: n,
+            layout,
+        };
         if huge {
             advise()?;
         }

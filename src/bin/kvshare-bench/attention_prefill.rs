@@ -174,13 +174,12 @@ pub fn run(s: Shape, paths: &[Isa]) -> Result<String, String> {
             .map(|n| n.to_string())
             .chain([name.to_string(), s.chunk.to_string()])
             .collect();
-        let mut server = Server::start_script(&python, SCRIPT, "prefill", &files, &args, &[]).and_then(
-            |(srv, line)| {
+        let mut server = Server::start_script(&python, SCRIPT, "prefill", &files, &args, &[])
+            .and_then(|(srv, line)| {
                 serde_json::from_str::<serde_json::Value>(&line)
                     .map(|head| (srv, head))
                     .map_err(|e| format!("{e}: {line}"))
-            },
-        );
+            });
         let mut others: Vec<&str> = Vec::new();
         match &server {
             Ok((_, head)) => {
