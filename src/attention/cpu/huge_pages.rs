@@ -3,9 +3,10 @@
 //! The decode kernel reads one kv head of every token of a page: with the dense layout
 //! (`[pages, page_size, kv_heads, head_dim]`, 8 kv heads x 128 bf16) that is 256 bytes every 2
 //! KiB, so one 2048-key item touches 2048 different 4 KiB pages of K and V, far more than the
-//! TLB holds. Backed by 2 MiB pages the same item touches 4. On Zen 4 (2 threads, bf16, the
-//! same kvshare build, same-process buffers) decode of 2 x 32768 tokens ran 17.6 ms on 4 KiB
-//! pages and 10.4 ms on huge pages, 32 x 4096 23.7 and 19.5 ms.
+//! TLB holds. Backed by 2 MiB pages the same item touches as few as 4. Measured on Zen 4 in a
+//! VM (2 threads, aligned buffers, separate processes alternating): decode 1.00-1.28x faster
+//! on huge pages in bf16 and 0.87-1.30x in f16, and a streaming read 1.3-1.6x faster (the
+//! README's stop 34).
 //!
 //! Linux gives anonymous memory huge pages only where the process asks for them when
 //! `/sys/kernel/mm/transparent_hugepage/enabled` is `madvise` (the common default), and the
