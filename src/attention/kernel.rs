@@ -948,17 +948,16 @@ unsafe fn block<
         ahead.step(per_tok * (t1 - t0));
         if S::PAIR_VALUES {
             S::pv::<NG, U>(acc, vr, st, d);
-            t0 = t1;
-            continue;
-        }
-        let mut c = 0;
-        while c < du {
-            pv::<L, T, NG, U>(acc, vr, st, c, d);
-            c += w * U;
-        }
-        while c < dw {
-            pv::<L, T, NG, 1>(acc, vr, st, c, d);
-            c += w;
+        } else {
+            let mut c = 0;
+            while c < du {
+                pv::<L, T, NG, U>(acc, vr, st, c, d);
+                c += w * U;
+            }
+            while c < dw {
+                pv::<L, T, NG, 1>(acc, vr, st, c, d);
+                c += w;
+            }
         }
         t0 = t1;
     }

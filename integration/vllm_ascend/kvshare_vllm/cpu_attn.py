@@ -181,7 +181,7 @@ def _on_huge_pages(kv_cache: torch.Tensor) -> None:
                         ops.ENV_HUGE_PAGES)
         return
     try:
-        advised, huge = ops.huge_pages(kv_cache, collapse=True)
+        _, huge = ops.huge_pages(kv_cache, collapse=True)
     except kvshare.KvsError as e:
         if first:
             logger.info("kvshare_vllm: KV cache stays on 4 KiB pages: %s", e)

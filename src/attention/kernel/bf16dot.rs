@@ -273,9 +273,10 @@ impl Scores<bf16> for Pairs {
         for i in 0..nt.div_ceil(2) {
             for r in 0..NG {
                 let lo = p[2 * i * NG + r].to_bits() >> 16;
-                let hi = match p.get((2 * i + 1) * NG + r) {
-                    Some(x) if 2 * i + 1 < nt => x.to_bits() & 0xffff_0000,
-                    _ => 0,
+                let hi = if 2 * i + 1 < nt {
+                    p[(2 * i + 1) * NG + r].to_bits() & 0xffff_0000
+                } else {
+                    0
                 };
                 pp[i][r] = (lo | hi) as i32;
             }
