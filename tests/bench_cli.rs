@@ -136,6 +136,21 @@ while read line; do echo "KVSBENCH 2.5"; done
             "{json}"
         );
         assert!(!json.contains("\"vllm_over_kvshare\":null"), "{json}");
+        // Every path's launches paired with the streaming reads around them: 7 at least.
+        let paths = j["shapes"][0]["paths"].as_object().expect("paths");
+        assert!(!paths.is_empty(), "{json}");
+        for (name, p) in paths {
+            let pf = &p["bw_fraction_paired"];
+            assert_eq!(pf["launches"], 7, "{name}: {json}");
+            let (lo, mid, hi) = (
+                pf["min"].as_f64().unwrap(),
+                pf["median"].as_f64().unwrap(),
+                pf["max"].as_f64().unwrap(),
+            );
+            assert!(0.0 < lo && lo <= mid && mid <= hi, "{name}: {json}");
+        }
+        assert!(said
+            .contains("paired with the streaming reads just before and after each launch: median"));
     }
     let out = bench()
         .args(args)
