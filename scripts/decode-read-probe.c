@@ -1,17 +1,27 @@
 /*
  * How fast this machine reads K/V in the decode kernel's order, with no arithmetic: the read
- * side's ceiling. README "Stop 33" uses it. K and V are 256 MiB each of token slots of 2 KiB
- * (8 kv heads x 128 bf16, token-major as the kernel's usual layout), read by 64-byte loads
- * summed into two registers, split evenly over the threads. Patterns:
+ * side's ceiling. README "Stop 33" and "Stop 35" use it. K and V are 256 MiB each of token
+ * slots of 2 KiB (8 kv heads x 128 bf16, token-major as the kernel's usual layout), on 2 MiB
+ * pages (MADV_HUGEPAGE before writing, as kvs_cpu_huge_pages advises an engine's cache; 4 KiB
+ * pages where THP is off), read by 64-byte loads summed into registers, split evenly over the
+ * threads. Patterns:
  *
  *   seq        plain sequential reading of K and V (the streaming-read baseline)
- *   kernel-t1  the decode kernel's order: blocks of 32 tokens; per block, each kv head's 32
- *              rows (256 bytes each, a slot apart); while a block is read, the next block's
- *              lines are requested in address order, 4 per row read (prefetcht1, as the kernel)
+ *   kernel-t1  the decode kernel's order: blocks of 32 tokens; per block and kv head, the
+ *              head's 32 rows of K (256 bytes each, a slot apart), then its 32 rows of V; while a block is read, the
+ *              next block's lines are requested in address order, 4 per row read (prefetcht1,
+ *              as the kernel)
  *   kernel-t0  the same with prefetcht0
  *   kernel     the same order with no software prefetch
  *   head-page  a head-major page (each head's 128 rows contiguous) read head by head, whole
  *              pages (what the hardware prefetchers follow), no software prefetch
+ *   slot       per block, each token's whole slot (all heads) in turn, K then V: address order
+ *              with no software prefetch (the order a kernel would need to read K and V in to
+ *              leave the prefetching to the hardware)
+ *   k-slot     per block, K in slot order, then V in the kernel's order (head by head), the
+ *              next block's V requested in address order while the block is read (prefetcht1)
+ *   staged     the kernel's order over a copy of the block in a per-thread buffer, while the
+ *              next block is copied into the other buffer in address order, 4 lines per row
  *
  *   cc -O2 -mavx512f scripts/decode-read-probe.c -o decode-read-probe -lpthread
  *   ./decode-read-probe THREADS          (prints GB/s per pattern, best of 5)
@@ -23,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #define BYTES ((size_t)256 << 20)
@@ -31,13 +42,17 @@
 #define HEADS 8
 #define BLOCK 32
 #define PAGE_TOKENS 128
+#define BLOCK_BYTES ((size_t)BLOCK * SLOT)
 
-enum { SEQ, KERNEL_T1, KERNEL_T0, KERNEL, HEAD_PAGE, PATTERNS };
-static const char *NAMES[PATTERNS] = {"seq", "kernel-t1", "kernel-t0", "kernel", "head-page"};
+enum { SEQ, KERNEL_T1, KERNEL_T0, KERNEL, HEAD_PAGE, SLOT_ORDER, K_SLOT, STAGED, PATTERNS };
+static const char *NAMES[PATTERNS] = {"seq",       "kernel-t1", "kernel-t0", "kernel",
+                                      "head-page", "slot",      "k-slot",    "staged"};
 
 static char *K, *V;
 static int pattern, threads;
 static volatile float sink;
+/* The staged pattern's two buffers (K and V of one block each), per thread. */
+static _Thread_local char stage[2][2][BLOCK_BYTES] __attribute__((aligned(64)));
 
 static double now(void) {
     struct timespec t;
@@ -45,50 +60,97 @@ static double now(void) {
     return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
-/* Adds the 4 lines of row `off` of K and V. */
-#define ROW_READ(off)                                                                  \
-    for (int c = 0; c < ROW; c += 64) {                                                \
-        a = _mm512_add_ps(a, _mm512_load_ps((const float *)(K + (off) + c)));          \
-        b = _mm512_add_ps(b, _mm512_load_ps((const float *)(V + (off) + c)));          \
-    }
+/* Adds the 4 lines of row `off` of buffer P. */
+#define ROW_READ(P, off)                                                               \
+    for (int c = 0; c < ROW; c += 64) a = _mm512_add_ps(a, _mm512_load_ps((const float *)((P) + (off) + c)));
+
+/* Copies line `at` of the block at `from` in K and V into stage buffer `buf`. */
+#define STAGE_LINE(buf, from, at)                                                       \
+    do {                                                                                \
+        _mm512_store_ps((float *)(stage[buf][0] + (at)), _mm512_load_ps((const float *)(K + (from) + (at)))); \
+        _mm512_store_ps((float *)(stage[buf][1] + (at)), _mm512_load_ps((const float *)(V + (from) + (at)))); \
+    } while (0)
 
 static void *run(void *arg) {
     size_t per = BYTES / threads, lo = (size_t)arg * per, hi = lo + per;
-    __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps();
+    __m512 a = _mm512_setzero_ps();
     if (pattern == SEQ) {
         for (size_t i = lo; i < hi; i += 64) {
             a = _mm512_add_ps(a, _mm512_load_ps((const float *)(K + i)));
-            b = _mm512_add_ps(b, _mm512_load_ps((const float *)(V + i)));
+            a = _mm512_add_ps(a, _mm512_load_ps((const float *)(V + i)));
         }
     } else if (pattern == HEAD_PAGE) {
         size_t page = (size_t)PAGE_TOKENS * SLOT;
         for (size_t p = lo; p < hi; p += page)
             for (int h = 0; h < HEADS; h++)
-                for (int t = 0; t < PAGE_TOKENS; t++) ROW_READ(p + (size_t)h * PAGE_TOKENS * ROW + t * ROW)
-    } else {
-        size_t blk = (size_t)BLOCK * SLOT;
-        for (size_t s = lo; s < hi; s += blk) {
-            size_t next = s + blk, at = 0;
-            int ahead = next < hi && pattern != KERNEL;
+                for (int t = 0; t < PAGE_TOKENS; t++) {
+                    ROW_READ(K, p + (size_t)h * PAGE_TOKENS * ROW + t * ROW)
+                    ROW_READ(V, p + (size_t)h * PAGE_TOKENS * ROW + t * ROW)
+                }
+    } else if (pattern == SLOT_ORDER || pattern == K_SLOT) {
+        for (size_t s = lo; s < hi; s += BLOCK_BYTES) {
+            size_t next = s + BLOCK_BYTES, at = 0;
+            int ahead = pattern == K_SLOT && next + BLOCK_BYTES <= hi;
+            for (size_t o = 0; o < BLOCK_BYTES; o += ROW) {
+                ROW_READ(K, s + o)
+                for (int j = 0; ahead && j < 2; j++, at += 64) _mm_prefetch(V + next + at, _MM_HINT_T1);
+            }
+            if (pattern == SLOT_ORDER) {
+                for (size_t o = 0; o < BLOCK_BYTES; o += ROW) ROW_READ(V, s + o)
+            } else {
+                for (int h = 0; h < HEADS; h++)
+                    for (int t = 0; t < BLOCK; t++) {
+                        ROW_READ(V, s + (size_t)t * SLOT + h * ROW)
+                        for (int j = 0; ahead && j < 2; j++, at += 64) _mm_prefetch(V + next + at, _MM_HINT_T1);
+                    }
+            }
+        }
+    } else if (pattern == STAGED) {
+        for (size_t o = 0; o < BLOCK_BYTES && lo + o < hi; o += 64) STAGE_LINE(0, lo, o);
+        for (size_t s = lo; s < hi; s += BLOCK_BYTES) {
+            int cur = (int)((s - lo) / BLOCK_BYTES) & 1;
+            size_t next = s + BLOCK_BYTES, at = 0;
+            int ahead = next + BLOCK_BYTES <= hi;
             for (int h = 0; h < HEADS; h++)
-                for (int t = 0; t < BLOCK; t++) {
-                    ROW_READ(s + (size_t)t * SLOT + h * ROW)
-                    for (int j = 0; ahead && j < 4 && at < blk; j++, at += 64) {
-                        if (pattern == KERNEL_T1) {
-                            _mm_prefetch(K + next + at, _MM_HINT_T1);
-                            _mm_prefetch(V + next + at, _MM_HINT_T1);
-                        } else {
-                            _mm_prefetch(K + next + at, _MM_HINT_T0);
-                            _mm_prefetch(V + next + at, _MM_HINT_T0);
+                for (int kv = 0; kv < 2; kv++)
+                    for (int t = 0; t < BLOCK; t++) {
+                        ROW_READ(stage[cur][kv], (size_t)t * SLOT + h * ROW)
+                        for (int j = 0; ahead && j < 2; j++, at += 64) STAGE_LINE(cur ^ 1, next, at);
+                    }
+        }
+    } else {
+        for (size_t s = lo; s < hi; s += BLOCK_BYTES) {
+            size_t next = s + BLOCK_BYTES, at = 0;
+            int ahead = next + BLOCK_BYTES <= hi && pattern != KERNEL;
+            for (int h = 0; h < HEADS; h++)
+                for (int kv = 0; kv < 2; kv++)
+                    for (int t = 0; t < BLOCK; t++) {
+                        ROW_READ(kv ? V : K, s + (size_t)t * SLOT + h * ROW)
+                        for (int j = 0; ahead && j < 2 && at < BLOCK_BYTES; j++, at += 64) {
+                            if (pattern == KERNEL_T1) {
+                                _mm_prefetch(K + next + at, _MM_HINT_T1);
+                                _mm_prefetch(V + next + at, _MM_HINT_T1);
+                            } else {
+                                _mm_prefetch(K + next + at, _MM_HINT_T0);
+                                _mm_prefetch(V + next + at, _MM_HINT_T0);
+                            }
                         }
                     }
-                }
         }
     }
     float out[16];
-    _mm512_storeu_ps(out, _mm512_add_ps(a, b));
+    _mm512_storeu_ps(out, a);
     sink = out[0];
     return NULL;
+}
+
+static char *alloc(void) {
+    char *p = aligned_alloc((size_t)2 << 20, BYTES);
+    if (p) {
+        madvise(p, BYTES, MADV_HUGEPAGE); /* refused where THP is off: 4 KiB pages then */
+        memset(p, 1, BYTES);
+    }
+    return p;
 }
 
 int main(int argc, char **argv) {
@@ -97,11 +159,9 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: decode-read-probe THREADS (1-64)\n");
         return 2;
     }
-    K = aligned_alloc(4096, BYTES);
-    V = aligned_alloc(4096, BYTES);
+    K = alloc();
+    V = alloc();
     if (!K || !V) return 1;
-    memset(K, 1, BYTES);
-    memset(V, 1, BYTES);
     for (pattern = 0; pattern < PATTERNS; pattern++) {
         double best = 1e30;
         for (int r = 0; r < 5; r++) {
