@@ -163,11 +163,7 @@ fn pair_values_with_exact_probabilities_give_the_mean() {
             layout: &layout,
             softcap: 0.0,
         };
-        let at = |t: usize| {
-            pages[t / ps] as usize * layout.page_stride
-                + (t % ps) * layout.slot_stride
-                + layout.head_stride
-        };
+        let at = |t: usize| layout.offset(pages[t / ps] as usize, t % ps, 1);
         for group in [8usize, 4, 2, 1] {
             for r0 in (0..8).step_by(group) {
                 let rr = r0..r0 + group;
