@@ -164,10 +164,17 @@ fn read_bandwidth(bufs: &[&[u16]], threads: usize, reps: usize) -> (f64, u64) {
     (bytes as f64 / best, check)
 }
 
-fn time_best(iters: usize, mut f: impl FnMut() -> Result<(), String>) -> Result<Duration, String> {
+/// Best of `iters` timed calls of `f` after one warm-up; `between` runs before each call,
+/// outside the timing.
+fn time_best(
+    iters: usize,
+    mut between: impl FnMut(),
+    mut f: impl FnMut() -> Result<(), String>,
+) -> Result<Duration, String> {
     f()?; // warm-up
     let mut best = Duration::MAX;
     for _ in 0..iters {
+        between();
         let t = Instant::now();
         f()?;
         best = best.min(t.elapsed());
@@ -395,8 +402,7 @@ fn run_shape(
     let paged_p = params(CacheLayout::dense(dt, num_pages, ps, hk, d), pages_per_seq);
     let mut best: Vec<Duration> = Vec::new();
     for b in &backends {
-        best.push(time_best(o.iters, || {
-            sample_bw();
+        best.push(time_best(o.iters, &mut sample_bw, || {
             launch(b, paged_p, &perm, &mut out)
         })?);
     }
@@ -425,9 +431,11 @@ fn run_shape(
     let contig_p = params(CacheLayout::dense(dt, o.seqs, pages_per_seq * ps, hk, d), 1);
     let seq_ids: Vec<i32> = (0..o.seqs as i32).collect();
     let mut scratch = vec![0u16; out.len()];
-    let contig = time_best(o.iters, || {
-        launch(&backends[top], contig_p, &seq_ids, &mut scratch)
-    })?;
+    let contig = time_best(
+        o.iters,
+        || {},
+        || launch(&backends[top], contig_p, &seq_ids, &mut scratch),
+    )?;
 
     // vLLM side by side: alternate one launch of each kvshare path and one of vLLM, N rounds.
     let mut vllm_json = "null".to_string();
