@@ -254,6 +254,13 @@ fn cpu_path_from_env() {
                 Some(w) => assert!(text.contains(w), "{text}"),
                 None => assert!(!text.contains("bf16 pairs"), "{text}"),
             }
+            // `amx` names its prefill tiles, and the f16 ones only where CPUID has AMX-FP16.
+            assert_eq!(
+                text.contains("; prefill on AMX tiles (tdpbf16ps"),
+                isa == Isa::Amx,
+                "{text}"
+            );
+            assert_eq!(text.contains("tdpfp16ps"), isa.amx_fp16(), "{text}");
             unsafe { kvs_backend::kvs_backend_free(b) };
         }
         Some(Err(why)) => {

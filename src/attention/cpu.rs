@@ -370,7 +370,7 @@ impl BackendInfo for CpuBackend {
 
     fn describe(&self) -> String {
         format!(
-            "cpu: kernel path {} ({}){}, {} threads; CPU flags: {}",
+            "cpu: kernel path {} ({}){}{}, {} threads; CPU flags: {}",
             self.isa.name(),
             if self.forced {
                 "forced by KVSHARE_CPU_ISA"
@@ -386,6 +386,13 @@ impl BackendInfo for CpuBackend {
                  probabilities rounded to bf16)"
             } else {
                 ""
+            },
+            match self.isa {
+                Isa::Amx if self.isa.amx_fp16() => {
+                    "; prefill on AMX tiles (tdpbf16ps; f16 caches by tdpfp16ps)"
+                }
+                Isa::Amx => "; prefill on AMX tiles (tdpbf16ps)",
+                _ => "",
             },
             self.pool.num_threads(),
             cpu_flags()

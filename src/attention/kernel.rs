@@ -42,6 +42,9 @@ pub(crate) trait KvElem: Copy + Send + Sync + 'static {
     /// ones) and one AND (the odd ones), where widening them in order takes a zero-extend and a
     /// shift per 8.
     const SPLIT: bool = false;
+    /// Whether this is f16 (the AMX engine multiplies an f16 cache in f16 pairs where the
+    /// CPU has AMX-FP16, `tiled.rs`).
+    const F16: bool = false;
     fn to_f32(self) -> f32;
     /// The slice as bf16 when `Self` is bf16 (the tiled kernel's pair engine takes bf16 only).
     fn as_bf16(s: &[Self]) -> Option<&[bf16]> {
@@ -89,6 +92,7 @@ impl KvElem for f32 {
 }
 
 impl KvElem for f16 {
+    const F16: bool = true;
     #[inline(always)]
     fn to_f32(self) -> f32 {
         f16::to_f32(self)

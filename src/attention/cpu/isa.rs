@@ -15,7 +15,8 @@
 //!   machines without AVX-512 its tests run under an x86 emulator (BochsCPU,
 //!   `integration/vllm_ascend/tests/test_ops_emulated.py`).
 //! * `amx`: prefill rows (the tiled kernel, `kernel/tiled.rs`) on AMX tiles in bf16
-//!   (`kernel/amx.rs`, `tdpbf16ps`); decode rows on the best vector path (`avx512`, else
+//!   (`kernel/amx.rs`, `tdpbf16ps`), an f16 cache in f16 where CPUID also reports amx_fp16
+//!   (`tdpfp16ps`, [`Isa::amx_fp16`]); decode rows on the best vector path (`avx512`, else
 //!   `avx2`: [`Isa::vector`]). Runs only when CPUID reports amx_tile and amx_bf16 and the
 //!   kernel granted tile data to the process ([`amx_permission`], the one-time
 //!   `arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)` request); otherwise refused with
@@ -45,7 +46,8 @@ pub enum Isa {
     Avx2,
     /// AVX-512F + AVX-512VL (+ the AVX2 set), 16 lanes.
     Avx512,
-    /// AMX tiles (bf16) for prefill, the best vector path for decode.
+    /// AMX tiles (bf16; f16 caches in f16 with AMX-FP16) for prefill, the best vector path
+    /// for decode.
     Amx,
 }
 
@@ -105,6 +107,13 @@ impl Isa {
                 amx_permission()
             }
         }
+    }
+
+    /// Whether this path's tiled (prefill) kernel runs an f16 cache on AMX-FP16 tiles
+    /// (`tdpfp16ps`, the f16 values exact) rather than rounding it to bf16: `amx` on a CPU
+    /// whose CPUID reports amx_fp16 (which needs the tile permission `amx` already holds).
+    pub fn amx_fp16(self) -> bool {
+        self == Isa::Amx && has_amx_fp16() && self.check().is_ok()
     }
 
     /// The vector path that runs this path's decode rows: itself, except `amx`, whose decode
@@ -213,6 +222,22 @@ fn has_amx_bf16() -> bool {
     cpuid7_edx(22)
 }
 
+/// AMX-FP16 (`tdpfp16ps`): CPUID leaf 7, subleaf 1, EAX bit 21 (Granite Rapids on).
+fn has_amx_fp16() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::__cpuid_count;
+        // Subleaf 1 exists when subleaf 0's EAX (the highest subleaf) is at least 1.
+        __cpuid_count(0, 0).eax >= 7
+            && __cpuid_count(7, 0).eax >= 1
+            && __cpuid_count(7, 1).eax & (1 << 21) != 0
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// The CPU flags that matter to the paths, present ones only, e.g. `avx2 fma f16c`.
 pub fn cpu_flags() -> String {
     let all = [
@@ -225,6 +250,7 @@ pub fn cpu_flags() -> String {
         ("avx512_fp16", has_avx512fp16()),
         ("amx_tile", has_amx_tile()),
         ("amx_bf16", has_amx_bf16()),
+        ("amx_fp16", has_amx_fp16()),
     ];
     let on: Vec<&str> = all.iter().filter(|f| f.1).map(|f| f.0).collect();
     if on.is_empty() {

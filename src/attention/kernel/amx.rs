@@ -1,28 +1,35 @@
-//! The AMX engine of the tiled kernel: both products on Intel AMX tiles in bf16 (`tdpbf16ps`:
-//! bf16 pairs multiplied and summed into f32 accumulators).
+//! The AMX engine of the tiled kernel: both products on Intel AMX tiles, in bf16 pairs
+//! (`tdpbf16ps`, AMX-BF16) or, for an f16 cache on a CPU with AMX-FP16, in f16 pairs
+//! (`tdpfp16ps`): pairs of 16-bit values multiplied and summed into f32 accumulators.
 //!
-//! Inputs are rounded to bf16 (round to nearest even): the query always, the K/V when stored as
-//! f32 or f16 (bf16 K/V is taken as is), and the softmax probabilities; accumulation is f32.
-//! So for f32/f16 caches this path is about as exact as a bf16 cache (relative error of order
-//! `2^-8`), not as the f32 paths.
+//! The pair format is [`Pair`]: [`Bf16Pairs`] or [`F16Pairs`]. Inputs are rounded to it
+//! (round to nearest even): the query always, the K/V when stored in another type, and the
+//! softmax probabilities; accumulation is f32. With bf16 pairs an f32 or f16 cache is about
+//! as exact as a bf16 cache (relative error of order `2^-8`). With f16 pairs an f16 cache's
+//! K/V enter the products exactly, and the query and probabilities lose at most `2^-11` of
+//! themselves (f16's subnormal inputs are kept: `tdpfp16ps` does not flush them, as
+//! `tdpbf16ps` does); the kernel picks f16 pairs only for an f16 cache whose scaled queries
+//! all lie in f16's range (`tiled.rs`).
 //!
-//! Layout. Scores: A = the block's queries, `mr` rows of 32 bf16 (one 32-element slice of the
-//! head dim); B = the K tile in AMX's VNNI layout, 16 rows (pairs of head-dim elements) of 16
-//! keys x 2 bf16; C = 16 f32 scores per row; two C tiles cover the `KT` = 32 keys. Values:
-//! A = the probabilities, `mr` rows of 32 bf16 (the keys); B = the V tile in VNNI layout, 16
-//! rows (key pairs) of 16 head-dim columns x 2 bf16; C = 16 output columns, added to the f32
-//! accumulator after each tile (so the online-softmax rescaling stays in f32). The head dim is
-//! zero-padded to a multiple of 32 and keys to 32, so tails multiply zeros.
+//! Layout. Scores: A = the block's queries, `mr` rows of 32 pair elements (one 32-element
+//! slice of the head dim); B = the K tile in AMX's VNNI layout, 16 rows (pairs of head-dim
+//! elements) of 16 keys x 2 elements; C = 16 f32 scores per row; two C tiles cover the `KT` =
+//! 32 keys. Values: A = the probabilities, `mr` rows of 32 elements (the keys); B = the V tile
+//! in VNNI layout, 16 rows (key pairs) of 16 head-dim columns x 2 elements; C = 16 output
+//! columns, added to the f32 accumulator after each tile (so the online-softmax rescaling
+//! stays in f32). The head dim is zero-padded to a multiple of 32 and keys to 32, so tails
+//! multiply zeros.
 //!
 //! The tile instructions sit behind the [`Tiles`] trait: [`AsmTiles`] issues them
-//! (`ldtilecfg`, `tilezero`, `tileloadd`, `tdpbf16ps`, `tilestored`, `tilerelease`), and
-//! [`SoftTiles`] reproduces their semantics in software (configured rows / bytes per row,
-//! zeroing, pairwise bf16 products summed into f32 with denormals flushed), so that the whole
-//! algorithm is tested on machines without AMX.
+//! (`ldtilecfg`, `tilezero`, `tileloadd`, `tdpbf16ps`, `tdpfp16ps`, `tilestored`,
+//! `tilerelease`), and [`SoftTiles`] reproduces their semantics in software (configured rows /
+//! bytes per row, zeroing, pairwise products summed into f32, f32 denormal results flushed,
+//! bf16 denormal inputs flushed and f16 ones kept), so that the whole algorithm is tested on
+//! machines without AMX.
 
 #![allow(clippy::needless_range_loop)]
 
-use half::bf16;
+use half::{bf16, f16};
 
 use super::tiled::Engine;
 
@@ -55,7 +62,7 @@ impl TileConfig {
     }
 }
 
-/// Tile registers and the AMX-BF16 operations the engine needs. Tile numbers are constants
+/// Tile registers and the AMX operations the engine needs. Tile numbers are constants
 /// (they are encoded in the instructions).
 pub(super) trait Tiles {
     /// `ldtilecfg`.
@@ -78,6 +85,11 @@ pub(super) trait Tiles {
     /// # Safety
     /// As [`Tiles::zero`]; the three shapes compatible.
     unsafe fn dpbf16<const C: u8, const A: u8, const B: u8>(&mut self);
+    /// `tdpfp16ps tmmC, tmmA, tmmB` (AMX-FP16).
+    ///
+    /// # Safety
+    /// As [`Tiles::dpbf16`], on a CPU with AMX-FP16.
+    unsafe fn dpfp16<const C: u8, const A: u8, const B: u8>(&mut self);
     /// `tilestored [p + stride], tmmT`.
     ///
     /// # Safety
@@ -91,7 +103,8 @@ pub(super) trait Tiles {
 }
 
 /// The hardware tiles (`core::arch::asm!`). Runs only where `Isa::Amx` checks out (CPUID
-/// amx_tile + amx_bf16 and the kernel granted tile data through `amx_permission`).
+/// amx_tile + amx_bf16 and the kernel granted tile data through `amx_permission`);
+/// `tdpfp16ps` only where CPUID also reports amx_fp16 (`Isa::amx_fp16`).
 #[cfg(target_arch = "x86_64")]
 pub(super) struct AsmTiles;
 
@@ -117,6 +130,11 @@ impl Tiles for AsmTiles {
             b = const B, options(nostack, nomem, preserves_flags));
     }
     #[inline(always)]
+    unsafe fn dpfp16<const C: u8, const A: u8, const B: u8>(&mut self) {
+        std::arch::asm!("tdpfp16ps tmm{c}, tmm{a}, tmm{b}", c = const C, a = const A,
+            b = const B, options(nostack, nomem, preserves_flags));
+    }
+    #[inline(always)]
     unsafe fn store<const T: u8>(&mut self, p: *mut u8, stride: usize) {
         std::arch::asm!("tilestored [{p} + {s} * 1], tmm{t}", t = const T, p = in(reg) p,
             s = in(reg) stride, options(nostack, preserves_flags));
@@ -129,10 +147,12 @@ impl Tiles for AsmTiles {
 
 /// AMX tiles in software, with the hardware's semantics: 8 tiles of up to 16 rows x 64 bytes;
 /// loads and stores move the configured rows x bytes and zero the rest of the tile;
-/// `tdpbf16ps` needs `A.rows = C.rows`, `A.colsb / 4 = B.rows`, `B.colsb = C.colsb`, and
-/// computes, per pair `k`, `c += a[2k] * b[2k] ; c += a[2k + 1] * b[2k + 1]` in f32 (round to
-/// nearest even), with bf16 denormal inputs and f32 denormal results flushed to zero. A shape
-/// error or an unconfigured tile panics (the hardware would fault). Test builds only.
+/// `tdpbf16ps` and `tdpfp16ps` need `A.rows = C.rows`, `A.colsb / 4 = B.rows`,
+/// `B.colsb = C.colsb`, and compute, per pair `k`, `c += a[2k] * b[2k] ; c += a[2k + 1] *
+/// b[2k + 1]` in f32 (round to nearest even; the products of two bf16 or two f16 are exact in
+/// f32), with f32 denormal results flushed to zero, bf16 denormal inputs flushed too and f16
+/// denormal inputs kept (the SDM's words for each). A shape error or an unconfigured tile
+/// panics (the hardware would fault). Test builds only.
 #[cfg(test)]
 pub(super) struct SoftTiles {
     cfg: Option<TileConfig>,
@@ -159,6 +179,38 @@ impl SoftTiles {
         );
         assert!(rows > 0 && colsb > 0, "tile {t} is not configured");
         (rows, colsb)
+    }
+
+    /// The pair product `tdpbf16ps` / `tdpfp16ps` (`name`), an input element read by `elem`.
+    fn dp(&mut self, c: u8, a: u8, b: u8, name: &str, elem: impl Fn(u16) -> f32) {
+        let ((cr, cc), (ar, ac), (br, bc)) = (self.shape(c), self.shape(a), self.shape(b));
+        assert!(
+            ar == cr && ac / 4 == br && bc == cc,
+            "{name} shapes C {cr}x{cc} A {ar}x{ac} B {br}x{bc}"
+        );
+        assert!(
+            c != a && c != b && a != b,
+            "{name} needs three distinct tiles"
+        );
+        let word = |t: &[[u8; 64]; 16], r: usize, i: usize| -> f32 {
+            elem(u16::from_le_bytes([t[r][2 * i], t[r][2 * i + 1]]))
+        };
+        let (ta, tb) = (self.data[a as usize], self.data[b as usize]);
+        let tc = &mut self.data[c as usize];
+        for m in 0..cr {
+            for n in 0..cc / 4 {
+                let mut acc = f32::from_le_bytes(tc[m][4 * n..4 * n + 4].try_into().unwrap());
+                for k in 0..ac / 4 {
+                    acc = flush(acc + word(&ta, m, 2 * k) * word(&tb, k, 2 * n));
+                    acc = flush(acc + word(&ta, m, 2 * k + 1) * word(&tb, k, 2 * n + 1));
+                }
+                tc[m][4 * n..4 * n + 4].copy_from_slice(&acc.to_le_bytes());
+            }
+            tc[m][cc..].fill(0);
+        }
+        for m in cr..16 {
+            tc[m] = [0; 64];
+        }
     }
 }
 
@@ -196,35 +248,10 @@ impl Tiles for SoftTiles {
         }
     }
     unsafe fn dpbf16<const C: u8, const A: u8, const B: u8>(&mut self) {
-        let ((cr, cc), (ar, ac), (br, bc)) = (self.shape(C), self.shape(A), self.shape(B));
-        assert!(
-            ar == cr && ac / 4 == br && bc == cc,
-            "tdpbf16ps shapes C {cr}x{cc} A {ar}x{ac} B {br}x{bc}"
-        );
-        assert!(
-            C != A && C != B && A != B,
-            "tdpbf16ps needs three distinct tiles"
-        );
-        let word = |t: &[[u8; 64]; 16], r: usize, i: usize| -> f32 {
-            let b = u16::from_le_bytes([t[r][2 * i], t[r][2 * i + 1]]);
-            flush(bf16::from_bits(b).to_f32())
-        };
-        let (a, b) = (self.data[A as usize], self.data[B as usize]);
-        let c = &mut self.data[C as usize];
-        for m in 0..cr {
-            for n in 0..cc / 4 {
-                let mut acc = f32::from_le_bytes(c[m][4 * n..4 * n + 4].try_into().unwrap());
-                for k in 0..ac / 4 {
-                    acc = flush(acc + word(&a, m, 2 * k) * word(&b, k, 2 * n));
-                    acc = flush(acc + word(&a, m, 2 * k + 1) * word(&b, k, 2 * n + 1));
-                }
-                c[m][4 * n..4 * n + 4].copy_from_slice(&acc.to_le_bytes());
-            }
-            c[m][cc..].fill(0);
-        }
-        for m in cr..16 {
-            c[m] = [0; 64];
-        }
+        self.dp(C, A, B, "tdpbf16ps", |b| flush(bf16::from_bits(b).to_f32()))
+    }
+    unsafe fn dpfp16<const C: u8, const A: u8, const B: u8>(&mut self) {
+        self.dp(C, A, B, "tdpfp16ps", |b| f16::from_bits(b).to_f32())
     }
     unsafe fn store<const T: u8>(&mut self, p: *mut u8, stride: usize) {
         let (rows, colsb) = self.shape(T);
@@ -254,21 +281,65 @@ const PA: u8 = 4;
 const VB: u8 = 5;
 const OC: u8 = 6;
 
-/// bf16 bits of `x`, rounded to nearest even.
-#[inline(always)]
-fn bf(x: f32) -> u16 {
-    bf16::from_f32(x).to_bits()
+/// The 16-bit element of the tiles' pairs, and its pair product.
+pub(super) trait Pair {
+    /// The element's bits for `x`, rounded to nearest even.
+    fn bits(x: f32) -> u16;
+    /// `x` rounded to the element, as an f32.
+    fn round(x: f32) -> f32;
+    /// `C += A B` by pairs of this element (`tdpbf16ps` / `tdpfp16ps`).
+    ///
+    /// # Safety
+    /// As [`Tiles::dpbf16`] / [`Tiles::dpfp16`].
+    unsafe fn dp<X: Tiles, const C: u8, const A: u8, const B: u8>(x: &mut X);
 }
 
-/// The AMX engine over tiles `X`.
-pub(super) struct Amx<X: Tiles> {
+/// bf16 pairs (AMX-BF16, `tdpbf16ps`).
+pub(super) struct Bf16Pairs;
+
+impl Pair for Bf16Pairs {
+    #[inline(always)]
+    fn bits(x: f32) -> u16 {
+        bf16::from_f32(x).to_bits()
+    }
+    #[inline(always)]
+    fn round(x: f32) -> f32 {
+        bf16::from_f32(x).to_f32()
+    }
+    #[inline(always)]
+    unsafe fn dp<X: Tiles, const C: u8, const A: u8, const B: u8>(x: &mut X) {
+        x.dpbf16::<C, A, B>()
+    }
+}
+
+/// f16 pairs (AMX-FP16, `tdpfp16ps`).
+pub(super) struct F16Pairs;
+
+impl Pair for F16Pairs {
+    #[inline(always)]
+    fn bits(x: f32) -> u16 {
+        f16::from_f32(x).to_bits()
+    }
+    #[inline(always)]
+    fn round(x: f32) -> f32 {
+        f16::from_f32(x).to_f32()
+    }
+    #[inline(always)]
+    unsafe fn dp<X: Tiles, const C: u8, const A: u8, const B: u8>(x: &mut X) {
+        x.dpfp16::<C, A, B>()
+    }
+}
+
+/// The AMX engine over tiles `X`, in pairs of `P`.
+pub(super) struct Amx<X: Tiles, P: Pair> {
+    pair: std::marker::PhantomData<P>,
     tiles: X,
     /// Rows the current tile configuration is for (0: none loaded).
     configured: usize,
     d: usize,
     /// Head dim padded to a multiple of 32.
     dq: usize,
-    /// Queries in bf16: `q[r * dq + c]`.
+    /// Queries in `P`: `q[r * dq + c]`.
     q: Vec<u16>,
     /// K tile, VNNI: for key half `h`, head-dim slice `j`, pair `kk`, key `n`, element `i`:
     /// `k[(((h * (dq / 32) + j) * 16 + kk) * 16 + n) * 2 + i] = K[16h + n][32j + 2kk + i]`.
@@ -276,7 +347,7 @@ pub(super) struct Amx<X: Tiles> {
     /// V tile, VNNI: for column block `cb`, key pair `kk`, column `n`, element `i`:
     /// `v[((cb * 16 + kk) * 16 + n) * 2 + i] = V[2kk + i][16cb + n]`.
     v: Vec<u16>,
-    /// Probabilities in bf16, `p[r * 32 + t]`.
+    /// Probabilities in `P`, `p[r * 32 + t]`.
     p: Vec<u16>,
     /// One output tile, `o[r * 16 + c]`.
     o: Vec<f32>,
@@ -284,10 +355,11 @@ pub(super) struct Amx<X: Tiles> {
     row: Vec<f32>,
 }
 
-impl<X: Tiles> Amx<X> {
+impl<X: Tiles, P: Pair> Amx<X, P> {
     pub(super) fn new(tiles: X, d: usize) -> Self {
         let dq = d.div_ceil(32) * 32;
         Amx {
+            pair: std::marker::PhantomData,
             tiles,
             configured: 0,
             d,
@@ -324,7 +396,7 @@ impl<X: Tiles> Amx<X> {
     }
 }
 
-impl<X: Tiles> Drop for Amx<X> {
+impl<X: Tiles, P: Pair> Drop for Amx<X, P> {
     fn drop(&mut self) {
         if self.configured > 0 {
             // SAFETY: the tiles were configured by this engine, so the CPU runs AMX.
@@ -333,7 +405,7 @@ impl<X: Tiles> Drop for Amx<X> {
     }
 }
 
-impl<X: Tiles, T: KvElem> Engine<T> for Amx<X> {
+impl<X: Tiles, P: Pair, T: KvElem> Engine<T> for Amx<X, P> {
     const MR: usize = AMX_MR;
     const KT: usize = KT;
 
@@ -343,7 +415,7 @@ impl<X: Tiles, T: KvElem> Engine<T> for Amx<X> {
         self.q = vec![0; n * dq];
         for r in 0..n {
             for c in 0..d {
-                self.q[r * dq + c] = bf(q[r * d + c]);
+                self.q[r * dq + c] = P::bits(q[r * d + c]);
             }
         }
     }
@@ -361,12 +433,12 @@ impl<X: Tiles, T: KvElem> Engine<T> for Amx<X> {
             let (h, n) = (t / 16, t % 16);
             for c in 0..d {
                 let (j, kk, i) = (c / 32, c % 32 / 2, c % 2);
-                self.k[(((h * nch + j) * 16 + kk) * 16 + n) * 2 + i] = bf(self.row[c]);
+                self.k[(((h * nch + j) * 16 + kk) * 16 + n) * 2 + i] = P::bits(self.row[c]);
             }
             let (kk, i) = (t / 2, t % 2);
             for c in 0..d {
                 let (cb, n) = (c / 16, c % 16);
-                self.v[((cb * 16 + kk) * 16 + n) * 2 + i] = bf(v[t][c].to_f32());
+                self.v[((cb * 16 + kk) * 16 + n) * 2 + i] = P::bits(v[t][c].to_f32());
             }
         }
         let _ = dq;
@@ -382,10 +454,10 @@ impl<X: Tiles, T: KvElem> Engine<T> for Amx<X> {
         for j in 0..nch {
             x.load::<QA>(self.q.as_ptr().add(r0 * dq + 32 * j).cast(), dq * 2);
             x.load::<KB>(self.k.as_ptr().add(j * 512).cast(), 64);
-            x.dpbf16::<S0, QA, KB>();
+            P::dp::<X, S0, QA, KB>(x);
             if nb > 16 {
                 x.load::<KB>(self.k.as_ptr().add((nch + j) * 512).cast(), 64);
-                x.dpbf16::<S1, QA, KB>();
+                P::dp::<X, S1, QA, KB>(x);
             }
         }
         x.store::<S0>(s.as_mut_ptr().cast(), KT * 4);
@@ -400,8 +472,8 @@ impl<X: Tiles, T: KvElem> Engine<T> for Amx<X> {
         self.configure(mr);
         for r in 0..mr {
             for t in 0..KT {
-                // Entries past nb are 0 (softmax), already bf16 values (round_p).
-                self.p[r * 32 + t] = if t < nb { bf(p[r * KT + t]) } else { 0 };
+                // Entries past nb are 0 (softmax), already `P` values (round_p).
+                self.p[r * 32 + t] = if t < nb { P::bits(p[r * KT + t]) } else { 0 };
             }
         }
         let x = &mut self.tiles;
@@ -409,7 +481,7 @@ impl<X: Tiles, T: KvElem> Engine<T> for Amx<X> {
         for cb in 0..d.div_ceil(16) {
             x.zero::<OC>();
             x.load::<VB>(self.v.as_ptr().add(cb * 512).cast(), 64);
-            x.dpbf16::<OC, PA, VB>();
+            P::dp::<X, OC, PA, VB>(x);
             x.store::<OC>(self.o.as_mut_ptr().cast(), 64);
             let w = 16.min(d - 16 * cb);
             for r in 0..mr {
@@ -423,6 +495,6 @@ impl<X: Tiles, T: KvElem> Engine<T> for Amx<X> {
     const ROUNDS_P: bool = true;
     #[inline(always)]
     fn round_p(p: f32) -> f32 {
-        bf16::from_f32(p).to_f32()
+        P::round(p)
     }
 }

@@ -483,7 +483,8 @@ unsafe fn pv<L: Lanes, const M: usize, const U: usize>(
 }
 
 /// The tiled kernel's entry: as `kernel::attend_partial` (same arguments, same result up to
-/// rounding), on the backend's path: `amx` runs the AMX engine (bf16 inputs, see `amx.rs`),
+/// rounding), on the backend's path: `amx` runs the AMX engine (bf16 pairs; f16 pairs for an
+/// f16 cache on a CPU with AMX-FP16 when every scaled query fits f16's range, see `amx.rs`),
 /// the vector paths the f32 [`Fma`] engine on their lanes.
 pub(crate) fn attend_partial<T: KvElem>(
     isa: Isa,
@@ -499,7 +500,16 @@ pub(crate) fn attend_partial<T: KvElem>(
         #[cfg(target_arch = "x86_64")]
         // SAFETY: check() found AMX, the tile permission and AVX2/FMA/F16C; lengths checked
         // above and by slicing in `run`.
-        Isa::Amx => unsafe { amx_avx2(kv, rows, out, m, l) },
+        Isa::Amx => {
+            use super::amx::{Bf16Pairs, F16Pairs};
+            if T::F16 && isa.amx_fp16() && fits_f16(&rows.q[..rows.lo.len() * d]) {
+                // SAFETY: as above, and CPUID reports AMX-FP16.
+                unsafe { amx_avx2::<T, F16Pairs>(kv, rows, out, m, l) }
+            } else {
+                // SAFETY: as above.
+                unsafe { amx_avx2::<T, Bf16Pairs>(kv, rows, out, m, l) }
+            }
+        }
         #[cfg(target_arch = "x86_64")]
         // SAFETY: check() found the features; as above.
         Isa::Avx512 => {
@@ -549,16 +559,23 @@ unsafe fn fma_avx512<T: KvElem>(
     run::<Avx512, T, _>(&mut e, kv, rows, out, m, l)
 }
 
+/// Whether every value of `q` is within f16's range (so rounds to a finite f16; NaN is not):
+/// the AMX engine's f16 pairs take the scaled queries.
+fn fits_f16(q: &[f32]) -> bool {
+    let max = half::f16::MAX.to_f32();
+    q.iter().all(|x| x.abs() <= max)
+}
+
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn amx_avx2<T: KvElem>(
+unsafe fn amx_avx2<T: KvElem, P: super::amx::Pair>(
     kv: &SeqKv<'_, T>,
     rows: &Rows<'_>,
     out: &mut [f32],
     m: &mut [f32],
     l: &mut [f32],
 ) {
-    let mut e = super::amx::Amx::new(super::amx::AsmTiles, kv.layout.head_dim);
+    let mut e = super::amx::Amx::<_, P>::new(super::amx::AsmTiles, kv.layout.head_dim);
     run::<Avx2, T, _>(&mut e, kv, rows, out, m, l)
 }
 

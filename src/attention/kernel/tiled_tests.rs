@@ -5,7 +5,7 @@
 use half::{bf16, f16};
 use proptest::prelude::*;
 
-use super::super::amx::{Amx, SoftTiles, TileConfig, Tiles};
+use super::super::amx::{Amx, Bf16Pairs, F16Pairs, SoftTiles, TileConfig, Tiles};
 use super::*;
 use crate::attention::CacheLayout;
 use crate::core::DType;
@@ -234,7 +234,8 @@ fn check_case<T: KvElem>(c: &Case, from: impl Fn(f32) -> T) {
     // The AMX algorithm through software tiles: against the reference on bf16-rounded
     // q/k/v, the probabilities rounded to bf16 too (relative 2^-9 per weight, so at most
     // about 2e-3 of |v| <= 1), and against the exact reference within bf16 accuracy.
-    let got = run_engine::<Scalar, T, _>(&mut Amx::new(SoftTiles::new(), c.d), c, &x);
+    let got =
+        run_engine::<Scalar, T, _>(&mut Amx::<_, Bf16Pairs>::new(SoftTiles::new(), c.d), c, &x);
     compare(
         "amx (software tiles)",
         c,
@@ -243,6 +244,66 @@ fn check_case<T: KvElem>(c: &Case, from: impl Fn(f32) -> T) {
         4e-3,
     );
     compare("amx vs exact", c, &got, &exact, 3e-2);
+    // An f16 cache on AMX-FP16 tiles (software `tdpfp16ps`): the K/V exact, the query and the
+    // probabilities rounded to f16 (relative 2^-11 per weight, so at most about 5e-4 of
+    // |v| <= 1).
+    if T::F16 {
+        let got = amx_f16_pairs(c, &x);
+        compare(
+            "amx fp16 (software tiles)",
+            c,
+            &got,
+            &reference(c, &x, h64),
+            1e-3,
+        );
+        compare("amx fp16 vs exact", c, &got, &exact, 4e-3);
+    }
+}
+
+/// The AMX engine in f16 pairs, through software tiles.
+fn amx_f16_pairs<T: KvElem>(c: &Case, x: &Data<T>) -> Vec<f32> {
+    run_engine::<Scalar, T, _>(&mut Amx::<_, F16Pairs>::new(SoftTiles::new(), c.d), c, x)
+}
+
+fn h64(x: f64) -> f64 {
+    f16::from_f64(x).to_f64()
+}
+
+/// What the f16 tiles are for: on an f16 cache, AMX in f16 pairs is closer to the exact
+/// attention than in bf16 pairs (which round the query, K, V and probabilities to 8 bits of
+/// mantissa where f16 keeps 11 and the cache's values exact).
+#[test]
+fn amx_f16_pairs_beat_bf16_pairs_on_an_f16_cache() {
+    for (seed, d, ctx, q_len) in [(5, 128, 300, 40), (6, 64, 129, 17), (7, 256, 90, 90)] {
+        let c = Case {
+            dtype: DType::F16,
+            d,
+            ps: 16,
+            kv_heads: 2,
+            group: 4,
+            ctx,
+            q_len,
+            window: 0,
+            softcap: 0.0,
+            seed,
+        };
+        let x = data(&c, f16::from_f32);
+        let exact = reference(&c, &x, |v| v);
+        let err = |got: &[f32]| {
+            got.iter()
+                .zip(&exact)
+                .map(|(&g, &w)| (g as f64 - w).abs())
+                .fold(0f64, f64::max)
+        };
+        let bf = err(&run_engine::<Scalar, f16, _>(
+            &mut Amx::<_, Bf16Pairs>::new(SoftTiles::new(), d),
+            &c,
+            &x,
+        ));
+        let fp = err(&amx_f16_pairs(&c, &x));
+        eprintln!("d {d} ctx {ctx}: max error bf16 pairs {bf:.2e}, f16 pairs {fp:.2e}");
+        assert!(fp * 4.0 < bf, "f16 pairs {fp:e} against bf16 pairs {bf:e}");
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -333,10 +394,16 @@ proptest! {
     }
 }
 
-/// The software `tdpbf16ps` against the SDM's definition written out directly, with configured
-/// shapes smaller than the maximum, and its shape checks.
+/// The software `tdpbf16ps` and `tdpfp16ps` against the SDM's definition written out
+/// directly, with configured shapes smaller than the maximum, and their shape checks.
 #[test]
 fn soft_tiles_follow_the_instruction() {
+    soft_dp_follows_the_instruction(false);
+    soft_dp_follows_the_instruction(true);
+}
+
+/// One of [`soft_tiles_follow_the_instruction`]'s instructions: `tdpfp16ps` when `fp16`.
+fn soft_dp_follows_the_instruction(fp16: bool) {
     let mut cfg = TileConfig::palette1();
     // C: 5 rows x 12 f32; A: 5 rows x 7 pairs; B: 7 rows x 12 pairs.
     for (t, r, cb) in [(0, 5, 48), (1, 5, 28), (2, 7, 48)] {
@@ -345,12 +412,20 @@ fn soft_tiles_follow_the_instruction() {
     }
     let mut unit = super::super::tests::uniform(77);
     let mut rnd = move || 2.0 * unit();
-    let a: Vec<u16> = (0..16 * 32)
-        .map(|_| bf16::from_f32(rnd()).to_bits())
-        .collect();
-    let b: Vec<u16> = (0..16 * 32)
-        .map(|_| bf16::from_f32(rnd()).to_bits())
-        .collect();
+    // Every 5th input element is an f16 subnormal's value (f16 keeps them; as bf16 they are
+    // normal numbers, which the bf16 case then also covers).
+    let mut i = 0;
+    let mut elem = || {
+        i += 1;
+        let x = if i % 5 == 0 { rnd() * 6e-5 } else { rnd() };
+        if fp16 {
+            f16::from_f32(x).to_bits()
+        } else {
+            bf16::from_f32(x).to_bits()
+        }
+    };
+    let a: Vec<u16> = (0..16 * 32).map(|_| elem()).collect();
+    let b: Vec<u16> = (0..16 * 32).map(|_| elem()).collect();
     let c0: Vec<f32> = (0..16 * 16).map(|_| rnd()).collect();
     let mut x = SoftTiles::new();
     let mut got = vec![f32::NAN; 16 * 16];
@@ -359,10 +434,20 @@ fn soft_tiles_follow_the_instruction() {
         x.load::<0>(c0.as_ptr().cast(), 64);
         x.load::<1>(a.as_ptr().cast(), 64);
         x.load::<2>(b.as_ptr().cast(), 64);
-        x.dpbf16::<0, 1, 2>();
+        if fp16 {
+            x.dpfp16::<0, 1, 2>();
+        } else {
+            x.dpbf16::<0, 1, 2>();
+        }
         x.store::<0>(got.as_mut_ptr().cast(), 64);
     }
-    let f = |v: u16| bf16::from_bits(v).to_f32();
+    let f = |v: u16| {
+        if fp16 {
+            f16::from_bits(v).to_f32()
+        } else {
+            bf16::from_bits(v).to_f32()
+        }
+    };
     for m in 0..16 {
         for n in 0..16 {
             if m >= 5 || n >= 12 {
@@ -380,12 +465,46 @@ fn soft_tiles_follow_the_instruction() {
             assert_eq!(got[m * 16 + n], want, "[{m}][{n}]");
         }
     }
+    // Subnormal inputs: the smallest positive subnormal times 1.0. `tdpfp16ps` keeps the f16
+    // one (2^-24, a normal f32); `tdpbf16ps` reads the bf16 one as zero.
+    let mut small = vec![0u16; 16 * 32];
+    let mut one = vec![0u16; 16 * 32];
+    small[0] = 1;
+    one[0] = if fp16 { 0x3c00 } else { 0x3f80 };
+    let mut got = vec![f32::NAN; 16 * 16];
+    unsafe {
+        x.zero::<0>();
+        x.load::<1>(small.as_ptr().cast(), 64);
+        x.load::<2>(one.as_ptr().cast(), 64);
+        if fp16 {
+            x.dpfp16::<0, 1, 2>();
+        } else {
+            x.dpbf16::<0, 1, 2>();
+        }
+        x.store::<0>(got.as_mut_ptr().cast(), 64);
+    }
+    assert_eq!(got[0], if fp16 { 2f32.powi(-24) } else { 0.0 });
     // A and B not matching (A has 7 pairs, B 5 rows) is a fault, like the hardware's #UD.
     cfg.rows[2] = 5;
     let bad = std::panic::catch_unwind(move || unsafe {
         let mut x = SoftTiles::new();
         x.config(&cfg);
-        x.dpbf16::<0, 1, 2>();
+        if fp16 {
+            x.dpfp16::<0, 1, 2>();
+        } else {
+            x.dpbf16::<0, 1, 2>();
+        }
     });
     assert!(bad.is_err());
+}
+
+/// The f16 pairs take the scaled queries only when each rounds to a finite f16.
+#[test]
+fn f16_pairs_need_queries_in_f16_range() {
+    let max = f16::MAX.to_f32();
+    assert!(fits_f16(&[0.0, -max, max, 1e-9, -3.5]));
+    assert!(fits_f16(&[]));
+    for bad in [max * 1.001, -70000.0, f32::INFINITY, f32::NAN] {
+        assert!(!fits_f16(&[1.0, bad]), "{bad}");
+    }
 }
