@@ -22,9 +22,17 @@
  *              next block's V requested in address order while the block is read (prefetcht1)
  *   staged     the kernel's order over a copy of the block in a per-thread buffer, while the
  *              next block is copied into the other buffer in address order, 4 lines per row
+ *   touch      per block, K then V in windows of 4 slots: each window's lines first touched
+ *              by one load each in address order (so the demand misses come in address
+ *              order, as in `slot`), then its rows read in the kernel's order (from L1)
  *
  *   cc -O2 -mavx512f scripts/decode-read-probe.c -o decode-read-probe -lpthread
  *   ./decode-read-probe THREADS          (prints GB/s per pattern, best of 5)
+ *   ./decode-read-probe THREADS paired [ROUNDS]
+ *       (each pattern's read timed once per round between two `seq` reads; prints per
+ *       pattern the median and range over ROUNDS (default 15) of its rate divided by the
+ *       mean of those two: this machine's bandwidth moves with other tenants' load, so
+ *       best-of rates taken minutes apart compare badly)
  *
  * x86-64 with AVX-512F only.
  */
@@ -44,9 +52,11 @@
 #define PAGE_TOKENS 128
 #define BLOCK_BYTES ((size_t)BLOCK * SLOT)
 
-enum { SEQ, KERNEL_T1, KERNEL_T0, KERNEL, HEAD_PAGE, SLOT_ORDER, K_SLOT, STAGED, PATTERNS };
-static const char *NAMES[PATTERNS] = {"seq",       "kernel-t1", "kernel-t0", "kernel",
-                                      "head-page", "slot",      "k-slot",    "staged"};
+enum { SEQ, KERNEL_T1, KERNEL_T0, KERNEL, HEAD_PAGE, SLOT_ORDER, K_SLOT, STAGED, TOUCH, PATTERNS };
+static const char *NAMES[PATTERNS] = {"seq",       "kernel-t1", "kernel-t0", "kernel", "head-page",
+                                      "slot",      "k-slot",    "staged",    "touch"};
+/* Slots per window of the touch pattern. */
+#define TOUCH_SLOTS 4
 
 static char *K, *V;
 static int pattern, threads;
@@ -105,6 +115,20 @@ static void *run(void *arg) {
                     }
             }
         }
+    } else if (pattern == TOUCH) {
+        __m512 b = _mm512_setzero_ps();
+        for (size_t s = lo; s < hi; s += BLOCK_BYTES)
+            for (int kv = 0; kv < 2; kv++) {
+                const char *P = kv ? V : K;
+                for (int w = 0; w < BLOCK; w += TOUCH_SLOTS) {
+                    size_t base = s + (size_t)w * SLOT;
+                    for (size_t o = 0; o < (size_t)TOUCH_SLOTS * SLOT; o += 64)
+                        b = _mm512_add_ps(b, _mm512_load_ps((const float *)(P + base + o)));
+                    for (int h = 0; h < HEADS; h++)
+                        for (int t = 0; t < TOUCH_SLOTS; t++) ROW_READ(P, base + (size_t)t * SLOT + h * ROW)
+                }
+            }
+        a = _mm512_add_ps(a, b);
     } else if (pattern == STAGED) {
         for (size_t o = 0; o < BLOCK_BYTES && lo + o < hi; o += 64) STAGE_LINE(0, lo, o);
         for (size_t s = lo; s < hi; s += BLOCK_BYTES) {
@@ -153,26 +177,62 @@ static char *alloc(void) {
     return p;
 }
 
+/* One read of K and V in pattern `p` by all threads; seconds. */
+static double timed(int p) {
+    pthread_t th[64];
+    pattern = p;
+    double t0 = now();
+    for (long i = 0; i < threads; i++) pthread_create(&th[i], NULL, run, (void *)i);
+    for (int i = 0; i < threads; i++) pthread_join(th[i], NULL);
+    return now() - t0;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
 int main(int argc, char **argv) {
     threads = argc > 1 ? atoi(argv[1]) : 1;
-    if (threads < 1 || threads > 64) {
-        fprintf(stderr, "usage: decode-read-probe THREADS (1-64)\n");
+    int paired = argc > 2 && strcmp(argv[2], "paired") == 0;
+    int rounds = paired && argc > 3 ? atoi(argv[3]) : 15;
+    if (threads < 1 || threads > 64 || (argc > 2 && !paired) || rounds < 1 || rounds > 1000) {
+        fprintf(stderr, "usage: decode-read-probe THREADS (1-64) [paired [ROUNDS (1-1000)]]\n");
         return 2;
     }
     K = alloc();
     V = alloc();
     if (!K || !V) return 1;
-    for (pattern = 0; pattern < PATTERNS; pattern++) {
-        double best = 1e30;
-        for (int r = 0; r < 5; r++) {
-            pthread_t th[64];
-            double t0 = now();
-            for (long i = 0; i < threads; i++) pthread_create(&th[i], NULL, run, (void *)i);
-            for (int i = 0; i < threads; i++) pthread_join(th[i], NULL);
-            double t = now() - t0;
-            if (t < best) best = t;
+    if (!paired) {
+        for (int p = 0; p < PATTERNS; p++) {
+            double best = 1e30;
+            for (int r = 0; r < 5; r++) {
+                double t = timed(p);
+                if (t < best) best = t;
+            }
+            printf("%-10s %d threads: %5.1f GB/s\n", NAMES[p], threads, 2.0 * BYTES / best / 1e9);
         }
-        printf("%-10s %d threads: %5.1f GB/s\n", NAMES[pattern], threads, 2.0 * BYTES / best / 1e9);
+        return 0;
+    }
+    static double ratio[PATTERNS][1000];
+    double seq_lo = 1e30, seq_hi = 0;
+    timed(SEQ); /* warm-up */
+    for (int r = 0; r < rounds; r++) {
+        double before = timed(SEQ);
+        for (int p = 1; p < PATTERNS; p++) {
+            double t = timed(p), after = timed(SEQ);
+            ratio[p][r] = (1 / t) / (0.5 * (1 / before + 1 / after));
+            if (before < seq_lo) seq_lo = before;
+            if (before > seq_hi) seq_hi = before;
+            before = after;
+        }
+    }
+    printf("seq        %d threads: %.1f-%.1f GB/s over the run\n", threads, 2.0 * BYTES / seq_hi / 1e9,
+           2.0 * BYTES / seq_lo / 1e9);
+    for (int p = 1; p < PATTERNS; p++) {
+        qsort(ratio[p], rounds, sizeof(double), cmp_double);
+        printf("%-10s %d threads: %.2f of seq (%.2f-%.2f over %d rounds)\n", NAMES[p], threads,
+               ratio[p][rounds / 2], ratio[p][0], ratio[p][rounds - 1], rounds);
     }
     return 0;
 }
