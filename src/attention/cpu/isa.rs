@@ -198,44 +198,61 @@ detect!(has_avx512vl, "avx512vl");
 detect!(has_avx512bf16, "avx512bf16");
 detect!(has_avx512fp16, "avx512fp16");
 
-/// CPUID leaf 7, subleaf 0, EDX bit `bit` (AMX detection through `is_x86_feature_detected!`
-/// is not stable Rust yet).
-fn cpuid7_edx(bit: u32) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::__cpuid_count;
-        // Leaf 7 is read only when leaf 0 says it exists.
-        __cpuid_count(0, 0).eax >= 7 && __cpuid_count(7, 0).edx & (1 << bit) != 0
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = bit;
-        false
-    }
+/// The AMX bits of CPUID leaf 7 (detection through `is_x86_feature_detected!` is not stable
+/// Rust yet): amx_tile (subleaf 0, EDX bit 24), amx_bf16 (EDX bit 22) and amx_fp16 (subleaf
+/// 1, EAX bit 21; Granite Rapids on). Read once per process: the kernel asks per launch, and
+/// `cpuid` traps to the hypervisor in a VM.
+#[derive(Clone, Copy)]
+struct AmxBits {
+    tile: bool,
+    bf16: bool,
+    fp16: bool,
+}
+
+fn amx_bits() -> AmxBits {
+    static BITS: std::sync::OnceLock<AmxBits> = std::sync::OnceLock::new();
+    *BITS.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::x86_64::__cpuid_count;
+            // Leaf 7 is read only when leaf 0 says it exists, subleaf 1 only when subleaf 0's
+            // EAX (the highest subleaf) says so.
+            if __cpuid_count(0, 0).eax < 7 {
+                return AmxBits {
+                    tile: false,
+                    bf16: false,
+                    fp16: false,
+                };
+            }
+            let l7 = __cpuid_count(7, 0);
+            AmxBits {
+                tile: l7.edx & (1 << 24) != 0,
+                bf16: l7.edx & (1 << 22) != 0,
+                fp16: l7.eax >= 1 && __cpuid_count(7, 1).eax & (1 << 21) != 0,
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            AmxBits {
+                tile: false,
+                bf16: false,
+                fp16: false,
+            }
+        }
+    })
 }
 
 fn has_amx_tile() -> bool {
-    cpuid7_edx(24)
+    amx_bits().tile
 }
 
 fn has_amx_bf16() -> bool {
-    cpuid7_edx(22)
+    amx_bits().bf16
 }
 
-/// AMX-FP16 (`tdpfp16ps`): CPUID leaf 7, subleaf 1, EAX bit 21 (Granite Rapids on).
+/// AMX-FP16 (`tdpfp16ps`).
 fn has_amx_fp16() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::__cpuid_count;
-        // Subleaf 1 exists when subleaf 0's EAX (the highest subleaf) is at least 1.
-        __cpuid_count(0, 0).eax >= 7
-            && __cpuid_count(7, 0).eax >= 1
-            && __cpuid_count(7, 1).eax & (1 << 21) != 0
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    amx_bits().fp16
 }
 
 /// The CPU flags that matter to the paths, present ones only, e.g. `avx2 fma f16c`.
