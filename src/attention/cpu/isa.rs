@@ -202,7 +202,7 @@ detect!(has_avx512fp16, "avx512fp16");
 /// Rust yet): amx_tile (subleaf 0, EDX bit 24), amx_bf16 (EDX bit 22) and amx_fp16 (subleaf
 /// 1, EAX bit 21; Granite Rapids on). Read once per process: the kernel asks per launch, and
 /// `cpuid` traps to the hypervisor in a VM.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Default)]
 struct AmxBits {
     tile: bool,
     bf16: bool,
@@ -218,11 +218,7 @@ fn amx_bits() -> AmxBits {
             // Leaf 7 is read only when leaf 0 says it exists, subleaf 1 only when subleaf 0's
             // EAX (the highest subleaf) says so.
             if __cpuid_count(0, 0).eax < 7 {
-                return AmxBits {
-                    tile: false,
-                    bf16: false,
-                    fp16: false,
-                };
+                return AmxBits::default();
             }
             let l7 = __cpuid_count(7, 0);
             AmxBits {
@@ -233,11 +229,7 @@ fn amx_bits() -> AmxBits {
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
-            AmxBits {
-                tile: false,
-                bf16: false,
-                fp16: false,
-            }
+            AmxBits::default()
         }
     })
 }

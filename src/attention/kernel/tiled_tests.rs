@@ -5,7 +5,7 @@
 use half::{bf16, f16};
 use proptest::prelude::*;
 
-use super::super::amx::{Amx, Bf16Pairs, F16Pairs, SoftTiles, TileConfig, Tiles};
+use super::super::amx::{Amx, Bf16Pairs, F16Pairs, Pair, SoftTiles, TileConfig, Tiles};
 use super::*;
 use crate::attention::CacheLayout;
 use crate::core::DType;
@@ -234,8 +234,7 @@ fn check_case<T: KvElem>(c: &Case, from: impl Fn(f32) -> T) {
     // The AMX algorithm through software tiles: against the reference on bf16-rounded
     // q/k/v, the probabilities rounded to bf16 too (relative 2^-9 per weight, so at most
     // about 2e-3 of |v| <= 1), and against the exact reference within bf16 accuracy.
-    let got =
-        run_engine::<Scalar, T, _>(&mut Amx::<_, Bf16Pairs>::new(SoftTiles::new(), c.d), c, &x);
+    let got = amx_pairs::<Bf16Pairs, T>(c, &x);
     compare(
         "amx (software tiles)",
         c,
@@ -248,7 +247,7 @@ fn check_case<T: KvElem>(c: &Case, from: impl Fn(f32) -> T) {
     // probabilities rounded to f16 (relative 2^-11 per weight, so at most about 5e-4 of
     // |v| <= 1).
     if T::F16 {
-        let got = amx_f16_pairs(c, &x);
+        let got = amx_pairs::<F16Pairs, T>(c, &x);
         compare(
             "amx fp16 (software tiles)",
             c,
@@ -260,9 +259,9 @@ fn check_case<T: KvElem>(c: &Case, from: impl Fn(f32) -> T) {
     }
 }
 
-/// The AMX engine in f16 pairs, through software tiles.
-fn amx_f16_pairs<T: KvElem>(c: &Case, x: &Data<T>) -> Vec<f32> {
-    run_engine::<Scalar, T, _>(&mut Amx::<_, F16Pairs>::new(SoftTiles::new(), c.d), c, x)
+/// The AMX engine in pairs of `P`, through software tiles.
+fn amx_pairs<P: Pair, T: KvElem>(c: &Case, x: &Data<T>) -> Vec<f32> {
+    run_engine::<Scalar, T, _>(&mut Amx::<_, P>::new(SoftTiles::new(), c.d), c, x)
 }
 
 fn h64(x: f64) -> f64 {
@@ -295,12 +294,8 @@ fn amx_f16_pairs_beat_bf16_pairs_on_an_f16_cache() {
                 .map(|(&g, &w)| (g as f64 - w).abs())
                 .fold(0f64, f64::max)
         };
-        let bf = err(&run_engine::<Scalar, f16, _>(
-            &mut Amx::<_, Bf16Pairs>::new(SoftTiles::new(), d),
-            &c,
-            &x,
-        ));
-        let fp = err(&amx_f16_pairs(&c, &x));
+        let bf = err(&amx_pairs::<Bf16Pairs, f16>(&c, &x));
+        let fp = err(&amx_pairs::<F16Pairs, f16>(&c, &x));
         eprintln!("d {d} ctx {ctx}: max error bf16 pairs {bf:.2e}, f16 pairs {fp:.2e}");
         assert!(fp * 4.0 < bf, "f16 pairs {fp:e} against bf16 pairs {bf:e}");
     }
@@ -398,20 +393,17 @@ proptest! {
 /// directly, with configured shapes smaller than the maximum, and their shape checks.
 #[test]
 fn soft_tiles_follow_the_instruction() {
-    soft_dp_follows_the_instruction(false);
-    soft_dp_follows_the_instruction(true);
+    // The smallest positive subnormal times 1.0: `tdpbf16ps` reads the bf16 one as zero,
+    // `tdpfp16ps` keeps the f16 one (2^-24, a normal f32).
+    soft_dp_follows_the_instruction::<Bf16Pairs>(0.0);
+    soft_dp_follows_the_instruction::<F16Pairs>(2f32.powi(-24));
 }
 
-/// One of [`soft_tiles_follow_the_instruction`]'s instructions: `tdpfp16ps` when `fp16`.
-fn soft_dp_follows_the_instruction(fp16: bool) {
+/// One of [`soft_tiles_follow_the_instruction`]'s instructions: `P`'s pair product, whose
+/// smallest positive subnormal input times 1.0 gives `smallest_times_one`.
+fn soft_dp_follows_the_instruction<P: Pair>(smallest_times_one: f32) {
     // SAFETY (software tiles): a shape or configuration error panics, nothing else.
-    let dp = move |x: &mut SoftTiles| unsafe {
-        if fp16 {
-            x.dpfp16::<0, 1, 2>()
-        } else {
-            x.dpbf16::<0, 1, 2>()
-        }
-    };
+    let dp = |x: &mut SoftTiles| unsafe { P::dp::<SoftTiles, 0, 1, 2>(x) };
     let mut cfg = TileConfig::palette1();
     // C: 5 rows x 12 f32; A: 5 rows x 7 pairs; B: 7 rows x 12 pairs.
     for (t, r, cb) in [(0, 5, 48), (1, 5, 28), (2, 7, 48)] {
@@ -421,19 +413,15 @@ fn soft_dp_follows_the_instruction(fp16: bool) {
     let mut unit = super::super::tests::uniform(77);
     let mut rnd = move || 2.0 * unit();
     // Every 5th input element is below 1.2e-4, about half of them f16 subnormals (which
-    // `tdpfp16ps` keeps; as bf16 they are normal numbers).
+    // `tdpfp16ps` keeps; as bf16 they are normal numbers). Each as its bits and its value.
     let mut i = 0;
     let mut elem = || {
         i += 1;
         let x = if i % 5 == 0 { rnd() * 6e-5 } else { rnd() };
-        if fp16 {
-            f16::from_f32(x).to_bits()
-        } else {
-            bf16::from_f32(x).to_bits()
-        }
+        (P::bits(x), P::round(x))
     };
-    let a: Vec<u16> = (0..16 * 32).map(|_| elem()).collect();
-    let b: Vec<u16> = (0..16 * 32).map(|_| elem()).collect();
+    let (a, av): (Vec<u16>, Vec<f32>) = (0..16 * 32).map(|_| elem()).unzip();
+    let (b, bv): (Vec<u16>, Vec<f32>) = (0..16 * 32).map(|_| elem()).unzip();
     let c0: Vec<f32> = (0..16 * 16).map(|_| rnd()).collect();
     let mut x = SoftTiles::new();
     let mut got = vec![f32::NAN; 16 * 16];
@@ -445,13 +433,6 @@ fn soft_dp_follows_the_instruction(fp16: bool) {
         dp(&mut x);
         x.store::<0>(got.as_mut_ptr().cast(), 64);
     }
-    let f = |v: u16| {
-        if fp16 {
-            f16::from_bits(v).to_f32()
-        } else {
-            bf16::from_bits(v).to_f32()
-        }
-    };
     for m in 0..16 {
         for n in 0..16 {
             if m >= 5 || n >= 12 {
@@ -463,18 +444,17 @@ fn soft_dp_follows_the_instruction(fp16: bool) {
             }
             let mut want = c0[m * 16 + n];
             for k in 0..7 {
-                want += f(a[m * 32 + 2 * k]) * f(b[k * 32 + 2 * n]);
-                want += f(a[m * 32 + 2 * k + 1]) * f(b[k * 32 + 2 * n + 1]);
+                want += av[m * 32 + 2 * k] * bv[k * 32 + 2 * n];
+                want += av[m * 32 + 2 * k + 1] * bv[k * 32 + 2 * n + 1];
             }
             assert_eq!(got[m * 16 + n], want, "[{m}][{n}]");
         }
     }
-    // Subnormal inputs: the smallest positive subnormal times 1.0. `tdpfp16ps` keeps the f16
-    // one (2^-24, a normal f32); `tdpbf16ps` reads the bf16 one as zero.
+    // Subnormal inputs: the smallest positive subnormal (bits 1) times 1.0.
     let mut small = vec![0u16; 16 * 32];
     let mut one = vec![0u16; 16 * 32];
     small[0] = 1;
-    one[0] = if fp16 { 0x3c00 } else { 0x3f80 };
+    one[0] = P::bits(1.0);
     let mut got = vec![f32::NAN; 16 * 16];
     unsafe {
         x.zero::<0>();
@@ -483,7 +463,7 @@ fn soft_dp_follows_the_instruction(fp16: bool) {
         dp(&mut x);
         x.store::<0>(got.as_mut_ptr().cast(), 64);
     }
-    assert_eq!(got[0], if fp16 { 2f32.powi(-24) } else { 0.0 });
+    assert_eq!(got[0], smallest_times_one);
     // A and B not matching (A has 7 pairs, B 5 rows) is a fault, like the hardware's #UD.
     cfg.rows[2] = 5;
     let bad = std::panic::catch_unwind(move || unsafe {
