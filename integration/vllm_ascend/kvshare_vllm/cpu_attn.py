@@ -16,11 +16,19 @@ Every step of a layer is two kvshare launches on the whole batch:
 * :func:`kvshare_vllm.ops.paged_attention` in its varlen form: decode, prefill and chunked
   prefill requests in one call (causal within each request, GQA, sliding window, soft cap).
 
-The first time a layer's step sees its KV cache, the backend asks Linux to back it with 2 MiB
-pages (:func:`kvshare_vllm.ops.huge_pages`, ``MADV_COLLAPSE``: vLLM has zeroed the cache, so its
-pages are collapsed in place). Decode reads one kv head of every token, 256 bytes every 2 KiB in
-this layout, so on 4 KiB pages nearly every read of a long sequence misses the TLB. The first
-such layer logs what it got; ``KVSHARE_CPU_HUGE_PAGES=0`` turns this off.
+The KV cache should sit on 2 MiB pages: decode reads one kv head of every token, 256 bytes every
+2 KiB in this layout, so on 4 KiB pages nearly every read of a long sequence misses the TLB.
+Two steps get it there; ``KVSHARE_CPU_HUGE_PAGES=0`` turns both off:
+
+* :func:`register` sets ``THP_MEM_ALLOC_ENABLE=1`` (unless the environment sets it already).
+  torch reads it at a process's first allocation and from then on advises its allocations of 2
+  MiB and more for huge pages, so the cache vLLM zeroes is faulted in on them, at no cost. That
+  reaches the worker of vLLM's multiprocess engine (the default), which starts after the plugin
+  loads; an in-process engine has allocated before, and needs it in its environment at start.
+* The first time a layer's step sees its KV cache, the backend checks how much of it is on huge
+  pages (:func:`kvshare_vllm.ops.huge_pages`, advise only: a walk of the range's page tables)
+  and, if not all of it, moves it there (``MADV_COLLAPSE``, contents kept: a synchronous copy,
+  tens to hundreds of ms per layer on two vCPUs). The first layer logs which of the two happened.
 
 Decoder self-attention only: encoder, encoder-only and cross attention, ALiBi, attention sinks
 and quantized (fp8) KV caches are refused when the layer is built, naming what is unsupported.
@@ -30,6 +38,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -50,6 +59,10 @@ from . import ops
 logger = logging.getLogger("vllm.kvshare_vllm")
 
 BACKEND_PATH = "kvshare_vllm.cpu_attn.KvshareCPUAttentionBackend"
+
+# torch's CPU allocator (c10 alloc_cpu): set before a process's first allocation, it has every
+# allocation of 2 MiB and more madvise(MADV_HUGEPAGE)d as it is made (module doc).
+THP_ENV = "THP_MEM_ALLOC_ENABLE"
 
 
 class KvshareCPUAttentionBackend(CPUAttentionBackend):
@@ -169,7 +182,8 @@ _huge_seen: set[tuple[int, int]] = set()
 
 
 def _on_huge_pages(kv_cache: torch.Tensor) -> None:
-    """Asks once per KV-cache allocation for 2 MiB pages (module doc); the first logs."""
+    """Once per KV-cache allocation: what of it is on 2 MiB pages, collapsed there if not all
+    (module doc); the first logs."""
     key = (os.getpid(), kv_cache.untyped_storage().data_ptr())
     if key in _huge_seen:
         return
@@ -181,18 +195,28 @@ def _on_huge_pages(kv_cache: torch.Tensor) -> None:
                         ops.ENV_HUGE_PAGES)
         return
     try:
-        _, huge = ops.huge_pages(kv_cache, collapse=True)
+        advised, huge = ops.huge_pages(kv_cache, collapse=False)
+        how = "faulted in on them when vLLM zeroed it"
+        if huge < advised:
+            t0 = time.perf_counter()
+            _, huge = ops.huge_pages(kv_cache, collapse=True)
+            how = (f"collapsed onto them in {(time.perf_counter() - t0) * 1e3:.0f} ms at its first "
+                   f"step; {THP_ENV}=1 in the engine's environment avoids this")
     except kvshare.KvsError as e:
         if first:
             logger.info("kvshare_vllm: KV cache stays on 4 KiB pages: %s", e)
         return
     log = logger.info if first else logger.debug
-    log("kvshare_vllm: KV cache on 2 MiB pages: %d of %d MiB of a layer's cache (kvs_cpu_huge_pages)",
-        huge >> 20, kv_cache.untyped_storage().nbytes() >> 20)
+    log("kvshare_vllm: KV cache on 2 MiB pages: %d of %d MiB of a layer's cache (%s)",
+        huge >> 20, kv_cache.untyped_storage().nbytes() >> 20, how)
 
 
 def register() -> None:
-    """Serves vLLM's ``CPU_ATTN`` with :class:`KvshareCPUAttentionBackend` (idempotent)."""
+    """Serves vLLM's ``CPU_ATTN`` with :class:`KvshareCPUAttentionBackend` and has torch
+    allocate on huge pages from here on in this process and those it starts (module doc;
+    idempotent)."""
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
     register_backend(AttentionBackendEnum.CPU_ATTN, BACKEND_PATH)
+    if os.environ.get(ops.ENV_HUGE_PAGES, "1") != "0":
+        os.environ.setdefault(THP_ENV, "1")

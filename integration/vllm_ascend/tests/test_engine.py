@@ -43,6 +43,7 @@ CONFIGS = {
     # kvshare's attention backend (KVSHARE_VLLM_OPS=1) with kvshare's manager, and under pressure.
     "ops": dict(kvshare=True, kvshare_attention=True),
     "ops_pressure": dict(kvshare=True, kvshare_attention=True, kv_blocks=PRESSURE_BLOCKS),
+    "ops_multiprocess": dict(kvshare=True, kvshare_attention=True, multiprocess=True),
     # kvshare's KV connector (kvshare_vllm.connector): the host tier under the same pressure.
     "host_pressure": dict(kvshare=True, kv_blocks=PRESSURE_BLOCKS, host_pages=HOST_PAGES),
     # The same in the multiprocess engine: the metadata crosses to a separate worker process.
@@ -67,6 +68,7 @@ def engine(installed, tmp_path_factory):
     model = engine_e2e.write_tiny_model(str(tmp_path_factory.mktemp("tiny-llama")))
     env = dict(os.environ, PYTHONPATH=installed, VLLM_HOST_IP="127.0.0.1")
     env.pop("VLLM_LOGGING_LEVEL", None)  # vLLM's default logging, as a user has it
+    env.pop("THP_MEM_ALLOC_ENABLE", None)  # torch's default allocation, as a user has it
     cache = {}
 
     def get(name):
@@ -147,22 +149,48 @@ def test_kvshare_attention_backend_generates_the_same_tokens(engine):
     ops_run, log = engine("ops")
     assert ops_run["attention"] == "KvshareCPUAttentionBackend"
     assert "kvshare_vllm: attention (KV write, paged attention) runs in kvshare" in log
-    # Its KV cache (four layers of 16 MiB, zeroed by vLLM) was asked onto 2 MiB pages; where
-    # the kernel has no transparent huge pages the line says so instead.
-    thp = open("/sys/kernel/mm/transparent_hugepage/enabled").read() \
-        if os.path.exists("/sys/kernel/mm/transparent_hugepage/enabled") else ""
-    line = [x for x in log.splitlines() if "kvshare_vllm: KV cache " in x]
-    print(line)
-    if "[never]" in thp or not thp:
-        assert line and "stays on 4 KiB pages" in line[0], line
-    else:
-        assert line and "KV cache on 2 MiB pages: " in line[0], line
+    # Its KV cache (four layers, zeroed by vLLM) is on 2 MiB pages. This in-process
+    # engine allocated before the plugin loaded and set THP_MEM_ALLOC_ENABLE, so the cache was
+    # collapsed onto them at its first step.
+    line = _huge_pages_line(log)
+    if _thp_on():
+        assert "collapsed onto them in " in line, line
     on, _ = engine("on")
     assert on["attention"] == "CPUAttentionBackend"
     # float32 on both sides: the kernels round differently only in the last bits, and greedy
     # decoding of this model does not flip on those.
     assert ops_run["tokens"] == on["tokens"]
     assert ops_run["cached"] == on["cached"]
+
+
+def test_kvshare_attention_in_the_multiprocess_engine(engine):
+    """The plugin sets THP_MEM_ALLOC_ENABLE before vLLM starts its worker, so the worker's torch
+    allocates the KV cache on huge pages: nothing is collapsed at the first step."""
+    mp, log = engine("ops_multiprocess")
+    line = _huge_pages_line(log)
+    if _thp_on():
+        assert "faulted in on them when vLLM zeroed it" in line, line
+    off, _ = engine("off")
+    assert mp["tokens"] == off["tokens"]
+    assert mp["cached"] == off["cached"]
+
+
+def _thp_on() -> bool:
+    path = "/sys/kernel/mm/transparent_hugepage/enabled"
+    return os.path.exists(path) and "[never]" not in open(path).read()
+
+
+def _huge_pages_line(log: str) -> str:
+    """The backend's log line on its KV cache's pages (asserted to be there: on huge pages where
+    the kernel has transparent huge pages, else the reason it stays on 4 KiB pages)."""
+    lines = [x for x in log.splitlines() if "kvshare_vllm: KV cache " in x]
+    print(lines)
+    assert lines, "the attention backend's huge-page line must show"
+    if _thp_on():
+        assert "KV cache on 2 MiB pages: " in lines[0], lines
+    else:
+        assert "stays on 4 KiB pages" in lines[0], lines
+    return lines[0]
 
 
 def test_kvshare_attention_under_pressure(engine):

@@ -147,9 +147,88 @@ mod sys {
         }
     }
 
+    /// Bytes of `[lo, hi)` (page-aligned) mapped by huge pages: the `PAGEMAP_SCAN` ioctl
+    /// where the kernel has it, else `/proc/self/smaps` (whose text covers every mapping of
+    /// the process: 27-45 ms in a vLLM engine process here).
     pub(super) fn huge_bytes(lo: usize, hi: usize) -> usize {
+        scan_huge_bytes(lo, hi).unwrap_or_else(|| smaps_huge_bytes(lo, hi))
+    }
+
+    pub(super) fn smaps_huge_bytes(lo: usize, hi: usize) -> usize {
         std::fs::read_to_string("/proc/self/smaps")
             .map_or(0, |s| super::smaps_huge_bytes(&s, lo, hi))
+    }
+
+    /// `struct pm_scan_arg` (`linux/fs.h`, Linux 6.7).
+    #[repr(C)]
+    #[derive(Default)]
+    struct PmScanArg {
+        size: u64,
+        flags: u64,
+        start: u64,
+        end: u64,
+        walk_end: u64,
+        vec: u64,
+        vec_len: u64,
+        max_pages: u64,
+        category_inverted: u64,
+        category_mask: u64,
+        category_anyof_mask: u64,
+        return_mask: u64,
+    }
+
+    /// `struct page_region`.
+    #[repr(C)]
+    #[derive(Default, Clone, Copy)]
+    struct PageRegion {
+        start: u64,
+        end: u64,
+        categories: u64,
+    }
+
+    /// `_IOWR('f', 16, struct pm_scan_arg)`.
+    const PAGEMAP_SCAN: libc::c_ulong =
+        (3 << 30) | ((std::mem::size_of::<PmScanArg>() as libc::c_ulong) << 16) | (0x66 << 8) | 16;
+    const PAGE_IS_PRESENT: u64 = 1 << 3;
+    const PAGE_IS_PFNZERO: u64 = 1 << 5;
+    const PAGE_IS_HUGE: u64 = 1 << 6;
+
+    /// Bytes of `[lo, hi)` that are present, huge (a PMD-mapped transparent huge page or
+    /// hugetlb) and not the shared zero page, by `PAGEMAP_SCAN` on `/proc/self/pagemap`: a
+    /// walk of the range's page tables only. `None` where the kernel has no such ioctl
+    /// (before 6.7) or the scan fails.
+    pub(super) fn scan_huge_bytes(lo: usize, hi: usize) -> Option<usize> {
+        use std::os::fd::AsRawFd;
+        let pagemap = std::fs::File::open("/proc/self/pagemap").ok()?;
+        let mut regions = [PageRegion::default(); 32];
+        let mut total = 0usize;
+        let mut start = lo as u64;
+        while start < hi as u64 {
+            let mut arg = PmScanArg {
+                size: std::mem::size_of::<PmScanArg>() as u64,
+                start,
+                end: hi as u64,
+                vec: regions.as_mut_ptr() as u64,
+                vec_len: regions.len() as u64,
+                category_inverted: PAGE_IS_PFNZERO,
+                category_mask: PAGE_IS_PRESENT | PAGE_IS_HUGE | PAGE_IS_PFNZERO,
+                return_mask: PAGE_IS_HUGE,
+                ..PmScanArg::default()
+            };
+            // SAFETY: `arg` is a valid pm_scan_arg whose `vec` points at `regions`, writable
+            // for `vec_len` entries; the ioctl reads page tables of this process's range and
+            // writes only `arg.walk_end` and at most `vec_len` regions.
+            let n = unsafe { libc::ioctl(pagemap.as_raw_fd(), PAGEMAP_SCAN as _, &mut arg) };
+            let n = usize::try_from(n).ok()?.min(regions.len());
+            for r in &regions[..n] {
+                total = total.saturating_add(r.end.saturating_sub(r.start) as usize);
+            }
+            if arg.walk_end <= start {
+                return None; // no progress: do not loop
+            }
+            start = arg.walk_end;
+        }
+        Some(total)
     }
 }
 
@@ -224,6 +303,67 @@ AnonHugePages:         0 kB
 
     #[cfg(target_os = "linux")]
     #[test]
+    fn the_page_table_scan_counts_what_smaps_counts_on_a_mixed_range() {
+        let n = 8 * HUGE_PAGE;
+        // SAFETY: a fresh private anonymous mapping, unmapped at the end of the test; nothing
+        // else refers to it.
+        let raw = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                n + HUGE_PAGE,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(raw, libc::MAP_FAILED);
+        let lo = (raw as usize).next_multiple_of(HUGE_PAGE);
+        let hi = lo + n;
+        // Huge pages asked for in the first half only; the second half stays on 4 KiB pages.
+        let advised = back_with_huge_pages(lo, n / 2, HugePages::Advise);
+        // SAFETY: `[lo + n/2, hi)` lies inside the mapping.
+        unsafe {
+            libc::madvise(
+                (lo + n / 2) as *mut libc::c_void,
+                n / 2,
+                libc::MADV_NOHUGEPAGE,
+            )
+        };
+        // Written: huge pages 0, 1 and 3 (faulted in huge where the kernel has one free) and
+        // every 4 KiB page of the second half; page 2 is never touched.
+        for page in [0, 1, 3] {
+            // SAFETY: inside the mapping.
+            unsafe { std::ptr::write_volatile((lo + page * HUGE_PAGE + 8) as *mut u8, 1) };
+        }
+        for off in (n / 2..n).step_by(4096) {
+            // SAFETY: inside the mapping.
+            unsafe { std::ptr::write_volatile((lo + off) as *mut u8, 1) };
+        }
+        let smaps = sys::smaps_huge_bytes(lo, hi);
+        let scan = sys::scan_huge_bytes(lo, hi);
+        // SAFETY: the mapping made above, no longer used.
+        unsafe { libc::munmap(raw, n + HUGE_PAGE) };
+        println!("advise: {advised:?}; huge bytes: smaps {smaps}, PAGEMAP_SCAN {scan:?}");
+        assert!(smaps <= 3 * HUGE_PAGE);
+        match scan {
+            Some(scan) => assert_eq!(scan, smaps),
+            None => {
+                // Linux 6.7 added the ioctl: from there on it must answer.
+                let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+                let mut v = release.trim().split(['.', '-']).map(|x| x.parse::<u32>());
+                let version = (v.next(), v.next());
+                assert!(
+                    !matches!(version, (Some(Ok(major)), Some(Ok(minor))) if (major, minor) >= (6, 7)),
+                    "PAGEMAP_SCAN failed on Linux {release}"
+                );
+                println!("PAGEMAP_SCAN: not in Linux {release}; smaps counted");
+            }
+        }
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
     fn a_filled_allocation_is_collapsed_and_keeps_its_contents() {
         let enabled = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
             .unwrap_or_default();
@@ -249,6 +389,16 @@ AnonHugePages:         0 kB
             "{r:?}"
         );
         assert!(r.huge_bytes <= r.advised_bytes, "{r:?}");
+        let (lo, hi) = (
+            addr.next_multiple_of(HUGE_PAGE),
+            (addr + n) / HUGE_PAGE * HUGE_PAGE,
+        );
+        let smaps = sys::smaps_huge_bytes(lo, hi);
+        match sys::scan_huge_bytes(lo, hi) {
+            // The page-table walk and smaps count the same pages.
+            Some(scan) => assert_eq!(scan, smaps, "PAGEMAP_SCAN against smaps"),
+            None => println!("PAGEMAP_SCAN: not in this kernel; smaps counted"),
+        }
         println!(
             "advised {} MiB, huge {} MiB",
             r.advised_bytes >> 20,
