@@ -4,6 +4,12 @@
 //! item indices from one atomic counter, and returns when all items are done. No thread is
 //! spawned per call. Calls from several threads on one pool are serialized.
 //!
+//! The caller waits only for the workers that joined the job. A worker joins (under the lock)
+//! when it wakes; once the caller has run out of items it withdraws the job, and a worker that
+//! wakes after that finds nothing to do. A small launch therefore costs the caller's own work
+//! plus a wake-up call, not a sleeping thread's wake-up latency: 50-90 us per launch on a
+//! 2-vCPU VM (the README's stop 37), against 3 us for the same launch on one thread.
+//!
 //! Why not `rayon`: the crate needs exactly one primitive (a blocking parallel-for over indices)
 //! and no extra dependency; this is about 150 lines of std.
 
@@ -12,8 +18,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 
-/// The job being run: borrowed from the `for_each` frame, which outlives every use (it waits
-/// until all workers have checked out of this generation before returning).
+/// The job being run: borrowed from the `for_each` frame, which outlives every use (it
+/// withdraws the job and waits until every worker that took it has checked out before
+/// returning).
 #[derive(Clone, Copy)]
 struct Job {
     f: *const (dyn Fn(usize) + Sync),
@@ -28,7 +35,7 @@ unsafe impl Send for Job {}
 struct State {
     job: Option<Job>,
     generation: u64,
-    /// Workers that have not finished the current generation.
+    /// Workers that joined the current job and have not finished it.
     active: usize,
     /// First panic payload caught in a worker during the current generation.
     panic: Option<Box<dyn std::any::Any + Send>>,
@@ -110,9 +117,10 @@ impl ThreadPool {
         let _serial = lock(&self.launch);
         let next = AtomicUsize::new(0);
         let f_dyn: &(dyn Fn(usize) + Sync) = &f;
-        // SAFETY (lifetime erasure): the job is removed and every worker has checked out of this
-        // generation before this frame returns or unwinds (see below), so no worker uses the
-        // pointers after `f` and `next` are dropped.
+        // SAFETY (lifetime erasure): before this frame returns or unwinds, the job is withdrawn
+        // and every worker that took it has checked out (see below); a worker takes the job
+        // only under the lock while it is there. So no worker uses the pointers after `f` and
+        // `next` are dropped.
         let f_static: *const (dyn Fn(usize) + Sync) = unsafe { std::mem::transmute(f_dyn) };
         let job = Job {
             f: f_static,
@@ -123,13 +131,15 @@ impl ThreadPool {
             let mut st = lock(&self.shared.state);
             st.job = Some(job);
             st.generation = st.generation.wrapping_add(1);
-            st.active = self.workers.len();
+            st.active = 0;
             st.panic = None;
             self.shared.work.notify_all();
         }
         let mine = catch_unwind(AssertUnwindSafe(|| run_items(&f, &next, n)));
         let worker_panic = {
             let mut st = lock(&self.shared.state);
+            // Withdrawn: a worker that has not joined yet finds no job; wait for those that did.
+            st.job = None;
             while st.active > 0 {
                 st = self
                     .shared
@@ -137,7 +147,6 @@ impl ThreadPool {
                     .wait(st)
                     .unwrap_or_else(PoisonError::into_inner);
             }
-            st.job = None;
             st.panic.take()
         };
         if let Err(p) = mine {
@@ -171,6 +180,9 @@ fn worker(shared: &Shared) {
                 return;
             }
             seen = st.generation;
+            if st.job.is_some() {
+                st.active += 1; // joined: the caller waits for this worker from here on
+            }
             st.job
         };
         let result = match job {
@@ -178,7 +190,8 @@ fn worker(shared: &Shared) {
             Some(job) => catch_unwind(AssertUnwindSafe(|| unsafe {
                 run_items(&*job.f, &*job.next, job.n)
             })),
-            None => Ok(()),
+            // Withdrawn before this worker woke: the caller is not waiting for it.
+            None => continue,
         };
         let mut st = lock(&shared.state);
         if let Err(p) = result {
@@ -234,6 +247,24 @@ mod tests {
             sum.fetch_add(i, Ordering::Relaxed);
         });
         assert_eq!(sum.load(Ordering::Relaxed), 45);
+    }
+
+    #[test]
+    fn back_to_back_small_launches_run_each_item_once() {
+        // Workers join some launches late or not at all (the caller may finish and withdraw
+        // the job first); every item still runs exactly once, in every launch.
+        let pool = ThreadPool::new(3).unwrap();
+        for round in 0..20_000usize {
+            let n = 1 + round % 5;
+            let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+            pool.for_each(n, |i| {
+                hits[i].fetch_add(1, Ordering::Relaxed);
+            });
+            assert!(
+                hits.iter().all(|h| h.load(Ordering::Relaxed) == 1),
+                "round {round}"
+            );
+        }
     }
 
     #[test]
