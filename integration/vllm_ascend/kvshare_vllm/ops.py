@@ -222,24 +222,20 @@ def _check_device(field: str, t: torch.Tensor) -> torch.device:
 def _outer_strides(field: str, t: torch.Tensor, names: Sequence[str]) -> list[int]:
     """Strides (elements) of every dimension but the last, which must be contiguous; a
     dimension of size 1 gets the dense stride (its stride is never used)."""
-    if t.dim() and t.shape[-1] > 1 and t.stride(-1) != 1:
+    shape, strides = t.shape, t.stride()
+    if shape and shape[-1] > 1 and strides[-1] != 1:
         raise OpsArgumentError(field, f"last dimension (head_dim) must be contiguous, its stride "
-                                      f"is {t.stride(-1)}")
-    out = []
-    dense = 1
-    dense_strides = []
-    for size in reversed(t.shape):
-        dense_strides.append(dense)
-        dense *= max(int(size), 1)
-    dense_strides.reverse()
+                                      f"is {strides[-1]}")
+    n = len(names)
+    out = list(strides[:n])
+    if n and min(shape[:n]) > 1 and min(out) > 0:
+        return out  # the common case, every size > 1: the strides as they are
     for i, name in enumerate(names):
-        size, stride = int(t.shape[i]), int(t.stride(i))
-        if size <= 1:
-            stride = dense_strides[i]
-        elif stride <= 0:
-            raise OpsArgumentError(field, f"dimension {i} ({name}) has stride {stride}: "
+        if shape[i] <= 1:
+            out[i] = math.prod(max(int(x), 1) for x in shape[i + 1:])
+        elif out[i] <= 0:
+            raise OpsArgumentError(field, f"dimension {i} ({name}) has stride {out[i]}: "
                                           "broadcast (expanded) tensors are not supported")
-        out.append(stride)
     return out
 
 

@@ -521,3 +521,21 @@ def test_huge_pages_refuses_what_is_not_host_memory():
         ops.huge_pages([1, 2, 3])
     with pytest.raises(ops.OpsArgumentError, match="meta"):
         ops.huge_pages(torch.empty(1 << 20, device="meta"))
+
+
+def test_outer_strides_are_the_tensors_with_size_one_dimensions_dense():
+    """``_outer_strides`` (every launch's stride check) against the rule written out: a
+    dimension of size > 1 keeps its stride, one of size 1 gets the dense stride; broadcast
+    dimensions and a strided last dimension are refused."""
+    names = ("a", "b", "c")
+    for shape in [(3, 4, 5, 8), (1, 4, 5, 8), (3, 1, 1, 8), (1, 1, 1, 8), (2, 3, 1, 1)]:
+        base = torch.empty(*[2 * s for s in shape[:-1]], shape[-1])
+        for t in (base[:shape[0], :shape[1], :shape[2]], base[::2, ::2, ::2],
+                  torch.empty(*shape)):
+            want = [t.stride(i) if t.shape[i] > 1 else
+                    math.prod(max(s, 1) for s in t.shape[i + 1:]) for i in range(3)]
+            assert ops._outer_strides("t", t, names) == want, (shape, t.stride())
+    with pytest.raises(ops.OpsArgumentError, match="broadcast"):
+        ops._outer_strides("t", torch.empty(1, 4, 5, 8).expand(3, 4, 5, 8), names)
+    with pytest.raises(ops.OpsArgumentError, match="must be contiguous"):
+        ops._outer_strides("t", torch.empty(3, 4, 5, 16)[..., ::2], names)
