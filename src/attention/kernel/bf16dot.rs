@@ -269,17 +269,21 @@ impl Scores<bf16> for Pairs {
         assert!(d.is_multiple_of(PAIR_CHUNK));
         // pp[i][r]: the probabilities of tokens 2i (low half) and 2i + 1 (high half; 0 past
         // the last token) of row r, as one bf16 pair. They are bf16 values already (round_p).
+        // Built a token pair at a time: the NG rows of a token are contiguous in `p`, loaded
+        // under a mask of NG lanes (lanes past NG are neither read nor used).
         let mut pp = [[0i32; 8]; SUB / 2];
-        for i in 0..nt.div_ceil(2) {
-            for r in 0..NG {
-                let lo = p[2 * i * NG + r].to_bits() >> 16;
-                let hi = if 2 * i + 1 < nt {
-                    p[(2 * i + 1) * NG + r].to_bits() & 0xffff_0000
-                } else {
-                    0
-                };
-                pp[i][r] = (lo | hi) as i32;
-            }
+        let rows: __mmask8 = ((1u32 << NG) - 1) as __mmask8;
+        let high = _mm256_set1_epi32(0xffff_0000_u32 as i32);
+        for (i, pair) in pp.iter_mut().enumerate().take(nt.div_ceil(2)) {
+            // In bounds: token 2i + 1 < nt is read only when it exists (p.len() >= nt * NG).
+            let even = _mm256_maskz_loadu_epi32(rows, p.as_ptr().add(2 * i * NG).cast());
+            let odd = if 2 * i + 1 < nt {
+                _mm256_maskz_loadu_epi32(rows, p.as_ptr().add((2 * i + 1) * NG).cast())
+            } else {
+                _mm256_setzero_si256()
+            };
+            let both = _mm256_or_si256(_mm256_srli_epi32::<16>(even), _mm256_and_si256(odd, high));
+            _mm256_storeu_si256(pair.as_mut_ptr().cast(), both);
         }
         // Columns in steps of the f32 path's U chunks of 16 (U / 2 chunks of 32 here), the
         // rest one chunk of 32 at a time.
