@@ -151,6 +151,15 @@ while read line; do echo "KVSBENCH 2.5"; done
         }
         assert!(said
             .contains("paired with the streaming reads just before and after each launch: median"));
+        // The launch cost: a tiny launch on the pool and on one thread, both timed.
+        assert!(
+            said.contains("launch cost (2 sequences x 16 tokens"),
+            "{said}"
+        );
+        let lc = &j["launch_us"];
+        assert!(lc["threads"].as_u64().unwrap() >= 1, "{json}");
+        assert!(lc["pool"].as_f64().unwrap() > 0.0, "{json}");
+        assert!(lc["one_thread"].as_f64().unwrap() > 0.0, "{json}");
     }
     let out = bench()
         .args(args)

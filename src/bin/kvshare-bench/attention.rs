@@ -273,6 +273,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     if let Err(why) = &python {
         println!("vLLM side-by-side: skipped: {why}");
     }
+    let launch_us = launch_cost(&o, paths[0])?;
     let mut results = Vec::new();
     for (i, &(seqs, ctx)) in shapes.iter().enumerate() {
         let o = Opts { seqs, ctx, ..o };
@@ -280,11 +281,78 @@ pub fn run(args: &[String]) -> Result<(), String> {
     }
     let shapes_json: Vec<String> = results.into_iter().map(|r| r.json).collect();
     println!(
-        "{{\"bench\":\"attention\",\"cpu_flags\":\"{}\",\"shapes\":[{}]}}",
+        "{{\"bench\":\"attention\",\"cpu_flags\":\"{}\",\"launch_us\":{launch_us},\"shapes\":[{}]}}",
         cpu_flags(),
         shapes_json.join(",")
     );
     Ok(())
+}
+
+/// What one launch costs beyond its work: the median time of a tiny decode launch (two
+/// sequences of 16 tokens, one kv head of 64, f32: two work items, so a pool of two or more
+/// threads hands one over) on the pool of `--threads` threads and on one thread, over 2000 launches each, alternating in blocks of 100. An engine launches once per
+/// layer and step, so this is paid `layers` times a step. Returns the JSON object.
+fn launch_cost(o: &Opts, isa: Isa) -> Result<String, String> {
+    let pool = CpuBackend::with_isa(o.threads, isa).map_err(|e| e.to_string())?;
+    let one = CpuBackend::with_isa(1, isa).map_err(|e| e.to_string())?;
+    let (ctx, d) = (16usize, 64usize);
+    let kv: Vec<f32> = (0..2 * ctx * d).map(|i| (i % 7) as f32 * 0.1).collect();
+    let q = vec![0.5f32; 2 * d];
+    let mut out = vec![0f32; 2 * d];
+    let p = AttnParams {
+        num_seqs: 2,
+        num_tokens: 2,
+        num_heads: 1,
+        query_dtype: DType::F32,
+        query_strides: TokenStrides::dense(1, d),
+        output_dtype: DType::F32,
+        output_strides: TokenStrides::dense(1, d),
+        cache: CacheLayout::dense(DType::F32, 2, ctx, 1, d),
+        max_pages_per_seq: 1,
+        block_table_stride: 1,
+        varlen: false,
+        scale: 0.125,
+        softcap: 0.0,
+        sliding_window: 0,
+    };
+    let mut run = |b: &CpuBackend, times: &mut Vec<f64>| -> Result<(), String> {
+        for _ in 0..100 {
+            let t = Instant::now();
+            let bufs = AttnBuffers {
+                query: Buf::F32(&q),
+                key_cache: Buf::F32(&kv),
+                value_cache: Buf::F32(&kv),
+                block_table: &[0, 1],
+                context_lens: &[ctx as i32; 2],
+                query_start_loc: None,
+                output: BufMut::F32(&mut out),
+            };
+            let batch = AttnBatch::new(p, bufs).map_err(|e| e.to_string())?;
+            b.attention(batch).map_err(|e| e.to_string())?;
+            times.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+        Ok(())
+    };
+    let (mut tp, mut t1) = (Vec::new(), Vec::new());
+    run(&pool, &mut Vec::new())?; // warm-up
+    run(&one, &mut Vec::new())?;
+    for _ in 0..20 {
+        run(&pool, &mut tp)?;
+        run(&one, &mut t1)?;
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (mp, m1) = (median(&mut tp), median(&mut t1));
+    let n = pool.num_threads();
+    println!(
+        "launch cost (2 sequences x 16 tokens, 1 head x 64, f32; median of 2000): {mp:.1} us on \
+{n} threads, {m1:.1} us on 1 thread"
+    );
+    Ok(format!(
+        "{{\"threads\":{n},\"pool\":{mp:.2},\"one_thread\":{m1:.2}}}"
+    ))
 }
 
 fn run_shape(
