@@ -1117,7 +1117,8 @@ typedef struct kvs_huge_pages_report {
    */
   size_t advised_bytes;
   /*
-   Bytes of the range backed by huge pages after the call (`AnonHugePages` in
+   Bytes of the range backed by huge pages after the call (its PMD-mapped pages, by a walk
+   of the range's page tables, `PAGEMAP_SCAN`, on Linux 6.7+; else `AnonHugePages` in
    `/proc/self/smaps`); less than `advised_bytes` when the kernel had none to give.
    */
   size_t huge_bytes;

@@ -32,7 +32,8 @@ pub struct kvs_huge_pages_report {
     /// Bytes of the range in whole aligned 2 MiB pages: what was advised (0 when the range
     /// holds none).
     pub advised_bytes: usize,
-    /// Bytes of the range backed by huge pages after the call (`AnonHugePages` in
+    /// Bytes of the range backed by huge pages after the call (its PMD-mapped pages, by a walk
+    /// of the range's page tables, `PAGEMAP_SCAN`, on Linux 6.7+; else `AnonHugePages` in
     /// `/proc/self/smaps`); less than `advised_bytes` when the kernel had none to give.
     pub huge_bytes: usize,
 }

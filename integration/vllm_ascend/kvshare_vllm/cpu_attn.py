@@ -24,7 +24,8 @@ Two steps get it there; ``KVSHARE_CPU_HUGE_PAGES=0`` turns both off:
   torch reads it at a process's first allocation and from then on advises its allocations of 2
   MiB and more for huge pages, so the cache vLLM zeroes is faulted in on them, at no cost. That
   reaches the worker of vLLM's multiprocess engine (the default), which starts after the plugin
-  loads; an in-process engine has allocated before, and needs it in its environment at start.
+  loads and is spawned (vLLM's CPU platform sets ``VLLM_WORKER_MULTIPROC_METHOD=spawn``); an
+  in-process engine has allocated before, and needs it in its environment at start.
 * The first time a layer's step sees its KV cache, the backend checks how much of it is on huge
   pages (:func:`kvshare_vllm.ops.huge_pages`, advise only: a walk of the range's page tables)
   and, if not all of it, moves it there (``MADV_COLLAPSE``, contents kept: a synchronous copy,

@@ -39,8 +39,9 @@ pub struct HugePagesReport {
     /// Bytes of the range in whole 2 MiB pages: what was advised (0 when the range holds no
     /// whole aligned 2 MiB page).
     pub advised_bytes: usize,
-    /// Bytes of the range the kernel backs with huge pages after the call, as
-    /// `/proc/self/smaps` reports (`AnonHugePages` of the mappings inside the range).
+    /// Bytes of the range the kernel backs with huge pages after the call: its PMD-mapped
+    /// pages, counted by a walk of the range's page tables (`PAGEMAP_SCAN`, Linux 6.7+), else
+    /// `AnonHugePages` of `/proc/self/smaps` for the mappings in the range.
     pub huge_bytes: usize,
 }
 
@@ -195,10 +196,21 @@ mod sys {
 
     /// Bytes of `[lo, hi)` that are present, huge (a PMD-mapped transparent huge page or
     /// hugetlb) and not the shared zero page, by `PAGEMAP_SCAN` on `/proc/self/pagemap`: a
-    /// walk of the range's page tables only. `None` where the kernel has no such ioctl
+    /// walk of the range's page tables only. (Kernels before about 6.12 may not flag the huge
+    /// zero page as a zero page; a range only read since it was mapped could then count as
+    /// huge. A KV cache the engine has zeroed is written.) `None` where the kernel has no such ioctl
     /// (before 6.7) or the scan fails.
     pub(super) fn scan_huge_bytes(lo: usize, hi: usize) -> Option<usize> {
         use std::os::fd::AsRawFd;
+        // PAGEMAP_SCAN is encoded with the generic _IOC layout, which these use (not ppc,
+        // mips, sparc: those count by smaps).
+        if !cfg!(any(
+            target_arch = "x86_64",
+            target_arch = "aarch64",
+            target_arch = "riscv64"
+        )) {
+            return None;
+        }
         let pagemap = std::fs::File::open("/proc/self/pagemap").ok()?;
         let mut regions = [PageRegion::default(); 32];
         let mut total = 0usize;
@@ -340,15 +352,36 @@ AnonHugePages:         0 kB
             // SAFETY: inside the mapping.
             unsafe { std::ptr::write_volatile((lo + off) as *mut u8, 1) };
         }
-        let smaps = sys::smaps_huge_bytes(lo, hi);
+        // Scan, smaps, scan: khugepaged may collapse a page faulted in small between two reads.
         let scan = sys::scan_huge_bytes(lo, hi);
+        let smaps = sys::smaps_huge_bytes(lo, hi);
+        let again = sys::scan_huge_bytes(lo, hi);
         // SAFETY: the mapping made above, no longer used.
         unsafe { libc::munmap(raw, n + HUGE_PAGE) };
-        println!("advise: {advised:?}; huge bytes: smaps {smaps}, PAGEMAP_SCAN {scan:?}");
-        assert!(smaps <= 3 * HUGE_PAGE);
-        match scan {
-            Some(scan) => assert_eq!(scan, smaps),
-            None => {
+        println!(
+            "advise: {advised:?}; huge bytes: PAGEMAP_SCAN {scan:?} / {again:?}, smaps {smaps}"
+        );
+        match (scan, again) {
+            (Some(scan), Some(again)) => {
+                // Only pages 0, 1 and 3 can be huge (page 2 was never touched, the second half
+                // is NOHUGEPAGE), in whole 2 MiB pages. smaps counts the mapping's huge pages
+                // capped at the range, so never fewer; it equals the walk unless the kernel
+                // merged this mapping with a neighbour that has huge pages of its own.
+                for s in [scan, again] {
+                    assert!(s <= 3 * HUGE_PAGE && s % HUGE_PAGE == 0, "{s}");
+                    assert!(s <= smaps, "PAGEMAP_SCAN {s} against smaps {smaps}");
+                }
+                if smaps <= 3 * HUGE_PAGE {
+                    assert!(
+                        smaps == scan || smaps == again,
+                        "{scan} / {again} against {smaps}"
+                    );
+                }
+            }
+            _ if !std::path::Path::new("/proc/self/pagemap").exists() => {
+                println!("PAGEMAP_SCAN: no /proc/self/pagemap here; smaps counted")
+            }
+            _ => {
                 // Linux 6.7 added the ioctl: from there on it must answer.
                 let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
                 let mut v = release.trim().split(['.', '-']).map(|x| x.parse::<u32>());
@@ -395,8 +428,9 @@ AnonHugePages:         0 kB
         );
         let smaps = sys::smaps_huge_bytes(lo, hi);
         match sys::scan_huge_bytes(lo, hi) {
-            // The page-table walk and smaps count the same pages.
-            Some(scan) => assert_eq!(scan, smaps, "PAGEMAP_SCAN against smaps"),
+            // smaps counts the huge pages of the whole mapping, capped at the range: never
+            // fewer than are in the range (the Vec may share its mapping with others).
+            Some(scan) => assert!(scan <= smaps, "PAGEMAP_SCAN {scan} against smaps {smaps}"),
             None => println!("PAGEMAP_SCAN: not in this kernel; smaps counted"),
         }
         println!(
