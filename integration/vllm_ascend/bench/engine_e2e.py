@@ -431,6 +431,20 @@ def run_in_subprocess(cfg: dict, python: str = sys.executable, env: dict | None 
             return json.load(f), proc.stdout + proc.stderr
 
 
+def _bench_env(site: str) -> dict:
+    """The environment of every configuration a benchmark runs: the plugin on ``PYTHONPATH``,
+    and torch allocating 2 MiB and larger tensors on huge pages (``THP_MEM_ALLOC_ENABLE=1``; a
+    user's own setting is kept), for every configuration alike. With it kvshare's attention
+    backend finds its KV cache on huge pages already. These engines run in-process, where the
+    plugin loads after torch's first allocation, too late to set it (in the multiprocess engine
+    the plugin sets it for the engine's worker)."""
+    env = dict(os.environ, PYTHONPATH=site)
+    env.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+    print(f"THP_MEM_ALLOC_ENABLE={env['THP_MEM_ALLOC_ENABLE']} in every configuration",
+          file=sys.stderr)
+    return env
+
+
 def bench(argv) -> int:
     """``kvshare-bench vllm-e2e``: both managers through the real engine, order alternating."""
     import argparse
@@ -457,15 +471,7 @@ def bench(argv) -> int:
     with tempfile.TemporaryDirectory() as d:
         model = write_tiny_model(os.path.join(d, "model"))
         site = install_plugin(os.path.join(d, "site"))
-        # Every configuration's process starts with torch allocating 2 MiB and larger tensors
-        # on huge pages (THP_MEM_ALLOC_ENABLE=1; a user's own setting is kept): kvshare's
-        # attention backend then finds its KV cache on huge pages already. These engines run
-        # in-process, where the plugin loads after torch's first allocation, too late to set
-        # it (in the multiprocess engine the plugin sets it for the engine's worker).
-        env = dict(os.environ, PYTHONPATH=site)
-        env.setdefault("THP_MEM_ALLOC_ENABLE", "1")
-        print(f"THP_MEM_ALLOC_ENABLE={env['THP_MEM_ALLOC_ENABLE']} in every configuration",
-              file=sys.stderr)
+        env = _bench_env(site)
         for rep in range(a.repeats):
             order = configs if rep % 2 == 0 else configs[::-1]
             for name, extra in order:
@@ -543,15 +549,7 @@ def bench_host_tier(argv) -> int:
     with tempfile.TemporaryDirectory() as d:
         model = write_tiny_model(os.path.join(d, "model"))
         site = install_plugin(os.path.join(d, "site"))
-        # Every configuration's process starts with torch allocating 2 MiB and larger tensors
-        # on huge pages (THP_MEM_ALLOC_ENABLE=1; a user's own setting is kept): kvshare's
-        # attention backend then finds its KV cache on huge pages already. These engines run
-        # in-process, where the plugin loads after torch's first allocation, too late to set
-        # it (in the multiprocess engine the plugin sets it for the engine's worker).
-        env = dict(os.environ, PYTHONPATH=site)
-        env.setdefault("THP_MEM_ALLOC_ENABLE", "1")
-        print(f"THP_MEM_ALLOC_ENABLE={env['THP_MEM_ALLOC_ENABLE']} in every configuration",
-              file=sys.stderr)
+        env = _bench_env(site)
         for rep in range(a.repeats):
             for name, p, extra in (configs if rep % 2 == 0 else configs[::-1]):
                 cfg = dict(extra, model_dir=model, convs=a.convs, turns=a.turns,

@@ -290,8 +290,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
 
 /// What one launch costs beyond its work: the median time of a tiny decode launch (two
 /// sequences of 16 tokens, one kv head of 64, f32: two work items, so a pool of two or more
-/// threads hands one over) on the pool of `--threads` threads and on one thread, over 2000 launches each, alternating in blocks of 100. An engine launches once per
-/// layer and step, so this is paid `layers` times a step. Returns the JSON object.
+/// threads hands one over) on the pool of `--threads` threads and on one thread, over 2000
+/// launches each, alternating in blocks of 100. An engine launches once per layer and step, so
+/// this is paid `layers` times a step. Returns the JSON object.
 fn launch_cost(o: &Opts, isa: Isa) -> Result<String, String> {
     let pool = CpuBackend::with_isa(o.threads, isa).map_err(|e| e.to_string())?;
     let one = CpuBackend::with_isa(1, isa).map_err(|e| e.to_string())?;
@@ -340,11 +341,7 @@ fn launch_cost(o: &Opts, isa: Isa) -> Result<String, String> {
         run(&pool, &mut tp)?;
         run(&one, &mut t1)?;
     }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let (mp, m1) = (median(&mut tp), median(&mut t1));
+    let (mp, m1) = (Paired::of(tp).median, Paired::of(t1).median);
     let n = pool.num_threads();
     println!(
         "launch cost (2 sequences x 16 tokens, 1 head x 64, f32; median of 2000): {mp:.1} us on \
