@@ -96,18 +96,18 @@ class KvshareCPUAttentionBackend(CPUAttentionBackend):
 
 @dataclass
 class KvshareCPUMetadata:
-    """One step's batch, as kvshare's varlen launch takes it (host int32 / int64 tensors)."""
+    """One step's batch, as kvshare's varlen launch takes it, built once for every layer."""
 
     num_actual_tokens: int
-    query_start_loc: torch.Tensor  # [num_reqs + 1]
-    seq_lens: torch.Tensor         # [num_reqs], this step's tokens included
-    block_table: torch.Tensor      # [num_reqs, max_blocks]
-    slot_mapping: torch.Tensor     # [num_actual_tokens]
+    slot_mapping: torch.Tensor  # [num_actual_tokens]
+    # Block table, KV lengths (this step's tokens included) and query starts as host int32,
+    # checked once per step (vLLM's CPU tensors are int32 already: no copy).
+    batch: ops.AttentionBatch
 
 
 class KvshareCPUMetadataBuilder(AttentionMetadataBuilder[KvshareCPUMetadata]):
-    """Passes vLLM's common metadata through: decodes and prefills need no reordering, since
-    one varlen launch serves both."""
+    """vLLM's common metadata, checked and converted once per step for all layers; decodes and
+    prefills need no reordering, since one varlen launch serves both."""
 
     # vLLM's AttentionMetadataBuilder declares __init__ abstract: a builder must define one.
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device) -> None:
@@ -119,10 +119,9 @@ class KvshareCPUMetadataBuilder(AttentionMetadataBuilder[KvshareCPUMetadata]):
         n = m.num_reqs
         return KvshareCPUMetadata(
             num_actual_tokens=m.num_actual_tokens,
-            query_start_loc=m.query_start_loc[:n + 1],
-            seq_lens=m.seq_lens[:n],
-            block_table=m.block_table_tensor[:n],
-            slot_mapping=m.slot_mapping[:m.num_actual_tokens])
+            slot_mapping=m.slot_mapping[:m.num_actual_tokens],
+            batch=ops.AttentionBatch(m.block_table_tensor[:n], m.seq_lens[:n],
+                                     m.query_start_loc[:n + 1]))
 
 
 class KvshareCPUAttentionImpl(AttentionImpl):
@@ -149,6 +148,9 @@ class KvshareCPUAttentionImpl(AttentionImpl):
         self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
         self.kv_cache_dtype = kv_cache_dtype
         self.attn_type = attn_type
+        # (vLLM's kv_cache tensor, its ops.KvCaches): made at the first step, and again whenever
+        # vLLM passes another cache tensor (it passes the same object every step).
+        self._caches: tuple = (None, None)
 
     def forward(self, layer, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 kv_cache: torch.Tensor, attn_metadata: KvshareCPUMetadata | None,
@@ -161,20 +163,27 @@ class KvshareCPUAttentionImpl(AttentionImpl):
                                       "CPU attention backend")
         if attn_metadata is None:  # vLLM's profiling / warm-up pass
             return output
-        _on_huge_pages(kv_cache)
+        seen, caches = self._caches
+        if seen is not kv_cache:  # the first step, or vLLM bound another cache tensor
+            caches = _layer_caches(kv_cache)
+            self._caches = (kv_cache, caches)
         n = attn_metadata.num_actual_tokens
-        key_cache, value_cache = kv_cache[0], kv_cache[1]
         if self.kv_sharing_target_layer_name is None and key is not None and value is not None:
-            ops.reshape_and_cache(key, value, key_cache, value_cache, attn_metadata.slot_mapping)
+            caches.write(key, value, attn_metadata.slot_mapping)
         if n == 0:
             return output
-        out = output[:n].view(n, self.num_heads, self.head_size)
-        ops.paged_attention(query[:n], key_cache, value_cache, attn_metadata.block_table,
-                            attn_metadata.seq_lens, out, scale=self.scale,
-                            num_kv_heads=self.num_kv_heads,
-                            query_start_loc=attn_metadata.query_start_loc,
-                            softcap=self.softcap, sliding_window=self.sliding_window)
+        # Only the batch's n rows are read and written: no views of query and output needed.
+        caches.attend(query, output, attn_metadata.batch, scale=self.scale,
+                      num_kv_heads=self.num_kv_heads, softcap=self.softcap,
+                      sliding_window=self.sliding_window)
         return output
+
+
+def _layer_caches(kv_cache: torch.Tensor) -> ops.KvCaches:
+    """A layer's ``kv_cache[2, ...]`` as kvshare's checked cache pair, on huge pages (once per
+    cache tensor: vLLM passes the same one every step)."""
+    _on_huge_pages(kv_cache)
+    return ops.KvCaches(kv_cache[0], kv_cache[1])
 
 
 # KV caches already asked for huge pages: (pid, storage address). Keyed by pid so that a forked

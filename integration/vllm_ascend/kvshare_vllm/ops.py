@@ -10,6 +10,12 @@ query starts) and, where asked for, an int64 block table narrowed to int32.
   ``reshape_and_cache``; negative slots are padding and are skipped).
 * :func:`copy_pages`: the page copies kvshare's cache manager reports (copy-on-write, swap).
 
+An engine that runs both every step on the same caches keeps one :class:`KvCaches` per layer
+(the caches checked once) and builds one :class:`AttentionBatch` per step (block table and
+lengths checked and converted once for all layers), then calls :meth:`KvCaches.write` and
+:meth:`KvCaches.attend`: only the step's own tensors are checked per call. The two functions
+above are exactly that, made for one call.
+
 Backends: CPU tensors run on one cached CPU ``kvs_backend`` per process (synchronous). NPU
 tensors (``device.type == "npu"``, torch_npu) run on an ASCEND ``kvs_backend`` bound to the
 tensor's device, launched on ``torch.npu.current_stream(device).npu_stream`` (asynchronous, like
@@ -46,7 +52,8 @@ import kvshare
 from kvshare import check, ffi, lib
 
 __all__ = [
-    "paged_attention", "reshape_and_cache", "copy_pages", "OpsArgumentError", "OpsDtypeError",
+    "paged_attention", "reshape_and_cache", "copy_pages", "KvCaches", "AttentionBatch",
+    "OpsArgumentError", "OpsDtypeError",
     "enabled", "cpu_backend", "backend_for", "describe_backend", "huge_pages",
     "ascend_decode", "ascend_kv_write",
 ]
@@ -63,11 +70,13 @@ _DTYPES = {
     torch.float16: lib.KVS_DTYPE_F16,
     torch.bfloat16: lib.KVS_DTYPE_BF16,
 }
+_SLOT_TYPES = {torch.int32: lib.KVS_INDEX_TYPE_INT32, torch.int64: lib.KVS_INDEX_TYPE_INT64}
 _COPY_KINDS = {
     "d2d": lib.KVS_COPY_KIND_DEVICE_TO_DEVICE,
     "d2h": lib.KVS_COPY_KIND_DEVICE_TO_HOST,
     "h2d": lib.KVS_COPY_KIND_HOST_TO_DEVICE,
 }
+_CPU = torch.device("cpu")
 # torch_npu storage formats that are plain row-major memory (ACL_FORMAT_NCHW, ACL_FORMAT_ND).
 _NPU_PLAIN_FORMATS = (0, 2)
 
@@ -207,6 +216,8 @@ def _same_device(device: torch.device, **tensors: torch.Tensor | None) -> None:
 
 
 def _check_device(field: str, t: torch.Tensor) -> torch.device:
+    if t.is_cpu:
+        return _CPU
     if t.device.type not in ("cpu", "npu"):
         raise OpsArgumentError(field, f"is on {t.device}: kvshare ops take CPU tensors, or NPU "
                                       "tensors (torch_npu) for the Ascend backend")
@@ -241,17 +252,25 @@ def _outer_strides(field: str, t: torch.Tensor, names: Sequence[str]) -> list[in
 
 def _tokens_heads(field: str, t: torch.Tensor, head_dim: int) -> tuple[int, int, int, int]:
     """``(rows, heads, token stride, head stride)`` of a ``[T, H, D]`` or ``[T, H*D]`` tensor."""
-    if t.dim() == 3:
-        if t.shape[2] != head_dim:
-            raise OpsArgumentError(field, f"head_dim is {t.shape[2]}, the cache's is {head_dim}")
+    shape = t.shape
+    if len(shape) == 3:
+        rows, heads, d = shape
+        if d != head_dim:
+            raise OpsArgumentError(field, f"head_dim is {d}, the cache's is {head_dim}")
+        ts, hs, ds = t.stride()
+        if ds == 1 and rows > 1 and heads > 1 and ts > 0 and hs > 0:
+            return rows, heads, ts, hs  # every step's case, as _outer_strides would answer
         ts, hs = _outer_strides(field, t, ("tokens", "heads"))
-        return int(t.shape[0]), int(t.shape[1]), ts, hs
-    if t.dim() == 2:
-        if t.shape[1] % head_dim:
-            raise OpsArgumentError(field, f"width {t.shape[1]} is not a multiple of the cache's "
+        return rows, heads, ts, hs
+    if len(shape) == 2:
+        rows, width = shape
+        if width % head_dim:
+            raise OpsArgumentError(field, f"width {width} is not a multiple of the cache's "
                                           f"head_dim {head_dim}")
-        (ts,) = _outer_strides(field, t, ("tokens",))
-        return int(t.shape[0]), int(t.shape[1]) // head_dim, ts, head_dim
+        ts, ws = t.stride()
+        if not (ws == 1 and rows > 1 and ts > 0):
+            (ts,) = _outer_strides(field, t, ("tokens",))
+        return rows, width // head_dim, ts, head_dim
     raise OpsArgumentError(field, f"expected [num_tokens, num_heads, head_dim] (or "
                                   f"[num_tokens, num_heads * head_dim]), got shape "
                                   f"{tuple(t.shape)}")
@@ -309,6 +328,185 @@ def _i32_ptr(t: torch.Tensor):
 # Ops
 # ---------------------------------------------------------------------------------------------
 
+class KvCaches:
+    """One layer's K and V caches, checked once (tensors, device, dtype, shape, strides) and held
+    as kvshare's ``kvs_kv_layout``.
+
+    :func:`paged_attention` and :func:`reshape_and_cache` build one per call. An engine that calls
+    both on the same caches every step (kvshare's CPU attention backend) keeps one per layer for
+    as long as its cache tensor lives and calls :meth:`attend` and :meth:`write` on it, so only
+    the step's own tensors are checked per call. The caches' shape, strides and storage must not
+    change while it is kept (vLLM allocates its KV cache once)."""
+
+    __slots__ = ("key_cache", "value_cache", "device", "layout", "_key_ptr", "_value_ptr",
+                 "_cpu")
+
+    def __init__(self, key_cache: torch.Tensor, value_cache: torch.Tensor) -> None:
+        self.key_cache = _tensor("key_cache", key_cache)
+        self.value_cache = _tensor("value_cache", value_cache)
+        self.device = _check_device("key_cache", key_cache)
+        _same_device(self.device, value_cache=value_cache)
+        _check_device("value_cache", value_cache)
+        self.layout = _layout(key_cache, value_cache)
+        self._key_ptr = ffi.cast("void *", key_cache.data_ptr())
+        self._value_ptr = ffi.cast("void *", value_cache.data_ptr())
+        self._cpu = self.device.type == "cpu"
+
+    def attend(self, query: torch.Tensor, out: torch.Tensor, batch: "AttentionBatch", *,
+               scale: float, num_kv_heads: int, softcap: float = 0.0,
+               sliding_window: int = 0) -> torch.Tensor:
+        """Paged attention of ``batch``'s sequences over these caches into ``out`` (arguments as
+        in :func:`paged_attention`); returns ``out``."""
+        query, out = _tensor("query", query), _tensor("out", out)
+        device = _check_device("query", query)
+        if out.device != device:
+            _same_device(device, out=out)
+        _check_device("out", out)
+        if self.device != device:
+            raise OpsArgumentError("key_cache", f"is on {self.device}, the query on {device}")
+        if batch.device != device:
+            raise OpsArgumentError("block_table", f"is on {batch.device}, the query on {device}")
+        q_code, o_code = _dtype_code("query", query), _dtype_code("out", out)
+        lay = self.layout
+        head_dim = lay.head_dim
+        if num_kv_heads != lay.num_kv_heads:
+            raise OpsArgumentError("num_kv_heads", f"is {num_kv_heads}, but key_cache has "
+                                                   f"{lay.num_kv_heads} kv heads (dimension 2)")
+        q_rows, num_heads, q_ts, q_hs = _tokens_heads("query", query, head_dim)
+        o_rows, o_heads, o_ts, o_hs = _tokens_heads("out", out, head_dim)
+        if o_heads != num_heads:
+            raise OpsArgumentError("out", f"has {o_heads} heads, query has {num_heads}")
+        num_tokens = batch.num_tokens
+        if num_tokens == 0:
+            return out
+        if q_rows < num_tokens:
+            raise OpsArgumentError("query", f"has {q_rows} rows for {num_tokens} query tokens")
+        if o_rows < num_tokens:
+            raise OpsArgumentError("out", f"has {o_rows} rows for {num_tokens} query tokens")
+        if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+            raise OpsArgumentError("scale", f"{scale!r} is not a finite number > 0")
+
+        a = ffi.new("kvs_attention_args *")
+        a.num_seqs, a.num_tokens, a.num_heads = batch.num_seqs, num_tokens, num_heads
+        a.query = ffi.cast("const void *", query.data_ptr())
+        a.query_dtype, a.query_token_stride, a.query_head_stride = q_code, q_ts, q_hs
+        a.output = ffi.cast("void *", out.data_ptr())
+        a.output_dtype, a.output_token_stride, a.output_head_stride = o_code, o_ts, o_hs
+        a.key_cache, a.value_cache = self._key_ptr, self._value_ptr
+        a.cache = lay[0]
+        a.block_table = batch.block_table_ptr
+        a.max_pages_per_seq = batch.max_pages_per_seq
+        a.block_table_stride = batch.block_table_stride
+        a.context_lens = batch.context_lens_ptr
+        a.query_start_loc = batch.query_start_loc_ptr
+        a.scale = float(scale)
+        a.softcap = float(softcap or 0.0)
+        a.sliding_window = int(sliding_window or 0)
+        backend, stream = (cpu_backend(), ffi.NULL) if self._cpu else backend_for(device)
+        check(lib.kvs_attention_launch(backend, a, stream), "kvs_attention_launch")
+        # `batch` holds its host arrays; the CPU backend is done with them here, the Ascend
+        # backend reads them during the call and enqueues the rest.
+        return out
+
+    def write(self, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+        """Writes new K/V into these caches (arguments as in :func:`reshape_and_cache`)."""
+        key, value = _tensor("key", key), _tensor("value", value)
+        slot_mapping = _tensor("slot_mapping", slot_mapping)
+        device = self.device
+        if key.device != device or value.device != device or slot_mapping.device != device:
+            _same_device(device, key=key, value=value, slot_mapping=slot_mapping)
+        _check_device("key", key)
+        _check_device("value", value)
+        src_code = _dtype_code("key", key)
+        if value.dtype != key.dtype:
+            raise OpsDtypeError("value", f"dtype {value.dtype} differs from key's {key.dtype}")
+        lay = self.layout
+        if value.shape != key.shape:
+            raise OpsArgumentError("value", f"shape {tuple(value.shape)} differs from key's "
+                                            f"{tuple(key.shape)}")
+        rows, heads, ts, hs = _tokens_heads("key", key, lay.head_dim)
+        if value.stride() != key.stride():
+            _, _, vts, vhs = _tokens_heads("value", value, lay.head_dim)
+            if (vts, vhs) != (ts, hs):
+                raise OpsArgumentError("value", f"strides {tuple(value.stride())} differ from "
+                                                f"key's {tuple(key.stride())}")
+        if heads != lay.num_kv_heads:
+            raise OpsArgumentError("key", f"has {heads} heads, the cache has {lay.num_kv_heads} "
+                                          "kv heads")
+        itype = _SLOT_TYPES.get(slot_mapping.dtype)
+        if itype is None:
+            raise OpsDtypeError("slot_mapping", f"dtype {slot_mapping.dtype} is not int32 or "
+                                                "int64")
+        if slot_mapping.dim() != 1:
+            raise OpsArgumentError("slot_mapping", f"expected [num_tokens], got shape "
+                                                   f"{tuple(slot_mapping.shape)}")
+        num_tokens = int(slot_mapping.shape[0])
+        if num_tokens == 0:
+            return
+        if slot_mapping.stride(0) != 1:
+            slot_mapping = slot_mapping.contiguous()
+        if rows < num_tokens:
+            raise OpsArgumentError("key", f"has {rows} rows for {num_tokens} slots")
+
+        a = ffi.new("kvs_kv_write_args *")
+        a.num_tokens = num_tokens
+        a.key = ffi.cast("const void *", key.data_ptr())
+        a.value = ffi.cast("const void *", value.data_ptr())
+        a.src_dtype, a.src_token_stride, a.src_head_stride = src_code, ts, hs
+        a.key_cache, a.value_cache = self._key_ptr, self._value_ptr
+        a.cache = lay[0]
+        a.slot_mapping = ffi.cast("const void *", slot_mapping.data_ptr())
+        a.slot_mapping_type = itype
+        backend, stream = (cpu_backend(), ffi.NULL) if self._cpu else backend_for(device)
+        check(lib.kvs_kv_write(backend, a, stream), "kvs_kv_write")
+
+
+class AttentionBatch:
+    """One step's sequences for :meth:`KvCaches.attend`: the block table, the KV lengths and the
+    query starts, checked and converted to host int32 once and shared by every layer of the step
+    (arguments as in :func:`paged_attention`). ``num_seqs`` and ``num_tokens`` are the
+    sequences and query tokens of the launch."""
+
+    __slots__ = ("device", "num_seqs", "num_tokens", "max_pages_per_seq", "block_table_stride",
+                 "block_table_ptr", "context_lens_ptr", "query_start_loc_ptr", "_keep")
+
+    def __init__(self, block_table: torch.Tensor, seq_lens: Any,
+                 query_start_loc: Any = None) -> None:
+        block_table = _tensor("block_table", block_table)
+        self.device = _check_device("block_table", block_table)
+        if block_table.dtype == torch.int64:
+            block_table = block_table.to(torch.int32)
+        elif block_table.dtype != torch.int32:
+            raise OpsDtypeError("block_table", f"dtype {block_table.dtype} is not int32 (or "
+                                               "int64)")
+        if block_table.dim() != 2:
+            raise OpsArgumentError("block_table", f"expected [num_seqs, max_blocks], got shape "
+                                                  f"{tuple(block_table.shape)}")
+        if block_table.shape[1] > 1 and block_table.stride(1) != 1:
+            block_table = block_table.contiguous()
+        (self.block_table_stride,) = _outer_strides("block_table", block_table, ("num_seqs",))
+        self.max_pages_per_seq = int(block_table.shape[1])
+        lens = _host_i32("seq_lens", seq_lens)
+        self.num_seqs = num_seqs = int(lens.shape[0])
+        starts = None
+        self.num_tokens = num_seqs
+        if num_seqs:
+            if block_table.shape[0] < num_seqs:
+                raise OpsArgumentError("block_table", f"has {block_table.shape[0]} rows for "
+                                                      f"{num_seqs} sequences")
+            if query_start_loc is not None:
+                starts = _host_i32("query_start_loc", query_start_loc)
+                if starts.shape[0] != num_seqs + 1:
+                    raise OpsArgumentError("query_start_loc", f"has {starts.shape[0]} entries, "
+                                                              f"expected num_seqs + 1 = "
+                                                              f"{num_seqs + 1}")
+                self.num_tokens = int(starts[-1])
+        self.block_table_ptr = _i32_ptr(block_table)
+        self.context_lens_ptr = _i32_ptr(lens)
+        self.query_start_loc_ptr = ffi.NULL if starts is None else _i32_ptr(starts)
+        self._keep = (block_table, lens, starts)  # the pointers' memory
+
+
 def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                     block_table: torch.Tensor, seq_lens: Any, out: torch.Tensor, *,
                     scale: float, num_kv_heads: int, query_start_loc: Any = None,
@@ -333,85 +531,15 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     * ``scale``: multiplier of ``q·k``; ``softcap`` > 0 caps logits ``c * tanh(s / c)``;
       ``sliding_window`` > 0 limits each token to that many most recent positions.
 
-    GQA/MQA: ``num_heads`` is a multiple of ``num_kv_heads``.
+    GQA/MQA: ``num_heads`` is a multiple of ``num_kv_heads``. One call is
+    ``KvCaches(key_cache, value_cache).attend(query, out, AttentionBatch(block_table, seq_lens,
+    query_start_loc), ...)``.
     """
     query, out = _tensor("query", query), _tensor("out", out)
-    key_cache, value_cache = _tensor("key_cache", key_cache), _tensor("value_cache", value_cache)
-    block_table = _tensor("block_table", block_table)
-    device = _check_device("query", query)
-    _same_device(device, out=out, key_cache=key_cache, value_cache=value_cache,
-                 block_table=block_table)
-    for f, t in (("out", out), ("key_cache", key_cache), ("value_cache", value_cache)):
-        _check_device(f, t)
-    q_code, o_code = _dtype_code("query", query), _dtype_code("out", out)
-    lay = _layout(key_cache, value_cache)
-    head_dim = lay.head_dim
-    if int(num_kv_heads) != lay.num_kv_heads:
-        raise OpsArgumentError("num_kv_heads", f"is {num_kv_heads}, but key_cache has "
-                                               f"{lay.num_kv_heads} kv heads (dimension 2)")
-    q_rows, num_heads, q_ts, q_hs = _tokens_heads("query", query, head_dim)
-    o_rows, o_heads, o_ts, o_hs = _tokens_heads("out", out, head_dim)
-    if o_heads != num_heads:
-        raise OpsArgumentError("out", f"has {o_heads} heads, query has {num_heads}")
-
-    if block_table.dtype == torch.int64:
-        block_table = block_table.to(torch.int32)
-    elif block_table.dtype != torch.int32:
-        raise OpsDtypeError("block_table", f"dtype {block_table.dtype} is not int32 (or int64)")
-    if block_table.dim() != 2:
-        raise OpsArgumentError("block_table", f"expected [num_seqs, max_blocks], got shape "
-                                              f"{tuple(block_table.shape)}")
-    if block_table.shape[1] > 1 and block_table.stride(1) != 1:
-        block_table = block_table.contiguous()
-    (bt_stride,) = _outer_strides("block_table", block_table, ("num_seqs",))
-
-    lens = _host_i32("seq_lens", seq_lens)
-    num_seqs = int(lens.shape[0])
-    if num_seqs == 0:
-        return out
-    if block_table.shape[0] < num_seqs:
-        raise OpsArgumentError("block_table", f"has {block_table.shape[0]} rows for "
-                                              f"{num_seqs} sequences")
-    if query_start_loc is None:
-        starts = None
-        num_tokens = num_seqs
-    else:
-        starts = _host_i32("query_start_loc", query_start_loc)
-        if starts.shape[0] != num_seqs + 1:
-            raise OpsArgumentError("query_start_loc", f"has {starts.shape[0]} entries, expected "
-                                                      f"num_seqs + 1 = {num_seqs + 1}")
-        num_tokens = int(starts[-1])
-        if num_tokens == 0:
-            return out
-    if q_rows < num_tokens:
-        raise OpsArgumentError("query", f"has {q_rows} rows for {num_tokens} query tokens")
-    if o_rows < num_tokens:
-        raise OpsArgumentError("out", f"has {o_rows} rows for {num_tokens} query tokens")
-    if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
-        raise OpsArgumentError("scale", f"{scale!r} is not a finite number > 0")
-
-    a = ffi.new("kvs_attention_args *")
-    a.num_seqs, a.num_tokens, a.num_heads = num_seqs, num_tokens, num_heads
-    a.query = ffi.cast("const void *", query.data_ptr())
-    a.query_dtype, a.query_token_stride, a.query_head_stride = q_code, q_ts, q_hs
-    a.output = ffi.cast("void *", out.data_ptr())
-    a.output_dtype, a.output_token_stride, a.output_head_stride = o_code, o_ts, o_hs
-    a.key_cache = ffi.cast("const void *", key_cache.data_ptr())
-    a.value_cache = ffi.cast("const void *", value_cache.data_ptr())
-    a.cache = lay[0]
-    a.block_table = _i32_ptr(block_table)
-    a.max_pages_per_seq = int(block_table.shape[1])
-    a.block_table_stride = bt_stride
-    a.context_lens = _i32_ptr(lens)
-    a.query_start_loc = ffi.NULL if starts is None else _i32_ptr(starts)
-    a.scale = float(scale)
-    a.softcap = float(softcap or 0.0)
-    a.sliding_window = int(sliding_window or 0)
-    backend, stream = backend_for(device)
-    check(lib.kvs_attention_launch(backend, a, stream), "kvs_attention_launch")
-    # `lens`, `starts` and a narrowed `block_table` are alive until here; the CPU backend is done
-    # with them. The Ascend backend reads the host arrays during the call and enqueues the rest.
-    return out
+    caches = KvCaches(key_cache, value_cache)
+    batch = AttentionBatch(block_table, seq_lens, query_start_loc)
+    return caches.attend(query, out, batch, scale=scale, num_kv_heads=int(num_kv_heads),
+                         softcap=softcap, sliding_window=sliding_window)
 
 
 def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
@@ -427,57 +555,7 @@ def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.T
       and skipped. ``num_tokens = slot_mapping.numel()`` (vLLM's convention: extra key rows are
       padding).
     """
-    key, value = _tensor("key", key), _tensor("value", value)
-    key_cache, value_cache = _tensor("key_cache", key_cache), _tensor("value_cache", value_cache)
-    slot_mapping = _tensor("slot_mapping", slot_mapping)
-    device = _check_device("key_cache", key_cache)
-    _same_device(device, key=key, value=value, value_cache=value_cache,
-                 slot_mapping=slot_mapping)
-    for f, t in (("key", key), ("value", value), ("value_cache", value_cache)):
-        _check_device(f, t)
-    src_code = _dtype_code("key", key)
-    if value.dtype != key.dtype:
-        raise OpsDtypeError("value", f"dtype {value.dtype} differs from key's {key.dtype}")
-    lay = _layout(key_cache, value_cache)
-    if value.shape != key.shape:
-        raise OpsArgumentError("value", f"shape {tuple(value.shape)} differs from key's "
-                                        f"{tuple(key.shape)}")
-    rows, heads, ts, hs = _tokens_heads("key", key, lay.head_dim)
-    vrows, vheads, vts, vhs = _tokens_heads("value", value, lay.head_dim)
-    if (vts, vhs) != (ts, hs):
-        raise OpsArgumentError("value", f"strides {tuple(value.stride())} differ from key's "
-                                        f"{tuple(key.stride())}")
-    if heads != lay.num_kv_heads:
-        raise OpsArgumentError("key", f"has {heads} heads, the cache has {lay.num_kv_heads} "
-                                      "kv heads")
-    if slot_mapping.dtype == torch.int32:
-        itype = lib.KVS_INDEX_TYPE_INT32
-    elif slot_mapping.dtype == torch.int64:
-        itype = lib.KVS_INDEX_TYPE_INT64
-    else:
-        raise OpsDtypeError("slot_mapping", f"dtype {slot_mapping.dtype} is not int32 or int64")
-    if slot_mapping.dim() != 1:
-        raise OpsArgumentError("slot_mapping", f"expected [num_tokens], got shape "
-                                               f"{tuple(slot_mapping.shape)}")
-    slot_mapping = slot_mapping.contiguous()
-    num_tokens = int(slot_mapping.shape[0])
-    if num_tokens == 0:
-        return
-    if rows < num_tokens:
-        raise OpsArgumentError("key", f"has {rows} rows for {num_tokens} slots")
-
-    a = ffi.new("kvs_kv_write_args *")
-    a.num_tokens = num_tokens
-    a.key = ffi.cast("const void *", key.data_ptr())
-    a.value = ffi.cast("const void *", value.data_ptr())
-    a.src_dtype, a.src_token_stride, a.src_head_stride = src_code, ts, hs
-    a.key_cache = ffi.cast("void *", key_cache.data_ptr())
-    a.value_cache = ffi.cast("void *", value_cache.data_ptr())
-    a.cache = lay[0]
-    a.slot_mapping = ffi.cast("const void *", slot_mapping.data_ptr())
-    a.slot_mapping_type = itype
-    backend, stream = backend_for(device)
-    check(lib.kvs_kv_write(backend, a, stream), "kvs_kv_write")
+    KvCaches(key_cache, value_cache).write(key, value, slot_mapping)
 
 
 def copy_pages(key_cache: torch.Tensor, value_cache: torch.Tensor, copies: Any, *,

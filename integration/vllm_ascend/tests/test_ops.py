@@ -255,6 +255,105 @@ def test_write_then_attend_matches_sdpa(dtype):
         step([1, 1])  # decode, crossing page boundaries
 
 
+def test_kept_caches_and_one_batch_per_step_match_the_per_call_ops():
+    """What kvshare's CPU attention backend does: each layer keeps its KvCaches across steps,
+    each step's AttentionBatch is built once and serves every layer; the results are those of
+    the per-call ops, bit for bit, and the reference's."""
+    h, hk, d, bs, nb = 8, 2, 32, 4, 64
+    g = torch.Generator().manual_seed(21)
+    layers = [caches(nb, bs, hk, d, torch.bfloat16, seed=s) for s in (1, 2)]
+    twins = [(k.clone(), v.clone()) for k, v in layers]  # written by the per-call ops
+    kept = [ops.KvCaches(k, v) for k, v in layers]
+    lens = [0, 0, 0]
+    tables = make_batch([40, 40, 40], num_blocks=nb, block_size=bs, seed=8)
+    for step, qlens in enumerate([[7, 3, 12], [1, 1, 1], [1, 5, 1], [1, 1, 1]]):
+        lens = [L + q for L, q in zip(lens, qlens)]
+        qsl = [0]
+        for q in qlens:
+            qsl.append(qsl[-1] + q)
+        slots = torch.tensor([int(tables[s][p // bs]) * bs + p % bs for s in range(3)
+                              for p in range(lens[s] - qlens[s], lens[s])])
+        # vLLM's buffers: wider than the step, padding rows past its tokens
+        bt = torch.cat([tables, torch.zeros(2, tables.shape[1], dtype=torch.int32)])
+        batch = ops.AttentionBatch(bt[:3], torch.tensor(lens, dtype=torch.int32),
+                                   torch.tensor(qsl, dtype=torch.int32))
+        assert (batch.num_seqs, batch.num_tokens) == (3, qsl[-1])
+        t = qsl[-1]
+        for layer in range(2):
+            k = torch.randn(t + 2, hk, d, generator=g)
+            v = torch.randn(t + 2, hk, d, generator=g)
+            q = torch.randn(t + 2, h, d, generator=g).to(torch.bfloat16)
+            out = torch.full((t + 2, h * d), 5.0, dtype=torch.bfloat16)
+            kept[layer].write(k, v, slots)
+            kept[layer].attend(q, out, batch, scale=0.2, num_kv_heads=hk)
+            tk, tv = twins[layer]
+            ops.reshape_and_cache(k, v, tk, tv, slots)
+            want = torch.empty(t, h, d, dtype=torch.bfloat16)
+            ops.paged_attention(q[:t], tk, tv, tables, lens, want, scale=0.2, num_kv_heads=hk,
+                                query_start_loc=qsl)
+            assert torch.equal(layers[layer][0], tk) and torch.equal(layers[layer][1], tv)
+            assert torch.equal(out[:t].view(t, h, d), want), (step, layer)
+            assert torch.all(out[t:] == 5.0)  # padding rows left alone
+            ref = ref_attention(q[:t], tk, tv, tables, lens, qsl, scale=0.2)
+            torch.testing.assert_close(out[:t].view(t, h, d).double(), ref,
+                                       atol=ATOL[torch.bfloat16], rtol=0)
+
+
+def test_kept_caches_check_each_calls_tensors():
+    kc, vc = caches(8, 4, 2, 8, torch.float32)
+    kept = ops.KvCaches(kc, vc)
+    batch = ops.AttentionBatch(torch.tensor([[1, 2], [3, 0]], dtype=torch.int32), [6, 3])
+    q, out = torch.randn(2, 4, 8), torch.empty(2, 4, 8)
+    kept.attend(q, out, batch, scale=0.3, num_kv_heads=2)
+    for call, field in [
+        (lambda: kept.attend(q[:1], out, batch, scale=0.3, num_kv_heads=2), "query"),
+        (lambda: kept.attend(q, out.double(), batch, scale=0.3, num_kv_heads=2), "out"),
+        (lambda: kept.attend(q, torch.empty(2, 4, 8, device="meta"), batch, scale=0.3,
+                             num_kv_heads=2), "out"),
+        (lambda: kept.attend(q, out, batch, scale=0.3, num_kv_heads=1), "num_kv_heads"),
+        (lambda: kept.attend(q, out, batch, scale=float("nan"), num_kv_heads=2), "scale"),
+        (lambda: kept.write(torch.randn(2, 2, 4), torch.randn(2, 2, 4),
+                            torch.tensor([0, 1])), "key"),
+        (lambda: ops.AttentionBatch(torch.tensor([[1, 2]], dtype=torch.int32), [6, 3]),
+         "block_table"),
+        (lambda: ops.AttentionBatch(torch.tensor([[1]], dtype=torch.int32), [1], [0, 1, 2]),
+         "query_start_loc"),
+    ]:
+        with pytest.raises(ops.OpsArgumentError) as e:
+            call()
+        assert e.value.field == field
+    with pytest.raises(kvshare.AttnInvalidArgumentError):  # kvshare's own checks still run
+        kept.attend(q, out, ops.AttentionBatch(torch.tensor([[1, 99], [3, 0]],
+                                                            dtype=torch.int32), [6, 3]),
+                    scale=0.3, num_kv_heads=2)
+
+
+def test_backend_keeps_a_layers_caches_until_vllm_passes_another_tensor():
+    """kvshare_vllm.cpu_attn's forward, called as vLLM calls it: a layer's checked caches are
+    made once and made again for a new cache tensor (vLLM re-binding its KV cache)."""
+    cpu_attn = pytest.importorskip("kvshare_vllm.cpu_attn")
+    h, hk, d, bs, nb = 4, 2, 16, 4, 8
+    impl = cpu_attn.KvshareCPUAttentionImpl(h, d, 0.25, hk, None, None, "auto")
+    slots = torch.tensor([5, 6], dtype=torch.int64)
+    meta = cpu_attn.KvshareCPUMetadata(
+        num_actual_tokens=2, slot_mapping=slots,
+        batch=ops.AttentionBatch(torch.tensor([[0, 1, 2]], dtype=torch.int32), [7],
+                                 torch.tensor([0, 2], dtype=torch.int32)))
+    q, k, v = torch.randn(2, h, d), torch.randn(2, hk, d), torch.randn(2, hk, d)
+    outs = []
+    for kv in (torch.zeros(2, nb, bs, hk, d), torch.zeros(2, nb, bs, hk, d)):
+        kv[:, 0, :] = 1.0
+        kv[:, 1, 0] = 2.0
+        out = torch.empty(2, h * d)
+        impl.forward(None, q, k, v, kv, meta, out)
+        assert impl._caches[0] is kv
+        assert torch.equal(kv[0, 1, 1:3], k) and torch.equal(kv[1, 1, 1:3], v)  # this tensor
+        ref = ref_attention(q, kv[0], kv[1], torch.tensor([[0, 1, 2]]), [7], [0, 2], scale=0.25)
+        torch.testing.assert_close(out.view(2, h, d).double(), ref, atol=2e-5, rtol=0)
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1])
+
+
 # ---------------------------------------------------------------------------------------------
 # Page copies
 # ---------------------------------------------------------------------------------------------
