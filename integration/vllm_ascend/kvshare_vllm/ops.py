@@ -352,6 +352,10 @@ class KvCaches:
         self._value_ptr = ffi.cast("void *", value_cache.data_ptr())
         self._cpu = self.device.type == "cpu"
 
+    def _backend(self):
+        """``backend_for(self.device)``, without reading the device's type on every call."""
+        return (cpu_backend(), ffi.NULL) if self._cpu else backend_for(self.device)
+
     def attend(self, query: torch.Tensor, out: torch.Tensor, batch: "AttentionBatch", *,
                scale: float, num_kv_heads: int, softcap: float = 0.0,
                sliding_window: int = 0) -> torch.Tensor:
@@ -402,7 +406,7 @@ class KvCaches:
         a.scale = float(scale)
         a.softcap = float(softcap or 0.0)
         a.sliding_window = int(sliding_window or 0)
-        backend, stream = (cpu_backend(), ffi.NULL) if self._cpu else backend_for(device)
+        backend, stream = self._backend()
         check(lib.kvs_attention_launch(backend, a, stream), "kvs_attention_launch")
         # `batch` holds its host arrays; the CPU backend is done with them here, the Ascend
         # backend reads them during the call and enqueues the rest.
@@ -457,7 +461,7 @@ class KvCaches:
         a.cache = lay[0]
         a.slot_mapping = ffi.cast("const void *", slot_mapping.data_ptr())
         a.slot_mapping_type = itype
-        backend, stream = (cpu_backend(), ffi.NULL) if self._cpu else backend_for(device)
+        backend, stream = self._backend()
         check(lib.kvs_kv_write(backend, a, stream), "kvs_kv_write")
 
 
@@ -535,7 +539,6 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     ``KvCaches(key_cache, value_cache).attend(query, out, AttentionBatch(block_table, seq_lens,
     query_start_loc), ...)``.
     """
-    query, out = _tensor("query", query), _tensor("out", out)
     caches = KvCaches(key_cache, value_cache)
     batch = AttentionBatch(block_table, seq_lens, query_start_loc)
     return caches.attend(query, out, batch, scale=scale, num_kv_heads=int(num_kv_heads),
