@@ -474,7 +474,7 @@ typedef uint32_t kvs_huge_pages_mode;
  **Thread safety:** a backend may be used from several threads at once; the CPU backend runs
  one call at a time on its thread pool and queues the others.
 
- **Methods:** `kvs_backend_new`, `kvs_backend_free`, `kvs_backend_num_threads`,
+ **Methods:** `kvs_backend_new`, `kvs_backend_new_cpu_team`, `kvs_backend_free`, `kvs_backend_num_threads`,
  `kvs_backend_describe`, `kvs_attention_launch`, `kvs_kv_write`, `kvs_kv_copy`.
  */
 typedef struct kvs_backend kvs_backend;
@@ -822,6 +822,40 @@ typedef struct kvs_backend_options {
    */
   const char *library_dir;
 } kvs_backend_options;
+
+/*
+ What a host thread team runs: `work(arg)`.
+ */
+typedef void (*kvs_cpu_work_fn)(void *arg);
+
+/*
+ A host's parallel region: calls `work(arg)` on up to `num_threads` threads (the calling
+ thread among them) and returns only after every call has returned. kvshare passes a non-NULL
+ `work` and `flags = 0`. This is the signature of `GOMP_parallel`, the entry point GCC emits
+ for `#pragma omp parallel`, exported by libgomp and by LLVM's and Intel's OpenMP runtimes:
+ a program (or PyTorch, whose Linux wheels run their CPU ops on libgomp) can pass it as is.
+ */
+typedef void (*kvs_cpu_parallel_fn)(kvs_cpu_work_fn work,
+                                    void *arg,
+                                    unsigned int num_threads,
+                                    unsigned int flags);
+
+/*
+ The host's thread team for `kvs_backend_new_cpu_team`.
+
+ **Thread safety:** plain data, read only during the call.
+ */
+typedef struct kvs_cpu_team {
+  /*
+   The team's parallel region (see `kvs_cpu_parallel_fn`); not NULL.
+   */
+  kvs_cpu_parallel_fn parallel;
+  /*
+   Threads to ask `parallel` for (the work is planned for this many); 0 = the machine's
+   available parallelism. At most 1024.
+   */
+  uint32_t num_threads;
+} kvs_cpu_team;
 
 /*
  Geometry and options of a cache. Start from `kvs_config_default()` and set what you need.
@@ -1549,6 +1583,32 @@ struct kvs_kv_layout kvs_kv_layout_dense(uint32_t dtype,
 kvs_status kvs_backend_new(uint32_t kind,
                            const struct kvs_backend_options *options,
                            struct kvs_backend **backend_out);
+
+/*
+ Creates a CPU backend that runs its work on the host's thread team (`team->parallel`)
+ instead of starting threads of its own: in a process whose other work runs on an OpenMP
+ team (PyTorch, vLLM's CPU kernels), a second set of threads competes with that team's
+ spinning threads for the cores. Everything else is as `kvs_backend_new` with
+ `KVS_BACKEND_KIND_CPU` (kernel path, `KVSHARE_CPU_ISA`); `kvs_backend_describe` says
+ `the host's team`.
+
+ A launch calls `team->parallel` from the launching thread, once per phase that has more
+ than one item (the work items, then the merges of sequences split across threads), and
+ takes the items from a shared counter inside `work`, so results do not depend on how
+ many threads the team really runs: items it left undone run on the launching thread
+ after `parallel` returns. Launches from several threads at once each call `parallel`
+ (no queue, unlike the own pool). `parallel` must not call `work` after it has returned;
+ it must be callable from every thread that launches on this backend, for as long as the
+ backend lives.
+
+ **Ownership:** on success `*backend_out` owns a new backend; free it with
+ `kvs_backend_free`. **Failure:** `KVS_STATUS_NULL_ARGUMENT` for a NULL `team`,
+ `team->parallel` or `backend_out`; `KVS_STATUS_INVALID_ARGUMENT` for more than 1024
+ threads; `KVS_STATUS_BACKEND_UNAVAILABLE` when `KVSHARE_CPU_ISA` names a path this CPU
+ lacks; `*backend_out` is untouched on error. **Thread safety:** safe from any thread.
+ */
+kvs_status kvs_backend_new_cpu_team(const struct kvs_cpu_team *team,
+                                    struct kvs_backend **backend_out);
 
 /*
  Frees a backend (its worker threads are joined). NULL is a no-op.

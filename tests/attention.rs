@@ -12,7 +12,7 @@
 mod support;
 
 use kvshare::ffi::attn::{kvs_kv_copy_args, kvs_kv_write_args};
-use kvshare::ffi::backend::kvs_backend;
+use kvshare::ffi::backend::{kvs_backend, kvs_cpu_parallel_fn, kvs_cpu_team, kvs_cpu_work_fn};
 use kvshare::ffi::status::kvs_status;
 use kvshare::ffi::types::kvs_copy;
 use support::attention::*;
@@ -181,6 +181,136 @@ fn thread_counts_agree() {
         unsafe { kvs_backend::kvs_backend_free(be) };
     }
     assert_eq!(outs[0], outs[1], "work split must not change results");
+}
+
+/// A host team of scoped std threads (`kvs_cpu_parallel_fn`): `work` on every requested
+/// thread, the caller's among them; counts its regions.
+unsafe extern "C" fn std_team(
+    work: kvs_cpu_work_fn,
+    arg: *mut std::ffi::c_void,
+    n: std::ffi::c_uint,
+    flags: std::ffi::c_uint,
+) {
+    assert_eq!(flags, 0);
+    TEAM_REGIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let (work, arg) = (work.expect("kvshare passes work"), arg as usize);
+    std::thread::scope(|s| {
+        for _ in 1..n {
+            s.spawn(move || unsafe { work(arg as *mut std::ffi::c_void) });
+        }
+        unsafe { work(arg as *mut std::ffi::c_void) };
+    });
+}
+
+static TEAM_REGIONS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// A host team that runs nothing: kvshare must still do every item (on the caller).
+unsafe extern "C" fn idle_team(
+    _: kvs_cpu_work_fn,
+    _: *mut std::ffi::c_void,
+    _: std::ffi::c_uint,
+    _: std::ffi::c_uint,
+) {
+}
+
+fn team_backend(parallel: kvs_cpu_parallel_fn, num_threads: u32) -> *mut kvs_backend {
+    let team = kvs_cpu_team {
+        parallel,
+        num_threads,
+    };
+    let mut b = std::ptr::null_mut();
+    let st = unsafe { kvs_backend::kvs_backend_new_cpu_team(&team, &mut b) };
+    assert_eq!(st, kvs_status::Ok, "{}", last_error());
+    b
+}
+
+/// `kvs_backend_new_cpu_team`: the same work split as the own pool of as many threads, so the
+/// same bits, whether the host runs `work` on every thread or on none; the team is really used;
+/// describe says so; bad arguments are refused and leave the out pointer alone.
+#[test]
+fn host_team_runs_the_work_and_matches_the_own_pool() {
+    let cases = [
+        Case {
+            q: Some(vec![5, 1, 20, 1]),
+            ..Case::decode(F16, 4, 64, 16, vec![40, 17, 20, 2700])
+        },
+        Case::decode(F32, 8, 128, 128, vec![5000, 3, 2700, 129]),
+        Case {
+            q: Some(vec![9, 40]),
+            ..Case::decode(BF16, 4, 128, 128, vec![2700, 40])
+        },
+    ];
+    let pool = new_backend(3);
+    let team = team_backend(Some(std_team), 3);
+    let idle = team_backend(Some(idle_team), 3);
+    let mut text = vec![0 as std::ffi::c_char; 512];
+    let mut len = 0usize;
+    assert_eq!(
+        unsafe { kvs_backend::kvs_backend_describe(team, text.as_mut_ptr(), 512, &mut len) },
+        kvs_status::Ok
+    );
+    let text = unsafe { std::ffi::CStr::from_ptr(text.as_ptr()) }.to_string_lossy();
+    assert!(text.contains("3 threads (the host's team"), "{text}");
+    for c in &cases {
+        let mut outs = Vec::new();
+        for be in [pool, team, idle] {
+            let before = TEAM_REGIONS.load(std::sync::atomic::Ordering::Relaxed);
+            let mut b = build(c);
+            let args = b.args();
+            let st = unsafe { kvs_backend::kvs_attention_launch(be, &args, std::ptr::null_mut()) };
+            assert_eq!(st, kvs_status::Ok, "{}", last_error());
+            if be == team {
+                let regions = TEAM_REGIONS.load(std::sync::atomic::Ordering::Relaxed) - before;
+                assert!(
+                    regions >= 1,
+                    "the host's team was not asked to run the work"
+                );
+            }
+            b.assert_output(&b.reference(), &format!("dtype {}", c.dtype));
+            outs.push(b.out);
+        }
+        assert!(
+            outs[0] == outs[1] && outs[0] == outs[2],
+            "team and pool outputs differ"
+        );
+    }
+    for be in [pool, team, idle] {
+        unsafe { kvs_backend::kvs_backend_free(be) };
+    }
+
+    let mut b = std::ptr::null_mut();
+    let bad = |team: *const kvs_cpu_team, out: *mut *mut kvs_backend| unsafe {
+        kvs_backend::kvs_backend_new_cpu_team(team, out)
+    };
+    assert_eq!(bad(std::ptr::null(), &mut b), kvs_status::NullArgument);
+    assert!(last_error().contains("team"), "{}", last_error());
+    let no_fn = kvs_cpu_team {
+        parallel: None,
+        num_threads: 2,
+    };
+    assert_eq!(bad(&no_fn, &mut b), kvs_status::NullArgument);
+    assert!(last_error().contains("team.parallel"), "{}", last_error());
+    let too_many = kvs_cpu_team {
+        parallel: Some(std_team),
+        num_threads: 1025,
+    };
+    assert_eq!(bad(&too_many, &mut b), kvs_status::InvalidArgument);
+    assert!(last_error().contains("num_threads"), "{}", last_error());
+    assert!(b.is_null());
+    let ok = kvs_cpu_team {
+        parallel: Some(std_team),
+        num_threads: 0,
+    };
+    assert_eq!(bad(&ok, std::ptr::null_mut()), kvs_status::NullArgument);
+    assert!(last_error().contains("backend_out"), "{}", last_error());
+    let be = team_backend(Some(std_team), 0);
+    let mut n = 0u32;
+    assert_eq!(
+        unsafe { kvs_backend::kvs_backend_num_threads(be, &mut n) },
+        kvs_status::Ok
+    );
+    assert!(n >= 1);
+    unsafe { kvs_backend::kvs_backend_free(be) };
 }
 
 /// Split-K: sequences long enough to be cut into key chunks (over 2560 tokens: 3 and 2 parts), next to short

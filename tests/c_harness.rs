@@ -225,6 +225,15 @@ fn c_source(name: &str) -> PathBuf {
     root().join("tests/c").join(format!("{name}.c"))
 }
 
+/// Compiler flags a program needs beyond the variant's: `*_openmp_*.c` use OpenMP (libgomp).
+fn program_flags(name: &str) -> &'static [&'static str] {
+    if name.contains("_openmp_") {
+        &["-fopenmp"]
+    } else {
+        &[]
+    }
+}
+
 /// Compiles `tests/c/<name>.c` for `v` and returns the executable.
 fn compile(name: &str, v: Variant) -> PathBuf {
     let src = c_source(name);
@@ -240,6 +249,7 @@ fn compile(name: &str, v: Variant) -> PathBuf {
         .arg(root().join("include"))
         .arg("-I")
         .arg(root().join("tests/c"))
+        .args(program_flags(name))
         .arg(&src)
         .arg("-o")
         .arg(&exe)
@@ -278,6 +288,10 @@ fn run_program(name: &str, v: Variant) {
             "--errors-for-leak-kinds=definite,indirect,possible",
             "--quiet",
         ])
+        .arg(format!(
+            "--suppressions={}",
+            root().join("tests/c/valgrind.supp").display()
+        ))
         .arg(&exe);
         c
     } else {

@@ -17,6 +17,7 @@ use plan::Item;
 use super::copy_runs::{page_copy_runs, ByteRun};
 use super::kernel::{self, KvElem, Rows, SeqKv};
 use super::pool::ThreadPool;
+use super::team::Team;
 use super::{AttnBatch, Backend, BackendInfo, Buf, BufMut, CopyKind, KvWrite, PageCopyBatch};
 use crate::core::{Error, Result};
 
@@ -26,7 +27,7 @@ mod plan;
 
 /// The CPU backend.
 pub struct CpuBackend {
-    pool: ThreadPool,
+    workers: Workers,
     isa: Isa,
     /// Whether `isa` came from `KVSHARE_CPU_ISA`.
     forced: bool,
@@ -54,11 +55,19 @@ impl CpuBackend {
         let pool = ThreadPool::new(num_threads)
             .map_err(|e| Error::BackendFailure(format!("cannot start CPU worker threads: {e}")))?;
         Ok(CpuBackend {
-            pool,
+            workers: Workers::Pool(pool),
             isa,
             forced: false,
             tiled_min: plan::TILED_MIN_TOKENS,
         })
+    }
+
+    /// As [`CpuBackend::new`], its work run on the host's `team` instead of a pool of its own
+    /// (no thread is started).
+    pub fn on_team(team: Team) -> Result<Self> {
+        let mut b = Self::new(1)?; // a pool of one thread is the caller alone: nothing starts
+        b.workers = Workers::Team(team);
+        Ok(b)
     }
 
     /// Whether prefill rows (sequences with at least 8 query tokens) run the tiled kernel (the
@@ -74,12 +83,36 @@ impl CpuBackend {
 
     /// Threads that run work.
     pub fn num_threads(&self) -> usize {
-        self.pool.num_threads()
+        self.workers.num_threads()
     }
 
     /// The kernel path that runs.
     pub fn isa(&self) -> Isa {
         self.isa
+    }
+}
+
+/// Where a launch's work items run: kvshare's own pool, or the host's team.
+enum Workers {
+    Pool(ThreadPool),
+    Team(Team),
+}
+
+impl Workers {
+    fn num_threads(&self) -> usize {
+        match self {
+            Workers::Pool(p) => p.num_threads(),
+            Workers::Team(t) => t.num_threads(),
+        }
+    }
+
+    /// Runs `f(i)` for every `i in 0..n` and returns when all are done (a panic in `f` is
+    /// re-raised here).
+    fn for_each<F: Fn(usize) + Sync>(&self, n: usize, f: F) {
+        match self {
+            Workers::Pool(p) => p.for_each(n, f),
+            Workers::Team(t) => t.for_each(n, f),
+        }
     }
 }
 
@@ -253,7 +286,7 @@ fn run_attention<T: KvElem>(
     let p = batch.params();
     let d = p.cache.head_dim;
     let seqs = batch.seqs();
-    let pool = &be.pool;
+    let pool = &be.workers;
     let plan = plan::plan(
         seqs,
         p.group(),
@@ -370,7 +403,7 @@ impl BackendInfo for CpuBackend {
 
     fn describe(&self) -> String {
         format!(
-            "cpu: kernel path {} ({}){}{}, {} threads; CPU flags: {}",
+            "cpu: kernel path {} ({}){}{}, {} threads{}; CPU flags: {}",
             self.isa.name(),
             if self.forced {
                 "forced by KVSHARE_CPU_ISA"
@@ -394,7 +427,11 @@ impl BackendInfo for CpuBackend {
                 Isa::Amx => "; prefill on AMX tiles (tdpbf16ps)",
                 _ => "",
             },
-            self.pool.num_threads(),
+            self.workers.num_threads(),
+            match self.workers {
+                Workers::Pool(_) => " (its own pool)",
+                Workers::Team(_) => " (the host's team, kvs_backend_new_cpu_team)",
+            },
             cpu_flags()
         )
     }

@@ -42,6 +42,7 @@ pub mod device;
 mod kernel;
 pub mod params;
 pub mod pool;
+pub mod team;
 
 use half::{bf16, f16};
 

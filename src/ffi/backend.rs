@@ -1,12 +1,13 @@
 //! `kvs_backend`: a compute backend's lifetime and what it reports (`kvs_backend_new`,
-//! `kvs_backend_free`, `kvs_backend_num_threads`, `kvs_backend_describe`).
+//! `kvs_backend_new_cpu_team`, `kvs_backend_free`, `kvs_backend_num_threads`,
+//! `kvs_backend_describe`).
 //!
 //! A backend works on host memory ([`Backend`]: the CPU) or on device memory
 //! ([`DeviceBackend`]: Ascend); [`Launcher`] holds either, and the launches of `attn.rs` branch
 //! only on that memory kind, never on which backend it is. The only place that names a concrete
 //! backend is `kvs_backend_new`, which builds it.
 
-use std::ffi::c_char;
+use std::ffi::{c_char, c_uint, c_void};
 
 use super::enums::decode;
 use super::handle::{self, Handle};
@@ -15,6 +16,7 @@ use super::slice::{slice_mut, try_out, try_ref};
 use super::status::kvs_status;
 use crate::attention::ascend::{AscendBackend, AscendOptions};
 use crate::attention::cpu::CpuBackend;
+use crate::attention::team::Team;
 use crate::attention::{Backend, BackendInfo, DeviceBackend};
 use crate::core::{Error, Result};
 
@@ -25,7 +27,7 @@ use crate::core::{Error, Result};
 /// **Thread safety:** a backend may be used from several threads at once; the CPU backend runs
 /// one call at a time on its thread pool and queues the others.
 ///
-/// **Methods:** `kvs_backend_new`, `kvs_backend_free`, `kvs_backend_num_threads`,
+/// **Methods:** `kvs_backend_new`, `kvs_backend_new_cpu_team`, `kvs_backend_free`, `kvs_backend_num_threads`,
 /// `kvs_backend_describe`, `kvs_attention_launch`, `kvs_kv_write`, `kvs_kv_copy`.
 pub struct kvs_backend {
     _private: [u8; 0],
@@ -87,6 +89,36 @@ pub struct kvs_backend_options {
     pub library_dir: *const c_char,
 }
 
+/// What a host thread team runs: `work(arg)`.
+pub type kvs_cpu_work_fn = Option<unsafe extern "C" fn(arg: *mut c_void)>;
+
+/// A host's parallel region: calls `work(arg)` on up to `num_threads` threads (the calling
+/// thread among them) and returns only after every call has returned. kvshare passes a non-NULL
+/// `work` and `flags = 0`. This is the signature of `GOMP_parallel`, the entry point GCC emits
+/// for `#pragma omp parallel`, exported by libgomp and by LLVM's and Intel's OpenMP runtimes:
+/// a program (or PyTorch, whose Linux wheels run their CPU ops on libgomp) can pass it as is.
+pub type kvs_cpu_parallel_fn = Option<
+    unsafe extern "C" fn(
+        work: kvs_cpu_work_fn,
+        arg: *mut c_void,
+        num_threads: c_uint,
+        flags: c_uint,
+    ),
+>;
+
+/// The host's thread team for `kvs_backend_new_cpu_team`.
+///
+/// **Thread safety:** plain data, read only during the call.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct kvs_cpu_team {
+    /// The team's parallel region (see `kvs_cpu_parallel_fn`); not NULL.
+    pub parallel: kvs_cpu_parallel_fn,
+    /// Threads to ask `parallel` for (the work is planned for this many); 0 = the machine's
+    /// available parallelism. At most 1024.
+    pub num_threads: u32,
+}
+
 impl kvs_backend {
     /// Creates a backend of `kind` (a `kvs_backend_kind` value). `options` may be NULL (all
     /// defaults). The CPU backend starts its persistent worker threads here; no call spawns
@@ -133,6 +165,60 @@ impl kvs_backend {
                     }
                 }
                 kvs_backend_kind::Ascend => ascend_new(opts)?,
+            };
+            *out = handle::into_raw::<kvs_backend>(obj);
+            Ok(())
+        })
+    }
+
+    /// Creates a CPU backend that runs its work on the host's thread team (`team->parallel`)
+    /// instead of starting threads of its own: in a process whose other work runs on an OpenMP
+    /// team (PyTorch, vLLM's CPU kernels), a second set of threads competes with that team's
+    /// spinning threads for the cores. Everything else is as `kvs_backend_new` with
+    /// `KVS_BACKEND_KIND_CPU` (kernel path, `KVSHARE_CPU_ISA`); `kvs_backend_describe` says
+    /// `the host's team`.
+    ///
+    /// A launch calls `team->parallel` from the launching thread, once per phase that has more
+    /// than one item (the work items, then the merges of sequences split across threads), and
+    /// takes the items from a shared counter inside `work`, so results do not depend on how
+    /// many threads the team really runs: items it left undone run on the launching thread
+    /// after `parallel` returns. Launches from several threads at once each call `parallel`
+    /// (no queue, unlike the own pool). `parallel` must not call `work` after it has returned;
+    /// it must be callable from every thread that launches on this backend, for as long as the
+    /// backend lives.
+    ///
+    /// **Ownership:** on success `*backend_out` owns a new backend; free it with
+    /// `kvs_backend_free`. **Failure:** `KVS_STATUS_NULL_ARGUMENT` for a NULL `team`,
+    /// `team->parallel` or `backend_out`; `KVS_STATUS_INVALID_ARGUMENT` for more than 1024
+    /// threads; `KVS_STATUS_BACKEND_UNAVAILABLE` when `KVSHARE_CPU_ISA` names a path this CPU
+    /// lacks; `*backend_out` is untouched on error. **Thread safety:** safe from any thread.
+    #[no_mangle]
+    pub unsafe extern "C" fn kvs_backend_new_cpu_team(
+        team: *const kvs_cpu_team,
+        backend_out: *mut *mut kvs_backend,
+    ) -> kvs_status {
+        guard(|| {
+            // SAFETY: `try_out`/`try_ref` refuse NULL; non-NULL pointers are a valid out location
+            // and team struct by the export contract (ffi/mod.rs).
+            let out = unsafe { try_out(backend_out, "backend_out")? };
+            let t = unsafe { try_ref(team, "team")? };
+            let parallel = t.parallel.ok_or(Error::NullArgument("team.parallel"))?;
+            let threads = match t.num_threads as usize {
+                0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+                n if n > 1024 => {
+                    return Err(Error::arg(
+                        "team.num_threads",
+                        format!("{n} is more than 1024"),
+                    ))
+                }
+                n => n,
+            };
+            // SAFETY: the caller keeps `kvs_cpu_parallel_fn`'s contract (documented above),
+            // which is `Team::new`'s.
+            let cpu = CpuBackend::on_team(unsafe { Team::new(parallel, threads) })?;
+            let obj = BackendBox {
+                num_threads: cpu.num_threads(),
+                launcher: Launcher::Host(Box::new(cpu)),
             };
             *out = handle::into_raw::<kvs_backend>(obj);
             Ok(())

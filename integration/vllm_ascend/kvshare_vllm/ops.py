@@ -16,7 +16,11 @@ lengths checked and converted once for all layers), then calls :meth:`KvCaches.w
 :meth:`KvCaches.attend`: only the step's own tensors are checked per call. The two functions
 above are exactly that, made for one call.
 
-Backends: CPU tensors run on one cached CPU ``kvs_backend`` per process (synchronous). NPU
+Backends: CPU tensors run on one cached CPU ``kvs_backend`` per process (synchronous), whose
+work runs on torch's own OpenMP threads (``kvs_backend_new_cpu_team`` given the
+``GOMP_parallel`` of the OpenMP runtime torch loaded) rather than on threads of kvshare's own,
+which would compete with torch's spinning ones for the cores; ``KVSHARE_OPS_CPU_TEAM=own`` keeps
+kvshare's own pool (also used when no OpenMP runtime is found). NPU
 tensors (``device.type == "npu"``, torch_npu) run on an ASCEND ``kvs_backend`` bound to the
 tensor's device, launched on ``torch.npu.current_stream(device).npu_stream`` (asynchronous, like
 any NPU op). **The NPU path has never run**: it was written against torch_npu's documented API
@@ -62,6 +66,8 @@ log = logging.getLogger("vllm.kvshare_vllm.ops")  # see kvshare_vllm.logger
 
 ENV_ENABLE = "KVSHARE_VLLM_OPS"
 ENV_CPU_THREADS = "KVSHARE_OPS_CPU_THREADS"
+# "openmp" (the default): the CPU backend runs on torch's OpenMP team; "own": its own pool.
+ENV_CPU_TEAM = "KVSHARE_OPS_CPU_TEAM"
 # "0" keeps kvshare's CPU attention backend from asking for 2 MiB pages on vLLM's KV cache.
 ENV_HUGE_PAGES = "KVSHARE_CPU_HUGE_PAGES"
 
@@ -106,7 +112,72 @@ _lock = threading.Lock()
 _backends: dict[Any, Any] = {}  # (pid, kind, device index) -> kvs_backend* (ffi.gc)
 
 
+# The OpenMP runtime's library object (cffi), kept so it is never closed while kvshare may call
+# into it.
+_openmp_libs: list[Any] = []
+
+
+def _openmp_parallel() -> tuple[int | None, str]:
+    """``(address of GOMP_parallel, where it came from)`` of the OpenMP runtime this process has
+    loaded for torch (libgomp in PyTorch's Linux wheels; LLVM's libomp and Intel's libiomp5
+    export it too), or ``(None, why not)``."""
+    if not torch._C.has_openmp:
+        return None, "torch was built without OpenMP"
+    names = ("libgomp", "libiomp5", "libomp")
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split(None, 5)[-1].strip() for line in f if any(n in line for n in names)}
+    except OSError as e:
+        return None, f"cannot read /proc/self/maps: {e}"
+    paths = sorted(p for p in paths if os.path.basename(p).startswith(names))
+    if not paths:
+        return None, "no OpenMP runtime is loaded"
+    # torch's own copy first (its wheels ship one under torch/lib).
+    torch_dir = os.path.dirname(torch.__file__)
+    paths.sort(key=lambda p: not p.startswith(torch_dir))
+    import cffi
+
+    g = cffi.FFI()
+    g.cdef("void GOMP_parallel(void (*)(void *), void *, unsigned int, unsigned int);")
+    try:
+        rt = g.dlopen(paths[0])
+        addr = int(g.cast("uintptr_t", g.addressof(rt, "GOMP_parallel")))
+    except (OSError, AttributeError) as e:
+        return None, f"{paths[0]} has no GOMP_parallel: {e}"
+    _openmp_libs.append((g, rt))
+    return addr, paths[0]
+
+
+def _new_cpu_backend():
+    """The CPU backend: on torch's OpenMP team unless ``KVSHARE_OPS_CPU_TEAM=own`` or no OpenMP
+    runtime is found (then kvshare's own pool); threads: ``$KVSHARE_OPS_CPU_THREADS``, else
+    torch's thread count (team) or the machine's (own pool)."""
+    threads = int(os.environ.get(ENV_CPU_THREADS, "0") or 0)
+    how = os.environ.get(ENV_CPU_TEAM, "openmp") or "openmp"
+    if how not in ("openmp", "own"):
+        raise OpsArgumentError(ENV_CPU_TEAM, f"{how!r} is not 'openmp' or 'own'")
+    if how == "openmp":
+        addr, where = _openmp_parallel()
+        if addr is not None:
+            team = ffi.new("kvs_cpu_team *")
+            team.parallel = ffi.cast("kvs_cpu_parallel_fn", addr)
+            team.num_threads = threads or torch.get_num_threads()
+            out = ffi.new("kvs_backend **")
+            check(lib.kvs_backend_new_cpu_team(team, out), "kvs_backend_new_cpu_team")
+            log.info("kvshare ops: CPU backend on torch's OpenMP team (%d threads, GOMP_parallel "
+                     "of %s)", team.num_threads, where)
+            return ffi.gc(out[0], lib.kvs_backend_free)
+        log.info("kvshare ops: CPU backend on its own threads: %s", where)
+    opts = ffi.new("kvs_backend_options *")
+    opts.num_threads = threads
+    out = ffi.new("kvs_backend **")
+    check(lib.kvs_backend_new(lib.KVS_BACKEND_KIND_CPU, opts, out), "kvs_backend_new")
+    return ffi.gc(out[0], lib.kvs_backend_free)
+
+
 def _new_backend(kind: int, device_id: int = 0):
+    if kind == lib.KVS_BACKEND_KIND_CPU:
+        return _new_cpu_backend()
     opts = ffi.new("kvs_backend_options *")
     if kind == lib.KVS_BACKEND_KIND_CPU:
         opts.num_threads = int(os.environ.get(ENV_CPU_THREADS, "0") or 0)
@@ -131,7 +202,7 @@ def _cached_backend(kind: int, device_id: int):
 
 
 def cpu_backend():
-    """The process's CPU ``kvs_backend*`` (threads: ``$KVSHARE_OPS_CPU_THREADS``, 0 = all)."""
+    """The process's CPU ``kvs_backend*`` (see :func:`_new_cpu_backend`)."""
     return _cached_backend(lib.KVS_BACKEND_KIND_CPU, 0)
 
 

@@ -9,6 +9,7 @@ torch's scaled_dot_product_attention on contiguous K/V. The NPU path is not exer
 from __future__ import annotations
 
 import math
+import os
 import random
 from types import SimpleNamespace
 
@@ -493,6 +494,63 @@ def test_kv_write_errors():
 def test_cpu_backend_is_cached():
     assert ops.cpu_backend() == ops.cpu_backend()
     assert ops.describe_backend("cpu").startswith("cpu")
+
+
+@pytest.fixture
+def fresh_backends(monkeypatch):
+    """An empty backend cache for the test (the process's backends are put back after)."""
+    saved = dict(ops._backends)
+    ops._backends.clear()
+    yield monkeypatch
+    ops._backends.clear()
+    ops._backends.update(saved)
+
+
+def _split_k_case():
+    """A decode batch with a sequence long enough to be split across threads, and its inputs."""
+    lens, bs, hk, d = [3000, 7, 130], 16, 2, 64
+    nb = sum(math.ceil(L / bs) for L in lens) + 3
+    bt = make_batch(lens, num_blocks=nb, block_size=bs, share_prefix_pages=2, seed=11)
+    kc, vc = caches(nb, bs, hk, d, torch.float16, seed=12)
+    torch.manual_seed(13)
+    q = torch.randn(len(lens), 8, d).to(torch.float16)
+    return q, kc, vc, bt, lens
+
+
+def test_cpu_backend_runs_on_torchs_openmp_team(fresh_backends):
+    """By default the CPU backend runs on torch's OpenMP threads (``GOMP_parallel`` of the
+    runtime torch loaded), with torch's thread count; ``KVSHARE_OPS_CPU_TEAM=own`` gives
+    kvshare's own pool; both compute the same bits (the work split depends only on the thread
+    count); an unknown value is refused by name."""
+    monkeypatch = fresh_backends
+    monkeypatch.delenv(ops.ENV_CPU_TEAM, raising=False)
+    monkeypatch.setenv(ops.ENV_CPU_THREADS, "2")
+    addr, where = ops._openmp_parallel()
+    assert addr, where
+    assert os.path.basename(where).startswith(("libgomp", "libiomp5", "libomp")), where
+    q, kc, vc, bt, lens = _split_k_case()
+    outs = {}
+    for how in ("openmp", "own"):
+        monkeypatch.setenv(ops.ENV_CPU_TEAM, how)
+        ops._backends.clear()
+        text = ops.describe_backend("cpu")
+        want = "2 threads (the host's team" if how == "openmp" else "2 threads (its own pool)"
+        assert want in text, text
+        out = torch.zeros_like(q)
+        ops.paged_attention(q, kc, vc, bt, lens, out, scale=0.125, num_kv_heads=2)
+        outs[how] = out
+    assert torch.equal(outs["openmp"], outs["own"])
+    ref = ref_attention(q, kc, vc, bt, lens, scale=0.125)
+    torch.testing.assert_close(outs["openmp"].float(), ref.float(), atol=2e-3, rtol=2e-3)
+    monkeypatch.delenv(ops.ENV_CPU_THREADS)
+    monkeypatch.delenv(ops.ENV_CPU_TEAM)
+    ops._backends.clear()
+    assert f"{torch.get_num_threads()} threads (the host's team" in ops.describe_backend("cpu")
+    monkeypatch.setenv(ops.ENV_CPU_TEAM, "tbb")
+    ops._backends.clear()
+    with pytest.raises(ops.OpsArgumentError) as e:
+        ops.cpu_backend()
+    assert e.value.field == ops.ENV_CPU_TEAM
 
 
 # ---------------------------------------------------------------------------------------------

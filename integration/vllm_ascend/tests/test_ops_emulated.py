@@ -15,7 +15,7 @@ the path's width is checked by count: the avx512 path must execute under 0.8x th
 of the avx2 path on the same decode and prefill launch (Bochs counts instructions exactly).
 
 The parent test runs the cases below in a child pytest process per emulated CPU model with
-``KVSHARE_CPU_ISA=avx512``, ``KVSHARE_OPS_CPU_THREADS=1`` and every ``kvs_`` call of
+``KVSHARE_CPU_ISA=avx512``, ``KVSHARE_OPS_CPU_THREADS=1``, ``KVSHARE_OPS_CPU_TEAM=own`` and every ``kvs_`` call of
 `kvshare_vllm.ops` going through the emulator (a process whose CPU-feature answers came from the
 emulated CPU must never run the library natively, and the library caches those answers per
 process). Two models: Cannon Lake, a client CPU with AVX-512 (F/CD/BW/DQ/VL/IFMA/VBMI), and Sapphire
@@ -78,8 +78,10 @@ MODEL_FLAGS = {
 @pytest.mark.parametrize("model", list(MODEL_FLAGS))
 def test_avx512_path_under_emulation(model):
     env = dict(os.environ)
+    # One thread on kvshare's own pool (KVSHARE_OPS_CPU_TEAM=own): the emulator runs the calling
+    # thread only, and never a host OpenMP runtime's code (test_ops.py covers the team).
     env.update({CHILD_ENV: "avx512", "KVSHARE_CPU_ISA": "avx512", "KVSHARE_OPS_CPU_THREADS": "1",
-                "X86EMU_CPU_MODEL": model})
+                "KVSHARE_OPS_CPU_TEAM": "own", "X86EMU_CPU_MODEL": model})
     env["PYTHONPATH"] = os.pathsep.join([HERE] + [p for p in [env.get("PYTHONPATH")] if p])
     r = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", "--timeout", "900",
