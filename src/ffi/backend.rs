@@ -204,7 +204,7 @@ impl kvs_backend {
             let t = unsafe { try_ref(team, "team")? };
             let parallel = t.parallel.ok_or(Error::NullArgument("team.parallel"))?;
             let threads = match t.num_threads as usize {
-                0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+                0 => std::thread::available_parallelism().map_or(1, std::num::NonZero::get),
                 n if n > 1024 => {
                     return Err(Error::arg(
                         "team.num_threads",
