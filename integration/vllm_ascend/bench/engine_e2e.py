@@ -22,6 +22,9 @@ Measured per run (in-process engines; the multiprocess engine reports tokens, hi
   * ``prefix_queries`` / ``prefix_hits`` / ``preemptions``: vLLM's own counters;
   * ``sched_s`` / ``model_s`` / ``steps``: time in ``Scheduler.schedule`` +
     ``update_from_output`` against time in ``model_executor.execute_model``/``sample_tokens``;
+  * ``attn_s`` / ``attn_build_s``: of ``model_s``, time in the CPU attention backend's
+    ``forward`` (vLLM's or kvshare's: KV write and attention of every layer) and in its metadata
+    builder (once per step), the part of a step an attention backend decides;
   * ``blocks_peak`` / ``blocks_mean``: KV blocks in use, sampled at every ``schedule``;
   * ``ttft_s``: mean time to first token (vLLM's histogram); ``wall_s``, ``gen_tokens``.
 """
@@ -238,6 +241,40 @@ class _Timer:
             timed(ex, "sample_tokens", "model_s")
 
 
+# Seconds in the CPU attention backends, in this process (see _time_attention).
+_ATTN_S = {"forward": 0.0, "build": 0.0}
+
+
+def _time_attention() -> None:
+    """Adds the seconds of every ``forward`` of the CPU attention impls and every ``build`` of
+    their metadata builders (vLLM's and kvshare's) to ``_ATTN_S``; wraps each method once per
+    process."""
+    from vllm.v1.attention.backends import cpu_attn
+
+    classes = [(cpu_attn.CPUAttentionBackendImpl, "forward"),
+               (cpu_attn.CPUAttentionMetadataBuilder, "build")]
+    try:
+        from kvshare_vllm import cpu_attn as kvs_attn
+    except ImportError:  # the plugin is not installed: vLLM's backend only
+        pass
+    else:
+        classes += [(kvs_attn.KvshareCPUAttentionImpl, "forward"),
+                    (kvs_attn.KvshareCPUMetadataBuilder, "build")]
+    for cls, name in classes:
+        fn = cls.__dict__[name]
+        if getattr(fn, "_kvs_timed", False):
+            continue
+
+        def timed(self, *a, _fn=fn, _key=name, **k):
+            t = time.perf_counter()
+            try:
+                return _fn(self, *a, **k)
+            finally:
+                _ATTN_S[_key] += time.perf_counter() - t
+        timed._kvs_timed = True
+        setattr(cls, name, timed)
+
+
 def _attention_backend(llm) -> str | None:
     """The attention backend class the in-process engine's model runner uses."""
     try:
@@ -305,6 +342,8 @@ def run(cfg: dict) -> dict:
     timer = None
     if not cfg["multiprocess"]:
         timer = _Timer(llm.llm_engine.engine_core.engine_core, trace=bool(cfg.get("trace")))
+        _time_attention()
+    attn0 = dict(_ATTN_S)
 
     rng = np.random.default_rng(cfg["seed"] + 1)
     vocab = MODEL["vocab_size"]
@@ -406,6 +445,8 @@ def run(cfg: dict) -> dict:
         res.update(attention=_attention_backend(llm))
         res.update(scheduler=timer.scheduler, trace=timer.trace, kv_groups=timer.groups,
                    kv_blocks_total=timer.total + 1)
+        res.update(attn_s=_ATTN_S["forward"] - attn0["forward"],
+                   attn_build_s=_ATTN_S["build"] - attn0["build"])
         res.update(manager=timer.manager, sched_s=timer.sched_s, model_s=timer.model_s,
                    steps=timer.steps, blocks_peak=max(timer.blocks, default=0),
                    blocks_mean=sum(timer.blocks) / max(len(timer.blocks), 1))
@@ -491,8 +532,8 @@ def bench(argv) -> int:
           f"prompt, {a.output_tokens} output tokens, {a.kv_blocks} KV blocks of 16; medians of "
           f"{a.repeats} runs each, order alternating")
     print(f"{'configuration':36} {'tok/s':>8} {'TTFT ms':>8} {'sched us/step':>14} "
-          f"{'model ms/step':>14} {'steps':>6} {'hit rate':>9} {'blocks peak':>12} "
-          f"{'blocks mean':>12}")
+          f"{'model ms/step':>14} {'attn ms/step':>13} {'steps':>6} {'hit rate':>9} "
+          f"{'blocks peak':>12} {'blocks mean':>12}")
     base = None
     for name, _ in configs:
         rs = results[name]
@@ -501,18 +542,19 @@ def bench(argv) -> int:
             ttft=med(r["ttft_s"] * 1e3 for r in rs),
             sched=med(r["sched_s"] / r["steps"] * 1e6 for r in rs),
             model=med(r["model_s"] / r["steps"] * 1e3 for r in rs),
+            attn=med((r["attn_s"] + r["attn_build_s"]) / r["steps"] * 1e3 for r in rs),
             steps=med(r["steps"] for r in rs),
             hit=med(r["prefix_hits"] / r["prefix_queries"] for r in rs),
             peak=med(r["blocks_peak"] for r in rs),
             mean=med(r["blocks_mean"] for r in rs))
         base = base or row
         print(f"{name:36} {row['tps']:8.1f} {row['ttft']:8.1f} {row['sched']:14.1f} "
-              f"{row['model']:14.2f} {row['steps']:6.0f} {row['hit']:9.4f} {row['peak']:12.0f} "
-              f"{row['mean']:12.1f}")
+              f"{row['model']:14.2f} {row['attn']:13.2f} {row['steps']:6.0f} {row['hit']:9.4f} "
+              f"{row['peak']:12.0f} {row['mean']:12.1f}")
         if row is not base:
             print(f"{'  ratio to the first (x faster)':36} {row['tps'] / base['tps']:8.2f} "
                   f"{base['ttft'] / row['ttft']:8.2f} {base['sched'] / row['sched']:14.2f} "
-                  f"{base['model'] / row['model']:14.2f}")
+                  f"{base['model'] / row['model']:14.2f} {base['attn'] / row['attn']:13.2f}")
     for name, ok in same.items():
         print(f"generated tokens of '{name}' identical to the first's in every run: {ok}")
         if not ok:

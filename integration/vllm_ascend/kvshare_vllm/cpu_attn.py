@@ -151,6 +151,9 @@ class KvshareCPUAttentionImpl(AttentionImpl):
         # (vLLM's kv_cache tensor, its ops.KvCaches): made at the first step, and again whenever
         # vLLM passes another cache tensor (it passes the same object every step).
         self._caches: tuple = (None, None)
+        # The process's CPU backend now, at model construction (after vLLM's worker has set
+        # torch's threads), not at the first step.
+        ops.cpu_backend()
 
     def forward(self, layer, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 kv_cache: torch.Tensor, attn_metadata: KvshareCPUMetadata | None,
