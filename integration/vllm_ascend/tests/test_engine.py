@@ -149,6 +149,8 @@ def test_kvshare_attention_backend_generates_the_same_tokens(engine):
     ops_run, log = engine("ops")
     assert ops_run["attention"] == "KvshareCPUAttentionBackend"
     assert "kvshare_vllm: attention (KV write, paged attention) runs in kvshare" in log
+    # On torch's OpenMP threads, not on threads of kvshare's own that would compete with them.
+    assert "kvshare ops: CPU backend on torch's OpenMP team" in log, log[-3000:]
     # Its KV cache (four layers, zeroed by vLLM) is on 2 MiB pages. This in-process
     # engine allocated before the plugin loaded and set THP_MEM_ALLOC_ENABLE, so where huge
     # pages come only on request (`madvise`) the cache was collapsed onto them at its first step
@@ -168,6 +170,8 @@ def test_kvshare_attention_in_the_multiprocess_engine(engine):
     """The plugin sets THP_MEM_ALLOC_ENABLE before vLLM starts its worker, so the worker's torch
     allocates the KV cache on huge pages: nothing is collapsed at the first step."""
     mp, log = engine("ops_multiprocess")
+    # The worker process finds the OpenMP runtime its own torch loaded.
+    assert "kvshare ops: CPU backend on torch's OpenMP team" in log, log[-3000:]
     line = _huge_pages_line(log)
     # Where a fault in an advised range compacts memory for a huge page (THP defrag `madvise`
     # or `always`), nothing is left to collapse; otherwise a fragmented machine may fall back.
