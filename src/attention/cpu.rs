@@ -130,7 +130,7 @@ enum OutPtr {
     BF16(*mut bf16),
 }
 
-// SAFETY: items write disjoint rows (see above); the pointer outlives the pool call.
+// SAFETY: items write disjoint rows (see above); the pointer outlives the workers' call.
 unsafe impl Sync for OutRows {}
 
 impl OutRows {
@@ -286,22 +286,22 @@ fn run_attention<T: KvElem>(
     let p = batch.params();
     let d = p.cache.head_dim;
     let seqs = batch.seqs();
-    let pool = &be.workers;
+    let workers = &be.workers;
     let plan = plan::plan(
         seqs,
         p.group(),
         p.cache.num_kv_heads,
         p.cache.page_size,
         p.sliding_window,
-        pool.num_threads(),
+        workers.num_threads(),
         be.tiled_min,
     );
     let partials: Vec<OnceLock<Partial>> = (0..plan.num_parts).map(|_| OnceLock::new()).collect();
-    pool.for_each(plan.items.len(), |i| {
+    workers.for_each(plan.items.len(), |i| {
         let run = |r: &mut ItemRows| run_item(be, batch, &plan.items[i], r, (k, v), out, &partials);
         ITEM_ROWS.with_borrow_mut(run)
     });
-    pool.for_each(plan.splits.len(), |i| {
+    workers.for_each(plan.splits.len(), |i| {
         let split = &plan.splits[i];
         let parts: Vec<&Partial> = split
             .parts

@@ -25,7 +25,8 @@ use crate::core::{Error, Result};
 ///
 /// **Ownership:** create with `kvs_backend_new`, free with `kvs_backend_free`.
 /// **Thread safety:** a backend may be used from several threads at once; the CPU backend runs
-/// one call at a time on its thread pool and queues the others.
+/// one call at a time on its thread pool and queues the others (one made by
+/// `kvs_backend_new_cpu_team` runs each call on the host's team instead).
 ///
 /// **Methods:** `kvs_backend_new`, `kvs_backend_new_cpu_team`, `kvs_backend_free`, `kvs_backend_num_threads`,
 /// `kvs_backend_describe`, `kvs_attention_launch`, `kvs_kv_write`, `kvs_kv_copy`.
