@@ -484,3 +484,91 @@ fn f16_pairs_need_queries_in_f16_range() {
         assert!(!fits_f16(&[1.0, bad]), "{bad}");
     }
 }
+
+/// On a CPU whose kernel grants AMX tiles: the whole AMX engine on the hardware tiles
+/// ([`AsmTiles`](super::super::amx::AsmTiles)) against the same engine on [`SoftTiles`], over
+/// bf16 and f16 caches (and an f32 one, rounded to bf16 pairs), the f16 pairs where CPUID has
+/// AMX-FP16, head dims 64/128/256, pages 16/128, tails, windows and soft caps. The software
+/// tiles are this project's model of `tdpbf16ps` / `tdpfp16ps` (each pair as two f32
+/// additions); the hardware may round a pair's sum once, so the rows agree within f32
+/// rounding, not bit for bit, and how many differ is printed.
+#[test]
+fn amx_hardware_tiles_match_software_tiles() {
+    use crate::attention::cpu::Isa;
+    if let Err(why) = Isa::Amx.check() {
+        println!("amx hardware tiles: skipped: {why}");
+        return;
+    }
+    let mut seed = 40;
+    for dtype in [DType::BF16, DType::F16, DType::F32] {
+        for (d, ps, ctx, q_len, window, softcap) in [
+            (64, 16, 60, 23, 0, 0.0),
+            (128, 128, 300, 129, 0, 0.0),
+            (256, 16, 90, 90, 17, 2.0),
+            (72, 33, 41, 17, 0, 0.0),
+        ] {
+            seed += 1;
+            let c = Case {
+                dtype,
+                d,
+                ps,
+                kv_heads: 2,
+                group: 4,
+                ctx,
+                q_len,
+                window,
+                softcap,
+                seed,
+            };
+            match dtype {
+                DType::F32 => hardware_vs_soft(&c, &data(&c, |x| x)),
+                DType::F16 => hardware_vs_soft(&c, &data(&c, f16::from_f32)),
+                _ => hardware_vs_soft(&c, &data(&c, bf16::from_f32)),
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn hardware_vs_soft<T: KvElem>(c: &Case, x: &Data<T>) {
+    use super::super::amx::AsmTiles;
+    let mut pairs: Vec<(&str, Vec<f32>, Vec<f32>)> = vec![(
+        "bf16 pairs",
+        run_engine::<Scalar, T, _>(&mut Amx::<_, Bf16Pairs>::new(AsmTiles, c.d), c, x),
+        amx_pairs::<Bf16Pairs, T>(c, x),
+    )];
+    if T::F16 && crate::attention::cpu::Isa::Amx.amx_fp16() {
+        pairs.push((
+            "f16 pairs",
+            run_engine::<Scalar, T, _>(&mut Amx::<_, F16Pairs>::new(AsmTiles, c.d), c, x),
+            amx_pairs::<F16Pairs, T>(c, x),
+        ));
+    }
+    for (name, hw, soft) in pairs {
+        let differ = hw.iter().zip(&soft).filter(|(a, b)| a != b).count();
+        let max = hw
+            .iter()
+            .zip(&soft)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        println!(
+            "amx hardware tiles, {name}, {:?} d {} ctx {} q {}: {differ} of {} values differ \
+             from the software tiles, max |diff| {max:.2e}",
+            c.dtype,
+            c.d,
+            c.ctx,
+            c.q_len,
+            hw.len()
+        );
+        assert!(hw.iter().all(|v| v.is_finite()), "{name} {c:?}: not finite");
+        assert!(
+            max <= 1e-5,
+            "{name} {c:?}: max |hardware - software| {max:e}"
+        );
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn hardware_vs_soft<T: KvElem>(_: &Case, _: &Data<T>) {
+    unreachable!("Isa::Amx checks out only on x86-64")
+}
