@@ -157,6 +157,15 @@ while read line; do echo "KVSBENCH 2.5"; done
             said.contains("launch cost (2 sequences x 16 tokens"),
             "{said}"
         );
+        // What bounds decode: the same launch with one query head per kv head, timed beside it.
+        assert!(said.contains("arithmetic check ("), "{said}");
+        let ac = &j["shapes"][0]["arithmetic_check"];
+        let (g1, gg, r) = (
+            ac["gqa1_ms"].as_f64().unwrap(),
+            ac["group_ms"].as_f64().unwrap(),
+            ac["ratio"].as_f64().unwrap(),
+        );
+        assert!(g1 > 0.0 && gg > 0.0 && (r - g1 / gg).abs() < 0.01, "{json}");
         let lc = &j["launch_us"];
         assert!(lc["threads"].as_u64().unwrap() >= 1, "{json}");
         assert!(lc["pool"].as_f64().unwrap() > 0.0, "{json}");
@@ -187,6 +196,19 @@ while read line; do echo "KVSBENCH 2.5"; done
         "{said}"
     );
     assert!(said.contains("\"vllm\":null"), "{said}");
+    // GQA 1 already: no arithmetic check to make.
+    let out = bench()
+        .args(args)
+        .args(["--group", "1"])
+        .env("KVS_VLLM_PYTHON", dir.join("missing"))
+        .env("KVS_TORCH_PYTHON", dir.join("missing"))
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(said.contains("GQA 1, f16 KV"), "{said}");
+    assert!(!said.contains("arithmetic check"), "{said}");
+    assert!(said.contains("\"arithmetic_check\":null"), "{said}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -608,6 +608,30 @@ reads just before and after each launch: median {:.2} ({:.2}-{:.2} over {} launc
         contig.as_secs_f64() * 1e3,
         ratio
     );
+    let arith = arithmetic_check(o, paged_p, |p| {
+        launch(&backends[top], p, &perm, &mut scratch)
+    })?;
+    let arith_json = match arith {
+        Some((g1, gg)) => {
+            let r = g1 / gg;
+            println!(
+                "arithmetic check ({}): the same K/V read with 1 query head per kv head (1/{} of \
+the score and value arithmetic): {:.2} ms against {:.2} ms with {}, time ratio {r:.2} (near 1: \
+the K/V reads bound decode here; well under 1: the arithmetic does)",
+                paths[top].name(),
+                o.group,
+                g1 * 1e3,
+                gg * 1e3,
+                o.group
+            );
+            format!(
+                "{{\"gqa1_ms\":{:.3},\"group_ms\":{:.3},\"ratio\":{r:.3}}}",
+                g1 * 1e3,
+                gg * 1e3
+            )
+        }
+        None => "null".to_string(),
+    };
     let torch = if with_torch {
         // torch reads the K/V as one contiguous sequence each: compare with that launch's output
         // (`out` is the paged launch's, whose shuffled pages hold other logical K/V).
@@ -642,7 +666,7 @@ kvshare paged is {:.2}x faster (max |output diff| {:.2e})",
     let json = format!(
         "{{\"seqs\":{},\"ctx\":{},\"kv_heads\":{},\"head_dim\":{},\"group\":{},\
 \"page_size\":{},\"dtype\":\"{}\",\"threads\":{},\"kv_bytes\":{},\"huge_pages\":{},\"kv_huge_mib\":{huge_mib:.0},\"mem_read_gbs\":{:.3},\
-\"paths\":{{{}}},\"contiguous_ms\":{:.3},\"paged_over_contiguous\":{:.3},\"vllm\":{},\"torch\":{}}}",
+\"paths\":{{{}}},\"contiguous_ms\":{:.3},\"paged_over_contiguous\":{:.3},\"arithmetic_check\":{},\"vllm\":{},\"torch\":{}}}",
         o.seqs,
         o.ctx,
         hk,
@@ -657,10 +681,46 @@ kvshare paged is {:.2}x faster (max |output diff| {:.2e})",
         path_json.join(","),
         contig.as_secs_f64() * 1e3,
         ratio,
+        arith_json,
         vllm_json,
         torch_json
     );
     Ok(ShapeResult { json })
+}
+
+/// What bounds decode on this machine: the paged launch `p` (group `o.group`) and the same
+/// launch with one query head per kv head (the first of each group: the same K/V bytes read,
+/// 1/group of the score and value arithmetic), best of alternating rounds so that both see the
+/// machine's moment. `None` for group 1. Seconds: (group 1, group `o.group`).
+fn arithmetic_check(
+    o: &Opts,
+    p: AttnParams,
+    mut launch: impl FnMut(AttnParams) -> Result<(), String>,
+) -> Result<Option<(f64, f64)>, String> {
+    if o.group <= 1 {
+        return Ok(None);
+    }
+    let d = p.cache.head_dim;
+    let one = TokenStrides {
+        token: p.query_strides.token,
+        head: o.group * d,
+    };
+    let p1 = AttnParams {
+        num_heads: p.cache.num_kv_heads,
+        query_strides: one,
+        output_strides: one,
+        ..p
+    };
+    let (mut g1, mut gg) = (f64::INFINITY, f64::INFINITY);
+    for _ in 0..o.iters.max(3) {
+        let t = Instant::now();
+        launch(p1)?;
+        g1 = g1.min(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        launch(p)?;
+        gg = gg.min(t.elapsed().as_secs_f64());
+    }
+    Ok(Some((g1, gg)))
 }
 
 /// Bandwidth fractions of single launches, each against the mean of the streaming reads just
