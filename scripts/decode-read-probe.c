@@ -27,6 +27,7 @@
  *              order, as in `slot`), then its rows read in the kernel's order (from L1)
  *
  *   cc -O2 -mavx512f scripts/decode-read-probe.c -o decode-read-probe -lpthread
+ *   cc -O2 -mavx2 ...     (the same on an AVX2-only machine: each 64-byte load as two 32-byte ones)
  *   ./decode-read-probe THREADS          (prints GB/s per pattern, best of 5)
  *   ./decode-read-probe THREADS paired [ROUNDS]
  *       (each pattern's read timed once per round between two `seq` reads; prints per
@@ -34,7 +35,7 @@
  *       mean of those two: this machine's bandwidth moves with other tenants' load, so
  *       best-of rates taken minutes apart compare badly)
  *
- * x86-64 with AVX-512F only.
+ * x86-64 with AVX-512F, or AVX2 built with -mavx2.
  */
 #include <immintrin.h>
 #include <pthread.h>
@@ -43,6 +44,22 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
+
+#ifndef __AVX512F__
+/* AVX2 machines: a 64-byte vector as two 256-bit halves (the same loads, two instructions). */
+typedef struct { __m256 lo, hi; } kvs_v512;
+#define __m512 kvs_v512
+#define _mm512_storeu_ps kvs_mm512_storeu_ps
+#define _mm512_store_ps kvs_mm512_store_ps
+#define _mm512_load_ps kvs_mm512_load_ps
+#define _mm512_add_ps kvs_mm512_add_ps
+#define _mm512_setzero_ps kvs_mm512_setzero_ps
+static inline kvs_v512 kvs_mm512_setzero_ps(void) { kvs_v512 r = {_mm256_setzero_ps(), _mm256_setzero_ps()}; return r; }
+static inline kvs_v512 kvs_mm512_add_ps(kvs_v512 a, kvs_v512 b) { kvs_v512 r = {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; return r; }
+static inline kvs_v512 kvs_mm512_load_ps(const float *p) { kvs_v512 r = {_mm256_load_ps(p), _mm256_load_ps(p + 8)}; return r; }
+static inline void kvs_mm512_store_ps(float *p, kvs_v512 a) { _mm256_store_ps(p, a.lo); _mm256_store_ps(p + 8, a.hi); }
+static inline void kvs_mm512_storeu_ps(float *p, kvs_v512 a) { _mm256_storeu_ps(p, a.lo); _mm256_storeu_ps(p + 8, a.hi); }
+#endif
 
 #define BYTES ((size_t)256 << 20)
 #define SLOT 2048
