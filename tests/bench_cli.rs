@@ -183,12 +183,16 @@ while read line; do echo "KVSBENCH 2.5"; done
     assert!(String::from_utf8_lossy(&out.stderr).contains("--huge-pages: on or off"));
 
     // Without vLLM: the comparison is skipped with the reason, the rest still runs.
-    let out = bench()
-        .args(args)
-        .env("KVS_VLLM_PYTHON", dir.join("missing"))
-        .env("KVS_TORCH_PYTHON", dir.join("missing"))
-        .output()
-        .unwrap();
+    let without_vllm = |extra: &[&str]| {
+        bench()
+            .args(args)
+            .args(extra)
+            .env("KVS_VLLM_PYTHON", dir.join("missing"))
+            .env("KVS_TORCH_PYTHON", dir.join("missing"))
+            .output()
+            .unwrap()
+    };
+    let out = without_vllm(&[]);
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{out:?}");
     assert!(
@@ -197,13 +201,7 @@ while read line; do echo "KVSBENCH 2.5"; done
     );
     assert!(said.contains("\"vllm\":null"), "{said}");
     // GQA 1 already: no arithmetic check to make.
-    let out = bench()
-        .args(args)
-        .args(["--group", "1"])
-        .env("KVS_VLLM_PYTHON", dir.join("missing"))
-        .env("KVS_TORCH_PYTHON", dir.join("missing"))
-        .output()
-        .unwrap();
+    let out = without_vllm(&["--group", "1"]);
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{out:?}");
     assert!(said.contains("GQA 1, f16 KV"), "{said}");
