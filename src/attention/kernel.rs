@@ -140,32 +140,35 @@ impl KvElem for bf16 {
         use std::arch::x86_64::*;
         // 32-bit lane i holds element 2i in its low half and 2i + 1 in its high half.
         let x = _mm256_loadu_si256(p.cast::<__m256i>());
-        let hi = _mm256_castsi256_ps(_mm256_set1_epi32(0xffff_0000_u32 as i32));
         [
             _mm256_castsi256_ps(_mm256_slli_epi32::<16>(x)),
-            and_ps(_mm256_castsi256_ps(x), hi),
+            high_halves(_mm256_castsi256_ps(x)),
         ]
     }
 }
 
-/// `vandps`, written as such: LLVM turns an AND with this mask (whole 16-bit halves) into
-/// `vpblendw` with zero, which on Zen 1 shares the FMA pipes (measured with
+/// The high 16-bit half of each 32-bit lane of `x` (the low one zeroed): `vandps` with a mask
+/// read from memory, written as such. LLVM turns an AND with this mask (whole 16-bit halves)
+/// into `vpblendw` with zero, which on Zen 1 shares the FMA pipes (measured with
 /// `scripts/fma-probe.c`: a turn of 8 FMAs with the split-pair conversion 9.9 cycles with the
-/// blend, 7.8–7.9 with an AND; the FMAs alone 7.9). Inlined where the caller has AVX.
+/// blend, 7.8–7.9 with an AND; the FMAs alone 7.9); and a mask passed in a register was
+/// re-broadcast from the constant pool before every AND (a second instruction per 16 values in
+/// the decode loops), where the memory operand folds that load into the AND. Inlined where the
+/// caller has AVX.
 #[cfg(target_arch = "x86_64")]
 #[inline]
 #[target_feature(enable = "avx")]
-unsafe fn and_ps(
-    x: std::arch::x86_64::__m256,
-    m: std::arch::x86_64::__m256,
-) -> std::arch::x86_64::__m256 {
+unsafe fn high_halves(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
+    #[repr(C, align(32))]
+    struct Mask([u32; 8]);
+    static HIGH_HALVES: Mask = Mask([0xffff_0000; 8]);
     let r;
     std::arch::asm!(
-        "vandps {r}, {x}, {m}",
+        "vandps {r}, {x}, ymmword ptr [rip + {m}]",
         r = lateout(ymm_reg) r,
         x = in(ymm_reg) x,
-        m = in(ymm_reg) m,
-        options(pure, nomem, nostack, preserves_flags)
+        m = sym HIGH_HALVES,
+        options(pure, readonly, nostack, preserves_flags)
     );
     r
 }
