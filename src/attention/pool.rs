@@ -54,6 +54,16 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// `num_threads`, or the machine's available parallelism for 0 (1 where it is unknown): how a
+/// CPU backend's thread count is read, for its own pool and for a host's team alike.
+pub fn threads_or_all(num_threads: usize) -> usize {
+    if num_threads == 0 {
+        std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
+    } else {
+        num_threads
+    }
+}
+
 /// A fixed set of worker threads plus the caller.
 pub struct ThreadPool {
     shared: Arc<Shared>,
@@ -66,13 +76,7 @@ impl ThreadPool {
     /// A pool that runs work on `num_threads` threads in total (the caller included), so
     /// `num_threads - 1` workers are spawned. `0` means the machine's available parallelism.
     pub fn new(num_threads: usize) -> std::io::Result<ThreadPool> {
-        let total = if num_threads == 0 {
-            std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1)
-        } else {
-            num_threads
-        };
+        let total = threads_or_all(num_threads);
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 job: None,

@@ -77,7 +77,8 @@ unsafe extern "C" fn region_work(arg: *mut c_void) {
 }
 
 impl Team {
-    /// A team reached through `parallel`, of `threads` threads (at least 1).
+    /// A team reached through `parallel`, of `threads` threads (0: the machine's available
+    /// parallelism, as for kvshare's own pool).
     ///
     /// # Safety
     /// `parallel` must behave as [`ParallelFn`] says: call `work(arg)` on at most
@@ -86,7 +87,7 @@ impl Team {
     pub unsafe fn new(parallel: ParallelFn, threads: usize) -> Team {
         Team {
             parallel,
-            threads: threads.max(1),
+            threads: super::pool::threads_or_all(threads),
         }
     }
 

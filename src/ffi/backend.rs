@@ -45,6 +45,29 @@ pub(crate) struct BackendBox {
     num_threads: usize,
 }
 
+impl BackendBox {
+    /// A CPU backend (its own pool or the host's team).
+    fn cpu(cpu: CpuBackend) -> Self {
+        BackendBox {
+            num_threads: cpu.num_threads(),
+            launcher: Launcher::Host(Box::new(cpu)),
+        }
+    }
+}
+
+/// The most threads a CPU backend takes (`options.num_threads`, `team.num_threads`).
+const MAX_THREADS: usize = 1024;
+
+/// `n` threads asked for in `field` (0: the machine's available parallelism, resolved by the
+/// backend), refused above [`MAX_THREADS`].
+fn thread_count(n: u32, field: &'static str) -> Result<usize> {
+    let n = n as usize;
+    if n > MAX_THREADS {
+        return Err(Error::arg(field, format!("{n} is more than {MAX_THREADS}")));
+    }
+    Ok(n)
+}
+
 /// A backend by the memory its launches take: the one distinction the C launches make.
 pub(crate) enum Launcher {
     /// Tensor pointers are host memory, turned into slices ([`Backend`]).
@@ -150,21 +173,10 @@ impl kvs_backend {
             } else {
                 Some(unsafe { try_ref(options, "options")? })
             };
-            let num_threads = opts.map_or(0, |o| o.num_threads) as usize;
-            if num_threads > 1024 {
-                return Err(Error::arg(
-                    "options.num_threads",
-                    format!("{num_threads} is more than 1024"),
-                ));
-            }
+            let num_threads =
+                thread_count(opts.map_or(0, |o| o.num_threads), "options.num_threads")?;
             let obj = match decode::<kvs_backend_kind>(kind, "kind")? {
-                kvs_backend_kind::Cpu => {
-                    let cpu = CpuBackend::new(num_threads)?;
-                    BackendBox {
-                        num_threads: cpu.num_threads(),
-                        launcher: Launcher::Host(Box::new(cpu)),
-                    }
-                }
+                kvs_backend_kind::Cpu => BackendBox::cpu(CpuBackend::new(num_threads)?),
                 kvs_backend_kind::Ascend => ascend_new(opts)?,
             };
             *out = handle::into_raw::<kvs_backend>(obj);
@@ -204,24 +216,11 @@ impl kvs_backend {
             let out = unsafe { try_out(backend_out, "backend_out")? };
             let t = unsafe { try_ref(team, "team")? };
             let parallel = t.parallel.ok_or(Error::NullArgument("team.parallel"))?;
-            let threads = match t.num_threads as usize {
-                0 => std::thread::available_parallelism().map_or(1, std::num::NonZero::get),
-                n if n > 1024 => {
-                    return Err(Error::arg(
-                        "team.num_threads",
-                        format!("{n} is more than 1024"),
-                    ))
-                }
-                n => n,
-            };
+            let threads = thread_count(t.num_threads, "team.num_threads")?;
             // SAFETY: the caller keeps `kvs_cpu_parallel_fn`'s contract (documented above),
             // which is `Team::new`'s.
             let cpu = CpuBackend::on_team(unsafe { Team::new(parallel, threads) })?;
-            let obj = BackendBox {
-                num_threads: cpu.num_threads(),
-                launcher: Launcher::Host(Box::new(cpu)),
-            };
-            *out = handle::into_raw::<kvs_backend>(obj);
+            *out = handle::into_raw::<kvs_backend>(BackendBox::cpu(cpu));
             Ok(())
         })
     }
