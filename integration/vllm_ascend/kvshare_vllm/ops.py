@@ -175,23 +175,22 @@ def _new_cpu_backend():
                      "of %s)", team.num_threads, where)
             return ffi.gc(out[0], lib.kvs_backend_free)
         log.info("kvshare ops: CPU backend on its own threads: %s", where)
+    return _kvs_backend_new(lib.KVS_BACKEND_KIND_CPU, num_threads=threads)
+
+
+def _kvs_backend_new(kind: int, *, num_threads: int = 0, device_id: int = 0):
+    """``kvs_backend_new`` of ``kind`` with these options, freed with the returned object."""
     opts = ffi.new("kvs_backend_options *")
-    opts.num_threads = threads
+    opts.num_threads, opts.device_id = num_threads, device_id
     out = ffi.new("kvs_backend **")
-    check(lib.kvs_backend_new(lib.KVS_BACKEND_KIND_CPU, opts, out), "kvs_backend_new")
+    check(lib.kvs_backend_new(kind, opts, out), "kvs_backend_new")
     return ffi.gc(out[0], lib.kvs_backend_free)
 
 
 def _new_backend(kind: int, device_id: int = 0):
     if kind == lib.KVS_BACKEND_KIND_CPU:
         return _new_cpu_backend()
-    opts = ffi.new("kvs_backend_options *")
-    if kind == lib.KVS_BACKEND_KIND_CPU:
-        opts.num_threads = int(os.environ.get(ENV_CPU_THREADS, "0") or 0)
-    opts.device_id = device_id
-    out = ffi.new("kvs_backend **")
-    check(lib.kvs_backend_new(kind, opts, out), "kvs_backend_new")
-    return ffi.gc(out[0], lib.kvs_backend_free)
+    return _kvs_backend_new(kind, device_id=device_id)
 
 
 def _cached_backend(kind: int, device_id: int):
