@@ -16,27 +16,11 @@ use kvshare::ffi::attn::{kvs_attention_args, kvs_kv_copy_args, kvs_kv_layout, kv
 use kvshare::ffi::backend::kvs_backend;
 use kvshare::ffi::status::kvs_status;
 use kvshare::ffi::types::kvs_copy;
-use support::attention::{build, new_backend, Built, Case, Data, Rng, BF16, F16, F32};
+use support::attention::{build, describe, new_backend, Built, Case, Data, Rng, BF16, F16, F32};
 use support::cann_emu::*;
 
 fn last_error() -> String {
     support::attention::last_error()
-}
-
-fn describe(b: *mut kvs_backend) -> String {
-    let mut n = 0usize;
-    assert_eq!(
-        unsafe { kvs_backend::kvs_backend_describe(b, std::ptr::null_mut(), 0, &mut n) },
-        kvs_status::Ok
-    );
-    let mut buf = vec![0u8; n + 1];
-    let mut m = 0usize;
-    assert_eq!(
-        unsafe { kvs_backend::kvs_backend_describe(b, buf.as_mut_ptr().cast(), buf.len(), &mut m) },
-        kvs_status::Ok
-    );
-    assert_eq!(m, n);
-    String::from_utf8(buf[..n].to_vec()).unwrap()
 }
 
 fn assert_close(dtype: u32, got: &Data, want: &Data, what: &str) {

@@ -165,12 +165,7 @@ fn thread_counts_agree() {
     let mut outs = Vec::new();
     for threads in [1, 3] {
         let be = new_backend(threads);
-        let mut n = 0u32;
-        assert_eq!(
-            unsafe { kvs_backend::kvs_backend_num_threads(be, &mut n) },
-            kvs_status::Ok
-        );
-        assert_eq!(n, threads);
+        assert_eq!(num_threads(be), threads);
         let mut b = build(&c);
         let args = b.args();
         assert_eq!(
@@ -243,13 +238,7 @@ fn host_team_runs_the_work_and_matches_the_own_pool() {
     let pool = new_backend(3);
     let team = team_backend(Some(std_team), 3);
     let idle = team_backend(Some(idle_team), 3);
-    let mut text = vec![0 as std::ffi::c_char; 512];
-    let mut len = 0usize;
-    assert_eq!(
-        unsafe { kvs_backend::kvs_backend_describe(team, text.as_mut_ptr(), 512, &mut len) },
-        kvs_status::Ok
-    );
-    let text = unsafe { std::ffi::CStr::from_ptr(text.as_ptr()) }.to_string_lossy();
+    let text = describe(team);
     assert!(text.contains("3 threads (the host's team"), "{text}");
     for c in &cases {
         let mut outs = Vec::new();
@@ -304,12 +293,7 @@ fn host_team_runs_the_work_and_matches_the_own_pool() {
     assert_eq!(bad(&ok, std::ptr::null_mut()), kvs_status::NullArgument);
     assert!(last_error().contains("backend_out"), "{}", last_error());
     let be = team_backend(Some(std_team), 0);
-    let mut n = 0u32;
-    assert_eq!(
-        unsafe { kvs_backend::kvs_backend_num_threads(be, &mut n) },
-        kvs_status::Ok
-    );
-    assert!(n >= 1);
+    assert!(num_threads(be) >= 1);
     unsafe { kvs_backend::kvs_backend_free(be) };
 }
 
@@ -359,13 +343,7 @@ fn cpu_path_from_env() {
     match Isa::parse(&name).map(|i| i.check()) {
         Some(Ok(())) => {
             assert_eq!(st, kvs_status::Ok, "{}", last_error());
-            let mut buf = vec![0u8; 512];
-            let mut len = 0usize;
-            let st = unsafe {
-                kvs_backend::kvs_backend_describe(b, buf.as_mut_ptr().cast(), 512, &mut len)
-            };
-            assert_eq!(st, kvs_status::Ok);
-            let text = String::from_utf8_lossy(&buf[..len]).into_owned();
+            let text = describe(b);
             assert!(
                 text.contains(&format!("kernel path {name} (forced by KVSHARE_CPU_ISA)")),
                 "{text}"
@@ -473,12 +451,7 @@ fn backend_lifecycle() {
         unsafe { kvs_backend::kvs_backend_new(0, std::ptr::null(), &mut b) },
         kvs_status::Ok
     );
-    let mut n = 0u32;
-    assert_eq!(
-        unsafe { kvs_backend::kvs_backend_num_threads(b, &mut n) },
-        kvs_status::Ok
-    );
-    assert!(n >= 1);
+    assert!(num_threads(b) >= 1);
     unsafe { kvs_backend::kvs_backend_free(b) };
 
     let mut b = std::ptr::null_mut();
@@ -509,6 +482,7 @@ fn backend_lifecycle() {
     );
     assert!(last_error().contains("num_threads"));
     assert!(b.is_null());
+    let mut n = 0u32;
     assert_eq!(
         unsafe { kvs_backend::kvs_backend_num_threads(std::ptr::null(), &mut n) },
         kvs_status::NullArgument

@@ -121,6 +121,33 @@ pub fn new_backend(num_threads: u32) -> *mut kvs_backend {
     b
 }
 
+/// `kvs_backend_describe` of `b`, whole (its length asked for first).
+pub fn describe(b: *mut kvs_backend) -> String {
+    let mut n = 0usize;
+    assert_eq!(
+        unsafe { kvs_backend::kvs_backend_describe(b, std::ptr::null_mut(), 0, &mut n) },
+        kvs_status::Ok
+    );
+    let mut buf = vec![0u8; n + 1];
+    let mut m = 0usize;
+    assert_eq!(
+        unsafe { kvs_backend::kvs_backend_describe(b, buf.as_mut_ptr().cast(), buf.len(), &mut m) },
+        kvs_status::Ok
+    );
+    assert_eq!(m, n);
+    String::from_utf8(buf[..n].to_vec()).unwrap()
+}
+
+/// `kvs_backend_num_threads` of `b`.
+pub fn num_threads(b: *mut kvs_backend) -> u32 {
+    let mut n = 0u32;
+    assert_eq!(
+        unsafe { kvs_backend::kvs_backend_num_threads(b, &mut n) },
+        kvs_status::Ok
+    );
+    n
+}
+
 pub fn last_error() -> String {
     // SAFETY: the library returns a valid NUL-terminated thread-local string.
     unsafe { CStr::from_ptr(kvs_status::kvs_last_error_message()) }
