@@ -688,27 +688,28 @@ kvshare paged is {:.2}x faster (max |output diff| {:.2e})",
     Ok(ShapeResult { json })
 }
 
-/// What bounds decode on this machine: the paged launch `p` (group `o.group`) and the same
+/// What bounds decode on this machine: the paged launch `p` (group `p.group()`) and the same
 /// launch with one query head per kv head (the first of each group: the same K/V bytes read,
 /// 1/group of the score and value arithmetic), best of alternating rounds so that both see the
-/// machine's moment. `None` for group 1. Seconds: (group 1, group `o.group`).
+/// machine's moment. `None` for group 1. Seconds: (group 1, the launch's group).
 fn arithmetic_check(
     o: &Opts,
     p: AttnParams,
     mut launch: impl FnMut(AttnParams) -> Result<(), String>,
 ) -> Result<Option<(f64, f64)>, String> {
-    if o.group <= 1 {
+    let group = p.group();
+    if group <= 1 {
         return Ok(None);
     }
-    let d = p.cache.head_dim;
-    let one = TokenStrides {
-        token: p.query_strides.token,
-        head: o.group * d,
+    // The first head of each group: a head stride `group` times the launch's.
+    let first_of_group = |s: TokenStrides| TokenStrides {
+        token: s.token,
+        head: group * s.head,
     };
     let p1 = AttnParams {
         num_heads: p.cache.num_kv_heads,
-        query_strides: one,
-        output_strides: one,
+        query_strides: first_of_group(p.query_strides),
+        output_strides: first_of_group(p.output_strides),
         ..p
     };
     let (mut g1, mut gg) = (f64::INFINITY, f64::INFINITY);
