@@ -25,6 +25,21 @@
  *   touch      per block, K then V in windows of 4 slots: each window's lines first touched
  *              by one load each in address order (so the demand misses come in address
  *              order, as in `slot`), then its rows read in the kernel's order (from L1)
+ *   kernel-d2  kernel-t1 with the block after next requested instead of the next (the first
+ *              two blocks at once)
+ *   slot-kv    each token's whole K slot, then its whole V slot, in address order, no software
+ *              prefetch (K and V taking turns every 2 KiB)
+ *   head-shuf  head-major pages as one decode item reads them: one head's run of each page
+ *              (128 rows), the pages in a shuffled order, K row and V row of each token in turn,
+ *              no software prefetch
+ *   h4-shuf    head-shuf's pages and order, 4 K rows then the same 4 V rows (a kernel block of
+ *              4 tokens: scores, then values), no software prefetch
+ *
+ * Stop 41 (README): slot-kv, head-shuf and h4-shuf read at about the streaming rate here, where
+ * the kernel's order reaches about 0.8; but the decode kernel made to read in h4-shuf's order
+ * (head-major cache, blocks of 4-16 tokens, no software prefetch) ran at 0.3 of it: with the
+ * arithmetic between them the loads are too few in flight for the hardware prefetchers, so
+ * these patterns bound only a loop that does nothing but load.
  *
  *   cc -O2 -mavx512f scripts/decode-read-probe.c -o decode-read-probe -lpthread
  *   cc -O2 -mavx2 ...     (the same on an AVX2-only machine: each 64-byte load as two 32-byte ones)
@@ -69,9 +84,11 @@ static inline void kvs_mm512_storeu_ps(float *p, kvs_v512 a) { _mm256_storeu_ps(
 #define PAGE_TOKENS 128
 #define BLOCK_BYTES ((size_t)BLOCK * SLOT)
 
-enum { SEQ, KERNEL_T1, KERNEL_T0, KERNEL, HEAD_PAGE, SLOT_ORDER, K_SLOT, STAGED, TOUCH, PATTERNS };
+enum { SEQ, KERNEL_T1, KERNEL_T0, KERNEL, HEAD_PAGE, SLOT_ORDER, K_SLOT, STAGED, TOUCH, KERNEL_D2, SLOT_KV,
+       HEAD_SHUF, H4_SHUF, PATTERNS };
 static const char *NAMES[PATTERNS] = {"seq",       "kernel-t1", "kernel-t0", "kernel", "head-page",
-                                      "slot",      "k-slot",    "staged",    "touch"};
+                                      "slot",      "k-slot",    "staged",    "touch",
+                                      "kernel-d2", "slot-kv",   "head-shuf", "h4-shuf"};
 /* Slots per window of the touch pattern. */
 #define TOUCH_SLOTS 4
 
@@ -114,6 +131,22 @@ static void *run(void *arg) {
                     ROW_READ(K, p + (size_t)h * PAGE_TOKENS * ROW + t * ROW)
                     ROW_READ(V, p + (size_t)h * PAGE_TOKENS * ROW + t * ROW)
                 }
+    } else if (pattern == SLOT_KV) {
+        for (size_t o = lo; o < hi; o += SLOT)
+            for (int kv = 0; kv < 2; kv++)
+                for (size_t r = 0; r < SLOT; r += ROW) ROW_READ(kv ? V : K, o + r)
+    } else if (pattern == HEAD_SHUF || pattern == H4_SHUF) {
+        /* Page i of head h at (i * odd + h * 97) mod pages: a permutation when the page count
+           is a power of two (256 MiB / threads / 256 KiB pages, threads a power of two). */
+        size_t page = (size_t)PAGE_TOKENS * SLOT, np = (hi - lo) / page;
+        int g = pattern == HEAD_SHUF ? 1 : 4;
+        for (int h = 0; h < HEADS; h++)
+            for (size_t i = 0; i < np; i++) {
+                size_t o = lo + (i * 2654435761u + (size_t)h * 97) % np * page + (size_t)h * PAGE_TOKENS * ROW;
+                for (int t0 = 0; t0 < PAGE_TOKENS; t0 += g)
+                    for (int kv = 0; kv < 2; kv++)
+                        for (int t = t0; t < t0 + g; t++) ROW_READ(kv ? V : K, o + (size_t)t * ROW)
+            }
     } else if (pattern == SLOT_ORDER || pattern == K_SLOT) {
         for (size_t s = lo; s < hi; s += BLOCK_BYTES) {
             size_t next = s + BLOCK_BYTES, at = 0;
@@ -160,15 +193,21 @@ static void *run(void *arg) {
                     }
         }
     } else {
+        size_t dist = pattern == KERNEL_D2 ? 2 * BLOCK_BYTES : BLOCK_BYTES;
+        if (pattern == KERNEL_D2) /* the second block: nobody requests it otherwise */
+            for (size_t at = 0; at < BLOCK_BYTES && lo + 2 * BLOCK_BYTES <= hi; at += 64) {
+                _mm_prefetch(K + lo + BLOCK_BYTES + at, _MM_HINT_T1);
+                _mm_prefetch(V + lo + BLOCK_BYTES + at, _MM_HINT_T1);
+            }
         for (size_t s = lo; s < hi; s += BLOCK_BYTES) {
-            size_t next = s + BLOCK_BYTES, at = 0;
+            size_t next = s + dist, at = 0;
             int ahead = next + BLOCK_BYTES <= hi && pattern != KERNEL;
             for (int h = 0; h < HEADS; h++)
                 for (int kv = 0; kv < 2; kv++)
                     for (int t = 0; t < BLOCK; t++) {
                         ROW_READ(kv ? V : K, s + (size_t)t * SLOT + h * ROW)
                         for (int j = 0; ahead && j < 2 && at < BLOCK_BYTES; j++, at += 64) {
-                            if (pattern == KERNEL_T1) {
+                            if (pattern != KERNEL_T0) {
                                 _mm_prefetch(K + next + at, _MM_HINT_T1);
                                 _mm_prefetch(V + next + at, _MM_HINT_T1);
                             } else {
