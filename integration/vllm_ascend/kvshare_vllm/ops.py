@@ -87,10 +87,15 @@ _CPU = torch.device("cpu")
 _NPU_PLAIN_FORMATS = (0, 2)
 # cffi parses a C type string with pycparser the first time it sees it (about a millisecond
 # each) and caches it: parse the ones every step uses here, at import, instead of in the engine's
-# first step (whose attention otherwise took 14 ms more).
-for _ctype in ("kvs_attention_args *", "kvs_kv_write_args *", "kvs_kv_layout *", "void *",
-               "const void *", "const int32_t *", "kvs_huge_pages_report *", "size_t *",
-               "char[]", "kvs_backend **", "kvs_backend_options *", "kvs_cpu_team *",
+# first step (whose attention otherwise took 14 ms more). The per-call ones are kept as type
+# objects, which ffi.new / ffi.cast take without looking the string up again.
+_VOID_P = ffi.typeof("void *")
+_CONST_VOID_P = ffi.typeof("const void *")
+_CONST_I32_P = ffi.typeof("const int32_t *")
+_ATTENTION_ARGS = ffi.typeof("kvs_attention_args *")
+_KV_WRITE_ARGS = ffi.typeof("kvs_kv_write_args *")
+for _ctype in ("kvs_kv_layout *", "kvs_huge_pages_report *", "size_t *", "char[]",
+               "kvs_backend **", "kvs_backend_options *", "kvs_cpu_team *",
                "kvs_cpu_parallel_fn"):
     ffi.typeof(_ctype)
 del _ctype
@@ -380,6 +385,9 @@ def _layout(key_cache: torch.Tensor, value_cache: torch.Tensor):
 
 def _host_i32(field: str, x: Any) -> torch.Tensor:
     """A contiguous host int32 tensor (copied from the device / converted when needed)."""
+    if (isinstance(x, torch.Tensor) and x.dtype is torch.int32 and x.is_cpu and x.dim() == 1
+            and x.is_contiguous()):
+        return x  # what vLLM's CPU engine passes every step: nothing to convert
     if isinstance(x, torch.Tensor):
         if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
             raise OpsDtypeError(field, f"dtype {x.dtype} is not an integer type")
@@ -398,7 +406,7 @@ def _host_i32(field: str, x: Any) -> torch.Tensor:
 
 
 def _i32_ptr(t: torch.Tensor):
-    return ffi.cast("const int32_t *", t.data_ptr())
+    return ffi.cast(_CONST_I32_P, t.data_ptr())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -425,8 +433,8 @@ class KvCaches:
         _same_device(self.device, value_cache=value_cache)
         _check_device("value_cache", value_cache)
         self.layout = _layout(key_cache, value_cache)
-        self._key_ptr = ffi.cast("void *", key_cache.data_ptr())
-        self._value_ptr = ffi.cast("void *", value_cache.data_ptr())
+        self._key_ptr = ffi.cast(_VOID_P, key_cache.data_ptr())
+        self._value_ptr = ffi.cast(_VOID_P, value_cache.data_ptr())
         self._cpu = self.device.type == "cpu"
 
     def _backend(self):
@@ -467,11 +475,11 @@ class KvCaches:
         if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
             raise OpsArgumentError("scale", f"{scale!r} is not a finite number > 0")
 
-        a = ffi.new("kvs_attention_args *")
+        a = ffi.new(_ATTENTION_ARGS)
         a.num_seqs, a.num_tokens, a.num_heads = batch.num_seqs, num_tokens, num_heads
-        a.query = ffi.cast("const void *", query.data_ptr())
+        a.query = ffi.cast(_CONST_VOID_P, query.data_ptr())
         a.query_dtype, a.query_token_stride, a.query_head_stride = q_code, q_ts, q_hs
-        a.output = ffi.cast("void *", out.data_ptr())
+        a.output = ffi.cast(_VOID_P, out.data_ptr())
         a.output_dtype, a.output_token_stride, a.output_head_stride = o_code, o_ts, o_hs
         a.key_cache, a.value_cache = self._key_ptr, self._value_ptr
         a.cache = lay[0]
@@ -529,14 +537,14 @@ class KvCaches:
         if rows < num_tokens:
             raise OpsArgumentError("key", f"has {rows} rows for {num_tokens} slots")
 
-        a = ffi.new("kvs_kv_write_args *")
+        a = ffi.new(_KV_WRITE_ARGS)
         a.num_tokens = num_tokens
-        a.key = ffi.cast("const void *", key.data_ptr())
-        a.value = ffi.cast("const void *", value.data_ptr())
+        a.key = ffi.cast(_CONST_VOID_P, key.data_ptr())
+        a.value = ffi.cast(_CONST_VOID_P, value.data_ptr())
         a.src_dtype, a.src_token_stride, a.src_head_stride = src_code, ts, hs
         a.key_cache, a.value_cache = self._key_ptr, self._value_ptr
         a.cache = lay[0]
-        a.slot_mapping = ffi.cast("const void *", slot_mapping.data_ptr())
+        a.slot_mapping = ffi.cast(_CONST_VOID_P, slot_mapping.data_ptr())
         a.slot_mapping_type = itype
         backend, stream = self._backend()
         check(lib.kvs_kv_write(backend, a, stream), "kvs_kv_write")
@@ -563,16 +571,20 @@ class AttentionBatch:
         if block_table.dim() != 2:
             raise OpsArgumentError("block_table", f"expected [num_seqs, max_blocks], got shape "
                                                   f"{tuple(block_table.shape)}")
-        if block_table.shape[1] > 1 and block_table.stride(1) != 1:
+        (rows, cols), (row_stride, col_stride) = block_table.shape, block_table.stride()
+        if cols > 1 and col_stride != 1:
             block_table = block_table.contiguous()
-        (self.block_table_stride,) = _outer_strides("block_table", block_table, ("num_seqs",))
-        self.max_pages_per_seq = int(block_table.shape[1])
+            row_stride = block_table.stride(0)
+        if rows <= 1 or row_stride <= 0:  # else the strides as they are (every step's case)
+            (row_stride,) = _outer_strides("block_table", block_table, ("num_seqs",))
+        self.block_table_stride = row_stride
+        self.max_pages_per_seq = int(cols)
         lens = _host_i32("seq_lens", seq_lens)
         self.num_seqs = num_seqs = int(lens.shape[0])
         starts = None
         self.num_tokens = num_seqs
         if num_seqs:
-            if block_table.shape[0] < num_seqs:
+            if rows < num_seqs:
                 raise OpsArgumentError("block_table", f"has {block_table.shape[0]} rows for "
                                                       f"{num_seqs} sequences")
             if query_start_loc is not None:
@@ -581,10 +593,12 @@ class AttentionBatch:
                     raise OpsArgumentError("query_start_loc", f"has {starts.shape[0]} entries, "
                                                               f"expected num_seqs + 1 = "
                                                               f"{num_seqs + 1}")
-                self.num_tokens = int(starts[-1])
         self.block_table_ptr = _i32_ptr(block_table)
         self.context_lens_ptr = _i32_ptr(lens)
         self.query_start_loc_ptr = ffi.NULL if starts is None else _i32_ptr(starts)
+        if starts is not None:
+            # The last start, read through the pointer (indexing the tensor costs more).
+            self.num_tokens = int(self.query_start_loc_ptr[num_seqs])
         self._keep = (block_table, lens, starts)  # the pointers' memory
 
 

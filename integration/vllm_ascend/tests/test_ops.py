@@ -300,6 +300,42 @@ def test_kept_caches_and_one_batch_per_step_match_the_per_call_ops():
                                        atol=ATOL[torch.bfloat16], rtol=0)
 
 
+def test_attention_batch_reads_every_form_of_its_inputs():
+    """AttentionBatch's pointers and counts for each form the arrays come in: int32 tensors as
+    vLLM's CPU engine passes them (used as they are), int64, lists, strided views, a column-
+    strided and a single-row block table (converted); rows repeated by a stride of 0 are
+    refused."""
+    table = torch.tensor([[4, 5, 6], [7, 8, 9], [1, 2, 3]], dtype=torch.int32)
+    lens, starts = [9, 5, 12], [0, 2, 3, 7]
+    wide = torch.zeros(3, 6, dtype=torch.int32)
+    wide[:, ::2] = table
+    tables = [table, table.to(torch.int64), wide[:, ::2], torch.cat([table, table])[:3]]
+    seqs = [lambda x: torch.tensor(x, dtype=torch.int32), lambda x: x,
+            lambda x: torch.tensor(x, dtype=torch.int64),
+            lambda x: torch.tensor([v for v in x for _ in (0, 1)], dtype=torch.int32)[::2]]
+    for bt in tables:
+        for form in seqs:
+            for with_starts in (False, True):
+                b = ops.AttentionBatch(bt, form(lens), form(starts) if with_starts else None)
+                assert (b.num_seqs, b.max_pages_per_seq) == (3, 3)
+                assert b.num_tokens == (7 if with_starts else 3)
+                got = [[b.block_table_ptr[r * b.block_table_stride + c] for c in range(3)]
+                       for r in range(3)]
+                assert got == table.tolist()
+                assert [b.context_lens_ptr[i] for i in range(3)] == lens
+                if with_starts:
+                    assert [b.query_start_loc_ptr[i] for i in range(4)] == starts
+                else:
+                    assert b.query_start_loc_ptr == ops.ffi.NULL
+    one = ops.AttentionBatch(table[1:2], [5], torch.tensor([0, 1], dtype=torch.int32))
+    assert (one.num_seqs, one.num_tokens, [one.block_table_ptr[c] for c in range(3)]) == \
+        (1, 1, [7, 8, 9])
+    with pytest.raises(ops.OpsArgumentError) as e:
+        ops.AttentionBatch(table[:1].expand(3, 3), lens)
+    assert e.value.field == "block_table"
+    assert ops.AttentionBatch(table, []).num_seqs == 0
+
+
 def test_kept_caches_check_each_calls_tensors():
     kc, vc = caches(8, 4, 2, 8, torch.float32)
     kept = ops.KvCaches(kc, vc)
