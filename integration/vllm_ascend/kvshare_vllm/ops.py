@@ -385,8 +385,8 @@ def _layout(key_cache: torch.Tensor, value_cache: torch.Tensor):
 
 def _host_i32(field: str, x: Any) -> torch.Tensor:
     """A contiguous host int32 tensor (copied from the device / converted when needed)."""
-    if (isinstance(x, torch.Tensor) and x.dtype is torch.int32 and x.is_cpu and x.dim() == 1
-            and x.is_contiguous()):
+    if (isinstance(x, torch.Tensor) and x.dtype is torch.int32 and x.layout is torch.strided
+            and x.is_cpu and x.dim() == 1 and x.is_contiguous()):
         return x  # what vLLM's CPU engine passes every step: nothing to convert
     if isinstance(x, torch.Tensor):
         if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
