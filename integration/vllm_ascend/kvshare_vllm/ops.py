@@ -571,13 +571,10 @@ class AttentionBatch:
         if block_table.dim() != 2:
             raise OpsArgumentError("block_table", f"expected [num_seqs, max_blocks], got shape "
                                                   f"{tuple(block_table.shape)}")
-        (rows, cols), (row_stride, col_stride) = block_table.shape, block_table.stride()
-        if cols > 1 and col_stride != 1:
+        rows, cols = block_table.shape
+        if cols > 1 and block_table.stride(1) != 1:
             block_table = block_table.contiguous()
-            row_stride = block_table.stride(0)
-        if rows <= 1 or row_stride <= 0:  # else the strides as they are (every step's case)
-            (row_stride,) = _outer_strides("block_table", block_table, ("num_seqs",))
-        self.block_table_stride = row_stride
+        (self.block_table_stride,) = _outer_strides("block_table", block_table, ("num_seqs",))
         self.max_pages_per_seq = int(cols)
         lens = _host_i32("seq_lens", seq_lens)
         self.num_seqs = num_seqs = int(lens.shape[0])
