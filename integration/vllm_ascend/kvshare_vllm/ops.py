@@ -237,7 +237,7 @@ def backend_for(device: torch.device):
         index = device.index if device.index is not None else torch.npu.current_device()
         b = _cached_backend(lib.KVS_BACKEND_KIND_ASCEND, int(index))
         stream = torch.npu.current_stream(index).npu_stream
-        return b, ffi.cast("void *", int(stream))
+        return b, ffi.cast(_VOID_P, int(stream))
     raise OpsArgumentError("device", f"{device} is not supported: kvshare ops take CPU tensors, "
                                      "or NPU tensors (torch_npu) for the Ascend backend")
 
@@ -268,7 +268,7 @@ def huge_pages(t: torch.Tensor, *, collapse: bool = True) -> tuple[int, int]:
         return 0, 0
     report = ffi.new("kvs_huge_pages_report *")
     mode = lib.KVS_HUGE_PAGES_MODE_COLLAPSE if collapse else lib.KVS_HUGE_PAGES_MODE_ADVISE
-    check(lib.kvs_cpu_huge_pages(ffi.cast("void *", storage.data_ptr()), storage.nbytes(), mode,
+    check(lib.kvs_cpu_huge_pages(ffi.cast(_VOID_P, storage.data_ptr()), storage.nbytes(), mode,
                                  report), "kvs_cpu_huge_pages")
     return int(report.advised_bytes), int(report.huge_bytes)
 
@@ -689,8 +689,8 @@ def copy_pages(key_cache: torch.Tensor, value_cache: torch.Tensor, copies: Any, 
     if not rows:
         return
     a = ffi.new("kvs_kv_copy_args *")
-    a.key_cache = ffi.cast("void *", key_cache.data_ptr())
-    a.value_cache = ffi.cast("void *", value_cache.data_ptr())
+    a.key_cache = ffi.cast(_VOID_P, key_cache.data_ptr())
+    a.value_cache = ffi.cast(_VOID_P, value_cache.data_ptr())
     a.cache = lay[0]
     if host_key_cache is not None or host_value_cache is not None:
         if host_key_cache is None or host_value_cache is None:
@@ -711,8 +711,8 @@ def copy_pages(key_cache: torch.Tensor, value_cache: torch.Tensor, copies: Any, 
                                           f"{tuple(key_cache.stride())}")
         if host_value_cache.shape != host_key_cache.shape:
             raise OpsArgumentError("host_value_cache", "shape differs from host_key_cache's")
-        a.host_key_cache = ffi.cast("void *", host_key_cache.data_ptr())
-        a.host_value_cache = ffi.cast("void *", host_value_cache.data_ptr())
+        a.host_key_cache = ffi.cast(_VOID_P, host_key_cache.data_ptr())
+        a.host_value_cache = ffi.cast(_VOID_P, host_value_cache.data_ptr())
         a.num_host_pages = int(host_key_cache.shape[0])
     arr = ffi.new("kvs_copy[]", len(rows))
     for i, (src, dst, n, kind) in enumerate(rows):
