@@ -1,6 +1,6 @@
-"""The version of the Python packages: the ``[package]`` version of the repository's
-Cargo.toml, read by ``python/setup.py`` and ``vllm_ascend/setup.py`` (one definition, so the
-wheels and the library never disagree)."""
+"""The version of the Python packages: the ``[workspace.package]`` version of the repository's
+Cargo.toml (every crate of the workspace inherits it), read by ``python/setup.py`` and
+``vllm_ascend/setup.py`` (one definition, so the wheels and the library never disagree)."""
 
 import os
 import re
@@ -16,8 +16,8 @@ def cargo_version(manifest: str = MANIFEST) -> str:
     except OSError as e:
         raise SystemExit(f"kvshare: {manifest} not found ({e}): build the Python packages from "
                          "the repository checkout (pip install ./integration/python)") from None
-    package = re.search(r"^\[package\]\s*$(.*?)(?=^\[|\Z)", text, re.M | re.S)
+    package = re.search(r"^\[workspace\.package\]\s*$(.*?)(?=^\[|\Z)", text, re.M | re.S)
     version = package and re.search(r'^version\s*=\s*"([^"]+)"', package.group(1), re.M)
     if not version:
-        raise SystemExit(f"kvshare: no [package] version in {manifest}")
+        raise SystemExit(f"kvshare: no [workspace.package] version in {manifest}")
     return version.group(1)

@@ -2,8 +2,8 @@
 # Validates kvshare's Ascend backend against a real CANN on an Ascend NPU (910B / A2, A3).
 #
 # kvshare's Ascend path has only been verified against the emulated CANN runtime of
-# tests/cann_emu and the documented API (docs/ascend.md). This script runs the same end-to-end
-# program (tests/c/ascend_backend.c: KV write with aclnnScatterPaKvCache, paged decode and a
+# crates/libkvshare/tests/cann_emu and the documented API (docs/ascend.md). This script runs the same end-to-end
+# program (crates/libkvshare/tests/c/ascend_backend.c: KV write with aclnnScatterPaKvCache, paged decode and a
 # chunked prefill with aclnnFusedInferAttentionScore, checked against a reference computed in C)
 # against the CANN installed on this machine, once per FIA version the installation exports,
 # and checks that libkvshare.so itself links no CANN library.
@@ -36,7 +36,7 @@ fi
 command -v npu-smi >/dev/null && npu-smi info | head -20 || true
 
 echo "== build (release)"
-cargo build --release --lib
+cargo build --release --lib -p kvshare
 LIB=target/release
 [[ -f "$LIB/libkvshare.so" ]] || { echo "FAIL: $LIB/libkvshare.so not built" >&2; exit 1; }
 
@@ -52,15 +52,15 @@ INC=include
 if ! grep -q kvs_backend_describe "$INC/kvshare.h" 2>/dev/null; then
     echo "include/kvshare.h is missing or stale; generating one from the sources"
     INC="$(mktemp -d)"
-    cargo test --test ascend_c --no-run >/dev/null
+    cargo test -p kvshare --test ascend_c --no-run >/dev/null
     # tests/ascend_c.rs writes a fresh header next to the test build.
-    KVS_ASCEND_EMU_DIR= cargo test --test ascend_c >/dev/null 2>&1 || true
+    KVS_ASCEND_EMU_DIR= cargo test -p kvshare --test ascend_c >/dev/null 2>&1 || true
     cp target/tmp/ascend_c_include/kvshare.h "$INC/" || { echo "FAIL: no header" >&2; exit 1; }
 fi
 
-echo "== compile tests/c/ascend_backend.c"
+echo "== compile crates/libkvshare/tests/c/ascend_backend.c"
 OUT="$(mktemp -d)"
-"$CC" -std=c11 -Wall -Wextra -Wpedantic -Werror -g -O1 -I "$INC" tests/c/ascend_backend.c \
+"$CC" -std=c11 -Wall -Wextra -Wpedantic -Werror -g -O1 -I "$INC" crates/libkvshare/tests/c/ascend_backend.c \
     -o "$OUT/ascend_backend" -L"$LIB" -lkvshare -Wl,-rpath,"$PWD/$LIB" -ldl -lpthread -lm
 
 status=0

@@ -19,12 +19,12 @@ use std::ffi::CStr;
 use std::ptr::{null, null_mut};
 
 use arbitrary::{Arbitrary, Unstructured};
-use kvshare::ffi::cache::{kvs_cache, kvs_config, kvs_stats};
-use kvshare::ffi::events::kvs_event;
-use kvshare::ffi::pages::kvs_page_info;
-use kvshare::ffi::seq::kvs_seq_info;
-use kvshare::ffi::status::kvs_status;
-use kvshare::ffi::types::kvs_copy;
+use kvshare::cache::{kvs_cache, kvs_config, kvs_stats};
+use kvshare::events::kvs_event;
+use kvshare::pages::kvs_page_info;
+use kvshare::seq::kvs_seq_info;
+use kvshare::status::kvs_status;
+use kvshare::types::kvs_copy;
 
 /// Geometry, small so that pages run out, evictions and copies happen often.
 #[derive(Debug, Arbitrary)]

@@ -37,7 +37,7 @@ from cargo_version import MANIFEST, cargo_version  # noqa: E402  (integration/ca
 def build_library() -> str:
     """Runs cargo and returns the path of the cdylib it reports."""
     cargo = os.environ.get("CARGO", "cargo")
-    cmd = [cargo, "build", "--release", "--lib", "--manifest-path", MANIFEST,
+    cmd = [cargo, "build", "--release", "--lib", "-p", "kvshare", "--manifest-path", MANIFEST,
            "--message-format=json-render-diagnostics"]
     try:
         out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout

@@ -1,0 +1,841 @@
+//! Model-based test of the cache of KV-cache groups (`kvshare_core::groups::Hybrid`) against
+//! `Vllm` below: a line-by-line port of what vLLM 0.23's hybrid manager does with one shared
+//! block pool (`block_pool.py`: the free queue, `touch`, `free_blocks(prepend)`,
+//! `_maybe_evict_cached_block`, duplicate hashes; `single_type_kv_cache_manager.py`: each kind's
+//! `find_longest_cache_hit`, `get_num_skipped_tokens`, `remove_skipped_blocks`, `free`,
+//! `get_num_blocks_to_allocate`; `MambaManager`'s rules for mamba_cache_mode "all" and "none":
+//! the right-to-left hit, `n - 1` skipped tokens, `cached_blocks_this_step` and
+//! `new_step_starts`, a "none" block of `max_model_len` tokens;
+//! `kv_cache_coordinator.py`: the fixed point of
+//! `HybridKVCacheCoordinator.find_longest_cache_hit`; `kv_cache_manager.allocate_slots`' order).
+//!
+//! An engine plays gpt-oss-like (sliding window 128 / full), Gemma-3-like (5 sliding-window
+//! groups of window 1024 per full group), Llama-4-like (chunk 8192 / full) and state-group
+//! (Qwen3-Next-like, Nemotron-H-like, Jamba-like) configurations, with scheduler steps:
+//! multi-turn conversations over shared documents, chunked prefills and decode steps, frees,
+//! and pools small enough to evict and refuse. After every operation both sides must agree on
+//! the result (ok or out of space), the hit, every group's block table of every live sequence
+//! (page ids, the null page at released positions) and the whole free queue in order; the
+//! cached (hash, group, page) triples rebuilt from the cache's events alone must be vLLM's
+//! cached blocks (duplicates included); and the cache's invariant checker must pass.
+
+use std::collections::{HashMap, HashSet};
+
+use kvshare_core::groups::{GroupKind, GroupSpec, Hybrid, HybridConfig, StateMode};
+use kvshare_core::prefix::{chain_hash, root_hash};
+use kvshare_core::{Error, EventKind};
+use proptest::prelude::*;
+
+const NULL: u32 = 0;
+
+/// vLLM's side, one pool.
+struct Vllm {
+    ps: usize,
+    kinds: Vec<GroupKind>,
+    /// Spec groups (identical specs together), full attention first.
+    sets: Vec<Vec<usize>>,
+    /// The free queue, head first.
+    queue: Vec<u32>,
+    ref_cnt: Vec<u32>,
+    block_hash: Vec<Option<(u128, usize)>>,
+    /// `cached_block_hash_to_block`: blocks per (hash, group), insertion order.
+    cached: HashMap<(u128, usize), Vec<u32>>,
+    reqs: HashMap<u64, Req>,
+    /// `enable_caching` (off: vLLM's `KVCacheCoordinatorNoPrefixCache`: no hit, nothing cached).
+    caching: bool,
+    /// Per group: `MambaManager.cached_blocks_this_step`.
+    this_step: Vec<HashSet<u128>>,
+}
+
+/// vLLM's mamba block size in mode "none": `max_model_len` (longer than any test sequence).
+const MAX_MODEL_LEN: usize = 1 << 30;
+
+struct Req {
+    tokens: Vec<i32>,
+    hashes: Vec<u128>,
+    blocks: Vec<Vec<u32>>,
+    num_cached: Vec<usize>,
+    /// Align mode: `last_state_block_idx` and `_allocated_block_reqs`, per group.
+    last_state: Vec<Option<usize>>,
+    allocated: Vec<bool>,
+}
+
+fn hashes_of(tokens: &[i32], ps: usize) -> Vec<u128> {
+    let mut scratch = Vec::new();
+    let mut parent = root_hash();
+    tokens
+        .chunks_exact(ps)
+        .map(|c| {
+            parent = chain_hash(parent, 0, c, &mut scratch);
+            parent
+        })
+        .collect()
+}
+
+impl Vllm {
+    fn new(ps: usize, num_pages: u32, kinds: Vec<GroupKind>, caching: bool) -> Self {
+        let mut sets: Vec<Vec<usize>> = Vec::new();
+        for (g, k) in kinds.iter().enumerate() {
+            match sets.iter_mut().find(|s| kinds[s[0]] == *k) {
+                Some(s) => s.push(g),
+                None => sets.push(vec![g]),
+            }
+        }
+        sets.sort_by_key(|s| kinds[s[0]] != GroupKind::Full);
+        let n = num_pages as usize;
+        let n_groups = kinds.len();
+        Vllm {
+            ps,
+            kinds,
+            sets,
+            queue: (1..num_pages).collect(), // block 0 is popped as the null block
+            ref_cnt: vec![0; n],
+            block_hash: vec![None; n],
+            cached: HashMap::new(),
+            reqs: HashMap::new(),
+            caching,
+            this_step: vec![HashSet::new(); n_groups],
+        }
+    }
+
+    /// Block size of group `g`: the page size, or `max_model_len` for a "none" state group.
+    fn bs(&self, g: usize) -> usize {
+        match self.kinds[g] {
+            GroupKind::State(StateMode::None) => MAX_MODEL_LEN,
+            _ => self.ps,
+        }
+    }
+
+    /// `KVCacheManager.new_step_starts`.
+    fn new_step(&mut self) {
+        self.this_step.iter_mut().for_each(HashSet::clear);
+    }
+
+    fn get_cached_block(&self, h: u128, gids: &[usize]) -> Option<Vec<u32>> {
+        gids.iter()
+            .map(|&g| self.cached.get(&(h, g)).map(|v| v[0]))
+            .collect()
+    }
+
+    fn find(
+        &self,
+        kind: GroupKind,
+        gids: &[usize],
+        hashes: &[u128],
+        max_len: usize,
+    ) -> Vec<Vec<u32>> {
+        let ps = self.ps;
+        let max_blocks = max_len / ps;
+        match kind {
+            GroupKind::Full => {
+                let mut out = vec![Vec::new(); gids.len()];
+                for &h in hashes.iter().take(max_blocks) {
+                    match self.get_cached_block(h, gids) {
+                        Some(b) => out.iter_mut().zip(b).for_each(|(o, x)| o.push(x)),
+                        None => break,
+                    }
+                }
+                out
+            }
+            GroupKind::SlidingWindow(w) => {
+                let need = (w as usize - 1).div_ceil(ps);
+                let mut out = vec![vec![NULL; max_blocks]; gids.len()];
+                let mut n = 0;
+                let mut found = false;
+                for i in (0..max_blocks).rev() {
+                    if let Some(b) = self.get_cached_block(hashes[i], gids) {
+                        out.iter_mut().zip(b).for_each(|(o, x)| o[i] = x);
+                        n += 1;
+                        if n >= need {
+                            out.iter_mut().for_each(|o| o.truncate(i + n));
+                            found = true;
+                            break;
+                        }
+                    } else {
+                        n = 0;
+                    }
+                }
+                if !found {
+                    out.iter_mut().for_each(|o| o.truncate(n));
+                }
+                out
+            }
+            GroupKind::ChunkedLocal(c) => {
+                let start = if max_len > 0 {
+                    max_len / c as usize * c as usize
+                } else {
+                    0
+                };
+                let sb = start / ps;
+                let mut out = vec![vec![NULL; sb]; gids.len()];
+                for &h in &hashes[sb..max_blocks] {
+                    match self.get_cached_block(h, gids) {
+                        Some(b) => out.iter_mut().zip(b).for_each(|(o, x)| o.push(x)),
+                        None => break,
+                    }
+                }
+                out
+            }
+            GroupKind::State(_) => {
+                // MambaManager: right to left, stop at the first cached block.
+                let mut out = vec![Vec::new(); gids.len()];
+                for i in (0..max_blocks).rev() {
+                    if let Some(b) = self.get_cached_block(hashes[i], gids) {
+                        for (o, x) in out.iter_mut().zip(b) {
+                            o.extend(std::iter::repeat_n(NULL, i));
+                            o.push(x);
+                        }
+                        break;
+                    }
+                }
+                out
+            }
+        }
+    }
+
+    fn find_longest_cache_hit(&self, hashes: &[u128], max: usize) -> (Vec<Vec<u32>>, usize) {
+        if !self.caching {
+            return (vec![Vec::new(); self.kinds.len()], 0);
+        }
+        let mut by_group: Vec<Option<Vec<u32>>> = vec![None; self.kinds.len()];
+        let simple = self.sets.len() == 2 && self.kinds[self.sets[0][0]] == GroupKind::Full;
+        let mut hit = max;
+        loop {
+            let mut curr = hit;
+            for set in &self.sets {
+                let kind = self.kinds[set[0]];
+                if kind == GroupKind::Full && by_group[set[0]].is_some() {
+                    curr = curr / self.ps * self.ps;
+                    continue;
+                }
+                let blocks = self.find(kind, set, hashes, curr);
+                curr = blocks[0].len() * self.ps;
+                for (&g, b) in set.iter().zip(blocks) {
+                    by_group[g] = Some(b);
+                }
+            }
+            if curr >= hit {
+                break;
+            }
+            hit = curr;
+            if simple {
+                break;
+            }
+        }
+        if self.kinds[self.sets[0][0]] == GroupKind::Full {
+            for &g in &self.sets[0] {
+                if let Some(b) = &mut by_group[g] {
+                    b.truncate(hit / self.ps);
+                }
+            }
+        }
+        (
+            by_group
+                .into_iter()
+                .map(Option::unwrap_or_default)
+                .collect(),
+            hit,
+        )
+    }
+
+    fn skipped(&self, g: usize, computed: usize) -> usize {
+        match self.kinds[g] {
+            GroupKind::Full => 0,
+            GroupKind::SlidingWindow(w) => (computed + 1).saturating_sub(w as usize),
+            GroupKind::ChunkedLocal(c) => computed / c as usize * c as usize,
+            // MambaManager.get_num_skipped_tokens: num_computed_tokens - 1.
+            GroupKind::State(_) => computed.saturating_sub(1),
+        }
+    }
+
+    fn get_new_blocks(&mut self, n: usize) -> Vec<u32> {
+        let out: Vec<u32> = self.queue.drain(..n).collect();
+        for &b in &out {
+            if let Some(key) = self.block_hash[b as usize].take() {
+                let list = self.cached.get_mut(&key).unwrap();
+                list.retain(|&x| x != b);
+                if list.is_empty() {
+                    self.cached.remove(&key);
+                }
+            }
+            self.ref_cnt[b as usize] += 1;
+        }
+        out
+    }
+
+    fn touch(&mut self, blocks: &[u32]) {
+        for &b in blocks.iter().filter(|&&b| b != NULL) {
+            if self.ref_cnt[b as usize] == 0 {
+                self.queue.retain(|&x| x != b);
+            }
+            self.ref_cnt[b as usize] += 1;
+        }
+    }
+
+    fn free_blocks(&mut self, blocks: &[u32], prepend: bool) {
+        let mut freed = Vec::new();
+        for &b in blocks {
+            if b == NULL {
+                continue;
+            }
+            self.ref_cnt[b as usize] -= 1;
+            if self.ref_cnt[b as usize] == 0 {
+                freed.push(b);
+            }
+        }
+        if prepend {
+            freed.append(&mut self.queue);
+            self.queue = freed;
+        } else {
+            self.queue.extend(freed);
+        }
+    }
+
+    fn remove_skipped_blocks(&mut self, id: u64, computed: usize) {
+        for g in 0..self.kinds.len() {
+            let skipped = self.skipped(g, computed) / self.bs(g);
+            let r = self.reqs.get_mut(&id).unwrap();
+            let skipped = skipped.min(r.blocks[g].len());
+            let (mut cached, mut uncached) = (Vec::new(), Vec::new());
+            for i in (0..skipped).rev() {
+                let b = r.blocks[g][i];
+                if b == NULL {
+                    break;
+                }
+                if self.block_hash[b as usize].is_none() {
+                    uncached.push(b);
+                } else {
+                    cached.push(b);
+                }
+                r.blocks[g][i] = NULL;
+            }
+            self.free_blocks(&cached, false);
+            self.free_blocks(&uncached, true);
+            // MambaManager align: free the state block of two steps ago.
+            if self.kinds[g] == GroupKind::State(StateMode::Align) {
+                let r = self.reqs.get_mut(&id).unwrap();
+                if let Some(i) = r.last_state[g] {
+                    if (i as isize) < computed.div_ceil(self.ps) as isize - 1
+                        && r.blocks[g][i] != NULL
+                    {
+                        let b = std::mem::replace(&mut r.blocks[g][i], NULL);
+                        self.free_blocks(&[b], false);
+                    }
+                }
+            }
+        }
+    }
+
+    fn cache_blocks(&mut self, id: u64, num_tokens: usize) {
+        if !self.caching {
+            return;
+        }
+        let r = self.reqs.get_mut(&id).unwrap();
+        let full = num_tokens / self.ps;
+        for g in 0..self.kinds.len() {
+            for j in r.num_cached[g]..full {
+                let b = r.blocks[g][j];
+                if b == NULL {
+                    continue;
+                }
+                let key = (r.hashes[j], g);
+                if let GroupKind::State(_) = self.kinds[g] {
+                    self.this_step[g].insert(r.hashes[j]);
+                }
+                self.block_hash[b as usize] = Some(key);
+                self.cached.entry(key).or_default().push(b);
+            }
+            r.num_cached[g] = r.num_cached[g].max(full);
+        }
+    }
+
+    /// `get_computed_blocks` + `allocate_slots` of a new request scheduling all its tokens.
+    fn begin(&mut self, id: u64, tokens: &[i32]) -> Option<usize> {
+        let hashes = hashes_of(tokens, self.ps);
+        let (hit_blocks, hit) = self.find_longest_cache_hit(&hashes, tokens.len() - 1);
+        let mut need = 0;
+        let align = |k| k == GroupKind::State(StateMode::Align);
+        for (g, b) in hit_blocks.iter().enumerate() {
+            // MambaManager: a hit on a block cached in this step answers num_gpu_blocks + 1.
+            if let (GroupKind::State(_), Some(&last)) = (self.kinds[g], b.last()) {
+                let (h, _) = self.block_hash[last as usize].unwrap();
+                if self.this_step[g].contains(&h) {
+                    return None;
+                }
+            }
+            let required = tokens.len().div_ceil(self.bs(g));
+            let skipped = self.skipped(g, hit) / self.bs(g);
+            need += if align(self.kinds[g]) {
+                usize::from(required > b.len()) // first prefill: 1 block
+            } else {
+                required.saturating_sub(skipped.max(b.len()))
+            };
+            need += b[skipped.min(b.len())..]
+                .iter()
+                .filter(|&&x| x != NULL && self.ref_cnt[x as usize] == 0)
+                .count();
+        }
+        if need > self.queue.len() {
+            return None;
+        }
+        let mut blocks = Vec::new();
+        for (g, b) in hit_blocks.iter().enumerate() {
+            let skipped = (self.skipped(g, hit) / self.bs(g)).min(b.len());
+            self.touch(&b[skipped..]);
+            let mut t = vec![NULL; skipped];
+            t.extend_from_slice(&b[skipped..]);
+            blocks.push(t);
+        }
+        let n = self.kinds.len();
+        self.reqs.insert(
+            id,
+            Req {
+                tokens: tokens.to_vec(),
+                hashes,
+                num_cached: blocks.iter().map(Vec::len).collect(),
+                blocks,
+                last_state: vec![None; n],
+                allocated: vec![false; n],
+            },
+        );
+        for g in 0..n {
+            self.allocate_new_blocks(id, g, tokens.len().div_ceil(self.bs(g)));
+        }
+        self.cache_blocks(id, tokens.len());
+        Some(hit)
+    }
+
+    /// `allocate_slots` of a running request with `tokens` new tokens (all earlier computed).
+    fn step(&mut self, id: u64, tokens: &[i32]) -> bool {
+        let computed = self.reqs[&id].tokens.len();
+        self.remove_skipped_blocks(id, computed);
+        let required: Vec<usize> = (0..self.kinds.len())
+            .map(|g| (computed + tokens.len()).div_ceil(self.bs(g)))
+            .collect();
+        let need: usize = self.reqs[&id]
+            .blocks
+            .iter()
+            .enumerate()
+            .map(|(g, b)| match self.kinds[g] {
+                GroupKind::State(StateMode::Align) => usize::from(required[g] > b.len()),
+                _ => required[g].saturating_sub(b.len()),
+            })
+            .sum();
+        if need > self.queue.len() {
+            return false;
+        }
+        for (g, &req) in required.iter().enumerate() {
+            self.allocate_new_blocks(id, g, req);
+        }
+        let r = self.reqs.get_mut(&id).unwrap();
+        r.tokens.extend_from_slice(tokens);
+        r.hashes = hashes_of(&r.tokens, self.ps);
+        let n = r.tokens.len();
+        self.cache_blocks(id, n);
+        true
+    }
+
+    /// `allocate_new_blocks` (base, and MambaManager's align branch without speculative
+    /// blocks).
+    fn allocate_new_blocks(&mut self, id: u64, g: usize, required: usize) {
+        let have = self.reqs[&id].blocks[g].len();
+        if required <= have {
+            return;
+        }
+        if self.kinds[g] != GroupKind::State(StateMode::Align) {
+            let new = self.get_new_blocks(required - have);
+            self.reqs.get_mut(&id).unwrap().blocks[g].extend(new);
+            return;
+        }
+        let r = self.reqs.get_mut(&id).unwrap();
+        if r.allocated[g] || have > 0 {
+            r.last_state[g] = Some(have - 1);
+        }
+        r.blocks[g].resize(required - 1, NULL);
+        let new = self.get_new_blocks(1);
+        let r = self.reqs.get_mut(&id).unwrap();
+        r.blocks[g].extend(new);
+        r.allocated[g] = true;
+    }
+
+    fn free(&mut self, id: u64) {
+        let r = self.reqs.remove(&id).unwrap();
+        for (g, blocks) in r.blocks.iter().enumerate() {
+            let rev: Vec<u32> = blocks.iter().rev().copied().collect();
+            if let GroupKind::SlidingWindow(_) = self.kinds[g] {
+                let (cached, uncached): (Vec<u32>, Vec<u32>) = rev
+                    .into_iter()
+                    .filter(|&b| b != NULL)
+                    .partition(|&b| self.block_hash[b as usize].is_some());
+                self.free_blocks(&cached, false);
+                self.free_blocks(&uncached, true);
+            } else {
+                self.free_blocks(&rev, false);
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    /// A new conversation turn: a shared document (or the tokens of an earlier sequence, a
+    /// multi-turn follow-up) plus `extra` new tokens.
+    Begin {
+        doc: u8,
+        prev: Option<usize>,
+        extra: u16,
+        seed: u32,
+    },
+    /// A step of a live sequence: `k` new tokens (a prefill chunk or one decode token).
+    Step {
+        who: usize,
+        k: u16,
+        seed: u32,
+    },
+    Free {
+        who: usize,
+    },
+    /// The scheduler starts a new step.
+    NewStep,
+}
+
+fn op(max_extra: u16, max_step: u16) -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => (0u8..3, proptest::option::of(0usize..64), 1..=max_extra, any::<u32>())
+            .prop_map(|(doc, prev, extra, seed)| Op::Begin { doc, prev, extra, seed }),
+        5 => (0usize..64, prop_oneof![Just(1u16), 1..=max_step], any::<u32>())
+            .prop_map(|(who, k, seed)| Op::Step { who, k, seed }),
+        2 => (0usize..64).prop_map(|who| Op::Free { who }),
+        2 => Just(Op::NewStep),
+    ]
+}
+
+fn noise(seed: u32, n: usize) -> Vec<i32> {
+    let mut x = seed as u64 | 1;
+    (0..n)
+        .map(|_| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (x >> 40) as i32 & 0x7fff
+        })
+        .collect()
+}
+
+fn doc(d: u8, len: usize) -> Vec<i32> {
+    (0..len)
+        .map(|i| 100_000 + d as i32 * 10_000 + (i as i32 % 9_973))
+        .collect()
+}
+
+fn run(
+    ps: usize,
+    num_pages: u32,
+    kinds: Vec<GroupKind>,
+    doc_len: usize,
+    ops: &[Op],
+) -> Result<(), TestCaseError> {
+    run_with(ps, num_pages, kinds, doc_len, ops, true)
+}
+
+fn run_with(
+    ps: usize,
+    num_pages: u32,
+    kinds: Vec<GroupKind>,
+    doc_len: usize,
+    ops: &[Op],
+    caching: bool,
+) -> Result<(), TestCaseError> {
+    let cfg = HybridConfig {
+        page_size: ps as u32,
+        num_pages,
+        groups: kinds
+            .iter()
+            .map(|&kind| GroupSpec {
+                kind,
+                page_bytes: 4096,
+            })
+            .collect(),
+        enable_prefix_caching: caching,
+        enable_events: true,
+    };
+    let mut h = Hybrid::new(cfg).unwrap();
+    // (hash, group, page) of every cached page, rebuilt from the events alone.
+    let mut from_events: HashSet<(u128, usize, u32)> = HashSet::new();
+    let mut v = Vllm::new(ps, num_pages, kinds.clone(), caching);
+    let mut live: Vec<u64> = Vec::new();
+    let mut history: Vec<Vec<i32>> = Vec::new();
+    let mut next = 1u64;
+    for (step, op) in ops.iter().enumerate() {
+        match *op {
+            Op::Begin {
+                doc: d,
+                prev,
+                extra,
+                seed,
+            } => {
+                let mut toks = match prev.filter(|_| !history.is_empty()) {
+                    Some(i) => history[i % history.len()].clone(),
+                    None => doc(d, doc_len),
+                };
+                toks.extend(noise(seed, extra as usize));
+                let id = next;
+                next += 1;
+                let want = v.begin(id, &toks);
+                let got = h.begin(id, &toks, None, toks.len() - 1, 0);
+                match (want, got) {
+                    (Some(hit), Ok(b)) => {
+                        prop_assert_eq!(hit, b.matched_tokens, "step {}: hit", step);
+                        live.push(id);
+                    }
+                    (None, Err(Error::NoSpace { .. })) => {}
+                    (w, g) => prop_assert!(false, "step {step}: vLLM {w:?}, kvshare {g:?}"),
+                }
+            }
+            Op::Step { who, k, seed } => {
+                if live.is_empty() {
+                    continue;
+                }
+                let id = live[who % live.len()];
+                let toks = noise(seed, k as usize);
+                let want = v.step(id, &toks);
+                let len = h.seq_info(id).unwrap().0;
+                h.release_skipped(id, len).unwrap();
+                let got = h.append(id, &toks, 0);
+                match (want, got) {
+                    (true, Ok(())) | (false, Err(Error::NoSpace { .. })) => {}
+                    (w, g) => prop_assert!(false, "step {step}: vLLM {w}, kvshare {g:?}"),
+                }
+            }
+            Op::Free { who } => {
+                if live.is_empty() {
+                    continue;
+                }
+                let id = live.swap_remove(who % live.len());
+                history.push(v.reqs[&id].tokens.clone());
+                v.free(id);
+                h.free(id).unwrap();
+            }
+            Op::NewStep => {
+                v.new_step();
+                h.new_step();
+            }
+        }
+        h.check()
+            .map_err(|e| TestCaseError::fail(format!("step {step}: {e}")))?;
+        for &id in &live {
+            for (g, &kind) in kinds.iter().enumerate() {
+                if kind == GroupKind::State(StateMode::None) {
+                    // vLLM's one block of max_model_len tokens: kvshare's table holds that one
+                    // page at its last position, the length of the other groups' tables.
+                    let t = h.seq_pages(id, g).unwrap();
+                    let held: Vec<u32> = t.iter().copied().filter(|&p| p != NULL).collect();
+                    prop_assert_eq!(
+                        &v.reqs[&id].blocks[g],
+                        &held,
+                        "step {}: seq {} group {}",
+                        step,
+                        id,
+                        g
+                    );
+                    prop_assert_eq!(
+                        t.last().copied(),
+                        held.first().copied(),
+                        "step {}: state page last",
+                        step
+                    );
+                    prop_assert_eq!(
+                        h.state_page(id, g).ok(),
+                        held.first().copied(),
+                        "step {}",
+                        step
+                    );
+                    continue;
+                }
+                prop_assert_eq!(
+                    &v.reqs[&id].blocks[g][..],
+                    h.seq_pages(id, g).unwrap(),
+                    "step {}: sequence {} group {}",
+                    step,
+                    id,
+                    g
+                );
+            }
+        }
+        for e in h.take_events(usize::MAX) {
+            let key = (e.hash, e.group as usize, e.page);
+            match e.kind {
+                EventKind::Stored => {
+                    prop_assert!(from_events.insert(key), "step {step}: stored twice")
+                }
+                EventKind::Removed => {
+                    prop_assert!(from_events.remove(&key), "step {step}: removed unknown")
+                }
+                EventKind::Cleared => prop_assert!(false, "no clear"),
+            }
+        }
+        let cached: HashSet<(u128, usize, u32)> = v
+            .cached
+            .iter()
+            .flat_map(|(&(hash, g), blocks)| blocks.iter().map(move |&b| (hash, g, b)))
+            .collect();
+        prop_assert_eq!(
+            &cached,
+            &from_events,
+            "step {}: events vs vLLM's cached blocks",
+            step
+        );
+        let (free, back) = h.pool(0).unwrap().lists().unwrap();
+        let queue: Vec<u32> = free.into_iter().chain(back[0].iter().copied()).collect();
+        prop_assert_eq!(&v.queue, &queue, "step {}: free queue", step);
+    }
+    Ok(())
+}
+
+/// A state group whose page bytes differ from the attention pages' gets a pool of its own: the
+/// state's pages come from it, the attention pool is untouched by them, and both pools return
+/// to empty (vLLM pads the bytes equal instead; this is the cache's answer when they are not).
+#[test]
+fn state_pages_of_other_bytes_have_their_own_pool() {
+    let group = |kind, page_bytes| GroupSpec { kind, page_bytes };
+    let mut h = Hybrid::new(HybridConfig {
+        page_size: 4,
+        num_pages: 16,
+        groups: vec![
+            group(GroupKind::Full, 4096),
+            group(GroupKind::State(StateMode::All), 12_288),
+        ],
+        enable_prefix_caching: true,
+        enable_events: false,
+    })
+    .unwrap();
+    assert_eq!((h.pool_of(0).unwrap(), h.pool_of(1).unwrap()), (0, 1));
+    let toks: Vec<i32> = (0..10).collect();
+    h.begin(1, &toks, None, 9, 0).unwrap();
+    h.release_skipped(1, 10).unwrap();
+    // 3 attention pages; of the 3 state pages only the running one is held.
+    assert_eq!(h.pool(0).unwrap().num_in_use(), 3);
+    assert_eq!(h.pool(1).unwrap().num_in_use(), 1);
+    h.new_step();
+    let b = h.begin(2, &toks, None, 9, 0).unwrap();
+    assert_eq!(
+        b.matched_tokens, 8,
+        "the released checkpoint at 8 is matchable"
+    );
+    h.check().unwrap();
+    h.free(1).unwrap();
+    h.free(2).unwrap();
+    assert_eq!(
+        h.pool(0).unwrap().num_in_use() + h.pool(1).unwrap().num_in_use(),
+        0
+    );
+    h.check().unwrap();
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// gpt-oss-like: sliding window 128 alternating with full attention.
+    #[test]
+    fn gpt_oss_like(ops in proptest::collection::vec(op(300, 200), 1..40)) {
+        let kinds = vec![GroupKind::SlidingWindow(128), GroupKind::Full];
+        run(16, 160, kinds, 200, &ops)?;
+    }
+
+    /// Gemma-3-like: five sliding-window groups (window 1024) per full-attention group.
+    #[test]
+    fn gemma3_like(ops in proptest::collection::vec(op(1500, 700), 1..30)) {
+        let mut kinds = vec![GroupKind::Full];
+        kinds.extend([GroupKind::SlidingWindow(1024); 5]);
+        run(16, 1200, kinds, 1100, &ops)?;
+    }
+
+    /// Llama-4-like: chunked local attention (chunk 8192) next to full attention.
+    #[test]
+    fn llama4_like(ops in proptest::collection::vec(op(9000, 4000), 1..24)) {
+        let kinds = vec![GroupKind::ChunkedLocal(8192), GroupKind::Full];
+        run(64, 700, kinds, 8500, &ops)?;
+    }
+
+    /// Prefix caching off (h17b's report: the checker indexed the empty indices): no hit,
+    /// nothing registered, the same tables and free queue as vLLM's no-cache coordinator.
+    #[test]
+    fn no_prefix_caching(ops in proptest::collection::vec(op(40, 20), 1..60)) {
+        let kinds = vec![GroupKind::SlidingWindow(9), GroupKind::Full, GroupKind::ChunkedLocal(12)];
+        run_with(4, 48, kinds, 10, &ops, false)?;
+    }
+
+    /// Qwen3-Next-like: three linear-attention (state) groups per full-attention group, mode
+    /// "all" (vLLM runs Qwen3-Next itself in "align"; the layer shape is what this plays).
+    #[test]
+    fn qwen3_next_like(ops in proptest::collection::vec(op(300, 200), 1..50)) {
+        let mut kinds = vec![GroupKind::Full];
+        kinds.extend([GroupKind::State(StateMode::All); 3]);
+        run(16, 200, kinds, 200, &ops)?;
+    }
+
+    /// Nemotron-H-like: mostly Mamba2 layers, a few attention layers (six state groups per
+    /// full group), mode "all", long documents.
+    #[test]
+    fn nemotron_h_like(ops in proptest::collection::vec(op(600, 300), 1..40)) {
+        let mut kinds = vec![GroupKind::State(StateMode::All); 6];
+        kinds.insert(2, GroupKind::Full);
+        run(32, 300, kinds, 500, &ops)?;
+    }
+
+    /// Jamba-like: one attention layer per eight (seven state groups per full group), and a
+    /// sliding-window group too for a three-spec fixed point; mode "all"; small pages.
+    #[test]
+    fn jamba_like(ops in proptest::collection::vec(op(40, 20), 1..60)) {
+        let mut kinds = vec![GroupKind::Full];
+        kinds.extend([GroupKind::State(StateMode::All); 7]);
+        kinds.push(GroupKind::SlidingWindow(9));
+        run(4, 120, kinds, 10, &ops)?;
+    }
+
+    /// Qwen3-Next in vLLM's own mode, "align": the running state in the last page, the
+    /// previous step's page until the next release, checkpoints on page boundaries.
+    #[test]
+    fn qwen3_next_align(ops in proptest::collection::vec(op(300, 200), 1..50)) {
+        let mut kinds = vec![GroupKind::Full];
+        kinds.extend([GroupKind::State(StateMode::Align); 3]);
+        run(16, 200, kinds, 200, &ops)?;
+    }
+
+    /// Align next to a window and full attention, two state groups, small pages.
+    #[test]
+    fn align_mixed_small(ops in proptest::collection::vec(op(40, 20), 1..60)) {
+        let kinds = vec![
+            GroupKind::State(StateMode::Align),
+            GroupKind::Full,
+            GroupKind::State(StateMode::Align),
+            GroupKind::SlidingWindow(9),
+        ];
+        run(4, 64, kinds, 10, &ops)?;
+    }
+
+    /// Mode "none" (prefix caching off): one state page per sequence, nothing cached.
+    #[test]
+    fn state_none_no_caching(ops in proptest::collection::vec(op(40, 20), 1..60)) {
+        let kinds = vec![
+            GroupKind::State(StateMode::None),
+            GroupKind::Full,
+            GroupKind::State(StateMode::None),
+            GroupKind::SlidingWindow(9),
+        ];
+        run_with(4, 48, kinds, 10, &ops, false)?;
+    }
+
+    /// Mixed kinds, windows of a page multiple plus one and less, small pages.
+    #[test]
+    fn mixed_small(ops in proptest::collection::vec(op(40, 20), 1..60)) {
+        let kinds = vec![
+            GroupKind::SlidingWindow(9),
+            GroupKind::Full,
+            GroupKind::ChunkedLocal(12),
+            GroupKind::SlidingWindow(9),
+            GroupKind::SlidingWindow(6),
+        ];
+        run(4, 48, kinds, 10, &ops)?;
+    }
+}

@@ -1,0 +1,520 @@
+//! `kvs_cache_*`: creating, inspecting and checking a cache, and the per-step batch builders.
+
+use super::enums::decode;
+use super::handle::{self, Handle};
+use super::panic::guard;
+use super::slice::{slice, slice_mut, try_out, try_ref};
+use super::status::kvs_status;
+use super::types::{kvs_dtype, kvs_tier};
+use kvshare_core::{Cache, Config, DType, Error, Tier};
+
+/// A KV-cache manager: page pools (device and host), refcounts, the prefix index and sequences.
+///
+/// **Ownership:** created by `kvs_cache_new`, freed by `kvs_cache_free`.
+/// **Thread safety:** every function taking a `kvs_cache*` may be called from any number of
+/// threads at once (a scheduler thread allocating while workers release): each call is one short
+/// critical section under an internal lock, and sees and leaves the cache consistent.
+/// `kvs_cache_free` must not race with any other call on the same cache. If a call panics inside
+/// the library (a bug), the call returns `KVS_STATUS_PANIC` and the cache is poisoned: later calls
+/// return `KVS_STATUS_POISONED`.
+///
+/// **Methods:** `kvs_cache_new`, `kvs_cache_free`, `kvs_cache_get_config`, `kvs_cache_stats`,
+/// `kvs_cache_check`, `kvs_cache_commit`, `kvs_cache_block_tables`, `kvs_cache_slot_mapping`;
+/// pages: `kvs_pages_alloc`, `kvs_pages_acquire`, `kvs_pages_release`, `kvs_page_get_info`;
+/// prefix index: `kvs_prefix_register`, `kvs_prefix_match`, `kvs_prefix_clear`; sequences:
+/// `kvs_seq_begin`, `kvs_seq_append`, `kvs_seq_append_pages`, `kvs_seq_append_batch`,
+/// `kvs_seq_fork`, `kvs_seq_free`, `kvs_seq_swap_out`, `kvs_seq_swap_in`, `kvs_seq_get_info`,
+/// `kvs_seq_pages`, `kvs_seq_set_priority`, `kvs_seq_append_need`, `kvs_seq_swap_in_need`,
+/// `kvs_seq_swap_out_need`;
+/// queues: `kvs_cache_take_copies`, `kvs_cache_take_events`; retention: `kvs_prefix_pin`,
+/// `kvs_prefix_unpin`, `kvs_prefix_prefetch`.
+pub struct kvs_cache {
+    _private: [u8; 0],
+}
+
+impl Handle for kvs_cache {
+    type Rust = Cache;
+    const NAME: &'static str = "cache";
+}
+
+/// Borrows the cache behind a handle.
+///
+/// # Safety
+/// `cache` must be NULL or a live handle from `kvs_cache_new`.
+pub(crate) unsafe fn cache<'a>(cache: *const kvs_cache) -> Result<&'a Cache, Error> {
+    handle::borrow(cache)
+}
+
+/// The largest `kvs_config.page_size` the library accepts, in tokens per page: adapters read
+/// this instead of typing the number again. (A literal, because cbindgen writes only literals;
+/// a compile-time assertion ties it to the core's limit, which `kvs_cache_new` enforces.)
+pub const KVS_MAX_PAGE_SIZE: u32 = 1024;
+const _: () = assert!(KVS_MAX_PAGE_SIZE == kvshare_core::config::MAX_PAGE_SIZE);
+
+/// Geometry and options of a cache. Start from `kvs_config_default()` and set what you need.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct kvs_config {
+    /// Tokens per page (1..=`KVS_MAX_PAGE_SIZE`, 1024; CANN kernels want 16..=128 and a
+    /// multiple of 16).
+    pub page_size: u32,
+    /// Pages in the device tier, the padding page included. Page ids index the engine's KV
+    /// tensors `[num_pages, page_size, kv_heads, head_dim]` per layer.
+    pub num_device_pages: u32,
+    /// Pages in the host tier (0: no swapping).
+    pub num_host_pages: u32,
+    /// Transformer layers (for byte sizes in stats).
+    pub num_layers: u32,
+    /// KV heads per layer (for byte sizes).
+    pub num_kv_heads: u32,
+    /// Head dimension (for byte sizes).
+    pub head_dim: u32,
+    /// KV element type, a `kvs_dtype` value (for byte sizes).
+    pub dtype: u32,
+    /// Register full pages in the prefix index and match new prompts against it.
+    pub enable_prefix_caching: bool,
+    /// Reserve device page 0 as the padding/null page (vLLM's `null_block`): never allocated,
+    /// and an error wherever a real page is expected.
+    pub reserve_null_page: bool,
+    /// Pages that fill up become matchable only at the next `kvs_cache_commit` (MindIE's
+    /// `MarkBlocksAsComputed`, called once the step that computes their KV was scheduled).
+    /// Needs `enable_prefix_caching`.
+    pub defer_commit: bool,
+    /// A prompt shares every cached full page, even pages holding tokens past `max_match_tokens`
+    /// that the engine recomputes for the last token's logits; `kvs_cache_slot_mapping` returns
+    /// -1 for those already-cached slots so the recomputation never writes into a shared page.
+    /// Default on. Turn it off when the engine builds its own slot mapping from the block table
+    /// (vLLM): such pages are then allocated fresh and recomputed.
+    pub skip_cached_writes: bool,
+    /// With host pages: a cached device page chosen for eviction is copied to a host page (the
+    /// copy is queued for `kvs_cache_take_copies`) and stays matchable there; a later match that
+    /// reaches it promotes it back. Default on.
+    pub demote_to_host: bool,
+    /// Queue a `kvs_event` for every page stored in or removed from a tier's prefix index and
+    /// every clear, drained with `kvs_cache_take_events`. Default off (nothing is queued).
+    pub enable_events: bool,
+    /// Granularity of prefix hits in tokens: a divisor of `page_size`, or 0 (the default) for
+    /// `page_size`, whole pages. Smaller, a prompt that goes on for whole units inside a cached
+    /// page no sequence holds (one that may have filled this step could lack its KV when the
+    /// copy runs) also takes them: its first new page receives them by a partial copy (`num_tokens`
+    /// below `page_size`) queued for `kvs_cache_take_copies`, which the engine must execute
+    /// before the step's KV writes; the copy holds its source page until taken. When a sequence
+    /// ends (`kvs_seq_free`), the whole units of its last, never-full page stay matchable too
+    /// (never published as a `kvs_event`, as no partial page is). Keep 0 unless the engine
+    /// executes the copy list.
+    pub match_unit: u32,
+}
+
+/// The `bool` fields of `kvs_config`, with their byte offsets.
+const CONFIG_BOOLS: [(&str, usize); 6] = [
+    (
+        "enable_prefix_caching",
+        std::mem::offset_of!(kvs_config, enable_prefix_caching),
+    ),
+    (
+        "reserve_null_page",
+        std::mem::offset_of!(kvs_config, reserve_null_page),
+    ),
+    (
+        "defer_commit",
+        std::mem::offset_of!(kvs_config, defer_commit),
+    ),
+    (
+        "skip_cached_writes",
+        std::mem::offset_of!(kvs_config, skip_cached_writes),
+    ),
+    (
+        "demote_to_host",
+        std::mem::offset_of!(kvs_config, demote_to_host),
+    ),
+    (
+        "enable_events",
+        std::mem::offset_of!(kvs_config, enable_events),
+    ),
+];
+
+/// Reads a caller's `kvs_config`. A `bool` field holding a byte other than 0 or 1 (written by
+/// `memset`, a `uint8_t` view, or a ctypes field of the wrong type) is `KVS_STATUS_INVALID_CONFIG`
+/// naming the field: such a value is no Rust `bool`, so each field is read as a byte first and
+/// the struct is borrowed only once every byte is a valid `bool`.
+///
+/// # Safety
+/// When non-NULL, `ptr` must point to a readable `kvs_config`.
+unsafe fn read_config<'a>(ptr: *const kvs_config) -> Result<&'a kvs_config, Error> {
+    if ptr.is_null() {
+        return Err(Error::NullArgument("config"));
+    }
+    if !ptr.is_aligned() {
+        return Err(Error::arg("config", "pointer is misaligned"));
+    }
+    for (field, offset) in CONFIG_BOOLS {
+        // SAFETY: `offset` is a field's offset inside the readable struct; bytes of a `bool`
+        // field are initialised whatever value the caller stored.
+        let byte = ptr.cast::<u8>().add(offset).read();
+        if byte > 1 {
+            return Err(Error::InvalidConfig {
+                field,
+                reason: format!("byte value {byte} is not a bool (0 or 1)"),
+            });
+        }
+    }
+    try_ref(ptr, "config")
+}
+
+impl kvs_config {
+    fn to_core(self) -> Result<Config, Error> {
+        let dtype: DType = kvs_dtype::try_from(self.dtype)
+            .map_err(|e| Error::InvalidConfig {
+                field: "dtype",
+                reason: e.reason(),
+            })?
+            .into();
+        Ok(Config {
+            page_size: self.page_size,
+            num_device_pages: self.num_device_pages,
+            num_host_pages: self.num_host_pages,
+            num_layers: self.num_layers,
+            num_kv_heads: self.num_kv_heads,
+            head_dim: self.head_dim,
+            dtype,
+            enable_prefix_caching: self.enable_prefix_caching,
+            reserve_null_page: self.reserve_null_page,
+            defer_commit: self.defer_commit,
+            skip_cached_writes: self.skip_cached_writes,
+            demote_to_host: self.demote_to_host,
+            enable_events: self.enable_events,
+            match_unit: self.match_unit,
+        })
+    }
+
+    fn from_core(c: &Config) -> Self {
+        kvs_config {
+            page_size: c.page_size,
+            num_device_pages: c.num_device_pages,
+            num_host_pages: c.num_host_pages,
+            num_layers: c.num_layers,
+            num_kv_heads: c.num_kv_heads,
+            head_dim: c.head_dim,
+            dtype: kvs_dtype::from(c.dtype) as u32,
+            enable_prefix_caching: c.enable_prefix_caching,
+            reserve_null_page: c.reserve_null_page,
+            defer_commit: c.defer_commit,
+            skip_cached_writes: c.skip_cached_writes,
+            demote_to_host: c.demote_to_host,
+            enable_events: c.enable_events,
+            match_unit: c.match_unit,
+        }
+    }
+}
+
+/// Counters and pool figures, one consistent snapshot (`kvs_cache_stats`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct kvs_stats {
+    /// Device pages, padding page included.
+    pub device_pages_total: u64,
+    /// Device pages on the free list.
+    pub device_pages_free: u64,
+    /// Unreferenced device pages kept for prefix hits (evictable; count them as free capacity).
+    pub device_pages_cached: u64,
+    /// Device pages with refcount > 0.
+    pub device_pages_in_use: u64,
+    /// Device pages with refcount > 1.
+    pub device_pages_shared: u64,
+    /// Device pages held by a pin (`kvs_prefix_pin`).
+    pub device_pages_pinned: u64,
+    /// Host pages.
+    pub host_pages_total: u64,
+    /// Host pages free.
+    pub host_pages_free: u64,
+    /// Unreferenced host pages holding demoted or swapped-out content still indexed (evictable).
+    pub host_pages_cached: u64,
+    /// Host pages in use.
+    pub host_pages_in_use: u64,
+    /// Device pages registered in the prefix index.
+    pub index_pages: u64,
+    /// Host pages registered in the host tier's index.
+    pub host_index_pages: u64,
+    /// Live sequences.
+    pub num_seqs: u64,
+    /// Live sequences swapped out to host.
+    pub num_seqs_swapped: u64,
+    /// Tokens of device-resident sequences counted per sequence (what no sharing would store).
+    pub logical_tokens: u64,
+    /// Token slots of device pages in use (`device_pages_in_use * page_size`).
+    pub physical_tokens: u64,
+    /// Bytes of K and V of one page over all layers.
+    pub page_bytes: u64,
+    /// Page copies queued for `kvs_cache_take_copies`.
+    pub pending_copies: u64,
+    /// Events queued for `kvs_cache_take_events`.
+    pub pending_events: u64,
+    /// Prefix lookups made (matches and sequence begins).
+    pub prefix_queries: u64,
+    /// Tokens offered to prefix lookups.
+    pub prefix_query_tokens: u64,
+    /// Tokens found cached.
+    pub prefix_hit_tokens: u64,
+    /// Cached pages evicted to make room.
+    pub evictions: u64,
+    /// Copy-on-write copies reported.
+    pub cow_copies: u64,
+    /// Pages copied out by swap out (pages shared with content already on the host are not
+    /// counted).
+    pub swap_out_pages: u64,
+    /// Pages copied in by swap in.
+    pub swap_in_pages: u64,
+    /// Pages inserted into the prefix index.
+    pub pages_registered: u64,
+    /// Times the prefix index was cleared.
+    pub index_clears: u64,
+    /// Cached device pages demoted to the host tier on eviction.
+    pub demotions: u64,
+    /// Host-tier pages promoted back to the device (hits, pins, prefetch).
+    pub promotions: u64,
+    /// Of those, promoted by `kvs_prefix_prefetch`.
+    pub prefetched: u64,
+    /// Cached host pages evicted.
+    pub host_evictions: u64,
+    /// Prefix-hit tokens served from the host tier.
+    pub host_hit_tokens: u64,
+    /// Events dropped because the queue was full (nobody drained it).
+    pub events_dropped: u64,
+    /// Pages that filled up with content already cached in another page and were switched to
+    /// that page (the duplicate freed; `skip_cached_writes` mode only).
+    pub dedup_pages: u64,
+    /// Prefix hits that ended inside a cached page (`match_unit` below `page_size`): each
+    /// queued one partial-page copy.
+    pub unit_hits: u64,
+    /// Tokens those hits copied (also counted in `prefix_hit_tokens`).
+    pub unit_hit_tokens: u64,
+}
+
+impl kvs_cache {
+    /// A valid default configuration: 16-token pages, 1024 device pages, no host pages, one
+    /// layer of one 128-wide f16 KV head, prefix caching on, no padding page, no deferred commit, cached writes skipped, demotion to host pages on,
+    /// events off, whole-page matching (`match_unit` 0).
+    ///
+    /// **Thread safety:** safe from any thread.
+    #[must_use]
+    #[no_mangle]
+    pub extern "C" fn kvs_config_default() -> kvs_config {
+        kvs_config::from_core(&Config::default())
+    }
+
+    /// Creates a cache from `config` and writes its handle to `*cache_out`.
+    ///
+    /// **Ownership:** free the cache with `kvs_cache_free`. The config is copied.
+    /// **Failure:** `KVS_STATUS_INVALID_CONFIG` names the bad field in `kvs_last_error_message()`
+    /// (a `bool` field holding a byte other than 0 or 1 is one);
+    /// `KVS_STATUS_OUT_OF_MEMORY` names the page-count field whose metadata could not be
+    /// allocated (about 150 bytes per device page with prefix caching, `page_size * 4` of them
+    /// token ids); `*cache_out` is untouched on error.
+    /// **Thread safety:** safe from any thread.
+    #[no_mangle]
+    pub unsafe extern "C" fn kvs_cache_new(
+        config: *const kvs_config,
+        cache_out: *mut *mut kvs_cache,
+    ) -> kvs_status {
+        guard(|| {
+            let cfg = read_config(config)?.to_core()?;
+            let out = try_out(cache_out, "cache_out")?;
+            let c = Cache::new(cfg)?;
+            *out = handle::into_raw::<kvs_cache>(c);
+            Ok(())
+        })
+    }
+
+    /// Frees a cache and everything in it (sequences, pages, index). NULL is a no-op.
+    ///
+    /// **Thread safety:** no other call may use `cache` during or after this one.
+    #[no_mangle]
+    pub unsafe extern "C" fn kvs_cache_free(cache: *mut kvs_cache) {
+        let _ = guard(|| {
+            handle::free(cache);
+            Ok(())
+        });
+    }
+
+    /// Writes the cache's configuration to `*config_out`.
+    ///
+    /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+    #[no_mangle]
+    pub unsafe extern "C" fn kvs_cache_get_config(
+        cache: *const kvs_cache,
+        config_out: *mut kvs_config,
+    ) -> kvs_status {
+        guard(|| {
+            let c = self::cache(cache)?;
+            *try_out(config_out, "config_out")? = kvs_config::from_core(c.config());
+            Ok(())
+        })
+    }
+
+    /// Writes the pages an allocation in `tier` (a `kvs_tier`) can take now to `*pages_out`:
+    /// free plus evictable cached pages, `*_pages_free + *_pages_cached` of `kvs_cache_stats`
+    /// without the rest of the snapshot (O(1); an engine's "free blocks" read every step).
+    ///
+    /// **Failure:** bad tier; `*pages_out` untouched.
+    /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+    #[no_mangle]
+    pub unsafe extern "C" fn kvs_cache_available(
+        cache: *const kvs_cache,
+        tier: u32,
+        pages_out: *mut usize,
+    ) -> kvs_status {
+        guard(|| {
+            let c = self::cache(cache)?;
+            let tier: Tier = decode::<kvs_tier>(tier, "tier")?.into();
+            let out = try_out(pages_out, "pages_out")?;
+            *out = c.lock()?.available(tier);
+            Ok(())
+        })
+    }
+
+    /// Writes a consistent snapshot of pool figures and counters to `*stats_out`.
+    ///
+    /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+    #[no_mangle]
+    pub unsafe extern "C" fn kvs_cache_stats(
+        cache: *const kvs_cache,
+        stats_out: *mut kvs_stats,
+    ) -> kvs_status {
+        guard(|| {
+            let c = self::cache(cache)?;
+            let out = try_out(stats_out, "stats_out")?;
+            let s = c.lock()?.stats();
+            let k = s.counters;
+            *out = kvs_stats {
+                device_pages_total: s.device_pages_total,
+                device_pages_free: s.device_pages_free,
+                device_pages_cached: s.device_pages_cached,
+                device_pages_in_use: s.device_pages_in_use,
+                device_pages_shared: s.device_pages_shared,
+                device_pages_pinned: s.device_pages_pinned,
+                host_pages_total: s.host_pages_total,
+                host_pages_free: s.host_pages_free,
+                host_pages_cached: s.host_pages_cached,
+                host_pages_in_use: s.host_pages_in_use,
+                index_pages: s.index_pages,
+                host_index_pages: s.host_index_pages,
+                num_seqs: s.num_seqs,
+                num_seqs_swapped: s.num_seqs_swapped,
+                logical_tokens: s.logical_tokens,
+                physical_tokens: s.physical_tokens,
+                page_bytes: s.page_bytes,
+                pending_copies: s.pending_copies,
+                pending_events: s.pending_events,
+                prefix_queries: k.prefix_queries,
+                prefix_query_tokens: k.prefix_query_tokens,
+                prefix_hit_tokens: k.prefix_hit_tokens,
+                evictions: k.evictions,
+                cow_copies: k.cow_copies,
+                swap_out_pages: k.swap_out_pages,
+                swap_in_pages: k.swap_in_pages,
+                pages_registered: k.pages_registered,
+                index_clears: k.index_clears,
+                demotions: k.demotions,
+                promotions: k.promotions,
+                prefetched: k.prefetched,
+                host_evictions: k.host_evictions,
+                host_hit_tokens: k.host_hit_tokens,
+                events_dropped: k.events_dropped,
+                dedup_pages: k.dedup_pages,
+                unit_hits: k.unit_hits,
+                unit_hit_tokens: k.unit_hit_tokens,
+            };
+            Ok(())
+        })
+    }
+
+    /// Verifies every internal invariant (refcounts equal holders, free + cached + in use =
+    /// total, lists and index agree with pages, sequences cover their tokens). O(pages + tokens):
+    /// for tests and debugging, not every step.
+    ///
+    /// **Failure:** `KVS_STATUS_INVARIANT_VIOLATION` with the first violation in the message
+    /// (a bug in kvshare: please report it).
+    /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+    #[must_use]
+    #[no_mangle]
+    pub unsafe extern "C" fn kvs_cache_check(cache: *const kvs_cache) -> kvs_status {
+        guard(|| self::cache(cache)?.lock()?.check())
+    }
+
+    /// Makes every page that filled up since the last commit matchable by later prompts. Call it
+    /// once per scheduler step, after the step that computes those pages' KV is scheduled
+    /// (MindIE's `MarkBlocksAsComputed`). A no-op unless the config has `defer_commit`.
+    ///
+    /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+    #[no_mangle]
+    pub unsafe extern "C" fn kvs_cache_commit(cache: *mut kvs_cache) -> kvs_status {
+        guard(|| {
+            self::cache(cache)?.lock()?.commit();
+            Ok(())
+        })
+    }
+
+    /// Builds the padded block-table matrix of a batch: row `i` of `table_out` (row-major
+    /// `[num_seqs, max_pages_per_seq]`, `table_len >= num_seqs * max_pages_per_seq`) gets
+    /// sequence `seq_ids[i]`'s page ids followed by `pad_page`; `context_lens_out[i]` (optional:
+    /// NULL with length 0) gets its token count.
+    ///
+    /// **Failure:** unknown or swapped-out sequence, a sequence with more than
+    /// `max_pages_per_seq` pages, or short buffers: an error status and nothing is written.
+    /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+    #[no_mangle]
+    pub unsafe extern "C" fn kvs_cache_block_tables(
+        cache: *const kvs_cache,
+        seq_ids: *const u64,
+        num_seqs: usize,
+        max_pages_per_seq: usize,
+        pad_page: i32,
+        table_out: *mut i32,
+        table_len: usize,
+        context_lens_out: *mut i32,
+        context_lens_len: usize,
+    ) -> kvs_status {
+        guard(|| {
+            let c = self::cache(cache)?;
+            let ids = slice(seq_ids, num_seqs, "seq_ids")?;
+            let table = slice_mut(table_out, table_len, "table_out")?;
+            let lens = slice_mut(context_lens_out, context_lens_len, "context_lens_out")?;
+            c.lock()?
+                .block_tables(ids, max_pages_per_seq, pad_page, table, lens)
+        })
+    }
+
+    /// Builds the slot mapping of a batch: for each sequence `seq_ids[i]`, the slots
+    /// (`page * page_size + offset`) of its last `query_lens[i]` tokens, concatenated into
+    /// `slots_out`; remaining entries up to `slots_len` are set to -1 (padding, skipped by the KV
+    /// write). A token whose KV already sits in a shared cached page (`skip_cached_writes`) also
+    /// gets -1, so recomputing it never overwrites shared KV. Writes the sum of `query_lens` to
+    /// `*num_slots_out` (optional, may be NULL).
+    ///
+    /// **Failure:** unknown or swapped-out sequence, a query length over the sequence length,
+    /// `slots_len` below the sum of query lengths: an error status and nothing is written.
+    /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+    #[no_mangle]
+    pub unsafe extern "C" fn kvs_cache_slot_mapping(
+        cache: *const kvs_cache,
+        seq_ids: *const u64,
+        query_lens: *const u32,
+        num_seqs: usize,
+        slots_out: *mut i64,
+        slots_len: usize,
+        num_slots_out: *mut usize,
+    ) -> kvs_status {
+        guard(|| {
+            let c = self::cache(cache)?;
+            let ids = slice(seq_ids, num_seqs, "seq_ids")?;
+            let q = slice(query_lens, num_seqs, "query_lens")?;
+            let out = slice_mut(slots_out, slots_len, "slots_out")?;
+            let n_out = super::slice::opt_out(num_slots_out, "num_slots_out")?;
+            let n = c.lock()?.slot_mapping(ids, q, out)?;
+            if let Some(o) = n_out {
+                *o = n;
+            }
+            Ok(())
+        })
+    }
+}

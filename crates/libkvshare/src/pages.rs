@@ -1,0 +1,137 @@
+//! `kvs_pages_*` / `kvs_page_get_info`: page-level allocation and refcounts (vLLM's BlockPool,
+//! ATB's KVCacheManager), for engines that keep their own block tables.
+
+use super::cache::{cache, kvs_cache};
+use super::enums::decode;
+use super::panic::guard;
+use super::slice::{slice, slice_mut, try_out};
+use super::status::kvs_status;
+use super::types::kvs_tier;
+use kvshare_core::{Error, Tier};
+
+/// State of a page (`kvs_page_info.state`).
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum kvs_page_state {
+    /// On the free list, no content.
+    Free = 0,
+    /// Refcount 0 but registered in the prefix index: reusable by a prefix hit, evictable.
+    Cached = 1,
+    /// Refcount > 0.
+    InUse = 2,
+    /// The reserved padding page.
+    Padding = 3,
+}
+
+/// What `kvs_page_get_info` reports about one page.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct kvs_page_info {
+    /// Holders (sequences plus external acquires).
+    pub refcount: u32,
+    /// A `kvs_page_state` value.
+    pub state: u32,
+    /// Whether the page has a prefix-index entry.
+    pub registered: bool,
+}
+
+impl kvs_cache {
+    /// Allocates `num_pages` device pages, all or nothing, each at refcount 1 held by the caller.
+    /// Takes free pages first, then evicts least-recently-used cached pages. O(1) per page.
+    ///
+    /// **Ownership:** release each page with `kvs_pages_release`.
+    /// **Failure:** `KVS_STATUS_NO_SPACE` if free plus evictable pages are fewer than
+    /// `num_pages`; `KVS_STATUS_BUFFER_TOO_SMALL` if `pages_len < num_pages`. Nothing is
+    /// allocated and `pages_out` is untouched on error.
+    /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+    #[no_mangle]
+    pub unsafe extern "C" fn kvs_pages_alloc(
+        cache: *mut kvs_cache,
+        num_pages: usize,
+        pages_out: *mut u32,
+        pages_len: usize,
+    ) -> kvs_status {
+        guard(|| {
+            let c = self::cache(cache)?;
+            let out = slice_mut(pages_out, pages_len, "pages_out")?;
+            if out.len() < num_pages {
+                return Err(Error::BufferTooSmall {
+                    what: "pages_out",
+                    needed: num_pages,
+                    capacity: out.len(),
+                });
+            }
+            let pages = c.lock()?.alloc_pages(num_pages)?;
+            out[..pages.len()].copy_from_slice(&pages);
+            Ok(())
+        })
+    }
+
+    /// Adds one reference to each listed device page (a page may appear several times). Pages
+    /// must be in use or cached; acquiring a cached page makes it unevictable until released.
+    ///
+    /// **Failure:** out-of-range id, the padding page, or a free page: an error status naming
+    /// the page, and no refcount changes. `KVS_STATUS_REFCOUNT_OVERFLOW` when a page would pass
+    /// `UINT32_MAX` references (counting each time it is listed): the count never wraps, and
+    /// nothing changes.
+    /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+    #[no_mangle]
+    pub unsafe extern "C" fn kvs_pages_acquire(
+        cache: *mut kvs_cache,
+        pages: *const u32,
+        num_pages: usize,
+    ) -> kvs_status {
+        guard(|| {
+            let c = self::cache(cache)?;
+            let p = slice(pages, num_pages, "pages")?;
+            c.lock()?.acquire_pages(p)
+        })
+    }
+
+    /// Drops one caller-held reference from each listed device page, in order. A page that
+    /// reaches refcount 0 becomes cached (LRU tail) if registered in the prefix index, else free.
+    /// Pass a request's pages last-first so its deepest pages are evicted first.
+    ///
+    /// **Failure:** releasing a page more times than the caller acquired it (double free) is
+    /// `KVS_STATUS_REFCOUNT_UNDERFLOW`; out-of-range ids and the padding page are errors too. On
+    /// any error no refcount changes.
+    /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+    #[no_mangle]
+    pub unsafe extern "C" fn kvs_pages_release(
+        cache: *mut kvs_cache,
+        pages: *const u32,
+        num_pages: usize,
+    ) -> kvs_status {
+        guard(|| {
+            let c = self::cache(cache)?;
+            let p = slice(pages, num_pages, "pages")?;
+            c.lock()?.release_pages(p)
+        })
+    }
+
+    /// Reports a page's refcount, state and whether it is registered. `tier` is a `kvs_tier`.
+    ///
+    /// **Failure:** bad tier or out-of-range id; `*info_out` untouched.
+    /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+    #[no_mangle]
+    pub unsafe extern "C" fn kvs_page_get_info(
+        cache: *const kvs_cache,
+        tier: u32,
+        page: u32,
+        info_out: *mut kvs_page_info,
+    ) -> kvs_status {
+        guard(|| {
+            let c = self::cache(cache)?;
+            let tier: Tier = decode::<kvs_tier>(tier, "tier")?.into();
+            let out = try_out(info_out, "info_out")?;
+            let (refcount, state, registered) = c.lock()?.page_info(tier, page)?;
+            let state = kvs_page_state::from(state) as u32;
+            *out = kvs_page_info {
+                refcount,
+                state,
+                registered,
+            };
+            Ok(())
+        })
+    }
+}

@@ -1,0 +1,214 @@
+//! Regression tests for issue 15 that need a process of their own or many sequences:
+//! allocation failure at `kvs_cache_new` under an address-space limit, and sequence ids crafted
+//! against the hash kvshare used to find sequences with.
+
+use std::ffi::CStr;
+use std::hash::BuildHasher;
+use std::time::Instant;
+
+use kvshare::cache::{kvs_cache, kvs_config};
+use kvshare::status::kvs_status;
+use kvshare_core::hashing::IdMap;
+
+fn last_error() -> String {
+    unsafe { CStr::from_ptr(kvs_status::kvs_last_error_message()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+const OOM_CHILD: &str = "KVS_OOM_CHILD";
+
+/// Issue 15, item 2: configurations the validator accepts but whose metadata cannot be
+/// allocated came back as SIGABRT ("memory allocation of 68719476736 bytes failed"). Under a
+/// 2 GiB address-space limit (set in a child process, so nothing else shares it) each must fail
+/// with `KVS_STATUS_OUT_OF_MEMORY` naming the field, leave `*cache_out` alone, and a small cache
+/// must still work afterwards.
+#[test]
+fn cache_new_reports_allocation_failure() {
+    if std::env::var_os(OOM_CHILD).is_none() {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "cache_new_reports_allocation_failure",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(OOM_CHILD, "1")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "child failed ({:?}): {}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        return;
+    }
+    let limit = libc::rlimit {
+        rlim_cur: 2 << 30,
+        rlim_max: 2 << 30,
+    };
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_AS, &limit) }, 0);
+    let default = kvs_cache::kvs_config_default();
+    let cases = [
+        (
+            "num_device_pages",
+            kvs_config {
+                num_device_pages: 1 << 30,
+                ..default
+            },
+        ),
+        (
+            "num_device_pages",
+            kvs_config {
+                page_size: 1024,
+                num_device_pages: 1 << 22,
+                ..default
+            },
+        ),
+        (
+            "num_host_pages",
+            kvs_config {
+                num_host_pages: 1 << 30,
+                ..default
+            },
+        ),
+    ];
+    for (field, cfg) in cases {
+        let sentinel = 0x10 as *mut kvs_cache;
+        let mut c = sentinel;
+        let st = unsafe { kvs_cache::kvs_cache_new(&cfg, &mut c) };
+        let msg = last_error();
+        assert_eq!(st, kvs_status::OutOfMemory, "{field}: {msg}");
+        assert!(msg.contains(field), "{msg}");
+        assert_eq!(c, sentinel);
+    }
+    let mut c = std::ptr::null_mut();
+    assert_eq!(
+        unsafe { kvs_cache::kvs_cache_new(&default, &mut c) },
+        kvs_status::Ok
+    );
+    assert_eq!(unsafe { kvs_cache::kvs_cache_check(c) }, kvs_status::Ok);
+    unsafe { kvs_cache::kvs_cache_free(c) };
+}
+
+/// The hash sequences were found with before issue 15 (`IdHasher::write_u64` on a fresh
+/// hasher): a multiply by an odd constant and an xor-shift, both invertible.
+fn old_hash(v: u64) -> u64 {
+    let m = v.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    m ^ (m >> 29)
+}
+
+/// Ids whose old hash is `i << 32`: the low 32 bits, which pick the bucket, are all zero.
+fn crafted_ids(n: u64) -> Vec<u64> {
+    const K: u64 = 0x9e37_79b9_7f4a_7c15;
+    // Inverse of K modulo 2^64 (Newton: each step doubles the correct low bits).
+    let mut inv: u64 = 1;
+    for _ in 0..6 {
+        inv = inv.wrapping_mul(2u64.wrapping_sub(K.wrapping_mul(inv)));
+    }
+    assert_eq!(K.wrapping_mul(inv), 1);
+    (1..=n)
+        .map(|i| {
+            let h = i << 32;
+            let m = h ^ (h >> 29) ^ (h >> 58); // inverts m ^ (m >> 29)
+            m.wrapping_mul(inv)
+        })
+        .collect()
+}
+
+/// Issue 15, item 4: ids crafted against the old, fixed hash all fall in one bucket of the old
+/// map (each lookup probes past every one of them), while the per-cache seeded map spreads the
+/// same ids like random ones. The bound is on what a probe costs: the most ids sharing a bucket
+/// of a table sized for them. Not timed: `adversarial_ids_timing` measures begin/free.
+#[test]
+fn crafted_ids_do_not_collide_in_a_seeded_map() {
+    const N: u64 = 20_000;
+    let ids = crafted_ids(N);
+    let mask = (1u64 << 15) - 1; // the bucket mask of a table holding 20,000 ids
+    assert!(
+        ids.iter().all(|&id| old_hash(id) & mask == 0),
+        "the crafted ids collapse under the old hash"
+    );
+    let max_load = |hash: &dyn Fn(u64) -> u64| {
+        let mut load = vec![0u32; mask as usize + 1];
+        for &id in &ids {
+            load[(hash(id) & mask) as usize] += 1;
+        }
+        *load.iter().max().unwrap()
+    };
+    assert_eq!(max_load(&old_hash), N as u32);
+    for _ in 0..3 {
+        let map = IdMap::<()>::default();
+        let seeded = |id: u64| map.hasher().hash_one(id);
+        // 20,000 random keys in 32,768 buckets: the fullest holds about 7 (P(>= 14) < 1e-6).
+        let worst = max_load(&seeded);
+        assert!(
+            worst < 14,
+            "seeded map put {worst} crafted ids in one bucket"
+        );
+        let sequential: Vec<u64> = (1..=N).collect();
+        let spread = sequential
+            .iter()
+            .map(|&id| seeded(id) & mask)
+            .collect::<std::collections::HashSet<_>>()
+            .len();
+        assert!(spread > 10_000, "{spread}");
+    }
+}
+
+fn begin_free(ids: &[u64]) -> (f64, f64) {
+    let cfg = kvs_config {
+        page_size: 16,
+        num_device_pages: 1 << 16,
+        ..kvs_cache::kvs_config_default()
+    };
+    let mut c = std::ptr::null_mut();
+    assert_eq!(
+        unsafe { kvs_cache::kvs_cache_new(&cfg, &mut c) },
+        kvs_status::Ok
+    );
+    let tok = [7i32];
+    let t = Instant::now();
+    for &id in ids {
+        let st = unsafe {
+            kvs_cache::kvs_seq_begin(
+                c,
+                id,
+                tok.as_ptr(),
+                1,
+                std::ptr::null(),
+                0,
+                std::ptr::null_mut(),
+            )
+        };
+        assert_eq!(st, kvs_status::Ok);
+    }
+    let begin = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    for &id in ids {
+        assert_eq!(unsafe { kvs_cache::kvs_seq_free(c, id) }, kvs_status::Ok);
+    }
+    let free = t.elapsed().as_secs_f64();
+    unsafe { kvs_cache::kvs_cache_free(c) };
+    (begin, free)
+}
+
+/// Measurement, not a check (`cargo test --release --test reliability -- --ignored
+/// --nocapture adversarial`): begin and free of crafted ids against sequential ids, same run.
+#[test]
+#[ignore]
+fn adversarial_ids_timing() {
+    for n in [10_000u64, 40_000] {
+        let crafted = crafted_ids(n);
+        let sequential: Vec<u64> = (1..=n).collect();
+        let (sb, sf) = begin_free(&sequential);
+        let (cb, cf) = begin_free(&crafted);
+        println!(
+            "{n} ids: sequential begin {sb:.4}s free {sf:.4}s; crafted begin {cb:.4}s free \
+             {cf:.4}s; ratio {:.2}x",
+            (cb + cf) / (sb + sf)
+        );
+    }
+}

@@ -1,0 +1,262 @@
+//! Command-line options, read with `lexopt` (one small crate, no dependencies): it takes the
+//! arguments as `OsString`s (a non-UTF-8 argument is an error message, not a panic in
+//! `std::env::args`), accepts `--flag value` and `--flag=value`, and refuses a value attached
+//! to a flag that takes none (`--check=1`). `clap` would also write the usage text, but costs
+//! 16 crates and about 470 KB of binary (README.md, "Dependencies").
+
+use std::ffi::OsString;
+
+use kvshare_core::DType;
+use kvshare_replay::model::parse_dtype;
+
+pub const USAGE: &str = "\
+kvshare-replay: replay multi-turn chat (or a JSON Lines trace) through kvshare's cache manager and
+the CPU attention backend, and report KV memory with and without prefix sharing, the ideal,
+prefix hits, evictions, copy-on-write copies and the time spent in the cache manager and in
+attention.
+
+USAGE:
+    kvshare-replay [OPTIONS]              (cargo run --release -- [OPTIONS])
+
+WORKLOAD:
+    --trace FILE          replay a JSON Lines trace (shared/design/trace-format.md) instead of the
+                          built-in chat workload; malformed lines are refused before anything runs
+    --users N             built-in workload: conversations [8]
+    --turns N             built-in workload: turns per conversation [10]
+    --system-tokens N     built-in workload: shared system prompt tokens [1024]
+    --seed N              seed of the built-in workload and of the model's values [42]
+    --dump-trace FILE     write the built-in workload as a trace (first sample of each request) and exit
+
+CACHE AND SCHEDULER:
+    --page-size N         tokens per page [16]
+    --device-pages N      device pages [14336 tokens' worth: 896 at page size 16]
+    --host-pages N        host pages: evicted cached pages are demoted there and promoted back on
+                          a hit, preempted requests are swapped there (0: none; recompute) [0]
+    --match-unit N        prefix-hit granularity in tokens, a divisor of the page size: a prompt
+                          that goes on inside a cached page takes its whole units by a partial
+                          page copy (0: whole pages) [0]
+    --no-demote           with host pages, drop evicted cached pages instead of demoting them
+    --concurrency N       most requests running at once [8]
+    --step-ms MS          simulated duration of one engine step [20]
+    --no-skip-cached-writes
+                          allocate and recompute the last page of a fully cached prompt (vLLM's
+                          behaviour) instead of sharing it
+    --window W            hybrid model: sliding-window groups of window W next to full attention
+                          (a cache of KV-cache groups; report per group, against a full-attention
+                          model of the same size in the same run)
+    --chunk C             hybrid model: chunked-local groups of chunk C instead of a window
+    --state MODE          hybrid model: Mamba / linear-attention state groups (vLLM's
+                          mamba_cache_mode all or align) instead of a window; a state page has
+                          the attention page's bytes (vLLM pads them equal)
+    --full-every K        hybrid model: one full-attention group per K groups [6]
+    --check               run the cache manager's invariant checker after every step
+
+MODEL (attention for every prefill and decode step):
+    --no-attention        cache manager only: no KV write, no attention
+    --layers N            layers [2]
+    --kv-heads N          KV heads [4]
+    --gqa N               query heads per KV head [2]
+    --head-dim N          head dimension [64]
+    --dtype T             f16, bf16 or f32 [f16]
+    --threads N           attention threads (0: all cores) [0]
+    --verify              check every attention output row against a dense reference recomputed
+                          from the token ids (slow: for small runs)
+
+OUTPUT:
+    --sweep WHAT          share-ratio: memory saving for shared ratios 10-90% (article 5.1);
+                          page-size: saving, time and index size for pages of 8-128 tokens (5.2);
+                          with --match-unit N, each page size above N also runs with unit N
+    --svg PATH            where to write the plot [target/kvshare-replay.svg]
+    --json                print the totals as one JSON line on stdout (the report goes to stderr)
+    -h, --help            this text
+";
+
+/// Tokens of device memory by default (896 pages of 16 tokens: the built-in workload starts evicting useful history in its last turns).
+pub const DEFAULT_DEVICE_TOKENS: u64 = 14336;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Sweep {
+    ShareRatio,
+    PageSize,
+}
+
+#[derive(Debug, Clone)]
+pub struct Args {
+    pub trace: Option<String>,
+    pub users: usize,
+    pub turns: usize,
+    pub system_tokens: usize,
+    pub seed: u64,
+    pub dump_trace: Option<String>,
+    pub page_size: u32,
+    pub device_pages: Option<u32>,
+    pub host_pages: u32,
+    pub concurrency: usize,
+    pub step_ms: f64,
+    pub skip_cached_writes: bool,
+    pub demote_to_host: bool,
+    pub match_unit: u32,
+    pub check: bool,
+    pub attention: bool,
+    pub layers: u32,
+    pub kv_heads: u32,
+    pub gqa: u32,
+    pub head_dim: u32,
+    pub dtype: DType,
+    pub threads: usize,
+    pub verify: bool,
+    pub sweep: Option<Sweep>,
+    pub svg: String,
+    pub json: bool,
+    pub window: Option<u32>,
+    pub chunk: Option<u32>,
+    pub state: Option<String>,
+    pub full_every: u32,
+    pub help: bool,
+}
+
+impl Default for Args {
+    fn default() -> Self {
+        Args {
+            trace: None,
+            users: 8,
+            turns: 10,
+            system_tokens: 1024,
+            seed: 42,
+            dump_trace: None,
+            page_size: 16,
+            device_pages: None,
+            host_pages: 0,
+            concurrency: 8,
+            step_ms: 20.0,
+            skip_cached_writes: true,
+            demote_to_host: true,
+            match_unit: 0,
+            check: false,
+            attention: true,
+            layers: 2,
+            kv_heads: 4,
+            gqa: 2,
+            head_dim: 64,
+            dtype: DType::F16,
+            threads: 0,
+            verify: false,
+            sweep: None,
+            svg: "target/kvshare-replay.svg".into(),
+            json: false,
+            window: None,
+            chunk: None,
+            state: None,
+            full_every: 6,
+            help: false,
+        }
+    }
+}
+
+fn num<T>(flag: &str, v: &str, min: T) -> Result<T, String>
+where
+    T: std::str::FromStr + PartialOrd + std::fmt::Display,
+{
+    let x: T = v
+        .parse()
+        .map_err(|_| format!("{flag}: {v:?} is not a valid number"))?;
+    if x < min {
+        return Err(format!("{flag}: {v} is below the minimum {min}"));
+    }
+    Ok(x)
+}
+
+/// Parses the arguments after the program name.
+pub fn parse<I>(argv: I) -> Result<Args, String>
+where
+    I: IntoIterator,
+    I::Item: Into<OsString>,
+{
+    use lexopt::Arg::{Long, Short, Value};
+    let mut a = Args::default();
+    let mut p = lexopt::Parser::from_args(argv);
+    let see_help = |e: lexopt::Error| format!("{e} (see --help)");
+    while let Some(arg) = p.next().map_err(see_help)? {
+        let flag = match arg {
+            Long(name) => format!("--{name}"),
+            Short(c) => format!("-{c}"),
+            Value(v) => return Err(format!("unexpected argument {v:?} (see --help)")),
+        };
+        let flag = flag.as_str();
+        let mut val = || -> Result<String, String> {
+            p.value()
+                .map_err(|_| format!("{flag} needs a value (see --help)"))?
+                .into_string()
+                .map_err(|v| format!("{flag}: {v:?} is not valid UTF-8"))
+        };
+        match flag {
+            "-h" | "--help" => a.help = true,
+            "--trace" => a.trace = Some(val()?),
+            "--users" => a.users = num(flag, &val()?, 1)?,
+            "--turns" => a.turns = num(flag, &val()?, 1)?,
+            "--system-tokens" => a.system_tokens = num(flag, &val()?, 0)?,
+            "--seed" => a.seed = num(flag, &val()?, 0)?,
+            "--dump-trace" => a.dump_trace = Some(val()?),
+            "--page-size" => a.page_size = num(flag, &val()?, 1)?,
+            "--device-pages" => a.device_pages = Some(num(flag, &val()?, 1)?),
+            "--host-pages" => a.host_pages = num(flag, &val()?, 0)?,
+            "--concurrency" => a.concurrency = num(flag, &val()?, 1)?,
+            "--step-ms" => {
+                a.step_ms = num(flag, &val()?, 0.0)?;
+                if a.step_ms <= 0.0 {
+                    return Err("--step-ms must be above 0".into());
+                }
+            }
+            "--no-skip-cached-writes" => a.skip_cached_writes = false,
+            "--no-demote" => a.demote_to_host = false,
+            "--match-unit" => a.match_unit = num(flag, &val()?, 0)?,
+            "--check" => a.check = true,
+            "--no-attention" => a.attention = false,
+            "--layers" => a.layers = num(flag, &val()?, 1)?,
+            "--kv-heads" => a.kv_heads = num(flag, &val()?, 1)?,
+            "--gqa" => a.gqa = num(flag, &val()?, 1)?,
+            "--head-dim" => a.head_dim = num(flag, &val()?, 1)?,
+            "--dtype" => {
+                let v = val()?;
+                a.dtype = parse_dtype(&v)
+                    .ok_or_else(|| format!("--dtype: {v:?} is not f16, bf16 or f32"))?
+            }
+            "--threads" => a.threads = num(flag, &val()?, 0)?,
+            "--verify" => a.verify = true,
+            "--sweep" => {
+                a.sweep = Some(match val()?.as_str() {
+                    "share-ratio" => Sweep::ShareRatio,
+                    "page-size" => Sweep::PageSize,
+                    v => return Err(format!("--sweep: {v:?} is not share-ratio or page-size")),
+                })
+            }
+            "--svg" => a.svg = val()?,
+            "--json" => a.json = true,
+            "--window" => a.window = Some(num(flag, &val()?, 1)?),
+            "--chunk" => a.chunk = Some(num(flag, &val()?, 1)?),
+            "--state" => match val()?.as_str() {
+                m @ ("all" | "align") => a.state = Some(m.to_string()),
+                v => return Err(format!("--state: {v:?} is not all or align")),
+            },
+            "--full-every" => a.full_every = num(flag, &val()?, 1)?,
+            other => return Err(format!("unknown option {other:?} (see --help)")),
+        }
+    }
+    if [a.window.is_some(), a.chunk.is_some(), a.state.is_some()]
+        .iter()
+        .filter(|&&x| x)
+        .count()
+        > 1
+    {
+        return Err("--window, --chunk and --state exclude each other (see --help)".into());
+    }
+    Ok(a)
+}
+
+impl Args {
+    /// Device pages: the flag, or the default memory at this page size.
+    pub fn device_pages(&self) -> u32 {
+        self.device_pages
+            .unwrap_or((DEFAULT_DEVICE_TOKENS / self.page_size as u64).max(1) as u32)
+    }
+}
