@@ -16,7 +16,7 @@ use super::params::{
     check_host_arrays, AttnParams, AttnSpans, CopyParams, KvWriteParams, PageCopy, SeqSpan,
 };
 use super::{BackendInfo, Result};
-use kvshare_core::Error;
+use crate::error::Error;
 
 /// The device memory of one attention launch (query, output, caches, block table): device
 /// addresses, none of them 0.

@@ -1,13 +1,14 @@
 //! Paged attention, KV write and page copy behind one backend trait.
 //!
-//! This module is safe Rust with no raw pointers. It holds:
+//! The backends' own code is safe Rust where it can be; the CPU kernels' SIMD and the Ascend
+//! runtime's C calls are `unsafe`, each with the contract its caller keeps. It holds:
 //!
 //! * [`params`]: the argument types ([`CacheLayout`], [`AttnParams`], [`KvWriteParams`],
 //!   [`CopyParams`]), plain numbers that mirror the `#[repr(C)]` structs of `ffi/attn.rs`;
 //! * their validation: every shape, stride, dtype, head ratio and length is checked before a
 //!   launch, and the data-dependent host arrays (context lengths, query starts, used block-table
 //!   entries, slot mapping, copy pairs) are checked before anything is written. Errors are
-//!   [`Error::AttnInvalid`] naming the C field. The Ascend backend ([`ascend`]) reuses these
+//!   [`Error::Invalid`] naming the C field. The Ascend backend ([`ascend`]) reuses these
 //!   checks on the same numbers; only the memory it launches on differs;
 //! * the [`Backend`] trait (host memory) and the validated batch types it receives
 //!   ([`AttnBatch`], [`KvWrite`], [`PageCopyBatch`]), which can only be built through
@@ -39,6 +40,7 @@ pub mod ascend;
 pub mod copy_runs;
 pub mod cpu;
 pub mod device;
+pub mod error;
 pub mod params;
 pub mod pool;
 pub mod team;
@@ -46,8 +48,8 @@ pub mod team;
 use half::{bf16, f16};
 
 pub use device::DeviceBackend;
+pub use error::{Error, Result};
 pub use kvshare_core::DType;
-use kvshare_core::Result;
 use params::bad;
 pub use params::{
     check_host_arrays, check_slots, span, AttnParams, AttnSpans, CacheLayout, CopyKind, CopyParams,

@@ -2,10 +2,11 @@
 //!
 //! Everything here is plain data, shared by every backend: the CPU backend checks these before
 //! touching memory, and the Ascend backend will check the same numbers before building its
-//! `aclTensor`s. Errors are [`Error::AttnInvalid`] naming the field of the C struct.
+//! `aclTensor`s. Errors are [`Error::Invalid`] naming the field of the C struct.
 
+use crate::error::{Error, Result};
+use kvshare_core::DType;
 pub use kvshare_core::{CopyKind, PageCopy};
-use kvshare_core::{DType, Error, Result};
 
 /// Largest head dimension accepted.
 pub(crate) const MAX_HEAD_DIM: usize = 1024;
@@ -25,7 +26,7 @@ pub const MAX_PAGES: usize = (i32::MAX as usize) + 1;
 pub(crate) const MAX_BATCH: usize = 1 << 24;
 
 pub(crate) fn bad(field: &'static str, reason: impl Into<String>) -> Error {
-    Error::AttnInvalid {
+    Error::Invalid {
         field,
         reason: reason.into(),
     }
@@ -483,7 +484,7 @@ impl CopyParams {
             }
             .validate()
             .map_err(|e| match e {
-                Error::AttnInvalid {
+                Error::Invalid {
                     field: "num_pages",
                     reason,
                 } => bad("num_host_pages", reason),

@@ -1,9 +1,9 @@
-//! The crate's error type. The C boundary maps each variant to one stable `kvs_status`
-//! (`ffi::status::status_of`); the `Display` text becomes `kvs_last_error_message()`.
+//! The cache manager's error type. The C ABI maps each variant to one stable `kvs_status`; the
+//! `Display` text becomes `kvs_last_error_message()`.
 
 use super::config::Tier;
 
-/// Every failure the library reports. Each variant leaves the cache unchanged.
+/// Every failure of a cache operation. Each variant leaves the cache unchanged.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Error {
     /// A configuration field is out of range or contradicts another field.
@@ -14,9 +14,6 @@ pub enum Error {
         /// What is wrong with it.
         reason: String,
     },
-    /// A required pointer argument was NULL (with a non-zero length, where it has one).
-    #[error("argument `{0}` is NULL")]
-    NullArgument(&'static str),
     /// An argument is out of range or inconsistent with another one.
     #[error("invalid argument `{field}`: {reason}")]
     InvalidArgument {
@@ -115,26 +112,9 @@ pub enum Error {
     /// An earlier call panicked while holding this cache; its state can no longer be trusted.
     #[error("cache is poisoned by an earlier panic; free it and create a new one")]
     Poisoned,
-    /// A panic was caught at the boundary.
-    #[error("internal panic: {0}")]
-    Panic(String),
-    /// The requested backend cannot be used on this machine (library, symbol or device missing).
-    #[error("backend unavailable: {0}")]
-    BackendUnavailable(String),
-    /// The operation or combination of options is valid but not supported by this backend.
+    /// The operation is valid but not available with this cache's configuration.
     #[error("unsupported: {0}")]
     Unsupported(String),
-    /// Attention / KV-write / copy arguments contradict each other or the tensor layout.
-    #[error("invalid attention argument `{field}`: {reason}")]
-    AttnInvalid {
-        /// The offending field of the args struct.
-        field: &'static str,
-        /// What is wrong with it.
-        reason: String,
-    },
-    /// A backend runtime call failed (for Ascend: an ACL/aclnn status, with its message).
-    #[error("backend failure: {0}")]
-    BackendFailure(String),
 }
 
 /// Shorthand for results carrying [`Error`].

@@ -21,6 +21,7 @@ use super::panic::guard;
 use super::slice::try_ref;
 use super::status::kvs_status;
 use super::types::{kvs_copy, kvs_copy_kind};
+use crate::error::{Error, Result};
 use kvshare_attention::device::{
     DeviceAttn, DeviceAttnBatch, DeviceCopy, DeviceCopyBatch, DeviceKvWrite, DeviceKvWriteBatch,
 };
@@ -29,7 +30,6 @@ use kvshare_attention::{
     PageCopy, PageCopyBatch, SlotMapping, TokenStrides,
 };
 use kvshare_core::alloc::try_with_capacity;
-use kvshare_core::{Error, Result};
 
 /// Element type of a slot mapping (`kvs_kv_write_args.slot_mapping_type`).
 #[repr(u32)]
@@ -314,7 +314,7 @@ impl kvs_backend {
                         None
                     };
                     let batch = DeviceAttnBatch::new(params, mem, ctx, starts)?;
-                    return device.attention(batch, stream as usize);
+                    return Ok(device.attention(batch, stream as usize)?);
                 }
             };
             // SAFETY: host memory: each pointer is non-NULL and aligned (checked by `buf`/
@@ -340,7 +340,7 @@ impl kvs_backend {
                     output: buf_mut(a.output, params.output_dtype, spans.output, "output")?,
                 }
             };
-            host.attention(AttnBatch::new(params, bufs)?)
+            Ok(host.attention(AttnBatch::new(params, bufs)?)?)
         })
     }
 
@@ -407,7 +407,7 @@ impl kvs_backend {
                         slots_i64: slot_bytes == 8,
                     };
                     let write = DeviceKvWriteBatch::new(params, mem)?;
-                    return device.kv_write(write, stream as usize);
+                    return Ok(device.kv_write(write, stream as usize)?);
                 }
             };
             // SAFETY: host memory: each pointer is non-NULL and aligned (checked by `buf`/
@@ -430,7 +430,7 @@ impl kvs_backend {
                     buf_mut(a.value_cache, cache.dtype, cache_len, "value_cache")?,
                 )?
             };
-            host.kv_write(write)
+            Ok(host.kv_write(write)?)
         })
     }
 
@@ -465,9 +465,8 @@ impl kvs_backend {
             let mut list = try_with_capacity(raw.len(), "copies")?;
             for (i, c) in raw.iter().enumerate() {
                 let kind: CopyKind = kvs_copy_kind::try_from(c.kind)
-                    .map_err(|e| Error::AttnInvalid {
-                        field: "copies",
-                        reason: format!("copies[{i}].kind = {}", e.reason()),
+                    .map_err(|e| {
+                        Error::attn("copies", format!("copies[{i}].kind = {}", e.reason()))
                     })?
                     .into();
                 list.push(PageCopy {
@@ -527,7 +526,7 @@ impl kvs_backend {
                         host_value_cache: a.host_value_cache as usize,
                     };
                     let batch = DeviceCopyBatch::new(params, &list, mem)?;
-                    return device.copy_pages(batch, stream as usize);
+                    return Ok(device.copy_pages(batch, stream as usize)?);
                 }
             };
             // SAFETY: host memory: each cache pointer is non-NULL and aligned (checked by
@@ -547,7 +546,7 @@ impl kvs_backend {
                     )?,
                 }
             };
-            host_backend.copy_pages(PageCopyBatch::new(params, caches, &list)?)
+            Ok(host_backend.copy_pages(PageCopyBatch::new(params, caches, &list)?)?)
         })
     }
 

@@ -11,13 +11,16 @@ use super::backend::Launcher;
 use super::enums::decode;
 use super::slice::{slice, slice_mut};
 use super::types::kvs_dtype;
+use crate::error::{Error, Result};
 use kvshare_attention::{Buf, BufMut, CacheLayout};
-use kvshare_core::{DType, Error, Result};
+use kvshare_core::DType;
 
 /// Attention errors name fields; the shared slice helpers report `InvalidArgument`.
 pub(super) fn attn(e: Error) -> Error {
     match e {
-        Error::InvalidArgument { field, reason } => Error::AttnInvalid { field, reason },
+        Error::Cache(kvshare_core::Error::InvalidArgument { field, reason }) => {
+            Error::attn(field, reason)
+        }
         e => e,
     }
 }
@@ -59,13 +62,13 @@ pub(super) fn layout(c: &kvs_kv_layout, num_pages: u32) -> Result<CacheLayout> {
 /// message; this check runs first so attention callers get the precise one.)
 fn aligned<T>(ptr: *const T, name: &'static str) -> Result<()> {
     if !ptr.is_aligned() {
-        return Err(Error::AttnInvalid {
-            field: name,
-            reason: format!(
+        return Err(Error::attn(
+            name,
+            format!(
                 "pointer {ptr:p} is not aligned to {} bytes",
                 std::mem::align_of::<T>()
             ),
-        });
+        ));
     }
     Ok(())
 }
@@ -87,10 +90,10 @@ pub(super) fn cache_ptr(
     }
     let align = dtype.size_bytes();
     if !(ptr as usize).is_multiple_of(align) {
-        return Err(Error::AttnInvalid {
-            field: name,
-            reason: format!("pointer {ptr:p} is not aligned to {align} bytes (its element size)"),
-        });
+        return Err(Error::attn(
+            name,
+            format!("pointer {ptr:p} is not aligned to {align} bytes (its element size)"),
+        ));
     }
     if let (true, Launcher::Device(be)) = (device, launcher) {
         be.check_address(name, ptr as usize)?;
@@ -164,10 +167,7 @@ pub(super) fn no_overlap(
     for &(name, p, bytes) in others {
         let (b0, b1) = (p as usize, p as usize + bytes);
         if !p.is_null() && bytes > 0 && w.2 > 0 && a0 < b1 && b0 < a1 {
-            return Err(Error::AttnInvalid {
-                field: w.0,
-                reason: format!("overlaps `{name}`"),
-            });
+            return Err(Error::attn(w.0, format!("overlaps `{name}`")));
         }
     }
     Ok(())

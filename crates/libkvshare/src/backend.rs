@@ -14,11 +14,11 @@ use super::handle::{self, Handle};
 use super::panic::guard;
 use super::slice::{slice_mut, try_out, try_ref};
 use super::status::kvs_status;
+use crate::error::{Error, Result};
 use kvshare_attention::ascend::{AscendBackend, AscendOptions};
 use kvshare_attention::cpu::CpuBackend;
 use kvshare_attention::team::Team;
 use kvshare_attention::{Backend, BackendInfo, DeviceBackend};
-use kvshare_core::{Error, Result};
 
 /// A compute backend (`KVS_BACKEND_KIND_CPU` or `KVS_BACKEND_KIND_ASCEND`) that launches paged
 /// attention, KV writes and page copies.
@@ -294,11 +294,11 @@ impl kvs_backend {
             // bytes that nothing else touches during the call (export contract).
             let dst = unsafe { slice_mut(buf.cast::<u8>(), buf_len, "buf")? };
             if dst.len() <= text.len() {
-                return Err(Error::BufferTooSmall {
+                return Err(Error::Cache(kvshare_core::Error::BufferTooSmall {
                     what: "buf",
                     needed: text.len() + 1,
                     capacity: dst.len(),
-                });
+                }));
             }
             dst[..text.len()].copy_from_slice(text.as_bytes());
             dst[text.len()] = 0;

@@ -6,7 +6,8 @@ use super::panic::guard;
 use super::slice::{slice, slice_mut, try_out, try_ref};
 use super::status::kvs_status;
 use super::types::{kvs_dtype, kvs_tier};
-use kvshare_core::{Cache, Config, DType, Error, Tier};
+use crate::error::Error;
+use kvshare_core::{Cache, Config, DType, Tier};
 
 /// A KV-cache manager: page pools (device and host), refcounts, the prefix index and sequences.
 ///
@@ -152,10 +153,10 @@ unsafe fn read_config<'a>(ptr: *const kvs_config) -> Result<&'a kvs_config, Erro
         // field are initialised whatever value the caller stored.
         let byte = ptr.cast::<u8>().add(offset).read();
         if byte > 1 {
-            return Err(Error::InvalidConfig {
+            return Err(Error::Cache(kvshare_core::Error::InvalidConfig {
                 field,
                 reason: format!("byte value {byte} is not a bool (0 or 1)"),
-            });
+            }));
         }
     }
     try_ref(ptr, "config")
@@ -164,9 +165,11 @@ unsafe fn read_config<'a>(ptr: *const kvs_config) -> Result<&'a kvs_config, Erro
 impl kvs_config {
     fn to_core(self) -> Result<Config, Error> {
         let dtype: DType = kvs_dtype::try_from(self.dtype)
-            .map_err(|e| Error::InvalidConfig {
-                field: "dtype",
-                reason: e.reason(),
+            .map_err(|e| {
+                Error::Cache(kvshare_core::Error::InvalidConfig {
+                    field: "dtype",
+                    reason: e.reason(),
+                })
             })?
             .into();
         Ok(Config {
@@ -438,7 +441,7 @@ impl kvs_cache {
     #[must_use]
     #[no_mangle]
     pub unsafe extern "C" fn kvs_cache_check(cache: *const kvs_cache) -> kvs_status {
-        guard(|| self::cache(cache)?.lock()?.check())
+        guard(|| Ok(self::cache(cache)?.lock()?.check()?))
     }
 
     /// Makes every page that filled up since the last commit matchable by later prompts. Call it
@@ -479,8 +482,8 @@ impl kvs_cache {
             let ids = slice(seq_ids, num_seqs, "seq_ids")?;
             let table = slice_mut(table_out, table_len, "table_out")?;
             let lens = slice_mut(context_lens_out, context_lens_len, "context_lens_out")?;
-            c.lock()?
-                .block_tables(ids, max_pages_per_seq, pad_page, table, lens)
+            Ok(c.lock()?
+                .block_tables(ids, max_pages_per_seq, pad_page, table, lens)?)
         })
     }
 

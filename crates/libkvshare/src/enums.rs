@@ -7,7 +7,8 @@
 //!   whatever number the caller stored, so a Rust enum is never read from it directly;
 //! - enum ↔ core type: one `From` per direction that is used.
 
-use kvshare_core::{CopyKind, DType, Error, EventKind, PageState, Tier};
+use crate::error::Error;
+use kvshare_core::{CopyKind, DType, EventKind, PageState, Tier};
 
 use super::attn::kvs_index_type;
 use super::backend::kvs_backend_kind;

@@ -1,7 +1,7 @@
 //! Typed ownership of heap handles. Every `into_raw`/`from_raw` in the crate goes through here,
 //! so a handle can only ever be turned back into the Rust type it was made from.
 
-use kvshare_core::Error;
+use crate::error::Error;
 
 /// Ties an opaque C type to the Rust type it stands for. Implemented once per handle type.
 pub(crate) trait Handle {

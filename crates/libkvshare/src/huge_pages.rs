@@ -7,8 +7,8 @@ use super::enums::decode;
 use super::panic::guard;
 use super::slice::opt_out;
 use super::status::kvs_status;
+use crate::error::Error;
 use kvshare_attention::cpu::huge_pages::{back_with_huge_pages, HugePages};
-use kvshare_core::Error;
 
 /// What `kvs_cpu_huge_pages` asks of the kernel.
 #[repr(u32)]

@@ -17,8 +17,8 @@ use super::panic::guard;
 use super::slice::{opt_out, slice, slice_mut, try_out, try_ref};
 use super::status::kvs_status;
 use super::types::{extra_from_c, kvs_extra_keys};
+use crate::error::Error;
 use kvshare_core::groups::{GroupKind, GroupSpec, Hybrid, HybridConfig, StateMode};
-use kvshare_core::Error;
 
 /// Most groups a `kvs_hybrid` holds.
 pub const KVS_MAX_GROUPS: usize = 32;
@@ -211,7 +211,9 @@ impl Handle for kvs_hybrid {
 /// # Safety
 /// `h` must be NULL or a live handle from `kvs_hybrid_new`.
 pub(super) unsafe fn lock<'a>(h: *const kvs_hybrid) -> Result<MutexGuard<'a, Hybrid>, Error> {
-    handle::borrow(h)?.lock().map_err(|_| Error::Poisoned)
+    handle::borrow(h)?
+        .lock()
+        .map_err(|_| Error::Cache(kvshare_core::Error::Poisoned))
 }
 
 const BOOLS: [(&str, usize); 2] = [
@@ -241,18 +243,18 @@ unsafe fn read_config(ptr: *const kvs_hybrid_config) -> Result<HybridConfig, Err
         // SAFETY: a field's offset inside the readable struct; its byte is initialised.
         let byte = ptr.cast::<u8>().add(offset).read();
         if byte > 1 {
-            return Err(Error::InvalidConfig {
+            return Err(Error::Cache(kvshare_core::Error::InvalidConfig {
                 field,
                 reason: format!("byte value {byte} is not a bool (0 or 1)"),
-            });
+            }));
         }
     }
     let c = try_ref(ptr, "config")?;
     if c.num_groups > KVS_MAX_GROUPS {
-        return Err(Error::InvalidConfig {
+        return Err(Error::Cache(kvshare_core::Error::InvalidConfig {
             field: "num_groups",
             reason: format!("{} exceeds {KVS_MAX_GROUPS}", c.num_groups),
-        });
+        }));
     }
     let raw = slice(c.groups, c.num_groups, "config.groups")?;
     let mut groups = Vec::with_capacity(raw.len());
@@ -260,10 +262,10 @@ unsafe fn read_config(ptr: *const kvs_hybrid_config) -> Result<HybridConfig, Err
         let kind = match decode::<kvs_group_kind>(g.kind, "groups.kind") {
             Ok(kvs_group_kind::Full) if g.window == 0 => GroupKind::Full,
             Ok(kvs_group_kind::Full) => {
-                return Err(Error::InvalidConfig {
+                return Err(Error::Cache(kvshare_core::Error::InvalidConfig {
                     field: "groups.window",
                     reason: format!("group {i}: full attention takes window 0, not {}", g.window),
-                })
+                }))
             }
             Ok(kvs_group_kind::SlidingWindow) => GroupKind::SlidingWindow(g.window),
             Ok(kvs_group_kind::ChunkedLocal) => GroupKind::ChunkedLocal(g.window),
@@ -273,18 +275,18 @@ unsafe fn read_config(ptr: *const kvs_hybrid_config) -> Result<HybridConfig, Err
                     Ok(kvs_state_mode::All) => GroupKind::State(StateMode::All),
                     Ok(kvs_state_mode::Align) => GroupKind::State(StateMode::Align),
                     Err(e) => {
-                        return Err(Error::InvalidConfig {
+                        return Err(Error::Cache(kvshare_core::Error::InvalidConfig {
                             field: "groups.window",
                             reason: format!("group {i}: {e}"),
-                        })
+                        }))
                     }
                 }
             }
             Err(e) => {
-                return Err(Error::InvalidConfig {
+                return Err(Error::Cache(kvshare_core::Error::InvalidConfig {
                     field: "groups.kind",
                     reason: format!("group {i}: {e}"),
-                })
+                }))
             }
         };
         groups.push(GroupSpec {
@@ -361,7 +363,7 @@ impl kvs_hybrid {
     #[must_use]
     #[no_mangle]
     pub unsafe extern "C" fn kvs_hybrid_check(hybrid: *const kvs_hybrid) -> kvs_status {
-        guard(|| lock(hybrid)?.check())
+        guard(|| Ok(lock(hybrid)?.check()?))
     }
 
     /// Writes group `group`'s kind, window, page bytes and pool to `*info_out`.
@@ -425,21 +427,21 @@ impl kvs_hybrid {
                 .checked_mul(max_pages_per_group)
                 .ok_or_else(|| Error::arg("max_pages_per_group", "overflow"))?;
             if !pages_out.is_null() && pages.len() < want {
-                return Err(Error::BufferTooSmall {
+                return Err(Error::Cache(kvshare_core::Error::BufferTooSmall {
                     what: "pages_out",
                     needed: want,
                     capacity: pages.len(),
-                });
+                }));
             }
             let (hit, found) = h.find(t, x.as_ref(), max_tokens);
             if !pages_out.is_null() {
                 let n = hit / h.config().page_size as usize;
                 if n > max_pages_per_group {
-                    return Err(Error::BufferTooSmall {
+                    return Err(Error::Cache(kvshare_core::Error::BufferTooSmall {
                         what: "pages_out",
                         needed: n,
                         capacity: max_pages_per_group,
-                    });
+                    }));
                 }
                 for (g, f) in found.iter().enumerate() {
                     pages[g * max_pages_per_group..][..n].copy_from_slice(&f[..n]);
@@ -546,7 +548,7 @@ impl kvs_hybrid {
         guard(|| {
             let mut h = lock(hybrid)?;
             let t = slice(tokens, num_tokens, "tokens")?;
-            h.append(seq_id, t, lookahead_slots)
+            Ok(h.append(seq_id, t, lookahead_slots)?)
         })
     }
 
@@ -582,7 +584,7 @@ impl kvs_hybrid {
         hybrid: *mut kvs_hybrid,
         seq_id: u64,
     ) -> kvs_status {
-        guard(|| lock(hybrid)?.free(seq_id))
+        guard(|| Ok(lock(hybrid)?.free(seq_id)?))
     }
 
     /// Writes a sequence's token count, table length and matched tokens to `*info_out`.
@@ -629,11 +631,11 @@ impl kvs_hybrid {
             let n_out = try_out(num_pages_out, "num_pages_out")?;
             let t = h.seq_pages(seq_id, group)?;
             if t.len() > out.len() {
-                return Err(Error::BufferTooSmall {
+                return Err(Error::Cache(kvshare_core::Error::BufferTooSmall {
                     what: "pages_out",
                     needed: t.len(),
                     capacity: out.len(),
-                });
+                }));
             }
             out[..t.len()].copy_from_slice(t);
             *n_out = t.len();
@@ -666,7 +668,7 @@ impl kvs_hybrid {
             let ids = slice(seq_ids, num_seqs, "seq_ids")?;
             let table = slice_mut(table_out, table_len, "table_out")?;
             let lens = slice_mut(context_lens_out, context_lens_len, "context_lens_out")?;
-            h.block_tables(group, ids, max_pages_per_seq, pad_page, table, lens)
+            Ok(h.block_tables(group, ids, max_pages_per_seq, pad_page, table, lens)?)
         })
     }
 

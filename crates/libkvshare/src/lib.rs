@@ -29,6 +29,7 @@ mod attn_args;
 pub mod backend;
 pub mod cache;
 pub mod enums;
+pub mod error;
 pub mod events;
 pub(crate) mod handle;
 pub mod huge_pages;

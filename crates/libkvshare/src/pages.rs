@@ -7,7 +7,8 @@ use super::panic::guard;
 use super::slice::{slice, slice_mut, try_out};
 use super::status::kvs_status;
 use super::types::kvs_tier;
-use kvshare_core::{Error, Tier};
+use crate::error::Error;
+use kvshare_core::Tier;
 
 /// State of a page (`kvs_page_info.state`).
 #[repr(u32)]
@@ -55,11 +56,11 @@ impl kvs_cache {
             let c = self::cache(cache)?;
             let out = slice_mut(pages_out, pages_len, "pages_out")?;
             if out.len() < num_pages {
-                return Err(Error::BufferTooSmall {
+                return Err(Error::Cache(kvshare_core::Error::BufferTooSmall {
                     what: "pages_out",
                     needed: num_pages,
                     capacity: out.len(),
-                });
+                }));
             }
             let pages = c.lock()?.alloc_pages(num_pages)?;
             out[..pages.len()].copy_from_slice(&pages);
@@ -84,7 +85,7 @@ impl kvs_cache {
         guard(|| {
             let c = self::cache(cache)?;
             let p = slice(pages, num_pages, "pages")?;
-            c.lock()?.acquire_pages(p)
+            Ok(c.lock()?.acquire_pages(p)?)
         })
     }
 
@@ -105,7 +106,7 @@ impl kvs_cache {
         guard(|| {
             let c = self::cache(cache)?;
             let p = slice(pages, num_pages, "pages")?;
-            c.lock()?.release_pages(p)
+            Ok(c.lock()?.release_pages(p)?)
         })
     }
 

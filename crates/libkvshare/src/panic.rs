@@ -13,7 +13,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe, PanicHookInfo};
 use std::sync::Once;
 
 use super::status::{fail, kvs_status};
-use kvshare_core::Error;
+use crate::error::Error;
 
 thread_local! {
     /// Nesting depth of `guard` on this thread (> 0: inside a kvshare call).
@@ -115,7 +115,10 @@ mod tests {
             msg.starts_with(concat!("internal panic: boom (at ", file!(), ":")),
             "{msg}"
         );
-        assert_eq!(guard(|| Err(Error::SeqExists(1))), kvs_status::SeqExists);
+        assert_eq!(
+            guard(|| Err(Error::Cache(kvshare_core::Error::SeqExists(1)))),
+            kvs_status::SeqExists
+        );
         assert_eq!(guard(|| Ok(())), kvs_status::Ok);
     }
 

@@ -127,7 +127,7 @@ impl kvs_cache {
     /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
     #[no_mangle]
     pub unsafe extern "C" fn kvs_prefix_unpin(cache: *mut kvs_cache, pin_id: u64) -> kvs_status {
-        guard(|| self::cache(cache)?.lock()?.unpin(pin_id))
+        guard(|| Ok(self::cache(cache)?.lock()?.unpin(pin_id)?))
     }
 
     /// Prefetch hint for a queued request: starts promoting the host-tier pages of `tokens`'

@@ -6,7 +6,8 @@ use super::panic::guard;
 use super::slice::{opt_out, slice, slice_mut, try_out};
 use super::status::kvs_status;
 use super::types::{extra_from_c, kvs_copy, kvs_extra_keys, kvs_tier};
-use kvshare_core::{Error, PageCopy, SeqInfo, State};
+use crate::error::Error;
+use kvshare_core::{PageCopy, SeqInfo, State};
 
 /// A sequence's shape (`kvs_seq_begin`, `kvs_seq_get_info`).
 #[repr(C)]
@@ -141,7 +142,7 @@ impl kvs_cache {
                 copies_out,
                 copies_len,
                 num_copies_out,
-                |st, v, cap| st.append(seq_id, t, lookahead_slots, v, cap),
+                |st, v, cap| Ok(st.append(seq_id, t, lookahead_slots, v, cap)?),
             )
         })
     }
@@ -216,7 +217,7 @@ impl kvs_cache {
                 copies_out,
                 copies_len,
                 num_copies_out,
-                |st, v, cap| st.append_batch(ids, t, v, cap),
+                |st, v, cap| Ok(st.append_batch(ids, t, v, cap)?),
             )
         })
     }
@@ -232,7 +233,7 @@ impl kvs_cache {
         parent_id: u64,
         child_id: u64,
     ) -> kvs_status {
-        guard(|| self::cache(cache)?.lock()?.fork(parent_id, child_id))
+        guard(|| Ok(self::cache(cache)?.lock()?.fork(parent_id, child_id)?))
     }
 
     /// Ends a sequence and releases its pages (last page first). Full registered pages stay
@@ -242,7 +243,7 @@ impl kvs_cache {
     /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
     #[no_mangle]
     pub unsafe extern "C" fn kvs_seq_free(cache: *mut kvs_cache, seq_id: u64) -> kvs_status {
-        guard(|| self::cache(cache)?.lock()?.free(seq_id))
+        guard(|| Ok(self::cache(cache)?.lock()?.free(seq_id)?))
     }
 
     /// Swaps a sequence out to host pages: one device→host copy per page of its block table, in
@@ -269,7 +270,7 @@ impl kvs_cache {
                 copies_out,
                 copies_len,
                 num_copies_out,
-                |st, v, cap| st.swap_out(seq_id, v, cap),
+                |st, v, cap| Ok(st.swap_out(seq_id, v, cap)?),
             )
         })
     }
@@ -295,7 +296,7 @@ impl kvs_cache {
                 copies_out,
                 copies_len,
                 num_copies_out,
-                |st, v, cap| st.swap_in(seq_id, v, cap),
+                |st, v, cap| Ok(st.swap_in(seq_id, v, cap)?),
             )
         })
     }
@@ -347,7 +348,7 @@ impl kvs_cache {
         pages_available_out: *mut usize,
     ) -> kvs_status {
         write_need(cache, pages_needed_out, pages_available_out, |st| {
-            st.swap_in_need(seq_id)
+            Ok(st.swap_in_need(seq_id)?)
         })
     }
 
@@ -368,7 +369,7 @@ impl kvs_cache {
         pages_available_out: *mut usize,
     ) -> kvs_status {
         write_need(cache, pages_needed_out, pages_available_out, |st| {
-            st.swap_out_need(seq_id)
+            Ok(st.swap_out_need(seq_id)?)
         })
     }
 
@@ -387,7 +388,7 @@ impl kvs_cache {
         guard(|| {
             let p = u8::try_from(priority)
                 .map_err(|_| Error::arg("priority", format!("{priority} is not in 0..4")))?;
-            self::cache(cache)?.lock()?.set_priority(seq_id, p)
+            Ok(self::cache(cache)?.lock()?.set_priority(seq_id, p)?)
         })
     }
 
@@ -428,11 +429,11 @@ impl kvs_cache {
             let st = c.lock()?;
             let pages = st.seq_pages(seq_id)?;
             if pages.len() > out.len() {
-                return Err(Error::BufferTooSmall {
+                return Err(Error::Cache(kvshare_core::Error::BufferTooSmall {
                     what: "pages_out",
                     needed: pages.len(),
                     capacity: out.len(),
-                });
+                }));
             }
             out[..pages.len()].copy_from_slice(pages);
             *n_out = pages.len();

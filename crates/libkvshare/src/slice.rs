@@ -3,7 +3,7 @@
 //! `(NULL, 0)` is an empty slice; `(NULL, n > 0)` is `KVS_STATUS_NULL_ARGUMENT`. Lengths whose
 //! byte size overflows `isize` are `KVS_STATUS_INVALID_ARGUMENT`, never UB.
 
-use kvshare_core::Error;
+use crate::error::Error;
 
 fn check_len<T>(len: usize, name: &'static str) -> Result<(), Error> {
     let size = std::mem::size_of::<T>().max(1);

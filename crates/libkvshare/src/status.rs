@@ -3,7 +3,10 @@
 use std::cell::RefCell;
 use std::ffi::{c_char, CString};
 
-use kvshare_core::Error;
+use kvshare_attention::Error as AttnError;
+use kvshare_core::Error as CacheError;
+
+use crate::error::Error;
 
 /// Result of every fallible `kvs_` function. Numbers are stable and never reused; each
 /// subsystem owns a range (0–99 general, 100 config, 200 pages, 300 sequences, 400 checker,
@@ -63,27 +66,34 @@ pub enum kvs_status {
 pub(crate) fn status_of(e: &Error) -> kvs_status {
     use kvs_status as S;
     match e {
-        Error::InvalidConfig { .. } => S::InvalidConfig,
         Error::NullArgument(_) => S::NullArgument,
-        Error::InvalidArgument { .. } => S::InvalidArgument,
-        Error::BufferTooSmall { .. } => S::BufferTooSmall,
-        Error::NoSpace { .. } => S::NoSpace,
-        Error::PageOutOfRange { .. } => S::PageOutOfRange,
-        Error::PageNotAllocated { .. } => S::PageNotAllocated,
-        Error::RefcountUnderflow { .. } => S::RefcountUnderflow,
-        Error::PaddingPage { .. } => S::PaddingPage,
-        Error::RefcountOverflow { .. } => S::RefcountOverflow,
-        Error::OutOfMemory { .. } => S::OutOfMemory,
-        Error::SeqNotFound(_) => S::SeqNotFound,
-        Error::SeqExists(_) => S::SeqExists,
-        Error::SeqWrongTier { .. } => S::SeqWrongTier,
-        Error::InvariantViolation(_) => S::InvariantViolation,
-        Error::Poisoned => S::Poisoned,
         Error::Panic(_) => S::Panic,
-        Error::BackendUnavailable(_) => S::BackendUnavailable,
-        Error::Unsupported(_) => S::Unsupported,
-        Error::AttnInvalid { .. } => S::AttnInvalidArgument,
-        Error::BackendFailure(_) => S::BackendFailure,
+        Error::Cache(e) => match e {
+            CacheError::InvalidConfig { .. } => S::InvalidConfig,
+            CacheError::InvalidArgument { .. } => S::InvalidArgument,
+            CacheError::BufferTooSmall { .. } => S::BufferTooSmall,
+            CacheError::NoSpace { .. } => S::NoSpace,
+            CacheError::PageOutOfRange { .. } => S::PageOutOfRange,
+            CacheError::PageNotAllocated { .. } => S::PageNotAllocated,
+            CacheError::RefcountUnderflow { .. } => S::RefcountUnderflow,
+            CacheError::PaddingPage { .. } => S::PaddingPage,
+            CacheError::RefcountOverflow { .. } => S::RefcountOverflow,
+            CacheError::OutOfMemory { .. } => S::OutOfMemory,
+            CacheError::SeqNotFound(_) => S::SeqNotFound,
+            CacheError::SeqExists(_) => S::SeqExists,
+            CacheError::SeqWrongTier { .. } => S::SeqWrongTier,
+            CacheError::InvariantViolation(_) => S::InvariantViolation,
+            CacheError::Poisoned => S::Poisoned,
+            CacheError::Unsupported(_) => S::Unsupported,
+        },
+        Error::Attn(e) => match e {
+            AttnError::Invalid { .. } => S::AttnInvalidArgument,
+            AttnError::InvalidArgument { .. } => S::InvalidArgument,
+            AttnError::NullArgument(_) => S::NullArgument,
+            AttnError::Unsupported(_) => S::Unsupported,
+            AttnError::BackendUnavailable(_) => S::BackendUnavailable,
+            AttnError::BackendFailure(_) => S::BackendFailure,
+        },
     }
 }
 
@@ -192,7 +202,7 @@ mod tests {
 
     #[test]
     fn last_error_is_per_thread() {
-        fail(&Error::SeqNotFound(7));
+        fail(&CacheError::SeqNotFound(7).into());
         // SAFETY: a NUL-terminated thread-local string, valid until this thread's next failure.
         let msg = unsafe { CStr::from_ptr(kvs_status::kvs_last_error_message()) };
         assert_eq!(msg.to_str().unwrap(), "sequence 7 not found");

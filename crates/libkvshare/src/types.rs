@@ -2,8 +2,9 @@
 //! `enums.rs`).
 
 use super::slice::{slice, try_ref};
+use crate::error::Error;
 use kvshare_core::alloc::{try_copy, try_with_capacity};
-use kvshare_core::{Error, ExtraKeys, MmItem, PageCopy};
+use kvshare_core::{ExtraKeys, MmItem, PageCopy};
 
 /// Element type of KV caches and attention tensors.
 #[allow(non_camel_case_types)]

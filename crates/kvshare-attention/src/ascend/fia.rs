@@ -13,8 +13,8 @@ use super::rt::{check, opt, opt_arr, Executor, IntArray, Tensor, TensorList, Vie
 use super::sys::*;
 use super::{AscendBackend, MASK_SIDE};
 use crate::device::DeviceAttn;
+use crate::error::{Error, Result};
 use crate::{AttnParams, AttnSpans, SeqSpan};
-use kvshare_core::{Error, Result};
 
 /// `preTokens` / `nextTokens` as the FIA doc suggests (no band limit).
 const NO_BAND: i64 = 2147483647;

@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::sync::LazyLock;
 
 use super::sys::*;
-use kvshare_core::{Error, Result};
+use crate::error::{Error, Result};
 
 /// A `dlopen` handle (closed on drop only while a load is still failing; see [`Cann`]).
 struct Lib {

@@ -39,7 +39,7 @@ use super::device::{
     DeviceAttn, DeviceAttnBatch, DeviceBackend, DeviceCopyBatch, DeviceKvWrite, DeviceKvWriteBatch,
 };
 use super::{AttnParams, AttnSpans, BackendInfo, CopyKind, KvWriteParams, SeqSpan};
-use kvshare_core::{Error, Result};
+use crate::error::{Error, Result};
 
 /// Side of the square causal mask CANN's optimized causal modes (sparse 2/3) take.
 pub(crate) const MASK_SIDE: usize = 2048;
@@ -84,7 +84,7 @@ impl AscendBackend {
         let cann = loader::load(options.library_dir.as_deref())?;
         let unavailable = |e: Error| match e {
             Error::BackendFailure(m) | Error::BackendUnavailable(m) => Error::BackendUnavailable(m),
-            Error::AttnInvalid { reason, .. } => Error::BackendUnavailable(reason),
+            Error::Invalid { reason, .. } => Error::BackendUnavailable(reason),
             e => e,
         };
         // SAFETY: documented signature; NULL config path is allowed.

@@ -25,8 +25,8 @@
 //!   sequence (a BnNBsD cache then is refused: CANN would need a permuted BNSD query view).
 //! * device pointers 32-byte aligned (`aclCreateTensor` doc): `KVS_STATUS_ATTN_INVALID_ARGUMENT`.
 
+use crate::error::{Error, Result};
 use crate::{AttnParams, CacheLayout, DType, SeqSpan};
-use kvshare_core::{Error, Result};
 
 /// How the K/V caches are handed to CANN.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -272,7 +272,7 @@ pub fn plan_attention(p: &AttnParams, seqs: &[SeqSpan]) -> Result<AttnPlan> {
 /// Refuses a device pointer that is not [`DEVICE_ALIGN`]-byte aligned.
 pub fn check_align(field: &'static str, addr: usize) -> Result<()> {
     if !addr.is_multiple_of(DEVICE_ALIGN) {
-        return Err(Error::AttnInvalid {
+        return Err(Error::Invalid {
             field,
             reason: format!(
                 "device address {addr:#x} is not {DEVICE_ALIGN}-byte aligned (aclCreateTensor \
@@ -489,7 +489,7 @@ mod tests {
         assert!(check_align("query", 64).is_ok());
         assert!(matches!(
             check_align("query", 66),
-            Err(Error::AttnInvalid { field: "query", .. })
+            Err(Error::Invalid { field: "query", .. })
         ));
     }
 }

@@ -6,7 +6,7 @@ use std::ptr;
 
 use super::loader::Cann;
 use super::sys::*;
-use kvshare_core::{Error, Result};
+use crate::error::{Error, Result};
 
 /// `aclGetRecentErrMsg()` text (empty when unavailable).
 pub fn recent_msg(cann: &Cann) -> String {
@@ -45,7 +45,7 @@ pub fn acl_error(cann: &Cann, code: AclError, call: &'static str) -> Error {
         format!("{call} returned {code}{name}: {msg}")
     };
     match code {
-        ACLNN_ERR_PARAM_NULLPTR | ACLNN_ERR_PARAM_INVALID => Error::AttnInvalid {
+        ACLNN_ERR_PARAM_NULLPTR | ACLNN_ERR_PARAM_INVALID => Error::Invalid {
             field: call,
             reason: format!("CANN refused the arguments: {text}"),
         },

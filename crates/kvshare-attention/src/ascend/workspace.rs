@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use super::loader::Cann;
 use super::rt::check;
 use super::sys::*;
-use kvshare_core::{Error, Result};
+use crate::error::{Error, Result};
 
 /// A device allocation owned by the backend (address kept as an integer: it is never
 /// dereferenced on the host).

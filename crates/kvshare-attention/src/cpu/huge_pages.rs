@@ -18,7 +18,7 @@
 //! inside the range are advised; nothing outside it is touched. Both are advice: a kernel that
 //! cannot give huge pages leaves the memory as it was, and the report says how much is backed.
 
-use kvshare_core::{Error, Result};
+use crate::error::{Error, Result};
 
 /// The huge page size advised for (x86-64 and arm64 with 4 KiB base pages).
 pub const HUGE_PAGE: usize = 2 << 20;
@@ -104,7 +104,7 @@ fn mapping_range(line: &str) -> Option<(usize, usize)> {
 #[cfg(target_os = "linux")]
 mod sys {
     use super::HugePages;
-    use kvshare_core::{Error, Result};
+    use crate::error::{Error, Result};
 
     /// `MADV_COLLAPSE` (`linux/mman.h`, Linux 6.1).
     const MADV_COLLAPSE: libc::c_int = 25;
@@ -247,7 +247,7 @@ mod sys {
 #[cfg(not(target_os = "linux"))]
 mod sys {
     use super::HugePages;
-    use kvshare_core::{Error, Result};
+    use crate::error::{Error, Result};
 
     pub(super) fn advise(_lo: usize, _len: usize, _mode: HugePages) -> Result<()> {
         Err(Error::Unsupported(

@@ -27,7 +27,7 @@
 //! (`portable|portable16|avx2|avx512|amx`); a named path the machine lacks makes backend creation fail
 //! with the reason, so a test or benchmark that forces a path never silently runs another.
 
-use kvshare_core::{Error, Result};
+use crate::error::{Error, Result};
 
 /// The environment variable that forces a path. (A `static`, which cbindgen does not export,
 /// so the C header keeps only `KVS_`/`kvs_` names.)

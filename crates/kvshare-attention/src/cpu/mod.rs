@@ -18,8 +18,8 @@ use super::copy_runs::{page_copy_runs, ByteRun};
 use super::pool::ThreadPool;
 use super::team::Team;
 use super::{AttnBatch, Backend, BackendInfo, Buf, BufMut, CopyKind, KvWrite, PageCopyBatch};
+use crate::error::{Error, Result};
 use kernel::{KvElem, Rows, SeqKv};
-use kvshare_core::{Error, Result};
 
 pub mod huge_pages;
 pub(crate) mod isa;
