@@ -20,10 +20,10 @@ use std::ptr::{null, null_mut};
 
 use arbitrary::{Arbitrary, Unstructured};
 use kvshare::cache::{kvs_cache, kvs_config, kvs_stats};
+use kvshare::enums::kvs_status;
 use kvshare::events::kvs_event;
 use kvshare::pages::kvs_page_info;
 use kvshare::seq::kvs_seq_info;
-use kvshare::status::kvs_status;
 use kvshare::types::kvs_copy;
 
 /// Geometry, small so that pages run out, evictions and copies happen often.

@@ -1,5 +1,5 @@
-//! `kvs_attention_launch`, `kvs_kv_write`, `kvs_kv_copy`: the launches of a `kvs_backend`, and
-//! the `#[repr(C)]` args they take.
+//! `kvs_attention_launch`, `kvs_kv_write`, `kvs_kv_copy`: the launches of a `kvs_backend` (their
+//! `#[repr(C)]` args are declared in `attn_args.rs`).
 //!
 //! Glue only: each export reads its args into the plain params of [`kvshare_attention`]
 //! (`attn_args.rs`), validates them there, checks every pointer, and then hands the launch to
@@ -8,19 +8,20 @@
 //! host arrays for a [`DeviceBackend`](kvshare_attention::DeviceBackend). Which backend it is
 //! stays behind those two traits. Nothing is written unless every check passed.
 
+use super::enums::{kvs_copy_kind, kvs_index_type, kvs_status};
 use std::ffi::c_void;
 
 use super::attn_args::{
-    aslice, aslice_mut, attn, buf, buf_mut, cache_ptr, dtype, layout, no_overlap, not_null,
-    or_dense,
+    aslice, aslice_mut, attn, buf, buf_mut, cache_ptr, dtype, kvs_attention_args, kvs_kv_copy_args,
+    kvs_kv_layout, kvs_kv_write_args, layout, no_overlap, not_null, or_dense,
 };
 use super::backend::{kvs_backend, BackendBox, Launcher};
 use super::enums::decode;
 use super::handle;
 use super::panic::guard;
 use super::slice::try_ref;
-use super::status::kvs_status;
-use super::types::{kvs_copy, kvs_copy_kind};
+
+use super::types::kvs_copy;
 use crate::error::{Error, Result};
 use kvshare_attention::device::{
     DeviceAttn, DeviceAttnBatch, DeviceCopy, DeviceCopyBatch, DeviceKvWrite, DeviceKvWriteBatch,
@@ -30,173 +31,6 @@ use kvshare_attention::{
     PageCopy, PageCopyBatch, SlotMapping, TokenStrides,
 };
 use kvshare_core::alloc::try_with_capacity;
-
-/// Element type of a slot mapping (`kvs_kv_write_args.slot_mapping_type`).
-#[repr(u32)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum kvs_index_type {
-    /// `int32_t` (vLLM-Ascend, MindIE).
-    Int32 = 0,
-    /// `int64_t` (upstream vLLM).
-    Int64 = 1,
-}
-
-/// Layout of one layer's K cache and V cache (they share it):
-/// `[num_pages, page_size, num_kv_heads, head_dim]`, `head_dim` contiguous, outer strides in
-/// **elements**. A stride of 0 means the dense value (`page_size*num_kv_heads*head_dim`,
-/// `num_kv_heads*head_dim`, `head_dim`). Any non-overlapping strides are accepted, e.g. CANN's
-/// `[num_pages, num_kv_heads, page_size, head_dim]` ("BnNBsD") is
-/// `slot_stride = head_dim, head_stride = page_size*head_dim`.
-///
-/// **Thread safety:** plain data.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
-pub struct kvs_kv_layout {
-    /// Element type: a `kvs_dtype` value.
-    pub dtype: u32,
-    /// Pages in the cache.
-    pub num_pages: u32,
-    /// Token slots per page.
-    pub page_size: u32,
-    /// KV heads.
-    pub num_kv_heads: u32,
-    /// Elements per head.
-    pub head_dim: u32,
-    /// Elements between pages (0 = dense).
-    pub page_stride: usize,
-    /// Elements between the token slots of a page (0 = dense).
-    pub slot_stride: usize,
-    /// Elements between the kv heads of a slot (0 = dense).
-    pub head_stride: usize,
-}
-
-/// Everything one paged-attention launch reads and writes (one layer).
-///
-/// Shapes (strides in **elements**; 0 = dense; `head_dim` is always contiguous):
-/// - `query`, `output`: `[num_tokens, num_heads, head_dim]`; `output` must not overlap any input.
-/// - `key_cache`, `value_cache`: see `kvs_kv_layout`.
-/// - `block_table`: int32 `[num_seqs, max_pages_per_seq]`, row stride `block_table_stride`.
-///   Only the first `ceil(context_lens[i] / page_size)` entries of row `i` are read, and each
-///   must be a page id below `cache.num_pages`; the rest is padding.
-/// - `context_lens`: host int32 `[num_seqs]`: KV tokens of each sequence, this step's query
-///   tokens included (write them with `kvs_kv_write` first). At most
-///   `max_pages_per_seq * page_size`.
-/// - `query_start_loc`: host int32 `[num_seqs + 1]`, cumulative query starts (`[0]` is 0,
-///   `[num_seqs]` is `num_tokens`), or NULL for decode (one query token per sequence,
-///   `num_tokens == num_seqs`). Query token `i` of a sequence with context length `L` and
-///   query length `q` sits at position `L - q + i` and attends to positions `0..=L - q + i`.
-///
-/// GQA/MQA: `num_heads` is a multiple of `cache.num_kv_heads`; query head `h` uses kv head
-/// `h / (num_heads / num_kv_heads)`. Scores are `scale * q·k`, then `softcap * tanh(s / softcap)`
-/// when `softcap > 0`; with `sliding_window > 0` a token sees only the `sliding_window` most
-/// recent positions (itself included). Accumulation is in f32 whatever the dtypes.
-///
-/// **Thread safety:** plain data; the memory it points to must not change during the call.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct kvs_attention_args {
-    /// Sequences in the batch (>= 1).
-    pub num_seqs: u32,
-    /// Query tokens in the batch (>= 1).
-    pub num_tokens: u32,
-    /// Query heads.
-    pub num_heads: u32,
-    /// Query tensor `[num_tokens, num_heads, head_dim]`.
-    pub query: *const c_void,
-    /// Query element type: a `kvs_dtype` value.
-    pub query_dtype: u32,
-    /// Elements between query tokens (0 = `num_heads * head_dim`).
-    pub query_token_stride: usize,
-    /// Elements between query heads (0 = `head_dim`).
-    pub query_head_stride: usize,
-    /// Output tensor `[num_tokens, num_heads, head_dim]`, written on success only.
-    pub output: *mut c_void,
-    /// Output element type: a `kvs_dtype` value.
-    pub output_dtype: u32,
-    /// Elements between output tokens (0 = `num_heads * head_dim`).
-    pub output_token_stride: usize,
-    /// Elements between output heads (0 = `head_dim`).
-    pub output_head_stride: usize,
-    /// K cache of the layer.
-    pub key_cache: *const c_void,
-    /// V cache of the layer.
-    pub value_cache: *const c_void,
-    /// Layout of both caches.
-    pub cache: kvs_kv_layout,
-    /// int32 block table `[num_seqs, max_pages_per_seq]`.
-    pub block_table: *const i32,
-    /// Columns of the block table.
-    pub max_pages_per_seq: u32,
-    /// Elements between block-table rows (0 = `max_pages_per_seq`).
-    pub block_table_stride: usize,
-    /// Host int32 `[num_seqs]` context lengths.
-    pub context_lens: *const i32,
-    /// Host int32 `[num_seqs + 1]` cumulative query starts, or NULL for decode.
-    pub query_start_loc: *const i32,
-    /// Multiplier of `q·k`, finite and > 0 (usually `1 / sqrt(head_dim)`).
-    pub scale: f32,
-    /// Logit soft cap; 0 = off.
-    pub softcap: f32,
-    /// Sliding window in tokens; 0 = off.
-    pub sliding_window: u32,
-}
-
-/// Everything one KV write reads and writes (one layer): scatter `key`/`value`
-/// `[num_tokens, cache.num_kv_heads, cache.head_dim]` into the caches at
-/// `slot = page * page_size + offset` from `slot_mapping`; negative slots are padding and are
-/// skipped. Slots must be unique (later ones win on CPU). The new K/V may have another dtype
-/// than the cache; values are converted (round to nearest).
-///
-/// **Thread safety:** plain data; the memory it points to must not change during the call.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct kvs_kv_write_args {
-    /// Tokens to write (>= 1).
-    pub num_tokens: u32,
-    /// New keys `[num_tokens, num_kv_heads, head_dim]`.
-    pub key: *const c_void,
-    /// New values, same shape and strides as `key`.
-    pub value: *const c_void,
-    /// Element type of `key` and `value`: a `kvs_dtype` value.
-    pub src_dtype: u32,
-    /// Elements between tokens of `key`/`value` (0 = `num_kv_heads * head_dim`).
-    pub src_token_stride: usize,
-    /// Elements between heads of `key`/`value` (0 = `head_dim`).
-    pub src_head_stride: usize,
-    /// K cache of the layer (written).
-    pub key_cache: *mut c_void,
-    /// V cache of the layer (written; must not overlap `key_cache`).
-    pub value_cache: *mut c_void,
-    /// Layout of both caches.
-    pub cache: kvs_kv_layout,
-    /// `[num_tokens]` slots, `int32_t` or `int64_t` as `slot_mapping_type` says.
-    pub slot_mapping: *const c_void,
-    /// A `kvs_index_type` value.
-    pub slot_mapping_type: u32,
-}
-
-/// The caches a page copy works on (one layer): device K/V caches laid out as `cache`, and
-/// optional host K/V caches with the same per-page layout and strides and `num_host_pages`
-/// pages (0 = no host caches; their pointers may then be NULL). The four buffers must not
-/// overlap.
-///
-/// **Thread safety:** plain data.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct kvs_kv_copy_args {
-    /// Device K cache.
-    pub key_cache: *mut c_void,
-    /// Device V cache.
-    pub value_cache: *mut c_void,
-    /// Layout of the device caches (and per page of the host caches).
-    pub cache: kvs_kv_layout,
-    /// Host K cache, or NULL when `num_host_pages` is 0.
-    pub host_key_cache: *mut c_void,
-    /// Host V cache, or NULL when `num_host_pages` is 0.
-    pub host_value_cache: *mut c_void,
-    /// Pages of each host cache.
-    pub num_host_pages: u32,
-}
 
 /// The backend and the args struct every launch starts from, both refused when NULL.
 ///

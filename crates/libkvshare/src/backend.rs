@@ -7,13 +7,14 @@
 //! only on that memory kind, never on which backend it is. The only place that names a concrete
 //! backend is `kvs_backend_new`, which builds it.
 
+use super::enums::{kvs_backend_kind, kvs_status};
 use std::ffi::{c_char, c_uint, c_void};
 
 use super::enums::decode;
 use super::handle::{self, Handle};
 use super::panic::guard;
 use super::slice::{slice_mut, try_out, try_ref};
-use super::status::kvs_status;
+
 use crate::error::{Error, Result};
 use kvshare_attention::ascend::{AscendBackend, AscendOptions};
 use kvshare_attention::cpu::CpuBackend;
@@ -84,17 +85,6 @@ impl Launcher {
             Launcher::Device(b) => &**b,
         }
     }
-}
-
-/// Which backend `kvs_backend_new` creates.
-#[repr(u32)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum kvs_backend_kind {
-    /// Host CPU, synchronous; streams are ignored.
-    Cpu = 0,
-    /// Huawei Ascend NPU through CANN, loaded at run time (`dlopen`): tensor pointers are device
-    /// addresses and launches are enqueued on the caller's `aclrtStream` (see README, "Ascend").
-    Ascend = 1,
 }
 
 /// Options of `kvs_backend_new`. Zero-initialise and set what you need.

@@ -1,11 +1,11 @@
 //! `kvs_cache_*`: creating, inspecting and checking a cache, and the per-step batch builders.
 
 use super::enums::decode;
+use super::enums::{kvs_dtype, kvs_status, kvs_tier};
 use super::handle::{self, Handle};
 use super::panic::guard;
 use super::slice::{slice, slice_mut, try_out, try_ref};
-use super::status::kvs_status;
-use super::types::{kvs_dtype, kvs_tier};
+
 use crate::error::Error;
 use kvshare_core::{Cache, Config, DType, Tier};
 

@@ -1,6 +1,4 @@
-//! Every C enum crossing the boundary, decoded and encoded in one place (rustls-ffi's
-//! `enums.rs`). The enums themselves are declared beside the object they belong to (so the
-//! header keeps them there); this file owns only their conversions:
+//! Every C enum crossing the boundary, declared, decoded and encoded in one place:
 //!
 //! - raw `uint32_t` from C → enum: one `TryFrom<u32>` per enum, failing with [`NotAnEnum`]; a
 //!   call site turns that into its status with [`decode`] (naming the field) — a C field holds
@@ -10,14 +8,187 @@
 use crate::error::Error;
 use kvshare_core::{CopyKind, DType, EventKind, PageState, Tier};
 
-use super::attn::kvs_index_type;
-use super::backend::kvs_backend_kind;
-use super::events::kvs_event_kind;
-use super::huge_pages::kvs_huge_pages_mode;
-use super::hybrid::kvs_group_kind;
-use super::hybrid_state::kvs_state_mode;
-use super::pages::kvs_page_state;
-use super::types::{kvs_copy_kind, kvs_dtype, kvs_tier};
+/// Element type of a slot mapping (`kvs_kv_write_args.slot_mapping_type`).
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum kvs_index_type {
+    /// `int32_t` (vLLM-Ascend, MindIE).
+    Int32 = 0,
+    /// `int64_t` (upstream vLLM).
+    Int64 = 1,
+}
+
+/// Which backend `kvs_backend_new` creates.
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum kvs_backend_kind {
+    /// Host CPU, synchronous; streams are ignored.
+    Cpu = 0,
+    /// Huawei Ascend NPU through CANN, loaded at run time (`dlopen`): tensor pointers are device
+    /// addresses and launches are enqueued on the caller's `aclrtStream` (see README, "Ascend").
+    Ascend = 1,
+}
+
+/// Kind of a `kvs_event`.
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum kvs_event_kind {
+    /// A page was registered under `hash` in `tier` (vLLM's `BlockStored`).
+    Stored = 0,
+    /// The page registered under `hash` in `tier` left the index (vLLM's `BlockRemoved`).
+    Removed = 1,
+    /// Every entry of `tier` was dropped (vLLM's `AllBlocksCleared`).
+    Cleared = 2,
+}
+
+/// What `kvs_cpu_huge_pages` asks of the kernel.
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum kvs_huge_pages_mode {
+    /// `madvise(MADV_HUGEPAGE)`: pages faulted in from now on come as 2 MiB pages. For a fresh
+    /// allocation, before it is written.
+    Advise = 0,
+    /// Also `madvise(MADV_COLLAPSE)` (Linux 6.1+): the pages already there are copied into
+    /// 2 MiB pages now, contents kept. For a cache already written (e.g. zeroed); takes about
+    /// the time to copy the range once.
+    Collapse = 1,
+}
+
+/// The attention of a group's layers (values of `kvs_group.kind`).
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum kvs_group_kind {
+    /// Full attention (MLA too, with its own `page_bytes`): `window` must be 0.
+    Full = 0,
+    /// Sliding window of `window` tokens (vLLM `SlidingWindowSpec.sliding_window`).
+    SlidingWindow = 1,
+    /// Chunked local attention, chunks of `window` tokens (vLLM `attention_chunk_size`).
+    ChunkedLocal = 2,
+    /// Mamba / linear-attention state: `window` is a `kvs_state_mode` (vLLM's
+    /// `mamba_cache_mode`: none, all, align). See `kvs_hybrid_new_step` and
+    /// `kvs_hybrid_seq_state_page`.
+    State = 3,
+}
+
+/// How a state group keeps and caches states (vLLM's `mamba_cache_mode`); the value of
+/// `kvs_group.window` for a `KVS_GROUP_KIND_STATE` group.
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum kvs_state_mode {
+    /// `"none"`: one page per sequence, never cached (needs `enable_prefix_caching` false).
+    None = 0,
+    /// `"all"`: a state checkpoint per page of tokens, every full one cached; a sequence keeps
+    /// the page of its last computed token (needs `enable_prefix_caching` true).
+    All = 1,
+    /// `"align"`: the running state in one page at the table's end, at most one new page per
+    /// step, the previous step's page kept until the next release; checkpoints cached when a
+    /// step ends on a page boundary (needs `enable_prefix_caching` true; no lookahead slots).
+    Align = 2,
+}
+
+/// State of a page (`kvs_page_info.state`).
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum kvs_page_state {
+    /// On the free list, no content.
+    Free = 0,
+    /// Refcount 0 but registered in the prefix index: reusable by a prefix hit, evictable.
+    Cached = 1,
+    /// Refcount > 0.
+    InUse = 2,
+    /// The reserved padding page.
+    Padding = 3,
+}
+
+/// Element type of KV caches and attention tensors.
+#[allow(non_camel_case_types)]
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum kvs_dtype {
+    /// 32-bit float.
+    F32 = 0,
+    /// IEEE half precision.
+    F16 = 1,
+    /// bfloat16.
+    Bf16 = 2,
+}
+
+/// Which memory tier a page id refers to.
+#[allow(non_camel_case_types)]
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum kvs_tier {
+    /// Device (accelerator) memory.
+    Device = 0,
+    /// Host memory.
+    Host = 1,
+}
+
+/// Direction of a page copy (values of `kvs_copy.kind`).
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum kvs_copy_kind {
+    /// Inside the device tier (copy-on-write).
+    DeviceToDevice = 0,
+    /// Device page to host page (swap out, demotion).
+    DeviceToHost = 1,
+    /// Host page to device page (swap in, promotion).
+    HostToDevice = 2,
+}
+
+/// Result of every fallible `kvs_` function. Numbers are stable and never reused; each
+/// subsystem owns a range (0–99 general, 100 config, 200 pages, 300 sequences, 400 checker,
+/// 500 attention backends).
+#[allow(non_camel_case_types)]
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum kvs_status {
+    /// Success.
+    Ok = 0,
+    /// A panic was caught inside the library; the cache it touched is poisoned.
+    Panic = 1,
+    /// A required pointer was NULL.
+    NullArgument = 2,
+    /// An argument is out of range or inconsistent.
+    InvalidArgument = 3,
+    /// An output buffer is too small; nothing was done.
+    BufferTooSmall = 4,
+    /// The cache was poisoned by an earlier panic.
+    Poisoned = 5,
+    /// Valid request the library does not support (yet).
+    Unsupported = 6,
+    /// An allocation sized by the caller failed (the message names the field or argument);
+    /// nothing changed.
+    OutOfMemory = 7,
+    /// The configuration has a bad field (named in the message).
+    InvalidConfig = 100,
+    /// Not enough free or evictable pages in a tier.
+    NoSpace = 200,
+    /// A page id is out of range.
+    PageOutOfRange = 201,
+    /// A page is free (not held by anyone).
+    PageNotAllocated = 202,
+    /// A release would take a refcount below zero (double free).
+    RefcountUnderflow = 203,
+    /// The reserved padding page was used as a real page.
+    PaddingPage = 204,
+    /// An acquire would take a page's reference count past `UINT32_MAX`; nothing changed.
+    RefcountOverflow = 205,
+    /// No live sequence has the id.
+    SeqNotFound = 300,
+    /// A live sequence already has the id.
+    SeqExists = 301,
+    /// The sequence is in the wrong tier for the operation (e.g. swapped out).
+    SeqWrongTier = 302,
+    /// `kvs_cache_check` found a broken invariant.
+    InvariantViolation = 400,
+    /// The backend cannot be used here (library, symbol or device missing).
+    BackendUnavailable = 500,
+    /// Attention/KV-write/copy arguments are invalid (field named in the message).
+    AttnInvalidArgument = 501,
+    /// A backend runtime call failed.
+    BackendFailure = 502,
+}
 
 /// A raw value that is none of a C enum's values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

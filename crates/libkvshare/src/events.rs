@@ -2,23 +2,12 @@
 //! it demotes, promotes and (un)registers pages.
 
 use super::cache::{cache, kvs_cache};
+use super::enums::{kvs_event_kind, kvs_status, kvs_tier};
 use super::panic::guard;
 use super::slice::{slice_mut, try_out};
-use super::status::kvs_status;
-use super::types::{kvs_copy, kvs_tier};
-use kvshare_core::Event;
 
-/// Kind of a `kvs_event`.
-#[repr(u32)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum kvs_event_kind {
-    /// A page was registered under `hash` in `tier` (vLLM's `BlockStored`).
-    Stored = 0,
-    /// The page registered under `hash` in `tier` left the index (vLLM's `BlockRemoved`).
-    Removed = 1,
-    /// Every entry of `tier` was dropped (vLLM's `AllBlocksCleared`).
-    Cleared = 2,
-}
+use super::types::kvs_copy;
+use kvshare_core::Event;
 
 /// One prefix-index change. Hashes are the chain digests `h_i` described in README.md ("Prefix
 /// keys"), as two 64-bit halves; a router recomputes them from token ids alone.

@@ -1,27 +1,15 @@
 //! `kvs_cpu_huge_pages`: 2 MiB pages for a host KV cache the engine allocated
 //! (`attention::cpu::huge_pages`).
 
+use super::enums::{kvs_huge_pages_mode, kvs_status};
 use std::ffi::c_void;
 
 use super::enums::decode;
 use super::panic::guard;
 use super::slice::opt_out;
-use super::status::kvs_status;
+
 use crate::error::Error;
 use kvshare_attention::cpu::huge_pages::{back_with_huge_pages, HugePages};
-
-/// What `kvs_cpu_huge_pages` asks of the kernel.
-#[repr(u32)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum kvs_huge_pages_mode {
-    /// `madvise(MADV_HUGEPAGE)`: pages faulted in from now on come as 2 MiB pages. For a fresh
-    /// allocation, before it is written.
-    Advise = 0,
-    /// Also `madvise(MADV_COLLAPSE)` (Linux 6.1+): the pages already there are copied into
-    /// 2 MiB pages now, contents kept. For a cache already written (e.g. zeroed); takes about
-    /// the time to copy the range once.
-    Collapse = 1,
-}
 
 /// What `kvs_cpu_huge_pages` did.
 ///

@@ -6,16 +6,17 @@
 //! different per-step calls (per-group tables, a release driven by the computed token count).
 //! A one-group `kvs_cache` keeps exactly its old code path.
 
+use super::enums::{kvs_event_kind, kvs_group_kind, kvs_state_mode, kvs_status};
 use std::mem::offset_of;
 use std::sync::{Mutex, MutexGuard};
 
 use super::enums::decode;
-use super::events::{halves, kvs_event_kind};
+use super::events::halves;
 use super::handle::{self, Handle};
-use super::hybrid_state::kvs_state_mode;
+
 use super::panic::guard;
 use super::slice::{opt_out, slice, slice_mut, try_out, try_ref};
-use super::status::kvs_status;
+
 use super::types::{extra_from_c, kvs_extra_keys};
 use crate::error::Error;
 use kvshare_core::groups::{GroupKind, GroupSpec, Hybrid, HybridConfig, StateMode};
@@ -28,22 +29,6 @@ const _: () = assert!(KVS_MAX_GROUPS == kvshare_core::groups::MAX_GROUPS);
 /// positions a group released or skipped (vLLM's `null_block`).
 pub const KVS_NULL_PAGE: u32 = 0;
 const _: () = assert!(KVS_NULL_PAGE == kvshare_core::groups::NULL_PAGE);
-
-/// The attention of a group's layers (values of `kvs_group.kind`).
-#[repr(u32)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum kvs_group_kind {
-    /// Full attention (MLA too, with its own `page_bytes`): `window` must be 0.
-    Full = 0,
-    /// Sliding window of `window` tokens (vLLM `SlidingWindowSpec.sliding_window`).
-    SlidingWindow = 1,
-    /// Chunked local attention, chunks of `window` tokens (vLLM `attention_chunk_size`).
-    ChunkedLocal = 2,
-    /// Mamba / linear-attention state: `window` is a `kvs_state_mode` (vLLM's
-    /// `mamba_cache_mode`: none, all, align). See `kvs_hybrid_new_step` and
-    /// `kvs_hybrid_seq_state_page`.
-    State = 3,
-}
 
 /// One KV-cache group.
 #[repr(C)]

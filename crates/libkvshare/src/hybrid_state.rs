@@ -5,27 +5,12 @@
 //! A state group is a `kvs_group` of kind `KVS_GROUP_KIND_STATE` whose `window` field carries a
 //! `kvs_state_mode` (an additive use of an existing field: no struct layout changes).
 
+use super::enums::{kvs_state_mode, kvs_status};
 use super::hybrid::{kvs_hybrid, lock};
 use super::panic::guard;
 use super::slice::try_out;
-use super::status::kvs_status;
-use kvshare_core::groups::StateMode;
 
-/// How a state group keeps and caches states (vLLM's `mamba_cache_mode`); the value of
-/// `kvs_group.window` for a `KVS_GROUP_KIND_STATE` group.
-#[repr(u32)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum kvs_state_mode {
-    /// `"none"`: one page per sequence, never cached (needs `enable_prefix_caching` false).
-    None = 0,
-    /// `"all"`: a state checkpoint per page of tokens, every full one cached; a sequence keeps
-    /// the page of its last computed token (needs `enable_prefix_caching` true).
-    All = 1,
-    /// `"align"`: the running state in one page at the table's end, at most one new page per
-    /// step, the previous step's page kept until the next release; checkpoints cached when a
-    /// step ends on a page boundary (needs `enable_prefix_caching` true; no lookahead slots).
-    Align = 2,
-}
+use kvshare_core::groups::StateMode;
 
 impl From<StateMode> for kvs_state_mode {
     fn from(m: StateMode) -> Self {

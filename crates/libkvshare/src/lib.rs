@@ -25,7 +25,7 @@
 #![allow(non_camel_case_types)]
 
 pub mod attn;
-mod attn_args;
+pub mod attn_args;
 pub mod backend;
 pub mod cache;
 pub mod enums;

@@ -3,26 +3,12 @@
 
 use super::cache::{cache, kvs_cache};
 use super::enums::decode;
+use super::enums::{kvs_page_state, kvs_status, kvs_tier};
 use super::panic::guard;
 use super::slice::{slice, slice_mut, try_out};
-use super::status::kvs_status;
-use super::types::kvs_tier;
+
 use crate::error::Error;
 use kvshare_core::Tier;
-
-/// State of a page (`kvs_page_info.state`).
-#[repr(u32)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum kvs_page_state {
-    /// On the free list, no content.
-    Free = 0,
-    /// Refcount 0 but registered in the prefix index: reusable by a prefix hit, evictable.
-    Cached = 1,
-    /// Refcount > 0.
-    InUse = 2,
-    /// The reserved padding page.
-    Padding = 3,
-}
 
 /// What `kvs_page_get_info` reports about one page.
 #[repr(C)]

@@ -8,11 +8,12 @@
 //! was installed before, so the host's panics print exactly as they did. A host that installs its
 //! own hook later replaces this one: kvshare's panics then go through the host's hook.
 
+use super::enums::kvs_status;
 use std::cell::{Cell, RefCell};
 use std::panic::{catch_unwind, AssertUnwindSafe, PanicHookInfo};
 use std::sync::Once;
 
-use super::status::{fail, kvs_status};
+use super::status::fail;
 use crate::error::Error;
 
 thread_local! {

@@ -1,9 +1,10 @@
 //! `kvs_prefix_*`: the prefix index at page level.
 
 use super::cache::{cache, kvs_cache};
+use super::enums::kvs_status;
 use super::panic::guard;
 use super::slice::{opt_out, slice, slice_mut};
-use super::status::kvs_status;
+
 use super::types::{extra_from_c, kvs_extra_keys};
 
 impl kvs_cache {

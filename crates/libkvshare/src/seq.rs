@@ -2,10 +2,11 @@
 //! KVCacheManager).
 
 use super::cache::{cache, kvs_cache};
+use super::enums::{kvs_status, kvs_tier};
 use super::panic::guard;
 use super::slice::{opt_out, slice, slice_mut, try_out};
-use super::status::kvs_status;
-use super::types::{extra_from_c, kvs_copy, kvs_extra_keys, kvs_tier};
+
+use super::types::{extra_from_c, kvs_copy, kvs_extra_keys};
 use crate::error::Error;
 use kvshare_core::{PageCopy, SeqInfo, State};
 

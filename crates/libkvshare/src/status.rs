@@ -1,5 +1,6 @@
 //! Status codes, their strings, and the thread-local last-error message.
 
+use super::enums::kvs_status;
 use std::cell::RefCell;
 use std::ffi::{c_char, CString};
 
@@ -7,60 +8,6 @@ use kvshare_attention::Error as AttnError;
 use kvshare_core::Error as CacheError;
 
 use crate::error::Error;
-
-/// Result of every fallible `kvs_` function. Numbers are stable and never reused; each
-/// subsystem owns a range (0–99 general, 100 config, 200 pages, 300 sequences, 400 checker,
-/// 500 attention backends).
-#[allow(non_camel_case_types)]
-#[repr(u32)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum kvs_status {
-    /// Success.
-    Ok = 0,
-    /// A panic was caught inside the library; the cache it touched is poisoned.
-    Panic = 1,
-    /// A required pointer was NULL.
-    NullArgument = 2,
-    /// An argument is out of range or inconsistent.
-    InvalidArgument = 3,
-    /// An output buffer is too small; nothing was done.
-    BufferTooSmall = 4,
-    /// The cache was poisoned by an earlier panic.
-    Poisoned = 5,
-    /// Valid request the library does not support (yet).
-    Unsupported = 6,
-    /// An allocation sized by the caller failed (the message names the field or argument);
-    /// nothing changed.
-    OutOfMemory = 7,
-    /// The configuration has a bad field (named in the message).
-    InvalidConfig = 100,
-    /// Not enough free or evictable pages in a tier.
-    NoSpace = 200,
-    /// A page id is out of range.
-    PageOutOfRange = 201,
-    /// A page is free (not held by anyone).
-    PageNotAllocated = 202,
-    /// A release would take a refcount below zero (double free).
-    RefcountUnderflow = 203,
-    /// The reserved padding page was used as a real page.
-    PaddingPage = 204,
-    /// An acquire would take a page's reference count past `UINT32_MAX`; nothing changed.
-    RefcountOverflow = 205,
-    /// No live sequence has the id.
-    SeqNotFound = 300,
-    /// A live sequence already has the id.
-    SeqExists = 301,
-    /// The sequence is in the wrong tier for the operation (e.g. swapped out).
-    SeqWrongTier = 302,
-    /// `kvs_cache_check` found a broken invariant.
-    InvariantViolation = 400,
-    /// The backend cannot be used here (library, symbol or device missing).
-    BackendUnavailable = 500,
-    /// Attention/KV-write/copy arguments are invalid (field named in the message).
-    AttnInvalidArgument = 501,
-    /// A backend runtime call failed.
-    BackendFailure = 502,
-}
 
 /// Maps a crate error to its status code. The one place this mapping lives.
 pub(crate) fn status_of(e: &Error) -> kvs_status {

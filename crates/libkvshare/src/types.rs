@@ -1,46 +1,11 @@
 //! Plain C enums and structs shared by several exported objects (their conversions are in
 //! `enums.rs`).
 
+use super::enums::kvs_copy_kind;
 use super::slice::{slice, try_ref};
 use crate::error::Error;
 use kvshare_core::alloc::{try_copy, try_with_capacity};
 use kvshare_core::{ExtraKeys, MmItem, PageCopy};
-
-/// Element type of KV caches and attention tensors.
-#[allow(non_camel_case_types)]
-#[repr(u32)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum kvs_dtype {
-    /// 32-bit float.
-    F32 = 0,
-    /// IEEE half precision.
-    F16 = 1,
-    /// bfloat16.
-    Bf16 = 2,
-}
-
-/// Which memory tier a page id refers to.
-#[allow(non_camel_case_types)]
-#[repr(u32)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum kvs_tier {
-    /// Device (accelerator) memory.
-    Device = 0,
-    /// Host memory.
-    Host = 1,
-}
-
-/// Direction of a page copy (values of `kvs_copy.kind`).
-#[repr(u32)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum kvs_copy_kind {
-    /// Inside the device tier (copy-on-write).
-    DeviceToDevice = 0,
-    /// Device page to host page (swap out, demotion).
-    DeviceToHost = 1,
-    /// Host page to device page (swap in, promotion).
-    HostToDevice = 2,
-}
 
 /// One page copy the engine (or a backend's `kvs_kv_copy`) must execute before the next
 /// attention launch that reads `dst`: token slots `[0, num_tokens)` of page `src` into page `dst`

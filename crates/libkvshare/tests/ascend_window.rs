@@ -14,7 +14,7 @@
 mod support;
 
 use kvshare::backend::kvs_backend;
-use kvshare::status::kvs_status;
+use kvshare::enums::kvs_status;
 use kvshare_core::groups::GroupKind;
 use support::attention::{build, new_backend, Built, Case, Data, BF16, F16};
 use support::cann_emu::*;

@@ -11,9 +11,9 @@
 
 mod support;
 
-use kvshare::attn::{kvs_kv_copy_args, kvs_kv_write_args};
+use kvshare::attn_args::{kvs_kv_copy_args, kvs_kv_write_args};
 use kvshare::backend::{kvs_backend, kvs_cpu_parallel_fn, kvs_cpu_team, kvs_cpu_work_fn};
-use kvshare::status::kvs_status;
+use kvshare::enums::kvs_status;
 use kvshare::types::kvs_copy;
 use support::attention::*;
 

@@ -3,9 +3,9 @@
 
 mod support;
 
-use kvshare::attn::{kvs_attention_args, kvs_kv_copy_args, kvs_kv_write_args};
+use kvshare::attn_args::{kvs_attention_args, kvs_kv_copy_args, kvs_kv_write_args};
 use kvshare::backend::kvs_backend;
-use kvshare::status::kvs_status;
+use kvshare::enums::kvs_status;
 use kvshare::types::kvs_copy;
 use support::attention::*;
 

@@ -10,7 +10,7 @@
 mod support;
 
 use kvshare::backend::kvs_backend;
-use kvshare::status::kvs_status;
+use kvshare::enums::kvs_status;
 use kvshare_core::groups::GroupKind;
 use support::attention::*;
 

@@ -7,7 +7,7 @@ use std::hash::BuildHasher;
 use std::time::Instant;
 
 use kvshare::cache::{kvs_cache, kvs_config};
-use kvshare::status::kvs_status;
+use kvshare::enums::kvs_status;
 use kvshare_core::hashing::IdMap;
 
 fn last_error() -> String {

@@ -4,7 +4,7 @@
 use std::ptr;
 
 use kvshare::cache::{kvs_cache, kvs_config};
-use kvshare::status::kvs_status;
+use kvshare::enums::kvs_status;
 use kvshare::types::kvs_copy;
 use kvshare_core::{Config, State};
 use xxhash_rust::xxh3::xxh3_128;

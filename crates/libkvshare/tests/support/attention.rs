@@ -6,9 +6,9 @@
 use std::ffi::{c_void, CStr};
 
 use half::{bf16, f16};
-use kvshare::attn::{kvs_attention_args, kvs_kv_layout};
+use kvshare::attn_args::{kvs_attention_args, kvs_kv_layout};
 use kvshare::backend::kvs_backend;
-use kvshare::status::kvs_status;
+use kvshare::enums::kvs_status;
 
 pub const F32: u32 = 0;
 pub const F16: u32 = 1;

@@ -9,7 +9,7 @@ use std::process::Command;
 use std::sync::{Mutex, MutexGuard};
 
 use kvshare::backend::{kvs_backend, kvs_backend_options};
-use kvshare::status::kvs_status;
+use kvshare::enums::kvs_status;
 
 use super::attention::{last_error, Built, Data, F32};
 use super::native::cc;
