@@ -275,8 +275,10 @@ class KvshareHybridBlockManager : public KvshareManagerBase {
     std::atomic<uint64_t> missBlocks_{0};
 };
 
-// Creates the adapter (what a patched MindIE factory calls; see README.md). Throws as the
-// constructor does.
+// The manager for a self-attention config (what the patched MindIE factory calls for
+// SELFATTNBLOCKMANAGER, and the drop-in factory too; see README.md): a KvshareHybridBlockManager
+// of one window group when `config.cacheType` is SLIDING_WINDOW (MindIE's scheduler sets a
+// one-desc config's cacheType), a KvshareBlockManager otherwise. Throws as their constructors do.
 mindie_llm::BlockSpaceManagerSPtr CreateKvshareBlockManager(const BlockManagerConfig &config,
                                                             size_t localDPRank = 0);
 

@@ -434,6 +434,44 @@ void ConfigsAndFactory() {
     std::printf("configs and factory: ok\n");
 }
 
+
+BlockManagerConfig Window(size_t bs, size_t npu, size_t blocks, bool caching = false) {
+    BlockManagerConfig c = Config(bs, npu, 0, caching);
+    c.cacheType = KvCacheType::SLIDING_WINDOW;
+    c.requestBlockWindowSize = blocks;
+    return c;
+}
+
+// The patched MindIE factory (patches/) calls CreateKvshareBlockManager for every
+// SELFATTNBLOCKMANAGER config; MindIE's scheduler sets a one-desc config's cacheType, so a
+// SLIDING_WINDOW config must come back as a manager that serves it, as from the drop-in factory.
+void PatchedFactoryServesSlidingWindow() {
+    BlockManagerConfig sw = Window(4, 16, 2, true);
+    mindie_llm::BlockSpaceManagerSPtr m;
+    try {
+        m = kvshare_mindie::CreateKvshareBlockManager(sw, 3);
+    } catch (const std::exception &e) {
+        std::fprintf(stderr, "CreateKvshareBlockManager(SLIDING_WINDOW) threw: %s\n", e.what());
+        CHECK(false);
+    }
+    auto *h = dynamic_cast<KvshareHybridBlockManager *>(m.get());
+    CHECK(h != nullptr && h->WindowBlocks() == std::vector<size_t>{2});
+    CHECK_EQ(m->GetLocalDPRank(), static_cast<size_t>(3));
+    auto s = MakeSeq(1, Range(1, 13));
+    auto g = MakeGroup({s});
+    CHECK(m->CanAllocate(g) == AllocStatus::OK);
+    CHECK(m->Allocate(g));
+    s->data_.numComputedTokens_ = 13;
+    s->data_.stage_ = SequenceStage::DECODE;
+    s->data_.outputTokenIds.push_back(5);
+    CHECK(m->AppendSlot(s).empty());
+    CHECK_EQ(m->GetBlockIds(1).at(0).size(), static_cast<size_t>(2));
+    // A TOKEN config still gets the block manager.
+    auto t = kvshare_mindie::CreateKvshareBlockManager(Config(4, 16, 4, true));
+    CHECK(dynamic_cast<kvshare_mindie::KvshareBlockManager *>(t.get()) != nullptr);
+    std::printf("patched factory serves SLIDING_WINDOW: ok\n");
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -447,6 +485,7 @@ int main(int argc, char **argv) {
         CachedTokensAgree(seed, 300);
     }
     ConfigsAndFactory();
+    PatchedFactoryServesSlidingWindow();
     if (Failures() != 0) {
         std::printf("test_hybrid: %d failure(s)\n", Failures());
         return 1;
