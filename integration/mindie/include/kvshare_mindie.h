@@ -202,8 +202,9 @@ class KvshareBlockManager : public KvshareManagerBase {
 // SLIDING_WINDOW. A TOKEN sub-manager is a full-attention group; a SLIDING_WINDOW one is a
 // sliding-window group in which each sequence holds at most `requestBlockWindowSize` (N) blocks:
 // kvshare window (N-1)*cacheBlockSize + 1 tokens, released as the sequence grows (AppendSlot
-// calls kvs_hybrid_seq_release_skipped before it appends). All groups share one pool of page
-// ids (block 0 is kvshare's null page, never handed out). GetBlockIds returns one list per group:
+// calls kvs_hybrid_seq_release_skipped before it appends). All groups share one pool of
+// npuBlockNum - reservedBlockNum block ids, 0 on, as MindIE's own (the kvshare pool has one page
+// more, its null page). GetBlockIds returns one list per group:
 // the whole table of a TOKEN group, the held blocks (the last <= N, oldest first) of a
 // SLIDING_WINDOW group. What MindIE at 8b4871a does not define (it declares these types but its
 // factory refuses them) is documented in README.md ("KV-cache groups"), as are the methods this
@@ -213,7 +214,7 @@ class KvshareHybridBlockManager : public KvshareManagerBase {
     // Throws `Unsupported` for what the adapter does not support (SEQUENCE cache type, rankSize or
     // hostSize > 1, enableKvPool, nested subManagers), std::invalid_argument for a bad config
     // (sub-managers with different block sizes, block size 0, requestBlockWindowSize 0,
-    // reservedBlockNum > npuBlockNum, fewer than 2 blocks, counts over 2^32-1), and
+    // reservedBlockNum > npuBlockNum, no allocatable block, counts over 2^32-2), and
     // std::runtime_error if libkvshare's ABI version differs from the header's.
     explicit KvshareHybridBlockManager(const BlockManagerConfig &config, size_t localDPRank = 0);
     ~KvshareHybridBlockManager() override;
@@ -269,7 +270,8 @@ class KvshareHybridBlockManager : public KvshareManagerBase {
     kvs_hybrid *hybrid_ = nullptr;
     std::vector<size_t> windowBlocks_;
     size_t blockSize_ = 0;
-    size_t numPages_ = 0;
+    size_t allocatable_ = 0;  // MindIE's block ids 0..allocatable_-1 (kvshare pages 1..allocatable_)
+    size_t totalBlocks_ = 0;  // npuBlockNum of the sub-manager that sizes the pool
     size_t speculativeSlots_ = 0;
     std::atomic<uint64_t> hitBlocks_{0};
     std::atomic<uint64_t> missBlocks_{0};

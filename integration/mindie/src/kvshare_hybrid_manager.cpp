@@ -5,7 +5,9 @@
 // attention; SLIDING_WINDOW with requestBlockWindowSize N: a window of (N-1)*blockSize + 1
 // tokens, so that once AppendSlot has released what fell out, a sequence holds exactly its last
 // N blocks); every group draws its blocks from one pool whose ids index every group's KV tensor.
-// A group's block ids are kvshare page ids of that pool. See README.md, "KV-cache groups".
+// The pool has one page more than MindIE's blocks (kvshare's null page 0): MindIE block id b is
+// kvshare page b + 1, so the ids and their count are MindIE's own. See README.md, "KV-cache
+// groups".
 #include <algorithm>
 #include <climits>
 #include <cstdint>
@@ -58,6 +60,9 @@ void CheckSub(const BlockManagerConfig &c) {
     }
 }
 
+// MindIE block id of kvshare page `p` (not the null page).
+BlockId ToBlockId(uint32_t p) { return static_cast<BlockId>(p) - 1; }
+
 }  // namespace
 
 KvshareHybridBlockManager::KvshareHybridBlockManager(const BlockManagerConfig &config, size_t localDPRank)
@@ -76,7 +81,7 @@ KvshareHybridBlockManager::KvshareHybridBlockManager(const BlockManagerConfig &c
                                     std::to_string(KVS_MAX_GROUPS) + " groups");
     }
     blockSize_ = subs[0].cacheBlockSize;
-    numPages_ = std::numeric_limits<size_t>::max();
+    allocatable_ = std::numeric_limits<size_t>::max();
     std::vector<kvs_group> groups;
     for (const BlockManagerConfig &c : subs) {
         CheckSub(c);
@@ -89,7 +94,10 @@ KvshareHybridBlockManager::KvshareHybridBlockManager(const BlockManagerConfig &c
                                         "): a kvshare cache of groups has one page size");
         }
         // Every group draws from one pool, so a block id must be valid in every group's tensor.
-        numPages_ = std::min(numPages_, c.npuBlockNum - c.reservedBlockNum);
+        if (c.npuBlockNum - c.reservedBlockNum < allocatable_) {
+            allocatable_ = c.npuBlockNum - c.reservedBlockNum;
+            totalBlocks_ = c.npuBlockNum;
+        }
         kvs_group g{};
         g.page_bytes = 1;  // equal for every group: one shared pool
         if (c.cacheType == KvCacheType::SLIDING_WINDOW) {
@@ -107,8 +115,12 @@ KvshareHybridBlockManager::KvshareHybridBlockManager(const BlockManagerConfig &c
         }
         groups.push_back(g);
     }
-    if (blockSize_ > UINT32_MAX || numPages_ > UINT32_MAX) {
-        throw std::invalid_argument(Prefix(kCtor) + "block size or block count exceeds 2^32-1");
+    // One page more than the blocks MindIE offers: kvshare's null page 0.
+    if (blockSize_ > UINT32_MAX || allocatable_ >= UINT32_MAX) {
+        throw std::invalid_argument(Prefix(kCtor) + "block size or block count exceeds 2^32-2");
+    }
+    if (allocatable_ == 0) {
+        throw std::invalid_argument(Prefix(kCtor) + "no allocatable block (npuBlockNum - reservedBlockNum is 0)");
     }
     if (kvs_abi_version() != KVS_ABI_VERSION) {
         throw std::runtime_error(Prefix(kCtor) + "libkvshare ABI version " + std::to_string(kvs_abi_version()) +
@@ -116,7 +128,7 @@ KvshareHybridBlockManager::KvshareHybridBlockManager(const BlockManagerConfig &c
     }
     kvs_hybrid_config hc{};
     hc.page_size = static_cast<uint32_t>(blockSize_);
-    hc.num_pages = static_cast<uint32_t>(numPages_);
+    hc.num_pages = static_cast<uint32_t>(allocatable_ + 1);
     hc.enable_prefix_caching = CachingEnabled();
     hc.enable_events = false;
     hc.groups = groups.data();
@@ -199,8 +211,7 @@ AllocStatus KvshareHybridBlockManager::CanAllocate(const SequenceGroupSPtr &seqG
     // case (no hit), every position of its prompt in every group: kvshare releases a window
     // group's early pages only from the next AppendSlot on, as vLLM does.
     size_t perSeq = CeilDiv(NumTokens(*waiting[0]), blockSize_) * windowBlocks_.size();
-    size_t allocatable = numPages_ - 1;  // block 0 is kvshare's null page
-    if (perSeq > allocatable) {
+    if (perSeq > allocatable_) {
         return AllocStatus::NEVER;
     }
     size_t all = seqGroup->GetSequences(SequenceStatus::WAITING).size() * perSeq;
@@ -325,7 +336,7 @@ std::vector<BlockIds> KvshareHybridBlockManager::GetBlockIds(SequenceId seqId) c
         BlockIds ids;
         for (uint32_t p : Table(seqId, g, s)) {
             if (p != KVS_NULL_PAGE) {  // a window group's released positions (only at the front)
-                ids.push_back(static_cast<BlockId>(p));
+                ids.push_back(ToBlockId(p));
             }
         }
         out.push_back(std::move(ids));
@@ -356,7 +367,7 @@ size_t KvshareHybridBlockManager::GetNumFreeNpuBlocks() const { return FreePages
 
 size_t KvshareHybridBlockManager::GetNumFreeCpuBlocks() const { return 0; }
 
-size_t KvshareHybridBlockManager::GetTotalNpuBlocks() const { return numPages_; }
+size_t KvshareHybridBlockManager::GetTotalNpuBlocks() const { return totalBlocks_; }
 
 // ---- prefix cache ----
 
@@ -370,7 +381,7 @@ void KvshareHybridBlockManager::AccessAllblocksInSeq(const SequenceSPtr &seq, fl
 }
 
 std::vector<BlockId> KvshareHybridBlockManager::GetCommonComputedBlockIds(const std::vector<SequenceSPtr> &seqs) {
-    // The first group's positions (KVS_NULL_PAGE, 0, where a window group skips), up to each
+    // The first group's positions (INVALID_BLOCKID where a window group skips), up to each
     // sequence's hit, then their longest common prefix.
     std::vector<BlockId> common;
     bool first = true;
@@ -379,8 +390,11 @@ std::vector<BlockId> KvshareHybridBlockManager::GetCommonComputedBlockIds(const 
         Shape s = FindOrThrow(seq->seqId_, "GetCommonComputedBlockIds");
         size_t cached = GetNumCachedTokens(seq);
         std::vector<uint32_t> table = Table(seq->seqId_, 0, s);
-        std::vector<BlockId> ids(table.begin(), table.begin() + static_cast<std::ptrdiff_t>(
-                                                                    std::min(table.size(), cached / blockSize_)));
+        table.resize(std::min(table.size(), cached / blockSize_));
+        std::vector<BlockId> ids;
+        for (uint32_t p : table) {
+            ids.push_back(p == KVS_NULL_PAGE ? mindie_llm::INVALID_BLOCKID : ToBlockId(p));
+        }
         if (first) {
             common = std::move(ids);
             first = false;

@@ -77,17 +77,17 @@ size_t Compare(const KvshareHybridBlockManager &m, const std::map<SequenceId, Se
                 if (p < n - want) {
                     CHECK_EQ(table[p], static_cast<uint32_t>(KVS_NULL_PAGE));
                 } else {
-                    CHECK_EQ(static_cast<BlockId>(table[p]), ids[g][p - (n - want)]);
+                    CHECK_EQ(static_cast<BlockId>(table[p]) - 1, ids[g][p - (n - want)]);  // block b is page b+1
                 }
             }
             for (BlockId b : ids[g]) {
-                CHECK(b >= 1 && b < static_cast<BlockId>(m.GetTotalNpuBlocks()));
+                CHECK(b >= 0 && b < static_cast<BlockId>(m.GetTotalNpuBlocks()));
                 CHECK(seen.insert(b).second);  // caching off: no block is held twice
             }
             held += ids[g].size();
         }
     }
-    CHECK_EQ(m.GetNumFreeNpuBlocks(), m.GetTotalNpuBlocks() - 1 - held);
+    CHECK_EQ(m.GetNumFreeNpuBlocks(), m.GetTotalNpuBlocks() - held);
     CheckHybrid(m);
     return held;
 }
@@ -183,7 +183,7 @@ void Workload(unsigned seed, size_t window, size_t npu, size_t steps) {
     for (const Request &r : running) {
         m.Free(r.seq->seqId_);
     }
-    CHECK_EQ(m.GetNumFreeNpuBlocks(), npu - 1);
+    CHECK_EQ(m.GetNumFreeNpuBlocks(), npu);
     CheckHybrid(m);
     CHECK(peak <= std::max(window, static_cast<size_t>(8)));  // a prompt of <= 30 tokens: <= 8 blocks
     std::printf("workload seed %u window %zu npu %zu: %zu allocations, %zu AppendSlot, %zu recomputes, %zu finished\n",
@@ -423,13 +423,13 @@ void ConfigsAndFactory() {
     CheckHybrid(*hc);
     comp->Free(8);
     comp->Free(8);
-    CHECK_EQ(comp->GetNumFreeNpuBlocks(), static_cast<size_t>(15));
+    CHECK_EQ(comp->GetNumFreeNpuBlocks(), static_cast<size_t>(16));
     // Too long for the pool at all: NEVER; Allocate anyway throws NO_SPACE and changes nothing.
     auto big = MakeSeq(10, Range(1, 40));
     auto gbig = MakeGroup({big});
     CHECK(comp->CanAllocate(gbig) == AllocStatus::NEVER);
     CHECK_THROWS(std::runtime_error, comp->Allocate(gbig), "KVS_STATUS_NO_SPACE");
-    CHECK_EQ(comp->GetNumFreeNpuBlocks(), static_cast<size_t>(15));
+    CHECK_EQ(comp->GetNumFreeNpuBlocks(), static_cast<size_t>(16));
     CheckHybrid(*hc);
     std::printf("configs and factory: ok\n");
 }
@@ -472,6 +472,33 @@ void PatchedFactoryServesSlidingWindow() {
     std::printf("patched factory serves SLIDING_WINDOW: ok\n");
 }
 
+// MindIE's own manager offers npuBlockNum - reservedBlockNum blocks, ids 0.., and answers OK for a
+// prompt that needs every one of them (NEVER only beyond); GetTotalNpuBlocks is npuBlockNum.
+void EveryConfiguredBlock() {
+    const size_t bs = 4;
+    for (size_t window : {0, 1, 3}) {
+        BlockManagerConfig c = window == 0 ? Config(bs, 16, 0, false) : Window(bs, 16, window);
+        c.reservedBlockNum = 2;
+        KvshareHybridBlockManager m(c);
+        auto s = MakeSeq(1, Range(1, 14 * bs));
+        auto g = MakeGroup({s});
+        CHECK(m.CanAllocate(g) == AllocStatus::OK);
+        auto over = MakeSeq(2, Range(1, 14 * bs + 1));
+        CHECK(m.CanAllocate(MakeGroup({over})) == AllocStatus::NEVER);
+        CHECK_EQ(m.GetTotalNpuBlocks(), static_cast<size_t>(16));
+        CHECK_EQ(m.GetNumFreeNpuBlocks(), static_cast<size_t>(14));
+        CHECK(m.Allocate(g));
+        BlockIds ids = m.GetBlockIds(1).at(0);
+        std::sort(ids.begin(), ids.end());
+        CHECK(ids == Range(0, 14));
+        CHECK_EQ(m.GetNumFreeNpuBlocks(), static_cast<size_t>(0));
+        m.Free(1);
+        CHECK_EQ(m.GetNumFreeNpuBlocks(), static_cast<size_t>(14));
+        CheckHybrid(m);
+    }
+    std::printf("every configured block: ok\n");
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -486,6 +513,7 @@ int main(int argc, char **argv) {
     }
     ConfigsAndFactory();
     PatchedFactoryServesSlidingWindow();
+    EveryConfiguredBlock();
     if (Failures() != 0) {
         std::printf("test_hybrid: %d failure(s)\n", Failures());
         return 1;
