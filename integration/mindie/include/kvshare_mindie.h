@@ -16,6 +16,8 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -196,15 +198,17 @@ class KvshareBlockManager : public KvshareManagerBase {
     std::atomic<uint64_t> missBlocks_{0};
 };
 
-// MindIE's KV-cache groups on one kvshare cache of groups (`kvs_hybrid`): a COMPOSITEBLOCKMANAGER
+// MindIE's KV-cache groups on kvshare caches of groups (`kvs_hybrid`): a COMPOSITEBLOCKMANAGER
 // (`config.subManagers`, one kvshare group per sub-manager, in order), a
 // REQUESTSLIDINGWINDOWBLOCKMANAGER, or a self-attention config whose `cacheType` is
 // SLIDING_WINDOW. A TOKEN sub-manager is a full-attention group; a SLIDING_WINDOW one is a
 // sliding-window group in which each sequence holds at most `requestBlockWindowSize` (N) blocks:
 // kvshare window (N-1)*cacheBlockSize + 1 tokens, released as the sequence grows (AppendSlot
-// calls kvs_hybrid_seq_release_skipped before it appends). All groups share one pool of
-// npuBlockNum - reservedBlockNum block ids, 0 on, as MindIE's own (the kvshare pool has one page
-// more, its null page). GetBlockIds returns one list per group:
+// calls kvs_hybrid_seq_release_skipped before it appends). Each group has its own pool of its
+// sub-manager's npuBlockNum - reservedBlockNum block ids, 0 on, as MindIE sizes each group's KV
+// tensor on its own (each group is a kvs_hybrid of one group, whose pool has one page more, its
+// null page); a prefix hit is the longest one every group serves. GetBlockIds returns one list
+// per group:
 // the whole table of a TOKEN group, the held blocks (the last <= N, oldest first) of a
 // SLIDING_WINDOW group. What MindIE at 8b4871a does not define (it declares these types but its
 // factory refuses them) is documented in README.md ("KV-cache groups"), as are the methods this
@@ -245,9 +249,11 @@ class KvshareHybridBlockManager : public KvshareManagerBase {
     void ReplaceTrailingPlaceHolder(const SequenceSPtr &seq, size_t trailingPlaceHolderNum,
                                     size_t replacedPlaceHolderNum) override;
 
-    // Not part of MindIE's interface: the kvshare cache of groups behind this manager (for tests
-    // and diagnostics: kvs_hybrid_check, kvs_hybrid_stats). Owned by the manager.
-    kvs_hybrid *Hybrid() const { return hybrid_; }
+    // Not part of MindIE's interface: the kvshare cache of group `group` (its group 0; for tests
+    // and diagnostics: kvs_hybrid_check, kvs_hybrid_stats). Owned by the manager; kvshare page p
+    // is MindIE block p - 1. Throws std::out_of_range for a group the manager does not have.
+    kvs_hybrid *Hybrid(size_t group) const;
+    size_t NumGroups() const { return groups_.size(); }
     // Blocks a SLIDING_WINDOW group lets one sequence hold (its requestBlockWindowSize); 0 for a
     // TOKEN group. One entry per group.
     const std::vector<size_t> &WindowBlocks() const { return windowBlocks_; }
@@ -263,16 +269,29 @@ class KvshareHybridBlockManager : public KvshareManagerBase {
     bool Lookup(SequenceId seqId, SeqCounts &out) const override;
     size_t ProbeCachedTokens(const std::vector<int32_t> &tokens, const kvs_extra_keys *extra,
                              const char *method) const override;
-    // Group `g`'s positional table (KVS_NULL_PAGE at released positions).
+    // The longest prefix hit of `tokens`, at most `max`, that every group serves (read-only).
+    size_t Hit(const std::vector<int32_t> &tokens, const kvs_extra_keys *extra, size_t max, const char *method) const;
+    // Group `g`'s positional table of kvshare pages (KVS_NULL_PAGE at released positions).
     std::vector<uint32_t> Table(SequenceId seqId, size_t g, const Shape &shape) const;
-    size_t FreePages() const;
+    // Group `g`'s free + evictable blocks.
+    size_t FreePages(size_t g) const;
+    // Blocks group `g` takes to append `tokens` tokens (plus the speculative slots) to `seqId`.
+    size_t AppendNeed(size_t g, SequenceId seqId, size_t tokens, const char *method) const;
 
-    kvs_hybrid *hybrid_ = nullptr;
+    struct HybridFree {
+        void operator()(kvs_hybrid *h) const;
+    };
+    struct Group {
+        std::unique_ptr<kvs_hybrid, HybridFree> cache;  // one group, its own pool
+        size_t blocks;                                  // npuBlockNum - reservedBlockNum: ids 0..blocks-1
+        size_t npuBlockNum;
+    };
+    std::vector<Group> groups_;
     std::vector<size_t> windowBlocks_;
     size_t blockSize_ = 0;
-    size_t allocatable_ = 0;  // MindIE's block ids 0..allocatable_-1 (kvshare pages 1..allocatable_)
-    size_t totalBlocks_ = 0;  // npuBlockNum of the sub-manager that sizes the pool
     size_t speculativeSlots_ = 0;
+    // Calls that touch several groups' caches run one at a time.
+    mutable std::recursive_mutex mu_;
     std::atomic<uint64_t> hitBlocks_{0};
     std::atomic<uint64_t> missBlocks_{0};
 };

@@ -4,15 +4,17 @@
 // Mapping: a MindIE sequence id is a kvshare sequence id; a sub-manager is a group (TOKEN: full
 // attention; SLIDING_WINDOW with requestBlockWindowSize N: a window of (N-1)*blockSize + 1
 // tokens, so that once AppendSlot has released what fell out, a sequence holds exactly its last
-// N blocks); every group draws its blocks from one pool whose ids index every group's KV tensor.
-// The pool has one page more than MindIE's blocks (kvshare's null page 0): MindIE block id b is
-// kvshare page b + 1, so the ids and their count are MindIE's own. See README.md, "KV-cache
-// groups".
+// N blocks). Each group is a kvs_hybrid of that one group, with its own pool of the sub-manager's
+// blocks, as MindIE sizes each group's KV tensor on its own; the prefix hit is the longest one
+// every group serves. A pool has one page more than the sub-manager's blocks (kvshare's null page
+// 0): MindIE block id b is kvshare page b + 1, so the ids and their count are MindIE's own. See
+// README.md, "KV-cache groups".
 #include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 
@@ -65,6 +67,8 @@ BlockId ToBlockId(uint32_t p) { return static_cast<BlockId>(p) - 1; }
 
 }  // namespace
 
+void KvshareHybridBlockManager::HybridFree::operator()(kvs_hybrid *h) const { kvs_hybrid_free(h); }
+
 KvshareHybridBlockManager::KvshareHybridBlockManager(const BlockManagerConfig &config, size_t localDPRank)
     : KvshareManagerBase(localDPRank, config.enableCaching), speculativeSlots_(config.speculativeSlots) {
     // The groups: the sub-managers of a composite, else the config itself.
@@ -81,8 +85,7 @@ KvshareHybridBlockManager::KvshareHybridBlockManager(const BlockManagerConfig &c
                                     std::to_string(KVS_MAX_GROUPS) + " groups");
     }
     blockSize_ = subs[0].cacheBlockSize;
-    allocatable_ = std::numeric_limits<size_t>::max();
-    std::vector<kvs_group> groups;
+    std::vector<kvs_group> kinds;
     for (const BlockManagerConfig &c : subs) {
         CheckSub(c);
         if (!c.subManagers.empty()) {
@@ -93,13 +96,16 @@ KvshareHybridBlockManager::KvshareHybridBlockManager(const BlockManagerConfig &c
                                         std::to_string(blockSize_) + ", " + std::to_string(c.cacheBlockSize) +
                                         "): a kvshare cache of groups has one page size");
         }
-        // Every group draws from one pool, so a block id must be valid in every group's tensor.
-        if (c.npuBlockNum - c.reservedBlockNum < allocatable_) {
-            allocatable_ = c.npuBlockNum - c.reservedBlockNum;
-            totalBlocks_ = c.npuBlockNum;
+        // One page more than the blocks MindIE offers: kvshare's null page 0.
+        size_t blocks = c.npuBlockNum - c.reservedBlockNum;
+        if (blockSize_ > UINT32_MAX || blocks >= UINT32_MAX) {
+            throw std::invalid_argument(Prefix(kCtor) + "block size or block count exceeds 2^32-2");
+        }
+        if (blocks == 0) {
+            throw std::invalid_argument(Prefix(kCtor) + "no allocatable block (npuBlockNum - reservedBlockNum is 0)");
         }
         kvs_group g{};
-        g.page_bytes = 1;  // equal for every group: one shared pool
+        g.page_bytes = 1;
         if (c.cacheType == KvCacheType::SLIDING_WINDOW) {
             size_t window = (c.requestBlockWindowSize - 1) * blockSize_ + 1;
             if (c.requestBlockWindowSize > UINT32_MAX / blockSize_ || window > UINT32_MAX) {
@@ -113,44 +119,45 @@ KvshareHybridBlockManager::KvshareHybridBlockManager(const BlockManagerConfig &c
             g.window = 0;
             windowBlocks_.push_back(0);
         }
-        groups.push_back(g);
-    }
-    // One page more than the blocks MindIE offers: kvshare's null page 0.
-    if (blockSize_ > UINT32_MAX || allocatable_ >= UINT32_MAX) {
-        throw std::invalid_argument(Prefix(kCtor) + "block size or block count exceeds 2^32-2");
-    }
-    if (allocatable_ == 0) {
-        throw std::invalid_argument(Prefix(kCtor) + "no allocatable block (npuBlockNum - reservedBlockNum is 0)");
+        kinds.push_back(g);
+        groups_.push_back(Group{nullptr, blocks, c.npuBlockNum});
     }
     if (kvs_abi_version() != KVS_ABI_VERSION) {
         throw std::runtime_error(Prefix(kCtor) + "libkvshare ABI version " + std::to_string(kvs_abi_version()) +
                                  " differs from the header's " + std::to_string(KVS_ABI_VERSION));
     }
-    kvs_hybrid_config hc{};
-    hc.page_size = static_cast<uint32_t>(blockSize_);
-    hc.num_pages = static_cast<uint32_t>(allocatable_ + 1);
-    hc.enable_prefix_caching = CachingEnabled();
-    hc.enable_events = false;
-    hc.groups = groups.data();
-    hc.num_groups = groups.size();
-    kvs_status st = kvs_hybrid_new(&hc, &hybrid_);
-    if (st != KVS_STATUS_OK) {
-        throw std::invalid_argument(Prefix(kCtor) + kvs_status_str(st) + ": " + kvs_last_error_message());
+    for (size_t i = 0; i < groups_.size(); ++i) {
+        kvs_hybrid_config hc{};
+        hc.page_size = static_cast<uint32_t>(blockSize_);
+        hc.num_pages = static_cast<uint32_t>(groups_[i].blocks + 1);
+        hc.enable_prefix_caching = CachingEnabled();
+        hc.enable_events = false;
+        hc.groups = &kinds[i];
+        hc.num_groups = 1;
+        kvs_hybrid *h = nullptr;
+        kvs_status st = kvs_hybrid_new(&hc, &h);
+        if (st != KVS_STATUS_OK) {
+            throw std::invalid_argument(Prefix(kCtor) + kvs_status_str(st) + ": " + kvs_last_error_message());
+        }
+        groups_[i].cache.reset(h);
     }
 }
 
-KvshareHybridBlockManager::~KvshareHybridBlockManager() { kvs_hybrid_free(hybrid_); }
+KvshareHybridBlockManager::~KvshareHybridBlockManager() = default;
 
 mindie_llm::BlockSpaceManagerSPtr CreateKvshareHybridBlockManager(const BlockManagerConfig &config,
                                                                   size_t localDPRank) {
     return std::make_shared<KvshareHybridBlockManager>(config, localDPRank);
 }
 
+kvs_hybrid *KvshareHybridBlockManager::Hybrid(size_t group) const { return groups_.at(group).cache.get(); }
+
 // ---- lookups ----
 
+// Every group's cache holds the same sequences with the same tokens: the first one answers.
 bool KvshareHybridBlockManager::Find(SequenceId seqId, Shape &out) const {
     kvs_hybrid_seq_info info{};
-    kvs_status st = kvs_hybrid_seq_get_info(hybrid_, KvsId(seqId), &info);
+    kvs_status st = kvs_hybrid_seq_get_info(groups_[0].cache.get(), KvsId(seqId), &info);
     if (st == KVS_STATUS_SEQ_NOT_FOUND) {
         return false;
     }
@@ -168,6 +175,7 @@ KvshareHybridBlockManager::Shape KvshareHybridBlockManager::FindOrThrow(Sequence
 }
 
 bool KvshareHybridBlockManager::Lookup(SequenceId seqId, SeqCounts &out) const {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
     Shape s{};
     if (!Find(seqId, s)) {
         return false;
@@ -176,26 +184,46 @@ bool KvshareHybridBlockManager::Lookup(SequenceId seqId, SeqCounts &out) const {
     return true;
 }
 
-// Across every group (kvs_hybrid's hit rule), no page buffers, nothing acquired.
+size_t KvshareHybridBlockManager::Hit(const std::vector<int32_t> &tokens, const kvs_extra_keys *extra, size_t max,
+                                      const char *method) const {
+    // Each group's kvs_hybrid_match is the longest hit it serves up to a bound; a shorter bound
+    // can only shorten another group's hit, so lowering the bound to the smallest answer until
+    // every group serves it ends at the longest hit all serve.
+    size_t hit = max;
+    for (bool lowered = true; lowered;) {
+        lowered = false;
+        for (const Group &g : groups_) {
+            size_t n = 0;
+            Check(kvs_hybrid_match(g.cache.get(), tokens.data(), tokens.size(), extra, hit, nullptr, 0, 0, &n),
+                  method);
+            if (n < hit) {
+                hit = n;
+                lowered = true;
+            }
+        }
+    }
+    return hit;
+}
+
+// Nothing acquired, no statistics counted.
 size_t KvshareHybridBlockManager::ProbeCachedTokens(const std::vector<int32_t> &tokens, const kvs_extra_keys *extra,
                                                     const char *method) const {
-    size_t matched = 0;
-    Check(kvs_hybrid_match(hybrid_, tokens.data(), tokens.size(), extra, tokens.size() - 1, nullptr, 0, 0, &matched),
-          method);
-    return matched;
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    return Hit(tokens, extra, tokens.size() - 1, method);
 }
 
 std::vector<uint32_t> KvshareHybridBlockManager::Table(SequenceId seqId, size_t g, const Shape &shape) const {
     std::vector<uint32_t> pages(static_cast<size_t>(shape.numPages));
     size_t n = 0;
-    Check(kvs_hybrid_seq_pages(hybrid_, KvsId(seqId), g, pages.data(), pages.size(), &n), "kvs_hybrid_seq_pages");
+    Check(kvs_hybrid_seq_pages(groups_[g].cache.get(), KvsId(seqId), 0, pages.data(), pages.size(), &n),
+          "kvs_hybrid_seq_pages");
     pages.resize(n);
     return pages;
 }
 
-size_t KvshareHybridBlockManager::FreePages() const {
+size_t KvshareHybridBlockManager::FreePages(size_t g) const {
     kvs_group_stats s{};
-    Check(kvs_hybrid_stats(hybrid_, 0, &s), "kvs_hybrid_stats");
+    Check(kvs_hybrid_stats(groups_[g].cache.get(), 0, &s), "kvs_hybrid_stats");
     return static_cast<size_t>(s.pool_pages_free);
 }
 
@@ -203,23 +231,31 @@ size_t KvshareHybridBlockManager::FreePages() const {
 
 AllocStatus KvshareHybridBlockManager::CanAllocate(const SequenceGroupSPtr &seqGroup) const {
     RequireGroup(seqGroup, "CanAllocate");
+    std::lock_guard<std::recursive_mutex> lock(mu_);
     std::vector<SequenceSPtr> waiting = seqGroup->GetFirstSequence(SequenceStatus::WAITING);
     if (waiting.empty()) {
         return AllocStatus::NEVER;
     }
     // Each waiting sequence begins on its own (kvs_hybrid has no fork) and takes, in the worst
-    // case (no hit), every position of its prompt in every group: kvshare releases a window
-    // group's early pages only from the next AppendSlot on, as vLLM does.
-    size_t perSeq = CeilDiv(NumTokens(*waiting[0]), blockSize_) * windowBlocks_.size();
-    if (perSeq > allocatable_) {
-        return AllocStatus::NEVER;
-    }
+    // case (no hit), a block per position of its prompt in every group: kvshare releases a window
+    // group's early blocks only from the next AppendSlot on, as vLLM does.
+    size_t perSeq = CeilDiv(NumTokens(*waiting[0]), blockSize_);
     size_t all = seqGroup->GetSequences(SequenceStatus::WAITING).size() * perSeq;
-    return all <= FreePages() ? AllocStatus::OK : AllocStatus::LATER;
+    AllocStatus st = AllocStatus::OK;
+    for (size_t g = 0; g < groups_.size(); ++g) {
+        if (perSeq > groups_[g].blocks) {
+            return AllocStatus::NEVER;
+        }
+        if (all > FreePages(g)) {
+            st = AllocStatus::LATER;
+        }
+    }
+    return st;
 }
 
 bool KvshareHybridBlockManager::Allocate(const SequenceGroupSPtr &seqGroup) {
     RequireGroup(seqGroup, "Allocate");
+    std::lock_guard<std::recursive_mutex> lock(mu_);
     std::vector<SequenceSPtr> waiting = seqGroup->GetSequences(SequenceStatus::WAITING);
     if (waiting.empty()) {
         return false;
@@ -233,25 +269,45 @@ bool KvshareHybridBlockManager::Allocate(const SequenceGroupSPtr &seqGroup) {
     }
     // All or nothing: a sequence that does not fit undoes the ones begun before it.
     std::vector<SequenceId> begun;
+    auto undo = [&](size_t groupsOfLast) {
+        for (size_t g = 0; g < groupsOfLast; ++g) {
+            (void)kvs_hybrid_seq_free(groups_[g].cache.get(), KvsId(waiting[begun.size()]->seqId_));
+        }
+        for (SequenceId id : begun) {
+            for (const Group &g : groups_) {
+                (void)kvs_hybrid_seq_free(g.cache.get(), KvsId(id));
+            }
+        }
+    };
     uint64_t hits = 0;
     uint64_t misses = 0;
     for (const auto &seq : waiting) {
         std::vector<int32_t> tokens = Tokens32(*seq, 0, "Allocate");
         Extra extra(seq->hashValue_);
-        kvs_hybrid_begin_info info{};
-        kvs_status st = kvs_hybrid_seq_begin(hybrid_, KvsId(seq->seqId_), tokens.data(), tokens.size(), extra.ptr,
-                                             tokens.size() - 1, 0, &info);
-        if (st != KVS_STATUS_OK) {
-            for (SequenceId id : begun) {
-                (void)kvs_hybrid_seq_free(hybrid_, KvsId(id));
+        // The longest hit every group serves; each group's begin then takes exactly that hit.
+        size_t hit = Hit(tokens, extra.ptr, tokens.size() - 1, "Allocate");
+        for (size_t g = 0; g < groups_.size(); ++g) {
+            kvs_hybrid_begin_info info{};
+            kvs_status st = kvs_hybrid_seq_begin(groups_[g].cache.get(), KvsId(seq->seqId_), tokens.data(),
+                                                 tokens.size(), extra.ptr, hit, 0, &info);
+            if (st == KVS_STATUS_OK && info.matched_tokens != hit) {
+                (void)kvs_hybrid_seq_free(groups_[g].cache.get(), KvsId(seq->seqId_));
+                undo(g);
+                throw std::runtime_error(Prefix("Allocate") + "group " + std::to_string(g) + " matched " +
+                                         std::to_string(info.matched_tokens) + " tokens where the lookup found " +
+                                         std::to_string(hit));
             }
-            Fail("Allocate", st);  // NO_SPACE: MindIE's allocator throws too
+            if (st != KVS_STATUS_OK) {
+                std::string msg = Prefix("Allocate") + kvs_status_str(st) + ": " + kvs_last_error_message();
+                undo(g);
+                throw std::runtime_error(msg);  // NO_SPACE: MindIE's allocator throws too
+            }
         }
         begun.push_back(seq->seqId_);
         uint64_t full = tokens.size() / blockSize_;
-        uint64_t hit = info.matched_tokens / blockSize_;
-        hits += hit;
-        misses += full - hit;
+        uint64_t hitBlocks = hit / blockSize_;
+        hits += hitBlocks;
+        misses += full - hitBlocks;
     }
     hitBlocks_ += hits;
     missBlocks_ += misses;
@@ -260,7 +316,8 @@ bool KvshareHybridBlockManager::Allocate(const SequenceGroupSPtr &seqGroup) {
 
 bool KvshareHybridBlockManager::CanAppendSlot(const SequenceGroupSPtr &seqGroup) const {
     RequireGroup(seqGroup, "CanAppendSlot");
-    size_t need = 0;
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    std::vector<size_t> need(groups_.size(), 0);
     for (const auto &seq : seqGroup->GetSequences(SequenceStatus::RUNNING)) {
         RequireSeq(seq, "CanAppendSlot");
         Shape s{};
@@ -269,26 +326,51 @@ bool KvshareHybridBlockManager::CanAppendSlot(const SequenceGroupSPtr &seqGroup)
         }
         size_t len = NumTokens(*seq);
         size_t fresh = len > s.numTokens ? len - static_cast<size_t>(s.numTokens) : 0;
-        size_t n = 0;
-        Check(kvs_hybrid_seq_append_need(hybrid_, KvsId(seq->seqId_), fresh, speculativeSlots_, &n), "CanAppendSlot");
-        need += n;
+        for (size_t g = 0; g < groups_.size(); ++g) {
+            need[g] += AppendNeed(g, seq->seqId_, fresh, "CanAppendSlot");
+        }
     }
-    // Conservative: the pages AppendSlot's release of out-of-window blocks returns are not counted.
-    return need <= FreePages();
+    // Conservative: the blocks AppendSlot's release of out-of-window blocks returns are not counted.
+    for (size_t g = 0; g < groups_.size(); ++g) {
+        if (need[g] > FreePages(g)) {
+            return false;
+        }
+    }
+    return true;
+}
+
+size_t KvshareHybridBlockManager::AppendNeed(size_t g, SequenceId seqId, size_t tokens, const char *method) const {
+    size_t n = 0;
+    Check(kvs_hybrid_seq_append_need(groups_[g].cache.get(), KvsId(seqId), tokens, speculativeSlots_, &n), method);
+    return n;
 }
 
 std::vector<std::pair<BlockId, BlockId>> KvshareHybridBlockManager::AppendSlot(const SequenceSPtr &seq) {
     RequireSeq(seq, "AppendSlot");
+    std::lock_guard<std::recursive_mutex> lock(mu_);
     Shape s = FindOrThrow(seq->seqId_, "AppendSlot");
+    std::vector<int32_t> tokens = Tokens32(*seq, static_cast<size_t>(s.numTokens), "AppendSlot");
+    // Every group's room first, so that no group grows when another cannot.
+    for (size_t g = 0; g < groups_.size(); ++g) {
+        size_t need = AppendNeed(g, seq->seqId_, tokens.size(), "AppendSlot");
+        size_t free = FreePages(g);
+        if (need > free) {
+            throw std::runtime_error(Prefix("AppendSlot") + "not enough free NPU blocks in group " +
+                                     std::to_string(g) + ": need " + std::to_string(need) + ", free " +
+                                     std::to_string(free));
+        }
+    }
     // The tokens kvshare holds have their KV (the previous steps computed them): release what no
     // window reads any more, then grow every group for the new tokens (vLLM's
-    // remove_skipped_blocks then allocate_new_blocks; the release is not undone if the append
-    // fails, as in vLLM).
-    Check(kvs_hybrid_seq_release_skipped(hybrid_, KvsId(seq->seqId_), static_cast<size_t>(s.numTokens), nullptr),
-          "AppendSlot");
-    std::vector<int32_t> tokens = Tokens32(*seq, static_cast<size_t>(s.numTokens), "AppendSlot");
-    Check(kvs_hybrid_seq_append(hybrid_, KvsId(seq->seqId_), tokens.data(), tokens.size(), speculativeSlots_),
-          "AppendSlot");
+    // remove_skipped_blocks then allocate_new_blocks).
+    for (const Group &g : groups_) {
+        Check(kvs_hybrid_seq_release_skipped(g.cache.get(), KvsId(seq->seqId_), static_cast<size_t>(s.numTokens),
+                                             nullptr),
+              "AppendSlot");
+        Check(kvs_hybrid_seq_append(g.cache.get(), KvsId(seq->seqId_), tokens.data(), tokens.size(),
+                                    speculativeSlots_),
+              "AppendSlot");
+    }
     return {};  // no block is shared with another sequence's writes: nothing to copy
 }
 
@@ -321,18 +403,22 @@ std::vector<std::pair<PhysicalBlockId, PhysicalBlockId>> KvshareHybridBlockManag
 }
 
 void KvshareHybridBlockManager::Free(SequenceId seqId) {
-    kvs_status st = kvs_hybrid_seq_free(hybrid_, KvsId(seqId));
-    if (st != KVS_STATUS_SEQ_NOT_FOUND) {
-        Check(st, "Free");  // unknown id or double free: a no-op, as in MindIE
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    for (const Group &g : groups_) {
+        kvs_status st = kvs_hybrid_seq_free(g.cache.get(), KvsId(seqId));
+        if (st != KVS_STATUS_SEQ_NOT_FOUND) {
+            Check(st, "Free");  // unknown id or double free: a no-op, as in MindIE
+        }
     }
 }
 
 // ---- block ids ----
 
 std::vector<BlockIds> KvshareHybridBlockManager::GetBlockIds(SequenceId seqId) const {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
     Shape s = FindOrThrow(seqId, "GetBlockIds");
     std::vector<BlockIds> out;
-    for (size_t g = 0; g < windowBlocks_.size(); ++g) {
+    for (size_t g = 0; g < groups_.size(); ++g) {
         BlockIds ids;
         for (uint32_t p : Table(seqId, g, s)) {
             if (p != KVS_NULL_PAGE) {  // a window group's released positions (only at the front)
@@ -345,7 +431,7 @@ std::vector<BlockIds> KvshareHybridBlockManager::GetBlockIds(SequenceId seqId) c
 }
 
 void KvshareHybridBlockManager::GetRankedBlockIds(SequenceId seqId, std::vector<RankedBlockId> &rankedBlockIds) const {
-    if (windowBlocks_.size() != 1) {
+    if (groups_.size() != 1) {
         throw Unsupported("GetRankedBlockIds of a composite manager (one list per group: use GetBlockIds)");
     }
     BlockIds ids = GetBlockIds(seqId).at(0);
@@ -357,22 +443,38 @@ void KvshareHybridBlockManager::GetRankedBlockIds(SequenceId seqId, std::vector<
 
 void KvshareHybridBlockManager::GetRankedBlockIds(SequenceId seqId,
                                                   std::vector<std::vector<BlockId>> &rankedBlockIds) const {
-    if (windowBlocks_.size() != 1) {
+    if (groups_.size() != 1) {
         throw Unsupported("GetRankedBlockIds of a composite manager (one list per group: use GetBlockIds)");
     }
     rankedBlockIds = {GetBlockIds(seqId).at(0)};
 }
 
-size_t KvshareHybridBlockManager::GetNumFreeNpuBlocks() const { return FreePages(); }
+// A composite: the group with the fewest, the blocks a new sequence can count on in every group.
+size_t KvshareHybridBlockManager::GetNumFreeNpuBlocks() const {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    size_t free = FreePages(0);
+    for (size_t g = 1; g < groups_.size(); ++g) {
+        free = std::min(free, FreePages(g));
+    }
+    return free;
+}
 
 size_t KvshareHybridBlockManager::GetNumFreeCpuBlocks() const { return 0; }
 
-size_t KvshareHybridBlockManager::GetTotalNpuBlocks() const { return totalBlocks_; }
+// A composite: the smallest sub-manager's npuBlockNum.
+size_t KvshareHybridBlockManager::GetTotalNpuBlocks() const {
+    size_t total = groups_[0].npuBlockNum;
+    for (const Group &g : groups_) {
+        total = std::min(total, g.npuBlockNum);
+    }
+    return total;
+}
 
 // ---- prefix cache ----
 
 void KvshareHybridBlockManager::AccessAllblocksInSeq(const SequenceSPtr &seq, float) {
     RequireSeq(seq, "AccessAllblocksInSeq");
+    std::lock_guard<std::recursive_mutex> lock(mu_);
     Shape s{};
     if (CachingEnabled() && !Find(seq->seqId_, s)) {
         throw std::runtime_error(Prefix("AccessAllblocksInSeq") + "unknown sequence id " +
@@ -383,6 +485,7 @@ void KvshareHybridBlockManager::AccessAllblocksInSeq(const SequenceSPtr &seq, fl
 std::vector<BlockId> KvshareHybridBlockManager::GetCommonComputedBlockIds(const std::vector<SequenceSPtr> &seqs) {
     // The first group's positions (INVALID_BLOCKID where a window group skips), up to each
     // sequence's hit, then their longest common prefix.
+    std::lock_guard<std::recursive_mutex> lock(mu_);
     std::vector<BlockId> common;
     bool first = true;
     for (const auto &seq : seqs) {
@@ -427,10 +530,13 @@ bool KvshareHybridBlockManager::ResetPrefixCache() const {
     if (!CachingEnabled()) {
         return true;
     }
-    kvs_group_stats s{};
-    Check(kvs_hybrid_stats(hybrid_, 0, &s), "ResetPrefixCache");
-    if (s.pool_pages_in_use > 0) {
-        return false;  // as in MindIE: only when no block is in use
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    for (const Group &g : groups_) {
+        kvs_group_stats s{};
+        Check(kvs_hybrid_stats(g.cache.get(), 0, &s), "ResetPrefixCache");
+        if (s.pool_pages_in_use > 0) {
+            return false;  // as in MindIE: only when no block is in use
+        }
     }
     throw Unsupported("ResetPrefixCache with KV-cache groups (kvs_hybrid has no prefix clear)");
 }
@@ -438,6 +544,7 @@ bool KvshareHybridBlockManager::ResetPrefixCache() const {
 void KvshareHybridBlockManager::ReplaceTrailingPlaceHolder(const SequenceSPtr &seq, size_t trailingPlaceHolderNum,
                                                            size_t replacedPlaceHolderNum) {
     RequireSeq(seq, "ReplaceTrailingPlaceHolder");
+    std::lock_guard<std::recursive_mutex> lock(mu_);
     if (trailingPlaceHolderNum < replacedPlaceHolderNum || NumTokens(*seq) < trailingPlaceHolderNum) {
         throw std::runtime_error(Prefix("ReplaceTrailingPlaceHolder") +
                                  "tokenIds size is less than replacement size");

@@ -25,10 +25,13 @@ using kvshare_mindie::Unsupported;
 namespace {
 
 void CheckHybrid(const KvshareHybridBlockManager &m) {
-    kvs_status st = kvs_hybrid_check(m.Hybrid());
-    if (st != KVS_STATUS_OK) {
-        std::fprintf(stderr, "kvs_hybrid_check: %s: %s\n", kvs_status_str(st), kvs_last_error_message());
-        std::exit(1);
+    for (size_t g = 0; g < m.NumGroups(); ++g) {
+        kvs_status st = kvs_hybrid_check(m.Hybrid(g));
+        if (st != KVS_STATUS_OK) {
+            std::fprintf(stderr, "kvs_hybrid_check (group %zu): %s: %s\n", g, kvs_status_str(st),
+                         kvs_last_error_message());
+            std::exit(1);
+        }
     }
 }
 
@@ -50,12 +53,13 @@ struct Expect {
     bool appended = false;  // AppendSlot ran since Allocate
 };
 
-// Compares every live sequence with the model; returns the blocks held.
+// Compares every live sequence with the model (each group's pool has the same `npu` blocks);
+// returns the blocks held, all groups together.
 size_t Compare(const KvshareHybridBlockManager &m, const std::map<SequenceId, SequenceSPtr> &live,
-               const std::map<SequenceId, Expect> &expect, size_t bs) {
+               const std::map<SequenceId, Expect> &expect, size_t bs, size_t npu) {
     const std::vector<size_t> &win = m.WindowBlocks();
-    std::set<BlockId> seen;
-    size_t held = 0;
+    std::vector<std::set<BlockId>> seen(win.size());
+    std::vector<size_t> held(win.size(), 0);
     for (const auto &[id, seq] : live) {
         std::vector<BlockIds> ids = m.GetBlockIds(id);
         CHECK_EQ(ids.size(), win.size());
@@ -70,7 +74,7 @@ size_t Compare(const KvshareHybridBlockManager &m, const std::map<SequenceId, Se
             // The held blocks are the newest positions of the table, in order.
             std::vector<uint32_t> table(positions + 8);
             size_t n = 0;
-            CHECK(kvs_hybrid_seq_pages(m.Hybrid(), static_cast<uint64_t>(id), g, table.data(), table.size(), &n) ==
+            CHECK(kvs_hybrid_seq_pages(m.Hybrid(g), static_cast<uint64_t>(id), 0, table.data(), table.size(), &n) ==
                   KVS_STATUS_OK);
             CHECK_EQ(n, positions);
             for (size_t p = 0; p < n; ++p) {
@@ -81,15 +85,22 @@ size_t Compare(const KvshareHybridBlockManager &m, const std::map<SequenceId, Se
                 }
             }
             for (BlockId b : ids[g]) {
-                CHECK(b >= 0 && b < static_cast<BlockId>(m.GetTotalNpuBlocks()));
-                CHECK(seen.insert(b).second);  // caching off: no block is held twice
+                CHECK(b >= 0 && b < static_cast<BlockId>(npu));
+                CHECK(seen[g].insert(b).second);  // caching off: no block of a group is held twice
             }
-            held += ids[g].size();
+            held[g] += ids[g].size();
         }
     }
-    CHECK_EQ(m.GetNumFreeNpuBlocks(), m.GetTotalNpuBlocks() - held);
+    // Each group's pool: the free count is what nobody holds; the manager reports the fewest.
+    size_t mostHeld = *std::max_element(held.begin(), held.end());
+    CHECK_EQ(m.GetNumFreeNpuBlocks(), npu - mostHeld);
+    CHECK_EQ(m.GetTotalNpuBlocks(), npu);
     CheckHybrid(m);
-    return held;
+    size_t all = 0;
+    for (size_t h : held) {
+        all += h;
+    }
+    return all;
 }
 
 struct Request {
@@ -131,7 +142,7 @@ void Workload(unsigned seed, size_t window, size_t npu, size_t steps) {
             r.seq->status_ = SequenceStatus::RUNNING;
             live[r.seq->seqId_] = r.seq;
             expect[r.seq->seqId_] = Expect{Len(*r.seq), false};
-            Compare(m, live, expect, bs);
+            Compare(m, live, expect, bs, npu);
             CHECK_EQ(m.GetNumCachedTokens(r.seq), static_cast<size_t>(0));
             CHECK(m.GetCommonComputedBlockIds({r.seq}).empty());
             running.push_back(r);
@@ -162,7 +173,7 @@ void Workload(unsigned seed, size_t window, size_t npu, size_t steps) {
                 waiting.insert(waiting.begin(), {MakeGroup({fresh}), fresh, victim.outputs});
                 running.pop_back();
                 ++recomputes;
-                Compare(m, live, expect, bs);
+                Compare(m, live, expect, bs, npu);
                 continue;  // re-check the same index (or the loop ends if it was the victim)
             }
             CHECK(m.AppendSlot(r.seq).empty());
@@ -178,7 +189,7 @@ void Workload(unsigned seed, size_t window, size_t npu, size_t steps) {
             peak = std::max(peak, sw);
         }
         m.MarkBlocksAsComputed();
-        Compare(m, live, expect, bs);
+        Compare(m, live, expect, bs, npu);
     }
     for (const Request &r : running) {
         m.Free(r.seq->seqId_);
@@ -361,10 +372,11 @@ void ConfigsAndFactory() {
     c = Composite(4, 32, false, 2);
     c.subManagers[0].enableKvPool = true;
     CHECK_THROWS(Unsupported, KvshareHybridBlockManager m(c), "KV pool");
-    // The shared pool is the smallest sub-manager's (ids valid in every group's tensor).
+    // Each group has its own sub-manager's blocks; the totals report the smallest.
     c = Composite(4, 32, false, 2);
     c.subManagers[1].npuBlockNum = 20;
     CHECK_EQ(KvshareHybridBlockManager(c).GetTotalNpuBlocks(), static_cast<size_t>(20));
+    CHECK_EQ(KvshareHybridBlockManager(c).GetNumFreeNpuBlocks(), static_cast<size_t>(20));
 
     // Factory: COMPOSITE needs subManagers; REQUESTSLIDINGWINDOW and a SLIDING_WINDOW
     // self-attention config are one window group; REQUESTSINGLE is refused as MindIE does.
@@ -424,8 +436,8 @@ void ConfigsAndFactory() {
     comp->Free(8);
     comp->Free(8);
     CHECK_EQ(comp->GetNumFreeNpuBlocks(), static_cast<size_t>(16));
-    // Too long for the pool at all: NEVER; Allocate anyway throws NO_SPACE and changes nothing.
-    auto big = MakeSeq(10, Range(1, 40));
+    // Too long for a group at all: NEVER; Allocate anyway throws NO_SPACE and changes nothing.
+    auto big = MakeSeq(10, Range(1, 68));
     auto gbig = MakeGroup({big});
     CHECK(comp->CanAllocate(gbig) == AllocStatus::NEVER);
     CHECK_THROWS(std::runtime_error, comp->Allocate(gbig), "KVS_STATUS_NO_SPACE");
@@ -499,6 +511,50 @@ void EveryConfiguredBlock() {
     std::printf("every configured block: ok\n");
 }
 
+// MindIE sizes each cache group's tensor on its own (mindie_llm/runtime/utils/distributed/
+// model_cache_pool.py): a SLIDING_WINDOW group gets 12 * max_batch_size + 2 blocks, TOKEN groups
+// the rest of the memory. With max_batch_size 8 that is 98 window blocks next to, say, 4000
+// full-attention ones: every group offers its own count.
+void CompositeSizedPerSubManager() {
+    const size_t bs = 4;
+    BlockManagerConfig full = Config(bs, 4000, 0, false);
+    BlockManagerConfig sw = Window(bs, 98, 2);
+    BlockManagerConfig c = Config(bs, 4000, 0, false);
+    c.subManagers = {full, sw};
+    KvshareHybridBlockManager m(c);
+    auto over = MakeSeq(1000, Range(1, 98 * bs + 1));  // more blocks than the window group has
+    CHECK(m.CanAllocate(MakeGroup({over})) == AllocStatus::NEVER);
+    auto most = MakeSeq(1001, Range(1, 98 * bs));
+    CHECK(m.CanAllocate(MakeGroup({most})) == AllocStatus::OK);
+    // 49-block prompts, each decoding one token once its prefill is computed (the window group
+    // then holds 2 blocks of it): the full-attention group holds far more than 98 blocks.
+    size_t fullHeld = 0;
+    for (SequenceId id = 1; id <= 20; ++id) {
+        auto s = MakeSeq(id, Range(static_cast<TokenId>(100 * id), 49 * bs));
+        auto g = MakeGroup({s});
+        CHECK(m.CanAllocate(g) == AllocStatus::OK);
+        CHECK(m.Allocate(g));
+        s->status_ = SequenceStatus::RUNNING;
+        s->data_.numComputedTokens_ = 49 * bs;
+        s->data_.stage_ = SequenceStage::DECODE;
+        s->data_.outputTokenIds.push_back(1);
+        CHECK(m.CanAppendSlot(g));
+        CHECK(m.AppendSlot(s).empty());
+        std::vector<BlockIds> ids = m.GetBlockIds(id);
+        CHECK_EQ(ids.at(0).size(), static_cast<size_t>(50));
+        CHECK_EQ(ids.at(1).size(), static_cast<size_t>(2));
+        for (BlockId b : ids.at(0)) {
+            CHECK(b >= 0 && b < 4000);
+        }
+        for (BlockId b : ids.at(1)) {
+            CHECK(b >= 0 && b < 98);
+        }
+        fullHeld += ids.at(0).size();
+    }
+    CHECK_EQ(fullHeld, static_cast<size_t>(1000));
+    std::printf("composite sized per sub-manager: ok\n");
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -514,6 +570,7 @@ int main(int argc, char **argv) {
     ConfigsAndFactory();
     PatchedFactoryServesSlidingWindow();
     EveryConfiguredBlock();
+    CompositeSizedPerSubManager();
     if (Failures() != 0) {
         std::printf("test_hybrid: %d failure(s)\n", Failures());
         return 1;
