@@ -203,8 +203,9 @@ class KvshareBlockManager : public KvshareManagerBase {
 // REQUESTSLIDINGWINDOWBLOCKMANAGER, or a self-attention config whose `cacheType` is
 // SLIDING_WINDOW. A TOKEN sub-manager is a full-attention group; a SLIDING_WINDOW one is a
 // sliding-window group in which each sequence holds at most `requestBlockWindowSize` (N) blocks:
-// kvshare window (N-1)*cacheBlockSize + 1 tokens, released as the sequence grows (AppendSlot
-// calls kvs_hybrid_seq_release_skipped before it appends). Each group has its own pool of its
+// kvshare window (N-1)*cacheBlockSize + 1 tokens, released as its KV is computed (AppendSlot
+// calls kvs_hybrid_seq_release_skipped with the sequence's numComputedTokens_ before it
+// appends). Each group has its own pool of its
 // sub-manager's npuBlockNum - reservedBlockNum block ids, 0 on, as MindIE sizes each group's KV
 // tensor on its own (each group is a kvs_hybrid of one group, whose pool has one page more, its
 // null page); a prefix hit is the longest one every group serves. GetBlockIds returns one list

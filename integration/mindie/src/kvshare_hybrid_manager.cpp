@@ -360,13 +360,14 @@ std::vector<std::pair<BlockId, BlockId>> KvshareHybridBlockManager::AppendSlot(c
                                      std::to_string(free));
         }
     }
-    // The tokens kvshare holds have their KV (the previous steps computed them): release what no
-    // window reads any more, then grow every group for the new tokens (vLLM's
-    // remove_skipped_blocks then allocate_new_blocks).
+    // Release what no window reads any more, then grow every group for the new tokens (vLLM's
+    // remove_skipped_blocks then allocate_new_blocks). What a window reads follows the tokens
+    // whose KV is computed (numComputedTokens_: this step computes from there on), not the tokens
+    // held: a chunked prefill holds its whole prompt from Allocate on and computes it a chunk per
+    // step.
+    size_t computed = std::min(seq->data_.numComputedTokens_, static_cast<size_t>(s.numTokens));
     for (const Group &g : groups_) {
-        Check(kvs_hybrid_seq_release_skipped(g.cache.get(), KvsId(seq->seqId_), static_cast<size_t>(s.numTokens),
-                                             nullptr),
-              "AppendSlot");
+        Check(kvs_hybrid_seq_release_skipped(g.cache.get(), KvsId(seq->seqId_), computed, nullptr), "AppendSlot");
         Check(kvs_hybrid_seq_append(g.cache.get(), KvsId(seq->seqId_), tokens.data(), tokens.size(),
                                     speculativeSlots_),
               "AppendSlot");

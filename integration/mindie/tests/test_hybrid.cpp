@@ -454,6 +454,47 @@ BlockManagerConfig Window(size_t bs, size_t npu, size_t blocks, bool caching = f
     return c;
 }
 
+// MindIE's chunked prefill (FcfsPolicy::ScheduleChunkedPrefill): Allocate takes the whole prompt,
+// then every step ScheduleRunningSeqGroup calls AppendSlot with no new token while
+// numComputedTokens_ grows by the chunk. The chunk that starts at token c reads from c - W + 1 on
+// (window W = (N-1)*blockSize + 1 tokens), so the window group keeps that block and every later
+// one: it releases by the tokens computed, not by the tokens it holds.
+void ChunkedPrefillReleasesByComputed() {
+    const size_t bs = 4;
+    for (bool composite : {false, true}) {
+        BlockManagerConfig c = Window(bs, 64, 2);  // W = 5 tokens
+        if (composite) {
+            c = Composite(bs, 64, false, 2);
+        }
+        KvshareHybridBlockManager m(c);
+        const size_t g = composite ? 1 : 0;
+        auto s = MakeSeq(1, Range(1, 40));  // 10 blocks
+        auto grp = MakeGroup({s});
+        CHECK(m.CanAllocate(grp) == AllocStatus::OK);
+        CHECK(m.Allocate(grp));
+        s->status_ = SequenceStatus::RUNNING;
+        CHECK_EQ(m.GetBlockIds(1).at(g).size(), static_cast<size_t>(10));
+        for (size_t computed : {16, 32}) {
+            s->data_.numComputedTokens_ = computed;
+            CHECK(m.CanAppendSlot(grp));
+            CHECK(m.AppendSlot(s).empty());
+            size_t first = (computed - 4) / bs;  // the block of token computed - W + 1
+            CHECK_EQ(m.GetBlockIds(1).at(g).size(), 10 - first);
+            if (composite) {
+                CHECK_EQ(m.GetBlockIds(1).at(0).size(), static_cast<size_t>(10));
+            }
+        }
+        // The last chunk computed: decoding from token 40 on reads from 36 on.
+        s->data_.numComputedTokens_ = 40;
+        s->data_.stage_ = SequenceStage::DECODE;
+        s->data_.outputTokenIds.push_back(7);
+        CHECK(m.AppendSlot(s).empty());
+        CHECK_EQ(m.GetBlockIds(1).at(g).size(), static_cast<size_t>(2));
+        CheckHybrid(m);
+    }
+    std::printf("chunked prefill releases by computed tokens: ok\n");
+}
+
 // The patched MindIE factory (patches/) calls CreateKvshareBlockManager for every
 // SELFATTNBLOCKMANAGER config; MindIE's scheduler sets a one-desc config's cacheType, so a
 // SLIDING_WINDOW config must come back as a manager that serves it, as from the drop-in factory.
@@ -568,6 +609,7 @@ int main(int argc, char **argv) {
         CachedTokensAgree(seed, 300);
     }
     ConfigsAndFactory();
+    ChunkedPrefillReleasesByComputed();
     PatchedFactoryServesSlidingWindow();
     EveryConfiguredBlock();
     CompositeSizedPerSubManager();
