@@ -20,6 +20,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -204,16 +205,17 @@ class KvshareBlockManager : public KvshareManagerBase {
 // SLIDING_WINDOW. A TOKEN sub-manager is a full-attention group; a SLIDING_WINDOW one is a
 // sliding-window group in which each sequence holds at most `requestBlockWindowSize` (N) blocks:
 // kvshare window (N-1)*cacheBlockSize + 1 tokens, released as its KV is computed (AppendSlot
-// calls kvs_hybrid_seq_release_skipped with the sequence's numComputedTokens_ before it
-// appends). Each group has its own pool of its
-// sub-manager's npuBlockNum - reservedBlockNum block ids, 0 on, as MindIE sizes each group's KV
-// tensor on its own (each group is a kvs_hybrid of one group, whose pool has one page more, its
-// null page); a prefix hit is the longest one every group serves. GetBlockIds returns one list
-// per group:
-// the whole table of a TOKEN group, the held blocks (the last <= N, oldest first) of a
-// SLIDING_WINDOW group. What MindIE at 8b4871a does not define (it declares these types but its
-// factory refuses them) is documented in README.md ("KV-cache groups"), as are the methods this
-// manager does not support (fork, swap, SP/CP, KV pool).
+// calls kvs_hybrid_seq_release_skipped with the sequence's numComputedTokens_). kvshare is given
+// a sequence's tokens as their KV is computed (by numComputedTokens_, at AppendSlot and Free), with
+// room for the rest, so a block is a prefix hit only once its KV is written. Each group has its
+// own pool of its sub-manager's npuBlockNum - reservedBlockNum block ids, 0 on, as MindIE sizes
+// each group's KV tensor on its own (each group is a kvs_hybrid of one group, whose pool has one
+// page more, its null page); a prefix hit is the longest one every group serves. GetBlockIds
+// returns one list per group: the whole table of a TOKEN group, the held blocks (oldest first,
+// the last at the table's last position) of a SLIDING_WINDOW group. What MindIE at 8b4871a does
+// not define (it declares these types but its factory refuses them) is documented in README.md
+// ("KV-cache groups"), as are the methods this manager does not support (fork, swap, SP/CP, KV
+// pool).
 class KvshareHybridBlockManager : public KvshareManagerBase {
    public:
     // Throws `Unsupported` for what the adapter does not support (SEQUENCE cache type, rankSize or
@@ -276,8 +278,16 @@ class KvshareHybridBlockManager : public KvshareManagerBase {
     std::vector<uint32_t> Table(SequenceId seqId, size_t g, const Shape &shape) const;
     // Group `g`'s free + evictable blocks.
     size_t FreePages(size_t g) const;
-    // Blocks group `g` takes to append `tokens` tokens (plus the speculative slots) to `seqId`.
-    size_t AppendNeed(size_t g, SequenceId seqId, size_t tokens, const char *method) const;
+    // What AppendSlot hands kvshare: the tokens computed since (`held` to `computed`, from the
+    // sequence's numComputedTokens_) and room for the rest and the speculative slots.
+    struct Growth {
+        size_t held;      // tokens kvshare holds
+        size_t computed;  // tokens it holds afterwards
+        size_t room;      // slots past them
+    };
+    Growth GrowthOf(const mindie_llm::Sequence &seq, const Shape &s) const;
+    // Blocks group `g` takes for `grow`.
+    size_t AppendNeed(size_t g, SequenceId seqId, const Growth &grow, const char *method) const;
 
     struct HybridFree {
         void operator()(kvs_hybrid *h) const;
@@ -288,6 +298,13 @@ class KvshareHybridBlockManager : public KvshareManagerBase {
         size_t npuBlockNum;
     };
     std::vector<Group> groups_;
+    // Per live sequence: the tokens its tables cover (its length at Allocate / the last
+    // AppendSlot) and the sequence, whose computed tokens Free hands over.
+    struct Live {
+        size_t tokens;
+        std::weak_ptr<mindie_llm::Sequence> seq;
+    };
+    std::unordered_map<SequenceId, Live> live_;
     std::vector<size_t> windowBlocks_;
     size_t blockSize_ = 0;
     size_t speculativeSlots_ = 0;

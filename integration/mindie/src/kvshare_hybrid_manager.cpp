@@ -4,7 +4,11 @@
 // Mapping: a MindIE sequence id is a kvshare sequence id; a sub-manager is a group (TOKEN: full
 // attention; SLIDING_WINDOW with requestBlockWindowSize N: a window of (N-1)*blockSize + 1
 // tokens, so that once AppendSlot has released what fell out, a sequence holds exactly its last
-// N blocks). Each group is a kvs_hybrid of that one group, with its own pool of the sub-manager's
+// N blocks). kvshare is given a sequence's tokens as their KV is computed (numComputedTokens_),
+// so that a full block becomes a prefix hit only once its KV is written: Allocate begins with the
+// hit and room for the rest of the prompt, AppendSlot appends the tokens computed since and room
+// for the rest, Free appends the last computed ones before it frees. Each group is a kvs_hybrid of
+// that one group, with its own pool of the sub-manager's
 // blocks, as MindIE sizes each group's KV tensor on its own; the prefix hit is the longest one
 // every group serves. A pool has one page more than the sub-manager's blocks (kvshare's null page
 // 0): MindIE block id b is kvshare page b + 1, so the ids and their count are MindIE's own. See
@@ -17,6 +21,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 
 #include "adapter_common.h"
 #include "kvshare.h"
@@ -174,13 +179,16 @@ KvshareHybridBlockManager::Shape KvshareHybridBlockManager::FindOrThrow(Sequence
     return s;
 }
 
+// The tokens the block tables cover (the sequence's length at Allocate or its last AppendSlot),
+// as MindIE counts them; kvshare holds the computed ones.
 bool KvshareHybridBlockManager::Lookup(SequenceId seqId, SeqCounts &out) const {
     std::lock_guard<std::recursive_mutex> lock(mu_);
     Shape s{};
-    if (!Find(seqId, s)) {
+    auto it = live_.find(seqId);
+    if (it == live_.end() || !Find(seqId, s)) {
         return false;
     }
-    out = SeqCounts{s.numTokens, s.matchedTokens};
+    out = SeqCounts{it->second.tokens, s.matchedTokens};
     return true;
 }
 
@@ -267,51 +275,111 @@ bool KvshareHybridBlockManager::Allocate(const SequenceGroupSPtr &seqGroup) {
             return false;  // as MindIE: a table exists already, or nothing to allocate
         }
     }
-    // All or nothing: a sequence that does not fit undoes the ones begun before it.
-    std::vector<SequenceId> begun;
-    auto undo = [&](size_t groupsOfLast) {
-        for (size_t g = 0; g < groupsOfLast; ++g) {
-            (void)kvs_hybrid_seq_free(groups_[g].cache.get(), KvsId(waiting[begun.size()]->seqId_));
-        }
+    // All or nothing. First every sequence takes its hit (the longest every group serves), and
+    // nothing else, so that no sequence's new blocks evict what the next one's hit needs (the
+    // group's sequences share a prompt: each gets the hit GetSeqNumCachedTokens reported); then
+    // every sequence gets room for the rest of its prompt, whose tokens come with AppendSlot as
+    // they are computed.
+    std::vector<SequenceId> begun;  // in every group
+    auto undo = [&]() {
         for (SequenceId id : begun) {
             for (const Group &g : groups_) {
                 (void)kvs_hybrid_seq_free(g.cache.get(), KvsId(id));
             }
         }
     };
-    uint64_t hits = 0;
-    uint64_t misses = 0;
+    std::vector<std::vector<int32_t>> prompts;
+    std::vector<size_t> hitOf;
     for (const auto &seq : waiting) {
-        std::vector<int32_t> tokens = Tokens32(*seq, 0, "Allocate");
+        prompts.push_back(Tokens32(*seq, 0, "Allocate"));
+        const std::vector<int32_t> &tokens = prompts.back();
         Extra extra(seq->hashValue_);
-        // The longest hit every group serves; each group's begin then takes exactly that hit.
-        size_t hit = Hit(tokens, extra.ptr, tokens.size() - 1, "Allocate");
+        size_t hit = 0;
+        try {
+            hit = Hit(tokens, extra.ptr, tokens.size() - 1, "Allocate");
+        } catch (...) {
+            undo();
+            throw;
+        }
         for (size_t g = 0; g < groups_.size(); ++g) {
             kvs_hybrid_begin_info info{};
-            kvs_status st = kvs_hybrid_seq_begin(groups_[g].cache.get(), KvsId(seq->seqId_), tokens.data(),
-                                                 tokens.size(), extra.ptr, hit, 0, &info);
-            if (st == KVS_STATUS_OK && info.matched_tokens != hit) {
-                (void)kvs_hybrid_seq_free(groups_[g].cache.get(), KvsId(seq->seqId_));
-                undo(g);
-                throw std::runtime_error(Prefix("Allocate") + "group " + std::to_string(g) + " matched " +
-                                         std::to_string(info.matched_tokens) + " tokens where the lookup found " +
-                                         std::to_string(hit));
-            }
-            if (st != KVS_STATUS_OK) {
-                std::string msg = Prefix("Allocate") + kvs_status_str(st) + ": " + kvs_last_error_message();
-                undo(g);
-                throw std::runtime_error(msg);  // NO_SPACE: MindIE's allocator throws too
+            kvs_status st = kvs_hybrid_seq_begin(groups_[g].cache.get(), KvsId(seq->seqId_), tokens.data(), hit,
+                                                 extra.ptr, hit, 0, &info);
+            if (st != KVS_STATUS_OK || info.matched_tokens != hit) {
+                std::string msg = Prefix("Allocate") + (st != KVS_STATUS_OK
+                                                            ? std::string(kvs_status_str(st)) + ": " +
+                                                                  kvs_last_error_message()
+                                                            : "group " + std::to_string(g) + " matched " +
+                                                                  std::to_string(info.matched_tokens) +
+                                                                  " tokens where the lookup found " +
+                                                                  std::to_string(hit));
+                for (size_t k = 0; k <= g; ++k) {
+                    (void)kvs_hybrid_seq_free(groups_[k].cache.get(), KvsId(seq->seqId_));
+                }
+                undo();
+                throw std::runtime_error(msg);
             }
         }
         begun.push_back(seq->seqId_);
-        uint64_t full = tokens.size() / blockSize_;
-        uint64_t hitBlocks = hit / blockSize_;
+        hitOf.push_back(hit);
+    }
+    // The room, every group's checked before any grows (MindIE's allocator throws without room).
+    for (size_t g = 0; g < groups_.size(); ++g) {
+        size_t need = 0;
+        for (size_t i = 0; i < waiting.size(); ++i) {
+            size_t n = 0;
+            kvs_status st = kvs_hybrid_seq_append_need(groups_[g].cache.get(), KvsId(waiting[i]->seqId_), 0,
+                                                       prompts[i].size() - hitOf[i], &n);
+            if (st != KVS_STATUS_OK) {
+                std::string msg = Prefix("Allocate") + kvs_status_str(st) + ": " + kvs_last_error_message();
+                undo();
+                throw std::runtime_error(msg);
+            }
+            need += n;
+        }
+        size_t free = FreePages(g);
+        if (need > free) {
+            undo();
+            throw std::runtime_error(Prefix("Allocate") + kvs_status_str(KVS_STATUS_NO_SPACE) + ": group " +
+                                     std::to_string(g) + " needs " + std::to_string(need) + " blocks, " +
+                                     std::to_string(free) + " free");
+        }
+    }
+    for (size_t i = 0; i < waiting.size(); ++i) {
+        for (const Group &g : groups_) {
+            kvs_status st = kvs_hybrid_seq_append(g.cache.get(), KvsId(waiting[i]->seqId_), prompts[i].data(), 0,
+                                                  prompts[i].size() - hitOf[i]);
+            if (st != KVS_STATUS_OK) {
+                std::string msg = Prefix("Allocate") + kvs_status_str(st) + ": " + kvs_last_error_message();
+                undo();
+                throw std::runtime_error(msg);
+            }
+        }
+    }
+    uint64_t hits = 0;
+    uint64_t misses = 0;
+    for (size_t i = 0; i < waiting.size(); ++i) {
+        uint64_t full = prompts[i].size() / blockSize_;
+        uint64_t hitBlocks = hitOf[i] / blockSize_;
         hits += hitBlocks;
         misses += full - hitBlocks;
+    }
+    for (const auto &seq : waiting) {
+        live_[seq->seqId_] = Live{NumTokens(*seq), seq};
     }
     hitBlocks_ += hits;
     missBlocks_ += misses;
     return true;
+}
+
+KvshareHybridBlockManager::Growth KvshareHybridBlockManager::GrowthOf(const mindie_llm::Sequence &seq,
+                                                                      const Shape &s) const {
+    size_t len = NumTokens(seq);
+    size_t held = static_cast<size_t>(s.numTokens);
+    size_t computed = std::max(held, std::min(seq.data_.numComputedTokens_, len));
+    // Room for the tokens not computed yet (and the speculative slots) past the computed ones.
+    size_t room = std::max(len, computed) + speculativeSlots_ - computed;
+    return Growth{held, computed, room};
 }
 
 bool KvshareHybridBlockManager::CanAppendSlot(const SequenceGroupSPtr &seqGroup) const {
@@ -324,10 +392,9 @@ bool KvshareHybridBlockManager::CanAppendSlot(const SequenceGroupSPtr &seqGroup)
         if (!Find(seq->seqId_, s)) {
             return false;  // as MindIE
         }
-        size_t len = NumTokens(*seq);
-        size_t fresh = len > s.numTokens ? len - static_cast<size_t>(s.numTokens) : 0;
+        Growth grow = GrowthOf(*seq, s);
         for (size_t g = 0; g < groups_.size(); ++g) {
-            need[g] += AppendNeed(g, seq->seqId_, fresh, "CanAppendSlot");
+            need[g] += AppendNeed(g, seq->seqId_, grow, "CanAppendSlot");
         }
     }
     // Conservative: the blocks AppendSlot's release of out-of-window blocks returns are not counted.
@@ -339,9 +406,11 @@ bool KvshareHybridBlockManager::CanAppendSlot(const SequenceGroupSPtr &seqGroup)
     return true;
 }
 
-size_t KvshareHybridBlockManager::AppendNeed(size_t g, SequenceId seqId, size_t tokens, const char *method) const {
+size_t KvshareHybridBlockManager::AppendNeed(size_t g, SequenceId seqId, const Growth &grow,
+                                             const char *method) const {
     size_t n = 0;
-    Check(kvs_hybrid_seq_append_need(groups_[g].cache.get(), KvsId(seqId), tokens, speculativeSlots_, &n), method);
+    Check(kvs_hybrid_seq_append_need(groups_[g].cache.get(), KvsId(seqId), grow.computed - grow.held, grow.room, &n),
+          method);
     return n;
 }
 
@@ -349,10 +418,12 @@ std::vector<std::pair<BlockId, BlockId>> KvshareHybridBlockManager::AppendSlot(c
     RequireSeq(seq, "AppendSlot");
     std::lock_guard<std::recursive_mutex> lock(mu_);
     Shape s = FindOrThrow(seq->seqId_, "AppendSlot");
-    std::vector<int32_t> tokens = Tokens32(*seq, static_cast<size_t>(s.numTokens), "AppendSlot");
+    Growth grow = GrowthOf(*seq, s);
+    std::vector<int32_t> tokens = Tokens32(*seq, grow.held, "AppendSlot");
+    tokens.resize(grow.computed - grow.held);
     // Every group's room first, so that no group grows when another cannot.
     for (size_t g = 0; g < groups_.size(); ++g) {
-        size_t need = AppendNeed(g, seq->seqId_, tokens.size(), "AppendSlot");
+        size_t need = AppendNeed(g, seq->seqId_, grow, "AppendSlot");
         size_t free = FreePages(g);
         if (need > free) {
             throw std::runtime_error(Prefix("AppendSlot") + "not enough free NPU blocks in group " +
@@ -360,17 +431,20 @@ std::vector<std::pair<BlockId, BlockId>> KvshareHybridBlockManager::AppendSlot(c
                                      std::to_string(free));
         }
     }
-    // Release what no window reads any more, then grow every group for the new tokens (vLLM's
-    // remove_skipped_blocks then allocate_new_blocks). What a window reads follows the tokens
-    // whose KV is computed (numComputedTokens_: this step computes from there on), not the tokens
-    // held: a chunked prefill holds its whole prompt from Allocate on and computes it a chunk per
-    // step.
-    size_t computed = std::min(seq->data_.numComputedTokens_, static_cast<size_t>(s.numTokens));
+    // Hand kvshare the tokens computed since (their full blocks become prefix hits) with room for
+    // the rest, then release what no window reads any more (vLLM's allocate_new_blocks and
+    // cache_blocks, then remove_skipped_blocks: a block registered before its release stays
+    // matchable). What a window reads follows the tokens whose KV is computed
+    // (numComputedTokens_: this step computes from there on), not the tokens the tables cover: a
+    // chunked prefill holds its whole prompt from Allocate on and computes it a chunk per step.
     for (const Group &g : groups_) {
-        Check(kvs_hybrid_seq_release_skipped(g.cache.get(), KvsId(seq->seqId_), computed, nullptr), "AppendSlot");
-        Check(kvs_hybrid_seq_append(g.cache.get(), KvsId(seq->seqId_), tokens.data(), tokens.size(),
-                                    speculativeSlots_),
+        Check(kvs_hybrid_seq_append(g.cache.get(), KvsId(seq->seqId_), tokens.data(), tokens.size(), grow.room),
               "AppendSlot");
+        Check(kvs_hybrid_seq_release_skipped(g.cache.get(), KvsId(seq->seqId_), grow.computed, nullptr), "AppendSlot");
+    }
+    auto it = live_.find(seq->seqId_);
+    if (it != live_.end()) {
+        it->second.tokens = std::max(it->second.tokens, NumTokens(*seq));
     }
     return {};  // no block is shared with another sequence's writes: nothing to copy
 }
@@ -405,6 +479,33 @@ std::vector<std::pair<PhysicalBlockId, PhysicalBlockId>> KvshareHybridBlockManag
 
 void KvshareHybridBlockManager::Free(SequenceId seqId) {
     std::lock_guard<std::recursive_mutex> lock(mu_);
+    auto it = live_.find(seqId);
+    if (it != live_.end()) {
+        Live live = it->second;
+        live_.erase(it);
+        // The tokens computed since the last AppendSlot (the last step's) lie within the tables:
+        // hand them over so that their full blocks stay prefix hits. Only a cache improvement, so
+        // nothing here stops the free.
+        SequenceSPtr seq = live.seq.lock();
+        Shape s{};
+        if (seq && Find(seqId, s)) {
+            Growth grow = GrowthOf(*seq, s);
+            if (grow.computed > grow.held && grow.computed <= live.tokens) {
+                std::vector<int32_t> tokens;
+                try {
+                    tokens = Tokens32(*seq, grow.held, "Free");  // AppendSlot took these tokens already
+                } catch (const std::out_of_range &) {
+                    tokens.clear();
+                }
+                if (tokens.size() >= grow.computed - grow.held) {
+                    for (const Group &g : groups_) {
+                        (void)kvs_hybrid_seq_append(g.cache.get(), KvsId(seqId), tokens.data(),
+                                                    grow.computed - grow.held, 0);
+                    }
+                }
+            }
+        }
+    }
     for (const Group &g : groups_) {
         kvs_status st = kvs_hybrid_seq_free(g.cache.get(), KvsId(seqId));
         if (st != KVS_STATUS_SEQ_NOT_FOUND) {

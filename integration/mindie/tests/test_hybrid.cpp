@@ -495,6 +495,65 @@ void ChunkedPrefillReleasesByComputed() {
     std::printf("chunked prefill releases by computed tokens: ok\n");
 }
 
+// A block is a prefix hit only once its KV is computed: kvshare gets a sequence's tokens as its
+// numComputedTokens_ covers them. A prompt admitted in the same step as an identical one shares
+// nothing of it; one that meets a chunked prefill half done shares the chunks computed; the
+// sequences of one group all get the hit GetSeqNumCachedTokens reported, even with a window of
+// one block, whose hit holds none of the blocks it was found by; Free hands over the last
+// step's tokens.
+void HitsOnceComputed() {
+    const size_t bs = 4;
+    for (size_t window : {1, 2}) {
+        KvshareHybridBlockManager m(Composite(bs, 64, true, window));
+        const std::vector<TokenId> prompt = Range(100, 40);
+        auto a = MakeSeq(1, prompt);
+        auto ga = MakeGroup({a});
+        CHECK(m.Allocate(ga));
+        a->status_ = SequenceStatus::RUNNING;
+        auto b = MakeSeq(2, prompt);
+        CHECK_EQ(m.GetSeqNumCachedTokens(b), static_cast<size_t>(0));  // same step: nothing computed
+        // Chunked prefill: 16 tokens computed, the next chunk scheduled.
+        a->data_.numComputedTokens_ = 16;
+        CHECK(m.AppendSlot(a).empty());
+        CHECK_EQ(m.GetSeqNumCachedTokens(b), static_cast<size_t>(16));
+        a->data_.numComputedTokens_ = 32;
+        CHECK(m.AppendSlot(a).empty());
+        CHECK_EQ(m.GetSeqNumCachedTokens(b), static_cast<size_t>(32));
+        // The last chunk computed and a token sampled; the request ends: Free hands the rest over.
+        a->data_.numComputedTokens_ = 40;
+        a->data_.stage_ = SequenceStage::DECODE;
+        a->data_.outputTokenIds.push_back(9);
+        m.Free(1);
+        CHECK_EQ(m.GetSeqNumCachedTokens(b), static_cast<size_t>(36));  // at most len-1, whole blocks
+        CheckHybrid(m);
+    }
+    // A group of three sequences whose window group (one block) has 3 blocks: the first
+    // sequences' new blocks evict the blocks the hit was found by; every sequence still gets the
+    // hit that GetSeqNumCachedTokens reported.
+    BlockManagerConfig c = Composite(bs, 64, true, 1);
+    c.subManagers[1].npuBlockNum = 3;
+    KvshareHybridBlockManager m(c);
+    auto a = MakeSeq(1, Range(100, 8));
+    CHECK(m.Allocate(MakeGroup({a})));
+    a->data_.numComputedTokens_ = 8;
+    a->data_.stage_ = SequenceStage::DECODE;
+    a->data_.outputTokenIds.push_back(9);
+    CHECK(m.AppendSlot(a).empty());
+    m.Free(1);
+    std::vector<SequenceSPtr> seqs;
+    for (SequenceId id = 3; id <= 5; ++id) {
+        seqs.push_back(MakeSeq(id, Concat(Range(100, 8), Range(500, 4))));
+    }
+    size_t probe = m.GetSeqNumCachedTokens(seqs[0]);
+    CHECK_EQ(probe, static_cast<size_t>(8));
+    CHECK(m.Allocate(MakeGroup(seqs)));
+    for (const auto &s : seqs) {
+        CHECK_EQ(m.GetNumCachedTokens(s), probe);
+    }
+    CheckHybrid(m);
+    std::printf("hits once computed: ok\n");
+}
+
 // The patched MindIE factory (patches/) calls CreateKvshareBlockManager for every
 // SELFATTNBLOCKMANAGER config; MindIE's scheduler sets a one-desc config's cacheType, so a
 // SLIDING_WINDOW config must come back as a manager that serves it, as from the drop-in factory.
@@ -610,6 +669,7 @@ int main(int argc, char **argv) {
     }
     ConfigsAndFactory();
     ChunkedPrefillReleasesByComputed();
+    HitsOnceComputed();
     PatchedFactoryServesSlidingWindow();
     EveryConfiguredBlock();
     CompositeSizedPerSubManager();
