@@ -246,12 +246,13 @@ AllocStatus KvshareHybridBlockManager::CanAllocate(const SequenceGroupSPtr &seqG
     }
     // Each waiting sequence begins on its own (kvs_hybrid has no fork) and takes, in the worst
     // case (no hit), a block per position of its prompt in every group: kvshare releases a window
-    // group's early blocks only from the next AppendSlot on, as vLLM does.
+    // group's early blocks only from the next AppendSlot on, as vLLM does. A group that needs more
+    // than a group's blocks can never be allocated.
     size_t perSeq = CeilDiv(NumTokens(*waiting[0]), blockSize_);
     size_t all = seqGroup->GetSequences(SequenceStatus::WAITING).size() * perSeq;
     AllocStatus st = AllocStatus::OK;
     for (size_t g = 0; g < groups_.size(); ++g) {
-        if (perSeq > groups_[g].blocks) {
+        if (all > groups_[g].blocks) {
             return AllocStatus::NEVER;
         }
         if (all > FreePages(g)) {

@@ -554,6 +554,23 @@ void HitsOnceComputed() {
     std::printf("hits once computed: ok\n");
 }
 
+// A group's sequences each take their own blocks (kvs_hybrid has no fork): a group whose
+// sequences together need more blocks than a group has can never be allocated, and CanAllocate
+// says NEVER (LATER would stop MindIE's FCFS waiting queue at it for good).
+void GroupThatNeverFits() {
+    const size_t bs = 4;
+    KvshareHybridBlockManager m(Composite(bs, 16, false, 2));
+    std::vector<SequenceSPtr> three = {MakeSeq(1, Range(1, 6 * bs)), MakeSeq(2, Range(1, 6 * bs)),
+                                       MakeSeq(3, Range(1, 6 * bs))};
+    CHECK(m.CanAllocate(MakeGroup(three)) == AllocStatus::NEVER);  // 18 blocks of 16
+    std::vector<SequenceSPtr> two = {MakeSeq(4, Range(1, 8 * bs)), MakeSeq(5, Range(1, 8 * bs))};
+    auto g = MakeGroup(two);
+    CHECK(m.CanAllocate(g) == AllocStatus::OK);  // 16 of 16
+    CHECK(m.Allocate(g));
+    CHECK(m.CanAllocate(MakeGroup({MakeSeq(6, Range(1, 5))})) == AllocStatus::LATER);
+    std::printf("a group that never fits: ok\n");
+}
+
 // The patched MindIE factory (patches/) calls CreateKvshareBlockManager for every
 // SELFATTNBLOCKMANAGER config; MindIE's scheduler sets a one-desc config's cacheType, so a
 // SLIDING_WINDOW config must come back as a manager that serves it, as from the drop-in factory.
@@ -670,6 +687,7 @@ int main(int argc, char **argv) {
     ConfigsAndFactory();
     ChunkedPrefillReleasesByComputed();
     HitsOnceComputed();
+    GroupThatNeverFits();
     PatchedFactoryServesSlidingWindow();
     EveryConfiguredBlock();
     CompositeSizedPerSubManager();
