@@ -7,9 +7,10 @@
 // the same. See integration/mindie/README.md for what is supported and how to deploy it.
 //
 // Thread safety: like MindIE's own manager, one instance is meant to be driven by one scheduler
-// thread; concurrent calls on one instance are nevertheless safe (kvshare locks internally and the
-// adapter's own counters are atomic), but a multi-call sequence such as CanAllocate + Allocate
-// is only consistent when nothing else changes the cache in between.
+// thread; concurrent calls on one instance are nevertheless safe (kvshare locks internally, the
+// adapter's own counters are atomic, and the group manager runs its calls one at a time), but a
+// multi-call sequence such as CanAllocate + Allocate is only consistent when nothing else changes
+// the cache in between.
 #ifndef KVSHARE_MINDIE_H
 #define KVSHARE_MINDIE_H
 

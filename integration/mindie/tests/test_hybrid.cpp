@@ -478,6 +478,7 @@ void ChunkedPrefillReleasesByComputed() {
             s->data_.numComputedTokens_ = computed;
             CHECK(m.CanAppendSlot(grp));
             CHECK(m.AppendSlot(s).empty());
+            CHECK(m.GetTokenCountPerRank(1) == std::vector<size_t>{40});  // the tokens the tables cover
             size_t first = (computed - 4) / bs;  // the block of token computed - W + 1
             CHECK_EQ(m.GetBlockIds(1).at(g).size(), 10 - first);
             if (composite) {
