@@ -20,6 +20,7 @@ const TESTS: &[&str] = &[
     "test_random",
     "test_fcfs",
     "test_hybrid",
+    "test_fcfs_kv",
 ];
 
 const WARNINGS: &[&str] = &[

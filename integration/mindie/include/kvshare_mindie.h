@@ -7,17 +7,21 @@
 // the same. See integration/mindie/README.md for what is supported and how to deploy it.
 //
 // Thread safety: like MindIE's own manager, one instance is meant to be driven by one scheduler
-// thread; concurrent calls on one instance are nevertheless safe (kvshare locks internally and the
-// adapter's own counters are atomic), but a multi-call sequence such as CanAllocate + Allocate
-// is only consistent when nothing else changes the cache in between.
+// thread; concurrent calls on one instance are nevertheless safe (kvshare locks internally, the
+// adapter's own counters are atomic, and the group manager runs its calls one at a time), but a
+// multi-call sequence such as CanAllocate + Allocate is only consistent when nothing else changes
+// the cache in between.
 #ifndef KVSHARE_MINDIE_H
 #define KVSHARE_MINDIE_H
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -196,24 +200,29 @@ class KvshareBlockManager : public KvshareManagerBase {
     std::atomic<uint64_t> missBlocks_{0};
 };
 
-// MindIE's KV-cache groups on one kvshare cache of groups (`kvs_hybrid`): a COMPOSITEBLOCKMANAGER
+// MindIE's KV-cache groups on kvshare caches of groups (`kvs_hybrid`): a COMPOSITEBLOCKMANAGER
 // (`config.subManagers`, one kvshare group per sub-manager, in order), a
 // REQUESTSLIDINGWINDOWBLOCKMANAGER, or a self-attention config whose `cacheType` is
 // SLIDING_WINDOW. A TOKEN sub-manager is a full-attention group; a SLIDING_WINDOW one is a
 // sliding-window group in which each sequence holds at most `requestBlockWindowSize` (N) blocks:
-// kvshare window (N-1)*cacheBlockSize + 1 tokens, released as the sequence grows (AppendSlot
-// calls kvs_hybrid_seq_release_skipped before it appends). All groups share one pool of page
-// ids (block 0 is kvshare's null page, never handed out). GetBlockIds returns one list per group:
-// the whole table of a TOKEN group, the held blocks (the last <= N, oldest first) of a
-// SLIDING_WINDOW group. What MindIE at 8b4871a does not define (it declares these types but its
-// factory refuses them) is documented in README.md ("KV-cache groups"), as are the methods this
-// manager does not support (fork, swap, SP/CP, KV pool).
+// kvshare window (N-1)*cacheBlockSize + 1 tokens, released as its KV is computed (AppendSlot
+// calls kvs_hybrid_seq_release_skipped with the sequence's numComputedTokens_). kvshare is given
+// a sequence's tokens as their KV is computed (by numComputedTokens_, at AppendSlot and Free), with
+// room for the rest, so a block is a prefix hit only once its KV is written. Each group has its
+// own pool of its sub-manager's npuBlockNum - reservedBlockNum block ids, 0 on, as MindIE sizes
+// each group's KV tensor on its own (each group is a kvs_hybrid of one group, whose pool has one
+// page more, its null page); a prefix hit is the longest one every group serves. GetBlockIds
+// returns one list per group: the whole table of a TOKEN group, the held blocks (oldest first,
+// the last at the table's last position) of a SLIDING_WINDOW group. What MindIE at 8b4871a does
+// not define (it declares these types but its factory refuses them) is documented in README.md
+// ("KV-cache groups"), as are the methods this manager does not support (fork, swap, SP/CP, KV
+// pool).
 class KvshareHybridBlockManager : public KvshareManagerBase {
    public:
     // Throws `Unsupported` for what the adapter does not support (SEQUENCE cache type, rankSize or
     // hostSize > 1, enableKvPool, nested subManagers), std::invalid_argument for a bad config
     // (sub-managers with different block sizes, block size 0, requestBlockWindowSize 0,
-    // reservedBlockNum > npuBlockNum, fewer than 2 blocks, counts over 2^32-1), and
+    // reservedBlockNum > npuBlockNum, no allocatable block, counts over 2^32-2), and
     // std::runtime_error if libkvshare's ABI version differs from the header's.
     explicit KvshareHybridBlockManager(const BlockManagerConfig &config, size_t localDPRank = 0);
     ~KvshareHybridBlockManager() override;
@@ -244,9 +253,11 @@ class KvshareHybridBlockManager : public KvshareManagerBase {
     void ReplaceTrailingPlaceHolder(const SequenceSPtr &seq, size_t trailingPlaceHolderNum,
                                     size_t replacedPlaceHolderNum) override;
 
-    // Not part of MindIE's interface: the kvshare cache of groups behind this manager (for tests
-    // and diagnostics: kvs_hybrid_check, kvs_hybrid_stats). Owned by the manager.
-    kvs_hybrid *Hybrid() const { return hybrid_; }
+    // Not part of MindIE's interface: the kvshare cache of group `group` (its group 0; for tests
+    // and diagnostics: kvs_hybrid_check, kvs_hybrid_stats). Owned by the manager; kvshare page p
+    // is MindIE block p - 1. Throws std::out_of_range for a group the manager does not have.
+    kvs_hybrid *Hybrid(size_t group) const;
+    size_t NumGroups() const { return groups_.size(); }
     // Blocks a SLIDING_WINDOW group lets one sequence hold (its requestBlockWindowSize); 0 for a
     // TOKEN group. One entry per group.
     const std::vector<size_t> &WindowBlocks() const { return windowBlocks_; }
@@ -262,21 +273,52 @@ class KvshareHybridBlockManager : public KvshareManagerBase {
     bool Lookup(SequenceId seqId, SeqCounts &out) const override;
     size_t ProbeCachedTokens(const std::vector<int32_t> &tokens, const kvs_extra_keys *extra,
                              const char *method) const override;
-    // Group `g`'s positional table (KVS_NULL_PAGE at released positions).
+    // The longest prefix hit of `tokens`, at most `max`, that every group serves (read-only).
+    size_t Hit(const std::vector<int32_t> &tokens, const kvs_extra_keys *extra, size_t max, const char *method) const;
+    // Group `g`'s positional table of kvshare pages (KVS_NULL_PAGE at released positions).
     std::vector<uint32_t> Table(SequenceId seqId, size_t g, const Shape &shape) const;
-    size_t FreePages() const;
+    // Group `g`'s free + evictable blocks.
+    size_t FreePages(size_t g) const;
+    // What AppendSlot hands kvshare: the tokens computed since (`held` to `computed`, from the
+    // sequence's numComputedTokens_) and room for the rest and the speculative slots.
+    struct Growth {
+        size_t held;      // tokens kvshare holds
+        size_t computed;  // tokens it holds afterwards
+        size_t room;      // slots past them
+    };
+    Growth GrowthOf(const mindie_llm::Sequence &seq, const Shape &s) const;
+    // Blocks group `g` takes for `grow`.
+    size_t AppendNeed(size_t g, SequenceId seqId, const Growth &grow, const char *method) const;
 
-    kvs_hybrid *hybrid_ = nullptr;
+    struct HybridFree {
+        void operator()(kvs_hybrid *h) const;
+    };
+    struct Group {
+        std::unique_ptr<kvs_hybrid, HybridFree> cache;  // one group, its own pool
+        size_t blocks;                                  // npuBlockNum - reservedBlockNum: ids 0..blocks-1
+        size_t npuBlockNum;
+    };
+    std::vector<Group> groups_;
+    // Per live sequence: the tokens its tables cover (its length at Allocate / the last
+    // AppendSlot) and the sequence, whose computed tokens Free hands over.
+    struct Live {
+        size_t tokens;
+        std::weak_ptr<mindie_llm::Sequence> seq;
+    };
+    std::unordered_map<SequenceId, Live> live_;
     std::vector<size_t> windowBlocks_;
     size_t blockSize_ = 0;
-    size_t numPages_ = 0;
     size_t speculativeSlots_ = 0;
+    // Calls that touch several groups' caches run one at a time.
+    mutable std::recursive_mutex mu_;
     std::atomic<uint64_t> hitBlocks_{0};
     std::atomic<uint64_t> missBlocks_{0};
 };
 
-// Creates the adapter (what a patched MindIE factory calls; see README.md). Throws as the
-// constructor does.
+// The manager for a self-attention config (what the patched MindIE factory calls for
+// SELFATTNBLOCKMANAGER, and the drop-in factory too; see README.md): a KvshareHybridBlockManager
+// of one window group when `config.cacheType` is SLIDING_WINDOW (MindIE's scheduler sets a
+// one-desc config's cacheType), a KvshareBlockManager otherwise. Throws as their constructors do.
 mindie_llm::BlockSpaceManagerSPtr CreateKvshareBlockManager(const BlockManagerConfig &config,
                                                             size_t localDPRank = 0);
 

@@ -18,11 +18,7 @@ BlockSpaceManagerSPtr BlockManagerFactory::CreateBlockSpaceManager(BlockManagerT
                                                                    size_t localDPRank) {
     switch (type) {
         case BlockManagerType::SELFATTNBLOCKMANAGER:
-            // MindIE's scheduler builds a self-attention config for one kvCacheDesc and sets its
-            // cacheType; a SLIDING_WINDOW one is a cache of one window group.
-            if (config.cacheType == KvCacheType::SLIDING_WINDOW) {
-                return kvshare_mindie::CreateKvshareHybridBlockManager(config, localDPRank);
-            }
+            // By the config's cacheType, as the patched factory (patches/) does.
             return kvshare_mindie::CreateKvshareBlockManager(config, localDPRank);
         case BlockManagerType::COMPOSITEBLOCKMANAGER:
             // "If empty, COMPOSITEBLOCKMANAGER creation will fail fast" (MindIE's header).

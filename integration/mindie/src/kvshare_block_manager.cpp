@@ -129,6 +129,11 @@ KvshareBlockManager::KvshareBlockManager(const BlockManagerConfig &config, size_
 KvshareBlockManager::~KvshareBlockManager() { kvs_cache_free(cache_); }
 
 mindie_llm::BlockSpaceManagerSPtr CreateKvshareBlockManager(const BlockManagerConfig &config, size_t localDPRank) {
+    // MindIE's scheduler builds one self-attention config per kvCacheDesc and sets its cacheType:
+    // a SLIDING_WINDOW one is a cache of one window group.
+    if (config.cacheType == KvCacheType::SLIDING_WINDOW) {
+        return CreateKvshareHybridBlockManager(config, localDPRank);
+    }
     return std::make_shared<KvshareBlockManager>(config, localDPRank);
 }
 

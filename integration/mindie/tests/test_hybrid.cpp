@@ -25,10 +25,13 @@ using kvshare_mindie::Unsupported;
 namespace {
 
 void CheckHybrid(const KvshareHybridBlockManager &m) {
-    kvs_status st = kvs_hybrid_check(m.Hybrid());
-    if (st != KVS_STATUS_OK) {
-        std::fprintf(stderr, "kvs_hybrid_check: %s: %s\n", kvs_status_str(st), kvs_last_error_message());
-        std::exit(1);
+    for (size_t g = 0; g < m.NumGroups(); ++g) {
+        kvs_status st = kvs_hybrid_check(m.Hybrid(g));
+        if (st != KVS_STATUS_OK) {
+            std::fprintf(stderr, "kvs_hybrid_check (group %zu): %s: %s\n", g, kvs_status_str(st),
+                         kvs_last_error_message());
+            std::exit(1);
+        }
     }
 }
 
@@ -50,12 +53,13 @@ struct Expect {
     bool appended = false;  // AppendSlot ran since Allocate
 };
 
-// Compares every live sequence with the model; returns the blocks held.
+// Compares every live sequence with the model (each group's pool has the same `npu` blocks);
+// returns the blocks held, all groups together.
 size_t Compare(const KvshareHybridBlockManager &m, const std::map<SequenceId, SequenceSPtr> &live,
-               const std::map<SequenceId, Expect> &expect, size_t bs) {
+               const std::map<SequenceId, Expect> &expect, size_t bs, size_t npu) {
     const std::vector<size_t> &win = m.WindowBlocks();
-    std::set<BlockId> seen;
-    size_t held = 0;
+    std::vector<std::set<BlockId>> seen(win.size());
+    std::vector<size_t> held(win.size(), 0);
     for (const auto &[id, seq] : live) {
         std::vector<BlockIds> ids = m.GetBlockIds(id);
         CHECK_EQ(ids.size(), win.size());
@@ -70,26 +74,33 @@ size_t Compare(const KvshareHybridBlockManager &m, const std::map<SequenceId, Se
             // The held blocks are the newest positions of the table, in order.
             std::vector<uint32_t> table(positions + 8);
             size_t n = 0;
-            CHECK(kvs_hybrid_seq_pages(m.Hybrid(), static_cast<uint64_t>(id), g, table.data(), table.size(), &n) ==
+            CHECK(kvs_hybrid_seq_pages(m.Hybrid(g), static_cast<uint64_t>(id), 0, table.data(), table.size(), &n) ==
                   KVS_STATUS_OK);
             CHECK_EQ(n, positions);
             for (size_t p = 0; p < n; ++p) {
                 if (p < n - want) {
                     CHECK_EQ(table[p], static_cast<uint32_t>(KVS_NULL_PAGE));
                 } else {
-                    CHECK_EQ(static_cast<BlockId>(table[p]), ids[g][p - (n - want)]);
+                    CHECK_EQ(static_cast<BlockId>(table[p]) - 1, ids[g][p - (n - want)]);  // block b is page b+1
                 }
             }
             for (BlockId b : ids[g]) {
-                CHECK(b >= 1 && b < static_cast<BlockId>(m.GetTotalNpuBlocks()));
-                CHECK(seen.insert(b).second);  // caching off: no block is held twice
+                CHECK(b >= 0 && b < static_cast<BlockId>(npu));
+                CHECK(seen[g].insert(b).second);  // caching off: no block of a group is held twice
             }
-            held += ids[g].size();
+            held[g] += ids[g].size();
         }
     }
-    CHECK_EQ(m.GetNumFreeNpuBlocks(), m.GetTotalNpuBlocks() - 1 - held);
+    // Each group's pool: the free count is what nobody holds; the manager reports the fewest.
+    size_t mostHeld = *std::max_element(held.begin(), held.end());
+    CHECK_EQ(m.GetNumFreeNpuBlocks(), npu - mostHeld);
+    CHECK_EQ(m.GetTotalNpuBlocks(), npu);
     CheckHybrid(m);
-    return held;
+    size_t all = 0;
+    for (size_t h : held) {
+        all += h;
+    }
+    return all;
 }
 
 struct Request {
@@ -131,7 +142,7 @@ void Workload(unsigned seed, size_t window, size_t npu, size_t steps) {
             r.seq->status_ = SequenceStatus::RUNNING;
             live[r.seq->seqId_] = r.seq;
             expect[r.seq->seqId_] = Expect{Len(*r.seq), false};
-            Compare(m, live, expect, bs);
+            Compare(m, live, expect, bs, npu);
             CHECK_EQ(m.GetNumCachedTokens(r.seq), static_cast<size_t>(0));
             CHECK(m.GetCommonComputedBlockIds({r.seq}).empty());
             running.push_back(r);
@@ -162,7 +173,7 @@ void Workload(unsigned seed, size_t window, size_t npu, size_t steps) {
                 waiting.insert(waiting.begin(), {MakeGroup({fresh}), fresh, victim.outputs});
                 running.pop_back();
                 ++recomputes;
-                Compare(m, live, expect, bs);
+                Compare(m, live, expect, bs, npu);
                 continue;  // re-check the same index (or the loop ends if it was the victim)
             }
             CHECK(m.AppendSlot(r.seq).empty());
@@ -178,12 +189,12 @@ void Workload(unsigned seed, size_t window, size_t npu, size_t steps) {
             peak = std::max(peak, sw);
         }
         m.MarkBlocksAsComputed();
-        Compare(m, live, expect, bs);
+        Compare(m, live, expect, bs, npu);
     }
     for (const Request &r : running) {
         m.Free(r.seq->seqId_);
     }
-    CHECK_EQ(m.GetNumFreeNpuBlocks(), npu - 1);
+    CHECK_EQ(m.GetNumFreeNpuBlocks(), npu);
     CheckHybrid(m);
     CHECK(peak <= std::max(window, static_cast<size_t>(8)));  // a prompt of <= 30 tokens: <= 8 blocks
     std::printf("workload seed %u window %zu npu %zu: %zu allocations, %zu AppendSlot, %zu recomputes, %zu finished\n",
@@ -361,10 +372,11 @@ void ConfigsAndFactory() {
     c = Composite(4, 32, false, 2);
     c.subManagers[0].enableKvPool = true;
     CHECK_THROWS(Unsupported, KvshareHybridBlockManager m(c), "KV pool");
-    // The shared pool is the smallest sub-manager's (ids valid in every group's tensor).
+    // Each group has its own sub-manager's blocks; the totals report the smallest.
     c = Composite(4, 32, false, 2);
     c.subManagers[1].npuBlockNum = 20;
     CHECK_EQ(KvshareHybridBlockManager(c).GetTotalNpuBlocks(), static_cast<size_t>(20));
+    CHECK_EQ(KvshareHybridBlockManager(c).GetNumFreeNpuBlocks(), static_cast<size_t>(20));
 
     // Factory: COMPOSITE needs subManagers; REQUESTSLIDINGWINDOW and a SLIDING_WINDOW
     // self-attention config are one window group; REQUESTSINGLE is refused as MindIE does.
@@ -423,15 +435,242 @@ void ConfigsAndFactory() {
     CheckHybrid(*hc);
     comp->Free(8);
     comp->Free(8);
-    CHECK_EQ(comp->GetNumFreeNpuBlocks(), static_cast<size_t>(15));
-    // Too long for the pool at all: NEVER; Allocate anyway throws NO_SPACE and changes nothing.
-    auto big = MakeSeq(10, Range(1, 40));
+    CHECK_EQ(comp->GetNumFreeNpuBlocks(), static_cast<size_t>(16));
+    // Too long for a group at all: NEVER; Allocate anyway throws NO_SPACE and changes nothing.
+    auto big = MakeSeq(10, Range(1, 68));
     auto gbig = MakeGroup({big});
     CHECK(comp->CanAllocate(gbig) == AllocStatus::NEVER);
     CHECK_THROWS(std::runtime_error, comp->Allocate(gbig), "KVS_STATUS_NO_SPACE");
-    CHECK_EQ(comp->GetNumFreeNpuBlocks(), static_cast<size_t>(15));
+    CHECK_EQ(comp->GetNumFreeNpuBlocks(), static_cast<size_t>(16));
     CheckHybrid(*hc);
     std::printf("configs and factory: ok\n");
+}
+
+
+BlockManagerConfig Window(size_t bs, size_t npu, size_t blocks, bool caching = false) {
+    BlockManagerConfig c = Config(bs, npu, 0, caching);
+    c.cacheType = KvCacheType::SLIDING_WINDOW;
+    c.requestBlockWindowSize = blocks;
+    return c;
+}
+
+// MindIE's chunked prefill (FcfsPolicy::ScheduleChunkedPrefill): Allocate takes the whole prompt,
+// then every step ScheduleRunningSeqGroup calls AppendSlot with no new token while
+// numComputedTokens_ grows by the chunk. The chunk that starts at token c reads from c - W + 1 on
+// (window W = (N-1)*blockSize + 1 tokens), so the window group keeps that block and every later
+// one: it releases by the tokens computed, not by the tokens it holds.
+void ChunkedPrefillReleasesByComputed() {
+    const size_t bs = 4;
+    for (bool composite : {false, true}) {
+        BlockManagerConfig c = Window(bs, 64, 2);  // W = 5 tokens
+        if (composite) {
+            c = Composite(bs, 64, false, 2);
+        }
+        KvshareHybridBlockManager m(c);
+        const size_t g = composite ? 1 : 0;
+        auto s = MakeSeq(1, Range(1, 40));  // 10 blocks
+        auto grp = MakeGroup({s});
+        CHECK(m.CanAllocate(grp) == AllocStatus::OK);
+        CHECK(m.Allocate(grp));
+        s->status_ = SequenceStatus::RUNNING;
+        CHECK_EQ(m.GetBlockIds(1).at(g).size(), static_cast<size_t>(10));
+        for (size_t computed : {16, 32}) {
+            s->data_.numComputedTokens_ = computed;
+            CHECK(m.CanAppendSlot(grp));
+            CHECK(m.AppendSlot(s).empty());
+            CHECK(m.GetTokenCountPerRank(1) == std::vector<size_t>{40});  // the tokens the tables cover
+            size_t first = (computed - 4) / bs;  // the block of token computed - W + 1
+            CHECK_EQ(m.GetBlockIds(1).at(g).size(), 10 - first);
+            if (composite) {
+                CHECK_EQ(m.GetBlockIds(1).at(0).size(), static_cast<size_t>(10));
+            }
+        }
+        // The last chunk computed: decoding from token 40 on reads from 36 on.
+        s->data_.numComputedTokens_ = 40;
+        s->data_.stage_ = SequenceStage::DECODE;
+        s->data_.outputTokenIds.push_back(7);
+        CHECK(m.AppendSlot(s).empty());
+        CHECK_EQ(m.GetBlockIds(1).at(g).size(), static_cast<size_t>(2));
+        CheckHybrid(m);
+    }
+    std::printf("chunked prefill releases by computed tokens: ok\n");
+}
+
+// A block is a prefix hit only once its KV is computed: kvshare gets a sequence's tokens as its
+// numComputedTokens_ covers them. A prompt admitted in the same step as an identical one shares
+// nothing of it; one that meets a chunked prefill half done shares the chunks computed; the
+// sequences of one group all get the hit GetSeqNumCachedTokens reported, even with a window of
+// one block, whose hit holds none of the blocks it was found by; Free hands over the last
+// step's tokens.
+void HitsOnceComputed() {
+    const size_t bs = 4;
+    for (size_t window : {1, 2}) {
+        KvshareHybridBlockManager m(Composite(bs, 64, true, window));
+        const std::vector<TokenId> prompt = Range(100, 40);
+        auto a = MakeSeq(1, prompt);
+        auto ga = MakeGroup({a});
+        CHECK(m.Allocate(ga));
+        a->status_ = SequenceStatus::RUNNING;
+        auto b = MakeSeq(2, prompt);
+        CHECK_EQ(m.GetSeqNumCachedTokens(b), static_cast<size_t>(0));  // same step: nothing computed
+        // Chunked prefill: 16 tokens computed, the next chunk scheduled.
+        a->data_.numComputedTokens_ = 16;
+        CHECK(m.AppendSlot(a).empty());
+        CHECK_EQ(m.GetSeqNumCachedTokens(b), static_cast<size_t>(16));
+        a->data_.numComputedTokens_ = 32;
+        CHECK(m.AppendSlot(a).empty());
+        CHECK_EQ(m.GetSeqNumCachedTokens(b), static_cast<size_t>(32));
+        // The last chunk computed and a token sampled; the request ends: Free hands the rest over.
+        a->data_.numComputedTokens_ = 40;
+        a->data_.stage_ = SequenceStage::DECODE;
+        a->data_.outputTokenIds.push_back(9);
+        m.Free(1);
+        CHECK_EQ(m.GetSeqNumCachedTokens(b), static_cast<size_t>(36));  // at most len-1, whole blocks
+        CheckHybrid(m);
+    }
+    // A group of three sequences whose window group (one block) has 3 blocks: the first
+    // sequences' new blocks evict the blocks the hit was found by; every sequence still gets the
+    // hit that GetSeqNumCachedTokens reported.
+    BlockManagerConfig c = Composite(bs, 64, true, 1);
+    c.subManagers[1].npuBlockNum = 3;
+    KvshareHybridBlockManager m(c);
+    auto a = MakeSeq(1, Range(100, 8));
+    CHECK(m.Allocate(MakeGroup({a})));
+    a->data_.numComputedTokens_ = 8;
+    a->data_.stage_ = SequenceStage::DECODE;
+    a->data_.outputTokenIds.push_back(9);
+    CHECK(m.AppendSlot(a).empty());
+    m.Free(1);
+    std::vector<SequenceSPtr> seqs;
+    for (SequenceId id = 3; id <= 5; ++id) {
+        seqs.push_back(MakeSeq(id, Concat(Range(100, 8), Range(500, 4))));
+    }
+    size_t probe = m.GetSeqNumCachedTokens(seqs[0]);
+    CHECK_EQ(probe, static_cast<size_t>(8));
+    CHECK(m.Allocate(MakeGroup(seqs)));
+    for (const auto &s : seqs) {
+        CHECK_EQ(m.GetNumCachedTokens(s), probe);
+    }
+    CheckHybrid(m);
+    std::printf("hits once computed: ok\n");
+}
+
+// A group's sequences each take their own blocks (kvs_hybrid has no fork): a group whose
+// sequences together need more blocks than a group has can never be allocated, and CanAllocate
+// says NEVER (LATER would stop MindIE's FCFS waiting queue at it for good).
+void GroupThatNeverFits() {
+    const size_t bs = 4;
+    KvshareHybridBlockManager m(Composite(bs, 16, false, 2));
+    std::vector<SequenceSPtr> three = {MakeSeq(1, Range(1, 6 * bs)), MakeSeq(2, Range(1, 6 * bs)),
+                                       MakeSeq(3, Range(1, 6 * bs))};
+    CHECK(m.CanAllocate(MakeGroup(three)) == AllocStatus::NEVER);  // 18 blocks of 16
+    std::vector<SequenceSPtr> two = {MakeSeq(4, Range(1, 8 * bs)), MakeSeq(5, Range(1, 8 * bs))};
+    auto g = MakeGroup(two);
+    CHECK(m.CanAllocate(g) == AllocStatus::OK);  // 16 of 16
+    CHECK(m.Allocate(g));
+    CHECK(m.CanAllocate(MakeGroup({MakeSeq(6, Range(1, 5))})) == AllocStatus::LATER);
+    std::printf("a group that never fits: ok\n");
+}
+
+// The patched MindIE factory (patches/) calls CreateKvshareBlockManager for every
+// SELFATTNBLOCKMANAGER config; MindIE's scheduler sets a one-desc config's cacheType, so a
+// SLIDING_WINDOW config must come back as a manager that serves it, as from the drop-in factory.
+void PatchedFactoryServesSlidingWindow() {
+    BlockManagerConfig sw = Window(4, 16, 2, true);
+    mindie_llm::BlockSpaceManagerSPtr m;
+    try {
+        m = kvshare_mindie::CreateKvshareBlockManager(sw, 3);
+    } catch (const std::exception &e) {
+        std::fprintf(stderr, "CreateKvshareBlockManager(SLIDING_WINDOW) threw: %s\n", e.what());
+        CHECK(false);
+    }
+    auto *h = dynamic_cast<KvshareHybridBlockManager *>(m.get());
+    CHECK(h != nullptr && h->WindowBlocks() == std::vector<size_t>{2});
+    CHECK_EQ(m->GetLocalDPRank(), static_cast<size_t>(3));
+    auto s = MakeSeq(1, Range(1, 13));
+    auto g = MakeGroup({s});
+    CHECK(m->CanAllocate(g) == AllocStatus::OK);
+    CHECK(m->Allocate(g));
+    s->data_.numComputedTokens_ = 13;
+    s->data_.stage_ = SequenceStage::DECODE;
+    s->data_.outputTokenIds.push_back(5);
+    CHECK(m->AppendSlot(s).empty());
+    CHECK_EQ(m->GetBlockIds(1).at(0).size(), static_cast<size_t>(2));
+    // A TOKEN config still gets the block manager.
+    auto t = kvshare_mindie::CreateKvshareBlockManager(Config(4, 16, 4, true));
+    CHECK(dynamic_cast<kvshare_mindie::KvshareBlockManager *>(t.get()) != nullptr);
+    std::printf("patched factory serves SLIDING_WINDOW: ok\n");
+}
+
+// MindIE's own manager offers npuBlockNum - reservedBlockNum blocks, ids 0.., and answers OK for a
+// prompt that needs every one of them (NEVER only beyond); GetTotalNpuBlocks is npuBlockNum.
+void EveryConfiguredBlock() {
+    const size_t bs = 4;
+    for (size_t window : {0, 1, 3}) {
+        BlockManagerConfig c = window == 0 ? Config(bs, 16, 0, false) : Window(bs, 16, window);
+        c.reservedBlockNum = 2;
+        KvshareHybridBlockManager m(c);
+        auto s = MakeSeq(1, Range(1, 14 * bs));
+        auto g = MakeGroup({s});
+        CHECK(m.CanAllocate(g) == AllocStatus::OK);
+        auto over = MakeSeq(2, Range(1, 14 * bs + 1));
+        CHECK(m.CanAllocate(MakeGroup({over})) == AllocStatus::NEVER);
+        CHECK_EQ(m.GetTotalNpuBlocks(), static_cast<size_t>(16));
+        CHECK_EQ(m.GetNumFreeNpuBlocks(), static_cast<size_t>(14));
+        CHECK(m.Allocate(g));
+        BlockIds ids = m.GetBlockIds(1).at(0);
+        std::sort(ids.begin(), ids.end());
+        CHECK(ids == Range(0, 14));
+        CHECK_EQ(m.GetNumFreeNpuBlocks(), static_cast<size_t>(0));
+        m.Free(1);
+        CHECK_EQ(m.GetNumFreeNpuBlocks(), static_cast<size_t>(14));
+        CheckHybrid(m);
+    }
+    std::printf("every configured block: ok\n");
+}
+
+// MindIE sizes each cache group's tensor on its own (mindie_llm/runtime/utils/distributed/
+// model_cache_pool.py): a SLIDING_WINDOW group gets 12 * max_batch_size + 2 blocks, TOKEN groups
+// the rest of the memory. With max_batch_size 8 that is 98 window blocks next to, say, 4000
+// full-attention ones: every group offers its own count.
+void CompositeSizedPerSubManager() {
+    const size_t bs = 4;
+    BlockManagerConfig full = Config(bs, 4000, 0, false);
+    BlockManagerConfig sw = Window(bs, 98, 2);
+    BlockManagerConfig c = Config(bs, 4000, 0, false);
+    c.subManagers = {full, sw};
+    KvshareHybridBlockManager m(c);
+    auto over = MakeSeq(1000, Range(1, 98 * bs + 1));  // more blocks than the window group has
+    CHECK(m.CanAllocate(MakeGroup({over})) == AllocStatus::NEVER);
+    auto most = MakeSeq(1001, Range(1, 98 * bs));
+    CHECK(m.CanAllocate(MakeGroup({most})) == AllocStatus::OK);
+    // 49-block prompts, each decoding one token once its prefill is computed (the window group
+    // then holds 2 blocks of it): the full-attention group holds far more than 98 blocks.
+    size_t fullHeld = 0;
+    for (SequenceId id = 1; id <= 20; ++id) {
+        auto s = MakeSeq(id, Range(static_cast<TokenId>(100 * id), 49 * bs));
+        auto g = MakeGroup({s});
+        CHECK(m.CanAllocate(g) == AllocStatus::OK);
+        CHECK(m.Allocate(g));
+        s->status_ = SequenceStatus::RUNNING;
+        s->data_.numComputedTokens_ = 49 * bs;
+        s->data_.stage_ = SequenceStage::DECODE;
+        s->data_.outputTokenIds.push_back(1);
+        CHECK(m.CanAppendSlot(g));
+        CHECK(m.AppendSlot(s).empty());
+        std::vector<BlockIds> ids = m.GetBlockIds(id);
+        CHECK_EQ(ids.at(0).size(), static_cast<size_t>(50));
+        CHECK_EQ(ids.at(1).size(), static_cast<size_t>(2));
+        for (BlockId b : ids.at(0)) {
+            CHECK(b >= 0 && b < 4000);
+        }
+        for (BlockId b : ids.at(1)) {
+            CHECK(b >= 0 && b < 98);
+        }
+        fullHeld += ids.at(0).size();
+    }
+    CHECK_EQ(fullHeld, static_cast<size_t>(1000));
+    std::printf("composite sized per sub-manager: ok\n");
 }
 
 }  // namespace
@@ -447,6 +686,12 @@ int main(int argc, char **argv) {
         CachedTokensAgree(seed, 300);
     }
     ConfigsAndFactory();
+    ChunkedPrefillReleasesByComputed();
+    HitsOnceComputed();
+    GroupThatNeverFits();
+    PatchedFactoryServesSlidingWindow();
+    EveryConfiguredBlock();
+    CompositeSizedPerSubManager();
     if (Failures() != 0) {
         std::printf("test_hybrid: %d failure(s)\n", Failures());
         return 1;
