@@ -3,7 +3,7 @@
 //! every sequence and buffer before writing anything.
 
 use super::error::{Error, Result};
-use super::seq::check_room_named;
+use super::sequences::check_room;
 use super::state::State;
 
 /// What the batch builders read of one sequence: its block table (in the group asked for) and
@@ -16,7 +16,6 @@ pub(crate) struct TableView<'a> {
 /// Fills `table` (row-major `[ids.len(), max_pages]`) with each sequence's page ids, padded
 /// with `pad`, and `context_lens` (if not empty) with token counts; `view` finds a sequence (an
 /// error for an unknown one). Checks every sequence and buffer first: writes nothing on error.
-/// Shared by the one-group cache and the hybrid cache's per-group tables.
 pub(crate) fn fill_block_tables<'a>(
     ids: &[u64],
     max_pages: usize,
@@ -29,9 +28,9 @@ pub(crate) fn fill_block_tables<'a>(
         .len()
         .checked_mul(max_pages)
         .ok_or_else(|| Error::arg("max_pages_per_seq", "overflow"))?;
-    check_room_named("table_out", needed, table.len())?;
+    check_room("table_out", needed, table.len())?;
     if !context_lens.is_empty() {
-        check_room_named("context_lens_out", ids.len(), context_lens.len())?;
+        check_room("context_lens_out", ids.len(), context_lens.len())?;
     }
     for &id in ids {
         let s = view(id)?;
@@ -102,7 +101,7 @@ pub(crate) fn fill_slot_mapping<'a>(
         }
         total += q as usize;
     }
-    check_room_named("slots_out", total, out.len())?;
+    check_room("slots_out", total, out.len())?;
     let ps = page_size;
     let mut k = 0;
     for (&id, &q) in ids.iter().zip(query_lens) {
@@ -122,47 +121,58 @@ pub(crate) fn fill_slot_mapping<'a>(
 }
 
 impl State {
-    /// Fills `table` (row-major `[ids.len(), max_pages]`) with each sequence's page ids, padded
-    /// with `pad`, and `context_lens` (if not empty) with token counts. Writes nothing on error.
+    fn table_view(&self, group: usize, id: u64) -> Result<TableView<'_>> {
+        let s = self.device_seq(id)?;
+        Ok(TableView {
+            pages: &s.tables[group],
+            num_tokens: s.tokens.len(),
+        })
+    }
+
+    /// Fills `table` (row-major `[ids.len(), max_pages]`) with each sequence's page ids in
+    /// `group` (the null page at released positions), padded with `pad`, and `context_lens` (if
+    /// not empty) with token counts. Writes nothing on error.
     pub fn block_tables(
         &self,
+        group: usize,
         ids: &[u64],
         max_pages: usize,
         pad: i32,
         table: &mut [i32],
         context_lens: &mut [i32],
     ) -> Result<()> {
+        self.check_group(group)?;
         fill_block_tables(ids, max_pages, pad, table, context_lens, |id| {
-            let s = self.device_seq(id)?;
-            Ok(TableView {
-                pages: &s.pages,
-                num_tokens: s.tokens.len(),
-            })
+            self.table_view(group, id)
         })
     }
 
-    /// Slot ids (`page * page_size + offset`) of the last `query_lens[i]` tokens of each
-    /// sequence, concatenated; entries after them are set to -1 (padding). Tokens whose KV is
-    /// already in a shared cached page (see `skip_cached_writes`) get -1 too, so recomputing them
-    /// never overwrites shared KV. Returns the number of query slots (the sum of `query_lens`).
-    /// Writes nothing on error.
-    pub fn slot_mapping(&self, ids: &[u64], query_lens: &[u32], out: &mut [i64]) -> Result<usize> {
-        let ps = self.page_size;
+    /// Slot ids (`page * page_size + offset`) in `group` of the last `query_lens[i]` tokens of
+    /// each sequence, concatenated; entries after them are set to -1 (padding). Tokens whose KV
+    /// is already in a shared cached page (see `skip_cached_writes`) get -1 too, so recomputing
+    /// them never overwrites shared KV, and so do tokens at a position the group released.
+    /// Returns the number of query slots (the sum of `query_lens`). Writes nothing on error.
+    pub fn slot_mapping(
+        &self,
+        group: usize,
+        ids: &[u64],
+        query_lens: &[u32],
+        out: &mut [i64],
+    ) -> Result<usize> {
+        self.check_group(group)?;
+        let ps = self.ps;
         fill_slot_mapping(
             ids,
             query_lens,
             ps,
             out,
-            |id| {
-                let s = self.device_seq(id)?;
-                Ok(TableView {
-                    pages: &s.pages,
-                    num_tokens: s.tokens.len(),
-                })
-            },
+            |id| self.table_view(group, id),
             |id, pos| {
                 let s = &self.seqs[&id];
-                pos < s.cached_tokens || s.borrowed.binary_search(&((pos / ps) as u32)).is_ok()
+                let j = pos / ps;
+                pos < s.cached_tokens
+                    || self.is_null(s.tables[group][j])
+                    || s.borrowed[group].binary_search(&(j as u32)).is_ok()
             },
         )
     }

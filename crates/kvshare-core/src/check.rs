@@ -2,105 +2,95 @@
 //! principles and reports the first disagreement.
 
 use super::alloc::try_vec;
-use super::config::Tier;
+use super::config::{GroupKind, StateMode};
+use super::copies::CopyKind;
 use super::error::{Error, Result};
 use super::pool::{PagePool, PageState};
-use super::state::State;
+use super::prefix::PrefixIndex;
+use super::seq::{Seq, HOST_NULL};
+use super::state::{State, NULL_PAGE};
+use super::tier::Tier;
 
 fn violation(msg: String) -> Result<()> {
     Err(Error::InvariantViolation(msg))
 }
 
+/// No group holds the page.
+const NO_GROUP: u32 = u32::MAX;
+
+/// Per pool and tier: sequence holders of each page, and the group whose tables hold it.
+struct Holders {
+    count: [Vec<Vec<u32>>; 2],
+    owner: Vec<Vec<u32>>,
+}
+
 impl State {
-    /// Verifies: refcount = sequence + external + pin holders for every page; each page is on
-    /// exactly the list its state says (free / the cached list of its priority / none when in
-    /// use); cached ⇔ registered for unreferenced pages; list lengths and counters agree with a
-    /// full recount; free + cached + in use = usable pages; every index entry (both tiers) points
-    /// at a page registered under that digest; every sequence's pages are valid and cover its
-    /// tokens; pins hold what the pin table says.
+    /// Verifies: every sequence has one table per group, all as long, covering its tokens;
+    /// released (null) positions only where the group's kind releases (a prefix for windows,
+    /// chunks and "all" states; an "align" state group's last position and at most one more
+    /// live; a "none" state group exactly one page, at the last position); a device page is
+    /// held by the tables of one group only and registered for that group; a held registered
+    /// page carries the digest of its position; refcount = sequence + external + pin holders
+    /// for every page; each page is on exactly the list its state says (free / the cached list
+    /// of its priority / none when in use); cached ⇔ registered for unreferenced pages (vLLM's
+    /// reuse order also parks pages without content behind the cached ones); list lengths and
+    /// counters agree with a full recount; free + cached + in use = usable pages; every index
+    /// entry (both tiers) points at a page registered under that digest; duplicates are listed
+    /// both ways under a registered digest; pins hold what the pin table says.
     pub fn check(&self) -> Result<()> {
-        let ps = self.page_size;
-        let mut holders = [
-            try_vec(self.device.num_pages() as usize, 0u32, "num_device_pages")?,
-            try_vec(self.host.num_pages() as usize, 0u32, "num_host_pages")?,
-        ];
+        let np = self.pools.len();
+        let mut h = Holders {
+            count: [Vec::with_capacity(np), Vec::with_capacity(np)],
+            owner: Vec::with_capacity(np),
+        };
+        for p in &self.pools {
+            h.count[0].push(try_vec(p.device.num_pages() as usize, 0u32, "num_device_pages")?);
+            h.count[1].push(try_vec(p.host.num_pages() as usize, 0u32, "num_host_pages")?);
+            h.owner.push(try_vec(p.device.num_pages() as usize, NO_GROUP, "num_device_pages")?);
+        }
         for (&id, s) in &self.seqs {
-            let t = usize::from(s.tier == Tier::Host);
-            let pool = self.pool(s.tier);
-            if s.pages.len() < s.tokens.len().div_ceil(ps) {
-                return violation(format!(
-                    "sequence {id}: {} pages cannot hold {} tokens",
-                    s.pages.len(),
-                    s.tokens.len()
-                ));
-            }
-            if s.hashes.len() > s.tokens.len() / ps {
-                return violation(format!("sequence {id}: more page digests than full pages"));
-            }
-            for &p in &s.pages {
-                if pool.check_id(p).is_err() {
-                    return violation(format!("sequence {id}: bad {} page id {p}", s.tier));
-                }
-                holders[t][p as usize] += 1;
-            }
+            self.check_seq(id, s, &mut h)?;
         }
         // A queued unit-hit copy holds its source page until taken.
         for q in &self.copies {
             if q.holds_src {
-                let t = usize::from(q.copy.kind == super::seq::CopyKind::HostToDevice);
-                let pool = [&self.device, &self.host][t];
-                if pool.check_id(q.copy.src_page).is_err() {
+                let pool = self.groups[q.copy.group as usize].pool;
+                let t = usize::from(q.copy.kind == CopyKind::HostToDevice);
+                let pp = [&self.pools[pool].device, &self.pools[pool].host][t];
+                if pp.check_id(q.copy.src_page).is_err() {
                     return violation(format!("queued copy: bad source page {}", q.copy.src_page));
                 }
-                holders[t][q.copy.src_page as usize] += 1;
+                h.count[t][pool][q.copy.src_page as usize] += 1;
             }
         }
-        let mut pins = try_vec(self.device.num_pages() as usize, 0u32, "num_device_pages")?;
+        let mut pins: Vec<Vec<u32>> = Vec::with_capacity(np);
+        for p in &self.pools {
+            pins.push(try_vec(p.device.num_pages() as usize, 0u32, "num_device_pages")?);
+        }
         for (&id, pages) in &self.pins {
-            for &p in pages {
-                if self.device.check_id(p).is_err() {
+            for &(g, p) in pages {
+                let Some(grp) = self.groups.get(g as usize) else {
+                    return violation(format!("pin {id}: bad group {g}"));
+                };
+                if self.pools[grp.pool].device.check_id(p).is_err() {
                     return violation(format!("pin {id}: bad page id {p}"));
                 }
-                pins[p as usize] += 1;
+                pins[grp.pool][p as usize] += 1;
             }
         }
-        for p in 0..self.device.num_pages() {
-            if self.device.pins(p) != pins[p as usize] {
-                return violation(format!(
-                    "device page {p}: {} pins recorded, {} in the pin table",
-                    self.device.pins(p),
-                    pins[p as usize]
-                ));
-            }
-        }
-        self.check_pool(&self.device, &holders[0])?;
-        self.check_pool(&self.host, &holders[1])?;
-
-        for (tier, ix, pool) in [
-            (Tier::Device, &self.index, &self.device),
-            (Tier::Host, &self.host_index, &self.host),
-        ] {
-            for (h, p) in ix.entries() {
-                if pool.check_id(p).is_err() || ix.hash_of(p) != Some(h) {
-                    return violation(format!("{tier} index entry {h:032x} points at page {p}, which is not registered under it"));
+        for (pi, pool) in self.pools.iter().enumerate() {
+            for p in 0..pool.device.num_pages() {
+                if pool.device.pins(p) != pins[pi][p as usize] {
+                    return violation(format!(
+                        "pool {pi} device page {p}: {} pins recorded, {} in the pin table",
+                        pool.device.pins(p),
+                        pins[pi][p as usize]
+                    ));
                 }
             }
-            if let Some((g, p)) = ix.stray_unit_key() {
-                return violation(format!(
-                    "{tier} unit key {g:032x} points at page {p}, which does not hold that unit prefix"
-                ));
-            }
-            if ix.registered_count() != ix.len() + ix.partial_len() {
-                return violation(format!(
-                    "{tier}: {} pages flagged registered but the index has {} entries and {} partial ones",
-                    ix.registered_count(),
-                    ix.len(),
-                    ix.partial_len()
-                ));
-            }
-        }
-        if !self.cfg.enable_prefix_caching && !self.index.is_empty() {
-            return violation("prefix caching is off but the index has entries".into());
+            self.check_pool(pi, &pool.device, &h.count[0][pi])?;
+            self.check_pool(pi, &pool.host, &h.count[1][pi])?;
+            self.check_indices(pi, &h.owner[pi])?;
         }
         // The commit queue may hold ids of sequences freed (or freed and reused) since; what must
         // hold is that every sequence flagged pending is queued.
@@ -114,16 +104,193 @@ impl State {
         Ok(())
     }
 
-    fn check_pool(&self, pool: &PagePool, seq_holders: &[u32]) -> Result<()> {
+    fn check_seq(&self, id: u64, s: &Seq, h: &mut Holders) -> Result<()> {
+        let ps = self.ps;
+        let ng = self.groups.len();
+        if s.tables.len() != ng
+            || s.offered.len() != ng
+            || s.grow.len() != ng
+            || s.borrowed.len() != ng
+        {
+            return violation(format!("sequence {id}: per-group records of the wrong count"));
+        }
+        let len = s.len();
+        if len < s.tokens.len().div_ceil(ps) {
+            return violation(format!(
+                "sequence {id}: {len} pages cannot hold {} tokens",
+                s.tokens.len()
+            ));
+        }
+        if s.keys.len() > s.tokens.len() / ps {
+            return violation(format!("sequence {id}: more page digests than full pages"));
+        }
+        let t_ix = usize::from(s.tier == Tier::Host);
+        for (g, t) in s.tables.iter().enumerate() {
+            if t.len() != len {
+                return violation(format!(
+                    "sequence {id}: group {g} has {} pages, group 0 {len}",
+                    t.len()
+                ));
+            }
+            let pool = self.groups[g].pool;
+            let null = |p: u32| match s.tier {
+                Tier::Device => self.is_null(p),
+                Tier::Host => p == HOST_NULL,
+            };
+            let nulls = t.iter().take_while(|&&p| null(p)).count();
+            let live = t.iter().filter(|&&p| !null(p)).count();
+            match self.groups[g].kind {
+                GroupKind::Full if nulls > 0 || live != t.len() => {
+                    return violation(format!(
+                        "sequence {id}: full-attention group {g} holds a released position"
+                    ));
+                }
+                GroupKind::State(StateMode::Align) => {
+                    // The running state at the end, and at most the previous step's page.
+                    if live > 2 || t.last().is_some_and(|&p| null(p) && live > 0) {
+                        return violation(format!(
+                            "sequence {id}: state group {g} (mode align) holds {live} pages, not the last one and at most one more"
+                        ));
+                    }
+                }
+                GroupKind::State(StateMode::None) if !t.is_empty() && nulls + 1 != t.len() => {
+                    return violation(format!(
+                        "sequence {id}: state group {g} (mode none) holds {live} pages, not one at the end"
+                    ));
+                }
+                _ if t[nulls..].iter().any(|&p| null(p)) => {
+                    return violation(format!(
+                        "sequence {id}: group {g} has a released position after a live one"
+                    ));
+                }
+                _ => {}
+            }
+            let pp = [&self.pools[pool].device, &self.pools[pool].host][t_ix];
+            for (j, &p) in t.iter().enumerate() {
+                if null(p) {
+                    continue;
+                }
+                if pp.check_id(p).is_err() {
+                    return violation(format!("sequence {id}: group {g}: bad {} page id {p}", s.tier));
+                }
+                h.count[t_ix][pool][p as usize] += 1;
+                if s.tier == Tier::Host {
+                    continue;
+                }
+                let o = &mut h.owner[pool][p as usize];
+                if *o != NO_GROUP && *o != g as u32 {
+                    return violation(format!(
+                        "page {p} of pool {pool} held by groups {o} and {g}"
+                    ));
+                }
+                *o = g as u32;
+                if !self.cfg.enable_prefix_caching {
+                    continue;
+                }
+                let pl = &self.pools[pool];
+                let digest = match (pl.index.hash_of(p), pl.dup_of[p as usize]) {
+                    (Some(hash), _) => Some((pl.index.group_of(p), hash)),
+                    (None, d) => d,
+                };
+                if let (Some((dg, hash)), Some(k)) = (digest, s.keys.get(j)) {
+                    if dg != g as u32 || hash != k.hash {
+                        return violation(format!(
+                            "sequence {id}: group {g} page {p} at {j} is registered under another group or digest"
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn check_indices(&self, pi: usize, owner: &[u32]) -> Result<()> {
+        let pool = &self.pools[pi];
+        for (tier, ix, pp) in [
+            (Tier::Device, &pool.index, &pool.device),
+            (Tier::Host, &pool.host_index, &pool.host),
+        ] {
+            if !self.cfg.enable_prefix_caching && !ix.is_empty() {
+                return violation(format!(
+                    "prefix caching is off but the {tier} index has entries"
+                ));
+            }
+            for (g, hash, p) in ix.entries() {
+                if pp.check_id(p).is_err() || ix.hash_of(p) != Some(hash) || ix.group_of(p) != g {
+                    return violation(format!("pool {pi} {tier} index entry {hash:032x} of group {g} points at page {p}, which is not registered under it"));
+                }
+                if self.groups.get(g as usize).is_none_or(|grp| grp.pool != pi) {
+                    return violation(format!(
+                        "pool {pi} {tier} index entry {hash:032x}: group {g} is not a group of the pool"
+                    ));
+                }
+                if tier == Tier::Device {
+                    let o = owner[p as usize];
+                    if o != NO_GROUP && o != g {
+                        return violation(format!(
+                            "pool {pi}: page {p} registered for group {g} is held by group {o}"
+                        ));
+                    }
+                }
+            }
+            if let Some((g, p)) = ix.stray_unit_key() {
+                return violation(format!(
+                    "pool {pi} {tier} unit key {g:032x} and page {p} disagree (a listed page without that unit prefix, broken links, or a registered page's key left out)"
+                ));
+            }
+            if ix.registered_count() != ix.len() + ix.partial_len() {
+                return violation(format!(
+                    "pool {pi} {tier}: {} pages flagged registered but the index has {} entries and {} partial ones",
+                    ix.registered_count(),
+                    ix.len(),
+                    ix.partial_len()
+                ));
+            }
+        }
+        for (&key, pages) in &pool.dups {
+            if pages.is_empty() {
+                return violation(format!("pool {pi}: an empty duplicate list"));
+            }
+            for &p in pages {
+                let Some((g, hash)) = pool.dup_of[p as usize] else {
+                    return violation(format!("pool {pi}: duplicate page {p} is not marked"));
+                };
+                if PrefixIndex::key(g, hash) != key
+                    || pool.index.is_registered(p)
+                    || pool.index.find(g, hash).is_none()
+                {
+                    return violation(format!(
+                        "pool {pi}: duplicate page {p} is not recorded as one of a registered page"
+                    ));
+                }
+            }
+        }
+        for (p, m) in pool.dup_of.iter().enumerate() {
+            if let Some((g, hash)) = *m {
+                let listed = pool
+                    .dups
+                    .get(&PrefixIndex::key(g, hash))
+                    .is_some_and(|l| l.contains(&(p as u32)));
+                if !listed {
+                    return violation(format!(
+                        "pool {pi}: page {p} marked a duplicate of group {g} but not listed"
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn check_pool(&self, pi: usize, pool: &PagePool, seq_holders: &[u32]) -> Result<()> {
         let tier = pool.tier();
         let Some((free, cached)) = pool.lists() else {
-            return violation(format!("{tier} page lists are corrupt"));
+            return violation(format!("pool {pi} {tier} page lists are corrupt"));
         };
         // 0: on no list; 1: free; 2 + k: cached list k. Any page seen twice is an error.
         let mut on = try_vec(pool.num_pages() as usize, 0u8, "num_pages")?;
         let mut mark = |p: u32, m: u8| -> Result<()> {
             if on[p as usize] != 0 {
-                return violation(format!("{tier} page {p} is on two lists"));
+                return violation(format!("pool {pi} {tier} page {p} is on two lists"));
             }
             on[p as usize] = m;
             Ok(())
@@ -136,21 +303,24 @@ impl State {
                 mark(p, 2 + k as u8)?;
             }
         }
+        let parked = self.cfg.vllm_free_order && tier == Tier::Device;
         let (mut n_in_use, mut n_shared, mut n_pinned) = (0usize, 0usize, 0usize);
         for p in 0..pool.num_pages() {
             let i = p as usize;
             let rc = pool.refcount(p);
-            let registered = self.is_registered_in(tier, p);
+            let registered = self.is_registered_in(pi, tier, p);
             if Some(p) == pool.padding() {
-                if rc != 0 || on[i] != 0 || registered || seq_holders[i] != 0 {
-                    return violation(format!("padding page {p} is in use, listed or registered"));
+                if p != NULL_PAGE || rc != 0 || on[i] != 0 || registered || seq_holders[i] != 0 {
+                    return violation(format!(
+                        "pool {pi}: padding page {p} is in use, listed or registered"
+                    ));
                 }
                 continue;
             }
             let expect = seq_holders[i] + pool.ext_refs(p) + pool.pins(p);
             if rc != expect {
                 return violation(format!(
-                    "{tier} page {p}: refcount {rc} but {} sequence + {} external + {} pin holders",
+                    "pool {pi} {tier} page {p}: refcount {rc} but {} sequence + {} external + {} pin holders",
                     seq_holders[i],
                     pool.ext_refs(p),
                     pool.pins(p)
@@ -159,15 +329,18 @@ impl State {
             let state = pool.state(p);
             match (rc, on[i]) {
                 (0, 1) if !registered && state == PageState::Free => {}
-                (0, m) if m >= 2 && registered && state == PageState::Cached => {
+                (0, m) if m >= 2 && (registered || parked) && state == PageState::Cached => {
                     let k = m - 2;
                     if pool.cached_list(p) != Some(k) || pool.priority(p) != k {
-                        return violation(format!("{tier} page {p}: on cached list {k} but priority {}", pool.priority(p)));
+                        return violation(format!(
+                            "pool {pi} {tier} page {p}: on cached list {k} but priority {}",
+                            pool.priority(p)
+                        ));
                     }
                 }
                 (0, _) => {
                     return violation(format!(
-                        "{tier} page {p}: unreferenced, registered={registered}, list mark {}, state {state:?}",
+                        "pool {pi} {tier} page {p}: unreferenced, registered={registered}, list mark {}, state {state:?}",
                         on[i]
                     ))
                 }
@@ -176,7 +349,12 @@ impl State {
                     n_shared += usize::from(rc > 1);
                     n_pinned += usize::from(pool.pins(p) > 0);
                 }
-                _ => return violation(format!("{tier} page {p}: refcount {rc} but on a list (mark {})", on[i])),
+                _ => {
+                    return violation(format!(
+                        "pool {pi} {tier} page {p}: refcount {rc} but on a list (mark {})",
+                        on[i]
+                    ))
+                }
             }
         }
         if n_in_use != pool.num_in_use()
@@ -184,7 +362,7 @@ impl State {
             || n_pinned != pool.num_pinned()
         {
             return violation(format!(
-                "{tier} counters: in use/shared/pinned {}/{}/{} recorded, {n_in_use}/{n_shared}/{n_pinned} counted",
+                "pool {pi} {tier} counters: in use/shared/pinned {}/{}/{} recorded, {n_in_use}/{n_shared}/{n_pinned} counted",
                 pool.num_in_use(),
                 pool.num_shared(),
                 pool.num_pinned()
@@ -194,13 +372,13 @@ impl State {
         let usable = self.cfg.usable_pages(tier) as usize;
         if free.len() + n_cached + n_in_use != usable {
             return violation(format!(
-                "{tier}: free {} + cached {n_cached} + in use {n_in_use} != usable {usable}",
+                "pool {pi} {tier}: free {} + cached {n_cached} + in use {n_in_use} != usable {usable}",
                 free.len()
             ));
         }
         if free.len() != pool.num_free() || n_cached != pool.num_cached() {
             return violation(format!(
-                "{tier}: list length counters disagree with the lists"
+                "pool {pi} {tier}: list length counters disagree with the lists"
             ));
         }
         Ok(())

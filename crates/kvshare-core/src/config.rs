@@ -1,8 +1,14 @@
-//! Cache geometry and options, and their validation.
-
-use std::fmt;
+//! Cache geometry and options, the KV-cache groups, and their validation.
+//!
+//! A cache holds one or more KV-cache groups. A group is a set of layers that share an attention
+//! kind (full, sliding window, chunked local, Mamba / linear-attention state) and therefore one
+//! block table per sequence; a plain model is one full-attention group. Groups whose pages have
+//! equal bytes draw their pages from one pool (vLLM makes every group's page bytes equal, so a
+//! vLLM model has one pool); each pool has `num_device_pages` device pages and `num_host_pages`
+//! host pages.
 
 use super::error::{Error, Result};
+use super::tier::Tier;
 
 /// Element type of the KV cache (and of attention inputs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -25,59 +31,111 @@ impl DType {
     }
 }
 
-/// Where a page lives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Tier {
-    /// Accelerator memory (HBM): the pages attention reads.
-    Device,
-    /// Host memory (DDR): swapped-out sequences and, later, demoted cached pages.
-    Host,
-}
-
-impl fmt::Display for Tier {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Tier::Device => "device",
-            Tier::Host => "host",
-        })
-    }
-}
-
 /// Largest page size accepted (tokens per page). CANN and MindIE stop at 128 for most modes;
 /// 1024 leaves room for CPU-only use.
 pub const MAX_PAGE_SIZE: u32 = 1024;
-/// Largest page count per tier; page ids must fit `i32` block tables with room to spare.
+/// Largest page count per tier and pool; page ids must fit `i32` block tables with room to spare.
 pub const MAX_PAGES: u32 = 1 << 30;
+/// Most groups one cache holds (Gemma-3-like models have 2 kinds; vLLM splits layers into
+/// groups of equal size, so a few dozen at most).
+pub const MAX_GROUPS: usize = 32;
+
+/// The attention of a group's layers, which decides which of a sequence's pages it still needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GroupKind {
+    /// Full attention (MLA too): every page of the sequence, as long as it lives.
+    Full,
+    /// Sliding-window attention over the last `window` tokens (vLLM `SlidingWindowSpec`).
+    SlidingWindow(u32),
+    /// Chunked local attention: a token attends to its own chunk of `chunk` tokens (vLLM
+    /// `ChunkedLocalAttentionSpec`, Llama 4); `chunk` is a multiple of the page size.
+    ChunkedLocal(u32),
+    /// Mamba / linear-attention state (vLLM `MambaSpec`): one running state per sequence, in
+    /// a page of the group's page bytes, cached at page-aligned checkpoints as the mode says.
+    State(StateMode),
+}
+
+/// How a state group keeps and caches states (vLLM's `mamba_cache_mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StateMode {
+    /// `"none"` (prefix caching off): one page per sequence, never cached; vLLM's mamba block
+    /// is `max_model_len` tokens long, so a request holds exactly one block.
+    None,
+    /// `"all"`: a page per page of tokens, the state after token `(j + 1) * page_size` in page
+    /// `j`; every full page is cached; the sequence keeps only the page holding its last
+    /// computed token (vLLM's `get_num_skipped_tokens(n) = n - 1`).
+    All,
+    /// `"align"` (Qwen3-Next / GDN): the running state in one page at the table's last
+    /// position, at most one new page per step, the previous step's page kept until the next
+    /// release; a checkpoint is cached when a step ends on a page boundary.
+    Align,
+}
+
+impl GroupKind {
+    /// The window or chunk in tokens; 0 for full attention and state groups.
+    pub fn window(self) -> u32 {
+        match self {
+            GroupKind::Full | GroupKind::State(_) => 0,
+            GroupKind::SlidingWindow(w) | GroupKind::ChunkedLocal(w) => w,
+        }
+    }
+}
+
+/// One group: its kind and the bytes of one of its pages (all its layers, K and V).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct GroupSpec {
+    /// Attention kind.
+    pub kind: GroupKind,
+    /// Bytes of one page; groups with equal page bytes share one page pool. 0: the bytes the
+    /// cache's geometry gives ([`Config::page_bytes`]).
+    pub page_bytes: u64,
+}
+
+impl GroupSpec {
+    /// A full-attention group of the cache's geometry.
+    pub const FULL: GroupSpec = GroupSpec {
+        kind: GroupKind::Full,
+        page_bytes: 0,
+    };
+}
 
 /// Geometry and options of one cache. See `kvs_config` in the C header for field meanings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
-    /// Tokens per page.
+    /// Tokens per page, every group.
     pub page_size: u32,
-    /// Pages in the device tier (including the padding page when reserved).
+    /// Pages in the device tier of each pool (including the padding page when reserved).
     pub num_device_pages: u32,
-    /// Pages in the host tier (0: no host tier).
+    /// Pages in the host tier of each pool (0: no host tier).
     pub num_host_pages: u32,
-    /// Transformer layers (for byte sizes only).
+    /// Transformer layers of a group whose page bytes are 0 (byte sizes only).
     pub num_layers: u32,
-    /// KV heads per layer (for byte sizes only).
+    /// KV heads per layer (byte sizes only).
     pub num_kv_heads: u32,
-    /// Head dimension (for byte sizes only).
+    /// Head dimension (byte sizes only).
     pub head_dim: u32,
-    /// KV element type (for byte sizes only).
+    /// KV element type (byte sizes only).
     pub dtype: DType,
+    /// The KV-cache groups, in the engine's order (the index is the group id). Empty: one
+    /// full-attention group of this geometry.
+    pub groups: Vec<GroupSpec>,
     /// Register full pages in the prefix index and match prompts against it.
     pub enable_prefix_caching: bool,
-    /// Reserve device page 0 as the padding/null page (vLLM's `null_block`); never allocated.
+    /// Reserve device page 0 of each pool as the padding/null page (vLLM's `null_block`); never
+    /// allocated. Groups that release pages (windows, chunks, states) need it: a released
+    /// position shows it.
     pub reserve_null_page: bool,
-    /// Pages that fill up become matchable only after [`super::Cache::commit`]
+    /// Pages that fill up become matchable only after [`super::State::commit`]
     /// (MindIE's `MarkBlocksAsComputed`); otherwise as soon as they are full.
     pub defer_commit: bool,
     /// A prompt shares every cached full page, even the ones holding tokens past
     /// `max_match_tokens` that the engine recomputes (for the last token's logits); the slot
     /// mapping then marks those already-cached slots -1 so the recomputation never writes into a
-    /// shared page. Turn it off for engines that build their own slot mapping (vLLM): such pages
-    /// are then allocated fresh and recomputed, as vLLM does.
+    /// shared page. A page that fills with content already cached is switched to the cached
+    /// copy (dedup). Turn it off for engines that build their own slot mapping (vLLM): such
+    /// pages are then allocated fresh and recomputed, and identical pages computed twice are
+    /// kept as vLLM keeps them. Sharing past the limit applies to caches of one full-attention
+    /// group only (a window must be computed from the first recomputed token).
     pub skip_cached_writes: bool,
     /// With host pages: a cached device page chosen for eviction is copied to a host page and
     /// stays matchable there (promoted back on a hit) instead of being dropped.
@@ -85,11 +143,18 @@ pub struct Config {
     /// Queue an event for every page stored in / removed from a tier's index and every clear.
     pub enable_events: bool,
     /// Granularity of prefix hits in tokens: a divisor of `page_size`, or 0 for the page size
-    /// (the default). Equal to `page_size`, a hit covers whole pages; smaller, a prompt that ends or diverges inside a
-    /// cached page also takes that page's first whole units, copied into a new page of its own
-    /// (one partial copy queued for `take_copies`). Engines that cannot execute copies keep the
-    /// page size.
+    /// (the default). Equal to `page_size`, a hit covers whole pages; smaller, a prompt that
+    /// ends or diverges inside a cached page also takes that page's first whole units, copied
+    /// into a new page of its own (one partial copy per group queued for `take_copies`).
+    /// Engines that cannot execute copies keep the page size. State groups keep checkpoints
+    /// only at page boundaries, so a cache with one takes whole pages only.
     pub match_unit: u32,
+    /// Reuse pages in vLLM's free-queue order: a page released with no cached content goes
+    /// behind the cached pages (vLLM appends every freed block to its queue), except the pages
+    /// a group releases out of its window, which vLLM puts first. Off (the default), a page with
+    /// no cached content is always reused before any cached page is evicted, which keeps more
+    /// prefixes cached. For lockstep with vLLM's own manager.
+    pub vllm_free_order: bool,
 }
 
 impl Default for Config {
@@ -102,6 +167,7 @@ impl Default for Config {
             num_kv_heads: 1,
             head_dim: 128,
             dtype: DType::F16,
+            groups: Vec::new(),
             enable_prefix_caching: true,
             reserve_null_page: false,
             defer_commit: false,
@@ -109,12 +175,13 @@ impl Default for Config {
             demote_to_host: true,
             enable_events: false,
             match_unit: 0,
+            vllm_free_order: false,
         }
     }
 }
 
 impl Config {
-    /// Checks every field; the error names the first bad one.
+    /// Checks every field; the error names the first bad one (both, for a combination).
     pub fn validate(&self) -> Result<()> {
         let bad = |field: &'static str, reason: String| Err(Error::InvalidConfig { field, reason });
         if self.page_size == 0 || self.page_size > MAX_PAGE_SIZE {
@@ -166,10 +233,78 @@ impl Config {
         if self.defer_commit && !self.enable_prefix_caching {
             return bad("defer_commit", "needs enable_prefix_caching".into());
         }
+        if self.groups.len() > MAX_GROUPS {
+            return bad(
+                "num_groups",
+                format!("{} is more than {MAX_GROUPS}", self.groups.len()),
+            );
+        }
+        for (i, g) in self.groups.iter().enumerate() {
+            self.validate_group(i, g)?;
+        }
         Ok(())
     }
 
-    /// Bytes of K plus V for one page across all layers, or `None` on overflow.
+    fn validate_group(&self, i: usize, g: &GroupSpec) -> Result<()> {
+        let bad = |field: &'static str, reason: String| Err(Error::InvalidConfig { field, reason });
+        match g.kind {
+            GroupKind::SlidingWindow(0) | GroupKind::ChunkedLocal(0) => {
+                return bad("groups.window", format!("group {i}: must be at least 1"));
+            }
+            // A chunk boundary inside a page would leave the first computed token's chunk
+            // partly in a page the hit treats as out of reach; vLLM refuses such chunks too
+            // (its local-attention metadata asserts `attn_chunk_size % block_size == 0`).
+            GroupKind::ChunkedLocal(c) if !c.is_multiple_of(self.page_size) => {
+                return bad(
+                    "groups.window",
+                    format!(
+                        "group {i}: chunk {c} is not a multiple of page_size {}",
+                        self.page_size
+                    ),
+                );
+            }
+            // vLLM sets "none" exactly when prefix caching is off, and "all" only with it on.
+            GroupKind::State(StateMode::None) if self.enable_prefix_caching => {
+                return bad(
+                    "groups.window",
+                    format!("group {i}: state mode none needs enable_prefix_caching off"),
+                );
+            }
+            GroupKind::State(m @ (StateMode::All | StateMode::Align))
+                if !self.enable_prefix_caching =>
+            {
+                return bad(
+                    "groups.window",
+                    format!("group {i}: state mode {m:?} needs enable_prefix_caching on"),
+                );
+            }
+            GroupKind::State(_) if self.unit() < self.page_size as usize => {
+                return bad(
+                    "match_unit",
+                    format!(
+                        "{} is finer than page_size {} but group {i} is a state group, whose \
+                         checkpoints exist only at page boundaries (groups)",
+                        self.match_unit, self.page_size
+                    ),
+                );
+            }
+            _ => {}
+        }
+        if g.kind != GroupKind::Full && !self.reserve_null_page {
+            return bad(
+                "reserve_null_page",
+                format!(
+                    "group {i} ({:?}) releases pages and shows the null page (page 0) at released \
+                     positions: reserve_null_page must be on (groups)",
+                    g.kind
+                ),
+            );
+        }
+        Ok(())
+    }
+
+    /// Bytes of K plus V for one page across all layers of the cache's geometry, or `None` on
+    /// overflow.
     pub fn page_bytes(&self) -> Option<u64> {
         2u64.checked_mul(self.num_layers as u64)?
             .checked_mul(self.page_size as u64)?
@@ -178,7 +313,24 @@ impl Config {
             .checked_mul(self.dtype.size_bytes() as u64)
     }
 
-    /// Number of pages in a tier.
+    /// The groups, the implicit full-attention group when none is given.
+    pub fn group_specs(&self) -> Vec<GroupSpec> {
+        if self.groups.is_empty() {
+            vec![GroupSpec::FULL]
+        } else {
+            self.groups.clone()
+        }
+    }
+
+    /// Bytes of one page of `spec` (its own, or the geometry's when 0).
+    pub fn group_page_bytes(&self, spec: &GroupSpec) -> u64 {
+        match spec.page_bytes {
+            0 => self.page_bytes().unwrap_or(0),
+            b => b,
+        }
+    }
+
+    /// Number of pages in a tier (each pool).
     pub fn num_pages(&self, tier: Tier) -> u32 {
         match tier {
             Tier::Device => self.num_device_pages,
@@ -194,7 +346,7 @@ impl Config {
         }
     }
 
-    /// Pages of `tier` that can ever hold KV (the padding page excluded).
+    /// Pages of `tier` in each pool that can ever hold KV (the padding page excluded).
     pub fn usable_pages(&self, tier: Tier) -> u32 {
         match tier {
             Tier::Device => self.num_device_pages - u32::from(self.reserve_null_page),
@@ -210,6 +362,20 @@ mod tests {
     #[test]
     fn default_is_valid() {
         Config::default().validate().unwrap();
+    }
+
+    fn groups(kinds: &[GroupKind]) -> Config {
+        Config {
+            reserve_null_page: true,
+            groups: kinds
+                .iter()
+                .map(|&kind| GroupSpec {
+                    kind,
+                    page_bytes: 0,
+                })
+                .collect(),
+            ..Config::default()
+        }
     }
 
     #[test]
@@ -242,6 +408,51 @@ mod tests {
                     c.enable_prefix_caching = false;
                 }),
             ),
+            (
+                "num_groups",
+                Box::new(|c| c.groups = vec![GroupSpec::FULL; MAX_GROUPS + 1]),
+            ),
+            (
+                "groups.window",
+                Box::new(|c| *c = groups(&[GroupKind::SlidingWindow(0)])),
+            ),
+            (
+                "groups.window",
+                Box::new(|c| *c = groups(&[GroupKind::ChunkedLocal(0)])),
+            ),
+            // Chunks are whole pages (page_size 16 here), as vLLM requires.
+            (
+                "groups.window",
+                Box::new(|c| *c = groups(&[GroupKind::Full, GroupKind::ChunkedLocal(24)])),
+            ),
+            // vLLM: "none" exactly when prefix caching is off (on by default).
+            (
+                "groups.window",
+                Box::new(|c| *c = groups(&[GroupKind::State(StateMode::None)])),
+            ),
+            (
+                "groups.window",
+                Box::new(|c| {
+                    *c = groups(&[GroupKind::State(StateMode::Align)]);
+                    c.enable_prefix_caching = false;
+                }),
+            ),
+            // A window shows the null page at released positions.
+            (
+                "reserve_null_page",
+                Box::new(|c| {
+                    *c = groups(&[GroupKind::Full, GroupKind::SlidingWindow(8)]);
+                    c.reserve_null_page = false;
+                }),
+            ),
+            // States are checkpointed at page boundaries only.
+            (
+                "match_unit",
+                Box::new(|c| {
+                    *c = groups(&[GroupKind::Full, GroupKind::State(StateMode::All)]);
+                    c.match_unit = 4;
+                }),
+            ),
         ];
         for (field, mutate) in cases {
             let mut c = Config::default();
@@ -251,6 +462,12 @@ mod tests {
                 other => panic!("{field}: expected InvalidConfig, got {other:?}"),
             }
         }
+        groups(&[GroupKind::ChunkedLocal(16), GroupKind::ChunkedLocal(48)])
+            .validate()
+            .unwrap();
+        let mut c = groups(&[GroupKind::Full, GroupKind::SlidingWindow(8)]);
+        c.match_unit = 4;
+        c.validate().unwrap();
     }
 
     #[test]
@@ -264,6 +481,8 @@ mod tests {
         };
         assert_eq!(c.page_bytes(), Some(2 * 2 * 16 * 8 * 128 * 2));
         assert_eq!(c.usable_pages(Tier::Device), 1024);
+        assert_eq!(c.group_specs(), vec![GroupSpec::FULL]);
+        assert_eq!(c.group_page_bytes(&GroupSpec::FULL), c.page_bytes().unwrap());
         let c = Config {
             reserve_null_page: true,
             ..c

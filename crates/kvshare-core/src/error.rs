@@ -1,7 +1,7 @@
 //! The cache manager's error type. The C ABI maps each variant to one stable `kvs_status`; the
 //! `Display` text becomes `kvs_last_error_message()`.
 
-use super::config::Tier;
+use super::tier::Tier;
 
 /// Every failure of a cache operation. Each variant leaves the cache unchanged.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -1,12 +1,12 @@
 //! KV events: what entered and left the prefix index, per tier, for routers and offload tiers.
 //!
-//! With `Config::enable_events`, every page stored in or removed from a tier's index and every
-//! clear is queued as an [`Event`]; the engine drains the queue in batches. Applying the events
-//! in order to an empty set of `(tier, hash)` gives exactly the registered pages.
+//! With `Config::enable_events`, every page stored in or removed from a group's index in a tier,
+//! and every clear, is queued as an [`Event`]; the engine drains the queue in batches. Applying the events
+//! in order to an empty set of `(tier, group, hash)` gives exactly the registered pages.
 
 use std::collections::VecDeque;
 
-use super::config::Tier;
+use super::tier::Tier;
 
 /// What happened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,6 +36,9 @@ pub struct Event {
     pub num_tokens: u32,
     /// Page id in `tier` (0 for `Cleared`).
     pub page: u32,
+    /// The group whose index changed (0 in a cache of one group; 0 for `Cleared`, which
+    /// clears every group of the tier).
+    pub group: u32,
 }
 
 /// Events kept when nobody drains them; older events are dropped (and counted) past this.

@@ -1,34 +1,54 @@
-//! The cache manager core: safe Rust, no raw pointers, no `extern`.
+//! The kvshare cache manager: paged KV pages with refcounts, an exact prefix index, sequences
+//! with one block table per KV-cache group, copy-on-write, a host tier, pins, priorities and
+//! events. Safe Rust, no raw pointers, no `extern`.
 //!
-//! [`Cache`] is the thread-safe entry point; [`State`] holds everything behind its lock. The
-//! files split by concept: [`config`], page [`pool`] (with the intrusive lists of [`list`]),
-//! [`prefix`] index, sequences ([`seq`]; swapping between tiers in `seq/swap.rs`, the per-step
-//! block-table and slot-mapping builders in `batch.rs`), [`stats`], and the invariant
-//! [`check`]er.
+//! [`Cache`] is the thread-safe entry point; [`State`] holds everything behind its lock. One
+//! manager serves every model: a plain model is one full-attention group, a hybrid model
+//! (sliding window, chunked local attention, Mamba / linear-attention state) several groups,
+//! each with its kind's [`rules`](crate::rules) behind one trait. The files split by concept:
+//!
+//! * [`config`]: geometry, options and the groups, with their validation;
+//! * `rules.rs`: what each attention kind needs (hits, skipped tokens, table growth);
+//! * [`pool`]: one tier's pages (with the intrusive lists of [`list`]); [`prefix`]: the index;
+//! * `state.rs`: the state and the helpers every operation shares (taking and releasing pages,
+//!   demotion, index updates, queues, stats);
+//! * `hit.rs`: prefix hits across tiers and groups; `sequences.rs`: begin, append, fork, free,
+//!   release; `swap.rs`: swaps between tiers; [`pages`]: the page API, pins, prefetch;
+//!   `batch.rs`: block tables and slot mappings; `check.rs`: the invariant checker;
+//! * [`copies`], [`events`], [`stats`]: what the cache reports.
+#![forbid(unsafe_code)]
 
 pub mod alloc;
 mod batch;
 pub mod cache;
-pub mod check;
+mod check;
 pub mod config;
+pub mod copies;
 pub mod error;
 pub mod events;
-pub mod groups;
 pub mod hashing;
+mod hit;
 pub mod list;
 pub mod pages;
 pub mod pool;
 pub mod prefix;
+mod rules;
 pub mod seq;
+mod sequences;
 pub mod state;
 pub mod stats;
+mod swap;
+pub mod tier;
 
 pub use cache::Cache;
-pub use config::{Config, DType, Tier};
+pub use config::{Config, DType, GroupKind, GroupSpec, StateMode, MAX_GROUPS};
+pub use copies::{CopyKind, PageCopy};
 pub use error::{Error, Result};
 pub use events::{Event, EventKind};
+pub use pages::Match;
 pub use pool::PageState;
 pub use prefix::{ExtraKeys, MmItem};
-pub use seq::{AppendNeed, BeginInfo, CopyKind, PageCopy, SeqInfo};
-pub use state::{Match, State};
-pub use stats::{Counters, Stats};
+pub use seq::{AppendNeed, BeginInfo, SeqInfo};
+pub use state::{State, NULL_PAGE};
+pub use stats::{Counters, GroupCounters, GroupStats, Stats};
+pub use tier::Tier;

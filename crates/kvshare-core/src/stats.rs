@@ -44,7 +44,46 @@ pub struct Counters {
     pub unit_hit_tokens: u64,
 }
 
-/// A consistent snapshot of the cache, taken under its lock.
+/// Cumulative counters of one group.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GroupCounters {
+    /// Pages registered in the group's device index.
+    pub stored: u64,
+    /// Registered device pages of the group evicted for reuse.
+    pub evictions: u64,
+    /// Pages released because they fell out of the group's window (or state).
+    pub released: u64,
+}
+
+/// One group's share of the cache (and its pool's totals), a consistent snapshot.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GroupStats {
+    /// The group's pool.
+    pub pool: u32,
+    /// Bytes of one page of the group.
+    pub page_bytes: u64,
+    /// Device pages of that pool, the padding page included.
+    pub pool_pages_total: u64,
+    /// Unreferenced device pages of the pool, cached ones included (vLLM's
+    /// `get_num_free_blocks`).
+    pub pool_pages_free: u64,
+    /// Referenced device pages of the pool (all its groups).
+    pub pool_pages_in_use: u64,
+    /// Non-null entries of this group's device tables over all sequences (a page shared by k
+    /// sequences counts k times).
+    pub pages_held: u64,
+    /// Distinct pages this group's device tables hold.
+    pub pages_distinct: u64,
+    /// Entries of this group's device index.
+    pub pages_registered: u64,
+    /// Entries of this group's host index.
+    pub host_pages_registered: u64,
+    /// Cumulative counters.
+    pub counters: GroupCounters,
+}
+
+/// A consistent snapshot of the cache, taken under its lock. Page figures are totals over the
+/// cache's pools (one pool unless groups have different page bytes).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Stats {
     /// Device pages, padding page included.
@@ -79,7 +118,7 @@ pub struct Stats {
     pub logical_tokens: u64,
     /// Token slots of device pages in use (`device_pages_in_use * page_size`).
     pub physical_tokens: u64,
-    /// Bytes of K+V per page over all layers.
+    /// Bytes of K+V per page over all layers of group 0.
     pub page_bytes: u64,
     /// Queued page copies waiting for `take_copies`.
     pub pending_copies: u64,
