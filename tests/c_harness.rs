@@ -363,6 +363,7 @@ programs! {
     bug_append_lookahead_overflow;
     bug_append_batch_cow_overcount;
     bug_config_bool_byte;
+    bug_hybrid_chunked_only_hit;
     // The header next to declarations mirroring CANN's (issue 15: no unprefixed macros).
     header_cann_names;
 }

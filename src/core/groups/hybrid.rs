@@ -417,7 +417,7 @@ impl Hybrid {
         let total = slots.div_ceil(self.ps);
         let hit_pages = hit / self.ps;
         let fresh = total.saturating_sub(hit_pages);
-        self.state_gate(&keys, hit, &blocks)?;
+        self.state_gate(&keys, &blocks)?;
         let (mut need, mut reserved) = (vec![0; self.pools.len()], vec![0; self.pools.len()]);
         let mut skip = Vec::with_capacity(self.num_groups());
         let mut new_pages = 0;

@@ -114,19 +114,19 @@ impl Hybrid {
     /// step (by any page: duplicates too) is not usable yet (the state is written by this
     /// step's forward pass), so the begin fails with `NoSpace`, before anything changes, and
     /// the engine retries in a later step.
-    pub(super) fn state_gate(
-        &self,
-        keys: &[PageKey],
-        hit: usize,
-        blocks: &[Vec<u32>],
-    ) -> Result<()> {
-        if hit == 0 {
-            return Ok(());
-        }
-        let digest = keys[hit / self.ps - 1].hash;
+    ///
+    /// Only a state group's hit ends at a looked-up page: without one the hit may run past the
+    /// pages the prompt hashes (chunked local attention never looks up the pages before the
+    /// chunk of the first token to compute), so a digest is read only for a state group's hit.
+    pub(super) fn state_gate(&self, keys: &[PageKey], blocks: &[Vec<u32>]) -> Result<()> {
         for (g, b) in blocks.iter().enumerate() {
             if let GroupKind::State(_) = self.cfg.groups[g].kind {
-                if !b.is_empty() && self.this_step[g].contains(&digest) {
+                // vLLM reads `new_computed_blocks[-1].block_hash`: the digest of the state
+                // group's last hit page, which it found by that page's key.
+                let Some(last) = b.len().checked_sub(1).and_then(|j| keys.get(j)) else {
+                    continue;
+                };
+                if self.this_step[g].contains(&last.hash) {
                     let pool = &self.pools[self.pool_of[g]];
                     return Err(Error::NoSpace {
                         tier: super::super::config::Tier::Device,
