@@ -387,7 +387,11 @@ enum kvs_group_kind
    */
   KVS_GROUP_KIND_SLIDING_WINDOW = 1,
   /*
-   Chunked local attention, chunks of `window` tokens (vLLM `attention_chunk_size`).
+   Chunked local attention, chunks of `window` tokens (vLLM `attention_chunk_size`), a
+   multiple of `page_size`: vLLM requires it too (its local-attention metadata asserts
+   `attn_chunk_size % block_size == 0`), and a chunk starting inside a page would need that
+   page's KV while the hit treats it as out of reach. Others are refused at
+   `kvs_hybrid_new`.
    */
   KVS_GROUP_KIND_CHUNKED_LOCAL = 2,
   /*
@@ -1168,8 +1172,8 @@ typedef struct kvs_group {
    */
   uint32_t kind;
   /*
-   Sliding window or chunk in tokens (at least 1); 0 for full attention; for a state
-   group its `kvs_state_mode`.
+   Sliding window or chunk in tokens (at least 1; a chunk is a multiple of `page_size`); 0
+   for full attention; for a state group its `kvs_state_mode`.
    */
   uint32_t window;
   /*
@@ -1816,7 +1820,8 @@ kvs_status kvs_cpu_huge_pages(const void *base,
  **Ownership:** free it with `kvs_hybrid_free`; the config and its groups are copied.
  **Failure:** `KVS_STATUS_INVALID_CONFIG` names the bad field (a bool byte other than
  0/1, `num_groups` outside 1..=`KVS_MAX_GROUPS`, an unknown kind, a window of 0 for a
- window kind or non-0 for full attention, a state group whose mode is unknown, none with
+ window kind or non-0 for full attention, a chunk that is not a multiple of `page_size`
+ (`groups.window`), a state group whose mode is unknown, none with
  prefix caching on or all / align with it off, `page_bytes` 0, `num_pages` below 2);
  `KVS_STATUS_OUT_OF_MEMORY`; `*hybrid_out` is untouched on error.
  **Thread safety:** safe from any thread.

@@ -364,6 +364,7 @@ programs! {
     bug_append_batch_cow_overcount;
     bug_config_bool_byte;
     bug_hybrid_chunked_only_hit;
+    bug_hybrid_chunk_not_page_multiple;
     // The header next to declarations mirroring CANN's (issue 15: no unprefixed macros).
     header_cann_names;
 }

@@ -37,7 +37,11 @@ pub enum kvs_group_kind {
     Full = 0,
     /// Sliding window of `window` tokens (vLLM `SlidingWindowSpec.sliding_window`).
     SlidingWindow = 1,
-    /// Chunked local attention, chunks of `window` tokens (vLLM `attention_chunk_size`).
+    /// Chunked local attention, chunks of `window` tokens (vLLM `attention_chunk_size`), a
+    /// multiple of `page_size`: vLLM requires it too (its local-attention metadata asserts
+    /// `attn_chunk_size % block_size == 0`), and a chunk starting inside a page would need that
+    /// page's KV while the hit treats it as out of reach. Others are refused at
+    /// `kvs_hybrid_new`.
     ChunkedLocal = 2,
     /// Mamba / linear-attention state: `window` is a `kvs_state_mode` (vLLM's
     /// `mamba_cache_mode`: none, all, align). See `kvs_hybrid_new_step` and
@@ -51,8 +55,8 @@ pub enum kvs_group_kind {
 pub struct kvs_group {
     /// A `kvs_group_kind` value.
     pub kind: u32,
-    /// Sliding window or chunk in tokens (at least 1); 0 for full attention; for a state
-    /// group its `kvs_state_mode`.
+    /// Sliding window or chunk in tokens (at least 1; a chunk is a multiple of `page_size`); 0
+    /// for full attention; for a state group its `kvs_state_mode`.
     pub window: u32,
     /// Bytes of one page of this group (all its layers, K and V). Groups with equal
     /// `page_bytes` share one page pool; each distinct value has its own pool.
@@ -324,7 +328,8 @@ impl kvs_hybrid {
     /// **Ownership:** free it with `kvs_hybrid_free`; the config and its groups are copied.
     /// **Failure:** `KVS_STATUS_INVALID_CONFIG` names the bad field (a bool byte other than
     /// 0/1, `num_groups` outside 1..=`KVS_MAX_GROUPS`, an unknown kind, a window of 0 for a
-    /// window kind or non-0 for full attention, a state group whose mode is unknown, none with
+    /// window kind or non-0 for full attention, a chunk that is not a multiple of `page_size`
+    /// (`groups.window`), a state group whose mode is unknown, none with
     /// prefix caching on or all / align with it off, `page_bytes` 0, `num_pages` below 2);
     /// `KVS_STATUS_OUT_OF_MEMORY`; `*hybrid_out` is untouched on error.
     /// **Thread safety:** safe from any thread.
