@@ -429,8 +429,10 @@ enum kvs_state_mode
   KVS_STATE_MODE_ALL = 1,
   /*
    `"align"`: the running state in one page at the table's end, at most one new page per
-   step, the previous step's page kept until the next release; checkpoints cached when a
-   step ends on a page boundary (needs `enable_prefix_caching` true; no lookahead slots).
+   step, the previous step's page kept until the next release (by
+   `kvs_hybrid_seq_release_skipped`, or by the next `kvs_hybrid_seq_append` that grows the
+   table); checkpoints cached when a step ends on a page boundary (needs
+   `enable_prefix_caching` true; no lookahead slots).
    */
   KVS_STATE_MODE_ALIGN = 2,
 };
@@ -1928,12 +1930,17 @@ kvs_status kvs_hybrid_seq_release_skipped(struct kvs_hybrid *hybrid,
  Appends `num_tokens` tokens and grows every group's table to the pages
  `len + lookahead_slots` slots need (groups in order; vLLM's `allocate_new_blocks`), then
  registers the pages that filled (vLLM's `cache_blocks`). A state group in mode align
- takes at most one page (the new last position, nulls before it); in mode none its one
- page moves to the new last position.
+ takes at most one page (the new last position, nulls before it) and keeps the previous
+ step's state page (the new state is computed from it); when it grows, it first releases
+ its state page of two steps ago, as vLLM's `allocate_slots` does at its start, and that
+ page counts as available for the new one. The sequence's tokens are taken as computed
+ for that release, so no `kvs_hybrid_seq_release_skipped` is needed between appends;
+ the other groups' pages out of reach are released by that call only. In mode none its
+ one page moves to the new last position.
 
  **Failure:** unknown sequence, `KVS_STATUS_NO_SPACE`, `KVS_STATUS_OUT_OF_MEMORY`,
  `KVS_STATUS_INVALID_ARGUMENT` (lookahead slots with a state group in mode align):
- nothing changes.
+ nothing changes, nothing is released.
  **Thread safety:** safe concurrently with any call but `kvs_hybrid_free`.
  */
 kvs_status kvs_hybrid_seq_append(struct kvs_hybrid *hybrid,

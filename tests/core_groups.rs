@@ -12,7 +12,8 @@
 //! An engine plays gpt-oss-like (sliding window 128 / full), Gemma-3-like (5 sliding-window
 //! groups of window 1024 per full group), Llama-4-like (chunk 8192 / full) and state-group
 //! (Qwen3-Next-like, Nemotron-H-like, Jamba-like) configurations, with scheduler steps:
-//! multi-turn conversations over shared documents, chunked prefills and decode steps, frees,
+//! multi-turn conversations over shared documents, chunked prefills and decode steps (most
+//! after `release_skipped`, as vLLM releases before it allocates, some appends alone), frees,
 //! and pools small enough to evict and refuse. After every operation both sides must agree on
 //! the result (ok or out of space), the hit, every group's block table of every live sequence
 //! (page ids, the null page at released positions) and the whole free queue in order; the
@@ -406,9 +407,16 @@ impl Vllm {
     }
 
     /// `allocate_slots` of a running request with `tokens` new tokens (all earlier computed).
-    fn step(&mut self, id: u64, tokens: &[i32]) -> bool {
+    ///
+    /// With `release` false it plays an append without `kvs_hybrid_seq_release_skipped`: of
+    /// `remove_skipped_blocks` only what the append promises, the align groups' state page of
+    /// two steps ago, for the groups that grow, counted as free and released only when the
+    /// allocation succeeds (a refused append changes nothing).
+    fn step(&mut self, id: u64, tokens: &[i32], release: bool) -> bool {
         let computed = self.reqs[&id].tokens.len();
-        self.remove_skipped_blocks(id, computed);
+        if release {
+            self.remove_skipped_blocks(id, computed);
+        }
         let required: Vec<usize> = (0..self.kinds.len())
             .map(|g| (computed + tokens.len()).div_ceil(self.bs(g)))
             .collect();
@@ -421,8 +429,34 @@ impl Vllm {
                 _ => required[g].saturating_sub(b.len()),
             })
             .sum();
-        if need > self.queue.len() {
+        // Align groups that grow: the state of two steps ago they release first.
+        let stale: Vec<(usize, usize)> = if release {
+            Vec::new()
+        } else {
+            let r = &self.reqs[&id];
+            (0..self.kinds.len())
+                .filter(|&g| {
+                    self.kinds[g] == GroupKind::State(StateMode::Align)
+                        && required[g] > r.blocks[g].len()
+                })
+                .filter_map(|g| {
+                    let i = r.last_state[g]?;
+                    let live = i + 1 < computed.div_ceil(self.ps) && r.blocks[g][i] != NULL;
+                    live.then_some((g, i))
+                })
+                .collect()
+        };
+        let back = stale
+            .iter()
+            .filter(|&&(g, i)| self.ref_cnt[self.reqs[&id].blocks[g][i] as usize] == 1)
+            .count();
+        if need > self.queue.len() + back {
             return false;
+        }
+        for (g, i) in stale {
+            let r = self.reqs.get_mut(&id).unwrap();
+            let b = std::mem::replace(&mut r.blocks[g][i], NULL);
+            self.free_blocks(&[b], false);
         }
         for (g, &req) in required.iter().enumerate() {
             self.allocate_new_blocks(id, g, req);
@@ -486,11 +520,13 @@ enum Op {
         extra: u16,
         seed: u32,
     },
-    /// A step of a live sequence: `k` new tokens (a prefill chunk or one decode token).
+    /// A step of a live sequence: `k` new tokens (a prefill chunk or one decode token), after
+    /// `kvs_hybrid_seq_release_skipped` when `release` (vLLM's order), or an append alone.
     Step {
         who: usize,
         k: u16,
         seed: u32,
+        release: bool,
     },
     Free {
         who: usize,
@@ -503,8 +539,9 @@ fn op(max_extra: u16, max_step: u16) -> impl Strategy<Value = Op> {
     prop_oneof![
         3 => (0u8..3, proptest::option::of(0usize..64), 1..=max_extra, any::<u32>())
             .prop_map(|(doc, prev, extra, seed)| Op::Begin { doc, prev, extra, seed }),
-        5 => (0usize..64, prop_oneof![Just(1u16), 1..=max_step], any::<u32>())
-            .prop_map(|(who, k, seed)| Op::Step { who, k, seed }),
+        5 => (0usize..64, prop_oneof![Just(1u16), 1..=max_step], any::<u32>(),
+              proptest::bool::weighted(0.7))
+            .prop_map(|(who, k, seed, release)| Op::Step { who, k, seed, release }),
         2 => (0usize..64).prop_map(|who| Op::Free { who }),
         2 => Just(Op::NewStep),
     ]
@@ -592,15 +629,22 @@ fn run_with(
                     (w, g) => prop_assert!(false, "step {step}: vLLM {w:?}, kvshare {g:?}"),
                 }
             }
-            Op::Step { who, k, seed } => {
+            Op::Step {
+                who,
+                k,
+                seed,
+                release,
+            } => {
                 if live.is_empty() {
                     continue;
                 }
                 let id = live[who % live.len()];
                 let toks = noise(seed, k as usize);
-                let want = v.step(id, &toks);
-                let len = h.seq_info(id).unwrap().0;
-                h.release_skipped(id, len).unwrap();
+                let want = v.step(id, &toks, release);
+                if release {
+                    let len = h.seq_info(id).unwrap().0;
+                    h.release_skipped(id, len).unwrap();
+                }
                 let got = h.append(id, &toks, 0);
                 match (want, got) {
                     (true, Ok(())) | (false, Err(Error::NoSpace { .. })) => {}
@@ -850,8 +894,8 @@ proptest! {
 // tokens of its chunk before it; a state group the state after exactly the tokens before it
 // (at a hit: the checkpoint at the hit). Random groups of every kind, random mixes, two pools,
 // placeholder tokens (which stop hashing), prompts that share documents and earlier turns, and
-// pools small enough to evict. Align state groups get steps cut at page boundaries, as vLLM's
-// scheduler cuts them in that mode.
+// pools small enough to evict, appends with and without a release before them. Align state
+// groups get steps cut at page boundaries, as vLLM's scheduler cuts them in that mode.
 
 /// The domain of state fingerprints (apart from KV ones).
 const STATE_FP: u64 = 0x5747_4154_4500_0000;
@@ -880,11 +924,13 @@ enum ReadOp {
         hole: Option<u8>,
         whole: bool,
     },
-    /// `k` new tokens for a live sequence, after releasing what it no longer reads.
+    /// `k` new tokens for a live sequence, after releasing what it no longer reads when
+    /// `release`.
     Step {
         who: usize,
         k: u8,
         seed: u32,
+        release: bool,
     },
     Free {
         who: usize,
@@ -899,8 +945,8 @@ fn read_op() -> impl Strategy<Value = ReadOp> {
             .prop_map(|(doc, prev, extra, seed, hole, whole)| ReadOp::Begin {
                 doc, prev, extra, seed, hole, whole
             }),
-        4 => (0usize..64, prop_oneof![Just(1u8), 1u8..12], any::<u32>())
-            .prop_map(|(who, k, seed)| ReadOp::Step { who, k, seed }),
+        4 => (0usize..64, prop_oneof![Just(1u8), 1u8..12], any::<u32>(), any::<bool>())
+            .prop_map(|(who, k, seed, release)| ReadOp::Step { who, k, seed, release }),
         3 => (0usize..64).prop_map(|who| ReadOp::Free { who }),
         2 => Just(ReadOp::NewStep),
     ]
@@ -1033,7 +1079,12 @@ impl Reader {
                     Err(e) => prop_assert!(false, "begin: {e}"),
                 }
             }
-            ReadOp::Step { who, k, seed } => {
+            ReadOp::Step {
+                who,
+                k,
+                seed,
+                release,
+            } => {
                 if self.live.is_empty() {
                     return Ok(());
                 }
@@ -1045,7 +1096,9 @@ impl Reader {
                     // vLLM's align mode ends a step that passes a page boundary on it.
                     k = k.min(n.next_multiple_of(ps) - n);
                 }
-                self.h.release_skipped(id, n).unwrap();
+                if release {
+                    self.h.release_skipped(id, n).unwrap();
+                }
                 let new = noise(seed, k);
                 match self.h.append(id, &new, 0) {
                     Ok(()) => {

@@ -533,12 +533,17 @@ impl kvs_hybrid {
     /// Appends `num_tokens` tokens and grows every group's table to the pages
     /// `len + lookahead_slots` slots need (groups in order; vLLM's `allocate_new_blocks`), then
     /// registers the pages that filled (vLLM's `cache_blocks`). A state group in mode align
-    /// takes at most one page (the new last position, nulls before it); in mode none its one
-    /// page moves to the new last position.
+    /// takes at most one page (the new last position, nulls before it) and keeps the previous
+    /// step's state page (the new state is computed from it); when it grows, it first releases
+    /// its state page of two steps ago, as vLLM's `allocate_slots` does at its start, and that
+    /// page counts as available for the new one. The sequence's tokens are taken as computed
+    /// for that release, so no `kvs_hybrid_seq_release_skipped` is needed between appends;
+    /// the other groups' pages out of reach are released by that call only. In mode none its
+    /// one page moves to the new last position.
     ///
     /// **Failure:** unknown sequence, `KVS_STATUS_NO_SPACE`, `KVS_STATUS_OUT_OF_MEMORY`,
     /// `KVS_STATUS_INVALID_ARGUMENT` (lookahead slots with a state group in mode align):
-    /// nothing changes.
+    /// nothing changes, nothing is released.
     /// **Thread safety:** safe concurrently with any call but `kvs_hybrid_free`.
     #[no_mangle]
     pub unsafe extern "C" fn kvs_hybrid_seq_append(

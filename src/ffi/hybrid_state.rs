@@ -22,8 +22,10 @@ pub enum kvs_state_mode {
     /// the page of its last computed token (needs `enable_prefix_caching` true).
     All = 1,
     /// `"align"`: the running state in one page at the table's end, at most one new page per
-    /// step, the previous step's page kept until the next release; checkpoints cached when a
-    /// step ends on a page boundary (needs `enable_prefix_caching` true; no lookahead slots).
+    /// step, the previous step's page kept until the next release (by
+    /// `kvs_hybrid_seq_release_skipped`, or by the next `kvs_hybrid_seq_append` that grows the
+    /// table); checkpoints cached when a step ends on a page boundary (needs
+    /// `enable_prefix_caching` true; no lookahead slots).
     Align = 2,
 }
 

@@ -650,15 +650,18 @@ impl Hybrid {
     }
 
     /// Appends tokens to a sequence and grows every group's table to `len + lookahead` slots
-    /// (groups in order; vLLM's `allocate_new_blocks`), then registers newly full pages. All or
-    /// nothing.
+    /// (groups in order; vLLM's `allocate_new_blocks`), then registers newly full pages. A
+    /// growing align state group first releases its state page of two steps ago (see
+    /// `append_releases`), counted as available. All or nothing.
     pub fn append(&mut self, id: u64, tokens: &[i32], lookahead: usize) -> Result<()> {
         let s = self.seq(id)?;
         let need = self.append_plan(s, tokens.len(), lookahead)?;
         let want = (s.tokens.len() + tokens.len() + lookahead).div_ceil(self.ps);
+        let (stale, back) = self.append_releases(s, want);
         for (p, &n) in need.iter().enumerate() {
-            if n > self.pools[p].available() {
-                return Err(no_space(n, self.pools[p].available()));
+            let available = self.pools[p].available() + back[p];
+            if n > available {
+                return Err(no_space(n, available));
             }
         }
         let s = self.seqs.get_mut(&id).expect("checked");
@@ -668,6 +671,11 @@ impl Hybrid {
                 what: "tokens",
                 bytes: (tokens.len() as u64).saturating_mul(4),
             })?;
+        // Nothing can fail from here. Released before anything is taken, as vLLM does.
+        let computed = self.seqs[&id].tokens.len();
+        for g in stale {
+            self.release_last_state(id, g, computed);
+        }
         for g in 0..self.num_groups() {
             let have = self.seqs[&id].tables[g].len();
             if let GroupKind::State(StateMode::None | StateMode::Align) = self.cfg.groups[g].kind {
