@@ -366,6 +366,7 @@ programs! {
     bug_hybrid_chunked_only_hit;
     bug_hybrid_chunk_not_page_multiple;
     bug_hybrid_align_append_without_release;
+    bug_huge_pages_contract;
     // The header next to declarations mirroring CANN's (issue 15: no unprefixed macros).
     header_cann_names;
 }
