@@ -151,7 +151,12 @@ impl Hybrid {
         let (pool_of, num_pools) = cfg.pools();
         let mut pools = Vec::with_capacity(num_pools);
         for _ in 0..num_pools {
-            pools.push(PagePool::new(Tier::Device, cfg.num_pages, true)?);
+            pools.push(PagePool::new(
+                Tier::Device,
+                cfg.num_pages,
+                true,
+                "num_pages",
+            )?);
         }
         let mut pool_groups = vec![Vec::new(); num_pools];
         for (g, &p) in pool_of.iter().enumerate() {
