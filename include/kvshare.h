@@ -1959,8 +1959,11 @@ kvs_status kvs_hybrid_seq_append(struct kvs_hybrid *hybrid,
  Pages `kvs_hybrid_seq_append` of `num_tokens` tokens with `lookahead_slots` would take
  now, all groups together, to `*pages_out`. Read-only.
 
- **Failure:** unknown sequence, overflow, lookahead slots with a state group in mode
- align: `*pages_out` untouched.
+ **Failure:** unknown sequence (`KVS_STATUS_SEQ_NOT_FOUND`), a `num_tokens` or
+ `lookahead_slots` that overflows the sequence's token count, lookahead slots with a
+ state group in mode align (`KVS_STATUS_INVALID_ARGUMENT` naming it), a NULL or
+ misaligned `pages_out`: `*pages_out` untouched. A need larger than the pools is an
+ answer, not a failure.
  **Thread safety:** safe concurrently with any call but `kvs_hybrid_free`.
  */
 kvs_status kvs_hybrid_seq_append_need(const struct kvs_hybrid *hybrid,

@@ -357,6 +357,7 @@ programs! {
     lifecycle;
     seed_scenario;
     bad_input;
+    hybrid_bad_input;
     stress + tsan;
     // Regression programs for bugs the harness found (fixed).
     bug_defer_commit_stale_pending;

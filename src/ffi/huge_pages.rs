@@ -74,10 +74,12 @@ impl kvs_huge_pages_report {
                 kvs_huge_pages_mode::Advise => HugePages::Advise,
                 kvs_huge_pages_mode::Collapse => HugePages::Collapse,
             };
+            // Checked before the range is advised: a refused call changes nothing.
+            // SAFETY: NULL or a writable `kvs_huge_pages_report` (export contract).
+            let out = unsafe { opt_out(report_out, "report_out")? };
             // The address is only a number to madvise: nothing is read or written through it.
             let r = back_with_huge_pages(base as usize, bytes, mode)?;
-            // SAFETY: NULL or a writable `kvs_huge_pages_report` (export contract).
-            if let Some(out) = unsafe { opt_out(report_out, "report_out")? } {
+            if let Some(out) = out {
                 *out = kvs_huge_pages_report {
                     advised_bytes: r.advised_bytes,
                     huge_bytes: r.huge_bytes,

@@ -629,12 +629,17 @@ impl Hybrid {
     /// Pages [`append`](Self::append) would take now, per pool.
     fn append_plan(&self, s: &HSeq, n: usize, lookahead: usize) -> Result<Vec<usize>> {
         self.check_lookahead(lookahead)?;
-        let slots = s
-            .tokens
-            .len()
+        let len = s.tokens.len();
+        let slots = len
             .checked_add(n)
-            .and_then(|v| v.checked_add(lookahead))
-            .ok_or_else(|| Error::arg("lookahead_slots", "token count overflows"))?;
+            .ok_or_else(|| Error::arg("num_tokens", format!("{len} + {n} tokens overflow")))?
+            .checked_add(lookahead)
+            .ok_or_else(|| {
+                Error::arg(
+                    "lookahead_slots",
+                    format!("{len} + {n} tokens + {lookahead} slots overflow"),
+                )
+            })?;
         let want = slots.div_ceil(self.ps);
         let mut need = vec![0; self.pools.len()];
         for (g, t) in s.tables.iter().enumerate() {
