@@ -87,7 +87,7 @@ impl State {
             }
             if let Some((g, p)) = ix.stray_unit_key() {
                 return violation(format!(
-                    "{tier} unit key {g:032x} points at page {p}, which does not hold that unit prefix"
+                    "{tier} unit key {g:032x} and page {p} disagree (a listed page without that unit prefix, broken links, or a registered page's key left out)"
                 ));
             }
             if ix.registered_count() != ix.len() + ix.partial_len() {

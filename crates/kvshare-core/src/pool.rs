@@ -66,12 +66,14 @@ pub struct PagePool {
 
 impl PagePool {
     /// `num_pages` free pages; page 0 reserved as padding when `reserve_padding`.
-    /// `OutOfMemory` (naming the tier's config field) when the metadata cannot be allocated.
-    pub fn new(tier: Tier, num_pages: u32, reserve_padding: bool) -> Result<Self> {
-        let what = match tier {
-            Tier::Device => "num_device_pages",
-            Tier::Host => "num_host_pages",
-        };
+    /// `OutOfMemory` naming `what` (the caller's config field for the page count: each cache
+    /// has its own) when the metadata cannot be allocated.
+    pub fn new(
+        tier: Tier,
+        num_pages: u32,
+        reserve_padding: bool,
+        what: &'static str,
+    ) -> Result<Self> {
         let n = num_pages as usize;
         // Everything first, so a refusal happens before the free list is threaded.
         let refcount = try_vec(n, 0, what)?;
@@ -404,7 +406,7 @@ mod tests {
 
     #[test]
     fn take_prefers_free_then_lru() {
-        let mut p = PagePool::new(Tier::Device, 4, true).unwrap();
+        let mut p = PagePool::new(Tier::Device, 4, true, "test").unwrap();
         assert_eq!(p.available(), 3);
         let a = p.take(Holder::Seq).unwrap();
         let b = p.take(Holder::Seq).unwrap();
@@ -428,7 +430,7 @@ mod tests {
 
     #[test]
     fn lower_priority_is_evicted_first() {
-        let mut p = PagePool::new(Tier::Device, 3, false).unwrap();
+        let mut p = PagePool::new(Tier::Device, 3, false, "test").unwrap();
         for _ in 0..3 {
             p.take(Holder::Seq).unwrap();
         }
@@ -445,7 +447,7 @@ mod tests {
 
     #[test]
     fn shared_and_pinned_counters() {
-        let mut p = PagePool::new(Tier::Host, 2, false).unwrap();
+        let mut p = PagePool::new(Tier::Host, 2, false, "test").unwrap();
         let (a, _) = p.take(Holder::Seq).unwrap();
         p.acquire(a, Holder::Pin);
         p.acquire(a, Holder::Pin);

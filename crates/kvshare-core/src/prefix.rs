@@ -24,15 +24,17 @@
 //! g_k = xxh3_128( g_{k-1} as 16 LE bytes ‖ e_i as 16 LE bytes ‖ unit k's tokens as int32 LE )
 //! ```
 //!
-//! for `k` in `1..page_size/u` (the whole page is `h_i`'s job). A second map holds `g_k -> page`;
-//! when several pages share a unit prefix (siblings diverging inside a page) the most recently
-//! registered one holds the key, as it is the last to be evicted under LRU. Removing a page
-//! recomputes its keys from its stored tokens and drops those it still holds; a key it lost to a
-//! newer sibling stays with that sibling. A lookup (after the page walk stops at page `i`)
-//! hashes the query's units of page `i`, probes from the longest down and verifies the found
-//! page's parent digest, extra digest and first `k·u` tokens, so a unit hit is as exact as a
-//! page hit. The caller also says which pages it accepts as copy sources (the cache takes only
-//! unreferenced ones; see `State::walk_units`).
+//! for `k` in `1..page_size/u` (the whole page is `h_i`'s job). Several pages may share a unit
+//! prefix (siblings diverging inside a page), and the caller may refuse some of them as copy
+//! sources (the cache takes only unreferenced ones; see `State::walk_units`), so every page
+//! keeps every one of its keys: a second map holds `g_k ->` the list of pages with that key,
+//! a doubly linked list threaded through two flat arrays indexed by `(k, page)` (the next and
+//! previous page of the page's key-`k` node), oldest first. Registering or removing a page
+//! links or unlinks its nodes in O(1) each (removal recomputes its keys from its stored
+//! tokens). A lookup (after the page walk stops at page `i`) hashes the query's units of page
+//! `i`, probes from the longest down, walks each key's list until a page the caller accepts,
+//! and verifies that page's parent digest, extra digest and first `k·u` tokens, so a unit hit
+//! is as exact as a page hit, and no cached page is hidden by a sibling the caller refuses.
 //!
 //! A sequence's last page, never full, would hold a conversation's tail that its next turn
 //! repeats: when a sequence ends, that page is kept as a *partial entry* with its whole units
@@ -41,9 +43,11 @@
 //! page, and is never demoted.
 //!
 //! Costs: registering or removing a page hashes its tokens once more (the unit chain is linear
-//! in the page, not quadratic) and touches `page_size/u - 1` map slots; a lookup adds at most
-//! `page_size/u - 1` unit hashes and map probes to the page walk. With `u = page_size` the second
-//! map stays empty and nothing changes.
+//! in the page, not quadratic) and touches `page_size/u - 1` map slots and list nodes; a lookup
+//! adds at most `page_size/u - 1` unit hashes and map probes to the page walk, plus one step per
+//! refused sibling it walks past. The lists take 8 bytes per page and unit key
+//! (`(page_size/u - 1) · 8` per page, allocated with the index). With `u = page_size` there are
+//! no unit keys and nothing changes.
 
 use xxhash_rust::xxh3::xxh3_128;
 
@@ -130,6 +134,20 @@ pub fn chain_hash(parent: u128, extra: u128, tokens: &[i32], scratch: &mut Vec<u
 
 type IndexMap = DigestMap<u32>;
 
+/// End of a unit key's page list.
+const NONE: u32 = u32::MAX;
+/// A `prev` link marking a node that is in no list.
+const UNLINKED: u32 = u32::MAX - 1;
+
+/// The pages holding one unit key: the ends of its list and the key's unit count `k`
+/// (1-based), which says whose links thread it.
+#[derive(Debug, Clone, Copy)]
+struct UnitList {
+    first: u32,
+    last: u32,
+    k: u32,
+}
+
 /// What the index stores of a registered page besides its tokens: one 64-byte record, so that
 /// registering or verifying a page touches one line of it (plus the tokens), not one per field.
 #[derive(Debug, Clone, Copy, Default)]
@@ -150,9 +168,15 @@ pub struct PrefixIndex {
     /// Match unit in tokens (divides `page_size`).
     unit: usize,
     map: IndexMap,
-    /// Unit keys `g_k` of registered pages -> the page holding them (empty when
+    /// Unit keys `g_k` of registered pages -> the pages holding them (empty when
     /// `unit == page_size`).
-    units: IndexMap,
+    units: DigestMap<UnitList>,
+    /// Per unit count `k` (1..page_size/unit) and page, at `(k - 1) * num_pages + page`: the next
+    /// and previous page of its key-`k` list (`NONE` at the ends, `prev` `UNLINKED` when in no
+    /// list). Empty when `unit == page_size`.
+    unit_next: Vec<u32>,
+    unit_prev: Vec<u32>,
+    num_pages: usize,
     /// Reused buffer for hashing unit keys at insert and remove.
     scratch: Vec<u8>,
     /// Pages registered as partial entries (unit keys only).
@@ -213,17 +237,22 @@ impl PrefixIndex {
     pub fn new(num_pages: u32, page_size: u32, unit: usize, what: &'static str) -> Result<Self> {
         debug_assert!(unit > 0 && (page_size as usize).is_multiple_of(unit));
         let n = num_pages as usize;
-        let slots = n
-            .checked_mul(page_size as usize)
-            .ok_or(Error::OutOfMemory {
-                what,
-                bytes: u64::MAX,
-            })?;
+        let too_big = Error::OutOfMemory {
+            what,
+            bytes: u64::MAX,
+        };
+        let slots = n.checked_mul(page_size as usize).ok_or(too_big.clone())?;
+        let nodes = n
+            .checked_mul(page_size as usize / unit - 1)
+            .ok_or(too_big)?;
         Ok(PrefixIndex {
             page_size: page_size as usize,
             unit,
             map: IndexMap::default(),
-            units: IndexMap::default(),
+            units: DigestMap::default(),
+            unit_next: try_vec(nodes, NONE, what)?,
+            unit_prev: try_vec(nodes, UNLINKED, what)?,
+            num_pages: n,
             scratch: Vec::new(),
             partial: 0,
             meta: try_vec(n, Meta::default(), what)?,
@@ -332,9 +361,7 @@ impl PrefixIndex {
         self.registered[i] = true;
         let s = i * self.page_size;
         self.tokens[s..s + self.page_size].copy_from_slice(tokens);
-        for g in self.own_unit_keys(page) {
-            self.units.insert(g, page);
-        }
+        self.link_units(page);
         true
     }
 
@@ -367,10 +394,75 @@ impl PrefixIndex {
         self.partial += 1;
         let s = i * self.page_size;
         self.tokens[s..s + n].copy_from_slice(tokens);
-        for g in self.own_unit_keys(page) {
-            self.units.insert(g, page);
-        }
+        self.link_units(page);
         true
+    }
+
+    /// The slot of page `page`'s key-`k` node (`k` 1-based) in the link arrays.
+    fn node(&self, k: usize, page: u32) -> usize {
+        (k - 1) * self.num_pages + page as usize
+    }
+
+    /// Appends registered page `page` to the list of each of its unit keys.
+    fn link_units(&mut self, page: u32) {
+        for (i, g) in self.own_unit_keys(page).into_iter().enumerate() {
+            let k = i + 1;
+            let node = self.node(k, page);
+            match self.units.entry(g) {
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    v.insert(UnitList {
+                        first: page,
+                        last: page,
+                        k: k as u32,
+                    });
+                    self.unit_prev[node] = NONE;
+                    self.unit_next[node] = NONE;
+                }
+                // Keys of different lengths never collide but for a 128-bit digest collision;
+                // then the page is left out of that list (it is only missed, never wrong).
+                std::collections::hash_map::Entry::Occupied(mut o) if o.get().k == k as u32 => {
+                    let list = o.get_mut();
+                    let tail = (k - 1) * self.num_pages + list.last as usize;
+                    self.unit_next[tail] = page;
+                    self.unit_prev[node] = list.last;
+                    self.unit_next[node] = NONE;
+                    list.last = page;
+                }
+                std::collections::hash_map::Entry::Occupied(_) => {}
+            }
+        }
+    }
+
+    /// Takes registered page `page` out of the list of each of its unit keys.
+    fn unlink_units(&mut self, page: u32) {
+        for (i, g) in self.own_unit_keys(page).into_iter().enumerate() {
+            let node = self.node(i + 1, page);
+            let (prev, next) = (self.unit_prev[node], self.unit_next[node]);
+            if prev == UNLINKED {
+                continue;
+            }
+            let base = i * self.num_pages;
+            let std::collections::hash_map::Entry::Occupied(mut o) = self.units.entry(g) else {
+                debug_assert!(false, "a linked node's key is listed");
+                continue;
+            };
+            let list = o.get_mut();
+            if prev == NONE {
+                list.first = next;
+            } else {
+                self.unit_next[base + prev as usize] = next;
+            }
+            if next == NONE {
+                list.last = prev;
+            } else {
+                self.unit_prev[base + next as usize] = prev;
+            }
+            if list.first == NONE {
+                o.remove();
+            }
+            self.unit_prev[node] = UNLINKED;
+            self.unit_next[node] = NONE;
+        }
     }
 
     /// Unit keys `g_1 .. g_k` of registered page `page`: every proper unit prefix of a full
@@ -414,18 +506,29 @@ impl PrefixIndex {
         }
         let mut keys = Vec::with_capacity(n);
         unit_keys(parent, extra, tokens, self.unit, n, scratch, &mut keys);
-        keys.iter().enumerate().rev().find_map(|(k, g)| {
-            let page = *self.units.get(g)?;
-            let len = (k + 1) * self.unit;
-            let m = &self.meta[page as usize];
-            let s = page as usize * self.page_size;
-            let ok = self.registered[page as usize]
-                && accept(page)
-                && len <= m.len as usize
-                && m.parent == parent
-                && m.extra == extra
-                && self.tokens[s..s + len] == tokens[..len];
-            ok.then_some(UnitHit { page, tokens: len })
+        keys.iter().enumerate().rev().find_map(|(i, g)| {
+            let list = self.units.get(g)?;
+            let k = i + 1;
+            if list.k as usize != k {
+                return None;
+            }
+            let len = k * self.unit;
+            let mut page = list.first;
+            while page != NONE {
+                let m = &self.meta[page as usize];
+                let s = page as usize * self.page_size;
+                let ok = self.registered[page as usize]
+                    && len <= m.len as usize
+                    && m.parent == parent
+                    && m.extra == extra
+                    && self.tokens[s..s + len] == tokens[..len]
+                    && accept(page);
+                if ok {
+                    return Some(UnitHit { page, tokens: len });
+                }
+                page = self.unit_next[self.node(k, page)];
+            }
+            None
         })
     }
 
@@ -435,11 +538,7 @@ impl PrefixIndex {
         if !self.registered[i] {
             return false;
         }
-        for g in self.own_unit_keys(page) {
-            if self.units.get(&g) == Some(&page) {
-                self.units.remove(&g);
-            }
-        }
+        self.unlink_units(page);
         if self.is_partial(page) {
             self.registered[i] = false;
             self.partial -= 1;
@@ -456,6 +555,8 @@ impl PrefixIndex {
         self.units.clear();
         self.map.clear();
         self.partial = 0;
+        self.unit_next.fill(NONE);
+        self.unit_prev.fill(UNLINKED);
         let mut pages = Vec::new();
         for (p, r) in self.registered.iter_mut().enumerate() {
             if std::mem::take(r) {
@@ -470,14 +571,13 @@ impl PrefixIndex {
         self.map.iter().map(|(&h, &p)| (h, p))
     }
 
-    /// The first unit key that does not point at a registered page holding it, as
-    /// `(key, page)`, for the invariant checker.
+    /// The first unit key whose list disagrees with the pages (a listed page that is not
+    /// registered or does not hold that key, links that do not pair up, a list end that is not
+    /// its end), or the first key of a registered page that is in no list, as `(key, page)`,
+    /// for the invariant checker.
     pub fn stray_unit_key(&self) -> Option<(u128, u32)> {
         let mut scratch = Vec::new();
-        self.units.iter().map(|(&g, &p)| (g, p)).find(|&(g, p)| {
-            if !self.registered.get(p as usize).copied().unwrap_or(false) {
-                return true;
-            }
+        let keys_of = |p: u32, scratch: &mut Vec<u8>| {
             let m = &self.meta[p as usize];
             let mut keys = Vec::new();
             unit_keys(
@@ -486,11 +586,39 @@ impl PrefixIndex {
                 self.page_tokens(p),
                 self.unit,
                 (self.page_size / self.unit - 1).min(m.len as usize / self.unit),
-                &mut scratch,
+                scratch,
                 &mut keys,
             );
-            !keys.contains(&g)
-        })
+            keys
+        };
+        let mut linked = 0usize;
+        for (&g, list) in &self.units {
+            let k = list.k as usize;
+            let (mut prev, mut page) = (NONE, list.first);
+            while page != NONE {
+                let ok = (page as usize) < self.num_pages
+                    && self.registered[page as usize]
+                    && keys_of(page, &mut scratch).get(k - 1) == Some(&g)
+                    && self.unit_prev[self.node(k, page)] == prev;
+                if !ok || linked > self.unit_next.len() {
+                    return Some((g, page));
+                }
+                linked += 1;
+                prev = page;
+                page = self.unit_next[self.node(k, page)];
+            }
+            if prev != list.last {
+                return Some((g, list.last));
+            }
+        }
+        for p in (0..self.num_pages as u32).filter(|&p| self.registered[p as usize]) {
+            for (i, g) in keys_of(p, &mut scratch).into_iter().enumerate() {
+                if self.unit_prev[self.node(i + 1, p)] == UNLINKED {
+                    return Some((g, p));
+                }
+            }
+        }
+        None
     }
 
     /// Unit keys held (for the invariant checker and tests).
@@ -636,12 +764,31 @@ mod tests {
             None,
             "refused page"
         );
-        // A sibling sharing 4 tokens takes the shared keys; removing the older page keeps them.
+        // A sibling sharing 4 tokens: both pages hold the shared keys, so a refused one never
+        // hides the other, and either leaving gives the other back whole.
         assert!(ix.insert(2, e(&b, 200)));
+        assert_eq!(ix.stray_unit_key(), None);
+        let q = [1, 2, 3, 4, 0];
+        assert_eq!(hit(&ix, &q, &mut s), Some(UnitHit { page: 1, tokens: 4 }));
+        for (refused, found) in [(1, 2), (2, 1)] {
+            assert_eq!(
+                ix.lookup_units(7, 0, &q, &mut s, |p| p != refused),
+                Some(UnitHit {
+                    page: found,
+                    tokens: 4
+                }),
+                "page {refused} refused"
+            );
+        }
+        assert_eq!(ix.lookup_units(7, 0, &q, &mut s, |_| false), None);
+        assert!(ix.remove(2));
+        assert_eq!(ix.stray_unit_key(), None);
         assert_eq!(
-            hit(&ix, &[1, 2, 3, 4, 0], &mut s),
-            Some(UnitHit { page: 2, tokens: 4 })
+            ix.lookup_units(7, 0, &[1, 2, 3, 4, 5, 0], &mut s, |p| p == 1),
+            Some(UnitHit { page: 1, tokens: 4 }),
+            "the older page keeps its keys when the newer one leaves"
         );
+        assert!(ix.insert(2, e(&b, 200)));
         assert!(ix.remove(1));
         assert_eq!(ix.stray_unit_key(), None);
         assert_eq!(
@@ -652,7 +799,47 @@ mod tests {
         assert_eq!(ix.unit_keys_len(), 0);
         assert_eq!(hit(&ix, &[1, 2, 3, 4], &mut s), None);
         assert!(ix.insert(3, e(&a, 100)));
+        assert!(ix.insert(1, e(&b, 200)));
         ix.clear();
+        assert_eq!(ix.unit_keys_len(), 0);
+        assert_eq!(ix.stray_unit_key(), None);
+        assert!(ix.insert(3, e(&a, 100)));
+        assert_eq!(ix.stray_unit_key(), None);
+        assert_eq!(
+            hit(&ix, &[1, 2, 3, 4, 5, 6, 7], &mut s),
+            Some(UnitHit { page: 3, tokens: 6 })
+        );
+    }
+
+    #[test]
+    fn many_siblings_share_unit_keys_in_any_removal_order() {
+        // Pages of 4 tokens in units of 1; pages 1..=6 share their first 1..3 tokens in turn.
+        let mut ix = PrefixIndex::new(8, 4, 1, "test").unwrap();
+        let mut s = Vec::new();
+        let pages: Vec<[i32; 4]> = (1..=6).map(|p| [9, 9 + p % 2, 9 + p % 3, p]).collect();
+        for (i, t) in pages.iter().enumerate() {
+            let entry = Entry {
+                hash: 1000 + i as u128,
+                parent: 3,
+                extra: 0,
+                lora: 0,
+                tokens: t,
+            };
+            assert!(ix.insert(i as u32 + 1, entry));
+        }
+        assert_eq!(ix.stray_unit_key(), None);
+        let mut live: Vec<u32> = (1..=6).collect();
+        for gone in [3, 1, 6, 2, 5, 4] {
+            // Every live page is found by its own first 3 tokens, whichever others are refused.
+            for &p in &live {
+                let t = &pages[p as usize - 1];
+                let found = ix.lookup_units(3, 0, &t[..3], &mut s, |x| x == p);
+                assert_eq!(found, Some(UnitHit { page: p, tokens: 3 }), "page {p}");
+            }
+            assert!(ix.remove(gone));
+            live.retain(|&p| p != gone);
+            assert_eq!(ix.stray_unit_key(), None);
+        }
         assert_eq!(ix.unit_keys_len(), 0);
     }
 

@@ -146,8 +146,13 @@ impl State {
         let host_index_on = caching && cfg.num_host_pages > 0;
         Ok(State {
             page_size: cfg.page_size as usize,
-            device: PagePool::new(Tier::Device, cfg.num_device_pages, cfg.reserve_null_page)?,
-            host: PagePool::new(Tier::Host, cfg.num_host_pages, false)?,
+            device: PagePool::new(
+                Tier::Device,
+                cfg.num_device_pages,
+                cfg.reserve_null_page,
+                "num_device_pages",
+            )?,
+            host: PagePool::new(Tier::Host, cfg.num_host_pages, false, "num_host_pages")?,
             index: PrefixIndex::new(
                 if caching { cfg.num_device_pages } else { 0 },
                 cfg.page_size,

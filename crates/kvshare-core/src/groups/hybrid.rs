@@ -151,7 +151,12 @@ impl Hybrid {
         let (pool_of, num_pools) = cfg.pools();
         let mut pools = Vec::with_capacity(num_pools);
         for _ in 0..num_pools {
-            pools.push(PagePool::new(Tier::Device, cfg.num_pages, true)?);
+            pools.push(PagePool::new(
+                Tier::Device,
+                cfg.num_pages,
+                true,
+                "num_pages",
+            )?);
         }
         let mut pool_groups = vec![Vec::new(); num_pools];
         for (g, &p) in pool_of.iter().enumerate() {
@@ -417,7 +422,7 @@ impl Hybrid {
         let total = slots.div_ceil(self.ps);
         let hit_pages = hit / self.ps;
         let fresh = total.saturating_sub(hit_pages);
-        self.state_gate(&keys, hit, &blocks)?;
+        self.state_gate(&keys, &blocks)?;
         let (mut need, mut reserved) = (vec![0; self.pools.len()], vec![0; self.pools.len()]);
         let mut skip = Vec::with_capacity(self.num_groups());
         let mut new_pages = 0;
@@ -624,12 +629,17 @@ impl Hybrid {
     /// Pages [`append`](Self::append) would take now, per pool.
     fn append_plan(&self, s: &HSeq, n: usize, lookahead: usize) -> Result<Vec<usize>> {
         self.check_lookahead(lookahead)?;
-        let slots = s
-            .tokens
-            .len()
+        let len = s.tokens.len();
+        let slots = len
             .checked_add(n)
-            .and_then(|v| v.checked_add(lookahead))
-            .ok_or_else(|| Error::arg("lookahead_slots", "token count overflows"))?;
+            .ok_or_else(|| Error::arg("num_tokens", format!("{len} + {n} tokens overflow")))?
+            .checked_add(lookahead)
+            .ok_or_else(|| {
+                Error::arg(
+                    "lookahead_slots",
+                    format!("{len} + {n} tokens + {lookahead} slots overflow"),
+                )
+            })?;
         let want = slots.div_ceil(self.ps);
         let mut need = vec![0; self.pools.len()];
         for (g, t) in s.tables.iter().enumerate() {
@@ -650,15 +660,18 @@ impl Hybrid {
     }
 
     /// Appends tokens to a sequence and grows every group's table to `len + lookahead` slots
-    /// (groups in order; vLLM's `allocate_new_blocks`), then registers newly full pages. All or
-    /// nothing.
+    /// (groups in order; vLLM's `allocate_new_blocks`), then registers newly full pages. A
+    /// growing align state group first releases its state page of two steps ago (see
+    /// `append_releases`), counted as available. All or nothing.
     pub fn append(&mut self, id: u64, tokens: &[i32], lookahead: usize) -> Result<()> {
         let s = self.seq(id)?;
         let need = self.append_plan(s, tokens.len(), lookahead)?;
         let want = (s.tokens.len() + tokens.len() + lookahead).div_ceil(self.ps);
+        let (stale, back) = self.append_releases(s, want);
         for (p, &n) in need.iter().enumerate() {
-            if n > self.pools[p].available() {
-                return Err(no_space(n, self.pools[p].available()));
+            let available = self.pools[p].available() + back[p];
+            if n > available {
+                return Err(no_space(n, available));
             }
         }
         let s = self.seqs.get_mut(&id).expect("checked");
@@ -668,6 +681,11 @@ impl Hybrid {
                 what: "tokens",
                 bytes: (tokens.len() as u64).saturating_mul(4),
             })?;
+        // Nothing can fail from here. Released before anything is taken, as vLLM does.
+        let computed = self.seqs[&id].tokens.len();
+        for g in stale {
+            self.release_last_state(id, g, computed);
+        }
         for g in 0..self.num_groups() {
             let have = self.seqs[&id].tables[g].len();
             if let GroupKind::State(StateMode::None | StateMode::Align) = self.cfg.groups[g].kind {

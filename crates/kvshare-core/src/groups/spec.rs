@@ -16,7 +16,7 @@ pub enum GroupKind {
     /// Sliding-window attention over the last `window` tokens (vLLM `SlidingWindowSpec`).
     SlidingWindow(u32),
     /// Chunked local attention: a token attends to its own chunk of `chunk` tokens (vLLM
-    /// `ChunkedLocalAttentionSpec`, Llama 4).
+    /// `ChunkedLocalAttentionSpec`, Llama 4); `chunk` is a multiple of the page size.
     ChunkedLocal(u32),
     /// Mamba / linear-attention state (vLLM `MambaSpec`): one running state per sequence, in
     /// a page of the group's page bytes, cached at page-aligned checkpoints as the mode says.
@@ -122,6 +122,20 @@ impl HybridConfig {
             if let GroupKind::SlidingWindow(0) | GroupKind::ChunkedLocal(0) = g.kind {
                 return bad("groups.window", format!("group {i}: must be at least 1"));
             }
+            // A chunk boundary inside a page would leave the first computed token's chunk
+            // partly in a page the hit treats as out of reach. vLLM refuses such chunks too
+            // (its local-attention metadata asserts `attn_chunk_size % block_size == 0`).
+            if let GroupKind::ChunkedLocal(c) = g.kind {
+                if !c.is_multiple_of(self.page_size) {
+                    return bad(
+                        "groups.window",
+                        format!(
+                            "group {i}: chunk {c} is not a multiple of page_size {}",
+                            self.page_size
+                        ),
+                    );
+                }
+            }
             // vLLM sets "none" exactly when prefix caching is off, and "all" only with it on.
             match (g.kind, self.enable_prefix_caching) {
                 (GroupKind::State(StateMode::None), true) => {
@@ -223,6 +237,18 @@ mod tests {
                 cfg(vec![g(GroupKind::SlidingWindow(0), 1)]),
             ),
             ("groups.window", cfg(vec![g(GroupKind::ChunkedLocal(0), 1)])),
+            // Chunks are whole pages (page_size 16 here), as vLLM requires.
+            (
+                "groups.window",
+                cfg(vec![g(GroupKind::ChunkedLocal(24), 1)]),
+            ),
+            (
+                "groups.window",
+                cfg(vec![
+                    g(GroupKind::Full, 1),
+                    g(GroupKind::ChunkedLocal(8), 1),
+                ]),
+            ),
             // vLLM: "none" exactly when prefix caching is off (cfg has it on).
             (
                 "groups.window",
@@ -257,5 +283,11 @@ mod tests {
             }
         }
         cfg(vec![g(GroupKind::Full, 1)]).validate().unwrap();
+        cfg(vec![
+            g(GroupKind::ChunkedLocal(16), 1),
+            g(GroupKind::ChunkedLocal(48), 1),
+        ])
+        .validate()
+        .unwrap();
     }
 }

@@ -11,7 +11,7 @@
 
 use super::super::error::{Error, Result};
 use super::super::pool::Holder;
-use super::hybrid::{Hybrid, PageKey, NULL_PAGE};
+use super::hybrid::{HSeq, Hybrid, PageKey, NULL_PAGE};
 use super::spec::{GroupKind, StateMode};
 
 impl Hybrid {
@@ -74,22 +74,48 @@ impl Hybrid {
         }
     }
 
-    /// Align's extra release (`MambaManager.remove_skipped_blocks`): the previous step's state
-    /// page once the state moved past it (`last_state_block_idx < cdiv(n, ps) - 1`), to the
-    /// back of the queue as vLLM's `free_blocks` does. Returns the pages released (0 or 1).
+    /// The position of the previous step's state page that align's extra release frees at
+    /// `num_computed` tokens (`MambaManager.remove_skipped_blocks`: once the state moved past
+    /// it, `last_state_block_idx < cdiv(n, ps) - 1`), if it still holds a page.
+    pub(super) fn stale_state(&self, s: &HSeq, g: usize, num_computed: usize) -> Option<usize> {
+        let i = s.state_last[g]?;
+        let bound = num_computed.div_ceil(self.ps);
+        let live = s.tables[g].get(i).is_some_and(|&p| p != NULL_PAGE);
+        (bound > 0 && i < bound - 1 && live).then_some(i)
+    }
+
+    /// Align's extra release (see [`Self::stale_state`]), to the back of the queue as vLLM's
+    /// `free_blocks` does. Returns the pages released (0 or 1).
     pub(super) fn release_last_state(&mut self, id: u64, g: usize, num_computed: usize) -> usize {
-        let s = self.seqs.get_mut(&id).expect("checked");
-        let Some(i) = s.state_last[g] else {
+        let Some(i) = self.stale_state(&self.seqs[&id], g, num_computed) else {
             return 0;
         };
-        let bound = num_computed.div_ceil(self.ps);
-        if bound == 0 || i >= bound - 1 || i >= s.tables[g].len() || s.tables[g][i] == NULL_PAGE {
-            return 0;
-        }
+        let s = self.seqs.get_mut(&id).expect("checked");
         let page = std::mem::replace(&mut s.tables[g][i], NULL_PAGE);
         self.pools[self.pool_of[g]].release(page, Holder::Seq, true);
         self.counters[g].released += 1;
         1
+    }
+
+    /// What an append to `s` growing the tables to `want` positions releases before it takes
+    /// any page: each growing align group's state page of two steps ago, which vLLM's
+    /// `allocate_slots` releases at its start (`remove_skipped_blocks` at the tokens computed,
+    /// all of them at an append) and which the new state position would otherwise make the
+    /// group forget. Returns those groups and, per pool, the pages that come back (a page
+    /// comes back when this was its last reference).
+    pub(super) fn append_releases(&self, s: &HSeq, want: usize) -> (Vec<usize>, Vec<usize>) {
+        let (mut groups, mut back) = (Vec::new(), vec![0; self.pools.len()]);
+        for (g, t) in s.tables.iter().enumerate() {
+            if self.cfg.groups[g].kind != GroupKind::State(StateMode::Align) || want <= t.len() {
+                continue;
+            }
+            if let Some(i) = self.stale_state(s, g, s.tokens.len()) {
+                let pool = self.pool_of[g];
+                back[pool] += usize::from(self.pools[pool].refcount(t[i]) == 1);
+                groups.push(g);
+            }
+        }
+        (groups, back)
     }
 
     /// Align mode ignores lookahead slots (vLLM: no draft model has mamba layers), so a table
@@ -114,19 +140,19 @@ impl Hybrid {
     /// step (by any page: duplicates too) is not usable yet (the state is written by this
     /// step's forward pass), so the begin fails with `NoSpace`, before anything changes, and
     /// the engine retries in a later step.
-    pub(super) fn state_gate(
-        &self,
-        keys: &[PageKey],
-        hit: usize,
-        blocks: &[Vec<u32>],
-    ) -> Result<()> {
-        if hit == 0 {
-            return Ok(());
-        }
-        let digest = keys[hit / self.ps - 1].hash;
+    ///
+    /// Only a state group's hit ends at a looked-up page: without one the hit may run past the
+    /// pages the prompt hashes (chunked local attention never looks up the pages before the
+    /// chunk of the first token to compute), so a digest is read only for a state group's hit.
+    pub(super) fn state_gate(&self, keys: &[PageKey], blocks: &[Vec<u32>]) -> Result<()> {
         for (g, b) in blocks.iter().enumerate() {
             if let GroupKind::State(_) = self.cfg.groups[g].kind {
-                if !b.is_empty() && self.this_step[g].contains(&digest) {
+                // vLLM reads `new_computed_blocks[-1].block_hash`: the digest of the state
+                // group's last hit page, which it found by that page's key.
+                let Some(last) = b.len().checked_sub(1).and_then(|j| keys.get(j)) else {
+                    continue;
+                };
+                if self.this_step[g].contains(&last.hash) {
                     let pool = &self.pools[self.pool_of[g]];
                     return Err(Error::NoSpace {
                         tier: super::super::config::Tier::Device,
