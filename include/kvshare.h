@@ -387,7 +387,11 @@ enum kvs_group_kind
    */
   KVS_GROUP_KIND_SLIDING_WINDOW = 1,
   /*
-   Chunked local attention, chunks of `window` tokens (vLLM `attention_chunk_size`).
+   Chunked local attention, chunks of `window` tokens (vLLM `attention_chunk_size`), a
+   multiple of `page_size`: vLLM requires it too (its local-attention metadata asserts
+   `attn_chunk_size % block_size == 0`), and a chunk starting inside a page would need that
+   page's KV while the hit treats it as out of reach. Others are refused at
+   `kvs_hybrid_new`.
    */
   KVS_GROUP_KIND_CHUNKED_LOCAL = 2,
   /*
@@ -425,8 +429,10 @@ enum kvs_state_mode
   KVS_STATE_MODE_ALL = 1,
   /*
    `"align"`: the running state in one page at the table's end, at most one new page per
-   step, the previous step's page kept until the next release; checkpoints cached when a
-   step ends on a page boundary (needs `enable_prefix_caching` true; no lookahead slots).
+   step, the previous step's page kept until the next release (by
+   `kvs_hybrid_seq_release_skipped`, or by the next `kvs_hybrid_seq_append` that grows the
+   table); checkpoints cached when a step ends on a page boundary (needs
+   `enable_prefix_caching` true; no lookahead slots).
    */
   KVS_STATE_MODE_ALIGN = 2,
 };
@@ -934,8 +940,9 @@ typedef struct kvs_config {
    below `page_size`) queued for `kvs_cache_take_copies`, which the engine must execute
    before the step's KV writes; the copy holds its source page until taken. When a sequence
    ends (`kvs_seq_free`), the whole units of its last, never-full page stay matchable too
-   (never published as a `kvs_event`, as no partial page is). Keep 0 unless the engine
-   executes the copy list.
+   (never published as a `kvs_event`, as no partial page is). Each tier's index then keeps
+   `(page_size / match_unit - 1) * 8` bytes more per page, so that pages sharing a unit
+   prefix never hide one another. Keep 0 unless the engine executes the copy list.
    */
   uint32_t match_unit;
 } kvs_config;
@@ -1168,8 +1175,8 @@ typedef struct kvs_group {
    */
   uint32_t kind;
   /*
-   Sliding window or chunk in tokens (at least 1); 0 for full attention; for a state
-   group its `kvs_state_mode`.
+   Sliding window or chunk in tokens (at least 1; a chunk is a multiple of `page_size`); 0
+   for full attention; for a state group its `kvs_state_mode`.
    */
   uint32_t window;
   /*
@@ -1798,12 +1805,17 @@ kvs_status kvs_cache_take_events(struct kvs_cache *cache,
  and the contents never change. `report_out` is optional (NULL: not written).
 
  **Failure:** `KVS_STATUS_NULL_ARGUMENT` for a NULL `base`; `KVS_STATUS_INVALID_ARGUMENT`
- for `bytes == 0`, a range that wraps around or is not mapped in this process, or a `mode`
- that is no `kvs_huge_pages_mode`; `KVS_STATUS_UNSUPPORTED` where the kernel has no
- transparent huge pages (or, for `KVS_HUGE_PAGES_MODE_COLLAPSE`, no `MADV_COLLAPSE`: the
- advice stays) or the memory is a file mapping. No huge page free is not a failure:
- `huge_bytes` says what the range got. **Thread safety:** safe from any thread; the
- engine may read and write the range meanwhile.
+ for `bytes == 0`, a range that wraps around or is not wholly mapped in this process (a
+ hole anywhere, even in a range holding no whole 2 MiB page), or a `mode` that is no
+ `kvs_huge_pages_mode`; `KVS_STATUS_UNSUPPORTED` where any of the range is not anonymous
+ memory (a file mapping, `/dev/shm` and memfd files included; private and shared
+ anonymous memory are fine), where `/proc/self/maps` cannot be read to check that, or
+ where the kernel has no transparent huge pages (or, for
+ `KVS_HUGE_PAGES_MODE_COLLAPSE`, no `MADV_COLLAPSE`: the advice stays). All but the
+ kernel's refusals are found before anything changes; `*report_out` is untouched on
+ error. No huge page free is not a failure: `huge_bytes` says what the range got.
+ **Thread safety:** safe from any thread; the engine may read and write the range
+ meanwhile (but not map or unmap parts of it).
  */
 kvs_status kvs_cpu_huge_pages(const void *base,
                               size_t bytes,
@@ -1816,7 +1828,8 @@ kvs_status kvs_cpu_huge_pages(const void *base,
  **Ownership:** free it with `kvs_hybrid_free`; the config and its groups are copied.
  **Failure:** `KVS_STATUS_INVALID_CONFIG` names the bad field (a bool byte other than
  0/1, `num_groups` outside 1..=`KVS_MAX_GROUPS`, an unknown kind, a window of 0 for a
- window kind or non-0 for full attention, a state group whose mode is unknown, none with
+ window kind or non-0 for full attention, a chunk that is not a multiple of `page_size`
+ (`groups.window`), a state group whose mode is unknown, none with
  prefix caching on or all / align with it off, `page_bytes` 0, `num_pages` below 2);
  `KVS_STATUS_OUT_OF_MEMORY`; `*hybrid_out` is untouched on error.
  **Thread safety:** safe from any thread.
@@ -1923,12 +1936,17 @@ kvs_status kvs_hybrid_seq_release_skipped(struct kvs_hybrid *hybrid,
  Appends `num_tokens` tokens and grows every group's table to the pages
  `len + lookahead_slots` slots need (groups in order; vLLM's `allocate_new_blocks`), then
  registers the pages that filled (vLLM's `cache_blocks`). A state group in mode align
- takes at most one page (the new last position, nulls before it); in mode none its one
- page moves to the new last position.
+ takes at most one page (the new last position, nulls before it) and keeps the previous
+ step's state page (the new state is computed from it); when it grows, it first releases
+ its state page of two steps ago, as vLLM's `allocate_slots` does at its start, and that
+ page counts as available for the new one. The sequence's tokens are taken as computed
+ for that release, so no `kvs_hybrid_seq_release_skipped` is needed between appends;
+ the other groups' pages out of reach are released by that call only. In mode none its
+ one page moves to the new last position.
 
  **Failure:** unknown sequence, `KVS_STATUS_NO_SPACE`, `KVS_STATUS_OUT_OF_MEMORY`,
  `KVS_STATUS_INVALID_ARGUMENT` (lookahead slots with a state group in mode align):
- nothing changes.
+ nothing changes, nothing is released.
  **Thread safety:** safe concurrently with any call but `kvs_hybrid_free`.
  */
 kvs_status kvs_hybrid_seq_append(struct kvs_hybrid *hybrid,
@@ -1941,8 +1959,11 @@ kvs_status kvs_hybrid_seq_append(struct kvs_hybrid *hybrid,
  Pages `kvs_hybrid_seq_append` of `num_tokens` tokens with `lookahead_slots` would take
  now, all groups together, to `*pages_out`. Read-only.
 
- **Failure:** unknown sequence, overflow, lookahead slots with a state group in mode
- align: `*pages_out` untouched.
+ **Failure:** unknown sequence (`KVS_STATUS_SEQ_NOT_FOUND`), a `num_tokens` or
+ `lookahead_slots` that overflows the sequence's token count, lookahead slots with a
+ state group in mode align (`KVS_STATUS_INVALID_ARGUMENT` naming it), a NULL or
+ misaligned `pages_out`: `*pages_out` untouched. A need larger than the pools is an
+ answer, not a failure.
  **Thread safety:** safe concurrently with any call but `kvs_hybrid_free`.
  */
 kvs_status kvs_hybrid_seq_append_need(const struct kvs_hybrid *hybrid,
@@ -2055,7 +2076,9 @@ kvs_status kvs_hybrid_take_events(struct kvs_hybrid *hybrid,
  written by the step's own forward pass). Call it once at the start of every step; a
  cache without state groups ignores it.
 
- **Failure:** NULL or freed `hybrid`, `KVS_STATUS_POISONED`: nothing changes.
+ **Failure:** `KVS_STATUS_NULL_ARGUMENT` for a NULL `hybrid`, `KVS_STATUS_POISONED` after
+ a panic inside the library: nothing changes. (A freed handle cannot be told from a live
+ one: passing one is undefined behaviour, as for every call taking a handle.)
  **Thread safety:** safe concurrently with any call but `kvs_hybrid_free`.
  */
 kvs_status kvs_hybrid_new_step(struct kvs_hybrid *hybrid);

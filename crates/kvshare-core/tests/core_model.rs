@@ -11,10 +11,21 @@
 //! queue a partial copy, and `BeginPair` starts two prompts in one step (copies, then KV writes):
 //! the second begin's allocations (evictions, demotions) run between the first one's unit hit and
 //! its copy, and the second may find pages whose KV the step has yet to write.
+//!
+//! Every begin after a drained step is also held to `kvs_config.match_unit`'s promise, as the
+//! header words it: a prompt that goes on for whole units inside a cached page (refcount 0,
+//! registered: `KVS_PAGE_STATE_CACHED`) no sequence holds takes at least those units. The test
+//! finds such pages from the KV it wrote itself (the slots of a cached page hold the prompt's
+//! fingerprints) and from what it knows was registered of them (a full page, or the whole units
+//! of a finished sequence's last page). The second begin of a `BeginPair` is not held to it:
+//! copies queued by the first (demotions) have not run yet, so the test's KV of their targets
+//! is not what the cache will hold.
 
 use std::collections::HashSet;
 
-use kvshare_core::{Config, CopyKind, Error, EventKind, ExtraKeys, PageCopy, State, Tier};
+use kvshare_core::{
+    BeginInfo, Config, CopyKind, Error, EventKind, ExtraKeys, PageCopy, PageState, State, Tier,
+};
 use proptest::prelude::*;
 
 const PS: usize = 4;
@@ -121,6 +132,13 @@ struct Engine {
     pins: Vec<u64>,
     /// The registered set as an event consumer sees it.
     seen: HashSet<(Tier, u128)>,
+    /// The match unit in tokens.
+    unit: usize,
+    /// Per device page: the tokens registered of it when it holds a partial entry (the whole
+    /// units of a finished sequence's last page), `None` otherwise.
+    partial: Vec<Option<usize>>,
+    /// Begins held to the match-unit promise, and those where it promised units.
+    unit_checks: (usize, usize),
 }
 
 impl Engine {
@@ -144,6 +162,80 @@ impl Engine {
             held: vec![],
             pins: vec![],
             seen: HashSet::new(),
+            unit: if match_unit == 0 {
+                PS
+            } else {
+                match_unit as usize
+            },
+            partial: vec![None; 24],
+            unit_checks: (0, 0),
+        }
+    }
+
+    /// Per page position `i` of `t`: the whole units (fewer than a page, within the first
+    /// `limit` tokens) of page `i` that some cached page holds, by the KV the test wrote and what
+    /// was registered of the page.
+    fn promised_units(&self, t: &[i32], salt: bool, limit: usize) -> Vec<usize> {
+        let limit = limit.min(t.len());
+        let mut best = vec![0; t.len() / PS + 1];
+        if self.unit == PS {
+            return best;
+        }
+        let mut cached: Vec<(&[Option<u64>; PS], usize)> = Vec::new();
+        for (tier, kv) in [(Tier::Device, &self.dev), (Tier::Host, &self.host)] {
+            for (p, slots) in kv.iter().enumerate() {
+                let (_, state, registered) = self.s.page_info(tier, p as u32).unwrap();
+                if state == PageState::Cached && registered {
+                    let len = match tier {
+                        Tier::Device => self.partial[p].unwrap_or(PS),
+                        Tier::Host => PS,
+                    };
+                    cached.push((slots, len));
+                }
+            }
+        }
+        for (i, b) in best.iter_mut().enumerate() {
+            for &(slots, len) in &cached {
+                let mut o = 0;
+                while o < len.min(PS - 1)
+                    && i * PS + o < limit
+                    && slots[o] == Some(fp(t, i * PS + o, salt))
+                {
+                    o += 1;
+                }
+                *b = (*b).max(o / self.unit * self.unit);
+            }
+        }
+        best
+    }
+
+    /// Holds a begin of `t` to the match-unit promise computed before it (`promised`).
+    fn check_unit_promise(&mut self, t: &[i32], b: &BeginInfo, promised: &[usize]) {
+        let i = b.num_pages - b.new_pages;
+        let want = promised.get(i).copied().unwrap_or(0);
+        self.unit_checks.0 += 1;
+        self.unit_checks.1 += usize::from(want > 0);
+        assert!(
+            b.unit_tokens >= want,
+            "begin of {t:?} took {} tokens inside page {i}, but a cached page no sequence holds \
+             has {want} of them in whole units ({b:?})",
+            b.unit_tokens
+        );
+    }
+
+    /// Before a device sequence ends: what the cache keeps of its last, never-full page (the
+    /// whole units, when the sequence is the page's only holder).
+    fn note_partial(&mut self, id: u64) {
+        if self.s.seq_info(id).unwrap().tier != Tier::Device {
+            return;
+        }
+        let n = self.s.seq_tokens(id).unwrap().len();
+        let pages = self.s.seq_pages(id).unwrap();
+        let units = n % PS / self.unit * self.unit;
+        if let Some(&p) = pages.get(n / PS) {
+            if units > 0 && self.unit < PS && self.s.page_info(Tier::Device, p).unwrap().0 == 1 {
+                self.partial[p as usize] = Some(units);
+            }
         }
     }
 
@@ -208,6 +300,12 @@ impl Engine {
 
     fn verify(&mut self) {
         self.s.check().unwrap();
+        for p in 0..self.partial.len() {
+            let (_, state, registered) = self.s.page_info(Tier::Device, p as u32).unwrap();
+            if state != PageState::Cached || !registered {
+                self.partial[p] = None;
+            }
+        }
         for e in self.s.take_events(usize::MAX) {
             match e.kind {
                 EventKind::Stored => {
@@ -260,12 +358,17 @@ impl Engine {
                 // written only now; and the first's unit copy runs after the second begin's
                 // allocations (evictions, demotions).
                 let mut started = vec![];
-                for (prefix, extra_len) in [first, second] {
+                for (k, (prefix, extra_len)) in [first, second].into_iter().enumerate() {
                     let id = self.next_id;
                     self.next_id += 1;
                     let t = self.prompt(id, prefix, extra_len);
-                    match self.s.begin(id, &t, None, t.len().saturating_sub(1)) {
+                    let cap = t.len().saturating_sub(1);
+                    let promised = self.promised_units(&t, false, cap);
+                    match self.s.begin(id, &t, None, cap) {
                         Ok(b) => {
+                            if k == 0 {
+                                self.check_unit_promise(&t, &b, &promised);
+                            }
                             self.live.push((id, false));
                             started.push((id, t.len() - b.matched_tokens));
                         }
@@ -296,8 +399,10 @@ impl Engine {
                 } else {
                     usize::MAX
                 };
+                let promised = self.promised_units(&t, salt, cap);
                 match self.s.begin(id, &t, extra, cap) {
                     Ok(b) => {
+                        self.check_unit_promise(&t, &b, &promised);
                         self.drain();
                         assert!(b.matched_tokens <= cap);
                         self.live.push((id, salt));
@@ -374,6 +479,7 @@ impl Engine {
             }
             Op::Free { seq } => {
                 if let Some((id, _)) = self.pick(seq) {
+                    self.note_partial(id);
                     self.s.free(id).unwrap();
                     self.live.retain(|&(i, _)| i != id);
                     assert_eq!(self.s.free(id), Err(Error::SeqNotFound(id)));

@@ -101,8 +101,9 @@ pub struct kvs_config {
     /// below `page_size`) queued for `kvs_cache_take_copies`, which the engine must execute
     /// before the step's KV writes; the copy holds its source page until taken. When a sequence
     /// ends (`kvs_seq_free`), the whole units of its last, never-full page stay matchable too
-    /// (never published as a `kvs_event`, as no partial page is). Keep 0 unless the engine
-    /// executes the copy list.
+    /// (never published as a `kvs_event`, as no partial page is). Each tier's index then keeps
+    /// `(page_size / match_unit - 1) * 8` bytes more per page, so that pages sharing a unit
+    /// prefix never hide one another. Keep 0 unless the engine executes the copy list.
     pub match_unit: u32,
 }
 

@@ -62,7 +62,11 @@ pub enum kvs_group_kind {
     Full = 0,
     /// Sliding window of `window` tokens (vLLM `SlidingWindowSpec.sliding_window`).
     SlidingWindow = 1,
-    /// Chunked local attention, chunks of `window` tokens (vLLM `attention_chunk_size`).
+    /// Chunked local attention, chunks of `window` tokens (vLLM `attention_chunk_size`), a
+    /// multiple of `page_size`: vLLM requires it too (its local-attention metadata asserts
+    /// `attn_chunk_size % block_size == 0`), and a chunk starting inside a page would need that
+    /// page's KV while the hit treats it as out of reach. Others are refused at
+    /// `kvs_hybrid_new`.
     ChunkedLocal = 2,
     /// Mamba / linear-attention state: `window` is a `kvs_state_mode` (vLLM's
     /// `mamba_cache_mode`: none, all, align). See `kvs_hybrid_new_step` and
@@ -81,8 +85,10 @@ pub enum kvs_state_mode {
     /// the page of its last computed token (needs `enable_prefix_caching` true).
     All = 1,
     /// `"align"`: the running state in one page at the table's end, at most one new page per
-    /// step, the previous step's page kept until the next release; checkpoints cached when a
-    /// step ends on a page boundary (needs `enable_prefix_caching` true; no lookahead slots).
+    /// step, the previous step's page kept until the next release (by
+    /// `kvs_hybrid_seq_release_skipped`, or by the next `kvs_hybrid_seq_append` that grows the
+    /// table); checkpoints cached when a step ends on a page boundary (needs
+    /// `enable_prefix_caching` true; no lookahead slots).
     Align = 2,
 }
 

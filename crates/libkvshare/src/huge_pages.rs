@@ -36,12 +36,17 @@ impl kvs_huge_pages_report {
     /// and the contents never change. `report_out` is optional (NULL: not written).
     ///
     /// **Failure:** `KVS_STATUS_NULL_ARGUMENT` for a NULL `base`; `KVS_STATUS_INVALID_ARGUMENT`
-    /// for `bytes == 0`, a range that wraps around or is not mapped in this process, or a `mode`
-    /// that is no `kvs_huge_pages_mode`; `KVS_STATUS_UNSUPPORTED` where the kernel has no
-    /// transparent huge pages (or, for `KVS_HUGE_PAGES_MODE_COLLAPSE`, no `MADV_COLLAPSE`: the
-    /// advice stays) or the memory is a file mapping. No huge page free is not a failure:
-    /// `huge_bytes` says what the range got. **Thread safety:** safe from any thread; the
-    /// engine may read and write the range meanwhile.
+    /// for `bytes == 0`, a range that wraps around or is not wholly mapped in this process (a
+    /// hole anywhere, even in a range holding no whole 2 MiB page), or a `mode` that is no
+    /// `kvs_huge_pages_mode`; `KVS_STATUS_UNSUPPORTED` where any of the range is not anonymous
+    /// memory (a file mapping, `/dev/shm` and memfd files included; private and shared
+    /// anonymous memory are fine), where `/proc/self/maps` cannot be read to check that, or
+    /// where the kernel has no transparent huge pages (or, for
+    /// `KVS_HUGE_PAGES_MODE_COLLAPSE`, no `MADV_COLLAPSE`: the advice stays). All but the
+    /// kernel's refusals are found before anything changes; `*report_out` is untouched on
+    /// error. No huge page free is not a failure: `huge_bytes` says what the range got.
+    /// **Thread safety:** safe from any thread; the engine may read and write the range
+    /// meanwhile (but not map or unmap parts of it).
     #[no_mangle]
     pub unsafe extern "C" fn kvs_cpu_huge_pages(
         base: *const c_void,
@@ -57,10 +62,12 @@ impl kvs_huge_pages_report {
                 kvs_huge_pages_mode::Advise => HugePages::Advise,
                 kvs_huge_pages_mode::Collapse => HugePages::Collapse,
             };
+            // Checked before the range is advised: a refused call changes nothing.
+            // SAFETY: NULL or a writable `kvs_huge_pages_report` (export contract).
+            let out = unsafe { opt_out(report_out, "report_out")? };
             // The address is only a number to madvise: nothing is read or written through it.
             let r = back_with_huge_pages(base as usize, bytes, mode)?;
-            // SAFETY: NULL or a writable `kvs_huge_pages_report` (export contract).
-            if let Some(out) = unsafe { opt_out(report_out, "report_out")? } {
+            if let Some(out) = out {
                 *out = kvs_huge_pages_report {
                     advised_bytes: r.advised_bytes,
                     huge_bytes: r.huge_bytes,

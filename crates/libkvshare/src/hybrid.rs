@@ -36,8 +36,8 @@ const _: () = assert!(KVS_NULL_PAGE == kvshare_core::groups::NULL_PAGE);
 pub struct kvs_group {
     /// A `kvs_group_kind` value.
     pub kind: u32,
-    /// Sliding window or chunk in tokens (at least 1); 0 for full attention; for a state
-    /// group its `kvs_state_mode`.
+    /// Sliding window or chunk in tokens (at least 1; a chunk is a multiple of `page_size`); 0
+    /// for full attention; for a state group its `kvs_state_mode`.
     pub window: u32,
     /// Bytes of one page of this group (all its layers, K and V). Groups with equal
     /// `page_bytes` share one page pool; each distinct value has its own pool.
@@ -311,7 +311,8 @@ impl kvs_hybrid {
     /// **Ownership:** free it with `kvs_hybrid_free`; the config and its groups are copied.
     /// **Failure:** `KVS_STATUS_INVALID_CONFIG` names the bad field (a bool byte other than
     /// 0/1, `num_groups` outside 1..=`KVS_MAX_GROUPS`, an unknown kind, a window of 0 for a
-    /// window kind or non-0 for full attention, a state group whose mode is unknown, none with
+    /// window kind or non-0 for full attention, a chunk that is not a multiple of `page_size`
+    /// (`groups.window`), a state group whose mode is unknown, none with
     /// prefix caching on or all / align with it off, `page_bytes` 0, `num_pages` below 2);
     /// `KVS_STATUS_OUT_OF_MEMORY`; `*hybrid_out` is untouched on error.
     /// **Thread safety:** safe from any thread.
@@ -515,12 +516,17 @@ impl kvs_hybrid {
     /// Appends `num_tokens` tokens and grows every group's table to the pages
     /// `len + lookahead_slots` slots need (groups in order; vLLM's `allocate_new_blocks`), then
     /// registers the pages that filled (vLLM's `cache_blocks`). A state group in mode align
-    /// takes at most one page (the new last position, nulls before it); in mode none its one
-    /// page moves to the new last position.
+    /// takes at most one page (the new last position, nulls before it) and keeps the previous
+    /// step's state page (the new state is computed from it); when it grows, it first releases
+    /// its state page of two steps ago, as vLLM's `allocate_slots` does at its start, and that
+    /// page counts as available for the new one. The sequence's tokens are taken as computed
+    /// for that release, so no `kvs_hybrid_seq_release_skipped` is needed between appends;
+    /// the other groups' pages out of reach are released by that call only. In mode none its
+    /// one page moves to the new last position.
     ///
     /// **Failure:** unknown sequence, `KVS_STATUS_NO_SPACE`, `KVS_STATUS_OUT_OF_MEMORY`,
     /// `KVS_STATUS_INVALID_ARGUMENT` (lookahead slots with a state group in mode align):
-    /// nothing changes.
+    /// nothing changes, nothing is released.
     /// **Thread safety:** safe concurrently with any call but `kvs_hybrid_free`.
     #[no_mangle]
     pub unsafe extern "C" fn kvs_hybrid_seq_append(
@@ -540,8 +546,11 @@ impl kvs_hybrid {
     /// Pages `kvs_hybrid_seq_append` of `num_tokens` tokens with `lookahead_slots` would take
     /// now, all groups together, to `*pages_out`. Read-only.
     ///
-    /// **Failure:** unknown sequence, overflow, lookahead slots with a state group in mode
-    /// align: `*pages_out` untouched.
+    /// **Failure:** unknown sequence (`KVS_STATUS_SEQ_NOT_FOUND`), a `num_tokens` or
+    /// `lookahead_slots` that overflows the sequence's token count, lookahead slots with a
+    /// state group in mode align (`KVS_STATUS_INVALID_ARGUMENT` naming it), a NULL or
+    /// misaligned `pages_out`: `*pages_out` untouched. A need larger than the pools is an
+    /// answer, not a failure.
     /// **Thread safety:** safe concurrently with any call but `kvs_hybrid_free`.
     #[no_mangle]
     pub unsafe extern "C" fn kvs_hybrid_seq_append_need(

@@ -30,7 +30,9 @@ impl kvs_hybrid {
     /// written by the step's own forward pass). Call it once at the start of every step; a
     /// cache without state groups ignores it.
     ///
-    /// **Failure:** NULL or freed `hybrid`, `KVS_STATUS_POISONED`: nothing changes.
+    /// **Failure:** `KVS_STATUS_NULL_ARGUMENT` for a NULL `hybrid`, `KVS_STATUS_POISONED` after
+    /// a panic inside the library: nothing changes. (A freed handle cannot be told from a live
+    /// one: passing one is undefined behaviour, as for every call taking a handle.)
     /// **Thread safety:** safe concurrently with any call but `kvs_hybrid_free`.
     #[no_mangle]
     pub unsafe extern "C" fn kvs_hybrid_new_step(hybrid: *mut kvs_hybrid) -> kvs_status {

@@ -269,3 +269,30 @@ fn header_walker_finds_each_kind() {
         ]
     );
 }
+
+/// A failure the library cannot detect is no failure to document: no call can tell a freed
+/// handle from a live one (reading it would read freed memory), so no **Failure:** clause may
+/// promise a status for one (`NULL or freed `x``). Each comment block's clause runs to the next
+/// `**` heading or the end of the block.
+#[test]
+fn no_failure_clause_promises_a_status_for_a_freed_handle() {
+    let header =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("include/kvshare.h"))
+            .unwrap();
+    let mut clauses = 0;
+    for block in header.split("/*").skip(1) {
+        let block = block.split("*/").next().unwrap_or("");
+        let Some(at) = block.find("**Failure:**") else {
+            continue;
+        };
+        let rest = &block[at + "**Failure:**".len()..];
+        let clause = &rest[..rest.find("**").unwrap_or(rest.len())];
+        let clause = clause.split_whitespace().collect::<Vec<_>>().join(" ");
+        clauses += 1;
+        assert!(
+            !clause.contains("freed `"),
+            "a failure clause promises a status for a freed handle: {clause}"
+        );
+    }
+    assert!(clauses > 50, "only {clauses} failure clauses found");
+}

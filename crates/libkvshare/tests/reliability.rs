@@ -1,5 +1,5 @@
-//! Regression tests for issue 15 that need a process of their own or many sequences:
-//! allocation failure at `kvs_cache_new` under an address-space limit, and sequence ids crafted
+//! Regression tests that need a process of their own or many sequences: allocation failure at
+//! `kvs_cache_new` and `kvs_hybrid_new` under an address-space limit, and sequence ids crafted
 //! against the hash kvshare used to find sequences with.
 
 use std::ffi::CStr;
@@ -7,7 +7,8 @@ use std::hash::BuildHasher;
 use std::time::Instant;
 
 use kvshare::cache::{kvs_cache, kvs_config};
-use kvshare::enums::kvs_status;
+use kvshare::enums::{kvs_group_kind, kvs_status};
+use kvshare::hybrid::{kvs_group, kvs_hybrid, kvs_hybrid_config};
 use kvshare_core::hashing::IdMap;
 
 fn last_error() -> String {
@@ -18,21 +19,13 @@ fn last_error() -> String {
 
 const OOM_CHILD: &str = "KVS_OOM_CHILD";
 
-/// Issue 15, item 2: configurations the validator accepts but whose metadata cannot be
-/// allocated came back as SIGABRT ("memory allocation of 68719476736 bytes failed"). Under a
-/// 2 GiB address-space limit (set in a child process, so nothing else shares it) each must fail
-/// with `KVS_STATUS_OUT_OF_MEMORY` naming the field, leave `*cache_out` alone, and a small cache
-/// must still work afterwards.
-#[test]
-fn cache_new_reports_allocation_failure() {
+/// Runs test `name` again in a child process and checks that it passed there: returns false in
+/// the parent (the test is done), true in the child, which runs under a 2 GiB address-space
+/// limit that nothing else shares.
+fn in_oom_child(name: &str) -> bool {
     if std::env::var_os(OOM_CHILD).is_none() {
         let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "cache_new_reports_allocation_failure",
-                "--nocapture",
-                "--test-threads=1",
-            ])
+            .args(["--exact", name, "--nocapture", "--test-threads=1"])
             .env(OOM_CHILD, "1")
             .output()
             .unwrap();
@@ -43,13 +36,26 @@ fn cache_new_reports_allocation_failure() {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
-        return;
+        return false;
     }
     let limit = libc::rlimit {
         rlim_cur: 2 << 30,
         rlim_max: 2 << 30,
     };
     assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_AS, &limit) }, 0);
+    true
+}
+
+/// Issue 15, item 2: configurations the validator accepts but whose metadata cannot be
+/// allocated came back as SIGABRT ("memory allocation of 68719476736 bytes failed"). Under a
+/// 2 GiB address-space limit (set in a child process, so nothing else shares it) each must fail
+/// with `KVS_STATUS_OUT_OF_MEMORY` naming the field, leave `*cache_out` alone, and a small cache
+/// must still work afterwards.
+#[test]
+fn cache_new_reports_allocation_failure() {
+    if !in_oom_child("cache_new_reports_allocation_failure") {
+        return;
+    }
     let default = kvs_cache::kvs_config_default();
     let cases = [
         (
@@ -91,6 +97,59 @@ fn cache_new_reports_allocation_failure() {
     );
     assert_eq!(unsafe { kvs_cache::kvs_cache_check(c) }, kvs_status::Ok);
     unsafe { kvs_cache::kvs_cache_free(c) };
+}
+
+/// The same for `kvs_hybrid_new`: the error names the hybrid config's own field, `num_pages`
+/// (it named the one-group cache's `num_device_pages`).
+#[test]
+fn hybrid_new_reports_allocation_failure() {
+    if !in_oom_child("hybrid_new_reports_allocation_failure") {
+        return;
+    }
+    let groups = [
+        kvs_group {
+            kind: kvs_group_kind::Full as u32,
+            window: 0,
+            page_bytes: 4096,
+        },
+        kvs_group {
+            kind: kvs_group_kind::SlidingWindow as u32,
+            window: 64,
+            page_bytes: 2048,
+        },
+    ];
+    let cfg = |page_size, num_pages, num_groups| kvs_hybrid_config {
+        page_size,
+        num_pages,
+        enable_prefix_caching: true,
+        enable_events: false,
+        groups: groups.as_ptr(),
+        num_groups,
+    };
+    for c in [
+        cfg(16, 1 << 30, 1),
+        cfg(16, 1 << 30, 2),
+        cfg(1024, 1 << 22, 2),
+    ] {
+        let sentinel = 0x10 as *mut kvs_hybrid;
+        let mut h = sentinel;
+        let st = unsafe { kvs_hybrid::kvs_hybrid_new(&c, &mut h) };
+        let msg = last_error();
+        assert_eq!(st, kvs_status::OutOfMemory, "{msg}");
+        assert!(
+            msg.contains("`num_pages`") && !msg.contains("num_device_pages"),
+            "{msg}"
+        );
+        assert_eq!(h, sentinel);
+    }
+    let mut h = std::ptr::null_mut();
+    let small = cfg(16, 64, 2);
+    assert_eq!(
+        unsafe { kvs_hybrid::kvs_hybrid_new(&small, &mut h) },
+        kvs_status::Ok
+    );
+    assert_eq!(unsafe { kvs_hybrid::kvs_hybrid_check(h) }, kvs_status::Ok);
+    unsafe { kvs_hybrid::kvs_hybrid_free(h) };
 }
 
 /// The hash sequences were found with before issue 15 (`IdHasher::write_u64` on a fresh

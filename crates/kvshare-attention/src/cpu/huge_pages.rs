@@ -17,6 +17,12 @@
 //! now, contents kept; for a cache the engine has already zeroed). Only the whole 2 MiB pages
 //! inside the range are advised; nothing outside it is touched. Both are advice: a kernel that
 //! cannot give huge pages leaves the memory as it was, and the report says how much is backed.
+//!
+//! The whole range is checked before anything changes, from `/proc/self/maps`: every byte of it
+//! mapped, and all of it anonymous memory. `madvise` itself would switch the mapped parts of a
+//! range with a hole before it reports the hole, and advises a file mapping without complaint
+//! (the advice does nothing there), so a refusal after it would have changed the caller's
+//! mappings.
 
 use crate::error::{Error, Result};
 
@@ -49,11 +55,13 @@ pub struct HugePagesReport {
 /// (module doc). `addr` is an address in this process, used only as a number: the range is
 /// never read or written here.
 ///
-/// Errors: `InvalidArgument` for an empty range, one that wraps around, or one not mapped in
-/// this process; `Unsupported` where the kernel has no transparent huge pages (or, in
-/// `Collapse` mode, no `MADV_COLLAPSE`: the advice stays in place) or the memory is not
-/// anonymous (a file mapping). A kernel that has no huge page free is not an error: the
-/// report's `huge_bytes` says what it got.
+/// Errors, all before anything changes: `InvalidArgument` for an empty range, one that wraps
+/// around, or one not wholly mapped in this process (even one holding no whole 2 MiB page);
+/// `Unsupported` where the memory is not anonymous (a file mapping, `/dev/shm` and memfd files
+/// included), where `/proc/self/maps` cannot be read to tell, or where the kernel has no
+/// transparent huge pages (or, in `Collapse` mode, no `MADV_COLLAPSE`: the advice stays in
+/// place). A kernel that has no huge page free is not an error: the report's `huge_bytes` says
+/// what it got.
 pub fn back_with_huge_pages(addr: usize, len: usize, mode: HugePages) -> Result<HugePagesReport> {
     if len == 0 {
         return Err(Error::arg("bytes", "is 0"));
@@ -61,6 +69,7 @@ pub fn back_with_huge_pages(addr: usize, len: usize, mode: HugePages) -> Result<
     let end = addr
         .checked_add(len)
         .ok_or_else(|| Error::arg("bytes", format!("{len} bytes from {addr:#x} wrap around")))?;
+    sys::check_range(addr, end)?;
     let lo = addr.next_multiple_of(HUGE_PAGE);
     let hi = end / HUGE_PAGE * HUGE_PAGE;
     if lo >= hi {
@@ -91,6 +100,57 @@ fn smaps_huge_bytes(smaps: &str, lo: usize, hi: usize) -> usize {
     total
 }
 
+/// Checks, from `maps` (the text of `/proc/<pid>/maps`, or `smaps`: lines other than mapping
+/// headers are skipped), that every byte of `[addr, end)` is mapped and all of it is anonymous
+/// memory.
+fn check_maps(maps: &str, addr: usize, end: usize) -> Result<()> {
+    let range = format!("{} bytes at {addr:#x}", end - addr);
+    let mut at = addr;
+    for line in maps.lines() {
+        let Some((start, stop)) = mapping_range(line) else {
+            continue;
+        };
+        if stop <= at {
+            continue;
+        }
+        if start > at {
+            break;
+        }
+        if let Some(file) = file_of(line) {
+            return Err(Error::Unsupported(format!(
+                "{range}: {start:#x}-{stop:#x} is a file mapping ({file}); huge pages are asked \
+                 for anonymous memory only"
+            )));
+        }
+        at = stop;
+        if at >= end {
+            return Ok(());
+        }
+    }
+    Err(Error::arg(
+        "base",
+        format!("{range}: {at:#x} is not mapped in this process"),
+    ))
+}
+
+/// The file a maps line maps, `None` for anonymous memory: inode 0 (private anonymous memory,
+/// the heap, the stack, named anonymous memory), or shared anonymous memory
+/// (`MAP_SHARED | MAP_ANONYMOUS`, shown as `/dev/zero (deleted)`).
+fn file_of(line: &str) -> Option<&str> {
+    // `address perms offset dev inode [pathname]`: the pathname may hold spaces.
+    let (mut rest, mut inode) = (line, "");
+    for _ in 0..5 {
+        rest = rest.trim_start();
+        let end = rest.find(char::is_whitespace).unwrap_or(rest.len());
+        (inode, rest) = rest.split_at(end);
+    }
+    let path = rest.trim();
+    if inode == "0" || path.starts_with("/dev/zero") {
+        return None;
+    }
+    Some(if path.is_empty() { "no path" } else { path })
+}
+
 /// The address range of an smaps mapping header (`7f..000-7f..000 rw-p ...`), `None` for
 /// other lines.
 fn mapping_range(line: &str) -> Option<(usize, usize)> {
@@ -108,6 +168,16 @@ mod sys {
 
     /// `MADV_COLLAPSE` (`linux/mman.h`, Linux 6.1).
     const MADV_COLLAPSE: libc::c_int = 25;
+
+    /// [`super::check_maps`] on this process's mappings.
+    pub(super) fn check_range(addr: usize, end: usize) -> Result<()> {
+        let maps = std::fs::read_to_string("/proc/self/maps").map_err(|e| {
+            Error::Unsupported(format!(
+                "cannot read /proc/self/maps to check the range: {e}"
+            ))
+        })?;
+        super::check_maps(&maps, addr, end)
+    }
 
     pub(super) fn advise(lo: usize, len: usize, mode: HugePages) -> Result<()> {
         madvise(lo, len, libc::MADV_HUGEPAGE).map_err(|e| refusal(e, "MADV_HUGEPAGE", lo, len))?;
@@ -249,6 +319,12 @@ mod sys {
     use super::HugePages;
     use crate::error::{Error, Result};
 
+    pub(super) fn check_range(_addr: usize, _end: usize) -> Result<()> {
+        Err(Error::Unsupported(
+            "transparent huge pages are asked for on Linux only".to_string(),
+        ))
+    }
+
     pub(super) fn advise(_lo: usize, _len: usize, _mode: HugePages) -> Result<()> {
         Err(Error::Unsupported(
             "transparent huge pages are asked for on Linux only".to_string(),
@@ -297,20 +373,68 @@ AnonHugePages:         0 kB
             back_with_huge_pages(usize::MAX - 10, 100, HugePages::Advise),
             Err(Error::InvalidArgument { .. })
         ));
-        // No whole aligned 2 MiB page inside: nothing to advise, nothing touched.
-        let r = back_with_huge_pages(HUGE_PAGE + 4096, HUGE_PAGE, HugePages::Collapse).unwrap();
-        assert_eq!(r, HugePagesReport::default());
+        // No whole aligned 2 MiB page inside a mapped range: nothing to advise, nothing touched.
+        if cfg!(target_os = "linux") {
+            let v = vec![0u8; 3 * 4096];
+            let r = back_with_huge_pages(v.as_ptr() as usize + 4096, 4096, HugePages::Collapse);
+            assert_eq!(r.unwrap(), HugePagesReport::default());
+        }
+    }
+
+    #[test]
+    fn the_range_is_checked_whole_from_the_maps() {
+        let maps = "\
+7f0000000000-7f0000400000 rw-p 00000000 00:00 0
+7f0000400000-7f0000600000 rw-p 00000000 00:00 0                          [heap]
+7f0000600000-7f0000800000 rw-s 00000000 00:01 4242                       /dev/zero (deleted)
+7f0000a00000-7f0000c00000 rw-p 00000000 08:01 123                        /data/kv cache.bin
+7f0000c00000-7f0000e00000 rw-p 00000000 00:00 0
+";
+        let mb = 1 << 20;
+        let base = 0x7f00_0000_0000usize;
+        // Anonymous, private and shared, across mapping boundaries.
+        assert!(check_maps(maps, base, base + 8 * mb).is_ok());
+        assert!(check_maps(maps, base + 5 * mb, base + 5 * mb + 1).is_ok());
+        // A hole at 8 MiB, wherever the range starts before it; past the last mapping.
+        for (lo, hi) in [(base, base + 9 * mb), (base + 7 * mb, base + 8 * mb + 1)] {
+            match check_maps(maps, lo, hi) {
+                Err(Error::InvalidArgument {
+                    field: "base",
+                    reason,
+                }) => {
+                    assert!(reason.contains("7f0000800000 is not mapped"), "{reason}")
+                }
+                r => panic!("{r:?}"),
+            }
+        }
+        assert!(check_maps(maps, base + 12 * mb, base + 15 * mb).is_err());
+        assert!(check_maps(maps, 0x1000, 0x2000).is_err());
+        // A file mapping (its path holds a space), from its first byte or its last.
+        for (lo, hi) in [
+            (base + 10 * mb, base + 11 * mb),
+            (base + 12 * mb - 1, base + 13 * mb),
+        ] {
+            match check_maps(maps, lo, hi) {
+                Err(Error::Unsupported(why)) => {
+                    assert!(why.contains("file mapping (/data/kv cache.bin)"), "{why}")
+                }
+                r => panic!("{r:?}"),
+            }
+        }
     }
 
     #[cfg(target_os = "linux")]
     #[test]
     fn an_unmapped_range_is_an_argument_error() {
-        // The first 2 MiB page above the null page is never mapped.
-        let r = back_with_huge_pages(HUGE_PAGE, HUGE_PAGE, HugePages::Advise);
-        assert!(
-            matches!(r, Err(Error::InvalidArgument { field: "base", .. })),
-            "{r:?}"
-        );
+        // The first 2 MiB page above the null page is never mapped, nor is page 1 of the
+        // address space (a range holding no whole huge page is checked all the same).
+        for (addr, len) in [(HUGE_PAGE, HUGE_PAGE), (0x1000, 0x1000)] {
+            let r = back_with_huge_pages(addr, len, HugePages::Advise);
+            assert!(
+                matches!(r, Err(Error::InvalidArgument { field: "base", .. })),
+                "{r:?}"
+            );
+        }
     }
 
     #[cfg(target_os = "linux")]
