@@ -44,9 +44,21 @@ impl State {
             owner: Vec::with_capacity(np),
         };
         for p in &self.pools {
-            h.count[0].push(try_vec(p.device.num_pages() as usize, 0u32, "num_device_pages")?);
-            h.count[1].push(try_vec(p.host.num_pages() as usize, 0u32, "num_host_pages")?);
-            h.owner.push(try_vec(p.device.num_pages() as usize, NO_GROUP, "num_device_pages")?);
+            h.count[0].push(try_vec(
+                p.device.num_pages() as usize,
+                0u32,
+                "num_device_pages",
+            )?);
+            h.count[1].push(try_vec(
+                p.host.num_pages() as usize,
+                0u32,
+                "num_host_pages",
+            )?);
+            h.owner.push(try_vec(
+                p.device.num_pages() as usize,
+                NO_GROUP,
+                "num_device_pages",
+            )?);
         }
         for (&id, s) in &self.seqs {
             self.check_seq(id, s, &mut h)?;
@@ -65,7 +77,11 @@ impl State {
         }
         let mut pins: Vec<Vec<u32>> = Vec::with_capacity(np);
         for p in &self.pools {
-            pins.push(try_vec(p.device.num_pages() as usize, 0u32, "num_device_pages")?);
+            pins.push(try_vec(
+                p.device.num_pages() as usize,
+                0u32,
+                "num_device_pages",
+            )?);
         }
         for (&id, pages) in &self.pins {
             for &(g, p) in pages {
@@ -112,7 +128,9 @@ impl State {
             || s.grow.len() != ng
             || s.borrowed.len() != ng
         {
-            return violation(format!("sequence {id}: per-group records of the wrong count"));
+            return violation(format!(
+                "sequence {id}: per-group records of the wrong count"
+            ));
         }
         let len = s.len();
         if len < s.tokens.len().div_ceil(ps) {
@@ -145,14 +163,15 @@ impl State {
                         "sequence {id}: full-attention group {g} holds a released position"
                     ));
                 }
-                GroupKind::State(StateMode::Align) => {
-                    // The running state at the end, and at most the previous step's page.
-                    if live > 2 || t.last().is_some_and(|&p| null(p) && live > 0) {
-                        return violation(format!(
-                            "sequence {id}: state group {g} (mode align) holds {live} pages, not the last one and at most one more"
-                        ));
-                    }
+                // The running state at the end, and at most the previous step's page.
+                GroupKind::State(StateMode::Align)
+                    if live > 2 || t.last().is_some_and(|&p| null(p) && live > 0) =>
+                {
+                    return violation(format!(
+                        "sequence {id}: state group {g} (mode align) holds {live} pages, not the last one and at most one more"
+                    ));
                 }
+                GroupKind::State(StateMode::Align) => {}
                 GroupKind::State(StateMode::None) if !t.is_empty() && nulls + 1 != t.len() => {
                     return violation(format!(
                         "sequence {id}: state group {g} (mode none) holds {live} pages, not one at the end"
@@ -171,7 +190,10 @@ impl State {
                     continue;
                 }
                 if pp.check_id(p).is_err() {
-                    return violation(format!("sequence {id}: group {g}: bad {} page id {p}", s.tier));
+                    return violation(format!(
+                        "sequence {id}: group {g}: bad {} page id {p}",
+                        s.tier
+                    ));
                 }
                 h.count[t_ix][pool][p as usize] += 1;
                 if s.tier == Tier::Host {

@@ -149,11 +149,13 @@ pub struct Config {
     /// Engines that cannot execute copies keep the page size. State groups keep checkpoints
     /// only at page boundaries, so a cache with one takes whole pages only.
     pub match_unit: u32,
-    /// Reuse pages in vLLM's free-queue order: a page released with no cached content goes
-    /// behind the cached pages (vLLM appends every freed block to its queue), except the pages
-    /// a group releases out of its window, which vLLM puts first. Off (the default), a page with
-    /// no cached content is always reused before any cached page is evicted, which keeps more
-    /// prefixes cached. For lockstep with vLLM's own manager.
+    /// Keep pages as vLLM's block pool keeps them: a page released with no cached content goes
+    /// behind the cached pages (vLLM appends every freed block to its queue), except the pages a
+    /// group releases out of its window, which vLLM puts first; and a page filled with content
+    /// already cached (two requests computed the same page) is kept as a duplicate that takes
+    /// the cached page's place when that one is evicted. Off (the default), a page with no cached
+    /// content is always reused before any cached page is evicted, which keeps more prefixes
+    /// cached. For lockstep with vLLM's own manager.
     pub vllm_free_order: bool,
 }
 
@@ -482,7 +484,10 @@ mod tests {
         assert_eq!(c.page_bytes(), Some(2 * 2 * 16 * 8 * 128 * 2));
         assert_eq!(c.usable_pages(Tier::Device), 1024);
         assert_eq!(c.group_specs(), vec![GroupSpec::FULL]);
-        assert_eq!(c.group_page_bytes(&GroupSpec::FULL), c.page_bytes().unwrap());
+        assert_eq!(
+            c.group_page_bytes(&GroupSpec::FULL),
+            c.page_bytes().unwrap()
+        );
         let c = Config {
             reserve_null_page: true,
             ..c

@@ -82,28 +82,28 @@ impl Probe for SetProbe<'_> {
         let k = self.keys[j];
         let ps = self.state.ps;
         let chunk = &self.tokens[j * ps..(j + 1) * ps];
-        let found: Option<Vec<Hit>> = self
-            .set
-            .iter()
-            .map(|&g| {
-                let pool = &self.state.pools[self.state.groups[g].pool];
-                let g32 = g as u32;
-                match pool.index.lookup(g32, k.hash, k.extra, chunk) {
-                    Some(page) => Some(Hit {
-                        tier: Tier::Device,
-                        page,
-                    }),
-                    None if self.host => pool
-                        .host_index
-                        .lookup(g32, k.hash, k.extra, chunk)
-                        .map(|page| Hit {
-                            tier: Tier::Host,
+        let found: Option<Vec<Hit>> =
+            self.set
+                .iter()
+                .map(|&g| {
+                    let pool = &self.state.pools[self.state.groups[g].pool];
+                    let g32 = g as u32;
+                    match pool.index.lookup(g32, k.hash, k.extra, chunk) {
+                        Some(page) => Some(Hit {
+                            tier: Tier::Device,
                             page,
                         }),
-                    None => None,
-                }
-            })
-            .collect();
+                        None if self.host => pool
+                            .host_index
+                            .lookup(g32, k.hash, k.extra, chunk)
+                            .map(|page| Hit {
+                                tier: Tier::Host,
+                                page,
+                            }),
+                        None => None,
+                    }
+                })
+                .collect();
         let hit = found.is_some();
         self.seen[j] = Some(found);
         hit
@@ -280,8 +280,8 @@ impl State {
             }
             for (m, &g) in set.iter().enumerate() {
                 let mut v = vec![None; span.first_live.min(span.len)];
-                for j in span.first_live..span.len {
-                    let h = seen[s][j]
+                for r in &seen[s][span.first_live..span.len] {
+                    let h = r
                         .as_ref()
                         .and_then(|r| r.as_ref())
                         .map(|hits| hits[m])
@@ -378,14 +378,28 @@ impl State {
     /// Returns the device pages in order. The caller has checked device availability for the
     /// host hits and that the device hits can take one more reference.
     pub(crate) fn materialize(&mut self, group: usize, hits: &[Hit], holder: Holder) -> Vec<u32> {
+        self.hold_hits(group, hits, holder);
+        self.promote_held(group, hits, holder)
+    }
+
+    /// The first half of [`materialize`](Self::materialize): a `holder` reference on every
+    /// device hit, and a transient hold on every host hit, so that nothing taken afterwards (a
+    /// promotion, a demotion, another group's page) can evict them. Hits of every group of a
+    /// begin are held before any page is taken.
+    pub(crate) fn hold_hits(&mut self, group: usize, hits: &[Hit], holder: Holder) {
         let pool = self.groups[group].pool;
         for h in hits {
             match h.tier {
                 Tier::Device => self.pools[pool].device.acquire(h.page, holder),
-                // Hold host hits so that demotions below cannot evict them.
                 Tier::Host => self.pools[pool].host.acquire(h.page, Holder::Seq),
             }
         }
+    }
+
+    /// The second half of [`materialize`](Self::materialize): promotes the held host hits and
+    /// drops their transient holds. Returns the device pages in order.
+    pub(crate) fn promote_held(&mut self, group: usize, hits: &[Hit], holder: Holder) -> Vec<u32> {
+        let pool = self.groups[group].pool;
         let mut pages = Vec::with_capacity(hits.len());
         for h in hits {
             if h.tier == Tier::Device {

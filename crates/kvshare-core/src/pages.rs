@@ -312,7 +312,12 @@ impl State {
         let hit = self.prefix_hit(tokens, extra);
         let (host, fits) = self.promotions_fit(&hit);
         if !fits {
-            let available = self.pools.iter().map(|p| p.device.available()).min().unwrap_or(0);
+            let available = self
+                .pools
+                .iter()
+                .map(|p| p.device.available())
+                .min()
+                .unwrap_or(0);
             return Err(Error::NoSpace {
                 tier: Tier::Device,
                 needed: host,
@@ -435,4 +440,115 @@ fn promotable(hits: &mut Vec<(Hit, u128)>, mut room: usize) {
         })
         .unwrap_or(hits.len());
     hits.truncate(keep);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Config;
+
+    /// Page size 4, 8 device pages, one page registered under 4 tokens and
+    /// acquired up to the 32-bit limit (forced: 2^32 real calls take minutes). Every acquire past
+    /// the limit must fail with `RefcountOverflow` and change nothing; before the fix the count
+    /// wrapped to 0 (FREE yet registered) and the next `match(acquire)` panicked.
+    #[test]
+    fn acquire_never_wraps_the_refcount() {
+        let mut s = State::new(Config {
+            page_size: 4,
+            num_device_pages: 8,
+            ..Config::default()
+        })
+        .unwrap();
+        let tokens = [1, 2, 3, 4];
+        let p = s.alloc_pages(0, 1).unwrap()[0];
+        assert_eq!(s.register(0, &tokens, &[p], None).unwrap(), 1);
+        s.pools[0].device.force_external_refs(p, u32::MAX - 1);
+        s.check().unwrap();
+        let before = s.stats();
+
+        let overflow = Err(Error::RefcountOverflow {
+            page: p,
+            refcount: u32::MAX - 1,
+            adding: 2,
+        });
+        assert_eq!(s.acquire_pages(0, &[p, p]), overflow);
+        assert_eq!(s.stats(), before);
+        s.acquire_pages(0, &[p]).unwrap(); // exactly u32::MAX
+        assert_eq!(s.pools[0].device.refcount(p), u32::MAX);
+        let full = |adding| {
+            Err(Error::RefcountOverflow {
+                page: p,
+                refcount: u32::MAX,
+                adding,
+            })
+        };
+        assert_eq!(s.acquire_pages(0, &[p]), full(1));
+        // Every other path that adds a holder to a cached page refuses the same way.
+        assert_eq!(
+            s.match_prefix(0, &tokens, None, 4, true, 1).map(|_| ()),
+            full(1)
+        );
+        assert_eq!(s.pin(&tokens, None).map(|_| ()), full(1));
+        assert_eq!(s.begin(7, &tokens, None, 4, 0).map(|_| ()), full(1));
+        assert_eq!(s.prefetch(&tokens, None), 0);
+        // A lookup without a hold still works, and nothing changed.
+        assert_eq!(
+            s.match_prefix(0, &tokens, None, 4, false, 1).unwrap().pages,
+            [p]
+        );
+        assert_eq!(s.pools[0].device.refcount(p), u32::MAX);
+        assert_eq!(s.page_info(Tier::Device, 0, p).unwrap().1, PageState::InUse);
+        s.check().unwrap();
+        s.release_pages(0, &[p]).unwrap();
+        s.match_prefix(0, &tokens, None, 4, true, 1).unwrap();
+        s.check().unwrap();
+    }
+
+    /// Fork adds a holder to every page of the parent: refused at the limit.
+    #[test]
+    fn fork_never_wraps_the_refcount() {
+        let mut s = State::new(Config {
+            page_size: 4,
+            num_device_pages: 8,
+            ..Config::default()
+        })
+        .unwrap();
+        s.begin(1, &[1, 2, 3, 4, 5], None, 0, 0).unwrap();
+        let p = s.seq_pages(1, 0).unwrap()[1];
+        s.pools[0].device.force_external_refs(p, u32::MAX);
+        assert!(matches!(
+            s.fork(1, 2),
+            Err(Error::RefcountOverflow { adding: 1, .. })
+        ));
+        assert!(s.seq_info(2).is_err());
+        s.check().unwrap();
+    }
+
+    /// A swap-out sharing a host page (content already on the host) adds a holder to it:
+    /// refused at the limit, changing nothing.
+    #[test]
+    fn swap_out_sharing_never_wraps_a_host_refcount() {
+        let mut s = State::new(Config {
+            page_size: 4,
+            num_device_pages: 8,
+            num_host_pages: 8,
+            ..Config::default()
+        })
+        .unwrap();
+        s.begin(1, &[1, 2, 3, 4, 5], None, usize::MAX, 0).unwrap();
+        s.begin(2, &[1, 2, 3, 4, 6], None, usize::MAX, 0).unwrap();
+        let mut copies = Vec::new();
+        s.swap_out(1, &mut copies, usize::MAX).unwrap();
+        let h = s.seq_pages(1, 0).unwrap()[0];
+        s.pools[0].host.force_external_refs(h, u32::MAX);
+        s.check().unwrap();
+        let before = s.stats();
+        assert!(matches!(
+            s.swap_out(2, &mut copies, usize::MAX),
+            Err(Error::RefcountOverflow { adding: 1, .. })
+        ));
+        assert_eq!(s.stats(), before);
+        assert_eq!(s.seq_info(2).unwrap().tier, Tier::Device);
+        s.check().unwrap();
+    }
 }

@@ -11,9 +11,9 @@
 //! caller (`State`) to have validated ids and states; it `debug_assert!`s them.
 
 use super::alloc::try_vec;
-use super::tier::Tier;
 use super::error::{Error, Result};
 use super::list::Links;
+use super::tier::Tier;
 
 const FREE: usize = 0;
 const NOT_CACHED: u8 = u8::MAX;

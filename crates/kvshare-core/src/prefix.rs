@@ -785,8 +785,17 @@ mod tests {
         assert!(ix.insert(1, 0, e(10)));
         assert!(!ix.insert(2, 0, e(10)), "duplicate hash");
         assert!(!ix.insert(1, 0, e(11)), "page already registered");
-        assert_eq!(ix.entry(1), Some(e(10)));
+        let stored = ix.entry(1).unwrap();
+        assert_eq!(
+            (stored.group, stored.hash, stored.tokens),
+            (0, 10, &[5, 6][..])
+        );
         assert_eq!(ix.lookup(0, 10, 0, &[5, 6]), Some(1));
+        // Another group's entry under the same digest is its own.
+        assert!(ix.insert(3, 2, e(10)));
+        assert_eq!((ix.lookup(2, 10, 0, &[5, 6]), ix.group_of(3)), (Some(3), 2));
+        assert_eq!(ix.lookup(1, 10, 0, &[5, 6]), None, "group verified");
+        assert!(ix.remove(3));
         assert_eq!(ix.lookup(0, 10, 0, &[5, 7]), None, "tokens verified");
         assert_eq!(ix.lookup(0, 10, 3, &[5, 6]), None, "extra verified");
         assert!(ix.remove(1));
@@ -939,6 +948,9 @@ mod tests {
         };
         assert!(ix.insert(0, 0, e));
         assert_eq!(ix.unit_keys_len(), 0);
-        assert_eq!(ix.lookup_units(0, 0, 0, &t, &mut Vec::new(), |_| true), None);
+        assert_eq!(
+            ix.lookup_units(0, 0, 0, &t, &mut Vec::new(), |_| true),
+            None
+        );
     }
 }

@@ -126,7 +126,14 @@ pub(crate) trait Rules: Debug + Send + Sync {
     /// The align mode's extra release at `num_computed` tokens: the position of the previous
     /// step's state page once the state moved past it (`last_state_block_idx < cdiv(n, ps) -
     /// 1`), if it still holds a page.
-    fn stale_state(&self, table: &[u32], st: &GrowState, num_computed: usize, ps: usize, null: u32) -> Option<usize> {
+    fn stale_state(
+        &self,
+        table: &[u32],
+        st: &GrowState,
+        num_computed: usize,
+        ps: usize,
+        null: u32,
+    ) -> Option<usize> {
         let _ = (table, st, num_computed, ps, null);
         None
     }
@@ -252,7 +259,7 @@ impl Rules for StateAll {
 
     /// The running state is read and rewritten whole.
     fn copy_tokens(&self, j: usize, old: usize, ps: usize) -> u32 {
-        if j == old / ps && old % ps > 0 {
+        if j == old / ps && !old.is_multiple_of(ps) {
             ps as u32
         } else {
             0
@@ -330,7 +337,14 @@ impl Rules for StateAlign {
         true
     }
 
-    fn stale_state(&self, table: &[u32], st: &GrowState, num_computed: usize, ps: usize, null: u32) -> Option<usize> {
+    fn stale_state(
+        &self,
+        table: &[u32],
+        st: &GrowState,
+        num_computed: usize,
+        ps: usize,
+        null: u32,
+    ) -> Option<usize> {
         let i = st.last?;
         let bound = num_computed.div_ceil(ps);
         let live = table.get(i).is_some_and(|&p| p != null);
@@ -445,17 +459,47 @@ mod tests {
         // Pages 0..6 cached but page 2; page size 4, max 24 tokens (6 pages).
         let mut p = Cached(vec![true, true, false, true, true, true]);
         let full = rules_of(GroupKind::Full).find_hit(24, 4, &mut p);
-        assert_eq!(full, Span { len: 2, first_live: 0 });
+        assert_eq!(
+            full,
+            Span {
+                len: 2,
+                first_live: 0
+            }
+        );
         // Window 9 needs cdiv(8, 4) = 2 pages: the rightmost run 4..6.
         let win = rules_of(GroupKind::SlidingWindow(9)).find_hit(24, 4, &mut p);
-        assert_eq!(win, Span { len: 6, first_live: 4 });
+        assert_eq!(
+            win,
+            Span {
+                len: 6,
+                first_live: 4
+            }
+        );
         // Chunk 8 (2 pages): max 24 -> chunk start 24 = page 6: nothing to look up.
         let ch = rules_of(GroupKind::ChunkedLocal(8)).find_hit(24, 4, &mut p);
-        assert_eq!(ch, Span { len: 6, first_live: 6 });
+        assert_eq!(
+            ch,
+            Span {
+                len: 6,
+                first_live: 6
+            }
+        );
         let ch = rules_of(GroupKind::ChunkedLocal(8)).find_hit(20, 4, &mut p);
-        assert_eq!(ch, Span { len: 5, first_live: 4 });
+        assert_eq!(
+            ch,
+            Span {
+                len: 5,
+                first_live: 4
+            }
+        );
         let st = rules_of(GroupKind::State(StateMode::All)).find_hit(12, 4, &mut p);
-        assert_eq!(st, Span { len: 2, first_live: 1 });
+        assert_eq!(
+            st,
+            Span {
+                len: 2,
+                first_live: 1
+            }
+        );
         let none = rules_of(GroupKind::State(StateMode::None)).find_hit(24, 4, &mut p);
         assert_eq!(none, Span::default());
     }

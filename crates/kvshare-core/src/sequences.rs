@@ -117,32 +117,40 @@ impl State {
         let ng = self.groups.len();
         let limit = tokens.len().min(max_match_tokens);
         // The hit, per group: positions (None: the null page) and the pages' keys.
-        let (positions, keys, stopped): (Vec<Vec<Option<Hit>>>, Vec<PageKey>, bool) =
-            if self.plain {
-                let max_pages = if self.cfg.skip_cached_writes {
-                    tokens.len() / ps
-                } else {
-                    limit / ps
-                };
-                let walked = self.walk(tokens, extra.as_deref(), max_pages, true);
-                let keys = walked.iter().map(|(_, k)| *k).collect();
-                (vec![walked.into_iter().map(|(h, _)| Some(h)).collect()], keys, false)
+        let (positions, keys, stopped): (Vec<Vec<Option<Hit>>>, Vec<PageKey>, bool) = if self.plain
+        {
+            let max_pages = if self.cfg.skip_cached_writes {
+                tokens.len() / ps
             } else {
-                let (keys, stopped) = if self.cfg.enable_prefix_caching {
-                    self.page_keys(tokens, extra.as_deref(), &[])
-                } else {
-                    (Vec::new(), false)
-                };
-                let hit = self.groups_hit(&keys, tokens, limit, true);
-                (hit.groups, keys, stopped)
+                limit / ps
             };
-        let hit_pages = positions.iter().map(Vec::len).max().unwrap_or(0);
-        let parent = if hit_pages == 0 {
-            self.root
+            let walked = self.walk(tokens, extra.as_deref(), max_pages, true);
+            let keys = walked.iter().map(|(_, k)| *k).collect();
+            (
+                vec![walked.into_iter().map(|(h, _)| Some(h)).collect()],
+                keys,
+                false,
+            )
         } else {
-            keys[hit_pages - 1].hash
+            let (keys, stopped) = if self.cfg.enable_prefix_caching {
+                self.page_keys(tokens, extra.as_deref(), &[])
+            } else {
+                (Vec::new(), false)
+            };
+            let hit = self.groups_hit(&keys, tokens, limit, true);
+            (hit.groups, keys, stopped)
         };
-        let units = self.unit_hits(tokens, extra.as_deref(), parent, hit_pages, limit);
+        let hit_pages = positions.iter().map(Vec::len).max().unwrap_or(0);
+        // A hit can run past the hashed pages (chunked local attention never looks up the pages
+        // before its chunk): then no page key continues it inside a page.
+        let parent = match hit_pages {
+            0 => Some(self.root),
+            n => keys.get(n - 1).map(|k| k.hash),
+        };
+        let units = match parent {
+            Some(parent) => self.unit_hits(tokens, extra.as_deref(), parent, hit_pages, limit),
+            None => Vec::new(),
+        };
         let unit_tokens = units.first().map_or(0, |u| u.tokens);
         let hit_tokens = hit_pages * ps;
         let matched = (hit_tokens + unit_tokens).min(max_match_tokens);
@@ -195,46 +203,53 @@ impl State {
         for (g, &u) in units.iter().enumerate() {
             self.hold_unit_source(g, u);
         }
+        // Every group's hits are held before any page is taken: a promotion or a fresh page of
+        // one group must not evict a cached page another group's hit found.
+        let live: Vec<Vec<Hit>> = (0..ng)
+            .map(|g| positions[g][skip[g]..].iter().flatten().copied().collect())
+            .collect();
+        for (g, hits) in live.iter().enumerate() {
+            self.hold_hits(g, hits, Holder::Seq);
+        }
         let mut tables = Vec::with_capacity(ng);
         let mut grow = vec![GrowState::default(); ng];
         for g in 0..ng {
-            let pool = self.groups[g].pool;
             let pos = &positions[g];
+            let mut pages = self.promote_held(g, &live[g], Holder::Seq).into_iter();
             let mut t: Vec<u32> = Vec::with_capacity(total.max(pos.len()));
             t.resize(skip[g], NULL_PAGE);
-            // Positions a group skips inside its span, and the null positions before its live
-            // run, stay null; the live hits are taken (host ones promoted).
-            let mut j = skip[g];
-            while j < pos.len() {
-                match pos[j] {
-                    None => {
-                        t.push(NULL_PAGE);
-                        j += 1;
-                    }
-                    Some(_) => {
-                        let run: Vec<Hit> =
-                            pos[j..].iter().map_while(|h| *h).collect();
-                        let pages = self.materialize(g, &run, Holder::Seq);
-                        j += pages.len();
-                        t.extend(pages);
-                    }
-                }
+            // Positions before a group's live run stay null; the live hits are its pages.
+            for h in &pos[skip[g]..] {
+                t.push(match h {
+                    None => NULL_PAGE,
+                    Some(_) => pages.next().expect("one page per live hit"),
+                });
             }
+            tables.push(t);
+        }
+        for g in 0..ng {
+            let pool = self.groups[g].pool;
+            let hit_len = positions[g].len();
             let want = self.groups[g].rules.begin_len(total, tokens.len(), ps);
-            let n = self.groups[g].rules.begin_pages(total, pos.len(), tokens.len(), ps);
-            let taken: Vec<u32> = (0..n).map(|_| self.take_device(pool, Holder::Seq)).collect();
+            let n = self.groups[g]
+                .rules
+                .begin_pages(total, hit_len, tokens.len(), ps);
+            let taken: Vec<u32> = (0..n)
+                .map(|_| self.take_device(pool, Holder::Seq))
+                .collect();
             let mut it = taken.into_iter();
-            let mut st = GrowState::default();
-            self.groups[g].rules.grow(&mut t, want, &mut st, NULL_PAGE, &mut || {
-                it.next().expect("begin takes the pages its rules count")
-            });
+            let t = &mut tables[g];
+            self.groups[g]
+                .rules
+                .grow(t, want, &mut grow[g], NULL_PAGE, &mut || {
+                    it.next().expect("begin takes the pages its rules count")
+                });
             debug_assert!(it.next().is_none(), "every page taken is placed");
             if let Some(&u) = units.get(g) {
                 // The new page after the shared ones receives the cached units.
-                self.queue_unit_copy(g, u, t[hit_pages]);
+                let dst = tables[g][hit_pages];
+                self.queue_unit_copy(g, u, dst);
             }
-            grow[g] = st;
-            tables.push(t);
         }
         let seq = Seq {
             tokens: owned,
@@ -322,8 +337,8 @@ impl State {
 
     /// vLLM's `cache_blocks`, groups in order: hashes the newly full pages, then registers each
     /// group's pages at positions not offered yet. A page whose content the group has already
-    /// registered is switched to that page (dedup, with `skip_cached_writes`) or kept as a
-    /// duplicate (vLLM's way, without).
+    /// registered is switched to that page (dedup, with `skip_cached_writes`), kept as a
+    /// duplicate (vLLM's way, with `vllm_free_order`), or left unregistered.
     fn register_now(&mut self, id: u64) {
         let ps = self.ps;
         let Some(s) = self.seqs.get_mut(&id) else {
@@ -383,8 +398,7 @@ impl State {
                     // that filled it never write into the shared page. A canonical page at the
                     // reference limit is not shared: this copy is kept.
                     let canonical = p.index.lookup(g32, k.hash, k.extra, &tokens);
-                    let shareable =
-                        |c: u32| c != page && p.device.check_acquire([c]).is_ok();
+                    let shareable = |c: u32| c != page && p.device.check_acquire([c]).is_ok();
                     if let Some(c) = canonical.filter(|&c| shareable(c)) {
                         self.pools[pool].device.acquire(c, Holder::Seq);
                         self.release_device(pool, page, Holder::Seq, Release::Free);
@@ -393,7 +407,7 @@ impl State {
                         s.borrowed[g].push(j as u32);
                         self.counters.dedup_pages += 1;
                     }
-                } else {
+                } else if self.cfg.vllm_free_order {
                     // Same content as a registered page: a duplicate, as vLLM keeps it.
                     self.dup_insert(pool, g32, page, entry);
                 }
@@ -456,7 +470,16 @@ impl State {
                     plan.stale.push(g);
                 }
             }
-            for j in grp.rules.written(old, n, if grows > 0 && grp.rules.is_state() { 0 } else { t.len() }, ps) {
+            for j in grp.rules.written(
+                old,
+                n,
+                if grows > 0 && grp.rules.is_state() {
+                    0
+                } else {
+                    t.len()
+                },
+                ps,
+            ) {
                 let p = t[j];
                 if !self.is_null(p) && dev.refcount(p) > 1 {
                     plan.need[grp.pool] += 1;
@@ -513,11 +536,18 @@ impl State {
         for g in 0..self.groups.len() {
             let pool = self.groups[g].pool;
             let len = self.seqs[&id].tables[g].len();
-            let grows = self.groups[g].rules.grow_pages(&self.seqs[&id].tables[g], want) > 0;
+            let grows = self.groups[g]
+                .rules
+                .grow_pages(&self.seqs[&id].tables[g], want)
+                > 0;
             let span = self.groups[g].rules.written(
                 old,
                 n,
-                if grows && self.groups[g].rules.is_state() { 0 } else { len },
+                if grows && self.groups[g].rules.is_state() {
+                    0
+                } else {
+                    len
+                },
                 ps,
             );
             for j in span {
@@ -541,7 +571,9 @@ impl State {
                 self.release_device(pool, src, Holder::Seq, Release::Free);
                 self.seqs.get_mut(&id).expect("checked").tables[g][j] = dst;
             }
-            let need = self.groups[g].rules.grow_pages(&self.seqs[&id].tables[g], want);
+            let need = self.groups[g]
+                .rules
+                .grow_pages(&self.seqs[&id].tables[g], want);
             let fresh: Vec<u32> = (0..need)
                 .map(|_| {
                     let p = self.take_device(pool, Holder::Seq);
@@ -552,9 +584,11 @@ impl State {
             let s = self.seqs.get_mut(&id).expect("checked");
             let mut it = fresh.into_iter();
             let (table, st) = (&mut s.tables[g], &mut s.grow[g]);
-            self.groups[g].rules.grow(table, want, st, NULL_PAGE, &mut || {
-                it.next().expect("append takes the pages its rules count")
-            });
+            self.groups[g]
+                .rules
+                .grow(table, want, st, NULL_PAGE, &mut || {
+                    it.next().expect("append takes the pages its rules count")
+                });
         }
         let s = self.seqs.get_mut(&id).expect("checked");
         s.tokens.extend_from_slice(tokens);
@@ -656,7 +690,11 @@ impl State {
                 let grp = &self.groups[g];
                 let grows = grp.rules.grow_pages(t, want);
                 need[grp.pool] += grows;
-                let len = if grows > 0 && grp.rules.is_state() { 0 } else { t.len() };
+                let len = if grows > 0 && grp.rules.is_state() {
+                    0
+                } else {
+                    t.len()
+                };
                 for j in grp.rules.written(old, 1, len, self.ps) {
                     let p = t[j];
                     if !self.is_null(p) && self.pools[grp.pool].device.refcount(p) > 1 {
@@ -758,7 +796,12 @@ impl State {
             let pool = self.groups[g].pool;
             match s.tier {
                 Tier::Device => {
-                    let rev: Vec<u32> = t.iter().rev().copied().filter(|&p| !self.is_null(p)).collect();
+                    let rev: Vec<u32> = t
+                        .iter()
+                        .rev()
+                        .copied()
+                        .filter(|&p| !self.is_null(p))
+                        .collect();
                     if self.groups[g].rules.free_prepends_uncached() {
                         self.release_split(pool, &rev, Holder::Seq);
                     } else {
@@ -846,11 +889,13 @@ impl State {
     /// `free_blocks` does. Returns the pages released (0 or 1).
     fn release_stale_state(&mut self, id: u64, g: usize, num_computed: usize) -> usize {
         let s = &self.seqs[&id];
-        let Some(i) =
-            self.groups[g]
-                .rules
-                .stale_state(&s.tables[g], &s.grow[g], num_computed, self.ps, NULL_PAGE)
-        else {
+        let Some(i) = self.groups[g].rules.stale_state(
+            &s.tables[g],
+            &s.grow[g],
+            num_computed,
+            self.ps,
+            NULL_PAGE,
+        ) else {
             return 0;
         };
         let pool = self.groups[g].pool;

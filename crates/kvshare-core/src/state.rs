@@ -132,7 +132,12 @@ impl State {
             let n_dev = cfg.num_device_pages;
             let n_host = cfg.num_host_pages;
             pools.push(Pool {
-                device: PagePool::new(Tier::Device, n_dev, cfg.reserve_null_page, "num_device_pages")?,
+                device: PagePool::new(
+                    Tier::Device,
+                    n_dev,
+                    cfg.reserve_null_page,
+                    "num_device_pages",
+                )?,
                 host: PagePool::new(Tier::Host, n_host, false, "num_host_pages")?,
                 index: PrefixIndex::new(
                     if caching { n_dev } else { 0 },
@@ -199,6 +204,11 @@ impl State {
     /// Number of page pools (groups of equal page bytes share one).
     pub fn num_pools(&self) -> usize {
         self.pools.len()
+    }
+
+    /// The device pages of pool `pool` (for stats and tests).
+    pub fn pool(&self, pool: usize) -> Option<&PagePool> {
+        self.pools.get(pool).map(|p| &p.device)
     }
 
     /// The kind of `group`.
@@ -270,7 +280,10 @@ impl State {
         needed: usize,
         reserved: usize,
     ) -> Result<()> {
-        let available = self.pool_tier(pool, tier).available().saturating_sub(reserved);
+        let available = self
+            .pool_tier(pool, tier)
+            .available()
+            .saturating_sub(reserved);
         if needed > available {
             return Err(Error::NoSpace {
                 tier,
@@ -402,14 +415,20 @@ impl State {
             return;
         }
         let Some(e) = self.pools[pool].index.entry(page) else {
-            // No digest (an unregistered page reused in vLLM's order) or a partial entry.
-            self.pools[pool].index.remove(page);
+            // A partial entry (published by no event), or no content at all (a page parked
+            // behind the cached ones in vLLM's order).
+            if self.pools[pool].index.remove(page) {
+                self.counters.evictions += 1;
+            }
             return;
         };
         let (g, hash, parent, extra, lora) = (e.group, e.hash, e.parent, e.extra, e.lora);
         let key = PrefixIndex::key(g, hash);
         // The duplicate holds the same tokens; it takes over the evicted page's entry.
-        let heir_tokens = self.pools[pool].dups.contains_key(&key).then(|| e.tokens.to_vec());
+        let heir_tokens = self.pools[pool]
+            .dups
+            .contains_key(&key)
+            .then(|| e.tokens.to_vec());
         self.counters.evictions += 1;
         self.group_counters[g as usize].evictions += 1;
         self.demote(pool, page);

@@ -135,7 +135,9 @@ impl State {
         self.ensure_swap(&plan, Tier::Host)?;
         for (g, shared) in plan.shared.iter().enumerate() {
             let pool = self.groups[g].pool;
-            self.pools[pool].host.check_acquire(shared.iter().flatten().copied())?;
+            self.pools[pool]
+                .host
+                .check_acquire(shared.iter().flatten().copied())?;
         }
         let mut s = self.seqs.remove(&id).expect("checked");
         let len = s.tokens.len();
@@ -178,7 +180,10 @@ impl State {
                 host_pages.push(h);
             }
             let old = std::mem::replace(&mut s.tables[g], host_pages);
-            let live: Vec<u32> = old.into_iter().filter(|&p| self.live(Tier::Device, p)).collect();
+            let live: Vec<u32> = old
+                .into_iter()
+                .filter(|&p| self.live(Tier::Device, p))
+                .collect();
             for &p in live.iter().rev() {
                 self.release_device(pool, p, Holder::Seq, Release::Free);
             }
@@ -213,7 +218,9 @@ impl State {
         self.ensure_swap(&plan, Tier::Device)?;
         for (g, shared) in plan.shared.iter().enumerate() {
             let pool = self.groups[g].pool;
-            self.pools[pool].device.check_acquire(shared.iter().flatten().copied())?;
+            self.pools[pool]
+                .device
+                .check_acquire(shared.iter().flatten().copied())?;
         }
         let mut s = self.seqs.remove(&id).expect("checked");
         let len = s.tokens.len();

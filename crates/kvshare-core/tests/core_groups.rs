@@ -1,4 +1,5 @@
-//! Model-based test of the cache of KV-cache groups (`kvshare_core::groups::Hybrid`) against
+//! Model-based test of a cache of KV-cache groups (`kvshare_core::State`, in vLLM's block-pool
+//! mode: `vllm_free_order`, no dedup, no host tier) against
 //! `Vllm` below: a line-by-line port of what vLLM 0.23's hybrid manager does with one shared
 //! block pool (`block_pool.py`: the free queue, `touch`, `free_blocks(prepend)`,
 //! `_maybe_evict_cached_block`, duplicate hashes; `single_type_kv_cache_manager.py`: each kind's
@@ -22,12 +23,47 @@
 
 use std::collections::{HashMap, HashSet};
 
-use kvshare_core::groups::{GroupKind, GroupSpec, Hybrid, HybridConfig, StateMode};
 use kvshare_core::prefix::{chain_hash, root_hash};
+use kvshare_core::{Config, GroupKind, GroupSpec, State, StateMode};
 use kvshare_core::{Error, EventKind};
 use proptest::prelude::*;
 
 const NULL: u32 = 0;
+
+/// The cache's geometry in these tests: a page size, pages per pool, the groups.
+struct HybridConfig {
+    page_size: u32,
+    num_pages: u32,
+    groups: Vec<GroupSpec>,
+    enable_prefix_caching: bool,
+    enable_events: bool,
+}
+
+/// A cache of groups that keeps pages as vLLM's block pool does.
+struct Hybrid;
+
+impl Hybrid {
+    #[allow(clippy::new_ret_no_self)]
+    fn new(c: HybridConfig) -> Result<State, Error> {
+        State::new(Config {
+            page_size: c.page_size,
+            num_device_pages: c.num_pages,
+            groups: c.groups,
+            enable_prefix_caching: c.enable_prefix_caching,
+            enable_events: c.enable_events,
+            reserve_null_page: true,
+            skip_cached_writes: false,
+            vllm_free_order: true,
+            ..Config::default()
+        })
+    }
+}
+
+/// An append as vLLM's `allocate_slots` makes it (no copies: nothing is forked here).
+fn append(h: &mut State, id: u64, tokens: &[i32], lookahead: usize) -> Result<(), Error> {
+    let mut copies = Vec::new();
+    h.append(id, tokens, lookahead, &mut copies, 0)
+}
 
 /// vLLM's side, one pool.
 struct Vllm {
@@ -642,10 +678,10 @@ fn run_with(
                 let toks = noise(seed, k as usize);
                 let want = v.step(id, &toks, release);
                 if release {
-                    let len = h.seq_info(id).unwrap().0;
+                    let len = h.seq_info(id).unwrap().num_tokens;
                     h.release_skipped(id, len).unwrap();
                 }
-                let got = h.append(id, &toks, 0);
+                let got = append(&mut h, id, &toks, 0);
                 match (want, got) {
                     (true, Ok(())) | (false, Err(Error::NoSpace { .. })) => {}
                     (w, g) => prop_assert!(false, "step {step}: vLLM {w}, kvshare {g:?}"),
@@ -953,7 +989,7 @@ fn read_op() -> impl Strategy<Value = ReadOp> {
 }
 
 struct Reader {
-    h: Hybrid,
+    h: State,
     ps: usize,
     kinds: Vec<GroupKind>,
     pool_of: Vec<usize>,
@@ -1100,7 +1136,7 @@ impl Reader {
                     self.h.release_skipped(id, n).unwrap();
                 }
                 let new = noise(seed, k);
-                match self.h.append(id, &new, 0) {
+                match append(&mut self.h, id, &new, 0) {
                     Ok(()) => {
                         self.tokens.get_mut(&id).unwrap().extend_from_slice(&new);
                         self.check_reads(id, n, "step")?;

@@ -184,7 +184,7 @@ impl Engine {
         let mut cached: Vec<(&[Option<u64>; PS], usize)> = Vec::new();
         for (tier, kv) in [(Tier::Device, &self.dev), (Tier::Host, &self.host)] {
             for (p, slots) in kv.iter().enumerate() {
-                let (_, state, registered) = self.s.page_info(tier, p as u32).unwrap();
+                let (_, state, registered) = self.s.page_info(tier, 0, p as u32).unwrap();
                 if state == PageState::Cached && registered {
                     let len = match tier {
                         Tier::Device => self.partial[p].unwrap_or(PS),
@@ -230,10 +230,10 @@ impl Engine {
             return;
         }
         let n = self.s.seq_tokens(id).unwrap().len();
-        let pages = self.s.seq_pages(id).unwrap();
+        let pages = self.s.seq_pages(id, 0).unwrap();
         let units = n % PS / self.unit * self.unit;
         if let Some(&p) = pages.get(n / PS) {
-            if units > 0 && self.unit < PS && self.s.page_info(Tier::Device, p).unwrap().0 == 1 {
+            if units > 0 && self.unit < PS && self.s.page_info(Tier::Device, 0, p).unwrap().0 == 1 {
                 self.partial[p as usize] = Some(units);
             }
         }
@@ -281,13 +281,15 @@ impl Engine {
         let tokens = self.s.seq_tokens(id).unwrap().to_vec();
         let mut slots = vec![0i64; q];
         assert_eq!(
-            self.s.slot_mapping(&[id], &[q as u32], &mut slots).unwrap(),
+            self.s
+                .slot_mapping(0, &[id], &[q as u32], &mut slots)
+                .unwrap(),
             q
         );
         for (i, &slot) in slots.iter().enumerate() {
             if slot >= 0 {
                 let page = (slot as usize / PS) as u32;
-                let rc = self.s.page_info(Tier::Device, page).unwrap().0;
+                let rc = self.s.page_info(Tier::Device, 0, page).unwrap().0;
                 assert!(
                     rc == 1 || same_step,
                     "KV write into page {page} shared by {rc} holders"
@@ -301,7 +303,7 @@ impl Engine {
     fn verify(&mut self) {
         self.s.check().unwrap();
         for p in 0..self.partial.len() {
-            let (_, state, registered) = self.s.page_info(Tier::Device, p as u32).unwrap();
+            let (_, state, registered) = self.s.page_info(Tier::Device, 0, p as u32).unwrap();
             if state != PageState::Cached || !registered {
                 self.partial[p] = None;
             }
@@ -319,12 +321,17 @@ impl Engine {
                 EventKind::Cleared => self.seen.retain(|&(t, _)| t != e.tier),
             }
         }
-        let actual: HashSet<(Tier, u128)> = self.s.registered_hashes().into_iter().collect();
+        let actual: HashSet<(Tier, u128)> = self
+            .s
+            .registered_hashes()
+            .into_iter()
+            .map(|(t, _, h)| (t, h))
+            .collect();
         assert_eq!(self.seen, actual, "event consumer disagrees with the index");
         for &(id, salt) in &self.live {
             let info = self.s.seq_info(id).unwrap();
             let tokens = self.s.seq_tokens(id).unwrap();
-            let pages = self.s.seq_pages(id).unwrap();
+            let pages = self.s.seq_pages(id, 0).unwrap();
             let kv = match info.tier {
                 Tier::Device => &self.dev,
                 Tier::Host => &self.host,
@@ -364,7 +371,7 @@ impl Engine {
                     let t = self.prompt(id, prefix, extra_len);
                     let cap = t.len().saturating_sub(1);
                     let promised = self.promised_units(&t, false, cap);
-                    match self.s.begin(id, &t, None, cap) {
+                    match self.s.begin(id, &t, None, cap, 0) {
                         Ok(b) => {
                             if k == 0 {
                                 self.check_unit_promise(&t, &b, &promised);
@@ -400,7 +407,7 @@ impl Engine {
                     usize::MAX
                 };
                 let promised = self.promised_units(&t, salt, cap);
-                match self.s.begin(id, &t, extra, cap) {
+                match self.s.begin(id, &t, extra, cap, 0) {
                     Ok(b) => {
                         self.check_unit_promise(&t, &b, &promised);
                         self.drain();
@@ -416,7 +423,7 @@ impl Engine {
                 if let Some((id, salt)) = self.pick(seq) {
                     let t: Vec<i32> = (0..n as i32).map(|k| 2000 + k + id as i32).collect();
                     let mut copies = vec![];
-                    let before = self.s.seq_pages(id).unwrap().len();
+                    let before = self.s.seq_pages(id, 0).unwrap().len();
                     // Odd counts go through append_pages: the same append, plus the table's
                     // tail from the old page count, which must be exactly the pages added.
                     let res = if n % 2 == 0 {
@@ -426,7 +433,7 @@ impl Engine {
                             .append_pages(id, &t, 0, &mut copies, 1, before, usize::MAX)
                             .map(|tail| tail.to_vec())
                             .map(|tail| {
-                                let all = self.s.seq_pages(id).unwrap();
+                                let all = self.s.seq_pages(id, 0).unwrap();
                                 assert_eq!(tail, all[before..], "append_pages tail");
                             })
                     };
@@ -515,7 +522,7 @@ impl Engine {
                 let t = &prefixes[prefix as usize];
                 let m = self
                     .s
-                    .match_prefix(t, None, usize::MAX, true, usize::MAX)
+                    .match_prefix(0, t, None, usize::MAX, true, usize::MAX)
                     .unwrap();
                 self.drain();
                 for (i, &p) in m.pages.iter().enumerate() {
@@ -531,11 +538,11 @@ impl Engine {
             }
             Op::ReleaseHeld => {
                 let held = std::mem::take(&mut self.held);
-                self.s.release_pages(&held).unwrap();
+                self.s.release_pages(0, &held).unwrap();
                 if let Some(&p) = held.first() {
-                    if self.s.page_info(Tier::Device, p).unwrap().0 == 0 {
+                    if self.s.page_info(Tier::Device, 0, p).unwrap().0 == 0 {
                         assert_eq!(
-                            self.s.release_pages(&[p]),
+                            self.s.release_pages(0, &[p]),
                             Err(Error::RefcountUnderflow { page: p })
                         );
                     }
@@ -576,7 +583,7 @@ impl Engine {
             self.s.free(id).unwrap();
         }
         self.s
-            .release_pages(&std::mem::take(&mut self.held))
+            .release_pages(0, &std::mem::take(&mut self.held))
             .unwrap();
         for id in std::mem::take(&mut self.pins) {
             self.s.unpin(id).unwrap();

@@ -24,15 +24,15 @@ fn shared_prefix_is_stored_once_and_freed_after_last_user() {
     let sys = toks(0..8); // two full pages of system prompt
     let a: Vec<i32> = sys.iter().copied().chain(100..103).collect();
     let b: Vec<i32> = sys.iter().copied().chain(200..206).collect();
-    let ia = s.begin(1, &a, None, usize::MAX).unwrap();
+    let ia = s.begin(1, &a, None, usize::MAX, 0).unwrap();
     assert_eq!((ia.matched_tokens, ia.num_pages, ia.new_pages), (0, 3, 3));
-    let ib = s.begin(2, &b, None, usize::MAX).unwrap();
+    let ib = s.begin(2, &b, None, usize::MAX, 0).unwrap();
     assert_eq!((ib.matched_tokens, ib.num_pages, ib.new_pages), (8, 4, 2));
-    let pa = s.seq_pages(1).unwrap().to_vec();
-    let pb = s.seq_pages(2).unwrap().to_vec();
+    let pa = s.seq_pages(1, 0).unwrap().to_vec();
+    let pb = s.seq_pages(2, 0).unwrap().to_vec();
     assert_eq!(pa[..2], pb[..2]);
     for &p in &pa[..2] {
-        assert_eq!(s.page_info(Tier::Device, p).unwrap().0, 2);
+        assert_eq!(s.page_info(Tier::Device, 0, p).unwrap().0, 2);
     }
     let st = s.stats();
     assert_eq!(st.device_pages_in_use, 5);
@@ -40,21 +40,24 @@ fn shared_prefix_is_stored_once_and_freed_after_last_user() {
     assert_eq!(st.logical_tokens, 11 + 14);
     s.check().unwrap();
     s.free(1).unwrap();
-    assert_eq!(s.page_info(Tier::Device, pa[0]).unwrap().0, 1);
+    assert_eq!(s.page_info(Tier::Device, 0, pa[0]).unwrap().0, 1);
     assert_eq!(
-        s.page_info(Tier::Device, pa[2]).unwrap().1,
+        s.page_info(Tier::Device, 0, pa[2]).unwrap().1,
         PageState::Free,
         "partial page not cached"
     );
     s.free(2).unwrap();
-    let (rc, st, reg) = s.page_info(Tier::Device, pa[0]).unwrap();
+    let (rc, st, reg) = s.page_info(Tier::Device, 0, pa[0]).unwrap();
     assert_eq!((rc, st, reg), (0, PageState::Cached, true));
     assert_eq!(s.stats().device_pages_in_use, 0);
     assert_eq!(s.free(2), Err(Error::SeqNotFound(2)));
     s.check().unwrap();
     // A third request hits the cached prefix after both users left.
     let c: Vec<i32> = sys.iter().copied().chain(300..301).collect();
-    assert_eq!(s.begin(3, &c, None, usize::MAX).unwrap().matched_tokens, 8);
+    assert_eq!(
+        s.begin(3, &c, None, usize::MAX, 0).unwrap().matched_tokens,
+        8
+    );
     s.check().unwrap();
 }
 
@@ -62,27 +65,27 @@ fn shared_prefix_is_stored_once_and_freed_after_last_user() {
 fn max_match_and_salt_and_lora_isolate() {
     let mut s = state(32, 4);
     let p = toks(0..12);
-    s.begin(1, &p, None, usize::MAX).unwrap();
+    s.begin(1, &p, None, usize::MAX, 0).unwrap();
     // The engine recomputes the last token: cap at len-1. All 3 cached pages are shared, and the
     // recomputed token's slot is hidden from the KV write.
-    let b = s.begin(2, &p, None, p.len() - 1).unwrap();
+    let b = s.begin(2, &p, None, p.len() - 1, 0).unwrap();
     assert_eq!((b.matched_tokens, b.new_pages), (11, 0));
-    assert_eq!(s.seq_pages(2).unwrap(), s.seq_pages(1).unwrap());
+    assert_eq!(s.seq_pages(2, 0).unwrap(), s.seq_pages(1, 0).unwrap());
     let mut slots = [0i64; 3];
-    assert_eq!(s.slot_mapping(&[2], &[2], &mut slots).unwrap(), 2);
+    assert_eq!(s.slot_mapping(0, &[2], &[2], &mut slots).unwrap(), 2);
     assert_eq!(slots, [-1, -1, -1]);
     let salted = ExtraKeys {
         salt: b"tenant".to_vec(),
         ..Default::default()
     };
     assert_eq!(
-        s.begin(3, &p, Some(salted.clone()), usize::MAX)
+        s.begin(3, &p, Some(salted.clone()), usize::MAX, 0)
             .unwrap()
             .matched_tokens,
         0
     );
     assert_eq!(
-        s.begin(4, &p, Some(salted), usize::MAX)
+        s.begin(4, &p, Some(salted), usize::MAX, 0)
             .unwrap()
             .matched_tokens,
         12
@@ -92,7 +95,7 @@ fn max_match_and_salt_and_lora_isolate() {
         ..Default::default()
     };
     assert_eq!(
-        s.begin(5, &p, Some(lora), usize::MAX)
+        s.begin(5, &p, Some(lora), usize::MAX, 0)
             .unwrap()
             .matched_tokens,
         0
@@ -110,12 +113,12 @@ fn without_skip_cached_writes_the_capped_page_is_recomputed() {
     };
     let mut s = State::new(cfg).unwrap();
     let p = toks(0..12);
-    s.begin(1, &p, None, usize::MAX).unwrap();
-    let b = s.begin(2, &p, None, p.len() - 1).unwrap();
+    s.begin(1, &p, None, usize::MAX, 0).unwrap();
+    let b = s.begin(2, &p, None, p.len() - 1, 0).unwrap();
     assert_eq!((b.matched_tokens, b.new_pages), (8, 1));
-    let pages = s.seq_pages(2).unwrap().to_vec();
+    let pages = s.seq_pages(2, 0).unwrap().to_vec();
     let mut slots = [0i64; 4];
-    s.slot_mapping(&[2], &[4], &mut slots).unwrap();
+    s.slot_mapping(0, &[2], &[4], &mut slots).unwrap();
     assert_eq!(slots, [0, 1, 2, 3].map(|o| pages[2] as i64 * 4 + o));
     s.check().unwrap();
 }
@@ -123,7 +126,7 @@ fn without_skip_cached_writes_the_capped_page_is_recomputed() {
 #[test]
 fn append_registers_full_pages_and_decode_continues_chain() {
     let mut s = state(32, 4);
-    s.begin(1, &toks(0..6), None, usize::MAX).unwrap();
+    s.begin(1, &toks(0..6), None, usize::MAX, 0).unwrap();
     let mut copies = Vec::new();
     s.append(1, &[6, 7], 0, &mut copies, usize::MAX).unwrap();
     assert!(copies.is_empty());
@@ -131,7 +134,7 @@ fn append_registers_full_pages_and_decode_continues_chain() {
     assert_eq!(s.seq_info(1).unwrap().num_pages, 3);
     // A later turn repeating the history hits both pages filled by decode.
     assert_eq!(
-        s.begin(2, &toks(0..10), None, usize::MAX)
+        s.begin(2, &toks(0..10), None, usize::MAX, 0)
             .unwrap()
             .matched_tokens,
         8
@@ -142,12 +145,12 @@ fn append_registers_full_pages_and_decode_continues_chain() {
 #[test]
 fn fork_then_append_copies_on_write() {
     let mut s = state(32, 4);
-    s.begin(1, &toks(0..6), None, usize::MAX).unwrap();
+    s.begin(1, &toks(0..6), None, usize::MAX, 0).unwrap();
     s.fork(1, 2).unwrap();
-    let before = s.seq_pages(2).unwrap().to_vec();
+    let before = s.seq_pages(2, 0).unwrap().to_vec();
     let mut copies = Vec::new();
     s.append(2, &[50], 0, &mut copies, usize::MAX).unwrap();
-    let after = s.seq_pages(2).unwrap().to_vec();
+    let after = s.seq_pages(2, 0).unwrap().to_vec();
     assert_eq!(before[0], after[0], "full page stays shared");
     assert_ne!(before[1], after[1], "partial page copied");
     assert_eq!(
@@ -156,14 +159,15 @@ fn fork_then_append_copies_on_write() {
             src_page: before[1],
             dst_page: after[1],
             num_tokens: 2,
-            kind: CopyKind::DeviceToDevice
+            kind: CopyKind::DeviceToDevice,
+            group: 0,
         }]
     );
     // The parent now owns its partial page alone: no copy.
     copies.clear();
     s.append(1, &[60], 0, &mut copies, usize::MAX).unwrap();
     assert!(copies.is_empty());
-    assert_eq!(s.seq_pages(1).unwrap()[1], before[1]);
+    assert_eq!(s.seq_pages(1, 0).unwrap()[1], before[1]);
     assert_eq!(s.stats().counters.cow_copies, 1);
     s.check().unwrap();
     s.free(1).unwrap();
@@ -175,10 +179,12 @@ fn fork_then_append_copies_on_write() {
 #[test]
 fn allocation_is_all_or_nothing_and_evicts_lru() {
     let mut s = state(4, 4);
-    s.begin(1, &toks(0..8), None, usize::MAX).unwrap();
+    s.begin(1, &toks(0..8), None, usize::MAX, 0).unwrap();
     s.free(1).unwrap(); // 2 cached pages
     assert_eq!(s.stats().device_pages_cached, 2);
-    let err = s.begin(2, &toks(100..120), None, usize::MAX).unwrap_err();
+    let err = s
+        .begin(2, &toks(100..120), None, usize::MAX, 0)
+        .unwrap_err();
     assert!(
         matches!(
             err,
@@ -192,11 +198,11 @@ fn allocation_is_all_or_nothing_and_evicts_lru() {
     );
     assert_eq!(s.stats().device_pages_cached, 2, "nothing changed");
     s.check().unwrap();
-    s.begin(3, &toks(100..112), None, usize::MAX).unwrap(); // 3 pages: 2 free + evict 1
+    s.begin(3, &toks(100..112), None, usize::MAX, 0).unwrap(); // 3 pages: 2 free + evict 1
     assert_eq!(s.stats().counters.evictions, 1);
     // The tail page of the old chain went first; its head survives.
     assert_eq!(
-        s.begin(4, &toks(0..8), None, usize::MAX).unwrap_err(),
+        s.begin(4, &toks(0..8), None, usize::MAX, 0).unwrap_err(),
         Error::NoSpace {
             tier: Tier::Device,
             needed: 1,
@@ -209,9 +215,9 @@ fn allocation_is_all_or_nothing_and_evicts_lru() {
 #[test]
 fn swap_out_and_in_reports_pairs_and_reuses_cached_pages() {
     let mut s = state(8, 4);
-    s.begin(1, &toks(0..10), None, usize::MAX).unwrap();
-    s.begin(2, &toks(0..8), None, usize::MAX).unwrap(); // shares 2 pages
-    let dev = s.seq_pages(1).unwrap().to_vec();
+    s.begin(1, &toks(0..10), None, usize::MAX, 0).unwrap();
+    s.begin(2, &toks(0..8), None, usize::MAX, 0).unwrap(); // shares 2 pages
+    let dev = s.seq_pages(1, 0).unwrap().to_vec();
     let mut copies = Vec::new();
     s.swap_out(1, &mut copies, usize::MAX).unwrap();
     assert_eq!(copies.len(), 3);
@@ -233,7 +239,7 @@ fn swap_out_and_in_reports_pairs_and_reuses_cached_pages() {
     // The two shared full pages were still cached on device: only the partial page is copied.
     assert_eq!(copies.len(), 1);
     assert_eq!(copies[0].kind, CopyKind::HostToDevice);
-    assert_eq!(s.seq_pages(1).unwrap()[..2], dev[..2]);
+    assert_eq!(s.seq_pages(1, 0).unwrap()[..2], dev[..2]);
     s.check().unwrap();
     assert_eq!(s.stats().host_pages_in_use, 0);
 }
@@ -247,9 +253,9 @@ fn defer_commit_gates_hits() {
         ..Config::default()
     };
     let mut s = State::new(cfg).unwrap();
-    s.begin(1, &toks(0..8), None, usize::MAX).unwrap();
+    s.begin(1, &toks(0..8), None, usize::MAX, 0).unwrap();
     assert_eq!(
-        s.begin(2, &toks(0..8), None, usize::MAX)
+        s.begin(2, &toks(0..8), None, usize::MAX, 0)
             .unwrap()
             .matched_tokens,
         0
@@ -257,7 +263,7 @@ fn defer_commit_gates_hits() {
     s.commit();
     s.check().unwrap();
     assert_eq!(
-        s.begin(3, &toks(0..8), None, usize::MAX)
+        s.begin(3, &toks(0..8), None, usize::MAX, 0)
             .unwrap()
             .matched_tokens,
         8
@@ -273,6 +279,7 @@ fn placeholder_pages_never_hashed() {
         &[1, 2, 3, 4, 5, 6, 7, -1, 9, 10, 11, 12],
         None,
         usize::MAX,
+        0,
     )
     .unwrap();
     assert_eq!(s.stats().index_pages, 1);
@@ -288,39 +295,42 @@ fn page_api_refcounts_and_underflow() {
         ..Config::default()
     })
     .unwrap();
-    let pages = s.alloc_pages(3).unwrap();
+    let pages = s.alloc_pages(0, 3).unwrap();
     assert_eq!(pages, vec![1, 2, 3]);
-    assert!(matches!(s.alloc_pages(1), Err(Error::NoSpace { .. })));
-    s.acquire_pages(&[1]).unwrap();
+    assert!(matches!(s.alloc_pages(0, 1), Err(Error::NoSpace { .. })));
+    s.acquire_pages(0, &[1]).unwrap();
     assert_eq!(
-        s.release_pages(&[2, 2]),
+        s.release_pages(0, &[2, 2]),
         Err(Error::RefcountUnderflow { page: 2 })
     );
     assert_eq!(
-        s.page_info(Tier::Device, 2).unwrap().0,
+        s.page_info(Tier::Device, 0, 2).unwrap().0,
         1,
         "nothing released"
     );
-    assert_eq!(s.release_pages(&[0]), Err(Error::PaddingPage { page: 0 }));
+    assert_eq!(
+        s.release_pages(0, &[0]),
+        Err(Error::PaddingPage { page: 0 })
+    );
     assert!(matches!(
-        s.release_pages(&[9]),
+        s.release_pages(0, &[9]),
         Err(Error::PageOutOfRange { .. })
     ));
-    s.register(&toks(0..8), &pages[..2], None).unwrap();
-    s.release_pages(&[1, 1, 2, 3]).unwrap();
+    s.register(0, &toks(0..8), &pages[..2], None).unwrap();
+    s.release_pages(0, &[1, 1, 2, 3]).unwrap();
     assert_eq!(s.stats().device_pages_cached, 2);
     assert!(matches!(
-        s.acquire_pages(&[3]),
+        s.acquire_pages(0, &[3]),
         Err(Error::PageNotAllocated { .. })
     ));
     let m = s
-        .match_prefix(&toks(0..9), None, usize::MAX, true, usize::MAX)
+        .match_prefix(0, &toks(0..9), None, usize::MAX, true, usize::MAX)
         .unwrap();
     assert_eq!((m.pages.clone(), m.tokens), (vec![1, 2], 8));
     s.check().unwrap();
     s.clear_index();
     assert_eq!(s.stats().index_pages, 0);
-    s.release_pages(&m.pages).unwrap();
+    s.release_pages(0, &m.pages).unwrap();
     assert_eq!(s.stats().device_pages_free, 3);
     s.check().unwrap();
 }
@@ -345,12 +355,12 @@ fn tiered(device: u32, host: u32) -> State {
 #[test]
 fn evicted_pages_are_demoted_and_promoted_back_on_a_hit() {
     let mut s = tiered(4, 4);
-    s.begin(1, &toks(0..8), None, usize::MAX).unwrap();
+    s.begin(1, &toks(0..8), None, usize::MAX, 0).unwrap();
     s.free(1).unwrap(); // 2 cached device pages
-    let old = s.seq_pages(1).err();
+    let old = s.seq_pages(1, 0).err();
     assert!(old.is_some());
     // A 4-page request evicts both cached pages: they are demoted, not dropped.
-    s.begin(2, &toks(100..116), None, usize::MAX).unwrap();
+    s.begin(2, &toks(100..116), None, usize::MAX, 0).unwrap();
     let demoted = s.take_copies(usize::MAX);
     assert_eq!(demoted.len(), 2);
     assert!(demoted
@@ -368,7 +378,7 @@ fn evicted_pages_are_demoted_and_promoted_back_on_a_hit() {
     s.check().unwrap();
     s.free(2).unwrap();
     // The old prompt hits in the host tier: promoted back, counted as a hit.
-    let b = s.begin(3, &toks(0..9), None, usize::MAX).unwrap();
+    let b = s.begin(3, &toks(0..9), None, usize::MAX, 0).unwrap();
     assert_eq!((b.matched_tokens, b.promoted_pages, b.new_pages), (8, 2, 1));
     let promoted = s.take_copies(usize::MAX);
     let h2d: Vec<_> = promoted
@@ -378,7 +388,7 @@ fn evicted_pages_are_demoted_and_promoted_back_on_a_hit() {
     assert_eq!(h2d.len(), 2);
     assert_eq!(
         h2d.iter().map(|c| c.dst_page).collect::<Vec<_>>(),
-        s.seq_pages(3).unwrap()[..2]
+        s.seq_pages(3, 0).unwrap()[..2]
     );
     let st = s.stats();
     assert_eq!(
@@ -391,13 +401,13 @@ fn evicted_pages_are_demoted_and_promoted_back_on_a_hit() {
 #[test]
 fn without_host_tier_evicted_pages_are_dropped() {
     let mut s = tiered(4, 0);
-    s.begin(1, &toks(0..8), None, usize::MAX).unwrap();
+    s.begin(1, &toks(0..8), None, usize::MAX, 0).unwrap();
     s.free(1).unwrap();
-    s.begin(2, &toks(100..116), None, usize::MAX).unwrap();
+    s.begin(2, &toks(100..116), None, usize::MAX, 0).unwrap();
     assert!(s.take_copies(usize::MAX).is_empty());
     s.free(2).unwrap();
     assert_eq!(
-        s.begin(3, &toks(0..9), None, usize::MAX)
+        s.begin(3, &toks(0..9), None, usize::MAX, 0)
             .unwrap()
             .matched_tokens,
         0
@@ -408,20 +418,20 @@ fn without_host_tier_evicted_pages_are_dropped() {
 fn pinned_prefix_survives_pressure_until_unpinned() {
     let mut s = tiered(6, 0);
     let system = toks(0..8);
-    s.begin(1, &system, None, usize::MAX).unwrap();
+    s.begin(1, &system, None, usize::MAX, 0).unwrap();
     s.free(1).unwrap();
     let (pin, n) = s.pin(&system, None).unwrap();
     assert_eq!(n, 2);
     assert_eq!(s.stats().device_pages_pinned, 2);
     // Only 4 pages are allocatable now; a 5-page request is refused rather than evicting.
     assert!(matches!(
-        s.begin(2, &toks(100..120), None, usize::MAX),
+        s.begin(2, &toks(100..120), None, usize::MAX, 0),
         Err(Error::NoSpace { available: 4, .. })
     ));
-    s.begin(3, &toks(100..116), None, usize::MAX).unwrap();
+    s.begin(3, &toks(100..116), None, usize::MAX, 0).unwrap();
     s.free(3).unwrap();
     assert_eq!(
-        s.begin(4, &toks(0..9), None, usize::MAX)
+        s.begin(4, &toks(0..9), None, usize::MAX, 0)
             .unwrap()
             .matched_tokens,
         8
@@ -430,10 +440,10 @@ fn pinned_prefix_survives_pressure_until_unpinned() {
     s.unpin(pin).unwrap();
     assert!(s.unpin(pin).is_err());
     s.check().unwrap();
-    s.begin(5, &toks(200..224), None, usize::MAX).unwrap(); // 6 pages: evicts everything
+    s.begin(5, &toks(200..224), None, usize::MAX, 0).unwrap(); // 6 pages: evicts everything
     s.free(5).unwrap();
     assert_eq!(
-        s.begin(6, &toks(0..9), None, usize::MAX)
+        s.begin(6, &toks(0..9), None, usize::MAX, 0)
             .unwrap()
             .matched_tokens,
         0
@@ -444,23 +454,23 @@ fn pinned_prefix_survives_pressure_until_unpinned() {
 #[test]
 fn lower_priority_cached_pages_are_evicted_first() {
     let mut s = tiered(4, 0);
-    s.begin(1, &toks(0..4), None, usize::MAX).unwrap();
+    s.begin(1, &toks(0..4), None, usize::MAX, 0).unwrap();
     s.set_priority(1, 3).unwrap();
-    s.begin(2, &toks(10..14), None, usize::MAX).unwrap();
+    s.begin(2, &toks(10..14), None, usize::MAX, 0).unwrap();
     s.free(1).unwrap(); // high priority, released first (older in LRU)
     s.free(2).unwrap();
     assert!(matches!(s.set_priority(1, 1), Err(Error::SeqNotFound(1))));
     // One page is needed beyond the 2 free ones: the low-priority page goes, not the older one.
-    s.begin(3, &toks(20..32), None, usize::MAX).unwrap();
+    s.begin(3, &toks(20..32), None, usize::MAX, 0).unwrap();
     s.free(3).unwrap();
     assert_eq!(
-        s.begin(4, &toks(0..5), None, usize::MAX)
+        s.begin(4, &toks(0..5), None, usize::MAX, 0)
             .unwrap()
             .matched_tokens,
         4
     );
     assert_eq!(
-        s.begin(5, &toks(10..15), None, usize::MAX)
+        s.begin(5, &toks(10..15), None, usize::MAX, 0)
             .unwrap()
             .matched_tokens,
         0
@@ -475,9 +485,9 @@ fn lower_priority_cached_pages_are_evicted_first() {
 #[test]
 fn prefetch_promotes_ahead_of_the_request() {
     let mut s = tiered(4, 4);
-    s.begin(1, &toks(0..8), None, usize::MAX).unwrap();
+    s.begin(1, &toks(0..8), None, usize::MAX, 0).unwrap();
     s.free(1).unwrap();
-    s.begin(2, &toks(100..116), None, usize::MAX).unwrap();
+    s.begin(2, &toks(100..116), None, usize::MAX, 0).unwrap();
     s.free(2).unwrap();
     s.take_copies(usize::MAX);
     assert_eq!(s.prefetch(&toks(0..9), None), 2);
@@ -487,7 +497,7 @@ fn prefetch_promotes_ahead_of_the_request() {
         "2 promotions + 2 demotions of the pages they displaced"
     );
     assert_eq!(s.stats().counters.prefetched, 2);
-    let b = s.begin(3, &toks(0..9), None, usize::MAX).unwrap();
+    let b = s.begin(3, &toks(0..9), None, usize::MAX, 0).unwrap();
     assert_eq!(
         (b.matched_tokens, b.promoted_pages),
         (8, 0),
@@ -501,9 +511,9 @@ fn events_replay_to_exactly_the_registered_pages() {
     use kvshare_core::EventKind;
     use std::collections::HashSet;
     let mut s = tiered(4, 4);
-    s.begin(1, &toks(0..8), None, usize::MAX).unwrap();
+    s.begin(1, &toks(0..8), None, usize::MAX, 0).unwrap();
     s.free(1).unwrap();
-    s.begin(2, &toks(100..116), None, usize::MAX).unwrap();
+    s.begin(2, &toks(100..116), None, usize::MAX, 0).unwrap();
     let mut seen = HashSet::new();
     let mut apply = |s: &mut State| {
         for e in s.take_events(usize::MAX) {
@@ -513,7 +523,11 @@ fn events_replay_to_exactly_the_registered_pages() {
                 EventKind::Cleared => seen.retain(|&(t, _)| t != e.tier),
             }
         }
-        let actual: HashSet<_> = s.registered_hashes().into_iter().collect();
+        let actual: HashSet<_> = s
+            .registered_hashes()
+            .into_iter()
+            .map(|(t, _, h)| (t, h))
+            .collect();
         assert_eq!(seen, actual);
     };
     apply(&mut s);
@@ -531,7 +545,7 @@ fn capacity_queries_match_what_the_operations_take() {
         ..Config::default()
     })
     .unwrap();
-    s.begin(1, &toks(0..6), None, usize::MAX).unwrap();
+    s.begin(1, &toks(0..6), None, usize::MAX, 0).unwrap();
     s.fork(1, 2).unwrap();
     // Appending 3 tokens to a fork: copy the shared partial page, plus one new page.
     assert_eq!(
@@ -590,32 +604,32 @@ fn long_walks_stop_exactly_at_the_first_difference() {
     const PAGES: usize = 37; // several walk groups and a partial one
     let mut s = state(4 * PAGES as u32, 4);
     let base = toks(1000..1000 + 4 * PAGES as i32);
-    s.begin(1, &base, None, usize::MAX).unwrap();
-    let registered = s.seq_pages(1).unwrap().to_vec();
+    s.begin(1, &base, None, usize::MAX, 0).unwrap();
+    let registered = s.seq_pages(1, 0).unwrap().to_vec();
     s.free(1).unwrap();
     let full = s
-        .match_prefix(&base, None, usize::MAX, false, PAGES)
+        .match_prefix(0, &base, None, usize::MAX, false, PAGES)
         .unwrap();
     assert_eq!(full.pages, registered);
     for k in 0..PAGES {
         let mut other = base.clone();
         other[4 * k + 2] += 1; // page k differs
         let m = s
-            .match_prefix(&other, None, usize::MAX, false, PAGES)
+            .match_prefix(0, &other, None, usize::MAX, false, PAGES)
             .unwrap();
         assert_eq!(m.pages, registered[..k], "difference in page {k}");
         let mut held = base.clone();
         held[4 * k + 3] = -1; // page k holds a placeholder
         let m = s
-            .match_prefix(&held, None, usize::MAX, false, PAGES)
+            .match_prefix(0, &held, None, usize::MAX, false, PAGES)
             .unwrap();
         assert_eq!(m.pages, registered[..k], "placeholder in page {k}");
         let m = s
-            .match_prefix(&base, None, 4 * k + 3, false, PAGES)
+            .match_prefix(0, &base, None, 4 * k + 3, false, PAGES)
             .unwrap();
         assert_eq!(m.pages, registered[..k], "cap of {} tokens", 4 * k + 3);
         let m = s
-            .match_prefix(&base[..4 * k + 1], None, usize::MAX, false, PAGES)
+            .match_prefix(0, &base[..4 * k + 1], None, usize::MAX, false, PAGES)
             .unwrap();
         assert_eq!(m.pages, registered[..k], "prompt of {} tokens", 4 * k + 1);
     }
@@ -624,7 +638,7 @@ fn long_walks_stop_exactly_at_the_first_difference() {
         ..Default::default()
     };
     assert!(s
-        .match_prefix(&base, Some(&salted), usize::MAX, false, PAGES)
+        .match_prefix(0, &base, Some(&salted), usize::MAX, false, PAGES)
         .unwrap()
         .pages
         .is_empty());
@@ -636,15 +650,15 @@ fn long_walks_stop_exactly_at_the_first_difference() {
 fn long_walks_continue_through_host_hits() {
     let mut s = tiered(24, 32);
     let base = toks(0..4 * 20);
-    s.begin(1, &base, None, usize::MAX).unwrap();
+    s.begin(1, &base, None, usize::MAX, 0).unwrap();
     s.free(1).unwrap(); // 20 cached device pages, LRU: the last page first
                         // Taking 12 fresh pages evicts (demotes) the 8 least recently used cached ones.
-    s.begin(2, &toks(5000..5000 + 4 * 12), None, usize::MAX)
+    s.begin(2, &toks(5000..5000 + 4 * 12), None, usize::MAX, 0)
         .unwrap();
     assert_eq!(s.stats().counters.demotions, 8);
     s.free(2).unwrap();
     s.take_copies(usize::MAX);
-    let b = s.begin(3, &base, None, usize::MAX).unwrap();
+    let b = s.begin(3, &base, None, usize::MAX, 0).unwrap();
     assert_eq!((b.matched_tokens, b.promoted_pages), (80, 8));
     s.check().unwrap();
 }
@@ -671,19 +685,19 @@ fn swap_out_shares_content_already_on_the_host() {
         let sys = toks(0..8); // two full pages
         let a: Vec<i32> = sys.iter().copied().chain(100..103).collect();
         let b: Vec<i32> = sys.iter().copied().chain(200..206).collect();
-        s.begin(1, &a, None, usize::MAX).unwrap();
-        s.begin(2, &b, None, usize::MAX).unwrap(); // shares the two system pages on the device
+        s.begin(1, &a, None, usize::MAX, 0).unwrap();
+        s.begin(2, &b, None, usize::MAX, 0).unwrap(); // shares the two system pages on the device
         let mut copies = Vec::new();
         assert_eq!(s.swap_out_need(1).unwrap(), (3, 8));
         s.swap_out(1, &mut copies, usize::MAX).unwrap();
         assert_eq!(copies.len(), 3);
-        let host_a = s.seq_pages(1).unwrap().to_vec();
+        let host_a = s.seq_pages(1, 0).unwrap().to_vec();
         // b's system pages are on the host already (a's copies): only its own 2 pages move.
         assert_eq!(s.swap_out_need(2).unwrap(), (2, 5));
         copies.clear();
         s.swap_out(2, &mut copies, 2).unwrap();
         assert_eq!(copies.len(), 2, "demote={demote}");
-        let host_b = s.seq_pages(2).unwrap().to_vec();
+        let host_b = s.seq_pages(2, 0).unwrap().to_vec();
         assert_eq!(host_b[..2], host_a[..2]);
         assert_eq!(
             copies.iter().map(|c| c.num_tokens).collect::<Vec<_>>(),
@@ -704,14 +718,18 @@ fn swap_out_shares_content_already_on_the_host() {
             st.host_pages_cached, 3,
             "the two system pages and b's full page"
         );
-        assert_eq!(s.available(Tier::Host), 8);
+        assert_eq!(s.available(Tier::Host, 0).unwrap(), 8);
         s.check().unwrap();
         // Sharing a cached host page takes it off the evictable count: available excludes it.
         assert_eq!(s.swap_out_need(1).unwrap(), (1, 6));
         copies.clear();
         s.swap_out(1, &mut copies, usize::MAX).unwrap();
         assert_eq!(copies.len(), 1);
-        assert_eq!(s.available(Tier::Host), 5, "its three pages are in use");
+        assert_eq!(
+            s.available(Tier::Host, 0).unwrap(),
+            5,
+            "its three pages are in use"
+        );
         // Freeing a swapped-out sequence keeps its registered host pages cached.
         s.free(1).unwrap();
         assert_eq!(s.stats().host_pages_cached, 3);
@@ -725,11 +743,11 @@ fn swap_out_shares_content_already_on_the_host() {
 fn swap_out_need_is_exactly_the_room_check() {
     let mut s = swap_state(true, false, 3);
     let p: Vec<i32> = toks(0..8).into_iter().chain(50..52).collect(); // 2 full + 1 partial
-    s.begin(1, &p, None, usize::MAX).unwrap();
-    s.begin(2, &p, None, usize::MAX).unwrap();
+    s.begin(1, &p, None, usize::MAX, 0).unwrap();
+    s.begin(2, &p, None, usize::MAX, 0).unwrap();
     let mut copies = Vec::new();
     s.swap_out(1, &mut copies, usize::MAX).unwrap(); // all 3 host pages
-    assert_eq!(s.available(Tier::Host), 0);
+    assert_eq!(s.available(Tier::Host, 0).unwrap(), 0);
     // Seq 2 shares the two full pages but needs one page for its partial one: no room.
     assert_eq!(s.swap_out_need(2).unwrap(), (1, 0));
     let before = s.stats();
@@ -748,7 +766,7 @@ fn swap_out_need_is_exactly_the_room_check() {
     copies.clear();
     s.swap_out(2, &mut copies, usize::MAX).unwrap();
     assert_eq!(copies.len(), 1);
-    assert_eq!(s.available(Tier::Host), 0);
+    assert_eq!(s.available(Tier::Host, 0).unwrap(), 0);
     assert!(matches!(
         s.swap_out_need(2),
         Err(Error::SeqWrongTier { .. })
@@ -762,8 +780,8 @@ fn swap_out_need_is_exactly_the_room_check() {
 #[test]
 fn swap_out_without_caching_copies_every_page() {
     let mut s = swap_state(false, false, 8);
-    s.begin(1, &toks(0..10), None, usize::MAX).unwrap();
-    s.begin(2, &toks(0..10), None, usize::MAX).unwrap();
+    s.begin(1, &toks(0..10), None, usize::MAX, 0).unwrap();
+    s.begin(2, &toks(0..10), None, usize::MAX, 0).unwrap();
     let mut copies = Vec::new();
     s.swap_out(1, &mut copies, usize::MAX).unwrap();
     assert_eq!(s.swap_out_need(2).unwrap(), (3, 5));
