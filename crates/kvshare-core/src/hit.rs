@@ -278,9 +278,16 @@ impl State {
             if full(s) {
                 span.len = span.len.min(len);
             }
+            // A span with no live position may never have been looked up (a chunk starting at
+            // the hit's end needs no page), so `seen` is read for live positions only.
+            let live: &[_] = if span.first_live < span.len {
+                &seen[s][span.first_live..span.len]
+            } else {
+                &[]
+            };
             for (m, &g) in set.iter().enumerate() {
                 let mut v = vec![None; span.first_live.min(span.len)];
-                for r in &seen[s][span.first_live..span.len] {
+                for r in live {
                     let h = r
                         .as_ref()
                         .and_then(|r| r.as_ref())

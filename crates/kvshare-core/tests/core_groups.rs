@@ -812,6 +812,34 @@ fn state_pages_of_other_bytes_have_their_own_pool() {
     h.check().unwrap();
 }
 
+/// A hit that ends at a chunk boundary needs no page of the chunked group (the first token to
+/// compute starts a chunk), so that group looks nothing up: the hit is the full group's pages
+/// and null pages for the chunked one, and the begin shares the full group's pages only.
+#[test]
+fn a_hit_ending_at_a_chunk_boundary_takes_no_chunked_page() {
+    let group = |kind| GroupSpec {
+        kind,
+        page_bytes: 4096,
+    };
+    let mut h = Hybrid::new(HybridConfig {
+        page_size: 4,
+        num_pages: 16,
+        groups: vec![group(GroupKind::Full), group(GroupKind::ChunkedLocal(4))],
+        enable_prefix_caching: true,
+        enable_events: false,
+    })
+    .unwrap();
+    let toks: Vec<i32> = (0..9).collect();
+    h.begin(1, &toks, None, 8, 0).unwrap();
+    let full = h.seq_pages(1, 0).unwrap()[..2].to_vec();
+    h.free(1).unwrap();
+    let b = h.begin(2, &toks, None, 8, 0).unwrap();
+    assert_eq!(b.matched_tokens, 8);
+    assert_eq!(h.seq_pages(2, 0).unwrap()[..2], full[..]);
+    assert_eq!(h.seq_pages(2, 1).unwrap()[..2], [NULL, NULL]);
+    h.check().unwrap();
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 
