@@ -7,7 +7,7 @@ use super::events::{Event, EventKind};
 use super::hit::GroupsHit;
 use super::pool::{Holder, PageState};
 use super::prefix::{chain_hash, Entry, ExtraKeys};
-use super::state::{Hit, Release, State};
+use super::state::{Hit, Release, State, NULL_PAGE};
 use super::tier::Tier;
 
 /// A prefix match of one group: the pages found, their chain digests, and the tokens they cover.
@@ -266,10 +266,18 @@ impl State {
         )
     }
 
-    /// The cross-group hit of `tokens` (every page of it, host ones included).
-    fn prefix_hit(&mut self, tokens: &[i32], extra: Option<&ExtraKeys>) -> GroupsHit {
+    /// The cross-group hit of at most `max_tokens` tokens of `tokens` (every page of it; pages
+    /// of the host tier too when `tiers`).
+    fn prefix_hit(
+        &mut self,
+        tokens: &[i32],
+        extra: Option<&ExtraKeys>,
+        max_tokens: usize,
+        tiers: bool,
+    ) -> GroupsHit {
+        let tokens = &tokens[..tokens.len().min(max_tokens)];
         if self.plain {
-            let walked = self.walk(tokens, extra, usize::MAX, true);
+            let walked = self.walk(tokens, extra, usize::MAX, tiers);
             return GroupsHit {
                 groups: vec![walked.into_iter().map(|(h, _)| Some(h)).collect()],
             };
@@ -280,7 +288,34 @@ impl State {
             };
         }
         let (keys, _) = self.page_keys(tokens, extra, &[]);
-        self.groups_hit(&keys, tokens, tokens.len(), true)
+        self.groups_hit(&keys, tokens, tokens.len(), tiers)
+    }
+
+    /// The longest prefix hit of `tokens` every group can serve, at most `max_tokens` tokens
+    /// (vLLM's `get_computed_blocks`: pass `tokens.len() - 1`), in the device tier only.
+    /// Read-only: nothing is held, promoted or counted, so the pages may be evicted by the next
+    /// allocation. Returns the hit in tokens (whole pages) and, per group, its pages for the hit's
+    /// positions: [`NULL_PAGE`](super::state::NULL_PAGE) where the group no longer reads the
+    /// position (what [`begin`](Self::begin) would share, before the same-step rule of state
+    /// groups).
+    pub fn find_hit(
+        &mut self,
+        tokens: &[i32],
+        extra: Option<&ExtraKeys>,
+        max_tokens: usize,
+    ) -> (usize, Vec<Vec<u32>>) {
+        let hit = self.prefix_hit(tokens, extra, max_tokens, false);
+        let n = hit.groups.iter().map(Vec::len).max().unwrap_or(0);
+        let pages = hit
+            .groups
+            .iter()
+            .map(|v| {
+                let mut p: Vec<u32> = v.iter().map(|h| h.map_or(NULL_PAGE, |h| h.page)).collect();
+                p.resize(n, NULL_PAGE);
+                p
+            })
+            .collect();
+        (n * self.ps, pages)
     }
 
     /// Host hits of `hit` per pool, and whether every pool has room to promote them.
@@ -309,7 +344,7 @@ impl State {
     /// the returned id. Returns the pin id and the number of pages pinned (0 if nothing of the
     /// prefix is cached: register it first).
     pub fn pin(&mut self, tokens: &[i32], extra: Option<&ExtraKeys>) -> Result<(u64, usize)> {
-        let hit = self.prefix_hit(tokens, extra);
+        let hit = self.prefix_hit(tokens, extra, usize::MAX, true);
         let (host, fits) = self.promotions_fit(&hit);
         if !fits {
             let available = self
@@ -359,7 +394,7 @@ impl State {
     /// cached, unreferenced pages) so a request queued behind others finds them there; the copies
     /// are queued. Uses only room that is free or evictable; returns the pages promoted.
     pub fn prefetch(&mut self, tokens: &[i32], extra: Option<&ExtraKeys>) -> usize {
-        let hit = self.prefix_hit(tokens, extra);
+        let hit = self.prefix_hit(tokens, extra, usize::MAX, true);
         let (promoted, fits) = self.promotions_fit(&hit);
         if promoted == 0 || !fits {
             return 0;

@@ -19,7 +19,7 @@ const FREE: usize = 0;
 const NOT_CACHED: u8 = u8::MAX;
 
 /// Number of retention priorities (0 ..= `PRIORITIES - 1`; higher is kept longer).
-pub(crate) const PRIORITIES: u8 = 4;
+pub const PRIORITIES: u8 = 4;
 
 /// Where a page stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

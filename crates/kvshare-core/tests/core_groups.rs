@@ -654,6 +654,12 @@ fn run_with(
                 toks.extend(noise(seed, extra as usize));
                 let id = next;
                 next += 1;
+                // The read-only lookup finds vLLM's hit, page for page, before the begin.
+                let (want_pages, want_hit) =
+                    v.find_longest_cache_hit(&hashes_of(&toks, ps), toks.len() - 1);
+                let (hit, pages) = h.find_hit(&toks, None, toks.len() - 1);
+                prop_assert_eq!(hit, want_hit, "step {}: find_hit", step);
+                prop_assert_eq!(pages, want_pages, "step {}: find_hit pages", step);
                 let want = v.begin(id, &toks);
                 let got = h.begin(id, &toks, None, toks.len() - 1, 0);
                 match (want, got) {
@@ -814,7 +820,7 @@ fn state_pages_of_other_bytes_have_their_own_pool() {
 
 /// A hit that ends at a chunk boundary needs no page of the chunked group (the first token to
 /// compute starts a chunk), so that group looks nothing up: the hit is the full group's pages
-/// and null pages for the chunked one, and the begin shares the full group's pages only.
+/// and null pages for the chunked one, for the lookup and the begin alike.
 #[test]
 fn a_hit_ending_at_a_chunk_boundary_takes_no_chunked_page() {
     let group = |kind| GroupSpec {
@@ -833,6 +839,8 @@ fn a_hit_ending_at_a_chunk_boundary_takes_no_chunked_page() {
     h.begin(1, &toks, None, 8, 0).unwrap();
     let full = h.seq_pages(1, 0).unwrap()[..2].to_vec();
     h.free(1).unwrap();
+    let (hit, pages) = h.find_hit(&toks, None, 8);
+    assert_eq!((hit, pages), (8, vec![full.clone(), vec![NULL, NULL]]));
     let b = h.begin(2, &toks, None, 8, 0).unwrap();
     assert_eq!(b.matched_tokens, 8);
     assert_eq!(h.seq_pages(2, 0).unwrap()[..2], full[..]);

@@ -520,10 +520,14 @@ impl Engine {
             }
             Op::PageMatch { prefix } => {
                 let t = &prefixes[prefix as usize];
+                // The read-only cross-group hit is the device part of the match that follows.
+                let (hit, found) = self.s.find_hit(t, None, usize::MAX);
+                assert_eq!((found.len(), hit), (1, found[0].len() * PS));
                 let m = self
                     .s
                     .match_prefix(0, t, None, usize::MAX, true, usize::MAX)
                     .unwrap();
+                assert_eq!(m.pages[..found[0].len()], found[0][..], "find_hit");
                 self.drain();
                 for (i, &p) in m.pages.iter().enumerate() {
                     for o in 0..PS {
