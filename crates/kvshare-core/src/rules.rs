@@ -91,8 +91,9 @@ pub(crate) trait Rules: Debug + Send + Sync {
 
     /// Positions an append of `n` tokens to a sequence of `old` tokens writes into, in a table of
     /// `len` positions before the append grows it (copy-on-write replaces a shared one first).
+    /// An empty table (a sequence begun with no token) has none.
     fn written(&self, old: usize, n: usize, len: usize, ps: usize) -> Range<usize> {
-        if n == 0 {
+        if n == 0 || len == 0 {
             return 0..0;
         }
         let last = ((old + n - 1) / ps).min(len.saturating_sub(1));

@@ -793,3 +793,66 @@ fn swap_out_without_caching_copies_every_page() {
     assert_eq!((st.host_pages_free, st.host_pages_cached), (8, 0));
     s.check().unwrap();
 }
+
+/// A sequence begun with no token (an engine reserving a request's id before its prompt is
+/// known) gets its first page from an append, a batch append or a capacity query, in every
+/// group kind: its tables are empty, and no position of them is written.
+#[test]
+fn an_empty_sequence_takes_its_first_pages_by_append() {
+    use kvshare_core::{GroupKind, GroupSpec, StateMode};
+    let group = |kind| GroupSpec {
+        kind,
+        page_bytes: 0,
+    };
+    for groups in [
+        vec![],
+        vec![
+            group(GroupKind::Full),
+            group(GroupKind::SlidingWindow(5)),
+            group(GroupKind::ChunkedLocal(8)),
+        ],
+        vec![
+            group(GroupKind::Full),
+            group(GroupKind::State(StateMode::All)),
+        ],
+        vec![
+            group(GroupKind::Full),
+            group(GroupKind::State(StateMode::Align)),
+        ],
+    ] {
+        let ng = groups.len().max(1);
+        let mut s = State::new(Config {
+            page_size: 4,
+            num_device_pages: 32,
+            reserve_null_page: true,
+            groups,
+            ..Config::default()
+        })
+        .unwrap();
+        for id in [1, 2] {
+            let b = s.begin(id, &[], None, usize::MAX, 0).unwrap();
+            assert_eq!((b.num_pages, b.new_pages), (0, 0));
+        }
+        assert_eq!(
+            s.append_need(1, 1, 0).unwrap(),
+            AppendNeed {
+                pages: ng,
+                copies: 0
+            }
+        );
+        let mut copies = Vec::new();
+        s.append(1, &[7], 0, &mut copies, usize::MAX).unwrap();
+        s.append_batch(&[2], &[7], &mut copies, usize::MAX).unwrap();
+        assert!(copies.is_empty());
+        for id in [1, 2] {
+            assert_eq!(s.seq_info(id).unwrap().num_tokens, 1);
+            for g in 0..ng {
+                assert_eq!(s.seq_pages(id, g).unwrap().len(), 1);
+            }
+        }
+        s.check().unwrap();
+        s.free(1).unwrap();
+        s.free(2).unwrap();
+        assert_eq!(s.stats().device_pages_in_use, 0);
+    }
+}
