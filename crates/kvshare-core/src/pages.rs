@@ -83,8 +83,9 @@ impl State {
 
     /// Registers, in `group`'s index, the full pages of a token sequence held in `pages` (page
     /// `i` holds tokens `i*page_size..(i+1)*page_size`). Pages already registered, pages whose
-    /// content is already cached in another page, and pages with negative (placeholder) tokens —
-    /// and everything after them — are skipped. Returns how many pages were newly registered.
+    /// content is already cached in another page, pages a sequence holds (the sequence registers
+    /// them under its own tokens), and pages with negative (placeholder) tokens — and everything
+    /// after them — are skipped. Returns how many pages were newly registered.
     pub fn register(
         &mut self,
         group: usize,
@@ -136,7 +137,11 @@ impl State {
                 lora,
                 tokens: chunk,
             };
-            if self.index_insert(pool, Tier::Device, group as u32, page, entry) {
+            // NOTE: a sequence's page registered under the caller's tokens would hand the
+            // sequence's KV to a later prompt with those tokens.
+            let dev = &self.pools[pool].device;
+            let seq_held = dev.refcount(page) > dev.ext_refs(page) + dev.pins(page);
+            if !seq_held && self.index_insert(pool, Tier::Device, group as u32, page, entry) {
                 added += 1;
             }
             parent = h;

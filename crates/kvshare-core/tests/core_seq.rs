@@ -335,6 +335,40 @@ fn page_api_refcounts_and_underflow() {
     s.check().unwrap();
 }
 
+/// A page a sequence holds is registered by the sequence, under its own tokens: the page API
+/// registers it under no other tokens (a later prompt with those tokens would read the
+/// sequence's KV), even for a caller holding a reference to it. Pages the caller holds alone
+/// in the same call are registered.
+#[test]
+fn register_leaves_a_sequences_pages_to_the_sequence() {
+    let mut s = state(16, 4);
+    s.begin(1, &toks(0..6), None, usize::MAX, 0).unwrap();
+    let seq_page = s.seq_pages(1, 0).unwrap()[1];
+    let own = s.alloc_pages(0, 1).unwrap()[0];
+    s.acquire_pages(0, &[seq_page]).unwrap();
+    let other = toks(100..108);
+    // Page 0 of `other` in the caller's own page, page 1 in the sequence's partial page.
+    assert_eq!(s.register(0, &other, &[own, seq_page], None).unwrap(), 1);
+    s.check().unwrap();
+    // The sequence fills its page (a copy: the caller shares it) and registers it under its
+    // own tokens.
+    let mut copies = Vec::new();
+    s.append(1, &[6, 7], 0, &mut copies, usize::MAX).unwrap();
+    s.check().unwrap();
+    let mine = s
+        .match_prefix(0, &toks(0..8), None, usize::MAX, false, 8)
+        .unwrap();
+    assert_eq!(mine.pages[1], s.seq_pages(1, 0).unwrap()[1]);
+    assert_eq!(copies[0].src_page, seq_page);
+    let theirs = s
+        .match_prefix(0, &other, None, usize::MAX, false, 8)
+        .unwrap();
+    assert_eq!(theirs.pages, [own]);
+    s.release_pages(0, &[seq_page, own]).unwrap();
+    s.free(1).unwrap();
+    s.check().unwrap();
+}
+
 #[test]
 fn cache_is_send_sync() {
     fn assert_send_sync<T: Send + Sync>() {}
