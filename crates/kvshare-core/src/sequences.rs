@@ -885,8 +885,9 @@ impl State {
         Ok(released)
     }
 
-    /// Align's extra release (`Rules::stale_state`), to the back of the reuse order as vLLM's
-    /// `free_blocks` does. Returns the pages released (0 or 1).
+    /// Align's extra release (`Rules::stale_state`), as vLLM's `free_blocks` does: to the back
+    /// of the reuse order in vLLM's order; in kvshare's, a page without cached content is free.
+    /// Returns the pages released (0 or 1).
     fn release_stale_state(&mut self, id: u64, g: usize, num_computed: usize) -> usize {
         let s = &self.seqs[&id];
         let Some(i) = self.groups[g].rules.stale_state(
@@ -901,7 +902,7 @@ impl State {
         let pool = self.groups[g].pool;
         let s = self.seqs.get_mut(&id).expect("checked");
         let page = std::mem::replace(&mut s.tables[g][i], NULL_PAGE);
-        self.pools[pool].device.release(page, Holder::Seq, true);
+        self.release_device(pool, page, Holder::Seq, Release::Free);
         self.group_counters[g].released += 1;
         1
     }

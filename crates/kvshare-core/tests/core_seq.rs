@@ -890,3 +890,50 @@ fn an_empty_sequence_takes_its_first_pages_by_append() {
         assert_eq!(s.stats().device_pages_in_use, 0);
     }
 }
+
+/// An align state group lets go of its state page of two steps ago; a page whose checkpoint is
+/// no longer cached (the index was cleared) is then free, reused before any cached page in
+/// kvshare's reuse order as any other page without cached content: the growing append that
+/// releases it takes it back at once (for the full group's new page; both share one pool).
+#[test]
+fn a_released_align_state_without_a_checkpoint_is_free() {
+    use kvshare_core::{GroupKind, GroupSpec, StateMode};
+    let mut s = State::new(Config {
+        page_size: 4,
+        num_device_pages: 16,
+        reserve_null_page: true,
+        groups: vec![
+            GroupSpec::FULL,
+            GroupSpec {
+                kind: GroupKind::State(StateMode::Align),
+                page_bytes: 0,
+            },
+        ],
+        ..Config::default()
+    })
+    .unwrap();
+    s.begin(1, &toks(0..6), None, usize::MAX, 0).unwrap();
+    let first = s.state_page(1, 1).unwrap();
+    let mut copies = Vec::new();
+    s.append(1, &toks(6..10), 0, &mut copies, usize::MAX)
+        .unwrap();
+    assert!(
+        s.page_info(Tier::Device, 1, first).unwrap().2,
+        "a checkpoint"
+    );
+    s.clear_index();
+    s.check().unwrap();
+    // The next growing append releases it and takes it again.
+    s.append(1, &toks(10..14), 0, &mut copies, usize::MAX)
+        .unwrap();
+    assert_eq!(s.seq_pages(1, 1).unwrap()[1], 0);
+    let (refs, state, registered) = s.page_info(Tier::Device, 1, first).unwrap();
+    assert_eq!((refs, state, registered), (1, PageState::InUse, false));
+    assert!(
+        s.seq_pages(1, 0).unwrap().contains(&first),
+        "the full group's new page"
+    );
+    s.check().unwrap();
+    s.free(1).unwrap();
+    s.check().unwrap();
+}
