@@ -443,11 +443,12 @@ impl State {
         let old = s.tokens.len();
         let slots = old
             .checked_add(n)
-            .and_then(|v| v.checked_add(lookahead))
+            .ok_or_else(|| Error::arg("num_tokens", format!("{old} + {n} tokens overflow")))?
+            .checked_add(lookahead)
             .ok_or_else(|| {
                 Error::arg(
                     "lookahead_slots",
-                    format!("{old} + {n} + {lookahead} slots overflow"),
+                    format!("{old} + {n} tokens + {lookahead} slots overflow"),
                 )
             })?;
         let want = slots.div_ceil(ps);

@@ -627,6 +627,13 @@ fn capacity_queries_match_what_the_operations_take() {
     assert!(avail >= need);
     assert!(matches!(s.swap_in_need(2), Err(Error::SeqWrongTier { .. })));
     assert!(matches!(s.append_need(9, 1, 0), Err(Error::SeqNotFound(9))));
+    // An overflowing size names the argument that overflows.
+    let field = |r: Result<AppendNeed, Error>| match r {
+        Err(Error::InvalidArgument { field, .. }) => field,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(field(s.append_need(1, usize::MAX, 0)), "num_tokens");
+    assert_eq!(field(s.append_need(1, 1, usize::MAX)), "lookahead_slots");
     s.check().unwrap();
 }
 
