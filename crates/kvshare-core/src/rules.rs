@@ -321,8 +321,10 @@ impl Rules for StateAlign {
         st.allocated = true;
     }
 
-    /// The running state at the last position; a step that grows the table writes the new
-    /// position's fresh page.
+    /// The running state at the last position. A step that grows the table writes the new
+    /// state into the new position's fresh page and reads the previous one, which stays the
+    /// sequence's own: it becomes the checkpoint its position registers, so a shared one is
+    /// copied first, as when the step writes it.
     fn written(&self, _old: usize, n: usize, len: usize, _ps: usize) -> Range<usize> {
         if n == 0 || len == 0 {
             return 0..0;

@@ -471,16 +471,7 @@ impl State {
                     plan.stale.push(g);
                 }
             }
-            for j in grp.rules.written(
-                old,
-                n,
-                if grows > 0 && grp.rules.is_state() {
-                    0
-                } else {
-                    t.len()
-                },
-                ps,
-            ) {
+            for j in grp.rules.written(old, n, t.len(), ps) {
                 let p = t[j];
                 if !self.is_null(p) && dev.refcount(p) > 1 {
                     plan.need[grp.pool] += 1;
@@ -537,20 +528,7 @@ impl State {
         for g in 0..self.groups.len() {
             let pool = self.groups[g].pool;
             let len = self.seqs[&id].tables[g].len();
-            let grows = self.groups[g]
-                .rules
-                .grow_pages(&self.seqs[&id].tables[g], want)
-                > 0;
-            let span = self.groups[g].rules.written(
-                old,
-                n,
-                if grows && self.groups[g].rules.is_state() {
-                    0
-                } else {
-                    len
-                },
-                ps,
-            );
+            let span = self.groups[g].rules.written(old, n, len, ps);
             for j in span {
                 let src = self.seqs[&id].tables[g][j];
                 if self.is_null(src) || self.pools[pool].device.refcount(src) <= 1 {
@@ -691,12 +669,7 @@ impl State {
                 let grp = &self.groups[g];
                 let grows = grp.rules.grow_pages(t, want);
                 need[grp.pool] += grows;
-                let len = if grows > 0 && grp.rules.is_state() {
-                    0
-                } else {
-                    t.len()
-                };
-                for j in grp.rules.written(old, 1, len, self.ps) {
+                for j in grp.rules.written(old, 1, t.len(), self.ps) {
                     let p = t[j];
                     if !self.is_null(p) && self.pools[grp.pool].device.refcount(p) > 1 {
                         let data = grp.rules.copy_tokens(j, old, self.ps) > 0;

@@ -944,3 +944,64 @@ fn a_released_align_state_without_a_checkpoint_is_free() {
     s.free(1).unwrap();
     s.check().unwrap();
 }
+
+/// A fork shares every group's pages, its running state included; the first write into a shared
+/// state page copies the whole state, whether the append stays in the page or crosses into the
+/// next one: in mode all the crossing append writes the page's checkpoint (the state after its
+/// last token) into it, in mode none the one page carries the state on, in mode align the
+/// previous state (read for the new page's) becomes the checkpoint of the sequence's own tokens.
+/// Either sequence then goes on with tokens of its own, every page registered under them.
+#[test]
+fn a_forked_state_is_copied_on_its_first_write() {
+    use kvshare_core::{GroupKind, GroupSpec, StateMode};
+    for (mode, caching, copied) in [
+        (StateMode::All, true, true),
+        (StateMode::None, false, true),
+        (StateMode::Align, true, true),
+    ] {
+        let mut s = State::new(Config {
+            page_size: 4,
+            num_device_pages: 32,
+            reserve_null_page: true,
+            enable_prefix_caching: caching,
+            groups: vec![
+                GroupSpec::FULL,
+                GroupSpec {
+                    kind: GroupKind::State(mode),
+                    page_bytes: 0,
+                },
+            ],
+            ..Config::default()
+        })
+        .unwrap();
+        s.begin(1, &toks(0..6), None, usize::MAX, 0).unwrap();
+        s.fork(1, 2).unwrap();
+        let shared = s.state_page(1, 1).unwrap();
+        // Sequence 2 crosses into its third page: 6 + 3 tokens.
+        let mut copies = Vec::new();
+        s.append(2, &[60, 61, 62], 0, &mut copies, usize::MAX)
+            .unwrap();
+        let state_copies: Vec<&PageCopy> = copies.iter().filter(|c| c.group == 1).collect();
+        if copied {
+            assert_eq!(state_copies.len(), 1, "{mode:?}: {copies:?}");
+            assert_eq!(
+                (state_copies[0].src_page, state_copies[0].num_tokens),
+                (shared, 4)
+            );
+        } else {
+            assert!(state_copies.is_empty(), "{mode:?}: {copies:?}");
+        }
+        assert_eq!(s.state_page(1, 1).unwrap(), shared, "{mode:?}");
+        assert_ne!(s.state_page(2, 1).unwrap(), shared, "{mode:?}");
+        s.check().unwrap();
+        // Sequence 1 goes on with other tokens: its pages are its own.
+        copies.clear();
+        s.append(1, &[70, 71, 72], 0, &mut copies, usize::MAX)
+            .unwrap();
+        s.check().unwrap();
+        s.free(1).unwrap();
+        s.free(2).unwrap();
+        s.check().unwrap();
+        assert_eq!(s.stats().device_pages_in_use, 0);
+    }
+}
