@@ -18,18 +18,19 @@ fn violation(msg: String) -> Result<()> {
 /// No group holds the page.
 const NO_GROUP: u32 = u32::MAX;
 
-/// Per pool and tier: sequence holders of each page, and the group whose tables hold it.
+/// Per tier (device, host) and pool: sequence holders of each page, and the group whose tables
+/// hold it.
 struct Holders {
     count: [Vec<Vec<u32>>; 2],
-    owner: Vec<Vec<u32>>,
+    owner: [Vec<Vec<u32>>; 2],
 }
 
 impl State {
     /// Verifies: every sequence has one table per group, all as long, covering its tokens;
     /// released (null) positions only where the group's kind releases (a prefix for windows,
     /// chunks and "all" states; an "align" state group's last position and at most one more
-    /// live; a "none" state group exactly one page, at the last position); a device page is
-    /// held by the tables of one group only and registered for that group; a held registered
+    /// live; a "none" state group exactly one page, at the last position); a page of either tier
+    /// is held by the tables of one group only and registered for that group; a held registered
     /// page carries the digest of its position; refcount = sequence + external + pin holders
     /// for every page; each page is on exactly the list its state says (free / the cached list
     /// of its priority / none when in use); cached ⇔ registered for unreferenced pages (vLLM's
@@ -41,7 +42,7 @@ impl State {
         let np = self.pools.len();
         let mut h = Holders {
             count: [Vec::with_capacity(np), Vec::with_capacity(np)],
-            owner: Vec::with_capacity(np),
+            owner: [Vec::with_capacity(np), Vec::with_capacity(np)],
         };
         for p in &self.pools {
             h.count[0].push(try_vec(
@@ -54,10 +55,15 @@ impl State {
                 0u32,
                 "num_host_pages",
             )?);
-            h.owner.push(try_vec(
+            h.owner[0].push(try_vec(
                 p.device.num_pages() as usize,
                 NO_GROUP,
                 "num_device_pages",
+            )?);
+            h.owner[1].push(try_vec(
+                p.host.num_pages() as usize,
+                NO_GROUP,
+                "num_host_pages",
             )?);
         }
         for (&id, s) in &self.seqs {
@@ -106,7 +112,7 @@ impl State {
             }
             self.check_pool(pi, &pool.device, &h.count[0][pi])?;
             self.check_pool(pi, &pool.host, &h.count[1][pi])?;
-            self.check_indices(pi, &h.owner[pi])?;
+            self.check_indices(pi, [&h.owner[0][pi], &h.owner[1][pi]])?;
         }
         // The commit queue may hold ids of sequences freed (or freed and reused) since; what must
         // hold is that every sequence flagged pending is queued.
@@ -196,17 +202,15 @@ impl State {
                     ));
                 }
                 h.count[t_ix][pool][p as usize] += 1;
-                if s.tier == Tier::Host {
-                    continue;
-                }
-                let o = &mut h.owner[pool][p as usize];
+                let o = &mut h.owner[t_ix][pool][p as usize];
                 if *o != NO_GROUP && *o != g as u32 {
                     return violation(format!(
-                        "page {p} of pool {pool} held by groups {o} and {g}"
+                        "{} page {p} of pool {pool} held by groups {o} and {g}",
+                        s.tier
                     ));
                 }
                 *o = g as u32;
-                if !self.cfg.enable_prefix_caching {
+                if s.tier == Tier::Host || !self.cfg.enable_prefix_caching {
                     continue;
                 }
                 let pl = &self.pools[pool];
@@ -226,7 +230,7 @@ impl State {
         Ok(())
     }
 
-    fn check_indices(&self, pi: usize, owner: &[u32]) -> Result<()> {
+    fn check_indices(&self, pi: usize, owner: [&[u32]; 2]) -> Result<()> {
         let pool = &self.pools[pi];
         for (tier, ix, pp) in [
             (Tier::Device, &pool.index, &pool.device),
@@ -246,13 +250,11 @@ impl State {
                         "pool {pi} {tier} index entry {hash:032x}: group {g} is not a group of the pool"
                     ));
                 }
-                if tier == Tier::Device {
-                    let o = owner[p as usize];
-                    if o != NO_GROUP && o != g {
-                        return violation(format!(
-                            "pool {pi}: page {p} registered for group {g} is held by group {o}"
-                        ));
-                    }
+                let o = owner[usize::from(tier == Tier::Host)][p as usize];
+                if o != NO_GROUP && o != g {
+                    return violation(format!(
+                        "pool {pi}: {tier} page {p} registered for group {g} is held by group {o}"
+                    ));
                 }
             }
             if let Some((g, p)) = ix.stray_unit_key() {

@@ -110,6 +110,22 @@ impl State {
         (need, have)
     }
 
+    /// Takes the sequence's reference on every page of `tier` the swap shares, every group's,
+    /// before the swap takes any page: a page taken for one position could otherwise evict a
+    /// cached page another position (of any group) is about to share.
+    fn hold_shared(&mut self, plan: &SwapPlan, tier: Tier) {
+        for (g, shared) in plan.shared.iter().enumerate() {
+            let pool = &mut self.pools[self.groups[g].pool];
+            let pages = match tier {
+                Tier::Device => &mut pool.device,
+                Tier::Host => &mut pool.host,
+            };
+            for &p in shared.iter().flatten() {
+                pages.acquire(p, Holder::Seq);
+            }
+        }
+    }
+
     fn ensure_swap(&self, plan: &SwapPlan, tier: Tier) -> Result<()> {
         for p in 0..self.pools.len() {
             self.ensure_available(p, tier, plan.new_pages[p], plan.cached_shared[p])?;
@@ -143,6 +159,7 @@ impl State {
         let len = s.tokens.len();
         let ps = self.ps;
         let host_index = self.host_index_on();
+        self.hold_shared(&plan, Tier::Host);
         for g in 0..s.tables.len() {
             let pool = self.groups[g].pool;
             let mut host_pages = Vec::with_capacity(s.tables[g].len());
@@ -152,7 +169,6 @@ impl State {
                     continue;
                 }
                 if let Some(h) = plan.shared[g][j] {
-                    self.pools[pool].host.acquire(h, Holder::Seq);
                     host_pages.push(h);
                     continue;
                 }
@@ -226,11 +242,9 @@ impl State {
         let len = s.tokens.len();
         let ps = self.ps;
         let caching = self.cfg.enable_prefix_caching;
+        self.hold_shared(&plan, Tier::Device);
         for g in 0..s.tables.len() {
             let pool = self.groups[g].pool;
-            for &h in plan.shared[g].iter().flatten() {
-                self.pools[pool].device.acquire(h, Holder::Seq);
-            }
             let mut dev_pages = Vec::with_capacity(s.tables[g].len());
             let mut copied = 0u64;
             for (j, &h) in s.tables[g].iter().enumerate() {

@@ -1005,3 +1005,93 @@ fn a_forked_state_is_copied_on_its_first_write() {
         assert_eq!(s.stats().device_pages_in_use, 0);
     }
 }
+
+/// A cache of a full and a window group sharing one pool, with a host tier.
+fn two_groups_one_pool(device: u32, host: u32) -> State {
+    use kvshare_core::{GroupKind, GroupSpec};
+    State::new(Config {
+        page_size: 4,
+        num_device_pages: device,
+        num_host_pages: host,
+        reserve_null_page: true,
+        demote_to_host: false,
+        groups: vec![
+            GroupSpec::FULL,
+            GroupSpec {
+                kind: GroupKind::SlidingWindow(100),
+                page_bytes: 0,
+            },
+        ],
+        ..Config::default()
+    })
+    .unwrap()
+}
+
+/// Every table of `id` holds pages no other of its tables holds.
+fn tables_apart(s: &State, id: u64) {
+    let a = s.seq_pages(id, 0).unwrap().to_vec();
+    let b = s.seq_pages(id, 1).unwrap().to_vec();
+    assert!(
+        a.iter().all(|p| !b.contains(p)),
+        "{a:?} and {b:?} share a page"
+    );
+}
+
+/// A swap-in shares the cached device pages of every group before it takes a page for any: a
+/// page one group takes must not evict a cached page a later group shares (both groups' tables
+/// would hold it, one with the other's KV).
+#[test]
+fn a_swap_in_takes_no_page_another_group_shares() {
+    let mut s = two_groups_one_pool(16, 16);
+    let mut copies = Vec::new();
+    s.begin(1, &toks(0..10), None, usize::MAX, 0).unwrap();
+    s.swap_out(1, &mut copies, usize::MAX).unwrap();
+    // Cached, oldest first: sequence 1's full pages (group 0's, then group 1's), then
+    // sequence 2's.
+    s.begin(2, &toks(100..108), None, usize::MAX, 0).unwrap();
+    s.free(2).unwrap();
+    let free = s.stats().device_pages_free as usize;
+    let held = s.alloc_pages(0, free).unwrap();
+    // Each group shares its 2 full pages and takes 1 for its partial page: by evicting two of
+    // sequence 2's.
+    s.swap_in(1, &mut copies, usize::MAX).unwrap();
+    s.check().unwrap();
+    tables_apart(&s, 1);
+    let m = s
+        .match_prefix(1, &toks(0..10), None, usize::MAX, false, 8)
+        .unwrap();
+    assert_eq!(m.pages[..], s.seq_pages(1, 1).unwrap()[..2]);
+    s.release_pages(0, &held).unwrap();
+    s.free(1).unwrap();
+    s.check().unwrap();
+}
+
+/// The same for a swap-out sharing cached host pages.
+#[test]
+fn a_swap_out_takes_no_host_page_another_group_shares() {
+    let mut s = two_groups_one_pool(32, 10);
+    let mut copies = Vec::new();
+    s.begin(1, &toks(0..10), None, usize::MAX, 0).unwrap();
+    s.swap_out(1, &mut copies, usize::MAX).unwrap();
+    s.swap_in(1, &mut copies, usize::MAX).unwrap();
+    // Cached on the host, oldest first: sequence 1's full pages, then sequence 3's; sequence 2
+    // holds the last free ones.
+    s.begin(2, &toks(50..52), None, usize::MAX, 0).unwrap();
+    s.swap_out(2, &mut copies, usize::MAX).unwrap();
+    s.begin(3, &toks(200..208), None, usize::MAX, 0).unwrap();
+    s.swap_out(3, &mut copies, usize::MAX).unwrap();
+    s.swap_in(3, &mut copies, usize::MAX).unwrap();
+    assert_eq!(s.stats().host_pages_free, 0);
+    // Each group shares its 2 full host pages and takes 1 for its partial page.
+    copies.clear();
+    s.swap_out(1, &mut copies, usize::MAX).unwrap();
+    assert_eq!(copies.len(), 2);
+    s.check().unwrap();
+    tables_apart(&s, 1);
+    s.swap_in(1, &mut copies, usize::MAX).unwrap();
+    s.check().unwrap();
+    for id in [1, 2, 3] {
+        s.free(id).unwrap();
+    }
+    s.check().unwrap();
+}
