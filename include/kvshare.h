@@ -37,13 +37,13 @@
 #define KVS_MAX_QUEUED_EVENTS (1 << 20)
 
 /*
- Most groups a `kvs_hybrid` holds.
+ Most groups one cache holds (`kvs_config.num_groups`).
  */
 #define KVS_MAX_GROUPS 32
 
 /*
- The null page of every pool of a `kvs_hybrid`: never allocated; block tables show it at
- positions a group released or skipped (vLLM's `null_block`).
+ The null page of every pool when `kvs_config.reserve_null_page` is on: never allocated;
+ device block tables show it at positions a group no longer reads (vLLM's `null_block`).
  */
 #define KVS_NULL_PAGE 0
 
@@ -63,8 +63,16 @@
 
  3: `kvs_config.match_unit` (hits finer than a page) and `kvs_stats.unit_hits`,
  `unit_hit_tokens` change both structs' layouts.
+
+ 4: one cache for one or many KV-cache groups: `kvs_config` ends with `vllm_free_order`,
+ `groups` and `num_groups`; a `group` argument on the per-group calls (`kvs_seq_pages`,
+ `kvs_cache_block_tables`, `kvs_cache_slot_mapping`, `kvs_pages_*`, `kvs_page_get_info`,
+ `kvs_prefix_register`, `kvs_prefix_match`, `kvs_cache_available`); `kvs_seq_begin` takes
+ `lookahead_slots`; `kvs_copy.group` and `kvs_event.group`; new `kvs_cache_group_info`,
+ `kvs_cache_group_stats`, `kvs_cache_new_step`, `kvs_seq_release_skipped`,
+ `kvs_seq_state_page`, `kvs_prefix_find`; the `kvs_hybrid_*` object and its types are gone.
  */
-#define KVS_ABI_VERSION 3
+#define KVS_ABI_VERSION 4
 
 /*
  Result of every fallible `kvs_` function. Numbers are stable and never reused; each
@@ -371,7 +379,9 @@ typedef uint32_t kvs_index_type;
 #endif // __cplusplus
 
 /*
- The attention of a group's layers (values of `kvs_group.kind`).
+ The attention of a group's layers (values of `kvs_group.kind`). Every kind but full
+ attention releases pages it no longer reads and shows `KVS_NULL_PAGE` at those positions,
+ so it needs `kvs_config.reserve_null_page`.
  */
 enum kvs_group_kind
 #if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
@@ -391,13 +401,14 @@ enum kvs_group_kind
    multiple of `page_size`: vLLM requires it too (its local-attention metadata asserts
    `attn_chunk_size % block_size == 0`), and a chunk starting inside a page would need that
    page's KV while the hit treats it as out of reach. Others are refused at
-   `kvs_hybrid_new`.
+   `kvs_cache_new`.
    */
   KVS_GROUP_KIND_CHUNKED_LOCAL = 2,
   /*
    Mamba / linear-attention state: `window` is a `kvs_state_mode` (vLLM's
-   `mamba_cache_mode`: none, all, align). See `kvs_hybrid_new_step` and
-   `kvs_hybrid_seq_state_page`.
+   `mamba_cache_mode`: none, all, align). A copy of a state page (copy-on-write, swap)
+   moves the whole page. See `kvs_cache_new_step` and `kvs_seq_state_page`; a cache with a
+   state group takes whole-page hits only (`match_unit` 0 or `page_size`).
    */
   KVS_GROUP_KIND_STATE = 3,
 };
@@ -430,9 +441,9 @@ enum kvs_state_mode
   /*
    `"align"`: the running state in one page at the table's end, at most one new page per
    step, the previous step's page kept until the next release (by
-   `kvs_hybrid_seq_release_skipped`, or by the next `kvs_hybrid_seq_append` that grows the
-   table); checkpoints cached when a step ends on a page boundary (needs
-   `enable_prefix_caching` true; no lookahead slots).
+   `kvs_seq_release_skipped`, or by the next `kvs_seq_append` that grows the table);
+   checkpoints cached when a step ends on a page boundary (needs `enable_prefix_caching`
+   true; no lookahead slots).
    */
   KVS_STATE_MODE_ALIGN = 2,
 };
@@ -487,7 +498,11 @@ typedef uint32_t kvs_huge_pages_mode;
 typedef struct kvs_backend kvs_backend;
 
 /*
- A KV-cache manager: page pools (device and host), refcounts, the prefix index and sequences.
+ A KV-cache manager: page pools (device and host), refcounts, the prefix index and sequences,
+ for one KV-cache group (a plain model) or several (`kvs_config.groups`: sliding-window,
+ chunked-local and state layers next to full attention). Every capability works on every
+ group: host tier, fork and copy-on-write, pins, priorities, `match_unit`, deferred commit,
+ events.
 
  **Ownership:** created by `kvs_cache_new`, freed by `kvs_cache_free`.
  **Thread safety:** every function taking a `kvs_cache*` may be called from any number of
@@ -498,39 +513,19 @@ typedef struct kvs_backend kvs_backend;
  return `KVS_STATUS_POISONED`.
 
  **Methods:** `kvs_cache_new`, `kvs_cache_free`, `kvs_cache_get_config`, `kvs_cache_stats`,
- `kvs_cache_check`, `kvs_cache_commit`, `kvs_cache_block_tables`, `kvs_cache_slot_mapping`;
- pages: `kvs_pages_alloc`, `kvs_pages_acquire`, `kvs_pages_release`, `kvs_page_get_info`;
- prefix index: `kvs_prefix_register`, `kvs_prefix_match`, `kvs_prefix_clear`; sequences:
- `kvs_seq_begin`, `kvs_seq_append`, `kvs_seq_append_pages`, `kvs_seq_append_batch`,
- `kvs_seq_fork`, `kvs_seq_free`, `kvs_seq_swap_out`, `kvs_seq_swap_in`, `kvs_seq_get_info`,
- `kvs_seq_pages`, `kvs_seq_set_priority`, `kvs_seq_append_need`, `kvs_seq_swap_in_need`,
- `kvs_seq_swap_out_need`;
- queues: `kvs_cache_take_copies`, `kvs_cache_take_events`; retention: `kvs_prefix_pin`,
- `kvs_prefix_unpin`, `kvs_prefix_prefetch`.
+ `kvs_cache_available`, `kvs_cache_check`, `kvs_cache_commit`, `kvs_cache_new_step`,
+ `kvs_cache_block_tables`, `kvs_cache_slot_mapping`; groups: `kvs_cache_group_info`,
+ `kvs_cache_group_stats`; pages: `kvs_pages_alloc`, `kvs_pages_acquire`, `kvs_pages_release`,
+ `kvs_page_get_info`; prefix index: `kvs_prefix_register`, `kvs_prefix_match`,
+ `kvs_prefix_find`, `kvs_prefix_clear`; sequences: `kvs_seq_begin`, `kvs_seq_append`,
+ `kvs_seq_append_pages`, `kvs_seq_append_batch`, `kvs_seq_fork`, `kvs_seq_free`,
+ `kvs_seq_release_skipped`, `kvs_seq_swap_out`, `kvs_seq_swap_in`, `kvs_seq_get_info`,
+ `kvs_seq_pages`, `kvs_seq_state_page`, `kvs_seq_set_priority`, `kvs_seq_append_need`,
+ `kvs_seq_swap_in_need`, `kvs_seq_swap_out_need`; queues: `kvs_cache_take_copies`,
+ `kvs_cache_take_events`; retention: `kvs_prefix_pin`, `kvs_prefix_unpin`,
+ `kvs_prefix_prefetch`.
  */
 typedef struct kvs_cache kvs_cache;
-
-/*
- A cache of KV-cache groups: one page pool per distinct `page_bytes` (shared by the groups
- with those bytes, vLLM's single block pool), one prefix index per group, and per sequence
- one block table per group. Sliding-window and chunked-local groups release the pages they
- no longer read (`kvs_hybrid_seq_release_skipped`); registered ones stay matchable. State
- groups (Mamba / linear attention, `kvs_state_mode`) keep the running state's page and cache
- page-aligned checkpoints (see `src/ffi/hybrid_state.rs`'s calls).
-
- **Ownership:** created by `kvs_hybrid_new`, freed by `kvs_hybrid_free`.
- **Thread safety:** every function taking a `kvs_hybrid*` may be called from any thread at
- once (one internal lock); `kvs_hybrid_free` must not race with any other call. A panic inside
- the library poisons the object (later calls: `KVS_STATUS_POISONED`).
-
- **Methods:** `kvs_hybrid_new`, `kvs_hybrid_free`, `kvs_hybrid_check`,
- `kvs_hybrid_group_info`, `kvs_hybrid_match`, `kvs_hybrid_seq_begin`,
- `kvs_hybrid_seq_release_skipped`, `kvs_hybrid_seq_append`, `kvs_hybrid_seq_append_need`,
- `kvs_hybrid_seq_free`, `kvs_hybrid_seq_get_info`, `kvs_hybrid_seq_pages`,
- `kvs_hybrid_block_tables`, `kvs_hybrid_slot_mapping`, `kvs_hybrid_stats`,
- `kvs_hybrid_take_events`, `kvs_hybrid_new_step`, `kvs_hybrid_seq_state_page`.
- */
-typedef struct kvs_hybrid kvs_hybrid;
 
 /*
  Layout of one layer's K cache and V cache (they share it):
@@ -786,16 +781,17 @@ typedef struct kvs_kv_copy_args {
 /*
  One page copy the engine (or a backend's `kvs_kv_copy`) must execute before the next
  attention launch that reads `dst`: token slots `[0, num_tokens)` of page `src` into page `dst`
- for every layer, K and V. `num_tokens == page_size` means the whole page; it may be 0 for a
- reserved page that holds no token yet (nothing to move).
+ for every layer of group `group`, K and V. `num_tokens == page_size` means the whole page (a
+ state group's page is always copied whole); it may be 0 for a reserved page that holds no
+ token yet (nothing to move).
  */
 typedef struct kvs_copy {
   /*
-   Source page id, in the source tier of `kind`.
+   Source page id, in the source tier of `kind` (of the group's pool).
    */
   uint32_t src_page;
   /*
-   Destination page id, in the destination tier of `kind`.
+   Destination page id, in the destination tier of `kind` (of the group's pool).
    */
   uint32_t dst_page;
   /*
@@ -806,6 +802,11 @@ typedef struct kvs_copy {
    A `kvs_copy_kind` value.
    */
   uint32_t kind;
+  /*
+   The group whose layers' KV tensors the page ids index (its index in
+   `kvs_config.groups`; 0 in a cache of one group).
+   */
+  uint32_t group;
 } kvs_copy;
 
 /*
@@ -865,25 +866,50 @@ typedef struct kvs_cpu_team {
 } kvs_cpu_team;
 
 /*
+ One KV-cache group (an entry of `kvs_config.groups`).
+
+ **Methods:** `kvs_cache_group_info`, `kvs_cache_group_stats`.
+ */
+typedef struct kvs_group {
+  /*
+   A `kvs_group_kind` value.
+   */
+  uint32_t kind;
+  /*
+   Sliding window or chunk in tokens (at least 1; a chunk is a multiple of `page_size`); 0
+   for full attention; for a state group its `kvs_state_mode`.
+   */
+  uint32_t window;
+  /*
+   Bytes of one page of this group (all its layers, K and V); 0 for the bytes the cache's
+   geometry gives (`2 * num_layers * page_size * num_kv_heads * head_dim * dtype size`).
+   Groups with equal bytes share one page pool; each distinct value has its own pool of
+   `num_device_pages` device and `num_host_pages` host pages, and page ids are per pool.
+   */
+  uint64_t page_bytes;
+} kvs_group;
+
+/*
  Geometry and options of a cache. Start from `kvs_config_default()` and set what you need.
  */
 typedef struct kvs_config {
   /*
-   Tokens per page (1..=`KVS_MAX_PAGE_SIZE`, 1024; CANN kernels want 16..=128 and a
-   multiple of 16).
+   Tokens per page, every group (1..=`KVS_MAX_PAGE_SIZE`, 1024; CANN kernels want 16..=128
+   and a multiple of 16).
    */
   uint32_t page_size;
   /*
-   Pages in the device tier, the padding page included. Page ids index the engine's KV
-   tensors `[num_pages, page_size, kv_heads, head_dim]` per layer.
+   Pages in the device tier of each pool, the padding page included. Page ids index the
+   engine's KV tensors `[num_pages, page_size, kv_heads, head_dim]` per layer (those of the
+   layer's group's pool).
    */
   uint32_t num_device_pages;
   /*
-   Pages in the host tier (0: no swapping).
+   Pages in the host tier of each pool (0: no swapping).
    */
   uint32_t num_host_pages;
   /*
-   Transformer layers (for byte sizes in stats).
+   Transformer layers (for the byte size of a page of a group whose `page_bytes` is 0).
    */
   uint32_t num_layers;
   /*
@@ -903,8 +929,9 @@ typedef struct kvs_config {
    */
   bool enable_prefix_caching;
   /*
-   Reserve device page 0 as the padding/null page (vLLM's `null_block`): never allocated,
-   and an error wherever a real page is expected.
+   Reserve device page 0 of each pool as the padding/null page (`KVS_NULL_PAGE`, vLLM's
+   `null_block`): never allocated, and an error wherever a real page is expected. Required
+   by every group kind but full attention: their tables show it at released positions.
    */
   bool reserve_null_page;
   /*
@@ -917,8 +944,11 @@ typedef struct kvs_config {
    A prompt shares every cached full page, even pages holding tokens past `max_match_tokens`
    that the engine recomputes for the last token's logits; `kvs_cache_slot_mapping` returns
    -1 for those already-cached slots so the recomputation never writes into a shared page.
+   A page that fills with content already cached is switched to the cached copy (dedup).
    Default on. Turn it off when the engine builds its own slot mapping from the block table
-   (vLLM): such pages are then allocated fresh and recomputed.
+   (vLLM): such pages are then allocated fresh and recomputed. Sharing past
+   `max_match_tokens` applies to caches of one full-attention group only (a window must be
+   computed from the first recomputed token).
    */
   bool skip_cached_writes;
   /*
@@ -942,13 +972,40 @@ typedef struct kvs_config {
    ends (`kvs_seq_free`), the whole units of its last, never-full page stay matchable too
    (never published as a `kvs_event`, as no partial page is). Each tier's index then keeps
    `(page_size / match_unit - 1) * 8` bytes more per page, so that pages sharing a unit
-   prefix never hide one another. Keep 0 unless the engine executes the copy list.
+   prefix never hide one another. Keep 0 unless the engine executes the copy list. With
+   several groups each group's first new page receives its units (one copy per group); a
+   state group keeps checkpoints at page boundaries only, so a cache with one refuses a
+   `match_unit` below `page_size` (`KVS_STATUS_INVALID_CONFIG` naming `match_unit`).
    */
   uint32_t match_unit;
+  /*
+   Keep pages as vLLM's block pool keeps them, for lockstep with vLLM's own manager: a page
+   released with no cached content goes behind the cached pages (vLLM appends every freed
+   block to its queue), except the pages a group releases out of its window, which go
+   first; and a page filled with content already cached (two requests computed the same
+   page) is kept as a duplicate that takes the cached page's place when that one is
+   evicted. Default off: a page with no cached content is always reused before any cached
+   page is evicted, which keeps more prefixes cached.
+   */
+  bool vllm_free_order;
+  /*
+   The KV-cache groups, in the engine's order: the index of a group here is the `group`
+   argument of the calls that take one, and `kvs_copy.group` / `kvs_event.group`. NULL with
+   `num_groups` 0 (the default): one full-attention group of this geometry. Copied by
+   `kvs_cache_new`; `kvs_cache_get_config` writes NULL here (read each group with
+   `kvs_cache_group_info`).
+   */
+  const struct kvs_group *groups;
+  /*
+   Number of `groups` (0..=`KVS_MAX_GROUPS`).
+   */
+  size_t num_groups;
 } kvs_config;
 
 /*
- Counters and pool figures, one consistent snapshot (`kvs_cache_stats`).
+ Counters and pool figures, one consistent snapshot (`kvs_cache_stats`). Page figures are
+ totals over the cache's pools (one pool unless groups have different `page_bytes`); a
+ group's share is in `kvs_cache_group_stats`.
  */
 typedef struct kvs_stats {
   /*
@@ -1016,7 +1073,7 @@ typedef struct kvs_stats {
    */
   uint64_t physical_tokens;
   /*
-   Bytes of K and V of one page over all layers.
+   Bytes of K and V of one page over all layers of group 0.
    */
   uint64_t page_bytes;
   /*
@@ -1105,8 +1162,9 @@ typedef struct kvs_stats {
 } kvs_stats;
 
 /*
- One prefix-index change. Hashes are the chain digests `h_i` described in README.md ("Prefix
- keys"), as two 64-bit halves; a router recomputes them from token ids alone.
+ One prefix-index change of one group. Hashes are the chain digests `h_i` described in
+ README.md ("Prefix keys"), as two 64-bit halves; a router recomputes them from token ids
+ alone.
  */
 typedef struct kvs_event {
   /*
@@ -1142,10 +1200,104 @@ typedef struct kvs_event {
    */
   uint32_t num_tokens;
   /*
-   Page id in `tier` (0 for Cleared).
+   Page id in `tier` (0 for Cleared), in the pool of `group`.
    */
   uint32_t page;
+  /*
+   The group whose index changed (its index in `kvs_config.groups`; 0 in a cache of one
+   group, and for Cleared, which clears every group of the tier). vLLM's `group_idx`; the
+   group's kind and window are `kvs_cache_group_info`'s.
+   */
+  uint32_t group;
 } kvs_event;
+
+/*
+ A group as the cache sees it (`kvs_cache_group_info`).
+ */
+typedef struct kvs_group_info {
+  /*
+   A `kvs_group_kind` value.
+   */
+  uint32_t kind;
+  /*
+   Window or chunk in tokens; 0 for full attention; a state group's `kvs_state_mode`.
+   */
+  uint32_t window;
+  /*
+   Bytes of one page (the geometry's when the config gave 0).
+   */
+  uint64_t page_bytes;
+  /*
+   The group's pool: its page ids index that pool's KV tensors.
+   */
+  uint32_t pool;
+  /*
+   Pools of the cache (one per distinct `page_bytes`).
+   */
+  uint32_t num_pools;
+  /*
+   Groups of the cache (1 for a cache configured without groups).
+   */
+  uint32_t num_groups;
+} kvs_group_info;
+
+/*
+ One group's share of the cache and its pool's totals, one consistent snapshot
+ (`kvs_cache_group_stats`). Cache-wide figures (sequences, hits, events) are in `kvs_stats`.
+ */
+typedef struct kvs_group_stats {
+  /*
+   The group's pool.
+   */
+  uint64_t pool;
+  /*
+   Bytes of one page of the group.
+   */
+  uint64_t page_bytes;
+  /*
+   Device pages of that pool, the null page included.
+   */
+  uint64_t pool_pages_total;
+  /*
+   Unreferenced device pages of the pool, cached ones included (vLLM's
+   `get_num_free_blocks`).
+   */
+  uint64_t pool_pages_free;
+  /*
+   Referenced device pages of the pool (all its groups).
+   */
+  uint64_t pool_pages_in_use;
+  /*
+   Non-null entries of this group's device block tables over all sequences (a page shared
+   by k sequences counts k times).
+   */
+  uint64_t pages_held;
+  /*
+   Distinct pages this group's device block tables hold.
+   */
+  uint64_t pages_distinct;
+  /*
+   Entries of this group's device prefix index.
+   */
+  uint64_t pages_registered;
+  /*
+   Entries of this group's host prefix index.
+   */
+  uint64_t host_pages_registered;
+  /*
+   Cumulative: pages registered in this group's device index.
+   */
+  uint64_t pages_stored;
+  /*
+   Cumulative: registered device pages of this group evicted for reuse.
+   */
+  uint64_t evictions;
+  /*
+   Cumulative: pages released because the group no longer reads them
+   (`kvs_seq_release_skipped`, and an align state group's appends).
+   */
+  uint64_t pages_released;
+} kvs_group_stats;
 
 /*
  What `kvs_cpu_huge_pages` did.
@@ -1167,80 +1319,22 @@ typedef struct kvs_huge_pages_report {
 } kvs_huge_pages_report;
 
 /*
- One KV-cache group.
+ What `kvs_page_get_info` reports about one page.
  */
-typedef struct kvs_group {
+typedef struct kvs_page_info {
   /*
-   A `kvs_group_kind` value.
+   Holders (sequences plus external acquires).
    */
-  uint32_t kind;
+  uint32_t refcount;
   /*
-   Sliding window or chunk in tokens (at least 1; a chunk is a multiple of `page_size`); 0
-   for full attention; for a state group its `kvs_state_mode`.
+   A `kvs_page_state` value.
    */
-  uint32_t window;
+  uint32_t state;
   /*
-   Bytes of one page of this group (all its layers, K and V). Groups with equal
-   `page_bytes` share one page pool; each distinct value has its own pool.
+   Whether the page has a prefix-index entry (for any group of its pool).
    */
-  uint64_t page_bytes;
-} kvs_group;
-
-/*
- Geometry and options of a `kvs_hybrid`.
- */
-typedef struct kvs_hybrid_config {
-  /*
-   Tokens per page, every group (1..=`KVS_MAX_PAGE_SIZE`).
-   */
-  uint32_t page_size;
-  /*
-   Pages in each pool, the null page 0 included (at least 2).
-   */
-  uint32_t num_pages;
-  /*
-   Register full pages and match prompts against them.
-   */
-  bool enable_prefix_caching;
-  /*
-   Queue a `kvs_group_event` per page stored in / removed from a group's index.
-   */
-  bool enable_events;
-  /*
-   The groups in the engine's order (the index is `group_idx`).
-   */
-  const struct kvs_group *groups;
-  /*
-   Number of `groups` (1..=`KVS_MAX_GROUPS`).
-   */
-  size_t num_groups;
-} kvs_hybrid_config;
-
-/*
- A group as the cache sees it.
- */
-typedef struct kvs_group_info {
-  /*
-   A `kvs_group_kind` value.
-   */
-  uint32_t kind;
-  /*
-   Window or chunk in tokens; 0 for full attention; a state group's `kvs_state_mode`.
-   */
-  uint32_t window;
-  /*
-   Bytes of one page.
-   */
-  uint64_t page_bytes;
-  /*
-   The group's pool (page ids index that pool's KV tensors).
-   */
-  uint32_t pool;
-  /*
-   Pools of the cache.
-   */
-  uint32_t num_pools;
-} kvs_group_info;
+  bool registered;
+} kvs_page_info;
 
 /*
  A multimodal item in a prompt: its placeholder tokens cover positions
@@ -1296,170 +1390,6 @@ typedef struct kvs_extra_keys {
 } kvs_extra_keys;
 
 /*
- What `kvs_hybrid_seq_begin` did.
- */
-typedef struct kvs_hybrid_begin_info {
-  /*
-   The hit: tokens the engine may skip computing.
-   */
-  uint64_t matched_tokens;
-  /*
-   Length of every group's block table.
-   */
-  uint64_t num_pages;
-  /*
-   Pages taken fresh, all groups together.
-   */
-  uint64_t new_pages;
-} kvs_hybrid_begin_info;
-
-/*
- A sequence's shape.
- */
-typedef struct kvs_hybrid_seq_info {
-  /*
-   Tokens appended so far.
-   */
-  uint64_t num_tokens;
-  /*
-   Length of every group's block table (null entries included).
-   */
-  uint64_t num_pages;
-  /*
-   Tokens matched at begin.
-   */
-  uint64_t matched_tokens;
-} kvs_hybrid_seq_info;
-
-/*
- One group's share of a `kvs_hybrid` and its pool's totals.
- */
-typedef struct kvs_group_stats {
-  /*
-   The group's pool.
-   */
-  uint64_t pool;
-  /*
-   Pages of that pool, the null page included.
-   */
-  uint64_t pool_pages_total;
-  /*
-   Unreferenced pages of the pool, cached ones included (vLLM's `get_num_free_blocks`).
-   */
-  uint64_t pool_pages_free;
-  /*
-   Referenced pages of the pool (all its groups).
-   */
-  uint64_t pool_pages_in_use;
-  /*
-   Non-null entries of this group's tables over all sequences (a page shared by k
-   sequences counts k times).
-   */
-  uint64_t pages_held;
-  /*
-   Distinct pages this group's tables hold.
-   */
-  uint64_t pages_distinct;
-  /*
-   Entries in this group's prefix index.
-   */
-  uint64_t pages_registered;
-  /*
-   Cumulative: pages released out of this group's window.
-   */
-  uint64_t pages_released;
-  /*
-   Cumulative: registered pages of this group evicted for reuse.
-   */
-  uint64_t evictions;
-  /*
-   Cumulative: tokens matched by sequence begins (the same for every group).
-   */
-  uint64_t prefix_hit_tokens;
-  /*
-   Cumulative: begins that looked up the index.
-   */
-  uint64_t prefix_queries;
-  /*
-   Live sequences.
-   */
-  uint64_t num_seqs;
-  /*
-   Events dropped because the queue was full (the same for every group).
-   */
-  uint64_t events_dropped;
-} kvs_group_stats;
-
-/*
- One index change of one group: vLLM's `BlockStored` / `BlockRemoved` with their
- `group_idx`, `kv_cache_spec_kind` and `kv_cache_spec_sliding_window` fields.
- */
-typedef struct kvs_group_event {
-  /*
-   A `kvs_event_kind` value (Stored or Removed).
-   */
-  uint32_t kind;
-  /*
-   The group whose index changed.
-   */
-  uint32_t group_idx;
-  /*
-   The group's `kvs_group_kind`.
-   */
-  uint32_t group_kind;
-  /*
-   The group's window or chunk (0 for full attention).
-   */
-  uint32_t window;
-  /*
-   Low 64 bits of the page's chain digest (README, "Prefix keys").
-   */
-  uint64_t hash_lo;
-  /*
-   High 64 bits.
-   */
-  uint64_t hash_hi;
-  /*
-   Low 64 bits of the previous page's digest (Stored only; the root digest for a first page).
-   */
-  uint64_t parent_lo;
-  /*
-   High 64 bits.
-   */
-  uint64_t parent_hi;
-  /*
-   LoRA id of the sequence that stored it (Stored only).
-   */
-  uint64_t lora_id;
-  /*
-   Tokens in the page (the page size).
-   */
-  uint32_t num_tokens;
-  /*
-   Page id in the group's pool.
-   */
-  uint32_t page;
-} kvs_group_event;
-
-/*
- What `kvs_page_get_info` reports about one page.
- */
-typedef struct kvs_page_info {
-  /*
-   Holders (sequences plus external acquires).
-   */
-  uint32_t refcount;
-  /*
-   A `kvs_page_state` value.
-   */
-  uint32_t state;
-  /*
-   Whether the page has a prefix-index entry.
-   */
-  bool registered;
-} kvs_page_info;
-
-/*
  A sequence's shape (`kvs_seq_begin`, `kvs_seq_get_info`).
  */
 typedef struct kvs_seq_info {
@@ -1468,7 +1398,8 @@ typedef struct kvs_seq_info {
    */
   uint64_t num_tokens;
   /*
-   Pages in its block table (may exceed what the tokens need by reserved lookahead slots).
+   Positions in each group's block table (may exceed what the tokens need by reserved
+   lookahead slots; released positions count).
    */
   uint64_t num_pages;
   /*
@@ -1480,7 +1411,8 @@ typedef struct kvs_seq_info {
    */
   uint64_t matched_tokens;
   /*
-   Pages newly allocated at `kvs_seq_begin` for tokens to compute (0 in `kvs_seq_get_info`).
+   Pages newly allocated at `kvs_seq_begin` for tokens to compute, all groups together (0 in
+   `kvs_seq_get_info`).
    */
   uint64_t new_pages;
   /*
@@ -1542,7 +1474,8 @@ kvs_status kvs_kv_write(const struct kvs_backend *backend,
  Performs page copies reported by the cache manager (copy-on-write of a partial page,
  swap out/in, demotion/promotion) on one layer's K and V caches, in array order; see
  `kvs_copy` and `kvs_kv_copy_args`. `(NULL, 0)` copies nothing. `stream` as in
- `kvs_attention_launch`. Call once per layer.
+ `kvs_attention_launch`. Call once per layer, with the copies whose `kvs_copy.group` is
+ the layer's group (the backend does not read that field: it copies every entry given).
 
  **Failure:** `KVS_STATUS_NULL_ARGUMENT` for a NULL `backend`, `args`, required cache
  pointer or `copies` with `num_copies > 0`; `KVS_STATUS_ATTN_INVALID_ARGUMENT` for a bad
@@ -1656,8 +1589,10 @@ kvs_status kvs_backend_describe(const struct kvs_backend *backend,
 
 /*
  A valid default configuration: 16-token pages, 1024 device pages, no host pages, one
- layer of one 128-wide f16 KV head, prefix caching on, no padding page, no deferred commit, cached writes skipped, demotion to host pages on,
- events off, whole-page matching (`match_unit` 0).
+ layer of one 128-wide f16 KV head, prefix caching on, no padding page, no deferred
+ commit, cached writes skipped, demotion to host pages on, events off, whole-page matching
+ (`match_unit` 0), kvshare's reuse order (`vllm_free_order` off), one full-attention
+ group (`groups` NULL, `num_groups` 0).
 
  **Thread safety:** safe from any thread.
  */
@@ -1666,12 +1601,20 @@ struct kvs_config kvs_config_default(void);
 /*
  Creates a cache from `config` and writes its handle to `*cache_out`.
 
- **Ownership:** free the cache with `kvs_cache_free`. The config is copied.
+ **Ownership:** free the cache with `kvs_cache_free`. The config and its groups are
+ copied.
  **Failure:** `KVS_STATUS_INVALID_CONFIG` names the bad field in `kvs_last_error_message()`
- (a `bool` field holding a byte other than 0 or 1 is one);
- `KVS_STATUS_OUT_OF_MEMORY` names the page-count field whose metadata could not be
- allocated (about 150 bytes per device page with prefix caching, `page_size * 4` of them
- token ids); `*cache_out` is untouched on error.
+ (a `bool` field holding a byte other than 0 or 1 is one; so are `num_groups` above
+ `KVS_MAX_GROUPS`, an unknown `groups.kind`, a `groups.window` of 0 for a window kind or
+ not 0 for full attention, a chunk that is not a multiple of `page_size`, an unknown
+ state mode, state mode none with prefix caching on or all / align with it off; a group
+ other than full attention without `reserve_null_page` names `reserve_null_page`, and a
+ state group with `match_unit` below `page_size` names `match_unit`);
+ `KVS_STATUS_NULL_ARGUMENT` for a NULL `config`, `cache_out`, or `groups` with
+ `num_groups` above 0; `KVS_STATUS_INVALID_ARGUMENT` for a misaligned `config`, `groups`
+ or `cache_out`; `KVS_STATUS_OUT_OF_MEMORY` names the page-count field whose metadata
+ could not be allocated (about 150 bytes per device page with prefix caching,
+ `page_size * 4` of them token ids; per pool). `*cache_out` is untouched on error.
  **Thread safety:** safe from any thread.
  */
 kvs_status kvs_cache_new(const struct kvs_config *config, struct kvs_cache **cache_out);
@@ -1684,33 +1627,44 @@ kvs_status kvs_cache_new(const struct kvs_config *config, struct kvs_cache **cac
 void kvs_cache_free(struct kvs_cache *cache);
 
 /*
- Writes the cache's configuration to `*config_out`.
+ Writes the cache's configuration to `*config_out`, with `groups` NULL and `num_groups`
+ the cache's group count (1 for a cache configured without groups); read each group with
+ `kvs_cache_group_info`.
 
+ **Failure:** NULL `cache` or `config_out`, a misaligned `config_out`: `*config_out`
+ untouched.
  **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
  */
 kvs_status kvs_cache_get_config(const struct kvs_cache *cache, struct kvs_config *config_out);
 
 /*
- Writes the pages an allocation in `tier` (a `kvs_tier`) can take now to `*pages_out`:
- free plus evictable cached pages, `*_pages_free + *_pages_cached` of `kvs_cache_stats`
- without the rest of the snapshot (O(1); an engine's "free blocks" read every step).
+ Writes the pages an allocation for group `group` in `tier` (a `kvs_tier`) can take now to
+ `*pages_out`: free plus evictable cached pages of the group's pool (with one pool,
+ `*_pages_free + *_pages_cached` of `kvs_cache_stats` without the rest of the snapshot;
+ O(1), an engine's "free blocks" read every step).
 
- **Failure:** bad tier; `*pages_out` untouched.
+ **Failure:** bad tier, `group` not below the group count (`KVS_STATUS_INVALID_ARGUMENT`),
+ NULL or misaligned `pages_out`: `*pages_out` untouched.
  **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
  */
-kvs_status kvs_cache_available(const struct kvs_cache *cache, uint32_t tier, size_t *pages_out);
+kvs_status kvs_cache_available(const struct kvs_cache *cache,
+                               uint32_t tier,
+                               size_t group,
+                               size_t *pages_out);
 
 /*
  Writes a consistent snapshot of pool figures and counters to `*stats_out`.
 
+ **Failure:** NULL `cache` or `stats_out`, a misaligned `stats_out`: `*stats_out`
+ untouched.
  **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
  */
 kvs_status kvs_cache_stats(const struct kvs_cache *cache, struct kvs_stats *stats_out);
 
 /*
  Verifies every internal invariant (refcounts equal holders, free + cached + in use =
- total, lists and index agree with pages, sequences cover their tokens). O(pages + tokens):
- for tests and debugging, not every step.
+ total, lists and indices agree with pages, every group's tables cover their sequence's
+ tokens). O(pages + tokens): for tests and debugging, not every step.
 
  **Failure:** `KVS_STATUS_INVARIANT_VIOLATION` with the first violation in the message
  (a bug in kvshare: please report it).
@@ -1723,21 +1677,41 @@ kvs_status kvs_cache_check(const struct kvs_cache *cache);
  once per scheduler step, after the step that computes those pages' KV is scheduled
  (MindIE's `MarkBlocksAsComputed`). A no-op unless the config has `defer_commit`.
 
+ **Failure:** `KVS_STATUS_NULL_ARGUMENT` for a NULL `cache`, `KVS_STATUS_POISONED` after a
+ panic inside the library: nothing changes.
  **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
  */
 kvs_status kvs_cache_commit(struct kvs_cache *cache);
 
 /*
- Builds the padded block-table matrix of a batch: row `i` of `table_out` (row-major
- `[num_seqs, max_pages_per_seq]`, `table_len >= num_seqs * max_pages_per_seq`) gets
- sequence `seq_ids[i]`'s page ids followed by `pad_page`; `context_lens_out[i]` (optional:
- NULL with length 0) gets its token count.
+ Starts a scheduler step (vLLM's `KVCacheManager.new_step_starts`): state checkpoints
+ registered before this call may now be hit. Until then a `kvs_seq_begin` whose hit ends
+ at a state page registered in the current step fails with `KVS_STATUS_NO_SPACE` (vLLM
+ does not schedule such a request in that step: the state is written by the step's own
+ forward pass). Call it once at the start of every step; a cache without state groups
+ ignores it.
 
- **Failure:** unknown or swapped-out sequence, a sequence with more than
- `max_pages_per_seq` pages, or short buffers: an error status and nothing is written.
+ **Failure:** `KVS_STATUS_NULL_ARGUMENT` for a NULL `cache`, `KVS_STATUS_POISONED` after a
+ panic inside the library: nothing changes. (A freed handle cannot be told from a live
+ one: passing one is undefined behaviour, as for every call taking a handle.)
+ **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+ */
+kvs_status kvs_cache_new_step(struct kvs_cache *cache);
+
+/*
+ Builds the padded block-table matrix of a batch in group `group`: row `i` of `table_out`
+ (row-major `[num_seqs, max_pages_per_seq]`, `table_len >= num_seqs * max_pages_per_seq`)
+ gets sequence `seq_ids[i]`'s page ids in that group (`KVS_NULL_PAGE` at positions the
+ group released) followed by `pad_page`; `context_lens_out[i]` (optional: NULL with length
+ 0) gets its token count.
+
+ **Failure:** `group` not below the group count, unknown or swapped-out sequence, a
+ sequence with more than `max_pages_per_seq` pages, or short buffers: an error status and
+ nothing is written.
  **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
  */
 kvs_status kvs_cache_block_tables(const struct kvs_cache *cache,
+                                  size_t group,
                                   const uint64_t *seq_ids,
                                   size_t num_seqs,
                                   size_t max_pages_per_seq,
@@ -1748,18 +1722,21 @@ kvs_status kvs_cache_block_tables(const struct kvs_cache *cache,
                                   size_t context_lens_len);
 
 /*
- Builds the slot mapping of a batch: for each sequence `seq_ids[i]`, the slots
- (`page * page_size + offset`) of its last `query_lens[i]` tokens, concatenated into
- `slots_out`; remaining entries up to `slots_len` are set to -1 (padding, skipped by the KV
- write). A token whose KV already sits in a shared cached page (`skip_cached_writes`) also
- gets -1, so recomputing it never overwrites shared KV. Writes the sum of `query_lens` to
+ Builds the slot mapping of a batch in group `group`: for each sequence `seq_ids[i]`, the
+ slots (`page * page_size + offset`, in the group's pool) of its last `query_lens[i]`
+ tokens, concatenated into `slots_out`; remaining entries up to `slots_len` are set to -1
+ (padding, skipped by the KV write). A token whose KV already sits in a shared cached page
+ (`skip_cached_writes`) also gets -1, so recomputing it never overwrites shared KV, and so
+ does a token at a position the group released. Writes the sum of `query_lens` to
  `*num_slots_out` (optional, may be NULL).
 
- **Failure:** unknown or swapped-out sequence, a query length over the sequence length,
- `slots_len` below the sum of query lengths: an error status and nothing is written.
+ **Failure:** `group` not below the group count, unknown or swapped-out sequence, a query
+ length over the sequence length, `slots_len` below the sum of query lengths: an error
+ status and nothing is written.
  **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
  */
 kvs_status kvs_cache_slot_mapping(const struct kvs_cache *cache,
+                                  size_t group,
                                   const uint64_t *seq_ids,
                                   const uint32_t *query_lens,
                                   size_t num_seqs,
@@ -1772,8 +1749,11 @@ kvs_status kvs_cache_slot_mapping(const struct kvs_cache *cache,
  pages to the host tier and promotions of host-tier hits back to the device. Writes how
  many were taken to `*num_copies_out`; call again while it equals `copies_len`. Execute them
  in order, each step, before the copies returned by that step's later calls and before its
- KV writes (a demotion reads a page that is about to be reused).
+ KV writes (a demotion reads a page that is about to be reused). Each copy names its group
+ (`kvs_copy.group`): run it on that group's layers.
 
+ **Failure:** NULL `cache` or `num_copies_out`, NULL `copies_out` with `copies_len` above
+ 0, a misaligned or oversized buffer: nothing is taken.
  **Thread safety:** safe concurrently with any call but `kvs_cache_free`; with several
  threads scheduling on one cache, drain from the thread that launches the copies.
  */
@@ -1786,14 +1766,43 @@ kvs_status kvs_cache_take_copies(struct kvs_cache *cache,
  Drains up to `events_len` queued index events, oldest first (needs `enable_events` in the
  config; otherwise none is ever queued). Writes how many were taken to `*num_events_out`;
  call again while it equals `events_len`. Applying them in order to an empty set of
- `(tier, hash)` reproduces exactly the registered pages.
+ `(tier, group, hash)` reproduces exactly the registered pages.
 
+ **Failure:** NULL `cache` or `num_events_out`, NULL `events_out` with `events_len` above
+ 0, a misaligned or oversized buffer: nothing is taken.
  **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
  */
 kvs_status kvs_cache_take_events(struct kvs_cache *cache,
                                  struct kvs_event *events_out,
                                  size_t events_len,
                                  size_t *num_events_out);
+
+/*
+ Writes group `group`'s kind, window, page bytes and pool, and the cache's pool and group
+ counts, to `*info_out`. Every cache has group 0 (a cache configured without groups is one
+ full-attention group).
+
+ **Failure:** `KVS_STATUS_NULL_ARGUMENT` (NULL `cache` or `info_out`),
+ `KVS_STATUS_INVALID_ARGUMENT` (`group` not below the group count, a misaligned
+ `info_out`): `*info_out` untouched.
+ **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+ */
+kvs_status kvs_cache_group_info(const struct kvs_cache *cache,
+                                size_t group,
+                                struct kvs_group_info *info_out);
+
+/*
+ Writes group `group`'s stats and its pool's totals to `*stats_out`, one consistent
+ snapshot. O(pages held by sequences): for monitoring, not every step.
+
+ **Failure:** `KVS_STATUS_NULL_ARGUMENT` (NULL `cache` or `stats_out`),
+ `KVS_STATUS_INVALID_ARGUMENT` (`group` not below the group count, a misaligned
+ `stats_out`): `*stats_out` untouched.
+ **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+ */
+kvs_status kvs_cache_group_stats(const struct kvs_cache *cache,
+                                 size_t group,
+                                 struct kvs_group_stats *stats_out);
 
 /*
  Asks Linux to back the host memory `[base, base + bytes)` (a KV cache the CPU backend
@@ -1823,343 +1832,84 @@ kvs_status kvs_cpu_huge_pages(const void *base,
                               struct kvs_huge_pages_report *report_out);
 
 /*
- Creates a cache of groups from `config` and writes its handle to `*hybrid_out`.
+ Allocates `num_pages` device pages of group `group`'s pool, all or nothing, each at
+ refcount 1 held by the caller. Takes free pages first, then evicts least-recently-used
+ cached pages. O(1) per page.
 
- **Ownership:** free it with `kvs_hybrid_free`; the config and its groups are copied.
- **Failure:** `KVS_STATUS_INVALID_CONFIG` names the bad field (a bool byte other than
- 0/1, `num_groups` outside 1..=`KVS_MAX_GROUPS`, an unknown kind, a window of 0 for a
- window kind or non-0 for full attention, a chunk that is not a multiple of `page_size`
- (`groups.window`), a state group whose mode is unknown, none with
- prefix caching on or all / align with it off, `page_bytes` 0, `num_pages` below 2);
- `KVS_STATUS_OUT_OF_MEMORY`; `*hybrid_out` is untouched on error.
- **Thread safety:** safe from any thread.
- */
-kvs_status kvs_hybrid_new(const struct kvs_hybrid_config *config, struct kvs_hybrid **hybrid_out);
-
-/*
- Frees a cache of groups and everything in it. NULL is a no-op.
-
- **Thread safety:** no other call may use `hybrid` during or after this one.
- */
-void kvs_hybrid_free(struct kvs_hybrid *hybrid);
-
-/*
- Runs the invariant checker (tables, refcounts, lists, indices of every group).
-
- **Failure:** `KVS_STATUS_INVARIANT_VIOLATION` with the first disagreement in
- `kvs_last_error_message()` (a bug in the library).
- **Thread safety:** safe concurrently with any call but `kvs_hybrid_free`.
- */
-kvs_status kvs_hybrid_check(const struct kvs_hybrid *hybrid);
-
-/*
- Writes group `group`'s kind, window, page bytes and pool to `*info_out`.
-
- **Failure:** `group` not below the group count (`KVS_STATUS_INVALID_ARGUMENT`):
- `*info_out` untouched.
- **Thread safety:** safe concurrently with any call but `kvs_hybrid_free`.
- */
-kvs_status kvs_hybrid_group_info(const struct kvs_hybrid *hybrid,
-                                 size_t group,
-                                 struct kvs_group_info *info_out);
-
-/*
- The longest prefix hit of `tokens` across all groups, at most `max_tokens` (vLLM's
- `get_computed_blocks`: pass `num_tokens - 1`). Read-only. Writes the hit N to
- `*matched_tokens_out` and, when `pages_out` is not NULL, row `g` of `pages_out`
- (row-major `[num_groups, max_pages_per_group]`) gets group `g`'s `N / page_size` pages:
- its hit pages, `KVS_NULL_PAGE` where it skips; entries after them are left as they were.
-
- **Failure:** NULL pointers, `pages_len` below `num_groups * max_pages_per_group`, a hit
- longer than `max_pages_per_group` pages with `pages_out` given (`KVS_STATUS_BUFFER_TOO_SMALL`):
- nothing is written.
- **Thread safety:** safe concurrently with any call but `kvs_hybrid_free`.
- */
-kvs_status kvs_hybrid_match(const struct kvs_hybrid *hybrid,
-                            const int32_t *tokens,
-                            size_t num_tokens,
-                            const struct kvs_extra_keys *extra,
-                            size_t max_tokens,
-                            uint32_t *pages_out,
-                            size_t pages_len,
-                            size_t max_pages_per_group,
-                            size_t *matched_tokens_out);
-
-/*
- Starts sequence `seq_id` with its known tokens (vLLM: computed plus this step's
- scheduled tokens): the longest hit N (at most `max_match_tokens`, as `kvs_hybrid_match`),
- then per group `KVS_NULL_PAGE` where it skips at N, the hit pages, and fresh pages up to
- `num_tokens + lookahead_slots` slots (groups in order). Full pages are registered.
-
- A state group takes one page in modes none and align (at the table's end), a page per
- position after the hit in mode all.
-
- **Failure:** `KVS_STATUS_SEQ_EXISTS`, `KVS_STATUS_NO_SPACE` (a pool's free + evictable
- pages below the fresh pages plus the evictable hit pages, vLLM's admission check; or the
- hit ends at a state checkpoint registered since the last `kvs_hybrid_new_step`),
- `KVS_STATUS_INVALID_ARGUMENT` (lookahead slots with a state group in mode align),
- `KVS_STATUS_REFCOUNT_OVERFLOW`, `KVS_STATUS_OUT_OF_MEMORY`: nothing changes and
- `*info_out` (optional, may be NULL) is untouched.
- **Thread safety:** safe concurrently with any call but `kvs_hybrid_free`.
- */
-kvs_status kvs_hybrid_seq_begin(struct kvs_hybrid *hybrid,
-                                uint64_t seq_id,
-                                const int32_t *tokens,
-                                size_t num_tokens,
-                                const struct kvs_extra_keys *extra,
-                                size_t max_match_tokens,
-                                size_t lookahead_slots,
-                                struct kvs_hybrid_begin_info *info_out);
-
-/*
- vLLM's `remove_skipped_blocks(request, num_computed_tokens)`: every group replaces the
- positions it no longer reads once `num_computed_tokens` tokens have KV (sliding window
- W: the first `max(0, c - W + 1) / page_size` pages; chunked local C: the pages before
- `c / C * C`; a state group in mode all or align: the pages before `(c - 1) / page_size`,
- and in align also the previous step's state page once `c` moved past it; full attention
- and state mode none: none) by `KVS_NULL_PAGE`, from the last such position down
- to the first one already null, and returns those pages to their pool: registered ones to
- the back of the reuse queue (still matchable), the others to its front. vLLM calls it
- before its admission check and does not undo it when the allocation fails, hence a call
- of its own. `num_computed_tokens` past the table is capped to it. Writes the number of
- pages released to `*num_released_out` (optional).
-
- **Failure:** unknown sequence: nothing changes.
- **Thread safety:** safe concurrently with any call but `kvs_hybrid_free`.
- */
-kvs_status kvs_hybrid_seq_release_skipped(struct kvs_hybrid *hybrid,
-                                          uint64_t seq_id,
-                                          size_t num_computed_tokens,
-                                          size_t *num_released_out);
-
-/*
- Appends `num_tokens` tokens and grows every group's table to the pages
- `len + lookahead_slots` slots need (groups in order; vLLM's `allocate_new_blocks`), then
- registers the pages that filled (vLLM's `cache_blocks`). A state group in mode align
- takes at most one page (the new last position, nulls before it) and keeps the previous
- step's state page (the new state is computed from it); when it grows, it first releases
- its state page of two steps ago, as vLLM's `allocate_slots` does at its start, and that
- page counts as available for the new one. The sequence's tokens are taken as computed
- for that release, so no `kvs_hybrid_seq_release_skipped` is needed between appends;
- the other groups' pages out of reach are released by that call only. In mode none its
- one page moves to the new last position.
-
- **Failure:** unknown sequence, `KVS_STATUS_NO_SPACE`, `KVS_STATUS_OUT_OF_MEMORY`,
- `KVS_STATUS_INVALID_ARGUMENT` (lookahead slots with a state group in mode align):
- nothing changes, nothing is released.
- **Thread safety:** safe concurrently with any call but `kvs_hybrid_free`.
- */
-kvs_status kvs_hybrid_seq_append(struct kvs_hybrid *hybrid,
-                                 uint64_t seq_id,
-                                 const int32_t *tokens,
-                                 size_t num_tokens,
-                                 size_t lookahead_slots);
-
-/*
- Pages `kvs_hybrid_seq_append` of `num_tokens` tokens with `lookahead_slots` would take
- now, all groups together, to `*pages_out`. Read-only.
-
- **Failure:** unknown sequence (`KVS_STATUS_SEQ_NOT_FOUND`), a `num_tokens` or
- `lookahead_slots` that overflows the sequence's token count, lookahead slots with a
- state group in mode align (`KVS_STATUS_INVALID_ARGUMENT` naming it), a NULL or
- misaligned `pages_out`: `*pages_out` untouched. A need larger than the pools is an
- answer, not a failure.
- **Thread safety:** safe concurrently with any call but `kvs_hybrid_free`.
- */
-kvs_status kvs_hybrid_seq_append_need(const struct kvs_hybrid *hybrid,
-                                      uint64_t seq_id,
-                                      size_t num_tokens,
-                                      size_t lookahead_slots,
-                                      size_t *pages_out);
-
-/*
- Ends a sequence: groups in order, each table from its last position (vLLM's
- `free`); registered pages stay matchable.
-
- **Failure:** unknown sequence: nothing changes.
- **Thread safety:** safe concurrently with any call but `kvs_hybrid_free`.
- */
-kvs_status kvs_hybrid_seq_free(struct kvs_hybrid *hybrid, uint64_t seq_id);
-
-/*
- Writes a sequence's token count, table length and matched tokens to `*info_out`.
-
- **Failure:** unknown sequence: `*info_out` untouched.
- **Thread safety:** safe concurrently with any call but `kvs_hybrid_free`.
- */
-kvs_status kvs_hybrid_seq_get_info(const struct kvs_hybrid *hybrid,
-                                   uint64_t seq_id,
-                                   struct kvs_hybrid_seq_info *info_out);
-
-/*
- Copies group `group`'s block table of a sequence (`KVS_NULL_PAGE` at released
- positions) to `pages_out` and its length to `*num_pages_out`.
-
- **Failure:** unknown sequence or group, `max_pages` below the table length
- (`KVS_STATUS_BUFFER_TOO_SMALL`): nothing is written.
- **Thread safety:** safe concurrently with any call but `kvs_hybrid_free`.
- */
-kvs_status kvs_hybrid_seq_pages(const struct kvs_hybrid *hybrid,
-                                uint64_t seq_id,
-                                size_t group,
-                                uint32_t *pages_out,
-                                size_t max_pages,
-                                size_t *num_pages_out);
-
-/*
- `kvs_cache_block_tables` for group `group`: row `i` of `table_out` gets sequence
- `seq_ids[i]`'s pages in that group (`KVS_NULL_PAGE` at released positions) followed by
- `pad_page`; `context_lens_out` (optional: NULL with length 0) its token counts.
-
- **Failure:** unknown sequence or group, a table longer than `max_pages_per_seq`, short
- buffers: nothing is written.
- **Thread safety:** safe concurrently with any call but `kvs_hybrid_free`.
- */
-kvs_status kvs_hybrid_block_tables(const struct kvs_hybrid *hybrid,
-                                   size_t group,
-                                   const uint64_t *seq_ids,
-                                   size_t num_seqs,
-                                   size_t max_pages_per_seq,
-                                   int32_t pad_page,
-                                   int32_t *table_out,
-                                   size_t table_len,
-                                   int32_t *context_lens_out,
-                                   size_t context_lens_len);
-
-/*
- `kvs_cache_slot_mapping` for group `group`: the slots (`page * page_size + offset`) of
- each sequence's last `query_lens[i]` tokens in that group, concatenated; -1 for a token
- at a released position and for the padding up to `slots_len`. Writes the sum of
- `query_lens` to `*num_slots_out` (optional).
-
- **Failure:** unknown sequence or group, a query length over the sequence length,
- `slots_len` too small: nothing is written.
- **Thread safety:** safe concurrently with any call but `kvs_hybrid_free`.
- */
-kvs_status kvs_hybrid_slot_mapping(const struct kvs_hybrid *hybrid,
-                                   size_t group,
-                                   const uint64_t *seq_ids,
-                                   const uint32_t *query_lens,
-                                   size_t num_seqs,
-                                   int64_t *slots_out,
-                                   size_t slots_len,
-                                   size_t *num_slots_out);
-
-/*
- Writes group `group`'s stats (and its pool's totals) to `*stats_out`.
-
- **Failure:** unknown group: `*stats_out` untouched.
- **Thread safety:** safe concurrently with any call but `kvs_hybrid_free`.
- */
-kvs_status kvs_hybrid_stats(const struct kvs_hybrid *hybrid,
-                            size_t group,
-                            struct kvs_group_stats *stats_out);
-
-/*
- Drains up to `events_len` queued events, oldest first, into `events_out` and writes how
- many to `*num_events_out`; call again while it equals `events_len`. Empty unless the
- config enabled events.
-
- **Failure:** NULL pointers: nothing is taken.
- **Thread safety:** safe concurrently with any call but `kvs_hybrid_free`.
- */
-kvs_status kvs_hybrid_take_events(struct kvs_hybrid *hybrid,
-                                  struct kvs_group_event *events_out,
-                                  size_t events_len,
-                                  size_t *num_events_out);
-
-/*
- Starts a scheduler step (vLLM's `KVCacheManager.new_step_starts`): state checkpoints
- registered before this call may now be hit. Until then a `kvs_hybrid_seq_begin` whose
- hit ends at a state page registered in the current step fails with
- `KVS_STATUS_NO_SPACE` (vLLM does not schedule such a request in that step: the state is
- written by the step's own forward pass). Call it once at the start of every step; a
- cache without state groups ignores it.
-
- **Failure:** `KVS_STATUS_NULL_ARGUMENT` for a NULL `hybrid`, `KVS_STATUS_POISONED` after
- a panic inside the library: nothing changes. (A freed handle cannot be told from a live
- one: passing one is undefined behaviour, as for every call taking a handle.)
- **Thread safety:** safe concurrently with any call but `kvs_hybrid_free`.
- */
-kvs_status kvs_hybrid_new_step(struct kvs_hybrid *hybrid);
-
-/*
- Writes the page holding sequence `seq_id`'s running state in state group `group` (the
- last non-null entry of its block table) to `*page_out`. In mode none that is the
- group's only page (vLLM's block table for the group is `[page]`).
-
- **Failure:** NULL `page_out`, `group` not below the group count or not a state group,
- unknown sequence, a sequence with no state page yet (no tokens):
- `KVS_STATUS_INVALID_ARGUMENT` / `KVS_STATUS_SEQ_NOT_FOUND`, `*page_out` untouched.
- **Thread safety:** safe concurrently with any call but `kvs_hybrid_free`.
- */
-kvs_status kvs_hybrid_seq_state_page(const struct kvs_hybrid *hybrid,
-                                     uint64_t seq_id,
-                                     size_t group,
-                                     uint32_t *page_out);
-
-/*
- Allocates `num_pages` device pages, all or nothing, each at refcount 1 held by the caller.
- Takes free pages first, then evicts least-recently-used cached pages. O(1) per page.
-
- **Ownership:** release each page with `kvs_pages_release`.
+ **Ownership:** release each page with `kvs_pages_release` (same group).
  **Failure:** `KVS_STATUS_NO_SPACE` if free plus evictable pages are fewer than
- `num_pages`; `KVS_STATUS_BUFFER_TOO_SMALL` if `pages_len < num_pages`. Nothing is
+ `num_pages`; `KVS_STATUS_BUFFER_TOO_SMALL` if `pages_len < num_pages`;
+ `KVS_STATUS_INVALID_ARGUMENT` for a `group` not below the group count. Nothing is
  allocated and `pages_out` is untouched on error.
  **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
  */
 kvs_status kvs_pages_alloc(struct kvs_cache *cache,
+                           size_t group,
                            size_t num_pages,
                            uint32_t *pages_out,
                            size_t pages_len);
 
 /*
- Adds one reference to each listed device page (a page may appear several times). Pages
- must be in use or cached; acquiring a cached page makes it unevictable until released.
+ Adds one reference to each listed device page of group `group`'s pool (a page may appear
+ several times). Pages must be in use or cached; acquiring a cached page makes it
+ unevictable until released.
 
- **Failure:** out-of-range id, the padding page, or a free page: an error status naming
- the page, and no refcount changes. `KVS_STATUS_REFCOUNT_OVERFLOW` when a page would pass
- `UINT32_MAX` references (counting each time it is listed): the count never wraps, and
- nothing changes.
+ **Failure:** `group` not below the group count, an out-of-range id, the padding page, or
+ a free page: an error status naming the argument or page, and no refcount changes.
+ `KVS_STATUS_REFCOUNT_OVERFLOW` when a page would pass `UINT32_MAX` references (counting
+ each time it is listed): the count never wraps, and nothing changes.
  **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
  */
-kvs_status kvs_pages_acquire(struct kvs_cache *cache, const uint32_t *pages, size_t num_pages);
+kvs_status kvs_pages_acquire(struct kvs_cache *cache,
+                             size_t group,
+                             const uint32_t *pages,
+                             size_t num_pages);
 
 /*
- Drops one caller-held reference from each listed device page, in order. A page that
- reaches refcount 0 becomes cached (LRU tail) if registered in the prefix index, else free.
- Pass a request's pages last-first so its deepest pages are evicted first.
+ Drops one caller-held reference from each listed device page of group `group`'s pool, in
+ order. A page that reaches refcount 0 becomes cached (LRU tail) if registered in the
+ prefix index, else free. Pass a request's pages last-first so its deepest pages are
+ evicted first.
 
  **Failure:** releasing a page more times than the caller acquired it (double free) is
- `KVS_STATUS_REFCOUNT_UNDERFLOW`; out-of-range ids and the padding page are errors too. On
- any error no refcount changes.
+ `KVS_STATUS_REFCOUNT_UNDERFLOW`; a `group` not below the group count, out-of-range ids
+ and the padding page are errors too. On any error no refcount changes.
  **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
  */
-kvs_status kvs_pages_release(struct kvs_cache *cache, const uint32_t *pages, size_t num_pages);
+kvs_status kvs_pages_release(struct kvs_cache *cache,
+                             size_t group,
+                             const uint32_t *pages,
+                             size_t num_pages);
 
 /*
- Reports a page's refcount, state and whether it is registered. `tier` is a `kvs_tier`.
+ Reports the refcount, state and registration of page `page` of group `group`'s pool in
+ `tier` (a `kvs_tier`).
 
- **Failure:** bad tier or out-of-range id; `*info_out` untouched.
+ **Failure:** bad tier, `group` not below the group count, out-of-range id, a NULL or
+ misaligned `info_out`; `*info_out` untouched.
  **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
  */
 kvs_status kvs_page_get_info(const struct kvs_cache *cache,
                              uint32_t tier,
+                             size_t group,
                              uint32_t page,
                              struct kvs_page_info *info_out);
 
 /*
- Registers the full pages of a token sequence in the prefix index: `pages[i]` (held by the
- caller) holds the KV of tokens `[i*page_size, (i+1)*page_size)`. Pages whose content is
- already cached in another page, already registered pages, and pages with a negative
- (placeholder) token — and all after it — are skipped. `extra` may be NULL. Writes the
- number of newly registered pages to `*registered_out` (optional).
+ Registers the full pages of a token sequence in group `group`'s prefix index: `pages[i]`
+ (a page of the group's pool held by the caller) holds the KV of tokens
+ `[i*page_size, (i+1)*page_size)`. Pages whose content the group has already cached in
+ another page, already registered pages, and pages with a negative (placeholder) token —
+ and all after it — are skipped. `extra` may be NULL. Writes the number of newly
+ registered pages to `*registered_out` (optional).
 
- **Failure:** more pages than full token pages, a free, padding or out-of-range page, or
- prefix caching disabled: an error status and nothing registered.
+ **Failure:** `group` not below the group count, more pages than full token pages, a
+ free, padding or out-of-range page, or prefix caching disabled: an error status and
+ nothing registered.
  **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
  */
 kvs_status kvs_prefix_register(struct kvs_cache *cache,
+                               size_t group,
                                const int32_t *tokens,
                                size_t num_tokens,
                                const uint32_t *pages,
@@ -2168,9 +1918,10 @@ kvs_status kvs_prefix_register(struct kvs_cache *cache,
                                size_t *registered_out);
 
 /*
- Finds the longest cached prefix of `tokens` (whole pages, at most `max_tokens` tokens;
- pass `SIZE_MAX` for no limit, or `num_tokens - 1` so the last token is recomputed for its
- logits). Matching is exact: each page's tokens and extra keys are compared, and earlier
+ Finds the longest cached prefix of `tokens` in group `group`'s index (whole pages from the
+ first on, at most `max_tokens` tokens; pass `SIZE_MAX` for no limit, or `num_tokens - 1`
+ so the last token is recomputed for its logits; `kvs_prefix_find` gives the hit every
+ group can serve). Matching is exact: each page's tokens and extra keys are compared, and earlier
  pages are tied in by a 128-bit xxh3 chain digest. Writes the page ids to `pages_out`,
  their count to `*num_pages_out` and the matched token count to `*matched_tokens_out`.
  With `acquire`, each returned page gets one caller-held reference (release it with
@@ -2179,11 +1930,14 @@ kvs_status kvs_prefix_register(struct kvs_cache *cache,
  lookup counts in the hit-rate stats. Without, it is a pure lookup of the device tier and
  the pages may be evicted by any later allocation.
 
- **Failure:** `KVS_STATUS_BUFFER_TOO_SMALL` if `pages_len` is below the match length; all
- outputs untouched and nothing acquired on error.
+ **Failure:** `KVS_STATUS_BUFFER_TOO_SMALL` if `pages_len` is below the match length;
+ `KVS_STATUS_INVALID_ARGUMENT` for a `group` not below the group count;
+ `KVS_STATUS_REFCOUNT_OVERFLOW` with `acquire` when a page already has `UINT32_MAX`
+ holders: all outputs untouched and nothing acquired on error.
  **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
  */
 kvs_status kvs_prefix_match(struct kvs_cache *cache,
+                            size_t group,
                             const int32_t *tokens,
                             size_t num_tokens,
                             const struct kvs_extra_keys *extra,
@@ -2195,13 +1949,45 @@ kvs_status kvs_prefix_match(struct kvs_cache *cache,
                             size_t *matched_tokens_out);
 
 /*
- Pins the cached prefix of `tokens` (whole pages; pages found in the host tier are promoted
- first, copies queued): its pages are never evicted until `kvs_prefix_unpin(pin_id)`. Use it
- for a system prompt shared by every request. Writes the pin id to `*pin_id_out` and the
- number of pages pinned to `*num_pages_out` (optional; 0 if nothing of it is cached yet —
- pin after the first request registered it).
+ The longest prefix hit of `tokens` every group can serve, at most `max_tokens` tokens
+ (vLLM's `get_computed_blocks`: pass `num_tokens - 1`), in the device tier: what
+ `kvs_seq_begin` would share (before the same-step rule of state groups). Read-only:
+ nothing is held, promoted or counted, and the pages may be evicted by any later
+ allocation. Writes the hit N (whole pages) to `*matched_tokens_out` and, when `pages_out`
+ is not NULL, row `g` of `pages_out` (row-major `[num_groups, max_pages_per_group]`) gets
+ group `g`'s `N / page_size` pages: its hit pages, `KVS_NULL_PAGE` at positions it no
+ longer reads; entries after them are left as they were. `pages_out` may be NULL with
+ `pages_len` 0 (the hit length only).
 
- **Failure:** `KVS_STATUS_NO_SPACE` if host pages cannot be promoted; nothing changes.
+ **Failure:** NULL `cache`, `tokens` with `num_tokens` above 0, `pages_out` with
+ `pages_len` above 0 or `matched_tokens_out`; misaligned pointers, a `num_groups *
+ max_pages_per_group` that overflows (`KVS_STATUS_INVALID_ARGUMENT`), with `pages_out`:
+ `pages_len` below `num_groups * max_pages_per_group`, or a hit longer than
+ `max_pages_per_group` pages (`KVS_STATUS_BUFFER_TOO_SMALL`). Nothing is written.
+ **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+ */
+kvs_status kvs_prefix_find(const struct kvs_cache *cache,
+                           const int32_t *tokens,
+                           size_t num_tokens,
+                           const struct kvs_extra_keys *extra,
+                           size_t max_tokens,
+                           uint32_t *pages_out,
+                           size_t pages_len,
+                           size_t max_pages_per_group,
+                           size_t *matched_tokens_out);
+
+/*
+ Pins the cached prefix of `tokens` every group can serve (whole pages; every group's pages
+ of the hit, as `kvs_prefix_find` finds it with the host tier too; pages found in the host
+ tier are promoted first, copies queued): its pages are never evicted until
+ `kvs_prefix_unpin(pin_id)`. Use it for a system prompt shared by every request. Writes the
+ pin id to `*pin_id_out` and the number of pages pinned, all groups together, to
+ `*num_pages_out` (optional; 0 if nothing of it is cached yet — pin after the first request
+ registered it).
+
+ **Failure:** `KVS_STATUS_NO_SPACE` if host pages cannot be promoted,
+ `KVS_STATUS_REFCOUNT_OVERFLOW` if a page already has `UINT32_MAX` holders; nothing
+ changes.
  **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
  */
 kvs_status kvs_prefix_pin(struct kvs_cache *cache,
@@ -2222,10 +2008,14 @@ kvs_status kvs_prefix_unpin(struct kvs_cache *cache, uint64_t pin_id);
 
 /*
  Prefetch hint for a queued request: starts promoting the host-tier pages of `tokens`'
- cached prefix back to device pages (kept as cached, unreferenced pages) using only free or
- evictable room, so the copies (queued: `kvs_cache_take_copies`) overlap with other work
- and the request's `kvs_seq_begin` later finds them on the device. Writes the number of
- pages promoted to `*promoted_out` (optional).
+ cached prefix (every group's, as `kvs_prefix_pin` finds them) back to device pages (kept
+ as cached, unreferenced pages) using only free or evictable room, so the copies (queued:
+ `kvs_cache_take_copies`) overlap with other work and the request's `kvs_seq_begin` later
+ finds them on the device. Promotes all of them or none. Writes the number of pages
+ promoted to `*promoted_out` (optional).
+
+ **Failure:** NULL `cache`, bad `tokens` or `extra`, a misaligned `promoted_out`: nothing
+ changes, `*promoted_out` untouched.
 
  **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
  */
@@ -2236,30 +2026,43 @@ kvs_status kvs_prefix_prefetch(struct kvs_cache *cache,
                                size_t *promoted_out);
 
 /*
- Drops every prefix-index entry of both tiers (e.g. after a weight update or for
- `reset_prefix_cache`). Cached pages become free; pages in use or pinned stay with their
- holders. Works at any time.
+ Drops every prefix-index entry of both tiers, every group (e.g. after a weight update or
+ for `reset_prefix_cache`). Cached pages become free; pages in use or pinned stay with
+ their holders. Works at any time.
 
+ **Failure:** `KVS_STATUS_NULL_ARGUMENT` for a NULL `cache`, `KVS_STATUS_POISONED` after a
+ panic inside the library: nothing changes.
  **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
  */
 kvs_status kvs_prefix_clear(struct kvs_cache *cache);
 
 /*
  Starts sequence `seq_id` (chosen by the caller, unique among live sequences) with its
- prompt: matches the longest cached prefix (whole pages, at most `max_match_tokens` tokens:
- `SIZE_MAX` for no limit, `num_tokens - 1` to recompute the last token), shares those pages,
- and allocates pages for the rest; full new pages are registered for later prompts
- (at `kvs_cache_commit` with `defer_commit`). `extra` may be NULL. Writes what happened to
- `*info_out` (optional).
+ prompt (vLLM: its computed plus this step's scheduled tokens): matches the longest cached
+ prefix every group can serve (whole pages, at most `max_match_tokens` tokens: `SIZE_MAX`
+ for no limit, `num_tokens - 1` to recompute the last token; with `match_unit`, a hit may
+ go on inside a page), shares those pages, and allocates pages for the rest and
+ `lookahead_slots` more slots (speculative decoding); full new pages are registered for
+ later prompts (at `kvs_cache_commit` with `defer_commit`). `extra` may be NULL. Writes
+ what happened to `*info_out` (optional).
+
+ Each group's table gets `KVS_NULL_PAGE` where the group no longer reads at the hit
+ (`kvs_prefix_find` shows the hit), the hit's pages, and fresh pages; a state group takes
+ one page in modes none and align (at the table's end), a page per position after the hit
+ in mode all. Hit pages found in the host tier are promoted (copies queued for
+ `kvs_cache_take_copies`).
 
  An empty prompt (`num_tokens` 0; `tokens` may then be NULL) is valid: the sequence starts
  with no token and no page, matches nothing, and gets its pages from later appends (an
  engine that reserves a request's id before its prompt is known).
 
- **Failure:** `KVS_STATUS_SEQ_EXISTS`, `KVS_STATUS_NO_SPACE` (free + evictable pages too
- few), `KVS_STATUS_REFCOUNT_OVERFLOW` (a cached page to share already has `UINT32_MAX`
- holders), `KVS_STATUS_OUT_OF_MEMORY` (the prompt could not be copied): nothing changes
- and `*info_out` is untouched.
+ **Failure:** `KVS_STATUS_SEQ_EXISTS`, `KVS_STATUS_NO_SPACE` (a pool's free + evictable
+ pages below the fresh pages, promotions and evictable hit pages, vLLM's admission check;
+ or the hit ends at a state checkpoint registered since the last `kvs_cache_new_step`),
+ `KVS_STATUS_INVALID_ARGUMENT` (`num_tokens + lookahead_slots` overflows, or lookahead
+ slots with a state group in mode align), `KVS_STATUS_REFCOUNT_OVERFLOW` (a cached page to
+ share already has `UINT32_MAX` holders), `KVS_STATUS_OUT_OF_MEMORY` (the prompt could not
+ be copied): nothing changes and `*info_out` is untouched.
  **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
  */
 kvs_status kvs_seq_begin(struct kvs_cache *cache,
@@ -2268,17 +2071,28 @@ kvs_status kvs_seq_begin(struct kvs_cache *cache,
                          size_t num_tokens,
                          const struct kvs_extra_keys *extra,
                          size_t max_match_tokens,
+                         size_t lookahead_slots,
                          struct kvs_seq_info *info_out);
 
 /*
- Appends `num_tokens` tokens to a device-resident sequence and keeps `lookahead_slots`
- more slots allocated (speculative decoding). Pages that fill up are registered. Writing
- into a page shared with another sequence (after `kvs_seq_fork`) first moves this sequence
- to a private copy: the copy is written to `copies_out` (at most 1) and its count to
- `*num_copies_out`; execute it before the KV write.
+ Appends `num_tokens` tokens to a device-resident sequence and grows every group's table to
+ the pages `num_tokens + lookahead_slots` more slots need (speculative decoding; groups in
+ order, vLLM's `allocate_new_blocks`). Pages that fill up are registered. Writing into a
+ page shared with another sequence (after `kvs_seq_fork`) first moves this sequence to a
+ private copy: the copy is written to `copies_out` (at most one per group) and the count to
+ `*num_copies_out`; execute them before the KV write.
+
+ A state group in mode align takes at most one page (the new last position, nulls before
+ it) and keeps the previous step's state page (the new state is computed from it); when it
+ grows, it first releases its state page of two steps ago, as vLLM's `allocate_slots` does
+ at its start, and that page counts as available for the new one. In mode none its one
+ page moves to the new last position. Pages other groups no longer read are released by
+ `kvs_seq_release_skipped` only.
 
  **Failure:** unknown sequence, swapped-out sequence (`KVS_STATUS_SEQ_WRONG_TIER`),
- `KVS_STATUS_NO_SPACE`, or `copies_len` too small: nothing changes, outputs untouched.
+ `KVS_STATUS_NO_SPACE`, `copies_len` too small, `KVS_STATUS_INVALID_ARGUMENT` (an
+ overflowing token count, or lookahead slots with a state group in mode align): nothing
+ changes, nothing is released, outputs untouched.
  **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
  */
 kvs_status kvs_seq_append(struct kvs_cache *cache,
@@ -2317,7 +2131,8 @@ kvs_status kvs_seq_append_pages(struct kvs_cache *cache,
 /*
  One decode step for a whole batch: appends `tokens[i]` to `seq_ids[i]`
  (`num_tokens == num_seqs`, ids distinct). All or nothing across the batch. Copy-on-write
- copies (at most one per sequence) go to `copies_out`, their count to `*num_copies_out`.
+ copies (at most one per sequence and group) go to `copies_out`, their count to
+ `*num_copies_out`.
 
  **Failure:** as `kvs_seq_append`, for any sequence of the batch: nothing changes.
  **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
@@ -2332,8 +2147,9 @@ kvs_status kvs_seq_append_batch(struct kvs_cache *cache,
                                 size_t *num_copies_out);
 
 /*
- Creates sequence `child_id` sharing every page of `parent_id` (beam search, n > 1
- sampling). Later writes into a shared partial page copy it on write.
+ Creates sequence `child_id` sharing every page of `parent_id` in every group (beam search,
+ n > 1 sampling). Later writes into a shared partial page copy it on write (a state
+ group's running state is copied whole).
 
  **Failure:** unknown or swapped-out parent, existing child: nothing changes.
  **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
@@ -2341,8 +2157,9 @@ kvs_status kvs_seq_append_batch(struct kvs_cache *cache,
 kvs_status kvs_seq_fork(struct kvs_cache *cache, uint64_t parent_id, uint64_t child_id);
 
 /*
- Ends a sequence and releases its pages (last page first). Full registered pages stay
- cached for later prompts until evicted.
+ Ends a sequence and releases its pages: groups in order, each table from its last
+ position (vLLM's `free`). Full registered pages stay cached for later prompts until
+ evicted.
 
  **Failure:** `KVS_STATUS_SEQ_NOT_FOUND` (also for a second free of the same id).
  **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
@@ -2350,8 +2167,34 @@ kvs_status kvs_seq_fork(struct kvs_cache *cache, uint64_t parent_id, uint64_t ch
 kvs_status kvs_seq_free(struct kvs_cache *cache, uint64_t seq_id);
 
 /*
- Swaps a sequence out to host pages: one device→host copy per page of its block table, in
- block-table order (`num_tokens` is the tokens held by that page), written to `copies_out`.
+ vLLM's `remove_skipped_blocks(request, num_computed_tokens)`: every group replaces the
+ positions it no longer reads once `num_computed_tokens` tokens have KV (sliding window
+ W: the first `max(0, c - W + 1) / page_size` pages; chunked local C: the pages before
+ `c / C * C`; a state group in mode all or align: the pages before `(c - 1) / page_size`,
+ and in align also the previous step's state page once `c` moved past it; full attention
+ and state mode none: none) by `KVS_NULL_PAGE`, from the last such position down to the
+ first one already null, and returns those pages to their pool: pages with cached content
+ to the back of the reuse order (still matchable), the others to its front. vLLM calls it
+ before its admission check and does not undo it when the allocation fails, hence a call
+ of its own. `num_computed_tokens` past the table is capped to it. Writes the number of
+ pages released to `*num_released_out` (optional). A cache of one full-attention group
+ releases nothing.
+
+ **Failure:** unknown sequence (`KVS_STATUS_SEQ_NOT_FOUND`), swapped-out sequence
+ (`KVS_STATUS_SEQ_WRONG_TIER`), a misaligned `num_released_out`: nothing changes,
+ `*num_released_out` untouched.
+ **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+ */
+kvs_status kvs_seq_release_skipped(struct kvs_cache *cache,
+                                   uint64_t seq_id,
+                                   size_t num_computed_tokens,
+                                   size_t *num_released_out);
+
+/*
+ Swaps a sequence out to host pages: one device→host copy per live page of each group's
+ block table, groups in order, each in block-table order (`num_tokens` is the tokens held
+ by that page; a state page's whole page), written to `copies_out`. Released positions
+ stay released (a swapped-out table shows `UINT32_MAX` there).
  With prefix caching, a full page whose content the host tier already holds (an earlier
  swap-out's, or a demotion's) is shared instead: no copy, no new host page
  (`kvs_seq_swap_out_need` counts what it takes). Execute the copies before the device pages
@@ -2369,8 +2212,8 @@ kvs_status kvs_seq_swap_out(struct kvs_cache *cache,
 
 /*
  Swaps a sequence back in: full pages whose content is still cached on the device are
- shared without a copy; every other page gets a new device page and a host→device copy in
- `copies_out`.
+ shared without a copy; every other live page of every group gets a new device page and a
+ host→device copy in `copies_out`.
 
  **Failure:** `KVS_STATUS_NO_SPACE` on the device tier, unknown or device-resident
  sequence, `copies_len` too small: nothing changes.
@@ -2384,12 +2227,16 @@ kvs_status kvs_seq_swap_in(struct kvs_cache *cache,
 
 /*
  Capacity check without the append: writes the device pages `kvs_seq_append(seq_id,
- num_tokens tokens, lookahead_slots)` would take now (new pages plus copy-on-write copies)
- to `*pages_needed_out`, and the number of copies it would report to `*num_copies_out`
+ num_tokens tokens, lookahead_slots)` would take now, all groups together (new pages plus
+ copy-on-write copies, less the state pages an align group would release first) to
+ `*pages_needed_out`, and the number of copies it would report to `*num_copies_out`
  (optional). Compare with `device_pages_free + device_pages_cached` from `kvs_cache_stats`
- (MindIE's `CanAppendSlot`, vLLM's admission checks).
+ (MindIE's `CanAppendSlot`, vLLM's admission checks). A need larger than the pools is an
+ answer, not a failure.
 
- **Failure:** unknown or swapped-out sequence, overflowing sizes; outputs untouched.
+ **Failure:** unknown or swapped-out sequence, overflowing sizes, lookahead slots with a
+ state group in mode align (`KVS_STATUS_INVALID_ARGUMENT` naming the argument), a NULL or
+ misaligned `pages_needed_out`; outputs untouched.
  **Thread safety:** safe concurrently with any call but `kvs_cache_free`; the answer holds
  until the cache changes.
  */
@@ -2402,9 +2249,11 @@ kvs_status kvs_seq_append_need(const struct kvs_cache *cache,
 
 /*
  Capacity check without the swap-in: writes the device pages `kvs_seq_swap_in(seq_id)`
- would take now (its pages minus those still cached on the device, which it shares) to
- `*pages_needed_out`, and the device pages it can have (free plus evictable, not counting
- the ones it would share) to `*pages_available_out` (optional). MindIE's `CanSwapIn`.
+ would take now (its live pages minus those still cached on the device, which it shares;
+ all groups together) to `*pages_needed_out`, and the device pages it can have (free plus
+ evictable, not counting the ones it would share; with several pools, each pool's room
+ counted up to what the swap takes there, so the swap fits exactly when the first figure is
+ at most the second) to `*pages_available_out` (optional). MindIE's `CanSwapIn`.
 
  **Failure:** unknown or device-resident sequence; outputs untouched.
  **Thread safety:** safe concurrently with any call but `kvs_cache_free`; the answer holds
@@ -2417,10 +2266,10 @@ kvs_status kvs_seq_swap_in_need(const struct kvs_cache *cache,
 
 /*
  Capacity check without the swap-out: writes the host pages `kvs_seq_swap_out(seq_id)`
- would take now (its pages minus the full pages whose content the host tier already holds,
- which it shares) to `*pages_needed_out`, and the host pages it can have (free plus
- evictable, not counting the ones it would share) to `*pages_available_out` (optional).
- MindIE's `CanSwapOut`.
+ would take now (its live pages minus the full pages whose content the host tier already
+ holds, which it shares; all groups together) to `*pages_needed_out`, and the host pages it
+ can have (free plus evictable, not counting the ones it would share; per pool as for
+ `kvs_seq_swap_in_need`) to `*pages_available_out` (optional). MindIE's `CanSwapOut`.
 
  **Failure:** unknown or swapped-out sequence; outputs untouched.
  **Thread safety:** safe concurrently with any call but `kvs_cache_free`; the answer holds
@@ -2444,6 +2293,8 @@ kvs_status kvs_seq_set_priority(struct kvs_cache *cache, uint64_t seq_id, uint32
 /*
  Writes a sequence's shape to `*info_out` (`new_pages` and `promoted_pages` are 0).
 
+ **Failure:** unknown sequence (`KVS_STATUS_SEQ_NOT_FOUND`), a NULL or misaligned
+ `info_out`: `*info_out` untouched.
  **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
  */
 kvs_status kvs_seq_get_info(const struct kvs_cache *cache,
@@ -2451,17 +2302,36 @@ kvs_status kvs_seq_get_info(const struct kvs_cache *cache,
                             struct kvs_seq_info *info_out);
 
 /*
- Copies a sequence's block table (page ids of its tier) to `pages_out` and the count to
- `*num_pages_out`.
+ Copies a sequence's block table in group `group` (page ids of its tier, in the group's
+ pool; `KVS_NULL_PAGE` at positions the group released, `UINT32_MAX` there while swapped
+ out) to `pages_out` and its length to `*num_pages_out`.
 
- **Failure:** unknown sequence or `pages_len` too small: outputs untouched.
+ **Failure:** `group` not below the group count, unknown sequence, or `pages_len` too
+ small (`KVS_STATUS_BUFFER_TOO_SMALL`): outputs untouched.
  **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
  */
 kvs_status kvs_seq_pages(const struct kvs_cache *cache,
+                         size_t group,
                          uint64_t seq_id,
                          uint32_t *pages_out,
                          size_t pages_len,
                          size_t *num_pages_out);
+
+/*
+ Writes the page holding sequence `seq_id`'s running state in state group `group` (the
+ last non-null entry of its block table) to `*page_out`. In mode none that is the group's
+ only page (vLLM's block table for the group is `[page]`).
+
+ **Failure:** NULL `page_out` (`KVS_STATUS_NULL_ARGUMENT`); `group` not below the group
+ count or not a state group, a sequence with no state page yet (no tokens):
+ `KVS_STATUS_INVALID_ARGUMENT`; unknown sequence: `KVS_STATUS_SEQ_NOT_FOUND`; swapped-out
+ sequence: `KVS_STATUS_SEQ_WRONG_TIER`. `*page_out` untouched.
+ **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+ */
+kvs_status kvs_seq_state_page(const struct kvs_cache *cache,
+                              uint64_t seq_id,
+                              size_t group,
+                              uint32_t *page_out);
 
 /*
  A static, NUL-terminated name for a status (`"KVS_STATUS_OK"`, …); `"KVS_STATUS_UNKNOWN"`

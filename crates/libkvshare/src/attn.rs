@@ -271,7 +271,8 @@ impl kvs_backend {
     /// Performs page copies reported by the cache manager (copy-on-write of a partial page,
     /// swap out/in, demotion/promotion) on one layer's K and V caches, in array order; see
     /// `kvs_copy` and `kvs_kv_copy_args`. `(NULL, 0)` copies nothing. `stream` as in
-    /// `kvs_attention_launch`. Call once per layer.
+    /// `kvs_attention_launch`. Call once per layer, with the copies whose `kvs_copy.group` is
+    /// the layer's group (the backend does not read that field: it copies every entry given).
     ///
     /// **Failure:** `KVS_STATUS_NULL_ARGUMENT` for a NULL `backend`, `args`, required cache
     /// pointer or `copies` with `num_copies > 0`; `KVS_STATUS_ATTN_INVALID_ARGUMENT` for a bad
@@ -308,6 +309,7 @@ impl kvs_backend {
                     dst_page: c.dst_page,
                     num_tokens: c.num_tokens,
                     kind,
+                    group: c.group,
                 });
             }
             let params = CopyParams {

@@ -2,6 +2,7 @@
 
 use super::enums::decode;
 use super::enums::{kvs_dtype, kvs_status, kvs_tier};
+use super::groups::{groups_from_c, kvs_group};
 use super::handle::{self, Handle};
 use super::panic::guard;
 use super::slice::{slice, slice_mut, try_out, try_ref};
@@ -9,7 +10,11 @@ use super::slice::{slice, slice_mut, try_out, try_ref};
 use crate::error::Error;
 use kvshare_core::{Cache, Config, DType, Tier};
 
-/// A KV-cache manager: page pools (device and host), refcounts, the prefix index and sequences.
+/// A KV-cache manager: page pools (device and host), refcounts, the prefix index and sequences,
+/// for one KV-cache group (a plain model) or several (`kvs_config.groups`: sliding-window,
+/// chunked-local and state layers next to full attention). Every capability works on every
+/// group: host tier, fork and copy-on-write, pins, priorities, `match_unit`, deferred commit,
+/// events.
 ///
 /// **Ownership:** created by `kvs_cache_new`, freed by `kvs_cache_free`.
 /// **Thread safety:** every function taking a `kvs_cache*` may be called from any number of
@@ -20,15 +25,17 @@ use kvshare_core::{Cache, Config, DType, Tier};
 /// return `KVS_STATUS_POISONED`.
 ///
 /// **Methods:** `kvs_cache_new`, `kvs_cache_free`, `kvs_cache_get_config`, `kvs_cache_stats`,
-/// `kvs_cache_check`, `kvs_cache_commit`, `kvs_cache_block_tables`, `kvs_cache_slot_mapping`;
-/// pages: `kvs_pages_alloc`, `kvs_pages_acquire`, `kvs_pages_release`, `kvs_page_get_info`;
-/// prefix index: `kvs_prefix_register`, `kvs_prefix_match`, `kvs_prefix_clear`; sequences:
-/// `kvs_seq_begin`, `kvs_seq_append`, `kvs_seq_append_pages`, `kvs_seq_append_batch`,
-/// `kvs_seq_fork`, `kvs_seq_free`, `kvs_seq_swap_out`, `kvs_seq_swap_in`, `kvs_seq_get_info`,
-/// `kvs_seq_pages`, `kvs_seq_set_priority`, `kvs_seq_append_need`, `kvs_seq_swap_in_need`,
-/// `kvs_seq_swap_out_need`;
-/// queues: `kvs_cache_take_copies`, `kvs_cache_take_events`; retention: `kvs_prefix_pin`,
-/// `kvs_prefix_unpin`, `kvs_prefix_prefetch`.
+/// `kvs_cache_available`, `kvs_cache_check`, `kvs_cache_commit`, `kvs_cache_new_step`,
+/// `kvs_cache_block_tables`, `kvs_cache_slot_mapping`; groups: `kvs_cache_group_info`,
+/// `kvs_cache_group_stats`; pages: `kvs_pages_alloc`, `kvs_pages_acquire`, `kvs_pages_release`,
+/// `kvs_page_get_info`; prefix index: `kvs_prefix_register`, `kvs_prefix_match`,
+/// `kvs_prefix_find`, `kvs_prefix_clear`; sequences: `kvs_seq_begin`, `kvs_seq_append`,
+/// `kvs_seq_append_pages`, `kvs_seq_append_batch`, `kvs_seq_fork`, `kvs_seq_free`,
+/// `kvs_seq_release_skipped`, `kvs_seq_swap_out`, `kvs_seq_swap_in`, `kvs_seq_get_info`,
+/// `kvs_seq_pages`, `kvs_seq_state_page`, `kvs_seq_set_priority`, `kvs_seq_append_need`,
+/// `kvs_seq_swap_in_need`, `kvs_seq_swap_out_need`; queues: `kvs_cache_take_copies`,
+/// `kvs_cache_take_events`; retention: `kvs_prefix_pin`, `kvs_prefix_unpin`,
+/// `kvs_prefix_prefetch`.
 pub struct kvs_cache {
     _private: [u8; 0],
 }
@@ -56,15 +63,16 @@ const _: () = assert!(KVS_MAX_PAGE_SIZE == kvshare_core::config::MAX_PAGE_SIZE);
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct kvs_config {
-    /// Tokens per page (1..=`KVS_MAX_PAGE_SIZE`, 1024; CANN kernels want 16..=128 and a
-    /// multiple of 16).
+    /// Tokens per page, every group (1..=`KVS_MAX_PAGE_SIZE`, 1024; CANN kernels want 16..=128
+    /// and a multiple of 16).
     pub page_size: u32,
-    /// Pages in the device tier, the padding page included. Page ids index the engine's KV
-    /// tensors `[num_pages, page_size, kv_heads, head_dim]` per layer.
+    /// Pages in the device tier of each pool, the padding page included. Page ids index the
+    /// engine's KV tensors `[num_pages, page_size, kv_heads, head_dim]` per layer (those of the
+    /// layer's group's pool).
     pub num_device_pages: u32,
-    /// Pages in the host tier (0: no swapping).
+    /// Pages in the host tier of each pool (0: no swapping).
     pub num_host_pages: u32,
-    /// Transformer layers (for byte sizes in stats).
+    /// Transformer layers (for the byte size of a page of a group whose `page_bytes` is 0).
     pub num_layers: u32,
     /// KV heads per layer (for byte sizes).
     pub num_kv_heads: u32,
@@ -74,8 +82,9 @@ pub struct kvs_config {
     pub dtype: u32,
     /// Register full pages in the prefix index and match new prompts against it.
     pub enable_prefix_caching: bool,
-    /// Reserve device page 0 as the padding/null page (vLLM's `null_block`): never allocated,
-    /// and an error wherever a real page is expected.
+    /// Reserve device page 0 of each pool as the padding/null page (`KVS_NULL_PAGE`, vLLM's
+    /// `null_block`): never allocated, and an error wherever a real page is expected. Required
+    /// by every group kind but full attention: their tables show it at released positions.
     pub reserve_null_page: bool,
     /// Pages that fill up become matchable only at the next `kvs_cache_commit` (MindIE's
     /// `MarkBlocksAsComputed`, called once the step that computes their KV was scheduled).
@@ -84,8 +93,11 @@ pub struct kvs_config {
     /// A prompt shares every cached full page, even pages holding tokens past `max_match_tokens`
     /// that the engine recomputes for the last token's logits; `kvs_cache_slot_mapping` returns
     /// -1 for those already-cached slots so the recomputation never writes into a shared page.
+    /// A page that fills with content already cached is switched to the cached copy (dedup).
     /// Default on. Turn it off when the engine builds its own slot mapping from the block table
-    /// (vLLM): such pages are then allocated fresh and recomputed.
+    /// (vLLM): such pages are then allocated fresh and recomputed. Sharing past
+    /// `max_match_tokens` applies to caches of one full-attention group only (a window must be
+    /// computed from the first recomputed token).
     pub skip_cached_writes: bool,
     /// With host pages: a cached device page chosen for eviction is copied to a host page (the
     /// copy is queued for `kvs_cache_take_copies`) and stays matchable there; a later match that
@@ -103,12 +115,31 @@ pub struct kvs_config {
     /// ends (`kvs_seq_free`), the whole units of its last, never-full page stay matchable too
     /// (never published as a `kvs_event`, as no partial page is). Each tier's index then keeps
     /// `(page_size / match_unit - 1) * 8` bytes more per page, so that pages sharing a unit
-    /// prefix never hide one another. Keep 0 unless the engine executes the copy list.
+    /// prefix never hide one another. Keep 0 unless the engine executes the copy list. With
+    /// several groups each group's first new page receives its units (one copy per group); a
+    /// state group keeps checkpoints at page boundaries only, so a cache with one refuses a
+    /// `match_unit` below `page_size` (`KVS_STATUS_INVALID_CONFIG` naming `match_unit`).
     pub match_unit: u32,
+    /// Keep pages as vLLM's block pool keeps them, for lockstep with vLLM's own manager: a page
+    /// released with no cached content goes behind the cached pages (vLLM appends every freed
+    /// block to its queue), except the pages a group releases out of its window, which go
+    /// first; and a page filled with content already cached (two requests computed the same
+    /// page) is kept as a duplicate that takes the cached page's place when that one is
+    /// evicted. Default off: a page with no cached content is always reused before any cached
+    /// page is evicted, which keeps more prefixes cached.
+    pub vllm_free_order: bool,
+    /// The KV-cache groups, in the engine's order: the index of a group here is the `group`
+    /// argument of the calls that take one, and `kvs_copy.group` / `kvs_event.group`. NULL with
+    /// `num_groups` 0 (the default): one full-attention group of this geometry. Copied by
+    /// `kvs_cache_new`; `kvs_cache_get_config` writes NULL here (read each group with
+    /// `kvs_cache_group_info`).
+    pub groups: *const kvs_group,
+    /// Number of `groups` (0..=`KVS_MAX_GROUPS`).
+    pub num_groups: usize,
 }
 
 /// The `bool` fields of `kvs_config`, with their byte offsets.
-const CONFIG_BOOLS: [(&str, usize); 6] = [
+const CONFIG_BOOLS: [(&str, usize); 7] = [
     (
         "enable_prefix_caching",
         std::mem::offset_of!(kvs_config, enable_prefix_caching),
@@ -132,6 +163,10 @@ const CONFIG_BOOLS: [(&str, usize); 6] = [
     (
         "enable_events",
         std::mem::offset_of!(kvs_config, enable_events),
+    ),
+    (
+        "vllm_free_order",
+        std::mem::offset_of!(kvs_config, vllm_free_order),
     ),
 ];
 
@@ -164,7 +199,11 @@ unsafe fn read_config<'a>(ptr: *const kvs_config) -> Result<&'a kvs_config, Erro
 }
 
 impl kvs_config {
-    fn to_core(self) -> Result<Config, Error> {
+    /// The core's config, with the groups read from the caller's array.
+    ///
+    /// # Safety
+    /// When non-NULL, `self.groups` must point to `self.num_groups` readable `kvs_group`s.
+    unsafe fn to_core(self) -> Result<Config, Error> {
         let dtype: DType = kvs_dtype::try_from(self.dtype)
             .map_err(|e| {
                 Error::Cache(kvshare_core::Error::InvalidConfig {
@@ -173,6 +212,7 @@ impl kvs_config {
                 })
             })?
             .into();
+        let groups = groups_from_c(self.groups, self.num_groups)?;
         Ok(Config {
             page_size: self.page_size,
             num_device_pages: self.num_device_pages,
@@ -188,10 +228,13 @@ impl kvs_config {
             demote_to_host: self.demote_to_host,
             enable_events: self.enable_events,
             match_unit: self.match_unit,
+            vllm_free_order: self.vllm_free_order,
+            groups,
         })
     }
 
-    fn from_core(c: &Config) -> Self {
+    /// The C form of `c`, with `groups` NULL and `num_groups` as given.
+    fn from_core(c: &Config, num_groups: usize) -> Self {
         kvs_config {
             page_size: c.page_size,
             num_device_pages: c.num_device_pages,
@@ -207,11 +250,16 @@ impl kvs_config {
             demote_to_host: c.demote_to_host,
             enable_events: c.enable_events,
             match_unit: c.match_unit,
+            vllm_free_order: c.vllm_free_order,
+            groups: std::ptr::null(),
+            num_groups,
         }
     }
 }
 
-/// Counters and pool figures, one consistent snapshot (`kvs_cache_stats`).
+/// Counters and pool figures, one consistent snapshot (`kvs_cache_stats`). Page figures are
+/// totals over the cache's pools (one pool unless groups have different `page_bytes`); a
+/// group's share is in `kvs_cache_group_stats`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct kvs_stats {
@@ -247,7 +295,7 @@ pub struct kvs_stats {
     pub logical_tokens: u64,
     /// Token slots of device pages in use (`device_pages_in_use * page_size`).
     pub physical_tokens: u64,
-    /// Bytes of K and V of one page over all layers.
+    /// Bytes of K and V of one page over all layers of group 0.
     pub page_bytes: u64,
     /// Page copies queued for `kvs_cache_take_copies`.
     pub pending_copies: u64,
@@ -296,24 +344,34 @@ pub struct kvs_stats {
 
 impl kvs_cache {
     /// A valid default configuration: 16-token pages, 1024 device pages, no host pages, one
-    /// layer of one 128-wide f16 KV head, prefix caching on, no padding page, no deferred commit, cached writes skipped, demotion to host pages on,
-    /// events off, whole-page matching (`match_unit` 0).
+    /// layer of one 128-wide f16 KV head, prefix caching on, no padding page, no deferred
+    /// commit, cached writes skipped, demotion to host pages on, events off, whole-page matching
+    /// (`match_unit` 0), kvshare's reuse order (`vllm_free_order` off), one full-attention
+    /// group (`groups` NULL, `num_groups` 0).
     ///
     /// **Thread safety:** safe from any thread.
     #[must_use]
     #[no_mangle]
     pub extern "C" fn kvs_config_default() -> kvs_config {
-        kvs_config::from_core(&Config::default())
+        kvs_config::from_core(&Config::default(), 0)
     }
 
     /// Creates a cache from `config` and writes its handle to `*cache_out`.
     ///
-    /// **Ownership:** free the cache with `kvs_cache_free`. The config is copied.
+    /// **Ownership:** free the cache with `kvs_cache_free`. The config and its groups are
+    /// copied.
     /// **Failure:** `KVS_STATUS_INVALID_CONFIG` names the bad field in `kvs_last_error_message()`
-    /// (a `bool` field holding a byte other than 0 or 1 is one);
-    /// `KVS_STATUS_OUT_OF_MEMORY` names the page-count field whose metadata could not be
-    /// allocated (about 150 bytes per device page with prefix caching, `page_size * 4` of them
-    /// token ids); `*cache_out` is untouched on error.
+    /// (a `bool` field holding a byte other than 0 or 1 is one; so are `num_groups` above
+    /// `KVS_MAX_GROUPS`, an unknown `groups.kind`, a `groups.window` of 0 for a window kind or
+    /// not 0 for full attention, a chunk that is not a multiple of `page_size`, an unknown
+    /// state mode, state mode none with prefix caching on or all / align with it off; a group
+    /// other than full attention without `reserve_null_page` names `reserve_null_page`, and a
+    /// state group with `match_unit` below `page_size` names `match_unit`);
+    /// `KVS_STATUS_NULL_ARGUMENT` for a NULL `config`, `cache_out`, or `groups` with
+    /// `num_groups` above 0; `KVS_STATUS_INVALID_ARGUMENT` for a misaligned `config`, `groups`
+    /// or `cache_out`; `KVS_STATUS_OUT_OF_MEMORY` names the page-count field whose metadata
+    /// could not be allocated (about 150 bytes per device page with prefix caching,
+    /// `page_size * 4` of them token ids; per pool). `*cache_out` is untouched on error.
     /// **Thread safety:** safe from any thread.
     #[no_mangle]
     pub unsafe extern "C" fn kvs_cache_new(
@@ -340,8 +398,12 @@ impl kvs_cache {
         });
     }
 
-    /// Writes the cache's configuration to `*config_out`.
+    /// Writes the cache's configuration to `*config_out`, with `groups` NULL and `num_groups`
+    /// the cache's group count (1 for a cache configured without groups); read each group with
+    /// `kvs_cache_group_info`.
     ///
+    /// **Failure:** NULL `cache` or `config_out`, a misaligned `config_out`: `*config_out`
+    /// untouched.
     /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
     #[no_mangle]
     pub unsafe extern "C" fn kvs_cache_get_config(
@@ -350,34 +412,41 @@ impl kvs_cache {
     ) -> kvs_status {
         guard(|| {
             let c = self::cache(cache)?;
-            *try_out(config_out, "config_out")? = kvs_config::from_core(c.config());
+            let cfg = c.config();
+            let out = try_out(config_out, "config_out")?;
+            *out = kvs_config::from_core(cfg, cfg.groups.len().max(1));
             Ok(())
         })
     }
 
-    /// Writes the pages an allocation in `tier` (a `kvs_tier`) can take now to `*pages_out`:
-    /// free plus evictable cached pages, `*_pages_free + *_pages_cached` of `kvs_cache_stats`
-    /// without the rest of the snapshot (O(1); an engine's "free blocks" read every step).
+    /// Writes the pages an allocation for group `group` in `tier` (a `kvs_tier`) can take now to
+    /// `*pages_out`: free plus evictable cached pages of the group's pool (with one pool,
+    /// `*_pages_free + *_pages_cached` of `kvs_cache_stats` without the rest of the snapshot;
+    /// O(1), an engine's "free blocks" read every step).
     ///
-    /// **Failure:** bad tier; `*pages_out` untouched.
+    /// **Failure:** bad tier, `group` not below the group count (`KVS_STATUS_INVALID_ARGUMENT`),
+    /// NULL or misaligned `pages_out`: `*pages_out` untouched.
     /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
     #[no_mangle]
     pub unsafe extern "C" fn kvs_cache_available(
         cache: *const kvs_cache,
         tier: u32,
+        group: usize,
         pages_out: *mut usize,
     ) -> kvs_status {
         guard(|| {
             let c = self::cache(cache)?;
             let tier: Tier = decode::<kvs_tier>(tier, "tier")?.into();
             let out = try_out(pages_out, "pages_out")?;
-            *out = c.lock()?.available(tier);
+            *out = c.lock()?.available(tier, group)?;
             Ok(())
         })
     }
 
     /// Writes a consistent snapshot of pool figures and counters to `*stats_out`.
     ///
+    /// **Failure:** NULL `cache` or `stats_out`, a misaligned `stats_out`: `*stats_out`
+    /// untouched.
     /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
     #[no_mangle]
     pub unsafe extern "C" fn kvs_cache_stats(
@@ -433,8 +502,8 @@ impl kvs_cache {
     }
 
     /// Verifies every internal invariant (refcounts equal holders, free + cached + in use =
-    /// total, lists and index agree with pages, sequences cover their tokens). O(pages + tokens):
-    /// for tests and debugging, not every step.
+    /// total, lists and indices agree with pages, every group's tables cover their sequence's
+    /// tokens). O(pages + tokens): for tests and debugging, not every step.
     ///
     /// **Failure:** `KVS_STATUS_INVARIANT_VIOLATION` with the first violation in the message
     /// (a bug in kvshare: please report it).
@@ -449,6 +518,8 @@ impl kvs_cache {
     /// once per scheduler step, after the step that computes those pages' KV is scheduled
     /// (MindIE's `MarkBlocksAsComputed`). A no-op unless the config has `defer_commit`.
     ///
+    /// **Failure:** `KVS_STATUS_NULL_ARGUMENT` for a NULL `cache`, `KVS_STATUS_POISONED` after a
+    /// panic inside the library: nothing changes.
     /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
     #[no_mangle]
     pub unsafe extern "C" fn kvs_cache_commit(cache: *mut kvs_cache) -> kvs_status {
@@ -458,17 +529,39 @@ impl kvs_cache {
         })
     }
 
-    /// Builds the padded block-table matrix of a batch: row `i` of `table_out` (row-major
-    /// `[num_seqs, max_pages_per_seq]`, `table_len >= num_seqs * max_pages_per_seq`) gets
-    /// sequence `seq_ids[i]`'s page ids followed by `pad_page`; `context_lens_out[i]` (optional:
-    /// NULL with length 0) gets its token count.
+    /// Starts a scheduler step (vLLM's `KVCacheManager.new_step_starts`): state checkpoints
+    /// registered before this call may now be hit. Until then a `kvs_seq_begin` whose hit ends
+    /// at a state page registered in the current step fails with `KVS_STATUS_NO_SPACE` (vLLM
+    /// does not schedule such a request in that step: the state is written by the step's own
+    /// forward pass). Call it once at the start of every step; a cache without state groups
+    /// ignores it.
     ///
-    /// **Failure:** unknown or swapped-out sequence, a sequence with more than
-    /// `max_pages_per_seq` pages, or short buffers: an error status and nothing is written.
+    /// **Failure:** `KVS_STATUS_NULL_ARGUMENT` for a NULL `cache`, `KVS_STATUS_POISONED` after a
+    /// panic inside the library: nothing changes. (A freed handle cannot be told from a live
+    /// one: passing one is undefined behaviour, as for every call taking a handle.)
+    /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+    #[no_mangle]
+    pub unsafe extern "C" fn kvs_cache_new_step(cache: *mut kvs_cache) -> kvs_status {
+        guard(|| {
+            self::cache(cache)?.lock()?.new_step();
+            Ok(())
+        })
+    }
+
+    /// Builds the padded block-table matrix of a batch in group `group`: row `i` of `table_out`
+    /// (row-major `[num_seqs, max_pages_per_seq]`, `table_len >= num_seqs * max_pages_per_seq`)
+    /// gets sequence `seq_ids[i]`'s page ids in that group (`KVS_NULL_PAGE` at positions the
+    /// group released) followed by `pad_page`; `context_lens_out[i]` (optional: NULL with length
+    /// 0) gets its token count.
+    ///
+    /// **Failure:** `group` not below the group count, unknown or swapped-out sequence, a
+    /// sequence with more than `max_pages_per_seq` pages, or short buffers: an error status and
+    /// nothing is written.
     /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
     #[no_mangle]
     pub unsafe extern "C" fn kvs_cache_block_tables(
         cache: *const kvs_cache,
+        group: usize,
         seq_ids: *const u64,
         num_seqs: usize,
         max_pages_per_seq: usize,
@@ -484,23 +577,26 @@ impl kvs_cache {
             let table = slice_mut(table_out, table_len, "table_out")?;
             let lens = slice_mut(context_lens_out, context_lens_len, "context_lens_out")?;
             Ok(c.lock()?
-                .block_tables(ids, max_pages_per_seq, pad_page, table, lens)?)
+                .block_tables(group, ids, max_pages_per_seq, pad_page, table, lens)?)
         })
     }
 
-    /// Builds the slot mapping of a batch: for each sequence `seq_ids[i]`, the slots
-    /// (`page * page_size + offset`) of its last `query_lens[i]` tokens, concatenated into
-    /// `slots_out`; remaining entries up to `slots_len` are set to -1 (padding, skipped by the KV
-    /// write). A token whose KV already sits in a shared cached page (`skip_cached_writes`) also
-    /// gets -1, so recomputing it never overwrites shared KV. Writes the sum of `query_lens` to
+    /// Builds the slot mapping of a batch in group `group`: for each sequence `seq_ids[i]`, the
+    /// slots (`page * page_size + offset`, in the group's pool) of its last `query_lens[i]`
+    /// tokens, concatenated into `slots_out`; remaining entries up to `slots_len` are set to -1
+    /// (padding, skipped by the KV write). A token whose KV already sits in a shared cached page
+    /// (`skip_cached_writes`) also gets -1, so recomputing it never overwrites shared KV, and so
+    /// does a token at a position the group released. Writes the sum of `query_lens` to
     /// `*num_slots_out` (optional, may be NULL).
     ///
-    /// **Failure:** unknown or swapped-out sequence, a query length over the sequence length,
-    /// `slots_len` below the sum of query lengths: an error status and nothing is written.
+    /// **Failure:** `group` not below the group count, unknown or swapped-out sequence, a query
+    /// length over the sequence length, `slots_len` below the sum of query lengths: an error
+    /// status and nothing is written.
     /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
     #[no_mangle]
     pub unsafe extern "C" fn kvs_cache_slot_mapping(
         cache: *const kvs_cache,
+        group: usize,
         seq_ids: *const u64,
         query_lens: *const u32,
         num_seqs: usize,
@@ -514,7 +610,7 @@ impl kvs_cache {
             let q = slice(query_lens, num_seqs, "query_lens")?;
             let out = slice_mut(slots_out, slots_len, "slots_out")?;
             let n_out = super::slice::opt_out(num_slots_out, "num_slots_out")?;
-            let n = c.lock()?.slot_mapping(ids, q, out)?;
+            let n = c.lock()?.slot_mapping(group, ids, q, out)?;
             if let Some(o) = n_out {
                 *o = n;
             }

@@ -6,7 +6,7 @@
 //! - enum ↔ core type: one `From` per direction that is used.
 
 use crate::error::Error;
-use kvshare_core::{CopyKind, DType, EventKind, PageState, Tier};
+use kvshare_core::{CopyKind, DType, EventKind, PageState, StateMode, Tier};
 
 /// Element type of a slot mapping (`kvs_kv_write_args.slot_mapping_type`).
 #[repr(u32)]
@@ -54,7 +54,9 @@ pub enum kvs_huge_pages_mode {
     Collapse = 1,
 }
 
-/// The attention of a group's layers (values of `kvs_group.kind`).
+/// The attention of a group's layers (values of `kvs_group.kind`). Every kind but full
+/// attention releases pages it no longer reads and shows `KVS_NULL_PAGE` at those positions,
+/// so it needs `kvs_config.reserve_null_page`.
 #[repr(u32)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum kvs_group_kind {
@@ -66,11 +68,12 @@ pub enum kvs_group_kind {
     /// multiple of `page_size`: vLLM requires it too (its local-attention metadata asserts
     /// `attn_chunk_size % block_size == 0`), and a chunk starting inside a page would need that
     /// page's KV while the hit treats it as out of reach. Others are refused at
-    /// `kvs_hybrid_new`.
+    /// `kvs_cache_new`.
     ChunkedLocal = 2,
     /// Mamba / linear-attention state: `window` is a `kvs_state_mode` (vLLM's
-    /// `mamba_cache_mode`: none, all, align). See `kvs_hybrid_new_step` and
-    /// `kvs_hybrid_seq_state_page`.
+    /// `mamba_cache_mode`: none, all, align). A copy of a state page (copy-on-write, swap)
+    /// moves the whole page. See `kvs_cache_new_step` and `kvs_seq_state_page`; a cache with a
+    /// state group takes whole-page hits only (`match_unit` 0 or `page_size`).
     State = 3,
 }
 
@@ -86,9 +89,9 @@ pub enum kvs_state_mode {
     All = 1,
     /// `"align"`: the running state in one page at the table's end, at most one new page per
     /// step, the previous step's page kept until the next release (by
-    /// `kvs_hybrid_seq_release_skipped`, or by the next `kvs_hybrid_seq_append` that grows the
-    /// table); checkpoints cached when a step ends on a page boundary (needs
-    /// `enable_prefix_caching` true; no lookahead slots).
+    /// `kvs_seq_release_skipped`, or by the next `kvs_seq_append` that grows the table);
+    /// checkpoints cached when a step ends on a page boundary (needs `enable_prefix_caching`
+    /// true; no lookahead slots).
     Align = 2,
 }
 
@@ -271,6 +274,26 @@ impl From<DType> for kvs_dtype {
             DType::F32 => kvs_dtype::F32,
             DType::F16 => kvs_dtype::F16,
             DType::BF16 => kvs_dtype::Bf16,
+        }
+    }
+}
+
+impl From<kvs_state_mode> for StateMode {
+    fn from(m: kvs_state_mode) -> Self {
+        match m {
+            kvs_state_mode::None => StateMode::None,
+            kvs_state_mode::All => StateMode::All,
+            kvs_state_mode::Align => StateMode::Align,
+        }
+    }
+}
+
+impl From<StateMode> for kvs_state_mode {
+    fn from(m: StateMode) -> Self {
+        match m {
+            StateMode::None => kvs_state_mode::None,
+            StateMode::All => kvs_state_mode::All,
+            StateMode::Align => kvs_state_mode::Align,
         }
     }
 }

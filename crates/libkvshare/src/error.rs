@@ -44,6 +44,7 @@ impl Error {
     }
 
     /// A caller's output buffer cannot hold the result.
+    #[must_use]
     pub fn buffer(what: &'static str, needed: usize, capacity: usize) -> Self {
         Error::Cache(CacheError::BufferTooSmall {
             what,

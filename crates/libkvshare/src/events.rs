@@ -9,8 +9,9 @@ use super::slice::{slice_mut, try_out};
 use super::types::kvs_copy;
 use kvshare_core::Event;
 
-/// One prefix-index change. Hashes are the chain digests `h_i` described in README.md ("Prefix
-/// keys"), as two 64-bit halves; a router recomputes them from token ids alone.
+/// One prefix-index change of one group. Hashes are the chain digests `h_i` described in
+/// README.md ("Prefix keys"), as two 64-bit halves; a router recomputes them from token ids
+/// alone.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct kvs_event {
@@ -30,8 +31,12 @@ pub struct kvs_event {
     pub lora_id: u64,
     /// Tokens in the page (the page size; 0 for Cleared).
     pub num_tokens: u32,
-    /// Page id in `tier` (0 for Cleared).
+    /// Page id in `tier` (0 for Cleared), in the pool of `group`.
     pub page: u32,
+    /// The group whose index changed (its index in `kvs_config.groups`; 0 in a cache of one
+    /// group, and for Cleared, which clears every group of the tier). vLLM's `group_idx`; the
+    /// group's kind and window are `kvs_cache_group_info`'s.
+    pub group: u32,
 }
 
 impl From<Event> for kvs_event {
@@ -46,6 +51,7 @@ impl From<Event> for kvs_event {
             lora_id: e.lora_id,
             num_tokens: e.num_tokens,
             page: e.page,
+            group: e.group,
         }
     }
 }
@@ -66,8 +72,11 @@ impl kvs_cache {
     /// pages to the host tier and promotions of host-tier hits back to the device. Writes how
     /// many were taken to `*num_copies_out`; call again while it equals `copies_len`. Execute them
     /// in order, each step, before the copies returned by that step's later calls and before its
-    /// KV writes (a demotion reads a page that is about to be reused).
+    /// KV writes (a demotion reads a page that is about to be reused). Each copy names its group
+    /// (`kvs_copy.group`): run it on that group's layers.
     ///
+    /// **Failure:** NULL `cache` or `num_copies_out`, NULL `copies_out` with `copies_len` above
+    /// 0, a misaligned or oversized buffer: nothing is taken.
     /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`; with several
     /// threads scheduling on one cache, drain from the thread that launches the copies.
     #[no_mangle]
@@ -93,8 +102,10 @@ impl kvs_cache {
     /// Drains up to `events_len` queued index events, oldest first (needs `enable_events` in the
     /// config; otherwise none is ever queued). Writes how many were taken to `*num_events_out`;
     /// call again while it equals `events_len`. Applying them in order to an empty set of
-    /// `(tier, hash)` reproduces exactly the registered pages.
+    /// `(tier, group, hash)` reproduces exactly the registered pages.
     ///
+    /// **Failure:** NULL `cache` or `num_events_out`, NULL `events_out` with `events_len` above
+    /// 0, a misaligned or oversized buffer: nothing is taken.
     /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
     #[no_mangle]
     pub unsafe extern "C" fn kvs_cache_take_events(

@@ -16,7 +16,8 @@ use kvshare_core::{PageCopy, SeqInfo, State};
 pub struct kvs_seq_info {
     /// Tokens in the sequence (prompt plus appended).
     pub num_tokens: u64,
-    /// Pages in its block table (may exceed what the tokens need by reserved lookahead slots).
+    /// Positions in each group's block table (may exceed what the tokens need by reserved
+    /// lookahead slots; released positions count).
     pub num_pages: u64,
     /// Prompt tokens found cached at `kvs_seq_begin`, at most `max_match_tokens`: the engine skips
     /// computing them. A multiple of the page size, unless `max_match_tokens` cut into a cached
@@ -24,7 +25,8 @@ pub struct kvs_seq_info {
     /// ended inside a cached page at a `match_unit` boundary (its units are copied into the
     /// sequence's first new page: a partial copy queued for `kvs_cache_take_copies`).
     pub matched_tokens: u64,
-    /// Pages newly allocated at `kvs_seq_begin` for tokens to compute (0 in `kvs_seq_get_info`).
+    /// Pages newly allocated at `kvs_seq_begin` for tokens to compute, all groups together (0 in
+    /// `kvs_seq_get_info`).
     pub new_pages: u64,
     /// Prefix-hit pages promoted from the host tier at `kvs_seq_begin` (0 in `kvs_seq_get_info`);
     /// their copies are queued for `kvs_cache_take_copies`.
@@ -71,22 +73,34 @@ const _: () = assert!(KVS_NUM_PRIORITIES == kvshare_core::pool::PRIORITIES as u3
 
 impl kvs_cache {
     /// Starts sequence `seq_id` (chosen by the caller, unique among live sequences) with its
-    /// prompt: matches the longest cached prefix (whole pages, at most `max_match_tokens` tokens:
-    /// `SIZE_MAX` for no limit, `num_tokens - 1` to recompute the last token), shares those pages,
-    /// and allocates pages for the rest; full new pages are registered for later prompts
-    /// (at `kvs_cache_commit` with `defer_commit`). `extra` may be NULL. Writes what happened to
-    /// `*info_out` (optional).
+    /// prompt (vLLM: its computed plus this step's scheduled tokens): matches the longest cached
+    /// prefix every group can serve (whole pages, at most `max_match_tokens` tokens: `SIZE_MAX`
+    /// for no limit, `num_tokens - 1` to recompute the last token; with `match_unit`, a hit may
+    /// go on inside a page), shares those pages, and allocates pages for the rest and
+    /// `lookahead_slots` more slots (speculative decoding); full new pages are registered for
+    /// later prompts (at `kvs_cache_commit` with `defer_commit`). `extra` may be NULL. Writes
+    /// what happened to `*info_out` (optional).
+    ///
+    /// Each group's table gets `KVS_NULL_PAGE` where the group no longer reads at the hit
+    /// (`kvs_prefix_find` shows the hit), the hit's pages, and fresh pages; a state group takes
+    /// one page in modes none and align (at the table's end), a page per position after the hit
+    /// in mode all. Hit pages found in the host tier are promoted (copies queued for
+    /// `kvs_cache_take_copies`).
     ///
     /// An empty prompt (`num_tokens` 0; `tokens` may then be NULL) is valid: the sequence starts
     /// with no token and no page, matches nothing, and gets its pages from later appends (an
     /// engine that reserves a request's id before its prompt is known).
     ///
-    /// **Failure:** `KVS_STATUS_SEQ_EXISTS`, `KVS_STATUS_NO_SPACE` (free + evictable pages too
-    /// few), `KVS_STATUS_REFCOUNT_OVERFLOW` (a cached page to share already has `UINT32_MAX`
-    /// holders), `KVS_STATUS_OUT_OF_MEMORY` (the prompt could not be copied): nothing changes
-    /// and `*info_out` is untouched.
+    /// **Failure:** `KVS_STATUS_SEQ_EXISTS`, `KVS_STATUS_NO_SPACE` (a pool's free + evictable
+    /// pages below the fresh pages, promotions and evictable hit pages, vLLM's admission check;
+    /// or the hit ends at a state checkpoint registered since the last `kvs_cache_new_step`),
+    /// `KVS_STATUS_INVALID_ARGUMENT` (`num_tokens + lookahead_slots` overflows, or lookahead
+    /// slots with a state group in mode align), `KVS_STATUS_REFCOUNT_OVERFLOW` (a cached page to
+    /// share already has `UINT32_MAX` holders), `KVS_STATUS_OUT_OF_MEMORY` (the prompt could not
+    /// be copied): nothing changes and `*info_out` is untouched.
     /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
     #[no_mangle]
+    #[allow(clippy::too_many_arguments)]
     pub unsafe extern "C" fn kvs_seq_begin(
         cache: *mut kvs_cache,
         seq_id: u64,
@@ -94,6 +108,7 @@ impl kvs_cache {
         num_tokens: usize,
         extra: *const kvs_extra_keys,
         max_match_tokens: usize,
+        lookahead_slots: usize,
         info_out: *mut kvs_seq_info,
     ) -> kvs_status {
         guard(|| {
@@ -101,7 +116,9 @@ impl kvs_cache {
             let t = slice(tokens, num_tokens, "tokens")?;
             let x = extra_from_c(extra)?;
             let out = opt_out(info_out, "info_out")?;
-            let b = c.lock()?.begin(seq_id, t, x, max_match_tokens)?;
+            let b = c
+                .lock()?
+                .begin(seq_id, t, x, max_match_tokens, lookahead_slots)?;
             if let Some(o) = out {
                 *o = kvs_seq_info {
                     num_tokens: num_tokens as u64,
@@ -116,14 +133,24 @@ impl kvs_cache {
         })
     }
 
-    /// Appends `num_tokens` tokens to a device-resident sequence and keeps `lookahead_slots`
-    /// more slots allocated (speculative decoding). Pages that fill up are registered. Writing
-    /// into a page shared with another sequence (after `kvs_seq_fork`) first moves this sequence
-    /// to a private copy: the copy is written to `copies_out` (at most 1) and its count to
-    /// `*num_copies_out`; execute it before the KV write.
+    /// Appends `num_tokens` tokens to a device-resident sequence and grows every group's table to
+    /// the pages `num_tokens + lookahead_slots` more slots need (speculative decoding; groups in
+    /// order, vLLM's `allocate_new_blocks`). Pages that fill up are registered. Writing into a
+    /// page shared with another sequence (after `kvs_seq_fork`) first moves this sequence to a
+    /// private copy: the copy is written to `copies_out` (at most one per group) and the count to
+    /// `*num_copies_out`; execute them before the KV write.
+    ///
+    /// A state group in mode align takes at most one page (the new last position, nulls before
+    /// it) and keeps the previous step's state page (the new state is computed from it); when it
+    /// grows, it first releases its state page of two steps ago, as vLLM's `allocate_slots` does
+    /// at its start, and that page counts as available for the new one. In mode none its one
+    /// page moves to the new last position. Pages other groups no longer read are released by
+    /// `kvs_seq_release_skipped` only.
     ///
     /// **Failure:** unknown sequence, swapped-out sequence (`KVS_STATUS_SEQ_WRONG_TIER`),
-    /// `KVS_STATUS_NO_SPACE`, or `copies_len` too small: nothing changes, outputs untouched.
+    /// `KVS_STATUS_NO_SPACE`, `copies_len` too small, `KVS_STATUS_INVALID_ARGUMENT` (an
+    /// overflowing token count, or lookahead slots with a state group in mode align): nothing
+    /// changes, nothing is released, outputs untouched.
     /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
     #[no_mangle]
     pub unsafe extern "C" fn kvs_seq_append(
@@ -195,7 +222,8 @@ impl kvs_cache {
 
     /// One decode step for a whole batch: appends `tokens[i]` to `seq_ids[i]`
     /// (`num_tokens == num_seqs`, ids distinct). All or nothing across the batch. Copy-on-write
-    /// copies (at most one per sequence) go to `copies_out`, their count to `*num_copies_out`.
+    /// copies (at most one per sequence and group) go to `copies_out`, their count to
+    /// `*num_copies_out`.
     ///
     /// **Failure:** as `kvs_seq_append`, for any sequence of the batch: nothing changes.
     /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
@@ -223,8 +251,9 @@ impl kvs_cache {
         })
     }
 
-    /// Creates sequence `child_id` sharing every page of `parent_id` (beam search, n > 1
-    /// sampling). Later writes into a shared partial page copy it on write.
+    /// Creates sequence `child_id` sharing every page of `parent_id` in every group (beam search,
+    /// n > 1 sampling). Later writes into a shared partial page copy it on write (a state
+    /// group's running state is copied whole).
     ///
     /// **Failure:** unknown or swapped-out parent, existing child: nothing changes.
     /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
@@ -237,8 +266,9 @@ impl kvs_cache {
         guard(|| Ok(self::cache(cache)?.lock()?.fork(parent_id, child_id)?))
     }
 
-    /// Ends a sequence and releases its pages (last page first). Full registered pages stay
-    /// cached for later prompts until evicted.
+    /// Ends a sequence and releases its pages: groups in order, each table from its last
+    /// position (vLLM's `free`). Full registered pages stay cached for later prompts until
+    /// evicted.
     ///
     /// **Failure:** `KVS_STATUS_SEQ_NOT_FOUND` (also for a second free of the same id).
     /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
@@ -247,8 +277,45 @@ impl kvs_cache {
         guard(|| Ok(self::cache(cache)?.lock()?.free(seq_id)?))
     }
 
-    /// Swaps a sequence out to host pages: one device→host copy per page of its block table, in
-    /// block-table order (`num_tokens` is the tokens held by that page), written to `copies_out`.
+    /// vLLM's `remove_skipped_blocks(request, num_computed_tokens)`: every group replaces the
+    /// positions it no longer reads once `num_computed_tokens` tokens have KV (sliding window
+    /// W: the first `max(0, c - W + 1) / page_size` pages; chunked local C: the pages before
+    /// `c / C * C`; a state group in mode all or align: the pages before `(c - 1) / page_size`,
+    /// and in align also the previous step's state page once `c` moved past it; full attention
+    /// and state mode none: none) by `KVS_NULL_PAGE`, from the last such position down to the
+    /// first one already null, and returns those pages to their pool: pages with cached content
+    /// to the back of the reuse order (still matchable), the others to its front. vLLM calls it
+    /// before its admission check and does not undo it when the allocation fails, hence a call
+    /// of its own. `num_computed_tokens` past the table is capped to it. Writes the number of
+    /// pages released to `*num_released_out` (optional). A cache of one full-attention group
+    /// releases nothing.
+    ///
+    /// **Failure:** unknown sequence (`KVS_STATUS_SEQ_NOT_FOUND`), swapped-out sequence
+    /// (`KVS_STATUS_SEQ_WRONG_TIER`), a misaligned `num_released_out`: nothing changes,
+    /// `*num_released_out` untouched.
+    /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+    #[no_mangle]
+    pub unsafe extern "C" fn kvs_seq_release_skipped(
+        cache: *mut kvs_cache,
+        seq_id: u64,
+        num_computed_tokens: usize,
+        num_released_out: *mut usize,
+    ) -> kvs_status {
+        guard(|| {
+            let c = self::cache(cache)?;
+            let out = opt_out(num_released_out, "num_released_out")?;
+            let n = c.lock()?.release_skipped(seq_id, num_computed_tokens)?;
+            if let Some(o) = out {
+                *o = n;
+            }
+            Ok(())
+        })
+    }
+
+    /// Swaps a sequence out to host pages: one device→host copy per live page of each group's
+    /// block table, groups in order, each in block-table order (`num_tokens` is the tokens held
+    /// by that page; a state page's whole page), written to `copies_out`. Released positions
+    /// stay released (a swapped-out table shows `UINT32_MAX` there).
     /// With prefix caching, a full page whose content the host tier already holds (an earlier
     /// swap-out's, or a demotion's) is shared instead: no copy, no new host page
     /// (`kvs_seq_swap_out_need` counts what it takes). Execute the copies before the device pages
@@ -277,8 +344,8 @@ impl kvs_cache {
     }
 
     /// Swaps a sequence back in: full pages whose content is still cached on the device are
-    /// shared without a copy; every other page gets a new device page and a host→device copy in
-    /// `copies_out`.
+    /// shared without a copy; every other live page of every group gets a new device page and a
+    /// host→device copy in `copies_out`.
     ///
     /// **Failure:** `KVS_STATUS_NO_SPACE` on the device tier, unknown or device-resident
     /// sequence, `copies_len` too small: nothing changes.
@@ -303,12 +370,16 @@ impl kvs_cache {
     }
 
     /// Capacity check without the append: writes the device pages `kvs_seq_append(seq_id,
-    /// num_tokens tokens, lookahead_slots)` would take now (new pages plus copy-on-write copies)
-    /// to `*pages_needed_out`, and the number of copies it would report to `*num_copies_out`
+    /// num_tokens tokens, lookahead_slots)` would take now, all groups together (new pages plus
+    /// copy-on-write copies, less the state pages an align group would release first) to
+    /// `*pages_needed_out`, and the number of copies it would report to `*num_copies_out`
     /// (optional). Compare with `device_pages_free + device_pages_cached` from `kvs_cache_stats`
-    /// (MindIE's `CanAppendSlot`, vLLM's admission checks).
+    /// (MindIE's `CanAppendSlot`, vLLM's admission checks). A need larger than the pools is an
+    /// answer, not a failure.
     ///
-    /// **Failure:** unknown or swapped-out sequence, overflowing sizes; outputs untouched.
+    /// **Failure:** unknown or swapped-out sequence, overflowing sizes, lookahead slots with a
+    /// state group in mode align (`KVS_STATUS_INVALID_ARGUMENT` naming the argument), a NULL or
+    /// misaligned `pages_needed_out`; outputs untouched.
     /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`; the answer holds
     /// until the cache changes.
     #[no_mangle]
@@ -334,9 +405,11 @@ impl kvs_cache {
     }
 
     /// Capacity check without the swap-in: writes the device pages `kvs_seq_swap_in(seq_id)`
-    /// would take now (its pages minus those still cached on the device, which it shares) to
-    /// `*pages_needed_out`, and the device pages it can have (free plus evictable, not counting
-    /// the ones it would share) to `*pages_available_out` (optional). MindIE's `CanSwapIn`.
+    /// would take now (its live pages minus those still cached on the device, which it shares;
+    /// all groups together) to `*pages_needed_out`, and the device pages it can have (free plus
+    /// evictable, not counting the ones it would share; with several pools, each pool's room
+    /// counted up to what the swap takes there, so the swap fits exactly when the first figure is
+    /// at most the second) to `*pages_available_out` (optional). MindIE's `CanSwapIn`.
     ///
     /// **Failure:** unknown or device-resident sequence; outputs untouched.
     /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`; the answer holds
@@ -354,10 +427,10 @@ impl kvs_cache {
     }
 
     /// Capacity check without the swap-out: writes the host pages `kvs_seq_swap_out(seq_id)`
-    /// would take now (its pages minus the full pages whose content the host tier already holds,
-    /// which it shares) to `*pages_needed_out`, and the host pages it can have (free plus
-    /// evictable, not counting the ones it would share) to `*pages_available_out` (optional).
-    /// MindIE's `CanSwapOut`.
+    /// would take now (its live pages minus the full pages whose content the host tier already
+    /// holds, which it shares; all groups together) to `*pages_needed_out`, and the host pages it
+    /// can have (free plus evictable, not counting the ones it would share; per pool as for
+    /// `kvs_seq_swap_in_need`) to `*pages_available_out` (optional). MindIE's `CanSwapOut`.
     ///
     /// **Failure:** unknown or swapped-out sequence; outputs untouched.
     /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`; the answer holds
@@ -395,6 +468,8 @@ impl kvs_cache {
 
     /// Writes a sequence's shape to `*info_out` (`new_pages` and `promoted_pages` are 0).
     ///
+    /// **Failure:** unknown sequence (`KVS_STATUS_SEQ_NOT_FOUND`), a NULL or misaligned
+    /// `info_out`: `*info_out` untouched.
     /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
     #[no_mangle]
     pub unsafe extern "C" fn kvs_seq_get_info(
@@ -410,14 +485,17 @@ impl kvs_cache {
         })
     }
 
-    /// Copies a sequence's block table (page ids of its tier) to `pages_out` and the count to
-    /// `*num_pages_out`.
+    /// Copies a sequence's block table in group `group` (page ids of its tier, in the group's
+    /// pool; `KVS_NULL_PAGE` at positions the group released, `UINT32_MAX` there while swapped
+    /// out) to `pages_out` and its length to `*num_pages_out`.
     ///
-    /// **Failure:** unknown sequence or `pages_len` too small: outputs untouched.
+    /// **Failure:** `group` not below the group count, unknown sequence, or `pages_len` too
+    /// small (`KVS_STATUS_BUFFER_TOO_SMALL`): outputs untouched.
     /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
     #[no_mangle]
     pub unsafe extern "C" fn kvs_seq_pages(
         cache: *const kvs_cache,
+        group: usize,
         seq_id: u64,
         pages_out: *mut u32,
         pages_len: usize,
@@ -428,7 +506,7 @@ impl kvs_cache {
             let out = slice_mut(pages_out, pages_len, "pages_out")?;
             let n_out = try_out(num_pages_out, "num_pages_out")?;
             let st = c.lock()?;
-            let pages = st.seq_pages(seq_id)?;
+            let pages = st.seq_pages(seq_id, group)?;
             if pages.len() > out.len() {
                 return Err(Error::Cache(kvshare_core::Error::BufferTooSmall {
                     what: "pages_out",
@@ -438,6 +516,30 @@ impl kvs_cache {
             }
             out[..pages.len()].copy_from_slice(pages);
             *n_out = pages.len();
+            Ok(())
+        })
+    }
+
+    /// Writes the page holding sequence `seq_id`'s running state in state group `group` (the
+    /// last non-null entry of its block table) to `*page_out`. In mode none that is the group's
+    /// only page (vLLM's block table for the group is `[page]`).
+    ///
+    /// **Failure:** NULL `page_out` (`KVS_STATUS_NULL_ARGUMENT`); `group` not below the group
+    /// count or not a state group, a sequence with no state page yet (no token nor reserved
+    /// slot): `KVS_STATUS_INVALID_ARGUMENT`; unknown sequence: `KVS_STATUS_SEQ_NOT_FOUND`; swapped-out
+    /// sequence: `KVS_STATUS_SEQ_WRONG_TIER`. `*page_out` untouched.
+    /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+    #[no_mangle]
+    pub unsafe extern "C" fn kvs_seq_state_page(
+        cache: *const kvs_cache,
+        seq_id: u64,
+        group: usize,
+        page_out: *mut u32,
+    ) -> kvs_status {
+        guard(|| {
+            let c = self::cache(cache)?;
+            let out = try_out(page_out, "page_out")?;
+            *out = c.lock()?.state_page(seq_id, group)?;
             Ok(())
         })
     }

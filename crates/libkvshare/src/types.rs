@@ -9,19 +9,23 @@ use kvshare_core::{ExtraKeys, MmItem, PageCopy};
 
 /// One page copy the engine (or a backend's `kvs_kv_copy`) must execute before the next
 /// attention launch that reads `dst`: token slots `[0, num_tokens)` of page `src` into page `dst`
-/// for every layer, K and V. `num_tokens == page_size` means the whole page; it may be 0 for a
-/// reserved page that holds no token yet (nothing to move).
+/// for every layer of group `group`, K and V. `num_tokens == page_size` means the whole page (a
+/// state group's page is always copied whole); it may be 0 for a reserved page that holds no
+/// token yet (nothing to move).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct kvs_copy {
-    /// Source page id, in the source tier of `kind`.
+    /// Source page id, in the source tier of `kind` (of the group's pool).
     pub src_page: u32,
-    /// Destination page id, in the destination tier of `kind`.
+    /// Destination page id, in the destination tier of `kind` (of the group's pool).
     pub dst_page: u32,
     /// Slots to copy from the start of the page.
     pub num_tokens: u32,
     /// A `kvs_copy_kind` value.
     pub kind: u32,
+    /// The group whose layers' KV tensors the page ids index (its index in
+    /// `kvs_config.groups`; 0 in a cache of one group).
+    pub group: u32,
 }
 
 impl From<PageCopy> for kvs_copy {
@@ -31,6 +35,7 @@ impl From<PageCopy> for kvs_copy {
             dst_page: c.dst_page,
             num_tokens: c.num_tokens,
             kind: kvs_copy_kind::from(c.kind) as u32,
+            group: c.group,
         }
     }
 }

@@ -799,24 +799,28 @@ fn page_copies_on_the_stream() {
                 dst_page: 4,
                 num_tokens: 5,
                 kind: 0,
+                group: 0,
             }, // CoW of a partial page
             kvs_copy {
                 src_page: 2,
                 dst_page: 3,
                 num_tokens: 16,
                 kind: 1,
+                group: 0,
             }, // swap out
             kvs_copy {
                 src_page: 0,
                 dst_page: 5,
                 num_tokens: 16,
                 kind: 2,
+                group: 0,
             }, // swap in
             kvs_copy {
                 src_page: 3,
                 dst_page: 0,
                 num_tokens: 0,
                 kind: 2,
+                group: 0,
             }, // no-op
         ];
         // CPU on host copies.

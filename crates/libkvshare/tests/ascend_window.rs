@@ -5,18 +5,17 @@
 //! explicit `(B, 1, 1, KV_S)` mask instead, TND refusing any sparse mode but 0 and 3.
 //!
 //! Each case is a sliding-window group's table as the cache leaves it: the pages the window
-//! left (`GroupKind::skipped_tokens`, vLLM's `remove_skipped_blocks`) point at a page filled with
-//! NaN, so a launch that reads a released position poisons its row. The output must equal the
-//! f64 reference over the intact table and the CPU backend over the released one: decode,
-//! prefill, chunked prefill, windows 1 / 17 / 128, GQA and MQA, fp16 and bf16, page 128 (and 16
-//! for decode). Not run on Ascend hardware.
+//! left (`window_released`: the cache's `kvs_seq_release_skipped`, vLLM's
+//! `remove_skipped_blocks`) point at a page filled with NaN, so a launch that reads a released
+//! position poisons its row. The output must equal the f64 reference over the intact table and
+//! the CPU backend over the released one: decode, prefill, chunked prefill, windows 1 / 17 /
+//! 128, GQA and MQA, fp16 and bf16, page 128 (and 16 for decode). Not run on Ascend hardware.
 
 mod support;
 
 use kvshare::backend::kvs_backend;
 use kvshare::enums::kvs_status;
-use kvshare_core::groups::GroupKind;
-use support::attention::{build, new_backend, Built, Case, Data, BF16, F16};
+use support::attention::{build, new_backend, window_released, Built, Case, Data, BF16, F16};
 use support::cann_emu::*;
 
 /// Points every released page of `b`'s table at a spare page filled with NaN; returns how many
@@ -40,8 +39,7 @@ fn release(b: &mut Built) -> usize {
     let q_lens = c.q.clone().unwrap_or_else(|| vec![1; c.ctx.len()]);
     let mut released = 0;
     for (s, (&ctx, &q)) in c.ctx.iter().zip(&q_lens).enumerate() {
-        let skipped = GroupKind::SlidingWindow(c.window as u32).skipped_tokens(ctx - q) / ps;
-        for j in 0..skipped {
+        for j in window_released(c.window as u32, ps as u32, ctx, ctx - q) {
             b.block_table[s * b.bt_stride + j] = null;
             released += 1;
         }

@@ -650,24 +650,28 @@ fn page_copy_whole_partial_and_between_tiers() {
                 dst_page: 3,
                 num_tokens: ps as u32,
                 kind: 0,
+                group: 0,
             }, // whole page D2D
             kvs_copy {
                 src_page: 2,
                 dst_page: 4,
                 num_tokens: 3,
                 kind: 0,
+                group: 0,
             }, // CoW: 3 slots
             kvs_copy {
                 src_page: 0,
                 dst_page: 2,
                 num_tokens: ps as u32,
                 kind: 1,
+                group: 0,
             }, // swap out
             kvs_copy {
                 src_page: 1,
                 dst_page: 0,
                 num_tokens: 2,
                 kind: 2,
+                group: 0,
             }, // partial swap in
         ];
         let args = kvs_kv_copy_args {

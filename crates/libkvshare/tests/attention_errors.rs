@@ -376,12 +376,14 @@ fn kv_copy_bad_inputs() {
                     dst_page: 1,
                     num_tokens: PS as u32,
                     kind: 0,
+                    group: 0,
                 },
                 kvs_copy {
                     src_page: 2,
                     dst_page: 1,
                     num_tokens: 2,
                     kind: 1,
+                    group: 0,
                 },
             ],
         }

@@ -1,17 +1,16 @@
 //! Sliding-window attention over a KV-cache group's paged KV: the block table of a
-//! sliding-window group (`kvs_hybrid`) holds the null page at the positions the window left
-//! (`kvs_hybrid_seq_release_skipped(num_computed)`, vLLM's `remove_skipped_blocks`). The CPU
-//! backend, launched with `sliding_window = W`, must give the f64 reference's output over the
-//! intact table and read none of the released pages: they point at a page filled with NaN here,
-//! which would poison any row that touched it. The released positions come from the cache's own
-//! rule (`GroupKind::skipped_tokens`), so this also checks that the cache's window and the
-//! kernel's window are the same window.
+//! sliding-window group holds the null page at the positions the window left
+//! (`kvs_seq_release_skipped(num_computed)`, vLLM's `remove_skipped_blocks`). The CPU backend,
+//! launched with `sliding_window = W`, must give the f64 reference's output over the intact
+//! table and read none of the released pages: they point at a page filled with NaN here, which
+//! would poison any row that touched it. The released positions come from the cache itself
+//! (`window_released`), so this also checks that the cache's window and the kernel's window are
+//! the same window.
 
 mod support;
 
 use kvshare::backend::kvs_backend;
 use kvshare::enums::kvs_status;
-use kvshare_core::groups::GroupKind;
 use support::attention::*;
 
 fn check_released(c: &Case) -> usize {
@@ -34,8 +33,7 @@ fn check_released(c: &Case) -> usize {
     }
     let mut released = 0;
     for (s, (&ctx, &q)) in c.ctx.iter().zip(&q_lens).enumerate() {
-        let skipped = GroupKind::SlidingWindow(c.window as u32).skipped_tokens(ctx - q) / ps;
-        for j in 0..skipped {
+        for j in window_released(c.window as u32, ps as u32, ctx, ctx - q) {
             b.block_table[s * b.bt_stride + j] = null;
             released += 1;
         }

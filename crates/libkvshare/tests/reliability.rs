@@ -1,6 +1,6 @@
 //! Regression tests that need a process of their own or many sequences: allocation failure at
-//! `kvs_cache_new` and `kvs_hybrid_new` under an address-space limit, and sequence ids crafted
-//! against the hash kvshare used to find sequences with.
+//! `kvs_cache_new` (one group, and groups with a pool each) under an address-space limit, and
+//! sequence ids crafted against the hash kvshare used to find sequences with.
 
 use std::ffi::CStr;
 use std::hash::BuildHasher;
@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use kvshare::cache::{kvs_cache, kvs_config};
 use kvshare::enums::{kvs_group_kind, kvs_status};
-use kvshare::hybrid::{kvs_group, kvs_hybrid, kvs_hybrid_config};
+use kvshare::groups::kvs_group;
 use kvshare_core::hashing::IdMap;
 
 fn last_error() -> String {
@@ -99,11 +99,12 @@ fn cache_new_reports_allocation_failure() {
     unsafe { kvs_cache::kvs_cache_free(c) };
 }
 
-/// The same for `kvs_hybrid_new`: the error names the hybrid config's own field, `num_pages`
-/// (it named the one-group cache's `num_device_pages`).
+/// The same for a cache of groups with a pool each (their page bytes differ): the error names
+/// `num_device_pages`, also when the first pool fits and the second does not, and nothing of
+/// the first stays allocated (a small cache works afterwards).
 #[test]
-fn hybrid_new_reports_allocation_failure() {
-    if !in_oom_child("hybrid_new_reports_allocation_failure") {
+fn groups_new_reports_allocation_failure() {
+    if !in_oom_child("groups_new_reports_allocation_failure") {
         return;
     }
     let groups = [
@@ -118,38 +119,40 @@ fn hybrid_new_reports_allocation_failure() {
             page_bytes: 2048,
         },
     ];
-    let cfg = |page_size, num_pages, num_groups| kvs_hybrid_config {
+    let cfg = |page_size, num_device_pages, num_groups| kvs_config {
         page_size,
-        num_pages,
-        enable_prefix_caching: true,
-        enable_events: false,
+        num_device_pages,
+        reserve_null_page: true,
         groups: groups.as_ptr(),
         num_groups,
+        ..kvs_cache::kvs_config_default()
     };
+    let new = |c: &kvs_config| {
+        let sentinel = 0x10 as *mut kvs_cache;
+        let mut out = sentinel;
+        let st = unsafe { kvs_cache::kvs_cache_new(c, &mut out) };
+        (st, out, sentinel)
+    };
+    // One pool of 2^23 pages fits under the limit; two do not.
+    let (st, one, _) = new(&cfg(16, 1 << 23, 1));
+    assert_eq!(st, kvs_status::Ok, "{}", last_error());
+    unsafe { kvs_cache::kvs_cache_free(one) };
     for c in [
         cfg(16, 1 << 30, 1),
         cfg(16, 1 << 30, 2),
         cfg(1024, 1 << 22, 2),
+        cfg(16, 1 << 23, 2),
     ] {
-        let sentinel = 0x10 as *mut kvs_hybrid;
-        let mut h = sentinel;
-        let st = unsafe { kvs_hybrid::kvs_hybrid_new(&c, &mut h) };
+        let (st, out, sentinel) = new(&c);
         let msg = last_error();
         assert_eq!(st, kvs_status::OutOfMemory, "{msg}");
-        assert!(
-            msg.contains("`num_pages`") && !msg.contains("num_device_pages"),
-            "{msg}"
-        );
-        assert_eq!(h, sentinel);
+        assert!(msg.contains("`num_device_pages`"), "{msg}");
+        assert_eq!(out, sentinel);
     }
-    let mut h = std::ptr::null_mut();
-    let small = cfg(16, 64, 2);
-    assert_eq!(
-        unsafe { kvs_hybrid::kvs_hybrid_new(&small, &mut h) },
-        kvs_status::Ok
-    );
-    assert_eq!(unsafe { kvs_hybrid::kvs_hybrid_check(h) }, kvs_status::Ok);
-    unsafe { kvs_hybrid::kvs_hybrid_free(h) };
+    let (st, small, _) = new(&cfg(16, 64, 2));
+    assert_eq!(st, kvs_status::Ok, "{}", last_error());
+    assert_eq!(unsafe { kvs_cache::kvs_cache_check(small) }, kvs_status::Ok);
+    unsafe { kvs_cache::kvs_cache_free(small) };
 }
 
 /// The hash sequences were found with before issue 15 (`IdHasher::write_u64` on a fresh
@@ -238,6 +241,7 @@ fn begin_free(ids: &[u64]) -> (f64, f64) {
                 tok.as_ptr(),
                 1,
                 std::ptr::null(),
+                0,
                 0,
                 std::ptr::null_mut(),
             )

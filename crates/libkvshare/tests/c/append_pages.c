@@ -8,7 +8,7 @@
 
 static size_t table(kvs_cache *c, uint64_t seq, uint32_t *out, size_t len) {
     size_t n = 0;
-    CHECK_OK(kvs_seq_pages(c, seq, out, len, &n));
+    CHECK_OK(kvs_seq_pages(c, 0, seq, out, len, &n));
     return n;
 }
 
@@ -26,7 +26,7 @@ int main(void) {
 
     /* 5 tokens: 2 pages. Appending 4 more crosses into a third page: the tail from index 2 is
      * exactly the new page. */
-    CHECK_OK(kvs_seq_begin(c, 1, t, 5, NULL, SIZE_MAX, NULL));
+    CHECK_OK(kvs_seq_begin(c, 1, t, 5, NULL, SIZE_MAX, 0, NULL));
     size_t nb = table(c, 1, before, 16);
     CHECK_EQ(nb, 2);
     CHECK_OK(kvs_seq_append_pages(c, 1, t + 5, 4, 0, cp, 1, &ncp, nb, tail, 16, &ntail));
@@ -55,7 +55,7 @@ int main(void) {
 
     /* Copy-on-write: a fork writing into the shared partial page gets a private copy, which is
      * reported and appears in the tail read from that page's index. */
-    CHECK_OK(kvs_seq_begin(c, 2, t, 6, NULL, SIZE_MAX, NULL));
+    CHECK_OK(kvs_seq_begin(c, 2, t, 6, NULL, SIZE_MAX, 0, NULL));
     CHECK_OK(kvs_seq_fork(c, 2, 3));
     nb = table(c, 3, before, 16);
     CHECK_OK(kvs_seq_append_pages(c, 3, t + 6, 1, 0, cp, 1, &ncp, 1, tail, 16, &ntail));

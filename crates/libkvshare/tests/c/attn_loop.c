@@ -94,7 +94,7 @@ static void step(kvs_cache *cache, kvs_backend *be, seq_t **seqs, size_t n, cons
     static float out[MAX_TOKENS * NUM_SEQS * HEADS * DIM];
     int64_t slots[MAX_TOKENS * NUM_SEQS];
     size_t num_slots = 0;
-    CHECK_OK(kvs_cache_slot_mapping(cache, ids, qlens, n, slots, total, &num_slots));
+    CHECK_OK(kvs_cache_slot_mapping(cache, 0, ids, qlens, n, slots, total, &num_slots));
     CHECK(num_slots == total);
     size_t t = 0;
     for (size_t i = 0; i < n; i++) {
@@ -126,7 +126,7 @@ static void step(kvs_cache *cache, kvs_backend *be, seq_t **seqs, size_t n, cons
 
     int32_t table[NUM_SEQS * MAX_PAGES];
     int32_t ctx[NUM_SEQS];
-    CHECK_OK(kvs_cache_block_tables(cache, ids, n, MAX_PAGES, 0, table, n * MAX_PAGES, ctx, n));
+    CHECK_OK(kvs_cache_block_tables(cache, 0, ids, n, MAX_PAGES, 0, table, n * MAX_PAGES, ctx, n));
     for (size_t i = 0; i < n; i++) CHECK((size_t)ctx[i] == seqs[i]->len);
 
     kvs_attention_args a;
@@ -223,7 +223,7 @@ int main(void) {
 
     /* Step 1: the first request alone, full prefill. */
     kvs_seq_info info;
-    CHECK_OK(kvs_seq_begin(cache, seqs[0].id, seqs[0].tokens, seqs[0].len, NULL, seqs[0].len - 1, &info));
+    CHECK_OK(kvs_seq_begin(cache, seqs[0].id, seqs[0].tokens, seqs[0].len, NULL, seqs[0].len - 1, 0, &info));
     CHECK(info.matched_tokens == 0);
     seq_t *batch[NUM_SEQS] = {&seqs[0]};
     uint32_t qlens[NUM_SEQS] = {(uint32_t)seqs[0].len};
@@ -231,7 +231,7 @@ int main(void) {
 
     /* Step 2: the other two hit the cached system-prompt pages and prefill only the rest. */
     for (int i = 1; i < NUM_SEQS; i++) {
-        CHECK_OK(kvs_seq_begin(cache, seqs[i].id, seqs[i].tokens, seqs[i].len, NULL, seqs[i].len - 1, &info));
+        CHECK_OK(kvs_seq_begin(cache, seqs[i].id, seqs[i].tokens, seqs[i].len, NULL, seqs[i].len - 1, 0, &info));
         CHECK(info.matched_tokens == (SYS_LEN / PAGE_SIZE) * PAGE_SIZE);
         batch[i - 1] = &seqs[i];
         qlens[i - 1] = (uint32_t)(seqs[i].len - info.matched_tokens);

@@ -158,6 +158,14 @@ static void null_cache(void) {
     int64_t slots[4];
     kvs_copy cp[4];
     size_t n1, n2;
+    kvs_group_info gi;
+    kvs_group_stats gs;
+    uint64_t pin;
+    uint32_t page;
+    SENTINEL(gi);
+    SENTINEL(gs);
+    SENTINEL(pin);
+    SENTINEL(page);
     SENTINEL(cfg);
     SENTINEL(st);
     SENTINEL(pi);
@@ -172,20 +180,20 @@ static void null_cache(void) {
     EXPECT(kvs_cache_stats(NULL, &st), KVS_STATUS_NULL_ARGUMENT, "cache");
     EXPECT(kvs_cache_check(NULL), KVS_STATUS_NULL_ARGUMENT, "cache");
     EXPECT(kvs_cache_commit(NULL), KVS_STATUS_NULL_ARGUMENT, "cache");
-    EXPECT(kvs_cache_block_tables(NULL, ids, 1, 4, 0, table, 4, NULL, 0),
+    EXPECT(kvs_cache_block_tables(NULL, 0, ids, 1, 4, 0, table, 4, NULL, 0),
            KVS_STATUS_NULL_ARGUMENT, "cache");
-    EXPECT(kvs_cache_slot_mapping(NULL, ids, q, 1, slots, 4, &n1), KVS_STATUS_NULL_ARGUMENT,
+    EXPECT(kvs_cache_slot_mapping(NULL, 0, ids, q, 1, slots, 4, &n1), KVS_STATUS_NULL_ARGUMENT,
            "cache");
-    EXPECT(kvs_pages_alloc(NULL, 1, pages, 4), KVS_STATUS_NULL_ARGUMENT, "cache");
-    EXPECT(kvs_pages_acquire(NULL, pages, 0), KVS_STATUS_NULL_ARGUMENT, "cache");
-    EXPECT(kvs_pages_release(NULL, pages, 0), KVS_STATUS_NULL_ARGUMENT, "cache");
-    EXPECT(kvs_page_info_fn(NULL, T_TIER_DEVICE, 1, &pi), KVS_STATUS_NULL_ARGUMENT, "cache");
-    EXPECT(kvs_prefix_register(NULL, tok, 4, NULL, 0, NULL, &n1), KVS_STATUS_NULL_ARGUMENT,
+    EXPECT(kvs_pages_alloc(NULL, 0, 1, pages, 4), KVS_STATUS_NULL_ARGUMENT, "cache");
+    EXPECT(kvs_pages_acquire(NULL, 0, pages, 0), KVS_STATUS_NULL_ARGUMENT, "cache");
+    EXPECT(kvs_pages_release(NULL, 0, pages, 0), KVS_STATUS_NULL_ARGUMENT, "cache");
+    EXPECT(kvs_page_info_fn(NULL, T_TIER_DEVICE, 0, 1, &pi), KVS_STATUS_NULL_ARGUMENT, "cache");
+    EXPECT(kvs_prefix_register(NULL, 0, tok, 4, NULL, 0, NULL, &n1), KVS_STATUS_NULL_ARGUMENT,
            "cache");
-    EXPECT(kvs_prefix_match(NULL, tok, 4, NULL, SIZE_MAX, false, pages, 4, &n1, &n2),
+    EXPECT(kvs_prefix_match(NULL, 0, tok, 4, NULL, SIZE_MAX, false, pages, 4, &n1, &n2),
            KVS_STATUS_NULL_ARGUMENT, "cache");
     EXPECT(kvs_prefix_clear(NULL), KVS_STATUS_NULL_ARGUMENT, "cache");
-    EXPECT(kvs_seq_begin(NULL, 50, tok, 4, NULL, SIZE_MAX, &si), KVS_STATUS_NULL_ARGUMENT,
+    EXPECT(kvs_seq_begin(NULL, 50, tok, 4, NULL, SIZE_MAX, 0, &si), KVS_STATUS_NULL_ARGUMENT,
            "cache");
     EXPECT(kvs_seq_append(NULL, 1, tok, 1, 0, cp, 4, &n1), KVS_STATUS_NULL_ARGUMENT, "cache");
     EXPECT(kvs_seq_append_pages(NULL, 1, tok, 1, 0, cp, 4, &n1, 0, pages, 4, &n2),
@@ -197,7 +205,28 @@ static void null_cache(void) {
     EXPECT(kvs_seq_swap_out(NULL, 1, cp, 4, &n1), KVS_STATUS_NULL_ARGUMENT, "cache");
     EXPECT(kvs_seq_swap_in(NULL, 2, cp, 4, &n1), KVS_STATUS_NULL_ARGUMENT, "cache");
     EXPECT(kvs_seq_info_fn(NULL, 1, &si), KVS_STATUS_NULL_ARGUMENT, "cache");
-    EXPECT(kvs_seq_pages(NULL, 1, pages, 4, &n1), KVS_STATUS_NULL_ARGUMENT, "cache");
+    EXPECT(kvs_seq_pages(NULL, 0, 1, pages, 4, &n1), KVS_STATUS_NULL_ARGUMENT, "cache");
+    EXPECT(kvs_cache_available(NULL, T_TIER_DEVICE, 0, &n1), KVS_STATUS_NULL_ARGUMENT, "cache");
+    EXPECT(kvs_cache_new_step(NULL), KVS_STATUS_NULL_ARGUMENT, "cache");
+    EXPECT(kvs_cache_group_info(NULL, 0, &gi), KVS_STATUS_NULL_ARGUMENT, "cache");
+    EXPECT(kvs_cache_group_stats(NULL, 0, &gs), KVS_STATUS_NULL_ARGUMENT, "cache");
+    EXPECT(kvs_cache_take_copies(NULL, cp, 4, &n1), KVS_STATUS_NULL_ARGUMENT, "cache");
+    EXPECT(kvs_cache_take_events(NULL, NULL, 0, &n1), KVS_STATUS_NULL_ARGUMENT, "cache");
+    EXPECT(kvs_prefix_find(NULL, tok, 4, NULL, SIZE_MAX, pages, 4, 4, &n1),
+           KVS_STATUS_NULL_ARGUMENT, "cache");
+    EXPECT(kvs_prefix_pin(NULL, tok, 4, NULL, &pin, &n1), KVS_STATUS_NULL_ARGUMENT, "cache");
+    EXPECT(kvs_prefix_unpin(NULL, 1), KVS_STATUS_NULL_ARGUMENT, "cache");
+    EXPECT(kvs_prefix_prefetch(NULL, tok, 4, NULL, &n1), KVS_STATUS_NULL_ARGUMENT, "cache");
+    EXPECT(kvs_seq_release_skipped(NULL, 1, 4, &n1), KVS_STATUS_NULL_ARGUMENT, "cache");
+    EXPECT(kvs_seq_state_page(NULL, 1, 0, &page), KVS_STATUS_NULL_ARGUMENT, "cache");
+    EXPECT(kvs_seq_set_priority(NULL, 1, 1), KVS_STATUS_NULL_ARGUMENT, "cache");
+    EXPECT(kvs_seq_append_need(NULL, 1, 1, 0, &n1, &n2), KVS_STATUS_NULL_ARGUMENT, "cache");
+    EXPECT(kvs_seq_swap_in_need(NULL, 2, &n1, &n2), KVS_STATUS_NULL_ARGUMENT, "cache");
+    EXPECT(kvs_seq_swap_out_need(NULL, 1, &n1, &n2), KVS_STATUS_NULL_ARGUMENT, "cache");
+    UNTOUCHED(gi);
+    UNTOUCHED(gs);
+    UNTOUCHED(pin);
+    UNTOUCHED(page);
     UNTOUCHED(cfg);
     UNTOUCHED(st);
     UNTOUCHED(pi);
@@ -211,9 +240,9 @@ static void null_cache(void) {
     /* Out-params that are required. */
     EXPECT(kvs_cache_get_config(c, NULL), KVS_STATUS_NULL_ARGUMENT, "config_out");
     EXPECT(kvs_cache_stats(c, NULL), KVS_STATUS_NULL_ARGUMENT, "stats_out");
-    EXPECT(kvs_page_info_fn(c, T_TIER_DEVICE, 1, NULL), KVS_STATUS_NULL_ARGUMENT, "info_out");
+    EXPECT(kvs_page_info_fn(c, T_TIER_DEVICE, 0, 1, NULL), KVS_STATUS_NULL_ARGUMENT, "info_out");
     EXPECT(kvs_seq_info_fn(c, 1, NULL), KVS_STATUS_NULL_ARGUMENT, "info_out");
-    EXPECT(kvs_seq_pages(c, 1, pages, 4, NULL), KVS_STATUS_NULL_ARGUMENT, "num_pages_out");
+    EXPECT(kvs_seq_pages(c, 0, 1, pages, 4, NULL), KVS_STATUS_NULL_ARGUMENT, "num_pages_out");
     EXPECT(kvs_seq_append(c, 1, tok, 1, 0, cp, 4, NULL), KVS_STATUS_NULL_ARGUMENT,
            "num_copies_out");
     EXPECT(kvs_seq_append_batch(c, ids, 1, tok, 1, cp, 4, NULL), KVS_STATUS_NULL_ARGUMENT,
@@ -236,13 +265,13 @@ static void fixture(void) {
     int32_t t1[6], t2[5];
     t_iota(t1, 6, 10);
     t_iota(t2, 5, 20);
-    CHECK_OK(kvs_seq_begin(c, 1, t1, 6, NULL, SIZE_MAX, NULL));
-    CHECK_OK(kvs_seq_begin(c, 2, t2, 5, NULL, SIZE_MAX, NULL));
+    CHECK_OK(kvs_seq_begin(c, 1, t1, 6, NULL, SIZE_MAX, 0, NULL));
+    CHECK_OK(kvs_seq_begin(c, 2, t2, 5, NULL, SIZE_MAX, 0, NULL));
     kvs_copy cp[4];
     size_t n;
     CHECK_OK(kvs_seq_swap_out(c, 2, cp, 4, &n));
     CHECK_EQ(n, 2);
-    CHECK_OK(kvs_pages_alloc(c, 1, &held, 1));
+    CHECK_OK(kvs_pages_alloc(c, 0, 1, &held, 1));
     CHECK_CACHE(c);
 }
 
@@ -250,17 +279,17 @@ static void pages(void) {
     uint32_t out[NDEV + 4];
     SENTINEL(out);
     /* alloc */
-    EXPECT(kvs_pages_alloc(c, 1, NULL, 4), KVS_STATUS_NULL_ARGUMENT, "pages_out");
-    EXPECT(kvs_pages_alloc(c, 1, NULL, 0), KVS_STATUS_BUFFER_TOO_SMALL, "pages_out");
-    EXPECT(kvs_pages_alloc(c, 3, out, 2), KVS_STATUS_BUFFER_TOO_SMALL, "pages_out");
-    EXPECT(kvs_pages_alloc(c, SIZE_MAX, out, 2), KVS_STATUS_BUFFER_TOO_SMALL, "pages_out");
-    EXPECT(kvs_pages_alloc(c, NDEV, out, NDEV + 4), KVS_STATUS_NO_SPACE, NULL);
-    EXPECT(kvs_pages_alloc(c, 2, out, SIZE_MAX), KVS_STATUS_INVALID_ARGUMENT, "pages_out");
+    EXPECT(kvs_pages_alloc(c, 0, 1, NULL, 4), KVS_STATUS_NULL_ARGUMENT, "pages_out");
+    EXPECT(kvs_pages_alloc(c, 0, 1, NULL, 0), KVS_STATUS_BUFFER_TOO_SMALL, "pages_out");
+    EXPECT(kvs_pages_alloc(c, 0, 3, out, 2), KVS_STATUS_BUFFER_TOO_SMALL, "pages_out");
+    EXPECT(kvs_pages_alloc(c, 0, SIZE_MAX, out, 2), KVS_STATUS_BUFFER_TOO_SMALL, "pages_out");
+    EXPECT(kvs_pages_alloc(c, 0, NDEV, out, NDEV + 4), KVS_STATUS_NO_SPACE, NULL);
+    EXPECT(kvs_pages_alloc(c, 0, 2, out, SIZE_MAX), KVS_STATUS_INVALID_ARGUMENT, "pages_out");
     UNTOUCHED(out);
     {
         kvs_stats b = t_stats(c);
-        CHECK_OK(kvs_pages_alloc(c, 0, NULL, 0)); /* nothing asked, nothing done */
-        CHECK_OK(kvs_pages_alloc(c, 0, out, 4));
+        CHECK_OK(kvs_pages_alloc(c, 0, 0, NULL, 0)); /* nothing asked, nothing done */
+        CHECK_OK(kvs_pages_alloc(c, 0, 0, out, 4));
         kvs_stats a = t_stats(c);
         CHECK(memcmp(&a, &b, sizeof a) == 0);
         UNTOUCHED(out);
@@ -280,49 +309,49 @@ static void pages(void) {
     CHECK(free_page != 0);
     const uint32_t freep[] = {free_page};
     const uint32_t mixed[] = {held, held, free_page};
-    EXPECT(kvs_pages_acquire(c, NULL, 1), KVS_STATUS_NULL_ARGUMENT, "pages");
-    EXPECT(kvs_pages_acquire(c, oob, 1), KVS_STATUS_PAGE_OUT_OF_RANGE, "16");
-    EXPECT(kvs_pages_acquire(c, huge, 1), KVS_STATUS_PAGE_OUT_OF_RANGE, "4294967295");
-    EXPECT(kvs_pages_acquire(c, pad, 1), KVS_STATUS_PADDING_PAGE, NULL);
-    EXPECT(kvs_pages_acquire(c, freep, 1), KVS_STATUS_PAGE_NOT_ALLOCATED, NULL);
-    EXPECT(kvs_pages_acquire(c, mixed, 3), KVS_STATUS_PAGE_NOT_ALLOCATED, NULL);
-    EXPECT(kvs_pages_acquire(c, &held, SIZE_MAX), KVS_STATUS_INVALID_ARGUMENT,
+    EXPECT(kvs_pages_acquire(c, 0, NULL, 1), KVS_STATUS_NULL_ARGUMENT, "pages");
+    EXPECT(kvs_pages_acquire(c, 0, oob, 1), KVS_STATUS_PAGE_OUT_OF_RANGE, "16");
+    EXPECT(kvs_pages_acquire(c, 0, huge, 1), KVS_STATUS_PAGE_OUT_OF_RANGE, "4294967295");
+    EXPECT(kvs_pages_acquire(c, 0, pad, 1), KVS_STATUS_PADDING_PAGE, NULL);
+    EXPECT(kvs_pages_acquire(c, 0, freep, 1), KVS_STATUS_PAGE_NOT_ALLOCATED, NULL);
+    EXPECT(kvs_pages_acquire(c, 0, mixed, 3), KVS_STATUS_PAGE_NOT_ALLOCATED, NULL);
+    EXPECT(kvs_pages_acquire(c, 0, &held, SIZE_MAX), KVS_STATUS_INVALID_ARGUMENT,
            "pages");
     CHECK_EQ(t_page(c, T_TIER_DEVICE, held).refcount, 1);
-    CHECK_OK(kvs_pages_acquire(c, NULL, 0));
+    CHECK_OK(kvs_pages_acquire(c, 0, NULL, 0));
 
     /* release */
     const uint32_t twice[] = {held, held};
     uint32_t seq_page[8];
     size_t n = 0;
-    CHECK_OK(kvs_seq_pages(c, 1, seq_page, 8, &n));
-    EXPECT(kvs_pages_release(c, NULL, 1), KVS_STATUS_NULL_ARGUMENT, "pages");
-    EXPECT(kvs_pages_release(c, oob, 1), KVS_STATUS_PAGE_OUT_OF_RANGE, NULL);
-    EXPECT(kvs_pages_release(c, huge, 1), KVS_STATUS_PAGE_OUT_OF_RANGE, NULL);
-    EXPECT(kvs_pages_release(c, pad, 1), KVS_STATUS_PADDING_PAGE, NULL);
-    EXPECT(kvs_pages_release(c, freep, 1), KVS_STATUS_REFCOUNT_UNDERFLOW, NULL);
-    EXPECT(kvs_pages_release(c, twice, 2), KVS_STATUS_REFCOUNT_UNDERFLOW, NULL);
+    CHECK_OK(kvs_seq_pages(c, 0, 1, seq_page, 8, &n));
+    EXPECT(kvs_pages_release(c, 0, NULL, 1), KVS_STATUS_NULL_ARGUMENT, "pages");
+    EXPECT(kvs_pages_release(c, 0, oob, 1), KVS_STATUS_PAGE_OUT_OF_RANGE, NULL);
+    EXPECT(kvs_pages_release(c, 0, huge, 1), KVS_STATUS_PAGE_OUT_OF_RANGE, NULL);
+    EXPECT(kvs_pages_release(c, 0, pad, 1), KVS_STATUS_PADDING_PAGE, NULL);
+    EXPECT(kvs_pages_release(c, 0, freep, 1), KVS_STATUS_REFCOUNT_UNDERFLOW, NULL);
+    EXPECT(kvs_pages_release(c, 0, twice, 2), KVS_STATUS_REFCOUNT_UNDERFLOW, NULL);
     /* A sequence's reference is not the caller's to release. */
-    EXPECT(kvs_pages_release(c, seq_page, 1), KVS_STATUS_REFCOUNT_UNDERFLOW, NULL);
+    EXPECT(kvs_pages_release(c, 0, seq_page, 1), KVS_STATUS_REFCOUNT_UNDERFLOW, NULL);
     CHECK_EQ(t_page(c, T_TIER_DEVICE, held).refcount, 1);
     CHECK_EQ(t_page(c, T_TIER_DEVICE, seq_page[0]).refcount, 1);
-    CHECK_OK(kvs_pages_release(c, NULL, 0));
+    CHECK_OK(kvs_pages_release(c, 0, NULL, 0));
     /* Release, then the same release again: a double free. */
     uint32_t extra_page;
-    CHECK_OK(kvs_pages_alloc(c, 1, &extra_page, 1));
-    CHECK_OK(kvs_pages_release(c, &extra_page, 1));
+    CHECK_OK(kvs_pages_alloc(c, 0, 1, &extra_page, 1));
+    CHECK_OK(kvs_pages_release(c, 0, &extra_page, 1));
     CHECK_EQ(t_page(c, T_TIER_DEVICE, extra_page).state, T_PAGE_FREE);
-    EXPECT(kvs_pages_release(c, &extra_page, 1), KVS_STATUS_REFCOUNT_UNDERFLOW, NULL);
+    EXPECT(kvs_pages_release(c, 0, &extra_page, 1), KVS_STATUS_REFCOUNT_UNDERFLOW, NULL);
 
     /* page_info */
     kvs_page_info pi;
     SENTINEL(pi);
-    EXPECT(kvs_page_info_fn(c, 2, 1, &pi), KVS_STATUS_INVALID_ARGUMENT, "tier");
-    EXPECT(kvs_page_info_fn(c, UINT32_MAX, 1, &pi), KVS_STATUS_INVALID_ARGUMENT, "tier");
-    EXPECT(kvs_page_info_fn(c, T_TIER_DEVICE, NDEV, &pi), KVS_STATUS_PAGE_OUT_OF_RANGE, NULL);
-    EXPECT(kvs_page_info_fn(c, T_TIER_DEVICE, UINT32_MAX, &pi), KVS_STATUS_PAGE_OUT_OF_RANGE,
+    EXPECT(kvs_page_info_fn(c, 2, 0, 1, &pi), KVS_STATUS_INVALID_ARGUMENT, "tier");
+    EXPECT(kvs_page_info_fn(c, UINT32_MAX, 0, 1, &pi), KVS_STATUS_INVALID_ARGUMENT, "tier");
+    EXPECT(kvs_page_info_fn(c, T_TIER_DEVICE, 0, NDEV, &pi), KVS_STATUS_PAGE_OUT_OF_RANGE, NULL);
+    EXPECT(kvs_page_info_fn(c, T_TIER_DEVICE, 0, UINT32_MAX, &pi), KVS_STATUS_PAGE_OUT_OF_RANGE,
            NULL);
-    EXPECT(kvs_page_info_fn(c, T_TIER_HOST, NHOST, &pi), KVS_STATUS_PAGE_OUT_OF_RANGE, NULL);
+    EXPECT(kvs_page_info_fn(c, T_TIER_HOST, 0, NHOST, &pi), KVS_STATUS_PAGE_OUT_OF_RANGE, NULL);
     UNTOUCHED(pi);
     /* The padding page can be inspected. */
     kvs_page_info pp = t_page(c, T_TIER_DEVICE, 0);
@@ -355,48 +384,48 @@ static void prefix(void) {
     (void)salt;
 
     /* register */
-    EXPECT(kvs_prefix_register(c, NULL, 4, &held, 1, NULL, &n1), KVS_STATUS_NULL_ARGUMENT,
+    EXPECT(kvs_prefix_register(c, 0, NULL, 4, &held, 1, NULL, &n1), KVS_STATUS_NULL_ARGUMENT,
            "tokens");
-    EXPECT(kvs_prefix_register(c, t, 4, NULL, 1, NULL, &n1), KVS_STATUS_NULL_ARGUMENT, "pages");
-    EXPECT(kvs_prefix_register(c, t, 7, hp, 2, NULL, &n1), KVS_STATUS_INVALID_ARGUMENT,
+    EXPECT(kvs_prefix_register(c, 0, t, 4, NULL, 1, NULL, &n1), KVS_STATUS_NULL_ARGUMENT, "pages");
+    EXPECT(kvs_prefix_register(c, 0, t, 7, hp, 2, NULL, &n1), KVS_STATUS_INVALID_ARGUMENT,
            "pages");
-    EXPECT(kvs_prefix_register(c, t, 4, pad, 1, NULL, &n1), KVS_STATUS_PADDING_PAGE, NULL);
-    EXPECT(kvs_prefix_register(c, t, 4, oob, 1, NULL, &n1), KVS_STATUS_PAGE_OUT_OF_RANGE,
+    EXPECT(kvs_prefix_register(c, 0, t, 4, pad, 1, NULL, &n1), KVS_STATUS_PADDING_PAGE, NULL);
+    EXPECT(kvs_prefix_register(c, 0, t, 4, oob, 1, NULL, &n1), KVS_STATUS_PAGE_OUT_OF_RANGE,
            NULL);
-    EXPECT(kvs_prefix_register(c, t, 4, &free_page, 1, NULL, &n1),
+    EXPECT(kvs_prefix_register(c, 0, t, 4, &free_page, 1, NULL, &n1),
            KVS_STATUS_PAGE_NOT_ALLOCATED, NULL);
-    EXPECT(kvs_prefix_register(c, t, 4, &held, 1, &null_salt, &n1), KVS_STATUS_NULL_ARGUMENT,
+    EXPECT(kvs_prefix_register(c, 0, t, 4, &held, 1, &null_salt, &n1), KVS_STATUS_NULL_ARGUMENT,
            "salt");
-    EXPECT(kvs_prefix_register(c, t, 4, &held, 1, &null_mm, &n1), KVS_STATUS_NULL_ARGUMENT,
+    EXPECT(kvs_prefix_register(c, 0, t, 4, &held, 1, &null_mm, &n1), KVS_STATUS_NULL_ARGUMENT,
            "mm_items");
-    EXPECT(kvs_prefix_register(c, t, SIZE_MAX, &held, 1, NULL, &n1),
+    EXPECT(kvs_prefix_register(c, 0, t, SIZE_MAX, &held, 1, NULL, &n1),
            KVS_STATUS_INVALID_ARGUMENT, "tokens");
     UNTOUCHED(n1);
     CHECK(!t_page(c, T_TIER_DEVICE, held).registered);
     {
         kvs_stats b = t_stats(c);
-        CHECK_OK(kvs_prefix_register(c, NULL, 0, NULL, 0, NULL, &n1));
+        CHECK_OK(kvs_prefix_register(c, 0, NULL, 0, NULL, 0, NULL, &n1));
         CHECK_EQ(n1, 0);
         /* Fewer pages than full token pages is fine; a partial page alone registers nothing. */
-        CHECK_OK(kvs_prefix_register(c, t, 3, NULL, 0, NULL, NULL));
+        CHECK_OK(kvs_prefix_register(c, 0, t, 3, NULL, 0, NULL, NULL));
         kvs_stats a = t_stats(c);
         CHECK(memcmp(&a, &b, sizeof a) == 0);
         SENTINEL(n1);
     }
 
     /* match */
-    EXPECT(kvs_prefix_match(c, NULL, 4, NULL, SIZE_MAX, true, pg, 4, &n1, &n2),
+    EXPECT(kvs_prefix_match(c, 0, NULL, 4, NULL, SIZE_MAX, true, pg, 4, &n1, &n2),
            KVS_STATUS_NULL_ARGUMENT, "tokens");
-    EXPECT(kvs_prefix_match(c, t, 8, NULL, SIZE_MAX, true, NULL, 4, &n1, &n2),
+    EXPECT(kvs_prefix_match(c, 0, t, 8, NULL, SIZE_MAX, true, NULL, 4, &n1, &n2),
            KVS_STATUS_NULL_ARGUMENT, "pages_out");
-    EXPECT(kvs_prefix_match(c, t, 8, &null_salt, SIZE_MAX, true, pg, 4, &n1, &n2),
+    EXPECT(kvs_prefix_match(c, 0, t, 8, &null_salt, SIZE_MAX, true, pg, 4, &n1, &n2),
            KVS_STATUS_NULL_ARGUMENT, "salt");
-    EXPECT(kvs_prefix_match(c, t, SIZE_MAX, NULL, SIZE_MAX, true, pg, 4, &n1, &n2),
+    EXPECT(kvs_prefix_match(c, 0, t, SIZE_MAX, NULL, SIZE_MAX, true, pg, 4, &n1, &n2),
            KVS_STATUS_INVALID_ARGUMENT, "tokens");
     /* seq 1's first page (tokens 10..13) is registered: a 1-page match needs 1 entry. */
-    EXPECT(kvs_prefix_match(c, t, 8, NULL, SIZE_MAX, true, pg, 0, &n1, &n2),
+    EXPECT(kvs_prefix_match(c, 0, t, 8, NULL, SIZE_MAX, true, pg, 0, &n1, &n2),
            KVS_STATUS_BUFFER_TOO_SMALL, "pages_out");
-    EXPECT(kvs_prefix_match(c, t, 8, NULL, SIZE_MAX, false, NULL, 0, &n1, &n2),
+    EXPECT(kvs_prefix_match(c, 0, t, 8, NULL, SIZE_MAX, false, NULL, 0, &n1, &n2),
            KVS_STATUS_BUFFER_TOO_SMALL, "pages_out");
     UNTOUCHED(pg);
     UNTOUCHED(n1);
@@ -404,11 +433,11 @@ static void prefix(void) {
     {
         /* A miss needs no room; the count out-params are optional. */
         int32_t other[4] = {-5, 1, 2, 3};
-        CHECK_OK(kvs_prefix_match(c, other, 4, NULL, SIZE_MAX, false, NULL, 0, &n1, &n2));
+        CHECK_OK(kvs_prefix_match(c, 0, other, 4, NULL, SIZE_MAX, false, NULL, 0, &n1, &n2));
         CHECK_EQ(n1, 0);
         CHECK_EQ(n2, 0);
-        CHECK_OK(kvs_prefix_match(c, t, 8, NULL, 0, false, NULL, 0, NULL, NULL));
-        CHECK_OK(kvs_prefix_match(c, NULL, 0, NULL, SIZE_MAX, false, NULL, 0, NULL, NULL));
+        CHECK_OK(kvs_prefix_match(c, 0, t, 8, NULL, 0, false, NULL, 0, NULL, NULL));
+        CHECK_OK(kvs_prefix_match(c, 0, NULL, 0, NULL, SIZE_MAX, false, NULL, 0, NULL, NULL));
         SENTINEL(n1);
         SENTINEL(n2);
     }
@@ -419,12 +448,12 @@ static void prefix(void) {
     kvs_cache *off = NULL;
     CHECK_OK(kvs_cache_new(&cfg, &off));
     uint32_t p;
-    CHECK_OK(kvs_pages_alloc(off, 1, &p, 1));
-    CHECK_STATUS(kvs_prefix_register(off, t, 4, &p, 1, NULL, &n1), KVS_STATUS_UNSUPPORTED);
+    CHECK_OK(kvs_pages_alloc(off, 0, 1, &p, 1));
+    CHECK_STATUS(kvs_prefix_register(off, 0, t, 4, &p, 1, NULL, &n1), KVS_STATUS_UNSUPPORTED);
     UNTOUCHED(n1);
-    CHECK_OK(kvs_prefix_match(off, t, 4, NULL, SIZE_MAX, true, pg, 4, &n1, &n2));
+    CHECK_OK(kvs_prefix_match(off, 0, t, 4, NULL, SIZE_MAX, true, pg, 4, &n1, &n2));
     CHECK_EQ(n1, 0);
-    CHECK_OK(kvs_pages_release(off, &p, 1));
+    CHECK_OK(kvs_pages_release(off, 0, &p, 1));
     CHECK_CACHE(off);
     kvs_cache_free(off);
 }
@@ -443,24 +472,24 @@ static void seqs(void) {
     kvs_extra_keys null_salt = {0, NULL, 1, NULL, 0};
 
     /* begin */
-    EXPECT(kvs_seq_begin(c, 50, NULL, 4, NULL, SIZE_MAX, &si), KVS_STATUS_NULL_ARGUMENT,
+    EXPECT(kvs_seq_begin(c, 50, NULL, 4, NULL, SIZE_MAX, 0, &si), KVS_STATUS_NULL_ARGUMENT,
            "tokens");
-    EXPECT(kvs_seq_begin(c, 50, t, SIZE_MAX, NULL, SIZE_MAX, &si), KVS_STATUS_INVALID_ARGUMENT,
+    EXPECT(kvs_seq_begin(c, 50, t, SIZE_MAX, NULL, SIZE_MAX, 0, &si), KVS_STATUS_INVALID_ARGUMENT,
            "tokens");
-    EXPECT(kvs_seq_begin(c, 50, t, 4, &null_salt, SIZE_MAX, &si), KVS_STATUS_NULL_ARGUMENT,
+    EXPECT(kvs_seq_begin(c, 50, t, 4, &null_salt, SIZE_MAX, 0, &si), KVS_STATUS_NULL_ARGUMENT,
            "salt");
-    EXPECT(kvs_seq_begin(c, 1, t, 4, NULL, SIZE_MAX, &si), KVS_STATUS_SEQ_EXISTS, "1");
-    EXPECT(kvs_seq_begin(c, 2, t, 4, NULL, SIZE_MAX, &si), KVS_STATUS_SEQ_EXISTS, "2");
-    EXPECT(kvs_seq_begin(c, 50, t, 64, NULL, SIZE_MAX, &si), KVS_STATUS_NO_SPACE, NULL);
+    EXPECT(kvs_seq_begin(c, 1, t, 4, NULL, SIZE_MAX, 0, &si), KVS_STATUS_SEQ_EXISTS, "1");
+    EXPECT(kvs_seq_begin(c, 2, t, 4, NULL, SIZE_MAX, 0, &si), KVS_STATUS_SEQ_EXISTS, "2");
+    EXPECT(kvs_seq_begin(c, 50, t, 64, NULL, SIZE_MAX, 0, &si), KVS_STATUS_NO_SPACE, NULL);
     UNTOUCHED(si);
 
     /* info / pages */
     EXPECT(kvs_seq_info_fn(c, 50, &si), KVS_STATUS_SEQ_NOT_FOUND, "50");
     EXPECT(kvs_seq_info_fn(c, UINT64_MAX, &si), KVS_STATUS_SEQ_NOT_FOUND, NULL);
-    EXPECT(kvs_seq_pages(c, 50, pg, 8, &n), KVS_STATUS_SEQ_NOT_FOUND, NULL);
-    EXPECT(kvs_seq_pages(c, 1, NULL, 8, &n), KVS_STATUS_NULL_ARGUMENT, "pages_out");
-    EXPECT(kvs_seq_pages(c, 1, pg, 1, &n), KVS_STATUS_BUFFER_TOO_SMALL, "pages_out");
-    EXPECT(kvs_seq_pages(c, 1, NULL, 0, &n), KVS_STATUS_BUFFER_TOO_SMALL, "pages_out");
+    EXPECT(kvs_seq_pages(c, 0, 50, pg, 8, &n), KVS_STATUS_SEQ_NOT_FOUND, NULL);
+    EXPECT(kvs_seq_pages(c, 0, 1, NULL, 8, &n), KVS_STATUS_NULL_ARGUMENT, "pages_out");
+    EXPECT(kvs_seq_pages(c, 0, 1, pg, 1, &n), KVS_STATUS_BUFFER_TOO_SMALL, "pages_out");
+    EXPECT(kvs_seq_pages(c, 0, 1, NULL, 0, &n), KVS_STATUS_BUFFER_TOO_SMALL, "pages_out");
     UNTOUCHED(si);
     UNTOUCHED(pg);
     UNTOUCHED(n);
@@ -538,7 +567,7 @@ static void seqs(void) {
     UNTOUCHED(n);
     {
         /* Host tier full: 4 host pages, seq 2 holds 2; a 16-token sequence needs 4. */
-        CHECK_OK(kvs_seq_begin(c, 60, t, 16, NULL, SIZE_MAX, NULL));
+        CHECK_OK(kvs_seq_begin(c, 60, t, 16, NULL, SIZE_MAX, 0, NULL));
         EXPECT(kvs_seq_swap_out(c, 60, cp, 8, &n), KVS_STATUS_NO_SPACE, "host");
         UNTOUCHED(n);
         CHECK_OK(kvs_seq_free(c, 60));
@@ -546,13 +575,13 @@ static void seqs(void) {
         uint32_t fill[NDEV];
         kvs_stats s = t_stats(c);
         size_t avail = (size_t)(s.device_pages_free + s.device_pages_cached);
-        CHECK_OK(kvs_pages_alloc(c, avail, fill, NDEV));
+        CHECK_OK(kvs_pages_alloc(c, 0, avail, fill, NDEV));
         EXPECT(kvs_seq_swap_in(c, 2, cp, 8, &n), KVS_STATUS_NO_SPACE, "device");
-        EXPECT(kvs_seq_begin(c, 61, t, 1, NULL, SIZE_MAX, &si), KVS_STATUS_NO_SPACE, NULL);
+        EXPECT(kvs_seq_begin(c, 61, t, 1, NULL, SIZE_MAX, 0, &si), KVS_STATUS_NO_SPACE, NULL);
         EXPECT(kvs_seq_append(c, 1, t, 3, 0, cp, 8, &n), KVS_STATUS_NO_SPACE, NULL);
         UNTOUCHED(n);
         UNTOUCHED(si);
-        CHECK_OK(kvs_pages_release(c, fill, avail));
+        CHECK_OK(kvs_pages_release(c, 0, fill, avail));
         CHECK_CACHE(c);
     }
     {
@@ -561,7 +590,7 @@ static void seqs(void) {
         cfg.num_host_pages = 0;
         kvs_cache *nohost = NULL;
         CHECK_OK(kvs_cache_new(&cfg, &nohost));
-        CHECK_OK(kvs_seq_begin(nohost, 1, t, 5, NULL, SIZE_MAX, NULL));
+        CHECK_OK(kvs_seq_begin(nohost, 1, t, 5, NULL, SIZE_MAX, 0, NULL));
         CHECK_STATUS(kvs_seq_swap_out(nohost, 1, cp, 8, &n), KVS_STATUS_NO_SPACE);
         UNTOUCHED(n);
         CHECK_EQ(t_stats(nohost).num_seqs_swapped, 0);
@@ -570,10 +599,10 @@ static void seqs(void) {
     }
 
     /* Empty prompts and extreme ids are valid. */
-    CHECK_OK(kvs_seq_begin(c, UINT64_MAX, NULL, 0, NULL, SIZE_MAX, &si));
+    CHECK_OK(kvs_seq_begin(c, UINT64_MAX, NULL, 0, NULL, SIZE_MAX, 0, &si));
     CHECK_EQ(si.num_tokens, 0);
     CHECK_EQ(si.num_pages, 0);
-    CHECK_OK(kvs_seq_begin(c, 0, t, 4, NULL, 0, NULL));
+    CHECK_OK(kvs_seq_begin(c, 0, t, 4, NULL, 0, 0, NULL));
     CHECK_CACHE(c);
     CHECK_OK(kvs_seq_append(c, UINT64_MAX, t, 1, 0, NULL, 0, &n));
     CHECK_EQ(n, 0);
@@ -584,7 +613,7 @@ static void seqs(void) {
     /* free: unknown, freed, double */
     EXPECT(kvs_seq_free(c, 50), KVS_STATUS_SEQ_NOT_FOUND, "50");
     EXPECT(kvs_seq_free(c, UINT64_MAX), KVS_STATUS_SEQ_NOT_FOUND, NULL);
-    CHECK_OK(kvs_seq_begin(c, 70, t, 5, NULL, SIZE_MAX, NULL));
+    CHECK_OK(kvs_seq_begin(c, 70, t, 5, NULL, SIZE_MAX, 0, NULL));
     CHECK_OK(kvs_seq_free(c, 70));
     EXPECT(kvs_seq_free(c, 70), KVS_STATUS_SEQ_NOT_FOUND, "70");
     EXPECT(kvs_seq_append(c, 70, t, 1, 0, cp, 8, &n), KVS_STATUS_SEQ_NOT_FOUND, NULL);
@@ -610,71 +639,164 @@ static void batch_builders(void) {
     const uint32_t qmax[1] = {UINT32_MAX};
 
     /* block tables; seq 1 has 6 tokens in 2 pages */
-    EXPECT(kvs_cache_block_tables(c, NULL, 1, 4, 0, table, 16, lens, 4),
+    EXPECT(kvs_cache_block_tables(c, 0, NULL, 1, 4, 0, table, 16, lens, 4),
            KVS_STATUS_NULL_ARGUMENT, "seq_ids");
-    EXPECT(kvs_cache_block_tables(c, one, 1, 4, 0, NULL, 16, lens, 4),
+    EXPECT(kvs_cache_block_tables(c, 0, one, 1, 4, 0, NULL, 16, lens, 4),
            KVS_STATUS_NULL_ARGUMENT, "table_out");
-    EXPECT(kvs_cache_block_tables(c, one, 1, 4, 0, table, 16, NULL, 4),
+    EXPECT(kvs_cache_block_tables(c, 0, one, 1, 4, 0, table, 16, NULL, 4),
            KVS_STATUS_NULL_ARGUMENT, "context_lens_out");
-    EXPECT(kvs_cache_block_tables(c, one, 1, 4, 0, table, 3, lens, 4),
+    EXPECT(kvs_cache_block_tables(c, 0, one, 1, 4, 0, table, 3, lens, 4),
            KVS_STATUS_BUFFER_TOO_SMALL, "table_out");
-    EXPECT(kvs_cache_block_tables(c, unknown, 2, 4, 0, table, 16, lens, 1),
+    EXPECT(kvs_cache_block_tables(c, 0, unknown, 2, 4, 0, table, 16, lens, 1),
            KVS_STATUS_BUFFER_TOO_SMALL, "context_lens_out");
-    EXPECT(kvs_cache_block_tables(c, one, 1, 1, 0, table, 16, lens, 4),
+    EXPECT(kvs_cache_block_tables(c, 0, one, 1, 1, 0, table, 16, lens, 4),
            KVS_STATUS_INVALID_ARGUMENT, "max_pages_per_seq");
-    EXPECT(kvs_cache_block_tables(c, unknown, 2, SIZE_MAX, 0, table, 16, lens, 4),
+    EXPECT(kvs_cache_block_tables(c, 0, unknown, 2, SIZE_MAX, 0, table, 16, lens, 4),
            KVS_STATUS_INVALID_ARGUMENT, "max_pages_per_seq");
-    EXPECT(kvs_cache_block_tables(c, one, 1, SIZE_MAX, 0, table, 16, lens, 4),
+    EXPECT(kvs_cache_block_tables(c, 0, one, 1, SIZE_MAX, 0, table, 16, lens, 4),
            KVS_STATUS_BUFFER_TOO_SMALL, "table_out");
-    EXPECT(kvs_cache_block_tables(c, unknown, 2, 4, 0, table, 16, lens, 4),
+    EXPECT(kvs_cache_block_tables(c, 0, unknown, 2, 4, 0, table, 16, lens, 4),
            KVS_STATUS_SEQ_NOT_FOUND, "50");
-    EXPECT(kvs_cache_block_tables(c, swapped, 1, 4, 0, table, 16, lens, 4),
+    EXPECT(kvs_cache_block_tables(c, 0, swapped, 1, 4, 0, table, 16, lens, 4),
            KVS_STATUS_SEQ_WRONG_TIER, NULL);
-    EXPECT(kvs_cache_block_tables(c, one, SIZE_MAX, 4, 0, table, 16, lens, 4),
+    EXPECT(kvs_cache_block_tables(c, 0, one, SIZE_MAX, 4, 0, table, 16, lens, 4),
            KVS_STATUS_INVALID_ARGUMENT, "seq_ids");
-    EXPECT(kvs_cache_block_tables(c, one, 1, 4, 0, table, SIZE_MAX, lens, 4),
+    EXPECT(kvs_cache_block_tables(c, 0, one, 1, 4, 0, table, SIZE_MAX, lens, 4),
            KVS_STATUS_INVALID_ARGUMENT, "table_out");
     UNTOUCHED(table);
     UNTOUCHED(lens);
     /* An empty batch is fine and writes nothing. */
-    CHECK_OK(kvs_cache_block_tables(c, NULL, 0, 4, 0, table, 16, lens, 4));
-    CHECK_OK(kvs_cache_block_tables(c, NULL, 0, SIZE_MAX, 0, NULL, 0, NULL, 0));
+    CHECK_OK(kvs_cache_block_tables(c, 0, NULL, 0, 4, 0, table, 16, lens, 4));
+    CHECK_OK(kvs_cache_block_tables(c, 0, NULL, 0, SIZE_MAX, 0, NULL, 0, NULL, 0));
     UNTOUCHED(table);
     UNTOUCHED(lens);
 
     /* slot mapping */
-    EXPECT(kvs_cache_slot_mapping(c, NULL, q1, 1, slots, 16, &n), KVS_STATUS_NULL_ARGUMENT,
+    EXPECT(kvs_cache_slot_mapping(c, 0, NULL, q1, 1, slots, 16, &n), KVS_STATUS_NULL_ARGUMENT,
            "seq_ids");
-    EXPECT(kvs_cache_slot_mapping(c, one, NULL, 1, slots, 16, &n), KVS_STATUS_NULL_ARGUMENT,
+    EXPECT(kvs_cache_slot_mapping(c, 0, one, NULL, 1, slots, 16, &n), KVS_STATUS_NULL_ARGUMENT,
            "query_lens");
-    EXPECT(kvs_cache_slot_mapping(c, one, q1, 1, NULL, 16, &n), KVS_STATUS_NULL_ARGUMENT,
+    EXPECT(kvs_cache_slot_mapping(c, 0, one, q1, 1, NULL, 16, &n), KVS_STATUS_NULL_ARGUMENT,
            "slots_out");
-    EXPECT(kvs_cache_slot_mapping(c, one, qbig, 1, slots, 16, &n),
+    EXPECT(kvs_cache_slot_mapping(c, 0, one, qbig, 1, slots, 16, &n),
            KVS_STATUS_INVALID_ARGUMENT, "query_lens");
-    EXPECT(kvs_cache_slot_mapping(c, one, qmax, 1, slots, 16, &n),
+    EXPECT(kvs_cache_slot_mapping(c, 0, one, qmax, 1, slots, 16, &n),
            KVS_STATUS_INVALID_ARGUMENT, "query_lens");
-    EXPECT(kvs_cache_slot_mapping(c, unknown, q1, 2, slots, 16, &n), KVS_STATUS_SEQ_NOT_FOUND,
+    EXPECT(kvs_cache_slot_mapping(c, 0, unknown, q1, 2, slots, 16, &n), KVS_STATUS_SEQ_NOT_FOUND,
            "50");
-    EXPECT(kvs_cache_slot_mapping(c, swapped, q1, 1, slots, 16, &n),
+    EXPECT(kvs_cache_slot_mapping(c, 0, swapped, q1, 1, slots, 16, &n),
            KVS_STATUS_SEQ_WRONG_TIER, NULL);
     {
         const uint32_t q6[1] = {6};
-        EXPECT(kvs_cache_slot_mapping(c, one, q6, 1, slots, 5, &n),
+        EXPECT(kvs_cache_slot_mapping(c, 0, one, q6, 1, slots, 5, &n),
                KVS_STATUS_BUFFER_TOO_SMALL, "slots_out");
     }
-    EXPECT(kvs_cache_slot_mapping(c, one, q1, SIZE_MAX, slots, 16, &n),
+    EXPECT(kvs_cache_slot_mapping(c, 0, one, q1, SIZE_MAX, slots, 16, &n),
            KVS_STATUS_INVALID_ARGUMENT, "seq_ids");
     UNTOUCHED(slots);
     UNTOUCHED(n);
-    CHECK_OK(kvs_cache_slot_mapping(c, NULL, NULL, 0, NULL, 0, &n));
+    CHECK_OK(kvs_cache_slot_mapping(c, 0, NULL, NULL, 0, NULL, 0, &n));
     CHECK_EQ(n, 0);
     /* A zero query length is allowed (a sequence with nothing to write this step). */
     const uint32_t q0[1] = {0};
     int64_t pad[2] = {5, 5};
-    CHECK_OK(kvs_cache_slot_mapping(c, one, q0, 1, pad, 2, &n));
+    CHECK_OK(kvs_cache_slot_mapping(c, 0, one, q0, 1, pad, 2, &n));
     CHECK_EQ(n, 0);
     CHECK_EQ(pad[0], (uint64_t)(int64_t)-1);
     CHECK_EQ(pad[1], (uint64_t)(int64_t)-1);
+}
+
+/* A cache configured without groups is one full-attention group: group 0 everywhere, any other
+ * index refused by every call taking one, no state page, nothing to release. */
+static void one_group(void) {
+    int32_t t[8];
+    t_iota(t, 8, 10); /* seq 1's prompt starts with these */
+    uint64_t one[1] = {1};
+    uint32_t q[1] = {1};
+    uint32_t pg[8];
+    int32_t table[8];
+    int64_t slots[4];
+    size_t n1, n2;
+    uint32_t page;
+    kvs_page_info pi;
+    kvs_group_info gi;
+    kvs_group_stats gs;
+    SENTINEL(pg);
+    SENTINEL(table);
+    SENTINEL(slots);
+    SENTINEL(n1);
+    SENTINEL(n2);
+    SENTINEL(page);
+    SENTINEL(pi);
+    SENTINEL(gi);
+    SENTINEL(gs);
+    const size_t bad[] = {1, SIZE_MAX};
+    for (size_t i = 0; i < 2; i++) {
+        size_t g = bad[i];
+        EXPECT(kvs_cache_group_info(c, g, &gi), KVS_STATUS_INVALID_ARGUMENT, "group");
+        EXPECT(kvs_cache_group_stats(c, g, &gs), KVS_STATUS_INVALID_ARGUMENT, "group");
+        EXPECT(kvs_cache_available(c, T_TIER_DEVICE, g, &n1), KVS_STATUS_INVALID_ARGUMENT,
+               "group");
+        EXPECT(kvs_page_get_info(c, T_TIER_DEVICE, g, 1, &pi), KVS_STATUS_INVALID_ARGUMENT,
+               "group");
+        EXPECT(kvs_pages_alloc(c, g, 1, pg, 8), KVS_STATUS_INVALID_ARGUMENT, "group");
+        EXPECT(kvs_pages_acquire(c, g, &held, 1), KVS_STATUS_INVALID_ARGUMENT, "group");
+        EXPECT(kvs_pages_release(c, g, &held, 1), KVS_STATUS_INVALID_ARGUMENT, "group");
+        EXPECT(kvs_prefix_register(c, g, t, 4, &held, 1, NULL, &n1),
+               KVS_STATUS_INVALID_ARGUMENT, "group");
+        EXPECT(kvs_prefix_match(c, g, t, 8, NULL, SIZE_MAX, true, pg, 8, &n1, &n2),
+               KVS_STATUS_INVALID_ARGUMENT, "group");
+        EXPECT(kvs_seq_pages(c, g, 1, pg, 8, &n1), KVS_STATUS_INVALID_ARGUMENT, "group");
+        EXPECT(kvs_cache_block_tables(c, g, one, 1, 8, 0, table, 8, NULL, 0),
+               KVS_STATUS_INVALID_ARGUMENT, "group");
+        EXPECT(kvs_cache_slot_mapping(c, g, one, q, 1, slots, 4, &n1),
+               KVS_STATUS_INVALID_ARGUMENT, "group");
+        EXPECT(kvs_seq_state_page(c, 1, g, &page), KVS_STATUS_INVALID_ARGUMENT, "group");
+    }
+    /* Full attention keeps no state. */
+    EXPECT(kvs_seq_state_page(c, 1, 0, &page), KVS_STATUS_INVALID_ARGUMENT, "group");
+    /* kvs_prefix_find: one row; short rows and buffers, NULL pointers with lengths. */
+    EXPECT(kvs_prefix_find(c, t, 8, NULL, SIZE_MAX, pg, 8, 0, &n1),
+           KVS_STATUS_BUFFER_TOO_SMALL, "pages_out");
+    EXPECT(kvs_prefix_find(c, t, 8, NULL, SIZE_MAX, pg, 1, 2, &n1),
+           KVS_STATUS_BUFFER_TOO_SMALL, "pages_out");
+    EXPECT(kvs_prefix_find(c, t, 8, NULL, SIZE_MAX, NULL, 1, 1, &n1), KVS_STATUS_NULL_ARGUMENT,
+           "pages_out");
+    EXPECT(kvs_prefix_find(c, NULL, 8, NULL, SIZE_MAX, pg, 8, 8, &n1), KVS_STATUS_NULL_ARGUMENT,
+           "tokens");
+    EXPECT(kvs_prefix_find(c, t, 8, NULL, SIZE_MAX, pg, 8, 8, NULL), KVS_STATUS_NULL_ARGUMENT,
+           "matched_tokens_out");
+    /* A swapped-out sequence releases nothing and has no state to show. */
+    EXPECT(kvs_seq_release_skipped(c, 2, 5, &n1), KVS_STATUS_SEQ_WRONG_TIER, NULL);
+    EXPECT(kvs_seq_release_skipped(c, 50, 5, &n1), KVS_STATUS_SEQ_NOT_FOUND, "50");
+    UNTOUCHED(pg);
+    UNTOUCHED(table);
+    UNTOUCHED(slots);
+    UNTOUCHED(n1);
+    UNTOUCHED(n2);
+    UNTOUCHED(page);
+    UNTOUCHED(pi);
+    UNTOUCHED(gi);
+    UNTOUCHED(gs);
+    /* What works: group 0 is the one full-attention group; no position is ever released;
+     * the cross-group hit is group 0's match (seq 1's first page, read-only). */
+    CHECK_OK(kvs_cache_group_info(c, 0, &gi));
+    CHECK_EQ(gi.kind, KVS_GROUP_KIND_FULL);
+    CHECK_EQ(gi.num_groups, 1);
+    CHECK_EQ(gi.num_pools, 1);
+    kvs_stats before = t_stats(c);
+    CHECK_OK(kvs_seq_release_skipped(c, 1, 6, &n1));
+    CHECK_EQ(n1, 0);
+    CHECK_OK(kvs_prefix_find(c, t, 8, NULL, SIZE_MAX, pg, 8, 8, &n2));
+    CHECK_EQ(n2, PS);
+    uint32_t seq_pages[4];
+    size_t n = 0;
+    CHECK_OK(kvs_seq_pages(c, 0, 1, seq_pages, 4, &n));
+    CHECK_EQ(pg[0], seq_pages[0]);
+    CHECK_OK(kvs_cache_new_step(c));
+    kvs_stats after = t_stats(c);
+    CHECK(memcmp(&before, &after, sizeof after) == 0);
+    CHECK_CACHE(c);
 }
 
 int main(void) {
@@ -685,6 +807,7 @@ int main(void) {
     prefix();
     seqs();
     batch_builders();
+    one_group();
     /* The fixture survives all of it intact. */
     kvs_seq_info si;
     CHECK_OK(kvs_seq_info_fn(c, 1, &si));
@@ -692,7 +815,7 @@ int main(void) {
     CHECK_OK(kvs_seq_info_fn(c, 2, &si));
     CHECK_EQ(si.tier, T_TIER_HOST);
     CHECK_EQ(t_page(c, T_TIER_DEVICE, held).refcount, 1);
-    CHECK_OK(kvs_pages_release(c, &held, 1));
+    CHECK_OK(kvs_pages_release(c, 0, &held, 1));
     CHECK_OK(kvs_seq_free(c, 1));
     CHECK_OK(kvs_seq_free(c, 2));
     kvs_stats s = t_stats(c);

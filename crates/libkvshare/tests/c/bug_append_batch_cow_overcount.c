@@ -21,7 +21,7 @@ int main(void) {
     CHECK_OK(kvs_cache_new(&cfg, &c));
     int32_t t[6];
     t_iota(t, 6, 1);
-    CHECK_OK(kvs_seq_begin(c, 1, t, 6, NULL, SIZE_MAX, NULL));
+    CHECK_OK(kvs_seq_begin(c, 1, t, 6, NULL, SIZE_MAX, 0, NULL));
     CHECK_OK(kvs_seq_fork(c, 1, 2));
     CHECK_EQ(t_stats(c).device_pages_free, 1);
 

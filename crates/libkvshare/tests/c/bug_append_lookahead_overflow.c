@@ -19,7 +19,7 @@ int main(void) {
     CHECK_OK(kvs_cache_new(&cfg, &c));
     int32_t t[6];
     t_iota(t, 6, 1);
-    CHECK_OK(kvs_seq_begin(c, 1, t, 6, NULL, SIZE_MAX, NULL));
+    CHECK_OK(kvs_seq_begin(c, 1, t, 6, NULL, SIZE_MAX, 0, NULL));
     kvs_stats before = t_stats(c);
     const size_t huge[] = {SIZE_MAX, SIZE_MAX - 1, SIZE_MAX / 2 + 1};
     for (size_t i = 0; i < sizeof huge / sizeof huge[0]; i++) {

@@ -24,7 +24,7 @@ static void empty_prompt(void) {
     kvs_cache *c = NULL;
     CHECK_OK(kvs_cache_new(&cfg, &c));
     kvs_seq_info info;
-    CHECK_OK(kvs_seq_begin(c, 1, NULL, 0, NULL, SIZE_MAX, &info));
+    CHECK_OK(kvs_seq_begin(c, 1, NULL, 0, NULL, SIZE_MAX, 0, &info));
     CHECK_EQ(info.num_tokens, 0);
     CHECK_EQ(info.num_pages, 0);
     CHECK_CACHE(c);
@@ -52,6 +52,7 @@ int main(void) {
         {offsetof(kvs_config, skip_cached_writes), "skip_cached_writes"},
         {offsetof(kvs_config, demote_to_host), "demote_to_host"},
         {offsetof(kvs_config, enable_events), "enable_events"},
+        {offsetof(kvs_config, vllm_free_order), "vllm_free_order"},
     };
     for (size_t i = 0; i < sizeof bools / sizeof bools[0]; i++) {
         refuse_byte(bools[i].offset, bools[i].field, 2);

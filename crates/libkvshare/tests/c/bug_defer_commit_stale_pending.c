@@ -22,19 +22,19 @@ int main(void) {
     t_iota(t, 8, 1);
 
     /* Short prompt reusing the id. */
-    CHECK_OK(kvs_seq_begin(c, 1, t, 8, NULL, SIZE_MAX, NULL)); /* 2 full pages: queued */
+    CHECK_OK(kvs_seq_begin(c, 1, t, 8, NULL, SIZE_MAX, 0, NULL)); /* 2 full pages: queued */
     CHECK_OK(kvs_seq_free(c, 1));                              /* freed before the commit */
-    CHECK_OK(kvs_seq_begin(c, 1, t, 3, NULL, SIZE_MAX, NULL)); /* same id, no full page */
+    CHECK_OK(kvs_seq_begin(c, 1, t, 3, NULL, SIZE_MAX, 0, NULL)); /* same id, no full page */
     CHECK_CACHE(c);
     CHECK_OK(kvs_cache_commit(c));
     CHECK_OK(kvs_seq_free(c, 1));
 
     /* Fork of a committed parent into a recycled id. */
-    CHECK_OK(kvs_seq_begin(c, 2, t, 8, NULL, SIZE_MAX, NULL));
+    CHECK_OK(kvs_seq_begin(c, 2, t, 8, NULL, SIZE_MAX, 0, NULL));
     CHECK_OK(kvs_cache_commit(c));
     int32_t u[8];
     t_iota(u, 8, 100);
-    CHECK_OK(kvs_seq_begin(c, 3, u, 8, NULL, SIZE_MAX, NULL)); /* uncached: queued */
+    CHECK_OK(kvs_seq_begin(c, 3, u, 8, NULL, SIZE_MAX, 0, NULL)); /* uncached: queued */
     CHECK_OK(kvs_seq_free(c, 3));
     CHECK_OK(kvs_seq_fork(c, 2, 3));
     CHECK_CACHE(c);

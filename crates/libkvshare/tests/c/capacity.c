@@ -10,8 +10,8 @@
 static uint64_t avail_at(kvs_cache *c, const char *file, int line) {
     kvs_stats s = t_stats(c);
     size_t dev = 0, host = 0;
-    if (kvs_cache_available(c, KVS_TIER_DEVICE, &dev) != KVS_STATUS_OK ||
-        kvs_cache_available(c, KVS_TIER_HOST, &host) != KVS_STATUS_OK ||
+    if (kvs_cache_available(c, KVS_TIER_DEVICE, 0, &dev) != KVS_STATUS_OK ||
+        kvs_cache_available(c, KVS_TIER_HOST, 0, &host) != KVS_STATUS_OK ||
         dev != s.device_pages_free + s.device_pages_cached ||
         host != s.host_pages_free + s.host_pages_cached) {
         fprintf(stderr, "%s:%d: kvs_cache_available %zu/%zu, stats %llu/%llu\n", file, line,
@@ -33,7 +33,7 @@ int main(void) {
     int32_t t[6];
     t_iota(t, 6, 1);
     CHECK_EQ(avail(c), 8);
-    CHECK_OK(kvs_seq_begin(c, 1, t, 6, NULL, SIZE_MAX, NULL));
+    CHECK_OK(kvs_seq_begin(c, 1, t, 6, NULL, SIZE_MAX, 0, NULL));
     CHECK_EQ(avail(c), 6);
     CHECK_OK(kvs_seq_fork(c, 1, 2));
     CHECK_EQ(avail(c), 6);
@@ -79,14 +79,14 @@ int main(void) {
      * shares the first of them) copies only its partial page; the cached host page it shares
      * leaves the evictable count. */
     size_t host_before = 0;
-    CHECK_OK(kvs_cache_available(c, KVS_TIER_HOST, &host_before));
+    CHECK_OK(kvs_cache_available(c, KVS_TIER_HOST, 0, &host_before));
     CHECK_EQ(host_before, 8);
     CHECK_OK(kvs_seq_swap_out_need(c, 1, &need, &can));
     CHECK_EQ(need, 1);
     CHECK_EQ(can, 7);
     CHECK_OK(kvs_seq_swap_out(c, 1, out, 8, &n));
     CHECK_EQ(n, need);
-    CHECK_OK(kvs_cache_available(c, KVS_TIER_HOST, &host_before));
+    CHECK_OK(kvs_cache_available(c, KVS_TIER_HOST, 0, &host_before));
     CHECK_EQ(host_before, 6);
     need = 33;
     CHECK_FAILS(kvs_seq_swap_out_need(c, 1, &need, NULL), KVS_STATUS_SEQ_WRONG_TIER, "host");
@@ -98,9 +98,9 @@ int main(void) {
     avail(c);
 
     size_t got = 55;
-    CHECK_FAILS(kvs_cache_available(NULL, KVS_TIER_DEVICE, &got), KVS_STATUS_NULL_ARGUMENT, "cache");
-    CHECK_FAILS(kvs_cache_available(c, 7, &got), KVS_STATUS_INVALID_ARGUMENT, "tier");
-    CHECK_FAILS(kvs_cache_available(c, KVS_TIER_DEVICE, NULL), KVS_STATUS_NULL_ARGUMENT, "pages_out");
+    CHECK_FAILS(kvs_cache_available(NULL, KVS_TIER_DEVICE, 0, &got), KVS_STATUS_NULL_ARGUMENT, "cache");
+    CHECK_FAILS(kvs_cache_available(c, 7, 0, &got), KVS_STATUS_INVALID_ARGUMENT, "tier");
+    CHECK_FAILS(kvs_cache_available(c, KVS_TIER_DEVICE, 0, NULL), KVS_STATUS_NULL_ARGUMENT, "pages_out");
     CHECK_EQ(got, 55);
 
     CHECK_CACHE(c);

@@ -145,8 +145,49 @@ static T_UNUSED kvs_stats t_stats(const kvs_cache *c) {
 static T_UNUSED kvs_page_info t_page(const kvs_cache *c, uint32_t tier, uint32_t page) {
     kvs_page_info i;
     memset(&i, 0, sizeof i);
-    CHECK_OK(kvs_page_info_fn(c, tier, page, &i));
+    CHECK_OK(kvs_page_info_fn(c, tier, 0, page, &i));
     return i;
+}
+
+/* A config of the groups `g[0..n)` (page size `ps`, `pages` device pages per pool, the null
+ * page reserved) that keeps pages as vLLM's manager does: vLLM's reuse order, cached pages
+ * recomputed rather than shared past the match limit or deduplicated. */
+static T_UNUSED kvs_config t_groups_config(uint32_t ps, uint32_t pages, const kvs_group *g,
+                                          size_t n) {
+    kvs_config c = kvs_config_default();
+    c.page_size = ps;
+    c.num_device_pages = pages;
+    c.reserve_null_page = true;
+    c.skip_cached_writes = false;
+    c.vllm_free_order = true;
+    c.groups = g;
+    c.num_groups = n;
+    return c;
+}
+
+/* kvs_seq_append of `n` tokens without lookahead slots, which must succeed; returns the number
+ * of copy-on-write copies it reported. */
+static T_UNUSED size_t t_append(kvs_cache *c, uint64_t id, const int32_t *t, size_t n) {
+    kvs_copy cp[8];
+    size_t nc = 0;
+    CHECK_OK(kvs_seq_append(c, id, t, n, 0, cp, 8, &nc));
+    return nc;
+}
+
+static T_UNUSED kvs_group_stats t_group_stats(const kvs_cache *c, size_t group) {
+    kvs_group_stats s;
+    memset(&s, 0, sizeof s);
+    CHECK_OK(kvs_cache_group_stats(c, group, &s));
+    return s;
+}
+
+/* Group `group`'s block table of sequence `id` into `out` (capacity `cap`); returns its length. */
+static T_UNUSED size_t t_pages(const kvs_cache *c, size_t group, uint64_t id, uint32_t *out,
+                               size_t cap) {
+    size_t n = (size_t)-1;
+    CHECK_OK(kvs_seq_pages(c, group, id, out, cap, &n));
+    CHECK(n <= cap);
+    return n;
 }
 
 /* Fills `n` tokens with base, base+1, ... */

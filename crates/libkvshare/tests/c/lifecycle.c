@@ -95,7 +95,7 @@ static void default_config(void) {
 /* Writes the block table of `id` to `pages` (capacity `cap`), returns its length. */
 static size_t seq_pages(const kvs_cache *c, uint64_t id, uint32_t *pages, size_t cap) {
     size_t n = (size_t)-1;
-    CHECK_OK(kvs_seq_pages(c, id, pages, cap, &n));
+    CHECK_OK(kvs_seq_pages(c, 0, id, pages, cap, &n));
     CHECK(n <= cap);
     return n;
 }
@@ -154,13 +154,13 @@ static void lifecycle(void) {
     t_iota(p2, 3, 200);
     kvs_seq_info bi;
     memset(&bi, 0xEE, sizeof bi);
-    CHECK_OK(kvs_seq_begin(c, 1, p1, 6, NULL, SIZE_MAX, &bi));
+    CHECK_OK(kvs_seq_begin(c, 1, p1, 6, NULL, SIZE_MAX, 0, &bi));
     CHECK_EQ(bi.num_tokens, 6);
     CHECK_EQ(bi.num_pages, 2);
     CHECK_EQ(bi.matched_tokens, 0);
     CHECK_EQ(bi.new_pages, 2);
     CHECK_EQ(bi.tier, T_TIER_DEVICE);
-    CHECK_OK(kvs_seq_begin(c, 2, p2, 3, NULL, SIZE_MAX, NULL)); /* info_out is optional */
+    CHECK_OK(kvs_seq_begin(c, 2, p2, 3, NULL, SIZE_MAX, 0, NULL)); /* info_out is optional */
     CHECK_CACHE(c);
 
     uint32_t t[3][8];
@@ -248,7 +248,7 @@ static void lifecycle(void) {
     int32_t table[3 * 4];
     int32_t lens[3];
     memset(table, 0x7F, sizeof table);
-    CHECK_OK(kvs_cache_block_tables(c, ids, 3, 4, -1, table, 12, lens, 3));
+    CHECK_OK(kvs_cache_block_tables(c, 0, ids, 3, 4, -1, table, 12, lens, 3));
     const int32_t want_lens[3] = {9, 4, 10};
     for (size_t i = 0; i < 3; i++) {
         CHECK_EQ(lens[i], want_lens[i]);
@@ -260,7 +260,7 @@ static void lifecycle(void) {
         }
     }
     /* Without context lengths (NULL, 0), and with padding page 0. */
-    CHECK_OK(kvs_cache_block_tables(c, ids, 3, 4, 0, table, 12, NULL, 0));
+    CHECK_OK(kvs_cache_block_tables(c, 0, ids, 3, 4, 0, table, 12, NULL, 0));
     CHECK_EQ(table[1 * 4 + 2], 0);
     CHECK_EQ(table[1 * 4 + 3], 0);
     CHECK_EQ(table[0], t[0][0]);
@@ -271,7 +271,7 @@ static void lifecycle(void) {
     int64_t slots[10];
     size_t nslots = 0;
     memset(slots, 0x55, sizeof slots);
-    CHECK_OK(kvs_cache_slot_mapping(c, ids, q, 3, slots, 10, &nslots));
+    CHECK_OK(kvs_cache_slot_mapping(c, 0, ids, q, 3, slots, 10, &nslots));
     CHECK_EQ(nslots, 7);
     const int64_t want_slots[10] = {
         (int64_t)t[0][2] * PS + 0,
@@ -291,7 +291,7 @@ static void lifecycle(void) {
         }
     }
     /* num_slots_out is optional; an exact-size buffer has no padding. */
-    CHECK_OK(kvs_cache_slot_mapping(c, ids, q, 3, slots, 7, NULL));
+    CHECK_OK(kvs_cache_slot_mapping(c, 0, ids, q, 3, slots, 7, NULL));
     CHECK_EQ(slots[6], (uint64_t)want_slots[6]);
 
     /* One decode step for the whole batch: no shared partial page any more, so no copies. */

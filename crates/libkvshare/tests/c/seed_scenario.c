@@ -34,7 +34,7 @@ static kvs_seq_info begin(kvs_cache *c, uint64_t id, const int32_t *t, size_t n,
                           const kvs_extra_keys *x, size_t max_match) {
     kvs_seq_info i;
     memset(&i, 0xEE, sizeof i);
-    CHECK_OK(kvs_seq_begin(c, id, t, n, x, max_match, &i));
+    CHECK_OK(kvs_seq_begin(c, id, t, n, x, max_match, 0, &i));
     CHECK_EQ(i.num_tokens, n);
     CHECK_EQ(i.num_pages, (n + PS - 1) / PS);
     CHECK_EQ(i.tier, T_TIER_DEVICE);
@@ -44,7 +44,7 @@ static kvs_seq_info begin(kvs_cache *c, uint64_t id, const int32_t *t, size_t n,
 
 static size_t pages_of(const kvs_cache *c, uint64_t id, uint32_t *out) {
     size_t n = 0;
-    CHECK_OK(kvs_seq_pages(c, id, out, MAXP, &n));
+    CHECK_OK(kvs_seq_pages(c, 0, id, out, MAXP, &n));
     return n;
 }
 
@@ -209,7 +209,7 @@ static void multi_turn(bool skip_cached_writes) {
     const uint32_t ql[1] = {6};
     int64_t slots[6];
     size_t ns = 0;
-    CHECK_OK(kvs_cache_slot_mapping(c, ids, ql, 1, slots, 6, &ns));
+    CHECK_OK(kvs_cache_slot_mapping(c, 0, ids, ql, 1, slots, 6, &ns));
     CHECK_EQ(ns, 6);
     for (uint32_t k = 0; k < 6; k++) {
         uint32_t pos = 16 + k;
@@ -225,7 +225,7 @@ static void multi_turn(bool skip_cached_writes) {
     const uint64_t id3[1] = {3};
     const uint32_t q1[1] = {1};
     int64_t slot = 0;
-    CHECK_OK(kvs_cache_slot_mapping(c, id3, q1, 1, &slot, 1, &ns));
+    CHECK_OK(kvs_cache_slot_mapping(c, 0, id3, q1, 1, &slot, 1, &ns));
     CHECK_EQ(ns, 1);
     CHECK(i3.matched_tokens <= 15);
     if (skip_cached_writes) {
@@ -494,7 +494,7 @@ static void deferred_commit(void) {
 static size_t match(kvs_cache *c, const int32_t *t, size_t n, const kvs_extra_keys *x,
                     size_t max, bool acquire, uint32_t *out) {
     size_t np = 99, mt = 99;
-    CHECK_OK(kvs_prefix_match(c, t, n, x, max, acquire, out, MAXP, &np, &mt));
+    CHECK_OK(kvs_prefix_match(c, 0, t, n, x, max, acquire, out, MAXP, &np, &mt));
     CHECK_EQ(mt, np * PS);
     CHECK_CACHE(c);
     return np;
@@ -504,7 +504,7 @@ static void page_api(void) {
     kvs_cache *c = make(12, 0, false, true);
     uint32_t pg[MAXP];
     memset(pg, 0xFF, sizeof pg);
-    CHECK_OK(kvs_pages_alloc(c, 3, pg, 3));
+    CHECK_OK(kvs_pages_alloc(c, 0, 3, pg, 3));
     CHECK_CACHE(c);
     for (int j = 0; j < 3; j++) {
         kvs_page_info pi = t_page(c, T_TIER_DEVICE, pg[j]);
@@ -521,15 +521,15 @@ static void page_api(void) {
     int32_t t[13];
     t_iota(t, 13, 3000);
     size_t reg = 99;
-    CHECK_OK(kvs_prefix_register(c, t, 13, pg, 3, NULL, &reg));
+    CHECK_OK(kvs_prefix_register(c, 0, t, 13, pg, 3, NULL, &reg));
     CHECK_CACHE(c);
     CHECK_EQ(reg, 3);
     CHECK_EQ(t_stats(c).pages_registered, 3);
     CHECK_EQ(t_stats(c).index_pages, 3);
     /* Registering again adds nothing (registered_out is optional). */
-    CHECK_OK(kvs_prefix_register(c, t, 13, pg, 3, NULL, &reg));
+    CHECK_OK(kvs_prefix_register(c, 0, t, 13, pg, 3, NULL, &reg));
     CHECK_EQ(reg, 0);
-    CHECK_OK(kvs_prefix_register(c, t, 13, pg, 3, NULL, NULL));
+    CHECK_OK(kvs_prefix_register(c, 0, t, 13, pg, 3, NULL, NULL));
 
     /* Match without acquire: no refcount change, not counted in the hit-rate stats. */
     uint32_t m[MAXP];
@@ -569,10 +569,10 @@ static void page_api(void) {
     /* Release the matched references (last first), then the allocation: registered pages
      * become cached, not free. */
     const uint32_t rev[3] = {m[2], m[1], m[0]};
-    CHECK_OK(kvs_pages_release(c, rev, 3));
+    CHECK_OK(kvs_pages_release(c, 0, rev, 3));
     CHECK_CACHE(c);
     CHECK_EQ(t_page(c, T_TIER_DEVICE, pg[0]).refcount, 1);
-    CHECK_OK(kvs_pages_release(c, rev, 3));
+    CHECK_OK(kvs_pages_release(c, 0, rev, 3));
     CHECK_CACHE(c);
     for (int j = 0; j < 3; j++) {
         kvs_page_info pi = t_page(c, T_TIER_DEVICE, pg[j]);
@@ -585,25 +585,25 @@ static void page_api(void) {
 
     /* A cached page can be acquired directly (and then is not evictable), and a match with
      * acquire revives cached pages. */
-    CHECK_OK(kvs_pages_acquire(c, &pg[0], 1));
+    CHECK_OK(kvs_pages_acquire(c, 0, &pg[0], 1));
     CHECK_EQ(t_page(c, T_TIER_DEVICE, pg[0]).state, T_PAGE_IN_USE);
     CHECK_EQ(t_stats(c).device_pages_cached, 2);
     const uint32_t twice[2] = {pg[0], pg[0]};
-    CHECK_OK(kvs_pages_acquire(c, twice, 2)); /* a page may appear several times */
+    CHECK_OK(kvs_pages_acquire(c, 0, twice, 2)); /* a page may appear several times */
     CHECK_EQ(t_page(c, T_TIER_DEVICE, pg[0]).refcount, 3);
-    CHECK_OK(kvs_pages_release(c, twice, 2));
-    CHECK_OK(kvs_pages_release(c, &pg[0], 1));
+    CHECK_OK(kvs_pages_release(c, 0, twice, 2));
+    CHECK_OK(kvs_pages_release(c, 0, &pg[0], 1));
     CHECK_EQ(t_page(c, T_TIER_DEVICE, pg[0]).state, T_PAGE_CACHED);
     CHECK_EQ(match(c, t, 13, NULL, SIZE_MAX, true, m), 3);
     CHECK_EQ(t_stats(c).device_pages_cached, 0);
     const uint32_t rev2[3] = {m[2], m[1], m[0]};
-    CHECK_OK(kvs_pages_release(c, rev2, 3));
+    CHECK_OK(kvs_pages_release(c, 0, rev2, 3));
     CHECK_CACHE(c);
 
     /* Eviction: 12 pages, 3 cached; allocating all 12 evicts them (the LRU first), and an
      * evicted page no longer matches. */
     uint32_t all[12];
-    CHECK_OK(kvs_pages_alloc(c, 10, all, 12));
+    CHECK_OK(kvs_pages_alloc(c, 0, 10, all, 12));
     CHECK_CACHE(c);
     kvs_stats s4 = t_stats(c);
     CHECK_EQ(s4.evictions, 1);
@@ -611,12 +611,12 @@ static void page_api(void) {
     CHECK_EQ(s4.index_pages, 2);
     /* Released last-first, the deepest page (pg[2]) was at the LRU head: the match keeps 2. */
     CHECK_EQ(match(c, t, 13, NULL, SIZE_MAX, false, m), 2);
-    CHECK_OK(kvs_pages_alloc(c, 2, all + 10, 2));
+    CHECK_OK(kvs_pages_alloc(c, 0, 2, all + 10, 2));
     CHECK_EQ(t_stats(c).evictions, 3);
     CHECK_EQ(t_stats(c).device_pages_free, 0);
     CHECK_EQ(match(c, t, 13, NULL, SIZE_MAX, false, m), 0);
-    CHECK_STATUS(kvs_pages_alloc(c, 1, m, 1), KVS_STATUS_NO_SPACE);
-    CHECK_OK(kvs_pages_release(c, all, 12));
+    CHECK_STATUS(kvs_pages_alloc(c, 0, 1, m, 1), KVS_STATUS_NO_SPACE);
+    CHECK_OK(kvs_pages_release(c, 0, all, 12));
     CHECK_CACHE(c);
     CHECK_EQ(t_stats(c).device_pages_free, 12);
     kvs_cache_free(c);
@@ -634,8 +634,8 @@ static void extra_keys(void) {
     const uint8_t salt_b[] = {'t', 'e', 'n', 'a', 'n', 't', '-', 'b'};
     kvs_extra_keys xa = {0, salt_a, sizeof salt_a, NULL, 0};
     kvs_extra_keys xb = {0, salt_b, sizeof salt_b, NULL, 0};
-    CHECK_OK(kvs_pages_alloc(c, 2, pg, 2));
-    CHECK_OK(kvs_prefix_register(c, t, 8, pg, 2, &xa, &reg));
+    CHECK_OK(kvs_pages_alloc(c, 0, 2, pg, 2));
+    CHECK_OK(kvs_prefix_register(c, 0, t, 8, pg, 2, &xa, &reg));
     CHECK_EQ(reg, 2);
     CHECK_EQ(match(c, t, 8, NULL, SIZE_MAX, false, m), 0);
     CHECK_EQ(match(c, t, 8, &xb, SIZE_MAX, false, m), 0);
@@ -646,8 +646,8 @@ static void extra_keys(void) {
     CHECK_EQ(match(c, t, 8, &none, SIZE_MAX, false, m), 0);
     /* The same tokens without salt register separately (a different page). */
     uint32_t pn[2];
-    CHECK_OK(kvs_pages_alloc(c, 2, pn, 2));
-    CHECK_OK(kvs_prefix_register(c, t, 8, pn, 2, NULL, &reg));
+    CHECK_OK(kvs_pages_alloc(c, 0, 2, pn, 2));
+    CHECK_OK(kvs_prefix_register(c, 0, t, 8, pn, 2, NULL, &reg));
     CHECK_EQ(reg, 2);
     CHECK_EQ(match(c, t, 8, &none, SIZE_MAX, false, m), 2);
     CHECK_EQ(m[0], pn[0]);
@@ -695,8 +695,8 @@ static void extra_keys(void) {
         CHECK_OK(kvs_seq_free(c, id));
         CHECK_CACHE(c);
     }
-    CHECK_OK(kvs_pages_release(c, pg, 2));
-    CHECK_OK(kvs_pages_release(c, pn, 2));
+    CHECK_OK(kvs_pages_release(c, 0, pg, 2));
+    CHECK_OK(kvs_pages_release(c, 0, pn, 2));
     CHECK_CACHE(c);
     CHECK_EQ(t_stats(c).device_pages_in_use, 0);
     kvs_cache_free(c);

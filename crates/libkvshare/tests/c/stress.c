@@ -1,14 +1,18 @@
 /*
  * Several threads share one cache, as a scheduler thread and workers would: each runs a
  * bounded, deterministic (per-thread PRNG) mix of begin / append / batch append / fork /
- * swap out / swap in / page-level match + acquire, alloc + register, release / free, plus
- * block tables, slot mapping, stats and occasional checks and prefix clears. Prompts are drawn
- * from a few shared prefixes so threads share pages. NO_SPACE is an acceptable outcome of any
- * allocating call; every other status must be the one expected.
+ * swap out / swap in / release of skipped pages / page-level match + acquire, alloc +
+ * register, release / free, plus block tables, slot mapping, stats and occasional checks and
+ * prefix clears. Prompts are drawn from a few shared prefixes so threads share pages. NO_SPACE
+ * is an acceptable outcome of any allocating call; every other status must be the one
+ * expected.
  *
  * Each thread also keeps its own model of its sequences (token count, tier) and compares it
  * with kvs_seq_info. At the end every thread frees what it holds, and the program asserts that
- * no page is in use, no sequence is left, and kvs_cache_check is OK. Runs under TSan too.
+ * no page is in use, no sequence is left, and kvs_cache_check is OK. The whole run happens on
+ * a cache of one group, then on a cache of groups (full attention, a sliding window, a state
+ * group in a pool of its own: every call on every group, the host tier and copy-on-write
+ * included). Runs under TSan too.
  */
 #include <pthread.h>
 
@@ -29,6 +33,10 @@
 
 static kvs_cache *cache;
 static int32_t prefixes[NPREFIX][PREFIX_LEN];
+/* The cache's groups: how many, how many pools, which are state groups. */
+static size_t ngroups;
+static size_t npools;
+static int is_state[4];
 
 typedef struct {
     uint64_t id;
@@ -39,6 +47,7 @@ typedef struct {
 typedef struct {
     uint32_t pages[MAXPG];
     size_t n;
+    size_t group;
 } held_pages;
 
 typedef struct {
@@ -110,7 +119,7 @@ static void op_begin(worker *w) {
     uint64_t id = w->next_id++;
     size_t max_match = below(w, 2) ? SIZE_MAX : (n > 0 ? n - 1 : 0);
     kvs_seq_info info;
-    if (ALLOC_OK(w, kvs_seq_begin(cache, id, t, n, NULL, max_match, &info))) {
+    if (ALLOC_OK(w, kvs_seq_begin(cache, id, t, n, NULL, max_match, 0, &info))) {
         CHECK_EQ(info.num_tokens, n);
         CHECK(info.matched_tokens <= n);
         if (info.matched_tokens > 0) {
@@ -134,20 +143,23 @@ static void op_append(worker *w) {
     if (s->tokens + n + lookahead > MAXLEN) {
         return;
     }
-    kvs_copy cp[2];
+    kvs_copy cp[4];
     size_t nc = 99;
-    uint32_t st = (uint32_t)kvs_seq_append(cache, s->id, t, n, lookahead, cp, 2, &nc);
+    uint32_t st = (uint32_t)kvs_seq_append(cache, s->id, t, n, lookahead, cp, 4, &nc);
     if (s->tier == T_TIER_HOST) {
         CHECK_STATUS(st, KVS_STATUS_SEQ_WRONG_TIER);
         return;
     }
     if (alloc_outcome(w, st, "kvs_seq_append", __LINE__)) {
-        CHECK(nc <= 1);
-        if (nc == 1) {
+        /* At most one copy per group: its partial page, or a state group's whole state. */
+        CHECK(nc <= ngroups);
+        for (size_t j = 0; j < nc; j++) {
             w->cow++;
-            CHECK_EQ(cp[0].kind, T_COPY_D2D);
-            CHECK(cp[0].num_tokens > 0 && cp[0].num_tokens < PS);
-            CHECK(cp[0].src_page != cp[0].dst_page);
+            CHECK_EQ(cp[j].kind, T_COPY_D2D);
+            CHECK(cp[j].group < ngroups);
+            CHECK(cp[j].num_tokens > 0 && cp[j].num_tokens <= PS);
+            CHECK(cp[j].num_tokens < PS || is_state[cp[j].group]);
+            CHECK(cp[j].src_page != cp[j].dst_page);
         }
         s->tokens += n;
     }
@@ -166,19 +178,20 @@ static void op_batch(worker *w) {
             n++;
         }
     }
-    kvs_copy cp[MAXLIVE];
+    kvs_copy cp[MAXLIVE * 4];
     size_t nc = 99;
-    if (ALLOC_OK(w, kvs_seq_append_batch(cache, ids, n, t, n, cp, MAXLIVE, &nc))) {
-        CHECK(nc <= n);
+    if (ALLOC_OK(w, kvs_seq_append_batch(cache, ids, n, t, n, cp, MAXLIVE * 4, &nc))) {
+        CHECK(nc <= n * ngroups);
         for (size_t k = 0; k < n; k++) {
             who[k]->tokens++;
         }
         w->cow += nc;
         /* The engine's view of this step: block tables and slot mapping of the batch. */
         if (n > 0) {
+            size_t g = below(w, (uint32_t)ngroups);
             int32_t table[MAXLIVE * MAXPG];
             int32_t lens[MAXLIVE];
-            CHECK_OK(kvs_cache_block_tables(cache, ids, n, MAXPG, -1, table, MAXLIVE * MAXPG,
+            CHECK_OK(kvs_cache_block_tables(cache, g, ids, n, MAXPG, -1, table, MAXLIVE * MAXPG,
                                             lens, MAXLIVE));
             uint32_t q[MAXLIVE];
             for (size_t k = 0; k < n; k++) {
@@ -187,7 +200,7 @@ static void op_batch(worker *w) {
             }
             int64_t slots[MAXLIVE];
             size_t ns = 0;
-            CHECK_OK(kvs_cache_slot_mapping(cache, ids, q, n, slots, MAXLIVE, &ns));
+            CHECK_OK(kvs_cache_slot_mapping(cache, g, ids, q, n, slots, MAXLIVE, &ns));
             CHECK_EQ(ns, n);
             for (size_t k = 0; k < n; k++) {
                 /* The new token's slot lies in the block table's page for its position. */
@@ -219,21 +232,21 @@ static void op_swap(worker *w) {
         return;
     }
     live_seq *s = &w->live[below(w, (uint32_t)w->nlive)];
-    kvs_copy cp[MAXPG];
+    kvs_copy cp[MAXPG * 4];
     size_t nc = 99;
     if (s->tier == T_TIER_DEVICE) {
         kvs_seq_info before;
         CHECK_OK(kvs_seq_info_fn(cache, s->id, &before));
-        if (ALLOC_OK(w, kvs_seq_swap_out(cache, s->id, cp, MAXPG, &nc))) {
+        if (ALLOC_OK(w, kvs_seq_swap_out(cache, s->id, cp, MAXPG * 4, &nc))) {
             /* Full pages whose content the host holds already are shared, not copied. */
-            CHECK(nc <= before.num_pages);
+            CHECK(nc <= before.num_pages * ngroups);
             for (size_t j = 0; j < nc; j++) {
                 CHECK_EQ(cp[j].kind, T_COPY_D2H);
             }
             s->tier = T_TIER_HOST;
             w->swaps++;
         }
-    } else if (ALLOC_OK(w, kvs_seq_swap_in(cache, s->id, cp, MAXPG, &nc))) {
+    } else if (ALLOC_OK(w, kvs_seq_swap_in(cache, s->id, cp, MAXPG * 4, &nc))) {
         for (size_t j = 0; j < nc; j++) {
             CHECK_EQ(cp[j].kind, T_COPY_H2D);
         }
@@ -247,12 +260,13 @@ static void op_pages(worker *w) {
         return;
     }
     held_pages *h = &w->held[w->nheld];
+    h->group = below(w, (uint32_t)ngroups);
     if (below(w, 2)) {
-        /* Match a shared prefix and take references on the hit pages. */
+        /* Match a shared prefix in one group and take references on the hit pages. */
         size_t mt = 0;
         uint32_t which = below(w, NPREFIX);
-        CHECK_OK(kvs_prefix_match(cache, prefixes[which], PREFIX_LEN, NULL, SIZE_MAX, true,
-                                  h->pages, MAXPG, &h->n, &mt));
+        CHECK_OK(kvs_prefix_match(cache, h->group, prefixes[which], PREFIX_LEN, NULL, SIZE_MAX,
+                                  true, h->pages, MAXPG, &h->n, &mt));
         CHECK_EQ(mt, h->n * PS);
         if (h->n > 0) {
             w->hits++;
@@ -262,14 +276,14 @@ static void op_pages(worker *w) {
         /* Allocate pages and register them under fresh tokens, as an engine with its own
          * block tables would after computing their KV. */
         size_t n = 1 + below(w, 4);
-        if (ALLOC_OK(w, kvs_pages_alloc(cache, n, h->pages, MAXPG))) {
+        if (ALLOC_OK(w, kvs_pages_alloc(cache, h->group, n, h->pages, MAXPG))) {
             h->n = n;
             int32_t t[4 * PS];
             for (size_t i = 0; i < n * PS; i++) {
                 t[i] = (int32_t)below(w, 50000);
             }
             size_t reg = 99;
-            CHECK_OK(kvs_prefix_register(cache, t, n * PS, h->pages, n, NULL, &reg));
+            CHECK_OK(kvs_prefix_register(cache, h->group, t, n * PS, h->pages, n, NULL, &reg));
             CHECK(reg <= n);
             w->nheld++;
         }
@@ -282,7 +296,7 @@ static void release_held(worker *w, size_t k) {
     for (size_t j = 0; j < h->n; j++) {
         rev[j] = h->pages[h->n - 1 - j];
     }
-    CHECK_OK(kvs_pages_release(cache, rev, h->n));
+    CHECK_OK(kvs_pages_release(cache, h->group, rev, h->n));
     w->held[k] = w->held[--w->nheld];
 }
 
@@ -290,6 +304,24 @@ static void op_release(worker *w) {
     if (w->nheld > 0) {
         release_held(w, below(w, (uint32_t)w->nheld));
     }
+}
+
+/* vLLM's release before an allocation: the pages a group no longer reads at the tokens
+ * computed (all of them). */
+static void op_release_skipped(worker *w) {
+    if (w->nlive == 0) {
+        return;
+    }
+    live_seq *s = &w->live[below(w, (uint32_t)w->nlive)];
+    size_t n = 99;
+    uint32_t st = (uint32_t)kvs_seq_release_skipped(cache, s->id, s->tokens, &n);
+    if (s->tier == T_TIER_HOST) {
+        CHECK_STATUS(st, KVS_STATUS_SEQ_WRONG_TIER);
+        CHECK_EQ(n, 99);
+        return;
+    }
+    CHECK_OK(st);
+    CHECK(n <= (s->tokens / PS + 1) * ngroups);
 }
 
 static void op_free(worker *w) {
@@ -321,16 +353,19 @@ static void *run(void *arg) {
             op_pages(w);
         } else if (r < 84) {
             op_release(w);
-        } else if (r < 97) {
+        } else if (r < 94) {
             op_free(w);
+        } else if (r < 97) {
+            op_release_skipped(w);
         } else if (r < 99) {
             if (w->nlive > 0) {
                 model_check(&w->live[below(w, (uint32_t)w->nlive)]);
             }
             kvs_stats s = t_stats(cache);
             CHECK(s.device_pages_free + s.device_pages_cached + s.device_pages_in_use ==
-                  NDEV - 1);
-            CHECK(s.host_pages_free + s.host_pages_cached + s.host_pages_in_use == NHOST);
+                  (NDEV - 1) * npools);
+            CHECK(s.host_pages_free + s.host_pages_cached + s.host_pages_in_use ==
+                  NHOST * npools);
         } else {
             CHECK_CACHE(cache);
             if (below(w, 8) == 0) {
@@ -348,20 +383,29 @@ static void *run(void *arg) {
     return NULL;
 }
 
-int main(void) {
+/* The whole run on a cache of the groups `g[0..n)` (n 0: one full-attention group). */
+static void scenario(const char *name, const kvs_group *g, size_t n) {
     kvs_config cfg = kvs_config_default();
     cfg.page_size = PS;
     cfg.num_device_pages = NDEV;
     cfg.num_host_pages = NHOST;
     cfg.reserve_null_page = true;
+    cfg.groups = g;
+    cfg.num_groups = n;
     CHECK_OK(kvs_cache_new(&cfg, &cache));
-    for (int p = 0; p < NPREFIX; p++) {
-        t_iota(prefixes[p], PREFIX_LEN, 100000 + 1000 * p);
+    kvs_group_info gi;
+    CHECK_OK(kvs_cache_group_info(cache, 0, &gi));
+    ngroups = gi.num_groups;
+    npools = gi.num_pools;
+    for (size_t k = 0; k < ngroups; k++) {
+        CHECK_OK(kvs_cache_group_info(cache, k, &gi));
+        is_state[k] = gi.kind == KVS_GROUP_KIND_STATE;
     }
 
     static worker workers[NTHREADS];
     pthread_t threads[NTHREADS];
     for (int i = 0; i < NTHREADS; i++) {
+        memset(&workers[i], 0, sizeof workers[i]);
         workers[i].index = i;
         workers[i].rng = 0x9E3779B97F4A7C15ULL * (uint64_t)(i + 1);
         workers[i].next_id = (uint64_t)(i + 1) << 40;
@@ -378,7 +422,7 @@ int main(void) {
     CHECK_EQ(s.num_seqs, 0);
     CHECK_EQ(s.num_seqs_swapped, 0);
     CHECK_EQ(s.logical_tokens, 0);
-    CHECK_EQ(s.device_pages_free + s.device_pages_cached, NDEV - 1);
+    CHECK_EQ(s.device_pages_free + s.device_pages_cached, (NDEV - 1) * npools);
     CHECK_EQ(s.device_pages_cached, s.index_pages);
     CHECK_CACHE(cache);
 
@@ -390,13 +434,27 @@ int main(void) {
         swaps += workers[i].swaps;
         hits += workers[i].hits;
     }
-    printf("stress: ok: %lu allocating calls ok, %lu NO_SPACE, %lu CoW copies, %lu swaps, "
+    printf("stress (%s): %lu allocating calls ok, %lu NO_SPACE, %lu CoW copies, %lu swaps, "
            "%lu prefix hits; evictions %" PRIu64 "\n",
-           ok, no_space, cow, swaps, hits, s.evictions);
+           name, ok, no_space, cow, swaps, hits, s.evictions);
     /* The mix must actually exercise sharing, copy-on-write and swapping. */
     CHECK(hits > 0);
     CHECK(cow > 0);
     CHECK(swaps > 0);
     kvs_cache_free(cache);
+}
+
+int main(void) {
+    for (int p = 0; p < NPREFIX; p++) {
+        t_iota(prefixes[p], PREFIX_LEN, 100000 + 1000 * p);
+    }
+    scenario("one group", NULL, 0);
+    const kvs_group groups[3] = {
+        {KVS_GROUP_KIND_FULL, 0, 0},
+        {KVS_GROUP_KIND_SLIDING_WINDOW, 7, 0},
+        {KVS_GROUP_KIND_STATE, KVS_STATE_MODE_ALL, 4096},
+    };
+    scenario("full, window, state", groups, 3);
+    printf("stress: ok\n");
     return 0;
 }

@@ -1,14 +1,17 @@
 //! Helpers shared by the attention tests (`attention.rs`, `attention_errors.rs`, `ascend.rs`): a
 //! deterministic RNG, typed host buffers, a CPU backend, the attention case builder ([`build`])
 //! and the naive f64 reference ([`Built::reference`]): gather each sequence's K/V contiguously
-//! through the block table, then plain softmax attention in f64.
+//! through the block table, then plain softmax attention in f64; and the positions a
+//! sliding-window group's table releases ([`window_released`]), asked of the cache.
 
 use std::ffi::{c_void, CStr};
 
 use half::{bf16, f16};
 use kvshare::attn_args::{kvs_attention_args, kvs_kv_layout};
 use kvshare::backend::kvs_backend;
-use kvshare::enums::kvs_status;
+use kvshare::cache::{kvs_cache, kvs_config};
+use kvshare::enums::{kvs_group_kind, kvs_status};
+use kvshare::groups::{kvs_group, KVS_NULL_PAGE};
 
 pub const F32: u32 = 0;
 pub const F16: u32 = 1;
@@ -119,6 +122,67 @@ pub fn new_backend(num_threads: u32) -> *mut kvs_backend {
     assert_eq!(st, kvs_status::Ok, "{}", last_error());
     assert!(!b.is_null());
     b
+}
+
+/// The block-table positions a sliding-window group of `window` tokens has released once
+/// `computed` of a sequence's `num_tokens` tokens have KV (vLLM's `remove_skipped_blocks`), asked
+/// of a cache of that one group through the C ABI (`kvs_seq_begin`, `kvs_seq_release_skipped`,
+/// `kvs_seq_pages`): a kernel test that leaves these positions unreadable checks that the
+/// cache's window and the kernel's are the same window.
+pub fn window_released(
+    window: u32,
+    page_size: u32,
+    num_tokens: usize,
+    computed: usize,
+) -> Vec<usize> {
+    let group = kvs_group {
+        kind: kvs_group_kind::SlidingWindow as u32,
+        window,
+        page_bytes: 0,
+    };
+    let num_pages = num_tokens.div_ceil(page_size as usize);
+    let cfg = kvs_config {
+        page_size,
+        num_device_pages: u32::try_from(num_pages).unwrap() + 1,
+        enable_prefix_caching: false,
+        reserve_null_page: true,
+        groups: &group,
+        num_groups: 1,
+        ..kvs_cache::kvs_config_default()
+    };
+    let tokens: Vec<i32> = (0..num_tokens as i32).collect();
+    let mut pages = vec![u32::MAX; num_pages];
+    let mut n = 0;
+    // SAFETY: every pointer is to a live local of the length given beside it; the cache is
+    // created, used and freed here.
+    unsafe {
+        let mut c = std::ptr::null_mut();
+        assert_eq!(
+            kvs_cache::kvs_cache_new(&cfg, &mut c),
+            kvs_status::Ok,
+            "{}",
+            last_error()
+        );
+        let ok = [
+            kvs_cache::kvs_seq_begin(
+                c,
+                1,
+                tokens.as_ptr(),
+                num_tokens,
+                std::ptr::null(),
+                0,
+                0,
+                std::ptr::null_mut(),
+            ),
+            kvs_cache::kvs_seq_release_skipped(c, 1, computed, std::ptr::null_mut()),
+            kvs_cache::kvs_seq_pages(c, 0, 1, pages.as_mut_ptr(), pages.len(), &mut n),
+            kvs_cache::kvs_cache_check(c),
+        ];
+        kvs_cache::kvs_cache_free(c);
+        assert_eq!(ok, [kvs_status::Ok; 4], "{}", last_error());
+    }
+    assert_eq!(n, num_pages);
+    (0..n).filter(|&j| pages[j] == KVS_NULL_PAGE).collect()
 }
 
 /// `kvs_backend_describe` of `b`, whole (its length asked for first).
