@@ -280,7 +280,9 @@ impl State {
             }
             for (m, &g) in set.iter().enumerate() {
                 let mut v = vec![None; span.first_live.min(span.len)];
-                for r in &seen[s][span.first_live..span.len] {
+                // A span may end where it starts without a lookup (a chunk's start at the hit).
+                let live = seen[s].get(span.first_live..span.len).unwrap_or(&[]);
+                for r in live {
                     let h = r
                         .as_ref()
                         .and_then(|r| r.as_ref())

@@ -12,13 +12,14 @@
 //! * [`pool`]: one tier's pages (with the intrusive lists of [`list`]); [`prefix`]: the index;
 //! * `state.rs`: the state and the helpers every operation shares (taking and releasing pages,
 //!   demotion, index updates, queues, stats);
-//! * `hit.rs`: prefix hits across tiers and groups; `sequences.rs`: begin, append, fork, free,
-//!   release; `swap.rs`: swaps between tiers; [`pages`]: the page API, pins, prefetch;
+//! * `hit.rs`: prefix hits across tiers and groups; `sequences.rs`: begin, fork, free, release;
+//!   `append.rs`: appends with copy-on-write; `swap.rs`: swaps between tiers; [`pages`]: the page API, pins, prefetch;
 //!   `batch.rs`: block tables and slot mappings; `check.rs`: the invariant checker;
 //! * [`copies`], [`events`], [`stats`]: what the cache reports.
 #![forbid(unsafe_code)]
 
 pub mod alloc;
+mod append;
 mod batch;
 pub mod cache;
 mod check;

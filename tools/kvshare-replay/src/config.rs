@@ -70,6 +70,8 @@ impl ReplayConfig {
             demote_to_host: self.demote_to_host,
             enable_events: false,
             match_unit: self.match_unit,
+            groups: Vec::new(),
+            vllm_free_order: false,
         }
     }
 

@@ -1,5 +1,5 @@
 //! `kvshare-replay --window W --full-every K` (or `--chunk C`): the workload replayed through
-//! a cache of KV-cache groups (`core::groups::Hybrid`) for a hybrid model, next to the same
+//! a cache of KV-cache groups (`kvshare_core::State` with groups) for a hybrid model, next to the same
 //! workload on a full-attention model of the same size, in one run.
 //!
 //! The hybrid model has K groups of equal layer count: one full-attention group and K - 1
@@ -19,7 +19,7 @@
 
 use std::collections::{HashSet, VecDeque};
 
-use kvshare_core::groups::{GroupKind, GroupSpec, Hybrid, HybridConfig};
+use kvshare_core::{Config, GroupKind, GroupSpec, State};
 use kvshare_core::prefix::{chain_hash, root_hash};
 use kvshare_core::Error;
 
@@ -134,9 +134,12 @@ pub fn replay_groups(reqs: &[Request], cfg: &HybridReplayConfig) -> Result<Hybri
             ));
         }
     }
-    let mut h = Hybrid::new(HybridConfig {
+    let mut h = State::new(Config {
         page_size: cfg.page_size,
-        num_pages: cfg.num_pages,
+        num_device_pages: cfg.num_pages,
+        reserve_null_page: true,
+        skip_cached_writes: false,
+        vllm_free_order: true,
         groups: cfg
             .kinds
             .iter()
@@ -145,8 +148,7 @@ pub fn replay_groups(reqs: &[Request], cfg: &HybridReplayConfig) -> Result<Hybri
                 page_bytes: 1,
             })
             .collect(),
-        enable_prefix_caching: true,
-        enable_events: false,
+        ..Config::default()
     })
     .map_err(|e| e.to_string())?;
     let mut order: Vec<usize> = (0..reqs.len()).collect();
@@ -231,7 +233,7 @@ pub fn replay_groups(reqs: &[Request], cfg: &HybridReplayConfig) -> Result<Hybri
             let tok = output[r.produced];
             h.release_skipped(r.seq, r.tokens.len())
                 .map_err(|e| e.to_string())?;
-            match h.append(r.seq, &[tok], 0) {
+            match h.append(r.seq, &[tok], 0, &mut Vec::new(), 0) {
                 Ok(()) => {
                     let r = &mut running[i];
                     r.tokens.push(tok);
@@ -257,10 +259,10 @@ pub fn replay_groups(reqs: &[Request], cfg: &HybridReplayConfig) -> Result<Hybri
             extend_hashes(r, ps, &mut scratch);
         }
         for (g, m) in out.groups.iter_mut().enumerate() {
-            let s = h.stats(g).map_err(|e| e.to_string())?;
+            let s = h.group_stats(g).map_err(|e| e.to_string())?;
             m.peak_pages = m.peak_pages.max(s.pages_distinct);
             sum_held[g] += s.pages_distinct;
-            m.released = s.pages_released;
+            m.released = s.counters.released;
             let mut need: HashSet<(usize, u128)> = HashSet::new();
             let mut partial = 0u64;
             for r in &running {

@@ -122,8 +122,8 @@ fn write_svg(path: &str, svg: &str) -> Result<String, String> {
 /// `--window` / `--chunk`: the hybrid model and the full-attention model of the same size, in
 /// one run, on the same requests and the same bytes of KV.
 fn run_hybrid(a: &Args, reqs: &[kvshare_replay::Request], what: &str) -> Result<(), String> {
-    use kvshare_core::groups::GroupKind;
-    use kvshare_core::groups::StateMode;
+    use kvshare_core::GroupKind;
+    use kvshare_core::StateMode;
     use kvshare_replay::hybrid::{format_hybrid, hybrid_kinds, replay_groups, HybridReplayConfig};
     let local = match (a.window, a.chunk, a.state.as_deref()) {
         (Some(w), _, _) => GroupKind::SlidingWindow(w),

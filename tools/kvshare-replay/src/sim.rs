@@ -193,10 +193,10 @@ impl Sim<'_> {
         let mut slots = vec![0i64; total];
         let mut table = vec![0i32; ids.len() * max_pages];
         let mut ctx = vec![0i32; ids.len()];
-        self.mgr(&owners, |s| s.slot_mapping(&ids, &q, &mut slots))
+        self.mgr(&owners, |s| s.slot_mapping(0, &ids, &q, &mut slots))
             .map_err(|e| format!("slot_mapping: {e}"))?;
         self.mgr(&owners, |s| {
-            s.block_tables(&ids, max_pages, -1, &mut table, &mut ctx)
+            s.block_tables(0, &ids, max_pages, -1, &mut table, &mut ctx)
         })
         .map_err(|e| format!("block_tables: {e}"))?;
         let mut tokens = Vec::with_capacity(total);
@@ -351,7 +351,7 @@ impl Sim<'_> {
                 let extra = self.state[i].extra.clone();
                 let max_match = toks.len() - 1;
                 let info = self
-                    .mgr(&[i], |s| s.begin(seq, &toks, extra, max_match))
+                    .mgr(&[i], |s| s.begin(seq, &toks, extra, max_match, 0))
                     .map_err(|e| format!("begin of {:?}: {e}", self.reqs[i].id))?;
                 let st = &mut self.stats[i];
                 st.query_tokens += toks.len() as u64;
@@ -504,7 +504,7 @@ impl Sim<'_> {
                 for c in &self.copies {
                     for &(i, b) in &batch {
                         let s = &self.state[i].samples[b];
-                        let pages = lock.seq_pages(s.seq).map_err(|e| e.to_string())?;
+                        let pages = lock.seq_pages(s.seq, 0).map_err(|e| e.to_string())?;
                         if pages.get(s.len / self.page_size) == Some(&c.dst_page) {
                             self.stats[i].allocated_pages += 1;
                         }
@@ -575,7 +575,7 @@ impl Sim<'_> {
             for &i in &self.running {
                 for smp in &self.state[i].samples {
                     if !smp.done {
-                        n += lock.seq_pages(smp.seq).map_err(|e| e.to_string())?.len() as u64;
+                        n += lock.seq_pages(smp.seq, 0).map_err(|e| e.to_string())?.len() as u64;
                     }
                 }
             }

@@ -6,7 +6,7 @@
 //! small for everyone must preempt and still finish; state groups (`--state`) must hold about one
 //! page per running sequence and hit on their checkpoints.
 
-use kvshare_core::groups::{GroupKind, StateMode};
+use kvshare_core::{GroupKind, StateMode};
 use kvshare_replay::hybrid::{hybrid_kinds, replay_groups, HybridReplayConfig};
 use kvshare_replay::workload::ChatWorkload;
 use kvshare_replay::Request;
