@@ -561,7 +561,8 @@ impl State {
     }
 
     /// Align's extra release (`Rules::stale_state`), to the back of the reuse order as vLLM's
-    /// `free_blocks` does. Returns the pages released (0 or 1).
+    /// `free_blocks` does (outside vLLM's order, a page with no cached content is free). Returns
+    /// the pages released (0 or 1).
     fn release_stale_state(&mut self, id: u64, g: usize, num_computed: usize) -> usize {
         let mut s = self.seqs.remove(&id).expect("checked");
         let n = self.release_stale(&mut s, g, num_computed);
@@ -582,7 +583,7 @@ impl State {
         };
         let pool = self.groups[g].pool;
         let page = std::mem::replace(&mut s.tables[g][i], NULL_PAGE);
-        self.pools[pool].device.release(page, Holder::Seq, true);
+        self.release_device(pool, page, Holder::Seq, Release::Free);
         self.group_counters[g].released += 1;
         1
     }

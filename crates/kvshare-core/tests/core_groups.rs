@@ -1251,3 +1251,41 @@ proptest! {
         run_reads(ps, vec![(GroupKind::Full, 1), (other, 1)], num_pages, &ops)?;
     }
 }
+
+/// Outside vLLM's free order, a page without cached content goes back to the free list: an align
+/// state group's previous-step page too, when the step that left it held a placeholder (nothing
+/// hashed, nothing registered). It used to join the cached pages though nothing could ever find
+/// it there, and the checker refused the cache.
+#[test]
+fn align_stale_state_without_content_is_freed_outside_vllm_order() {
+    for vllm_free_order in [true, false] {
+        let mut h = State::new(Config {
+            page_size: 1,
+            num_device_pages: 19,
+            groups: vec![
+                GroupSpec::FULL,
+                GroupSpec {
+                    kind: GroupKind::State(StateMode::Align),
+                    page_bytes: 0,
+                },
+            ],
+            reserve_null_page: true,
+            skip_cached_writes: false,
+            vllm_free_order,
+            ..Config::default()
+        })
+        .unwrap();
+        let mut toks: Vec<i32> = vec![-1];
+        toks.extend(100..106);
+        h.begin(1, &toks, None, toks.len() - 1, 0).unwrap();
+        // Each one-token step moves the running state to a new page; the append lets go of the
+        // page of two steps ago.
+        for t in [7, 8] {
+            append(&mut h, 1, &[t], 0).unwrap();
+            h.check()
+                .unwrap_or_else(|e| panic!("vllm_free_order {vllm_free_order}: {e}"));
+        }
+        h.free(1).unwrap();
+        h.check().unwrap();
+    }
+}
