@@ -49,6 +49,16 @@
 //! finds it and no `Stored` event publishes it), is cached and evicted like any registered
 //! page, and is never demoted.
 //!
+//! ## Children
+//!
+//! A full-attention hit walks pages from the first one, so a page is worth keeping only while
+//! its parent is. The index counts, per `(group, parent digest)`, the registered entries (full
+//! pages and partial ones) of a *chained* group (full attention: a window, a chunk or a state
+//! checkpoint does not need the pages before it) that hang off it: [`PrefixIndex::has_child`]
+//! tells the pool which cached pages to evict only after their children, and
+//! [`PrefixIndex::remove`] reports the parent page whose last child just left. One map probe per
+//! insert and remove.
+//!
 //! Costs: registering or removing a page hashes its tokens once more (the unit chain is linear
 //! in the page, not quadratic) and touches `page_size/u - 1` map slots and list nodes; a lookup
 //! adds at most `page_size/u - 1` unit hashes and map probes to the page walk, plus one step per
@@ -193,6 +203,10 @@ pub struct PrefixIndex {
     meta: Vec<Meta>,
     /// Registered full pages per group.
     per_group: Vec<usize>,
+    /// Groups whose pages depend on their parent (bit `g`: full attention).
+    chained: u32,
+    /// `key(group, parent)` -> registered entries of a chained group with that parent digest.
+    children: DigestMap<u32>,
     /// Kept apart from `meta`: releases read it for every page, and a byte per page stays cached.
     registered: Vec<bool>,
     tokens: Vec<i32>,
@@ -234,6 +248,13 @@ pub struct Stored<'a> {
 /// the digest itself.
 const GROUP_MIX: u128 = 0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835;
 
+/// What [`PrefixIndex::remove`] did besides dropping the entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Removed {
+    /// The registered page the removed entry hung off, when that was its last child: a leaf now.
+    pub parent_leaf: Option<u32>,
+}
+
 /// A prefix hit ending inside a page: `page` holds the queried parent and extra digests and
 /// the first `tokens` (a multiple of the match unit, less than a page) of the queried tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -264,9 +285,16 @@ fn unit_keys(
 
 impl PrefixIndex {
     /// An empty index over `num_pages` pages of `page_size` tokens matched in units of `unit`
-    /// tokens (a divisor of `page_size`); `OutOfMemory` naming `what` (the tier's page-count
-    /// field) when its arrays cannot be allocated.
-    pub fn new(num_pages: u32, page_size: u32, unit: usize, what: &'static str) -> Result<Self> {
+    /// tokens (a divisor of `page_size`), counting the children of the groups whose bit is set
+    /// in `chained`; `OutOfMemory` naming `what` (the tier's page-count field) when its arrays
+    /// cannot be allocated.
+    pub fn new(
+        num_pages: u32,
+        page_size: u32,
+        unit: usize,
+        chained: u32,
+        what: &'static str,
+    ) -> Result<Self> {
         debug_assert!(unit > 0 && (page_size as usize).is_multiple_of(unit));
         let n = num_pages as usize;
         let too_big = Error::OutOfMemory {
@@ -289,6 +317,8 @@ impl PrefixIndex {
             partial: 0,
             meta: try_vec(n, Meta::default(), what)?,
             per_group: Vec::new(),
+            chained,
+            children: DigestMap::default(),
             registered: try_vec(n, false, what)?,
             tokens: try_vec(slots, 0, what)?,
         })
@@ -297,6 +327,49 @@ impl PrefixIndex {
     /// The key of group `group`'s digest `hash` in the maps.
     pub fn key(group: u32, hash: u128) -> u128 {
         hash ^ u128::from(group).wrapping_mul(GROUP_MIX)
+    }
+
+    fn is_chained(&self, group: u32) -> bool {
+        group < 32 && self.chained & (1 << group) != 0
+    }
+
+    /// Counts a new entry of `group` under parent digest `parent`.
+    fn add_child(&mut self, group: u32, parent: u128) {
+        if self.is_chained(group) {
+            *self.children.entry(Self::key(group, parent)).or_insert(0) += 1;
+        }
+    }
+
+    /// Uncounts an entry of `group` under `parent`; the parent's page when it was the last one.
+    fn drop_child(&mut self, group: u32, parent: u128) -> Option<u32> {
+        if !self.is_chained(group) {
+            return None;
+        }
+        let key = Self::key(group, parent);
+        let std::collections::hash_map::Entry::Occupied(mut o) = self.children.entry(key) else {
+            debug_assert!(false, "a registered entry's parent is counted");
+            return None;
+        };
+        *o.get_mut() -= 1;
+        if *o.get() > 0 {
+            return None;
+        }
+        o.remove();
+        self.map.get(&key).copied()
+    }
+
+    /// Whether registered full page `page` (of a chained group) has a registered child: an entry
+    /// whose parent digest is its digest.
+    pub fn has_child(&self, page: u32) -> bool {
+        if !self.registered[page as usize] || self.is_partial(page) {
+            return false;
+        }
+        let m = &self.meta[page as usize];
+        self.is_chained(m.group)
+            && self
+                .children
+                .get(&Self::key(m.group, m.hash))
+                .is_some_and(|&n| n > 0)
     }
 
     /// Registered full pages of `group`.
@@ -424,6 +497,7 @@ impl PrefixIndex {
         let s = i * self.page_size;
         self.tokens[s..s + self.page_size].copy_from_slice(tokens);
         self.link_units(page);
+        self.add_child(group, parent);
         true
     }
 
@@ -459,6 +533,7 @@ impl PrefixIndex {
         let s = i * self.page_size;
         self.tokens[s..s + n].copy_from_slice(tokens);
         self.link_units(page);
+        self.add_child(group, parent);
         true
     }
 
@@ -601,24 +676,27 @@ impl PrefixIndex {
         })
     }
 
-    /// Drops `page`'s entry, if any. Returns whether it had one.
-    pub fn remove(&mut self, page: u32) -> bool {
+    /// Drops `page`'s entry, if any (`None` if it had none), and reports the parent page that
+    /// became a leaf.
+    pub fn remove(&mut self, page: u32) -> Option<Removed> {
         let i = page as usize;
         if !self.registered[i] {
-            return false;
+            return None;
         }
         self.unlink_units(page);
+        let m = self.meta[i];
         if self.is_partial(page) {
             self.registered[i] = false;
             self.partial -= 1;
-            return true;
+        } else {
+            self.registered[i] = false;
+            let removed = self.map.remove(&Self::key(m.group, m.hash));
+            debug_assert_eq!(removed, Some(page));
+            self.per_group[m.group as usize] -= 1;
         }
-        self.registered[i] = false;
-        let m = self.meta[i];
-        let removed = self.map.remove(&Self::key(m.group, m.hash));
-        debug_assert_eq!(removed, Some(page));
-        self.per_group[m.group as usize] -= 1;
-        true
+        Some(Removed {
+            parent_leaf: self.drop_child(m.group, m.parent),
+        })
     }
 
     /// Drops every entry, partial ones included; returns the pages that had one.
@@ -626,6 +704,7 @@ impl PrefixIndex {
         self.units.clear();
         self.map.clear();
         self.per_group.clear();
+        self.children.clear();
         self.partial = 0;
         self.unit_next.fill(NONE);
         self.unit_prev.fill(UNLINKED);
@@ -702,6 +781,28 @@ impl PrefixIndex {
             }
         }
         None
+    }
+
+    /// The first `(key, counted, actual)` whose child count disagrees with a recount of the
+    /// registered entries of chained groups, for the invariant checker.
+    pub fn stray_child_count(&self) -> Option<(u128, u32, u32)> {
+        let mut count: DigestMap<u32> = DigestMap::default();
+        for p in (0..self.num_pages).filter(|&p| self.registered[p]) {
+            let m = &self.meta[p];
+            if self.is_chained(m.group) {
+                *count.entry(Self::key(m.group, m.parent)).or_insert(0) += 1;
+            }
+        }
+        for (&k, &n) in &self.children {
+            let actual = count.get(&k).copied().unwrap_or(0);
+            if n != actual || n == 0 {
+                return Some((k, n, actual));
+            }
+        }
+        count
+            .iter()
+            .find(|(k, _)| !self.children.contains_key(k))
+            .map(|(&k, &n)| (k, 0, n))
     }
 
     /// Unit keys held (for the invariant checker and tests).

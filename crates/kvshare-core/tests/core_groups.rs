@@ -24,7 +24,7 @@
 use std::collections::{HashMap, HashSet};
 
 use kvshare_core::prefix::{chain_hash, root_hash};
-use kvshare_core::{Config, GroupKind, GroupSpec, State, StateMode};
+use kvshare_core::{Config, EvictionPolicy, GroupKind, GroupSpec, State, StateMode};
 use kvshare_core::{Error, EventKind};
 use proptest::prelude::*;
 
@@ -37,9 +37,13 @@ struct HybridConfig {
     groups: Vec<GroupSpec>,
     enable_prefix_caching: bool,
     enable_events: bool,
+    /// `None`: vLLM's free order (LRU, duplicates kept); else kvshare's own order and this
+    /// eviction policy (parents held back behind their children).
+    policy: Option<EvictionPolicy>,
 }
 
-/// A cache of groups that keeps pages as vLLM's block pool does.
+/// A cache of groups that keeps pages as vLLM's block pool does (or in kvshare's order with an
+/// eviction policy).
 struct Hybrid;
 
 impl Hybrid {
@@ -53,7 +57,8 @@ impl Hybrid {
             enable_events: c.enable_events,
             reserve_null_page: true,
             skip_cached_writes: false,
-            vllm_free_order: true,
+            vllm_free_order: c.policy.is_none(),
+            eviction_policy: c.policy.unwrap_or_default(),
             ..Config::default()
         })
     }
@@ -631,6 +636,7 @@ fn run_with(
             .collect(),
         enable_prefix_caching: caching,
         enable_events: true,
+        policy: None,
     };
     let mut h = Hybrid::new(cfg).unwrap();
     // (hash, group, page) of every cached page, rebuilt from the events alone.
@@ -787,6 +793,7 @@ fn state_pages_of_other_bytes_have_their_own_pool() {
         ],
         enable_prefix_caching: true,
         enable_events: false,
+        policy: None,
     })
     .unwrap();
     assert_eq!((h.pool_of(0).unwrap(), h.pool_of(1).unwrap()), (0, 1));
@@ -1174,10 +1181,21 @@ fn any_group(ps: u32) -> impl Strategy<Value = GroupKind> {
     ]
 }
 
+/// vLLM's order, or kvshare's with each eviction policy.
+fn any_order() -> impl Strategy<Value = Option<EvictionPolicy>> {
+    prop_oneof![
+        Just(None),
+        Just(Some(EvictionPolicy::Lru)),
+        Just(Some(EvictionPolicy::Lfu)),
+        Just(Some(EvictionPolicy::S3Fifo)),
+    ]
+}
+
 fn run_reads(
     ps: u32,
     groups: Vec<(GroupKind, u64)>,
     num_pages: u32,
+    policy: Option<EvictionPolicy>,
     ops: &[ReadOp],
 ) -> Result<(), TestCaseError> {
     let cfg = HybridConfig {
@@ -1189,6 +1207,7 @@ fn run_reads(
             .collect(),
         enable_prefix_caching: true,
         enable_events: false,
+        policy,
     };
     let h = Hybrid::new(cfg).unwrap();
     let pool_of: Vec<usize> = (0..groups.len()).map(|g| h.pool_of(g).unwrap()).collect();
@@ -1222,7 +1241,8 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
     /// Every hit and every step gives each group what its first computed token reads: one to
-    /// four groups of any kinds, in one or two pools.
+    /// four groups of any kinds, in one or two pools, in vLLM's order or under each eviction
+    /// policy.
     #[test]
     fn tables_hold_what_the_first_computed_token_reads(
         (ps, groups, num_pages, ops) in prop_oneof![Just(1u32), Just(2u32), Just(4u32)]
@@ -1231,9 +1251,10 @@ proptest! {
                 proptest::collection::vec((any_group(ps), 1u64..=2), 1..=4),
                 12u32..=40,
                 proptest::collection::vec(read_op(), 1..80),
-            ))
+            )),
+        policy in any_order(),
     ) {
-        run_reads(ps, groups, num_pages, &ops)?;
+        run_reads(ps, groups, num_pages, policy, &ops)?;
     }
 
     /// The same next to full attention in one pool: two lookup sets, the coordinator's fast
@@ -1246,9 +1267,10 @@ proptest! {
                 any_group(ps),
                 12u32..=40,
                 proptest::collection::vec(read_op(), 1..80),
-            ))
+            )),
+        policy in any_order(),
     ) {
-        run_reads(ps, vec![(GroupKind::Full, 1), (other, 1)], num_pages, &ops)?;
+        run_reads(ps, vec![(GroupKind::Full, 1), (other, 1)], num_pages, policy, &ops)?;
     }
 }
 

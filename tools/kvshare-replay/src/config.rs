@@ -72,6 +72,7 @@ impl ReplayConfig {
             match_unit: self.match_unit,
             groups: Vec::new(),
             vllm_free_order: false,
+            eviction_policy: kvshare_core::EvictionPolicy::Lru,
         }
     }
 

@@ -55,7 +55,7 @@ fn extra_digest() {
 
 #[test]
 fn insert_lookup_remove() {
-    let mut ix = PrefixIndex::new(4, 2, 2, "test").unwrap();
+    let mut ix = PrefixIndex::new(4, 2, 2, 1, "test").unwrap();
     let e = |hash| Entry {
         hash,
         parent: 1,
@@ -76,11 +76,11 @@ fn insert_lookup_remove() {
     assert!(ix.insert(3, 2, e(10)));
     assert_eq!((ix.lookup(2, 10, 0, &[5, 6]), ix.group_of(3)), (Some(3), 2));
     assert_eq!(ix.lookup(1, 10, 0, &[5, 6]), None, "group verified");
-    assert!(ix.remove(3));
+    assert!(ix.remove(3).is_some());
     assert_eq!(ix.lookup(0, 10, 0, &[5, 7]), None, "tokens verified");
     assert_eq!(ix.lookup(0, 10, 3, &[5, 6]), None, "extra verified");
-    assert!(ix.remove(1));
-    assert!(!ix.remove(1));
+    assert!(ix.remove(1).is_some());
+    assert!(ix.remove(1).is_none());
     assert_eq!(ix.lookup(0, 10, 0, &[5, 6]), None);
     assert!(ix.insert(2, 0, e(10)));
     assert_eq!(ix.clear(), vec![2]);
@@ -91,7 +91,7 @@ fn insert_lookup_remove() {
 #[test]
 fn unit_keys_find_prefixes_inside_pages() {
     // Pages of 8 tokens in units of 2: keys for 2, 4 and 6 tokens.
-    let mut ix = PrefixIndex::new(4, 8, 2, "test").unwrap();
+    let mut ix = PrefixIndex::new(4, 8, 2, 1, "test").unwrap();
     let mut s = Vec::new();
     let a = [1, 2, 3, 4, 5, 6, 7, 8];
     let b = [1, 2, 3, 4, 9, 9, 9, 9];
@@ -154,7 +154,7 @@ fn unit_keys_find_prefixes_inside_pages() {
         );
     }
     assert_eq!(ix.lookup_units(0, 7, 0, &q, &mut s, |_| false), None);
-    assert!(ix.remove(2));
+    assert!(ix.remove(2).is_some());
     assert_eq!(ix.stray_unit_key(), None);
     assert_eq!(
         ix.lookup_units(0, 7, 0, &[1, 2, 3, 4, 5, 0], &mut s, |p| p == 1),
@@ -162,13 +162,13 @@ fn unit_keys_find_prefixes_inside_pages() {
         "the older page keeps its keys when the newer one leaves"
     );
     assert!(ix.insert(2, 0, e(&b, 200)));
-    assert!(ix.remove(1));
+    assert!(ix.remove(1).is_some());
     assert_eq!(ix.stray_unit_key(), None);
     assert_eq!(
         hit(&ix, &[1, 2, 3, 4, 5, 6], &mut s),
         Some(UnitHit { page: 2, tokens: 4 })
     );
-    assert!(ix.remove(2));
+    assert!(ix.remove(2).is_some());
     assert_eq!(ix.unit_keys_len(), 0);
     assert_eq!(hit(&ix, &[1, 2, 3, 4], &mut s), None);
     assert!(ix.insert(3, 0, e(&a, 100)));
@@ -187,7 +187,7 @@ fn unit_keys_find_prefixes_inside_pages() {
 #[test]
 fn many_siblings_share_unit_keys_in_any_removal_order() {
     // Pages of 4 tokens in units of 1; pages 1..=6 share their first 1..3 tokens in turn.
-    let mut ix = PrefixIndex::new(8, 4, 1, "test").unwrap();
+    let mut ix = PrefixIndex::new(8, 4, 1, 1, "test").unwrap();
     let mut s = Vec::new();
     let pages: Vec<[i32; 4]> = (1..=6).map(|p| [9, 9 + p % 2, 9 + p % 3, p]).collect();
     for (i, t) in pages.iter().enumerate() {
@@ -209,7 +209,7 @@ fn many_siblings_share_unit_keys_in_any_removal_order() {
             let found = ix.lookup_units(0, 3, 0, &t[..3], &mut s, |x| x == p);
             assert_eq!(found, Some(UnitHit { page: p, tokens: 3 }), "page {p}");
         }
-        assert!(ix.remove(gone));
+        assert!(ix.remove(gone).is_some());
         live.retain(|&p| p != gone);
         assert_eq!(ix.stray_unit_key(), None);
     }
@@ -218,7 +218,7 @@ fn many_siblings_share_unit_keys_in_any_removal_order() {
 
 #[test]
 fn whole_page_unit_keeps_no_unit_keys() {
-    let mut ix = PrefixIndex::new(2, 4, 4, "test").unwrap();
+    let mut ix = PrefixIndex::new(2, 4, 4, 1, "test").unwrap();
     let t = [1, 2, 3, 4];
     let e = Entry {
         hash: 1,
@@ -233,4 +233,46 @@ fn whole_page_unit_keeps_no_unit_keys() {
         ix.lookup_units(0, 0, 0, &t, &mut Vec::new(), |_| true),
         None
     );
+}
+
+#[test]
+fn children_are_counted_per_parent_in_chained_groups_only() {
+    // Groups 0 (chained) and 1 (not), pages of 2 tokens, whole-page units.
+    let mut ix = PrefixIndex::new(8, 2, 2, 0b01, "test").unwrap();
+    let r = root_hash();
+    let entry = |hash, parent, tokens: &'static [i32]| Entry {
+        hash,
+        parent,
+        extra: 0,
+        lora: 0,
+        tokens,
+    };
+    assert!(ix.insert(0, 0, entry(10, r, &[1, 2])));
+    assert!(ix.insert(1, 0, entry(11, 10, &[3, 4])));
+    assert!(ix.insert(2, 0, entry(12, 10, &[5, 6])));
+    assert!(ix.insert(3, 1, entry(10, r, &[1, 2])));
+    assert!(ix.insert(4, 1, entry(11, 10, &[3, 4])));
+    assert!(ix.has_child(0));
+    assert!(!ix.has_child(1) && !ix.has_child(2));
+    assert!(!ix.has_child(3), "group 1 is not chained");
+    assert_eq!(ix.stray_child_count(), None);
+    assert_eq!(ix.remove(1), Some(Removed { parent_leaf: None }));
+    assert_eq!(
+        ix.remove(2),
+        Some(Removed {
+            parent_leaf: Some(0)
+        })
+    );
+    assert!(!ix.has_child(0));
+    assert_eq!(ix.remove(4), Some(Removed { parent_leaf: None }));
+    // A child registered before its parent (the parent was evicted and is computed again) is
+    // counted under the digest: the parent has it as soon as it is back.
+    assert!(ix.remove(0).is_some());
+    assert!(ix.insert(5, 0, entry(13, 10, &[7, 8])));
+    assert!(ix.insert(6, 0, entry(10, r, &[1, 2])));
+    assert!(ix.has_child(6));
+    assert_eq!(ix.stray_child_count(), None);
+    ix.clear();
+    assert_eq!(ix.stray_child_count(), None);
+    assert!(!ix.has_child(6));
 }
