@@ -3,7 +3,8 @@
 //! and reports memory with and without sharing, the ideal, prefix hits, evictions,
 //! copy-on-write copies and the time spent in the cache manager and in attention.
 //!
-//! * [`trace`]: requests and the JSON Lines trace parser;
+//! * [`trace`]: requests and the native JSON Lines trace; [`formats`]: the public trace formats
+//!   (Mooncake, Bailian, Azure, BurstGPT) and generated excerpts of them;
 //! * [`workload`]: the built-in workloads (multi-turn chat; shared-prefix ratio);
 //! * [`config`]: the replay's settings; [`sim`]: the replay loop; [`requests`]: its state of
 //!   each request; [`outcome`]: what it reports; [`ideal`]: the ideal page count, computed
@@ -14,6 +15,7 @@
 
 pub mod config;
 pub mod cpu_model;
+pub mod formats;
 pub mod hybrid;
 pub mod ideal;
 pub mod model;
@@ -28,6 +30,7 @@ pub mod trace;
 pub mod workload;
 
 pub use config::{check_fits, ReplayConfig};
+pub use formats::TraceFormat;
 pub use model::{Forward, Geometry, Model, NoModel};
 pub use outcome::{Outcome, Progress, RequestStats, StepPages};
 pub use sim::replay;
