@@ -1,9 +1,9 @@
 //! Requests, and the replay's own JSON Lines trace format (`native`: token ids, see the replay's
 //! documentation of trace formats). The public formats are in [`super::formats`].
 //!
-//! [`parse_trace`] (and [`parse_trace_as`] for any format) parses a whole text, checking every
-//! line before anything runs: a bad line is refused with its line number and the reason, and
-//! nothing is half-applied.
+//! [`parse_trace`] parses a whole text (tests, small traces); [`super::source`] streams a file,
+//! checking every line before anything runs: a bad line is refused with its line number and the
+//! reason, and nothing is half-applied.
 
 use std::fmt;
 
