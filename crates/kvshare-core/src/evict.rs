@@ -477,24 +477,6 @@ impl Policies {
         }
     }
 
-    /// The policy behind the interface.
-    pub(crate) fn get(&mut self) -> &mut dyn Policy {
-        match self {
-            Policies::Lru(p) => p,
-            Policies::Lfu(p) => p,
-            Policies::S3Fifo(p) => p,
-        }
-    }
-
-    /// The policy behind the interface, read-only.
-    pub(crate) fn get_ref(&self) -> &dyn Policy {
-        match self {
-            Policies::Lru(p) => p,
-            Policies::Lfu(p) => p,
-            Policies::S3Fifo(p) => p,
-        }
-    }
-
     /// Ghosts remembered (S3-FIFO; 0 otherwise), for tests.
     #[cfg(test)]
     pub(crate) fn num_ghosts(&self) -> usize {
@@ -505,12 +487,121 @@ impl Policies {
     }
 }
 
+/// Static dispatch: each call is a `match` the compiler can inline (no indirect call on the
+/// allocation path).
+impl Policy for Policies {
+    #[inline]
+    fn lists(&self) -> usize {
+        match self {
+            Policies::Lru(p) => p.lists(),
+            Policies::Lfu(p) => p.lists(),
+            Policies::S3Fifo(p) => p.lists(),
+        }
+    }
+    #[inline]
+    fn reset(&mut self, page: u32) {
+        match self {
+            Policies::Lru(p) => p.reset(page),
+            Policies::Lfu(p) => p.reset(page),
+            Policies::S3Fifo(p) => p.reset(page),
+        }
+    }
+    #[inline]
+    fn used(&mut self, page: u32) {
+        match self {
+            Policies::Lru(p) => p.used(page),
+            Policies::Lfu(p) => p.used(page),
+            Policies::S3Fifo(p) => p.used(page),
+        }
+    }
+    #[inline]
+    fn content(&mut self, page: u32, key: u128) {
+        match self {
+            Policies::Lru(p) => p.content(page, key),
+            Policies::Lfu(p) => p.content(page, key),
+            Policies::S3Fifo(p) => p.content(page, key),
+        }
+    }
+    #[inline]
+    fn insert(&mut self, links: &mut Links, page: u32, class: u8) {
+        match self {
+            Policies::Lru(p) => p.insert(links, page, class),
+            Policies::Lfu(p) => p.insert(links, page, class),
+            Policies::S3Fifo(p) => p.insert(links, page, class),
+        }
+    }
+    #[inline]
+    fn remove(&mut self, links: &mut Links, page: u32, class: u8) {
+        match self {
+            Policies::Lru(p) => p.remove(links, page, class),
+            Policies::Lfu(p) => p.remove(links, page, class),
+            Policies::S3Fifo(p) => p.remove(links, page, class),
+        }
+    }
+    #[inline]
+    fn pop(&mut self, links: &mut Links, class: u8) -> Option<u32> {
+        match self {
+            Policies::Lru(p) => p.pop(links, class),
+            Policies::Lfu(p) => p.pop(links, class),
+            Policies::S3Fifo(p) => p.pop(links, class),
+        }
+    }
+    #[inline]
+    fn push_front(&mut self, links: &mut Links, page: u32, class: u8) {
+        match self {
+            Policies::Lru(p) => p.push_front(links, page, class),
+            Policies::Lfu(p) => p.push_front(links, page, class),
+            Policies::S3Fifo(p) => p.push_front(links, page, class),
+        }
+    }
+    #[inline]
+    fn evicted(&mut self, page: u32, class: u8) {
+        match self {
+            Policies::Lru(p) => p.evicted(page, class),
+            Policies::Lfu(p) => p.evicted(page, class),
+            Policies::S3Fifo(p) => p.evicted(page, class),
+        }
+    }
+    #[inline]
+    fn touch(&mut self, links: &mut Links, page: u32, class: u8) {
+        match self {
+            Policies::Lru(p) => p.touch(links, page, class),
+            Policies::Lfu(p) => p.touch(links, page, class),
+            Policies::S3Fifo(p) => p.touch(links, page, class),
+        }
+    }
+    #[inline]
+    fn len(&self, links: &Links, class: u8) -> usize {
+        match self {
+            Policies::Lru(p) => p.len(links, class),
+            Policies::Lfu(p) => p.len(links, class),
+            Policies::S3Fifo(p) => p.len(links, class),
+        }
+    }
+    #[inline]
+    fn order(&self, links: &Links, class: u8) -> Option<Vec<u32>> {
+        match self {
+            Policies::Lru(p) => p.order(links, class),
+            Policies::Lfu(p) => p.order(links, class),
+            Policies::S3Fifo(p) => p.order(links, class),
+        }
+    }
+    #[inline]
+    fn check(&self, links: &Links, class: u8) -> std::result::Result<(), String> {
+        match self {
+            Policies::Lru(p) => p.check(links, class),
+            Policies::Lfu(p) => p.check(links, class),
+            Policies::S3Fifo(p) => p.check(links, class),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn links(n: u32, p: &Policies) -> Links {
-        let lists = POLICY_LISTS + p.get_ref().lists() * PRIORITIES as usize;
+        let lists = POLICY_LISTS + p.lists() * PRIORITIES as usize;
         Links::new(n, lists as u32, "test").unwrap()
     }
 
@@ -527,7 +618,7 @@ mod tests {
     fn lfu_evicts_the_least_used_and_ages() {
         let mut p = Policies::new(EvictionPolicy::Lfu, 4, "test").unwrap();
         let mut l = links(4, &p);
-        let f = p.get();
+        let f = &mut p;
         for page in 0..3 {
             f.reset(page);
         }
@@ -554,7 +645,7 @@ mod tests {
         let mut p = Policies::new(EvictionPolicy::S3Fifo, 8, "test").unwrap();
         let mut l = links(8, &p);
         {
-            let f = p.get();
+            let f = &mut p;
             for page in 0..4 {
                 f.reset(page);
                 f.content(page, 100 + page as u128);
@@ -571,7 +662,7 @@ mod tests {
             f.check(&l, 0).unwrap();
         }
         assert_eq!(p.num_ghosts(), 1);
-        let f = p.get();
+        let f = &mut p;
         // Content 101 comes back in another page: it remembers the ghost and joins main.
         f.reset(5);
         f.content(5, 101);

@@ -14,7 +14,7 @@
 use super::alloc::try_vec;
 use super::error::{Error, Result};
 pub(crate) use super::evict::PRIORITIES;
-use super::evict::{held_list, EvictionPolicy, Policies, POLICY_LISTS};
+use super::evict::{held_list, EvictionPolicy, Policies, Policy, POLICY_LISTS};
 use super::list::Links;
 use super::tier::Tier;
 
@@ -92,7 +92,7 @@ impl PagePool {
         let loc = try_vec(n, NOT_CACHED, what)?;
         let prio = try_vec(n, 0, what)?;
         let policy = Policies::new(policy, num_pages, what)?;
-        let lists = POLICY_LISTS + policy.get_ref().lists() * PRIORITIES as usize;
+        let lists = POLICY_LISTS + policy.lists() * PRIORITIES as usize;
         let mut links = Links::new(num_pages, lists as u32, what)?;
         let padding = reserve_padding.then_some(0);
         for p in 0..num_pages {
@@ -199,7 +199,7 @@ impl PagePool {
 
     /// Unreferenced cached (evictable) pages, all priorities.
     pub fn num_cached(&self) -> usize {
-        let p = self.policy.get_ref();
+        let p = &self.policy;
         (0..PRIORITIES)
             .map(|k| p.len(&self.links, k) + self.links.len(held_list(k)))
             .sum()
@@ -228,19 +228,19 @@ impl PagePool {
     /// The next victim: the lowest class with a cached page; in it, the policy's first candidate
     /// that `has_child` says is a leaf (parents it offers first are held back), else the oldest
     /// held parent.
-    fn pop_victim(&mut self, has_child: &mut dyn FnMut(u32) -> bool) -> Option<u32> {
+    fn pop_victim(&mut self, has_child: &mut impl FnMut(u32) -> bool) -> Option<u32> {
         for k in 0..PRIORITIES {
-            while let Some(p) = self.policy.get().pop(&mut self.links, k) {
+            while let Some(p) = self.policy.pop(&mut self.links, k) {
                 if self.leaves_first && has_child(p) {
                     self.links.push_back(held_list(k), p);
                     self.loc[p as usize] = HELD | k;
                     continue;
                 }
-                self.policy.get().evicted(p, k);
+                self.policy.evicted(p, k);
                 return Some(p);
             }
             if let Some(p) = self.links.pop_front(held_list(k)) {
-                self.policy.get().evicted(p, k);
+                self.policy.evicted(p, k);
                 return Some(p);
             }
         }
@@ -254,7 +254,7 @@ impl PagePool {
     pub fn take(
         &mut self,
         holder: Holder,
-        has_child: &mut dyn FnMut(u32) -> bool,
+        has_child: &mut impl FnMut(u32) -> bool,
     ) -> Option<(u32, bool)> {
         let (page, evicted) = match self.links.pop_front(FREE) {
             Some(p) => (p, false),
@@ -267,7 +267,7 @@ impl PagePool {
         let i = page as usize;
         debug_assert_eq!(self.refcount[i], 0);
         self.prio[i] = 0;
-        self.policy.get().reset(page);
+        self.policy.reset(page);
         self.in_use += 1;
         self.refcount[i] = 1;
         self.add_holder(page, holder);
@@ -281,7 +281,7 @@ impl PagePool {
         if l & HELD != 0 {
             self.links.remove(held_list(l & !HELD), page);
         } else {
-            self.policy.get().remove(&mut self.links, page, l);
+            self.policy.remove(&mut self.links, page, l);
         }
         self.loc[page as usize] = NOT_CACHED;
     }
@@ -293,7 +293,7 @@ impl PagePool {
         if l != NOT_CACHED && l & HELD != 0 {
             let k = l & !HELD;
             self.links.remove(held_list(k), page);
-            self.policy.get().push_front(&mut self.links, page, k);
+            self.policy.push_front(&mut self.links, page, k);
             self.loc[page as usize] = k;
         }
     }
@@ -301,7 +301,7 @@ impl PagePool {
     /// Tells the policy the index key of the content page `page` now holds (S3-FIFO remembers
     /// the keys of evicted contents).
     pub fn note_content(&mut self, page: u32, key: u128) {
-        self.policy.get().content(page, key);
+        self.policy.content(page, key);
     }
 
     fn add_holder(&mut self, page: u32, holder: Holder) {
@@ -354,7 +354,7 @@ impl PagePool {
     /// ([`check_acquire`](Self::check_acquire)).
     pub fn acquire(&mut self, page: u32, holder: Holder) {
         let i = page as usize;
-        self.policy.get().used(page);
+        self.policy.used(page);
         match self.refcount[i] {
             0 => {
                 self.leave_cached(page);
@@ -392,7 +392,7 @@ impl PagePool {
                 self.in_use -= 1;
                 if registered {
                     let k = self.prio[i];
-                    self.policy.get().insert(&mut self.links, page, k);
+                    self.policy.insert(&mut self.links, page, k);
                     self.loc[i] = k;
                 } else {
                     self.prio[i] = 0;
@@ -451,7 +451,7 @@ impl PagePool {
     pub fn touch(&mut self, page: u32) {
         let l = self.loc[page as usize];
         if self.refcount[page as usize] == 0 && l != NOT_CACHED && l & HELD == 0 {
-            self.policy.get().touch(&mut self.links, page, l);
+            self.policy.touch(&mut self.links, page, l);
         }
     }
 
@@ -459,7 +459,7 @@ impl PagePool {
     /// parents), head first; `None` if links are corrupt.
     pub fn lists(&self) -> Option<(Vec<u32>, Vec<Vec<u32>>)> {
         let free = self.links.collect(FREE)?;
-        let p = self.policy.get_ref();
+        let p = &self.policy;
         let cached = (0..PRIORITIES)
             .map(|k| {
                 let mut v = p.order(&self.links, k)?;
@@ -491,7 +491,7 @@ impl PagePool {
     /// The policy's own bookkeeping agrees with its structures, and every page in a class's
     /// order or held list says so (for the checker).
     pub fn check_policy(&self) -> std::result::Result<(), String> {
-        let p = self.policy.get_ref();
+        let p = &self.policy;
         for k in 0..PRIORITIES {
             p.check(&self.links, k)?;
             let order = p

@@ -52,12 +52,16 @@
 //! ## Children
 //!
 //! A full-attention hit walks pages from the first one, so a page is worth keeping only while
-//! its parent is. The index counts, per `(group, parent digest)`, the registered entries (full
-//! pages and partial ones) of a *chained* group (full attention: a window, a chunk or a state
-//! checkpoint does not need the pages before it) that hang off it: [`PrefixIndex::has_child`]
-//! tells the pool which cached pages to evict only after their children, and
-//! [`PrefixIndex::remove`] reports the parent page whose last child just left. One map probe per
-//! insert and remove.
+//! its parent is. For a *chained* group (full attention: a window, a chunk or a state checkpoint
+//! does not need the pages before it), registering an entry (a full page or a partial one) finds
+//! its parent's page by the parent digest (one probe of the map, whose line the prefix walk has
+//! usually just read) and counts the entry there; the entry remembers that page and the
+//! page's registration number, so removing it uncounts it with no probe. An entry whose parent
+//! is in no page yet (a host tier receives a chain last page first: demotion evicts leaves
+//! first) waits in a second map, keyed by the parent digest, until its parent registers and
+//! adopts it; a parent that leaves puts its children back there. [`PrefixIndex::has_child`] (an
+//! array read) tells the pool which cached pages to evict only after their children, and
+//! [`PrefixIndex::remove`] reports the parent page whose last child just left.
 //!
 //! Costs: registering or removing a page hashes its tokens once more (the unit chain is linear
 //! in the page, not quadratic) and touches `page_size/u - 1` map slots and list nodes; a lookup
@@ -205,8 +209,12 @@ pub struct PrefixIndex {
     per_group: Vec<usize>,
     /// Groups whose pages depend on their parent (bit `g`: full attention).
     chained: u32,
-    /// `key(group, parent)` -> registered entries of a chained group with that parent digest.
-    children: DigestMap<u32>,
+    /// Per page: its children and its link to its parent (one record: a registration touches
+    /// one line).
+    links: Vec<Kin>,
+    /// `key(group, parent digest)` -> registered entries of a chained group waiting for a page
+    /// with that digest to adopt them.
+    orphans: DigestMap<u32>,
     /// Kept apart from `meta`: releases read it for every page, and a byte per page stays cached.
     registered: Vec<bool>,
     tokens: Vec<i32>,
@@ -247,6 +255,29 @@ pub struct Stored<'a> {
 /// Mixes a group id into a digest (an odd 128-bit constant times the group): group 0's key is
 /// the digest itself.
 const GROUP_MIX: u128 = 0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835;
+
+/// A page's family in the index (see "Children" in the module doc).
+#[derive(Debug, Clone, Copy)]
+struct Kin {
+    /// Registered entries counted as its children.
+    kids: u32,
+    /// Registrations of this page so far (a link with an older number is stale).
+    epoch: u32,
+    /// The page its entry was counted at (`NONE`: not counted) and that page's epoch then.
+    up: u32,
+    up_epoch: u32,
+}
+
+impl Default for Kin {
+    fn default() -> Self {
+        Kin {
+            kids: 0,
+            epoch: 0,
+            up: NONE,
+            up_epoch: 0,
+        }
+    }
+}
 
 /// What [`PrefixIndex::remove`] did besides dropping the entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -318,7 +349,8 @@ impl PrefixIndex {
             meta: try_vec(n, Meta::default(), what)?,
             per_group: Vec::new(),
             chained,
-            children: DigestMap::default(),
+            links: try_vec(n, Kin::default(), what)?,
+            orphans: DigestMap::default(),
             registered: try_vec(n, false, what)?,
             tokens: try_vec(slots, 0, what)?,
         })
@@ -333,43 +365,77 @@ impl PrefixIndex {
         group < 32 && self.chained & (1 << group) != 0
     }
 
-    /// Counts a new entry of `group` under parent digest `parent`.
-    fn add_child(&mut self, group: u32, parent: u128) {
-        if self.is_chained(group) {
-            *self.children.entry(Self::key(group, parent)).or_insert(0) += 1;
-        }
-    }
-
-    /// Uncounts an entry of `group` under `parent`; the parent's page when it was the last one.
-    fn drop_child(&mut self, group: u32, parent: u128) -> Option<u32> {
+    /// Counts the entry just registered in `page` (of `group`, parent digest `parent`, its own
+    /// digest `own` for a full page) at its parent's page, or among the orphans of that digest
+    /// when no page holds it; a full page adopts the orphans waiting for its digest.
+    fn add_child(&mut self, page: u32, group: u32, parent: u128, own: Option<u128>) {
+        let k = &mut self.links[page as usize];
+        k.epoch = k.epoch.wrapping_add(1);
+        k.kids = 0;
+        k.up = NONE;
         if !self.is_chained(group) {
-            return None;
+            return;
+        }
+        if let Some(h) = own.filter(|_| !self.orphans.is_empty()) {
+            if let Some(n) = self.orphans.remove(&Self::key(group, h)) {
+                self.links[page as usize].kids = n;
+            }
         }
         let key = Self::key(group, parent);
-        let std::collections::hash_map::Entry::Occupied(mut o) = self.children.entry(key) else {
-            debug_assert!(false, "a registered entry's parent is counted");
-            return None;
-        };
-        *o.get_mut() -= 1;
-        if *o.get() > 0 {
-            return None;
+        match self.map.get(&key).copied() {
+            Some(pp) => {
+                let p = &mut self.links[pp as usize];
+                p.kids += 1;
+                let epoch = p.epoch;
+                let k = &mut self.links[page as usize];
+                k.up = pp;
+                k.up_epoch = epoch;
+            }
+            None => *self.orphans.entry(key).or_insert(0) += 1,
         }
-        o.remove();
-        self.map.get(&key).copied()
     }
 
-    /// Whether registered full page `page` (of a chained group) has a registered child: an entry
-    /// whose parent digest is its digest.
-    pub fn has_child(&self, page: u32) -> bool {
-        if !self.registered[page as usize] || self.is_partial(page) {
-            return false;
+    /// Uncounts the entry of `page` (of record `m`, full unless `partial`), being removed, and
+    /// puts its own children back among the orphans; its parent's page when that was the last
+    /// child.
+    fn drop_child(&mut self, page: u32, m: Meta, partial: bool) -> Option<u32> {
+        let k = std::mem::take(&mut self.links[page as usize].kids);
+        let (up, up_epoch) = (
+            self.links[page as usize].up,
+            self.links[page as usize].up_epoch,
+        );
+        self.links[page as usize].up = NONE;
+        if !self.is_chained(m.group) {
+            return None;
         }
-        let m = &self.meta[page as usize];
-        self.is_chained(m.group)
-            && self
-                .children
-                .get(&Self::key(m.group, m.hash))
-                .is_some_and(|&n| n > 0)
+        if k > 0 && !partial {
+            *self.orphans.entry(Self::key(m.group, m.hash)).or_insert(0) += k;
+        }
+        let linked =
+            up != NONE && self.registered[up as usize] && self.links[up as usize].epoch == up_epoch;
+        let pp = if linked {
+            up
+        } else {
+            // Counted among the orphans, or adopted by the page that holds the parent now.
+            let key = Self::key(m.group, m.parent);
+            if let std::collections::hash_map::Entry::Occupied(mut o) = self.orphans.entry(key) {
+                *o.get_mut() -= 1;
+                if *o.get() == 0 {
+                    o.remove();
+                }
+                return None;
+            }
+            self.map.get(&key).copied()?
+        };
+        let p = &mut self.links[pp as usize];
+        debug_assert!(p.kids > 0, "a counted child's parent counts it");
+        p.kids -= 1;
+        (p.kids == 0).then_some(pp)
+    }
+
+    /// Whether registered page `page` has a registered child counted at it.
+    pub fn has_child(&self, page: u32) -> bool {
+        self.links.get(page as usize).is_some_and(|k| k.kids > 0)
     }
 
     /// Registered full pages of `group`.
@@ -497,7 +563,7 @@ impl PrefixIndex {
         let s = i * self.page_size;
         self.tokens[s..s + self.page_size].copy_from_slice(tokens);
         self.link_units(page);
-        self.add_child(group, parent);
+        self.add_child(page, group, parent, Some(hash));
         true
     }
 
@@ -533,7 +599,7 @@ impl PrefixIndex {
         let s = i * self.page_size;
         self.tokens[s..s + n].copy_from_slice(tokens);
         self.link_units(page);
-        self.add_child(group, parent);
+        self.add_child(page, group, parent, None);
         true
     }
 
@@ -685,7 +751,8 @@ impl PrefixIndex {
         }
         self.unlink_units(page);
         let m = self.meta[i];
-        if self.is_partial(page) {
+        let partial = self.is_partial(page);
+        if partial {
             self.registered[i] = false;
             self.partial -= 1;
         } else {
@@ -695,7 +762,7 @@ impl PrefixIndex {
             self.per_group[m.group as usize] -= 1;
         }
         Some(Removed {
-            parent_leaf: self.drop_child(m.group, m.parent),
+            parent_leaf: self.drop_child(page, m, partial),
         })
     }
 
@@ -704,7 +771,11 @@ impl PrefixIndex {
         self.units.clear();
         self.map.clear();
         self.per_group.clear();
-        self.children.clear();
+        for k in &mut self.links {
+            k.kids = 0;
+            k.up = NONE;
+        }
+        self.orphans.clear();
         self.partial = 0;
         self.unit_next.fill(NONE);
         self.unit_prev.fill(UNLINKED);
@@ -784,7 +855,8 @@ impl PrefixIndex {
     }
 
     /// The first `(key, counted, actual)` whose child count disagrees with a recount of the
-    /// registered entries of chained groups, for the invariant checker.
+    /// registered entries of chained groups by parent digest: a registered full page's count,
+    /// or the orphans' count of a digest no page holds, for the invariant checker.
     pub fn stray_child_count(&self) -> Option<(u128, u32, u32)> {
         let mut count: DigestMap<u32> = DigestMap::default();
         for p in (0..self.num_pages).filter(|&p| self.registered[p]) {
@@ -793,15 +865,24 @@ impl PrefixIndex {
                 *count.entry(Self::key(m.group, m.parent)).or_insert(0) += 1;
             }
         }
-        for (&k, &n) in &self.children {
-            let actual = count.get(&k).copied().unwrap_or(0);
-            if n != actual || n == 0 {
-                return Some((k, n, actual));
+        for p in (0..self.num_pages).filter(|&p| self.registered[p]) {
+            let m = &self.meta[p];
+            let key = Self::key(m.group, m.hash);
+            let want = if self.is_chained(m.group) && !self.is_partial(p as u32) {
+                count.remove(&key).unwrap_or(0)
+            } else {
+                0
+            };
+            if self.links[p].kids != want {
+                return Some((key, self.links[p].kids, want));
             }
+        }
+        if let Some((&k, &n)) = self.orphans.iter().find(|(k, n)| count.get(k) != Some(n)) {
+            return Some((k, n, count.get(&k).copied().unwrap_or(0)));
         }
         count
             .iter()
-            .find(|(k, _)| !self.children.contains_key(k))
+            .find(|(k, _)| !self.orphans.contains_key(k))
             .map(|(&k, &n)| (k, 0, n))
     }
 
