@@ -151,28 +151,40 @@ impl ReplayConfig {
 /// Checks before anything runs that every request fits the device on its own (at its end, with
 /// no sharing), so the replay can always make progress.
 pub fn check_fits(reqs: &[Request], cfg: &ReplayConfig) -> Result<(), String> {
-    let ps = cfg.page_size as usize;
     for r in reqs {
-        let need = cfg.pages_needed((0..r.outputs.len()).map(|b| r.final_len(b)));
-        if need > cfg.usable_pages() {
-            let at = if r.line > 0 {
-                format!("line {}: ", r.line)
-            } else {
-                String::new()
-            };
-            let end = need / cfg.num_groups() - r.outputs.len();
-            let groups = if cfg.groups.is_empty() {
-                String::new()
-            } else {
-                format!(" in each of {} groups", cfg.num_groups())
-            };
-            return Err(format!(
-                "{at}request {:?} needs {need} pages of {ps} tokens ({end} at its end plus one of \
-                 headroom per sample{groups}) but the device has {} (--device-pages)",
-                r.id,
-                cfg.usable_pages()
-            ));
-        }
+        let lens: Vec<usize> = (0..r.outputs.len()).map(|b| r.final_len(b)).collect();
+        check_request(&r.id, r.line, &lens, cfg)?;
     }
     Ok(())
+}
+
+/// Refuses request `id` (on trace line `line`, 0: generated) whose samples end with `lens`
+/// tokens when it cannot fit the device on its own.
+pub fn check_request(
+    id: &str,
+    line: usize,
+    lens: &[usize],
+    cfg: &ReplayConfig,
+) -> Result<(), String> {
+    let ps = cfg.page_size as usize;
+    let need = cfg.pages_needed(lens.iter().copied());
+    if need <= cfg.usable_pages() {
+        return Ok(());
+    }
+    let at = if line > 0 {
+        format!("line {line}: ")
+    } else {
+        String::new()
+    };
+    let end = need / cfg.num_groups() - lens.len();
+    let groups = if cfg.groups.is_empty() {
+        String::new()
+    } else {
+        format!(" in each of {} groups", cfg.num_groups())
+    };
+    Err(format!(
+        "{at}request {id:?} needs {need} pages of {ps} tokens ({end} at its end plus one of \
+         headroom per sample{groups}) but the device has {} (--device-pages)",
+        cfg.usable_pages()
+    ))
 }

@@ -400,7 +400,7 @@ fn row_json(a: &Args, out: &Outcome, cfg: &ReplayConfig, value: u32) -> serde_js
 fn write_excerpt(a: &Args, format: TraceFormat, path: &str) -> Result<(), String> {
     use kvshare_replay::formats::excerpt;
     let text = match format {
-        TraceFormat::Mooncake => excerpt::mooncake(a.requests, a.users, a.gap_ms, 120_000, a.seed),
+        TraceFormat::Mooncake => excerpt::mooncake(a.requests, a.users, a.gap_ms, 24_000, a.seed),
         TraceFormat::Bailian => excerpt::bailian(a.requests, a.users, a.gap_ms, a.seed),
         TraceFormat::Azure => excerpt::azure(a.requests, a.gap_ms, true, a.seed),
         TraceFormat::BurstGpt => excerpt::burstgpt(a.requests, a.gap_ms, true, a.seed),

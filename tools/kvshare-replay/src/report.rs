@@ -150,13 +150,13 @@ pub fn ideal_verdict(out: &Outcome) -> String {
     if out.gap_steps == 0 {
         format!(
             "kvshare == ideal at every one of the {} steps",
-            out.per_step.len()
+            out.series.steps
         )
     } else {
         format!(
             "kvshare != ideal at {} of {} steps (first at step {}; kvshare - ideal from {:+} to {:+} pages)",
             out.gap_steps,
-            out.per_step.len(),
+            out.series.steps,
             out.first_gap_step.unwrap_or(0),
             out.min_gap,
             out.max_gap
@@ -288,7 +288,7 @@ pub fn format_report(
         out.mgr_calls,
         out.mgr_ns as f64 / 1e3 / out.mgr_calls.max(1) as f64,
         out.mgr_ns as f64 / 1e3 / out.requests.len().max(1) as f64,
-        if model_ns > 1_000_000 {
+        if attention && model_ns > 1_000_000 {
             format!(
                 ", {:.2}% of the model's time",
                 100.0 * out.mgr_ns as f64 / model_ns as f64

@@ -209,16 +209,6 @@ impl RequestSource for FileSource {
         let Some(l) = &self.longest else {
             return Ok(());
         };
-        let r = Request {
-            id: l.id.clone(),
-            session: None,
-            arrival_ms: 0.0,
-            prompt: vec![0; l.tokens],
-            outputs: vec![Vec::new()],
-            salt: String::new(),
-            lora: 0,
-            line: l.line,
-        };
-        super::config::check_fits(std::slice::from_ref(&r), cfg)
+        super::config::check_request(&l.id, l.line, &[l.tokens], cfg)
     }
 }
