@@ -484,6 +484,41 @@ typedef uint32_t kvs_huge_pages_mode;
 #endif // __cplusplus
 
 /*
+ The order in which a tier's unreferenced cached pages of one retention priority are
+ evicted (`kvs_config.eviction_policy`). Every policy is O(1) or O(log n) per operation and
+ evicts a page only after the pages registered after it in its prefix chain (leaves first).
+ */
+enum kvs_eviction_policy
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /*
+   Least recently released first (the default, and the only policy `vllm_free_order`
+   allows).
+   */
+  KVS_EVICTION_POLICY_LRU = 0,
+  /*
+   Least frequently used first, with dynamic aging (LFU-DA): a page's count grows with each
+   hit and starts from the last evicted page's, so old popularity fades.
+   */
+  KVS_EVICTION_POLICY_LFU = 1,
+  /*
+   S3-FIFO: pages used once pass through a small FIFO, pages hit again live in a main FIFO
+   with a second chance, and evicted pages leave ghosts that admit a returning prefix
+   straight to the main FIFO.
+   */
+  KVS_EVICTION_POLICY_S3_FIFO = 2,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum kvs_eviction_policy kvs_eviction_policy;
+#else
+typedef uint32_t kvs_eviction_policy;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/*
  A compute backend (`KVS_BACKEND_KIND_CPU` or `KVS_BACKEND_KIND_ASCEND`) that launches paged
  attention, KV writes and page copies.
 
@@ -988,6 +1023,12 @@ typedef struct kvs_config {
    page is evicted, which keeps more prefixes cached.
    */
   bool vllm_free_order;
+  /*
+   A `kvs_eviction_policy`: which unreferenced cached page of a tier goes first when a page
+   is needed, within retention priorities. Default `KVS_EVICTION_POLICY_LRU`; any other
+   policy with `vllm_free_order` is `KVS_STATUS_INVALID_CONFIG` naming `eviction_policy`.
+   */
+  uint32_t eviction_policy;
   /*
    The KV-cache groups, in the engine's order: the index of a group here is the `group`
    argument of the calls that take one, and `kvs_copy.group` / `kvs_event.group`. NULL with
@@ -1899,8 +1940,9 @@ kvs_status kvs_page_get_info(const struct kvs_cache *cache,
  Registers the full pages of a token sequence in group `group`'s prefix index: `pages[i]`
  (a page of the group's pool held by the caller) holds the KV of tokens
  `[i*page_size, (i+1)*page_size)`. Pages whose content the group has already cached in
- another page, already registered pages, and pages with a negative (placeholder) token —
- and all after it — are skipped. `extra` may be NULL. Writes the number of newly
+ another page, already registered pages, pages a sequence holds (the sequence registers
+ them under its own tokens), and pages with a negative (placeholder) token — and all after
+ it — are skipped. `extra` may be NULL. Writes the number of newly
  registered pages to `*registered_out` (optional).
 
  **Failure:** `group` not below the group count, more pages than full token pages, a
@@ -1921,9 +1963,10 @@ kvs_status kvs_prefix_register(struct kvs_cache *cache,
  Finds the longest cached prefix of `tokens` in group `group`'s index (whole pages from the
  first on, at most `max_tokens` tokens; pass `SIZE_MAX` for no limit, or `num_tokens - 1`
  so the last token is recomputed for its logits; `kvs_prefix_find` gives the hit every
- group can serve). Matching is exact: each page's tokens and extra keys are compared, and earlier
- pages are tied in by a 128-bit xxh3 chain digest. Writes the page ids to `pages_out`,
- their count to `*num_pages_out` and the matched token count to `*matched_tokens_out`.
+ group can serve). Matching is exact: each page's tokens and extra keys are compared, and
+ earlier pages are tied in by a 128-bit xxh3 chain digest. Writes the page ids to
+ `pages_out`, their count to `*num_pages_out` and the matched token count to
+ `*matched_tokens_out`.
  With `acquire`, each returned page gets one caller-held reference (release it with
  `kvs_pages_release`), pages found only in the host tier are promoted to new device pages
  as far as device room allows (their copies are queued: `kvs_cache_take_copies`), and the
@@ -2323,8 +2366,8 @@ kvs_status kvs_seq_pages(const struct kvs_cache *cache,
  only page (vLLM's block table for the group is `[page]`).
 
  **Failure:** NULL `page_out` (`KVS_STATUS_NULL_ARGUMENT`); `group` not below the group
- count or not a state group, a sequence with no state page yet (no tokens):
- `KVS_STATUS_INVALID_ARGUMENT`; unknown sequence: `KVS_STATUS_SEQ_NOT_FOUND`; swapped-out
+ count or not a state group, a sequence with no state page yet (no token nor reserved
+ slot): `KVS_STATUS_INVALID_ARGUMENT`; unknown sequence: `KVS_STATUS_SEQ_NOT_FOUND`; swapped-out
  sequence: `KVS_STATUS_SEQ_WRONG_TIER`. `*page_out` untouched.
  **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
  */

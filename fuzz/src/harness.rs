@@ -28,7 +28,7 @@ use std::ptr::{null, null_mut};
 
 use arbitrary::{Arbitrary, Unstructured};
 use kvshare::cache::{kvs_cache, kvs_config, kvs_stats};
-use kvshare::enums::{kvs_group_kind, kvs_state_mode, kvs_status};
+use kvshare::enums::{kvs_eviction_policy, kvs_group_kind, kvs_state_mode, kvs_status};
 use kvshare::events::kvs_event;
 use kvshare::groups::{kvs_group, kvs_group_info, KVS_NULL_PAGE};
 use kvshare::pages::kvs_page_info;
@@ -52,6 +52,8 @@ pub struct Setup {
     /// `match_unit`: 0, 1, half a page or a page.
     unit: u8,
     vllm_free_order: bool,
+    /// `eviction_policy` (kvshare's order only; vLLM's is LRU).
+    policy: u8,
 }
 
 /// Page bytes of a group with a pool of its own (any value other than the geometry's).
@@ -1108,7 +1110,9 @@ pub fn run(data: &[u8], max_ops: usize) -> usize {
         return 0;
     };
     let trace = std::env::var_os("KVS_TRACE").is_some();
-    if trace { eprintln!("{setup:?}"); }
+    if trace {
+        eprintln!("{setup:?}");
+    }
     let mut cfg: kvs_config = kvs_cache::kvs_config_default();
     cfg.page_size = [1, 2, 4, 16][usize::from(setup.page_size % 4)];
     cfg.num_device_pages = 2 + u32::from(setup.device_pages % 40);
@@ -1120,6 +1124,11 @@ pub fn run(data: &[u8], max_ops: usize) -> usize {
     cfg.demote_to_host = setup.demote;
     cfg.enable_events = setup.events;
     cfg.vllm_free_order = setup.vllm_free_order;
+    cfg.eviction_policy = if setup.vllm_free_order {
+        kvs_eviction_policy::Lru as u32
+    } else {
+        u32::from(setup.policy % 3)
+    };
     let groups = groups_of(setup.layout, cfg.page_size, setup.caching);
     let state = |g: &kvs_group| g.kind == kvs_group_kind::State as u32;
     let has_state = groups.iter().any(state);
@@ -1167,7 +1176,9 @@ pub fn run(data: &[u8], max_ops: usize) -> usize {
     while done < max_ops {
         let Ok(op) = Op::arbitrary(&mut u) else { break };
         run.op = format!("op {done}: {op:?}");
-        if trace { eprintln!("{}", run.op); }
+        if trace {
+            eprintln!("{}", run.op);
+        }
         run.apply(&op);
         done += 1;
         run.check(done);

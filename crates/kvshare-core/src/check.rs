@@ -32,12 +32,15 @@ impl State {
     /// live; a "none" state group exactly one page, at the last position); a page of either tier
     /// is held by the tables of one group only and registered for that group; a held registered
     /// page carries the digest of its position; refcount = sequence + external + pin holders
-    /// for every page; each page is on exactly the list its state says (free / the cached list
-    /// of its priority / none when in use); cached ⇔ registered for unreferenced pages (vLLM's
+    /// for every page; each page is on exactly the list its state says (free / the evictable set
+    /// of its priority: the eviction policy's structures or its held parents / none when in
+    /// use); the policy's own bookkeeping agrees with its structures; a held-back parent has a
+    /// registered child in its tier's index; cached ⇔ registered for unreferenced pages (vLLM's
     /// reuse order also parks pages without content behind the cached ones); list lengths and
     /// counters agree with a full recount; free + cached + in use = usable pages; every index
-    /// entry (both tiers) points at a page registered under that digest; duplicates are listed
-    /// both ways under a registered digest; pins hold what the pin table says.
+    /// entry (both tiers) points at a page registered under that digest, and the child counts
+    /// of both indices agree with a recount of their entries; duplicates are listed both ways
+    /// under a registered digest; pins hold what the pin table says.
     pub fn check(&self) -> Result<()> {
         let np = self.pools.len();
         let mut h = Holders {
@@ -257,6 +260,11 @@ impl State {
                     ));
                 }
             }
+            if let Some((key, counted, actual)) = ix.stray_child_count() {
+                return violation(format!(
+                    "pool {pi} {tier} index: parent key {key:032x} counts {counted} children but {actual} entries hang off it"
+                ));
+            }
             if let Some((g, p)) = ix.stray_unit_key() {
                 return violation(format!(
                     "pool {pi} {tier} unit key {g:032x} and page {p} disagree (a listed page without that unit prefix, broken links, or a registered page's key left out)"
@@ -310,6 +318,16 @@ impl State {
         let Some((free, cached)) = pool.lists() else {
             return violation(format!("pool {pi} {tier} page lists are corrupt"));
         };
+        if let Err(e) = pool.check_policy() {
+            return violation(format!(
+                "pool {pi} {tier} eviction policy {:?}: {e}",
+                pool.policy()
+            ));
+        }
+        let index = match tier {
+            Tier::Device => &self.pools[pi].index,
+            Tier::Host => &self.pools[pi].host_index,
+        };
         // 0: on no list; 1: free; 2 + k: cached list k. Any page seen twice is an error.
         let mut on = try_vec(pool.num_pages() as usize, 0u8, "num_pages")?;
         let mut mark = |p: u32, m: u8| -> Result<()> {
@@ -359,6 +377,11 @@ impl State {
                         return violation(format!(
                             "pool {pi} {tier} page {p}: on cached list {k} but priority {}",
                             pool.priority(p)
+                        ));
+                    }
+                    if pool.is_held(p) && !index.has_child(p) {
+                        return violation(format!(
+                            "pool {pi} {tier} page {p}: held back as a parent but has no registered child"
                         ));
                     }
                 }

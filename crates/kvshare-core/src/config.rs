@@ -8,6 +8,7 @@
 //! host pages.
 
 use super::error::{Error, Result};
+use super::evict::EvictionPolicy;
 use super::tier::Tier;
 
 /// Element type of the KV cache (and of attention inputs).
@@ -155,8 +156,14 @@ pub struct Config {
     /// already cached (two requests computed the same page) is kept as a duplicate that takes
     /// the cached page's place when that one is evicted. Off (the default), a page with no cached
     /// content is always reused before any cached page is evicted, which keeps more prefixes
-    /// cached. For lockstep with vLLM's own manager.
+    /// cached. For lockstep with vLLM's own manager; it keeps vLLM's order, so it takes
+    /// [`EvictionPolicy::Lru`] only, and parents are not held back behind their children.
     pub vllm_free_order: bool,
+    /// The order in which unreferenced cached pages of one retention priority are evicted when
+    /// an allocation finds no free page (see [`crate::evict`]). Every policy evicts lower
+    /// priorities first and, outside `vllm_free_order`, a full-attention page only after its
+    /// cached children.
+    pub eviction_policy: EvictionPolicy,
 }
 
 impl Default for Config {
@@ -178,6 +185,7 @@ impl Default for Config {
             enable_events: false,
             match_unit: 0,
             vllm_free_order: false,
+            eviction_policy: EvictionPolicy::Lru,
         }
     }
 }
@@ -234,6 +242,16 @@ impl Config {
         }
         if self.defer_commit && !self.enable_prefix_caching {
             return bad("defer_commit", "needs enable_prefix_caching".into());
+        }
+        if self.vllm_free_order && self.eviction_policy != EvictionPolicy::Lru {
+            return bad(
+                "eviction_policy",
+                format!(
+                    "{:?} cannot keep vllm_free_order: vLLM's block pool evicts in LRU order \
+                     (vllm_free_order takes eviction_policy Lru)",
+                    self.eviction_policy
+                ),
+            );
         }
         if self.groups.len() > MAX_GROUPS {
             return bad(
@@ -413,6 +431,14 @@ mod tests {
             (
                 "num_groups",
                 Box::new(|c| c.groups = vec![GroupSpec::FULL; MAX_GROUPS + 1]),
+            ),
+            // vLLM's order is LRU's.
+            (
+                "eviction_policy",
+                Box::new(|c| {
+                    c.vllm_free_order = true;
+                    c.eviction_policy = EvictionPolicy::S3Fifo;
+                }),
             ),
             (
                 "groups.window",

@@ -9,16 +9,19 @@
 //!
 //! * [`config`]: geometry, options and the groups, with their validation;
 //! * `rules.rs`: what each attention kind needs (hits, skipped tokens, table growth);
-//! * [`pool`]: one tier's pages (with the intrusive lists of [`list`]); [`prefix`]: the index;
+//! * [`pool`]: one tier's pages (with the intrusive lists of [`list`]); [`evict`]: which cached
+//!   page an allocation evicts (retention priorities, leaves first, the eviction policies);
+//!   [`prefix`]: the index;
 //! * `state.rs`: the state and the helpers every operation shares (taking and releasing pages,
 //!   demotion, index updates, queues, stats);
-//! * `hit.rs`: prefix hits across tiers and groups; `sequences.rs`: begin, append, fork, free,
-//!   release; `swap.rs`: swaps between tiers; [`pages`]: the page API, pins, prefetch;
+//! * `hit.rs`: prefix hits across tiers and groups; `sequences.rs`: begin, fork, free, release;
+//!   `append.rs`: appends with copy-on-write; `swap.rs`: swaps between tiers; [`pages`]: the page API, pins, prefetch;
 //!   `batch.rs`: block tables and slot mappings; `check.rs`: the invariant checker;
 //! * [`copies`], [`events`], [`stats`]: what the cache reports.
 #![forbid(unsafe_code)]
 
 pub mod alloc;
+mod append;
 mod batch;
 pub mod cache;
 mod check;
@@ -26,6 +29,7 @@ pub mod config;
 pub mod copies;
 pub mod error;
 pub mod events;
+pub mod evict;
 pub mod hashing;
 mod hit;
 pub mod list;
@@ -45,6 +49,7 @@ pub use config::{Config, DType, GroupKind, GroupSpec, StateMode, MAX_GROUPS};
 pub use copies::{CopyKind, PageCopy};
 pub use error::{Error, Result};
 pub use events::{Event, EventKind};
+pub use evict::EvictionPolicy;
 pub use pages::Match;
 pub use pool::PageState;
 pub use prefix::{ExtraKeys, MmItem};

@@ -49,6 +49,20 @@
 //! finds it and no `Stored` event publishes it), is cached and evicted like any registered
 //! page, and is never demoted.
 //!
+//! ## Children
+//!
+//! A full-attention hit walks pages from the first one, so a page is worth keeping only while
+//! its parent is. For a *chained* group (full attention: a window, a chunk or a state checkpoint
+//! does not need the pages before it), registering an entry (a full page or a partial one) finds
+//! its parent's page by the parent digest (one probe of the map, whose line the prefix walk has
+//! usually just read) and counts the entry there; the entry remembers that page and the
+//! page's registration number, so removing it uncounts it with no probe. An entry whose parent
+//! is in no page yet (a host tier receives a chain last page first: demotion evicts leaves
+//! first) waits in a second map, keyed by the parent digest, until its parent registers and
+//! adopts it; a parent that leaves puts its children back there. [`PrefixIndex::has_child`] (an
+//! array read) tells the pool which cached pages to evict only after their children, and
+//! [`PrefixIndex::remove`] reports the parent page whose last child just left.
+//!
 //! Costs: registering or removing a page hashes its tokens once more (the unit chain is linear
 //! in the page, not quadratic) and touches `page_size/u - 1` map slots and list nodes; a lookup
 //! adds at most `page_size/u - 1` unit hashes and map probes to the page walk, plus one step per
@@ -193,6 +207,14 @@ pub struct PrefixIndex {
     meta: Vec<Meta>,
     /// Registered full pages per group.
     per_group: Vec<usize>,
+    /// Groups whose pages depend on their parent (bit `g`: full attention).
+    chained: u32,
+    /// Per page: its children and its link to its parent (one record: a registration touches
+    /// one line).
+    links: Vec<Kin>,
+    /// `key(group, parent digest)` -> registered entries of a chained group waiting for a page
+    /// with that digest to adopt them.
+    orphans: DigestMap<u32>,
     /// Kept apart from `meta`: releases read it for every page, and a byte per page stays cached.
     registered: Vec<bool>,
     tokens: Vec<i32>,
@@ -234,6 +256,36 @@ pub struct Stored<'a> {
 /// the digest itself.
 const GROUP_MIX: u128 = 0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835;
 
+/// A page's family in the index (see "Children" in the module doc).
+#[derive(Debug, Clone, Copy)]
+struct Kin {
+    /// Registered entries counted as its children.
+    kids: u32,
+    /// Registrations of this page so far (a link with an older number is stale).
+    epoch: u32,
+    /// The page its entry was counted at (`NONE`: not counted) and that page's epoch then.
+    up: u32,
+    up_epoch: u32,
+}
+
+impl Default for Kin {
+    fn default() -> Self {
+        Kin {
+            kids: 0,
+            epoch: 0,
+            up: NONE,
+            up_epoch: 0,
+        }
+    }
+}
+
+/// What [`PrefixIndex::remove`] did besides dropping the entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Removed {
+    /// The registered page the removed entry hung off, when that was its last child: a leaf now.
+    pub parent_leaf: Option<u32>,
+}
+
 /// A prefix hit ending inside a page: `page` holds the queried parent and extra digests and
 /// the first `tokens` (a multiple of the match unit, less than a page) of the queried tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -264,9 +316,16 @@ fn unit_keys(
 
 impl PrefixIndex {
     /// An empty index over `num_pages` pages of `page_size` tokens matched in units of `unit`
-    /// tokens (a divisor of `page_size`); `OutOfMemory` naming `what` (the tier's page-count
-    /// field) when its arrays cannot be allocated.
-    pub fn new(num_pages: u32, page_size: u32, unit: usize, what: &'static str) -> Result<Self> {
+    /// tokens (a divisor of `page_size`), counting the children of the groups whose bit is set
+    /// in `chained`; `OutOfMemory` naming `what` (the tier's page-count field) when its arrays
+    /// cannot be allocated.
+    pub fn new(
+        num_pages: u32,
+        page_size: u32,
+        unit: usize,
+        chained: u32,
+        what: &'static str,
+    ) -> Result<Self> {
         debug_assert!(unit > 0 && (page_size as usize).is_multiple_of(unit));
         let n = num_pages as usize;
         let too_big = Error::OutOfMemory {
@@ -289,6 +348,9 @@ impl PrefixIndex {
             partial: 0,
             meta: try_vec(n, Meta::default(), what)?,
             per_group: Vec::new(),
+            chained,
+            links: try_vec(n, Kin::default(), what)?,
+            orphans: DigestMap::default(),
             registered: try_vec(n, false, what)?,
             tokens: try_vec(slots, 0, what)?,
         })
@@ -297,6 +359,83 @@ impl PrefixIndex {
     /// The key of group `group`'s digest `hash` in the maps.
     pub fn key(group: u32, hash: u128) -> u128 {
         hash ^ u128::from(group).wrapping_mul(GROUP_MIX)
+    }
+
+    fn is_chained(&self, group: u32) -> bool {
+        group < 32 && self.chained & (1 << group) != 0
+    }
+
+    /// Counts the entry just registered in `page` (of `group`, parent digest `parent`, its own
+    /// digest `own` for a full page) at its parent's page, or among the orphans of that digest
+    /// when no page holds it; a full page adopts the orphans waiting for its digest.
+    fn add_child(&mut self, page: u32, group: u32, parent: u128, own: Option<u128>) {
+        let k = &mut self.links[page as usize];
+        k.epoch = k.epoch.wrapping_add(1);
+        k.kids = 0;
+        k.up = NONE;
+        if !self.is_chained(group) {
+            return;
+        }
+        if let Some(h) = own.filter(|_| !self.orphans.is_empty()) {
+            if let Some(n) = self.orphans.remove(&Self::key(group, h)) {
+                self.links[page as usize].kids = n;
+            }
+        }
+        let key = Self::key(group, parent);
+        match self.map.get(&key).copied() {
+            Some(pp) => {
+                let p = &mut self.links[pp as usize];
+                p.kids += 1;
+                let epoch = p.epoch;
+                let k = &mut self.links[page as usize];
+                k.up = pp;
+                k.up_epoch = epoch;
+            }
+            None => *self.orphans.entry(key).or_insert(0) += 1,
+        }
+    }
+
+    /// Uncounts the entry of `page` (of record `m`, full unless `partial`), being removed, and
+    /// puts its own children back among the orphans; its parent's page when that was the last
+    /// child.
+    fn drop_child(&mut self, page: u32, m: Meta, partial: bool) -> Option<u32> {
+        let k = std::mem::take(&mut self.links[page as usize].kids);
+        let (up, up_epoch) = (
+            self.links[page as usize].up,
+            self.links[page as usize].up_epoch,
+        );
+        self.links[page as usize].up = NONE;
+        if !self.is_chained(m.group) {
+            return None;
+        }
+        if k > 0 && !partial {
+            *self.orphans.entry(Self::key(m.group, m.hash)).or_insert(0) += k;
+        }
+        let linked =
+            up != NONE && self.registered[up as usize] && self.links[up as usize].epoch == up_epoch;
+        let pp = if linked {
+            up
+        } else {
+            // Counted among the orphans, or adopted by the page that holds the parent now.
+            let key = Self::key(m.group, m.parent);
+            if let std::collections::hash_map::Entry::Occupied(mut o) = self.orphans.entry(key) {
+                *o.get_mut() -= 1;
+                if *o.get() == 0 {
+                    o.remove();
+                }
+                return None;
+            }
+            self.map.get(&key).copied()?
+        };
+        let p = &mut self.links[pp as usize];
+        debug_assert!(p.kids > 0, "a counted child's parent counts it");
+        p.kids -= 1;
+        (p.kids == 0).then_some(pp)
+    }
+
+    /// Whether registered page `page` has a registered child counted at it.
+    pub fn has_child(&self, page: u32) -> bool {
+        self.links.get(page as usize).is_some_and(|k| k.kids > 0)
     }
 
     /// Registered full pages of `group`.
@@ -424,6 +563,7 @@ impl PrefixIndex {
         let s = i * self.page_size;
         self.tokens[s..s + self.page_size].copy_from_slice(tokens);
         self.link_units(page);
+        self.add_child(page, group, parent, Some(hash));
         true
     }
 
@@ -459,6 +599,7 @@ impl PrefixIndex {
         let s = i * self.page_size;
         self.tokens[s..s + n].copy_from_slice(tokens);
         self.link_units(page);
+        self.add_child(page, group, parent, None);
         true
     }
 
@@ -601,24 +742,28 @@ impl PrefixIndex {
         })
     }
 
-    /// Drops `page`'s entry, if any. Returns whether it had one.
-    pub fn remove(&mut self, page: u32) -> bool {
+    /// Drops `page`'s entry, if any (`None` if it had none), and reports the parent page that
+    /// became a leaf.
+    pub fn remove(&mut self, page: u32) -> Option<Removed> {
         let i = page as usize;
         if !self.registered[i] {
-            return false;
+            return None;
         }
         self.unlink_units(page);
-        if self.is_partial(page) {
+        let m = self.meta[i];
+        let partial = self.is_partial(page);
+        if partial {
             self.registered[i] = false;
             self.partial -= 1;
-            return true;
+        } else {
+            self.registered[i] = false;
+            let removed = self.map.remove(&Self::key(m.group, m.hash));
+            debug_assert_eq!(removed, Some(page));
+            self.per_group[m.group as usize] -= 1;
         }
-        self.registered[i] = false;
-        let m = self.meta[i];
-        let removed = self.map.remove(&Self::key(m.group, m.hash));
-        debug_assert_eq!(removed, Some(page));
-        self.per_group[m.group as usize] -= 1;
-        true
+        Some(Removed {
+            parent_leaf: self.drop_child(page, m, partial),
+        })
     }
 
     /// Drops every entry, partial ones included; returns the pages that had one.
@@ -626,6 +771,11 @@ impl PrefixIndex {
         self.units.clear();
         self.map.clear();
         self.per_group.clear();
+        for k in &mut self.links {
+            k.kids = 0;
+            k.up = NONE;
+        }
+        self.orphans.clear();
         self.partial = 0;
         self.unit_next.fill(NONE);
         self.unit_prev.fill(UNLINKED);
@@ -704,6 +854,38 @@ impl PrefixIndex {
         None
     }
 
+    /// The first `(key, counted, actual)` whose child count disagrees with a recount of the
+    /// registered entries of chained groups by parent digest: a registered full page's count,
+    /// or the orphans' count of a digest no page holds, for the invariant checker.
+    pub fn stray_child_count(&self) -> Option<(u128, u32, u32)> {
+        let mut count: DigestMap<u32> = DigestMap::default();
+        for p in (0..self.num_pages).filter(|&p| self.registered[p]) {
+            let m = &self.meta[p];
+            if self.is_chained(m.group) {
+                *count.entry(Self::key(m.group, m.parent)).or_insert(0) += 1;
+            }
+        }
+        for p in (0..self.num_pages).filter(|&p| self.registered[p]) {
+            let m = &self.meta[p];
+            let key = Self::key(m.group, m.hash);
+            let want = if self.is_chained(m.group) && !self.is_partial(p as u32) {
+                count.remove(&key).unwrap_or(0)
+            } else {
+                0
+            };
+            if self.links[p].kids != want {
+                return Some((key, self.links[p].kids, want));
+            }
+        }
+        if let Some((&k, &n)) = self.orphans.iter().find(|(k, n)| count.get(k) != Some(n)) {
+            return Some((k, n, count.get(&k).copied().unwrap_or(0)));
+        }
+        count
+            .iter()
+            .find(|(k, _)| !self.orphans.contains_key(k))
+            .map(|(&k, &n)| (k, 0, n))
+    }
+
     /// Unit keys held (for the invariant checker and tests).
     pub fn unit_keys_len(&self) -> usize {
         self.units.len()
@@ -717,240 +899,4 @@ impl PrefixIndex {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn chain_differs_by_parent_extra_and_tokens() {
-        let mut s = Vec::new();
-        let r = root_hash();
-        let a = chain_hash(r, 0, &[1, 2], &mut s);
-        assert_ne!(a, chain_hash(r, 0, &[1, 3], &mut s));
-        assert_ne!(a, chain_hash(r, 1, &[1, 2], &mut s));
-        assert_ne!(a, chain_hash(a, 0, &[1, 2], &mut s));
-        assert_eq!(a, chain_hash(r, 0, &[1, 2], &mut s));
-    }
-
-    #[test]
-    fn extra_digest() {
-        let none = ExtraKeys::default();
-        assert_eq!(none.page_digest(3, 16), 0);
-        let salted = ExtraKeys {
-            salt: b"tenant-a".to_vec(),
-            ..Default::default()
-        };
-        let other = ExtraKeys {
-            salt: b"tenant-b".to_vec(),
-            ..Default::default()
-        };
-        assert_ne!(salted.page_digest(0, 16), 0);
-        assert_ne!(salted.page_digest(0, 16), other.page_digest(0, 16));
-        let lora = ExtraKeys {
-            lora_id: 7,
-            ..Default::default()
-        };
-        assert_ne!(lora.page_digest(0, 16), 0);
-        let mm = ExtraKeys {
-            mm: vec![MmItem {
-                hash: 99,
-                offset: 20,
-                length: 8,
-            }],
-            ..Default::default()
-        };
-        assert_eq!(mm.page_digest(0, 16), 0, "item does not overlap page 0");
-        assert_ne!(mm.page_digest(1, 16), 0);
-        assert_eq!(mm.page_digest(2, 16), 0);
-        let mm2 = ExtraKeys {
-            mm: vec![MmItem {
-                hash: 98,
-                offset: 20,
-                length: 8,
-            }],
-            ..Default::default()
-        };
-        assert_ne!(mm.page_digest(1, 16), mm2.page_digest(1, 16));
-    }
-
-    #[test]
-    fn insert_lookup_remove() {
-        let mut ix = PrefixIndex::new(4, 2, 2, "test").unwrap();
-        let e = |hash| Entry {
-            hash,
-            parent: 1,
-            extra: 0,
-            lora: 0,
-            tokens: &[5, 6],
-        };
-        assert!(ix.insert(1, 0, e(10)));
-        assert!(!ix.insert(2, 0, e(10)), "duplicate hash");
-        assert!(!ix.insert(1, 0, e(11)), "page already registered");
-        let stored = ix.entry(1).unwrap();
-        assert_eq!(
-            (stored.group, stored.hash, stored.tokens),
-            (0, 10, &[5, 6][..])
-        );
-        assert_eq!(ix.lookup(0, 10, 0, &[5, 6]), Some(1));
-        // Another group's entry under the same digest is its own.
-        assert!(ix.insert(3, 2, e(10)));
-        assert_eq!((ix.lookup(2, 10, 0, &[5, 6]), ix.group_of(3)), (Some(3), 2));
-        assert_eq!(ix.lookup(1, 10, 0, &[5, 6]), None, "group verified");
-        assert!(ix.remove(3));
-        assert_eq!(ix.lookup(0, 10, 0, &[5, 7]), None, "tokens verified");
-        assert_eq!(ix.lookup(0, 10, 3, &[5, 6]), None, "extra verified");
-        assert!(ix.remove(1));
-        assert!(!ix.remove(1));
-        assert_eq!(ix.lookup(0, 10, 0, &[5, 6]), None);
-        assert!(ix.insert(2, 0, e(10)));
-        assert_eq!(ix.clear(), vec![2]);
-        assert!(ix.is_empty());
-        assert_eq!(ix.registered_count(), 0);
-    }
-
-    #[test]
-    fn unit_keys_find_prefixes_inside_pages() {
-        // Pages of 8 tokens in units of 2: keys for 2, 4 and 6 tokens.
-        let mut ix = PrefixIndex::new(4, 8, 2, "test").unwrap();
-        let mut s = Vec::new();
-        let a = [1, 2, 3, 4, 5, 6, 7, 8];
-        let b = [1, 2, 3, 4, 9, 9, 9, 9];
-        let e = |tokens, hash| Entry {
-            hash,
-            parent: 7,
-            extra: 0,
-            lora: 0,
-            tokens,
-        };
-        assert!(ix.insert(1, 0, e(&a, 100)));
-        assert_eq!(ix.unit_keys_len(), 3);
-        let hit =
-            |ix: &PrefixIndex, q: &[i32], s: &mut Vec<u8>| ix.lookup_units(0, 7, 0, q, s, |_| true);
-        assert_eq!(
-            hit(&ix, &[1, 2, 3, 4, 5, 6, 7], &mut s),
-            Some(UnitHit { page: 1, tokens: 6 })
-        );
-        assert_eq!(
-            hit(&ix, &[1, 2, 3, 4, 5, 0, 7, 8], &mut s),
-            Some(UnitHit { page: 1, tokens: 4 }),
-            "diverges inside unit 3"
-        );
-        assert_eq!(
-            hit(&ix, &a, &mut s),
-            Some(UnitHit { page: 1, tokens: 6 }),
-            "never a whole page"
-        );
-        assert_eq!(hit(&ix, &[1], &mut s), None, "less than a unit");
-        assert_eq!(hit(&ix, &[0, 2, 3, 4], &mut s), None);
-        assert_eq!(
-            ix.lookup_units(0, 8, 0, &a, &mut s, |_| true),
-            None,
-            "other parent"
-        );
-        assert_eq!(
-            ix.lookup_units(0, 7, 1, &a, &mut s, |_| true),
-            None,
-            "other extra"
-        );
-        assert_eq!(
-            ix.lookup_units(0, 7, 0, &a, &mut s, |p| p != 1),
-            None,
-            "refused page"
-        );
-        // A sibling sharing 4 tokens: both pages hold the shared keys, so a refused one never
-        // hides the other, and either leaving gives the other back whole.
-        assert!(ix.insert(2, 0, e(&b, 200)));
-        assert_eq!(ix.stray_unit_key(), None);
-        let q = [1, 2, 3, 4, 0];
-        assert_eq!(hit(&ix, &q, &mut s), Some(UnitHit { page: 1, tokens: 4 }));
-        for (refused, found) in [(1, 2), (2, 1)] {
-            assert_eq!(
-                ix.lookup_units(0, 7, 0, &q, &mut s, |p| p != refused),
-                Some(UnitHit {
-                    page: found,
-                    tokens: 4
-                }),
-                "page {refused} refused"
-            );
-        }
-        assert_eq!(ix.lookup_units(0, 7, 0, &q, &mut s, |_| false), None);
-        assert!(ix.remove(2));
-        assert_eq!(ix.stray_unit_key(), None);
-        assert_eq!(
-            ix.lookup_units(0, 7, 0, &[1, 2, 3, 4, 5, 0], &mut s, |p| p == 1),
-            Some(UnitHit { page: 1, tokens: 4 }),
-            "the older page keeps its keys when the newer one leaves"
-        );
-        assert!(ix.insert(2, 0, e(&b, 200)));
-        assert!(ix.remove(1));
-        assert_eq!(ix.stray_unit_key(), None);
-        assert_eq!(
-            hit(&ix, &[1, 2, 3, 4, 5, 6], &mut s),
-            Some(UnitHit { page: 2, tokens: 4 })
-        );
-        assert!(ix.remove(2));
-        assert_eq!(ix.unit_keys_len(), 0);
-        assert_eq!(hit(&ix, &[1, 2, 3, 4], &mut s), None);
-        assert!(ix.insert(3, 0, e(&a, 100)));
-        assert!(ix.insert(1, 0, e(&b, 200)));
-        ix.clear();
-        assert_eq!(ix.unit_keys_len(), 0);
-        assert_eq!(ix.stray_unit_key(), None);
-        assert!(ix.insert(3, 0, e(&a, 100)));
-        assert_eq!(ix.stray_unit_key(), None);
-        assert_eq!(
-            hit(&ix, &[1, 2, 3, 4, 5, 6, 7], &mut s),
-            Some(UnitHit { page: 3, tokens: 6 })
-        );
-    }
-
-    #[test]
-    fn many_siblings_share_unit_keys_in_any_removal_order() {
-        // Pages of 4 tokens in units of 1; pages 1..=6 share their first 1..3 tokens in turn.
-        let mut ix = PrefixIndex::new(8, 4, 1, "test").unwrap();
-        let mut s = Vec::new();
-        let pages: Vec<[i32; 4]> = (1..=6).map(|p| [9, 9 + p % 2, 9 + p % 3, p]).collect();
-        for (i, t) in pages.iter().enumerate() {
-            let entry = Entry {
-                hash: 1000 + i as u128,
-                parent: 3,
-                extra: 0,
-                lora: 0,
-                tokens: t,
-            };
-            assert!(ix.insert(i as u32 + 1, 0, entry));
-        }
-        assert_eq!(ix.stray_unit_key(), None);
-        let mut live: Vec<u32> = (1..=6).collect();
-        for gone in [3, 1, 6, 2, 5, 4] {
-            // Every live page is found by its own first 3 tokens, whichever others are refused.
-            for &p in &live {
-                let t = &pages[p as usize - 1];
-                let found = ix.lookup_units(0, 3, 0, &t[..3], &mut s, |x| x == p);
-                assert_eq!(found, Some(UnitHit { page: p, tokens: 3 }), "page {p}");
-            }
-            assert!(ix.remove(gone));
-            live.retain(|&p| p != gone);
-            assert_eq!(ix.stray_unit_key(), None);
-        }
-        assert_eq!(ix.unit_keys_len(), 0);
-    }
-
-    #[test]
-    fn whole_page_unit_keeps_no_unit_keys() {
-        let mut ix = PrefixIndex::new(2, 4, 4, "test").unwrap();
-        let t = [1, 2, 3, 4];
-        let e = Entry {
-            hash: 1,
-            parent: 0,
-            extra: 0,
-            lora: 0,
-            tokens: &t,
-        };
-        assert!(ix.insert(0, 0, e));
-        assert_eq!(ix.unit_keys_len(), 0);
-        assert_eq!(
-            ix.lookup_units(0, 0, 0, &t, &mut Vec::new(), |_| true),
-            None
-        );
-    }
-}
+mod tests;

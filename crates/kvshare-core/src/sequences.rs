@@ -1,14 +1,13 @@
-//! Sequences: begin (with the prefix hit), registration of full pages (and dedup), append with
-//! copy-on-write, fork, free, release of positions a group no longer reads, priorities and
-//! accessors. Swapping between tiers is in `swap.rs`; the batch views are in `batch.rs`.
+//! Sequences: begin (with the prefix hit), registration of full pages (and dedup), fork, free,
+//! release of positions a group no longer reads, priorities and accessors. Appends are in
+//! `append.rs`, swaps between tiers in `swap.rs`, the batch views in `batch.rs`.
 
 use super::alloc::try_copy;
-use super::copies::{CopyKind, PageCopy};
 use super::error::{Error, Result};
 use super::pool::{Holder, PRIORITIES};
 use super::prefix::{Entry, ExtraKeys};
 use super::rules::GrowState;
-use super::seq::{AppendNeed, BeginInfo, PageKey, Seq, SeqInfo, HOST_NULL};
+use super::seq::{BeginInfo, PageKey, Seq, SeqInfo, HOST_NULL};
 use super::state::{Hit, Release, State, NULL_PAGE};
 use super::tier::Tier;
 
@@ -27,18 +26,6 @@ pub(crate) fn check_room(what: &'static str, needed: usize, capacity: usize) -> 
 /// Tokens held by position `j` of a sequence of `len` tokens.
 pub(crate) fn tokens_in_page(len: usize, j: usize, ps: usize) -> u32 {
     len.saturating_sub(j * ps).min(ps) as u32
-}
-
-/// What an append would take: per pool, new capacity plus copy-on-write replacements, the
-/// copies it would report, and the pages an align state group releases first.
-#[derive(Debug, Default)]
-struct AppendPlan {
-    need: Vec<usize>,
-    copies: usize,
-    /// Align groups whose stale state page goes first.
-    stale: Vec<usize>,
-    /// Per pool: pages those releases give back.
-    back: Vec<usize>,
 }
 
 impl State {
@@ -65,7 +52,7 @@ impl State {
 
     /// Align mode ignores lookahead slots (vLLM: no draft model has mamba layers), so a table
     /// grown with them would lose the page alignment: refused.
-    fn check_lookahead(&self, lookahead: usize) -> Result<()> {
+    pub(crate) fn check_lookahead(&self, lookahead: usize) -> Result<()> {
         let align = self
             .groups
             .iter()
@@ -267,8 +254,9 @@ impl State {
             stamp: 0,
             priority: 0,
         };
+        let mut seq = seq;
+        self.register_seq(id, &mut seq);
         self.seqs.insert(id, seq);
-        self.register_full_pages(id);
         Ok(BeginInfo {
             matched_tokens: matched,
             num_pages: total,
@@ -321,50 +309,50 @@ impl State {
         if !self.cfg.enable_prefix_caching {
             return;
         }
+        let Some(mut s) = self.seqs.remove(&id) else {
+            return;
+        };
+        self.register_seq(id, &mut s);
+        self.seqs.insert(id, s);
+    }
+
+    /// [`register_full_pages`](Self::register_full_pages) of a sequence taken out of the map
+    /// (every caller holds it by value for the whole operation).
+    pub(crate) fn register_seq(&mut self, id: u64, s: &mut Seq) {
+        if !self.cfg.enable_prefix_caching {
+            return;
+        }
         if self.cfg.defer_commit {
-            if let Some(s) = self.seqs.get_mut(&id) {
-                let full = s.tokens.len() / self.ps;
-                let behind = s.offered.iter().any(|&o| o < full);
-                if !s.pending && !s.hash_stopped && behind {
-                    s.pending = true;
-                    self.uncommitted.push(id);
-                }
+            let full = s.tokens.len() / self.ps;
+            let behind = s.offered.iter().any(|&o| o < full);
+            if !s.pending && !s.hash_stopped && behind {
+                s.pending = true;
+                self.uncommitted.push(id);
             }
             return;
         }
-        self.register_now(id);
+        self.register_now(s);
     }
 
     /// vLLM's `cache_blocks`, groups in order: hashes the newly full pages, then registers each
     /// group's pages at positions not offered yet. A page whose content the group has already
     /// registered is switched to that page (dedup, with `skip_cached_writes`), kept as a
     /// duplicate (vLLM's way, with `vllm_free_order`), or left unregistered.
-    fn register_now(&mut self, id: u64) {
+    fn register_now(&mut self, s: &mut Seq) {
         let ps = self.ps;
-        let Some(s) = self.seqs.get_mut(&id) else {
-            return;
-        };
         if !s.hash_stopped && s.keys.len() < s.tokens.len() / ps {
-            let (tokens, extra, keys) = (
-                std::mem::take(&mut s.tokens),
-                s.extra.take(),
-                std::mem::take(&mut s.keys),
-            );
-            let (keys, stopped) = self.page_keys(&tokens, extra.as_deref(), &keys);
-            let s = self.seqs.get_mut(&id).expect("live sequence");
-            (s.tokens, s.extra, s.keys, s.hash_stopped) = (tokens, extra, keys, stopped);
+            let keys = std::mem::take(&mut s.keys);
+            let (keys, stopped) = self.page_keys(&s.tokens, s.extra.as_deref(), &keys);
+            (s.keys, s.hash_stopped) = (keys, stopped);
         }
         let dedup = self.cfg.skip_cached_writes;
-        let full = self.seqs[&id].keys.len();
+        let full = s.keys.len();
+        let lora = s.lora();
         for g in 0..self.groups.len() {
             let pool = self.groups[g].pool;
             let state = self.groups[g].rules.is_state();
-            let (from, to) = {
-                let s = &self.seqs[&id];
-                (s.offered[g], full.min(s.tables[g].len()))
-            };
+            let (from, to) = (s.offered[g], full.min(s.tables[g].len()));
             for j in from..to {
-                let s = &self.seqs[&id];
                 let page = s.tables[g][j];
                 if self.is_null(page) {
                     continue;
@@ -373,15 +361,13 @@ impl State {
                 if state {
                     self.this_step[g].insert(k.hash, ());
                 }
-                let parent = s.parent(j, self.root);
-                let lora = s.lora();
-                let tokens = s.tokens[j * ps..(j + 1) * ps].to_vec();
+                let tokens = &s.tokens[j * ps..(j + 1) * ps];
                 let entry = Entry {
                     hash: k.hash,
-                    parent,
+                    parent: s.parent(j, self.root),
                     extra: k.extra,
                     lora,
-                    tokens: &tokens,
+                    tokens,
                 };
                 let g32 = g as u32;
                 if self.index_insert(pool, Tier::Device, g32, page, entry) {
@@ -397,12 +383,11 @@ impl State {
                     // slot mapping hides the page from KV writes, so the tokens of this step
                     // that filled it never write into the shared page. A canonical page at the
                     // reference limit is not shared: this copy is kept.
-                    let canonical = p.index.lookup(g32, k.hash, k.extra, &tokens);
+                    let canonical = p.index.lookup(g32, k.hash, k.extra, tokens);
                     let shareable = |c: u32| c != page && p.device.check_acquire([c]).is_ok();
                     if let Some(c) = canonical.filter(|&c| shareable(c)) {
                         self.pools[pool].device.acquire(c, Holder::Seq);
                         self.release_device(pool, page, Holder::Seq, Release::Free);
-                        let s = self.seqs.get_mut(&id).expect("live sequence");
                         s.tables[g][j] = c;
                         s.borrowed[g].push(j as u32);
                         self.counters.dedup_pages += 1;
@@ -412,7 +397,6 @@ impl State {
                     self.dup_insert(pool, g32, page, entry);
                 }
             }
-            let s = self.seqs.get_mut(&id).expect("live sequence");
             s.offered[g] = s.offered[g].max(to);
         }
     }
@@ -431,294 +415,11 @@ impl State {
                 _ => continue,
             };
             if on_device {
-                self.register_now(id);
+                let mut s = self.seqs.remove(&id).expect("live sequence");
+                self.register_now(&mut s);
+                self.seqs.insert(id, s);
             }
         }
-    }
-
-    /// What an append of `n` tokens (plus `lookahead` reserved slots) to `s` takes.
-    fn append_plan(&self, s: &Seq, n: usize, lookahead: usize) -> Result<AppendPlan> {
-        self.check_lookahead(lookahead)?;
-        let ps = self.ps;
-        let old = s.tokens.len();
-        let slots = old
-            .checked_add(n)
-            .ok_or_else(|| Error::arg("num_tokens", format!("{old} + {n} tokens overflow")))?
-            .checked_add(lookahead)
-            .ok_or_else(|| {
-                Error::arg(
-                    "lookahead_slots",
-                    format!("{old} + {n} tokens + {lookahead} slots overflow"),
-                )
-            })?;
-        let want = slots.div_ceil(ps);
-        let np = self.pools.len();
-        let mut plan = AppendPlan {
-            need: vec![0; np],
-            back: vec![0; np],
-            ..AppendPlan::default()
-        };
-        for (g, t) in s.tables.iter().enumerate() {
-            let grp = &self.groups[g];
-            let dev = &self.pools[grp.pool].device;
-            let grows = grp.rules.grow_pages(t, want);
-            plan.need[grp.pool] += grows;
-            if grows > 0 {
-                // A growing align group first lets go of its state page of two steps ago,
-                // which vLLM's `allocate_slots` releases at its start.
-                if let Some(i) = grp.rules.stale_state(t, &s.grow[g], old, ps, NULL_PAGE) {
-                    plan.back[grp.pool] += usize::from(dev.refcount(t[i]) == 1);
-                    plan.stale.push(g);
-                }
-            }
-            for j in grp.rules.written(old, n, t.len(), ps) {
-                let p = t[j];
-                if !self.is_null(p) && dev.refcount(p) > 1 {
-                    plan.need[grp.pool] += 1;
-                    plan.copies += usize::from(grp.rules.copy_tokens(j, old, ps) > 0);
-                }
-            }
-        }
-        Ok(plan)
-    }
-
-    fn ensure_plan(&self, plan: &AppendPlan) -> Result<()> {
-        for (p, &n) in plan.need.iter().enumerate() {
-            let available = self.pools[p].device.available() + plan.back[p];
-            if n > available {
-                return Err(Error::NoSpace {
-                    tier: Tier::Device,
-                    needed: n,
-                    available,
-                });
-            }
-        }
-        Ok(())
-    }
-
-    /// Makes room for `n` more tokens in a live sequence's token list (`OutOfMemory` instead of
-    /// an abort). Only capacity changes, which no operation can observe.
-    fn reserve_tokens(&mut self, id: u64, n: usize) -> Result<()> {
-        let s = self.seqs.get_mut(&id).ok_or(Error::SeqNotFound(id))?;
-        s.tokens.try_reserve(n).map_err(|_| Error::OutOfMemory {
-            what: "tokens",
-            bytes: (n as u64).saturating_mul(4),
-        })
-    }
-
-    /// Applies an append whose page needs were checked: stale align states go, shared pages
-    /// the append writes are copied (copy-on-write), every group grows, and newly full pages are
-    /// registered.
-    fn append_unchecked(
-        &mut self,
-        id: u64,
-        tokens: &[i32],
-        lookahead: usize,
-        stale: &[usize],
-        copies: &mut Vec<PageCopy>,
-    ) {
-        let ps = self.ps;
-        let old = self.seqs[&id].tokens.len();
-        let n = tokens.len();
-        let want = (old + n + lookahead).div_ceil(ps);
-        for &g in stale {
-            self.release_stale_state(id, g, old);
-        }
-        let prio = self.seqs[&id].priority;
-        for g in 0..self.groups.len() {
-            let pool = self.groups[g].pool;
-            let len = self.seqs[&id].tables[g].len();
-            let span = self.groups[g].rules.written(old, n, len, ps);
-            for j in span {
-                let src = self.seqs[&id].tables[g][j];
-                if self.is_null(src) || self.pools[pool].device.refcount(src) <= 1 {
-                    continue;
-                }
-                let dst = self.take_device(pool, Holder::Seq);
-                self.pools[pool].device.raise_priority(dst, prio);
-                let keep = self.groups[g].rules.copy_tokens(j, old, ps);
-                if keep > 0 {
-                    copies.push(PageCopy {
-                        src_page: src,
-                        dst_page: dst,
-                        num_tokens: keep,
-                        kind: CopyKind::DeviceToDevice,
-                        group: g as u32,
-                    });
-                    self.counters.cow_copies += 1;
-                }
-                self.release_device(pool, src, Holder::Seq, Release::Free);
-                self.seqs.get_mut(&id).expect("checked").tables[g][j] = dst;
-            }
-            let need = self.groups[g]
-                .rules
-                .grow_pages(&self.seqs[&id].tables[g], want);
-            let fresh: Vec<u32> = (0..need)
-                .map(|_| {
-                    let p = self.take_device(pool, Holder::Seq);
-                    self.pools[pool].device.raise_priority(p, prio);
-                    p
-                })
-                .collect();
-            let s = self.seqs.get_mut(&id).expect("checked");
-            let mut it = fresh.into_iter();
-            let (table, st) = (&mut s.tables[g], &mut s.grow[g]);
-            self.groups[g]
-                .rules
-                .grow(table, want, st, NULL_PAGE, &mut || {
-                    it.next().expect("append takes the pages its rules count")
-                });
-        }
-        let s = self.seqs.get_mut(&id).expect("checked");
-        s.tokens.extend_from_slice(tokens);
-        self.register_full_pages(id);
-    }
-
-    /// Appends tokens to a device-resident sequence, keeping room for `lookahead` more slots
-    /// (speculative decoding). Writing into a page shared with another sequence copies it first;
-    /// the copy is pushed to `copies`. All or nothing.
-    ///
-    /// `max_copies` is the room the caller has for copies: `BufferTooSmall` (before any change)
-    /// if the append would report more.
-    pub fn append(
-        &mut self,
-        id: u64,
-        tokens: &[i32],
-        lookahead: usize,
-        copies: &mut Vec<PageCopy>,
-        max_copies: usize,
-    ) -> Result<()> {
-        let s = self.device_seq(id)?;
-        let plan = self.append_plan(s, tokens.len(), lookahead)?;
-        check_room("copies_out", plan.copies, max_copies)?;
-        self.ensure_plan(&plan)?;
-        self.reserve_tokens(id, tokens.len())?;
-        self.append_unchecked(id, tokens, lookahead, &plan.stale, copies);
-        Ok(())
-    }
-
-    /// [`append`](Self::append), then the sequence's page ids in group 0 from index
-    /// `first_page` on (the pages the append added when `first_page` is the page count before
-    /// it). Fails before any change when `first_page` lies past the table the append would
-    /// leave, or when the tail would not fit in `max_pages_out` (`BufferTooSmall`).
-    #[allow(clippy::too_many_arguments)]
-    pub fn append_pages(
-        &mut self,
-        id: u64,
-        tokens: &[i32],
-        lookahead: usize,
-        copies: &mut Vec<PageCopy>,
-        max_copies: usize,
-        first_page: usize,
-        max_pages_out: usize,
-    ) -> Result<&[u32]> {
-        let s = self.device_seq(id)?;
-        let want = (s.tokens.len() + tokens.len())
-            .checked_add(lookahead)
-            .map(|v| v.div_ceil(self.ps))
-            .ok_or_else(|| Error::arg("lookahead_slots", "token count overflows"))?;
-        let after = s.len().max(want);
-        if first_page > after {
-            return Err(Error::arg(
-                "first_page",
-                format!("{first_page} is past the {after} pages the sequence would hold"),
-            ));
-        }
-        check_room("pages_out", after - first_page, max_pages_out)?;
-        self.append(id, tokens, lookahead, copies, max_copies)?;
-        Ok(&self.seq(id)?.tables[0][first_page..])
-    }
-
-    /// One decode step for a batch: appends `tokens[i]` to `ids[i]`. All or nothing across the
-    /// whole batch.
-    pub fn append_batch(
-        &mut self,
-        ids: &[u64],
-        tokens: &[i32],
-        copies: &mut Vec<PageCopy>,
-        max_copies: usize,
-    ) -> Result<()> {
-        if ids.len() != tokens.len() {
-            return Err(Error::arg(
-                "tokens",
-                format!("{} tokens for {} sequences", tokens.len(), ids.len()),
-            ));
-        }
-        let np = self.pools.len();
-        let (mut need, mut back) = (vec![0usize; np], vec![0usize; np]);
-        let mut n_copies = 0;
-        let mut stale: Vec<Vec<usize>> = Vec::with_capacity(ids.len());
-        // Shared pages the batch writes into: (pool, page, whether its tokens must be copied).
-        let mut shared: Vec<(usize, u32, bool)> = Vec::new();
-        self.batch_stamp += 1;
-        let stamp = self.batch_stamp;
-        for &id in ids {
-            let s = self.device_seq(id)?;
-            if s.stamp == stamp {
-                return Err(Error::arg(
-                    "seq_ids",
-                    format!("sequence {id} appears twice in the batch"),
-                ));
-            }
-            self.seqs.get_mut(&id).expect("checked").stamp = stamp;
-            let s = &self.seqs[&id];
-            let plan = self.append_plan(s, 1, 0)?;
-            let old = s.tokens.len();
-            let want = (old + 1).div_ceil(self.ps);
-            for (g, t) in s.tables.iter().enumerate() {
-                let grp = &self.groups[g];
-                let grows = grp.rules.grow_pages(t, want);
-                need[grp.pool] += grows;
-                for j in grp.rules.written(old, 1, t.len(), self.ps) {
-                    let p = t[j];
-                    if !self.is_null(p) && self.pools[grp.pool].device.refcount(p) > 1 {
-                        let data = grp.rules.copy_tokens(j, old, self.ps) > 0;
-                        shared.push((grp.pool, p, data));
-                    }
-                }
-            }
-            for (p, b) in plan.back.iter().enumerate() {
-                back[p] += b;
-            }
-            stale.push(plan.stale);
-        }
-        // w writers into a page with r holders copy min(w, r - 1) times: the last holder left
-        // writes in place.
-        shared.sort_unstable();
-        for run in shared.chunk_by(|a, b| (a.0, a.1) == (b.0, b.1)) {
-            let (pool, page, data) = run[0];
-            let rc = self.pools[pool].device.refcount(page) as usize;
-            let c = run.len().min(rc - 1);
-            need[pool] += c;
-            if data {
-                n_copies += c;
-            }
-        }
-        check_room("copies_out", n_copies, max_copies)?;
-        self.ensure_plan(&AppendPlan {
-            need,
-            back,
-            ..AppendPlan::default()
-        })?;
-        for &id in ids {
-            self.reserve_tokens(id, 1)?;
-        }
-        for (i, &id) in ids.iter().enumerate() {
-            self.append_unchecked(id, &tokens[i..i + 1], 0, &stale[i], copies);
-        }
-        Ok(())
-    }
-
-    /// Device pages and copies [`append`](Self::append) of `num_tokens` tokens with `lookahead`
-    /// reserved slots would take now (a capacity check without the append). Read-only.
-    pub fn append_need(&self, id: u64, num_tokens: usize, lookahead: usize) -> Result<AppendNeed> {
-        let s = self.device_seq(id)?;
-        let plan = self.append_plan(s, num_tokens, lookahead)?;
-        let back: usize = plan.back.iter().sum();
-        Ok(AppendNeed {
-            pages: plan.need.iter().sum::<usize>().saturating_sub(back),
-            copies: plan.copies,
-        })
     }
 
     /// Creates `child` sharing every page of `parent` in every group (beam search, parallel
@@ -859,11 +560,18 @@ impl State {
         Ok(released)
     }
 
-    /// Align's extra release (`Rules::stale_state`), as vLLM's `free_blocks` does: to the back
-    /// of the reuse order in vLLM's order; in kvshare's, a page without cached content is free.
-    /// Returns the pages released (0 or 1).
+    /// Align's extra release (`Rules::stale_state`), to the back of the reuse order as vLLM's
+    /// `free_blocks` does (outside vLLM's order, a page with no cached content is free). Returns
+    /// the pages released (0 or 1).
     fn release_stale_state(&mut self, id: u64, g: usize, num_computed: usize) -> usize {
-        let s = &self.seqs[&id];
+        let mut s = self.seqs.remove(&id).expect("checked");
+        let n = self.release_stale(&mut s, g, num_computed);
+        self.seqs.insert(id, s);
+        n
+    }
+
+    /// [`release_stale_state`](Self::release_stale_state) of a sequence held by value.
+    pub(crate) fn release_stale(&mut self, s: &mut Seq, g: usize, num_computed: usize) -> usize {
         let Some(i) = self.groups[g].rules.stale_state(
             &s.tables[g],
             &s.grow[g],
@@ -874,7 +582,6 @@ impl State {
             return 0;
         };
         let pool = self.groups[g].pool;
-        let s = self.seqs.get_mut(&id).expect("checked");
         let page = std::mem::replace(&mut s.tables[g][i], NULL_PAGE);
         self.release_device(pool, page, Holder::Seq, Release::Free);
         self.group_counters[g].released += 1;

@@ -16,7 +16,7 @@ use super::error::{Error, Result};
 use super::events::{Event, EventKind, EventQueue};
 use super::hashing::{DigestMap, IdMap};
 use super::pool::{Holder, PagePool, PageState};
-use super::prefix::{root_hash, Entry, PrefixIndex};
+use super::prefix::{root_hash, Entry, PrefixIndex, Removed};
 use super::rules::{rules_of, Rules};
 use super::seq::Seq;
 use super::stats::{Counters, GroupCounters, GroupStats, Stats};
@@ -128,27 +128,47 @@ impl State {
             });
         }
         let mut pools = Vec::with_capacity(pool_bytes.len());
-        for _ in 0..pool_bytes.len() {
+        // Parents are held back behind their children, but not in vLLM's own order.
+        let leaves_first = caching && !cfg.vllm_free_order;
+        let policy = cfg.eviction_policy;
+        for p in 0..pool_bytes.len() {
             let n_dev = cfg.num_device_pages;
             let n_host = cfg.num_host_pages;
+            // Full-attention groups of the pool: their pages need their parents.
+            let chained = groups
+                .iter()
+                .enumerate()
+                .filter(|(_, g)| g.pool == p && g.kind == GroupKind::Full)
+                .fold(0u32, |m, (i, _)| m | (1 << i));
             pools.push(Pool {
                 device: PagePool::new(
                     Tier::Device,
                     n_dev,
                     cfg.reserve_null_page,
                     "num_device_pages",
+                    policy,
+                    leaves_first,
                 )?,
-                host: PagePool::new(Tier::Host, n_host, false, "num_host_pages")?,
+                host: PagePool::new(
+                    Tier::Host,
+                    n_host,
+                    false,
+                    "num_host_pages",
+                    policy,
+                    leaves_first,
+                )?,
                 index: PrefixIndex::new(
                     if caching { n_dev } else { 0 },
                     cfg.page_size,
                     cfg.unit(),
+                    chained,
                     "num_device_pages",
                 )?,
                 host_index: PrefixIndex::new(
                     if host_index_on { n_host } else { 0 },
                     cfg.page_size,
                     cfg.unit(),
+                    chained,
                     "num_host_pages",
                 )?,
                 dups: DigestMap::default(),
@@ -307,13 +327,14 @@ impl State {
         e: Entry<'_>,
     ) -> bool {
         let p = &mut self.pools[pool];
-        let ix = match tier {
-            Tier::Device => &mut p.index,
-            Tier::Host => &mut p.host_index,
+        let (ix, pp) = match tier {
+            Tier::Device => (&mut p.index, &mut p.device),
+            Tier::Host => (&mut p.host_index, &mut p.host),
         };
         if !ix.insert(page, group, e) {
             return false;
         }
+        pp.note_content(page, PrefixIndex::key(group, e.hash));
         if tier == Tier::Device {
             self.counters.pages_registered += 1;
             self.group_counters[group as usize].stored += 1;
@@ -364,20 +385,25 @@ impl State {
         });
     }
 
-    /// Drops `page`'s entry in `pool`'s `tier`, if any. Emits `Removed`.
+    /// Drops `page`'s entry in `pool`'s `tier`, if any (a parent held back for it is offered
+    /// again when it was its last child). Emits `Removed`.
     pub(crate) fn index_remove(&mut self, pool: usize, tier: Tier, page: u32) {
         let p = &mut self.pools[pool];
-        let ix = match tier {
-            Tier::Device => &mut p.index,
-            Tier::Host => &mut p.host_index,
+        let (ix, pp) = match tier {
+            Tier::Device => (&mut p.index, &mut p.device),
+            Tier::Host => (&mut p.host_index, &mut p.host),
         };
-        let (Some(hash), group) = (ix.hash_of(page), ix.group_of(page)) else {
-            // A partial entry was never published: it goes without an event.
-            ix.remove(page);
-            return;
-        };
-        ix.remove(page);
-        self.removed_event(tier, group, hash, page);
+        let published = ix.hash_of(page).map(|hash| (hash, ix.group_of(page)));
+        if let Some(Removed {
+            parent_leaf: Some(parent),
+        }) = ix.remove(page)
+        {
+            pp.unhold(parent);
+        }
+        // A partial entry was never published: it goes without an event.
+        if let Some((hash, group)) = published {
+            self.removed_event(tier, group, hash, page);
+        }
     }
 
     // ---- taking and releasing pages ----
@@ -387,9 +413,9 @@ impl State {
     /// a digest loses it (vLLM's `_maybe_evict_cached_block`: the oldest duplicate of a
     /// registered page takes its place in the index). The caller has checked availability.
     pub(crate) fn take_device(&mut self, pool: usize, holder: Holder) -> u32 {
-        let (page, evicted) = self.pools[pool]
-            .device
-            .take(holder)
+        let Pool { device, index, .. } = &mut self.pools[pool];
+        let (page, evicted) = device
+            .take(holder, &mut |p| index.has_child(p))
             .expect("availability checked by caller");
         if evicted && self.cfg.enable_prefix_caching {
             self.evict(pool, page);
@@ -417,8 +443,12 @@ impl State {
         let Some(e) = self.pools[pool].index.entry(page) else {
             // A partial entry (published by no event), or no content at all (a page parked
             // behind the cached ones in vLLM's order).
-            if self.pools[pool].index.remove(page) {
+            let p = &mut self.pools[pool];
+            if let Some(r) = p.index.remove(page) {
                 self.counters.evictions += 1;
+                if let Some(parent) = r.parent_leaf {
+                    p.device.unhold(parent);
+                }
             }
             return;
         };
@@ -456,9 +486,11 @@ impl State {
     /// Takes one host page of `pool` (evicting the least valuable cached host page if needed).
     /// The caller has checked availability.
     pub(crate) fn take_host(&mut self, pool: usize, holder: Holder) -> u32 {
-        let (page, evicted) = self.pools[pool]
-            .host
-            .take(holder)
+        let Pool {
+            host, host_index, ..
+        } = &mut self.pools[pool];
+        let (page, evicted) = host
+            .take(holder, &mut |p| host_index.has_child(p))
             .expect("availability checked by caller");
         if evicted {
             self.counters.host_evictions += 1;

@@ -24,7 +24,7 @@
 use std::collections::{HashMap, HashSet};
 
 use kvshare_core::prefix::{chain_hash, root_hash};
-use kvshare_core::{Config, GroupKind, GroupSpec, State, StateMode};
+use kvshare_core::{Config, EvictionPolicy, GroupKind, GroupSpec, State, StateMode};
 use kvshare_core::{Error, EventKind};
 use proptest::prelude::*;
 
@@ -37,9 +37,13 @@ struct HybridConfig {
     groups: Vec<GroupSpec>,
     enable_prefix_caching: bool,
     enable_events: bool,
+    /// `None`: vLLM's free order (LRU, duplicates kept); else kvshare's own order and this
+    /// eviction policy (parents held back behind their children).
+    policy: Option<EvictionPolicy>,
 }
 
-/// A cache of groups that keeps pages as vLLM's block pool does.
+/// A cache of groups that keeps pages as vLLM's block pool does (or in kvshare's order with an
+/// eviction policy).
 struct Hybrid;
 
 impl Hybrid {
@@ -53,7 +57,8 @@ impl Hybrid {
             enable_events: c.enable_events,
             reserve_null_page: true,
             skip_cached_writes: false,
-            vllm_free_order: true,
+            vllm_free_order: c.policy.is_none(),
+            eviction_policy: c.policy.unwrap_or_default(),
             ..Config::default()
         })
     }
@@ -631,6 +636,7 @@ fn run_with(
             .collect(),
         enable_prefix_caching: caching,
         enable_events: true,
+        policy: None,
     };
     let mut h = Hybrid::new(cfg).unwrap();
     // (hash, group, page) of every cached page, rebuilt from the events alone.
@@ -793,6 +799,7 @@ fn state_pages_of_other_bytes_have_their_own_pool() {
         ],
         enable_prefix_caching: true,
         enable_events: false,
+        policy: None,
     })
     .unwrap();
     assert_eq!((h.pool_of(0).unwrap(), h.pool_of(1).unwrap()), (0, 1));
@@ -833,6 +840,7 @@ fn a_hit_ending_at_a_chunk_boundary_takes_no_chunked_page() {
         groups: vec![group(GroupKind::Full), group(GroupKind::ChunkedLocal(4))],
         enable_prefix_caching: true,
         enable_events: false,
+        policy: None,
     })
     .unwrap();
     let toks: Vec<i32> = (0..9).collect();
@@ -1210,10 +1218,21 @@ fn any_group(ps: u32) -> impl Strategy<Value = GroupKind> {
     ]
 }
 
+/// vLLM's order, or kvshare's with each eviction policy.
+fn any_order() -> impl Strategy<Value = Option<EvictionPolicy>> {
+    prop_oneof![
+        Just(None),
+        Just(Some(EvictionPolicy::Lru)),
+        Just(Some(EvictionPolicy::Lfu)),
+        Just(Some(EvictionPolicy::S3Fifo)),
+    ]
+}
+
 fn run_reads(
     ps: u32,
     groups: Vec<(GroupKind, u64)>,
     num_pages: u32,
+    policy: Option<EvictionPolicy>,
     ops: &[ReadOp],
 ) -> Result<(), TestCaseError> {
     let cfg = HybridConfig {
@@ -1225,6 +1244,7 @@ fn run_reads(
             .collect(),
         enable_prefix_caching: true,
         enable_events: false,
+        policy,
     };
     let h = Hybrid::new(cfg).unwrap();
     let pool_of: Vec<usize> = (0..groups.len()).map(|g| h.pool_of(g).unwrap()).collect();
@@ -1258,7 +1278,8 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
     /// Every hit and every step gives each group what its first computed token reads: one to
-    /// four groups of any kinds, in one or two pools.
+    /// four groups of any kinds, in one or two pools, in vLLM's order or under each eviction
+    /// policy.
     #[test]
     fn tables_hold_what_the_first_computed_token_reads(
         (ps, groups, num_pages, ops) in prop_oneof![Just(1u32), Just(2u32), Just(4u32)]
@@ -1267,9 +1288,10 @@ proptest! {
                 proptest::collection::vec((any_group(ps), 1u64..=2), 1..=4),
                 12u32..=40,
                 proptest::collection::vec(read_op(), 1..80),
-            ))
+            )),
+        policy in any_order(),
     ) {
-        run_reads(ps, groups, num_pages, &ops)?;
+        run_reads(ps, groups, num_pages, policy, &ops)?;
     }
 
     /// The same next to full attention in one pool: two lookup sets, the coordinator's fast
@@ -1282,8 +1304,47 @@ proptest! {
                 any_group(ps),
                 12u32..=40,
                 proptest::collection::vec(read_op(), 1..80),
-            ))
+            )),
+        policy in any_order(),
     ) {
-        run_reads(ps, vec![(GroupKind::Full, 1), (other, 1)], num_pages, &ops)?;
+        run_reads(ps, vec![(GroupKind::Full, 1), (other, 1)], num_pages, policy, &ops)?;
+    }
+}
+
+/// Outside vLLM's free order, a page without cached content goes back to the free list: an align
+/// state group's previous-step page too, when the step that left it held a placeholder (nothing
+/// hashed, nothing registered). It used to join the cached pages though nothing could ever find
+/// it there, and the checker refused the cache.
+#[test]
+fn align_stale_state_without_content_is_freed_outside_vllm_order() {
+    for vllm_free_order in [true, false] {
+        let mut h = State::new(Config {
+            page_size: 1,
+            num_device_pages: 19,
+            groups: vec![
+                GroupSpec::FULL,
+                GroupSpec {
+                    kind: GroupKind::State(StateMode::Align),
+                    page_bytes: 0,
+                },
+            ],
+            reserve_null_page: true,
+            skip_cached_writes: false,
+            vllm_free_order,
+            ..Config::default()
+        })
+        .unwrap();
+        let mut toks: Vec<i32> = vec![-1];
+        toks.extend(100..106);
+        h.begin(1, &toks, None, toks.len() - 1, 0).unwrap();
+        // Each one-token step moves the running state to a new page; the append lets go of the
+        // page of two steps ago.
+        for t in [7, 8] {
+            append(&mut h, 1, &[t], 0).unwrap();
+            h.check()
+                .unwrap_or_else(|e| panic!("vllm_free_order {vllm_free_order}: {e}"));
+        }
+        h.free(1).unwrap();
+        h.check().unwrap();
     }
 }

@@ -7,6 +7,9 @@
 //! the fingerprints of its own tokens. A false prefix hit, a missed copy-on-write, a wrong swap
 //! pair, a leaked or doubly used page all fail here.
 //!
+//! The eviction policy is drawn too (LRU, LFU, S3-FIFO): the checker verifies each one's own
+//! bookkeeping and that parents held back behind their children have a child.
+//!
 //! The match unit is drawn too (the page, half of it, one token): hits ending inside a page
 //! queue a partial copy, and `BeginPair` starts two prompts in one step (copies, then KV writes):
 //! the second begin's allocations (evictions, demotions) run between the first one's unit hit and
@@ -24,7 +27,8 @@
 use std::collections::HashSet;
 
 use kvshare_core::{
-    BeginInfo, Config, CopyKind, Error, EventKind, ExtraKeys, PageCopy, PageState, State, Tier,
+    BeginInfo, Config, CopyKind, Error, EventKind, EvictionPolicy, ExtraKeys, PageCopy, PageState,
+    State, Tier,
 };
 use proptest::prelude::*;
 
@@ -142,10 +146,11 @@ struct Engine {
 }
 
 impl Engine {
-    fn new(skip_cached_writes: bool, match_unit: u32) -> Self {
+    fn new(skip_cached_writes: bool, match_unit: u32, eviction_policy: EvictionPolicy) -> Self {
         let cfg = Config {
             page_size: PS as u32,
             match_unit,
+            eviction_policy,
             num_device_pages: 24,
             num_host_pages: 12,
             reserve_null_page: true,
@@ -609,8 +614,13 @@ proptest! {
         ops in proptest::collection::vec(op(), 1..60),
         skip in any::<bool>(),
         unit in prop_oneof![Just(PS as u32), Just(2u32), Just(1u32)],
+        policy in prop_oneof![
+            Just(EvictionPolicy::Lru),
+            Just(EvictionPolicy::Lfu),
+            Just(EvictionPolicy::S3Fifo)
+        ],
     ) {
-        let mut e = Engine::new(skip, unit);
+        let mut e = Engine::new(skip, unit, policy);
         for o in &ops {
             e.step(o);
             e.verify();

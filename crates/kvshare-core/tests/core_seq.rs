@@ -1,14 +1,17 @@
-//! Scenario tests of the core cache manager through its Rust API.
+//! Scenario tests of the core cache manager through its Rust API, each under every eviction
+//! policy (their orders agree on these scenarios: retention priorities first, leaves first).
 
 use kvshare_core::{
-    AppendNeed, Cache, Config, CopyKind, Error, ExtraKeys, PageCopy, PageState, State, Tier,
+    AppendNeed, Cache, Config, CopyKind, Error, EvictionPolicy, ExtraKeys, PageCopy, PageState,
+    State, Tier,
 };
 
-fn state(pages: u32, ps: u32) -> State {
+fn state(pages: u32, ps: u32, eviction_policy: EvictionPolicy) -> State {
     State::new(Config {
         page_size: ps,
         num_device_pages: pages,
         num_host_pages: 8,
+        eviction_policy,
         ..Config::default()
     })
     .unwrap()
@@ -20,319 +23,352 @@ fn toks(range: std::ops::Range<i32>) -> Vec<i32> {
 
 #[test]
 fn shared_prefix_is_stored_once_and_freed_after_last_user() {
-    let mut s = state(16, 4);
-    let sys = toks(0..8); // two full pages of system prompt
-    let a: Vec<i32> = sys.iter().copied().chain(100..103).collect();
-    let b: Vec<i32> = sys.iter().copied().chain(200..206).collect();
-    let ia = s.begin(1, &a, None, usize::MAX, 0).unwrap();
-    assert_eq!((ia.matched_tokens, ia.num_pages, ia.new_pages), (0, 3, 3));
-    let ib = s.begin(2, &b, None, usize::MAX, 0).unwrap();
-    assert_eq!((ib.matched_tokens, ib.num_pages, ib.new_pages), (8, 4, 2));
-    let pa = s.seq_pages(1, 0).unwrap().to_vec();
-    let pb = s.seq_pages(2, 0).unwrap().to_vec();
-    assert_eq!(pa[..2], pb[..2]);
-    for &p in &pa[..2] {
-        assert_eq!(s.page_info(Tier::Device, 0, p).unwrap().0, 2);
+    for policy in EvictionPolicy::ALL {
+        eprintln!("eviction policy {policy:?}");
+        let mut s = state(16, 4, policy);
+        let sys = toks(0..8); // two full pages of system prompt
+        let a: Vec<i32> = sys.iter().copied().chain(100..103).collect();
+        let b: Vec<i32> = sys.iter().copied().chain(200..206).collect();
+        let ia = s.begin(1, &a, None, usize::MAX, 0).unwrap();
+        assert_eq!((ia.matched_tokens, ia.num_pages, ia.new_pages), (0, 3, 3));
+        let ib = s.begin(2, &b, None, usize::MAX, 0).unwrap();
+        assert_eq!((ib.matched_tokens, ib.num_pages, ib.new_pages), (8, 4, 2));
+        let pa = s.seq_pages(1, 0).unwrap().to_vec();
+        let pb = s.seq_pages(2, 0).unwrap().to_vec();
+        assert_eq!(pa[..2], pb[..2]);
+        for &p in &pa[..2] {
+            assert_eq!(s.page_info(Tier::Device, 0, p).unwrap().0, 2);
+        }
+        let st = s.stats();
+        assert_eq!(st.device_pages_in_use, 5);
+        assert_eq!(st.device_pages_shared, 2);
+        assert_eq!(st.logical_tokens, 11 + 14);
+        s.check().unwrap();
+        s.free(1).unwrap();
+        assert_eq!(s.page_info(Tier::Device, 0, pa[0]).unwrap().0, 1);
+        assert_eq!(
+            s.page_info(Tier::Device, 0, pa[2]).unwrap().1,
+            PageState::Free,
+            "partial page not cached"
+        );
+        s.free(2).unwrap();
+        let (rc, st, reg) = s.page_info(Tier::Device, 0, pa[0]).unwrap();
+        assert_eq!((rc, st, reg), (0, PageState::Cached, true));
+        assert_eq!(s.stats().device_pages_in_use, 0);
+        assert_eq!(s.free(2), Err(Error::SeqNotFound(2)));
+        s.check().unwrap();
+        // A third request hits the cached prefix after both users left.
+        let c: Vec<i32> = sys.iter().copied().chain(300..301).collect();
+        assert_eq!(
+            s.begin(3, &c, None, usize::MAX, 0).unwrap().matched_tokens,
+            8
+        );
+        s.check().unwrap();
     }
-    let st = s.stats();
-    assert_eq!(st.device_pages_in_use, 5);
-    assert_eq!(st.device_pages_shared, 2);
-    assert_eq!(st.logical_tokens, 11 + 14);
-    s.check().unwrap();
-    s.free(1).unwrap();
-    assert_eq!(s.page_info(Tier::Device, 0, pa[0]).unwrap().0, 1);
-    assert_eq!(
-        s.page_info(Tier::Device, 0, pa[2]).unwrap().1,
-        PageState::Free,
-        "partial page not cached"
-    );
-    s.free(2).unwrap();
-    let (rc, st, reg) = s.page_info(Tier::Device, 0, pa[0]).unwrap();
-    assert_eq!((rc, st, reg), (0, PageState::Cached, true));
-    assert_eq!(s.stats().device_pages_in_use, 0);
-    assert_eq!(s.free(2), Err(Error::SeqNotFound(2)));
-    s.check().unwrap();
-    // A third request hits the cached prefix after both users left.
-    let c: Vec<i32> = sys.iter().copied().chain(300..301).collect();
-    assert_eq!(
-        s.begin(3, &c, None, usize::MAX, 0).unwrap().matched_tokens,
-        8
-    );
-    s.check().unwrap();
 }
 
 #[test]
 fn max_match_and_salt_and_lora_isolate() {
-    let mut s = state(32, 4);
-    let p = toks(0..12);
-    s.begin(1, &p, None, usize::MAX, 0).unwrap();
-    // The engine recomputes the last token: cap at len-1. All 3 cached pages are shared, and the
-    // recomputed token's slot is hidden from the KV write.
-    let b = s.begin(2, &p, None, p.len() - 1, 0).unwrap();
-    assert_eq!((b.matched_tokens, b.new_pages), (11, 0));
-    assert_eq!(s.seq_pages(2, 0).unwrap(), s.seq_pages(1, 0).unwrap());
-    let mut slots = [0i64; 3];
-    assert_eq!(s.slot_mapping(0, &[2], &[2], &mut slots).unwrap(), 2);
-    assert_eq!(slots, [-1, -1, -1]);
-    let salted = ExtraKeys {
-        salt: b"tenant".to_vec(),
-        ..Default::default()
-    };
-    assert_eq!(
-        s.begin(3, &p, Some(salted.clone()), usize::MAX, 0)
-            .unwrap()
-            .matched_tokens,
-        0
-    );
-    assert_eq!(
-        s.begin(4, &p, Some(salted), usize::MAX, 0)
-            .unwrap()
-            .matched_tokens,
-        12
-    );
-    let lora = ExtraKeys {
-        lora_id: 3,
-        ..Default::default()
-    };
-    assert_eq!(
-        s.begin(5, &p, Some(lora), usize::MAX, 0)
-            .unwrap()
-            .matched_tokens,
-        0
-    );
-    s.check().unwrap();
+    for policy in EvictionPolicy::ALL {
+        eprintln!("eviction policy {policy:?}");
+        let mut s = state(32, 4, policy);
+        let p = toks(0..12);
+        s.begin(1, &p, None, usize::MAX, 0).unwrap();
+        // The engine recomputes the last token: cap at len-1. All 3 cached pages are shared, and the
+        // recomputed token's slot is hidden from the KV write.
+        let b = s.begin(2, &p, None, p.len() - 1, 0).unwrap();
+        assert_eq!((b.matched_tokens, b.new_pages), (11, 0));
+        assert_eq!(s.seq_pages(2, 0).unwrap(), s.seq_pages(1, 0).unwrap());
+        let mut slots = [0i64; 3];
+        assert_eq!(s.slot_mapping(0, &[2], &[2], &mut slots).unwrap(), 2);
+        assert_eq!(slots, [-1, -1, -1]);
+        let salted = ExtraKeys {
+            salt: b"tenant".to_vec(),
+            ..Default::default()
+        };
+        assert_eq!(
+            s.begin(3, &p, Some(salted.clone()), usize::MAX, 0)
+                .unwrap()
+                .matched_tokens,
+            0
+        );
+        assert_eq!(
+            s.begin(4, &p, Some(salted), usize::MAX, 0)
+                .unwrap()
+                .matched_tokens,
+            12
+        );
+        let lora = ExtraKeys {
+            lora_id: 3,
+            ..Default::default()
+        };
+        assert_eq!(
+            s.begin(5, &p, Some(lora), usize::MAX, 0)
+                .unwrap()
+                .matched_tokens,
+            0
+        );
+        s.check().unwrap();
+    }
 }
 
 #[test]
 fn without_skip_cached_writes_the_capped_page_is_recomputed() {
-    let cfg = Config {
-        page_size: 4,
-        num_device_pages: 16,
-        skip_cached_writes: false,
-        ..Config::default()
-    };
-    let mut s = State::new(cfg).unwrap();
-    let p = toks(0..12);
-    s.begin(1, &p, None, usize::MAX, 0).unwrap();
-    let b = s.begin(2, &p, None, p.len() - 1, 0).unwrap();
-    assert_eq!((b.matched_tokens, b.new_pages), (8, 1));
-    let pages = s.seq_pages(2, 0).unwrap().to_vec();
-    let mut slots = [0i64; 4];
-    s.slot_mapping(0, &[2], &[4], &mut slots).unwrap();
-    assert_eq!(slots, [0, 1, 2, 3].map(|o| pages[2] as i64 * 4 + o));
-    s.check().unwrap();
+    for policy in EvictionPolicy::ALL {
+        eprintln!("eviction policy {policy:?}");
+        let cfg = Config {
+            page_size: 4,
+            num_device_pages: 16,
+            skip_cached_writes: false,
+            eviction_policy: policy,
+            ..Config::default()
+        };
+        let mut s = State::new(cfg).unwrap();
+        let p = toks(0..12);
+        s.begin(1, &p, None, usize::MAX, 0).unwrap();
+        let b = s.begin(2, &p, None, p.len() - 1, 0).unwrap();
+        assert_eq!((b.matched_tokens, b.new_pages), (8, 1));
+        let pages = s.seq_pages(2, 0).unwrap().to_vec();
+        let mut slots = [0i64; 4];
+        s.slot_mapping(0, &[2], &[4], &mut slots).unwrap();
+        assert_eq!(slots, [0, 1, 2, 3].map(|o| pages[2] as i64 * 4 + o));
+        s.check().unwrap();
+    }
 }
 
 #[test]
 fn append_registers_full_pages_and_decode_continues_chain() {
-    let mut s = state(32, 4);
-    s.begin(1, &toks(0..6), None, usize::MAX, 0).unwrap();
-    let mut copies = Vec::new();
-    s.append(1, &[6, 7], 0, &mut copies, usize::MAX).unwrap();
-    assert!(copies.is_empty());
-    s.append(1, &[8], 0, &mut copies, usize::MAX).unwrap();
-    assert_eq!(s.seq_info(1).unwrap().num_pages, 3);
-    // A later turn repeating the history hits both pages filled by decode.
-    assert_eq!(
-        s.begin(2, &toks(0..10), None, usize::MAX, 0)
-            .unwrap()
-            .matched_tokens,
-        8
-    );
-    s.check().unwrap();
+    for policy in EvictionPolicy::ALL {
+        eprintln!("eviction policy {policy:?}");
+        let mut s = state(32, 4, policy);
+        s.begin(1, &toks(0..6), None, usize::MAX, 0).unwrap();
+        let mut copies = Vec::new();
+        s.append(1, &[6, 7], 0, &mut copies, usize::MAX).unwrap();
+        assert!(copies.is_empty());
+        s.append(1, &[8], 0, &mut copies, usize::MAX).unwrap();
+        assert_eq!(s.seq_info(1).unwrap().num_pages, 3);
+        // A later turn repeating the history hits both pages filled by decode.
+        assert_eq!(
+            s.begin(2, &toks(0..10), None, usize::MAX, 0)
+                .unwrap()
+                .matched_tokens,
+            8
+        );
+        s.check().unwrap();
+    }
 }
 
 #[test]
 fn fork_then_append_copies_on_write() {
-    let mut s = state(32, 4);
-    s.begin(1, &toks(0..6), None, usize::MAX, 0).unwrap();
-    s.fork(1, 2).unwrap();
-    let before = s.seq_pages(2, 0).unwrap().to_vec();
-    let mut copies = Vec::new();
-    s.append(2, &[50], 0, &mut copies, usize::MAX).unwrap();
-    let after = s.seq_pages(2, 0).unwrap().to_vec();
-    assert_eq!(before[0], after[0], "full page stays shared");
-    assert_ne!(before[1], after[1], "partial page copied");
-    assert_eq!(
-        copies,
-        vec![PageCopy {
-            src_page: before[1],
-            dst_page: after[1],
-            num_tokens: 2,
-            kind: CopyKind::DeviceToDevice,
-            group: 0,
-        }]
-    );
-    // The parent now owns its partial page alone: no copy.
-    copies.clear();
-    s.append(1, &[60], 0, &mut copies, usize::MAX).unwrap();
-    assert!(copies.is_empty());
-    assert_eq!(s.seq_pages(1, 0).unwrap()[1], before[1]);
-    assert_eq!(s.stats().counters.cow_copies, 1);
-    s.check().unwrap();
-    s.free(1).unwrap();
-    s.free(2).unwrap();
-    s.check().unwrap();
-    assert_eq!(s.stats().device_pages_in_use, 0);
+    for policy in EvictionPolicy::ALL {
+        eprintln!("eviction policy {policy:?}");
+        let mut s = state(32, 4, policy);
+        s.begin(1, &toks(0..6), None, usize::MAX, 0).unwrap();
+        s.fork(1, 2).unwrap();
+        let before = s.seq_pages(2, 0).unwrap().to_vec();
+        let mut copies = Vec::new();
+        s.append(2, &[50], 0, &mut copies, usize::MAX).unwrap();
+        let after = s.seq_pages(2, 0).unwrap().to_vec();
+        assert_eq!(before[0], after[0], "full page stays shared");
+        assert_ne!(before[1], after[1], "partial page copied");
+        assert_eq!(
+            copies,
+            vec![PageCopy {
+                src_page: before[1],
+                dst_page: after[1],
+                num_tokens: 2,
+                kind: CopyKind::DeviceToDevice,
+                group: 0,
+            }]
+        );
+        // The parent now owns its partial page alone: no copy.
+        copies.clear();
+        s.append(1, &[60], 0, &mut copies, usize::MAX).unwrap();
+        assert!(copies.is_empty());
+        assert_eq!(s.seq_pages(1, 0).unwrap()[1], before[1]);
+        assert_eq!(s.stats().counters.cow_copies, 1);
+        s.check().unwrap();
+        s.free(1).unwrap();
+        s.free(2).unwrap();
+        s.check().unwrap();
+        assert_eq!(s.stats().device_pages_in_use, 0);
+    }
 }
 
 #[test]
-fn allocation_is_all_or_nothing_and_evicts_lru() {
-    let mut s = state(4, 4);
-    s.begin(1, &toks(0..8), None, usize::MAX, 0).unwrap();
-    s.free(1).unwrap(); // 2 cached pages
-    assert_eq!(s.stats().device_pages_cached, 2);
-    let err = s
-        .begin(2, &toks(100..120), None, usize::MAX, 0)
-        .unwrap_err();
-    assert!(
-        matches!(
-            err,
+fn allocation_is_all_or_nothing_and_evicts_the_chain_tail_first() {
+    for policy in EvictionPolicy::ALL {
+        eprintln!("eviction policy {policy:?}");
+        let mut s = state(4, 4, policy);
+        s.begin(1, &toks(0..8), None, usize::MAX, 0).unwrap();
+        s.free(1).unwrap(); // 2 cached pages
+        assert_eq!(s.stats().device_pages_cached, 2);
+        let err = s
+            .begin(2, &toks(100..120), None, usize::MAX, 0)
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::NoSpace {
+                    needed: 5,
+                    available: 4,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert_eq!(s.stats().device_pages_cached, 2, "nothing changed");
+        s.check().unwrap();
+        s.begin(3, &toks(100..112), None, usize::MAX, 0).unwrap(); // 3 pages: 2 free + evict 1
+        assert_eq!(s.stats().counters.evictions, 1);
+        // The tail page of the old chain went first; its head survives.
+        assert_eq!(
+            s.begin(4, &toks(0..8), None, usize::MAX, 0).unwrap_err(),
             Error::NoSpace {
-                needed: 5,
-                available: 4,
-                ..
+                tier: Tier::Device,
+                needed: 1,
+                available: 0
             }
-        ),
-        "{err:?}"
-    );
-    assert_eq!(s.stats().device_pages_cached, 2, "nothing changed");
-    s.check().unwrap();
-    s.begin(3, &toks(100..112), None, usize::MAX, 0).unwrap(); // 3 pages: 2 free + evict 1
-    assert_eq!(s.stats().counters.evictions, 1);
-    // The tail page of the old chain went first; its head survives.
-    assert_eq!(
-        s.begin(4, &toks(0..8), None, usize::MAX, 0).unwrap_err(),
-        Error::NoSpace {
-            tier: Tier::Device,
-            needed: 1,
-            available: 0
-        }
-    );
-    s.check().unwrap();
+        );
+        s.check().unwrap();
+    }
 }
 
 #[test]
 fn swap_out_and_in_reports_pairs_and_reuses_cached_pages() {
-    let mut s = state(8, 4);
-    s.begin(1, &toks(0..10), None, usize::MAX, 0).unwrap();
-    s.begin(2, &toks(0..8), None, usize::MAX, 0).unwrap(); // shares 2 pages
-    let dev = s.seq_pages(1, 0).unwrap().to_vec();
-    let mut copies = Vec::new();
-    s.swap_out(1, &mut copies, usize::MAX).unwrap();
-    assert_eq!(copies.len(), 3);
-    assert!(copies.iter().all(|c| c.kind == CopyKind::DeviceToHost));
-    assert_eq!(
-        copies.iter().map(|c| c.num_tokens).collect::<Vec<_>>(),
-        vec![4, 4, 2]
-    );
-    assert_eq!(copies.iter().map(|c| c.src_page).collect::<Vec<_>>(), dev);
-    assert_eq!(s.seq_info(1).unwrap().tier, Tier::Host);
-    let mut c2 = Vec::new();
-    assert!(matches!(
-        s.append(1, &[1], 0, &mut c2, usize::MAX),
-        Err(Error::SeqWrongTier { .. })
-    ));
-    s.check().unwrap();
-    copies.clear();
-    s.swap_in(1, &mut copies, usize::MAX).unwrap();
-    // The two shared full pages were still cached on device: only the partial page is copied.
-    assert_eq!(copies.len(), 1);
-    assert_eq!(copies[0].kind, CopyKind::HostToDevice);
-    assert_eq!(s.seq_pages(1, 0).unwrap()[..2], dev[..2]);
-    s.check().unwrap();
-    assert_eq!(s.stats().host_pages_in_use, 0);
+    for policy in EvictionPolicy::ALL {
+        eprintln!("eviction policy {policy:?}");
+        let mut s = state(8, 4, policy);
+        s.begin(1, &toks(0..10), None, usize::MAX, 0).unwrap();
+        s.begin(2, &toks(0..8), None, usize::MAX, 0).unwrap(); // shares 2 pages
+        let dev = s.seq_pages(1, 0).unwrap().to_vec();
+        let mut copies = Vec::new();
+        s.swap_out(1, &mut copies, usize::MAX).unwrap();
+        assert_eq!(copies.len(), 3);
+        assert!(copies.iter().all(|c| c.kind == CopyKind::DeviceToHost));
+        assert_eq!(
+            copies.iter().map(|c| c.num_tokens).collect::<Vec<_>>(),
+            vec![4, 4, 2]
+        );
+        assert_eq!(copies.iter().map(|c| c.src_page).collect::<Vec<_>>(), dev);
+        assert_eq!(s.seq_info(1).unwrap().tier, Tier::Host);
+        let mut c2 = Vec::new();
+        assert!(matches!(
+            s.append(1, &[1], 0, &mut c2, usize::MAX),
+            Err(Error::SeqWrongTier { .. })
+        ));
+        s.check().unwrap();
+        copies.clear();
+        s.swap_in(1, &mut copies, usize::MAX).unwrap();
+        // The two shared full pages were still cached on device: only the partial page is copied.
+        assert_eq!(copies.len(), 1);
+        assert_eq!(copies[0].kind, CopyKind::HostToDevice);
+        assert_eq!(s.seq_pages(1, 0).unwrap()[..2], dev[..2]);
+        s.check().unwrap();
+        assert_eq!(s.stats().host_pages_in_use, 0);
+    }
 }
 
 #[test]
 fn defer_commit_gates_hits() {
-    let cfg = Config {
-        page_size: 4,
-        num_device_pages: 16,
-        defer_commit: true,
-        ..Config::default()
-    };
-    let mut s = State::new(cfg).unwrap();
-    s.begin(1, &toks(0..8), None, usize::MAX, 0).unwrap();
-    assert_eq!(
-        s.begin(2, &toks(0..8), None, usize::MAX, 0)
-            .unwrap()
-            .matched_tokens,
-        0
-    );
-    s.commit();
-    s.check().unwrap();
-    assert_eq!(
-        s.begin(3, &toks(0..8), None, usize::MAX, 0)
-            .unwrap()
-            .matched_tokens,
-        8
-    );
-    s.check().unwrap();
+    for policy in EvictionPolicy::ALL {
+        eprintln!("eviction policy {policy:?}");
+        let cfg = Config {
+            page_size: 4,
+            num_device_pages: 16,
+            defer_commit: true,
+            eviction_policy: policy,
+            ..Config::default()
+        };
+        let mut s = State::new(cfg).unwrap();
+        s.begin(1, &toks(0..8), None, usize::MAX, 0).unwrap();
+        assert_eq!(
+            s.begin(2, &toks(0..8), None, usize::MAX, 0)
+                .unwrap()
+                .matched_tokens,
+            0
+        );
+        s.commit();
+        s.check().unwrap();
+        assert_eq!(
+            s.begin(3, &toks(0..8), None, usize::MAX, 0)
+                .unwrap()
+                .matched_tokens,
+            8
+        );
+        s.check().unwrap();
+    }
 }
 
 #[test]
 fn placeholder_pages_never_hashed() {
-    let mut s = state(16, 4);
-    s.begin(
-        1,
-        &[1, 2, 3, 4, 5, 6, 7, -1, 9, 10, 11, 12],
-        None,
-        usize::MAX,
-        0,
-    )
-    .unwrap();
-    assert_eq!(s.stats().index_pages, 1);
-    s.check().unwrap();
+    for policy in EvictionPolicy::ALL {
+        eprintln!("eviction policy {policy:?}");
+        let mut s = state(16, 4, policy);
+        s.begin(
+            1,
+            &[1, 2, 3, 4, 5, 6, 7, -1, 9, 10, 11, 12],
+            None,
+            usize::MAX,
+            0,
+        )
+        .unwrap();
+        assert_eq!(s.stats().index_pages, 1);
+        s.check().unwrap();
+    }
 }
 
 #[test]
 fn page_api_refcounts_and_underflow() {
-    let mut s = State::new(Config {
-        page_size: 4,
-        num_device_pages: 4,
-        reserve_null_page: true,
-        ..Config::default()
-    })
-    .unwrap();
-    let pages = s.alloc_pages(0, 3).unwrap();
-    assert_eq!(pages, vec![1, 2, 3]);
-    assert!(matches!(s.alloc_pages(0, 1), Err(Error::NoSpace { .. })));
-    s.acquire_pages(0, &[1]).unwrap();
-    assert_eq!(
-        s.release_pages(0, &[2, 2]),
-        Err(Error::RefcountUnderflow { page: 2 })
-    );
-    assert_eq!(
-        s.page_info(Tier::Device, 0, 2).unwrap().0,
-        1,
-        "nothing released"
-    );
-    assert_eq!(
-        s.release_pages(0, &[0]),
-        Err(Error::PaddingPage { page: 0 })
-    );
-    assert!(matches!(
-        s.release_pages(0, &[9]),
-        Err(Error::PageOutOfRange { .. })
-    ));
-    s.register(0, &toks(0..8), &pages[..2], None).unwrap();
-    s.release_pages(0, &[1, 1, 2, 3]).unwrap();
-    assert_eq!(s.stats().device_pages_cached, 2);
-    assert!(matches!(
-        s.acquire_pages(0, &[3]),
-        Err(Error::PageNotAllocated { .. })
-    ));
-    let m = s
-        .match_prefix(0, &toks(0..9), None, usize::MAX, true, usize::MAX)
+    for policy in EvictionPolicy::ALL {
+        eprintln!("eviction policy {policy:?}");
+        let mut s = State::new(Config {
+            page_size: 4,
+            num_device_pages: 4,
+            reserve_null_page: true,
+            eviction_policy: policy,
+            ..Config::default()
+        })
         .unwrap();
-    assert_eq!((m.pages.clone(), m.tokens), (vec![1, 2], 8));
-    s.check().unwrap();
-    s.clear_index();
-    assert_eq!(s.stats().index_pages, 0);
-    s.release_pages(0, &m.pages).unwrap();
-    assert_eq!(s.stats().device_pages_free, 3);
-    s.check().unwrap();
+        let pages = s.alloc_pages(0, 3).unwrap();
+        assert_eq!(pages, vec![1, 2, 3]);
+        assert!(matches!(s.alloc_pages(0, 1), Err(Error::NoSpace { .. })));
+        s.acquire_pages(0, &[1]).unwrap();
+        assert_eq!(
+            s.release_pages(0, &[2, 2]),
+            Err(Error::RefcountUnderflow { page: 2 })
+        );
+        assert_eq!(
+            s.page_info(Tier::Device, 0, 2).unwrap().0,
+            1,
+            "nothing released"
+        );
+        assert_eq!(
+            s.release_pages(0, &[0]),
+            Err(Error::PaddingPage { page: 0 })
+        );
+        assert!(matches!(
+            s.release_pages(0, &[9]),
+            Err(Error::PageOutOfRange { .. })
+        ));
+        s.register(0, &toks(0..8), &pages[..2], None).unwrap();
+        s.release_pages(0, &[1, 1, 2, 3]).unwrap();
+        assert_eq!(s.stats().device_pages_cached, 2);
+        assert!(matches!(
+            s.acquire_pages(0, &[3]),
+            Err(Error::PageNotAllocated { .. })
+        ));
+        let m = s
+            .match_prefix(0, &toks(0..9), None, usize::MAX, true, usize::MAX)
+            .unwrap();
+        assert_eq!((m.pages.clone(), m.tokens), (vec![1, 2], 8));
+        s.check().unwrap();
+        s.clear_index();
+        assert_eq!(s.stats().index_pages, 0);
+        s.release_pages(0, &m.pages).unwrap();
+        assert_eq!(s.stats().device_pages_free, 3);
+        s.check().unwrap();
+    }
 }
 
 /// A page a sequence holds is registered by the sequence, under its own tokens: the page API
@@ -341,7 +377,7 @@ fn page_api_refcounts_and_underflow() {
 /// in the same call are registered.
 #[test]
 fn register_leaves_a_sequences_pages_to_the_sequence() {
-    let mut s = state(16, 4);
+    let mut s = state(16, 4, EvictionPolicy::Lru);
     s.begin(1, &toks(0..6), None, usize::MAX, 0).unwrap();
     let seq_page = s.seq_pages(1, 0).unwrap()[1];
     let own = s.alloc_pages(0, 1).unwrap()[0];
@@ -375,12 +411,13 @@ fn cache_is_send_sync() {
     assert_send_sync::<Cache>();
 }
 
-fn tiered(device: u32, host: u32) -> State {
+fn tiered(device: u32, host: u32, eviction_policy: EvictionPolicy) -> State {
     State::new(Config {
         page_size: 4,
         num_device_pages: device,
         num_host_pages: host,
         enable_events: true,
+        eviction_policy,
         ..Config::default()
     })
     .unwrap()
@@ -388,253 +425,275 @@ fn tiered(device: u32, host: u32) -> State {
 
 #[test]
 fn evicted_pages_are_demoted_and_promoted_back_on_a_hit() {
-    let mut s = tiered(4, 4);
-    s.begin(1, &toks(0..8), None, usize::MAX, 0).unwrap();
-    s.free(1).unwrap(); // 2 cached device pages
-    let old = s.seq_pages(1, 0).err();
-    assert!(old.is_some());
-    // A 4-page request evicts both cached pages: they are demoted, not dropped.
-    s.begin(2, &toks(100..116), None, usize::MAX, 0).unwrap();
-    let demoted = s.take_copies(usize::MAX);
-    assert_eq!(demoted.len(), 2);
-    assert!(demoted
-        .iter()
-        .all(|c| c.kind == CopyKind::DeviceToHost && c.num_tokens == 4));
-    let st = s.stats();
-    assert_eq!(
-        (
-            st.counters.demotions,
-            st.host_pages_cached,
-            st.host_index_pages
-        ),
-        (2, 2, 2)
-    );
-    s.check().unwrap();
-    s.free(2).unwrap();
-    // The old prompt hits in the host tier: promoted back, counted as a hit.
-    let b = s.begin(3, &toks(0..9), None, usize::MAX, 0).unwrap();
-    assert_eq!((b.matched_tokens, b.promoted_pages, b.new_pages), (8, 2, 1));
-    let promoted = s.take_copies(usize::MAX);
-    let h2d: Vec<_> = promoted
-        .iter()
-        .filter(|c| c.kind == CopyKind::HostToDevice)
-        .collect();
-    assert_eq!(h2d.len(), 2);
-    assert_eq!(
-        h2d.iter().map(|c| c.dst_page).collect::<Vec<_>>(),
-        s.seq_pages(3, 0).unwrap()[..2]
-    );
-    let st = s.stats();
-    assert_eq!(
-        (st.counters.promotions, st.counters.host_hit_tokens),
-        (2, 8)
-    );
-    s.check().unwrap();
+    for policy in EvictionPolicy::ALL {
+        eprintln!("eviction policy {policy:?}");
+        let mut s = tiered(4, 4, policy);
+        s.begin(1, &toks(0..8), None, usize::MAX, 0).unwrap();
+        s.free(1).unwrap(); // 2 cached device pages
+        let old = s.seq_pages(1, 0).err();
+        assert!(old.is_some());
+        // A 4-page request evicts both cached pages: they are demoted, not dropped.
+        s.begin(2, &toks(100..116), None, usize::MAX, 0).unwrap();
+        let demoted = s.take_copies(usize::MAX);
+        assert_eq!(demoted.len(), 2);
+        assert!(demoted
+            .iter()
+            .all(|c| c.kind == CopyKind::DeviceToHost && c.num_tokens == 4));
+        let st = s.stats();
+        assert_eq!(
+            (
+                st.counters.demotions,
+                st.host_pages_cached,
+                st.host_index_pages
+            ),
+            (2, 2, 2)
+        );
+        s.check().unwrap();
+        s.free(2).unwrap();
+        // The old prompt hits in the host tier: promoted back, counted as a hit.
+        let b = s.begin(3, &toks(0..9), None, usize::MAX, 0).unwrap();
+        assert_eq!((b.matched_tokens, b.promoted_pages, b.new_pages), (8, 2, 1));
+        let promoted = s.take_copies(usize::MAX);
+        let h2d: Vec<_> = promoted
+            .iter()
+            .filter(|c| c.kind == CopyKind::HostToDevice)
+            .collect();
+        assert_eq!(h2d.len(), 2);
+        assert_eq!(
+            h2d.iter().map(|c| c.dst_page).collect::<Vec<_>>(),
+            s.seq_pages(3, 0).unwrap()[..2]
+        );
+        let st = s.stats();
+        assert_eq!(
+            (st.counters.promotions, st.counters.host_hit_tokens),
+            (2, 8)
+        );
+        s.check().unwrap();
+    }
 }
 
 #[test]
 fn without_host_tier_evicted_pages_are_dropped() {
-    let mut s = tiered(4, 0);
-    s.begin(1, &toks(0..8), None, usize::MAX, 0).unwrap();
-    s.free(1).unwrap();
-    s.begin(2, &toks(100..116), None, usize::MAX, 0).unwrap();
-    assert!(s.take_copies(usize::MAX).is_empty());
-    s.free(2).unwrap();
-    assert_eq!(
-        s.begin(3, &toks(0..9), None, usize::MAX, 0)
-            .unwrap()
-            .matched_tokens,
-        0
-    );
+    for policy in EvictionPolicy::ALL {
+        eprintln!("eviction policy {policy:?}");
+        let mut s = tiered(4, 0, policy);
+        s.begin(1, &toks(0..8), None, usize::MAX, 0).unwrap();
+        s.free(1).unwrap();
+        s.begin(2, &toks(100..116), None, usize::MAX, 0).unwrap();
+        assert!(s.take_copies(usize::MAX).is_empty());
+        s.free(2).unwrap();
+        assert_eq!(
+            s.begin(3, &toks(0..9), None, usize::MAX, 0)
+                .unwrap()
+                .matched_tokens,
+            0
+        );
+    }
 }
 
 #[test]
 fn pinned_prefix_survives_pressure_until_unpinned() {
-    let mut s = tiered(6, 0);
-    let system = toks(0..8);
-    s.begin(1, &system, None, usize::MAX, 0).unwrap();
-    s.free(1).unwrap();
-    let (pin, n) = s.pin(&system, None).unwrap();
-    assert_eq!(n, 2);
-    assert_eq!(s.stats().device_pages_pinned, 2);
-    // Only 4 pages are allocatable now; a 5-page request is refused rather than evicting.
-    assert!(matches!(
-        s.begin(2, &toks(100..120), None, usize::MAX, 0),
-        Err(Error::NoSpace { available: 4, .. })
-    ));
-    s.begin(3, &toks(100..116), None, usize::MAX, 0).unwrap();
-    s.free(3).unwrap();
-    assert_eq!(
-        s.begin(4, &toks(0..9), None, usize::MAX, 0)
-            .unwrap()
-            .matched_tokens,
-        8
-    );
-    s.free(4).unwrap();
-    s.unpin(pin).unwrap();
-    assert!(s.unpin(pin).is_err());
-    s.check().unwrap();
-    s.begin(5, &toks(200..224), None, usize::MAX, 0).unwrap(); // 6 pages: evicts everything
-    s.free(5).unwrap();
-    assert_eq!(
-        s.begin(6, &toks(0..9), None, usize::MAX, 0)
-            .unwrap()
-            .matched_tokens,
-        0
-    );
-    s.check().unwrap();
+    for policy in EvictionPolicy::ALL {
+        eprintln!("eviction policy {policy:?}");
+        let mut s = tiered(6, 0, policy);
+        let system = toks(0..8);
+        s.begin(1, &system, None, usize::MAX, 0).unwrap();
+        s.free(1).unwrap();
+        let (pin, n) = s.pin(&system, None).unwrap();
+        assert_eq!(n, 2);
+        assert_eq!(s.stats().device_pages_pinned, 2);
+        // Only 4 pages are allocatable now; a 5-page request is refused rather than evicting.
+        assert!(matches!(
+            s.begin(2, &toks(100..120), None, usize::MAX, 0),
+            Err(Error::NoSpace { available: 4, .. })
+        ));
+        s.begin(3, &toks(100..116), None, usize::MAX, 0).unwrap();
+        s.free(3).unwrap();
+        assert_eq!(
+            s.begin(4, &toks(0..9), None, usize::MAX, 0)
+                .unwrap()
+                .matched_tokens,
+            8
+        );
+        s.free(4).unwrap();
+        s.unpin(pin).unwrap();
+        assert!(s.unpin(pin).is_err());
+        s.check().unwrap();
+        s.begin(5, &toks(200..224), None, usize::MAX, 0).unwrap(); // 6 pages: evicts everything
+        s.free(5).unwrap();
+        assert_eq!(
+            s.begin(6, &toks(0..9), None, usize::MAX, 0)
+                .unwrap()
+                .matched_tokens,
+            0
+        );
+        s.check().unwrap();
+    }
 }
 
 #[test]
 fn lower_priority_cached_pages_are_evicted_first() {
-    let mut s = tiered(4, 0);
-    s.begin(1, &toks(0..4), None, usize::MAX, 0).unwrap();
-    s.set_priority(1, 3).unwrap();
-    s.begin(2, &toks(10..14), None, usize::MAX, 0).unwrap();
-    s.free(1).unwrap(); // high priority, released first (older in LRU)
-    s.free(2).unwrap();
-    assert!(matches!(s.set_priority(1, 1), Err(Error::SeqNotFound(1))));
-    // One page is needed beyond the 2 free ones: the low-priority page goes, not the older one.
-    s.begin(3, &toks(20..32), None, usize::MAX, 0).unwrap();
-    s.free(3).unwrap();
-    assert_eq!(
-        s.begin(4, &toks(0..5), None, usize::MAX, 0)
-            .unwrap()
-            .matched_tokens,
-        4
-    );
-    assert_eq!(
-        s.begin(5, &toks(10..15), None, usize::MAX, 0)
-            .unwrap()
-            .matched_tokens,
-        0
-    );
-    assert!(matches!(
-        s.set_priority(4, 4),
-        Err(Error::InvalidArgument { .. })
-    ));
-    s.check().unwrap();
+    for policy in EvictionPolicy::ALL {
+        eprintln!("eviction policy {policy:?}");
+        let mut s = tiered(4, 0, policy);
+        s.begin(1, &toks(0..4), None, usize::MAX, 0).unwrap();
+        s.set_priority(1, 3).unwrap();
+        s.begin(2, &toks(10..14), None, usize::MAX, 0).unwrap();
+        s.free(1).unwrap(); // high priority, released first (older in LRU)
+        s.free(2).unwrap();
+        assert!(matches!(s.set_priority(1, 1), Err(Error::SeqNotFound(1))));
+        // One page is needed beyond the 2 free ones: the low-priority page goes, not the older one.
+        s.begin(3, &toks(20..32), None, usize::MAX, 0).unwrap();
+        s.free(3).unwrap();
+        assert_eq!(
+            s.begin(4, &toks(0..5), None, usize::MAX, 0)
+                .unwrap()
+                .matched_tokens,
+            4
+        );
+        assert_eq!(
+            s.begin(5, &toks(10..15), None, usize::MAX, 0)
+                .unwrap()
+                .matched_tokens,
+            0
+        );
+        assert!(matches!(
+            s.set_priority(4, 4),
+            Err(Error::InvalidArgument { .. })
+        ));
+        s.check().unwrap();
+    }
 }
 
 #[test]
 fn prefetch_promotes_ahead_of_the_request() {
-    let mut s = tiered(4, 4);
-    s.begin(1, &toks(0..8), None, usize::MAX, 0).unwrap();
-    s.free(1).unwrap();
-    s.begin(2, &toks(100..116), None, usize::MAX, 0).unwrap();
-    s.free(2).unwrap();
-    s.take_copies(usize::MAX);
-    assert_eq!(s.prefetch(&toks(0..9), None), 2);
-    assert_eq!(
-        s.take_copies(usize::MAX).len(),
-        4,
-        "2 promotions + 2 demotions of the pages they displaced"
-    );
-    assert_eq!(s.stats().counters.prefetched, 2);
-    let b = s.begin(3, &toks(0..9), None, usize::MAX, 0).unwrap();
-    assert_eq!(
-        (b.matched_tokens, b.promoted_pages),
-        (8, 0),
-        "already on the device"
-    );
-    s.check().unwrap();
+    for policy in EvictionPolicy::ALL {
+        eprintln!("eviction policy {policy:?}");
+        let mut s = tiered(4, 4, policy);
+        s.begin(1, &toks(0..8), None, usize::MAX, 0).unwrap();
+        s.free(1).unwrap();
+        s.begin(2, &toks(100..116), None, usize::MAX, 0).unwrap();
+        s.free(2).unwrap();
+        s.take_copies(usize::MAX);
+        assert_eq!(s.prefetch(&toks(0..9), None), 2);
+        assert_eq!(
+            s.take_copies(usize::MAX).len(),
+            4,
+            "2 promotions + 2 demotions of the pages they displaced"
+        );
+        assert_eq!(s.stats().counters.prefetched, 2);
+        let b = s.begin(3, &toks(0..9), None, usize::MAX, 0).unwrap();
+        assert_eq!(
+            (b.matched_tokens, b.promoted_pages),
+            (8, 0),
+            "already on the device"
+        );
+        s.check().unwrap();
+    }
 }
 
 #[test]
 fn events_replay_to_exactly_the_registered_pages() {
-    use kvshare_core::EventKind;
-    use std::collections::HashSet;
-    let mut s = tiered(4, 4);
-    s.begin(1, &toks(0..8), None, usize::MAX, 0).unwrap();
-    s.free(1).unwrap();
-    s.begin(2, &toks(100..116), None, usize::MAX, 0).unwrap();
-    let mut seen = HashSet::new();
-    let mut apply = |s: &mut State| {
-        for e in s.take_events(usize::MAX) {
-            match e.kind {
-                EventKind::Stored => assert!(seen.insert((e.tier, e.hash))),
-                EventKind::Removed => assert!(seen.remove(&(e.tier, e.hash))),
-                EventKind::Cleared => seen.retain(|&(t, _)| t != e.tier),
+    for policy in EvictionPolicy::ALL {
+        eprintln!("eviction policy {policy:?}");
+        use kvshare_core::EventKind;
+        use std::collections::HashSet;
+        let mut s = tiered(4, 4, policy);
+        s.begin(1, &toks(0..8), None, usize::MAX, 0).unwrap();
+        s.free(1).unwrap();
+        s.begin(2, &toks(100..116), None, usize::MAX, 0).unwrap();
+        let mut seen = HashSet::new();
+        let mut apply = |s: &mut State| {
+            for e in s.take_events(usize::MAX) {
+                match e.kind {
+                    EventKind::Stored => assert!(seen.insert((e.tier, e.hash))),
+                    EventKind::Removed => assert!(seen.remove(&(e.tier, e.hash))),
+                    EventKind::Cleared => seen.retain(|&(t, _)| t != e.tier),
+                }
             }
-        }
-        let actual: HashSet<_> = s
-            .registered_hashes()
-            .into_iter()
-            .map(|(t, _, h)| (t, h))
-            .collect();
-        assert_eq!(seen, actual);
-    };
-    apply(&mut s);
-    s.clear_index();
-    apply(&mut s);
-    assert!(s.registered_hashes().is_empty());
+            let actual: HashSet<_> = s
+                .registered_hashes()
+                .into_iter()
+                .map(|(t, _, h)| (t, h))
+                .collect();
+            assert_eq!(seen, actual);
+        };
+        apply(&mut s);
+        s.clear_index();
+        apply(&mut s);
+        assert!(s.registered_hashes().is_empty());
+    }
 }
 
 #[test]
 fn capacity_queries_match_what_the_operations_take() {
-    let mut s = State::new(Config {
-        page_size: 4,
-        num_device_pages: 8,
-        num_host_pages: 8,
-        ..Config::default()
-    })
-    .unwrap();
-    s.begin(1, &toks(0..6), None, usize::MAX, 0).unwrap();
-    s.fork(1, 2).unwrap();
-    // Appending 3 tokens to a fork: copy the shared partial page, plus one new page.
-    assert_eq!(
-        s.append_need(2, 3, 0).unwrap(),
-        AppendNeed {
-            pages: 2,
-            copies: 1
-        }
-    );
-    assert_eq!(
-        s.append_need(2, 0, 9).unwrap(),
-        AppendNeed {
-            pages: 2,
-            copies: 0
-        },
-        "6 tokens + 9 reserved slots: 4 pages, 2 of them new"
-    );
-    assert!(matches!(
-        s.append_need(2, 1, usize::MAX),
-        Err(Error::InvalidArgument { .. })
-    ));
-    let free_before = s.stats().device_pages_free;
-    let mut copies = Vec::new();
-    s.append(2, &[50, 51, 52], 0, &mut copies, 1).unwrap();
-    assert_eq!(free_before - s.stats().device_pages_free, 2);
-    assert_eq!(copies.len(), 1);
-    // Swap-in need: both full pages (the one shared with seq 1, and seq 2's own full page, left
-    // cached on the device by the swap-out) are shared back; only the partial page is copied.
-    s.swap_out(2, &mut copies, usize::MAX).unwrap();
-    let (need, avail) = s.swap_in_need(2).unwrap();
-    assert_eq!(need, 1);
-    let before = s.stats();
-    s.swap_in(2, &mut copies, usize::MAX).unwrap();
-    let after = s.stats();
-    // The swap-in takes `need` new pages and un-caches the cached pages it shares, which is why
-    // `avail` leaves those out of what it can have.
-    let before_total = before.device_pages_free + before.device_pages_cached;
-    let after_total = after.device_pages_free + after.device_pages_cached;
-    let shared_cached = before_total - avail as u64;
-    assert_eq!(
-        shared_cached, 1,
-        "seq 2's own full page was cached; the shared one is held by seq 1"
-    );
-    assert_eq!(before_total - after_total, need as u64 + shared_cached);
-    assert!(avail >= need);
-    assert!(matches!(s.swap_in_need(2), Err(Error::SeqWrongTier { .. })));
-    assert!(matches!(s.append_need(9, 1, 0), Err(Error::SeqNotFound(9))));
-    // An overflowing size names the argument that overflows.
-    let field = |r: Result<AppendNeed, Error>| match r {
-        Err(Error::InvalidArgument { field, .. }) => field,
-        other => panic!("{other:?}"),
-    };
-    assert_eq!(field(s.append_need(1, usize::MAX, 0)), "num_tokens");
-    assert_eq!(field(s.append_need(1, 1, usize::MAX)), "lookahead_slots");
-    s.check().unwrap();
+    for policy in EvictionPolicy::ALL {
+        eprintln!("eviction policy {policy:?}");
+        let mut s = State::new(Config {
+            page_size: 4,
+            num_device_pages: 8,
+            num_host_pages: 8,
+            eviction_policy: policy,
+            ..Config::default()
+        })
+        .unwrap();
+        s.begin(1, &toks(0..6), None, usize::MAX, 0).unwrap();
+        s.fork(1, 2).unwrap();
+        // Appending 3 tokens to a fork: copy the shared partial page, plus one new page.
+        assert_eq!(
+            s.append_need(2, 3, 0).unwrap(),
+            AppendNeed {
+                pages: 2,
+                copies: 1
+            }
+        );
+        assert_eq!(
+            s.append_need(2, 0, 9).unwrap(),
+            AppendNeed {
+                pages: 2,
+                copies: 0
+            },
+            "6 tokens + 9 reserved slots: 4 pages, 2 of them new"
+        );
+        assert!(matches!(
+            s.append_need(2, 1, usize::MAX),
+            Err(Error::InvalidArgument { .. })
+        ));
+        let free_before = s.stats().device_pages_free;
+        let mut copies = Vec::new();
+        s.append(2, &[50, 51, 52], 0, &mut copies, 1).unwrap();
+        assert_eq!(free_before - s.stats().device_pages_free, 2);
+        assert_eq!(copies.len(), 1);
+        // Swap-in need: both full pages (the one shared with seq 1, and seq 2's own full page, left
+        // cached on the device by the swap-out) are shared back; only the partial page is copied.
+        s.swap_out(2, &mut copies, usize::MAX).unwrap();
+        let (need, avail) = s.swap_in_need(2).unwrap();
+        assert_eq!(need, 1);
+        let before = s.stats();
+        s.swap_in(2, &mut copies, usize::MAX).unwrap();
+        let after = s.stats();
+        // The swap-in takes `need` new pages and un-caches the cached pages it shares, which is why
+        // `avail` leaves those out of what it can have.
+        let before_total = before.device_pages_free + before.device_pages_cached;
+        let after_total = after.device_pages_free + after.device_pages_cached;
+        let shared_cached = before_total - avail as u64;
+        assert_eq!(
+            shared_cached, 1,
+            "seq 2's own full page was cached; the shared one is held by seq 1"
+        );
+        assert_eq!(before_total - after_total, need as u64 + shared_cached);
+        assert!(avail >= need);
+        assert!(matches!(s.swap_in_need(2), Err(Error::SeqWrongTier { .. })));
+        assert!(matches!(s.append_need(9, 1, 0), Err(Error::SeqNotFound(9))));
+        // An overflowing size names the argument that overflows.
+        let field = |r: Result<AppendNeed, Error>| match r {
+            Err(Error::InvalidArgument { field, .. }) => field,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(field(s.append_need(1, usize::MAX, 0)), "num_tokens");
+        assert_eq!(field(s.append_need(1, 1, usize::MAX)), "lookahead_slots");
+        s.check().unwrap();
+    }
 }
 
 /// Walks hash pages in groups before looking them up (State::walk): a long walk must still stop
@@ -642,75 +701,82 @@ fn capacity_queries_match_what_the_operations_take() {
 /// that falls in a group.
 #[test]
 fn long_walks_stop_exactly_at_the_first_difference() {
-    const PAGES: usize = 37; // several walk groups and a partial one
-    let mut s = state(4 * PAGES as u32, 4);
-    let base = toks(1000..1000 + 4 * PAGES as i32);
-    s.begin(1, &base, None, usize::MAX, 0).unwrap();
-    let registered = s.seq_pages(1, 0).unwrap().to_vec();
-    s.free(1).unwrap();
-    let full = s
-        .match_prefix(0, &base, None, usize::MAX, false, PAGES)
-        .unwrap();
-    assert_eq!(full.pages, registered);
-    for k in 0..PAGES {
-        let mut other = base.clone();
-        other[4 * k + 2] += 1; // page k differs
-        let m = s
-            .match_prefix(0, &other, None, usize::MAX, false, PAGES)
+    for policy in EvictionPolicy::ALL {
+        eprintln!("eviction policy {policy:?}");
+        const PAGES: usize = 37; // several walk groups and a partial one
+        let mut s = state(4 * PAGES as u32, 4, policy);
+        let base = toks(1000..1000 + 4 * PAGES as i32);
+        s.begin(1, &base, None, usize::MAX, 0).unwrap();
+        let registered = s.seq_pages(1, 0).unwrap().to_vec();
+        s.free(1).unwrap();
+        let full = s
+            .match_prefix(0, &base, None, usize::MAX, false, PAGES)
             .unwrap();
-        assert_eq!(m.pages, registered[..k], "difference in page {k}");
-        let mut held = base.clone();
-        held[4 * k + 3] = -1; // page k holds a placeholder
-        let m = s
-            .match_prefix(0, &held, None, usize::MAX, false, PAGES)
-            .unwrap();
-        assert_eq!(m.pages, registered[..k], "placeholder in page {k}");
-        let m = s
-            .match_prefix(0, &base, None, 4 * k + 3, false, PAGES)
-            .unwrap();
-        assert_eq!(m.pages, registered[..k], "cap of {} tokens", 4 * k + 3);
-        let m = s
-            .match_prefix(0, &base[..4 * k + 1], None, usize::MAX, false, PAGES)
-            .unwrap();
-        assert_eq!(m.pages, registered[..k], "prompt of {} tokens", 4 * k + 1);
+        assert_eq!(full.pages, registered);
+        for k in 0..PAGES {
+            let mut other = base.clone();
+            other[4 * k + 2] += 1; // page k differs
+            let m = s
+                .match_prefix(0, &other, None, usize::MAX, false, PAGES)
+                .unwrap();
+            assert_eq!(m.pages, registered[..k], "difference in page {k}");
+            let mut held = base.clone();
+            held[4 * k + 3] = -1; // page k holds a placeholder
+            let m = s
+                .match_prefix(0, &held, None, usize::MAX, false, PAGES)
+                .unwrap();
+            assert_eq!(m.pages, registered[..k], "placeholder in page {k}");
+            let m = s
+                .match_prefix(0, &base, None, 4 * k + 3, false, PAGES)
+                .unwrap();
+            assert_eq!(m.pages, registered[..k], "cap of {} tokens", 4 * k + 3);
+            let m = s
+                .match_prefix(0, &base[..4 * k + 1], None, usize::MAX, false, PAGES)
+                .unwrap();
+            assert_eq!(m.pages, registered[..k], "prompt of {} tokens", 4 * k + 1);
+        }
+        let salted = ExtraKeys {
+            salt: b"other".to_vec(),
+            ..Default::default()
+        };
+        assert!(s
+            .match_prefix(0, &base, Some(&salted), usize::MAX, false, PAGES)
+            .unwrap()
+            .pages
+            .is_empty());
+        s.check().unwrap();
     }
-    let salted = ExtraKeys {
-        salt: b"other".to_vec(),
-        ..Default::default()
-    };
-    assert!(s
-        .match_prefix(0, &base, Some(&salted), usize::MAX, false, PAGES)
-        .unwrap()
-        .pages
-        .is_empty());
-    s.check().unwrap();
 }
 
 /// A long walk whose middle pages were demoted to the host tier finds them there and goes on.
 #[test]
 fn long_walks_continue_through_host_hits() {
-    let mut s = tiered(24, 32);
-    let base = toks(0..4 * 20);
-    s.begin(1, &base, None, usize::MAX, 0).unwrap();
-    s.free(1).unwrap(); // 20 cached device pages, LRU: the last page first
-                        // Taking 12 fresh pages evicts (demotes) the 8 least recently used cached ones.
-    s.begin(2, &toks(5000..5000 + 4 * 12), None, usize::MAX, 0)
-        .unwrap();
-    assert_eq!(s.stats().counters.demotions, 8);
-    s.free(2).unwrap();
-    s.take_copies(usize::MAX);
-    let b = s.begin(3, &base, None, usize::MAX, 0).unwrap();
-    assert_eq!((b.matched_tokens, b.promoted_pages), (80, 8));
-    s.check().unwrap();
+    for policy in EvictionPolicy::ALL {
+        eprintln!("eviction policy {policy:?}");
+        let mut s = tiered(24, 32, policy);
+        let base = toks(0..4 * 20);
+        s.begin(1, &base, None, usize::MAX, 0).unwrap();
+        s.free(1).unwrap(); // 20 cached device pages, LRU: the last page first
+                            // Taking 12 fresh pages evicts (demotes) the 8 least recently used cached ones.
+        s.begin(2, &toks(5000..5000 + 4 * 12), None, usize::MAX, 0)
+            .unwrap();
+        assert_eq!(s.stats().counters.demotions, 8);
+        s.free(2).unwrap();
+        s.take_copies(usize::MAX);
+        let b = s.begin(3, &base, None, usize::MAX, 0).unwrap();
+        assert_eq!((b.matched_tokens, b.promoted_pages), (80, 8));
+        s.check().unwrap();
+    }
 }
 
-fn swap_state(caching: bool, demote: bool, host: u32) -> State {
+fn swap_state(caching: bool, demote: bool, host: u32, eviction_policy: EvictionPolicy) -> State {
     State::new(Config {
         page_size: 4,
         num_device_pages: 16,
         num_host_pages: host,
         enable_prefix_caching: caching,
         demote_to_host: demote,
+        eviction_policy,
         ..Config::default()
     })
     .unwrap()
@@ -721,60 +787,63 @@ fn swap_state(caching: bool, demote: bool, host: u32) -> State {
 /// takes, and the pages stay cached on the host after the swap-in for later swap-outs.
 #[test]
 fn swap_out_shares_content_already_on_the_host() {
-    for demote in [false, true] {
-        let mut s = swap_state(true, demote, 8);
-        let sys = toks(0..8); // two full pages
-        let a: Vec<i32> = sys.iter().copied().chain(100..103).collect();
-        let b: Vec<i32> = sys.iter().copied().chain(200..206).collect();
-        s.begin(1, &a, None, usize::MAX, 0).unwrap();
-        s.begin(2, &b, None, usize::MAX, 0).unwrap(); // shares the two system pages on the device
-        let mut copies = Vec::new();
-        assert_eq!(s.swap_out_need(1).unwrap(), (3, 8));
-        s.swap_out(1, &mut copies, usize::MAX).unwrap();
-        assert_eq!(copies.len(), 3);
-        let host_a = s.seq_pages(1, 0).unwrap().to_vec();
-        // b's system pages are on the host already (a's copies): only its own 2 pages move.
-        assert_eq!(s.swap_out_need(2).unwrap(), (2, 5));
-        copies.clear();
-        s.swap_out(2, &mut copies, 2).unwrap();
-        assert_eq!(copies.len(), 2, "demote={demote}");
-        let host_b = s.seq_pages(2, 0).unwrap().to_vec();
-        assert_eq!(host_b[..2], host_a[..2]);
-        assert_eq!(
-            copies.iter().map(|c| c.num_tokens).collect::<Vec<_>>(),
-            vec![4, 2]
-        );
-        let st = s.stats();
-        assert_eq!(st.host_pages_in_use, 5);
-        assert_eq!(st.counters.swap_out_pages, 5, "pages copied");
-        s.check().unwrap();
-        // Swap-ins release the host pages; the registered ones stay cached (evictable), so a
-        // later swap-out of the same content shares them again.
-        copies.clear();
-        s.swap_in(1, &mut copies, usize::MAX).unwrap();
-        s.swap_in(2, &mut copies, usize::MAX).unwrap();
-        let st = s.stats();
-        assert_eq!(st.host_pages_in_use, 0);
-        assert_eq!(
-            st.host_pages_cached, 3,
-            "the two system pages and b's full page"
-        );
-        assert_eq!(s.available(Tier::Host, 0).unwrap(), 8);
-        s.check().unwrap();
-        // Sharing a cached host page takes it off the evictable count: available excludes it.
-        assert_eq!(s.swap_out_need(1).unwrap(), (1, 6));
-        copies.clear();
-        s.swap_out(1, &mut copies, usize::MAX).unwrap();
-        assert_eq!(copies.len(), 1);
-        assert_eq!(
-            s.available(Tier::Host, 0).unwrap(),
-            5,
-            "its three pages are in use"
-        );
-        // Freeing a swapped-out sequence keeps its registered host pages cached.
-        s.free(1).unwrap();
-        assert_eq!(s.stats().host_pages_cached, 3);
-        s.check().unwrap();
+    for policy in EvictionPolicy::ALL {
+        eprintln!("eviction policy {policy:?}");
+        for demote in [false, true] {
+            let mut s = swap_state(true, demote, 8, policy);
+            let sys = toks(0..8); // two full pages
+            let a: Vec<i32> = sys.iter().copied().chain(100..103).collect();
+            let b: Vec<i32> = sys.iter().copied().chain(200..206).collect();
+            s.begin(1, &a, None, usize::MAX, 0).unwrap();
+            s.begin(2, &b, None, usize::MAX, 0).unwrap(); // shares the two system pages on the device
+            let mut copies = Vec::new();
+            assert_eq!(s.swap_out_need(1).unwrap(), (3, 8));
+            s.swap_out(1, &mut copies, usize::MAX).unwrap();
+            assert_eq!(copies.len(), 3);
+            let host_a = s.seq_pages(1, 0).unwrap().to_vec();
+            // b's system pages are on the host already (a's copies): only its own 2 pages move.
+            assert_eq!(s.swap_out_need(2).unwrap(), (2, 5));
+            copies.clear();
+            s.swap_out(2, &mut copies, 2).unwrap();
+            assert_eq!(copies.len(), 2, "demote={demote}");
+            let host_b = s.seq_pages(2, 0).unwrap().to_vec();
+            assert_eq!(host_b[..2], host_a[..2]);
+            assert_eq!(
+                copies.iter().map(|c| c.num_tokens).collect::<Vec<_>>(),
+                vec![4, 2]
+            );
+            let st = s.stats();
+            assert_eq!(st.host_pages_in_use, 5);
+            assert_eq!(st.counters.swap_out_pages, 5, "pages copied");
+            s.check().unwrap();
+            // Swap-ins release the host pages; the registered ones stay cached (evictable), so a
+            // later swap-out of the same content shares them again.
+            copies.clear();
+            s.swap_in(1, &mut copies, usize::MAX).unwrap();
+            s.swap_in(2, &mut copies, usize::MAX).unwrap();
+            let st = s.stats();
+            assert_eq!(st.host_pages_in_use, 0);
+            assert_eq!(
+                st.host_pages_cached, 3,
+                "the two system pages and b's full page"
+            );
+            assert_eq!(s.available(Tier::Host, 0).unwrap(), 8);
+            s.check().unwrap();
+            // Sharing a cached host page takes it off the evictable count: available excludes it.
+            assert_eq!(s.swap_out_need(1).unwrap(), (1, 6));
+            copies.clear();
+            s.swap_out(1, &mut copies, usize::MAX).unwrap();
+            assert_eq!(copies.len(), 1);
+            assert_eq!(
+                s.available(Tier::Host, 0).unwrap(),
+                5,
+                "its three pages are in use"
+            );
+            // Freeing a swapped-out sequence keeps its registered host pages cached.
+            s.free(1).unwrap();
+            assert_eq!(s.stats().host_pages_cached, 3);
+            s.check().unwrap();
+        }
     }
 }
 
@@ -782,57 +851,170 @@ fn swap_out_shares_content_already_on_the_host() {
 /// it shares: exactly when `need > available` it fails with NoSpace, changing nothing.
 #[test]
 fn swap_out_need_is_exactly_the_room_check() {
-    let mut s = swap_state(true, false, 3);
-    let p: Vec<i32> = toks(0..8).into_iter().chain(50..52).collect(); // 2 full + 1 partial
-    s.begin(1, &p, None, usize::MAX, 0).unwrap();
-    s.begin(2, &p, None, usize::MAX, 0).unwrap();
-    let mut copies = Vec::new();
-    s.swap_out(1, &mut copies, usize::MAX).unwrap(); // all 3 host pages
-    assert_eq!(s.available(Tier::Host, 0).unwrap(), 0);
-    // Seq 2 shares the two full pages but needs one page for its partial one: no room.
-    assert_eq!(s.swap_out_need(2).unwrap(), (1, 0));
-    let before = s.stats();
-    assert!(matches!(
-        s.swap_out(2, &mut copies, usize::MAX),
-        Err(Error::NoSpace {
-            tier: Tier::Host,
-            ..
-        })
-    ));
-    assert_eq!(s.stats(), before);
-    s.check().unwrap();
-    // Seq 1 back in: its 2 full pages are cached on the host, its partial page free.
-    s.swap_in(1, &mut copies, usize::MAX).unwrap();
-    assert_eq!(s.swap_out_need(2).unwrap(), (1, 1));
-    copies.clear();
-    s.swap_out(2, &mut copies, usize::MAX).unwrap();
-    assert_eq!(copies.len(), 1);
-    assert_eq!(s.available(Tier::Host, 0).unwrap(), 0);
-    assert!(matches!(
-        s.swap_out_need(2),
-        Err(Error::SeqWrongTier { .. })
-    ));
-    assert!(matches!(s.swap_out_need(9), Err(Error::SeqNotFound(9))));
-    s.check().unwrap();
+    for policy in EvictionPolicy::ALL {
+        eprintln!("eviction policy {policy:?}");
+        let mut s = swap_state(true, false, 3, policy);
+        let p: Vec<i32> = toks(0..8).into_iter().chain(50..52).collect(); // 2 full + 1 partial
+        s.begin(1, &p, None, usize::MAX, 0).unwrap();
+        s.begin(2, &p, None, usize::MAX, 0).unwrap();
+        let mut copies = Vec::new();
+        s.swap_out(1, &mut copies, usize::MAX).unwrap(); // all 3 host pages
+        assert_eq!(s.available(Tier::Host, 0).unwrap(), 0);
+        // Seq 2 shares the two full pages but needs one page for its partial one: no room.
+        assert_eq!(s.swap_out_need(2).unwrap(), (1, 0));
+        let before = s.stats();
+        assert!(matches!(
+            s.swap_out(2, &mut copies, usize::MAX),
+            Err(Error::NoSpace {
+                tier: Tier::Host,
+                ..
+            })
+        ));
+        assert_eq!(s.stats(), before);
+        s.check().unwrap();
+        // Seq 1 back in: its 2 full pages are cached on the host, its partial page free.
+        s.swap_in(1, &mut copies, usize::MAX).unwrap();
+        assert_eq!(s.swap_out_need(2).unwrap(), (1, 1));
+        copies.clear();
+        s.swap_out(2, &mut copies, usize::MAX).unwrap();
+        assert_eq!(copies.len(), 1);
+        assert_eq!(s.available(Tier::Host, 0).unwrap(), 0);
+        assert!(matches!(
+            s.swap_out_need(2),
+            Err(Error::SeqWrongTier { .. })
+        ));
+        assert!(matches!(s.swap_out_need(9), Err(Error::SeqNotFound(9))));
+        s.check().unwrap();
+    }
 }
 
 /// Without prefix caching nothing is hashed, so every swap-out copies every page and the host
 /// pages come back free.
 #[test]
 fn swap_out_without_caching_copies_every_page() {
-    let mut s = swap_state(false, false, 8);
-    s.begin(1, &toks(0..10), None, usize::MAX, 0).unwrap();
-    s.begin(2, &toks(0..10), None, usize::MAX, 0).unwrap();
-    let mut copies = Vec::new();
-    s.swap_out(1, &mut copies, usize::MAX).unwrap();
-    assert_eq!(s.swap_out_need(2).unwrap(), (3, 5));
-    s.swap_out(2, &mut copies, usize::MAX).unwrap();
-    assert_eq!(copies.len(), 6);
-    s.swap_in(1, &mut copies, usize::MAX).unwrap();
-    s.free(2).unwrap();
-    let st = s.stats();
-    assert_eq!((st.host_pages_free, st.host_pages_cached), (8, 0));
-    s.check().unwrap();
+    for policy in EvictionPolicy::ALL {
+        eprintln!("eviction policy {policy:?}");
+        let mut s = swap_state(false, false, 8, policy);
+        s.begin(1, &toks(0..10), None, usize::MAX, 0).unwrap();
+        s.begin(2, &toks(0..10), None, usize::MAX, 0).unwrap();
+        let mut copies = Vec::new();
+        s.swap_out(1, &mut copies, usize::MAX).unwrap();
+        assert_eq!(s.swap_out_need(2).unwrap(), (3, 5));
+        s.swap_out(2, &mut copies, usize::MAX).unwrap();
+        assert_eq!(copies.len(), 6);
+        s.swap_in(1, &mut copies, usize::MAX).unwrap();
+        s.free(2).unwrap();
+        let st = s.stats();
+        assert_eq!((st.host_pages_free, st.host_pages_cached), (8, 0));
+        s.check().unwrap();
+    }
+}
+
+/// Digests of the full pages of `tokens` (no extra keys), as the index keys them.
+fn digests(tokens: &[i32], ps: usize) -> Vec<u128> {
+    let mut scratch = Vec::new();
+    let mut h = kvshare_core::prefix::root_hash();
+    tokens
+        .chunks_exact(ps)
+        .map(|c| {
+            h = kvshare_core::prefix::chain_hash(h, 0, c, &mut scratch);
+            h
+        })
+        .collect()
+}
+
+/// A prefix promoted from the host tier leaves its host copies behind, released first page first:
+/// in release order the host tier's oldest page is then the chain's head. When the host evicts,
+/// it must take the chain's last page, not the head that the last page needs.
+#[test]
+fn the_host_tier_evicts_a_promoted_chain_from_its_last_page() {
+    for policy in EvictionPolicy::ALL {
+        eprintln!("eviction policy {policy:?}");
+        let mut s = tiered(4, 2, policy);
+        let ab = toks(0..8);
+        let [a, b] = digests(&ab, 4)[..] else {
+            unreachable!()
+        };
+        s.begin(1, &ab, None, usize::MAX, 0).unwrap();
+        s.free(1).unwrap();
+        // Four new pages evict A and B, which are demoted: the host holds both.
+        s.begin(2, &toks(100..116), None, usize::MAX, 0).unwrap();
+        s.free(2).unwrap();
+        // A hit on the host promotes them (their host copies stay cached there, A released
+        // first); the prompt's third page evicts a page of request 2, whose demotion evicts a
+        // host page.
+        let b3 = s.begin(3, &toks(0..9), None, usize::MAX, 0).unwrap();
+        assert_eq!(b3.promoted_pages, 2);
+        assert_eq!(s.stats().counters.host_evictions, 1);
+        s.check().unwrap();
+        let host: Vec<u128> = s
+            .registered_hashes()
+            .into_iter()
+            .filter(|&(t, _, _)| t == Tier::Host)
+            .map(|(_, _, h)| h)
+            .collect();
+        assert!(
+            host.contains(&a) && !host.contains(&b),
+            "{policy:?}: the host evicted A and kept its child B"
+        );
+    }
+}
+
+/// A page a sequence reads once (a long prompt nobody repeats) against a prefix hit again and
+/// again (a system prompt): LRU keeps what was released last, LFU and S3-FIFO what is used.
+#[test]
+fn lfu_and_s3fifo_keep_a_hot_prefix_through_a_scan() {
+    let hot = toks(0..8);
+    for policy in EvictionPolicy::ALL {
+        let mut s = tiered(8, 0, policy);
+        for id in 1..=3 {
+            let mut t = hot.clone();
+            t.push(1000 + id as i32);
+            s.begin(id, &t, None, usize::MAX, 0).unwrap();
+            s.free(id).unwrap();
+        }
+        // Two scans of one-time prompts, each filling the pages the hot prefix leaves.
+        for id in 10..12 {
+            let base = 10_000 * id as i32;
+            s.begin(id, &toks(base..base + 24), None, usize::MAX, 0)
+                .unwrap();
+            s.free(id).unwrap();
+        }
+        let hit = s
+            .begin(99, &hot, None, usize::MAX, 0)
+            .unwrap()
+            .matched_tokens;
+        let kept = match policy {
+            EvictionPolicy::Lru => 0,
+            EvictionPolicy::Lfu | EvictionPolicy::S3Fifo => 8,
+        };
+        assert_eq!(hit, kept, "{policy:?}");
+        s.check().unwrap();
+    }
+}
+
+#[test]
+fn vllm_free_order_takes_lru_only() {
+    for policy in [EvictionPolicy::Lfu, EvictionPolicy::S3Fifo] {
+        let err = State::new(Config {
+            vllm_free_order: true,
+            eviction_policy: policy,
+            ..Config::default()
+        })
+        .unwrap_err();
+        match err {
+            Error::InvalidConfig { field, reason } => {
+                assert_eq!(field, "eviction_policy");
+                assert!(reason.contains("vllm_free_order"), "{reason}");
+            }
+            e => panic!("{e:?}"),
+        }
+    }
+    State::new(Config {
+        vllm_free_order: true,
+        ..Config::default()
+    })
+    .unwrap();
 }
 
 /// A sequence begun with no token (an engine reserving a request's id before its prompt is

@@ -1,14 +1,14 @@
 //! `kvs_cache_*`: creating, inspecting and checking a cache, and the per-step batch builders.
 
 use super::enums::decode;
-use super::enums::{kvs_dtype, kvs_status, kvs_tier};
+use super::enums::{kvs_dtype, kvs_eviction_policy, kvs_status, kvs_tier};
 use super::groups::{groups_from_c, kvs_group};
 use super::handle::{self, Handle};
 use super::panic::guard;
 use super::slice::{slice, slice_mut, try_out, try_ref};
 
 use crate::error::Error;
-use kvshare_core::{Cache, Config, DType, Tier};
+use kvshare_core::{Cache, Config, DType, EvictionPolicy, Tier};
 
 /// A KV-cache manager: page pools (device and host), refcounts, the prefix index and sequences,
 /// for one KV-cache group (a plain model) or several (`kvs_config.groups`: sliding-window,
@@ -128,6 +128,10 @@ pub struct kvs_config {
     /// evicted. Default off: a page with no cached content is always reused before any cached
     /// page is evicted, which keeps more prefixes cached.
     pub vllm_free_order: bool,
+    /// A `kvs_eviction_policy`: which unreferenced cached page of a tier goes first when a page
+    /// is needed, within retention priorities. Default `KVS_EVICTION_POLICY_LRU`; any other
+    /// policy with `vllm_free_order` is `KVS_STATUS_INVALID_CONFIG` naming `eviction_policy`.
+    pub eviction_policy: u32,
     /// The KV-cache groups, in the engine's order: the index of a group here is the `group`
     /// argument of the calls that take one, and `kvs_copy.group` / `kvs_event.group`. NULL with
     /// `num_groups` 0 (the default): one full-attention group of this geometry. Copied by
@@ -212,6 +216,14 @@ impl kvs_config {
                 })
             })?
             .into();
+        let eviction_policy: EvictionPolicy = kvs_eviction_policy::try_from(self.eviction_policy)
+            .map_err(|e| {
+                Error::Cache(kvshare_core::Error::InvalidConfig {
+                    field: "eviction_policy",
+                    reason: e.reason(),
+                })
+            })?
+            .into();
         let groups = groups_from_c(self.groups, self.num_groups)?;
         Ok(Config {
             page_size: self.page_size,
@@ -229,6 +241,7 @@ impl kvs_config {
             enable_events: self.enable_events,
             match_unit: self.match_unit,
             vllm_free_order: self.vllm_free_order,
+            eviction_policy,
             groups,
         })
     }
@@ -251,6 +264,7 @@ impl kvs_config {
             enable_events: c.enable_events,
             match_unit: c.match_unit,
             vllm_free_order: c.vllm_free_order,
+            eviction_policy: kvs_eviction_policy::from(c.eviction_policy) as u32,
             groups: std::ptr::null(),
             num_groups,
         }

@@ -6,7 +6,7 @@
 //! - enum ↔ core type: one `From` per direction that is used.
 
 use crate::error::Error;
-use kvshare_core::{CopyKind, DType, EventKind, PageState, StateMode, Tier};
+use kvshare_core::{CopyKind, DType, EventKind, EvictionPolicy, PageState, StateMode, Tier};
 
 /// Element type of a slot mapping (`kvs_kv_write_args.slot_mapping_type`).
 #[repr(u32)]
@@ -93,6 +93,24 @@ pub enum kvs_state_mode {
     /// checkpoints cached when a step ends on a page boundary (needs `enable_prefix_caching`
     /// true; no lookahead slots).
     Align = 2,
+}
+
+/// The order in which a tier's unreferenced cached pages of one retention priority are
+/// evicted (`kvs_config.eviction_policy`). Every policy is O(1) or O(log n) per operation and
+/// evicts a page only after the pages registered after it in its prefix chain (leaves first).
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum kvs_eviction_policy {
+    /// Least recently released first (the default, and the only policy `vllm_free_order`
+    /// allows).
+    Lru = 0,
+    /// Least frequently used first, with dynamic aging (LFU-DA): a page's count grows with each
+    /// hit and starts from the last evicted page's, so old popularity fades.
+    Lfu = 1,
+    /// S3-FIFO: pages used once pass through a small FIFO, pages hit again live in a main FIFO
+    /// with a second chance, and evicted pages leave ghosts that admit a returning prefix
+    /// straight to the main FIFO.
+    S3Fifo = 2,
 }
 
 /// State of a page (`kvs_page_info.state`).
@@ -249,6 +267,7 @@ try_from_raw!(kvs_group_kind {
     State,
 });
 try_from_raw!(kvs_state_mode { None, All, Align });
+try_from_raw!(kvs_eviction_policy { Lru, Lfu, S3Fifo });
 try_from_raw!(kvs_copy_kind {
     DeviceToDevice,
     DeviceToHost,
@@ -274,6 +293,26 @@ impl From<DType> for kvs_dtype {
             DType::F32 => kvs_dtype::F32,
             DType::F16 => kvs_dtype::F16,
             DType::BF16 => kvs_dtype::Bf16,
+        }
+    }
+}
+
+impl From<kvs_eviction_policy> for EvictionPolicy {
+    fn from(p: kvs_eviction_policy) -> Self {
+        match p {
+            kvs_eviction_policy::Lru => EvictionPolicy::Lru,
+            kvs_eviction_policy::Lfu => EvictionPolicy::Lfu,
+            kvs_eviction_policy::S3Fifo => EvictionPolicy::S3Fifo,
+        }
+    }
+}
+
+impl From<EvictionPolicy> for kvs_eviction_policy {
+    fn from(p: EvictionPolicy) -> Self {
+        match p {
+            EvictionPolicy::Lru => kvs_eviction_policy::Lru,
+            EvictionPolicy::Lfu => kvs_eviction_policy::Lfu,
+            EvictionPolicy::S3Fifo => kvs_eviction_policy::S3Fifo,
         }
     }
 }
@@ -387,7 +426,8 @@ mod tests {
         kvs_tier,
         kvs_copy_kind,
         kvs_backend_kind,
-        kvs_index_type
+        kvs_index_type,
+        kvs_eviction_policy
     );
 
     #[test]
@@ -410,6 +450,14 @@ mod tests {
         round_trip(
             &[kvs_index_type::Int32, kvs_index_type::Int64],
             "kvs_index_type",
+        );
+        round_trip(
+            &[
+                kvs_eviction_policy::Lru,
+                kvs_eviction_policy::Lfu,
+                kvs_eviction_policy::S3Fifo,
+            ],
+            "kvs_eviction_policy",
         );
     }
 

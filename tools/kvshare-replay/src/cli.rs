@@ -6,26 +6,49 @@
 
 use std::ffi::OsString;
 
-use kvshare_core::DType;
+use kvshare_core::{DType, EvictionPolicy};
 use kvshare_replay::model::parse_dtype;
+use kvshare_replay::{Schedule, TraceFormat};
 
 pub const USAGE: &str = "\
-kvshare-replay: replay multi-turn chat (or a JSON Lines trace) through kvshare's cache manager and
-the CPU attention backend, and report KV memory with and without prefix sharing, the ideal,
-prefix hits, evictions, copy-on-write copies and the time spent in the cache manager and in
-attention.
+kvshare-replay: replay multi-turn chat (or a trace) through kvshare's cache manager and the CPU
+attention backend, and report KV memory with and without prefix sharing, the ideal, prefix hits
+(and the offline reference's), evictions, copy-on-write copies and the time spent in the cache
+manager and in attention.
 
 USAGE:
     kvshare-replay [OPTIONS]              (cargo run --release -- [OPTIONS])
 
 WORKLOAD:
-    --trace FILE          replay a JSON Lines trace (shared/design/trace-format.md) instead of the
-                          built-in chat workload; malformed lines are refused before anything runs
+    --trace FILE          replay a trace file instead of the built-in chat workload, read as the
+                          replay goes (every line is checked first; malformed lines are refused
+                          before anything runs)
+    --trace-format F      the trace's format [native]:
+                            native    JSON Lines with token ids (id, session, arrival_ms, prompt,
+                                      output, salt, lora)
+                            mooncake  Mooncake FAST'25 JSON Lines (timestamp ms, input_length,
+                                      output_length, hash_ids of 512-token blocks)
+                            bailian   Alibaba Qwen-Bailian JSON Lines (chat_id, parent_chat_id,
+                                      timestamp s, input_length, output_length, hash_ids of
+                                      16-token blocks); a chat's turns are one conversation
+                            azure     Azure LLM inference 2023/2024 CSV (TIMESTAMP,
+                                      ContextTokens, GeneratedTokens): lengths only
+                            burstgpt  BurstGPT CSV (Timestamp s, Request tokens, Response tokens,
+                                      Session ID if present): lengths only
+                          block ids become fixed token ids, so requests share exactly the blocks
+                          they share in the trace; lengths-only traces share nothing
     --users N             built-in workload: conversations [8]
     --turns N             built-in workload: turns per conversation [10]
     --system-tokens N     built-in workload: shared system prompt tokens [1024]
     --seed N              seed of the built-in workload and of the model's values [42]
-    --dump-trace FILE     write the built-in workload as a trace (first sample of each request) and exit
+    --dump-trace FILE     write the built-in workload (or the --trace) as a native trace (first
+                          sample of each request) and exit
+    --excerpt F           with --dump-trace: write instead a generated excerpt in public format F
+                          (mooncake, bailian, azure, burstgpt) of --requests requests, about
+                          --users conversations at once, one every --gap-ms on average, seeded
+                          by --seed (test data of realistic shapes, never a real trace)
+    --requests N          --excerpt: requests [1000]
+    --gap-ms MS           --excerpt: mean time between arrivals [300]
 
 CACHE AND SCHEDULER:
     --page-size N         tokens per page [16]
@@ -49,6 +72,14 @@ CACHE AND SCHEDULER:
                           mamba_cache_mode all or align) instead of a window; a state page has
                           the attention page's bytes (vLLM pads them equal)
     --full-every K        hybrid model: one full-attention group per K groups [6]
+    --policy P            eviction policy of the cache's cached pages: lru, lfu (with dynamic
+                          aging) or s3fifo [lru]
+    --schedule S          admission order of waiting requests [fcfs]:
+                            fcfs              in the order they joined the queue (a turn joins
+                                              when its previous turn has finished)
+                            session-affinity  turns of conversations that started earlier first
+                          (either way a turn waits for its conversation's previous turn, and a
+                          preempted request goes back first)
     --check               run the cache manager's invariant checker after every step
 
 MODEL (attention for every prefill and decode step):
@@ -65,7 +96,14 @@ MODEL (attention for every prefill and decode step):
 OUTPUT:
     --sweep WHAT          share-ratio: memory saving for shared ratios 10-90% (article 5.1);
                           page-size: saving, time and index size for pages of 8-128 tokens (5.2);
-                          with --match-unit N, each page size above N also runs with unit N
+                          with --match-unit N, each page size above N also runs with unit N;
+                          capacity: prefix hits of every eviction policy and of the offline
+                          reference against device pages (with --host-pages N, also with N host
+                          pages), as a table and a plot (--svg)
+    --capacities LIST     capacity sweep: device page counts, comma-separated [six from the
+                          smallest device that fits the trace to one that never evicts]
+    --no-reference        skip the offline reference (Belady's rule on the run's recorded
+                          accesses; recorded by default for a plain model with whole-page hits)
     --svg PATH            where to write the plot [target/kvshare-replay.svg]
     --json                print the totals as one JSON line on stdout (the report goes to stderr)
     -h, --help            this text
@@ -78,11 +116,20 @@ pub const DEFAULT_DEVICE_TOKENS: u64 = 14336;
 pub enum Sweep {
     ShareRatio,
     PageSize,
+    Capacity,
 }
 
 #[derive(Debug, Clone)]
 pub struct Args {
+    pub excerpt: Option<TraceFormat>,
+    pub requests: usize,
+    pub gap_ms: u64,
     pub trace: Option<String>,
+    pub trace_format: TraceFormat,
+    pub policy: EvictionPolicy,
+    pub schedule: Schedule,
+    pub capacities: Option<Vec<u32>>,
+    pub reference: bool,
     pub users: usize,
     pub turns: usize,
     pub system_tokens: usize,
@@ -118,7 +165,15 @@ pub struct Args {
 impl Default for Args {
     fn default() -> Self {
         Args {
+            excerpt: None,
+            requests: 1000,
+            gap_ms: 300,
             trace: None,
+            trace_format: TraceFormat::Native,
+            policy: EvictionPolicy::Lru,
+            schedule: Schedule::Fcfs,
+            capacities: None,
+            reference: true,
             users: 8,
             turns: 10,
             system_tokens: 1024,
@@ -192,6 +247,46 @@ where
         match flag {
             "-h" | "--help" => a.help = true,
             "--trace" => a.trace = Some(val()?),
+            "--trace-format" => {
+                let v = val()?;
+                a.trace_format = TraceFormat::from_name(&v).ok_or_else(|| {
+                    format!(
+                        "--trace-format: {v:?} is not native, mooncake, bailian, azure or burstgpt"
+                    )
+                })?
+            }
+            "--policy" => {
+                let v = val()?;
+                a.policy = EvictionPolicy::from_name(&v)
+                    .ok_or_else(|| format!("--policy: {v:?} is not lru, lfu or s3fifo"))?
+            }
+            "--schedule" => {
+                let v = val()?;
+                a.schedule = Schedule::from_name(&v)
+                    .ok_or_else(|| format!("--schedule: {v:?} is not fcfs or session-affinity"))?
+            }
+            "--capacities" => {
+                let v = val()?;
+                let list: Result<Vec<u32>, String> = v
+                    .split(',')
+                    .map(|x| num("--capacities", x.trim(), 1))
+                    .collect();
+                a.capacities = Some(list?);
+            }
+            "--no-reference" => a.reference = false,
+            "--excerpt" => {
+                let v = val()?;
+                a.excerpt = match TraceFormat::from_name(&v) {
+                    Some(TraceFormat::Native) | None => {
+                        return Err(format!(
+                            "--excerpt: {v:?} is not mooncake, bailian, azure or burstgpt"
+                        ))
+                    }
+                    f => f,
+                }
+            }
+            "--requests" => a.requests = num(flag, &val()?, 1)?,
+            "--gap-ms" => a.gap_ms = num(flag, &val()?, 0)?,
             "--users" => a.users = num(flag, &val()?, 1)?,
             "--turns" => a.turns = num(flag, &val()?, 1)?,
             "--system-tokens" => a.system_tokens = num(flag, &val()?, 0)?,
@@ -227,7 +322,12 @@ where
                 a.sweep = Some(match val()?.as_str() {
                     "share-ratio" => Sweep::ShareRatio,
                     "page-size" => Sweep::PageSize,
-                    v => return Err(format!("--sweep: {v:?} is not share-ratio or page-size")),
+                    "capacity" => Sweep::Capacity,
+                    v => {
+                        return Err(format!(
+                            "--sweep: {v:?} is not share-ratio, page-size or capacity"
+                        ))
+                    }
                 })
             }
             "--svg" => a.svg = val()?,
@@ -241,6 +341,9 @@ where
             "--full-every" => a.full_every = num(flag, &val()?, 1)?,
             other => return Err(format!("unknown option {other:?} (see --help)")),
         }
+    }
+    if a.excerpt.is_some() && a.dump_trace.is_none() {
+        return Err("--excerpt writes a file: give --dump-trace FILE (see --help)".into());
     }
     if [a.window.is_some(), a.chunk.is_some(), a.state.is_some()]
         .iter()

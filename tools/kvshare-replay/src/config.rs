@@ -1,9 +1,10 @@
 //! The replay's settings ([`ReplayConfig`]) and the check, before anything runs, that every
 //! request fits the device on its own ([`check_fits`]).
 
-use kvshare_core::Config;
+use kvshare_core::{Config, EvictionPolicy, GroupKind, GroupSpec};
 
 use super::model::Geometry;
+use super::requests::Schedule;
 use super::trace::Request;
 
 /// Replay settings.
@@ -33,6 +34,18 @@ pub struct ReplayConfig {
     /// The core's `match_unit`: hits in units of this many tokens (a divisor of the page size;
     /// 0: whole pages). A hit ending inside a page copies its units into a new page.
     pub match_unit: u32,
+    /// The KV-cache groups of a hybrid model (empty: a plain model, one full-attention group).
+    /// With groups, `device_pages` is the pool's page count, the null page included, and a
+    /// request is admitted when its `begin` finds room (vLLM's way), not by the plain model's
+    /// conservative count.
+    pub groups: Vec<GroupKind>,
+    /// The core's eviction policy.
+    pub policy: EvictionPolicy,
+    /// The order in which waiting requests are admitted.
+    pub schedule: Schedule,
+    /// Record what the cache is asked (page keys, holders, room) to compute the offline
+    /// reference ([`super::offline`]) after the run: a plain model with whole-page hits only.
+    pub reference: bool,
 }
 
 impl Default for ReplayConfig {
@@ -48,6 +61,10 @@ impl Default for ReplayConfig {
             skip_cached_writes: true,
             demote_to_host: true,
             match_unit: 0,
+            groups: Vec::new(),
+            policy: EvictionPolicy::Lru,
+            schedule: Schedule::Fcfs,
+            reference: false,
         }
     }
 }
@@ -64,13 +81,51 @@ impl ReplayConfig {
             head_dim: self.geometry.head_dim,
             dtype: self.geometry.dtype,
             enable_prefix_caching: true,
-            reserve_null_page: false,
+            reserve_null_page: !self.groups.is_empty(),
             defer_commit: false,
             skip_cached_writes: self.skip_cached_writes,
             demote_to_host: self.demote_to_host,
             enable_events: false,
             match_unit: self.match_unit,
+            groups: self
+                .groups
+                .iter()
+                .map(|&kind| GroupSpec {
+                    kind,
+                    page_bytes: 0,
+                })
+                .collect(),
+            vllm_free_order: false,
+            eviction_policy: self.policy,
         }
+    }
+
+    /// Groups of the cache (1 for a plain model).
+    pub fn num_groups(&self) -> usize {
+        self.groups.len().max(1)
+    }
+
+    /// Device pages that can hold KV (the null page of a cache of groups excluded).
+    pub fn usable_pages(&self) -> usize {
+        self.device_pages as usize - usize::from(!self.groups.is_empty())
+    }
+
+    /// Pages a request needs at its end with no sharing, plus one of headroom per sample, in
+    /// every group: `lens` are its samples' final lengths.
+    pub fn pages_needed(&self, lens: impl Iterator<Item = usize>) -> usize {
+        let ps = self.page_size as usize;
+        let (mut pages, mut samples) = (0, 0);
+        for l in lens {
+            pages += l.div_ceil(ps);
+            samples += 1;
+        }
+        (pages + samples) * self.num_groups()
+    }
+
+    /// Whether the offline reference can be computed for this configuration (a plain model,
+    /// whole-page hits).
+    pub fn reference_applies(&self) -> bool {
+        self.groups.is_empty() && self.unit() == self.page_size
     }
 
     /// The match unit in tokens (the page size when `match_unit` is 0).
@@ -85,29 +140,51 @@ impl ReplayConfig {
     pub fn page_bytes(&self) -> u64 {
         self.geometry.token_bytes() * self.page_size as u64
     }
+
+    /// Bytes of one page of the cache: a plain model's page, or a group's page of a hybrid
+    /// model (the groups split the layers equally), the unit every page count of a report is in.
+    pub fn cache_page_bytes(&self) -> u64 {
+        self.page_bytes() / self.num_groups() as u64
+    }
 }
 
 /// Checks before anything runs that every request fits the device on its own (at its end, with
 /// no sharing), so the replay can always make progress.
 pub fn check_fits(reqs: &[Request], cfg: &ReplayConfig) -> Result<(), String> {
-    let ps = cfg.page_size as usize;
     for r in reqs {
-        let end: usize = (0..r.outputs.len())
-            .map(|b| r.final_len(b).div_ceil(ps))
-            .sum();
-        let need = end + r.outputs.len();
-        if need > cfg.device_pages as usize {
-            let at = if r.line > 0 {
-                format!("line {}: ", r.line)
-            } else {
-                String::new()
-            };
-            return Err(format!(
-                "{at}request {:?} needs {need} pages of {ps} tokens ({end} at its end plus one of \
-                 headroom per sample) but the device has {} (--device-pages)",
-                r.id, cfg.device_pages
-            ));
-        }
+        let lens: Vec<usize> = (0..r.outputs.len()).map(|b| r.final_len(b)).collect();
+        check_request(&r.id, r.line, &lens, cfg)?;
     }
     Ok(())
+}
+
+/// Refuses request `id` (on trace line `line`, 0: generated) whose samples end with `lens`
+/// tokens when it cannot fit the device on its own.
+pub fn check_request(
+    id: &str,
+    line: usize,
+    lens: &[usize],
+    cfg: &ReplayConfig,
+) -> Result<(), String> {
+    let ps = cfg.page_size as usize;
+    let need = cfg.pages_needed(lens.iter().copied());
+    if need <= cfg.usable_pages() {
+        return Ok(());
+    }
+    let at = if line > 0 {
+        format!("line {line}: ")
+    } else {
+        String::new()
+    };
+    let end = need / cfg.num_groups() - lens.len();
+    let groups = if cfg.groups.is_empty() {
+        String::new()
+    } else {
+        format!(" in each of {} groups", cfg.num_groups())
+    };
+    Err(format!(
+        "{at}request {id:?} needs {need} pages of {ps} tokens ({end} at its end plus one of \
+         headroom per sample{groups}) but the device has {} (--device-pages)",
+        cfg.usable_pages()
+    ))
 }

@@ -9,6 +9,9 @@
 //! * one page per distinct partial tail page, a tail being identified by its request, its
 //!   prefix and its tokens: forked samples of one request share their tail until they diverge,
 //!   but two requests never share a partially filled page (a page is matchable only once full).
+//!
+//! A trie node lives while a live sequence holds it (its id is then reused), so the tracker's
+//! memory follows the live sequences, not the trace.
 
 use std::collections::HashMap;
 
@@ -35,6 +38,10 @@ pub struct IdealTracker {
     nodes: HashMap<(u32, Box<[i32]>), u32>,
     /// Live sequences holding each node (index = node id).
     holders: Vec<u32>,
+    /// Each interned node's key in `nodes` (`None`: a root, or a free id).
+    keys: Vec<Option<(u32, Box<[i32]>)>>,
+    /// Node ids free for reuse.
+    free: Vec<u32>,
     distinct_full: usize,
     /// (request group, parent node, tail tokens) → live sequences holding that tail.
     tails: HashMap<(u64, u32, Box<[i32]>), u32>,
@@ -49,6 +56,8 @@ impl IdealTracker {
             roots: HashMap::new(),
             nodes: HashMap::new(),
             holders: Vec::new(),
+            keys: Vec::new(),
+            free: Vec::new(),
             distinct_full: 0,
             tails: HashMap::new(),
             seqs: HashMap::new(),
@@ -56,7 +65,11 @@ impl IdealTracker {
     }
 
     fn new_node(&mut self) -> u32 {
+        if let Some(n) = self.free.pop() {
+            return n;
+        }
         self.holders.push(0);
+        self.keys.push(None);
         (self.holders.len() - 1) as u32
     }
 
@@ -68,11 +81,17 @@ impl IdealTracker {
         }
     }
 
+    /// Drops a holder; a node nobody holds is forgotten (a sequence holding a node holds its
+    /// parent, so its children go with it, in the same removal).
     fn unhold(&mut self, node: u32) {
         let h = &mut self.holders[node as usize];
         *h -= 1;
         if *h == 0 {
             self.distinct_full -= 1;
+            if let Some(k) = self.keys[node as usize].take() {
+                self.nodes.remove(&k);
+                self.free.push(node);
+            }
         }
     }
 
@@ -81,8 +100,15 @@ impl IdealTracker {
             return n;
         }
         let n = self.new_node();
-        self.nodes.insert((parent, page.into()), n);
+        let key: (u32, Box<[i32]>) = (parent, page.into());
+        self.nodes.insert(key.clone(), n);
+        self.keys[n as usize] = Some(key);
         n
+    }
+
+    /// Trie nodes interned now (tests: the tracker forgets what nobody holds).
+    pub fn interned(&self) -> usize {
+        self.nodes.len()
     }
 
     fn tail_key(&self, t: &Tracked) -> Option<(u64, u32, Box<[i32]>)> {
@@ -205,6 +231,15 @@ mod tests {
         assert_eq!(t.pages(), 5);
         t.remove(2);
         assert_eq!(t.pages(), 3);
+        t.remove(3);
+        t.remove(4);
+        assert_eq!(
+            (t.pages(), t.interned()),
+            (0, 0),
+            "nothing held, nothing kept"
+        );
+        t.insert(5, 5, "", 0, &[1, 2, 3, 4, 5]);
+        assert_eq!((t.pages(), t.interned()), (2, 1));
     }
 
     #[test]

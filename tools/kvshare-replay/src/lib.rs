@@ -3,32 +3,43 @@
 //! and reports memory with and without sharing, the ideal, prefix hits, evictions,
 //! copy-on-write copies and the time spent in the cache manager and in attention.
 //!
-//! * [`trace`]: requests and the JSON Lines trace parser;
+//! * [`trace`]: requests and the native JSON Lines trace; [`formats`]: the public trace formats
+//!   (Mooncake, Bailian, Azure, BurstGPT) and generated excerpts of them; [`source`]: requests
+//!   streamed from a file (or held in memory);
 //! * [`workload`]: the built-in workloads (multi-turn chat; shared-prefix ratio);
-//! * [`config`]: the replay's settings; [`sim`]: the replay loop; [`requests`]: its state of
-//!   each request; [`outcome`]: what it reports; [`ideal`]: the ideal page count, computed
-//!   independently;
+//! * [`config`]: the replay's settings; [`sim`]: the replay loop (plain and hybrid models);
+//!   [`requests`]: its state of each request and the admission queue ([`Schedule`]);
+//!   [`outcome`]: what it reports; [`ideal`]: the ideal page count, computed independently;
+//!   [`offline`]: the offline reference (Belady's rule on the run's recorded accesses);
+//! * [`hybrid`]: a hybrid model's groups and their table;
 //! * [`model`]: the model step behind a small trait ([`model::NoModel`] for `--no-attention`,
 //!   [`cpu_model::CpuModel`] on the CPU attention backend);
-//! * [`report`], [`svg`], [`sweep`]: the table, the plot and the section-5 sweeps.
+//! * [`report`], [`svg`], [`sweep`]: the table, the plots and the sweeps (share ratio, page
+//!   size, capacity).
 
 pub mod config;
 pub mod cpu_model;
+pub mod formats;
 pub mod hybrid;
 pub mod ideal;
 pub mod model;
+pub mod offline;
 pub mod outcome;
 pub mod report;
-mod requests;
+pub mod requests;
 pub mod rng;
 pub mod sim;
+pub mod source;
 pub mod svg;
 pub mod sweep;
 pub mod trace;
 pub mod workload;
 
 pub use config::{check_fits, ReplayConfig};
+pub use formats::TraceFormat;
 pub use model::{Forward, Geometry, Model, NoModel};
-pub use outcome::{Outcome, Progress, RequestStats, StepPages};
-pub use sim::replay;
+pub use outcome::{GroupMemory, Outcome, Progress, Reference, RequestStats, StepPages};
+pub use requests::Schedule;
+pub use sim::{replay, replay_source};
+pub use source::{FileSource, RequestSource, VecSource};
 pub use trace::{parse_trace, Request, TraceError};

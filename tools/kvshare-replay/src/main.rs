@@ -15,9 +15,12 @@ use kvshare_replay::cpu_model::CpuModel;
 use kvshare_replay::model::{Geometry, Model, NoModel};
 use kvshare_replay::report::{format_report, json_totals};
 use kvshare_replay::sweep;
-use kvshare_replay::trace::{parse_trace, to_jsonl, Request};
+use kvshare_replay::trace::{to_jsonl, Request};
 use kvshare_replay::workload::ChatWorkload;
-use kvshare_replay::{replay, Progress, ReplayConfig};
+use kvshare_replay::{
+    replay_source, FileSource, Outcome, Progress, ReplayConfig, RequestSource, TraceFormat,
+    VecSource,
+};
 
 use cli::{Args, Sweep};
 
@@ -32,9 +35,9 @@ fn workload(a: &Args) -> ChatWorkload {
     }
 }
 
-fn load_trace(path: &str) -> Result<Vec<Request>, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"))?;
-    parse_trace(&text).map_err(|errs| {
+/// Opens the trace file, checking every line first.
+fn open_trace(a: &Args, path: &str) -> Result<FileSource, String> {
+    FileSource::open(path, a.trace_format).map_err(|errs| {
         let mut s = format!(
             "{path}: refused, {} bad line{} (nothing was run):",
             errs.len(),
@@ -48,6 +51,35 @@ fn load_trace(path: &str) -> Result<Vec<Request>, String> {
         }
         s
     })
+}
+
+/// What the trace's reading noticed, as a sentence (empty when nothing).
+fn notes(src: &FileSource) -> String {
+    let n = &src.notes;
+    let mut parts = Vec::new();
+    if n.empty_prompts > 0 {
+        parts.push(format!(
+            "{} rows without prompt tokens skipped",
+            n.empty_prompts
+        ));
+    }
+    if n.reordered > 0 {
+        parts.push(format!(
+            "{} requests timed before their predecessor replayed at its time",
+            n.reordered
+        ));
+    }
+    if n.ids_mismatch > 0 {
+        parts.push(format!(
+            "{} requests whose hash_ids do not cover input_length exactly (uncovered tokens are their own)",
+            n.ids_mismatch
+        ));
+    }
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", parts.join("; "))
+    }
 }
 
 fn config(a: &Args) -> ReplayConfig {
@@ -68,6 +100,10 @@ fn config(a: &Args) -> ReplayConfig {
         skip_cached_writes: a.skip_cached_writes,
         demote_to_host: a.demote_to_host,
         match_unit: a.match_unit,
+        groups: Vec::new(),
+        policy: a.policy,
+        schedule: a.schedule,
+        reference: a.reference,
     }
 }
 
@@ -119,12 +155,16 @@ fn write_svg(path: &str, svg: &str) -> Result<String, String> {
         .unwrap_or_else(|_| path.to_string()))
 }
 
-/// `--window` / `--chunk`: the hybrid model and the full-attention model of the same size, in
-/// one run, on the same requests and the same bytes of KV.
-fn run_hybrid(a: &Args, reqs: &[kvshare_replay::Request], what: &str) -> Result<(), String> {
-    use kvshare_core::groups::GroupKind;
-    use kvshare_core::groups::StateMode;
-    use kvshare_replay::hybrid::{format_hybrid, hybrid_kinds, replay_groups, HybridReplayConfig};
+/// `--window` / `--chunk` / `--state`: the hybrid model and the full-attention model of the same
+/// size, in one run, on the same requests and the same bytes of KV, through the same loop.
+fn run_hybrid(
+    a: &Args,
+    src: &mut dyn RequestSource,
+    what: &str,
+    human: &mut dyn std::io::Write,
+) -> Result<(), String> {
+    use kvshare_core::{GroupKind, StateMode};
+    use kvshare_replay::hybrid::{format_hybrid, hybrid_configs, hybrid_kinds};
     let local = match (a.window, a.chunk, a.state.as_deref()) {
         (Some(w), _, _) => GroupKind::SlidingWindow(w),
         (_, Some(c), _) => GroupKind::ChunkedLocal(c),
@@ -133,186 +173,300 @@ fn run_hybrid(a: &Args, reqs: &[kvshare_replay::Request], what: &str) -> Result<
         _ => unreachable!("checked by the caller"),
     };
     let kinds = hybrid_kinds(local, a.full_every);
-    let k = kinds.len() as u32;
-    let pages = a.device_pages();
-    let base = HybridReplayConfig {
-        kinds: vec![GroupKind::Full],
-        page_size: a.page_size,
-        num_pages: pages + 1,
-        concurrency: a.concurrency,
-        step_ms: a.step_ms,
-        check: a.check,
+    let k = kinds.len();
+    let base = ReplayConfig {
+        reference: false,
+        ..config(a)
     };
-    let hybrid = HybridReplayConfig {
-        kinds,
-        num_pages: pages
-            .checked_mul(k)
-            .and_then(|p| p.checked_add(1))
-            .ok_or("--device-pages too large")?,
-        ..base.clone()
-    };
-    println!(
-        "kvshare-replay: {what}\nhybrid: {k} groups ({local:?} x {}, full x 1), {} pages of {} tokens per group page; full model: {} pages (same bytes)\n",
+    let (full, hybrid) = hybrid_configs(&base, kinds)?;
+    let _ = write!(
+        human,
+        "kvshare-replay: {what}\nhybrid: {k} groups ({local:?} x {}, full x 1), {} pages of {} tokens per group page; full model: {} pages (same bytes); policy {}, schedule {}\n\n",
         k - 1,
-        hybrid.num_pages - 1,
+        hybrid.device_pages - 1,
         a.page_size,
-        pages
+        full.device_pages - 1,
+        a.policy.name(),
+        a.schedule.name()
     );
-    let full = replay_groups(reqs, &base)?;
-    let hy = replay_groups(reqs, &hybrid)?;
-    print!("{}", format_hybrid(&hy, &full, a.page_size));
+    let pb = bar(src.len() as u64, "full");
+    let f = replay_source(src, &full, &mut NoModel, &mut |p| tick(&pb, p));
+    pb.finish_and_clear();
+    let f = f?;
+    src.rewind()?;
+    let pb = bar(src.len() as u64, "hybrid");
+    let hy = replay_source(src, &hybrid, &mut NoModel, &mut |p| tick(&pb, p));
+    pb.finish_and_clear();
+    let hy = hy?;
+    let _ = human.write_all(format_report(&hy, &hybrid, false, None).as_bytes());
+    let _ = writeln!(human);
+    let _ = human.write_all(format_hybrid(&hy, &f).as_bytes());
+    let _ = human.flush();
     if a.json {
         println!(
-            "{{\"hybrid_mean_model_pages\":{:.2},\"full_mean_model_pages\":{:.2},\"hybrid_peak_model_pages\":{:.2},\"full_peak_model_pages\":{:.2}}}",
-            hy.mean_model_pages(),
-            full.mean_model_pages(),
-            hy.peak_model_pages(),
-            full.peak_model_pages()
+            "{}",
+            serde_json::json!({
+                "hybrid": json_totals(&hy, &hybrid, false, None),
+                "full": json_totals(&f, &full, false, None),
+                "hybrid_mean_model_pages": hy.mean_model_pages(),
+                "full_mean_model_pages": f.mean_model_pages(),
+                "hybrid_peak_model_pages": hy.peak_model_pages(),
+                "full_peak_model_pages": f.peak_model_pages(),
+            })
         );
     }
     Ok(())
 }
 
+/// One replay, its report, the plot and the JSON line.
+fn run_one(
+    a: &Args,
+    src: &mut dyn RequestSource,
+    what: &str,
+    human: &mut dyn std::io::Write,
+) -> Result<(), String> {
+    let cfg = config(a);
+    let mut model = make_model(a, &cfg)?;
+    let attention = model.describe();
+    let _ = write!(
+        human,
+        "kvshare-replay: {what}\ncache: {} device pages of {} tokens, match unit {} ({:.1} MiB of KV, {} KiB per page), {} host pages, concurrency {}, simulated step {} ms\nmodel: {attention}\n\n",
+        cfg.device_pages,
+        cfg.page_size,
+        cfg.unit(),
+        (cfg.device_pages as u64 * cfg.page_bytes()) as f64 / (1u64 << 20) as f64,
+        cfg.page_bytes() / 1024,
+        cfg.host_pages,
+        cfg.concurrency,
+        cfg.step_ms
+    );
+    let _ = human.flush();
+    let pb = bar(src.len() as u64, "replay");
+    let out = replay_source(src, &cfg, model.as_mut(), &mut |p| tick(&pb, p));
+    pb.finish_and_clear();
+    let out = out?;
+    let title = format!(
+        "kvshare-replay: device pages in use ({} requests, {}-token pages)",
+        out.requests.len(),
+        cfg.page_size
+    );
+    let svg = kvshare_replay::svg::plot(&out.per_step, &title, cfg.device_pages);
+    let svg_path = write_svg(&a.svg, &svg)?;
+    let _ = human.write_all(format_report(&out, &cfg, a.attention, Some(&svg_path)).as_bytes());
+    let _ = human.flush();
+    if a.json {
+        println!("{}", json_totals(&out, &cfg, a.attention, Some(&svg_path)));
+    }
+    Ok(())
+}
+
+/// Device pages of the capacity sweep: `--capacities`, or six from the trace's longest request
+/// plus two pages per running request to a device that never evicts (every distinct page of the
+/// trace, plus the longest request per running request).
+fn capacities(a: &Args, src: &mut dyn RequestSource) -> Result<Vec<u32>, String> {
+    if let Some(c) = &a.capacities {
+        return Ok(c.clone());
+    }
+    let ps = a.page_size as usize;
+    let longest = src.sizes().longest.div_ceil(ps);
+    let lo = longest + 2 * a.concurrency;
+    let hi = sweep::distinct_pages(src, a.page_size)? + a.concurrency * longest;
+    let clamp = |x: usize| x.min(kvshare_core::config::MAX_PAGES as usize) as u32;
+    Ok(sweep::default_capacities(clamp(lo), clamp(hi.max(lo))))
+}
+
+fn run_sweep(
+    a: &Args,
+    which: &Sweep,
+    src: &mut dyn RequestSource,
+    what: &str,
+    human: &mut dyn std::io::Write,
+) -> Result<(), String> {
+    let cfg = config(a);
+    let mut factory = |c: &ReplayConfig| make_model(a, c);
+    let caps = if *which == Sweep::Capacity {
+        capacities(a, src)?
+    } else {
+        Vec::new()
+    };
+    let total_runs = match which {
+        Sweep::ShareRatio => 5,
+        Sweep::PageSize => {
+            sweep::page_size_configs(&cfg, cfg.device_pages as u64 * cfg.page_size as u64).len()
+                as u64
+        }
+        Sweep::Capacity => {
+            (caps.len() * kvshare_core::EvictionPolicy::ALL.len()) as u64
+                * if cfg.host_pages > 0 { 2 } else { 1 }
+        }
+    };
+    let pb = bar(total_runs, "sweep");
+    pb.set_style(
+        ProgressStyle::with_template("{prefix} [{bar:40}] run {pos}/{len}, {msg} ({elapsed})")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    let mut prog = |k: usize, p: Progress| {
+        if p.step.is_multiple_of(64) || p.done == p.total {
+            pb.set_position(k as u64);
+            pb.set_message(format!("{}/{} requests", p.done, p.total));
+        }
+    };
+    let (text, runs): (String, Vec<serde_json::Value>) = match which {
+        Sweep::ShareRatio => {
+            let rows = sweep::share_ratio(&cfg, 16, 1024, 64, a.seed, &mut factory, &mut prog);
+            pb.finish_and_clear();
+            let rows = rows?;
+            (
+                format!(
+                    "kvshare-replay --sweep share-ratio: 16 concurrent requests of 1024 tokens (960 prompt + 64 output), the first share% of them common; {}-token pages, match unit {}\n\n{}",
+                    cfg.page_size,
+                    cfg.unit(),
+                    sweep::format_share_ratio(&rows)
+                ),
+                rows.iter().map(|r| row_json(a, &r.out, &r.cfg, r.value)).collect(),
+            )
+        }
+        Sweep::PageSize => {
+            let device_tokens = cfg.device_pages as u64 * cfg.page_size as u64;
+            let rows = sweep::page_size(&cfg, src, device_tokens, &mut factory, &mut prog);
+            pb.finish_and_clear();
+            let rows = rows?;
+            (
+                format!(
+                    "kvshare-replay --sweep page-size: {what}; device memory {device_tokens} tokens for every page size\n\n{}",
+                    sweep::format_page_size(&rows)
+                ),
+                rows.iter().map(|r| row_json(a, &r.out, &r.cfg, r.value)).collect(),
+            )
+        }
+        Sweep::Capacity => {
+            let mut none = |_: &ReplayConfig| Ok(Box::new(NoModel) as Box<dyn Model>);
+            let points = sweep::capacity(&cfg, src, &caps, &mut none, &mut prog);
+            pb.finish_and_clear();
+            let points = points?;
+            let title = format!(
+                "kvshare-replay: prefix hits against capacity ({} requests, {}-token pages)",
+                src.len(),
+                cfg.page_size
+            );
+            let svg_path = write_svg(&a.svg, &sweep::plot_capacity(&points, &title))?;
+            let mut runs = Vec::new();
+            for p in &points {
+                for (policy, out) in &p.runs {
+                    let c = ReplayConfig {
+                        device_pages: p.device_pages,
+                        host_pages: p.host_pages,
+                        policy: *policy,
+                        ..cfg.clone()
+                    };
+                    let mut v = row_json(a, out, &c, p.device_pages);
+                    v["reference_hit_tokens"] = p.reference.hit_tokens.into();
+                    v["under_pressure"] = p.under_pressure().into();
+                    v["schedules_agree"] = p.schedules_agree().into();
+                    runs.push(v);
+                }
+            }
+            (
+                format!(
+                    "kvshare-replay --sweep capacity: {what}; {}-token pages, concurrency {}, schedule {}; prefix hits as % of prompt tokens; offline: Belady's rule on the same requests (an upper bound: see the docs)\n\n{}plot: {svg_path}\n",
+                    cfg.page_size,
+                    cfg.concurrency,
+                    cfg.schedule.name(),
+                    sweep::format_capacity(&points)
+                ),
+                runs,
+            )
+        }
+    };
+    let _ = human.write_all(text.as_bytes());
+    let _ = human.flush();
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({"sweep": format!("{which:?}"), "runs": runs})
+        );
+    }
+    Ok(())
+}
+
+fn row_json(a: &Args, out: &Outcome, cfg: &ReplayConfig, value: u32) -> serde_json::Value {
+    let mut v = json_totals(out, cfg, a.attention, None);
+    v["value"] = value.into();
+    v
+}
+
+/// `--excerpt F --dump-trace FILE`: a generated excerpt in a public format.
+fn write_excerpt(a: &Args, format: TraceFormat, path: &str) -> Result<(), String> {
+    use kvshare_replay::formats::excerpt;
+    let text = match format {
+        TraceFormat::Mooncake => excerpt::mooncake(a.requests, a.users, a.gap_ms, 24_000, a.seed),
+        TraceFormat::Bailian => excerpt::bailian(a.requests, a.users, a.gap_ms, a.seed),
+        TraceFormat::Azure => excerpt::azure(a.requests, a.gap_ms, true, a.seed),
+        TraceFormat::BurstGpt => excerpt::burstgpt(a.requests, a.gap_ms, true, a.seed),
+        TraceFormat::Native => unreachable!("refused by the parser"),
+    };
+    std::fs::write(path, text).map_err(|e| format!("cannot write {path}: {e}"))?;
+    println!(
+        "wrote a generated {} excerpt of {} requests to {path}",
+        format.name(),
+        a.requests
+    );
+    Ok(())
+}
+
 fn run(a: &Args) -> Result<(), String> {
-    let (reqs, what) = match &a.trace {
+    if let (Some(f), Some(path)) = (a.excerpt, &a.dump_trace) {
+        return write_excerpt(a, f, path);
+    }
+    let generated: Vec<Request>;
+    let mut file: FileSource;
+    let mut mem: VecSource;
+    let (src, what): (&mut dyn RequestSource, String) = match &a.trace {
         Some(path) => {
-            let r = load_trace(path)?;
-            let what = format!("trace {path}: {} requests", r.len());
-            (r, what)
+            file = open_trace(a, path)?;
+            let what = format!(
+                "trace {path} ({} format): {} requests{}",
+                file.format().name(),
+                file.len(),
+                notes(&file)
+            );
+            (&mut file, what)
         }
         None => {
             let w = workload(a);
-            (w.generate(), w.describe())
+            generated = w.generate();
+            mem = VecSource::new(&generated);
+            (&mut mem, w.describe())
         }
     };
     if let Some(path) = &a.dump_trace {
-        std::fs::write(path, to_jsonl(&reqs)).map_err(|e| format!("cannot write {path}: {e}"))?;
-        println!("wrote {} requests to {path}", reqs.len());
+        let mut f = std::io::BufWriter::new(
+            std::fs::File::create(path).map_err(|e| format!("cannot write {path}: {e}"))?,
+        );
+        let mut n = 0;
+        while let Some(r) = src.next_request()? {
+            f.write_all(to_jsonl(std::slice::from_ref(&r)).as_bytes())
+                .map_err(|e| format!("cannot write {path}: {e}"))?;
+            n += 1;
+        }
+        f.flush().map_err(|e| format!("cannot write {path}: {e}"))?;
+        println!("wrote {n} requests to {path}");
         return Ok(());
     }
-    if a.window.is_some() || a.chunk.is_some() || a.state.is_some() {
-        return run_hybrid(a, &reqs, &what);
-    }
-    let cfg = config(a);
     // With --json the human report goes to stderr and stdout carries the JSON line alone.
     let mut human: Box<dyn std::io::Write> = if a.json {
         Box::new(std::io::stderr())
     } else {
         Box::new(std::io::stdout())
     };
-    let say = |h: &mut Box<dyn std::io::Write>, s: &str| {
-        let _ = h.write_all(s.as_bytes());
-        let _ = h.flush();
-    };
-    match &a.sweep {
-        None => {
-            let mut model = make_model(a, &cfg)?;
-            let attention = model.describe();
-            say(
-                &mut human,
-                &format!(
-                    "kvshare-replay: {what}\ncache: {} device pages of {} tokens, match unit {} ({:.1} MiB of KV, {} KiB per page), {} host pages, concurrency {}, simulated step {} ms\nmodel: {attention}\n\n",
-                    cfg.device_pages,
-                    cfg.page_size,
-                    cfg.unit(),
-                    (cfg.device_pages as u64 * cfg.page_bytes()) as f64 / (1u64 << 20) as f64,
-                    cfg.page_bytes() / 1024,
-                    cfg.host_pages,
-                    cfg.concurrency,
-                    cfg.step_ms
-                ),
-            );
-            let pb = bar(reqs.len() as u64, "replay");
-            let out = replay(&reqs, &cfg, model.as_mut(), &mut |p| tick(&pb, p));
-            pb.finish_and_clear();
-            let out = out?;
-            let title = format!(
-                "kvshare-replay: device pages in use ({} requests, {}-token pages)",
-                reqs.len(),
-                cfg.page_size
-            );
-            let svg = kvshare_replay::svg::plot(&out.per_step, &title, cfg.device_pages);
-            let svg_path = write_svg(&a.svg, &svg)?;
-            say(
-                &mut human,
-                &format_report(&out, &cfg, a.attention, Some(&svg_path)),
-            );
-            if a.json {
-                println!("{}", json_totals(&out, &cfg, a.attention, Some(&svg_path)));
-            }
-        }
-        Some(which) => {
-            let mut factory = |c: &ReplayConfig| make_model(a, c);
-            let total_runs = match which {
-                Sweep::ShareRatio => 5,
-                Sweep::PageSize => {
-                    sweep::page_size_configs(&cfg, cfg.device_pages as u64 * cfg.page_size as u64)
-                        .len() as u64
-                }
-            };
-            let pb = bar(total_runs, "sweep");
-            pb.set_style(
-                ProgressStyle::with_template(
-                    "{prefix} [{bar:40}] run {pos}/{len}, {msg} ({elapsed})",
-                )
-                .expect("valid template")
-                .progress_chars("=> "),
-            );
-            let mut prog = |k: usize, p: Progress| {
-                if p.step.is_multiple_of(64) || p.done == p.total {
-                    pb.set_position(k as u64);
-                    pb.set_message(format!("{}/{} requests", p.done, p.total));
-                }
-            };
-            let (text, rows) = match which {
-                Sweep::ShareRatio => {
-                    let rows =
-                        sweep::share_ratio(&cfg, 16, 1024, 64, a.seed, &mut factory, &mut prog);
-                    pb.finish_and_clear();
-                    let rows = rows?;
-                    (
-                        format!(
-                            "kvshare-replay --sweep share-ratio: 16 concurrent requests of 1024 tokens (960 prompt + 64 output), the first share% of them common; {}-token pages, match unit {}\n\n{}",
-                            cfg.page_size,
-                            cfg.unit(),
-                            sweep::format_share_ratio(&rows)
-                        ),
-                        rows,
-                    )
-                }
-                Sweep::PageSize => {
-                    let device_tokens = cfg.device_pages as u64 * cfg.page_size as u64;
-                    let rows =
-                        sweep::page_size(&cfg, &reqs, device_tokens, &mut factory, &mut prog);
-                    pb.finish_and_clear();
-                    let rows = rows?;
-                    (
-                        format!(
-                            "kvshare-replay --sweep page-size: {what}; device memory {device_tokens} tokens for every page size\n\n{}",
-                            sweep::format_page_size(&rows)
-                        ),
-                        rows,
-                    )
-                }
-            };
-            say(&mut human, &text);
-            if a.json {
-                let runs: Vec<_> = rows
-                    .iter()
-                    .map(|r| {
-                        let mut v = json_totals(&r.out, &r.cfg, a.attention, None);
-                        v["value"] = r.value.into();
-                        v
-                    })
-                    .collect();
-                println!(
-                    "{}",
-                    serde_json::json!({"sweep": format!("{which:?}"), "runs": runs})
-                );
-            }
-        }
+    if a.window.is_some() || a.chunk.is_some() || a.state.is_some() {
+        return run_hybrid(a, src, &what, human.as_mut());
     }
-    Ok(())
+    match &a.sweep {
+        None => run_one(a, src, &what, human.as_mut()),
+        Some(which) => run_sweep(a, which, src, &what, human.as_mut()),
+    }
 }
 
 fn main() -> ExitCode {

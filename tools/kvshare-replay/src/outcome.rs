@@ -1,7 +1,9 @@
-//! What a replay reports: pages in use per step ([`StepPages`]), per-request results
-//! ([`RequestStats`]), the whole run ([`Outcome`]) and progress while it runs ([`Progress`]).
+//! What a replay reports: pages in use per step ([`StepPages`]) and their peaks and means
+//! ([`Series`]), per-request results ([`RequestStats`]), per KV-cache group ([`GroupMemory`]),
+//! the offline reference ([`Reference`]), the whole run ([`Outcome`]) and progress while it runs
+//! ([`Progress`]).
 
-use kvshare_core::Stats;
+use kvshare_core::{GroupKind, Stats};
 
 /// Pages in use after one step (one point of the memory plot).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -22,6 +24,126 @@ pub struct StepPages {
     pub running: u32,
 }
 
+impl StepPages {
+    /// One point for two: each count's larger value, the later point's step and time.
+    pub fn merge(&self, later: &StepPages) -> StepPages {
+        StepPages {
+            step: later.step,
+            time_ms: later.time_ms,
+            kvshare: self.kvshare.max(later.kvshare),
+            no_sharing: self.no_sharing.max(later.no_sharing),
+            ideal: self.ideal.max(later.ideal),
+            cached: self.cached.max(later.cached),
+            running: self.running.max(later.running),
+        }
+    }
+}
+
+/// Peak and mean of the three page series over every step.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Series {
+    /// Peak without sharing.
+    pub no_sharing_peak: u32,
+    /// Peak of kvshare.
+    pub kvshare_peak: u32,
+    /// Peak of the ideal.
+    pub ideal_peak: u32,
+    /// Mean without sharing (over steps).
+    pub no_sharing_avg: f64,
+    /// Mean of kvshare.
+    pub kvshare_avg: f64,
+    /// Mean of the ideal.
+    pub ideal_avg: f64,
+    /// Steps counted.
+    pub steps: u64,
+    sums: [u64; 3],
+}
+
+impl Series {
+    /// Counts one step.
+    pub fn add(&mut self, p: &StepPages) {
+        self.no_sharing_peak = self.no_sharing_peak.max(p.no_sharing);
+        self.kvshare_peak = self.kvshare_peak.max(p.kvshare);
+        self.ideal_peak = self.ideal_peak.max(p.ideal);
+        self.steps += 1;
+        for (s, v) in self.sums.iter_mut().zip([p.no_sharing, p.kvshare, p.ideal]) {
+            *s += v as u64;
+        }
+        let n = self.steps as f64;
+        self.no_sharing_avg = self.sums[0] as f64 / n;
+        self.kvshare_avg = self.sums[1] as f64 / n;
+        self.ideal_avg = self.sums[2] as f64 / n;
+    }
+}
+
+/// Memory of one KV-cache group over the replay (a plain model: its one full-attention group,
+/// whose pages are the device pages in use).
+#[derive(Debug, Clone, PartialEq)]
+pub struct GroupMemory {
+    /// The group's kind.
+    pub kind: GroupKind,
+    /// Most distinct pages its tables held in one step.
+    pub peak_pages: u64,
+    /// Mean over steps of the distinct pages held.
+    pub mean_pages: f64,
+    /// Most pages the ideal needed in one step.
+    pub ideal_peak: u64,
+    /// Mean over steps of the ideal.
+    pub ideal_mean: f64,
+    /// Pages released out of the window (or chunk, or as stale states) over the replay.
+    pub released: u64,
+    steps: u64,
+    sums: [u64; 2],
+}
+
+impl GroupMemory {
+    /// A group of `kind` before the first step.
+    pub fn new(kind: GroupKind) -> Self {
+        GroupMemory {
+            kind,
+            peak_pages: 0,
+            mean_pages: 0.0,
+            ideal_peak: 0,
+            ideal_mean: 0.0,
+            released: 0,
+            steps: 0,
+            sums: [0; 2],
+        }
+    }
+
+    /// Counts one step: `held` distinct pages, the ideal's `ideal`, `released` so far.
+    pub fn record(&mut self, held: u64, ideal: u64, released: u64) {
+        self.peak_pages = self.peak_pages.max(held);
+        self.ideal_peak = self.ideal_peak.max(ideal);
+        self.released = released;
+        self.steps += 1;
+        self.sums[0] += held;
+        self.sums[1] += ideal;
+        self.mean_pages = self.sums[0] as f64 / self.steps as f64;
+        self.ideal_mean = self.sums[1] as f64 / self.steps as f64;
+    }
+}
+
+/// The offline reference of a run ([`super::offline`]): the hits Belady's rule gets on the same
+/// requests with the same room.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reference {
+    /// Prompt tokens hit.
+    pub hit_tokens: u64,
+    /// Pages hit.
+    pub hit_pages: u64,
+    /// Pages evicted.
+    pub evictions: u64,
+    /// Tokens hit by the model's LRU on the same log (a cross-check against the core's LRU).
+    pub lru_model_hit_tokens: u64,
+    /// Events recorded.
+    pub events: u64,
+    /// Distinct page contents seen.
+    pub distinct_pages: u64,
+    /// Bytes the log took.
+    pub log_bytes: u64,
+}
+
 /// What one request did.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RequestStats {
@@ -35,7 +157,8 @@ pub struct RequestStats {
     pub prompt_tokens: usize,
     /// Generated tokens over all samples.
     pub output_tokens: usize,
-    /// Pages it would hold at its end with no sharing (each sample its own copy).
+    /// Pages it would hold at its end with no sharing (each sample its own copy; in a cache of
+    /// groups, in every group).
     pub no_reuse_pages: u64,
     /// Pages the cache manager allocated for it (prefix hits and forked pages excluded;
     /// copy-on-write copies, swap-in copies and recomputation after preemption included).
@@ -65,8 +188,17 @@ pub struct RequestStats {
 pub struct Outcome {
     /// Per request, in trace order.
     pub requests: Vec<RequestStats>,
-    /// Pages in use, one entry per step.
+    /// Pages in use, one point per step (up to a bound: beyond it, each point is the maximum of
+    /// consecutive steps, see `sim.rs`).
     pub per_step: Vec<StepPages>,
+    /// Peaks and means of the page series over every step.
+    pub series: Series,
+    /// Per KV-cache group (one for a plain model).
+    pub groups: Vec<GroupMemory>,
+    /// The offline reference, when recorded.
+    pub reference: Option<Reference>,
+    /// Most requests in flight (arrived, not finished) at once.
+    pub peak_live: u64,
     /// Cache-manager stats at the end.
     pub final_stats: Stats,
     /// Steps run.
@@ -101,6 +233,59 @@ pub struct Outcome {
     pub copy_ns: u64,
     /// Wall time of the whole replay.
     pub wall_ns: u64,
+}
+
+impl Outcome {
+    /// A replay of a cache of `kinds` groups before its first step.
+    pub fn new(final_stats: Stats, kinds: &[GroupKind]) -> Self {
+        Outcome {
+            requests: Vec::new(),
+            per_step: Vec::new(),
+            series: Series::default(),
+            groups: kinds.iter().map(|&k| GroupMemory::new(k)).collect(),
+            reference: None,
+            peak_live: 0,
+            final_stats,
+            steps: 0,
+            sim_ms: 0.0,
+            gap_steps: 0,
+            max_gap: 0,
+            min_gap: 0,
+            first_gap_step: None,
+            swaps: 0,
+            recomputes: 0,
+            peak_block_entries: 0,
+            peak_index_entries: 0,
+            mgr_ns: 0,
+            mgr_calls: 0,
+            prefill_ns: 0,
+            decode_ns: 0,
+            copy_ns: 0,
+            wall_ns: 0,
+        }
+    }
+
+    /// Prompt tokens hit, over all requests.
+    pub fn hit_tokens(&self) -> u64 {
+        self.requests.iter().map(|r| r.hit_tokens).sum()
+    }
+
+    /// Prompt tokens looked up, over all requests.
+    pub fn query_tokens(&self) -> u64 {
+        self.requests.iter().map(|r| r.query_tokens).sum()
+    }
+
+    /// Mean over steps of the summed per-group distinct pages, weighted by each group's share
+    /// of layers (1 / groups): the memory in full-model pages (pages of every layer).
+    pub fn mean_model_pages(&self) -> f64 {
+        self.groups.iter().map(|g| g.mean_pages).sum::<f64>() / self.groups.len().max(1) as f64
+    }
+
+    /// The same at the peak step of each group (an upper bound of the peak of the sum).
+    pub fn peak_model_pages(&self) -> f64 {
+        self.groups.iter().map(|g| g.peak_pages as f64).sum::<f64>()
+            / self.groups.len().max(1) as f64
+    }
 }
 
 /// Progress of a running replay.

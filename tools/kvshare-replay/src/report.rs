@@ -9,6 +9,7 @@ use std::fmt::Write as _;
 
 use serde_json::{json, Value};
 
+pub use super::outcome::Series;
 use super::{Outcome, ReplayConfig};
 
 /// Aggregates of the requests of one turn index (or of all of them).
@@ -135,36 +136,9 @@ pub fn total_row(rows: &[TurnRow]) -> TurnRow {
     t
 }
 
-/// Peak and mean of the three page series.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Series {
-    /// Peak without sharing.
-    pub no_sharing_peak: u32,
-    /// Peak of kvshare.
-    pub kvshare_peak: u32,
-    /// Peak of the ideal.
-    pub ideal_peak: u32,
-    /// Mean without sharing (over steps).
-    pub no_sharing_avg: f64,
-    /// Mean of kvshare.
-    pub kvshare_avg: f64,
-    /// Mean of the ideal.
-    pub ideal_avg: f64,
-}
-
 /// Peaks and means of the sampled series.
 pub fn series(out: &Outcome) -> Series {
-    let n = out.per_step.len().max(1) as f64;
-    let mut s = Series::default();
-    for x in &out.per_step {
-        s.no_sharing_peak = s.no_sharing_peak.max(x.no_sharing);
-        s.kvshare_peak = s.kvshare_peak.max(x.kvshare);
-        s.ideal_peak = s.ideal_peak.max(x.ideal);
-        s.no_sharing_avg += x.no_sharing as f64 / n;
-        s.kvshare_avg += x.kvshare as f64 / n;
-        s.ideal_avg += x.ideal as f64 / n;
-    }
-    s
+    out.series
 }
 
 fn mib(pages: u64, page_bytes: u64) -> f64 {
@@ -176,13 +150,13 @@ pub fn ideal_verdict(out: &Outcome) -> String {
     if out.gap_steps == 0 {
         format!(
             "kvshare == ideal at every one of the {} steps",
-            out.per_step.len()
+            out.series.steps
         )
     } else {
         format!(
             "kvshare != ideal at {} of {} steps (first at step {}; kvshare - ideal from {:+} to {:+} pages)",
             out.gap_steps,
-            out.per_step.len(),
+            out.series.steps,
             out.first_gap_step.unwrap_or(0),
             out.min_gap,
             out.max_gap
@@ -197,7 +171,7 @@ pub fn format_report(
     attention: bool,
     svg: Option<&str>,
 ) -> String {
-    let pb = cfg.page_bytes();
+    let pb = cfg.cache_page_bytes();
     let rows = turn_rows(out);
     let tot = total_row(&rows);
     let mut s = String::new();
@@ -274,6 +248,22 @@ pub fn format_report(
     );
     let _ = writeln!(
         s,
+        "eviction policy {}, schedule {}{}",
+        cfg.policy.name(),
+        cfg.schedule.name(),
+        match &out.reference {
+            Some(r) => format!(
+                "; offline reference (Belady) at this capacity: {} hit tokens ({:.1}%): {} reaches {:.1}% of it",
+                r.hit_tokens,
+                pct(r.hit_tokens as f64, tot.query_tokens as f64),
+                cfg.policy.name(),
+                pct(tot.hit_tokens as f64, r.hit_tokens as f64)
+            ),
+            None => String::new(),
+        }
+    );
+    let _ = writeln!(
+        s,
         "device {} pages, host {}: evictions {}, copy-on-write copies {}, preemptions {} ({} swapped, {} recomputed)",
         cfg.device_pages,
         cfg.host_pages,
@@ -298,7 +288,7 @@ pub fn format_report(
         out.mgr_calls,
         out.mgr_ns as f64 / 1e3 / out.mgr_calls.max(1) as f64,
         out.mgr_ns as f64 / 1e3 / out.requests.len().max(1) as f64,
-        if model_ns > 1_000_000 {
+        if attention && model_ns > 1_000_000 {
             format!(
                 ", {:.2}% of the model's time",
                 100.0 * out.mgr_ns as f64 / model_ns as f64
@@ -319,12 +309,17 @@ pub fn format_report(
     }
     let _ = writeln!(
         s,
-        "simulated {:.1} s in {} steps of {} ms; wall time {:.2} s",
+        "simulated {:.1} s in {} steps of {} ms; wall time {:.2} s; at most {} requests in flight",
         out.sim_ms / 1e3,
         out.steps,
         cfg.step_ms,
-        out.wall_ns as f64 / 1e9
+        out.wall_ns as f64 / 1e9,
+        out.peak_live
     );
+    if !cfg.groups.is_empty() {
+        let _ = writeln!(s);
+        s.push_str(&super::hybrid::format_groups(out, cfg.page_size));
+    }
     if let Some(p) = svg {
         let _ = writeln!(s, "plot: {p}");
     }
@@ -333,7 +328,7 @@ pub fn format_report(
 
 /// The totals as one JSON object (`--json`).
 pub fn json_totals(out: &Outcome, cfg: &ReplayConfig, attention: bool, svg: Option<&str>) -> Value {
-    let pb = cfg.page_bytes();
+    let pb = cfg.cache_page_bytes();
     let tot = total_row(&turn_rows(out));
     let se = series(out);
     let f = &out.final_stats.counters;
@@ -383,5 +378,37 @@ pub fn json_totals(out: &Outcome, cfg: &ReplayConfig, attention: bool, svg: Opti
     v["match_unit"] = cfg.unit().into();
     v["unit_hits"] = f.unit_hits.into();
     v["unit_hit_tokens"] = f.unit_hit_tokens.into();
+    v["policy"] = cfg.policy.name().into();
+    v["schedule"] = cfg.schedule.name().into();
+    v["peak_live_requests"] = out.peak_live.into();
+    v["reference"] = match &out.reference {
+        Some(r) => json!({
+            "hit_tokens": r.hit_tokens,
+            "hit_pct": pct(r.hit_tokens as f64, tot.query_tokens as f64),
+            "hit_pages": r.hit_pages,
+            "evictions": r.evictions,
+            "policy_fraction_pct": pct(tot.hit_tokens as f64, r.hit_tokens as f64),
+            "lru_model_hit_tokens": r.lru_model_hit_tokens,
+            "events": r.events,
+            "distinct_pages": r.distinct_pages,
+            "log_bytes": r.log_bytes,
+        }),
+        None => Value::Null,
+    };
+    v["groups"] = out
+        .groups
+        .iter()
+        .map(|g| {
+            json!({
+                "kind": super::hybrid::kind_name(g.kind),
+                "peak_pages": g.peak_pages,
+                "mean_pages": g.mean_pages,
+                "ideal_peak": g.ideal_peak,
+                "ideal_mean": g.ideal_mean,
+                "released": g.released,
+            })
+        })
+        .collect::<Vec<_>>()
+        .into();
     v
 }

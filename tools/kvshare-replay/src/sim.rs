@@ -1,35 +1,52 @@
-//! The replay loop: a step-based engine simulation driving the cache manager and the model.
+//! The replay loop: a step-based engine simulation driving the cache manager and the model, for
+//! a plain model and for a hybrid model's KV-cache groups alike.
 //!
-//! Each step (one engine iteration, `step_ms` of simulated time; wall time never steers the
-//! schedule, so results are deterministic):
+//! Requests are read from their source as the simulated clock reaches their arrival, and a
+//! request's state is dropped when it finishes, so memory follows the requests in flight, not
+//! the trace (see [`replay_source`]). Each step (one engine iteration, `step_ms` of simulated
+//! time; wall time never steers the schedule, so results are deterministic):
 //!
-//! 1. requests whose `arrival_ms` has passed, and whose conversation's previous turn has
-//!    finished, join the queue (a chat client sends turn k+1 after reading reply k);
+//! 1. requests whose `arrival_ms` has passed arrive; a turn whose conversation's previous turn
+//!    has not finished waits for it (a chat client sends turn k+1 after reading reply k), then
+//!    joins the queue, in the order [`Schedule`](super::requests::Schedule) says;
 //! 2. swapped-out requests come back first (`swap_in`, host→device copies);
-//! 3. queued requests are admitted in order while fewer than `concurrency` run and the device has
-//!    room: `begin` matches the longest cached prefix (at most `prompt - 1` tokens: the engine
-//!    recomputes the last prompt token for its logits, as vLLM does) and allocates the rest;
-//!    the new tokens are prefilled in one batch (slot mapping → KV write, block tables →
-//!    attention); a parallel-sampling request then `fork`s one sequence per extra sample;
-//! 4. every request admitted in an earlier step decodes one token per sample: one
-//!    `append_batch` (copy-on-write copies executed first), then KV write + attention. When the
-//!    device is full, the most recently admitted request is preempted: swapped out if the host
-//!    tier has room, else freed and recomputed later;
+//! 3. queued requests are admitted while fewer than `concurrency` run and the device has room
+//!    (a plain model: room for the whole prompt and a page per running sample, counted without
+//!    hits; a cache of groups: `begin` succeeds, as vLLM admits): `begin` matches the longest
+//!    cached prefix (at most `prompt - 1` tokens: the engine recomputes the last prompt token
+//!    for its logits, as vLLM does) and allocates the rest; the new tokens are prefilled in one
+//!    batch (slot mapping → KV write, block tables → attention); a parallel-sampling request
+//!    then `fork`s one sequence per extra sample;
+//! 4. every request admitted in an earlier step decodes one token per sample (a cache of groups
+//!    first releases what each group no longer reads, `release_skipped`): one `append_batch`
+//!    (copy-on-write copies executed first), then KV write + attention. When the device is full,
+//!    the most recently admitted request is preempted: swapped out if the host tier has room,
+//!    else freed and recomputed later (back to the queue's head);
 //! 5. pages in use are sampled: kvshare (`device_pages_in_use`), no sharing (every live sample
-//!    holding its own copy) and the ideal ([`IdealTracker`]), and kvshare is compared with the
-//!    ideal (a request that appended its last token is still counted, at its largest);
+//!    holding its own copy) and the ideal ([`IdealTracker`]; per group for a cache of groups),
+//!    and kvshare is compared with the ideal (a request that appended its last token is still
+//!    counted, at its largest);
 //! 6. samples that appended their last token are freed; a request finishes with its last sample.
+//!
+//! With [`ReplayConfig::reference`], the loop also records an [`AccessLog`] and computes the
+//! offline reference after the run ([`super::offline`]).
 
-use std::collections::VecDeque;
+mod launch;
+mod record;
+
+use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
-use kvshare_core::{Cache, Error, ExtraKeys, PageCopy, Stats};
+use kvshare_core::prefix::{chain_hash, root_hash};
+use kvshare_core::{Cache, Error, ExtraKeys, GroupKind, PageCopy, Stats};
 
-use super::config::{check_fits, ReplayConfig};
+use super::config::ReplayConfig;
 use super::ideal::IdealTracker;
-use super::model::{Forward, Model};
-use super::outcome::{Outcome, Progress, RequestStats, StepPages};
-use super::requests::{seq_id, turn_numbers, Phase, RequestState, SampleSeq};
+use super::model::Model;
+use super::offline::{simulate, AccessLog, Rule};
+use super::outcome::{Outcome, Progress, Reference, RequestStats, StepPages};
+use super::requests::{seq_id, Phase, Queue, RequestState, SampleSeq};
+use super::source::{RequestSource, VecSource};
 use super::trace::Request;
 
 /// New tokens of one sample in a forward launch: the last `count` tokens of sample `sample` of
@@ -41,31 +58,64 @@ struct NewTokens {
     count: usize,
 }
 
+/// A request in flight: arrived and not finished.
+struct Live {
+    req: Request,
+    st: RequestState,
+}
+
+/// A conversation seen so far: its order (the trace index of its first turn), its turns, and
+/// its latest turn.
+struct Session {
+    order: usize,
+    turns: usize,
+    last: usize,
+}
+
+/// Points of the memory plot kept at most (pairs are merged by their maximum beyond).
+const MAX_POINTS: usize = 8192;
+
 /// The replay in progress.
 struct Sim<'a> {
-    reqs: &'a [Request],
     cfg: &'a ReplayConfig,
     /// Tokens per page.
     page_size: usize,
     cache: Cache,
     model: &'a mut dyn Model,
     ideal: IdealTracker,
-    /// Per request, in trace order.
-    state: Vec<RequestState>,
-    stats: Vec<RequestStats>,
-    /// Successor in the same conversation.
-    next_in_session: Vec<Option<usize>>,
-    prev_in_session: Vec<Option<usize>>,
-    queue: VecDeque<usize>,
+    src: &'a mut dyn RequestSource,
+    /// The next request of the source, read but not arrived yet.
+    pending: Option<Request>,
+    /// Requests arrived so far (the next one's trace index).
+    arrived: usize,
+    live: HashMap<usize, Live>,
+    sessions: HashMap<String, Session>,
+    queue: Queue,
     swapped: VecDeque<usize>,
     running: Vec<usize>,
     admitted: u64,
     now: f64,
     out: Outcome,
     copies: Vec<PageCopy>,
+    done: usize,
+    /// Per-page keys are kept (the offline reference, the per-group ideal).
+    keyed: bool,
+    log: Option<AccessLog>,
+    /// Steps merged into each plot point, and the point being merged.
+    merge: u64,
+    bucket: Option<(StepPages, u64)>,
+    scratch: Vec<u8>,
 }
 
 impl Sim<'_> {
+    fn lv(&self, i: usize) -> &Live {
+        self.live.get(&i).expect("a request in flight")
+    }
+
+    fn lv_mut(&mut self, i: usize) -> &mut Live {
+        self.live.get_mut(&i).expect("a request in flight")
+    }
+
     /// Runs `f` on the locked cache state, timing it and attributing the time to `owners`.
     fn mgr<T>(
         &mut self,
@@ -80,42 +130,11 @@ impl Sim<'_> {
         if !owners.is_empty() {
             let share = ns / owners.len() as u64;
             for &o in owners {
-                self.stats[o].mgr_ns += share;
-                self.stats[o].mgr_calls += 1;
+                self.out.requests[o].mgr_ns += share;
+                self.out.requests[o].mgr_calls += 1;
             }
         }
         r
-    }
-
-    /// Executes the copies the cache manager queued (demotions of evicted pages to the host
-    /// tier, promotions of host hits), which must run before any copy returned by a later call
-    /// and before the step's KV write, and the partial copies of hits ending inside a page
-    /// (`match_unit`). Only a host tier or a match unit below the page size queues copies.
-    fn drain_queued(&mut self, owners: &[usize]) -> Result<(), String> {
-        if self.cfg.host_pages == 0 && self.cfg.unit() == self.cfg.page_size {
-            return Ok(());
-        }
-        let queued = self
-            .mgr(owners, |s| Ok(s.take_copies(usize::MAX)))
-            .map_err(|e| format!("take_copies: {e}"))?;
-        if queued.is_empty() {
-            return Ok(());
-        }
-        // A promotion (host hit) gives the request a device page: count it as allocated. (A
-        // unit hit's copy fills a page `begin` already counted; it is never a whole page.)
-        let promoted = queued
-            .iter()
-            .filter(|c| {
-                c.kind == kvshare_core::CopyKind::HostToDevice && c.num_tokens == self.cfg.page_size
-            })
-            .count() as u64;
-        if let [o] = owners {
-            self.stats[*o].allocated_pages += promoted;
-        }
-        let returned = std::mem::replace(&mut self.copies, queued);
-        self.copy(owners)?;
-        self.copies = returned;
-        Ok(())
     }
 
     fn state_stats(&self) -> Stats {
@@ -127,150 +146,146 @@ impl Sim<'_> {
         (s.device_pages_free + s.device_pages_cached) as usize
     }
 
+    /// Records the room the cache has for cached pages now (the offline reference).
+    fn note_room(&mut self) {
+        if self.log.is_none() {
+            return;
+        }
+        let s = self.state_stats();
+        let room = (s.device_pages_total + s.host_pages_total)
+            .saturating_sub(s.device_pages_in_use + s.host_pages_in_use);
+        if let Some(log) = &mut self.log {
+            log.room(room);
+        }
+    }
+
     fn running_samples(&self) -> usize {
         self.running
             .iter()
-            .map(|&i| self.state[i].samples.iter().filter(|s| !s.done).count())
+            .map(|&i| self.lv(i).st.samples.iter().filter(|s| !s.done).count())
             .sum()
     }
 
     fn tokens_of(&self, i: usize, b: usize) -> Vec<i32> {
-        let r = &self.reqs[i];
-        let s = &self.state[i].samples[b];
+        let l = self.lv(i);
+        let s = &l.st.samples[b];
         let mut t = Vec::with_capacity(s.len);
-        t.extend_from_slice(&r.prompt);
-        t.extend_from_slice(&r.outputs[b][..s.out]);
+        t.extend_from_slice(&l.req.prompt);
+        t.extend_from_slice(&l.req.outputs[b][..s.out]);
         t
     }
 
-    fn arrivals(&mut self, next: &mut usize) {
-        while *next < self.reqs.len() && self.reqs[*next].arrival_ms <= self.now {
-            let i = *next;
-            *next += 1;
-            let ready = self.prev_in_session[i].is_none_or(|p| self.state[p].phase == Phase::Done);
-            if ready {
-                self.state[i].phase = Phase::Queued;
-                self.queue.push_back(i);
-            } else {
-                self.state[i].phase = Phase::Blocked;
+    /// Extends sample `b` of request `i`'s page keys to its full pages.
+    fn extend_keys(&mut self, i: usize, b: usize) {
+        if !self.keyed {
+            return;
+        }
+        let ps = self.page_size;
+        let toks = self.tokens_of(i, b);
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let l = self.lv_mut(i);
+        let extra = l.st.extra.clone();
+        let keys = &mut l.st.samples[b].keys;
+        let mut parent = keys.last().copied().unwrap_or_else(root_hash);
+        for j in keys.len()..toks.len() / ps {
+            let e = extra.as_ref().map_or(0, |x| x.page_digest(j, ps));
+            parent = chain_hash(parent, e, &toks[j * ps..(j + 1) * ps], &mut scratch);
+            keys.push(parent);
+        }
+        self.scratch = scratch;
+    }
+
+    /// Reads requests whose arrival time has come and queues (or parks) them.
+    fn arrivals(&mut self) -> Result<(), String> {
+        loop {
+            if self.pending.is_none() {
+                self.pending = self.src.next_request()?;
             }
+            match &self.pending {
+                Some(r) if r.arrival_ms <= self.now => {}
+                _ => return Ok(()),
+            }
+            let r = self.pending.take().expect("checked");
+            let i = self.arrived;
+            self.arrived += 1;
+            let (conversation, prev) = match &r.session {
+                None => ((i, 1), None),
+                Some(s) => {
+                    let e = self.sessions.entry(s.clone()).or_insert(Session {
+                        order: i,
+                        turns: 0,
+                        last: usize::MAX,
+                    });
+                    e.turns += 1;
+                    let prev = (e.last != usize::MAX).then_some(e.last);
+                    e.last = i;
+                    ((e.order, e.turns), prev)
+                }
+            };
+            let ps = self.page_size;
+            self.out.requests.push(RequestStats {
+                id: r.id.clone(),
+                turn: conversation.1,
+                samples: r.outputs.len(),
+                prompt_tokens: r.prompt.len(),
+                output_tokens: r.outputs.iter().map(Vec::len).sum(),
+                // In the cache's pages: every group holds its own copy.
+                no_reuse_pages: (0..r.outputs.len())
+                    .map(|b| r.final_len(b).div_ceil(ps) as u64)
+                    .sum::<u64>()
+                    * self.cfg.num_groups() as u64,
+                allocated_pages: 0,
+                query_tokens: 0,
+                hit_tokens: 0,
+                mgr_ns: 0,
+                mgr_calls: 0,
+                attn_ns: 0,
+                preemptions: 0,
+                arrival_ms: r.arrival_ms,
+                start_ms: 0.0,
+                finish_ms: 0.0,
+            });
+            let waiting = prev.filter(|p| self.live.contains_key(p));
+            let st = RequestState {
+                phase: if waiting.is_some() {
+                    Phase::Blocked
+                } else {
+                    Phase::Queued
+                },
+                samples: (0..r.outputs.len())
+                    .map(|b| SampleSeq {
+                        seq: seq_id(i, b),
+                        len: r.prompt.len(),
+                        out: 0,
+                        done: false,
+                        keys: Vec::new(),
+                    })
+                    .collect(),
+                started: false,
+                fresh: false,
+                admitted_order: 0,
+                extra: (!r.salt.is_empty() || r.lora != 0).then(|| ExtraKeys {
+                    lora_id: r.lora,
+                    salt: r.salt.as_bytes().to_vec(),
+                    mm: Vec::new(),
+                }),
+                next_turn: None,
+                conversation,
+            };
+            match waiting {
+                Some(p) => self.lv_mut(p).st.next_turn = Some(i),
+                None => self.queue.push(i, conversation),
+            }
+            self.live.insert(i, Live { req: r, st });
+            self.out.peak_live = self.out.peak_live.max(self.live.len() as u64);
         }
     }
 
     fn track(&mut self, i: usize, b: usize) {
         let toks = self.tokens_of(i, b);
-        let r = &self.reqs[i];
-        self.ideal.insert(
-            self.state[i].samples[b].seq,
-            i as u64,
-            &r.salt,
-            r.lora,
-            &toks,
-        );
-    }
-
-    /// One forward launch over the new tokens of each item.
-    fn forward(&mut self, items: &[NewTokens], decode: bool) -> Result<(), String> {
-        if items.is_empty() {
-            return Ok(());
-        }
-        let ids: Vec<u64> = items
-            .iter()
-            .map(|n| self.state[n.request].samples[n.sample].seq)
-            .collect();
-        let q: Vec<u32> = items.iter().map(|n| n.count as u32).collect();
-        let owners: Vec<usize> = items.iter().map(|n| n.request).collect();
-        let total: usize = q.iter().map(|&x| x as usize).sum();
-        let max_pages = items
-            .iter()
-            .map(|n| {
-                self.state[n.request].samples[n.sample]
-                    .len
-                    .div_ceil(self.page_size)
-            })
-            .max()
-            .unwrap_or(1);
-        let mut slots = vec![0i64; total];
-        let mut table = vec![0i32; ids.len() * max_pages];
-        let mut ctx = vec![0i32; ids.len()];
-        self.mgr(&owners, |s| s.slot_mapping(&ids, &q, &mut slots))
-            .map_err(|e| format!("slot_mapping: {e}"))?;
-        self.mgr(&owners, |s| {
-            s.block_tables(&ids, max_pages, -1, &mut table, &mut ctx)
-        })
-        .map_err(|e| format!("block_tables: {e}"))?;
-        let mut tokens = Vec::with_capacity(total);
-        let mut positions = Vec::with_capacity(total);
-        let mut starts = Vec::with_capacity(ids.len() + 1);
-        starts.push(0i32);
-        let mut work = Vec::with_capacity(items.len());
-        for (
-            k,
-            &NewTokens {
-                request: i,
-                sample: b,
-                count: qn,
-            },
-        ) in items.iter().enumerate()
-        {
-            let len = self.state[i].samples[b].len;
-            debug_assert_eq!(ctx[k] as usize, len);
-            let all = self.tokens_of(i, b);
-            tokens.extend_from_slice(&all[len - qn..]);
-            positions.extend((len - qn..len).map(|p| p as i32));
-            starts.push(tokens.len() as i32);
-            // Attention work: each new token attends to its causal prefix.
-            work.push(qn as f64 * (len as f64 - qn as f64 / 2.0 + 0.5));
-        }
-        let history: Vec<Vec<i32>> = if self.model.wants_history() {
-            items
-                .iter()
-                .map(|n| self.tokens_of(n.request, n.sample))
-                .collect()
-        } else {
-            Vec::new()
-        };
-        let f = Forward {
-            decode,
-            num_seqs: ids.len(),
-            tokens: &tokens,
-            positions: &positions,
-            query_start: &starts,
-            context_lens: &ctx,
-            slots: &slots,
-            block_table: &table,
-            max_pages,
-            history: &history,
-        };
-        let t = Instant::now();
-        self.model.forward(&f)?;
-        let ns = t.elapsed().as_nanos() as u64;
-        if decode {
-            self.out.decode_ns += ns;
-        } else {
-            self.out.prefill_ns += ns;
-        }
-        let sum: f64 = work.iter().sum::<f64>().max(1e-9);
-        for (k, n) in items.iter().enumerate() {
-            let i = n.request;
-            self.stats[i].attn_ns += (ns as f64 * work[k] / sum) as u64;
-        }
-        Ok(())
-    }
-
-    fn copy(&mut self, owners: &[usize]) -> Result<(), String> {
-        if self.copies.is_empty() {
-            return Ok(());
-        }
-        let copies = std::mem::take(&mut self.copies);
-        let t = Instant::now();
-        self.model.copy_pages(&copies)?;
-        let ns = t.elapsed().as_nanos() as u64;
-        self.out.copy_ns += ns;
-        for &o in owners {
-            self.stats[o].attn_ns += ns / owners.len().max(1) as u64;
-        }
-        Ok(())
+        let l = self.lv(i);
+        let (seq, salt, lora) = (l.st.samples[b].seq, l.req.salt.clone(), l.req.lora);
+        self.ideal.insert(seq, i as u64, &salt, lora, &toks);
     }
 
     /// Tries to bring swapped-out requests back, oldest preemption first.
@@ -279,40 +294,85 @@ impl Sim<'_> {
             if self.running.len() >= self.cfg.concurrency {
                 break;
             }
-            let pages: usize = self.state[i]
-                .samples
+            let live: Vec<usize> = (0..self.lv(i).st.samples.len())
+                .filter(|&b| !self.lv(i).st.samples[b].done)
+                .collect();
+            let pages: usize = live
                 .iter()
-                .filter(|s| !s.done)
-                .map(|s| s.len.div_ceil(self.page_size))
-                .sum();
-            let live = self.state[i].samples.iter().filter(|s| !s.done).count();
-            if self.available() < pages + self.running_samples() + live {
+                .map(|&b| self.lv(i).st.samples[b].len.div_ceil(self.page_size))
+                .sum::<usize>()
+                * self.cfg.num_groups();
+            if self.available() < pages + self.running_samples() + live.len() {
                 break;
             }
             self.swapped.pop_front();
-            let ids: Vec<u64> = self.state[i]
-                .samples
-                .iter()
-                .filter(|s| !s.done)
-                .map(|s| s.seq)
-                .collect();
-            for id in ids {
+            for &b in &live {
+                let id = self.lv(i).st.samples[b].seq;
                 let mut c = std::mem::take(&mut self.copies);
                 self.mgr(&[i], |s| s.swap_in(id, &mut c, usize::MAX))
-                    .map_err(|e| format!("swap_in of {:?}: {e}", self.reqs[i].id))?;
-                self.stats[i].allocated_pages += c.len() as u64;
+                    .map_err(|e| format!("swap_in of {:?}: {e}", self.lv(i).req.id))?;
+                self.out.requests[i].allocated_pages += c.len() as u64;
                 self.copies = c;
                 self.drain_queued(&[i])?;
                 self.copy(&[i])?;
+                self.note_room();
             }
-            for b in 0..self.state[i].samples.len() {
-                if !self.state[i].samples[b].done {
-                    self.track(i, b);
-                }
+            for &b in &live {
+                self.track(i, b);
             }
-            self.state[i].phase = Phase::Running;
+            self.lv_mut(i).st.phase = Phase::Running;
             self.running.push(i);
         }
+        Ok(())
+    }
+
+    /// Begins sample `b` of request `i`; `Ok(None)` when a cache of groups has no room.
+    fn begin(&mut self, i: usize, b: usize) -> Result<Option<NewTokens>, String> {
+        let toks = self.tokens_of(i, b);
+        let seq = self.lv(i).st.samples[b].seq;
+        let extra = self.lv(i).st.extra.clone();
+        let max_match = toks.len() - 1;
+        let info = match self.mgr(&[i], |s| s.begin(seq, &toks, extra, max_match, 0)) {
+            Ok(info) => info,
+            Err(Error::NoSpace { .. }) if !self.cfg.groups.is_empty() => return Ok(None),
+            Err(e) => return Err(format!("begin of {:?}: {e}", self.lv(i).req.id)),
+        };
+        let st = &mut self.out.requests[i];
+        st.query_tokens += toks.len() as u64;
+        st.hit_tokens += info.matched_tokens as u64;
+        st.allocated_pages += info.new_pages as u64;
+        self.track(i, b);
+        self.drain_queued(&[i])?;
+        self.extend_keys(i, b);
+        if self.log.is_some() {
+            let ps = self.page_size;
+            let walk = if self.cfg.skip_cached_writes {
+                toks.len() / ps
+            } else {
+                max_match.min(toks.len()) / ps
+            };
+            let keys = self.lv(i).st.samples[b].keys[..toks.len() / ps].to_vec();
+            if let Some(log) = &mut self.log {
+                log.begin(seq, &keys, walk, max_match);
+            }
+            self.note_room();
+        }
+        Ok(Some(NewTokens {
+            request: i,
+            sample: b,
+            count: toks.len() - info.matched_tokens,
+        }))
+    }
+
+    /// Frees sample `b` of request `i`'s sequence.
+    fn free_sample(&mut self, i: usize, b: usize) -> Result<(), String> {
+        let seq = self.lv(i).st.samples[b].seq;
+        self.mgr(&[i], |st| st.free(seq))
+            .map_err(|e| format!("free of {:?}: {e}", self.lv(i).req.id))?;
+        if let Some(log) = &mut self.log {
+            log.free(seq);
+        }
+        self.note_room();
         Ok(())
     }
 
@@ -320,59 +380,58 @@ impl Sim<'_> {
     fn admit(&mut self) -> Result<Vec<NewTokens>, String> {
         let mut items = Vec::new();
         while self.running.len() < self.cfg.concurrency && self.swapped.is_empty() {
-            let Some(&i) = self.queue.front() else { break };
-            let r = &self.reqs[i];
-            let nsamp = r.outputs.len();
+            let Some(i) = self.queue.front() else { break };
+            let nsamp = self.lv(i).req.outputs.len();
             // Which samples to begin: a fresh request (or one preempted before its samples
             // diverged) begins sample 0 and forks the rest after the prefill; a request
             // recomputed after divergence begins each unfinished sample.
-            let diverged = self.state[i].samples.iter().any(|s| s.out > 0);
+            let samples = &self.lv(i).st.samples;
+            let diverged = samples.iter().any(|s| s.out > 0);
             let begins: Vec<usize> = if diverged {
-                (0..nsamp)
-                    .filter(|&b| !self.state[i].samples[b].done)
-                    .collect()
+                (0..nsamp).filter(|&b| !samples[b].done).collect()
             } else {
                 vec![0]
             };
-            // Conservative room check (no prefix hits assumed), keeping one page per running
-            // sample for the next decode step.
-            let need: usize = begins
-                .iter()
-                .map(|&b| self.state[i].samples[b].len.div_ceil(self.page_size))
-                .sum::<usize>()
-                + nsamp;
-            if self.available() < need + self.running_samples() {
+            if self.cfg.groups.is_empty() {
+                // Conservative room check (no prefix hits assumed), keeping one page per
+                // running sample for the next decode step.
+                let need: usize = begins
+                    .iter()
+                    .map(|&b| samples[b].len.div_ceil(self.page_size))
+                    .sum::<usize>()
+                    + nsamp;
+                if self.available() < need + self.running_samples() {
+                    break;
+                }
+            }
+            let mut begun = Vec::with_capacity(begins.len());
+            for &b in &begins {
+                match self.begin(i, b)? {
+                    Some(n) => begun.push(n),
+                    None => break,
+                }
+            }
+            if begun.len() < begins.len() {
+                // A cache of groups found no room: undo this request's begins, wait.
+                for n in begun {
+                    self.ideal.remove(self.lv(i).st.samples[n.sample].seq);
+                    self.free_sample(i, n.sample)?;
+                }
                 break;
             }
-            self.queue.pop_front();
-            for &b in &begins {
-                let toks = self.tokens_of(i, b);
-                let seq = self.state[i].samples[b].seq;
-                let extra = self.state[i].extra.clone();
-                let max_match = toks.len() - 1;
-                let info = self
-                    .mgr(&[i], |s| s.begin(seq, &toks, extra, max_match))
-                    .map_err(|e| format!("begin of {:?}: {e}", self.reqs[i].id))?;
-                let st = &mut self.stats[i];
-                st.query_tokens += toks.len() as u64;
-                st.hit_tokens += info.matched_tokens as u64;
-                st.allocated_pages += info.new_pages as u64;
-                self.track(i, b);
-                self.drain_queued(&[i])?;
-                items.push(NewTokens {
-                    request: i,
-                    sample: b,
-                    count: toks.len() - info.matched_tokens,
-                });
-            }
-            if !self.state[i].started {
-                self.stats[i].start_ms = self.now;
-                self.state[i].started = true;
+            items.extend(begun);
+            self.queue.pop();
+            let now = self.now;
+            if !self.lv(i).st.started {
+                self.out.requests[i].start_ms = now;
             }
             self.admitted += 1;
-            self.state[i].admitted_order = self.admitted;
-            self.state[i].phase = Phase::Running;
-            self.state[i].fresh = true;
+            let order = self.admitted;
+            let st = &mut self.lv_mut(i).st;
+            st.started = true;
+            st.admitted_order = order;
+            st.phase = Phase::Running;
+            st.fresh = true;
             self.running.push(i);
         }
         Ok(items)
@@ -386,14 +445,19 @@ impl Sim<'_> {
             ..
         } in items
         {
-            if b != 0 || self.state[i].samples.iter().any(|s| s.out > 0) {
+            if b != 0 || self.lv(i).st.samples.iter().any(|s| s.out > 0) {
                 continue;
             }
-            let parent = self.state[i].samples[0].seq;
-            for c in 1..self.state[i].samples.len() {
-                let child = self.state[i].samples[c].seq;
+            let parent = self.lv(i).st.samples[0].seq;
+            for c in 1..self.lv(i).st.samples.len() {
+                let child = self.lv(i).st.samples[c].seq;
                 self.mgr(&[i], |s| s.fork(parent, child))
-                    .map_err(|e| format!("fork of {:?}: {e}", self.reqs[i].id))?;
+                    .map_err(|e| format!("fork of {:?}: {e}", self.lv(i).req.id))?;
+                if let Some(log) = &mut self.log {
+                    log.fork(parent, child);
+                }
+                let keys = self.lv(i).st.samples[0].keys.clone();
+                self.lv_mut(i).st.samples[c].keys = keys;
                 self.track(i, c);
             }
         }
@@ -401,49 +465,51 @@ impl Sim<'_> {
     }
 
     /// Takes request `i` off the device: swap out if the host has room, else free it for
-    /// recomputation (back to the queue front).
+    /// recomputation (back to the queue's head).
     fn preempt(&mut self, i: usize) -> Result<(), String> {
         self.running.retain(|&x| x != i);
-        self.stats[i].preemptions += 1;
-        let live: Vec<usize> = (0..self.state[i].samples.len())
-            .filter(|&b| !self.state[i].samples[b].done)
+        self.out.requests[i].preemptions += 1;
+        let live: Vec<usize> = (0..self.lv(i).st.samples.len())
+            .filter(|&b| !self.lv(i).st.samples[b].done)
             .collect();
         let pages: usize = live
             .iter()
-            .map(|&b| self.state[i].samples[b].len.div_ceil(self.page_size))
-            .sum();
+            .map(|&b| self.lv(i).st.samples[b].len.div_ceil(self.page_size))
+            .sum::<usize>()
+            * self.cfg.num_groups();
         let host = self.state_stats();
         let host_free = (host.host_pages_free + host.host_pages_cached) as usize;
         for &b in &live {
-            self.ideal.remove(self.state[i].samples[b].seq);
+            self.ideal.remove(self.lv(i).st.samples[b].seq);
         }
         if pages <= host_free {
             for &b in &live {
-                let seq = self.state[i].samples[b].seq;
+                let seq = self.lv(i).st.samples[b].seq;
                 let mut c = std::mem::take(&mut self.copies);
                 self.mgr(&[i], |s| s.swap_out(seq, &mut c, usize::MAX))
-                    .map_err(|e| format!("swap_out of {:?}: {e}", self.reqs[i].id))?;
+                    .map_err(|e| format!("swap_out of {:?}: {e}", self.lv(i).req.id))?;
                 self.copies = c;
                 self.drain_queued(&[i])?;
                 self.copy(&[i])?;
+                self.note_room();
             }
-            self.state[i].phase = Phase::Swapped;
+            self.lv_mut(i).st.phase = Phase::Swapped;
             self.swapped.push_back(i);
             self.out.swaps += 1;
         } else {
             for &b in &live {
-                let seq = self.state[i].samples[b].seq;
-                self.mgr(&[i], |s| s.free(seq))
-                    .map_err(|e| format!("free of {:?}: {e}", self.reqs[i].id))?;
+                self.free_sample(i, b)?;
             }
             // Samples not begun yet (forked later) restart from the prompt with sample 0.
-            if !self.state[i].samples.iter().any(|s| s.out > 0) {
-                for s in &mut self.state[i].samples {
-                    s.len = self.reqs[i].prompt.len();
+            let l = self.lv_mut(i);
+            if !l.st.samples.iter().any(|s| s.out > 0) {
+                let n = l.req.prompt.len();
+                for s in &mut l.st.samples {
+                    s.len = n;
                 }
             }
-            self.state[i].phase = Phase::Queued;
-            self.queue.push_front(i);
+            l.st.phase = Phase::Queued;
+            self.queue.push_head(i);
             self.out.recomputes += 1;
         }
         Ok(())
@@ -454,11 +520,12 @@ impl Sim<'_> {
         loop {
             let mut batch: Vec<(usize, usize)> = Vec::new();
             for &i in &self.running {
-                if self.state[i].fresh {
+                let l = self.lv(i);
+                if l.st.fresh {
                     continue;
                 }
-                for (b, s) in self.state[i].samples.iter().enumerate() {
-                    if !s.done && s.out < self.reqs[i].outputs[b].len() {
+                for (b, s) in l.st.samples.iter().enumerate() {
+                    if !s.done && s.out < l.req.outputs[b].len() {
                         batch.push((i, b));
                     }
                 }
@@ -468,13 +535,25 @@ impl Sim<'_> {
             }
             let ids: Vec<u64> = batch
                 .iter()
-                .map(|&(i, b)| self.state[i].samples[b].seq)
+                .map(|&(i, b)| self.lv(i).st.samples[b].seq)
                 .collect();
             let toks: Vec<i32> = batch
                 .iter()
-                .map(|&(i, b)| self.reqs[i].outputs[b][self.state[i].samples[b].out])
+                .map(|&(i, b)| {
+                    let l = self.lv(i);
+                    l.req.outputs[b][l.st.samples[b].out]
+                })
                 .collect();
             let owners: Vec<usize> = batch.iter().map(|&(i, _)| i).collect();
+            if !self.cfg.groups.is_empty() {
+                // Each group lets go of the pages it no longer reads before the step.
+                for &(i, b) in &batch {
+                    let s = &self.lv(i).st.samples[b];
+                    let (seq, len) = (s.seq, s.len);
+                    self.mgr(&[i], |st| st.release_skipped(seq, len))
+                        .map_err(|e| format!("release_skipped: {e}"))?;
+                }
+            }
             let mut c = std::mem::take(&mut self.copies);
             let r = self.mgr(&owners, |s| s.append_batch(&ids, &toks, &mut c, ids.len()));
             self.copies = c;
@@ -485,12 +564,13 @@ impl Sim<'_> {
                         .running
                         .iter()
                         .copied()
-                        .max_by_key(|&i| self.state[i].admitted_order)
+                        .max_by_key(|&i| self.lv(i).st.admitted_order)
                         .expect("a running request");
                     if self.running.len() == 1 {
                         return Err(format!(
                             "request {:?} cannot continue alone on {} device pages",
-                            self.reqs[victim].id, self.cfg.device_pages
+                            self.lv(victim).req.id,
+                            self.cfg.device_pages
                         ));
                     }
                     self.preempt(victim)?;
@@ -503,10 +583,10 @@ impl Sim<'_> {
                 let lock = self.cache.lock().map_err(|e| e.to_string())?;
                 for c in &self.copies {
                     for &(i, b) in &batch {
-                        let s = &self.state[i].samples[b];
-                        let pages = lock.seq_pages(s.seq).map_err(|e| e.to_string())?;
+                        let s = &self.live[&i].st.samples[b];
+                        let pages = lock.seq_pages(s.seq, 0).map_err(|e| e.to_string())?;
                         if pages.get(s.len / self.page_size) == Some(&c.dst_page) {
-                            self.stats[i].allocated_pages += 1;
+                            self.out.requests[i].allocated_pages += 1;
                         }
                     }
                 }
@@ -514,14 +594,20 @@ impl Sim<'_> {
             self.drain_queued(&owners)?;
             self.copy(&owners)?;
             let mut items = Vec::with_capacity(batch.len());
+            let mut filled = Vec::new();
             for (k, &(i, b)) in batch.iter().enumerate() {
-                let s = &mut self.state[i].samples[b];
-                if s.len.is_multiple_of(self.page_size) {
-                    self.stats[i].allocated_pages += 1;
-                }
+                let ps = self.page_size;
+                let s = &mut self.lv_mut(i).st.samples[b];
+                let new_page = s.len.is_multiple_of(ps);
                 s.len += 1;
                 s.out += 1;
-                let seq = s.seq;
+                let (seq, full) = (s.seq, s.len.is_multiple_of(ps));
+                if new_page {
+                    self.out.requests[i].allocated_pages += 1;
+                }
+                if full {
+                    filled.push((i, b));
+                }
                 self.ideal.push(seq, toks[k]);
                 items.push(NewTokens {
                     request: i,
@@ -529,6 +615,14 @@ impl Sim<'_> {
                     count: 1,
                 });
             }
+            for (i, b) in filled {
+                self.extend_keys(i, b);
+                if let Some(log) = &mut self.log {
+                    let s = &self.live[&i].st.samples[b];
+                    log.fill(s.seq, *s.keys.last().expect("a full page"));
+                }
+            }
+            self.note_room();
             return self.forward(&items, true);
         }
     }
@@ -538,71 +632,32 @@ impl Sim<'_> {
         let end = self.now + self.cfg.step_ms;
         let running = self.running.clone();
         for i in running {
-            for b in 0..self.state[i].samples.len() {
-                let s = &self.state[i].samples[b];
-                if s.done || s.out < self.reqs[i].outputs[b].len() {
+            for b in 0..self.lv(i).st.samples.len() {
+                let l = self.lv(i);
+                let s = &l.st.samples[b];
+                if s.done || s.out < l.req.outputs[b].len() {
                     continue;
                 }
                 let seq = s.seq;
-                self.mgr(&[i], |st| st.free(seq))
-                    .map_err(|e| format!("free of {:?}: {e}", self.reqs[i].id))?;
+                self.free_sample(i, b)?;
                 self.ideal.remove(seq);
-                self.state[i].samples[b].done = true;
+                self.lv_mut(i).st.samples[b].done = true;
             }
-            if self.state[i].samples.iter().all(|s| s.done) {
-                self.state[i].phase = Phase::Done;
-                self.stats[i].finish_ms = end;
+            if self.lv(i).st.samples.iter().all(|s| s.done) {
+                self.out.requests[i].finish_ms = end;
                 self.running.retain(|&x| x != i);
-                if let Some(n) = self.next_in_session[i] {
-                    if self.state[n].phase == Phase::Blocked {
-                        self.state[n].phase = Phase::Queued;
-                        self.queue.push_back(n);
+                let l = self.live.remove(&i).expect("running");
+                self.done += 1;
+                if let Some(n) = l.st.next_turn {
+                    let nl = self.lv_mut(n);
+                    if nl.st.phase == Phase::Blocked {
+                        nl.st.phase = Phase::Queued;
+                        let conv = nl.st.conversation;
+                        self.queue.push(n, conv);
                     }
                 }
             }
         }
-        Ok(())
-    }
-
-    /// Records the pages in use after step `step` and compares kvshare with the ideal.
-    fn record_pages(&mut self, step: u64) -> Result<(), String> {
-        let s = self.state_stats();
-        let kvshare = s.device_pages_in_use as u32;
-        let ideal = self.ideal.pages() as u32;
-        let block_entries: u64 = {
-            let lock = self.cache.lock().map_err(|e| e.to_string())?;
-            let mut n = 0u64;
-            for &i in &self.running {
-                for smp in &self.state[i].samples {
-                    if !smp.done {
-                        n += lock.seq_pages(smp.seq).map_err(|e| e.to_string())?.len() as u64;
-                    }
-                }
-            }
-            if self.cfg.check {
-                lock.check()
-                    .map_err(|e| format!("cache check after step {step}: {e}"))?;
-            }
-            n
-        };
-        self.out.peak_block_entries = self.out.peak_block_entries.max(block_entries);
-        self.out.peak_index_entries = self.out.peak_index_entries.max(s.index_pages);
-        let gap = kvshare as i64 - ideal as i64;
-        if gap != 0 {
-            self.out.gap_steps += 1;
-            self.out.first_gap_step.get_or_insert(step);
-        }
-        self.out.max_gap = self.out.max_gap.max(gap);
-        self.out.min_gap = self.out.min_gap.min(gap);
-        self.out.per_step.push(StepPages {
-            step,
-            time_ms: self.now + self.cfg.step_ms,
-            kvshare,
-            no_sharing: self.ideal.unshared_pages() as u32,
-            ideal,
-            cached: s.device_pages_cached as u32,
-            running: self.running.len() as u32,
-        });
         Ok(())
     }
 }
@@ -615,6 +670,23 @@ pub fn replay(
     model: &mut dyn Model,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<Outcome, String> {
+    replay_source(&mut VecSource::new(reqs), cfg, model, progress)
+}
+
+/// Replays the requests of `src` (in arrival order, read as the simulated clock reaches them)
+/// on a fresh cache, running `model` for every step, and calls `progress` after every step.
+///
+/// Memory: the requests in flight (arrived and not finished: their tokens, sequences and the
+/// ideal's pages), about 150 bytes per request for the per-request report, at most
+/// [`MAX_POINTS`] plot points; with [`ReplayConfig::reference`], the access log (about 4 bytes
+/// per page a `begin` covers, 24 per other event, 36 per distinct page). Each step costs time in
+/// the requests in flight, not in the trace.
+pub fn replay_source(
+    src: &mut dyn RequestSource,
+    cfg: &ReplayConfig,
+    model: &mut dyn Model,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Outcome, String> {
     let wall = Instant::now();
     if cfg.concurrency == 0 {
         return Err("concurrency must be at least 1".into());
@@ -622,111 +694,47 @@ pub fn replay(
     if !(cfg.step_ms.is_finite() && cfg.step_ms > 0.0) {
         return Err("step_ms must be a positive number".into());
     }
-    check_fits(reqs, cfg)?;
+    src.check_fits(cfg)?;
     let cache = Cache::new(cfg.cache_config()).map_err(|e| e.to_string())?;
-    let (turns, prev) = turn_numbers(reqs);
-    let mut next = vec![None; reqs.len()];
-    for (i, p) in prev.iter().enumerate() {
-        if let Some(p) = *p {
-            next[p] = Some(i);
-        }
-    }
-    let ps = cfg.page_size as usize;
-    let state = reqs
-        .iter()
-        .enumerate()
-        .map(|(i, r)| RequestState {
-            phase: Phase::NotArrived,
-            samples: (0..r.outputs.len())
-                .map(|b| SampleSeq {
-                    seq: seq_id(i, b),
-                    len: r.prompt.len(),
-                    out: 0,
-                    done: false,
-                })
-                .collect(),
-            started: false,
-            fresh: false,
-            admitted_order: 0,
-            extra: (!r.salt.is_empty() || r.lora != 0).then(|| ExtraKeys {
-                lora_id: r.lora,
-                salt: r.salt.as_bytes().to_vec(),
-                mm: Vec::new(),
-            }),
-        })
-        .collect();
-    let stats = reqs
-        .iter()
-        .enumerate()
-        .map(|(i, r)| RequestStats {
-            id: r.id.clone(),
-            turn: turns[i],
-            samples: r.outputs.len(),
-            prompt_tokens: r.prompt.len(),
-            output_tokens: r.outputs.iter().map(Vec::len).sum(),
-            no_reuse_pages: (0..r.outputs.len())
-                .map(|b| r.final_len(b).div_ceil(ps) as u64)
-                .sum(),
-            allocated_pages: 0,
-            query_tokens: 0,
-            hit_tokens: 0,
-            mgr_ns: 0,
-            mgr_calls: 0,
-            attn_ns: 0,
-            preemptions: 0,
-            arrival_ms: r.arrival_ms,
-            start_ms: 0.0,
-            finish_ms: 0.0,
-        })
-        .collect();
+    let total = src.len();
     let final_stats = cache.lock().map_err(|e| e.to_string())?.stats();
+    let kinds = if cfg.groups.is_empty() {
+        vec![GroupKind::Full]
+    } else {
+        cfg.groups.clone()
+    };
+    let reference = cfg.reference && cfg.reference_applies();
     let mut sim = Sim {
-        reqs,
         cfg,
-        page_size: ps,
+        page_size: cfg.page_size as usize,
         cache,
         model,
-        ideal: IdealTracker::new(ps),
-        state,
-        stats,
-        next_in_session: next,
-        prev_in_session: prev,
-        queue: VecDeque::new(),
+        ideal: IdealTracker::new(cfg.page_size as usize),
+        src,
+        pending: None,
+        arrived: 0,
+        live: HashMap::new(),
+        sessions: HashMap::new(),
+        queue: Queue::new(cfg.schedule),
         swapped: VecDeque::new(),
         running: Vec::new(),
         admitted: 0,
         now: 0.0,
-        out: Outcome {
-            requests: Vec::new(),
-            per_step: Vec::new(),
-            final_stats,
-            steps: 0,
-            sim_ms: 0.0,
-            gap_steps: 0,
-            max_gap: 0,
-            min_gap: 0,
-            first_gap_step: None,
-            swaps: 0,
-            recomputes: 0,
-            peak_block_entries: 0,
-            peak_index_entries: 0,
-            mgr_ns: 0,
-            mgr_calls: 0,
-            prefill_ns: 0,
-            decode_ns: 0,
-            copy_ns: 0,
-            wall_ns: 0,
-        },
+        out: Outcome::new(final_stats, &kinds),
         copies: Vec::new(),
+        done: 0,
+        keyed: reference || !cfg.groups.is_empty(),
+        log: reference.then(|| AccessLog::new(cfg.page_size)),
+        merge: 1,
+        bucket: None,
+        scratch: Vec::new(),
     };
-    let mut next_arrival = 0usize;
     let mut step = 0u64;
-    let mut done = 0usize;
-    while done < reqs.len() {
-        sim.arrivals(&mut next_arrival);
+    while sim.done < total {
+        sim.arrivals()?;
         if sim.running.is_empty() && sim.queue.is_empty() && sim.swapped.is_empty() {
             // Idle: jump to the next arrival.
-            match reqs.get(next_arrival) {
+            match &sim.pending {
                 Some(r) => {
                     sim.now = sim.now.max(r.arrival_ms);
                     continue;
@@ -735,7 +743,15 @@ pub fn replay(
             }
         }
         for &i in &sim.running {
-            sim.state[i].fresh = false;
+            sim.live.get_mut(&i).expect("running").st.fresh = false;
+        }
+        if !cfg.groups.is_empty() {
+            // States registered last step become matchable (vLLM's new_step_starts).
+            sim.mgr(&[], |s| {
+                s.new_step();
+                Ok(())
+            })
+            .map_err(|e| e.to_string())?;
         }
         sim.swap_ins()?;
         let items = sim.admit()?;
@@ -747,20 +763,34 @@ pub fn replay(
         sim.decode()?;
         sim.record_pages(step)?;
         sim.finish()?;
-        done = sim.state.iter().filter(|s| s.phase == Phase::Done).count();
         sim.now += cfg.step_ms;
         step += 1;
         progress(Progress {
-            done,
-            total: reqs.len(),
+            done: sim.done,
+            total,
             step,
         });
+    }
+    if let Some((b, _)) = sim.bucket.take() {
+        sim.out.per_step.push(b);
     }
     let mut out = sim.out;
     out.final_stats = sim.cache.lock().map_err(|e| e.to_string())?.stats();
     out.steps = step;
     out.sim_ms = sim.now;
-    out.requests = sim.stats;
     out.wall_ns = wall.elapsed().as_nanos() as u64;
+    if let Some(log) = sim.log {
+        let best = simulate(&log, Rule::Belady);
+        let lru = simulate(&log, Rule::Lru);
+        out.reference = Some(Reference {
+            hit_tokens: best.tokens,
+            hit_pages: best.pages,
+            evictions: best.evictions,
+            lru_model_hit_tokens: lru.tokens,
+            events: log.len() as u64,
+            distinct_pages: log.distinct_pages() as u64,
+            log_bytes: log.bytes() as u64,
+        });
+    }
     Ok(out)
 }

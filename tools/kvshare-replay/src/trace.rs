@@ -1,12 +1,15 @@
-//! Requests, and the JSON Lines trace parser (`shared/design/trace-format.md`).
+//! Requests, and the replay's own JSON Lines trace format (`native`: token ids, see the replay's
+//! documentation of trace formats). The public formats are in [`super::formats`].
 //!
-//! The whole trace is parsed and checked before anything runs: a bad line is refused with its
-//! line number and the reason, and nothing is half-applied.
+//! [`parse_trace`] parses a whole text (tests, small traces); [`super::source`] streams a file,
+//! checking every line before anything runs: a bad line is refused with its line number and the
+//! reason, and nothing is half-applied.
 
-use std::collections::HashMap;
 use std::fmt;
 
 use serde_json::{Map, Value};
+
+use super::formats::{LineReader, TraceFormat};
 
 /// One request of a workload: a prompt and the tokens it generates.
 #[derive(Debug, Clone, PartialEq)]
@@ -124,9 +127,13 @@ fn tokens(obj: &Map<String, Value>, field: &str) -> Result<Vec<i32>, String> {
     Ok(out)
 }
 
-/// Parses one line (already known to be non-blank) into a request; `prev_arrival` is the
+/// Parses one native line (already known to be non-blank) into a request; `prev_arrival` is the
 /// previous request's arrival, used when `arrival_ms` is absent and to check the order.
-fn parse_line(text: &str, line: usize, prev_arrival: f64) -> Result<Request, String> {
+pub(crate) fn parse_native_line(
+    text: &str,
+    line: usize,
+    prev_arrival: f64,
+) -> Result<Request, String> {
     let v: Value = serde_json::from_str(text).map_err(|e| format!("not valid JSON: {e}"))?;
     let Value::Object(obj) = v else {
         return Err(format!("expected a JSON object, found {}", kind(&v)));
@@ -192,31 +199,22 @@ fn parse_line(text: &str, line: usize, prev_arrival: f64) -> Result<Request, Str
     })
 }
 
-/// Parses a whole JSON Lines trace. Blank lines are skipped; fields not in the format are
+/// Parses a whole native JSON Lines trace. Blank lines are skipped; fields not in the format are
 /// ignored. On failure, returns every refused line (in order).
 pub fn parse_trace(text: &str) -> Result<Vec<Request>, Vec<TraceError>> {
+    parse_trace_as(text, TraceFormat::Native)
+}
+
+/// Parses a whole trace in `format` (see [`super::formats`]).
+pub fn parse_trace_as(text: &str, format: TraceFormat) -> Result<Vec<Request>, Vec<TraceError>> {
+    let mut reader = LineReader::new(format);
     let mut reqs = Vec::new();
     let mut errors = Vec::new();
-    let mut first_line: HashMap<String, usize> = HashMap::new();
-    let mut prev_arrival = 0.0;
     for (i, raw) in text.lines().enumerate() {
         let line = i + 1;
-        if raw.trim().is_empty() {
-            continue;
-        }
-        match parse_line(raw, line, prev_arrival) {
-            Ok(r) => {
-                if let Some(&first) = first_line.get(&r.id) {
-                    errors.push(TraceError {
-                        line,
-                        reason: format!("duplicate id {:?} (first used on line {first})", r.id),
-                    });
-                    continue;
-                }
-                first_line.insert(r.id.clone(), line);
-                prev_arrival = r.arrival_ms;
-                reqs.push(r);
-            }
+        match reader.read(line, raw) {
+            Ok(Some(r)) => reqs.push(r.into_request()),
+            Ok(None) => {}
             Err(reason) => errors.push(TraceError { line, reason }),
         }
     }

@@ -71,6 +71,160 @@ fn missing_file_and_bad_flags_fail_cleanly() {
     assert_eq!(out.status.code(), Some(2));
     let out = run(&["--sweep", "colour"]);
     assert_eq!(out.status.code(), Some(2));
+    for (flag, value, says) in [
+        (
+            "--trace-format",
+            "csv",
+            "is not native, mooncake, bailian, azure or burstgpt",
+        ),
+        ("--policy", "arc", "is not lru, lfu or s3fifo"),
+        ("--schedule", "random", "is not fcfs or session-affinity"),
+        ("--capacities", "10,x", "\"x\" is not a valid number"),
+        (
+            "--excerpt",
+            "native",
+            "is not mooncake, bailian, azure or burstgpt",
+        ),
+    ] {
+        let out = run(&[flag, value]);
+        assert_eq!(out.status.code(), Some(2), "{flag}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains(says),
+            "{flag}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let out = run(&["--excerpt", "mooncake"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("give --dump-trace FILE"));
+}
+
+/// A generated excerpt in each public format, written by `--excerpt`, replays through
+/// `--trace-format` with every policy and schedule; a bad line of a public format is refused
+/// with its line number before anything runs.
+#[test]
+fn public_formats_from_generated_excerpts() {
+    for format in ["mooncake", "bailian", "azure", "burstgpt"] {
+        let path = tmp(&format!("excerpt.{format}"));
+        let out = run(&[
+            "--excerpt",
+            format,
+            "--requests",
+            "40",
+            "--users",
+            "4",
+            "--dump-trace",
+            path.to_str().unwrap(),
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for (policy, schedule) in [("lru", "fcfs"), ("s3fifo", "session-affinity")] {
+            let out = run(&[
+                "--trace",
+                path.to_str().unwrap(),
+                "--trace-format",
+                format,
+                "--policy",
+                policy,
+                "--schedule",
+                schedule,
+                "--page-size",
+                "64",
+                "--device-pages",
+                "3000",
+                "--no-attention",
+                "--json",
+                "--svg",
+                tmp(&format!("{format}.svg")).to_str().unwrap(),
+            ]);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success(), "{format}: {err}");
+            assert!(err.contains(&format!("({format} format): ")), "{err}");
+            let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            let n = j["requests"].as_u64().unwrap();
+            // BurstGPT's failed calls (no request tokens) are skipped and said so.
+            if format == "burstgpt" && n < 40 {
+                let note = format!("{} rows without prompt tokens skipped", 40 - n);
+                assert!(err.contains(&note), "{err}");
+            } else {
+                assert_eq!(n, 40, "{format}");
+            }
+            assert_eq!(j["policy"], policy);
+            assert_eq!(j["schedule"], schedule);
+            assert!(
+                j["reference"]["hit_tokens"].as_u64().unwrap() >= j["hit_tokens"].as_u64().unwrap()
+            );
+        }
+    }
+    let bad = tmp("bad.mooncake");
+    std::fs::write(
+        &bad,
+        "{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 1, \"hash_ids\": [1]}\n{\"timestamp\": 5, \"input_length\": 10, \"output_length\": 1}\n",
+    )
+    .unwrap();
+    let out = run(&[
+        "--trace",
+        bad.to_str().unwrap(),
+        "--trace-format",
+        "mooncake",
+        "--no-attention",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("bad.mooncake:line 2: missing field `hash_ids`"),
+        "{err}"
+    );
+    assert!(err.contains("nothing was run") && out.stdout.is_empty());
+}
+
+#[test]
+fn capacity_sweep_prints_plots_and_reports_every_policy() {
+    let svg = tmp("capacity.svg");
+    let out = run(&[
+        "--sweep",
+        "capacity",
+        "--users",
+        "4",
+        "--turns",
+        "3",
+        "--system-tokens",
+        "128",
+        "--capacities",
+        "60,90,2000",
+        "--no-attention",
+        "--json",
+        "--svg",
+        svg.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("lru/offline") && err.contains("s3fifo/offline"),
+        "{err}"
+    );
+    assert_eq!(
+        err.lines()
+            .filter(|l| l.trim_start().starts_with("60 ")
+                || l.trim_start().starts_with("90 ")
+                || l.trim_start().starts_with("2000 "))
+            .count(),
+        3,
+        "{err}"
+    );
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(j["sweep"], "Capacity");
+    assert_eq!(j["runs"].as_array().unwrap().len(), 9);
+    assert!(std::fs::read_to_string(&svg).unwrap().contains("offline"));
+    // A hybrid model has no offline reference: refused, naming why.
+    let out = run(&["--sweep", "capacity", "--match-unit", "4", "--no-attention"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("needs a plain model with whole-page hits")
+    );
 }
 
 #[test]
@@ -112,6 +266,14 @@ fn help_lists_every_option() {
         "--sweep",
         "--svg",
         "--help",
+        "--trace-format",
+        "--policy",
+        "--schedule",
+        "--capacities",
+        "--no-reference",
+        "--excerpt",
+        "--requests",
+        "--gap-ms",
     ] {
         assert!(help.contains(flag), "--help lacks {flag}");
     }

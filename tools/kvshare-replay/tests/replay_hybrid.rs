@@ -1,15 +1,15 @@
-//! `kvshare-replay --window/--chunk` (`replay::hybrid`): a hybrid model's groups against the
-//! full-attention model of the same size on one workload, with the invariant checker after
-//! every step. A window longer than any sequence must change nothing; a short window must keep
+//! `kvshare-replay --window/--chunk/--state`: a hybrid model's groups, replayed by the same loop
+//! as a plain model, against the full-attention model of the same size on one workload, with the
+//! invariant checker after every step. A window longer than any sequence must change nothing; a short window must keep
 //! the window groups at their ideal (never fewer pages than the window needs, at most a page
 //! per sequence more: the page released one step later) and below the full group; a pool too
 //! small for everyone must preempt and still finish; state groups (`--state`) must hold about one
 //! page per running sequence and hit on their checkpoints.
 
-use kvshare_core::groups::{GroupKind, StateMode};
-use kvshare_replay::hybrid::{hybrid_kinds, replay_groups, HybridReplayConfig};
+use kvshare_core::{EvictionPolicy, GroupKind, StateMode};
+use kvshare_replay::hybrid::hybrid_kinds;
 use kvshare_replay::workload::ChatWorkload;
-use kvshare_replay::Request;
+use kvshare_replay::{replay, NoModel, Outcome, ReplayConfig, Request, Schedule};
 
 fn workload() -> Vec<Request> {
     ChatWorkload {
@@ -25,15 +25,20 @@ fn workload() -> Vec<Request> {
     .generate()
 }
 
-fn cfg(kinds: Vec<GroupKind>, num_pages: u32) -> HybridReplayConfig {
-    HybridReplayConfig {
-        kinds,
+fn cfg(kinds: Vec<GroupKind>, num_pages: u32) -> ReplayConfig {
+    ReplayConfig {
+        groups: kinds,
         page_size: 16,
-        num_pages,
+        device_pages: num_pages,
         concurrency: 4,
         step_ms: 20.0,
         check: true,
+        ..ReplayConfig::default()
     }
+}
+
+fn replay_groups(reqs: &[Request], c: &ReplayConfig) -> Result<Outcome, String> {
+    replay(reqs, c, &mut NoModel, &mut |_| {})
 }
 
 #[test]
@@ -50,7 +55,7 @@ fn a_window_longer_than_every_sequence_changes_nothing() {
         assert_eq!(g.mean_pages, full.groups[0].mean_pages);
         assert_eq!(g.released, 0);
     }
-    assert_eq!(hy.hit_tokens, full.hit_tokens);
+    assert_eq!(hy.hit_tokens(), full.hit_tokens());
     assert_eq!(hy.steps, full.steps);
 }
 
@@ -88,8 +93,8 @@ fn a_small_pool_preempts_and_finishes() {
         &cfg(hybrid_kinds(GroupKind::SlidingWindow(32), 2), 60),
     )
     .unwrap();
-    assert!(out.preemptions > 0);
-    assert!(out.peak_in_use <= 59);
+    assert!(out.recomputes > 0);
+    assert!(out.series.kvshare_peak <= 59);
 }
 
 #[test]
@@ -110,8 +115,42 @@ fn state_groups_hold_one_state_per_sequence_and_resume_from_checkpoints() {
             assert!(g.mean_pages <= 2.0 * g.ideal_mean + 1.0, "{mode:?}: {g:?}");
         }
         // Resuming needs the checkpoint at the hit: at most the full model's hits, and some.
-        assert!(out.hit_tokens <= full.hit_tokens, "{mode:?}");
-        assert!(out.hit_tokens > full.hit_tokens / 2, "{mode:?}: {out:?}");
+        assert!(out.hit_tokens() <= full.hit_tokens(), "{mode:?}");
+        assert!(
+            out.hit_tokens() > full.hit_tokens() / 2,
+            "{mode:?}: {} of {}",
+            out.hit_tokens(),
+            full.hit_tokens()
+        );
         assert_eq!(out.steps, full.steps, "{mode:?}");
+    }
+}
+
+#[test]
+fn hybrid_turns_wait_for_their_previous_turn_under_both_schedules() {
+    let reqs = workload();
+    for schedule in [Schedule::Fcfs, Schedule::SessionAffinity] {
+        for policy in EvictionPolicy::ALL {
+            let c = ReplayConfig {
+                schedule,
+                policy,
+                ..cfg(hybrid_kinds(GroupKind::SlidingWindow(64), 3), 200)
+            };
+            let out = replay_groups(&reqs, &c).unwrap();
+            // Turn k+1 of a conversation starts after turn k finished.
+            for (i, r) in reqs.iter().enumerate() {
+                let prev = reqs[..i].iter().rposition(|p| p.session == r.session);
+                if let (Some(p), Some(_)) = (prev, &r.session) {
+                    assert!(
+                        out.requests[i].start_ms >= out.requests[p].finish_ms,
+                        "{schedule:?} {policy:?}: {} started before {} finished",
+                        r.id,
+                        reqs[p].id
+                    );
+                }
+            }
+            assert_eq!(out.groups.len(), 3);
+            assert!(out.groups[1].released > 0);
+        }
     }
 }

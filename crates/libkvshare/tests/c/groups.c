@@ -67,6 +67,22 @@ int main(void) {
     c = cfg_of(g, 2);
     memset(&c.vllm_free_order, 2, 1);
     bad_config(c, KVS_STATUS_INVALID_CONFIG, "vllm_free_order");
+    c = cfg_of(g, 2);
+    c.eviction_policy = 3; /* no kvs_eviction_policy */
+    bad_config(c, KVS_STATUS_INVALID_CONFIG, "eviction_policy");
+    /* vLLM's block pool order is LRU: another policy with it is refused, naming both. */
+    c = cfg_of(g, 2);
+    c.eviction_policy = KVS_EVICTION_POLICY_S3_FIFO;
+    bad_config(c, KVS_STATUS_INVALID_CONFIG, "eviction_policy");
+    CHECK(strstr(kvs_last_error_message(), "vllm_free_order") != NULL);
+    c = cfg_of(g, 2);
+    c.vllm_free_order = false;
+    c.eviction_policy = KVS_EVICTION_POLICY_LFU;
+    CHECK_OK(kvs_cache_new(&c, &h));
+    kvs_config got_policy;
+    CHECK_OK(kvs_cache_get_config(h, &got_policy));
+    CHECK_EQ(got_policy.eviction_policy, KVS_EVICTION_POLICY_LFU);
+    kvs_cache_free(h);
 
     /* No groups (an array of none, too) is one full-attention group of the geometry's bytes. */
     c = cfg_of(g, 0);
