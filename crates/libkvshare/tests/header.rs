@@ -276,9 +276,10 @@ fn header_walker_finds_each_kind() {
 /// `**` heading or the end of the block.
 #[test]
 fn no_failure_clause_promises_a_status_for_a_freed_handle() {
-    let header =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../include/kvshare.h"))
-            .unwrap();
+    let header = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../include/kvshare.h"),
+    )
+    .unwrap();
     let mut clauses = 0;
     for block in header.split("/*").skip(1) {
         let block = block.split("*/").next().unwrap_or("");
