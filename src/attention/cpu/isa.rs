@@ -20,8 +20,9 @@
 //!   `avx2`: [`Isa::vector`]). Runs only when CPUID reports amx_tile and amx_bf16 and the
 //!   kernel granted tile data to the process ([`amx_permission`], the one-time
 //!   `arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)` request); otherwise refused with
-//!   the reason. No machine this project is built on has AMX: the tile instructions have
-//!   never executed here; the algorithm is tested through software tiles with AMX's semantics.
+//!   the reason. Run natively on a Xeon with AMX-BF16 (no AMX-FP16); elsewhere the algorithm
+//!   is tested through software tiles that round as `tdpbf16ps` does, bit for bit
+//!   (`kernel/amx.rs`).
 //!
 //! The best available path is picked unless `KVSHARE_CPU_ISA` names one
 //! (`portable|portable16|avx2|avx512|amx`); a named path the machine lacks makes backend creation fail
