@@ -4,12 +4,14 @@
 //!
 //! The pair format is [`Pair`]: [`Bf16Pairs`] or [`F16Pairs`]. Inputs are rounded to it
 //! (round to nearest even): the query always, the K/V when stored in another type, and the
-//! softmax probabilities; accumulation is f32. With bf16 pairs an f32 or f16 cache is about
-//! as exact as a bf16 cache (relative error of order `2^-8`). With f16 pairs an f16 cache's
-//! K/V enter the products exactly, and the query and probabilities lose at most `2^-11` of
-//! themselves (f16's subnormal inputs are kept: `tdpfp16ps` does not flush them, as
-//! `tdpbf16ps` does); the kernel picks f16 pairs only for an f16 cache whose scaled queries
-//! all lie in f16's range (`tiled.rs`).
+//! softmax probabilities; accumulation is f32. In bf16 pairs an f32 or f16 cache would be only
+//! as exact as a bf16 cache (relative error of order `2^-8`), so the kernel gives this engine
+//! a bf16 cache in bf16 pairs, or an f16 cache in f16 pairs, and nothing else (`tiled.rs`:
+//! other caches run the vector path). With f16 pairs an f16 cache's K/V enter the products
+//! exactly, and the query and probabilities lose at most `2^-11` of themselves (f16's
+//! subnormal inputs are kept: `tdpfp16ps` does not flush them, as `tdpbf16ps` does); the
+//! kernel picks f16 pairs only for an f16 cache whose scaled queries all lie in f16's range.
+//! (The tests also run the engine on other caches through the software tiles.)
 //!
 //! Layout. Scores: A = the block's queries, `mr` rows of 32 pair elements (one 32-element
 //! slice of the head dim); B = the K tile in AMX's VNNI layout, 16 rows (pairs of head-dim

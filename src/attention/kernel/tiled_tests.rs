@@ -45,6 +45,17 @@ struct Data<T> {
 }
 
 impl<T> Data<T> {
+    /// The case's K/V.
+    fn kv(&self, c: &Case) -> SeqKv<'_, T> {
+        SeqKv {
+            k: &self.k,
+            v: &self.v,
+            pages: &self.pages,
+            layout: &self.layout,
+            softcap: c.softcap,
+        }
+    }
+
     /// The case's rows, with `q_bf16` as given.
     fn rows<'a>(&'a self, q_bf16: Option<(&'a [bf16], f32)>) -> Rows<'a> {
         Rows {
@@ -626,6 +637,108 @@ fn f16_pairs_need_queries_in_f16_range() {
     assert!(fits_f16(&[]));
     for bad in [max * 1.001, -70000.0, f32::INFINITY, f32::NAN] {
         assert!(!fits_f16(&[1.0, bad]), "{bad}");
+    }
+}
+
+/// On a CPU whose kernel grants AMX tiles: the `amx` path's prefill puts a bf16 cache on the
+/// tiles (its results are the AMX engine's, bit for bit) and an f32 cache, or an f16 one
+/// without AMX-FP16, on its vector path (that path's results, bit for bit): bf16 pairs would
+/// compute those below their precision. In a full prefill the first token's rows see one key,
+/// so their output is that key's V exactly, which bf16 pairs would round.
+#[test]
+fn amx_path_tiles_only_what_its_pairs_hold_exactly() {
+    if let Err(why) = Isa::Amx.check() {
+        println!("amx prefill dispatch: skipped: {why}");
+        return;
+    }
+    let case = |dtype| Case {
+        dtype,
+        d: 64,
+        ps: 16,
+        kv_heads: 2,
+        group: 4,
+        ctx: 40,
+        q_len: 40,
+        window: 0,
+        softcap: 0.0,
+        seed: 91,
+    };
+    let c = case(DType::F32);
+    let x = data(&c, |v| v);
+    let amx = path_rows(Isa::Amx, &c, &x, false);
+    same_bits(
+        "f32 cache",
+        &amx,
+        &path_rows(Isa::Amx.vector(), &c, &x, false),
+    );
+    first_rows_are_v(&c, &x, &amx);
+    let c = case(DType::F16);
+    let x = data(&c, f16::from_f32);
+    let amx = path_rows(Isa::Amx, &c, &x, false);
+    if !Isa::Amx.amx_fp16() {
+        same_bits(
+            "f16 cache",
+            &amx,
+            &path_rows(Isa::Amx.vector(), &c, &x, false),
+        );
+    }
+    first_rows_are_v(&c, &x, &amx);
+    let c = case(DType::BF16);
+    let x = data(&c, bf16::from_f32);
+    #[cfg(target_arch = "x86_64")]
+    {
+        let kv = x.kv(&c);
+        let rows = x.rows(None);
+        let n = x.lo.len();
+        let (mut out, mut m, mut l) = (vec![0f32; n * c.d], vec![0f32; n], vec![0f32; n]);
+        // SAFETY: Isa::Amx checked out (AMX, the tile permission, AVX2/FMA/F16C); the
+        // lengths are the rows'.
+        unsafe {
+            amx_avx2::<bf16, super::super::amx::Bf16Pairs>(&kv, &rows, &mut out, &mut m, &mut l)
+        };
+        super::super::normalize(c.d, &l, &mut out);
+        same_bits("bf16 cache", &path_rows(Isa::Amx, &c, &x, false), &out);
+    }
+}
+
+/// The tiled kernel's entry on path `isa` (with the bf16 query where `q_bf16` and there is
+/// one): the normalised rows.
+fn path_rows<T: KvElem>(isa: Isa, c: &Case, x: &Data<T>, q_bf16: bool) -> Vec<f32> {
+    let kv = x.kv(c);
+    let rows = x.rows((q_bf16 && !x.qb.is_empty()).then_some((&x.qb[..], x.scale)));
+    let n = x.lo.len();
+    let (mut out, mut m, mut l) = (vec![0f32; n * c.d], vec![0f32; n], vec![0f32; n]);
+    attend_partial(isa, &kv, &rows, &mut out, &mut m, &mut l);
+    super::super::normalize(c.d, &l, &mut out);
+    out
+}
+
+/// Asserts `got` and `want` hold the same bits.
+fn same_bits(what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    let differ = got
+        .iter()
+        .zip(want)
+        .filter(|(a, b)| a.to_bits() != b.to_bits())
+        .count();
+    assert_eq!(differ, 0, "{what}: {differ} of {} values differ", got.len());
+}
+
+/// The rows that see only key 0 (the first query token of a full prefill) hold its V exactly.
+fn first_rows_are_v<T: KvElem>(c: &Case, x: &Data<T>, got: &[f32]) {
+    for r in 0..x.lo.len() {
+        if x.hi[r] - x.lo[r] != 1 {
+            continue;
+        }
+        let lay = &x.layout;
+        let off = x.pages[0] as usize * lay.page_stride + x.kv_head[r] * lay.head_stride;
+        for i in 0..c.d {
+            assert_eq!(
+                got[r * c.d + i],
+                x.v[off + i].to_f32(),
+                "{c:?} row {r} [{i}]"
+            );
+        }
     }
 }
 
