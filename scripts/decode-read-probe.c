@@ -1,9 +1,9 @@
 /*
  * How fast this machine reads K/V in the decode kernel's order, with no arithmetic: the read
- * side's ceiling. README "Stop 33" and "Stop 35" use it. K and V are 256 MiB each of token
- * slots of 2 KiB (8 kv heads x 128 bf16, token-major as the kernel's usual layout), on 2 MiB
- * pages (MADV_HUGEPAGE before writing, as kvs_cpu_huge_pages advises an engine's cache; 4 KiB
- * pages where THP is off), read by 64-byte loads summed into registers, split evenly over the
+ * side's ceiling (docs/performance.md, "CPU paged attention: decode"). K and V are 256 MiB each
+ * of token slots of 2 KiB (8 kv heads x 128 bf16, token-major as the kernel's usual layout),
+ * on 2 MiB pages (MADV_HUGEPAGE before writing, as kvs_cpu_huge_pages advises an engine's
+ * cache; 4 KiB pages where THP is off), read by 64-byte loads summed into registers, split evenly over the
  * threads. Patterns:
  *
  *   seq        plain sequential reading of K and V (the streaming-read baseline)
@@ -35,7 +35,7 @@
  *   h4-shuf    head-shuf's pages and order, 4 K rows then the same 4 V rows (a kernel block of
  *              4 tokens: scores, then values), no software prefetch
  *
- * Stop 41 (README): slot-kv, head-shuf and h4-shuf read at about the streaming rate here, where
+ * On a Zen 3 EPYC, slot-kv, head-shuf and h4-shuf read at about the streaming rate, where
  * the kernel's order reaches about 0.8; but the decode kernel made to read in h4-shuf's order
  * (head-major cache, blocks of 4-16 tokens, no software prefetch) ran at 0.3 of it: with the
  * arithmetic between them the loads are too few in flight for the hardware prefetchers, so

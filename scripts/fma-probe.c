@@ -1,9 +1,9 @@
 /*
  * How fast this core runs the decode kernel's inner loop shape: cycles per turn of 8 256-bit
  * FMAs (4 query rows x 2 tokens of one 8-dim chunk), alone and with the loads and f16 / bf16
- * conversions that feed them (the clock measured by a chain of dependent adds). README "what
- * limits it" uses it: the kernel does 8 such turns per token and kv head for the scores and 8
- * for the values (GQA 4 x 128 dims), so 16 turns bound decode from below.
+ * conversions that feed them (the clock measured by a chain of dependent adds). The kernel does
+ * 8 such turns per token and kv head for the scores and 8 for the values (GQA 4 x 128 dims), so
+ * 16 turns bound decode from below (docs/performance.md, "CPU paged attention: decode").
  *
  *   cc -O2 -mavx2 -mfma -mf16c scripts/fma-probe.c -o fma-probe && taskset -c 1 ./fma-probe
  *

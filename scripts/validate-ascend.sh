@@ -53,7 +53,7 @@ if ! grep -q kvs_backend_describe "$INC/kvshare.h" 2>/dev/null; then
     echo "include/kvshare.h is missing or stale; generating one from the sources"
     INC="$(mktemp -d)"
     cargo test -p kvshare --test ascend_c --no-run >/dev/null
-    # tests/ascend_c.rs writes a fresh header next to the test build.
+    # crates/libkvshare/tests/ascend_c.rs writes a fresh header next to the test build.
     KVS_ASCEND_EMU_DIR= cargo test -p kvshare --test ascend_c >/dev/null 2>&1 || true
     cp target/tmp/ascend_c_include/kvshare.h "$INC/" || { echo "FAIL: no header" >&2; exit 1; }
 fi

@@ -362,12 +362,17 @@ fn cpu_path_from_env() {
                 Some(w) => assert!(text.contains(w), "{text}"),
                 None => assert!(!text.contains("bf16 pairs"), "{text}"),
             }
-            // `amx` names its prefill tiles, and the f16 ones only where CPUID has AMX-FP16.
+            // `amx` names its prefill tiles (bf16 caches), the f16 ones only where CPUID has
+            // AMX-FP16, and the vector path that takes the other caches.
             assert_eq!(
-                text.contains("; prefill on AMX tiles (tdpbf16ps"),
+                text.contains("; bf16 prefill on AMX tiles (tdpbf16ps)"),
                 isa == Isa::Amx,
                 "{text}"
             );
+            if isa == Isa::Amx {
+                let f32_on = format!("f32 on {}", isa.vector().name());
+                assert!(text.contains(&f32_on), "{text}");
+            }
             assert_eq!(text.contains("tdpfp16ps"), isa.amx_fp16(), "{text}");
             unsafe { kvs_backend::kvs_backend_free(b) };
         }

@@ -4,7 +4,7 @@
 // the subset of names and signatures of MindIE-LLM's `src/include/basic_types.h` that the adapter
 // and its tests use, written from the interface description in the project's design notes. It is
 // not a copy of MindIE's header. Build against the real headers for a deployment
-// (see integration/mindie/README.md).
+// (see docs/mindie.md).
 #ifndef KVSHARE_MINDIE_COMPAT_BASIC_TYPES_H
 #define KVSHARE_MINDIE_COMPAT_BASIC_TYPES_H
 

@@ -5,7 +5,7 @@
 // namespace `mindie_llm`) as listed in the project's design notes, so that the adapter compiles
 // and its tests run without a MindIE checkout. It is not a copy of MindIE's header; a deployment
 // builds the identical adapter source against MindIE's real headers instead
-// (integration/mindie/README.md). The signatures must stay exactly those of the MindIE version
+// (docs/mindie.md). The signatures must stay exactly those of the MindIE version
 // the adapter targets (commit 8b4871ad31f5 of Ascend/MindIE-LLM).
 #ifndef KVSHARE_MINDIE_COMPAT_BLOCK_MANAGER_INTERFACE_H
 #define KVSHARE_MINDIE_COMPAT_BLOCK_MANAGER_INTERFACE_H

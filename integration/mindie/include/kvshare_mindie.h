@@ -4,7 +4,7 @@
 //
 // Build it against MindIE's real headers (block_manager_interface.h and what it includes) or
 // against the project's compatibility declarations in integration/mindie/compat/; the source is
-// the same. See integration/mindie/README.md for what is supported and how to deploy it.
+// the same. See docs/mindie.md for what is supported and how to deploy it.
 //
 // Thread safety: like MindIE's own manager, one instance is meant to be driven by one scheduler
 // thread; concurrent calls on one instance are nevertheless safe (kvshare locks internally, the
@@ -214,9 +214,9 @@ class KvshareBlockManager : public KvshareManagerBase {
 // page more, its null page); a prefix hit is the longest one every group serves. GetBlockIds
 // returns one list per group: the whole table of a TOKEN group, the held blocks (oldest first,
 // the last at the table's last position) of a SLIDING_WINDOW group. What MindIE at 8b4871a does
-// not define (it declares these types but its factory refuses them) is documented in README.md
-// ("KV-cache groups"), as are the methods this manager does not support (fork, swap, SP/CP, KV
-// pool).
+// not define (it declares these types but its factory refuses them) is documented in
+// docs/mindie.md ("KV-cache groups"), as are the methods this manager does not support (fork,
+// swap, SP/CP, KV pool).
 class KvshareHybridBlockManager : public KvshareManagerBase {
    public:
     // Throws `Unsupported` for what the adapter does not support (SEQUENCE cache type, rankSize or
@@ -316,7 +316,7 @@ class KvshareHybridBlockManager : public KvshareManagerBase {
 };
 
 // The manager for a self-attention config (what the patched MindIE factory calls for
-// SELFATTNBLOCKMANAGER, and the drop-in factory too; see README.md): a KvshareHybridBlockManager
+// SELFATTNBLOCKMANAGER, and the drop-in factory too; see docs/mindie.md): a KvshareHybridBlockManager
 // of one window group when `config.cacheType` is SLIDING_WINDOW (MindIE's scheduler sets a
 // one-desc config's cacheType), a KvshareBlockManager otherwise. Throws as their constructors do.
 mindie_llm::BlockSpaceManagerSPtr CreateKvshareBlockManager(const BlockManagerConfig &config,

@@ -3,7 +3,7 @@
 // libmindie_block_manager.so. A library built from this file and the adapter, installed in place
 // of that library (or preloaded before it), hands every self-attention block manager to kvshare.
 // Do not link this file into a MindIE build that keeps its own factory (use
-// kvshare_mindie::CreateKvshareBlockManager from the patched factory instead; see README.md).
+// kvshare_mindie::CreateKvshareBlockManager from the patched factory instead; see docs/mindie.md).
 #include <memory>
 #include <stdexcept>
 

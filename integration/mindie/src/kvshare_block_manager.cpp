@@ -118,7 +118,7 @@ KvshareBlockManager::KvshareBlockManager(const BlockManagerConfig &config, size_
     c.demote_to_host = false;
     c.enable_events = false;
     // Whole-page hits: a hit inside a page needs a partial copy executed on the NPU, and the
-    // adapter has no copy channel into MindIE's worker yet (README, "Prefix hits").
+    // adapter has no copy channel into MindIE's worker yet (docs/mindie.md, "Prefix hits").
     c.match_unit = 0;
     kvs_status st = kvs_cache_new(&c, &cache_);
     if (st != KVS_STATUS_OK) {

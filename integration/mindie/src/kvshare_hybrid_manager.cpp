@@ -12,7 +12,7 @@
 // blocks, as MindIE sizes each group's KV tensor on its own; the prefix hit is the longest one
 // every group serves. A pool has one page more than the sub-manager's blocks (kvshare's null page
 // 0): MindIE block id b is kvshare page b + 1, so the ids and their count are MindIE's own. See
-// README.md, "KV-cache groups".
+// docs/mindie.md, "KV-cache groups".
 #include <algorithm>
 #include <climits>
 #include <cstdint>

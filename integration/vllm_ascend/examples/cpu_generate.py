@@ -1,5 +1,5 @@
 """vLLM's CPU engine generating with kvshare's KV-cache manager (``KVSHARE_VLLM=1``) and
-kvshare's attention (``KVSHARE_VLLM_OPS=1``): the README's end-to-end example.
+kvshare's attention (``KVSHARE_VLLM_OPS=1``): the end-to-end example of docs/vllm.md.
 
 Four requests share a 256-token system prompt; the first one's full blocks are cached, so the
 other three print ``cached 256`` (vLLM's own ``num_cached_tokens``). The model is the tests'

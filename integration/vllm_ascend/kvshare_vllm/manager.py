@@ -4,7 +4,7 @@ Each request is one kvshare sequence (u64 id from a counter).  An admitted reque
 ``kvs_seq_begin`` plus one ``kvs_seq_append_pages`` (lookahead slots and the page ids); a
 running one takes one ``kvs_seq_append_pages`` only when it needs new slots (most decode steps
 make no native call, see ``allocate_slots``); ``kvs_seq_free`` ends it.  Nothing is called per
-block.  Semantics follow vLLM's built-in manager (see README.md, "How each method maps"):
+block.  Semantics follow vLLM's built-in manager (docs/vllm.md, "How each method maps"):
 block 0 is the null block, hits are computed blocks capped at ``num_tokens - 1``, full blocks
 of known tokens are registered before anything could look them up, freed blocks are cached
 last-block-first, allocation never evicts before free blocks run out.
@@ -159,7 +159,7 @@ class KvshareKVCacheManager(ManagerBase, PythonTwins):
             demote_to_host=num_host_pages > 0,
             enable_events=enable_kv_cache_events,
             # Whole-page hits: a hit inside a page needs its partial copy executed in the
-            # worker, and no worker-side copy channel exists yet (README, "Prefix hits").
+            # worker, and no worker-side copy channel exists yet (docs/vllm.md, "Prefix hits").
             match_unit=0,
         )
         self.cache = kvshare.Cache(cfg)

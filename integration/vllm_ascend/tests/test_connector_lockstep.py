@@ -299,8 +299,8 @@ def test_offloading_connector_lockstep(tiny_model_dir, num_blocks, policy):
     the request ends with an error), and a request is aborted while receiving.
 
     Not (28, "fail"): a failed request frees pages that were never cached, and under cache
-    pressure the two managers then evict differently by design (README, "Difference under
-    cache pressure": vLLM queues freed uncached blocks behind cached ones); there kvshare
+    pressure the two managers then evict differently by design (docs/vllm.md, "Difference
+    under cache pressure": vLLM queues freed uncached blocks behind cached ones); there kvshare
     keeps a prefix vLLM evicted, hits it locally and schedules a request vLLM loads."""
     pair = ConnPair(tiny_model_dir, lambda i: offloading_config(64, policy),
                     lambda c: OffloadingWorker(load_delay=2, store_delay=1, fail_every=4),

@@ -1,5 +1,5 @@
-"""scripts/count-decode-instructions: the per-launch instruction count the README's decode
-figures come from (callgrind inside kvs_attention_launch). Checks that it counts the launch
+"""scripts/count-decode-instructions: the instructions one decode launch executes on each
+CPU kernel path (callgrind inside kvs_attention_launch). Checks that it counts the launch
 itself (at least the FMAs a decode must execute, so a broken collection that counts nothing or
 only set-up fails), that it skips exactly the paths this CPU lacks (and avx512 on a CPU that
 has it, for valgrind's reason: valgrind emulates no AVX-512), and that the vector path
@@ -69,7 +69,7 @@ def test_counts_each_path_this_cpu_has():
 @pytest.mark.skipif(not {"avx2", "fma", "f16c"} <= cpu_flags(),
                     reason="the CPU lacks avx2, fma or f16c")
 def test_fma_probe_builds_and_measures(tmp_path):
-    """scripts/fma-probe.c (README's Zen 1 limit): builds with the command in its header and
+    """scripts/fma-probe.c (the decode kernel's inner-loop cycles): builds with the command in its header and
     prints a plausible clock and seven loop rates (8 256-bit FMAs take at least 2 cycles on any
     core, and the loops with more work in them are not much faster than the FMAs alone)."""
     exe = tmp_path / "fma-probe"

@@ -289,15 +289,16 @@ def test_host_tier_with_kvshare_attention(engine):
 
 
 def test_readme_block_runs_verbatim():
-    """README.md's 'vLLM on CPU, end to end' block, run as written from the repository root."""
+    """docs/vllm.md's "vLLM's CPU engine end to end" block, run as written from the repository
+    root."""
     import re
     import subprocess
 
     root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
-    with open(os.path.join(root, "README.md")) as f:
+    with open(os.path.join(root, "docs", "vllm.md")) as f:
         readme = f.read()
     m = re.search(r"<!-- test: vllm-cpu-e2e -->\s*```bash\n(.*?)```", readme, re.S)
-    assert m, "README.md lost its 'vllm-cpu-e2e' block"
+    assert m, "docs/vllm.md lost its 'vllm-cpu-e2e' block"
     env = {k: v for k, v in os.environ.items()
            if k not in ("PYTHONPATH", "KVSHARE_VLLM", "KVSHARE_VLLM_OPS", "VLLM_LOGGING_LEVEL")}
     res = subprocess.run(["bash", "-euo", "pipefail", "-c", m.group(1)], cwd=root, env=env,

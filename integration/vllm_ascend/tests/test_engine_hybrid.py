@@ -86,6 +86,6 @@ def test_hybrid_under_pressure(engine):
     assert off["preemptions"] > 0 and on["preemptions"] > 0, "the workload must preempt"
     # The same tokens, and the same schedule every step: several conversations compute the
     # system prompt at once, vLLM keeps every copy of a block computed twice, and kvshare's
-    # groups keep duplicates the same way (README, "Hybrid models").
+    # groups keep duplicates the same way (docs/vllm.md, "Duplicate blocks").
     assert on["tokens"] == off["tokens"]
     assert _steps(on) == _steps(off)

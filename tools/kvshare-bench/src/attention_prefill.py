@@ -41,6 +41,10 @@ try:
     current_platform.import_kernels()
     from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
     isa = _get_attn_isa(dt, ps, dim)
+    # Its "amx" kernels run tile instructions, which Linux allows only after the process asked for
+    # tile data (in vLLM's worker oneDNN has asked by then); without that they die of SIGILL.
+    if isa == "amx" and not torch.cpu._init_amx():
+        raise SystemExit("vLLM's amx kernels: torch.cpu._init_amx() was refused")
     nblocks = kp.shape[0]
     kv = torch.zeros(nblocks, hk, ps, 2 * dim, dtype=dt)
     kc, vc = kv.view(nblocks, hk, 2 * ps, dim).chunk(2, dim=2)

@@ -15,6 +15,10 @@ from vllm.platforms import current_platform
 current_platform.import_kernels()
 from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
 isa = _get_attn_isa(dt, ps, dim)
+# Its "amx" kernels run tile instructions, which Linux allows only after the process asked for
+# tile data (in vLLM's worker oneDNN has asked by then); without that they die of SIGILL.
+if isa == "amx" and not torch.cpu._init_amx():
+    raise SystemExit("vLLM's amx kernels: torch.cpu._init_amx() was refused")
 # Which of the wheel's kernel builds this CPU got (vllm/platforms/cpu.py import_kernels: _C with
 # AVX-512 + AVX512_BF16, _C_AVX512 with AVX-512 alone, _C_AVX2 otherwise); all load as module _C.
 build = ",".join(sorted({l.rsplit("/", 1)[-1].split(".")[0] for l in open("/proc/self/maps")

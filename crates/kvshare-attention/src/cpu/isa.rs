@@ -14,14 +14,16 @@
 //!   and timed natively on a Zen 4 EPYC (stop 31, the README's *AVX-512 on hardware*); on
 //!   machines without AVX-512 its tests run under an x86 emulator (BochsCPU,
 //!   `integration/vllm_ascend/tests/test_ops_emulated.py`).
-//! * `amx`: prefill rows (the tiled kernel, `kernel/tiled.rs`) on AMX tiles in bf16
-//!   (`kernel/amx.rs`, `tdpbf16ps`), an f16 cache in f16 where CPUID also reports amx_fp16
-//!   (`tdpfp16ps`, [`Isa::amx_fp16`]); decode rows on the best vector path (`avx512`, else
-//!   `avx2`: [`Isa::vector`]). Runs only when CPUID reports amx_tile and amx_bf16 and the
+//! * `amx`: prefill rows (the tiled kernel, `kernel/tiled.rs`) of a bf16 cache on AMX tiles
+//!   in bf16 (`kernel/amx.rs`, `tdpbf16ps`), of an f16 cache in f16 where CPUID also reports
+//!   amx_fp16 (`tdpfp16ps`, [`Isa::amx_fp16`]); everything else (decode rows, an f32 cache's
+//!   prefill, an f16 cache's without AMX-FP16) on the best vector path (`avx512`, else
+//!   `avx2`: [`Isa::vector`]), so that no cache is computed below its own precision. Runs only when CPUID reports amx_tile and amx_bf16 and the
 //!   kernel granted tile data to the process ([`amx_permission`], the one-time
 //!   `arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)` request); otherwise refused with
-//!   the reason. No machine this project is built on has AMX: the tile instructions have
-//!   never executed here; the algorithm is tested through software tiles with AMX's semantics.
+//!   the reason. Run natively on a Xeon with AMX-BF16 (no AMX-FP16); elsewhere the algorithm
+//!   is tested through software tiles that round as `tdpbf16ps` does, bit for bit
+//!   (`kernel/amx.rs`).
 //!
 //! The best available path is picked unless `KVSHARE_CPU_ISA` names one
 //! (`portable|portable16|avx2|avx512|amx`); a named path the machine lacks makes backend creation fail
@@ -46,8 +48,8 @@ pub enum Isa {
     Avx2,
     /// AVX-512F + AVX-512VL (+ the AVX2 set), 16 lanes.
     Avx512,
-    /// AMX tiles (bf16; f16 caches in f16 with AMX-FP16) for prefill, the best vector path
-    /// for decode.
+    /// AMX tiles for the prefill of bf16 caches (and of f16 caches with AMX-FP16), the best
+    /// vector path for the rest.
     Amx,
 }
 
@@ -116,8 +118,9 @@ impl Isa {
         self == Isa::Amx && has_amx_fp16() && self.check().is_ok()
     }
 
-    /// The vector path that runs this path's decode rows: itself, except `amx`, whose decode
-    /// rows run on `avx512` where the CPU has it, else `avx2`.
+    /// The vector path that runs this path's decode rows (and `amx`'s prefill rows that its
+    /// tiles do not take): itself, except `amx`, whose vector path is `avx512` where the CPU
+    /// has it, else `avx2`.
     pub fn vector(self) -> Isa {
         match self {
             Isa::Amx if Isa::Avx512.check().is_ok() => Isa::Avx512,

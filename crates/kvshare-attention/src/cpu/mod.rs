@@ -422,11 +422,15 @@ impl BackendInfo for CpuBackend {
                 ""
             },
             match self.isa {
-                Isa::Amx if self.isa.amx_fp16() => {
-                    "; prefill on AMX tiles (tdpbf16ps; f16 caches by tdpfp16ps)"
-                }
-                Isa::Amx => "; prefill on AMX tiles (tdpbf16ps)",
-                _ => "",
+                Isa::Amx if self.isa.amx_fp16() => format!(
+                    "; bf16 prefill on AMX tiles (tdpbf16ps), f16 by tdpfp16ps, f32 on {}",
+                    self.isa.vector().name()
+                ),
+                Isa::Amx => format!(
+                    "; bf16 prefill on AMX tiles (tdpbf16ps), f16 and f32 on {}",
+                    self.isa.vector().name()
+                ),
+                _ => String::new(),
             },
             self.workers.num_threads(),
             match self.workers {

@@ -1,7 +1,7 @@
 /*
- * Regression (issue 15, item 6): a kvs_config bool field holding a byte other than 0 or 1
- * (memset, a uint8_t view, a ctypes field of the wrong width) was accepted, and the new cache then
- * failed kvs_cache_check. It must be refused with KVS_STATUS_INVALID_CONFIG naming the field,
+ * Regression: a kvs_config bool field holding a byte other than 0 or 1 (memset, a uint8_t
+ * view, a ctypes field of the wrong width) was accepted, and the new cache then failed
+ * kvs_cache_check. It must be refused with KVS_STATUS_INVALID_CONFIG naming the field,
  * and the cache handle left untouched. Also: an empty prompt is a valid sequence (documented on
  * kvs_seq_begin) that later appends fill.
  */

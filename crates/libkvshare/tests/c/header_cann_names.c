@@ -1,5 +1,5 @@
 /*
- * Regression (issue 15, item 3): kvshare.h must not define names outside its KVS_/kvs_ prefix.
+ * Regression: kvshare.h must not define names outside its KVS_/kvs_ prefix.
  * It used to #define ACL_SUCCESS, ACL_FLOAT16, ACL_MEMCPY_*, ACLNN_ERR_*, MAX_BATCH, MAX_HEADS,
  * PRIORITIES, ... (about 29 macros), so a translation unit including kvshare.h and then CANN's
  * headers did not compile. The declarations below mirror CANN's acl/acl_base.h, acl/acl_rt.h and

@@ -1,5 +1,5 @@
 /*
- * Emulated CANN runtime for kvshare's Ascend backend tests (see README.md here).
+ * Emulated CANN runtime for kvshare's Ascend backend tests (see README.md in this directory).
  *
  * Built by tests/support/cann_emu.rs into shared libraries with the real names (libascendcl.so,
  * libnnopbase.so, libopapi.so, libopapi_transformer.so, libcust_opapi.so), from these sources

@@ -4,12 +4,14 @@
 //!
 //! The pair format is [`Pair`]: [`Bf16Pairs`] or [`F16Pairs`]. Inputs are rounded to it
 //! (round to nearest even): the query always, the K/V when stored in another type, and the
-//! softmax probabilities; accumulation is f32. With bf16 pairs an f32 or f16 cache is about
-//! as exact as a bf16 cache (relative error of order `2^-8`). With f16 pairs an f16 cache's
-//! K/V enter the products exactly, and the query and probabilities lose at most `2^-11` of
-//! themselves (f16's subnormal inputs are kept: `tdpfp16ps` does not flush them, as
-//! `tdpbf16ps` does); the kernel picks f16 pairs only for an f16 cache whose scaled queries
-//! all lie in f16's range (`tiled.rs`).
+//! softmax probabilities; accumulation is f32. In bf16 pairs an f32 or f16 cache would be only
+//! as exact as a bf16 cache (relative error of order `2^-8`), so the kernel gives this engine
+//! a bf16 cache in bf16 pairs, or an f16 cache in f16 pairs, and nothing else (`tiled.rs`:
+//! other caches run the vector path). With f16 pairs an f16 cache's K/V enter the products
+//! exactly, and the query and probabilities lose at most `2^-11` of themselves (f16's
+//! subnormal inputs are kept: `tdpfp16ps` does not flush them, as `tdpbf16ps` does); the
+//! kernel picks f16 pairs only for an f16 cache whose scaled queries all lie in f16's range.
+//! (The tests also run the engine on other caches through the software tiles.)
 //!
 //! Layout. Scores: A = the block's queries, `mr` rows of 32 pair elements (one 32-element
 //! slice of the head dim); B = the K tile in AMX's VNNI layout, 16 rows (pairs of head-dim
@@ -22,10 +24,10 @@
 //!
 //! The tile instructions sit behind the [`Tiles`] trait: [`AsmTiles`] issues them
 //! (`ldtilecfg`, `tilezero`, `tileloadd`, `tdpbf16ps`, `tdpfp16ps`, `tilestored`,
-//! `tilerelease`), and [`SoftTiles`] reproduces their semantics in software (configured rows /
-//! bytes per row, zeroing, pairwise products summed into f32, f32 denormal results flushed,
-//! bf16 denormal inputs flushed and f16 ones kept), so that the whole algorithm is tested on
-//! machines without AMX.
+//! `tilerelease`), and [`SoftTiles`] reproduces them in software (configured rows / bytes
+//! per row, zeroing, and the pair products' exact rounding: the SDM's order of sums, denormals
+//! flushed as the hardware flushes them), so that the whole algorithm is tested on machines
+//! without AMX with the results `tdpbf16ps` gives, bit for bit.
 
 #![allow(clippy::needless_range_loop)]
 
@@ -148,11 +150,21 @@ impl Tiles for AsmTiles {
 /// AMX tiles in software, with the hardware's semantics: 8 tiles of up to 16 rows x 64 bytes;
 /// loads and stores move the configured rows x bytes and zero the rest of the tile;
 /// `tdpbf16ps` and `tdpfp16ps` need `A.rows = C.rows`, `A.colsb / 4 = B.rows`,
-/// `B.colsb = C.colsb`, and compute, per pair `k`, `c += a[2k] * b[2k] ; c += a[2k + 1] *
-/// b[2k + 1]` in f32 (round to nearest even; the products of two bf16 or two f16 are exact in
-/// f32), with f32 denormal results flushed to zero, bf16 denormal inputs flushed too and f16
-/// denormal inputs kept (the SDM's words for each). A shape error or an unconfigured tile
-/// panics (the hardware would fault). Test builds only.
+/// `B.colsb = C.colsb`.
+///
+/// The arithmetic is the Intel SDM's Operation section for both instructions (not the
+/// intrinsics guide's, which adds each product into `C` in turn): for each `C[m][n]`, two f32
+/// sums start from zero, `even` of the products `a[m][2k] b[k][2n]` and `odd` of
+/// `a[m][2k + 1] b[k][2n + 1]`, over `k` in order, each step an FMA (the product unrounded)
+/// rounded to nearest even; then `C[m][n] += even + odd`, two more roundings. Every f32 result
+/// is flushed to zero when denormal, and every f32 input too (`C` included); bf16 denormal
+/// inputs are flushed, f16 ones kept. On a Xeon with AMX-BF16 this is `tdpbf16ps` bit for
+/// bit: single products of random tiles over every bf16 exponent, denormals included
+/// (`soft_tiles_match_the_hardware_instruction`), and the whole engine
+/// (`amx_hardware_tiles_match_software_tiles`). The intrinsics guide's order rounds
+/// differently in a quarter (inputs near 1) to half (wide exponents) of such outputs.
+/// `tdpfp16ps` follows the same SDM text; no CPU with AMX-FP16 has checked it. A shape error
+/// or an unconfigured tile panics (the hardware would fault). Test builds only.
 #[cfg(test)]
 pub(super) struct SoftTiles {
     cfg: Option<TileConfig>,
@@ -199,12 +211,16 @@ impl SoftTiles {
         let tc = &mut self.data[c as usize];
         for m in 0..cr {
             for n in 0..cc / 4 {
-                let mut acc = f32::from_le_bytes(tc[m][4 * n..4 * n + 4].try_into().unwrap());
+                // The even and the odd elements of the pairs in two sums from zero (one FMA
+                // each per pair: the product enters unrounded), then those two added, then C.
+                let (mut even, mut odd) = (0f32, 0f32);
                 for k in 0..ac / 4 {
-                    acc = flush(acc + word(&ta, m, 2 * k) * word(&tb, k, 2 * n));
-                    acc = flush(acc + word(&ta, m, 2 * k + 1) * word(&tb, k, 2 * n + 1));
+                    even = flush(word(&ta, m, 2 * k).mul_add(word(&tb, k, 2 * n), even));
+                    odd = flush(word(&ta, m, 2 * k + 1).mul_add(word(&tb, k, 2 * n + 1), odd));
                 }
-                tc[m][4 * n..4 * n + 4].copy_from_slice(&acc.to_le_bytes());
+                let c = f32::from_le_bytes(tc[m][4 * n..4 * n + 4].try_into().unwrap());
+                let c = flush(flush(c) + flush(even + odd));
+                tc[m][4 * n..4 * n + 4].copy_from_slice(&c.to_le_bytes());
             }
             tc[m][cc..].fill(0);
         }

@@ -95,21 +95,40 @@ fn scalar_and_simd_paths_match_naive() {
                 }
                 let mut all = vec![0f32; 8 * d];
                 attend(isa, &kv, &rows(0..8), &mut all);
-                results.push((isa.name(), "8 rows", all));
+                results.push((isa, "8 rows", all));
                 let mut split = vec![0f32; 8 * d];
                 for r in 0..8 {
                     attend(isa, &kv, &rows(r..r + 1), &mut split[r * d..(r + 1) * d]);
                 }
-                results.push((isa.name(), "one row", split));
+                results.push((isa, "one row", split));
             }
-            // The bf16 pair values (avx512 with AVX512_BF16, bf16 query, head dim a multiple of
-            // 32) multiply probabilities rounded to bf16 (relative error up to 2^-9 each, in the
-            // sum too): an output moves by at most 2^-9 * max |v - out| <= 2 * 2^-9 (|v| <= 1),
-            // and by about a tenth of that on average over these 40-key rows. A wrong column,
-            // token or probability is off by far more.
+            // `amx` runs these (decode) rows on its vector path: the same results, bit for bit.
+            for (isa, how, got) in &results {
+                let Some(same) = results
+                    .iter()
+                    .find(|(i, h, _)| *i != *isa && *i == isa.vector() && h == how)
+                else {
+                    continue;
+                };
+                let differ = got.iter().zip(&same.2).filter(|(a, b)| a != b).count();
+                assert_eq!(
+                    differ,
+                    0,
+                    "{} {how} d {d}: {differ} values differ from {}",
+                    isa.name(),
+                    same.0.name()
+                );
+            }
+            // The bf16 pair values (avx512 with AVX512_BF16, and so amx's decode rows where
+            // that is its vector path; bf16 query, head dim a multiple of 32) multiply
+            // probabilities rounded to bf16 (relative error up to 2^-9 each, in the sum too):
+            // an output moves by at most 2^-9 * max |v - out| <= 2 * 2^-9 (|v| <= 1), and by
+            // about a tenth of that on average over these 40-key rows. A wrong column, token or
+            // probability is off by far more.
             let pairs = bf16_query && d % 32 == 0 && Isa::Avx512.bf16_pairs();
             for (isa, how, got) in &results {
-                let pair_values = *isa == "avx512" && pairs;
+                let pair_values = isa.vector() == Isa::Avx512 && pairs;
+                let isa = isa.name();
                 let tol = if pair_values { 4e-3 } else { 1e-5 };
                 let mut total = 0f64;
                 for i in 0..8 * d {

@@ -483,9 +483,11 @@ unsafe fn pv<L: Lanes, const M: usize, const U: usize>(
 }
 
 /// The tiled kernel's entry: as `kernel::attend_partial` (same arguments, same result up to
-/// rounding), on the backend's path: `amx` runs the AMX engine (bf16 pairs; f16 pairs for an
-/// f16 cache on a CPU with AMX-FP16 when every scaled query fits f16's range, see `amx.rs`),
-/// the vector paths the f32 [`Fma`] engine on their lanes.
+/// rounding), on the backend's path: `amx` runs the AMX engine where its pairs hold the cache's
+/// values exactly (bf16 pairs for a bf16 cache; f16 pairs for an f16 cache on a CPU with
+/// AMX-FP16 when every scaled query fits f16's range, see `amx.rs`) and its vector path
+/// ([`Isa::vector`]) otherwise; the vector paths run the f32 [`Fma`] engine on their lanes
+/// (`avx512` the bf16 pair engine for a bf16 query and cache where it can).
 pub(crate) fn attend_partial<T: KvElem>(
     isa: Isa,
     kv: &SeqKv<'_, T>,
@@ -502,12 +504,17 @@ pub(crate) fn attend_partial<T: KvElem>(
         // above and by slicing in `run`.
         Isa::Amx => {
             use super::amx::{Bf16Pairs, F16Pairs};
-            if T::F16 && isa.amx_fp16() && fits_f16(&rows.q[..rows.lo.len() * d]) {
+            if T::as_bf16(kv.k).is_some() {
+                // SAFETY: as above.
+                unsafe { amx_avx2::<T, Bf16Pairs>(kv, rows, out, m, l) }
+            } else if T::F16 && isa.amx_fp16() && fits_f16(&rows.q[..rows.lo.len() * d]) {
                 // SAFETY: as above, and CPUID reports AMX-FP16.
                 unsafe { amx_avx2::<T, F16Pairs>(kv, rows, out, m, l) }
             } else {
-                // SAFETY: as above.
-                unsafe { amx_avx2::<T, Bf16Pairs>(kv, rows, out, m, l) }
+                // An f32 cache, or an f16 one without f16 tiles: bf16 pairs would round its
+                // K/V to bf16 (a row that sees one key would get that V rounded to bf16), so
+                // the vector path's engine, with the cache type's accuracy.
+                attend_partial(isa.vector(), kv, rows, out, m, l)
             }
         }
         #[cfg(target_arch = "x86_64")]

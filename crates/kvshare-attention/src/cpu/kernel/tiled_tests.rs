@@ -45,6 +45,17 @@ struct Data<T> {
 }
 
 impl<T> Data<T> {
+    /// The case's K/V.
+    fn kv(&self, c: &Case) -> SeqKv<'_, T> {
+        SeqKv {
+            k: &self.k,
+            v: &self.v,
+            pages: &self.pages,
+            layout: &self.layout,
+            softcap: c.softcap,
+        }
+    }
+
     /// The case's rows, with `q_bf16` as given.
     fn rows<'a>(&'a self, q_bf16: Option<(&'a [bf16], f32)>) -> Rows<'a> {
         Rows {
@@ -211,8 +222,8 @@ fn check_case<T: KvElem>(c: &Case, from: impl Fn(f32) -> T) {
         let got = unsafe { avx2_engine(c, &x) };
         compare("fma avx2", c, &got, &exact, tol);
     }
-    // On a CPU with AVX-512 (none of this project's machines has one, so there the avx512
-    // engine runs under an x86 emulator: integration/vllm_ascend/tests/test_ops_emulated.py).
+    // On a CPU with AVX-512 (on machines without it the avx512 engine runs under an x86
+    // emulator: integration/vllm_ascend/tests/test_ops_emulated.py).
     #[cfg(target_arch = "x86_64")]
     if Isa::Avx512.check().is_ok() {
         // SAFETY: the CPU has AVX-512F/VL, AVX2, FMA and F16C.
@@ -442,11 +453,14 @@ fn soft_dp_follows_the_instruction<P: Pair>(smallest_times_one: f32) {
                 );
                 continue;
             }
-            let mut want = c0[m * 16 + n];
+            // The even and the odd products summed apart by FMAs from zero, then added, then
+            // added to C.
+            let (mut even, mut odd) = (0f32, 0f32);
             for k in 0..7 {
-                want += av[m * 32 + 2 * k] * bv[k * 32 + 2 * n];
-                want += av[m * 32 + 2 * k + 1] * bv[k * 32 + 2 * n + 1];
+                even = av[m * 32 + 2 * k].mul_add(bv[k * 32 + 2 * n], even);
+                odd = av[m * 32 + 2 * k + 1].mul_add(bv[k * 32 + 2 * n + 1], odd);
             }
+            let want = c0[m * 16 + n] + (even + odd);
             assert_eq!(got[m * 16 + n], want, "[{m}][{n}]");
         }
     }
@@ -464,6 +478,24 @@ fn soft_dp_follows_the_instruction<P: Pair>(smallest_times_one: f32) {
         x.store::<0>(got.as_mut_ptr().cast(), 64);
     }
     assert_eq!(got[0], smallest_times_one);
+    // A denormal f32 in C is read as zero: 2^-128 plus the product 2^-7 * 2^-118 = 2^-125 is
+    // 2^-125, not 1.125 * 2^-125 (as on the hardware). Pairs of bf16 only: a product of two
+    // f16 is 0 or at least 2^-48, beside which 2^-128 is lost in rounding either way.
+    if P::round(2f32.powi(-118)) != 0.0 {
+        let mut c = vec![0f32; 16 * 16];
+        c[0] = 2f32.powi(-128);
+        let (mut a, mut b) = (vec![0u16; 16 * 32], vec![0u16; 16 * 32]);
+        a[0] = P::bits(2f32.powi(-7));
+        b[0] = P::bits(2f32.powi(-118));
+        unsafe {
+            x.load::<0>(c.as_ptr().cast(), 64);
+            x.load::<1>(a.as_ptr().cast(), 64);
+            x.load::<2>(b.as_ptr().cast(), 64);
+            dp(&mut x);
+            x.store::<0>(c.as_mut_ptr().cast(), 64);
+        }
+        assert_eq!(c[0], 2f32.powi(-125));
+    }
     // A and B not matching (A has 7 pairs, B 5 rows) is a fault, like the hardware's #UD.
     cfg.rows[2] = 5;
     let bad = std::panic::catch_unwind(move || unsafe {
@@ -472,6 +504,129 @@ fn soft_dp_follows_the_instruction<P: Pair>(smallest_times_one: f32) {
         dp(&mut x);
     });
     assert!(bad.is_err());
+}
+
+/// On a CPU whose kernel grants AMX tiles: single `tdpbf16ps` (and `tdpfp16ps` where CPUID
+/// has AMX-FP16) on the hardware against [`SoftTiles`], bit for bit, on random tiles of the
+/// largest shape and of a smaller one: inputs near 1 (as the kernel's), over a wide range,
+/// and over every exponent of the pair type (denormal inputs, products that underflow), C
+/// random with denormals among it.
+#[test]
+fn soft_tiles_match_the_hardware_instruction() {
+    use crate::attention::cpu::Isa;
+    if let Err(why) = Isa::Amx.check() {
+        println!("amx hardware tiles: skipped: {why}");
+        return;
+    }
+    // bf16 has f32's exponents (denormal below 2^-126); f16 is denormal below 2^-14.
+    soft_matches_hardware::<Bf16Pairs>("tdpbf16ps", -134, 40);
+    if Isa::Amx.amx_fp16() {
+        soft_matches_hardware::<F16Pairs>("tdpfp16ps", -25, 15);
+    } else {
+        println!("amx hardware tiles, tdpfp16ps: skipped: the CPU lacks amx_fp16");
+    }
+}
+
+/// [`soft_tiles_match_the_hardware_instruction`] for `P`, whose inputs go down to `2^emin`
+/// and up to `2^(emax + 1)`.
+#[cfg(target_arch = "x86_64")]
+fn soft_matches_hardware<P: Pair>(name: &str, emin: i32, emax: i32) {
+    use super::super::amx::AsmTiles;
+    let mut unit = super::super::tests::uniform(4321);
+    // +-(1 + u) 2^e, e uniform in lo..=hi.
+    let mut value = move |lo: i32, hi: i32| {
+        let e = lo + (((unit() + 1.0) / 2.0 * (hi - lo + 1) as f32) as i32).min(hi - lo);
+        let x = (1.0 + (unit() as f64 + 1.0) / 2.0) * 2f64.powi(e);
+        (if unit() < 0.0 { -x } else { x }) as f32
+    };
+    // C: 16 x 16 f32; A: 16 rows x 16 pairs; B: 16 rows x 16 pairs; or C 5 x 12, A 5 x 7,
+    // B 7 x 12.
+    let full = [(0, 16, 64), (1, 16, 64), (2, 16, 64)];
+    let part = [(0, 5, 48), (1, 5, 28), (2, 7, 48)];
+    let (mut outputs, mut tiles) = (0, 0);
+    for shape in [full, part] {
+        let mut cfg = TileConfig::palette1();
+        for (t, r, cb) in shape {
+            cfg.rows[t] = r;
+            cfg.colsb[t] = cb;
+        }
+        // Exponents of A and B, and of C (denormal f32 below 2^-126).
+        for (lo, hi, clo, chi) in [
+            (-2, 1, -3, 3),
+            (-20, 20, -40, 40),
+            (emin, emax, -135, 2 * emax),
+        ] {
+            for i in 0..100 {
+                let a: Vec<u16> = (0..16 * 32).map(|_| P::bits(value(lo, hi))).collect();
+                let b: Vec<u16> = (0..16 * 32).map(|_| P::bits(value(lo, hi))).collect();
+                let c: Vec<f32> = (0..16 * 16)
+                    .map(|j| {
+                        if (i + j) % 4 == 0 {
+                            0.0
+                        } else {
+                            value(clo, chi)
+                        }
+                    })
+                    .collect();
+                // SAFETY: Isa::Amx checked out (AMX and the tile permission; AMX-FP16 for
+                // `tdpfp16ps`); the configuration is palette 1 with three compatible tiles;
+                // every load and store stays inside 16 rows of 64 bytes at stride 64 of `a`,
+                // `b`, `c` and the result (1024 bytes each). The software tiles panic on error.
+                let (hw, soft) = unsafe {
+                    (
+                        dp_on::<_, P>(&mut AsmTiles, &cfg, &c, &a, &b),
+                        dp_on::<_, P>(&mut SoftTiles::new(), &cfg, &c, &a, &b),
+                    )
+                };
+                for k in 0..16 * 16 {
+                    assert_eq!(
+                        hw[k].to_bits(),
+                        soft[k].to_bits(),
+                        "{name} C {}x{} 2^{lo}..2^{hi} tile {i} [{}][{}]: hardware {:e}, \
+                         software {:e}",
+                        shape[0].1,
+                        shape[0].2 / 4,
+                        k / 16,
+                        k % 16,
+                        hw[k],
+                        soft[k]
+                    );
+                }
+                outputs += shape[0].1 as usize * shape[0].2 as usize / 4;
+                tiles += 1;
+            }
+        }
+    }
+    println!("amx hardware tiles, {name}: {tiles} products, {outputs} outputs bit for bit");
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn soft_matches_hardware<P: Pair>(_: &str, _: i32, _: i32) {
+    unreachable!("Isa::Amx checks out only on x86-64")
+}
+
+/// C (16 x 16 f32, `c` as loaded) after `P`'s product of A and B (16 x 32 elements each) on
+/// tiles `x`, configured by `cfg` for tiles 0 (C), 1 (A) and 2 (B).
+///
+/// # Safety
+/// As [`Tiles::config`] and [`Pair::dp`] for `x`; `cfg` valid for that product.
+unsafe fn dp_on<X: Tiles, P: Pair>(
+    x: &mut X,
+    cfg: &TileConfig,
+    c: &[f32],
+    a: &[u16],
+    b: &[u16],
+) -> Vec<f32> {
+    assert!(c.len() >= 16 * 16 && a.len() >= 16 * 32 && b.len() >= 16 * 32);
+    let mut out = c[..16 * 16].to_vec();
+    x.config(cfg);
+    x.load::<0>(c.as_ptr().cast(), 64);
+    x.load::<1>(a.as_ptr().cast(), 64);
+    x.load::<2>(b.as_ptr().cast(), 64);
+    P::dp::<X, 0, 1, 2>(x);
+    x.store::<0>(out.as_mut_ptr().cast(), 64);
+    x.release();
+    out
 }
 
 /// The f16 pairs take the scaled queries only when each rounds to a finite f16.
@@ -485,13 +640,115 @@ fn f16_pairs_need_queries_in_f16_range() {
     }
 }
 
+/// On a CPU whose kernel grants AMX tiles: the `amx` path's prefill puts a bf16 cache on the
+/// tiles (its results are the AMX engine's, bit for bit) and an f32 cache, or an f16 one
+/// without AMX-FP16, on its vector path (that path's results, bit for bit): bf16 pairs would
+/// compute those below their precision. In a full prefill the first token's rows see one key,
+/// so their output is that key's V exactly, which bf16 pairs would round.
+#[test]
+fn amx_path_tiles_only_what_its_pairs_hold_exactly() {
+    if let Err(why) = Isa::Amx.check() {
+        println!("amx prefill dispatch: skipped: {why}");
+        return;
+    }
+    let case = |dtype| Case {
+        dtype,
+        d: 64,
+        ps: 16,
+        kv_heads: 2,
+        group: 4,
+        ctx: 40,
+        q_len: 40,
+        window: 0,
+        softcap: 0.0,
+        seed: 91,
+    };
+    let c = case(DType::F32);
+    let x = data(&c, |v| v);
+    let amx = path_rows(Isa::Amx, &c, &x, false);
+    same_bits(
+        "f32 cache",
+        &amx,
+        &path_rows(Isa::Amx.vector(), &c, &x, false),
+    );
+    first_rows_are_v(&c, &x, &amx);
+    let c = case(DType::F16);
+    let x = data(&c, f16::from_f32);
+    let amx = path_rows(Isa::Amx, &c, &x, false);
+    if !Isa::Amx.amx_fp16() {
+        same_bits(
+            "f16 cache",
+            &amx,
+            &path_rows(Isa::Amx.vector(), &c, &x, false),
+        );
+    }
+    first_rows_are_v(&c, &x, &amx);
+    let c = case(DType::BF16);
+    let x = data(&c, bf16::from_f32);
+    #[cfg(target_arch = "x86_64")]
+    {
+        let kv = x.kv(&c);
+        let rows = x.rows(None);
+        let n = x.lo.len();
+        let (mut out, mut m, mut l) = (vec![0f32; n * c.d], vec![0f32; n], vec![0f32; n]);
+        // SAFETY: Isa::Amx checked out (AMX, the tile permission, AVX2/FMA/F16C); the
+        // lengths are the rows'.
+        unsafe {
+            amx_avx2::<bf16, super::super::amx::Bf16Pairs>(&kv, &rows, &mut out, &mut m, &mut l)
+        };
+        super::super::normalize(c.d, &l, &mut out);
+        same_bits("bf16 cache", &path_rows(Isa::Amx, &c, &x, false), &out);
+    }
+}
+
+/// The tiled kernel's entry on path `isa` (with the bf16 query where `q_bf16` and there is
+/// one): the normalised rows.
+fn path_rows<T: KvElem>(isa: Isa, c: &Case, x: &Data<T>, q_bf16: bool) -> Vec<f32> {
+    let kv = x.kv(c);
+    let rows = x.rows((q_bf16 && !x.qb.is_empty()).then_some((&x.qb[..], x.scale)));
+    let n = x.lo.len();
+    let (mut out, mut m, mut l) = (vec![0f32; n * c.d], vec![0f32; n], vec![0f32; n]);
+    attend_partial(isa, &kv, &rows, &mut out, &mut m, &mut l);
+    super::super::normalize(c.d, &l, &mut out);
+    out
+}
+
+/// Asserts `got` and `want` hold the same bits.
+fn same_bits(what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    let differ = got
+        .iter()
+        .zip(want)
+        .filter(|(a, b)| a.to_bits() != b.to_bits())
+        .count();
+    assert_eq!(differ, 0, "{what}: {differ} of {} values differ", got.len());
+}
+
+/// The rows that see only key 0 (the first query token of a full prefill) hold its V exactly.
+fn first_rows_are_v<T: KvElem>(c: &Case, x: &Data<T>, got: &[f32]) {
+    for r in 0..x.lo.len() {
+        if x.hi[r] - x.lo[r] != 1 {
+            continue;
+        }
+        let lay = &x.layout;
+        let off = x.pages[0] as usize * lay.page_stride + x.kv_head[r] * lay.head_stride;
+        for i in 0..c.d {
+            assert_eq!(
+                got[r * c.d + i],
+                x.v[off + i].to_f32(),
+                "{c:?} row {r} [{i}]"
+            );
+        }
+    }
+}
+
 /// On a CPU whose kernel grants AMX tiles: the whole AMX engine on the hardware tiles
 /// ([`AsmTiles`](super::super::amx::AsmTiles)) against the same engine on [`SoftTiles`], over
 /// bf16 and f16 caches (and an f32 one, rounded to bf16 pairs), the f16 pairs where CPUID has
-/// AMX-FP16, head dims 64/128/256, pages 16/128, tails, windows and soft caps. The software
-/// tiles are this project's model of `tdpbf16ps` / `tdpfp16ps` (each pair as two f32
-/// additions); the hardware may round a pair's sum once, so the rows agree within f32
-/// rounding, not bit for bit, and how many differ is printed.
+/// AMX-FP16, head dims 64/128/256, pages 16/128, tails, windows and soft caps. Everything
+/// but the tile instructions is the same code on both, and the software tiles round as the
+/// instructions do, so the rows agree bit for bit; each case's largest error against the
+/// f64 reference is printed.
 #[test]
 fn amx_hardware_tiles_match_software_tiles() {
     use crate::cpu::isa::Isa;
@@ -544,16 +801,21 @@ fn hardware_vs_soft<T: KvElem>(c: &Case, x: &Data<T>) {
             amx_pairs::<F16Pairs, T>(c, x),
         ));
     }
+    let exact = reference(c, x, |v| v);
     for (name, hw, soft) in pairs {
-        let differ = hw.iter().zip(&soft).filter(|(a, b)| a != b).count();
-        let max = hw
+        let differ = hw
             .iter()
             .zip(&soft)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0f32, f32::max);
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        let err = hw
+            .iter()
+            .zip(&exact)
+            .map(|(&g, &w)| (g as f64 - w).abs())
+            .fold(0f64, f64::max);
         println!(
             "amx hardware tiles, {name}, {:?} d {} ctx {} q {}: {differ} of {} values differ \
-             from the software tiles, max |diff| {max:.2e}",
+             from the software tiles; max |error| against f64 {err:.2e}",
             c.dtype,
             c.d,
             c.ctx,
@@ -561,9 +823,9 @@ fn hardware_vs_soft<T: KvElem>(c: &Case, x: &Data<T>) {
             hw.len()
         );
         assert!(hw.iter().all(|v| v.is_finite()), "{name} {c:?}: not finite");
-        assert!(
-            max <= 1e-5,
-            "{name} {c:?}: max |hardware - software| {max:e}"
+        assert_eq!(
+            differ, 0,
+            "{name} {c:?}: hardware and software tiles differ"
         );
     }
 }
