@@ -70,7 +70,7 @@ pub struct Config {
     pub enable_prefix_caching: bool,
     /// Reserve device page 0 as the padding/null page (vLLM's `null_block`); never allocated.
     pub reserve_null_page: bool,
-    /// Pages that fill up become matchable only after [`super::Cache::commit`]
+    /// Pages that fill up become matchable only after [`State::commit`](crate::State::commit)
     /// (MindIE's `MarkBlocksAsComputed`); otherwise as soon as they are full.
     pub defer_commit: bool,
     /// A prompt shares every cached full page, even the ones holding tokens past

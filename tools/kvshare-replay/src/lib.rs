@@ -5,7 +5,7 @@
 //!
 //! * [`trace`]: requests and the JSON Lines trace parser;
 //! * [`workload`]: the built-in workloads (multi-turn chat; shared-prefix ratio);
-//! * [`config`]: the replay's settings; [`sim`]: the replay loop; [`requests`]: its state of
+//! * [`config`]: the replay's settings; [`sim`]: the replay loop; `requests`: its state of
 //!   each request; [`outcome`]: what it reports; [`ideal`]: the ideal page count, computed
 //!   independently;
 //! * [`model`]: the model step behind a small trait ([`model::NoModel`] for `--no-attention`,
