@@ -4,14 +4,17 @@
 //!   fresh temporary directory: they install into `$HOME/.local` and build and run
 //!   `examples/c/hello.c` shared and static;
 //! * the installed tree: the files, the SONAME carrying `KVS_ABI_VERSION`, which library each
-//!   program needs at run time, the `.pc` and CMake versions equal to `Cargo.toml`'s, a
-//!   `DESTDIR` install that writes the final prefix into the files;
+//!   program needs at run time, the `.pc` and CMake versions equal to `Cargo.toml`'s, no debug
+//!   info, the main build's library (not a second build's), a `DESTDIR` install;
+//! * `pkg-config --libs kvshare-static` links statically, and the tree still works once moved;
+//! * `--uninstall` removes exactly what the install wrote;
 //! * `find_package(kvshare X)` accepts exactly the compatible versions;
-//! * the MindIE adapter's CMake finds the installed kvshare with `find_package`.
+//! * the MindIE adapter's CMake finds the installed kvshare with `find_package`;
+//! * the Python packages: the README's one command, wheels that install anywhere.
 //!
-//! The install builds the library once in `target/install-c` (a release build: about 2 minutes
-//! on a 2-core machine the first time, then cached). Parts that need `pkg-config` or `cmake` are
-//! skipped, with the reason printed, when the tool is not installed (`.ci/run` installs both).
+//! The install uses the release build in cargo's target folder (about 2 minutes on a 2-core
+//! machine the first time, then seconds). Parts that need `pkg-config` or `cmake` are skipped,
+//! with the reason printed, when the tool is not installed (`.ci/run` installs both).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -140,6 +143,22 @@ fn dynamic(file: &Path, kind: &str) -> Vec<String> {
         .collect()
 }
 
+/// The GNU build ID of an ELF file (kept by `strip --strip-debug`).
+fn build_id(file: &Path) -> String {
+    let notes = run(
+        Command::new("readelf")
+            .arg("-n")
+            .arg(file)
+            .env("LC_ALL", "C"),
+        "readelf -n",
+    );
+    notes
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Build ID: "))
+        .unwrap_or_else(|| panic!("{} has no build ID:\n{notes}", file.display()))
+        .to_string()
+}
+
 /// Every program the README blocks built says the second prompt found its pages cached.
 fn check_hello_output(out: &str, runs: usize) {
     let want = format!(
@@ -220,6 +239,7 @@ fn installed_tree_has_the_layout_soname_and_versions() {
         lib.join("libkvshare.a"),
         prefix.join("include/kvshare/kvshare.h"),
         lib.join("pkgconfig/kvshare.pc"),
+        lib.join("pkgconfig/kvshare-static.pc"),
         lib.join("cmake/kvshare/kvshareConfig.cmake"),
         lib.join("cmake/kvshare/kvshareConfigVersion.cmake"),
     ] {
@@ -230,21 +250,53 @@ fn installed_tree_has_the_layout_soname_and_versions() {
         Path::new(&soname),
         "libkvshare.so must link to the SONAME file"
     );
-    assert_eq!(dynamic(&lib.join(&soname), "SONAME"), [soname]);
+    assert_eq!(
+        dynamic(&lib.join(&soname), "SONAME"),
+        std::slice::from_ref(&soname)
+    );
     assert_eq!(
         std::fs::read(prefix.join("include/kvshare/kvshare.h")).unwrap(),
         std::fs::read(root().join("include/kvshare.h")).unwrap()
     );
-    let pc = std::fs::read_to_string(lib.join("pkgconfig/kvshare.pc")).unwrap();
-    assert!(
-        pc.contains(&format!("prefix={}\n", prefix.display())),
-        "{pc}"
+    for module in ["kvshare", "kvshare-static"] {
+        let pc = std::fs::read_to_string(lib.join(format!("pkgconfig/{module}.pc"))).unwrap();
+        // Relocatable: the prefix is the .pc file's folder's grandparent, no absolute path.
+        assert!(pc.contains("prefix=${pcfiledir}/../..\n"), "{pc}");
+        assert!(!pc.contains(&prefix.display().to_string()), "{pc}");
+        assert!(
+            pc.contains(&format!("Version: {}\n", env!("CARGO_PKG_VERSION"))),
+            "{pc}"
+        );
+        assert!(pc.contains(&format!("abi_version={}\n", abi())), "{pc}");
+    }
+    // Shipped without debug info or the archive's LLVM bitcode (the build keeps them).
+    for file in [lib.join(&soname), lib.join("libkvshare.a")] {
+        let sections = run(
+            Command::new("readelf")
+                .args(["-S", "-W"])
+                .arg(&file)
+                .env("LC_ALL", "C"),
+            "readelf -S",
+        );
+        for section in [".debug_info", ".debug_line", ".llvmbc"] {
+            assert!(
+                !sections.contains(section),
+                "{} keeps {section}",
+                file.display()
+            );
+        }
+    }
+    // The library is the main build's (cargo's target folder), not a second build's.
+    let built = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .parent()
+        .unwrap()
+        .join("release/libkvshare.so");
+    assert_eq!(
+        build_id(&lib.join(&soname)),
+        build_id(&built),
+        "the installed library is not {}",
+        built.display()
     );
-    assert!(
-        pc.contains(&format!("Version: {}\n", env!("CARGO_PKG_VERSION"))),
-        "{pc}"
-    );
-    assert!(pc.contains(&format!("abi_version={}\n", abi())), "{pc}");
     let version =
         std::fs::read_to_string(lib.join("cmake/kvshare/kvshareConfigVersion.cmake")).unwrap();
     assert!(version.contains(&format!(
@@ -261,12 +313,155 @@ fn destdir_stages_files_but_names_the_final_prefix() {
     let staged = stage.join("opt/kvshare-test-prefix");
     assert!(staged.join("include/kvshare/kvshare.h").is_file());
     let pc = std::fs::read_to_string(staged.join("lib/pkgconfig/kvshare.pc")).unwrap();
-    assert!(pc.contains("prefix=/opt/kvshare-test-prefix\n"), "{pc}");
+    assert!(pc.contains("prefix=${pcfiledir}/../..\n"), "{pc}");
     assert!(!pc.contains(&stage.display().to_string()), "{pc}");
     assert!(
         !prefix.exists(),
         "DESTDIR install wrote to the prefix itself"
     );
+}
+
+/// `pkg-config --libs kvshare-static` links libkvshare.a (the program needs no libkvshare at
+/// run time), `kvshare` the shared library, and both still work after the installed tree moved
+/// (the .pc files find the prefix from their own folder; so does the CMake package).
+#[test]
+fn pkg_config_links_static_and_shared_from_a_moved_tree() {
+    if !have("pkg-config") {
+        println!("skipped: pkg-config is not installed (apt-get install pkg-config)");
+        return;
+    }
+    let dir = scratch("moved");
+    let first = dir.join("first");
+    install(&first, None);
+    let moved = dir.join("elsewhere/prefix");
+    std::fs::create_dir_all(moved.parent().unwrap()).unwrap();
+    std::fs::rename(&first, &moved).unwrap();
+    let pkg_config = |args: &[&str]| {
+        let out = run(
+            Command::new("pkg-config")
+                .args(args)
+                .env("PKG_CONFIG_PATH", moved.join("lib/pkgconfig")),
+            &format!("pkg-config {args:?}"),
+        );
+        out.split_whitespace()
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    let hello = root().join("examples/c/hello.c");
+    let stat = dir.join("hello-static");
+    run(
+        Command::new("cc")
+            .arg(&hello)
+            .arg("-o")
+            .arg(&stat)
+            .args(pkg_config(&["--cflags", "--libs", "kvshare-static"])),
+        "cc (pkg-config kvshare-static)",
+    );
+    assert!(
+        !dynamic(&stat, "NEEDED")
+            .iter()
+            .any(|n| n.starts_with("libkvshare")),
+        "pkg-config --libs kvshare-static must link libkvshare.a"
+    );
+    let shared = dir.join("hello-shared");
+    let libdir = pkg_config(&["--variable=libdir", "kvshare"]).join(" ");
+    run(
+        Command::new("cc")
+            .arg(&hello)
+            .arg("-o")
+            .arg(&shared)
+            .args(pkg_config(&["--cflags", "--libs", "kvshare"]))
+            .arg(format!("-Wl,-rpath,{libdir}")),
+        "cc (pkg-config kvshare)",
+    );
+    assert!(dynamic(&shared, "NEEDED").contains(&format!("libkvshare.so.{}", abi())));
+    let mut out = String::new();
+    for program in [&stat, &shared] {
+        out += &run(Command::new(program).env_remove("LD_LIBRARY_PATH"), "hello");
+    }
+    check_hello_output(&out, 2);
+    assert_eq!(
+        pkg_config(&["--variable=abi_version", "kvshare-static"]),
+        [abi().to_string()]
+    );
+    if have("cmake") {
+        let found = cmake_find(&moved, "").expect("find_package after the move");
+        assert_eq!(
+            found,
+            format!("{} ABI {}", env!("CARGO_PKG_VERSION"), abi())
+        );
+    }
+}
+
+/// `--uninstall` removes every file the install wrote (under a non-default libdir too) and the
+/// folders that held only them, leaves other packages' files, and says when there was nothing.
+#[test]
+fn uninstall_removes_exactly_what_install_wrote() {
+    let prefix = scratch("uninstall").join("usr");
+    let foreign = [
+        prefix.join("lib64/pkgconfig/other.pc"),
+        prefix.join("lib64/cmake/other/otherConfig.cmake"),
+        prefix.join("include/other.h"),
+        prefix.join("lib64/libkvshare.so.1"),
+    ];
+    for f in &foreign {
+        std::fs::create_dir_all(f.parent().unwrap()).unwrap();
+        std::fs::write(f, "another package's file\n").unwrap();
+    }
+    let before = tree(&prefix);
+    let script = root().join("scripts/install-c");
+    run(
+        Command::new(&script)
+            .arg("--prefix")
+            .arg(&prefix)
+            .args(["--libdir", "lib64"]),
+        "scripts/install-c --libdir lib64",
+    );
+    assert!(prefix.join("lib64/pkgconfig/kvshare.pc").is_file());
+    let said = run(
+        Command::new(&script).arg("--prefix").arg(&prefix).args([
+            "--libdir",
+            "lib64",
+            "--uninstall",
+        ]),
+        "scripts/install-c --uninstall",
+    );
+    assert!(
+        said.contains(&format!("kvshare (ABI {}) uninstalled", abi())),
+        "{said}"
+    );
+    assert_eq!(tree(&prefix), before, "{said}");
+    let out = Command::new(&script)
+        .arg("--prefix")
+        .arg(&prefix)
+        .args(["--libdir", "lib64", "--uninstall"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("nothing to uninstall"),
+        "{out:?}"
+    );
+}
+
+/// Every path under `dir` (folders with a trailing `/`), sorted.
+fn tree(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            let name = p.strip_prefix(dir).unwrap().display().to_string();
+            if p.is_dir() && !p.is_symlink() {
+                out.push(format!("{name}/"));
+                todo.push(p);
+            } else {
+                out.push(name);
+            }
+        }
+    }
+    out.sort();
+    out
 }
 
 /// `find_package(kvshare <request>)` in a project with no languages: Ok(found version) or Err.
