@@ -737,19 +737,238 @@ fn pip_wheels_install_into_a_fresh_venv_and_work_without_environment() {
     );
     print!("{out}");
     check_smoke_output(&out, &fresh.display().to_string());
+    check_plugin_install(&fresh, &dir);
+    check_stripped(&binding, &dir.join("unpacked"));
+}
+
+/// The plugin installed in `venv` (which has no vLLM): its compiled modules and no C sources,
+/// both packages at this version, and importing it says which vLLM it needs.
+fn check_plugin_install(venv: &Path, cwd: &Path) {
+    let v = env!("CARGO_PKG_VERSION");
     let out = run(
-        python_cmd(&fresh.join("bin/python"))
+        python_cmd(&venv.join("bin/python"))
             .args([
                 "-c",
-                "import kvshare_vllm._fast as f, importlib.metadata as m; \
-                 print(f.__file__, m.version('kvshare'), m.version('kvshare-vllm'))",
+                "import importlib.metadata as m; \
+                 print(m.version('kvshare'), m.version('kvshare-vllm')); \
+                 print(*sorted(str(f) for f in m.files('kvshare-vllm')))",
             ])
-            .current_dir(&dir),
-        "import kvshare_vllm._fast",
+            .current_dir(cwd),
+        "importlib.metadata (kvshare-vllm)",
+    );
+    let mut lines = out.lines();
+    assert_eq!(lines.next(), Some(format!("{v} {v}").as_str()), "{out}");
+    let files = lines.next().unwrap_or_default();
+    for native in [
+        "kvshare_vllm/_fast.cpython-",
+        "kvshare_vllm/_fast_groups.cpython-",
+    ] {
+        assert!(files.contains(native), "{native} not installed: {files}");
+    }
+    assert!(files.contains("kvshare_vllm/_build_info.py"), "{files}");
+    assert!(
+        !files
+            .split(' ')
+            .any(|f| f.ends_with(".c") || f.ends_with(".h")),
+        "the plugin installs its C sources: {files}"
+    );
+    // No vLLM here: each way in names the supported version instead of a bare
+    // ModuleNotFoundError.
+    for code in [
+        "import kvshare_vllm.manager",
+        "from kvshare_vllm.plugin import register; register()",
+    ] {
+        let out = python_cmd(&venv.join("bin/python"))
+            .args(["-c", code])
+            .env("KVSHARE_VLLM", "1")
+            .current_dir(cwd)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{code}: {out:?}");
+        assert!(
+            err.contains("UnsupportedVllmError")
+                && err.contains("supports vLLM 0.23.0")
+                && err.contains("has no vLLM"),
+            "{code}: {err}"
+        );
+        assert!(!err.contains("ModuleNotFoundError"), "{code}: {err}");
+    }
+}
+
+/// The binding's wheel carries its library without debug info.
+fn check_stripped(wheel: &Path, scratch_dir: &Path) {
+    run(
+        Command::new("python3")
+            .args(["-m", "zipfile", "-e"])
+            .arg(wheel)
+            .arg(scratch_dir),
+        "python3 -m zipfile -e",
+    );
+    let sections = run(
+        Command::new("readelf")
+            .args(["-S", "-W"])
+            .arg(scratch_dir.join("kvshare/libkvshare.so"))
+            .env("LC_ALL", "C"),
+        "readelf -S",
     );
     assert!(
-        out.starts_with(&fresh.display().to_string())
-            && out.trim_end().ends_with(&format!("{v} {v}")),
-        "{out}"
+        !sections.contains(".debug_"),
+        "{}: kvshare/libkvshare.so keeps debug info",
+        wheel.display()
     );
+}
+
+/// `scripts/build-wheels`: the release files an index accepts. The binding's wheel is tagged
+/// manylinux_2_17 (glibc 2.17 and newer; auditwheel has checked every binary's symbol
+/// versions), small (its library stripped), described (license, summary, description); the
+/// plugin's wheel is manylinux too and holds no C sources; both install into a fresh venv from
+/// the files alone, and the binding works there. The binding's sdist builds its own wheel with
+/// cargo, from the Rust sources it carries.
+#[test]
+fn release_wheels_are_manylinux_small_described_and_the_sdist_builds() {
+    if let Err(why) = venv_available() {
+        println!("skipped: {why}");
+        return;
+    }
+    let _turn = pip_turn();
+    let dir = scratch("release");
+    let dist = dir.join("dist");
+    let mut cmd = python_cmd(&root().join("scripts/build-wheels"));
+    cmd.arg("--out").arg(&dist);
+    let said = run(&mut cmd, "scripts/build-wheels");
+    print!("{said}");
+    let v = env!("CARGO_PKG_VERSION");
+    let arch = std::env::consts::ARCH;
+    let files: Vec<PathBuf> = std::fs::read_dir(&dist)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    let find = |name: &str| {
+        files
+            .iter()
+            .find(|f| f.file_name().unwrap().to_string_lossy().starts_with(name))
+            .unwrap_or_else(|| panic!("no {name}* in {files:?}"))
+            .clone()
+    };
+    let manylinux = format!("manylinux2014_{arch}.manylinux_2_17_{arch}.whl");
+    let binding = find(&format!("kvshare-{v}-py3-none-{manylinux}"));
+    let plugin = find(&format!("kvshare_vllm-{v}-cp3"));
+    assert!(
+        plugin.to_string_lossy().ends_with(&manylinux),
+        "{}",
+        plugin.display()
+    );
+    let sdist = find(&format!("kvshare-{v}.tar.gz"));
+    find(&format!("kvshare_vllm-{v}.tar.gz"));
+    let size = std::fs::metadata(&binding).unwrap().len();
+    assert!(
+        size < 3 << 20,
+        "{}: {size} bytes (the stripped library is about 2.5 MB, 1.1 MB compressed)",
+        binding.display()
+    );
+    check_stripped(&binding, &dir.join("unpacked"));
+    for (wheel, summary) in [
+        (&binding, "Summary: Python binding of libkvshare"),
+        (&plugin, "Summary: vLLM / vLLM-Ascend plugin"),
+    ] {
+        let name = wheel.file_name().unwrap().to_string_lossy();
+        let dist_info = format!("{}-{v}.dist-info", name.split('-').next().unwrap());
+        let metadata = run(
+            Command::new("python3")
+                .args([
+                    "-c",
+                    "import sys, zipfile; \
+                     print(zipfile.ZipFile(sys.argv[1]).read(sys.argv[2]).decode())",
+                ])
+                .arg(wheel)
+                .arg(format!("{dist_info}/METADATA")),
+            "the wheel's METADATA",
+        );
+        for field in [
+            format!("Version: {v}\n"),
+            "License-Expression: Apache-2.0\n".into(),
+            "License-File: LICENSE\n".into(),
+            "Description-Content-Type: text/markdown\n".into(),
+            summary.to_string(),
+        ] {
+            assert!(
+                metadata.contains(&field),
+                "{name}: no {field:?} in\n{metadata}"
+            );
+        }
+        if wheel == &plugin {
+            let (major, minor, patch) = {
+                let p: Vec<&str> = v.split('.').collect();
+                (p[0], p[1], p[2])
+            };
+            let series = if major == "0" {
+                format!("kvshare~={major}.{minor}.{patch}")
+            } else {
+                format!("kvshare~={major}.{minor}")
+            };
+            assert!(
+                metadata.contains(&format!("Requires-Dist: {series}\n")),
+                "{metadata}"
+            );
+        }
+    }
+    let fresh = dir.join("fresh");
+    run(
+        Command::new("python3").args(["-m", "venv"]).arg(&fresh),
+        "python3 -m venv",
+    );
+    run(
+        python_cmd(&fresh.join("bin/pip"))
+            .args(["install", "-q"])
+            .arg(&binding)
+            .arg(&plugin)
+            .current_dir(&dir),
+        "pip install (the release wheels)",
+    );
+    let out = run(
+        python_cmd(&fresh.join("bin/python"))
+            .args(["-m", "kvshare"])
+            .current_dir(&dir),
+        "python -m kvshare",
+    );
+    check_smoke_output(&out, &fresh.display().to_string());
+    check_plugin_install(&fresh, &dir);
+
+    // The sdist alone: pip builds the binding's wheel from it with cargo. Unpacked in one fixed
+    // folder, so cargo's target folder there is reused from one run to the next.
+    let unpack = Path::new(env!("CARGO_TARGET_TMPDIR")).join("sdist-build");
+    let _ = std::fs::remove_dir_all(unpack.join(format!("kvshare-{v}")));
+    std::fs::create_dir_all(&unpack).unwrap();
+    run(
+        Command::new("tar")
+            .arg("xzf")
+            .arg(&sdist)
+            .arg("-C")
+            .arg(&unpack),
+        "tar xzf (the sdist)",
+    );
+    run(
+        python_cmd(&fresh.join("bin/pip"))
+            .args(["wheel", "-q", "--no-deps", "-w"])
+            .arg(dir.join("from-sdist"))
+            .arg(unpack.join(format!("kvshare-{v}")))
+            .env("CARGO_TARGET_DIR", unpack.join("target"))
+            .current_dir(&dir),
+        "pip wheel (the binding's sdist)",
+    );
+    let built: Vec<PathBuf> = std::fs::read_dir(dir.join("from-sdist"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert!(
+        built.len() == 1
+            && built[0]
+                .file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with(&format!("kvshare-{v}-py3-none-linux_")),
+        "{built:?}"
+    );
+    check_stripped(&built[0], &dir.join("unpacked-sdist-wheel"));
 }
