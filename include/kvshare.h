@@ -18,9 +18,9 @@
 #include <stddef.h>
 #include <stdint.h>
 #define KVS_VERSION_MAJOR 0
-#define KVS_VERSION_MINOR 1
+#define KVS_VERSION_MINOR 4
 #define KVS_VERSION_PATCH 0
-#define KVS_VERSION "0.1.0"
+#define KVS_VERSION "0.4.0"
 
 
 /*

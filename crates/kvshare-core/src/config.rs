@@ -126,7 +126,7 @@ pub struct Config {
     /// allocated. Groups that release pages (windows, chunks, states) need it: a released
     /// position shows it.
     pub reserve_null_page: bool,
-    /// Pages that fill up become matchable only after [`super::State::commit`]
+    /// Pages that fill up become matchable only after [`State::commit`](crate::State::commit)
     /// (MindIE's `MarkBlocksAsComputed`); otherwise as soon as they are full.
     pub defer_commit: bool,
     /// A prompt shares every cached full page, even the ones holding tokens past

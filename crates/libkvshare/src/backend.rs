@@ -3,7 +3,7 @@
 //! `kvs_backend_describe`).
 //!
 //! A backend works on host memory ([`Backend`]: the CPU) or on device memory
-//! ([`DeviceBackend`]: Ascend); [`Launcher`] holds either, and the launches of `attn.rs` branch
+//! ([`DeviceBackend`]: Ascend); `Launcher` holds either, and the launches of `attn.rs` branch
 //! only on that memory kind, never on which backend it is. The only place that names a concrete
 //! backend is `kvs_backend_new`, which builds it.
 

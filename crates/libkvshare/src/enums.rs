@@ -1,7 +1,7 @@
 //! Every C enum crossing the boundary, declared, decoded and encoded in one place:
 //!
 //! - raw `uint32_t` from C → enum: one `TryFrom<u32>` per enum, failing with [`NotAnEnum`]; a
-//!   call site turns that into its status with [`decode`] (naming the field) — a C field holds
+//!   call site turns that into its status with `decode` (naming the field) — a C field holds
 //!   whatever number the caller stored, so a Rust enum is never read from it directly;
 //! - enum ↔ core type: one `From` per direction that is used.
 

@@ -1,5 +1,5 @@
 //! The C ABI's error type: the core's and the backends' errors, and the boundary's own (a NULL
-//! pointer, a bad length, a caught panic). [`crate::status::status_of`] maps each to one
+//! pointer, a bad length, a caught panic). `crate::status::status_of` maps each to one
 //! `kvs_status`, in one place; the `Display` text becomes `kvs_last_error_message()`.
 
 use kvshare_attention::Error as AttnError;

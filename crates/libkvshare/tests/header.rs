@@ -8,7 +8,9 @@ use std::path::Path;
 
 fn generate() -> String {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let config = cbindgen::Config::from_file(root.join("cbindgen.toml")).expect("cbindgen.toml");
+    let mut config =
+        cbindgen::Config::from_file(root.join("cbindgen.toml")).expect("cbindgen.toml");
+    config.after_includes = Some(version_macros(env!("CARGO_PKG_VERSION")));
     let mut out = Vec::new();
     cbindgen::Builder::new()
         .with_crate(root)
@@ -17,6 +19,17 @@ fn generate() -> String {
         .expect("cbindgen generates the header")
         .write(&mut out);
     String::from_utf8(out).expect("utf-8 header")
+}
+
+/// The header's version macros, from Cargo's package version (the workspace's): the header, the
+/// library's `kvs_version()`, pkg-config, CMake and the Python packages all take it from there.
+fn version_macros(version: &str) -> String {
+    let parts: Vec<&str> = version.split(['.', '-', '+']).collect();
+    format!(
+        "#define KVS_VERSION_MAJOR {}\n#define KVS_VERSION_MINOR {}\n#define KVS_VERSION_PATCH {}\n\
+         #define KVS_VERSION \"{version}\"\n",
+        parts[0], parts[1], parts[2]
+    )
 }
 
 #[test]

@@ -29,6 +29,10 @@ from collections import Counter
 import kvshare
 from kvshare import ffi, lib
 
+from .startup import require as _require_supported_vllm_and_native
+
+_require_supported_vllm_and_native()  # before vLLM's imports: an unsupported vLLM is named
+
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 
 from . import logger

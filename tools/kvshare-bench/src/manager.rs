@@ -1,6 +1,7 @@
 //! `kvshare-bench manager`: cache-manager bookkeeping costs, through the C ABI (what an engine
 //! pays, lock and checks included) and the Rust core, each beside a floor measured in the same run.
 
+use std::ffi::OsString;
 use std::ptr;
 
 use kvshare::cache::{kvs_cache, kvs_config};
@@ -465,9 +466,35 @@ fn tiers(repeats: usize, rows: &mut Vec<Row>) {
     });
 }
 
+pub const USAGE: &str = "\
+kvshare-bench manager: the cache manager's bookkeeping (allocate and release, prefix match, a
+sequence's begin on a cached prompt, a decode step, the host tier), each against its floor
+measured in the same run, with the targets met or not.
+
+USAGE:
+    kvshare-bench manager [OPTIONS]
+
+OPTIONS:
+    --quick               5 repeats instead of 31
+    -h, --help            this text
+";
+
 /// Runs the manager benchmarks; `--quick` uses fewer repeats.
-pub fn run(args: &[String]) -> Result<(), String> {
-    let quick = args.iter().any(|a| a == "--quick");
+pub fn run(args: Vec<OsString>) -> Result<(), String> {
+    use lexopt::Arg::{Long, Short, Value};
+    let mut quick = false;
+    let mut p = lexopt::Parser::from_args(args);
+    while let Some(arg) = p.next().map_err(super::see_help)? {
+        match arg {
+            Long("quick") => quick = true,
+            Long("help") | Short('h') => {
+                print!("{USAGE}");
+                return Ok(());
+            }
+            Value(v) => return Err(format!("unexpected argument {v:?} (see --help)")),
+            other => return Err(format!("{} (see --help)", other.unexpected())),
+        }
+    }
     let repeats = if quick { 5 } else { 31 };
     let mut rows = Vec::new();
     alloc_release(repeats, &mut rows);

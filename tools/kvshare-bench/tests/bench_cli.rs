@@ -294,3 +294,115 @@ fn unknown_mode_is_an_error() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown mode"));
 }
+
+/// `kvshare-bench MODE --help` (and `-h`) prints that mode's options and runs nothing: no
+/// benchmark line, no JSON, no Python (the vLLM modes are given an interpreter that does not
+/// exist).
+#[test]
+fn every_mode_has_its_help() {
+    let missing = std::env::temp_dir().join("kvshare-bench-no-such-python");
+    for mode in ["manager", "attention", "vllm", "vllm-e2e"] {
+        for flag in ["--help", "-h"] {
+            let out = bench()
+                .args([mode, flag])
+                .env("KVS_VLLM_PYTHON", &missing)
+                .output()
+                .unwrap();
+            let said = String::from_utf8_lossy(&out.stdout);
+            assert!(out.status.success(), "{mode} {flag}: {out:?}");
+            assert!(
+                said.starts_with(&format!("kvshare-bench {mode}: ")),
+                "{mode} {flag}: {said}"
+            );
+            assert!(
+                said.contains(&format!("    kvshare-bench {mode} [")),
+                "{mode} {flag}: {said}"
+            );
+            assert!(!said.contains('{'), "{mode} {flag} ran something: {said}");
+        }
+    }
+    // The top-level help names every mode and how to reach its help.
+    let out = bench().arg("--help").output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    for mode in ["manager", "attention", "vllm", "vllm-e2e", "MODE --help"] {
+        assert!(said.contains(mode), "{said}");
+    }
+}
+
+/// Arguments that are not UTF-8 are refused with a message and exit status 2, never a panic
+/// (101); the vLLM modes hand them to the script as they are.
+#[cfg(unix)]
+#[test]
+fn non_utf8_arguments_are_errors_not_panics() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let bad = OsStr::from_bytes(b"\xff");
+    for (args, said) in [
+        (vec![bad], "unknown mode"),
+        (vec![OsStr::new("manager"), bad], "unexpected argument"),
+        (
+            vec![OsStr::new("attention"), OsStr::new("--dtype"), bad],
+            "--dtype: \"\\xFF\" is not valid UTF-8",
+        ),
+        (
+            vec![OsStr::new("attention"), OsStr::new("--seqs"), bad],
+            "--seqs: \"\\xFF\" is not valid UTF-8",
+        ),
+    ] {
+        let out = bench().args(&args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
+        assert!(err.contains(said), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+    let (dir, fake) = stand_in(
+        "utf8",
+        "#!/bin/sh\nfor a in \"$@\"; do last=$a; done\nprintf '%s' \"$last\" | od -c\n",
+    );
+    let out = bench()
+        .args([OsStr::new("vllm"), bad])
+        .env("KVS_VLLM_PYTHON", &fake)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("377"),
+        "{out:?}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Options are read as a parser reads them: `--flag=value`, an unknown option or a stray
+/// value is an error naming it, a flag's missing value too; after `--` a vLLM mode's
+/// arguments, `--help` included, go to its script.
+#[test]
+fn options_are_parsed_not_matched_by_hand() {
+    for (args, said) in [
+        (
+            &["attention", "--dtype=f8"][..],
+            "--dtype: f16, bf16 or f32, not \"f8\"",
+        ),
+        (&["attention", "--iters"][..], "--iters needs a value"),
+        (
+            &["attention", "--iters", "x"][..],
+            "--iters: \"x\" is not a valid number",
+        ),
+        (&["attention", "--bogus"][..], "unknown option \"--bogus\""),
+        (&["attention", "stray"][..], "unexpected argument \"stray\""),
+        (&["manager", "--bogus"][..], "--bogus"),
+        (&["manager", "--quick=1"][..], "--quick"),
+        (&["--quick"][..], "the mode comes first"),
+    ] {
+        let out = bench().args(args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
+        assert!(err.contains(said), "{args:?}: {err}");
+    }
+    let (dir, fake) = stand_in("dashdash", "#!/bin/sh\necho \"ran $*\"\n");
+    let out = run_with(&fake, &["vllm", "--quick", "--", "--help"]);
+    assert!(out.status.success(), "{out:?}");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("bench_vllm.py --quick --help"), "{said}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

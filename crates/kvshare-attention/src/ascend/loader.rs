@@ -139,7 +139,7 @@ pub struct Cann {
     pub destroy_int_array: AclDestroyIntArray,
     pub destroy_tensor_list: AclDestroyTensorList,
     pub destroy_executor: AclDestroyAclOpExecutor,
-    /// The FIA version used (see [`FIA_PREFERENCE`]).
+    /// The FIA version used (see `FIA_PREFERENCE`).
     pub fia: Op<FiaFn>,
     /// `aclnnScatterPaKvCache`, when present.
     pub scatter: Option<Op<ScatterPaKvCacheGetWs>>,

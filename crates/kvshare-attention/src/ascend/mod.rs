@@ -4,7 +4,7 @@
 //! * `fia`: the launch builder of `aclnnFusedInferAttentionScore` (V2/V3/V4): the tensors,
 //!   lists and arrays of one attention call, by the plan's layout (decode, TND, per sequence);
 //! * [`loader`]: finds and loads `libascendcl.so`, `libnnopbase.so` and the op libraries, and
-//!   resolves every symbol (FIA version preference: [`loader::FIA_PREFERENCE`]).
+//!   resolves every symbol (FIA version preference: `loader::FIA_PREFERENCE`).
 //! * [`plan`]: the CANN constraints, checked before any CANN call.
 //! * [`rt`]: owned tensors / int arrays / tensor lists / executors (destroyed on every path) and
 //!   the status mapping.

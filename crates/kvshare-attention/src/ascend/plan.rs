@@ -269,7 +269,7 @@ pub fn plan_attention(p: &AttnParams, seqs: &[SeqSpan]) -> Result<AttnPlan> {
     Ok(AttnPlan::PerSeqBsnd)
 }
 
-/// Refuses a device pointer that is not [`DEVICE_ALIGN`]-byte aligned.
+/// Refuses a device pointer that is not `DEVICE_ALIGN`-byte aligned.
 pub fn check_align(field: &'static str, addr: usize) -> Result<()> {
     if !addr.is_multiple_of(DEVICE_ALIGN) {
         return Err(Error::Invalid {

@@ -5,7 +5,7 @@
 //! keys; long sequences are split into key chunks whose partial softmaxes are merged exactly
 //! (split-K / flash-decoding), and the heads are divided only when the batch is still too small
 //! to keep the threads busy. The query heads of one kv head (GQA/MQA) share each K/V read. See
-//! [`kernel`] for the inner loop and `cpu/isa.rs` for the instruction-set paths.
+//! `kernel` for the inner loop and `cpu/isa.rs` for the instruction-set paths.
 
 use half::{bf16, f16};
 
