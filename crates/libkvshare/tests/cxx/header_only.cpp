@@ -12,7 +12,7 @@ static_assert(KVS_ABI_VERSION >= 1, "ABI version macro");
 static_assert(std::is_standard_layout<kvs_config>::value && std::is_trivially_copyable<kvs_config>::value,
               "kvs_config is a plain C struct");
 static_assert(std::is_standard_layout<kvs_stats>::value, "kvs_stats is a plain C struct");
-static_assert(sizeof(kvs_copy) == 4 * sizeof(uint32_t), "kvs_copy is four uint32_t");
+static_assert(sizeof(kvs_copy) == 5 * sizeof(uint32_t), "kvs_copy is five uint32_t");
 static_assert(std::is_same<decltype(&kvs_cache_new), kvs_status (*)(const kvs_config *, kvs_cache **)>::value,
               "kvs_cache_new signature");
 
