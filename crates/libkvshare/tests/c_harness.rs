@@ -357,18 +357,18 @@ programs! {
     lifecycle;
     seed_scenario;
     bad_input;
-    hybrid_bad_input;
+    groups_bad_input;
     stress + tsan;
     // Regression programs for bugs the harness found (fixed).
     bug_defer_commit_stale_pending;
     bug_append_lookahead_overflow;
     bug_append_batch_cow_overcount;
     bug_config_bool_byte;
-    bug_hybrid_chunked_only_hit;
-    bug_hybrid_chunk_not_page_multiple;
-    bug_hybrid_align_append_without_release;
+    bug_groups_chunked_only_hit;
+    bug_groups_chunk_not_page_multiple;
+    bug_groups_align_append_without_release;
     bug_huge_pages_contract;
-    // The header next to declarations mirroring CANN's (issue 15: no unprefixed macros).
+    // The header next to declarations mirroring CANN's (no unprefixed macros).
     header_cann_names;
 }
 
