@@ -300,7 +300,7 @@ impl State {
     /// (vLLM's `get_computed_blocks`: pass `tokens.len() - 1`), in the device tier only.
     /// Read-only: nothing is held, promoted or counted, so the pages may be evicted by the next
     /// allocation. Returns the hit in tokens (whole pages) and, per group, its pages for the hit's
-    /// positions: [`NULL_PAGE`](super::state::NULL_PAGE) where the group no longer reads the
+    /// positions: [`NULL_PAGE`] where the group no longer reads the
     /// position (what [`begin`](Self::begin) would share, before the same-step rule of state
     /// groups).
     pub fn find_hit(
