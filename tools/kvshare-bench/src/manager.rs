@@ -437,7 +437,9 @@ fn begin_rows(repeats: usize, rows: &mut Vec<Row>) {
 /// A decode step's bookkeeping and a request's begin + free, for one model.
 struct DecodeCost {
     /// ns per step of 256 sequences: `kvs_seq_append_batch`, then every group's block tables
-    /// and slot mapping.
+    /// and slot mapping; in the hybrid model each sequence's `kvs_seq_release_skipped` first
+    /// (vLLM's `remove_skipped_blocks`, which its manager runs every step, so the window group
+    /// holds only the pages its window reads).
     step_ns: f64,
     /// ns per step of writing the same block tables from an engine-side copy.
     table_copy_ns: f64,
@@ -453,11 +455,15 @@ fn decode_step(repeats: usize, model: Model) -> DecodeCost {
     let c = CCache::build(model, PS as u32, 0, (SEQS * MAX_PAGES) as u32 + 64);
     let system = tokens(1, 512);
     let ids: Vec<u64> = (1..=SEQS as u64).collect();
+    let mut computed = 0;
     for &id in &ids {
         let mut p = system.clone();
         p.extend(tokens(100 + id, 300));
         c.begin(id, &p, p.len() - 1);
+        computed = p.len();
     }
+    let releases = model != Model::Plain;
+    let mut released = 0usize;
     let mut tables = vec![vec![0i32; SEQS * MAX_PAGES]; groups];
     let mut lens = vec![0i32; SEQS];
     let mut slots = vec![0i64; SEQS];
@@ -477,10 +483,21 @@ fn decode_step(repeats: usize, model: Model) -> DecodeCost {
     // SAFETY: `c.0` is a live cache; every buffer is passed with its own length (`ids`, `toks`:
     // SEQS; `copies`: its len; each table: its len, rows of MAX_PAGES; `lens`, `qlens`,
     // `slots`: SEQS) and lives across the closure; `nc` is a live out location; the NULL
-    // `num_slots_out` is optional; every group index is below the model's group count.
+    // `num_slots_out` is optional; every group index is below the model's group count; `n` is
+    // a live out location and every id a live sequence.
     let step_ns = ns_per_unit(repeats.min(15), STEPS, || unsafe {
         for _ in 0..STEPS {
             step += 1;
+            if releases {
+                for &id in &ids {
+                    let mut n = 0;
+                    ok(kvs_cache::kvs_seq_release_skipped(
+                        c.0, id, computed, &mut n,
+                    ));
+                    released += n;
+                }
+            }
+            computed += 1;
             let toks = vec![step; SEQS];
             let mut nc = 0;
             ok(kvs_cache::kvs_seq_append_batch(
@@ -530,6 +547,12 @@ fn decode_step(repeats: usize, model: Model) -> DecodeCost {
         }
     });
     c.check();
+    // The first release drops the pages of each 812-token prompt before its 128-token window.
+    assert_eq!(
+        releases,
+        released > 0,
+        "{model:?}: released {released} pages"
+    );
 
     let begin_free_ns = ns_per_unit(repeats, 100, || {
         for k in 0..100u64 {
