@@ -489,8 +489,8 @@ mod tests {
 
     /// Page size 4, 8 device pages, one page registered under 4 tokens and
     /// acquired up to the 32-bit limit (forced: 2^32 real calls take minutes). Every acquire past
-    /// the limit must fail with `RefcountOverflow` and change nothing; before the fix the count
-    /// wrapped to 0 (FREE yet registered) and the next `match(acquire)` panicked.
+    /// the limit must fail with `RefcountOverflow` and change nothing: a count wrapped to 0 would
+    /// leave the page FREE yet registered, and the next `match(acquire)` would panic.
     #[test]
     fn acquire_never_wraps_the_refcount() {
         let mut s = State::new(Config {

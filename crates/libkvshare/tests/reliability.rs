@@ -1,6 +1,6 @@
 //! Regression tests that need a process of their own or many sequences: allocation failure at
 //! `kvs_cache_new` (one group, and groups with a pool each) under an address-space limit, and
-//! sequence ids crafted against the hash kvshare used to find sequences with.
+//! sequence ids crafted against a fixed, unseeded id hash.
 
 use std::ffi::CStr;
 use std::hash::BuildHasher;
