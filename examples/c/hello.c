@@ -22,13 +22,14 @@ int main(void) {
     }
     const int32_t prompt[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
     kvs_seq_info info;
-    /* First arrival: nothing cached. At most 8 tokens may match (the last is recomputed). */
-    kvs_status st = kvs_seq_begin(cache, 1, prompt, 9, NULL, 8, &info);
+    /* First arrival: nothing cached. At most 8 tokens may match (the last is recomputed); no
+       lookahead slots are reserved. */
+    kvs_status st = kvs_seq_begin(cache, 1, prompt, 9, NULL, 8, 0, &info);
     if (st == KVS_STATUS_OK) {
         st = kvs_seq_free(cache, 1); /* its two full pages stay cached */
     }
     if (st == KVS_STATUS_OK) {
-        st = kvs_seq_begin(cache, 2, prompt, 9, NULL, 8, &info);
+        st = kvs_seq_begin(cache, 2, prompt, 9, NULL, 8, 0, &info);
     }
     if (st != KVS_STATUS_OK) {
         fprintf(stderr, "kvshare: %s: %s\n", kvs_status_str(st), kvs_last_error_message());

@@ -7,8 +7,8 @@
 //! The caller waits only for the workers that joined the job. A worker joins (under the lock)
 //! when it wakes; once the caller has run out of items it withdraws the job, and a worker that
 //! wakes after that finds nothing to do. A small launch therefore costs the caller's own work
-//! plus a wake-up call. It used to wait for every worker, so each launch paid a sleeping
-//! thread's wake-up latency, which is 40-90 us on a 2-vCPU VM (the README's stop 37).
+//! plus a wake-up call. Waiting for every worker instead would make each launch pay a sleeping
+//! thread's wake-up latency, which is 40-90 us on a 2-vCPU VM.
 //!
 //! Why not `rayon`: the crate needs exactly one primitive (a blocking parallel-for over indices)
 //! and no extra dependency; this is about 150 lines of std.

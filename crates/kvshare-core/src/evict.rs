@@ -27,7 +27,7 @@
 //!
 //! All policies share one [`Links`] with the pool's free list: an item sits in at most one list.
 //! List ids: 0 the free list, `1 + k` the held parents of class `k`, then the policy's own lists
-//! ([`Policy::lists`] per class).
+//! (`Policy::lists` per class).
 //!
 //! ## The policies
 //!

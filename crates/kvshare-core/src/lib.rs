@@ -5,7 +5,7 @@
 //! [`Cache`] is the thread-safe entry point; [`State`] holds everything behind its lock. One
 //! manager serves every model: a plain model is one full-attention group, a hybrid model
 //! (sliding window, chunked local attention, Mamba / linear-attention state) several groups,
-//! each with its kind's [`rules`](crate::rules) behind one trait. The files split by concept:
+//! each with its kind's rules (`rules.rs`) behind one trait. The files split by concept:
 //!
 //! * [`config`]: geometry, options and the groups, with their validation;
 //! * `rules.rs`: what each attention kind needs (hits, skipped tokens, table growth);
@@ -15,8 +15,9 @@
 //! * `state.rs`: the state and the helpers every operation shares (taking and releasing pages,
 //!   demotion, index updates, queues, stats);
 //! * `hit.rs`: prefix hits across tiers and groups; `sequences.rs`: begin, fork, free, release;
-//!   `append.rs`: appends with copy-on-write; `swap.rs`: swaps between tiers; [`pages`]: the page API, pins, prefetch;
-//!   `batch.rs`: block tables and slot mappings; `check.rs`: the invariant checker;
+//!   `append.rs`: appends with copy-on-write; `swap.rs`: swaps between tiers; [`pages`]: the
+//!   page API, pins, prefetch; `batch.rs`: block tables and slot mappings; `check.rs`: the
+//!   invariant checker;
 //! * [`copies`], [`events`], [`stats`]: what the cache reports.
 #![forbid(unsafe_code)]
 

@@ -300,7 +300,7 @@ impl State {
     /// (vLLM's `get_computed_blocks`: pass `tokens.len() - 1`), in the device tier only.
     /// Read-only: nothing is held, promoted or counted, so the pages may be evicted by the next
     /// allocation. Returns the hit in tokens (whole pages) and, per group, its pages for the hit's
-    /// positions: [`NULL_PAGE`](super::state::NULL_PAGE) where the group no longer reads the
+    /// positions: [`NULL_PAGE`] where the group no longer reads the
     /// position (what [`begin`](Self::begin) would share, before the same-step rule of state
     /// groups).
     pub fn find_hit(
@@ -489,8 +489,8 @@ mod tests {
 
     /// Page size 4, 8 device pages, one page registered under 4 tokens and
     /// acquired up to the 32-bit limit (forced: 2^32 real calls take minutes). Every acquire past
-    /// the limit must fail with `RefcountOverflow` and change nothing; before the fix the count
-    /// wrapped to 0 (FREE yet registered) and the next `match(acquire)` panicked.
+    /// the limit must fail with `RefcountOverflow` and change nothing: a count wrapped to 0 would
+    /// leave the page FREE yet registered, and the next `match(acquire)` would panic.
     #[test]
     fn acquire_never_wraps_the_refcount() {
         let mut s = State::new(Config {

@@ -12,7 +12,7 @@
 //! to the page holding that KV. A lookup verifies the stored tokens and the extra digest of the
 //! page itself, so a hit needs the page's own tokens to be equal and the whole earlier prefix to
 //! have the same 128-bit xxh3 digest. xxh3-128 (XXH3_128bits, seed 0) is the specified
-//! algorithm; routers can recompute `h_i` from token ids alone (see README, "Prefix keys").
+//! algorithm; routers can recompute `h_i` from token ids alone (see docs/design.md, "Prefix keys").
 //!
 //! ## Groups
 //!

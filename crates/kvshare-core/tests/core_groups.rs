@@ -449,7 +449,7 @@ impl Vllm {
 
     /// `allocate_slots` of a running request with `tokens` new tokens (all earlier computed).
     ///
-    /// With `release` false it plays an append without `kvs_hybrid_seq_release_skipped`: of
+    /// With `release` false it plays an append without `release_skipped`: of
     /// `remove_skipped_blocks` only what the append promises, the align groups' state page of
     /// two steps ago, for the groups that grow, counted as free and released only when the
     /// allocation succeeds (a refused append changes nothing).
@@ -562,7 +562,7 @@ enum Op {
         seed: u32,
     },
     /// A step of a live sequence: `k` new tokens (a prefill chunk or one decode token), after
-    /// `kvs_hybrid_seq_release_skipped` when `release` (vLLM's order), or an append alone.
+    /// `release_skipped` when `release` (vLLM's order), or an append alone.
     Step {
         who: usize,
         k: u16,
@@ -1313,8 +1313,8 @@ proptest! {
 
 /// Outside vLLM's free order, a page without cached content goes back to the free list: an align
 /// state group's previous-step page too, when the step that left it held a placeholder (nothing
-/// hashed, nothing registered). It used to join the cached pages though nothing could ever find
-/// it there, and the checker refused the cache.
+/// hashed, nothing registered). Among the cached pages nothing could ever find it, and the
+/// checker would refuse the cache.
 #[test]
 fn align_stale_state_without_content_is_freed_outside_vllm_order() {
     for vllm_free_order in [true, false] {

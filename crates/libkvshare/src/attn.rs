@@ -54,7 +54,7 @@ impl kvs_backend {
     /// Ascend: `query`, `output`, the caches and `block_table` are device addresses (32-byte
     /// aligned); `context_lens` and `query_start_loc` stay host arrays. The launch is enqueued on
     /// `stream` (NULL: the default stream) and the call returns without waiting; CANN's limits
-    /// (dtypes, page size, head ratio, layouts; README "Ascend") give
+    /// (dtypes, page size, head ratio, layouts; docs/ascend.md) give
     /// `KVS_STATUS_UNSUPPORTED` before any launch, and a CANN failure gives
     /// `KVS_STATUS_BACKEND_FAILURE` with `aclGetRecentErrMsg()` in the message.
     ///

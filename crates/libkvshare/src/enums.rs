@@ -25,7 +25,7 @@ pub enum kvs_backend_kind {
     /// Host CPU, synchronous; streams are ignored.
     Cpu = 0,
     /// Huawei Ascend NPU through CANN, loaded at run time (`dlopen`): tensor pointers are device
-    /// addresses and launches are enqueued on the caller's `aclrtStream` (see README, "Ascend").
+    /// addresses and launches are enqueued on the caller's `aclrtStream` (see docs/ascend.md).
     Ascend = 1,
 }
 

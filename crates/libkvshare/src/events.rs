@@ -10,7 +10,7 @@ use super::types::kvs_copy;
 use kvshare_core::Event;
 
 /// One prefix-index change of one group. Hashes are the chain digests `h_i` described in
-/// README.md ("Prefix keys"), as two 64-bit halves; a router recomputes them from token ids
+/// docs/design.md ("Prefix keys"), as two 64-bit halves; a router recomputes them from token ids
 /// alone.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -16,7 +16,7 @@
 //! comes from validated shapes rather than from the caller (`attn.rs`: the tensors' element
 //! counts), or a pointer is read outside those helpers, a `SAFETY:` note says why it is sound.
 #![deny(missing_docs)]
-// Clippy's pedantic group is kept clean here (issue 15); two of its lints do not fit glue code:
+// Clippy's pedantic group is kept clean here; two of its lints do not fit glue code:
 // product and layout names in docs (MindIE, LoRA, `BnNBsD`) are prose, and backticks would
 // show in the generated header; shape letters (`h`, `d`, `n`) follow the attention docs.
 #![warn(clippy::pedantic)]

@@ -125,7 +125,7 @@ mod tests {
 
     const CHILD: &str = "KVS_PANIC_QUIET_CHILD";
 
-    /// Issue 15, item 6: a panic caught at the boundary prints nothing to the host's stderr,
+    /// A panic caught at the boundary prints nothing to the host's stderr,
     /// while the host's own panics (outside kvshare calls) still reach the hook it had. Runs in
     /// a child process so that the real stderr is observed, with no other test sharing it.
     #[test]

@@ -10,11 +10,11 @@
 //! * `type NAME size=S`: every typedef (the enums travel as `uint32_t`);
 //! * `value NAME = V`: every enumerator and integer `KVS_` macro (not the version macros).
 //!
-//! The rules (README.md, "ABI stability"):
+//! The rules (docs/api.md, "ABI stability"):
 //! * a fact **removed or changed** (a symbol gone, a parameter type, a size, an offset, an enum
 //!   value) breaks programs built against the old header: bump `KVS_ABI_VERSION`
-//!   (`src/ffi/version.rs`), which is also the SONAME's number, then record the new version with
-//!   `KVS_BLESS=1 cargo test --test abi` (it writes `tests/abi/abi-<new>.txt`);
+//!   (`crates/libkvshare/src/version.rs`), which is also the SONAME's number, then record the
+//!   new version with `KVS_BLESS=1 cargo test --test abi` (it writes `tests/abi/abi-<new>.txt`);
 //! * a fact **added** (a new function, enum value or struct) keeps old programs working: record it
 //!   with `KVS_BLESS=1` under the same version.
 //!
@@ -393,7 +393,7 @@ fn abi_matches_the_record_of_its_version() {
         removed.is_empty(),
         "the ABI changed without KVS_ABI_VERSION moving (still {version}): these facts of {} \
          no longer hold:\n  {}\nnow:\n  {}\nA program built against the old header would break. \
-         Bump KVS_ABI_VERSION in src/ffi/version.rs (the SONAME follows it), then \
+         Bump KVS_ABI_VERSION in crates/libkvshare/src/version.rs (the SONAME follows it), then \
          `KVS_BLESS=1 cargo test --test abi` and `KVS_BLESS=1 cargo test --test header`.",
         path.display(),
         removed

@@ -435,7 +435,7 @@ fn kv_copy_bad_inputs() {
         ccase(INVALID, "value_cache", |a, _, _| {
             a.host_key_cache = a.value_cache
         }),
-        // Issue 15, item 5: cache pointers that kvs_kv_write and kvs_attention_launch refuse
+        // Cache pointers that kvs_kv_write and kvs_attention_launch refuse
         // (not aligned to the element size) are refused here too.
         ccase(INVALID, "key_cache", |a, _, _| {
             a.key_cache = a.key_cache.cast::<u8>().wrapping_add(1).cast()

@@ -227,7 +227,7 @@ fn header_identifiers(text: &str) -> Vec<String> {
     names
 }
 
-/// Issue 15, item 3: everything the header defines carries the `KVS_`/`kvs_` prefix (the
+/// Everything the header defines carries the `KVS_`/`kvs_` prefix (the
 /// include guard `KVS_H` too), so it can sit next to CANN's, MindIE's or an engine's own names.
 #[test]
 fn every_header_identifier_is_prefixed() {

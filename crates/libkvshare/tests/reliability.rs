@@ -1,6 +1,6 @@
 //! Regression tests that need a process of their own or many sequences: allocation failure at
 //! `kvs_cache_new` (one group, and groups with a pool each) under an address-space limit, and
-//! sequence ids crafted against the hash kvshare used to find sequences with.
+//! sequence ids crafted against a fixed, unseeded id hash.
 
 use std::ffi::CStr;
 use std::hash::BuildHasher;
@@ -46,8 +46,9 @@ fn in_oom_child(name: &str) -> bool {
     true
 }
 
-/// Issue 15, item 2: configurations the validator accepts but whose metadata cannot be
-/// allocated came back as SIGABRT ("memory allocation of 68719476736 bytes failed"). Under a
+/// Configurations the validator accepts but whose metadata cannot be allocated must not abort
+/// the process (as an infallible allocation would: "memory allocation of 68719476736 bytes
+/// failed"). Under a
 /// 2 GiB address-space limit (set in a child process, so nothing else shares it) each must fail
 /// with `KVS_STATUS_OUT_OF_MEMORY` naming the field, leave `*cache_out` alone, and a small cache
 /// must still work afterwards.
@@ -155,8 +156,8 @@ fn groups_new_reports_allocation_failure() {
     unsafe { kvs_cache::kvs_cache_free(small) };
 }
 
-/// The hash sequences were found with before issue 15 (`IdHasher::write_u64` on a fresh
-/// hasher): a multiply by an odd constant and an xor-shift, both invertible.
+/// A fixed, unseeded id hash (`IdHasher::write_u64` on a fresh hasher, as sequence maps once
+/// used): a multiply by an odd constant and an xor-shift, both invertible.
 fn old_hash(v: u64) -> u64 {
     let m = v.wrapping_mul(0x9e37_79b9_7f4a_7c15);
     m ^ (m >> 29)
@@ -180,7 +181,7 @@ fn crafted_ids(n: u64) -> Vec<u64> {
         .collect()
 }
 
-/// Issue 15, item 4: ids crafted against the old, fixed hash all fall in one bucket of the old
+/// Ids crafted against the old, fixed hash all fall in one bucket of the old
 /// map (each lookup probes past every one of them), while the per-cache seeded map spreads the
 /// same ids like random ones. The bound is on what a probe costs: the most ids sharing a bucket
 /// of a table sized for them. Not timed: `adversarial_ids_timing` measures begin/free.

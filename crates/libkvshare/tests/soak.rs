@@ -3,7 +3,7 @@
 //! independent model and `kvs_cache_check`.
 //!
 //! `KVS_SOAK_OPS` sets the number of operations (default 100,000, what CI runs);
-//! `KVS_SOAK_SEED` the seed. The documented long run (README, "Reliability"):
+//! `KVS_SOAK_SEED` the seed. The documented long run (docs/testing.md, "Fuzzing and soak"):
 //! `KVS_SOAK_OPS=10000000 cargo test --release --test soak -- --nocapture`.
 
 #[path = "../../../fuzz/src/harness.rs"]

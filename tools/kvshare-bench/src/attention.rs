@@ -741,8 +741,8 @@ fn arithmetic_check(
 }
 
 /// Bandwidth fractions of single launches, each against the mean of the streaming reads just
-/// before and after it. This VM's bandwidth moves with other tenants (25-52 GB/s within one
-/// session), and the best-of-all fraction divides the best launch by the luckiest streaming
+/// before and after it. This VM's bandwidth moves with other tenants (25-52 GB/s within minutes
+/// of each other), and the best-of-all fraction divides the best launch by the luckiest streaming
 /// sample; a launch and its neighbours share the conditions of the moment, so their median
 /// is the steadier estimate. Both are printed.
 struct Paired {

@@ -1,13 +1,21 @@
 //! `kvshare-bench manager`: cache-manager bookkeeping costs, through the C ABI (what an engine
 //! pays, lock and checks included) and the Rust core, each beside a floor measured in the same run.
+//!
+//! The manager serves one KV-cache group or several, so the benchmark runs each sequence
+//! operation on two models: a plain one (one full-attention group) against its floor, and a
+//! hybrid one (a full-attention group and a sliding-window group sharing one pool, the shape of
+//! Gemma 3 and gpt-oss) whose row's floor is the plain model's figure from the same run: its
+//! "x floor" is what the second group costs.
 
 use std::ffi::OsString;
 use std::ptr;
 
 use kvshare::cache::{kvs_cache, kvs_config};
-use kvshare::enums::kvs_status;
+use kvshare::enums::{kvs_group_kind, kvs_status};
+use kvshare::groups::kvs_group;
+use kvshare::seq::kvs_seq_info;
 use kvshare::types::kvs_copy;
-use kvshare_core::{Config, State};
+use kvshare_core::{Config, GroupKind, GroupSpec, State};
 use xxhash_rust::xxh3::xxh3_128;
 
 use crate::timing::ns_per_unit;
@@ -16,28 +24,130 @@ fn ok(s: kvs_status) {
     assert_eq!(s, kvs_status::Ok, "kvshare call failed");
 }
 
+/// Tokens of the hybrid model's sliding window (gpt-oss's; short enough that the prompts here
+/// span several windows, so the window group releases pages).
+const WINDOW: u32 = 128;
+
+/// The model a cache is configured for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Model {
+    /// One full-attention group (a cache configured without groups).
+    Plain,
+    /// A full-attention group and a sliding-window group of [`WINDOW`] tokens, one pool.
+    Hybrid,
+}
+
+/// The hybrid model's groups, as the C API takes them.
+const HYBRID_GROUPS: [kvs_group; 2] = [
+    kvs_group {
+        kind: kvs_group_kind::Full as u32,
+        window: 0,
+        page_bytes: 0,
+    },
+    kvs_group {
+        kind: kvs_group_kind::SlidingWindow as u32,
+        window: WINDOW,
+        page_bytes: 0,
+    },
+];
+
+impl Model {
+    /// The groups of the C config (none for the plain model: one full group).
+    fn c_groups(self) -> &'static [kvs_group] {
+        match self {
+            Model::Plain => &[],
+            Model::Hybrid => &HYBRID_GROUPS,
+        }
+    }
+
+    /// The groups of the core config.
+    fn core_groups(self) -> Vec<GroupSpec> {
+        match self {
+            Model::Plain => Vec::new(),
+            Model::Hybrid => vec![
+                GroupSpec::FULL,
+                GroupSpec {
+                    kind: GroupKind::SlidingWindow(WINDOW),
+                    page_bytes: 0,
+                },
+            ],
+        }
+    }
+
+    /// Groups the model has.
+    fn num_groups(self) -> usize {
+        self.c_groups().len().max(1)
+    }
+
+    /// A group that releases pages needs the null page; the plain model keeps the default.
+    fn reserve_null_page(self) -> bool {
+        self == Model::Hybrid
+    }
+}
+
 struct CCache(*mut kvs_cache);
 
 impl CCache {
     fn new(page_size: u32, pages: u32) -> Self {
-        Self::with_unit(page_size, 0, pages)
+        Self::build(Model::Plain, page_size, 0, pages)
     }
 
-    fn with_unit(page_size: u32, match_unit: u32, pages: u32) -> Self {
+    fn build(model: Model, page_size: u32, match_unit: u32, pages: u32) -> Self {
         let mut cfg: kvs_config = kvs_cache::kvs_config_default();
         cfg.page_size = page_size;
         cfg.match_unit = match_unit;
         cfg.num_device_pages = pages;
+        cfg.reserve_null_page = model.reserve_null_page();
+        let groups = model.c_groups();
+        cfg.groups = if groups.is_empty() {
+            ptr::null()
+        } else {
+            groups.as_ptr()
+        };
+        cfg.num_groups = groups.len();
         let mut c = ptr::null_mut();
-        // SAFETY: `cfg` and `c` are live locals, readable / writable for the call.
+        // SAFETY: `cfg`, the `'static` groups it points to and `c` are live, readable / writable
+        // for the call (the cache copies the groups).
         unsafe { ok(kvs_cache::kvs_cache_new(&cfg, &mut c)) };
         CCache(c)
+    }
+
+    /// `kvs_seq_begin` of `tokens` as sequence `id`, matching at most `max_match` tokens.
+    fn begin(&self, id: u64, tokens: &[i32], max_match: usize) -> kvs_seq_info {
+        let mut info = kvs_seq_info::default();
+        // SAFETY: `self.0` is a live cache; `tokens` is passed with its length; NULL extra is
+        // allowed; `info` is a live out location.
+        unsafe {
+            ok(kvs_cache::kvs_seq_begin(
+                self.0,
+                id,
+                tokens.as_ptr(),
+                tokens.len(),
+                ptr::null(),
+                max_match,
+                0,
+                &mut info,
+            ))
+        };
+        info
+    }
+
+    /// `kvs_seq_free` of sequence `id`.
+    fn free(&self, id: u64) {
+        // SAFETY: `self.0` is a live cache.
+        unsafe { ok(kvs_cache::kvs_seq_free(self.0, id)) };
+    }
+
+    /// `kvs_cache_check`: the invariant checker.
+    fn check(&self) {
+        // SAFETY: `self.0` is a live cache.
+        unsafe { ok(kvs_cache::kvs_cache_check(self.0)) };
     }
 }
 
 impl Drop for CCache {
     fn drop(&mut self) {
-        // SAFETY: `self.0` came from `kvs_cache_new` (`CCache::new` asserted success), is freed
+        // SAFETY: `self.0` came from `kvs_cache_new` (`CCache::build` asserted success), is freed
         // only here, once, and no call can be using it while its owner is dropped.
         unsafe { kvs_cache::kvs_cache_free(self.0) };
     }
@@ -56,12 +166,35 @@ fn tokens(seed: u64, n: usize) -> Vec<i32> {
         .collect()
 }
 
+/// One xxh3-128 pass over the bytes of `prompt`, per call: any hashing matcher reads them once.
+fn hash_floor(repeats: usize, prompt: &[i32]) -> f64 {
+    let bytes: Vec<u8> = prompt.iter().flat_map(|t| t.to_le_bytes()).collect();
+    ns_per_unit(repeats, 100, || {
+        for _ in 0..100 {
+            std::hint::black_box(xxh3_128(std::hint::black_box(&bytes)));
+        }
+    })
+}
+
 struct Row {
     name: &'static str,
     unit: &'static str,
     ns: f64,
     floor_ns: f64,
     target_ns: f64,
+}
+
+impl Row {
+    /// A hybrid-model row: its floor is the plain model's figure for the same operation.
+    fn hybrid(name: &'static str, unit: &'static str, ns: f64, plain_ns: f64) -> Row {
+        Row {
+            name,
+            unit,
+            ns,
+            floor_ns: plain_ns,
+            target_ns: f64::NAN,
+        }
+    }
 }
 
 fn alloc_release(repeats: usize, rows: &mut Vec<Row>) {
@@ -75,11 +208,12 @@ fn alloc_release(repeats: usize, rows: &mut Vec<Row>) {
         for _ in 0..ROUNDS {
             ok(kvs_cache::kvs_pages_alloc(
                 c.0,
+                0,
                 BATCH,
                 pages.as_mut_ptr(),
                 BATCH,
             ));
-            ok(kvs_cache::kvs_pages_release(c.0, pages.as_ptr(), BATCH));
+            ok(kvs_cache::kvs_pages_release(c.0, 0, pages.as_ptr(), BATCH));
         }
     });
     let mut s = State::new(Config {
@@ -89,8 +223,8 @@ fn alloc_release(repeats: usize, rows: &mut Vec<Row>) {
     .unwrap();
     let ns_core = ns_per_unit(repeats, BATCH * ROUNDS, || {
         for _ in 0..ROUNDS {
-            let p = s.alloc_pages(BATCH).unwrap();
-            s.release_pages(&p).unwrap();
+            let p = s.alloc_pages(0, BATCH).unwrap();
+            s.release_pages(0, &p).unwrap();
         }
     });
     // Floor: a bare free stack with a refcount array, no checks, no lists, no lock.
@@ -130,21 +264,8 @@ fn prefix_match(repeats: usize, page_size: u32, target_ns: f64, rows: &mut Vec<R
     const N: usize = 4096;
     let c = CCache::new(page_size, 8192);
     let prompt = tokens(7, N);
-    let mut info = Default::default();
-    // SAFETY: `c.0` is a live cache; `prompt` holds N tokens, the length passed with it; `extra`
-    // NULL is allowed; `info` is a live out location.
-    unsafe {
-        ok(kvs_cache::kvs_seq_begin(
-            c.0,
-            1,
-            prompt.as_ptr(),
-            N,
-            ptr::null(),
-            usize::MAX,
-            &mut info,
-        ));
-        ok(kvs_cache::kvs_seq_free(c.0, 1));
-    }
+    c.begin(1, &prompt, usize::MAX);
+    c.free(1);
     let mut pages = vec![0u32; N];
     let (mut np, mut nt) = (0usize, 0usize);
     // SAFETY: `c.0` is a live cache; `prompt` holds N tokens and `pages` N ids, the lengths
@@ -154,6 +275,7 @@ fn prefix_match(repeats: usize, page_size: u32, target_ns: f64, rows: &mut Vec<R
         for _ in 0..100 {
             ok(kvs_cache::kvs_prefix_match(
                 c.0,
+                0,
                 prompt.as_ptr(),
                 N,
                 ptr::null(),
@@ -164,17 +286,10 @@ fn prefix_match(repeats: usize, page_size: u32, target_ns: f64, rows: &mut Vec<R
                 &mut np,
                 &mut nt,
             ));
-            ok(kvs_cache::kvs_pages_release(c.0, pages.as_ptr(), np));
+            ok(kvs_cache::kvs_pages_release(c.0, 0, pages.as_ptr(), np));
         }
     });
     assert_eq!(nt, N, "the whole prompt must match");
-    // Floor: one xxh3-128 pass over the prompt's bytes (any hashing matcher reads them once).
-    let bytes: Vec<u8> = prompt.iter().flat_map(|t| t.to_le_bytes()).collect();
-    let floor = ns_per_unit(repeats, 100, || {
-        for _ in 0..100 {
-            std::hint::black_box(xxh3_128(std::hint::black_box(&bytes)));
-        }
-    });
     let name = if page_size == 128 {
         "match_4096_tokens_ps128"
     } else {
@@ -184,112 +299,172 @@ fn prefix_match(repeats: usize, page_size: u32, target_ns: f64, rows: &mut Vec<R
         name,
         unit: "call",
         ns,
-        floor_ns: floor,
+        floor_ns: hash_floor(repeats, &prompt),
         target_ns,
     });
 }
 
+/// `kvs_prefix_find` (the read-only hit every group can serve, each group's pages of it) of a
+/// cached 4096-token prompt, page 16: (ns per call, matched tokens).
+fn prefix_find(repeats: usize, model: Model) -> (f64, usize) {
+    const N: usize = 4096;
+    const PS: usize = 16;
+    let c = CCache::build(model, PS as u32, 0, 8192);
+    let prompt = tokens(7, N);
+    c.begin(1, &prompt, usize::MAX);
+    c.free(1);
+    let per_group = N / PS;
+    let mut pages = vec![0u32; model.num_groups() * per_group];
+    let mut nt = 0usize;
+    // SAFETY: `c.0` is a live cache; `prompt` holds N tokens and `pages` `num_groups` rows of
+    // `per_group` ids, the lengths passed with them; `nt` is a live out location.
+    let ns = ns_per_unit(repeats, 100, || unsafe {
+        for _ in 0..100 {
+            ok(kvs_cache::kvs_prefix_find(
+                c.0,
+                prompt.as_ptr(),
+                N,
+                ptr::null(),
+                usize::MAX,
+                pages.as_mut_ptr(),
+                pages.len(),
+                per_group,
+                &mut nt,
+            ));
+        }
+    });
+    std::hint::black_box(&pages);
+    (ns, nt)
+}
+
+/// The plain and the hybrid model's `kvs_prefix_find` rows.
+fn prefix_find_rows(repeats: usize, rows: &mut Vec<Row>) {
+    let (plain, n_plain) = prefix_find(repeats, Model::Plain);
+    let (hybrid, n_hybrid) = prefix_find(repeats, Model::Hybrid);
+    assert_eq!(n_plain, 4096, "the whole prompt must be found");
+    // The window group keeps the prompt's last window cached, so it serves the whole hit too.
+    assert_eq!(n_hybrid, n_plain, "the hybrid hit must match the plain one");
+    rows.push(Row {
+        name: "find_4096_tokens_ps16",
+        unit: "call",
+        ns: plain,
+        floor_ns: hash_floor(repeats, &tokens(7, 4096)),
+        target_ns: f64::NAN,
+    });
+    rows.push(Row::hybrid(
+        "find_4096_tokens_ps16_hybrid",
+        "call",
+        hybrid,
+        plain,
+    ));
+}
+
 /// A request whose 4041-token prompt repeats the first 4040 tokens of a cached 4096-token one:
 /// `kvs_seq_begin` (the prefix walk, plus the unit lookup inside the page where the match ends),
-/// draining its copies, `kvs_seq_free`; per call. Page 128 / unit 16 and page 16 / unit 16
-/// match 4032 tokens, page 128 / unit 128 matches 3968; each allocates one page. Floor: one
-/// xxh3-128 pass over the prompt's bytes, as for the match rows.
-fn begin_with_unit(
-    repeats: usize,
-    page_size: u32,
-    unit: u32,
-    name: &'static str,
-    rows: &mut Vec<Row>,
-) {
+/// draining its copies, `kvs_seq_free`; ns per call. Page 128 / unit 16 and page 16 / unit 16
+/// match 4032 tokens, page 128 / unit 128 matches 3968; each allocates one page per group.
+fn begin_with_unit(repeats: usize, model: Model, page_size: u32, unit: u32) -> f64 {
     const N: usize = 4096;
     const Q: usize = 4041;
-    let c = CCache::with_unit(page_size, unit, 8192);
+    let c = CCache::build(model, page_size, unit, 8192);
     let cached = tokens(7, N);
     let mut prompt = cached[..Q - 1].to_vec();
     prompt.push(-7 & 0x7fff_ffff);
-    let mut info = Default::default();
-    unsafe {
-        ok(kvs_cache::kvs_seq_begin(
-            c.0,
-            1,
-            cached.as_ptr(),
-            N,
-            ptr::null(),
-            usize::MAX,
-            &mut info,
-        ));
-        ok(kvs_cache::kvs_seq_free(c.0, 1));
-    }
+    c.begin(1, &cached, usize::MAX);
+    c.free(1);
     let mut copies = [kvs_copy {
         src_page: 0,
         dst_page: 0,
         num_tokens: 0,
         kind: 0,
+        group: 0,
     }; 4];
     let mut n = 0usize;
-    let ns = ns_per_unit(repeats, 100, || unsafe {
+    let mut info = kvs_seq_info::default();
+    let ns = ns_per_unit(repeats, 100, || {
         for _ in 0..100 {
-            ok(kvs_cache::kvs_seq_begin(
-                c.0,
-                2,
-                prompt.as_ptr(),
-                Q,
-                ptr::null(),
-                usize::MAX,
-                &mut info,
-            ));
-            ok(kvs_cache::kvs_cache_take_copies(
-                c.0,
-                copies.as_mut_ptr(),
-                copies.len(),
-                &mut n,
-            ));
-            ok(kvs_cache::kvs_seq_free(c.0, 2));
+            info = c.begin(2, &prompt, usize::MAX);
+            // SAFETY: `c.0` is a live cache; `copies` is passed with its length; `n` is a live
+            // out location.
+            unsafe {
+                ok(kvs_cache::kvs_cache_take_copies(
+                    c.0,
+                    copies.as_mut_ptr(),
+                    copies.len(),
+                    &mut n,
+                ))
+            };
+            c.free(2);
         }
     });
     let whole = (Q - 1) / page_size as usize * page_size as usize;
     let expect = whole + ((Q - 1 - whole) / unit as usize) * unit as usize;
-    assert_eq!(info.matched_tokens as usize, expect, "{name}");
-    let bytes: Vec<u8> = prompt.iter().flat_map(|t| t.to_le_bytes()).collect();
-    let floor = ns_per_unit(repeats, 100, || {
-        for _ in 0..100 {
-            std::hint::black_box(xxh3_128(std::hint::black_box(&bytes)));
-        }
-    });
-    rows.push(Row {
-        name,
-        unit: "call",
-        ns,
-        floor_ns: floor,
-        target_ns: f64::NAN,
-    });
+    assert_eq!(
+        info.matched_tokens as usize, expect,
+        "{model:?} page {page_size} unit {unit}"
+    );
+    c.check();
+    ns
 }
 
-fn decode_step(repeats: usize, rows: &mut Vec<Row>) {
+/// The `begin_with_unit` rows: the plain model's three page / unit shapes against one hash pass
+/// over the prompt, and the hybrid model's page 16 against the plain one.
+fn begin_rows(repeats: usize, rows: &mut Vec<Row>) {
+    let floor = hash_floor(repeats, &tokens(7, 4040));
+    for (page_size, unit, name) in [
+        (128, 128, "begin_4k_hit_ps128_u128"),
+        (128, 16, "begin_4k_hit_ps128_u16"),
+        (16, 16, "begin_4k_hit_ps16_u16"),
+    ] {
+        rows.push(Row {
+            name,
+            unit: "call",
+            ns: begin_with_unit(repeats, Model::Plain, page_size, unit),
+            floor_ns: floor,
+            target_ns: f64::NAN,
+        });
+    }
+    let plain = rows.last().map_or(f64::NAN, |r| r.ns);
+    let hybrid = begin_with_unit(repeats, Model::Hybrid, 16, 16);
+    rows.push(Row::hybrid(
+        "begin_4k_hit_ps16_u16_hybrid",
+        "call",
+        hybrid,
+        plain,
+    ));
+}
+
+/// A decode step's bookkeeping and a request's begin + free, for one model.
+struct DecodeCost {
+    /// ns per step of 256 sequences: `kvs_seq_append_batch`, then every group's block tables
+    /// and slot mapping; in the hybrid model each sequence's `kvs_seq_release_skipped` first
+    /// (vLLM's `remove_skipped_blocks`, which its manager runs every step, so the window group
+    /// holds only the pages its window reads).
+    step_ns: f64,
+    /// ns per step of writing the same block tables from an engine-side copy.
+    table_copy_ns: f64,
+    /// ns per begin + free of an 812-token request sharing the 512-token system prompt.
+    begin_free_ns: f64,
+}
+
+fn decode_step(repeats: usize, model: Model) -> DecodeCost {
     const SEQS: usize = 256;
     const PS: usize = 16;
     const MAX_PAGES: usize = 128;
-    let c = CCache::new(PS as u32, (SEQS * MAX_PAGES) as u32 + 64);
+    let groups = model.num_groups();
+    let c = CCache::build(model, PS as u32, 0, (SEQS * MAX_PAGES) as u32 + 64);
     let system = tokens(1, 512);
     let ids: Vec<u64> = (1..=SEQS as u64).collect();
+    let mut computed = 0;
     for &id in &ids {
         let mut p = system.clone();
         p.extend(tokens(100 + id, 300));
-        // SAFETY: `c.0` is a live cache; `p` holds `p.len()` tokens; NULL extra and info are
-        // allowed.
-        unsafe {
-            ok(kvs_cache::kvs_seq_begin(
-                c.0,
-                id,
-                p.as_ptr(),
-                p.len(),
-                ptr::null(),
-                p.len() - 1,
-                ptr::null_mut(),
-            ))
-        };
+        c.begin(id, &p, p.len() - 1);
+        computed = p.len();
     }
-    let mut table = vec![0i32; SEQS * MAX_PAGES];
+    let releases = model != Model::Plain;
+    let mut released = 0usize;
+    let mut tables = vec![vec![0i32; SEQS * MAX_PAGES]; groups];
     let mut lens = vec![0i32; SEQS];
     let mut slots = vec![0i64; SEQS];
     let qlens = vec![1u32; SEQS];
@@ -298,19 +473,31 @@ fn decode_step(repeats: usize, rows: &mut Vec<Row>) {
             src_page: 0,
             dst_page: 0,
             num_tokens: 0,
-            kind: 0
+            kind: 0,
+            group: 0,
         };
-        SEQS
+        SEQS * groups
     ];
     let mut step = 0i32;
     const STEPS: usize = 20;
     // SAFETY: `c.0` is a live cache; every buffer is passed with its own length (`ids`, `toks`:
-    // SEQS; `copies`: SEQS records; `table`: its len, rows of MAX_PAGES; `lens`, `qlens`,
+    // SEQS; `copies`: its len; each table: its len, rows of MAX_PAGES; `lens`, `qlens`,
     // `slots`: SEQS) and lives across the closure; `nc` is a live out location; the NULL
-    // `num_slots_out` is optional.
-    let ns = ns_per_unit(repeats.min(15), STEPS, || unsafe {
+    // `num_slots_out` is optional; every group index is below the model's group count; `n` is
+    // a live out location and every id a live sequence.
+    let step_ns = ns_per_unit(repeats.min(15), STEPS, || unsafe {
         for _ in 0..STEPS {
             step += 1;
+            if releases {
+                for &id in &ids {
+                    let mut n = 0;
+                    ok(kvs_cache::kvs_seq_release_skipped(
+                        c.0, id, computed, &mut n,
+                    ));
+                    released += n;
+                }
+            }
+            computed += 1;
             let toks = vec![step; SEQS];
             let mut nc = 0;
             ok(kvs_cache::kvs_seq_append_batch(
@@ -320,87 +507,140 @@ fn decode_step(repeats: usize, rows: &mut Vec<Row>) {
                 toks.as_ptr(),
                 SEQS,
                 copies.as_mut_ptr(),
-                SEQS,
+                copies.len(),
                 &mut nc,
             ));
-            ok(kvs_cache::kvs_cache_block_tables(
-                c.0,
-                ids.as_ptr(),
-                SEQS,
-                MAX_PAGES,
-                -1,
-                table.as_mut_ptr(),
-                table.len(),
-                lens.as_mut_ptr(),
-                SEQS,
-            ));
-            ok(kvs_cache::kvs_cache_slot_mapping(
-                c.0,
-                ids.as_ptr(),
-                qlens.as_ptr(),
-                SEQS,
-                slots.as_mut_ptr(),
-                SEQS,
-                ptr::null_mut(),
-            ));
+            for (g, table) in tables.iter_mut().enumerate() {
+                ok(kvs_cache::kvs_cache_block_tables(
+                    c.0,
+                    g,
+                    ids.as_ptr(),
+                    SEQS,
+                    MAX_PAGES,
+                    -1,
+                    table.as_mut_ptr(),
+                    table.len(),
+                    lens.as_mut_ptr(),
+                    SEQS,
+                ));
+                ok(kvs_cache::kvs_cache_slot_mapping(
+                    c.0,
+                    g,
+                    ids.as_ptr(),
+                    qlens.as_ptr(),
+                    SEQS,
+                    slots.as_mut_ptr(),
+                    SEQS,
+                    ptr::null_mut(),
+                ));
+            }
         }
     });
-    // Floor: writing the same block-table matrix from an engine-side copy (no bookkeeping).
-    let src = table.clone();
-    let floor = ns_per_unit(repeats, STEPS, || {
+    // Floor: writing the same block-table matrices from an engine-side copy (no bookkeeping).
+    let src = tables.clone();
+    let table_copy_ns = ns_per_unit(repeats, STEPS, || {
         for _ in 0..STEPS {
-            table.copy_from_slice(std::hint::black_box(&src));
-            std::hint::black_box(&table);
+            for (t, s) in tables.iter_mut().zip(&src) {
+                t.copy_from_slice(std::hint::black_box(s));
+            }
+            std::hint::black_box(&tables);
         }
     });
-    // SAFETY: `c.0` is a live cache.
-    unsafe { ok(kvs_cache::kvs_cache_check(c.0)) };
-    rows.push(Row {
-        name: "decode_step_256_seqs",
-        unit: "step",
-        ns,
-        floor_ns: floor,
-        target_ns: 50_000.0,
-    });
+    c.check();
+    // The first release drops the pages of each 812-token prompt before its 128-token window.
+    assert_eq!(
+        releases,
+        released > 0,
+        "{model:?}: released {released} pages"
+    );
 
-    // begin + free of a request sharing the 512-token system prompt (prompt 812 tokens).
-    // SAFETY: `c.0` is a live cache; `p` holds `p.len()` tokens; NULL extra and info are allowed.
-    let ns_bf = ns_per_unit(repeats, 100, || unsafe {
+    let begin_free_ns = ns_per_unit(repeats, 100, || {
         for k in 0..100u64 {
             let mut p = system.clone();
             p.extend(tokens(10_000 + k, 300));
-            ok(kvs_cache::kvs_seq_begin(
-                c.0,
-                1_000_000 + k,
-                p.as_ptr(),
-                p.len(),
-                ptr::null(),
-                p.len() - 1,
-                ptr::null_mut(),
-            ));
-            ok(kvs_cache::kvs_seq_free(c.0, 1_000_000 + k));
+            c.begin(1_000_000 + k, &p, p.len() - 1);
+            c.free(1_000_000 + k);
         }
     });
+    c.check();
+    DecodeCost {
+        step_ns,
+        table_copy_ns,
+        begin_free_ns,
+    }
+}
+
+/// The decode-step and begin + free rows of both models.
+fn decode_rows(repeats: usize, rows: &mut Vec<Row>) {
+    let plain = decode_step(repeats, Model::Plain);
+    let hybrid = decode_step(repeats, Model::Hybrid);
+    rows.push(Row {
+        name: "decode_step_256_seqs",
+        unit: "step",
+        ns: plain.step_ns,
+        floor_ns: plain.table_copy_ns,
+        target_ns: 50_000.0,
+    });
+    rows.push(Row::hybrid(
+        "decode_step_256_seqs_hybrid",
+        "step",
+        hybrid.step_ns,
+        plain.step_ns,
+    ));
+    println!(
+        "decode: hybrid step {:.2}x its own table copies",
+        hybrid.step_ns / hybrid.table_copy_ns
+    );
     rows.push(Row {
         name: "begin_free_812_tokens",
         unit: "request",
-        ns: ns_bf,
+        ns: plain.begin_free_ns,
         floor_ns: f64::NAN,
         target_ns: f64::NAN,
     });
+    rows.push(Row::hybrid(
+        "begin_free_812_tokens_hybrid",
+        "request",
+        hybrid.begin_free_ns,
+        plain.begin_free_ns,
+    ));
 }
 
-/// Host tier: two prompts that each fill the device take turns, so every begin demotes the other
-/// prompt's pages to host and promotes its own back (copies drained each round), and every
-/// index change is an event drained in batches.
-fn tiers(repeats: usize, rows: &mut Vec<Row>) {
+/// The host tier's cost for one model.
+struct TierCost {
+    /// ns per prompt page of a round (begin on a prompt demoted to host, free, copies drained).
+    ns: f64,
+    /// Index events per prompt page of a round.
+    events_per_page: f64,
+}
+
+/// Host tier: two prompts that each fill the full-attention group's device pages take turns, so
+/// every begin demotes the other prompt's pages to host and promotes its own back (copies
+/// drained each round), and every index change is an event drained in batches. `device_only`
+/// runs the same rounds on a cache without a host tier, where they are plain misses (evict +
+/// allocate).
+fn tier_rounds(repeats: usize, model: Model, device_only: bool) -> TierCost {
     const PAGES: usize = 256;
     const PS: usize = 16;
+    // The hybrid model's window group gets a pool of its own (pages of half the bytes), so
+    // the full group's pool is as full as the plain model's (one more page: the null page).
+    // The window group's pool holds one prompt's pages, as the cold begin needs, but a hit
+    // needs only the window's.
+    let (device, groups) = match model {
+        Model::Plain => (PAGES, Vec::new()),
+        Model::Hybrid => {
+            let mut g = model.core_groups();
+            g[1].page_bytes = Config::default().page_bytes().unwrap_or(2) / 2;
+            (PAGES + 1, g)
+        }
+    };
     let mut s = State::new(Config {
         page_size: PS as u32,
-        num_device_pages: PAGES as u32,
-        num_host_pages: 2 * PAGES as u32,
-        enable_events: true,
+        num_device_pages: device as u32,
+        num_host_pages: if device_only { 0 } else { 4 * PAGES as u32 },
+        enable_events: !device_only,
+        groups,
+        reserve_null_page: model.reserve_null_page(),
         ..Config::default()
     })
     .unwrap();
@@ -409,7 +649,7 @@ fn tiers(repeats: usize, rows: &mut Vec<Row>) {
     let mut id = 0u64;
     let mut round = |s: &mut State, p: &[i32]| {
         id += 1;
-        s.begin(id, p, None, usize::MAX).unwrap();
+        s.begin(id, p, None, usize::MAX, 0).unwrap();
         s.free(id).unwrap();
         std::hint::black_box(s.take_copies(usize::MAX));
     };
@@ -419,57 +659,69 @@ fn tiers(repeats: usize, rows: &mut Vec<Row>) {
     const ROUNDS: usize = 10;
     let before = s.stats().counters;
     let mut events = 0usize;
-    let ns = ns_per_unit(repeats.min(11), ROUNDS * PAGES, || {
+    let reps = repeats.min(11);
+    let ns = ns_per_unit(reps, ROUNDS * PAGES, || {
         for k in 0..ROUNDS {
             round(&mut s, if k % 2 == 0 { &a } else { &b });
             events += s.take_events(4096).len();
         }
     });
     let after = s.stats().counters;
-    assert!(after.promotions > before.promotions && after.demotions > before.demotions);
+    if !device_only {
+        assert!(
+            after.promotions > before.promotions && after.demotions > before.demotions,
+            "{model:?}: the rounds must move pages between the tiers"
+        );
+    }
     s.check().unwrap();
-    // Floor: a device-only cache where the same rounds are plain misses (evict + allocate).
-    let mut f = State::new(Config {
-        page_size: PS as u32,
-        num_device_pages: PAGES as u32,
-        ..Config::default()
-    })
-    .unwrap();
-    let mut fid = 0u64;
-    let floor = ns_per_unit(repeats.min(11), ROUNDS * PAGES, || {
-        for k in 0..ROUNDS {
-            fid += 1;
-            f.begin(fid, if k % 2 == 0 { &a } else { &b }, None, usize::MAX)
-                .unwrap();
-            f.free(fid).unwrap();
-        }
-    });
+    TierCost {
+        ns,
+        events_per_page: events as f64 / (ROUNDS * PAGES) as f64 / (reps + 1) as f64,
+    }
+}
+
+/// The host tier's rows: the plain model against the same rounds without a host tier, the
+/// hybrid model against the plain one.
+fn tiers(repeats: usize, rows: &mut Vec<Row>) {
+    let plain = tier_rounds(repeats, Model::Plain, false);
+    let floor = tier_rounds(repeats, Model::Plain, true);
+    let hybrid = tier_rounds(repeats, Model::Hybrid, false);
     rows.push(Row {
         name: "demote_promote_page",
         unit: "page",
-        ns,
-        floor_ns: floor,
+        ns: plain.ns,
+        floor_ns: floor.ns,
         target_ns: f64::NAN,
     });
+    rows.push(Row::hybrid(
+        "demote_promote_page_hybrid",
+        "page",
+        hybrid.ns,
+        plain.ns,
+    ));
     // Per page and round: device Removed + host Stored (demotion) + device Stored (promotion).
-    let per_page = events as f64 / (ROUNDS * PAGES) as f64 / (repeats.min(11) + 1) as f64;
-    println!(
-        "tiers: {per_page:.1} events per page moved, {:.1} M events/s of bookkeeping",
-        per_page / ns * 1e3
-    );
+    for (what, t) in [("plain", &plain), ("hybrid", &hybrid)] {
+        println!(
+            "tiers ({what}): {:.1} events per prompt page moved, {:.1} M events/s of bookkeeping",
+            t.events_per_page,
+            t.events_per_page / t.ns * 1e3
+        );
+    }
     rows.push(Row {
         name: "tiered_bookkeeping_per_event",
         unit: "event",
-        ns: ns / per_page,
+        ns: plain.ns / plain.events_per_page,
         floor_ns: f64::NAN,
         target_ns: f64::NAN,
     });
 }
 
 pub const USAGE: &str = "\
-kvshare-bench manager: the cache manager's bookkeeping (allocate and release, prefix match, a
-sequence's begin on a cached prompt, a decode step, the host tier), each against its floor
-measured in the same run, with the targets met or not.
+kvshare-bench manager: the cache manager's bookkeeping (allocate and release, prefix match and
+find, a sequence's begin on a cached prompt, a decode step, the host tier), each against its
+floor measured in the same run, with the targets met or not. Each sequence operation also runs
+on a hybrid model (a full-attention group and a 128-token sliding-window group, one pool), whose
+rows (*_hybrid) take the plain model's figure as their floor.
 
 USAGE:
     kvshare-bench manager [OPTIONS]
@@ -500,14 +752,13 @@ pub fn run(args: Vec<OsString>) -> Result<(), String> {
     alloc_release(repeats, &mut rows);
     prefix_match(repeats, 128, 10_000.0, &mut rows);
     prefix_match(repeats, 16, 30_000.0, &mut rows);
-    begin_with_unit(repeats, 128, 128, "begin_4k_hit_ps128_u128", &mut rows);
-    begin_with_unit(repeats, 128, 16, "begin_4k_hit_ps128_u16", &mut rows);
-    begin_with_unit(repeats, 16, 16, "begin_4k_hit_ps16_u16", &mut rows);
-    decode_step(repeats, &mut rows);
+    prefix_find_rows(repeats, &mut rows);
+    begin_rows(repeats, &mut rows);
+    decode_rows(repeats, &mut rows);
     tiers(repeats, &mut rows);
 
     println!(
-        "{:<26} {:>12} {:>10} {:>12} {:>9} {:>10} {:>6}",
+        "{:<30} {:>12} {:>10} {:>12} {:>9} {:>10} {:>6}",
         "operation", "ns", "per", "floor ns", "x floor", "target ns", "met"
     );
     let mut json = String::from("{\"mode\":\"manager\"");
@@ -520,7 +771,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), String> {
             "NO"
         };
         println!(
-            "{:<26} {:>12.1} {:>10} {:>12.1} {:>9.2} {:>10.0} {:>6}",
+            "{:<30} {:>12.1} {:>10} {:>12.1} {:>9.2} {:>10.0} {:>6}",
             r.name,
             r.ns,
             r.unit,

@@ -2,7 +2,7 @@
 //! arguments as `OsString`s (a non-UTF-8 argument is an error message, not a panic in
 //! `std::env::args`), accepts `--flag value` and `--flag=value`, and refuses a value attached
 //! to a flag that takes none (`--check=1`). `clap` would also write the usage text, but costs
-//! 16 crates and about 470 KB of binary (README.md, "Dependencies").
+//! 16 crates and about 470 KB of binary (docs/dependencies.md).
 
 use std::ffi::OsString;
 

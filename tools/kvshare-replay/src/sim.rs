@@ -677,9 +677,9 @@ pub fn replay(
 /// on a fresh cache, running `model` for every step, and calls `progress` after every step.
 ///
 /// Memory: the requests in flight (arrived and not finished: their tokens, sequences and the
-/// ideal's pages), about 150 bytes per request for the per-request report, at most
-/// [`MAX_POINTS`] plot points; with [`ReplayConfig::reference`], the access log (about 4 bytes
-/// per page a `begin` covers, 24 per other event, 36 per distinct page). Each step costs time in
+/// ideal's pages), about 150 bytes per request for the per-request report, at most 8,192 plot
+/// points (`MAX_POINTS`); with [`ReplayConfig::reference`], the access log (about 4 bytes per
+/// page a `begin` covers, 24 per other event, 36 per distinct page). Each step costs time in
 /// the requests in flight, not in the trace.
 pub fn replay_source(
     src: &mut dyn RequestSource,

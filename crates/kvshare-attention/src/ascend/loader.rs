@@ -1,6 +1,6 @@
 //! Run-time loading of CANN with `dlopen`: nothing links against CANN at build time.
 //!
-//! Order (as `../shared/design/ascend-cann.md` §2 recommends):
+//! Order (the op libraries depend on the runtime's symbols; docs/ascend.md):
 //! 1. `libascendcl.so`, then `libnnopbase.so`, both `RTLD_NOW | RTLD_GLOBAL` (the op libraries
 //!    resolve runtime and tensor symbols from them). Both are required.
 //! 2. The op libraries `libopapi.so`, `libopapi_transformer.so`, `libcust_opapi.so`, each

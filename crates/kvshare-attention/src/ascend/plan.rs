@@ -1,8 +1,8 @@
 //! The CANN constraints, checked before any CANN call, and the launch plan they lead to.
 //! Pure Rust (no CANN needed), so every rule is unit-tested.
 //!
-//! Rules (from `aclnnFusedInferAttentionScoreV2.md` as summarised in
-//! `../shared/design/ascend-cann.md` §2; status `KVS_STATUS_UNSUPPORTED` unless noted):
+//! Rules (from CANN's `aclnnFusedInferAttentionScoreV2.md`, summarised in docs/ascend.md;
+//! status `KVS_STATUS_UNSUPPORTED` unless noted):
 //! * dtypes: query, output, K and V all fp16 or all bf16 (FIA's non-quantised path).
 //! * no logit soft cap (FIA has none).
 //! * sliding window `W` (see [`window_launch`]): FIA's band (`sparseMode` 4, `preTokens` W-1,

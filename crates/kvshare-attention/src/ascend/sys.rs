@@ -1,7 +1,7 @@
 //! The CANN C API as kvshare calls it: types, enum values, status codes and the function
-//! pointer types of every symbol the backend resolves. Every item is copied from
-//! `../shared/design/ascend-cann.md` (acl_base.h, acl_rt.h, acl_meta.h and the aclnn op headers);
-//! nothing here links against CANN.
+//! pointer types of every symbol the backend resolves. Every item is copied from CANN's
+//! headers (acl_base.h, acl_rt.h, acl_meta.h and the aclnn op headers); nothing here links
+//! against CANN.
 
 use std::ffi::{c_char, c_int, c_void};
 

@@ -5,8 +5,7 @@
 //! KiB, so one 2048-key item touches 2048 different 4 KiB pages of K and V, far more than the
 //! TLB holds. Backed by 2 MiB pages the same item touches as few as 4. Measured on Zen 4 in a
 //! VM (2 threads, aligned buffers, separate processes alternating): decode 1.00-1.28x faster
-//! on huge pages in bf16 and 0.87-1.30x in f16, and a streaming read 1.3-1.6x faster (the
-//! README's stop 34).
+//! on huge pages in bf16 and 0.87-1.30x in f16, and a streaming read 1.3-1.6x faster.
 //!
 //! Linux gives anonymous memory huge pages only where the process asks for them when
 //! `/sys/kernel/mm/transparent_hugepage/enabled` is `madvise` (the common default), and the

@@ -11,7 +11,7 @@
 //! * `avx2`: AVX2 + FMA + F16C intrinsics (f16 converted by `vcvtph2ps`, bf16 by a shift).
 //! * `avx512`: 16 lanes in `__m512` with AVX-512F intrinsics (`vcvtph2ps zmm` for f16, a
 //!   widening shift for bf16, `vscalefps` in `exp`); needs AVX-512F/VL and the AVX2 set. Run
-//!   and timed natively on a Zen 4 EPYC (stop 31, the README's *AVX-512 on hardware*); on
+//!   and timed natively on a Zen 4 EPYC (docs/performance.md, "AVX-512"); on
 //!   machines without AVX-512 its tests run under an x86 emulator (BochsCPU,
 //!   `integration/vllm_ascend/tests/test_ops_emulated.py`).
 //! * `amx`: prefill rows (the tiled kernel, `kernel/tiled.rs`) of a bf16 cache on AMX tiles

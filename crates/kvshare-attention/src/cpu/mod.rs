@@ -196,7 +196,7 @@ thread_local! {
     /// (its trim threshold is 128 KiB; a 192-row prefill unit holds 2 x 96 KiB at d = 128), so
     /// every item page-faulted it in again: 7-12% of a prefill launch (measured on Zen 4 by
     /// raising glibc's thresholds; keeping these buffers won back 4-9% of it, the rest being
-    /// smaller per-item allocations; the README's *AVX-512 on hardware*).
+    /// smaller per-item allocations).
     static ITEM_ROWS: std::cell::RefCell<ItemRows> = std::cell::RefCell::new(ItemRows::default());
 }
 

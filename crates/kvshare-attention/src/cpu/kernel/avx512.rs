@@ -5,8 +5,8 @@
 //! these conversions already do in one or two instructions. Prefill of a bf16 query against a
 //! bf16 cache scores by AVX512_BF16 pairs where the CPU has them (`bf16dot.rs`).
 //!
-//! Run and timed natively on a Zen 4 EPYC (stop 31; the README's *AVX-512 on hardware*: decode
-//! 1.29-2.02x vLLM's AVX-512 build in two runs). bf16 is widened in order, not in split pairs
+//! Run and timed natively on a Zen 4 EPYC (docs/performance.md, "AVX-512": decode faster than
+//! vLLM's AVX-512 build). bf16 is widened in order, not in split pairs
 //! as on `avx2`: the split timed 1.00-1.05x slower there. On machines without AVX-512 this file runs in the
 //! tests under an x86 emulator (BochsCPU; `integration/vllm_ascend/tests/test_ops_emulated.py`
 //! emulates whole `kvs_attention_launch` calls on this path against the f64 reference, on an

@@ -2,7 +2,7 @@
 //! against a bf16 cache: products by `vdpbf16ps` (16 lanes, each adding the products of one
 //! bf16 pair to an f32 accumulator). Two users: the tiled (prefill) kernel's engine ([`Dot`]:
 //! scores `Q K^T` by pairs, values by the f32 engine, [`Fma`]) and the decode kernel ([`Pairs`]:
-//! scores and, since stop 34, values `P V` by pairs).
+//! scores and values `P V` by pairs).
 //!
 //! Exactness. The products of two bf16 are exact in f32 and `vdpbf16ps` adds them to f32
 //! accumulators with round-to-nearest-even, as the f32 engine's FMAs do on the same values
@@ -36,9 +36,8 @@
 //! `d`. The transpose is the f32 one on the pairs' bits (shuffles move bits, they do not
 //! round). The head dim must be even (the path falls back to the f32 engine otherwise).
 //!
-//! Timed on Zen 4 (stop 32): `vdpbf16ps zmm` issues one per cycle, as `vfmadd231ps zmm`, so the
-//! score half of a block takes half the cycles; the README's *AVX-512 on hardware* has the
-//! prefill figures.
+//! Timed on Zen 4: `vdpbf16ps zmm` issues one per cycle, as `vfmadd231ps zmm`, so the score
+//! half of a block takes half the cycles (docs/performance.md has the AVX-512 figures).
 
 #![allow(clippy::needless_range_loop)]
 

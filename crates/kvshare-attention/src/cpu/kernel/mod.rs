@@ -234,7 +234,7 @@ trait Lanes {
     unsafe fn load_kv<T: KvElem>(p: *const T) -> Self::V;
     /// Whether these lanes load the chunk pairs of types that offer it split
     /// ([`KvElem::SPLIT`]): the AVX2 path does (measured: the conversions' share of the core
-    /// drops, see README); the AVX-512 path does not (its count of executed instructions went
+    /// drops); the AVX-512 path does not (its count of executed instructions went
     /// up 6% under the emulator, and on a Zen 4 it ran 1.00-1.05x slower), nor the portable ones.
     const SPLITS: bool = false;
     /// Whether [`Self::load_kv2`] splits `T`'s pairs.

@@ -11,7 +11,7 @@
 //! arithmetic waits for (a burst of whole rows per token did). A block (128 KiB of K and V
 //! for 8 heads x 128 f16 x 32 tokens) is larger than L1, so these requests aim at L2 (`T1`).
 //! Also requesting each V row into L1 just before use (`T0`) cost 7% on a KV in L3 and gained
-//! nothing from DRAM (single-thread A/B on the lead's machine), so it is not done.
+//! nothing from DRAM (a single-thread A/B comparison), so it is not done.
 
 /// Bytes per cache line.
 const LINE: usize = 64;
