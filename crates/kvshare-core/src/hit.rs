@@ -120,7 +120,8 @@ impl State {
         from: &[PageKey],
     ) -> (Vec<PageKey>, bool) {
         let ps = self.ps;
-        let mut keys = from.to_vec();
+        let mut keys = Vec::with_capacity(tokens.len() / ps);
+        keys.extend_from_slice(from);
         let mut parent = keys.last().map_or(self.root, |k| k.hash);
         for (i, chunk) in tokens.chunks_exact(ps).enumerate().skip(keys.len()) {
             if chunk.iter().any(|&t| t < 0) {
@@ -151,12 +152,12 @@ impl State {
         max_pages: usize,
         tiers: bool,
     ) -> Vec<(Hit, PageKey)> {
-        let mut hits = Vec::new();
         if !self.cfg.enable_prefix_caching {
-            return hits;
+            return Vec::new();
         }
-        let host = tiers && self.host_cache();
         let ps = self.ps;
+        let mut hits = Vec::with_capacity(max_pages.min(tokens.len() / ps));
+        let host = tiers && self.host_cache();
         let mut parent = self.root;
         let mut chunks = tokens.chunks_exact(ps).take(max_pages).enumerate();
         let mut group = [WalkPage {

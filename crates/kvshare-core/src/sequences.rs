@@ -155,17 +155,15 @@ impl State {
             let rules = &self.groups[g].rules;
             skip[g] = (rules.skipped_tokens(matched) / ps).min(pos.len());
             let fresh = rules.begin_pages(total, pos.len(), tokens.len(), ps);
-            let live: Vec<Hit> = pos[skip[g]..].iter().flatten().copied().collect();
-            let host = live.iter().filter(|h| h.tier == Tier::Host).count();
+            let live = || pos[skip[g]..].iter().flatten();
+            let host = live().filter(|h| h.tier == Tier::Host).count();
             promoted += host;
             need[pool] += fresh + host;
             new_pages += fresh;
-            reserved[pool] += self.cached_among(pool, &live);
-            self.pools[pool].device.check_acquire(
-                live.iter()
-                    .filter(|h| h.tier == Tier::Device)
-                    .map(|h| h.page),
-            )?;
+            reserved[pool] += self.cached_among(pool, live());
+            self.pools[pool]
+                .device
+                .check_acquire(live().filter(|h| h.tier == Tier::Device).map(|h| h.page))?;
         }
         for (g, u) in units.iter().enumerate() {
             let pool = self.groups[g].pool;
