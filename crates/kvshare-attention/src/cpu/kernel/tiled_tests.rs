@@ -513,7 +513,7 @@ fn soft_dp_follows_the_instruction<P: Pair>(smallest_times_one: f32) {
 /// random with denormals among it.
 #[test]
 fn soft_tiles_match_the_hardware_instruction() {
-    use crate::attention::cpu::Isa;
+    use crate::cpu::Isa;
     if let Err(why) = Isa::Amx.check() {
         println!("amx hardware tiles: skipped: {why}");
         return;
