@@ -312,12 +312,20 @@ fn amx_f16_pairs_beat_bf16_pairs_on_an_f16_cache() {
     }
 }
 
+/// The f32 engine on the AVX2 lanes, compiled with their features.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn avx2_engine<T: KvElem>(c: &Case, x: &Data<T>) -> Vec<f32> {
     run_engine::<Avx2, T, _>(&mut Fma::<Avx2>::new(c.d), c, x)
 }
 
+/// The f32 engine on the AVX-512 lanes, compiled with their features.
+///
+/// # Safety
+/// The CPU must have AVX-512F/VL, AVX2, FMA and F16C.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
 unsafe fn avx512_engine<T: KvElem>(c: &Case, x: &Data<T>) -> Vec<f32> {
@@ -326,22 +334,29 @@ unsafe fn avx512_engine<T: KvElem>(c: &Case, x: &Data<T>) -> Vec<f32> {
 
 /// The bf16 pair engine on `x` (bf16 K/V `k`, `v`): the normalised rows, or `None` where it
 /// refuses the case (an odd head dim: the path then runs the f32 engine).
+///
+/// # Safety
+/// The CPU must have AVX-512F/VL, AVX512_BF16 and the AVX2 set.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bf16")]
 unsafe fn pair_engine<T>(c: &Case, x: &Data<T>, k: &[bf16], v: &[bf16]) -> Option<Vec<f32>> {
-    let kv = SeqKv {
-        k,
-        v,
-        pages: &x.pages,
-        layout: &x.layout,
-        softcap: c.softcap,
-    };
-    let rows = x.rows(Some((&x.qb, x.scale)));
-    let n = x.lo.len();
-    let (mut out, mut m, mut l) = (vec![0f32; n * c.d], vec![0f32; n], vec![0f32; n]);
-    super::super::bf16dot::run_avx512(true, &kv, &rows, &mut out, &mut m, &mut l)?;
-    super::super::normalize(c.d, &l, &mut out);
-    Some(out)
+    // SAFETY: this function has `run_avx512`'s features; the rows and the outputs are made for
+    // `x`'s rows, the lengths `run_avx512` needs.
+    unsafe {
+        let kv = SeqKv {
+            k,
+            v,
+            pages: &x.pages,
+            layout: &x.layout,
+            softcap: c.softcap,
+        };
+        let rows = x.rows(Some((&x.qb, x.scale)));
+        let n = x.lo.len();
+        let (mut out, mut m, mut l) = (vec![0f32; n * c.d], vec![0f32; n], vec![0f32; n]);
+        super::super::bf16dot::run_avx512(true, &kv, &rows, &mut out, &mut m, &mut l)?;
+        super::super::normalize(c.d, &l, &mut out);
+        Some(out)
+    }
 }
 
 fn check(c: Case) {
@@ -413,7 +428,7 @@ fn soft_tiles_follow_the_instruction() {
 /// One of [`soft_tiles_follow_the_instruction`]'s instructions: `P`'s pair product, whose
 /// smallest positive subnormal input times 1.0 gives `smallest_times_one`.
 fn soft_dp_follows_the_instruction<P: Pair>(smallest_times_one: f32) {
-    // SAFETY (software tiles): a shape or configuration error panics, nothing else.
+    // SAFETY: software tiles: a shape or configuration error panics, nothing else.
     let dp = |x: &mut SoftTiles| unsafe { P::dp::<SoftTiles, 0, 1, 2>(x) };
     let mut cfg = TileConfig::palette1();
     // C: 5 rows x 12 f32; A: 5 rows x 7 pairs; B: 7 rows x 12 pairs.
@@ -436,6 +451,7 @@ fn soft_dp_follows_the_instruction<P: Pair>(smallest_times_one: f32) {
     let c0: Vec<f32> = (0..16 * 16).map(|_| rnd()).collect();
     let mut x = SoftTiles::new();
     let mut got = vec![f32::NAN; 16 * 16];
+    // SAFETY: software tiles; every buffer holds 16 rows of 64 bytes, the most a tile moves.
     unsafe {
         x.config(&cfg);
         x.load::<0>(c0.as_ptr().cast(), 64);
@@ -470,6 +486,7 @@ fn soft_dp_follows_the_instruction<P: Pair>(smallest_times_one: f32) {
     small[0] = 1;
     one[0] = P::bits(1.0);
     let mut got = vec![f32::NAN; 16 * 16];
+    // SAFETY: as above.
     unsafe {
         x.zero::<0>();
         x.load::<1>(small.as_ptr().cast(), 64);
@@ -487,6 +504,7 @@ fn soft_dp_follows_the_instruction<P: Pair>(smallest_times_one: f32) {
         let (mut a, mut b) = (vec![0u16; 16 * 32], vec![0u16; 16 * 32]);
         a[0] = P::bits(2f32.powi(-7));
         b[0] = P::bits(2f32.powi(-118));
+        // SAFETY: as above.
         unsafe {
             x.load::<0>(c.as_ptr().cast(), 64);
             x.load::<1>(a.as_ptr().cast(), 64);
@@ -498,6 +516,7 @@ fn soft_dp_follows_the_instruction<P: Pair>(smallest_times_one: f32) {
     }
     // A and B not matching (A has 7 pairs, B 5 rows) is a fault, like the hardware's #UD.
     cfg.rows[2] = 5;
+    // SAFETY: software tiles, which panic on the mismatch and touch no memory here.
     let bad = std::panic::catch_unwind(move || unsafe {
         let mut x = SoftTiles::new();
         x.config(&cfg);
@@ -617,16 +636,21 @@ unsafe fn dp_on<X: Tiles, P: Pair>(
     a: &[u16],
     b: &[u16],
 ) -> Vec<f32> {
-    assert!(c.len() >= 16 * 16 && a.len() >= 16 * 32 && b.len() >= 16 * 32);
-    let mut out = c[..16 * 16].to_vec();
-    x.config(cfg);
-    x.load::<0>(c.as_ptr().cast(), 64);
-    x.load::<1>(a.as_ptr().cast(), 64);
-    x.load::<2>(b.as_ptr().cast(), 64);
-    P::dp::<X, 0, 1, 2>(x);
-    x.store::<0>(out.as_mut_ptr().cast(), 64);
-    x.release();
-    out
+    // SAFETY: the caller meets `Tiles::config` and `Pair::dp` for `x` with `cfg`, which shapes
+    // tiles 0 to 2 at most 16 rows of 64 bytes; the asserts and `out` give `c`, `a`, `b` and
+    // `out` 16 rows of 64 bytes each, so every load and the store at a stride of 64 stay inside.
+    unsafe {
+        assert!(c.len() >= 16 * 16 && a.len() >= 16 * 32 && b.len() >= 16 * 32);
+        let mut out = c[..16 * 16].to_vec();
+        x.config(cfg);
+        x.load::<0>(c.as_ptr().cast(), 64);
+        x.load::<1>(a.as_ptr().cast(), 64);
+        x.load::<2>(b.as_ptr().cast(), 64);
+        P::dp::<X, 0, 1, 2>(x);
+        x.store::<0>(out.as_mut_ptr().cast(), 64);
+        x.release();
+        out
+    }
 }
 
 /// The f16 pairs take the scaled queries only when each rounds to a finite f16.
