@@ -1,5 +1,7 @@
-//! Shared by the group-cache tests (`core_groups.rs`, `core_group_reads.rs`): the cache's
-//! geometry, the cache built in vLLM's block-pool mode, vLLM's append, and token sources.
+//! Shared by kvshare-core's integration tests: a plain cache, a cache with a host tier and
+//! events, token ranges (`core_seq.rs`, `core_tiers.rs`); the group-cache geometry, the cache
+//! built in vLLM's block-pool mode, vLLM's append and token sources (`core_groups.rs`,
+//! `core_group_reads.rs`).
 #![allow(dead_code)]
 
 use kvshare_core::{Config, Error, EvictionPolicy, GroupSpec, State};
@@ -62,4 +64,31 @@ pub fn doc(d: u8, len: usize) -> Vec<i32> {
     (0..len)
         .map(|i| 100_000 + d as i32 * 10_000 + (i as i32 % 9_973))
         .collect()
+}
+
+pub fn state(pages: u32, ps: u32, eviction_policy: EvictionPolicy) -> State {
+    State::new(Config {
+        page_size: ps,
+        num_device_pages: pages,
+        num_host_pages: 8,
+        eviction_policy,
+        ..Config::default()
+    })
+    .unwrap()
+}
+
+pub fn toks(range: std::ops::Range<i32>) -> Vec<i32> {
+    range.collect()
+}
+
+pub fn tiered(device: u32, host: u32, eviction_policy: EvictionPolicy) -> State {
+    State::new(Config {
+        page_size: 4,
+        num_device_pages: device,
+        num_host_pages: host,
+        enable_events: true,
+        eviction_policy,
+        ..Config::default()
+    })
+    .unwrap()
 }
