@@ -576,3 +576,7 @@ impl<X: Tiles, P: Pair, T: KvElem> Engine<T> for Amx<X, P> {
         P::round(p)
     }
 }
+
+#[cfg(test)]
+#[path = "amx_tests.rs"]
+mod tests;
