@@ -12,6 +12,7 @@
 // owns, sized as each call documents: the export contract, met the same way at every call.
 #![allow(clippy::undocumented_unsafe_blocks)]
 
+pub mod ascend;
 pub mod attention;
 pub mod cann_emu;
 pub mod native;
