@@ -24,7 +24,11 @@ use std::collections::HashMap;
 use serde_json::{Map, Value};
 
 use super::rng::{mix, Rng};
-use super::trace::{parse_native_line, Request};
+use super::trace::Request;
+use native::parse_native_line;
+pub use native::{parse_trace, parse_trace_as};
+
+mod native;
 
 /// A trace file's format (`--trace-format`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
