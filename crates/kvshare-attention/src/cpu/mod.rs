@@ -365,7 +365,7 @@ fn run_item<T: KvElem>(
     let n = r.lo.len();
     let (mut m, mut l) = (vec![0f32; n], vec![0f32; n]);
     if it.tiled {
-        kernel::tiled::attend_partial(be.isa, &kv, &rows, &mut r.acc, &mut m, &mut l);
+        kernel::attend_partial_tiled(be.isa, &kv, &rows, &mut r.acc, &mut m, &mut l);
     } else {
         kernel::attend_partial(be.isa, &kv, &rows, &mut r.acc, &mut m, &mut l);
     }

@@ -19,11 +19,7 @@
 
 #![allow(clippy::needless_range_loop)]
 
-#[cfg(target_arch = "x86_64")]
-use super::avx2::Avx2;
-#[cfg(target_arch = "x86_64")]
-use super::avx512::Avx512;
-use super::{Isa, KvElem, Lanes, Portable, Rows, Scalar, SeqKv};
+use super::{KvElem, Lanes, Rows, SeqKv};
 
 /// Key tokens per tile of the f32 engine ([`Fma`]) and the bf16 pair engine: the scores' row
 /// stride. Longer tiles spread each row's softmax steps over more products: one thread, 2 x 1024
@@ -541,136 +537,6 @@ unsafe fn pv<L: Lanes, const M: usize, const U: usize>(
                 L::store(ap.add(r * d + c + w * u), a[r][u]);
             }
         }
-    }
-}
-
-/// The tiled kernel's entry: as `kernel::attend_partial` (same arguments, same result up to
-/// rounding), on the backend's path: `amx` runs the AMX engine where its pairs hold the cache's
-/// values exactly (bf16 pairs for a bf16 cache; f16 pairs for an f16 cache on a CPU with
-/// AMX-FP16 when every scaled query fits f16's range, see `amx.rs`) and its vector path
-/// ([`Isa::vector`]) otherwise; the vector paths run the f32 [`Fma`] engine on their lanes
-/// (`avx512` the bf16 pair engine for a bf16 query and cache where it can).
-pub(crate) fn attend_partial<T: KvElem>(
-    isa: Isa,
-    kv: &SeqKv<'_, T>,
-    rows: &Rows<'_>,
-    out: &mut [f32],
-    m: &mut [f32],
-    l: &mut [f32],
-) {
-    let d = kv.layout.head_dim;
-    let isa = super::checked_path(isa, d, rows, out, m, l);
-    match isa {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: check() found AMX, the tile permission and AVX2/FMA/F16C; lengths checked
-        // above and by slicing in `run`.
-        Isa::Amx => {
-            use super::amx::{Bf16Pairs, F16Pairs};
-            if T::as_bf16(kv.k).is_some() {
-                // SAFETY: as above.
-                unsafe { amx_avx2::<T, Bf16Pairs>(kv, rows, out, m, l) }
-            } else if T::F16 && isa.amx_fp16() && fits_f16(&rows.q[..rows.lo.len() * d]) {
-                // SAFETY: as above, and CPUID reports AMX-FP16.
-                unsafe { amx_avx2::<T, F16Pairs>(kv, rows, out, m, l) }
-            } else {
-                // An f32 cache, or an f16 one without f16 tiles: bf16 pairs would round its
-                // K/V to bf16 (a row that sees one key would get that V rounded to bf16), so
-                // the vector path's engine, with the cache type's accuracy.
-                attend_partial(isa.vector(), kv, rows, out, m, l)
-            }
-        }
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: check() found the features; as above.
-        Isa::Avx512 => {
-            // A bf16 query against a bf16 cache multiplies bf16 pairs where the CPU can.
-            if super::bf16dot::run_if_able(true, kv, rows, out, m, l) {
-                return;
-            }
-            // SAFETY: check() found the features; as above.
-            unsafe { fma_avx512(kv, rows, out, m, l) }
-        }
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: as above.
-        Isa::Avx2 => unsafe { fma_avx2(kv, rows, out, m, l) },
-        // SAFETY: lengths as above.
-        Isa::Portable16 => unsafe {
-            run::<Portable<16>, T, _>(&mut Fma::<Portable<16>>::new(d), kv, rows, out, m, l)
-        },
-        // SAFETY: lengths as above.
-        _ => unsafe { run::<Scalar, T, _>(&mut Fma::<Scalar>::new(d), kv, rows, out, m, l) },
-    }
-}
-
-/// [`run`] with the f32 engine on the AVX2 lanes, compiled with their features.
-///
-/// # Safety
-/// The CPU must have AVX2, FMA and F16C; lengths as `kernel::attend_partial` checks them.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn fma_avx2<T: KvElem>(
-    kv: &SeqKv<'_, T>,
-    rows: &Rows<'_>,
-    out: &mut [f32],
-    m: &mut [f32],
-    l: &mut [f32],
-) {
-    // SAFETY: this function's features are the AVX2 lanes' and the engine's, and the caller checked
-    // the lengths.
-    unsafe {
-        let mut e = Fma::<Avx2>::new(kv.layout.head_dim);
-        run::<Avx2, T, _>(&mut e, kv, rows, out, m, l)
-    }
-}
-
-/// [`run`] with the f32 engine on the AVX-512 lanes, compiled with their features.
-///
-/// # Safety
-/// The CPU must have AVX-512F/VL, AVX2, FMA and F16C; lengths as `kernel::attend_partial`
-/// checks them.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
-unsafe fn fma_avx512<T: KvElem>(
-    kv: &SeqKv<'_, T>,
-    rows: &Rows<'_>,
-    out: &mut [f32],
-    m: &mut [f32],
-    l: &mut [f32],
-) {
-    // SAFETY: this function's features are the AVX-512 lanes' and the engine's, and the caller
-    // checked the lengths.
-    unsafe {
-        // The 16-lane engine: 32-key score blocks, 32-column value blocks.
-        let mut e = Fma::<Avx512>::new(kv.layout.head_dim);
-        run::<Avx512, T, _>(&mut e, kv, rows, out, m, l)
-    }
-}
-
-/// Whether every value of `q` is within f16's range (so rounds to a finite f16; NaN is not):
-/// the AMX engine's f16 pairs take the scaled queries.
-fn fits_f16(q: &[f32]) -> bool {
-    let max = half::f16::MAX.to_f32();
-    q.iter().all(|x| x.abs() <= max)
-}
-
-/// [`run`] with the AMX engine (hardware tiles, pairs `P`) on the AVX2 lanes.
-///
-/// # Safety
-/// The CPU must have AVX2, FMA, F16C and AMX with the tile permission granted (`Isa::Amx`),
-/// and AMX-FP16 for f16 pairs; lengths as `kernel::attend_partial` checks them.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn amx_avx2<T: KvElem, P: super::amx::Pair>(
-    kv: &SeqKv<'_, T>,
-    rows: &Rows<'_>,
-    out: &mut [f32],
-    m: &mut [f32],
-    l: &mut [f32],
-) {
-    // SAFETY: this function's features are the AVX2 lanes'; the caller checked AMX (and AMX-FP16
-    // for f16 pairs) and the lengths.
-    unsafe {
-        let mut e = super::amx::Amx::<_, P>::new(super::amx::AsmTiles, kv.layout.head_dim);
-        run::<Avx2, T, _>(&mut e, kv, rows, out, m, l)
     }
 }
 

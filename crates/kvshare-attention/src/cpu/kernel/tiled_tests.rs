@@ -6,6 +6,11 @@ use half::{bf16, f16};
 use proptest::prelude::*;
 
 use super::super::amx::{Amx, Bf16Pairs, F16Pairs, Pair, SoftTiles};
+#[cfg(target_arch = "x86_64")]
+use super::super::avx2::Avx2;
+#[cfg(target_arch = "x86_64")]
+use super::super::avx512::Avx512;
+use super::super::{Isa, Portable, Scalar};
 use super::*;
 use crate::CacheLayout;
 use kvshare_core::DType;
@@ -419,10 +424,10 @@ proptest! {
 #[test]
 fn f16_pairs_need_queries_in_f16_range() {
     let max = f16::MAX.to_f32();
-    assert!(fits_f16(&[0.0, -max, max, 1e-9, -3.5]));
-    assert!(fits_f16(&[]));
+    assert!(super::super::fits_f16(&[0.0, -max, max, 1e-9, -3.5]));
+    assert!(super::super::fits_f16(&[]));
     for bad in [max * 1.001, -70000.0, f32::INFINITY, f32::NAN] {
-        assert!(!fits_f16(&[1.0, bad]), "{bad}");
+        assert!(!super::super::fits_f16(&[1.0, bad]), "{bad}");
     }
 }
 
@@ -480,7 +485,9 @@ fn amx_path_tiles_only_what_its_pairs_hold_exactly() {
         // SAFETY: Isa::Amx checked out (AMX, the tile permission, AVX2/FMA/F16C); the
         // lengths are the rows'.
         unsafe {
-            amx_avx2::<bf16, super::super::amx::Bf16Pairs>(&kv, &rows, &mut out, &mut m, &mut l)
+            super::super::amx_avx2::<bf16, super::super::amx::Bf16Pairs>(
+                &kv, &rows, &mut out, &mut m, &mut l,
+            )
         };
         super::super::normalize(c.d, &l, &mut out);
         same_bits("bf16 cache", &path_rows(Isa::Amx, &c, &x, false), &out);
@@ -494,7 +501,7 @@ fn path_rows<T: KvElem>(isa: Isa, c: &Case, x: &Data<T>, q_bf16: bool) -> Vec<f3
     let rows = x.rows((q_bf16 && !x.qb.is_empty()).then_some((&x.qb[..], x.scale)));
     let n = x.lo.len();
     let (mut out, mut m, mut l) = (vec![0f32; n * c.d], vec![0f32; n], vec![0f32; n]);
-    attend_partial(isa, &kv, &rows, &mut out, &mut m, &mut l);
+    super::super::attend_partial_tiled(isa, &kv, &rows, &mut out, &mut m, &mut l);
     super::super::normalize(c.d, &l, &mut out);
     out
 }
