@@ -121,7 +121,7 @@ impl ThreadPool {
         let _serial = lock(&self.launch);
         let next = AtomicUsize::new(0);
         let f_dyn: &(dyn Fn(usize) + Sync) = &f;
-        // SAFETY (lifetime erasure): before this frame returns or unwinds, the job is withdrawn
+        // SAFETY: lifetime erasure: before this frame returns or unwinds, the job is withdrawn
         // and every worker that took it has checked out (see below); a worker takes the job
         // only under the lock while it is there. So no worker uses the pointers after `f` and
         // `next` are dropped.

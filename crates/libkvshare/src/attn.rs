@@ -42,7 +42,8 @@ unsafe fn launch_inputs<'a, A>(
     backend: *const kvs_backend,
     args: *const A,
 ) -> Result<(&'a BackendBox, &'a A)> {
-    Ok((handle::borrow(backend)?, try_ref(args, "args")?))
+    // SAFETY: the caller's contract above, which is what `borrow` and `try_ref` ask.
+    Ok(unsafe { (handle::borrow(backend)?, try_ref(args, "args")?) })
 }
 
 impl kvs_backend {
@@ -141,6 +142,7 @@ impl kvs_backend {
                     let ctx =
                         unsafe { aslice(a.context_lens, spans.context_lens, "context_lens")? };
                     let starts = if params.varlen {
+                        // SAFETY: as above.
                         Some(unsafe {
                             aslice(a.query_start_loc, spans.query_start_loc, "query_start_loc")?
                         })
@@ -296,6 +298,7 @@ impl kvs_backend {
             // with `num_copies > 0`, otherwise `num_copies` records readable for the call (the
             // copy list is host memory on every backend).
             let (b, a) = unsafe { launch_inputs(backend, args)? };
+            // SAFETY: as above, for `copies`.
             let raw = unsafe { aslice(copies, num_copies, "copies")? };
             let mut list = try_with_capacity(raw.len(), "copies")?;
             for (i, c) in raw.iter().enumerate() {

@@ -269,7 +269,8 @@ pub(super) unsafe fn aslice<'a, T>(
     name: &'static str,
 ) -> Result<&'a [T]> {
     aligned(ptr, name)?;
-    slice(ptr, len, name).map_err(attn)
+    // SAFETY: the caller gives `slice`'s contract.
+    unsafe { slice(ptr, len, name) }.map_err(attn)
 }
 
 /// [`slice_mut`] with attention errors.
@@ -282,7 +283,8 @@ pub(super) unsafe fn aslice_mut<'a, T>(
     name: &'static str,
 ) -> Result<&'a mut [T]> {
     aligned(ptr.cast_const(), name)?;
-    slice_mut(ptr, len, name).map_err(attn)
+    // SAFETY: the caller gives `slice_mut`'s contract.
+    unsafe { slice_mut(ptr, len, name) }.map_err(attn)
 }
 
 /// # Safety
@@ -294,9 +296,13 @@ pub(super) unsafe fn buf<'a>(
     name: &'static str,
 ) -> Result<Buf<'a>> {
     Ok(match dtype {
-        DType::F32 => Buf::F32(aslice(ptr.cast(), len, name)?),
-        DType::F16 => Buf::F16(aslice(ptr.cast(), len, name)?),
-        DType::BF16 => Buf::BF16(aslice(ptr.cast(), len, name)?),
+        // SAFETY: the caller guarantees `len` elements of `dtype` at a non-NULL `ptr`, the type
+        // each arm reads.
+        DType::F32 => Buf::F32(unsafe { aslice(ptr.cast(), len, name) }?),
+        // SAFETY: as above.
+        DType::F16 => Buf::F16(unsafe { aslice(ptr.cast(), len, name) }?),
+        // SAFETY: as above.
+        DType::BF16 => Buf::BF16(unsafe { aslice(ptr.cast(), len, name) }?),
     })
 }
 
@@ -309,9 +315,12 @@ pub(super) unsafe fn buf_mut<'a>(
     name: &'static str,
 ) -> Result<BufMut<'a>> {
     Ok(match dtype {
-        DType::F32 => BufMut::F32(aslice_mut(ptr.cast(), len, name)?),
-        DType::F16 => BufMut::F16(aslice_mut(ptr.cast(), len, name)?),
-        DType::BF16 => BufMut::BF16(aslice_mut(ptr.cast(), len, name)?),
+        // SAFETY: as in `buf`, and the caller guarantees nothing else accesses the memory.
+        DType::F32 => BufMut::F32(unsafe { aslice_mut(ptr.cast(), len, name) }?),
+        // SAFETY: as above.
+        DType::F16 => BufMut::F16(unsafe { aslice_mut(ptr.cast(), len, name) }?),
+        // SAFETY: as above.
+        DType::BF16 => BufMut::BF16(unsafe { aslice_mut(ptr.cast(), len, name) }?),
     })
 }
 

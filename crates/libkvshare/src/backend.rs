@@ -161,6 +161,7 @@ impl kvs_backend {
             let opts = if options.is_null() {
                 None
             } else {
+                // SAFETY: as above, for `options`.
                 Some(unsafe { try_ref(options, "options")? })
             };
             let num_threads =
@@ -204,6 +205,7 @@ impl kvs_backend {
             // SAFETY: `try_out`/`try_ref` refuse NULL; non-NULL pointers are a valid out location
             // and team struct by the export contract (ffi/mod.rs).
             let out = unsafe { try_out(backend_out, "backend_out")? };
+            // SAFETY: as above, for `team`.
             let t = unsafe { try_ref(team, "team")? };
             let parallel = t.parallel.ok_or(Error::NullArgument("team.parallel"))?;
             let threads = thread_count(t.num_threads, "team.num_threads")?;
@@ -246,6 +248,7 @@ impl kvs_backend {
             // SAFETY: NULL is refused; a live handle from `kvs_backend_new` and a writable out
             // location otherwise (export contract).
             let b = unsafe { handle::borrow(backend)? };
+            // SAFETY: as above, for `num_threads_out`.
             let out = unsafe { try_out(num_threads_out, "num_threads_out")? };
             *out = u32::try_from(b.num_threads).unwrap_or(u32::MAX); // at most 1024
             Ok(())
@@ -273,6 +276,7 @@ impl kvs_backend {
             // SAFETY: NULL is refused; a live handle and a writable out location otherwise
             // (export contract).
             let b = unsafe { handle::borrow(backend)? };
+            // SAFETY: as above, for `len_out`.
             let out = unsafe { try_out(len_out, "len_out")? };
             let info = b.launcher.info();
             let text = format!("{}; {}", info.describe(), info.limits()).replace('\0', " ");

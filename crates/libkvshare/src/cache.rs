@@ -50,7 +50,9 @@ impl Handle for kvs_cache {
 /// # Safety
 /// `cache` must be NULL or a live handle from `kvs_cache_new`.
 pub(crate) unsafe fn cache<'a>(cache: *const kvs_cache) -> Result<&'a Cache, Error> {
-    handle::borrow(cache)
+    // SAFETY: the caller guarantees NULL or a live handle from `kvs_cache_new`, which made it
+    // by `into_raw::<kvs_cache>`.
+    unsafe { handle::borrow(cache) }
 }
 
 /// The largest `kvs_config.page_size` the library accepts, in tokens per page: adapters read
@@ -191,7 +193,7 @@ unsafe fn read_config<'a>(ptr: *const kvs_config) -> Result<&'a kvs_config, Erro
     for (field, offset) in CONFIG_BOOLS {
         // SAFETY: `offset` is a field's offset inside the readable struct; bytes of a `bool`
         // field are initialised whatever value the caller stored.
-        let byte = ptr.cast::<u8>().add(offset).read();
+        let byte = unsafe { ptr.cast::<u8>().add(offset).read() };
         if byte > 1 {
             return Err(Error::Cache(kvshare_core::Error::InvalidConfig {
                 field,
@@ -199,7 +201,9 @@ unsafe fn read_config<'a>(ptr: *const kvs_config) -> Result<&'a kvs_config, Erro
             }));
         }
     }
-    try_ref(ptr, "config")
+    // SAFETY: the caller guarantees a readable `kvs_config`, and every `bool` field holds 0 or
+    // 1 (checked above), so it is a valid `kvs_config`.
+    unsafe { try_ref(ptr, "config") }
 }
 
 impl kvs_config {
@@ -224,7 +228,8 @@ impl kvs_config {
                 })
             })?
             .into();
-        let groups = groups_from_c(self.groups, self.num_groups)?;
+        // SAFETY: the caller guarantees `self.groups` NULL or readable for `self.num_groups`.
+        let groups = unsafe { groups_from_c(self.groups, self.num_groups) }?;
         Ok(Config {
             page_size: self.page_size,
             num_device_pages: self.num_device_pages,
@@ -392,7 +397,9 @@ impl kvs_cache {
         config: *const kvs_config,
         cache_out: *mut *mut kvs_cache,
     ) -> kvs_status {
-        guard(|| {
+        // SAFETY: `config` and `cache_out` are NULL or valid for the call (the export contract);
+        // the helpers refuse NULL and misalignment.
+        guard(|| unsafe {
             let cfg = read_config(config)?.to_core()?;
             let out = try_out(cache_out, "cache_out")?;
             let c = Cache::new(cfg)?;
@@ -406,7 +413,9 @@ impl kvs_cache {
     /// **Thread safety:** no other call may use `cache` during or after this one.
     #[no_mangle]
     pub unsafe extern "C" fn kvs_cache_free(cache: *mut kvs_cache) {
-        let _ = guard(|| {
+        // SAFETY: `cache` is NULL or valid for the call (the export contract); the helpers refuse
+        // NULL and misalignment.
+        let _ = guard(|| unsafe {
             handle::free(cache);
             Ok(())
         });
@@ -424,7 +433,9 @@ impl kvs_cache {
         cache: *const kvs_cache,
         config_out: *mut kvs_config,
     ) -> kvs_status {
-        guard(|| {
+        // SAFETY: `cache` and `config_out` are NULL or valid for the call (the export contract);
+        // the helpers refuse NULL and misalignment.
+        guard(|| unsafe {
             let c = self::cache(cache)?;
             let cfg = c.config();
             let out = try_out(config_out, "config_out")?;
@@ -448,7 +459,9 @@ impl kvs_cache {
         group: usize,
         pages_out: *mut usize,
     ) -> kvs_status {
-        guard(|| {
+        // SAFETY: `cache` and `pages_out` are NULL or valid for the call (the export contract); the
+        // helpers refuse NULL and misalignment.
+        guard(|| unsafe {
             let c = self::cache(cache)?;
             let tier: Tier = decode::<kvs_tier>(tier, "tier")?.into();
             let out = try_out(pages_out, "pages_out")?;
@@ -467,7 +480,9 @@ impl kvs_cache {
         cache: *const kvs_cache,
         stats_out: *mut kvs_stats,
     ) -> kvs_status {
-        guard(|| {
+        // SAFETY: `cache` and `stats_out` are NULL or valid for the call (the export contract); the
+        // helpers refuse NULL and misalignment.
+        guard(|| unsafe {
             let c = self::cache(cache)?;
             let out = try_out(stats_out, "stats_out")?;
             let s = c.lock()?.stats();
@@ -525,7 +540,8 @@ impl kvs_cache {
     #[must_use]
     #[no_mangle]
     pub unsafe extern "C" fn kvs_cache_check(cache: *const kvs_cache) -> kvs_status {
-        guard(|| Ok(self::cache(cache)?.lock()?.check()?))
+        // SAFETY: `cache` is NULL or a live handle (the export contract); `cache()` refuses NULL.
+        guard(|| Ok(unsafe { self::cache(cache) }?.lock()?.check()?))
     }
 
     /// Makes every page that filled up since the last commit matchable by later prompts. Call it
@@ -537,7 +553,9 @@ impl kvs_cache {
     /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
     #[no_mangle]
     pub unsafe extern "C" fn kvs_cache_commit(cache: *mut kvs_cache) -> kvs_status {
-        guard(|| {
+        // SAFETY: `cache` is NULL or valid for the call (the export contract); the helpers refuse
+        // NULL and misalignment.
+        guard(|| unsafe {
             self::cache(cache)?.lock()?.commit();
             Ok(())
         })
@@ -556,7 +574,9 @@ impl kvs_cache {
     /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
     #[no_mangle]
     pub unsafe extern "C" fn kvs_cache_new_step(cache: *mut kvs_cache) -> kvs_status {
-        guard(|| {
+        // SAFETY: `cache` is NULL or valid for the call (the export contract); the helpers refuse
+        // NULL and misalignment.
+        guard(|| unsafe {
             self::cache(cache)?.lock()?.new_step();
             Ok(())
         })
@@ -585,7 +605,9 @@ impl kvs_cache {
         context_lens_out: *mut i32,
         context_lens_len: usize,
     ) -> kvs_status {
-        guard(|| {
+        // SAFETY: `cache`, `seq_ids`, `table_out` and `context_lens_out` are NULL or valid for the
+        // call (the export contract); the helpers refuse NULL and misalignment.
+        guard(|| unsafe {
             let c = self::cache(cache)?;
             let ids = slice(seq_ids, num_seqs, "seq_ids")?;
             let table = slice_mut(table_out, table_len, "table_out")?;
@@ -618,7 +640,9 @@ impl kvs_cache {
         slots_len: usize,
         num_slots_out: *mut usize,
     ) -> kvs_status {
-        guard(|| {
+        // SAFETY: `cache`, `seq_ids`, `query_lens`, `slots_out` and `num_slots_out` are NULL or
+        // valid for the call (the export contract); the helpers refuse NULL and misalignment.
+        guard(|| unsafe {
             let c = self::cache(cache)?;
             let ids = slice(seq_ids, num_seqs, "seq_ids")?;
             let q = slice(query_lens, num_seqs, "query_lens")?;

@@ -86,7 +86,9 @@ impl kvs_cache {
         copies_len: usize,
         num_copies_out: *mut usize,
     ) -> kvs_status {
-        guard(|| {
+        // SAFETY: `cache`, `copies_out` and `num_copies_out` are NULL or valid for the call (the
+        // export contract); the helpers refuse NULL and misalignment.
+        guard(|| unsafe {
             let c = self::cache(cache)?;
             let out = slice_mut(copies_out, copies_len, "copies_out")?;
             let n_out = try_out(num_copies_out, "num_copies_out")?;
@@ -114,7 +116,9 @@ impl kvs_cache {
         events_len: usize,
         num_events_out: *mut usize,
     ) -> kvs_status {
-        guard(|| {
+        // SAFETY: `cache`, `events_out` and `num_events_out` are NULL or valid for the call (the
+        // export contract); the helpers refuse NULL and misalignment.
+        guard(|| unsafe {
             let c = self::cache(cache)?;
             let out = slice_mut(events_out, events_len, "events_out")?;
             let n_out = try_out(num_events_out, "num_events_out")?;

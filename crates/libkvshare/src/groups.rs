@@ -110,7 +110,8 @@ pub(crate) unsafe fn groups_from_c(
             format!("{num_groups} is more than {KVS_MAX_GROUPS}"),
         ));
     }
-    let raw = slice(groups, num_groups, "config.groups")?;
+    // SAFETY: the caller guarantees `groups` NULL or readable for `num_groups` `kvs_group`s.
+    let raw = unsafe { slice(groups, num_groups, "config.groups") }?;
     raw.iter()
         .enumerate()
         .map(|(i, g)| group_from_c(i, g))
@@ -190,7 +191,9 @@ impl kvs_cache {
         group: usize,
         info_out: *mut kvs_group_info,
     ) -> kvs_status {
-        guard(|| {
+        // SAFETY: `cache` and `info_out` are NULL or valid for the call (the export contract); the
+        // helpers refuse NULL and misalignment.
+        guard(|| unsafe {
             let c = self::cache(cache)?;
             let out = try_out(info_out, "info_out")?;
             let st = c.lock()?;
@@ -221,7 +224,9 @@ impl kvs_cache {
         group: usize,
         stats_out: *mut kvs_group_stats,
     ) -> kvs_status {
-        guard(|| {
+        // SAFETY: `cache` and `stats_out` are NULL or valid for the call (the export contract); the
+        // helpers refuse NULL and misalignment.
+        guard(|| unsafe {
             let c = self::cache(cache)?;
             let out = try_out(stats_out, "stats_out")?;
             let s = c.lock()?.group_stats(group)?;

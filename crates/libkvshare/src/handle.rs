@@ -24,7 +24,9 @@ pub(crate) unsafe fn borrow<'a, C: Handle>(ptr: *const C) -> Result<&'a C::Rust,
     if ptr.is_null() {
         return Err(Error::NullArgument(C::NAME));
     }
-    Ok(&*ptr.cast::<C::Rust>())
+    // SAFETY: non-NULL, and the caller guarantees it came from `into_raw::<C>` (a `Box` of
+    // `C::Rust`) and is not freed, so it points to a live `C::Rust`.
+    Ok(unsafe { &*ptr.cast::<C::Rust>() })
 }
 
 /// Drops the object behind a handle; NULL is a no-op.
@@ -34,6 +36,8 @@ pub(crate) unsafe fn borrow<'a, C: Handle>(ptr: *const C) -> Result<&'a C::Rust,
 /// in use by another thread.
 pub(crate) unsafe fn free<C: Handle>(ptr: *mut C) {
     if !ptr.is_null() {
-        drop(Box::from_raw(ptr.cast::<C::Rust>()));
+        // SAFETY: the caller guarantees `ptr` came from `into_raw::<C>` (a `Box` of `C::Rust`),
+        // is not freed yet and no other thread uses it, so the box is ours to drop.
+        drop(unsafe { Box::from_raw(ptr.cast::<C::Rust>()) });
     }
 }

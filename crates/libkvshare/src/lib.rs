@@ -21,6 +21,8 @@
 // show in the generated header; shape letters (`h`, `d`, `n`) follow the attention docs.
 #![warn(clippy::pedantic)]
 #![allow(clippy::doc_markdown, clippy::many_single_char_names)]
+// The exports share one `# Safety` section, the "Safety contract of every export" above (cbindgen
+// copies docs into the header, where one contract reads better than a copy on every export).
 #![allow(clippy::missing_safety_doc)]
 #![allow(non_camel_case_types)]
 

@@ -42,7 +42,9 @@ impl kvs_cache {
         pages_out: *mut u32,
         pages_len: usize,
     ) -> kvs_status {
-        guard(|| {
+        // SAFETY: `cache` and `pages_out` are NULL or valid for the call (the export contract); the
+        // helpers refuse NULL and misalignment.
+        guard(|| unsafe {
             let c = self::cache(cache)?;
             let out = slice_mut(pages_out, pages_len, "pages_out")?;
             if out.len() < num_pages {
@@ -74,7 +76,9 @@ impl kvs_cache {
         pages: *const u32,
         num_pages: usize,
     ) -> kvs_status {
-        guard(|| {
+        // SAFETY: `cache` and `pages` are NULL or valid for the call (the export contract); the
+        // helpers refuse NULL and misalignment.
+        guard(|| unsafe {
             let c = self::cache(cache)?;
             let p = slice(pages, num_pages, "pages")?;
             Ok(c.lock()?.acquire_pages(group, p)?)
@@ -97,7 +101,9 @@ impl kvs_cache {
         pages: *const u32,
         num_pages: usize,
     ) -> kvs_status {
-        guard(|| {
+        // SAFETY: `cache` and `pages` are NULL or valid for the call (the export contract); the
+        // helpers refuse NULL and misalignment.
+        guard(|| unsafe {
             let c = self::cache(cache)?;
             let p = slice(pages, num_pages, "pages")?;
             Ok(c.lock()?.release_pages(group, p)?)
@@ -118,7 +124,9 @@ impl kvs_cache {
         page: u32,
         info_out: *mut kvs_page_info,
     ) -> kvs_status {
-        guard(|| {
+        // SAFETY: `cache` and `info_out` are NULL or valid for the call (the export contract); the
+        // helpers refuse NULL and misalignment.
+        guard(|| unsafe {
             let c = self::cache(cache)?;
             let tier: Tier = decode::<kvs_tier>(tier, "tier")?.into();
             let out = try_out(info_out, "info_out")?;

@@ -35,7 +35,9 @@ impl kvs_cache {
         extra: *const kvs_extra_keys,
         registered_out: *mut usize,
     ) -> kvs_status {
-        guard(|| {
+        // SAFETY: `cache`, `tokens`, `pages`, `extra` and `registered_out` are NULL or valid for
+        // the call (the export contract); the helpers refuse NULL and misalignment.
+        guard(|| unsafe {
             let c = self::cache(cache)?;
             let t = slice(tokens, num_tokens, "tokens")?;
             let p = slice(pages, num_pages, "pages")?;
@@ -82,7 +84,10 @@ impl kvs_cache {
         num_pages_out: *mut usize,
         matched_tokens_out: *mut usize,
     ) -> kvs_status {
-        guard(|| {
+        // SAFETY: `cache`, `tokens`, `extra`, `pages_out`, `num_pages_out` and `matched_tokens_out`
+        // are NULL or valid for the call (the export contract); the helpers refuse NULL and
+        // misalignment.
+        guard(|| unsafe {
             let c = self::cache(cache)?;
             let t = slice(tokens, num_tokens, "tokens")?;
             let x = extra_from_c(extra)?;
@@ -132,7 +137,9 @@ impl kvs_cache {
         max_pages_per_group: usize,
         matched_tokens_out: *mut usize,
     ) -> kvs_status {
-        guard(|| {
+        // SAFETY: `cache`, `tokens`, `extra`, `pages_out` and `matched_tokens_out` are NULL or
+        // valid for the call (the export contract); the helpers refuse NULL and misalignment.
+        guard(|| unsafe {
             let c = self::cache(cache)?;
             let t = slice(tokens, num_tokens, "tokens")?;
             let x = extra_from_c(extra)?;
@@ -183,7 +190,9 @@ impl kvs_cache {
         pin_id_out: *mut u64,
         num_pages_out: *mut usize,
     ) -> kvs_status {
-        guard(|| {
+        // SAFETY: `cache`, `tokens`, `extra`, `pin_id_out` and `num_pages_out` are NULL or valid
+        // for the call (the export contract); the helpers refuse NULL and misalignment.
+        guard(|| unsafe {
             let c = self::cache(cache)?;
             let t = slice(tokens, num_tokens, "tokens")?;
             let x = extra_from_c(extra)?;
@@ -205,7 +214,8 @@ impl kvs_cache {
     /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
     #[no_mangle]
     pub unsafe extern "C" fn kvs_prefix_unpin(cache: *mut kvs_cache, pin_id: u64) -> kvs_status {
-        guard(|| Ok(self::cache(cache)?.lock()?.unpin(pin_id)?))
+        // SAFETY: `cache` is NULL or a live handle (the export contract); `cache()` refuses NULL.
+        guard(|| Ok(unsafe { self::cache(cache) }?.lock()?.unpin(pin_id)?))
     }
 
     /// Prefetch hint for a queued request: starts promoting the host-tier pages of `tokens`'
@@ -227,7 +237,9 @@ impl kvs_cache {
         extra: *const kvs_extra_keys,
         promoted_out: *mut usize,
     ) -> kvs_status {
-        guard(|| {
+        // SAFETY: `cache`, `tokens`, `extra` and `promoted_out` are NULL or valid for the call (the
+        // export contract); the helpers refuse NULL and misalignment.
+        guard(|| unsafe {
             let c = self::cache(cache)?;
             let t = slice(tokens, num_tokens, "tokens")?;
             let x = extra_from_c(extra)?;
@@ -249,7 +261,9 @@ impl kvs_cache {
     /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
     #[no_mangle]
     pub unsafe extern "C" fn kvs_prefix_clear(cache: *mut kvs_cache) -> kvs_status {
-        guard(|| {
+        // SAFETY: `cache` is NULL or valid for the call (the export contract); the helpers refuse
+        // NULL and misalignment.
+        guard(|| unsafe {
             self::cache(cache)?.lock()?.clear_index();
             Ok(())
         })

@@ -48,6 +48,10 @@ fn info_of(i: SeqInfo) -> kvs_seq_info {
 
 /// Runs an operation that reports page copies into a caller buffer: the core checks the room
 /// before changing anything, so on error nothing is written.
+///
+/// # Safety
+/// The exports' contract: `cache` is NULL or a live cache; `copies_out` NULL or valid for
+/// `copies_len` writes of `kvs_copy`; `num_copies_out` NULL or valid for a write of one `usize`.
 unsafe fn with_copies(
     cache: *mut kvs_cache,
     copies_out: *mut kvs_copy,
@@ -55,9 +59,14 @@ unsafe fn with_copies(
     num_copies_out: *mut usize,
     op: impl FnOnce(&mut State, &mut Vec<PageCopy>, usize) -> Result<(), Error>,
 ) -> Result<(), Error> {
-    let c = self::cache(cache)?;
-    let out = slice_mut(copies_out, copies_len, "copies_out")?;
-    let n_out = try_out(num_copies_out, "num_copies_out")?;
+    // SAFETY: the caller's contract above, which is what `cache`, `slice_mut` and `try_out` ask.
+    let (c, out, n_out) = unsafe {
+        (
+            self::cache(cache)?,
+            slice_mut(copies_out, copies_len, "copies_out")?,
+            try_out(num_copies_out, "num_copies_out")?,
+        )
+    };
     let mut copies = Vec::new();
     op(&mut *c.lock()?, &mut copies, out.len())?;
     for (dst, src) in out.iter_mut().zip(&copies) {
@@ -111,7 +120,9 @@ impl kvs_cache {
         lookahead_slots: usize,
         info_out: *mut kvs_seq_info,
     ) -> kvs_status {
-        guard(|| {
+        // SAFETY: `cache`, `tokens`, `extra` and `info_out` are NULL or valid for the call (the
+        // export contract); the helpers refuse NULL and misalignment.
+        guard(|| unsafe {
             let c = self::cache(cache)?;
             let t = slice(tokens, num_tokens, "tokens")?;
             let x = extra_from_c(extra)?;
@@ -163,7 +174,9 @@ impl kvs_cache {
         copies_len: usize,
         num_copies_out: *mut usize,
     ) -> kvs_status {
-        guard(|| {
+        // SAFETY: `cache`, `tokens`, `copies_out` and `num_copies_out` are NULL or valid for the
+        // call (the export contract); the helpers refuse NULL and misalignment.
+        guard(|| unsafe {
             let t = slice(tokens, num_tokens, "tokens")?;
             with_copies(
                 cache,
@@ -200,7 +213,10 @@ impl kvs_cache {
         pages_len: usize,
         num_pages_out: *mut usize,
     ) -> kvs_status {
-        guard(|| {
+        // SAFETY: `cache`, `tokens`, `copies_out`, `num_copies_out`, `pages_out` and
+        // `num_pages_out` are NULL or valid for the call (the export contract); the helpers refuse
+        // NULL and misalignment.
+        guard(|| unsafe {
             let t = slice(tokens, num_tokens, "tokens")?;
             let out = slice_mut(pages_out, pages_len, "pages_out")?;
             let n_out = try_out(num_pages_out, "num_pages_out")?;
@@ -238,7 +254,9 @@ impl kvs_cache {
         copies_len: usize,
         num_copies_out: *mut usize,
     ) -> kvs_status {
-        guard(|| {
+        // SAFETY: `cache`, `seq_ids`, `tokens`, `copies_out` and `num_copies_out` are NULL or valid
+        // for the call (the export contract); the helpers refuse NULL and misalignment.
+        guard(|| unsafe {
             let ids = slice(seq_ids, num_seqs, "seq_ids")?;
             let t = slice(tokens, num_tokens, "tokens")?;
             with_copies(
@@ -263,7 +281,13 @@ impl kvs_cache {
         parent_id: u64,
         child_id: u64,
     ) -> kvs_status {
-        guard(|| Ok(self::cache(cache)?.lock()?.fork(parent_id, child_id)?))
+        guard(|| {
+            // SAFETY: `cache` is NULL or a live handle (the export contract); `cache()` refuses
+            // NULL.
+            Ok(unsafe { self::cache(cache) }?
+                .lock()?
+                .fork(parent_id, child_id)?)
+        })
     }
 
     /// Ends a sequence and releases its pages: groups in order, each table from its last
@@ -274,7 +298,8 @@ impl kvs_cache {
     /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
     #[no_mangle]
     pub unsafe extern "C" fn kvs_seq_free(cache: *mut kvs_cache, seq_id: u64) -> kvs_status {
-        guard(|| Ok(self::cache(cache)?.lock()?.free(seq_id)?))
+        // SAFETY: `cache` is NULL or a live handle (the export contract); `cache()` refuses NULL.
+        guard(|| Ok(unsafe { self::cache(cache) }?.lock()?.free(seq_id)?))
     }
 
     /// vLLM's `remove_skipped_blocks(request, num_computed_tokens)`: every group replaces the
@@ -301,7 +326,9 @@ impl kvs_cache {
         num_computed_tokens: usize,
         num_released_out: *mut usize,
     ) -> kvs_status {
-        guard(|| {
+        // SAFETY: `cache` and `num_released_out` are NULL or valid for the call (the export
+        // contract); the helpers refuse NULL and misalignment.
+        guard(|| unsafe {
             let c = self::cache(cache)?;
             let out = opt_out(num_released_out, "num_released_out")?;
             let n = c.lock()?.release_skipped(seq_id, num_computed_tokens)?;
@@ -332,7 +359,9 @@ impl kvs_cache {
         copies_len: usize,
         num_copies_out: *mut usize,
     ) -> kvs_status {
-        guard(|| {
+        // SAFETY: `cache`, `copies_out` and `num_copies_out` are NULL or valid for the call (the
+        // export contract); the helpers refuse NULL and misalignment.
+        guard(|| unsafe {
             with_copies(
                 cache,
                 copies_out,
@@ -358,7 +387,9 @@ impl kvs_cache {
         copies_len: usize,
         num_copies_out: *mut usize,
     ) -> kvs_status {
-        guard(|| {
+        // SAFETY: `cache`, `copies_out` and `num_copies_out` are NULL or valid for the call (the
+        // export contract); the helpers refuse NULL and misalignment.
+        guard(|| unsafe {
             with_copies(
                 cache,
                 copies_out,
@@ -391,7 +422,9 @@ impl kvs_cache {
         pages_needed_out: *mut usize,
         num_copies_out: *mut usize,
     ) -> kvs_status {
-        guard(|| {
+        // SAFETY: `cache`, `pages_needed_out` and `num_copies_out` are NULL or valid for the call
+        // (the export contract); the helpers refuse NULL and misalignment.
+        guard(|| unsafe {
             let c = self::cache(cache)?;
             let pages = try_out(pages_needed_out, "pages_needed_out")?;
             let copies = opt_out(num_copies_out, "num_copies_out")?;
@@ -421,9 +454,13 @@ impl kvs_cache {
         pages_needed_out: *mut usize,
         pages_available_out: *mut usize,
     ) -> kvs_status {
-        write_need(cache, pages_needed_out, pages_available_out, |st| {
-            Ok(st.swap_in_need(seq_id)?)
-        })
+        // SAFETY: `cache`, `pages_needed_out` and `pages_available_out` are NULL or valid for the
+        // call (the export contract), which is `write_need`'s contract.
+        unsafe {
+            write_need(cache, pages_needed_out, pages_available_out, |st| {
+                Ok(st.swap_in_need(seq_id)?)
+            })
+        }
     }
 
     /// Capacity check without the swap-out: writes the host pages `kvs_seq_swap_out(seq_id)`
@@ -442,9 +479,13 @@ impl kvs_cache {
         pages_needed_out: *mut usize,
         pages_available_out: *mut usize,
     ) -> kvs_status {
-        write_need(cache, pages_needed_out, pages_available_out, |st| {
-            Ok(st.swap_out_need(seq_id)?)
-        })
+        // SAFETY: `cache`, `pages_needed_out` and `pages_available_out` are NULL or valid for the
+        // call (the export contract), which is `write_need`'s contract.
+        unsafe {
+            write_need(cache, pages_needed_out, pages_available_out, |st| {
+                Ok(st.swap_out_need(seq_id)?)
+            })
+        }
     }
 
     /// Sets a sequence's retention priority, 0 ..= 3 (default 0; higher is kept longer): once its
@@ -459,7 +500,9 @@ impl kvs_cache {
         seq_id: u64,
         priority: u32,
     ) -> kvs_status {
-        guard(|| {
+        // SAFETY: `cache` is NULL or valid for the call (the export contract); the helpers refuse
+        // NULL and misalignment.
+        guard(|| unsafe {
             let p = u8::try_from(priority)
                 .map_err(|_| Error::arg("priority", format!("{priority} is not in 0..4")))?;
             Ok(self::cache(cache)?.lock()?.set_priority(seq_id, p)?)
@@ -477,7 +520,9 @@ impl kvs_cache {
         seq_id: u64,
         info_out: *mut kvs_seq_info,
     ) -> kvs_status {
-        guard(|| {
+        // SAFETY: `cache` and `info_out` are NULL or valid for the call (the export contract); the
+        // helpers refuse NULL and misalignment.
+        guard(|| unsafe {
             let c = self::cache(cache)?;
             let out = try_out(info_out, "info_out")?;
             *out = info_of(c.lock()?.seq_info(seq_id)?);
@@ -501,7 +546,9 @@ impl kvs_cache {
         pages_len: usize,
         num_pages_out: *mut usize,
     ) -> kvs_status {
-        guard(|| {
+        // SAFETY: `cache`, `pages_out` and `num_pages_out` are NULL or valid for the call (the
+        // export contract); the helpers refuse NULL and misalignment.
+        guard(|| unsafe {
             let c = self::cache(cache)?;
             let out = slice_mut(pages_out, pages_len, "pages_out")?;
             let n_out = try_out(num_pages_out, "num_pages_out")?;
@@ -536,7 +583,9 @@ impl kvs_cache {
         group: usize,
         page_out: *mut u32,
     ) -> kvs_status {
-        guard(|| {
+        // SAFETY: `cache` and `page_out` are NULL or valid for the call (the export contract); the
+        // helpers refuse NULL and misalignment.
+        guard(|| unsafe {
             let c = self::cache(cache)?;
             let out = try_out(page_out, "page_out")?;
             *out = c.lock()?.state_page(seq_id, group)?;
@@ -558,7 +607,8 @@ unsafe fn write_need(
     pages_available_out: *mut usize,
     query: impl FnOnce(&State) -> Result<(usize, usize), Error>,
 ) -> kvs_status {
-    guard(|| {
+    // SAFETY: the caller's contract above, which is what `cache`, `try_out` and `opt_out` ask.
+    guard(|| unsafe {
         let c = self::cache(cache)?;
         let need = try_out(pages_needed_out, "pages_needed_out")?;
         let avail = opt_out(pages_available_out, "pages_available_out")?;

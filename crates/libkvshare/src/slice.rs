@@ -33,7 +33,9 @@ pub(crate) unsafe fn slice<'a, T>(
     if !ptr.is_aligned() {
         return Err(Error::arg(name, "pointer is misaligned"));
     }
-    Ok(std::slice::from_raw_parts(ptr, len))
+    // SAFETY: `ptr` is non-NULL and aligned (checked above), `len * size_of::<T>()` fits an
+    // `isize` (`check_len`), and the caller guarantees `len` initialised `T`s for `'a`.
+    Ok(unsafe { std::slice::from_raw_parts(ptr, len) })
 }
 
 /// A mutable slice from `(ptr, len)`.
@@ -55,7 +57,8 @@ pub(crate) unsafe fn slice_mut<'a, T>(
     if !ptr.is_aligned() {
         return Err(Error::arg(name, "pointer is misaligned"));
     }
-    Ok(std::slice::from_raw_parts_mut(ptr, len))
+    // SAFETY: as in `slice`, and the caller guarantees nobody else accesses them during `'a`.
+    Ok(unsafe { std::slice::from_raw_parts_mut(ptr, len) })
 }
 
 /// A shared reference from a pointer that must not be NULL.
@@ -69,7 +72,8 @@ pub(crate) unsafe fn try_ref<'a, T>(ptr: *const T, name: &'static str) -> Result
     if !ptr.is_aligned() {
         return Err(Error::arg(name, "pointer is misaligned"));
     }
-    Ok(&*ptr)
+    // SAFETY: non-NULL and aligned (checked above); the caller guarantees a valid `T` for `'a`.
+    Ok(unsafe { &*ptr })
 }
 
 /// An output location that must not be NULL; write it only after the work succeeded.
@@ -83,7 +87,9 @@ pub(crate) unsafe fn try_out<'a, T>(ptr: *mut T, name: &'static str) -> Result<&
     if !ptr.is_aligned() {
         return Err(Error::arg(name, "pointer is misaligned"));
     }
-    Ok(&mut *ptr)
+    // SAFETY: non-NULL and aligned (checked above); the caller guarantees it is valid for a
+    // write of `T` for `'a`.
+    Ok(unsafe { &mut *ptr })
 }
 
 /// An optional output location: `None` for NULL.
@@ -97,6 +103,7 @@ pub(crate) unsafe fn opt_out<'a, T>(
     if ptr.is_null() {
         Ok(None)
     } else {
-        try_out(ptr, name).map(Some)
+        // SAFETY: `ptr` is non-NULL, and the caller gives `try_out`'s contract for it.
+        unsafe { try_out(ptr, name) }.map(Some)
     }
 }

@@ -84,9 +84,14 @@ pub(crate) unsafe fn extra_from_c(ptr: *const kvs_extra_keys) -> Result<Option<E
     if ptr.is_null() {
         return Ok(None);
     }
-    let x = try_ref(ptr, "extra")?;
-    let salt = slice(x.salt, x.salt_len, "extra.salt")?;
-    let mm = slice(x.mm_items, x.num_mm_items, "extra.mm_items")?;
+    // SAFETY: the caller guarantees `ptr` points to a valid `kvs_extra_keys` whose arrays are
+    // valid for their lengths; `try_ref` and `slice` refuse NULL and misalignment.
+    let (x, salt, mm) = unsafe {
+        let x = try_ref(ptr, "extra")?;
+        let salt = slice(x.salt, x.salt_len, "extra.salt")?;
+        let mm = slice(x.mm_items, x.num_mm_items, "extra.mm_items")?;
+        (x, salt, mm)
+    };
     let mut items = try_with_capacity(mm.len(), "extra.mm_items")?;
     items.extend(mm.iter().map(|m| MmItem {
         hash: u128::from(m.hash_hi) << 64 | u128::from(m.hash_lo),

@@ -11,6 +11,10 @@
 //! the CPU backend over the released one: decode, prefill, chunked prefill, windows 1 / 17 /
 //! 128, GQA and MQA, fp16 and bf16, page 128 (and 16 for decode). Not run on Ascend hardware.
 
+// The `unsafe` blocks of these tests call the C ABI (or the emulator) with buffers the test
+// owns, sized as each call documents: the export contract, met the same way at every call.
+#![allow(clippy::undocumented_unsafe_blocks)]
+
 mod support;
 
 use kvshare::backend::kvs_backend;

@@ -9,6 +9,10 @@
 //!   rounding the output to f16 (half an ulp, `2^-11 = 4.9e-4` relative): 4x margin.
 //! - bf16 `2e-2`: as f16 with bf16's half ulp, `2^-8 = 3.9e-3` relative: 5x margin.
 
+// The `unsafe` blocks of these tests call the C ABI (or the emulator) with buffers the test
+// owns, sized as each call documents: the export contract, met the same way at every call.
+#![allow(clippy::undocumented_unsafe_blocks)]
+
 mod support;
 
 use kvshare::attn_args::{kvs_kv_copy_args, kvs_kv_write_args};

@@ -1,6 +1,10 @@
 //! Bad input through the C ABI for every argument of every attention export: each call must
 //! return the right status, name the field in `kvs_last_error_message()`, and write nothing.
 
+// The `unsafe` blocks of these tests call the C ABI (or the emulator) with buffers the test
+// owns, sized as each call documents: the export contract, met the same way at every call.
+#![allow(clippy::undocumented_unsafe_blocks)]
+
 mod support;
 
 use kvshare::attn_args::{kvs_attention_args, kvs_kv_copy_args, kvs_kv_write_args};

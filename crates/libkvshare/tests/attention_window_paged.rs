@@ -7,6 +7,10 @@
 //! (`window_released`), so this also checks that the cache's window and the kernel's window are
 //! the same window.
 
+// The `unsafe` blocks of these tests call the C ABI (or the emulator) with buffers the test
+// owns, sized as each call documents: the export contract, met the same way at every call.
+#![allow(clippy::undocumented_unsafe_blocks)]
+
 mod support;
 
 use kvshare::backend::kvs_backend;

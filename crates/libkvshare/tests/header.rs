@@ -66,6 +66,7 @@ fn version_macros_match_cargo_and_library() {
         );
     }
     assert!(header.contains(&format!("#define KVS_VERSION \"{v}\"\n")));
+    // SAFETY: `kvs_version` returns a static NUL-terminated string.
     let lib = unsafe { CStr::from_ptr(kvshare::version::kvs_version()) };
     assert_eq!(lib.to_str().unwrap(), v);
     let abi = kvshare::version::kvs_abi_version();

@@ -2,6 +2,10 @@
 //! `kvs_cache_new` (one group, and groups with a pool each) under an address-space limit, and
 //! sequence ids crafted against a fixed, unseeded id hash.
 
+// The `unsafe` blocks of these tests call the C ABI (or the emulator) with buffers the test
+// owns, sized as each call documents: the export contract, met the same way at every call.
+#![allow(clippy::undocumented_unsafe_blocks)]
+
 use std::ffi::CStr;
 use std::hash::BuildHasher;
 use std::time::Instant;

@@ -6,8 +6,10 @@
 //! `KVS_SOAK_SEED` the seed. The documented long run (docs/testing.md, "Fuzzing and soak"):
 //! `KVS_SOAK_OPS=10000000 cargo test --release --test soak -- --nocapture`.
 
+// The harness's `unsafe` blocks call the C ABI with the buffers it owns, sized as each call
+// documents (the fuzz crate, outside this workspace, holds it to its own lints).
 #[path = "../../../fuzz/src/harness.rs"]
-#[allow(dead_code)]
+#[allow(dead_code, clippy::undocumented_unsafe_blocks)]
 mod harness;
 
 use std::time::Instant;

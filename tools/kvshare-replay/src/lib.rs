@@ -36,10 +36,10 @@ pub mod trace;
 pub mod workload;
 
 pub use config::{check_fits, ReplayConfig};
-pub use formats::TraceFormat;
+pub use formats::{parse_trace, TraceFormat};
 pub use model::{Forward, Geometry, Model, NoModel};
 pub use outcome::{GroupMemory, Outcome, Progress, Reference, RequestStats, StepPages};
 pub use requests::Schedule;
 pub use sim::{replay, replay_source};
 pub use source::{FileSource, RequestSource, VecSource};
-pub use trace::{parse_trace, Request, TraceError};
+pub use trace::{Request, TraceError};

@@ -3,9 +3,10 @@
 //! pages in use are compared with the independently computed ideal at every step, and the known
 //! gaps are pinned down with numbers.
 
+use kvshare_replay::formats::parse_trace;
 use kvshare_replay::model::NoModel;
 use kvshare_replay::report::{json_totals, series, total_row, turn_rows, TurnRow};
-use kvshare_replay::trace::{parse_trace, Request};
+use kvshare_replay::trace::Request;
 use kvshare_replay::workload::ChatWorkload;
 use kvshare_replay::{replay, Outcome, ReplayConfig};
 

@@ -6,8 +6,9 @@
 
 use kvshare_core::EvictionPolicy;
 use kvshare_replay::formats::excerpt;
+use kvshare_replay::formats::parse_trace_as;
 use kvshare_replay::sweep;
-use kvshare_replay::trace::{parse_trace_as, Request};
+use kvshare_replay::trace::Request;
 use kvshare_replay::workload::ChatWorkload;
 use kvshare_replay::{
     replay, replay_source, FileSource, NoModel, Outcome, ReplayConfig, RequestSource, Schedule,

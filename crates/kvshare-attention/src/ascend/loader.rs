@@ -32,8 +32,9 @@ struct Lib {
     path: String,
 }
 
-// SAFETY: a dlopen handle is a process-wide token; dlsym on it is thread-safe.
+// SAFETY: a dlopen handle is a process-wide token, usable and closable from any thread.
 unsafe impl Send for Lib {}
+// SAFETY: `Lib` is not changed after loading, and dlsym on a shared handle is thread-safe.
 unsafe impl Sync for Lib {}
 
 fn dlerror_text() -> String {
@@ -187,7 +188,9 @@ fn vendor_cust_libs() -> Vec<String> {
 /// `p` must be the address of a function whose C signature is `F`.
 unsafe fn cast<F: Copy>(p: *mut c_void) -> F {
     debug_assert_eq!(std::mem::size_of::<F>(), std::mem::size_of::<*mut c_void>());
-    std::mem::transmute_copy(&p)
+    // SAFETY: the caller guarantees `p` is the address of a function of type `F`, a function
+    // pointer type of the size of a pointer, so its bits are that function pointer.
+    unsafe { std::mem::transmute_copy(&p) }
 }
 
 fn env_fia_version() -> Result<Option<u32>> {

@@ -71,6 +71,7 @@ pub struct AscendBackend {
 // SAFETY: the function table is immutable; device addresses are plain integers; mutable state
 // is behind mutexes.
 unsafe impl Send for AscendBackend {}
+// SAFETY: as for `Send`: shared access reads the immutable table or goes through the mutexes.
 unsafe impl Sync for AscendBackend {}
 
 fn stream_ptr(stream: usize) -> AclrtStream {

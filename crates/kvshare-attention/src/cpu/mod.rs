@@ -158,17 +158,22 @@ impl OutRows {
     /// No other thread reads or writes `off..off + src.len()` concurrently.
     unsafe fn write(&self, off: usize, src: &[f32]) {
         assert!(off + src.len() <= self.len, "output row out of bounds");
-        match self.ptr {
-            OutPtr::F32(p) => {
-                std::slice::from_raw_parts_mut(p.add(off), src.len()).copy_from_slice(src)
-            }
-            OutPtr::F16(p) => {
-                let dst = std::slice::from_raw_parts_mut(p.add(off), src.len());
-                half::slice::HalfFloatSliceExt::convert_from_f32_slice(dst, src)
-            }
-            OutPtr::BF16(p) => {
-                let dst = std::slice::from_raw_parts_mut(p.add(off), src.len());
-                half::slice::HalfFloatSliceExt::convert_from_f32_slice(dst, src)
+        // SAFETY: the assert keeps `off..off + src.len()` inside the `len` elements the pointer
+        // was taken from (a `&mut` slice that outlives the work items, `OutRows::new`), and the
+        // caller guarantees no other thread touches that range, so the slice made is unaliased.
+        unsafe {
+            match self.ptr {
+                OutPtr::F32(p) => {
+                    std::slice::from_raw_parts_mut(p.add(off), src.len()).copy_from_slice(src)
+                }
+                OutPtr::F16(p) => {
+                    let dst = std::slice::from_raw_parts_mut(p.add(off), src.len());
+                    half::slice::HalfFloatSliceExt::convert_from_f32_slice(dst, src)
+                }
+                OutPtr::BF16(p) => {
+                    let dst = std::slice::from_raw_parts_mut(p.add(off), src.len());
+                    half::slice::HalfFloatSliceExt::convert_from_f32_slice(dst, src)
+                }
             }
         }
     }
@@ -360,7 +365,7 @@ fn run_item<T: KvElem>(
     let n = r.lo.len();
     let (mut m, mut l) = (vec![0f32; n], vec![0f32; n]);
     if it.tiled {
-        kernel::tiled::attend_partial(be.isa, &kv, &rows, &mut r.acc, &mut m, &mut l);
+        kernel::attend_partial_tiled(be.isa, &kv, &rows, &mut r.acc, &mut m, &mut l);
     } else {
         kernel::attend_partial(be.isa, &kv, &rows, &mut r.acc, &mut m, &mut l);
     }

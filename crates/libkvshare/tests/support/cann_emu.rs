@@ -192,11 +192,18 @@ pub struct Emu {
     recent: Text,
 }
 
+/// The emulator's symbol `name` as a function pointer of type `F`.
+///
+/// # Safety
+/// `h` is a live `dlopen` handle and `F` the C signature of `name` (a pointer-sized `fn`).
 unsafe fn sym<F: Copy>(h: *mut c_void, name: &str) -> F {
     let c = CString::new(name).unwrap();
-    let p = libc::dlsym(h, c.as_ptr());
+    // SAFETY: `h` is a live handle (the caller's contract) and `c` a NUL-terminated name.
+    let p = unsafe { libc::dlsym(h, c.as_ptr()) };
     assert!(!p.is_null(), "emulator symbol {name} missing");
-    std::mem::transmute_copy(&p)
+    // SAFETY: `p` is the non-NULL address of `name`, whose signature is `F` (the caller's
+    // contract), so its bits are that function pointer.
+    unsafe { std::mem::transmute_copy(&p) }
 }
 
 pub const H2D: c_int = 1;

@@ -114,36 +114,67 @@ pub(super) struct AsmTiles;
 impl Tiles for AsmTiles {
     #[inline(always)]
     unsafe fn config(&mut self, cfg: &TileConfig) {
-        std::arch::asm!("ldtilecfg [{}]", in(reg) cfg as *const TileConfig,
+        // SAFETY: the caller runs on a CPU with AMX and the tile permission (the `Tiles` contract),
+        // and `cfg` is a palette-1 config read from a live reference (64 bytes).
+        unsafe {
+            std::arch::asm!("ldtilecfg [{}]", in(reg) cfg as *const TileConfig,
             options(nostack, readonly, preserves_flags));
+        }
     }
     #[inline(always)]
     unsafe fn zero<const T: u8>(&mut self) {
-        std::arch::asm!("tilezero tmm{t}", t = const T, options(nostack, nomem, preserves_flags));
+        // SAFETY: the caller runs on a CPU with AMX and the tile permission (the `Tiles` contract),
+        // after `config`; `tilezero` touches no memory.
+        unsafe {
+            std::arch::asm!("tilezero tmm{t}", t = const T, options(nostack, nomem, preserves_flags));
+        }
     }
     #[inline(always)]
     unsafe fn load<const T: u8>(&mut self, p: *const u8, stride: usize) {
-        std::arch::asm!("tileloadd tmm{t}, [{p} + {s} * 1]", t = const T, p = in(reg) p,
+        // SAFETY: the caller runs on a CPU with AMX and the tile permission (the `Tiles` contract),
+        // after `config`, and `p` is valid for the configured rows x bytes at `stride`
+        // (`Tiles::load`).
+        unsafe {
+            std::arch::asm!("tileloadd tmm{t}, [{p} + {s} * 1]", t = const T, p = in(reg) p,
             s = in(reg) stride, options(nostack, readonly, preserves_flags));
+        }
     }
     #[inline(always)]
     unsafe fn dpbf16<const C: u8, const A: u8, const B: u8>(&mut self) {
-        std::arch::asm!("tdpbf16ps tmm{c}, tmm{a}, tmm{b}", c = const C, a = const A,
+        // SAFETY: the caller runs on a CPU with AMX and the tile permission (the `Tiles` contract),
+        // after `config`, with compatible shapes (`Tiles::dpbf16`); no memory is touched.
+        unsafe {
+            std::arch::asm!("tdpbf16ps tmm{c}, tmm{a}, tmm{b}", c = const C, a = const A,
             b = const B, options(nostack, nomem, preserves_flags));
+        }
     }
     #[inline(always)]
     unsafe fn dpfp16<const C: u8, const A: u8, const B: u8>(&mut self) {
-        std::arch::asm!("tdpfp16ps tmm{c}, tmm{a}, tmm{b}", c = const C, a = const A,
+        // SAFETY: the caller runs on a CPU with AMX and the tile permission (the `Tiles` contract),
+        // and AMX-FP16 (`Tiles::dpfp16`), after `config`, with compatible shapes; no memory is
+        // touched.
+        unsafe {
+            std::arch::asm!("tdpfp16ps tmm{c}, tmm{a}, tmm{b}", c = const C, a = const A,
             b = const B, options(nostack, nomem, preserves_flags));
+        }
     }
     #[inline(always)]
     unsafe fn store<const T: u8>(&mut self, p: *mut u8, stride: usize) {
-        std::arch::asm!("tilestored [{p} + {s} * 1], tmm{t}", t = const T, p = in(reg) p,
+        // SAFETY: the caller runs on a CPU with AMX and the tile permission (the `Tiles` contract),
+        // after `config`, and `p` is valid for the configured rows x bytes of writes at `stride`
+        // (`Tiles::store`).
+        unsafe {
+            std::arch::asm!("tilestored [{p} + {s} * 1], tmm{t}", t = const T, p = in(reg) p,
             s = in(reg) stride, options(nostack, preserves_flags));
+        }
     }
     #[inline(always)]
     unsafe fn release(&mut self) {
-        std::arch::asm!("tilerelease", options(nostack, nomem, preserves_flags));
+        // SAFETY: the caller runs on a CPU with AMX and the tile permission (the `Tiles` contract),
+        // after `config`; `tilerelease` touches no memory.
+        unsafe {
+            std::arch::asm!("tilerelease", options(nostack, nomem, preserves_flags));
+        }
     }
 }
 
@@ -256,11 +287,16 @@ impl Tiles for SoftTiles {
         self.data[T as usize] = [[0; 64]; 16];
     }
     unsafe fn load<const T: u8>(&mut self, p: *const u8, stride: usize) {
-        let (rows, colsb) = self.shape(T);
-        let tile = &mut self.data[T as usize];
-        *tile = [[0; 64]; 16];
-        for r in 0..rows {
-            std::ptr::copy_nonoverlapping(p.add(r * stride), tile[r].as_mut_ptr(), colsb);
+        // SAFETY: `p` is valid for `rows` rows of `colsb` bytes at `stride` (the `Tiles::load`
+        // contract), and each row goes into a tile row of 64 bytes, `colsb <= 64` (checked by
+        // `config`).
+        unsafe {
+            let (rows, colsb) = self.shape(T);
+            let tile = &mut self.data[T as usize];
+            *tile = [[0; 64]; 16];
+            for r in 0..rows {
+                std::ptr::copy_nonoverlapping(p.add(r * stride), tile[r].as_mut_ptr(), colsb);
+            }
         }
     }
     unsafe fn dpbf16<const C: u8, const A: u8, const B: u8>(&mut self) {
@@ -270,13 +306,17 @@ impl Tiles for SoftTiles {
         self.dp(C, A, B, "tdpfp16ps", |b| f16::from_bits(b).to_f32())
     }
     unsafe fn store<const T: u8>(&mut self, p: *mut u8, stride: usize) {
-        let (rows, colsb) = self.shape(T);
-        for r in 0..rows {
-            std::ptr::copy_nonoverlapping(
-                self.data[T as usize][r].as_ptr(),
-                p.add(r * stride),
-                colsb,
-            );
+        // SAFETY: `p` is valid for `rows` rows of `colsb` bytes of writes at `stride` (the
+        // `Tiles::store` contract), read from a tile row of 64 bytes, `colsb <= 64`.
+        unsafe {
+            let (rows, colsb) = self.shape(T);
+            for r in 0..rows {
+                std::ptr::copy_nonoverlapping(
+                    self.data[T as usize][r].as_ptr(),
+                    p.add(r * stride),
+                    colsb,
+                );
+            }
         }
     }
     unsafe fn release(&mut self) {
@@ -324,7 +364,8 @@ impl Pair for Bf16Pairs {
     }
     #[inline(always)]
     unsafe fn dp<X: Tiles, const C: u8, const A: u8, const B: u8>(x: &mut X) {
-        x.dpbf16::<C, A, B>()
+        // SAFETY: the caller meets `Tiles::dpbf16`'s contract (`Pair::dp`).
+        unsafe { x.dpbf16::<C, A, B>() }
     }
 }
 
@@ -342,7 +383,8 @@ impl Pair for F16Pairs {
     }
     #[inline(always)]
     unsafe fn dp<X: Tiles, const C: u8, const A: u8, const B: u8>(x: &mut X) {
-        x.dpfp16::<C, A, B>()
+        // SAFETY: the caller meets `Tiles::dpfp16`'s contract, AMX-FP16 included (`Pair::dp`).
+        unsafe { x.dpfp16::<C, A, B>() }
     }
 }
 
@@ -390,25 +432,32 @@ impl<X: Tiles, P: Pair> Amx<X, P> {
     }
 
     /// Configures the tiles for blocks of `mr` rows.
+    ///
+    /// # Safety
+    /// The CPU must have the tiles' features (`Tiles::config`).
     unsafe fn configure(&mut self, mr: usize) {
-        if self.configured == mr {
-            return;
+        // SAFETY: the caller gives the tiles' features; the config is palette 1 with every used
+        // tile at most 16 rows (`mr <= AMX_MR`) of 64 bytes.
+        unsafe {
+            if self.configured == mr {
+                return;
+            }
+            let mut cfg = TileConfig::palette1();
+            for (t, rows) in [
+                (S0, mr),
+                (S1, mr),
+                (QA, mr),
+                (KB, 16),
+                (PA, mr),
+                (VB, 16),
+                (OC, mr),
+            ] {
+                cfg.rows[t as usize] = rows as u8;
+                cfg.colsb[t as usize] = 64;
+            }
+            self.tiles.config(&cfg);
+            self.configured = mr;
         }
-        let mut cfg = TileConfig::palette1();
-        for (t, rows) in [
-            (S0, mr),
-            (S1, mr),
-            (QA, mr),
-            (KB, 16),
-            (PA, mr),
-            (VB, 16),
-            (OC, mr),
-        ] {
-            cfg.rows[t as usize] = rows as u8;
-            cfg.colsb[t as usize] = 64;
-        }
-        self.tiles.config(&cfg);
-        self.configured = mr;
     }
 }
 
@@ -461,48 +510,61 @@ impl<X: Tiles, P: Pair, T: KvElem> Engine<T> for Amx<X, P> {
     }
 
     unsafe fn scores(&mut self, _q: &[f32], r0: usize, mr: usize, nb: usize, s: &mut [f32]) {
-        assert!(mr <= AMX_MR && s.len() >= mr * KT && (r0 + mr) * self.dq <= self.q.len());
-        self.configure(mr);
-        let (dq, nch) = (self.dq, self.dq / 32);
-        let x = &mut self.tiles;
-        x.zero::<S0>();
-        x.zero::<S1>();
-        for j in 0..nch {
-            x.load::<QA>(self.q.as_ptr().add(r0 * dq + 32 * j).cast(), dq * 2);
-            x.load::<KB>(self.k.as_ptr().add(j * 512).cast(), 64);
-            P::dp::<X, S0, QA, KB>(x);
-            if nb > 16 {
-                x.load::<KB>(self.k.as_ptr().add((nch + j) * 512).cast(), 64);
-                P::dp::<X, S1, QA, KB>(x);
+        // SAFETY: the caller gives the tiles' features (the `Engine` contract); the tiles are
+        // configured for `mr` rows just above, every query load reads `mr` rows of 64 bytes at `(r0
+        // + r) * dq + 32 * j` inside `q` (asserted), each K load 16 rows of 64 bytes inside `k`
+        // (`KT * dq` values), and the score stores `mr` rows of 64 bytes at a stride of `KT * 4`
+        // bytes inside `s` (asserted).
+        unsafe {
+            assert!(mr <= AMX_MR && s.len() >= mr * KT && (r0 + mr) * self.dq <= self.q.len());
+            self.configure(mr);
+            let (dq, nch) = (self.dq, self.dq / 32);
+            let x = &mut self.tiles;
+            x.zero::<S0>();
+            x.zero::<S1>();
+            for j in 0..nch {
+                x.load::<QA>(self.q.as_ptr().add(r0 * dq + 32 * j).cast(), dq * 2);
+                x.load::<KB>(self.k.as_ptr().add(j * 512).cast(), 64);
+                P::dp::<X, S0, QA, KB>(x);
+                if nb > 16 {
+                    x.load::<KB>(self.k.as_ptr().add((nch + j) * 512).cast(), 64);
+                    P::dp::<X, S1, QA, KB>(x);
+                }
             }
-        }
-        x.store::<S0>(s.as_mut_ptr().cast(), KT * 4);
-        if nb > 16 {
-            x.store::<S1>(s.as_mut_ptr().add(16).cast(), KT * 4);
+            x.store::<S0>(s.as_mut_ptr().cast(), KT * 4);
+            if nb > 16 {
+                x.store::<S1>(s.as_mut_ptr().add(16).cast(), KT * 4);
+            }
         }
     }
 
     unsafe fn values(&mut self, mr: usize, nb: usize, p: &[f32], acc: &mut [f32]) {
-        let d = self.d;
-        assert!(mr <= AMX_MR && p.len() >= mr * KT && acc.len() >= mr * d);
-        self.configure(mr);
-        for r in 0..mr {
-            for t in 0..KT {
-                // Entries past nb are 0 (softmax), already `P` values (round_p).
-                self.p[r * 32 + t] = if t < nb { P::bits(p[r * KT + t]) } else { 0 };
-            }
-        }
-        let x = &mut self.tiles;
-        x.load::<PA>(self.p.as_ptr().cast(), 64);
-        for cb in 0..d.div_ceil(16) {
-            x.zero::<OC>();
-            x.load::<VB>(self.v.as_ptr().add(cb * 512).cast(), 64);
-            P::dp::<X, OC, PA, VB>(x);
-            x.store::<OC>(self.o.as_mut_ptr().cast(), 64);
-            let w = 16.min(d - 16 * cb);
+        // SAFETY: the caller gives the tiles' features (the `Engine` contract); the tiles are
+        // configured for `mr` rows just above, the probability load reads `mr` rows of 64 bytes of
+        // `p` (`AMX_MR * KT` values), each V load 16 rows of 64 bytes inside `v` (`KT * dq`
+        // values), and each output store `mr` rows of 64 bytes inside `o` (`AMX_MR * 16` values).
+        unsafe {
+            let d = self.d;
+            assert!(mr <= AMX_MR && p.len() >= mr * KT && acc.len() >= mr * d);
+            self.configure(mr);
             for r in 0..mr {
-                for c in 0..w {
-                    acc[r * d + 16 * cb + c] += self.o[r * 16 + c];
+                for t in 0..KT {
+                    // Entries past nb are 0 (softmax), already `P` values (round_p).
+                    self.p[r * 32 + t] = if t < nb { P::bits(p[r * KT + t]) } else { 0 };
+                }
+            }
+            let x = &mut self.tiles;
+            x.load::<PA>(self.p.as_ptr().cast(), 64);
+            for cb in 0..d.div_ceil(16) {
+                x.zero::<OC>();
+                x.load::<VB>(self.v.as_ptr().add(cb * 512).cast(), 64);
+                P::dp::<X, OC, PA, VB>(x);
+                x.store::<OC>(self.o.as_mut_ptr().cast(), 64);
+                let w = 16.min(d - 16 * cb);
+                for r in 0..mr {
+                    for c in 0..w {
+                        acc[r * d + 16 * cb + c] += self.o[r * 16 + c];
+                    }
                 }
             }
         }
@@ -514,3 +576,7 @@ impl<X: Tiles, P: Pair, T: KvElem> Engine<T> for Amx<X, P> {
         P::round(p)
     }
 }
+
+#[cfg(test)]
+#[path = "amx_tests.rs"]
+mod tests;

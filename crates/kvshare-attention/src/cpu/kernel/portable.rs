@@ -21,11 +21,15 @@ impl<const N: usize> Lanes for Portable<N> {
     }
     #[inline(always)]
     unsafe fn load(p: *const f32) -> [f32; N] {
-        p.cast::<[f32; N]>().read_unaligned()
+        // SAFETY: `p` is valid for `N` f32 reads (the `Lanes::load` contract); `read_unaligned`
+        // takes any alignment.
+        unsafe { p.cast::<[f32; N]>().read_unaligned() }
     }
     #[inline(always)]
     unsafe fn store(p: *mut f32, v: [f32; N]) {
-        p.cast::<[f32; N]>().write_unaligned(v)
+        // SAFETY: `p` is valid for `N` f32 writes (the `Lanes::store` contract); `write_unaligned`
+        // takes any alignment.
+        unsafe { p.cast::<[f32; N]>().write_unaligned(v) }
     }
     #[inline(always)]
     unsafe fn fma(a: [f32; N], b: [f32; N], c: [f32; N]) -> [f32; N] {
@@ -68,7 +72,8 @@ impl<const N: usize> Lanes for Portable<N> {
     }
     #[inline(always)]
     unsafe fn hsum_w(a: &[[f32; N]; 16]) -> [f32; N] {
-        std::array::from_fn(|i| Self::hsum(a[i]))
+        // SAFETY: `hsum` on these lanes is plain array code, which needs no CPU feature.
+        unsafe { std::array::from_fn(|i| Self::hsum(a[i])) }
     }
     #[inline(always)]
     unsafe fn add(a: [f32; N], b: [f32; N]) -> [f32; N] {
@@ -88,6 +93,8 @@ impl<const N: usize> Lanes for Portable<N> {
     }
     #[inline(always)]
     unsafe fn load_kv<T: KvElem>(p: *const T) -> [f32; N] {
-        std::array::from_fn(|i| p.add(i).read().to_f32())
+        // SAFETY: `p` is valid for `N` reads of `T` (the `Lanes::load_kv` contract), so `p + i` for
+        // `i < N` is in bounds; `T` is a plain `Copy` value.
+        unsafe { std::array::from_fn(|i| p.add(i).read().to_f32()) }
     }
 }

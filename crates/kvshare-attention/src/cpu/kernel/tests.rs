@@ -1,6 +1,7 @@
 //! The kernel paths against a naive computation, and the split-K merge.
 
 use super::*;
+use half::f16;
 use kvshare_core::DType;
 
 /// A seeded stream of f32 in [-1, 1) (a 32-bit LCG's top 24 bits), for test data.

@@ -19,11 +19,7 @@
 
 #![allow(clippy::needless_range_loop)]
 
-#[cfg(target_arch = "x86_64")]
-use super::avx2::Avx2;
-#[cfg(target_arch = "x86_64")]
-use super::avx512::Avx512;
-use super::{Isa, KvElem, Lanes, Portable, Rows, Scalar, SeqKv};
+use super::{KvElem, Lanes, Rows, SeqKv};
 
 /// Key tokens per tile of the f32 engine ([`Fma`]) and the bf16 pair engine: the scores' row
 /// stride. Longer tiles spread each row's softmax steps over more products: one thread, 2 x 1024
@@ -87,87 +83,95 @@ pub(super) unsafe fn run<L: Lanes, T: KvElem, E: Engine<T>>(
     m_out: &mut [f32],
     l_out: &mut [f32],
 ) {
-    // The softmax steps by W lanes and the f32 engine's score blocks by 2W keys.
-    const {
-        assert!(
-            L::W <= 16 && E::KT.is_multiple_of(2 * L::W) && E::KT <= KT_MAX,
-            "lanes must divide half a tile"
-        )
-    };
-    let lay = kv.layout;
-    let d = lay.head_dim;
-    let n = rows.lo.len();
-    out[..n * d].fill(0.0);
-    m_out[..n].fill(f32::NEG_INFINITY);
-    l_out[..n].fill(0.0);
-    if n == 0 {
-        return;
-    }
-    e.queries(&rows.q[..n * d], n, d);
-    // Runs of rows of one kv head: (kv head, first row, end row, lowest lo, highest hi).
-    let mut runs = Vec::new();
-    let mut r = 0;
-    while r < n {
-        let kh = rows.kv_head[r];
-        let end = r + rows.kv_head[r..].iter().take_while(|&&h| h == kh).count();
-        let lo = rows.lo[r..end].iter().copied().min().unwrap_or(0);
-        let hi = rows.hi[r..end].iter().copied().max().unwrap_or(0);
-        runs.push((kh, r, end, lo, hi));
-        r = end;
-    }
-    let start = runs.iter().map(|x| x.3).min().unwrap_or(0);
-    let end = runs.iter().map(|x| x.4).max().unwrap_or(0);
-    let mut s = vec![0f32; E::MR * E::KT];
-    let mut krows: [&[T]; KT_MAX] = [&[]; KT_MAX];
-    let mut vrows: [&[T]; KT_MAX] = [&[]; KT_MAX];
-    let mut pos = start;
-    while pos < end {
-        let nb = E::KT.min(end - pos);
-        for &(kh, r0, r1, lo, hi) in &runs {
-            if pos >= hi || pos + nb <= lo {
-                continue;
-            }
-            for t in 0..nb {
-                let (page, slot) = ((pos + t) / lay.page_size, (pos + t) % lay.page_size);
-                let off = kv.pages[page] as usize * lay.page_stride
-                    + slot * lay.slot_stride
-                    + kh * lay.head_stride;
-                krows[t] = &kv.k[off..off + d];
-                vrows[t] = &kv.v[off..off + d];
-            }
-            e.kv_tile(&krows[..nb], &vrows[..nb], d);
-            let mut rb = r0;
-            while rb < r1 {
-                let mr = E::MR.min(r1 - rb);
-                let rr = rb..rb + mr;
-                let blo = rows.lo[rr.clone()].iter().copied().min().unwrap_or(0);
-                let bhi = rows.hi[rr.clone()].iter().copied().max().unwrap_or(0);
-                if pos < bhi && pos + nb > blo {
-                    // Keys past the block's last visible one (on the causal diagonal) are
-                    // neither scored nor summed.
-                    let nb = nb.min(bhi - pos);
-                    e.scores(&rows.q[rb * d..(rb + mr) * d], rb, mr, nb, &mut s);
-                    let acc = &mut out[rb * d..(rb + mr) * d];
-                    softmax::<L, T, E>(
-                        kv.softcap,
-                        (pos, nb),
-                        (&rows.lo[rr.clone()], &rows.hi[rr.clone()]),
-                        &mut s[..mr * E::KT],
-                        (&mut m_out[rr.clone()], &mut l_out[rr]),
-                        acc,
-                    );
-                    e.values(mr, nb, &s, acc);
-                }
-                rb += mr;
-            }
+    // SAFETY: the caller gives `L`'s and `E`'s features and the lengths `kernel::attend_partial`
+    // checks; the engines and `softmax` check the slices they index.
+    unsafe {
+        // The softmax steps by W lanes and the f32 engine's score blocks by 2W keys.
+        const {
+            assert!(
+                L::W <= 16 && E::KT.is_multiple_of(2 * L::W) && E::KT <= KT_MAX,
+                "lanes must divide half a tile"
+            )
+        };
+        let lay = kv.layout;
+        let d = lay.head_dim;
+        let n = rows.lo.len();
+        out[..n * d].fill(0.0);
+        m_out[..n].fill(f32::NEG_INFINITY);
+        l_out[..n].fill(0.0);
+        if n == 0 {
+            return;
         }
-        pos += nb;
+        e.queries(&rows.q[..n * d], n, d);
+        // Runs of rows of one kv head: (kv head, first row, end row, lowest lo, highest hi).
+        let mut runs = Vec::new();
+        let mut r = 0;
+        while r < n {
+            let kh = rows.kv_head[r];
+            let end = r + rows.kv_head[r..].iter().take_while(|&&h| h == kh).count();
+            let lo = rows.lo[r..end].iter().copied().min().unwrap_or(0);
+            let hi = rows.hi[r..end].iter().copied().max().unwrap_or(0);
+            runs.push((kh, r, end, lo, hi));
+            r = end;
+        }
+        let start = runs.iter().map(|x| x.3).min().unwrap_or(0);
+        let end = runs.iter().map(|x| x.4).max().unwrap_or(0);
+        let mut s = vec![0f32; E::MR * E::KT];
+        let mut krows: [&[T]; KT_MAX] = [&[]; KT_MAX];
+        let mut vrows: [&[T]; KT_MAX] = [&[]; KT_MAX];
+        let mut pos = start;
+        while pos < end {
+            let nb = E::KT.min(end - pos);
+            for &(kh, r0, r1, lo, hi) in &runs {
+                if pos >= hi || pos + nb <= lo {
+                    continue;
+                }
+                for t in 0..nb {
+                    let (page, slot) = ((pos + t) / lay.page_size, (pos + t) % lay.page_size);
+                    let off = kv.pages[page] as usize * lay.page_stride
+                        + slot * lay.slot_stride
+                        + kh * lay.head_stride;
+                    krows[t] = &kv.k[off..off + d];
+                    vrows[t] = &kv.v[off..off + d];
+                }
+                e.kv_tile(&krows[..nb], &vrows[..nb], d);
+                let mut rb = r0;
+                while rb < r1 {
+                    let mr = E::MR.min(r1 - rb);
+                    let rr = rb..rb + mr;
+                    let blo = rows.lo[rr.clone()].iter().copied().min().unwrap_or(0);
+                    let bhi = rows.hi[rr.clone()].iter().copied().max().unwrap_or(0);
+                    if pos < bhi && pos + nb > blo {
+                        // Keys past the block's last visible one (on the causal diagonal) are
+                        // neither scored nor summed.
+                        let nb = nb.min(bhi - pos);
+                        e.scores(&rows.q[rb * d..(rb + mr) * d], rb, mr, nb, &mut s);
+                        let acc = &mut out[rb * d..(rb + mr) * d];
+                        softmax::<L, T, E>(
+                            kv.softcap,
+                            (pos, nb),
+                            (&rows.lo[rr.clone()], &rows.hi[rr.clone()]),
+                            &mut s[..mr * E::KT],
+                            (&mut m_out[rr.clone()], &mut l_out[rr]),
+                            acc,
+                        );
+                        e.values(mr, nb, &s, acc);
+                    }
+                    rb += mr;
+                }
+            }
+            pos += nb;
+        }
     }
 }
 
 /// Turns the scores of one block (`s[r * E::KT + t]`, keys `pos..pos + nb`) into probabilities
 /// against each row's running maximum, rescaling the row's accumulator and sum when the
 /// maximum grows. Entries a row does not see (mask, padding) become 0.
+///
+/// # Safety
+/// The CPU must have `L`'s features; `s` holds `lo.len()` rows of `E::KT` with `E::KT` a
+/// multiple of `W`.
 #[inline(always)]
 unsafe fn softmax<L: Lanes, T: KvElem, E: Engine<T>>(
     softcap: f32,
@@ -177,73 +181,85 @@ unsafe fn softmax<L: Lanes, T: KvElem, E: Engine<T>>(
     (m, l): (&mut [f32], &mut [f32]),
     acc: &mut [f32],
 ) {
-    let mr = lo.len();
-    let d = acc.len() / mr;
-    // The vectors that hold the block's keys; the engines read no probability past `nb`.
-    let nw = nb.next_multiple_of(L::W);
-    for r in 0..mr {
-        let sr = &mut s[r * E::KT..r * E::KT + nw];
-        sr[nb..].fill(f32::NEG_INFINITY);
-        if softcap > 0.0 {
-            for x in &mut sr[..nb] {
-                *x = softcap * (*x / softcap).tanh();
-            }
-        }
-        if pos < lo[r] || pos + nb > hi[r] {
-            for t in 0..nb {
-                if pos + t < lo[r] || pos + t >= hi[r] {
-                    sr[t] = f32::NEG_INFINITY;
+    // SAFETY: the caller gives `L`'s features; each vector load and store is at `c < nw` inside
+    // `sr`, a slice of `nw` values (`nw <= E::KT`, a multiple of `W`), and `scale` gets a row of
+    // `acc`.
+    unsafe {
+        let mr = lo.len();
+        let d = acc.len() / mr;
+        // The vectors that hold the block's keys; the engines read no probability past `nb`.
+        let nw = nb.next_multiple_of(L::W);
+        for r in 0..mr {
+            let sr = &mut s[r * E::KT..r * E::KT + nw];
+            sr[nb..].fill(f32::NEG_INFINITY);
+            if softcap > 0.0 {
+                for x in &mut sr[..nb] {
+                    *x = softcap * (*x / softcap).tanh();
                 }
             }
-        }
-        let mut mx = L::splat(f32::NEG_INFINITY);
-        for c in (0..nw).step_by(L::W) {
-            mx = L::max(mx, L::load(sr.as_ptr().add(c)));
-        }
-        let bm = L::hmax(mx);
-        if bm == f32::NEG_INFINITY {
-            sr.fill(0.0);
-            continue;
-        }
-        if bm > m[r] {
-            if m[r] > f32::NEG_INFINITY {
-                let alpha = (m[r] - bm).exp();
-                l[r] *= alpha;
-                scale::<L>(&mut acc[r * d..(r + 1) * d], alpha);
+            if pos < lo[r] || pos + nb > hi[r] {
+                for t in 0..nb {
+                    if pos + t < lo[r] || pos + t >= hi[r] {
+                        sr[t] = f32::NEG_INFINITY;
+                    }
+                }
             }
-            m[r] = bm;
-        }
-        let shift = L::splat(m[r]);
-        let mut sum = L::zero();
-        for c in (0..nw).step_by(L::W) {
-            let p = L::exp(L::sub(L::load(sr.as_ptr().add(c)), shift));
-            L::store(sr.as_mut_ptr().add(c), p);
-            sum = L::add(sum, p);
-        }
-        if E::ROUNDS_P {
-            // The engine multiplies rounded probabilities; sum those.
-            let mut tot = 0f32;
-            for x in &mut sr[..nb] {
-                *x = E::round_p(*x);
-                tot += *x;
+            let mut mx = L::splat(f32::NEG_INFINITY);
+            for c in (0..nw).step_by(L::W) {
+                mx = L::max(mx, L::load(sr.as_ptr().add(c)));
             }
-            l[r] += tot;
-        } else {
-            l[r] += L::hsum(sum);
+            let bm = L::hmax(mx);
+            if bm == f32::NEG_INFINITY {
+                sr.fill(0.0);
+                continue;
+            }
+            if bm > m[r] {
+                if m[r] > f32::NEG_INFINITY {
+                    let alpha = (m[r] - bm).exp();
+                    l[r] *= alpha;
+                    scale::<L>(&mut acc[r * d..(r + 1) * d], alpha);
+                }
+                m[r] = bm;
+            }
+            let shift = L::splat(m[r]);
+            let mut sum = L::zero();
+            for c in (0..nw).step_by(L::W) {
+                let p = L::exp(L::sub(L::load(sr.as_ptr().add(c)), shift));
+                L::store(sr.as_mut_ptr().add(c), p);
+                sum = L::add(sum, p);
+            }
+            if E::ROUNDS_P {
+                // The engine multiplies rounded probabilities; sum those.
+                let mut tot = 0f32;
+                for x in &mut sr[..nb] {
+                    *x = E::round_p(*x);
+                    tot += *x;
+                }
+                l[r] += tot;
+            } else {
+                l[r] += L::hsum(sum);
+            }
         }
     }
 }
 
 /// `x *= a`.
+///
+/// # Safety
+/// The CPU must have `L`'s features.
 #[inline(always)]
 unsafe fn scale<L: Lanes>(x: &mut [f32], a: f32) {
-    let nw = x.len() / L::W * L::W;
-    let (av, z) = (L::splat(a), L::zero());
-    for c in (0..nw).step_by(L::W) {
-        let p = x.as_mut_ptr().add(c);
-        L::store(p, L::fma(L::load(p), av, z));
+    // SAFETY: the caller gives `L`'s features; every vector at `c` lies in `x[..nw]`, `nw` a
+    // multiple of `W` no larger than `x.len()`.
+    unsafe {
+        let nw = x.len() / L::W * L::W;
+        let (av, z) = (L::splat(a), L::zero());
+        for c in (0..nw).step_by(L::W) {
+            let p = x.as_mut_ptr().add(c);
+            L::store(p, L::fma(L::load(p), av, z));
+        }
+        x[nw..].iter_mut().for_each(|v| *v *= a);
     }
-    x[nw..].iter_mut().for_each(|v| *v *= a);
 }
 
 /// The f32 engine: the tile converted to f32 once (K transposed, so a score block is a
@@ -275,16 +291,23 @@ impl<L> Fma<L> {
 pub(super) const FMA_MR: usize = 6;
 
 /// Converts one K/V row to f32.
+///
+/// # Safety
+/// The CPU must have `L`'s features; `src.len() >= dst.len()`.
 #[inline(always)]
 unsafe fn convert<L: Lanes, T: KvElem>(src: &[T], dst: &mut [f32]) {
-    let d = dst.len();
-    let src = &src[..d];
-    let dw = d / L::W * L::W;
-    for c in (0..dw).step_by(L::W) {
-        L::store(dst.as_mut_ptr().add(c), L::load_kv(src.as_ptr().add(c)));
-    }
-    for c in dw..d {
-        dst[c] = src[c].to_f32();
+    // SAFETY: the caller gives `L`'s features; `src` is cut to `d = dst.len()` (which panics if
+    // shorter) and each vector at `c + W <= dw <= d` lies inside both.
+    unsafe {
+        let d = dst.len();
+        let src = &src[..d];
+        let dw = d / L::W * L::W;
+        for c in (0..dw).step_by(L::W) {
+            L::store(dst.as_mut_ptr().add(c), L::load_kv(src.as_ptr().add(c)));
+        }
+        for c in dw..d {
+            dst[c] = src[c].to_f32();
+        }
     }
 }
 
@@ -295,9 +318,13 @@ impl<L: Lanes> Fma<L> {
     /// The CPU must have `L`'s features.
     #[inline(always)]
     pub(super) unsafe fn v_tile<T: KvElem>(&mut self, v: &[&[T]], d: usize) {
-        assert!(v.len() <= KT && self.vt.len() >= v.len() * d);
-        for (t, vr) in v.iter().enumerate() {
-            convert::<L, T>(vr, &mut self.vt[t * d..(t + 1) * d]);
+        // SAFETY: the caller gives `L`'s features, as `convert` needs; the assert keeps each row's
+        // `vt` slice in bounds.
+        unsafe {
+            assert!(v.len() <= KT && self.vt.len() >= v.len() * d);
+            for (t, vr) in v.iter().enumerate() {
+                convert::<L, T>(vr, &mut self.vt[t * d..(t + 1) * d]);
+            }
         }
     }
 }
@@ -313,98 +340,114 @@ impl<L: Lanes, T: KvElem> Engine<T> for Fma<L> {
 
     #[inline(always)]
     unsafe fn kv_tile(&mut self, k: &[&[T]], v: &[&[T]], d: usize) {
-        let (w, nb) = (L::W, k.len());
-        assert!(nb <= KT && self.kt.len() >= d * KT && self.vt.len() >= nb * d);
-        assert!(k.iter().chain(v).all(|r| r.len() >= d));
-        // K transposed by W x W blocks: W rows' chunks converted, transposed in registers and
-        // stored as columns (element by element, the transpose took 7.7k cycles a tile on
-        // avx512: 7% of a 192-row unit's time).
-        let (tw, dw) = (nb / w * w, d / w * w);
-        let mut a = [L::zero(); 16];
-        for t0 in (0..tw).step_by(w) {
-            for c in (0..dw).step_by(w) {
-                for i in 0..w {
-                    a[i] = L::load_kv(k[t0 + i].as_ptr().add(c));
-                }
-                L::transpose(&mut a);
-                for j in 0..w {
-                    L::store(self.kt.as_mut_ptr().add((c + j) * KT + t0), a[j]);
+        // SAFETY: the caller gives `L`'s features (the `Engine` contract); the asserts put every K
+        // row at `d` or more values and `kt` at `d * KT`, so the loads at `c + W <= dw`, the stores
+        // at `(c + j) * KT + t0` and the unchecked element moves (`c < d`, `t < nb <= KT`) are in
+        // bounds.
+        unsafe {
+            let (w, nb) = (L::W, k.len());
+            assert!(nb <= KT && self.kt.len() >= d * KT && self.vt.len() >= nb * d);
+            assert!(k.iter().chain(v).all(|r| r.len() >= d));
+            // K transposed by W x W blocks: W rows' chunks converted, transposed in registers and
+            // stored as columns (element by element, the transpose took 7.7k cycles a tile on
+            // avx512: 7% of a 192-row unit's time).
+            let (tw, dw) = (nb / w * w, d / w * w);
+            let mut a = [L::zero(); 16];
+            for t0 in (0..tw).step_by(w) {
+                for c in (0..dw).step_by(w) {
+                    for i in 0..w {
+                        a[i] = L::load_kv(k[t0 + i].as_ptr().add(c));
+                    }
+                    L::transpose(&mut a);
+                    for j in 0..w {
+                        L::store(self.kt.as_mut_ptr().add((c + j) * KT + t0), a[j]);
+                    }
                 }
             }
-        }
-        // The rest one by one: the dims past the last whole chunk, and every dim of the
-        // tokens past the last whole block.
-        for t in 0..nb {
-            for c in if t < tw { dw } else { 0 }..d {
-                *self.kt.get_unchecked_mut(c * KT + t) = k[t].get_unchecked(c).to_f32();
+            // The rest one by one: the dims past the last whole chunk, and every dim of the
+            // tokens past the last whole block.
+            for t in 0..nb {
+                for c in if t < tw { dw } else { 0 }..d {
+                    *self.kt.get_unchecked_mut(c * KT + t) = k[t].get_unchecked(c).to_f32();
+                }
             }
+            self.v_tile(v, d);
         }
-        self.v_tile(v, d);
     }
 
     #[inline(always)]
     unsafe fn scores(&mut self, q: &[f32], _r0: usize, mr: usize, nb: usize, s: &mut [f32]) {
-        let d = self.d;
-        let q = &q[..mr * d];
-        assert!(s.len() >= mr * KT && self.kt.len() >= d * KT);
-        macro_rules! keys {
-            ($nv:literal, $j:expr) => {
-                match mr {
-                    6 => qk::<L, 6, $nv>(q, &self.kt, d, $j, s),
-                    5 => qk::<L, 5, $nv>(q, &self.kt, d, $j, s),
-                    4 => qk::<L, 4, $nv>(q, &self.kt, d, $j, s),
-                    3 => qk::<L, 3, $nv>(q, &self.kt, d, $j, s),
-                    2 => qk::<L, 2, $nv>(q, &self.kt, d, $j, s),
-                    _ => qk::<L, 1, $nv>(q, &self.kt, d, $j, s),
+        // SAFETY: the caller gives `L`'s features (the `Engine` contract), as `qk` needs; `qk`
+        // asserts its slices' lengths before it reads through pointers, and `j + NV * W <= KT`
+        // holds for each block taken.
+        unsafe {
+            let d = self.d;
+            let q = &q[..mr * d];
+            assert!(s.len() >= mr * KT && self.kt.len() >= d * KT);
+            macro_rules! keys {
+                ($nv:literal, $j:expr) => {
+                    match mr {
+                        6 => qk::<L, 6, $nv>(q, &self.kt, d, $j, s),
+                        5 => qk::<L, 5, $nv>(q, &self.kt, d, $j, s),
+                        4 => qk::<L, 4, $nv>(q, &self.kt, d, $j, s),
+                        3 => qk::<L, 3, $nv>(q, &self.kt, d, $j, s),
+                        2 => qk::<L, 2, $nv>(q, &self.kt, d, $j, s),
+                        _ => qk::<L, 1, $nv>(q, &self.kt, d, $j, s),
+                    }
+                };
+            }
+            // Blocks of 2W keys; a last W or fewer (a short tile: a page of 16 tokens on the
+            // 16-lane paths) takes one vector, not two.
+            let mut j = 0;
+            while j < nb {
+                if nb - j > L::W {
+                    keys!(2, j);
+                    j += 2 * L::W;
+                } else {
+                    keys!(1, j);
+                    j += L::W;
                 }
-            };
-        }
-        // Blocks of 2W keys; a last W or fewer (a short tile: a page of 16 tokens on the
-        // 16-lane paths) takes one vector, not two.
-        let mut j = 0;
-        while j < nb {
-            if nb - j > L::W {
-                keys!(2, j);
-                j += 2 * L::W;
-            } else {
-                keys!(1, j);
-                j += L::W;
             }
         }
     }
 
     #[inline(always)]
     unsafe fn values(&mut self, mr: usize, nb: usize, p: &[f32], acc: &mut [f32]) {
-        let d = self.d;
-        assert!(acc.len() >= mr * d && p.len() >= mr * KT && self.vt.len() >= nb * d);
-        let w = L::W;
-        let (d2w, dw) = (d / (2 * w) * 2 * w, d / w * w);
-        let vt = &self.vt[..nb * d];
-        macro_rules! cols {
-            ($u:literal, $c:expr) => {
-                match mr {
-                    6 => pv::<L, 6, $u>(p, vt, nb, d, $c, acc),
-                    5 => pv::<L, 5, $u>(p, vt, nb, d, $c, acc),
-                    4 => pv::<L, 4, $u>(p, vt, nb, d, $c, acc),
-                    3 => pv::<L, 3, $u>(p, vt, nb, d, $c, acc),
-                    2 => pv::<L, 2, $u>(p, vt, nb, d, $c, acc),
-                    _ => pv::<L, 1, $u>(p, vt, nb, d, $c, acc),
+        // SAFETY: the caller gives `L`'s features (the `Engine` contract), as `pv` needs; `pv`
+        // asserts its slices' lengths before it reads through pointers, and every `c` taken leaves
+        // `c + W * U <= d`.
+        unsafe {
+            let d = self.d;
+            assert!(acc.len() >= mr * d && p.len() >= mr * KT && self.vt.len() >= nb * d);
+            let w = L::W;
+            let (d2w, dw) = (d / (2 * w) * 2 * w, d / w * w);
+            let vt = &self.vt[..nb * d];
+            macro_rules! cols {
+                ($u:literal, $c:expr) => {
+                    match mr {
+                        6 => pv::<L, 6, $u>(p, vt, nb, d, $c, acc),
+                        5 => pv::<L, 5, $u>(p, vt, nb, d, $c, acc),
+                        4 => pv::<L, 4, $u>(p, vt, nb, d, $c, acc),
+                        3 => pv::<L, 3, $u>(p, vt, nb, d, $c, acc),
+                        2 => pv::<L, 2, $u>(p, vt, nb, d, $c, acc),
+                        _ => pv::<L, 1, $u>(p, vt, nb, d, $c, acc),
+                    }
+                };
+            }
+            for c in (0..d2w).step_by(2 * w) {
+                cols!(2, c);
+            }
+            if dw > d2w {
+                cols!(1, d2w);
+            }
+            for r in 0..mr {
+                for c in dw..d {
+                    let mut x = acc[r * d + c];
+                    for t in 0..nb {
+                        x += p[r * KT + t] * vt[t * d + c];
+                    }
+                    acc[r * d + c] = x;
                 }
-            };
-        }
-        for c in (0..d2w).step_by(2 * w) {
-            cols!(2, c);
-        }
-        if dw > d2w {
-            cols!(1, d2w);
-        }
-        for r in 0..mr {
-            for c in dw..d {
-                let mut x = acc[r * d + c];
-                for t in 0..nb {
-                    x += p[r * KT + t] * vt[t * d + c];
-                }
-                acc[r * d + c] = x;
             }
         }
     }
@@ -412,6 +455,9 @@ impl<L: Lanes, T: KvElem> Engine<T> for Fma<L> {
 
 /// Scores of `M` rows against the `NV * W` keys `j..j + NV * W` of the transposed tile:
 /// `s[r * KT + j + i] = sum_c q[r][c] kt[c][j + i]`, `NV * M` accumulators.
+///
+/// # Safety
+/// The CPU must have `L`'s features.
 #[inline(always)]
 unsafe fn qk<L: Lanes, const M: usize, const NV: usize>(
     q: &[f32],
@@ -420,31 +466,39 @@ unsafe fn qk<L: Lanes, const M: usize, const NV: usize>(
     j: usize,
     s: &mut [f32],
 ) {
-    let w = L::W;
-    assert!(q.len() >= M * d && kt.len() >= d * KT && j + NV * w <= KT && s.len() >= M * KT);
-    let mut a = [[L::zero(); NV]; M];
-    let (qp, kp) = (q.as_ptr(), kt.as_ptr().add(j));
-    for c in 0..d {
-        let mut b = [L::zero(); NV];
-        for v in 0..NV {
-            b[v] = L::load(kp.add(c * KT + v * w));
-        }
-        for r in 0..M {
-            let x = L::splat(*qp.add(r * d + c));
+    // SAFETY: the caller gives `L`'s features; the assert keeps every read of `q` (`r * d + c`, `r
+    // < M`, `c < d`) and `kt` (`c * KT + j + v * W + W <= d * KT`) and every store to `s` (`r * KT
+    // + j + NV * W <= M * KT`) in bounds.
+    unsafe {
+        let w = L::W;
+        assert!(q.len() >= M * d && kt.len() >= d * KT && j + NV * w <= KT && s.len() >= M * KT);
+        let mut a = [[L::zero(); NV]; M];
+        let (qp, kp) = (q.as_ptr(), kt.as_ptr().add(j));
+        for c in 0..d {
+            let mut b = [L::zero(); NV];
             for v in 0..NV {
-                a[r][v] = L::fma(x, b[v], a[r][v]);
+                b[v] = L::load(kp.add(c * KT + v * w));
+            }
+            for r in 0..M {
+                let x = L::splat(*qp.add(r * d + c));
+                for v in 0..NV {
+                    a[r][v] = L::fma(x, b[v], a[r][v]);
+                }
             }
         }
-    }
-    for r in 0..M {
-        for v in 0..NV {
-            L::store(s.as_mut_ptr().add(r * KT + j + v * w), a[r][v]);
+        for r in 0..M {
+            for v in 0..NV {
+                L::store(s.as_mut_ptr().add(r * KT + j + v * w), a[r][v]);
+            }
         }
     }
 }
 
 /// `acc[r][c..c + WU] += sum_{t < nb} p[r][t] v[t][c..c + WU]` for `M` rows, `M * U`
 /// accumulators. Plain loops, not `std::array::from_fn`: see `Avx512::hsum_w`.
+///
+/// # Safety
+/// The CPU must have `L`'s features.
 #[inline(always)]
 unsafe fn pv<L: Lanes, const M: usize, const U: usize>(
     p: &[f32],
@@ -454,136 +508,36 @@ unsafe fn pv<L: Lanes, const M: usize, const U: usize>(
     c: usize,
     acc: &mut [f32],
 ) {
-    let w = L::W;
-    assert!(c + w * U <= d && vt.len() >= nb * d && p.len() >= M * KT && acc.len() >= M * d);
-    let ap = acc.as_mut_ptr();
-    let mut a = [[L::zero(); U]; M];
-    for r in 0..M {
-        for u in 0..U {
-            a[r][u] = L::load(ap.add(r * d + c + w * u));
+    // SAFETY: the caller gives `L`'s features; the assert keeps every access to `acc` (`r * d + c +
+    // W * U <= M * d`), `vt` (`t * d + c + W * U`, `t < nb`) and `p` (`r * KT + t`) in bounds.
+    unsafe {
+        let w = L::W;
+        assert!(c + w * U <= d && vt.len() >= nb * d && p.len() >= M * KT && acc.len() >= M * d);
+        let ap = acc.as_mut_ptr();
+        let mut a = [[L::zero(); U]; M];
+        for r in 0..M {
+            for u in 0..U {
+                a[r][u] = L::load(ap.add(r * d + c + w * u));
+            }
         }
-    }
-    for t in 0..nb {
-        let mut vv = [L::zero(); U];
-        for u in 0..U {
-            vv[u] = L::load(vt.as_ptr().add(t * d + c + w * u));
+        for t in 0..nb {
+            let mut vv = [L::zero(); U];
+            for u in 0..U {
+                vv[u] = L::load(vt.as_ptr().add(t * d + c + w * u));
+            }
+            for r in 0..M {
+                let x = L::splat(*p.get_unchecked(r * KT + t));
+                for u in 0..U {
+                    a[r][u] = L::fma(x, vv[u], a[r][u]);
+                }
+            }
         }
         for r in 0..M {
-            let x = L::splat(*p.get_unchecked(r * KT + t));
             for u in 0..U {
-                a[r][u] = L::fma(x, vv[u], a[r][u]);
+                L::store(ap.add(r * d + c + w * u), a[r][u]);
             }
         }
     }
-    for r in 0..M {
-        for u in 0..U {
-            L::store(ap.add(r * d + c + w * u), a[r][u]);
-        }
-    }
-}
-
-/// The tiled kernel's entry: as `kernel::attend_partial` (same arguments, same result up to
-/// rounding), on the backend's path: `amx` runs the AMX engine where its pairs hold the cache's
-/// values exactly (bf16 pairs for a bf16 cache; f16 pairs for an f16 cache on a CPU with
-/// AMX-FP16 when every scaled query fits f16's range, see `amx.rs`) and its vector path
-/// ([`Isa::vector`]) otherwise; the vector paths run the f32 [`Fma`] engine on their lanes
-/// (`avx512` the bf16 pair engine for a bf16 query and cache where it can).
-pub(crate) fn attend_partial<T: KvElem>(
-    isa: Isa,
-    kv: &SeqKv<'_, T>,
-    rows: &Rows<'_>,
-    out: &mut [f32],
-    m: &mut [f32],
-    l: &mut [f32],
-) {
-    let d = kv.layout.head_dim;
-    let isa = super::checked_path(isa, d, rows, out, m, l);
-    match isa {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: check() found AMX, the tile permission and AVX2/FMA/F16C; lengths checked
-        // above and by slicing in `run`.
-        Isa::Amx => {
-            use super::amx::{Bf16Pairs, F16Pairs};
-            if T::as_bf16(kv.k).is_some() {
-                // SAFETY: as above.
-                unsafe { amx_avx2::<T, Bf16Pairs>(kv, rows, out, m, l) }
-            } else if T::F16 && isa.amx_fp16() && fits_f16(&rows.q[..rows.lo.len() * d]) {
-                // SAFETY: as above, and CPUID reports AMX-FP16.
-                unsafe { amx_avx2::<T, F16Pairs>(kv, rows, out, m, l) }
-            } else {
-                // An f32 cache, or an f16 one without f16 tiles: bf16 pairs would round its
-                // K/V to bf16 (a row that sees one key would get that V rounded to bf16), so
-                // the vector path's engine, with the cache type's accuracy.
-                attend_partial(isa.vector(), kv, rows, out, m, l)
-            }
-        }
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: check() found the features; as above.
-        Isa::Avx512 => {
-            // A bf16 query against a bf16 cache multiplies bf16 pairs where the CPU can.
-            if super::bf16dot::run_if_able(true, kv, rows, out, m, l) {
-                return;
-            }
-            // SAFETY: check() found the features; as above.
-            unsafe { fma_avx512(kv, rows, out, m, l) }
-        }
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: as above.
-        Isa::Avx2 => unsafe { fma_avx2(kv, rows, out, m, l) },
-        // SAFETY: lengths as above.
-        Isa::Portable16 => unsafe {
-            run::<Portable<16>, T, _>(&mut Fma::<Portable<16>>::new(d), kv, rows, out, m, l)
-        },
-        // SAFETY: lengths as above.
-        _ => unsafe { run::<Scalar, T, _>(&mut Fma::<Scalar>::new(d), kv, rows, out, m, l) },
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn fma_avx2<T: KvElem>(
-    kv: &SeqKv<'_, T>,
-    rows: &Rows<'_>,
-    out: &mut [f32],
-    m: &mut [f32],
-    l: &mut [f32],
-) {
-    let mut e = Fma::<Avx2>::new(kv.layout.head_dim);
-    run::<Avx2, T, _>(&mut e, kv, rows, out, m, l)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
-unsafe fn fma_avx512<T: KvElem>(
-    kv: &SeqKv<'_, T>,
-    rows: &Rows<'_>,
-    out: &mut [f32],
-    m: &mut [f32],
-    l: &mut [f32],
-) {
-    // The 16-lane engine: 32-key score blocks, 32-column value blocks.
-    let mut e = Fma::<Avx512>::new(kv.layout.head_dim);
-    run::<Avx512, T, _>(&mut e, kv, rows, out, m, l)
-}
-
-/// Whether every value of `q` is within f16's range (so rounds to a finite f16; NaN is not):
-/// the AMX engine's f16 pairs take the scaled queries.
-fn fits_f16(q: &[f32]) -> bool {
-    let max = half::f16::MAX.to_f32();
-    q.iter().all(|x| x.abs() <= max)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn amx_avx2<T: KvElem, P: super::amx::Pair>(
-    kv: &SeqKv<'_, T>,
-    rows: &Rows<'_>,
-    out: &mut [f32],
-    m: &mut [f32],
-    l: &mut [f32],
-) {
-    let mut e = super::amx::Amx::<_, P>::new(super::amx::AsmTiles, kv.layout.head_dim);
-    run::<Avx2, T, _>(&mut e, kv, rows, out, m, l)
 }
 
 #[cfg(test)]
