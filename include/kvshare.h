@@ -1203,56 +1203,6 @@ typedef struct kvs_stats {
 } kvs_stats;
 
 /*
- One prefix-index change of one group. Hashes are the chain digests `h_i` described in
- docs/design.md ("Prefix keys"), as two 64-bit halves; a router recomputes them from token ids
- alone.
- */
-typedef struct kvs_event {
-  /*
-   A `kvs_event_kind` value.
-   */
-  uint32_t kind;
-  /*
-   A `kvs_tier` value: the tier whose index changed.
-   */
-  uint32_t tier;
-  /*
-   Low 64 bits of the page's chain digest (0 for Cleared).
-   */
-  uint64_t hash_lo;
-  /*
-   High 64 bits of the page's chain digest.
-   */
-  uint64_t hash_hi;
-  /*
-   Low 64 bits of the previous page's digest (Stored only; the root digest for a first page).
-   */
-  uint64_t parent_lo;
-  /*
-   High 64 bits of the previous page's digest.
-   */
-  uint64_t parent_hi;
-  /*
-   LoRA id of the sequence that stored it (Stored only).
-   */
-  uint64_t lora_id;
-  /*
-   Tokens in the page (the page size; 0 for Cleared).
-   */
-  uint32_t num_tokens;
-  /*
-   Page id in `tier` (0 for Cleared), in the pool of `group`.
-   */
-  uint32_t page;
-  /*
-   The group whose index changed (its index in `kvs_config.groups`; 0 in a cache of one
-   group, and for Cleared, which clears every group of the tier). vLLM's `group_idx`; the
-   group's kind and window are `kvs_cache_group_info`'s.
-   */
-  uint32_t group;
-} kvs_event;
-
-/*
  A group as the cache sees it (`kvs_cache_group_info`).
  */
 typedef struct kvs_group_info {
@@ -1339,6 +1289,56 @@ typedef struct kvs_group_stats {
    */
   uint64_t pages_released;
 } kvs_group_stats;
+
+/*
+ One prefix-index change of one group. Hashes are the chain digests `h_i` described in
+ docs/design.md ("Prefix keys"), as two 64-bit halves; a router recomputes them from token ids
+ alone.
+ */
+typedef struct kvs_event {
+  /*
+   A `kvs_event_kind` value.
+   */
+  uint32_t kind;
+  /*
+   A `kvs_tier` value: the tier whose index changed.
+   */
+  uint32_t tier;
+  /*
+   Low 64 bits of the page's chain digest (0 for Cleared).
+   */
+  uint64_t hash_lo;
+  /*
+   High 64 bits of the page's chain digest.
+   */
+  uint64_t hash_hi;
+  /*
+   Low 64 bits of the previous page's digest (Stored only; the root digest for a first page).
+   */
+  uint64_t parent_lo;
+  /*
+   High 64 bits of the previous page's digest.
+   */
+  uint64_t parent_hi;
+  /*
+   LoRA id of the sequence that stored it (Stored only).
+   */
+  uint64_t lora_id;
+  /*
+   Tokens in the page (the page size; 0 for Cleared).
+   */
+  uint32_t num_tokens;
+  /*
+   Page id in `tier` (0 for Cleared), in the pool of `group`.
+   */
+  uint32_t page;
+  /*
+   The group whose index changed (its index in `kvs_config.groups`; 0 in a cache of one
+   group, and for Cleared, which clears every group of the tier). vLLM's `group_idx`; the
+   group's kind and window are `kvs_cache_group_info`'s.
+   */
+  uint32_t group;
+} kvs_event;
 
 /*
  What `kvs_cpu_huge_pages` did.
@@ -1786,6 +1786,33 @@ kvs_status kvs_cache_slot_mapping(const struct kvs_cache *cache,
                                   size_t *num_slots_out);
 
 /*
+ Writes group `group`'s kind, window, page bytes and pool, and the cache's pool and group
+ counts, to `*info_out`. Every cache has group 0 (a cache configured without groups is one
+ full-attention group).
+
+ **Failure:** `KVS_STATUS_NULL_ARGUMENT` (NULL `cache` or `info_out`),
+ `KVS_STATUS_INVALID_ARGUMENT` (`group` not below the group count, a misaligned
+ `info_out`): `*info_out` untouched.
+ **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+ */
+kvs_status kvs_cache_group_info(const struct kvs_cache *cache,
+                                size_t group,
+                                struct kvs_group_info *info_out);
+
+/*
+ Writes group `group`'s stats and its pool's totals to `*stats_out`, one consistent
+ snapshot. O(pages held by sequences): for monitoring, not every step.
+
+ **Failure:** `KVS_STATUS_NULL_ARGUMENT` (NULL `cache` or `stats_out`),
+ `KVS_STATUS_INVALID_ARGUMENT` (`group` not below the group count, a misaligned
+ `stats_out`): `*stats_out` untouched.
+ **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+ */
+kvs_status kvs_cache_group_stats(const struct kvs_cache *cache,
+                                 size_t group,
+                                 struct kvs_group_stats *stats_out);
+
+/*
  Drains up to `copies_len` queued page copies, oldest first: demotions of evicted cached
  pages to the host tier and promotions of host-tier hits back to the device. Writes how
  many were taken to `*num_copies_out`; call again while it equals `copies_len`. Execute them
@@ -1817,33 +1844,6 @@ kvs_status kvs_cache_take_events(struct kvs_cache *cache,
                                  struct kvs_event *events_out,
                                  size_t events_len,
                                  size_t *num_events_out);
-
-/*
- Writes group `group`'s kind, window, page bytes and pool, and the cache's pool and group
- counts, to `*info_out`. Every cache has group 0 (a cache configured without groups is one
- full-attention group).
-
- **Failure:** `KVS_STATUS_NULL_ARGUMENT` (NULL `cache` or `info_out`),
- `KVS_STATUS_INVALID_ARGUMENT` (`group` not below the group count, a misaligned
- `info_out`): `*info_out` untouched.
- **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
- */
-kvs_status kvs_cache_group_info(const struct kvs_cache *cache,
-                                size_t group,
-                                struct kvs_group_info *info_out);
-
-/*
- Writes group `group`'s stats and its pool's totals to `*stats_out`, one consistent
- snapshot. O(pages held by sequences): for monitoring, not every step.
-
- **Failure:** `KVS_STATUS_NULL_ARGUMENT` (NULL `cache` or `stats_out`),
- `KVS_STATUS_INVALID_ARGUMENT` (`group` not below the group count, a misaligned
- `stats_out`): `*stats_out` untouched.
- **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
- */
-kvs_status kvs_cache_group_stats(const struct kvs_cache *cache,
-                                 size_t group,
-                                 struct kvs_group_stats *stats_out);
 
 /*
  Asks Linux to back the host memory `[base, base + bytes)` (a KV cache the CPU backend

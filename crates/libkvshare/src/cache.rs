@@ -2,7 +2,9 @@
 
 use super::enums::decode;
 use super::enums::{kvs_dtype, kvs_eviction_policy, kvs_status, kvs_tier};
-use super::groups::{groups_from_c, kvs_group};
+use super::groups::{
+    count, groups_from_c, kind_of, kvs_group, kvs_group_info, kvs_group_stats, spec_of, window_of,
+};
 use super::handle::{self, Handle};
 use super::panic::guard;
 use super::slice::{slice, slice_mut, try_out, try_ref};
@@ -652,6 +654,79 @@ impl kvs_cache {
             if let Some(o) = n_out {
                 *o = n;
             }
+            Ok(())
+        })
+    }
+}
+
+impl kvs_cache {
+    /// Writes group `group`'s kind, window, page bytes and pool, and the cache's pool and group
+    /// counts, to `*info_out`. Every cache has group 0 (a cache configured without groups is one
+    /// full-attention group).
+    ///
+    /// **Failure:** `KVS_STATUS_NULL_ARGUMENT` (NULL `cache` or `info_out`),
+    /// `KVS_STATUS_INVALID_ARGUMENT` (`group` not below the group count, a misaligned
+    /// `info_out`): `*info_out` untouched.
+    /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+    #[no_mangle]
+    pub unsafe extern "C" fn kvs_cache_group_info(
+        cache: *const kvs_cache,
+        group: usize,
+        info_out: *mut kvs_group_info,
+    ) -> kvs_status {
+        // SAFETY: `cache` and `info_out` are NULL or valid for the call (the export contract); the
+        // helpers refuse NULL and misalignment.
+        guard(|| unsafe {
+            let c = self::cache(cache)?;
+            let out = try_out(info_out, "info_out")?;
+            let st = c.lock()?;
+            let pool = st.pool_of(group)?;
+            let spec = spec_of(st.config(), group);
+            *out = kvs_group_info {
+                kind: kind_of(spec.kind) as u32,
+                window: window_of(spec.kind),
+                page_bytes: st.config().group_page_bytes(&spec),
+                pool: count(pool, "group")?,
+                num_pools: count(st.num_pools(), "group")?,
+                num_groups: count(st.num_groups(), "group")?,
+            };
+            Ok(())
+        })
+    }
+
+    /// Writes group `group`'s stats and its pool's totals to `*stats_out`, one consistent
+    /// snapshot. O(pages held by sequences): for monitoring, not every step.
+    ///
+    /// **Failure:** `KVS_STATUS_NULL_ARGUMENT` (NULL `cache` or `stats_out`),
+    /// `KVS_STATUS_INVALID_ARGUMENT` (`group` not below the group count, a misaligned
+    /// `stats_out`): `*stats_out` untouched.
+    /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+    #[no_mangle]
+    pub unsafe extern "C" fn kvs_cache_group_stats(
+        cache: *const kvs_cache,
+        group: usize,
+        stats_out: *mut kvs_group_stats,
+    ) -> kvs_status {
+        // SAFETY: `cache` and `stats_out` are NULL or valid for the call (the export contract); the
+        // helpers refuse NULL and misalignment.
+        guard(|| unsafe {
+            let c = self::cache(cache)?;
+            let out = try_out(stats_out, "stats_out")?;
+            let s = c.lock()?.group_stats(group)?;
+            *out = kvs_group_stats {
+                pool: u64::from(s.pool),
+                page_bytes: s.page_bytes,
+                pool_pages_total: s.pool_pages_total,
+                pool_pages_free: s.pool_pages_free,
+                pool_pages_in_use: s.pool_pages_in_use,
+                pages_held: s.pages_held,
+                pages_distinct: s.pages_distinct,
+                pages_registered: s.pages_registered,
+                host_pages_registered: s.host_pages_registered,
+                pages_stored: s.counters.stored,
+                evictions: s.counters.evictions,
+                pages_released: s.counters.released,
+            };
             Ok(())
         })
     }

@@ -1,6 +1,6 @@
 //! `kvs_group`: the KV-cache groups of a cache (`kvs_config.groups`), how they are read from C,
-//! and the calls about one group: what it is (`kvs_cache_group_info`) and its share of the cache
-//! (`kvs_cache_group_stats`).
+//! and what the calls about one group write (`kvs_group_info`, `kvs_group_stats`; the calls,
+//! `kvs_cache_group_info` and `kvs_cache_group_stats`, are the cache's, in `cache.rs`).
 //!
 //! A group is a set of layers sharing an attention kind, and so one block table per sequence: a
 //! plain model is one full-attention group (the default: `groups` NULL, `num_groups` 0), a
@@ -8,10 +8,8 @@
 //! Mamba / linear-attention state). Every call taking a `group` argument indexes them in
 //! `kvs_config.groups` order.
 
-use super::cache::{cache, kvs_cache};
-use super::enums::{kvs_group_kind, kvs_state_mode, kvs_status};
-use super::panic::guard;
-use super::slice::{slice, try_out};
+use super::enums::{kvs_group_kind, kvs_state_mode};
+use super::slice::slice;
 
 use crate::error::Error;
 use kvshare_core::{Config, GroupKind, GroupSpec};
@@ -167,84 +165,11 @@ pub(crate) fn window_of(k: GroupKind) -> u32 {
 }
 
 /// The group spec of `group` (already checked to exist).
-fn spec_of(cfg: &Config, group: usize) -> GroupSpec {
+pub(crate) fn spec_of(cfg: &Config, group: usize) -> GroupSpec {
     cfg.group_specs()[group]
 }
 
 /// A count the core bounds (pools, groups: at most `KVS_MAX_GROUPS`) as a C `uint32_t`.
-fn count(n: usize, what: &'static str) -> Result<u32, Error> {
+pub(crate) fn count(n: usize, what: &'static str) -> Result<u32, Error> {
     u32::try_from(n).map_err(|_| Error::arg(what, format!("{n} does not fit uint32_t")))
-}
-
-impl kvs_cache {
-    /// Writes group `group`'s kind, window, page bytes and pool, and the cache's pool and group
-    /// counts, to `*info_out`. Every cache has group 0 (a cache configured without groups is one
-    /// full-attention group).
-    ///
-    /// **Failure:** `KVS_STATUS_NULL_ARGUMENT` (NULL `cache` or `info_out`),
-    /// `KVS_STATUS_INVALID_ARGUMENT` (`group` not below the group count, a misaligned
-    /// `info_out`): `*info_out` untouched.
-    /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
-    #[no_mangle]
-    pub unsafe extern "C" fn kvs_cache_group_info(
-        cache: *const kvs_cache,
-        group: usize,
-        info_out: *mut kvs_group_info,
-    ) -> kvs_status {
-        // SAFETY: `cache` and `info_out` are NULL or valid for the call (the export contract); the
-        // helpers refuse NULL and misalignment.
-        guard(|| unsafe {
-            let c = self::cache(cache)?;
-            let out = try_out(info_out, "info_out")?;
-            let st = c.lock()?;
-            let pool = st.pool_of(group)?;
-            let spec = spec_of(st.config(), group);
-            *out = kvs_group_info {
-                kind: kind_of(spec.kind) as u32,
-                window: window_of(spec.kind),
-                page_bytes: st.config().group_page_bytes(&spec),
-                pool: count(pool, "group")?,
-                num_pools: count(st.num_pools(), "group")?,
-                num_groups: count(st.num_groups(), "group")?,
-            };
-            Ok(())
-        })
-    }
-
-    /// Writes group `group`'s stats and its pool's totals to `*stats_out`, one consistent
-    /// snapshot. O(pages held by sequences): for monitoring, not every step.
-    ///
-    /// **Failure:** `KVS_STATUS_NULL_ARGUMENT` (NULL `cache` or `stats_out`),
-    /// `KVS_STATUS_INVALID_ARGUMENT` (`group` not below the group count, a misaligned
-    /// `stats_out`): `*stats_out` untouched.
-    /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
-    #[no_mangle]
-    pub unsafe extern "C" fn kvs_cache_group_stats(
-        cache: *const kvs_cache,
-        group: usize,
-        stats_out: *mut kvs_group_stats,
-    ) -> kvs_status {
-        // SAFETY: `cache` and `stats_out` are NULL or valid for the call (the export contract); the
-        // helpers refuse NULL and misalignment.
-        guard(|| unsafe {
-            let c = self::cache(cache)?;
-            let out = try_out(stats_out, "stats_out")?;
-            let s = c.lock()?.group_stats(group)?;
-            *out = kvs_group_stats {
-                pool: u64::from(s.pool),
-                page_bytes: s.page_bytes,
-                pool_pages_total: s.pool_pages_total,
-                pool_pages_free: s.pool_pages_free,
-                pool_pages_in_use: s.pool_pages_in_use,
-                pages_held: s.pages_held,
-                pages_distinct: s.pages_distinct,
-                pages_registered: s.pages_registered,
-                host_pages_registered: s.host_pages_registered,
-                pages_stored: s.counters.stored,
-                evictions: s.counters.evictions,
-                pages_released: s.counters.released,
-            };
-            Ok(())
-        })
-    }
 }
