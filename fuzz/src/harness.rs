@@ -598,6 +598,19 @@ pub fn run(data: &[u8], max_ops: usize) -> usize {
             kvs_status::Ok
         );
     }
+    // A queued sub-page copy holds its source page until the engine takes it.
+    // SAFETY: kvs_copy is plain data; all-zero is a valid value.
+    let mut copies: Vec<kvs_copy> = (0..64).map(|_| unsafe { std::mem::zeroed() }).collect();
+    loop {
+        let mut n = 0;
+        let st = unsafe {
+            kvs_cache::kvs_cache_take_copies(run.c, copies.as_mut_ptr(), copies.len(), &mut n)
+        };
+        assert_eq!(st, kvs_status::Ok);
+        if n == 0 {
+            break;
+        }
+    }
     let mut s = std::mem::MaybeUninit::<kvs_stats>::zeroed();
     assert_eq!(
         unsafe { kvs_cache::kvs_cache_stats(run.c, s.as_mut_ptr()) },

@@ -316,8 +316,9 @@ impl State {
 
     // ---- index updates (with events) ----
 
-    /// Registers `page` of `pool`'s `tier` for group `group`; returns whether it was new.
-    /// Emits `Stored`.
+    /// Registers `page` of `pool`'s `tier` for group `group`; returns whether it was new. A
+    /// device page kept as a duplicate already carries its content's digest (vLLM's
+    /// `block_hash` is set once) and is not registered again. Emits `Stored`.
     pub(crate) fn index_insert(
         &mut self,
         pool: usize,
@@ -327,6 +328,9 @@ impl State {
         e: Entry<'_>,
     ) -> bool {
         let p = &mut self.pools[pool];
+        if tier == Tier::Device && p.dup_of[page as usize].is_some() {
+            return false;
+        }
         let (ix, pp) = match tier {
             Tier::Device => (&mut p.index, &mut p.device),
             Tier::Host => (&mut p.host_index, &mut p.host),

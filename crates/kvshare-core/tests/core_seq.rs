@@ -393,6 +393,35 @@ fn register_leaves_a_sequences_pages_to_the_sequence() {
     s.check().unwrap();
 }
 
+/// In vLLM's order a page filled with content already cached is kept as a duplicate of it; a
+/// page carries one digest, so the page API registers a duplicate under no other tokens (it
+/// would be in the index and in a duplicate list at once).
+#[test]
+fn register_leaves_a_duplicate_page_to_its_content() {
+    let mut s = State::new(Config {
+        page_size: 4,
+        num_device_pages: 16,
+        enable_prefix_caching: true,
+        reserve_null_page: true,
+        vllm_free_order: true,
+        skip_cached_writes: false,
+        ..Config::default()
+    })
+    .unwrap();
+    s.begin(1, &toks(0..8), None, usize::MAX, 0).unwrap();
+    // The same prompt without a hit: its pages fill with content seq 1's pages already cache.
+    s.begin(2, &toks(0..8), None, 0, 0).unwrap();
+    let dup = s.seq_pages(2, 0).unwrap()[0];
+    assert_ne!(dup, s.seq_pages(1, 0).unwrap()[0]);
+    s.free(2).unwrap();
+    s.acquire_pages(0, &[dup]).unwrap();
+    assert_eq!(s.register(0, &toks(100..104), &[dup], None).unwrap(), 0);
+    s.check().unwrap();
+    s.release_pages(0, &[dup]).unwrap();
+    s.free(1).unwrap();
+    s.check().unwrap();
+}
+
 #[test]
 fn cache_is_send_sync() {
     fn assert_send_sync<T: Send + Sync>() {}
