@@ -29,7 +29,6 @@
 
 struct kvs_cache;
 struct kvs_extra_keys;
-struct kvs_hybrid;
 
 namespace kvshare_mindie {
 
@@ -200,17 +199,17 @@ class KvshareBlockManager : public KvshareManagerBase {
     std::atomic<uint64_t> missBlocks_{0};
 };
 
-// MindIE's KV-cache groups on kvshare caches of groups (`kvs_hybrid`): a COMPOSITEBLOCKMANAGER
+// MindIE's KV-cache groups on kvshare caches of one group each: a COMPOSITEBLOCKMANAGER
 // (`config.subManagers`, one kvshare group per sub-manager, in order), a
 // REQUESTSLIDINGWINDOWBLOCKMANAGER, or a self-attention config whose `cacheType` is
 // SLIDING_WINDOW. A TOKEN sub-manager is a full-attention group; a SLIDING_WINDOW one is a
 // sliding-window group in which each sequence holds at most `requestBlockWindowSize` (N) blocks:
 // kvshare window (N-1)*cacheBlockSize + 1 tokens, released as its KV is computed (AppendSlot
-// calls kvs_hybrid_seq_release_skipped with the sequence's numComputedTokens_). kvshare is given
+// calls kvs_seq_release_skipped with the sequence's numComputedTokens_). kvshare is given
 // a sequence's tokens as their KV is computed (by numComputedTokens_, at AppendSlot and Free), with
 // room for the rest, so a block is a prefix hit only once its KV is written. Each group has its
 // own pool of its sub-manager's npuBlockNum - reservedBlockNum block ids, 0 on, as MindIE sizes
-// each group's KV tensor on its own (each group is a kvs_hybrid of one group, whose pool has one
+// each group's KV tensor on its own (each group is a kvs_cache of one group, whose pool has one
 // page more, its null page); a prefix hit is the longest one every group serves. GetBlockIds
 // returns one list per group: the whole table of a TOKEN group, the held blocks (oldest first,
 // the last at the table's last position) of a SLIDING_WINDOW group. What MindIE at 8b4871a does
@@ -254,9 +253,9 @@ class KvshareHybridBlockManager : public KvshareManagerBase {
                                     size_t replacedPlaceHolderNum) override;
 
     // Not part of MindIE's interface: the kvshare cache of group `group` (its group 0; for tests
-    // and diagnostics: kvs_hybrid_check, kvs_hybrid_stats). Owned by the manager; kvshare page p
-    // is MindIE block p - 1. Throws std::out_of_range for a group the manager does not have.
-    kvs_hybrid *Hybrid(size_t group) const;
+    // and diagnostics: kvs_cache_check, kvs_cache_group_stats). Owned by the manager; kvshare page
+    // p is MindIE block p - 1. Throws std::out_of_range for a group the manager does not have.
+    kvs_cache *GroupCache(size_t group) const;
     size_t NumGroups() const { return groups_.size(); }
     // Blocks a SLIDING_WINDOW group lets one sequence hold (its requestBlockWindowSize); 0 for a
     // TOKEN group. One entry per group.
@@ -290,11 +289,11 @@ class KvshareHybridBlockManager : public KvshareManagerBase {
     // Blocks group `g` takes for `grow`.
     size_t AppendNeed(size_t g, SequenceId seqId, const Growth &grow, const char *method) const;
 
-    struct HybridFree {
-        void operator()(kvs_hybrid *h) const;
+    struct CacheFree {
+        void operator()(kvs_cache *c) const;
     };
     struct Group {
-        std::unique_ptr<kvs_hybrid, HybridFree> cache;  // one group, its own pool
+        std::unique_ptr<kvs_cache, CacheFree> cache;  // one group, its own pool
         size_t blocks;                                  // npuBlockNum - reservedBlockNum: ids 0..blocks-1
         size_t npuBlockNum;
     };

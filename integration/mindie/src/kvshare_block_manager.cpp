@@ -174,7 +174,7 @@ size_t KvshareBlockManager::ProbeCachedTokens(const std::vector<int32_t> &tokens
     std::vector<uint32_t> pages(tokens.size() / blockSize_ + 1);
     size_t numPages = 0;
     size_t matched = 0;
-    Check(kvs_prefix_match(cache_, tokens.data(), tokens.size(), extra, tokens.size() - 1, false, pages.data(),
+    Check(kvs_prefix_match(cache_, 0, tokens.data(), tokens.size(), extra, tokens.size() - 1, false, pages.data(),
                            pages.size(), &numPages, &matched),
           method);
     return matched;
@@ -183,7 +183,7 @@ size_t KvshareBlockManager::ProbeCachedTokens(const std::vector<int32_t> &tokens
 std::vector<uint32_t> KvshareBlockManager::Pages(SequenceId seqId, const SeqShape &shape) const {
     std::vector<uint32_t> pages(static_cast<size_t>(shape.numPages));
     size_t n = 0;
-    Check(kvs_seq_pages(cache_, KvsId(seqId), pages.data(), pages.size(), &n), "kvs_seq_pages");
+    Check(kvs_seq_pages(cache_, 0, KvsId(seqId), pages.data(), pages.size(), &n), "kvs_seq_pages");
     pages.resize(n);
     return pages;
 }
@@ -200,7 +200,7 @@ size_t KvshareBlockManager::AppendNeed(SequenceId seqId, size_t newTokens) const
 size_t KvshareBlockManager::FreeDevicePages() const {
     // Evictable cached blocks count as free, as in MindIE's prefix-caching allocator.
     size_t pages = 0;
-    Check(kvs_cache_available(cache_, KVS_TIER_DEVICE, &pages), "kvs_cache_available");
+    Check(kvs_cache_available(cache_, KVS_TIER_DEVICE, 0, &pages), "kvs_cache_available");
     return pages;
 }
 
@@ -208,7 +208,7 @@ size_t KvshareBlockManager::FreeHostPages() const {
     // Host pages holding swapped-out content stay cached (indexed) once released: like MindIE's
     // CPU allocator, they count as free.
     size_t pages = 0;
-    Check(kvs_cache_available(cache_, KVS_TIER_HOST, &pages), "kvs_cache_available");
+    Check(kvs_cache_available(cache_, KVS_TIER_HOST, 0, &pages), "kvs_cache_available");
     return pages;
 }
 
@@ -252,7 +252,7 @@ bool KvshareBlockManager::Allocate(const SequenceGroupSPtr &seqGroup) {
     // Share cached pages within the first len-1 tokens only: the engine always computes at least
     // the last prompt token, and the page holding it must be private (no skip_cached_writes).
     Check(kvs_seq_begin(cache_, KvsId(first->seqId_), tokens.data(), tokens.size(), extra.ptr, tokens.size() - 1,
-                        &info),
+                        0, &info),
           "Allocate");
     for (size_t i = 1; i < waiting.size(); ++i) {
         kvs_status st = kvs_seq_fork(cache_, KvsId(first->seqId_), KvsId(waiting[i]->seqId_));
