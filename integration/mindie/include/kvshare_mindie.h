@@ -171,14 +171,13 @@ class KvshareBlockManager : public KvshareManagerBase {
     size_t FreeDevicePages() const;
     size_t FreeHostPages() const;
     // What swapping `seqs` back in takes from the free + evictable device pages: the pages it
-    // copies (plus `lookahead` slots' new pages) and the cached pages it shares (which leave
-    // the evictable count). Sequences are counted one by one: exact for one sequence, an upper
-    // bound for a group whose sequences share cached pages. `method` names errors.
+    // copies and the cached pages it shares (which leave the evictable count), plus the pages of
+    // the append that follows (`withPending`). Blocks the group's sequences share count once:
+    // exact for one sequence, an upper bound for a group. `method` names errors.
     struct SwapInCost {
-        size_t pages;         // new device pages
-        size_t sharedCached;  // cached (unreferenced) device pages it would share
-        size_t worst;         // pages with nothing shared (for NEVER)
-        size_t free;          // free + evictable device pages when counted
+        size_t pages;  // device pages it takes from the free + evictable ones
+        size_t worst;  // with nothing cached on the device: its distinct blocks (for NEVER)
+        size_t free;   // free + evictable device pages when counted
     };
     // What swapping `seqs` out takes from the free + evictable host pages: new host pages plus
     // the cached host pages it shares (kvs_seq_swap_out_need); exact for one sequence, an upper

@@ -16,6 +16,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <unordered_set>
 
 #include "adapter_common.h"
 #include "kvshare.h"
@@ -394,7 +395,9 @@ std::vector<std::pair<PhysicalBlockId, PhysicalBlockId>> KvshareBlockManager::Sw
 KvshareBlockManager::SwapInCost KvshareBlockManager::CostOfSwapIn(const std::vector<SequenceSPtr> &seqs,
                                                                  size_t lookahead, bool withPending,
                                                                  const char *method) const {
-    SwapInCost c{0, 0, 0, FreeDevicePages()};
+    SwapInCost c{0, 0, FreeDevicePages()};
+    size_t perSeq = 0;                 // the sequences' swap-ins counted one by one
+    std::unordered_set<uint32_t> held;  // distinct CPU blocks of the group's tables
     for (const auto &seq : seqs) {
         RequireSeq(seq, method);
         SeqShape s = ShapeOrThrow(seq->seqId_, method);
@@ -416,10 +419,20 @@ KvshareBlockManager::SwapInCost KvshareBlockManager::CostOfSwapIn(const std::vec
         size_t copied = 0;
         size_t available = 0;
         Check(kvs_seq_swap_in_need(cache_, KvsId(seq->seqId_), &copied, &available), method);
-        c.pages += copied + extra;
-        c.sharedCached += c.free - available;
-        c.worst += pages + extra;
+        perSeq += copied + (c.free - available);
+        for (uint32_t p : Pages(seq->seqId_, s)) {
+            held.insert(p);
+        }
+        c.pages += extra;
+        c.worst += extra;
     }
+    // Sequences of one group (n > 1 sampling, beams) share CPU blocks: a full block they share is
+    // one CPU block, which the first swap-in copies (or shares from the NPU cache) and the others
+    // then share. Each distinct CPU block becomes at most one NPU block, so the group never takes
+    // more than their number: the per-sequence sum is exact for one sequence and for sequences
+    // that share nothing, the distinct count when they share blocks nobody caches on the NPU.
+    c.pages += std::min(perSeq, held.size());
+    c.worst += held.size();
     return c;
 }
 
@@ -431,7 +444,7 @@ AllocStatus KvshareBlockManager::CanSwapIn(const SequenceGroupSPtr &seqGroup, si
         return AllocStatus::NEVER;
     }
     // Pages still cached on the device are shared back instead of copied (kvs_seq_swap_in_need).
-    return c.pages + c.sharedCached <= c.free ? AllocStatus::OK : AllocStatus::LATER;
+    return c.pages <= c.free ? AllocStatus::OK : AllocStatus::LATER;
 }
 
 std::vector<std::pair<PhysicalBlockId, PhysicalBlockId>> KvshareBlockManager::SwapIn(
@@ -441,9 +454,9 @@ std::vector<std::pair<PhysicalBlockId, PhysicalBlockId>> KvshareBlockManager::Sw
     // The whole group is refused before anything moves (the swap alone: the pending token's
     // append is AppendSlot's business).
     SwapInCost c = CostOfSwapIn(seqs, 0, false, "SwapIn");
-    if (c.pages + c.sharedCached > c.free) {
-        throw std::runtime_error(Prefix("SwapIn") + "not enough free NPU blocks: need " +
-                                 std::to_string(c.pages + c.sharedCached) + ", free " + std::to_string(c.free));
+    if (c.pages > c.free) {
+        throw std::runtime_error(Prefix("SwapIn") + "not enough free NPU blocks: need " + std::to_string(c.pages) +
+                                 ", free " + std::to_string(c.free));
     }
     std::vector<std::pair<PhysicalBlockId, PhysicalBlockId>> out;
     uint64_t hits = 0;

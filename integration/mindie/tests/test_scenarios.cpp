@@ -367,6 +367,51 @@ static void SwapInCoversPendingToken() {
     std::printf("swap in covers the pending token: ok\n");
 }
 
+// A group of three sequences sharing a prompt's blocks (n > 1 sampling), swapped out and asked
+// back in: the blocks they share count once. Their tables add up to more blocks than the NPU has,
+// the blocks they hold together do not, so CanSwapIn must not answer NEVER (MindIE's scheduler
+// throws on NEVER) and the group must come back and decode.
+static void GroupSwapCountsSharedBlocksOnce() {
+    const size_t ps = 4;
+    const size_t npu = 10;
+    KvshareBlockManager m(Config(ps, npu, 20, true));
+    std::vector<SequenceSPtr> seqs = {MakeSeq(1, Range(1, 22)), MakeSeq(2, Range(1, 22)), MakeSeq(3, Range(1, 22))};
+    auto g = MakeGroup(seqs);
+    CHECK(m.CanAllocate(g) == AllocStatus::OK);
+    CHECK(m.Allocate(g));  // 6 blocks, shared by the three
+    for (const auto &s : seqs) {
+        s->status_ = SequenceStatus::RUNNING;
+        s->data_.UpdateNumComputedTokens(s->GetLen());
+    }
+    m.MarkBlocksAsComputed();
+    // One token each: the shared partial block is copied on write for two of them (8 blocks).
+    for (size_t i = 0; i < seqs.size(); ++i) {
+        seqs[i]->data_.outputTokenIds.push_back(static_cast<TokenId>(50 + i));
+        CHECK(m.CanAppendSlot(MakeGroup({seqs[i]})));
+        (void)m.AppendSlot(seqs[i]);
+    }
+    m.MarkBlocksAsComputed();
+    CHECK_EQ(m.GetNumFreeNpuBlocks(), npu - 8);
+    CHECK(m.CanSwapOut(g));
+    (void)m.SwapOut(g);
+    for (const auto &s : seqs) {
+        s->status_ = SequenceStatus::SWAPPED;
+        s->data_.outputTokenIds.push_back(7);  // the token sampled before the preemption, pending
+    }
+    CheckKvs(m);
+    // 3 x 6 table entries, 8 distinct blocks (5 shared full blocks, 3 private partial ones).
+    CHECK(m.CanSwapIn(g, 0) == AllocStatus::OK);
+    (void)m.SwapIn(g);
+    for (const auto &s : seqs) {
+        s->status_ = SequenceStatus::RUNNING;
+        (void)m.AppendSlot(s);
+        CHECK_EQ(m.GetBlockIds(s->seqId_)[0].size(), static_cast<size_t>(6));
+    }
+    CheckKvs(m);
+    CHECK_EQ(m.GetNumFreeNpuBlocks(), npu - 8);
+    std::printf("group swap counts shared blocks once: ok\n");
+}
+
 static void NoCaching() {
     const size_t ps = 4;
     Sim sim(ps, 16, 4, false);
@@ -430,6 +475,7 @@ int main() {
     SwapPreemption();
     SwapInWithoutRoom();
     SwapInCoversPendingToken();
+    GroupSwapCountsSharedBlocksOnce();
     SwapOutSharesCpuCopies();
     NoCaching();
     AdmissionLimits();
