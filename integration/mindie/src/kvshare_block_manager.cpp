@@ -109,9 +109,12 @@ KvshareBlockManager::KvshareBlockManager(const BlockManagerConfig &config, size_
     c.page_size = static_cast<uint32_t>(blockSize_);
     c.num_device_pages = static_cast<uint32_t>(allocatableNpuBlocks_);
     c.num_host_pages = static_cast<uint32_t>(config.cpuBlockNum);
-    c.enable_prefix_caching = CachingEnabled();
+    // kvshare hashes full blocks even with MindIE's caching off: a swap shares the CPU block of a
+    // full block that the sequences of a group share (kvshare finds it by content), as MindIE's
+    // swap maps each shared block once. Prompts then share nothing (Allocate matches 0 tokens).
+    c.enable_prefix_caching = true;
     c.reserve_null_page = false;
-    c.defer_commit = CachingEnabled();
+    c.defer_commit = true;
     c.skip_cached_writes = false;
     // MindIE executes only the copies its interface returns (AppendSlot's copy-on-write pairs,
     // SwapIn/SwapOut pairs); it has no channel for kvshare's queued demotion/promotion copies, so
@@ -252,8 +255,8 @@ bool KvshareBlockManager::Allocate(const SequenceGroupSPtr &seqGroup) {
     ::kvs_seq_info info{};
     // Share cached pages within the first len-1 tokens only: the engine always computes at least
     // the last prompt token, and the page holding it must be private (no skip_cached_writes).
-    Check(kvs_seq_begin(cache_, KvsId(first->seqId_), tokens.data(), tokens.size(), extra.ptr, tokens.size() - 1,
-                        0, &info),
+    size_t maxMatch = CachingEnabled() ? tokens.size() - 1 : 0;
+    Check(kvs_seq_begin(cache_, KvsId(first->seqId_), tokens.data(), tokens.size(), extra.ptr, maxMatch, 0, &info),
           "Allocate");
     for (size_t i = 1; i < waiting.size(); ++i) {
         kvs_status st = kvs_seq_fork(cache_, KvsId(first->seqId_), KvsId(waiting[i]->seqId_));

@@ -187,6 +187,7 @@ class Model {
         s.tokens = tokens;
         s.lora = lora;
         size_t n = tokens.size();
+        // Without caching, blocks are still hashed (swaps share by content) but never matched.
         size_t maxPages = caching_ ? (n - 1) / ps_ : 0;
         std::vector<int> hits;
         for (size_t i = 0; i < maxPages; ++i) {
@@ -304,7 +305,7 @@ class Model {
         size_t copied = 0;
         size_t cached = 0;
         for (size_t j = 0; j < s.blocks.size(); ++j) {
-            auto it = caching_ && j < s.hashed ? hindex_.find(Key(s.tokens, s.lora, j)) : hindex_.end();
+            auto it = j < s.hashed ? hindex_.find(Key(s.tokens, s.lora, j)) : hindex_.end();
             if (it == hindex_.end()) {
                 ++copied;
             } else {
@@ -323,7 +324,7 @@ class Model {
         }
         Seq &s = seqs_.at(id);
         std::vector<int> hit(s.blocks.size(), -1);
-        if (caching_) {
+        {
             for (size_t j = 0; j < s.hashed; ++j) {
                 auto it = hindex_.find(Key(s.tokens, s.lora, j));
                 if (it != hindex_.end()) {
@@ -342,7 +343,7 @@ class Model {
                 copied->push_back(copy);
             }
         }
-        if (caching_) {
+        {
             for (size_t j = 0; j < s.hashed; ++j) {
                 std::string key = Key(s.tokens, s.lora, j);
                 if (hit[j] < 0 && !hindex_.count(key) && !hblocks_[s.host[j]].registered) {
@@ -367,7 +368,7 @@ class Model {
         size_t copied = 0;
         size_t cached = 0;
         for (size_t j = 0; j < s.hostPages; ++j) {
-            auto it = caching_ && j < s.hashed ? index_.find(Key(s.tokens, s.lora, j)) : index_.end();
+            auto it = j < s.hashed ? index_.find(Key(s.tokens, s.lora, j)) : index_.end();
             if (it == index_.end()) {
                 ++copied;
             } else {
@@ -381,7 +382,7 @@ class Model {
     std::vector<bool> SwapIn(SequenceId id) {
         Seq &s = seqs_.at(id);
         std::vector<int> hit(s.hostPages, -1);
-        if (caching_) {
+        {
             for (size_t j = 0; j < s.hashed; ++j) {
                 auto it = index_.find(Key(s.tokens, s.lora, j));
                 if (it != index_.end()) {
@@ -556,7 +557,7 @@ class Model {
 
     void Pend(SequenceId id) {
         const Seq &s = seqs_.at(id);
-        if (caching_ && !s.stopped && s.hashed < s.tokens.size() / ps_) {
+        if (!s.stopped && s.hashed < s.tokens.size() / ps_) {
             pending_.insert(id);
         }
     }

@@ -370,11 +370,12 @@ static void SwapInCoversPendingToken() {
 // A group of three sequences sharing a prompt's blocks (n > 1 sampling), swapped out and asked
 // back in: the blocks they share count once. Their tables add up to more blocks than the NPU has,
 // the blocks they hold together do not, so CanSwapIn must not answer NEVER (MindIE's scheduler
-// throws on NEVER) and the group must come back and decode.
-static void GroupSwapCountsSharedBlocksOnce() {
+// throws on NEVER) and the group must come back and decode. With prefix caching on or off: the
+// swap shares a full block by its content either way.
+static void GroupSwapCountsSharedBlocksOnce(bool caching) {
     const size_t ps = 4;
     const size_t npu = 10;
-    KvshareBlockManager m(Config(ps, npu, 20, true));
+    KvshareBlockManager m(Config(ps, npu, 20, caching));
     std::vector<SequenceSPtr> seqs = {MakeSeq(1, Range(1, 22)), MakeSeq(2, Range(1, 22)), MakeSeq(3, Range(1, 22))};
     auto g = MakeGroup(seqs);
     CHECK(m.CanAllocate(g) == AllocStatus::OK);
@@ -409,7 +410,7 @@ static void GroupSwapCountsSharedBlocksOnce() {
     }
     CheckKvs(m);
     CHECK_EQ(m.GetNumFreeNpuBlocks(), npu - 8);
-    std::printf("group swap counts shared blocks once: ok\n");
+    std::printf("group swap counts shared blocks once (caching %s): ok\n", caching ? "on" : "off");
 }
 
 static void NoCaching() {
@@ -426,7 +427,14 @@ static void NoCaching() {
     CHECK(sim.m.ResetPrefixCache());
     sim.Free(1);
     sim.Free(2);
-    CHECK_EQ(Stats(sim.m).device_pages_cached, static_cast<uint64_t>(0));
+    // Full blocks stay hashed (swaps share them by content) but every block is free, and the
+    // same prompt again shares nothing.
+    CHECK_EQ(sim.m.GetNumFreeNpuBlocks(), static_cast<size_t>(16));
+    auto c = MakeSeq(3, Range(1, 9));
+    CHECK_EQ(sim.m.GetSeqNumCachedTokens(c), static_cast<size_t>(0));
+    CHECK(sim.Admit(MakeGroup({c})));
+    CHECK_EQ(sim.m.GetNumCachedTokens(c), static_cast<size_t>(0));
+    sim.Free(3);
     std::printf("no caching: ok\n");
 }
 
@@ -475,7 +483,8 @@ int main() {
     SwapPreemption();
     SwapInWithoutRoom();
     SwapInCoversPendingToken();
-    GroupSwapCountsSharedBlocksOnce();
+    GroupSwapCountsSharedBlocksOnce(true);
+    GroupSwapCountsSharedBlocksOnce(false);
     SwapOutSharesCpuCopies();
     NoCaching();
     AdmissionLimits();
