@@ -166,10 +166,30 @@ class KvshareBlockManager : public KvshareManagerBase {
     size_t ProbeCachedTokens(const std::vector<int32_t> &tokens, const kvs_extra_keys *extra,
                              const char *method) const override;
     std::vector<uint32_t> Pages(SequenceId seqId, const SeqShape &shape) const;
-    // Device pages an append of `newTokens` tokens would take (capacity plus copy-on-write).
-    size_t AppendNeed(SequenceId seqId, size_t newTokens) const;
+    // Device pages an append of `newTokens` tokens and `lookahead` slots would take (capacity
+    // plus copy-on-write), and in *copies the copy-on-write pairs it would return.
+    size_t AppendNeed(SequenceId seqId, size_t newTokens, size_t lookahead, size_t *copies) const;
+    // What AppendSlot of `newTokens` takes: `all` device pages, of which `written` must come from
+    // pages no swap-out of this step reads (the append's tokens with copy-on-write: 0 without).
+    struct AppendCost {
+        size_t all;
+        size_t written;
+    };
+    AppendCost CostOfAppend(SequenceId seqId, size_t newTokens) const;
+    // Free + evictable device pages as MindIE counts them: those kvshare can hand out now plus
+    // the held-back pages of this step's swap-outs that nothing else holds (QuarantineFree).
     size_t FreeDevicePages() const;
+    // Free + evictable device pages kvshare can hand out now.
+    size_t AvailableDevicePages() const;
     size_t FreeHostPages() const;
+    // MindIE's worker executes a step's copy_blocks before its swaps, so a device page a SwapOut
+    // of this step copies from may not be written by this step's copy-on-write pairs nor swap-in
+    // copies. SwapOut takes a reference on the sequences' device pages before it swaps them out
+    // and keeps it until the step ends (MarkBlocksAsComputed); an allocation that needs those
+    // pages and writes no copy into them (new blocks, written by the forward after the swaps)
+    // releases them first.
+    size_t QuarantineFree() const;
+    void ReleaseQuarantine();
     // What swapping `seqs` back in takes from the free + evictable device pages: the pages it
     // copies and the cached pages it shares (which leave the evictable count), plus the pages of
     // the append that follows (`withPending`). Blocks the group's sequences share count once:
@@ -196,6 +216,9 @@ class KvshareBlockManager : public KvshareManagerBase {
     size_t speculativeSlots_;
     std::atomic<uint64_t> hitBlocks_{0};
     std::atomic<uint64_t> missBlocks_{0};
+    // Device pages held back since this step's swap-outs (each once per reference taken).
+    std::vector<uint32_t> quarantine_;
+    mutable std::mutex quarantineMu_;
 };
 
 // MindIE's KV-cache groups on kvshare caches of one group each: a COMPOSITEBLOCKMANAGER

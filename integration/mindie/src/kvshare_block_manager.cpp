@@ -16,6 +16,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "adapter_common.h"
@@ -192,20 +193,60 @@ std::vector<uint32_t> KvshareBlockManager::Pages(SequenceId seqId, const SeqShap
     return pages;
 }
 
-size_t KvshareBlockManager::AppendNeed(SequenceId seqId, size_t newTokens) const {
+size_t KvshareBlockManager::AppendNeed(SequenceId seqId, size_t newTokens, size_t lookahead, size_t *copies) const {
     // Exactly what kvs_seq_append will take: new capacity pages for tokens + lookahead slots, plus
     // one copy-on-write page per shared page the new tokens land in (kvshare's own count).
     size_t need = 0;
-    Check(kvs_seq_append_need(cache_, KvsId(seqId), newTokens, speculativeSlots_, &need, nullptr),
-          "kvs_seq_append_need");
+    Check(kvs_seq_append_need(cache_, KvsId(seqId), newTokens, lookahead, &need, copies), "kvs_seq_append_need");
     return need;
 }
 
-size_t KvshareBlockManager::FreeDevicePages() const {
+KvshareBlockManager::AppendCost KvshareBlockManager::CostOfAppend(SequenceId seqId, size_t newTokens) const {
+    size_t copies = 0;
+    size_t all = AppendNeed(seqId, newTokens, speculativeSlots_, &copies);
+    if (copies == 0) {
+        return AppendCost{all, 0};
+    }
+    // The tokens first (their copy-on-write destinations among them), the lookahead slots after.
+    return AppendCost{all, AppendNeed(seqId, newTokens, 0, nullptr)};
+}
+
+size_t KvshareBlockManager::AvailableDevicePages() const {
     // Evictable cached blocks count as free, as in MindIE's prefix-caching allocator.
     size_t pages = 0;
     Check(kvs_cache_available(cache_, KVS_TIER_DEVICE, 0, &pages), "kvs_cache_available");
     return pages;
+}
+
+size_t KvshareBlockManager::FreeDevicePages() const { return AvailableDevicePages() + QuarantineFree(); }
+
+size_t KvshareBlockManager::QuarantineFree() const {
+    std::lock_guard<std::mutex> lock(quarantineMu_);
+    // A held-back page that only this manager holds is what the swap-out freed (or what its
+    // other holders freed since): free once the step ends.
+    std::unordered_map<uint32_t, uint32_t> holds;
+    for (uint32_t p : quarantine_) {
+        ++holds[p];
+    }
+    size_t free = 0;
+    for (const auto &h : holds) {
+        kvs_page_info info{};
+        Check(kvs_page_get_info(cache_, KVS_TIER_DEVICE, 0, h.first, &info), "kvs_page_get_info");
+        free += info.refcount == h.second ? 1 : 0;
+    }
+    return free;
+}
+
+void KvshareBlockManager::ReleaseQuarantine() {
+    std::lock_guard<std::mutex> lock(quarantineMu_);
+    if (quarantine_.empty()) {
+        return;
+    }
+    // Last taken first, each sequence's table from its end: its deepest cached blocks are evicted
+    // first, as when a sequence is freed.
+    std::vector<uint32_t> pages(quarantine_.rbegin(), quarantine_.rend());
+    Check(kvs_pages_release(cache_, 0, pages.data(), pages.size()), "kvs_pages_release");
+    quarantine_.clear();
 }
 
 size_t KvshareBlockManager::FreeHostPages() const {
@@ -256,8 +297,16 @@ bool KvshareBlockManager::Allocate(const SequenceGroupSPtr &seqGroup) {
     // Share cached pages within the first len-1 tokens only: the engine always computes at least
     // the last prompt token, and the page holding it must be private (no skip_cached_writes).
     size_t maxMatch = CachingEnabled() ? tokens.size() - 1 : 0;
-    Check(kvs_seq_begin(cache_, KvsId(first->seqId_), tokens.data(), tokens.size(), extra.ptr, maxMatch, 0, &info),
-          "Allocate");
+    // New blocks only (the forward writes them after the step's swaps): the blocks held back for
+    // this step's swap-outs may be among them when nothing else is free.
+    kvs_status begun = kvs_seq_begin(cache_, KvsId(first->seqId_), tokens.data(), tokens.size(), extra.ptr, maxMatch,
+                                     0, &info);
+    if (begun == KVS_STATUS_NO_SPACE && QuarantineFree() > 0) {
+        ReleaseQuarantine();
+        begun = kvs_seq_begin(cache_, KvsId(first->seqId_), tokens.data(), tokens.size(), extra.ptr, maxMatch, 0,
+                              &info);
+    }
+    Check(begun, "Allocate");
     for (size_t i = 1; i < waiting.size(); ++i) {
         kvs_status st = kvs_seq_fork(cache_, KvsId(first->seqId_), KvsId(waiting[i]->seqId_));
         if (st != KVS_STATUS_OK) {
@@ -282,7 +331,8 @@ bool KvshareBlockManager::Allocate(const SequenceGroupSPtr &seqGroup) {
 
 bool KvshareBlockManager::CanAppendSlot(const SequenceGroupSPtr &seqGroup) const {
     RequireGroup(seqGroup, "CanAppendSlot");
-    size_t need = 0;
+    size_t all = 0;
+    size_t written = 0;
     for (const auto &seq : seqGroup->GetSequences(SequenceStatus::RUNNING)) {
         RequireSeq(seq, "CanAppendSlot");
         SeqShape s{};
@@ -293,9 +343,11 @@ bool KvshareBlockManager::CanAppendSlot(const SequenceGroupSPtr &seqGroup) const
         if (len < s.numTokens) {
             return false;
         }
-        need += AppendNeed(seq->seqId_, len - static_cast<size_t>(s.numTokens));
+        AppendCost c = CostOfAppend(seq->seqId_, len - static_cast<size_t>(s.numTokens));
+        all += c.all;
+        written += c.written;
     }
-    return need <= FreeDevicePages();
+    return all <= FreeDevicePages() && written <= AvailableDevicePages();
 }
 
 std::vector<std::pair<BlockId, BlockId>> KvshareBlockManager::AppendSlot(const SequenceSPtr &seq) {
@@ -308,10 +360,38 @@ std::vector<std::pair<BlockId, BlockId>> KvshareBlockManager::AppendSlot(const S
                                  std::to_string(s.numTokens));
     }
     std::vector<int32_t> tokens = Tokens32(*seq, static_cast<size_t>(s.numTokens), "AppendSlot");
+    uint64_t id = KvsId(seq->seqId_);
+    AppendCost cost = CostOfAppend(seq->seqId_, tokens.size());
     kvs_copy copies[4];
     size_t n = 0;
-    Check(kvs_seq_append(cache_, KvsId(seq->seqId_), tokens.data(), tokens.size(), speculativeSlots_, copies, 4, &n),
-          "AppendSlot");
+    if (cost.written == 0) {
+        // New blocks only: the forward writes them after the step's swaps, so the blocks held back
+        // for this step's swap-outs may be among them.
+        if (cost.all > AvailableDevicePages()) {
+            ReleaseQuarantine();
+        }
+        Check(kvs_seq_append(cache_, id, tokens.data(), tokens.size(), speculativeSlots_, copies, 4, &n),
+              "AppendSlot");
+    } else {
+        // Copy-on-write: its destinations must not be blocks this step's swap-outs read. Refused
+        // before anything changes when they cannot be (CanAppendSlot answers false then).
+        size_t available = AvailableDevicePages();
+        if (cost.written > available || cost.all > available + QuarantineFree()) {
+            throw std::runtime_error(Prefix("AppendSlot") + "not enough free NPU blocks: need " +
+                                     std::to_string(cost.all) + ", " + std::to_string(cost.written) +
+                                     " of them for copy-on-write outside this step's swap-outs, free " +
+                                     std::to_string(available) + " (+" + std::to_string(QuarantineFree()) +
+                                     " swapped out this step)");
+        }
+        Check(kvs_seq_append(cache_, id, tokens.data(), tokens.size(), 0, copies, 4, &n), "AppendSlot");
+        if (speculativeSlots_ > 0) {
+            if (AppendNeed(seq->seqId_, 0, speculativeSlots_, nullptr) > AvailableDevicePages()) {
+                ReleaseQuarantine();
+            }
+            size_t none = 0;  // no token is written: nothing to copy
+            Check(kvs_seq_append(cache_, id, nullptr, 0, speculativeSlots_, nullptr, 0, &none), "AppendSlot");
+        }
+    }
     std::vector<std::pair<BlockId, BlockId>> out;
     for (size_t i = 0; i < n; ++i) {
         if (DecodeCopyKind(copies[i].kind, "AppendSlot") == CopyKind::DeviceToDevice) {
@@ -383,14 +463,38 @@ std::vector<std::pair<PhysicalBlockId, PhysicalBlockId>> KvshareBlockManager::Sw
         SeqShape s = ShapeOrThrow(seq->seqId_, "SwapOut");
         std::vector<kvs_copy> copies(static_cast<size_t>(s.numPages));
         size_t n = 0;
-        Check(kvs_seq_swap_out(cache_, KvsId(seq->seqId_), copies.data(), copies.size(), &n), "SwapOut");
+        // Hold the device blocks until the step ends: the worker copies them to the CPU after the
+        // step's copy-on-write pairs, which must not write into them (see ReleaseQuarantine).
+        std::vector<uint32_t> pages = Pages(seq->seqId_, s);
+        Check(kvs_pages_acquire(cache_, 0, pages.data(), pages.size()), "SwapOut");
+        kvs_status st = kvs_seq_swap_out(cache_, KvsId(seq->seqId_), copies.data(), copies.size(), &n);
+        std::vector<uint32_t> copied;
         // Blocks whose content the CPU held already are shared: no pair, nothing to copy.
-        for (size_t i = 0; i < n; ++i) {
+        for (size_t i = 0; st == KVS_STATUS_OK && i < n; ++i) {
             if (DecodeCopyKind(copies[i].kind, "SwapOut") == CopyKind::DeviceToHost) {
                 out.emplace_back(static_cast<PhysicalBlockId>(copies[i].src_page),
                                  static_cast<PhysicalBlockId>(copies[i].dst_page));
+                copied.push_back(copies[i].src_page);
             }
         }
+        // Only the blocks the swap reads and frees stay held (a block another sequence still holds
+        // is not handed out while it does).
+        std::vector<uint32_t> held;
+        std::vector<uint32_t> rest;
+        for (auto it = pages.rbegin(); it != pages.rend(); ++it) {
+            kvs_page_info info{};
+            bool read = std::find(copied.begin(), copied.end(), *it) != copied.end();
+            if (read && kvs_page_get_info(cache_, KVS_TIER_DEVICE, 0, *it, &info) == KVS_STATUS_OK &&
+                info.refcount == 1) {
+                held.insert(held.begin(), *it);
+            } else {
+                rest.push_back(*it);
+            }
+        }
+        Check(kvs_pages_release(cache_, 0, rest.data(), rest.size()), "SwapOut");
+        Check(st, "SwapOut");
+        std::lock_guard<std::mutex> lock(quarantineMu_);
+        quarantine_.insert(quarantine_.end(), held.begin(), held.end());
     }
     return out;
 }
@@ -398,7 +502,8 @@ std::vector<std::pair<PhysicalBlockId, PhysicalBlockId>> KvshareBlockManager::Sw
 KvshareBlockManager::SwapInCost KvshareBlockManager::CostOfSwapIn(const std::vector<SequenceSPtr> &seqs,
                                                                  size_t lookahead, bool withPending,
                                                                  const char *method) const {
-    SwapInCost c{0, 0, FreeDevicePages()};
+    // Swap-in copies run before the step's swap-outs: never into a block one of them reads.
+    SwapInCost c{0, 0, AvailableDevicePages()};
     size_t perSeq = 0;                 // the sequences' swap-ins counted one by one
     std::unordered_set<uint32_t> held;  // distinct CPU blocks of the group's tables
     for (const auto &seq : seqs) {
@@ -575,7 +680,11 @@ std::vector<BlockId> KvshareBlockManager::GetCommonComputedBlockIds(const std::v
     return common;
 }
 
-void KvshareBlockManager::MarkBlocksAsComputed() { Check(kvs_cache_commit(cache_), "MarkBlocksAsComputed"); }
+void KvshareBlockManager::MarkBlocksAsComputed() {
+    // The step is scheduled: its swap-outs' blocks are ordinary free blocks from the next one on.
+    ReleaseQuarantine();
+    Check(kvs_cache_commit(cache_), "MarkBlocksAsComputed");
+}
 
 float KvshareBlockManager::GetPrefixCacheHitRate() const {
     if (!CachingEnabled()) {
@@ -592,7 +701,7 @@ bool KvshareBlockManager::ResetPrefixCache() const {
     }
     kvs_stats s{};
     Check(kvs_cache_stats(cache_, &s), "ResetPrefixCache");
-    if (s.device_pages_in_use > 0) {
+    if (s.device_pages_in_use > QuarantineFree()) {
         return false;  // as in MindIE: only when no block is in use
     }
     Check(kvs_prefix_clear(cache_), "ResetPrefixCache");

@@ -399,6 +399,7 @@ static void GroupSwapCountsSharedBlocksOnce(bool caching) {
         s->status_ = SequenceStatus::SWAPPED;
         s->data_.outputTokenIds.push_back(7);  // the token sampled before the preemption, pending
     }
+    m.MarkBlocksAsComputed();  // the step ends; the group comes back in a later one
     CheckKvs(m);
     // 3 x 6 table entries, 8 distinct blocks (5 shared full blocks, 3 private partial ones).
     CHECK(m.CanSwapIn(g, 0) == AllocStatus::OK);
@@ -411,6 +412,64 @@ static void GroupSwapCountsSharedBlocksOnce(bool caching) {
     CheckKvs(m);
     CHECK_EQ(m.GetNumFreeNpuBlocks(), npu - 8);
     std::printf("group swap counts shared blocks once (caching %s): ok\n", caching ? "on" : "off");
+}
+
+// MindIE's worker runs a step's copy_blocks before its swaps (router_impl.py), so a block that
+// the step's SwapOut frees may not be the destination of a copy-on-write pair of the same step:
+// the copy would overwrite it before the swap-out reads it. Two sequences share a half-full block;
+// a victim is swapped out to make room; the shared block's writer must then get a block the swap
+// does not read (CanAppendSlot says no while only the victim's blocks are free), and from the next
+// step on the victim's blocks are ordinary free blocks again.
+static void CopyOnWriteNotIntoSwappedOutBlock(size_t npu) {
+    const size_t ps = 4;
+    KvshareBlockManager m(Config(ps, npu, 16, true));
+    auto a1 = MakeSeq(1, Range(1, 6));  // 2 blocks, the last half full, shared with a2
+    auto a2 = MakeSeq(2, Range(1, 6));
+    auto ga = MakeGroup({a1, a2});
+    auto b = MakeSeq(3, Range(100, 12));  // 3 blocks
+    auto gb = MakeGroup({b});
+    auto c = MakeSeq(4, Range(200, 8));  // 2 blocks
+    auto gc = MakeGroup({c});
+    for (const auto &g : {ga, gb, gc}) {
+        CHECK(m.Allocate(g));
+        for (const auto &s : g->seqs_) {
+            s->status_ = SequenceStatus::RUNNING;
+            s->data_.UpdateNumComputedTokens(s->GetLen());
+        }
+    }
+    m.MarkBlocksAsComputed();
+    CHECK_EQ(m.GetNumFreeNpuBlocks(), npu - 7);
+    // The next step: b is preempted by swap, then a1 writes into the shared block.
+    std::vector<std::pair<PhysicalBlockId, PhysicalBlockId>> out = m.SwapOut(gb);
+    CHECK_EQ(out.size(), static_cast<size_t>(3));
+    b->status_ = SequenceStatus::SWAPPED;
+    CHECK_EQ(m.GetNumFreeNpuBlocks(), npu - 4);  // b's blocks count as free, as in MindIE
+    a1->data_.outputTokenIds.push_back(9);
+    bool can = m.CanAppendSlot(MakeGroup({a1}));
+    if (npu == 7) {
+        CHECK(!can);  // only b's blocks are free this step
+    } else {
+        CHECK(can);
+        std::vector<std::pair<BlockId, BlockId>> cow = m.AppendSlot(a1);
+        CHECK_EQ(cow.size(), static_cast<size_t>(1));
+        for (const auto &p : out) {
+            CHECK(cow[0].second != static_cast<BlockId>(p.first));
+        }
+    }
+    m.MarkBlocksAsComputed();
+    // A new step: b's blocks are free blocks like any other.
+    CHECK_EQ(m.GetNumFreeNpuBlocks(), npu - 4 - (can ? 1 : 0));
+    CHECK(m.CanAppendSlot(MakeGroup({a1})));
+    if (!can) {
+        CHECK_EQ(m.AppendSlot(a1).size(), static_cast<size_t>(1));
+    }
+    CheckKvs(m);
+    for (SequenceId id = 1; id <= 4; ++id) {
+        m.Free(id);
+    }
+    CHECK_EQ(m.GetNumFreeNpuBlocks(), npu);
+    CHECK_EQ(Stats(m).device_pages_in_use, static_cast<uint64_t>(0));
+    std::printf("copy-on-write never into a block swapped out in the same step (%zu blocks): ok\n", npu);
 }
 
 static void NoCaching() {
@@ -485,6 +544,8 @@ int main() {
     SwapInCoversPendingToken();
     GroupSwapCountsSharedBlocksOnce(true);
     GroupSwapCountsSharedBlocksOnce(false);
+    CopyOnWriteNotIntoSwappedOutBlock(7);
+    CopyOnWriteNotIntoSwappedOutBlock(8);
     SwapOutSharesCpuCopies();
     NoCaching();
     AdmissionLimits();
