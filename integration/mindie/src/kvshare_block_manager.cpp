@@ -477,15 +477,13 @@ std::vector<std::pair<PhysicalBlockId, PhysicalBlockId>> KvshareBlockManager::Sw
                 copied.push_back(copies[i].src_page);
             }
         }
-        // Only the blocks the swap reads and frees stay held (a block another sequence still holds
-        // is not handed out while it does).
+        // The blocks the swap reads stay held, also those another sequence holds too: it may free
+        // them later in the step (a group's other sequences, swapped out next, share a full
+        // block's CPU copy instead of reading it again).
         std::vector<uint32_t> held;
         std::vector<uint32_t> rest;
         for (auto it = pages.rbegin(); it != pages.rend(); ++it) {
-            kvs_page_info info{};
-            bool read = std::find(copied.begin(), copied.end(), *it) != copied.end();
-            if (read && kvs_page_get_info(cache_, KVS_TIER_DEVICE, 0, *it, &info) == KVS_STATUS_OK &&
-                info.refcount == 1) {
+            if (std::find(copied.begin(), copied.end(), *it) != copied.end()) {
                 held.insert(held.begin(), *it);
             } else {
                 rest.push_back(*it);

@@ -397,10 +397,10 @@ class Model {
             }
         }
         s.hostPages = s.host.size();
-        // The blocks the swap copies from and frees stay held until the step ends.
+        // The blocks the swap copies from stay held until the step ends.
         std::vector<bool> held(s.blocks.size(), false);
         for (size_t j = s.blocks.size(); j-- > 0;) {
-            held[j] = hit[j] < 0 && blocks_[s.blocks[j]].rc == 1;
+            held[j] = hit[j] < 0;
             if (!held[j]) {
                 Release(s.blocks[j]);
             }
