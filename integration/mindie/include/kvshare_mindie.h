@@ -29,7 +29,6 @@
 
 struct kvs_cache;
 struct kvs_extra_keys;
-struct kvs_hybrid;
 
 namespace kvshare_mindie {
 
@@ -167,19 +166,38 @@ class KvshareBlockManager : public KvshareManagerBase {
     size_t ProbeCachedTokens(const std::vector<int32_t> &tokens, const kvs_extra_keys *extra,
                              const char *method) const override;
     std::vector<uint32_t> Pages(SequenceId seqId, const SeqShape &shape) const;
-    // Device pages an append of `newTokens` tokens would take (capacity plus copy-on-write).
-    size_t AppendNeed(SequenceId seqId, size_t newTokens) const;
+    // Device pages an append of `newTokens` tokens and `lookahead` slots would take (capacity
+    // plus copy-on-write), and in *copies the copy-on-write pairs it would return.
+    size_t AppendNeed(SequenceId seqId, size_t newTokens, size_t lookahead, size_t *copies) const;
+    // What AppendSlot of `newTokens` takes: `all` device pages, of which `written` must come from
+    // pages no swap-out of this step reads (the append's tokens with copy-on-write: 0 without).
+    struct AppendCost {
+        size_t all;
+        size_t written;
+    };
+    AppendCost CostOfAppend(SequenceId seqId, size_t newTokens) const;
+    // Free + evictable device pages as MindIE counts them: those kvshare can hand out now plus
+    // the held-back pages of this step's swap-outs that nothing else holds (QuarantineFree).
     size_t FreeDevicePages() const;
+    // Free + evictable device pages kvshare can hand out now.
+    size_t AvailableDevicePages() const;
     size_t FreeHostPages() const;
+    // MindIE's worker executes a step's copy_blocks before its swaps, so a device page a SwapOut
+    // of this step copies from may not be written by this step's copy-on-write pairs nor swap-in
+    // copies. SwapOut takes a reference on the sequences' device pages before it swaps them out
+    // and keeps it until the step ends (MarkBlocksAsComputed); an allocation that needs those
+    // pages and writes no copy into them (new blocks, written by the forward after the swaps)
+    // releases them first.
+    size_t QuarantineFree() const;
+    void ReleaseQuarantine();
     // What swapping `seqs` back in takes from the free + evictable device pages: the pages it
-    // copies (plus `lookahead` slots' new pages) and the cached pages it shares (which leave
-    // the evictable count). Sequences are counted one by one: exact for one sequence, an upper
-    // bound for a group whose sequences share cached pages. `method` names errors.
+    // copies and the cached pages it shares (which leave the evictable count), plus the pages of
+    // the append that follows (`withPending`). Blocks the group's sequences share count once:
+    // exact for one sequence, an upper bound for a group. `method` names errors.
     struct SwapInCost {
-        size_t pages;         // new device pages
-        size_t sharedCached;  // cached (unreferenced) device pages it would share
-        size_t worst;         // pages with nothing shared (for NEVER)
-        size_t free;          // free + evictable device pages when counted
+        size_t pages;  // device pages it takes from the free + evictable ones
+        size_t worst;  // with nothing cached on the device: its distinct blocks (for NEVER)
+        size_t free;   // free + evictable device pages when counted
     };
     // What swapping `seqs` out takes from the free + evictable host pages: new host pages plus
     // the cached host pages it shares (kvs_seq_swap_out_need); exact for one sequence, an upper
@@ -198,19 +216,22 @@ class KvshareBlockManager : public KvshareManagerBase {
     size_t speculativeSlots_;
     std::atomic<uint64_t> hitBlocks_{0};
     std::atomic<uint64_t> missBlocks_{0};
+    // Device pages held back since this step's swap-outs (each once per reference taken).
+    std::vector<uint32_t> quarantine_;
+    mutable std::mutex quarantineMu_;
 };
 
-// MindIE's KV-cache groups on kvshare caches of groups (`kvs_hybrid`): a COMPOSITEBLOCKMANAGER
+// MindIE's KV-cache groups on kvshare caches of one group each: a COMPOSITEBLOCKMANAGER
 // (`config.subManagers`, one kvshare group per sub-manager, in order), a
 // REQUESTSLIDINGWINDOWBLOCKMANAGER, or a self-attention config whose `cacheType` is
 // SLIDING_WINDOW. A TOKEN sub-manager is a full-attention group; a SLIDING_WINDOW one is a
 // sliding-window group in which each sequence holds at most `requestBlockWindowSize` (N) blocks:
 // kvshare window (N-1)*cacheBlockSize + 1 tokens, released as its KV is computed (AppendSlot
-// calls kvs_hybrid_seq_release_skipped with the sequence's numComputedTokens_). kvshare is given
+// calls kvs_seq_release_skipped with the sequence's numComputedTokens_). kvshare is given
 // a sequence's tokens as their KV is computed (by numComputedTokens_, at AppendSlot and Free), with
 // room for the rest, so a block is a prefix hit only once its KV is written. Each group has its
 // own pool of its sub-manager's npuBlockNum - reservedBlockNum block ids, 0 on, as MindIE sizes
-// each group's KV tensor on its own (each group is a kvs_hybrid of one group, whose pool has one
+// each group's KV tensor on its own (each group is a kvs_cache of one group, whose pool has one
 // page more, its null page); a prefix hit is the longest one every group serves. GetBlockIds
 // returns one list per group: the whole table of a TOKEN group, the held blocks (oldest first,
 // the last at the table's last position) of a SLIDING_WINDOW group. What MindIE at 8b4871a does
@@ -254,9 +275,9 @@ class KvshareHybridBlockManager : public KvshareManagerBase {
                                     size_t replacedPlaceHolderNum) override;
 
     // Not part of MindIE's interface: the kvshare cache of group `group` (its group 0; for tests
-    // and diagnostics: kvs_hybrid_check, kvs_hybrid_stats). Owned by the manager; kvshare page p
-    // is MindIE block p - 1. Throws std::out_of_range for a group the manager does not have.
-    kvs_hybrid *Hybrid(size_t group) const;
+    // and diagnostics: kvs_cache_check, kvs_cache_group_stats). Owned by the manager; kvshare page
+    // p is MindIE block p - 1. Throws std::out_of_range for a group the manager does not have.
+    kvs_cache *GroupCache(size_t group) const;
     size_t NumGroups() const { return groups_.size(); }
     // Blocks a SLIDING_WINDOW group lets one sequence hold (its requestBlockWindowSize); 0 for a
     // TOKEN group. One entry per group.
@@ -290,11 +311,11 @@ class KvshareHybridBlockManager : public KvshareManagerBase {
     // Blocks group `g` takes for `grow`.
     size_t AppendNeed(size_t g, SequenceId seqId, const Growth &grow, const char *method) const;
 
-    struct HybridFree {
-        void operator()(kvs_hybrid *h) const;
+    struct CacheFree {
+        void operator()(kvs_cache *c) const;
     };
     struct Group {
-        std::unique_ptr<kvs_hybrid, HybridFree> cache;  // one group, its own pool
+        std::unique_ptr<kvs_cache, CacheFree> cache;  // one group, its own pool
         size_t blocks;                                  // npuBlockNum - reservedBlockNum: ids 0..blocks-1
         size_t npuBlockNum;
     };

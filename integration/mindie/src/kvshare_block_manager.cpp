@@ -16,6 +16,8 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "adapter_common.h"
 #include "kvshare.h"
@@ -108,9 +110,12 @@ KvshareBlockManager::KvshareBlockManager(const BlockManagerConfig &config, size_
     c.page_size = static_cast<uint32_t>(blockSize_);
     c.num_device_pages = static_cast<uint32_t>(allocatableNpuBlocks_);
     c.num_host_pages = static_cast<uint32_t>(config.cpuBlockNum);
-    c.enable_prefix_caching = CachingEnabled();
+    // kvshare hashes full blocks even with MindIE's caching off: a swap shares the CPU block of a
+    // full block that the sequences of a group share (kvshare finds it by content), as MindIE's
+    // swap maps each shared block once. Prompts then share nothing (Allocate matches 0 tokens).
+    c.enable_prefix_caching = true;
     c.reserve_null_page = false;
-    c.defer_commit = CachingEnabled();
+    c.defer_commit = true;
     c.skip_cached_writes = false;
     // MindIE executes only the copies its interface returns (AppendSlot's copy-on-write pairs,
     // SwapIn/SwapOut pairs); it has no channel for kvshare's queued demotion/promotion copies, so
@@ -174,7 +179,7 @@ size_t KvshareBlockManager::ProbeCachedTokens(const std::vector<int32_t> &tokens
     std::vector<uint32_t> pages(tokens.size() / blockSize_ + 1);
     size_t numPages = 0;
     size_t matched = 0;
-    Check(kvs_prefix_match(cache_, tokens.data(), tokens.size(), extra, tokens.size() - 1, false, pages.data(),
+    Check(kvs_prefix_match(cache_, 0, tokens.data(), tokens.size(), extra, tokens.size() - 1, false, pages.data(),
                            pages.size(), &numPages, &matched),
           method);
     return matched;
@@ -183,32 +188,72 @@ size_t KvshareBlockManager::ProbeCachedTokens(const std::vector<int32_t> &tokens
 std::vector<uint32_t> KvshareBlockManager::Pages(SequenceId seqId, const SeqShape &shape) const {
     std::vector<uint32_t> pages(static_cast<size_t>(shape.numPages));
     size_t n = 0;
-    Check(kvs_seq_pages(cache_, KvsId(seqId), pages.data(), pages.size(), &n), "kvs_seq_pages");
+    Check(kvs_seq_pages(cache_, 0, KvsId(seqId), pages.data(), pages.size(), &n), "kvs_seq_pages");
     pages.resize(n);
     return pages;
 }
 
-size_t KvshareBlockManager::AppendNeed(SequenceId seqId, size_t newTokens) const {
+size_t KvshareBlockManager::AppendNeed(SequenceId seqId, size_t newTokens, size_t lookahead, size_t *copies) const {
     // Exactly what kvs_seq_append will take: new capacity pages for tokens + lookahead slots, plus
     // one copy-on-write page per shared page the new tokens land in (kvshare's own count).
     size_t need = 0;
-    Check(kvs_seq_append_need(cache_, KvsId(seqId), newTokens, speculativeSlots_, &need, nullptr),
-          "kvs_seq_append_need");
+    Check(kvs_seq_append_need(cache_, KvsId(seqId), newTokens, lookahead, &need, copies), "kvs_seq_append_need");
     return need;
 }
 
-size_t KvshareBlockManager::FreeDevicePages() const {
+KvshareBlockManager::AppendCost KvshareBlockManager::CostOfAppend(SequenceId seqId, size_t newTokens) const {
+    size_t copies = 0;
+    size_t all = AppendNeed(seqId, newTokens, speculativeSlots_, &copies);
+    if (copies == 0) {
+        return AppendCost{all, 0};
+    }
+    // The tokens first (their copy-on-write destinations among them), the lookahead slots after.
+    return AppendCost{all, AppendNeed(seqId, newTokens, 0, nullptr)};
+}
+
+size_t KvshareBlockManager::AvailableDevicePages() const {
     // Evictable cached blocks count as free, as in MindIE's prefix-caching allocator.
     size_t pages = 0;
-    Check(kvs_cache_available(cache_, KVS_TIER_DEVICE, &pages), "kvs_cache_available");
+    Check(kvs_cache_available(cache_, KVS_TIER_DEVICE, 0, &pages), "kvs_cache_available");
     return pages;
+}
+
+size_t KvshareBlockManager::FreeDevicePages() const { return AvailableDevicePages() + QuarantineFree(); }
+
+size_t KvshareBlockManager::QuarantineFree() const {
+    std::lock_guard<std::mutex> lock(quarantineMu_);
+    // A held-back page that only this manager holds is what the swap-out freed (or what its
+    // other holders freed since): free once the step ends.
+    std::unordered_map<uint32_t, uint32_t> holds;
+    for (uint32_t p : quarantine_) {
+        ++holds[p];
+    }
+    size_t free = 0;
+    for (const auto &h : holds) {
+        kvs_page_info info{};
+        Check(kvs_page_get_info(cache_, KVS_TIER_DEVICE, 0, h.first, &info), "kvs_page_get_info");
+        free += info.refcount == h.second ? 1 : 0;
+    }
+    return free;
+}
+
+void KvshareBlockManager::ReleaseQuarantine() {
+    std::lock_guard<std::mutex> lock(quarantineMu_);
+    if (quarantine_.empty()) {
+        return;
+    }
+    // Last taken first, each sequence's table from its end: its deepest cached blocks are evicted
+    // first, as when a sequence is freed.
+    std::vector<uint32_t> pages(quarantine_.rbegin(), quarantine_.rend());
+    Check(kvs_pages_release(cache_, 0, pages.data(), pages.size()), "kvs_pages_release");
+    quarantine_.clear();
 }
 
 size_t KvshareBlockManager::FreeHostPages() const {
     // Host pages holding swapped-out content stay cached (indexed) once released: like MindIE's
     // CPU allocator, they count as free.
     size_t pages = 0;
-    Check(kvs_cache_available(cache_, KVS_TIER_HOST, &pages), "kvs_cache_available");
+    Check(kvs_cache_available(cache_, KVS_TIER_HOST, 0, &pages), "kvs_cache_available");
     return pages;
 }
 
@@ -251,9 +296,17 @@ bool KvshareBlockManager::Allocate(const SequenceGroupSPtr &seqGroup) {
     ::kvs_seq_info info{};
     // Share cached pages within the first len-1 tokens only: the engine always computes at least
     // the last prompt token, and the page holding it must be private (no skip_cached_writes).
-    Check(kvs_seq_begin(cache_, KvsId(first->seqId_), tokens.data(), tokens.size(), extra.ptr, tokens.size() - 1,
-                        &info),
-          "Allocate");
+    size_t maxMatch = CachingEnabled() ? tokens.size() - 1 : 0;
+    // New blocks only (the forward writes them after the step's swaps): the blocks held back for
+    // this step's swap-outs may be among them when nothing else is free.
+    kvs_status begun = kvs_seq_begin(cache_, KvsId(first->seqId_), tokens.data(), tokens.size(), extra.ptr, maxMatch,
+                                     0, &info);
+    if (begun == KVS_STATUS_NO_SPACE && QuarantineFree() > 0) {
+        ReleaseQuarantine();
+        begun = kvs_seq_begin(cache_, KvsId(first->seqId_), tokens.data(), tokens.size(), extra.ptr, maxMatch, 0,
+                              &info);
+    }
+    Check(begun, "Allocate");
     for (size_t i = 1; i < waiting.size(); ++i) {
         kvs_status st = kvs_seq_fork(cache_, KvsId(first->seqId_), KvsId(waiting[i]->seqId_));
         if (st != KVS_STATUS_OK) {
@@ -278,7 +331,8 @@ bool KvshareBlockManager::Allocate(const SequenceGroupSPtr &seqGroup) {
 
 bool KvshareBlockManager::CanAppendSlot(const SequenceGroupSPtr &seqGroup) const {
     RequireGroup(seqGroup, "CanAppendSlot");
-    size_t need = 0;
+    size_t all = 0;
+    size_t written = 0;
     for (const auto &seq : seqGroup->GetSequences(SequenceStatus::RUNNING)) {
         RequireSeq(seq, "CanAppendSlot");
         SeqShape s{};
@@ -289,9 +343,11 @@ bool KvshareBlockManager::CanAppendSlot(const SequenceGroupSPtr &seqGroup) const
         if (len < s.numTokens) {
             return false;
         }
-        need += AppendNeed(seq->seqId_, len - static_cast<size_t>(s.numTokens));
+        AppendCost c = CostOfAppend(seq->seqId_, len - static_cast<size_t>(s.numTokens));
+        all += c.all;
+        written += c.written;
     }
-    return need <= FreeDevicePages();
+    return all <= FreeDevicePages() && written <= AvailableDevicePages();
 }
 
 std::vector<std::pair<BlockId, BlockId>> KvshareBlockManager::AppendSlot(const SequenceSPtr &seq) {
@@ -304,10 +360,38 @@ std::vector<std::pair<BlockId, BlockId>> KvshareBlockManager::AppendSlot(const S
                                  std::to_string(s.numTokens));
     }
     std::vector<int32_t> tokens = Tokens32(*seq, static_cast<size_t>(s.numTokens), "AppendSlot");
+    uint64_t id = KvsId(seq->seqId_);
+    AppendCost cost = CostOfAppend(seq->seqId_, tokens.size());
     kvs_copy copies[4];
     size_t n = 0;
-    Check(kvs_seq_append(cache_, KvsId(seq->seqId_), tokens.data(), tokens.size(), speculativeSlots_, copies, 4, &n),
-          "AppendSlot");
+    if (cost.written == 0) {
+        // New blocks only: the forward writes them after the step's swaps, so the blocks held back
+        // for this step's swap-outs may be among them.
+        if (cost.all > AvailableDevicePages()) {
+            ReleaseQuarantine();
+        }
+        Check(kvs_seq_append(cache_, id, tokens.data(), tokens.size(), speculativeSlots_, copies, 4, &n),
+              "AppendSlot");
+    } else {
+        // Copy-on-write: its destinations must not be blocks this step's swap-outs read. Refused
+        // before anything changes when they cannot be (CanAppendSlot answers false then).
+        size_t available = AvailableDevicePages();
+        if (cost.written > available || cost.all > available + QuarantineFree()) {
+            throw std::runtime_error(Prefix("AppendSlot") + "not enough free NPU blocks: need " +
+                                     std::to_string(cost.all) + ", " + std::to_string(cost.written) +
+                                     " of them for copy-on-write outside this step's swap-outs, free " +
+                                     std::to_string(available) + " (+" + std::to_string(QuarantineFree()) +
+                                     " swapped out this step)");
+        }
+        Check(kvs_seq_append(cache_, id, tokens.data(), tokens.size(), 0, copies, 4, &n), "AppendSlot");
+        if (speculativeSlots_ > 0) {
+            if (AppendNeed(seq->seqId_, 0, speculativeSlots_, nullptr) > AvailableDevicePages()) {
+                ReleaseQuarantine();
+            }
+            size_t none = 0;  // no token is written: nothing to copy
+            Check(kvs_seq_append(cache_, id, nullptr, 0, speculativeSlots_, nullptr, 0, &none), "AppendSlot");
+        }
+    }
     std::vector<std::pair<BlockId, BlockId>> out;
     for (size_t i = 0; i < n; ++i) {
         if (DecodeCopyKind(copies[i].kind, "AppendSlot") == CopyKind::DeviceToDevice) {
@@ -379,14 +463,36 @@ std::vector<std::pair<PhysicalBlockId, PhysicalBlockId>> KvshareBlockManager::Sw
         SeqShape s = ShapeOrThrow(seq->seqId_, "SwapOut");
         std::vector<kvs_copy> copies(static_cast<size_t>(s.numPages));
         size_t n = 0;
-        Check(kvs_seq_swap_out(cache_, KvsId(seq->seqId_), copies.data(), copies.size(), &n), "SwapOut");
+        // Hold the device blocks until the step ends: the worker copies them to the CPU after the
+        // step's copy-on-write pairs, which must not write into them (see ReleaseQuarantine).
+        std::vector<uint32_t> pages = Pages(seq->seqId_, s);
+        Check(kvs_pages_acquire(cache_, 0, pages.data(), pages.size()), "SwapOut");
+        kvs_status st = kvs_seq_swap_out(cache_, KvsId(seq->seqId_), copies.data(), copies.size(), &n);
+        std::vector<uint32_t> copied;
         // Blocks whose content the CPU held already are shared: no pair, nothing to copy.
-        for (size_t i = 0; i < n; ++i) {
+        for (size_t i = 0; st == KVS_STATUS_OK && i < n; ++i) {
             if (DecodeCopyKind(copies[i].kind, "SwapOut") == CopyKind::DeviceToHost) {
                 out.emplace_back(static_cast<PhysicalBlockId>(copies[i].src_page),
                                  static_cast<PhysicalBlockId>(copies[i].dst_page));
+                copied.push_back(copies[i].src_page);
             }
         }
+        // The blocks the swap reads stay held, also those another sequence holds too: it may free
+        // them later in the step (a group's other sequences, swapped out next, share a full
+        // block's CPU copy instead of reading it again).
+        std::vector<uint32_t> held;
+        std::vector<uint32_t> rest;
+        for (auto it = pages.rbegin(); it != pages.rend(); ++it) {
+            if (std::find(copied.begin(), copied.end(), *it) != copied.end()) {
+                held.insert(held.begin(), *it);
+            } else {
+                rest.push_back(*it);
+            }
+        }
+        Check(kvs_pages_release(cache_, 0, rest.data(), rest.size()), "SwapOut");
+        Check(st, "SwapOut");
+        std::lock_guard<std::mutex> lock(quarantineMu_);
+        quarantine_.insert(quarantine_.end(), held.begin(), held.end());
     }
     return out;
 }
@@ -394,7 +500,10 @@ std::vector<std::pair<PhysicalBlockId, PhysicalBlockId>> KvshareBlockManager::Sw
 KvshareBlockManager::SwapInCost KvshareBlockManager::CostOfSwapIn(const std::vector<SequenceSPtr> &seqs,
                                                                  size_t lookahead, bool withPending,
                                                                  const char *method) const {
-    SwapInCost c{0, 0, 0, FreeDevicePages()};
+    // Swap-in copies run before the step's swap-outs: never into a block one of them reads.
+    SwapInCost c{0, 0, AvailableDevicePages()};
+    size_t perSeq = 0;                 // the sequences' swap-ins counted one by one
+    std::unordered_set<uint32_t> held;  // distinct CPU blocks of the group's tables
     for (const auto &seq : seqs) {
         RequireSeq(seq, method);
         SeqShape s = ShapeOrThrow(seq->seqId_, method);
@@ -416,10 +525,20 @@ KvshareBlockManager::SwapInCost KvshareBlockManager::CostOfSwapIn(const std::vec
         size_t copied = 0;
         size_t available = 0;
         Check(kvs_seq_swap_in_need(cache_, KvsId(seq->seqId_), &copied, &available), method);
-        c.pages += copied + extra;
-        c.sharedCached += c.free - available;
-        c.worst += pages + extra;
+        perSeq += copied + (c.free - available);
+        for (uint32_t p : Pages(seq->seqId_, s)) {
+            held.insert(p);
+        }
+        c.pages += extra;
+        c.worst += extra;
     }
+    // Sequences of one group (n > 1 sampling, beams) share CPU blocks: a full block they share is
+    // one CPU block, which the first swap-in copies (or shares from the NPU cache) and the others
+    // then share. Each distinct CPU block becomes at most one NPU block, so the group never takes
+    // more than their number: the per-sequence sum is exact for one sequence and for sequences
+    // that share nothing, the distinct count when they share blocks nobody caches on the NPU.
+    c.pages += std::min(perSeq, held.size());
+    c.worst += held.size();
     return c;
 }
 
@@ -431,7 +550,7 @@ AllocStatus KvshareBlockManager::CanSwapIn(const SequenceGroupSPtr &seqGroup, si
         return AllocStatus::NEVER;
     }
     // Pages still cached on the device are shared back instead of copied (kvs_seq_swap_in_need).
-    return c.pages + c.sharedCached <= c.free ? AllocStatus::OK : AllocStatus::LATER;
+    return c.pages <= c.free ? AllocStatus::OK : AllocStatus::LATER;
 }
 
 std::vector<std::pair<PhysicalBlockId, PhysicalBlockId>> KvshareBlockManager::SwapIn(
@@ -441,9 +560,9 @@ std::vector<std::pair<PhysicalBlockId, PhysicalBlockId>> KvshareBlockManager::Sw
     // The whole group is refused before anything moves (the swap alone: the pending token's
     // append is AppendSlot's business).
     SwapInCost c = CostOfSwapIn(seqs, 0, false, "SwapIn");
-    if (c.pages + c.sharedCached > c.free) {
-        throw std::runtime_error(Prefix("SwapIn") + "not enough free NPU blocks: need " +
-                                 std::to_string(c.pages + c.sharedCached) + ", free " + std::to_string(c.free));
+    if (c.pages > c.free) {
+        throw std::runtime_error(Prefix("SwapIn") + "not enough free NPU blocks: need " + std::to_string(c.pages) +
+                                 ", free " + std::to_string(c.free));
     }
     std::vector<std::pair<PhysicalBlockId, PhysicalBlockId>> out;
     uint64_t hits = 0;
@@ -559,7 +678,11 @@ std::vector<BlockId> KvshareBlockManager::GetCommonComputedBlockIds(const std::v
     return common;
 }
 
-void KvshareBlockManager::MarkBlocksAsComputed() { Check(kvs_cache_commit(cache_), "MarkBlocksAsComputed"); }
+void KvshareBlockManager::MarkBlocksAsComputed() {
+    // The step is scheduled: its swap-outs' blocks are ordinary free blocks from the next one on.
+    ReleaseQuarantine();
+    Check(kvs_cache_commit(cache_), "MarkBlocksAsComputed");
+}
 
 float KvshareBlockManager::GetPrefixCacheHitRate() const {
     if (!CachingEnabled()) {
@@ -576,7 +699,7 @@ bool KvshareBlockManager::ResetPrefixCache() const {
     }
     kvs_stats s{};
     Check(kvs_cache_stats(cache_, &s), "ResetPrefixCache");
-    if (s.device_pages_in_use > 0) {
+    if (s.device_pages_in_use > QuarantineFree()) {
         return false;  // as in MindIE: only when no block is in use
     }
     Check(kvs_prefix_clear(cache_), "ResetPrefixCache");

@@ -1,5 +1,5 @@
 // kvshare adapter for MindIE-LLM: KV-cache groups (COMPOSITEBLOCKMANAGER, SLIDING_WINDOW) on
-// one kvshare cache of groups (`kvs_hybrid`).
+// kvshare caches, one per group.
 //
 // Mapping: a MindIE sequence id is a kvshare sequence id; a sub-manager is a group (TOKEN: full
 // attention; SLIDING_WINDOW with requestBlockWindowSize N: a window of (N-1)*blockSize + 1
@@ -7,7 +7,7 @@
 // N blocks). kvshare is given a sequence's tokens as their KV is computed (numComputedTokens_),
 // so that a full block becomes a prefix hit only once its KV is written: Allocate begins with the
 // hit and room for the rest of the prompt, AppendSlot appends the tokens computed since and room
-// for the rest, Free appends the last computed ones before it frees. Each group is a kvs_hybrid of
+// for the rest, Free appends the last computed ones before it frees. Each group is a kvs_cache of
 // that one group, with its own pool of the sub-manager's
 // blocks, as MindIE sizes each group's KV tensor on its own; the prefix hit is the longest one
 // every group serves. A pool has one page more than the sub-manager's blocks (kvshare's null page
@@ -72,7 +72,7 @@ BlockId ToBlockId(uint32_t p) { return static_cast<BlockId>(p) - 1; }
 
 }  // namespace
 
-void KvshareHybridBlockManager::HybridFree::operator()(kvs_hybrid *h) const { kvs_hybrid_free(h); }
+void KvshareHybridBlockManager::CacheFree::operator()(kvs_cache *c) const { kvs_cache_free(c); }
 
 KvshareHybridBlockManager::KvshareHybridBlockManager(const BlockManagerConfig &config, size_t localDPRank)
     : KvshareManagerBase(localDPRank, config.enableCaching), speculativeSlots_(config.speculativeSlots) {
@@ -132,15 +132,23 @@ KvshareHybridBlockManager::KvshareHybridBlockManager(const BlockManagerConfig &c
                                  " differs from the header's " + std::to_string(KVS_ABI_VERSION));
     }
     for (size_t i = 0; i < groups_.size(); ++i) {
-        kvs_hybrid_config hc{};
+        kvs_config hc = kvs_config_default();
         hc.page_size = static_cast<uint32_t>(blockSize_);
-        hc.num_pages = static_cast<uint32_t>(groups_[i].blocks + 1);
+        hc.num_device_pages = static_cast<uint32_t>(groups_[i].blocks + 1);
+        hc.num_host_pages = 0;
         hc.enable_prefix_caching = CachingEnabled();
+        hc.reserve_null_page = true;
+        // Full pages become prefix hits when Allocate / AppendSlot hand kvshare their computed
+        // tokens (no commit step), and the engine writes every scheduled slot itself.
+        hc.defer_commit = false;
+        hc.skip_cached_writes = false;
+        hc.demote_to_host = false;
         hc.enable_events = false;
+        hc.match_unit = 0;
         hc.groups = &kinds[i];
         hc.num_groups = 1;
-        kvs_hybrid *h = nullptr;
-        kvs_status st = kvs_hybrid_new(&hc, &h);
+        kvs_cache *h = nullptr;
+        kvs_status st = kvs_cache_new(&hc, &h);
         if (st != KVS_STATUS_OK) {
             throw std::invalid_argument(Prefix(kCtor) + kvs_status_str(st) + ": " + kvs_last_error_message());
         }
@@ -155,18 +163,18 @@ mindie_llm::BlockSpaceManagerSPtr CreateKvshareHybridBlockManager(const BlockMan
     return std::make_shared<KvshareHybridBlockManager>(config, localDPRank);
 }
 
-kvs_hybrid *KvshareHybridBlockManager::Hybrid(size_t group) const { return groups_.at(group).cache.get(); }
+kvs_cache *KvshareHybridBlockManager::GroupCache(size_t group) const { return groups_.at(group).cache.get(); }
 
 // ---- lookups ----
 
 // Every group's cache holds the same sequences with the same tokens: the first one answers.
 bool KvshareHybridBlockManager::Find(SequenceId seqId, Shape &out) const {
-    kvs_hybrid_seq_info info{};
-    kvs_status st = kvs_hybrid_seq_get_info(groups_[0].cache.get(), KvsId(seqId), &info);
+    ::kvs_seq_info info{};
+    kvs_status st = kvs_seq_get_info(groups_[0].cache.get(), KvsId(seqId), &info);
     if (st == KVS_STATUS_SEQ_NOT_FOUND) {
         return false;
     }
-    Check(st, "kvs_hybrid_seq_get_info");
+    Check(st, "kvs_seq_get_info");
     out = Shape{info.num_tokens, info.num_pages, info.matched_tokens};
     return true;
 }
@@ -194,7 +202,7 @@ bool KvshareHybridBlockManager::Lookup(SequenceId seqId, SeqCounts &out) const {
 
 size_t KvshareHybridBlockManager::Hit(const std::vector<int32_t> &tokens, const kvs_extra_keys *extra, size_t max,
                                       const char *method) const {
-    // Each group's kvs_hybrid_match is the longest hit it serves up to a bound; a shorter bound
+    // Each group's kvs_prefix_find is the longest hit it serves up to a bound; a shorter bound
     // can only shorten another group's hit, so lowering the bound to the smallest answer until
     // every group serves it ends at the longest hit all serve.
     size_t hit = max;
@@ -202,7 +210,7 @@ size_t KvshareHybridBlockManager::Hit(const std::vector<int32_t> &tokens, const 
         lowered = false;
         for (const Group &g : groups_) {
             size_t n = 0;
-            Check(kvs_hybrid_match(g.cache.get(), tokens.data(), tokens.size(), extra, hit, nullptr, 0, 0, &n),
+            Check(kvs_prefix_find(g.cache.get(), tokens.data(), tokens.size(), extra, hit, nullptr, 0, 0, &n),
                   method);
             if (n < hit) {
                 hit = n;
@@ -223,15 +231,14 @@ size_t KvshareHybridBlockManager::ProbeCachedTokens(const std::vector<int32_t> &
 std::vector<uint32_t> KvshareHybridBlockManager::Table(SequenceId seqId, size_t g, const Shape &shape) const {
     std::vector<uint32_t> pages(static_cast<size_t>(shape.numPages));
     size_t n = 0;
-    Check(kvs_hybrid_seq_pages(groups_[g].cache.get(), KvsId(seqId), 0, pages.data(), pages.size(), &n),
-          "kvs_hybrid_seq_pages");
+    Check(kvs_seq_pages(groups_[g].cache.get(), 0, KvsId(seqId), pages.data(), pages.size(), &n), "kvs_seq_pages");
     pages.resize(n);
     return pages;
 }
 
 size_t KvshareHybridBlockManager::FreePages(size_t g) const {
     kvs_group_stats s{};
-    Check(kvs_hybrid_stats(groups_[g].cache.get(), 0, &s), "kvs_hybrid_stats");
+    Check(kvs_cache_group_stats(groups_[g].cache.get(), 0, &s), "kvs_cache_group_stats");
     return static_cast<size_t>(s.pool_pages_free);
 }
 
@@ -244,7 +251,7 @@ AllocStatus KvshareHybridBlockManager::CanAllocate(const SequenceGroupSPtr &seqG
     if (waiting.empty()) {
         return AllocStatus::NEVER;
     }
-    // Each waiting sequence begins on its own (kvs_hybrid has no fork) and takes, in the worst
+    // Each waiting sequence begins on its own (no fork across the groups' caches) and takes, in the worst
     // case (no hit), a block per position of its prompt in every group: kvshare releases a window
     // group's early blocks only from the next AppendSlot on, as vLLM does. A group that needs more
     // than a group's blocks can never be allocated.
@@ -285,7 +292,7 @@ bool KvshareHybridBlockManager::Allocate(const SequenceGroupSPtr &seqGroup) {
     auto undo = [&]() {
         for (SequenceId id : begun) {
             for (const Group &g : groups_) {
-                (void)kvs_hybrid_seq_free(g.cache.get(), KvsId(id));
+                (void)kvs_seq_free(g.cache.get(), KvsId(id));
             }
         }
     };
@@ -303,9 +310,9 @@ bool KvshareHybridBlockManager::Allocate(const SequenceGroupSPtr &seqGroup) {
             throw;
         }
         for (size_t g = 0; g < groups_.size(); ++g) {
-            kvs_hybrid_begin_info info{};
-            kvs_status st = kvs_hybrid_seq_begin(groups_[g].cache.get(), KvsId(seq->seqId_), tokens.data(), hit,
-                                                 extra.ptr, hit, 0, &info);
+            ::kvs_seq_info info{};
+            kvs_status st = kvs_seq_begin(groups_[g].cache.get(), KvsId(seq->seqId_), tokens.data(), hit, extra.ptr,
+                                          hit, 0, &info);
             if (st != KVS_STATUS_OK || info.matched_tokens != hit) {
                 std::string msg = Prefix("Allocate") + (st != KVS_STATUS_OK
                                                             ? std::string(kvs_status_str(st)) + ": " +
@@ -315,7 +322,7 @@ bool KvshareHybridBlockManager::Allocate(const SequenceGroupSPtr &seqGroup) {
                                                                   " tokens where the lookup found " +
                                                                   std::to_string(hit));
                 for (size_t k = 0; k <= g; ++k) {
-                    (void)kvs_hybrid_seq_free(groups_[k].cache.get(), KvsId(seq->seqId_));
+                    (void)kvs_seq_free(groups_[k].cache.get(), KvsId(seq->seqId_));
                 }
                 undo();
                 throw std::runtime_error(msg);
@@ -329,8 +336,8 @@ bool KvshareHybridBlockManager::Allocate(const SequenceGroupSPtr &seqGroup) {
         size_t need = 0;
         for (size_t i = 0; i < waiting.size(); ++i) {
             size_t n = 0;
-            kvs_status st = kvs_hybrid_seq_append_need(groups_[g].cache.get(), KvsId(waiting[i]->seqId_), 0,
-                                                       prompts[i].size() - hitOf[i], &n);
+            kvs_status st = kvs_seq_append_need(groups_[g].cache.get(), KvsId(waiting[i]->seqId_), 0,
+                                                prompts[i].size() - hitOf[i], &n, nullptr);
             if (st != KVS_STATUS_OK) {
                 std::string msg = Prefix("Allocate") + kvs_status_str(st) + ": " + kvs_last_error_message();
                 undo();
@@ -348,8 +355,9 @@ bool KvshareHybridBlockManager::Allocate(const SequenceGroupSPtr &seqGroup) {
     }
     for (size_t i = 0; i < waiting.size(); ++i) {
         for (const Group &g : groups_) {
-            kvs_status st = kvs_hybrid_seq_append(g.cache.get(), KvsId(waiting[i]->seqId_), prompts[i].data(), 0,
-                                                  prompts[i].size() - hitOf[i]);
+            size_t copies = 0;
+            kvs_status st = kvs_seq_append(g.cache.get(), KvsId(waiting[i]->seqId_), prompts[i].data(), 0,
+                                           prompts[i].size() - hitOf[i], nullptr, 0, &copies);
             if (st != KVS_STATUS_OK) {
                 std::string msg = Prefix("Allocate") + kvs_status_str(st) + ": " + kvs_last_error_message();
                 undo();
@@ -410,7 +418,7 @@ bool KvshareHybridBlockManager::CanAppendSlot(const SequenceGroupSPtr &seqGroup)
 size_t KvshareHybridBlockManager::AppendNeed(size_t g, SequenceId seqId, const Growth &grow,
                                              const char *method) const {
     size_t n = 0;
-    Check(kvs_hybrid_seq_append_need(groups_[g].cache.get(), KvsId(seqId), grow.computed - grow.held, grow.room, &n),
+    Check(kvs_seq_append_need(groups_[g].cache.get(), KvsId(seqId), grow.computed - grow.held, grow.room, &n, nullptr),
           method);
     return n;
 }
@@ -439,9 +447,11 @@ std::vector<std::pair<BlockId, BlockId>> KvshareHybridBlockManager::AppendSlot(c
     // (numComputedTokens_: this step computes from there on), not the tokens the tables cover: a
     // chunked prefill holds its whole prompt from Allocate on and computes it a chunk per step.
     for (const Group &g : groups_) {
-        Check(kvs_hybrid_seq_append(g.cache.get(), KvsId(seq->seqId_), tokens.data(), tokens.size(), grow.room),
+        size_t copies = 0;
+        Check(kvs_seq_append(g.cache.get(), KvsId(seq->seqId_), tokens.data(), tokens.size(), grow.room, nullptr, 0,
+                             &copies),
               "AppendSlot");
-        Check(kvs_hybrid_seq_release_skipped(g.cache.get(), KvsId(seq->seqId_), grow.computed, nullptr), "AppendSlot");
+        Check(kvs_seq_release_skipped(g.cache.get(), KvsId(seq->seqId_), grow.computed, nullptr), "AppendSlot");
     }
     auto it = live_.find(seq->seqId_);
     if (it != live_.end()) {
@@ -453,12 +463,12 @@ std::vector<std::pair<BlockId, BlockId>> KvshareHybridBlockManager::AppendSlot(c
 // ---- what a cache of groups does not do (yet) ----
 
 void KvshareHybridBlockManager::Fork(SequenceSPtr &, SequenceSPtr &) {
-    throw Unsupported("Fork with KV-cache groups (kvs_hybrid has no fork)");
+    throw Unsupported("Fork with KV-cache groups (no fork across the groups' caches)");
 }
 
 bool KvshareHybridBlockManager::CanSwapOut(const SequenceGroupSPtr &seqGroup) {
     RequireGroup(seqGroup, "CanSwapOut");
-    // kvs_hybrid has no host tier: MindIE's policy preempts by recompute instead (as it does with
+    // The groups' caches have no host pages: MindIE's policy preempts by recompute instead (as it does with
     // its own RequestSingleBlockManager, whose CanSwapOut is false too).
     return false;
 }
@@ -500,15 +510,16 @@ void KvshareHybridBlockManager::Free(SequenceId seqId) {
                 }
                 if (tokens.size() >= grow.computed - grow.held) {
                     for (const Group &g : groups_) {
-                        (void)kvs_hybrid_seq_append(g.cache.get(), KvsId(seqId), tokens.data(),
-                                                    grow.computed - grow.held, 0);
+                        size_t copies = 0;
+                        (void)kvs_seq_append(g.cache.get(), KvsId(seqId), tokens.data(), grow.computed - grow.held,
+                                             0, nullptr, 0, &copies);
                     }
                 }
             }
         }
     }
     for (const Group &g : groups_) {
-        kvs_status st = kvs_hybrid_seq_free(g.cache.get(), KvsId(seqId));
+        kvs_status st = kvs_seq_free(g.cache.get(), KvsId(seqId));
         if (st != KVS_STATUS_SEQ_NOT_FOUND) {
             Check(st, "Free");  // unknown id or double free: a no-op, as in MindIE
         }
@@ -615,7 +626,7 @@ std::vector<BlockId> KvshareHybridBlockManager::GetCommonComputedBlockIds(const 
     return common;
 }
 
-// kvs_hybrid registers full pages when Allocate / AppendSlot schedule them (vLLM's rule: every
+// The groups' caches register full pages when Allocate / AppendSlot schedule them (vLLM's rule: every
 // sequence of one step runs in one forward, where each layer writes all K/V before attending),
 // so there is nothing left to commit here.
 void KvshareHybridBlockManager::MarkBlocksAsComputed() {}
@@ -636,12 +647,15 @@ bool KvshareHybridBlockManager::ResetPrefixCache() const {
     std::lock_guard<std::recursive_mutex> lock(mu_);
     for (const Group &g : groups_) {
         kvs_group_stats s{};
-        Check(kvs_hybrid_stats(g.cache.get(), 0, &s), "ResetPrefixCache");
+        Check(kvs_cache_group_stats(g.cache.get(), 0, &s), "ResetPrefixCache");
         if (s.pool_pages_in_use > 0) {
             return false;  // as in MindIE: only when no block is in use
         }
     }
-    throw Unsupported("ResetPrefixCache with KV-cache groups (kvs_hybrid has no prefix clear)");
+    for (const Group &g : groups_) {
+        Check(kvs_prefix_clear(g.cache.get()), "ResetPrefixCache");
+    }
+    return true;
 }
 
 void KvshareHybridBlockManager::ReplaceTrailingPlaceHolder(const SequenceSPtr &seq, size_t trailingPlaceHolderNum,

@@ -153,7 +153,29 @@ class Model {
     Model(size_t ps, size_t npu, size_t cpu, bool caching, size_t spec)
         : ps_(ps), npu_(npu), cpu_(cpu), caching_(caching), spec_(spec) {}
 
-    size_t FreeNpu() const { return npu_ - InUse(); }
+    // Free NPU blocks as MindIE counts them: those free now plus the held-back blocks of this
+    // step's swap-outs that nothing else holds.
+    size_t FreeNpu() const { return AvailableNpu() + QuarantineFree(); }
+    // Free + cached NPU blocks an allocation can take now.
+    size_t AvailableNpu() const { return npu_ - InUse(); }
+    size_t QuarantineFree() const {
+        std::map<int, int> holds;
+        for (int b : quarantine_) {
+            ++holds[b];
+        }
+        size_t n = 0;
+        for (const auto &h : holds) {
+            n += blocks_[h.first].rc == h.second;
+        }
+        return n;
+    }
+    // The end of a step: the blocks this step's swap-outs copy from are released (last first).
+    void ReleaseQuarantine() {
+        for (auto b = quarantine_.rbegin(); b != quarantine_.rend(); ++b) {
+            Release(*b);
+        }
+        quarantine_.clear();
+    }
     // Free + evictable CPU blocks (host pages holding swapped-out content stay cached).
     size_t FreeCpu() const {
         size_t n = 0;
@@ -187,6 +209,7 @@ class Model {
         s.tokens = tokens;
         s.lora = lora;
         size_t n = tokens.size();
+        // Without caching, blocks are still hashed (swaps share by content) but never matched.
         size_t maxPages = caching_ ? (n - 1) / ps_ : 0;
         std::vector<int> hits;
         for (size_t i = 0; i < maxPages; ++i) {
@@ -205,7 +228,10 @@ class Model {
         for (int b : hits) {
             cachedHits += blocks_[b].rc == 0;
         }
-        if (need + cachedHits > FreeNpu()) {
+        if (need + cachedHits > AvailableNpu() && QuarantineFree() > 0) {
+            ReleaseQuarantine();
+        }
+        if (need + cachedHits > AvailableNpu()) {
             return false;
         }
         for (int b : hits) {
@@ -259,7 +285,23 @@ class Model {
                 }
             }
         }
-        if (need + cow.size() > FreeNpu()) {
+        // Copy-on-write destinations never come from this step's swap-outs (their copies run after
+        // the copy-on-write pairs); new blocks may, once released.
+        size_t wantTokens = (old + n + ps_ - 1) / ps_;
+        size_t needTokens = wantTokens > s.blocks.size() ? wantTokens - s.blocks.size() : 0;
+        // A shared block the tokens start is replaced without a copy.
+        bool copying = false;
+        for (size_t j : cow) {
+            copying = copying || (j == old / ps_ && old % ps_ > 0);
+        }
+        if (!copying) {
+            if (need + cow.size() > AvailableNpu()) {
+                ReleaseQuarantine();
+            }
+            if (need + cow.size() > AvailableNpu()) {
+                return false;
+            }
+        } else if (needTokens + cow.size() > AvailableNpu() || need + cow.size() > FreeNpu()) {
             return false;
         }
         for (size_t j : cow) {
@@ -272,6 +314,9 @@ class Model {
             s.blocks[j] = dst;
         }
         for (size_t i = 0; i < need; ++i) {
+            if (i == needTokens && copying && need - i > AvailableNpu()) {
+                ReleaseQuarantine();  // the lookahead slots' blocks, after the copies' destinations
+            }
             s.blocks.push_back(NewBlock());
         }
         s.tokens.insert(s.tokens.end(), newTokens.begin(), newTokens.end());
@@ -304,7 +349,7 @@ class Model {
         size_t copied = 0;
         size_t cached = 0;
         for (size_t j = 0; j < s.blocks.size(); ++j) {
-            auto it = caching_ && j < s.hashed ? hindex_.find(Key(s.tokens, s.lora, j)) : hindex_.end();
+            auto it = j < s.hashed ? hindex_.find(Key(s.tokens, s.lora, j)) : hindex_.end();
             if (it == hindex_.end()) {
                 ++copied;
             } else {
@@ -323,7 +368,7 @@ class Model {
         }
         Seq &s = seqs_.at(id);
         std::vector<int> hit(s.blocks.size(), -1);
-        if (caching_) {
+        {
             for (size_t j = 0; j < s.hashed; ++j) {
                 auto it = hindex_.find(Key(s.tokens, s.lora, j));
                 if (it != hindex_.end()) {
@@ -342,7 +387,7 @@ class Model {
                 copied->push_back(copy);
             }
         }
-        if (caching_) {
+        {
             for (size_t j = 0; j < s.hashed; ++j) {
                 std::string key = Key(s.tokens, s.lora, j);
                 if (hit[j] < 0 && !hindex_.count(key) && !hblocks_[s.host[j]].registered) {
@@ -352,8 +397,18 @@ class Model {
             }
         }
         s.hostPages = s.host.size();
-        for (auto b = s.blocks.rbegin(); b != s.blocks.rend(); ++b) {
-            Release(*b);
+        // The blocks the swap copies from stay held until the step ends.
+        std::vector<bool> held(s.blocks.size(), false);
+        for (size_t j = s.blocks.size(); j-- > 0;) {
+            held[j] = hit[j] < 0;
+            if (!held[j]) {
+                Release(s.blocks[j]);
+            }
+        }
+        for (size_t j = 0; j < s.blocks.size(); ++j) {
+            if (held[j]) {
+                quarantine_.push_back(s.blocks[j]);
+            }
         }
         s.blocks.clear();
         s.onHost = true;
@@ -367,7 +422,7 @@ class Model {
         size_t copied = 0;
         size_t cached = 0;
         for (size_t j = 0; j < s.hostPages; ++j) {
-            auto it = caching_ && j < s.hashed ? index_.find(Key(s.tokens, s.lora, j)) : index_.end();
+            auto it = j < s.hashed ? index_.find(Key(s.tokens, s.lora, j)) : index_.end();
             if (it == index_.end()) {
                 ++copied;
             } else {
@@ -381,7 +436,7 @@ class Model {
     std::vector<bool> SwapIn(SequenceId id) {
         Seq &s = seqs_.at(id);
         std::vector<int> hit(s.hostPages, -1);
-        if (caching_) {
+        {
             for (size_t j = 0; j < s.hashed; ++j) {
                 auto it = index_.find(Key(s.tokens, s.lora, j));
                 if (it != index_.end()) {
@@ -425,6 +480,7 @@ class Model {
         }
         index_.clear();
         lru_.clear();
+        held_.clear();
         for (auto &kv : hindex_) {
             hblocks_[kv.second].registered = false;
         }
@@ -458,19 +514,69 @@ class Model {
         return k;
     }
 
+    std::string KeyOf(int b) const {
+        for (const auto &kv : index_) {
+            if (kv.second == b) {
+                return kv.first;
+            }
+        }
+        return "";
+    }
+    // The key of the block before the one of `key` (keys list a prefix's tokens, each followed
+    // by a comma, after "lora:").
+    std::string ParentKey(const std::string &key) const {
+        size_t end = key.size();
+        for (size_t i = 0; i < ps_ && end > 0; ++i) {
+            end = key.rfind(',', end - 2);
+            if (end == std::string::npos) {
+                return "";
+            }
+            ++end;
+        }
+        return key.substr(0, end);
+    }
+    bool HasChild(int b) const {
+        std::string key = KeyOf(b);
+        for (const auto &kv : index_) {
+            if (kv.second != b && kv.first.size() > key.size() && kv.first.compare(0, key.size(), key) == 0 &&
+                ParentKey(kv.first) == key) {
+                return true;
+            }
+        }
+        return false;
+    }
+
     int NewBlock() {
         // A never-used or free block if there is one, else the least recently released cached
         // block, which leaves the prefix index.
         size_t freeList = npu_ - InUse() - Cached();
         if (freeList == 0) {
-            if (lru_.empty()) {
+            if (lru_.empty() && held_.empty()) {
                 throw std::logic_error("model: no block left");
             }
-            int b = lru_.front();
-            lru_.pop_front();
+            // Leaves first, as kvshare evicts: a cached block whose content has a registered
+            // child (the next block of a cached or held prefix) is held back while a leaf is
+            // left, and offered again, first, once its last child leaves the index.
+            while (!lru_.empty() && HasChild(lru_.front())) {
+                held_.push_back(lru_.front());
+                lru_.pop_front();
+            }
+            std::list<int> &from = lru_.empty() ? held_ : lru_;
+            int b = from.front();
+            from.pop_front();
+            std::string key;
             for (auto it = index_.begin(); it != index_.end(); ++it) {
                 if (it->second == b) {
+                    key = it->first;
                     index_.erase(it);
+                    break;
+                }
+            }
+            // Its parent, if held back and now without a child, goes back to the front.
+            for (auto h = held_.begin(); h != held_.end(); ++h) {
+                if (KeyOf(*h) == ParentKey(key) && !HasChild(*h)) {
+                    lru_.push_front(*h);
+                    held_.erase(h);
                     break;
                 }
             }
@@ -543,6 +649,7 @@ class Model {
     void Acquire(int b) {
         if (blocks_[b].rc++ == 0) {
             lru_.remove(b);
+            held_.remove(b);
         }
     }
 
@@ -556,7 +663,7 @@ class Model {
 
     void Pend(SequenceId id) {
         const Seq &s = seqs_.at(id);
-        if (caching_ && !s.stopped && s.hashed < s.tokens.size() / ps_) {
+        if (!s.stopped && s.hashed < s.tokens.size() / ps_) {
             pending_.insert(id);
         }
     }
@@ -581,7 +688,9 @@ class Model {
     std::map<SequenceId, Seq> seqs_;
     std::set<SequenceId> pending_;
     std::list<int> lru_;
+    std::list<int> held_;  // cached parents held back from eviction
     size_t evictions_ = 0;
+    std::vector<int> quarantine_;
     std::vector<Block> hblocks_;
     std::map<std::string, int> hindex_;
     std::list<int> hlru_;
@@ -712,6 +821,7 @@ struct Sim {
     // End of a scheduler step.
     void EndStep() {
         m.MarkBlocksAsComputed();
+        model.ReleaseQuarantine();
         model.Commit();
         Check();
     }
@@ -783,7 +893,7 @@ struct Sim {
             size_t slots = (s->GetLen() + spec + ps - 1) / ps;
             need += n.first + n.second + (slots > pages ? slots - pages : 0);
         }
-        CHECK((st == AllocStatus::OK) == (need <= model.FreeNpu()));
+        CHECK((st == AllocStatus::OK) == (need <= model.AvailableNpu()));
         if (st != AllocStatus::OK) {
             return false;
         }

@@ -250,7 +250,7 @@ class Engine {
         if (hybrid_) {
             for (size_t g = 0; g < s_.blocks.size(); ++g) {
                 kvs_group_stats st{};
-                CHECK(kvs_hybrid_stats(hybrid_->Hybrid(g), 0, &st) == KVS_STATUS_OK);
+                CHECK(kvs_cache_group_stats(hybrid_->GroupCache(g), 0, &st) == KVS_STATUS_OK);
                 CHECK_EQ(st.pool_pages_in_use, static_cast<uint64_t>(0));
             }
         } else {
@@ -757,9 +757,9 @@ class Engine {
     void CheckCaches() {
         if (hybrid_) {
             for (size_t g = 0; g < hybrid_->NumGroups(); ++g) {
-                kvs_status st = kvs_hybrid_check(hybrid_->Hybrid(g));
+                kvs_status st = kvs_cache_check(hybrid_->GroupCache(g));
                 if (st != KVS_STATUS_OK) {
-                    std::fprintf(stderr, "kvs_hybrid_check (group %zu): %s: %s\n", g, kvs_status_str(st),
+                    std::fprintf(stderr, "kvs_cache_check (group %zu): %s: %s\n", g, kvs_status_str(st),
                                  kvs_last_error_message());
                     std::exit(1);
                 }

@@ -9,8 +9,8 @@
 // model of what the interface means: a TOKEN group holds a block per cdiv(len, blockSize)
 // position; a SLIDING_WINDOW group of requestBlockWindowSize N holds its whole prompt after
 // Allocate and min(N, cdiv(len, blockSize)) blocks after each AppendSlot, the newest ones, in
-// position order (kvs_hybrid_seq_pages shows the released positions as the null page); no block
-// is held twice; the free count is what nobody holds; kvs_hybrid_check is clean. CachedTokensAgree
+// position order (kvs_seq_pages shows the released positions as the null page); no block
+// is held twice; the free count is what nobody holds; kvs_cache_check is clean. CachedTokensAgree
 // drives both managers alike to check the cached-token policy they share.
 #include <algorithm>
 #include <cstdio>
@@ -26,9 +26,9 @@ namespace {
 
 void CheckHybrid(const KvshareHybridBlockManager &m) {
     for (size_t g = 0; g < m.NumGroups(); ++g) {
-        kvs_status st = kvs_hybrid_check(m.Hybrid(g));
+        kvs_status st = kvs_cache_check(m.GroupCache(g));
         if (st != KVS_STATUS_OK) {
-            std::fprintf(stderr, "kvs_hybrid_check (group %zu): %s: %s\n", g, kvs_status_str(st),
+            std::fprintf(stderr, "kvs_cache_check (group %zu): %s: %s\n", g, kvs_status_str(st),
                          kvs_last_error_message());
             std::exit(1);
         }
@@ -74,7 +74,7 @@ size_t Compare(const KvshareHybridBlockManager &m, const std::map<SequenceId, Se
             // The held blocks are the newest positions of the table, in order.
             std::vector<uint32_t> table(positions + 8);
             size_t n = 0;
-            CHECK(kvs_hybrid_seq_pages(m.Hybrid(g), static_cast<uint64_t>(id), 0, table.data(), table.size(), &n) ==
+            CHECK(kvs_seq_pages(m.GroupCache(g), 0, static_cast<uint64_t>(id), table.data(), table.size(), &n) ==
                   KVS_STATUS_OK);
             CHECK_EQ(n, positions);
             for (size_t p = 0; p < n; ++p) {
@@ -248,9 +248,9 @@ void PrefixHitsAcrossGroups() {
 // a KvshareHybridBlockManager of one TOKEN group and a KvshareBlockManager get the same requests
 // (system prompts, multi-turn prompts that extend a finished request, two LoRA salts), one
 // admission per step and MarkBlocksAsComputed at its end (the block manager's hits need the commit;
-// kvs_hybrid registers pages when Allocate / AppendSlot schedule them), with pools too large for
+// the group manager registers pages when Allocate / AppendSlot schedule them), with pools too large for
 // eviction. Then the two prefix caches hold the same pages, so both must answer alike:
-// GetSeqNumCachedTokens before Allocate (kvs_hybrid_match vs kvs_prefix_match) is a whole number of
+// GetSeqNumCachedTokens before Allocate (kvs_prefix_find vs kvs_prefix_match) is a whole number of
 // blocks below the prompt length, equals what Allocate then matched (GetNumCachedTokens, and
 // GetSeqNumCachedTokens of the live prefill), and is 0 once decoding; an unknown id throws in
 // GetNumCachedTokens on both. Caching off: 0 from both methods on both managers.
@@ -526,6 +526,9 @@ void HitsOnceComputed() {
         a->data_.outputTokenIds.push_back(9);
         m.Free(1);
         CHECK_EQ(m.GetSeqNumCachedTokens(b), static_cast<size_t>(36));  // at most len-1, whole blocks
+        // No block in use: ResetPrefixCache drops every group's cached blocks.
+        CHECK(m.ResetPrefixCache());
+        CHECK_EQ(m.GetSeqNumCachedTokens(b), static_cast<size_t>(0));
         CheckHybrid(m);
     }
     // A group of three sequences whose window group (one block) has 3 blocks: the first
@@ -555,7 +558,7 @@ void HitsOnceComputed() {
     std::printf("hits once computed: ok\n");
 }
 
-// A group's sequences each take their own blocks (kvs_hybrid has no fork): a group whose
+// A group's sequences each take their own blocks (the group manager has no fork): a group whose
 // sequences together need more blocks than a group has can never be allocated, and CanAllocate
 // says NEVER (LATER would stop MindIE's FCFS waiting queue at it for good).
 void GroupThatNeverFits() {

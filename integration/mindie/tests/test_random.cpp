@@ -104,13 +104,16 @@ struct Workload {
                 size_t before = s->GetLen();
                 cows += sim.Decode(s, tok).size();
                 if (s->GetLen() == before) {  // no room: preempt the newest other group, retry
+                    // The step ends early; MindIE's Schedule still ends it with MarkBlocksAsComputed.
                     if (running.size() <= 1) {
+                        sim.EndStep();
                         return;
                     }
                     SequenceGroupSPtr victim = running.back();
                     running.pop_back();
                     Preempt(victim);
                     if (victim == g) {
+                        sim.EndStep();
                         return;
                     }
                     --si;

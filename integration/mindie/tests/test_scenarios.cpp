@@ -367,6 +367,111 @@ static void SwapInCoversPendingToken() {
     std::printf("swap in covers the pending token: ok\n");
 }
 
+// A group of three sequences sharing a prompt's blocks (n > 1 sampling), swapped out and asked
+// back in: the blocks they share count once. Their tables add up to more blocks than the NPU has,
+// the blocks they hold together do not, so CanSwapIn must not answer NEVER (MindIE's scheduler
+// throws on NEVER) and the group must come back and decode. With prefix caching on or off: the
+// swap shares a full block by its content either way.
+static void GroupSwapCountsSharedBlocksOnce(bool caching) {
+    const size_t ps = 4;
+    const size_t npu = 10;
+    KvshareBlockManager m(Config(ps, npu, 20, caching));
+    std::vector<SequenceSPtr> seqs = {MakeSeq(1, Range(1, 22)), MakeSeq(2, Range(1, 22)), MakeSeq(3, Range(1, 22))};
+    auto g = MakeGroup(seqs);
+    CHECK(m.CanAllocate(g) == AllocStatus::OK);
+    CHECK(m.Allocate(g));  // 6 blocks, shared by the three
+    for (const auto &s : seqs) {
+        s->status_ = SequenceStatus::RUNNING;
+        s->data_.UpdateNumComputedTokens(s->GetLen());
+    }
+    m.MarkBlocksAsComputed();
+    // One token each: the shared partial block is copied on write for two of them (8 blocks).
+    for (size_t i = 0; i < seqs.size(); ++i) {
+        seqs[i]->data_.outputTokenIds.push_back(static_cast<TokenId>(50 + i));
+        CHECK(m.CanAppendSlot(MakeGroup({seqs[i]})));
+        (void)m.AppendSlot(seqs[i]);
+    }
+    m.MarkBlocksAsComputed();
+    CHECK_EQ(m.GetNumFreeNpuBlocks(), npu - 8);
+    CHECK(m.CanSwapOut(g));
+    (void)m.SwapOut(g);
+    for (const auto &s : seqs) {
+        s->status_ = SequenceStatus::SWAPPED;
+        s->data_.outputTokenIds.push_back(7);  // the token sampled before the preemption, pending
+    }
+    m.MarkBlocksAsComputed();  // the step ends; the group comes back in a later one
+    CheckKvs(m);
+    // 3 x 6 table entries, 8 distinct blocks (5 shared full blocks, 3 private partial ones).
+    CHECK(m.CanSwapIn(g, 0) == AllocStatus::OK);
+    (void)m.SwapIn(g);
+    for (const auto &s : seqs) {
+        s->status_ = SequenceStatus::RUNNING;
+        (void)m.AppendSlot(s);
+        CHECK_EQ(m.GetBlockIds(s->seqId_)[0].size(), static_cast<size_t>(6));
+    }
+    CheckKvs(m);
+    CHECK_EQ(m.GetNumFreeNpuBlocks(), npu - 8);
+    std::printf("group swap counts shared blocks once (caching %s): ok\n", caching ? "on" : "off");
+}
+
+// MindIE's worker runs a step's copy_blocks before its swaps (router_impl.py), so a block that
+// the step's SwapOut frees may not be the destination of a copy-on-write pair of the same step:
+// the copy would overwrite it before the swap-out reads it. Two sequences share a half-full block;
+// a victim is swapped out to make room; the shared block's writer must then get a block the swap
+// does not read (CanAppendSlot says no while only the victim's blocks are free), and from the next
+// step on the victim's blocks are ordinary free blocks again.
+static void CopyOnWriteNotIntoSwappedOutBlock(size_t npu) {
+    const size_t ps = 4;
+    KvshareBlockManager m(Config(ps, npu, 16, true));
+    auto a1 = MakeSeq(1, Range(1, 6));  // 2 blocks, the last half full, shared with a2
+    auto a2 = MakeSeq(2, Range(1, 6));
+    auto ga = MakeGroup({a1, a2});
+    auto b = MakeSeq(3, Range(100, 12));  // 3 blocks
+    auto gb = MakeGroup({b});
+    auto c = MakeSeq(4, Range(200, 8));  // 2 blocks
+    auto gc = MakeGroup({c});
+    for (const auto &g : {ga, gb, gc}) {
+        CHECK(m.Allocate(g));
+        for (const auto &s : g->seqs_) {
+            s->status_ = SequenceStatus::RUNNING;
+            s->data_.UpdateNumComputedTokens(s->GetLen());
+        }
+    }
+    m.MarkBlocksAsComputed();
+    CHECK_EQ(m.GetNumFreeNpuBlocks(), npu - 7);
+    // The next step: b is preempted by swap, then a1 writes into the shared block.
+    std::vector<std::pair<PhysicalBlockId, PhysicalBlockId>> out = m.SwapOut(gb);
+    CHECK_EQ(out.size(), static_cast<size_t>(3));
+    b->status_ = SequenceStatus::SWAPPED;
+    CHECK_EQ(m.GetNumFreeNpuBlocks(), npu - 4);  // b's blocks count as free, as in MindIE
+    a1->data_.outputTokenIds.push_back(9);
+    bool can = m.CanAppendSlot(MakeGroup({a1}));
+    if (npu == 7) {
+        CHECK(!can);  // only b's blocks are free this step
+    } else {
+        CHECK(can);
+        std::vector<std::pair<BlockId, BlockId>> cow = m.AppendSlot(a1);
+        CHECK_EQ(cow.size(), static_cast<size_t>(1));
+        for (const auto &p : out) {
+            CHECK(cow[0].second != static_cast<BlockId>(p.first));
+        }
+    }
+    m.MarkBlocksAsComputed();
+    // A new step: b's blocks are free blocks like any other.
+    CHECK_EQ(m.GetNumFreeNpuBlocks(), npu - 4 - (can ? 1 : 0));
+    CHECK(m.CanAppendSlot(MakeGroup({a1})));
+    if (!can) {
+        CHECK_EQ(m.AppendSlot(a1).size(), static_cast<size_t>(1));
+    }
+    CheckKvs(m);
+    for (SequenceId id = 1; id <= 4; ++id) {
+        m.Free(id);
+    }
+    CHECK_EQ(m.GetNumFreeNpuBlocks(), npu);
+    CHECK_EQ(Stats(m).device_pages_in_use, static_cast<uint64_t>(0));
+    std::printf("copy-on-write never into a block swapped out in the same step (%zu blocks): ok\n", npu);
+}
+
 static void NoCaching() {
     const size_t ps = 4;
     Sim sim(ps, 16, 4, false);
@@ -381,7 +486,14 @@ static void NoCaching() {
     CHECK(sim.m.ResetPrefixCache());
     sim.Free(1);
     sim.Free(2);
-    CHECK_EQ(Stats(sim.m).device_pages_cached, static_cast<uint64_t>(0));
+    // Full blocks stay hashed (swaps share them by content) but every block is free, and the
+    // same prompt again shares nothing.
+    CHECK_EQ(sim.m.GetNumFreeNpuBlocks(), static_cast<size_t>(16));
+    auto c = MakeSeq(3, Range(1, 9));
+    CHECK_EQ(sim.m.GetSeqNumCachedTokens(c), static_cast<size_t>(0));
+    CHECK(sim.Admit(MakeGroup({c})));
+    CHECK_EQ(sim.m.GetNumCachedTokens(c), static_cast<size_t>(0));
+    sim.Free(3);
     std::printf("no caching: ok\n");
 }
 
@@ -430,6 +542,10 @@ int main() {
     SwapPreemption();
     SwapInWithoutRoom();
     SwapInCoversPendingToken();
+    GroupSwapCountsSharedBlocksOnce(true);
+    GroupSwapCountsSharedBlocksOnce(false);
+    CopyOnWriteNotIntoSwappedOutBlock(7);
+    CopyOnWriteNotIntoSwappedOutBlock(8);
     SwapOutSharesCpuCopies();
     NoCaching();
     AdmissionLimits();
