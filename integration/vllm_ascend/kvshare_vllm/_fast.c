@@ -46,8 +46,8 @@ typedef kvs_status (*append_pages_fn)(kvs_cache *, uint64_t, const int32_t *, si
                                       kvs_copy *, size_t, size_t *, size_t, uint32_t *, size_t,
                                       size_t *);
 typedef kvs_status (*seq_begin_fn)(kvs_cache *, uint64_t, const int32_t *, size_t,
-                                   const kvs_extra_keys *, size_t, kvs_seq_info *);
-typedef kvs_status (*prefix_match_fn)(kvs_cache *, const int32_t *, size_t,
+                                   const kvs_extra_keys *, size_t, size_t, kvs_seq_info *);
+typedef kvs_status (*prefix_match_fn)(kvs_cache *, size_t, const int32_t *, size_t,
                                       const kvs_extra_keys *, size_t, bool, uint32_t *, size_t,
                                       size_t *, size_t *);
 
@@ -396,8 +396,7 @@ static PyObject *begin_impl(Appender *self, PyObject *const *args, Py_ssize_t na
     kvs_seq_info info;
     memset(&info, 0, sizeof info);
     kvs_status rc = self->begin(self->cache, seq, known ? (const int32_t *)view.buf : NULL,
-                                (size_t)known, extra,
-                                (size_t)max_match, &info);
+                                (size_t)known, extra, (size_t)max_match, 0, &info);
     PyBuffer_Release(&view);
     if (rc != KVS_STATUS_OK)
         return Py_BuildValue("(iin[])", (int)rc, 0, (Py_ssize_t)0);
@@ -449,7 +448,7 @@ static PyObject *match_impl(Appender *self, PyObject *const *args, Py_ssize_t na
         return NULL;
     }
     size_t np = 0, matched = 0;
-    kvs_status rc = self->match(self->cache, n ? toks : NULL, (size_t)n, extra,
+    kvs_status rc = self->match(self->cache, 0, n ? toks : NULL, (size_t)n, extra,
                                 (size_t)max_tokens, false, self->pages, self->max_pages, &np,
                                 &matched);
     if (rc != KVS_STATUS_OK)

@@ -3,7 +3,7 @@
  * hot path, as ``_fast.c`` does for one full-attention group.
  *
  * ``Groups(hybrid_addr, fns, block_size, num_pages, kinds, refs, blocks)`` holds a
- * ``kvs_hybrid *`` and the addresses of the ``kvs_hybrid_*`` calls it makes (all taken from
+ * ``kvs_cache *`` and the addresses of the ``kvs_*`` calls it makes (all taken from
  * the cffi binding, so this module links against nothing): ``fns`` is the tuple (seq_append,
  * seq_get_info, seq_pages, seq_release_skipped, seq_free, seq_begin, match).  ``kinds`` gives
  * each group's (kind, window): 0 full attention, 1 sliding window W, 2 chunked local C (any
@@ -42,14 +42,15 @@
 #include "kvshare.h"
 #include "_fast_common.h"
 
-typedef kvs_status (*append_fn)(kvs_hybrid *, uint64_t, const int32_t *, size_t, size_t);
-typedef kvs_status (*info_fn)(const kvs_hybrid *, uint64_t, kvs_hybrid_seq_info *);
-typedef kvs_status (*pages_fn)(const kvs_hybrid *, uint64_t, size_t, uint32_t *, size_t, size_t *);
-typedef kvs_status (*release_fn)(kvs_hybrid *, uint64_t, size_t, size_t *);
-typedef kvs_status (*free_fn)(kvs_hybrid *, uint64_t);
-typedef kvs_status (*begin_fn)(kvs_hybrid *, uint64_t, const int32_t *, size_t,
-                               const kvs_extra_keys *, size_t, size_t, kvs_hybrid_begin_info *);
-typedef kvs_status (*match_fn)(const kvs_hybrid *, const int32_t *, size_t,
+typedef kvs_status (*append_fn)(kvs_cache *, uint64_t, const int32_t *, size_t, size_t,
+                                kvs_copy *, size_t, size_t *);
+typedef kvs_status (*info_fn)(const kvs_cache *, uint64_t, kvs_seq_info *);
+typedef kvs_status (*pages_fn)(const kvs_cache *, size_t, uint64_t, uint32_t *, size_t, size_t *);
+typedef kvs_status (*release_fn)(kvs_cache *, uint64_t, size_t, size_t *);
+typedef kvs_status (*free_fn)(kvs_cache *, uint64_t);
+typedef kvs_status (*begin_fn)(kvs_cache *, uint64_t, const int32_t *, size_t,
+                               const kvs_extra_keys *, size_t, size_t, kvs_seq_info *);
+typedef kvs_status (*match_fn)(const kvs_cache *, const int32_t *, size_t,
                                const kvs_extra_keys *, size_t, uint32_t *, size_t, size_t,
                                size_t *);
 
@@ -57,7 +58,7 @@ enum { KIND_FULL = 0, KIND_SLIDING = 1, KIND_CHUNKED = 2 };
 
 typedef struct {
     PyObject_HEAD
-    kvs_hybrid *h;
+    kvs_cache *h;
     append_fn append;
     info_fn info;
     pages_fn pages;
@@ -164,7 +165,7 @@ static int Groups_init(Groups *self, PyObject *args, PyObject *kwds) {
         PyErr_NoMemory();
         return -1;
     }
-    self->h = (kvs_hybrid *)(uintptr_t)h;
+    self->h = (kvs_cache *)(uintptr_t)h;
     self->append = (append_fn)fn[0];
     self->info = (info_fn)fn[1];
     self->pages = (pages_fn)fn[2];
@@ -296,10 +297,10 @@ static int page_at(PyObject *t, Py_ssize_t i, uint32_t *p) {
  * ``added_out``: None when no table grew, else per group the block objects of the positions
  * past its old length. */
 static int refresh(Groups *self, State *s, Py_ssize_t *avail, PyObject **added_out) {
-    kvs_hybrid_seq_info info;
+    kvs_seq_info info;
     kvs_status rc = self->info(self->h, s->seq, &info);
     if (rc != KVS_STATUS_OK) {
-        PyErr_Format(PyExc_RuntimeError, "kvs_hybrid_seq_get_info: status %d", (int)rc);
+        PyErr_Format(PyExc_RuntimeError, "kvs_seq_get_info: status %d", (int)rc);
         return -1;
     }
     size_t np = (size_t)info.num_pages;
@@ -322,9 +323,9 @@ static int refresh(Groups *self, State *s, Py_ssize_t *avail, PyObject **added_o
     for (Py_ssize_t g = 0; g < self->ng; g++) {
         uint32_t *row = self->buf + (size_t)g * self->max_pages;
         size_t k = 0;
-        rc = self->pages(self->h, s->seq, (size_t)g, row, self->max_pages, &k);
+        rc = self->pages(self->h, (size_t)g, s->seq, row, self->max_pages, &k);
         if (rc != KVS_STATUS_OK || k != np) {
-            PyErr_Format(PyExc_RuntimeError, "kvs_hybrid_seq_pages: status %d", (int)rc);
+            PyErr_Format(PyExc_RuntimeError, "kvs_seq_pages: status %d", (int)rc);
             goto fail;
         }
         PyObject *t = PyList_GET_ITEM(s->tables, g);
@@ -414,7 +415,7 @@ static Py_ssize_t skipped(Groups *self, Py_ssize_t g, Py_ssize_t c) {
 }
 
 /* hybrid.py's ``_release``: the positions out of every window become null (kvshare's
- * ``kvs_hybrid_seq_release_skipped``, the mirror by the same rule), only when one is still
+ * ``kvs_seq_release_skipped``, the mirror by the same rule), only when one is still
  * held.  Writes the pages released to ``*released``. */
 static int release_core(Groups *self, State *s, Py_ssize_t c, Py_ssize_t *avail,
                         Py_ssize_t *released) {
@@ -437,7 +438,7 @@ static int release_core(Groups *self, State *s, Py_ssize_t c, Py_ssize_t *avail,
     size_t done = 0;
     kvs_status rc = self->release(self->h, s->seq, (size_t)c, &done);
     if (rc != KVS_STATUS_OK) {
-        PyErr_Format(PyExc_RuntimeError, "kvs_hybrid_seq_release_skipped: status %d", (int)rc);
+        PyErr_Format(PyExc_RuntimeError, "kvs_seq_release_skipped: status %d", (int)rc);
         return -1;
     }
     Py_ssize_t n = 0;
@@ -479,8 +480,12 @@ static int append_core(Groups *self, PyObject *st, State *s, PyObject *ids, Py_s
     Py_ssize_t add = known > s->n ? known - s->n : 0;
     if (pack(self, ids, s->n, s->n + add) < 0)
         return -1;
+    /* No sequence here is forked: an append copies nothing (a copy would be refused whole,
+     * as BUFFER_TOO_SMALL, with nothing changed). */
+    kvs_copy copies[1];
+    size_t num_copies = 0;
     *rc = self->append(self->h, s->seq, add ? self->tokens : NULL, (size_t)add,
-                       (size_t)lookahead);
+                       (size_t)lookahead, copies, 0, &num_copies);
     if (*rc != KVS_STATUS_OK)
         return 0;
     s->n += add;
@@ -603,7 +608,7 @@ static PyObject *begin_impl(Groups *self, PyObject *const *args, Py_ssize_t narg
     }
     if (pack(self, args[1], 0, known) < 0)
         goto done;
-    kvs_hybrid_begin_info info;
+    kvs_seq_info info;
     kvs_status rc = self->begin(self->h, s.seq, known ? self->tokens : NULL, (size_t)known,
                                 extra, (size_t)v[0],
                                 (size_t)v[1], &info);

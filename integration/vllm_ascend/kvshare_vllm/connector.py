@@ -70,8 +70,8 @@ def host_pages(vllm_config) -> int:
 
 @dataclass
 class KvshareConnectorMetadata(KVConnectorMetadata):
-    """One step's page copies, oldest first, as packed ``kvs_copy`` records (16 bytes each:
-    src page, dst page, tokens, kind), ready for ``kvs_kv_copy``."""
+    """One step's page copies, oldest first, as packed ``kvs_copy`` records (20 bytes each:
+    src page, dst page, tokens, kind, group), ready for ``kvs_kv_copy``."""
 
     copies: bytes = b""
 

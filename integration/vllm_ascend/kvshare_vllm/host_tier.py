@@ -15,7 +15,7 @@ copy (``kvs_cache_take_copies``).  Here:
   (:class:`~kvshare_vllm.connector.KvshareConnector` asks for the first few waiting requests
   after each ``schedule``), so its copies run with this step and its admission finds the pages
   on the device.
-* :meth:`HostTier.take_copies` drains the copy queue as packed ``kvs_copy`` records (16 bytes
+* :meth:`HostTier.take_copies` drains the copy queue as packed ``kvs_copy`` records (20 bytes
   each), the form the connector ships in its metadata and the worker hands to ``kvs_kv_copy``.
 
 Why ordering is enough (no completion report): every copy is queued inside ``schedule`` and

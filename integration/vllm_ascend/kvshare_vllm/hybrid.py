@@ -1,13 +1,14 @@
 """``KvshareHybridKVCacheManager``: vLLM's ``KVCacheManager`` surface for models with several
 KV-cache groups (sliding window, chunked local attention and full attention / MLA), backed by
-one ``kvshare.Hybrid`` (the core's KV-cache groups, ``kvs_hybrid_*``).
+one ``kvshare.Cache`` with the model's KV-cache groups (kept in vLLM's block pool order,
+``vllm_free_order``).
 
 It plays vLLM 0.23.0's ``HybridKVCacheCoordinator`` (or its ``UnitaryKVCacheCoordinator`` with a
 single sliding-window / chunked-local group): one page pool shared by every group (vLLM unifies
 page bytes, so kvshare puts all groups in one pool), one block table per group and request, the
 null block (page 0) at positions a window released or a hit skipped, hits found by kvshare's
-fixed point across groups (``kvs_hybrid_match``), positions released out of the window by
-``remove_skipped_blocks`` (``kvs_hybrid_seq_release_skipped``, registered pages still matchable).
+fixed point across groups (``kvs_prefix_find``), positions released out of the window by
+``remove_skipped_blocks`` (``kvs_seq_release_skipped``, registered pages still matchable).
 
 vLLM's admission arithmetic (``get_num_blocks_to_allocate``: the per-request cap of windowed
 groups under ``full_sequence_must_fit``, skipped positions, evictable hit blocks) runs here on a
@@ -81,8 +82,6 @@ def hybrid_unsupported_reason(kv_cache_config, scheduler_block_size: int, hash_b
     groups = kv_cache_config.kv_cache_groups
     if not groups:
         return "no KV-cache groups (attention-free model)"
-    if not hasattr(kvshare, "Hybrid"):
-        return "this kvshare binding has no KV-cache groups (kvshare.Hybrid)"
     for i, g in enumerate(groups):
         if _group_kind(g.kv_cache_spec) is None:
             return (f"KV-cache group {i}: {type(g.kv_cache_spec).__name__} (kvshare's groups "
@@ -215,9 +214,11 @@ class KvshareHybridKVCacheManager(ManagerBase):
         self._pending: tuple[str, object] | None = None  # (request id, extra keys) of a match
 
     def _new_cache(self):
-        return kvshare.Hybrid(page_size=self.block_size, num_pages=self.num_blocks,
-                              groups=self._groups, enable_prefix_caching=self.enable_caching,
-                              enable_events=self.enable_kv_cache_events)
+        return kvshare.Cache(
+            page_size=self.block_size, num_device_pages=self.num_blocks, groups=self._groups,
+            enable_prefix_caching=self.enable_caching, enable_events=self.enable_kv_cache_events,
+            reserve_null_page=True, vllm_free_order=True, defer_commit=False,
+            skip_cached_writes=False, demote_to_host=False)
 
     def _new_fast(self):
         """The compiled calls over this cache (``_fast_groups.Groups``), or None: not built,
@@ -226,9 +227,9 @@ class KvshareHybridKVCacheManager(ManagerBase):
             return None
         if any(k not in _FAST_KINDS for k, _ in self._windows):
             return None
-        fns = tuple(int(ffi.cast("uintptr_t", ffi.addressof(lib, f"kvs_hybrid_{name}")))
+        fns = tuple(int(ffi.cast("uintptr_t", ffi.addressof(lib, f"kvs_{name}")))
                     for name in ("seq_append", "seq_get_info", "seq_pages",
-                                 "seq_release_skipped", "seq_free", "seq_begin", "match"))
+                                 "seq_release_skipped", "seq_free", "seq_begin", "prefix_find"))
         return _fast_groups.Groups(
             int(ffi.cast("uintptr_t", self.cache.handle)), fns, self.block_size, self.num_blocks,
             tuple((_FAST_KINDS[k], w) for k, w in self._windows), self._refs, self._blocks)
@@ -258,9 +259,9 @@ class KvshareHybridKVCacheManager(ManagerBase):
         included, the null page not.  Kept until the next call that changes the pool."""
         a = self._avail
         if a is None:
-            rc = lib.kvs_hybrid_stats(self.cache.handle, 0, self._stats_out)
+            rc = lib.kvs_cache_group_stats(self.cache.handle, 0, self._stats_out)
             if rc:
-                kvshare.check(rc, "kvs_hybrid_stats")
+                kvshare.check(rc, "kvs_cache_group_stats")
             a = self._avail = self._stats_out.pool_pages_free
         return a
 
@@ -388,9 +389,9 @@ class KvshareHybridKVCacheManager(ManagerBase):
         if fast is not None:
             rc, hit, rows = fast.match(ids, _extra_addr(extra), max(len(ids) - 1, 0))
             if rc:
-                kvshare.check(rc, "kvs_hybrid_match")
+                kvshare.check(rc, "kvs_prefix_find")
         else:
-            hit, rows = self.cache.match(ids, max(len(ids) - 1, 0), extra)
+            hit, rows = self.cache.prefix_find(ids, max(len(ids) - 1, 0), extra)
             blocks = self._blocks
             rows = [[blocks[p] for p in row] for row in rows] if hit else rows
         if self.log_stats:
@@ -439,7 +440,7 @@ class KvshareHybridKVCacheManager(ManagerBase):
             if not room:
                 return None
             if rc:
-                kvshare.check(rc, "kvs_hybrid_seq_append")
+                kvshare.check(rc, "kvs_seq_append")
             if appended and events:
                 self._drain_events(st, request, cached,
                                    st.n // self.block_size if self.enable_caching else cached)
@@ -474,7 +475,7 @@ class KvshareHybridKVCacheManager(ManagerBase):
         return self.empty_kv_cache_blocks
 
     def _begin(self, request, ids, known: int, need_slot: int, num_hit: int) -> KVCacheBlocks:
-        """``allocate_slots`` of a request without a sequence: ``kvs_hybrid_seq_begin`` (the
+        """``allocate_slots`` of a request without a sequence: ``kvs_seq_begin`` (the
         hit again, skipped positions null, fresh pages up to ``need_slot``, full pages of the
         known tokens registered)."""
         rid = request.request_id
@@ -490,7 +491,7 @@ class KvshareHybridKVCacheManager(ManagerBase):
                                                         num_hit, max(need_slot - known, 0), nh,
                                                         self._avail)
             if rc:
-                kvshare.check(rc, "kvs_hybrid_seq_begin")
+                kvshare.check(rc, "kvs_seq_begin")
             info = {"matched_tokens": matched}
             self._reqs[rid] = st
         else:
@@ -528,7 +529,7 @@ class KvshareHybridKVCacheManager(ManagerBase):
         if self._fast is not None:
             rc, self._avail = self._fast.free(st, self._avail)
             if rc:
-                kvshare.check(rc, "kvs_hybrid_seq_free")
+                kvshare.check(rc, "kvs_seq_free")
             return
         self.cache.seq_free(st.seq)
         refs = self._refs
@@ -559,7 +560,7 @@ class KvshareHybridKVCacheManager(ManagerBase):
             rc, added, self._avail = self._fast.append(st, _token_ids(request), target, 0,
                                                        self._avail)
             if rc:
-                kvshare.check(rc, "kvs_hybrid_seq_append")
+                kvshare.check(rc, "kvs_seq_append")
             self._drain_events(st, request, cached, target // bs)
         elif target // bs > st.n // bs:  # a page fills (partial pages wait, see allocate_slots)
             self.cache.seq_append(st.seq, _token_ids(request)[st.n:target], 0)
@@ -638,7 +639,7 @@ class KvshareHybridKVCacheManager(ManagerBase):
 
     def new_step_starts(self) -> None:
         """vLLM's ``MambaManager.new_step_starts`` (clears ``cached_blocks_this_step``):
-        ``Hybrid.new_step`` (``kvs_hybrid_new_step``); nothing to do without state groups."""
+        ``Cache.new_step`` (``kvs_cache_new_step``); nothing to do without state groups."""
         if self._has_state:
             self.cache.new_step()
 
@@ -675,7 +676,8 @@ class KvshareHybridKVCacheManager(ManagerBase):
                                  f"{self._avail}")
 
     def kvshare_stats(self) -> dict[str, int]:
-        st = self.cache.stats(0)
-        return {"num_seqs": st["num_seqs"], "device_pages_in_use": st["pool_pages_in_use"],
+        st = self.cache.stats()
+        return {"num_seqs": st["num_seqs"],
+                "device_pages_in_use": self.cache.group_stats(0)["pool_pages_in_use"],
                 **{f"group{g}_{k}": v for g in range(self.num_kv_cache_groups)
-                   for k, v in self.cache.stats(g).items()}}
+                   for k, v in self.cache.group_stats(g).items()}}

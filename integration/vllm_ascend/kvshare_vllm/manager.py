@@ -226,7 +226,7 @@ class KvshareKVCacheManager(ManagerBase, PythonTwins):
         ``kvs_cache_available``."""
         a = self._avail
         if a is None:
-            rc = lib.kvs_cache_available(self._h, _DEVICE, self._available_out)
+            rc = lib.kvs_cache_available(self._h, _DEVICE, 0, self._available_out)
             if rc:
                 kvshare.check(rc, "kvs_cache_available")
             a = self._avail = self._available_out[0]
@@ -265,7 +265,7 @@ class KvshareKVCacheManager(ManagerBase, PythonTwins):
         info = ffi.new("kvs_page_info *")
         n = 0
         for p in pages:
-            kvshare.check(lib.kvs_page_get_info(self._h, _DEVICE, p, info), "kvs_page_get_info")
+            kvshare.check(lib.kvs_page_get_info(self._h, _DEVICE, 0, p, info), "kvs_page_get_info")
             n += info.state == _CACHED_STATE
         return n
 

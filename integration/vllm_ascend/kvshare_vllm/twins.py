@@ -79,7 +79,7 @@ class PythonTwins:
             raise ValueError("match: negative max_tokens")
         toks = self._pack(ids)
         n = len(ids)
-        rc = lib.kvs_prefix_match(self._h, ffi.from_buffer("int32_t[]", toks) if n else ffi.NULL,
+        rc = lib.kvs_prefix_match(self._h, 0, ffi.from_buffer("int32_t[]", toks) if n else ffi.NULL,
                                   n, ffi.cast("kvs_extra_keys *", extra_addr), max_tokens, False,
                                   self._pages_buf, self._max_pages, self._num_pages_out,
                                   self._matched_out)
@@ -108,7 +108,7 @@ class PythonTwins:
         known = nbytes // 4
         rc = lib.kvs_seq_begin(self._h, st.seq,
                                ffi.from_buffer("int32_t[]", toks) if known else ffi.NULL, known,
-                               ffi.cast("kvs_extra_keys *", extra_addr), max_match, self._info)
+                               ffi.cast("kvs_extra_keys *", extra_addr), max_match, 0, self._info)
         if rc:
             return rc, 0, 0, []
         st.n = known

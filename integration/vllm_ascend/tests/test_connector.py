@@ -69,7 +69,10 @@ def _scheduler(model_dir, num_blocks: int, host_pages: int, kvshare: bool = True
 
 
 def _copies(meta: KvshareConnectorMetadata):
-    return list(struct.iter_unpack("<4I", meta.copies))
+    """(src, dst, tokens, kind) of each shipped ``kvs_copy`` (group 0: one group here)."""
+    rows = list(struct.iter_unpack("<5I", meta.copies))
+    assert all(r[4] == 0 for r in rows)
+    return [r[:4] for r in rows]
 
 
 class ShadowWorker:
@@ -261,7 +264,7 @@ def test_worker_copies_match_torch(layout, seed):
             kind = rng.choice([D2H, H2D])
             src = rng.randrange(blocks if kind == D2H else host_pages)
             dst = rng.randrange(host_pages if kind == D2H else blocks)
-            rows.append((src, dst, BS, kind))
+            rows.append((src, dst, BS, kind, 0))
             for k in caches:
                 d, h = ref[k], ref_host[k]
                 if kind == D2H:
@@ -269,7 +272,7 @@ def test_worker_copies_match_torch(layout, seed):
                 else:
                     d.select(dim, dst).copy_(h.select(dim, src))
         w.bind_connector_metadata(KvshareConnectorMetadata(
-            b"".join(struct.pack("<4I", *r) for r in rows)))
+            b"".join(struct.pack("<5I", *r) for r in rows)))
         w.start_load_kv(None)
         w.clear_connector_metadata()
         for k in caches:

@@ -54,7 +54,7 @@ def begin(m: KvshareKVCacheManager, seq: int, prompt: list[int]) -> _Req:
     info = ffi.new("kvs_seq_info *")
     toks = kvshare.pack_i32(prompt)
     kvshare.check(lib.kvs_seq_begin(m._h, seq, ffi.from_buffer("int32_t[]", toks), len(prompt),
-                                    ffi.NULL, max(len(prompt) - 1, 0), info), "kvs_seq_begin")
+                                    ffi.NULL, max(len(prompt) - 1, 0), 0, info), "kvs_seq_begin")
     st = _Req(seq, None)
     st.n = len(prompt)
     rc, _ = m._append(st, (), st.n, 0)  # reads the block table
@@ -176,7 +176,7 @@ def test_fast_match_matches_python(monkeypatch, seed):
             toks = kvshare.pack_i32(prompt)
             rc = lib.kvs_seq_begin(m._h, seq, ffi.from_buffer("int32_t[]", toks) if prompt
                                    else ffi.NULL, len(prompt), extra.ptr if extra else ffi.NULL,
-                                   0, ffi.NULL)
+                                   0, 0, ffi.NULL)
             if rc == 0:
                 kvshare.check(lib.kvs_seq_free(m._h, seq), "kvs_seq_free")
         seen.append((prompt, extra))

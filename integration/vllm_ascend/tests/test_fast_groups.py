@@ -38,8 +38,8 @@ def mgr(tiny_model_dir, monkeypatch):
 
 def snapshot(m):
     st = m._reqs["a"]
-    return ([list(t) for t in st.tables], st.n, bytes(m._refs), m._avail, m.cache.stats(0),
-            m.cache.stats(1))
+    return ([list(t) for t in st.tables], st.n, bytes(m._refs), m._avail, m.cache.group_stats(0),
+            m.cache.group_stats(1))
 
 
 def test_bad_input_changes_nothing(mgr):
@@ -90,9 +90,9 @@ def test_groups_refuses_what_it_cannot_run(mgr):
     good = m._fast
     addr = int(hybrid_mod.ffi.cast("uintptr_t", m.cache.handle))
     fns = tuple(int(hybrid_mod.ffi.cast("uintptr_t", hybrid_mod.ffi.addressof(
-        hybrid_mod.lib, f"kvs_hybrid_{n}"))) for n in (
+        hybrid_mod.lib, f"kvs_{n}"))) for n in (
         "seq_append", "seq_get_info", "seq_pages", "seq_release_skipped", "seq_free",
-        "seq_begin", "match"))
+        "seq_begin", "prefix_find"))
     kinds = ((1, 32), (0, 0))
     refs = array("I", bytes(4 * m.num_blocks))
     with pytest.raises(ValueError):
