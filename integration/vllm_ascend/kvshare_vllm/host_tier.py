@@ -73,7 +73,7 @@ class HostTier:
 
     def prefetch(self, request) -> int:
         """For a waiting request: starts its promotions now (their copies ride this step)."""
-        from .twins import _token_ids
+        from .base import _token_ids
 
         if not self._mgr.enable_caching or request.skip_reading_prefix_cache:
             return 0

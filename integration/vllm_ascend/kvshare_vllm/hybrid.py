@@ -23,7 +23,6 @@ caching call, removals in the group the page was stored for).
 
 from __future__ import annotations
 
-import os
 from array import array
 from collections import Counter
 
@@ -36,20 +35,14 @@ _require_supported_vllm_and_native()  # before vLLM's imports: an unsupported vL
 
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 
-from . import logger
-from .base import ManagerBase, _cdiv
+from . import _fast, logger  # _fast required: startup.require() has checked that it loads
+from .base import ManagerBase, _cdiv, _extra_addr, _token_ids
 from .state_groups import (is_state_spec, skipped_tokens, state_group_kind,
                            state_unsupported_reason, vllm_table)
 from .manager import _REMOVED, _STORED, extra_keys_for
-from .twins import _extra_addr, _token_ids
 from .views import _BlockPoolView, _CoordinatorView, _SingleTypeView
 
-try:  # the compiled hot calls (kvshare_vllm/_fast_groups.c); Python's when not built
-    from . import _fast_groups
-except ImportError:  # pragma: no cover - depends on the install
-    _fast_groups = None
-
-# kvshare_vllm._fast_groups' group kinds
+# kvshare_vllm._fast.Groups' group kinds
 _FAST_KINDS = {"full": 0, "sliding_window": 1, "chunked_local": 2}
 
 
@@ -221,16 +214,14 @@ class KvshareHybridKVCacheManager(ManagerBase):
             skip_cached_writes=False, demote_to_host=False)
 
     def _new_fast(self):
-        """The compiled calls over this cache (``_fast_groups.Groups``), or None: not built,
-        ``KVSHARE_VLLM_PURE_PYTHON`` set, or a group kind it does not handle."""
-        if _fast_groups is None or os.environ.get("KVSHARE_VLLM_PURE_PYTHON"):
-            return None
+        """The native calls over this cache (``_fast.Groups``), or None with a state group
+        (kinds ``_fast.Groups`` does not handle: their calls go through the binding)."""
         if any(k not in _FAST_KINDS for k, _ in self._windows):
             return None
         fns = tuple(int(ffi.cast("uintptr_t", ffi.addressof(lib, f"kvs_{name}")))
                     for name in ("seq_append", "seq_get_info", "seq_pages",
                                  "seq_release_skipped", "seq_free", "seq_begin", "prefix_find"))
-        return _fast_groups.Groups(
+        return _fast.Groups(
             int(ffi.cast("uintptr_t", self.cache.handle)), fns, self.block_size, self.num_blocks,
             tuple((_FAST_KINDS[k], w) for k, w in self._windows), self._refs, self._blocks)
 

@@ -267,7 +267,7 @@ def register_attention() -> bool:
 
 def register() -> None:
     """Entry point of ``vllm.general_plugins`` (runs in every vLLM process; re-entrant).
-    Enabled, it first checks the vLLM version and the native modules (:mod:`.startup`): an
+    Enabled, it first checks the vLLM version and the native module (:mod:`.startup`): an
     unsupported vLLM or a library of another C ABI stops the engine with what to install."""
     if ops_enabled() or enabled():
         from .startup import require

@@ -1,4 +1,4 @@
-"""Drives kvshare_vllm/_fast_groups.c built with AddressSanitizer + UBSan (loaded from the path
+"""Drives kvshare_vllm/_fast.c's Groups built with AddressSanitizer + UBSan (loaded from the path
 given as argv[1], no torch or vLLM in the process): random begins, running steps, appends,
 releases, frees and matches on a two-group cache (sliding window 32 / full), each checked
 against kvshare through the binding (tables, the page refcount mirror, the free count), plus
@@ -16,8 +16,8 @@ import kvshare
 from kvshare import ffi, lib
 
 spec = importlib.util.spec_from_file_location(
-    "_fast_groups", sys.argv[1],
-    loader=importlib.machinery.ExtensionFileLoader("_fast_groups", sys.argv[1]))
+    "_fast", sys.argv[1],
+    loader=importlib.machinery.ExtensionFileLoader("_fast", sys.argv[1]))
 fg = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(fg)
 
