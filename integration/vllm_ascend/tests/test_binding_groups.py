@@ -175,3 +175,46 @@ def test_state_align_keeps_the_previous_state_until_released():
     info = h.seq_begin(2, toks[:8] + [5, 6, 7], max_match_tokens=10)
     assert info["matched_tokens"] == 8 and list(h.seq_pages(2, 1))[:2] == [0, a]
     h.check()
+
+
+def test_fork_swap_and_pins_work_on_groups():
+    """The one-group cache's capabilities on a windowed model: copy-on-write copies one page per
+    group, swap moves every held page of every group (released positions stay released), a
+    pin holds what a hit needs in each group."""
+    D2D, D2H, H2D = (kvshare.lib.KVS_COPY_KIND_DEVICE_TO_DEVICE,
+                     kvshare.lib.KVS_COPY_KIND_DEVICE_TO_HOST,
+                     kvshare.lib.KVS_COPY_KIND_HOST_TO_DEVICE)
+    h = make(num_pages=16, num_host_pages=16)
+    toks = list(range(100, 118))  # 4 full pages and 2 tokens
+    h.seq_begin(1, toks)
+    assert h.seq_release_skipped(1, 18) == 2  # window 8: positions 0 and 1 of group 0
+    parent = [list(h.seq_pages(1, g)) for g in range(2)]
+    h.seq_fork(1, 2)
+    copies = h.seq_append(2, [5, 6])  # writes into the shared partial page: one copy per group
+    assert sorted((c[3], c[4], c[2], c[0]) for c in copies) == [
+        (D2D, 0, 2, parent[0][4]), (D2D, 1, 2, parent[1][4])]
+    for g in range(2):
+        child = list(h.seq_pages(2, g))
+        assert child[:4] == parent[g][:4] and child[4] == next(c[1] for c in copies if c[4] == g)
+    h.seq_free(2)
+
+    out = h.seq_swap_out(1)
+    held = [[p for p in parent[g] if p] for g in range(2)]
+    assert all(c[3] == D2H for c in out)
+    assert sorted((c[4], c[0]) for c in out) == sorted((g, p) for g in range(2) for p in held[g])
+    assert h.seq_info(1)["tier"] == kvshare.lib.KVS_TIER_HOST
+    host = list(h.seq_pages(1, 0))
+    assert host[:2] == [0xFFFFFFFF] * 2  # released positions, on the host
+    inn = h.seq_swap_in(1)
+    assert all(c[3] == H2D for c in inn) and h.seq_info(1)["tier"] == kvshare.lib.KVS_TIER_DEVICE
+    back = [list(h.seq_pages(1, g)) for g in range(2)]
+    assert back[0][:2] == [0, 0] and 0 not in back[0][2:] and 0 not in back[1]
+    h.check()
+
+    pin, n = h.prefix_pin(toks[:16])
+    assert n == 2 + 4  # the window's last cdiv(8 - 1, 4) pages before the hit, every full one
+    h.seq_free(1)
+    assert h.stats()["device_pages_pinned"] == n
+    h.prefix_unpin(pin)
+    assert h.stats()["device_pages_pinned"] == 0
+    h.check()
