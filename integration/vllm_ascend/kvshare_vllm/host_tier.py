@@ -42,7 +42,8 @@ HOST_PAGES: contextvars.ContextVar[int] = contextvars.ContextVar("kvshare_host_p
 
 
 class HostTier:
-    """The host-tier calls of one ``KvshareKVCacheManager`` (which owns the cache handle)."""
+    """The host-tier calls of one kvshare manager (``KvshareKVCacheManager`` or
+    ``KvshareHybridKVCacheManager``, which owns the cache handle ``_h``)."""
 
     def __init__(self, manager, num_host_pages: int, batch: int = 1024):
         self._mgr = manager

@@ -37,6 +37,7 @@ from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 
 from . import _fast, logger  # _fast required: startup.require() has checked that it loads
 from .base import ManagerBase, _cdiv, _extra_addr, _token_ids
+from .host_tier import HOST_PAGES, HostTier
 from .state_groups import (is_state_spec, skipped_tokens, state_group_kind,
                            state_unsupported_reason, vllm_table)
 from .manager import _REMOVED, _STORED, extra_keys_for
@@ -88,6 +89,9 @@ def hybrid_unsupported_reason(kv_cache_config, scheduler_block_size: int, hash_b
         return why
     if state_bs is not None and enable_kv_cache_events:
         return "KV events with Mamba / linear-attention state groups"
+    if state_bs is not None and HOST_PAGES.get():
+        return ("kvshare's host tier (KvshareConnector) with Mamba / linear-attention state "
+                "groups (the connector copies attention KV pages only)")
     sizes = {g.kv_cache_spec.block_size for g in groups}
     if state_bs is None and len(sizes) != 1:
         return f"block sizes differ between groups ({sorted(sizes)})"
@@ -185,7 +189,10 @@ class KvshareHybridKVCacheManager(ManagerBase):
         self._windowed = [g for g, (k, _) in enumerate(kinds)
                           if k != "full" and g not in self._single]
         self._zero_new = bool(getattr(kv_cache_config, "needs_kv_cache_zeroing", False))
+        # The host tier, when kvshare's KV connector executes its copies (host_tier.py).
+        self.num_host_pages = HOST_PAGES.get()
         self.cache = self._new_cache()
+        self.host_tier = HostTier(self, self.num_host_pages) if self.num_host_pages else None
         if enable_kv_cache_events:
             from vllm.v1.kv_cache_interface import (get_kv_cache_spec_kind,
                                                     get_kv_cache_spec_sliding_window)
@@ -211,7 +218,16 @@ class KvshareHybridKVCacheManager(ManagerBase):
             page_size=self.block_size, num_device_pages=self.num_blocks, groups=self._groups,
             enable_prefix_caching=self.enable_caching, enable_events=self.enable_kv_cache_events,
             reserve_null_page=True, vllm_free_order=True, defer_commit=False,
-            skip_cached_writes=False, demote_to_host=False)
+            skip_cached_writes=False, num_host_pages=self.num_host_pages,
+            demote_to_host=self.num_host_pages > 0)
+
+    @property
+    def _h(self):
+        """The ``kvs_cache *`` (``_reset_index`` replaces the cache)."""
+        return self.cache.handle
+
+    _pack = staticmethod(_fast.pack_i32)
+    _extra_for = staticmethod(extra_keys_for)
 
     def _new_fast(self):
         """The native calls over this cache (``_fast.Groups``), or None with a state group
@@ -376,6 +392,8 @@ class KvshareHybridKVCacheManager(ManagerBase):
             return self.empty_kv_cache_blocks, 0
         ids = _token_ids(request)
         extra = extra_keys_for(request)
+        if self.host_tier is not None:  # the request's host-tier prefix back on the device
+            self.host_tier.promote(ids, extra)
         fast = self._fast
         if fast is not None:
             rc, hit, rows = fast.match(ids, _extra_addr(extra), max(len(ids) - 1, 0))
@@ -668,7 +686,6 @@ class KvshareHybridKVCacheManager(ManagerBase):
 
     def kvshare_stats(self) -> dict[str, int]:
         st = self.cache.stats()
-        return {"num_seqs": st["num_seqs"],
-                "device_pages_in_use": self.cache.group_stats(0)["pool_pages_in_use"],
+        return {**st, "device_pages_in_use": self.cache.group_stats(0)["pool_pages_in_use"],
                 **{f"group{g}_{k}": v for g in range(self.num_kv_cache_groups)
                    for k, v in self.cache.group_stats(g).items()}}
