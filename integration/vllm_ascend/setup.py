@@ -2,8 +2,8 @@
 (``integration/cargo_version.py``); the plugin requires the binding of the same C ABI
 (``kvshare~=<version>``: before 1.0 the minor version is the ABI version).
 
-Builds ``kvshare_vllm._fast`` and ``kvshare_vllm._fast_groups`` (the adapter's page hand-over,
-compiled, for one group and for KV-cache groups). They are required: without a C compiler or
+Builds ``kvshare_vllm._fast`` (the adapter's page hand-over, compiled, for one group and for
+KV-cache groups). It is required: without a C compiler or
 Python's headers the build stops and says what to install, instead of installing a plugin that
 runs the same steps in Python, slower. The extension includes the generated ``kvshare.h``
 (``$KVSHARE_HEADER``, the installed ``kvshare`` package's copy, the repository's ``include/``,
@@ -32,9 +32,8 @@ from cargo_version import (MANIFEST, REPO, package_version, project_urls,  # noq
                            release_series)
 
 VERSION = package_version(HERE, MANIFEST)
-NATIVE = ("_fast", "_fast_groups")  # _fast: one full-attention group (manager.py);
-#                                      _fast_groups: KV-cache groups (hybrid.py)
-NEEDS = ("kvshare-vllm needs its native modules (kvshare_vllm._fast, kvshare_vllm._fast_groups): "
+NATIVE = ("_fast",)  # Appender: one full-attention group (manager.py); Groups: KV-cache groups
+NEEDS = ("kvshare-vllm needs its native module (kvshare_vllm._fast): "
          "install a C compiler and Python's headers (Debian / Ubuntu: apt-get install gcc "
          "python3-dev; RHEL / openEuler: dnf install gcc python3-devel) and run pip again")
 
@@ -64,7 +63,7 @@ def abi_version(header: str) -> int:
 
 
 class BuildNative(build_ext):
-    """Compiles the native modules (failing with what to install when it cannot) and writes
+    """Compiles the native module (failing with what to install when it cannot) and writes
     ``kvshare_vllm/_build_info.py`` beside them."""
 
     def run(self):
@@ -78,10 +77,10 @@ class BuildNative(build_ext):
         except Exception as e:  # CompileError, LinkError, a missing compiler (platform errors)
             raise SystemExit(f"{NEEDS}. (The build failed: {e}.)") from None
         with open(self._info_path(), "w", encoding="utf-8") as f:
-            f.write("# Written by setup.py when it compiled the native modules (not in the "
+            f.write("# Written by setup.py when it compiled the native module (not in the "
                     "repository).\n"
                     f"__version__ = {VERSION!r}\n"
-                    "#: KVS_ABI_VERSION of the kvshare.h the native modules were compiled "
+                    "#: KVS_ABI_VERSION of the kvshare.h the native module was compiled "
                     "against.\n"
                     f"KVS_ABI_VERSION = {abi_version(os.path.join(HEADER_DIR, 'kvshare.h'))}\n")
 
@@ -94,7 +93,7 @@ class BuildNative(build_ext):
 
 
 class SdistWithHeader(sdist):
-    """Adds the version helper and the header the native modules compile against."""
+    """Adds the version helper and the header the native module compiles against."""
 
     def make_release_tree(self, base_dir, files):
         super().make_release_tree(base_dir, files)

@@ -246,23 +246,77 @@ def _extra(extra: ExtraKeys | None):
 
 SIZE_MAX = int(ffi.cast("size_t", -1))
 
+KINDS = {
+    "full": lib.KVS_GROUP_KIND_FULL,
+    "sliding_window": lib.KVS_GROUP_KIND_SLIDING_WINDOW,
+    "chunked_local": lib.KVS_GROUP_KIND_CHUNKED_LOCAL,
+    "state": lib.KVS_GROUP_KIND_STATE,
+}
+KIND_NAMES = {v: k for k, v in KINDS.items()}
+STATE_MODES = {
+    "none": lib.KVS_STATE_MODE_NONE,
+    "all": lib.KVS_STATE_MODE_ALL,
+    "align": lib.KVS_STATE_MODE_ALIGN,
+}
+STATE_MODE_NAMES = {v: k for k, v in STATE_MODES.items()}
+
+
+def group_spec(g: Any) -> tuple[int, int, int]:
+    """``(kind, window, page_bytes)`` numbers of one group given as a tuple or a dict.
+
+    ``kind`` is ``"full"``, ``"sliding_window"``, ``"chunked_local"``, ``"state"`` or the
+    ``KVS_GROUP_KIND_*`` value; a ``"state"`` group (Mamba / linear attention) takes its
+    ``mamba_cache_mode`` (``"none"``, ``"all"``, ``"align"`` or the ``KVS_STATE_MODE_*`` value)
+    in place of the window: ``("state", "all", page_bytes)`` or ``{"kind": "state", "mode":
+    "all", "page_bytes": page_bytes}``.  ``page_bytes`` 0: the geometry's."""
+    if isinstance(g, dict):
+        kind, page_bytes = g["kind"], g.get("page_bytes", 0)
+        window = g["mode"] if "mode" in g else g.get("window", 0)
+    else:
+        kind, window, page_bytes = g
+    k = KINDS[kind] if isinstance(kind, str) else int(kind)
+    if isinstance(window, str):
+        window = STATE_MODES[window]
+    return k, int(window), int(page_bytes)
+
+
+def _copy_tuple(c) -> tuple[int, int, int, int, int]:
+    return (c.src_page, c.dst_page, c.num_tokens, c.kind, c.group)
+
 
 class Cache:
     """Owns a ``kvs_cache*``: every method is one ``kvs_`` call; errors raise :class:`KvsError`.
 
+    One cache serves one or many KV-cache groups: ``groups`` (a list of :func:`group_spec`
+    tuples or dicts, in the engine's ``group_idx`` order) is the config's ``groups``; without
+    it the cache has one full-attention group.  Per-group calls take ``group`` (default 0).
     ``handle`` is the raw ``kvs_cache*`` for direct ``lib`` calls on hot paths.  The cache is
     freed by :meth:`close` (or garbage collection).
+
+    Page copies come back as ``(src_page, dst_page, num_tokens, kind, group)`` tuples.
     """
 
-    def __init__(self, config: Any = None, **fields: Any):
-        cfg = config if config is not None else config_default(**fields)
+    def __init__(self, config: Any = None, groups=None, **fields: Any):
+        if config is not None and fields:
+            raise TypeError("Cache: give a config or fields, not both")
+        cfg = ffi.new("kvs_config *", config[0]) if config is not None \
+            else config_default(**fields)
+        arr = None
+        if groups is not None:
+            specs = [group_spec(g) for g in groups]
+            arr = ffi.new("kvs_group[]", max(len(specs), 1))
+            for i, (k, w, b) in enumerate(specs):
+                arr[i].kind, arr[i].window, arr[i].page_bytes = k, w, b
+            cfg.groups, cfg.num_groups = arr, len(specs)
         out = ffi.new("kvs_cache **")
         check(lib.kvs_cache_new(cfg, out), "kvs_cache_new")
         self.handle = ffi.gc(out[0], lib.kvs_cache_free)
         c = ffi.new("kvs_config *")
         check(lib.kvs_cache_get_config(self.handle, c), "kvs_cache_get_config")
         self.config = _struct_dict(c)
+        del self.config["groups"]  # NULL: the groups are read with group_info
         self.page_size: int = c.page_size
+        self.num_groups: int = c.num_groups
         self._copies = ffi.new("kvs_copy[]", 64)
         self._events = ffi.new("kvs_event[]", 1024)
 
@@ -274,9 +328,31 @@ class Cache:
 
     # -- cache ----------------------------------------------------------------------------
     def stats(self) -> dict[str, int]:
+        """Totals over every pool and group (``kvs_stats``)."""
         s = ffi.new("kvs_stats *")
         check(lib.kvs_cache_stats(self.handle, s), "kvs_cache_stats")
         return _struct_dict(s)
+
+    def group_info(self, group: int) -> dict[str, Any]:
+        """Kind (a :data:`KINDS` name), window (state groups: also ``mode``), page bytes, pool."""
+        info = ffi.new("kvs_group_info *")
+        check(lib.kvs_cache_group_info(self.handle, group, info), "kvs_cache_group_info")
+        d = _struct_dict(info)
+        d["kind"] = KIND_NAMES[d["kind"]]
+        if d["kind"] == "state":
+            d["mode"] = STATE_MODE_NAMES[d["window"]]
+        return d
+
+    def group_stats(self, group: int) -> dict[str, int]:
+        s = ffi.new("kvs_group_stats *")
+        check(lib.kvs_cache_group_stats(self.handle, group, s), "kvs_cache_group_stats")
+        return _struct_dict(s)
+
+    def available(self, tier: int = 0, group: int = 0) -> int:
+        """Free plus evictable pages of ``group``'s pool in ``tier``."""
+        n = ffi.new("size_t *")
+        check(lib.kvs_cache_available(self.handle, tier, group, n), "kvs_cache_available")
+        return n[0]
 
     def check(self) -> None:
         check(lib.kvs_cache_check(self.handle), "kvs_cache_check")
@@ -284,85 +360,114 @@ class Cache:
     def commit(self) -> None:
         check(lib.kvs_cache_commit(self.handle), "kvs_cache_commit")
 
-    def take_copies(self) -> list[tuple[int, int, int, int]]:
+    def new_step(self) -> None:
+        """Starts a scheduler step (vLLM's ``new_step_starts``): state checkpoints registered
+        before now may be hit; until then a begin hitting one fails with ``NoSpaceError``."""
+        check(lib.kvs_cache_new_step(self.handle), "kvs_cache_new_step")
+
+    def take_copies(self) -> list[tuple[int, int, int, int, int]]:
         out, n = [], ffi.new("size_t *")
         while True:
             check(lib.kvs_cache_take_copies(self.handle, self._copies, len(self._copies), n),
                   "kvs_cache_take_copies")
-            out.extend((c.src_page, c.dst_page, c.num_tokens, c.kind)
-                       for c in self._copies[0:n[0]])
+            out.extend(_copy_tuple(c) for c in self._copies[0:n[0]])
             if n[0] < len(self._copies):
                 return out
 
     def take_events(self) -> list[dict[str, int]]:
+        """Queued events as dicts of ``kvs_event``'s fields plus ``hash`` and ``parent`` (the
+        128-bit values)."""
         out, n = [], ffi.new("size_t *")
         while True:
             check(lib.kvs_cache_take_events(self.handle, self._events, len(self._events), n),
                   "kvs_cache_take_events")
-            out.extend(_struct_dict(e) for e in self._events[0:n[0]])
+            for e in self._events[0:n[0]]:
+                d = _struct_dict(e)
+                d["hash"] = d["hash_hi"] << 64 | d["hash_lo"]
+                d["parent"] = d["parent_hi"] << 64 | d["parent_lo"]
+                out.append(d)
             if n[0] < len(self._events):
                 return out
 
-    def block_tables(self, seq_ids, max_pages: int, pad_page: int = -1):
+    def block_tables(self, seq_ids, max_pages: int, pad_page: int = -1, group: int = 0):
         ids = array("Q", seq_ids)
         table = array("i", bytes(4 * len(ids) * max_pages))
         lens = array("i", bytes(4 * len(ids)))
         check(lib.kvs_cache_block_tables(
-            self.handle, ffi.from_buffer("uint64_t[]", ids), len(ids), max_pages, pad_page,
-            ffi.from_buffer("int32_t[]", table), len(table),
-            ffi.from_buffer("int32_t[]", lens), len(lens)), "kvs_cache_block_tables")
+            self.handle, group, ffi.from_buffer("uint64_t[]", ids) if ids else ffi.NULL,
+            len(ids), max_pages, pad_page,
+            ffi.from_buffer("int32_t[]", table) if table else ffi.NULL, len(table),
+            ffi.from_buffer("int32_t[]", lens) if lens else ffi.NULL, len(lens)),
+            "kvs_cache_block_tables")
         return table, lens
 
-    def slot_mapping(self, seq_ids, query_lens, num_slots: int | None = None):
+    def slot_mapping(self, seq_ids, query_lens, num_slots: int | None = None, group: int = 0):
         ids, ql = array("Q", seq_ids), array("I", query_lens)
         total = sum(ql) if num_slots is None else num_slots
         slots = array("q", bytes(8 * total))
         check(lib.kvs_cache_slot_mapping(
-            self.handle, ffi.from_buffer("uint64_t[]", ids), ffi.from_buffer("uint32_t[]", ql),
-            len(ids), ffi.from_buffer("int64_t[]", slots) if total else ffi.NULL, total,
+            self.handle, group, ffi.from_buffer("uint64_t[]", ids) if ids else ffi.NULL,
+            ffi.from_buffer("uint32_t[]", ql) if ql else ffi.NULL, len(ids),
+            ffi.from_buffer("int64_t[]", slots) if total else ffi.NULL, total,
             ffi.NULL), "kvs_cache_slot_mapping")
         return slots
 
     # -- pages ----------------------------------------------------------------------------
-    def pages_alloc(self, n: int) -> array:
+    def pages_alloc(self, n: int, group: int = 0) -> array:
         out = array("I", bytes(4 * n))
-        check(lib.kvs_pages_alloc(self.handle, n, ffi.from_buffer("uint32_t[]", out) if n else ffi.NULL, n),
+        check(lib.kvs_pages_alloc(self.handle, group, n,
+                                  ffi.from_buffer("uint32_t[]", out) if n else ffi.NULL, n),
               "kvs_pages_alloc")
         return out
 
-    def pages_acquire(self, pages) -> None:
+    def pages_acquire(self, pages, group: int = 0) -> None:
         p, n, _k = u32_buffer(pages)
-        check(lib.kvs_pages_acquire(self.handle, p, n), "kvs_pages_acquire")
+        check(lib.kvs_pages_acquire(self.handle, group, p, n), "kvs_pages_acquire")
 
-    def pages_release(self, pages) -> None:
+    def pages_release(self, pages, group: int = 0) -> None:
         p, n, _k = u32_buffer(pages)
-        check(lib.kvs_pages_release(self.handle, p, n), "kvs_pages_release")
+        check(lib.kvs_pages_release(self.handle, group, p, n), "kvs_pages_release")
 
-    def page_info(self, page: int, tier: int = 0) -> dict[str, Any]:
+    def page_info(self, page: int, tier: int = 0, group: int = 0) -> dict[str, Any]:
         info = ffi.new("kvs_page_info *")
-        check(lib.kvs_page_get_info(self.handle, tier, page, info), "kvs_page_get_info")
+        check(lib.kvs_page_get_info(self.handle, tier, group, page, info), "kvs_page_get_info")
         return _struct_dict(info)
 
     # -- prefix index ---------------------------------------------------------------------
-    def prefix_register(self, tokens, pages, extra: ExtraKeys | None = None) -> int:
+    def prefix_register(self, tokens, pages, extra: ExtraKeys | None = None,
+                        group: int = 0) -> int:
         t, nt, _k1 = i32_buffer(tokens)
         p, np_, _k2 = u32_buffer(pages)
         out = ffi.new("size_t *")
-        check(lib.kvs_prefix_register(self.handle, t, nt, p, np_, _extra(extra), out),
+        check(lib.kvs_prefix_register(self.handle, group, t, nt, p, np_, _extra(extra), out),
               "kvs_prefix_register")
         return out[0]
 
     def prefix_match(self, tokens, extra: ExtraKeys | None = None, max_tokens: int = SIZE_MAX,
-                     acquire: bool = False) -> tuple[array, int]:
+                     acquire: bool = False, group: int = 0) -> tuple[array, int]:
         t, nt, _k = i32_buffer(tokens)
         cap = nt // self.page_size
         pages = array("I", bytes(4 * cap))
         npg, nm = ffi.new("size_t *"), ffi.new("size_t *")
-        check(lib.kvs_prefix_match(self.handle, t, nt, _extra(extra), max_tokens, acquire,
+        check(lib.kvs_prefix_match(self.handle, group, t, nt, _extra(extra), max_tokens, acquire,
                                    ffi.from_buffer("uint32_t[]", pages) if cap else ffi.NULL,
                                    cap, npg, nm), "kvs_prefix_match")
         del pages[npg[0]:]
         return pages, nm[0]
+
+    def prefix_find(self, tokens, max_tokens: int = SIZE_MAX,
+                    extra: ExtraKeys | None = None) -> tuple[int, list[array]]:
+        """The read-only hit over every group: ``N`` tokens and each group's ``N // page_size``
+        pages (0: the null page, a position the group no longer reads)."""
+        t, nt, _k = i32_buffer(tokens)
+        cap = nt // self.page_size
+        pages = array("I", bytes(4 * cap * self.num_groups))
+        n = ffi.new("size_t *")
+        check(lib.kvs_prefix_find(self.handle, t, nt, _extra(extra), max_tokens,
+                                  ffi.from_buffer("uint32_t[]", pages) if cap else ffi.NULL,
+                                  len(pages), cap, n), "kvs_prefix_find")
+        k = n[0] // self.page_size
+        return n[0], [pages[g * cap:g * cap + k] for g in range(self.num_groups)]
 
     def prefix_clear(self) -> None:
         check(lib.kvs_prefix_clear(self.handle), "kvs_prefix_clear")
@@ -384,29 +489,42 @@ class Cache:
 
     # -- sequences ------------------------------------------------------------------------
     def seq_begin(self, seq_id: int, tokens, extra: ExtraKeys | None = None,
-                  max_match_tokens: int = SIZE_MAX) -> dict[str, int]:
+                  max_match_tokens: int = SIZE_MAX, lookahead_slots: int = 0) -> dict[str, int]:
         t, nt, _k = i32_buffer(tokens)
         info = ffi.new("kvs_seq_info *")
-        check(lib.kvs_seq_begin(self.handle, seq_id, t, nt, _extra(extra), max_match_tokens, info),
-              "kvs_seq_begin")
+        check(lib.kvs_seq_begin(self.handle, seq_id, t, nt, _extra(extra), max_match_tokens,
+                                lookahead_slots, info), "kvs_seq_begin")
         return _struct_dict(info)
 
     def seq_append(self, seq_id: int, tokens, lookahead_slots: int = 0) -> list[tuple]:
         t, nt, _k = i32_buffer(tokens)
-        n = ffi.new("size_t *")
-        check(lib.kvs_seq_append(self.handle, seq_id, t, nt, lookahead_slots, self._copies,
-                                 len(self._copies), n), "kvs_seq_append")
-        return [(c.src_page, c.dst_page, c.num_tokens, c.kind) for c in self._copies[0:n[0]]]
+        copies, n = self._copies, ffi.new("size_t *")
+        rc = lib.kvs_seq_append(self.handle, seq_id, t, nt, lookahead_slots, copies,
+                                len(copies), n)
+        if rc == STATUS["KVS_STATUS_BUFFER_TOO_SMALL"]:  # refused whole: retry with room
+            copies = ffi.new("kvs_copy[]", self.seq_append_need(seq_id, nt, lookahead_slots)[1])
+            rc = lib.kvs_seq_append(self.handle, seq_id, t, nt, lookahead_slots, copies,
+                                    len(copies), n)
+        check(rc, "kvs_seq_append")
+        return [_copy_tuple(c) for c in copies[0:n[0]]]
+
+    def seq_append_need(self, seq_id: int, num_tokens: int,
+                        lookahead_slots: int = 0) -> tuple[int, int]:
+        """``(pages needed, copies it would queue)`` for appending ``num_tokens`` tokens."""
+        pages, copies = ffi.new("size_t *"), ffi.new("size_t *")
+        check(lib.kvs_seq_append_need(self.handle, seq_id, num_tokens, lookahead_slots, pages,
+                                      copies), "kvs_seq_append_need")
+        return pages[0], copies[0]
 
     def seq_append_batch(self, seq_ids, tokens) -> list[tuple]:
         ids = array("Q", seq_ids)
         t, nt, _k = i32_buffer(tokens)
-        copies = ffi.new("kvs_copy[]", max(len(ids), 1))
+        copies = ffi.new("kvs_copy[]", max(len(ids) * self.num_groups, 1))
         n = ffi.new("size_t *")
         check(lib.kvs_seq_append_batch(self.handle, ffi.from_buffer("uint64_t[]", ids) if ids else ffi.NULL,
                                        len(ids), t, nt, copies, len(copies), n),
               "kvs_seq_append_batch")
-        return [(c.src_page, c.dst_page, c.num_tokens, c.kind) for c in copies[0:n[0]]]
+        return [_copy_tuple(c) for c in copies[0:n[0]]]
 
     def seq_fork(self, parent_id: int, child_id: int) -> None:
         check(lib.kvs_seq_fork(self.handle, parent_id, child_id), "kvs_seq_fork")
@@ -414,12 +532,20 @@ class Cache:
     def seq_free(self, seq_id: int) -> None:
         check(lib.kvs_seq_free(self.handle, seq_id), "kvs_seq_free")
 
+    def seq_release_skipped(self, seq_id: int, num_computed_tokens: int) -> int:
+        """Releases the positions no group reads any more once ``num_computed_tokens`` are
+        computed (vLLM's ``remove_skipped_blocks``); returns the pages released."""
+        n = ffi.new("size_t *")
+        check(lib.kvs_seq_release_skipped(self.handle, seq_id, num_computed_tokens, n),
+              "kvs_seq_release_skipped")
+        return n[0]
+
     def _swap(self, fn, name: str, seq_id: int) -> list[tuple]:
-        cap = self.seq_info(seq_id)["num_pages"]
+        cap = self.seq_info(seq_id)["num_pages"] * self.num_groups
         copies = ffi.new("kvs_copy[]", max(cap, 1))
         n = ffi.new("size_t *")
         check(fn(self.handle, seq_id, copies, len(copies), n), name)
-        return [(c.src_page, c.dst_page, c.num_tokens, c.kind) for c in copies[0:n[0]]]
+        return [_copy_tuple(c) for c in copies[0:n[0]]]
 
     def seq_swap_out(self, seq_id: int) -> list[tuple]:
         return self._swap(lib.kvs_seq_swap_out, "kvs_seq_swap_out", seq_id)
@@ -435,16 +561,23 @@ class Cache:
         check(lib.kvs_seq_get_info(self.handle, seq_id, info), "kvs_seq_get_info")
         return _struct_dict(info)
 
-    def seq_pages(self, seq_id: int) -> array:
+    def seq_pages(self, seq_id: int, group: int = 0) -> array:
+        """The sequence's block table in ``group`` (0 at released positions on the device,
+        ``0xFFFFFFFF`` on the host)."""
         cap = self.seq_info(seq_id)["num_pages"]
         out = array("I", bytes(4 * cap))
         n = ffi.new("size_t *")
-        check(lib.kvs_seq_pages(self.handle, seq_id, ffi.from_buffer("uint32_t[]", out) if cap else ffi.NULL,
-                                cap, n), "kvs_seq_pages")
+        check(lib.kvs_seq_pages(self.handle, group, seq_id,
+                                ffi.from_buffer("uint32_t[]", out) if cap else ffi.NULL, cap, n),
+              "kvs_seq_pages")
         del out[n[0]:]
         return out
 
+    def seq_state_page(self, seq_id: int, group: int) -> int:
+        """The page holding the sequence's running state in state group ``group``."""
+        page = ffi.new("uint32_t *")
+        check(lib.kvs_seq_state_page(self.handle, seq_id, group, page), "kvs_seq_state_page")
+        return page[0]
 
-from .hybrid import Hybrid  # noqa: E402  (needs the names above)
 
-__all__ += ["Hybrid", "ExtraKeys", "SIZE_MAX"]
+__all__ += ["ExtraKeys", "SIZE_MAX", "KINDS", "STATE_MODES", "group_spec"]

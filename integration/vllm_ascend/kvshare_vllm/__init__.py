@@ -3,10 +3,10 @@
 ``kvshare_vllm.plugin.register`` is the ``vllm.general_plugins`` entry point; enable it with
 ``KVSHARE_VLLM=1``.  ``kvshare_vllm.manager.KvshareKVCacheManager`` implements vLLM 0.23.0's
 ``KVCacheManager`` surface; ``kvshare_vllm.compat`` pins that surface and the supported vLLM
-versions, ``kvshare_vllm.startup`` checks them and the native modules at start-up.
+versions, ``kvshare_vllm.startup`` checks them and the native module at start-up.
 
 ``__version__`` (Cargo.toml's, as every kvshare version) and ``BUILT_ABI_VERSION`` (the C ABI of
-the header the native modules were compiled against) come from ``_build_info.py``, which the
+the header the native module was compiled against) come from ``_build_info.py``, which the
 build writes (``pip install``, or ``python setup.py build_ext --inplace`` in a checkout).
 """
 

@@ -1,8 +1,7 @@
-/* Argument parsing shared by the compiled modules of the vLLM adapter (``_fast.c`` for one
- * full-attention group, ``_fast_groups.c`` for KV-cache groups): token ids packed from Python
- * ints to int32, with the checks ``kvshare.pack_i32`` makes, count arguments read as
- * non-negative Py_ssize_t, and the extra-keys address read as a pointer.  Static functions:
- * each module has its own copy. */
+/* Argument parsing of the vLLM adapter's native module (``_fast.c``: ``Appender`` for one
+ * full-attention group, ``Groups`` for KV-cache groups): token ids packed from Python ints to
+ * int32, with the checks ``kvshare.pack_i32`` makes, count arguments read as non-negative
+ * Py_ssize_t, and the extra-keys address read as a pointer. */
 #ifndef KVSHARE_VLLM_FAST_COMMON_H
 #define KVSHARE_VLLM_FAST_COMMON_H
 

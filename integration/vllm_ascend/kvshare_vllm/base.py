@@ -20,6 +20,21 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _token_ids(request) -> list[int]:
+    """The request's token ids as a plain list (vLLM's own list behind the read-only
+    ``all_token_ids`` view; a copy when a Request type has no such list)."""
+    toks = getattr(request, "_all_token_ids", None)
+    return toks if type(toks) is list else list(request.all_token_ids)
+
+
+def _extra_addr(extra) -> int:
+    """A ``kvshare.ExtraKeys``' ``kvs_extra_keys *`` as an int (0 for None), the form the
+    native module's calls take."""
+    from kvshare import ffi
+
+    return int(ffi.cast("uintptr_t", extra.ptr)) if extra is not None else 0
+
+
 class ManagerBase:
     """The shared half of both managers; see the module doc for what a subclass provides."""
 

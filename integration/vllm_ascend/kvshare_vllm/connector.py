@@ -29,7 +29,8 @@ completion report travels back.
 
 Not covered: layerwise transfer (copies run whole before the step, not per layer), a copy
 overlapping the forward pass on the CPU (the CPU backend is synchronous), disaggregated
-prefill, several KV-cache groups, and use inside vLLM's ``MultiConnector``.
+prefill, KV-cache groups of different page layouts (Mamba / linear-attention state groups), and
+use inside vLLM's ``MultiConnector``.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
+    SupportsHMA,
 )
 
 from . import logger
@@ -70,8 +72,8 @@ def host_pages(vllm_config) -> int:
 
 @dataclass
 class KvshareConnectorMetadata(KVConnectorMetadata):
-    """One step's page copies, oldest first, as packed ``kvs_copy`` records (16 bytes each:
-    src page, dst page, tokens, kind), ready for ``kvs_kv_copy``."""
+    """One step's page copies, oldest first, as packed ``kvs_copy`` records (20 bytes each:
+    src page, dst page, tokens, kind, group), ready for ``kvs_kv_copy``."""
 
     copies: bytes = b""
 
@@ -145,7 +147,7 @@ def _torch_copies(dev, host, rows, page_size: int) -> None:
             raise ValueError(f"{NAME}: unknown copy kind {kind}")
 
 
-class KvshareConnector(KVConnectorBase_V1):
+class KvshareConnector(KVConnectorBase_V1, SupportsHMA):
     """kvshare's host tier carried into the worker (module doc)."""
 
     def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None):
@@ -170,10 +172,12 @@ class KvshareConnector(KVConnectorBase_V1):
     # ------------------------------------------------------------------ scheduler side
     def bind_gpu_block_pool(self, gpu_block_pool) -> None:
         """Links the connector to kvshare's manager (its block pool view names it)."""
+        from .hybrid import KvshareHybridKVCacheManager
         from .manager import KvshareKVCacheManager
 
         mgr = getattr(gpu_block_pool, "_mgr", None)
-        if not isinstance(mgr, KvshareKVCacheManager) or mgr.host_tier is None:
+        if not isinstance(mgr, (KvshareKVCacheManager, KvshareHybridKVCacheManager)) \
+                or mgr.host_tier is None:
             raise RuntimeError(
                 f"{NAME} needs kvshare's KV-cache manager with host pages (KVSHARE_VLLM=1 and a "
                 "configuration kvshare manages); the scheduler built "
@@ -198,6 +202,11 @@ class KvshareConnector(KVConnectorBase_V1):
         self._live.pop(request.request_id, None)
         self._waiting.pop(request.request_id, None)
         return False, None
+
+    def request_finished_all_groups(self, request, block_ids):
+        """``request_finished`` of a model with KV-cache groups (``SupportsHMA``: vLLM keeps its
+        hybrid KV-cache groups with this connector, and kvshare's manager serves them)."""
+        return self.request_finished(request, block_ids)
 
     def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KvshareConnectorMetadata:
         """Prefetches the first waiting requests' host-tier prefixes, then ships every copy
@@ -225,9 +234,19 @@ class KvshareConnector(KVConnectorBase_V1):
         from . import ops
 
         groups = self._kv_cache_config.kv_cache_groups
-        if len(groups) != 1:
-            raise NotImplementedError(f"{NAME}: {len(groups)} KV-cache groups (one supported)")
         spec = groups[0].kv_cache_spec
+        # Attention groups of one page geometry (the hybrid models kvshare manages): a page id
+        # names the same block in every KV tensor, and a tensor shared by layers of several
+        # groups is one tensor here, so each copy runs once per distinct tensor.
+        def shape(s):
+            return tuple(getattr(s, f, None)
+                         for f in ("block_size", "num_kv_heads", "head_size", "page_size_bytes"))
+
+        for g in groups[1:]:
+            s = g.kv_cache_spec
+            if shape(s) != shape(spec):
+                raise NotImplementedError(f"{NAME}: KV-cache groups of different page layouts "
+                                          f"({type(spec).__name__}, {type(s).__name__})")
         seen = set()
         layers = []
         for name, t in kv_caches.items():

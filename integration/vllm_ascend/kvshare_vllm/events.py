@@ -133,7 +133,7 @@ def stored_event(out: list, request, first: int, end: int, run: list[int], bs: i
 
 
 class GroupEventTranslator:
-    """The same translation for several KV-cache groups (``kvshare.Hybrid.take_events()``
+    """The same translation for several KV-cache groups (``kvshare.Cache.take_events()``
     dicts), as vLLM's ``HybridKVCacheCoordinator`` publishes: per caching call, the removals
     of its allocations (each in the group its page was stored for), then one ``BlockStored``
     per group, in group order, for the call's block range (also when the group registered
@@ -159,7 +159,7 @@ class GroupEventTranslator:
         out: list[KVCacheEvent] = []
         runs: list[list[int]] = [[] for _ in self._metas]
         for e in raw:
-            kind, g, page = e["kind"], e["group_idx"], e["page"]
+            kind, g, page = e["kind"], e["group"], e["page"]
             if kind == removed:
                 h = self._page_hash.pop(page, None)
                 if h is None or h[1] != g:

@@ -15,7 +15,7 @@ copy (``kvs_cache_take_copies``).  Here:
   (:class:`~kvshare_vllm.connector.KvshareConnector` asks for the first few waiting requests
   after each ``schedule``), so its copies run with this step and its admission finds the pages
   on the device.
-* :meth:`HostTier.take_copies` drains the copy queue as packed ``kvs_copy`` records (16 bytes
+* :meth:`HostTier.take_copies` drains the copy queue as packed ``kvs_copy`` records (20 bytes
   each), the form the connector ships in its metadata and the worker hands to ``kvs_kv_copy``.
 
 Why ordering is enough (no completion report): every copy is queued inside ``schedule`` and
@@ -42,7 +42,8 @@ HOST_PAGES: contextvars.ContextVar[int] = contextvars.ContextVar("kvshare_host_p
 
 
 class HostTier:
-    """The host-tier calls of one ``KvshareKVCacheManager`` (which owns the cache handle)."""
+    """The host-tier calls of one kvshare manager (``KvshareKVCacheManager`` or
+    ``KvshareHybridKVCacheManager``, which owns the cache handle ``_h``)."""
 
     def __init__(self, manager, num_host_pages: int, batch: int = 1024):
         self._mgr = manager
@@ -73,7 +74,7 @@ class HostTier:
 
     def prefetch(self, request) -> int:
         """For a waiting request: starts its promotions now (their copies ride this step)."""
-        from .twins import _token_ids
+        from .base import _token_ids
 
         if not self._mgr.enable_caching or request.skip_reading_prefix_cache:
             return 0

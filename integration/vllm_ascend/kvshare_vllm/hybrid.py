@@ -1,13 +1,14 @@
 """``KvshareHybridKVCacheManager``: vLLM's ``KVCacheManager`` surface for models with several
 KV-cache groups (sliding window, chunked local attention and full attention / MLA), backed by
-one ``kvshare.Hybrid`` (the core's KV-cache groups, ``kvs_hybrid_*``).
+one ``kvshare.Cache`` with the model's KV-cache groups (kept in vLLM's block pool order,
+``vllm_free_order``).
 
 It plays vLLM 0.23.0's ``HybridKVCacheCoordinator`` (or its ``UnitaryKVCacheCoordinator`` with a
 single sliding-window / chunked-local group): one page pool shared by every group (vLLM unifies
 page bytes, so kvshare puts all groups in one pool), one block table per group and request, the
 null block (page 0) at positions a window released or a hit skipped, hits found by kvshare's
-fixed point across groups (``kvs_hybrid_match``), positions released out of the window by
-``remove_skipped_blocks`` (``kvs_hybrid_seq_release_skipped``, registered pages still matchable).
+fixed point across groups (``kvs_prefix_find``), positions released out of the window by
+``remove_skipped_blocks`` (``kvs_seq_release_skipped``, registered pages still matchable).
 
 vLLM's admission arithmetic (``get_num_blocks_to_allocate``: the per-request cap of windowed
 groups under ``full_sequence_must_fit``, skipped positions, evictable hit blocks) runs here on a
@@ -22,7 +23,6 @@ caching call, removals in the group the page was stored for).
 
 from __future__ import annotations
 
-import os
 from array import array
 from collections import Counter
 
@@ -35,20 +35,15 @@ _require_supported_vllm_and_native()  # before vLLM's imports: an unsupported vL
 
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 
-from . import logger
-from .base import ManagerBase, _cdiv
+from . import _fast, logger  # _fast required: startup.require() has checked that it loads
+from .base import ManagerBase, _cdiv, _extra_addr, _token_ids
+from .host_tier import HOST_PAGES, HostTier
 from .state_groups import (is_state_spec, skipped_tokens, state_group_kind,
                            state_unsupported_reason, vllm_table)
 from .manager import _REMOVED, _STORED, extra_keys_for
-from .twins import _extra_addr, _token_ids
 from .views import _BlockPoolView, _CoordinatorView, _SingleTypeView
 
-try:  # the compiled hot calls (kvshare_vllm/_fast_groups.c); Python's when not built
-    from . import _fast_groups
-except ImportError:  # pragma: no cover - depends on the install
-    _fast_groups = None
-
-# kvshare_vllm._fast_groups' group kinds
+# kvshare_vllm._fast.Groups' group kinds
 _FAST_KINDS = {"full": 0, "sliding_window": 1, "chunked_local": 2}
 
 
@@ -81,8 +76,6 @@ def hybrid_unsupported_reason(kv_cache_config, scheduler_block_size: int, hash_b
     groups = kv_cache_config.kv_cache_groups
     if not groups:
         return "no KV-cache groups (attention-free model)"
-    if not hasattr(kvshare, "Hybrid"):
-        return "this kvshare binding has no KV-cache groups (kvshare.Hybrid)"
     for i, g in enumerate(groups):
         if _group_kind(g.kv_cache_spec) is None:
             return (f"KV-cache group {i}: {type(g.kv_cache_spec).__name__} (kvshare's groups "
@@ -96,6 +89,9 @@ def hybrid_unsupported_reason(kv_cache_config, scheduler_block_size: int, hash_b
         return why
     if state_bs is not None and enable_kv_cache_events:
         return "KV events with Mamba / linear-attention state groups"
+    if state_bs is not None and HOST_PAGES.get():
+        return ("kvshare's host tier (KvshareConnector) with Mamba / linear-attention state "
+                "groups (the connector copies attention KV pages only)")
     sizes = {g.kv_cache_spec.block_size for g in groups}
     if state_bs is None and len(sizes) != 1:
         return f"block sizes differ between groups ({sorted(sizes)})"
@@ -193,7 +189,10 @@ class KvshareHybridKVCacheManager(ManagerBase):
         self._windowed = [g for g, (k, _) in enumerate(kinds)
                           if k != "full" and g not in self._single]
         self._zero_new = bool(getattr(kv_cache_config, "needs_kv_cache_zeroing", False))
+        # The host tier, when kvshare's KV connector executes its copies (host_tier.py).
+        self.num_host_pages = HOST_PAGES.get()
         self.cache = self._new_cache()
+        self.host_tier = HostTier(self, self.num_host_pages) if self.num_host_pages else None
         if enable_kv_cache_events:
             from vllm.v1.kv_cache_interface import (get_kv_cache_spec_kind,
                                                     get_kv_cache_spec_sliding_window)
@@ -215,21 +214,30 @@ class KvshareHybridKVCacheManager(ManagerBase):
         self._pending: tuple[str, object] | None = None  # (request id, extra keys) of a match
 
     def _new_cache(self):
-        return kvshare.Hybrid(page_size=self.block_size, num_pages=self.num_blocks,
-                              groups=self._groups, enable_prefix_caching=self.enable_caching,
-                              enable_events=self.enable_kv_cache_events)
+        return kvshare.Cache(
+            page_size=self.block_size, num_device_pages=self.num_blocks, groups=self._groups,
+            enable_prefix_caching=self.enable_caching, enable_events=self.enable_kv_cache_events,
+            reserve_null_page=True, vllm_free_order=True, defer_commit=False,
+            skip_cached_writes=False, num_host_pages=self.num_host_pages,
+            demote_to_host=self.num_host_pages > 0)
+
+    @property
+    def _h(self):
+        """The ``kvs_cache *`` (``_reset_index`` replaces the cache)."""
+        return self.cache.handle
+
+    _pack = staticmethod(_fast.pack_i32)
+    _extra_for = staticmethod(extra_keys_for)
 
     def _new_fast(self):
-        """The compiled calls over this cache (``_fast_groups.Groups``), or None: not built,
-        ``KVSHARE_VLLM_PURE_PYTHON`` set, or a group kind it does not handle."""
-        if _fast_groups is None or os.environ.get("KVSHARE_VLLM_PURE_PYTHON"):
-            return None
+        """The native calls over this cache (``_fast.Groups``), or None with a state group
+        (kinds ``_fast.Groups`` does not handle: their calls go through the binding)."""
         if any(k not in _FAST_KINDS for k, _ in self._windows):
             return None
-        fns = tuple(int(ffi.cast("uintptr_t", ffi.addressof(lib, f"kvs_hybrid_{name}")))
+        fns = tuple(int(ffi.cast("uintptr_t", ffi.addressof(lib, f"kvs_{name}")))
                     for name in ("seq_append", "seq_get_info", "seq_pages",
-                                 "seq_release_skipped", "seq_free", "seq_begin", "match"))
-        return _fast_groups.Groups(
+                                 "seq_release_skipped", "seq_free", "seq_begin", "prefix_find"))
+        return _fast.Groups(
             int(ffi.cast("uintptr_t", self.cache.handle)), fns, self.block_size, self.num_blocks,
             tuple((_FAST_KINDS[k], w) for k, w in self._windows), self._refs, self._blocks)
 
@@ -258,9 +266,9 @@ class KvshareHybridKVCacheManager(ManagerBase):
         included, the null page not.  Kept until the next call that changes the pool."""
         a = self._avail
         if a is None:
-            rc = lib.kvs_hybrid_stats(self.cache.handle, 0, self._stats_out)
+            rc = lib.kvs_cache_group_stats(self.cache.handle, 0, self._stats_out)
             if rc:
-                kvshare.check(rc, "kvs_hybrid_stats")
+                kvshare.check(rc, "kvs_cache_group_stats")
             a = self._avail = self._stats_out.pool_pages_free
         return a
 
@@ -384,13 +392,15 @@ class KvshareHybridKVCacheManager(ManagerBase):
             return self.empty_kv_cache_blocks, 0
         ids = _token_ids(request)
         extra = extra_keys_for(request)
+        if self.host_tier is not None:  # the request's host-tier prefix back on the device
+            self.host_tier.promote(ids, extra)
         fast = self._fast
         if fast is not None:
             rc, hit, rows = fast.match(ids, _extra_addr(extra), max(len(ids) - 1, 0))
             if rc:
-                kvshare.check(rc, "kvs_hybrid_match")
+                kvshare.check(rc, "kvs_prefix_find")
         else:
-            hit, rows = self.cache.match(ids, max(len(ids) - 1, 0), extra)
+            hit, rows = self.cache.prefix_find(ids, max(len(ids) - 1, 0), extra)
             blocks = self._blocks
             rows = [[blocks[p] for p in row] for row in rows] if hit else rows
         if self.log_stats:
@@ -439,7 +449,7 @@ class KvshareHybridKVCacheManager(ManagerBase):
             if not room:
                 return None
             if rc:
-                kvshare.check(rc, "kvs_hybrid_seq_append")
+                kvshare.check(rc, "kvs_seq_append")
             if appended and events:
                 self._drain_events(st, request, cached,
                                    st.n // self.block_size if self.enable_caching else cached)
@@ -474,7 +484,7 @@ class KvshareHybridKVCacheManager(ManagerBase):
         return self.empty_kv_cache_blocks
 
     def _begin(self, request, ids, known: int, need_slot: int, num_hit: int) -> KVCacheBlocks:
-        """``allocate_slots`` of a request without a sequence: ``kvs_hybrid_seq_begin`` (the
+        """``allocate_slots`` of a request without a sequence: ``kvs_seq_begin`` (the
         hit again, skipped positions null, fresh pages up to ``need_slot``, full pages of the
         known tokens registered)."""
         rid = request.request_id
@@ -490,7 +500,7 @@ class KvshareHybridKVCacheManager(ManagerBase):
                                                         num_hit, max(need_slot - known, 0), nh,
                                                         self._avail)
             if rc:
-                kvshare.check(rc, "kvs_hybrid_seq_begin")
+                kvshare.check(rc, "kvs_seq_begin")
             info = {"matched_tokens": matched}
             self._reqs[rid] = st
         else:
@@ -528,7 +538,7 @@ class KvshareHybridKVCacheManager(ManagerBase):
         if self._fast is not None:
             rc, self._avail = self._fast.free(st, self._avail)
             if rc:
-                kvshare.check(rc, "kvs_hybrid_seq_free")
+                kvshare.check(rc, "kvs_seq_free")
             return
         self.cache.seq_free(st.seq)
         refs = self._refs
@@ -559,7 +569,7 @@ class KvshareHybridKVCacheManager(ManagerBase):
             rc, added, self._avail = self._fast.append(st, _token_ids(request), target, 0,
                                                        self._avail)
             if rc:
-                kvshare.check(rc, "kvs_hybrid_seq_append")
+                kvshare.check(rc, "kvs_seq_append")
             self._drain_events(st, request, cached, target // bs)
         elif target // bs > st.n // bs:  # a page fills (partial pages wait, see allocate_slots)
             self.cache.seq_append(st.seq, _token_ids(request)[st.n:target], 0)
@@ -638,7 +648,7 @@ class KvshareHybridKVCacheManager(ManagerBase):
 
     def new_step_starts(self) -> None:
         """vLLM's ``MambaManager.new_step_starts`` (clears ``cached_blocks_this_step``):
-        ``Hybrid.new_step`` (``kvs_hybrid_new_step``); nothing to do without state groups."""
+        ``Cache.new_step`` (``kvs_cache_new_step``); nothing to do without state groups."""
         if self._has_state:
             self.cache.new_step()
 
@@ -675,7 +685,7 @@ class KvshareHybridKVCacheManager(ManagerBase):
                                  f"{self._avail}")
 
     def kvshare_stats(self) -> dict[str, int]:
-        st = self.cache.stats(0)
-        return {"num_seqs": st["num_seqs"], "device_pages_in_use": st["pool_pages_in_use"],
+        st = self.cache.stats()
+        return {**st, "device_pages_in_use": self.cache.group_stats(0)["pool_pages_in_use"],
                 **{f"group{g}_{k}": v for g in range(self.num_kv_cache_groups)
-                   for k, v in self.cache.stats(g).items()}}
+                   for k, v in self.cache.group_stats(g).items()}}

@@ -9,16 +9,14 @@ block 0 is the null block, hits are computed blocks capped at ``num_tokens - 1``
 of known tokens are registered before anything could look them up, freed blocks are cached
 last-block-first, allocation never evicts before free blocks run out.
 
-This file owns the manager: its state and vLLM's public methods.  The attribute views the
-scheduler reads (``coordinator``, ``block_pool``) are in ``views.py``; the Python twins of the
-compiled calls (``_match``, ``_open``, ``_cross``, ``_append``) and the per-request state
-``_Req`` are in ``twins.py``.
+This file owns the manager: its state, the per-request state ``_Req`` and vLLM's public methods.
+The attribute views the scheduler reads (``coordinator``, ``block_pool``) are in ``views.py``;
+the native calls (``_match``, ``_open``, ``_cross``, ``_append``) are ``_fast.Appender``'s.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 from typing import Any
 
 import kvshare
@@ -32,16 +30,11 @@ from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
 
 from . import logger
-from .base import ManagerBase, _cdiv
+from . import _fast  # required: startup.require() has checked that it loads
+from .base import ManagerBase, _cdiv, _extra_addr, _token_ids
 from .events import EventTranslator
 from .host_tier import HOST_PAGES, HostTier
-from .twins import _SMALL, PythonTwins, _extra_addr, _Req, _token_ids
 from .views import _BlockPoolView, _CoordinatorView
-
-try:  # the compiled _append and packing (kvshare_vllm/_fast.c); Python's when not built
-    from . import _fast
-except ImportError:  # pragma: no cover - depends on the install
-    _fast = None
 
 _OK = 0
 _NO_SPACE = kvshare.STATUS["KVS_STATUS_NO_SPACE"]
@@ -67,6 +60,34 @@ def _common_pages(a: bytes, b: bytes) -> int:
         else:
             hi = m
     return lo
+
+
+class _Req:
+    """A request's kvshare sequence: id, block table (page ids), tokens appended so far (``n``)
+    and ``quiet``: the largest token count the request can reach with no native call - its
+    pages hold the slots and no page fills up with known tokens (which would register it).
+    Tokens of a partly filled last page are handed to kvshare when the page fills (or when
+    more pages are needed): until then nothing observable depends on them."""
+
+    __slots__ = ("seq", "pages", "raw", "n", "extra", "quiet")
+
+    def __init__(self, seq: int, extra):
+        self.seq = seq
+        self.pages: list[int] = []
+        self.raw = b""  # the page ids as uint32 bytes (get_num_common_prefix_blocks)
+        self.n = 0
+        self.extra = extra
+        self.quiet = -1
+
+    def add_pages(self, new: list[int], raw: bytes) -> None:
+        """Appends page ids, given both as ints and as their uint32 bytes."""
+        self.pages.extend(new)
+        self.raw += raw
+
+    def settle(self, bs: int) -> None:
+        """Recomputes ``quiet`` after ``n`` or ``pages`` changed."""
+        fill = (self.n // bs + 1) * bs  # the token count that fills the current page
+        self.quiet = min(len(self.pages) * bs, fill - 1)
 
 
 def extra_keys_for(request):
@@ -116,7 +137,7 @@ def unsupported_reason(kv_cache_config, scheduler_block_size: int, hash_block_si
     return None
 
 
-class KvshareKVCacheManager(ManagerBase, PythonTwins):
+class KvshareKVCacheManager(ManagerBase):
     """Drop-in for ``vllm.v1.core.kv_cache_manager.KVCacheManager`` (vLLM 0.23.0 signature)."""
 
     def __init__(
@@ -186,16 +207,11 @@ class KvshareKVCacheManager(ManagerBase, PythonTwins):
         self._track_new = bool(getattr(kv_cache_config, "needs_kv_cache_zeroing", False))
         # Preallocated out-buffers: a block table can hold max_model_len tokens plus lookahead.
         self._max_pages = self.num_blocks
-        self._pages_buf = ffi.new("uint32_t[]", self._max_pages)
-        # One size_t out-cell per meaning (the twins in twins.py use them too).
+        # One size_t out-cell per meaning.
         self._available_out = ffi.new("size_t *")  # kvs_cache_available
-        self._num_pages_out = ffi.new("size_t *")  # pages written to _pages_buf
-        self._matched_out = ffi.new("size_t *")  # kvs_prefix_match's matched tokens
-        self._num_copies_out = ffi.new("size_t *")  # kvs_seq_append_pages' copies (none here)
         self._num_events_out = ffi.new("size_t *")  # kvs_cache_take_events
         self._info = ffi.new("kvs_seq_info *")
         self._ev_buf = ffi.new("kvs_event[]", 256)
-        self._tokbuf = ffi.new("int32_t[]", _SMALL)  # small appends (decode steps)
         # Requests whose last page filled up with no native call: id -> (state, request,
         # known tokens); see allocate_slots and _flush.  Off with KV events, which must
         # come out in vLLM's order.
@@ -204,18 +220,16 @@ class KvshareKVCacheManager(ManagerBase, PythonTwins):
         # recomputed; kept across steps (see get_num_common_prefix_blocks).
         self._common: bytes | None = None
         self._defer = not enable_kv_cache_events
-        # The compiled hand-over and packing when built (KVSHARE_VLLM_PURE_PYTHON=1: Python's).
-        fast = None if os.environ.get("KVSHARE_VLLM_PURE_PYTHON") else _fast
-        self._pack = fast.pack_i32 if fast is not None else kvshare.pack_i32
-        if fast is not None:
-            appender = fast.Appender(
-                int(ffi.cast("uintptr_t", self._h)),
-                int(ffi.cast("uintptr_t", ffi.addressof(lib, "kvs_seq_append_pages"))),
-                bs, self._max_pages, self._blocks,
-                int(ffi.cast("uintptr_t", ffi.addressof(lib, "kvs_seq_begin"))),
-                int(ffi.cast("uintptr_t", ffi.addressof(lib, "kvs_prefix_match"))))
-            self._append, self._cross, self._open, self._match = \
-                appender.append, appender.cross, appender.begin, appender.match
+        # The native hand-over and packing (_fast.c).
+        self._pack = _fast.pack_i32
+        appender = _fast.Appender(
+            int(ffi.cast("uintptr_t", self._h)),
+            int(ffi.cast("uintptr_t", ffi.addressof(lib, "kvs_seq_append_pages"))),
+            bs, self._max_pages, self._blocks,
+            int(ffi.cast("uintptr_t", ffi.addressof(lib, "kvs_seq_begin"))),
+            int(ffi.cast("uintptr_t", ffi.addressof(lib, "kvs_prefix_match"))))
+        self._append, self._cross, self._open, self._match = \
+            appender.append, appender.cross, appender.begin, appender.match
 
     # ------------------------------------------------------------------ helpers
     def _capacity(self) -> int:
@@ -226,7 +240,7 @@ class KvshareKVCacheManager(ManagerBase, PythonTwins):
         ``kvs_cache_available``."""
         a = self._avail
         if a is None:
-            rc = lib.kvs_cache_available(self._h, _DEVICE, self._available_out)
+            rc = lib.kvs_cache_available(self._h, _DEVICE, 0, self._available_out)
             if rc:
                 kvshare.check(rc, "kvs_cache_available")
             a = self._avail = self._available_out[0]
@@ -265,7 +279,7 @@ class KvshareKVCacheManager(ManagerBase, PythonTwins):
         info = ffi.new("kvs_page_info *")
         n = 0
         for p in pages:
-            kvshare.check(lib.kvs_page_get_info(self._h, _DEVICE, p, info), "kvs_page_get_info")
+            kvshare.check(lib.kvs_page_get_info(self._h, _DEVICE, 0, p, info), "kvs_page_get_info")
             n += info.state == _CACHED_STATE
         return n
 

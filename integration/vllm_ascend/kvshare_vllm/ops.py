@@ -654,8 +654,9 @@ def copy_pages(key_cache: torch.Tensor, value_cache: torch.Tensor, copies: Any, 
                host_value_cache: torch.Tensor | None = None) -> None:
     """Executes page copies on one layer's caches (call once per layer).
 
-    ``copies`` is either a sequence of ``(src_page, dst_page, num_tokens, kind)`` as kvshare's
-    manager reports them (``kvshare.Cache.take_copies`` / ``seq_append``; ``kind`` a
+    ``copies`` is either a sequence of ``(src_page, dst_page, num_tokens, kind[, group])`` as
+    kvshare's manager reports them (``kvshare.Cache.take_copies`` / ``seq_append``; the group
+    says which layers' caches the copy is for, the caller's choice here; ``kind`` a
     ``KVS_COPY_KIND_*`` value or ``"d2d"``/``"d2h"``/``"h2d"``), or an integer tensor ``[n, 2]``
     of ``(src, dst)`` whole-page device copies (vLLM's ``copy_blocks`` argument).
     Host caches (for d2h/h2d) have the device caches' per-page shape, dtype and strides; on
@@ -676,7 +677,7 @@ def copy_pages(key_cache: torch.Tensor, value_cache: torch.Tensor, copies: Any, 
         rows = []
         for i, c in enumerate(copies):
             try:
-                src, dst, n, kind = c
+                src, dst, n, kind = c if len(c) != 5 else c[:4]
             except (TypeError, ValueError):
                 raise OpsArgumentError("copies", f"copies[{i}] = {c!r} is not (src_page, "
                                                  "dst_page, num_tokens, kind)") from None

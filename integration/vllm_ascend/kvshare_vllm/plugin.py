@@ -88,6 +88,14 @@ def _building_scheduler_connector():
     return getattr(sched, "connector", None)
 
 
+def _log_host_tier() -> None:
+    from .host_tier import HOST_PAGES
+
+    host = HOST_PAGES.get()  # kvshare's KV connector configured: the host tier is on
+    if host:
+        logger.info("kvshare_vllm: host tier of %d pages (kvshare's KV connector)", host)
+
+
 def make_kv_cache_manager_factory(original):
     """A callable with KVCacheManager's constructor signature choosing kvshare or ``original``."""
     from .hybrid import KvshareHybridKVCacheManager, hybrid_unsupported_reason
@@ -108,7 +116,10 @@ def make_kv_cache_manager_factory(original):
             why = why_groups or connector_reason(connector)
             if why:
                 kw = dict(kwargs)
-                why_hybrid = "a KV connector with KV-cache groups" if connector is not None \
+                from .connector import KvshareConnector
+
+                why_hybrid = "a KV connector with KV-cache groups" \
+                    if connector is not None and not isinstance(connector, KvshareConnector) \
                     else hybrid_unsupported_reason(
                         kv_cache_config, scheduler_block_size, hash_block_size,
                         kw.get("dcp_world_size", 1), kw.get("pcp_world_size", 1),
@@ -118,6 +129,7 @@ def make_kv_cache_manager_factory(original):
                 if why_groups and not why_hybrid:
                     logger.info("kvshare_vllm: KV-cache bookkeeping of %d KV-cache groups "
                                 "runs in kvshare", len(kv_cache_config.kv_cache_groups))
+                    _log_host_tier()
                     return KvshareHybridKVCacheManager(kv_cache_config, max_model_len,
                                                        scheduler_block_size, hash_block_size,
                                                        *args, **kwargs)
@@ -126,11 +138,7 @@ def make_kv_cache_manager_factory(original):
                 return original(kv_cache_config, max_model_len, scheduler_block_size,
                                 hash_block_size, *args, **kwargs)
             logger.info("kvshare_vllm: KV-cache bookkeeping runs in kvshare")
-            from .host_tier import HOST_PAGES
-
-            host = HOST_PAGES.get()  # kvshare's KV connector configured: the host tier is on
-            if host:
-                logger.info("kvshare_vllm: host tier of %d pages (kvshare's KV connector)", host)
+            _log_host_tier()
             return KvshareKVCacheManager(kv_cache_config, max_model_len, scheduler_block_size,
                                          hash_block_size, *args, **kwargs)
 
@@ -267,7 +275,7 @@ def register_attention() -> bool:
 
 def register() -> None:
     """Entry point of ``vllm.general_plugins`` (runs in every vLLM process; re-entrant).
-    Enabled, it first checks the vLLM version and the native modules (:mod:`.startup`): an
+    Enabled, it first checks the vLLM version and the native module (:mod:`.startup`): an
     unsupported vLLM or a library of another C ABI stops the engine with what to install."""
     if ops_enabled() or enabled():
         from .startup import require

@@ -2,7 +2,7 @@
 
 * the vLLM this Python imports is one the plugin supports (``compat.SUPPORTED_VLLM_VERSIONS``:
   the ``KVCacheManager`` surface the managers implement is pinned per vLLM version);
-* the native modules load, and the libkvshare the ``kvshare`` binding loaded has the C ABI
+* the native module loads, and the libkvshare the ``kvshare`` binding loaded has the C ABI
   (``kvs_abi_version()``) of the header they were compiled against.
 
 ``plugin.register()`` runs them when the plugin is enabled (``KVSHARE_VLLM=1`` or
@@ -28,7 +28,7 @@ class UnsupportedVllmError(ImportError):
 
 
 class NativeModuleError(ImportError):
-    """The native modules do not load, or were compiled for another C ABI than the library's."""
+    """The native module does not load, or was compiled for another C ABI than the library's."""
 
 
 def supported() -> str:
@@ -98,8 +98,8 @@ _native_checked = False
 
 
 def check_native() -> None:
-    """Raises :class:`NativeModuleError` unless both native modules load and the library's
-    ``kvs_abi_version()`` equals the ``KVS_ABI_VERSION`` they were compiled against."""
+    """Raises :class:`NativeModuleError` unless the native module loads and the library's
+    ``kvs_abi_version()`` equals the ``KVS_ABI_VERSION`` it was compiled against."""
     global _native_checked
     if _native_checked:
         return
@@ -109,17 +109,16 @@ def check_native() -> None:
 
     from . import BUILT_ABI_VERSION
 
-    for name in ("_fast", "_fast_groups"):
-        try:
-            importlib.import_module(f"{__package__}.{name}")
-        except ImportError as e:
-            raise NativeModuleError(
-                f"kvshare_vllm's native module {name} does not load ({e}); reinstall the "
-                "plugin in this Python (pip install ./integration/vllm_ascend)") from None
+    try:
+        importlib.import_module(f"{__package__}._fast")
+    except ImportError as e:
+        raise NativeModuleError(
+            f"kvshare_vllm's native module _fast does not load ({e}); reinstall the "
+            "plugin in this Python (pip install ./integration/vllm_ascend)") from None
     have = kvshare.lib.kvs_abi_version()
     if have != BUILT_ABI_VERSION:
         raise NativeModuleError(
-            f"kvshare_vllm's native modules were compiled against kvshare.h with C ABI "
+            f"kvshare_vllm's native module was compiled against kvshare.h with C ABI "
             f"{BUILT_ABI_VERSION}, but {kvshare.LIB_PATH} has C ABI {have}: install the "
             "kvshare binding and the plugin of the same release together (pip install "
             "./integration/python ./integration/vllm_ascend)")

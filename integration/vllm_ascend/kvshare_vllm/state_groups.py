@@ -10,7 +10,7 @@ vLLM 0.23.0's ``mamba_cache_mode`` decides what a request holds in a state group
   token; a hit resumes from the rightmost cached checkpoint.  Managed by kvshare: the group is
   "windowed" here (positions before the page of token n-1 are released), and a hit on a state
   page registered in the current step is refused (vLLM's ``cached_blocks_this_step``:
-  ``kvs_hybrid_seq_begin`` fails with NO_SPACE, ``allocate_slots`` returns None).
+  ``kvs_seq_begin`` fails with NO_SPACE, ``allocate_slots`` returns None).
 * ``"none"`` (prefix caching off): the group's block size is ``max_model_len``: vLLM's table
   for the group is one block, ``[state]``, for the request's life.  kvshare keeps the state
   page at the last position of a table as long as the attention groups'; the manager hands
@@ -48,8 +48,6 @@ def state_unsupported_reason(groups, scheduler_block_size: int, hash_block_size:
     states = [(i, g.kv_cache_spec) for i, g in enumerate(groups) if is_state_spec(g.kv_cache_spec)]
     if not states:
         return None, None
-    if not hasattr(lib, "kvs_hybrid_new_step"):
-        return "this libkvshare has no state groups (KVS_GROUP_KIND_STATE)", None
     for i, spec in states:
         mode = spec.mamba_cache_mode
         if mode not in MANAGED_MODES:

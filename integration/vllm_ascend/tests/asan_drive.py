@@ -1,5 +1,5 @@
-"""Runs one of the adapter's compiled modules (``kvshare_vllm/_fast.c``, ``_fast_groups.c``) under
-AddressSanitizer + UndefinedBehaviorSanitizer: built with ``-fsanitize=address,undefined`` and
+"""Runs the adapter's native module (``kvshare_vllm/_fast.c``) under AddressSanitizer +
+UndefinedBehaviorSanitizer: built with ``-fsanitize=address,undefined`` and
 driven by a script of ``tests/fast_asan/`` in a process of its own (the sanitizer runtime
 preloaded; no torch, no vLLM).  One helper for ``test_fast.py`` and ``test_fast_groups.py``."""
 

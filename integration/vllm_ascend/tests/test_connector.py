@@ -69,7 +69,10 @@ def _scheduler(model_dir, num_blocks: int, host_pages: int, kvshare: bool = True
 
 
 def _copies(meta: KvshareConnectorMetadata):
-    return list(struct.iter_unpack("<4I", meta.copies))
+    """(src, dst, tokens, kind) of each shipped ``kvs_copy`` (group 0: one group here)."""
+    rows = list(struct.iter_unpack("<5I", meta.copies))
+    assert all(r[4] == 0 for r in rows)
+    return [r[:4] for r in rows]
 
 
 class ShadowWorker:
@@ -261,7 +264,7 @@ def test_worker_copies_match_torch(layout, seed):
             kind = rng.choice([D2H, H2D])
             src = rng.randrange(blocks if kind == D2H else host_pages)
             dst = rng.randrange(host_pages if kind == D2H else blocks)
-            rows.append((src, dst, BS, kind))
+            rows.append((src, dst, BS, kind, 0))
             for k in caches:
                 d, h = ref[k], ref_host[k]
                 if kind == D2H:
@@ -269,7 +272,7 @@ def test_worker_copies_match_torch(layout, seed):
                 else:
                     d.select(dim, dst).copy_(h.select(dim, src))
         w.bind_connector_metadata(KvshareConnectorMetadata(
-            b"".join(struct.pack("<4I", *r) for r in rows)))
+            b"".join(struct.pack("<5I", *r) for r in rows)))
         w.start_load_kv(None)
         w.clear_connector_metadata()
         for k in caches:
@@ -282,3 +285,67 @@ def test_worker_refuses_unknown_layout():
     w = _worker(spec, 4)
     with pytest.raises(NotImplementedError, match="not a layout"):
         w.register_kv_caches({"l0": torch.zeros(3, 5, 7)})
+
+
+def _hybrid_run(model_dir, host_pages: int):
+    """A sliding-window + full model (gpt-oss layout, window 64) under pressure: six
+    conversations sharing a 192-token system prompt, two turns each.  Returns the outputs,
+    the manager, (lookups, hit tokens, looked-up tokens) and the copies shipped per step."""
+    import harness as h
+
+    kt = None if not host_pages else dict(
+        kv_connector="KvshareConnector", kv_connector_module_path="kvshare_vllm.connector",
+        kv_role="kv_both", kv_connector_extra_config={"num_host_pages": host_pages})
+    s = h.make_scheduler(model_dir, kvshare=True, num_blocks=48, max_model_len=400,
+                         specs=h.layer_specs("gpt-oss", size=64), kv_transfer=kt)
+    m = s.kv_cache_manager
+    assert type(m).__name__ == "KvshareHybridKVCacheManager"
+    looked = [0, 0, 0]
+    real = m.get_computed_blocks
+
+    def counted(r):
+        blocks, n = real(r)
+        looked[0] += 1
+        looked[1] += n
+        looked[2] += r.num_tokens
+        return blocks, n
+
+    m.get_computed_blocks = counted
+    rng = random.Random(0)
+    system = [rng.randrange(3, 30000) for _ in range(192)]
+    hist = {c: system + [rng.randrange(3, 30000) for _ in range(24)] for c in range(6)}
+    reqs, shipped = {}, []
+    for turn in range(2):
+        for c in range(6):
+            r = h.make_request(f"c{c}t{turn}", hist[c], max_tokens=64, hash_blocks=False)
+            reqs[r.request_id] = r
+            s.add_request(r)
+        for _ in range(400):
+            if not s.has_unfinished_requests():
+                break
+            out, _ = h.step(s, reqs)
+            meta = out.kv_connector_metadata
+            if meta is not None:
+                shipped.extend(struct.iter_unpack("<5I", meta.copies))
+            m.check()
+        for c in range(6):
+            r = reqs[f"c{c}t{turn}"]
+            assert r.is_finished()
+            hist[c] = list(r.all_token_ids) + [rng.randrange(3, 30000) for _ in range(24)]
+    return {k: list(r.output_token_ids) for k, r in reqs.items()}, m, looked, shipped
+
+
+def test_hybrid_model_gets_the_host_tier(tiny_model_dir):
+    """kvshare's connector keeps vLLM's KV-cache groups (``SupportsHMA``) and the hybrid manager
+    gets the host tier: the same outputs as without it, pages demoted and promoted, every copy
+    shipped (with a group of the model), the manager's mirror checked every step, and fewer
+    tokens recomputed."""
+    plain_out, plain, plain_looked, none = _hybrid_run(tiny_model_dir, 0)
+    host_out, m, looked, shipped = _hybrid_run(tiny_model_dir, 256)
+    assert plain.host_tier is None and not none
+    assert m.host_tier is not None and host_out == plain_out
+    st = m.kvshare_stats()
+    assert st["demotions"] > 0 and st["promotions"] > 0 and st["host_hit_tokens"] > 0
+    assert len(shipped) == st["demotions"] + st["promotions"]
+    assert {c[3] for c in shipped} == {D2H, H2D} and {c[4] for c in shipped} <= {0, 1}
+    assert looked[2] - looked[1] < plain_looked[2] - plain_looked[1]

@@ -6,7 +6,9 @@ layers attend to the last 64 tokens, odd layers to all.  vLLM builds a sliding-w
 full-attention group; its CPU attention backend computes the windowed layers.  kvshare's manager
 must be invisible to the output: the same tokens, without and with cache pressure
 (preemptions); without pressure also the same prefix hits and, every step, the same scheduled
-requests and blocks in use (both managers release out-of-window blocks at the same steps)."""
+requests and blocks in use (both managers release out-of-window blocks at the same steps).
+Under pressure kvshare's host tier (its KV connector) keeps evicted blocks of both groups on the
+host: the same tokens, less recomputation."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ WINDOW = 64
 WORKLOAD = dict(convs=4, turns=3, system_tokens=192, user_tokens=24, output_tokens=24,
                 max_model_len=1024, sliding_window=WINDOW, extras=True, trace=True)
 PRESSURE_BLOCKS = 24  # of 16 tokens per group (vLLM's budget is for both groups: 48 blocks)
+HOST_PAGES = 256
 PRESSURE = dict(kv_blocks=PRESSURE_BLOCKS, max_model_len=400, convs=6, turns=2,
                 output_tokens=64, extras=False)
 
@@ -33,6 +36,7 @@ CONFIGS = {
     # within what 48 blocks hold for one request (vLLM checks it at start).
     "off_pressure": dict(kvshare=False, **PRESSURE),
     "on_pressure": dict(kvshare=True, **PRESSURE),
+    "host_pressure": dict(kvshare=True, host_pages=HOST_PAGES, **PRESSURE),
 }
 
 
@@ -89,3 +93,23 @@ def test_hybrid_under_pressure(engine):
     # groups keep duplicates the same way (docs/vllm.md, "Duplicate blocks").
     assert on["tokens"] == off["tokens"]
     assert _steps(on) == _steps(off)
+
+
+def test_hybrid_host_tier_more_hits_same_tokens(engine):
+    """The hybrid model under the same pressure with kvshare's host tier: vLLM's tokens, pages
+    demoted and promoted (every copy run by the worker), less recomputation than kvshare without
+    it."""
+    host, log = engine("host_pressure")
+    on, _ = engine("on_pressure")
+    off, _ = engine("off_pressure")
+    assert host["manager"] == "KvshareHybridKVCacheManager", log[-3000:]
+    assert f"host tier of {HOST_PAGES} pages" in log
+    assert host["tokens"] == off["tokens"]
+    st = host["kvshare_stats"]
+    assert st["demotions"] > 0 and st["promotions"] > 0 and st["host_hit_tokens"] > 0
+    assert host["connector"]["copies"] == st["demotions"] + st["promotions"]
+    assert on["kvshare_stats"]["demotions"] == on["kvshare_stats"]["promotions"] == 0
+    # Less recomputed (vLLM's counters). Not "more hits": without the host tier this workload
+    # preempts more, and every lookup of a request re-admitted, or waiting for room, counts its
+    # hit again.
+    assert host["prefix_queries"] - host["prefix_hits"] < on["prefix_queries"] - on["prefix_hits"]

@@ -1,11 +1,13 @@
-"""The compiled page hand-over (``kvshare_vllm/_fast.c``) against the Python one in
-``twins.py``: the same status, pages and request state for random appends, and bad input
-raising before anything changes."""
+"""The native page hand-over (``kvshare_vllm/_fast.c``, ``Appender``) against kvshare itself:
+after random appends, admissions and lookups the request state it keeps (pages, tokens, packed
+table, ``quiet``) is the sequence kvshare holds, read through the binding; lookups and
+admissions give what the binding's own calls give on a cache with the same history; bad input
+raises before anything changes."""
 
 from __future__ import annotations
 
-import os
 import random
+import struct
 from typing import Any
 
 import pytest
@@ -21,30 +23,13 @@ from kvshare_vllm.manager import KvshareKVCacheManager, _Req, _extra_addr
 import asan_drive
 
 BS = 16
+NO_SPACE = kvshare.STATUS["KVS_STATUS_NO_SPACE"]
 
 
-def use_mode(monkeypatch, pure: bool) -> None:
-    """Managers built after this use the Python twins (``pure``) or the compiled calls."""
-    if pure:
-        monkeypatch.setenv("KVSHARE_VLLM_PURE_PYTHON", "1")
-    else:
-        monkeypatch.delenv("KVSHARE_VLLM_PURE_PYTHON", raising=False)
-
-
-@pytest.fixture(params=[False, True], ids=["compiled", "python"])
-def pure(request, monkeypatch) -> bool:
-    """Runs a test once with the compiled calls (skipped when not built), once with the twins."""
-    if not request.param and mgr_mod._fast is None:
-        pytest.skip("kvshare_vllm._fast not built")
-    use_mode(monkeypatch, request.param)
-    return request.param
-
-
-def make_manager(monkeypatch, *, pure: bool, num_blocks: int = 64) -> KvshareKVCacheManager:
+def make_manager(num_blocks: int = 64) -> KvshareKVCacheManager:
     cfg = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[
         KVCacheGroupSpec(["layer"], FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=1,
                                                       dtype=torch.float32))])
-    use_mode(monkeypatch, pure)
     return KvshareKVCacheManager(cfg, max_model_len=4096, scheduler_block_size=BS,
                                  hash_block_size=BS)
 
@@ -54,7 +39,7 @@ def begin(m: KvshareKVCacheManager, seq: int, prompt: list[int]) -> _Req:
     info = ffi.new("kvs_seq_info *")
     toks = kvshare.pack_i32(prompt)
     kvshare.check(lib.kvs_seq_begin(m._h, seq, ffi.from_buffer("int32_t[]", toks), len(prompt),
-                                    ffi.NULL, max(len(prompt) - 1, 0), info), "kvs_seq_begin")
+                                    ffi.NULL, max(len(prompt) - 1, 0), 0, info), "kvs_seq_begin")
     st = _Req(seq, None)
     st.n = len(prompt)
     rc, _ = m._append(st, (), st.n, 0)  # reads the block table
@@ -66,35 +51,22 @@ def state(st: _Req):
     return (st.n, list(st.pages), st.raw, st.quiet)
 
 
-fast_only = pytest.mark.skipif(mgr_mod._fast is None, reason="kvshare_vllm._fast not built")
+def kvshare_state(m: KvshareKVCacheManager, st: _Req):
+    """What ``state(st)`` must be: the sequence as kvshare holds it."""
+    pages = list(m.cache.seq_pages(st.seq))
+    n = m.cache.seq_info(st.seq)["num_tokens"]
+    fill = (n // BS + 1) * BS
+    return (n, pages, struct.pack(f"{len(pages)}I", *pages), min(len(pages) * BS, fill - 1))
 
 
-def test_fast_built_when_required(monkeypatch):
-    """scripts/test-python builds the extension and sets KVSHARE_VLLM_REQUIRE_FAST: a broken
-    build must fail here rather than pass every test on the Python fallback."""
-    if not os.environ.get("KVSHARE_VLLM_REQUIRE_FAST"):
-        pytest.skip("KVSHARE_VLLM_REQUIRE_FAST not set")
-    assert mgr_mod._fast is not None, "kvshare_vllm._fast did not import"
-    m = make_manager(monkeypatch, pure=False)
-    assert type(m._append).__name__ == "builtin_function_or_method"
-    assert type(m._cross).__name__ == "builtin_function_or_method"
-    assert type(m._match).__name__ == "builtin_function_or_method"
-    assert type(m._open).__name__ == "builtin_function_or_method"
-    p = make_manager(monkeypatch, pure=True)
-    assert p._append.__func__ is KvshareKVCacheManager._append
-    assert p._cross.__func__ is KvshareKVCacheManager._cross
-    assert p._match.__func__ is KvshareKVCacheManager._match
-    assert p._open.__func__ is KvshareKVCacheManager._open
-
-
-@fast_only
 @pytest.mark.parametrize("seed", range(4))
-def test_fast_matches_python(monkeypatch, seed):
+def test_append_and_cross_keep_kvshare_state(seed):
+    """``_append`` / ``_cross`` on random requests: the request state is kvshare's sequence, the
+    pages returned are the ones added, a refusal is NO_SPACE with nothing changed."""
     rng = random.Random(seed)
-    fast = make_manager(monkeypatch, pure=False)
-    slow = make_manager(monkeypatch, pure=True)
+    m = make_manager()
     system = [rng.randrange(3, 30000) for _ in range(rng.randint(0, 40))]
-    live: dict[int, tuple[_Req, _Req, list[int]]] = {}
+    live: dict[int, tuple[_Req, list[int]]] = {}
     seq = 0
     for _ in range(400):
         op = rng.random()
@@ -102,59 +74,62 @@ def test_fast_matches_python(monkeypatch, seed):
             seq += 1
             prompt = system + [rng.randrange(3, 30000) for _ in range(rng.randint(1, 40))]
             try:
-                a = begin(fast, seq, prompt)
+                a = begin(m, seq, prompt)
             except kvshare.NoSpaceError:
-                with pytest.raises(kvshare.NoSpaceError):
-                    begin(slow, seq, prompt)
                 continue
-            b = begin(slow, seq, prompt)
-            assert state(a) == state(b)
-            live[seq] = (a, b, list(prompt))
+            assert state(a) == kvshare_state(m, a)
+            live[seq] = (a, list(prompt))
         elif op < 0.25:
             s = rng.choice(list(live))
-            a, b, _ = live.pop(s)
-            kvshare.check(lib.kvs_seq_free(fast._h, a.seq), "kvs_seq_free")
-            kvshare.check(lib.kvs_seq_free(slow._h, b.seq), "kvs_seq_free")
+            a, _ = live.pop(s)
+            kvshare.check(lib.kvs_seq_free(m._h, a.seq), "kvs_seq_free")
         elif op < 0.6:
             s = rng.choice(list(live))
-            a, b, ids = live[s]
+            a, ids = live[s]
             ids.extend(rng.randrange(3, 30000) for _ in range(rng.choice((1, 1, 1, 3, 17, 90))))
             known = rng.randint(a.n, len(ids))  # a chunk, or a whole run of tokens
             lookahead = rng.choice((0, 0, 0, 1, 5, 40))
-            got = fast._append(a, ids, known, lookahead)
-            want = slow._append(b, ids, known, lookahead)
-            assert (got[0], list(got[1])) == (want[0], list(want[1]))
-            assert state(a) == state(b)
-            if got[0]:
-                assert got[0] == kvshare.STATUS["KVS_STATUS_NO_SPACE"]
+            before = state(a)
+            rc, new = m._append(a, ids, known, lookahead)
+            assert state(a) == kvshare_state(m, a)
+            if rc:
+                assert rc == NO_SPACE and state(a) == before and not new
+            else:
+                assert a.n == known and list(new) == a.pages[len(before[1]):]
+                assert len(a.pages) * BS >= known + lookahead
         else:  # a running request's step: main may run past the known ids (drafts)
             s = rng.choice(list(live))
-            a, b, ids = live[s]
+            a, ids = live[s]
             ids.extend(rng.randrange(3, 30000) for _ in range(rng.choice((0, 1, 1, 16, 40))))
             main = rng.randint(a.n, len(ids) + rng.choice((0, 0, 3)))
             la = rng.choice((0, 0, 1, 4, 50))
             mml = rng.choice((4096, main + la, main, max(main - 5, a.n)))
-            got = fast._cross(a, ids, main, la, mml)
-            want = slow._cross(b, ids, main, la, mml)
-            assert got[0] == want[0]
-            assert [x.block_id for x in got[1]] == [x.block_id for x in want[1]]
-            assert all(blk is fast._blocks[p] for blk, p in zip(got[1], a.pages[-len(got[1]):]))
-            assert state(a) == state(b)
-            if got[0]:
-                assert got[0] == kvshare.STATUS["KVS_STATUS_NO_SPACE"] and got[1] == []
-        assert fast.cache.stats() == slow.cache.stats()
-    fast.check()
-    slow.check()
+            before = state(a)
+            rc, blocks = m._cross(a, ids, main, la, mml)
+            assert state(a) == kvshare_state(m, a)
+            if rc:
+                assert rc == NO_SPACE and blocks == [] and state(a) == before
+            else:
+                assert [b.block_id for b in blocks] == a.pages[len(before[1]):]
+                assert all(b is m._blocks[b.block_id] for b in blocks)
+                assert len(a.pages) * BS >= min(main + la, mml)
+        m.cache.check()
+    m.check()
 
 
-@fast_only
+def _binding_cache(m: KvshareKVCacheManager) -> kvshare.Cache:
+    """A cache configured as ``m``'s, driven through the binding's own calls."""
+    return kvshare.Cache(**{k: v for k, v in m.cache.config.items() if k != "num_groups"})
+
+
 @pytest.mark.parametrize("seed", range(3))
-def test_fast_match_matches_python(monkeypatch, seed):
-    """Appender.match against _match: the same status, packed ids and hit blocks for prompts
-    sharing prefixes (with and without extra keys) while the index fills and evicts."""
+def test_match_gives_the_bindings_hit(seed):
+    """Appender.match against ``Cache.prefix_match`` on a cache with the same history: the same
+    hit blocks and packed ids for prompts sharing prefixes (with and without extra keys)
+    while the index fills and evicts."""
     rng = random.Random(seed)
-    fast = make_manager(monkeypatch, pure=False, num_blocks=40)
-    slow = make_manager(monkeypatch, pure=True, num_blocks=40)
+    m = make_manager(num_blocks=40)
+    ref = _binding_cache(m)
     system = [rng.randrange(3, 30000) for _ in range(rng.choice((0, 16, 50)))]
     salts = [None, kvshare.ExtraKeys(salt=b"tenant"), kvshare.ExtraKeys(lora_id=3)]
     seen: list[tuple[list[int], Any]] = []
@@ -167,40 +142,46 @@ def test_fast_match_matches_python(monkeypatch, seed):
             prompt = system + [rng.randrange(3, 30000) for _ in range(rng.randint(0, 60))]
             extra = rng.choice(salts)
         cap = rng.choice((max(len(prompt) - 1, 0), len(prompt), 0, 17))
-        got = fast._match(prompt, _extra_addr(extra), cap)
-        want = slow._match(prompt, _extra_addr(extra), cap)
-        assert got[0] == want[0] == 0 and got[1] == want[1] == kvshare.pack_i32(prompt)
-        assert [b.block_id for b in got[2]] == [b.block_id for b in want[2]]
-        assert all(b is fast._blocks[b.block_id] for b in got[2])
-        for m in (fast, slow):  # register the prompt, then free it (cached, evictable)
-            toks = kvshare.pack_i32(prompt)
-            rc = lib.kvs_seq_begin(m._h, seq, ffi.from_buffer("int32_t[]", toks) if prompt
-                                   else ffi.NULL, len(prompt), extra.ptr if extra else ffi.NULL,
-                                   0, ffi.NULL)
-            if rc == 0:
-                kvshare.check(lib.kvs_seq_free(m._h, seq), "kvs_seq_free")
-        seen.append((prompt, extra))
-        assert fast.cache.stats() == slow.cache.stats()
-    fast.check()
+        rc, packed, hits = m._match(prompt, _extra_addr(extra), cap)
+        want, n = ref.prefix_match(prompt, extra, max_tokens=cap)
+        assert rc == 0 and packed == kvshare.pack_i32(prompt)
+        assert [b.block_id for b in hits] == list(want) and n == len(want) * BS
+        assert all(b is m._blocks[b.block_id] for b in hits)
+        toks = kvshare.pack_i32(prompt)  # register the prompt, then free it (cached, evictable)
+        rc = lib.kvs_seq_begin(m._h, seq, ffi.from_buffer("int32_t[]", toks) if prompt
+                               else ffi.NULL, len(prompt), extra.ptr if extra else ffi.NULL,
+                               0, 0, ffi.NULL)
+        if rc == 0:
+            kvshare.check(lib.kvs_seq_free(m._h, seq), "kvs_seq_free")
+        try:
+            ref.seq_begin(seq, prompt, extra, max_match_tokens=0)
+        except kvshare.NoSpaceError:
+            assert rc == NO_SPACE
+        else:
+            assert rc == 0
+            ref.seq_free(seq)
+        assert m.cache.stats() == ref.stats()
+    m.check()
 
 
-@fast_only
 @pytest.mark.parametrize("seed", range(3))
-def test_fast_begin_matches_python(monkeypatch, seed):
-    """Appender.begin against _open: the same statuses, matched tokens, blocks, request state
-    and cache for admissions with prefix hits, lookahead, extra keys and running out of room."""
+def test_begin_gives_the_bindings_sequence(seed):
+    """Appender.begin against ``Cache.seq_begin`` + ``seq_append`` (the lookahead) on a cache
+    with the same history: the same statuses, matched tokens, table and counters for admissions
+    with prefix hits, lookahead, extra keys and running out of room; the blocks returned are
+    the table from page ``first`` on."""
     rng = random.Random(seed)
-    fast = make_manager(monkeypatch, pure=False, num_blocks=48)
-    slow = make_manager(monkeypatch, pure=True, num_blocks=48)
+    m = make_manager(num_blocks=48)
+    ref = _binding_cache(m)
     system = [rng.randrange(3, 30000) for _ in range(rng.choice((0, 16, 40)))]
     salt = kvshare.ExtraKeys(salt=b"t")
-    live: list[tuple[_Req, _Req]] = []
+    live: list[_Req] = []
     prompts: list[list[int]] = []
     for seq in range(1, 200):
         if live and rng.random() < 0.35:
-            a, b = live.pop(rng.randrange(len(live)))
-            kvshare.check(lib.kvs_seq_free(fast._h, a.seq), "kvs_seq_free")
-            kvshare.check(lib.kvs_seq_free(slow._h, b.seq), "kvs_seq_free")
+            a = live.pop(rng.randrange(len(live)))
+            kvshare.check(lib.kvs_seq_free(m._h, a.seq), "kvs_seq_free")
+            ref.seq_free(a.seq)
             continue
         base = rng.choice(prompts) if prompts and rng.random() < 0.5 else system
         prompt = base[:rng.randint(0, len(base))] + [rng.randrange(3, 30000)
@@ -208,33 +189,39 @@ def test_fast_begin_matches_python(monkeypatch, seed):
         prompts.append(prompt)
         extra = salt if rng.random() < 0.2 else None
         ea = _extra_addr(extra)
-        rc, toks, hits = fast._match(prompt, ea, len(prompt) - 1)
+        rc, toks, hits = m._match(prompt, ea, len(prompt) - 1)
         assert rc == 0
         max_match = rng.choice((len(hits) * BS, len(hits) * BS, 0, len(prompt)))
         lookahead, first = rng.choice((0, 0, 1, 30)), rng.choice((len(hits), 0))
         if rng.random() < 0.3:
             toks = memoryview(toks)  # as _tokens hands a view of the pending bytes
-        a, b = _Req(seq, extra), _Req(seq, extra)
-        got = fast._open(a, toks, ea, max_match, lookahead, first)
-        want = slow._open(b, toks, ea, max_match, lookahead, first)
-        assert got[:3] == want[:3]
-        assert [x.block_id for x in got[3]] == [x.block_id for x in want[3]]
-        assert all(x is fast._blocks[x.block_id] for x in got[3])
-        assert state(a) == state(b)
-        if got[0] == 0:
-            assert got[3] == [fast._blocks[p] for p in a.pages[first:]] or got[1]
-            live.append((a, b))
+        a = _Req(seq, extra)
+        brc, arc, matched, blocks = m._open(a, toks, ea, max_match, lookahead, first)
+        try:
+            info = ref.seq_begin(seq, prompt, extra, max_match_tokens=max_match)
+        except kvshare.NoSpaceError:
+            assert brc == NO_SPACE
+            assert state(a) == (0, [], b"", -1) and blocks == []
         else:
-            assert got[0] == kvshare.STATUS["KVS_STATUS_NO_SPACE"]
-            assert state(a) == (0, [], b"", -1) and got[3] == []
-        assert fast.cache.stats() == slow.cache.stats()
-    fast.check()
-    slow.check()
+            assert brc == 0 and matched == info["matched_tokens"]
+            try:
+                ref.seq_append(seq, [], lookahead)
+            except kvshare.NoSpaceError:
+                # The sequence began; the table is not read (the manager refuses this as a
+                # bug: its gate checked room for the lookahead).
+                assert arc == NO_SPACE and a.n == len(prompt) and a.pages == [] and blocks == []
+            else:
+                assert arc == 0
+                assert blocks == [m._blocks[p] for p in a.pages[first:]]
+                assert a.pages == list(ref.seq_pages(seq))
+                assert state(a) == kvshare_state(m, a)
+            live.append(a)
+        assert m.cache.stats() == ref.stats()
+    m.check()
 
 
-@fast_only
-def test_fast_begin_bad_input(monkeypatch):
-    m = make_manager(monkeypatch, pure=False, num_blocks=8)
+def test_fast_begin_bad_input():
+    m = make_manager(num_blocks=8)
     before = m.cache.stats()
     toks = kvshare.pack_i32(list(range(3, 23)))
     for args, exc in (((_Req(1, None), toks, 0, 0, 0), TypeError),
@@ -268,9 +255,8 @@ def test_fast_begin_bad_input(monkeypatch):
     m.check()
 
 
-@fast_only
-def test_fast_match_bad_input(monkeypatch):
-    m = make_manager(monkeypatch, pure=False, num_blocks=8)
+def test_fast_match_bad_input():
+    m = make_manager(num_blocks=8)
     before = m.cache.stats()
     for args, exc in (((list(range(5)), 0), TypeError), ((iter([1]), 0, 0), TypeError),
                       (([1, 2], -1, 0), OverflowError), (([1, 2], 0, -1), ValueError),
@@ -298,9 +284,8 @@ def test_fast_match_bad_input(monkeypatch):
     assert m._match([], 0, 0) == (0, b"", [])
 
 
-@fast_only
-def test_fast_bad_input_changes_nothing(monkeypatch):
-    m = make_manager(monkeypatch, pure=False, num_blocks=8)
+def test_fast_bad_input_changes_nothing():
+    m = make_manager(num_blocks=8)
     st = begin(m, 1, list(range(3, 23)))  # 20 tokens: 2 pages
     ids = list(range(3, 23)) + [40, 41]
     before_state, before_stats = state(st), m.cache.stats()
@@ -371,9 +356,8 @@ def test_fast_bad_input_changes_nothing(monkeypatch):
     m.check()
 
 
-@fast_only
-def test_fast_append_after_bad_input(monkeypatch):
-    m = make_manager(monkeypatch, pure=False, num_blocks=8)
+def test_fast_append_after_bad_input():
+    m = make_manager(num_blocks=8)
     st = begin(m, 1, list(range(3, 23)))
     ids = list(range(3, 23)) + [40, 41]
     with pytest.raises(ValueError):
@@ -385,7 +369,6 @@ def test_fast_append_after_bad_input(monkeypatch):
     m.check()
 
 
-@fast_only
 def test_fast_pack_i32_matches_binding():
     fast = mgr_mod._fast.pack_i32
     rng = random.Random(7)
@@ -447,10 +430,10 @@ def test_fast_under_asan(tmp_path):
     asan_drive.build_and_drive(tmp_path, "_fast", "drive.py")
 
 
-def test_twins_refuse_bad_input_alike(monkeypatch, pure):
-    """The argument checks every compiled call makes, made by its Python twin too: the same
-    exception, raised before kvshare or the request state changes."""
-    m = make_manager(monkeypatch, pure=pure, num_blocks=8)
+def test_bad_input_raises_before_anything_changes():
+    """The argument checks every native call makes: the exception is raised before kvshare or
+    the request state changes."""
+    m = make_manager(num_blocks=8)
     st = begin(m, 1, list(range(3, 23)))
     ids = list(range(3, 23)) + [40, 41]
     toks = kvshare.pack_i32(ids[:20])
@@ -488,7 +471,7 @@ def test_twins_refuse_bad_input_alike(monkeypatch, pure):
     m.check()
 
 
-def test_begin_failing_after_kvshare_began_leaks_nothing(pure, tiny_model_dir):
+def test_begin_failing_after_kvshare_began_leaks_nothing(tiny_model_dir):
     """An exception out of _open after kvs_seq_begin succeeded (a MemoryError can do that) ends
     the sequence kvshare began, so nothing outlives the failed admission."""
     import harness as h

@@ -1,7 +1,7 @@
-"""The hybrid manager's compiled calls (``kvshare_vllm/_fast_groups.c``, ``Groups``) against bad
+"""The hybrid manager's native calls (``kvshare_vllm/_fast.c``, ``Groups``) against bad
 input: every refusal raises before kvshare, the request state or the page refcount mirror
 changes, and the manager keeps working after it.  Their results on good input are the lockstep
-tests' (``test_hybrid_compare.py::test_lockstep[...-compiled]`` against vLLM, every step, with
+tests' (``test_hybrid_compare.py::test_lockstep`` against vLLM, every step, with
 ``check()`` comparing the mirror to kvshare)."""
 
 from __future__ import annotations
@@ -14,15 +14,10 @@ import asan_drive
 import harness as h
 from kvshare_vllm import hybrid as hybrid_mod
 
-pytestmark = pytest.mark.skipif(hybrid_mod._fast_groups is None,
-                                reason="kvshare_vllm._fast_groups not built")
-
-
 @pytest.fixture
-def mgr(tiny_model_dir, monkeypatch):
+def mgr(tiny_model_dir):
     """A hybrid manager (gpt-oss layout, window 32) on the compiled calls, holding one request
     that has released out-of-window pages."""
-    monkeypatch.delenv("KVSHARE_VLLM_PURE_PYTHON", raising=False)
     s = h.make_scheduler(tiny_model_dir, kvshare=True, num_blocks=64,
                          specs=h.layer_specs("gpt-oss", size=32))
     m = s.kv_cache_manager
@@ -38,8 +33,8 @@ def mgr(tiny_model_dir, monkeypatch):
 
 def snapshot(m):
     st = m._reqs["a"]
-    return ([list(t) for t in st.tables], st.n, bytes(m._refs), m._avail, m.cache.stats(0),
-            m.cache.stats(1))
+    return ([list(t) for t in st.tables], st.n, bytes(m._refs), m._avail, m.cache.group_stats(0),
+            m.cache.group_stats(1))
 
 
 def test_bad_input_changes_nothing(mgr):
@@ -86,13 +81,13 @@ def test_bad_input_changes_nothing(mgr):
 
 def test_groups_refuses_what_it_cannot_run(mgr):
     m, _ = mgr
-    G = hybrid_mod._fast_groups.Groups
+    G = hybrid_mod._fast.Groups
     good = m._fast
     addr = int(hybrid_mod.ffi.cast("uintptr_t", m.cache.handle))
     fns = tuple(int(hybrid_mod.ffi.cast("uintptr_t", hybrid_mod.ffi.addressof(
-        hybrid_mod.lib, f"kvs_hybrid_{n}"))) for n in (
+        hybrid_mod.lib, f"kvs_{n}"))) for n in (
         "seq_append", "seq_get_info", "seq_pages", "seq_release_skipped", "seq_free",
-        "seq_begin", "match"))
+        "seq_begin", "prefix_find"))
     kinds = ((1, 32), (0, 0))
     refs = array("I", bytes(4 * m.num_blocks))
     with pytest.raises(ValueError):
@@ -118,6 +113,6 @@ def test_groups_refuses_what_it_cannot_run(mgr):
 
 
 def test_fast_groups_under_asan(tmp_path):
-    """_fast_groups.c built with -fsanitize=address,undefined and driven by
+    """_fast.c's Groups built with -fsanitize=address,undefined and driven by
     tests/fast_asan/drive_groups.py in a process of its own (the sanitizer runtime preloaded)."""
-    asan_drive.build_and_drive(tmp_path, "_fast_groups", "drive_groups.py")
+    asan_drive.build_and_drive(tmp_path, "_fast", "drive_groups.py")

@@ -13,7 +13,6 @@ the workload does what the lockstep needs (hits, released positions, preemptions
 
 from __future__ import annotations
 
-import os
 import random
 import zlib
 
@@ -107,39 +106,18 @@ def pair_kw_caching(name: str) -> bool:
     return CASES[name][2].get("enable_prefix_caching", True)
 
 
-@pytest.fixture(params=["compiled", "python"])
-def hybrid_path(request, monkeypatch) -> str:
-    """The hybrid manager's compiled calls (``kvshare_vllm._fast_groups``; skipped when not
-    built) or its Python path (``KVSHARE_VLLM_PURE_PYTHON``)."""
-    if request.param == "compiled":
-        if hybrid_mod._fast_groups is None:
-            pytest.skip("kvshare_vllm._fast_groups not built")
-        monkeypatch.delenv("KVSHARE_VLLM_PURE_PYTHON", raising=False)
-    else:
-        monkeypatch.setenv("KVSHARE_VLLM_PURE_PYTHON", "1")
-    return request.param
-
-
-def test_fast_groups_built_when_required():
-    """scripts/test-python requires the compiled calls (KVSHARE_VLLM_REQUIRE_FAST): a build
-    failure must not leave only the Python path tested."""
-    if not os.environ.get("KVSHARE_VLLM_REQUIRE_FAST"):
-        pytest.skip("KVSHARE_VLLM_REQUIRE_FAST not set")
-    assert hybrid_mod._fast_groups is not None, "kvshare_vllm._fast_groups did not import"
-
-
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_lockstep(tiny_model_dir, name, hybrid_path):
+def test_lockstep(tiny_model_dir, name):
     """kvshare's manager against vLLM's on the same workload, every step (``Pair.step``; its
-    ``check()`` compares the mirrored tables and refcounts with kvshare's), on the compiled
-    calls and on the Python path."""
+    ``check()`` compares the mirrored tables and refcounts with kvshare's), on the native calls
+    (``_fast.Groups``)."""
     pair = run_case(tiny_model_dir, name)
     mgr = pair.kvs.kv_cache_manager
     manager = type(mgr).__name__
     assert manager == ("KvshareKVCacheManager" if name == "mla" else
                        "KvshareHybridKVCacheManager")
     if name != "mla":
-        assert (mgr._fast is not None) == (hybrid_path == "compiled")
+        assert mgr._fast is not None
     assert pair.hits[0] == pair.hits[1]
     assert pair.peak_blocks[0] == pair.peak_blocks[1]
     st = pair.kvs.kv_cache_manager.kvshare_stats()

@@ -108,7 +108,7 @@ def test_missing_vllm_is_named(code):
     assert f"supports vLLM {SUPPORTED}" in res.stderr and "has no vLLM" in res.stderr
 
 
-def test_native_modules_of_another_abi_are_refused():
+def test_a_native_module_of_another_abi_is_refused():
     res = _run("import kvshare_vllm; kvshare_vllm.BUILT_ABI_VERSION += 1\n"
                "from kvshare_vllm.plugin import register; register()", {"KVSHARE_VLLM": "1"})
     assert res.returncode != 0
@@ -119,10 +119,10 @@ def test_native_modules_of_another_abi_are_refused():
 
 
 def test_a_native_module_that_does_not_load_is_refused():
-    res = _run("import sys; sys.modules['kvshare_vllm._fast_groups'] = None\n"
-               "import kvshare_vllm.manager", {"KVSHARE_VLLM": "1"})
+    res = _run("import sys; sys.modules['kvshare_vllm._fast'] = None\n"
+               "import kvshare_vllm.hybrid", {"KVSHARE_VLLM": "1"})
     assert res.returncode != 0
-    assert "NativeModuleError" in res.stderr and "_fast_groups does not load" in res.stderr, \
+    assert "NativeModuleError" in res.stderr and "_fast does not load" in res.stderr, \
         res.stderr[-3000:]
 
 
@@ -136,6 +136,6 @@ def test_build_without_a_c_compiler_stops_with_what_to_install(tmp_path):
         timeout=600, cwd=PKG)
     out = res.stdout + res.stderr
     assert res.returncode != 0, out[-3000:]
-    assert "kvshare-vllm needs its native modules" in out, out[-3000:]
+    assert "kvshare-vllm needs its native module" in out, out[-3000:]
     assert re.search(r"install a C compiler and Python's headers", out), out[-3000:]
     assert not list(tmp_path.glob("lib/kvshare_vllm/*.so"))

@@ -186,7 +186,7 @@ for i in range(300):
     cap = rng.choice((len(prompt), max(len(prompt) - 1, 0), 5))
     rc, packed, hits = matcher.match(prompt, ea, cap)
     toks = kvshare.pack_i32(prompt)
-    want = lib.kvs_prefix_match(h, ffi.from_buffer("int32_t[]", toks) if prompt else ffi.NULL,
+    want = lib.kvs_prefix_match(h, 0, ffi.from_buffer("int32_t[]", toks) if prompt else ffi.NULL,
                                 len(prompt), extra.ptr if extra else ffi.NULL, cap, False,
                                 pages_buf, PAGES, n1, n2)
     assert rc == want == 0 and packed == toks

@@ -1,4 +1,4 @@
-"""Drives kvshare_vllm/_fast_groups.c built with AddressSanitizer + UBSan (loaded from the path
+"""Drives kvshare_vllm/_fast.c's Groups built with AddressSanitizer + UBSan (loaded from the path
 given as argv[1], no torch or vLLM in the process): random begins, running steps, appends,
 releases, frees and matches on a two-group cache (sliding window 32 / full), each checked
 against kvshare through the binding (tables, the page refcount mirror, the free count), plus
@@ -16,19 +16,19 @@ import kvshare
 from kvshare import ffi, lib
 
 spec = importlib.util.spec_from_file_location(
-    "_fast_groups", sys.argv[1],
-    loader=importlib.machinery.ExtensionFileLoader("_fast_groups", sys.argv[1]))
+    "_fast", sys.argv[1],
+    loader=importlib.machinery.ExtensionFileLoader("_fast", sys.argv[1]))
 fg = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(fg)
 
 BS, PAGES = 16, 96
-hy = kvshare.Hybrid(page_size=BS, num_pages=PAGES,
-                    groups=[("sliding_window", 32, 4096), ("full", 0, 4096)])
+hy = kvshare.Cache(page_size=BS, num_device_pages=PAGES, reserve_null_page=True,
+                   vllm_free_order=True, groups=[("sliding_window", 32, 4096), ("full", 0, 4096)])
 refs = array("I", bytes(4 * PAGES))
 blocks = [object() for _ in range(PAGES)]
-fns = tuple(int(ffi.cast("uintptr_t", ffi.addressof(lib, f"kvs_hybrid_{n}"))) for n in (
+fns = tuple(int(ffi.cast("uintptr_t", ffi.addressof(lib, f"kvs_{n}"))) for n in (
     "seq_append", "seq_get_info", "seq_pages", "seq_release_skipped", "seq_free", "seq_begin",
-    "match"))
+    "prefix_find"))
 g = fg.Groups(int(ffi.cast("uintptr_t", hy.handle)), fns, BS, PAGES, ((1, 32), (0, 0)), refs,
               blocks)
 
@@ -41,7 +41,7 @@ class St:  # hybrid.py's _HReq
 
 
 def free_count():
-    return hy.stats(0)["pool_pages_free"]
+    return hy.group_stats(0)["pool_pages_free"]
 
 
 def check(live, avail):
@@ -65,7 +65,7 @@ for seq in range(1, 500):
         ids = system + [rng.randrange(3, 30000) for _ in range(rng.randint(1, 60))]
         rc, hit, rows = g.match(ids, 0, len(ids) - 1)
         assert rc == 0 and hit % BS == 0 and len(rows) == 2
-        n_hit, want_rows = hy.match(ids, len(ids) - 1)
+        n_hit, want_rows = hy.prefix_find(ids, len(ids) - 1)
         assert n_hit == hit
         assert [[blocks[p] for p in r] for r in want_rows] == [list(r) for r in rows]
         st = St(seq)
