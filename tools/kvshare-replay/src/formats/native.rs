@@ -147,7 +147,7 @@ pub fn parse_trace(text: &str) -> Result<Vec<Request>, Vec<TraceError>> {
     parse_trace_as(text, TraceFormat::Native)
 }
 
-/// Parses a whole trace in `format` (see [`super::formats`]).
+/// Parses a whole trace in `format` (see [`crate::formats`]).
 pub fn parse_trace_as(text: &str, format: TraceFormat) -> Result<Vec<Request>, Vec<TraceError>> {
     let mut reader = LineReader::new(format);
     let mut reqs = Vec::new();
