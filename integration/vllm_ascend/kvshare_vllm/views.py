@@ -4,19 +4,36 @@ thin views that forward to ``KvshareKVCacheManager``, which holds all the state.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from vllm.distributed.kv_events import KVCacheEvent
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
 
-if TYPE_CHECKING:  # pragma: no cover - annotations only
-    from .manager import KvshareKVCacheManager
+
+class _Manager(Protocol):
+    """What the views read of the manager (``KvshareKVCacheManager`` provides it)."""
+
+    block_pool: Any
+    block_size: int
+    enable_caching: bool
+    enable_kv_cache_events: bool
+    use_eagle: bool
+    usage: float
+
+    def take_new_block_ids(self) -> list[int]: ...
+    def _blocks_to_allocate(self, request_id: str, num_tokens: int,
+                            new_computed_blocks: Any) -> int: ...
+    def get_blocks(self, request_id: str) -> Any: ...
+    def _capacity(self) -> int: ...
+    def take_events(self) -> list[KVCacheEvent]: ...
+    def _reset_index(self) -> bool: ...
+    def evict_blocks(self, block_ids: Any) -> None: ...
 
 
 class _SingleTypeView:
     """What the scheduler and connectors read of a single-type manager."""
 
-    def __init__(self, mgr: "KvshareKVCacheManager", spec):
+    def __init__(self, mgr: _Manager, spec):
         self._mgr = mgr
         self.kv_cache_spec = spec
         self.block_size = spec.block_size
@@ -30,7 +47,7 @@ class _CoordinatorView:
     """``KVCacheManager.coordinator`` surface the scheduler uses (``single_type_managers``,
     ``get_num_blocks_to_allocate``, ``block_pool``)."""
 
-    def __init__(self, mgr: "KvshareKVCacheManager", spec):
+    def __init__(self, mgr: _Manager, spec):
         self._mgr = mgr
         self.single_type_managers = (_SingleTypeView(mgr, spec),)
         self.num_single_type_manager = 1
@@ -58,7 +75,7 @@ class _BlockPoolView:
     ``KVCacheBlocks``; refcounts, hashes and the free list live in kvshare, not in them.
     """
 
-    def __init__(self, mgr: "KvshareKVCacheManager", num_blocks: int):
+    def __init__(self, mgr: _Manager, num_blocks: int):
         self._mgr = mgr
         self.num_gpu_blocks = num_blocks
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
