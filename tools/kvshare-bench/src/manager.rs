@@ -20,7 +20,9 @@ use xxhash_rust::xxh3::xxh3_128;
 
 use crate::timing::ns_per_unit;
 
+mod policies;
 mod steps;
+use policies::policy_rows;
 use steps::{decode_rows, tiers};
 
 fn ok(s: kvs_status) {
@@ -442,7 +444,8 @@ kvshare-bench manager: the cache manager's bookkeeping (allocate and release, pr
 find, a sequence's begin on a cached prompt, a decode step, the host tier), each against its
 floor measured in the same run, with the targets met or not. Each sequence operation also runs
 on a hybrid model (a full-attention group and a 128-token sliding-window group, one pool), whose
-rows (*_hybrid) take the plain model's figure as their floor.
+rows (*_hybrid) take the plain model's figure as their floor; each eviction policy's cost per page
+under pressure (begin_free_page_*) takes LRU's as its floor.
 
 USAGE:
     kvshare-bench manager [OPTIONS]
@@ -477,6 +480,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), String> {
     begin_rows(repeats, &mut rows);
     decode_rows(repeats, &mut rows);
     tiers(repeats, &mut rows);
+    policy_rows(repeats, quick, &mut rows);
 
     println!(
         "{:<30} {:>12} {:>10} {:>12} {:>9} {:>10} {:>6}",

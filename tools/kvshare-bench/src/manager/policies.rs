@@ -1,11 +1,5 @@
-//! Per-operation cost of each eviction policy as a ratio to LRU, measured in one run:
-//!
-//! ```text
-//! KVS_BENCH=1 cargo test --release -p kvshare-core --test policy_bench -- --nocapture
-//! ```
-//!
-//! (Without `KVS_BENCH` it runs one short round of each policy and checks the workload evicts,
-//! so the harness itself stays tested.)
+//! Each eviction policy's cost per page, beside LRU's measured in the same run (LRU is the
+//! floor of the other policies' rows: their "x floor" is the ratio to LRU).
 //!
 //! The workload keeps the cache under pressure: 4 sequences live at a time on 2,048 device pages
 //! of 16 tokens; each prompt is one of 64 shared prefixes (drawn Zipf-like) of 8-64 pages plus
@@ -14,17 +8,22 @@
 //! per page the operations touch (hit, allocated or released); the policies run interleaved,
 //! repeats alternating, and each reports its median.
 
+use std::collections::VecDeque;
 use std::time::Instant;
 
 use kvshare_core::{Config, EvictionPolicy, State};
 
+use super::Row;
+
+const PAGE: usize = 16;
+
 /// A prompt: prefix `p` (its pages' tokens depend on `p` only) and `own` pages of its own.
-fn prompt(p: u32, prefix_pages: usize, own: usize, salt: u32, ps: usize) -> Vec<i32> {
-    let mut t = Vec::with_capacity((prefix_pages + own) * ps);
-    for i in 0..prefix_pages * ps {
+fn prompt(p: u32, prefix_pages: usize, own: usize, salt: u32) -> Vec<i32> {
+    let mut t = Vec::with_capacity((prefix_pages + own) * PAGE);
+    for i in 0..prefix_pages * PAGE {
         t.push((p as i32) << 16 | i as i32);
     }
-    for i in 0..own * ps {
+    for i in 0..own * PAGE {
         t.push(0x4000_0000 | ((salt as i32 & 0x3fff) << 16) | i as i32);
     }
     t
@@ -32,6 +31,7 @@ fn prompt(p: u32, prefix_pages: usize, own: usize, salt: u32, ps: usize) -> Vec<
 
 /// SplitMix64.
 struct Rng(u64);
+
 impl Rng {
     fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
@@ -42,76 +42,86 @@ impl Rng {
     }
 }
 
-/// Runs `rounds` begin/free cycles; returns (ns per page touched, evictions).
-fn run(policy: EvictionPolicy, rounds: usize, seed: u64) -> (f64, u64) {
-    let ps = 16;
-    let mut s = State::new(Config {
-        page_size: ps as u32,
-        num_device_pages: 2048,
-        eviction_policy: policy,
-        ..Config::default()
-    })
-    .unwrap();
+/// The prompts of one round set, drawn from `seed`.
+fn prompts(rounds: usize, seed: u64) -> Vec<Vec<i32>> {
     let mut rng = Rng(seed);
     let lens: Vec<usize> = (0..64).map(|p| 8 + (p * 7) % 57).collect();
-    let prompts: Vec<Vec<i32>> = (0..rounds)
+    (0..rounds)
         .map(|k| {
             // Zipf-like: prefix index = 64^u - 1 for u uniform.
             let u = (rng.next() >> 11) as f64 / (1u64 << 53) as f64;
             let p = (64f64.powf(u) - 1.0) as u32;
             let own = 1 + (rng.next() % 16) as usize;
-            prompt(p, lens[p as usize], own, k as u32, ps)
+            prompt(p, lens[p as usize], own, k as u32)
         })
-        .collect();
-    let mut live: std::collections::VecDeque<u64> = Default::default();
+        .collect()
+}
+
+/// Runs the begin/free cycles of `prompts` under `policy`; returns (ns per page touched,
+/// evictions).
+fn run(policy: EvictionPolicy, prompts: &[Vec<i32>]) -> (f64, u64) {
+    let mut s = State::new(Config {
+        page_size: PAGE as u32,
+        num_device_pages: 2048,
+        eviction_policy: policy,
+        ..Config::default()
+    })
+    .expect("a valid config");
+    let mut live = VecDeque::new();
     let mut pages = 0u64;
     let t = Instant::now();
     for (k, toks) in prompts.iter().enumerate() {
         if live.len() == 4 {
-            let id = live.pop_front().unwrap();
-            pages += s.seq_info(id).unwrap().num_pages as u64;
-            s.free(id).unwrap();
+            let id = live.pop_front().expect("four live");
+            pages += s.seq_info(id).expect("live").num_pages as u64;
+            s.free(id).expect("live");
         }
         let id = k as u64 + 1;
-        let b = s.begin(id, toks, None, toks.len() - 1, 0).unwrap();
+        let b = s
+            .begin(id, toks, None, toks.len() - 1, 0)
+            .expect("the workload fits");
         pages += b.num_pages as u64;
         live.push_back(id);
     }
     let ns = t.elapsed().as_nanos() as f64;
-    s.check().unwrap();
+    s.check().expect("a consistent cache");
     (ns / pages as f64, s.stats().counters.evictions)
 }
 
-#[test]
-fn eviction_policy_cost_per_page_against_lru() {
-    let bench = std::env::var_os("KVS_BENCH").is_some();
-    let (rounds, repeats) = if bench { (20_000, 9) } else { (300, 1) };
+/// One row per policy: `begin_free_page_<policy>`, LRU's figure the floor of each.
+pub(super) fn policy_rows(repeats: usize, quick: bool, rows: &mut Vec<Row>) {
+    let rounds = if quick { 2_000 } else { 20_000 };
+    let repeats = repeats.min(9);
     let mut times: Vec<Vec<f64>> = vec![Vec::new(); EvictionPolicy::ALL.len()];
     for r in 0..repeats {
+        let set = prompts(rounds, 42 + r as u64);
         for (j, policy) in EvictionPolicy::ALL.into_iter().enumerate() {
-            let (ns, evictions) = run(policy, rounds, 42 + r as u64);
+            let (ns, evictions) = run(policy, &set);
             assert!(evictions > 0, "{policy:?}: the workload must evict");
             times[j].push(ns);
         }
-    }
-    if !bench {
-        return;
     }
     let median = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
     let lru = median(&mut times[0].clone());
-    println!(
-        "eviction policy cost per page touched (begin + free under pressure), median of {repeats}:"
-    );
     for (j, policy) in EvictionPolicy::ALL.into_iter().enumerate() {
-        let m = median(&mut times[j]);
-        println!(
-            "  {:<7} {:>7.1} ns/page  {:.2}x LRU",
-            policy.name(),
-            m,
-            m / lru
-        );
+        let name = match policy {
+            EvictionPolicy::Lru => "begin_free_page_lru",
+            EvictionPolicy::Lfu => "begin_free_page_lfu",
+            EvictionPolicy::S3Fifo => "begin_free_page_s3fifo",
+        };
+        rows.push(Row {
+            name,
+            unit: "page",
+            ns: median(&mut times[j]),
+            floor_ns: if policy == EvictionPolicy::Lru {
+                f64::NAN
+            } else {
+                lru
+            },
+            target_ns: f64::NAN,
+        });
     }
 }
