@@ -315,6 +315,31 @@ impl Run {
         self.pools.len()
     }
 
+    /// Pages for a page call: up to `max_held` of the pages the caller holds in `pool` (each
+    /// drawn index taken modulo the held list), then up to `max_raw` arbitrary page ids, some
+    /// past the pool.
+    fn pick_pages(
+        &self,
+        pool: u32,
+        held: &[u8],
+        max_held: usize,
+        raw: &[u16],
+        max_raw: usize,
+    ) -> Vec<u32> {
+        let list = self.model.held_list(pool);
+        let mut pages: Vec<u32> = held
+            .iter()
+            .take(max_held)
+            .filter_map(|&i| list.get(usize::from(i) % list.len().max(1)).copied())
+            .collect();
+        pages.extend(
+            raw.iter()
+                .take(max_raw)
+                .map(|&r| u32::from(r) % (self.dev_pages + 2)),
+        );
+        pages
+    }
+
     /// The group `raw` picks.
     fn group(&self, raw: u8) -> usize {
         usize::from(raw) % self.ng()

@@ -202,17 +202,7 @@ impl Run {
             } => {
                 let g = self.group(group);
                 let pool = self.pools[g];
-                let list = self.model.held_list(pool);
-                let mut pages: Vec<u32> = held
-                    .iter()
-                    .take(8)
-                    .filter_map(|&i| list.get(usize::from(i) % list.len().max(1)).copied())
-                    .collect();
-                pages.extend(
-                    raw.iter()
-                        .take(2)
-                        .map(|&r| u32::from(r) % (self.dev_pages + 2)),
-                );
+                let pages = self.pick_pages(pool, held, 8, raw, 2);
                 let st =
                     unsafe { kvs_cache::kvs_pages_acquire(self.c, g, pages.as_ptr(), pages.len()) };
                 if raw.is_empty() {
@@ -242,17 +232,7 @@ impl Run {
             } => {
                 let g = self.group(group);
                 let pool = self.pools[g];
-                let list = self.model.held_list(pool);
-                let mut pages: Vec<u32> = held
-                    .iter()
-                    .take(8)
-                    .filter_map(|&i| list.get(usize::from(i) % list.len().max(1)).copied())
-                    .collect();
-                pages.extend(
-                    raw.iter()
-                        .take(1)
-                        .map(|&r| u32::from(r) % (self.dev_pages + 2)),
-                );
+                let pages = self.pick_pages(pool, held, 8, raw, 1);
                 let st =
                     unsafe { kvs_cache::kvs_pages_release(self.c, g, pages.as_ptr(), pages.len()) };
                 let mut need: HashMap<u32, u32> = HashMap::new();
@@ -290,12 +270,7 @@ impl Run {
                 group,
             } => {
                 let g = self.group(group);
-                let list = self.model.held_list(self.pools[g]);
-                let pages: Vec<u32> = held
-                    .iter()
-                    .take(6)
-                    .filter_map(|&i| list.get(usize::from(i) % list.len().max(1)).copied())
-                    .collect();
+                let pages = self.pick_pages(self.pools[g], held, 6, &[], 0);
                 let toks = tokens(len, vocab, u64::from(vocab));
                 let mut n = usize::MAX;
                 let st = unsafe {
