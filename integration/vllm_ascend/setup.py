@@ -32,7 +32,9 @@ from cargo_version import (MANIFEST, REPO, package_version, project_urls,  # noq
                            release_series)
 
 VERSION = package_version(HERE, MANIFEST)
-NATIVE = ("_fast",)  # Appender: one full-attention group (manager.py); Groups: KV-cache groups
+# The native module and its C sources: _fast.c (the module; Appender: one full-attention group,
+# manager.py) and _fast_groups.c (Groups: KV-cache groups, hybrid.py).
+NATIVE = {"_fast": ("_fast.c", "_fast_groups.c")}
 NEEDS = ("kvshare-vllm needs its native module (kvshare_vllm._fast): "
          "install a C compiler and Python's headers (Debian / Ubuntu: apt-get install gcc "
          "python3-dev; RHEL / openEuler: dnf install gcc python3-devel) and run pip again")
@@ -109,8 +111,8 @@ setup(version=VERSION,
       install_requires=[f"kvshare{release_series(VERSION)}"],
       project_urls=project_urls(MANIFEST),
       cmdclass={"build_ext": BuildNative, "sdist": SdistWithHeader},
-      ext_modules=[Extension(f"kvshare_vllm.{name}", [f"kvshare_vllm/{name}.c"],
+      ext_modules=[Extension(f"kvshare_vllm.{name}", [f"kvshare_vllm/{src}" for src in sources],
                              include_dirs=[HEADER_DIR], extra_compile_args=["-O2"],
                              depends=[os.path.join(HEADER_DIR, "kvshare.h"),
                                       "kvshare_vllm/_fast_common.h"])
-                   for name in NATIVE])
+                   for name, sources in NATIVE.items()])

@@ -1,7 +1,8 @@
-/* Argument parsing of the vLLM adapter's native module (``_fast.c``: ``Appender`` for one
- * full-attention group, ``Groups`` for KV-cache groups): token ids packed from Python ints to
- * int32, with the checks ``kvshare.pack_i32`` makes, count arguments read as non-negative
- * Py_ssize_t, and the extra-keys address read as a pointer. */
+/* Argument parsing of the vLLM adapter's native module (``_fast.c``: the module and
+ * ``Appender`` for one full-attention group; ``_fast_groups.c``: ``Groups`` for KV-cache groups):
+ * token ids packed from Python ints to int32, with the checks ``kvshare.pack_i32`` makes, count
+ * arguments read as non-negative Py_ssize_t, and the extra-keys address read as a pointer; and
+ * the one call between the two sources (``kvshare_fast_groups_ready``). */
 #ifndef KVSHARE_VLLM_FAST_COMMON_H
 #define KVSHARE_VLLM_FAST_COMMON_H
 
@@ -102,5 +103,9 @@ static inline int extra_ptr(PyObject *addr, const kvs_extra_keys **out) {
     *out = (const kvs_extra_keys *)(uintptr_t)v;
     return 0;
 }
+
+/* _fast_groups.c: readies the ``Groups`` type and the constants its methods use; the type, or
+ * NULL with an exception set (called once, by ``PyInit__fast``). */
+PyTypeObject *kvshare_fast_groups_ready(void);
 
 #endif

@@ -1,4 +1,4 @@
-"""The hybrid manager's native calls (``kvshare_vllm/_fast.c``, ``Groups``) against bad
+"""The hybrid manager's native calls (``kvshare_vllm/_fast_groups.c``, ``Groups``) against bad
 input: every refusal raises before kvshare, the request state or the page refcount mirror
 changes, and the manager keeps working after it.  Their results on good input are the lockstep
 tests' (``test_hybrid_compare.py::test_lockstep`` against vLLM, every step, with
@@ -113,6 +113,7 @@ def test_groups_refuses_what_it_cannot_run(mgr):
 
 
 def test_fast_groups_under_asan(tmp_path):
-    """_fast.c's Groups built with -fsanitize=address,undefined and driven by
-    tests/fast_asan/drive_groups.py in a process of its own (the sanitizer runtime preloaded)."""
+    """_fast_groups.c's Groups (in the module with _fast.c) built with
+    -fsanitize=address,undefined and driven by tests/fast_asan/drive_groups.py in a process of
+    its own (the sanitizer runtime preloaded)."""
     asan_drive.build_and_drive(tmp_path, "_fast", "drive_groups.py")

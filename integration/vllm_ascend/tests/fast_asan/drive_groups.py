@@ -1,9 +1,9 @@
-"""Drives kvshare_vllm/_fast.c's Groups built with AddressSanitizer + UBSan (loaded from the path
-given as argv[1], no torch or vLLM in the process): random begins, running steps, appends,
-releases, frees and matches on a two-group cache (sliding window 32 / full), each checked
-against kvshare through the binding (tables, the page refcount mirror, the free count), plus
-bad input.  Run by tests/test_fast_groups.py under LD_PRELOAD=libasan; any memory error aborts
-the process."""
+"""Drives kvshare_vllm/_fast_groups.c's Groups (the module built with AddressSanitizer + UBSan,
+loaded from the path given as argv[1], no torch or vLLM in the process): random begins, running
+steps, appends, releases, frees and matches on a two-group cache (sliding window 32 / full), each
+checked against kvshare through the binding (tables, the page refcount mirror, the free count), plus
+bad input.  Run by tests/test_fast_groups.py under LD_PRELOAD=libasan; any memory error aborts the
+process."""
 
 import importlib.machinery
 import importlib.util
