@@ -357,7 +357,9 @@ programs! {
     lifecycle;
     seed_scenario;
     bad_input;
+    bad_input_pages;
     groups_bad_input;
+    groups_bad_input_lengths;
     stress + tsan;
     // Regression programs for bugs the harness found (fixed).
     bug_defer_commit_stale_pending;
