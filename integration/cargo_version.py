@@ -1,7 +1,8 @@
 """The version of the Python packages: the ``[workspace.package]`` version of the repository's
 Cargo.toml (every crate of the workspace inherits it, and so do the header's version macros,
 ``kvs_version()``, pkg-config and CMake), read by ``python/setup.py`` and ``vllm_ascend/setup.py``
-(one definition, so the wheels and the library never disagree).
+(one definition, so the wheels and the library never disagree); and the ``build`` command both
+use.
 
 A source distribution carries this file at its root: the binding's sdist also carries the Rust
 workspace (``rust/Cargo.toml``), the plugin's sdist only its ``PKG-INFO``, whose version
@@ -79,3 +80,20 @@ def release_series(version: str) -> str:
 
 if __name__ == "__main__":
     print(cargo_version())
+
+
+def fresh_build():
+    """setuptools' ``build`` command, emptying its ``build/lib*`` folder first: a wheel built in
+    a checkout that built an earlier version would otherwise also carry the modules that version
+    had and this one removed (setuptools copies the whole folder into the wheel)."""
+    import shutil
+
+    from setuptools.command.build import build
+
+    class FreshBuild(build):
+        def run(self):
+            if os.path.isdir(self.build_lib):
+                shutil.rmtree(self.build_lib)
+            super().run()
+
+    return FreshBuild

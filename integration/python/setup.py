@@ -40,7 +40,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # In a checkout the helper is integration/cargo_version.py; an sdist carries a copy at its root.
 sys.path[:0] = [HERE, os.path.dirname(HERE)]
 from cargo_version import (MANIFEST as CHECKOUT_MANIFEST, REPO as CHECKOUT,  # noqa: E402
-                           package_version, project_urls)
+                           fresh_build, package_version, project_urls)
 
 SDIST_RUST = os.path.join(HERE, "rust")  # the Rust sources, inside an unpacked sdist
 if os.path.isfile(os.path.join(HERE, "PKG-INFO")):
@@ -153,7 +153,7 @@ class SdistWithRustSources(sdist):
             f.write(text)
 
 
-cmdclass = {"build_py": BuildPyWithLibrary, "sdist": SdistWithRustSources}
+cmdclass = {"build": fresh_build(), "build_py": BuildPyWithLibrary, "sdist": SdistWithRustSources}
 
 
 class NativeDistribution(Distribution):

@@ -28,8 +28,8 @@ from setuptools.command.sdist import sdist
 HERE = os.path.dirname(os.path.abspath(__file__))
 # In a checkout the helper is integration/cargo_version.py; an sdist carries a copy at its root.
 sys.path[:0] = [HERE, os.path.dirname(HERE)]
-from cargo_version import (MANIFEST, REPO, package_version, project_urls,  # noqa: E402
-                           release_series)
+from cargo_version import (MANIFEST, REPO, fresh_build, package_version,  # noqa: E402
+                           project_urls, release_series)
 
 VERSION = package_version(HERE, MANIFEST)
 # The native module and its C sources: _fast.c (the module; Appender: one full-attention group,
@@ -110,7 +110,7 @@ HEADER_DIR = header_dir()
 setup(version=VERSION,
       install_requires=[f"kvshare{release_series(VERSION)}"],
       project_urls=project_urls(MANIFEST),
-      cmdclass={"build_ext": BuildNative, "sdist": SdistWithHeader},
+      cmdclass={"build": fresh_build(), "build_ext": BuildNative, "sdist": SdistWithHeader},
       ext_modules=[Extension(f"kvshare_vllm.{name}", [f"kvshare_vllm/{src}" for src in sources],
                              include_dirs=[HEADER_DIR], extra_compile_args=["-O2"],
                              depends=[os.path.join(HEADER_DIR, "kvshare.h"),

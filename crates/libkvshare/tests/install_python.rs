@@ -95,6 +95,30 @@ fn pip_wheels_install_into_a_fresh_venv_and_work_without_environment() {
             "python3 -m venv",
         );
     }
+    // A module an earlier build left in each package's build folder (a checkout that built a
+    // version which had it): the wheels must not carry it.
+    let lib_dirs = run(
+        Command::new("python3").args([
+            "-c",
+            "import sys, sysconfig; print(f'lib.{sysconfig.get_platform()}-{sys.implementation.cache_tag}')",
+        ]),
+        "python3 (the build folder's name)",
+    );
+    let mut stale = Vec::new();
+    for (pkg, module) in [("python", "kvshare"), ("vllm_ascend", "kvshare_vllm")] {
+        for lib in ["lib", lib_dirs.trim()] {
+            let d = root()
+                .join("integration")
+                .join(pkg)
+                .join("build")
+                .join(lib)
+                .join(module);
+            std::fs::create_dir_all(&d).unwrap();
+            let f = d.join("_left_by_an_earlier_build.py");
+            std::fs::write(&f, "raise ImportError('left by an earlier build')\n").unwrap();
+            stale.push(f);
+        }
+    }
     run(
         python_cmd(&build_venv.join("bin/pip"))
             .args(["wheel", "-q", "--no-deps", "-w"])
@@ -127,6 +151,17 @@ fn pip_wheels_install_into_a_fresh_venv_and_work_without_environment() {
             "python3 -m zipfile -l",
         )
     };
+    for f in &stale {
+        let _ = std::fs::remove_file(f);
+    }
+    for w in [&binding, &plugin] {
+        let names = list(w);
+        assert!(
+            !names.contains("_left_by_an_earlier_build"),
+            "{} carries a module an earlier build left in build/:\n{names}",
+            w.display()
+        );
+    }
     let names = list(&binding);
     for f in ["kvshare/libkvshare.so ", "kvshare/kvshare.h "] {
         assert!(
