@@ -12,6 +12,7 @@ use std::collections::VecDeque;
 use std::time::Instant;
 
 use kvshare_core::{Config, EvictionPolicy, State};
+use kvshare_replay::rng::Rng;
 
 use super::Row;
 
@@ -29,29 +30,16 @@ fn prompt(p: u32, prefix_pages: usize, own: usize, salt: u32) -> Vec<i32> {
     t
 }
 
-/// SplitMix64.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-}
-
 /// The prompts of one round set, drawn from `seed`.
 fn prompts(rounds: usize, seed: u64) -> Vec<Vec<i32>> {
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let lens: Vec<usize> = (0..64).map(|p| 8 + (p * 7) % 57).collect();
     (0..rounds)
         .map(|k| {
             // Zipf-like: prefix index = 64^u - 1 for u uniform.
-            let u = (rng.next() >> 11) as f64 / (1u64 << 53) as f64;
+            let u = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
             let p = (64f64.powf(u) - 1.0) as u32;
-            let own = 1 + (rng.next() % 16) as usize;
+            let own = 1 + (rng.next_u64() % 16) as usize;
             prompt(p, lens[p as usize], own, k as u32)
         })
         .collect()
