@@ -469,17 +469,19 @@ impl State {
             let pool = self.groups[g].pool;
             match s.tier {
                 Tier::Device => {
-                    let rev: Vec<u32> = t
-                        .iter()
-                        .rev()
-                        .copied()
-                        .filter(|&p| !self.is_null(p))
-                        .collect();
                     if self.groups[g].rules.free_prepends_uncached() {
+                        let rev: Vec<u32> = t
+                            .iter()
+                            .rev()
+                            .copied()
+                            .filter(|&p| !self.is_null(p))
+                            .collect();
                         self.release_split(pool, &rev, Holder::Seq);
                     } else {
-                        for p in rev {
-                            self.release_device(pool, p, Holder::Seq, Release::Free);
+                        for &p in t.iter().rev() {
+                            if !self.is_null(p) {
+                                self.release_device(pool, p, Holder::Seq, Release::Free);
+                            }
                         }
                     }
                 }
