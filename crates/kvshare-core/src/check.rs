@@ -347,6 +347,15 @@ impl State {
         }
         let parked = self.cfg.vllm_free_order && tier == Tier::Device;
         let (mut n_in_use, mut n_shared, mut n_pinned) = (0usize, 0usize, 0usize);
+        let refs: u64 = (0..pool.num_pages())
+            .map(|p| u64::from(pool.refcount(p)))
+            .sum();
+        if refs != pool.num_refs() {
+            return violation(format!(
+                "pool {pi} {tier}: references {} recorded, {refs} counted",
+                pool.num_refs()
+            ));
+        }
         for p in 0..pool.num_pages() {
             let i = p as usize;
             let rc = pool.refcount(p);

@@ -155,22 +155,29 @@ impl Policy for Lru {
     fn lists(&self) -> usize {
         1
     }
+    #[inline]
     fn reset(&mut self, _: u32) {}
+    #[inline]
     fn used(&mut self, _: u32) {}
     fn content(&mut self, _: u32, _: u128) {}
+    #[inline]
     fn insert(&mut self, links: &mut Links, page: u32, class: u8) {
         links.push_back(Self::list(class), page);
     }
+    #[inline]
     fn remove(&mut self, links: &mut Links, page: u32, class: u8) {
         links.remove(Self::list(class), page);
     }
+    #[inline]
     fn pop(&mut self, links: &mut Links, class: u8) -> Option<u32> {
         links.pop_front(Self::list(class))
     }
+    #[inline]
     fn push_front(&mut self, links: &mut Links, page: u32, class: u8) {
         links.push_front(Self::list(class), page);
     }
     fn evicted(&mut self, _: u32, _: u8) {}
+    #[inline]
     fn touch(&mut self, links: &mut Links, page: u32, class: u8) {
         links.remove(Self::list(class), page);
         links.push_back(Self::list(class), page);

@@ -14,7 +14,7 @@ use super::pool::Holder;
 use super::prefix::{chain_hash, ExtraKeys};
 use super::rules::{Probe, Span};
 use super::seq::PageKey;
-use super::state::{Hit, State};
+use super::state::{Hit, State, NULL_PAGE};
 use super::tier::Tier;
 
 /// Pages of a prefix walk hashed before their lookups (see [`State::walk`]).
@@ -387,14 +387,22 @@ impl State {
     /// host hits and that the device hits can take one more reference.
     pub(crate) fn materialize(&mut self, group: usize, hits: &[Hit], holder: Holder) -> Vec<u32> {
         self.hold_hits(group, hits, holder);
-        self.promote_held(group, hits, holder)
+        let positions: Vec<Option<Hit>> = hits.iter().copied().map(Some).collect();
+        let mut pages = Vec::with_capacity(hits.len());
+        self.promote_held(group, &positions, holder, &mut pages);
+        pages
     }
 
     /// The first half of [`materialize`](Self::materialize): a `holder` reference on every
     /// device hit, and a transient hold on every host hit, so that nothing taken afterwards (a
     /// promotion, a demotion, another group's page) can evict them. Hits of every group of a
     /// begin are held before any page is taken.
-    pub(crate) fn hold_hits(&mut self, group: usize, hits: &[Hit], holder: Holder) {
+    pub(crate) fn hold_hits<'a>(
+        &mut self,
+        group: usize,
+        hits: impl IntoIterator<Item = &'a Hit>,
+        holder: Holder,
+    ) {
         let pool = self.groups[group].pool;
         for h in hits {
             match h.tier {
@@ -405,27 +413,35 @@ impl State {
     }
 
     /// The second half of [`materialize`](Self::materialize): promotes the held host hits and
-    /// drops their transient holds. Returns the device pages in order.
-    pub(crate) fn promote_held(&mut self, group: usize, hits: &[Hit], holder: Holder) -> Vec<u32> {
+    /// drops their transient holds. Appends the device page of each position to `pages` in
+    /// order (the null page where a position has no hit).
+    pub(crate) fn promote_held(
+        &mut self,
+        group: usize,
+        positions: &[Option<Hit>],
+        holder: Holder,
+        pages: &mut Vec<u32>,
+    ) {
         let pool = self.groups[group].pool;
-        let mut pages = Vec::with_capacity(hits.len());
-        for h in hits {
-            if h.tier == Tier::Device {
-                pages.push(h.page);
-                continue;
-            }
-            let d = self.take_device(pool, holder);
-            self.copy_entry_across(pool, Tier::Host, h.page, d);
-            self.counters.promotions += 1;
-            self.counters.host_hit_tokens += self.ps as u64;
-            pages.push(d);
+        for h in positions {
+            let page = match h {
+                None => NULL_PAGE,
+                Some(h) if h.tier == Tier::Device => h.page,
+                Some(h) => {
+                    let d = self.take_device(pool, holder);
+                    self.copy_entry_across(pool, Tier::Host, h.page, d);
+                    self.counters.promotions += 1;
+                    self.counters.host_hit_tokens += self.ps as u64;
+                    d
+                }
+            };
+            pages.push(page);
         }
-        for h in hits {
+        for h in positions.iter().flatten() {
             if h.tier == Tier::Host {
                 self.release_host(pool, h.page);
             }
         }
-        pages
     }
 
     /// Takes the reference a unit hit's copy holds on its source page of group `group` (see

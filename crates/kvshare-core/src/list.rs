@@ -61,12 +61,14 @@ impl Links {
     }
 
     /// Links `item` at the front (head) of `list`.
+    #[inline]
     pub fn push_front(&mut self, list: usize, item: u32) {
         self.insert_after(self.sentinel(list), item);
         self.len[list] += 1;
     }
 
     /// Links `item` at the back (tail) of `list`.
+    #[inline]
     pub fn push_back(&mut self, list: usize, item: u32) {
         let s = self.sentinel(list);
         self.insert_after(self.prev[s as usize], item);
@@ -74,6 +76,7 @@ impl Links {
     }
 
     /// Unlinks `item` from `list` (which it must be in).
+    #[inline]
     pub fn remove(&mut self, list: usize, item: u32) {
         let (p, nx) = (self.prev[item as usize], self.next[item as usize]);
         debug_assert!(p != NONE, "item {item} not linked");
@@ -92,6 +95,7 @@ impl Links {
     }
 
     /// Unlinks and returns the head of `list`.
+    #[inline]
     pub fn pop_front(&mut self, list: usize) -> Option<u32> {
         let h = self.front(list)?;
         self.remove(list, h);

@@ -69,6 +69,9 @@ pub struct PagePool {
     in_use: usize,
     shared: usize,
     pinned: usize,
+    /// Sum of the refcounts: while it plus the references about to be taken stays within
+    /// `u32::MAX`, no page's count can overflow (the cheap path of `check_acquire`).
+    refs: u64,
 }
 
 impl PagePool {
@@ -113,6 +116,7 @@ impl PagePool {
             policy,
             leaves_first,
             in_use: 0,
+            refs: 0,
             shared: 0,
             pinned: 0,
         })
@@ -210,6 +214,11 @@ impl PagePool {
         self.in_use
     }
 
+    /// Sum of the pages' reference counts.
+    pub fn num_refs(&self) -> u64 {
+        self.refs
+    }
+
     /// Pages with refcount > 1.
     pub fn num_shared(&self) -> usize {
         self.shared
@@ -270,11 +279,13 @@ impl PagePool {
         self.policy.reset(page);
         self.in_use += 1;
         self.refcount[i] = 1;
+        self.refs += 1;
         self.add_holder(page, holder);
         Some((page, evicted))
     }
 
     /// Takes a cached page out of the evictable set (its class's policy order, or its held list).
+    #[inline]
     fn leave_cached(&mut self, page: u32) {
         let l = self.loc[page as usize];
         debug_assert!(l != NOT_CACHED, "page {page} is not cached");
@@ -304,6 +315,7 @@ impl PagePool {
         self.policy.content(page, key);
     }
 
+    #[inline]
     fn add_holder(&mut self, page: u32, holder: Holder) {
         let i = page as usize;
         match holder {
@@ -329,6 +341,9 @@ impl PagePool {
     {
         let pages = pages.into_iter();
         let n = pages.clone().count() as u64;
+        if self.refs + n <= u64::from(u32::MAX) {
+            return Ok(());
+        }
         let near = |p: u32| u64::from(self.refcount[p as usize]) + n > u64::from(u32::MAX);
         if !pages.clone().any(near) {
             return Ok(());
@@ -352,6 +367,7 @@ impl PagePool {
     /// Adds a reference to an in-use or cached page (a cached page leaves the evictable set); the
     /// policy counts it as a use. The caller has made sure the count cannot overflow
     /// ([`check_acquire`](Self::check_acquire)).
+    #[inline]
     pub fn acquire(&mut self, page: u32, holder: Holder) {
         let i = page as usize;
         self.policy.used(page);
@@ -364,11 +380,13 @@ impl PagePool {
             _ => {}
         }
         self.refcount[i] += 1;
+        self.refs += 1;
         self.add_holder(page, holder);
     }
 
     /// Drops a reference. At zero the page joins the evictable set of its priority if
     /// `registered`, else the free head. The caller has checked the count for `holder`.
+    #[inline]
     pub fn release(&mut self, page: u32, holder: Holder, registered: bool) {
         let i = page as usize;
         debug_assert!(self.refcount[i] > 0, "release of page {page} at refcount 0");
@@ -387,6 +405,7 @@ impl PagePool {
             }
         }
         self.refcount[i] -= 1;
+        self.refs -= 1;
         match self.refcount[i] {
             0 => {
                 self.in_use -= 1;
@@ -428,6 +447,7 @@ impl PagePool {
             self.shared += 1;
         }
         self.ext_refs[i] = refs - (self.refcount[i] - self.ext_refs[i]);
+        self.refs = self.refs - u64::from(self.refcount[i]) + u64::from(refs);
         self.refcount[i] = refs;
     }
 

@@ -3,6 +3,7 @@
 //! `append.rs`, swaps between tiers in `swap.rs`, the batch views in `batch.rs`.
 
 use super::alloc::try_copy;
+use super::config::MAX_GROUPS;
 use super::error::{Error, Result};
 use super::pool::{Holder, PRIORITIES};
 use super::prefix::{Entry, ExtraKeys};
@@ -145,8 +146,9 @@ impl State {
         self.state_gate(&keys, &positions)?;
         // Per group: skipped positions, fresh pages; per pool: needs and reserved cached pages.
         let np = self.pools.len();
-        let (mut need, mut reserved) = (vec![0usize; np], vec![0usize; np]);
-        let mut skip = vec![0; ng];
+        // Pools and groups number at most MAX_GROUPS: the counts live on the stack.
+        let (mut need, mut reserved) = ([0usize; MAX_GROUPS], [0usize; MAX_GROUPS]);
+        let mut skip = [0usize; MAX_GROUPS];
         let mut new_pages = 0;
         let mut promoted = 0;
         for g in 0..ng {
@@ -190,26 +192,16 @@ impl State {
         }
         // Every group's hits are held before any page is taken: a promotion or a fresh page of
         // one group must not evict a cached page another group's hit found.
-        let live: Vec<Vec<Hit>> = (0..ng)
-            .map(|g| positions[g][skip[g]..].iter().flatten().copied().collect())
-            .collect();
-        for (g, hits) in live.iter().enumerate() {
-            self.hold_hits(g, hits, Holder::Seq);
+        for (g, pos) in positions.iter().enumerate() {
+            self.hold_hits(g, pos[skip[g]..].iter().flatten(), Holder::Seq);
         }
         let mut tables = Vec::with_capacity(ng);
         let mut grow = vec![GrowState::default(); ng];
-        for g in 0..ng {
-            let pos = &positions[g];
-            let mut pages = self.promote_held(g, &live[g], Holder::Seq).into_iter();
+        for (g, pos) in positions.iter().enumerate() {
             let mut t: Vec<u32> = Vec::with_capacity(total.max(pos.len()));
-            t.resize(skip[g], NULL_PAGE);
             // Positions before a group's live run stay null; the live hits are its pages.
-            for h in &pos[skip[g]..] {
-                t.push(match h {
-                    None => NULL_PAGE,
-                    Some(_) => pages.next().expect("one page per live hit"),
-                });
-            }
+            t.resize(skip[g], NULL_PAGE);
+            self.promote_held(g, &pos[skip[g]..], Holder::Seq, &mut t);
             tables.push(t);
         }
         for g in 0..ng {
@@ -219,10 +211,10 @@ impl State {
             let n = self.groups[g]
                 .rules
                 .begin_pages(total, hit_len, tokens.len(), ps);
-            let taken: Vec<u32> = (0..n)
-                .map(|_| self.take_device(pool, Holder::Seq))
-                .collect();
-            let mut it = taken.into_iter();
+            let mut taken = std::mem::take(&mut self.page_scratch);
+            taken.clear();
+            taken.extend((0..n).map(|_| self.take_device(pool, Holder::Seq)));
+            let mut it = taken.drain(..);
             let t = &mut tables[g];
             self.groups[g]
                 .rules
@@ -230,6 +222,8 @@ impl State {
                     it.next().expect("begin takes the pages its rules count")
                 });
             debug_assert!(it.next().is_none(), "every page taken is placed");
+            drop(it);
+            self.page_scratch = taken;
             if let Some(&u) = units.get(g) {
                 // The new page after the shared ones receives the cached units.
                 let dst = tables[g][hit_pages];

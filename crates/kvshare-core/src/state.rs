@@ -100,6 +100,8 @@ pub struct State {
     pub(crate) root: u128,
     /// Reused buffer for hashing a page's tokens (no allocation per page).
     pub(crate) hash_scratch: Vec<u8>,
+    /// Reused buffer for the fresh pages a begin takes (no allocation per request).
+    pub(crate) page_scratch: Vec<u32>,
 }
 
 impl State {
@@ -207,6 +209,7 @@ impl State {
             this_step: vec![DigestMap::default(); n],
             root: root_hash(),
             hash_scratch: Vec::with_capacity(32 + 4 * cfg.page_size as usize),
+            page_scratch: Vec::new(),
             cfg,
         })
     }
@@ -278,6 +281,7 @@ impl State {
 
     /// Whether device page `page` of `pool` carries a digest (registered, or a duplicate):
     /// vLLM's `block.block_hash is not None`.
+    #[inline]
     pub(crate) fn has_digest(&self, pool: usize, page: u32) -> bool {
         self.cfg.enable_prefix_caching
             && (self.pools[pool].index.is_registered(page)
@@ -561,6 +565,7 @@ impl State {
 
     /// Drops one `holder` reference on device page `page` of `pool`; `how` says where it goes
     /// when that was the last one.
+    #[inline]
     pub(crate) fn release_device(&mut self, pool: usize, page: u32, holder: Holder, how: Release) {
         let digest = self.has_digest(pool, page);
         let back = digest || (self.cfg.vllm_free_order && how == Release::Free);
