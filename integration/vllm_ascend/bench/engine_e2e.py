@@ -192,6 +192,14 @@ def block_bytes(block_size: int) -> int:
         * head_dim * 4
 
 
+# The KVCacheManager methods vLLM 0.23's Scheduler calls (`self.kv_cache_manager.*` in
+# vllm/v1/core/sched/scheduler.py), timed as the manager's share of a step.
+MANAGER_CALLS = ("allocate_slots", "cache_blocks", "evict_blocks", "free", "get_block_ids",
+                 "get_blocks", "get_computed_blocks", "get_num_common_prefix_blocks",
+                 "make_prefix_cache_stats", "new_step_starts", "remove_skipped_blocks",
+                 "reset_prefix_cache", "take_events", "take_new_block_ids")
+
+
 class _Timer:
     """Wraps the in-process engine's scheduler and executor to split step time; samples the
     KV blocks in use after every ``schedule`` (outside the timed region), and with ``trace``
@@ -222,6 +230,51 @@ class _Timer:
             setattr(obj, name, wrapper)
             return wrapper
 
+        # The manager's own time: every method the scheduler calls on it (and the coordinator's
+        # block count), the outermost call only (a method calling another is counted once).
+        self.mgr_s = 0.0
+        self.mgr_calls = {}  # method -> [calls, seconds]
+        depth = [0]
+
+        def timed_manager(obj, name):
+            fn = getattr(obj, name, None)
+            if fn is None:
+                return
+
+            def wrapper(*a, **k):
+                depth[0] += 1
+                t = time.perf_counter()
+                try:
+                    return fn(*a, **k)
+                finally:
+                    depth[0] -= 1
+                    if depth[0] == 0:
+                        dt = time.perf_counter() - t
+                        self.mgr_s += dt
+                        c = self.mgr_calls.setdefault(name, [0, 0.0])
+                        c[0] += 1
+                        c[1] += dt
+            setattr(obj, name, wrapper)
+
+        # What the wrapper itself adds to each call it times (two clocks, the bookkeeping),
+        # measured on a method that does nothing and subtracted from every call.
+        class _Nothing:
+            def call(self):
+                return None
+        probe = _Nothing()
+        saved = (self.mgr_s, dict(self.mgr_calls))
+        timed_manager(probe, "call")
+        t0 = time.perf_counter()
+        for _ in range(20000):
+            probe.call()
+        bare = time.perf_counter()
+        for _ in range(20000):
+            _Nothing.call(probe)
+        self.wrap_s = max(0.0, ((bare - t0) - (time.perf_counter() - bare)) / 20000)
+        self.mgr_s, self.mgr_calls = saved
+        for name in MANAGER_CALLS:
+            timed_manager(mgr, name)
+        timed_manager(mgr.coordinator, "get_num_blocks_to_allocate")
         timed_schedule = timed(sched, "schedule", "sched_s")
 
         def schedule():
@@ -448,6 +501,7 @@ def run(cfg: dict) -> dict:
         res.update(attn_s=_ATTN_S["forward"] - attn0["forward"],
                    attn_build_s=_ATTN_S["build"] - attn0["build"])
         res.update(manager=timer.manager, sched_s=timer.sched_s, model_s=timer.model_s,
+                   mgr_s=timer.mgr_s, mgr_calls=timer.mgr_calls, mgr_wrap_s=timer.wrap_s,
                    steps=timer.steps, blocks_peak=max(timer.blocks, default=0),
                    blocks_mean=sum(timer.blocks) / max(len(timer.blocks), 1))
     return res
@@ -486,6 +540,12 @@ def _bench_env(site: str) -> dict:
     return env
 
 
+def _manager_s(r: dict, call: str | None = None) -> float:
+    """Seconds in the manager's calls (all, or one method), the wrapper's cost taken out."""
+    calls = r["mgr_calls"].values() if call is None else [r["mgr_calls"].get(call, [0, 0.0])]
+    return sum(max(0.0, s - n * r["mgr_wrap_s"]) for n, s in calls)
+
+
 def bench(argv) -> int:
     """``kvshare-bench vllm-e2e``: both managers through the real engine, order alternating."""
     import argparse
@@ -499,6 +559,8 @@ def bench(argv) -> int:
     ap.add_argument("--system-tokens", type=int, default=512)
     ap.add_argument("--output-tokens", type=int, default=32)
     ap.add_argument("--kv-blocks", type=int, default=2048)
+    ap.add_argument("--sliding-window", type=int, default=None, metavar="W",
+                    help="a hybrid model: even layers slide over W tokens (two KV-cache groups)")
     ap.add_argument("--quick", action="store_true", help="a small run for CI smoke tests")
     ap.add_argument("--json", action="store_true", help="print the raw measurements as JSON")
     a = ap.parse_args(argv)
@@ -510,7 +572,7 @@ def bench(argv) -> int:
                 {"kvshare": True, "kvshare_attention": True})]
     results = {name: [] for name, _ in configs}
     with tempfile.TemporaryDirectory() as d:
-        model = write_tiny_model(os.path.join(d, "model"))
+        model = write_tiny_model(os.path.join(d, "model"), sliding_window=a.sliding_window)
         site = install_plugin(os.path.join(d, "site"))
         env = _bench_env(site)
         for rep in range(a.repeats):
@@ -528,12 +590,14 @@ def bench(argv) -> int:
     ref = results[configs[0][0]][0]["tokens"]
     same = {name: all(r["tokens"] == ref for r in rs) for name, rs in results.items()}
     med = statistics.median
-    print(f"workload: {a.convs} conversations x {a.turns} turns, {a.system_tokens}-token system "
-          f"prompt, {a.output_tokens} output tokens, {a.kv_blocks} KV blocks of 16; medians of "
-          f"{a.repeats} runs each, order alternating")
+    model_name = (f"hybrid model (sliding window {a.sliding_window} + full attention)"
+                  if a.sliding_window else "dense model")
+    print(f"workload: {model_name}, {a.convs} conversations x {a.turns} turns, "
+          f"{a.system_tokens}-token system prompt, {a.output_tokens} output tokens, "
+          f"{a.kv_blocks} KV blocks of 16; medians of {a.repeats} runs each, order alternating")
     print(f"{'configuration':36} {'tok/s':>8} {'TTFT ms':>8} {'sched us/step':>14} "
-          f"{'model ms/step':>14} {'attn ms/step':>13} {'steps':>6} {'hit rate':>9} "
-          f"{'blocks peak':>12} {'blocks mean':>12}")
+          f"{'mgr us/step':>12} {'model ms/step':>14} {'attn ms/step':>13} {'steps':>6} "
+          f"{'hit rate':>9} {'blocks peak':>12} {'blocks mean':>12}")
     base = None
     for name, _ in configs:
         rs = results[name]
@@ -541,6 +605,7 @@ def bench(argv) -> int:
             tps=med(r["gen_tokens"] / r["wall_s"] for r in rs),
             ttft=med(r["ttft_s"] * 1e3 for r in rs),
             sched=med(r["sched_s"] / r["steps"] * 1e6 for r in rs),
+            mgr=med(_manager_s(r) / r["steps"] * 1e6 for r in rs),
             model=med(r["model_s"] / r["steps"] * 1e3 for r in rs),
             attn=med((r["attn_s"] + r["attn_build_s"]) / r["steps"] * 1e3 for r in rs),
             steps=med(r["steps"] for r in rs),
@@ -549,12 +614,24 @@ def bench(argv) -> int:
             mean=med(r["blocks_mean"] for r in rs))
         base = base or row
         print(f"{name:36} {row['tps']:8.1f} {row['ttft']:8.1f} {row['sched']:14.1f} "
-              f"{row['model']:14.2f} {row['attn']:13.2f} {row['steps']:6.0f} {row['hit']:9.4f} "
-              f"{row['peak']:12.0f} {row['mean']:12.1f}")
+              f"{row['mgr']:12.1f} {row['model']:14.2f} {row['attn']:13.2f} {row['steps']:6.0f} "
+              f"{row['hit']:9.4f} {row['peak']:12.0f} {row['mean']:12.1f}")
         if row is not base:
             print(f"{'  ratio to the first (x faster)':36} {row['tps'] / base['tps']:8.2f} "
                   f"{base['ttft'] / row['ttft']:8.2f} {base['sched'] / row['sched']:14.2f} "
-                  f"{base['model'] / row['model']:14.2f} {base['attn'] / row['attn']:13.2f}")
+                  f"{base['mgr'] / row['mgr']:12.2f} {base['model'] / row['model']:14.2f} "
+                  f"{base['attn'] / row['attn']:13.2f}")
+    print("the manager's time per step by call (us/step, calls/step), medians:")
+    for name, _ in configs[:2]:
+        rs = results[name]
+        calls = sorted({c for r in rs for c in r["mgr_calls"]},
+                       key=lambda c: -med(r["mgr_calls"].get(c, [0, 0.0])[1] for r in rs))
+        parts = [f"{c} {med(_manager_s(r, c) / r['steps'] * 1e6 for r in rs):.1f} "
+                 f"({med(r['mgr_calls'].get(c, [0, 0.0])[0] / r['steps'] for r in rs):.1f})"
+                 for c in calls]
+        print(f"  {name}: " + ", ".join(parts))
+    print("  (the timing wrapper's own cost, measured in each run, is subtracted from every call: "
+          f"{med(r['mgr_wrap_s'] for rs in results.values() for r in rs) * 1e9:.0f} ns)")
     for name, ok in same.items():
         print(f"generated tokens of '{name}' identical to the first's in every run: {ok}")
         if not ok:
