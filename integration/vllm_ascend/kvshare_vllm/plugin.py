@@ -280,7 +280,7 @@ def register() -> None:
     if ops_enabled() or enabled():
         from .startup import require
 
-        require()
+        require(manager=enabled(), attention=ops_enabled())
     if ops_enabled():
         register_attention()
     if enabled():

@@ -1,7 +1,8 @@
 """Start-up checks, each failing with what to do instead of a traceback from deep inside:
 
 * the vLLM this Python imports is one the plugin supports (``compat.SUPPORTED_VLLM_VERSIONS``:
-  the ``KVCacheManager`` surface the managers implement is pinned per vLLM version);
+  the ``KVCacheManager`` surface the managers implement is pinned per vLLM version), and runs the
+  parts that are enabled (``compat.VLLM_SUPPORT``: the manager, the attention backend);
 * the native module loads, and the libkvshare the ``kvshare`` binding loaded has the C ABI
   (``kvs_abi_version()``) of the header they were compiled against.
 
@@ -16,7 +17,7 @@ from __future__ import annotations
 import os
 
 from . import logger
-from .compat import SUPPORTED_VLLM_VERSIONS
+from .compat import SUPPORTED_VLLM_VERSIONS, VLLM_SUPPORT
 
 ALLOW_UNSUPPORTED_ENV = "KVSHARE_VLLM_ALLOW_UNSUPPORTED"
 # Distributions that install the `vllm` package: vLLM itself, its CPU build on PyPI.
@@ -94,6 +95,27 @@ def require_vllm() -> str:
     return have
 
 
+def require_parts(manager: bool, attention: bool) -> None:
+    """Raises :class:`UnsupportedVllmError` when a part asked for (kvshare's manager, kvshare's
+    attention backend) does not run on the installed vLLM, naming the versions it runs on.
+    A version outside the list, allowed with ``KVSHARE_VLLM_ALLOW_UNSUPPORTED=1``, is not
+    checked."""
+    have = require_vllm()
+    support = VLLM_SUPPORT.get(release(have))
+    if support is None:
+        return
+    for wanted, part, what, env in ((manager, "manager", "kvshare's KV-cache manager",
+                                     "KVSHARE_VLLM"),
+                                    (attention, "attention", "kvshare's attention backend",
+                                     "KVSHARE_VLLM_OPS")):
+        if wanted and not getattr(support, part):
+            where = [v for v, s in VLLM_SUPPORT.items() if getattr(s, part)]
+            why = getattr(support, part + "_missing")
+            raise UnsupportedVllmError(
+                f"{what} ({env}=1) runs on {' or '.join('vLLM ' + v for v in where)}, not on "
+                f"this Python's vLLM {have}: {why}. Unset {env}, or install vLLM {where[-1]}")
+
+
 _native_checked = False
 
 
@@ -125,7 +147,9 @@ def check_native() -> None:
     _native_checked = True
 
 
-def require() -> None:
-    """Both checks (the managers' modules call this before importing vLLM)."""
+def require(manager: bool = True, attention: bool = False) -> None:
+    """All checks for the parts asked for (the managers' modules call this with the defaults
+    before importing vLLM)."""
     require_vllm()
     check_native()
+    require_parts(manager, attention)

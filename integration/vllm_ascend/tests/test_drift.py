@@ -9,9 +9,9 @@ from kvshare_vllm.manager import KvshareKVCacheManager
 
 
 def test_installed_vllm_is_a_supported_version():
-    assert vllm.__version__ in compat.SUPPORTED_VLLM_VERSIONS, (
+    assert vllm.__version__ in compat.MANAGER_VLLM_VERSIONS, (
         f"vLLM {vllm.__version__} is not among the versions the adapter was checked against "
-        f"{compat.SUPPORTED_VLLM_VERSIONS}; drift: {compat.drift(KVCacheManager) or 'none'}")
+        f"{compat.MANAGER_VLLM_VERSIONS}; drift: {compat.drift(KVCacheManager) or 'none'}")
 
 
 def test_installed_kv_cache_manager_interface_matches_pinned():

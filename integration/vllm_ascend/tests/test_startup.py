@@ -1,5 +1,6 @@
 """Start-up checks (``kvshare_vllm.startup``): the version the build recorded, a missing or
-unsupported vLLM named with the supported version, the native modules checked against the
+unsupported vLLM named with the supported versions, a part (kvshare's manager, its attention
+backend) refused on a supported vLLM it does not run on, the native modules checked against the
 loaded library's C ABI, and a build without a C compiler that stops with what to install.
 
 The failure paths run in subprocesses: a fake ``vllm`` distribution of another version first on
@@ -22,7 +23,8 @@ from kvshare_vllm import compat, startup
 HERE = os.path.dirname(os.path.abspath(__file__))
 PKG = os.path.dirname(HERE)
 REPO = os.path.dirname(os.path.dirname(PKG))
-SUPPORTED = compat.SUPPORTED_VLLM_VERSIONS[-1]
+SUPPORTED = "vLLM 0.23.0 or vLLM 0.32.0"
+PARTS = {"manager": "KVSHARE_VLLM", "attention": "KVSHARE_VLLM_OPS"}
 
 
 def _run(code: str, env_extra: dict | None = None, path_first: str | None = None):
@@ -36,14 +38,65 @@ def _run(code: str, env_extra: dict | None = None, path_first: str | None = None
                           timeout=600, cwd=REPO)
 
 
+def _fake_vllm_dist(tmp_path_factory, version: str) -> str:
+    """A folder whose ``vllm-<version>.dist-info`` makes the metadata say vLLM ``version``."""
+    d = tmp_path_factory.mktemp("fake-vllm-dist")
+    info = d / f"vllm-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n")
+    return str(d)
+
+
 @pytest.fixture(scope="module")
 def vllm_0_99(tmp_path_factory):
-    """A folder whose ``vllm-0.99.0.dist-info`` makes the metadata say vLLM 0.99.0."""
-    d = tmp_path_factory.mktemp("fake-vllm-dist")
-    info = d / "vllm-0.99.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.99.0\n")
-    return str(d)
+    return _fake_vllm_dist(tmp_path_factory, "0.99.0")
+
+
+@pytest.fixture(scope="module")
+def vllm_0_32(tmp_path_factory):
+    return _fake_vllm_dist(tmp_path_factory, "0.32.0")
+
+
+def test_supported_versions_are_the_two_releases():
+    assert compat.SUPPORTED_VLLM_VERSIONS == ("0.23.0", "0.32.0")
+    assert startup.supported() == SUPPORTED
+    assert compat.MANAGER_VLLM_VERSIONS == ("0.23.0",)
+    assert not compat.VLLM_SUPPORT["0.32.0"].attention
+
+
+@pytest.mark.parametrize("part", sorted(PARTS))
+def test_each_part_starts_or_is_refused_on_the_installed_vllm(part):
+    """The real vLLM of this venv: the plugin's start-up with one part enabled goes through
+    where ``compat.VLLM_SUPPORT`` says the part runs, and stops naming the reason elsewhere."""
+    runs = getattr(compat.VLLM_SUPPORT[startup.release(startup.vllm_version())], part)
+    res = _run("from kvshare_vllm.plugin import register; register(); print('ok')",
+               {PARTS[part]: "1"})
+    if runs:
+        assert res.returncode == 0 and res.stdout.splitlines()[-1] == "ok", res.stderr[-3000:]
+    else:
+        assert res.returncode != 0, res.stdout
+        assert "UnsupportedVllmError" in res.stderr, res.stderr[-3000:]
+        assert f"({PARTS[part]}=1) runs on vLLM 0.23.0, not on this Python's vLLM 0.32.0" \
+            in res.stderr, res.stderr[-3000:]
+
+
+@pytest.mark.parametrize("part", sorted(PARTS))
+def test_a_part_missing_on_0_32_is_refused_with_the_reason(vllm_0_32, part):
+    res = _run("from kvshare_vllm.plugin import register; register()", {PARTS[part]: "1"},
+               path_first=vllm_0_32)
+    assert res.returncode != 0, res.stdout
+    assert "UnsupportedVllmError" in res.stderr, res.stderr[-3000:]
+    assert f"({PARTS[part]}=1) runs on vLLM 0.23.0, not on this Python's vLLM 0.32.0: " \
+        in res.stderr, res.stderr[-3000:]
+    assert getattr(compat.VLLM_SUPPORT["0.32.0"], part + "_missing") in res.stderr
+    assert f"Unset {PARTS[part]}, or install vLLM 0.23.0" in res.stderr
+
+
+def test_a_manager_module_imported_on_0_32_is_refused(vllm_0_32):
+    res = _run("import kvshare_vllm.manager", path_first=vllm_0_32)
+    assert res.returncode != 0, res.stdout
+    assert "(KVSHARE_VLLM=1) runs on vLLM 0.23.0, not on this Python's vLLM 0.32.0" \
+        in res.stderr, res.stderr[-3000:]
 
 
 def test_version_and_abi_come_from_the_build():
@@ -77,7 +130,7 @@ def test_unsupported_vllm_is_named(vllm_0_99, code):
     res = _run(code, {"KVSHARE_VLLM": "1"}, path_first=vllm_0_99)
     assert res.returncode != 0, res.stdout
     assert "UnsupportedVllmError" in res.stderr, res.stderr[-3000:]
-    assert f"supports vLLM {SUPPORTED}" in res.stderr and "has vLLM 0.99.0" in res.stderr, \
+    assert f"supports {SUPPORTED}; this Python has vLLM 0.99.0" in res.stderr, \
         res.stderr[-3000:]
 
 
@@ -105,7 +158,7 @@ def test_missing_vllm_is_named(code):
     assert res.returncode != 0
     assert "UnsupportedVllmError" in res.stderr and "ModuleNotFoundError" not in res.stderr, \
         res.stderr[-3000:]
-    assert f"supports vLLM {SUPPORTED}" in res.stderr and "has no vLLM" in res.stderr
+    assert f"supports {SUPPORTED}" in res.stderr and "has no vLLM" in res.stderr
 
 
 def test_a_native_module_of_another_abi_is_refused():
