@@ -55,18 +55,6 @@ static T_UNUSED void expect_after(const kvs_stats *before, uint32_t got, uint32_
                      __LINE__);                                                        \
     } while (0)
 
-/* Bytes of `p` are all `b`. */
-static T_UNUSED int all_bytes(const void *p, size_t n, unsigned char b) {
-    const unsigned char *q = p;
-    for (size_t i = 0; i < n; i++) {
-        if (q[i] != b) {
-            return 0;
-        }
-    }
-    return 1;
-}
-#define UNTOUCHED(x) CHECK(all_bytes(&(x), sizeof(x), 0xA5))
-#define SENTINEL(x) memset(&(x), 0xA5, sizeof(x))
 
 static T_UNUSED kvs_config small_config(void) {
     kvs_config cfg = kvs_config_default();

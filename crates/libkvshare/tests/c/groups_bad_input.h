@@ -84,17 +84,6 @@ static T_UNUSED void expect_after(const all_stats_t *before, uint32_t got, uint3
                      __LINE__);                                                        \
     } while (0)
 
-static T_UNUSED int all_bytes(const void *p, size_t n, unsigned char b) {
-    const unsigned char *q = p;
-    for (size_t i = 0; i < n; i++) {
-        if (q[i] != b) {
-            return 0;
-        }
-    }
-    return 1;
-}
-#define SENTINEL(x) memset(&(x), 0xA5, sizeof(x))
-#define UNTOUCHED(x) CHECK(all_bytes(&(x), sizeof(x), 0xA5))
 
 /* Misaligned pointers of every type: one byte into a sentinel-filled buffer. */
 static _Alignas(16) unsigned char raw[1024];

@@ -135,6 +135,20 @@ static T_UNUSED void t_check_msg(const char *file, int line, const char *needle)
 /* kvs_cache_check must be OK. */
 #define CHECK_CACHE(c) CHECK_OK(kvs_cache_check(c))
 
+/* Bytes of `p` are all `b`. */
+static T_UNUSED int all_bytes(const void *p, size_t n, unsigned char b) {
+    const unsigned char *q = p;
+    for (size_t i = 0; i < n; i++) {
+        if (q[i] != b) {
+            return 0;
+        }
+    }
+    return 1;
+}
+/* An out-parameter filled with 0xA5 before a call that must leave it untouched. */
+#define SENTINEL(x) memset(&(x), 0xA5, sizeof(x))
+#define UNTOUCHED(x) CHECK(all_bytes(&(x), sizeof(x), 0xA5))
+
 static T_UNUSED kvs_stats t_stats(const kvs_cache *c) {
     kvs_stats s;
     memset(&s, 0, sizeof s);
