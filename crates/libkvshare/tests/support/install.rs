@@ -92,7 +92,10 @@ pub fn readme_block(name: &str) -> String {
     panic!("README.md: the block after `{marker}` is not closed");
 }
 
-/// Runs a README block with bash (`-euo pipefail`) from the repository root, `HOME` = `home`.
+/// Runs a README block with bash (`-euo pipefail`) from the repository root, `HOME` = `home`,
+/// in a user's environment: without `PKG_CONFIG_PATH`, and without the `LD_LIBRARY_PATH` cargo
+/// gives test processes (it names `target/debug`, whose `libkvshare.so` would shadow the installed
+/// one for the programs the block builds).
 pub fn run_readme_block(name: &str, home: &Path) -> String {
     let block = readme_block(name);
     let mut cmd = Command::new("bash");
@@ -102,7 +105,8 @@ pub fn run_readme_block(name: &str, home: &Path) -> String {
         .arg(&block)
         .current_dir(root())
         .env("HOME", home)
-        .env_remove("PKG_CONFIG_PATH");
+        .env_remove("PKG_CONFIG_PATH")
+        .env_remove("LD_LIBRARY_PATH");
     keep_toolchain_homes(&mut cmd);
     let out = run(&mut cmd, &format!("README block `{name}`:\n{block}"));
     print!("{out}");
