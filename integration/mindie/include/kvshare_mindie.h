@@ -221,23 +221,22 @@ class KvshareBlockManager : public KvshareManagerBase {
     mutable std::mutex quarantineMu_;
 };
 
-// MindIE's KV-cache groups on kvshare caches of one group each: a COMPOSITEBLOCKMANAGER
-// (`config.subManagers`, one kvshare group per sub-manager, in order), a
-// REQUESTSLIDINGWINDOWBLOCKMANAGER, or a self-attention config whose `cacheType` is
-// SLIDING_WINDOW. A TOKEN sub-manager is a full-attention group; a SLIDING_WINDOW one is a
-// sliding-window group in which each sequence holds at most `requestBlockWindowSize` (N) blocks:
-// kvshare window (N-1)*cacheBlockSize + 1 tokens, released as its KV is computed (AppendSlot
-// calls kvs_seq_release_skipped with the sequence's numComputedTokens_). kvshare is given
-// a sequence's tokens as their KV is computed (by numComputedTokens_, at AppendSlot and Free), with
-// room for the rest, so a block is a prefix hit only once its KV is written. Each group has its
-// own pool of its sub-manager's npuBlockNum - reservedBlockNum block ids, 0 on, as MindIE sizes
-// each group's KV tensor on its own (each group is a kvs_cache of one group, whose pool has one
-// page more, its null page); a prefix hit is the longest one every group serves. GetBlockIds
-// returns one list per group: the whole table of a TOKEN group, the held blocks (oldest first,
-// the last at the table's last position) of a SLIDING_WINDOW group. What MindIE at 8b4871a does
-// not define (it declares these types but its factory refuses them) is documented in
-// docs/mindie.md ("KV-cache groups"), as are the methods this manager does not support (fork,
-// swap, SP/CP, KV pool).
+// MindIE's KV-cache groups on one kvshare cache: a COMPOSITEBLOCKMANAGER (`config.subManagers`,
+// one kvshare group per sub-manager, in order), a REQUESTSLIDINGWINDOWBLOCKMANAGER, or a
+// self-attention config whose `cacheType` is SLIDING_WINDOW. A TOKEN sub-manager is a
+// full-attention group; a SLIDING_WINDOW one is a sliding-window group in which each sequence
+// holds at most `requestBlockWindowSize` (N) blocks: kvshare window (N-1)*cacheBlockSize + 1
+// tokens, released as its KV is computed (AppendSlot calls kvs_seq_release_skipped with the
+// sequence's numComputedTokens_). kvshare is given a sequence's tokens as their KV is computed
+// (by numComputedTokens_, at AppendSlot and Free), with room for the rest, so a block is a prefix
+// hit only once its KV is written. Each group has its own pool (its own page_bytes) offering its
+// sub-manager's npuBlockNum - reservedBlockNum block ids, 0 on, as MindIE sizes each group's KV
+// tensor on its own; a prefix hit is kvshare's cross-group hit. GetBlockIds returns one list per
+// group: the whole table of a TOKEN group, the held blocks (oldest first, the last at the table's
+// last position) of a SLIDING_WINDOW group. What MindIE at 8b4871a does not define (it declares
+// these types but its factory refuses them) is documented in docs/mindie.md ("KV-cache groups"),
+// as are the methods this manager refuses (fork and swap: MindIE's block pairs carry no group;
+// SP/CP; KV pool).
 class KvshareHybridBlockManager : public KvshareManagerBase {
    public:
     // Throws `Unsupported` for what the adapter does not support (SEQUENCE cache type, rankSize or
@@ -274,11 +273,15 @@ class KvshareHybridBlockManager : public KvshareManagerBase {
     void ReplaceTrailingPlaceHolder(const SequenceSPtr &seq, size_t trailingPlaceHolderNum,
                                     size_t replacedPlaceHolderNum) override;
 
-    // Not part of MindIE's interface: the kvshare cache of group `group` (its group 0; for tests
-    // and diagnostics: kvs_cache_check, kvs_cache_group_stats). Owned by the manager; kvshare page
-    // p is MindIE block p - 1. Throws std::out_of_range for a group the manager does not have.
-    kvs_cache *GroupCache(size_t group) const;
+    // Not part of MindIE's interface: the kvshare cache behind this manager, one group per
+    // sub-manager in order (for tests and diagnostics: kvs_cache_check, kvs_seq_pages). Owned by
+    // the manager.
+    kvs_cache *Cache() const { return cache_; }
     size_t NumGroups() const { return groups_.size(); }
+    // kvshare page p of group `group` is MindIE block p - PageOffset(group): 1 (the null page)
+    // plus the pages held so that the group offers its own sub-manager's block count. Throws
+    // std::out_of_range for a group the manager does not have.
+    uint32_t PageOffset(size_t group) const;
     // Blocks a SLIDING_WINDOW group lets one sequence hold (its requestBlockWindowSize); 0 for a
     // TOKEN group. One entry per group.
     const std::vector<size_t> &WindowBlocks() const { return windowBlocks_; }
@@ -286,7 +289,7 @@ class KvshareHybridBlockManager : public KvshareManagerBase {
    private:
     struct Shape {
         uint64_t numTokens;
-        uint64_t numPages;
+        uint64_t numPages;  // positions in each group's table
         uint64_t matchedTokens;
     };
     bool Find(SequenceId seqId, Shape &out) const;
@@ -294,32 +297,35 @@ class KvshareHybridBlockManager : public KvshareManagerBase {
     bool Lookup(SequenceId seqId, SeqCounts &out) const override;
     size_t ProbeCachedTokens(const std::vector<int32_t> &tokens, const kvs_extra_keys *extra,
                              const char *method) const override;
-    // The longest prefix hit of `tokens`, at most `max`, that every group serves (read-only).
+    // kvshare's cross-group prefix hit of `tokens`, at most `max` (read-only).
     size_t Hit(const std::vector<int32_t> &tokens, const kvs_extra_keys *extra, size_t max, const char *method) const;
     // Group `g`'s positional table of kvshare pages (KVS_NULL_PAGE at released positions).
     std::vector<uint32_t> Table(SequenceId seqId, size_t g, const Shape &shape) const;
+    BlockId ToBlockId(size_t g, uint32_t page) const;
     // Group `g`'s free + evictable blocks.
     size_t FreePages(size_t g) const;
+    // Blocks every group takes to grow a table of `positions` positions to `slots` slots.
+    size_t GrowBlocks(size_t positions, size_t slots) const;
+    // std::runtime_error (NO_SPACE) naming `method` unless group g has need[g] free blocks.
+    void RequireRoom(const std::vector<size_t> &need, const char *method) const;
     // What AppendSlot hands kvshare: the tokens computed since (`held` to `computed`, from the
     // sequence's numComputedTokens_) and room for the rest and the speculative slots.
     struct Growth {
         size_t held;      // tokens kvshare holds
         size_t computed;  // tokens it holds afterwards
         size_t room;      // slots past them
+        size_t blocks;    // blocks it takes in every group
     };
     Growth GrowthOf(const mindie_llm::Sequence &seq, const Shape &s) const;
-    // Blocks group `g` takes for `grow`.
-    size_t AppendNeed(size_t g, SequenceId seqId, const Growth &grow, const char *method) const;
 
-    struct CacheFree {
-        void operator()(kvs_cache *c) const;
-    };
+    kvs_cache *cache_ = nullptr;
     struct Group {
-        std::unique_ptr<kvs_cache, CacheFree> cache;  // one group, its own pool
-        size_t blocks;                                  // npuBlockNum - reservedBlockNum: ids 0..blocks-1
+        size_t blocks;       // npuBlockNum - reservedBlockNum: ids 0..blocks-1
         size_t npuBlockNum;
+        uint32_t offset;     // kvshare page of block 0
     };
     std::vector<Group> groups_;
+    size_t heldPages_ = 0;  // pages held so that every group offers its own block count
     // Per live sequence: the tokens its tables cover (its length at Allocate / the last
     // AppendSlot) and the sequence, whose computed tokens Free hands over.
     struct Live {
@@ -330,7 +336,7 @@ class KvshareHybridBlockManager : public KvshareManagerBase {
     std::vector<size_t> windowBlocks_;
     size_t blockSize_ = 0;
     size_t speculativeSlots_ = 0;
-    // Calls that touch several groups' caches run one at a time.
+    // Multi-call methods (Allocate's hit then begin, the live map) run one at a time.
     mutable std::recursive_mutex mu_;
     std::atomic<uint64_t> hitBlocks_{0};
     std::atomic<uint64_t> missBlocks_{0};

@@ -1,5 +1,5 @@
-// kvshare adapter for MindIE-LLM: KV-cache groups (COMPOSITEBLOCKMANAGER, SLIDING_WINDOW) on
-// kvshare caches, one per group.
+// kvshare adapter for MindIE-LLM: KV-cache groups (COMPOSITEBLOCKMANAGER, SLIDING_WINDOW) on one
+// kvshare cache with one group per sub-manager.
 //
 // Mapping: a MindIE sequence id is a kvshare sequence id; a sub-manager is a group (TOKEN: full
 // attention; SLIDING_WINDOW with requestBlockWindowSize N: a window of (N-1)*blockSize + 1
@@ -7,11 +7,15 @@
 // N blocks). kvshare is given a sequence's tokens as their KV is computed (numComputedTokens_),
 // so that a full block becomes a prefix hit only once its KV is written: Allocate begins with the
 // hit and room for the rest of the prompt, AppendSlot appends the tokens computed since and room
-// for the rest, Free appends the last computed ones before it frees. Each group is a kvs_cache of
-// that one group, with its own pool of the sub-manager's
-// blocks, as MindIE sizes each group's KV tensor on its own; the prefix hit is the longest one
-// every group serves. A pool has one page more than the sub-manager's blocks (kvshare's null page
-// 0): MindIE block id b is kvshare page b + 1, so the ids and their count are MindIE's own. See
+// for the rest, Free appends the last computed ones before it frees. Every call on a sequence is
+// one kvshare call for all groups, which kvshare checks for every group's pool before it changes
+// anything; the prefix hit is kvshare's cross-group hit (kvs_prefix_find).
+//
+// Pools: MindIE sizes each group's KV tensor on its own, so each group gets its own kvshare pool
+// (a distinct `page_bytes` per group). kvshare gives every pool the same page count: the largest
+// sub-manager's blocks plus the null page 0. A group with fewer blocks has the first pages of its
+// pool (those after the null page) held by the manager for its whole life, so that its block ids
+// are MindIE's own, 0 to its block count - 1: block b of group g is page b + PageOffset(g). See
 // docs/mindie.md, "KV-cache groups".
 #include <algorithm>
 #include <climits>
@@ -67,12 +71,7 @@ void CheckSub(const BlockManagerConfig &c) {
     }
 }
 
-// MindIE block id of kvshare page `p` (not the null page).
-BlockId ToBlockId(uint32_t p) { return static_cast<BlockId>(p) - 1; }
-
 }  // namespace
-
-void KvshareHybridBlockManager::CacheFree::operator()(kvs_cache *c) const { kvs_cache_free(c); }
 
 KvshareHybridBlockManager::KvshareHybridBlockManager(const BlockManagerConfig &config, size_t localDPRank)
     : KvshareManagerBase(localDPRank, config.enableCaching), speculativeSlots_(config.speculativeSlots) {
@@ -91,6 +90,7 @@ KvshareHybridBlockManager::KvshareHybridBlockManager(const BlockManagerConfig &c
     }
     blockSize_ = subs[0].cacheBlockSize;
     std::vector<kvs_group> kinds;
+    size_t most = 0;
     for (const BlockManagerConfig &c : subs) {
         CheckSub(c);
         if (!c.subManagers.empty()) {
@@ -110,7 +110,8 @@ KvshareHybridBlockManager::KvshareHybridBlockManager(const BlockManagerConfig &c
             throw std::invalid_argument(Prefix(kCtor) + "no allocatable block (npuBlockNum - reservedBlockNum is 0)");
         }
         kvs_group g{};
-        g.page_bytes = 1;
+        // A pool per group (pools are per distinct page_bytes): each group's tensor is its own.
+        g.page_bytes = kinds.size() + 1;
         if (c.cacheType == KvCacheType::SLIDING_WINDOW) {
             size_t window = (c.requestBlockWindowSize - 1) * blockSize_ + 1;
             if (c.requestBlockWindowSize > UINT32_MAX / blockSize_ || window > UINT32_MAX) {
@@ -125,52 +126,71 @@ KvshareHybridBlockManager::KvshareHybridBlockManager(const BlockManagerConfig &c
             windowBlocks_.push_back(0);
         }
         kinds.push_back(g);
-        groups_.push_back(Group{nullptr, blocks, c.npuBlockNum});
+        groups_.push_back(Group{blocks, c.npuBlockNum, 1});
+        most = std::max(most, blocks);
     }
     if (kvs_abi_version() != KVS_ABI_VERSION) {
         throw std::runtime_error(Prefix(kCtor) + "libkvshare ABI version " + std::to_string(kvs_abi_version()) +
                                  " differs from the header's " + std::to_string(KVS_ABI_VERSION));
     }
-    for (size_t i = 0; i < groups_.size(); ++i) {
-        kvs_config hc = kvs_config_default();
-        hc.page_size = static_cast<uint32_t>(blockSize_);
-        hc.num_device_pages = static_cast<uint32_t>(groups_[i].blocks + 1);
-        hc.num_host_pages = 0;
-        hc.enable_prefix_caching = CachingEnabled();
-        hc.reserve_null_page = true;
-        // Full pages become prefix hits when Allocate / AppendSlot hand kvshare their computed
-        // tokens (no commit step), and the engine writes every scheduled slot itself.
-        hc.defer_commit = false;
-        hc.skip_cached_writes = false;
-        hc.demote_to_host = false;
-        hc.enable_events = false;
-        hc.match_unit = 0;
-        hc.groups = &kinds[i];
-        hc.num_groups = 1;
-        kvs_cache *h = nullptr;
-        kvs_status st = kvs_cache_new(&hc, &h);
-        if (st != KVS_STATUS_OK) {
-            throw std::invalid_argument(Prefix(kCtor) + kvs_status_str(st) + ": " + kvs_last_error_message());
+    kvs_config hc = kvs_config_default();
+    hc.page_size = static_cast<uint32_t>(blockSize_);
+    hc.num_device_pages = static_cast<uint32_t>(most + 1);
+    hc.num_host_pages = 0;
+    hc.enable_prefix_caching = CachingEnabled();
+    hc.reserve_null_page = true;
+    // Full pages become prefix hits when Allocate / AppendSlot hand kvshare their computed
+    // tokens (no commit step), and the engine writes every scheduled slot itself.
+    hc.defer_commit = false;
+    hc.skip_cached_writes = false;
+    hc.demote_to_host = false;
+    hc.enable_events = false;
+    hc.match_unit = 0;
+    hc.groups = kinds.data();
+    hc.num_groups = kinds.size();
+    kvs_status st = kvs_cache_new(&hc, &cache_);
+    if (st != KVS_STATUS_OK) {
+        throw std::invalid_argument(Prefix(kCtor) + kvs_status_str(st) + ": " + kvs_last_error_message());
+    }
+    // A group with fewer blocks than the pool holds the pool's first pages for good: a fresh
+    // pool hands out its pages in id order, which the check below makes sure of.
+    for (size_t g = 0; g < groups_.size(); ++g) {
+        size_t extra = most - groups_[g].blocks;
+        if (extra == 0) {
+            continue;
         }
-        groups_[i].cache.reset(h);
+        std::vector<uint32_t> pages(extra);
+        st = kvs_pages_alloc(cache_, g, extra, pages.data(), pages.size());
+        bool inOrder = st == KVS_STATUS_OK;
+        for (size_t i = 0; inOrder && i < extra; ++i) {
+            inOrder = pages[i] == i + 1;
+        }
+        if (!inOrder) {
+            std::string why = st != KVS_STATUS_OK ? std::string(kvs_status_str(st)) + ": " + kvs_last_error_message()
+                                                  : std::string("a fresh pool did not hand out its first pages");
+            kvs_cache_free(cache_);
+            throw std::runtime_error(Prefix(kCtor) + "cannot size group " + std::to_string(g) + " to " +
+                                     std::to_string(groups_[g].blocks) + " blocks: " + why);
+        }
+        groups_[g].offset = static_cast<uint32_t>(extra + 1);
+        heldPages_ += extra;
     }
 }
 
-KvshareHybridBlockManager::~KvshareHybridBlockManager() = default;
+KvshareHybridBlockManager::~KvshareHybridBlockManager() { kvs_cache_free(cache_); }
 
 mindie_llm::BlockSpaceManagerSPtr CreateKvshareHybridBlockManager(const BlockManagerConfig &config,
                                                                   size_t localDPRank) {
     return std::make_shared<KvshareHybridBlockManager>(config, localDPRank);
 }
 
-kvs_cache *KvshareHybridBlockManager::GroupCache(size_t group) const { return groups_.at(group).cache.get(); }
+uint32_t KvshareHybridBlockManager::PageOffset(size_t group) const { return groups_.at(group).offset; }
 
 // ---- lookups ----
 
-// Every group's cache holds the same sequences with the same tokens: the first one answers.
 bool KvshareHybridBlockManager::Find(SequenceId seqId, Shape &out) const {
     ::kvs_seq_info info{};
-    kvs_status st = kvs_seq_get_info(groups_[0].cache.get(), KvsId(seqId), &info);
+    kvs_status st = kvs_seq_get_info(cache_, KvsId(seqId), &info);
     if (st == KVS_STATUS_SEQ_NOT_FOUND) {
         return false;
     }
@@ -200,28 +220,15 @@ bool KvshareHybridBlockManager::Lookup(SequenceId seqId, SeqCounts &out) const {
     return true;
 }
 
+// kvshare's cross-group hit: the longest prefix every group serves. Nothing acquired, no
+// statistics counted.
 size_t KvshareHybridBlockManager::Hit(const std::vector<int32_t> &tokens, const kvs_extra_keys *extra, size_t max,
                                       const char *method) const {
-    // Each group's kvs_prefix_find is the longest hit it serves up to a bound; a shorter bound
-    // can only shorten another group's hit, so lowering the bound to the smallest answer until
-    // every group serves it ends at the longest hit all serve.
-    size_t hit = max;
-    for (bool lowered = true; lowered;) {
-        lowered = false;
-        for (const Group &g : groups_) {
-            size_t n = 0;
-            Check(kvs_prefix_find(g.cache.get(), tokens.data(), tokens.size(), extra, hit, nullptr, 0, 0, &n),
-                  method);
-            if (n < hit) {
-                hit = n;
-                lowered = true;
-            }
-        }
-    }
+    size_t hit = 0;
+    Check(kvs_prefix_find(cache_, tokens.data(), tokens.size(), extra, max, nullptr, 0, 0, &hit), method);
     return hit;
 }
 
-// Nothing acquired, no statistics counted.
 size_t KvshareHybridBlockManager::ProbeCachedTokens(const std::vector<int32_t> &tokens, const kvs_extra_keys *extra,
                                                     const char *method) const {
     std::lock_guard<std::recursive_mutex> lock(mu_);
@@ -231,15 +238,19 @@ size_t KvshareHybridBlockManager::ProbeCachedTokens(const std::vector<int32_t> &
 std::vector<uint32_t> KvshareHybridBlockManager::Table(SequenceId seqId, size_t g, const Shape &shape) const {
     std::vector<uint32_t> pages(static_cast<size_t>(shape.numPages));
     size_t n = 0;
-    Check(kvs_seq_pages(groups_[g].cache.get(), 0, KvsId(seqId), pages.data(), pages.size(), &n), "kvs_seq_pages");
+    Check(kvs_seq_pages(cache_, g, KvsId(seqId), pages.data(), pages.size(), &n), "kvs_seq_pages");
     pages.resize(n);
     return pages;
 }
 
+BlockId KvshareHybridBlockManager::ToBlockId(size_t g, uint32_t page) const {
+    return static_cast<BlockId>(page) - static_cast<BlockId>(groups_[g].offset);
+}
+
 size_t KvshareHybridBlockManager::FreePages(size_t g) const {
-    kvs_group_stats s{};
-    Check(kvs_cache_group_stats(groups_[g].cache.get(), 0, &s), "kvs_cache_group_stats");
-    return static_cast<size_t>(s.pool_pages_free);
+    size_t pages = 0;
+    Check(kvs_cache_available(cache_, KVS_TIER_DEVICE, g, &pages), "kvs_cache_available");
+    return pages;
 }
 
 // ---- admission and growth ----
@@ -251,10 +262,10 @@ AllocStatus KvshareHybridBlockManager::CanAllocate(const SequenceGroupSPtr &seqG
     if (waiting.empty()) {
         return AllocStatus::NEVER;
     }
-    // Each waiting sequence begins on its own (no fork across the groups' caches) and takes, in the worst
-    // case (no hit), a block per position of its prompt in every group: kvshare releases a window
-    // group's early blocks only from the next AppendSlot on, as vLLM does. A group that needs more
-    // than a group's blocks can never be allocated.
+    // Each waiting sequence begins on its own (no fork) and takes, in the worst case (no hit), a
+    // block per position of its prompt in every group: kvshare releases a window group's early
+    // blocks only from the next AppendSlot on, as vLLM does. A group that needs more than a
+    // group's blocks can never be allocated.
     size_t perSeq = CeilDiv(NumTokens(*waiting[0]), blockSize_);
     size_t all = seqGroup->GetSequences(SequenceStatus::WAITING).size() * perSeq;
     AllocStatus st = AllocStatus::OK;
@@ -267,6 +278,24 @@ AllocStatus KvshareHybridBlockManager::CanAllocate(const SequenceGroupSPtr &seqG
         }
     }
     return st;
+}
+
+// Blocks each group takes to hold `slots` token slots in a table of `positions` positions (every
+// group's table has the same positions; nothing the adapter appends to is shared, so no copy).
+size_t KvshareHybridBlockManager::GrowBlocks(size_t positions, size_t slots) const {
+    size_t want = CeilDiv(slots, blockSize_);
+    return want > positions ? want - positions : 0;
+}
+
+void KvshareHybridBlockManager::RequireRoom(const std::vector<size_t> &need, const char *method) const {
+    for (size_t g = 0; g < groups_.size(); ++g) {
+        size_t free = FreePages(g);
+        if (need[g] > free) {
+            throw std::runtime_error(Prefix(method) + kvs_status_str(KVS_STATUS_NO_SPACE) +
+                                     ": not enough free NPU blocks in group " + std::to_string(g) + ": need " +
+                                     std::to_string(need[g]) + ", free " + std::to_string(free));
+        }
+    }
 }
 
 bool KvshareHybridBlockManager::Allocate(const SequenceGroupSPtr &seqGroup) {
@@ -283,86 +312,70 @@ bool KvshareHybridBlockManager::Allocate(const SequenceGroupSPtr &seqGroup) {
             return false;  // as MindIE: a table exists already, or nothing to allocate
         }
     }
-    // All or nothing. First every sequence takes its hit (the longest every group serves), and
-    // nothing else, so that no sequence's new blocks evict what the next one's hit needs (the
-    // group's sequences share a prompt: each gets the hit GetSeqNumCachedTokens reported); then
-    // every sequence gets room for the rest of its prompt, whose tokens come with AppendSlot as
-    // they are computed.
-    std::vector<SequenceId> begun;  // in every group
+    // All or nothing. First every sequence takes its hit (kvshare's cross-group hit), and nothing
+    // else, so that no sequence's new blocks evict what the next one's hit needs (the group's
+    // sequences share a prompt: each gets the hit GetSeqNumCachedTokens reported); then every
+    // sequence gets room for the rest of its prompt, whose tokens come with AppendSlot as they are
+    // computed.
+    std::vector<SequenceId> begun;
     auto undo = [&]() {
         for (SequenceId id : begun) {
-            for (const Group &g : groups_) {
-                (void)kvs_seq_free(g.cache.get(), KvsId(id));
-            }
+            (void)kvs_seq_free(cache_, KvsId(id));
         }
     };
     std::vector<std::vector<int32_t>> prompts;
     std::vector<size_t> hitOf;
     for (const auto &seq : waiting) {
-        prompts.push_back(Tokens32(*seq, 0, "Allocate"));
-        const std::vector<int32_t> &tokens = prompts.back();
         Extra extra(seq->hashValue_);
         size_t hit = 0;
+        ::kvs_seq_info info{};
+        kvs_status st = KVS_STATUS_OK;
         try {
-            hit = Hit(tokens, extra.ptr, tokens.size() - 1, "Allocate");
+            prompts.push_back(Tokens32(*seq, 0, "Allocate"));
+            hit = Hit(prompts.back(), extra.ptr, prompts.back().size() - 1, "Allocate");
+            st = kvs_seq_begin(cache_, KvsId(seq->seqId_), prompts.back().data(), hit, extra.ptr, hit, 0, &info);
         } catch (...) {
             undo();
             throw;
         }
-        for (size_t g = 0; g < groups_.size(); ++g) {
-            ::kvs_seq_info info{};
-            kvs_status st = kvs_seq_begin(groups_[g].cache.get(), KvsId(seq->seqId_), tokens.data(), hit, extra.ptr,
-                                          hit, 0, &info);
-            if (st != KVS_STATUS_OK || info.matched_tokens != hit) {
-                std::string msg = Prefix("Allocate") + (st != KVS_STATUS_OK
-                                                            ? std::string(kvs_status_str(st)) + ": " +
-                                                                  kvs_last_error_message()
-                                                            : "group " + std::to_string(g) + " matched " +
-                                                                  std::to_string(info.matched_tokens) +
-                                                                  " tokens where the lookup found " +
-                                                                  std::to_string(hit));
-                for (size_t k = 0; k <= g; ++k) {
-                    (void)kvs_seq_free(groups_[k].cache.get(), KvsId(seq->seqId_));
-                }
-                undo();
-                throw std::runtime_error(msg);
+        if (st != KVS_STATUS_OK || info.matched_tokens != hit) {
+            std::string msg = Prefix("Allocate") + (st != KVS_STATUS_OK ? std::string(kvs_status_str(st)) + ": " +
+                                                                              kvs_last_error_message()
+                                                                        : "matched " +
+                                                                              std::to_string(info.matched_tokens) +
+                                                                              " tokens where the lookup found " +
+                                                                              std::to_string(hit));
+            if (st == KVS_STATUS_OK) {
+                (void)kvs_seq_free(cache_, KvsId(seq->seqId_));
             }
+            undo();
+            throw std::runtime_error(msg);
         }
         begun.push_back(seq->seqId_);
         hitOf.push_back(hit);
     }
     // The room, every group's checked before any grows (MindIE's allocator throws without room).
-    for (size_t g = 0; g < groups_.size(); ++g) {
-        size_t need = 0;
-        for (size_t i = 0; i < waiting.size(); ++i) {
-            size_t n = 0;
-            kvs_status st = kvs_seq_append_need(groups_[g].cache.get(), KvsId(waiting[i]->seqId_), 0,
-                                                prompts[i].size() - hitOf[i], &n, nullptr);
-            if (st != KVS_STATUS_OK) {
-                std::string msg = Prefix("Allocate") + kvs_status_str(st) + ": " + kvs_last_error_message();
-                undo();
-                throw std::runtime_error(msg);
-            }
-            need += n;
-        }
-        size_t free = FreePages(g);
-        if (need > free) {
-            undo();
-            throw std::runtime_error(Prefix("Allocate") + kvs_status_str(KVS_STATUS_NO_SPACE) + ": group " +
-                                     std::to_string(g) + " needs " + std::to_string(need) + " blocks, " +
-                                     std::to_string(free) + " free");
+    std::vector<size_t> need(groups_.size(), 0);
+    for (size_t i = 0; i < waiting.size(); ++i) {
+        size_t grow = GrowBlocks(hitOf[i] / blockSize_, prompts[i].size());
+        for (size_t &n : need) {
+            n += grow;
         }
     }
+    try {
+        RequireRoom(need, "Allocate");
+    } catch (...) {
+        undo();
+        throw;
+    }
     for (size_t i = 0; i < waiting.size(); ++i) {
-        for (const Group &g : groups_) {
-            size_t copies = 0;
-            kvs_status st = kvs_seq_append(g.cache.get(), KvsId(waiting[i]->seqId_), prompts[i].data(), 0,
-                                           prompts[i].size() - hitOf[i], nullptr, 0, &copies);
-            if (st != KVS_STATUS_OK) {
-                std::string msg = Prefix("Allocate") + kvs_status_str(st) + ": " + kvs_last_error_message();
-                undo();
-                throw std::runtime_error(msg);
-            }
+        size_t copies = 0;
+        kvs_status st = kvs_seq_append(cache_, KvsId(waiting[i]->seqId_), prompts[i].data(), 0,
+                                       prompts[i].size() - hitOf[i], nullptr, 0, &copies);
+        if (st != KVS_STATUS_OK) {
+            std::string msg = Prefix("Allocate") + kvs_status_str(st) + ": " + kvs_last_error_message();
+            undo();
+            throw std::runtime_error(msg);
         }
     }
     uint64_t hits = 0;
@@ -388,39 +401,28 @@ KvshareHybridBlockManager::Growth KvshareHybridBlockManager::GrowthOf(const mind
     size_t computed = std::max(held, std::min(seq.data_.numComputedTokens_, len));
     // Room for the tokens not computed yet (and the speculative slots) past the computed ones.
     size_t room = std::max(len, computed) + speculativeSlots_ - computed;
-    return Growth{held, computed, room};
+    return Growth{held, computed, room, GrowBlocks(static_cast<size_t>(s.numPages), computed + room)};
 }
 
 bool KvshareHybridBlockManager::CanAppendSlot(const SequenceGroupSPtr &seqGroup) const {
     RequireGroup(seqGroup, "CanAppendSlot");
     std::lock_guard<std::recursive_mutex> lock(mu_);
-    std::vector<size_t> need(groups_.size(), 0);
+    size_t need = 0;
     for (const auto &seq : seqGroup->GetSequences(SequenceStatus::RUNNING)) {
         RequireSeq(seq, "CanAppendSlot");
         Shape s{};
         if (!Find(seq->seqId_, s)) {
             return false;  // as MindIE
         }
-        Growth grow = GrowthOf(*seq, s);
-        for (size_t g = 0; g < groups_.size(); ++g) {
-            need[g] += AppendNeed(g, seq->seqId_, grow, "CanAppendSlot");
-        }
+        need += GrowthOf(*seq, s).blocks;
     }
     // Conservative: the blocks AppendSlot's release of out-of-window blocks returns are not counted.
     for (size_t g = 0; g < groups_.size(); ++g) {
-        if (need[g] > FreePages(g)) {
+        if (need > FreePages(g)) {
             return false;
         }
     }
     return true;
-}
-
-size_t KvshareHybridBlockManager::AppendNeed(size_t g, SequenceId seqId, const Growth &grow,
-                                             const char *method) const {
-    size_t n = 0;
-    Check(kvs_seq_append_need(groups_[g].cache.get(), KvsId(seqId), grow.computed - grow.held, grow.room, &n, nullptr),
-          method);
-    return n;
 }
 
 std::vector<std::pair<BlockId, BlockId>> KvshareHybridBlockManager::AppendSlot(const SequenceSPtr &seq) {
@@ -430,29 +432,17 @@ std::vector<std::pair<BlockId, BlockId>> KvshareHybridBlockManager::AppendSlot(c
     Growth grow = GrowthOf(*seq, s);
     std::vector<int32_t> tokens = Tokens32(*seq, grow.held, "AppendSlot");
     tokens.resize(grow.computed - grow.held);
-    // Every group's room first, so that no group grows when another cannot.
-    for (size_t g = 0; g < groups_.size(); ++g) {
-        size_t need = AppendNeed(g, seq->seqId_, grow, "AppendSlot");
-        size_t free = FreePages(g);
-        if (need > free) {
-            throw std::runtime_error(Prefix("AppendSlot") + "not enough free NPU blocks in group " +
-                                     std::to_string(g) + ": need " + std::to_string(need) + ", free " +
-                                     std::to_string(free));
-        }
-    }
+    RequireRoom(std::vector<size_t>(groups_.size(), grow.blocks), "AppendSlot");
     // Hand kvshare the tokens computed since (their full blocks become prefix hits) with room for
     // the rest, then release what no window reads any more (vLLM's allocate_new_blocks and
     // cache_blocks, then remove_skipped_blocks: a block registered before its release stays
     // matchable). What a window reads follows the tokens whose KV is computed
     // (numComputedTokens_: this step computes from there on), not the tokens the tables cover: a
     // chunked prefill holds its whole prompt from Allocate on and computes it a chunk per step.
-    for (const Group &g : groups_) {
-        size_t copies = 0;
-        Check(kvs_seq_append(g.cache.get(), KvsId(seq->seqId_), tokens.data(), tokens.size(), grow.room, nullptr, 0,
-                             &copies),
-              "AppendSlot");
-        Check(kvs_seq_release_skipped(g.cache.get(), KvsId(seq->seqId_), grow.computed, nullptr), "AppendSlot");
-    }
+    size_t copies = 0;
+    Check(kvs_seq_append(cache_, KvsId(seq->seqId_), tokens.data(), tokens.size(), grow.room, nullptr, 0, &copies),
+          "AppendSlot");
+    Check(kvs_seq_release_skipped(cache_, KvsId(seq->seqId_), grow.computed, nullptr), "AppendSlot");
     auto it = live_.find(seq->seqId_);
     if (it != live_.end()) {
         it->second.tokens = std::max(it->second.tokens, NumTokens(*seq));
@@ -460,22 +450,25 @@ std::vector<std::pair<BlockId, BlockId>> KvshareHybridBlockManager::AppendSlot(c
     return {};  // no block is shared with another sequence's writes: nothing to copy
 }
 
-// ---- what a cache of groups does not do (yet) ----
+// ---- what MindIE's interface cannot carry for groups ----
 
+// MindIE's copy and swap pairs are bare block ids with no group: with several groups (each its
+// own block ids) a pair cannot say whose tensor it copies, so neither copy-on-write nor swapping
+// can be handed to the worker.
 void KvshareHybridBlockManager::Fork(SequenceSPtr &, SequenceSPtr &) {
-    throw Unsupported("Fork with KV-cache groups (no fork across the groups' caches)");
+    throw Unsupported("Fork with KV-cache groups (MindIE's copy-on-write pairs carry no group)");
 }
 
 bool KvshareHybridBlockManager::CanSwapOut(const SequenceGroupSPtr &seqGroup) {
     RequireGroup(seqGroup, "CanSwapOut");
-    // The groups' caches have no host pages: MindIE's policy preempts by recompute instead (as it does with
-    // its own RequestSingleBlockManager, whose CanSwapOut is false too).
+    // No host pages: MindIE's policy preempts by recompute instead (as it does with its own
+    // RequestSingleBlockManager, whose CanSwapOut is false too).
     return false;
 }
 
 std::vector<std::pair<PhysicalBlockId, PhysicalBlockId>> KvshareHybridBlockManager::SwapOut(
     const SequenceGroupSPtr &) {
-    throw Unsupported("SwapOut with KV-cache groups (no host tier; CanSwapOut is false)");
+    throw Unsupported("SwapOut with KV-cache groups (MindIE's swap pairs carry no group; CanSwapOut is false)");
 }
 
 AllocStatus KvshareHybridBlockManager::CanSwapIn(const SequenceGroupSPtr &seqGroup, size_t) {
@@ -485,7 +478,7 @@ AllocStatus KvshareHybridBlockManager::CanSwapIn(const SequenceGroupSPtr &seqGro
 
 std::vector<std::pair<PhysicalBlockId, PhysicalBlockId>> KvshareHybridBlockManager::SwapIn(
     const SequenceGroupSPtr &) {
-    throw Unsupported("SwapIn with KV-cache groups (no host tier)");
+    throw Unsupported("SwapIn with KV-cache groups (MindIE's swap pairs carry no group)");
 }
 
 void KvshareHybridBlockManager::Free(SequenceId seqId) {
@@ -509,20 +502,16 @@ void KvshareHybridBlockManager::Free(SequenceId seqId) {
                     tokens.clear();
                 }
                 if (tokens.size() >= grow.computed - grow.held) {
-                    for (const Group &g : groups_) {
-                        size_t copies = 0;
-                        (void)kvs_seq_append(g.cache.get(), KvsId(seqId), tokens.data(), grow.computed - grow.held,
-                                             0, nullptr, 0, &copies);
-                    }
+                    size_t copies = 0;
+                    (void)kvs_seq_append(cache_, KvsId(seqId), tokens.data(), grow.computed - grow.held, 0, nullptr,
+                                         0, &copies);
                 }
             }
         }
     }
-    for (const Group &g : groups_) {
-        kvs_status st = kvs_seq_free(g.cache.get(), KvsId(seqId));
-        if (st != KVS_STATUS_SEQ_NOT_FOUND) {
-            Check(st, "Free");  // unknown id or double free: a no-op, as in MindIE
-        }
+    kvs_status st = kvs_seq_free(cache_, KvsId(seqId));
+    if (st != KVS_STATUS_SEQ_NOT_FOUND) {
+        Check(st, "Free");  // unknown id or double free: a no-op, as in MindIE
     }
 }
 
@@ -536,7 +525,7 @@ std::vector<BlockIds> KvshareHybridBlockManager::GetBlockIds(SequenceId seqId) c
         BlockIds ids;
         for (uint32_t p : Table(seqId, g, s)) {
             if (p != KVS_NULL_PAGE) {  // a window group's released positions (only at the front)
-                ids.push_back(ToBlockId(p));
+                ids.push_back(ToBlockId(g, p));
             }
         }
         out.push_back(std::move(ids));
@@ -610,7 +599,7 @@ std::vector<BlockId> KvshareHybridBlockManager::GetCommonComputedBlockIds(const 
         table.resize(std::min(table.size(), cached / blockSize_));
         std::vector<BlockId> ids;
         for (uint32_t p : table) {
-            ids.push_back(p == KVS_NULL_PAGE ? mindie_llm::INVALID_BLOCKID : ToBlockId(p));
+            ids.push_back(p == KVS_NULL_PAGE ? mindie_llm::INVALID_BLOCKID : ToBlockId(0, p));
         }
         if (first) {
             common = std::move(ids);
@@ -626,7 +615,7 @@ std::vector<BlockId> KvshareHybridBlockManager::GetCommonComputedBlockIds(const 
     return common;
 }
 
-// The groups' caches register full pages when Allocate / AppendSlot schedule them (vLLM's rule: every
+// Full pages are registered when Allocate / AppendSlot schedule them (vLLM's rule: every
 // sequence of one step runs in one forward, where each layer writes all K/V before attending),
 // so there is nothing left to commit here.
 void KvshareHybridBlockManager::MarkBlocksAsComputed() {}
@@ -645,16 +634,12 @@ bool KvshareHybridBlockManager::ResetPrefixCache() const {
         return true;
     }
     std::lock_guard<std::recursive_mutex> lock(mu_);
-    for (const Group &g : groups_) {
-        kvs_group_stats s{};
-        Check(kvs_cache_group_stats(g.cache.get(), 0, &s), "ResetPrefixCache");
-        if (s.pool_pages_in_use > 0) {
-            return false;  // as in MindIE: only when no block is in use
-        }
+    kvs_stats s{};
+    Check(kvs_cache_stats(cache_, &s), "ResetPrefixCache");
+    if (s.device_pages_in_use > heldPages_) {
+        return false;  // as in MindIE: only when no block is in use
     }
-    for (const Group &g : groups_) {
-        Check(kvs_prefix_clear(g.cache.get()), "ResetPrefixCache");
-    }
+    Check(kvs_prefix_clear(cache_), "ResetPrefixCache");
     return true;
 }
 

@@ -25,13 +25,10 @@ using kvshare_mindie::Unsupported;
 namespace {
 
 void CheckHybrid(const KvshareHybridBlockManager &m) {
-    for (size_t g = 0; g < m.NumGroups(); ++g) {
-        kvs_status st = kvs_cache_check(m.GroupCache(g));
-        if (st != KVS_STATUS_OK) {
-            std::fprintf(stderr, "kvs_cache_check (group %zu): %s: %s\n", g, kvs_status_str(st),
-                         kvs_last_error_message());
-            std::exit(1);
-        }
+    kvs_status st = kvs_cache_check(m.Cache());
+    if (st != KVS_STATUS_OK) {
+        std::fprintf(stderr, "kvs_cache_check: %s: %s\n", kvs_status_str(st), kvs_last_error_message());
+        std::exit(1);
     }
 }
 
@@ -74,14 +71,14 @@ size_t Compare(const KvshareHybridBlockManager &m, const std::map<SequenceId, Se
             // The held blocks are the newest positions of the table, in order.
             std::vector<uint32_t> table(positions + 8);
             size_t n = 0;
-            CHECK(kvs_seq_pages(m.GroupCache(g), 0, static_cast<uint64_t>(id), table.data(), table.size(), &n) ==
+            CHECK(kvs_seq_pages(m.Cache(), g, static_cast<uint64_t>(id), table.data(), table.size(), &n) ==
                   KVS_STATUS_OK);
             CHECK_EQ(n, positions);
             for (size_t p = 0; p < n; ++p) {
                 if (p < n - want) {
                     CHECK_EQ(table[p], static_cast<uint32_t>(KVS_NULL_PAGE));
                 } else {
-                    CHECK_EQ(static_cast<BlockId>(table[p]) - 1, ids[g][p - (n - want)]);  // block b is page b+1
+                    CHECK_EQ(static_cast<BlockId>(table[p]) - static_cast<BlockId>(m.PageOffset(g)), ids[g][p - (n - want)]);
                 }
             }
             for (BlockId b : ids[g]) {
