@@ -15,8 +15,11 @@
 // (a distinct `page_bytes` per group). kvshare gives every pool the same page count: the largest
 // sub-manager's blocks plus the null page 0. A group with fewer blocks has the first pages of its
 // pool (those after the null page) held by the manager for its whole life, so that its block ids
-// are MindIE's own, 0 to its block count - 1: block b of group g is page b + PageOffset(g). See
-// docs/mindie.md, "KV-cache groups".
+// are MindIE's own, 0 to its block count - 1: block b of group g is page b + PageOffset(g).
+//
+// What both managers share (block ids, swap with the host tier, the prefix cache, statistics) is
+// KvshareManagerBase's; a manager of one group has a host tier of cpuBlockNum blocks and swaps as
+// the block manager does. See docs/mindie.md, "KV-cache groups".
 #include <algorithm>
 #include <climits>
 #include <cstdint>
@@ -71,10 +74,15 @@ void CheckSub(const BlockManagerConfig &c) {
     }
 }
 
+// The block size of a composite's sub-managers (checked equal below), else the config's.
+size_t BlockSizeOf(const BlockManagerConfig &config) {
+    return config.subManagers.empty() ? config.cacheBlockSize : config.subManagers[0].cacheBlockSize;
+}
+
 }  // namespace
 
 KvshareHybridBlockManager::KvshareHybridBlockManager(const BlockManagerConfig &config, size_t localDPRank)
-    : KvshareManagerBase(localDPRank, config.enableCaching), speculativeSlots_(config.speculativeSlots) {
+    : KvshareManagerBase(localDPRank, config.enableCaching, BlockSizeOf(config), config.speculativeSlots) {
     // The groups: the sub-managers of a composite, else the config itself.
     std::vector<BlockManagerConfig> subs = config.subManagers;
     if (subs.empty()) {
@@ -85,10 +93,10 @@ KvshareHybridBlockManager::KvshareHybridBlockManager(const BlockManagerConfig &c
                                     std::to_string(subs[0].cacheBlockSize));
     }
     if (subs.size() > KVS_MAX_GROUPS) {
-        throw std::invalid_argument(Prefix(kCtor) + std::to_string(subs.size()) + " sub-managers; kvshare holds at most " +
-                                    std::to_string(KVS_MAX_GROUPS) + " groups");
+        throw std::invalid_argument(Prefix(kCtor) + std::to_string(subs.size()) +
+                                    " sub-managers; kvshare holds at most " + std::to_string(KVS_MAX_GROUPS) +
+                                    " groups");
     }
-    blockSize_ = subs[0].cacheBlockSize;
     std::vector<kvs_group> kinds;
     size_t most = 0;
     for (const BlockManagerConfig &c : subs) {
@@ -96,14 +104,14 @@ KvshareHybridBlockManager::KvshareHybridBlockManager(const BlockManagerConfig &c
         if (!c.subManagers.empty()) {
             throw Unsupported("nested composite block managers (a sub-manager with subManagers)");
         }
-        if (c.cacheBlockSize != blockSize_) {
+        if (c.cacheBlockSize != BlockSize()) {
             throw std::invalid_argument(Prefix(kCtor) + "sub-managers with different cacheBlockSize (" +
-                                        std::to_string(blockSize_) + ", " + std::to_string(c.cacheBlockSize) +
+                                        std::to_string(BlockSize()) + ", " + std::to_string(c.cacheBlockSize) +
                                         "): a kvshare cache of groups has one page size");
         }
         // One page more than the blocks MindIE offers: kvshare's null page 0.
         size_t blocks = c.npuBlockNum - c.reservedBlockNum;
-        if (blockSize_ > UINT32_MAX || blocks >= UINT32_MAX) {
+        if (BlockSize() > UINT32_MAX || blocks >= UINT32_MAX) {
             throw std::invalid_argument(Prefix(kCtor) + "block size or block count exceeds 2^32-2");
         }
         if (blocks == 0) {
@@ -113,8 +121,8 @@ KvshareHybridBlockManager::KvshareHybridBlockManager(const BlockManagerConfig &c
         // A pool per group (pools are per distinct page_bytes): each group's tensor is its own.
         g.page_bytes = kinds.size() + 1;
         if (c.cacheType == KvCacheType::SLIDING_WINDOW) {
-            size_t window = (c.requestBlockWindowSize - 1) * blockSize_ + 1;
-            if (c.requestBlockWindowSize > UINT32_MAX / blockSize_ || window > UINT32_MAX) {
+            size_t window = (c.requestBlockWindowSize - 1) * BlockSize() + 1;
+            if (c.requestBlockWindowSize > UINT32_MAX / BlockSize() || window > UINT32_MAX) {
                 throw std::invalid_argument(Prefix(kCtor) + "requestBlockWindowSize * cacheBlockSize exceeds 2^32-1");
             }
             g.kind = KVS_GROUP_KIND_SLIDING_WINDOW;
@@ -126,17 +134,17 @@ KvshareHybridBlockManager::KvshareHybridBlockManager(const BlockManagerConfig &c
             windowBlocks_.push_back(0);
         }
         kinds.push_back(g);
-        groups_.push_back(Group{blocks, c.npuBlockNum, 1});
+        groups_.push_back(Group{blocks, c.npuBlockNum});
         most = std::max(most, blocks);
     }
-    if (kvs_abi_version() != KVS_ABI_VERSION) {
-        throw std::runtime_error(Prefix(kCtor) + "libkvshare ABI version " + std::to_string(kvs_abi_version()) +
-                                 " differs from the header's " + std::to_string(KVS_ABI_VERSION));
-    }
     kvs_config hc = kvs_config_default();
-    hc.page_size = static_cast<uint32_t>(blockSize_);
+    hc.page_size = static_cast<uint32_t>(BlockSize());
     hc.num_device_pages = static_cast<uint32_t>(most + 1);
-    hc.num_host_pages = 0;
+    // A host tier for swapping, which needs one group (see KvshareManagerBase).
+    hc.num_host_pages = subs.size() == 1 ? static_cast<uint32_t>(subs[0].cpuBlockNum) : 0;
+    if (subs.size() == 1 && subs[0].cpuBlockNum >= UINT32_MAX) {
+        throw std::invalid_argument(Prefix(kCtor) + "cpuBlockNum exceeds 2^32-2");
+    }
     hc.enable_prefix_caching = CachingEnabled();
     hc.reserve_null_page = true;
     // Full pages become prefix hits when Allocate / AppendSlot hand kvshare their computed
@@ -148,10 +156,8 @@ KvshareHybridBlockManager::KvshareHybridBlockManager(const BlockManagerConfig &c
     hc.match_unit = 0;
     hc.groups = kinds.data();
     hc.num_groups = kinds.size();
-    kvs_status st = kvs_cache_new(&hc, &cache_);
-    if (st != KVS_STATUS_OK) {
-        throw std::invalid_argument(Prefix(kCtor) + kvs_status_str(st) + ": " + kvs_last_error_message());
-    }
+    // Global CPU ids (one group) start after its blocks, as MindIE's.
+    CreateCache(hc, groups_[0].blocks, groups_[0].blocks, kCtor);
     // A group with fewer blocks than the pool holds the pool's first pages for good: a fresh
     // pool hands out its pages in id order, which the check below makes sure of.
     for (size_t g = 0; g < groups_.size(); ++g) {
@@ -160,7 +166,7 @@ KvshareHybridBlockManager::KvshareHybridBlockManager(const BlockManagerConfig &c
             continue;
         }
         std::vector<uint32_t> pages(extra);
-        st = kvs_pages_alloc(cache_, g, extra, pages.data(), pages.size());
+        kvs_status st = kvs_pages_alloc(Cache(), g, extra, pages.data(), pages.size());
         bool inOrder = st == KVS_STATUS_OK;
         for (size_t i = 0; inOrder && i < extra; ++i) {
             inOrder = pages[i] == i + 1;
@@ -168,52 +174,25 @@ KvshareHybridBlockManager::KvshareHybridBlockManager(const BlockManagerConfig &c
         if (!inOrder) {
             std::string why = st != KVS_STATUS_OK ? std::string(kvs_status_str(st)) + ": " + kvs_last_error_message()
                                                   : std::string("a fresh pool did not hand out its first pages");
-            kvs_cache_free(cache_);
             throw std::runtime_error(Prefix(kCtor) + "cannot size group " + std::to_string(g) + " to " +
                                      std::to_string(groups_[g].blocks) + " blocks: " + why);
         }
-        groups_[g].offset = static_cast<uint32_t>(extra + 1);
-        heldPages_ += extra;
+        SetHeldPages(g, extra);
     }
 }
-
-KvshareHybridBlockManager::~KvshareHybridBlockManager() { kvs_cache_free(cache_); }
 
 mindie_llm::BlockSpaceManagerSPtr CreateKvshareHybridBlockManager(const BlockManagerConfig &config,
                                                                   size_t localDPRank) {
     return std::make_shared<KvshareHybridBlockManager>(config, localDPRank);
 }
 
-uint32_t KvshareHybridBlockManager::PageOffset(size_t group) const { return groups_.at(group).offset; }
-
-// ---- lookups ----
-
-bool KvshareHybridBlockManager::Find(SequenceId seqId, Shape &out) const {
-    ::kvs_seq_info info{};
-    kvs_status st = kvs_seq_get_info(cache_, KvsId(seqId), &info);
-    if (st == KVS_STATUS_SEQ_NOT_FOUND) {
-        return false;
-    }
-    Check(st, "kvs_seq_get_info");
-    out = Shape{info.num_tokens, info.num_pages, info.matched_tokens};
-    return true;
-}
-
-KvshareHybridBlockManager::Shape KvshareHybridBlockManager::FindOrThrow(SequenceId seqId, const char *method) const {
-    Shape s{};
-    if (!Find(seqId, s)) {
-        UnknownSeq(method, seqId);
-    }
-    return s;
-}
-
 // The tokens the block tables cover (the sequence's length at Allocate or its last AppendSlot),
 // as MindIE counts them; kvshare holds the computed ones.
 bool KvshareHybridBlockManager::Lookup(SequenceId seqId, SeqCounts &out) const {
     std::lock_guard<std::recursive_mutex> lock(mu_);
-    Shape s{};
+    SeqShape s{};
     auto it = live_.find(seqId);
-    if (it == live_.end() || !Find(seqId, s)) {
+    if (it == live_.end() || !Shape(seqId, s)) {
         return false;
     }
     out = SeqCounts{it->second.tokens, s.matchedTokens};
@@ -225,7 +204,7 @@ bool KvshareHybridBlockManager::Lookup(SequenceId seqId, SeqCounts &out) const {
 size_t KvshareHybridBlockManager::Hit(const std::vector<int32_t> &tokens, const kvs_extra_keys *extra, size_t max,
                                       const char *method) const {
     size_t hit = 0;
-    Check(kvs_prefix_find(cache_, tokens.data(), tokens.size(), extra, max, nullptr, 0, 0, &hit), method);
+    Check(kvs_prefix_find(Cache(), tokens.data(), tokens.size(), extra, max, nullptr, 0, 0, &hit), method);
     return hit;
 }
 
@@ -235,22 +214,8 @@ size_t KvshareHybridBlockManager::ProbeCachedTokens(const std::vector<int32_t> &
     return Hit(tokens, extra, tokens.size() - 1, method);
 }
 
-std::vector<uint32_t> KvshareHybridBlockManager::Table(SequenceId seqId, size_t g, const Shape &shape) const {
-    std::vector<uint32_t> pages(static_cast<size_t>(shape.numPages));
-    size_t n = 0;
-    Check(kvs_seq_pages(cache_, g, KvsId(seqId), pages.data(), pages.size(), &n), "kvs_seq_pages");
-    pages.resize(n);
-    return pages;
-}
-
-BlockId KvshareHybridBlockManager::ToBlockId(size_t g, uint32_t page) const {
-    return static_cast<BlockId>(page) - static_cast<BlockId>(groups_[g].offset);
-}
-
 size_t KvshareHybridBlockManager::FreePages(size_t g) const {
-    size_t pages = 0;
-    Check(kvs_cache_available(cache_, KVS_TIER_DEVICE, g, &pages), "kvs_cache_available");
-    return pages;
+    return AvailableDevicePages(g) + (g == 0 ? QuarantineFree() : 0);
 }
 
 // ---- admission and growth ----
@@ -266,7 +231,7 @@ AllocStatus KvshareHybridBlockManager::CanAllocate(const SequenceGroupSPtr &seqG
     // block per position of its prompt in every group: kvshare releases a window group's early
     // blocks only from the next AppendSlot on, as vLLM does. A group that needs more than a
     // group's blocks can never be allocated.
-    size_t perSeq = CeilDiv(NumTokens(*waiting[0]), blockSize_);
+    size_t perSeq = CeilDiv(NumTokens(*waiting[0]), BlockSize());
     size_t all = seqGroup->GetSequences(SequenceStatus::WAITING).size() * perSeq;
     AllocStatus st = AllocStatus::OK;
     for (size_t g = 0; g < groups_.size(); ++g) {
@@ -283,21 +248,25 @@ AllocStatus KvshareHybridBlockManager::CanAllocate(const SequenceGroupSPtr &seqG
 // Blocks each group takes to hold `slots` token slots in a table of `positions` positions (every
 // group's table has the same positions; nothing the adapter appends to is shared, so no copy).
 size_t KvshareHybridBlockManager::GrowBlocks(size_t positions, size_t slots) const {
-    size_t want = CeilDiv(slots, blockSize_);
+    size_t want = CeilDiv(slots, BlockSize());
     return want > positions ? want - positions : 0;
 }
 
-void KvshareHybridBlockManager::RequireRoom(const std::vector<size_t> &need, const char *method) const {
+void KvshareHybridBlockManager::TakeRoom(size_t need, const char *method) {
+    bool release = false;
     for (size_t g = 0; g < groups_.size(); ++g) {
         size_t free = FreePages(g);
-        if (need[g] > free) {
+        if (need > free) {
             throw std::runtime_error(Prefix(method) + kvs_status_str(KVS_STATUS_NO_SPACE) +
                                      ": not enough free NPU blocks in group " + std::to_string(g) + ": need " +
-                                     std::to_string(need[g]) + ", free " + std::to_string(free));
+                                     std::to_string(need) + ", free " + std::to_string(free));
         }
+        release = release || need > AvailableDevicePages(g);
+    }
+    if (release) {
+        ReleaseQuarantine();
     }
 }
-
 bool KvshareHybridBlockManager::Allocate(const SequenceGroupSPtr &seqGroup) {
     RequireGroup(seqGroup, "Allocate");
     std::lock_guard<std::recursive_mutex> lock(mu_);
@@ -307,8 +276,8 @@ bool KvshareHybridBlockManager::Allocate(const SequenceGroupSPtr &seqGroup) {
     }
     for (const auto &seq : waiting) {
         RequireSeq(seq, "Allocate");
-        Shape s{};
-        if (Find(seq->seqId_, s) || NumTokens(*seq) == 0) {
+        SeqShape s{};
+        if (Shape(seq->seqId_, s) || NumTokens(*seq) == 0) {
             return false;  // as MindIE: a table exists already, or nothing to allocate
         }
     }
@@ -320,7 +289,7 @@ bool KvshareHybridBlockManager::Allocate(const SequenceGroupSPtr &seqGroup) {
     std::vector<SequenceId> begun;
     auto undo = [&]() {
         for (SequenceId id : begun) {
-            (void)kvs_seq_free(cache_, KvsId(id));
+            (void)kvs_seq_free(Cache(), KvsId(id));
         }
     };
     std::vector<std::vector<int32_t>> prompts;
@@ -333,7 +302,7 @@ bool KvshareHybridBlockManager::Allocate(const SequenceGroupSPtr &seqGroup) {
         try {
             prompts.push_back(Tokens32(*seq, 0, "Allocate"));
             hit = Hit(prompts.back(), extra.ptr, prompts.back().size() - 1, "Allocate");
-            st = kvs_seq_begin(cache_, KvsId(seq->seqId_), prompts.back().data(), hit, extra.ptr, hit, 0, &info);
+            st = kvs_seq_begin(Cache(), KvsId(seq->seqId_), prompts.back().data(), hit, extra.ptr, hit, 0, &info);
         } catch (...) {
             undo();
             throw;
@@ -346,7 +315,7 @@ bool KvshareHybridBlockManager::Allocate(const SequenceGroupSPtr &seqGroup) {
                                                                               " tokens where the lookup found " +
                                                                               std::to_string(hit));
             if (st == KVS_STATUS_OK) {
-                (void)kvs_seq_free(cache_, KvsId(seq->seqId_));
+                (void)kvs_seq_free(Cache(), KvsId(seq->seqId_));
             }
             undo();
             throw std::runtime_error(msg);
@@ -355,22 +324,19 @@ bool KvshareHybridBlockManager::Allocate(const SequenceGroupSPtr &seqGroup) {
         hitOf.push_back(hit);
     }
     // The room, every group's checked before any grows (MindIE's allocator throws without room).
-    std::vector<size_t> need(groups_.size(), 0);
+    size_t need = 0;
     for (size_t i = 0; i < waiting.size(); ++i) {
-        size_t grow = GrowBlocks(hitOf[i] / blockSize_, prompts[i].size());
-        for (size_t &n : need) {
-            n += grow;
-        }
+        need += GrowBlocks(hitOf[i] / BlockSize(), prompts[i].size());
     }
     try {
-        RequireRoom(need, "Allocate");
+        TakeRoom(need, "Allocate");
     } catch (...) {
         undo();
         throw;
     }
     for (size_t i = 0; i < waiting.size(); ++i) {
         size_t copies = 0;
-        kvs_status st = kvs_seq_append(cache_, KvsId(waiting[i]->seqId_), prompts[i].data(), 0,
+        kvs_status st = kvs_seq_append(Cache(), KvsId(waiting[i]->seqId_), prompts[i].data(), 0,
                                        prompts[i].size() - hitOf[i], nullptr, 0, &copies);
         if (st != KVS_STATUS_OK) {
             std::string msg = Prefix("Allocate") + kvs_status_str(st) + ": " + kvs_last_error_message();
@@ -381,26 +347,25 @@ bool KvshareHybridBlockManager::Allocate(const SequenceGroupSPtr &seqGroup) {
     uint64_t hits = 0;
     uint64_t misses = 0;
     for (size_t i = 0; i < waiting.size(); ++i) {
-        uint64_t full = prompts[i].size() / blockSize_;
-        uint64_t hitBlocks = hitOf[i] / blockSize_;
+        uint64_t full = prompts[i].size() / BlockSize();
+        uint64_t hitBlocks = hitOf[i] / BlockSize();
         hits += hitBlocks;
         misses += full - hitBlocks;
     }
     for (const auto &seq : waiting) {
         live_[seq->seqId_] = Live{NumTokens(*seq), seq};
     }
-    hitBlocks_ += hits;
-    missBlocks_ += misses;
+    CountHits(hits, misses);
     return true;
 }
 
 KvshareHybridBlockManager::Growth KvshareHybridBlockManager::GrowthOf(const mindie_llm::Sequence &seq,
-                                                                      const Shape &s) const {
+                                                                      const SeqShape &s) const {
     size_t len = NumTokens(seq);
     size_t held = static_cast<size_t>(s.numTokens);
     size_t computed = std::max(held, std::min(seq.data_.numComputedTokens_, len));
     // Room for the tokens not computed yet (and the speculative slots) past the computed ones.
-    size_t room = std::max(len, computed) + speculativeSlots_ - computed;
+    size_t room = std::max(len, computed) + SpeculativeSlots() - computed;
     return Growth{held, computed, room, GrowBlocks(static_cast<size_t>(s.numPages), computed + room)};
 }
 
@@ -410,9 +375,9 @@ bool KvshareHybridBlockManager::CanAppendSlot(const SequenceGroupSPtr &seqGroup)
     size_t need = 0;
     for (const auto &seq : seqGroup->GetSequences(SequenceStatus::RUNNING)) {
         RequireSeq(seq, "CanAppendSlot");
-        Shape s{};
-        if (!Find(seq->seqId_, s)) {
-            return false;  // as MindIE
+        SeqShape s{};
+        if (!Shape(seq->seqId_, s) || s.onHost) {
+            return false;  // as MindIE (unknown); swapped out: AppendSlot would throw
         }
         need += GrowthOf(*seq, s).blocks;
     }
@@ -428,11 +393,15 @@ bool KvshareHybridBlockManager::CanAppendSlot(const SequenceGroupSPtr &seqGroup)
 std::vector<std::pair<BlockId, BlockId>> KvshareHybridBlockManager::AppendSlot(const SequenceSPtr &seq) {
     RequireSeq(seq, "AppendSlot");
     std::lock_guard<std::recursive_mutex> lock(mu_);
-    Shape s = FindOrThrow(seq->seqId_, "AppendSlot");
+    SeqShape s = ShapeOrThrow(seq->seqId_, "AppendSlot");
+    if (s.onHost) {
+        throw std::runtime_error(Prefix("AppendSlot") + kvs_status_str(KVS_STATUS_SEQ_WRONG_TIER) + ": sequence " +
+                                 std::to_string(seq->seqId_) + " is swapped out");
+    }
     Growth grow = GrowthOf(*seq, s);
     std::vector<int32_t> tokens = Tokens32(*seq, grow.held, "AppendSlot");
     tokens.resize(grow.computed - grow.held);
-    RequireRoom(std::vector<size_t>(groups_.size(), grow.blocks), "AppendSlot");
+    TakeRoom(grow.blocks, "AppendSlot");
     // Hand kvshare the tokens computed since (their full blocks become prefix hits) with room for
     // the rest, then release what no window reads any more (vLLM's allocate_new_blocks and
     // cache_blocks, then remove_skipped_blocks: a block registered before its release stays
@@ -440,9 +409,9 @@ std::vector<std::pair<BlockId, BlockId>> KvshareHybridBlockManager::AppendSlot(c
     // (numComputedTokens_: this step computes from there on), not the tokens the tables cover: a
     // chunked prefill holds its whole prompt from Allocate on and computes it a chunk per step.
     size_t copies = 0;
-    Check(kvs_seq_append(cache_, KvsId(seq->seqId_), tokens.data(), tokens.size(), grow.room, nullptr, 0, &copies),
+    Check(kvs_seq_append(Cache(), KvsId(seq->seqId_), tokens.data(), tokens.size(), grow.room, nullptr, 0, &copies),
           "AppendSlot");
-    Check(kvs_seq_release_skipped(cache_, KvsId(seq->seqId_), grow.computed, nullptr), "AppendSlot");
+    Check(kvs_seq_release_skipped(Cache(), KvsId(seq->seqId_), grow.computed, nullptr), "AppendSlot");
     auto it = live_.find(seq->seqId_);
     if (it != live_.end()) {
         it->second.tokens = std::max(it->second.tokens, NumTokens(*seq));
@@ -450,35 +419,12 @@ std::vector<std::pair<BlockId, BlockId>> KvshareHybridBlockManager::AppendSlot(c
     return {};  // no block is shared with another sequence's writes: nothing to copy
 }
 
-// ---- what MindIE's interface cannot carry for groups ----
+// ---- what the group manager does not do ----
 
-// MindIE's copy and swap pairs are bare block ids with no group: with several groups (each its
-// own block ids) a pair cannot say whose tensor it copies, so neither copy-on-write nor swapping
-// can be handed to the worker.
+// Each sequence of a group begins on its own (Allocate): the group manager shares blocks between
+// sequences only through the prefix cache, and has no copy-on-write.
 void KvshareHybridBlockManager::Fork(SequenceSPtr &, SequenceSPtr &) {
-    throw Unsupported("Fork with KV-cache groups (MindIE's copy-on-write pairs carry no group)");
-}
-
-bool KvshareHybridBlockManager::CanSwapOut(const SequenceGroupSPtr &seqGroup) {
-    RequireGroup(seqGroup, "CanSwapOut");
-    // No host pages: MindIE's policy preempts by recompute instead (as it does with its own
-    // RequestSingleBlockManager, whose CanSwapOut is false too).
-    return false;
-}
-
-std::vector<std::pair<PhysicalBlockId, PhysicalBlockId>> KvshareHybridBlockManager::SwapOut(
-    const SequenceGroupSPtr &) {
-    throw Unsupported("SwapOut with KV-cache groups (MindIE's swap pairs carry no group; CanSwapOut is false)");
-}
-
-AllocStatus KvshareHybridBlockManager::CanSwapIn(const SequenceGroupSPtr &seqGroup, size_t) {
-    RequireGroup(seqGroup, "CanSwapIn");
-    return AllocStatus::NEVER;  // nothing is ever swapped out
-}
-
-std::vector<std::pair<PhysicalBlockId, PhysicalBlockId>> KvshareHybridBlockManager::SwapIn(
-    const SequenceGroupSPtr &) {
-    throw Unsupported("SwapIn with KV-cache groups (MindIE's swap pairs carry no group)");
+    throw Unsupported("Fork with KV-cache groups (the group manager begins every sequence on its own)");
 }
 
 void KvshareHybridBlockManager::Free(SequenceId seqId) {
@@ -491,8 +437,8 @@ void KvshareHybridBlockManager::Free(SequenceId seqId) {
         // hand them over so that their full blocks stay prefix hits. Only a cache improvement, so
         // nothing here stops the free.
         SequenceSPtr seq = live.seq.lock();
-        Shape s{};
-        if (seq && Find(seqId, s)) {
+        SeqShape s{};
+        if (seq && Shape(seqId, s) && !s.onHost) {
             Growth grow = GrowthOf(*seq, s);
             if (grow.computed > grow.held && grow.computed <= live.tokens) {
                 std::vector<int32_t> tokens;
@@ -503,53 +449,31 @@ void KvshareHybridBlockManager::Free(SequenceId seqId) {
                 }
                 if (tokens.size() >= grow.computed - grow.held) {
                     size_t copies = 0;
-                    (void)kvs_seq_append(cache_, KvsId(seqId), tokens.data(), grow.computed - grow.held, 0, nullptr,
+                    (void)kvs_seq_append(Cache(), KvsId(seqId), tokens.data(), grow.computed - grow.held, 0, nullptr,
                                          0, &copies);
                 }
             }
         }
     }
-    kvs_status st = kvs_seq_free(cache_, KvsId(seqId));
-    if (st != KVS_STATUS_SEQ_NOT_FOUND) {
-        Check(st, "Free");  // unknown id or double free: a no-op, as in MindIE
-    }
+    FreeSeq(seqId, "Free");
 }
 
 // ---- block ids ----
 
 std::vector<BlockIds> KvshareHybridBlockManager::GetBlockIds(SequenceId seqId) const {
     std::lock_guard<std::recursive_mutex> lock(mu_);
-    Shape s = FindOrThrow(seqId, "GetBlockIds");
+    SeqShape s = ShapeOrThrow(seqId, "GetBlockIds");
     std::vector<BlockIds> out;
     for (size_t g = 0; g < groups_.size(); ++g) {
         BlockIds ids;
-        for (uint32_t p : Table(seqId, g, s)) {
-            if (p != KVS_NULL_PAGE) {  // a window group's released positions (only at the front)
-                ids.push_back(ToBlockId(g, p));
+        for (BlockId b : TableIds(seqId, g, s)) {
+            if (b != mindie_llm::INVALID_BLOCKID) {  // a window group's released positions (only at the front)
+                ids.push_back(b);
             }
         }
         out.push_back(std::move(ids));
     }
     return out;
-}
-
-void KvshareHybridBlockManager::GetRankedBlockIds(SequenceId seqId, std::vector<RankedBlockId> &rankedBlockIds) const {
-    if (groups_.size() != 1) {
-        throw Unsupported("GetRankedBlockIds of a composite manager (one list per group: use GetBlockIds)");
-    }
-    BlockIds ids = GetBlockIds(seqId).at(0);
-    rankedBlockIds.clear();
-    for (BlockId id : ids) {
-        rankedBlockIds.push_back(RankedBlockId{id, 0});
-    }
-}
-
-void KvshareHybridBlockManager::GetRankedBlockIds(SequenceId seqId,
-                                                  std::vector<std::vector<BlockId>> &rankedBlockIds) const {
-    if (groups_.size() != 1) {
-        throw Unsupported("GetRankedBlockIds of a composite manager (one list per group: use GetBlockIds)");
-    }
-    rankedBlockIds = {GetBlockIds(seqId).at(0)};
 }
 
 // A composite: the group with the fewest, the blocks a new sequence can count on in every group.
@@ -562,8 +486,6 @@ size_t KvshareHybridBlockManager::GetNumFreeNpuBlocks() const {
     return free;
 }
 
-size_t KvshareHybridBlockManager::GetNumFreeCpuBlocks() const { return 0; }
-
 // A composite: the smallest sub-manager's npuBlockNum.
 size_t KvshareHybridBlockManager::GetTotalNpuBlocks() const {
     size_t total = groups_[0].npuBlockNum;
@@ -571,88 +493,6 @@ size_t KvshareHybridBlockManager::GetTotalNpuBlocks() const {
         total = std::min(total, g.npuBlockNum);
     }
     return total;
-}
-
-// ---- prefix cache ----
-
-void KvshareHybridBlockManager::AccessAllblocksInSeq(const SequenceSPtr &seq, float) {
-    RequireSeq(seq, "AccessAllblocksInSeq");
-    std::lock_guard<std::recursive_mutex> lock(mu_);
-    Shape s{};
-    if (CachingEnabled() && !Find(seq->seqId_, s)) {
-        throw std::runtime_error(Prefix("AccessAllblocksInSeq") + "unknown sequence id " +
-                                 std::to_string(seq->seqId_));
-    }
-}
-
-std::vector<BlockId> KvshareHybridBlockManager::GetCommonComputedBlockIds(const std::vector<SequenceSPtr> &seqs) {
-    // The first group's positions (INVALID_BLOCKID where a window group skips), up to each
-    // sequence's hit, then their longest common prefix.
-    std::lock_guard<std::recursive_mutex> lock(mu_);
-    std::vector<BlockId> common;
-    bool first = true;
-    for (const auto &seq : seqs) {
-        RequireSeq(seq, "GetCommonComputedBlockIds");
-        Shape s = FindOrThrow(seq->seqId_, "GetCommonComputedBlockIds");
-        size_t cached = GetNumCachedTokens(seq);
-        std::vector<uint32_t> table = Table(seq->seqId_, 0, s);
-        table.resize(std::min(table.size(), cached / blockSize_));
-        std::vector<BlockId> ids;
-        for (uint32_t p : table) {
-            ids.push_back(p == KVS_NULL_PAGE ? mindie_llm::INVALID_BLOCKID : ToBlockId(0, p));
-        }
-        if (first) {
-            common = std::move(ids);
-            first = false;
-            continue;
-        }
-        size_t j = 0;
-        while (j < common.size() && j < ids.size() && common[j] == ids[j]) {
-            ++j;
-        }
-        common.resize(j);
-    }
-    return common;
-}
-
-// Full pages are registered when Allocate / AppendSlot schedule them (vLLM's rule: every
-// sequence of one step runs in one forward, where each layer writes all K/V before attending),
-// so there is nothing left to commit here.
-void KvshareHybridBlockManager::MarkBlocksAsComputed() {}
-
-float KvshareHybridBlockManager::GetPrefixCacheHitRate() const {
-    if (!CachingEnabled()) {
-        return -1.0F;
-    }
-    uint64_t hits = hitBlocks_.load();
-    uint64_t total = hits + missBlocks_.load();
-    return total == 0 ? 0.0F : static_cast<float>(static_cast<double>(hits) / static_cast<double>(total));
-}
-
-bool KvshareHybridBlockManager::ResetPrefixCache() const {
-    if (!CachingEnabled()) {
-        return true;
-    }
-    std::lock_guard<std::recursive_mutex> lock(mu_);
-    kvs_stats s{};
-    Check(kvs_cache_stats(cache_, &s), "ResetPrefixCache");
-    if (s.device_pages_in_use > heldPages_) {
-        return false;  // as in MindIE: only when no block is in use
-    }
-    Check(kvs_prefix_clear(cache_), "ResetPrefixCache");
-    return true;
-}
-
-void KvshareHybridBlockManager::ReplaceTrailingPlaceHolder(const SequenceSPtr &seq, size_t trailingPlaceHolderNum,
-                                                           size_t replacedPlaceHolderNum) {
-    RequireSeq(seq, "ReplaceTrailingPlaceHolder");
-    std::lock_guard<std::recursive_mutex> lock(mu_);
-    if (trailingPlaceHolderNum < replacedPlaceHolderNum || NumTokens(*seq) < trailingPlaceHolderNum) {
-        throw std::runtime_error(Prefix("ReplaceTrailingPlaceHolder") +
-                                 "tokenIds size is less than replacement size");
-    }
-    (void)FindOrThrow(seq->seqId_, "ReplaceTrailingPlaceHolder");
-    // As KvshareBlockManager: pages that held a placeholder are never hashed; nothing to rewrite.
 }
 
 }  // namespace kvshare_mindie

@@ -78,7 +78,8 @@ size_t Compare(const KvshareHybridBlockManager &m, const std::map<SequenceId, Se
                 if (p < n - want) {
                     CHECK_EQ(table[p], static_cast<uint32_t>(KVS_NULL_PAGE));
                 } else {
-                    CHECK_EQ(static_cast<BlockId>(table[p]) - static_cast<BlockId>(m.PageOffset(g)), ids[g][p - (n - want)]);
+                    BlockId b = static_cast<BlockId>(table[p]) - static_cast<BlockId>(m.PageOffset(g));
+                    CHECK_EQ(b, ids[g][p - (n - want)]);
                 }
             }
             for (BlockId b : ids[g]) {
