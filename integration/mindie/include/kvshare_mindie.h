@@ -199,6 +199,10 @@ class KvshareManagerBase : public mindie_llm::BlockSpaceManager {
     // the cached host pages it shares (kvs_seq_swap_out_need); exact for one sequence, an upper
     // bound for a group. Sets *onHost (and returns 0) if a sequence is swapped out already.
     size_t CostOfSwapOut(const std::vector<SequenceSPtr> &seqs, const char *method, bool *onHost) const;
+    // The device blocks a running group would need to swap back in and take its pending append
+    // with nothing cached on the device; CanSwapOut says no above the device's blocks (CanSwapIn
+    // would say NEVER).
+    size_t BlocksToResume(const std::vector<SequenceSPtr> &seqs, const char *method) const;
     // What swapping `seqs` back in takes from the free + evictable device pages: the pages it
     // copies and the cached pages it shares (which leave the evictable count), plus the pages of
     // the append that follows (`withPending`: the sequence's full length, pending token included,

@@ -207,9 +207,39 @@ bool KvshareManagerBase::CanSwapOut(const SequenceGroupSPtr &seqGroup) {
     if (!Swaps()) {
         return false;  // MindIE's policy preempts by recompute instead
     }
+    std::vector<SequenceSPtr> seqs = seqGroup->GetFirstSequence(SequenceStatus::RUNNING);
     bool onHost = false;
-    size_t need = CostOfSwapOut(seqGroup->GetFirstSequence(SequenceStatus::RUNNING), "CanSwapOut", &onHost);
-    return !onHost && need <= FreeHostPages();
+    size_t need = CostOfSwapOut(seqs, "CanSwapOut", &onHost);
+    return !onHost && need <= FreeHostPages() && BlocksToResume(seqs, "CanSwapOut") <= deviceBlocks_;
+}
+
+size_t KvshareManagerBase::BlocksToResume(const std::vector<SequenceSPtr> &seqs, const char *method) const {
+    // At least CanSwapIn's worst case once swapped out: the CPU shares a full block by content,
+    // so a full block the group's sequences share comes back as one block, but a partial (or
+    // empty) block each sequence holds comes back as one per sequence; plus each sequence's
+    // pending append (its full length and the speculative slots past its table). A window group
+    // also holds a prompt's every block until its first AppendSlot.
+    std::unordered_set<uint32_t> full;  // blocks of full positions: the CPU shares them by content
+    size_t own = 0;                      // other held positions: a CPU block per sequence each
+    size_t extra = 0;
+    for (const auto &seq : seqs) {
+        SeqShape s = ShapeOrThrow(seq->seqId_, method);
+        std::vector<uint32_t> table = Pages(seq->seqId_, 0, s);
+        for (size_t i = 0; i < table.size(); ++i) {
+            if (Released(table[i], false)) {
+                continue;
+            }
+            if (i < s.numTokens / blockSize_) {
+                full.insert(table[i]);
+            } else {
+                ++own;
+            }
+        }
+        size_t len = std::max(NumTokens(*seq), static_cast<size_t>(s.numTokens));
+        size_t slots = CeilDiv(len + speculativeSlots_, blockSize_);
+        extra += slots > s.numPages ? slots - static_cast<size_t>(s.numPages) : 0;
+    }
+    return full.size() + own + extra;
 }
 
 std::vector<std::pair<PhysicalBlockId, PhysicalBlockId>> KvshareManagerBase::SwapOut(
