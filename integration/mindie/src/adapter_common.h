@@ -1,5 +1,6 @@
-// Helpers shared by the adapter's managers (kvshare_block_manager.cpp, kvshare_hybrid_manager.cpp):
-// error messages, kvshare status checks, token conversion, the LoRA extra key. Internal header.
+// Helpers shared by the adapter's managers (kvshare_manager_base.cpp, kvshare_block_manager.cpp,
+// kvshare_hybrid_manager.cpp): error messages, kvshare status checks, kvshare enum decoding, token
+// conversion, the LoRA extra key. Internal header.
 #ifndef KVSHARE_MINDIE_ADAPTER_COMMON_H
 #define KVSHARE_MINDIE_ADAPTER_COMMON_H
 
@@ -24,6 +25,42 @@ inline std::string Prefix(const char *method) { return std::string("kvshare Mind
 inline void Check(kvs_status st, const char *method) {
     if (st != KVS_STATUS_OK) {
         Fail(method, st);
+    }
+}
+
+// ---- kvshare enums carried as uint32_t fields: one decoding function per enum ----
+// The header defines their values (KVS_TIER_*, KVS_COPY_KIND_*); struct fields hold them as
+// uint32_t so that every C compiler agrees on the layout. Each field is decoded here, once, into
+// a C++ enum, and a value the header does not define is refused (a newer library than this
+// adapter was built against) instead of being read as some other case.
+
+enum class Tier { Device, Host };
+
+// `kvs_seq_info.tier` (a `kvs_tier` value).
+inline Tier DecodeTier(uint32_t raw, const char *method) {
+    switch (raw) {
+        case KVS_TIER_DEVICE:
+            return Tier::Device;
+        case KVS_TIER_HOST:
+            return Tier::Host;
+        default:
+            throw std::runtime_error(Prefix(method) + std::to_string(raw) + " is not a kvs_tier");
+    }
+}
+
+enum class CopyKind { DeviceToDevice, DeviceToHost, HostToDevice };
+
+// `kvs_copy.kind` (a `kvs_copy_kind` value).
+inline CopyKind DecodeCopyKind(uint32_t raw, const char *method) {
+    switch (raw) {
+        case KVS_COPY_KIND_DEVICE_TO_DEVICE:
+            return CopyKind::DeviceToDevice;
+        case KVS_COPY_KIND_DEVICE_TO_HOST:
+            return CopyKind::DeviceToHost;
+        case KVS_COPY_KIND_HOST_TO_DEVICE:
+            return CopyKind::HostToDevice;
+        default:
+            throw std::runtime_error(Prefix(method) + std::to_string(raw) + " is not a kvs_copy_kind");
     }
 }
 
@@ -87,7 +124,6 @@ inline void RequireGroup(const SequenceGroupSPtr &group, const char *method) {
         throw std::invalid_argument(Prefix(method) + "null sequence group");
     }
 }
-
 
 }  // namespace detail
 }  // namespace kvshare_mindie

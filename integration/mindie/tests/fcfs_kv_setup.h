@@ -52,7 +52,7 @@ struct Setup {
                  std::to_string(blocks[g]);
         }
         s += "]";
-        if (!hybrid) {
+        if (cpu > 0) {
             s += " cpu " + std::to_string(cpu);
         }
         s += caching ? ", caching" : ", no caching";
@@ -95,7 +95,8 @@ struct Work {
     size_t from, to, advance;
 };
 
-// `blockManager`: a KvshareBlockManager run (with swap), else a KvshareHybridBlockManager one.
+// `blockManager`: a KvshareBlockManager run (with swap), else a KvshareHybridBlockManager one
+// (with swap when it has one group).
 inline Setup Draw(uint64_t seed, bool blockManager) {
     std::mt19937_64 r(seed * 7919 + 17);
     auto U = [&](size_t n) { return std::uniform_int_distribution<size_t>(0, n - 1)(r); };
@@ -116,9 +117,11 @@ inline Setup Draw(uint64_t seed, bool blockManager) {
         return s;
     }
     switch (U(4)) {
-        case 0:  // a SLIDING_WINDOW self-attention config
+        case 0:  // a SLIDING_WINDOW self-attention config, with CPU blocks: one group swaps
             s.windows = {1 + U(3)};
             s.blocks = {24 + 8 * U(3)};
+            s.cpu = 16 + 16 * U(2);
+            s.maxPreemptCount = U(3) == 0 ? 1 : 1000;
             break;
         case 1:  // TOKEN + SLIDING_WINDOW, equal counts
             s.windows = {0, 1 + U(3)};

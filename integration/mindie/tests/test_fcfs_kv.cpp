@@ -171,9 +171,10 @@ class Engine {
         CheckCaches();
         if (hybrid_) {
             for (size_t g = 0; g < s_.blocks.size(); ++g) {
+                // Nothing in use but the pages that size a smaller group.
                 kvs_group_stats st{};
-                CHECK(kvs_cache_group_stats(hybrid_->GroupCache(g), 0, &st) == KVS_STATUS_OK);
-                CHECK_EQ(st.pool_pages_in_use, static_cast<uint64_t>(0));
+                CHECK(kvs_cache_group_stats(hybrid_->Cache(), g, &st) == KVS_STATUS_OK);
+                CHECK_EQ(st.pool_pages_in_use, static_cast<uint64_t>(hybrid_->PageOffset(g) - 1));
             }
         } else {
             CHECK_EQ(Stats(*plain_).device_pages_in_use, static_cast<uint64_t>(0));
@@ -678,13 +679,10 @@ class Engine {
 
     void CheckCaches() {
         if (hybrid_) {
-            for (size_t g = 0; g < hybrid_->NumGroups(); ++g) {
-                kvs_status st = kvs_cache_check(hybrid_->GroupCache(g));
-                if (st != KVS_STATUS_OK) {
-                    std::fprintf(stderr, "kvs_cache_check (group %zu): %s: %s\n", g, kvs_status_str(st),
-                                 kvs_last_error_message());
-                    std::exit(1);
-                }
+            kvs_status st = kvs_cache_check(hybrid_->Cache());
+            if (st != KVS_STATUS_OK) {
+                std::fprintf(stderr, "kvs_cache_check: %s: %s\n", kvs_status_str(st), kvs_last_error_message());
+                std::exit(1);
             }
         } else {
             CheckKvs(*plain_);

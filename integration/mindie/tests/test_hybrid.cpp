@@ -1,5 +1,6 @@
 // KV-cache groups in the MindIE adapter (KvshareHybridBlockManager): a COMPOSITEBLOCKMANAGER of a
-// TOKEN and a SLIDING_WINDOW sub-manager, a SLIDING_WINDOW self-attention config, the factory.
+// TOKEN and a SLIDING_WINDOW sub-manager, a SLIDING_WINDOW self-attention config (which swaps),
+// the factory.
 //
 // The scheduler loop follows MindIE's FcfsPolicy call order at 8b4871a (as test_fcfs.cpp does):
 // CanAllocate / Allocate for waiting groups in arrival order, CanAppendSlot / AppendSlot for
@@ -25,13 +26,10 @@ using kvshare_mindie::Unsupported;
 namespace {
 
 void CheckHybrid(const KvshareHybridBlockManager &m) {
-    for (size_t g = 0; g < m.NumGroups(); ++g) {
-        kvs_status st = kvs_cache_check(m.GroupCache(g));
-        if (st != KVS_STATUS_OK) {
-            std::fprintf(stderr, "kvs_cache_check (group %zu): %s: %s\n", g, kvs_status_str(st),
-                         kvs_last_error_message());
-            std::exit(1);
-        }
+    kvs_status st = kvs_cache_check(m.Cache());
+    if (st != KVS_STATUS_OK) {
+        std::fprintf(stderr, "kvs_cache_check: %s: %s\n", kvs_status_str(st), kvs_last_error_message());
+        std::exit(1);
     }
 }
 
@@ -74,14 +72,15 @@ size_t Compare(const KvshareHybridBlockManager &m, const std::map<SequenceId, Se
             // The held blocks are the newest positions of the table, in order.
             std::vector<uint32_t> table(positions + 8);
             size_t n = 0;
-            CHECK(kvs_seq_pages(m.GroupCache(g), 0, static_cast<uint64_t>(id), table.data(), table.size(), &n) ==
+            CHECK(kvs_seq_pages(m.Cache(), g, static_cast<uint64_t>(id), table.data(), table.size(), &n) ==
                   KVS_STATUS_OK);
             CHECK_EQ(n, positions);
             for (size_t p = 0; p < n; ++p) {
                 if (p < n - want) {
                     CHECK_EQ(table[p], static_cast<uint32_t>(KVS_NULL_PAGE));
                 } else {
-                    CHECK_EQ(static_cast<BlockId>(table[p]) - 1, ids[g][p - (n - want)]);  // block b is page b+1
+                    BlockId b = static_cast<BlockId>(table[p]) - static_cast<BlockId>(m.PageOffset(g));
+                    CHECK_EQ(b, ids[g][p - (n - want)]);
                 }
             }
             for (BlockId b : ids[g]) {
@@ -676,6 +675,78 @@ void CompositeSizedPerSubManager() {
     std::printf("composite sized per sub-manager: ok\n");
 }
 
+// A manager of one group swaps with its host tier as the block manager does (the same code): the
+// held blocks of a window go to the CPU and come back, released positions stay released. With
+// several groups MindIE's swap pairs could not say whose tensor they copy: no swap, recompute.
+void SwapWithOneGroup() {
+    const size_t bs = 4;
+    BlockManagerConfig c = Window(bs, 16, 2);
+    c.cpuBlockNum = 8;
+    KvshareHybridBlockManager m(c);
+    CHECK_EQ(m.GetNumFreeCpuBlocks(), static_cast<size_t>(8));
+    auto s = MakeSeq(1, Range(1, 13));
+    auto g = MakeGroup({s});
+    CHECK(m.Allocate(g));
+    s->status_ = SequenceStatus::RUNNING;
+    for (int i = 0; i < 4; ++i) {
+        s->data_.numComputedTokens_ = Len(*s);
+        s->data_.stage_ = SequenceStage::DECODE;
+        s->data_.outputTokenIds.push_back(100 + i);
+        CHECK(m.AppendSlot(s).empty());
+    }
+    BlockIds before = m.GetBlockIds(1).at(0);
+    CHECK_EQ(before.size(), static_cast<size_t>(2));
+    CHECK(m.CanSwapOut(g));
+    auto out = m.SwapOut(g);
+    s->status_ = SequenceStatus::SWAPPED;
+    CHECK_EQ(out.size(), static_cast<size_t>(2));
+    BlockIds host = m.GetBlockIds(1).at(0);
+    CHECK_EQ(host.size(), static_cast<size_t>(2));
+    for (size_t i = 0; i < out.size() && i < host.size(); ++i) {
+        CHECK_EQ(out[i].first, before[i]);
+        CHECK(out[i].second >= 0 && out[i].second < 8);
+        CHECK_EQ(host[i], out[i].second + 16);  // global CPU ids follow the 16 NPU blocks
+    }
+    CHECK_EQ(m.GetNumFreeCpuBlocks(), static_cast<size_t>(6));
+    CHECK_THROWS(std::runtime_error, m.AppendSlot(s), "swapped out");
+    m.MarkBlocksAsComputed();
+    CHECK_EQ(m.GetNumFreeNpuBlocks(), static_cast<size_t>(16));
+    CHECK(m.CanSwapIn(g, 0) == AllocStatus::OK);
+    auto in = m.SwapIn(g);
+    s->status_ = SequenceStatus::RUNNING;
+    BlockIds back = m.GetBlockIds(1).at(0);
+    CHECK_EQ(in.size(), static_cast<size_t>(2));
+    CHECK_EQ(back.size(), static_cast<size_t>(2));
+    for (size_t i = 0; i < in.size() && i < back.size(); ++i) {
+        CHECK_EQ(in[i].first, out[i].second);
+        CHECK_EQ(in[i].second, back[i]);
+    }
+    s->data_.numComputedTokens_ = Len(*s);
+    s->data_.outputTokenIds.push_back(200);
+    CHECK(m.CanAppendSlot(g));
+    CHECK(m.AppendSlot(s).empty());
+    CheckHybrid(m);
+    m.Free(1);
+    CHECK_EQ(m.GetNumFreeNpuBlocks(), static_cast<size_t>(16));
+    CheckHybrid(m);
+
+    BlockManagerConfig cc = Composite(bs, 16, false, 2);
+    cc.cpuBlockNum = 8;
+    for (BlockManagerConfig &sub : cc.subManagers) {
+        sub.cpuBlockNum = 8;
+    }
+    KvshareHybridBlockManager comp(cc);
+    auto t = MakeSeq(2, Range(1, 9));
+    auto gt = MakeGroup({t});
+    CHECK(comp.Allocate(gt));
+    t->status_ = SequenceStatus::RUNNING;
+    CHECK(!comp.CanSwapOut(gt));
+    CHECK(comp.CanSwapIn(gt, 0) == AllocStatus::NEVER);
+    CHECK_THROWS(Unsupported, comp.SwapOut(gt), "carry no group");
+    CHECK_EQ(comp.GetNumFreeCpuBlocks(), static_cast<size_t>(0));
+    std::printf("swap with one group: ok\n");
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -695,6 +766,7 @@ int main(int argc, char **argv) {
     PatchedFactoryServesSlidingWindow();
     EveryConfiguredBlock();
     CompositeSizedPerSubManager();
+    SwapWithOneGroup();
     if (Failures() != 0) {
         std::printf("test_hybrid: %d failure(s)\n", Failures());
         return 1;
