@@ -387,9 +387,8 @@ impl State {
     /// host hits and that the device hits can take one more reference.
     pub(crate) fn materialize(&mut self, group: usize, hits: &[Hit], holder: Holder) -> Vec<u32> {
         self.hold_hits(group, hits, holder);
-        let positions: Vec<Option<Hit>> = hits.iter().copied().map(Some).collect();
         let mut pages = Vec::with_capacity(hits.len());
-        self.promote_held(group, &positions, holder, &mut pages);
+        self.promote_held(group, hits.iter().copied().map(Some), holder, &mut pages);
         pages
     }
 
@@ -418,12 +417,12 @@ impl State {
     pub(crate) fn promote_held(
         &mut self,
         group: usize,
-        positions: &[Option<Hit>],
+        positions: impl Iterator<Item = Option<Hit>> + Clone,
         holder: Holder,
         pages: &mut Vec<u32>,
     ) {
         let pool = self.groups[group].pool;
-        for h in positions {
+        for h in positions.clone() {
             let page = match h {
                 None => NULL_PAGE,
                 Some(h) if h.tier == Tier::Device => h.page,
@@ -437,7 +436,7 @@ impl State {
             };
             pages.push(page);
         }
-        for h in positions.iter().flatten() {
+        for h in positions.flatten() {
             if h.tier == Tier::Host {
                 self.release_host(pool, h.page);
             }

@@ -201,7 +201,7 @@ impl State {
             let mut t: Vec<u32> = Vec::with_capacity(total.max(pos.len()));
             // Positions before a group's live run stay null; the live hits are its pages.
             t.resize(skip[g], NULL_PAGE);
-            self.promote_held(g, &pos[skip[g]..], Holder::Seq, &mut t);
+            self.promote_held(g, pos[skip[g]..].iter().copied(), Holder::Seq, &mut t);
             tables.push(t);
         }
         for g in 0..ng {
