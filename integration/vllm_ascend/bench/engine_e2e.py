@@ -232,7 +232,6 @@ class _Timer:
 
         # The manager's own time: every method the scheduler calls on it (and the coordinator's
         # block count), the outermost call only (a method calling another is counted once).
-        self.mgr_s = 0.0
         self.mgr_calls = {}  # method -> [calls, seconds]
         depth = [0]
 
@@ -249,11 +248,9 @@ class _Timer:
                 finally:
                     depth[0] -= 1
                     if depth[0] == 0:
-                        dt = time.perf_counter() - t
-                        self.mgr_s += dt
                         c = self.mgr_calls.setdefault(name, [0, 0.0])
                         c[0] += 1
-                        c[1] += dt
+                        c[1] += time.perf_counter() - t
             setattr(obj, name, wrapper)
 
         # What the wrapper itself adds to each call it times (two clocks, the bookkeeping),
@@ -262,7 +259,6 @@ class _Timer:
             def call(self):
                 return None
         probe = _Nothing()
-        saved = (self.mgr_s, dict(self.mgr_calls))
         timed_manager(probe, "call")
         t0 = time.perf_counter()
         for _ in range(20000):
@@ -271,7 +267,7 @@ class _Timer:
         for _ in range(20000):
             _Nothing.call(probe)
         self.wrap_s = max(0.0, ((bare - t0) - (time.perf_counter() - bare)) / 20000)
-        self.mgr_s, self.mgr_calls = saved
+        self.mgr_calls.clear()
         for name in MANAGER_CALLS:
             timed_manager(mgr, name)
         timed_manager(mgr.coordinator, "get_num_blocks_to_allocate")
@@ -501,7 +497,7 @@ def run(cfg: dict) -> dict:
         res.update(attn_s=_ATTN_S["forward"] - attn0["forward"],
                    attn_build_s=_ATTN_S["build"] - attn0["build"])
         res.update(manager=timer.manager, sched_s=timer.sched_s, model_s=timer.model_s,
-                   mgr_s=timer.mgr_s, mgr_calls=timer.mgr_calls, mgr_wrap_s=timer.wrap_s,
+                   mgr_calls=timer.mgr_calls, mgr_wrap_s=timer.wrap_s,
                    steps=timer.steps, blocks_peak=max(timer.blocks, default=0),
                    blocks_mean=sum(timer.blocks) / max(len(timer.blocks), 1))
     return res

@@ -2,7 +2,7 @@
 interface its manager implements, pinned per vLLM version.
 
 ``VLLM_SUPPORT`` is the version layer: one entry per supported vLLM release saying which of the
-plugin's parts run on it; ``startup`` refuses any other release, and a part a release lacks,
+plugin's parts run on it; ``startup`` refuses any other release, and any part missing on a release,
 with the reason recorded here.
 
 ``surface(cls)`` reads a class's public surface (methods with their parameter names in order,
