@@ -323,10 +323,13 @@ impl Rules for StateAlign {
 
     /// The running state at the last position. A step that grows the table writes the new
     /// state into the new position's fresh page and reads the previous one, which stays the
-    /// sequence's own: it becomes the checkpoint its position registers, so a shared one is
-    /// copied first, as when the step writes it.
-    fn written(&self, _old: usize, n: usize, len: usize, _ps: usize) -> Range<usize> {
-        if n == 0 || len == 0 {
+    /// sequence's own: when the sequence's tokens end inside that position, the state in it
+    /// becomes the checkpoint of the sequence's own tokens there, so a shared one is copied
+    /// first, as when the step writes it. When they fill the position, its page already holds
+    /// the checkpoint after them, the same for every holder (a hit on it, or a fork), and the
+    /// step only reads it (vLLM's align mode copies it into the new page on the device).
+    fn written(&self, old: usize, n: usize, len: usize, ps: usize) -> Range<usize> {
+        if n == 0 || len == 0 || old >= len * ps {
             return 0..0;
         }
         len - 1..len

@@ -754,3 +754,51 @@ fn a_forked_state_is_copied_on_its_first_write() {
         assert_eq!(s.stats().device_pages_in_use, 0);
     }
 }
+
+/// In align mode a sequence whose tokens fill its last page holds the checkpoint after them
+/// there; another request's hit on it (vLLM: a new request with the same prefix while the first
+/// one runs), or a fork at the page boundary, shares that page. The owner's next step only reads
+/// it for the new page's state: no copy, and an append given no room for copies succeeds, as
+/// vLLM's `allocate_slots` gives none.
+#[test]
+fn a_full_align_checkpoint_another_holder_shares_is_read_not_copied() {
+    use kvshare_core::{GroupKind, GroupSpec, StateMode};
+    for fork in [false, true] {
+        let mut s = State::new(Config {
+            page_size: 4,
+            num_device_pages: 32,
+            reserve_null_page: true,
+            enable_prefix_caching: true,
+            groups: vec![
+                GroupSpec::FULL,
+                GroupSpec {
+                    kind: GroupKind::State(StateMode::Align),
+                    page_bytes: 0,
+                },
+            ],
+            ..Config::default()
+        })
+        .unwrap();
+        s.begin(1, &toks(0..8), None, usize::MAX, 0).unwrap();
+        let checkpoint = s.state_page(1, 1).unwrap();
+        if fork {
+            s.fork(1, 2).unwrap();
+        } else {
+            s.new_step();
+            let hit = s.begin(2, &toks(0..9), None, 8, 0).unwrap();
+            assert_eq!(hit.matched_tokens, 8);
+        }
+        let mut copies = Vec::new();
+        s.append(1, &[80], 0, &mut copies, 0).unwrap();
+        assert!(copies.is_empty(), "fork {fork}: {copies:?}");
+        assert_ne!(s.state_page(1, 1).unwrap(), checkpoint, "fork {fork}");
+        s.check().unwrap();
+        s.append(2, &[90], 0, &mut copies, 0).unwrap();
+        assert!(copies.is_empty(), "fork {fork}: {copies:?}");
+        s.check().unwrap();
+        s.free(1).unwrap();
+        s.free(2).unwrap();
+        s.check().unwrap();
+        assert_eq!(s.stats().device_pages_in_use, 0);
+    }
+}
