@@ -250,6 +250,7 @@ impl kvs_config {
             vllm_free_order: self.vllm_free_order,
             eviction_policy,
             groups,
+            pool: None,
         })
     }
 
