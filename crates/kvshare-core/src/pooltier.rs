@@ -56,6 +56,7 @@ use super::hashing::IdMap;
 use super::pool::Holder;
 use super::prefix::ExtraKeys;
 use super::seq::PageKey;
+use super::sequences::check_room;
 use super::state::{Release, State};
 use super::tier::Tier;
 
@@ -372,12 +373,14 @@ impl State {
 
     /// The store keys of the prompt's full pages after its local hit (at most
     /// `max_match_tokens` tokens in all), position-major; empty when the local tiers hold
-    /// them all. Read-only but for hashing and the lookup counters.
+    /// them all. Refused (`BufferTooSmall`, nothing counted) when there are more than
+    /// `max_keys`. Read-only but for hashing and the lookup counters.
     pub fn pool_lookup(
         &mut self,
         tokens: &[i32],
         extra: Option<&ExtraKeys>,
         max_match_tokens: usize,
+        max_keys: usize,
     ) -> Result<PoolLookup> {
         self.tier_mut()?;
         let limit = tokens.len().min(max_match_tokens);
@@ -388,6 +391,8 @@ impl State {
             keys: Vec::new(),
         };
         let tier = self.pooltier.as_deref_mut().expect("checked");
+        let needed = last.min(keys.len()).saturating_sub(hit_pages) * tier.prefixes.len();
+        check_room("keys_out", needed, max_keys)?;
         for (j, k) in keys.iter().enumerate().take(last).skip(hit_pages) {
             for g in 0..tier.prefixes.len() {
                 out.keys.push(PoolKey {

@@ -298,7 +298,10 @@ impl World {
                 });
                 let limit = tokens.len() - 1;
                 let eng = &mut self.engines[e];
-                let look = eng.s.pool_lookup(&tokens, extra.as_ref(), limit).unwrap();
+                let look = eng
+                    .s
+                    .pool_lookup(&tokens, extra.as_ref(), limit, usize::MAX)
+                    .unwrap();
                 let hits: Vec<bool> = look
                     .keys
                     .iter()
@@ -308,7 +311,7 @@ impl World {
                 // (its lookups name every full page): the oracle for stores.
                 let all = self
                     .reference
-                    .pool_lookup(&tokens, extra.as_ref(), usize::MAX)
+                    .pool_lookup(&tokens, extra.as_ref(), usize::MAX, usize::MAX)
                     .unwrap();
                 for k in &all.keys {
                     let end = (k.position + 1) * PS;
@@ -456,7 +459,7 @@ fn a_conversation_continues_on_another_engine_from_the_pool() {
     assert_eq!(store.len(), 4);
     // The next turn lands on engine b: its 4 + 1 full pages are looked up, 4 hit.
     let turn2: Vec<i32> = (0..23).collect();
-    let look = b.pool_lookup(&turn2, None, 22).unwrap();
+    let look = b.pool_lookup(&turn2, None, 22, usize::MAX).unwrap();
     assert_eq!((look.first_page, look.keys.len()), (0, 5));
     let hits = answer_from(&store, &look.keys);
     let info = b
@@ -489,7 +492,12 @@ fn a_conversation_continues_on_another_engine_from_the_pool() {
     }
     assert_eq!(b.pool_loading(7).unwrap(), 4);
     // Loading pages are not matchable, and a loading sequence is neither forked nor swapped.
-    assert_eq!(b.pool_lookup(&turn2, None, 22).unwrap().first_page, 0);
+    assert_eq!(
+        b.pool_lookup(&turn2, None, 22, usize::MAX)
+            .unwrap()
+            .first_page,
+        0
+    );
     assert!(b.fork(7, 8).is_err());
     let mut copies = Vec::new();
     assert!(b.swap_out(7, &mut copies, 64).is_err());
@@ -500,7 +508,12 @@ fn a_conversation_continues_on_another_engine_from_the_pool() {
     assert_eq!(b.pool_loading(7).unwrap(), 0);
     assert_eq!(b.seq_info(7).unwrap().matched_tokens, 16);
     // Settled: the loaded pages are matchable locally; only the computed page is stored.
-    assert_eq!(b.pool_lookup(&turn2, None, 22).unwrap().first_page, 5);
+    assert_eq!(
+        b.pool_lookup(&turn2, None, 22, usize::MAX)
+            .unwrap()
+            .first_page,
+        5
+    );
     b.commit();
     let stores = b.take_pool_work(usize::MAX);
     assert_eq!(stores.len(), 1);
@@ -519,7 +532,7 @@ fn a_conversation_continues_on_another_engine_from_the_pool() {
 fn a_failed_load_ends_the_match_there_and_the_rest_is_computed() {
     let mut b = cache(32, 0, StorePolicy::WriteThrough, b"m");
     let tokens: Vec<i32> = (0..21).collect();
-    let look = b.pool_lookup(&tokens, None, 20).unwrap();
+    let look = b.pool_lookup(&tokens, None, 20, usize::MAX).unwrap();
     // The store claims all five pages; the third one fails to load (evicted, or a bad value).
     let hits = vec![true; look.keys.len()];
     let info = b
@@ -559,7 +572,7 @@ fn a_failed_load_ends_the_match_there_and_the_rest_is_computed() {
 fn a_sequence_freed_while_loading_keeps_its_pages_until_the_loads_report() {
     let mut b = cache(16, 0, StorePolicy::ReadOnly, b"m");
     let tokens: Vec<i32> = (0..13).collect();
-    let look = b.pool_lookup(&tokens, None, 12).unwrap();
+    let look = b.pool_lookup(&tokens, None, 12, usize::MAX).unwrap();
     let hits = vec![true; look.keys.len()];
     b.begin_pooled(
         1,
@@ -591,9 +604,14 @@ fn a_sequence_freed_while_loading_keeps_its_pages_until_the_loads_report() {
 fn refused_calls_change_nothing() {
     let mut b = cache(16, 0, StorePolicy::ReadOnly, b"m");
     let tokens: Vec<i32> = (0..13).collect();
-    let look = b.pool_lookup(&tokens, None, 12).unwrap();
+    let look = b.pool_lookup(&tokens, None, 12, usize::MAX).unwrap();
     assert_eq!(look.keys.len(), 3);
     let before = (b.stats(), b.pool_stats());
+    // Too many keys for the caller's room: refused, not counted.
+    assert!(matches!(
+        b.pool_lookup(&tokens, None, 12, 2),
+        Err(Error::BufferTooSmall { needed: 3, .. })
+    ));
     // Unknown ticket; an answer that is not whole positions (here with two groups it would be).
     assert!(matches!(
         b.pool_done(99, true),
@@ -643,7 +661,7 @@ fn refused_calls_change_nothing() {
     // Without a pool tier every pool call is refused.
     let mut plain = State::new(Config::default()).unwrap();
     assert!(matches!(
-        plain.pool_lookup(&tokens, None, 12),
+        plain.pool_lookup(&tokens, None, 12, usize::MAX),
         Err(Error::Unsupported(_))
     ));
     assert!(plain.pool_stats().is_none());
@@ -655,7 +673,7 @@ fn keys_keep_models_layouts_ranks_and_tenants_apart() {
     let tokens: Vec<i32> = (0..9).collect();
     let keys = |cfg: Config, extra: Option<&ExtraKeys>| {
         let mut s = State::new(cfg).unwrap();
-        s.pool_lookup(&tokens, extra, 8).unwrap().keys[0]
+        s.pool_lookup(&tokens, extra, 8, usize::MAX).unwrap().keys[0]
             .key
             .clone()
     };
