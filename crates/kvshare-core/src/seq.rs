@@ -1,6 +1,7 @@
 //! The sequence record and what sequence operations report. The operations themselves are in
 //! `sequences.rs` (begin, append, fork, free, release) and `swap.rs`.
 
+use super::pooltier::SeqPool;
 use super::prefix::ExtraKeys;
 use super::rules::GrowState;
 use super::tier::Tier;
@@ -46,6 +47,8 @@ pub(crate) struct Seq {
     pub stamp: u64,
     /// Retention priority its pages keep once cached (higher is evicted later).
     pub priority: u8,
+    /// Its loads from the pool tier (outstanding, or the positions they served).
+    pub pool: Option<Box<SeqPool>>,
 }
 
 impl Seq {
@@ -85,6 +88,10 @@ pub struct BeginInfo {
     /// the sequence's own page (one partial copy per group queued: `take_copies`); 0 with
     /// whole-page matching.
     pub unit_tokens: usize,
+    /// Positions of `matched_tokens` whose pages load from the pool tier (one load per group
+    /// each, from `take_pool_work`); the match is final once they are reported
+    /// (`pool_loading` is 0, `seq_info` gives it).
+    pub pool_pages: usize,
 }
 
 /// What [`super::State::append_need`] reports: what an append would take, without the append.

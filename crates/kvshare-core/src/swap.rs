@@ -145,6 +145,7 @@ impl State {
         copies: &mut Vec<PageCopy>,
         max_copies: usize,
     ) -> Result<()> {
+        self.check_not_loading(id)?;
         let s = self.device_seq(id)?;
         let plan = self.swap_plan(s, Tier::Host);
         check_room("copies_out", plan.new_pages.iter().sum(), max_copies)?;

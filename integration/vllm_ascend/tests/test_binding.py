@@ -24,7 +24,8 @@ def test_python_preprocessing_matches_cc():
     a.cdef(cc)
     b.cdef(_header.cdef_text(kvshare.HEADER_PATH, use_cc=False))
     for t in ("kvs_config", "kvs_stats", "kvs_event", "kvs_seq_info", "kvs_copy",
-              "kvs_extra_keys", "kvs_mm_item", "kvs_page_info"):
+              "kvs_extra_keys", "kvs_mm_item", "kvs_page_info", "kvs_pool_config", "kvs_pool_key",
+              "kvs_pool_work", "kvs_pool_stats"):
         assert a.sizeof(t) == b.sizeof(t) == kvshare.ffi.sizeof(t)
         assert [f for f, _ in a.typeof(t).fields] == [f for f, _ in b.typeof(t).fields]
 
