@@ -176,10 +176,15 @@ class KvshareManagerBase : public mindie_llm::BlockSpaceManager {
     // copies. SwapOut takes a reference on the sequences' device pages before it swaps them out
     // and keeps it until the step ends (MarkBlocksAsComputed); an allocation that needs those
     // pages and writes no copy into them (new blocks, written by the forward after the swaps)
-    // releases them first. QuarantineFree: the held-back pages nothing else holds (free once the
-    // step ends; MindIE counts them as free).
+    // releases them one at a time, only as many as it lacks (ReleaseQuarantinedPage), so that
+    // it takes every page it releases and none is left free for a later copy-on-write of the
+    // step. QuarantineFree: the held-back pages nothing else holds (free once the step ends;
+    // MindIE counts them as free).
     size_t QuarantineFree() const;
     void ReleaseQuarantine();
+    // Releases one held-back page nothing else holds (one more available device page); false
+    // when there is none.
+    bool ReleaseQuarantinedPage();
     // Pages the manager holds for its whole life (the group manager's sizing pages).
     void SetHeldPages(size_t group, size_t pages);
 

@@ -171,11 +171,11 @@ bool KvshareBlockManager::Allocate(const SequenceGroupSPtr &seqGroup) {
     // the last prompt token, and the page holding it must be private (no skip_cached_writes).
     size_t maxMatch = CachingEnabled() ? tokens.size() - 1 : 0;
     // New blocks only (the forward writes them after the step's swaps): the blocks held back for
-    // this step's swap-outs may be among them when nothing else is free.
+    // this step's swap-outs may be among them when nothing else is free, released one at a time
+    // until the begin fits, so that it takes every one released.
     kvs_status begun = kvs_seq_begin(Cache(), KvsId(first->seqId_), tokens.data(), tokens.size(), extra.ptr, maxMatch,
                                      0, &info);
-    if (begun == KVS_STATUS_NO_SPACE && QuarantineFree() > 0) {
-        ReleaseQuarantine();
+    while (begun == KVS_STATUS_NO_SPACE && ReleaseQuarantinedPage()) {
         begun = kvs_seq_begin(Cache(), KvsId(first->seqId_), tokens.data(), tokens.size(), extra.ptr, maxMatch, 0,
                               &info);
     }
@@ -238,9 +238,9 @@ std::vector<std::pair<BlockId, BlockId>> KvshareBlockManager::AppendSlot(const S
     size_t n = 0;
     if (cost.written == 0) {
         // New blocks only: the forward writes them after the step's swaps, so the blocks held back
-        // for this step's swap-outs may be among them.
-        if (cost.all > AvailableDevicePages()) {
-            ReleaseQuarantine();
+        // for this step's swap-outs may be among them (as many as the append lacks: it takes them
+        // all, and none is left for a later copy-on-write of the step).
+        while (cost.all > AvailableDevicePages() && ReleaseQuarantinedPage()) {
         }
         Check(kvs_seq_append(Cache(), id, tokens.data(), tokens.size(), SpeculativeSlots(), copies, 4, &n),
               "AppendSlot");
@@ -257,8 +257,8 @@ std::vector<std::pair<BlockId, BlockId>> KvshareBlockManager::AppendSlot(const S
         }
         Check(kvs_seq_append(Cache(), id, tokens.data(), tokens.size(), 0, copies, 4, &n), "AppendSlot");
         if (SpeculativeSlots() > 0) {
-            if (AppendNeed(seq->seqId_, 0, SpeculativeSlots(), nullptr) > AvailableDevicePages()) {
-                ReleaseQuarantine();
+            while (AppendNeed(seq->seqId_, 0, SpeculativeSlots(), nullptr) > AvailableDevicePages() &&
+                   ReleaseQuarantinedPage()) {
             }
             size_t none = 0;  // no token is written: nothing to copy
             Check(kvs_seq_append(Cache(), id, nullptr, 0, SpeculativeSlots(), nullptr, 0, &none), "AppendSlot");

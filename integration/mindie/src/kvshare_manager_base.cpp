@@ -178,6 +178,25 @@ void KvshareManagerBase::ReleaseQuarantine() {
     quarantine_.clear();
 }
 
+bool KvshareManagerBase::ReleaseQuarantinedPage() {
+    std::lock_guard<std::mutex> lock(quarantineMu_);
+    // The last taken first, as ReleaseQuarantine does.
+    for (auto it = quarantine_.rbegin(); it != quarantine_.rend(); ++it) {
+        uint32_t page = *it;
+        size_t holds = static_cast<size_t>(std::count(quarantine_.begin(), quarantine_.end(), page));
+        kvs_page_info info{};
+        Check(kvs_page_get_info(cache_, KVS_TIER_DEVICE, 0, page, &info), "kvs_page_get_info");
+        if (info.refcount != holds) {
+            continue;
+        }
+        std::vector<uint32_t> pages(holds, page);
+        Check(kvs_pages_release(cache_, 0, pages.data(), pages.size()), "kvs_pages_release");
+        quarantine_.erase(std::remove(quarantine_.begin(), quarantine_.end(), page), quarantine_.end());
+        return true;
+    }
+    return false;
+}
+
 // ---- swap (one group) ----
 
 size_t KvshareManagerBase::CostOfSwapOut(const std::vector<SequenceSPtr> &seqs, const char *method,

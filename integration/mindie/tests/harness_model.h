@@ -51,6 +51,23 @@ class Model {
         }
         quarantine_.clear();
     }
+    // Mid-step, an allocation that needs the held-back blocks releases one that nothing else
+    // holds at a time (the last taken first), only as many as it lacks.
+    bool ReleaseQuarantinedOne() {
+        for (auto b = quarantine_.rbegin(); b != quarantine_.rend(); ++b) {
+            int block = *b;
+            int holds = static_cast<int>(std::count(quarantine_.begin(), quarantine_.end(), block));
+            if (blocks_[block].rc != holds) {
+                continue;
+            }
+            for (int i = 0; i < holds; ++i) {
+                Release(block);
+            }
+            quarantine_.erase(std::remove(quarantine_.begin(), quarantine_.end(), block), quarantine_.end());
+            return true;
+        }
+        return false;
+    }
     // Free + evictable CPU blocks (host pages holding swapped-out content stay cached).
     size_t FreeCpu() const {
         size_t n = 0;
@@ -99,14 +116,16 @@ class Model {
         }
         size_t total = (n + ps_ - 1) / ps_;
         size_t need = total - hits.size();
-        size_t cachedHits = 0;
-        for (int b : hits) {
-            cachedHits += blocks_[b].rc == 0;
+        auto cost = [&]() {
+            size_t cachedHits = 0;
+            for (int b : hits) {
+                cachedHits += blocks_[b].rc == 0;
+            }
+            return need + cachedHits;
+        };
+        while (cost() > AvailableNpu() && ReleaseQuarantinedOne()) {
         }
-        if (need + cachedHits > AvailableNpu() && QuarantineFree() > 0) {
-            ReleaseQuarantine();
-        }
-        if (need + cachedHits > AvailableNpu()) {
+        if (cost() > AvailableNpu()) {
             return false;
         }
         for (int b : hits) {
@@ -170,8 +189,7 @@ class Model {
             copying = copying || (j == old / ps_ && old % ps_ > 0);
         }
         if (!copying) {
-            if (need + cow.size() > AvailableNpu()) {
-                ReleaseQuarantine();
+            while (need + cow.size() > AvailableNpu() && ReleaseQuarantinedOne()) {
             }
             if (need + cow.size() > AvailableNpu()) {
                 return false;
@@ -189,8 +207,10 @@ class Model {
             s.blocks[j] = dst;
         }
         for (size_t i = 0; i < need; ++i) {
-            if (i == needTokens && copying && need - i > AvailableNpu()) {
-                ReleaseQuarantine();  // the lookahead slots' blocks, after the copies' destinations
+            if (i == needTokens && copying) {
+                // The lookahead slots' blocks, after the copies' destinations.
+                while (need - i > AvailableNpu() && ReleaseQuarantinedOne()) {
+                }
             }
             s.blocks.push_back(NewBlock());
         }
