@@ -614,7 +614,7 @@ typedef struct kvs_backend kvs_backend;
  `kvs_page_get_info`; prefix index: `kvs_prefix_register`, `kvs_prefix_match`,
  `kvs_prefix_find`, `kvs_prefix_clear`; sequences: `kvs_seq_begin`, `kvs_seq_append`,
  `kvs_seq_append_pages`, `kvs_seq_append_batch`, `kvs_seq_fork`, `kvs_seq_free`,
- `kvs_seq_release_skipped`, `kvs_seq_swap_out`, `kvs_seq_swap_in`, `kvs_seq_get_info`,
+ `kvs_seq_release_skipped`, `kvs_seq_set_computed`, `kvs_seq_swap_out`, `kvs_seq_swap_in`, `kvs_seq_get_info`,
  `kvs_seq_pages`, `kvs_seq_state_page`, `kvs_seq_set_priority`, `kvs_seq_append_need`,
  `kvs_seq_swap_in_need`, `kvs_seq_swap_out_need`; queues: `kvs_cache_take_copies`,
  `kvs_cache_take_events`; retention: `kvs_prefix_pin`, `kvs_prefix_unpin`,
@@ -2599,6 +2599,24 @@ kvs_status kvs_seq_release_skipped(struct kvs_cache *cache,
                                    uint64_t seq_id,
                                    size_t num_computed_tokens,
                                    size_t *num_released_out);
+
+/*
+ Tells the cache that the KV of the sequence's first `num_computed_tokens` tokens is
+ written. A sequence's tokens count as computed until this is called for it; from then on
+ only its full pages within its first `num_computed_tokens` tokens become prefix hits (at
+ the next `kvs_cache_commit` with `defer_commit`), are stored to the pool tier, or are
+ shared by content when it is swapped: the content of its other pages is not final. For an
+ engine that gives kvshare a whole prompt and computes it a chunk per step (MindIE's
+ chunked prefill), so that no other request reads KV not written yet. Pages registered
+ before stay registered.
+
+ **Failure:** unknown sequence (`KVS_STATUS_SEQ_NOT_FOUND`), `num_computed_tokens` above
+ the tokens the sequence holds (`KVS_STATUS_INVALID_ARGUMENT`): nothing changes.
+ **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+ */
+kvs_status kvs_seq_set_computed(struct kvs_cache *cache,
+                                uint64_t seq_id,
+                                size_t num_computed_tokens);
 
 /*
  Swaps a sequence out to host pages: one device→host copy per live page of each group's

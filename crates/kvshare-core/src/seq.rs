@@ -40,6 +40,10 @@ pub(crate) struct Seq {
     pub tier: Tier,
     /// Full pages await [`super::State::commit`] (defer_commit mode).
     pub pending: bool,
+    /// Tokens whose KV the engine has written ([`super::State::set_computed`]; `usize::MAX`:
+    /// all of them). Only pages within them are registered, stored to the pool tier, or shared
+    /// by content on a swap: the content of the others is not final.
+    pub computed: usize,
     pub matched_tokens: usize,
     /// Tokens at the start whose KV sits in shared cached pages: their slots are never written.
     pub cached_tokens: usize,
@@ -64,6 +68,12 @@ impl Seq {
         } else {
             self.keys[j - 1].hash
         }
+    }
+
+    /// Leading full pages whose KV is written: their content is final (see `computed`; the
+    /// pages of its prefix hit always are).
+    pub fn final_pages(&self, ps: usize) -> usize {
+        self.tokens.len().min(self.computed.max(self.cached_tokens)) / ps
     }
 
     /// Pages in every group's table (they are all as long).

@@ -283,6 +283,7 @@ impl State {
             borrowed: vec![Vec::new(); ng],
             tier: Tier::Device,
             pending: false,
+            computed: usize::MAX,
             matched_tokens: matched,
             cached_tokens: hit_tokens,
             stamp: 0,
@@ -359,9 +360,14 @@ impl State {
             return;
         }
         if self.cfg.defer_commit {
-            let full = s.tokens.len() / self.ps;
+            // Pages a commit could register: the final ones, no further than the hashing went
+            // once it stopped at a placeholder.
+            let mut full = s.final_pages(self.ps);
+            if s.hash_stopped {
+                full = full.min(s.keys.len());
+            }
             let behind = s.offered.iter().any(|&o| o < full);
-            if !s.pending && !s.hash_stopped && behind {
+            if !s.pending && behind {
                 s.pending = true;
                 self.uncommitted.push(id);
             }
@@ -382,7 +388,7 @@ impl State {
             (s.keys, s.hash_stopped) = (keys, stopped);
         }
         let dedup = self.cfg.skip_cached_writes;
-        let full = s.keys.len();
+        let full = s.keys.len().min(s.final_pages(ps));
         let lora = s.lora();
         // Nothing from the first loading position on is matchable before the loads settle;
         // positions loaded from the pool are not stored back.
@@ -446,6 +452,34 @@ impl State {
             }
             s.offered[g] = s.offered[g].max(to);
         }
+    }
+
+    /// Tells the cache that the KV of the sequence's first `num_computed` tokens is written. A
+    /// sequence's tokens count as computed until this is called; from then on only its pages
+    /// within its first `num_computed` tokens are registered as prefix hits (at the next
+    /// [`commit`](Self::commit) with deferred commits), stored to the pool tier, or shared by
+    /// content when it is swapped: an engine that gives a prompt whole and computes it a chunk
+    /// per step (MindIE's chunked prefill) never lets another request read KV it has not
+    /// written. Pages registered before stay registered. Refused (nothing changes) for an
+    /// unknown sequence or more tokens than it holds.
+    pub fn set_computed(&mut self, id: u64, num_computed: usize) -> Result<()> {
+        let s = self.seqs.get(&id).ok_or(Error::SeqNotFound(id))?;
+        if num_computed > s.tokens.len() {
+            return Err(Error::arg(
+                "num_computed_tokens",
+                format!(
+                    "{num_computed} tokens computed, sequence {id} holds {}",
+                    s.tokens.len()
+                ),
+            ));
+        }
+        let mut s = self.seqs.remove(&id).expect("checked");
+        s.computed = num_computed;
+        if s.tier == Tier::Device {
+            self.register_seq(id, &mut s);
+        }
+        self.seqs.insert(id, s);
+        Ok(())
     }
 
     /// Makes every page that filled up since the last commit matchable (MindIE's
@@ -566,7 +600,7 @@ impl State {
         }
         let j = s.keys.len();
         let start = j * ps;
-        let units = s.tokens.len().saturating_sub(start) / unit;
+        let units = s.tokens.len().min(s.computed).saturating_sub(start) / unit;
         if s.hash_stopped || units == 0 || s.tokens.len() - start >= ps || j >= s.len() {
             return;
         }

@@ -33,7 +33,7 @@ use kvshare_core::{Cache, Config, DType, EvictionPolicy, Tier};
 /// `kvs_page_get_info`; prefix index: `kvs_prefix_register`, `kvs_prefix_match`,
 /// `kvs_prefix_find`, `kvs_prefix_clear`; sequences: `kvs_seq_begin`, `kvs_seq_append`,
 /// `kvs_seq_append_pages`, `kvs_seq_append_batch`, `kvs_seq_fork`, `kvs_seq_free`,
-/// `kvs_seq_release_skipped`, `kvs_seq_swap_out`, `kvs_seq_swap_in`, `kvs_seq_get_info`,
+/// `kvs_seq_release_skipped`, `kvs_seq_set_computed`, `kvs_seq_swap_out`, `kvs_seq_swap_in`, `kvs_seq_get_info`,
 /// `kvs_seq_pages`, `kvs_seq_state_page`, `kvs_seq_set_priority`, `kvs_seq_append_need`,
 /// `kvs_seq_swap_in_need`, `kvs_seq_swap_out_need`; queues: `kvs_cache_take_copies`,
 /// `kvs_cache_take_events`; retention: `kvs_prefix_pin`, `kvs_prefix_unpin`,

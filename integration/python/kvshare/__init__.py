@@ -573,6 +573,13 @@ class Cache:
               "kvs_seq_release_skipped")
         return n[0]
 
+    def seq_set_computed(self, seq_id: int, num_computed_tokens: int) -> None:
+        """The KV of the sequence's first ``num_computed_tokens`` tokens is written: only its
+        full pages within them (and its prefix hit) become hits, go to the pool tier, or are
+        shared by content on a swap."""
+        check(lib.kvs_seq_set_computed(self.handle, seq_id, num_computed_tokens),
+              "kvs_seq_set_computed")
+
     def _swap(self, fn, name: str, seq_id: int) -> list[tuple]:
         cap = self.seq_info(seq_id)["num_pages"] * self.num_groups
         copies = ffi.new("kvs_copy[]", max(cap, 1))
