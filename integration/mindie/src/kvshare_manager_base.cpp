@@ -232,6 +232,12 @@ bool KvshareManagerBase::CanSwapOut(const SequenceGroupSPtr &seqGroup) {
     return !onHost && need <= FreeHostPages() && BlocksToResume(seqs, "CanSwapOut") <= deviceBlocks_;
 }
 
+size_t KvshareManagerBase::WrittenTokens(SequenceId, const SeqShape &s) const {
+    return static_cast<size_t>(s.numTokens);
+}
+
+void KvshareManagerBase::ReportComputed(const SequenceSPtr &) {}
+
 size_t KvshareManagerBase::BlocksToResume(const std::vector<SequenceSPtr> &seqs, const char *method) const {
     // At least CanSwapIn's worst case once swapped out: the CPU shares a full block by content,
     // so a full block the group's sequences share comes back as one block, but a partial (or
@@ -248,7 +254,7 @@ size_t KvshareManagerBase::BlocksToResume(const std::vector<SequenceSPtr> &seqs,
             if (Released(table[i], false)) {
                 continue;
             }
-            if (i < s.numTokens / blockSize_) {
+            if (i < WrittenTokens(seq->seqId_, s) / blockSize_) {
                 full.insert(table[i]);
             } else {
                 ++own;
@@ -283,6 +289,8 @@ std::vector<std::pair<PhysicalBlockId, PhysicalBlockId>> KvshareManagerBase::Swa
     }
     std::vector<std::pair<PhysicalBlockId, PhysicalBlockId>> out;
     for (const auto &seq : seqs) {
+        // Its computed blocks first: the CPU shares them by content (BlocksToResume counts so).
+        ReportComputed(seq);
         SeqShape s = ShapeOrThrow(seq->seqId_, "SwapOut");
         std::vector<kvs_copy> copies(static_cast<size_t>(s.numPages));
         size_t n = 0;

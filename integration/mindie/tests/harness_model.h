@@ -18,6 +18,7 @@ class Model {
         HashValue lora = 0;
         size_t matched = 0;
         size_t hashed = 0;  // leading full pages offered to the index
+        size_t computed = SIZE_MAX;  // tokens whose KV is written (kvs_seq_set_computed)
         bool stopped = false;
     };
     struct Copy {
@@ -140,6 +141,15 @@ class Model {
         seqs_[id] = s;
         Pend(id);
         return true;
+    }
+
+    // The adapter hands kvshare the tokens whose KV is computed (numComputedTokens_): only full
+    // pages within them are committed or shared by content on a swap.
+    // The adapter commits right after.
+    void SetComputed(SequenceId id, size_t computed) {
+        seqs_.at(id).computed = computed;
+        Pend(id);
+        Commit();
     }
 
     void Commit() {
@@ -558,13 +568,13 @@ class Model {
 
     void Pend(SequenceId id) {
         const Seq &s = seqs_.at(id);
-        if (!s.stopped && s.hashed < s.tokens.size() / ps_) {
+        if (!s.stopped && s.hashed < std::min(s.tokens.size(), s.computed) / ps_) {
             pending_.insert(id);
         }
     }
 
     void RegisterNow(Seq &s) {
-        size_t full = s.tokens.size() / ps_;
+        size_t full = std::min(s.tokens.size(), s.computed) / ps_;
         while (!s.stopped && s.hashed < full) {
             if (HasPlaceholder(s.tokens, s.hashed)) {
                 s.stopped = true;
