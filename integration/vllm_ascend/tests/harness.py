@@ -1,4 +1,6 @@
-"""Builds vLLM 0.23.0 Schedulers and drives them without a model (outputs are synthesised)."""
+"""Builds the installed vLLM's Schedulers (0.23.0 or 0.32.0) and drives them without a model
+(outputs are synthesised).  What differs between the two in the scheduler's use of the manager
+is asked of ``kvshare_vllm.compat`` (``API``, ``CASCADE``, ``lookup``)."""
 
 from __future__ import annotations
 
@@ -19,9 +21,13 @@ from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 from vllm.utils.hashing import get_hash_fn_by_name
 
-from kvshare_vllm import plugin
+from kvshare_vllm import compat, plugin
 
 EOS = 2
+# The vLLM release whose scheduler-manager interface is installed.
+API = compat.manager_api()
+# Cascade attention's shared prefix (get_num_common_prefix_blocks): vLLM 0.32 removed it.
+CASCADE = API == "0.23.0"
 _hash_algo = None  # the algorithm vLLM's NONE_HASH was last initialised with
 
 
@@ -213,6 +219,19 @@ def make_request(req_id: str, prompt: list[int], max_tokens: int = 16, block_siz
                    lora_request=lora_request,
                    block_hasher=None if not hash_blocks else
                    block_hasher or get_request_block_hasher(block_size, hash_fn))
+
+
+def lookup(manager, request) -> tuple:
+    """``manager.get_computed_blocks(request)`` as (blocks, hit tokens) on either release
+    (vLLM 0.32 adds a third value, ``shared_prefix_boundary``: 0 for one group) and, as the
+    0.32 scheduler does at admission, the lookup recorded in the prefix-cache stats."""
+    res = manager.get_computed_blocks(request)
+    if API == "0.23.0":
+        return res
+    blocks, hit, boundary = res
+    assert boundary == 0
+    manager.record_prefix_cache_stats(request, hit)
+    return blocks, hit
 
 
 def token_for(req_id: str, pos: int) -> int:
