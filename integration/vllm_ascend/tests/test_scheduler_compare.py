@@ -581,3 +581,89 @@ def test_lookahead_slots_match_vllm(tiny_model_dir):
 
 def _ceil_div(a, b):
     return -(-a // b)
+
+
+NEW_SCHEDULER_ONLY = pytest.mark.skipif(
+    h.API == "0.23.0", reason="vLLM 0.23's scheduler has no admission watermark, deferred "
+    "frees or kv_cache_report_mode")
+
+
+@NEW_SCHEDULER_ONLY
+@pytest.mark.parametrize("caching", [False, True])
+def test_watermark_admission_lockstep(tiny_model_dir, caching):
+    """vLLM 0.32's admission watermark (a quarter of the blocks kept free when admitting a
+    waiting or preempted request while others run), under memory pressure: the same requests
+    admitted and finished at the same steps.  The same workload without the watermark
+    schedules differently (it preempts), so the watermark decides admissions here."""
+    runs = []
+    for watermark in (0.25, 0.0):
+        pair = Pair(tiny_model_dir, num_blocks=48, max_num_seqs=8,
+                    enable_prefix_caching=caching, watermark=watermark)
+        assert pair.kvs.kv_cache_manager.watermark_blocks == int(watermark * 48)
+        rng = random.Random(3)
+        system = [rng.randrange(3, 30000) for _ in range(40)]
+        conversations(pair, num_convs=8, turns=2, system=system, seed=4, max_tokens=40)
+        runs.append((pair.steps, pair.preemptions))
+    assert runs[0] != runs[1] and runs[1][1] > 0, runs
+
+
+@NEW_SCHEDULER_ONLY
+def test_cached_block_events_for_full_report_mode(tiny_model_dir):
+    """A request asking for ``kv_cache_report_mode == "full"`` gets a ``BlockStored`` for the
+    prefix hit it reuses, field by field as vLLM publishes it; another request does not."""
+    pair = Pair(tiny_model_dir, num_blocks=64, kv_events=True)
+    seen = _lockstep_events(pair)
+    prompt = list(range(700, 772))  # 4 pages and a partial one
+    pair.add("a", prompt, max_tokens=4)
+    pair.run_until_idle()
+    for rid, extra in (("b", None), ("c", {"kv_cache_report_mode": "full"})):
+        n = len(seen[1])
+        pair.add(rid, prompt, max_tokens=4, extra_args=extra)
+        pair.step()
+        reused = [dict(e[1:]) for e in seen[1][n:]
+                  if e[0] == "BlockStored" and dict(e[1:])["parent_block_hash"] is None]
+        assert len(reused) == (1 if extra else 0), seen[1][n:]
+        pair.run_until_idle()
+    assert len(reused[0]["block_hashes"]) == 4 and reused[0]["token_ids"] == prompt[:64]
+
+
+@NEW_SCHEDULER_ONLY
+def test_deferred_free_matches_vllm(tiny_model_dir):
+    """vLLM 0.32's deferred free (``pop_blocks_for_free``, then the blocks back through
+    ``block_pool.free_blocks`` reversed), driven directly: the popped request's blocks stay
+    held (usage, hits on them, a refused prefix-cache reset), then are cached as a free
+    would cache them (the same hits after eviction pressure)."""
+    seen = []
+    for kvshare in (False, True):
+        m = h.make_scheduler(tiny_model_dir, kvshare=kvshare, num_blocks=12).kv_cache_manager
+
+        def admit(rid, prompt):
+            r = h.make_request(rid, prompt, hash_blocks=not kvshare)
+            blocks, hit = h.lookup(m, r)
+            new = m.allocate_slots(r, len(prompt) - hit, hit, blocks)
+            assert new is not None
+            r.num_computed_tokens = len(prompt)
+            return r, hit
+
+        a, _ = admit("a", list(range(100, 150)))  # 3 full pages and a partial one
+        popped = m.pop_blocks_for_free(a)
+        log = [len(popped), m.get_block_ids("a"), round(m.usage, 6)]
+        b, hit = admit("b", list(range(100, 150)))  # a's full pages, still held
+        log += [hit, round(m.usage, 6), m.reset_prefix_cache()]
+        if kvshare:  # not last-first: refused, nothing changes
+            with pytest.raises(ValueError, match="names no request's blocks"):
+                m.block_pool.free_blocks(popped)
+            m.check()
+        m.block_pool.free_blocks(reversed(popped))
+        log.append(round(m.usage, 6))
+        m.free(b)
+        c, hit = admit("c", list(range(900, 1030)))  # 9 pages: evicts some cached ones
+        log += [hit, round(m.usage, 6)]
+        m.free(c)
+        d, hit = admit("d", list(range(100, 150)))
+        log += [hit, round(m.usage, 6)]
+        if kvshare:
+            m.check()
+        seen.append(log)
+    assert seen[0] == seen[1]
+    assert seen[1][:2] == [4, ([],)] and seen[1][3] == 48 and seen[1][5] is False
