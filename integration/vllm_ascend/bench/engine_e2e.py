@@ -192,12 +192,18 @@ def block_bytes(block_size: int) -> int:
         * head_dim * 4
 
 
-# The KVCacheManager methods vLLM 0.23's Scheduler calls (`self.kv_cache_manager.*` in
-# vllm/v1/core/sched/scheduler.py), timed as the manager's share of a step.
+# The KVCacheManager methods vLLM's Scheduler calls (`self.kv_cache_manager.*` in
+# vllm/v1/core/sched/scheduler.py: 0.23's, then those 0.32 added), timed as the manager's share
+# of a step (a method the installed manager lacks is skipped).
 MANAGER_CALLS = ("allocate_slots", "cache_blocks", "evict_blocks", "free", "get_block_ids",
                  "get_blocks", "get_computed_blocks", "get_num_common_prefix_blocks",
                  "make_prefix_cache_stats", "new_step_starts", "remove_skipped_blocks",
-                 "reset_prefix_cache", "take_events", "take_new_block_ids")
+                 "reset_prefix_cache", "take_events", "take_new_block_ids",
+                 "estimate_cached_tokens", "finalize_partial_tail_offloads",
+                 "get_block_ids_for_computed_tokens", "get_computed_blocks_for_connector",
+                 "pop_blocks_for_free", "record_blocks_for_zeroing", "record_prefix_cache_stats",
+                 "take_boundary_state_offloads", "take_kv_cache_block_copies",
+                 "truncate_computed_blocks")
 
 
 class _Timer:
@@ -273,8 +279,8 @@ class _Timer:
         timed_manager(mgr.coordinator, "get_num_blocks_to_allocate")
         timed_schedule = timed(sched, "schedule", "sched_s")
 
-        def schedule():
-            out = timed_schedule()
+        def schedule(*a, **k):  # vLLM 0.32: schedule(throttle_prefills=False)
+            out = timed_schedule(*a, **k)
             self.steps += 1
             used = round(mgr.usage * total)
             self.blocks.append(used)

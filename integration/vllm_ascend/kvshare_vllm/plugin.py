@@ -17,6 +17,10 @@ groups, context parallelism) fall back to vLLM's own manager, with a log line.  
 connectors whose scheduler side takes vLLM's ``BlockPool`` itself (``connector_reason``:
 ``SimpleCPUOffloadConnector`` in vLLM 0.23.0); every other connector runs with kvshare's
 single-group manager, which takes their external tokens and delayed caching (``allocate_slots``).
+On vLLM 0.32 the single-group manager runs; models with groups and KV connectors keep vLLM's
+manager there (``compat.VllmSupport.hybrid_missing`` / ``connector_missing``, logged).  The
+scheduler builds the manager with keywords on both releases; ``_keywords`` reads positional
+arguments by the running vLLM's signature.
 
 When kvshare manages the cache, vLLM's per-request block hasher (``Request.block_hashes``,
 SHA-256 over every full block, recomputed as tokens arrive) has no reader left: kvshare
