@@ -472,15 +472,12 @@ class KvshareKVCacheManager(ManagerBase):
     ) -> KVCacheBlocks | None:
         """vLLM's ``allocate_slots`` (0.23's parameters; 0.32 adds ``has_scheduled_reqs``, which
         applies the watermark to a waiting or preempted request, and
-        ``skip_zeroing_group_ids``, for asynchronous KV loads)."""
+        ``skip_zeroing_group_ids``: with group 0 in it, the blocks of an asynchronous load's
+        external tokens are not handed out for KV zeroing, which would race the load)."""
         st = self._reqs.get(request.request_id)
         wm = self.watermark_blocks
         if wm and not (has_scheduled_reqs and request.status in _ADMITTED_FROM):
             wm = 0
-        if skip_zeroing_group_ids:
-            raise NotImplementedError(
-                "kvshare_vllm: skip_zeroing_group_ids (asynchronous KV loads with KV-cache "
-                "zeroing) is not supported")
         if st is not None and num_new_tokens and not (
                 num_new_computed_tokens or num_external_computed_tokens or delay_cache_blocks
                 or num_encoder_tokens):
@@ -526,12 +523,14 @@ class KvshareKVCacheManager(ManagerBase):
                                 reserved_blocks, delay_cache_blocks, wm)
         return self._begin(request, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
                            num_lookahead_tokens, full_sequence_must_fit, reserved_blocks,
-                           num_external_computed_tokens, delay_cache_blocks, wm)
+                           num_external_computed_tokens, delay_cache_blocks, wm,
+                           0 in skip_zeroing_group_ids)
 
     def _begin(self, request, num_new_tokens: int, num_new_computed_tokens: int,
                new_computed_blocks, num_lookahead_tokens: int, full_sequence_must_fit: bool,
                reserved_blocks: int, num_external: int = 0,
-               delay: bool = False, watermark: int = 0) -> KVCacheBlocks | None:
+               delay: bool = False, watermark: int = 0,
+               skip_zeroing: bool = False) -> KVCacheBlocks | None:
         """``allocate_slots`` of a request that has no sequence yet: ``kvs_seq_begin``.
 
         External tokens (a KV connector loads their KV into the pages allocated here) are
@@ -601,8 +600,10 @@ class KvshareKVCacheManager(ManagerBase):
             return self._handed(st, request, new)
         self._mark_hashed(st, request)
         # vLLM returns the blocks past the external tokens' (those are in get_blocks and,
-        # for KV zeroing, in take_new_block_ids, like every block added here).
-        return self._handed(st, request, new, max(_cdiv(local + num_external, bs) - nh, 0))
+        # for KV zeroing, in take_new_block_ids, like every block added here, unless the
+        # asynchronous load writes them after this step: skip_zeroing, vLLM 0.32).
+        skip = max(_cdiv(local + num_external, bs) - nh, 0)
+        return self._handed(st, request, new, skip, skip if skip_zeroing else 0)
 
     def _mark_hashed(self, st: _Req, request) -> None:
         """Sets ``block_hash`` on the request's block objects as vLLM's blocks have it right
@@ -653,9 +654,10 @@ class KvshareKVCacheManager(ManagerBase):
             kvshare.check(rc, "kvs_seq_append_pages")
         return self._handed(st, request, blocks)
 
-    def _handed(self, st: _Req, request, blocks: list, skip: int = 0) -> KVCacheBlocks:
+    def _handed(self, st: _Req, request, blocks: list, skip: int = 0,
+                unzeroed: int = 0) -> KVCacheBlocks:
         """What ``allocate_slots`` returns: the blocks added from ``skip`` on (and events,
-        zeroing ids of all of them)."""
+        zeroing ids of all of them but the first ``unzeroed``)."""
         if self.enable_kv_cache_events:
             self._drain_events(st, request)
         if not blocks:
@@ -663,7 +665,7 @@ class KvshareKVCacheManager(ManagerBase):
         if self._avail is not None:
             self._avail -= len(blocks)
         if self._track_new:
-            self._new_block_ids.extend([b.block_id for b in blocks])
+            self._new_block_ids.extend([b.block_id for b in blocks[unzeroed:]])
         if skip:
             blocks = blocks[skip:]
             if not blocks:

@@ -667,3 +667,48 @@ def test_deferred_free_matches_vllm(tiny_model_dir):
         seen.append(log)
     assert seen[0] == seen[1]
     assert seen[1][:2] == [4, ([],)] and seen[1][3] == 48 and seen[1][5] is False
+
+
+@NEW_SCHEDULER_ONLY
+def test_zeroing_ids_match_vllm():
+    """A cache that needs KV zeroing (vLLM: Mamba layers or mixed precision; forced here on one
+    full-attention group), both managers driven directly: every allocation's blocks handed out
+    for zeroing, except an asynchronous load's external-token blocks when the scheduler says
+    the load writes them (``skip_zeroing_group_ids``), and ``record_blocks_for_zeroing`` after
+    a failed load, block for block."""
+    import torch
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+
+    from kvshare_vllm.manager import KvshareKVCacheManager
+
+    class Zeroing(KVCacheConfig):
+        needs_kv_cache_zeroing = True
+
+    spec = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=1, dtype=torch.float32)
+    seen = []
+    for cls in (KVCacheManager, KvshareKVCacheManager):
+        cfg = Zeroing(num_blocks=32, kv_cache_tensors=[],
+                      kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
+        m = cls(kv_cache_config=cfg, max_model_len=1024, scheduler_block_size=16,
+                hash_block_size=16)
+        kvshare = cls is KvshareKVCacheManager
+        log = []
+
+        def tables(*rids):
+            return [m.get_block_ids(r)[0] for r in rids]
+
+        a = h.make_request("a", list(range(100, 140)), hash_blocks=not kvshare)
+        blocks, hit = h.lookup(m, a)
+        m.allocate_slots(a, 40 - hit, hit, blocks)
+        log.append(m.take_new_block_ids() == tables("a")[0])
+        for rid, skip in (("b", (0,)), ("c", ())):  # asynchronous loads of 32 tokens
+            r = h.make_request(rid, list(range(500, 540)), hash_blocks=not kvshare)
+            assert m.allocate_slots(r, 0, 0, None, num_external_computed_tokens=32,
+                                    delay_cache_blocks=True, skip_zeroing_group_ids=skip)
+            log.append(m.take_new_block_ids() == ([] if skip else tables(rid)[0]))
+        m.record_blocks_for_zeroing("b", 16)  # b's load failed after its first block
+        log.append(m.take_new_block_ids() == tables("b")[0][1:])
+        log.append([len(t) for t in tables("a", "b", "c")])
+        seen.append(log)
+    assert seen[0] == seen[1] == [True, True, True, True, [3, 2, 2]]
