@@ -712,3 +712,34 @@ def test_zeroing_ids_match_vllm():
         log.append([len(t) for t in tables("a", "b", "c")])
         seen.append(log)
     assert seen[0] == seen[1] == [True, True, True, True, [3, 2, 2]]
+
+
+@NEW_SCHEDULER_ONLY
+def test_connector_lookups_match_vllm(tiny_model_dir):
+    """What vLLM 0.32's scheduler asks the manager for on a KV connector's behalf, both
+    managers driven directly: the connector's lookup (one group: never diverged), a hit cut to
+    a block boundary, a finished request's blocks covering its computed tokens."""
+    seen = []
+    for kvshare in (False, True):
+        m = h.make_scheduler(tiny_model_dir, kvshare=kvshare, num_blocks=32).kv_cache_manager
+        a = h.make_request("a", list(range(100, 150)), hash_blocks=not kvshare)
+        blocks, hit = h.lookup(m, a)
+        assert m.allocate_slots(a, 50 - hit, hit, blocks) is not None
+        a.num_computed_tokens = 50
+        b = h.make_request("b", list(range(100, 160)), hash_blocks=not kvshare)
+        blocks, hit, boundary, diverged = m.get_computed_blocks_for_connector(b)
+        held = m.get_block_ids("a")[0]
+        cut = m.truncate_computed_blocks(blocks, 32).get_block_ids()[0]
+        log = [hit, boundary, diverged, blocks.get_block_ids()[0] == held[:3],
+               cut == held[:2], m.truncate_computed_blocks(blocks, 0).blocks == ((),) or
+               m.truncate_computed_blocks(blocks, 0).get_block_ids() == ([],),
+               m.get_block_ids_for_computed_tokens("a", 33) == (held[:3],),
+               m.get_block_ids_for_computed_tokens("a", 50) == (held,),
+               m.get_block_ids_for_computed_tokens("zz", 16) == ([],)]
+        if kvshare:  # refused, as vLLM asserts
+            with pytest.raises(ValueError, match="not a multiple of the block size"):
+                m.truncate_computed_blocks(blocks, 20)
+            with pytest.raises(ValueError, match="to 4 blocks of a hit of 3"):
+                m.truncate_computed_blocks(blocks, 64)
+        seen.append(log)
+    assert seen[0] == seen[1] == [48, 0, False] + [True] * 6
