@@ -51,10 +51,14 @@ import logging  # noqa: E402
 
 logging.disable(logging.WARNING)
 
+# The manager's methods the scheduler calls: vLLM 0.23's, then those 0.32 added (a method the
+# installed manager lacks is not timed).
 TIMED = ("get_computed_blocks", "allocate_slots", "free", "get_blocks", "get_block_ids",
          "take_events", "make_prefix_cache_stats", "reset_prefix_cache", "new_step_starts",
          "take_new_block_ids", "cache_blocks", "get_num_common_prefix_blocks",
-         "remove_skipped_blocks")
+         "remove_skipped_blocks", "estimate_cached_tokens", "record_prefix_cache_stats",
+         "take_kv_cache_block_copies", "take_boundary_state_offloads",
+         "get_block_ids_for_computed_tokens", "pop_blocks_for_free")
 
 
 class Clock:

@@ -192,12 +192,18 @@ def block_bytes(block_size: int) -> int:
         * head_dim * 4
 
 
-# The KVCacheManager methods vLLM 0.23's Scheduler calls (`self.kv_cache_manager.*` in
-# vllm/v1/core/sched/scheduler.py), timed as the manager's share of a step.
+# The KVCacheManager methods vLLM's Scheduler calls (`self.kv_cache_manager.*` in
+# vllm/v1/core/sched/scheduler.py: 0.23's, then those 0.32 added), timed as the manager's share
+# of a step (a method the installed manager lacks is skipped).
 MANAGER_CALLS = ("allocate_slots", "cache_blocks", "evict_blocks", "free", "get_block_ids",
                  "get_blocks", "get_computed_blocks", "get_num_common_prefix_blocks",
                  "make_prefix_cache_stats", "new_step_starts", "remove_skipped_blocks",
-                 "reset_prefix_cache", "take_events", "take_new_block_ids")
+                 "reset_prefix_cache", "take_events", "take_new_block_ids",
+                 "estimate_cached_tokens", "finalize_partial_tail_offloads",
+                 "get_block_ids_for_computed_tokens", "get_computed_blocks_for_connector",
+                 "pop_blocks_for_free", "record_blocks_for_zeroing", "record_prefix_cache_stats",
+                 "take_boundary_state_offloads", "take_kv_cache_block_copies",
+                 "truncate_computed_blocks")
 
 
 class _Timer:
@@ -273,8 +279,8 @@ class _Timer:
         timed_manager(mgr.coordinator, "get_num_blocks_to_allocate")
         timed_schedule = timed(sched, "schedule", "sched_s")
 
-        def schedule():
-            out = timed_schedule()
+        def schedule(*a, **k):  # vLLM 0.32: schedule(throttle_prefills=False)
+            out = timed_schedule(*a, **k)
             self.steps += 1
             used = round(mgr.usage * total)
             self.blocks.append(used)
@@ -555,29 +561,44 @@ def bench(argv) -> int:
     ap.add_argument("--system-tokens", type=int, default=512)
     ap.add_argument("--output-tokens", type=int, default=32)
     ap.add_argument("--kv-blocks", type=int, default=2048)
+    ap.add_argument("--block-size", type=int, default=None,
+                    help="tokens per KV block (default: the smallest vLLM's CPU attention "
+                    "kernel takes, 16 on vLLM 0.23 and 32 on 0.32)")
     ap.add_argument("--sliding-window", type=int, default=None, metavar="W",
                     help="a hybrid model: even layers slide over W tokens (two KV-cache groups)")
     ap.add_argument("--quick", action="store_true", help="a small run for CI smoke tests")
     ap.add_argument("--json", action="store_true", help="print the raw measurements as JSON")
     a = ap.parse_args(argv)
+    if a.block_size is None:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        a.block_size = CPUAttentionBackend.get_supported_kernel_block_sizes()[0].base
     if a.quick:
         a.repeats, a.convs, a.turns, a.system_tokens, a.output_tokens = 1, 4, 2, 128, 8
     configs = [("vLLM manager + vLLM attention", {"kvshare": False}),
                ("kvshare manager + vLLM attention", {"kvshare": True}),
                ("kvshare manager + kvshare attention",
                 {"kvshare": True, "kvshare_attention": True})]
-    results = {name: [] for name, _ in configs}
     with tempfile.TemporaryDirectory() as d:
         model = write_tiny_model(os.path.join(d, "model"), sliding_window=a.sliding_window)
         site = install_plugin(os.path.join(d, "site"))
+        sys.path.insert(0, site)
+        from kvshare_vllm import compat
+
+        if not compat.support().attention:  # refused at start-up on this vLLM (the reason)
+            print(f"kvshare attention left out: {compat.support().attention_missing}",
+                  file=sys.stderr)
+            configs = configs[:2]
+        results = {name: [] for name, _ in configs}
         env = _bench_env(site)
         for rep in range(a.repeats):
             order = configs if rep % 2 == 0 else configs[::-1]
             for name, extra in order:
                 cfg = dict(extra, model_dir=model, convs=a.convs, turns=a.turns,
                            system_tokens=a.system_tokens, output_tokens=a.output_tokens,
-                           kv_blocks=a.kv_blocks, max_model_len=4096, extras=False,
-                           max_num_seqs=max(16, a.convs), max_num_batched_tokens=1024)
+                           kv_blocks=a.kv_blocks, block_size=a.block_size, max_model_len=4096,
+                           extras=False, max_num_seqs=max(16, a.convs),
+                           max_num_batched_tokens=1024)
                 res, _ = run_in_subprocess(cfg, env=env)
                 results[name].append(res)
                 print(f"  run {rep + 1}: {name}: {res['wall_s']:.2f} s", file=sys.stderr)
@@ -590,7 +611,8 @@ def bench(argv) -> int:
                   if a.sliding_window else "dense model")
     print(f"workload: {model_name}, {a.convs} conversations x {a.turns} turns, "
           f"{a.system_tokens}-token system prompt, {a.output_tokens} output tokens, "
-          f"{a.kv_blocks} KV blocks of 16; medians of {a.repeats} runs each, order alternating")
+          f"{a.kv_blocks} KV blocks of {a.block_size}; medians of {a.repeats} runs each, order "
+          "alternating")
     print(f"{'configuration':36} {'tok/s':>8} {'TTFT ms':>8} {'sched us/step':>14} "
           f"{'mgr us/step':>12} {'model ms/step':>14} {'attn ms/step':>13} {'steps':>6} "
           f"{'hit rate':>9} {'blocks peak':>12} {'blocks mean':>12}")

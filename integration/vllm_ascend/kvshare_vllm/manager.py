@@ -26,13 +26,18 @@ from .startup import require as _require_supported_vllm_and_native
 
 _require_supported_vllm_and_native()  # before vLLM's imports: an unsupported vLLM is named
 
+from .compat import manager_api
+
+_API = manager_api()  # the vLLM release whose KVCacheManager signatures this module presents
+
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
+from vllm.v1.request import RequestStatus
 
 from . import logger
 from . import _fast  # required: startup.require() has checked that it loads
 from .base import ManagerBase, _cdiv, _extra_addr, _token_ids
-from .events import EventTranslator
+from .events import EventTranslator, cached_blocks_event
 from .host_tier import HOST_PAGES, HostTier
 from .views import _BlockPoolView, _CoordinatorView
 
@@ -43,6 +48,8 @@ _REMOVED = ffi.typeof("enum kvs_event_kind").relements["KVS_EVENT_KIND_REMOVED"]
 _CLEARED = ffi.typeof("enum kvs_event_kind").relements["KVS_EVENT_KIND_CLEARED"]
 _DEVICE = ffi.typeof("enum kvs_tier").relements["KVS_TIER_DEVICE"]
 _CACHED_STATE = ffi.typeof("enum kvs_page_state").relements["KVS_PAGE_STATE_CACHED"]
+# Request states vLLM 0.32's admission watermark applies to (waiting, preempted).
+_ADMITTED_FROM = frozenset((RequestStatus.WAITING, RequestStatus.PREEMPTED))
 # block_hash of a registered page whose request carries no vLLM block hash (see _mark_hashed)
 _HASHED = b"kvshare:registered"
 
@@ -109,12 +116,15 @@ def extra_keys_for(request):
 
 
 def unsupported_reason(kv_cache_config, scheduler_block_size: int, hash_block_size: int,
-                       dcp_world_size: int = 1, pcp_world_size: int = 1) -> str | None:
+                       dcp_world_size: int = 1, pcp_world_size: int = 1,
+                       num_prefill_lookahead: int = 0) -> str | None:
     """Why kvshare cannot manage this configuration (None when it can).
 
     kvshare manages one group of full-attention layers (vLLM's UnitaryKVCacheCoordinator case):
     no sliding window, chunked-local, Mamba or cross-attention groups, no context parallelism,
-    hash granularity equal to the block size.
+    hash granularity equal to the block size, no multi-module MTP prefill lookahead (vLLM 0.32
+    then keeps the last ``num_prefill_lookahead - 1`` computed tokens out of the prefix cache,
+    as re-prefillable; kvshare registers every full page of computed tokens).
     """
     from vllm.v1.kv_cache_interface import FullAttentionSpec
 
@@ -134,34 +144,85 @@ def unsupported_reason(kv_cache_config, scheduler_block_size: int, hash_block_si
                 f"hash {hash_block_size})")
     if not 1 <= spec.block_size <= kvshare.MAX_PAGE_SIZE:
         return f"block size {spec.block_size} outside kvshare's 1..{kvshare.MAX_PAGE_SIZE}"
+    if num_prefill_lookahead > 1:
+        return (f"multi-module MTP prefill lookahead of {num_prefill_lookahead} tokens (their "
+                "re-prefillable KV is kept out of the prefix cache)")
     return None
 
 
 class KvshareKVCacheManager(ManagerBase):
-    """Drop-in for ``vllm.v1.core.kv_cache_manager.KVCacheManager`` (vLLM 0.23.0 signature)."""
+    """Drop-in for ``vllm.v1.core.kv_cache_manager.KVCacheManager`` with the running vLLM's
+    signatures (``compat.manager_api()``: 0.23.0 or 0.32.0)."""
 
-    def __init__(
-        self,
-        kv_cache_config,
-        max_model_len: int,
-        scheduler_block_size: int,
-        hash_block_size: int,
-        max_num_batched_tokens: int | None = None,
-        enable_caching: bool = True,
-        use_eagle: bool = False,
-        log_stats: bool = False,
-        enable_kv_cache_events: bool = False,
-        dcp_world_size: int = 1,
-        pcp_world_size: int = 1,
-        metrics_collector=None,
-    ) -> None:
+    if _API == "0.23.0":
+        def __init__(
+            self,
+            kv_cache_config,
+            max_model_len: int,
+            scheduler_block_size: int,
+            hash_block_size: int,
+            max_num_batched_tokens: int | None = None,
+            enable_caching: bool = True,
+            use_eagle: bool = False,
+            log_stats: bool = False,
+            enable_kv_cache_events: bool = False,
+            dcp_world_size: int = 1,
+            pcp_world_size: int = 1,
+            metrics_collector=None,
+        ) -> None:
+            self._setup(kv_cache_config, max_model_len, scheduler_block_size, hash_block_size,
+                        enable_caching, use_eagle, log_stats, enable_kv_cache_events,
+                        dcp_world_size, pcp_world_size, metrics_collector)
+    else:
+        def __init__(
+            self,
+            kv_cache_config,
+            max_model_len: int,
+            scheduler_block_size: int,
+            hash_block_size: int,
+            max_in_flight_tokens: int | None = None,
+            enable_caching: bool = True,
+            use_eagle: bool = False,
+            num_prefill_lookahead: int = 0,
+            log_stats: bool = False,
+            enable_kv_cache_events: bool = False,
+            dcp_world_size: int = 1,
+            pcp_world_size: int = 1,
+            metrics_collector=None,
+            watermark: float = 0.0,
+            enable_mamba_shared_prefix_checkpoint: bool = False,
+        ) -> None:
+            """``max_in_flight_tokens`` caps windowed groups' admission in vLLM (none here);
+            ``enable_mamba_shared_prefix_checkpoint`` concerns Mamba groups (none here: the
+            attribute the scheduler reads is False, as vLLM's manager sets it without them)."""
+            if watermark < 0.0:
+                raise ValueError(f"kvshare_vllm: watermark {watermark} must be non-negative")
+            self._setup(kv_cache_config, max_model_len, scheduler_block_size, hash_block_size,
+                        enable_caching, use_eagle, log_stats, enable_kv_cache_events,
+                        dcp_world_size, pcp_world_size, metrics_collector,
+                        num_prefill_lookahead, watermark)
+
+    def _setup(self, kv_cache_config, max_model_len: int, scheduler_block_size: int,
+               hash_block_size: int, enable_caching: bool, use_eagle: bool, log_stats: bool,
+               enable_kv_cache_events: bool, dcp_world_size: int, pcp_world_size: int,
+               metrics_collector, num_prefill_lookahead: int = 0,
+               watermark: float = 0.0) -> None:
         why = unsupported_reason(kv_cache_config, scheduler_block_size, hash_block_size,
-                                 dcp_world_size, pcp_world_size)
+                                 dcp_world_size, pcp_world_size, num_prefill_lookahead)
         if why:
             raise ValueError(f"kvshare_vllm: unsupported configuration: {why}")
+        group = kv_cache_config.kv_cache_groups[0]
+        # vLLM 0.32 also drops the last hit block of a group the model marks as EAGLE's.
+        use_eagle = use_eagle or bool(getattr(group, "is_eagle_group", False))
         self._init_base(kv_cache_config, max_model_len, enable_caching, use_eagle, log_stats,
                         enable_kv_cache_events, metrics_collector)
-        group = kv_cache_config.kv_cache_groups[0]
+        # Blocks kept free when admitting a waiting / preempted request while others are
+        # scheduled (vLLM 0.32's admission watermark; 0 on 0.23).
+        self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
+        # vLLM 0.32 attributes the scheduler reads: no Mamba group, no group retaining a
+        # longer hit than the computed tokens.
+        self.mamba_shared_prefix_checkpoint = False
+        self.retained_hit_group_ids = ()
         spec = group.kv_cache_spec
         self.block_size = bs = spec.block_size
         self.num_kv_cache_groups = 1
@@ -220,6 +281,9 @@ class KvshareKVCacheManager(ManagerBase):
         # recomputed; kept across steps (see get_num_common_prefix_blocks).
         self._common: bytes | None = None
         self._defer = not enable_kv_cache_events
+        # Sequences of requests taken with pop_blocks_for_free, still holding their pages until
+        # block_pool.free_blocks returns them (vLLM 0.32's deferred frees), oldest first.
+        self._popped: list[_Req] = []
         # The native hand-over and packing (_fast.c).
         self._pack = _fast.pack_i32
         appender = _fast.Appender(
@@ -293,11 +357,13 @@ class KvshareKVCacheManager(ManagerBase):
         return max(need - len(hits), 0) + (self._num_evictable(hits) if hits else 0)
 
     def _gate(self, st: _Req | None, hits: list[int], need_slot: int, full_tokens: int | None,
-              reserved: int) -> bool:
+              reserved: int, watermark: int = 0) -> bool:
         """vLLM's admission checks that kvshare's own NO_SPACE does not cover
-        (``full_sequence_must_fit``, ``reserved_blocks``, lookahead of a new request)."""
+        (``full_sequence_must_fit``, ``reserved_blocks``, lookahead of a new request, and
+        vLLM 0.32's ``watermark`` blocks, kept free under both the step's and the full
+        sequence's need)."""
         have = len(st.pages) if st is not None else len(hits)
-        free = self._capacity()
+        free = self._capacity() - watermark
         now = max(_cdiv(need_slot, self.block_size) - have, 0)
         full = max(_cdiv(full_tokens, self.block_size) - have, 0) if full_tokens is not None else 0
         if st is not None or not hits:
@@ -311,9 +377,9 @@ class KvshareKVCacheManager(ManagerBase):
         return now + e <= free - reserved and full + e <= free
 
     # ------------------------------------------------------------------ public surface
-    def get_computed_blocks(self, request) -> tuple[KVCacheBlocks, int]:
-        if not self.enable_caching or request.skip_reading_prefix_cache:
-            return self.empty_kv_cache_blocks, 0
+    def _lookup(self, request) -> tuple[KVCacheBlocks, int]:
+        """The hit blocks and hit tokens of ``request`` (whole pages, at most ``num_tokens - 1``
+        tokens; EAGLE drops the last page), remembered for its ``allocate_slots``."""
         if self._dirty:
             self._flush()
         ids = _token_ids(request)
@@ -325,14 +391,69 @@ class KvshareKVCacheManager(ManagerBase):
             kvshare.check(rc, "kvs_prefix_match")
         if self.use_eagle and hits:
             hits.pop()  # EAGLE recomputes the last matched block for its hidden states
-        hit = len(hits) * self.block_size
-        if self.log_stats:
-            self.prefix_cache_stats.record(num_tokens=request.num_tokens, num_hits=hit,
-                                           preempted=request.num_preemptions > 0)
         self._pending = (request.request_id, toks, st_extra)
         if not hits:
             return self.empty_kv_cache_blocks, 0
-        return KVCacheBlocks((hits,)), hit
+        return KVCacheBlocks((hits,)), len(hits) * self.block_size
+
+    def prefix_cache_lookup_enabled(self, request) -> bool:
+        """Whether ``request`` may take prefix-cache hits (caching on, and the request does not
+        skip reading the cache: prompt logprobs, all-token pooling)."""
+        return self.enable_caching and not request.skip_reading_prefix_cache
+
+    if _API == "0.23.0":
+        def get_computed_blocks(self, request) -> tuple[KVCacheBlocks, int]:
+            """The request's hit (blocks, tokens); records the lookup in the prefix-cache
+            stats."""
+            if not self.enable_caching or request.skip_reading_prefix_cache:
+                return self.empty_kv_cache_blocks, 0
+            blocks, hit = self._lookup(request)
+            if self.log_stats:
+                self.prefix_cache_stats.record(num_tokens=request.num_tokens, num_hits=hit,
+                                               preempted=request.num_preemptions > 0)
+            return blocks, hit
+
+        def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
+            return self._common_prefix_blocks(running_request_id)
+
+        def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
+            """Full attention skips nothing."""
+    else:
+        def get_computed_blocks(self, request) -> tuple[KVCacheBlocks, int, int]:
+            """The request's hit (blocks, tokens, ``shared_prefix_boundary``: 0, the value of
+            one group, which no other group lags).  The scheduler records the lookup at
+            admission (``record_prefix_cache_stats``).  A request asking for
+            ``kv_cache_report_mode == "full"`` with KV events on gets a ``BlockStored`` for the
+            hit blocks, as vLLM's ``BlockPool.emit_cached_block_events`` publishes it."""
+            if not self.enable_caching or request.skip_reading_prefix_cache:
+                return self.empty_kv_cache_blocks, 0, 0
+            blocks, hit = self._lookup(request)
+            if hit and self.enable_kv_cache_events \
+                    and getattr(request, "kv_cache_report_mode", "incremental") == "full":
+                self._drain_events(None, None)  # what earlier calls queued comes first
+                cached_blocks_event(self._events, request, hit // self.block_size,
+                                    self.block_size, self._translator.meta)
+            return blocks, hit, 0
+
+        def record_prefix_cache_stats(self, request, num_hits: int) -> None:
+            """Records an admitted request's lookup (not for a request that skipped it)."""
+            if not self.log_stats or not self.prefix_cache_lookup_enabled(request):
+                return
+            self.prefix_cache_stats.record(num_tokens=request.num_tokens, num_hits=num_hits,
+                                           preempted=request.num_preemptions > 0)
+
+        def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
+            """vLLM 0.32 removed cascade attention: always 0, as its manager answers."""
+            return [0]
+
+        def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int,
+                                  num_prompt_tokens: int | None = None) -> None:
+            """Full attention skips nothing."""
+
+    def get_computed_blocks_for_connector(self, request):
+        """vLLM 0.32's lookup for a scheduler with a KV connector: one group never diverges,
+        so ``get_computed_blocks`` plus ``hit_diverged`` False."""
+        return (*self.get_computed_blocks(request), False)
 
     def allocate_slots(
         self,
@@ -346,14 +467,23 @@ class KvshareKVCacheManager(ManagerBase):
         num_encoder_tokens: int = 0,
         full_sequence_must_fit: bool = False,
         reserved_blocks: int = 0,
+        has_scheduled_reqs: bool = True,
+        skip_zeroing_group_ids: tuple[int, ...] = (),
     ) -> KVCacheBlocks | None:
+        """vLLM's ``allocate_slots`` (0.23's parameters; 0.32 adds ``has_scheduled_reqs``, which
+        applies the watermark to a waiting or preempted request, and
+        ``skip_zeroing_group_ids``: with group 0 in it, the blocks of an asynchronous load's
+        external tokens are not handed out for KV zeroing, which would race the load)."""
         st = self._reqs.get(request.request_id)
+        wm = self.watermark_blocks
+        if wm and not (has_scheduled_reqs and request.status in _ADMITTED_FROM):
+            wm = 0
         if st is not None and num_new_tokens and not (
                 num_new_computed_tokens or num_external_computed_tokens or delay_cache_blocks
                 or num_encoder_tokens):
             # A running request's step (decode, or the next chunk of a prefill).
             end = request.num_computed_tokens + num_new_tokens
-            if not (num_lookahead_tokens or full_sequence_must_fit or reserved_blocks):
+            if not (num_lookahead_tokens or full_sequence_must_fit or reserved_blocks or wm):
                 if end <= st.quiet:
                     # Most decode steps: the slots exist and no page fills up, so there is
                     # nothing to tell kvshare yet (the tokens go with a later call).
@@ -365,7 +495,7 @@ class KvshareKVCacheManager(ManagerBase):
                     # request's next native call, which then carries the tokens.
                     self._dirty[request.request_id] = (st, request, min(end, request.num_tokens))
                     return self.empty_kv_cache_blocks
-            if not (full_sequence_must_fit or reserved_blocks):
+            if not (full_sequence_must_fit or reserved_blocks or wm):
                 # A page crossing (the common case of a native call while running): written
                 # out here rather than through _extend, it runs once per page per request.
                 if self._dirty:
@@ -378,10 +508,11 @@ class KvshareKVCacheManager(ManagerBase):
                     kvshare.check(rc, "kvs_seq_append_pages")
                 return self._handed(st, request, blocks)
             return self._extend(request, st, end, num_lookahead_tokens, full_sequence_must_fit,
-                                reserved_blocks)
-        if num_new_tokens == 0 and num_external_computed_tokens == 0:
+                                reserved_blocks, watermark=wm)
+        if num_new_tokens == 0 and num_external_computed_tokens == 0 and (
+                _API == "0.23.0" or num_new_computed_tokens == 0):
             raise ValueError("num_new_tokens must be greater than 0 when there are no "
-                             "external computed tokens")
+                             "computed tokens to adopt")
         if num_encoder_tokens:
             raise NotImplementedError(
                 "kvshare_vllm: encoder (cross-attention) blocks are not supported")
@@ -389,15 +520,17 @@ class KvshareKVCacheManager(ManagerBase):
             main = min(request.num_computed_tokens + num_new_computed_tokens
                        + num_external_computed_tokens, self.max_model_len) + num_new_tokens
             return self._extend(request, st, main, num_lookahead_tokens, full_sequence_must_fit,
-                                reserved_blocks, delay_cache_blocks)
+                                reserved_blocks, delay_cache_blocks, wm)
         return self._begin(request, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
                            num_lookahead_tokens, full_sequence_must_fit, reserved_blocks,
-                           num_external_computed_tokens, delay_cache_blocks)
+                           num_external_computed_tokens, delay_cache_blocks, wm,
+                           0 in skip_zeroing_group_ids)
 
     def _begin(self, request, num_new_tokens: int, num_new_computed_tokens: int,
                new_computed_blocks, num_lookahead_tokens: int, full_sequence_must_fit: bool,
                reserved_blocks: int, num_external: int = 0,
-               delay: bool = False) -> KVCacheBlocks | None:
+               delay: bool = False, watermark: int = 0,
+               skip_zeroing: bool = False) -> KVCacheBlocks | None:
         """``allocate_slots`` of a request that has no sequence yet: ``kvs_seq_begin``.
 
         External tokens (a KV connector loads their KV into the pages allocated here) are
@@ -423,14 +556,14 @@ class KvshareKVCacheManager(ManagerBase):
             raise ValueError("num_new_computed_tokens does not match new_computed_blocks")
         lookahead = max(need_slot - known, 0)
         # kvs_seq_begin's own NO_SPACE is vLLM's check for `known` tokens; the gate adds what
-        # it cannot see: lookahead slots, reserved blocks, and a full sequence longer than this
-        # chunk (otherwise implied).
+        # it cannot see: lookahead slots, reserved blocks, the watermark, and a full sequence
+        # longer than this chunk (otherwise implied).
         full_longer = full_sequence_must_fit and _cdiv(
             min(request.num_tokens, self.max_model_len), bs) > _cdiv(need_slot, bs)
-        if (full_longer or reserved_blocks or lookahead) and not self._gate(
+        if (full_longer or reserved_blocks or lookahead or watermark) and not self._gate(
                 None, [b.block_id for b in group], need_slot,
                 min(request.num_tokens, self.max_model_len) if full_sequence_must_fit else None,
-                reserved_blocks):
+                reserved_blocks, watermark):
             return None
         toks = self._tokens(request, known)
         extra = self._pending[2] if self._pending is not None and \
@@ -467,8 +600,10 @@ class KvshareKVCacheManager(ManagerBase):
             return self._handed(st, request, new)
         self._mark_hashed(st, request)
         # vLLM returns the blocks past the external tokens' (those are in get_blocks and,
-        # for KV zeroing, in take_new_block_ids, like every block added here).
-        return self._handed(st, request, new, max(_cdiv(local + num_external, bs) - nh, 0))
+        # for KV zeroing, in take_new_block_ids, like every block added here, unless the
+        # asynchronous load writes them after this step: skip_zeroing, vLLM 0.32).
+        skip = max(_cdiv(local + num_external, bs) - nh, 0)
+        return self._handed(st, request, new, skip, skip if skip_zeroing else 0)
 
     def _mark_hashed(self, st: _Req, request) -> None:
         """Sets ``block_hash`` on the request's block objects as vLLM's blocks have it right
@@ -493,7 +628,7 @@ class KvshareKVCacheManager(ManagerBase):
 
     def _extend(self, request, st: _Req, main: int, num_lookahead_tokens: int,
                 full_sequence_must_fit: bool, reserved_blocks: int,
-                delay: bool = False) -> KVCacheBlocks | None:
+                delay: bool = False, watermark: int = 0) -> KVCacheBlocks | None:
         """``allocate_slots`` of a running request needing kvshare: ``main`` tokens computed
         after this step, plus lookahead slots; vLLM's admission checks kvshare's own NO_SPACE
         does not cover (``_gate``), then one ``kvs_seq_append_pages`` (``_cross``).
@@ -501,13 +636,14 @@ class KvshareKVCacheManager(ManagerBase):
         ids = _token_ids(request)
         if delay:
             ids = ids[:st.n]
-        if full_sequence_must_fit or reserved_blocks:
+        if full_sequence_must_fit or reserved_blocks or watermark:
             bs = self.block_size
             need_slot = min(main + num_lookahead_tokens, self.max_model_len)
             full = min(len(ids), self.max_model_len)
-            if (reserved_blocks or _cdiv(full, bs) > _cdiv(need_slot, bs)) and not self._gate(
-                    st, [], need_slot, full if full_sequence_must_fit else None,
-                    reserved_blocks):
+            if (reserved_blocks or watermark or _cdiv(full, bs) > _cdiv(need_slot, bs)) \
+                    and not self._gate(st, [], need_slot,
+                                       full if full_sequence_must_fit else None,
+                                       reserved_blocks, watermark):
                 return None
         if self._dirty:
             self._dirty.pop(request.request_id, None)  # this append carries the tokens
@@ -518,9 +654,10 @@ class KvshareKVCacheManager(ManagerBase):
             kvshare.check(rc, "kvs_seq_append_pages")
         return self._handed(st, request, blocks)
 
-    def _handed(self, st: _Req, request, blocks: list, skip: int = 0) -> KVCacheBlocks:
+    def _handed(self, st: _Req, request, blocks: list, skip: int = 0,
+                unzeroed: int = 0) -> KVCacheBlocks:
         """What ``allocate_slots`` returns: the blocks added from ``skip`` on (and events,
-        zeroing ids of all of them)."""
+        zeroing ids of all of them but the first ``unzeroed``)."""
         if self.enable_kv_cache_events:
             self._drain_events(st, request)
         if not blocks:
@@ -528,7 +665,7 @@ class KvshareKVCacheManager(ManagerBase):
         if self._avail is not None:
             self._avail -= len(blocks)
         if self._track_new:
-            self._new_block_ids.extend([b.block_id for b in blocks])
+            self._new_block_ids.extend([b.block_id for b in blocks[unzeroed:]])
         if skip:
             blocks = blocks[skip:]
             if not blocks:
@@ -553,9 +690,6 @@ class KvshareKVCacheManager(ManagerBase):
         if self.enable_kv_cache_events:
             self._drain_events(None, None)
 
-    def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
-        """Full attention skips nothing."""
-
     def evict_blocks(self, block_ids) -> None:
         """Drops cached entries of failed KV loads.  kvshare has no per-page unregister call
         yet, so the whole prefix index is cleared: safe (never a false hit), costs hits."""
@@ -570,9 +704,10 @@ class KvshareKVCacheManager(ManagerBase):
             self._drain_events(None, None)
 
     def _reset_index(self) -> bool:
-        if self._reqs:
+        if self._reqs or self._popped:
+            held = list(self._reqs.values()) + self._popped
             logger.warning("Failed to reset prefix cache because some blocks (%d) are not "
-                           "freed yet", sum(len(st.pages) for st in self._reqs.values()))
+                           "freed yet", sum(len(st.pages) for st in held))
             return False
         self._flush()
         self._avail = None
@@ -581,7 +716,7 @@ class KvshareKVCacheManager(ManagerBase):
             self._drain_events(None, None)
         return True
 
-    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
+    def _common_prefix_blocks(self, running_request_id: str) -> list[int]:
         """Leading blocks of the request held by every request with blocks (vLLM's
         ``ref_cnt == len(req_to_blocks)``); a shared page sits at the same index in each."""
         st = self._reqs.get(running_request_id)
@@ -613,6 +748,117 @@ class KvshareKVCacheManager(ManagerBase):
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
         st = self._reqs.get(request_id)
         return (list(st.pages) if st is not None else [],)
+
+    # ------------------------------------------------------------------ vLLM 0.32's additions
+    def get_block_ids_for_computed_tokens(self, request_id: str,
+                                          num_computed_tokens: int) -> tuple[list[int], ...]:
+        """The request's block ids covering its first ``num_computed_tokens`` tokens."""
+        st = self._reqs.get(request_id)
+        if st is None:
+            return ([],)
+        return (st.pages[:_cdiv(num_computed_tokens, self.block_size)],)
+
+    def estimate_cached_tokens(self, request) -> int:
+        """Tokens of the request's pages that are in the prefix cache (vLLM: the most tokens
+        a block's hash covers, over the request's blocks): its leading full pages of known
+        tokens, registered as they filled (a page whose registration waits in ``_dirty`` is
+        counted: nothing can tell it apart).  0 with prefix caching off (no page
+        registers)."""
+        st = self._reqs.get(request.request_id)
+        if st is None or not self.enable_caching:
+            return 0
+        known = st.n
+        if self._dirty:
+            d = self._dirty.get(request.request_id)
+            if d is not None:
+                known = max(known, d[2])
+        return min(known // self.block_size, len(st.pages)) * self.block_size
+
+    def truncate_computed_blocks(self, blocks: KVCacheBlocks,
+                                 num_computed_tokens: int) -> KVCacheBlocks:
+        """A lookup result cut to its first ``num_computed_tokens`` tokens (block-aligned);
+        no reference changes (a hit holds none until ``allocate_slots``)."""
+        bs = self.block_size
+        if num_computed_tokens % bs:
+            raise ValueError(f"kvshare_vllm: truncate_computed_blocks at {num_computed_tokens} "
+                             f"tokens, not a multiple of the block size {bs}")
+        group = blocks.blocks[0]
+        n = num_computed_tokens // bs
+        if n > len(group):
+            raise ValueError(f"kvshare_vllm: truncate_computed_blocks to {n} blocks of a hit "
+                             f"of {len(group)}")
+        return self.create_kv_cache_blocks((list(group[:n]),))
+
+    def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
+        """Hands the request's blocks from ``start_token`` (block-aligned) out again for KV
+        zeroing (``take_new_block_ids``): blocks a failed asynchronous KV load left unwritten.
+        Only where the cache needs zeroing (``KVCacheConfig.needs_kv_cache_zeroing``)."""
+        if not self._track_new:
+            return
+        if start_token % self.block_size:
+            raise ValueError(f"kvshare_vllm: record_blocks_for_zeroing at {start_token} "
+                             f"tokens, not a multiple of the block size {self.block_size}")
+        st = self._reqs.get(request_id)
+        if st is not None:
+            self._new_block_ids.extend(st.pages[start_token // self.block_size:])
+
+    def take_kv_cache_block_copies(self) -> tuple[list, list]:
+        """Copy-on-write block copies for hits ending inside a block, and the blocks they hold:
+        none.  kvshare's hits are whole pages here (``match_unit`` 0), as vLLM's own are for
+        one full-attention group, where vLLM refuses a hash granularity below the block."""
+        return [], []
+
+    def take_boundary_state_offloads(self) -> dict:
+        """Mamba "align" boundary states for a KV connector: none (no Mamba group)."""
+        return {}
+
+    def finalize_partial_tail_offloads(self, request) -> list:
+        """A producer connector's partial Mamba tails at a request's end: none (no Mamba
+        group)."""
+        return []
+
+    def pop_blocks_for_free(self, request) -> list:
+        """Ends the request's bookkeeping and returns its blocks without releasing them (vLLM
+        0.32's deferred free, while an in-flight step may still write them): its kvshare
+        sequence stays open, holding its pages, until the scheduler returns exactly these
+        blocks through ``block_pool.free_blocks`` (``_free_popped``).  A page that filled
+        without a native call is registered first, as ``free`` would."""
+        st = self._reqs.pop(request.request_id, None)
+        self._common = None
+        if self._pending is not None and self._pending[0] == request.request_id:
+            self._pending = None
+        if st is None:
+            return []
+        if self._dirty:
+            d = self._dirty.pop(request.request_id, None)
+            if d is not None:
+                self._append_known(*d)
+        self._popped.append(st)
+        return [self._blocks[p] for p in st.pages]
+
+    def _free_popped(self, blocks) -> None:
+        """``block_pool.free_blocks``: releases the popped sequence whose blocks these are,
+        given last block first as the scheduler returns them (``reversed``: the order in which
+        ``kvs_seq_free`` releases a sequence's pages, the tail cached to be evicted first).
+        Raises ValueError for blocks that are no popped request's, in that order (nothing
+        changes)."""
+        ids = [b.block_id for b in blocks]
+        if not ids:
+            return
+        ids.reverse()
+        for i, st in enumerate(self._popped):
+            if ids == st.pages:
+                break
+        else:
+            raise ValueError(f"kvshare_vllm: free_blocks({ids}) names no request's blocks "
+                             "taken with pop_blocks_for_free")
+        del self._popped[i]
+        self._avail = None
+        rc = lib.kvs_seq_free(self._h, st.seq)
+        if rc:
+            kvshare.check(rc, "kvs_seq_free")
+        if self.enable_kv_cache_events:
+            self._drain_events(None, None)
 
     def cache_blocks(self, request, num_computed_tokens: int) -> None:
         if not self.enable_caching:

@@ -17,6 +17,10 @@ groups, context parallelism) fall back to vLLM's own manager, with a log line.  
 connectors whose scheduler side takes vLLM's ``BlockPool`` itself (``connector_reason``:
 ``SimpleCPUOffloadConnector`` in vLLM 0.23.0); every other connector runs with kvshare's
 single-group manager, which takes their external tokens and delayed caching (``allocate_slots``).
+On vLLM 0.32 the single-group manager runs; models with groups and KV connectors keep vLLM's
+manager there (``compat.VllmSupport.hybrid_missing`` / ``connector_missing``, logged).  The
+scheduler builds the manager with keywords on both releases; ``_keywords`` reads positional
+arguments by the running vLLM's signature.
 
 When kvshare manages the cache, vLLM's per-request block hasher (``Request.block_hashes``,
 SHA-256 over every full block, recomputed as tokens arrive) has no reader left: kvshare
@@ -31,7 +35,7 @@ from __future__ import annotations
 
 import os
 
-from . import logger
+from . import compat, logger
 
 ENV = "KVSHARE_VLLM"
 OPS_ENV = "KVSHARE_VLLM_OPS"
@@ -110,21 +114,28 @@ def make_kv_cache_manager_factory(original):
         def __new__(cls, kv_cache_config, max_model_len, scheduler_block_size, hash_block_size,
                     *args, **kwargs):
             connector = _building_scheduler_connector()
+            kw = _keywords(original, args, kwargs)
+            support = compat.support()
             why_groups = unsupported_reason(kv_cache_config, scheduler_block_size,
-                                            hash_block_size, kwargs.get("dcp_world_size", 1),
-                                            kwargs.get("pcp_world_size", 1))
-            why = why_groups or connector_reason(connector)
+                                            hash_block_size, kw.get("dcp_world_size", 1),
+                                            kw.get("pcp_world_size", 1),
+                                            kw.get("num_prefill_lookahead", 0))
+            why = why_groups or (support.connector_missing if connector is not None else None) \
+                or connector_reason(connector)
             if why:
-                kw = dict(kwargs)
                 from .connector import KvshareConnector
 
-                why_hybrid = "a KV connector with KV-cache groups" \
-                    if connector is not None and not isinstance(connector, KvshareConnector) \
-                    else hybrid_unsupported_reason(
+                if connector is not None and support.connector_missing:
+                    why_hybrid = "a KV connector"
+                elif connector is not None and not isinstance(connector, KvshareConnector):
+                    why_hybrid = "a KV connector with KV-cache groups"
+                elif support.hybrid_missing:
+                    why_hybrid = support.hybrid_missing
+                else:
+                    why_hybrid = hybrid_unsupported_reason(
                         kv_cache_config, scheduler_block_size, hash_block_size,
                         kw.get("dcp_world_size", 1), kw.get("pcp_world_size", 1),
-                        _arg(args, kw, 2, "use_eagle", False),
-                        _arg(args, kw, 4, "enable_kv_cache_events", False),
+                        kw.get("use_eagle", False), kw.get("enable_kv_cache_events", False),
                         max_model_len=max_model_len)
                 if why_groups and not why_hybrid:
                     logger.info("kvshare_vllm: KV-cache bookkeeping of %d KV-cache groups "
@@ -145,12 +156,16 @@ def make_kv_cache_manager_factory(original):
     return KVCacheManagerSelector
 
 
-def _arg(args, kwargs, index: int, name: str, default):
-    """A KVCacheManager constructor argument after ``hash_block_size``, given by position
-    (``index`` in ``args``) or by name."""
-    if name in kwargs:
-        return kwargs[name]
-    return args[index] if len(args) > index else default
+def _keywords(original, args, kwargs) -> dict:
+    """The constructor arguments after ``hash_block_size`` by name, whether the scheduler gave
+    them by position or by keyword (``original``'s signature: the running vLLM's
+    ``KVCacheManager``)."""
+    if not args:
+        return kwargs
+    import inspect
+
+    names = list(inspect.signature(original).parameters)[4:]  # after hash_block_size
+    return {**dict(zip(names, args)), **kwargs}
 
 
 def drop_block_hasher(engine_core) -> bool:

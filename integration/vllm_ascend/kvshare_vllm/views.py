@@ -28,6 +28,7 @@ class _Manager(Protocol):
     def take_events(self) -> list[KVCacheEvent]: ...
     def _reset_index(self) -> bool: ...
     def evict_blocks(self, block_ids: Any) -> None: ...
+    def _free_popped(self, blocks: Any) -> None: ...
 
 
 class _SingleTypeView:
@@ -54,11 +55,17 @@ class _CoordinatorView:
         self.block_pool = mgr.block_pool
         self.enable_caching = mgr.enable_caching
         self.use_eagle = mgr.use_eagle
+        # vLLM 0.32: sub-block (partial hash) hits exist only for Mamba "align" groups.
+        self.enable_partial_hash_hits = False
 
     def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int, new_computed_blocks,
                                    num_encoder_tokens: int = 0, total_computed_tokens: int = 0,
                                    num_tokens_main_model: int | None = None,
-                                   apply_admission_cap: bool = False) -> int:
+                                   apply_admission_cap: bool = False,
+                                   num_local_computed_tokens: int = 0,
+                                   prefill_end: int = 0) -> int:
+        """vLLM's count (0.23's parameters; 0.32 adds ``num_local_computed_tokens`` and
+        ``prefill_end``, which only windowed and Mamba groups read)."""
         return self._mgr._blocks_to_allocate(request_id, num_tokens, new_computed_blocks)
 
     def get_blocks(self, request_id: str):
@@ -99,3 +106,8 @@ class _BlockPoolView:
 
     def evict_blocks(self, block_ids) -> None:
         self._mgr.evict_blocks(block_ids)
+
+    def free_blocks(self, ordered_blocks) -> None:
+        """vLLM 0.32's scheduler returns a deferred-freed request's blocks here (those
+        ``pop_blocks_for_free`` handed out, reversed)."""
+        self._mgr._free_popped(ordered_blocks)

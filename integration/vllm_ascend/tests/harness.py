@@ -1,4 +1,6 @@
-"""Builds vLLM 0.23.0 Schedulers and drives them without a model (outputs are synthesised)."""
+"""Builds the installed vLLM's Schedulers (0.23.0 or 0.32.0) and drives them without a model
+(outputs are synthesised).  What differs between the two in the scheduler's use of the manager
+is asked of ``kvshare_vllm.compat`` (``API``, ``CASCADE``, ``lookup``)."""
 
 from __future__ import annotations
 
@@ -19,9 +21,13 @@ from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 from vllm.utils.hashing import get_hash_fn_by_name
 
-from kvshare_vllm import plugin
+from kvshare_vllm import compat, plugin
 
 EOS = 2
+# The vLLM release whose scheduler-manager interface is installed.
+API = compat.manager_api()
+# Cascade attention's shared prefix (get_num_common_prefix_blocks): vLLM 0.32 removed it.
+CASCADE = API == "0.23.0"
 _hash_algo = None  # the algorithm vLLM's NONE_HASH was last initialised with
 
 
@@ -29,13 +35,15 @@ def make_vllm_config(model_dir: str, *, block_size: int = 16, max_num_seqs: int 
                      max_num_batched_tokens: int = 8192, max_model_len: int | None = None,
                      enable_prefix_caching: bool = True, kv_events: bool = False,
                      async_scheduling: bool = False,
-                     kv_transfer: dict | None = None) -> VllmConfig:
+                     kv_transfer: dict | None = None, watermark: float = 0.0) -> VllmConfig:
+    """``watermark``: vLLM 0.32's admission watermark (``SchedulerConfig.watermark``)."""
     model_config = ModelConfig(model=model_dir, dtype="float16", seed=42,
                                skip_tokenizer_init=True, max_model_len=max_model_len or 8192)
     scheduler_config = SchedulerConfig(
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
         max_model_len=max_model_len or 8192, enable_chunked_prefill=True,
-        async_scheduling=async_scheduling, is_encoder_decoder=False)
+        async_scheduling=async_scheduling, is_encoder_decoder=False,
+        **({"watermark": watermark} if watermark else {}))
     cache_config = CacheConfig(block_size=block_size, gpu_memory_utilization=0.9,
                                cache_dtype="auto", enable_prefix_caching=enable_prefix_caching)
     kv_events_config = None
@@ -140,7 +148,7 @@ def make_scheduler(model_dir: str, *, kvshare: bool, num_blocks: int = 1000, blo
                    max_model_len: int | None = None, enable_prefix_caching: bool = True,
                    kv_events: bool = False, async_scheduling: bool = False,
                    kv_transfer: dict | None = None, specs: dict | None = None,
-                   mamba_cache_mode: str | None = None) -> Scheduler:
+                   mamba_cache_mode: str | None = None, watermark: float = 0.0) -> Scheduler:
     """``kv_transfer``: a KV connector's ``KVTransferConfig`` fields; the scheduler then builds
     the connector's scheduler side (the KV tensor's size is declared: one float32 K and V
     value per slot, which offloading specs divide into per-block bytes).
@@ -152,7 +160,7 @@ def make_scheduler(model_dir: str, *, kvshare: bool, num_blocks: int = 1000, blo
         model_dir, block_size=block_size, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
         enable_prefix_caching=enable_prefix_caching, kv_events=kv_events,
-        async_scheduling=async_scheduling, kv_transfer=kv_transfer)
+        async_scheduling=async_scheduling, kv_transfer=kv_transfer, watermark=watermark)
     cache_config = vllm_config.cache_config
     if specs is None:
         groups = [KVCacheGroupSpec(["layer"], FullAttentionSpec(
@@ -196,23 +204,38 @@ def make_scheduler(model_dir: str, *, kvshare: bool, num_blocks: int = 1000, blo
 
 def make_request(req_id: str, prompt: list[int], max_tokens: int = 16, block_size: int = 16,
                  cache_salt: str | None = None, lora_request=None, block_hasher=None,
-                 hash_blocks: bool = True, hash_algo: str = "sha256") -> Request:
+                 hash_blocks: bool = True, hash_algo: str = "sha256",
+                 extra_args: dict | None = None) -> Request:
     """A request as EngineCore builds it; ``hash_blocks=False`` is what the plugin's engine
     does when kvshare manages the cache and KV events are off (no vLLM block hasher).
     ``hash_algo``: vLLM's ``prefix_caching_hash_algo`` (NONE_HASH is re-initialised with it
-    when it changes, as EngineCore does at start)."""
+    when it changes, as EngineCore does at start).  ``extra_args``: the sampling parameters'
+    ``extra_args`` (vLLM 0.32 reads ``kv_cache_report_mode`` there)."""
     global _hash_algo
     hash_fn = get_hash_fn_by_name(hash_algo)
     if _hash_algo != hash_algo:
         init_none_hash(hash_fn)
         _hash_algo = hash_algo
-    sp = SamplingParams(ignore_eos=True, max_tokens=max_tokens)
+    sp = SamplingParams(ignore_eos=True, max_tokens=max_tokens, extra_args=extra_args)
     sp.update_from_generation_config({}, EOS)
     return Request(request_id=req_id, prompt_token_ids=list(prompt), sampling_params=sp,
                    pooling_params=None, mm_features=None, cache_salt=cache_salt,
                    lora_request=lora_request,
                    block_hasher=None if not hash_blocks else
                    block_hasher or get_request_block_hasher(block_size, hash_fn))
+
+
+def lookup(manager, request) -> tuple:
+    """``manager.get_computed_blocks(request)`` as (blocks, hit tokens) on either release
+    (vLLM 0.32 adds a third value, ``shared_prefix_boundary``: 0 for one group) and, as the
+    0.32 scheduler does at admission, the lookup recorded in the prefix-cache stats."""
+    res = manager.get_computed_blocks(request)
+    if API == "0.23.0":
+        return res
+    blocks, hit, boundary = res
+    assert boundary == 0
+    manager.record_prefix_cache_stats(request, hit)
+    return blocks, hit
 
 
 def token_for(req_id: str, pos: int) -> int:

@@ -1,4 +1,5 @@
-"""The real vLLM engine (vLLM's CPU build, 0.23.0) generating text with and without kvshare.
+"""The real vLLM engine (vLLM's CPU build: 0.23.0 or 0.32.0, whichever this venv holds)
+generating text with and without kvshare.
 
 Each configuration runs in its own process through ``bench/engine_e2e.py`` (the plugin's swap
 is process-wide): a tiny Llama with seeded non-degenerate weights, greedy multi-turn chat on a
@@ -11,6 +12,11 @@ cache pressure and under pressure with preemption (there kvshare's hits are at l
 evicts later), in the in-process and the multiprocess engine; and the plugin's log line must show under vLLM's default logging in both. With
 ``KVSHARE_VLLM_OPS=1`` kvshare's own attention backend (``kvshare_vllm.cpu_attn``) computes every
 layer, in a KV-cache layout it owns, and must generate the tokens vLLM's CPU attention does.
+
+The block size is the CPU attention kernel's granularity on the running release (16 on 0.23, 32
+on 0.32), the pressure cache the same number of tokens on both.  What a release does not run
+(``compat.VllmSupport``: on 0.32 kvshare's attention backend and KV connectors) is skipped with
+the reason recorded there.
 """
 
 from __future__ import annotations
@@ -23,13 +29,23 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "bench"))
 import engine_e2e  # noqa: E402
+from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend  # noqa: E402
 
+from kvshare_vllm import compat  # noqa: E402
+
+SUPPORT = compat.support()
+# The smallest block vLLM's CPU attention kernel takes (its block sizes are multiples of it).
+BLOCK = CPUAttentionBackend.get_supported_kernel_block_sizes()[0].base
+NEEDS_ATTENTION = pytest.mark.skipif(not SUPPORT.attention, reason=SUPPORT.attention_missing)
+NEEDS_CONNECTOR = pytest.mark.skipif(bool(SUPPORT.connector_missing),
+                                     reason=SUPPORT.connector_missing)
 ENGAGED = "kvshare_vllm: KV-cache bookkeeping runs in kvshare"
 WORKLOAD = dict(convs=6, turns=3, system_tokens=256, user_tokens=24, output_tokens=10,
-                max_model_len=512)
-# 40 blocks of 16 tokens: the shared system prompt (16 blocks) plus six conversations' own
-# blocks do not fit from the second turn on, so running requests are preempted and recomputed.
-PRESSURE_BLOCKS = 40
+                max_model_len=512, block_size=BLOCK)
+# 640 tokens (40 blocks of 16, 20 of 32): the shared system prompt (256 tokens) plus six
+# conversations' own blocks do not fit from the second turn on, so running requests are
+# preempted and recomputed.
+PRESSURE_BLOCKS = 640 // BLOCK
 HOST_PAGES = 256
 RETURNS = dict(returns=2, turns=0, extras=False)
 HOST_ENGAGED = f"kvshare_vllm: host tier of {HOST_PAGES} pages (kvshare's KV connector)"
@@ -145,6 +161,7 @@ def test_multiprocess_engine(engine):
     assert mp["cached"] == off["cached"]
 
 
+@NEEDS_ATTENTION
 def test_kvshare_attention_backend_generates_the_same_tokens(engine):
     ops_run, log = engine("ops")
     assert ops_run["attention"] == "KvshareCPUAttentionBackend"
@@ -166,6 +183,7 @@ def test_kvshare_attention_backend_generates_the_same_tokens(engine):
     assert ops_run["cached"] == on["cached"]
 
 
+@NEEDS_ATTENTION
 def test_kvshare_attention_in_the_multiprocess_engine(engine):
     """The plugin sets THP_MEM_ALLOC_ENABLE before vLLM starts its worker, so the worker's torch
     allocates the KV cache on huge pages: nothing is collapsed at the first step."""
@@ -212,6 +230,7 @@ def _huge_pages_line(log: str) -> str:
     return lines[0]
 
 
+@NEEDS_ATTENTION
 def test_kvshare_attention_under_pressure(engine):
     ops_run, _ = engine("ops_pressure")
     off, _ = engine("off_pressure")
@@ -227,6 +246,7 @@ def _recomputed(res) -> int:
     return res["prefix_queries"] - res["prefix_hits"]
 
 
+@NEEDS_CONNECTOR
 def test_host_tier_more_hits_same_tokens(engine):
     """Device budget below the working set: kvshare with its KV connector's host tier hits
     more and recomputes less than without it, and generates vLLM's tokens."""
@@ -250,6 +270,7 @@ def test_host_tier_more_hits_same_tokens(engine):
     assert host["blocks_peak"] <= PRESSURE_BLOCKS
 
 
+@NEEDS_CONNECTOR
 def test_host_tier_multiprocess_engine(engine):
     """The connector's metadata pickled to a worker process: the same hits and tokens."""
     mp, log = engine("host_multiprocess")
@@ -260,6 +281,7 @@ def test_host_tier_multiprocess_engine(engine):
     assert mp["tokens"] == off["tokens"]
 
 
+@NEEDS_CONNECTOR
 def test_host_tier_hits_are_the_demoted_kv(engine):
     """A prompt pushed out of the device cache and asked again: without a host tier nothing
     of it is hit; with it its whole prefix is, so every one of those hits came from a
@@ -277,6 +299,8 @@ def test_host_tier_hits_are_the_demoted_kv(engine):
     assert host["tokens"] == off["tokens"] == on["tokens"]
 
 
+@NEEDS_ATTENTION
+@NEEDS_CONNECTOR
 def test_host_tier_with_kvshare_attention(engine):
     """The connector's kvs_kv_copy path (kvshare's own KV layout): same hits and tokens."""
     ops_host, _ = engine("return_ops_host")
@@ -288,6 +312,7 @@ def test_host_tier_with_kvshare_attention(engine):
     assert ops_host["tokens"] == off["tokens"]
 
 
+@NEEDS_ATTENTION
 def test_readme_block_runs_verbatim():
     """docs/vllm.md's "vLLM's CPU engine end to end" block, run as written from the repository
     root."""
@@ -312,6 +337,7 @@ def test_readme_block_runs_verbatim():
     assert all("cached 256," in ln for ln in lines[1:]), lines
 
 
+@NEEDS_CONNECTOR
 def test_example_kv_connector_same_tokens_and_hits(installed, tmp_path):
     """vLLM's example KV connector (``ExampleConnector``: prompts stored to and loaded from a
     folder, synchronously, in the worker) on the real engine, with vLLM's manager and with
@@ -325,6 +351,7 @@ def test_example_kv_connector_same_tokens_and_hits(installed, tmp_path):
     for kvshare in (False, True):
         store = tmp_path / f"store-{int(kvshare)}"
         cfg = dict(model_dir=model, kvshare=kvshare, convs=3, turns=2, system_tokens=64,
+                   block_size=BLOCK,
                    user_tokens=24, output_tokens=6, max_model_len=512, extras=False,
                    replay=True,
                    kv_transfer={"kv_connector": "ExampleConnector", "kv_role": "kv_both",

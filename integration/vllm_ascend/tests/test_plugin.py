@@ -42,13 +42,15 @@ def test_vllm_plugins_filter_excludes_it(installed):
 
 
 def test_unsupported_config_falls_back(tiny_model_dir):
-    """Sliding window + full attention: kvshare's hybrid manager (KV events on too); a Mamba
-    group (or EAGLE with several groups): the selector builds vLLM's own manager."""
+    """Sliding window + full attention: kvshare's hybrid manager (KV events on too) on vLLM
+    0.23, vLLM's own manager on 0.32 (``compat.VllmSupport.hybrid_missing``); a Mamba group
+    (or EAGLE with several groups): the selector builds vLLM's own manager."""
     import torch
     from vllm.v1.core.kv_cache_manager import KVCacheManager
     from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
                                             MambaSpec, SlidingWindowSpec)
 
+    from kvshare_vllm import compat
     from kvshare_vllm.hybrid import KvshareHybridKVCacheManager
     from kvshare_vllm.plugin import make_kv_cache_manager_factory
 
@@ -59,19 +61,55 @@ def test_unsupported_config_falls_back(tiny_model_dir):
         KVCacheGroupSpec(["b"], SlidingWindowSpec(block_size=16, num_kv_heads=1, head_size=1,
                                                   dtype=torch.float32, sliding_window=32))]
     cfg = KVCacheConfig(num_blocks=64, kv_cache_tensors=[], kv_cache_groups=groups)
+    hybrid = KVCacheManager if compat.support().hybrid_missing else KvshareHybridKVCacheManager
     m = sel(kv_cache_config=cfg, max_model_len=256, scheduler_block_size=16, hash_block_size=16)
-    assert type(m) is KvshareHybridKVCacheManager
+    assert type(m) is hybrid
     m = sel(kv_cache_config=cfg, max_model_len=256, scheduler_block_size=16, hash_block_size=16,
             enable_kv_cache_events=True)
-    assert type(m) is KvshareHybridKVCacheManager and m.enable_kv_cache_events
-    m = sel(cfg, 256, 16, 16, 256, True, False, False, True)  # events on, by position
-    assert type(m) is KvshareHybridKVCacheManager and m.enable_kv_cache_events
-    m = sel(cfg, 256, 16, 16, 256, True, True)  # EAGLE with groups, by position
+    assert type(m) is hybrid and m.enable_kv_cache_events
+    m = sel(kv_cache_config=cfg, max_model_len=256, scheduler_block_size=16, hash_block_size=16,
+            use_eagle=True)  # EAGLE with groups
     assert type(m) is KVCacheManager
+    if compat.manager_api() == "0.23.0":  # by position (0.32's scheduler passes keywords)
+        m = sel(cfg, 256, 16, 16, 256, True, False, False, True)  # events on
+        assert type(m) is KvshareHybridKVCacheManager and m.enable_kv_cache_events
+        m = sel(cfg, 256, 16, 16, 256, True, True)  # EAGLE with groups
+        assert type(m) is KVCacheManager
     mamba = KVCacheGroupSpec(["m"], MambaSpec(block_size=16, shapes=((1, 16),),
                                               dtypes=(torch.float32,)))
     cfg = KVCacheConfig(num_blocks=64, kv_cache_tensors=[], kv_cache_groups=[groups[0], mamba])
     m = sel(kv_cache_config=cfg, max_model_len=256, scheduler_block_size=16, hash_block_size=16)
+    assert type(m) is KVCacheManager
+
+
+def test_dense_config_is_kvshares_unless_refused(tiny_model_dir):
+    """One full-attention group: kvshare's manager, from keywords as both releases' schedulers
+    pass them; on vLLM 0.32 a multi-module MTP prefill lookahead keeps vLLM's manager (its
+    re-prefillable tokens stay out of the prefix cache there)."""
+    import torch
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+
+    from kvshare_vllm import compat
+    from kvshare_vllm.manager import KvshareKVCacheManager
+    from kvshare_vllm.plugin import make_kv_cache_manager_factory
+
+    sel = make_kv_cache_manager_factory(KVCacheManager)
+    group = KVCacheGroupSpec(["a"], FullAttentionSpec(block_size=32, num_kv_heads=1,
+                                                      head_size=1, dtype=torch.float32))
+    cfg = KVCacheConfig(num_blocks=64, kv_cache_tensors=[], kv_cache_groups=[group])
+    base = dict(kv_cache_config=cfg, max_model_len=256, scheduler_block_size=32,
+                hash_block_size=32, enable_caching=True, log_stats=True)
+    if compat.manager_api() == "0.23.0":
+        m = sel(max_num_batched_tokens=256, **base)
+        assert type(m) is KvshareKVCacheManager
+        return
+    m = sel(max_in_flight_tokens=256, num_prefill_lookahead=1, watermark=0.25,
+            enable_mamba_shared_prefix_checkpoint=False, **base)
+    assert type(m) is KvshareKVCacheManager and m.watermark_blocks == 16
+    assert m.mamba_shared_prefix_checkpoint is False
+    assert not m.coordinator.enable_partial_hash_hits
+    m = sel(max_in_flight_tokens=256, num_prefill_lookahead=3, **base)
     assert type(m) is KVCacheManager
 
 
@@ -91,6 +129,15 @@ class _NoModelExecutor:
         return FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=1, dtype=torch.float32)
 
     def register_failure_callback(self, callback):
+        pass
+
+    def get_supported_kv_cache_layouts(self):  # vLLM 0.32: one worker, vLLM's CPU layout
+        return [["LBHNC"]]
+
+    def set_kv_cache_layout(self, layout_name):
+        pass
+
+    def compile_or_warm_up_model(self):
         pass
 
     def get_kv_cache_specs(self):

@@ -1,6 +1,7 @@
-"""vLLM 0.23.0's own Scheduler with vLLM's KVCacheManager and with kvshare's, in lockstep on the
-same requests: every step must schedule the same tokens, report the same prefix hits, hand out
-the same number of blocks, preempt and finish the same requests, and produce the same tokens."""
+"""The installed vLLM's own Scheduler (0.23.0 or 0.32.0) with vLLM's KVCacheManager and with
+kvshare's, in lockstep on the same requests: every step must schedule the same tokens, report the
+same prefix hits, hand out the same number of blocks, preempt and finish the same requests, and
+produce the same tokens."""
 
 from __future__ import annotations
 
@@ -45,6 +46,8 @@ class Pair:
         self.peak_usage = [0.0, 0.0]
         self.preemptions = 0
         self.finished: dict[str, list[int]] = {}
+        # vLLM 0.32's PrefillStats.num_cache_creation_tokens, summed (equal on both sides).
+        self.cache_created = 0
 
     def add(self, rid, prompt, max_tokens=8, **kw):
         for reqs, s, hashes in ((self.reqs_ref, self.ref, True),
@@ -96,6 +99,8 @@ class Pair:
         t1 = _tokens(e1)
         t2 = _tokens(e2)
         assert t1 == t2, f"{where}: token results differ"
+        self.cache_created += sum(st.get("num_cache_creation_tokens", 0)
+                                  for _, _, st in t1.values() if st is not None)
         # Same block accounting and hits.
         u1, u2 = self.ref.kv_cache_manager.usage, self.kvs.kv_cache_manager.usage
         assert u1 == pytest.approx(u2), f"{where}: usage {u1} vs {u2}"
@@ -134,10 +139,15 @@ def _prefix_stats(eco) -> tuple[int, int]:
 
 
 def _tokens(eco) -> dict:
+    """Each output's tokens, finish reason and prefill breakdown (``PrefillStats``: cached
+    tokens; on vLLM 0.32 also the tokens computed into the prefix cache, which the scheduler
+    asks the manager for with ``estimate_cached_tokens``)."""
     out = {}
     for client_outputs in eco.values():
         for o in client_outputs.outputs:
-            out[o.request_id] = (list(o.new_token_ids), o.finish_reason)
+            stats = getattr(o, "prefill_stats", None)
+            out[o.request_id] = (list(o.new_token_ids), o.finish_reason,
+                                 None if stats is None else vars(stats))
     return out
 
 
@@ -245,6 +255,7 @@ def test_multi_turn_prefix_hits(tiny_model_dir):
     conversations(pair, num_convs=6, turns=4, system=system, seed=2)
     assert pair.hits[0] > 0 and pair.hits[0] == pair.hits[1]
     assert pair.queries[0] == pair.queries[1]
+    assert pair.cache_created > 0 or h.API == "0.23.0"  # 0.23 does not count them
 
 
 def test_preemption_under_memory_pressure(tiny_model_dir):
@@ -354,6 +365,8 @@ def test_page_filled_without_a_call_is_cached_at_free(tiny_model_dir):
     pair.run_until_idle()
 
 
+@pytest.mark.skipif(not h.CASCADE, reason="vLLM 0.32 removed cascade attention: the scheduler "
+                    "reports no common prefix and both managers answer 0 (Pair.step compares)")
 def test_common_prefix_follows_arrivals_and_departures(tiny_model_dir):
     """Cascade attention's shared prefix (get_num_common_prefix_blocks, kept between steps by
     the adapter) shrinks when a request with another prefix arrives and grows back when it
@@ -549,7 +562,7 @@ def test_lookahead_slots_match_vllm(tiny_model_dir):
     for kvshare in (False, True):
         m = h.make_scheduler(tiny_model_dir, kvshare=kvshare, num_blocks=64).kv_cache_manager
         r = h.make_request("a", list(range(100, 130)), hash_blocks=not kvshare)
-        blocks, hit = m.get_computed_blocks(r)
+        blocks, hit = h.lookup(m, r)
         seen = []
         new = m.allocate_slots(r, 30 - hit, hit, blocks, num_lookahead_tokens=5)
         seen.append((len(new.blocks[0]), round(m.usage, 6)))
@@ -568,3 +581,165 @@ def test_lookahead_slots_match_vllm(tiny_model_dir):
 
 def _ceil_div(a, b):
     return -(-a // b)
+
+
+NEW_SCHEDULER_ONLY = pytest.mark.skipif(
+    h.API == "0.23.0", reason="vLLM 0.23's scheduler has no admission watermark, deferred "
+    "frees or kv_cache_report_mode")
+
+
+@NEW_SCHEDULER_ONLY
+@pytest.mark.parametrize("caching", [False, True])
+def test_watermark_admission_lockstep(tiny_model_dir, caching):
+    """vLLM 0.32's admission watermark (a quarter of the blocks kept free when admitting a
+    waiting or preempted request while others run), under memory pressure: the same requests
+    admitted and finished at the same steps.  The same workload without the watermark
+    schedules differently (it preempts), so the watermark decides admissions here."""
+    runs = []
+    for watermark in (0.25, 0.0):
+        pair = Pair(tiny_model_dir, num_blocks=48, max_num_seqs=8,
+                    enable_prefix_caching=caching, watermark=watermark)
+        assert pair.kvs.kv_cache_manager.watermark_blocks == int(watermark * 48)
+        rng = random.Random(3)
+        system = [rng.randrange(3, 30000) for _ in range(40)]
+        conversations(pair, num_convs=8, turns=2, system=system, seed=4, max_tokens=40)
+        runs.append((pair.steps, pair.preemptions))
+    assert runs[0] != runs[1] and runs[1][1] > 0, runs
+
+
+@NEW_SCHEDULER_ONLY
+def test_cached_block_events_for_full_report_mode(tiny_model_dir):
+    """A request asking for ``kv_cache_report_mode == "full"`` gets a ``BlockStored`` for the
+    prefix hit it reuses, field by field as vLLM publishes it; another request does not."""
+    pair = Pair(tiny_model_dir, num_blocks=64, kv_events=True)
+    seen = _lockstep_events(pair)
+    prompt = list(range(700, 772))  # 4 pages and a partial one
+    pair.add("a", prompt, max_tokens=4)
+    pair.run_until_idle()
+    for rid, extra in (("b", None), ("c", {"kv_cache_report_mode": "full"})):
+        n = len(seen[1])
+        pair.add(rid, prompt, max_tokens=4, extra_args=extra)
+        pair.step()
+        reused = [dict(e[1:]) for e in seen[1][n:]
+                  if e[0] == "BlockStored" and dict(e[1:])["parent_block_hash"] is None]
+        assert len(reused) == (1 if extra else 0), seen[1][n:]
+        pair.run_until_idle()
+    assert len(reused[0]["block_hashes"]) == 4 and reused[0]["token_ids"] == prompt[:64]
+
+
+@NEW_SCHEDULER_ONLY
+def test_deferred_free_matches_vllm(tiny_model_dir):
+    """vLLM 0.32's deferred free (``pop_blocks_for_free``, then the blocks back through
+    ``block_pool.free_blocks`` reversed), driven directly: the popped request's blocks stay
+    held (usage, hits on them, a refused prefix-cache reset), then are cached as a free
+    would cache them (the same hits after eviction pressure)."""
+    seen = []
+    for kvshare in (False, True):
+        m = h.make_scheduler(tiny_model_dir, kvshare=kvshare, num_blocks=12).kv_cache_manager
+
+        def admit(rid, prompt):
+            r = h.make_request(rid, prompt, hash_blocks=not kvshare)
+            blocks, hit = h.lookup(m, r)
+            new = m.allocate_slots(r, len(prompt) - hit, hit, blocks)
+            assert new is not None
+            r.num_computed_tokens = len(prompt)
+            return r, hit
+
+        a, _ = admit("a", list(range(100, 150)))  # 3 full pages and a partial one
+        popped = m.pop_blocks_for_free(a)
+        log = [len(popped), m.get_block_ids("a"), round(m.usage, 6)]
+        b, hit = admit("b", list(range(100, 150)))  # a's full pages, still held
+        log += [hit, round(m.usage, 6), m.reset_prefix_cache()]
+        if kvshare:  # not last-first: refused, nothing changes
+            with pytest.raises(ValueError, match="names no request's blocks"):
+                m.block_pool.free_blocks(popped)
+            m.check()
+        m.block_pool.free_blocks(reversed(popped))
+        log.append(round(m.usage, 6))
+        m.free(b)
+        c, hit = admit("c", list(range(900, 1030)))  # 9 pages: evicts some cached ones
+        log += [hit, round(m.usage, 6)]
+        m.free(c)
+        d, hit = admit("d", list(range(100, 150)))
+        log += [hit, round(m.usage, 6)]
+        if kvshare:
+            m.check()
+        seen.append(log)
+    assert seen[0] == seen[1]
+    assert seen[1][:2] == [4, ([],)] and seen[1][3] == 48 and seen[1][5] is False
+
+
+@NEW_SCHEDULER_ONLY
+def test_zeroing_ids_match_vllm():
+    """A cache that needs KV zeroing (vLLM: Mamba layers or mixed precision; forced here on one
+    full-attention group), both managers driven directly: every allocation's blocks handed out
+    for zeroing, except an asynchronous load's external-token blocks when the scheduler says
+    the load writes them (``skip_zeroing_group_ids``), and ``record_blocks_for_zeroing`` after
+    a failed load, block for block."""
+    import torch
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+
+    from kvshare_vllm.manager import KvshareKVCacheManager
+
+    class Zeroing(KVCacheConfig):
+        needs_kv_cache_zeroing = True
+
+    spec = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=1, dtype=torch.float32)
+    seen = []
+    for cls in (KVCacheManager, KvshareKVCacheManager):
+        cfg = Zeroing(num_blocks=32, kv_cache_tensors=[],
+                      kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
+        m = cls(kv_cache_config=cfg, max_model_len=1024, scheduler_block_size=16,
+                hash_block_size=16)
+        kvshare = cls is KvshareKVCacheManager
+        log = []
+
+        def tables(*rids):
+            return [m.get_block_ids(r)[0] for r in rids]
+
+        a = h.make_request("a", list(range(100, 140)), hash_blocks=not kvshare)
+        blocks, hit = h.lookup(m, a)
+        m.allocate_slots(a, 40 - hit, hit, blocks)
+        log.append(m.take_new_block_ids() == tables("a")[0])
+        for rid, skip in (("b", (0,)), ("c", ())):  # asynchronous loads of 32 tokens
+            r = h.make_request(rid, list(range(500, 540)), hash_blocks=not kvshare)
+            assert m.allocate_slots(r, 0, 0, None, num_external_computed_tokens=32,
+                                    delay_cache_blocks=True, skip_zeroing_group_ids=skip)
+            log.append(m.take_new_block_ids() == ([] if skip else tables(rid)[0]))
+        m.record_blocks_for_zeroing("b", 16)  # b's load failed after its first block
+        log.append(m.take_new_block_ids() == tables("b")[0][1:])
+        log.append([len(t) for t in tables("a", "b", "c")])
+        seen.append(log)
+    assert seen[0] == seen[1] == [True, True, True, True, [3, 2, 2]]
+
+
+@NEW_SCHEDULER_ONLY
+def test_connector_lookups_match_vllm(tiny_model_dir):
+    """What vLLM 0.32's scheduler asks the manager for on a KV connector's behalf, both
+    managers driven directly: the connector's lookup (one group: never diverged), a hit cut to
+    a block boundary, a finished request's blocks covering its computed tokens."""
+    seen = []
+    for kvshare in (False, True):
+        m = h.make_scheduler(tiny_model_dir, kvshare=kvshare, num_blocks=32).kv_cache_manager
+        a = h.make_request("a", list(range(100, 150)), hash_blocks=not kvshare)
+        blocks, hit = h.lookup(m, a)
+        assert m.allocate_slots(a, 50 - hit, hit, blocks) is not None
+        a.num_computed_tokens = 50
+        b = h.make_request("b", list(range(100, 160)), hash_blocks=not kvshare)
+        blocks, hit, boundary, diverged = m.get_computed_blocks_for_connector(b)
+        held = m.get_block_ids("a")[0]
+        cut = m.truncate_computed_blocks(blocks, 32).get_block_ids()[0]
+        log = [hit, boundary, diverged, blocks.get_block_ids()[0] == held[:3],
+               cut == held[:2], m.truncate_computed_blocks(blocks, 0).blocks == ((),) or
+               m.truncate_computed_blocks(blocks, 0).get_block_ids() == ([],),
+               m.get_block_ids_for_computed_tokens("a", 33) == (held[:3],),
+               m.get_block_ids_for_computed_tokens("a", 50) == (held,),
+               m.get_block_ids_for_computed_tokens("zz", 16) == ([],)]
+        if kvshare:  # refused, as vLLM asserts
+            with pytest.raises(ValueError, match="not a multiple of the block size"):
+                m.truncate_computed_blocks(blocks, 20)
+            with pytest.raises(ValueError, match="to 4 blocks of a hit of 3"):
+                m.truncate_computed_blocks(blocks, 64)
+        seen.append(log)
+    assert seen[0] == seen[1] == [48, 0, False] + [True] * 6

@@ -60,8 +60,12 @@ def vllm_0_32(tmp_path_factory):
 def test_supported_versions_are_the_two_releases():
     assert compat.SUPPORTED_VLLM_VERSIONS == ("0.23.0", "0.32.0")
     assert startup.supported() == SUPPORTED
-    assert compat.MANAGER_VLLM_VERSIONS == ("0.23.0",)
+    assert compat.MANAGER_VLLM_VERSIONS == ("0.23.0", "0.32.0")
     assert not compat.VLLM_SUPPORT["0.32.0"].attention
+    # On 0.32 models with KV-cache groups and KV connectors keep vLLM's manager.
+    assert compat.VLLM_SUPPORT["0.32.0"].hybrid_missing
+    assert compat.VLLM_SUPPORT["0.32.0"].connector_missing
+    assert not compat.VLLM_SUPPORT["0.23.0"].hybrid_missing
 
 
 @pytest.mark.parametrize("part", sorted(PARTS))
@@ -80,7 +84,8 @@ def test_each_part_starts_or_is_refused_on_the_installed_vllm(part):
             in res.stderr, res.stderr[-3000:]
 
 
-@pytest.mark.parametrize("part", sorted(PARTS))
+@pytest.mark.parametrize("part", [p for p in sorted(PARTS)
+                                  if not getattr(compat.VLLM_SUPPORT["0.32.0"], p)])
 def test_a_part_missing_on_0_32_is_refused_with_the_reason(vllm_0_32, part):
     res = _run("from kvshare_vllm.plugin import register; register()", {PARTS[part]: "1"},
                path_first=vllm_0_32)
@@ -92,11 +97,25 @@ def test_a_part_missing_on_0_32_is_refused_with_the_reason(vllm_0_32, part):
     assert f"Unset {PARTS[part]}, or install vLLM 0.23.0" in res.stderr
 
 
-def test_a_manager_module_imported_on_0_32_is_refused(vllm_0_32):
-    res = _run("import kvshare_vllm.manager", path_first=vllm_0_32)
-    assert res.returncode != 0, res.stdout
-    assert "(KVSHARE_VLLM=1) runs on vLLM 0.23.0, not on this Python's vLLM 0.32.0" \
-        in res.stderr, res.stderr[-3000:]
+SIGNATURES = ("import inspect\nfrom kvshare_vllm.manager import KvshareKVCacheManager as M\n"
+              "print([tuple(inspect.signature(getattr(M, n)).parameters) for n in "
+              "('__init__', 'remove_skipped_blocks')])")
+
+
+@pytest.mark.parametrize("fake, allow, surface", [
+    ("vllm_0_32", False, "0.32.0"),
+    ("vllm_0_99", True, "0.32.0"),  # allowed: the newest surface not newer than it
+])
+def test_the_manager_presents_the_surface_of_the_release_it_finds(request, fake, allow,
+                                                                 surface):
+    """The manager's constructor and the methods whose parameters moved are those of the
+    release the installed vLLM's metadata names (``compat.manager_api``)."""
+    res = _run(SIGNATURES, {startup.ALLOW_UNSUPPORTED_ENV: "1"} if allow else None,
+               path_first=request.getfixturevalue(fake))
+    assert res.returncode == 0, res.stderr[-3000:]
+    pinned = compat.PINNED[surface]
+    assert res.stdout.splitlines()[-1] == repr([pinned["__init__"],
+                                                pinned["remove_skipped_blocks"]])
 
 
 def test_version_and_abi_come_from_the_build():
