@@ -202,6 +202,16 @@ enum kvs_dtype
    bfloat16.
    */
   KVS_DTYPE_BF16 = 2,
+  /*
+   8-bit float E4M3 (OCP "fn": bias 7, no infinity, largest finite 448): KV caches only
+   (one byte per element), each element its value times the layer's `k_scale`/`v_scale`.
+   */
+  KVS_DTYPE_FP8_E4M3 = 3,
+  /*
+   8-bit float E5M2 (bias 15, the upper byte of an IEEE half): KV caches only, as
+   `KVS_DTYPE_FP8_E4M3`.
+   */
+  KVS_DTYPE_FP8_E5M2 = 4,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -528,7 +538,8 @@ typedef uint32_t kvs_eviction_policy;
  `kvs_backend_new_cpu_team` runs each call on the host's team instead).
 
  **Methods:** `kvs_backend_new`, `kvs_backend_new_cpu_team`, `kvs_backend_free`, `kvs_backend_num_threads`,
- `kvs_backend_describe`, `kvs_attention_launch`, `kvs_kv_write`, `kvs_kv_copy`.
+ `kvs_backend_describe`, `kvs_attention_launch`, `kvs_attention_launch_scaled`,
+ `kvs_kv_write`, `kvs_kv_write_scaled`, `kvs_kv_copy`.
  */
 typedef struct kvs_backend kvs_backend;
 
@@ -1496,6 +1507,26 @@ kvs_status kvs_attention_launch(const struct kvs_backend *backend,
                                 void *stream);
 
 /*
+ As `kvs_attention_launch`, with the K and V caches' per-tensor dequantization scales
+ (vLLM's `k_scale` and `v_scale`): a cache element stands for its stored value times its
+ cache's scale. For the fp8 caches (`KVS_DTYPE_FP8_E4M3`, `KVS_DTYPE_FP8_E5M2`) the
+ kernel reads the pages as they are and folds the scales into the query and the output;
+ any cache type takes them. `kvs_attention_launch` is this call with both scales 1.
+
+ CPU backend only for scales other than 1 and for fp8 caches; the Ascend backend refuses
+ them with `KVS_STATUS_UNSUPPORTED`.
+
+ **Failure:** as `kvs_attention_launch`, and `KVS_STATUS_ATTN_INVALID_ARGUMENT` naming
+ `k_scale` or `v_scale` when one is not a finite number > 0. Nothing is written on error.
+ **Thread safety:** as `kvs_attention_launch`.
+ */
+kvs_status kvs_attention_launch_scaled(const struct kvs_backend *backend,
+                                       const struct kvs_attention_args *args,
+                                       float k_scale,
+                                       float v_scale,
+                                       void *stream);
+
+/*
  Scatters new K and V into one layer's paged caches by slot mapping (vLLM's
  `reshape_and_cache`, CANN's `aclnnScatterPaKvCache` "Norm" mode); see
  `kvs_kv_write_args`. `stream` as in `kvs_attention_launch`.
@@ -1510,6 +1541,23 @@ kvs_status kvs_attention_launch(const struct kvs_backend *backend,
 kvs_status kvs_kv_write(const struct kvs_backend *backend,
                         const struct kvs_kv_write_args *args,
                         void *stream);
+
+/*
+ As `kvs_kv_write`, into caches with per-tensor scales (see
+ `kvs_attention_launch_scaled`): each new key is divided by `k_scale` and each value by
+ `v_scale`, then rounded to the cache's type (fp8: to nearest, ties to even, magnitudes past
+ the largest finite value saturating to it, NaN kept). `kvs_kv_write` is this call with
+ both scales 1. CPU backend only for scales other than 1 and for fp8 caches.
+
+ **Failure:** as `kvs_kv_write`, and `KVS_STATUS_ATTN_INVALID_ARGUMENT` naming `k_scale`
+ or `v_scale` when one is not a finite number > 0. Nothing is written on error.
+ **Thread safety:** as `kvs_kv_write`.
+ */
+kvs_status kvs_kv_write_scaled(const struct kvs_backend *backend,
+                               const struct kvs_kv_write_args *args,
+                               float k_scale,
+                               float v_scale,
+                               void *stream);
 
 /*
  Performs page copies reported by the cache manager (copy-on-write of a partial page,

@@ -41,6 +41,7 @@ pub mod copy_runs;
 pub mod cpu;
 pub mod device;
 pub mod error;
+pub mod fp8;
 pub mod params;
 pub mod pool;
 pub mod team;
@@ -49,11 +50,13 @@ use half::{bf16, f16};
 
 pub use device::DeviceBackend;
 pub use error::{Error, Result};
+pub use fp8::{Fp8, Fp8E4M3, Fp8E5M2};
 pub use kvshare_core::DType;
 use params::bad;
 pub use params::{
     check_host_arrays, check_slots, span, AttnParams, AttnSpans, CacheLayout, CopyKind, CopyParams,
-    KvWriteParams, PageCopy, SeqSpan, SlotMapping, TokenStrides, MAX_ATTN_PAGE_SIZE, MAX_PAGES,
+    KvScales, KvWriteParams, PageCopy, SeqSpan, SlotMapping, TokenStrides, MAX_ATTN_PAGE_SIZE,
+    MAX_PAGES,
 };
 
 /// A host buffer of one of the supported element types.
@@ -65,6 +68,10 @@ pub enum Buf<'a> {
     F16(&'a [f16]),
     /// bf16 elements.
     BF16(&'a [bf16]),
+    /// fp8 E4M3 elements (a quantized cache).
+    Fp8E4M3(&'a [Fp8E4M3]),
+    /// fp8 E5M2 elements (a quantized cache).
+    Fp8E5M2(&'a [Fp8E5M2]),
 }
 
 /// A mutable host buffer of one of the supported element types.
@@ -76,6 +83,10 @@ pub enum BufMut<'a> {
     F16(&'a mut [f16]),
     /// bf16 elements.
     BF16(&'a mut [bf16]),
+    /// fp8 E4M3 elements (a quantized cache).
+    Fp8E4M3(&'a mut [Fp8E4M3]),
+    /// fp8 E5M2 elements (a quantized cache).
+    Fp8E5M2(&'a mut [Fp8E5M2]),
 }
 
 impl Buf<'_> {
@@ -85,6 +96,8 @@ impl Buf<'_> {
             Buf::F32(_) => DType::F32,
             Buf::F16(_) => DType::F16,
             Buf::BF16(_) => DType::BF16,
+            Buf::Fp8E4M3(_) => DType::Fp8E4M3,
+            Buf::Fp8E5M2(_) => DType::Fp8E5M2,
         }
     }
     /// Length in elements.
@@ -93,13 +106,16 @@ impl Buf<'_> {
             Buf::F32(s) => s.len(),
             Buf::F16(s) => s.len(),
             Buf::BF16(s) => s.len(),
+            Buf::Fp8E4M3(s) => s.len(),
+            Buf::Fp8E5M2(s) => s.len(),
         }
     }
     /// True when empty.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-    /// Converts `dst.len()` elements starting at `off` to f32.
+    /// Converts `dst.len()` elements starting at `off` to f32 (an fp8 element to its value,
+    /// before any scale).
     pub fn read_f32(&self, off: usize, dst: &mut [f32]) {
         let n = dst.len();
         match self {
@@ -110,6 +126,14 @@ impl Buf<'_> {
             Buf::BF16(s) => {
                 half::slice::HalfFloatSliceExt::convert_to_f32_slice(&s[off..off + n], dst)
             }
+            Buf::Fp8E4M3(s) => dst
+                .iter_mut()
+                .zip(&s[off..off + n])
+                .for_each(|(d, x)| *d = x.to_f32()),
+            Buf::Fp8E5M2(s) => dst
+                .iter_mut()
+                .zip(&s[off..off + n])
+                .for_each(|(d, x)| *d = x.to_f32()),
         }
     }
 }
@@ -121,6 +145,8 @@ impl BufMut<'_> {
             BufMut::F32(_) => DType::F32,
             BufMut::F16(_) => DType::F16,
             BufMut::BF16(_) => DType::BF16,
+            BufMut::Fp8E4M3(_) => DType::Fp8E4M3,
+            BufMut::Fp8E5M2(_) => DType::Fp8E5M2,
         }
     }
     /// Length in elements.
@@ -129,6 +155,8 @@ impl BufMut<'_> {
             BufMut::F32(s) => s.len(),
             BufMut::F16(s) => s.len(),
             BufMut::BF16(s) => s.len(),
+            BufMut::Fp8E4M3(s) => s.len(),
+            BufMut::Fp8E5M2(s) => s.len(),
         }
     }
     /// True when empty.
@@ -141,6 +169,8 @@ impl BufMut<'_> {
             BufMut::F32(s) => Buf::F32(s),
             BufMut::F16(s) => Buf::F16(s),
             BufMut::BF16(s) => Buf::BF16(s),
+            BufMut::Fp8E4M3(s) => Buf::Fp8E4M3(s),
+            BufMut::Fp8E5M2(s) => Buf::Fp8E5M2(s),
         }
     }
 }

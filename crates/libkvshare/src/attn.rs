@@ -1,5 +1,5 @@
-//! `kvs_attention_launch`, `kvs_kv_write`, `kvs_kv_copy`: the launches of a `kvs_backend` (their
-//! `#[repr(C)]` args are declared in `attn_args.rs`).
+//! `kvs_attention_launch(_scaled)`, `kvs_kv_write(_scaled)`, `kvs_kv_copy`: the launches of a
+//! `kvs_backend` (their `#[repr(C)]` args are declared in `attn_args.rs`).
 //!
 //! Glue only: each export reads its args into the plain params of [`kvshare_attention`]
 //! (`attn_args.rs`), validates them there, checks every pointer, and then hands the launch to
@@ -27,8 +27,8 @@ use kvshare_attention::device::{
     DeviceAttn, DeviceAttnBatch, DeviceCopy, DeviceCopyBatch, DeviceKvWrite, DeviceKvWriteBatch,
 };
 use kvshare_attention::{
-    AttnBatch, AttnBuffers, AttnParams, CopyCaches, CopyKind, CopyParams, KvWrite, KvWriteParams,
-    PageCopy, PageCopyBatch, SlotMapping, TokenStrides,
+    AttnBatch, AttnBuffers, AttnParams, CopyCaches, CopyKind, CopyParams, KvScales, KvWrite,
+    KvWriteParams, PageCopy, PageCopyBatch, SlotMapping, TokenStrides,
 };
 use kvshare_core::alloc::try_with_capacity;
 
@@ -71,6 +71,30 @@ impl kvs_backend {
         args: *const kvs_attention_args,
         stream: *mut c_void,
     ) -> kvs_status {
+        // SAFETY: this export's contract is the scaled one's.
+        unsafe { Self::kvs_attention_launch_scaled(backend, args, 1.0, 1.0, stream) }
+    }
+
+    /// As `kvs_attention_launch`, with the K and V caches' per-tensor dequantization scales
+    /// (vLLM's `k_scale` and `v_scale`): a cache element stands for its stored value times its
+    /// cache's scale. For the fp8 caches (`KVS_DTYPE_FP8_E4M3`, `KVS_DTYPE_FP8_E5M2`) the
+    /// kernel reads the pages as they are and folds the scales into the query and the output;
+    /// any cache type takes them. `kvs_attention_launch` is this call with both scales 1.
+    ///
+    /// CPU backend only for scales other than 1 and for fp8 caches; the Ascend backend refuses
+    /// them with `KVS_STATUS_UNSUPPORTED`.
+    ///
+    /// **Failure:** as `kvs_attention_launch`, and `KVS_STATUS_ATTN_INVALID_ARGUMENT` naming
+    /// `k_scale` or `v_scale` when one is not a finite number > 0. Nothing is written on error.
+    /// **Thread safety:** as `kvs_attention_launch`.
+    #[no_mangle]
+    pub unsafe extern "C" fn kvs_attention_launch_scaled(
+        backend: *const kvs_backend,
+        args: *const kvs_attention_args,
+        k_scale: f32,
+        v_scale: f32,
+        stream: *mut c_void,
+    ) -> kvs_status {
         guard(|| {
             // SAFETY: as this export's contract (`launch_inputs`).
             let (b, a) = unsafe { launch_inputs(backend, args)? };
@@ -97,6 +121,7 @@ impl kvs_backend {
                 scale: a.scale,
                 softcap: a.softcap,
                 sliding_window: a.sliding_window as usize,
+                kv_scales: KvScales::new(k_scale, v_scale),
             };
             let spans = params.validate()?;
             for (name, p) in [("key_cache", a.key_cache), ("value_cache", a.value_cache)] {
@@ -196,6 +221,27 @@ impl kvs_backend {
         args: *const kvs_kv_write_args,
         stream: *mut c_void,
     ) -> kvs_status {
+        // SAFETY: this export's contract is the scaled one's.
+        unsafe { Self::kvs_kv_write_scaled(backend, args, 1.0, 1.0, stream) }
+    }
+
+    /// As `kvs_kv_write`, into caches with per-tensor scales (see
+    /// `kvs_attention_launch_scaled`): each new key is divided by `k_scale` and each value by
+    /// `v_scale`, then rounded to the cache's type (fp8: to nearest, ties to even, magnitudes past
+    /// the largest finite value saturating to it, NaN kept). `kvs_kv_write` is this call with
+    /// both scales 1. CPU backend only for scales other than 1 and for fp8 caches.
+    ///
+    /// **Failure:** as `kvs_kv_write`, and `KVS_STATUS_ATTN_INVALID_ARGUMENT` naming `k_scale`
+    /// or `v_scale` when one is not a finite number > 0. Nothing is written on error.
+    /// **Thread safety:** as `kvs_kv_write`.
+    #[no_mangle]
+    pub unsafe extern "C" fn kvs_kv_write_scaled(
+        backend: *const kvs_backend,
+        args: *const kvs_kv_write_args,
+        k_scale: f32,
+        v_scale: f32,
+        stream: *mut c_void,
+    ) -> kvs_status {
         guard(|| {
             // SAFETY: as this export's contract (`launch_inputs`).
             let (b, a) = unsafe { launch_inputs(backend, args)? };
@@ -209,6 +255,7 @@ impl kvs_backend {
                     head: or_dense(a.src_head_stride, d),
                 },
                 cache,
+                scales: KvScales::new(k_scale, v_scale),
             };
             let (src, cache_len) = params.validate()?;
             for (name, p) in [("key_cache", a.key_cache), ("value_cache", a.value_cache)] {

@@ -303,6 +303,10 @@ pub(super) unsafe fn buf<'a>(
         DType::F16 => Buf::F16(unsafe { aslice(ptr.cast(), len, name) }?),
         // SAFETY: as above.
         DType::BF16 => Buf::BF16(unsafe { aslice(ptr.cast(), len, name) }?),
+        // SAFETY: as above.
+        DType::Fp8E4M3 => Buf::Fp8E4M3(unsafe { aslice(ptr.cast(), len, name) }?),
+        // SAFETY: as above.
+        DType::Fp8E5M2 => Buf::Fp8E5M2(unsafe { aslice(ptr.cast(), len, name) }?),
     })
 }
 
@@ -321,6 +325,10 @@ pub(super) unsafe fn buf_mut<'a>(
         DType::F16 => BufMut::F16(unsafe { aslice_mut(ptr.cast(), len, name) }?),
         // SAFETY: as above.
         DType::BF16 => BufMut::BF16(unsafe { aslice_mut(ptr.cast(), len, name) }?),
+        // SAFETY: as above.
+        DType::Fp8E4M3 => BufMut::Fp8E4M3(unsafe { aslice_mut(ptr.cast(), len, name) }?),
+        // SAFETY: as above.
+        DType::Fp8E5M2 => BufMut::Fp8E5M2(unsafe { aslice_mut(ptr.cast(), len, name) }?),
     })
 }
 

@@ -119,7 +119,7 @@ fn attention_launch_bad_inputs() {
         case(INVALID, "page_size", |a, _| a.cache.page_size = u32::MAX),
         case(INVALID, "num_pages", |a, _| a.cache.num_pages = 0),
         case(INVALID, "num_pages", |a, _| a.cache.num_pages = u32::MAX),
-        case(INVALID, "query_dtype", |a, _| a.query_dtype = 3),
+        case(INVALID, "query_dtype", |a, _| a.query_dtype = 5),
         case(INVALID, "output_dtype", |a, _| a.output_dtype = 99),
         case(INVALID, "cache.dtype", |a, _| a.cache.dtype = 7),
         case(INVALID, "query_head_stride", |a, _| {

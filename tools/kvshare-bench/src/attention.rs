@@ -26,7 +26,8 @@ use words::Words;
 mod torch;
 mod words;
 use kvshare_attention::{
-    AttnBatch, AttnBuffers, AttnParams, Backend, Buf, BufMut, CacheLayout, DType, TokenStrides,
+    fp8, AttnBatch, AttnBuffers, AttnParams, Backend, Buf, BufMut, CacheLayout, DType, Fp8,
+    Fp8E4M3, Fp8E5M2, KvScales, TokenStrides,
 };
 
 #[derive(Clone, Copy)]
@@ -113,6 +114,7 @@ fn parse(args: Vec<OsString>) -> Result<Option<Opts>, String> {
             "--dtype" => {
                 let v = val()?;
                 o.dtype = parse_dtype(&v)
+                    .filter(|d| !d.is_quantized())
                     .ok_or_else(|| format!("--dtype: f16, bf16 or f32, not {v:?}"))?;
             }
             "--huge-pages" => {
@@ -210,7 +212,15 @@ fn buf(dt: DType, x: &[u16]) -> Buf<'_> {
         DType::F16 => Buf::F16(x.reinterpret_cast::<f16>()),
         // SAFETY: every bit pattern is a valid f32; align_to gives only the aligned middle.
         DType::F32 => Buf::F32(unsafe { x.align_to::<f32>() }.1),
+        DType::Fp8E4M3 => Buf::Fp8E4M3(fp8::e4m3_slice(bytes(x))),
+        DType::Fp8E5M2 => Buf::Fp8E5M2(fp8::e5m2_slice(bytes(x))),
     }
+}
+
+/// The words' bytes, in memory order (two fp8 codes per word).
+fn bytes(x: &[u16]) -> &[u8] {
+    // SAFETY: every byte of a u16 is initialised; u8 has alignment 1; same memory and lifetime.
+    unsafe { std::slice::from_raw_parts(x.as_ptr().cast::<u8>(), x.len() * 2) }
 }
 
 /// As [`buf`], for the output.
@@ -220,7 +230,15 @@ fn buf_mut(dt: DType, x: &mut [u16]) -> BufMut<'_> {
         DType::F16 => BufMut::F16(x.reinterpret_cast_mut::<f16>()),
         // SAFETY: as in `buf`.
         DType::F32 => BufMut::F32(unsafe { x.align_to_mut::<f32>() }.1),
+        DType::Fp8E4M3 => BufMut::Fp8E4M3(fp8::e4m3_slice_mut(bytes_mut(x))),
+        DType::Fp8E5M2 => BufMut::Fp8E5M2(fp8::e5m2_slice_mut(bytes_mut(x))),
     }
+}
+
+/// As [`bytes`], mutable.
+fn bytes_mut(x: &mut [u16]) -> &mut [u8] {
+    // SAFETY: as in `bytes`; the result borrows `x` mutably for its whole life.
+    unsafe { std::slice::from_raw_parts_mut(x.as_mut_ptr().cast::<u8>(), x.len() * 2) }
 }
 
 /// `next()`'s values in `dt`, as the 16-bit words of their bits in memory order: one word per
@@ -235,6 +253,12 @@ fn words_of(dt: DType, mut next: impl FnMut() -> f32) -> impl FnMut() -> u16 {
         match dt {
             DType::BF16 => bf16::from_f32(x).to_bits(),
             DType::F16 => f16::from_f32(x).to_bits(),
+            DType::Fp8E4M3 => {
+                u16::from_ne_bytes([Fp8E4M3::from_f32(x).0, Fp8E4M3::from_f32(next()).0])
+            }
+            DType::Fp8E5M2 => {
+                u16::from_ne_bytes([Fp8E5M2::from_f32(x).0, Fp8E5M2::from_f32(next()).0])
+            }
             DType::F32 => {
                 let b = x.to_ne_bytes();
                 pending = Some(u16::from_ne_bytes([b[2], b[3]]));
@@ -361,6 +385,7 @@ fn launch_cost(o: &Opts, isa: Isa) -> Result<String, String> {
         scale: 0.125,
         softcap: 0.0,
         sliding_window: 0,
+        kv_scales: KvScales::ONE,
     };
     let mut run = |b: &CpuBackend, times: &mut Vec<f64>| -> Result<(), String> {
         for _ in 0..100 {
@@ -490,6 +515,7 @@ fn run_shape(
         scale: 1.0 / (d as f32).sqrt(),
         softcap: 0.0,
         sliding_window: 0,
+        kv_scales: KvScales::ONE,
     };
     let launch = |backend: &CpuBackend,
                   p: AttnParams,

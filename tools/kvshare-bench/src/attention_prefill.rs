@@ -123,6 +123,7 @@ pub fn run(s: Shape, paths: &[Isa]) -> Result<String, String> {
             scale: 1.0 / (d as f32).sqrt(),
             softcap: 0.0,
             sliding_window: 0,
+            kv_scales: kvshare_attention::KvScales::ONE,
         };
         let launch = |backend: &CpuBackend, out: &mut [f32]| -> Result<(), String> {
             let (query, key_cache, value_cache) = if dtype == DType::F32 {
