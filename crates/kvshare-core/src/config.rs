@@ -26,6 +26,10 @@ pub enum DType {
     /// 8-bit float E5M2 (bias 15, the upper byte of an IEEE binary16): a quantized KV cache as
     /// [`DType::Fp8E4M3`].
     Fp8E5M2,
+    /// 8-bit signed integer: a quantized KV cache whose element stands for its value times the
+    /// scale of its channel (kv head and head-dim index; Ascend's and MindIE's int8 KV) and the
+    /// layer's per-tensor scale.
+    Int8,
 }
 
 impl DType {
@@ -34,14 +38,14 @@ impl DType {
         match self {
             DType::F32 => 4,
             DType::F16 | DType::BF16 => 2,
-            DType::Fp8E4M3 | DType::Fp8E5M2 => 1,
+            DType::Fp8E4M3 | DType::Fp8E5M2 | DType::Int8 => 1,
         }
     }
 
     /// Whether this is a quantized KV format (a cache element stands for its value times a
     /// scale; attention inputs and outputs are never of such a type).
     pub fn is_quantized(self) -> bool {
-        matches!(self, DType::Fp8E4M3 | DType::Fp8E5M2)
+        matches!(self, DType::Fp8E4M3 | DType::Fp8E5M2 | DType::Int8)
     }
 }
 
@@ -522,7 +526,7 @@ mod tests {
             ..Config::default()
         };
         assert_eq!(c.page_bytes(), Some(2 * 2 * 16 * 8 * 128 * 2));
-        for dtype in [DType::Fp8E4M3, DType::Fp8E5M2] {
+        for dtype in [DType::Fp8E4M3, DType::Fp8E5M2, DType::Int8] {
             let q = Config { dtype, ..c.clone() };
             assert_eq!(q.page_bytes(), Some(2 * 2 * 16 * 8 * 128));
         }

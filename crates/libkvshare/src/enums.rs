@@ -144,6 +144,9 @@ pub enum kvs_dtype {
     /// 8-bit float E5M2 (bias 15, the upper byte of an IEEE half): KV caches only, as
     /// `KVS_DTYPE_FP8_E4M3`.
     Fp8E5m2 = 4,
+    /// 8-bit signed integer: KV caches only, each element its value times its channel's scale
+    /// (`kvs_kv_scales.k_channel_scales` / `v_channel_scales`) and the per-tensor one.
+    Int8 = 5,
 }
 
 /// Which memory tier a page id refers to.
@@ -269,7 +272,8 @@ try_from_raw!(kvs_dtype {
     F16,
     Bf16,
     Fp8E4m3,
-    Fp8E5m2
+    Fp8E5m2,
+    Int8
 });
 try_from_raw!(kvs_tier { Device, Host });
 try_from_raw!(kvs_group_kind {
@@ -297,6 +301,7 @@ impl From<kvs_dtype> for DType {
             kvs_dtype::Bf16 => DType::BF16,
             kvs_dtype::Fp8E4m3 => DType::Fp8E4M3,
             kvs_dtype::Fp8E5m2 => DType::Fp8E5M2,
+            kvs_dtype::Int8 => DType::Int8,
         }
     }
 }
@@ -309,6 +314,7 @@ impl From<DType> for kvs_dtype {
             DType::BF16 => kvs_dtype::Bf16,
             DType::Fp8E4M3 => kvs_dtype::Fp8E4m3,
             DType::Fp8E5M2 => kvs_dtype::Fp8E5m2,
+            DType::Int8 => kvs_dtype::Int8,
         }
     }
 }
@@ -449,7 +455,7 @@ mod tests {
     #[test]
     fn every_enum_decodes_its_values_and_only_them() {
         use kvs_dtype::*;
-        round_trip(&[F32, F16, Bf16, Fp8E4m3, Fp8E5m2], "kvs_dtype");
+        round_trip(&[F32, F16, Bf16, Fp8E4m3, Fp8E5m2, Int8], "kvs_dtype");
         round_trip(&[kvs_tier::Device, kvs_tier::Host], "kvs_tier");
         round_trip(
             &[
@@ -485,6 +491,7 @@ mod tests {
             DType::BF16,
             DType::Fp8E4M3,
             DType::Fp8E5M2,
+            DType::Int8,
         ] {
             assert_eq!(DType::from(kvs_dtype::from(d)), d);
         }

@@ -26,8 +26,8 @@ use words::Words;
 mod torch;
 mod words;
 use kvshare_attention::{
-    fp8, AttnBatch, AttnBuffers, AttnParams, Backend, Buf, BufMut, CacheLayout, DType, Fp8,
-    Fp8E4M3, Fp8E5M2, KvScales, TokenStrides,
+    fp8, AttnBatch, AttnBuffers, AttnParams, Backend, Buf, BufMut, CacheLayout, ChannelScales,
+    DType, Fp8, Fp8E4M3, Fp8E5M2, KvScales, TokenStrides,
 };
 
 #[derive(Clone, Copy)]
@@ -47,7 +47,7 @@ struct Opts {
     page_size: usize,
     iters: usize,
     threads: usize,
-    /// `--dtype`: K/V, query and output of the decode runs, F16, BF16 or F32; or an fp8 K/V
+    /// `--dtype`: K/V, query and output of the decode runs, F16, BF16 or F32; or a quantized K/V
     /// (query and output bf16).
     dtype: DType,
     /// `--huge-pages on|off` (decode): the K/V on 2 MiB pages, asked for with
@@ -74,9 +74,10 @@ OPTIONS:
     --page-size N         tokens per page [128]
     --iters N             timed launches, best of [5]
     --threads N           attention threads (0: all cores) [0]
-    --dtype T             decode K/V, query and output: f16, bf16 or f32 [f16]; or an fp8
-                          cache, fp8_e4m3 or fp8_e5m2 (query and output bf16), timed
-                          side by side with the same K/V as bf16 and as f16
+    --dtype T             decode K/V, query and output: f16, bf16 or f32 [f16]; or a
+                          quantized cache, fp8_e4m3, fp8_e5m2 or int8 (per-channel scales;
+                          query and output bf16), timed side by side with the same K/V
+                          as bf16 and as f16
     --huge-pages on|off   decode K/V, kvshare's and vLLM's, on 2 MiB pages [on]
     --prefill             causal prefill, f32 and bf16, against torch SDPA
     --chunk N             with --prefill: the last N tokens of each sequence are the queries,
@@ -117,7 +118,7 @@ fn parse(args: Vec<OsString>) -> Result<Option<Opts>, String> {
             "--dtype" => {
                 let v = val()?;
                 o.dtype = parse_dtype(&v).ok_or_else(|| {
-                    format!("--dtype: f16, bf16, f32, fp8_e4m3 or fp8_e5m2, not {v:?}")
+                    format!("--dtype: f16, bf16, f32, fp8_e4m3, fp8_e5m2 or int8, not {v:?}")
                 })?;
             }
             "--huge-pages" => {
@@ -217,10 +218,12 @@ fn buf(dt: DType, x: &[u16]) -> Buf<'_> {
         DType::F32 => Buf::F32(unsafe { x.align_to::<f32>() }.1),
         DType::Fp8E4M3 => Buf::Fp8E4M3(fp8::e4m3_slice(bytes(x))),
         DType::Fp8E5M2 => Buf::Fp8E5M2(fp8::e5m2_slice(bytes(x))),
+        // SAFETY: i8 and u8 have the same size, alignment and validity.
+        DType::Int8 => Buf::I8(unsafe { bytes(x).align_to::<i8>() }.1),
     }
 }
 
-/// The words' bytes, in memory order (two fp8 codes per word).
+/// The words' bytes, in memory order (two one-byte codes per word).
 fn bytes(x: &[u16]) -> &[u8] {
     // SAFETY: every byte of a u16 is initialised; u8 has alignment 1; same memory and lifetime.
     unsafe { std::slice::from_raw_parts(x.as_ptr().cast::<u8>(), x.len() * 2) }
@@ -235,6 +238,8 @@ fn buf_mut(dt: DType, x: &mut [u16]) -> BufMut<'_> {
         DType::F32 => BufMut::F32(unsafe { x.align_to_mut::<f32>() }.1),
         DType::Fp8E4M3 => BufMut::Fp8E4M3(fp8::e4m3_slice_mut(bytes_mut(x))),
         DType::Fp8E5M2 => BufMut::Fp8E5M2(fp8::e5m2_slice_mut(bytes_mut(x))),
+        // SAFETY: as in `buf`.
+        DType::Int8 => BufMut::I8(unsafe { bytes_mut(x).align_to_mut::<i8>() }.1),
     }
 }
 
@@ -244,8 +249,17 @@ fn bytes_mut(x: &mut [u16]) -> &mut [u8] {
     unsafe { std::slice::from_raw_parts_mut(x.as_mut_ptr().cast::<u8>(), x.len() * 2) }
 }
 
-/// The query and output type of a run whose K/V is `kv`: `kv` itself, bf16 for an fp8 cache
-/// (as vLLM runs an fp8 cache under a bf16 model).
+/// The per-channel scale of the benchmark's int8 caches: `2^-8`, so that every code's value is
+/// exact in bf16 and f16 (the baselines hold the same values).
+const INT8_SCALE: f32 = 1.0 / 256.0;
+
+/// `x` as an int8 code with the scale [`INT8_SCALE`].
+fn int8_code(x: f32) -> u8 {
+    (x / INT8_SCALE).round_ties_even() as i8 as u8
+}
+
+/// The query and output type of a run whose K/V is `kv`: `kv` itself, bf16 for a quantized
+/// cache (as vLLM runs an fp8 cache under a bf16 model).
 fn io_dtype(kv: DType) -> DType {
     if kv.is_quantized() {
         DType::BF16
@@ -254,13 +268,14 @@ fn io_dtype(kv: DType) -> DType {
     }
 }
 
-/// The 16-bit words `n` elements of `dt` take (two fp8 codes a word).
+/// The 16-bit words `n` elements of `dt` take (two one-byte codes a word).
 fn words(dt: DType, n: usize) -> usize {
     (n * dt.size_bytes()).div_ceil(2)
 }
 
 /// `next()`'s values in `dt`, as the 16-bit words of their bits in memory order: one word per
-/// f16 or bf16 value, two per f32, one per two fp8 codes (scale 1).
+/// f16 or bf16 value, two per f32, one per two fp8 codes (scale 1) or int8 codes
+/// ([`INT8_SCALE`]).
 fn words_of(dt: DType, mut next: impl FnMut() -> f32) -> impl FnMut() -> u16 {
     let mut pending: Option<u16> = None;
     move || {
@@ -277,6 +292,7 @@ fn words_of(dt: DType, mut next: impl FnMut() -> f32) -> impl FnMut() -> u16 {
             DType::Fp8E5M2 => {
                 u16::from_ne_bytes([Fp8E5M2::from_f32(x).0, Fp8E5M2::from_f32(next()).0])
             }
+            DType::Int8 => u16::from_ne_bytes([int8_code(x), int8_code(next())]),
             DType::F32 => {
                 let b = x.to_ne_bytes();
                 pending = Some(u16::from_ne_bytes([b[2], b[3]]));
@@ -416,6 +432,7 @@ fn launch_cost(o: &Opts, isa: Isa) -> Result<String, String> {
                 context_lens: &[ctx as i32; 2],
                 query_start_loc: None,
                 output: BufMut::F32(&mut out),
+                channel_scales: None,
             };
             let batch = AttnBatch::new(p, bufs).map_err(|e| e.to_string())?;
             b.attention(batch).map_err(|e| e.to_string())?;
@@ -458,7 +475,7 @@ fn run_shape(
     let num_pages = o.seqs * pages_per_seq;
     let elems = num_pages * ps * hk * d;
     let esz = o.dtype.size_bytes();
-    // `--dtype` is the K/V's type; the query and output are bf16 under an fp8 cache.
+    // `--dtype` is the K/V's type; the query and output are bf16 under a quantized cache.
     let kv_dt = o.dtype;
     println!(
         "\nattention decode: {} seqs x {} ctx, {} kv heads x {} dim, GQA {}, {} KV, page {}, {} threads",
@@ -541,6 +558,8 @@ fn run_shape(
         sliding_window: 0,
         kv_scales: KvScales::ONE,
     };
+    // An int8 cache's per-channel scales (one value: the baselines hold the same values).
+    let channels = vec![INT8_SCALE; hk * d];
     let launch_kv = |backend: &CpuBackend,
                      p: AttnParams,
                      table: &[i32],
@@ -555,6 +574,10 @@ fn run_shape(
             context_lens: &ctx_lens,
             query_start_loc: None,
             output: buf_mut(dt, out),
+            channel_scales: (p.cache.dtype == DType::Int8).then_some(ChannelScales {
+                k: &channels,
+                v: &channels,
+            }),
         };
         let batch = AttnBatch::new(p, bufs).map_err(|e| e.to_string())?;
         backend.attention(batch).map_err(|e| e.to_string())
@@ -610,7 +633,9 @@ fn run_shape(
     let mut vllm_json = "null".to_string();
     let mut vllm_ms = None;
     if kv_dt.is_quantized() && python.is_some() {
-        println!("vLLM side-by-side: not run for an fp8 cache (it compares bf16/f16/f32 only)");
+        println!(
+            "vLLM side-by-side: not run for a quantized cache (it compares bf16/f16/f32 only)"
+        );
     }
     let python = python.filter(|_| !kv_dt.is_quantized());
     if let Some(python) = python.filter(|_| o.ctx.is_multiple_of(ps)) {
@@ -742,7 +767,7 @@ the K/V reads bound decode here; well under 1: the arithmetic does)",
         launch(&backends[top], contig_p, &seq_ids, &mut scratch)?;
         torch_compare(o, &q, &k, &v, &scratch, threads)
     } else {
-        Err("run for the first shape only, and not for an fp8 cache".into())
+        Err("run for the first shape only, and not for a quantized cache".into())
     };
     let torch_json = match &torch {
         Ok(t) => {
@@ -770,7 +795,7 @@ kvshare paged is {:.2}x faster (max |output diff| {:.2e})",
     let json = format!(
         "{{\"seqs\":{},\"ctx\":{},\"kv_heads\":{},\"head_dim\":{},\"group\":{},\
 \"page_size\":{},\"dtype\":\"{}\",\"threads\":{},\"kv_bytes\":{},\"huge_pages\":{},\"kv_huge_mib\":{huge_mib:.0},\"mem_read_gbs\":{:.3},\
-\"paths\":{{{}}},\"contiguous_ms\":{:.3},\"paged_over_contiguous\":{:.3},\"arithmetic_check\":{},\"vllm\":{},\"torch\":{},\"fp8_against\":{}}}",
+\"paths\":{{{}}},\"contiguous_ms\":{:.3},\"paged_over_contiguous\":{:.3},\"arithmetic_check\":{},\"vllm\":{},\"torch\":{},\"quantized_against\":{}}}",
         o.seqs,
         o.ctx,
         hk,
@@ -793,7 +818,7 @@ kvshare paged is {:.2}x faster (max |output diff| {:.2e})",
     Ok(ShapeResult { json })
 }
 
-/// An fp8 cache's decode against the same K/V (its values exactly) stored as bf16 and as f16,
+/// A quantized cache's decode against the same K/V (its values exactly) stored as bf16 and as f16,
 /// on every path, in alternating rounds (one launch of each type per path and round, best of
 /// `--iters`, at least 3), so all three see the machine's moment: time ratios and the K/V bytes
 /// each reads per context token (per layer: K and V of every kv head). Returns the JSON object.
@@ -811,7 +836,8 @@ fn quant_baselines(
     let n = p.cache.num_pages * p.cache.page_stride;
     let value = |b: u8| match fmt {
         DType::Fp8E4M3 => Fp8E4M3(b).to_f32(),
-        _ => Fp8E5M2(b).to_f32(),
+        DType::Fp8E5M2 => Fp8E5M2(b).to_f32(),
+        _ => b as i8 as f32 * INT8_SCALE,
     };
     let widen = |x: &[u16], to: DType| -> Result<Words, String> {
         let codes = bytes(x);

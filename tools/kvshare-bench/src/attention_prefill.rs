@@ -139,6 +139,7 @@ pub fn run(s: Shape, paths: &[Isa]) -> Result<String, String> {
                 context_lens: &ctx_lens,
                 query_start_loc: Some(&qsl),
                 output: BufMut::F32(out),
+                channel_scales: None,
             };
             let batch = AttnBatch::new(params, bufs).map_err(|e| e.to_string())?;
             backend.attention(batch).map_err(|e| e.to_string())

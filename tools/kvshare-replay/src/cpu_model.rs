@@ -62,6 +62,13 @@ impl Store {
             DType::Fp8E5M2 => {
                 Store::Fp8E5M2(try_vec(n, Fp8E5M2(0), what).map_err(|e| e.to_string())?)
             }
+            DType::Int8 => {
+                return Err(
+                    "the CPU model runs f32, f16, bf16 and fp8 caches, not int8 (it has \
+                            no per-channel scales)"
+                        .into(),
+                )
+            }
         })
     }
     fn buf(&self) -> Buf<'_> {
@@ -101,6 +108,7 @@ fn round(dtype: DType, x: f32) -> f32 {
         DType::BF16 => bf16::from_f32(x).to_f32(),
         DType::Fp8E4M3 => Fp8E4M3::from_f32(x).to_f32(),
         DType::Fp8E5M2 => Fp8E5M2::from_f32(x).to_f32(),
+        DType::Int8 => x.round_ties_even().clamp(-128.0, 127.0),
     }
 }
 
@@ -369,6 +377,7 @@ impl Model for CpuModel {
                 SlotMapping::I64(f.slots),
                 kc.buf_mut(),
                 vc.buf_mut(),
+                None,
             )
             .map_err(|e| format!("kv_write: {e}"))?;
             self.backend
@@ -402,6 +411,7 @@ impl Model for CpuModel {
                     context_lens: f.context_lens,
                     query_start_loc: (!f.decode).then_some(f.query_start),
                     output: BufMut::F32(&mut self.out),
+                    channel_scales: None,
                 },
             )
             .map_err(|e| format!("attention: {e}"))?;

@@ -60,7 +60,8 @@ impl Geometry {
     }
 }
 
-/// `f32`, `f16`, `bf16`, `fp8_e4m3` or `fp8_e5m2` (vLLM's `kv_cache_dtype` names for fp8).
+/// `f32`, `f16`, `bf16`, `fp8_e4m3`, `fp8_e5m2` (vLLM's `kv_cache_dtype` names for fp8) or
+/// `int8`.
 pub fn dtype_name(d: DType) -> &'static str {
     match d {
         DType::F32 => "f32",
@@ -68,6 +69,7 @@ pub fn dtype_name(d: DType) -> &'static str {
         DType::BF16 => "bf16",
         DType::Fp8E4M3 => "fp8_e4m3",
         DType::Fp8E5M2 => "fp8_e5m2",
+        DType::Int8 => "int8",
     }
 }
 
@@ -79,6 +81,7 @@ pub fn parse_dtype(s: &str) -> Option<DType> {
         "bf16" => Some(DType::BF16),
         "fp8_e4m3" => Some(DType::Fp8E4M3),
         "fp8_e5m2" => Some(DType::Fp8E5M2),
+        "int8" => Some(DType::Int8),
         _ => None,
     }
 }

@@ -130,7 +130,7 @@ pub fn acl_dtype(d: DType, field: &str) -> Result<i32> {
         DType::F32 => Err(unsupported(format!(
             "{field} is f32; CANN's paged attention and KV scatter take fp16 or bf16"
         ))),
-        DType::Fp8E4M3 | DType::Fp8E5M2 => Err(unsupported(format!(
+        DType::Fp8E4M3 | DType::Fp8E5M2 | DType::Int8 => Err(unsupported(format!(
             "{field} is {d:?}; quantized KV caches run on the CPU backend only (CANN's \
              quantized-KV arguments are not wired)"
         ))),

@@ -19,7 +19,8 @@ use super::copy_runs::{page_copy_runs, ByteRun};
 use super::pool::ThreadPool;
 use super::team::Team;
 use super::{
-    AttnBatch, Backend, BackendInfo, Buf, BufMut, CopyKind, Fp8, KvScales, KvWrite, PageCopyBatch,
+    AttnBatch, Backend, BackendInfo, Buf, BufMut, ChannelScales, CopyKind, Fp8, KvScales, KvWrite,
+    PageCopyBatch,
 };
 use crate::error::{Error, Result};
 use kernel::{KvElem, Rows, SeqKv};
@@ -155,7 +156,7 @@ impl OutRows {
                 len: s.len(),
                 ptr: OutPtr::BF16(s.as_mut_ptr()),
             },
-            BufMut::Fp8E4M3(_) | BufMut::Fp8E5M2(_) => return None,
+            BufMut::Fp8E4M3(_) | BufMut::Fp8E5M2(_) | BufMut::I8(_) => return None,
         })
     }
 
@@ -213,9 +214,9 @@ thread_local! {
 }
 
 /// Fills `r` with item `it`'s rows (`acc` sized; its contents are the kernel's to set), each
-/// query multiplied by `qs` (the launch's scale with the K cache's folded in, [`Fold`]); the
-/// bf16 query rows too when `pairs` (the kernels can use them).
-fn item_rows(batch: &AttnBatch<'_>, it: &Item, r: &mut ItemRows, pairs: bool, qs: f32) {
+/// query multiplied by the launch's scale with the K cache's scales folded in ([`Fold::query`]);
+/// the bf16 query rows too when `pairs` (the kernels can use them).
+fn item_rows(batch: &AttnBatch<'_>, it: &Item, r: &mut ItemRows, pairs: bool, fold: &Fold<'_>) {
     let p = batch.params();
     let (g, d) = (p.group(), p.cache.head_dim);
     let seq = &batch.seqs()[it.seq];
@@ -247,7 +248,7 @@ fn item_rows(batch: &AttnBatch<'_>, it: &Item, r: &mut ItemRows, pairs: bool, qs
                 let q = &mut r.q[row * d..(row + 1) * d];
                 let off = tok * p.query_strides.token + (kh * g + gi) * p.query_strides.head;
                 batch.bufs.query.read_f32(off, q);
-                q.iter_mut().for_each(|x| *x *= qs);
+                fold.query(kh, q);
                 if let Some(s) = raw {
                     r.q_bf16[row * d..(row + 1) * d].copy_from_slice(&s[off..off + d]);
                 }
@@ -259,41 +260,70 @@ fn item_rows(batch: &AttnBatch<'_>, it: &Item, r: &mut ItemRows, pairs: bool, qs
     }
 }
 
-/// The cache's scales folded out of the kernel: a K element is `UNIT * k_scale` times what the
-/// kernel reads (`KvElem::UNIT`), so `q·k` is the kernel's product with the query multiplied by
-/// `scale * UNIT * k_scale` ([`Fold::q`]); a V element likewise, and the output is linear in
-/// V, so the rows are multiplied by `UNIT * v_scale` ([`Fold::out`]) as they are written. The
-/// kernel itself never sees a scale, and no element is multiplied by one.
+/// The cache's scales folded out of the kernel. A K element of kv head `kh`, channel `i` is
+/// `UNIT * k_scale * k_channel[kh][i]` times what the kernel reads (`KvElem::UNIT`; the channel
+/// scale 1 without per-channel scales), so `q·k` is the kernel's product with the query's
+/// channel `i` multiplied by `scale * UNIT * k_scale * k_channel[kh][i]` ([`Fold::query`]). A V
+/// element likewise, and output channel `i` is linear in V's channel `i`, so it is multiplied
+/// by `UNIT * v_scale * v_channel[kh][i]` as it is written ([`Fold::output`]). The kernel itself
+/// never sees a scale, and no element is multiplied by one.
 #[derive(Clone, Copy)]
-struct Fold {
+struct Fold<'a> {
     q: f32,
     out: f32,
+    channels: Option<ChannelScales<'a>>,
 }
 
-impl Fold {
-    fn of<T: KvElem>(scale: f32, s: KvScales) -> Fold {
+impl<'a> Fold<'a> {
+    fn of<T: KvElem>(scale: f32, s: KvScales, channels: Option<ChannelScales<'a>>) -> Self {
         Fold {
             q: scale * T::UNIT * s.k,
             out: T::UNIT * s.v,
+            channels,
+        }
+    }
+
+    /// Multiplies a query row of kv head `kh` by its K scales.
+    fn query(&self, kh: usize, q: &mut [f32]) {
+        match self.channels {
+            None => q.iter_mut().for_each(|x| *x *= self.q),
+            Some(c) => {
+                let d = q.len();
+                q.iter_mut()
+                    .zip(&c.k[kh * d..])
+                    .for_each(|(x, s)| *x *= self.q * s)
+            }
+        }
+    }
+
+    /// Multiplies an output row of kv head `kh` by its V scales.
+    fn output(&self, kh: usize, o: &mut [f32]) {
+        match self.channels {
+            None if self.out == 1.0 => {}
+            None => o.iter_mut().for_each(|x| *x *= self.out),
+            Some(c) => {
+                let d = o.len();
+                o.iter_mut()
+                    .zip(&c.v[kh * d..])
+                    .for_each(|(x, s)| *x *= self.out * s)
+            }
         }
     }
 }
 
 /// Writes an item's `rows` output rows (`d` floats each, kernel order) to the output tensor,
-/// multiplied by `out_scale` ([`Fold::out`]; 1 leaves them as they are).
-fn write_rows(batch: &AttnBatch<'_>, it: &Item, acc: &mut [f32], out: &OutRows, out_scale: f32) {
+/// each multiplied by its V scales ([`Fold::output`]).
+fn write_rows(batch: &AttnBatch<'_>, it: &Item, acc: &mut [f32], out: &OutRows, fold: &Fold<'_>) {
     let p = batch.params();
     let (g, d) = (p.group(), p.cache.head_dim);
     let seq = &batch.seqs()[it.seq];
-    if out_scale != 1.0 {
-        acc.iter_mut().for_each(|x| *x *= out_scale);
-    }
     for kh in it.h0..it.h0 + it.hn {
         for qi in 0..it.qn {
             let tok = seq.q_start + it.q0 + qi;
             for gi in 0..g {
                 let row = ((kh - it.h0) * it.qn + qi) * g + gi;
                 let h = kh * g + gi;
+                fold.output(kh, &mut acc[row * d..(row + 1) * d]);
                 // SAFETY: row (tok, h) belongs to this item (or split) only; the plan covers
                 // every row once and validation proved output rows do not overlap.
                 unsafe {
@@ -325,7 +355,7 @@ fn run_attention<T: KvElem>(
     let d = p.cache.head_dim;
     let seqs = batch.seqs();
     let workers = &be.workers;
-    let fold = Fold::of::<T>(p.scale, p.kv_scales);
+    let fold = Fold::of::<T>(p.scale, p.kv_scales, batch.bufs.channel_scales);
     let plan = plan::plan(
         seqs,
         p.group(),
@@ -337,8 +367,9 @@ fn run_attention<T: KvElem>(
     );
     let partials: Vec<OnceLock<Partial>> = (0..plan.num_parts).map(|_| OnceLock::new()).collect();
     workers.for_each(plan.items.len(), |i| {
-        let run =
-            |r: &mut ItemRows| run_item(be, batch, &plan.items[i], r, (k, v), out, &partials, fold);
+        let run = |r: &mut ItemRows| {
+            run_item(be, batch, &plan.items[i], r, (k, v), out, &partials, &fold)
+        };
         ITEM_ROWS.with_borrow_mut(run)
     });
     workers.for_each(plan.splits.len(), |i| {
@@ -360,7 +391,7 @@ fn run_attention<T: KvElem>(
                     .collect();
                 kernel::merge_partials(&rp, &mut acc[r * d..(r + 1) * d]);
             }
-            write_rows(batch, &split.rows, acc, out, fold.out);
+            write_rows(batch, &split.rows, acc, out, &fold);
         })
     });
 }
@@ -376,12 +407,14 @@ fn run_item<T: KvElem>(
     (k, v): (&[T], &[T]),
     out: &OutRows,
     partials: &[OnceLock<Partial>],
-    fold: Fold,
+    fold: &Fold<'_>,
 ) {
     let p = batch.params();
     let d = p.cache.head_dim;
     let seq = batch.seqs()[it.seq];
-    item_rows(batch, it, r, be.isa.vector().bf16_pairs(), fold.q);
+    // The bf16 pair engines take one scale for the whole query: not per-channel ones.
+    let pairs = be.isa.vector().bf16_pairs() && fold.channels.is_none();
+    item_rows(batch, it, r, pairs, fold);
     let rows = Rows {
         q: &r.q,
         lo: &r.lo,
@@ -408,7 +441,7 @@ fn run_item<T: KvElem>(
     match it.part {
         None => {
             kernel::normalize(d, &l, &mut r.acc);
-            write_rows(batch, it, &mut r.acc, out, fold.out);
+            write_rows(batch, it, &mut r.acc, out, fold);
         }
         Some(part) => {
             // Each part index belongs to exactly one item, so the cell is empty here. The
@@ -420,14 +453,16 @@ fn run_item<T: KvElem>(
 }
 
 /// Writes `n = tmp.len()` new elements into the cache at `dof`: each divided by the cache's
-/// `scale` and rounded to the cache's type (to nearest, ties to even; fp8 saturating, `fp8.rs`),
-/// or copied as they are when the types agree and the scale is 1.
+/// `scale` (and its channel's, the `n` scales of `channel` for an int8 cache) and rounded to the
+/// cache's type (to nearest, ties to even; fp8 saturating, `fp8.rs`; int8 saturating to
+/// -128..=127, NaN stored as 0: int8 has none), or copied as they are when the types agree and
+/// the scale is 1.
 fn write_elems(
     src: &Buf<'_>,
     so: usize,
     dst: &mut BufMut<'_>,
     dof: usize,
-    scale: f32,
+    (scale, channel): (f32, Option<&[f32]>),
     tmp: &mut [f32],
 ) {
     use half::slice::HalfFloatSliceExt;
@@ -447,8 +482,10 @@ fn write_elems(
         }
         (src, dst) => {
             src.read_f32(so, tmp);
-            if scale != 1.0 {
-                tmp.iter_mut().for_each(|x| *x /= scale);
+            match channel {
+                Some(c) => tmp.iter_mut().zip(c).for_each(|(x, c)| *x /= scale * c),
+                None if scale != 1.0 => tmp.iter_mut().for_each(|x| *x /= scale),
+                None => {}
             }
             match dst {
                 BufMut::F32(d) => d[dof..dof + n].copy_from_slice(tmp),
@@ -456,6 +493,11 @@ fn write_elems(
                 BufMut::BF16(d) => d[dof..dof + n].convert_from_f32_slice(tmp),
                 BufMut::Fp8E4M3(d) => quantize(&mut d[dof..dof + n], tmp),
                 BufMut::Fp8E5M2(d) => quantize(&mut d[dof..dof + n], tmp),
+                // `as` saturates to the type's range and takes NaN to 0.
+                BufMut::I8(d) => d[dof..dof + n]
+                    .iter_mut()
+                    .zip(&*tmp)
+                    .for_each(|(d, x)| *d = x.round_ties_even() as i8),
             }
         }
     }
@@ -519,6 +561,7 @@ impl Backend for CpuBackend {
             (Buf::BF16(k), Buf::BF16(v)) => run_attention(self, &batch, k, v, &out),
             (Buf::Fp8E4M3(k), Buf::Fp8E4M3(v)) => run_attention(self, &batch, k, v, &out),
             (Buf::Fp8E5M2(k), Buf::Fp8E5M2(v)) => run_attention(self, &batch, k, v, &out),
+            (Buf::I8(k), Buf::I8(v)) => run_attention(self, &batch, k, v, &out),
             _ => {
                 return Err(Error::BackendFailure(
                     "K and V caches differ in dtype".into(),
@@ -542,8 +585,29 @@ impl Backend for CpuBackend {
             for h in 0..lay.num_kv_heads {
                 let so = t * p.src_strides.token + h * p.src_strides.head;
                 let dof = lay.offset(page, off, h);
-                write_elems(&w.key, so, &mut w.key_cache, dof, p.scales.k, &mut tmp);
-                write_elems(&w.value, so, &mut w.value_cache, dof, p.scales.v, &mut tmp);
+                let (kc, vc) = match w.channel_scales {
+                    Some(c) => (
+                        Some(&c.k[h * d..(h + 1) * d]),
+                        Some(&c.v[h * d..(h + 1) * d]),
+                    ),
+                    None => (None, None),
+                };
+                write_elems(
+                    &w.key,
+                    so,
+                    &mut w.key_cache,
+                    dof,
+                    (p.scales.k, kc),
+                    &mut tmp,
+                );
+                write_elems(
+                    &w.value,
+                    so,
+                    &mut w.value_cache,
+                    dof,
+                    (p.scales.v, vc),
+                    &mut tmp,
+                );
             }
         }
         Ok(())

@@ -1,4 +1,5 @@
-//! fp8 caches end to end on the CPU backend: new K/V written through [`Backend::kv_write`]
+//! Quantized caches (fp8 with per-tensor scales, int8 with per-channel ones) end to end on the
+//! CPU backend: new K/V written through [`Backend::kv_write`]
 //! (quantized with the layer's scales) into shuffled pages, then attention through
 //! [`Backend::attention`] on every kernel path this machine runs (decode rows, tiled prefill
 //! rows, the AMX engine, split-K merges), against an f64 computation of the same attention.
@@ -20,10 +21,11 @@
 //! # The bound
 //!
 //! A value `x` written with scale `c` is stored as `c * round(x / c)`, whose error is at most
-//! `u |x| + a` with `u = 2^-(m + 1)` (`m` mantissa bits: 1/16 for E4M3, 1/8 for E5M2) and `a =
-//! 2^(emin - m - 1) c` (half the subnormal spacing; `emin` = -6 for E4M3, -14 for E5M2), when
-//! `|x| / c` does not pass the largest finite value (the scales here are at least the
-//! calibrated `amax / max`, so nothing saturates). For one output row with query `q` and
+//! `u |x| + a` with, for fp8, `u = 2^-(m + 1)` (`m` mantissa bits: 1/16 for E4M3, 1/8 for E5M2)
+//! and `a = 2^(emin - m - 1) c` (half the subnormal spacing; `emin` = -6 for E4M3, -14 for
+//! E5M2), and for int8 `u = 0` and `a = c / 2` (`c` the channel's scale times the per-tensor
+//! one), when `|x| / c` does not pass the largest value (the scales here are at least the
+//! calibrated `amax / max`, `max` 448, 57344 or 127, so nothing saturates). For one output row with query `q` and
 //! attention scale `s`:
 //! * each score moves by at most `D_t = s sum_i |q_i| (u |k_ti| + a_k)`, so with `D = max_t D_t`
 //!   each softmax weight moves by a factor within `e^(+-2D)`, and `sum_t |p'_t - p_t| <=
@@ -41,8 +43,8 @@ use proptest::prelude::*;
 use super::{CpuBackend, Isa};
 use crate::fp8::{Fp8, Fp8E4M3, Fp8E5M2};
 use crate::{
-    AttnBatch, AttnBuffers, AttnParams, Backend, Buf, BufMut, CacheLayout, KvScales, KvWrite,
-    KvWriteParams, SlotMapping, TokenStrides,
+    AttnBatch, AttnBuffers, AttnParams, Backend, Buf, BufMut, CacheLayout, ChannelScales, KvScales,
+    KvWrite, KvWriteParams, SlotMapping, TokenStrides,
 };
 use kvshare_core::DType;
 
@@ -58,7 +60,7 @@ struct Case {
     ctx: Vec<usize>,
     q_len: Vec<usize>,
     varlen: bool,
-    /// Amplitude of K and V (uniform in `[-amp, amp)`).
+    /// Amplitude of K and V (uniform in `[-a, a)`, `a` from 0.25 to 2 times `amp` by channel).
     amp: f32,
     /// Each scale is the calibrated `amax / max` times this (>= 1: nothing saturates; larger
     /// values push more of the values into the subnormals).
@@ -67,7 +69,8 @@ struct Case {
     seed: u32,
 }
 
-/// The format's constants the bound needs: `(u, a / scale)`.
+/// The format's constants the bound needs: `(u, a / scale)`. int8 (to nearest, 1 apart):
+/// no relative term, half a step absolute.
 fn unit_errors(format: DType) -> (f64, f64) {
     fn of<T: Fp8>() -> (f64, f64) {
         let m = T::MANTISSA_BITS as i32;
@@ -76,14 +79,17 @@ fn unit_errors(format: DType) -> (f64, f64) {
     match format {
         DType::Fp8E4M3 => of::<Fp8E4M3>(),
         DType::Fp8E5M2 => of::<Fp8E5M2>(),
-        d => panic!("{d:?} is not an fp8 format"),
+        DType::Int8 => (0.0, 0.5),
+        d => panic!("{d:?} is not a quantized format"),
     }
 }
 
+/// The largest magnitude a scale of `amax / max` keeps (int8: 127, symmetric).
 fn max_finite(format: DType) -> f32 {
     match format {
         DType::Fp8E4M3 => Fp8E4M3::MAX,
-        _ => Fp8E5M2::MAX,
+        DType::Fp8E5M2 => Fp8E5M2::MAX,
+        _ => 127.0,
     }
 }
 
@@ -91,21 +97,26 @@ fn max_finite(format: DType) -> f32 {
 fn cache_buf(format: DType, b: &[u8]) -> Buf<'_> {
     match format {
         DType::Fp8E4M3 => Buf::Fp8E4M3(crate::fp8::e4m3_slice(b)),
-        _ => Buf::Fp8E5M2(crate::fp8::e5m2_slice(b)),
+        DType::Fp8E5M2 => Buf::Fp8E5M2(crate::fp8::e5m2_slice(b)),
+        // SAFETY: i8 and u8 have the same size, alignment and validity.
+        _ => Buf::I8(unsafe { std::slice::from_raw_parts(b.as_ptr().cast(), b.len()) }),
     }
 }
 
 fn cache_buf_mut(format: DType, b: &mut [u8]) -> BufMut<'_> {
     match format {
         DType::Fp8E4M3 => BufMut::Fp8E4M3(crate::fp8::e4m3_slice_mut(b)),
-        _ => BufMut::Fp8E5M2(crate::fp8::e5m2_slice_mut(b)),
+        DType::Fp8E5M2 => BufMut::Fp8E5M2(crate::fp8::e5m2_slice_mut(b)),
+        // SAFETY: as in `cache_buf`; the result borrows `b` mutably for its whole life.
+        _ => BufMut::I8(unsafe { std::slice::from_raw_parts_mut(b.as_mut_ptr().cast(), b.len()) }),
     }
 }
 
 fn code_value(format: DType, b: u8) -> f64 {
     match format {
         DType::Fp8E4M3 => Fp8E4M3(b).to_f32() as f64,
-        _ => Fp8E5M2(b).to_f32() as f64,
+        DType::Fp8E5M2 => Fp8E5M2(b).to_f32() as f64,
+        _ => b as i8 as f64,
     }
 }
 
@@ -121,7 +132,10 @@ struct Run {
     /// `[tokens, heads, d]`, as the kernel reads it (bf16-rounded when the query is bf16).
     q: Vec<f32>,
     scale: f32,
-    scales: KvScales,
+    /// Per channel (`[kv_heads, d]`), the scale a stored code is multiplied by: the per-tensor
+    /// scale times the channel's (int8), or the per-tensor scale alone (fp8).
+    k_eff: Vec<f64>,
+    v_eff: Vec<f64>,
     /// Per path: the output `[tokens, heads, d]`.
     outs: Vec<(Isa, Vec<f32>)>,
 }
@@ -137,22 +151,50 @@ fn run(c: &Case) -> Run {
         (seed >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0
     };
     let n = c.ctx.len();
+    // Channels of different amplitudes (0.25 to 2 times `amp`, by kv head and index), so that
+    // per-channel scales differ and a scale applied to the wrong channel shows.
+    let chan = |e: usize| c.amp * (0.25 + ((e % (hk * d)) * 7 % 8) as f32 / 4.0);
     let k: Vec<Vec<f32>> = c
         .ctx
         .iter()
-        .map(|&l| (0..l * hk * d).map(|_| rnd() * c.amp).collect())
+        .map(|&l| (0..l * hk * d).map(|e| rnd() * chan(e)).collect())
         .collect();
     let v: Vec<Vec<f32>> = c
         .ctx
         .iter()
-        .map(|&l| (0..l * hk * d).map(|_| rnd() * c.amp).collect())
+        .map(|&l| (0..l * hk * d).map(|e| rnd() * chan(e)).collect())
         .collect();
-    let amax = |x: &Vec<Vec<f32>>| x.iter().flatten().fold(0f32, |m, y| m.max(y.abs()));
     let max = max_finite(c.format);
-    let scales = KvScales {
-        k: (amax(&k) / max * c.headroom).max(f32::MIN_POSITIVE),
-        v: (amax(&v) / max * c.headroom).max(f32::MIN_POSITIVE),
+    let calibrated = |a: f32| (a / max * c.headroom).max(f32::MIN_POSITIVE);
+    // int8: per-channel scales calibrated per (kv head, channel) and per-tensor scales of 0.5
+    // and 2 (their product is the calibrated one); fp8: per-tensor scales calibrated.
+    let channel_amax = |x: &Vec<Vec<f32>>| -> Vec<f32> {
+        let mut a = vec![0f32; hk * d];
+        for seq in x {
+            for (e, y) in seq.iter().enumerate() {
+                a[e % (hk * d)] = a[e % (hk * d)].max(y.abs());
+            }
+        }
+        a
     };
+    let (ka, va) = (channel_amax(&k), channel_amax(&v));
+    let int8 = c.format == DType::Int8;
+    let (scales, kch, vch) = if int8 {
+        let s = KvScales::new(0.5, 2.0);
+        let ch = |a: &[f32], t: f32| -> Vec<f32> { a.iter().map(|&x| calibrated(x) / t).collect() };
+        (s, ch(&ka, s.k), ch(&va, s.v))
+    } else {
+        let all = |a: &[f32]| calibrated(a.iter().fold(0f32, |m, &y| m.max(y)));
+        (
+            KvScales::new(all(&ka), all(&va)),
+            vec![1.0; hk * d],
+            vec![1.0; hk * d],
+        )
+    };
+    let channels = int8.then_some(ChannelScales { k: &kch, v: &vch });
+    let eff =
+        |t: f32, ch: &[f32]| -> Vec<f64> { ch.iter().map(|&x| t as f64 * x as f64).collect() };
+    let (k_eff, v_eff) = (eff(scales.k, &kch), eff(scales.v, &vch));
     // Pages: each sequence's pages drawn from one shuffled pool, with spare pages left over.
     let per_seq: Vec<usize> = c.ctx.iter().map(|l| l.div_ceil(ps)).collect();
     let max_pages = per_seq.iter().copied().max().unwrap_or(1).max(1);
@@ -197,11 +239,12 @@ fn run(c: &Case) -> Run {
             SlotMapping::I64(&slots),
             cache_buf_mut(c.format, &mut kc),
             cache_buf_mut(c.format, &mut vc),
+            channels,
         )
         .unwrap();
         be.kv_write(w).unwrap();
     }
-    let stored = |cache: &[u8], sc: f32| -> Vec<Vec<f64>> {
+    let stored = |cache: &[u8], sc: &[f64]| -> Vec<Vec<f64>> {
         (0..n)
             .map(|s| {
                 (0..c.ctx[s] * hk * d)
@@ -209,13 +252,13 @@ fn run(c: &Case) -> Run {
                         let (t, hi) = (e / (hk * d), e % (hk * d));
                         let page = table[s * max_pages + t / ps] as usize;
                         let at = layout.offset(page, t % ps, 0) + hi;
-                        code_value(c.format, cache[at]) * sc as f64
+                        code_value(c.format, cache[at]) * sc[hi]
                     })
                     .collect()
             })
             .collect()
     };
-    let (k_stored, v_stored) = (stored(&kc, scales.k), stored(&vc, scales.v));
+    let (k_stored, v_stored) = (stored(&kc, &k_eff), stored(&vc, &v_eff));
 
     let tokens: usize = c.q_len.iter().sum();
     let scale = 1.0 / (d as f32).sqrt();
@@ -269,6 +312,7 @@ fn run(c: &Case) -> Run {
             context_lens: &ctx_lens,
             query_start_loc: c.varlen.then_some(&starts[..]),
             output: BufMut::F32(&mut out),
+            channel_scales: channels,
         };
         be.attention(AttnBatch::new(p, bufs).unwrap()).unwrap();
         outs.push((isa, out));
@@ -280,7 +324,8 @@ fn run(c: &Case) -> Run {
         v_stored,
         q,
         scale,
-        scales,
+        k_eff,
+        v_eff,
         outs,
     }
 }
@@ -296,7 +341,7 @@ struct Expected {
     dq: Vec<f64>,
 }
 
-fn expected(c: &Case, r: &Run, k: &[Vec<f64>], v: &[Vec<f64>], u: f64, a_k: f64) -> Expected {
+fn expected(c: &Case, r: &Run, k: &[Vec<f64>], v: &[Vec<f64>], u: f64, a_k: &[f64]) -> Expected {
     let (d, hk) = (c.d, c.kv_heads);
     let h = hk * c.group;
     let tokens: usize = c.q_len.iter().sum();
@@ -324,7 +369,7 @@ fn expected(c: &Case, r: &Run, k: &[Vec<f64>], v: &[Vec<f64>], u: f64, a_k: f64)
                     let (mut x, mut d0, mut dq) = (0f64, 0f64, 0f64);
                     for i in 0..d {
                         x += q[i] * kt[i];
-                        d0 += q[i].abs() * (u * kt[i].abs() + a_k);
+                        d0 += q[i].abs() * (u * kt[i].abs() + a_k[kh * d + i]);
                         dq += q[i].abs() * kq[i].abs();
                     }
                     scores.push(sc * x);
@@ -361,7 +406,7 @@ fn check(
     got: &[f32],
     e: &Expected,
     u: f64,
-    a_v: f64,
+    a_v: &[f64],
     pairs: f64,
 ) -> (f64, f64) {
     let d = c.d;
@@ -371,7 +416,9 @@ fn check(
         let big_d = e.d0[row] + pairs * e.dq[row];
         let weights = (2.0 * big_d + 2.0 * pairs).exp() - 1.0;
         let vmax = e.vmax[j];
-        let bound = (weights + u + 2f64.powi(-14)) * vmax + a_v;
+        // Output channel `j % d` of head `row % h` reads kv head `row % h / group`.
+        let ch = (row % (c.kv_heads * c.group)) / c.group * d + j % d;
+        let bound = (weights + u + 2f64.powi(-14)) * vmax + a_v[ch];
         let err = (g as f64 - e.want[j]).abs();
         assert!(
             err <= bound,
@@ -399,8 +446,11 @@ fn check_case(c: &Case) -> (f64, f64) {
             .map(|s| s.iter().map(|&y| y as f64).collect())
             .collect()
     };
-    let stored = expected(c, &r, &r.k_stored, &r.v_stored, 0.0, 0.0);
-    let format = expected(c, &r, &to64(&r.k), &to64(&r.v), u, a * r.scales.k as f64);
+    let zero = vec![0.0; c.kv_heads * c.d];
+    let a_of = |eff: &[f64]| -> Vec<f64> { eff.iter().map(|x| a * x).collect() };
+    let (a_k, a_v) = (a_of(&r.k_eff), a_of(&r.v_eff));
+    let stored = expected(c, &r, &r.k_stored, &r.v_stored, 0.0, &zero);
+    let format = expected(c, &r, &to64(&r.k), &to64(&r.v), u, &a_k);
     let (mut worst, mut max_err) = (0f64, 0f64);
     for (isa, got) in &r.outs {
         let pairs = if *isa == Isa::Amx { 2f64.powi(-9) } else { 0.0 };
@@ -411,17 +461,16 @@ fn check_case(c: &Case) -> (f64, f64) {
             got,
             &stored,
             0.0,
-            0.0,
+            &zero,
             pairs,
         );
-        let a_v = a * r.scales.v as f64;
         let w = check(
             &format!("{name}: {:?} bound", c.format),
             c,
             got,
             &format,
             u,
-            a_v,
+            &a_v,
             pairs,
         );
         worst = worst.max(w.0);
@@ -431,7 +480,7 @@ fn check_case(c: &Case) -> (f64, f64) {
 }
 
 fn format() -> impl Strategy<Value = DType> {
-    prop::sample::select(vec![DType::Fp8E4M3, DType::Fp8E5M2])
+    prop::sample::select(vec![DType::Fp8E4M3, DType::Fp8E5M2, DType::Int8])
 }
 
 proptest! {
@@ -439,7 +488,7 @@ proptest! {
 
     /// Decode: ragged context lengths, any page size, GQA groups, head dims with tails.
     #[test]
-    fn fp8_decode_within_the_format_bound(
+    fn quantized_decode_within_the_format_bound(
         format in format(),
         d in prop::sample::select(vec![8usize, 40, 64, 72, 128]),
         ps in prop::sample::select(vec![1usize, 5, 16, 33]),
@@ -461,7 +510,7 @@ proptest! {
     /// Prefill and mixed batches: query lengths from 1 to past the tiled kernel's threshold
     /// (8 tokens), after cached prefixes.
     #[test]
-    fn fp8_prefill_within_the_format_bound(
+    fn quantized_prefill_within_the_format_bound(
         format in format(),
         d in prop::sample::select(vec![8usize, 40, 64, 72, 128]),
         ps in prop::sample::select(vec![1usize, 5, 16, 33]),
@@ -481,11 +530,11 @@ proptest! {
     }
 }
 
-/// Long sequences (split into key chunks whose partial softmaxes are merged) in both formats,
+/// Long sequences (split into key chunks whose partial softmaxes are merged) in every format,
 /// decode and a prefill chunk; prints how much of the bound the errors used.
 #[test]
-fn fp8_long_sequences_split_and_merge_within_the_bound() {
-    for format in [DType::Fp8E4M3, DType::Fp8E5M2] {
+fn quantized_long_sequences_split_and_merge_within_the_bound() {
+    for format in [DType::Fp8E4M3, DType::Fp8E5M2, DType::Int8] {
         for (varlen, q_len) in [(false, 1usize), (true, 9)] {
             let c = Case {
                 format,
@@ -503,8 +552,8 @@ fn fp8_long_sequences_split_and_merge_within_the_bound() {
             };
             let (used, err) = check_case(&c);
             println!(
-                "{format:?} q_len {q_len}: largest error {err:.2e} (values in [-1, 1)), {used:.3} \
-                 of its bound"
+                "{format:?} q_len {q_len}: largest error {err:.2e} (channel amplitudes 0.25 to 2), \
+                 {used:.3} of its bound"
             );
         }
     }

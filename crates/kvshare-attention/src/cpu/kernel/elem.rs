@@ -1,5 +1,5 @@
-//! The KV element types (f32, f16, bf16, fp8 E4M3 and E5M2): their conversion to f32, one
-//! element at a time and as AVX2 / AVX-512 vectors. An fp8 element converts through its f16
+//! The KV element types (f32, f16, bf16, fp8 E4M3 and E5M2, int8): their conversion to f32,
+//! one element at a time and as AVX2 / AVX-512 vectors. An fp8 element converts through its f16
 //! image (`crate::fp8`): a few integer shifts, then the CPU's f16 conversion; its scale is
 //! never applied here (see [`KvElem::UNIT`]).
 
@@ -268,6 +268,35 @@ impl KvElem for Fp8E4M3 {
     }
 }
 
+impl KvElem for i8 {
+    /// Every int8 is an integer of at most 8 significant bits: a bf16 value.
+    const BF16_EXACT: bool = true;
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self as f32
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8_avx2(p: *const Self) -> std::arch::x86_64::__m256 {
+        // SAFETY: `p` is valid for 8 one-byte reads, the 8 bytes loaded (unaligned), and the CPU
+        // has AVX2 (the `load8_avx2` contract).
+        unsafe {
+            use std::arch::x86_64::*;
+            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p.cast::<__m128i>())))
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16_avx512(p: *const Self) -> std::arch::x86_64::__m512 {
+        // SAFETY: `p` is valid for 16 one-byte reads, the 16 bytes loaded (unaligned), and the
+        // CPU has AVX-512F (the `load16_avx512` contract).
+        unsafe {
+            use std::arch::x86_64::*;
+            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p.cast::<__m128i>())))
+        }
+    }
+}
+
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
     use super::*;
@@ -327,5 +356,34 @@ mod tests {
     fn fp8_vector_loads_match_the_scalar_read() {
         every_code::<Fp8E4M3>();
         every_code::<Fp8E5M2>();
+    }
+
+    /// Every int8 through each vector load the CPU has: its value.
+    #[test]
+    fn int8_vector_loads_read_every_value() {
+        let all: Vec<i8> = (i8::MIN..=i8::MAX).collect();
+        if std::is_x86_feature_detected!("avx2") {
+            for c in (0..256).step_by(8) {
+                let mut out = [0f32; 8];
+                // SAFETY: AVX2 detected above; `c + 8 <= 256` values.
+                unsafe {
+                    use std::arch::x86_64::*;
+                    _mm256_storeu_ps(out.as_mut_ptr(), i8::load8_avx2(all.as_ptr().add(c)));
+                }
+                for i in 0..8 {
+                    assert_eq!(out[i], all[c + i] as f32);
+                }
+            }
+        }
+        if crate::cpu::Isa::Avx512.check().is_ok() {
+            for c in (0..256).step_by(16) {
+                let mut out = [0f32; 16];
+                // SAFETY: the `avx512` path's features are present; `c + 16 <= 256` values.
+                unsafe { store16(&mut out, all.as_ptr().add(c)) };
+                for i in 0..16 {
+                    assert_eq!(out[i], all[c + i] as f32);
+                }
+            }
+        }
     }
 }
