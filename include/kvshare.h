@@ -208,6 +208,21 @@ enum kvs_dtype
    bfloat16.
    */
   KVS_DTYPE_BF16 = 2,
+  /*
+   8-bit float E4M3 (OCP "fn": bias 7, no infinity, largest finite 448): KV caches only
+   (one byte per element), each element its value times the layer's `k_scale`/`v_scale`.
+   */
+  KVS_DTYPE_FP8_E4M3 = 3,
+  /*
+   8-bit float E5M2 (bias 15, the upper byte of an IEEE half): KV caches only, as
+   `KVS_DTYPE_FP8_E4M3`.
+   */
+  KVS_DTYPE_FP8_E5M2 = 4,
+  /*
+   8-bit signed integer: KV caches only, each element its value times its channel's scale
+   (`kvs_kv_scales.k_channel_scales` / `v_channel_scales`) and the per-tensor one.
+   */
+  KVS_DTYPE_INT8 = 5,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -588,7 +603,8 @@ typedef uint32_t kvs_pool_store;
  `kvs_backend_new_cpu_team` runs each call on the host's team instead).
 
  **Methods:** `kvs_backend_new`, `kvs_backend_new_cpu_team`, `kvs_backend_free`, `kvs_backend_num_threads`,
- `kvs_backend_describe`, `kvs_attention_launch`, `kvs_kv_write`, `kvs_kv_copy`.
+ `kvs_backend_describe`, `kvs_attention_launch`, `kvs_attention_launch_scaled`,
+ `kvs_kv_write`, `kvs_kv_write_scaled`, `kvs_kv_copy`.
  */
 typedef struct kvs_backend kvs_backend;
 
@@ -783,6 +799,39 @@ typedef struct kvs_attention_args {
    */
   uint32_t sliding_window;
 } kvs_attention_args;
+
+/*
+ The dequantization scales of one layer's K and V cache: a cache element stands for its stored
+ value times its cache's per-tensor scale and, for an int8 cache, times the scale of its
+ channel (kv head, head-dim index). Read by `kvs_attention_launch_scaled` and
+ `kvs_kv_write_scaled`.
+
+ - `k_scale`, `v_scale`: per-tensor scales (vLLM's `k_scale`, `v_scale`), finite and > 0; 1 for
+   an unscaled cache. They apply to every cache type.
+ - `k_channel_scales`, `v_channel_scales`: host float `[num_kv_heads, head_dim]` each (Ascend's
+   and MindIE's int8 KV), every one finite and > 0: required with a `KVS_DTYPE_INT8` cache,
+   NULL with any other.
+
+ **Thread safety:** plain data; the arrays must not change during the call.
+ */
+typedef struct kvs_kv_scales {
+  /*
+   Scale of the K cache.
+   */
+  float k_scale;
+  /*
+   Scale of the V cache.
+   */
+  float v_scale;
+  /*
+   Per-channel scales of an int8 K cache, `[num_kv_heads, head_dim]`, or NULL.
+   */
+  const float *k_channel_scales;
+  /*
+   Per-channel scales of an int8 V cache, `[num_kv_heads, head_dim]`, or NULL.
+   */
+  const float *v_channel_scales;
+} kvs_kv_scales;
 
 /*
  Everything one KV write reads and writes (one layer): scatter `key`/`value`
@@ -1743,6 +1792,29 @@ kvs_status kvs_attention_launch(const struct kvs_backend *backend,
                                 void *stream);
 
 /*
+ As `kvs_attention_launch`, on caches with dequantization scales (`kvs_kv_scales`; NULL
+ is an unscaled cache): a cache element stands for its stored value times its cache's
+ per-tensor scale (vLLM's `k_scale`, `v_scale`) and, for a `KVS_DTYPE_INT8` cache, its
+ channel's scale. For the quantized caches (`KVS_DTYPE_FP8_E4M3`, `KVS_DTYPE_FP8_E5M2`,
+ `KVS_DTYPE_INT8`) the kernel reads the pages as they are and folds the scales into the
+ query and the output; the per-tensor scales apply to any cache type.
+ `kvs_attention_launch` is this call with NULL scales.
+
+ CPU backend only for scales other than 1 and for quantized caches; the Ascend backend
+ refuses them with `KVS_STATUS_UNSUPPORTED`.
+
+ **Failure:** as `kvs_attention_launch`, and `KVS_STATUS_ATTN_INVALID_ARGUMENT` naming
+ `k_scale`, `v_scale`, `k_channel_scales` or `v_channel_scales` when a scale is not a
+ finite number > 0, or channel scales are missing for an int8 cache or given for another.
+ Nothing is written on error.
+ **Thread safety:** as `kvs_attention_launch`.
+ */
+kvs_status kvs_attention_launch_scaled(const struct kvs_backend *backend,
+                                       const struct kvs_attention_args *args,
+                                       const struct kvs_kv_scales *scales,
+                                       void *stream);
+
+/*
  Scatters new K and V into one layer's paged caches by slot mapping (vLLM's
  `reshape_and_cache`, CANN's `aclnnScatterPaKvCache` "Norm" mode); see
  `kvs_kv_write_args`. `stream` as in `kvs_attention_launch`.
@@ -1757,6 +1829,24 @@ kvs_status kvs_attention_launch(const struct kvs_backend *backend,
 kvs_status kvs_kv_write(const struct kvs_backend *backend,
                         const struct kvs_kv_write_args *args,
                         void *stream);
+
+/*
+ As `kvs_kv_write`, into caches with dequantization scales (`kvs_kv_scales`, see
+ `kvs_attention_launch_scaled`; NULL is an unscaled cache): each new key is divided by
+ `k_scale` (and, into an int8 cache, by its channel's scale), each value likewise, then
+ rounded to the cache's type: to nearest, ties to even; fp8 magnitudes past the largest
+ finite value saturate to it and NaN stays NaN; int8 saturates to -128..=127 and stores
+ NaN as 0. `kvs_kv_write` is this call with NULL scales. CPU backend only for scales other
+ than 1 and for quantized caches.
+
+ **Failure:** as `kvs_kv_write`, and `KVS_STATUS_ATTN_INVALID_ARGUMENT` as
+ `kvs_attention_launch_scaled` for the scales. Nothing is written on error.
+ **Thread safety:** as `kvs_kv_write`.
+ */
+kvs_status kvs_kv_write_scaled(const struct kvs_backend *backend,
+                               const struct kvs_kv_write_args *args,
+                               const struct kvs_kv_scales *scales,
+                               void *stream);
 
 /*
  Performs page copies reported by the cache manager (copy-on-write of a partial page,

@@ -41,6 +41,7 @@ pub mod copy_runs;
 pub mod cpu;
 pub mod device;
 pub mod error;
+pub mod fp8;
 pub mod params;
 pub mod pool;
 pub mod team;
@@ -49,11 +50,13 @@ use half::{bf16, f16};
 
 pub use device::DeviceBackend;
 pub use error::{Error, Result};
+pub use fp8::{Fp8, Fp8E4M3, Fp8E5M2};
 pub use kvshare_core::DType;
 use params::bad;
 pub use params::{
     check_host_arrays, check_slots, span, AttnParams, AttnSpans, CacheLayout, CopyKind, CopyParams,
-    KvWriteParams, PageCopy, SeqSpan, SlotMapping, TokenStrides, MAX_ATTN_PAGE_SIZE, MAX_PAGES,
+    KvScales, KvWriteParams, PageCopy, SeqSpan, SlotMapping, TokenStrides, MAX_ATTN_PAGE_SIZE,
+    MAX_PAGES,
 };
 
 /// A host buffer of one of the supported element types.
@@ -65,6 +68,12 @@ pub enum Buf<'a> {
     F16(&'a [f16]),
     /// bf16 elements.
     BF16(&'a [bf16]),
+    /// fp8 E4M3 elements (a quantized cache).
+    Fp8E4M3(&'a [Fp8E4M3]),
+    /// fp8 E5M2 elements (a quantized cache).
+    Fp8E5M2(&'a [Fp8E5M2]),
+    /// int8 elements (a quantized cache with per-channel scales).
+    I8(&'a [i8]),
 }
 
 /// A mutable host buffer of one of the supported element types.
@@ -76,6 +85,12 @@ pub enum BufMut<'a> {
     F16(&'a mut [f16]),
     /// bf16 elements.
     BF16(&'a mut [bf16]),
+    /// fp8 E4M3 elements (a quantized cache).
+    Fp8E4M3(&'a mut [Fp8E4M3]),
+    /// fp8 E5M2 elements (a quantized cache).
+    Fp8E5M2(&'a mut [Fp8E5M2]),
+    /// int8 elements (a quantized cache with per-channel scales).
+    I8(&'a mut [i8]),
 }
 
 impl Buf<'_> {
@@ -85,6 +100,9 @@ impl Buf<'_> {
             Buf::F32(_) => DType::F32,
             Buf::F16(_) => DType::F16,
             Buf::BF16(_) => DType::BF16,
+            Buf::Fp8E4M3(_) => DType::Fp8E4M3,
+            Buf::Fp8E5M2(_) => DType::Fp8E5M2,
+            Buf::I8(_) => DType::Int8,
         }
     }
     /// Length in elements.
@@ -93,13 +111,17 @@ impl Buf<'_> {
             Buf::F32(s) => s.len(),
             Buf::F16(s) => s.len(),
             Buf::BF16(s) => s.len(),
+            Buf::Fp8E4M3(s) => s.len(),
+            Buf::Fp8E5M2(s) => s.len(),
+            Buf::I8(s) => s.len(),
         }
     }
     /// True when empty.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-    /// Converts `dst.len()` elements starting at `off` to f32.
+    /// Converts `dst.len()` elements starting at `off` to f32 (an fp8 or int8 element to its
+    /// value, before any scale).
     pub fn read_f32(&self, off: usize, dst: &mut [f32]) {
         let n = dst.len();
         match self {
@@ -110,6 +132,18 @@ impl Buf<'_> {
             Buf::BF16(s) => {
                 half::slice::HalfFloatSliceExt::convert_to_f32_slice(&s[off..off + n], dst)
             }
+            Buf::Fp8E4M3(s) => dst
+                .iter_mut()
+                .zip(&s[off..off + n])
+                .for_each(|(d, x)| *d = x.to_f32()),
+            Buf::Fp8E5M2(s) => dst
+                .iter_mut()
+                .zip(&s[off..off + n])
+                .for_each(|(d, x)| *d = x.to_f32()),
+            Buf::I8(s) => dst
+                .iter_mut()
+                .zip(&s[off..off + n])
+                .for_each(|(d, &x)| *d = x as f32),
         }
     }
 }
@@ -121,6 +155,9 @@ impl BufMut<'_> {
             BufMut::F32(_) => DType::F32,
             BufMut::F16(_) => DType::F16,
             BufMut::BF16(_) => DType::BF16,
+            BufMut::Fp8E4M3(_) => DType::Fp8E4M3,
+            BufMut::Fp8E5M2(_) => DType::Fp8E5M2,
+            BufMut::I8(_) => DType::Int8,
         }
     }
     /// Length in elements.
@@ -129,6 +166,9 @@ impl BufMut<'_> {
             BufMut::F32(s) => s.len(),
             BufMut::F16(s) => s.len(),
             BufMut::BF16(s) => s.len(),
+            BufMut::Fp8E4M3(s) => s.len(),
+            BufMut::Fp8E5M2(s) => s.len(),
+            BufMut::I8(s) => s.len(),
         }
     }
     /// True when empty.
@@ -141,6 +181,9 @@ impl BufMut<'_> {
             BufMut::F32(s) => Buf::F32(s),
             BufMut::F16(s) => Buf::F16(s),
             BufMut::BF16(s) => Buf::BF16(s),
+            BufMut::Fp8E4M3(s) => Buf::Fp8E4M3(s),
+            BufMut::Fp8E5M2(s) => Buf::Fp8E5M2(s),
+            BufMut::I8(s) => Buf::I8(s),
         }
     }
 }
@@ -167,6 +210,61 @@ fn check_buf(
     Ok(())
 }
 
+/// The per-channel scales of an int8 cache (Ascend's and MindIE's int8 KV): `[num_kv_heads,
+/// head_dim]` floats each, a channel's elements standing for their value times its scale (and
+/// the per-tensor [`KvScales`]). Required with an int8 cache, refused with any other.
+#[derive(Debug, Clone, Copy)]
+pub struct ChannelScales<'a> {
+    /// Scales of the K cache's channels.
+    pub k: &'a [f32],
+    /// Scales of the V cache's channels.
+    pub v: &'a [f32],
+}
+
+/// Checks channel scales against the cache: present exactly for an int8 cache, `num_kv_heads *
+/// head_dim` of each, every one finite and > 0.
+pub fn check_channel_scales(cache: &CacheLayout, s: Option<ChannelScales<'_>>) -> Result<()> {
+    match (cache.dtype, s) {
+        (DType::Int8, None) => Err(bad(
+            "k_channel_scales",
+            "an int8 cache needs per-channel scales (num_kv_heads * head_dim each for K and V)",
+        )),
+        (DType::Int8, Some(s)) => {
+            let n = cache.num_kv_heads * cache.head_dim;
+            for (field, x) in [("k_channel_scales", s.k), ("v_channel_scales", s.v)] {
+                if x.len() < n {
+                    return Err(bad(
+                        field,
+                        format!(
+                            "has {} entries, needs num_kv_heads * head_dim = {n}",
+                            x.len()
+                        ),
+                    ));
+                }
+                if let Some((i, y)) = x[..n]
+                    .iter()
+                    .enumerate()
+                    .find(|(_, y)| !(y.is_finite() && **y > 0.0))
+                {
+                    return Err(bad(
+                        field,
+                        format!("[{i}] = {y} is not a finite number > 0"),
+                    ));
+                }
+            }
+            Ok(())
+        }
+        (_, Some(_)) => Err(bad(
+            "k_channel_scales",
+            format!(
+                "per-channel scales are for int8 caches; this cache is {:?}",
+                cache.dtype
+            ),
+        )),
+        (_, None) => Ok(()),
+    }
+}
+
 /// The host memory of an attention launch (inputs and output).
 #[derive(Debug)]
 pub struct AttnBuffers<'a> {
@@ -184,6 +282,8 @@ pub struct AttnBuffers<'a> {
     pub query_start_loc: Option<&'a [i32]>,
     /// `[num_tokens, num_heads, head_dim]`; must not overlap the inputs.
     pub output: BufMut<'a>,
+    /// Per-channel scales: with an int8 cache only (and then required).
+    pub channel_scales: Option<ChannelScales<'a>>,
 }
 
 /// A fully validated attention launch. Built only by [`AttnBatch::new`].
@@ -245,6 +345,7 @@ impl<'a> AttnBatch<'a> {
                 ))
             }
         }
+        check_channel_scales(&params.cache, bufs.channel_scales)?;
         let seqs = check_host_arrays(
             &params,
             bufs.context_lens,
@@ -274,10 +375,12 @@ pub struct KvWrite<'a> {
     slots: SlotMapping<'a>,
     key_cache: BufMut<'a>,
     value_cache: BufMut<'a>,
+    channel_scales: Option<ChannelScales<'a>>,
 }
 
 impl<'a> KvWrite<'a> {
-    /// Validates numbers, buffers and every slot. Nothing is written.
+    /// Validates numbers, buffers, the channel scales (with an int8 cache only, and then
+    /// required) and every slot. Nothing is written.
     pub fn new(
         params: KvWriteParams,
         key: Buf<'a>,
@@ -285,6 +388,7 @@ impl<'a> KvWrite<'a> {
         slots: SlotMapping<'a>,
         key_cache: BufMut<'a>,
         value_cache: BufMut<'a>,
+        channel_scales: Option<ChannelScales<'a>>,
     ) -> Result<Self> {
         let (src, cache) = params.validate()?;
         check_buf("key", key.dtype(), key.len(), params.src_dtype, src)?;
@@ -313,6 +417,7 @@ impl<'a> KvWrite<'a> {
                 ),
             ));
         }
+        check_channel_scales(&params.cache, channel_scales)?;
         check_slots(&slots, &params.cache)?;
         Ok(KvWrite {
             params,
@@ -321,6 +426,7 @@ impl<'a> KvWrite<'a> {
             slots,
             key_cache,
             value_cache,
+            channel_scales,
         })
     }
 }

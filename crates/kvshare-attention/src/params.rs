@@ -130,6 +130,55 @@ impl CacheLayout {
     }
 }
 
+/// The per-tensor dequantization scales of one layer's K and V cache (vLLM's `k_scale` and
+/// `v_scale`): a cache element stands for its stored value times the scale. The KV write divides
+/// by it before rounding to the cache's type; attention multiplies by it inside the kernel (folded
+/// into the query and the output, never applied to a copy of the cache). It applies to every cache
+/// type; [`KvScales::ONE`] is an unscaled cache.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KvScales {
+    /// Scale of the K cache; finite and > 0.
+    pub k: f32,
+    /// Scale of the V cache; finite and > 0.
+    pub v: f32,
+}
+
+impl KvScales {
+    /// An unscaled cache.
+    pub const ONE: KvScales = KvScales { k: 1.0, v: 1.0 };
+
+    /// The scales `k` of the K cache and `v` of the V cache (checked by [`Self::validate`]).
+    pub fn new(k: f32, v: f32) -> Self {
+        KvScales { k, v }
+    }
+
+    /// Checks both scales (finite and > 0).
+    pub fn validate(&self) -> Result<()> {
+        for (field, x) in [("k_scale", self.k), ("v_scale", self.v)] {
+            if !(x.is_finite() && x > 0.0) {
+                return Err(bad(field, format!("{x} is not a finite number > 0")));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether both are 1 (the cache holds the values themselves).
+    pub fn is_one(&self) -> bool {
+        *self == Self::ONE
+    }
+}
+
+/// Refuses a quantized type where only f32, f16 and bf16 can be (queries, outputs, new K/V).
+fn not_quantized(field: &'static str, dtype: DType) -> Result<()> {
+    if dtype.is_quantized() {
+        return Err(bad(
+            field,
+            format!("{dtype:?} is a KV-cache format only; this tensor is f32, f16 or bf16"),
+        ));
+    }
+    Ok(())
+}
+
 /// Strides (elements) of a `[num_tokens, num_heads, head_dim]` tensor; `head_dim` contiguous.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TokenStrides {
@@ -182,6 +231,8 @@ pub struct AttnParams {
     /// Sliding window: a token attends to the `sliding_window` most recent positions (itself
     /// included); 0 disables it.
     pub sliding_window: usize,
+    /// Dequantization scales of the K and V cache.
+    pub kv_scales: KvScales,
 }
 
 /// Elements each buffer of a validated launch must hold.
@@ -213,6 +264,9 @@ impl AttnParams {
         check_range("num_tokens", self.num_tokens, MAX_BATCH)?;
         check_range("num_heads", self.num_heads, MAX_HEADS)?;
         let cache = self.cache.validate()?;
+        not_quantized("query_dtype", self.query_dtype)?;
+        not_quantized("output_dtype", self.output_dtype)?;
+        self.kv_scales.validate()?;
         if !self.num_heads.is_multiple_of(self.cache.num_kv_heads) {
             return Err(bad(
                 "num_heads",
@@ -383,7 +437,7 @@ pub fn check_host_arrays(
 
 /// Numbers of a KV write (`kvs_kv_write_args` without memory): scatter `[num_tokens,
 /// num_kv_heads, head_dim]` K and V into the caches at `slot = page * page_size + offset`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct KvWriteParams {
     /// Tokens to write (entries of the slot mapping).
     pub num_tokens: usize,
@@ -393,6 +447,9 @@ pub struct KvWriteParams {
     pub src_strides: TokenStrides,
     /// Destination caches.
     pub cache: CacheLayout,
+    /// Scales of the destination caches: each new value is divided by its cache's scale, then
+    /// rounded to the cache's type.
+    pub scales: KvScales,
 }
 
 /// A slot mapping, int32 (vLLM-Ascend, MindIE) or int64 (vLLM). Negative slots are padding.
@@ -431,6 +488,8 @@ impl KvWriteParams {
     pub fn validate(&self) -> Result<(usize, usize)> {
         check_range("num_tokens", self.num_tokens, MAX_BATCH)?;
         let cache = self.cache.validate()?;
+        not_quantized("src_dtype", self.src_dtype)?;
+        self.scales.validate()?;
         let src = span(
             self.cache.head_dim,
             &[

@@ -21,6 +21,16 @@ pub enum DType {
     F16,
     /// bfloat16.
     BF16,
+    /// 8-bit float E4M3 as OCP's "fn" variant (bias 7, no infinity, largest finite 448): a
+    /// quantized KV cache, each element its stored value times the layer's per-tensor scale.
+    Fp8E4M3,
+    /// 8-bit float E5M2 (bias 15, the upper byte of an IEEE binary16): a quantized KV cache as
+    /// [`DType::Fp8E4M3`].
+    Fp8E5M2,
+    /// 8-bit signed integer: a quantized KV cache whose element stands for its value times the
+    /// scale of its channel (kv head and head-dim index; Ascend's and MindIE's int8 KV) and the
+    /// layer's per-tensor scale.
+    Int8,
 }
 
 impl DType {
@@ -29,7 +39,14 @@ impl DType {
         match self {
             DType::F32 => 4,
             DType::F16 | DType::BF16 => 2,
+            DType::Fp8E4M3 | DType::Fp8E5M2 | DType::Int8 => 1,
         }
+    }
+
+    /// Whether this is a quantized KV format (a cache element stands for its value times a
+    /// scale; attention inputs and outputs are never of such a type).
+    pub fn is_quantized(self) -> bool {
+        matches!(self, DType::Fp8E4M3 | DType::Fp8E5M2 | DType::Int8)
     }
 }
 
@@ -332,7 +349,8 @@ impl Config {
     }
 
     /// Bytes of K plus V for one page across all layers of the cache's geometry, or `None` on
-    /// overflow.
+    /// overflow. An fp8 page is its elements alone: its scales are per layer (per tensor), held
+    /// by the engine, not by the page.
     pub fn page_bytes(&self) -> Option<u64> {
         2u64.checked_mul(self.num_layers as u64)?
             .checked_mul(self.page_size as u64)?
@@ -516,6 +534,10 @@ mod tests {
             ..Config::default()
         };
         assert_eq!(c.page_bytes(), Some(2 * 2 * 16 * 8 * 128 * 2));
+        for dtype in [DType::Fp8E4M3, DType::Fp8E5M2, DType::Int8] {
+            let q = Config { dtype, ..c.clone() };
+            assert_eq!(q.page_bytes(), Some(2 * 2 * 16 * 8 * 128));
+        }
         assert_eq!(c.usable_pages(Tier::Device), 1024);
         assert_eq!(c.group_specs(), vec![GroupSpec::FULL]);
         assert_eq!(

@@ -1,5 +1,5 @@
-//! `kvs_attention_launch`, `kvs_kv_write`, `kvs_kv_copy`: the launches of a `kvs_backend` (their
-//! `#[repr(C)]` args are declared in `attn_args.rs`).
+//! `kvs_attention_launch(_scaled)`, `kvs_kv_write(_scaled)`, `kvs_kv_copy`: the launches of a
+//! `kvs_backend` (their `#[repr(C)]` args are declared in `attn_args.rs`).
 //!
 //! Glue only: each export reads its args into the plain params of [`kvshare_attention`]
 //! (`attn_args.rs`), validates them there, checks every pointer, and then hands the launch to
@@ -12,8 +12,9 @@ use super::enums::{kvs_copy_kind, kvs_index_type, kvs_status};
 use std::ffi::c_void;
 
 use super::attn_args::{
-    aslice, aslice_mut, attn, buf, buf_mut, cache_ptr, dtype, kvs_attention_args, kvs_kv_copy_args,
-    kvs_kv_layout, kvs_kv_write_args, layout, no_overlap, not_null, or_dense,
+    aslice, aslice_mut, attn, buf, buf_mut, cache_ptr, channel_scales, dtype, kvs_attention_args,
+    kvs_kv_copy_args, kvs_kv_layout, kvs_kv_scales, kvs_kv_write_args, layout, no_overlap,
+    not_null, or_dense, per_tensor, scales_ref,
 };
 use super::backend::{kvs_backend, BackendBox, Launcher};
 use super::enums::decode;
@@ -27,8 +28,8 @@ use kvshare_attention::device::{
     DeviceAttn, DeviceAttnBatch, DeviceCopy, DeviceCopyBatch, DeviceKvWrite, DeviceKvWriteBatch,
 };
 use kvshare_attention::{
-    AttnBatch, AttnBuffers, AttnParams, CopyCaches, CopyKind, CopyParams, KvWrite, KvWriteParams,
-    PageCopy, PageCopyBatch, SlotMapping, TokenStrides,
+    AttnBatch, AttnBuffers, AttnParams, CopyCaches, CopyKind, CopyParams, KvScales, KvWrite,
+    KvWriteParams, PageCopy, PageCopyBatch, SlotMapping, TokenStrides,
 };
 use kvshare_core::alloc::try_with_capacity;
 
@@ -44,6 +45,36 @@ unsafe fn launch_inputs<'a, A>(
 ) -> Result<(&'a BackendBox, &'a A)> {
     // SAFETY: the caller's contract above, which is what `borrow` and `try_ref` ask.
     Ok(unsafe { (handle::borrow(backend)?, try_ref(args, "args")?) })
+}
+
+/// The plain params of `kvs_attention_args` (0 strides made dense, enum values decoded), with
+/// the caches' per-tensor scales; not yet validated.
+fn attn_params(a: &kvs_attention_args, kv_scales: KvScales) -> Result<AttnParams> {
+    let cache = layout(&a.cache, a.cache.num_pages)?;
+    let (h, d) = (a.num_heads as usize, cache.head_dim);
+    Ok(AttnParams {
+        num_seqs: a.num_seqs as usize,
+        num_tokens: a.num_tokens as usize,
+        num_heads: h,
+        query_dtype: dtype(a.query_dtype, "query_dtype")?,
+        query_strides: TokenStrides {
+            token: or_dense(a.query_token_stride, h.saturating_mul(d)),
+            head: or_dense(a.query_head_stride, d),
+        },
+        output_dtype: dtype(a.output_dtype, "output_dtype")?,
+        output_strides: TokenStrides {
+            token: or_dense(a.output_token_stride, h.saturating_mul(d)),
+            head: or_dense(a.output_head_stride, d),
+        },
+        cache,
+        max_pages_per_seq: a.max_pages_per_seq as usize,
+        block_table_stride: or_dense(a.block_table_stride, a.max_pages_per_seq as usize),
+        varlen: !a.query_start_loc.is_null(),
+        scale: a.scale,
+        softcap: a.softcap,
+        sliding_window: a.sliding_window as usize,
+        kv_scales,
+    })
 }
 
 impl kvs_backend {
@@ -71,34 +102,41 @@ impl kvs_backend {
         args: *const kvs_attention_args,
         stream: *mut c_void,
     ) -> kvs_status {
+        // SAFETY: this export's contract is the scaled one's, with no scales.
+        unsafe { Self::kvs_attention_launch_scaled(backend, args, std::ptr::null(), stream) }
+    }
+
+    /// As `kvs_attention_launch`, on caches with dequantization scales (`kvs_kv_scales`; NULL
+    /// is an unscaled cache): a cache element stands for its stored value times its cache's
+    /// per-tensor scale (vLLM's `k_scale`, `v_scale`) and, for a `KVS_DTYPE_INT8` cache, its
+    /// channel's scale. For the quantized caches (`KVS_DTYPE_FP8_E4M3`, `KVS_DTYPE_FP8_E5M2`,
+    /// `KVS_DTYPE_INT8`) the kernel reads the pages as they are and folds the scales into the
+    /// query and the output; the per-tensor scales apply to any cache type.
+    /// `kvs_attention_launch` is this call with NULL scales.
+    ///
+    /// CPU backend only for scales other than 1 and for quantized caches; the Ascend backend
+    /// refuses them with `KVS_STATUS_UNSUPPORTED`.
+    ///
+    /// **Failure:** as `kvs_attention_launch`, and `KVS_STATUS_ATTN_INVALID_ARGUMENT` naming
+    /// `k_scale`, `v_scale`, `k_channel_scales` or `v_channel_scales` when a scale is not a
+    /// finite number > 0, or channel scales are missing for an int8 cache or given for another.
+    /// Nothing is written on error.
+    /// **Thread safety:** as `kvs_attention_launch`.
+    #[no_mangle]
+    pub unsafe extern "C" fn kvs_attention_launch_scaled(
+        backend: *const kvs_backend,
+        args: *const kvs_attention_args,
+        scales: *const kvs_kv_scales,
+        stream: *mut c_void,
+    ) -> kvs_status {
         guard(|| {
-            // SAFETY: as this export's contract (`launch_inputs`).
-            let (b, a) = unsafe { launch_inputs(backend, args)? };
-            let cache = layout(&a.cache, a.cache.num_pages)?;
-            let (h, d) = (a.num_heads as usize, cache.head_dim);
-            let params = AttnParams {
-                num_seqs: a.num_seqs as usize,
-                num_tokens: a.num_tokens as usize,
-                num_heads: h,
-                query_dtype: dtype(a.query_dtype, "query_dtype")?,
-                query_strides: TokenStrides {
-                    token: or_dense(a.query_token_stride, h.saturating_mul(d)),
-                    head: or_dense(a.query_head_stride, d),
-                },
-                output_dtype: dtype(a.output_dtype, "output_dtype")?,
-                output_strides: TokenStrides {
-                    token: or_dense(a.output_token_stride, h.saturating_mul(d)),
-                    head: or_dense(a.output_head_stride, d),
-                },
-                cache,
-                max_pages_per_seq: a.max_pages_per_seq as usize,
-                block_table_stride: or_dense(a.block_table_stride, a.max_pages_per_seq as usize),
-                varlen: !a.query_start_loc.is_null(),
-                scale: a.scale,
-                softcap: a.softcap,
-                sliding_window: a.sliding_window as usize,
-            };
+            // SAFETY: as this export's contract (`launch_inputs`, `scales_ref`).
+            let ((b, a), sc) = unsafe { (launch_inputs(backend, args)?, scales_ref(scales)?) };
+            let params = attn_params(a, per_tensor(sc))?;
+            let cache = params.cache;
             let spans = params.validate()?;
+            // SAFETY: the channel arrays hold the validated num_kv_heads * head_dim floats.
+            let channels = unsafe { channel_scales(sc, &cache)? };
             for (name, p) in [("key_cache", a.key_cache), ("value_cache", a.value_cache)] {
                 cache_ptr(&b.launcher, p, cache.dtype, true, name)?;
             }
@@ -174,6 +212,7 @@ impl kvs_backend {
                         None
                     },
                     output: buf_mut(a.output, params.output_dtype, spans.output, "output")?,
+                    channel_scales: channels,
                 }
             };
             Ok(host.attention(AttnBatch::new(params, bufs)?)?)
@@ -196,9 +235,31 @@ impl kvs_backend {
         args: *const kvs_kv_write_args,
         stream: *mut c_void,
     ) -> kvs_status {
+        // SAFETY: this export's contract is the scaled one's, with no scales.
+        unsafe { Self::kvs_kv_write_scaled(backend, args, std::ptr::null(), stream) }
+    }
+
+    /// As `kvs_kv_write`, into caches with dequantization scales (`kvs_kv_scales`, see
+    /// `kvs_attention_launch_scaled`; NULL is an unscaled cache): each new key is divided by
+    /// `k_scale` (and, into an int8 cache, by its channel's scale), each value likewise, then
+    /// rounded to the cache's type: to nearest, ties to even; fp8 magnitudes past the largest
+    /// finite value saturate to it and NaN stays NaN; int8 saturates to -128..=127 and stores
+    /// NaN as 0. `kvs_kv_write` is this call with NULL scales. CPU backend only for scales other
+    /// than 1 and for quantized caches.
+    ///
+    /// **Failure:** as `kvs_kv_write`, and `KVS_STATUS_ATTN_INVALID_ARGUMENT` as
+    /// `kvs_attention_launch_scaled` for the scales. Nothing is written on error.
+    /// **Thread safety:** as `kvs_kv_write`.
+    #[no_mangle]
+    pub unsafe extern "C" fn kvs_kv_write_scaled(
+        backend: *const kvs_backend,
+        args: *const kvs_kv_write_args,
+        scales: *const kvs_kv_scales,
+        stream: *mut c_void,
+    ) -> kvs_status {
         guard(|| {
-            // SAFETY: as this export's contract (`launch_inputs`).
-            let (b, a) = unsafe { launch_inputs(backend, args)? };
+            // SAFETY: as this export's contract (`launch_inputs`, `scales_ref`).
+            let ((b, a), sc) = unsafe { (launch_inputs(backend, args)?, scales_ref(scales)?) };
             let cache = layout(&a.cache, a.cache.num_pages)?;
             let (h, d) = (cache.num_kv_heads, cache.head_dim);
             let params = KvWriteParams {
@@ -209,8 +270,11 @@ impl kvs_backend {
                     head: or_dense(a.src_head_stride, d),
                 },
                 cache,
+                scales: per_tensor(sc),
             };
             let (src, cache_len) = params.validate()?;
+            // SAFETY: the channel arrays hold the validated num_kv_heads * head_dim floats.
+            let channels = unsafe { channel_scales(sc, &cache)? };
             for (name, p) in [("key_cache", a.key_cache), ("value_cache", a.value_cache)] {
                 cache_ptr(&b.launcher, p.cast_const(), cache.dtype, true, name)?;
             }
@@ -264,6 +328,7 @@ impl kvs_backend {
                     slots,
                     buf_mut(a.key_cache, cache.dtype, cache_len, "key_cache")?,
                     buf_mut(a.value_cache, cache.dtype, cache_len, "value_cache")?,
+                    channels,
                 )?
             };
             Ok(host.kv_write(write)?)

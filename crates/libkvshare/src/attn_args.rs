@@ -12,8 +12,9 @@ use super::backend::Launcher;
 use super::enums::decode;
 use super::slice::{slice, slice_mut};
 
+use super::slice::try_ref;
 use crate::error::{Error, Result};
-use kvshare_attention::{Buf, BufMut, CacheLayout};
+use kvshare_attention::{check_channel_scales, Buf, BufMut, CacheLayout, ChannelScales, KvScales};
 use kvshare_core::DType;
 
 /// Layout of one layer's K cache and V cache (they share it):
@@ -148,6 +149,87 @@ pub struct kvs_kv_write_args {
     pub slot_mapping: *const c_void,
     /// A `kvs_index_type` value.
     pub slot_mapping_type: u32,
+}
+
+/// The dequantization scales of one layer's K and V cache: a cache element stands for its stored
+/// value times its cache's per-tensor scale and, for an int8 cache, times the scale of its
+/// channel (kv head, head-dim index). Read by `kvs_attention_launch_scaled` and
+/// `kvs_kv_write_scaled`.
+///
+/// - `k_scale`, `v_scale`: per-tensor scales (vLLM's `k_scale`, `v_scale`), finite and > 0; 1 for
+///   an unscaled cache. They apply to every cache type.
+/// - `k_channel_scales`, `v_channel_scales`: host float `[num_kv_heads, head_dim]` each (Ascend's
+///   and MindIE's int8 KV), every one finite and > 0: required with a `KVS_DTYPE_INT8` cache,
+///   NULL with any other.
+///
+/// **Thread safety:** plain data; the arrays must not change during the call.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct kvs_kv_scales {
+    /// Scale of the K cache.
+    pub k_scale: f32,
+    /// Scale of the V cache.
+    pub v_scale: f32,
+    /// Per-channel scales of an int8 K cache, `[num_kv_heads, head_dim]`, or NULL.
+    pub k_channel_scales: *const f32,
+    /// Per-channel scales of an int8 V cache, `[num_kv_heads, head_dim]`, or NULL.
+    pub v_channel_scales: *const f32,
+}
+
+/// The scales struct `s` points to, or `None` for NULL (an unscaled cache).
+///
+/// # Safety
+/// A non-NULL `s` points to a `kvs_kv_scales` readable for `'a` (the export contract).
+pub(super) unsafe fn scales_ref<'a>(s: *const kvs_kv_scales) -> Result<Option<&'a kvs_kv_scales>> {
+    if s.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: the caller's contract; `try_ref` checks alignment.
+    Ok(Some(unsafe { try_ref(s, "scales") }.map_err(attn)?))
+}
+
+/// The per-tensor scales of `s` (1 and 1 without it).
+pub(super) fn per_tensor(s: Option<&kvs_kv_scales>) -> KvScales {
+    s.map_or(KvScales::ONE, |s| KvScales::new(s.k_scale, s.v_scale))
+}
+
+/// The per-channel scales of `s` as host slices of `num_kv_heads * head_dim` floats, checked
+/// against the cache (present exactly for an int8 cache, every one finite and > 0). Call after
+/// the cache's numbers are validated: they size the slices.
+///
+/// # Safety
+/// Non-NULL channel pointers of `s` are valid for `num_kv_heads * head_dim` floats for `'a`
+/// (the export contract).
+pub(super) unsafe fn channel_scales<'a>(
+    s: Option<&'a kvs_kv_scales>,
+    cache: &CacheLayout,
+) -> Result<Option<ChannelScales<'a>>> {
+    let n = cache.num_kv_heads * cache.head_dim;
+    let ch = match s.map(|s| (s.k_channel_scales, s.v_channel_scales)) {
+        None => None,
+        Some((k, v)) if k.is_null() && v.is_null() => None,
+        Some((k, v)) if k.is_null() || v.is_null() => {
+            let (null, other) = if k.is_null() {
+                ("k_channel_scales", "v_channel_scales")
+            } else {
+                ("v_channel_scales", "k_channel_scales")
+            };
+            return Err(Error::attn(
+                null,
+                format!("is NULL while {other} is not: give both or neither"),
+            ));
+        }
+        // SAFETY: non-NULL channel pointers hold `n` floats (the caller's contract); `aslice`
+        // checks alignment.
+        Some((k, v)) => Some(unsafe {
+            ChannelScales {
+                k: aslice(k, n, "k_channel_scales")?,
+                v: aslice(v, n, "v_channel_scales")?,
+            }
+        }),
+    };
+    check_channel_scales(cache, ch)?;
+    Ok(ch)
 }
 
 /// The caches a page copy works on (one layer): device K/V caches laid out as `cache`, and
@@ -303,6 +385,12 @@ pub(super) unsafe fn buf<'a>(
         DType::F16 => Buf::F16(unsafe { aslice(ptr.cast(), len, name) }?),
         // SAFETY: as above.
         DType::BF16 => Buf::BF16(unsafe { aslice(ptr.cast(), len, name) }?),
+        // SAFETY: as above.
+        DType::Fp8E4M3 => Buf::Fp8E4M3(unsafe { aslice(ptr.cast(), len, name) }?),
+        // SAFETY: as above.
+        DType::Fp8E5M2 => Buf::Fp8E5M2(unsafe { aslice(ptr.cast(), len, name) }?),
+        // SAFETY: as above.
+        DType::Int8 => Buf::I8(unsafe { aslice(ptr.cast(), len, name) }?),
     })
 }
 
@@ -321,6 +409,12 @@ pub(super) unsafe fn buf_mut<'a>(
         DType::F16 => BufMut::F16(unsafe { aslice_mut(ptr.cast(), len, name) }?),
         // SAFETY: as above.
         DType::BF16 => BufMut::BF16(unsafe { aslice_mut(ptr.cast(), len, name) }?),
+        // SAFETY: as above.
+        DType::Fp8E4M3 => BufMut::Fp8E4M3(unsafe { aslice_mut(ptr.cast(), len, name) }?),
+        // SAFETY: as above.
+        DType::Fp8E5M2 => BufMut::Fp8E5M2(unsafe { aslice_mut(ptr.cast(), len, name) }?),
+        // SAFETY: as above.
+        DType::Int8 => BufMut::I8(unsafe { aslice_mut(ptr.cast(), len, name) }?),
     })
 }
 

@@ -30,7 +30,8 @@ use kvshare_attention::{Backend, BackendInfo, DeviceBackend};
 /// `kvs_backend_new_cpu_team` runs each call on the host's team instead).
 ///
 /// **Methods:** `kvs_backend_new`, `kvs_backend_new_cpu_team`, `kvs_backend_free`, `kvs_backend_num_threads`,
-/// `kvs_backend_describe`, `kvs_attention_launch`, `kvs_kv_write`, `kvs_kv_copy`.
+/// `kvs_backend_describe`, `kvs_attention_launch`, `kvs_attention_launch_scaled`,
+/// `kvs_kv_write`, `kvs_kv_write_scaled`, `kvs_kv_copy`.
 pub struct kvs_backend {
     _private: [u8; 0],
 }

@@ -140,6 +140,15 @@ pub enum kvs_dtype {
     F16 = 1,
     /// bfloat16.
     Bf16 = 2,
+    /// 8-bit float E4M3 (OCP "fn": bias 7, no infinity, largest finite 448): KV caches only
+    /// (one byte per element), each element its value times the layer's `k_scale`/`v_scale`.
+    Fp8E4m3 = 3,
+    /// 8-bit float E5M2 (bias 15, the upper byte of an IEEE half): KV caches only, as
+    /// `KVS_DTYPE_FP8_E4M3`.
+    Fp8E5m2 = 4,
+    /// 8-bit signed integer: KV caches only, each element its value times its channel's scale
+    /// (`kvs_kv_scales.k_channel_scales` / `v_channel_scales`) and the per-tensor one.
+    Int8 = 5,
 }
 
 /// Which memory tier a page id refers to.
@@ -282,7 +291,14 @@ macro_rules! try_from_raw {
     };
 }
 
-try_from_raw!(kvs_dtype { F32, F16, Bf16 });
+try_from_raw!(kvs_dtype {
+    F32,
+    F16,
+    Bf16,
+    Fp8E4m3,
+    Fp8E5m2,
+    Int8
+});
 try_from_raw!(kvs_tier { Device, Host });
 try_from_raw!(kvs_group_kind {
     Full,
@@ -331,6 +347,9 @@ impl From<kvs_dtype> for DType {
             kvs_dtype::F32 => DType::F32,
             kvs_dtype::F16 => DType::F16,
             kvs_dtype::Bf16 => DType::BF16,
+            kvs_dtype::Fp8E4m3 => DType::Fp8E4M3,
+            kvs_dtype::Fp8E5m2 => DType::Fp8E5M2,
+            kvs_dtype::Int8 => DType::Int8,
         }
     }
 }
@@ -341,6 +360,9 @@ impl From<DType> for kvs_dtype {
             DType::F32 => kvs_dtype::F32,
             DType::F16 => kvs_dtype::F16,
             DType::BF16 => kvs_dtype::Bf16,
+            DType::Fp8E4M3 => kvs_dtype::Fp8E4m3,
+            DType::Fp8E5M2 => kvs_dtype::Fp8E5m2,
+            DType::Int8 => kvs_dtype::Int8,
         }
     }
 }
@@ -481,7 +503,7 @@ mod tests {
     #[test]
     fn every_enum_decodes_its_values_and_only_them() {
         use kvs_dtype::*;
-        round_trip(&[F32, F16, Bf16], "kvs_dtype");
+        round_trip(&[F32, F16, Bf16, Fp8E4m3, Fp8E5m2, Int8], "kvs_dtype");
         round_trip(&[kvs_tier::Device, kvs_tier::Host], "kvs_tier");
         round_trip(
             &[
@@ -511,7 +533,14 @@ mod tests {
 
     #[test]
     fn core_round_trips() {
-        for d in [DType::F32, DType::F16, DType::BF16] {
+        for d in [
+            DType::F32,
+            DType::F16,
+            DType::BF16,
+            DType::Fp8E4M3,
+            DType::Fp8E5M2,
+            DType::Int8,
+        ] {
             assert_eq!(DType::from(kvs_dtype::from(d)), d);
         }
         for t in [Tier::Device, Tier::Host] {

@@ -119,7 +119,7 @@ fn attention_launch_bad_inputs() {
         case(INVALID, "page_size", |a, _| a.cache.page_size = u32::MAX),
         case(INVALID, "num_pages", |a, _| a.cache.num_pages = 0),
         case(INVALID, "num_pages", |a, _| a.cache.num_pages = u32::MAX),
-        case(INVALID, "query_dtype", |a, _| a.query_dtype = 3),
+        case(INVALID, "query_dtype", |a, _| a.query_dtype = 6),
         case(INVALID, "output_dtype", |a, _| a.output_dtype = 99),
         case(INVALID, "cache.dtype", |a, _| a.cache.dtype = 7),
         case(INVALID, "query_head_stride", |a, _| {
@@ -284,8 +284,8 @@ fn kv_write_bad_inputs() {
         }),
         wcase(INVALID, "num_tokens", |a, _| a.num_tokens = 0),
         wcase(INVALID, "num_tokens", |a, _| a.num_tokens = u32::MAX),
-        wcase(INVALID, "src_dtype", |a, _| a.src_dtype = 5),
-        wcase(INVALID, "cache.dtype", |a, _| a.cache.dtype = 5),
+        wcase(INVALID, "src_dtype", |a, _| a.src_dtype = 6),
+        wcase(INVALID, "cache.dtype", |a, _| a.cache.dtype = 6),
         wcase(INVALID, "slot_mapping_type", |a, _| a.slot_mapping_type = 2),
         wcase(INVALID, "slot_mapping", |_, f| {
             f.slots32[2] = (NP * PS) as i32

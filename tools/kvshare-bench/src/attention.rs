@@ -26,7 +26,8 @@ use words::Words;
 mod torch;
 mod words;
 use kvshare_attention::{
-    AttnBatch, AttnBuffers, AttnParams, Backend, Buf, BufMut, CacheLayout, DType, TokenStrides,
+    fp8, AttnBatch, AttnBuffers, AttnParams, Backend, Buf, BufMut, CacheLayout, ChannelScales,
+    DType, Fp8, Fp8E4M3, Fp8E5M2, KvScales, TokenStrides,
 };
 
 #[derive(Clone, Copy)]
@@ -46,7 +47,8 @@ struct Opts {
     page_size: usize,
     iters: usize,
     threads: usize,
-    /// `--dtype`: K/V, query and output of the decode runs, F16, BF16 or F32.
+    /// `--dtype`: K/V, query and output of the decode runs, F16, BF16 or F32; or a quantized K/V
+    /// (query and output bf16).
     dtype: DType,
     /// `--huge-pages on|off` (decode): the K/V on 2 MiB pages, asked for with
     /// `back_with_huge_pages` (`kvs_cpu_huge_pages`) before it is written; vLLM's cache then
@@ -72,7 +74,10 @@ OPTIONS:
     --page-size N         tokens per page [128]
     --iters N             timed launches, best of [5]
     --threads N           attention threads (0: all cores) [0]
-    --dtype T             decode K/V, query and output: f16, bf16 or f32 [f16]
+    --dtype T             decode K/V, query and output: f16, bf16 or f32 [f16]; or a
+                          quantized cache, fp8_e4m3, fp8_e5m2 or int8 (per-channel scales;
+                          query and output bf16), timed side by side with the same K/V
+                          as bf16 and as f16
     --huge-pages on|off   decode K/V, kvshare's and vLLM's, on 2 MiB pages [on]
     --prefill             causal prefill, f32 and bf16, against torch SDPA
     --chunk N             with --prefill: the last N tokens of each sequence are the queries,
@@ -112,8 +117,9 @@ fn parse(args: Vec<OsString>) -> Result<Option<Opts>, String> {
             "--prefill" => o.prefill = true,
             "--dtype" => {
                 let v = val()?;
-                o.dtype = parse_dtype(&v)
-                    .ok_or_else(|| format!("--dtype: f16, bf16 or f32, not {v:?}"))?;
+                o.dtype = parse_dtype(&v).ok_or_else(|| {
+                    format!("--dtype: f16, bf16, f32, fp8_e4m3, fp8_e5m2 or int8, not {v:?}")
+                })?;
             }
             "--huge-pages" => {
                 o.huge_pages = match val()?.as_str() {
@@ -210,7 +216,17 @@ fn buf(dt: DType, x: &[u16]) -> Buf<'_> {
         DType::F16 => Buf::F16(x.reinterpret_cast::<f16>()),
         // SAFETY: every bit pattern is a valid f32; align_to gives only the aligned middle.
         DType::F32 => Buf::F32(unsafe { x.align_to::<f32>() }.1),
+        DType::Fp8E4M3 => Buf::Fp8E4M3(fp8::e4m3_slice(bytes(x))),
+        DType::Fp8E5M2 => Buf::Fp8E5M2(fp8::e5m2_slice(bytes(x))),
+        // SAFETY: i8 and u8 have the same size, alignment and validity.
+        DType::Int8 => Buf::I8(unsafe { bytes(x).align_to::<i8>() }.1),
     }
+}
+
+/// The words' bytes, in memory order (two one-byte codes per word).
+fn bytes(x: &[u16]) -> &[u8] {
+    // SAFETY: every byte of a u16 is initialised; u8 has alignment 1; same memory and lifetime.
+    unsafe { std::slice::from_raw_parts(x.as_ptr().cast::<u8>(), x.len() * 2) }
 }
 
 /// As [`buf`], for the output.
@@ -220,11 +236,46 @@ fn buf_mut(dt: DType, x: &mut [u16]) -> BufMut<'_> {
         DType::F16 => BufMut::F16(x.reinterpret_cast_mut::<f16>()),
         // SAFETY: as in `buf`.
         DType::F32 => BufMut::F32(unsafe { x.align_to_mut::<f32>() }.1),
+        DType::Fp8E4M3 => BufMut::Fp8E4M3(fp8::e4m3_slice_mut(bytes_mut(x))),
+        DType::Fp8E5M2 => BufMut::Fp8E5M2(fp8::e5m2_slice_mut(bytes_mut(x))),
+        // SAFETY: as in `buf`.
+        DType::Int8 => BufMut::I8(unsafe { bytes_mut(x).align_to_mut::<i8>() }.1),
     }
 }
 
+/// As [`bytes`], mutable.
+fn bytes_mut(x: &mut [u16]) -> &mut [u8] {
+    // SAFETY: as in `bytes`; the result borrows `x` mutably for its whole life.
+    unsafe { std::slice::from_raw_parts_mut(x.as_mut_ptr().cast::<u8>(), x.len() * 2) }
+}
+
+/// The per-channel scale of the benchmark's int8 caches: `2^-8`, so that every code's value is
+/// exact in bf16 and f16 (the baselines hold the same values).
+const INT8_SCALE: f32 = 1.0 / 256.0;
+
+/// `x` as an int8 code with the scale [`INT8_SCALE`].
+fn int8_code(x: f32) -> u8 {
+    (x / INT8_SCALE).round_ties_even() as i8 as u8
+}
+
+/// The query and output type of a run whose K/V is `kv`: `kv` itself, bf16 for a quantized
+/// cache (as vLLM runs an fp8 cache under a bf16 model).
+fn io_dtype(kv: DType) -> DType {
+    if kv.is_quantized() {
+        DType::BF16
+    } else {
+        kv
+    }
+}
+
+/// The 16-bit words `n` elements of `dt` take (two one-byte codes a word).
+fn words(dt: DType, n: usize) -> usize {
+    (n * dt.size_bytes()).div_ceil(2)
+}
+
 /// `next()`'s values in `dt`, as the 16-bit words of their bits in memory order: one word per
-/// f16 or bf16 value, two per f32.
+/// f16 or bf16 value, two per f32, one per two fp8 codes (scale 1) or int8 codes
+/// ([`INT8_SCALE`]).
 fn words_of(dt: DType, mut next: impl FnMut() -> f32) -> impl FnMut() -> u16 {
     let mut pending: Option<u16> = None;
     move || {
@@ -235,6 +286,13 @@ fn words_of(dt: DType, mut next: impl FnMut() -> f32) -> impl FnMut() -> u16 {
         match dt {
             DType::BF16 => bf16::from_f32(x).to_bits(),
             DType::F16 => f16::from_f32(x).to_bits(),
+            DType::Fp8E4M3 => {
+                u16::from_ne_bytes([Fp8E4M3::from_f32(x).0, Fp8E4M3::from_f32(next()).0])
+            }
+            DType::Fp8E5M2 => {
+                u16::from_ne_bytes([Fp8E5M2::from_f32(x).0, Fp8E5M2::from_f32(next()).0])
+            }
+            DType::Int8 => u16::from_ne_bytes([int8_code(x), int8_code(next())]),
             DType::F32 => {
                 let b = x.to_ne_bytes();
                 pending = Some(u16::from_ne_bytes([b[2], b[3]]));
@@ -361,6 +419,7 @@ fn launch_cost(o: &Opts, isa: Isa) -> Result<String, String> {
         scale: 0.125,
         softcap: 0.0,
         sliding_window: 0,
+        kv_scales: KvScales::ONE,
     };
     let mut run = |b: &CpuBackend, times: &mut Vec<f64>| -> Result<(), String> {
         for _ in 0..100 {
@@ -373,6 +432,7 @@ fn launch_cost(o: &Opts, isa: Isa) -> Result<String, String> {
                 context_lens: &[ctx as i32; 2],
                 query_start_loc: None,
                 output: BufMut::F32(&mut out),
+                channel_scales: None,
             };
             let batch = AttnBatch::new(p, bufs).map_err(|e| e.to_string())?;
             b.attention(batch).map_err(|e| e.to_string())?;
@@ -415,8 +475,8 @@ fn run_shape(
     let num_pages = o.seqs * pages_per_seq;
     let elems = num_pages * ps * hk * d;
     let esz = o.dtype.size_bytes();
-    // Buffers hold 16-bit words: `wpe` per element.
-    let wpe = esz / 2;
+    // `--dtype` is the K/V's type; the query and output are bf16 under a quantized cache.
+    let kv_dt = o.dtype;
     println!(
         "\nattention decode: {} seqs x {} ctx, {} kv heads x {} dim, GQA {}, {} KV, page {}, {} threads",
         o.seqs,
@@ -428,18 +488,24 @@ fn run_shape(
         ps,
         threads
     );
-    let dt = o.dtype;
+    let dt = io_dtype(kv_dt);
     let mut seed = 0x1234_5678u32;
-    let mut rnd = words_of(dt, move || {
+    let mut uniform = move || {
         seed ^= seed << 13;
         seed ^= seed >> 17;
         seed ^= seed << 5;
         (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5
-    });
-    let (k, k_huge) = Words::new(elems * wpe, o.huge_pages, &mut rnd)?;
-    let (v, v_huge) = Words::new(elems * wpe, o.huge_pages, &mut rnd)?;
-    let (q, _) = Words::new(o.seqs * h * d * wpe, false, &mut rnd)?;
-    let (mut out, _) = Words::new(o.seqs * h * d * wpe, false, &mut || 0)?;
+    };
+    let mut rnd = words_of(kv_dt, &mut uniform);
+    let (k, k_huge) = Words::new(words(kv_dt, elems), o.huge_pages, &mut rnd)?;
+    let (v, v_huge) = Words::new(words(kv_dt, elems), o.huge_pages, &mut rnd)?;
+    drop(rnd);
+    let (q, _) = Words::new(
+        words(dt, o.seqs * h * d),
+        false,
+        &mut words_of(dt, &mut uniform),
+    )?;
+    let (mut out, _) = Words::new(words(dt, o.seqs * h * d), false, &mut || 0)?;
     let kv_bytes = (o.seqs * o.ctx * hk * d * 2 * esz) as f64;
     println!(
         "KV bytes read per launch: {:.1} MiB",
@@ -490,25 +556,39 @@ fn run_shape(
         scale: 1.0 / (d as f32).sqrt(),
         softcap: 0.0,
         sliding_window: 0,
+        kv_scales: KvScales::ONE,
     };
-    let launch = |backend: &CpuBackend,
-                  p: AttnParams,
-                  table: &[i32],
-                  out: &mut [u16]|
+    // An int8 cache's per-channel scales (one value: the baselines hold the same values).
+    let channels = vec![INT8_SCALE; hk * d];
+    let launch_kv = |backend: &CpuBackend,
+                     p: AttnParams,
+                     table: &[i32],
+                     (k, v): (&[u16], &[u16]),
+                     out: &mut [u16]|
      -> Result<(), String> {
         let bufs = AttnBuffers {
             query: buf(dt, &q),
-            key_cache: buf(dt, &k),
-            value_cache: buf(dt, &v),
+            key_cache: buf(p.cache.dtype, k),
+            value_cache: buf(p.cache.dtype, v),
             block_table: table,
             context_lens: &ctx_lens,
             query_start_loc: None,
             output: buf_mut(dt, out),
+            channel_scales: (p.cache.dtype == DType::Int8).then_some(ChannelScales {
+                k: &channels,
+                v: &channels,
+            }),
         };
         let batch = AttnBatch::new(p, bufs).map_err(|e| e.to_string())?;
         backend.attention(batch).map_err(|e| e.to_string())
     };
-    let paged_p = params(CacheLayout::dense(dt, num_pages, ps, hk, d), pages_per_seq);
+    let launch = |backend: &CpuBackend, p: AttnParams, table: &[i32], out: &mut [u16]| {
+        launch_kv(backend, p, table, (&k, &v), out)
+    };
+    let paged_p = params(
+        CacheLayout::dense(kv_dt, num_pages, ps, hk, d),
+        pages_per_seq,
+    );
     let mut best: Vec<Duration> = Vec::new();
     for b in &backends {
         best.push(time_best(o.iters, &mut sample_bw, || {
@@ -537,7 +617,10 @@ fn run_shape(
     let top = backends.len() - 1;
     launch(&backends[top], paged_p, &perm, &mut out)?;
     // Contiguous: the same bytes viewed as one page per sequence, [seqs, ctx, kv_heads, dim].
-    let contig_p = params(CacheLayout::dense(dt, o.seqs, pages_per_seq * ps, hk, d), 1);
+    let contig_p = params(
+        CacheLayout::dense(kv_dt, o.seqs, pages_per_seq * ps, hk, d),
+        1,
+    );
     let seq_ids: Vec<i32> = (0..o.seqs as i32).collect();
     let (mut scratch, _) = Words::new(out.len(), false, &mut || 0)?;
     let contig = time_best(
@@ -549,6 +632,12 @@ fn run_shape(
     // vLLM side by side: alternate one launch of each kvshare path and one of vLLM, N rounds.
     let mut vllm_json = "null".to_string();
     let mut vllm_ms = None;
+    if kv_dt.is_quantized() && python.is_some() {
+        println!(
+            "vLLM side-by-side: not run for a quantized cache (it compares bf16/f16/f32 only)"
+        );
+    }
+    let python = python.filter(|_| !kv_dt.is_quantized());
     if let Some(python) = python.filter(|_| o.ctx.is_multiple_of(ps)) {
         let inputs = attention_vllm::Inputs {
             dtype: dtype_name(dt),
@@ -653,13 +742,32 @@ the K/V reads bound decode here; well under 1: the arithmetic does)",
         }
         None => "null".to_string(),
     };
-    let torch = if with_torch {
+    let baselines = if kv_dt.is_quantized() {
+        let mut alt = |p: AttnParams, kv: (&[u16], &[u16])| {
+            for b in &backends {
+                launch_kv(b, p, &perm, kv, &mut scratch)?;
+            }
+            Ok(())
+        };
+        quant_baselines(
+            o,
+            paths,
+            &backends,
+            paged_p,
+            (&k, &v),
+            &mut alt,
+            &mut |b, p, kv| launch_kv(b, p, &perm, kv, &mut out),
+        )?
+    } else {
+        "null".to_string()
+    };
+    let torch = if with_torch && !kv_dt.is_quantized() {
         // torch reads the K/V as one contiguous sequence each: compare with that launch's output
         // (`out` is the paged launch's, whose shuffled pages hold other logical K/V).
         launch(&backends[top], contig_p, &seq_ids, &mut scratch)?;
         torch_compare(o, &q, &k, &v, &scratch, threads)
     } else {
-        Err("run for the first shape only".into())
+        Err("run for the first shape only, and not for a quantized cache".into())
     };
     let torch_json = match &torch {
         Ok(t) => {
@@ -687,14 +795,14 @@ kvshare paged is {:.2}x faster (max |output diff| {:.2e})",
     let json = format!(
         "{{\"seqs\":{},\"ctx\":{},\"kv_heads\":{},\"head_dim\":{},\"group\":{},\
 \"page_size\":{},\"dtype\":\"{}\",\"threads\":{},\"kv_bytes\":{},\"huge_pages\":{},\"kv_huge_mib\":{huge_mib:.0},\"mem_read_gbs\":{:.3},\
-\"paths\":{{{}}},\"contiguous_ms\":{:.3},\"paged_over_contiguous\":{:.3},\"arithmetic_check\":{},\"vllm\":{},\"torch\":{}}}",
+\"paths\":{{{}}},\"contiguous_ms\":{:.3},\"paged_over_contiguous\":{:.3},\"arithmetic_check\":{},\"vllm\":{},\"torch\":{},\"quantized_against\":{}}}",
         o.seqs,
         o.ctx,
         hk,
         d,
         o.group,
         ps,
-        dtype_name(dt),
+        dtype_name(kv_dt),
         threads,
         kv_bytes as u64,
         o.huge_pages,
@@ -704,9 +812,116 @@ kvshare paged is {:.2}x faster (max |output diff| {:.2e})",
         ratio,
         arith_json,
         vllm_json,
-        torch_json
+        torch_json,
+        baselines
     );
     Ok(ShapeResult { json })
+}
+
+/// A quantized cache's decode against the same K/V (its values exactly) stored as bf16 and as f16,
+/// on every path, in alternating rounds (one launch of each type per path and round, best of
+/// `--iters`, at least 3), so all three see the machine's moment: time ratios and the K/V bytes
+/// each reads per context token (per layer: K and V of every kv head). Returns the JSON object.
+#[allow(clippy::type_complexity)]
+fn quant_baselines(
+    o: &Opts,
+    paths: &[Isa],
+    backends: &[CpuBackend],
+    p: AttnParams,
+    (k, v): (&[u16], &[u16]),
+    warm: &mut dyn FnMut(AttnParams, (&[u16], &[u16])) -> Result<(), String>,
+    launch: &mut dyn FnMut(&CpuBackend, AttnParams, (&[u16], &[u16])) -> Result<(), String>,
+) -> Result<String, String> {
+    let fmt = p.cache.dtype;
+    let n = p.cache.num_pages * p.cache.page_stride;
+    let value = |b: u8| match fmt {
+        DType::Fp8E4M3 => Fp8E4M3(b).to_f32(),
+        DType::Fp8E5M2 => Fp8E5M2(b).to_f32(),
+        _ => b as i8 as f32 * INT8_SCALE,
+    };
+    let widen = |x: &[u16], to: DType| -> Result<Words, String> {
+        let codes = bytes(x);
+        let mut i = 0;
+        let (w, _) = Words::new(n, o.huge_pages, &mut || {
+            let y = value(codes[i]);
+            i += 1;
+            match to {
+                DType::BF16 => bf16::from_f32(y).to_bits(),
+                _ => f16::from_f32(y).to_bits(),
+            }
+        })?;
+        Ok(w)
+    };
+    let types = [fmt, DType::BF16, DType::F16];
+    let kv: Vec<(Words, Words)> = types[1..]
+        .iter()
+        .map(|&t| Ok((widen(k, t)?, widen(v, t)?)))
+        .collect::<Result<_, String>>()?;
+    let with = |t: DType| AttnParams {
+        cache: CacheLayout {
+            dtype: t,
+            ..p.cache
+        },
+        ..p
+    };
+    for (i, &t) in types.iter().enumerate() {
+        let kvi = if i == 0 {
+            (k, v)
+        } else {
+            (&kv[i - 1].0[..], &kv[i - 1].1[..])
+        };
+        warm(with(t), kvi)?;
+    }
+    let mut best = vec![[f64::INFINITY; 3]; backends.len()];
+    for _ in 0..o.iters.max(3) {
+        for (bi, b) in backends.iter().enumerate() {
+            for (i, &t) in types.iter().enumerate() {
+                let kvi = if i == 0 {
+                    (k, v)
+                } else {
+                    (&kv[i - 1].0[..], &kv[i - 1].1[..])
+                };
+                let at = Instant::now();
+                launch(b, with(t), kvi)?;
+                best[bi][i] = best[bi][i].min(at.elapsed().as_secs_f64());
+            }
+        }
+    }
+    let per_token = |t: DType| 2 * p.cache.num_kv_heads * p.cache.head_dim * t.size_bytes();
+    println!(
+        "K/V bytes read per context token (per layer): {} {} B, bf16 {} B, f16 {} B",
+        dtype_name(fmt),
+        per_token(fmt),
+        per_token(DType::BF16),
+        per_token(DType::F16)
+    );
+    let mut json = Vec::new();
+    for (isa, t) in paths.iter().zip(&best) {
+        let [q, b16, h16] = t.map(|x| x * 1e3);
+        println!(
+            "kvshare path {:<8} paged decode, alternating rounds: {} {q:.2} ms, bf16 {b16:.2} ms, \
+f16 {h16:.2} ms; {} time / bf16 time {:.3}, / f16 time {:.3}",
+            isa.name(),
+            dtype_name(fmt),
+            dtype_name(fmt),
+            q / b16,
+            q / h16
+        );
+        json.push(format!(
+            "\"{}\":{{\"ms\":{q:.3},\"bf16_ms\":{b16:.3},\"f16_ms\":{h16:.3},\"over_bf16\":{:.3},\"over_f16\":{:.3}}}",
+            isa.name(),
+            q / b16,
+            q / h16
+        ));
+    }
+    Ok(format!(
+        "{{\"bytes_per_token\":{{\"{}\":{},\"bf16\":{},\"f16\":{}}},\"paths\":{{{}}}}}",
+        dtype_name(fmt),
+        per_token(fmt),
+        per_token(DType::BF16),
+        per_token(DType::F16),
+        json.join(",")
+    ))
 }
 
 /// What bounds decode on this machine: the paged launch `p` (group `p.group()`) and the same

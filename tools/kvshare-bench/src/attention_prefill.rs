@@ -123,6 +123,7 @@ pub fn run(s: Shape, paths: &[Isa]) -> Result<String, String> {
             scale: 1.0 / (d as f32).sqrt(),
             softcap: 0.0,
             sliding_window: 0,
+            kv_scales: kvshare_attention::KvScales::ONE,
         };
         let launch = |backend: &CpuBackend, out: &mut [f32]| -> Result<(), String> {
             let (query, key_cache, value_cache) = if dtype == DType::F32 {
@@ -138,6 +139,7 @@ pub fn run(s: Shape, paths: &[Isa]) -> Result<String, String> {
                 context_lens: &ctx_lens,
                 query_start_loc: Some(&qsl),
                 output: BufMut::F32(out),
+                channel_scales: None,
             };
             let batch = AttnBatch::new(params, bufs).map_err(|e| e.to_string())?;
             backend.attention(batch).map_err(|e| e.to_string())

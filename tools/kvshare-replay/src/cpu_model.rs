@@ -14,7 +14,8 @@ use half::{bf16, f16};
 use kvshare_attention::cpu::CpuBackend;
 use kvshare_attention::{
     AttnBatch, AttnBuffers, AttnParams, Backend, Buf, BufMut, CacheLayout, CopyCaches, CopyParams,
-    KvWrite, KvWriteParams, PageCopyBatch, SlotMapping, TokenStrides,
+    Fp8, Fp8E4M3, Fp8E5M2, KvScales, KvWrite, KvWriteParams, PageCopyBatch, SlotMapping,
+    TokenStrides,
 };
 use kvshare_core::alloc::try_vec;
 use kvshare_core::{DType, PageCopy};
@@ -28,6 +29,8 @@ enum Store {
     F32(Vec<f32>),
     F16(Vec<f16>),
     BF16(Vec<bf16>),
+    Fp8E4M3(Vec<Fp8E4M3>),
+    Fp8E5M2(Vec<Fp8E5M2>),
 }
 
 /// Element types whose every bit pattern is a value and that have no padding.
@@ -35,10 +38,12 @@ trait Plain: Copy {}
 impl Plain for f32 {}
 impl Plain for f16 {}
 impl Plain for bf16 {}
+impl Plain for Fp8E4M3 {}
+impl Plain for Fp8E5M2 {}
 
 fn bytes_mut<T: Plain>(v: &mut [T]) -> &mut [u8] {
     let n = std::mem::size_of_val(v);
-    // SAFETY: `T` is f32, f16 or bf16: no padding, any byte pattern is a valid value, and u8
+    // SAFETY: `T` is f32, f16, bf16 or an fp8 byte: no padding, any byte pattern is a valid value, and u8
     // has alignment 1; the slice borrows `v` mutably for its whole life.
     unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<u8>(), n) }
 }
@@ -51,6 +56,19 @@ impl Store {
             DType::F32 => Store::F32(try_vec(n, 0.0, what).map_err(|e| e.to_string())?),
             DType::F16 => Store::F16(try_vec(n, f16::ZERO, what).map_err(|e| e.to_string())?),
             DType::BF16 => Store::BF16(try_vec(n, bf16::ZERO, what).map_err(|e| e.to_string())?),
+            DType::Fp8E4M3 => {
+                Store::Fp8E4M3(try_vec(n, Fp8E4M3(0), what).map_err(|e| e.to_string())?)
+            }
+            DType::Fp8E5M2 => {
+                Store::Fp8E5M2(try_vec(n, Fp8E5M2(0), what).map_err(|e| e.to_string())?)
+            }
+            DType::Int8 => {
+                return Err(
+                    "the CPU model runs f32, f16, bf16 and fp8 caches, not int8 (it has \
+                            no per-channel scales)"
+                        .into(),
+                )
+            }
         })
     }
     fn buf(&self) -> Buf<'_> {
@@ -58,6 +76,8 @@ impl Store {
             Store::F32(v) => Buf::F32(v),
             Store::F16(v) => Buf::F16(v),
             Store::BF16(v) => Buf::BF16(v),
+            Store::Fp8E4M3(v) => Buf::Fp8E4M3(v),
+            Store::Fp8E5M2(v) => Buf::Fp8E5M2(v),
         }
     }
     fn buf_mut(&mut self) -> BufMut<'_> {
@@ -65,6 +85,8 @@ impl Store {
             Store::F32(v) => BufMut::F32(v),
             Store::F16(v) => BufMut::F16(v),
             Store::BF16(v) => BufMut::BF16(v),
+            Store::Fp8E4M3(v) => BufMut::Fp8E4M3(v),
+            Store::Fp8E5M2(v) => BufMut::Fp8E5M2(v),
         }
     }
     fn bytes(&mut self) -> &mut [u8] {
@@ -72,6 +94,8 @@ impl Store {
             Store::F32(v) => bytes_mut(v),
             Store::F16(v) => bytes_mut(v),
             Store::BF16(v) => bytes_mut(v),
+            Store::Fp8E4M3(v) => bytes_mut(v),
+            Store::Fp8E5M2(v) => bytes_mut(v),
         }
     }
 }
@@ -82,6 +106,9 @@ fn round(dtype: DType, x: f32) -> f32 {
         DType::F32 => x,
         DType::F16 => f16::from_f32(x).to_f32(),
         DType::BF16 => bf16::from_f32(x).to_f32(),
+        DType::Fp8E4M3 => Fp8E4M3::from_f32(x).to_f32(),
+        DType::Fp8E5M2 => Fp8E5M2::from_f32(x).to_f32(),
+        DType::Int8 => x.round_ties_even().clamp(-128.0, 127.0),
     }
 }
 
@@ -340,6 +367,7 @@ impl Model for CpuModel {
                 src_dtype: DType::F32,
                 src_strides: TokenStrides::dense(kvh, d),
                 cache: self.layout,
+                scales: KvScales::ONE,
             };
             let (kc, vc) = (&mut self.k[l], &mut self.v[l]);
             let w = KvWrite::new(
@@ -349,6 +377,7 @@ impl Model for CpuModel {
                 SlotMapping::I64(f.slots),
                 kc.buf_mut(),
                 vc.buf_mut(),
+                None,
             )
             .map_err(|e| format!("kv_write: {e}"))?;
             self.backend
@@ -369,6 +398,7 @@ impl Model for CpuModel {
                 scale,
                 softcap: 0.0,
                 sliding_window: 0,
+                kv_scales: KvScales::ONE,
             };
             self.out.resize(t * h * d, 0.0);
             let batch = AttnBatch::new(
@@ -381,6 +411,7 @@ impl Model for CpuModel {
                     context_lens: f.context_lens,
                     query_start_loc: (!f.decode).then_some(f.query_start),
                     output: BufMut::F32(&mut self.out),
+                    channel_scales: None,
                 },
             )
             .map_err(|e| format!("attention: {e}"))?;

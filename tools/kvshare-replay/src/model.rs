@@ -60,21 +60,28 @@ impl Geometry {
     }
 }
 
-/// `f32`, `f16` or `bf16`.
+/// `f32`, `f16`, `bf16`, `fp8_e4m3`, `fp8_e5m2` (vLLM's `kv_cache_dtype` names for fp8) or
+/// `int8`.
 pub fn dtype_name(d: DType) -> &'static str {
     match d {
         DType::F32 => "f32",
         DType::F16 => "f16",
         DType::BF16 => "bf16",
+        DType::Fp8E4M3 => "fp8_e4m3",
+        DType::Fp8E5M2 => "fp8_e5m2",
+        DType::Int8 => "int8",
     }
 }
 
-/// Parses `f32`, `f16` or `bf16`.
+/// Parses the names [`dtype_name`] gives.
 pub fn parse_dtype(s: &str) -> Option<DType> {
     match s {
         "f32" => Some(DType::F32),
         "f16" => Some(DType::F16),
         "bf16" => Some(DType::BF16),
+        "fp8_e4m3" => Some(DType::Fp8E4M3),
+        "fp8_e5m2" => Some(DType::Fp8E5M2),
+        "int8" => Some(DType::Int8),
         _ => None,
     }
 }

@@ -324,6 +324,7 @@ impl AscendBackend {
         };
         let c = &p.cache;
         let dt = acl_dtype(c.dtype, "cache.dtype")?;
+        plan::unscaled(&p.scales)?;
         if p.src_dtype != c.dtype {
             return Err(Error::Unsupported(format!(
                 "Ascend backend: key/value dtype {:?} differs from the cache dtype {:?}; \

@@ -26,7 +26,7 @@
 //! * device pointers 32-byte aligned (`aclCreateTensor` doc): `KVS_STATUS_ATTN_INVALID_ARGUMENT`.
 
 use crate::error::{Error, Result};
-use crate::{AttnParams, CacheLayout, DType, SeqSpan};
+use crate::{AttnParams, CacheLayout, DType, KvScales, SeqSpan};
 
 /// How the K/V caches are handed to CANN.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,7 +130,23 @@ pub fn acl_dtype(d: DType, field: &str) -> Result<i32> {
         DType::F32 => Err(unsupported(format!(
             "{field} is f32; CANN's paged attention and KV scatter take fp16 or bf16"
         ))),
+        DType::Fp8E4M3 | DType::Fp8E5M2 | DType::Int8 => Err(unsupported(format!(
+            "{field} is {d:?}; quantized KV caches run on the CPU backend only (CANN's \
+             quantized-KV arguments are not wired)"
+        ))),
     }
+}
+
+/// Refuses scaled caches: CANN's non-quantized calls take the cache's values as they are.
+pub fn unscaled(s: &KvScales) -> Result<()> {
+    if !s.is_one() {
+        return Err(unsupported(format!(
+            "k_scale {} / v_scale {}: CANN's non-quantized paged attention and KV scatter take \
+             unscaled caches (scales of 1)",
+            s.k, s.v
+        )));
+    }
+    Ok(())
 }
 
 /// Which dense layout the cache is in (or why neither).
@@ -160,6 +176,7 @@ pub fn kv_layout(c: &CacheLayout) -> Result<KvLayout> {
 pub fn plan_attention(p: &AttnParams, seqs: &[SeqSpan]) -> Result<AttnPlan> {
     let c = &p.cache;
     acl_dtype(c.dtype, "cache.dtype")?;
+    unscaled(&p.kv_scales)?;
     if p.query_dtype != c.dtype || p.output_dtype != c.dtype {
         return Err(unsupported(format!(
             "query ({:?}), output ({:?}) and cache ({:?}) dtypes differ; CANN's non-quantised \
@@ -304,6 +321,7 @@ mod tests {
             scale: 0.1,
             softcap: 0.0,
             sliding_window: 0,
+            kv_scales: KvScales::ONE,
         }
     }
     fn dec() -> Vec<SeqSpan> {

@@ -1,4 +1,5 @@
-//! The CPU backend: synchronous, host memory, f32/f16/bf16 with f32 accumulation.
+//! The CPU backend: synchronous, host memory, f32/f16/bf16 (and fp8 caches) with f32
+//! accumulation.
 //!
 //! Attention runs on a persistent [`ThreadPool`] over the items of a plan (`cpu/plan.rs`): some query tokens
 //! of one sequence against all its kv heads (so its K/V streams from memory) and a range of its
@@ -17,7 +18,10 @@ use plan::Item;
 use super::copy_runs::{page_copy_runs, ByteRun};
 use super::pool::ThreadPool;
 use super::team::Team;
-use super::{AttnBatch, Backend, BackendInfo, Buf, BufMut, CopyKind, KvWrite, PageCopyBatch};
+use super::{
+    AttnBatch, Backend, BackendInfo, Buf, BufMut, ChannelScales, CopyKind, Fp8, KvScales, KvWrite,
+    PageCopyBatch,
+};
 use crate::error::{Error, Result};
 use kernel::{KvElem, Rows, SeqKv};
 
@@ -25,6 +29,8 @@ pub mod huge_pages;
 pub(crate) mod isa;
 mod kernel;
 mod plan;
+#[cfg(test)]
+mod quant_tests;
 
 /// The CPU backend.
 pub struct CpuBackend {
@@ -135,8 +141,9 @@ enum OutPtr {
 unsafe impl Sync for OutRows {}
 
 impl OutRows {
-    fn new(out: BufMut<'_>) -> Self {
-        match out {
+    /// `None` for a quantized output (validation refuses one).
+    fn new(out: BufMut<'_>) -> Option<Self> {
+        Some(match out {
             BufMut::F32(s) => OutRows {
                 len: s.len(),
                 ptr: OutPtr::F32(s.as_mut_ptr()),
@@ -149,7 +156,8 @@ impl OutRows {
                 len: s.len(),
                 ptr: OutPtr::BF16(s.as_mut_ptr()),
             },
-        }
+            BufMut::Fp8E4M3(_) | BufMut::Fp8E5M2(_) | BufMut::I8(_) => return None,
+        })
     }
 
     /// Writes `src` at element offset `off`.
@@ -205,9 +213,10 @@ thread_local! {
     static ITEM_ROWS: std::cell::RefCell<ItemRows> = std::cell::RefCell::new(ItemRows::default());
 }
 
-/// Fills `r` with item `it`'s rows (`acc` sized; its contents are the kernel's to set); the
-/// bf16 query rows too when `pairs` (the kernels can use them).
-fn item_rows(batch: &AttnBatch<'_>, it: &Item, r: &mut ItemRows, pairs: bool) {
+/// Fills `r` with item `it`'s rows (`acc` sized; its contents are the kernel's to set), each
+/// query multiplied by the launch's scale with the K cache's scales folded in ([`Fold::query`]);
+/// the bf16 query rows too when `pairs` (the kernels can use them).
+fn item_rows(batch: &AttnBatch<'_>, it: &Item, r: &mut ItemRows, pairs: bool, fold: &Fold<'_>) {
     let p = batch.params();
     let (g, d) = (p.group(), p.cache.head_dim);
     let seq = &batch.seqs()[it.seq];
@@ -239,7 +248,7 @@ fn item_rows(batch: &AttnBatch<'_>, it: &Item, r: &mut ItemRows, pairs: bool) {
                 let q = &mut r.q[row * d..(row + 1) * d];
                 let off = tok * p.query_strides.token + (kh * g + gi) * p.query_strides.head;
                 batch.bufs.query.read_f32(off, q);
-                q.iter_mut().for_each(|x| *x *= p.scale);
+                fold.query(kh, q);
                 if let Some(s) = raw {
                     r.q_bf16[row * d..(row + 1) * d].copy_from_slice(&s[off..off + d]);
                 }
@@ -251,8 +260,60 @@ fn item_rows(batch: &AttnBatch<'_>, it: &Item, r: &mut ItemRows, pairs: bool) {
     }
 }
 
-/// Writes an item's `rows` output rows (`d` floats each, kernel order) to the output tensor.
-fn write_rows(batch: &AttnBatch<'_>, it: &Item, acc: &[f32], out: &OutRows) {
+/// The cache's scales folded out of the kernel. A K element of kv head `kh`, channel `i` is
+/// `UNIT * k_scale * k_channel[kh][i]` times what the kernel reads (`KvElem::UNIT`; the channel
+/// scale 1 without per-channel scales), so `q·k` is the kernel's product with the query's
+/// channel `i` multiplied by `scale * UNIT * k_scale * k_channel[kh][i]` ([`Fold::query`]). A V
+/// element likewise, and output channel `i` is linear in V's channel `i`, so it is multiplied
+/// by `UNIT * v_scale * v_channel[kh][i]` as it is written ([`Fold::output`]). The kernel itself
+/// never sees a scale, and no element is multiplied by one.
+#[derive(Clone, Copy)]
+struct Fold<'a> {
+    q: f32,
+    out: f32,
+    channels: Option<ChannelScales<'a>>,
+}
+
+impl<'a> Fold<'a> {
+    fn of<T: KvElem>(scale: f32, s: KvScales, channels: Option<ChannelScales<'a>>) -> Self {
+        Fold {
+            q: scale * T::UNIT * s.k,
+            out: T::UNIT * s.v,
+            channels,
+        }
+    }
+
+    /// Multiplies a query row of kv head `kh` by its K scales.
+    fn query(&self, kh: usize, q: &mut [f32]) {
+        match self.channels {
+            None => q.iter_mut().for_each(|x| *x *= self.q),
+            Some(c) => {
+                let d = q.len();
+                q.iter_mut()
+                    .zip(&c.k[kh * d..])
+                    .for_each(|(x, s)| *x *= self.q * s)
+            }
+        }
+    }
+
+    /// Multiplies an output row of kv head `kh` by its V scales.
+    fn output(&self, kh: usize, o: &mut [f32]) {
+        match self.channels {
+            None if self.out == 1.0 => {}
+            None => o.iter_mut().for_each(|x| *x *= self.out),
+            Some(c) => {
+                let d = o.len();
+                o.iter_mut()
+                    .zip(&c.v[kh * d..])
+                    .for_each(|(x, s)| *x *= self.out * s)
+            }
+        }
+    }
+}
+
+/// Writes an item's `rows` output rows (`d` floats each, kernel order) to the output tensor,
+/// each multiplied by its V scales ([`Fold::output`]).
+fn write_rows(batch: &AttnBatch<'_>, it: &Item, acc: &mut [f32], out: &OutRows, fold: &Fold<'_>) {
     let p = batch.params();
     let (g, d) = (p.group(), p.cache.head_dim);
     let seq = &batch.seqs()[it.seq];
@@ -262,6 +323,7 @@ fn write_rows(batch: &AttnBatch<'_>, it: &Item, acc: &[f32], out: &OutRows) {
             for gi in 0..g {
                 let row = ((kh - it.h0) * it.qn + qi) * g + gi;
                 let h = kh * g + gi;
+                fold.output(kh, &mut acc[row * d..(row + 1) * d]);
                 // SAFETY: row (tok, h) belongs to this item (or split) only; the plan covers
                 // every row once and validation proved output rows do not overlap.
                 unsafe {
@@ -293,6 +355,7 @@ fn run_attention<T: KvElem>(
     let d = p.cache.head_dim;
     let seqs = batch.seqs();
     let workers = &be.workers;
+    let fold = Fold::of::<T>(p.scale, p.kv_scales, batch.bufs.channel_scales);
     let plan = plan::plan(
         seqs,
         p.group(),
@@ -304,7 +367,9 @@ fn run_attention<T: KvElem>(
     );
     let partials: Vec<OnceLock<Partial>> = (0..plan.num_parts).map(|_| OnceLock::new()).collect();
     workers.for_each(plan.items.len(), |i| {
-        let run = |r: &mut ItemRows| run_item(be, batch, &plan.items[i], r, (k, v), out, &partials);
+        let run = |r: &mut ItemRows| {
+            run_item(be, batch, &plan.items[i], r, (k, v), out, &partials, &fold)
+        };
         ITEM_ROWS.with_borrow_mut(run)
     });
     workers.for_each(plan.splits.len(), |i| {
@@ -326,13 +391,14 @@ fn run_attention<T: KvElem>(
                     .collect();
                 kernel::merge_partials(&rp, &mut acc[r * d..(r + 1) * d]);
             }
-            write_rows(batch, &split.rows, acc, out);
+            write_rows(batch, &split.rows, acc, out, &fold);
         })
     });
 }
 
 /// Runs item `it` with the thread's buffers `r`: its unnormalised state into `partials` when
 /// it is one part of a split, else its normalised rows into the output.
+#[allow(clippy::too_many_arguments)]
 fn run_item<T: KvElem>(
     be: &CpuBackend,
     batch: &AttnBatch<'_>,
@@ -341,17 +407,20 @@ fn run_item<T: KvElem>(
     (k, v): (&[T], &[T]),
     out: &OutRows,
     partials: &[OnceLock<Partial>],
+    fold: &Fold<'_>,
 ) {
     let p = batch.params();
     let d = p.cache.head_dim;
     let seq = batch.seqs()[it.seq];
-    item_rows(batch, it, r, be.isa.vector().bf16_pairs());
+    // The bf16 pair engines take one scale for the whole query: not per-channel ones.
+    let pairs = be.isa.vector().bf16_pairs() && fold.channels.is_none();
+    item_rows(batch, it, r, pairs, fold);
     let rows = Rows {
         q: &r.q,
         lo: &r.lo,
         hi: &r.hi,
         kv_head: &r.kv_head,
-        q_bf16: (!r.q_bf16.is_empty()).then(|| (&r.q_bf16[..], p.scale)),
+        q_bf16: (!r.q_bf16.is_empty()).then(|| (&r.q_bf16[..], fold.q)),
     };
     let pages = &batch.bufs.block_table[it.seq * p.block_table_stride..]
         [..seq.ctx_len.div_ceil(p.cache.page_size)];
@@ -372,7 +441,7 @@ fn run_item<T: KvElem>(
     match it.part {
         None => {
             kernel::normalize(d, &l, &mut r.acc);
-            write_rows(batch, it, &r.acc, out);
+            write_rows(batch, it, &mut r.acc, out, fold);
         }
         Some(part) => {
             // Each part index belongs to exactly one item, so the cell is empty here. The
@@ -383,20 +452,52 @@ fn run_item<T: KvElem>(
     }
 }
 
-/// Copies `n` elements, converting through f32 when the dtypes differ.
-fn copy_elems(src: &Buf<'_>, so: usize, dst: &mut BufMut<'_>, dof: usize, tmp: &mut [f32]) {
+/// Writes `n = tmp.len()` new elements into the cache at `dof`: each divided by the cache's
+/// `scale` (and its channel's, the `n` scales of `channel` for an int8 cache) and rounded to the
+/// cache's type (to nearest, ties to even; fp8 saturating, `fp8.rs`; int8 saturating to
+/// -128..=127, NaN stored as 0: int8 has none), or copied as they are when the types agree and
+/// the scale is 1.
+fn write_elems(
+    src: &Buf<'_>,
+    so: usize,
+    dst: &mut BufMut<'_>,
+    dof: usize,
+    (scale, channel): (f32, Option<&[f32]>),
+    tmp: &mut [f32],
+) {
     use half::slice::HalfFloatSliceExt;
+    fn quantize<T: Fp8>(d: &mut [T], x: &[f32]) {
+        d.iter_mut().zip(x).for_each(|(d, &x)| *d = T::from_f32(x));
+    }
     let n = tmp.len();
     match (src, dst) {
-        (Buf::F32(s), BufMut::F32(d)) => d[dof..dof + n].copy_from_slice(&s[so..so + n]),
-        (Buf::F16(s), BufMut::F16(d)) => d[dof..dof + n].copy_from_slice(&s[so..so + n]),
-        (Buf::BF16(s), BufMut::BF16(d)) => d[dof..dof + n].copy_from_slice(&s[so..so + n]),
+        (Buf::F32(s), BufMut::F32(d)) if scale == 1.0 => {
+            d[dof..dof + n].copy_from_slice(&s[so..so + n])
+        }
+        (Buf::F16(s), BufMut::F16(d)) if scale == 1.0 => {
+            d[dof..dof + n].copy_from_slice(&s[so..so + n])
+        }
+        (Buf::BF16(s), BufMut::BF16(d)) if scale == 1.0 => {
+            d[dof..dof + n].copy_from_slice(&s[so..so + n])
+        }
         (src, dst) => {
             src.read_f32(so, tmp);
+            match channel {
+                Some(c) => tmp.iter_mut().zip(c).for_each(|(x, c)| *x /= scale * c),
+                None if scale != 1.0 => tmp.iter_mut().for_each(|x| *x /= scale),
+                None => {}
+            }
             match dst {
                 BufMut::F32(d) => d[dof..dof + n].copy_from_slice(tmp),
                 BufMut::F16(d) => d[dof..dof + n].convert_from_f32_slice(tmp),
                 BufMut::BF16(d) => d[dof..dof + n].convert_from_f32_slice(tmp),
+                BufMut::Fp8E4M3(d) => quantize(&mut d[dof..dof + n], tmp),
+                BufMut::Fp8E5M2(d) => quantize(&mut d[dof..dof + n], tmp),
+                // `as` saturates to the type's range and takes NaN to 0.
+                BufMut::I8(d) => d[dof..dof + n]
+                    .iter_mut()
+                    .zip(&*tmp)
+                    .for_each(|(d, x)| *d = x.round_ties_even() as i8),
             }
         }
     }
@@ -452,11 +553,15 @@ impl Backend for CpuBackend {
         let out = OutRows::new(std::mem::replace(
             &mut batch.bufs.output,
             BufMut::F32(&mut []),
-        ));
+        ))
+        .ok_or_else(|| Error::BackendFailure("the output is a KV-cache format".into()))?;
         match (batch.bufs.key_cache, batch.bufs.value_cache) {
             (Buf::F32(k), Buf::F32(v)) => run_attention(self, &batch, k, v, &out),
             (Buf::F16(k), Buf::F16(v)) => run_attention(self, &batch, k, v, &out),
             (Buf::BF16(k), Buf::BF16(v)) => run_attention(self, &batch, k, v, &out),
+            (Buf::Fp8E4M3(k), Buf::Fp8E4M3(v)) => run_attention(self, &batch, k, v, &out),
+            (Buf::Fp8E5M2(k), Buf::Fp8E5M2(v)) => run_attention(self, &batch, k, v, &out),
+            (Buf::I8(k), Buf::I8(v)) => run_attention(self, &batch, k, v, &out),
             _ => {
                 return Err(Error::BackendFailure(
                     "K and V caches differ in dtype".into(),
@@ -480,8 +585,29 @@ impl Backend for CpuBackend {
             for h in 0..lay.num_kv_heads {
                 let so = t * p.src_strides.token + h * p.src_strides.head;
                 let dof = lay.offset(page, off, h);
-                copy_elems(&w.key, so, &mut w.key_cache, dof, &mut tmp);
-                copy_elems(&w.value, so, &mut w.value_cache, dof, &mut tmp);
+                let (kc, vc) = match w.channel_scales {
+                    Some(c) => (
+                        Some(&c.k[h * d..(h + 1) * d]),
+                        Some(&c.v[h * d..(h + 1) * d]),
+                    ),
+                    None => (None, None),
+                };
+                write_elems(
+                    &w.key,
+                    so,
+                    &mut w.key_cache,
+                    dof,
+                    (p.scales.k, kc),
+                    &mut tmp,
+                );
+                write_elems(
+                    &w.value,
+                    so,
+                    &mut w.value_cache,
+                    dof,
+                    (p.scales.v, vc),
+                    &mut tmp,
+                );
             }
         }
         Ok(())

@@ -268,7 +268,7 @@ pub(crate) fn attend_partial<T: KvElem>(
 
 /// The tiled kernel's entry: as `kernel::attend_partial` (same arguments, same result up to
 /// rounding), on the backend's path: `amx` runs the AMX engine where its pairs hold the cache's
-/// values exactly (bf16 pairs for a bf16 cache; f16 pairs for an f16 cache on a CPU with
+/// values exactly (bf16 pairs for a bf16, fp8 or int8 cache; f16 pairs for an f16 cache on a CPU with
 /// AMX-FP16 when every scaled query fits f16's range, see `amx.rs`) and its vector path
 /// ([`Isa::vector`]) otherwise; the vector paths run the f32 [`tiled::Fma`] engine on their lanes
 /// (`avx512` the bf16 pair engine for a bf16 query and cache where it can).
@@ -288,7 +288,8 @@ pub(crate) fn attend_partial_tiled<T: KvElem>(
         // above and by slicing in `tiled::run`.
         Isa::Amx => {
             use amx::{Bf16Pairs, F16Pairs};
-            if T::as_bf16(kv.k).is_some() {
+            if T::BF16_EXACT {
+                // A bf16, fp8 or int8 cache: bf16 pairs hold its K/V exactly.
                 // SAFETY: as above.
                 unsafe { amx_avx2::<T, Bf16Pairs>(kv, rows, out, m, l) }
             } else if T::F16 && isa.amx_fp16() && fits_f16(&rows.q[..rows.lo.len() * d]) {

@@ -315,7 +315,14 @@ pub(super) unsafe fn qk_chunk<L: Lanes, T: KvElem, const NG: usize, const TT: us
     // SAFETY: the caller gives `L`'s features, `krows[t]` valid for `d` reads and `c + W <= d`, so
     // each `W`-wide load at `krows[t] + c` is in bounds; `qk_fma` gets the same `c`.
     unsafe {
-        let kk: [L::V; TT] = std::array::from_fn(|t| L::load_kv(krows[t].add(c)));
+        // Plain loops around the loads, not `std::array::from_fn`: a closure does not inherit
+        // the caller's target features, and one LLVM keeps out of line turns each intrinsic of
+        // the conversion into a call (the fp8 E4M3 conversion, a few more instructions than
+        // f16's, ran 6x slower so). See `Avx512::hsum_w`.
+        let mut kk = [L::zero(); TT];
+        for t in 0..TT {
+            kk[t] = L::load_kv(krows[t].add(c));
+        }
         qk_fma::<L, NG, TT>(a, q, kk, d, c);
     }
 }
@@ -336,7 +343,11 @@ pub(super) unsafe fn qk_pair<L: Lanes, T: KvElem, const NG: usize, const TT: usi
     // SAFETY: the caller gives `L`'s features, `krows[t]` valid for `d` reads and `c + 2W <= d`, so
     // each `2W`-wide pair load at `krows[t] + c` is in bounds; `qk_fma` gets `c` and `c + W`.
     unsafe {
-        let kk: [[L::V; 2]; TT] = std::array::from_fn(|t| L::load_kv2(krows[t].add(c)));
+        // Plain loops around the loads: see `qk_chunk`.
+        let mut kk = [[L::zero(); 2]; TT];
+        for t in 0..TT {
+            kk[t] = L::load_kv2(krows[t].add(c));
+        }
         for h in 0..2 {
             qk_fma::<L, NG, TT>(a, q, std::array::from_fn(|t| kk[t][h]), d, c + h * L::W);
         }
@@ -385,7 +396,12 @@ pub(super) unsafe fn load_chunks<L: Lanes, T: KvElem, const U: usize>(
     unsafe {
         let w = L::W;
         if !L::split::<T>() || c >= pairs {
-            return std::array::from_fn(|u| L::load_kv(row.add(c + w * u)));
+            // A plain loop around the loads: see `qk_chunk`.
+            let mut vv = [L::zero(); U];
+            for u in 0..U {
+                vv[u] = L::load_kv(row.add(c + w * u));
+            }
+            return vv;
         }
         let mut vv = [L::zero(); U];
         if U == 1 {
