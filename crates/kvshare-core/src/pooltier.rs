@@ -155,6 +155,14 @@ impl PoolConfig {
         if cfg.group_specs().iter().any(|g| g.kind != GroupKind::Full) {
             return bad("the pool tier takes full-attention groups only".into());
         }
+        if cfg.dtype.size_bytes() == 1 {
+            // A quantized page means its values times the engine's scales, which the key does
+            // not name: two engines with other scales would read each other's pages wrongly.
+            return bad(format!(
+                "the pool tier takes f32, f16 and bf16 pages only, not {:?}",
+                cfg.dtype
+            ));
+        }
         let demotes = cfg.num_host_pages > 0 && cfg.demote_to_host;
         if self.store == StorePolicy::OnDemotion && !demotes {
             return bad("store on demotion needs host pages with demote_to_host".into());
@@ -174,6 +182,9 @@ impl PoolConfig {
             DType::F32 => 0,
             DType::F16 => 1,
             DType::BF16 => 2,
+            DType::Fp8E4M3 => 3,
+            DType::Fp8E5M2 => 4,
+            DType::Int8 => 5,
         });
         b.push(match kind {
             GroupKind::Full => 0,

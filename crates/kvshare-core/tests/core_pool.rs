@@ -741,6 +741,15 @@ fn bad_pool_settings_are_refused() {
         &|c| c.pool.as_mut().unwrap().store = StorePolicy::OnDemotion
     ));
     assert!(with(&|c| c.enable_prefix_caching = false));
+    // Quantized pages: the key does not name the engine's scales.
+    for dtype in [
+        kvshare_core::DType::Fp8E4M3,
+        kvshare_core::DType::Fp8E5M2,
+        kvshare_core::DType::Int8,
+    ] {
+        assert!(with(&|c| c.dtype = dtype), "{dtype:?}");
+    }
+    assert!(!with(&|c| c.dtype = kvshare_core::DType::BF16));
     assert!(with(&|c| {
         c.reserve_null_page = true;
         c.groups = vec![
