@@ -9,9 +9,9 @@ block 0 is the null block, hits are computed blocks capped at ``num_tokens - 1``
 of known tokens are registered before anything could look them up, freed blocks are cached
 last-block-first, allocation never evicts before free blocks run out.
 
-This file owns the manager: its state, the per-request state ``_Req`` and vLLM's public methods.
-The attribute views the scheduler reads (``coordinator``, ``block_pool``) are in ``views.py``;
-the native calls (``_match``, ``_open``, ``_cross``, ``_append``) are ``_fast.Appender``'s.
+This file owns the manager's state, ``_Req`` and vLLM's methods; 0.32's additions are in
+``manager_newer.py``, the views (``coordinator``, ``block_pool``) in ``views.py``, the native
+calls (``_match``, ``_open``, ``_cross``, ``_append``) ``_fast.Appender``'s.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from . import _fast  # required: startup.require() has checked that it loads
 from .base import ManagerBase, _cdiv, _extra_addr, _token_ids
 from .events import EventTranslator, cached_blocks_event
 from .host_tier import HOST_PAGES, HostTier
+from .manager_newer import NewerSurface
 from .views import _BlockPoolView, _CoordinatorView
 
 _OK = 0
@@ -150,7 +151,7 @@ def unsupported_reason(kv_cache_config, scheduler_block_size: int, hash_block_si
     return None
 
 
-class KvshareKVCacheManager(ManagerBase):
+class KvshareKVCacheManager(NewerSurface, ManagerBase):
     """Drop-in for ``vllm.v1.core.kv_cache_manager.KVCacheManager`` with the running vLLM's
     signatures (``compat.manager_api()``: 0.23.0 or 0.32.0)."""
 
@@ -697,6 +698,9 @@ class KvshareKVCacheManager(ManagerBase):
             return
         logger.warning("kvshare_vllm: evict_blocks(%d blocks) clears the whole prefix index",
                        len(block_ids))
+        self._clear_index()
+
+    def _clear_index(self) -> None:
         self._flush()
         self._avail = None
         kvshare.check(lib.kvs_prefix_clear(self._h), "kvs_prefix_clear")
@@ -709,11 +713,7 @@ class KvshareKVCacheManager(ManagerBase):
             logger.warning("Failed to reset prefix cache because some blocks (%d) are not "
                            "freed yet", sum(len(st.pages) for st in held))
             return False
-        self._flush()
-        self._avail = None
-        kvshare.check(lib.kvs_prefix_clear(self._h), "kvs_prefix_clear")
-        if self.enable_kv_cache_events:
-            self._drain_events(None, None)
+        self._clear_index()
         return True
 
     def _common_prefix_blocks(self, running_request_id: str) -> list[int]:
@@ -724,13 +724,10 @@ class KvshareKVCacheManager(ManagerBase):
             return [0]
         if len(self._reqs) == 1:
             return [len(st.pages)]
-        # The common prefix of all block tables is the common prefix of the lexicographically
-        # smallest and largest (any lexicographic order: here their uint32 bytes, compared by
-        # memcmp); then a binary search on whole pages.
-        # Kept between calls: a new table can only shorten it and a free can lengthen it
-        # (recomputed).  A growing table cannot: its new pages are fresh, held by it alone, and
-        # the shared prefix already ends before its last page (every request computes at least
-        # its last token into a page of its own).
+        # The common prefix of all tables is that of the lexicographically smallest and largest
+        # (their uint32 bytes by memcmp), then a binary search on pages.  Kept between calls: a
+        # new table can only shorten it, a free lengthen it (recomputed); a growing table's new
+        # pages are its own, past the shared prefix (every request computes its last token).
         common = self._common
         if common is None:
             raws = [o.raw for o in self._reqs.values()]
@@ -748,117 +745,6 @@ class KvshareKVCacheManager(ManagerBase):
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
         st = self._reqs.get(request_id)
         return (list(st.pages) if st is not None else [],)
-
-    # ------------------------------------------------------------------ vLLM 0.32's additions
-    def get_block_ids_for_computed_tokens(self, request_id: str,
-                                          num_computed_tokens: int) -> tuple[list[int], ...]:
-        """The request's block ids covering its first ``num_computed_tokens`` tokens."""
-        st = self._reqs.get(request_id)
-        if st is None:
-            return ([],)
-        return (st.pages[:_cdiv(num_computed_tokens, self.block_size)],)
-
-    def estimate_cached_tokens(self, request) -> int:
-        """Tokens of the request's pages that are in the prefix cache (vLLM: the most tokens
-        a block's hash covers, over the request's blocks): its leading full pages of known
-        tokens, registered as they filled (a page whose registration waits in ``_dirty`` is
-        counted: nothing can tell it apart).  0 with prefix caching off (no page
-        registers)."""
-        st = self._reqs.get(request.request_id)
-        if st is None or not self.enable_caching:
-            return 0
-        known = st.n
-        if self._dirty:
-            d = self._dirty.get(request.request_id)
-            if d is not None:
-                known = max(known, d[2])
-        return min(known // self.block_size, len(st.pages)) * self.block_size
-
-    def truncate_computed_blocks(self, blocks: KVCacheBlocks,
-                                 num_computed_tokens: int) -> KVCacheBlocks:
-        """A lookup result cut to its first ``num_computed_tokens`` tokens (block-aligned);
-        no reference changes (a hit holds none until ``allocate_slots``)."""
-        bs = self.block_size
-        if num_computed_tokens % bs:
-            raise ValueError(f"kvshare_vllm: truncate_computed_blocks at {num_computed_tokens} "
-                             f"tokens, not a multiple of the block size {bs}")
-        group = blocks.blocks[0]
-        n = num_computed_tokens // bs
-        if n > len(group):
-            raise ValueError(f"kvshare_vllm: truncate_computed_blocks to {n} blocks of a hit "
-                             f"of {len(group)}")
-        return self.create_kv_cache_blocks((list(group[:n]),))
-
-    def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
-        """Hands the request's blocks from ``start_token`` (block-aligned) out again for KV
-        zeroing (``take_new_block_ids``): blocks a failed asynchronous KV load left unwritten.
-        Only where the cache needs zeroing (``KVCacheConfig.needs_kv_cache_zeroing``)."""
-        if not self._track_new:
-            return
-        if start_token % self.block_size:
-            raise ValueError(f"kvshare_vllm: record_blocks_for_zeroing at {start_token} "
-                             f"tokens, not a multiple of the block size {self.block_size}")
-        st = self._reqs.get(request_id)
-        if st is not None:
-            self._new_block_ids.extend(st.pages[start_token // self.block_size:])
-
-    def take_kv_cache_block_copies(self) -> tuple[list, list]:
-        """Copy-on-write block copies for hits ending inside a block, and the blocks they hold:
-        none.  kvshare's hits are whole pages here (``match_unit`` 0), as vLLM's own are for
-        one full-attention group, where vLLM refuses a hash granularity below the block."""
-        return [], []
-
-    def take_boundary_state_offloads(self) -> dict:
-        """Mamba "align" boundary states for a KV connector: none (no Mamba group)."""
-        return {}
-
-    def finalize_partial_tail_offloads(self, request) -> list:
-        """A producer connector's partial Mamba tails at a request's end: none (no Mamba
-        group)."""
-        return []
-
-    def pop_blocks_for_free(self, request) -> list:
-        """Ends the request's bookkeeping and returns its blocks without releasing them (vLLM
-        0.32's deferred free, while an in-flight step may still write them): its kvshare
-        sequence stays open, holding its pages, until the scheduler returns exactly these
-        blocks through ``block_pool.free_blocks`` (``_free_popped``).  A page that filled
-        without a native call is registered first, as ``free`` would."""
-        st = self._reqs.pop(request.request_id, None)
-        self._common = None
-        if self._pending is not None and self._pending[0] == request.request_id:
-            self._pending = None
-        if st is None:
-            return []
-        if self._dirty:
-            d = self._dirty.pop(request.request_id, None)
-            if d is not None:
-                self._append_known(*d)
-        self._popped.append(st)
-        return [self._blocks[p] for p in st.pages]
-
-    def _free_popped(self, blocks) -> None:
-        """``block_pool.free_blocks``: releases the popped sequence whose blocks these are,
-        given last block first as the scheduler returns them (``reversed``: the order in which
-        ``kvs_seq_free`` releases a sequence's pages, the tail cached to be evicted first).
-        Raises ValueError for blocks that are no popped request's, in that order (nothing
-        changes)."""
-        ids = [b.block_id for b in blocks]
-        if not ids:
-            return
-        ids.reverse()
-        for i, st in enumerate(self._popped):
-            if ids == st.pages:
-                break
-        else:
-            raise ValueError(f"kvshare_vllm: free_blocks({ids}) names no request's blocks "
-                             "taken with pop_blocks_for_free")
-        del self._popped[i]
-        self._avail = None
-        rc = lib.kvs_seq_free(self._h, st.seq)
-        if rc:
-            kvshare.check(rc, "kvs_seq_free")
-        if self.enable_kv_cache_events:
-            self._drain_events(None, None)
 
     def cache_blocks(self, request, num_computed_tokens: int) -> None:
         if not self.enable_caching:
