@@ -48,6 +48,12 @@
 #define KVS_NULL_PAGE 0
 
 /*
+ Bytes of `kvs_pool_key.key` and `kvs_pool_work.key`: the longest key (247 bytes with a
+ 128-byte namespace) and its NUL.
+ */
+#define KVS_POOL_KEY_MAX 256
+
+/*
  Number of retention priorities: `kvs_seq_set_priority` takes 0 ..= `KVS_NUM_PRIORITIES - 1`.
  */
 #define KVS_NUM_PRIORITIES 4
@@ -519,6 +525,60 @@ typedef uint32_t kvs_eviction_policy;
 #endif // __cplusplus
 
 /*
+ What a `kvs_pool_work` asks the engine to do (values of `kvs_pool_work.op`).
+ */
+enum kvs_pool_op
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /*
+   Read the store's entry `key` into device page `page` of group `group`, verified first.
+   */
+  KVS_POOL_OP_LOAD = 0,
+  /*
+   Write page `page` of tier `tier` of group `group` to the store under `key`.
+   */
+  KVS_POOL_OP_STORE = 1,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum kvs_pool_op kvs_pool_op;
+#else
+typedef uint32_t kvs_pool_op;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/*
+ When a cache writes pages to its pool tier (`kvs_pool_config.store`).
+ */
+enum kvs_pool_store
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /*
+   Never: the cache only reads the pool.
+   */
+  KVS_POOL_STORE_READ_ONLY = 0,
+  /*
+   Every page registered in the device index, handed out at the next `kvs_cache_commit`.
+   */
+  KVS_POOL_STORE_WRITE_THROUGH = 1,
+  /*
+   Every cached page demoted to the host tier (needs host pages and `demote_to_host`).
+   */
+  KVS_POOL_STORE_ON_DEMOTION = 2,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum kvs_pool_store kvs_pool_store;
+#else
+typedef uint32_t kvs_pool_store;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/*
  A compute backend (`KVS_BACKEND_KIND_CPU` or `KVS_BACKEND_KIND_ASCEND`) that launches paged
  attention, KV writes and page copies.
 
@@ -554,11 +614,13 @@ typedef struct kvs_backend kvs_backend;
  `kvs_page_get_info`; prefix index: `kvs_prefix_register`, `kvs_prefix_match`,
  `kvs_prefix_find`, `kvs_prefix_clear`; sequences: `kvs_seq_begin`, `kvs_seq_append`,
  `kvs_seq_append_pages`, `kvs_seq_append_batch`, `kvs_seq_fork`, `kvs_seq_free`,
- `kvs_seq_release_skipped`, `kvs_seq_swap_out`, `kvs_seq_swap_in`, `kvs_seq_get_info`,
+ `kvs_seq_release_skipped`, `kvs_seq_set_computed`, `kvs_seq_swap_out`, `kvs_seq_swap_in`, `kvs_seq_get_info`,
  `kvs_seq_pages`, `kvs_seq_state_page`, `kvs_seq_set_priority`, `kvs_seq_append_need`,
  `kvs_seq_swap_in_need`, `kvs_seq_swap_out_need`; queues: `kvs_cache_take_copies`,
  `kvs_cache_take_events`; retention: `kvs_prefix_pin`, `kvs_prefix_unpin`,
- `kvs_prefix_prefetch`.
+ `kvs_prefix_prefetch`; pool tier: `kvs_cache_new_pooled`, `kvs_pool_lookup`,
+ `kvs_seq_begin_pooled`, `kvs_pool_take_work`, `kvs_pool_done`, `kvs_seq_pool_loading`,
+ `kvs_cache_pool_stats`.
  */
 typedef struct kvs_cache kvs_cache;
 
@@ -1378,6 +1440,67 @@ typedef struct kvs_page_info {
 } kvs_page_info;
 
 /*
+ The pool tier's settings (`kvs_cache_new_pooled`).
+
+ **Thread safety:** plain data; read during the call only.
+ */
+typedef struct kvs_pool_config {
+  /*
+   Deployment namespace, 1 to 128 bytes of `[A-Za-z0-9._-]`, not NUL-terminated.
+   */
+  const uint8_t *key_namespace;
+  /*
+   Bytes of `key_namespace`.
+   */
+  size_t key_namespace_len;
+  /*
+   The model and layout identity (model, revision, KV layout, quantisation): opaque, 1 to
+   4096 bytes. Engines share entries only when it is equal.
+   */
+  const uint8_t *identity;
+  /*
+   Bytes of `identity`.
+   */
+  size_t identity_len;
+  /*
+   Tensor-parallel rank (below `tp_size`).
+   */
+  uint32_t tp_rank;
+  /*
+   Tensor-parallel size (1 or more).
+   */
+  uint32_t tp_size;
+  /*
+   Pipeline-parallel rank.
+   */
+  uint32_t pp_rank;
+  /*
+   Pipeline-parallel size.
+   */
+  uint32_t pp_size;
+  /*
+   Prefill context-parallel rank.
+   */
+  uint32_t pcp_rank;
+  /*
+   Prefill context-parallel size.
+   */
+  uint32_t pcp_size;
+  /*
+   Decode context-parallel rank.
+   */
+  uint32_t dcp_rank;
+  /*
+   Decode context-parallel size.
+   */
+  uint32_t dcp_size;
+  /*
+   A `kvs_pool_store`: when pages are written.
+   */
+  uint32_t store;
+} kvs_pool_config;
+
+/*
  A multimodal item in a prompt: its placeholder tokens cover positions
  `[offset, offset + length)`; `hash_lo`/`hash_hi` are the low and high 64 bits of a 128-bit
  content hash the engine computed (e.g. of the image bytes).
@@ -1431,6 +1554,28 @@ typedef struct kvs_extra_keys {
 } kvs_extra_keys;
 
 /*
+ One key of a lookup (`kvs_pool_lookup`).
+ */
+typedef struct kvs_pool_key {
+  /*
+   Page position in the prompt.
+   */
+  uint64_t position;
+  /*
+   The group.
+   */
+  uint32_t group;
+  /*
+   Bytes of `key` before its NUL.
+   */
+  uint32_t key_len;
+  /*
+   The store key, NUL-terminated.
+   */
+  uint8_t key[256];
+} kvs_pool_key;
+
+/*
  A sequence's shape (`kvs_seq_begin`, `kvs_seq_get_info`).
  */
 typedef struct kvs_seq_info {
@@ -1466,6 +1611,108 @@ typedef struct kvs_seq_info {
    */
   uint32_t tier;
 } kvs_seq_info;
+
+/*
+ One transfer between the store and a page (`kvs_pool_take_work`), reported with
+ `kvs_pool_done`.
+ */
+typedef struct kvs_pool_work {
+  /*
+   What to report it under.
+   */
+  uint64_t ticket;
+  /*
+   Low 64 bits of the page's chain digest `h_i` (also in the key).
+   */
+  uint64_t hash_lo;
+  /*
+   High 64 bits of the chain digest.
+   */
+  uint64_t hash_hi;
+  /*
+   A `kvs_pool_op`.
+   */
+  uint32_t op;
+  /*
+   The group whose layers hold the KV.
+   */
+  uint32_t group;
+  /*
+   A `kvs_tier`: the device for loads, the device or the host for stores.
+   */
+  uint32_t tier;
+  /*
+   The page id in that tier of the group's pool.
+   */
+  uint32_t page;
+  /*
+   Token ids of the page (`page_size` of them) in the caller's `tokens_out`.
+   */
+  uint32_t num_tokens;
+  /*
+   Bytes of `key` before its NUL.
+   */
+  uint32_t key_len;
+  /*
+   The store key, NUL-terminated.
+   */
+  uint8_t key[256];
+} kvs_pool_work;
+
+/*
+ Pool-tier counters (`kvs_cache_pool_stats`), monotonically increasing but `pending` and
+ `queued`.
+ */
+typedef struct kvs_pool_stats {
+  /*
+   Lookups made.
+   */
+  uint64_t lookups;
+  /*
+   Keys those lookups asked about.
+   */
+  uint64_t lookup_keys;
+  /*
+   Keys the answers given to begins reported present.
+   */
+  uint64_t answered_hits;
+  /*
+   Loads queued.
+   */
+  uint64_t loads;
+  /*
+   Loads reported done.
+   */
+  uint64_t loads_ok;
+  /*
+   Loads reported failed.
+   */
+  uint64_t loads_failed;
+  /*
+   Prompt tokens served from the pool (loads settled before the first failure).
+   */
+  uint64_t hit_tokens;
+  /*
+   Stores handed out.
+   */
+  uint64_t stores;
+  /*
+   Stores reported done.
+   */
+  uint64_t stores_ok;
+  /*
+   Stores reported failed.
+   */
+  uint64_t stores_failed;
+  /*
+   Transfers not reported yet.
+   */
+  uint64_t pending;
+  /*
+   Of those, not taken yet.
+   */
+  uint64_t queued;
+} kvs_pool_stats;
 
 #ifdef __cplusplus
 extern "C" {
@@ -1937,6 +2184,126 @@ kvs_status kvs_page_get_info(const struct kvs_cache *cache,
                              struct kvs_page_info *info_out);
 
 /*
+ `kvs_cache_new` with a pool tier (`pool`): full pages after a prompt's local hit can be
+ looked up in and loaded from a store shared by engines, and pages written to it.
+
+ **Ownership:** free the cache with `kvs_cache_free`. Everything is copied.
+ **Failure:** as `kvs_cache_new`; also `KVS_STATUS_INVALID_CONFIG` naming `pool` (a
+ namespace or identity of the wrong length or characters, a rank not below its size, a
+ group other than full attention, prefix caching off, `KVS_POOL_STORE_ON_DEMOTION`
+ without host pages and `demote_to_host`), `KVS_STATUS_NULL_ARGUMENT` for a NULL `pool`
+ or a NULL namespace or identity with a length, `KVS_STATUS_INVALID_ARGUMENT` for an
+ unknown `store`. `*cache_out` is untouched on error.
+ **Thread safety:** safe from any thread.
+ */
+kvs_status kvs_cache_new_pooled(const struct kvs_config *config,
+                                const struct kvs_pool_config *pool,
+                                struct kvs_cache **cache_out);
+
+/*
+ The store keys of the full pages of a prompt after its local hit (device and host
+ tiers; at most `max_match_tokens` tokens in all), position-major (every group of a
+ position, then the next), written to `keys_out`; their count to `*num_keys_out` and the
+ first position asked about to `*first_page_out`. No key: the local tiers hold every
+ page the limit allows. Nothing is reserved: pass the store's answer to
+ `kvs_seq_begin_pooled`.
+
+ **Failure:** `KVS_STATUS_UNSUPPORTED` (no pool tier), `KVS_STATUS_BUFFER_TOO_SMALL`
+ (more keys than `keys_len`), NULL or misaligned pointers: nothing changes (the lookup
+ is not counted), outputs untouched.
+ **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+ */
+kvs_status kvs_pool_lookup(struct kvs_cache *cache,
+                           const int32_t *tokens,
+                           size_t num_tokens,
+                           const struct kvs_extra_keys *extra,
+                           size_t max_match_tokens,
+                           struct kvs_pool_key *keys_out,
+                           size_t keys_len,
+                           size_t *num_keys_out,
+                           size_t *first_page_out);
+
+/*
+ `kvs_seq_begin` with the store's answer to a `kvs_pool_lookup` of the same prompt:
+ `hits[i]` (0 or 1) says whether the store holds the lookup's key `i`; `first_page` is
+ the lookup's. The run of positions from the local hit's end whose keys every group
+ holds is matched too: those pages are loading (one `KVS_POOL_OP_LOAD` each for
+ `kvs_pool_take_work`), held and unmatchable until reported with `kvs_pool_done`; the
+ match ends at the first failed load. Run the sequence once `kvs_seq_pool_loading` is 0
+ and read its final `matched_tokens` with `kvs_seq_get_info`. An answer that starts after
+ the local hit's end loads nothing. `*info_out` as `kvs_seq_begin` (its `matched_tokens`
+ counting the loading pages), `*pool_pages_out` the loading positions (both optional).
+
+ **Failure:** as `kvs_seq_begin`; also `KVS_STATUS_UNSUPPORTED` (no pool tier),
+ `KVS_STATUS_INVALID_ARGUMENT` (a hit byte other than 0 or 1, or `num_hits` not a whole
+ number of positions): nothing changes, outputs untouched.
+ **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+ */
+kvs_status kvs_seq_begin_pooled(struct kvs_cache *cache,
+                                uint64_t seq_id,
+                                const int32_t *tokens,
+                                size_t num_tokens,
+                                const struct kvs_extra_keys *extra,
+                                size_t max_match_tokens,
+                                size_t lookahead_slots,
+                                size_t first_page,
+                                const uint8_t *hits,
+                                size_t num_hits,
+                                struct kvs_seq_info *info_out,
+                                size_t *pool_pages_out);
+
+/*
+ Takes up to `work_len` queued transfers, oldest first, into `work_out`, and the token
+ ids of item `i`'s page into `tokens_out[i * page_size ..]`; their count to
+ `*num_work_out`. Loads may run at once (verify each entry's tokens and digest before
+ reporting it done); a store reads its page as it is now (a demoted page after its
+ demotion copy from `kvs_cache_take_copies` has run). Report each with `kvs_pool_done`.
+
+ **Failure:** `KVS_STATUS_UNSUPPORTED` (no pool tier), `KVS_STATUS_BUFFER_TOO_SMALL`
+ (`tokens_len` below `work_len * page_size`), NULL or misaligned pointers: nothing is
+ taken, outputs untouched.
+ **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+ */
+kvs_status kvs_pool_take_work(struct kvs_cache *cache,
+                              struct kvs_pool_work *work_out,
+                              size_t work_len,
+                              int32_t *tokens_out,
+                              size_t tokens_len,
+                              size_t *num_work_out);
+
+/*
+ Reports transfer `ticket` (from `kvs_pool_take_work`) done (`ok`) or failed: its page
+ reference is dropped; a sequence's last load settles it (its match ends at the first
+ failed position, and the loaded pages before it become matchable).
+
+ **Failure:** `KVS_STATUS_UNSUPPORTED` (no pool tier), `KVS_STATUS_INVALID_ARGUMENT` (a
+ ticket never handed out by `kvs_pool_take_work`, or reported already): nothing changes.
+ **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+ */
+kvs_status kvs_pool_done(struct kvs_cache *cache, uint64_t ticket, bool ok);
+
+/*
+ Writes to `*loading_out` the loads of sequence `seq_id` not reported yet; run the
+ sequence only at 0.
+
+ **Failure:** `KVS_STATUS_SEQ_NOT_FOUND`, NULL or misaligned pointers: `*loading_out`
+ untouched.
+ **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+ */
+kvs_status kvs_seq_pool_loading(const struct kvs_cache *cache,
+                                uint64_t seq_id,
+                                size_t *loading_out);
+
+/*
+ Writes the pool tier's counters to `*stats_out`.
+
+ **Failure:** `KVS_STATUS_UNSUPPORTED` (no pool tier), NULL or misaligned pointers:
+ `*stats_out` untouched.
+ **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+ */
+kvs_status kvs_cache_pool_stats(const struct kvs_cache *cache, struct kvs_pool_stats *stats_out);
+
+/*
  Registers the full pages of a token sequence in group `group`'s prefix index: `pages[i]`
  (a page of the group's pool held by the caller) holds the KV of tokens
  `[i*page_size, (i+1)*page_size)`. Pages whose content the group has already cached in
@@ -2232,6 +2599,24 @@ kvs_status kvs_seq_release_skipped(struct kvs_cache *cache,
                                    uint64_t seq_id,
                                    size_t num_computed_tokens,
                                    size_t *num_released_out);
+
+/*
+ Tells the cache that the KV of the sequence's first `num_computed_tokens` tokens is
+ written. A sequence's tokens count as computed until this is called for it; from then on
+ only its full pages within its first `num_computed_tokens` tokens become prefix hits (at
+ the next `kvs_cache_commit` with `defer_commit`), are stored to the pool tier, or are
+ shared by content when it is swapped: the content of its other pages is not final. For an
+ engine that gives kvshare a whole prompt and computes it a chunk per step (MindIE's
+ chunked prefill), so that no other request reads KV not written yet. Pages registered
+ before stay registered.
+
+ **Failure:** unknown sequence (`KVS_STATUS_SEQ_NOT_FOUND`), `num_computed_tokens` above
+ the tokens the sequence holds (`KVS_STATUS_INVALID_ARGUMENT`): nothing changes.
+ **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+ */
+kvs_status kvs_seq_set_computed(struct kvs_cache *cache,
+                                uint64_t seq_id,
+                                size_t num_computed_tokens);
 
 /*
  Swaps a sequence out to host pages: one device→host copy per live page of each group's

@@ -193,6 +193,12 @@ pub enum Op {
         id: u8,
         back: u8,
     },
+    /// `kvs_seq_set_computed` at the sequence's token count plus one (refused) down to three
+    /// below it.
+    SetComputed {
+        id: u8,
+        back: u8,
+    },
     NewStep,
     StatePage {
         id: u8,

@@ -481,6 +481,21 @@ impl Run {
                 let pages = computed.div_ceil(self.ps) * self.ng();
                 assert!(n <= pages, "{}: released {n}", self.op);
             }
+            Op::SetComputed { id, back } => {
+                let id = u64::from(id % 16);
+                let Some(held) = self.model.seqs.get(&id).map(|s| s.tokens) else {
+                    let st = unsafe { kvs_cache::kvs_seq_set_computed(self.c, id, 0) };
+                    return self.expect(st, &[kvs_status::SeqNotFound]);
+                };
+                let computed = (held + 1).saturating_sub(usize::from(back % 5));
+                let st = unsafe { kvs_cache::kvs_seq_set_computed(self.c, id, computed) };
+                let want = if computed > held {
+                    kvs_status::InvalidArgument
+                } else {
+                    kvs_status::Ok
+                };
+                self.expect(st, &[want]);
+            }
             Op::NewStep => {
                 let st = unsafe { kvs_cache::kvs_cache_new_step(self.c) };
                 self.expect(st, &[kvs_status::Ok]);

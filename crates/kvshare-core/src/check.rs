@@ -84,6 +84,16 @@ impl State {
                 h.count[t][pool][q.copy.src_page as usize] += 1;
             }
         }
+        // An outstanding pool transfer holds its page until reported.
+        for (tier, g, page) in self.pool_holds() {
+            let pool = self.groups[g as usize].pool;
+            let t = usize::from(tier == Tier::Host);
+            let pp = [&self.pools[pool].device, &self.pools[pool].host][t];
+            if pp.check_id(page).is_err() {
+                return violation(format!("pool transfer: bad page {page}"));
+            }
+            h.count[t][pool][page as usize] += 1;
+        }
         let mut pins: Vec<Vec<u32>> = Vec::with_capacity(np);
         for p in &self.pools {
             pins.push(try_vec(

@@ -9,6 +9,7 @@
 
 use super::error::{Error, Result};
 use super::evict::EvictionPolicy;
+use super::pooltier::PoolConfig;
 use super::tier::Tier;
 
 /// Element type of the KV cache (and of attention inputs).
@@ -164,6 +165,9 @@ pub struct Config {
     /// priorities first and, outside `vllm_free_order`, a full-attention page only after its
     /// cached children.
     pub eviction_policy: EvictionPolicy,
+    /// The pool tier: a store shared by engines behind device and host (see
+    /// [`crate::pooltier`]). None: no pool tier.
+    pub pool: Option<PoolConfig>,
 }
 
 impl Default for Config {
@@ -186,6 +190,7 @@ impl Default for Config {
             match_unit: 0,
             vllm_free_order: false,
             eviction_policy: EvictionPolicy::Lru,
+            pool: None,
         }
     }
 }
@@ -261,6 +266,9 @@ impl Config {
         }
         for (i, g) in self.groups.iter().enumerate() {
             self.validate_group(i, g)?;
+        }
+        if let Some(pool) = &self.pool {
+            pool.validate(self)?;
         }
         Ok(())
     }

@@ -18,6 +18,8 @@
 //!   `append.rs`: appends with copy-on-write; `swap.rs`: swaps between tiers; [`pages`]: the
 //!   page API, pins, prefetch; `batch.rs`: block tables and slot mappings; `check.rs`: the
 //!   invariant checker;
+//! * [`pooltier`]: the pool tier, a store shared by engines behind device and host (what to
+//!   look up, load and store; the engine side moves the bytes);
 //! * [`copies`], [`events`], [`stats`]: what the cache reports.
 #![forbid(unsafe_code)]
 
@@ -36,6 +38,7 @@ mod hit;
 pub mod list;
 pub mod pages;
 pub mod pool;
+pub mod pooltier;
 pub mod prefix;
 mod rules;
 pub mod seq;
@@ -53,6 +56,9 @@ pub use events::{Event, EventKind};
 pub use evict::EvictionPolicy;
 pub use pages::Match;
 pub use pool::PageState;
+pub use pooltier::{
+    PoolAnswer, PoolConfig, PoolKey, PoolLookup, PoolOp, PoolStats, PoolWork, Ranks, StorePolicy,
+};
 pub use prefix::{ExtraKeys, MmItem};
 pub use seq::{AppendNeed, BeginInfo, SeqInfo};
 pub use state::{State, NULL_PAGE};

@@ -1,6 +1,7 @@
 //! The sequence record and what sequence operations report. The operations themselves are in
 //! `sequences.rs` (begin, append, fork, free, release) and `swap.rs`.
 
+use super::pooltier::SeqPool;
 use super::prefix::ExtraKeys;
 use super::rules::GrowState;
 use super::tier::Tier;
@@ -39,6 +40,10 @@ pub(crate) struct Seq {
     pub tier: Tier,
     /// Full pages await [`super::State::commit`] (defer_commit mode).
     pub pending: bool,
+    /// Tokens whose KV the engine has written ([`super::State::set_computed`]; `usize::MAX`:
+    /// all of them). Only pages within them are registered, stored to the pool tier, or shared
+    /// by content on a swap: the content of the others is not final.
+    pub computed: usize,
     pub matched_tokens: usize,
     /// Tokens at the start whose KV sits in shared cached pages: their slots are never written.
     pub cached_tokens: usize,
@@ -46,6 +51,8 @@ pub(crate) struct Seq {
     pub stamp: u64,
     /// Retention priority its pages keep once cached (higher is evicted later).
     pub priority: u8,
+    /// Its loads from the pool tier (outstanding, or the positions they served).
+    pub pool: Option<Box<SeqPool>>,
 }
 
 impl Seq {
@@ -61,6 +68,12 @@ impl Seq {
         } else {
             self.keys[j - 1].hash
         }
+    }
+
+    /// Leading full pages whose KV is written: their content is final (see `computed`; the
+    /// pages of its prefix hit always are).
+    pub fn final_pages(&self, ps: usize) -> usize {
+        self.tokens.len().min(self.computed.max(self.cached_tokens)) / ps
     }
 
     /// Pages in every group's table (they are all as long).
@@ -85,6 +98,10 @@ pub struct BeginInfo {
     /// the sequence's own page (one partial copy per group queued: `take_copies`); 0 with
     /// whole-page matching.
     pub unit_tokens: usize,
+    /// Positions of `matched_tokens` whose pages load from the pool tier (one load per group
+    /// each, from `take_pool_work`); the match is final once they are reported
+    /// (`pool_loading` is 0, `seq_info` gives it).
+    pub pool_pages: usize,
 }
 
 /// What [`super::State::append_need`] reports: what an append would take, without the append.

@@ -6,6 +6,7 @@ use super::alloc::try_copy;
 use super::config::MAX_GROUPS;
 use super::error::{Error, Result};
 use super::pool::{Holder, PRIORITIES};
+use super::pooltier::PoolAnswer;
 use super::prefix::{Entry, ExtraKeys};
 use super::rules::GrowState;
 use super::seq::{BeginInfo, PageKey, Seq, SeqInfo, HOST_NULL};
@@ -90,6 +91,23 @@ impl State {
         max_match_tokens: usize,
         lookahead: usize,
     ) -> Result<BeginInfo> {
+        self.begin_pooled(id, tokens, extra, max_match_tokens, lookahead, None)
+    }
+
+    /// [`begin`](Self::begin) with the store's answer to a [`pool_lookup`](Self::pool_lookup)
+    /// of the same prompt: the run of positions, from where the local hit ends, whose keys the
+    /// store holds in every group is matched too, its pages loading (see [`crate::pooltier`]).
+    /// An answer that starts after the local hit's end loads nothing. Refused without a pool
+    /// tier or with an answer that is not a whole number of positions.
+    pub fn begin_pooled(
+        &mut self,
+        id: u64,
+        tokens: &[i32],
+        extra: Option<ExtraKeys>,
+        max_match_tokens: usize,
+        lookahead: usize,
+        answer: Option<PoolAnswer<'_>>,
+    ) -> Result<BeginInfo> {
         if self.seqs.contains_key(&id) {
             return Err(Error::SeqExists(id));
         }
@@ -129,6 +147,15 @@ impl State {
             (hit.groups, keys, stopped)
         };
         let hit_pages = positions.iter().map(Vec::len).max().unwrap_or(0);
+        // Pages after the local hit that the pool holds: their keys, hashed to the end.
+        let (keys, stopped, run) = match answer {
+            Some(a) => {
+                let (keys, stopped) = self.page_keys(tokens, extra.as_deref(), &keys);
+                let run = self.pool_run(&a, hit_pages, limit, keys.len())?;
+                (keys, stopped, run)
+            }
+            None => (keys, stopped, 0),
+        };
         // A hit can run past the hashed pages (chunked local attention never looks up the pages
         // before its chunk): then no page key continues it inside a page.
         let parent = match hit_pages {
@@ -136,11 +163,14 @@ impl State {
             n => keys.get(n - 1).map(|k| k.hash),
         };
         let units = match parent {
-            Some(parent) => self.unit_hits(tokens, extra.as_deref(), parent, hit_pages, limit),
-            None => Vec::new(),
+            // Whole pages from the pool beat a part of one.
+            Some(parent) if run == 0 => {
+                self.unit_hits(tokens, extra.as_deref(), parent, hit_pages, limit)
+            }
+            _ => Vec::new(),
         };
         let unit_tokens = units.first().map_or(0, |u| u.tokens);
-        let hit_tokens = hit_pages * ps;
+        let hit_tokens = (hit_pages + run) * ps;
         let matched = (hit_tokens + unit_tokens).min(max_match_tokens);
         let total = slots.div_ceil(ps);
         self.state_gate(&keys, &positions)?;
@@ -183,7 +213,8 @@ impl State {
         if self.cfg.enable_prefix_caching {
             self.counters.prefix_queries += 1;
             self.counters.prefix_query_tokens += tokens.len() as u64;
-            self.counters.prefix_hit_tokens += matched as u64;
+            // Pool pages count once loaded (`PoolStats::hit_tokens`).
+            self.counters.prefix_hit_tokens += matched.saturating_sub(run * ps) as u64;
         }
         // Unit sources are held first, so that no promotion, demotion or allocation below can
         // evict them before their copies are queued.
@@ -230,6 +261,17 @@ impl State {
                 self.queue_unit_copy(g, u, dst);
             }
         }
+        let answered = answer.map_or(0, |a| a.hits.iter().filter(|&&h| h).count());
+        let pool = (answer.is_some()).then(|| {
+            Box::new(self.queue_loads(
+                id,
+                hit_pages..hit_pages + run,
+                &tables,
+                &keys,
+                tokens,
+                answered,
+            ))
+        });
         let seq = Seq {
             tokens: owned,
             extra,
@@ -241,10 +283,12 @@ impl State {
             borrowed: vec![Vec::new(); ng],
             tier: Tier::Device,
             pending: false,
+            computed: usize::MAX,
             matched_tokens: matched,
             cached_tokens: hit_tokens,
             stamp: 0,
             priority: 0,
+            pool: pool.filter(|p| p.loading()),
         };
         let mut seq = seq;
         self.register_seq(id, &mut seq);
@@ -255,6 +299,7 @@ impl State {
             new_pages,
             promoted_pages: promoted,
             unit_tokens,
+            pool_pages: run,
         })
     }
 
@@ -315,9 +360,14 @@ impl State {
             return;
         }
         if self.cfg.defer_commit {
-            let full = s.tokens.len() / self.ps;
+            // Pages a commit could register: the final ones, no further than the hashing went
+            // once it stopped at a placeholder.
+            let mut full = s.final_pages(self.ps);
+            if s.hash_stopped {
+                full = full.min(s.keys.len());
+            }
             let behind = s.offered.iter().any(|&o| o < full);
-            if !s.pending && !s.hash_stopped && behind {
+            if !s.pending && behind {
                 s.pending = true;
                 self.uncommitted.push(id);
             }
@@ -338,12 +388,20 @@ impl State {
             (s.keys, s.hash_stopped) = (keys, stopped);
         }
         let dedup = self.cfg.skip_cached_writes;
-        let full = s.keys.len();
+        let full = s.keys.len().min(s.final_pages(ps));
         let lora = s.lora();
+        // Nothing from the first loading position on is matchable before the loads settle;
+        // positions loaded from the pool are not stored back.
+        let (gate, loaded) = match s.pool.as_deref() {
+            Some(p) if p.loading() => (p.start, 0..0),
+            Some(p) => (usize::MAX, p.start..p.end),
+            None => (usize::MAX, 0..0),
+        };
         for g in 0..self.groups.len() {
             let pool = self.groups[g].pool;
             let state = self.groups[g].rules.is_state();
-            let (from, to) = (s.offered[g], full.min(s.tables[g].len()));
+            let to = full.min(s.tables[g].len()).min(gate);
+            let from = s.offered[g].min(to);
             for j in from..to {
                 let page = s.tables[g][j];
                 if self.is_null(page) {
@@ -363,6 +421,9 @@ impl State {
                 };
                 let g32 = g as u32;
                 if self.index_insert(pool, Tier::Device, g32, page, entry) {
+                    if !loaded.contains(&j) {
+                        self.pool_store(g, Tier::Device, page, k.hash, tokens);
+                    }
                     continue;
                 }
                 let p = &self.pools[pool];
@@ -393,9 +454,44 @@ impl State {
         }
     }
 
+    /// Tells the cache that the KV of the sequence's first `num_computed` tokens is written. A
+    /// sequence's tokens count as computed until this is called; from then on only its pages
+    /// within its first `num_computed` tokens are registered as prefix hits (at the next
+    /// [`commit`](Self::commit) with deferred commits), stored to the pool tier, or shared by
+    /// content when it is swapped: an engine that gives a prompt whole and computes it a chunk
+    /// per step (MindIE's chunked prefill) never lets another request read KV it has not
+    /// written. Pages registered before stay registered. Refused (nothing changes) for an
+    /// unknown sequence or more tokens than it holds.
+    pub fn set_computed(&mut self, id: u64, num_computed: usize) -> Result<()> {
+        let s = self.seqs.get(&id).ok_or(Error::SeqNotFound(id))?;
+        if num_computed > s.tokens.len() {
+            return Err(Error::arg(
+                "num_computed_tokens",
+                format!(
+                    "{num_computed} tokens computed, sequence {id} holds {}",
+                    s.tokens.len()
+                ),
+            ));
+        }
+        let mut s = self.seqs.remove(&id).expect("checked");
+        s.computed = num_computed;
+        if s.tier == Tier::Device {
+            self.register_seq(id, &mut s);
+        }
+        self.seqs.insert(id, s);
+        Ok(())
+    }
+
     /// Makes every page that filled up since the last commit matchable (MindIE's
-    /// `MarkBlocksAsComputed`). A no-op unless the config defers commits.
+    /// `MarkBlocksAsComputed`), and hands out the write-through stores of the pages registered
+    /// since the last commit (the engine commits once their KV is written). A no-op unless the
+    /// config defers commits or writes through to a pool tier.
     pub fn commit(&mut self) {
+        self.commit_pages();
+        self.pool_release_staged();
+    }
+
+    fn commit_pages(&mut self) {
         let pending = std::mem::take(&mut self.uncommitted);
         for id in pending {
             // Entries of freed (or freed and reused) ids are stale: only flagged sequences count.
@@ -421,6 +517,7 @@ impl State {
         if self.seqs.contains_key(&child) {
             return Err(Error::SeqExists(child));
         }
+        self.check_not_loading(parent)?;
         let s = self.device_seq(parent)?;
         for (g, t) in s.tables.iter().enumerate() {
             let pool = self.groups[g].pool;
@@ -456,6 +553,9 @@ impl State {
     /// repeats them), when the sequence is its only holder.
     pub fn free(&mut self, id: u64) -> Result<()> {
         let s = self.seqs.remove(&id).ok_or(Error::SeqNotFound(id))?;
+        if let Some(p) = s.pool.as_deref().filter(|p| p.loading()) {
+            self.pool_orphan(&p.tickets);
+        }
         if s.tier == Tier::Device {
             self.keep_partial_pages(&s);
         }
@@ -500,7 +600,7 @@ impl State {
         }
         let j = s.keys.len();
         let start = j * ps;
-        let units = s.tokens.len().saturating_sub(start) / unit;
+        let units = s.tokens.len().min(s.computed).saturating_sub(start) / unit;
         if s.hash_stopped || units == 0 || s.tokens.len() - start >= ps || j >= s.len() {
             return;
         }

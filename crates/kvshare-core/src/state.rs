@@ -16,6 +16,7 @@ use super::error::{Error, Result};
 use super::events::{Event, EventKind, EventQueue};
 use super::hashing::{DigestMap, IdMap};
 use super::pool::{Holder, PagePool, PageState};
+use super::pooltier::PoolTier;
 use super::prefix::{root_hash, Entry, PrefixIndex, Removed};
 use super::rules::{rules_of, Rules};
 use super::seq::Seq;
@@ -102,6 +103,8 @@ pub struct State {
     pub(crate) hash_scratch: Vec<u8>,
     /// Reused buffer for the fresh pages a begin takes (no allocation per request).
     pub(crate) page_scratch: Vec<u32>,
+    /// The pool tier, when configured.
+    pub(crate) pooltier: Option<Box<PoolTier>>,
 }
 
 impl State {
@@ -210,6 +213,7 @@ impl State {
             root: root_hash(),
             hash_scratch: Vec::with_capacity(32 + 4 * cfg.page_size as usize),
             page_scratch: Vec::new(),
+            pooltier: cfg.pool.as_ref().map(|p| Box::new(PoolTier::new(&cfg, p))),
             cfg,
         })
     }
@@ -520,10 +524,12 @@ impl State {
         if p.host_index.contains(e.group, e.hash) || p.host.available() == 0 {
             return;
         }
+        let (group, hash, tokens) = (e.group, e.hash, e.tokens.to_vec());
         let hp = self.take_host(pool, Holder::Seq);
         self.copy_entry_across(pool, Tier::Device, page, hp);
         self.pools[pool].host.release(hp, Holder::Seq, true);
         self.counters.demotions += 1;
+        self.pool_store(group as usize, Tier::Host, hp, hash, &tokens);
     }
 
     /// Registers page `dst` of the other tier of `pool` under the index entry of page `src` of

@@ -62,7 +62,7 @@ impl State {
                 if !self.live(from, page) {
                     continue;
                 }
-                if indexed && j < s.keys.len() {
+                if indexed && j < s.keys.len().min(s.final_pages(ps)) {
                     let k = s.keys[j];
                     let chunk = &s.tokens[j * ps..(j + 1) * ps];
                     shared[j] = index.lookup(g as u32, k.hash, k.extra, chunk);
@@ -145,6 +145,7 @@ impl State {
         copies: &mut Vec<PageCopy>,
         max_copies: usize,
     ) -> Result<()> {
+        self.check_not_loading(id)?;
         let s = self.device_seq(id)?;
         let plan = self.swap_plan(s, Tier::Host);
         check_room("copies_out", plan.new_pages.iter().sum(), max_copies)?;
@@ -181,7 +182,7 @@ impl State {
                     kind: CopyKind::DeviceToHost,
                     group: g as u32,
                 });
-                if host_index && j < s.keys.len() {
+                if host_index && j < s.keys.len().min(s.final_pages(ps)) {
                     let k = s.keys[j];
                     let tokens = s.tokens[j * ps..(j + 1) * ps].to_vec();
                     let entry = Entry {

@@ -33,11 +33,13 @@ use kvshare_core::{Cache, Config, DType, EvictionPolicy, Tier};
 /// `kvs_page_get_info`; prefix index: `kvs_prefix_register`, `kvs_prefix_match`,
 /// `kvs_prefix_find`, `kvs_prefix_clear`; sequences: `kvs_seq_begin`, `kvs_seq_append`,
 /// `kvs_seq_append_pages`, `kvs_seq_append_batch`, `kvs_seq_fork`, `kvs_seq_free`,
-/// `kvs_seq_release_skipped`, `kvs_seq_swap_out`, `kvs_seq_swap_in`, `kvs_seq_get_info`,
+/// `kvs_seq_release_skipped`, `kvs_seq_set_computed`, `kvs_seq_swap_out`, `kvs_seq_swap_in`, `kvs_seq_get_info`,
 /// `kvs_seq_pages`, `kvs_seq_state_page`, `kvs_seq_set_priority`, `kvs_seq_append_need`,
 /// `kvs_seq_swap_in_need`, `kvs_seq_swap_out_need`; queues: `kvs_cache_take_copies`,
 /// `kvs_cache_take_events`; retention: `kvs_prefix_pin`, `kvs_prefix_unpin`,
-/// `kvs_prefix_prefetch`.
+/// `kvs_prefix_prefetch`; pool tier: `kvs_cache_new_pooled`, `kvs_pool_lookup`,
+/// `kvs_seq_begin_pooled`, `kvs_pool_take_work`, `kvs_pool_done`, `kvs_seq_pool_loading`,
+/// `kvs_cache_pool_stats`.
 pub struct kvs_cache {
     _private: [u8; 0],
 }
@@ -185,7 +187,7 @@ const CONFIG_BOOLS: [(&str, usize); 7] = [
 ///
 /// # Safety
 /// When non-NULL, `ptr` must point to a readable `kvs_config`.
-unsafe fn read_config<'a>(ptr: *const kvs_config) -> Result<&'a kvs_config, Error> {
+pub(crate) unsafe fn read_config<'a>(ptr: *const kvs_config) -> Result<&'a kvs_config, Error> {
     if ptr.is_null() {
         return Err(Error::NullArgument("config"));
     }
@@ -213,7 +215,7 @@ impl kvs_config {
     ///
     /// # Safety
     /// When non-NULL, `self.groups` must point to `self.num_groups` readable `kvs_group`s.
-    unsafe fn to_core(self) -> Result<Config, Error> {
+    pub(crate) unsafe fn to_core(self) -> Result<Config, Error> {
         let dtype: DType = kvs_dtype::try_from(self.dtype)
             .map_err(|e| {
                 Error::Cache(kvshare_core::Error::InvalidConfig {
@@ -250,6 +252,7 @@ impl kvs_config {
             vllm_free_order: self.vllm_free_order,
             eviction_policy,
             groups,
+            pool: None,
         })
     }
 

@@ -6,7 +6,9 @@
 //! - enum ↔ core type: one `From` per direction that is used.
 
 use crate::error::Error;
-use kvshare_core::{CopyKind, DType, EventKind, EvictionPolicy, PageState, StateMode, Tier};
+use kvshare_core::{
+    CopyKind, DType, EventKind, EvictionPolicy, PageState, PoolOp, StateMode, StorePolicy, Tier,
+};
 
 /// Element type of a slot mapping (`kvs_kv_write_args.slot_mapping_type`).
 #[repr(u32)]
@@ -163,6 +165,28 @@ pub enum kvs_copy_kind {
     HostToDevice = 2,
 }
 
+/// What a `kvs_pool_work` asks the engine to do (values of `kvs_pool_work.op`).
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum kvs_pool_op {
+    /// Read the store's entry `key` into device page `page` of group `group`, verified first.
+    Load = 0,
+    /// Write page `page` of tier `tier` of group `group` to the store under `key`.
+    Store = 1,
+}
+
+/// When a cache writes pages to its pool tier (`kvs_pool_config.store`).
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum kvs_pool_store {
+    /// Never: the cache only reads the pool.
+    ReadOnly = 0,
+    /// Every page registered in the device index, handed out at the next `kvs_cache_commit`.
+    WriteThrough = 1,
+    /// Every cached page demoted to the host tier (needs host pages and `demote_to_host`).
+    OnDemotion = 2,
+}
+
 /// Result of every fallible `kvs_` function. Numbers are stable and never reused; each
 /// subsystem owns a range (0–99 general, 100 config, 200 pages, 300 sequences, 400 checker,
 /// 500 attention backends).
@@ -276,6 +300,30 @@ try_from_raw!(kvs_copy_kind {
 try_from_raw!(kvs_backend_kind { Cpu, Ascend });
 try_from_raw!(kvs_index_type { Int32, Int64 });
 try_from_raw!(kvs_huge_pages_mode { Advise, Collapse });
+try_from_raw!(kvs_pool_store {
+    ReadOnly,
+    WriteThrough,
+    OnDemotion
+});
+
+impl From<kvs_pool_store> for StorePolicy {
+    fn from(p: kvs_pool_store) -> Self {
+        match p {
+            kvs_pool_store::ReadOnly => StorePolicy::ReadOnly,
+            kvs_pool_store::WriteThrough => StorePolicy::WriteThrough,
+            kvs_pool_store::OnDemotion => StorePolicy::OnDemotion,
+        }
+    }
+}
+
+impl From<PoolOp> for kvs_pool_op {
+    fn from(o: PoolOp) -> Self {
+        match o {
+            PoolOp::Load => kvs_pool_op::Load,
+            PoolOp::Store => kvs_pool_op::Store,
+        }
+    }
+}
 
 impl From<kvs_dtype> for DType {
     fn from(d: kvs_dtype) -> Self {

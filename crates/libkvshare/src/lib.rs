@@ -38,6 +38,7 @@ pub(crate) mod handle;
 pub mod huge_pages;
 pub mod pages;
 pub(crate) mod panic;
+pub mod pool;
 pub mod prefix;
 pub mod seq;
 pub(crate) mod slice;

@@ -339,6 +339,33 @@ impl kvs_cache {
         })
     }
 
+    /// Tells the cache that the KV of the sequence's first `num_computed_tokens` tokens is
+    /// written. A sequence's tokens count as computed until this is called for it; from then on
+    /// only its full pages within its first `num_computed_tokens` tokens become prefix hits (at
+    /// the next `kvs_cache_commit` with `defer_commit`), are stored to the pool tier, or are
+    /// shared by content when it is swapped: the content of its other pages is not final. For an
+    /// engine that gives kvshare a whole prompt and computes it a chunk per step (MindIE's
+    /// chunked prefill), so that no other request reads KV not written yet. Pages registered
+    /// before stay registered.
+    ///
+    /// **Failure:** unknown sequence (`KVS_STATUS_SEQ_NOT_FOUND`), `num_computed_tokens` above
+    /// the tokens the sequence holds (`KVS_STATUS_INVALID_ARGUMENT`): nothing changes.
+    /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+    #[no_mangle]
+    pub unsafe extern "C" fn kvs_seq_set_computed(
+        cache: *mut kvs_cache,
+        seq_id: u64,
+        num_computed_tokens: usize,
+    ) -> kvs_status {
+        guard(|| {
+            // SAFETY: `cache` is NULL or a live handle (the export contract); `cache()` refuses
+            // NULL.
+            Ok(unsafe { self::cache(cache) }?
+                .lock()?
+                .set_computed(seq_id, num_computed_tokens)?)
+        })
+    }
+
     /// Swaps a sequence out to host pages: one device→host copy per live page of each group's
     /// block table, groups in order, each in block-table order (`num_tokens` is the tokens held
     /// by that page; a state page's whole page), written to `copies_out`. Released positions

@@ -360,6 +360,7 @@ programs! {
     bad_input_pages;
     groups_bad_input;
     groups_bad_input_lengths;
+    pool_bad_input;
     stress + tsan;
     // Regression programs for bugs the harness found (fixed).
     bug_defer_commit_stale_pending;

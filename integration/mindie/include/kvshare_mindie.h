@@ -160,6 +160,13 @@ class KvshareManagerBase : public mindie_llm::BlockSpaceManager {
     // Shape of a live sequence; false if kvshare has no sequence with that id.
     bool Shape(SequenceId seqId, SeqShape &out) const;
     SeqShape ShapeOrThrow(SequenceId seqId, const char *method) const;
+    // Tokens of a live sequence (shape `s`) whose KV kvshare counts as written once SwapOut has
+    // reported them (ReportComputed): a swap shares the full blocks within them by content. All
+    // it holds unless the manager marks fewer.
+    virtual size_t WrittenTokens(SequenceId seqId, const SeqShape &s) const;
+    // Tells kvshare the tokens of `seq` whose KV is computed, before SwapOut moves it. Nothing
+    // unless the manager marks them.
+    virtual void ReportComputed(const SequenceSPtr &seq);
     // Group `group`'s table of kvshare pages (device or host, as the sequence is).
     std::vector<uint32_t> Pages(SequenceId seqId, size_t group, const SeqShape &shape) const;
     // Group `group`'s table as MindIE block ids, one per position: device blocks, or global CPU
@@ -176,10 +183,15 @@ class KvshareManagerBase : public mindie_llm::BlockSpaceManager {
     // copies. SwapOut takes a reference on the sequences' device pages before it swaps them out
     // and keeps it until the step ends (MarkBlocksAsComputed); an allocation that needs those
     // pages and writes no copy into them (new blocks, written by the forward after the swaps)
-    // releases them first. QuarantineFree: the held-back pages nothing else holds (free once the
-    // step ends; MindIE counts them as free).
+    // releases them one at a time, only as many as it lacks (ReleaseQuarantinedPage), so that
+    // it takes every page it releases and none is left free for a later copy-on-write of the
+    // step. QuarantineFree: the held-back pages nothing else holds (free once the step ends;
+    // MindIE counts them as free).
     size_t QuarantineFree() const;
     void ReleaseQuarantine();
+    // Releases one held-back page nothing else holds (one more available device page); false
+    // when there is none.
+    bool ReleaseQuarantinedPage();
     // Pages the manager holds for its whole life (the group manager's sizing pages).
     void SetHeldPages(size_t group, size_t pages);
 
@@ -269,8 +281,20 @@ class KvshareBlockManager : public KvshareManagerBase {
     // Free + evictable device pages as MindIE counts them: those kvshare can hand out now plus
     // the held-back pages of this step's swap-outs that nothing else holds (QuarantineFree).
     size_t FreeDevicePages() const;
+    // A block becomes a prefix hit once its KV is computed: kvshare is told the tokens
+    // numComputedTokens_ covers (kvs_seq_set_computed, at most the `held` tokens its table
+    // holds), then commits. A chunked prefill holds its whole prompt from Allocate on and
+    // computes it a chunk per step.
+    void MarkComputed(SequenceId seqId, const mindie_llm::Sequence &seq, size_t held, const char *method);
+    // The live sequences (Allocate, Fork, AppendSlot): Free hands over the tokens computed since
+    // the last AppendSlot.
+    void Track(const SequenceSPtr &seq);
+    size_t WrittenTokens(SequenceId seqId, const SeqShape &s) const override;
+    void ReportComputed(const SequenceSPtr &seq) override;
 
     size_t npuBlockNum_;
+    mutable std::mutex seqsMu_;
+    std::unordered_map<SequenceId, std::weak_ptr<mindie_llm::Sequence>> seqs_;
 };
 
 // MindIE's KV-cache groups on one kvshare cache: a COMPOSITEBLOCKMANAGER (`config.subManagers`,

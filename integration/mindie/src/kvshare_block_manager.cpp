@@ -171,15 +171,23 @@ bool KvshareBlockManager::Allocate(const SequenceGroupSPtr &seqGroup) {
     // the last prompt token, and the page holding it must be private (no skip_cached_writes).
     size_t maxMatch = CachingEnabled() ? tokens.size() - 1 : 0;
     // New blocks only (the forward writes them after the step's swaps): the blocks held back for
-    // this step's swap-outs may be among them when nothing else is free.
+    // this step's swap-outs may be among them when nothing else is free, released one at a time
+    // until the begin fits, so that it takes every one released.
     kvs_status begun = kvs_seq_begin(Cache(), KvsId(first->seqId_), tokens.data(), tokens.size(), extra.ptr, maxMatch,
                                      0, &info);
-    if (begun == KVS_STATUS_NO_SPACE && QuarantineFree() > 0) {
-        ReleaseQuarantine();
+    while (begun == KVS_STATUS_NO_SPACE && ReleaseQuarantinedPage()) {
         begun = kvs_seq_begin(Cache(), KvsId(first->seqId_), tokens.data(), tokens.size(), extra.ptr, maxMatch, 0,
                               &info);
     }
     Check(begun, "Allocate");
+    // Nothing computed yet but the hit (unless MindIE counts more): no block of the prompt becomes
+    // a hit before AppendSlot reports its KV computed.
+    try {
+        MarkComputed(first->seqId_, *first, tokens.size(), "Allocate");
+    } catch (...) {
+        (void)kvs_seq_free(Cache(), KvsId(first->seqId_));
+        throw;
+    }
     for (size_t i = 1; i < waiting.size(); ++i) {
         kvs_status st = kvs_seq_fork(Cache(), KvsId(first->seqId_), KvsId(waiting[i]->seqId_));
         if (st != KVS_STATUS_OK) {
@@ -189,6 +197,9 @@ bool KvshareBlockManager::Allocate(const SequenceGroupSPtr &seqGroup) {
             }
             throw std::runtime_error(msg);
         }
+    }
+    for (const auto &seq : waiting) {
+        Track(seq);
     }
     if (CachingEnabled()) {
         // MindIE's hit rate: one record per full prompt block, a hit when the block was cached.
@@ -238,9 +249,9 @@ std::vector<std::pair<BlockId, BlockId>> KvshareBlockManager::AppendSlot(const S
     size_t n = 0;
     if (cost.written == 0) {
         // New blocks only: the forward writes them after the step's swaps, so the blocks held back
-        // for this step's swap-outs may be among them.
-        if (cost.all > AvailableDevicePages()) {
-            ReleaseQuarantine();
+        // for this step's swap-outs may be among them (as many as the append lacks: it takes them
+        // all, and none is left for a later copy-on-write of the step).
+        while (cost.all > AvailableDevicePages() && ReleaseQuarantinedPage()) {
         }
         Check(kvs_seq_append(Cache(), id, tokens.data(), tokens.size(), SpeculativeSlots(), copies, 4, &n),
               "AppendSlot");
@@ -257,13 +268,17 @@ std::vector<std::pair<BlockId, BlockId>> KvshareBlockManager::AppendSlot(const S
         }
         Check(kvs_seq_append(Cache(), id, tokens.data(), tokens.size(), 0, copies, 4, &n), "AppendSlot");
         if (SpeculativeSlots() > 0) {
-            if (AppendNeed(seq->seqId_, 0, SpeculativeSlots(), nullptr) > AvailableDevicePages()) {
-                ReleaseQuarantine();
+            while (AppendNeed(seq->seqId_, 0, SpeculativeSlots(), nullptr) > AvailableDevicePages() &&
+                   ReleaseQuarantinedPage()) {
             }
             size_t none = 0;  // no token is written: nothing to copy
             Check(kvs_seq_append(Cache(), id, nullptr, 0, SpeculativeSlots(), nullptr, 0, &none), "AppendSlot");
         }
     }
+    // numComputedTokens_ counts the tokens computed before this step (MindIE accumulates this
+    // step's after scheduling it).
+    MarkComputed(seq->seqId_, *seq, len, "AppendSlot");
+    Track(seq);
     std::vector<std::pair<BlockId, BlockId>> out;
     for (size_t i = 0; i < n; ++i) {
         if (DecodeCopyKind(copies[i].kind, "AppendSlot") == CopyKind::DeviceToDevice) {
@@ -281,9 +296,68 @@ void KvshareBlockManager::Fork(SequenceSPtr &parentSeq, SequenceSPtr &childSeq) 
         throw std::runtime_error(Prefix("Fork") + "unknown parent sequence id " + std::to_string(parentSeq->seqId_));
     }
     Check(kvs_seq_fork(Cache(), KvsId(parentSeq->seqId_), KvsId(childSeq->seqId_)), "Fork");
+    Track(childSeq);
 }
 
-void KvshareBlockManager::Free(SequenceId seqId) { FreeSeq(seqId, "Free"); }
+void KvshareBlockManager::Free(SequenceId seqId) {
+    std::weak_ptr<mindie_llm::Sequence> tracked;
+    {
+        std::lock_guard<std::mutex> lock(seqsMu_);
+        auto it = seqs_.find(seqId);
+        if (it != seqs_.end()) {
+            tracked = it->second;
+        }
+    }
+    // The tokens computed since the last AppendSlot (the last step's): their full blocks stay
+    // prefix hits. Only a cache improvement, so nothing here stops the free.
+    SequenceSPtr seq = tracked.lock();
+    SeqShape s{};
+    if (seq && Shape(seqId, s) && !s.onHost) {
+        try {
+            MarkComputed(seqId, *seq, static_cast<size_t>(s.numTokens), "Free");
+        } catch (const std::exception &) {
+        }
+    }
+    FreeSeq(seqId, "Free");
+    std::lock_guard<std::mutex> lock(seqsMu_);
+    seqs_.erase(seqId);
+}
+
+void KvshareBlockManager::MarkComputed(SequenceId seqId, const mindie_llm::Sequence &seq, size_t held,
+                                       const char *method) {
+    Check(kvs_seq_set_computed(Cache(), KvsId(seqId), std::min(seq.data_.numComputedTokens_, held)), method);
+    // Every sequence's mark is set from its first call on, so the commit registers computed
+    // blocks only.
+    Check(kvs_cache_commit(Cache()), method);
+}
+
+void KvshareBlockManager::Track(const SequenceSPtr &seq) {
+    std::lock_guard<std::mutex> lock(seqsMu_);
+    seqs_[seq->seqId_] = seq;
+}
+
+size_t KvshareBlockManager::WrittenTokens(SequenceId seqId, const SeqShape &s) const {
+    SequenceSPtr seq;
+    {
+        std::lock_guard<std::mutex> lock(seqsMu_);
+        auto it = seqs_.find(seqId);
+        if (it != seqs_.end()) {
+            seq = it->second.lock();
+        }
+    }
+    size_t held = static_cast<size_t>(s.numTokens);
+    if (!seq) {
+        return held;
+    }
+    // SwapOut reports what numComputedTokens_ covers; a prefix hit is written whatever it says.
+    size_t computed = std::max(seq->data_.numComputedTokens_, static_cast<size_t>(s.matchedTokens));
+    return std::min(held, computed);
+}
+
+void KvshareBlockManager::ReportComputed(const SequenceSPtr &seq) {
+    SeqShape s = ShapeOrThrow(seq->seqId_, "SwapOut");
+    MarkComputed(seq->seqId_, *seq, static_cast<size_t>(s.numTokens), "SwapOut");
+}
 
 // ---- block tables ----
 

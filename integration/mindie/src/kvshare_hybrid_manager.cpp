@@ -253,7 +253,6 @@ size_t KvshareHybridBlockManager::GrowBlocks(size_t positions, size_t slots) con
 }
 
 void KvshareHybridBlockManager::TakeRoom(size_t need, const char *method) {
-    bool release = false;
     for (size_t g = 0; g < groups_.size(); ++g) {
         size_t free = FreePages(g);
         if (need > free) {
@@ -261,10 +260,9 @@ void KvshareHybridBlockManager::TakeRoom(size_t need, const char *method) {
                                      ": not enough free NPU blocks in group " + std::to_string(g) + ": need " +
                                      std::to_string(need) + ", free " + std::to_string(free));
         }
-        release = release || need > AvailableDevicePages(g);
     }
-    if (release) {
-        ReleaseQuarantine();
+    // The held-back pages (group 0's) one at a time, only as many as the allocation lacks.
+    while (need > AvailableDevicePages(0) && ReleaseQuarantinedPage()) {
     }
 }
 bool KvshareHybridBlockManager::Allocate(const SequenceGroupSPtr &seqGroup) {

@@ -178,6 +178,25 @@ void KvshareManagerBase::ReleaseQuarantine() {
     quarantine_.clear();
 }
 
+bool KvshareManagerBase::ReleaseQuarantinedPage() {
+    std::lock_guard<std::mutex> lock(quarantineMu_);
+    // The last taken first, as ReleaseQuarantine does.
+    for (auto it = quarantine_.rbegin(); it != quarantine_.rend(); ++it) {
+        uint32_t page = *it;
+        size_t holds = static_cast<size_t>(std::count(quarantine_.begin(), quarantine_.end(), page));
+        kvs_page_info info{};
+        Check(kvs_page_get_info(cache_, KVS_TIER_DEVICE, 0, page, &info), "kvs_page_get_info");
+        if (info.refcount != holds) {
+            continue;
+        }
+        std::vector<uint32_t> pages(holds, page);
+        Check(kvs_pages_release(cache_, 0, pages.data(), pages.size()), "kvs_pages_release");
+        quarantine_.erase(std::remove(quarantine_.begin(), quarantine_.end(), page), quarantine_.end());
+        return true;
+    }
+    return false;
+}
+
 // ---- swap (one group) ----
 
 size_t KvshareManagerBase::CostOfSwapOut(const std::vector<SequenceSPtr> &seqs, const char *method,
@@ -213,6 +232,12 @@ bool KvshareManagerBase::CanSwapOut(const SequenceGroupSPtr &seqGroup) {
     return !onHost && need <= FreeHostPages() && BlocksToResume(seqs, "CanSwapOut") <= deviceBlocks_;
 }
 
+size_t KvshareManagerBase::WrittenTokens(SequenceId, const SeqShape &s) const {
+    return static_cast<size_t>(s.numTokens);
+}
+
+void KvshareManagerBase::ReportComputed(const SequenceSPtr &) {}
+
 size_t KvshareManagerBase::BlocksToResume(const std::vector<SequenceSPtr> &seqs, const char *method) const {
     // At least CanSwapIn's worst case once swapped out: the CPU shares a full block by content,
     // so a full block the group's sequences share comes back as one block, but a partial (or
@@ -229,7 +254,7 @@ size_t KvshareManagerBase::BlocksToResume(const std::vector<SequenceSPtr> &seqs,
             if (Released(table[i], false)) {
                 continue;
             }
-            if (i < s.numTokens / blockSize_) {
+            if (i < WrittenTokens(seq->seqId_, s) / blockSize_) {
                 full.insert(table[i]);
             } else {
                 ++own;
@@ -264,6 +289,8 @@ std::vector<std::pair<PhysicalBlockId, PhysicalBlockId>> KvshareManagerBase::Swa
     }
     std::vector<std::pair<PhysicalBlockId, PhysicalBlockId>> out;
     for (const auto &seq : seqs) {
+        // Its computed blocks first: the CPU shares them by content (BlocksToResume counts so).
+        ReportComputed(seq);
         SeqShape s = ShapeOrThrow(seq->seqId_, "SwapOut");
         std::vector<kvs_copy> copies(static_cast<size_t>(s.numPages));
         size_t n = 0;

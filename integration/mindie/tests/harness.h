@@ -77,6 +77,7 @@ struct Sim {
     size_t ps, npu, cpu, spec;
     KvshareBlockManager m;
     Model model;
+    std::map<SequenceId, std::weak_ptr<Sequence>> live;  // what the adapter tracks
 
     Sim(size_t ps_, size_t npu_, size_t cpu_, bool caching, size_t spec = 0)
         : ps(ps_), npu(npu_), cpu(cpu_), spec(spec), m(Config(ps_, npu_, cpu_, caching, spec)), model(ps_, npu_, cpu_, caching, spec) {}
@@ -92,11 +93,13 @@ struct Sim {
         }
         const SequenceSPtr &first = g->firstSeq;
         CHECK(model.Allocate(first->seqId_, first->GetTokenIds(), first->hashValue_));
+        model.SetComputed(first->seqId_, std::min(first->data_.numComputedTokens_, first->GetLen()));
         CHECK(m.Allocate(g));
         for (size_t i = 1; i < g->seqs_.size(); ++i) {
             model.Fork(first->seqId_, g->seqs_[i]->seqId_);
         }
         for (const auto &s : g->seqs_) {
+            live[s->seqId_] = s;
             s->status_ = SequenceStatus::RUNNING;
             CHECK_EQ(m.GetNumCachedTokens(s), model.At(s->seqId_).matched);
         }
@@ -109,9 +112,24 @@ struct Sim {
         seq->data_.UpdateNumComputedTokens(seq->GetLen() - seq->data_.numComputedTokens_);
     }
 
-    // One decode step of `seq` (its new token appended first, as the scheduler does).
+    // The step that computed `seq`'s scheduled tokens ran, and the next one gives it AppendSlot
+    // with no new token (as MindIE does for a running prefill): its computed tokens are reported,
+    // their full blocks become prefix hits.
+    void Computed(const SequenceSPtr &seq) {
+        Prefilled(seq);
+        std::vector<Model::Copy> copies;
+        CHECK(model.Append(seq->seqId_, {}, copies));
+        model.SetComputed(seq->seqId_, std::min(seq->data_.numComputedTokens_, seq->GetLen()));
+        live[seq->seqId_] = seq;
+        CHECK(m.AppendSlot(seq).empty());
+        Check();
+    }
+
+    // One decode step of `seq` (its new token appended first, as the scheduler does). The step
+    // before computed every token the sequence had (MindIE accumulates numComputedTokens_).
     std::vector<std::pair<BlockId, BlockId>> Decode(const SequenceSPtr &seq, TokenId token) {
         std::map<int, BlockId> pre = Check();
+        seq->data_.UpdateNumComputedTokens(seq->GetLen() - seq->data_.numComputedTokens_);
         seq->data_.outputTokenIds.push_back(token);
         std::vector<Model::Copy> copies;
         bool fits = model.Append(seq->seqId_, {token}, copies);
@@ -120,6 +138,8 @@ struct Sim {
             seq->data_.outputTokenIds.pop_back();
             return {};
         }
+        model.SetComputed(seq->seqId_, std::min(seq->data_.numComputedTokens_, seq->GetLen()));
+        live[seq->seqId_] = seq;
         auto pairs = m.AppendSlot(seq);
         std::map<int, BlockId> post = Check();
         CHECK_EQ(pairs.size(), copies.size());
@@ -137,6 +157,7 @@ struct Sim {
         child->status_ = parent->status_;
         m.Fork(parent, child);
         model.Fork(parent->seqId_, child->seqId_);
+        live[child->seqId_] = child;
         Check();
     }
 
@@ -150,6 +171,15 @@ struct Sim {
 
     void Free(SequenceId id) {
         m.Free(id);
+        // The adapter hands over the tokens computed since the sequence's last AppendSlot.
+        auto it = live.find(id);
+        if (it != live.end()) {
+            SequenceSPtr seq = it->second.lock();
+            if (seq && model.Has(id) && !model.At(id).onHost) {
+                model.SetComputed(id, std::min(seq->data_.numComputedTokens_, model.At(id).tokens.size()));
+            }
+            live.erase(it);
+        }
         model.Free(id);
         Check();
     }
@@ -175,6 +205,8 @@ struct Sim {
         auto pairs = m.SwapOut(g);
         std::vector<bool> copied;
         for (const auto &s : g->seqs_) {
+            // The adapter reports the sequence's computed tokens first.
+            model.SetComputed(s->seqId_, std::min(s->data_.numComputedTokens_, model.At(s->seqId_).tokens.size()));
             CHECK(model.SwapOut(s->seqId_, &copied));
             s->status_ = SequenceStatus::SWAPPED;
         }
@@ -208,13 +240,21 @@ struct Sim {
     // pending token included) plus the speculative slots.
     bool SwapIn(const SequenceGroupSPtr &g) {
         AllocStatus st = m.CanSwapIn(g, 0);
-        size_t need = 0;
+        // Each sequence's need; a group's sequences share CPU blocks, each of which comes back
+        // as one NPU block at most: the group needs at most their distinct count.
+        size_t perSeq = 0;
+        size_t extra = 0;
+        std::set<int> held;
         for (const auto &s : g->seqs_) {
             auto n = model.SwapInNeed(s->seqId_);
-            size_t pages = model.At(s->seqId_).hostPages;
+            const Model::Seq &ms = model.At(s->seqId_);
+            size_t pages = ms.hostPages;
             size_t slots = (s->GetLen() + spec + ps - 1) / ps;
-            need += n.first + n.second + (slots > pages ? slots - pages : 0);
+            perSeq += n.first + n.second;
+            extra += slots > pages ? slots - pages : 0;
+            held.insert(ms.host.begin(), ms.host.begin() + static_cast<std::ptrdiff_t>(pages));
         }
+        size_t need = std::min(perSeq, held.size()) + extra;
         CHECK((st == AllocStatus::OK) == (need <= model.AvailableNpu()));
         if (st != AllocStatus::OK) {
             return false;

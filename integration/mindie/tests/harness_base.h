@@ -3,6 +3,7 @@
 #ifndef KVSHARE_MINDIE_TEST_HARNESS_BASE_H
 #define KVSHARE_MINDIE_TEST_HARNESS_BASE_H
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>

@@ -18,6 +18,7 @@ class Model {
         HashValue lora = 0;
         size_t matched = 0;
         size_t hashed = 0;  // leading full pages offered to the index
+        size_t computed = SIZE_MAX;  // tokens whose KV is written (kvs_seq_set_computed)
         bool stopped = false;
     };
     struct Copy {
@@ -50,6 +51,23 @@ class Model {
             Release(*b);
         }
         quarantine_.clear();
+    }
+    // Mid-step, an allocation that needs the held-back blocks releases one that nothing else
+    // holds at a time (the last taken first), only as many as it lacks.
+    bool ReleaseQuarantinedOne() {
+        for (auto b = quarantine_.rbegin(); b != quarantine_.rend(); ++b) {
+            int block = *b;
+            int holds = static_cast<int>(std::count(quarantine_.begin(), quarantine_.end(), block));
+            if (blocks_[block].rc != holds) {
+                continue;
+            }
+            for (int i = 0; i < holds; ++i) {
+                Release(block);
+            }
+            quarantine_.erase(std::remove(quarantine_.begin(), quarantine_.end(), block), quarantine_.end());
+            return true;
+        }
+        return false;
     }
     // Free + evictable CPU blocks (host pages holding swapped-out content stay cached).
     size_t FreeCpu() const {
@@ -99,14 +117,16 @@ class Model {
         }
         size_t total = (n + ps_ - 1) / ps_;
         size_t need = total - hits.size();
-        size_t cachedHits = 0;
-        for (int b : hits) {
-            cachedHits += blocks_[b].rc == 0;
+        auto cost = [&]() {
+            size_t cachedHits = 0;
+            for (int b : hits) {
+                cachedHits += blocks_[b].rc == 0;
+            }
+            return need + cachedHits;
+        };
+        while (cost() > AvailableNpu() && ReleaseQuarantinedOne()) {
         }
-        if (need + cachedHits > AvailableNpu() && QuarantineFree() > 0) {
-            ReleaseQuarantine();
-        }
-        if (need + cachedHits > AvailableNpu()) {
+        if (cost() > AvailableNpu()) {
             return false;
         }
         for (int b : hits) {
@@ -121,6 +141,15 @@ class Model {
         seqs_[id] = s;
         Pend(id);
         return true;
+    }
+
+    // The adapter hands kvshare the tokens whose KV is computed (numComputedTokens_): only full
+    // pages within them are committed or shared by content on a swap.
+    // The adapter commits right after.
+    void SetComputed(SequenceId id, size_t computed) {
+        seqs_.at(id).computed = computed;
+        Pend(id);
+        Commit();
     }
 
     void Commit() {
@@ -170,8 +199,7 @@ class Model {
             copying = copying || (j == old / ps_ && old % ps_ > 0);
         }
         if (!copying) {
-            if (need + cow.size() > AvailableNpu()) {
-                ReleaseQuarantine();
+            while (need + cow.size() > AvailableNpu() && ReleaseQuarantinedOne()) {
             }
             if (need + cow.size() > AvailableNpu()) {
                 return false;
@@ -189,8 +217,10 @@ class Model {
             s.blocks[j] = dst;
         }
         for (size_t i = 0; i < need; ++i) {
-            if (i == needTokens && copying && need - i > AvailableNpu()) {
-                ReleaseQuarantine();  // the lookahead slots' blocks, after the copies' destinations
+            if (i == needTokens && copying) {
+                // The lookahead slots' blocks, after the copies' destinations.
+                while (need - i > AvailableNpu() && ReleaseQuarantinedOne()) {
+                }
             }
             s.blocks.push_back(NewBlock());
         }
@@ -538,13 +568,13 @@ class Model {
 
     void Pend(SequenceId id) {
         const Seq &s = seqs_.at(id);
-        if (!s.stopped && s.hashed < s.tokens.size() / ps_) {
+        if (!s.stopped && s.hashed < std::min(s.tokens.size(), s.computed) / ps_) {
             pending_.insert(id);
         }
     }
 
     void RegisterNow(Seq &s) {
-        size_t full = s.tokens.size() / ps_;
+        size_t full = std::min(s.tokens.size(), s.computed) / ps_;
         while (!s.stopped && s.hashed < full) {
             if (HasPlaceholder(s.tokens, s.hashed)) {
                 s.stopped = true;

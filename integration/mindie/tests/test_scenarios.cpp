@@ -1,5 +1,5 @@
 // Scheduler-shaped scenarios against the kvshare MindIE adapter, each step checked against the
-// independent model in harness.h: shared system prompts (hits only after MarkBlocksAsComputed),
+// independent model in harness.h: shared system prompts (hits once their KV is computed),
 // decode with AppendSlot, beam-style Fork with copy-on-write pairs, speculative lookahead slots,
 // preemption by swap out / swap in, LoRA isolation, placeholders, reset and hit rate.
 #include <cstdio>
@@ -29,8 +29,11 @@ static void SharedSystemPrompt() {
     Sim::Prefilled(a);
     Sim::Prefilled(b);
 
-    // Later prompts hit the two system pages once they were marked computed.
+    // Later prompts hit the two system pages once a's next AppendSlot reports them computed (a
+    // decode step schedules the running queue first).
     auto c = MakeSeq(3, Concat(system, Range(40, 7)));
+    CHECK_EQ(sim.m.GetSeqNumCachedTokens(c), static_cast<size_t>(0));
+    sim.Decode(a, 499);
     CHECK_EQ(sim.m.GetSeqNumCachedTokens(c), 2 * ps);
     CHECK(sim.Admit(MakeGroup({c})));
     CHECK_EQ(sim.m.GetNumCachedTokens(c), 2 * ps);
@@ -93,6 +96,7 @@ static void ExactMultipleRecomputesLastPage() {
     auto a = MakeSeq(1, Range(1, 12));
     CHECK(sim.Admit(MakeGroup({a})));
     sim.EndStep();
+    Sim::Prefilled(a);
     sim.Free(1);
     auto b = MakeSeq(2, Range(1, 12));
     CHECK(sim.Admit(MakeGroup({b})));
@@ -105,9 +109,13 @@ static void LoraAndPlaceholders() {
     const size_t ps = 4;
     Sim sim(ps, 64, 0, true);
     std::vector<TokenId> prompt = Range(1, 13);
-    CHECK(sim.Admit(MakeGroup({MakeSeq(1, prompt, 0)})));
-    CHECK(sim.Admit(MakeGroup({MakeSeq(2, prompt, 77)})));
+    auto first = MakeSeq(1, prompt, 0);
+    auto second = MakeSeq(2, prompt, 77);
+    CHECK(sim.Admit(MakeGroup({first})));
+    CHECK(sim.Admit(MakeGroup({second})));
     sim.EndStep();
+    sim.Computed(first);
+    sim.Computed(second);
     // Same tokens, other LoRA: no hit; same LoRA: hit.
     auto base = MakeSeq(3, prompt, 0);
     auto lora = MakeSeq(4, prompt, 77);
@@ -126,6 +134,7 @@ static void LoraAndPlaceholders() {
     auto p = MakeSeq(6, ph);
     CHECK(sim.Admit(MakeGroup({p})));
     sim.EndStep();
+    Sim::Prefilled(p);
     sim.Free(6);
     auto q = MakeSeq(7, Concat(ph, {1}));
     CHECK_EQ(sim.m.GetSeqNumCachedTokens(q), ps);  // only the page before the placeholder
@@ -229,6 +238,7 @@ static void SwapPreemption() {
     auto gb = MakeGroup({b});
     CHECK(sim.Admit(ga));
     sim.EndStep();
+    sim.Computed(a);
     CHECK(sim.Admit(gb));  // hits the 2 system blocks
     sim.EndStep();
     Sim::Prefilled(a);
@@ -313,6 +323,7 @@ static void SwapOutSharesCpuCopies() {
     auto gb = MakeGroup({b});
     CHECK(sim.Admit(ga));
     sim.EndStep();
+    sim.Computed(a);
     CHECK(sim.Admit(gb));  // shares the 2 system blocks on the NPU
     sim.EndStep();
     Sim::Prefilled(a);
@@ -521,6 +532,7 @@ static void Eviction() {
         auto s = MakeSeq(id, Range(100 * id, 16));
         CHECK(sim.Admit(MakeGroup({s})));
         sim.EndStep();
+        Sim::Prefilled(s);
         CHECK_EQ(sim.m.GetNumFreeNpuBlocks(), static_cast<size_t>(4));
         sim.Free(id);
         CHECK_EQ(sim.m.GetNumFreeNpuBlocks(), static_cast<size_t>(8));

@@ -284,6 +284,33 @@ def _copy_tuple(c) -> tuple[int, int, int, int, int]:
     return (c.src_page, c.dst_page, c.num_tokens, c.kind, c.group)
 
 
+POOL_STORES = {"read_only": 0, "write_through": 1, "on_demotion": 2}
+
+
+def _pool_config(pool: dict):
+    """(``kvs_pool_config*``, keepalive) from ``{"namespace": str, "identity": bytes | str,
+    "store": "read_only" | "write_through" | "on_demotion", "tp": (rank, size), "pp": ...,
+    "pcp": ..., "dcp": ...}`` (ranks default to ``(0, 1)``)."""
+    unknown = set(pool) - {"namespace", "identity", "store", "tp", "pp", "pcp", "dcp"}
+    if unknown:
+        raise KeyError(f"pool settings: unknown {sorted(unknown)}")
+    ns = pool["namespace"].encode()
+    ident = pool["identity"]
+    ident = ident.encode() if isinstance(ident, str) else bytes(ident)
+    keep = [ffi.from_buffer("uint8_t[]", ns) if ns else ffi.NULL,
+            ffi.from_buffer("uint8_t[]", ident) if ident else ffi.NULL]
+    pc = ffi.new("kvs_pool_config *")
+    pc.key_namespace, pc.key_namespace_len = keep[0], len(ns)
+    pc.identity, pc.identity_len = keep[1], len(ident)
+    for dim in ("tp", "pp", "pcp", "dcp"):
+        rank, size = pool.get(dim, (0, 1))
+        setattr(pc, f"{dim}_rank", rank)
+        setattr(pc, f"{dim}_size", size)
+    store = pool.get("store", "write_through")
+    pc.store = POOL_STORES[store] if isinstance(store, str) else store
+    return pc, (keep, ns, ident)
+
+
 class Cache:
     """Owns a ``kvs_cache*``: every method is one ``kvs_`` call; errors raise :class:`KvsError`.
 
@@ -296,7 +323,8 @@ class Cache:
     Page copies come back as ``(src_page, dst_page, num_tokens, kind, group)`` tuples.
     """
 
-    def __init__(self, config: Any = None, groups=None, **fields: Any):
+    def __init__(self, config: Any = None, groups=None, pool: dict | None = None,
+                 **fields: Any):
         if config is not None and fields:
             raise TypeError("Cache: give a config or fields, not both")
         cfg = ffi.new("kvs_config *", config[0]) if config is not None \
@@ -309,7 +337,12 @@ class Cache:
                 arr[i].kind, arr[i].window, arr[i].page_bytes = k, w, b
             cfg.groups, cfg.num_groups = arr, len(specs)
         out = ffi.new("kvs_cache **")
-        check(lib.kvs_cache_new(cfg, out), "kvs_cache_new")
+        if pool is None:
+            check(lib.kvs_cache_new(cfg, out), "kvs_cache_new")
+        else:
+            pc, _keep = _pool_config(pool)
+            check(lib.kvs_cache_new_pooled(cfg, pc, out), "kvs_cache_new_pooled")
+        self.pooled = pool is not None
         self.handle = ffi.gc(out[0], lib.kvs_cache_free)
         c = ffi.new("kvs_config *")
         check(lib.kvs_cache_get_config(self.handle, c), "kvs_cache_get_config")
@@ -540,6 +573,13 @@ class Cache:
               "kvs_seq_release_skipped")
         return n[0]
 
+    def seq_set_computed(self, seq_id: int, num_computed_tokens: int) -> None:
+        """The KV of the sequence's first ``num_computed_tokens`` tokens is written: only its
+        full pages within them (and its prefix hit) become hits, go to the pool tier, or are
+        shared by content on a swap."""
+        check(lib.kvs_seq_set_computed(self.handle, seq_id, num_computed_tokens),
+              "kvs_seq_set_computed")
+
     def _swap(self, fn, name: str, seq_id: int) -> list[tuple]:
         cap = self.seq_info(seq_id)["num_pages"] * self.num_groups
         copies = ffi.new("kvs_copy[]", max(cap, 1))
@@ -573,6 +613,65 @@ class Cache:
         del out[n[0]:]
         return out
 
+    # -- pool tier (a cache made with ``pool=``; kvshare/pool.py moves the bytes) -----------
+    def pool_lookup(self, tokens, extra: ExtraKeys | None = None,
+                    max_match_tokens: int = SIZE_MAX) -> tuple[int, list[tuple[int, int, str]]]:
+        """``(first_page, [(position, group, key), ...])``: the store keys after the local hit."""
+        t, nt, _k = i32_buffer(tokens)
+        cap = max(nt // self.page_size, 1) * max(self.num_groups, 1)
+        keys = ffi.new("kvs_pool_key[]", cap)
+        n, first = ffi.new("size_t *"), ffi.new("size_t *")
+        check(lib.kvs_pool_lookup(self.handle, t, nt, _extra(extra), max_match_tokens, keys, cap,
+                                  n, first), "kvs_pool_lookup")
+        return first[0], [(keys[i].position, keys[i].group,
+                           ffi.string(keys[i].key, keys[i].key_len).decode()) for i in range(n[0])]
+
+    def seq_begin_pooled(self, seq_id: int, tokens, first_page: int, hits,
+                         extra: ExtraKeys | None = None, max_match_tokens: int = SIZE_MAX,
+                         lookahead_slots: int = 0) -> dict[str, int]:
+        """:meth:`seq_begin` with the store's answer (``hits``: one 0/1 per lookup key); the
+        result has ``pool_pages``, the positions loading."""
+        t, nt, _k = i32_buffer(tokens)
+        hb = bytes(1 if h else 0 for h in hits)
+        hp = ffi.from_buffer("uint8_t[]", hb) if hb else ffi.NULL
+        info, pages = ffi.new("kvs_seq_info *"), ffi.new("size_t *")
+        check(lib.kvs_seq_begin_pooled(self.handle, seq_id, t, nt, _extra(extra),
+                                       max_match_tokens, lookahead_slots, first_page, hp,
+                                       len(hb), info, pages), "kvs_seq_begin_pooled")
+        return dict(_struct_dict(info), pool_pages=pages[0])
+
+    def pool_take_work(self, max_items: int = 64) -> list[dict[str, Any]]:
+        """Queued transfers: dicts with ``ticket, op ("load"/"store"), group, tier, page,
+        key, hash`` (the 128-bit chain digest) and ``tokens`` (the page's token ids)."""
+        ps = self.page_size
+        work = ffi.new("kvs_pool_work[]", max_items)
+        toks = ffi.new("int32_t[]", max_items * ps)
+        n = ffi.new("size_t *")
+        check(lib.kvs_pool_take_work(self.handle, work, max_items, toks, max_items * ps, n),
+              "kvs_pool_take_work")
+        out = []
+        for i in range(n[0]):
+            w = work[i]
+            out.append({"ticket": w.ticket, "op": ("load", "store")[w.op], "group": w.group,
+                        "tier": w.tier, "page": w.page,
+                        "key": ffi.string(w.key, w.key_len).decode(),
+                        "hash": w.hash_lo | (w.hash_hi << 64),
+                        "tokens": list(toks[i * ps:i * ps + w.num_tokens])})
+        return out
+
+    def pool_done(self, ticket: int, ok: bool) -> None:
+        check(lib.kvs_pool_done(self.handle, ticket, ok), "kvs_pool_done")
+
+    def seq_pool_loading(self, seq_id: int) -> int:
+        n = ffi.new("size_t *")
+        check(lib.kvs_seq_pool_loading(self.handle, seq_id, n), "kvs_seq_pool_loading")
+        return n[0]
+
+    def pool_stats(self) -> dict[str, int]:
+        s = ffi.new("kvs_pool_stats *")
+        check(lib.kvs_cache_pool_stats(self.handle, s), "kvs_cache_pool_stats")
+        return _struct_dict(s)
+
     def seq_state_page(self, seq_id: int, group: int) -> int:
         """The page holding the sequence's running state in state group ``group``."""
         page = ffi.new("uint32_t *")
@@ -580,4 +679,4 @@ class Cache:
         return page[0]
 
 
-__all__ += ["ExtraKeys", "SIZE_MAX", "KINDS", "STATE_MODES", "group_spec"]
+__all__ += ["ExtraKeys", "SIZE_MAX", "KINDS", "STATE_MODES", "POOL_STORES", "group_spec"]

@@ -24,7 +24,8 @@ def test_python_preprocessing_matches_cc():
     a.cdef(cc)
     b.cdef(_header.cdef_text(kvshare.HEADER_PATH, use_cc=False))
     for t in ("kvs_config", "kvs_stats", "kvs_event", "kvs_seq_info", "kvs_copy",
-              "kvs_extra_keys", "kvs_mm_item", "kvs_page_info"):
+              "kvs_extra_keys", "kvs_mm_item", "kvs_page_info", "kvs_pool_config", "kvs_pool_key",
+              "kvs_pool_work", "kvs_pool_stats"):
         assert a.sizeof(t) == b.sizeof(t) == kvshare.ffi.sizeof(t)
         assert [f for f, _ in a.typeof(t).fields] == [f for f, _ in b.typeof(t).fields]
 
@@ -71,6 +72,25 @@ def test_buffers_and_prefix_sharing():
     c.check()
     st = c.stats()
     assert st["device_pages_in_use"] == 0 and st["index_pages"] == 5
+
+
+def test_only_computed_pages_become_hits():
+    # A prompt given whole and computed a chunk per step: a commit indexes the computed pages only.
+    c = kvshare.Cache(page_size=4, num_device_pages=32, defer_commit=True)
+    prompt = array("i", range(100, 112))
+    c.seq_begin(1, prompt)
+    c.seq_set_computed(1, 5)
+    c.commit()
+    assert c.prefix_match(prompt)[1] == 4
+    c.seq_set_computed(1, 12)
+    c.commit()
+    assert c.prefix_match(prompt)[1] == 12
+    with pytest.raises(kvshare.InvalidArgumentError, match="num_computed_tokens"):
+        c.seq_set_computed(1, 13)
+    with pytest.raises(kvshare.SeqNotFoundError):
+        c.seq_set_computed(2, 0)
+    c.seq_free(1)
+    c.check()
 
 
 def test_extra_keys_isolate():

@@ -97,6 +97,7 @@ impl ReplayConfig {
                 .collect(),
             vllm_free_order: false,
             eviction_policy: self.policy,
+            pool: None,
         }
     }
 

@@ -151,6 +151,7 @@ static void null_cache(void) {
     EXPECT(kvs_prefix_unpin(NULL, 1), KVS_STATUS_NULL_ARGUMENT, "cache");
     EXPECT(kvs_prefix_prefetch(NULL, tok, 4, NULL, &n1), KVS_STATUS_NULL_ARGUMENT, "cache");
     EXPECT(kvs_seq_release_skipped(NULL, 1, 4, &n1), KVS_STATUS_NULL_ARGUMENT, "cache");
+    EXPECT(kvs_seq_set_computed(NULL, 1, 4), KVS_STATUS_NULL_ARGUMENT, "cache");
     EXPECT(kvs_seq_state_page(NULL, 1, 0, &page), KVS_STATUS_NULL_ARGUMENT, "cache");
     EXPECT(kvs_seq_set_priority(NULL, 1, 1), KVS_STATUS_NULL_ARGUMENT, "cache");
     EXPECT(kvs_seq_append_need(NULL, 1, 1, 0, &n1, &n2), KVS_STATUS_NULL_ARGUMENT, "cache");

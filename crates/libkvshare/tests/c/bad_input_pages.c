@@ -250,6 +250,10 @@ static void one_group(void) {
     /* A swapped-out sequence releases nothing and has no state to show. */
     EXPECT(kvs_seq_release_skipped(c, 2, 5, &n1), KVS_STATUS_SEQ_WRONG_TIER, NULL);
     EXPECT(kvs_seq_release_skipped(c, 50, 5, &n1), KVS_STATUS_SEQ_NOT_FOUND, "50");
+    /* Computed tokens: an unknown sequence, more tokens than the sequence holds. */
+    EXPECT(kvs_seq_set_computed(c, 50, 0), KVS_STATUS_SEQ_NOT_FOUND, "50");
+    EXPECT(kvs_seq_set_computed(c, 1, SIZE_MAX), KVS_STATUS_INVALID_ARGUMENT,
+           "num_computed_tokens");
     UNTOUCHED(pg);
     UNTOUCHED(table);
     UNTOUCHED(slots);

@@ -1,0 +1,290 @@
+"""The engine-side runtime of kvshare's pool tier: it runs a cache's pool work against Mooncake
+Store (``mooncake.store.MooncakeDistributedStore``) and reports back.
+
+kvshare decides what to look up, load and store (``Cache.pool_lookup``,
+``Cache.seq_begin_pooled``, ``Cache.pool_take_work``); :class:`PoolRuntime` moves the bytes:
+
+* a lookup is one ``batch_is_exist`` for every key of the prompt;
+* loads are one ``batch_get_into`` into a staging buffer; each value is copied out of it (the
+  staging buffer is registered with the client, so other processes on the pool network can
+  write into it) and verified before its payload reaches the page: size, magic, format
+  version, the key it was written under, the page's chain digest and token ids, and a digest
+  of all of it (HMAC-SHA-256 under the deployment key when one is configured, under the empty
+  key otherwise). Any mismatch reports the load failed and the engine recomputes;
+* stores are one ``batch_put_from`` of header and payload (a key already present stores
+  nothing: the first writer wins until eviction).
+
+A failed RPC (``RPC_FAIL`` -900, ``RPC_TIMEOUT`` -901) opens a circuit breaker: for
+``cooldown_s`` the pool is treated as absent (lookups miss without asking, loads fail, stores
+are skipped), so a dead or hung master costs one timeout, not one per request. A key whose
+load failed for a holder that went away (``TRANSFER_FAIL`` -800) counts as missing for
+``negative_ttl_s`` (the master keeps listing a dead holder's entries for its client TTL).
+
+``pages`` is the engine's KV memory: an object with ``page_bytes(group) -> int``,
+``read(tier, group, page) -> bytes`` and ``write(group, page, data)``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import hmac
+import struct
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from . import SIZE_MAX
+
+MAGIC = b"KVS1"
+FORMAT_VERSION = 1
+# magic, version, header length, payload length, page size, tokens, sha256(key), h_i, digest
+_HEAD = struct.Struct("<4sHHQII32s16s32s")
+_DIGEST_AT = _HEAD.size - 32
+
+RPC_FAIL, RPC_TIMEOUT, TRANSFER_FAIL, OBJECT_NOT_FOUND = -900, -901, -800, -704
+
+
+def header_len(page_size: int) -> int:
+    """Bytes of a value's header for pages of ``page_size`` tokens."""
+    return _HEAD.size + 4 * page_size
+
+
+def _digest(mac_key: bytes, head_wo_digest: bytes, tokens: bytes, payload: bytes) -> bytes:
+    m = hmac.new(mac_key, head_wo_digest, hashlib.sha256)
+    m.update(tokens)
+    m.update(payload)
+    return m.digest()
+
+
+def encode_value(work: dict, payload: bytes, page_size: int, mac_key: bytes = b"") -> bytes:
+    """The stored value of one page: header (with the page's token ids) then the payload."""
+    tokens = struct.pack(f"<{len(work['tokens'])}i", *work["tokens"])
+    head = _HEAD.pack(MAGIC, FORMAT_VERSION, header_len(page_size), len(payload), page_size,
+                      len(work["tokens"]), hashlib.sha256(work["key"].encode()).digest(),
+                      work["hash"].to_bytes(16, "little"), b"\0" * 32)[:_DIGEST_AT]
+    return head + _digest(mac_key, head, tokens, payload) + tokens + payload
+
+
+def verify_value(work: dict, value: bytes, page_size: int, payload_len: int,
+                 mac_key: bytes = b"") -> tuple[bytes | None, str]:
+    """``(payload, "")`` when ``value`` is the page ``work`` names, else ``(None, reason)``."""
+    hl = header_len(page_size)
+    if len(value) != hl + payload_len:
+        return None, "size"
+    magic, ver, hlen, plen, ps, nt, key_d, chain, digest = _HEAD.unpack_from(value)
+    if magic != MAGIC or ver != FORMAT_VERSION or hlen != hl:
+        return None, "format"
+    if plen != payload_len or ps != page_size or nt != len(work["tokens"]):
+        return None, "format"
+    if key_d != hashlib.sha256(work["key"].encode()).digest():
+        return None, "key"
+    if chain != work["hash"].to_bytes(16, "little"):
+        return None, "chain"
+    tokens = value[_HEAD.size:hl]
+    if tokens != struct.pack(f"<{nt}i", *work["tokens"]):
+        return None, "tokens"
+    payload = value[hl:]
+    want = _digest(mac_key, value[:_DIGEST_AT], tokens, payload)
+    if not hmac.compare_digest(digest, want):
+        return None, "digest"
+    return payload, ""
+
+
+@dataclass
+class Breaker:
+    """Opens for ``cooldown_s`` after an RPC failure; while open the pool is absent."""
+    cooldown_s: float = 5.0
+    clock: Callable[[], float] = time.monotonic
+    open_until: float = 0.0
+    trips: int = 0
+
+    def is_open(self) -> bool:
+        return self.clock() < self.open_until
+
+    def trip(self) -> None:
+        self.open_until = self.clock() + self.cooldown_s
+        self.trips += 1
+
+
+@dataclass
+class RuntimeStats:
+    """What the runtime saw, by cause (kvshare's own counters are ``Cache.pool_stats()``)."""
+    lookups: int = 0
+    lookups_skipped: int = 0
+    loads_ok: int = 0
+    load_failures: dict[str, int] = field(default_factory=dict)
+    stores_ok: int = 0
+    store_failures: dict[str, int] = field(default_factory=dict)
+
+    def fail(self, table: dict[str, int], cause: str) -> None:
+        table[cause] = table.get(cause, 0) + 1
+
+
+class _Staging:
+    """A page-aligned host buffer, registered with the client for ``*_into``/``*_from``."""
+
+    def __init__(self, store: Any, size: int):
+        self.size = size
+        self.raw = ctypes.create_string_buffer(size + 4096)
+        self.ptr = (ctypes.addressof(self.raw) + 4095) & ~4095
+        self.store = store
+        self.registered = store.register_buffer(self.ptr, size) == 0
+
+    def close(self) -> None:
+        if self.registered:
+            self.store.unregister_buffer(self.ptr)
+            self.registered = False
+
+
+class PoolRuntime:
+    """Runs ``cache``'s pool work against ``store`` (a ``MooncakeDistributedStore`` set up by
+    the caller, or anything with its ``batch_is_exist``, ``batch_get_into``,
+    ``batch_put_from``, ``register_buffer`` and ``unregister_buffer``)."""
+
+    def __init__(self, cache: Any, store: Any, pages: Any, *, mac_key: bytes = b"",
+                 batch: int = 16, breaker: Breaker | None = None,
+                 negative_ttl_s: float = 15.0, clock: Callable[[], float] = time.monotonic):
+        self.cache, self.store, self.pages = cache, store, pages
+        self.mac_key = mac_key
+        self.batch = batch
+        self.clock = clock
+        self.breaker = breaker if breaker is not None else Breaker(clock=clock)
+        self.negative_ttl_s = negative_ttl_s
+        self.negative: dict[str, float] = {}
+        self.stats = RuntimeStats()
+        ps = cache.page_size
+        biggest = max(pages.page_bytes(g) for g in range(max(cache.num_groups, 1)))
+        self.slot = header_len(ps) + biggest
+        self.staging = _Staging(store, self.slot * batch)
+
+    def close(self) -> None:
+        """Unregisters the staging buffer; call before closing the store."""
+        self.staging.close()
+
+    def _rpc_failed(self, codes) -> bool:
+        if any(c in (RPC_FAIL, RPC_TIMEOUT) for c in codes):
+            self.breaker.trip()
+            return True
+        return False
+
+    def _missing(self, key: str) -> bool:
+        until = self.negative.get(key)
+        if until is None:
+            return False
+        if self.clock() >= until:
+            del self.negative[key]
+            return False
+        return True
+
+    def lookup(self, keys: list[str]) -> list[bool]:
+        """One batched existence query; all misses while the breaker is open."""
+        if not keys:
+            return []
+        if self.breaker.is_open():
+            self.stats.lookups_skipped += 1
+            return [False] * len(keys)
+        self.stats.lookups += 1
+        codes = list(self.store.batch_is_exist(keys))
+        if len(codes) != len(keys) or self._rpc_failed(codes):
+            return [False] * len(keys)
+        return [c == 1 and not self._missing(k) for c, k in zip(codes, keys)]
+
+    def begin(self, seq_id: int, tokens, extra=None, max_match_tokens: int = SIZE_MAX,
+              lookahead_slots: int = 0) -> dict[str, int]:
+        """``Cache.seq_begin_pooled`` after a lookup in the local tiers and the store; then
+        runs the loads (see :meth:`pump`). The sequence may run once
+        ``cache.seq_pool_loading(seq_id)`` is 0; its match is ``cache.seq_info``'s."""
+        first, keys = self.cache.pool_lookup(tokens, extra, max_match_tokens)
+        hits = self.lookup([k for _, _, k in keys])
+        info = self.cache.seq_begin_pooled(seq_id, tokens, first, hits, extra,
+                                           max_match_tokens, lookahead_slots)
+        self.pump()
+        return info
+
+    def pump(self) -> int:
+        """Takes every queued transfer, runs it and reports it. Returns how many ran."""
+        done = 0
+        while True:
+            work = self.cache.pool_take_work(self.batch)
+            if not work:
+                return done
+            loads = [w for w in work if w["op"] == "load"]
+            stores = [w for w in work if w["op"] == "store"]
+            if loads:
+                self._loads(loads)
+            if stores:
+                self._stores(stores)
+            done += len(work)
+
+    def _report_load(self, w: dict, ok: bool, cause: str = "") -> None:
+        if ok:
+            self.stats.loads_ok += 1
+        else:
+            self.stats.fail(self.stats.load_failures, cause)
+        self.cache.pool_done(w["ticket"], ok)
+
+    def _loads(self, loads: list[dict]) -> None:
+        ps = self.cache.page_size
+        todo = []
+        for w in loads:
+            if self.breaker.is_open():
+                self._report_load(w, False, "breaker")
+            elif self._missing(w["key"]):
+                self._report_load(w, False, "negative")
+            else:
+                todo.append(w)
+        if not todo:
+            return
+        sizes = [header_len(ps) + self.pages.page_bytes(w["group"]) for w in todo]
+        ptrs = [self.staging.ptr + i * self.slot for i in range(len(todo))]
+        codes = list(self.store.batch_get_into([w["key"] for w in todo], ptrs, sizes))
+        if len(codes) != len(todo):
+            codes = [RPC_FAIL] * len(todo)
+        self._rpc_failed(codes)
+        for w, ptr, size, code in zip(todo, ptrs, sizes, codes):
+            if code < 0:
+                if code == TRANSFER_FAIL or code == RPC_TIMEOUT:
+                    self.negative[w["key"]] = self.clock() + self.negative_ttl_s
+                cause = {OBJECT_NOT_FOUND: "missing", TRANSFER_FAIL: "transfer",
+                         RPC_FAIL: "rpc", RPC_TIMEOUT: "timeout"}.get(code, f"error {code}")
+                self._report_load(w, False, cause)
+                continue
+            # A private copy: the registered staging buffer stays writable by the network.
+            value = ctypes.string_at(ptr, min(code, size))
+            if code != size:
+                self._report_load(w, False, "size")
+                continue
+            payload, why = verify_value(w, value, ps, size - header_len(ps), self.mac_key)
+            if payload is None:
+                self._report_load(w, False, why)
+                continue
+            self.pages.write(w["group"], w["page"], payload)
+            self._report_load(w, True)
+
+    def _stores(self, stores: list[dict]) -> None:
+        ps = self.cache.page_size
+        if self.breaker.is_open():
+            for w in stores:
+                self.stats.fail(self.stats.store_failures, "breaker")
+                self.cache.pool_done(w["ticket"], False)
+            return
+        keys, ptrs, sizes = [], [], []
+        for i, w in enumerate(stores):
+            payload = self.pages.read(w["tier"], w["group"], w["page"])
+            value = encode_value(w, bytes(payload), ps, self.mac_key)
+            ptr = self.staging.ptr + i * self.slot
+            ctypes.memmove(ptr, value, len(value))
+            keys.append(w["key"])
+            ptrs.append(ptr)
+            sizes.append(len(value))
+        codes = self.store.batch_put_from(keys, ptrs, sizes)
+        codes = list(codes) if isinstance(codes, (list, tuple)) else [codes] * len(keys)
+        self._rpc_failed(codes)
+        for w, code in zip(stores, codes):
+            ok = code == 0
+            if ok:
+                self.stats.stores_ok += 1
+            else:
+                self.stats.fail(self.stats.store_failures, f"error {code}")
+            self.cache.pool_done(w["ticket"], ok)

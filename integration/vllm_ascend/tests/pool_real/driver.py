@@ -1,0 +1,98 @@
+"""Runs inside a fresh network namespace (``unshare -n``, loopback up): a real mooncake_master
+on 127.0.0.1 and two engine processes (engine.py), then a conversation that moves between
+them and a master killed mid-run. Prints one JSON object with every engine reply.
+
+    driver.py MOONCAKE_MASTER_BINARY PYTHON
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RPC, METRICS = 50951, 9903
+
+
+def wait_port(port, proc, deadline_s=20.0):
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise SystemExit(f"mooncake_master exited with {proc.returncode}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise SystemExit(f"mooncake_master: port {port} not open")
+
+
+class Engine:
+    def __init__(self, python, name):
+        self.name = name
+        self.p = subprocess.Popen([python, os.path.join(HERE, "engine.py"), f"127.0.0.1:{RPC}"],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        ready = self.p.stdout.readline()
+        if not ready:
+            raise SystemExit(f"engine {name} did not start")
+
+    def run(self, tokens):
+        self.p.stdin.write(json.dumps({"op": "run", "tokens": tokens}) + "\n")
+        self.p.stdin.flush()
+        line = self.p.stdout.readline()
+        if not line:
+            raise SystemExit(f"engine {self.name} died")
+        return dict(json.loads(line), engine=self.name)
+
+    def close(self):
+        try:
+            self.p.stdin.write(json.dumps({"op": "exit"}) + "\n")
+            self.p.stdin.flush()
+            self.p.wait(timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            self.p.kill()
+            self.p.wait()
+
+
+def main():
+    binary, python = sys.argv[1], sys.argv[2]
+    master = subprocess.Popen(
+        [binary, f"--rpc_port={RPC}", f"--metrics_port={METRICS}",
+         "--enable_http_metadata_server=false", "--enable_kv_events=false", "--enable_ha=false",
+         "--rpc_address=127.0.0.1", "--metrics_host=127.0.0.1",
+         "--http_metadata_server_host=127.0.0.1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    engines = []
+    out = {"steps": []}
+    try:
+        wait_port(RPC, master)
+        a, b = Engine(python, "a"), Engine(python, "b")
+        engines = [a, b]
+        turn1 = [(7 * i + 3) % 251 for i in range(70)]          # 4 full pages of 16 + 6
+        turn2 = turn1 + [(5 * i + 1) % 251 for i in range(40)]  # 6 full pages + 14
+        turn3 = turn2 + [(3 * i + 2) % 251 for i in range(30)]
+        steps = out["steps"]
+        steps.append(a.run(turn1))   # computed on a, stored
+        steps.append(b.run(turn2))   # continued on b: a's pages from the pool
+        steps.append(a.run(turn3))   # back on a: its own pages locally, b's from the pool
+        master.send_signal(signal.SIGKILL)
+        master.wait()
+        out["master_killed"] = True
+        other = [(11 * i + 4) % 251 for i in range(50)]
+        steps.append(b.run(turn3))   # b: local hit, then the pool is unreachable
+        steps.append(a.run(other))   # a: a fresh prompt, the breaker open: computed
+    finally:
+        for e in engines:
+            e.close()
+        if master.poll() is None:
+            master.kill()
+            master.wait()
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,153 @@
+"""One engine process for the pool tier's real-process test: its own kvshare cache with a pool
+tier, its own paged KV memory, kvshare's CPU attention backend, and a Mooncake Store client.
+Driven by JSON lines on stdin (one reply line per command):
+
+* ``{"op": "run", "tokens": [...]}``: begins the prompt through the pool (lookup, begin, loads),
+  computes the K/V of every token not matched into the sequence's pages, runs paged attention
+  for the last token of every layer, and compares it with dense attention over K/V computed
+  from the tokens alone; then commits, stores and frees. Replies with the match, the largest
+  error and the counters.
+* ``{"op": "exit"}``.
+
+The "model" is fixed random projections: K, V and Q of a token at a position are functions of
+(token, position, layer) alone, seeded identically in every process, so a page loaded from
+another engine holds exactly the K/V this engine would compute, and any other bytes show up
+as an attention error.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "..", "python"))
+
+import kvshare  # noqa: E402
+from kvshare import pool as kp  # noqa: E402
+from kvshare_vllm import ops  # noqa: E402
+from mooncake.store import MooncakeDistributedStore  # noqa: E402
+
+PS, LAYERS, KV_HEADS, HEADS, D, PAGES, VOCAB = 16, 2, 2, 4, 32, 64, 256
+
+
+class Model:
+    def __init__(self):
+        g = torch.Generator().manual_seed(1234)
+        self.emb = torch.randn(VOCAB, 64, generator=g)
+        self.wk = torch.randn(LAYERS, 64, KV_HEADS * D, generator=g) / 8
+        self.wv = torch.randn(LAYERS, 64, KV_HEADS * D, generator=g) / 8
+        self.wq = torch.randn(LAYERS, 64, HEADS * D, generator=g) / 8
+
+    def x(self, tokens, start):
+        pos = torch.arange(start, start + len(tokens), dtype=torch.float32).view(-1, 1)
+        freq = torch.arange(64, dtype=torch.float32).view(1, -1) / 64
+        return self.emb[torch.tensor(tokens) % VOCAB] + torch.sin(pos * freq)
+
+    def kv(self, tokens, start, layer):
+        x = self.x(tokens, start)
+        return ((x @ self.wk[layer]).view(-1, KV_HEADS, D),
+                (x @ self.wv[layer]).view(-1, KV_HEADS, D))
+
+    def q(self, token, pos, layer):
+        return (self.x([token], pos) @ self.wq[layer]).view(1, HEADS, D)
+
+
+class Pages:
+    """The engine's KV memory: per layer ``[PAGES, PS, KV_HEADS, D]`` float32 K and V. A page's
+    pool payload is every layer's K page then V page."""
+
+    def __init__(self):
+        self.k = [torch.zeros(PAGES, PS, KV_HEADS, D) for _ in range(LAYERS)]
+        self.v = [torch.zeros(PAGES, PS, KV_HEADS, D) for _ in range(LAYERS)]
+        self.one = PS * KV_HEADS * D * 4
+
+    def page_bytes(self, group):
+        return 2 * LAYERS * self.one
+
+    def read(self, tier, group, page):
+        parts = []
+        for layer in range(LAYERS):
+            parts.append(self.k[layer][page].numpy().tobytes())
+            parts.append(self.v[layer][page].numpy().tobytes())
+        return b"".join(parts)
+
+    def write(self, group, page, data):
+        flat = torch.frombuffer(bytearray(data), dtype=torch.float32)
+        n = self.one // 4
+        for layer in range(LAYERS):
+            self.k[layer][page] = flat[(2 * layer) * n:(2 * layer + 1) * n].view(PS, KV_HEADS, D)
+            self.v[layer][page] = flat[(2 * layer + 1) * n:(2 * layer + 2) * n].view(
+                PS, KV_HEADS, D)
+
+
+def dense(model, tokens, layer):
+    k, v = model.kv(tokens, 0, layer)
+    q = model.q(tokens[-1], len(tokens) - 1, layer)
+    g = HEADS // KV_HEADS
+    k, v = k.double().repeat_interleave(g, 1), v.double().repeat_interleave(g, 1)
+    s = torch.einsum("qhd,lhd->hql", q.double(), k) / math.sqrt(D)
+    return torch.einsum("hql,lhd->qhd", s.softmax(-1), v)
+
+
+def main():
+    master = sys.argv[1]
+    store = MooncakeDistributedStore()
+    rc = store.setup("127.0.0.1", "P2PHANDSHAKE", 32 << 20, 16 << 20, "tcp", "", master)
+    if rc != 0:
+        raise SystemExit(f"mooncake setup: {rc}")
+    cache = kvshare.Cache(page_size=PS, num_device_pages=PAGES, skip_cached_writes=False,
+                          pool={"namespace": "kvs-test", "identity": "tiny-f32-dense",
+                                "store": "write_through"})
+    pages, model = Pages(), Model()
+    rt = kp.PoolRuntime(cache, store, pages, breaker=kp.Breaker(cooldown_s=30.0))
+    print(json.dumps({"op": "ready"}), flush=True)
+    sid = 0
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        if cmd["op"] == "exit":
+            break
+        tokens = cmd["tokens"]
+        sid += 1
+        t0 = time.perf_counter()
+        rt.begin(sid, tokens, max_match_tokens=len(tokens) - 1)
+        loading = cache.seq_pool_loading(sid)
+        matched = cache.seq_info(sid)["matched_tokens"]
+        table = list(cache.seq_pages(sid))
+        slots = torch.tensor([table[p // PS] * PS + p % PS for p in range(matched, len(tokens))])
+        err = 0.0
+        for layer in range(LAYERS):
+            k, v = model.kv(tokens[matched:], matched, layer)
+            ops.reshape_and_cache(k, v, pages.k[layer], pages.v[layer], slots)
+            out = torch.zeros(1, HEADS, D)
+            bt = torch.tensor([table], dtype=torch.int32)
+            ops.paged_attention(model.q(tokens[-1], len(tokens) - 1, layer), pages.k[layer],
+                                pages.v[layer], bt, [len(tokens)], out,
+                                scale=1 / math.sqrt(D), num_kv_heads=KV_HEADS)
+            err = max(err, (out.double() - dense(model, tokens, layer)).abs().max().item())
+        cache.commit()
+        rt.pump()
+        cache.seq_free(sid)
+        cache.check()
+        print(json.dumps({"op": "run", "matched": matched, "loading": loading, "err": err,
+                          "ms": round((time.perf_counter() - t0) * 1e3, 1),
+                          "pool": cache.pool_stats(),
+                          "runtime": {"lookups": rt.stats.lookups,
+                                      "lookups_skipped": rt.stats.lookups_skipped,
+                                      "loads_ok": rt.stats.loads_ok,
+                                      "load_failures": rt.stats.load_failures,
+                                      "stores_ok": rt.stats.stores_ok,
+                                      "store_failures": rt.stats.store_failures,
+                                      "breaker_trips": rt.breaker.trips}}), flush=True)
+    rt.close()
+    os._exit(0)  # the client's threads; close() after a dead master can hang
+
+
+if __name__ == "__main__":
+    main()

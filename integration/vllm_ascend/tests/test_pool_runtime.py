@@ -1,0 +1,232 @@
+"""kvshare's pool runtime (kvshare/pool.py) against an in-process store with Mooncake Store's
+call shapes and return codes: two caches share pages through it, and every bad entry (lies,
+truncated, corrupted, foreign, stale, unkeyed) or store failure ends in recomputation with the
+right KV, never a page that holds wrong bytes."""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+
+import numpy as np
+import pytest
+
+import kvshare
+from kvshare import pool as kp
+
+PS = 4
+PAGE_BYTES = 64
+
+
+class FakeStore:
+    """Mooncake Store's batch calls on a dict: a put of a present key stores nothing."""
+
+    def __init__(self):
+        self.values: dict[str, bytes] = {}
+        self.rpc_code = 0  # nonzero: every call fails with it
+        self.calls = 0
+        self.lost_on_get: set[str] = set()  # listed by batch_is_exist, gone at the load
+
+    def register_buffer(self, ptr, size):
+        return 0
+
+    def unregister_buffer(self, ptr):
+        return 0
+
+    def batch_is_exist(self, keys):
+        self.calls += 1
+        if self.rpc_code:
+            return [self.rpc_code] * len(keys)
+        return [1 if k in self.values else 0 for k in keys]
+
+    def batch_get_into(self, keys, ptrs, sizes):
+        self.calls += 1
+        if self.rpc_code:
+            return [self.rpc_code] * len(keys)
+        out = []
+        for k, p, n in zip(keys, ptrs, sizes):
+            v = self.values.get(k)
+            if v is None or k in self.lost_on_get:
+                out.append(kp.OBJECT_NOT_FOUND)
+            elif len(v) > n:
+                out.append(-600)
+            else:
+                ctypes.memmove(p, v, len(v))
+                out.append(len(v))
+        return out
+
+    def batch_put_from(self, keys, ptrs, sizes):
+        self.calls += 1
+        if self.rpc_code:
+            return [self.rpc_code] * len(keys)
+        for k, p, n in zip(keys, ptrs, sizes):
+            self.values.setdefault(k, ctypes.string_at(p, n))
+        return [0] * len(keys)
+
+
+def kv(tokens, salt=b"") -> bytes:
+    """The KV a page holds after computing the prefix ``tokens`` (ending at the page's end)."""
+    d = hashlib.sha256(salt + np.asarray(tokens, dtype=np.int32).tobytes()).digest()
+    return (d * (PAGE_BYTES // len(d) + 1))[:PAGE_BYTES]
+
+
+class Engine:
+    """A cache and its KV memory; ``run`` begins a prompt through the pool and computes the
+    rest, checking that every matched page holds the right KV."""
+
+    def __init__(self, store, identity="tiny", mac_key=b"", store_policy="write_through",
+                 clock=None):
+        self.cache = kvshare.Cache(page_size=PS, num_device_pages=32, skip_cached_writes=False,
+                                   pool={"namespace": "t", "identity": identity,
+                                         "store": store_policy})
+        self.dev = np.zeros((32, PAGE_BYTES), np.uint8)
+        kw = {"clock": clock} if clock else {}
+        self.rt = kp.PoolRuntime(self.cache, store, self, mac_key=mac_key, **kw)
+        self.next_id = 1
+
+    def page_bytes(self, group):
+        return PAGE_BYTES
+
+    def read(self, tier, group, page):
+        assert tier == 0
+        return self.dev[page].tobytes()
+
+    def write(self, group, page, data):
+        self.dev[page] = np.frombuffer(data, np.uint8)
+
+    def run(self, tokens, salt=b"") -> int:
+        """Returns the tokens matched; frees the sequence after committing its pages."""
+        extra = kvshare.ExtraKeys(salt=salt) if salt else None
+        sid = self.next_id
+        self.next_id += 1
+        self.rt.begin(sid, tokens, extra, max_match_tokens=len(tokens) - 1)
+        assert self.cache.seq_pool_loading(sid) == 0
+        matched = self.cache.seq_info(sid)["matched_tokens"]
+        for j, page in enumerate(self.cache.seq_pages(sid)):
+            end = min((j + 1) * PS, len(tokens))
+            want = np.frombuffer(kv(tokens[:end], salt), np.uint8)
+            if end <= matched:
+                assert (self.dev[page] == want).all(), f"matched page {j} holds wrong KV"
+            else:
+                self.dev[page] = want
+        self.cache.commit()
+        self.rt.pump()
+        self.cache.seq_free(sid)
+        self.cache.check()
+        return matched
+
+
+def test_a_conversation_continues_on_another_engine():
+    store = FakeStore()
+    a, b = Engine(store), Engine(store)
+    turn1 = list(range(100, 118))  # 4 full pages + 2
+    assert a.run(turn1) == 0
+    assert len(store.values) == 4
+    turn2 = turn1 + list(range(500, 507))
+    assert b.run(turn2) == 16
+    st = b.cache.pool_stats()
+    assert (st["loads_ok"], st["hit_tokens"], st["pending"]) == (4, 16, 0)
+    assert b.rt.stats.loads_ok == 4
+    # The next turn back on a: its own 4 pages locally, b's stored page from the pool.
+    turn3 = turn2 + [9]
+    assert a.run(turn3) == 24
+    assert a.cache.pool_stats()["hit_tokens"] == 8
+
+
+def _value_of(store, b, tokens, position):
+    first, keys = b.cache.pool_lookup(tokens, None, len(tokens) - 1)
+    return [k for p, _, k in keys if p == position][0]
+
+
+@pytest.mark.parametrize("damage", ["truncated", "payload", "tokens", "foreign", "lie",
+                                    "lost", "version"])
+def test_bad_entries_fall_back_to_recomputation(damage):
+    store = FakeStore()
+    a, b = Engine(store), Engine(store)
+    t = list(range(1, 18))  # 4 full pages + 1
+    a.run(t)
+    k1 = _value_of(store, b, t, 1)
+    k2 = _value_of(store, b, t, 2)
+    if damage == "truncated":
+        store.values[k1] = store.values[k1][:-1]
+    elif damage == "payload":
+        v = bytearray(store.values[k1])
+        v[-1] ^= 1
+        store.values[k1] = bytes(v)
+    elif damage == "tokens":  # a stale entry: another page's tokens under this key
+        hl = kp.header_len(PS)
+        v = bytearray(store.values[k1])
+        v[kp._HEAD.size:hl] = store.values[k2][kp._HEAD.size:hl]
+        store.values[k1] = bytes(v)
+    elif damage == "foreign":  # a valid entry of another page, planted under this key
+        store.values[k1] = store.values[k2]
+    elif damage == "lie":  # listed, gone when loaded (evicted between lookup and load)
+        store.lost_on_get.add(k1)
+    elif damage == "lost":
+        del store.values[k1]
+    elif damage == "version":
+        v = bytearray(store.values[k1])
+        v[4] = 9
+        store.values[k1] = bytes(v)
+    assert b.run(t) == PS  # page 0 loads; page 1 does not; the rest is computed
+    failures = b.rt.stats.load_failures
+    if damage != "lost":
+        assert sum(failures.values()) >= 1, failures
+
+
+def test_an_engine_with_a_key_rejects_entries_without_it():
+    store = FakeStore()
+    a, b = Engine(store), Engine(store, mac_key=b"deployment-secret")
+    t = list(range(1, 14))
+    a.run(t)
+    assert b.run(t) == 0
+    assert b.rt.stats.load_failures == {"digest": 3}
+    keyed = FakeStore()
+    assert Engine(keyed, mac_key=b"deployment-secret").run(t) == 0
+    assert Engine(keyed, mac_key=b"deployment-secret").run(t) == 12
+    assert Engine(keyed).run(t) == 0
+
+
+def test_models_and_tenants_do_not_share_entries():
+    store = FakeStore()
+    a, b = Engine(store), Engine(store, identity="other-model")
+    t = list(range(1, 14))
+    a.run(t)
+    assert b.run(t) == 0
+    assert Engine(store).run(t, salt=b"tenant-b") == 0
+    assert Engine(store).run(t) == 12
+
+
+def test_a_failing_master_opens_the_breaker():
+    now = [0.0]
+    store = FakeStore()
+    a = Engine(store)
+    b = Engine(store, clock=lambda: now[0])
+    prompts = [list(range(k * 100, k * 100 + 13)) for k in (1, 2, 3)]
+    for t in prompts:
+        a.run(t)
+    store.rpc_code = kp.RPC_FAIL
+    assert b.run(prompts[0]) == 0
+    assert b.rt.breaker.trips == 1
+    assert b.rt.stats.store_failures.get("breaker", 0) == 3  # its own pages: not stored
+    store.rpc_code = 0
+    calls = store.calls
+    assert b.run(prompts[1]) == 0  # open: the store is not asked, the prompt is computed
+    assert store.calls == calls
+    assert b.rt.stats.lookups_skipped == 1
+    now[0] += 10
+    assert b.run(prompts[2]) == 12
+    assert store.calls > calls
+
+
+def test_values_verify_and_reject():
+    w = {"key": "kvs1/t/x/0-0-0-0/g0/ab", "hash": 7 << 100 | 5, "tokens": [1, 2, 3, 4]}
+    payload = bytes(range(64))
+    v = kp.encode_value(w, payload, PS)
+    assert kp.verify_value(w, v, PS, 64) == (payload, "")
+    assert kp.verify_value(dict(w, key="kvs1/t/x/0-0-0-0/g0/cd"), v, PS, 64)[1] == "key"
+    assert kp.verify_value(dict(w, hash=8), v, PS, 64)[1] == "chain"
+    assert kp.verify_value(dict(w, tokens=[1, 2, 3, 5]), v, PS, 64)[1] == "tokens"
+    assert kp.verify_value(w, v, PS, 65)[1] == "size"
+    assert kp.verify_value(w, v, PS, 64, b"k")[1] == "digest"
+    assert kp.verify_value(w, b"XXXX" + v[4:], PS, 64)[1] == "format"
