@@ -178,7 +178,8 @@ while read line; do echo "KVSBENCH 2.5"; done
     }
     let out = bench().args(args).args(["--dtype", "f8"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--dtype: f16, bf16 or f32"));
+    assert!(String::from_utf8_lossy(&out.stderr)
+        .contains("--dtype: f16, bf16, f32, fp8_e4m3, fp8_e5m2 or int8"));
     let out = bench()
         .args(args)
         .args(["--huge-pages", "maybe"])
@@ -381,7 +382,7 @@ fn options_are_parsed_not_matched_by_hand() {
     for (args, said) in [
         (
             &["attention", "--dtype=f8"][..],
-            "--dtype: f16, bf16 or f32, not \"f8\"",
+            "--dtype: f16, bf16, f32, fp8_e4m3, fp8_e5m2 or int8, not \"f8\"",
         ),
         (&["attention", "--iters"][..], "--iters needs a value"),
         (
