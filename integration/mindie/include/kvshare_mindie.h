@@ -192,6 +192,9 @@ class KvshareManagerBase : public mindie_llm::BlockSpaceManager {
     // Releases one held-back page nothing else holds (one more available device page); false
     // when there is none.
     bool ReleaseQuarantinedPage();
+    // Whether the quarantine's `holds` references are all that hold device `page` (called
+    // with quarantineMu_ held).
+    bool OnlyQuarantineHolds(uint32_t page, size_t holds) const;
     // Pages the manager holds for its whole life (the group manager's sizing pages).
     void SetHeldPages(size_t group, size_t pages);
 

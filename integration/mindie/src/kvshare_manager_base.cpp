@@ -159,11 +159,15 @@ size_t KvshareManagerBase::QuarantineFree() const {
     }
     size_t free = 0;
     for (const auto &h : holds) {
-        kvs_page_info info{};
-        Check(kvs_page_get_info(cache_, KVS_TIER_DEVICE, 0, h.first, &info), "kvs_page_get_info");
-        free += info.refcount == h.second ? 1 : 0;
+        free += OnlyQuarantineHolds(h.first, h.second) ? 1 : 0;
     }
     return free;
+}
+
+bool KvshareManagerBase::OnlyQuarantineHolds(uint32_t page, size_t holds) const {
+    kvs_page_info info{};
+    Check(kvs_page_get_info(cache_, KVS_TIER_DEVICE, 0, page, &info), "kvs_page_get_info");
+    return info.refcount == holds;
 }
 
 void KvshareManagerBase::ReleaseQuarantine() {
@@ -184,9 +188,7 @@ bool KvshareManagerBase::ReleaseQuarantinedPage() {
     for (auto it = quarantine_.rbegin(); it != quarantine_.rend(); ++it) {
         uint32_t page = *it;
         size_t holds = static_cast<size_t>(std::count(quarantine_.begin(), quarantine_.end(), page));
-        kvs_page_info info{};
-        Check(kvs_page_get_info(cache_, KVS_TIER_DEVICE, 0, page, &info), "kvs_page_get_info");
-        if (info.refcount != holds) {
+        if (!OnlyQuarantineHolds(page, holds)) {
             continue;
         }
         std::vector<uint32_t> pages(holds, page);
