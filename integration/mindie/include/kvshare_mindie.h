@@ -195,6 +195,19 @@ class KvshareManagerBase : public mindie_llm::BlockSpaceManager {
     // Whether the quarantine's `holds` references are all that hold device `page` (called
     // with quarantineMu_ held).
     bool OnlyQuarantineHolds(uint32_t page, size_t holds) const;
+    // The live sequences (tracked at Allocate, Fork and AppendSlot): the tokens their tables
+    // cover (MindIE's length at the last of those calls) and the sequence itself, whose computed
+    // tokens (numComputedTokens_) Free and SwapOut read. Thread-safe on its own.
+    struct Live {
+        size_t tokens;
+        std::weak_ptr<mindie_llm::Sequence> seq;
+    };
+    // Tracks `seq` (or grows what a tracked one covers to its current length).
+    void Track(const SequenceSPtr &seq);
+    // The tracked entry of `seqId`; false (and `out` untouched) if there is none.
+    bool Tracked(SequenceId seqId, Live &out) const;
+    // Stops tracking `seqId`; false if it was not tracked, else `out` is what was tracked.
+    bool Untrack(SequenceId seqId, Live &out);
     // Pages the manager holds for its whole life (the group manager's sizing pages).
     void SetHeldPages(size_t group, size_t pages);
 
@@ -243,6 +256,8 @@ class KvshareManagerBase : public mindie_llm::BlockSpaceManager {
     size_t heldPages_ = 0;
     std::atomic<uint64_t> hitBlocks_{0};
     std::atomic<uint64_t> missBlocks_{0};
+    std::unordered_map<SequenceId, Live> live_;
+    mutable std::mutex liveMu_;
     // Device pages held back since this step's swap-outs (each once per reference taken).
     std::vector<uint32_t> quarantine_;
     mutable std::mutex quarantineMu_;
@@ -289,15 +304,10 @@ class KvshareBlockManager : public KvshareManagerBase {
     // holds), then commits. A chunked prefill holds its whole prompt from Allocate on and
     // computes it a chunk per step.
     void MarkComputed(SequenceId seqId, const mindie_llm::Sequence &seq, size_t held, const char *method);
-    // The live sequences (Allocate, Fork, AppendSlot): Free hands over the tokens computed since
-    // the last AppendSlot.
-    void Track(const SequenceSPtr &seq);
     size_t WrittenTokens(SequenceId seqId, const SeqShape &s) const override;
     void ReportComputed(const SequenceSPtr &seq) override;
 
     size_t npuBlockNum_;
-    mutable std::mutex seqsMu_;
-    std::unordered_map<SequenceId, std::weak_ptr<mindie_llm::Sequence>> seqs_;
 };
 
 // MindIE's KV-cache groups on one kvshare cache: a COMPOSITEBLOCKMANAGER (`config.subManagers`,
@@ -370,15 +380,8 @@ class KvshareHybridBlockManager : public KvshareManagerBase {
         size_t npuBlockNum;
     };
     std::vector<Group> groups_;
-    // Per live sequence: the tokens its tables cover (its length at Allocate / the last
-    // AppendSlot) and the sequence, whose computed tokens Free hands over.
-    struct Live {
-        size_t tokens;
-        std::weak_ptr<mindie_llm::Sequence> seq;
-    };
-    std::unordered_map<SequenceId, Live> live_;
     std::vector<size_t> windowBlocks_;
-    // Multi-call methods (Allocate's hit then begin, the live map) run one at a time.
+    // Multi-call methods (Allocate's hit then begin) run one at a time.
     mutable std::recursive_mutex mu_;
 };
 

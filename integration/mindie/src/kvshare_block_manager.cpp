@@ -300,17 +300,11 @@ void KvshareBlockManager::Fork(SequenceSPtr &parentSeq, SequenceSPtr &childSeq) 
 }
 
 void KvshareBlockManager::Free(SequenceId seqId) {
-    std::weak_ptr<mindie_llm::Sequence> tracked;
-    {
-        std::lock_guard<std::mutex> lock(seqsMu_);
-        auto it = seqs_.find(seqId);
-        if (it != seqs_.end()) {
-            tracked = it->second;
-        }
-    }
+    Live live{};
+    (void)Untrack(seqId, live);
     // The tokens computed since the last AppendSlot (the last step's): their full blocks stay
     // prefix hits. Only a cache improvement, so nothing here stops the free.
-    SequenceSPtr seq = tracked.lock();
+    SequenceSPtr seq = live.seq.lock();
     SeqShape s{};
     if (seq && Shape(seqId, s) && !s.onHost) {
         try {
@@ -319,8 +313,6 @@ void KvshareBlockManager::Free(SequenceId seqId) {
         }
     }
     FreeSeq(seqId, "Free");
-    std::lock_guard<std::mutex> lock(seqsMu_);
-    seqs_.erase(seqId);
 }
 
 void KvshareBlockManager::MarkComputed(SequenceId seqId, const mindie_llm::Sequence &seq, size_t held,
@@ -331,20 +323,9 @@ void KvshareBlockManager::MarkComputed(SequenceId seqId, const mindie_llm::Seque
     Check(kvs_cache_commit(Cache()), method);
 }
 
-void KvshareBlockManager::Track(const SequenceSPtr &seq) {
-    std::lock_guard<std::mutex> lock(seqsMu_);
-    seqs_[seq->seqId_] = seq;
-}
-
 size_t KvshareBlockManager::WrittenTokens(SequenceId seqId, const SeqShape &s) const {
-    SequenceSPtr seq;
-    {
-        std::lock_guard<std::mutex> lock(seqsMu_);
-        auto it = seqs_.find(seqId);
-        if (it != seqs_.end()) {
-            seq = it->second.lock();
-        }
-    }
+    Live live{};
+    SequenceSPtr seq = Tracked(seqId, live) ? live.seq.lock() : nullptr;
     size_t held = static_cast<size_t>(s.numTokens);
     if (!seq) {
         return held;

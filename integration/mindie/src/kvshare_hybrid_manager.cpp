@@ -191,11 +191,11 @@ mindie_llm::BlockSpaceManagerSPtr CreateKvshareHybridBlockManager(const BlockMan
 bool KvshareHybridBlockManager::Lookup(SequenceId seqId, SeqCounts &out) const {
     std::lock_guard<std::recursive_mutex> lock(mu_);
     SeqShape s{};
-    auto it = live_.find(seqId);
-    if (it == live_.end() || !Shape(seqId, s)) {
+    Live live{};
+    if (!Tracked(seqId, live) || !Shape(seqId, s)) {
         return false;
     }
-    out = SeqCounts{it->second.tokens, s.matchedTokens};
+    out = SeqCounts{live.tokens, s.matchedTokens};
     return true;
 }
 
@@ -351,7 +351,7 @@ bool KvshareHybridBlockManager::Allocate(const SequenceGroupSPtr &seqGroup) {
         misses += full - hitBlocks;
     }
     for (const auto &seq : waiting) {
-        live_[seq->seqId_] = Live{NumTokens(*seq), seq};
+        Track(seq);
     }
     CountHits(hits, misses);
     return true;
@@ -410,10 +410,7 @@ std::vector<std::pair<BlockId, BlockId>> KvshareHybridBlockManager::AppendSlot(c
     Check(kvs_seq_append(Cache(), KvsId(seq->seqId_), tokens.data(), tokens.size(), grow.room, nullptr, 0, &copies),
           "AppendSlot");
     Check(kvs_seq_release_skipped(Cache(), KvsId(seq->seqId_), grow.computed, nullptr), "AppendSlot");
-    auto it = live_.find(seq->seqId_);
-    if (it != live_.end()) {
-        it->second.tokens = std::max(it->second.tokens, NumTokens(*seq));
-    }
+    Track(seq);
     return {};  // no block is shared with another sequence's writes: nothing to copy
 }
 
@@ -427,10 +424,8 @@ void KvshareHybridBlockManager::Fork(SequenceSPtr &, SequenceSPtr &) {
 
 void KvshareHybridBlockManager::Free(SequenceId seqId) {
     std::lock_guard<std::recursive_mutex> lock(mu_);
-    auto it = live_.find(seqId);
-    if (it != live_.end()) {
-        Live live = it->second;
-        live_.erase(it);
+    Live live{};
+    if (Untrack(seqId, live)) {
         // The tokens computed since the last AppendSlot (the last step's) lie within the tables:
         // hand them over so that their full blocks stay prefix hits. Only a cache improvement, so
         // nothing here stops the free.

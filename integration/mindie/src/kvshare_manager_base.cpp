@@ -234,6 +234,38 @@ bool KvshareManagerBase::CanSwapOut(const SequenceGroupSPtr &seqGroup) {
     return !onHost && need <= FreeHostPages() && BlocksToResume(seqs, "CanSwapOut") <= deviceBlocks_;
 }
 
+void KvshareManagerBase::Track(const SequenceSPtr &seq) {
+    size_t tokens = NumTokens(*seq);
+    std::lock_guard<std::mutex> lock(liveMu_);
+    auto it = live_.find(seq->seqId_);
+    if (it == live_.end()) {
+        live_.emplace(seq->seqId_, Live{tokens, seq});
+    } else {
+        it->second = Live{std::max(it->second.tokens, tokens), seq};
+    }
+}
+
+bool KvshareManagerBase::Tracked(SequenceId seqId, Live &out) const {
+    std::lock_guard<std::mutex> lock(liveMu_);
+    auto it = live_.find(seqId);
+    if (it == live_.end()) {
+        return false;
+    }
+    out = it->second;
+    return true;
+}
+
+bool KvshareManagerBase::Untrack(SequenceId seqId, Live &out) {
+    std::lock_guard<std::mutex> lock(liveMu_);
+    auto it = live_.find(seqId);
+    if (it == live_.end()) {
+        return false;
+    }
+    out = std::move(it->second);
+    live_.erase(it);
+    return true;
+}
+
 size_t KvshareManagerBase::WrittenTokens(SequenceId, const SeqShape &s) const {
     return static_cast<size_t>(s.numTokens);
 }
