@@ -211,18 +211,51 @@ fn check_buf(
 }
 
 /// The per-channel scales of an int8 cache (Ascend's and MindIE's int8 KV): `[num_kv_heads,
-/// head_dim]` floats each, a channel's elements standing for their value times its scale (and
-/// the per-tensor [`KvScales`]). Required with an int8 cache, refused with any other.
+/// head_dim]` floats each, and optionally per-channel offsets of the same shape: a code `c` of
+/// channel `i` stands for `(c + offset_i) * scale_i` times the per-tensor [`KvScales`] (CANN's
+/// antiquant formula; without offsets, `c * scale_i`). Required with an int8 cache, refused
+/// with any other.
 #[derive(Debug, Clone, Copy)]
 pub struct ChannelScales<'a> {
     /// Scales of the K cache's channels.
     pub k: &'a [f32],
     /// Scales of the V cache's channels.
     pub v: &'a [f32],
+    /// Offsets of the K cache's channels, in codes (`None`: 0, a symmetric cache).
+    pub k_offsets: Option<&'a [f32]>,
+    /// Offsets of the V cache's channels, in codes (`None`: 0).
+    pub v_offsets: Option<&'a [f32]>,
+}
+
+impl<'a> ChannelScales<'a> {
+    /// Symmetric per-channel scales (no offsets).
+    pub fn symmetric(k: &'a [f32], v: &'a [f32]) -> Self {
+        ChannelScales {
+            k,
+            v,
+            k_offsets: None,
+            v_offsets: None,
+        }
+    }
+}
+
+/// Checks that `x` has at least `n` entries and the first `n` pass `ok` (`what` names the
+/// condition in the error).
+fn check_per_channel(field: &'static str, x: &[f32], n: usize, ok: fn(f32) -> bool, what: &str) -> Result<()> {
+    if x.len() < n {
+        return Err(bad(
+            field,
+            format!("has {} entries, needs num_kv_heads * head_dim = {n}", x.len()),
+        ));
+    }
+    match x[..n].iter().enumerate().find(|(_, y)| !ok(**y)) {
+        Some((i, y)) => Err(bad(field, format!("[{i}] = {y} is not {what}"))),
+        None => Ok(()),
+    }
 }
 
 /// Checks channel scales against the cache: present exactly for an int8 cache, `num_kv_heads *
-/// head_dim` of each, every one finite and > 0.
+/// head_dim` of each, every scale finite and > 0, every offset finite.
 pub fn check_channel_scales(cache: &CacheLayout, s: Option<ChannelScales<'_>>) -> Result<()> {
     match (cache.dtype, s) {
         (DType::Int8, None) => Err(bad(
@@ -232,24 +265,15 @@ pub fn check_channel_scales(cache: &CacheLayout, s: Option<ChannelScales<'_>>) -
         (DType::Int8, Some(s)) => {
             let n = cache.num_kv_heads * cache.head_dim;
             for (field, x) in [("k_channel_scales", s.k), ("v_channel_scales", s.v)] {
-                if x.len() < n {
-                    return Err(bad(
-                        field,
-                        format!(
-                            "has {} entries, needs num_kv_heads * head_dim = {n}",
-                            x.len()
-                        ),
-                    ));
-                }
-                if let Some((i, y)) = x[..n]
-                    .iter()
-                    .enumerate()
-                    .find(|(_, y)| !(y.is_finite() && **y > 0.0))
-                {
-                    return Err(bad(
-                        field,
-                        format!("[{i}] = {y} is not a finite number > 0"),
-                    ));
+                let positive = |y: f32| y.is_finite() && y > 0.0;
+                check_per_channel(field, x, n, positive, "a finite number > 0")?;
+            }
+            for (field, x) in [
+                ("k_channel_offsets", s.k_offsets),
+                ("v_channel_offsets", s.v_offsets),
+            ] {
+                if let Some(x) = x {
+                    check_per_channel(field, x, n, f32::is_finite, "a finite number")?;
                 }
             }
             Ok(())
@@ -346,6 +370,14 @@ impl<'a> AttnBatch<'a> {
             }
         }
         check_channel_scales(&params.cache, bufs.channel_scales)?;
+        if params.softcap != 0.0 && bufs.channel_scales.is_some_and(|c| c.k_offsets.is_some()) {
+            // A K offset adds the same amount to every score of a query row, which the softmax
+            // ignores and the kernels therefore drop; a soft cap does not ignore it.
+            return Err(Error::Unsupported(
+                "softcap with int8 K channel offsets (the cap is applied to scores the offsets shift)"
+                    .into(),
+            ));
+        }
         let seqs = check_host_arrays(
             &params,
             bufs.context_lens,

@@ -161,6 +161,12 @@ pub struct kvs_kv_write_args {
 /// - `k_channel_scales`, `v_channel_scales`: host float `[num_kv_heads, head_dim]` each (Ascend's
 ///   and MindIE's int8 KV), every one finite and > 0: required with a `KVS_DTYPE_INT8` cache,
 ///   NULL with any other.
+/// - `k_channel_offsets`, `v_channel_offsets`: host float `[num_kv_heads, head_dim]` each, or
+///   NULL for 0 (each independently; only with channel scales): an int8 code `c` of channel `i`
+///   then stands for `(c + offset_i) * channel_scale_i * scale`, CANN's antiquant formula
+///   (MindIE's "C8" int8 KV: `kv_cache_scale` and `kv_cache_offset` per channel). Every one
+///   finite. A K offset shifts every score of a query row equally, which the softmax ignores;
+///   `kvs_attention_launch_scaled` refuses a soft cap with K offsets (`KVS_STATUS_UNSUPPORTED`).
 ///
 /// **Thread safety:** plain data; the arrays must not change during the call.
 #[repr(C)]
@@ -174,6 +180,10 @@ pub struct kvs_kv_scales {
     pub k_channel_scales: *const f32,
     /// Per-channel scales of an int8 V cache, `[num_kv_heads, head_dim]`, or NULL.
     pub v_channel_scales: *const f32,
+    /// Per-channel offsets (in codes) of an int8 K cache, `[num_kv_heads, head_dim]`, or NULL.
+    pub k_channel_offsets: *const f32,
+    /// Per-channel offsets (in codes) of an int8 V cache, `[num_kv_heads, head_dim]`, or NULL.
+    pub v_channel_offsets: *const f32,
 }
 
 /// The scales struct `s` points to, or `None` for NULL (an unscaled cache).
@@ -193,9 +203,10 @@ pub(super) fn per_tensor(s: Option<&kvs_kv_scales>) -> KvScales {
     s.map_or(KvScales::ONE, |s| KvScales::new(s.k_scale, s.v_scale))
 }
 
-/// The per-channel scales of `s` as host slices of `num_kv_heads * head_dim` floats, checked
-/// against the cache (present exactly for an int8 cache, every one finite and > 0). Call after
-/// the cache's numbers are validated: they size the slices.
+/// The per-channel scales (and offsets) of `s` as host slices of `num_kv_heads * head_dim`
+/// floats, checked against the cache (present exactly for an int8 cache, every scale finite and
+/// > 0, every offset finite; offsets only with scales). Call after the cache's numbers are
+/// validated: they size the slices.
 ///
 /// # Safety
 /// Non-NULL channel pointers of `s` are valid for `num_kv_heads * head_dim` floats for `'a`
@@ -225,8 +236,42 @@ pub(super) unsafe fn channel_scales<'a>(
             ChannelScales {
                 k: aslice(k, n, "k_channel_scales")?,
                 v: aslice(v, n, "v_channel_scales")?,
+                k_offsets: None,
+                v_offsets: None,
             }
         }),
+    };
+    let offsets = s.map_or((std::ptr::null(), std::ptr::null()), |s| {
+        (s.k_channel_offsets, s.v_channel_offsets)
+    });
+    let ch = match ch {
+        Some(mut c) => {
+            // SAFETY: as above, for the non-NULL offset pointers.
+            let opt = |p: *const f32, field| -> Result<Option<&'a [f32]>> {
+                Ok(if p.is_null() {
+                    None
+                } else {
+                    Some(unsafe { aslice(p, n, field)? })
+                })
+            };
+            c.k_offsets = opt(offsets.0, "k_channel_offsets")?;
+            c.v_offsets = opt(offsets.1, "v_channel_offsets")?;
+            Some(c)
+        }
+        None => {
+            for (p, field) in [
+                (offsets.0, "k_channel_offsets"),
+                (offsets.1, "v_channel_offsets"),
+            ] {
+                if !p.is_null() {
+                    return Err(Error::attn(
+                        field,
+                        "is given without channel scales (offsets are for int8 caches, with scales)",
+                    ));
+                }
+            }
+            None
+        }
     };
     check_channel_scales(cache, ch)?;
     Ok(ch)

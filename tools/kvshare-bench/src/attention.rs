@@ -525,10 +525,8 @@ fn run_shape(
             context_lens: &ctx_lens,
             query_start_loc: None,
             output: buf_mut(dt, out),
-            channel_scales: (p.cache.dtype == DType::Int8).then_some(ChannelScales {
-                k: &channels,
-                v: &channels,
-            }),
+            channel_scales: (p.cache.dtype == DType::Int8)
+                .then_some(ChannelScales::symmetric(&channels, &channels)),
         };
         let batch = AttnBatch::new(p, bufs).map_err(|e| e.to_string())?;
         backend.attention(batch).map_err(|e| e.to_string())

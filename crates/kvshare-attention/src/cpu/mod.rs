@@ -267,6 +267,14 @@ fn item_rows(batch: &AttnBatch<'_>, it: &Item, r: &mut ItemRows, pairs: bool, fo
 /// element likewise, and output channel `i` is linear in V's channel `i`, so it is multiplied
 /// by `UNIT * v_scale * v_channel[kh][i]` as it is written ([`Fold::output`]). The kernel itself
 /// never sees a scale, and no element is multiplied by one.
+///
+/// Channel offsets (int8, a code `c` standing for `c + offset`): a K offset adds
+/// `sum_i q_i k_scale_i k_offset_i` to every score of a query row, the same for every position,
+/// which the softmax cancels, so the kernels never see it (a soft cap, which would not cancel
+/// it, is refused with offsets). A V offset adds `v_offset[kh][i]` to output channel `i` before
+/// its scales, since the softmax weights sum to 1: it is added to the unnormalised state as
+/// `v_offset * l` ([`Fold::value_offsets`]), so that partial states still merge exactly and a
+/// row that sees no position stays 0.
 #[derive(Clone, Copy)]
 struct Fold<'a> {
     q: f32,
@@ -293,6 +301,21 @@ impl<'a> Fold<'a> {
                     .zip(&c.k[kh * d..])
                     .for_each(|(x, s)| *x *= self.q * s)
             }
+        }
+    }
+
+    /// Adds the V channel offsets to unnormalised rows `acc` (`d` floats each) with softmax sums
+    /// `l` and kv heads `kv_head`.
+    fn value_offsets(&self, kv_head: &[usize], l: &[f32], acc: &mut [f32]) {
+        let Some(off) = self.channels.and_then(|c| c.v_offsets) else {
+            return;
+        };
+        let d = acc.len() / l.len().max(1);
+        for (row, (&kh, &lr)) in kv_head.iter().zip(l).enumerate() {
+            acc[row * d..(row + 1) * d]
+                .iter_mut()
+                .zip(&off[kh * d..(kh + 1) * d])
+                .for_each(|(x, o)| *x += o * lr);
         }
     }
 
@@ -438,6 +461,7 @@ fn run_item<T: KvElem>(
     } else {
         kernel::attend_partial(be.isa, &kv, &rows, &mut r.acc, &mut m, &mut l);
     }
+    fold.value_offsets(&r.kv_head, &l, &mut r.acc);
     match it.part {
         None => {
             kernel::normalize(d, &l, &mut r.acc);
@@ -453,16 +477,16 @@ fn run_item<T: KvElem>(
 }
 
 /// Writes `n = tmp.len()` new elements into the cache at `dof`: each divided by the cache's
-/// `scale` (and its channel's, the `n` scales of `channel` for an int8 cache) and rounded to the
-/// cache's type (to nearest, ties to even; fp8 saturating, `fp8.rs`; int8 saturating to
-/// -128..=127, NaN stored as 0: int8 has none), or copied as they are when the types agree and
-/// the scale is 1.
+/// `scale` (and its channel's, the `n` scales of `channel` for an int8 cache), less its
+/// channel's offset (the `n` of `offset`, in codes), and rounded to the cache's type (to
+/// nearest, ties to even; fp8 saturating, `fp8.rs`; int8 saturating to -128..=127, NaN stored
+/// as 0: int8 has none), or copied as they are when the types agree and the scale is 1.
 fn write_elems(
     src: &Buf<'_>,
     so: usize,
     dst: &mut BufMut<'_>,
     dof: usize,
-    (scale, channel): (f32, Option<&[f32]>),
+    (scale, channel, offset): (f32, Option<&[f32]>, Option<&[f32]>),
     tmp: &mut [f32],
 ) {
     use half::slice::HalfFloatSliceExt;
@@ -486,6 +510,9 @@ fn write_elems(
                 Some(c) => tmp.iter_mut().zip(c).for_each(|(x, c)| *x /= scale * c),
                 None if scale != 1.0 => tmp.iter_mut().for_each(|x| *x /= scale),
                 None => {}
+            }
+            if let Some(o) = offset {
+                tmp.iter_mut().zip(o).for_each(|(x, o)| *x -= o);
             }
             match dst {
                 BufMut::F32(d) => d[dof..dof + n].copy_from_slice(tmp),
@@ -585,29 +612,23 @@ impl Backend for CpuBackend {
             for h in 0..lay.num_kv_heads {
                 let so = t * p.src_strides.token + h * p.src_strides.head;
                 let dof = lay.offset(page, off, h);
-                let (kc, vc) = match w.channel_scales {
-                    Some(c) => (
-                        Some(&c.k[h * d..(h + 1) * d]),
-                        Some(&c.v[h * d..(h + 1) * d]),
-                    ),
-                    None => (None, None),
-                };
-                write_elems(
-                    &w.key,
-                    so,
-                    &mut w.key_cache,
-                    dof,
-                    (p.scales.k, kc),
-                    &mut tmp,
+                fn of_head(x: &[f32], h: usize, d: usize) -> &[f32] {
+                    &x[h * d..(h + 1) * d]
+                }
+                let head = |x| of_head(x, h, d);
+                let c = w.channel_scales;
+                let k = (
+                    p.scales.k,
+                    c.map(|c| head(c.k)),
+                    c.and_then(|c| c.k_offsets).map(head),
                 );
-                write_elems(
-                    &w.value,
-                    so,
-                    &mut w.value_cache,
-                    dof,
-                    (p.scales.v, vc),
-                    &mut tmp,
+                let v = (
+                    p.scales.v,
+                    c.map(|c| head(c.v)),
+                    c.and_then(|c| c.v_offsets).map(head),
                 );
+                write_elems(&w.key, so, &mut w.key_cache, dof, k, &mut tmp);
+                write_elems(&w.value, so, &mut w.value_cache, dof, v, &mut tmp);
             }
         }
         Ok(())

@@ -66,6 +66,9 @@ struct Case {
     /// values push more of the values into the subnormals).
     headroom: f32,
     bf16_query: bool,
+    /// int8 only: K and V centred away from 0 per channel (by -1.5 to 1.5 times its amplitude),
+    /// written and read with per-channel offsets (CANN's `(code + offset) * scale`).
+    offsets: bool,
     seed: u32,
 }
 
@@ -154,31 +157,51 @@ fn run(c: &Case) -> Run {
     // Channels of different amplitudes (0.25 to 2 times `amp`, by kv head and index), so that
     // per-channel scales differ and a scale applied to the wrong channel shows.
     let chan = |e: usize| c.amp * (0.25 + ((e % (hk * d)) * 7 % 8) as f32 / 4.0);
+    let int8 = c.format == DType::Int8;
+    let asym = int8 && c.offsets;
+    let centre = |e: usize| {
+        let i = e % (hk * d);
+        if asym {
+            chan(e) * (i * 5 % 7) as f32 / 2.0 - chan(e) * 1.5
+        } else {
+            0.0
+        }
+    };
     let k: Vec<Vec<f32>> = c
         .ctx
         .iter()
-        .map(|&l| (0..l * hk * d).map(|e| rnd() * chan(e)).collect())
+        .map(|&l| (0..l * hk * d).map(|e| rnd() * chan(e) + centre(e)).collect())
         .collect();
     let v: Vec<Vec<f32>> = c
         .ctx
         .iter()
-        .map(|&l| (0..l * hk * d).map(|e| rnd() * chan(e)).collect())
+        .map(|&l| (0..l * hk * d).map(|e| rnd() * chan(e) - centre(e)).collect())
         .collect();
     let max = max_finite(c.format);
     let calibrated = |a: f32| (a / max * c.headroom).max(f32::MIN_POSITIVE);
     // int8: per-channel scales calibrated per (kv head, channel) and per-tensor scales of 0.5
-    // and 2 (their product is the calibrated one); fp8: per-tensor scales calibrated.
-    let channel_amax = |x: &Vec<Vec<f32>>| -> Vec<f32> {
-        let mut a = vec![0f32; hk * d];
+    // and 2 (their product is the calibrated one); fp8: per-tensor scales calibrated. With
+    // offsets, each channel's range is centred: the scale covers half its width and the offset
+    // (in codes) is its midpoint divided by the scale.
+    let channel_range = |x: &Vec<Vec<f32>>| -> Vec<(f32, f32)> {
+        let mut a = vec![(f32::INFINITY, f32::NEG_INFINITY); hk * d];
         for seq in x {
-            for (e, y) in seq.iter().enumerate() {
-                a[e % (hk * d)] = a[e % (hk * d)].max(y.abs());
+            for (e, &y) in seq.iter().enumerate() {
+                let r = &mut a[e % (hk * d)];
+                *r = (r.0.min(y), r.1.max(y));
             }
         }
-        a
+        a.iter()
+            .map(|&(lo, hi)| if lo > hi { (0.0, 0.0) } else { (lo, hi) })
+            .collect()
     };
-    let (ka, va) = (channel_amax(&k), channel_amax(&v));
-    let int8 = c.format == DType::Int8;
+    let (kr, vr) = (channel_range(&k), channel_range(&v));
+    let half_width = |r: &[(f32, f32)]| -> Vec<f32> {
+        r.iter()
+            .map(|&(lo, hi)| if asym { (hi - lo) / 2.0 } else { lo.abs().max(hi.abs()) })
+            .collect()
+    };
+    let (ka, va) = (half_width(&kr), half_width(&vr));
     let (scales, kch, vch) = if int8 {
         let s = KvScales::new(0.5, 2.0);
         let ch = |a: &[f32], t: f32| -> Vec<f32> { a.iter().map(|&x| calibrated(x) / t).collect() };
@@ -191,7 +214,19 @@ fn run(c: &Case) -> Run {
             vec![1.0; hk * d],
         )
     };
-    let channels = int8.then_some(ChannelScales { k: &kch, v: &vch });
+    let offsets = |r: &[(f32, f32)], t: f32, ch: &[f32]| -> Vec<f32> {
+        r.iter()
+            .zip(ch)
+            .map(|(&(lo, hi), &sc)| if asym { (lo + hi) / 2.0 / (t * sc) } else { 0.0 })
+            .collect()
+    };
+    let (ko, vo) = (offsets(&kr, scales.k, &kch), offsets(&vr, scales.v, &vch));
+    let channels = int8.then_some(ChannelScales {
+        k: &kch,
+        v: &vch,
+        k_offsets: asym.then_some(&ko[..]),
+        v_offsets: asym.then_some(&vo[..]),
+    });
     let eff =
         |t: f32, ch: &[f32]| -> Vec<f64> { ch.iter().map(|&x| t as f64 * x as f64).collect() };
     let (k_eff, v_eff) = (eff(scales.k, &kch), eff(scales.v, &vch));
@@ -244,7 +279,7 @@ fn run(c: &Case) -> Run {
         .unwrap();
         be.kv_write(w).unwrap();
     }
-    let stored = |cache: &[u8], sc: &[f64]| -> Vec<Vec<f64>> {
+    let stored = |cache: &[u8], sc: &[f64], off: &[f32]| -> Vec<Vec<f64>> {
         (0..n)
             .map(|s| {
                 (0..c.ctx[s] * hk * d)
@@ -252,13 +287,13 @@ fn run(c: &Case) -> Run {
                         let (t, hi) = (e / (hk * d), e % (hk * d));
                         let page = table[s * max_pages + t / ps] as usize;
                         let at = layout.offset(page, t % ps, 0) + hi;
-                        code_value(c.format, cache[at]) * sc[hi]
+                        (code_value(c.format, cache[at]) + off[hi] as f64) * sc[hi]
                     })
                     .collect()
             })
             .collect()
     };
-    let (k_stored, v_stored) = (stored(&kc, &k_eff), stored(&vc, &v_eff));
+    let (k_stored, v_stored) = (stored(&kc, &k_eff, &ko), stored(&vc, &v_eff, &vo));
 
     let tokens: usize = c.q_len.iter().sum();
     let scale = 1.0 / (d as f32).sqrt();
@@ -498,12 +533,13 @@ proptest! {
         amp in prop::sample::select(vec![0.5f32, 2.0]),
         headroom in prop::sample::select(vec![1.0f32, 8.0, 300.0]),
         bf16_query in any::<bool>(),
+        offsets in any::<bool>(),
         seed in any::<u32>(),
     ) {
         let q_len = vec![1; ctx.len()];
         check_case(&Case {
             format, d, ps, kv_heads, group, ctx, q_len, varlen: false, amp, headroom,
-            bf16_query, seed,
+            bf16_query, offsets, seed,
         });
     }
 
@@ -519,13 +555,14 @@ proptest! {
         seqs in prop::collection::vec((0usize..60, 1usize..24), 1..3),
         amp in prop::sample::select(vec![0.5f32, 2.0]),
         headroom in prop::sample::select(vec![1.0f32, 8.0]),
+        offsets in any::<bool>(),
         seed in any::<u32>(),
     ) {
         let ctx = seqs.iter().map(|&(prefix, q)| prefix + q).collect();
         let q_len = seqs.iter().map(|&(_, q)| q).collect();
         check_case(&Case {
             format, d, ps, kv_heads, group, ctx, q_len, varlen: true, amp, headroom,
-            bf16_query: false, seed,
+            bf16_query: false, offsets, seed,
         });
     }
 }
@@ -534,7 +571,13 @@ proptest! {
 /// decode and a prefill chunk; prints how much of the bound the errors used.
 #[test]
 fn quantized_long_sequences_split_and_merge_within_the_bound() {
-    for format in [DType::Fp8E4M3, DType::Fp8E5M2, DType::Int8] {
+    let formats = [
+        (DType::Fp8E4M3, false),
+        (DType::Fp8E5M2, false),
+        (DType::Int8, false),
+        (DType::Int8, true),
+    ];
+    for (format, offsets) in formats {
         for (varlen, q_len) in [(false, 1usize), (true, 9)] {
             let c = Case {
                 format,
@@ -548,12 +591,14 @@ fn quantized_long_sequences_split_and_merge_within_the_bound() {
                 amp: 1.0,
                 headroom: 1.0,
                 bf16_query: false,
+                offsets,
                 seed: 7,
             };
             let (used, err) = check_case(&c);
             println!(
-                "{format:?} q_len {q_len}: largest error {err:.2e} (channel amplitudes 0.25 to 2), \
-                 {used:.3} of its bound"
+                "{format:?}{} q_len {q_len}: largest error {err:.2e} (channel amplitudes 0.25 to 2), \
+                 {used:.3} of its bound",
+                if offsets { " with offsets" } else { "" }
             );
         }
     }
