@@ -122,15 +122,15 @@ fn scalar_and_simd_paths_match_naive() {
             }
             // The bf16 pair values (avx512 with AVX512_BF16, and so amx's decode rows where
             // that is its vector path; bf16 query, head dim a multiple of 32) multiply
-            // probabilities rounded to bf16 (relative error up to 2^-9 each, in the sum too):
-            // an output moves by at most 2^-9 * max |v - out| <= 2 * 2^-9 (|v| <= 1), and by
-            // about a tenth of that on average over these 40-key rows. A wrong column, token or
-            // probability is off by far more.
+            // probabilities rounded to bf16 (relative error up to 2^-8 each, in the sum too):
+            // an output moves by at most 2^-8 * max |v - out| <= 2 * 2^-8 (|v| <= 1), and by
+            // about a twentieth of that on average over these 40-key rows. A wrong column, token
+            // or probability is off by far more.
             let pairs = bf16_query && d % 32 == 0 && Isa::Avx512.bf16_pairs();
             for (isa, how, got) in &results {
                 let pair_values = isa.vector() == Isa::Avx512 && pairs;
                 let isa = isa.name();
-                let tol = if pair_values { 4e-3 } else { 1e-5 };
+                let tol = if pair_values { 8e-3 } else { 1e-5 };
                 let mut total = 0f64;
                 for i in 0..8 * d {
                     let err = (got[i] - want[i]).abs();
