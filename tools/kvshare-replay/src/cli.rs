@@ -81,6 +81,11 @@ CACHE AND SCHEDULER:
                           (either way a turn waits for its conversation's previous turn, and a
                           preempted request goes back first)
     --check               run the cache manager's invariant checker after every step
+    --kv-dtype F          replay twice at one device KV byte budget, with bf16 pages and with
+                          pages of F (f32, f16, bf16, fp8_e4m3, fp8_e5m2, int8; the page bytes
+                          are the cache manager's), and report pages, prefix hits, recomputed
+                          prompt tokens and KV memory side by side (cache manager only)
+    --kv-bytes B          --kv-dtype: the device KV budget in bytes [--device-pages bf16 pages]
 
 MODEL (attention for every prefill and decode step):
     --no-attention        cache manager only: no KV write, no attention
@@ -159,6 +164,8 @@ pub struct Args {
     pub chunk: Option<u32>,
     pub state: Option<String>,
     pub full_every: u32,
+    pub kv_dtype: Option<DType>,
+    pub kv_bytes: Option<u64>,
     pub help: bool,
 }
 
@@ -203,6 +210,8 @@ impl Default for Args {
             chunk: None,
             state: None,
             full_every: 6,
+            kv_dtype: None,
+            kv_bytes: None,
             help: false,
         }
     }
@@ -339,6 +348,13 @@ where
                 v => return Err(format!("--state: {v:?} is not all or align")),
             },
             "--full-every" => a.full_every = num(flag, &val()?, 1)?,
+            "--kv-dtype" => {
+                let v = val()?;
+                a.kv_dtype = Some(parse_dtype(&v).ok_or_else(|| {
+                    format!("--kv-dtype: {v:?} is not f32, f16, bf16, fp8_e4m3, fp8_e5m2 or int8")
+                })?)
+            }
+            "--kv-bytes" => a.kv_bytes = Some(num(flag, &val()?, 1)?),
             other => return Err(format!("unknown option {other:?} (see --help)")),
         }
     }
@@ -352,6 +368,19 @@ where
         > 1
     {
         return Err("--window, --chunk and --state exclude each other (see --help)".into());
+    }
+    if a.kv_bytes.is_some() && a.kv_dtype.is_none() {
+        return Err(
+            "--kv-bytes is the budget of --kv-dtype: give --kv-dtype F (see --help)".into(),
+        );
+    }
+    if a.kv_dtype.is_some()
+        && (a.sweep.is_some() || a.window.is_some() || a.chunk.is_some() || a.state.is_some())
+    {
+        return Err(
+            "--kv-dtype runs a plain model once per format: no --sweep, --window, --chunk or --state (see --help)"
+                .into(),
+        );
     }
     Ok(a)
 }

@@ -11,7 +11,8 @@
 //!   [`requests`]: its state of each request and the admission queue ([`Schedule`]);
 //!   [`outcome`]: what it reports; [`ideal`]: the ideal page count, computed independently;
 //!   [`offline`]: the offline reference (Belady's rule on the run's recorded accesses);
-//! * [`hybrid`]: a hybrid model's groups and their table;
+//! * [`hybrid`]: a hybrid model's groups and their table; [`kvdtype`]: a page format against
+//!   bf16 at one device byte budget;
 //! * [`model`]: the model step behind a small trait ([`model::NoModel`] for `--no-attention`,
 //!   [`cpu_model::CpuModel`] on the CPU attention backend);
 //! * [`report`], [`svg`], [`sweep`]: the table, the plots and the sweeps (share ratio, page
@@ -22,6 +23,7 @@ pub mod cpu_model;
 pub mod formats;
 pub mod hybrid;
 pub mod ideal;
+pub mod kvdtype;
 pub mod model;
 pub mod offline;
 pub mod outcome;
