@@ -269,6 +269,72 @@ fn run_kv_dtype(
     Ok(())
 }
 
+/// `--engines` / `--pool-pages` / `--compare-routes`: engines behind a router, per routing.
+fn run_engines(
+    a: &Args,
+    src: &mut dyn RequestSource,
+    what: &str,
+    human: &mut dyn std::io::Write,
+) -> Result<(), String> {
+    use kvshare_replay::engines::{format_engines, json_engines, Engines, Route};
+    let cfg = config(a);
+    let sets: Vec<Engines> = if a.compare_routes {
+        Route::ALL
+            .into_iter()
+            .flat_map(|route| {
+                [0, a.pool_pages].map(|pool_pages| Engines {
+                    engines: a.engines,
+                    pool_pages,
+                    route,
+                })
+            })
+            .collect()
+    } else {
+        vec![Engines {
+            engines: a.engines,
+            pool_pages: a.pool_pages,
+            route: a.route,
+        }]
+    };
+    let pb = bar(sets.len() as u64, "engines");
+    pb.set_style(
+        ProgressStyle::with_template("{prefix} [{bar:40}] run {pos}/{len}, {msg} ({elapsed})")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    let mut runs = Vec::with_capacity(sets.len());
+    for (k, set) in sets.iter().enumerate() {
+        if k > 0 {
+            src.rewind()?;
+        }
+        let r = kvshare_replay::replay_engines(src, &cfg, set, &mut |p| {
+            if p.step.is_multiple_of(64) || p.done == p.total {
+                pb.set_position(k as u64);
+                pb.set_message(format!("{}/{} requests", p.done, p.total));
+            }
+        });
+        runs.push(r.inspect_err(|_| pb.finish_and_clear())?);
+    }
+    pb.finish_and_clear();
+    let _ = write!(
+        human,
+        "kvshare-replay --engines {}: {what}\neach engine: {} device pages of {} tokens, {} host pages, concurrency {}, policy {}; cache manager only; hits in prompt tokens\n\n{}",
+        a.engines,
+        cfg.device_pages,
+        cfg.page_size,
+        cfg.host_pages,
+        cfg.concurrency,
+        cfg.policy.name(),
+        format_engines(&runs)
+    );
+    let _ = human.flush();
+    if a.json {
+        let rows: Vec<serde_json::Value> = runs.iter().map(json_engines).collect();
+        println!("{}", serde_json::json!({ "runs": rows }));
+    }
+    Ok(())
+}
+
 /// One replay, its report, the plot and the JSON line.
 fn run_one(
     a: &Args,
@@ -511,6 +577,9 @@ fn run(a: &Args) -> Result<(), String> {
     } else {
         Box::new(std::io::stdout())
     };
+    if a.several_engines() {
+        return run_engines(a, src, &what, human.as_mut());
+    }
     if let Some(d) = a.kv_dtype {
         return run_kv_dtype(a, d, src, &what, human.as_mut());
     }

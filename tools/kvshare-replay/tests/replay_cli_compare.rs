@@ -116,3 +116,105 @@ fn kv_dtype_refuses_bad_values_naming_the_accepted_ones() {
         &["--kv-dtype", "--sweep"],
     );
 }
+
+#[test]
+fn engines_report_hits_per_tier_for_one_routing() {
+    let mut args = SMALL.to_vec();
+    args.extend([
+        "--engines",
+        "2",
+        "--pool-pages",
+        "500",
+        "--route",
+        "round-robin",
+        "--json",
+    ]);
+    let j = json(&run(&args));
+    let runs = j["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 1);
+    let r = &runs[0];
+    assert_eq!(r["route"], "round-robin");
+    assert_eq!(
+        (r["engines"].as_u64(), r["pool_pages"].as_u64()),
+        (Some(2), Some(500))
+    );
+    let n = |k: &str| r[k].as_u64().unwrap();
+    assert_eq!(
+        n("device_hit_tokens") + n("host_hit_tokens") + n("pool_hit_tokens"),
+        n("hit_tokens")
+    );
+    assert_eq!(n("hit_tokens") + n("recomputed_tokens"), n("query_tokens"));
+    assert!(n("pool_hit_tokens") > 0, "turns move between engines: {r}");
+    assert!(n("pool_peak_entries") <= 500);
+    assert_eq!(r["requests_per_engine"], serde_json::json!([8, 8]));
+}
+
+#[test]
+fn compare_routes_runs_every_routing_without_and_with_the_pool_on_a_trace() {
+    let out = run(&[
+        "--trace",
+        &data("replay_shared_system.jsonl"),
+        "--page-size",
+        "4",
+        "--engines",
+        "3",
+        "--pool-pages",
+        "64",
+        "--compare-routes",
+        "--json",
+    ]);
+    let j = json(&out);
+    let runs = j["runs"].as_array().unwrap();
+    let got: Vec<(String, u64)> = runs
+        .iter()
+        .map(|r| {
+            (
+                r["route"].as_str().unwrap().to_string(),
+                r["pool_pages"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let want: Vec<(String, u64)> = ["round-robin", "session", "kv-aware"]
+        .iter()
+        .flat_map(|r| [(r.to_string(), 0), (r.to_string(), 64)])
+        .collect();
+    assert_eq!(got, want);
+    for pair in runs.chunks(2) {
+        assert_eq!(pair[0]["pool_hit_tokens"].as_u64(), Some(0));
+        assert!(pair[1]["hit_tokens"].as_u64() >= pair[0]["hit_tokens"].as_u64());
+    }
+    let human = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        human.contains("kv-aware") && human.contains("recomputed"),
+        "{human}"
+    );
+}
+
+#[test]
+fn engines_refuse_bad_values_naming_the_accepted_ones() {
+    refused(
+        &["--route", "random"],
+        2,
+        &["--route", "\"random\"", "round-robin, session or kv-aware"],
+    );
+    refused(
+        &["--engines", "0"],
+        2,
+        &["--engines", "below the minimum 1"],
+    );
+    refused(
+        &["--compare-routes"],
+        2,
+        &["--compare-routes", "--pool-pages"],
+    );
+    refused(
+        &["--engines", "2", "--window", "64"],
+        2,
+        &["--engines", "--window"],
+    );
+    refused(
+        &["--pool-pages", "10", "--dtype", "int8"],
+        1,
+        &["pool tier takes f32, f16 and bf16 pages only"],
+    );
+}
