@@ -30,6 +30,11 @@
 //!
 //! With [`ReplayConfig::reference`], the loop also records an [`AccessLog`] and computes the
 //! offline reference after the run ([`super::offline`]).
+//!
+//! Files: this one holds the state and the phases; `run.rs` builds the state, runs one step and
+//! returns the outcome; `begin.rs` begins a sequence (with a pool tier: lookup, begin, loads);
+//! `launch.rs` and `record.rs` the model's side and the per-step records; `router.rs` several
+//! engines on one clock behind a router ([`replay_engines`]).
 
 mod begin;
 mod launch;
