@@ -323,6 +323,20 @@ impl State {
         (n * self.ps, pages)
     }
 
+    /// Tokens of the longest prefix hit of `tokens` every group can serve from the device and
+    /// host tiers, at most `max_tokens` (whole pages): what a begin would match before any
+    /// promotion, asked of several engines' caches by a KV-aware router. Read-only like
+    /// [`find_hit`](Self::find_hit): nothing is held, promoted or counted.
+    pub fn cached_prefix_tokens(
+        &mut self,
+        tokens: &[i32],
+        extra: Option<&ExtraKeys>,
+        max_tokens: usize,
+    ) -> usize {
+        let hit = self.prefix_hit(tokens, extra, max_tokens, true);
+        hit.groups.iter().map(Vec::len).max().unwrap_or(0) * self.ps
+    }
+
     /// Host hits of `hit` per pool, and whether every pool has room to promote them.
     fn promotions_fit(&self, hit: &GroupsHit) -> (usize, bool) {
         let np = self.pools.len();

@@ -528,10 +528,29 @@ impl Engine {
                 // The read-only cross-group hit is the device part of the match that follows.
                 let (hit, found) = self.s.find_hit(t, None, usize::MAX);
                 assert_eq!((found.len(), hit), (1, found[0].len() * PS));
+                // The device-and-host hit a router asks for: read-only, at least the device
+                // hit, at most what the match that follows takes (host pages promoted as room
+                // allows).
+                let before = self.s.stats();
+                let cached = self.s.cached_prefix_tokens(t, None, usize::MAX);
+                assert_eq!(
+                    self.s.stats(),
+                    before,
+                    "cached_prefix_tokens changed the cache"
+                );
+                assert!(
+                    cached >= hit,
+                    "cached_prefix_tokens {cached} < device hit {hit}"
+                );
                 let m = self
                     .s
                     .match_prefix(0, t, None, usize::MAX, true, usize::MAX)
                     .unwrap();
+                assert!(
+                    m.tokens <= cached,
+                    "match {} > cached prefix {cached}",
+                    m.tokens
+                );
                 assert_eq!(m.pages[..found[0].len()], found[0][..], "find_hit");
                 self.drain();
                 for (i, &p) in m.pages.iter().enumerate() {

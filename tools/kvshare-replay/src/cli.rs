@@ -7,6 +7,7 @@
 use std::ffi::OsString;
 
 use kvshare_core::{DType, EvictionPolicy};
+use kvshare_replay::engines::Route;
 use kvshare_replay::model::parse_dtype;
 use kvshare_replay::{Schedule, TraceFormat};
 
@@ -81,6 +82,24 @@ CACHE AND SCHEDULER:
                           (either way a turn waits for its conversation's previous turn, and a
                           preempted request goes back first)
     --check               run the cache manager's invariant checker after every step
+    --kv-dtype F          replay twice at one device KV byte budget, with bf16 pages and with
+                          pages of F (f32, f16, bf16, fp8_e4m3, fp8_e5m2, int8; the page bytes
+                          are the cache manager's), and report pages, prefix hits, recomputed
+                          prompt tokens and KV memory side by side (cache manager only)
+    --kv-bytes B          --kv-dtype: the device KV budget in bytes [--device-pages bf16 pages]
+
+SEVERAL ENGINES (cache manager only; each engine has --device-pages, --host-pages, --concurrency):
+    --engines N           N engines, each its own cache, behind a router [1]
+    --pool-pages M        a pool of M pages shared by the engines (LRU over entries; every page
+                          an engine registers is stored, a prompt's pages past an engine's
+                          device and host hit are loaded from it); 0: no pool [0]
+    --route R             the router [session]:
+                            round-robin  the k-th request to engine k mod N
+                            session      every turn of a conversation to one engine
+                            kv-aware     the engine holding the longest prefix of the prompt
+                                         (device and host), ties to the least loaded
+    --compare-routes      run the three routings without the pool and with --pool-pages M
+                          (M >= 1) and print them as one table
 
 MODEL (attention for every prefill and decode step):
     --no-attention        cache manager only: no KV write, no attention
@@ -159,6 +178,12 @@ pub struct Args {
     pub chunk: Option<u32>,
     pub state: Option<String>,
     pub full_every: u32,
+    pub kv_dtype: Option<DType>,
+    pub kv_bytes: Option<u64>,
+    pub engines: usize,
+    pub pool_pages: usize,
+    pub route: Route,
+    pub compare_routes: bool,
     pub help: bool,
 }
 
@@ -203,6 +228,12 @@ impl Default for Args {
             chunk: None,
             state: None,
             full_every: 6,
+            kv_dtype: None,
+            kv_bytes: None,
+            engines: 1,
+            pool_pages: 0,
+            route: Route::Session,
+            compare_routes: false,
             help: false,
         }
     }
@@ -339,6 +370,22 @@ where
                 v => return Err(format!("--state: {v:?} is not all or align")),
             },
             "--full-every" => a.full_every = num(flag, &val()?, 1)?,
+            "--kv-dtype" => {
+                let v = val()?;
+                a.kv_dtype = Some(parse_dtype(&v).ok_or_else(|| {
+                    format!("--kv-dtype: {v:?} is not f32, f16, bf16, fp8_e4m3, fp8_e5m2 or int8")
+                })?)
+            }
+            "--kv-bytes" => a.kv_bytes = Some(num(flag, &val()?, 1)?),
+            "--engines" => a.engines = num(flag, &val()?, 1)?,
+            "--pool-pages" => a.pool_pages = num(flag, &val()?, 0)?,
+            "--route" => {
+                let v = val()?;
+                a.route = Route::from_name(&v).ok_or_else(|| {
+                    format!("--route: {v:?} is not round-robin, session or kv-aware")
+                })?
+            }
+            "--compare-routes" => a.compare_routes = true,
             other => return Err(format!("unknown option {other:?} (see --help)")),
         }
     }
@@ -353,10 +400,46 @@ where
     {
         return Err("--window, --chunk and --state exclude each other (see --help)".into());
     }
+    if a.compare_routes && a.pool_pages == 0 {
+        return Err(
+            "--compare-routes runs each routing without and with the pool: give --pool-pages M (M >= 1)"
+                .into(),
+        );
+    }
+    if a.several_engines()
+        && (a.kv_dtype.is_some()
+            || a.sweep.is_some()
+            || a.window.is_some()
+            || a.chunk.is_some()
+            || a.state.is_some())
+    {
+        return Err(
+            "--engines, --pool-pages and --compare-routes run a plain model: no --kv-dtype, --sweep, --window, --chunk or --state (see --help)"
+                .into(),
+        );
+    }
+    if a.kv_bytes.is_some() && a.kv_dtype.is_none() {
+        return Err(
+            "--kv-bytes is the budget of --kv-dtype: give --kv-dtype F (see --help)".into(),
+        );
+    }
+    if a.kv_dtype.is_some()
+        && (a.sweep.is_some() || a.window.is_some() || a.chunk.is_some() || a.state.is_some())
+    {
+        return Err(
+            "--kv-dtype runs a plain model once per format: no --sweep, --window, --chunk or --state (see --help)"
+                .into(),
+        );
+    }
     Ok(a)
 }
 
 impl Args {
+    /// Whether the run is the engines behind a router (any of their options given).
+    pub fn several_engines(&self) -> bool {
+        self.engines > 1 || self.pool_pages > 0 || self.compare_routes
+    }
+
     /// Device pages: the flag, or the default memory at this page size.
     pub fn device_pages(&self) -> u32 {
         self.device_pages

@@ -137,9 +137,11 @@ impl ReplayConfig {
         }
     }
 
-    /// Bytes of K plus V of one page over all layers.
+    /// Bytes of K plus V of one page over all layers, as the cache manager computes them for
+    /// the geometry's dtype ([`Config::page_bytes`]; `u64::MAX` on overflow, which no cache
+    /// accepts).
     pub fn page_bytes(&self) -> u64 {
-        self.geometry.token_bytes() * self.page_size as u64
+        self.cache_config().page_bytes().unwrap_or(u64::MAX)
     }
 
     /// Bytes of one page of the cache: a plain model's page, or a group's page of a hybrid

@@ -11,7 +11,9 @@
 //!   [`requests`]: its state of each request and the admission queue ([`Schedule`]);
 //!   [`outcome`]: what it reports; [`ideal`]: the ideal page count, computed independently;
 //!   [`offline`]: the offline reference (Belady's rule on the run's recorded accesses);
-//! * [`hybrid`]: a hybrid model's groups and their table;
+//! * [`engines`]: several engines behind a router, with a shared pool ([`replay_engines`]);
+//! * [`hybrid`]: a hybrid model's groups and their table; [`kvdtype`]: a page format against
+//!   bf16 at one device byte budget;
 //! * [`model`]: the model step behind a small trait ([`model::NoModel`] for `--no-attention`,
 //!   [`cpu_model::CpuModel`] on the CPU attention backend);
 //! * [`report`], [`svg`], [`sweep`]: the table, the plots and the sweeps (share ratio, page
@@ -19,9 +21,11 @@
 
 pub mod config;
 pub mod cpu_model;
+pub mod engines;
 pub mod formats;
 pub mod hybrid;
 pub mod ideal;
+pub mod kvdtype;
 pub mod model;
 pub mod offline;
 pub mod outcome;
@@ -40,6 +44,6 @@ pub use formats::{parse_trace, TraceFormat};
 pub use model::{Forward, Geometry, Model, NoModel};
 pub use outcome::{GroupMemory, Outcome, Progress, Reference, RequestStats, StepPages};
 pub use requests::Schedule;
-pub use sim::{replay, replay_source};
+pub use sim::{replay, replay_engines, replay_source};
 pub use source::{FileSource, RequestSource, VecSource};
 pub use trace::{Request, TraceError};

@@ -218,6 +218,123 @@ fn run_hybrid(
     Ok(())
 }
 
+/// `--kv-dtype`: bf16 and the format at one device KV byte budget, side by side.
+fn run_kv_dtype(
+    a: &Args,
+    dtype: kvshare_core::DType,
+    src: &mut dyn RequestSource,
+    what: &str,
+    human: &mut dyn std::io::Write,
+) -> Result<(), String> {
+    use kvshare_replay::kvdtype;
+    let base = config(a);
+    let budget = match a.kv_bytes {
+        Some(b) => b,
+        None => {
+            let mut bf16 = base.clone();
+            bf16.geometry.dtype = kvdtype::BASELINE;
+            base.device_pages as u64 * bf16.page_bytes()
+        }
+    };
+    let pb = bar(2, "kv-dtype");
+    pb.set_style(
+        ProgressStyle::with_template("{prefix} [{bar:40}] run {pos}/{len}, {msg} ({elapsed})")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    let runs = kvdtype::compare(src, &base, dtype, budget, &mut |k, p| {
+        if p.step.is_multiple_of(64) || p.done == p.total {
+            pb.set_position(k as u64);
+            pb.set_message(format!("{}/{} requests", p.done, p.total));
+        }
+    });
+    pb.finish_and_clear();
+    let runs = runs?;
+    let _ = write!(
+        human,
+        "kvshare-replay --kv-dtype {}: {what}\n{}-token pages, {} layers x {} KV heads x head dim {}, concurrency {}, policy {}\n{}",
+        kvshare_replay::model::dtype_name(dtype),
+        a.page_size,
+        a.layers,
+        a.kv_heads,
+        a.head_dim,
+        a.concurrency,
+        a.policy.name(),
+        kvdtype::format_compare(&runs, budget)
+    );
+    let _ = human.flush();
+    if a.json {
+        println!("{}", kvdtype::json_compare(&runs, budget));
+    }
+    Ok(())
+}
+
+/// `--engines` / `--pool-pages` / `--compare-routes`: engines behind a router, per routing.
+fn run_engines(
+    a: &Args,
+    src: &mut dyn RequestSource,
+    what: &str,
+    human: &mut dyn std::io::Write,
+) -> Result<(), String> {
+    use kvshare_replay::engines::{format_engines, json_engines, Engines, Route};
+    let cfg = config(a);
+    let sets: Vec<Engines> = if a.compare_routes {
+        Route::ALL
+            .into_iter()
+            .flat_map(|route| {
+                [0, a.pool_pages].map(|pool_pages| Engines {
+                    engines: a.engines,
+                    pool_pages,
+                    route,
+                })
+            })
+            .collect()
+    } else {
+        vec![Engines {
+            engines: a.engines,
+            pool_pages: a.pool_pages,
+            route: a.route,
+        }]
+    };
+    let pb = bar(sets.len() as u64, "engines");
+    pb.set_style(
+        ProgressStyle::with_template("{prefix} [{bar:40}] run {pos}/{len}, {msg} ({elapsed})")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    let mut runs = Vec::with_capacity(sets.len());
+    for (k, set) in sets.iter().enumerate() {
+        if k > 0 {
+            src.rewind()?;
+        }
+        let r = kvshare_replay::replay_engines(src, &cfg, set, &mut |p| {
+            if p.step.is_multiple_of(64) || p.done == p.total {
+                pb.set_position(k as u64);
+                pb.set_message(format!("{}/{} requests", p.done, p.total));
+            }
+        });
+        runs.push(r.inspect_err(|_| pb.finish_and_clear())?);
+    }
+    pb.finish_and_clear();
+    let _ = write!(
+        human,
+        "kvshare-replay --engines {}: {what}\neach engine: {} device pages of {} tokens, {} host pages, concurrency {}, policy {}; cache manager only; hits in prompt tokens\n\n{}",
+        a.engines,
+        cfg.device_pages,
+        cfg.page_size,
+        cfg.host_pages,
+        cfg.concurrency,
+        cfg.policy.name(),
+        format_engines(&runs)
+    );
+    let _ = human.flush();
+    if a.json {
+        let rows: Vec<serde_json::Value> = runs.iter().map(json_engines).collect();
+        println!("{}", serde_json::json!({ "runs": rows }));
+    }
+    Ok(())
+}
+
 /// One replay, its report, the plot and the JSON line.
 fn run_one(
     a: &Args,
@@ -460,6 +577,12 @@ fn run(a: &Args) -> Result<(), String> {
     } else {
         Box::new(std::io::stdout())
     };
+    if a.several_engines() {
+        return run_engines(a, src, &what, human.as_mut());
+    }
+    if let Some(d) = a.kv_dtype {
+        return run_kv_dtype(a, d, src, &what, human.as_mut());
+    }
     if a.window.is_some() || a.chunk.is_some() || a.state.is_some() {
         return run_hybrid(a, src, &what, human.as_mut());
     }

@@ -33,14 +33,6 @@ impl Default for Geometry {
 }
 
 impl Geometry {
-    /// Bytes of K plus V of one token over all layers.
-    pub fn token_bytes(&self) -> u64 {
-        2 * self.layers as u64
-            * self.kv_heads as u64
-            * self.head_dim as u64
-            * self.dtype.size_bytes() as u64
-    }
-
     /// Query heads.
     pub fn heads(&self) -> u32 {
         self.kv_heads * self.gqa

@@ -233,6 +233,10 @@ pub struct Outcome {
     pub copy_ns: u64,
     /// Wall time of the whole replay.
     pub wall_ns: u64,
+    /// Of the prompt tokens hit, those whose pages were promoted from the host tier.
+    pub host_hit_tokens: u64,
+    /// Of the prompt tokens hit, those loaded from the pool tier (the rest were on the device).
+    pub pool_hit_tokens: u64,
 }
 
 impl Outcome {
@@ -262,6 +266,8 @@ impl Outcome {
             decode_ns: 0,
             copy_ns: 0,
             wall_ns: 0,
+            host_hit_tokens: 0,
+            pool_hit_tokens: 0,
         }
     }
 

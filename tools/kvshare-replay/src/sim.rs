@@ -30,21 +30,33 @@
 //!
 //! With [`ReplayConfig::reference`], the loop also records an [`AccessLog`] and computes the
 //! offline reference after the run ([`super::offline`]).
+//!
+//! Files: this one holds the state and the phases; `run.rs` builds the state, runs one step and
+//! returns the outcome; `begin.rs` begins a sequence (with a pool tier: lookup, begin, loads);
+//! `launch.rs` and `record.rs` the model's side and the per-step records; `router.rs` several
+//! engines on one clock behind a router ([`replay_engines`]).
 
+mod begin;
 mod launch;
 mod record;
+mod router;
+mod run;
 
+pub use router::replay_engines;
+
+use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
 use kvshare_core::prefix::{chain_hash, root_hash};
-use kvshare_core::{Cache, Error, ExtraKeys, GroupKind, PageCopy, Stats};
+use kvshare_core::{Cache, Error, ExtraKeys, PageCopy, Stats};
 
 use super::config::ReplayConfig;
+use super::engines::PoolStore;
 use super::ideal::IdealTracker;
 use super::model::Model;
-use super::offline::{simulate, AccessLog, Rule};
-use super::outcome::{Outcome, Progress, Reference, RequestStats, StepPages};
+use super::offline::AccessLog;
+use super::outcome::{Outcome, Progress, RequestStats, StepPages};
 use super::requests::{seq_id, Phase, Queue, RequestState, SampleSeq};
 use super::source::{RequestSource, VecSource};
 use super::trace::Request;
@@ -105,6 +117,10 @@ struct Sim<'a> {
     merge: u64,
     bucket: Option<(StepPages, u64)>,
     scratch: Vec<u8>,
+    /// The pool store shared with other engines (None: no pool tier).
+    pool: Option<&'a RefCell<PoolStore>>,
+    /// Requests finished, in the order they finished (read by a router).
+    finished: Vec<usize>,
 }
 
 impl Sim<'_> {
@@ -324,44 +340,6 @@ impl Sim<'_> {
             self.running.push(i);
         }
         Ok(())
-    }
-
-    /// Begins sample `b` of request `i`; `Ok(None)` when a cache of groups has no room.
-    fn begin(&mut self, i: usize, b: usize) -> Result<Option<NewTokens>, String> {
-        let toks = self.tokens_of(i, b);
-        let seq = self.lv(i).st.samples[b].seq;
-        let extra = self.lv(i).st.extra.clone();
-        let max_match = toks.len() - 1;
-        let info = match self.mgr(&[i], |s| s.begin(seq, &toks, extra, max_match, 0)) {
-            Ok(info) => info,
-            Err(Error::NoSpace { .. }) if !self.cfg.groups.is_empty() => return Ok(None),
-            Err(e) => return Err(format!("begin of {:?}: {e}", self.lv(i).req.id)),
-        };
-        let st = &mut self.out.requests[i];
-        st.query_tokens += toks.len() as u64;
-        st.hit_tokens += info.matched_tokens as u64;
-        st.allocated_pages += info.new_pages as u64;
-        self.track(i, b);
-        self.drain_queued(&[i])?;
-        self.extend_keys(i, b);
-        if self.log.is_some() {
-            let ps = self.page_size;
-            let walk = if self.cfg.skip_cached_writes {
-                toks.len() / ps
-            } else {
-                max_match.min(toks.len()) / ps
-            };
-            let keys = self.lv(i).st.samples[b].keys[..toks.len() / ps].to_vec();
-            if let Some(log) = &mut self.log {
-                log.begin(seq, &keys, walk, max_match);
-            }
-            self.note_room();
-        }
-        Ok(Some(NewTokens {
-            request: i,
-            sample: b,
-            count: toks.len() - info.matched_tokens,
-        }))
     }
 
     /// Frees sample `b` of request `i`'s sequence.
@@ -648,6 +626,7 @@ impl Sim<'_> {
                 self.running.retain(|&x| x != i);
                 let l = self.live.remove(&i).expect("running");
                 self.done += 1;
+                self.finished.push(i);
                 if let Some(n) = l.st.next_turn {
                     let nl = self.lv_mut(n);
                     if nl.st.phase == Phase::Blocked {
@@ -688,51 +667,13 @@ pub fn replay_source(
     progress: &mut dyn FnMut(Progress),
 ) -> Result<Outcome, String> {
     let wall = Instant::now();
-    if cfg.concurrency == 0 {
-        return Err("concurrency must be at least 1".into());
-    }
-    if !(cfg.step_ms.is_finite() && cfg.step_ms > 0.0) {
-        return Err("step_ms must be a positive number".into());
-    }
     src.check_fits(cfg)?;
-    let cache = Cache::new(cfg.cache_config()).map_err(|e| e.to_string())?;
     let total = src.len();
-    let final_stats = cache.lock().map_err(|e| e.to_string())?.stats();
-    let kinds = if cfg.groups.is_empty() {
-        vec![GroupKind::Full]
-    } else {
-        cfg.groups.clone()
-    };
-    let reference = cfg.reference && cfg.reference_applies();
-    let mut sim = Sim {
-        cfg,
-        page_size: cfg.page_size as usize,
-        cache,
-        model,
-        ideal: IdealTracker::new(cfg.page_size as usize),
-        src,
-        pending: None,
-        arrived: 0,
-        live: HashMap::new(),
-        sessions: HashMap::new(),
-        queue: Queue::new(cfg.schedule),
-        swapped: VecDeque::new(),
-        running: Vec::new(),
-        admitted: 0,
-        now: 0.0,
-        out: Outcome::new(final_stats, &kinds),
-        copies: Vec::new(),
-        done: 0,
-        keyed: reference || !cfg.groups.is_empty(),
-        log: reference.then(|| AccessLog::new(cfg.page_size)),
-        merge: 1,
-        bucket: None,
-        scratch: Vec::new(),
-    };
+    let mut sim = Sim::new(cfg, model, src, None)?;
     let mut step = 0u64;
     while sim.done < total {
         sim.arrivals()?;
-        if sim.running.is_empty() && sim.queue.is_empty() && sim.swapped.is_empty() {
+        if sim.idle() {
             // Idle: jump to the next arrival.
             match &sim.pending {
                 Some(r) => {
@@ -742,27 +683,7 @@ pub fn replay_source(
                 None => return Err("replay stalled: requests blocked with nothing running".into()),
             }
         }
-        for &i in &sim.running {
-            sim.live.get_mut(&i).expect("running").st.fresh = false;
-        }
-        if !cfg.groups.is_empty() {
-            // States registered last step become matchable (vLLM's new_step_starts).
-            sim.mgr(&[], |s| {
-                s.new_step();
-                Ok(())
-            })
-            .map_err(|e| e.to_string())?;
-        }
-        sim.swap_ins()?;
-        let items = sim.admit()?;
-        if sim.running.is_empty() {
-            return Err("replay stalled: nothing could be admitted on an empty device".into());
-        }
-        sim.forward(&items, false)?;
-        sim.forks(&items)?;
-        sim.decode()?;
-        sim.record_pages(step)?;
-        sim.finish()?;
+        sim.step(step)?;
         sim.now += cfg.step_ms;
         step += 1;
         progress(Progress {
@@ -771,26 +692,5 @@ pub fn replay_source(
             step,
         });
     }
-    if let Some((b, _)) = sim.bucket.take() {
-        sim.out.per_step.push(b);
-    }
-    let mut out = sim.out;
-    out.final_stats = sim.cache.lock().map_err(|e| e.to_string())?.stats();
-    out.steps = step;
-    out.sim_ms = sim.now;
-    out.wall_ns = wall.elapsed().as_nanos() as u64;
-    if let Some(log) = sim.log {
-        let best = simulate(&log, Rule::Belady);
-        let lru = simulate(&log, Rule::Lru);
-        out.reference = Some(Reference {
-            hit_tokens: best.tokens,
-            hit_pages: best.pages,
-            evictions: best.evictions,
-            lru_model_hit_tokens: lru.tokens,
-            events: log.len() as u64,
-            distinct_pages: log.distinct_pages() as u64,
-            log_bytes: log.bytes() as u64,
-        });
-    }
-    Ok(out)
+    sim.into_outcome(step, wall)
 }

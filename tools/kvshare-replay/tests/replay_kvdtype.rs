@@ -1,0 +1,104 @@
+//! `--kv-dtype`: a page format against bf16 at one device byte budget. The budget buys
+//! `budget / page bytes` pages, the page bytes being the cache manager's for the format (a
+//! one-byte format at least doubles the pages), and on the built-in chat workload with LRU the
+//! larger cache of a one-byte format never finds fewer prefix hits than bf16.
+
+use kvshare_core::{DType, EvictionPolicy};
+use kvshare_replay::kvdtype::{budget_config, compare, BASELINE};
+use kvshare_replay::workload::ChatWorkload;
+use kvshare_replay::{Geometry, ReplayConfig, VecSource};
+use proptest::prelude::*;
+
+const FORMATS: [DType; 6] = [
+    DType::F32,
+    DType::F16,
+    DType::BF16,
+    DType::Fp8E4M3,
+    DType::Fp8E5M2,
+    DType::Int8,
+];
+
+fn base(page_size: u32, layers: u32, kv_heads: u32, head_dim: u32) -> ReplayConfig {
+    ReplayConfig {
+        page_size,
+        concurrency: 4,
+        policy: EvictionPolicy::Lru,
+        geometry: Geometry {
+            layers,
+            kv_heads,
+            head_dim,
+            ..Geometry::default()
+        },
+        ..ReplayConfig::default()
+    }
+}
+
+proptest! {
+    #[test]
+    fn the_budget_buys_whole_pages_of_the_cache_managers_bytes(
+        ps in 1u32..64, layers in 1u32..8, kv_heads in 1u32..9, head_dim in 1u32..257,
+        budget in 1u64..(1 << 40), f in 0usize..6,
+    ) {
+        let b = base(ps, layers, kv_heads, head_dim);
+        let dtype = FORMATS[f];
+        let mut c = b.cache_config();
+        c.dtype = dtype;
+        let page = c.page_bytes().unwrap();
+        match budget_config(&b, dtype, budget) {
+            Ok(cfg) => {
+                prop_assert_eq!(cfg.geometry.dtype, dtype);
+                prop_assert_eq!(cfg.page_bytes(), page);
+                let pages = cfg.device_pages as u64;
+                prop_assert!(pages >= 1 && pages * page <= budget && budget < (pages + 1) * page);
+                if let (true, Ok(bf)) = (dtype.size_bytes() == 1, budget_config(&b, BASELINE, budget)) {
+                    prop_assert!(pages >= 2 * bf.device_pages as u64);
+                }
+            }
+            Err(e) => {
+                prop_assert!(budget / page == 0 || budget / page > kvshare_core::config::MAX_PAGES as u64);
+                prop_assert!(e.contains("--kv-bytes"), "{}", e);
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    #[test]
+    fn a_one_byte_format_never_finds_fewer_hits_than_bf16_at_the_same_budget(
+        seed in 0u64..1000, users in 2usize..7, turns in 2usize..6,
+        system in 0usize..400, bf16_pages in 40u32..200, f in 3usize..6,
+    ) {
+        let reqs = ChatWorkload {
+            users,
+            turns,
+            system_tokens: system,
+            user_tokens: (10, 80),
+            output_tokens: (10, 80),
+            think_ms: (0, 400),
+            seed,
+            ..ChatWorkload::default()
+        }
+        .generate();
+        let b = base(16, 2, 4, 64);
+        let mut bf16 = b.clone();
+        bf16.geometry.dtype = BASELINE;
+        let budget = bf16_pages as u64 * bf16.page_bytes();
+        let mut src = VecSource::new(&reqs);
+        let runs = match compare(&mut src, &b, FORMATS[f], budget, &mut |_, _| {}) {
+            Ok(r) => r,
+            // The bf16 device is too small for the longest request: nothing to compare.
+            Err(e) if e.contains("needs") => return Ok(()),
+            Err(e) => return Err(TestCaseError::fail(e)),
+        };
+        let [bf, q] = &runs;
+        prop_assert!(q.pages() >= 2 * bf.pages());
+        prop_assert!(q.kv_bytes() <= budget && bf.kv_bytes() <= budget);
+        prop_assert!(
+            q.out.hit_tokens() >= bf.out.hit_tokens(),
+            "{:?}: {} hit tokens on {} pages, bf16 {} on {}",
+            q.dtype, q.out.hit_tokens(), q.pages(), bf.out.hit_tokens(), bf.pages()
+        );
+        prop_assert_eq!(q.recomputed_tokens() + q.out.hit_tokens(), q.out.query_tokens());
+    }
+}
