@@ -815,4 +815,3 @@ def _kv_dtype(spec) -> str:
     """The ``kvs_dtype`` name of a vLLM KV-cache spec's element type (f16 when the spec has none
     kvshare stores)."""
     return _KV_DTYPES.get(str(getattr(spec, "dtype", "")), "KVS_DTYPE_F16")
-

@@ -417,10 +417,11 @@ def kernel_rounding(query, key_cache, value_cache, block_table, seq_lens, query_
     """float64 ``[num_tokens, num_heads, 1]``: how far the CPU backend's output row may be from
     the float64 attention over the stored values (docs/quantized-kv.md, "Accuracy", with exact
     stored values). The ``amx`` path's tiled prefill rounds the query and the probabilities to
-    bf16: ``D = 2^-9 s max_t sum_j |q_j| |k_tj|``, error ``(e^(2D) - 1 + 2^-9 + 2^-14) max_t
-    |v_t|``; the other paths, f32 arithmetic only (``2^-14 max_t |v_t|``). Which path a launch
-    takes is the backend's choice, so the larger of the two is allowed (it is the same
-    bound for a decode row, whose query is not rounded)."""
+    bf16, whose rounding errs by at most ``u = 2^-8`` relative: ``D = u s max_t sum_j |q_j|
+    |k_tj|``, error ``(e^(2D) - 1 + u + 2^-14) max_t |v_t|``; the other paths, f32 arithmetic
+    only (``2^-14 max_t |v_t|``). Which path a launch takes is the backend's choice, so the
+    larger of the two is allowed (a decode row, whose query is not rounded, gets the f32
+    one)."""
     nb, bs, hk, d = key_cache.shape
     h = query.shape[1]
     g = h // hk
@@ -431,9 +432,9 @@ def kernel_rounding(query, key_cache, value_cache, block_table, seq_lens, query_
         K = torch.cat([key_cache[p] for p in pages])[:L].double().repeat_interleave(g, dim=1)
         V = torch.cat([value_cache[p] for p in pages])[:L].double().repeat_interleave(g, dim=1)
         qk = torch.einsum("qhd,lhd->qhl", query[a:b].double().abs(), K.abs())
-        dd = 2 ** -9 * scale * qk.amax(-1, keepdim=True) if b - a > 1 else 0 * qk[..., :1]
+        dd = 2 ** -8 * scale * qk.amax(-1, keepdim=True) if b - a > 1 else 0 * qk[..., :1]
         vmax = V.abs().amax(dim=(0, 2)).view(1, h, 1)
-        out[a:b] = (torch.expm1(2 * dd) + (2 ** -9 if b - a > 1 else 0) + 2 ** -14) * vmax
+        out[a:b] = (torch.expm1(2 * dd) + (2 ** -8 if b - a > 1 else 0) + 2 ** -14) * vmax
     return out
 
 
