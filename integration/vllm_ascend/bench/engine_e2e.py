@@ -15,6 +15,10 @@ The workload is multi-turn chat: ``convs`` conversations share a system prompt; 
 prompt is the conversation's whole history (previous prompt + generated tokens) plus a new user
 message, and all conversations' turn k are submitted together. After the turns, two extra
 requests exercise parallel sampling (``n > 1``, seeded) and tenant isolation (``cache_salt``).
+With ``scored`` > 0, that many prompts (the system prompt plus a user message of its own length)
+are scored instead of chatted: each prompt's logprobs under teacher forcing (vLLM's
+``prompt_logprobs``), then greedy generation with each generated token's logprob; this is how
+an fp8 KV cache (``kv_cache_dtype``) is compared between attention backends.
 
 Measured per run (in-process engines; the multiprocess engine reports tokens, hits and logs):
   * ``tokens``: every request's generated ids, by request name;
@@ -26,7 +30,10 @@ Measured per run (in-process engines; the multiprocess engine reports tokens, hi
     ``forward`` (vLLM's or kvshare's: KV write and attention of every layer) and in its metadata
     builder (once per step), the part of a step an attention backend decides;
   * ``blocks_peak`` / ``blocks_mean``: KV blocks in use, sampled at every ``schedule``;
-  * ``ttft_s``: mean time to first token (vLLM's histogram); ``wall_s``, ``gen_tokens``.
+  * ``ttft_s``: mean time to first token (vLLM's histogram); ``wall_s``, ``gen_tokens``;
+  * with ``scored``: ``prompt_logprobs`` / ``prompt_top`` / ``gen_logprobs`` by request name
+    (:func:`_score`), and ``kv_scales``
+    (each attention layer's ``(k_scale, v_scale)`` after the run).
 """
 
 from __future__ import annotations
@@ -87,6 +94,13 @@ DEFAULTS = {
     "qwen3_next": False,        # a tiny Qwen3-Next (3 gated-delta-net layers per full one, random
                                 # "dummy" weights): Mamba-style state groups (write_qwen3_next)
     "prefix_caching": True,     # False: vLLM runs state groups in mamba_cache_mode "none"
+    "kv_cache_dtype": "auto",   # vLLM's kv_cache_dtype (fp8, fp8_e4m3, fp8_e5m2: quantized KV)
+    "kv_scales": None,          # [k_scale, v_scale] set on every attention layer once the
+                                # engine is built (in-process engine only)
+    "scored": 0,                # > 0: score that many prompts instead of the chat (module doc)
+    "kv_scale_fault": None,     # a deliberately wrong scale in kvshare's attention read (not
+                                # its write), to show a comparison detects one: "swap" (K read
+                                # with v_scale and V with k_scale) or "double" (K with 2 k_scale)
 }
 
 
@@ -330,6 +344,77 @@ def _time_attention() -> None:
         setattr(cls, name, timed)
 
 
+def _wrong_kv_scales(fault: str) -> None:
+    """Makes kvshare's attention read its caches with wrong per-tensor scales (``fault``: "swap"
+    or "double", see DEFAULTS), its write left alone."""
+    from kvshare_vllm import ops
+
+    attend = ops.KvCaches.attend
+
+    def wrong(self, *a, k_scale=1.0, v_scale=1.0, **k):
+        if fault == "swap":
+            k_scale, v_scale = v_scale, k_scale
+        elif fault == "double":
+            k_scale = 2 * k_scale
+        else:
+            raise ValueError(f"engine_e2e: kv_scale_fault {fault!r} is not swap or double")
+        return attend(self, *a, k_scale=k_scale, v_scale=v_scale, **k)
+    ops.KvCaches.attend = wrong
+
+
+def _score(llm, cfg: dict, system: list, ids, tokens: dict, cached: dict) -> dict:
+    """The ``scored`` workload (module doc): fills ``tokens`` and ``cached`` for each request;
+    returns ``prompt_logprobs``, ``prompt_top`` and ``gen_logprobs``, by request name: the
+    logprob of each prompt token (from the second on), the most likely token at each of those
+    positions, and the logprob of each generated token."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    n = cfg["scored"]
+    room = cfg["max_model_len"] - len(system) - cfg["output_tokens"]
+    prompts = [system + ids(max(1, room * (i + 1) // n - 1)) for i in range(n)]
+    forced = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=1, ignore_eos=True,
+                            detokenize=False)
+    greedy = SamplingParams(max_tokens=cfg["output_tokens"], temperature=0.0, logprobs=0,
+                            ignore_eos=True, detokenize=False)
+    plp, top, glp = {}, {}, {}
+    for i, o in enumerate(llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts],
+                                       forced, use_tqdm=False)):
+        plp[f"s{i}"] = [d[t].logprob for d, t in zip(o.prompt_logprobs[1:], prompts[i][1:])]
+        top[f"s{i}"] = [next(t for t, lp in d.items() if lp.rank == 1)
+                        for d in o.prompt_logprobs[1:]]
+    for i, o in enumerate(llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts],
+                                       greedy, use_tqdm=False)):
+        out = o.outputs[0]
+        tokens[f"s{i}"] = list(out.token_ids)
+        cached[f"s{i}"] = o.num_cached_tokens
+        glp[f"s{i}"] = [d[t].logprob for d, t in zip(out.logprobs, out.token_ids)]
+    return {"prompt_logprobs": plp, "prompt_top": top, "gen_logprobs": glp}
+
+
+def _set_kv_scales(llm, k_scale: float, v_scale: float) -> None:
+    """Gives every attention layer of the in-process engine these per-tensor scales, as a
+    checkpoint's ``k_scale``/``v_scale`` would (vLLM's ``calculate_kv_scales`` takes them from
+    the profiling forward, whose attention output no backend writes, so from layer 1 on they
+    are not reproducible)."""
+    runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker \
+        .model_runner
+    for _, m in runner.model.named_modules():
+        if hasattr(m, "_k_scale_float"):
+            m._k_scale.fill_(k_scale)
+            m._v_scale.fill_(v_scale)
+            m._k_scale_float, m._v_scale_float = float(k_scale), float(v_scale)
+
+
+def _kv_scales(llm) -> list:
+    """Each attention layer's ``(k_scale, v_scale)`` (vLLM's ``_k_scale_float``/``_v_scale_float``)
+    in the in-process engine's model."""
+    runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker \
+        .model_runner
+    return [(m._k_scale_float, m._v_scale_float) for _, m in runner.model.named_modules()
+            if hasattr(m, "_k_scale_float")]
+
+
 def _attention_backend(llm) -> str | None:
     """The attention backend class the in-process engine's model runner uses."""
     try:
@@ -384,6 +469,10 @@ def run(cfg: dict) -> dict:
             kv_role="kv_both",
             kv_connector_extra_config={"num_host_pages": cfg["host_pages"],
                                        "prefetch_waiting": cfg["prefetch_waiting"]})
+    if cfg["kv_cache_dtype"] != "auto":
+        extra["kv_cache_dtype"] = cfg["kv_cache_dtype"]
+    if cfg["kv_scale_fault"]:
+        _wrong_kv_scales(cfg["kv_scale_fault"])
     t0 = time.perf_counter()
     if not cfg["qwen3_next"]:  # a hybrid's block size is vLLM's (attention page = state page)
         extra["block_size"] = cfg["block_size"]
@@ -394,6 +483,8 @@ def run(cfg: dict) -> dict:
               max_num_batched_tokens=cfg["max_num_batched_tokens"], disable_log_stats=False,
               kv_cache_memory_bytes=cfg["kv_blocks"] * block_bytes(cfg["block_size"]), **extra)
     init_s = time.perf_counter() - t0
+    if cfg["kv_scales"]:
+        _set_kv_scales(llm, *cfg["kv_scales"])
     timer = None
     if not cfg["multiprocess"]:
         timer = _Timer(llm.llm_engine.engine_core.engine_core, trace=bool(cfg.get("trace")))
@@ -427,6 +518,7 @@ def run(cfg: dict) -> dict:
                 tokens[name] = list(o.outputs[0].token_ids)
                 cached[name] = o.num_cached_tokens
                 gen_tokens += len(tokens[name])
+    scored = _score(llm, cfg, system, ids, tokens, cached) if cfg["scored"] else {}
     replay = [None] * cfg["convs"]
     for turn in range(cfg["turns"]):
         outs = llm.generate([TokensPrompt(prompt_token_ids=h) for h in history], greedy,
@@ -480,6 +572,7 @@ def run(cfg: dict) -> dict:
         "wall_s": wall_s,
         "init_s": init_s,
         "gen_tokens": gen_tokens,
+        **scored,
     }
     if timer is not None:
         core = llm.llm_engine.engine_core.engine_core
@@ -498,6 +591,8 @@ def run(cfg: dict) -> dict:
                                     steps_with_copies=w.steps_with_copies,
                                     prefetched_pages=s.prefetched_pages)
         res.update(attention=_attention_backend(llm))
+        if cfg["scored"]:
+            res["kv_scales"] = _kv_scales(llm)
         res.update(scheduler=timer.scheduler, trace=timer.trace, kv_groups=timer.groups,
                    kv_blocks_total=timer.total + 1)
         res.update(attn_s=_ATTN_S["forward"] - attn0["forward"],

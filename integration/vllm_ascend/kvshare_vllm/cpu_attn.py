@@ -31,8 +31,18 @@ Two steps get it there; ``KVSHARE_CPU_HUGE_PAGES=0`` turns both off:
   and, if not all of it, moves it there (``MADV_COLLAPSE``, contents kept: a synchronous copy,
   tens to hundreds of ms per layer on two vCPUs). The first layer logs which of the two happened.
 
+fp8 KV caches (``kv_cache_dtype`` ``fp8`` = ``fp8_e4m3``, or ``fp8_e5m2``; the fp8 types of
+vLLM's CPU backend): vLLM allocates the cache as uint8 in this layout, the KV write quantizes
+with the layer's per-tensor scales (``layer._k_scale_float``, ``_v_scale_float``, read at every
+step since vLLM's ``calculate_kv_scales`` sets them at the first forward) and attention reads
+the fp8 bytes and applies the scales inside kvshare's kernel (:class:`kvshare_vllm.ops.KvCaches`).
+The write rounds to nearest; vLLM 0.23's own CPU write truncates toward zero, so the two
+backends store values up to one fp8 step apart (docs/vllm.md has the measured effect).
+
 Decoder self-attention only: encoder, encoder-only and cross attention, ALiBi, attention sinks
-and quantized (fp8) KV caches are refused when the layer is built, naming what is unsupported.
+and the ``kv_cache_dtype`` values kvshare does not store (``fp8_inc``, ``fp8_ds_mla``,
+per-token-head int8/fp8, the turboquant and nvfp4 formats, and any other) are refused when the
+layer is built, naming what is unsupported.
 """
 
 from __future__ import annotations
@@ -65,12 +75,20 @@ BACKEND_PATH = "kvshare_vllm.cpu_attn.KvshareCPUAttentionBackend"
 # allocation of 2 MiB and more madvise(MADV_HUGEPAGE)d as it is made (module doc).
 THP_ENV = "THP_MEM_ALLOC_ENABLE"
 
+# vLLM's kv_cache_dtype -> the cache format kvshare stores (None: the model's dtype, unscaled).
+KV_CACHE_DTYPES: dict[str, str | None] = {
+    "auto": None,
+    "fp8": "fp8_e4m3",
+    "fp8_e4m3": "fp8_e4m3",
+    "fp8_e5m2": "fp8_e5m2",
+}
+
 
 class KvshareCPUAttentionBackend(CPUAttentionBackend):
     """vLLM's ``CPU_ATTN`` slot, served by kvshare's CPU backend (module doc)."""
 
     # Dtypes, block sizes (multiples of 16) and head sizes are vLLM's CPU backend's, inherited.
-    supported_kv_cache_dtypes: ClassVar[list] = ["auto"]
+    supported_kv_cache_dtypes: ClassVar[list] = list(KV_CACHE_DTYPES)
 
     @classmethod
     def supports_attn_type(cls, attn_type: str) -> bool:
@@ -135,10 +153,13 @@ class KvshareCPUAttentionImpl(AttentionImpl):
             (f"attention type {attn_type}", attn_type != AttentionType.DECODER),
             ("ALiBi", alibi_slopes is not None),
             ("attention sinks", sinks is not None),
-            (f"kv_cache_dtype {kv_cache_dtype}", kv_cache_dtype != "auto")) if bad]
+            (f"kv_cache_dtype {kv_cache_dtype!r} (it stores {', '.join(KV_CACHE_DTYPES)})",
+             kv_cache_dtype not in KV_CACHE_DTYPES)) if bad]
         if unsupported:
             raise NotImplementedError("kvshare's CPU attention backend does not support "
                                       + ", ".join(unsupported))
+        # The cache format kvshare stores (None: the model's dtype, no scales).
+        self.kv_format = KV_CACHE_DTYPES[kv_cache_dtype]
         self.num_heads = num_heads
         self.head_size = head_size
         self.scale = float(scale)
@@ -168,25 +189,32 @@ class KvshareCPUAttentionImpl(AttentionImpl):
             return output
         seen, caches = self._caches
         if seen is not kv_cache:  # the first step, or vLLM bound another cache tensor
-            caches = _layer_caches(kv_cache)
+            caches = _layer_caches(kv_cache, self.kv_format)
             self._caches = (kv_cache, caches)
+        # vLLM's per-tensor scales apply to its fp8 caches only (an unquantized cache ignores
+        # a checkpoint's scales there too).
+        k_scale = v_scale = 1.0
+        if self.kv_format is not None:
+            k_scale, v_scale = layer._k_scale_float, layer._v_scale_float
         n = attn_metadata.num_actual_tokens
         if self.kv_sharing_target_layer_name is None and key is not None and value is not None:
-            caches.write(key, value, attn_metadata.slot_mapping)
+            caches.write(key, value, attn_metadata.slot_mapping, k_scale=k_scale,
+                         v_scale=v_scale)
         if n == 0:
             return output
         # Only the batch's n rows are read and written: no views of query and output needed.
         caches.attend(query, output, attn_metadata.batch, scale=self.scale,
                       num_kv_heads=self.num_kv_heads, softcap=self.softcap,
-                      sliding_window=self.sliding_window)
+                      sliding_window=self.sliding_window, k_scale=k_scale, v_scale=v_scale)
         return output
 
 
-def _layer_caches(kv_cache: torch.Tensor) -> ops.KvCaches:
-    """A layer's ``kv_cache[2, ...]`` as kvshare's checked cache pair, on huge pages (once per
-    cache tensor: vLLM passes the same one every step)."""
+def _layer_caches(kv_cache: torch.Tensor, kv_format: str | None) -> ops.KvCaches:
+    """A layer's ``kv_cache[2, ...]`` as kvshare's checked cache pair (``kv_format``: the fp8
+    format of vLLM's uint8 cache, or None), on huge pages (once per cache tensor: vLLM passes
+    the same one every step)."""
     _on_huge_pages(kv_cache)
-    return ops.KvCaches(kv_cache[0], kv_cache[1])
+    return ops.KvCaches(kv_cache[0], kv_cache[1], kv_format)
 
 
 # KV caches already asked for huge pages: (pid, storage address). Keyed by pid so that a forked

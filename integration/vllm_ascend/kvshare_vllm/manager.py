@@ -229,8 +229,7 @@ class KvshareKVCacheManager(NewerSurface, ManagerBase):
         self.num_kv_cache_groups = 1
         num_host_pages = HOST_PAGES.get()  # > 0 with kvshare's KV connector (host_tier.py)
 
-        dtype = {"torch.float32": "KVS_DTYPE_F32", "torch.bfloat16": "KVS_DTYPE_BF16"}.get(
-            str(getattr(spec, "dtype", "")), "KVS_DTYPE_F16")
+        dtype = _kv_dtype(spec)
         cfg = kvshare.config_default(
             page_size=bs,
             num_device_pages=self.num_blocks,
@@ -797,3 +796,22 @@ class KvshareKVCacheManager(NewerSurface, ManagerBase):
     def kvshare_stats(self) -> dict[str, int]:
         self._flush()
         return self.cache.stats()
+
+
+# vLLM's KV-cache element type -> kvshare's page element (the page bytes follow from it). vLLM
+# stores fp8 caches (kv_cache_dtype fp8, fp8_e4m3, fp8_e5m2) as uint8, which does not say which
+# fp8; both are one byte, all the manager's page accounting needs.
+_KV_DTYPES = {
+    "torch.float32": "KVS_DTYPE_F32",
+    "torch.float16": "KVS_DTYPE_F16",
+    "torch.bfloat16": "KVS_DTYPE_BF16",
+    "torch.float8_e4m3fn": "KVS_DTYPE_FP8_E4M3",
+    "torch.float8_e5m2": "KVS_DTYPE_FP8_E5M2",
+    "torch.uint8": "KVS_DTYPE_FP8_E4M3",
+}
+
+
+def _kv_dtype(spec) -> str:
+    """The ``kvs_dtype`` name of a vLLM KV-cache spec's element type (f16 when the spec has none
+    kvshare stores)."""
+    return _KV_DTYPES.get(str(getattr(spec, "dtype", "")), "KVS_DTYPE_F16")

@@ -55,7 +55,7 @@ import torch
 import kvshare
 from kvshare import check, ffi, lib
 
-from .ops_checks import (_DTYPES, OpsArgumentError, OpsDtypeError, _check_device,
+from .ops_checks import (_DTYPES, KV_FORMATS, OpsArgumentError, OpsDtypeError, _check_device,
                          _dtype_code, _host_i32, _layout, _outer_strides, _same_device, _tensor,
                          _tokens_heads, _torch_npu)
 
@@ -90,6 +90,7 @@ _CONST_VOID_P = ffi.typeof("const void *")
 _CONST_I32_P = ffi.typeof("const int32_t *")
 _ATTENTION_ARGS = ffi.typeof("kvs_attention_args *")
 _KV_WRITE_ARGS = ffi.typeof("kvs_kv_write_args *")
+_KV_SCALES = ffi.typeof("kvs_kv_scales *")
 for _ctype in ("kvs_kv_layout *", "kvs_huge_pages_report *", "size_t *", "char[]",
                "kvs_backend **", "kvs_backend_options *", "kvs_cpu_team *",
                "kvs_cpu_parallel_fn"):
@@ -267,21 +268,55 @@ class KvCaches:
     both on the same caches every step (kvshare's CPU attention backend) keeps one per layer for
     as long as its cache tensor lives and calls :meth:`attend` and :meth:`write` on it, so only
     the step's own tensors are checked per call. The caches' shape, strides and storage must not
-    change while it is kept (vLLM allocates its KV cache once)."""
+    change while it is kept (vLLM allocates its KV cache once).
+
+    Quantized caches: ``kv_format`` ``"fp8_e4m3"`` or ``"fp8_e5m2"`` names what a uint8 cache
+    pair holds (vLLM allocates its fp8 caches as uint8); ``float8_e4m3fn`` / ``float8_e5m2``
+    tensors need no name. :meth:`write` and :meth:`attend` then take the layer's per-tensor
+    ``k_scale`` and ``v_scale`` (vLLM's ``layer._k_scale_float``, ``_v_scale_float``): the write
+    stores ``round(x / scale)`` (to nearest, ties to even, saturating), attention reads the
+    stored bytes and folds the scales into the query and the output
+    (``kvs_kv_write_scaled``, ``kvs_attention_launch_scaled``; no dequantized copy)."""
 
     __slots__ = ("key_cache", "value_cache", "device", "layout", "_key_ptr", "_value_ptr",
-                 "_cpu")
+                 "_cpu", "_scales")
 
-    def __init__(self, key_cache: torch.Tensor, value_cache: torch.Tensor) -> None:
+    def __init__(self, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                 kv_format: str | None = None) -> None:
         self.key_cache = _tensor("key_cache", key_cache)
         self.value_cache = _tensor("value_cache", value_cache)
         self.device = _check_device("key_cache", key_cache)
         _same_device(self.device, value_cache=value_cache)
         _check_device("value_cache", value_cache)
-        self.layout = _layout(key_cache, value_cache)
+        self.layout = _layout(key_cache, value_cache, kv_format)
         self._key_ptr = ffi.cast(_VOID_P, key_cache.data_ptr())
         self._value_ptr = ffi.cast(_VOID_P, value_cache.data_ptr())
         self._cpu = self.device.type == "cpu"
+        # (k_scale, v_scale, their kvs_kv_scales): the last scales asked for, kept since an
+        # engine's layer passes the same two every step.
+        self._scales: tuple = (1.0, 1.0, ffi.NULL)
+
+    @property
+    def quantized(self) -> bool:
+        """Whether the caches hold a quantized format (``kv_format`` or a float8 dtype)."""
+        return self.layout.dtype in KV_FORMATS.values()
+
+    def _kv_scales(self, k_scale: float, v_scale: float):
+        """The ``kvs_kv_scales *`` of these per-tensor scales (NULL for 1 and 1: an unscaled
+        cache); kvshare checks them (finite, > 0) at the launch."""
+        kept_k, kept_v, kept = self._scales
+        if k_scale == kept_k and v_scale == kept_v:
+            return kept
+        for field, x in (("k_scale", k_scale), ("v_scale", v_scale)):
+            if not isinstance(x, (int, float)):
+                raise OpsArgumentError(field, f"{x!r} is not a number")
+        sc = ffi.NULL
+        if (k_scale, v_scale) != (1.0, 1.0):
+            sc = ffi.new(_KV_SCALES)
+            sc.k_scale, sc.v_scale = float(k_scale), float(v_scale)
+            sc.k_channel_scales = sc.v_channel_scales = ffi.NULL
+        self._scales = (k_scale, v_scale, sc)
+        return sc
 
     def _backend(self):
         """``backend_for(self.device)``, without reading the device's type on every call."""
@@ -289,9 +324,11 @@ class KvCaches:
 
     def attend(self, query: torch.Tensor, out: torch.Tensor, batch: "AttentionBatch", *,
                scale: float, num_kv_heads: int, softcap: float = 0.0,
-               sliding_window: int = 0) -> torch.Tensor:
+               sliding_window: int = 0, k_scale: float = 1.0,
+               v_scale: float = 1.0) -> torch.Tensor:
         """Paged attention of ``batch``'s sequences over these caches into ``out`` (arguments as
-        in :func:`paged_attention`); returns ``out``."""
+        in :func:`paged_attention`; ``k_scale``, ``v_scale``: the caches' per-tensor scales, as
+        given to :meth:`write`); returns ``out``."""
         query, out = _tensor("query", query), _tensor("out", out)
         device = _check_device("query", query)
         if out.device != device:
@@ -338,13 +375,20 @@ class KvCaches:
         a.softcap = float(softcap or 0.0)
         a.sliding_window = int(sliding_window or 0)
         backend, stream = self._backend()
-        check(lib.kvs_attention_launch(backend, a, stream), "kvs_attention_launch")
+        sc = self._kv_scales(k_scale, v_scale)
+        if sc is ffi.NULL:
+            check(lib.kvs_attention_launch(backend, a, stream), "kvs_attention_launch")
+        else:
+            check(lib.kvs_attention_launch_scaled(backend, a, sc, stream),
+                  "kvs_attention_launch_scaled")
         # `batch` holds its host arrays; the CPU backend is done with them here, the Ascend
         # backend reads them during the call and enqueues the rest.
         return out
 
-    def write(self, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-        """Writes new K/V into these caches (arguments as in :func:`reshape_and_cache`)."""
+    def write(self, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor, *,
+              k_scale: float = 1.0, v_scale: float = 1.0) -> None:
+        """Writes new K/V into these caches (arguments as in :func:`reshape_and_cache`), each
+        key divided by ``k_scale`` and each value by ``v_scale`` as it is stored."""
         key, value = _tensor("key", key), _tensor("value", value)
         slot_mapping = _tensor("slot_mapping", slot_mapping)
         device = self.device
@@ -393,7 +437,11 @@ class KvCaches:
         a.slot_mapping = ffi.cast(_CONST_VOID_P, slot_mapping.data_ptr())
         a.slot_mapping_type = itype
         backend, stream = self._backend()
-        check(lib.kvs_kv_write(backend, a, stream), "kvs_kv_write")
+        sc = self._kv_scales(k_scale, v_scale)
+        if sc is ffi.NULL:
+            check(lib.kvs_kv_write(backend, a, stream), "kvs_kv_write")
+        else:
+            check(lib.kvs_kv_write_scaled(backend, a, sc, stream), "kvs_kv_write_scaled")
 
 
 class AttentionBatch:

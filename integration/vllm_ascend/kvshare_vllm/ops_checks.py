@@ -18,6 +18,17 @@ _DTYPES = {
     torch.float16: lib.KVS_DTYPE_F16,
     torch.bfloat16: lib.KVS_DTYPE_BF16,
 }
+# Quantized KV caches: the formats a cache tensor may hold, by name (vLLM's ``kv_cache_dtype``
+# spelling, "fp8" being "fp8_e4m3") and by torch dtype. vLLM allocates its fp8 caches as uint8,
+# so a uint8 cache names its format (``kv_format``); a float8 tensor carries it.
+KV_FORMATS = {
+    "fp8_e4m3": lib.KVS_DTYPE_FP8_E4M3,
+    "fp8_e5m2": lib.KVS_DTYPE_FP8_E5M2,
+}
+_FP8_TORCH = {
+    torch.float8_e4m3fn: "fp8_e4m3",
+    torch.float8_e5m2: "fp8_e5m2",
+}
 _CPU = torch.device("cpu")
 # torch_npu storage formats that are plain row-major memory (ACL_FORMAT_NCHW, ACL_FORMAT_ND).
 _NPU_PLAIN_FORMATS = (0, 2)
@@ -126,8 +137,28 @@ def _tokens_heads(field: str, t: torch.Tensor, head_dim: int) -> tuple[int, int,
                                   f"{tuple(t.shape)}")
 
 
-def _layout(key_cache: torch.Tensor, value_cache: torch.Tensor):
-    """The ``kvs_kv_layout`` of a K/V cache pair (same shape, strides and dtype)."""
+def _cache_dtype_code(field: str, t: torch.Tensor, kv_format: str | None) -> int:
+    """The ``kvs_dtype`` of a KV cache: its tensor's (f32, f16, bf16, float8_e4m3fn,
+    float8_e5m2), or ``kv_format``'s for a uint8 tensor (or the float8 tensor of that format)."""
+    if kv_format is None:
+        if t.dtype in _FP8_TORCH:
+            return KV_FORMATS[_FP8_TORCH[t.dtype]]
+        if t.dtype == torch.uint8:
+            raise OpsDtypeError(field, "dtype torch.uint8 needs kv_format (one of "
+                                       f"{sorted(KV_FORMATS)}) to say what its bytes hold")
+        return _dtype_code(field, t)
+    code = KV_FORMATS.get(kv_format)
+    if code is None:
+        raise OpsArgumentError("kv_format", f"{kv_format!r} is not one of {sorted(KV_FORMATS)}")
+    if t.dtype != torch.uint8 and _FP8_TORCH.get(t.dtype) != kv_format:
+        raise OpsDtypeError(field, f"dtype {t.dtype} cannot hold kv_format {kv_format!r} "
+                                   "(uint8, or the float8 dtype of that format)")
+    return code
+
+
+def _layout(key_cache: torch.Tensor, value_cache: torch.Tensor, kv_format: str | None = None):
+    """The ``kvs_kv_layout`` of a K/V cache pair (same shape, strides and dtype); ``kv_format``
+    names the quantized format a uint8 pair holds (:func:`_cache_dtype_code`)."""
     if key_cache.dim() != 4:
         raise OpsArgumentError("key_cache", "expected [num_blocks, block_size, num_kv_heads, "
                                             f"head_dim], got shape {tuple(key_cache.shape)}")
@@ -137,7 +168,7 @@ def _layout(key_cache: torch.Tensor, value_cache: torch.Tensor):
     if value_cache.dtype != key_cache.dtype:
         raise OpsDtypeError("value_cache", f"dtype {value_cache.dtype} differs from key_cache's "
                                            f"{key_cache.dtype}")
-    code = _dtype_code("key_cache", key_cache)
+    code = _cache_dtype_code("key_cache", key_cache, kv_format)
     names = ("num_blocks", "block_size", "num_kv_heads")
     ks = _outer_strides("key_cache", key_cache, names)
     vs = _outer_strides("value_cache", value_cache, names)
