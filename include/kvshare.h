@@ -811,6 +811,12 @@ typedef struct kvs_attention_args {
  - `k_channel_scales`, `v_channel_scales`: host float `[num_kv_heads, head_dim]` each (Ascend's
    and MindIE's int8 KV), every one finite and > 0: required with a `KVS_DTYPE_INT8` cache,
    NULL with any other.
+ - `k_channel_offsets`, `v_channel_offsets`: host float `[num_kv_heads, head_dim]` each, or
+   NULL for 0 (each independently; only with channel scales): an int8 code `c` of channel `i`
+   then stands for `(c + offset_i) * channel_scale_i * scale`, CANN's antiquant formula
+   (MindIE's "C8" int8 KV: `kv_cache_scale` and `kv_cache_offset` per channel). Every one
+   finite. A K offset shifts every score of a query row equally, which the softmax ignores;
+   `kvs_attention_launch_scaled` refuses a soft cap with K offsets (`KVS_STATUS_UNSUPPORTED`).
 
  **Thread safety:** plain data; the arrays must not change during the call.
  */
@@ -831,6 +837,14 @@ typedef struct kvs_kv_scales {
    Per-channel scales of an int8 V cache, `[num_kv_heads, head_dim]`, or NULL.
    */
   const float *v_channel_scales;
+  /*
+   Per-channel offsets (in codes) of an int8 K cache, `[num_kv_heads, head_dim]`, or NULL.
+   */
+  const float *k_channel_offsets;
+  /*
+   Per-channel offsets (in codes) of an int8 V cache, `[num_kv_heads, head_dim]`, or NULL.
+   */
+  const float *v_channel_offsets;
 } kvs_kv_scales;
 
 /*

@@ -241,11 +241,20 @@ impl<'a> ChannelScales<'a> {
 
 /// Checks that `x` has at least `n` entries and the first `n` pass `ok` (`what` names the
 /// condition in the error).
-fn check_per_channel(field: &'static str, x: &[f32], n: usize, ok: fn(f32) -> bool, what: &str) -> Result<()> {
+fn check_per_channel(
+    field: &'static str,
+    x: &[f32],
+    n: usize,
+    ok: fn(f32) -> bool,
+    what: &str,
+) -> Result<()> {
     if x.len() < n {
         return Err(bad(
             field,
-            format!("has {} entries, needs num_kv_heads * head_dim = {n}", x.len()),
+            format!(
+                "has {} entries, needs num_kv_heads * head_dim = {n}",
+                x.len()
+            ),
         ));
     }
     match x[..n].iter().enumerate().find(|(_, y)| !ok(**y)) {

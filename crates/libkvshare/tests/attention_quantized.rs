@@ -150,6 +150,7 @@ fn round_trip(
     dtype: kvs_dtype,
     (k_scale, v_scale): (f32, f32),
     channels: Option<(&[f32], &[f32])>,
+    offsets: Option<(&[f32], &[f32])>,
     code: impl Fn(f32) -> u8,
     value: impl Fn(u8) -> f32,
 ) {
@@ -157,30 +158,39 @@ fn round_trip(
     let dtype = dtype as u32;
     let elems = s.pages * s.ps * s.hk * s.d;
     let (mut kc, mut vc) = (vec![0u8; elems], vec![0u8; elems]);
-    let scales = scales(k_scale, v_scale, channels);
+    let scales = kvs_kv_scales {
+        k_channel_offsets: offsets.map_or(std::ptr::null(), |o| o.0.as_ptr()),
+        v_channel_offsets: offsets.map_or(std::ptr::null(), |o| o.1.as_ptr()),
+        ..scales(k_scale, v_scale, channels)
+    };
     let row = s.hk * s.d;
     let (kch, vch) = (channels.map(|c| c.0), channels.map(|c| c.1));
+    let (koff, voff) = (offsets.map(|c| c.0), offsets.map(|c| c.1));
     let ch = |c: Option<&[f32]>, x: usize| c.map_or(1.0, |c| c[x]);
+    let off = |c: Option<&[f32]>, x: usize| c.map_or(0.0, |c| c[x]);
     let be = new_backend(2);
     let w = s.write_args(dtype, kc.as_mut_ptr().cast(), vc.as_mut_ptr().cast());
     let st = unsafe { kvs_backend::kvs_kv_write_scaled(be, &w, &scales, std::ptr::null_mut()) };
     assert_eq!(st, kvs_status::Ok, "{}", last_error());
-    // Every slot holds the code nearest value / scale.
+    // Every slot holds the code nearest value / scale - offset.
     for (t, &slot) in s.slots.iter().enumerate() {
         for x in 0..row {
             let at = slot as usize * row + x;
-            assert_eq!(kc[at], code(s.key[t * row + x] / (k_scale * ch(kch, x))));
-            assert_eq!(vc[at], code(s.value[t * row + x] / (v_scale * ch(vch, x))));
+            let k = s.key[t * row + x] / (k_scale * ch(kch, x)) - off(koff, x);
+            let v = s.value[t * row + x] / (v_scale * ch(vch, x)) - off(voff, x);
+            assert_eq!(kc[at], code(k));
+            assert_eq!(vc[at], code(v));
         }
     }
     // Attention on the quantized pages with the scales = attention on their values in f32.
-    let dequant = |c: &[u8], sc: f32, chs: Option<&[f32]>| -> Vec<f32> {
+    let dequant = |c: &[u8], sc: f32, chs: Option<&[f32]>, offs: Option<&[f32]>| -> Vec<f32> {
         c.iter()
             .enumerate()
-            .map(|(e, &b)| value(b) * sc * ch(chs, e % row))
+            .map(|(e, &b)| (value(b) + off(offs, e % row)) * sc * ch(chs, e % row))
             .collect()
     };
-    let (k32, v32) = (dequant(&kc, k_scale, kch), dequant(&vc, v_scale, vch));
+    let k32 = dequant(&kc, k_scale, kch, koff);
+    let v32 = dequant(&vc, v_scale, vch, voff);
     let mut out = vec![0f32; 2 * s.h * s.d];
     let mut want = vec![0f32; 2 * s.h * s.d];
     let a = s.attn_args(dtype, kc.as_ptr().cast(), vc.as_ptr().cast(), &mut out);
@@ -203,12 +213,14 @@ fn scales(k_scale: f32, v_scale: f32, channels: Option<(&[f32], &[f32])>) -> kvs
         v_scale,
         k_channel_scales: channels.map_or(std::ptr::null(), |c| c.0.as_ptr()),
         v_channel_scales: channels.map_or(std::ptr::null(), |c| c.1.as_ptr()),
+        k_channel_offsets: std::ptr::null(),
+        v_channel_offsets: std::ptr::null(),
     }
 }
 
 fn fp8<T: Fp8>(dtype: kvs_dtype) {
     let code = |x: f32| T::from_f32(x).to_bits();
-    round_trip(dtype, (0.01, 0.02), None, code, |b| {
+    round_trip(dtype, (0.01, 0.02), None, None, code, |b| {
         T::from_bits(b).to_f32()
     });
 }
@@ -236,7 +248,40 @@ fn int8_pages_written_and_read_with_channel_scales() {
         .collect();
     let code = |x: f32| x.round_ties_even().clamp(-128.0, 127.0) as i8 as u8;
     let value = |b: u8| b as i8 as f32;
-    round_trip(kvs_dtype::Int8, (0.5, 2.0), Some((&kch, &vch)), code, value);
+    round_trip(
+        kvs_dtype::Int8,
+        (0.5, 2.0),
+        Some((&kch, &vch)),
+        None,
+        code,
+        value,
+    );
+}
+
+/// int8 with per-channel scales and offsets (CANN's `(code + offset) * scale`): offsets of up to
+/// +-60 codes, K's and V's different, so a value near an end of the range still fits; the codes
+/// are `round(value / scale - offset)` and attention reads `(code + offset) * scale`.
+#[test]
+fn int8_pages_written_and_read_with_channel_offsets() {
+    let n = setup().hk * setup().d;
+    let kch: Vec<f32> = (0..n)
+        .map(|i| 2.0 / 127.0 * (1.0 + i as f32 / n as f32))
+        .collect();
+    let vch: Vec<f32> = (0..n)
+        .map(|i| 0.5 / 127.0 * (2.0 - i as f32 / n as f32))
+        .collect();
+    let koff: Vec<f32> = (0..n).map(|i| (i * 7 % 121) as f32 - 60.0).collect();
+    let voff: Vec<f32> = (0..n).map(|i| 60.0 - (i * 5 % 97) as f32 + 0.5).collect();
+    let code = |x: f32| x.round_ties_even().clamp(-128.0, 127.0) as i8 as u8;
+    let value = |b: u8| b as i8 as f32;
+    round_trip(
+        kvs_dtype::Int8,
+        (0.5, 2.0),
+        Some((&kch, &vch)),
+        Some((&koff, &voff)),
+        code,
+        value,
+    );
 }
 
 #[test]
@@ -250,6 +295,8 @@ fn bad_scales_and_quantized_queries_are_refused_with_nothing_written() {
     let ones = vec![1f32; n];
     let mut last_zero = ones.clone();
     last_zero[n - 1] = 0.0;
+    let mut nan_last = ones.clone();
+    nan_last[n - 1] = f32::NAN;
     let be = new_backend(1);
     for (dtype, sc, field) in [
         (fp8, scales(0.0, 1.0, None), "k_scale"),
@@ -277,6 +324,31 @@ fn bad_scales_and_quantized_queries_are_refused_with_nothing_written() {
             },
             "v_channel_scales",
         ),
+        // Offsets: only with channel scales, every one finite.
+        (
+            int8,
+            kvs_kv_scales {
+                k_channel_offsets: ones.as_ptr(),
+                ..scales(1.0, 1.0, None)
+            },
+            "k_channel_offsets",
+        ),
+        (
+            fp8,
+            kvs_kv_scales {
+                v_channel_offsets: ones.as_ptr(),
+                ..scales(1.0, 1.0, None)
+            },
+            "v_channel_offsets",
+        ),
+        (
+            int8,
+            kvs_kv_scales {
+                v_channel_offsets: nan_last.as_ptr(),
+                ..scales(1.0, 1.0, Some((&ones, &ones)))
+            },
+            "v_channel_offsets",
+        ),
     ] {
         let w = s.write_args(dtype, kc.as_mut_ptr().cast(), vc.as_mut_ptr().cast());
         let st = unsafe { kvs_backend::kvs_kv_write_scaled(be, &w, &sc, std::ptr::null_mut()) };
@@ -291,6 +363,29 @@ fn bad_scales_and_quantized_queries_are_refused_with_nothing_written() {
         assert!(out.iter().all(|&x| x == 5.0));
     }
     assert!(kc.iter().chain(&vc).all(|&b| b == 7));
+    // A soft cap is applied to scores a K offset shifts, which the kernels drop: refused with
+    // K offsets (V offsets alone are fine).
+    let koffsets = kvs_kv_scales {
+        k_channel_offsets: ones.as_ptr(),
+        ..scales(1.0, 1.0, Some((&ones, &ones)))
+    };
+    let mut out = vec![5f32; 2 * s.h * s.d];
+    let mut a = s.attn_args(int8, kc.as_ptr().cast(), vc.as_ptr().cast(), &mut out);
+    a.softcap = 30.0;
+    let st = unsafe {
+        kvs_backend::kvs_attention_launch_scaled(be, &a, &koffsets, std::ptr::null_mut())
+    };
+    assert_eq!(st, kvs_status::Unsupported, "{}", last_error());
+    assert!(last_error().contains("softcap"), "{}", last_error());
+    assert!(out.iter().all(|&x| x == 5.0));
+    let voffsets = kvs_kv_scales {
+        v_channel_offsets: ones.as_ptr(),
+        ..scales(1.0, 1.0, Some((&ones, &ones)))
+    };
+    let st = unsafe {
+        kvs_backend::kvs_attention_launch_scaled(be, &a, &voffsets, std::ptr::null_mut())
+    };
+    assert_eq!(st, kvs_status::Ok, "{}", last_error());
     // A quantized query (or output, or new K/V) is a KV-cache format only.
     for dtype in [fp8, int8] {
         let mut out = vec![5f32; 2 * s.h * s.d];

@@ -171,12 +171,20 @@ fn run(c: &Case) -> Run {
     let k: Vec<Vec<f32>> = c
         .ctx
         .iter()
-        .map(|&l| (0..l * hk * d).map(|e| rnd() * chan(e) + centre(e)).collect())
+        .map(|&l| {
+            (0..l * hk * d)
+                .map(|e| rnd() * chan(e) + centre(e))
+                .collect()
+        })
         .collect();
     let v: Vec<Vec<f32>> = c
         .ctx
         .iter()
-        .map(|&l| (0..l * hk * d).map(|e| rnd() * chan(e) - centre(e)).collect())
+        .map(|&l| {
+            (0..l * hk * d)
+                .map(|e| rnd() * chan(e) - centre(e))
+                .collect()
+        })
         .collect();
     let max = max_finite(c.format);
     let calibrated = |a: f32| (a / max * c.headroom).max(f32::MIN_POSITIVE);
@@ -199,7 +207,13 @@ fn run(c: &Case) -> Run {
     let (kr, vr) = (channel_range(&k), channel_range(&v));
     let half_width = |r: &[(f32, f32)]| -> Vec<f32> {
         r.iter()
-            .map(|&(lo, hi)| if asym { (hi - lo) / 2.0 } else { lo.abs().max(hi.abs()) })
+            .map(|&(lo, hi)| {
+                if asym {
+                    (hi - lo) / 2.0
+                } else {
+                    lo.abs().max(hi.abs())
+                }
+            })
             .collect()
     };
     let (ka, va) = (half_width(&kr), half_width(&vr));
@@ -218,7 +232,13 @@ fn run(c: &Case) -> Run {
     let offsets = |r: &[(f32, f32)], t: f32, ch: &[f32]| -> Vec<f32> {
         r.iter()
             .zip(ch)
-            .map(|(&(lo, hi), &sc)| if asym { (lo + hi) / 2.0 / (t * sc) } else { 0.0 })
+            .map(|(&(lo, hi), &sc)| {
+                if asym {
+                    (lo + hi) / 2.0 / (t * sc)
+                } else {
+                    0.0
+                }
+            })
             .collect()
     };
     let (ko, vo) = (offsets(&kr, scales.k, &kch), offsets(&vr, scales.v, &vch));
