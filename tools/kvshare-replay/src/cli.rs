@@ -96,8 +96,8 @@ SEVERAL ENGINES (cache manager only; each engine has --device-pages, --host-page
     --route R             the router [session]:
                             round-robin  the k-th request to engine k mod N
                             session      every turn of a conversation to one engine
-                            kv-aware     the engine holding the longest prefix of the prompt
-                                         (device and host), ties to the least loaded
+                            kv-aware     the engine with the least work: the prompt tokens past
+                                         its cached prefix plus the tokens it has in flight
     --compare-routes      run the three routings without the pool and with --pool-pages M
                           (M >= 1) and print them as one table
 

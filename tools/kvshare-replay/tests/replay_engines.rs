@@ -137,6 +137,32 @@ fn a_conversation_moved_to_another_engine_loads_its_history_from_the_pool() {
     assert_eq!(session.pool_hit_tokens(), 0);
 }
 
+#[test]
+fn kv_aware_routing_weighs_the_cached_prefix_against_the_load() {
+    // Every prompt starts with the same system prompt. Routing by the longest cached prefix
+    // alone would send everything to the first engine that cached it; counted against the load,
+    // every engine serves a share, and conversations mostly return to the engine that holds
+    // their history, so more is hit than by round-robin.
+    let reqs = chat(11, 16, 5, 512);
+    let c = cfg(300, 0);
+    let kv = engines(&reqs, &c, 4, 0, Route::KvAware);
+    let rr = engines(&reqs, &c, 4, 0, Route::RoundRobin);
+    tiers_add_up(&kv, reqs.len());
+    let per = kv.requests_per_engine();
+    let fair = reqs.len() / 4;
+    assert!(
+        per.iter().all(|&n| n >= fair / 2 && n <= fair * 2),
+        "requests per engine {per:?}, {} requests",
+        reqs.len()
+    );
+    assert!(
+        kv.hit_tokens() > rr.hit_tokens(),
+        "kv-aware {} vs round-robin {}",
+        kv.hit_tokens(),
+        rr.hit_tokens()
+    );
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(24))]
     #[test]

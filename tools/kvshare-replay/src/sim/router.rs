@@ -65,6 +65,11 @@ fn extra(r: &Request) -> Option<ExtraKeys> {
     })
 }
 
+/// The tokens a request puts through its engine: its prompt and every sample's output.
+fn work(r: &Request) -> usize {
+    r.prompt.len() + r.outputs.iter().map(Vec::len).sum::<usize>()
+}
+
 impl Router {
     /// Whether request `i` of engine `e` has been sent and not finished.
     fn in_flight(sims: &[Sim<'_>], (e, i): (usize, usize)) -> bool {
@@ -86,21 +91,26 @@ impl Router {
             }
             (Route::RoundRobin | Route::Session, _) => self.sent % n,
             (Route::KvAware, _) => {
+                // The engine with the least work for it: the prompt tokens it would compute
+                // (those past its cached prefix) plus the tokens of the requests it has in
+                // flight or queued, as KV-aware routers weigh prefix hits against load.
                 let x = extra(r);
                 let max = r.prompt.len().saturating_sub(1);
-                let mut best = (0usize, usize::MAX, 0usize);
+                let mut best = (usize::MAX, 0usize);
                 for (e, sim) in sims.iter().enumerate() {
                     let cached = sim
                         .cache
                         .lock()
                         .map(|mut s| s.cached_prefix_tokens(&r.prompt, x.as_ref(), max))
                         .unwrap_or(0);
-                    let load = sim.arrived - sim.done + feeds[e].borrow().len();
-                    if e == 0 || cached > best.0 || (cached == best.0 && load < best.1) {
-                        best = (cached, load, e);
+                    let load: usize = sim.live.values().map(|l| work(&l.req)).sum::<usize>()
+                        + feeds[e].borrow().iter().map(work).sum::<usize>();
+                    let cost = r.prompt.len() - cached + load;
+                    if cost < best.0 {
+                        best = (cost, e);
                     }
                 }
-                best.2
+                best.1
             }
         }
     }
