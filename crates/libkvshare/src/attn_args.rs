@@ -205,8 +205,8 @@ pub(super) fn per_tensor(s: Option<&kvs_kv_scales>) -> KvScales {
 
 /// The per-channel scales (and offsets) of `s` as host slices of `num_kv_heads * head_dim`
 /// floats, checked against the cache (present exactly for an int8 cache, every scale finite and
-/// > 0, every offset finite; offsets only with scales). Call after the cache's numbers are
-/// validated: they size the slices.
+/// positive, every offset finite; offsets only with scales). Call after the cache's numbers
+/// are validated: they size the slices.
 ///
 /// # Safety
 /// Non-NULL channel pointers of `s` are valid for `num_kv_heads * head_dim` floats for `'a`
@@ -244,34 +244,31 @@ pub(super) unsafe fn channel_scales<'a>(
     let offsets = s.map_or((std::ptr::null(), std::ptr::null()), |s| {
         (s.k_channel_offsets, s.v_channel_offsets)
     });
-    let ch = match ch {
-        Some(mut c) => {
-            // SAFETY: as above, for the non-NULL offset pointers.
-            let opt = |p: *const f32, field| -> Result<Option<&'a [f32]>> {
-                Ok(if p.is_null() {
-                    None
-                } else {
-                    Some(unsafe { aslice(p, n, field)? })
-                })
-            };
-            c.k_offsets = opt(offsets.0, "k_channel_offsets")?;
-            c.v_offsets = opt(offsets.1, "v_channel_offsets")?;
-            Some(c)
-        }
-        None => {
-            for (p, field) in [
-                (offsets.0, "k_channel_offsets"),
-                (offsets.1, "v_channel_offsets"),
-            ] {
-                if !p.is_null() {
-                    return Err(Error::attn(
-                        field,
-                        "is given without channel scales (offsets are for int8 caches, with scales)",
-                    ));
-                }
+    let ch = if let Some(mut c) = ch {
+        let opt = |p: *const f32, field| -> Result<Option<&'a [f32]>> {
+            if p.is_null() {
+                return Ok(None);
             }
-            None
+            // SAFETY: a non-NULL offset pointer holds `n` floats (the caller's contract);
+            // `aslice` checks alignment.
+            Ok(Some(unsafe { aslice(p, n, field)? }))
+        };
+        c.k_offsets = opt(offsets.0, "k_channel_offsets")?;
+        c.v_offsets = opt(offsets.1, "v_channel_offsets")?;
+        Some(c)
+    } else {
+        for (p, field) in [
+            (offsets.0, "k_channel_offsets"),
+            (offsets.1, "v_channel_offsets"),
+        ] {
+            if !p.is_null() {
+                return Err(Error::attn(
+                    field,
+                    "is given without channel scales (offsets are for int8 caches, with scales)",
+                ));
+            }
         }
+        None
     };
     check_channel_scales(cache, ch)?;
     Ok(ch)
