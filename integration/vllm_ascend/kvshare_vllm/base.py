@@ -1,7 +1,9 @@
 """``ManagerBase``: what the single-group manager (``manager.KvshareKVCacheManager``) and the
 hybrid one (``hybrid.KvshareHybridKVCacheManager``) share of vLLM's ``KVCacheManager``
 surface: the constructor arguments both keep, prefix-cache stats, the usage fraction, new-block
-ids for KV zeroing, ``KVCacheBlocks`` construction, reset and event hand-out.
+ids for KV zeroing, ``KVCacheBlocks`` construction, reset and event hand-out; and the two
+translations both make: a request's kvshare extra keys (``extra_keys_for``) and a KV-cache
+spec's page element (``_kv_dtype``).
 
 A subclass provides ``empty_kv_cache_blocks``, ``_capacity()`` (vLLM's free blocks),
 ``_drain_events(st, request)`` (vLLM's events for what kvshare queued; called with
@@ -10,7 +12,10 @@ A subclass provides ``empty_kv_cache_blocks``, ``_capacity()`` (vLLM's free bloc
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+
+import kvshare
 
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.metrics.stats import PrefixCacheStats
@@ -92,3 +97,40 @@ class ManagerBase:
 
     def new_step_starts(self) -> None:
         """Nothing per step: registration is immediate (no deferred commit)."""
+
+
+def extra_keys_for(request):
+    """kvshare extra keys: LoRA id, cache salt, multimodal items (None when none)."""
+    lora = request.lora_request.lora_int_id if request.lora_request else 0
+    salt = request.cache_salt.encode() if getattr(request, "cache_salt", None) else None
+    if getattr(request, "prompt_embeds", None) is not None:
+        # Prompt embeddings are not token ids: isolate the request (never shares).
+        salt = (salt or b"") + b"\0prompt-embeds\0" + request.request_id.encode()
+    items = []
+    for f in getattr(request, "mm_features", None) or ():
+        d = hashlib.blake2b(str(f.identifier).encode(), digest_size=16).digest()
+        pos = f.mm_position
+        items.append((int.from_bytes(d[:8], "little"), int.from_bytes(d[8:], "little"),
+                      pos.offset, pos.length))
+    if not lora and not salt and not items:
+        return None
+    return kvshare.ExtraKeys(lora, salt, items)
+
+
+# vLLM's KV-cache element type -> kvshare's page element (the page bytes follow from it). vLLM
+# stores fp8 caches (kv_cache_dtype fp8, fp8_e4m3, fp8_e5m2) as uint8, which does not say which
+# fp8; both are one byte, all the manager's page accounting needs.
+_KV_DTYPES = {
+    "torch.float32": "KVS_DTYPE_F32",
+    "torch.float16": "KVS_DTYPE_F16",
+    "torch.bfloat16": "KVS_DTYPE_BF16",
+    "torch.float8_e4m3fn": "KVS_DTYPE_FP8_E4M3",
+    "torch.float8_e5m2": "KVS_DTYPE_FP8_E5M2",
+    "torch.uint8": "KVS_DTYPE_FP8_E4M3",
+}
+
+
+def _kv_dtype(spec) -> str:
+    """The ``kvs_dtype`` name of a vLLM KV-cache spec's element type (f16 when the spec has none
+    kvshare stores)."""
+    return _KV_DTYPES.get(str(getattr(spec, "dtype", "")), "KVS_DTYPE_F16")

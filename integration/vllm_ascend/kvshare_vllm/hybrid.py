@@ -40,7 +40,8 @@ from .base import ManagerBase, _cdiv, _extra_addr, _token_ids
 from .host_tier import HOST_PAGES, HostTier
 from .state_groups import (is_state_spec, skipped_tokens, state_group_kind,
                            state_unsupported_reason, vllm_table)
-from .manager import _REMOVED, _STORED, extra_keys_for
+from .base import extra_keys_for
+from .manager import _REMOVED, _STORED
 from .views import _BlockPoolView, _CoordinatorView, _SingleTypeView
 
 # kvshare_vllm._fast.Groups' group kinds

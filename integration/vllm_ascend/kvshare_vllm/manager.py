@@ -16,7 +16,6 @@ calls (``_match``, ``_open``, ``_cross``, ``_append``) ``_fast.Appender``'s.
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 import kvshare
@@ -36,7 +35,7 @@ from vllm.v1.request import RequestStatus
 
 from . import logger
 from . import _fast  # required: startup.require() has checked that it loads
-from .base import ManagerBase, _cdiv, _extra_addr, _token_ids
+from .base import ManagerBase, _cdiv, _extra_addr, _kv_dtype, _token_ids, extra_keys_for
 from .events import EventTranslator, cached_blocks_event
 from .host_tier import HOST_PAGES, HostTier
 from .manager_newer import NewerSurface
@@ -96,24 +95,6 @@ class _Req:
         """Recomputes ``quiet`` after ``n`` or ``pages`` changed."""
         fill = (self.n // bs + 1) * bs  # the token count that fills the current page
         self.quiet = min(len(self.pages) * bs, fill - 1)
-
-
-def extra_keys_for(request):
-    """kvshare extra keys: LoRA id, cache salt, multimodal items (None when none)."""
-    lora = request.lora_request.lora_int_id if request.lora_request else 0
-    salt = request.cache_salt.encode() if getattr(request, "cache_salt", None) else None
-    if getattr(request, "prompt_embeds", None) is not None:
-        # Prompt embeddings are not token ids: isolate the request (never shares).
-        salt = (salt or b"") + b"\0prompt-embeds\0" + request.request_id.encode()
-    items = []
-    for f in getattr(request, "mm_features", None) or ():
-        d = hashlib.blake2b(str(f.identifier).encode(), digest_size=16).digest()
-        pos = f.mm_position
-        items.append((int.from_bytes(d[:8], "little"), int.from_bytes(d[8:], "little"),
-                      pos.offset, pos.length))
-    if not lora and not salt and not items:
-        return None
-    return kvshare.ExtraKeys(lora, salt, items)
 
 
 def unsupported_reason(kv_cache_config, scheduler_block_size: int, hash_block_size: int,
@@ -796,22 +777,3 @@ class KvshareKVCacheManager(NewerSurface, ManagerBase):
     def kvshare_stats(self) -> dict[str, int]:
         self._flush()
         return self.cache.stats()
-
-
-# vLLM's KV-cache element type -> kvshare's page element (the page bytes follow from it). vLLM
-# stores fp8 caches (kv_cache_dtype fp8, fp8_e4m3, fp8_e5m2) as uint8, which does not say which
-# fp8; both are one byte, all the manager's page accounting needs.
-_KV_DTYPES = {
-    "torch.float32": "KVS_DTYPE_F32",
-    "torch.float16": "KVS_DTYPE_F16",
-    "torch.bfloat16": "KVS_DTYPE_BF16",
-    "torch.float8_e4m3fn": "KVS_DTYPE_FP8_E4M3",
-    "torch.float8_e5m2": "KVS_DTYPE_FP8_E5M2",
-    "torch.uint8": "KVS_DTYPE_FP8_E4M3",
-}
-
-
-def _kv_dtype(spec) -> str:
-    """The ``kvs_dtype`` name of a vLLM KV-cache spec's element type (f16 when the spec has none
-    kvshare stores)."""
-    return _KV_DTYPES.get(str(getattr(spec, "dtype", "")), "KVS_DTYPE_F16")
