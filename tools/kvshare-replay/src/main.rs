@@ -134,6 +134,26 @@ fn bar(total: u64, label: &str) -> ProgressBar {
     pb
 }
 
+/// A progress bar over `total` runs of several, each run's requests in its message
+/// ([`tick_run`]).
+fn runs_bar(total: u64, label: &str) -> ProgressBar {
+    let pb = bar(total, label);
+    pb.set_style(
+        ProgressStyle::with_template("{prefix} [{bar:40}] run {pos}/{len}, {msg} ({elapsed})")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    pb
+}
+
+/// Run `k`'s progress `p` on a [`runs_bar`].
+fn tick_run(pb: &ProgressBar, k: usize, p: &Progress) {
+    if p.step.is_multiple_of(64) || p.done == p.total {
+        pb.set_position(k as u64);
+        pb.set_message(format!("{}/{} requests", p.done, p.total));
+    }
+}
+
 fn tick(pb: &ProgressBar, p: Progress) {
     if p.step.is_multiple_of(64) || p.done == p.total {
         pb.set_position(p.done as u64);
@@ -236,18 +256,8 @@ fn run_kv_dtype(
             base.device_pages as u64 * bf16.page_bytes()
         }
     };
-    let pb = bar(2, "kv-dtype");
-    pb.set_style(
-        ProgressStyle::with_template("{prefix} [{bar:40}] run {pos}/{len}, {msg} ({elapsed})")
-            .expect("valid template")
-            .progress_chars("=> "),
-    );
-    let runs = kvdtype::compare(src, &base, dtype, budget, &mut |k, p| {
-        if p.step.is_multiple_of(64) || p.done == p.total {
-            pb.set_position(k as u64);
-            pb.set_message(format!("{}/{} requests", p.done, p.total));
-        }
-    });
+    let pb = runs_bar(2, "kv-dtype");
+    let runs = kvdtype::compare(src, &base, dtype, budget, &mut |k, p| tick_run(&pb, k, &p));
     pb.finish_and_clear();
     let runs = runs?;
     let _ = write!(
@@ -296,23 +306,13 @@ fn run_engines(
             route: a.route,
         }]
     };
-    let pb = bar(sets.len() as u64, "engines");
-    pb.set_style(
-        ProgressStyle::with_template("{prefix} [{bar:40}] run {pos}/{len}, {msg} ({elapsed})")
-            .expect("valid template")
-            .progress_chars("=> "),
-    );
+    let pb = runs_bar(sets.len() as u64, "engines");
     let mut runs = Vec::with_capacity(sets.len());
     for (k, set) in sets.iter().enumerate() {
         if k > 0 {
             src.rewind()?;
         }
-        let r = kvshare_replay::replay_engines(src, &cfg, set, &mut |p| {
-            if p.step.is_multiple_of(64) || p.done == p.total {
-                pb.set_position(k as u64);
-                pb.set_message(format!("{}/{} requests", p.done, p.total));
-            }
-        });
+        let r = kvshare_replay::replay_engines(src, &cfg, set, &mut |p| tick_run(&pb, k, &p));
         runs.push(r.inspect_err(|_| pb.finish_and_clear())?);
     }
     pb.finish_and_clear();
@@ -417,18 +417,8 @@ fn run_sweep(
                 * if cfg.host_pages > 0 { 2 } else { 1 }
         }
     };
-    let pb = bar(total_runs, "sweep");
-    pb.set_style(
-        ProgressStyle::with_template("{prefix} [{bar:40}] run {pos}/{len}, {msg} ({elapsed})")
-            .expect("valid template")
-            .progress_chars("=> "),
-    );
-    let mut prog = |k: usize, p: Progress| {
-        if p.step.is_multiple_of(64) || p.done == p.total {
-            pb.set_position(k as u64);
-            pb.set_message(format!("{}/{} requests", p.done, p.total));
-        }
-    };
+    let pb = runs_bar(total_runs, "sweep");
+    let mut prog = |k: usize, p: Progress| tick_run(&pb, k, &p);
     let (text, runs): (String, Vec<serde_json::Value>) = match which {
         Sweep::ShareRatio => {
             let rows = sweep::share_ratio(&cfg, 16, 1024, 64, a.seed, &mut factory, &mut prog);
