@@ -14,6 +14,13 @@ Options (``kv_connector_extra_config``):
 * ``prefetch_waiting`` (default 2): waiting requests whose host-tier prefix is promoted after
   each ``schedule`` (``kvs_prefix_prefetch``), so their copies run with the current step.
 
+KV-cache formats (vLLM's ``cache_config.cache_dtype``, ``--kv-cache-dtype``): ``auto``,
+``float16`` and ``bfloat16`` caches are copied in their tensors' dtype; ``fp8`` (=
+``fp8_e4m3``) and ``fp8_e5m2`` caches, which vLLM allocates as uint8, are copied as that fp8
+format, one byte an element, in host pages of the same bytes.  Any other ``kv_cache_dtype``
+(``fp8_inc``, ``fp8_ds_mla``, the per-token-head, turboquant and nvfp4 formats) is refused
+when the connector is built.
+
 Scheduler side: the manager promotes a request's host-tier prefix when it looks the request up
 (``host_tier.HostTier.promote``) and demotes evicted cached pages; every copy this queues in a
 ``schedule`` is drained (``kvs_cache_take_copies``) by :meth:`build_connector_meta` and shipped in
@@ -50,6 +57,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from . import logger
+from .ops_checks import VLLM_FP8_CACHE_DTYPES, _cache_dtype_code
 
 if TYPE_CHECKING:  # pragma: no cover - annotations only
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -68,6 +76,22 @@ def host_pages(vllm_config) -> int:
         raise ValueError(f"{NAME}: kv_connector_extra_config['num_host_pages'] must be an "
                          f"int > 0, got {n!r}")
     return n
+
+
+# vLLM's kv_cache_dtype -> the fp8 format of its uint8 caches (None: the tensors' own dtype).
+KV_CACHE_DTYPES: dict[str, str | None] = {"auto": None, "float16": None, "bfloat16": None,
+                                          **VLLM_FP8_CACHE_DTYPES}
+
+
+def kv_format(vllm_config) -> str | None:
+    """The fp8 format (``"fp8_e4m3"``, ``"fp8_e5m2"``) of the engine's KV caches, from
+    ``cache_config.cache_dtype``; None when the cache tensors' dtype says what they hold.
+    Raises ValueError naming a ``kv_cache_dtype`` the connector cannot carry."""
+    dtype = vllm_config.cache_config.cache_dtype
+    if dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f"{NAME}: kv_cache_dtype {dtype!r} is not a format kvshare's "
+                         f"connector carries ({', '.join(KV_CACHE_DTYPES)})")
+    return KV_CACHE_DTYPES[dtype]
 
 
 @dataclass
@@ -154,6 +178,7 @@ class KvshareConnector(KVConnectorBase_V1, SupportsHMA):
         super().__init__(vllm_config, role, kv_cache_config)
         extra = self._kv_transfer_config.kv_connector_extra_config or {}
         self.num_host_pages = host_pages(vllm_config)
+        self.kv_format = kv_format(vllm_config)
         self.prefetch_waiting = int(extra.get("prefetch_waiting", 2))
         if self.prefetch_waiting < 0:
             raise ValueError(f"{NAME}: prefetch_waiting must be >= 0")
@@ -230,7 +255,8 @@ class KvshareConnector(KVConnectorBase_V1, SupportsHMA):
 
     # ------------------------------------------------------------------ worker side
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
-        """Allocates the host pool, one host tensor per KV tensor in that tensor's layout."""
+        """Allocates the host pool, one host tensor per KV tensor in that tensor's layout and
+        dtype (a uint8 fp8 cache: a uint8 pool, one byte an element)."""
         from . import ops
 
         groups = self._kv_cache_config.kv_cache_groups
@@ -255,7 +281,12 @@ class KvshareConnector(KVConnectorBase_V1, SupportsHMA):
             if key in seen:  # layers sharing one KV tensor
                 continue
             seen.add(key)
+            # vLLM's fp8 caches are uint8 tensors: the engine's format says what they hold (a
+            # uint8 cache of an engine without one is refused); any other dtype says it itself.
+            first = t[0] if isinstance(t, (tuple, list)) else t
+            fmt = self.kv_format if first.dtype == torch.uint8 else None
             if _interleaved(t, spec):
+                _cache_dtype_code(f"layer {name}", t, fmt)
                 host = _host_like(t, self.num_host_pages, 0)
                 layers.append(_Layer(None, (host,), t))
                 self._device = t.device
@@ -269,8 +300,8 @@ class KvshareConnector(KVConnectorBase_V1, SupportsHMA):
             (k, v), dim = found
             host = _host_like(t, self.num_host_pages, dim)
             (hk, hv), _ = _kv_views(host, spec)
-            lay = ops._layout(k, v)
-            hlay = ops._layout(hk, hv)
+            lay = ops._layout(k, v, fmt)
+            hlay = ops._layout(hk, hv, fmt)
             if (hlay.page_stride, hlay.slot_stride, hlay.head_stride) != \
                     (lay.page_stride, lay.slot_stride, lay.head_stride):
                 raise NotImplementedError(f"{NAME}: layer {name}: the host pool's strides differ "

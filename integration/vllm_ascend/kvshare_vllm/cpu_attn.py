@@ -66,6 +66,7 @@ from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 import kvshare
 
 from . import ops
+from .ops_checks import VLLM_FP8_CACHE_DTYPES
 
 logger = logging.getLogger("vllm.kvshare_vllm")
 
@@ -76,12 +77,7 @@ BACKEND_PATH = "kvshare_vllm.cpu_attn.KvshareCPUAttentionBackend"
 THP_ENV = "THP_MEM_ALLOC_ENABLE"
 
 # vLLM's kv_cache_dtype -> the cache format kvshare stores (None: the model's dtype, unscaled).
-KV_CACHE_DTYPES: dict[str, str | None] = {
-    "auto": None,
-    "fp8": "fp8_e4m3",
-    "fp8_e4m3": "fp8_e4m3",
-    "fp8_e5m2": "fp8_e5m2",
-}
+KV_CACHE_DTYPES: dict[str, str | None] = {"auto": None, **VLLM_FP8_CACHE_DTYPES}
 
 
 class KvshareCPUAttentionBackend(CPUAttentionBackend):

@@ -545,7 +545,8 @@ def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.T
 
 def copy_pages(key_cache: torch.Tensor, value_cache: torch.Tensor, copies: Any, *,
                host_key_cache: torch.Tensor | None = None,
-               host_value_cache: torch.Tensor | None = None) -> None:
+               host_value_cache: torch.Tensor | None = None,
+               kv_format: str | None = None) -> None:
     """Executes page copies on one layer's caches (call once per layer).
 
     ``copies`` is either a sequence of ``(src_page, dst_page, num_tokens, kind[, group])`` as
@@ -554,12 +555,14 @@ def copy_pages(key_cache: torch.Tensor, value_cache: torch.Tensor, copies: Any, 
     ``KVS_COPY_KIND_*`` value or ``"d2d"``/``"d2h"``/``"h2d"``), or an integer tensor ``[n, 2]``
     of ``(src, dst)`` whole-page device copies (vLLM's ``copy_blocks`` argument).
     Host caches (for d2h/h2d) have the device caches' per-page shape, dtype and strides; on
-    Ascend they must be page-locked host memory (``pin_memory()``).
+    Ascend they must be page-locked host memory (``pin_memory()``). ``kv_format`` names the fp8
+    format a uint8 cache pair holds (as :class:`KvCaches`; vLLM allocates its fp8 caches as
+    uint8): the copies move one byte an element.
     """
     key_cache, value_cache = _tensor("key_cache", key_cache), _tensor("value_cache", value_cache)
     device = _check_device("key_cache", key_cache)
     _same_device(device, value_cache=value_cache)
-    lay = _layout(key_cache, value_cache)
+    lay = _layout(key_cache, value_cache, kv_format)
     page_size = lay.page_size
     if isinstance(copies, torch.Tensor):
         if copies.dim() != 2 or copies.shape[1] != 2 or copies.dtype.is_floating_point:

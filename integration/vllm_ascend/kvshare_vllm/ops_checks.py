@@ -25,6 +25,12 @@ KV_FORMATS = {
     "fp8_e4m3": lib.KVS_DTYPE_FP8_E4M3,
     "fp8_e5m2": lib.KVS_DTYPE_FP8_E5M2,
 }
+# vLLM's ``kv_cache_dtype`` names of those formats ("fp8" is "fp8_e4m3").
+VLLM_FP8_CACHE_DTYPES = {
+    "fp8": "fp8_e4m3",
+    "fp8_e4m3": "fp8_e4m3",
+    "fp8_e5m2": "fp8_e5m2",
+}
 _FP8_TORCH = {
     torch.float8_e4m3fn: "fp8_e4m3",
     torch.float8_e5m2: "fp8_e5m2",

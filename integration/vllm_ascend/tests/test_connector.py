@@ -237,34 +237,60 @@ def test_without_connector_no_host_tier(tiny_model_dir):
 
 
 # ------------------------------------------------------------------ worker side
-def _worker(spec, host_pages: int) -> KvshareConnector:
+def _worker(spec, host_pages: int, cache_dtype: str = "auto") -> KvshareConnector:
     kcc = SimpleNamespace(kv_cache_groups=[SimpleNamespace(kv_cache_spec=spec)])
-    return KvshareConnector(SimpleNamespace(kv_transfer_config=_ktc(host_pages)),
-                            KVConnectorRole.WORKER, kcc)
+    cfg = SimpleNamespace(kv_transfer_config=_ktc(host_pages),
+                          cache_config=SimpleNamespace(cache_dtype=cache_dtype))
+    return KvshareConnector(cfg, KVConnectorRole.WORKER, kcc)
+
+
+def _shape(layout: str, blocks: int, heads: int, hd: int) -> tuple:
+    return (2, blocks, BS, heads, hd) if layout == "kvshare" else (blocks, heads, BS, 2 * hd)
 
 
 @pytest.mark.parametrize("layout", ["kvshare", "vllm_cpu"])
+@pytest.mark.parametrize("cache_dtype", ["auto", "fp8", "fp8_e5m2"])
 @pytest.mark.parametrize("seed", range(4))
-def test_worker_copies_match_torch(layout, seed):
+def test_worker_copies_match_torch(layout, cache_dtype, seed):
+    """Random copy lists against torch's; an fp8 cache (vLLM's uint8 tensor, random bytes: every
+    code, NaN and infinity included) is copied byte for byte, into a host pool of one byte an
+    element."""
     g = torch.Generator().manual_seed(seed)
     rng = random.Random(seed)
     blocks, host_pages, heads, hd = 10, 6, 2, 8
     spec = SimpleNamespace(block_size=BS, num_kv_heads=heads, head_size=hd)
-    shape = (2, blocks, BS, heads, hd) if layout == "kvshare" else (blocks, heads, BS, 2 * hd)
-    caches = {f"l{i}": torch.randn(shape, generator=g) for i in range(3)}
-    w = _worker(spec, host_pages)
+    shape = _shape(layout, blocks, heads, hd)
+    fp8 = cache_dtype != "auto"
+    dtype = torch.uint8 if fp8 else torch.float32
+
+    def new():
+        return torch.randint(0, 256, shape, generator=g, dtype=torch.uint8) if fp8 \
+            else torch.randn(shape, generator=g)
+
+    caches = {f"l{i}": new() for i in range(3)}
+    w = _worker(spec, host_pages, cache_dtype)
     w.register_kv_caches(caches)
     dim = 1 if layout == "kvshare" else 0
+    host_shape = [host_pages if i == dim else s for i, s in enumerate(shape)]
+    pools = [t for layer in w._layers for t in layer.host]
+    assert len(pools) == 3 and all(t.dtype == dtype and list(t.shape) == host_shape
+                                   for t in pools)
+    if fp8:  # one byte an element: the host pool holds host_pages pages of the cache's bytes
+        page_bytes = caches["l0"].select(dim, 0).nbytes
+        assert all(t.nbytes == host_pages * page_bytes == t.numel() for t in pools)
     ref = {k: v.clone() for k, v in caches.items()}
-    ref_host = {k: torch.zeros([host_pages if i == dim else s for i, s in enumerate(shape)])
-                for k in caches}
-    for _ in range(5):
-        rows = []
-        for _ in range(rng.randrange(0, 12)):
+    ref_host = {k: torch.zeros(host_shape, dtype=dtype) for k in caches}
+    # First a page down and back up into another block: byte-identical to the original.
+    first = [(3, 1, BS, D2H, 0), (1, 7, BS, H2D, 0)]
+    original = caches["l1"].select(dim, 3).clone()
+    for step in range(6):
+        rows = list(first) if step == 0 else []
+        for _ in range(0 if step == 0 else rng.randrange(0, 12)):
             kind = rng.choice([D2H, H2D])
             src = rng.randrange(blocks if kind == D2H else host_pages)
             dst = rng.randrange(host_pages if kind == D2H else blocks)
             rows.append((src, dst, BS, kind, 0))
+        for src, dst, _, kind, _ in rows:
             for k in caches:
                 d, h = ref[k], ref_host[k]
                 if kind == D2H:
@@ -275,9 +301,30 @@ def test_worker_copies_match_torch(layout, seed):
             b"".join(struct.pack("<5I", *r) for r in rows)))
         w.start_load_kv(None)
         w.clear_connector_metadata()
-        for k in caches:
+        if step == 0:
+            assert torch.equal(caches["l1"].select(dim, 7), original)
+        for k, layer in zip(caches, w._layers):
             assert torch.equal(caches[k], ref[k]), k
+            assert torch.equal(layer.host[0], ref_host[k]), k
     assert w.copies_done > 0
+
+
+@pytest.mark.parametrize("layout", ["kvshare", "vllm_cpu"])
+def test_worker_refuses_uint8_cache_without_format(layout):
+    """A uint8 cache of an engine whose kv_cache_dtype names no fp8 format: its bytes could be
+    anything, so the connector refuses it rather than copy it as some format."""
+    spec = SimpleNamespace(block_size=BS, num_kv_heads=2, head_size=8)
+    w = _worker(spec, 4)
+    with pytest.raises(TypeError, match="uint8 needs kv_format"):
+        w.register_kv_caches({"l0": torch.zeros(_shape(layout, 3, 2, 8), dtype=torch.uint8)})
+
+
+@pytest.mark.parametrize("cache_dtype", ["fp8_inc", "fp8_ds_mla", "int8_per_token_head",
+                                         "fp8_per_token_head", "turboquant_k8v4", "nvfp4"])
+def test_connector_refuses_cache_dtypes_it_cannot_carry(cache_dtype):
+    spec = SimpleNamespace(block_size=BS, num_kv_heads=2, head_size=8)
+    with pytest.raises(ValueError, match=f"kv_cache_dtype '{cache_dtype}' is not a format"):
+        _worker(spec, 4, cache_dtype)
 
 
 def test_worker_refuses_unknown_layout():

@@ -53,6 +53,9 @@ NEEDS_FP8_CPU = pytest.mark.skipif(not FP8_CPU, reason="vLLM's CPU backend store
 
 WORKLOAD = dict(scored=8, convs=1, turns=0, extras=False, system_tokens=128, output_tokens=16,
                 max_model_len=512, block_size=32, kv_scales=[0.05, 0.025])
+HOST_PAGES = 256
+RETURN = dict(kvshare=True, kv_cache_dtype="fp8", scored=0, returns=2, convs=2, turns=0,
+              system_tokens=256, user_tokens=24, output_tokens=10, kv_blocks=5)
 CONFIGS = {
     "vllm_auto": dict(kvshare=False),
     "kvs_auto": dict(kvshare=True, kvshare_attention=True),
@@ -62,6 +65,16 @@ CONFIGS = {
                           kv_scale_fault="swap"),
     "vllm_e5m2": dict(kvshare=False, kv_cache_dtype="fp8_e5m2"),
     "kvs_e5m2": dict(kvshare=True, kvshare_attention=True, kv_cache_dtype="fp8_e5m2"),
+    # Evict and return (engine_e2e's `returns`) on an fp8 cache of 20 blocks of 32 (kv_blocks
+    # counts float32 blocks: 5 of them hold 20 fp8 blocks): a 280-token prompt, three unrelated
+    # prompts of its size that push it out of the device cache, the prompt again; twice. Without
+    # and with kvshare's KV connector's host tier, through kvshare's attention backend (its
+    # [2, blocks, ...] layout, copied with kvs_kv_copy as fp8) and vLLM's (its interleaved
+    # layout, copied whole blocks with torch).
+    "kvs_e4m3_return": dict(RETURN, kvshare_attention=True),
+    "kvs_e4m3_return_host": dict(RETURN, kvshare_attention=True, host_pages=HOST_PAGES),
+    "vllm_e4m3_return": dict(RETURN),
+    "vllm_e4m3_return_host": dict(RETURN, host_pages=HOST_PAGES),
 }
 
 
@@ -197,3 +210,23 @@ def test_vllms_cpu_fp8_write_truncates():
             got = stored.reshape(-1).sort().values
             assert torch.equal(got, toward_zero.reshape(-1).sort().values)
             assert not torch.equal(got, nearest.view(torch.uint8).reshape(-1).sort().values)
+
+
+@NEEDS_ATTENTION
+@NEEDS_FP8_CPU
+def test_fp8_cache_host_tier_hits_same_tokens(engine):
+    """kvshare's KV connector on an fp8 cache: each returning prompt's prefix is hit from the
+    host tier (nothing of it without one), every queued copy ran, and the tokens are those of
+    the run of the same attention backend that recomputed it, on both backends' layouts."""
+    for backend in ("kvs", "vllm"):
+        name = f"{backend}_e4m3_return_host"
+        host, plain = engine(name), engine(f"{backend}_e4m3_return")
+        assert host["attention"] == plain["attention"] == \
+            {"kvs": "KvshareCPUAttentionBackend", "vllm": "CPUAttentionBackend"}[backend]
+        st = host["kvshare_stats"]
+        assert st["demotions"] > 0 and st["promotions"] > 0 and st["host_hit_tokens"] > 0
+        assert host["connector"]["copies"] == st["demotions"] + st["promotions"]
+        for r in range(RETURN["returns"]):
+            assert plain["cached"][f"ret{r}b"] == 0, plain["cached"]
+            assert host["cached"][f"ret{r}b"] >= RETURN["system_tokens"], host["cached"]
+        assert host["tokens"] == plain["tokens"], name

@@ -417,6 +417,25 @@ def test_copy_pages_device_and_host():
     assert e.value.field == "copies"
 
 
+@pytest.mark.parametrize("kv_format", ["fp8_e4m3", "fp8_e5m2"])
+def test_copy_pages_fp8_caches_move_their_bytes(kv_format):
+    """vLLM's uint8 fp8 caches: copies of every byte value (NaN and infinity codes included)
+    are byte-identical, device to device, to host and back; a uint8 pair needs its format."""
+    hk, d, bs, nb = 2, 8, 4, 8
+    g = torch.Generator().manual_seed(11)
+    kc, vc = (torch.randint(0, 256, (nb, bs, hk, d), generator=g, dtype=torch.uint8)
+              for _ in range(2))
+    k0, v0 = kc.clone(), vc.clone()
+    hkc, hvc = (torch.zeros(3, bs, hk, d, dtype=torch.uint8) for _ in range(2))
+    ops.copy_pages(kc, vc, [(7, 1, bs, "d2h"), (2, 5, bs, "d2d"), (1, 0, bs, "h2d")],
+                   host_key_cache=hkc, host_value_cache=hvc, kv_format=kv_format)
+    assert torch.equal(hkc[1], k0[7]) and torch.equal(hvc[1], v0[7])
+    assert torch.equal(kc[5], k0[2]) and torch.equal(vc[5], v0[2])
+    assert torch.equal(kc[0], k0[7]) and torch.equal(vc[0], v0[7])
+    with pytest.raises(ops.OpsDtypeError, match="needs kv_format"):
+        ops.copy_pages(kc, vc, [(1, 2, bs, "d2d")])
+
+
 # ---------------------------------------------------------------------------------------------
 # Errors
 # ---------------------------------------------------------------------------------------------
