@@ -50,8 +50,8 @@ pub trait Fp8: Copy + Send + Sync + 'static {
     fn from_bits(b: u8) -> Self;
     /// The code's f16 image (see the module documentation).
     fn f16_bits(b: u8) -> u16;
-    /// The code whose f16 image is `h`; `h` must be the image of a code.
-    fn from_f16_bits(h: u16) -> u8;
+    /// The magnitude bits of the NaN code that writing a NaN stores (with the NaN's sign).
+    const NAN: u8;
 
     /// The element's value.
     fn to_f32(self) -> f32 {
@@ -60,29 +60,44 @@ pub trait Fp8: Copy + Send + Sync + 'static {
 
     /// `x` rounded to the nearest code, ties to even; beyond the largest finite magnitude,
     /// that magnitude with `x`'s sign; NaN gives a NaN code.
+    ///
+    /// Branch-free (selects only), so that a loop over a row compiles to vector code on each
+    /// kernel path (`cpu/quantize.rs`) with the same result as one element at a time.
+    #[inline(always)]
     fn from_f32(x: f32) -> Self {
-        let a = x.abs();
-        let r = if a.is_nan() {
-            a
+        let m = Self::MANTISSA_BITS as i32;
+        let bits = x.to_bits();
+        let sign = ((bits >> 24) & 0x80) as u8;
+        let a = f32::from_bits(bits & 0x7fff_ffff);
+        // The spacing of codes around `a`: `2^(e - m)` in the binade `[2^e, 2^(e+1))`, the
+        // subnormal spacing below `2^MIN_EXP` (zero and f32 subnormals included); infinities
+        // and NaNs read as e = 128. Scaling by a power of two is exact, so the one rounding is
+        // `round_ties_even`; past the largest finite code it saturates.
+        let e = (((bits >> 23) & 0xff) as i32 - 127).max(Self::MIN_EXP);
+        let r = (a * pow2(m - e)).round_ties_even() * pow2(e - m);
+        // (A select rather than `min`, whose NaN rule costs a vector blend; a NaN is replaced
+        // below.)
+        let r = if r > Self::MAX { Self::MAX } else { r };
+        // `r` is a code's value: its fields, or its multiple of the subnormal spacing.
+        let rb = r.to_bits() as i32;
+        let re = (rb >> 23) - 127;
+        let normal = ((re - Self::MIN_EXP + 1) << m) | ((rb >> (23 - m)) & ((1 << m) - 1));
+        // Below `2^MIN_EXP`, `r` is `k` times the subnormal spacing, `k < 2^m`: adding `2^23`
+        // to `k` as a float puts `k` in the mantissa's low bits exactly (no float-to-int
+        // conversion, which vector code would do one lane at a time).
+        let subnormal = ((r * pow2(m - Self::MIN_EXP) + pow2(23)).to_bits() as i32) & 0xff;
+        let mag = if re >= Self::MIN_EXP {
+            normal
         } else {
-            // The spacing of codes around `a`: `2^(e - m)` in the binade `[2^e, 2^(e+1))`, the
-            // subnormal spacing below `2^MIN_EXP`. Dividing by a power of two is exact, so the
-            // one rounding is `round_ties_even`.
-            let e = if a == 0.0 {
-                Self::MIN_EXP
-            } else {
-                (a.to_bits() >> 23) as i32 - 127
-            };
-            let quantum = pow2(e.max(Self::MIN_EXP) - Self::MANTISSA_BITS as i32);
-            ((a / quantum).round_ties_even() * quantum).min(Self::MAX)
+            subnormal
         };
-        // `r` is a code's value (or NaN), so its image is exact in f16.
-        let mag = Self::from_f16_bits(f16::from_f32(r / Self::UNIT).to_bits());
-        Self::from_bits(mag | if x.is_sign_negative() { 0x80 } else { 0 })
+        let mag = if a.is_nan() { Self::NAN } else { mag as u8 };
+        Self::from_bits(mag | sign)
     }
 }
 
 /// `2^e` for `e` in f32's normal range.
+#[inline(always)]
 fn pow2(e: i32) -> f32 {
     f32::from_bits(((e + 127) as u32) << 23)
 }
@@ -92,6 +107,7 @@ impl Fp8 for Fp8E4M3 {
     const MIN_EXP: i32 = -6;
     const MAX: f32 = 448.0;
     const UNIT: f32 = 256.0;
+    const NAN: u8 = 0x7f;
     fn to_bits(self) -> u8 {
         self.0
     }
@@ -104,13 +120,6 @@ impl Fp8 for Fp8E4M3 {
         let nan = if mag == 0x7f { 0x7c00 } else { 0 };
         sign | mag << 7 | nan
     }
-    fn from_f16_bits(h: u16) -> u8 {
-        if f16::from_bits(h).is_nan() {
-            0x7f | ((h >> 8) as u8 & 0x80)
-        } else {
-            ((h >> 8) as u8 & 0x80) | ((h >> 7) as u8 & 0x7f)
-        }
-    }
 }
 
 impl Fp8 for Fp8E5M2 {
@@ -118,6 +127,8 @@ impl Fp8 for Fp8E5M2 {
     const MIN_EXP: i32 = -14;
     const MAX: f32 = 57344.0;
     const UNIT: f32 = 1.0;
+    /// A quiet NaN.
+    const NAN: u8 = 0x7e;
     fn to_bits(self) -> u8 {
         self.0
     }
@@ -127,14 +138,6 @@ impl Fp8 for Fp8E5M2 {
     #[inline(always)]
     fn f16_bits(b: u8) -> u16 {
         (b as u16) << 8
-    }
-    fn from_f16_bits(h: u16) -> u8 {
-        if f16::from_bits(h).is_nan() {
-            // A quiet NaN whatever the image's payload (its low byte may not survive).
-            0x7e | ((h >> 8) as u8 & 0x80)
-        } else {
-            (h >> 8) as u8
-        }
     }
 }
 
@@ -227,7 +230,10 @@ mod tests {
 
     /// Rounds against the sorted table: nearest, ties to the even code, saturating.
     fn round_by_table<T: Fp8>(x: f32) -> f64 {
-        let t = finite::<T>();
+        round_in::<T>(&finite::<T>(), x)
+    }
+
+    fn round_in<T: Fp8>(t: &[f64], x: f32) -> f64 {
         let a = (x as f64).abs();
         let s = if x.is_sign_negative() { -1.0 } else { 1.0 };
         if a >= *t.last().unwrap() {
@@ -278,5 +284,33 @@ mod tests {
     fn writing_rounds_to_nearest_even_and_saturates() {
         rounding::<Fp8E4M3>();
         rounding::<Fp8E5M2>();
+    }
+
+    /// Every 4,093rd f32 bit pattern (about a million, every sign, binade, subnormals and NaNs
+    /// among them) writes the table's rounding, its sign kept, and NaNs a NaN code.
+    fn sweep<T: Fp8>() {
+        let t = finite::<T>();
+        for bits in (0..=u32::MAX).step_by(4093) {
+            let x = f32::from_bits(bits);
+            let got = T::from_f32(x);
+            if x.is_nan() {
+                assert!(got.to_f32().is_nan(), "{bits:#010x}");
+                assert_eq!(
+                    got.to_bits() & 0x80 != 0,
+                    x.is_sign_negative(),
+                    "{bits:#010x}"
+                );
+                continue;
+            }
+            let got = got.to_f32() as f64;
+            assert_eq!(got, round_in::<T>(&t, x), "{bits:#010x}");
+            assert_eq!(got.is_sign_negative(), x.is_sign_negative(), "{bits:#010x}");
+        }
+    }
+
+    #[test]
+    fn writing_sweeps_the_f32_bit_patterns() {
+        sweep::<Fp8E4M3>();
+        sweep::<Fp8E5M2>();
     }
 }

@@ -1,8 +1,9 @@
 //! `kvshare-bench MODE`: benchmarks that print human lines and a final single-line JSON object.
 //!
-//! Modes: `manager` (cache-manager bookkeeping), `attention` (CPU paged attention), `vllm` (the
-//! vLLM adapter against vLLM's own KVCacheManager, through `bench_vllm.py`), `vllm-e2e` (the real
-//! vLLM CPU engine generating a multi-turn workload with each manager, through `engine_e2e.py`).
+//! Modes: `manager` (cache-manager bookkeeping), `attention` (CPU paged attention), `kv-write`
+//! (the CPU KV write per cache format), `vllm` (the vLLM adapter against vLLM's own
+//! KVCacheManager, through `bench_vllm.py`), `vllm-e2e` (the real vLLM CPU engine generating a
+//! multi-turn workload with each manager, through `engine_e2e.py`).
 //! Numbers are medians over repeats; each mode measures its own baseline in the same run and
 //! reports ratios, because these machines are noisy.
 //!
@@ -13,6 +14,7 @@
 mod attention;
 mod attention_prefill;
 mod attention_vllm;
+mod kv_write;
 mod manager;
 mod timing;
 mod vllm;
@@ -31,6 +33,7 @@ USAGE:
 MODES:
     manager               the cache manager's bookkeeping against its floors
     attention             the CPU paged-attention kernel against memory bandwidth and vLLM's
+    kv-write              the CPU KV write per cache format and path against the bf16 copy
     vllm                  the vLLM adapter against vLLM's own KVCacheManager (vLLM venv)
     vllm-e2e              the real vLLM CPU engine with each manager (vLLM venv)
 
@@ -87,6 +90,7 @@ fn main() -> ExitCode {
         Ok(Some((mode, args))) => match mode.as_str() {
             "manager" => manager::run(args),
             "attention" => attention::run(args),
+            "kv-write" => kv_write::run(args),
             "vllm" => vllm::run(args),
             "vllm-e2e" => vllm::run_e2e(args),
             other => Err(format!("unknown mode {other:?} (see --help)")),

@@ -289,6 +289,49 @@ while read line; do echo "KVSBENCH 2.5"; done
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// `kv-write` writes with every format on every path the machine has (the bench itself refuses
+/// a path that stores other codes than another), and reports each against the bf16 copy and
+/// the plain loop in its JSON line; a bad option is an error, never a panic.
+#[test]
+fn kv_write_mode_reports_every_format_and_path() {
+    let out = bench()
+        .args([
+            "kv-write",
+            "--tokens",
+            "48",
+            "--heads",
+            "2",
+            "--head-dim",
+            "40",
+        ])
+        .args(["--page-size", "16", "--iters", "2"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    let json: serde_json::Value = serde_json::from_str(said.lines().last().unwrap()).unwrap();
+    assert_eq!(json["mode"], "kv-write");
+    let rows = json["rows"].as_array().unwrap();
+    for dt in ["bf16", "f16", "fp8_e4m3", "fp8_e5m2", "int8"] {
+        let of: Vec<_> = rows.iter().filter(|r| r["dtype"] == dt).collect();
+        assert!(of.iter().any(|r| r["path"] == "portable"), "{dt}: {said}");
+        for r in of {
+            assert!(r["ns_per_token_head"].as_f64().unwrap() > 0.0, "{r}");
+            assert!(r["vs_bf16_copy"].as_f64().unwrap() > 0.0, "{r}");
+            assert!(r["speedup_vs_plain"].as_f64().unwrap() > 0.0, "{r}");
+        }
+    }
+    for bad in [
+        &["--dtype", "int4"][..],
+        &["--tokens", "0"],
+        &["--iters", "x"],
+    ] {
+        let out = bench().arg("kv-write").args(bad).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {out:?}");
+        assert!(!String::from_utf8_lossy(&out.stderr).contains("panicked"));
+    }
+}
+
 #[test]
 fn unknown_mode_is_an_error() {
     let out = bench().arg("nonsense").output().unwrap();
@@ -302,7 +345,7 @@ fn unknown_mode_is_an_error() {
 #[test]
 fn every_mode_has_its_help() {
     let missing = std::env::temp_dir().join("kvshare-bench-no-such-python");
-    for mode in ["manager", "attention", "vllm", "vllm-e2e"] {
+    for mode in ["manager", "attention", "kv-write", "vllm", "vllm-e2e"] {
         for flag in ["--help", "-h"] {
             let out = bench()
                 .args([mode, flag])
@@ -326,7 +369,14 @@ fn every_mode_has_its_help() {
     let out = bench().arg("--help").output().unwrap();
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success());
-    for mode in ["manager", "attention", "vllm", "vllm-e2e", "MODE --help"] {
+    for mode in [
+        "manager",
+        "attention",
+        "kv-write",
+        "vllm",
+        "vllm-e2e",
+        "MODE --help",
+    ] {
         assert!(said.contains(mode), "{said}");
     }
 }

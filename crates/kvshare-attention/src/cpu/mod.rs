@@ -19,7 +19,7 @@ use super::copy_runs::{page_copy_runs, ByteRun};
 use super::pool::ThreadPool;
 use super::team::Team;
 use super::{
-    AttnBatch, Backend, BackendInfo, Buf, BufMut, ChannelScales, CopyKind, Fp8, KvScales, KvWrite,
+    AttnBatch, Backend, BackendInfo, Buf, BufMut, ChannelScales, CopyKind, KvScales, KvWrite,
     PageCopyBatch,
 };
 use crate::error::{Error, Result};
@@ -31,6 +31,7 @@ mod kernel;
 mod plan;
 #[cfg(test)]
 mod quant_tests;
+mod quantize;
 
 /// The CPU backend.
 pub struct CpuBackend {
@@ -480,8 +481,10 @@ fn run_item<T: KvElem>(
 /// `scale` (and its channel's, the `n` scales of `channel` for an int8 cache), less its
 /// channel's offset (the `n` of `offset`, in codes), and rounded to the cache's type (to
 /// nearest, ties to even; fp8 saturating, `fp8.rs`; int8 saturating to -128..=127, NaN stored
-/// as 0: int8 has none), or copied as they are when the types agree and the scale is 1.
+/// as 0: int8 has none; 8-bit codes in `isa`'s vector code, `quantize.rs`), or copied as they
+/// are when the types agree and the scale is 1.
 fn write_elems(
+    isa: Isa,
     src: &Buf<'_>,
     so: usize,
     dst: &mut BufMut<'_>,
@@ -490,10 +493,12 @@ fn write_elems(
     tmp: &mut [f32],
 ) {
     use half::slice::HalfFloatSliceExt;
-    fn quantize<T: Fp8>(d: &mut [T], x: &[f32]) {
-        d.iter_mut().zip(x).for_each(|(d, &x)| *d = T::from_f32(x));
-    }
     let n = tmp.len();
+    let codes = quantize::Scaling {
+        scale,
+        channel,
+        offset,
+    };
     match (src, dst) {
         (Buf::F32(s), BufMut::F32(d)) if scale == 1.0 => {
             d[dof..dof + n].copy_from_slice(&s[so..so + n])
@@ -506,25 +511,22 @@ fn write_elems(
         }
         (src, dst) => {
             src.read_f32(so, tmp);
-            match channel {
-                Some(c) => tmp.iter_mut().zip(c).for_each(|(x, c)| *x /= scale * c),
-                None if scale != 1.0 => tmp.iter_mut().for_each(|x| *x /= scale),
-                None => {}
-            }
-            if let Some(o) = offset {
-                tmp.iter_mut().zip(o).for_each(|(x, o)| *x -= o);
-            }
             match dst {
-                BufMut::F32(d) => d[dof..dof + n].copy_from_slice(tmp),
-                BufMut::F16(d) => d[dof..dof + n].convert_from_f32_slice(tmp),
-                BufMut::BF16(d) => d[dof..dof + n].convert_from_f32_slice(tmp),
-                BufMut::Fp8E4M3(d) => quantize(&mut d[dof..dof + n], tmp),
-                BufMut::Fp8E5M2(d) => quantize(&mut d[dof..dof + n], tmp),
-                // `as` saturates to the type's range and takes NaN to 0.
-                BufMut::I8(d) => d[dof..dof + n]
-                    .iter_mut()
-                    .zip(&*tmp)
-                    .for_each(|(d, x)| *d = x.round_ties_even() as i8),
+                BufMut::Fp8E4M3(d) => quantize::quantize(isa, &mut d[dof..dof + n], tmp, codes),
+                BufMut::Fp8E5M2(d) => quantize::quantize(isa, &mut d[dof..dof + n], tmp, codes),
+                BufMut::I8(d) => quantize::quantize(isa, &mut d[dof..dof + n], tmp, codes),
+                BufMut::F32(d) => {
+                    codes.apply(tmp);
+                    d[dof..dof + n].copy_from_slice(tmp)
+                }
+                BufMut::F16(d) => {
+                    codes.apply(tmp);
+                    d[dof..dof + n].convert_from_f32_slice(tmp)
+                }
+                BufMut::BF16(d) => {
+                    codes.apply(tmp);
+                    d[dof..dof + n].convert_from_f32_slice(tmp)
+                }
             }
         }
     }
@@ -627,8 +629,8 @@ impl Backend for CpuBackend {
                     c.map(|c| head(c.v)),
                     c.and_then(|c| c.v_offsets).map(head),
                 );
-                write_elems(&w.key, so, &mut w.key_cache, dof, k, &mut tmp);
-                write_elems(&w.value, so, &mut w.value_cache, dof, v, &mut tmp);
+                write_elems(self.isa, &w.key, so, &mut w.key_cache, dof, k, &mut tmp);
+                write_elems(self.isa, &w.value, so, &mut w.value_cache, dof, v, &mut tmp);
             }
         }
         Ok(())
