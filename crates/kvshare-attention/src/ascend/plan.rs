@@ -595,11 +595,14 @@ mod tests {
         // Query lengths > 1: one decode launch per query token, any page size decode takes.
         p.varlen = true;
         assert_eq!(plan_attention(&p, &pre()).unwrap(), AttnPlan::PerToken);
-        p.cache.page_size = 32;
-        assert_eq!(plan_attention(&p, &pre()).unwrap(), AttnPlan::PerToken);
-        p.cache.page_size = 16; // int8 pages are 32-aligned
-        assert!(unsup(plan_attention(&p, &dec())).contains("multiple of 32"));
-        p.cache.page_size = 128;
+        for (ps, ok) in [(32, true), (16, false), (48, false), (512, true)] {
+            let mut q = params(DType::F16, ps, 2, 4, 64, true);
+            q.cache.dtype = DType::Int8;
+            match plan_attention(&q, &pre()) {
+                Ok(plan) => assert!(ok && plan == AttnPlan::PerToken, "page {ps}"),
+                Err(e) => assert!(!ok && e.to_string().contains("multiple of 32"), "{e}"),
+            }
+        }
         p.output_dtype = DType::BF16;
         assert!(unsup(plan_attention(&p, &dec())).contains("differ"));
         p.output_dtype = DType::F32;
