@@ -1814,8 +1814,10 @@ kvs_status kvs_attention_launch(const struct kvs_backend *backend,
  query and the output; the per-tensor scales apply to any cache type.
  `kvs_attention_launch` is this call with NULL scales.
 
- CPU backend only for scales other than 1 and for quantized caches; the Ascend backend
- refuses them with `KVS_STATUS_UNSUPPORTED`.
+ The channel-scale and offset arrays are host memory on every backend. The Ascend backend
+ takes an int8 cache under an fp16/bf16 query (FIA's per-channel antiquant arguments; it
+ copies the scales to the device once per distinct set, see docs/ascend.md) and refuses
+ fp8 caches and scales other than 1 on other caches with `KVS_STATUS_UNSUPPORTED`.
 
  **Failure:** as `kvs_attention_launch`, and `KVS_STATUS_ATTN_INVALID_ARGUMENT` naming
  `k_scale`, `v_scale`, `k_channel_scales` or `v_channel_scales` when a scale is not a
@@ -1851,7 +1853,8 @@ kvs_status kvs_kv_write(const struct kvs_backend *backend,
  rounded to the cache's type: to nearest, ties to even; fp8 magnitudes past the largest
  finite value saturate to it and NaN stays NaN; int8 saturates to -128..=127 and stores
  NaN as 0. `kvs_kv_write` is this call with NULL scales. CPU backend only for scales other
- than 1 and for quantized caches.
+ than 1 and for quantized caches: the Ascend backend refuses them with
+ `KVS_STATUS_UNSUPPORTED` (the engine's own quantizing op writes an int8 cache there).
 
  **Failure:** as `kvs_kv_write`, and `KVS_STATUS_ATTN_INVALID_ARGUMENT` as
  `kvs_attention_launch_scaled` for the scales. Nothing is written on error.

@@ -15,7 +15,7 @@
 use super::params::{
     check_host_arrays, AttnParams, AttnSpans, CopyParams, KvWriteParams, PageCopy, SeqSpan,
 };
-use super::{BackendInfo, Result};
+use super::{check_attn_scales, BackendInfo, ChannelScales, Result};
 use crate::error::Error;
 
 /// The device memory of one attention launch (query, output, caches, block table): device
@@ -67,7 +67,7 @@ pub struct DeviceCopy {
 
 /// A validated attention launch on device memory. Built only by [`DeviceAttnBatch::new`].
 #[derive(Debug)]
-pub struct DeviceAttnBatch {
+pub struct DeviceAttnBatch<'a> {
     /// The validated params.
     pub params: AttnParams,
     /// Element counts of every tensor of the launch.
@@ -76,25 +76,32 @@ pub struct DeviceAttnBatch {
     pub seqs: Vec<SeqSpan>,
     /// The device addresses.
     pub mem: DeviceAttn,
+    /// The per-channel scales of an int8 cache: **host** arrays, as on the CPU backend (a
+    /// backend that needs them on the device makes its own copy).
+    pub channel_scales: Option<ChannelScales<'a>>,
 }
 
-impl DeviceAttnBatch {
-    /// Validates the params and the host arrays (`context_lens`, `query_start_loc`, of the
-    /// lengths [`AttnParams::validate`] gives). The block table is on the device and is not
-    /// read. Nothing is launched.
+impl<'a> DeviceAttnBatch<'a> {
+    /// Validates the params, the host arrays (`context_lens`, `query_start_loc`, of the
+    /// lengths [`AttnParams::validate`] gives) and the channel scales (as
+    /// [`AttnBatch::new`](super::AttnBatch::new) does). The block table is on the device and is
+    /// not read. Nothing is launched.
     pub fn new(
         params: AttnParams,
         mem: DeviceAttn,
         context_lens: &[i32],
         query_start_loc: Option<&[i32]>,
+        channel_scales: Option<ChannelScales<'a>>,
     ) -> Result<Self> {
         let spans = params.validate()?;
+        check_attn_scales(&params, channel_scales)?;
         let seqs = check_host_arrays(&params, context_lens, query_start_loc, None)?;
         Ok(DeviceAttnBatch {
             params,
             spans,
             seqs,
             mem,
+            channel_scales,
         })
     }
 }
@@ -182,7 +189,7 @@ pub trait DeviceBackend: BackendInfo {
     /// accept (alignment); the message names the field and the requirement.
     fn check_address(&self, field: &'static str, addr: usize) -> Result<()>;
     /// Paged attention; enqueues the writes of every query token's output rows.
-    fn attention(&self, batch: DeviceAttnBatch, stream: usize) -> Result<()>;
+    fn attention(&self, batch: DeviceAttnBatch<'_>, stream: usize) -> Result<()>;
     /// Scatters new K and V into the caches by slot.
     fn kv_write(&self, write: DeviceKvWriteBatch, stream: usize) -> Result<()>;
     /// Copies pages (or a prefix of a page's slots) in order, within and between tiers.

@@ -298,6 +298,21 @@ pub fn check_channel_scales(cache: &CacheLayout, s: Option<ChannelScales<'_>>) -
     }
 }
 
+/// Checks an attention launch's channel scales ([`check_channel_scales`]) and refuses a soft
+/// cap with K channel offsets, on every backend.
+pub fn check_attn_scales(params: &AttnParams, s: Option<ChannelScales<'_>>) -> Result<()> {
+    check_channel_scales(&params.cache, s)?;
+    if params.softcap != 0.0 && s.is_some_and(|c| c.k_offsets.is_some()) {
+        // A K offset adds the same amount to every score of a query row, which the softmax
+        // ignores and the kernels therefore drop; a soft cap does not ignore it.
+        return Err(Error::Unsupported(
+            "softcap with int8 K channel offsets (the cap is applied to scores the offsets shift)"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
 /// The host memory of an attention launch (inputs and output).
 #[derive(Debug)]
 pub struct AttnBuffers<'a> {
@@ -378,15 +393,7 @@ impl<'a> AttnBatch<'a> {
                 ))
             }
         }
-        check_channel_scales(&params.cache, bufs.channel_scales)?;
-        if params.softcap != 0.0 && bufs.channel_scales.is_some_and(|c| c.k_offsets.is_some()) {
-            // A K offset adds the same amount to every score of a query row, which the softmax
-            // ignores and the kernels therefore drop; a soft cap does not ignore it.
-            return Err(Error::Unsupported(
-                "softcap with int8 K channel offsets (the cap is applied to scores the offsets shift)"
-                    .into(),
-            ));
-        }
+        check_attn_scales(&params, bufs.channel_scales)?;
         let seqs = check_host_arrays(
             &params,
             bufs.context_lens,

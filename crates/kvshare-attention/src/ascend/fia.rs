@@ -7,8 +7,9 @@
 
 use std::ffi::{c_void, CStr};
 
+use super::antiquant::AntiquantSet;
 use super::loader::{Cann, FiaFn};
-use super::plan::{acl_dtype, window_launch, KvLayout, WindowLaunch};
+use super::plan::{acl_dtype, kv_acl_dtype, window_launch, KvLayout, WindowLaunch};
 use super::rt::{check, opt, opt_arr, Executor, IntArray, Tensor, TensorList, View};
 use super::sys::*;
 use super::{AscendBackend, MASK_SIDE};
@@ -30,6 +31,8 @@ pub(super) struct Fia<'a> {
     /// The decode-window ramp `(address, half)`: `half` bytes of 1 then `half` bytes of 0
     /// (see [`AscendBackend::ramp`]); present when a decode row needs a window mask.
     pub(super) ramp: Option<(usize, usize)>,
+    /// An int8 cache's antiquant scales (and offsets) on the device.
+    pub(super) antiquant: Option<AntiquantSet>,
 }
 
 /// Which `attenMask` a launch passes.
@@ -65,9 +68,40 @@ impl<'a> Fia<'a> {
         &self.be.cann
     }
 
+    /// The query's (and output's) dtype.
     fn dt(&self) -> i32 {
         // Checked by the plan.
-        acl_dtype(self.p.cache.dtype, "cache.dtype").unwrap_or(ACL_FLOAT16)
+        acl_dtype(self.p.query_dtype, "query_dtype").unwrap_or(ACL_FLOAT16)
+    }
+
+    /// The caches' dtype (fp16/bf16, or int8 with antiquant).
+    fn kv_dt(&self) -> i32 {
+        // Checked by the plan.
+        kv_acl_dtype(self.p.cache.dtype).unwrap_or(ACL_FLOAT16)
+    }
+
+    /// One antiquant tensor (per-channel, `num_kv_heads * head_dim` of the query's dtype):
+    /// `(1, N, D)` beside a BSND query (BnBsH cache), `(1, N, 1, D)` beside BNSD (BnNBsD).
+    fn antiquant_tensor(&self, kv: KvLayout, addr: usize) -> Result<Tensor<'a>> {
+        let (n, d) = (
+            self.p.cache.num_kv_heads as i64,
+            self.p.cache.head_dim as i64,
+        );
+        let (dims, strides) = match kv {
+            KvLayout::BnBsH => (vec![1, n, d], vec![n * d, d, 1]),
+            KvLayout::BnNBsD => (vec![1, n, 1, d], vec![n * d, d, d, 1]),
+        };
+        Tensor::new(
+            self.cann(),
+            &View {
+                dims,
+                strides,
+                offset: 0,
+                storage: n * d,
+                dtype: self.dt(),
+                data: addr as *mut c_void,
+            },
+        )
     }
 
     fn cache_list(&self, kv: KvLayout, addr: usize) -> Result<TensorList<'a>> {
@@ -89,7 +123,7 @@ impl<'a> Fia<'a> {
                 strides,
                 offset: 0,
                 storage: self.spans.cache as i64,
-                dtype: self.dt(),
+                dtype: self.kv_dt(),
                 data: addr as *mut c_void,
             },
         )?;
@@ -302,9 +336,33 @@ impl<'a> Fia<'a> {
             }
             _ => return Err(Error::BackendFailure("attention mask missing".into())),
         };
+        // keyAntiquantScale, keyAntiquantOffset, valueAntiquantScale, valueAntiquantOffset
+        // (per-channel: keyAntiquantMode = valueAntiquantMode = 0, the defaults passed below).
+        let aq = match self.antiquant {
+            None => None,
+            Some(set) => Some((
+                self.antiquant_tensor(kv, set.k_scale)?,
+                self.antiquant_tensor(kv, set.v_scale)?,
+                match set.offsets {
+                    None => None,
+                    Some((k, v)) => {
+                        Some((self.antiquant_tensor(kv, k)?, self.antiquant_tensor(kv, v)?))
+                    }
+                },
+            )),
+        };
         let p = self.p;
         let c = &p.cache;
         let nul = std::ptr::null::<AclTensor>();
+        let (ks, ko, vs, vo) = match &aq {
+            None => (nul, nul, nul, nul),
+            Some((k, v, off)) => (
+                k.raw(),
+                off.as_ref().map_or(nul, |o| o.0.raw()),
+                v.raw(),
+                off.as_ref().map_or(nul, |o| o.1.raw()),
+            ),
+        };
         let nula = std::ptr::null::<AclIntArray>();
         let layout = a.layout.as_ptr().cast_mut();
         let (nh, scale, nkv, sparse, ip, bs, pre, next) = (
@@ -317,7 +375,7 @@ impl<'a> Fia<'a> {
             a.pre,
             a.next,
         );
-        let (q, k, v, m, aq, akv, bt, o) = (
+        let (q, k, v, m, aqa, akv, bt, o) = (
             a.query.raw(),
             key.raw(),
             value.raw(),
@@ -337,17 +395,17 @@ impl<'a> Fia<'a> {
             match fia.get_ws {
                 FiaFn::V2(f) => (
                     f(
-                        q, k, v, nul, m, aq, akv, nul, nul, nul, nul, nul, nul, nul, bt, nul, nul,
-                        nul, nul, nul, nul, nul, nul, nula, nh, scale, pre, next, layout, nkv,
-                        sparse, ip, bs, 0, false, 0, 0, o, nul, &mut ws, &mut exec,
+                        q, k, v, nul, m, aqa, akv, nul, nul, nul, nul, nul, nul, nul, bt, nul, nul,
+                        ks, ko, vs, vo, nul, nul, nula, nh, scale, pre, next, layout, nkv, sparse,
+                        ip, bs, 0, false, 0, 0, o, nul, &mut ws, &mut exec,
                     ),
                     "aclnnFusedInferAttentionScoreV2GetWorkspaceSize",
                     "aclnnFusedInferAttentionScoreV2",
                 ),
                 FiaFn::V3(f) => (
                     f(
-                        q, k, v, nul, m, aq, akv, nul, nul, nul, nul, nul, nul, nul, bt, nul, nul,
-                        nul, nul, nul, nul, nul, nul, nula, nul, nul, nul, nh, scale, pre, next,
+                        q, k, v, nul, m, aqa, akv, nul, nul, nul, nul, nul, nul, nul, bt, nul, nul,
+                        ks, ko, vs, vo, nul, nul, nula, nul, nul, nul, nh, scale, pre, next,
                         layout, nkv, sparse, ip, bs, 0, false, 0, 0, o, nul, &mut ws, &mut exec,
                     ),
                     "aclnnFusedInferAttentionScoreV3GetWorkspaceSize",
@@ -355,9 +413,9 @@ impl<'a> Fia<'a> {
                 ),
                 FiaFn::V4(f) => (
                     f(
-                        q, k, v, nul, m, aq, akv, nul, nul, nul, nul, nul, nul, nul, bt, nul, nul,
-                        nul, nul, nul, nul, nul, nul, nula, nul, nul, nul, nul, nul, nh, scale,
-                        pre, next, layout, nkv, sparse, ip, bs, 0, false, 0, 0, 0, o, nul, &mut ws,
+                        q, k, v, nul, m, aqa, akv, nul, nul, nul, nul, nul, nul, nul, bt, nul, nul,
+                        ks, ko, vs, vo, nul, nul, nula, nul, nul, nul, nul, nul, nh, scale, pre,
+                        next, layout, nkv, sparse, ip, bs, 0, false, 0, 0, 0, o, nul, &mut ws,
                         &mut exec,
                     ),
                     "aclnnFusedInferAttentionScoreV4GetWorkspaceSize",

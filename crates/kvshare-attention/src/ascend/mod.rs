@@ -1,6 +1,7 @@
 //! The Ascend backend: paged attention, KV write and page copy launched on the caller's
 //! `aclrtStream` through CANN loaded at run time (`dlopen`; no build-time dependency).
 //!
+//! * `antiquant`: device copies of an int8 cache's antiquant scales and offsets, by contents.
 //! * `fia`: the launch builder of `aclnnFusedInferAttentionScore` (V2/V3/V4): the tensors,
 //!   lists and arrays of one attention call, by the plan's layout (decode, TND, per sequence);
 //! * [`loader`]: finds and loads `libascendcl.so`, `libnnopbase.so` and the op libraries, and
@@ -18,6 +19,7 @@
 //! Verified only against the emulated CANN runtime of `tests/cann_emu` and the documented API;
 //! see `docs/ascend.md`.
 
+mod antiquant;
 mod fia;
 pub mod loader;
 pub mod plan;
@@ -29,6 +31,7 @@ use std::ffi::c_void;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
+use self::antiquant::{AntiquantSet, AntiquantSets};
 use self::loader::Cann;
 use self::plan::{acl_dtype, check_align, kv_layout, AttnPlan, KvLayout};
 use self::rt::{check, Executor, IntArray, Tensor, View};
@@ -38,7 +41,9 @@ use super::copy_runs::page_copy_runs;
 use super::device::{
     DeviceAttn, DeviceAttnBatch, DeviceBackend, DeviceCopyBatch, DeviceKvWrite, DeviceKvWriteBatch,
 };
-use super::{AttnParams, AttnSpans, BackendInfo, CopyKind, KvWriteParams, SeqSpan};
+use super::{
+    AttnParams, AttnSpans, BackendInfo, ChannelScales, CopyKind, DType, KvWriteParams, SeqSpan,
+};
 use crate::error::{Error, Result};
 
 /// Side of the square causal mask CANN's optimized causal modes (sparse 2/3) take.
@@ -66,6 +71,8 @@ pub struct AscendBackend {
     /// Decode-window ramps `(address, half)`, grow-only: the last is the largest; older ones
     /// stay allocated (queued launches may still read them) until the backend is freed.
     ramps: Mutex<Vec<(usize, usize)>>,
+    /// int8 caches' antiquant scales on the device, by contents.
+    antiquant: AntiquantSets,
 }
 
 // SAFETY: the function table is immutable; device addresses are plain integers; mutable state
@@ -115,6 +122,7 @@ impl AscendBackend {
             device: options.device_id,
             mask: Mutex::new(None),
             ramps: Mutex::new(Vec::new()),
+            antiquant: AntiquantSets::default(),
         })
     }
 
@@ -138,8 +146,10 @@ impl AscendBackend {
         let (streams, bytes, allocs) = self.ws.stats();
         format!(
             "ascend: device {}; {}; workspaces: {streams} stream(s), {bytes} bytes, {allocs} \
-             allocation(s)",
-            self.device, self.cann.inventory
+             allocation(s); int8 antiquant scale sets: {}",
+            self.device,
+            self.cann.inventory,
+            self.antiquant.len()
         )
     }
 
@@ -258,6 +268,7 @@ impl AscendBackend {
         spans: &AttnSpans,
         seqs: &[SeqSpan],
         mem: &DeviceAttn,
+        channels: Option<ChannelScales<'_>>,
         stream: usize,
     ) -> Result<()> {
         let plan = plan::plan_attention(p, seqs)?;
@@ -267,11 +278,25 @@ impl AscendBackend {
         check_align("value_cache", mem.value_cache)?;
         check_align("block_table", mem.block_table)?;
         self.bind_thread()?;
-        let needs_mask = matches!(plan, AttnPlan::Tnd(_))
-            || (plan == AttnPlan::PerSeqBsnd && seqs.iter().any(|s| s.q_len > 1));
+        let antiquant = match (p.cache.dtype, channels) {
+            (DType::Int8, Some(ch)) => Some(self.antiquant_set(p, &ch)?),
+            // `DeviceAttnBatch::new` checked that an int8 cache has channel scales.
+            (DType::Int8, None) => {
+                return Err(Error::BackendFailure("int8 channel scales missing".into()))
+            }
+            _ => None,
+        };
+        // The launches of the per-sequence plans: `(sequence, span)` rows.
+        let rows: Vec<(usize, SeqSpan)> = match plan {
+            AttnPlan::PerToken => plan::token_rows(seqs),
+            _ => seqs.iter().copied().enumerate().collect(),
+        };
+        let per_row = matches!(plan, AttnPlan::PerSeqBsnd | AttnPlan::PerToken);
+        let needs_mask =
+            matches!(plan, AttnPlan::Tnd(_)) || (per_row && rows.iter().any(|(_, s)| s.q_len > 1));
         let mask = if needs_mask { Some(self.mask()?) } else { None };
-        let needs_ramp = plan == AttnPlan::PerSeqBsnd
-            && seqs.iter().any(|s| {
+        let needs_ramp = per_row
+            && rows.iter().any(|(_, s)| {
                 matches!(
                     plan::window_launch(p.sliding_window, s),
                     plan::WindowLaunch::DecodeMask { .. }
@@ -290,19 +315,27 @@ impl AscendBackend {
             stream,
             mask,
             ramp,
+            antiquant,
         };
         match plan {
             AttnPlan::Decode(kv) => f.decode(kv, seqs),
             AttnPlan::Tnd(kv) => f.tnd(kv, seqs),
-            AttnPlan::PerSeqBsnd => {
-                for (s, seq) in seqs.iter().enumerate() {
+            AttnPlan::PerSeqBsnd | AttnPlan::PerToken => {
+                for (s, seq) in &rows {
                     if seq.q_len > 0 {
-                        f.one_seq(s, seq)?;
+                        f.one_seq(*s, seq)?;
                     }
                 }
                 Ok(())
             }
         }
+    }
+
+    /// The device antiquant tensors of an int8 cache's scales (see [`antiquant`]).
+    fn antiquant_set(&self, p: &AttnParams, ch: &ChannelScales<'_>) -> Result<AntiquantSet> {
+        let n = p.cache.num_kv_heads * p.cache.head_dim;
+        self.antiquant
+            .get(&self.cann, p.query_dtype, p.kv_scales, ch, n)
     }
 
     /// KV write through `aclnnScatterPaKvCache` ("Norm" cache mode).
@@ -323,6 +356,17 @@ impl AscendBackend {
             ));
         };
         let c = &p.cache;
+        if c.dtype.is_quantized() {
+            return Err(Error::Unsupported(format!(
+                "Ascend backend: kvs_kv_write into a {:?} cache: aclnnScatterPaKvCache copies \
+                 elements and does not quantize, and kvshare composes no quantize op with it; \
+                 the engine's own quantizing write fills an int8 cache (vLLM-Ascend C8: \
+                 torch_npu.npu_quantize then npu_scatter_nd_update_; MindIE C8: \
+                 aclnnDequantRopeQuantKvcache or its quant before ATB ReshapeAndCache); \
+                 kvs_attention_launch_scaled then reads it",
+                c.dtype
+            )));
+        }
         let dt = acl_dtype(c.dtype, "cache.dtype")?;
         plan::unscaled(&p.scales)?;
         if p.src_dtype != c.dtype {
@@ -505,6 +549,7 @@ impl Drop for AscendBackend {
                 unsafe { (self.cann.free)(a as *mut c_void) };
             }
         }
+        self.antiquant.free_all(&self.cann);
     }
 }
 
@@ -528,8 +573,15 @@ impl DeviceBackend for AscendBackend {
     fn check_address(&self, field: &'static str, addr: usize) -> Result<()> {
         check_align(field, addr)
     }
-    fn attention(&self, b: DeviceAttnBatch, stream: usize) -> Result<()> {
-        self.launch_attention(&b.params, &b.spans, &b.seqs, &b.mem, stream)
+    fn attention(&self, b: DeviceAttnBatch<'_>, stream: usize) -> Result<()> {
+        self.launch_attention(
+            &b.params,
+            &b.spans,
+            &b.seqs,
+            &b.mem,
+            b.channel_scales,
+            stream,
+        )
     }
     fn kv_write(&self, b: DeviceKvWriteBatch, stream: usize) -> Result<()> {
         self.launch_kv_write(&b.params, b.src_elems, &b.mem, stream)

@@ -3,7 +3,12 @@
 //!
 //! Rules (from CANN's `aclnnFusedInferAttentionScoreV2.md`, summarised in docs/ascend.md;
 //! status `KVS_STATUS_UNSUPPORTED` unless noted):
-//! * dtypes: query, output, K and V all fp16 or all bf16 (FIA's non-quantised path).
+//! * dtypes: query, output, K and V all fp16 or all bf16 (FIA's non-quantised path); or an int8
+//!   cache (per-channel scales, optional offsets) under an fp16/bf16 query and output of one
+//!   dtype, read through FIA's `keyAntiquantScale`/`valueAntiquantScale` (+ offsets), modes 0:
+//!   decode launches only (`page_size` a multiple of 32), query lengths > 1 as
+//!   [`AttnPlan::PerToken`]; fp8 caches are refused (no FIA on Atlas A2/A3 takes fp8 K/V).
+//!   Per-tensor scales other than 1 only with an int8 cache (folded into the channel scales).
 //! * no logit soft cap (FIA has none).
 //! * sliding window `W` (see [`window_launch`]): FIA's band (`sparseMode` 4, `preTokens` W-1,
 //!   `nextTokens` 0) for query lengths > 1; an explicit decode mask for query length 1 (FIA ignores
@@ -48,6 +53,31 @@ pub enum AttnPlan {
     /// One BSND launch per sequence with query tokens: `[1, S, N, D]`; sparse mode 3 + mask
     /// when `S > 1`, sparse mode 0 when `S == 1`; with a sliding window, [`window_launch`].
     PerSeqBsnd,
+    /// An int8 cache with some query length > 1: FIA's paged path takes int8 K/V only in its
+    /// incremental branch (`Q_S == 1`; with `Q_S > 1` paged K/V must be fp16/bf16 on Atlas
+    /// A2/A3), so query token `i` of a sequence of `q` tokens over `ctx` keys is its own BSND
+    /// decode launch over the first `ctx - q + i + 1` keys ([`token_rows`]), each as a
+    /// `PerSeqBsnd` row of length 1: causal by construction, windowed by the decode mask.
+    PerToken,
+}
+
+/// The rows `(sequence, span)` of a [`AttnPlan::PerToken`] launch: one span of query length 1
+/// per query token, over the keys that token sees.
+pub fn token_rows(seqs: &[SeqSpan]) -> Vec<(usize, SeqSpan)> {
+    let mut rows = Vec::new();
+    for (s, seq) in seqs.iter().enumerate() {
+        for i in 0..seq.q_len {
+            rows.push((
+                s,
+                SeqSpan {
+                    q_start: seq.q_start + i,
+                    q_len: 1,
+                    ctx_len: seq.ctx_len - seq.q_len + i + 1,
+                },
+            ));
+        }
+    }
+    rows
 }
 
 /// How one sequence's FIA launch applies a sliding window of `W` tokens (a query token at
@@ -122,7 +152,7 @@ fn unsupported(what: impl Into<String>) -> Error {
     Error::Unsupported(format!("Ascend backend: {}", what.into()))
 }
 
-/// The dtype CANN gets for K/V/query/output (fp16 or bf16 only).
+/// The dtype CANN gets for a query, output or unquantized K/V (fp16 or bf16 only).
 pub fn acl_dtype(d: DType, field: &str) -> Result<i32> {
     match d {
         DType::F16 => Ok(super::sys::ACL_FLOAT16),
@@ -130,10 +160,32 @@ pub fn acl_dtype(d: DType, field: &str) -> Result<i32> {
         DType::F32 => Err(unsupported(format!(
             "{field} is f32; CANN's paged attention and KV scatter take fp16 or bf16"
         ))),
-        DType::Fp8E4M3 | DType::Fp8E5M2 | DType::Int8 => Err(unsupported(format!(
-            "{field} is {d:?}; quantized KV caches run on the CPU backend only (CANN's \
-             quantized-KV arguments are not wired)"
+        DType::Int8 => Err(unsupported(format!(
+            "{field} is Int8; CANN takes an int8 cache only as FIA's antiquant K/V (decode \
+             launches of kvs_attention_launch_scaled with channel scales), never as a query, \
+             output or scatter source"
         ))),
+        DType::Fp8E4M3 | DType::Fp8E5M2 => Err(fp8(d, field)),
+    }
+}
+
+/// Why an fp8 cache is refused: what CANN lacks.
+fn fp8(d: DType, field: &str) -> Error {
+    unsupported(format!(
+        "{field} is {d:?}: aclnnFusedInferAttentionScoreV2/V3/V4 on Atlas A2/A3 take int8 \
+         antiquant K/V but no fp8 K/V (FLOAT8_E4M3FN K/V are documented for Ascend 950 only, \
+         which these FIA versions do not support, and no FIA takes E5M2); fp8 caches run on \
+         the CPU backend"
+    ))
+}
+
+/// The dtype of the K/V caches of an attention launch: fp16/bf16, or int8 read through FIA's
+/// per-channel antiquant arguments. fp8 is refused ([`fp8`]).
+pub fn kv_acl_dtype(d: DType) -> Result<i32> {
+    match d {
+        DType::Int8 => Ok(super::sys::ACL_INT8),
+        DType::Fp8E4M3 | DType::Fp8E5M2 => Err(fp8(d, "cache.dtype")),
+        d => acl_dtype(d, "cache.dtype"),
     }
 }
 
@@ -175,14 +227,27 @@ pub fn kv_layout(c: &CacheLayout) -> Result<KvLayout> {
 /// [`AttnParams::validate`] and `check_host_arrays`) and picks the launches.
 pub fn plan_attention(p: &AttnParams, seqs: &[SeqSpan]) -> Result<AttnPlan> {
     let c = &p.cache;
-    acl_dtype(c.dtype, "cache.dtype")?;
-    unscaled(&p.kv_scales)?;
-    if p.query_dtype != c.dtype || p.output_dtype != c.dtype {
-        return Err(unsupported(format!(
-            "query ({:?}), output ({:?}) and cache ({:?}) dtypes differ; CANN's non-quantised \
-             paged attention needs one dtype",
-            p.query_dtype, p.output_dtype, c.dtype
-        )));
+    kv_acl_dtype(c.dtype)?;
+    let quant = c.dtype == DType::Int8;
+    if quant {
+        // The per-tensor scales are multiplied into the channel scales (see `fia`).
+        acl_dtype(p.query_dtype, "query_dtype")?;
+        if p.output_dtype != p.query_dtype {
+            return Err(unsupported(format!(
+                "query ({:?}) and output ({:?}) dtypes differ; FIA's antiquant path writes the \
+                 query's dtype",
+                p.query_dtype, p.output_dtype
+            )));
+        }
+    } else {
+        unscaled(&p.kv_scales)?;
+        if p.query_dtype != c.dtype || p.output_dtype != c.dtype {
+            return Err(unsupported(format!(
+                "query ({:?}), output ({:?}) and cache ({:?}) dtypes differ; CANN's \
+                 non-quantised paged attention needs one dtype",
+                p.query_dtype, p.output_dtype, c.dtype
+            )));
+        }
     }
     if p.softcap != 0.0 {
         return Err(unsupported(
@@ -218,11 +283,17 @@ pub fn plan_attention(p: &AttnParams, seqs: &[SeqSpan]) -> Result<AttnPlan> {
         )));
     }
     let prefill = seqs.iter().any(|s| s.q_len > 1);
-    if !prefill {
-        if ps > 512 || ps % 16 != 0 {
+    if !prefill || quant {
+        // An int8 cache runs every query row as a decode row (see `AttnPlan::PerToken`).
+        let (align, what) = if quant {
+            (32, "int8")
+        } else {
+            (16, "fp16/bf16")
+        };
+        if ps > 512 || ps % align != 0 {
             return Err(unsupported(format!(
-                "page_size {ps}: CANN paged decode needs a page size in 16..=512 that is a \
-                 multiple of 16 for fp16/bf16 (128 recommended)"
+                "page_size {ps}: CANN paged decode needs a page size in {align}..=512 that is a \
+                 multiple of {align} for {what} K/V (128 recommended)"
             )));
         }
         if p.num_heads > MAX_DECODE_HEADS {
@@ -236,6 +307,16 @@ pub fn plan_attention(p: &AttnParams, seqs: &[SeqSpan]) -> Result<AttnPlan> {
                 "num_seqs {} is above CANN's decode limit {MAX_DECODE_BATCH}",
                 p.num_seqs
             )));
+        }
+        if prefill {
+            if kv == KvLayout::BnNBsD {
+                return Err(unsupported(
+                    "query length > 1 with an int8 cache runs one BSND decode launch per query \
+                     token, which CANN does not take with a BnNBsD cache; use the dense \
+                     [pages, page_size, kv_heads, head_dim] layout",
+                ));
+            }
+            return Ok(AttnPlan::PerToken);
         }
         // Every sequence has one query token at row s (decode, or varlen with all lengths 1).
         if !window
@@ -500,6 +581,66 @@ mod tests {
         };
         assert_eq!(window_launch(3, &s), WindowLaunch::None);
         assert_eq!(window_launch(0, &pre()[0]), WindowLaunch::None);
+    }
+
+    #[test]
+    fn int8_cache_plans() {
+        let mut p = params(DType::F16, 128, 2, 4, 64, false);
+        p.cache.dtype = DType::Int8;
+        p.kv_scales = KvScales::new(0.5, 2.0); // folded into the channel scales
+        assert_eq!(
+            plan_attention(&p, &dec()).unwrap(),
+            AttnPlan::Decode(KvLayout::BnBsH)
+        );
+        // Query lengths > 1: one decode launch per query token, any page size decode takes.
+        p.varlen = true;
+        assert_eq!(plan_attention(&p, &pre()).unwrap(), AttnPlan::PerToken);
+        for (ps, ok) in [(32, true), (16, false), (48, false), (512, true)] {
+            let mut q = params(DType::F16, ps, 2, 4, 64, true);
+            q.cache.dtype = DType::Int8;
+            match plan_attention(&q, &pre()) {
+                Ok(plan) => assert!(ok && plan == AttnPlan::PerToken, "page {ps}"),
+                Err(e) => assert!(!ok && e.to_string().contains("multiple of 32"), "{e}"),
+            }
+        }
+        p.output_dtype = DType::BF16;
+        assert!(unsup(plan_attention(&p, &dec())).contains("differ"));
+        p.output_dtype = DType::F32;
+        p.query_dtype = DType::F32;
+        assert!(unsup(plan_attention(&p, &dec())).contains("f32"));
+        let mut p = params(DType::BF16, 128, 2, 2, 128, true);
+        p.cache.dtype = DType::Int8;
+        p.cache.slot_stride = 128;
+        p.cache.head_stride = 128 * 128;
+        assert_eq!(
+            plan_attention(&p, &dec()).unwrap(),
+            AttnPlan::Decode(KvLayout::BnNBsD)
+        );
+        assert!(unsup(plan_attention(&p, &pre())).contains("BnNBsD"));
+        for d in [DType::Fp8E4M3, DType::Fp8E5M2] {
+            let mut p = params(DType::F16, 128, 2, 4, 64, false);
+            p.cache.dtype = d;
+            assert!(unsup(plan_attention(&p, &dec())).contains("no fp8 K/V"));
+        }
+        // Scales other than 1 stay refused on an unquantized cache.
+        let mut p = params(DType::F16, 128, 2, 4, 64, false);
+        p.kv_scales = KvScales::new(0.5, 1.0);
+        assert!(unsup(plan_attention(&p, &dec())).contains("k_scale"));
+    }
+
+    #[test]
+    fn token_rows_see_the_causal_prefix() {
+        let rows = token_rows(&pre());
+        let want = [
+            (0, 0, 3),
+            (0, 1, 4),
+            (0, 2, 5),
+            (1, 3, 9), // a decode row stays as it is
+        ];
+        assert_eq!(rows.len(), want.len());
+        for ((s, r), (ws, q, ctx)) in rows.iter().zip(want) {
+            assert_eq!((*s, r.q_start, r.q_len, r.ctx_len), (ws, q, 1, ctx));
+        }
     }
 
     #[test]

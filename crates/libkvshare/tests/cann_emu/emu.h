@@ -101,6 +101,11 @@ typedef struct {
     int64_t *q_start, *q_len, *kv_len; /* per batch */
     int sparse;
     double scale;
+    /* int8 K/V: per-channel antiquant (KV-separated parameters, modes 0): value of a code c of
+     * kv head g, channel d = scale[g*D+d] * (c + offset[g*D+d]); offsets optional. */
+    int antiquant;
+    emu_view kas, kao, vas, vao;
+    int has_offset;
     /* SCATTER */
     emu_view key, value, kc, vc, slots;
 } emu_op;

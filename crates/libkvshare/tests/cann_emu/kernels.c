@@ -22,6 +22,19 @@ static int64_t load_int(const emu_view *v, const int64_t *idx) {
     return x;
 }
 
+/* One K or V element: as stored, or for int8 K/V scale * (code + offset) of channel g*D + d,
+ * the scale and offset read in their own dtype (the query's). */
+static double kv_elem(const emu_op *o, const emu_view *kv, const int64_t *idx, const emu_view *sc,
+                      const emu_view *off, int64_t g, int64_t d) {
+    const char *p = emu_at(kv, idx);
+    if (!o->antiquant) return emu_load(p, kv->dtype);
+    int64_t c = g * o->D + d, cidx[4] = {0, 0, 0, 0};
+    cidx[sc->ndim - 1] = c; /* contiguous: the last axis walks every channel */
+    double x = *(const int8_t *)p;
+    double offset = o->has_offset ? emu_load(emu_at(off, cidx), off->dtype) : 0.0;
+    return emu_load(emu_at(sc, cidx), sc->dtype) * (x + offset);
+}
+
 void emu_run_fia(const emu_op *o) {
     if (o->mask_kind == 1) {
         for (int64_t i = 0; i < 2048; i++)
@@ -97,7 +110,7 @@ void emu_run_fia(const emu_op *o) {
                         int64_t kidx[4];
                         if (o->kv4d) { kidx[0] = page; kidx[1] = g; kidx[2] = slot; kidx[3] = d; }
                         else { kidx[0] = page; kidx[1] = slot; kidx[2] = g * D + d; }
-                        dot += q[d] * emu_load(emu_at(&o->k, kidx), o->k.dtype);
+                        dot += q[d] * kv_elem(o, &o->k, kidx, &o->kas, &o->kao, g, d);
                     }
                     sc[j] = dot * o->scale;
                     if (sc[j] > mx) mx = sc[j];
@@ -116,7 +129,7 @@ void emu_run_fia(const emu_op *o) {
                         int64_t vidx[4];
                         if (o->kv4d) { vidx[0] = page; vidx[1] = g; vidx[2] = slot; vidx[3] = d; }
                         else { vidx[0] = page; vidx[1] = slot; vidx[2] = g * D + d; }
-                        acc[d] += sc[j] * emu_load(emu_at(&o->v, vidx), o->v.dtype);
+                        acc[d] += sc[j] * kv_elem(o, &o->v, vidx, &o->vas, &o->vao, g, d);
                     }
                 }
                 for (int64_t d = 0; d < D; d++) {

@@ -156,8 +156,10 @@ typedef struct {
     const aclTensor *pse, *mask;
     const aclIntArray *actQ, *actKv;
     const aclTensor *blockTable;
-    const void *must_null[24]; /* quant, antiquant, padding, prefix, rope, sink inputs */
+    const void *must_null[24]; /* quant, combined antiquant, padding, prefix, rope, sink inputs */
     int n_must_null;
+    /* KV-separated antiquant parameters (V2+). */
+    const aclTensor *kas, *kao, *vas, *vao;
     const aclIntArray *sharedPrefixLen;
     int64_t numHeads;
     double scale;
@@ -189,7 +191,19 @@ static int fia_plan(const char *fn, const char *exec_name, fia_args *a) {
         if (a->must_null[i]) INVALID("optional input #%d (quant/antiquant/padding/prefix/rope/sink) must be NULL here", i);
     if (a->sharedPrefixLen) INVALID("actualSharedPrefixLen must be NULL (prefix is not supported with paging)");
     if (a->lseFlag || a->lse) INVALID("softmaxLseFlag must be false with softmaxLse NULL (not modelled)");
-    if (a->antiquantMode || a->kaMode || a->vaMode || a->qqMode) INVALID("quant modes must be 0");
+    if (a->antiquantMode || a->qqMode) INVALID("antiquantMode and queryQuantMode must be 0 (not modelled)");
+    if (a->kaMode != a->vaMode && !(a->kaMode == 0 && a->vaMode == 1))
+        INVALID("keyAntiquantMode %lld and valueAntiquantMode %lld must agree (except key 0 with value 1)", (long long)a->kaMode, (long long)a->vaMode);
+    if (a->kaMode < 0 || a->kaMode > 5 || a->vaMode < 0 || a->vaMode > 5)
+        INVALID("key/valueAntiquantMode must be in 0..5 on Atlas A2/A3 (got %lld, %lld)", (long long)a->kaMode, (long long)a->vaMode);
+    if (a->kaMode || a->vaMode) INVALID("key/valueAntiquantMode %lld/%lld: valid CANN (per-token and page-managed modes) but not modelled; modelled: 0 (per-channel)", (long long)a->kaMode, (long long)a->vaMode);
+    if (!a->kas != !a->vas) INVALID("keyAntiquantScale and valueAntiquantScale must both be given or both NULL");
+    if (!a->kao != !a->vao) INVALID("keyAntiquantOffset and valueAntiquantOffset must both be given or both NULL");
+    if (a->kao && !a->kas) INVALID("antiquant offsets without antiquant scales");
+    for (int i = 0; i < 4; i++) {
+        const aclTensor *t = i == 0 ? a->kas : i == 1 ? a->kao : i == 2 ? a->vas : a->vao;
+        if (t && !live_t(t)) INVALID("an antiquant scale/offset is not a live aclTensor");
+    }
     if (a->innerPrecise < 0 || a->innerPrecise > 3) INVALID("innerPrecise %lld not in 0..3", (long long)a->innerPrecise);
     if (!isfinite(a->scale)) INVALID("scaleValue is not finite");
     if (!a->layout) NULLPTR("inputLayout is NULL");
@@ -247,7 +261,15 @@ static int fia_plan(const char *fn, const char *exec_name, fia_args *a) {
     /* K/V caches: a one-element list each. */
     if (a->key->size != 1 || a->value->size != 1) INVALID("paged K/V must be one-element tensor lists (key %llu, value %llu)", (unsigned long long)a->key->size, (unsigned long long)a->value->size);
     const aclTensor *k = a->key->items[0], *v = a->value->items[0];
-    if (k->dtype != dt || v->dtype != dt) INVALID("K/V dtype differs from the query dtype");
+    int antiquant = k->dtype == DT_INT8;
+    if (antiquant) {
+        /* int8 K/V with an fp16/bf16 query: the antiquant (pseudo-quant) path. */
+        if (v->dtype != DT_INT8) INVALID("K is int8 but V has dtype %d (both int8 or neither)", v->dtype);
+        if (!a->kas) INVALID("int8 K/V need antiquant scales (keyAntiquantScale/valueAntiquantScale; the combined antiquantScale is not modelled)");
+    } else {
+        if (k->dtype != dt || v->dtype != dt) INVALID("K/V dtype differs from the query dtype");
+        if (a->kas || a->kao) INVALID("key/valueAntiquantScale/Offset are for int8 K/V only (K/V are dtype %d)", k->dtype);
+    }
     if (k->ndim != v->ndim) INVALID("K and V ranks differ");
     for (int i = 0; i < k->ndim; i++) if (k->dims[i] != v->dims[i]) INVALID("K and V shapes differ");
     if (!contiguous(k) || !contiguous(v)) INVALID("paged K/V cache tensors must be contiguous");
@@ -269,8 +291,32 @@ static int fia_plan(const char *fn, const char *exec_name, fia_args *a) {
     if (a->blockSize <= 0) INVALID("blockSize %lld: paging needs blockSize > 0", (long long)a->blockSize);
     if (bs != a->blockSize) INVALID("cache block size %lld != blockSize %lld", (long long)bs, (long long)a->blockSize);
 
+    /* Antiquant per-channel (Q_S == 1, Atlas A2): each of the four tensors (1, N, 1, D),
+     * (1, N, D) or (1, H) with N = numKeyValueHeads, contiguous, dtype = query dtype; an
+     * offset's dtype and shape are its scale's; K and V shapes equal. */
+    if (antiquant) {
+        if (S > 1 || layout == L_TND) INVALID("Q_S > 1 (or TND) with paging takes fp16/bf16 K/V only on Atlas A2/A3 (\"page attention不支持伪量化\"); int8 paged K/V need Q_S == 1");
+        const aclTensor *ts[4] = {a->kas, a->vas, a->kao, a->vao};
+        for (int i = 0; i < 4; i++) {
+            const aclTensor *t = ts[i];
+            if (!t) continue;
+            if (t->dtype != dt) INVALID("antiquant tensor %d has dtype %d; per-channel mode takes the query's dtype %d", i, t->dtype, dt);
+            int ok = (t->ndim == 4 && t->dims[0] == 1 && t->dims[1] == KVH && t->dims[2] == 1 && t->dims[3] == D) ||
+                     (t->ndim == 3 && t->dims[0] == 1 && t->dims[1] == KVH && t->dims[2] == D) ||
+                     (t->ndim == 2 && t->dims[0] == 1 && t->dims[1] == KVH * D);
+            if (!ok) INVALID("antiquant tensor %d: per-channel shape must be (1, N, 1, D), (1, N, D) or (1, H) with N = %lld, D = %lld", i, (long long)KVH, (long long)D);
+            if (!contiguous(t)) INVALID("antiquant tensor %d is not contiguous", i);
+        }
+        for (int i = 0; i < a->kas->ndim; i++) if (a->kas->ndim != a->vas->ndim || a->kas->dims[i] != a->vas->dims[i]) INVALID("keyAntiquantScale and valueAntiquantScale shapes differ");
+        if (a->kao) {
+            if (a->kao->ndim != a->kas->ndim || a->vao->ndim != a->vas->ndim) INVALID("an antiquant offset's shape differs from its scale's");
+            for (int i = 0; i < a->kas->ndim; i++) if (a->kao->dims[i] != a->kas->dims[i] || a->vao->dims[i] != a->vas->dims[i]) INVALID("an antiquant offset's shape differs from its scale's");
+        }
+    }
+
     /* Paging rules by query length. */
     if (S <= 1) {
+        if (antiquant && (a->blockSize > 512 || a->blockSize % 32)) INVALID("decode (Q_S == 1): blockSize %lld must be <= 512 and 32-aligned for int8 K/V", (long long)a->blockSize);
         if (a->blockSize > 512 || a->blockSize % 16) INVALID("decode (Q_S == 1): blockSize %lld must be <= 512 and 16-aligned for fp16/bf16", (long long)a->blockSize);
         if (N > 256) INVALID("decode: N = %lld > 256", (long long)N);
         if (B > 65536) INVALID("decode: B = %lld > 65536", (long long)B);
@@ -366,6 +412,16 @@ static int fia_plan(const char *fn, const char *exec_name, fia_args *a) {
     op.B = B; op.N = N; op.KVH = KVH; op.D = D; op.bs = bs; op.nb = nb;
     op.sparse = incremental ? 0 : (int)a->sparse; /* ignored by the incremental branch */
     op.scale = a->scale;
+    op.antiquant = antiquant;
+    if (antiquant) {
+        op.kas = view_of(a->kas);
+        op.vas = view_of(a->vas);
+        op.has_offset = a->kao != NULL;
+        if (a->kao) {
+            op.kao = view_of(a->kao);
+            op.vao = view_of(a->vao);
+        }
+    }
     (void)T;
 
     aclOpExecutor *e = new_exec(TASK_FIA, exec_name);
@@ -374,6 +430,14 @@ static int fia_plan(const char *fn, const char *exec_name, fia_args *a) {
     e->refs[e->nrefs++] = o;
     e->refs[e->nrefs++] = bt;
     if (a->mask) e->refs[e->nrefs++] = a->mask;
+    if (antiquant) {
+        e->refs[e->nrefs++] = a->kas;
+        e->refs[e->nrefs++] = a->vas;
+        if (a->kao) {
+            e->refs[e->nrefs++] = a->kao;
+            e->refs[e->nrefs++] = a->vao;
+        }
+    }
     e->list_refs[e->nlist_refs++] = a->key;
     e->list_refs[e->nlist_refs++] = a->value;
     e->ws_required = emu_state_ptr()->ws_per_row * (uint64_t)B * (uint64_t)N;
@@ -411,10 +475,10 @@ static int fia_plan(const char *fn, const char *exec_name, fia_args *a) {
     const void *nn_[] = {deqScale1Optional, quantScale1Optional, deqScale2Optional,             \
                          quantScale2Optional, quantOffset2Optional, antiquantScaleOptional,     \
                          antiquantOffsetOptional, queryPaddingSizeOptional,                     \
-                         kvPaddingSizeOptional, keyAntiquantScaleOptional,                      \
-                         keyAntiquantOffsetOptional, valueAntiquantScaleOptional,               \
-                         valueAntiquantOffsetOptional, keySharedPrefixOptional,                 \
+                         kvPaddingSizeOptional, keySharedPrefixOptional,                        \
                          valueSharedPrefixOptional};                                            \
+    a.kas = keyAntiquantScaleOptional; a.kao = keyAntiquantOffsetOptional;                      \
+    a.vas = valueAntiquantScaleOptional; a.vao = valueAntiquantOffsetOptional;                  \
     memcpy(a.must_null, nn_, sizeof nn_);                                                       \
     a.n_must_null = (int)(sizeof nn_ / sizeof nn_[0]);                                          \
     a.sharedPrefixLen = actualSharedPrefixLenOptional;                                          \

@@ -63,6 +63,27 @@ pub fn cpu_output(b: &Built) -> Data {
     out
 }
 
+/// The CPU backend's output for a built case read over other caches (`k`, `v`: host buffers of
+/// `b.layout`'s dtype, e.g. int8 codes) with dequantization scales, into a copy of `b.out`.
+pub fn cpu_output_scaled(
+    b: &Built,
+    k: *const c_void,
+    v: *const c_void,
+    scales: &kvshare::attn_args::kvs_kv_scales,
+) -> Data {
+    let cpu = new_backend(1);
+    let mut out = b.out.clone();
+    let a = b.args_over(b.query.ptr(), out.ptr_mut(), k, v, b.block_table.as_ptr());
+    assert_eq!(
+        unsafe { kvs_backend::kvs_attention_launch_scaled(cpu, &a, scales, std::ptr::null_mut()) },
+        kvs_status::Ok,
+        "{}",
+        last_error()
+    );
+    unsafe { kvs_backend::kvs_backend_free(cpu) };
+    out
+}
+
 pub fn expect_status(got: kvs_status, want: kvs_status, needle: &str) {
     let m = last_error();
     assert_eq!(got, want, "{m}");
