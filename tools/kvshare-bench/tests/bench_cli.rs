@@ -77,7 +77,8 @@ for f in k v q out table; do [ -s "$3/$f.bin" ] || { echo "no $f" >&2; exit 1; }
 for a in "$@"; do last=$a; done
 echo "INFO a vLLM log line on stdout"
 huge=0; [ "$THP_MEM_ALLOC_ENABLE" = 1 ] && huge=3145728
-echo "KVSBENCH {\"version\": \"fake\", \"build\": \"_C_FAKE\", \"isa\": \"$last\", \"max_diff\": 0.5, \"huge_bytes\": $huge}"
+extra=; case $last in fp8*) extra=', "same_bytes": true, "bound": 0.75';; esac
+echo "KVSBENCH {\"version\": \"fake\", \"build\": \"_C_FAKE\", \"isa\": \"$last\", \"max_diff\": 0.5, \"huge_bytes\": $huge$extra}"
 while read line; do echo "KVSBENCH 2.5"; done
 "#,
     );
@@ -176,6 +177,53 @@ while read line; do echo "KVSBENCH 2.5"; done
         assert!(lc["pool"].as_f64().unwrap() > 0.0, "{json}");
         assert!(lc["one_thread"].as_f64().unwrap() > 0.0, "{json}");
     }
+    // An fp8 cache: its codes handed over with vLLM's kv_cache_dtype as the last argument; what
+    // the script says of the stored bytes and of the bound is printed and in the JSON. An int8
+    // cache has no vLLM counterpart: said, and the rest runs.
+    for fmt in ["fp8_e4m3", "fp8_e5m2"] {
+        let out = bench()
+            .args(args)
+            .args(["--dtype", fmt])
+            .env("KVS_VLLM_PYTHON", &fake)
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{out:?}");
+        assert!(
+            said.contains(&format!(
+                "(build _C_FAKE, isa {fmt}) on the same KV in its own layout, kv_cache_dtype {fmt} \
+(uint8, k_scale = v_scale = 1; the same stored bytes as kvshare's)"
+            )),
+            "{said}"
+        );
+        assert!(
+            said.contains("max |vLLM - kvshare| 5.00e-1 (bound 7.50e-1: within)"),
+            "{said}"
+        );
+        assert!(said.contains("vLLM time / kvshare time"), "{said}");
+        let j: serde_json::Value = serde_json::from_str(said.lines().last().unwrap()).unwrap();
+        let v = &j["shapes"][0]["vllm"];
+        assert_eq!(v["kv_cache_dtype"], fmt, "{v}");
+        assert_eq!(v["same_bytes"], true, "{v}");
+        assert_eq!(v["bound"].as_f64(), Some(0.75), "{v}");
+        assert!(
+            j["shapes"][0]["quantized_against"]["paths"].is_object(),
+            "{j}"
+        );
+    }
+    let out = bench()
+        .args(args)
+        .args(["--dtype", "int8"])
+        .env("KVS_VLLM_PYTHON", &fake)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        said.contains("vLLM side-by-side: not run: vLLM's CPU backend has no int8 KV cache"),
+        "{said}"
+    );
+    assert!(said.contains("\"vllm\":null"), "{said}");
     let out = bench().args(args).args(["--dtype", "f8"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr)
