@@ -38,7 +38,8 @@ use kvshare_attention::{
 struct Opts {
     /// `--seqs` or `--ctx` given: run that one shape.
     shape_given: bool,
-    /// `--prefill`: causal prefill in f32 and bf16 against torch SDPA instead of decode.
+    /// `--prefill`: causal prefill in f32 and bf16 (or `--dtype`'s quantized cache against bf16)
+    /// against torch SDPA and vLLM instead of decode.
     prefill: bool,
     /// `--chunk`: with `--prefill`, only the last N tokens of each sequence are queries (chunked
     /// prefill after a cached prefix); 0 = every token.
@@ -84,7 +85,9 @@ OPTIONS:
                           as bf16 and as f16, and an fp8 cache with vLLM's own fp8 cache
                           holding the same stored bytes
     --huge-pages on|off   decode K/V, kvshare's and vLLM's, on 2 MiB pages [on]
-    --prefill             causal prefill, f32 and bf16, against torch SDPA
+    --prefill             causal prefill, f32 and bf16, against torch SDPA; with a
+                          quantized --dtype that cache (query bf16) against the same
+                          values as bf16, torch SDPA and, for fp8, vLLM's fp8 cache
     --chunk N             with --prefill: the last N tokens of each sequence are the queries,
                           after a cached prefix
     -h, --help            this text
@@ -269,16 +272,29 @@ fn fp8_check(kv: DType, ready: &attention_vllm::Ready) -> (String, String) {
     let opt = |x: Option<String>| x.unwrap_or_else(|| "null".into());
     (
         format!(
-            ", kv_cache_dtype {} (uint8, k_scale = v_scale = 1; {same})",
-            dtype_name(kv)
+            ", kv_cache_dtype {} (uint8, k_scale = v_scale = 1; {same}{})",
+            dtype_name(kv),
+            ready.misread.map_or(String::new(), misread_text)
         ),
         format!(
-            ",\"kv_cache_dtype\":\"{}\",\"same_bytes\":{},\"bound\":{}",
+            ",\"kv_cache_dtype\":\"{}\",\"same_bytes\":{},\"bound\":{},\"misread_codes\":{},\"misread_max\":{}",
             dtype_name(kv),
             opt(ready.same_bytes.map(|b| b.to_string())),
-            opt(ready.bound.map(|b| format!("{b:.3e}")))
+            opt(ready.bound.map(|b| format!("{b:.3e}"))),
+            opt(ready.misread.map(|m| m.0.to_string())),
+            opt(ready.misread.map(|m| format!("{:.3e}", m.1)))
         ),
     )
+}
+
+/// What the vLLM script found of its kernel's fp8 reads (`(finite codes read as another value,
+/// the largest error)`), as printed after the stored bytes' check.
+pub(crate) fn misread_text((n, max): (u64, f64)) -> String {
+    if n == 0 {
+        "; its kernel reads every finite code exactly".into()
+    } else {
+        format!("; its kernel reads {n} finite codes as another value, at most {max:.2e} off")
+    }
 }
 
 /// One shape's figures.
@@ -344,6 +360,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), String> {
             threads,
             iters: o.iters,
             chunk: if o.chunk == 0 { ctx } else { o.chunk },
+            quantized: o.dtype.is_quantized().then_some(o.dtype),
         };
         let results = attention_prefill::run(shape, &paths)?;
         println!(

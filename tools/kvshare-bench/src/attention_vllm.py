@@ -11,7 +11,8 @@
 # Prints (after the marker KVSBENCH; vLLM logs to stdout too) one JSON line (vLLM version, the kernel library it
 # loaded, its attention ISA, max |vLLM - kvshare|, the bytes of its K/V cache on 2 MiB pages: torch
 # asks for them when the caller sets THP_MEM_ALLOC_ENABLE=1; for an fp8 cache also whether the
-# stored bytes are the same and the bound the two outputs must meet), then times one
+# stored bytes are the same, how many codes vLLM's kernel reads as another value and how far off,
+# and the bound the two outputs must meet), then times one
 # vLLM decode per line read from stdin and prints its milliseconds, so the caller alternates.
 import json, sys, time
 import numpy as np, torch
@@ -60,20 +61,16 @@ if fp8 is not None:
         want = torch.where(want == 0x80, torch.zeros_like(want), want)  # -0 stored as +0
         return torch.equal(counts(cache), counts(want))
     extra["same_bytes"] = same_bytes("k", kc) and same_bytes("v", vc)
-    # The bound |vLLM - kvshare| must meet with both reading the same stored values
-    # (docs/quantized-kv.md, "Accuracy", with exact stored values, for each side): rounding the
-    # query and the probabilities to bf16 (2^-8 relative each) moves a score by at most
-    # D = 2^-8 s sum_j |q_j| |k_tj| and the weights by e^(2D) - 1 + 2^-8; f32 arithmetic adds
-    # 2^-14; each side's output rounds to DTYPE (2^-8 relative in bf16) once more.
-    u, bound = 2.0 ** -8, 0.0
+    misread, delta = fp8_misread(ops, fmt, fp8, isa, dt, ps)
+    extra["misread_codes"], extra["misread_max"] = misread, delta
+    bound = 0.0
     qa = q.float().abs().view(seqs, hk, h // hk, dim)
     for s_ in range(seqs):
         K = key.view(seqs, ctx, hk, dim)[s_].float().abs()
         V = val.view(seqs, ctx, hk, dim)[s_].float().abs()
-        D = u * dim ** -0.5 * torch.einsum("kgd,tkd->kgt", qa[s_], K).amax(-1)  # [hk, g]
-        vmax = V.amax(dim=(0, 2))[:, None]  # [hk, 1]
-        bound = max(bound, (2 * (torch.expm1(2 * D) + u + 2.0 ** -14) * vmax).max().item())
-    extra["bound"] = bound + u * load("out").float().abs().max().item()
+        D = torch.einsum("kgd,tkd->kgt", qa[s_], K).amax(-1)[None]  # [1, hk, g]
+        bound = max(bound, fp8_bound(D, qa[s_].sum(-1)[None], V.amax(dim=(0, 2)), delta, dim))
+    extra["bound"] = bound + 2.0 ** -8 * load("out").float().abs().max().item()
 del key, val, kp, vp
 ref = load("out").view(seqs, h, dim).float()
 out = torch.empty(seqs, h, dim, dtype=dt)

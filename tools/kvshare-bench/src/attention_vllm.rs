@@ -11,7 +11,11 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
-const SCRIPT: &str = include_str!("attention_vllm.py");
+/// The script, after the fp8 helpers it shares with the other one.
+const SCRIPT: &str = concat!(
+    include_str!("attention_fp8.py"),
+    include_str!("attention_vllm.py")
+);
 
 /// The interpreter to use, or why there is none.
 pub fn python() -> Result<String, String> {
@@ -45,8 +49,11 @@ pub struct Ready {
     /// An fp8 cache: whether vLLM's cache holds the codes kvshare's does (as counts of each
     /// byte value; -0 stored as +0).
     pub same_bytes: Option<bool>,
-    /// An fp8 cache: the bound `max_diff` must meet, both reading the same stored values.
+    /// An fp8 cache: the bound `max_diff` must meet, both holding the same stored codes.
     pub bound: Option<f64>,
+    /// An fp8 cache: how many of the format's finite codes vLLM's kernel reads as another value,
+    /// and the largest error of those reads.
+    pub misread: Option<(u64, f64)>,
 }
 
 /// A running server; dropped: its stdin closes, it exits, and its files are removed.
@@ -130,6 +137,9 @@ impl Server {
                 .ok_or(format!("bad vLLM script output: {line}"))?,
             same_bytes: field("same_bytes").map(|s| s == "true"),
             bound: field("bound").and_then(|s| s.parse().ok()),
+            misread: field("misread_codes")
+                .and_then(|n| n.parse().ok())
+                .zip(field("misread_max").and_then(|x| x.parse().ok())),
         };
         Ok((server, ready))
     }

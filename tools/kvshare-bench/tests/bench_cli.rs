@@ -337,6 +337,79 @@ while read line; do echo "KVSBENCH 2.5"; done
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// `kvshare-bench attention --prefill --dtype fp8_e5m2|int8`: one run on the quantized cache
+/// with the same values as bf16 beside it on every path; the stand-in script is handed the
+/// cache's name after the chunk, and what it says of vLLM's fp8 cache is printed.
+#[test]
+fn prefill_quantized_cache_runs_beside_bf16() {
+    let (dir, fake) = stand_in(
+        "qprefill",
+        r#"#!/bin/sh
+[ "${11}" = bf16 ] || { echo "query type ${11}, want bf16" >&2; exit 1; }
+echo "KVSBENCH {\"torch\": \"fake\", \"torch_max_diff\": 0.0, \"vllm\": \"fake\", \"vllm_isa\": \"cache ${13}\", \"vllm_max_diff\": 0.25, \"same_bytes\": true, \"misread_codes\": 6, \"misread_max\": 0.125, \"bound\": 0.5}"
+while read line; do echo "KVSBENCH 2.5"; done
+"#,
+    );
+    for fmt in ["fp8_e5m2", "int8"] {
+        let out = bench()
+            .args([
+                "attention",
+                "--prefill",
+                "--dtype",
+                fmt,
+                "--seqs",
+                "1",
+                "--ctx",
+                "32",
+                "--kv-heads",
+                "1",
+                "--head-dim",
+                "64",
+                "--page-size",
+                "16",
+                "--iters",
+                "1",
+                "--threads",
+                "1",
+            ])
+            .env("KVS_VLLM_PYTHON", &fake)
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{out:?}");
+        assert!(said.contains(&format!("(isa cache {fmt})")), "{said}");
+        assert!(
+            said.contains(
+                "(its fp8 cache holds kvshare's stored bytes; its kernel reads 6 finite codes as \
+another value, at most 1.25e-1 off; bound 5.00e-1: within)"
+            ),
+            "{said}"
+        );
+        let j: serde_json::Value = serde_json::from_str(said.lines().last().unwrap()).unwrap();
+        let r = &j["results"][0];
+        assert_eq!(r["dtype"], fmt, "{r}");
+        assert_eq!(j["results"].as_array().unwrap().len(), 1, "{j}");
+        let sides = r["sides"].as_object().unwrap();
+        for (label, side) in sides {
+            if label.ends_with(" tiled") && !label.ends_with("bf16 tiled") {
+                let isa = label.trim_end_matches(" tiled");
+                // Both times are printed to 0.001 ms: the ratio lies between the extremes they
+                // allow, and is printed to 0.001.
+                let (a, b) = (
+                    side["ms"].as_f64().unwrap(),
+                    sides[&format!("{isa} bf16 tiled")]["ms"].as_f64().unwrap(),
+                );
+                let (lo, hi) = ((a - 0.0005) / (b + 0.0005), (a + 0.0005) / (b - 0.0005));
+                let got = side["over_bf16"].as_f64().unwrap();
+                assert!(lo - 0.0005 <= got && got <= hi + 0.0005, "{label}: {r}");
+            }
+        }
+        assert!(sides.keys().any(|k| k.ends_with("bf16 tiled")), "{r}");
+        assert!(said.contains("this time / bf16 tiled time"), "{said}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn unknown_mode_is_an_error() {
     let out = bench().arg("nonsense").output().unwrap();
