@@ -35,8 +35,8 @@ the same fp8 formats, with the same limits: its ``_get_attn_isa``): with vLLM's 
 backend, a short multi-turn chat on a shared system prompt gives the tokens, prefix hits and
 block count of vLLM's own manager on the same cache (kvshare's pages are vLLM's bytes, checked
 when the manager is built). A ``kv_cache_dtype`` the manager cannot carry is refused at
-start-up by name: on 0.32 the per-token-head modes, which vLLM's CPU build itself accepts and
-runs (its CPU attention backend reads them through its per-tensor fp8 path).
+start-up by name: on 0.32 the per-token-head modes, which vLLM's CPU build itself accepts (its
+engine starts and generates with them).
 """
 
 from __future__ import annotations
