@@ -120,8 +120,8 @@ def make_kv_cache_manager_factory(original):
             for group in kv_cache_config.kv_cache_groups:
                 why_format = cache_dtype_reason(cache_dtype, group.kv_cache_spec)
                 if why_format:
-                    raise ValueError(f"kvshare_vllm: {why_format}; without the plugin "
-                                     f"(KVSHARE_VLLM=0) vLLM's own manager runs it")
+                    raise ValueError(f"kvshare_vllm: {why_format}; KVSHARE_VLLM=0 keeps "
+                                     "vLLM's own manager")
             kw = _keywords(original, args, kwargs)
             support = compat.support()
             why_groups = unsupported_reason(kv_cache_config, scheduler_block_size,
