@@ -101,10 +101,17 @@ impl CacheLayout {
             page_size,
             num_kv_heads,
             head_dim,
-            page_stride: page_size * num_kv_heads * head_dim,
-            slot_stride: num_kv_heads * head_dim,
-            head_stride: head_dim,
+            page_stride: page_size * num_kv_heads * dtype.row_bytes(head_dim),
+            slot_stride: num_kv_heads * dtype.row_bytes(head_dim),
+            head_stride: dtype.row_bytes(head_dim),
         }
+    }
+
+    /// Elements (bytes, for the 1-byte types) of one `(slot, head)` row: `head_dim`, plus the
+    /// row's f32 scale (4 bytes) for an int8 per-token-head cache, whose strides must leave
+    /// room for it.
+    pub fn row_len(&self) -> usize {
+        self.head_dim + self.dtype.row_scale_bytes() / self.dtype.size_bytes()
     }
 
     /// Checks sizes and strides; returns the elements one cache buffer must hold.
@@ -114,7 +121,7 @@ impl CacheLayout {
         check_range("num_kv_heads", self.num_kv_heads, MAX_HEADS)?;
         check_range("head_dim", self.head_dim, MAX_HEAD_DIM)?;
         span(
-            self.head_dim,
+            self.row_len(),
             &[
                 (self.num_kv_heads, self.head_stride, "cache_head_stride"),
                 (self.page_size, self.slot_stride, "cache_slot_stride"),

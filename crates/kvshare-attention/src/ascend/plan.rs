@@ -134,6 +134,11 @@ pub fn acl_dtype(d: DType, field: &str) -> Result<i32> {
             "{field} is {d:?}; quantized KV caches run on the CPU backend only (CANN's \
              quantized-KV arguments are not wired)"
         ))),
+        DType::Int8PerTokenHead => Err(unsupported(format!(
+            "{field} is Int8PerTokenHead (KVS_DTYPE_INT8_PER_TOKEN_HEAD); CANN's operators \
+             take no scale per (token, kv head) row kept inside the pages; this format runs on \
+             the CPU backend only"
+        ))),
     }
 }
 

@@ -23,7 +23,7 @@ use super::{
     PageCopyBatch,
 };
 use crate::error::{Error, Result};
-use kernel::{KvElem, Rows, SeqKv};
+use kernel::{KvElem, RowScales, Rows, SeqKv};
 
 pub mod huge_pages;
 pub(crate) mod isa;
@@ -156,7 +156,9 @@ impl OutRows {
                 len: s.len(),
                 ptr: OutPtr::BF16(s.as_mut_ptr()),
             },
-            BufMut::Fp8E4M3(_) | BufMut::Fp8E5M2(_) | BufMut::I8(_) => return None,
+            BufMut::Fp8E4M3(_) | BufMut::Fp8E5M2(_) | BufMut::I8(_) | BufMut::I8Rows(_) => {
+                return None
+            }
         })
     }
 
@@ -370,8 +372,8 @@ struct Partial {
 fn run_attention<T: KvElem>(
     be: &CpuBackend,
     batch: &AttnBatch<'_>,
-    k: &[T],
-    v: &[T],
+    (k, v): (&[T], &[T]),
+    row_scales: Option<RowScales<'_>>,
     out: &OutRows,
 ) {
     let p = batch.params();
@@ -391,7 +393,8 @@ fn run_attention<T: KvElem>(
     let partials: Vec<OnceLock<Partial>> = (0..plan.num_parts).map(|_| OnceLock::new()).collect();
     workers.for_each(plan.items.len(), |i| {
         let run = |r: &mut ItemRows| {
-            run_item(be, batch, &plan.items[i], r, (k, v), out, &partials, &fold)
+            let kv = (k, v, row_scales);
+            run_item(be, batch, &plan.items[i], r, kv, out, &partials, &fold)
         };
         ITEM_ROWS.with_borrow_mut(run)
     });
@@ -427,7 +430,7 @@ fn run_item<T: KvElem>(
     batch: &AttnBatch<'_>,
     it: &Item,
     r: &mut ItemRows,
-    (k, v): (&[T], &[T]),
+    (k, v, row_scales): (&[T], &[T], Option<RowScales<'_>>),
     out: &OutRows,
     partials: &[OnceLock<Partial>],
     fold: &Fold<'_>,
@@ -453,6 +456,7 @@ fn run_item<T: KvElem>(
         pages,
         layout: &p.cache,
         softcap: p.softcap,
+        row_scales,
     };
     let n = r.lo.len();
     let (mut m, mut l) = (vec![0f32; n], vec![0f32; n]);
@@ -525,8 +529,45 @@ fn write_elems(
                     .iter_mut()
                     .zip(&*tmp)
                     .for_each(|(d, x)| *d = x.round_ties_even() as i8),
+                // Rows with their own scales go through `write_row_scaled`.
+                BufMut::I8Rows(_) => unreachable!("kv_write routes per-token-head rows apart"),
             }
         }
+    }
+}
+
+/// Writes one `(token, kv head)` row of an int8 per-token-head cache at `dof`: the
+/// `d = tmp.len()` new elements from `src` at `so`, divided by the per-tensor `scale`, give the
+/// row's scale `max(max|x| / 127, 1e-6)` (vLLM's `int8_per_token_head`; infinities and NaN are
+/// left out of the maximum), stored after the row's codes as 4 little-endian bytes; each code
+/// is `x / row_scale` rounded to nearest, ties to even (vLLM rounds ties away from zero),
+/// saturating to -128..=127 (an infinity to the end of its sign, NaN to 0). A code `c` then
+/// stands for `c * row_scale * scale`.
+fn write_row_scaled(
+    src: &Buf<'_>,
+    so: usize,
+    dst: &mut [i8],
+    dof: usize,
+    scale: f32,
+    tmp: &mut [f32],
+) {
+    let d = tmp.len();
+    src.read_f32(so, tmp);
+    if scale != 1.0 {
+        tmp.iter_mut().for_each(|x| *x /= scale);
+    }
+    let amax = tmp
+        .iter()
+        .filter(|x| x.is_finite())
+        .fold(0f32, |m, x| m.max(x.abs()));
+    let row = (amax / 127.0).max(1e-6);
+    // `as` saturates to the type's range and takes NaN to 0.
+    dst[dof..dof + d]
+        .iter_mut()
+        .zip(&*tmp)
+        .for_each(|(c, x)| *c = (x / row).round_ties_even() as i8);
+    for (c, b) in dst[dof + d..dof + d + 4].iter_mut().zip(row.to_le_bytes()) {
+        *c = b as i8;
     }
 }
 
@@ -583,12 +624,21 @@ impl Backend for CpuBackend {
         ))
         .ok_or_else(|| Error::BackendFailure("the output is a KV-cache format".into()))?;
         match (batch.bufs.key_cache, batch.bufs.value_cache) {
-            (Buf::F32(k), Buf::F32(v)) => run_attention(self, &batch, k, v, &out),
-            (Buf::F16(k), Buf::F16(v)) => run_attention(self, &batch, k, v, &out),
-            (Buf::BF16(k), Buf::BF16(v)) => run_attention(self, &batch, k, v, &out),
-            (Buf::Fp8E4M3(k), Buf::Fp8E4M3(v)) => run_attention(self, &batch, k, v, &out),
-            (Buf::Fp8E5M2(k), Buf::Fp8E5M2(v)) => run_attention(self, &batch, k, v, &out),
-            (Buf::I8(k), Buf::I8(v)) => run_attention(self, &batch, k, v, &out),
+            (Buf::F32(k), Buf::F32(v)) => run_attention(self, &batch, (k, v), None, &out),
+            (Buf::F16(k), Buf::F16(v)) => run_attention(self, &batch, (k, v), None, &out),
+            (Buf::BF16(k), Buf::BF16(v)) => run_attention(self, &batch, (k, v), None, &out),
+            (Buf::Fp8E4M3(k), Buf::Fp8E4M3(v)) => {
+                run_attention(self, &batch, (k, v), None, &out)
+            }
+            (Buf::Fp8E5M2(k), Buf::Fp8E5M2(v)) => {
+                run_attention(self, &batch, (k, v), None, &out)
+            }
+            (Buf::I8(k), Buf::I8(v)) => run_attention(self, &batch, (k, v), None, &out),
+            (Buf::I8Rows(k), Buf::I8Rows(v)) => {
+                // The kernels read the codes as int8 elements and each row's scale after them.
+                let rs = Some(RowScales { k, v });
+                run_attention(self, &batch, (k, v), rs, &out)
+            }
             _ => {
                 return Err(Error::BackendFailure(
                     "K and V caches differ in dtype".into(),
@@ -627,6 +677,13 @@ impl Backend for CpuBackend {
                     c.map(|c| head(c.v)),
                     c.and_then(|c| c.v_offsets).map(head),
                 );
+                if let (BufMut::I8Rows(kc), BufMut::I8Rows(vc)) =
+                    (&mut w.key_cache, &mut w.value_cache)
+                {
+                    write_row_scaled(&w.key, so, kc, dof, p.scales.k, &mut tmp);
+                    write_row_scaled(&w.value, so, vc, dof, p.scales.v, &mut tmp);
+                    continue;
+                }
                 write_elems(&w.key, so, &mut w.key_cache, dof, k, &mut tmp);
                 write_elems(&w.value, so, &mut w.value_cache, dof, v, &mut tmp);
             }
