@@ -223,6 +223,17 @@ enum kvs_dtype
    (`kvs_kv_scales.k_channel_scales` / `v_channel_scales`) and the per-tensor one.
    */
   KVS_DTYPE_INT8 = 5,
+  /*
+   8-bit signed integer with a scale per (token, kv head) row, vLLM's
+   `int8_per_token_head`: KV caches only. Each row of the K (and V) cache is `head_dim`
+   codes followed by the row's f32 scale (4 bytes, little-endian, at byte `head_dim` of the
+   row), so a row is `head_dim + 4` bytes and the cache strides (in bytes, one per element)
+   must leave room for it (dense: `head_stride = head_dim + 4`). The KV write computes each
+   row's scale (`max(max|x| / 127, 1e-6)` of the values divided by the per-tensor scale);
+   a code stands for its value times its row's scale and the per-tensor `k_scale` /
+   `v_scale`. Channel scales are refused with it. CPU backend only.
+   */
+  KVS_DTYPE_INT8_PER_TOKEN_HEAD = 6,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L

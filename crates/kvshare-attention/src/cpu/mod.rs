@@ -627,12 +627,8 @@ impl Backend for CpuBackend {
             (Buf::F32(k), Buf::F32(v)) => run_attention(self, &batch, (k, v), None, &out),
             (Buf::F16(k), Buf::F16(v)) => run_attention(self, &batch, (k, v), None, &out),
             (Buf::BF16(k), Buf::BF16(v)) => run_attention(self, &batch, (k, v), None, &out),
-            (Buf::Fp8E4M3(k), Buf::Fp8E4M3(v)) => {
-                run_attention(self, &batch, (k, v), None, &out)
-            }
-            (Buf::Fp8E5M2(k), Buf::Fp8E5M2(v)) => {
-                run_attention(self, &batch, (k, v), None, &out)
-            }
+            (Buf::Fp8E4M3(k), Buf::Fp8E4M3(v)) => run_attention(self, &batch, (k, v), None, &out),
+            (Buf::Fp8E5M2(k), Buf::Fp8E5M2(v)) => run_attention(self, &batch, (k, v), None, &out),
             (Buf::I8(k), Buf::I8(v)) => run_attention(self, &batch, (k, v), None, &out),
             (Buf::I8Rows(k), Buf::I8Rows(v)) => {
                 // The kernels read the codes as int8 elements and each row's scale after them.

@@ -113,7 +113,9 @@ fn cache_buf(format: DType, b: &[u8]) -> Buf<'_> {
         DType::Fp8E4M3 => Buf::Fp8E4M3(crate::fp8::e4m3_slice(b)),
         DType::Fp8E5M2 => Buf::Fp8E5M2(crate::fp8::e5m2_slice(b)),
         // SAFETY: i8 and u8 have the same size, alignment and validity.
-        DType::Int8PerTokenHead => Buf::I8Rows(unsafe { std::slice::from_raw_parts(b.as_ptr().cast(), b.len()) }),
+        DType::Int8PerTokenHead => {
+            Buf::I8Rows(unsafe { std::slice::from_raw_parts(b.as_ptr().cast(), b.len()) })
+        }
         // SAFETY: as above.
         _ => Buf::I8(unsafe { std::slice::from_raw_parts(b.as_ptr().cast(), b.len()) }),
     }
@@ -124,7 +126,9 @@ fn cache_buf_mut(format: DType, b: &mut [u8]) -> BufMut<'_> {
         DType::Fp8E4M3 => BufMut::Fp8E4M3(crate::fp8::e4m3_slice_mut(b)),
         DType::Fp8E5M2 => BufMut::Fp8E5M2(crate::fp8::e5m2_slice_mut(b)),
         // SAFETY: as in `cache_buf`; the result borrows `b` mutably for its whole life.
-        DType::Int8PerTokenHead => BufMut::I8Rows(unsafe { std::slice::from_raw_parts_mut(b.as_mut_ptr().cast(), b.len()) }),
+        DType::Int8PerTokenHead => BufMut::I8Rows(unsafe {
+            std::slice::from_raw_parts_mut(b.as_mut_ptr().cast(), b.len())
+        }),
         // SAFETY: as above.
         _ => BufMut::I8(unsafe { std::slice::from_raw_parts_mut(b.as_mut_ptr().cast(), b.len()) }),
     }
@@ -242,7 +246,11 @@ fn run(c: &Case) -> Run {
         (s, ch(&ka, s.k), ch(&va, s.v))
     } else if rows {
         // The write computes each row's scale; per-tensor scales multiply on top.
-        (KvScales::new(0.5, 2.0), vec![1.0; hk * d], vec![1.0; hk * d])
+        (
+            KvScales::new(0.5, 2.0),
+            vec![1.0; hk * d],
+            vec![1.0; hk * d],
+        )
     } else {
         let all = |a: &[f32]| calibrated(a.iter().fold(0f32, |m, &y| m.max(y)));
         (
@@ -332,7 +340,9 @@ fn run(c: &Case) -> Run {
                         let page = table[s * max_pages + t / ps] as usize;
                         let at = layout.offset(page, t % ps, kh) + d;
                         match rows {
-                            true => f32::from_le_bytes(cache[at..at + 4].try_into().unwrap()) as f64,
+                            true => {
+                                f32::from_le_bytes(cache[at..at + 4].try_into().unwrap()) as f64
+                            }
                             false => 1.0,
                         }
                     })
@@ -528,7 +538,11 @@ fn check(what: &str, c: &Case, got: &[f32], e: &Expected, u: f64, pairs: f64) ->
     for (j, &g) in got.iter().enumerate() {
         let row = j / d;
         let big_d = e.d0[row] + pairs * e.dq[row];
-        let rounds = if c.format == DType::Int8PerTokenHead { 3.0 } else { 2.0 };
+        let rounds = if c.format == DType::Int8PerTokenHead {
+            3.0
+        } else {
+            2.0
+        };
         let weights = (2.0 * big_d + rounds * pairs).exp() - 1.0;
         let vmax = e.vmax[j];
         let bound = (weights + u + 2f64.powi(-14)) * vmax + e.av[j];
@@ -569,7 +583,14 @@ fn check_case(c: &Case) -> (f64, f64) {
     for (isa, got) in &r.outs {
         let pairs = if *isa == Isa::Amx { 2f64.powi(-8) } else { 0.0 };
         let name = isa.name();
-        check(&format!("{name}: stored values"), c, got, &stored, 0.0, pairs);
+        check(
+            &format!("{name}: stored values"),
+            c,
+            got,
+            &stored,
+            0.0,
+            pairs,
+        );
         let what = format!("{name}: {:?} bound", c.format);
         let w = check(&what, c, got, &format, u, pairs);
         worst = worst.max(w.0);
