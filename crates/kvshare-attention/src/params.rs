@@ -64,6 +64,11 @@ pub fn span(inner: usize, dims: &[(usize, usize, &'static str)]) -> Result<usize
     Ok(extent)
 }
 
+/// Elements of one `(slot, head)` row of `dtype` ([`CacheLayout::row_len`]).
+fn row_len(dtype: DType, head_dim: usize) -> usize {
+    head_dim + dtype.row_scale_bytes() / dtype.size_bytes()
+}
+
 /// Layout of one layer's K (or V) cache: `[num_pages, page_size, num_kv_heads, head_dim]` with
 /// explicit outer strides (elements); `head_dim` contiguous.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,9 +106,9 @@ impl CacheLayout {
             page_size,
             num_kv_heads,
             head_dim,
-            page_stride: page_size * num_kv_heads * dtype.row_bytes(head_dim),
-            slot_stride: num_kv_heads * dtype.row_bytes(head_dim),
-            head_stride: dtype.row_bytes(head_dim),
+            page_stride: page_size * num_kv_heads * row_len(dtype, head_dim),
+            slot_stride: num_kv_heads * row_len(dtype, head_dim),
+            head_stride: row_len(dtype, head_dim),
         }
     }
 
@@ -111,7 +116,7 @@ impl CacheLayout {
     /// row's f32 scale (4 bytes) for an int8 per-token-head cache, whose strides must leave
     /// room for it.
     pub fn row_len(&self) -> usize {
-        self.head_dim + self.dtype.row_scale_bytes() / self.dtype.size_bytes()
+        row_len(self.dtype, self.head_dim)
     }
 
     /// Checks sizes and strides; returns the elements one cache buffer must hold.
