@@ -109,15 +109,13 @@ fn max_finite(format: DType) -> f32 {
 
 /// The caches as bytes, read as the format's elements.
 fn cache_buf(format: DType, b: &[u8]) -> Buf<'_> {
+    // SAFETY: i8 and u8 have the same size, alignment and validity.
+    let i8s: &[i8] = unsafe { std::slice::from_raw_parts(b.as_ptr().cast(), b.len()) };
     match format {
         DType::Fp8E4M3 => Buf::Fp8E4M3(crate::fp8::e4m3_slice(b)),
         DType::Fp8E5M2 => Buf::Fp8E5M2(crate::fp8::e5m2_slice(b)),
-        // SAFETY: i8 and u8 have the same size, alignment and validity.
-        DType::Int8PerTokenHead => {
-            Buf::I8Rows(unsafe { std::slice::from_raw_parts(b.as_ptr().cast(), b.len()) })
-        }
-        // SAFETY: as above.
-        _ => Buf::I8(unsafe { std::slice::from_raw_parts(b.as_ptr().cast(), b.len()) }),
+        DType::Int8PerTokenHead => Buf::I8Rows(i8s),
+        _ => Buf::I8(i8s),
     }
 }
 
@@ -125,12 +123,15 @@ fn cache_buf_mut(format: DType, b: &mut [u8]) -> BufMut<'_> {
     match format {
         DType::Fp8E4M3 => BufMut::Fp8E4M3(crate::fp8::e4m3_slice_mut(b)),
         DType::Fp8E5M2 => BufMut::Fp8E5M2(crate::fp8::e5m2_slice_mut(b)),
-        // SAFETY: as in `cache_buf`; the result borrows `b` mutably for its whole life.
-        DType::Int8PerTokenHead => BufMut::I8Rows(unsafe {
-            std::slice::from_raw_parts_mut(b.as_mut_ptr().cast(), b.len())
-        }),
-        // SAFETY: as above.
-        _ => BufMut::I8(unsafe { std::slice::from_raw_parts_mut(b.as_mut_ptr().cast(), b.len()) }),
+        format => {
+            // SAFETY: as in `cache_buf`; the result borrows `b` mutably for its whole life.
+            let i8s: &mut [i8] =
+                unsafe { std::slice::from_raw_parts_mut(b.as_mut_ptr().cast(), b.len()) };
+            match format {
+                DType::Int8PerTokenHead => BufMut::I8Rows(i8s),
+                _ => BufMut::I8(i8s),
+            }
+        }
     }
 }
 
