@@ -515,7 +515,10 @@ mod tests {
     #[test]
     fn every_enum_decodes_its_values_and_only_them() {
         use kvs_dtype::*;
-        round_trip(&[F32, F16, Bf16, Fp8E4m3, Fp8E5m2, Int8], "kvs_dtype");
+        round_trip(
+            &[F32, F16, Bf16, Fp8E4m3, Fp8E5m2, Int8, Int8PerTokenHead],
+            "kvs_dtype",
+        );
         round_trip(&[kvs_tier::Device, kvs_tier::Host], "kvs_tier");
         round_trip(
             &[
