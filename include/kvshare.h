@@ -223,6 +223,17 @@ enum kvs_dtype
    (`kvs_kv_scales.k_channel_scales` / `v_channel_scales`) and the per-tensor one.
    */
   KVS_DTYPE_INT8 = 5,
+  /*
+   8-bit signed integer with a scale per (token, kv head) row, vLLM's
+   `int8_per_token_head`: KV caches only. Each row of the K (and V) cache is `head_dim`
+   codes followed by the row's f32 scale (4 bytes, little-endian, at byte `head_dim` of the
+   row), so a row is `head_dim + 4` bytes and the cache strides (in bytes, one per element)
+   must leave room for it (dense: `head_stride = head_dim + 4`). The KV write computes each
+   row's scale (`max(max|x| / 127, 1e-6)` of the values divided by the per-tensor scale);
+   a code stands for its value times its row's scale and the per-tensor `k_scale` /
+   `v_scale`. Channel scales are refused with it. CPU backend only.
+   */
+  KVS_DTYPE_INT8_PER_TOKEN_HEAD = 6,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -1809,9 +1820,12 @@ kvs_status kvs_attention_launch(const struct kvs_backend *backend,
  As `kvs_attention_launch`, on caches with dequantization scales (`kvs_kv_scales`; NULL
  is an unscaled cache): a cache element stands for its stored value times its cache's
  per-tensor scale (vLLM's `k_scale`, `v_scale`) and, for a `KVS_DTYPE_INT8` cache, its
- channel's scale. For the quantized caches (`KVS_DTYPE_FP8_E4M3`, `KVS_DTYPE_FP8_E5M2`,
- `KVS_DTYPE_INT8`) the kernel reads the pages as they are and folds the scales into the
- query and the output; the per-tensor scales apply to any cache type.
+ channel's scale, for a `KVS_DTYPE_INT8_PER_TOKEN_HEAD` cache its row's scale (kept in the
+ page after the row's codes). For the quantized caches (`KVS_DTYPE_FP8_E4M3`,
+ `KVS_DTYPE_FP8_E5M2`, `KVS_DTYPE_INT8`, `KVS_DTYPE_INT8_PER_TOKEN_HEAD`) the kernel
+ reads the pages as they are and folds the scales into the query and the output (a
+ per-token-head row's K scale multiplies its position's score, its V scale that
+ position's weight in the value sum); the per-tensor scales apply to any cache type.
  `kvs_attention_launch` is this call with NULL scales.
 
  The channel-scale and offset arrays are host memory on every backend. The Ascend backend
@@ -1821,8 +1835,9 @@ kvs_status kvs_attention_launch(const struct kvs_backend *backend,
 
  **Failure:** as `kvs_attention_launch`, and `KVS_STATUS_ATTN_INVALID_ARGUMENT` naming
  `k_scale`, `v_scale`, `k_channel_scales` or `v_channel_scales` when a scale is not a
- finite number > 0, or channel scales are missing for an int8 cache or given for another.
- Nothing is written on error.
+ finite number > 0, or channel scales are missing for an int8 cache or given for another
+ (a per-token-head cache included); `cache_head_stride` (or the next stride) when a row
+ leaves no room for a per-token-head scale. Nothing is written on error.
  **Thread safety:** as `kvs_attention_launch`.
  */
 kvs_status kvs_attention_launch_scaled(const struct kvs_backend *backend,
@@ -1852,9 +1867,13 @@ kvs_status kvs_kv_write(const struct kvs_backend *backend,
  `k_scale` (and, into an int8 cache, by its channel's scale), each value likewise, then
  rounded to the cache's type: to nearest, ties to even; fp8 magnitudes past the largest
  finite value saturate to it and NaN stays NaN; int8 saturates to -128..=127 and stores
- NaN as 0. `kvs_kv_write` is this call with NULL scales. CPU backend only for scales other
- than 1 and for quantized caches: the Ascend backend refuses them with
- `KVS_STATUS_UNSUPPORTED` (the engine's own quantizing op writes an int8 cache there).
+ NaN as 0. Into a `KVS_DTYPE_INT8_PER_TOKEN_HEAD` cache, each (token, kv head) row of the
+ values divided by the per-tensor scale gets the scale `max(max|x| / 127, 1e-6)` (vLLM's;
+ infinities and NaN left out of the maximum), stored after its codes, and its codes
+ `x / row scale` as int8 above (vLLM rounds ties away from zero instead). `kvs_kv_write`
+ is this call with NULL scales. CPU backend only for scales other than 1 and for
+ quantized caches: the Ascend backend refuses them with `KVS_STATUS_UNSUPPORTED` (the
+ engine's own quantizing op writes an int8 cache there).
 
  **Failure:** as `kvs_kv_write`, and `KVS_STATUS_ATTN_INVALID_ARGUMENT` as
  `kvs_attention_launch_scaled` for the scales. Nothing is written on error.
@@ -1890,7 +1909,9 @@ kvs_status kvs_kv_copy(const struct kvs_backend *backend,
 
 /*
  The dense layout of a `[num_pages, page_size, num_kv_heads, head_dim]` cache of `dtype`
- (a `kvs_dtype` value), strides filled in. Pure; nothing is checked here.
+ (a `kvs_dtype` value), strides filled in. Pure; nothing is checked here. A row of a
+ `KVS_DTYPE_INT8_PER_TOKEN_HEAD` cache is `head_dim + 4` bytes (its codes, then its f32
+ scale), so its head stride is `head_dim + 4`; an unknown `dtype` gets `head_dim`.
 
  **Thread safety:** safe from any thread.
  */

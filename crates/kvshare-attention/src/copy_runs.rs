@@ -57,7 +57,8 @@ pub struct ByteRuns {
 }
 
 /// The byte runs that copy token slots `[0, num_tokens)` of page `src_page` into the same slots of
-/// page `dst_page`, every kv head, all `head_dim` elements; offsets and lengths in bytes
+/// page `dst_page`, every kv head, all `head_dim` elements (and each row's scale, for an int8
+/// per-token-head cache: [`CacheLayout::row_len`]); offsets and lengths in bytes
 /// (elements times `layout.dtype`'s size). Source and destination caches have the same per-page
 /// layout (a host tier differs only in its page count), so one `layout` serves both.
 ///
@@ -78,9 +79,12 @@ pub fn page_copy_runs(
 ) -> ByteRuns {
     debug_assert!(num_tokens <= layout.page_size);
     let l = layout;
-    let split = if l.head_stride == l.head_dim && l.slot_stride == l.num_kv_heads * l.head_dim {
+    // A row is `head_dim` elements and, for an int8 per-token-head cache, its scale after them
+    // (`row_len`): the scale moves with its row.
+    let row = l.row_len();
+    let split = if l.head_stride == row && l.slot_stride == l.num_kv_heads * row {
         Split::SlotsDense
-    } else if l.slot_stride == l.head_dim {
+    } else if l.slot_stride == row {
         Split::HeadsMajor
     } else {
         Split::Rows
@@ -115,8 +119,8 @@ impl Iterator for ByteRuns {
         let l = &self.layout;
         let (slot, head, elems) = match self.split {
             Split::SlotsDense => (0, 0, self.num_tokens * l.slot_stride),
-            Split::HeadsMajor => (0, i, self.num_tokens * l.head_dim),
-            Split::Rows => (i / l.num_kv_heads, i % l.num_kv_heads, l.head_dim),
+            Split::HeadsMajor => (0, i, self.num_tokens * l.row_len()),
+            Split::Rows => (i / l.num_kv_heads, i % l.num_kv_heads, l.row_len()),
         };
         Some(ByteRun {
             src: l.offset(self.src_page, slot, head) * self.elem_bytes,
@@ -147,7 +151,7 @@ mod tests {
         let mut m = BTreeMap::new();
         for s in 0..n {
             for h in 0..l.num_kv_heads {
-                for e in 0..l.head_dim * esz {
+                for e in 0..l.row_len() * esz {
                     m.insert(l.offset(sp, s, h) * esz + e, l.offset(dp, s, h) * esz + e);
                 }
             }
@@ -167,11 +171,12 @@ mod tests {
     ) -> CacheLayout {
         // Innermost-first order of (slot, head) below the page dimension.
         let heads_inner = order == 0;
+        let row = head_dim + dtype.row_scale_bytes();
         let (head_stride, slot_stride) = if heads_inner {
-            let hs = head_dim + pad[0];
+            let hs = row + pad[0];
             (hs, heads * hs + pad[1])
         } else {
-            let ss = head_dim + pad[0];
+            let ss = row + pad[0];
             (page_size * ss + pad[1], ss)
         };
         let page_stride = if heads_inner {
@@ -196,7 +201,12 @@ mod tests {
         /// destination, no byte twice, and the run count is the fewest the split promises.
         #[test]
         fn runs_move_exactly_the_first_n_slots(
-            dtype in prop_oneof![Just(DType::F32), Just(DType::F16), Just(DType::BF16)],
+            dtype in prop_oneof![
+                Just(DType::F32),
+                Just(DType::F16),
+                Just(DType::BF16),
+                Just(DType::Int8PerTokenHead),
+            ],
             page_size in 1usize..9,
             heads in 1usize..5,
             head_dim in 1usize..6,
@@ -220,10 +230,11 @@ mod tests {
                 }
             }
             prop_assert_eq!(&got, &want);
-            let dense = l.head_stride == head_dim && l.slot_stride == heads * head_dim;
+            let row = l.row_len();
+            let dense = l.head_stride == row && l.slot_stride == heads * row;
             if n > 0 && dense {
                 prop_assert_eq!(runs.len(), 1);
-            } else if n > 0 && l.slot_stride == head_dim {
+            } else if n > 0 && l.slot_stride == row {
                 prop_assert_eq!(runs.len(), heads);
             }
         }

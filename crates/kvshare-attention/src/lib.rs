@@ -74,6 +74,9 @@ pub enum Buf<'a> {
     Fp8E5M2(&'a [Fp8E5M2]),
     /// int8 elements (a quantized cache with per-channel scales).
     I8(&'a [i8]),
+    /// An int8 cache with a scale per (token, kv head) row ([`DType::Int8PerTokenHead`]): as
+    /// bytes, each row `head_dim` codes then its f32 scale (4 bytes, little-endian).
+    I8Rows(&'a [i8]),
 }
 
 /// A mutable host buffer of one of the supported element types.
@@ -91,6 +94,9 @@ pub enum BufMut<'a> {
     Fp8E5M2(&'a mut [Fp8E5M2]),
     /// int8 elements (a quantized cache with per-channel scales).
     I8(&'a mut [i8]),
+    /// An int8 cache with a scale per (token, kv head) row ([`DType::Int8PerTokenHead`]): as
+    /// bytes, each row `head_dim` codes then its f32 scale (4 bytes, little-endian).
+    I8Rows(&'a mut [i8]),
 }
 
 impl Buf<'_> {
@@ -103,6 +109,7 @@ impl Buf<'_> {
             Buf::Fp8E4M3(_) => DType::Fp8E4M3,
             Buf::Fp8E5M2(_) => DType::Fp8E5M2,
             Buf::I8(_) => DType::Int8,
+            Buf::I8Rows(_) => DType::Int8PerTokenHead,
         }
     }
     /// Length in elements.
@@ -113,7 +120,7 @@ impl Buf<'_> {
             Buf::BF16(s) => s.len(),
             Buf::Fp8E4M3(s) => s.len(),
             Buf::Fp8E5M2(s) => s.len(),
-            Buf::I8(s) => s.len(),
+            Buf::I8(s) | Buf::I8Rows(s) => s.len(),
         }
     }
     /// True when empty.
@@ -121,7 +128,7 @@ impl Buf<'_> {
         self.len() == 0
     }
     /// Converts `dst.len()` elements starting at `off` to f32 (an fp8 or int8 element to its
-    /// value, before any scale).
+    /// value, before any scale; a per-token-head int8 cache's bytes as codes).
     pub fn read_f32(&self, off: usize, dst: &mut [f32]) {
         let n = dst.len();
         match self {
@@ -140,7 +147,7 @@ impl Buf<'_> {
                 .iter_mut()
                 .zip(&s[off..off + n])
                 .for_each(|(d, x)| *d = x.to_f32()),
-            Buf::I8(s) => dst
+            Buf::I8(s) | Buf::I8Rows(s) => dst
                 .iter_mut()
                 .zip(&s[off..off + n])
                 .for_each(|(d, &x)| *d = x as f32),
@@ -158,6 +165,7 @@ impl BufMut<'_> {
             BufMut::Fp8E4M3(_) => DType::Fp8E4M3,
             BufMut::Fp8E5M2(_) => DType::Fp8E5M2,
             BufMut::I8(_) => DType::Int8,
+            BufMut::I8Rows(_) => DType::Int8PerTokenHead,
         }
     }
     /// Length in elements.
@@ -168,7 +176,7 @@ impl BufMut<'_> {
             BufMut::BF16(s) => s.len(),
             BufMut::Fp8E4M3(s) => s.len(),
             BufMut::Fp8E5M2(s) => s.len(),
-            BufMut::I8(s) => s.len(),
+            BufMut::I8(s) | BufMut::I8Rows(s) => s.len(),
         }
     }
     /// True when empty.
@@ -184,6 +192,7 @@ impl BufMut<'_> {
             BufMut::Fp8E4M3(s) => Buf::Fp8E4M3(s),
             BufMut::Fp8E5M2(s) => Buf::Fp8E5M2(s),
             BufMut::I8(s) => Buf::I8(s),
+            BufMut::I8Rows(s) => Buf::I8Rows(s),
         }
     }
 }
@@ -287,6 +296,12 @@ pub fn check_channel_scales(cache: &CacheLayout, s: Option<ChannelScales<'_>>) -
             }
             Ok(())
         }
+        (DType::Int8PerTokenHead, Some(_)) => Err(bad(
+            "k_channel_scales",
+            "per-channel scales (and offsets) are for KVS_DTYPE_INT8 caches; a \
+             KVS_DTYPE_INT8_PER_TOKEN_HEAD cache keeps a scale per (token, kv head) row in its \
+             pages, computed by the KV write: pass no channel scales",
+        )),
         (_, Some(_)) => Err(bad(
             "k_channel_scales",
             format!(

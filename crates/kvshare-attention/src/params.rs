@@ -64,6 +64,11 @@ pub fn span(inner: usize, dims: &[(usize, usize, &'static str)]) -> Result<usize
     Ok(extent)
 }
 
+/// Elements of one `(slot, head)` row of `dtype` ([`CacheLayout::row_len`]).
+fn row_len(dtype: DType, head_dim: usize) -> usize {
+    head_dim + dtype.row_scale_bytes() / dtype.size_bytes()
+}
+
 /// Layout of one layer's K (or V) cache: `[num_pages, page_size, num_kv_heads, head_dim]` with
 /// explicit outer strides (elements); `head_dim` contiguous.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,10 +106,17 @@ impl CacheLayout {
             page_size,
             num_kv_heads,
             head_dim,
-            page_stride: page_size * num_kv_heads * head_dim,
-            slot_stride: num_kv_heads * head_dim,
-            head_stride: head_dim,
+            page_stride: page_size * num_kv_heads * row_len(dtype, head_dim),
+            slot_stride: num_kv_heads * row_len(dtype, head_dim),
+            head_stride: row_len(dtype, head_dim),
         }
+    }
+
+    /// Elements (bytes, for the 1-byte types) of one `(slot, head)` row: `head_dim`, plus the
+    /// row's f32 scale (4 bytes) for an int8 per-token-head cache, whose strides must leave
+    /// room for it.
+    pub fn row_len(&self) -> usize {
+        row_len(self.dtype, self.head_dim)
     }
 
     /// Checks sizes and strides; returns the elements one cache buffer must hold.
@@ -114,7 +126,7 @@ impl CacheLayout {
         check_range("num_kv_heads", self.num_kv_heads, MAX_HEADS)?;
         check_range("head_dim", self.head_dim, MAX_HEAD_DIM)?;
         span(
-            self.head_dim,
+            self.row_len(),
             &[
                 (self.num_kv_heads, self.head_stride, "cache_head_stride"),
                 (self.page_size, self.slot_stride, "cache_slot_stride"),

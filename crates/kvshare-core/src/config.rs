@@ -31,6 +31,11 @@ pub enum DType {
     /// scale of its channel (kv head and head-dim index; Ascend's and MindIE's int8 KV) and the
     /// layer's per-tensor scale.
     Int8,
+    /// 8-bit signed integer with a scale per (token, kv head) row, vLLM's
+    /// `int8_per_token_head`: each row of the K (and V) cache is `head_dim` codes followed by
+    /// the row's f32 scale, 4 bytes little-endian ([`DType::row_bytes`]); a code stands for its
+    /// value times its row's scale and the layer's per-tensor scale.
+    Int8PerTokenHead,
 }
 
 impl DType {
@@ -39,14 +44,33 @@ impl DType {
         match self {
             DType::F32 => 4,
             DType::F16 | DType::BF16 => 2,
-            DType::Fp8E4M3 | DType::Fp8E5M2 | DType::Int8 => 1,
+            DType::Fp8E4M3 | DType::Fp8E5M2 | DType::Int8 | DType::Int8PerTokenHead => 1,
+        }
+    }
+
+    /// Bytes of one (token, kv head) row of `head_dim` elements: the elements, and for
+    /// [`DType::Int8PerTokenHead`] the row's f32 scale after them (4 more bytes). Strides of a
+    /// cache of this type count bytes, so its dense head stride is this too.
+    pub fn row_bytes(self, head_dim: usize) -> usize {
+        head_dim * self.size_bytes() + self.row_scale_bytes()
+    }
+
+    /// Bytes a row holds after its elements: 4 (the f32 scale) for
+    /// [`DType::Int8PerTokenHead`], else 0.
+    pub fn row_scale_bytes(self) -> usize {
+        match self {
+            DType::Int8PerTokenHead => 4,
+            _ => 0,
         }
     }
 
     /// Whether this is a quantized KV format (a cache element stands for its value times a
     /// scale; attention inputs and outputs are never of such a type).
     pub fn is_quantized(self) -> bool {
-        matches!(self, DType::Fp8E4M3 | DType::Fp8E5M2 | DType::Int8)
+        matches!(
+            self,
+            DType::Fp8E4M3 | DType::Fp8E5M2 | DType::Int8 | DType::Int8PerTokenHead
+        )
     }
 }
 
@@ -349,14 +373,17 @@ impl Config {
     }
 
     /// Bytes of K plus V for one page across all layers of the cache's geometry, or `None` on
-    /// overflow. An fp8 page is its elements alone: its scales are per layer (per tensor), held
-    /// by the engine, not by the page.
+    /// overflow. An fp8 or int8 page is its elements alone: its scales are per layer (per tensor
+    /// or per channel), held by the engine, not by the page; an int8 per-token-head page holds
+    /// each row's scale after the row ([`DType::row_bytes`]).
     pub fn page_bytes(&self) -> Option<u64> {
+        let row = (self.head_dim as u64)
+            .checked_mul(self.dtype.size_bytes() as u64)?
+            .checked_add(self.dtype.row_scale_bytes() as u64)?;
         2u64.checked_mul(self.num_layers as u64)?
             .checked_mul(self.page_size as u64)?
             .checked_mul(self.num_kv_heads as u64)?
-            .checked_mul(self.head_dim as u64)?
-            .checked_mul(self.dtype.size_bytes() as u64)
+            .checked_mul(row)
     }
 
     /// The groups, the implicit full-attention group when none is given.
@@ -538,6 +565,14 @@ mod tests {
             let q = Config { dtype, ..c.clone() };
             assert_eq!(q.page_bytes(), Some(2 * 2 * 16 * 8 * 128));
         }
+        // Per-token-head int8: each (token, kv head) row carries its 4-byte scale.
+        let q = Config {
+            dtype: DType::Int8PerTokenHead,
+            ..c.clone()
+        };
+        assert_eq!(q.page_bytes(), Some(2 * 2 * 16 * 8 * (128 + 4)));
+        assert_eq!(DType::Int8PerTokenHead.row_bytes(128), 132);
+        assert_eq!(DType::BF16.row_bytes(128), 256);
         assert_eq!(c.usable_pages(Tier::Device), 1024);
         assert_eq!(c.group_specs(), vec![GroupSpec::FULL]);
         assert_eq!(

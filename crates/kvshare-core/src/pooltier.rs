@@ -185,6 +185,7 @@ impl PoolConfig {
             DType::Fp8E4M3 => 3,
             DType::Fp8E5M2 => 4,
             DType::Int8 => 5,
+            DType::Int8PerTokenHead => 6,
         });
         b.push(match kind {
             GroupKind::Full => 0,

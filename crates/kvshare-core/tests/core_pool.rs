@@ -746,6 +746,7 @@ fn bad_pool_settings_are_refused() {
         kvshare_core::DType::Fp8E4M3,
         kvshare_core::DType::Fp8E5M2,
         kvshare_core::DType::Int8,
+        kvshare_core::DType::Int8PerTokenHead,
     ] {
         assert!(with(&|c| c.dtype = dtype), "{dtype:?}");
     }

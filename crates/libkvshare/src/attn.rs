@@ -8,7 +8,7 @@
 //! host arrays for a [`DeviceBackend`](kvshare_attention::DeviceBackend). Which backend it is
 //! stays behind those two traits. Nothing is written unless every check passed.
 
-use super::enums::{kvs_copy_kind, kvs_index_type, kvs_status};
+use super::enums::{kvs_copy_kind, kvs_dtype, kvs_index_type, kvs_status};
 use std::ffi::c_void;
 
 use super::attn_args::{
@@ -28,7 +28,7 @@ use kvshare_attention::device::{
     DeviceAttn, DeviceAttnBatch, DeviceCopy, DeviceCopyBatch, DeviceKvWrite, DeviceKvWriteBatch,
 };
 use kvshare_attention::{
-    AttnBatch, AttnBuffers, AttnParams, CopyCaches, CopyKind, CopyParams, KvScales, KvWrite,
+    AttnBatch, AttnBuffers, AttnParams, CopyCaches, CopyKind, CopyParams, DType, KvScales, KvWrite,
     KvWriteParams, PageCopy, PageCopyBatch, SlotMapping, TokenStrides,
 };
 use kvshare_core::alloc::try_with_capacity;
@@ -109,9 +109,12 @@ impl kvs_backend {
     /// As `kvs_attention_launch`, on caches with dequantization scales (`kvs_kv_scales`; NULL
     /// is an unscaled cache): a cache element stands for its stored value times its cache's
     /// per-tensor scale (vLLM's `k_scale`, `v_scale`) and, for a `KVS_DTYPE_INT8` cache, its
-    /// channel's scale. For the quantized caches (`KVS_DTYPE_FP8_E4M3`, `KVS_DTYPE_FP8_E5M2`,
-    /// `KVS_DTYPE_INT8`) the kernel reads the pages as they are and folds the scales into the
-    /// query and the output; the per-tensor scales apply to any cache type.
+    /// channel's scale, for a `KVS_DTYPE_INT8_PER_TOKEN_HEAD` cache its row's scale (kept in the
+    /// page after the row's codes). For the quantized caches (`KVS_DTYPE_FP8_E4M3`,
+    /// `KVS_DTYPE_FP8_E5M2`, `KVS_DTYPE_INT8`, `KVS_DTYPE_INT8_PER_TOKEN_HEAD`) the kernel
+    /// reads the pages as they are and folds the scales into the query and the output (a
+    /// per-token-head row's K scale multiplies its position's score, its V scale that
+    /// position's weight in the value sum); the per-tensor scales apply to any cache type.
     /// `kvs_attention_launch` is this call with NULL scales.
     ///
     /// The channel-scale and offset arrays are host memory on every backend. The Ascend backend
@@ -121,8 +124,9 @@ impl kvs_backend {
     ///
     /// **Failure:** as `kvs_attention_launch`, and `KVS_STATUS_ATTN_INVALID_ARGUMENT` naming
     /// `k_scale`, `v_scale`, `k_channel_scales` or `v_channel_scales` when a scale is not a
-    /// finite number > 0, or channel scales are missing for an int8 cache or given for another.
-    /// Nothing is written on error.
+    /// finite number > 0, or channel scales are missing for an int8 cache or given for another
+    /// (a per-token-head cache included); `cache_head_stride` (or the next stride) when a row
+    /// leaves no room for a per-token-head scale. Nothing is written on error.
     /// **Thread safety:** as `kvs_attention_launch`.
     #[no_mangle]
     pub unsafe extern "C" fn kvs_attention_launch_scaled(
@@ -246,9 +250,13 @@ impl kvs_backend {
     /// `k_scale` (and, into an int8 cache, by its channel's scale), each value likewise, then
     /// rounded to the cache's type: to nearest, ties to even; fp8 magnitudes past the largest
     /// finite value saturate to it and NaN stays NaN; int8 saturates to -128..=127 and stores
-    /// NaN as 0. `kvs_kv_write` is this call with NULL scales. CPU backend only for scales other
-    /// than 1 and for quantized caches: the Ascend backend refuses them with
-    /// `KVS_STATUS_UNSUPPORTED` (the engine's own quantizing op writes an int8 cache there).
+    /// NaN as 0. Into a `KVS_DTYPE_INT8_PER_TOKEN_HEAD` cache, each (token, kv head) row of the
+    /// values divided by the per-tensor scale gets the scale `max(max|x| / 127, 1e-6)` (vLLM's;
+    /// infinities and NaN left out of the maximum), stored after its codes, and its codes
+    /// `x / row scale` as int8 above (vLLM rounds ties away from zero instead). `kvs_kv_write`
+    /// is this call with NULL scales. CPU backend only for scales other than 1 and for
+    /// quantized caches: the Ascend backend refuses them with `KVS_STATUS_UNSUPPORTED` (the
+    /// engine's own quantizing op writes an int8 cache there).
     ///
     /// **Failure:** as `kvs_kv_write`, and `KVS_STATUS_ATTN_INVALID_ARGUMENT` as
     /// `kvs_attention_launch_scaled` for the scales. Nothing is written on error.
@@ -458,7 +466,9 @@ impl kvs_backend {
     }
 
     /// The dense layout of a `[num_pages, page_size, num_kv_heads, head_dim]` cache of `dtype`
-    /// (a `kvs_dtype` value), strides filled in. Pure; nothing is checked here.
+    /// (a `kvs_dtype` value), strides filled in. Pure; nothing is checked here. A row of a
+    /// `KVS_DTYPE_INT8_PER_TOKEN_HEAD` cache is `head_dim + 4` bytes (its codes, then its f32
+    /// scale), so its head stride is `head_dim + 4`; an unknown `dtype` gets `head_dim`.
     ///
     /// **Thread safety:** safe from any thread.
     #[must_use]
@@ -470,7 +480,10 @@ impl kvs_backend {
         num_kv_heads: u32,
         head_dim: u32,
     ) -> kvs_kv_layout {
-        let (ps, h, d) = (page_size as usize, num_kv_heads as usize, head_dim as usize);
+        let (ps, h) = (page_size as usize, num_kv_heads as usize);
+        let scale_bytes =
+            kvs_dtype::try_from(dtype).map_or(0, |t| DType::from(t).row_scale_bytes());
+        let d = (head_dim as usize).saturating_add(scale_bytes);
         kvs_kv_layout {
             dtype,
             num_pages,

@@ -433,6 +433,8 @@ pub(super) unsafe fn buf<'a>(
         DType::Fp8E5M2 => Buf::Fp8E5M2(unsafe { aslice(ptr.cast(), len, name) }?),
         // SAFETY: as above.
         DType::Int8 => Buf::I8(unsafe { aslice(ptr.cast(), len, name) }?),
+        // SAFETY: as above.
+        DType::Int8PerTokenHead => Buf::I8Rows(unsafe { aslice(ptr.cast(), len, name) }?),
     })
 }
 
@@ -457,6 +459,8 @@ pub(super) unsafe fn buf_mut<'a>(
         DType::Fp8E5M2 => BufMut::Fp8E5M2(unsafe { aslice_mut(ptr.cast(), len, name) }?),
         // SAFETY: as above.
         DType::Int8 => BufMut::I8(unsafe { aslice_mut(ptr.cast(), len, name) }?),
+        // SAFETY: as above.
+        DType::Int8PerTokenHead => BufMut::I8Rows(unsafe { aslice_mut(ptr.cast(), len, name) }?),
     })
 }
 

@@ -149,6 +149,15 @@ pub enum kvs_dtype {
     /// 8-bit signed integer: KV caches only, each element its value times its channel's scale
     /// (`kvs_kv_scales.k_channel_scales` / `v_channel_scales`) and the per-tensor one.
     Int8 = 5,
+    /// 8-bit signed integer with a scale per (token, kv head) row, vLLM's
+    /// `int8_per_token_head`: KV caches only. Each row of the K (and V) cache is `head_dim`
+    /// codes followed by the row's f32 scale (4 bytes, little-endian, at byte `head_dim` of the
+    /// row), so a row is `head_dim + 4` bytes and the cache strides (in bytes, one per element)
+    /// must leave room for it (dense: `head_stride = head_dim + 4`). The KV write computes each
+    /// row's scale (`max(max|x| / 127, 1e-6)` of the values divided by the per-tensor scale);
+    /// a code stands for its value times its row's scale and the per-tensor `k_scale` /
+    /// `v_scale`. Channel scales are refused with it. CPU backend only.
+    Int8PerTokenHead = 6,
 }
 
 /// Which memory tier a page id refers to.
@@ -297,7 +306,8 @@ try_from_raw!(kvs_dtype {
     Bf16,
     Fp8E4m3,
     Fp8E5m2,
-    Int8
+    Int8,
+    Int8PerTokenHead
 });
 try_from_raw!(kvs_tier { Device, Host });
 try_from_raw!(kvs_group_kind {
@@ -350,6 +360,7 @@ impl From<kvs_dtype> for DType {
             kvs_dtype::Fp8E4m3 => DType::Fp8E4M3,
             kvs_dtype::Fp8E5m2 => DType::Fp8E5M2,
             kvs_dtype::Int8 => DType::Int8,
+            kvs_dtype::Int8PerTokenHead => DType::Int8PerTokenHead,
         }
     }
 }
@@ -363,6 +374,7 @@ impl From<DType> for kvs_dtype {
             DType::Fp8E4M3 => kvs_dtype::Fp8E4m3,
             DType::Fp8E5M2 => kvs_dtype::Fp8E5m2,
             DType::Int8 => kvs_dtype::Int8,
+            DType::Int8PerTokenHead => kvs_dtype::Int8PerTokenHead,
         }
     }
 }
@@ -503,7 +515,10 @@ mod tests {
     #[test]
     fn every_enum_decodes_its_values_and_only_them() {
         use kvs_dtype::*;
-        round_trip(&[F32, F16, Bf16, Fp8E4m3, Fp8E5m2, Int8], "kvs_dtype");
+        round_trip(
+            &[F32, F16, Bf16, Fp8E4m3, Fp8E5m2, Int8, Int8PerTokenHead],
+            "kvs_dtype",
+        );
         round_trip(&[kvs_tier::Device, kvs_tier::Host], "kvs_tier");
         round_trip(
             &[
@@ -540,6 +555,7 @@ mod tests {
             DType::Fp8E4M3,
             DType::Fp8E5M2,
             DType::Int8,
+            DType::Int8PerTokenHead,
         ] {
             assert_eq!(DType::from(kvs_dtype::from(d)), d);
         }

@@ -9,11 +9,14 @@ mod support;
 
 use kvshare::attn_args::{kvs_attention_args, kvs_kv_copy_args, kvs_kv_write_args};
 use kvshare::backend::kvs_backend;
-use kvshare::enums::kvs_status;
+use kvshare::enums::{kvs_dtype, kvs_status};
 use kvshare::types::kvs_copy;
 use support::attention::*;
 
 use kvs_status::{AttnInvalidArgument as INVALID, NullArgument as NULL};
+
+/// The first value that is no `kvs_dtype`.
+const NOT_A_DTYPE: u32 = kvs_dtype::Int8PerTokenHead as u32 + 1;
 
 const NP: usize = 6; // pages
 const PS: usize = 4; // page size
@@ -119,7 +122,7 @@ fn attention_launch_bad_inputs() {
         case(INVALID, "page_size", |a, _| a.cache.page_size = u32::MAX),
         case(INVALID, "num_pages", |a, _| a.cache.num_pages = 0),
         case(INVALID, "num_pages", |a, _| a.cache.num_pages = u32::MAX),
-        case(INVALID, "query_dtype", |a, _| a.query_dtype = 6),
+        case(INVALID, "query_dtype", |a, _| a.query_dtype = NOT_A_DTYPE),
         case(INVALID, "output_dtype", |a, _| a.output_dtype = 99),
         case(INVALID, "cache.dtype", |a, _| a.cache.dtype = 7),
         case(INVALID, "query_head_stride", |a, _| {
@@ -284,8 +287,8 @@ fn kv_write_bad_inputs() {
         }),
         wcase(INVALID, "num_tokens", |a, _| a.num_tokens = 0),
         wcase(INVALID, "num_tokens", |a, _| a.num_tokens = u32::MAX),
-        wcase(INVALID, "src_dtype", |a, _| a.src_dtype = 6),
-        wcase(INVALID, "cache.dtype", |a, _| a.cache.dtype = 6),
+        wcase(INVALID, "src_dtype", |a, _| a.src_dtype = NOT_A_DTYPE),
+        wcase(INVALID, "cache.dtype", |a, _| a.cache.dtype = NOT_A_DTYPE),
         wcase(INVALID, "slot_mapping_type", |a, _| a.slot_mapping_type = 2),
         wcase(INVALID, "slot_mapping", |_, f| {
             f.slots32[2] = (NP * PS) as i32

@@ -1,5 +1,5 @@
-//! Quantized caches (fp8 with per-tensor scales, int8 with per-channel ones) through the C
-//! exports: `kvs_kv_write_scaled` stores each new value as the code nearest `value / scale`,
+//! Quantized caches (fp8 with per-tensor scales, int8 with per-channel ones, int8 with a scale
+//! per (token, kv head) row kept in the pages) through the C exports: `kvs_kv_write_scaled` stores each new value as the code nearest `value / scale`,
 //! `kvs_attention_launch_scaled` on those pages gives what `kvs_attention_launch` gives on an f32
 //! cache holding the codes' values times the scales (the kernel's accuracy against the f64
 //! reference is `kvshare-attention`'s `cpu/quant_tests.rs`), and bad scales, missing or
@@ -401,6 +401,221 @@ fn bad_scales_and_quantized_queries_are_refused_with_nothing_written() {
         assert_eq!(st, kvs_status::AttnInvalidArgument);
         assert!(last_error().contains("src_dtype"), "{}", last_error());
     }
+    assert!(kc.iter().chain(&vc).all(|&b| b == 7));
+    unsafe { kvs_backend::kvs_backend_free(be) };
+}
+
+const PTH: u32 = kvs_dtype::Int8PerTokenHead as u32;
+
+/// Bytes of the setup's caches of `dtype` (dense: a per-token-head row is `d + 4` bytes).
+fn cache_bytes(s: &Setup, dtype: u32) -> usize {
+    let l = s.layout(dtype);
+    l.page_stride * s.pages
+}
+
+/// Writes the setup's K/V into int8 per-token-head caches with per-tensor scales 0.5 and 2,
+/// returning the caches and the scales used.
+fn per_token_head_pages(s: &Setup, be: *mut kvs_backend) -> (Vec<u8>, Vec<u8>, kvs_kv_scales) {
+    let n = cache_bytes(s, PTH);
+    let (mut kc, mut vc) = (vec![0u8; n], vec![0u8; n]);
+    let sc = scales(0.5, 2.0, None);
+    let w = s.write_args(PTH, kc.as_mut_ptr().cast(), vc.as_mut_ptr().cast());
+    let st = unsafe { kvs_backend::kvs_kv_write_scaled(be, &w, &sc, std::ptr::null_mut()) };
+    assert_eq!(st, kvs_status::Ok, "{}", last_error());
+    (kc, vc, sc)
+}
+
+/// The scale stored after the `d` codes of the row at byte `at`.
+fn row_scale(c: &[u8], at: usize, d: usize) -> f32 {
+    f32::from_le_bytes(c[at + d..at + d + 4].try_into().unwrap())
+}
+
+/// int8 with a scale per (token, kv head) row (vLLM's `int8_per_token_head`), per-tensor scales
+/// 0.5 and 2 on top: every row stores `max(max|x| / 127, 1e-6)` of its values divided by the
+/// per-tensor scale after its codes, every code is `round(x / row scale)`, and the scaled
+/// attention on those pages equals the plain one on an f32 cache of `code * row scale * scale`.
+#[test]
+fn int8_per_token_head_pages_written_and_read_with_row_scales() {
+    let s = setup();
+    let be = new_backend(2);
+    let (kc, vc, sc) = per_token_head_pages(&s, be);
+    let l = s.layout(PTH);
+    let (d, hk) = (s.d, s.hk);
+    let row = hk * d;
+    let (mut k32, mut v32) = (
+        vec![0f32; s.pages * s.ps * row],
+        vec![0f32; s.pages * s.ps * row],
+    );
+    for (t, &slot) in s.slots.iter().enumerate() {
+        for h in 0..hk {
+            let at = (slot as usize / s.ps) * l.page_stride
+                + (slot as usize % s.ps) * l.slot_stride
+                + h * l.head_stride;
+            for (c, src, tensor, dst) in [
+                (&kc, &s.key, sc.k_scale, &mut k32),
+                (&vc, &s.value, sc.v_scale, &mut v32),
+            ] {
+                let x: Vec<f32> = src[t * row + h * d..][..d]
+                    .iter()
+                    .map(|x| x / tensor)
+                    .collect();
+                let want = (x.iter().fold(0f32, |m, y| m.max(y.abs())) / 127.0).max(1e-6);
+                let rs = row_scale(c, at, d);
+                assert_eq!(rs, want, "token {t} head {h}");
+                for i in 0..d {
+                    let code = c[at + i] as i8;
+                    assert_eq!(
+                        code as f32,
+                        (x[i] / rs).round_ties_even().clamp(-128.0, 127.0)
+                    );
+                    dst[slot as usize * row + h * d + i] = code as f32 * rs * tensor;
+                }
+            }
+        }
+    }
+    let mut out = vec![0f32; 2 * s.h * s.d];
+    let mut want = vec![0f32; 2 * s.h * s.d];
+    let a = s.attn_args(PTH, kc.as_ptr().cast(), vc.as_ptr().cast(), &mut out);
+    let st = unsafe { kvs_backend::kvs_attention_launch_scaled(be, &a, &sc, std::ptr::null_mut()) };
+    assert_eq!(st, kvs_status::Ok, "{}", last_error());
+    let a = s.attn_args(F32, k32.as_ptr().cast(), v32.as_ptr().cast(), &mut want);
+    let st = unsafe { kvs_backend::kvs_attention_launch(be, &a, std::ptr::null_mut()) };
+    assert_eq!(st, kvs_status::Ok, "{}", last_error());
+    for (i, (&g, &w)) in out.iter().zip(&want).enumerate() {
+        assert!((g - w).abs() <= 1e-4 * w.abs() + 1e-6, "{i}: {g} vs {w}");
+    }
+    unsafe { kvs_backend::kvs_backend_free(be) };
+}
+
+/// Page copies move the rows' scales with their codes: every used page swapped out to the host
+/// tier (the last page of each sequence as a sub-page copy of its filled slots), the device
+/// caches overwritten, the pages swapped back in under other ids; attention on the new block
+/// table equals attention before, bit for bit.
+#[test]
+fn int8_per_token_head_page_copies_carry_the_scales() {
+    let s = setup();
+    let be = new_backend(2);
+    let (mut kc, mut vc, sc) = per_token_head_pages(&s, be);
+    let mut before = vec![0f32; 2 * s.h * s.d];
+    let a = s.attn_args(PTH, kc.as_ptr().cast(), vc.as_ptr().cast(), &mut before);
+    let st = unsafe { kvs_backend::kvs_attention_launch_scaled(be, &a, &sc, std::ptr::null_mut()) };
+    assert_eq!(st, kvs_status::Ok, "{}", last_error());
+    let n = cache_bytes(&s, PTH);
+    let (mut hkc, mut hvc) = (vec![0u8; n], vec![0u8; n]);
+    // (page, filled slots) of every used page, and its new id: the ids reversed.
+    let mut used = Vec::new();
+    for (q, &l) in s.ctx.iter().enumerate() {
+        for j in 0..(l as usize).div_ceil(s.ps) {
+            let filled = (l as usize - j * s.ps).min(s.ps) as u32;
+            used.push((
+                q * s.max_pages + j,
+                s.table[q * s.max_pages + j] as u32,
+                filled,
+            ));
+        }
+    }
+    let args = |kc: &mut [u8], vc: &mut [u8], hkc: &mut [u8], hvc: &mut [u8]| {
+        kvshare::attn_args::kvs_kv_copy_args {
+            key_cache: kc.as_mut_ptr().cast(),
+            value_cache: vc.as_mut_ptr().cast(),
+            cache: s.layout(PTH),
+            host_key_cache: hkc.as_mut_ptr().cast(),
+            host_value_cache: hvc.as_mut_ptr().cast(),
+            num_host_pages: s.pages as u32,
+        }
+    };
+    let copy = |kind, pairs: Vec<(u32, u32, u32)>, a: &kvshare::attn_args::kvs_kv_copy_args| {
+        let list: Vec<kvshare::types::kvs_copy> = pairs
+            .into_iter()
+            .map(
+                |(src_page, dst_page, num_tokens)| kvshare::types::kvs_copy {
+                    src_page,
+                    dst_page,
+                    num_tokens,
+                    kind: kind as u32,
+                    group: 0,
+                },
+            )
+            .collect();
+        let st = unsafe {
+            kvs_backend::kvs_kv_copy(be, a, list.as_ptr(), list.len(), std::ptr::null_mut())
+        };
+        assert_eq!(st, kvs_status::Ok, "{}", last_error());
+    };
+    let a = args(&mut kc, &mut vc, &mut hkc, &mut hvc);
+    let out: Vec<_> = used.iter().map(|&(_, p, f)| (p, p, f)).collect();
+    copy(kvshare::enums::kvs_copy_kind::DeviceToHost, out, &a);
+    kc.fill(0x55);
+    vc.fill(0x55);
+    let last = s.pages as u32 - 1;
+    let back: Vec<_> = used.iter().map(|&(_, p, f)| (p, last - p, f)).collect();
+    copy(kvshare::enums::kvs_copy_kind::HostToDevice, back, &a);
+    let mut table = s.table.clone();
+    for &(at, p, _) in &used {
+        table[at] = (last - p) as i32;
+    }
+    let mut after = vec![0f32; 2 * s.h * s.d];
+    let mut a = s.attn_args(PTH, kc.as_ptr().cast(), vc.as_ptr().cast(), &mut after);
+    a.block_table = table.as_ptr();
+    let st = unsafe { kvs_backend::kvs_attention_launch_scaled(be, &a, &sc, std::ptr::null_mut()) };
+    assert_eq!(st, kvs_status::Ok, "{}", last_error());
+    for (i, (x, y)) in before.iter().zip(&after).enumerate() {
+        assert_eq!(x.to_bits(), y.to_bits(), "{i}: {x} vs {y}");
+    }
+    unsafe { kvs_backend::kvs_backend_free(be) };
+}
+
+/// Refusals of a per-token-head cache, each with nothing written: channel scales (the message
+/// names both formats), a head stride that leaves no room for the row's scale (the int8
+/// layout's `head_dim` bytes a row), and, with one kv head, a slot stride that leaves none.
+#[test]
+fn int8_per_token_head_refusals_write_nothing() {
+    let s = setup();
+    let be = new_backend(1);
+    let n = cache_bytes(&s, PTH);
+    let (mut kc, mut vc) = (vec![7u8; n], vec![7u8; n]);
+    let ones = vec![1f32; s.hk * s.d];
+    let channels = scales(1.0, 1.0, Some((&ones, &ones)));
+    let plain = scales(1.0, 1.0, None);
+    // The int8 layout's strides (`head_dim` a row) under the per-token-head dtype.
+    let no_room = kvs_kv_layout {
+        dtype: PTH,
+        ..s.layout(kvs_dtype::Int8 as u32)
+    };
+    let mut one_head = s.layout(PTH);
+    one_head.num_kv_heads = 1;
+    one_head.slot_stride = s.d as _;
+    for (sc, layout, field, also) in [
+        (
+            channels,
+            s.layout(PTH),
+            "k_channel_scales",
+            "KVS_DTYPE_INT8_PER_TOKEN_HEAD",
+        ),
+        (plain, no_room, "cache_head_stride", "overlaps"),
+        (plain, one_head, "cache_slot_stride", "overlaps"),
+    ] {
+        let mut w = s.write_args(PTH, kc.as_mut_ptr().cast(), vc.as_mut_ptr().cast());
+        w.cache = layout;
+        let st = unsafe { kvs_backend::kvs_kv_write_scaled(be, &w, &sc, std::ptr::null_mut()) };
+        assert_eq!(st, kvs_status::AttnInvalidArgument, "{field}");
+        let e = last_error();
+        assert!(e.contains(field) && e.contains(also), "{field}: {e}");
+        let mut out = vec![5f32; 2 * s.h * s.d];
+        let mut a = s.attn_args(PTH, kc.as_ptr().cast(), vc.as_ptr().cast(), &mut out);
+        a.cache = layout;
+        let st =
+            unsafe { kvs_backend::kvs_attention_launch_scaled(be, &a, &sc, std::ptr::null_mut()) };
+        assert_eq!(st, kvs_status::AttnInvalidArgument, "{field}");
+        assert!(last_error().contains(field), "{field}: {}", last_error());
+        assert!(out.iter().all(|&x| x == 5.0));
+    }
+    assert!(kc.iter().chain(&vc).all(|&b| b == 7));
+    // Channel scales refused with either message naming the int8 format too.
+    let w = s.write_args(PTH, kc.as_mut_ptr().cast(), vc.as_mut_ptr().cast());
+    let st = unsafe { kvs_backend::kvs_kv_write_scaled(be, &w, &channels, std::ptr::null_mut()) };
+    assert_eq!(st, kvs_status::AttnInvalidArgument);
+    assert!(last_error().contains("KVS_DTYPE_INT8 "), "{}", last_error());
     assert!(kc.iter().chain(&vc).all(|&b| b == 7));
     unsafe { kvs_backend::kvs_backend_free(be) };
 }

@@ -126,9 +126,11 @@ fn parse(args: Vec<OsString>) -> Result<Option<Opts>, String> {
             "--prefill" => o.prefill = true,
             "--dtype" => {
                 let v = val()?;
-                o.dtype = parse_dtype(&v).ok_or_else(|| {
-                    format!("--dtype: f16, bf16, f32, fp8_e4m3, fp8_e5m2 or int8, not {v:?}")
-                })?;
+                o.dtype = parse_dtype(&v)
+                    .filter(|&d| d != DType::Int8PerTokenHead)
+                    .ok_or_else(|| {
+                        format!("--dtype: f16, bf16, f32, fp8_e4m3, fp8_e5m2 or int8, not {v:?}")
+                    })?;
             }
             "--huge-pages" => {
                 o.huge_pages = match val()?.as_str() {
@@ -229,6 +231,8 @@ fn buf(dt: DType, x: &[u16]) -> Buf<'_> {
         DType::Fp8E5M2 => Buf::Fp8E5M2(fp8::e5m2_slice(bytes(x))),
         // SAFETY: i8 and u8 have the same size, alignment and validity.
         DType::Int8 => Buf::I8(unsafe { bytes(x).align_to::<i8>() }.1),
+        // SAFETY: as above.
+        DType::Int8PerTokenHead => Buf::I8Rows(unsafe { bytes(x).align_to::<i8>() }.1),
     }
 }
 
@@ -249,6 +253,8 @@ fn buf_mut(dt: DType, x: &mut [u16]) -> BufMut<'_> {
         DType::Fp8E5M2 => BufMut::Fp8E5M2(fp8::e5m2_slice_mut(bytes_mut(x))),
         // SAFETY: as in `buf`.
         DType::Int8 => BufMut::I8(unsafe { bytes_mut(x).align_to_mut::<i8>() }.1),
+        // SAFETY: as in `buf`.
+        DType::Int8PerTokenHead => BufMut::I8Rows(unsafe { bytes_mut(x).align_to_mut::<i8>() }.1),
     }
 }
 

@@ -83,8 +83,9 @@ CACHE AND SCHEDULER:
                           preempted request goes back first)
     --check               run the cache manager's invariant checker after every step
     --kv-dtype F          replay twice at one device KV byte budget, with bf16 pages and with
-                          pages of F (f32, f16, bf16, fp8_e4m3, fp8_e5m2, int8; the page bytes
-                          are the cache manager's), and report pages, prefix hits, recomputed
+                          pages of F (f32, f16, bf16, fp8_e4m3, fp8_e5m2, int8,
+                          int8_per_token_head; the page bytes are the cache manager's, a
+                          per-token-head row's scale included), and report pages, prefix hits, recomputed
                           prompt tokens and KV memory side by side (cache manager only)
     --kv-bytes B          --kv-dtype: the device KV budget in bytes [--device-pages bf16 pages]
 
@@ -373,7 +374,10 @@ where
             "--kv-dtype" => {
                 let v = val()?;
                 a.kv_dtype = Some(parse_dtype(&v).ok_or_else(|| {
-                    format!("--kv-dtype: {v:?} is not f32, f16, bf16, fp8_e4m3, fp8_e5m2 or int8")
+                    format!(
+                        "--kv-dtype: {v:?} is not f32, f16, bf16, fp8_e4m3, fp8_e5m2, int8 or \
+                         int8_per_token_head"
+                    )
                 })?)
             }
             "--kv-bytes" => a.kv_bytes = Some(num(flag, &val()?, 1)?),

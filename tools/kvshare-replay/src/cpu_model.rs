@@ -69,6 +69,11 @@ impl Store {
                         .into(),
                 )
             }
+            DType::Int8PerTokenHead => {
+                return Err("the CPU model runs f32, f16, bf16 and fp8 caches, not \
+                            int8_per_token_head (its reference rounds element by element)"
+                    .into())
+            }
         })
     }
     fn buf(&self) -> Buf<'_> {
@@ -109,6 +114,7 @@ fn round(dtype: DType, x: f32) -> f32 {
         DType::Fp8E4M3 => Fp8E4M3::from_f32(x).to_f32(),
         DType::Fp8E5M2 => Fp8E5M2::from_f32(x).to_f32(),
         DType::Int8 => x.round_ties_even().clamp(-128.0, 127.0),
+        DType::Int8PerTokenHead => unreachable!("Store::new refuses int8_per_token_head"),
     }
 }
 

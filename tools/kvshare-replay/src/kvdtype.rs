@@ -124,7 +124,7 @@ pub fn format_compare(runs: &[DtypeRun], budget: u64) -> String {
         mib(budget)
     );
     s.push_str(&format!(
-        "{:<10} {:>10} {:>12} {:>14} {:>14} {:>12} {:>9} {:>12} {:>10}\n",
+        "{:<19} {:>10} {:>12} {:>14} {:>14} {:>12} {:>9} {:>12} {:>10}\n",
         "dtype",
         "page bytes",
         "device pages",
@@ -137,7 +137,7 @@ pub fn format_compare(runs: &[DtypeRun], budget: u64) -> String {
     ));
     for r in runs {
         s.push_str(&format!(
-            "{:<10} {:>10} {:>12} {:>14.2} {:>14.2} {:>12} {:>8.1}% {:>12} {:>10}\n",
+            "{:<19} {:>10} {:>12} {:>14.2} {:>14.2} {:>12} {:>8.1}% {:>12} {:>10}\n",
             dtype_name(r.dtype),
             r.page_bytes,
             r.pages(),

@@ -52,8 +52,8 @@ impl Geometry {
     }
 }
 
-/// `f32`, `f16`, `bf16`, `fp8_e4m3`, `fp8_e5m2` (vLLM's `kv_cache_dtype` names for fp8) or
-/// `int8`.
+/// `f32`, `f16`, `bf16`, `fp8_e4m3`, `fp8_e5m2`, `int8_per_token_head` (vLLM's
+/// `kv_cache_dtype` names) or `int8`.
 pub fn dtype_name(d: DType) -> &'static str {
     match d {
         DType::F32 => "f32",
@@ -62,6 +62,7 @@ pub fn dtype_name(d: DType) -> &'static str {
         DType::Fp8E4M3 => "fp8_e4m3",
         DType::Fp8E5M2 => "fp8_e5m2",
         DType::Int8 => "int8",
+        DType::Int8PerTokenHead => "int8_per_token_head",
     }
 }
 
@@ -74,6 +75,7 @@ pub fn parse_dtype(s: &str) -> Option<DType> {
         "fp8_e4m3" => Some(DType::Fp8E4M3),
         "fp8_e5m2" => Some(DType::Fp8E5M2),
         "int8" => Some(DType::Int8),
+        "int8_per_token_head" => Some(DType::Int8PerTokenHead),
         _ => None,
     }
 }

@@ -96,7 +96,7 @@ fn kv_dtype_refuses_bad_values_naming_the_accepted_ones() {
         &[
             "--kv-dtype",
             "\"fp4\"",
-            "f32, f16, bf16, fp8_e4m3, fp8_e5m2 or int8",
+            "f32, f16, bf16, fp8_e4m3, fp8_e5m2, int8 or int8_per_token_head",
         ],
     );
     refused(&["--kv-bytes", "1000"], 2, &["--kv-bytes", "--kv-dtype"]);

@@ -9,13 +9,14 @@ use kvshare_replay::workload::ChatWorkload;
 use kvshare_replay::{Geometry, ReplayConfig, VecSource};
 use proptest::prelude::*;
 
-const FORMATS: [DType; 6] = [
+const FORMATS: [DType; 7] = [
     DType::F32,
     DType::F16,
     DType::BF16,
     DType::Fp8E4M3,
     DType::Fp8E5M2,
     DType::Int8,
+    DType::Int8PerTokenHead,
 ];
 
 fn base(page_size: u32, layers: u32, kv_heads: u32, head_dim: u32) -> ReplayConfig {
@@ -37,7 +38,7 @@ proptest! {
     #[test]
     fn the_budget_buys_whole_pages_of_the_cache_managers_bytes(
         ps in 1u32..64, layers in 1u32..8, kv_heads in 1u32..9, head_dim in 1u32..257,
-        budget in 1u64..(1 << 40), f in 0usize..6,
+        budget in 1u64..(1 << 40), f in 0usize..7,
     ) {
         let b = base(ps, layers, kv_heads, head_dim);
         let dtype = FORMATS[f];
@@ -50,7 +51,9 @@ proptest! {
                 prop_assert_eq!(cfg.page_bytes(), page);
                 let pages = cfg.device_pages as u64;
                 prop_assert!(pages >= 1 && pages * page <= budget && budget < (pages + 1) * page);
-                if let (true, Ok(bf)) = (dtype.size_bytes() == 1, budget_config(&b, BASELINE, budget)) {
+                // One byte an element and nothing else in the row (per-token-head rows add a scale).
+                let halves = dtype.size_bytes() == 1 && dtype.row_scale_bytes() == 0;
+                if let (true, Ok(bf)) = (halves, budget_config(&b, BASELINE, budget)) {
                     prop_assert!(pages >= 2 * bf.device_pages as u64);
                 }
             }

@@ -165,6 +165,11 @@ pub fn acl_dtype(d: DType, field: &str) -> Result<i32> {
              launches of kvs_attention_launch_scaled with channel scales), never as a query, \
              output or scatter source"
         ))),
+        DType::Int8PerTokenHead => Err(unsupported(format!(
+            "{field} is Int8PerTokenHead (KVS_DTYPE_INT8_PER_TOKEN_HEAD); CANN's operators \
+             take no scale per (token, kv head) row kept inside the pages; this format runs on \
+             the CPU backend only"
+        ))),
         DType::Fp8E4M3 | DType::Fp8E5M2 => Err(fp8(d, field)),
     }
 }

@@ -23,7 +23,7 @@ use super::{
     PageCopyBatch,
 };
 use crate::error::{Error, Result};
-use kernel::{KvElem, Rows, SeqKv};
+use kernel::{KvElem, RowScales, Rows, SeqKv};
 
 pub mod huge_pages;
 pub(crate) mod isa;
@@ -157,7 +157,9 @@ impl OutRows {
                 len: s.len(),
                 ptr: OutPtr::BF16(s.as_mut_ptr()),
             },
-            BufMut::Fp8E4M3(_) | BufMut::Fp8E5M2(_) | BufMut::I8(_) => return None,
+            BufMut::Fp8E4M3(_) | BufMut::Fp8E5M2(_) | BufMut::I8(_) | BufMut::I8Rows(_) => {
+                return None
+            }
         })
     }
 
@@ -371,8 +373,8 @@ struct Partial {
 fn run_attention<T: KvElem>(
     be: &CpuBackend,
     batch: &AttnBatch<'_>,
-    k: &[T],
-    v: &[T],
+    (k, v): (&[T], &[T]),
+    row_scales: Option<RowScales<'_>>,
     out: &OutRows,
 ) {
     let p = batch.params();
@@ -392,7 +394,8 @@ fn run_attention<T: KvElem>(
     let partials: Vec<OnceLock<Partial>> = (0..plan.num_parts).map(|_| OnceLock::new()).collect();
     workers.for_each(plan.items.len(), |i| {
         let run = |r: &mut ItemRows| {
-            run_item(be, batch, &plan.items[i], r, (k, v), out, &partials, &fold)
+            let kv = (k, v, row_scales);
+            run_item(be, batch, &plan.items[i], r, kv, out, &partials, &fold)
         };
         ITEM_ROWS.with_borrow_mut(run)
     });
@@ -428,7 +431,7 @@ fn run_item<T: KvElem>(
     batch: &AttnBatch<'_>,
     it: &Item,
     r: &mut ItemRows,
-    (k, v): (&[T], &[T]),
+    (k, v, row_scales): (&[T], &[T], Option<RowScales<'_>>),
     out: &OutRows,
     partials: &[OnceLock<Partial>],
     fold: &Fold<'_>,
@@ -454,6 +457,7 @@ fn run_item<T: KvElem>(
         pages,
         layout: &p.cache,
         softcap: p.softcap,
+        row_scales,
     };
     let n = r.lo.len();
     let (mut m, mut l) = (vec![0f32; n], vec![0f32; n]);
@@ -481,8 +485,9 @@ fn run_item<T: KvElem>(
 /// `scale` (and its channel's, the `n` scales of `channel` for an int8 cache), less its
 /// channel's offset (the `n` of `offset`, in codes), and rounded to the cache's type (to
 /// nearest, ties to even; fp8 saturating, `fp8.rs`; int8 saturating to -128..=127, NaN stored
-/// as 0: int8 has none; 8-bit codes in `isa`'s vector code, `quantize.rs`), or copied as they
-/// are when the types agree and the scale is 1.
+/// as 0: int8 has none; 8-bit codes in `isa`'s vector code, `quantize.rs`; an int8
+/// per-token-head row divided by its own scale, [`row_scale`], stored after its codes), or
+/// copied as they are when the types agree and the scale is 1.
 fn write_elems(
     isa: Isa,
     src: &Buf<'_>,
@@ -527,9 +532,39 @@ fn write_elems(
                     codes.apply(tmp);
                     d[dof..dof + n].convert_from_f32_slice(tmp)
                 }
+                BufMut::I8Rows(d) => {
+                    // Channel scales and offsets are refused with this format: `apply` divides
+                    // by the per-tensor scale only.
+                    codes.apply(tmp);
+                    let row = row_scale(tmp);
+                    let (c, sc) = d[dof..dof + n + 4].split_at_mut(n);
+                    let by_row = quantize::Scaling {
+                        scale: row,
+                        channel: None,
+                        offset: None,
+                    };
+                    quantize::quantize(isa, c, tmp, by_row);
+                    for (c, b) in sc.iter_mut().zip(row.to_le_bytes()) {
+                        *c = b as i8;
+                    }
+                }
             }
         }
     }
+}
+
+/// The scale of one `(token, kv head)` row `x` of an int8 per-token-head cache (the new values
+/// divided by the per-tensor scale): `max(max|x| / 127, 1e-6)`, vLLM's `int8_per_token_head`
+/// (infinities and NaN are left out of the maximum). The row's codes are `x / row_scale`
+/// rounded as int8 codes are (nearest, ties to even, where vLLM rounds ties away from zero;
+/// saturating; NaN to 0), stored before the scale's 4 little-endian bytes; a code `c` then stands
+/// for `c * row_scale * scale`.
+fn row_scale(x: &[f32]) -> f32 {
+    let amax = x
+        .iter()
+        .filter(|x| x.is_finite())
+        .fold(0f32, |m, x| m.max(x.abs()));
+    (amax / 127.0).max(1e-6)
 }
 
 impl BackendInfo for CpuBackend {
@@ -585,12 +620,17 @@ impl Backend for CpuBackend {
         ))
         .ok_or_else(|| Error::BackendFailure("the output is a KV-cache format".into()))?;
         match (batch.bufs.key_cache, batch.bufs.value_cache) {
-            (Buf::F32(k), Buf::F32(v)) => run_attention(self, &batch, k, v, &out),
-            (Buf::F16(k), Buf::F16(v)) => run_attention(self, &batch, k, v, &out),
-            (Buf::BF16(k), Buf::BF16(v)) => run_attention(self, &batch, k, v, &out),
-            (Buf::Fp8E4M3(k), Buf::Fp8E4M3(v)) => run_attention(self, &batch, k, v, &out),
-            (Buf::Fp8E5M2(k), Buf::Fp8E5M2(v)) => run_attention(self, &batch, k, v, &out),
-            (Buf::I8(k), Buf::I8(v)) => run_attention(self, &batch, k, v, &out),
+            (Buf::F32(k), Buf::F32(v)) => run_attention(self, &batch, (k, v), None, &out),
+            (Buf::F16(k), Buf::F16(v)) => run_attention(self, &batch, (k, v), None, &out),
+            (Buf::BF16(k), Buf::BF16(v)) => run_attention(self, &batch, (k, v), None, &out),
+            (Buf::Fp8E4M3(k), Buf::Fp8E4M3(v)) => run_attention(self, &batch, (k, v), None, &out),
+            (Buf::Fp8E5M2(k), Buf::Fp8E5M2(v)) => run_attention(self, &batch, (k, v), None, &out),
+            (Buf::I8(k), Buf::I8(v)) => run_attention(self, &batch, (k, v), None, &out),
+            (Buf::I8Rows(k), Buf::I8Rows(v)) => {
+                // The kernels read the codes as int8 elements and each row's scale after them.
+                let rs = Some(RowScales { k, v });
+                run_attention(self, &batch, (k, v), rs, &out)
+            }
             _ => {
                 return Err(Error::BackendFailure(
                     "K and V caches differ in dtype".into(),

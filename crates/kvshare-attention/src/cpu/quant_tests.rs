@@ -1,5 +1,5 @@
-//! Quantized caches (fp8 with per-tensor scales, int8 with per-channel ones) end to end on the
-//! CPU backend: new K/V written through [`Backend::kv_write`]
+//! Quantized caches (fp8 with per-tensor scales, int8 with per-channel ones, int8 with a scale
+//! per (token, kv head) row kept in the pages) end to end on the CPU backend: new K/V written through [`Backend::kv_write`]
 //! (quantized with the layer's scales) into shuffled pages, then attention through
 //! [`Backend::attention`] on every kernel path this machine runs (decode rows, tiled prefill
 //! rows, the AMX engine, split-K merges), against an f64 computation of the same attention.
@@ -24,7 +24,9 @@
 //! `u |x| + a` with, for fp8, `u = 2^-(m + 1)` (`m` mantissa bits: 1/16 for E4M3, 1/8 for E5M2)
 //! and `a = 2^(emin - m - 1) c` (half the subnormal spacing; `emin` = -6 for E4M3, -14 for
 //! E5M2), and for int8 `u = 0` and `a = c / 2` (`c` the channel's scale times the per-tensor
-//! one), when `|x| / c` does not pass the largest value (the scales here are at least the
+//! one; per-token-head, the row's scale, which the write computes, times the per-tensor one:
+//! `a` differs by position, and the value term takes its largest over the positions a row
+//! sees), when `|x| / c` does not pass the largest value (the scales here are at least the
 //! calibrated `amax / max`, `max` 448, 57344 or 127, so nothing saturates). For one output row with query `q` and
 //! attention scale `s`:
 //! * each score moves by at most `D_t = s sum_i |q_i| (u |k_ti| + a_k)`, so with `D = max_t D_t`
@@ -35,7 +37,11 @@
 //! Hence `|out'_i - out_i| <= (e^(2D) - 1) max_t |v_ti| + max_t (u |v_ti| + a_v)`. The AMX
 //! engine's bf16 pairs round the query and the probabilities too (relative `2^-8` each, bf16's
 //! unit roundoff): that adds `2^-8 s sum_i |q_i| |k'_ti|` to `D_t` and `2^-8` to the weights'
-//! factor, on that path.
+//! factor, on that path; with per-token-head rows it rounds each probability times its V row's
+//! scale to bf16 once more (the softmax sum takes the probability alone), a further `2^-8` on
+//! the weights there.
+//! A soft cap moves no score by more than its argument moves (`|d/dx c tanh(x / c)| <= 1`) and
+//! a sliding window only narrows the positions, so the bound holds with both.
 //! The kernel's f32 arithmetic (its `exp`, sums of up to a few thousand terms) adds at most
 //! `2^-14 max_t |v_ti|`.
 
@@ -67,6 +73,10 @@ struct Case {
     /// values push more of the values into the subnormals).
     headroom: f32,
     bf16_query: bool,
+    /// Logit soft cap (0: off).
+    softcap: f32,
+    /// Sliding window (0: off).
+    window: usize,
     /// int8 only: K and V centred away from 0 per channel (by -1.5 to 1.5 times its amplitude),
     /// written and read with per-channel offsets (CANN's `(code + offset) * scale`).
     offsets: bool,
@@ -83,7 +93,7 @@ fn unit_errors(format: DType) -> (f64, f64) {
     match format {
         DType::Fp8E4M3 => of::<Fp8E4M3>(),
         DType::Fp8E5M2 => of::<Fp8E5M2>(),
-        DType::Int8 => (0.0, 0.5),
+        DType::Int8 | DType::Int8PerTokenHead => (0.0, 0.5),
         d => panic!("{d:?} is not a quantized format"),
     }
 }
@@ -99,11 +109,13 @@ fn max_finite(format: DType) -> f32 {
 
 /// The caches as bytes, read as the format's elements.
 fn cache_buf(format: DType, b: &[u8]) -> Buf<'_> {
+    // SAFETY: i8 and u8 have the same size, alignment and validity.
+    let i8s: &[i8] = unsafe { std::slice::from_raw_parts(b.as_ptr().cast(), b.len()) };
     match format {
         DType::Fp8E4M3 => Buf::Fp8E4M3(crate::fp8::e4m3_slice(b)),
         DType::Fp8E5M2 => Buf::Fp8E5M2(crate::fp8::e5m2_slice(b)),
-        // SAFETY: i8 and u8 have the same size, alignment and validity.
-        _ => Buf::I8(unsafe { std::slice::from_raw_parts(b.as_ptr().cast(), b.len()) }),
+        DType::Int8PerTokenHead => Buf::I8Rows(i8s),
+        _ => Buf::I8(i8s),
     }
 }
 
@@ -111,8 +123,15 @@ fn cache_buf_mut(format: DType, b: &mut [u8]) -> BufMut<'_> {
     match format {
         DType::Fp8E4M3 => BufMut::Fp8E4M3(crate::fp8::e4m3_slice_mut(b)),
         DType::Fp8E5M2 => BufMut::Fp8E5M2(crate::fp8::e5m2_slice_mut(b)),
-        // SAFETY: as in `cache_buf`; the result borrows `b` mutably for its whole life.
-        _ => BufMut::I8(unsafe { std::slice::from_raw_parts_mut(b.as_mut_ptr().cast(), b.len()) }),
+        format => {
+            // SAFETY: as in `cache_buf`; the result borrows `b` mutably for its whole life.
+            let i8s: &mut [i8] =
+                unsafe { std::slice::from_raw_parts_mut(b.as_mut_ptr().cast(), b.len()) };
+            match format {
+                DType::Int8PerTokenHead => BufMut::I8Rows(i8s),
+                _ => BufMut::I8(i8s),
+            }
+        }
     }
 }
 
@@ -140,6 +159,10 @@ struct Run {
     /// scale times the channel's (int8), or the per-tensor scale alone (fp8).
     k_eff: Vec<f64>,
     v_eff: Vec<f64>,
+    /// Per sequence, `[ctx, kv_heads]`: each row's own scale (int8 per-token-head: the one the
+    /// write stored in the page; 1 for the other formats).
+    k_row: Vec<Vec<f64>>,
+    v_row: Vec<Vec<f64>>,
     /// Per path: the output `[tokens, heads, d]`.
     outs: Vec<(Isa, Vec<f32>)>,
 }
@@ -217,10 +240,18 @@ fn run(c: &Case) -> Run {
             .collect()
     };
     let (ka, va) = (half_width(&kr), half_width(&vr));
+    let rows = c.format == DType::Int8PerTokenHead;
     let (scales, kch, vch) = if int8 {
         let s = KvScales::new(0.5, 2.0);
         let ch = |a: &[f32], t: f32| -> Vec<f32> { a.iter().map(|&x| calibrated(x) / t).collect() };
         (s, ch(&ka, s.k), ch(&va, s.v))
+    } else if rows {
+        // The write computes each row's scale; per-tensor scales multiply on top.
+        (
+            KvScales::new(0.5, 2.0),
+            vec![1.0; hk * d],
+            vec![1.0; hk * d],
+        )
     } else {
         let all = |a: &[f32]| calibrated(a.iter().fold(0f32, |m, &y| m.max(y)));
         (
@@ -268,7 +299,7 @@ fn run(c: &Case) -> Run {
         }
     }
     let layout = CacheLayout::dense(c.format, num_pages, ps, hk, d);
-    let elems = num_pages * ps * hk * d;
+    let elems = num_pages * layout.page_stride;
     let (mut kc, mut vc) = (vec![0u8; elems], vec![0u8; elems]);
     // One write of every token of every sequence: `[tokens, kv_heads, d]` and its slots.
     let (kn, vn): (Vec<f32>, Vec<f32>) = (k.concat(), v.concat());
@@ -300,21 +331,46 @@ fn run(c: &Case) -> Run {
         .unwrap();
         be.kv_write(w).unwrap();
     }
-    let stored = |cache: &[u8], sc: &[f64], off: &[f32]| -> Vec<Vec<f64>> {
+    // Each row's own scale: the f32 after its codes (int8 per-token-head), else 1.
+    let row_scales = |cache: &[u8]| -> Vec<Vec<f64>> {
+        (0..n)
+            .map(|s| {
+                (0..c.ctx[s] * hk)
+                    .map(|e| {
+                        let (t, kh) = (e / hk, e % hk);
+                        let page = table[s * max_pages + t / ps] as usize;
+                        let at = layout.offset(page, t % ps, kh) + d;
+                        match rows {
+                            true => {
+                                f32::from_le_bytes(cache[at..at + 4].try_into().unwrap()) as f64
+                            }
+                            false => 1.0,
+                        }
+                    })
+                    .collect()
+            })
+            .collect()
+    };
+    let (k_row, v_row) = (row_scales(&kc), row_scales(&vc));
+    let stored = |cache: &[u8], sc: &[f64], off: &[f32], row: &[Vec<f64>]| -> Vec<Vec<f64>> {
         (0..n)
             .map(|s| {
                 (0..c.ctx[s] * hk * d)
                     .map(|e| {
                         let (t, hi) = (e / (hk * d), e % (hk * d));
                         let page = table[s * max_pages + t / ps] as usize;
-                        let at = layout.offset(page, t % ps, 0) + hi;
-                        (code_value(c.format, cache[at]) + off[hi] as f64) * sc[hi]
+                        let at = layout.offset(page, t % ps, hi / d) + hi % d;
+                        let rs = row[s][t * hk + hi / d];
+                        (code_value(c.format, cache[at]) + off[hi] as f64) * sc[hi] * rs
                     })
                     .collect()
             })
             .collect()
     };
-    let (k_stored, v_stored) = (stored(&kc, &k_eff, &ko), stored(&vc, &v_eff, &vo));
+    let (k_stored, v_stored) = (
+        stored(&kc, &k_eff, &ko, &k_row),
+        stored(&vc, &v_eff, &vo, &v_row),
+    );
 
     let tokens: usize = c.q_len.iter().sum();
     let scale = 1.0 / (d as f32).sqrt();
@@ -345,8 +401,8 @@ fn run(c: &Case) -> Run {
         block_table_stride: max_pages,
         varlen: c.varlen,
         scale,
-        softcap: 0.0,
-        sliding_window: 0,
+        softcap: c.softcap,
+        sliding_window: c.window,
         kv_scales: scales,
     };
     let mut outs = Vec::new();
@@ -382,6 +438,8 @@ fn run(c: &Case) -> Run {
         scale,
         k_eff,
         v_eff,
+        k_row,
+        v_row,
         outs,
     }
 }
@@ -393,17 +451,27 @@ fn run(c: &Case) -> Run {
 struct Expected {
     want: Vec<f64>,
     vmax: Vec<f64>,
+    /// Per element, the largest `a_v` over the positions its row sees.
+    av: Vec<f64>,
     d0: Vec<f64>,
     dq: Vec<f64>,
 }
 
-fn expected(c: &Case, r: &Run, k: &[Vec<f64>], v: &[Vec<f64>], u: f64, a_k: &[f64]) -> Expected {
+/// `a_k`, `a_v`: per channel, times each row's own scale ([`Run::k_row`]).
+fn expected(
+    c: &Case,
+    r: &Run,
+    (k, v): (&[Vec<f64>], &[Vec<f64>]),
+    u: f64,
+    (a_k, a_v): (&[f64], &[f64]),
+) -> Expected {
     let (d, hk) = (c.d, c.kv_heads);
     let h = hk * c.group;
     let tokens: usize = c.q_len.iter().sum();
     let mut e = Expected {
         want: vec![0.0; tokens * h * d],
         vmax: vec![0.0; tokens * h * d],
+        av: vec![0.0; tokens * h * d],
         d0: vec![0.0; tokens * h],
         dq: vec![0.0; tokens * h],
     };
@@ -419,16 +487,23 @@ fn expected(c: &Case, r: &Run, k: &[Vec<f64>], v: &[Vec<f64>], u: f64, a_k: &[f6
                 let kh = head / c.group;
                 let q: Vec<f64> = r.q[row * d..][..d].iter().map(|&x| x as f64).collect();
                 let at = |t: usize| (t * hk + kh) * d;
-                let mut scores = Vec::with_capacity(pos + 1);
-                for t in 0..=pos {
+                let lo = match c.window {
+                    0 => 0,
+                    w => (pos + 1).saturating_sub(w),
+                };
+                let mut scores = Vec::with_capacity(pos + 1 - lo);
+                for t in lo..=pos {
                     let (kt, kq) = (&k[s][at(t)..][..d], &r.k_stored[s][at(t)..][..d]);
+                    let kr = r.k_row[s][t * hk + kh];
                     let (mut x, mut d0, mut dq) = (0f64, 0f64, 0f64);
                     for i in 0..d {
                         x += q[i] * kt[i];
-                        d0 += q[i].abs() * (u * kt[i].abs() + a_k[kh * d + i]);
+                        d0 += q[i].abs() * (u * kt[i].abs() + a_k[kh * d + i] * kr);
                         dq += q[i].abs() * kq[i].abs();
                     }
-                    scores.push(sc * x);
+                    let x = sc * x;
+                    let cap = c.softcap as f64;
+                    scores.push(if cap > 0.0 { cap * (x / cap).tanh() } else { x });
                     e.d0[row] = e.d0[row].max(sc * d0);
                     e.dq[row] = e.dq[row].max(sc * dq);
                 }
@@ -436,14 +511,16 @@ fn expected(c: &Case, r: &Run, k: &[Vec<f64>], v: &[Vec<f64>], u: f64, a_k: &[f6
                 let p: Vec<f64> = scores.iter().map(|x| (x - m).exp()).collect();
                 let lsum: f64 = p.iter().sum();
                 for i in 0..d {
-                    let (mut o, mut vm) = (0f64, 0f64);
-                    for t in 0..=pos {
+                    let (mut o, mut vm, mut av) = (0f64, 0f64, 0f64);
+                    for t in lo..=pos {
                         let x = v[s][at(t) + i];
-                        o += p[t] * x;
+                        o += p[t - lo] * x;
                         vm = vm.max(x.abs());
+                        av = av.max(a_v[kh * d + i] * r.v_row[s][t * hk + kh]);
                     }
                     e.want[row * d + i] = o / lsum;
                     e.vmax[row * d + i] = vm;
+                    e.av[row * d + i] = av;
                 }
             }
         }
@@ -454,27 +531,22 @@ fn expected(c: &Case, r: &Run, k: &[Vec<f64>], v: &[Vec<f64>], u: f64, a_k: &[f6
 
 /// Checks every output of `got` against `e` with the bound of the module documentation:
 /// `(e^(2D) - 1 + u) max_t |v_ti| + a_v + 2^-14 max_t |v_ti|`, `D` with the bf16 pairs'
-/// rounding `pairs` (AMX: 2^-8; else 0). Returns the largest error as a fraction of its bound,
-/// and the largest error.
-fn check(
-    what: &str,
-    c: &Case,
-    got: &[f32],
-    e: &Expected,
-    u: f64,
-    a_v: &[f64],
-    pairs: f64,
-) -> (f64, f64) {
+/// rounding `pairs` (AMX: 2^-8; else 0), once more on the weights for per-token-head rows.
+/// Returns the largest error as a fraction of its bound, and the largest error.
+fn check(what: &str, c: &Case, got: &[f32], e: &Expected, u: f64, pairs: f64) -> (f64, f64) {
     let d = c.d;
     let (mut worst, mut max_err) = (0f64, 0f64);
     for (j, &g) in got.iter().enumerate() {
         let row = j / d;
         let big_d = e.d0[row] + pairs * e.dq[row];
-        let weights = (2.0 * big_d + 2.0 * pairs).exp() - 1.0;
+        let rounds = if c.format == DType::Int8PerTokenHead {
+            3.0
+        } else {
+            2.0
+        };
+        let weights = (2.0 * big_d + rounds * pairs).exp() - 1.0;
         let vmax = e.vmax[j];
-        // Output channel `j % d` of head `row % h` reads kv head `row % h / group`.
-        let ch = (row % (c.kv_heads * c.group)) / c.group * d + j % d;
-        let bound = (weights + u + 2f64.powi(-14)) * vmax + a_v[ch];
+        let bound = (weights + u + 2f64.powi(-14)) * vmax + e.av[j];
         let err = (g as f64 - e.want[j]).abs();
         assert!(
             err <= bound,
@@ -505,8 +577,9 @@ fn check_case(c: &Case) -> (f64, f64) {
     let zero = vec![0.0; c.kv_heads * c.d];
     let a_of = |eff: &[f64]| -> Vec<f64> { eff.iter().map(|x| a * x).collect() };
     let (a_k, a_v) = (a_of(&r.k_eff), a_of(&r.v_eff));
-    let stored = expected(c, &r, &r.k_stored, &r.v_stored, 0.0, &zero);
-    let format = expected(c, &r, &to64(&r.k), &to64(&r.v), u, &a_k);
+    let stored = expected(c, &r, (&r.k_stored, &r.v_stored), 0.0, (&zero, &zero));
+    let (k, v) = (to64(&r.k), to64(&r.v));
+    let format = expected(c, &r, (&k, &v), u, (&a_k, &a_v));
     let (mut worst, mut max_err) = (0f64, 0f64);
     for (isa, got) in &r.outs {
         let pairs = if *isa == Isa::Amx { 2f64.powi(-8) } else { 0.0 };
@@ -517,18 +590,10 @@ fn check_case(c: &Case) -> (f64, f64) {
             got,
             &stored,
             0.0,
-            &zero,
             pairs,
         );
-        let w = check(
-            &format!("{name}: {:?} bound", c.format),
-            c,
-            got,
-            &format,
-            u,
-            &a_v,
-            pairs,
-        );
+        let what = format!("{name}: {:?} bound", c.format);
+        let w = check(&what, c, got, &format, u, pairs);
         worst = worst.max(w.0);
         max_err = max_err.max(w.1);
     }
@@ -560,7 +625,7 @@ proptest! {
         let q_len = vec![1; ctx.len()];
         check_case(&Case {
             format, d, ps, kv_heads, group, ctx, q_len, varlen: false, amp, headroom,
-            bf16_query, offsets, seed,
+            bf16_query, softcap: 0.0, window: 0, offsets, seed,
         });
     }
 
@@ -583,7 +648,7 @@ proptest! {
         let q_len = seqs.iter().map(|&(_, q)| q).collect();
         check_case(&Case {
             format, d, ps, kv_heads, group, ctx, q_len, varlen: true, amp, headroom,
-            bf16_query: false, offsets, seed,
+            bf16_query: false, softcap: 0.0, window: 0, offsets, seed,
         });
     }
 }
@@ -597,6 +662,7 @@ fn quantized_long_sequences_split_and_merge_within_the_bound() {
         (DType::Fp8E5M2, false),
         (DType::Int8, false),
         (DType::Int8, true),
+        (DType::Int8PerTokenHead, false),
     ];
     for (format, offsets) in formats {
         for (varlen, q_len) in [(false, 1usize), (true, 9)] {
@@ -612,6 +678,8 @@ fn quantized_long_sequences_split_and_merge_within_the_bound() {
                 amp: 1.0,
                 headroom: 1.0,
                 bf16_query: false,
+                softcap: 0.0,
+                window: 0,
                 offsets,
                 seed: 7,
             };
@@ -622,5 +690,55 @@ fn quantized_long_sequences_split_and_merge_within_the_bound() {
                 if offsets { " with offsets" } else { "" }
             );
         }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    /// int8 with a scale per (token, kv head) row, decode: GQA 1 to 8, head dims 8 to 128 (with
+    /// tails), pages of 1 to 33 tokens, ragged lengths, with and without a soft cap and a sliding
+    /// window.
+    #[test]
+    fn per_token_head_decode_within_the_bound(
+        d in prop::sample::select(vec![8usize, 40, 64, 72, 128]),
+        ps in prop::sample::select(vec![1usize, 5, 16, 33]),
+        kv_heads in 1usize..3,
+        group in prop::sample::select(vec![1usize, 2, 3, 4, 8]),
+        ctx in prop::collection::vec(1usize..200, 1..4),
+        amp in prop::sample::select(vec![1e-7f32, 0.5, 2.0, 300.0]),
+        bf16_query in any::<bool>(),
+        softcap in prop::sample::select(vec![0.0f32, 0.5, 30.0]),
+        window in prop::sample::select(vec![0usize, 1, 17, 64]),
+        seed in any::<u32>(),
+    ) {
+        let q_len = vec![1; ctx.len()];
+        check_case(&Case {
+            format: DType::Int8PerTokenHead, d, ps, kv_heads, group, ctx, q_len,
+            varlen: false, amp, headroom: 1.0, bf16_query, softcap, window, offsets: false, seed,
+        });
+    }
+
+    /// As above, prefill and mixed batches (query lengths past the tiled kernel's threshold,
+    /// after cached prefixes).
+    #[test]
+    fn per_token_head_prefill_within_the_bound(
+        d in prop::sample::select(vec![8usize, 40, 64, 72, 128]),
+        ps in prop::sample::select(vec![1usize, 5, 16, 33]),
+        kv_heads in 1usize..3,
+        group in prop::sample::select(vec![1usize, 2, 4, 8]),
+        seqs in prop::collection::vec((0usize..60, 1usize..24), 1..3),
+        amp in prop::sample::select(vec![0.5f32, 2.0]),
+        softcap in prop::sample::select(vec![0.0f32, 0.5, 30.0]),
+        window in prop::sample::select(vec![0usize, 1, 17, 64]),
+        seed in any::<u32>(),
+    ) {
+        let ctx = seqs.iter().map(|&(prefix, q)| prefix + q).collect();
+        let q_len = seqs.iter().map(|&(_, q)| q).collect();
+        check_case(&Case {
+            format: DType::Int8PerTokenHead, d, ps, kv_heads, group, ctx, q_len,
+            varlen: true, amp, headroom: 1.0, bf16_query: false, softcap, window, offsets: false,
+            seed,
+        });
     }
 }

@@ -38,7 +38,7 @@ static void configs(void) {
     b = small_config(); b.num_layers = 0; bad_config(b, "num_layers");
     b = small_config(); b.num_kv_heads = 0; bad_config(b, "num_kv_heads");
     b = small_config(); b.head_dim = 0; bad_config(b, "head_dim");
-    b = small_config(); b.dtype = 6; bad_config(b, "dtype");
+    b = small_config(); b.dtype = (uint32_t)KVS_DTYPE_INT8_PER_TOKEN_HEAD + 1; bad_config(b, "dtype");
     b = small_config(); b.dtype = UINT32_MAX; bad_config(b, "dtype");
     b = small_config(); b.defer_commit = true; b.enable_prefix_caching = false;
     bad_config(b, "defer_commit");

@@ -178,6 +178,35 @@ pub(crate) struct SeqKv<'a, T> {
     pub layout: &'a CacheLayout,
     /// Logit soft cap (0 = off).
     pub softcap: f32,
+    /// The K and V caches as int8 bytes when each `(slot, head)` row keeps its f32 scale after
+    /// its `head_dim` codes (an int8 per-token-head cache, [`row_scale`]); `None` otherwise.
+    /// The kernels multiply a position's score by its K row's scale after the dot product, and
+    /// its probability by its V row's scale in the value product only (the softmax sum takes
+    /// the probabilities as they are).
+    pub row_scales: Option<RowScales<'a>>,
+}
+
+/// The K and V caches of an int8 per-token-head cache, whose rows' scales [`row_scale`] reads.
+#[derive(Clone, Copy)]
+pub(crate) struct RowScales<'a> {
+    pub k: &'a [i8],
+    pub v: &'a [i8],
+}
+
+impl RowScales<'_> {
+    /// The scales of the K and V rows at element offset `off` (rows of `d` codes).
+    #[inline(always)]
+    pub(crate) fn at(&self, off: usize, d: usize) -> (f32, f32) {
+        (row_scale(self.k, off, d), row_scale(self.v, off, d))
+    }
+}
+
+/// The f32 scale kept after the `d` codes of the row at `off`: 4 bytes, little-endian (a
+/// bounds-checked read: the layout's validation left room for it).
+#[inline(always)]
+pub(crate) fn row_scale(cache: &[i8], off: usize, d: usize) -> f32 {
+    let b = &cache[off + d..off + d + 4];
+    f32::from_le_bytes([b[0] as u8, b[1] as u8, b[2] as u8, b[3] as u8])
 }
 
 impl<T: KvElem> SeqKv<'_, T> {
@@ -190,6 +219,7 @@ impl<T: KvElem> SeqKv<'_, T> {
             pages: self.pages,
             layout: self.layout,
             softcap: self.softcap,
+            row_scales: self.row_scales,
         })
     }
 }

@@ -553,6 +553,18 @@ pub(super) unsafe fn block<
             S::qk::<L, NG, 1>(b, [k0.add(t * ss)], d, &mut s[t * NG..(t + 1) * NG]);
             t += 1;
         }
+        // An int8 per-token-head cache: each position's score times its K row's scale (before
+        // the cap and the mask), its V row's scale kept for the value product.
+        let mut vscale = [1f32; BT];
+        if let Some(rs) = kv.row_scales {
+            for t in 0..n {
+                let (ks, vs) = rs.at(base + t * ss, d);
+                for r in 0..NG {
+                    s[t * NG + r] *= ks;
+                }
+                vscale[t] = vs;
+            }
+        }
         let sp = &mut s[..(n * NG).div_ceil(w) * w];
         sp[n * NG..].fill(f32::NEG_INFINITY);
         let s = &mut sp[..n * NG];
@@ -620,6 +632,15 @@ pub(super) unsafe fn block<
         L::store(lanes.as_mut_ptr(), sum);
         for i in 0..w {
             l[i % NG] += lanes[i];
+        }
+        if kv.row_scales.is_some() {
+            // The value product takes each probability times its V row's scale; the sums above
+            // took them as they are.
+            for t in 0..n {
+                for r in 0..NG {
+                    sp[t * NG + r] *= vscale[t];
+                }
+            }
         }
         let s = &sp[..n * NG];
         // Values, SUB tokens at a time: the rows of one block are a slot stride apart (2 KiB in

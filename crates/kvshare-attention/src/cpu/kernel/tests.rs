@@ -52,6 +52,7 @@ fn scalar_and_simd_paths_match_naive() {
             pages: &pages,
             layout: &layout,
             softcap: 1.5,
+            row_scales: None,
         };
         // Runs of 8 (one group), and 4, 2, 1, 1 (every group size) over two kv heads.
         for heads in [[1usize; 8], [1, 1, 1, 1, 0, 0, 1, 0]] {
@@ -182,6 +183,7 @@ fn pair_values_with_exact_probabilities_give_the_mean() {
             pages: &pages,
             layout: &layout,
             softcap: 0.0,
+            row_scales: None,
         };
         let at = |t: usize| layout.offset(pages[t / ps] as usize, t % ps, 1);
         for group in [8usize, 4, 2, 1] {
@@ -232,6 +234,7 @@ fn partials_over_split_ranges_merge_exactly() {
         pages: &pages,
         layout: &layout,
         softcap: 0.0,
+        row_scales: None,
     };
     let heads = [0usize; 4];
     for isa in Isa::all().into_iter().filter(|i| i.check().is_ok()) {

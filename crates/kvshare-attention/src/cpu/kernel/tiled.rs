@@ -119,6 +119,9 @@ pub(super) unsafe fn run<L: Lanes, T: KvElem, E: Engine<T>>(
         let mut s = vec![0f32; E::MR * E::KT];
         let mut krows: [&[T]; KT_MAX] = [&[]; KT_MAX];
         let mut vrows: [&[T]; KT_MAX] = [&[]; KT_MAX];
+        // The tile's K and V row scales (an int8 per-token-head cache; else unused).
+        let mut kscale = [1f32; KT_MAX];
+        let mut vscale = [1f32; KT_MAX];
         let mut pos = start;
         while pos < end {
             let nb = E::KT.min(end - pos);
@@ -133,6 +136,9 @@ pub(super) unsafe fn run<L: Lanes, T: KvElem, E: Engine<T>>(
                         + kh * lay.head_stride;
                     krows[t] = &kv.k[off..off + d];
                     vrows[t] = &kv.v[off..off + d];
+                    if let Some(rs) = kv.row_scales {
+                        (kscale[t], vscale[t]) = rs.at(off, d);
+                    }
                 }
                 e.kv_tile(&krows[..nb], &vrows[..nb], d);
                 let mut rb = r0;
@@ -146,6 +152,11 @@ pub(super) unsafe fn run<L: Lanes, T: KvElem, E: Engine<T>>(
                         // neither scored nor summed.
                         let nb = nb.min(bhi - pos);
                         e.scores(&rows.q[rb * d..(rb + mr) * d], rb, mr, nb, &mut s);
+                        let row_scales = kv.row_scales.is_some();
+                        if row_scales {
+                            // Each key's scores times its K row's scale (before cap and mask).
+                            row_scale::<T, E>(&mut s, mr, &kscale[..nb]);
+                        }
                         let acc = &mut out[rb * d..(rb + mr) * d];
                         softmax::<L, T, E>(
                             kv.softcap,
@@ -155,6 +166,11 @@ pub(super) unsafe fn run<L: Lanes, T: KvElem, E: Engine<T>>(
                             (&mut m_out[rr.clone()], &mut l_out[rr]),
                             acc,
                         );
+                        if row_scales {
+                            // The value product takes each probability times its V row's
+                            // scale; the softmax sums took them as they are.
+                            row_scale::<T, E>(&mut s, mr, &vscale[..nb]);
+                        }
                         e.values(mr, nb, &s, acc);
                     }
                     rb += mr;
@@ -240,6 +256,15 @@ unsafe fn softmax<L: Lanes, T: KvElem, E: Engine<T>>(
                 l[r] += L::hsum(sum);
             }
         }
+    }
+}
+
+/// `s[r * E::KT + t] *= x[t]` for the `mr` rows of a score block and its `x.len()` keys (an
+/// int8 per-token-head cache's row scales).
+#[inline(always)]
+fn row_scale<T: KvElem, E: Engine<T>>(s: &mut [f32], mr: usize, x: &[f32]) {
+    for row in s.chunks_exact_mut(E::KT).take(mr) {
+        row.iter_mut().zip(x).for_each(|(p, x)| *p *= x);
     }
 }
 

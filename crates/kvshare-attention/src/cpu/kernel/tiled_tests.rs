@@ -58,6 +58,7 @@ impl<T> Data<T> {
             pages: &self.pages,
             layout: &self.layout,
             softcap: c.softcap,
+            row_scales: None,
         }
     }
 
@@ -175,6 +176,7 @@ fn run_engine<L: Lanes, T: KvElem, E: Engine<T>>(e: &mut E, c: &Case, x: &Data<T
         pages: &x.pages,
         layout: &x.layout,
         softcap: c.softcap,
+        row_scales: None,
     };
     let rows = x.rows(None);
     let n = x.lo.len();
@@ -355,6 +357,7 @@ unsafe fn pair_engine<T>(c: &Case, x: &Data<T>, k: &[bf16], v: &[bf16]) -> Optio
             pages: &x.pages,
             layout: &x.layout,
             softcap: c.softcap,
+            row_scales: None,
         };
         let rows = x.rows(Some((&x.qb, x.scale)));
         let n = x.lo.len();
