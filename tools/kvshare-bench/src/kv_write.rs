@@ -32,7 +32,8 @@ OPTIONS:
     --head-dim N      elements per head [default: 128]
     --page-size N     token slots per page [default: 128]
     --iters N         rounds; each figure is the best of them [default: 9]
-    --dtype LIST      cache formats, comma-separated [default: bf16,f16,fp8_e4m3,fp8_e5m2,int8]
+    --dtype LIST      cache formats, comma-separated [default: bf16,f16,fp8_e4m3,fp8_e5m2,int8,
+                      int8_per_token_head]
     -h, --help        this text
 ";
 
@@ -59,6 +60,7 @@ fn parse(args: Vec<OsString>) -> Result<Option<Opts>, String> {
             DType::Fp8E4M3,
             DType::Fp8E5M2,
             DType::Int8,
+            DType::Int8PerTokenHead,
         ],
     };
     let mut p = lexopt::Parser::from_args(args);
@@ -100,6 +102,7 @@ enum Cache {
     E4M3(Vec<Fp8E4M3>),
     E5M2(Vec<Fp8E5M2>),
     I8(Vec<i8>),
+    I8Rows(Vec<i8>),
 }
 
 impl Cache {
@@ -111,6 +114,7 @@ impl Cache {
             DType::Fp8E4M3 => Cache::E4M3(vec![Fp8E4M3(0); n]),
             DType::Fp8E5M2 => Cache::E5M2(vec![Fp8E5M2(0); n]),
             DType::Int8 => Cache::I8(vec![0; n]),
+            DType::Int8PerTokenHead => Cache::I8Rows(vec![0; n]),
         }
     }
 
@@ -122,6 +126,7 @@ impl Cache {
             Cache::E4M3(x) => BufMut::Fp8E4M3(x),
             Cache::E5M2(x) => BufMut::Fp8E5M2(x),
             Cache::I8(x) => BufMut::I8(x),
+            Cache::I8Rows(x) => BufMut::I8Rows(x),
         }
     }
 
@@ -139,7 +144,7 @@ impl Cache {
             Cache::BF16(x) => fold(x.iter().map(|v| v.to_bits() as u64)),
             Cache::E4M3(x) => fold(x.iter().map(|v| v.0 as u64)),
             Cache::E5M2(x) => fold(x.iter().map(|v| v.0 as u64)),
-            Cache::I8(x) => fold(x.iter().map(|v| *v as u8 as u64)),
+            Cache::I8(x) | Cache::I8Rows(x) => fold(x.iter().map(|v| *v as u8 as u64)),
         }
     }
 }
@@ -184,7 +189,11 @@ pub fn run(args: Vec<OsString>) -> Result<(), String> {
     let slots: Vec<i64> = (0..t as i64).collect();
     let ch = vec![1.0 / 32.0; h * d];
     let off = vec![0.0; h * d];
-    let n = pages * o.page_size * h * d;
+    // Elements of one cache in `dt` (an int8 per-token-head row holds its scale too).
+    let elems = |dt: DType| {
+        let lay = CacheLayout::dense(dt, pages, o.page_size, h, d);
+        lay.num_pages * lay.page_stride
+    };
     let backends: Vec<CpuBackend> = paths
         .iter()
         .map(|&isa| CpuBackend::with_isa(1, isa).map_err(|e| e.to_string()))
@@ -196,7 +205,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), String> {
         .collect();
     let mut caches: Vec<(Cache, Cache)> = combos
         .iter()
-        .map(|&(dt, _)| (Cache::new(dt, n), Cache::new(dt, n)))
+        .map(|&(dt, _)| (Cache::new(dt, elems(dt)), Cache::new(dt, elems(dt))))
         .collect();
     let mut best = vec![f64::INFINITY; combos.len()];
     for _ in 0..o.iters {

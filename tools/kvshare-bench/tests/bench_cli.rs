@@ -360,7 +360,14 @@ fn kv_write_mode_reports_every_format_and_path() {
     let json: serde_json::Value = serde_json::from_str(said.lines().last().unwrap()).unwrap();
     assert_eq!(json["mode"], "kv-write");
     let rows = json["rows"].as_array().unwrap();
-    for dt in ["bf16", "f16", "fp8_e4m3", "fp8_e5m2", "int8"] {
+    for dt in [
+        "bf16",
+        "f16",
+        "fp8_e4m3",
+        "fp8_e5m2",
+        "int8",
+        "int8_per_token_head",
+    ] {
         let of: Vec<_> = rows.iter().filter(|r| r["dtype"] == dt).collect();
         assert!(of.iter().any(|r| r["path"] == "portable"), "{dt}: {said}");
         for r in of {

@@ -536,7 +536,7 @@ fn write_elems(
                     // Channel scales and offsets are refused with this format: `apply` divides
                     // by the per-tensor scale only.
                     codes.apply(tmp);
-                    let row = row_scale(tmp);
+                    let row = row_scale(isa, tmp);
                     let (c, sc) = d[dof..dof + n + 4].split_at_mut(n);
                     let by_row = quantize::Scaling {
                         scale: row,
@@ -559,12 +559,8 @@ fn write_elems(
 /// rounded as int8 codes are (nearest, ties to even, where vLLM rounds ties away from zero;
 /// saturating; NaN to 0), stored before the scale's 4 little-endian bytes; a code `c` then stands
 /// for `c * row_scale * scale`.
-fn row_scale(x: &[f32]) -> f32 {
-    let amax = x
-        .iter()
-        .filter(|x| x.is_finite())
-        .fold(0f32, |m, x| m.max(x.abs()));
-    (amax / 127.0).max(1e-6)
+fn row_scale(isa: Isa, x: &[f32]) -> f32 {
+    (quantize::finite_amax(isa, x) / 127.0).max(1e-6)
 }
 
 impl BackendInfo for CpuBackend {

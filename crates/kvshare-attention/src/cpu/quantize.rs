@@ -143,6 +143,56 @@ pub(super) fn quantize<Q: Code>(isa: Isa, d: &mut [Q], x: &[f32], s: Scaling<'_>
     row(d, x, s)
 }
 
+/// The largest finite magnitude in `x` (0 when none), for an int8 per-token-head row's scale:
+/// a maximum over the magnitudes' bit patterns, which order as the magnitudes do, with
+/// infinities and NaNs (exponent all ones) counted as 0. Integer maxima, so the loop is vector
+/// code on every path (a float maximum's NaN rule keeps it scalar).
+#[inline(always)]
+fn finite_amax_of(x: &[f32]) -> f32 {
+    let mut m = 0u32;
+    for &v in x {
+        let b = v.to_bits() & 0x7fff_ffff;
+        let b = if b < 0x7f80_0000 { b } else { 0 };
+        m = m.max(b);
+    }
+    f32::from_bits(m)
+}
+
+/// [`finite_amax_of`] in AVX2 code.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn finite_amax_avx2(x: &[f32]) -> f32 {
+    finite_amax_of(x)
+}
+
+/// [`finite_amax_of`] in AVX-512 code.
+///
+/// # Safety
+/// The CPU must have AVX-512F and AVX-512VL (and the AVX2 set).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
+unsafe fn finite_amax_avx512(x: &[f32]) -> f32 {
+    finite_amax_of(x)
+}
+
+/// The largest finite `|x[i]|` (0 when none), in the vector code of `isa` where the machine
+/// runs it.
+pub(super) fn finite_amax(isa: Isa, x: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    match isa.vector() {
+        // SAFETY: the path's features were checked on this machine just now.
+        Isa::Avx512 if Isa::Avx512.check().is_ok() => return unsafe { finite_amax_avx512(x) },
+        // SAFETY: as above.
+        Isa::Avx2 if Isa::Avx2.check().is_ok() => return unsafe { finite_amax_avx2(x) },
+        _ => {}
+    }
+    let _ = isa;
+    finite_amax_of(x)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -257,6 +307,29 @@ mod tests {
                 "{x:e} ({:#010x})",
                 x.to_bits()
             );
+        }
+    }
+
+    /// Every path's largest finite magnitude is the one the definition gives, infinities and
+    /// NaNs left out, on rows of every tail length.
+    #[test]
+    fn finite_amax_leaves_out_infinities_and_nans() {
+        let x = values(301);
+        for len in [0, 1, 7, 16, 33, 301] {
+            let row = &x[..len];
+            let want = row
+                .iter()
+                .filter(|v| v.is_finite())
+                .fold(0f32, |m, v| m.max(v.abs()));
+            assert_eq!(finite_amax(Isa::Portable, row).to_bits(), want.to_bits());
+            for isa in paths() {
+                assert_eq!(
+                    finite_amax(isa, row).to_bits(),
+                    want.to_bits(),
+                    "{}",
+                    isa.name()
+                );
+            }
         }
     }
 }
