@@ -35,8 +35,7 @@ from vllm.v1.request import RequestStatus
 
 from . import logger
 from . import _fast  # required: startup.require() has checked that it loads
-from .base import (_KV_DTYPES, ManagerBase, _cdiv, _extra_addr, _kv_dtype, _token_ids,
-                   extra_keys_for)
+from .base import ManagerBase, _cdiv, _extra_addr, _kv_dtype, _token_ids, extra_keys_for
 from .events import EventTranslator, cached_blocks_event
 from .host_tier import HOST_PAGES, HostTier
 from .manager_newer import NewerSurface
@@ -130,33 +129,6 @@ def unsupported_reason(kv_cache_config, scheduler_block_size: int, hash_block_si
     if num_prefill_lookahead > 1:
         return (f"multi-module MTP prefill lookahead of {num_prefill_lookahead} tokens (their "
                 "re-prefillable KV is kept out of the prefix cache)")
-    return None
-
-
-# vLLM's ``kv_cache_dtype`` values whose caches kvshare's manager sizes and serves: the model's
-# own type, a 16-bit float, and the fp8 caches with per-tensor scales that vLLM's CPU backend
-# stores (uint8, one byte an element). vLLM 0.32's other formats (int8 / fp8 / int4 per token
-# and head with their scales inside the page, nvfp4, turboquant, ultraquant, the MLA ones) lay
-# out pages kvshare's geometry does not give.
-CARRIED_CACHE_DTYPES = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
-
-
-def cache_dtype_reason(cache_dtype: str | None, spec) -> str | None:
-    """Why kvshare's manager cannot carry vLLM's ``kv_cache_dtype`` ``cache_dtype`` (None when
-    the caller does not know it) for a KV-cache group whose layers are ``spec``; None when it
-    can.  Without the name, vLLM 0.32's ``spec.kv_quant_mode`` and the spec's element type
-    tell; specs with no KV heads (Mamba state) are not judged here."""
-    carried = ", ".join(CARRIED_CACHE_DTYPES)
-    if cache_dtype is not None and cache_dtype not in CARRIED_CACHE_DTYPES:
-        return f"kv_cache_dtype {cache_dtype!r} (kvshare's manager carries {carried})"
-    if not hasattr(spec, "num_kv_heads"):
-        return None
-    mode = getattr(spec, "kv_quant_mode", None)  # vLLM 0.32's KVQuantMode
-    if mode is not None and mode.name not in ("NONE", "FP8_PER_TENSOR"):
-        return (f"a KV cache quantized as {mode.name} (kv_cache_dtype {mode.name.lower()!r}; "
-                f"kvshare's manager carries {carried})")
-    if str(getattr(spec, "dtype", "")) not in _KV_DTYPES:
-        return f"KV-cache element type {spec.dtype} (kvshare's manager carries {carried})"
     return None
 
 

@@ -102,7 +102,8 @@ def _log_host_tier() -> None:
 def make_kv_cache_manager_factory(original):
     """A callable with KVCacheManager's constructor signature choosing kvshare or ``original``."""
     from .hybrid import KvshareHybridKVCacheManager, hybrid_unsupported_reason
-    from .manager import KvshareKVCacheManager, cache_dtype_reason, unsupported_reason
+    from .base import cache_dtype_reason
+    from .manager import KvshareKVCacheManager, unsupported_reason
 
     class KVCacheManagerSelector:
         """Stands in for ``KVCacheManager`` in the scheduler module: builds kvshare's manager

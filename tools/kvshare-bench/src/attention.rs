@@ -22,7 +22,8 @@ use kvshare_replay::model::{dtype_name, parse_dtype};
 
 use super::{attention_prefill, attention_vllm, number, see_help, value};
 use measure::{arithmetic_check, Paired};
-use quant::{io_dtype, quant_baselines, words, words_of, INT8_SCALE};
+pub(crate) use quant::misread_text;
+use quant::{fp8_check, io_dtype, quant_baselines, words, words_of, INT8_SCALE};
 use torch::torch_compare;
 use words::Words;
 
@@ -262,46 +263,6 @@ fn buf_mut(dt: DType, x: &mut [u16]) -> BufMut<'_> {
 fn bytes_mut(x: &mut [u16]) -> &mut [u8] {
     // SAFETY: as in `bytes`; the result borrows `x` mutably for its whole life.
     unsafe { std::slice::from_raw_parts_mut(x.as_mut_ptr().cast::<u8>(), x.len() * 2) }
-}
-
-/// For an fp8 cache, what vLLM's side says of it: the text after "its own layout" and the JSON
-/// fields (with their leading comma): its `kv_cache_dtype`, whether its cache holds kvshare's
-/// stored codes, and the bound the outputs must meet. Empty for an unquantized cache.
-fn fp8_check(kv: DType, ready: &attention_vllm::Ready) -> (String, String) {
-    if !kv.is_quantized() {
-        return (String::new(), String::new());
-    }
-    let same = match ready.same_bytes {
-        Some(true) => "the same stored bytes as kvshare's",
-        Some(false) => "NOT the same stored bytes as kvshare's",
-        None => "stored bytes not compared",
-    };
-    let opt = |x: Option<String>| x.unwrap_or_else(|| "null".into());
-    (
-        format!(
-            ", kv_cache_dtype {} (uint8, k_scale = v_scale = 1; {same}{})",
-            dtype_name(kv),
-            ready.misread.map_or(String::new(), misread_text)
-        ),
-        format!(
-            ",\"kv_cache_dtype\":\"{}\",\"same_bytes\":{},\"bound\":{},\"misread_codes\":{},\"misread_max\":{}",
-            dtype_name(kv),
-            opt(ready.same_bytes.map(|b| b.to_string())),
-            opt(ready.bound.map(|b| format!("{b:.3e}"))),
-            opt(ready.misread.map(|m| m.0.to_string())),
-            opt(ready.misread.map(|m| format!("{:.3e}", m.1)))
-        ),
-    )
-}
-
-/// What the vLLM script found of its kernel's fp8 reads (`(finite codes read as another value,
-/// the largest error)`), as printed after the stored bytes' check.
-pub(crate) fn misread_text((n, max): (u64, f64)) -> String {
-    if n == 0 {
-        "; its kernel reads every finite code exactly".into()
-    } else {
-        format!("; its kernel reads {n} finite codes as another value, at most {max:.2e} off")
-    }
 }
 
 /// One shape's figures.
