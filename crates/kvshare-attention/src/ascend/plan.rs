@@ -185,7 +185,7 @@ fn fp8(d: DType, field: &str) -> Error {
 }
 
 /// The dtype of the K/V caches of an attention launch: fp16/bf16, or int8 read through FIA's
-/// per-channel antiquant arguments. fp8 is refused ([`fp8`]).
+/// per-channel antiquant arguments. fp8 is refused (the reason says what CANN lacks).
 pub fn kv_acl_dtype(d: DType) -> Result<i32> {
     match d {
         DType::Int8 => Ok(super::sys::ACL_INT8),
