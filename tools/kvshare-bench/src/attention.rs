@@ -22,8 +22,8 @@ use kvshare_replay::model::{dtype_name, parse_dtype};
 
 use super::{attention_prefill, attention_vllm, number, see_help, value};
 use measure::{arithmetic_check, Paired};
-pub(crate) use quant::misread_text;
-use quant::{fp8_check, io_dtype, quant_baselines, words, words_of, INT8_SCALE};
+use quant::{fp8_check, io_dtype, quant_baselines, row_words, words, words_of, INT8_SCALE};
+pub(crate) use quant::{misread_text, row_scale};
 use torch::torch_compare;
 use words::Words;
 
@@ -82,8 +82,9 @@ OPTIONS:
     --iters N             timed launches, best of [5]
     --threads N           attention threads (0: all cores) [0]
     --dtype T             decode K/V, query and output: f16, bf16 or f32 [f16]; or a
-                          quantized cache, fp8_e4m3, fp8_e5m2 or int8 (per-channel scales;
-                          query and output bf16), timed side by side with the same K/V
+                          quantized cache, fp8_e4m3, fp8_e5m2, int8 (per-channel scales)
+                          or int8_per_token_head (a scale per row in the page; query and
+                          output bf16), timed side by side with the same K/V
                           as bf16 and as f16, and an fp8 cache with vLLM's own fp8 cache
                           holding the same stored bytes
     --huge-pages on|off   decode K/V, kvshare's and vLLM's, on 2 MiB pages [on]
@@ -127,11 +128,12 @@ fn parse(args: Vec<OsString>) -> Result<Option<Opts>, String> {
             "--prefill" => o.prefill = true,
             "--dtype" => {
                 let v = val()?;
-                o.dtype = parse_dtype(&v)
-                    .filter(|&d| d != DType::Int8PerTokenHead)
-                    .ok_or_else(|| {
-                        format!("--dtype: f16, bf16, f32, fp8_e4m3, fp8_e5m2 or int8, not {v:?}")
-                    })?;
+                o.dtype = parse_dtype(&v).ok_or_else(|| {
+                    format!(
+                        "--dtype: f16, bf16, f32, fp8_e4m3, fp8_e5m2, int8 or \
+                         int8_per_token_head, not {v:?}"
+                    )
+                })?;
             }
             "--huge-pages" => {
                 o.huge_pages = match val()?.as_str() {
@@ -437,7 +439,9 @@ fn run_shape(
     let h = hk * o.group;
     let pages_per_seq = o.ctx.div_ceil(ps);
     let num_pages = o.seqs * pages_per_seq;
-    let elems = num_pages * ps * hk * d;
+    // Elements (bytes for an 8-bit cache) of one cache, an int8 per-token-head row's scale
+    // included.
+    let elems = num_pages * CacheLayout::dense(o.dtype, 1, ps, hk, d).page_stride;
     let esz = o.dtype.size_bytes();
     // `--dtype` is the K/V's type; the query and output are bf16 under a quantized cache.
     let kv_dt = o.dtype;
@@ -460,7 +464,11 @@ fn run_shape(
         seed ^= seed << 5;
         (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5
     };
-    let mut rnd = words_of(kv_dt, &mut uniform);
+    let mut rnd: Box<dyn FnMut() -> u16> = if kv_dt == DType::Int8PerTokenHead {
+        Box::new(row_words(d, &mut uniform))
+    } else {
+        Box::new(words_of(kv_dt, &mut uniform))
+    };
     let (k, k_huge) = Words::new(words(kv_dt, elems), o.huge_pages, &mut rnd)?;
     let (v, v_huge) = Words::new(words(kv_dt, elems), o.huge_pages, &mut rnd)?;
     drop(rnd);
@@ -470,7 +478,7 @@ fn run_shape(
         &mut words_of(dt, &mut uniform),
     )?;
     let (mut out, _) = Words::new(words(dt, o.seqs * h * d), false, &mut || 0)?;
-    let kv_bytes = (o.seqs * o.ctx * hk * d * 2 * esz) as f64;
+    let kv_bytes = (o.seqs * o.ctx * hk * kv_dt.row_bytes(d) * 2) as f64;
     println!(
         "KV bytes read per launch: {:.1} MiB",
         kv_bytes / (1u64 << 20) as f64
@@ -596,10 +604,11 @@ fn run_shape(
     let mut vllm_ms = None;
     // vLLM's CPU cache is fp8 (E4M3 or E5M2, per-tensor scales) or unquantized: an int8 cache
     // has no vLLM counterpart.
-    if kv_dt == DType::Int8 && python.is_some() {
+    let int8 = matches!(kv_dt, DType::Int8 | DType::Int8PerTokenHead);
+    if int8 && python.is_some() {
         println!("vLLM side-by-side: not run: vLLM's CPU backend has no int8 KV cache");
     }
-    let python = python.filter(|_| kv_dt != DType::Int8);
+    let python = python.filter(|_| !int8);
     if let Some(python) = python.filter(|_| o.ctx.is_multiple_of(ps)) {
         let inputs = attention_vllm::Inputs {
             dtype: dtype_name(dt),

@@ -8,7 +8,7 @@
 # kvshare's shuffled page table as the block table) on the same logical Q/K/V in DTYPE, prints
 # (after the marker KVSBENCH) one JSON line (versions, vLLM's ISA, max |x - kvshare| each or why
 # not), then times one call per stdin line ("torch" or "vllm") and prints its milliseconds.
-# An 11th arg KV_CACHE_DTYPE (fp8_e4m3, fp8_e5m2 or int8) says the K/V are a quantized cache's
+# An 11th arg KV_CACHE_DTYPE (fp8_e4m3, fp8_e5m2, int8 or int8_per_token_head) says the K/V are a quantized cache's
 # values (exact in DTYPE, which is then bf16): torch runs on them in bf16; vLLM's cache is its fp8
 # one (uint8, k_scale = v_scale = 1), written from those values, which its truncating write
 # stores as kvshare's codes (checked as counts of each byte value; -0 as +0), and the JSON line
@@ -45,7 +45,7 @@ else:
 with torch.inference_mode():
     head["torch_max_diff"] = (runs["torch"]().float().permute(0, 2, 1, 3) - ref).abs().max().item()
 try:
-    if fmt == "int8":
+    if fmt in ("int8", "int8_per_token_head"):
         raise NotImplementedError("vLLM's CPU backend has no int8 KV cache")
     import vllm._custom_ops as ops
     from vllm.platforms import current_platform

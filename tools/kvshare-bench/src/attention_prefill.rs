@@ -24,6 +24,7 @@ use kvshare_attention::{
 };
 use kvshare_replay::model::dtype_name;
 
+use super::attention::row_scale;
 use super::attention_vllm::Server;
 
 /// The script, after the fp8 helpers it shares with the other one.
@@ -69,8 +70,22 @@ enum Kind {
     Bf16Tiled,
 }
 
-/// The quantized cache's codes of `x` (one byte each) and the values they stand for.
-fn quantize(fmt: DType, x: &[f32]) -> (Vec<u8>, Vec<f32>) {
+/// The quantized cache's codes of `x` (one byte each; an int8 per-token-head row of `d` codes
+/// followed by its scale's 4 bytes) and the values they stand for.
+fn quantize(fmt: DType, d: usize, x: &[f32]) -> (Vec<u8>, Vec<f32>) {
+    if fmt == DType::Int8PerTokenHead {
+        let (mut codes, mut values) = (Vec::new(), Vec::new());
+        for (r, row) in x.chunks(d).enumerate() {
+            let s = row_scale(r);
+            for &x in row {
+                let c = (x / s).round_ties_even() as i8;
+                codes.push(c as u8);
+                values.push(c as f32 * s);
+            }
+            codes.extend(s.to_le_bytes());
+        }
+        return (codes, values);
+    }
     x.iter()
         .map(|&x| match fmt {
             DType::Fp8E4M3 => {
@@ -161,7 +176,7 @@ pub fn run(s: Shape, paths: &[Isa]) -> Result<String, String> {
         let v = gen(num_pages * ps * hk * d);
         let q = gen(tokens * h * d);
         let ((kc, k), (vc, v)) = if dtype.is_quantized() {
-            (quantize(dtype, &k), quantize(dtype, &v))
+            (quantize(dtype, d, &k), quantize(dtype, d, &v))
         } else {
             ((Vec::new(), k), (Vec::new(), v))
         };
@@ -210,6 +225,12 @@ pub fn run(s: Shape, paths: &[Isa]) -> Result<String, String> {
                     Buf::Fp8E5M2(fp8::e5m2_slice(&vc)),
                 ),
                 // SAFETY: i8 and u8 have the same size, alignment and validity.
+                DType::Int8PerTokenHead => (
+                    Buf::BF16(&qb),
+                    Buf::I8Rows(unsafe { kc.align_to::<i8>() }.1),
+                    Buf::I8Rows(unsafe { vc.align_to::<i8>() }.1),
+                ),
+                // SAFETY: as above.
                 _ => (
                     Buf::BF16(&qb),
                     Buf::I8(unsafe { kc.align_to::<i8>() }.1),
@@ -228,10 +249,7 @@ pub fn run(s: Shape, paths: &[Isa]) -> Result<String, String> {
                     .then_some(ChannelScales::symmetric(&channels, &channels)),
             };
             let p = AttnParams {
-                cache: CacheLayout {
-                    dtype: kv,
-                    ..params.cache
-                },
+                cache: CacheLayout::dense(kv, num_pages, ps, hk, d),
                 kv_scales: KvScales::ONE,
                 ..params
             };

@@ -211,23 +211,33 @@ while read line; do echo "KVSBENCH 2.5"; done
             "{j}"
         );
     }
-    let out = bench()
-        .args(args)
-        .args(["--dtype", "int8"])
-        .env("KVS_VLLM_PYTHON", &fake)
-        .output()
-        .unwrap();
-    let said = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{out:?}");
-    assert!(
-        said.contains("vLLM side-by-side: not run: vLLM's CPU backend has no int8 KV cache"),
-        "{said}"
-    );
-    assert!(said.contains("\"vllm\":null"), "{said}");
+    for fmt in ["int8", "int8_per_token_head"] {
+        let out = bench()
+            .args(args)
+            .args(["--dtype", fmt])
+            .env("KVS_VLLM_PYTHON", &fake)
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{fmt}: {out:?}");
+        assert!(
+            said.contains("vLLM side-by-side: not run: vLLM's CPU backend has no int8 KV cache"),
+            "{said}"
+        );
+        assert!(said.contains("\"vllm\":null"), "{said}");
+        // The same values as bf16 and f16 beside it, and the bytes each reads per token: an
+        // int8 per-token-head row holds its 4-byte scale too.
+        let j: serde_json::Value = serde_json::from_str(said.lines().last().unwrap()).unwrap();
+        let q = &j["shapes"][0]["quantized_against"];
+        assert!(q["paths"].is_object(), "{j}");
+        let bpt = &q["bytes_per_token"];
+        let row = if fmt == "int8" { 64 } else { 68 };
+        assert_eq!(bpt[fmt].as_u64(), Some(2 * 2 * row), "{j}");
+    }
     let out = bench().args(args).args(["--dtype", "f8"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr)
-        .contains("--dtype: f16, bf16, f32, fp8_e4m3, fp8_e5m2 or int8"));
+        .contains("--dtype: f16, bf16, f32, fp8_e4m3, fp8_e5m2, int8 or int8_per_token_head"));
     let out = bench()
         .args(args)
         .args(["--huge-pages", "maybe"])
@@ -400,7 +410,7 @@ echo "KVSBENCH {\"torch\": \"fake\", \"torch_max_diff\": 0.0, \"vllm\": \"fake\"
 while read line; do echo "KVSBENCH 2.5"; done
 "#,
     );
-    for fmt in ["fp8_e5m2", "int8"] {
+    for fmt in ["fp8_e5m2", "int8", "int8_per_token_head"] {
         let out = bench()
             .args([
                 "attention",
@@ -560,7 +570,7 @@ fn options_are_parsed_not_matched_by_hand() {
     for (args, said) in [
         (
             &["attention", "--dtype=f8"][..],
-            "--dtype: f16, bf16, f32, fp8_e4m3, fp8_e5m2 or int8, not \"f8\"",
+            "--dtype: f16, bf16, f32, fp8_e4m3, fp8_e5m2, int8 or int8_per_token_head, not \"f8\"",
         ),
         (&["attention", "--iters"][..], "--iters needs a value"),
         (

@@ -47,14 +47,43 @@ pub(super) fn words_of(dt: DType, mut next: impl FnMut() -> f32) -> impl FnMut()
                 u16::from_ne_bytes([Fp8E5M2::from_f32(x).0, Fp8E5M2::from_f32(next()).0])
             }
             DType::Int8 => u16::from_ne_bytes([int8_code(x), int8_code(next())]),
-            // Rows with scales inside them are no element stream; `--dtype` refuses the format.
-            DType::Int8PerTokenHead => unreachable!("--dtype refuses int8_per_token_head"),
+            // Rows with their scales inside them are made by [`row_words`].
+            DType::Int8PerTokenHead => u16::from_ne_bytes([int8_code(x), int8_code(next())]),
             DType::F32 => {
                 let b = x.to_ne_bytes();
                 pending = Some(u16::from_ne_bytes([b[2], b[3]]));
                 u16::from_ne_bytes([b[0], b[1]])
             }
         }
+    }
+}
+
+/// The scale of row `r` of the benchmark's int8 per-token-head caches: [`INT8_SCALE`] times
+/// 1/2, 1, 2 or 4 by row, so that rows differ and every code's value is exact in bf16 and f16.
+pub(crate) fn row_scale(r: usize) -> f32 {
+    INT8_SCALE * [0.5, 1.0, 2.0, 4.0][r % 4]
+}
+
+/// The 16-bit words of an int8 per-token-head cache in memory order: each row of `d` (even)
+/// elements is `d` codes of `next()`'s values at the scale [`INT8_SCALE`] (so the row's values
+/// are the codes times [`row_scale`]), then the row's scale's 4 bytes.
+pub(super) fn row_words(d: usize, mut next: impl FnMut() -> f32) -> impl FnMut() -> u16 {
+    let (mut j, mut r) = (0, 0);
+    move || {
+        let mut byte = || {
+            let b = if j < d {
+                int8_code(next())
+            } else {
+                row_scale(r).to_le_bytes()[j - d]
+            };
+            j += 1;
+            if j == d + 4 {
+                (j, r) = (0, r + 1);
+            }
+            b
+        };
+        let lo = byte();
+        u16::from_ne_bytes([lo, byte()])
     }
 }
 
@@ -73,17 +102,26 @@ pub(super) fn quant_baselines(
     launch: &mut dyn FnMut(&CpuBackend, AttnParams, (&[u16], &[u16])) -> Result<(), String>,
 ) -> Result<String, String> {
     let fmt = p.cache.dtype;
-    let n = p.cache.num_pages * p.cache.page_stride;
-    let value = |b: u8| match fmt {
-        DType::Fp8E4M3 => Fp8E4M3(b).to_f32(),
-        DType::Fp8E5M2 => Fp8E5M2(b).to_f32(),
-        _ => b as i8 as f32 * INT8_SCALE,
+    let c = p.cache;
+    let d = c.head_dim;
+    // The baselines' elements: the cache's values without an int8 per-token-head row's scale.
+    let n = c.num_pages * c.page_size * c.num_kv_heads * d;
+    let row = c.row_len();
+    let value = |codes: &[u8], i: usize| match fmt {
+        DType::Fp8E4M3 => Fp8E4M3(codes[i]).to_f32(),
+        DType::Fp8E5M2 => Fp8E5M2(codes[i]).to_f32(),
+        DType::Int8PerTokenHead => {
+            let at = i / d * row;
+            let s = f32::from_le_bytes(codes[at + d..at + d + 4].try_into().unwrap());
+            codes[at + i % d] as i8 as f32 * s
+        }
+        _ => codes[i] as i8 as f32 * INT8_SCALE,
     };
     let widen = |x: &[u16], to: DType| -> Result<Words, String> {
         let codes = bytes(x);
         let mut i = 0;
         let (w, _) = Words::new(n, o.huge_pages, &mut || {
-            let y = value(codes[i]);
+            let y = value(codes, i);
             i += 1;
             match to {
                 DType::BF16 => bf16::from_f32(y).to_bits(),
@@ -98,10 +136,7 @@ pub(super) fn quant_baselines(
         .map(|&t| Ok((widen(k, t)?, widen(v, t)?)))
         .collect::<Result<_, String>>()?;
     let with = |t: DType| AttnParams {
-        cache: CacheLayout {
-            dtype: t,
-            ..p.cache
-        },
+        cache: CacheLayout::dense(t, c.num_pages, c.page_size, c.num_kv_heads, d),
         ..p
     };
     for (i, &t) in types.iter().enumerate() {
@@ -127,7 +162,7 @@ pub(super) fn quant_baselines(
             }
         }
     }
-    let per_token = |t: DType| 2 * p.cache.num_kv_heads * p.cache.head_dim * t.size_bytes();
+    let per_token = |t: DType| 2 * c.num_kv_heads * t.row_bytes(d);
     println!(
         "K/V bytes read per context token (per layer): {} {} B, bf16 {} B, f16 {} B",
         dtype_name(fmt),
