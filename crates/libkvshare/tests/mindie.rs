@@ -21,6 +21,7 @@ const TESTS: &[&str] = &[
     "test_fcfs",
     "test_hybrid",
     "test_fcfs_kv",
+    "test_kv_pool",
 ];
 
 const WARNINGS: &[&str] = &[

@@ -17,6 +17,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -45,6 +46,12 @@ using mindie_llm::SequenceId;
 using mindie_llm::SequenceSPtr;
 using mindie_llm::TokenId;
 
+// MindIE's KV pool as a manager asks it: for each key, whether the pool holds it (what
+// `mindie_llm::MemPool::LookUp` answers, one `batch_exist` of MindIE's Python pool). The patched
+// MindIE factory wraps MindIE's own MemPool in one (docs/mindie.md, "KV pool"). Called with the
+// keys of one sequence at a time; must return one answer per key.
+using KvPoolLookup = std::function<std::vector<bool>(const std::vector<std::string> &keys)>;
+
 // Thrown by the methods of features the adapter does not support (the message names the
 // feature). Derives from std::runtime_error, like the errors of MindIE's own manager.
 class Unsupported : public std::runtime_error {
@@ -55,8 +62,8 @@ class Unsupported : public std::runtime_error {
 // The one base of the kvshare managers: everything both answer alike, on one `kvs_cache` (one
 // group for KvshareBlockManager, one per sub-manager for KvshareHybridBlockManager). Defined in
 // src/kvshare_manager_base.cpp (sequence lookups, block ids, the cached-token policy, prefix
-// cache, statistics, one rank, no KV pool, no layerwise cloud manager) and
-// src/kvshare_manager_swap.cpp (swap out/in with the host tier). Each manager supplies `Lookup`
+// cache, statistics, swap out/in with the host tier, MindIE's block hash values and KV-pool
+// lookups, one rank, no layerwise cloud manager). Each manager supplies `Lookup`
 // (what MindIE counts of a live sequence), `ProbeCachedTokens` (its prefix lookup) and the
 // methods that differ: admission, growth, Fork, Free, block ids and block counts.
 //
@@ -117,6 +124,11 @@ class KvshareManagerBase : public mindie_llm::BlockSpaceManager {
     // manager; 1 (the null page) plus the pages that size a smaller group for the group manager.
     // Throws std::out_of_range for a group the manager does not have.
     uint32_t PageOffset(size_t group) const { return pageOffset_.at(group); }
+    // KV-pool lookups of GetRemoteComputedBlockIds that failed (the pool threw or answered
+    // another number of keys; each answered no hit), and the blocks its answers added to local
+    // hits.
+    uint64_t PoolLookupFailures() const { return poolLookupFailures_.load(std::memory_order_relaxed); }
+    uint64_t PoolHitBlocks() const { return poolHitBlocks_.load(std::memory_order_relaxed); }
 
    protected:
     KvshareManagerBase(size_t localDPRank, bool enableCaching, size_t blockSize, size_t speculativeSlots)
@@ -210,6 +222,8 @@ class KvshareManagerBase : public mindie_llm::BlockSpaceManager {
     bool Untrack(SequenceId seqId, Live &out);
     // Pages the manager holds for its whole life (the group manager's sizing pages).
     void SetHeldPages(size_t group, size_t pages);
+    // The KV pool GetRemoteComputedBlockIds asks (none: the pool is off and it throws).
+    void SetPoolLookup(KvPoolLookup lookup) { poolLookup_ = std::move(lookup); }
 
     // `kvs_seq_free`; an unknown id or a double free is a no-op, as in MindIE.
     void FreeSeq(SequenceId seqId, const char *method);
@@ -261,16 +275,21 @@ class KvshareManagerBase : public mindie_llm::BlockSpaceManager {
     // Device pages held back since this step's swap-outs (each once per reference taken).
     std::vector<uint32_t> quarantine_;
     mutable std::mutex quarantineMu_;
+    KvPoolLookup poolLookup_;
+    std::atomic<uint64_t> poolLookupFailures_{0};
+    std::atomic<uint64_t> poolHitBlocks_{0};
 };
 
 class KvshareBlockManager : public KvshareManagerBase {
    public:
     // Throws `Unsupported` for a configuration the adapter does not support (rankSize or
-    // hostSize > 1, enableKvPool, a cache type other than TOKEN), std::invalid_argument for a bad
-    // one (reservedBlockNum > npuBlockNum, block size 0, counts over 2^32-1, or a geometry
-    // kvshare refuses) and std::runtime_error if libkvshare's ABI version differs from the
-    // header's.
-    explicit KvshareBlockManager(const BlockManagerConfig &config, size_t localDPRank = 0);
+    // hostSize > 1, enableKvPool without a `poolLookup`, a cache type other than TOKEN),
+    // std::invalid_argument for a bad one (reservedBlockNum > npuBlockNum, block size 0, counts
+    // over 2^32-1, enableKvPool without enableCaching, a `poolLookup` with enableKvPool off, or a
+    // geometry kvshare refuses) and std::runtime_error if libkvshare's ABI version differs from
+    // the header's. With enableKvPool, GetRemoteComputedBlockIds asks `poolLookup`.
+    explicit KvshareBlockManager(const BlockManagerConfig &config, size_t localDPRank = 0,
+                                 KvPoolLookup poolLookup = {});
 
     AllocStatus CanAllocate(const SequenceGroupSPtr &seqGroup) const override;
     bool Allocate(const SequenceGroupSPtr &seqGroup) override;
@@ -389,8 +408,11 @@ class KvshareHybridBlockManager : public KvshareManagerBase {
 // SELFATTNBLOCKMANAGER, and the drop-in factory too; see docs/mindie.md): a KvshareHybridBlockManager
 // of one window group when `config.cacheType` is SLIDING_WINDOW (MindIE's scheduler sets a
 // one-desc config's cacheType), a KvshareBlockManager otherwise. Throws as their constructors do.
+// `poolLookup`: MindIE's KV pool, for a config with enableKvPool (the patched factory passes
+// MindIE's MemPool; the drop-in factory has none, so it refuses enableKvPool).
 mindie_llm::BlockSpaceManagerSPtr CreateKvshareBlockManager(const BlockManagerConfig &config,
-                                                            size_t localDPRank = 0);
+                                                            size_t localDPRank = 0,
+                                                            KvPoolLookup poolLookup = {});
 
 // The manager for KV-cache groups (what the factory gives COMPOSITEBLOCKMANAGER,
 // REQUESTSLIDINGWINDOWBLOCKMANAGER and a SLIDING_WINDOW self-attention config). Throws as its

@@ -4,6 +4,7 @@
 #ifndef KVSHARE_MINDIE_ADAPTER_COMMON_H
 #define KVSHARE_MINDIE_ADAPTER_COMMON_H
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <stdexcept>
@@ -106,6 +107,52 @@ struct Extra {
         }
     }
 };
+
+// MindIE's block hash values: the chain MindIE's prefix cache computes for a sequence's blocks
+// (`PrefixCachingBlockObj::PrefixHash`) and that keys its KV pool. Per block: a seed of 0, the
+// previous block's value folded in (none for the first block), then each token id, then the
+// sequence's extra hash (its LoRA salt), each folded as
+//     seed ^= v + 0x9e3779b97f4a7c15 + (seed << 6) + (seed >> 2);  a seed of 0 becomes 1
+// with v the integer itself (std::hash of an integer). MindIE's worker computes the same chain
+// from a request's input ids (its extra hash is always 0) to name the pool entries it writes.
+inline void MindieHashCombine(HashValue &seed, uint64_t v) {
+    seed ^= v + 0x9e3779b97f4a7c15ULL + (seed << 6) + (seed >> 2);
+    if (seed == mindie_llm::INVALID_HASH_VALUE) {
+        seed = 1;
+    }
+}
+
+// One value per position of a table of `numBlocks` blocks over the first `numTokens` tokens of
+// `seq` (prompt then output): the chain above for each full block, INVALID_HASH_VALUE for a
+// block that is not full, for a block holding a placeholder token and for every block after one
+// (MindIE hashes only full blocks of known tokens; a placeholder ends the chain here as it ends
+// kvshare's hashing).
+inline std::vector<HashValue> MindieBlockHashes(const mindie_llm::Sequence &seq, size_t numTokens, size_t numBlocks,
+                                                size_t blockSize) {
+    const auto &prompt = seq.data_.promptTokenIds;
+    const auto &output = seq.data_.outputTokenIds;
+    numTokens = std::min(numTokens, prompt.size() + output.size());
+    std::vector<HashValue> out(numBlocks, mindie_llm::INVALID_HASH_VALUE);
+    HashValue prev = mindie_llm::INVALID_HASH_VALUE;
+    size_t full = blockSize == 0 ? 0 : std::min(numBlocks, numTokens / blockSize);
+    for (size_t b = 0; b < full; ++b) {
+        HashValue seed = 0;
+        if (prev != mindie_llm::INVALID_HASH_VALUE) {
+            MindieHashCombine(seed, prev);
+        }
+        for (size_t i = b * blockSize; i < (b + 1) * blockSize; ++i) {
+            TokenId t = i < prompt.size() ? prompt[i] : output[i - prompt.size()];
+            if (t == mindie_llm::PLACEHOLDER_TOKEN) {
+                return out;
+            }
+            MindieHashCombine(seed, static_cast<uint64_t>(t));
+        }
+        MindieHashCombine(seed, seq.hashValue_);
+        out[b] = seed;
+        prev = seed;
+    }
+    return out;
+}
 
 // What an unknown sequence id throws: std::out_of_range, as in MindIE's manager, which looks
 // sequences up with unordered_map::at.

@@ -31,15 +31,25 @@ using mindie_llm::SequenceStatus;
 
 using namespace detail;
 
-KvshareBlockManager::KvshareBlockManager(const BlockManagerConfig &config, size_t localDPRank)
+KvshareBlockManager::KvshareBlockManager(const BlockManagerConfig &config, size_t localDPRank,
+                                         KvPoolLookup poolLookup)
     : KvshareManagerBase(localDPRank, config.enableCaching, config.cacheBlockSize, config.speculativeSlots),
       npuBlockNum_(config.npuBlockNum) {
     if (config.rankSize != 1 || config.hostSize != 1) {
         throw Unsupported("sequence/context parallel (rankSize " + std::to_string(config.rankSize) + ", hostSize " +
                           std::to_string(config.hostSize) + "; only 1 is supported)");
     }
-    if (config.enableKvPool) {
-        throw Unsupported("KV pool (enableKvPool)");
+    if (config.enableKvPool && !poolLookup) {
+        throw Unsupported(
+            "KV pool (enableKvPool) without a pool: the patched MindIE factory passes MindIE's MemPool "
+            "(CreateKvshareBlockManager's poolLookup); the drop-in factory has none");
+    }
+    if (config.enableKvPool && !config.enableCaching) {
+        throw std::invalid_argument(Prefix("constructor") +
+                                    "enableKvPool needs enableCaching (MindIE's KV pool extends its prefix cache)");
+    }
+    if (!config.enableKvPool && poolLookup) {
+        throw std::invalid_argument(Prefix("constructor") + "a pool lookup was given but enableKvPool is off");
     }
     if (config.cacheType != KvCacheType::TOKEN) {
         throw Unsupported("KV cache type other than TOKEN");
@@ -76,15 +86,20 @@ KvshareBlockManager::KvshareBlockManager(const BlockManagerConfig &config, size_
     c.match_unit = 0;
     // Global CPU ids start after the allocatable NPU blocks, as MindIE's.
     CreateCache(c, allocatable, allocatable, "constructor");
+    SetPoolLookup(std::move(poolLookup));
 }
 
-mindie_llm::BlockSpaceManagerSPtr CreateKvshareBlockManager(const BlockManagerConfig &config, size_t localDPRank) {
+mindie_llm::BlockSpaceManagerSPtr CreateKvshareBlockManager(const BlockManagerConfig &config, size_t localDPRank,
+                                                            KvPoolLookup poolLookup) {
     // MindIE's scheduler builds one self-attention config per kvCacheDesc and sets its cacheType:
     // a SLIDING_WINDOW one is a cache of one window group.
     if (config.cacheType == KvCacheType::SLIDING_WINDOW) {
+        if (poolLookup && !config.enableKvPool) {
+            throw std::invalid_argument(Prefix("constructor") + "a pool lookup was given but enableKvPool is off");
+        }
         return CreateKvshareHybridBlockManager(config, localDPRank);
     }
-    return std::make_shared<KvshareBlockManager>(config, localDPRank);
+    return std::make_shared<KvshareBlockManager>(config, localDPRank, std::move(poolLookup));
 }
 
 // ---- helpers ----

@@ -1,6 +1,7 @@
 // KvshareManagerBase: what both kvshare managers answer alike, on the manager's one kvs_cache:
 // sequence lookups and block ids, swap out/in with the host tier (one group), the cached-token
-// policy, the prefix cache and its hit rate, one rank, no KV pool, no layerwise cloud manager.
+// policy, the prefix cache and its hit rate, MindIE's block hash values and KV-pool lookups, one
+// rank, no layerwise cloud manager.
 // See include/kvshare_mindie.h.
 
 #include <algorithm>
@@ -489,11 +490,26 @@ void KvshareManagerBase::AccessAllblocksInSeq(const SequenceSPtr &seq, float) {
     }
 }
 
+// The longest common prefix of `lists` (empty for none).
+static std::vector<BlockId> CommonPrefix(std::vector<std::vector<BlockId>> lists) {
+    if (lists.empty()) {
+        return {};
+    }
+    std::vector<BlockId> common = std::move(lists[0]);
+    for (size_t k = 1; k < lists.size(); ++k) {
+        size_t j = 0;
+        while (j < common.size() && j < lists[k].size() && common[j] == lists[k][j]) {
+            ++j;
+        }
+        common.resize(j);
+    }
+    return common;
+}
+
 std::vector<BlockId> KvshareManagerBase::GetCommonComputedBlockIds(const std::vector<SequenceSPtr> &seqs) {
     // The first group's positions (INVALID_BLOCKID where a window group released one), up to
     // each sequence's hit, then their longest common prefix.
-    std::vector<BlockId> common;
-    bool firstSeq = true;
+    std::vector<std::vector<BlockId>> lists;
     for (const auto &seq : seqs) {
         RequireSeq(seq, "GetCommonComputedBlockIds");
         SeqShape s = ShapeOrThrow(seq->seqId_, "GetCommonComputedBlockIds");
@@ -504,18 +520,9 @@ std::vector<BlockId> KvshareManagerBase::GetCommonComputedBlockIds(const std::ve
         }
         std::vector<BlockId> ids = TableIds(seq->seqId_, 0, s);
         ids.resize(std::min(ids.size(), cached / blockSize_));
-        if (firstSeq) {
-            common = std::move(ids);
-            firstSeq = false;
-            continue;
-        }
-        size_t j = 0;
-        while (j < common.size() && j < ids.size() && common[j] == ids[j]) {
-            ++j;
-        }
-        common.resize(j);
+        lists.push_back(std::move(ids));
     }
-    return common;
+    return CommonPrefix(std::move(lists));
 }
 
 void KvshareManagerBase::MarkBlocksAsComputed() {
@@ -606,14 +613,83 @@ size_t KvshareManagerBase::GetSeqNumCachedTokens(const SequenceSPtr &seq) {
     return ProbeCachedTokens(tokens, extra.ptr, "GetSeqNumCachedTokens");
 }
 
-// ---- one rank, no KV pool, no cloud manager ----
+// ---- MindIE's block hash values and KV pool; one rank, no cloud manager ----
 
-std::vector<std::vector<HashValue>> KvshareManagerBase::GetRankedHashValues(SequenceId) const {
-    throw Unsupported("MindIE block hash values (GetRankedHashValues; used by the KV pool)");
+std::vector<std::vector<HashValue>> KvshareManagerBase::GetRankedHashValues(SequenceId seqId) const {
+    return {GetSeqHashValues(seqId)};
 }
 
-std::vector<HashValue> KvshareManagerBase::GetSeqHashValues(SequenceId) const {
-    throw Unsupported("MindIE block hash values (GetSeqHashValues; used by the KV pool)");
+std::vector<HashValue> KvshareManagerBase::GetSeqHashValues(SequenceId seqId) const {
+    // One value per position of the sequence's (first group's) table, over the tokens the table
+    // covers, as MindIE's manager returns one per block object.
+    SeqShape s = ShapeOrThrow(seqId, "GetSeqHashValues");
+    Live live{};
+    SequenceSPtr seq = Tracked(seqId, live) ? live.seq.lock() : nullptr;
+    if (!seq) {
+        throw std::runtime_error(Prefix("GetSeqHashValues") + "sequence " + std::to_string(seqId) +
+                                 " is no longer alive (its tokens are needed for the hash values)");
+    }
+    return MindieBlockHashes(*seq, live.tokens, static_cast<size_t>(s.numPages), blockSize_);
+}
+
+std::vector<BlockId> KvshareManagerBase::GetRemoteComputedBlockIds(const std::vector<SequenceSPtr> &seqs,
+                                                                    size_t computedLens, uint32_t tpSize,
+                                                                    std::string modelName) {
+    // MindIE's scheduler asks this for a prefill, right after GetCommonComputedBlockIds
+    // (`computedLens` is its length): the blocks after the local hit whose KV every tensor-parallel
+    // rank's worker holds in the pool, under MindIE's keys "{hash}_{tp rank}_{tp size}_{model}",
+    // continue the hit; MindIE's worker loads them into these blocks before the forward. Nothing
+    // in kvshare changes: the loaded blocks are the sequence's own (allocated, not shared) and
+    // become prefix hits like computed ones once MarkBlocksAsComputed follows the step.
+    if (!poolLookup_) {
+        throw Unsupported("KV pool (GetRemoteComputedBlockIds): this manager has no pool (enableKvPool is off)");
+    }
+    std::vector<std::vector<BlockId>> lists;
+    for (const auto &seq : seqs) {
+        RequireSeq(seq, "GetRemoteComputedBlockIds");
+        SeqShape s = ShapeOrThrow(seq->seqId_, "GetRemoteComputedBlockIds");
+        std::vector<BlockId> ids = TableIds(seq->seqId_, 0, s);
+        if (computedLens > ids.size()) {
+            throw std::out_of_range(Prefix("GetRemoteComputedBlockIds") + "computedLens " +
+                                    std::to_string(computedLens) + " exceeds the " + std::to_string(ids.size()) +
+                                    " blocks of sequence " + std::to_string(seq->seqId_));
+        }
+        std::vector<HashValue> hashes = GetSeqHashValues(seq->seqId_);
+        // As a local hit: full blocks within the first len-1 tokens, so the prefill computes at
+        // least one token (the one that samples the next).
+        size_t tokens = static_cast<size_t>(s.numTokens);
+        size_t limit = std::min(hashes.size(), tokens == 0 ? 0 : (tokens - 1) / blockSize_);
+        std::vector<std::string> keys;
+        for (size_t i = computedLens; i < limit && hashes[i] != mindie_llm::INVALID_HASH_VALUE; ++i) {
+            for (uint32_t tp = 0; tp < tpSize; ++tp) {
+                keys.push_back(std::to_string(hashes[i]) + "_" + std::to_string(tp) + "_" + std::to_string(tpSize) +
+                               "_" + modelName);
+            }
+        }
+        size_t run = 0;
+        if (!keys.empty()) {
+            // A pool that fails (throws, or answers another number of keys) answers no hit: the
+            // engine computes those blocks, and the failure is counted.
+            std::vector<bool> held;
+            try {
+                held = poolLookup_(keys);
+            } catch (const std::exception &) {
+                held.clear();
+            }
+            if (held.size() != keys.size()) {
+                poolLookupFailures_.fetch_add(1, std::memory_order_relaxed);
+                held.clear();
+            }
+            while (run < held.size() && held[run]) {
+                ++run;
+            }
+            run /= tpSize;  // a block counts when every rank's entry is there
+            poolHitBlocks_.fetch_add(run, std::memory_order_relaxed);
+        }
+        ids.resize(computedLens + run);
+        lists.push_back(std::move(ids));
+    }
+    return CommonPrefix(std::move(lists));
 }
 
 std::vector<size_t> KvshareManagerBase::GetTokenCountPerRank(SequenceId seqId) const {
@@ -650,14 +726,9 @@ std::vector<size_t> KvshareManagerBase::GetAllrankComputedBlockNum(const std::ve
     return {GetCommonComputedBlockIds(seqs).size()};
 }
 
-std::vector<BlockId> KvshareManagerBase::GetRemoteComputedBlockIds(const std::vector<SequenceSPtr> &, size_t,
-                                                                    uint32_t, std::string) {
-    throw Unsupported("KV pool (GetRemoteComputedBlockIds)");
-}
-
 std::vector<size_t> KvshareManagerBase::GetAllRankRemoteComputedBlockIds(const std::vector<SequenceSPtr> &,
                                                                           std::vector<size_t> &, std::string) {
-    throw Unsupported("KV pool (GetAllRankRemoteComputedBlockIds)");
+    throw Unsupported("KV pool with sequence/context parallel (GetAllRankRemoteComputedBlockIds; one rank only)");
 }
 
 size_t KvshareManagerBase::GetLocalDPRank() const { return localDPRank_; }

@@ -158,11 +158,9 @@ static void UnsupportedFeatures() {
     CHECK_THROWS(Unsupported, sim.m.AppendSlotNew(ga), sp);
     CHECK_THROWS(Unsupported, sim.m.AppendTokenToLatestRank(1, {1}), sp);
     CHECK_THROWS(Unsupported, sim.m.IsAppendBlock(1), sp);
-    CHECK_THROWS(Unsupported, sim.m.GetSeqHashValues(1), "KV pool");
-    CHECK_THROWS(Unsupported, sim.m.GetRankedHashValues(1), "KV pool");
-    CHECK_THROWS(Unsupported, sim.m.GetRemoteComputedBlockIds({a}, 0, 1, "m"), "KV pool");
+    CHECK_THROWS(Unsupported, sim.m.GetRemoteComputedBlockIds({a}, 0, 1, "m"), "no pool");
     std::vector<size_t> nums{0};
-    CHECK_THROWS(Unsupported, sim.m.GetAllRankRemoteComputedBlockIds({a}, nums, "m"), "KV pool");
+    CHECK_THROWS(Unsupported, sim.m.GetAllRankRemoteComputedBlockIds({a}, nums, "m"), "KV pool with sequence");
     const char *lwd = "layerwise cloud block manager";
     CHECK_THROWS(Unsupported, sim.m.LwdInitCloudBlockManager(Config(4, 16, 0, true), 0), lwd);
     std::vector<std::vector<BlockId>> rows;
@@ -198,7 +196,7 @@ static void ConfigAndFactory() {
     CHECK_THROWS(Unsupported, KvshareBlockManager m(c), "sequence/context parallel");
     c = Config(4, 16, 4, true);
     c.enableKvPool = true;
-    CHECK_THROWS(Unsupported, KvshareBlockManager m(c), "KV pool");
+    CHECK_THROWS(Unsupported, KvshareBlockManager m(c), "KV pool (enableKvPool) without a pool");
     c = Config(4, 16, 4, true);
     c.cacheType = KvCacheType::SLIDING_WINDOW;
     CHECK_THROWS(Unsupported, KvshareBlockManager m(c), "cache type");
