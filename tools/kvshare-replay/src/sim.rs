@@ -532,8 +532,11 @@ impl Sim<'_> {
                         .map_err(|e| format!("release_skipped: {e}"))?;
                 }
             }
+            // One copy-on-write copy per sample and group at most (a forked sample's shared
+            // last page, in every group that holds it).
+            let max_copies = ids.len() * self.cfg.num_groups();
             let mut c = std::mem::take(&mut self.copies);
-            let r = self.mgr(&owners, |s| s.append_batch(&ids, &toks, &mut c, ids.len()));
+            let r = self.mgr(&owners, |s| s.append_batch(&ids, &toks, &mut c, max_copies));
             self.copies = c;
             match r {
                 Ok(()) => {}
@@ -559,7 +562,8 @@ impl Sim<'_> {
             // Attribute copy-on-write copies to the sample whose page was replaced.
             if !self.copies.is_empty() {
                 let lock = self.cache.lock().map_err(|e| e.to_string())?;
-                for c in &self.copies {
+                // Pages are counted in group 0 (as the new pages below).
+                for c in self.copies.iter().filter(|c| c.group == 0) {
                     for &(i, b) in &batch {
                         let s = &self.live[&i].st.samples[b];
                         let pages = lock.seq_pages(s.seq, 0).map_err(|e| e.to_string())?;

@@ -154,3 +154,49 @@ fn hybrid_turns_wait_for_their_previous_turn_under_both_schedules() {
         }
     }
 }
+
+/// Forked samples (n = 2) share their last page in every group: a decode step can copy on write
+/// once per sample and group. Each kind of group, six groups, with and without a host tier, under
+/// memory pressure, must finish with the checker quiet; the host tier must not lose hits.
+#[test]
+fn forked_samples_copy_in_every_group_with_and_without_a_host_tier() {
+    let reqs = ChatWorkload {
+        users: 4,
+        turns: 5,
+        system_tokens: 96,
+        user_tokens: (10, 30),
+        output_tokens: (20, 60),
+        fork_every: 2,
+        think_ms: (0, 200),
+        ..ChatWorkload::default()
+    }
+    .generate();
+    assert!(
+        reqs.iter().any(|r| r.outputs.len() > 1),
+        "the workload forks"
+    );
+    for local in [
+        GroupKind::SlidingWindow(64),
+        GroupKind::ChunkedLocal(64),
+        GroupKind::State(StateMode::All),
+        GroupKind::State(StateMode::Align),
+    ] {
+        let mut hits = Vec::new();
+        for host in [0, 2000] {
+            let c = ReplayConfig {
+                host_pages: host,
+                ..cfg(hybrid_kinds(local, 6), 6 * 60 + 1)
+            };
+            let out =
+                replay_groups(&reqs, &c).unwrap_or_else(|e| panic!("{local:?}, host {host}: {e}"));
+            assert_eq!(out.requests.len(), reqs.len());
+            hits.push(out.hit_tokens());
+        }
+        assert!(
+            hits[1] >= hits[0],
+            "{local:?}: host tier {} < {}",
+            hits[1],
+            hits[0]
+        );
+    }
+}
