@@ -11,7 +11,7 @@
 
 use super::copies::{CopyKind, PageCopy, Queued};
 use super::pool::Holder;
-use super::prefix::{chain_hash, ExtraKeys};
+use super::prefix::{chain_hash, has_placeholder, ExtraKeys};
 use super::rules::{Probe, Span};
 use super::seq::PageKey;
 use super::state::{Hit, State, NULL_PAGE};
@@ -124,7 +124,7 @@ impl State {
         keys.extend_from_slice(from);
         let mut parent = keys.last().map_or(self.root, |k| k.hash);
         for (i, chunk) in tokens.chunks_exact(ps).enumerate().skip(keys.len()) {
-            if chunk.iter().any(|&t| t < 0) {
+            if has_placeholder(chunk) {
                 return (keys, true);
             }
             let e = extra.map_or(0, |x| x.page_digest(i, ps));
@@ -170,7 +170,7 @@ impl State {
             let mut last = false;
             let first = hits.len();
             for (i, chunk) in chunks.by_ref() {
-                if chunk.iter().any(|&t| t < 0) {
+                if has_placeholder(chunk) {
                     last = true;
                     break;
                 }

@@ -6,7 +6,7 @@ use super::error::{Error, Result};
 use super::events::{Event, EventKind};
 use super::hit::GroupsHit;
 use super::pool::{Holder, PageState};
-use super::prefix::{chain_hash, Entry, ExtraKeys};
+use super::prefix::{chain_hash, has_placeholder, Entry, ExtraKeys};
 use super::state::{Hit, Release, State, NULL_PAGE};
 use super::tier::Tier;
 
@@ -125,7 +125,7 @@ impl State {
         let mut added = 0;
         for (i, &page) in pages.iter().enumerate() {
             let chunk = &tokens[i * ps..(i + 1) * ps];
-            if chunk.iter().any(|&t| t < 0) {
+            if has_placeholder(chunk) {
                 break;
             }
             let e = extra.map_or(0, |x| x.page_digest(i, ps));
@@ -234,7 +234,7 @@ impl State {
         let g = group as u32;
         let mut parent = self.root;
         for (i, chunk) in tokens.chunks_exact(ps).take(max_pages).enumerate() {
-            if chunk.iter().any(|&t| t < 0) {
+            if has_placeholder(chunk) {
                 break;
             }
             let e = extra.map_or(0, |x| x.page_digest(i, ps));

@@ -141,6 +141,14 @@ impl ExtraKeys {
     }
 }
 
+/// Whether `tokens` holds a placeholder (a negative id, whose KV is not known yet). An OR of
+/// every id's sign bit, without a branch per token, so that it vectorises: the prefix walk asks it
+/// for every page it hashes.
+#[inline]
+pub(crate) fn has_placeholder(tokens: &[i32]) -> bool {
+    tokens.iter().fold(0i32, |acc, &t| acc | t) < 0
+}
+
 /// `h_i` from `h_{i-1}`, the page's extra digest and its tokens. `scratch` is reused to avoid
 /// an allocation per page.
 pub fn chain_hash(parent: u128, extra: u128, tokens: &[i32], scratch: &mut Vec<u8>) -> u128 {

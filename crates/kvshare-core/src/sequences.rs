@@ -7,7 +7,7 @@ use super::config::MAX_GROUPS;
 use super::error::{Error, Result};
 use super::pool::{Holder, PRIORITIES};
 use super::pooltier::PoolAnswer;
-use super::prefix::{Entry, ExtraKeys};
+use super::prefix::{has_placeholder, Entry, ExtraKeys};
 use super::rules::GrowState;
 use super::seq::{BeginInfo, PageKey, Seq, SeqInfo, HOST_NULL};
 use super::state::{Hit, Release, State, NULL_PAGE};
@@ -605,7 +605,7 @@ impl State {
             return;
         }
         let tokens = &s.tokens[start..start + units * unit];
-        if tokens.iter().any(|&t| t < 0) {
+        if has_placeholder(tokens) {
             return;
         }
         let parent = s.parent(j, self.root);

@@ -288,3 +288,16 @@ fn children_are_counted_per_parent_in_chained_groups_only() {
     assert_eq!(ix.stray_child_count(), None);
     assert!(!ix.has_child(7));
 }
+
+#[test]
+fn placeholder_is_any_negative_id() {
+    assert!(!has_placeholder(&[]));
+    assert!(!has_placeholder(&[0, 1, i32::MAX, 7]));
+    for bad in [-1, i32::MIN, -65536] {
+        for at in 0..5 {
+            let mut t = vec![3, 0, i32::MAX, 1, 9];
+            t[at] = bad;
+            assert!(has_placeholder(&t), "{bad} at {at}");
+        }
+    }
+}
