@@ -4,7 +4,8 @@
 # kvshare's Ascend path has only been verified against the emulated CANN runtime of
 # crates/libkvshare/tests/cann_emu and the documented API (docs/ascend.md). This script runs the same end-to-end
 # program (crates/libkvshare/tests/c/ascend_backend.c: KV write with aclnnScatterPaKvCache, paged decode and a
-# chunked prefill with aclnnFusedInferAttentionScore, checked against a reference computed in C)
+# chunked prefill with aclnnFusedInferAttentionScore on bf16 and on int8 caches with per-channel
+# antiquant scales, checked against a reference computed in C)
 # against the CANN installed on this machine, once per FIA version the installation exports,
 # and checks that libkvshare.so itself links no CANN library.
 #

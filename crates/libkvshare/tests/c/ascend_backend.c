@@ -3,7 +3,9 @@
  * (aclInit, aclrtSetDevice), its device buffers and its stream; kvshare loads CANN at run time,
  * enqueues the KV write and paged attention (decode, then a chunked prefill) on that stream and
  * returns; the engine synchronises and reads the output, which is compared with a reference
- * computed here in double precision from the host copy of the K/V written.
+ * computed here in double precision from the host copy of the K/V written. Then the same two
+ * launches on int8 caches the engine wrote itself (MindIE's "C8" KV: per-channel scales and
+ * offsets, passed as FIA's antiquant arguments), through kvs_attention_launch_scaled.
  *
  * CANN here is the emulated runtime of tests/cann_emu: tests/ascend_c.rs builds it and runs this
  * program with KVS_ASCEND_EMU_DIR set to its directory. Without that variable (e.g. when the
@@ -20,7 +22,8 @@
 #include "kvs_test.h"
 
 /* Raw values (the header's enum names are not relied on). */
-enum { BACKEND_ASCEND = 1, DTYPE_BF16 = 2, INDEX_INT32 = 0, ST_OK = 0, ST_UNSUPPORTED = 6,
+enum { BACKEND_ASCEND = 1, DTYPE_BF16 = 2, DTYPE_INT8 = 5, INDEX_INT32 = 0, ST_OK = 0, ST_UNSUPPORTED = 6,
+       ST_ATTN_INVALID = 501,
        ST_UNAVAILABLE = 500 };
 enum { H2D = 1, D2H = 2 };
 
@@ -94,6 +97,58 @@ static uint32_t rng = 12345;
 static float rnd(void) {
     rng = rng * 1664525u + 1013904223u;
     return (float)((rng >> 8) & 0xffff) / 32768.0f - 1.0f;
+}
+
+/* The cache the reference reads: bf16 (hk, hv) or int8 codes with their scales. */
+static const uint16_t *ref_k, *ref_v;
+static const int8_t *ref_k8, *ref_v8;
+static const float *ref_ks, *ref_vs, *ref_ko, *ref_vo;
+static float ref_kscale, ref_vscale;
+static double cache_at(int value, size_t slot, int g, int d) {
+    size_t i = (slot * KVH + (size_t)g) * DIM + (size_t)d, ch = (size_t)g * DIM + (size_t)d;
+    if (!ref_k8) return bf(value ? ref_v[i] : ref_k[i]);
+    if (value) return ((double)ref_v8[i] + ref_vo[ch]) * ref_vs[ch] * ref_vscale;
+    return ((double)ref_k8[i] + ref_ko[ch]) * ref_ks[ch] * ref_kscale;
+}
+
+/* Checks a launch's output against attention over the reference cache, in double precision;
+ * returns the worst relative error. */
+static double check_output(const char *what, const uint16_t *hq, const uint16_t *ho, const int *ctx,
+                           const int32_t *bt, const int *qlen, const int32_t *qsl) {
+    double worst = 0;
+    for (int s = 0; s < NSEQ; s++)
+        for (int i = 0; i < qlen[s]; i++) {
+            int tok = qsl[s] + i, pos = ctx[s] - qlen[s] + i;
+            for (int n = 0; n < HEADS; n++) {
+                int g = n / GROUP;
+                const uint16_t *q = hq + ((size_t)tok * HEADS + n) * DIM;
+                double sc[256], mx = -1e300, sum = 0, acc[DIM];
+                for (int j = 0; j <= pos; j++) {
+                    size_t slot = (size_t)bt[s * MAXP + j / PAGE] * PAGE + (size_t)(j % PAGE);
+                    double dot = 0;
+                    for (int d = 0; d < DIM; d++) dot += bf(q[d]) * cache_at(0, slot, g, d);
+                    sc[j] = dot * 0.08838834764;
+                    if (sc[j] > mx) mx = sc[j];
+                }
+                for (int d = 0; d < DIM; d++) acc[d] = 0;
+                for (int j = 0; j <= pos; j++) {
+                    size_t slot = (size_t)bt[s * MAXP + j / PAGE] * PAGE + (size_t)(j % PAGE);
+                    double e = d_exp(sc[j] - mx);
+                    sum += e;
+                    for (int d = 0; d < DIM; d++) acc[d] += e * cache_at(1, slot, g, d);
+                }
+                for (int d = 0; d < DIM; d++) {
+                    double want = acc[d] / sum;
+                    double got = bf(ho[((size_t)tok * HEADS + n) * DIM + d]);
+                    double err = d_abs(got - want) / (d_abs(want) + 0.1);
+                    if (err > worst) worst = err;
+                    if (err > 2e-2)
+                        T_FAIL("%s seq %d token %d head %d dim %d: got %f want %f", what, s, i, n, d, got,
+                               want);
+                }
+            }
+        }
+    return worst;
 }
 
 static void *dev_upload(const void *src, size_t n) {
@@ -241,46 +296,98 @@ int main(void) {
         CHECK(stream_sync(stream) == 0);
         syncs = cnt("calls:aclrtSynchronizeStream", 0);
         CHECK(dmemcpy(ho, qn * 2, dout, qn * 2, D2H) == 0);
-        double worst = 0;
-        for (int s = 0; s < NSEQ; s++)
-            for (int i = 0; i < qlen[s]; i++) {
-                int tok = qsl[s] + i, pos = ctx[s] - qlen[s] + i;
-                for (int n = 0; n < HEADS; n++) {
-                    int g = n / GROUP;
-                    const uint16_t *q = hq + ((size_t)tok * HEADS + n) * DIM;
-                    double sc[256], mx = -1e300, sum = 0, acc[DIM];
-                    for (int j = 0; j <= pos; j++) {
-                        int slot = bt[s * MAXP + j / PAGE] * PAGE + j % PAGE;
-                        double dot = 0;
-                        for (int d = 0; d < DIM; d++)
-                            dot += bf(q[d]) * bf(hk[((size_t)slot * KVH + g) * DIM + d]);
-                        sc[j] = dot * 0.08838834764;
-                        if (sc[j] > mx) mx = sc[j];
-                    }
-                    for (int d = 0; d < DIM; d++) acc[d] = 0;
-                    for (int j = 0; j <= pos; j++) {
-                        int slot = bt[s * MAXP + j / PAGE] * PAGE + j % PAGE;
-                        double e = d_exp(sc[j] - mx);
-                        sum += e;
-                        for (int d = 0; d < DIM; d++)
-                            acc[d] += e * bf(hv[((size_t)slot * KVH + g) * DIM + d]);
-                    }
-                    for (int d = 0; d < DIM; d++) {
-                        double want = acc[d] / sum;
-                        double got = bf(ho[((size_t)tok * HEADS + n) * DIM + d]);
-                        double err = d_abs(got - want) / (d_abs(want) + 0.1);
-                        if (err > worst) worst = err;
-                        if (err > 2e-2)
-                            T_FAIL("pass %d seq %d token %d head %d dim %d: got %f want %f", pass, s,
-                                 i, n, d, got, want);
-                    }
-                }
-            }
+        ref_k = hk;
+        ref_v = hv;
+        double worst = check_output(pass ? "chunked prefill" : "decode", hq, ho, ctx, bt, qlen, qsl);
         printf("%s: ok (worst relative error %.2e)\n", pass ? "chunked prefill" : "decode", worst);
         CHECK(dfree(dq) == 0);
         CHECK(dfree(dout) == 0);
         free(hq);
         free(ho);
+    }
+
+    /* int8 caches the engine wrote itself (kvshare's write does not quantize on Ascend): the
+     * same tokens' slots hold codes; per-channel scales with four significant bits (exact in
+     * bf16, the dtype of FIA's antiquant tensors), offsets in halves, per-tensor scales 0.5 and 2.
+     * Decode, then a chunked prefill, through kvs_attention_launch_scaled. */
+    {
+        int8_t *k8 = malloc(cache_n), *v8 = malloc(cache_n);
+        for (size_t i = 0; i < cache_n; i++) {
+            k8[i] = (int8_t)((int)(rnd() * 127.0f));
+            v8[i] = (int8_t)((int)(rnd() * 127.0f));
+        }
+        float ks[KVH * DIM], vs[KVH * DIM], ko[KVH * DIM], vo[KVH * DIM];
+        for (int i = 0; i < KVH * DIM; i++) {
+            rng = rng * 1664525u + 1013904223u;
+            ks[i] = (1.0f + (float)((rng >> 8) % 8) / 8.0f) / (float)(1 << (6 + (rng >> 12) % 3));
+            vs[i] = (1.0f + (float)((rng >> 16) % 8) / 8.0f) / (float)(1 << (6 + (rng >> 20) % 3));
+            ko[i] = (float)((int)((rng >> 4) % 129) - 64) / 2.0f;
+            vo[i] = (float)((int)((rng >> 24) % 129) - 64) / 2.0f;
+        }
+        void *dk8 = dev_upload(k8, cache_n), *dv8 = dev_upload(v8, cache_n);
+        kvs_kv_scales sc;
+        memset(&sc, 0, sizeof sc);
+        sc.k_scale = 0.5f;
+        sc.v_scale = 2.0f;
+        sc.k_channel_scales = ks;
+        sc.v_channel_scales = vs;
+        sc.k_channel_offsets = ko;
+        sc.v_channel_offsets = vo;
+        ref_k8 = k8;
+        ref_v8 = v8;
+        ref_ks = ks;
+        ref_vs = vs;
+        ref_ko = ko;
+        ref_vo = vo;
+        ref_kscale = sc.k_scale;
+        ref_vscale = sc.v_scale;
+        for (int pass = 0; pass < 2; pass++) {
+            const int qlen[NSEQ] = {pass ? 9 : 1, pass ? 3 : 1};
+            const int ntok = qlen[0] + qlen[1];
+            int32_t qsl[NSEQ + 1] = {0, qlen[0], qlen[0] + qlen[1]};
+            size_t qn = (size_t)ntok * HEADS * DIM;
+            uint16_t *hq = malloc(qn * 2), *ho = malloc(qn * 2);
+            for (size_t i = 0; i < qn; i++) hq[i] = to_bf(rnd());
+            void *dq = dev_upload(hq, qn * 2);
+            void *dout = dev_upload(hq, qn * 2);
+            kvs_attention_args a;
+            memset(&a, 0, sizeof a);
+            a.num_seqs = NSEQ;
+            a.num_tokens = (uint32_t)ntok;
+            a.num_heads = HEADS;
+            a.query = dq;
+            a.query_dtype = DTYPE_BF16;
+            a.output = dout;
+            a.output_dtype = DTYPE_BF16;
+            a.key_cache = dk8;
+            a.value_cache = dv8;
+            a.cache = kvs_kv_layout_dense(DTYPE_INT8, NUM_PAGES, PAGE, KVH, DIM);
+            a.block_table = dbt;
+            a.max_pages_per_seq = MAXP;
+            a.context_lens = ctx;
+            a.query_start_loc = pass ? qsl : NULL;
+            a.scale = 0.08838834764f;
+            /* The unscaled launch has no channel scales for an int8 cache: refused. */
+            if (pass == 0) {
+                CHECK_STATUS(kvs_attention_launch(be, &a, stream), ST_ATTN_INVALID);
+                CHECK(strstr(kvs_last_error_message(), "k_channel_scales") != NULL);
+            }
+            CHECK_STATUS(kvs_attention_launch_scaled(be, &a, &sc, stream), ST_OK);
+            CHECK(stream_sync(stream) == 0);
+            CHECK(dmemcpy(ho, qn * 2, dout, qn * 2, D2H) == 0);
+            const char *what = pass ? "int8 chunked prefill" : "int8 decode";
+            double worst = check_output(what, hq, ho, ctx, bt, qlen, qsl);
+            printf("%s: ok (worst relative error %.2e)\n", what, worst);
+            CHECK(dfree(dq) == 0);
+            CHECK(dfree(dout) == 0);
+            free(hq);
+            free(ho);
+        }
+        ref_k8 = ref_v8 = NULL;
+        CHECK(dfree(dk8) == 0);
+        CHECK(dfree(dv8) == 0);
+        free(k8);
+        free(v8);
     }
 
     /* Page size 16 with a prefill: CANN refuses it, so kvshare does before any launch. */
