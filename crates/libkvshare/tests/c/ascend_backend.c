@@ -158,6 +158,60 @@ static void *dev_upload(const void *src, size_t n) {
     return p;
 }
 
+/* Decode (pass 0: one query token per sequence) or a chunked prefill (pass 1: the last 9 and 3
+ * tokens) over the caches dk, dv of `lay`, launched on `stream` (scaled when `sc` is not NULL),
+ * then checked against the reference cache. */
+static void attend(kvs_backend *be, void *stream, int pass, void *dk, void *dv, kvs_kv_layout lay,
+                   const kvs_kv_scales *sc, const int *ctx, const int32_t *bt, void *dbt) {
+    const int qlen[NSEQ] = {pass ? 9 : 1, pass ? 3 : 1};
+    const int ntok = qlen[0] + qlen[1];
+    int32_t qsl[NSEQ + 1] = {0, qlen[0], qlen[0] + qlen[1]};
+    size_t qn = (size_t)ntok * HEADS * DIM;
+    uint16_t *hq = malloc(qn * 2), *ho = malloc(qn * 2);
+    for (size_t i = 0; i < qn; i++) hq[i] = to_bf(rnd());
+    void *dq = dev_upload(hq, qn * 2);
+    void *dout = dev_upload(hq, qn * 2);
+    kvs_attention_args a;
+    memset(&a, 0, sizeof a);
+    a.num_seqs = NSEQ;
+    a.num_tokens = (uint32_t)ntok;
+    a.num_heads = HEADS;
+    a.query = dq;
+    a.query_dtype = DTYPE_BF16;
+    a.output = dout;
+    a.output_dtype = DTYPE_BF16;
+    a.key_cache = dk;
+    a.value_cache = dv;
+    a.cache = lay;
+    a.block_table = dbt;
+    a.max_pages_per_seq = MAXP;
+    a.context_lens = ctx;
+    a.query_start_loc = pass ? qsl : NULL;
+    a.scale = 0.08838834764f; /* 1/sqrt(128) */
+    long syncs = cnt("calls:aclrtSynchronizeStream", 0);
+    if (sc) {
+        if (pass == 0) { /* the unscaled launch has no channel scales for an int8 cache */
+            CHECK_STATUS(kvs_attention_launch(be, &a, stream), ST_ATTN_INVALID);
+            CHECK(strstr(kvs_last_error_message(), "k_channel_scales") != NULL);
+        }
+        CHECK_STATUS(kvs_attention_launch_scaled(be, &a, sc, stream), ST_OK);
+    } else {
+        CHECK_STATUS(kvs_attention_launch(be, &a, stream), ST_OK);
+    }
+    CHECK(cnt("calls:aclrtSynchronizeStream", 0) == syncs); /* kvshare never syncs */
+    CHECK(cnt("pending_tasks", 1) > 0);
+    CHECK(stream_sync(stream) == 0);
+    CHECK(dmemcpy(ho, qn * 2, dout, qn * 2, D2H) == 0);
+    const char *what = pass ? (sc ? "int8 chunked prefill" : "chunked prefill")
+                            : (sc ? "int8 decode" : "decode");
+    double worst = check_output(what, hq, ho, ctx, bt, qlen, qsl);
+    printf("%s: ok (worst relative error %.2e)\n", what, worst);
+    CHECK(dfree(dq) == 0);
+    CHECK(dfree(dout) == 0);
+    free(hq);
+    free(ho);
+}
+
 int main(void) {
     const char *dir = getenv("KVS_ASCEND_EMU_DIR");
     int real = 0;
@@ -261,50 +315,12 @@ int main(void) {
     w.slot_mapping_type = INDEX_INT32;
     long syncs = cnt("calls:aclrtSynchronizeStream", 0);
     CHECK_STATUS(kvs_kv_write(be, &w, stream), ST_OK);
+    CHECK(cnt("calls:aclrtSynchronizeStream", 0) == syncs); /* kvshare never syncs */
 
-    /* Two launches on the same stream after the write: decode (one query token per sequence),
-     * then a chunked prefill (the last 9 and 3 tokens). */
-    for (int pass = 0; pass < 2; pass++) {
-        const int qlen[NSEQ] = {pass ? 9 : 1, pass ? 3 : 1};
-        const int ntok = qlen[0] + qlen[1];
-        int32_t qsl[NSEQ + 1] = {0, qlen[0], qlen[0] + qlen[1]};
-        size_t qn = (size_t)ntok * HEADS * DIM;
-        uint16_t *hq = malloc(qn * 2), *ho = malloc(qn * 2);
-        for (size_t i = 0; i < qn; i++) hq[i] = to_bf(rnd());
-        void *dq = dev_upload(hq, qn * 2);
-        void *dout = dev_upload(hq, qn * 2);
-        kvs_attention_args a;
-        memset(&a, 0, sizeof a);
-        a.num_seqs = NSEQ;
-        a.num_tokens = (uint32_t)ntok;
-        a.num_heads = HEADS;
-        a.query = dq;
-        a.query_dtype = DTYPE_BF16;
-        a.output = dout;
-        a.output_dtype = DTYPE_BF16;
-        a.key_cache = dk;
-        a.value_cache = dv;
-        a.cache = lay;
-        a.block_table = dbt;
-        a.max_pages_per_seq = MAXP;
-        a.context_lens = ctx;
-        a.query_start_loc = pass ? qsl : NULL;
-        a.scale = 0.08838834764f; /* 1/sqrt(128) */
-        CHECK_STATUS(kvs_attention_launch(be, &a, stream), ST_OK);
-        CHECK(cnt("calls:aclrtSynchronizeStream", 0) == syncs); /* kvshare never syncs */
-        CHECK(cnt("pending_tasks", 1) > 0);
-        CHECK(stream_sync(stream) == 0);
-        syncs = cnt("calls:aclrtSynchronizeStream", 0);
-        CHECK(dmemcpy(ho, qn * 2, dout, qn * 2, D2H) == 0);
-        ref_k = hk;
-        ref_v = hv;
-        double worst = check_output(pass ? "chunked prefill" : "decode", hq, ho, ctx, bt, qlen, qsl);
-        printf("%s: ok (worst relative error %.2e)\n", pass ? "chunked prefill" : "decode", worst);
-        CHECK(dfree(dq) == 0);
-        CHECK(dfree(dout) == 0);
-        free(hq);
-        free(ho);
-    }
+    /* Two launches on the same stream after the write: decode, then a chunked prefill. */
+    ref_k = hk;
+    ref_v = hv;
+    for (int pass = 0; pass < 2; pass++) attend(be, stream, pass, dk, dv, lay, NULL, ctx, bt, dbt);
 
     /* int8 caches the engine wrote itself (kvshare's write does not quantize on Ascend): the
      * same tokens' slots hold codes; per-channel scales with four significant bits (exact in
@@ -341,48 +357,8 @@ int main(void) {
         ref_vo = vo;
         ref_kscale = sc.k_scale;
         ref_vscale = sc.v_scale;
-        for (int pass = 0; pass < 2; pass++) {
-            const int qlen[NSEQ] = {pass ? 9 : 1, pass ? 3 : 1};
-            const int ntok = qlen[0] + qlen[1];
-            int32_t qsl[NSEQ + 1] = {0, qlen[0], qlen[0] + qlen[1]};
-            size_t qn = (size_t)ntok * HEADS * DIM;
-            uint16_t *hq = malloc(qn * 2), *ho = malloc(qn * 2);
-            for (size_t i = 0; i < qn; i++) hq[i] = to_bf(rnd());
-            void *dq = dev_upload(hq, qn * 2);
-            void *dout = dev_upload(hq, qn * 2);
-            kvs_attention_args a;
-            memset(&a, 0, sizeof a);
-            a.num_seqs = NSEQ;
-            a.num_tokens = (uint32_t)ntok;
-            a.num_heads = HEADS;
-            a.query = dq;
-            a.query_dtype = DTYPE_BF16;
-            a.output = dout;
-            a.output_dtype = DTYPE_BF16;
-            a.key_cache = dk8;
-            a.value_cache = dv8;
-            a.cache = kvs_kv_layout_dense(DTYPE_INT8, NUM_PAGES, PAGE, KVH, DIM);
-            a.block_table = dbt;
-            a.max_pages_per_seq = MAXP;
-            a.context_lens = ctx;
-            a.query_start_loc = pass ? qsl : NULL;
-            a.scale = 0.08838834764f;
-            /* The unscaled launch has no channel scales for an int8 cache: refused. */
-            if (pass == 0) {
-                CHECK_STATUS(kvs_attention_launch(be, &a, stream), ST_ATTN_INVALID);
-                CHECK(strstr(kvs_last_error_message(), "k_channel_scales") != NULL);
-            }
-            CHECK_STATUS(kvs_attention_launch_scaled(be, &a, &sc, stream), ST_OK);
-            CHECK(stream_sync(stream) == 0);
-            CHECK(dmemcpy(ho, qn * 2, dout, qn * 2, D2H) == 0);
-            const char *what = pass ? "int8 chunked prefill" : "int8 decode";
-            double worst = check_output(what, hq, ho, ctx, bt, qlen, qsl);
-            printf("%s: ok (worst relative error %.2e)\n", what, worst);
-            CHECK(dfree(dq) == 0);
-            CHECK(dfree(dout) == 0);
-            free(hq);
-            free(ho);
-        }
+        kvs_kv_layout lay8 = kvs_kv_layout_dense(DTYPE_INT8, NUM_PAGES, PAGE, KVH, DIM);
+        for (int pass = 0; pass < 2; pass++) attend(be, stream, pass, dk8, dv8, lay8, &sc, ctx, bt, dbt);
         ref_k8 = ref_v8 = NULL;
         CHECK(dfree(dk8) == 0);
         CHECK(dfree(dv8) == 0);
