@@ -182,6 +182,7 @@ class KvshareHybridKVCacheManager(ManagerBase):
             max_num_batched_tokens=mnbt, max_model_len=max_model_len)
             for (k, _), s in zip(kinds, self.specs)]
         self._full = [k == "full" for k, _ in kinds]
+        self._all_full = all(self._full)  # no group releases positions or keeps state
         # State groups in "none": one page per request, handed to vLLM as a one-block table.
         self._single = frozenset(g for g, w in enumerate(self._windows) if w == ("state", "none"))
         self._has_state = any(k == "state" for k, _ in kinds)
@@ -418,6 +419,17 @@ class KvshareHybridKVCacheManager(ManagerBase):
                        delay_cache_blocks: bool = False, num_encoder_tokens: int = 0,
                        full_sequence_must_fit: bool = False,
                        reserved_blocks: int = 0) -> KVCacheBlocks | None:
+        st = self._reqs.get(request.request_id)
+        if st is not None and self._all_full and num_new_tokens and not (
+                num_new_computed_tokens or num_lookahead_tokens or full_sequence_must_fit
+                or reserved_blocks or num_external_computed_tokens or delay_cache_blocks
+                or num_encoder_tokens):
+            # Most decode steps of a model whose groups are all full attention: no position
+            # leaves a window, the slots exist and no page fills, so there is nothing to tell
+            # kvshare (the tokens go with a later call, as below).
+            end, bs = request.num_computed_tokens + num_new_tokens, self.block_size
+            if end <= len(st.tables[0]) * bs and end // bs <= st.n // bs:
+                return self.empty_kv_cache_blocks
         if num_new_tokens == 0 and num_external_computed_tokens == 0:
             raise ValueError("num_new_tokens must be greater than 0 when there are no "
                              "external computed tokens")
@@ -425,8 +437,6 @@ class KvshareHybridKVCacheManager(ManagerBase):
             raise NotImplementedError(
                 "kvshare_vllm: KV connectors' external tokens, delayed caching and encoder "
                 "(cross-attention) blocks are not supported with KV-cache groups")
-        rid = request.request_id
-        st = self._reqs.get(rid)
         hits = new_computed_blocks.blocks if new_computed_blocks is not None else None
         local = request.num_computed_tokens + num_new_computed_tokens
         total = min(local, self.max_model_len)

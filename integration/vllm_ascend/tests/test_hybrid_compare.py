@@ -124,6 +124,34 @@ def test_lockstep(tiny_model_dir, name):
     assert st["num_seqs"] == 0 and st["device_pages_in_use"] == 0
 
 
+@pytest.mark.parametrize("model", [None, "mla"])
+@pytest.mark.parametrize("pressure", [False, True])
+def test_groups_manager_serves_one_full_group(tiny_model_dir, model, pressure, monkeypatch):
+    """The groups manager on a model of one full-attention group (plain or MLA; the plugin
+    gives such a model the one-group manager): in lockstep with vLLM's ``KVCacheManager`` every
+    step, under cache pressure too (pages kept in vLLM's free order, so evictions and hits
+    stay vLLM's), its decode steps that need no page and fill none answered without a native
+    call."""
+    from kvshare_vllm import manager as manager_mod
+
+    monkeypatch.setattr(manager_mod, "KvshareKVCacheManager",
+                        hybrid_mod.KvshareHybridKVCacheManager)
+    specs = h.layer_specs(model) if model else None
+    pair_kw = dict(num_blocks=60, max_num_seqs=8) if pressure else dict(num_blocks=2000)
+    pair = Pair(tiny_model_dir, specs=specs, **pair_kw)
+    mgr = pair.kvs.kv_cache_manager
+    assert type(mgr).__name__ == "KvshareHybridKVCacheManager" and mgr._all_full
+    rng = random.Random(zlib.crc32(f"{model}-{pressure}".encode()))
+    system = [rng.randrange(3, 30000) for _ in range(40 if pressure else 100)]
+    conversations(pair, num_convs=8 if pressure else 6, turns=3, system=system,
+                  seed=rng.randrange(1 << 30), max_tokens=40 if pressure else 12)
+    assert pair.hits[0] == pair.hits[1] > 0
+    assert pair.peak_blocks[0] == pair.peak_blocks[1]
+    assert (pair.preemptions > 0) == pressure
+    st = mgr.kvshare_stats()
+    assert st["num_seqs"] == 0 and st["device_pages_in_use"] == 0
+
+
 EVENT_CASES = ["gpt-oss", "gpt-oss-w32", "gpt-oss-w32-chunked", "gpt-oss-w32-preempt", "gemma3",
                "gemma3-w64", "gemma3-w64-preempt"]
 
