@@ -4,7 +4,11 @@ reference engine with vLLM's own manager (vllm_engine.py), then a conversation t
 between the engines, the engine holding pages killed, and the master killed. Prints one JSON
 object with every reply.
 
-    vllm_driver.py MOONCAKE_MASTER_BINARY PYTHON MODEL_DIR
+    vllm_driver.py MOONCAKE_MASTER_BINARY PYTHON MODEL_DIR [measure]
+
+With ``measure``: instead, load time per page from the pool against computing it (docs/
+performance.md): a stores prompts of 25 pages, b runs each again (its pages from the pool),
+then fresh prompts of the same length; prints the times.
 """
 
 from __future__ import annotations
@@ -64,8 +68,28 @@ def ids(seed, n):
     return [(seed * 7919 + 31 * i) % 2000 + 3 for i in range(n)]
 
 
+def measure(a, b, rounds=5, pages=25):
+    """Per page: b's worker time loading from the pool (batch_get_into, verification, the copy
+    into every layer's block), and b's wall time for a fresh prompt of ``pages`` pages with one
+    output token (prefill), against the same prompt with all but its last page loaded."""
+    prompts = [ids(100 + r, pages * 16 + 1) for r in range(rounds)]
+    a.generate(prompts, max_tokens=1)                              # computed and stored on a
+    b.generate([ids(99, pages * 16 + 1)], max_tokens=1)            # b warmed up
+    before = b.generate([], max_tokens=1)["pool"]
+    hit = b.generate(prompts, max_tokens=1)                        # from the pool
+    fresh = b.generate([ids(200 + r, pages * 16 + 1) for r in range(rounds)], max_tokens=1)
+    loaded = hit["pool"]["loads_ok"] - before["loads_ok"]
+    return {"pages_per_prompt": pages, "rounds": rounds, "pages_loaded": loaded,
+            "load_ms_per_page": 1e3 * (hit["pool"]["load_s"] - before["load_s"]) / loaded,
+            "prefill_ms_per_page": 1e3 * sum(fresh["s"]) / (rounds * pages),
+            "request_ms_fresh": [1e3 * x for x in fresh["s"]],
+            "request_ms_from_pool": [1e3 * x for x in hit["s"]],
+            "cached_from_pool": hit["cached"], "page_bytes": hit["pool"]["page_bytes"]}
+
+
 def main():
     binary, python, model = sys.argv[1], sys.argv[2], sys.argv[3]
+    measuring = sys.argv[4:] == ["measure"]
     master = subprocess.Popen(
         [binary, f"--rpc_port={RPC}", f"--metrics_port={METRICS}",
          "--enable_http_metadata_server=false", "--enable_kv_events=false", "--enable_ha=false",
@@ -82,6 +106,9 @@ def main():
         engines.append(a)
         b = Engine(python, model, addr, "b")
         engines.append(b)
+        if measuring:
+            out = measure(a, b)
+            return
         system = ids(1, 64)
         t1 = system + ids(2, 6)                                   # 70 tokens: 4 full pages
         s = a.generate([t1])                                      # computed on a, stored
@@ -113,7 +140,7 @@ def main():
         if master.poll() is None:
             master.kill()
             master.wait()
-    print(json.dumps(out))
+        print(json.dumps(out))
 
 
 if __name__ == "__main__":

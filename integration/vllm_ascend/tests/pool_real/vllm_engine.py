@@ -68,7 +68,8 @@ def main():
                 "stores_shipped": s.stores_shipped, "stores_skipped": s.stores_skipped,
                 "loads_ok": w.io.stats.loads_ok, "load_failures": w.io.stats.load_failures,
                 "stores_ok": w.io.stats.stores_ok, "store_failures": w.io.stats.store_failures,
-                "load_s": w.load_s, "failures_seen": s.load_failures, "kvshare": core.scheduler.kv_cache_manager.cache.pool_stats()}
+                "load_s": w.load_s, "page_bytes": w.page_bytes, "failures_seen": s.load_failures,
+                "kvshare": core.scheduler.kv_cache_manager.cache.pool_stats()}
 
     print(json.dumps({"op": "ready"}), flush=True)
     for line in sys.stdin:
