@@ -20,8 +20,8 @@ Loads are asynchronous in vLLM's sense (``load_kv_async``): the request waits in
 kvshare registers none of them), the worker loads them in ``start_load_kv`` and reports the
 request in ``get_finished``; a page that failed verification or was missing is reported by
 ``get_block_ids_with_load_errors``, and vLLM (``kv_load_failure_policy`` ``recompute``, which
-the pool requires) truncates the request's computed tokens at the first failed block and computes the
-rest.  Wrong KV is never used and the output does not change.
+the pool requires) truncates the request's computed tokens at the first failed block and
+computes the rest.  Wrong KV is never used and the output does not change.
 
 Stores: with ``write_through`` each page the cache registers goes to the pool once its step's
 KV is written (``wait_for_save``); with ``on_demotion`` the cached pages demoted to the host
@@ -37,9 +37,9 @@ model's identity in keys; default the model path and revision), ``mac_key`` (hex
 deployment key every engine shares), ``segment_bytes`` / ``buffer_bytes`` (the client's
 global segment and local buffer), ``cooldown_s`` (the breaker's), ``batch`` (pages per
 transfer call).  The KV-transfer config must set ``kv_load_failure_policy="recompute"``
-(vLLM 0.23 defaults to ``fail``).  The pool takes one worker (tensor and pipeline parallel size 1), one
-full-attention KV-cache group, prefix caching on, and ``float32`` / ``float16`` / ``bfloat16``
-caches; anything else is refused when the engine starts.
+(vLLM 0.23 defaults to ``fail``).  The pool takes one worker (tensor and pipeline parallel
+size 1), one full-attention KV-cache group, prefix caching on, and ``float32`` / ``float16`` /
+``bfloat16`` caches; anything else is refused when the engine starts.
 """
 
 from __future__ import annotations
