@@ -81,3 +81,31 @@ def test_a_killed_holder_and_master_cost_recomputation(run):
     # The master gone: the lookup fails, the breaker opens, the prompt is computed.
     assert after_master["cached"] == [0]
     assert after_master["pool"]["breaker_trips"] >= 1
+
+
+def test_readme_block_runs_verbatim():
+    """README.md's "engines on a shared pool" block, run as written from the repository root,
+    inside a fresh network namespace (the Mooncake client's transfer sockets listen on every
+    interface)."""
+    import re
+
+    reason = _namespace_reason()
+    if reason:
+        pytest.skip(reason)
+    root = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
+    with open(os.path.join(root, "README.md")) as f:
+        readme = f.read()
+    m = re.search(r"<!-- test: pool-engines -->\s*```bash\n(.*?)```", readme, re.S)
+    assert m, "README.md lost its 'pool-engines' block"
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "KVSHARE_VLLM", "KVSHARE_VLLM_OPS", "VLLM_LOGGING_LEVEL")}
+    res = subprocess.run(["unshare", "-n", "sh", "-c",
+                          'ip link set lo up && exec bash -euo pipefail -c "$1"', "sh",
+                          m.group(1)], cwd=root, env=env, capture_output=True, text=True,
+                         timeout=1200)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-6000:]
+    lines = [ln for ln in res.stdout.splitlines() if ln.startswith("engine ")]
+    assert len(lines) == 2, out[-3000:]
+    assert lines[0].startswith("engine a: cached 0, loaded 0 pages"), lines
+    assert lines[1].startswith("engine b: cached 64, loaded 4 pages"), lines
