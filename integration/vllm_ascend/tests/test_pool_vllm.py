@@ -109,3 +109,48 @@ def test_readme_block_runs_verbatim():
     assert len(lines) == 2, out[-3000:]
     assert lines[0].startswith("engine a: cached 0, loaded 0 pages"), lines
     assert lines[1].startswith("engine b: cached 64, loaded 4 pages"), lines
+
+
+def _config(pool=None, policy="recompute", tp=1, pp=1, caching=True, cache_dtype="auto",
+            connector="KvshareConnector"):
+    from types import SimpleNamespace as NS
+
+    extra = {"num_host_pages": 8}
+    if pool is not None:
+        extra["pool"] = pool
+    return NS(kv_transfer_config=NS(kv_connector=connector, kv_connector_extra_config=extra,
+                                    kv_load_failure_policy=policy),
+              parallel_config=NS(tensor_parallel_size=tp, pipeline_parallel_size=pp),
+              cache_config=NS(enable_prefix_caching=caching, cache_dtype=cache_dtype),
+              model_config=NS(model="/m", revision=None, dtype="float32"))
+
+
+@pytest.mark.parametrize("kw, why", [
+    (dict(pool={}), "master"),
+    (dict(pool={"master": "127.0.0.1"}), "master"),
+    (dict(pool={"master": "h:1", "store": "sometimes"}), "store"),
+    (dict(pool={"master": "h:1", "masterr": 1}), "unknown pool settings"),
+    (dict(pool={"master": "h:1"}, policy="fail"), "kv_load_failure_policy"),
+    (dict(pool={"master": "h:1"}, tp=2), "tensor and pipeline"),
+    (dict(pool={"master": "h:1"}, pp=2), "tensor and pipeline"),
+    (dict(pool={"master": "h:1"}, caching=False), "prefix caching"),
+    (dict(pool={"master": "h:1"}, cache_dtype="fp8"), "fp8"),
+    (dict(pool={"master": "h:1", "mac_key": "zz"}), "hex"),
+    (dict(pool={"master": "h:1", "batch": 0}), "batch"),
+    (dict(pool="h:1"), "dict"),
+])
+def test_configurations_the_pool_cannot_serve_are_refused(kw, why):
+    from kvshare_vllm.pool_tier import pool_settings
+
+    with pytest.raises(ValueError, match=why):
+        pool_settings(_config(**kw))
+
+
+def test_pool_settings_name_the_layout_and_model():
+    from kvshare_vllm.pool_tier import pool_settings
+
+    assert pool_settings(_config()) is None
+    assert pool_settings(_config(pool={"master": "h:1"}, connector="Other")) is None
+    s = pool_settings(_config(pool={"master": "h:1", "mac_key": "ab"}))
+    assert s["cache"]["identity"] == "vllm|/m@|float32|auto|vllm-cpu"
+    assert s["cache"]["store"] == "write_through" and s["mac_key"] == b"\xab"
