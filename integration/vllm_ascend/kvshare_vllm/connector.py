@@ -14,8 +14,12 @@ Options (``kv_connector_extra_config``):
 * ``prefetch_waiting`` (default 2): waiting requests whose host-tier prefix is promoted after
   each ``schedule`` (``kvs_prefix_prefetch``), so their copies run with the current step.
 * ``pool`` (optional): the pool tier on Mooncake Store, shared by engines (``master``,
-  ``store``, ``namespace``, ...: :mod:`kvshare_vllm.pool_tier`, which also says why the
-  lookups run in the scheduler process and the transfers in the worker process).
+  ``store``, ``namespace``, ...: :mod:`kvshare_vllm.pool_tier`).  The lookups (``kvs_pool_lookup``
+  and one ``batch_is_exist``) and the store work run in the scheduler process, because vLLM
+  asks ``get_num_new_matched_tokens`` there before allocating and only kvshare's manager there
+  knows a request's prefix chain, salt and LoRA; the transfers run in the worker process,
+  because it holds the KV tensors (``kvshare.pool.PoolTransfers``).  The metadata carries keys,
+  token ids and block ids, never KV.
 
 KV-cache formats (vLLM's ``cache_config.cache_dtype``, ``--kv-cache-dtype``): ``auto``,
 ``float16`` and ``bfloat16`` caches are copied in their tensors' dtype; ``fp8`` (=
