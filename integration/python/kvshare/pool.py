@@ -137,15 +137,20 @@ class _Staging:
             self.registered = False
 
 
-class PoolRuntime:
-    """Runs ``cache``'s pool work against ``store`` (a ``MooncakeDistributedStore`` set up by
-    the caller, or anything with its ``batch_is_exist``, ``batch_get_into``,
-    ``batch_put_from``, ``register_buffer`` and ``unregister_buffer``)."""
+class PoolTransfers:
+    """The store-facing half of the pool tier, without a cache: one batched existence query,
+    verified loads and stores of values in kvshare's format, the circuit breaker and the
+    negative cache. :class:`PoolRuntime` runs a cache's work with it; kvshare's vLLM KV
+    connector runs its worker's loads and stores with it (``kvshare_vllm.pool_connector``).
 
-    def __init__(self, cache: Any, store: Any, pages: Any, *, mac_key: bytes = b"",
-                 batch: int = 16, breaker: Breaker | None = None,
+    An item is a dict with ``key``, ``hash`` (the page's 128-bit chain digest) and ``tokens``
+    (the page's token ids), the fields of ``Cache.pool_take_work``'s work."""
+
+    def __init__(self, store: Any, page_size: int, max_page_bytes: int, *,
+                 mac_key: bytes = b"", batch: int = 16, breaker: Breaker | None = None,
                  negative_ttl_s: float = 15.0, clock: Callable[[], float] = time.monotonic):
-        self.cache, self.store, self.pages = cache, store, pages
+        self.store = store
+        self.page_size = page_size
         self.mac_key = mac_key
         self.batch = batch
         self.clock = clock
@@ -153,9 +158,7 @@ class PoolRuntime:
         self.negative_ttl_s = negative_ttl_s
         self.negative: dict[str, float] = {}
         self.stats = RuntimeStats()
-        ps = cache.page_size
-        biggest = max(pages.page_bytes(g) for g in range(max(cache.num_groups, 1)))
-        self.slot = header_len(ps) + biggest
+        self.slot = header_len(page_size) + max_page_bytes
         self.staging = _Staging(store, self.slot * batch)
 
     def close(self) -> None:
@@ -185,10 +188,125 @@ class PoolRuntime:
             self.stats.lookups_skipped += 1
             return [False] * len(keys)
         self.stats.lookups += 1
-        codes = list(self.store.batch_is_exist(keys))
+        try:
+            codes = list(self.store.batch_is_exist(keys))
+        except Exception:  # noqa: BLE001 - a client that raises is a failed RPC
+            codes = [RPC_FAIL]
         if len(codes) != len(keys) or self._rpc_failed(codes):
             return [False] * len(keys)
         return [c == 1 and not self._missing(k) for c, k in zip(codes, keys)]
+
+    def load(self, items: list[dict], payload_bytes: Callable[[dict], int],
+             write: Callable[[dict, bytes], None]) -> list[str]:
+        """Loads ``items`` (``batch`` per ``batch_get_into``), verifies each value and hands
+        each verified payload to ``write(item, payload)``. Returns one cause per item: ``""``
+        for a page written, else why it was not (counted in :attr:`stats`)."""
+        out = []
+        for i in range(0, len(items), self.batch):
+            out += self._load_batch(items[i:i + self.batch], payload_bytes, write)
+        return out
+
+    def _fail_load(self, cause: str) -> str:
+        self.stats.fail(self.stats.load_failures, cause)
+        return cause
+
+    def _load_batch(self, items, payload_bytes, write) -> list[str]:
+        ps = self.page_size
+        causes: list[str | None] = [None] * len(items)
+        todo = []
+        for i, w in enumerate(items):
+            if self.breaker.is_open():
+                causes[i] = self._fail_load("breaker")
+            elif self._missing(w["key"]):
+                causes[i] = self._fail_load("negative")
+            else:
+                todo.append(i)
+        if not todo:
+            return causes  # type: ignore[return-value]
+        sizes = [header_len(ps) + payload_bytes(items[i]) for i in todo]
+        ptrs = [self.staging.ptr + j * self.slot for j in range(len(todo))]
+        try:
+            codes = list(self.store.batch_get_into([items[i]["key"] for i in todo], ptrs,
+                                                   sizes))
+        except Exception:  # noqa: BLE001 - a client that raises is a failed RPC
+            codes = []
+        if len(codes) != len(todo):
+            codes = [RPC_FAIL] * len(todo)
+        self._rpc_failed(codes)
+        for i, ptr, size, code in zip(todo, ptrs, sizes, codes):
+            w = items[i]
+            if code < 0:
+                if code == TRANSFER_FAIL or code == RPC_TIMEOUT:
+                    self.negative[w["key"]] = self.clock() + self.negative_ttl_s
+                causes[i] = self._fail_load(
+                    {OBJECT_NOT_FOUND: "missing", TRANSFER_FAIL: "transfer", RPC_FAIL: "rpc",
+                     RPC_TIMEOUT: "timeout"}.get(code, f"error {code}"))
+                continue
+            # A private copy: the registered staging buffer stays writable by the network.
+            value = ctypes.string_at(ptr, min(code, size))
+            if code != size:
+                causes[i] = self._fail_load("size")
+                continue
+            payload, why = verify_value(w, value, ps, size - header_len(ps), self.mac_key)
+            if payload is None:
+                causes[i] = self._fail_load(why)
+                continue
+            write(w, payload)
+            self.stats.loads_ok += 1
+            causes[i] = ""
+        return causes  # type: ignore[return-value]
+
+    def store_values(self, items: list[dict], read: Callable[[dict], bytes]) -> list[bool]:
+        """Stores ``items`` (``read(item)``: the page's payload), ``batch`` per
+        ``batch_put_from``; skipped while the breaker is open. Returns one ok per item."""
+        out = []
+        for i in range(0, len(items), self.batch):
+            out += self._store_batch(items[i:i + self.batch], read)
+        return out
+
+    def _store_batch(self, items, read) -> list[bool]:
+        ps = self.page_size
+        if self.breaker.is_open():
+            for _ in items:
+                self.stats.fail(self.stats.store_failures, "breaker")
+            return [False] * len(items)
+        keys, ptrs, sizes = [], [], []
+        for i, w in enumerate(items):
+            value = encode_value(w, bytes(read(w)), ps, self.mac_key)
+            ptr = self.staging.ptr + i * self.slot
+            ctypes.memmove(ptr, value, len(value))
+            keys.append(w["key"])
+            ptrs.append(ptr)
+            sizes.append(len(value))
+        try:
+            codes = self.store.batch_put_from(keys, ptrs, sizes)
+        except Exception:  # noqa: BLE001 - a client that raises is a failed RPC
+            codes = RPC_FAIL
+        codes = list(codes) if isinstance(codes, (list, tuple)) else [codes] * len(keys)
+        self._rpc_failed(codes)
+        oks = []
+        for code in codes:
+            ok = code == 0
+            if ok:
+                self.stats.stores_ok += 1
+            else:
+                self.stats.fail(self.stats.store_failures, f"error {code}")
+            oks.append(ok)
+        return oks
+
+
+class PoolRuntime(PoolTransfers):
+    """Runs ``cache``'s pool work against ``store`` (a ``MooncakeDistributedStore`` set up by
+    the caller, or anything with its ``batch_is_exist``, ``batch_get_into``,
+    ``batch_put_from``, ``register_buffer`` and ``unregister_buffer``)."""
+
+    def __init__(self, cache: Any, store: Any, pages: Any, *, mac_key: bytes = b"",
+                 batch: int = 16, breaker: Breaker | None = None,
+                 negative_ttl_s: float = 15.0, clock: Callable[[], float] = time.monotonic):
+        biggest = max(pages.page_bytes(g) for g in range(max(cache.num_groups, 1)))
+        super().__init__(store, cache.page_size, biggest, mac_key=mac_key, batch=batch,
+                         breaker=breaker, negative_ttl_s=negative_ttl_s, clock=clock)
+        self.cache, self.pages = cache, pages
 
     def begin(self, seq_id: int, tokens, extra=None, max_match_tokens: int = SIZE_MAX,
               lookahead_slots: int = 0) -> dict[str, int]:
@@ -212,79 +330,13 @@ class PoolRuntime:
             loads = [w for w in work if w["op"] == "load"]
             stores = [w for w in work if w["op"] == "store"]
             if loads:
-                self._loads(loads)
+                causes = self.load(loads, lambda w: self.pages.page_bytes(w["group"]),
+                                   lambda w, p: self.pages.write(w["group"], w["page"], p))
+                for w, cause in zip(loads, causes):
+                    self.cache.pool_done(w["ticket"], not cause)
             if stores:
-                self._stores(stores)
+                oks = self.store_values(
+                    stores, lambda w: self.pages.read(w["tier"], w["group"], w["page"]))
+                for w, ok in zip(stores, oks):
+                    self.cache.pool_done(w["ticket"], ok)
             done += len(work)
-
-    def _report_load(self, w: dict, ok: bool, cause: str = "") -> None:
-        if ok:
-            self.stats.loads_ok += 1
-        else:
-            self.stats.fail(self.stats.load_failures, cause)
-        self.cache.pool_done(w["ticket"], ok)
-
-    def _loads(self, loads: list[dict]) -> None:
-        ps = self.cache.page_size
-        todo = []
-        for w in loads:
-            if self.breaker.is_open():
-                self._report_load(w, False, "breaker")
-            elif self._missing(w["key"]):
-                self._report_load(w, False, "negative")
-            else:
-                todo.append(w)
-        if not todo:
-            return
-        sizes = [header_len(ps) + self.pages.page_bytes(w["group"]) for w in todo]
-        ptrs = [self.staging.ptr + i * self.slot for i in range(len(todo))]
-        codes = list(self.store.batch_get_into([w["key"] for w in todo], ptrs, sizes))
-        if len(codes) != len(todo):
-            codes = [RPC_FAIL] * len(todo)
-        self._rpc_failed(codes)
-        for w, ptr, size, code in zip(todo, ptrs, sizes, codes):
-            if code < 0:
-                if code == TRANSFER_FAIL or code == RPC_TIMEOUT:
-                    self.negative[w["key"]] = self.clock() + self.negative_ttl_s
-                cause = {OBJECT_NOT_FOUND: "missing", TRANSFER_FAIL: "transfer",
-                         RPC_FAIL: "rpc", RPC_TIMEOUT: "timeout"}.get(code, f"error {code}")
-                self._report_load(w, False, cause)
-                continue
-            # A private copy: the registered staging buffer stays writable by the network.
-            value = ctypes.string_at(ptr, min(code, size))
-            if code != size:
-                self._report_load(w, False, "size")
-                continue
-            payload, why = verify_value(w, value, ps, size - header_len(ps), self.mac_key)
-            if payload is None:
-                self._report_load(w, False, why)
-                continue
-            self.pages.write(w["group"], w["page"], payload)
-            self._report_load(w, True)
-
-    def _stores(self, stores: list[dict]) -> None:
-        ps = self.cache.page_size
-        if self.breaker.is_open():
-            for w in stores:
-                self.stats.fail(self.stats.store_failures, "breaker")
-                self.cache.pool_done(w["ticket"], False)
-            return
-        keys, ptrs, sizes = [], [], []
-        for i, w in enumerate(stores):
-            payload = self.pages.read(w["tier"], w["group"], w["page"])
-            value = encode_value(w, bytes(payload), ps, self.mac_key)
-            ptr = self.staging.ptr + i * self.slot
-            ctypes.memmove(ptr, value, len(value))
-            keys.append(w["key"])
-            ptrs.append(ptr)
-            sizes.append(len(value))
-        codes = self.store.batch_put_from(keys, ptrs, sizes)
-        codes = list(codes) if isinstance(codes, (list, tuple)) else [codes] * len(keys)
-        self._rpc_failed(codes)
-        for w, code in zip(stores, codes):
-            ok = code == 0
-            if ok:
-                self.stats.stores_ok += 1
-            else:
-                self.stats.fail(self.stats.store_failures, f"error {code}")
-            self.cache.pool_done(w["ticket"], ok)

@@ -13,6 +13,13 @@ Options (``kv_connector_extra_config``):
   built with the same number (``num_host_pages``, ``demote_to_host``).
 * ``prefetch_waiting`` (default 2): waiting requests whose host-tier prefix is promoted after
   each ``schedule`` (``kvs_prefix_prefetch``), so their copies run with the current step.
+* ``pool`` (optional): the pool tier on Mooncake Store, shared by engines (``master``,
+  ``store``, ``namespace``, ...: :mod:`kvshare_vllm.pool_tier`).  The lookups (``kvs_pool_lookup``
+  and one ``batch_is_exist``) and the store work run in the scheduler process, because vLLM
+  asks ``get_num_new_matched_tokens`` there before allocating and only kvshare's manager there
+  knows a request's prefix chain, salt and LoRA; the transfers run in the worker process,
+  because it holds the KV tensors (``kvshare.pool.PoolTransfers``).  The metadata carries keys,
+  token ids and block ids, never KV.
 
 KV-cache formats (vLLM's ``cache_config.cache_dtype``, ``--kv-cache-dtype``): ``auto``,
 ``float16`` and ``bfloat16`` caches are copied in their tensors' dtype; ``fp8`` (=
@@ -24,8 +31,10 @@ when the connector is built.
 Scheduler side: the manager promotes a request's host-tier prefix when it looks the request up
 (``host_tier.HostTier.promote``) and demotes evicted cached pages; every copy this queues in a
 ``schedule`` is drained (``kvs_cache_take_copies``) by :meth:`build_connector_meta` and shipped in
-that step's :class:`KvshareConnectorMetadata`.  Nothing is loaded "externally":
-``get_num_new_matched_tokens`` answers 0, since promoted pages are ordinary device hits.
+that step's :class:`KvshareConnectorMetadata`.  Host-tier hits are not "external": promoted
+pages are ordinary device hits.  With a pool, ``get_num_new_matched_tokens`` answers the run of
+the prompt's next full pages the pool holds (asked with one ``batch_is_exist``), loaded
+asynchronously (``pool_tier``'s module doc).
 
 Worker side: :meth:`register_kv_caches` allocates the host pool in the engine's own per-layer
 layout and :meth:`start_load_kv` runs the step's copies, in order, on every layer with
@@ -58,6 +67,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 
 from . import logger
 from .ops_checks import VLLM_FP8_CACHE_DTYPES, _cache_dtype_code
+from .pool_tier import PoolStep, SchedulerPool, WorkerPool, pool_settings
 
 if TYPE_CHECKING:  # pragma: no cover - annotations only
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -100,6 +110,7 @@ class KvshareConnectorMetadata(KVConnectorMetadata):
     src page, dst page, tokens, kind, group), ready for ``kvs_kv_copy``."""
 
     copies: bytes = b""
+    pool: PoolStep | None = None  # the pool tier's loads and stores
 
     @property
     def num_copies(self) -> int:
@@ -187,6 +198,8 @@ class KvshareConnector(KVConnectorBase_V1, SupportsHMA):
         self._live: dict[str, Any] = {}     # request id -> Request, until finished
         self._waiting: dict[str, Any] = {}  # not scheduled yet (or preempted), arrival order
         self.prefetched_pages = 0
+        self.pool_settings = pool_settings(vllm_config)
+        self.pool: SchedulerPool | WorkerPool | None = None  # this side's half of the pool
         # Worker side.
         self._layers: list[_Layer] = []
         self._device = None
@@ -210,20 +223,38 @@ class KvshareConnector(KVConnectorBase_V1, SupportsHMA):
         if mgr.host_tier.num_host_pages != self.num_host_pages:
             raise RuntimeError(f"{NAME}: the manager has {mgr.host_tier.num_host_pages} host "
                                f"pages, the connector {self.num_host_pages}")
+        if self.pool_settings is not None:
+            if not isinstance(mgr, KvshareKVCacheManager):
+                raise RuntimeError(f"{NAME}: the pool tier takes one full-attention KV-cache "
+                                   f"group; this model has {mgr.num_kv_cache_groups}")
+            self.pool = SchedulerPool(self.pool_settings, mgr)
         self._manager = mgr
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
-        # Host-tier hits were promoted by the manager's lookup: they are device hits already.
-        return 0, False
+        """The pool's hit after the local one (loaded asynchronously); 0 without a pool.
+        Host-tier hits were promoted by the manager's lookup: they are device hits already."""
+        if self.pool is None:
+            return 0, False
+        n = self.pool.matched(request, num_computed_tokens)
+        return n, n > 0
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
-        return None
+        """Queues the loads of the pool pages into the blocks just allocated for them."""
+        if self.pool is not None:
+            self.pool.allocated(request, blocks, num_external_tokens)
+
+    def update_connector_output(self, connector_output) -> None:
+        """The worker's store outcomes, reported to kvshare."""
+        if self.pool is not None:
+            self.pool.outcomes(getattr(connector_output, "kv_connector_worker_meta", None))
 
     def on_new_request(self, request) -> None:
         self._live[request.request_id] = request
         self._waiting[request.request_id] = request
 
     def request_finished(self, request, block_ids):
+        if self.pool is not None:
+            self.pool.forget(request.request_id)
         self._live.pop(request.request_id, None)
         self._waiting.pop(request.request_id, None)
         return False, None
@@ -251,7 +282,8 @@ class KvshareConnector(KVConnectorBase_V1, SupportsHMA):
             tier = self._manager.host_tier
             for req in list(waiting.values())[:self.prefetch_waiting]:
                 self.prefetched_pages += tier.prefetch(req)
-        return KvshareConnectorMetadata(self._manager.host_tier.take_copies())
+        return KvshareConnectorMetadata(self._manager.host_tier.take_copies(),
+                                        self.pool.step() if self.pool is not None else None)
 
     # ------------------------------------------------------------------ worker side
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
@@ -317,6 +349,9 @@ class KvshareConnector(KVConnectorBase_V1, SupportsHMA):
             self._device = k.device
         self._layers = layers
         self._page_size = spec.block_size
+        if self.pool_settings is not None:
+            self.pool = WorkerPool(self.pool_settings, *self._pool_parts(kv_caches, spec),
+                                   spec.block_size)
         logger.info("kvshare_vllm: KV connector host pool: %d pages x %d KV tensors",
                     self.num_host_pages, len(layers))
 
@@ -325,6 +360,13 @@ class KvshareConnector(KVConnectorBase_V1, SupportsHMA):
         from . import ops
 
         meta = self._connector_metadata
+        if self.pool is not None and isinstance(meta, KvshareConnectorMetadata):
+            # Stores left by a step without a forward pass (their KV is written), then this
+            # step's loads: into fresh blocks no copy below touches.
+            self.pool.store()
+            if meta.pool is not None:
+                self.pool.load(meta.pool)
+                self.pool.queue_stores(meta.pool)
         if not isinstance(meta, KvshareConnectorMetadata) or not meta.copies:
             return
         if not self._layers:
@@ -353,4 +395,48 @@ class KvshareConnector(KVConnectorBase_V1, SupportsHMA):
         """Nothing: demotions are scheduled by the manager, not saved per layer."""
 
     def wait_for_save(self) -> None:
-        """Nothing: demotions ran in ``start_load_kv``."""
+        """The pool's stores of this step (its KV is written); demotions ran in
+        ``start_load_kv``."""
+        if self.pool is not None:
+            self.pool.store()
+
+    def get_finished(self, finished_req_ids):
+        """Requests whose pool loads ran in this step's ``start_load_kv``."""
+        if self.pool is None:
+            return None, None
+        return None, self.pool.finished()
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        """Blocks whose pool load failed (missing, unreachable or unverified): recomputed."""
+        return self.pool.load_errors() if self.pool is not None else set()
+
+    def build_connector_worker_meta(self):
+        """The store outcomes, for the scheduler's ``update_connector_output``."""
+        return self.pool.worker_meta() if self.pool is not None else None
+
+    def _pool_parts(self, kv_caches, spec):
+        """Per distinct KV tensor, the (tensor, blocks dimension) pieces of a page, device and
+        host; refuses a layout other than the one the pool's identity names."""
+        want = self.pool_settings["layout"]
+        dev, host, seen = [], [], set()
+        layers = iter(self._layers)
+        for name, t in kv_caches.items():
+            key = tuple(x.data_ptr() for x in t) if isinstance(t, (tuple, list)) \
+                else t.data_ptr()
+            if key in seen:
+                continue
+            seen.add(key)
+            layer = next(layers)
+            if _interleaved(t, spec):
+                if want != "vllm-cpu":
+                    raise NotImplementedError(f"{NAME}: layer {name}: vLLM's CPU KV layout "
+                                              f"under a pool identity of layout {want}")
+                dev.append((t, 0))
+                host.append((layer.host[0], 0))
+                continue
+            (k, v), _ = _kv_views(t, spec)
+            (hk, hv), _ = _kv_views(layer.host if len(layer.host) == 2 else layer.host[0],
+                                    spec)
+            dev += [(k, 0), (v, 0)]
+            host += [(hk, 0), (hv, 0)]
+        return dev, host

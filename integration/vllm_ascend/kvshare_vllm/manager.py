@@ -38,6 +38,7 @@ from . import _fast  # required: startup.require() has checked that it loads
 from .base import ManagerBase, _cdiv, _extra_addr, _kv_dtype, _token_ids, extra_keys_for
 from .events import EventTranslator, cached_blocks_event
 from .host_tier import HOST_PAGES, HostTier
+from .pool_tier import POOL
 from .manager_newer import NewerSurface
 from .views import _BlockPoolView, _CoordinatorView
 
@@ -229,7 +230,8 @@ class KvshareKVCacheManager(NewerSurface, ManagerBase):
             # worker, and no worker-side copy channel exists yet (docs/vllm.md, "Prefix hits").
             match_unit=0,
         )
-        self.cache = kvshare.Cache(cfg)
+        # The pool tier's key settings, when kvshare's connector has a pool (pool_tier.py).
+        self.cache = kvshare.Cache(cfg, pool=POOL.get()["cache"] if POOL.get() else None)
         self._h = self.cache.handle
         # kvshare's page is vLLM's, byte for byte, where vLLM's geometry is kvshare's (K and V
         # of every layer, no scales or padding inside the page).

@@ -225,12 +225,15 @@ def _wrap_scheduler_init(original):
     and then its manager, and the manager's constructor has no view of the config."""
     from .connector import host_pages
     from .host_tier import HOST_PAGES
+    from .pool_tier import POOL, pool_settings
 
     def __init__(self, vllm_config, *args, **kwargs):
         token = HOST_PAGES.set(host_pages(vllm_config))
+        pool = POOL.set(pool_settings(vllm_config))
         try:
             original(self, vllm_config, *args, **kwargs)
         finally:
+            POOL.reset(pool)
             HOST_PAGES.reset(token)
 
     __init__._kvshare_wrap = True
