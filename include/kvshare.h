@@ -897,7 +897,10 @@ typedef struct kvs_kv_write_args {
    */
   void *key_cache;
   /*
-   V cache of the layer (written; must not overlap `key_cache`).
+   V cache of the layer (written). It shares no element with `key_cache`; the two may
+   interleave (vLLM 0.32's CPU cache `[num_blocks, num_kv_heads, 2 * block_size, head_dim]`
+   holds each block and head's K rows, then its V rows: `value_cache = key_cache +
+   block_size * head_dim` elements, both with that cache's strides).
    */
   void *value_cache;
   /*

@@ -436,9 +436,33 @@ pub struct KvWrite<'a> {
     key: Buf<'a>,
     value: Buf<'a>,
     slots: SlotMapping<'a>,
-    key_cache: BufMut<'a>,
-    value_cache: BufMut<'a>,
+    caches: KvCachesMut<'a>,
     channel_scales: Option<ChannelScales<'a>>,
+}
+
+/// The K and V caches a KV write stores into, both laid out as its `cache` layout.
+#[derive(Debug)]
+pub enum KvCachesMut<'a> {
+    /// Two buffers.
+    Split {
+        /// K cache.
+        key: BufMut<'a>,
+        /// V cache.
+        value: BufMut<'a>,
+    },
+    /// One buffer holding both caches, K's first element at `key` and V's at `value` (element
+    /// offsets): caches whose elements interleave without any shared, such as vLLM 0.32's CPU
+    /// cache, whose every `(block, head)` holds its K rows and then its V rows
+    /// ([`CacheLayout::shifted_overlaps`] decides; [`KvWrite::new`] refuses caches that share
+    /// an element).
+    Shared {
+        /// The buffer both caches lie in.
+        buf: BufMut<'a>,
+        /// Offset of the K cache in `buf`.
+        key: usize,
+        /// Offset of the V cache in `buf`.
+        value: usize,
+    },
 }
 
 impl<'a> KvWrite<'a> {
@@ -449,27 +473,34 @@ impl<'a> KvWrite<'a> {
         key: Buf<'a>,
         value: Buf<'a>,
         slots: SlotMapping<'a>,
-        key_cache: BufMut<'a>,
-        value_cache: BufMut<'a>,
+        caches: KvCachesMut<'a>,
         channel_scales: Option<ChannelScales<'a>>,
     ) -> Result<Self> {
         let (src, cache) = params.validate()?;
         check_buf("key", key.dtype(), key.len(), params.src_dtype, src)?;
         check_buf("value", value.dtype(), value.len(), params.src_dtype, src)?;
-        check_buf(
-            "key_cache",
-            key_cache.dtype(),
-            key_cache.len(),
-            params.cache.dtype,
-            cache,
-        )?;
-        check_buf(
-            "value_cache",
-            value_cache.dtype(),
-            value_cache.len(),
-            params.cache.dtype,
-            cache,
-        )?;
+        let want = params.cache.dtype;
+        match &caches {
+            KvCachesMut::Split { key, value } => {
+                check_buf("key_cache", key.dtype(), key.len(), want, cache)?;
+                check_buf("value_cache", value.dtype(), value.len(), want, cache)?;
+            }
+            KvCachesMut::Shared {
+                buf,
+                key: k,
+                value: v,
+            } => {
+                for (field, at) in [("key_cache", *k), ("value_cache", *v)] {
+                    let need = at
+                        .checked_add(cache)
+                        .ok_or_else(|| bad(field, "offset overflows"))?;
+                    check_buf(field, buf.dtype(), buf.len(), want, need)?;
+                }
+                if params.cache.shifted_overlaps(k.abs_diff(*v)) {
+                    return Err(bad("value_cache", "shares elements with `key_cache`"));
+                }
+            }
+        }
         if slots.len() < params.num_tokens {
             return Err(bad(
                 "slot_mapping",
@@ -487,8 +518,7 @@ impl<'a> KvWrite<'a> {
             key,
             value,
             slots,
-            key_cache,
-            value_cache,
+            caches,
             channel_scales,
         })
     }

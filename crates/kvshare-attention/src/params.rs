@@ -140,6 +140,53 @@ impl CacheLayout {
     pub fn offset(&self, page: usize, slot: usize, head: usize) -> usize {
         page * self.page_stride + slot * self.slot_stride + head * self.head_stride
     }
+
+    /// Whether this layout's elements and the same layout `delta` elements further share an
+    /// element: whether a K cache and a V cache laid out alike, their starts `delta` elements
+    /// apart, overlap. Exact for interleaved caches, not only for disjoint byte ranges: vLLM
+    /// 0.32's CPU cache `[num_blocks, num_kv_heads, 2 * block_size, head_dim]` holds each
+    /// `(block, head)`'s K rows and then its V rows, so its K and V views span nearly the same
+    /// bytes and share none of them. Call on a validated layout ([`Self::validate`]).
+    ///
+    /// An element is `p * page_stride + s * slot_stride + h * head_stride + e` (`e` below
+    /// [`Self::row_len`]), so the two share one exactly when `delta = Σ c_i * stride_i` with
+    /// `|c_i| < size_i` (and `stride 1, size row_len` for `e`). Validated strides nest (each
+    /// exceeds the reach `R` of all smaller ones), so at each stride from the largest down at most
+    /// two coefficients leave a remainder the smaller ones can still reach (`|rest| <= R < stride`):
+    /// the search visits at most 2^3 paths.
+    pub fn shifted_overlaps(&self, delta: usize) -> bool {
+        let mut dims = [
+            (self.row_len(), 1usize),
+            (self.num_kv_heads, self.head_stride),
+            (self.page_size, self.slot_stride),
+            (self.num_pages, self.page_stride),
+        ];
+        dims.sort_by_key(|&(_, stride)| stride);
+        let Ok(delta) = i128::try_from(delta) else {
+            return false;
+        };
+        let dims = dims.map(|(size, stride)| (size as i128, stride as i128));
+        reachable(delta, &dims)
+    }
+}
+
+/// Whether `delta` is `Σ c_i * stride_i` with `|c_i| < size_i` over `dims` (sorted by stride,
+/// smallest first); [`CacheLayout::shifted_overlaps`].
+fn reachable(delta: i128, dims: &[(i128, i128)]) -> bool {
+    let Some((&(size, stride), inner)) = dims.split_last() else {
+        return delta == 0;
+    };
+    if size <= 1 {
+        return reachable(delta, inner);
+    }
+    // How far the smaller strides reach either way.
+    let reach: i128 = inner.iter().map(|&(n, s)| (n - 1).max(0) * s).sum();
+    // Coefficients c with |delta - c * stride| <= reach, within -(size - 1)..=size - 1.
+    let lo =
+        (delta - reach).div_euclid(stride) + i128::from((delta - reach).rem_euclid(stride) != 0);
+    let hi = (delta + reach).div_euclid(stride);
+    let (lo, hi) = (lo.max(-(size - 1)), hi.min(size - 1));
+    (lo..=hi).any(|c| reachable(delta - c * stride, inner))
 }
 
 /// The per-tensor dequantization scales of one layer's K and V cache (vLLM's `k_scale` and
@@ -602,5 +649,86 @@ impl CopyParams {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::HashSet;
+
+    /// Every element offset of `lay`, by enumeration.
+    fn elements(lay: &CacheLayout) -> HashSet<usize> {
+        let mut out = HashSet::new();
+        for p in 0..lay.num_pages {
+            for s in 0..lay.page_size {
+                for h in 0..lay.num_kv_heads {
+                    for e in 0..lay.row_len() {
+                        out.insert(lay.offset(p, s, h) + e);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// A layout whose outer dimensions nest in the order `order` (innermost first), each stride
+    /// the reach of the inner ones plus `pad`.
+    fn nested(dtype: DType, sizes: [usize; 4], order: [usize; 3], pad: [usize; 3]) -> CacheLayout {
+        let [num_pages, page_size, num_kv_heads, head_dim] = sizes;
+        let mut lay = CacheLayout::dense(dtype, num_pages, page_size, num_kv_heads, head_dim);
+        let mut extent = lay.row_len();
+        for (i, &dim) in order.iter().enumerate() {
+            let stride = extent + pad[i];
+            let size = [num_pages, page_size, num_kv_heads][dim];
+            match dim {
+                0 => lay.page_stride = stride,
+                1 => lay.slot_stride = stride,
+                _ => lay.head_stride = stride,
+            }
+            extent += (size - 1) * stride;
+        }
+        lay
+    }
+
+    #[test]
+    fn vllm_cpu_fused_cache_halves_share_no_element() {
+        // vLLM 0.32's CPU cache [blocks, heads, 2 * block_size, head_dim]: K is rows
+        // 0..block_size of each (block, head), V the rows after them.
+        let (blocks, heads, bs, d) = (3, 2, 4, 8);
+        let lay = CacheLayout {
+            page_stride: heads * 2 * bs * d,
+            slot_stride: d,
+            head_stride: 2 * bs * d,
+            ..CacheLayout::dense(DType::BF16, blocks, bs, heads, d)
+        };
+        lay.validate().unwrap();
+        assert!(!lay.shifted_overlaps(bs * d));
+        // One element less or one row more than the K half: V's first row straddles K's
+        // last, or V's last row lands on the next head's first K row.
+        assert!(lay.shifted_overlaps(bs * d - 1));
+        assert!(lay.shifted_overlaps(bs * d + d));
+        assert!(lay.shifted_overlaps(0));
+        assert!(lay.shifted_overlaps(d));
+    }
+
+    proptest! {
+        #[test]
+        fn shifted_overlaps_matches_enumeration(
+            sizes in (1usize..4, 1usize..5, 1usize..4, 1usize..5),
+            order in Just([0usize, 1, 2]).prop_shuffle(),
+            pad in proptest::array::uniform3(prop_oneof![Just(0usize), 1usize..6]),
+            rows in any::<bool>(),
+            delta in 0usize..400,
+        ) {
+            let dtype = if rows { DType::Int8PerTokenHead } else { DType::F16 };
+            let sizes = [sizes.0, sizes.1, sizes.2, sizes.3];
+            let lay = nested(dtype, sizes, order, pad);
+            prop_assert!(lay.validate().is_ok());
+            let k = elements(&lay);
+            let want = k.iter().any(|&e| k.contains(&(e + delta)));
+            prop_assert_eq!(lay.shifted_overlaps(delta), want, "{:?} delta {}", lay, delta);
+        }
     }
 }

@@ -12,9 +12,9 @@ use super::enums::{kvs_copy_kind, kvs_dtype, kvs_index_type, kvs_status};
 use std::ffi::c_void;
 
 use super::attn_args::{
-    aslice, aslice_mut, attn, buf, buf_mut, cache_ptr, channel_scales, dtype, kvs_attention_args,
-    kvs_kv_copy_args, kvs_kv_layout, kvs_kv_scales, kvs_kv_write_args, layout, no_overlap,
-    not_null, or_dense, per_tensor, scales_ref,
+    aslice, aslice_mut, attn, buf, buf_mut, cache_pair, cache_ptr, channel_scales, dtype,
+    kvs_attention_args, kvs_kv_copy_args, kvs_kv_layout, kvs_kv_scales, kvs_kv_write_args, layout,
+    no_overlap, not_null, or_dense, per_tensor, scales_ref, CachePair,
 };
 use super::backend::{kvs_backend, BackendBox, Launcher};
 use super::enums::decode;
@@ -28,8 +28,8 @@ use kvshare_attention::device::{
     DeviceAttn, DeviceAttnBatch, DeviceCopy, DeviceCopyBatch, DeviceKvWrite, DeviceKvWriteBatch,
 };
 use kvshare_attention::{
-    AttnBatch, AttnBuffers, AttnParams, CopyCaches, CopyKind, CopyParams, DType, KvScales, KvWrite,
-    KvWriteParams, PageCopy, PageCopyBatch, SlotMapping, TokenStrides,
+    AttnBatch, AttnBuffers, AttnParams, CopyCaches, CopyKind, CopyParams, DType, KvCachesMut,
+    KvScales, KvWrite, KvWriteParams, PageCopy, PageCopyBatch, SlotMapping, TokenStrides,
 };
 use kvshare_core::alloc::try_with_capacity;
 
@@ -300,12 +300,16 @@ impl kvs_backend {
                 ("value", a.value, src * se),
                 ("slot_mapping", a.slot_mapping, n * slot_bytes),
             ];
-            no_overlap(("key_cache", a.key_cache, cache_len * ce), &inputs)?;
-            no_overlap(("value_cache", a.value_cache, cache_len * ce), &inputs)?;
-            no_overlap(
-                ("value_cache", a.value_cache, cache_len * ce),
-                &[("key_cache", a.key_cache, cache_len * ce)],
-            )?;
+            let pair = cache_pair(a.key_cache, a.value_cache, &cache, cache_len)?;
+            match pair {
+                CachePair::Split => {
+                    no_overlap(("key_cache", a.key_cache, cache_len * ce), &inputs)?;
+                    no_overlap(("value_cache", a.value_cache, cache_len * ce), &inputs)?;
+                }
+                CachePair::Shared { lo, bytes, .. } => {
+                    no_overlap(("key_cache", lo, bytes), &inputs)?;
+                }
+            }
             let host = match &b.launcher {
                 Launcher::Host(host) => host,
                 Launcher::Device(device) => {
@@ -324,8 +328,9 @@ impl kvs_backend {
             // SAFETY: host memory: each pointer is non-NULL and aligned (checked by `buf`/
             // `aslice`) and valid for the validated element counts (`src`, `cache_len`,
             // `num_tokens` slots of the decoded index type), as `kvs_kv_write_args` documents
-            // (export contract); the two written caches overlap each other and every input
-            // nowhere (checked above), so the `&mut` slices alias nothing.
+            // (export contract); the written caches overlap no input (checked above), and are
+            // either apart (two `&mut` slices) or one `&mut` slice over both (`cache_pair`), so
+            // no slice aliases another.
             let write = unsafe {
                 let slots = if slot_bytes == 4 {
                     SlotMapping::I32(aslice(a.slot_mapping.cast(), n, "slot_mapping")?)
@@ -337,8 +342,22 @@ impl kvs_backend {
                     buf(a.key, params.src_dtype, src, "key")?,
                     buf(a.value, params.src_dtype, src, "value")?,
                     slots,
-                    buf_mut(a.key_cache, cache.dtype, cache_len, "key_cache")?,
-                    buf_mut(a.value_cache, cache.dtype, cache_len, "value_cache")?,
+                    match pair {
+                        CachePair::Split => KvCachesMut::Split {
+                            key: buf_mut(a.key_cache, cache.dtype, cache_len, "key_cache")?,
+                            value: buf_mut(a.value_cache, cache.dtype, cache_len, "value_cache")?,
+                        },
+                        CachePair::Shared {
+                            lo,
+                            bytes,
+                            key,
+                            value,
+                        } => KvCachesMut::Shared {
+                            buf: buf_mut(lo, cache.dtype, bytes / ce, "key_cache")?,
+                            key,
+                            value,
+                        },
+                    },
                     channels,
                 )?
             };

@@ -141,7 +141,10 @@ pub struct kvs_kv_write_args {
     pub src_head_stride: usize,
     /// K cache of the layer (written).
     pub key_cache: *mut c_void,
-    /// V cache of the layer (written; must not overlap `key_cache`).
+    /// V cache of the layer (written). It shares no element with `key_cache`; the two may
+    /// interleave (vLLM 0.32's CPU cache `[num_blocks, num_kv_heads, 2 * block_size, head_dim]`
+    /// holds each block and head's K rows, then its V rows: `value_cache = key_cache +
+    /// block_size * head_dim` elements, both with that cache's strides).
     pub value_cache: *mut c_void,
     /// Layout of both caches.
     pub cache: kvs_kv_layout,
@@ -478,6 +481,54 @@ pub(super) fn no_overlap(
         }
     }
     Ok(())
+}
+
+/// Where a KV write's K and V caches lie relative to each other ([`cache_pair`]).
+pub(super) enum CachePair {
+    /// In disjoint byte ranges: two buffers.
+    Split,
+    /// In overlapping byte ranges without a shared element (interleaved, as vLLM 0.32's CPU
+    /// cache): one buffer of `bytes` bytes at `lo`, K starting `key` and V `value` elements in.
+    Shared {
+        lo: *mut c_void,
+        bytes: usize,
+        key: usize,
+        value: usize,
+    },
+}
+
+/// How the K and V caches of a KV write (`cache_len` elements of `cache`'s layout each) lie:
+/// apart, or interleaved without sharing an element ([`CacheLayout::shifted_overlaps`], exact
+/// for strided layouts); refused as overlapping when they share one. NULL is left to the
+/// call's own NULL check.
+pub(super) fn cache_pair(
+    key: *mut c_void,
+    value: *mut c_void,
+    cache: &CacheLayout,
+    cache_len: usize,
+) -> Result<CachePair> {
+    let esz = cache.dtype.size_bytes();
+    let bytes = cache_len * esz;
+    let (k, v) = (key as usize, value as usize);
+    if key.is_null()
+        || value.is_null()
+        || bytes == 0
+        || k.saturating_add(bytes) <= v
+        || v.saturating_add(bytes) <= k
+    {
+        return Ok(CachePair::Split);
+    }
+    let delta = k.abs_diff(v);
+    if !delta.is_multiple_of(esz) || cache.shifted_overlaps(delta / esz) {
+        return Err(Error::attn("value_cache", "overlaps `key_cache`"));
+    }
+    let lo = k.min(v);
+    Ok(CachePair::Shared {
+        lo: if k <= v { key } else { value },
+        bytes: delta + bytes,
+        key: (k - lo) / esz,
+        value: (v - lo) / esz,
+    })
 }
 
 /// A device address that must not be NULL (device memory is never read on the host, so the

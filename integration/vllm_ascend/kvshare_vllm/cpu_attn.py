@@ -5,10 +5,21 @@ vLLM's CPU platform always answers ``CPU_ATTN`` (``CpuPlatform.get_attn_backend_
 (``vllm.v1.attention.backends.registry.register_backend``, vLLM's own override hook) in every
 vLLM process; nothing else in vLLM changes.
 
-The backend owns the KV-cache layout it asks vLLM to allocate: ``[2, num_blocks, block_size,
-num_kv_heads, head_dim]`` per layer, K then V, each half the ``[num_blocks, block_size, heads,
-head_dim]`` paged layout kvshare's ops read and write directly (vLLM's own CPU backend stores K
-and V interleaved per block and head, ``[num_blocks, heads, block_size, 2 * head_dim]``).
+The KV-cache layout is the version layer's (``compat.VllmSupport.attention_cache``):
+
+* vLLM 0.23: the backend owns the layout it asks vLLM to allocate (``get_kv_cache_shape``):
+  ``[2, num_blocks, block_size, num_kv_heads, head_dim]`` per layer, K then V, each half the
+  ``[num_blocks, block_size, heads, head_dim]`` paged layout kvshare's ops read and write
+  directly.
+* vLLM 0.32: vLLM allocates every layer's cache itself, in its CPU layout ``[num_blocks,
+  num_kv_heads, block_size, 2 * head_dim]`` (a backend chooses only the order of those
+  dimensions; vLLM's own CPU backend's order is kept). The backend reads each ``(block, head)``'s
+  ``2 * block_size`` rows of ``head_dim`` as its K rows, then its V rows: two views with the
+  same strides (token stride ``head_dim``, head stride ``2 * block_size * head_dim``), V
+  ``block_size * head_dim`` elements after K, which kvshare's KV write takes as caches that
+  interleave without sharing an element. The write is part of the forward
+  (``forward_includes_kv_cache_update``), as on 0.23.
+
 Every step of a layer is two kvshare launches on the whole batch:
 
 * :func:`kvshare_vllm.ops.reshape_and_cache`: the new tokens' K/V scattered by vLLM's slot
@@ -65,12 +76,16 @@ from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
 import kvshare
 
-from . import ops
+from . import compat, ops
 from .ops_checks import VLLM_FP8_CACHE_DTYPES
 
 logger = logging.getLogger("vllm.kvshare_vllm")
 
 BACKEND_PATH = "kvshare_vllm.cpu_attn.KvshareCPUAttentionBackend"
+
+# Logged once per process, when a model's first layer gets kvshare's backend.
+ENGAGED = "kvshare_vllm: attention (KV write, paged attention) runs in kvshare"
+_engaged_pids: set[int] = set()
 
 # torch's CPU allocator (c10 alloc_cpu): set before a process's first allocation, it has every
 # allocation of 2 MiB and more madvise(MADV_HUGEPAGE)d as it is made (module doc).
@@ -83,12 +98,20 @@ KV_CACHE_DTYPES: dict[str, str | None] = {"auto": None, **VLLM_FP8_CACHE_DTYPES}
 class KvshareCPUAttentionBackend(CPUAttentionBackend):
     """vLLM's ``CPU_ATTN`` slot, served by kvshare's CPU backend (module doc)."""
 
-    # Dtypes, block sizes (multiples of 16) and head sizes are vLLM's CPU backend's, inherited.
+    # Dtypes, block sizes (multiples of 16 on vLLM 0.23, of 32 on 0.32) and head sizes are vLLM's
+    # CPU backend's, inherited; on 0.32 so is the KV-cache layout (supported_kv_cache_layouts).
     supported_kv_cache_dtypes: ClassVar[list] = list(KV_CACHE_DTYPES)
+    # vLLM 0.32: the forward writes the step's K/V (vLLM's CPU backend has vLLM call a separate
+    # do_kv_cache_update); vLLM 0.23 does not read it.
+    forward_includes_kv_cache_update: ClassVar[bool] = True
 
     @classmethod
     def supports_attn_type(cls, attn_type: str) -> bool:
         return attn_type == AttentionType.DECODER
+
+    @classmethod
+    def supports_non_causal(cls) -> bool:
+        return False
 
     @staticmethod
     def get_impl_cls() -> type["KvshareCPUAttentionImpl"]:
@@ -101,6 +124,7 @@ class KvshareCPUAttentionBackend(CPUAttentionBackend):
     @staticmethod
     def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_size: int,
                            cache_dtype_str: str = "auto") -> tuple[int, ...]:
+        """The layout vLLM 0.23 allocates for the backend (vLLM 0.32 no longer asks)."""
         return 2, num_blocks, block_size, num_kv_heads, head_size
 
     @classmethod
@@ -130,6 +154,9 @@ class KvshareCPUMetadataBuilder(AttentionMetadataBuilder[KvshareCPUMetadata]):
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> KvshareCPUMetadata:
         m = common_attn_metadata
+        if getattr(m, "causal", True) is not True:  # vLLM 0.32: a tensor for dynamic causality
+            raise NotImplementedError("kvshare's CPU attention backend computes causal decoder "
+                                      "attention only")
         n = m.num_reqs
         return KvshareCPUMetadata(
             num_actual_tokens=m.num_actual_tokens,
@@ -171,13 +198,16 @@ class KvshareCPUAttentionImpl(AttentionImpl):
         # The process's CPU backend now, at model construction (after vLLM's worker has set
         # torch's threads), not at the first step.
         ops.cpu_backend()
+        if os.getpid() not in _engaged_pids:
+            _engaged_pids.add(os.getpid())
+            logger.info(ENGAGED)
 
     def forward(self, layer, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 kv_cache: torch.Tensor, attn_metadata: KvshareCPUMetadata | None,
                 output: torch.Tensor, output_scale=None, output_block_scale=None) -> torch.Tensor:
         """``query`` ``[T, heads, head_dim]``, ``key``/``value`` ``[T, kv_heads, head_dim]``,
-        ``kv_cache`` ``[2, num_blocks, block_size, kv_heads, head_dim]``; writes ``output``
-        ``[T, heads * head_dim]`` (rows past the batch's tokens are left alone)."""
+        ``kv_cache`` in the version's layout (module doc); writes ``output`` ``[T, heads *
+        head_dim]`` (rows past the batch's tokens are left alone)."""
         if output_scale is not None or output_block_scale is not None:
             raise NotImplementedError("fused output quantization is not supported by kvshare's "
                                       "CPU attention backend")
@@ -206,10 +236,19 @@ class KvshareCPUAttentionImpl(AttentionImpl):
 
 
 def _layer_caches(kv_cache: torch.Tensor, kv_format: str | None) -> ops.KvCaches:
-    """A layer's ``kv_cache[2, ...]`` as kvshare's checked cache pair (``kv_format``: the fp8
-    format of vLLM's uint8 cache, or None), on huge pages (once per cache tensor: vLLM passes
-    the same one every step)."""
+    """A layer's KV-cache tensor as kvshare's checked cache pair (``kv_format``: the fp8 format
+    of vLLM's uint8 cache, or None), on huge pages (once per cache tensor: vLLM passes the same
+    one every step). The tensor is in the running vLLM's layout (``compat.VllmSupport
+    .attention_cache``, module doc): ``kv_cache[2, ...]`` split into K and V, or the fused
+    ``[num_blocks, num_kv_heads, block_size, 2 * head_dim]`` read as each (block, head)'s K
+    rows, then its V rows."""
     _on_huge_pages(kv_cache)
+    if compat.support().attention_cache == "fused":
+        blocks, heads, block_size, width = kv_cache.shape
+        rows = kv_cache.view(blocks, heads, 2 * block_size, width // 2)
+        # [num_blocks, block_size, num_kv_heads, head_dim] views: kvshare's paged indexing.
+        return ops.KvCaches(rows[:, :, :block_size].transpose(1, 2),
+                            rows[:, :, block_size:].transpose(1, 2), kv_format)
     return ops.KvCaches(kv_cache[0], kv_cache[1], kv_format)
 
 

@@ -295,8 +295,9 @@ def register_attention() -> bool:
         return False
     from . import cpu_attn
 
+    # The backend logs that it runs when a model's first layer is built (cpu_attn.ENGAGED):
+    # vLLM 0.32 sets its logging up only after loading plugins, which loses a line from here.
     cpu_attn.register()
-    logger.info("kvshare_vllm: attention (KV write, paged attention) runs in kvshare")
     return True
 
 

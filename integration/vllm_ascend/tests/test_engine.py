@@ -11,11 +11,12 @@ prefix hits (vLLM's own ``num_cached_tokens`` and counters) with and without the
 cache pressure and under pressure with preemption (there kvshare's hits are at least vLLM's: it
 evicts later), in the in-process and the multiprocess engine; and the plugin's log line must show under vLLM's default logging in both. With
 ``KVSHARE_VLLM_OPS=1`` kvshare's own attention backend (``kvshare_vllm.cpu_attn``) computes every
-layer, in a KV-cache layout it owns, and must generate the tokens vLLM's CPU attention does.
+layer, in the release's KV-cache layout (on 0.23 one it asks for, on 0.32 vLLM's fused CPU
+layout), and must generate the tokens vLLM's CPU attention does.
 
 The block size is the CPU attention kernel's granularity on the running release (16 on 0.23, 32
 on 0.32), the pressure cache the same number of tokens on both.  What a release does not run
-(``compat.VllmSupport``: on 0.32 kvshare's attention backend and KV connectors) is skipped with
+(``compat.VllmSupport``: on 0.32 KV connectors) is skipped with
 the reason recorded there.
 """
 

@@ -1,8 +1,9 @@
 """fp8 KV caches in the real vLLM CPU engine: kvshare's attention backend against vLLM's own.
 
-vLLM 0.23's CPU backend stores ``kv_cache_dtype`` ``fp8`` (= ``fp8_e4m3``) and ``fp8_e5m2``
-caches on x86 with AVX-512 or AMX, per-tensor ``k_scale``/``v_scale``, block sizes that are
-multiples of 32 for a float32 model (its ``vec`` kernel; ``vec16`` has no fp8). Each run is one
+vLLM's CPU backend (0.23 and 0.32 alike) stores ``kv_cache_dtype`` ``fp8`` (= ``fp8_e4m3``) and
+``fp8_e5m2`` caches on x86 with AVX-512 or AMX, per-tensor ``k_scale``/``v_scale``, block sizes
+that are multiples of 32 for a float32 model (its ``vec`` kernel; ``vec16`` has no fp8). Each
+run is one
 process of ``bench/engine_e2e.py``'s ``scored`` workload on the tiny Llama (float32, 4 layers,
 2 kv heads of 64): eight prompts sharing a 128-token system prompt, up to 368 tokens (chunked
 prefill), each scored under teacher forcing (``prompt_logprobs``: every position, the same
@@ -17,7 +18,7 @@ reproducible from run to run.)
 What is compared (kvshare's backend, ``KVSHARE_VLLM_OPS=1``, against vLLM's ``CPU_ATTN``, same
 format and scales, and both against vLLM's run on a float32 cache): the teacher-forced logprobs
 (largest and mean difference) and next-token argmax, and the greedy generations. The two
-backends do not store the same bytes: kvshare's write rounds to nearest, vLLM 0.23's CPU write
+backends do not store the same bytes: kvshare's write rounds to nearest, vLLM's CPU write
 truncates toward zero (checked below on vLLM's own op), so about half of the stored elements
 differ by one fp8 step, and each side's logprobs move away from the float32-cache run by their
 own rounding. The bound asserted (``within_bound``): kvshare's fp8 logprobs differ from vLLM's
@@ -55,6 +56,8 @@ from kvshare_vllm import compat  # noqa: E402
 
 SUPPORT = compat.support()
 NEEDS_ATTENTION = pytest.mark.skipif(not SUPPORT.attention, reason=SUPPORT.attention_missing)
+NEEDS_CONNECTOR = pytest.mark.skipif(bool(SUPPORT.connector_missing),
+                                     reason=SUPPORT.connector_missing)
 FP8_CPU = torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported()
 NEEDS_FP8_CPU = pytest.mark.skipif(not FP8_CPU, reason="vLLM's CPU backend stores fp8 KV "
                                    "caches only on x86 with AVX-512 or AMX")
@@ -238,9 +241,9 @@ def test_a_wrong_scale_fails_the_bound(engine, capsys):
 
 @NEEDS_FP8_CPU
 def test_vllms_cpu_fp8_write_truncates():
-    """vLLM 0.23's own CPU ``reshape_and_cache`` stores ``x / scale`` rounded toward zero, where
-    kvshare's write rounds to nearest: checked on the multiset of stored codes (vLLM packs a
-    block's K in its kernel's own order)."""
+    """vLLM's own CPU ``reshape_and_cache`` (0.23 and 0.32) stores ``x / scale`` rounded toward
+    zero, where kvshare's write rounds to nearest: checked on the multiset of stored codes (vLLM
+    packs a block's K in its kernel's own order)."""
     from vllm import _custom_ops as vops
 
     g = torch.Generator().manual_seed(3)
@@ -261,6 +264,7 @@ def test_vllms_cpu_fp8_write_truncates():
 
 
 @NEEDS_ATTENTION
+@NEEDS_CONNECTOR
 @NEEDS_FP8_CPU
 def test_fp8_cache_host_tier_hits_same_tokens(engine):
     """kvshare's KV connector on an fp8 cache: each returning prompt's prefix is hit from the

@@ -391,6 +391,49 @@ def test_backend_keeps_a_layers_caches_until_vllm_passes_another_tensor():
     assert torch.equal(outs[0], outs[1])
 
 
+@pytest.mark.parametrize("release", ["0.23.0", "0.32.0"])
+def test_backend_reads_each_releases_kv_cache_layout(monkeypatch, release):
+    """The layer's KV-cache tensor in the layout vLLM hands it on each release
+    (``compat.VllmSupport.attention_cache``): 0.23's ``[2, blocks, block_size, kv_heads,
+    head_dim]``; 0.32's fused ``[blocks, kv_heads, block_size, 2 * head_dim]``, read as each
+    (block, head)'s K rows then its V rows, which kvshare's write takes as interleaved caches.
+    The write lands where that layout says, nothing else changes, and attention reads it back."""
+    from kvshare_vllm import compat
+
+    cpu_attn = pytest.importorskip("kvshare_vllm.cpu_attn")
+    monkeypatch.setattr(compat, "support", lambda version=None: compat.VLLM_SUPPORT[release])
+    h, hk, d, bs, nb = 4, 2, 16, 4, 3
+    g = torch.Generator().manual_seed(5)
+    fused = compat.VLLM_SUPPORT[release].attention_cache == "fused"
+
+    def views(t):  # the K and V caches of a layer's tensor, [blocks, block_size, kv_heads, d]
+        if fused:
+            rows = t.view(nb, hk, 2 * bs, d)
+            return rows[:, :, :bs].transpose(1, 2), rows[:, :, bs:].transpose(1, 2)
+        return t[0], t[1]
+
+    kv = torch.randn(*((nb, hk, bs, 2 * d) if fused else (2, nb, bs, hk, d)), generator=g)
+    before = kv.clone()
+    impl = cpu_attn.KvshareCPUAttentionImpl(h, d, 0.25, hk, None, None, "auto")
+    slots = torch.tensor([5, 6, 11], dtype=torch.int64)
+    meta = cpu_attn.KvshareCPUMetadata(
+        num_actual_tokens=3, slot_mapping=slots,
+        batch=ops.AttentionBatch(torch.tensor([[0, 1, 2]], dtype=torch.int32), [12],
+                                 torch.tensor([0, 3], dtype=torch.int32)))
+    q, k, v = torch.randn(3, h, d), torch.randn(3, hk, d), torch.randn(3, hk, d)
+    out = torch.empty(3, h * d)
+    impl.forward(None, q, k, v, kv, meta, out)
+    (kc, vc), (kc0, vc0) = views(kv), views(before)
+    written = torch.zeros(nb, bs, dtype=torch.bool)
+    for i, slot in enumerate(slots.tolist()):
+        assert torch.equal(kc[slot // bs, slot % bs], k[i])
+        assert torch.equal(vc[slot // bs, slot % bs], v[i])
+        written[slot // bs, slot % bs] = True
+    assert torch.equal(kc[~written], kc0[~written]) and torch.equal(vc[~written], vc0[~written])
+    ref = ref_attention(q, kc, vc, torch.tensor([[0, 1, 2]]), [12], [0, 3], scale=0.25)
+    torch.testing.assert_close(out.view(3, h, d).double(), ref, atol=2e-5, rtol=0)
+
+
 # ---------------------------------------------------------------------------------------------
 # Page copies
 # ---------------------------------------------------------------------------------------------

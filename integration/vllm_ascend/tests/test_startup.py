@@ -9,6 +9,7 @@ a native module, a changed ``BUILT_ABI_VERSION``."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import subprocess
@@ -61,7 +62,10 @@ def test_supported_versions_are_the_two_releases():
     assert compat.SUPPORTED_VLLM_VERSIONS == ("0.23.0", "0.32.0")
     assert startup.supported() == SUPPORTED
     assert compat.MANAGER_VLLM_VERSIONS == ("0.23.0", "0.32.0")
-    assert not compat.VLLM_SUPPORT["0.32.0"].attention
+    # kvshare's attention backend runs on both, on 0.32 in vLLM's fused CPU layout.
+    assert compat.VLLM_SUPPORT["0.32.0"].attention
+    assert compat.VLLM_SUPPORT["0.32.0"].attention_cache == "fused"
+    assert compat.VLLM_SUPPORT["0.23.0"].attention_cache == "split"
     # On 0.32 models with KV-cache groups and KV connectors keep vLLM's manager.
     assert compat.VLLM_SUPPORT["0.32.0"].hybrid_missing
     assert compat.VLLM_SUPPORT["0.32.0"].connector_missing
@@ -84,17 +88,20 @@ def test_each_part_starts_or_is_refused_on_the_installed_vllm(part):
             in res.stderr, res.stderr[-3000:]
 
 
-@pytest.mark.parametrize("part", [p for p in sorted(PARTS)
-                                  if not getattr(compat.VLLM_SUPPORT["0.32.0"], p)])
-def test_a_part_missing_on_0_32_is_refused_with_the_reason(vllm_0_32, part):
-    res = _run("from kvshare_vllm.plugin import register; register()", {PARTS[part]: "1"},
-               path_first=vllm_0_32)
-    assert res.returncode != 0, res.stdout
-    assert "UnsupportedVllmError" in res.stderr, res.stderr[-3000:]
+@pytest.mark.parametrize("part", sorted(PARTS))
+def test_a_part_missing_on_a_release_is_refused_with_the_reason(monkeypatch, part):
+    """A part that ``compat.VLLM_SUPPORT`` records as missing on the installed release stops
+    the start-up, naming the releases it runs on, the reason and the way out."""
+    why = "its interface moved"
+    monkeypatch.setitem(compat.VLLM_SUPPORT, "0.32.0", dataclasses.replace(
+        compat.VLLM_SUPPORT["0.32.0"], **{part + "_missing": why}))
+    monkeypatch.setattr(startup, "require_vllm", lambda: "0.32.0")
+    with pytest.raises(startup.UnsupportedVllmError) as err:
+        startup.require_parts(manager=part == "manager", attention=part == "attention")
+    assert str(err.value).startswith("kvshare's ")
     assert f"({PARTS[part]}=1) runs on vLLM 0.23.0, not on this Python's vLLM 0.32.0: " \
-        in res.stderr, res.stderr[-3000:]
-    assert getattr(compat.VLLM_SUPPORT["0.32.0"], part + "_missing") in res.stderr
-    assert f"Unset {PARTS[part]}, or install vLLM 0.23.0" in res.stderr
+        f"{why}. Unset {PARTS[part]}, or install vLLM 0.23.0" in str(err.value)
+    startup.require_parts(manager=part != "manager", attention=part != "attention")
 
 
 SIGNATURES = ("import inspect\nfrom kvshare_vllm.manager import KvshareKVCacheManager as M\n"

@@ -12,8 +12,8 @@ use std::time::Instant;
 use half::bf16;
 use kvshare_attention::cpu::{cpu_flags, CpuBackend, Isa};
 use kvshare_attention::{
-    Backend, Buf, BufMut, CacheLayout, ChannelScales, DType, Fp8E4M3, Fp8E5M2, KvScales, KvWrite,
-    KvWriteParams, SlotMapping, TokenStrides,
+    Backend, Buf, BufMut, CacheLayout, ChannelScales, DType, Fp8E4M3, Fp8E5M2, KvCachesMut,
+    KvScales, KvWrite, KvWriteParams, SlotMapping, TokenStrides,
 };
 use kvshare_replay::model::{dtype_name, parse_dtype};
 
@@ -229,8 +229,10 @@ pub fn run(args: Vec<OsString>) -> Result<(), String> {
                 Buf::BF16(&key),
                 Buf::BF16(&val),
                 SlotMapping::I64(&slots),
-                kc.buf(),
-                vc.buf(),
+                KvCachesMut::Split {
+                    key: kc.buf(),
+                    value: vc.buf(),
+                },
                 channels,
             )
             .map_err(|e| e.to_string())?;

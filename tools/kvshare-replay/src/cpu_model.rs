@@ -14,8 +14,8 @@ use half::{bf16, f16};
 use kvshare_attention::cpu::CpuBackend;
 use kvshare_attention::{
     AttnBatch, AttnBuffers, AttnParams, Backend, Buf, BufMut, CacheLayout, CopyCaches, CopyParams,
-    Fp8, Fp8E4M3, Fp8E5M2, KvScales, KvWrite, KvWriteParams, PageCopyBatch, SlotMapping,
-    TokenStrides,
+    Fp8, Fp8E4M3, Fp8E5M2, KvCachesMut, KvScales, KvWrite, KvWriteParams, PageCopyBatch,
+    SlotMapping, TokenStrides,
 };
 use kvshare_core::alloc::try_vec;
 use kvshare_core::{DType, PageCopy};
@@ -381,8 +381,10 @@ impl Model for CpuModel {
                 Buf::F32(&kn),
                 Buf::F32(&vn),
                 SlotMapping::I64(f.slots),
-                kc.buf_mut(),
-                vc.buf_mut(),
+                KvCachesMut::Split {
+                    key: kc.buf_mut(),
+                    value: vc.buf_mut(),
+                },
                 None,
             )
             .map_err(|e| format!("kv_write: {e}"))?;

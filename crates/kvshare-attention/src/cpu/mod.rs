@@ -19,8 +19,8 @@ use super::copy_runs::{page_copy_runs, ByteRun};
 use super::pool::ThreadPool;
 use super::team::Team;
 use super::{
-    AttnBatch, Backend, BackendInfo, Buf, BufMut, ChannelScales, CopyKind, KvScales, KvWrite,
-    PageCopyBatch,
+    AttnBatch, Backend, BackendInfo, Buf, BufMut, ChannelScales, CopyKind, KvCachesMut, KvScales,
+    KvWrite, PageCopyBatch,
 };
 use crate::error::{Error, Result};
 use kernel::{KvElem, RowScales, Rows, SeqKv};
@@ -665,8 +665,16 @@ impl Backend for CpuBackend {
                     c.map(|c| head(c.v)),
                     c.and_then(|c| c.v_offsets).map(head),
                 );
-                write_elems(self.isa, &w.key, so, &mut w.key_cache, dof, k, &mut tmp);
-                write_elems(self.isa, &w.value, so, &mut w.value_cache, dof, v, &mut tmp);
+                match &mut w.caches {
+                    KvCachesMut::Split { key, value } => {
+                        write_elems(self.isa, &w.key, so, key, dof, k, &mut tmp);
+                        write_elems(self.isa, &w.value, so, value, dof, v, &mut tmp);
+                    }
+                    KvCachesMut::Shared { buf, key, value } => {
+                        write_elems(self.isa, &w.key, so, buf, *key + dof, k, &mut tmp);
+                        write_elems(self.isa, &w.value, so, buf, *value + dof, v, &mut tmp);
+                    }
+                }
             }
         }
         Ok(())

@@ -50,8 +50,8 @@ use proptest::prelude::*;
 use super::{CpuBackend, Isa};
 use crate::fp8::{Fp8, Fp8E4M3, Fp8E5M2};
 use crate::{
-    AttnBatch, AttnBuffers, AttnParams, Backend, Buf, BufMut, CacheLayout, ChannelScales, KvScales,
-    KvWrite, KvWriteParams, SlotMapping, TokenStrides,
+    AttnBatch, AttnBuffers, AttnParams, Backend, Buf, BufMut, CacheLayout, ChannelScales,
+    KvCachesMut, KvScales, KvWrite, KvWriteParams, SlotMapping, TokenStrides,
 };
 use kvshare_core::DType;
 
@@ -324,8 +324,10 @@ fn run(c: &Case) -> Run {
             Buf::F32(&kn),
             Buf::F32(&vn),
             SlotMapping::I64(&slots),
-            cache_buf_mut(c.format, &mut kc),
-            cache_buf_mut(c.format, &mut vc),
+            KvCachesMut::Split {
+                key: cache_buf_mut(c.format, &mut kc),
+                value: cache_buf_mut(c.format, &mut vc),
+            },
             channels,
         )
         .unwrap();
