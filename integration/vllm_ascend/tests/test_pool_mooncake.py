@@ -4,7 +4,8 @@ attention backend and Mooncake client), all inside a fresh network namespace, be
 client's transfer sockets listen on every interface. A conversation started on one engine
 continues on the other and loads the first one's pages; every attention output is checked
 against dense attention over K/V computed from the tokens; then the master is killed and the
-engines go on with misses, never wrong KV.
+engines go on with misses, never wrong KV; then a new master is started in its place and the
+engines share pages through it again.
 
 Mooncake comes from scripts/setup-mooncake-venv (the client is imported through its
 ``kvs-path`` folder); Debian's libibverbs1 and librdmacm1 must be installed.
@@ -58,13 +59,13 @@ def run():
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
     out = json.loads(r.stdout.strip().splitlines()[-1])
-    for s in out["steps"]:
+    for s in out["steps"] + out["after_restart"]:
         print(s)
     return out
 
 
 def test_every_output_matches_dense_attention(run):
-    for s in run["steps"]:
+    for s in run["steps"] + run["after_restart"]:
         assert s["loading"] == 0
         assert s["err"] < TOL, s
 
@@ -83,8 +84,19 @@ def test_a_conversation_continues_on_another_engine_from_the_pool(run):
 
 def test_a_killed_master_costs_misses_not_wrong_kv(run):
     assert run["master_killed"]
-    b_after, a_after = run["steps"][3:]
+    b_after, a_after = run["steps"][3:5]
     assert b_after["matched"] == 96  # its local pages; the pool's answer is a miss
     assert a_after["matched"] == 0
     assert b_after["runtime"]["breaker_trips"] >= 1
     assert a_after["runtime"]["breaker_trips"] >= 1
+
+
+def test_a_restarted_master_serves_the_pool_again(run):
+    """The engines' clients reconnect to a new master in the old one's place: a fresh prompt
+    computed on one engine is stored, and the other engine loads its three full pages."""
+    assert run["master_restarted"]
+    stored, continued = run["after_restart"][-2:]
+    assert stored["engine"] == "a" and continued["engine"] == "b", run["after_restart"]
+    assert stored["matched"] == 0
+    assert continued["matched"] == 48, continued
+    assert continued["runtime"]["loads_ok"] - run["steps"][3]["runtime"]["loads_ok"] == 3

@@ -1,6 +1,7 @@
 """Runs inside a fresh network namespace (``unshare -n``, loopback up): a real mooncake_master
 on 127.0.0.1 and two engine processes (engine.py), then a conversation that moves between
-them and a master killed mid-run. Prints one JSON object with every engine reply.
+them, a master killed mid-run and a new one started in its place. Prints one JSON object with
+every engine reply.
 
     driver.py MOONCAKE_MASTER_BINARY PYTHON
 """
@@ -17,6 +18,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RPC, METRICS = 50951, 9903
+COOLDOWN_S = 4.0  # the engines' circuit breaker
 
 
 def wait_port(port, proc, deadline_s=20.0):
@@ -34,7 +36,8 @@ def wait_port(port, proc, deadline_s=20.0):
 class Engine:
     def __init__(self, python, name):
         self.name = name
-        self.p = subprocess.Popen([python, os.path.join(HERE, "engine.py"), f"127.0.0.1:{RPC}"],
+        self.p = subprocess.Popen([python, os.path.join(HERE, "engine.py"), f"127.0.0.1:{RPC}",
+                                   str(COOLDOWN_S)],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         ready = self.p.stdout.readline()
         if not ready:
@@ -58,14 +61,18 @@ class Engine:
             self.p.wait()
 
 
-def main():
-    binary, python = sys.argv[1], sys.argv[2]
-    master = subprocess.Popen(
+def start_master(binary):
+    return subprocess.Popen(
         [binary, f"--rpc_port={RPC}", f"--metrics_port={METRICS}",
          "--enable_http_metadata_server=false", "--enable_kv_events=false", "--enable_ha=false",
          "--rpc_address=127.0.0.1", "--metrics_host=127.0.0.1",
          "--http_metadata_server_host=127.0.0.1"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def main():
+    binary, python = sys.argv[1], sys.argv[2]
+    master = start_master(binary)
     engines = []
     out = {"steps": []}
     try:
@@ -85,6 +92,27 @@ def main():
         other = [(11 * i + 4) % 251 for i in range(50)]
         steps.append(b.run(turn3))   # b: local hit, then the pool is unreachable
         steps.append(a.run(other))   # a: a fresh prompt, the breaker open: computed
+        # A new master in the old one's place (empty: the entries died with the old one). The
+        # clients reconnect on their own, but an engine's first calls after its cooldown may
+        # still fail on the stale connection and open its breaker again: each engine runs a
+        # short prompt of its own after each cooldown until one passes without a trip. Then a
+        # fresh prompt computed on a is continued on b, which loads a's pages.
+        master = start_master(binary)
+        wait_port(RPC, master)
+        out["master_restarted"] = True
+        restart = out["after_restart"] = []
+        for e, last in ((a, steps[-1]), (b, steps[-2])):
+            trips = last["runtime"]["breaker_trips"]
+            for attempt in range(5):
+                time.sleep(COOLDOWN_S + 0.5)
+                seed = 7 * attempt + (1 if e is a else 2)
+                restart.append(e.run([(19 * i + seed) % 251 for i in range(20)]))
+                if restart[-1]["runtime"]["breaker_trips"] == trips:
+                    break
+                trips = restart[-1]["runtime"]["breaker_trips"]
+        fresh = [(13 * i + 5) % 251 for i in range(60)]  # 3 full pages + 12
+        restart.append(a.run(fresh))
+        restart.append(b.run(fresh + [(17 * i + 9) % 251 for i in range(20)]))
     finally:
         for e in engines:
             e.close()

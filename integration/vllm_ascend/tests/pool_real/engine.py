@@ -98,6 +98,7 @@ def dense(model, tokens, layer):
 
 def main():
     master = sys.argv[1]
+    cooldown_s = float(sys.argv[2]) if len(sys.argv) > 2 else 30.0
     store = MooncakeDistributedStore()
     rc = store.setup("127.0.0.1", "P2PHANDSHAKE", 32 << 20, 16 << 20, "tcp", "", master)
     if rc != 0:
@@ -106,7 +107,7 @@ def main():
                           pool={"namespace": "kvs-test", "identity": "tiny-f32-dense",
                                 "store": "write_through"})
     pages, model = Pages(), Model()
-    rt = kp.PoolRuntime(cache, store, pages, breaker=kp.Breaker(cooldown_s=30.0))
+    rt = kp.PoolRuntime(cache, store, pages, breaker=kp.Breaker(cooldown_s=cooldown_s))
     print(json.dumps({"op": "ready"}), flush=True)
     sid = 0
     for line in sys.stdin:
