@@ -59,13 +59,13 @@ def run():
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
     out = json.loads(r.stdout.strip().splitlines()[-1])
-    for s in out["steps"] + out["after_restart"]:
+    for s in out["steps"] + out["after_restart"] + out["hung"]:
         print(s)
     return out
 
 
 def test_every_output_matches_dense_attention(run):
-    for s in run["steps"] + run["after_restart"]:
+    for s in run["steps"] + run["after_restart"] + run["hung"]:
         assert s["loading"] == 0
         assert s["err"] < TOL, s
 
@@ -100,3 +100,16 @@ def test_a_restarted_master_serves_the_pool_again(run):
     assert stored["matched"] == 0
     assert continued["matched"] == 48, continued
     assert continued["runtime"]["loads_ok"] - run["steps"][3]["runtime"]["loads_ok"] == 3
+
+
+def test_a_hung_master_costs_one_timeout_then_nothing(run):
+    """A stopped master keeps its socket open: the request that meets it waits for one RPC
+    timeout (MC_RPC_TIMEOUT_MS, 3 s here) and is computed; the breaker then spares the next
+    request the wait."""
+    answered, first, second = run["hung"]
+    timeout_ms = int(os.environ.get("MC_RPC_TIMEOUT_MS", "3000"))
+    assert first["runtime"]["breaker_trips"] == answered["runtime"]["breaker_trips"] + 1
+    assert first["matched"] == 0 and second["matched"] == 0
+    assert first["ms"] >= 0.8 * timeout_ms, first
+    assert second["ms"] < 0.5 * timeout_ms, second
+    assert second["runtime"]["lookups_skipped"] > first["runtime"]["lookups_skipped"]

@@ -113,6 +113,14 @@ def main():
         fresh = [(13 * i + 5) % 251 for i in range(60)]  # 3 full pages + 12
         restart.append(a.run(fresh))
         restart.append(b.run(fresh + [(17 * i + 9) % 251 for i in range(20)]))
+        # A hung master (stopped, its socket open): the request that meets it waits for one RPC
+        # timeout (MC_RPC_TIMEOUT_MS), the breaker opens, the next request pays nothing.
+        hung = out["hung"] = []
+        hung.append(a.run([(23 * i + 1) % 251 for i in range(40)]))   # the master answers
+        master.send_signal(signal.SIGSTOP)
+        hung.append(a.run([(23 * i + 2) % 251 for i in range(40)]))   # one timeout
+        hung.append(a.run([(23 * i + 3) % 251 for i in range(40)]))   # the breaker is open
+        master.send_signal(signal.SIGCONT)
     finally:
         for e in engines:
             e.close()
