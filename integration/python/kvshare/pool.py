@@ -141,7 +141,7 @@ class PoolTransfers:
     """The store-facing half of the pool tier, without a cache: one batched existence query,
     verified loads and stores of values in kvshare's format, the circuit breaker and the
     negative cache. :class:`PoolRuntime` runs a cache's work with it; kvshare's vLLM KV
-    connector runs its worker's loads and stores with it (``kvshare_vllm.pool_connector``).
+    connector runs its worker's loads and stores with it (``kvshare_vllm.pool_tier``).
 
     An item is a dict with ``key``, ``hash`` (the page's 128-bit chain digest) and ``tokens``
     (the page's token ids), the fields of ``Cache.pool_take_work``'s work."""

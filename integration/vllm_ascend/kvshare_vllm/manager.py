@@ -231,7 +231,8 @@ class KvshareKVCacheManager(NewerSurface, ManagerBase):
             match_unit=0,
         )
         # The pool tier's key settings, when kvshare's connector has a pool (pool_tier.py).
-        self.cache = kvshare.Cache(cfg, pool=POOL.get()["cache"] if POOL.get() else None)
+        pool = POOL.get()
+        self.cache = kvshare.Cache(cfg, pool=pool["cache"] if pool else None)
         self._h = self.cache.handle
         # kvshare's page is vLLM's, byte for byte, where vLLM's geometry is kvshare's (K and V
         # of every layer, no scales or padding inside the page).

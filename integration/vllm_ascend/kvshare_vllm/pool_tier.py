@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import contextvars
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -118,9 +119,10 @@ def pool_settings(vllm_config) -> dict | None:
         raise ValueError(f"{NAME}: pool['mac_key'] must be a hex string") from None
     mc = vllm_config.model_config
     ident = raw.get("identity") or f"{mc.model}@{mc.revision or ''}"
+    layout = _layout_tag(vllm_config)
     # Everything that changes a page's bytes and that kvshare's key does not already name
     # (page size, page bytes, dtype and ranks are in the key's identity digest).
-    identity = f"vllm|{ident}|{mc.dtype}|{cc.cache_dtype}|{_layout_tag(vllm_config)}"
+    identity = f"vllm|{ident}|{mc.dtype}|{cc.cache_dtype}|{layout}"
     batch = int(raw.get("batch", 16))
     if batch <= 0:
         raise ValueError(f"{NAME}: pool['batch'] must be > 0")
@@ -130,7 +132,7 @@ def pool_settings(vllm_config) -> dict | None:
             "mac_key": mac_key, "segment_bytes": int(raw.get("segment_bytes", 32 << 20)),
             "buffer_bytes": int(raw.get("buffer_bytes", 16 << 20)),
             "cooldown_s": float(raw.get("cooldown_s", 5.0)), "batch": batch,
-            "layout": _layout_tag(vllm_config)}
+            "layout": layout}
 
 
 # One Mooncake client per process and master (a process-wide fact: the scheduler's and the
@@ -330,8 +332,6 @@ class WorkerPool:
     def load(self, step: PoolStep) -> None:
         """Loads the step's pages into their blocks (the metadata's requests then finish
         receiving; failed blocks are reported as load errors)."""
-        import time
-
         if not step.loads:
             return
         t0 = time.perf_counter()
@@ -350,15 +350,15 @@ class WorkerPool:
 
     def store(self) -> None:
         """Stores the queued pages (their KV is written: called after the forward pass)."""
-        import time
-
         if not self._pending_stores:
             return
         t0 = time.perf_counter()
         work, self._pending_stores = self._pending_stores, []
-        readable = [w for w in work if w["tier"] == 0 or self.host_parts is not None]
-        for w in work:
-            if w not in readable:
+        readable = []
+        for w in work:  # a host page without a host pool to read it from fails
+            if w["tier"] == 0 or self.host_parts is not None:
+                readable.append(w)
+            else:
                 self._outcomes[w["ticket"]] = False
         oks = self.io.store_values(readable, lambda w: self._read(
             self.device_parts if w["tier"] == 0 else self.host_parts, w["page"]))
