@@ -19,13 +19,18 @@ PAGE_BYTES = 64
 
 
 class FakeStore:
-    """Mooncake Store's batch calls on a dict: a put of a present key stores nothing."""
+    """Mooncake Store's batch calls on a dict: a put of a present key reports success and
+    stores nothing; a key whose put never ended (``unfinished``) reads as absent, a put of it
+    likewise reports success and stores nothing, and it cannot be removed."""
 
     def __init__(self):
         self.values: dict[str, bytes] = {}
         self.rpc_code = 0  # nonzero: every call fails with it
         self.calls = 0
         self.lost_on_get: set[str] = set()  # listed by batch_is_exist, gone at the load
+        # held by a put that never ended: absent, and a put of it "succeeds" storing nothing
+        self.unfinished: set[str] = set()
+        self.removed: list[tuple[str, bool]] = []
 
     def register_buffer(self, ptr, size):
         return 0
@@ -60,8 +65,18 @@ class FakeStore:
         if self.rpc_code:
             return [self.rpc_code] * len(keys)
         for k, p, n in zip(keys, ptrs, sizes):
-            self.values.setdefault(k, ctypes.string_at(p, n))
+            if k not in self.unfinished:
+                self.values.setdefault(k, ctypes.string_at(p, n))
         return [0] * len(keys)
+
+    def remove(self, key, force=False):
+        self.calls += 1
+        self.removed.append((key, force))
+        if self.rpc_code:
+            return self.rpc_code
+        if key in self.unfinished:
+            return kp.REPLICA_IS_NOT_READY
+        return 0 if self.values.pop(key, None) is not None else kp.OBJECT_NOT_FOUND
 
 
 def kv(tokens, salt=b"") -> bytes:
@@ -172,6 +187,48 @@ def test_bad_entries_fall_back_to_recomputation(damage):
     failures = b.rt.stats.load_failures
     if damage != "lost":
         assert sum(failures.values()) >= 1, failures
+    # An entry that failed verification was removed and b's recomputed page stored in its
+    # place: the next engine loads every page. A load that failed for want of an entry
+    # removes nothing and, with the key free, b's store filled it too.
+    verified = damage not in ("lie", "lost")
+    assert [k for k, _ in store.removed] == ([k1] if verified else [])
+    assert all(force for _, force in store.removed)
+    assert b.rt.stats.removed == (1 if verified else 0)
+    if damage != "lie":
+        c = Engine(store)
+        assert c.run(t) == 16
+        assert c.rt.stats.load_failures == {} and c.rt.stats.loads_ok == 4
+
+
+def test_only_an_entry_that_fails_verification_is_removed():
+    """A tenant's or another model's engine never removes an entry it cannot load: their
+    keys differ, so neither reads the other's entries; an engine reading a valid entry under
+    its own key verifies it and removes nothing."""
+    store = FakeStore()
+    t = list(range(1, 14))
+    Engine(store).run(t)
+    before = dict(store.values)
+    assert Engine(store).run(t, salt=b"tenant-b") == 0
+    assert Engine(store, identity="other-model").run(t) == 0
+    assert Engine(store).run(t) == 12
+    assert store.removed == []
+    assert all(store.values[k] == v for k, v in before.items())
+
+
+def test_a_store_over_an_unfinished_put_counts_as_failed():
+    """The client reports a put of a key held by an unfinished put as success; the runtime
+    asks the master and counts the store failed."""
+    store = FakeStore()
+    a = Engine(store)
+    t = list(range(1, 14))
+    first, keys = a.cache.pool_lookup(t, None, len(t) - 1)
+    store.unfinished.add(keys[1][2])
+    assert a.run(t) == 0
+    assert a.rt.stats.store_failures == {"not stored": 1}
+    assert a.rt.stats.stores_ok == 2
+    assert a.cache.pool_stats()["stores_failed"] == 1
+    assert keys[1][2] not in store.values
+    assert Engine(store).run(t) == PS  # page 0 from the pool; page 1 absent: computed
 
 
 def test_an_engine_with_a_key_rejects_entries_without_it():
