@@ -287,3 +287,62 @@ def test_values_verify_and_reject():
     assert kp.verify_value(w, v, PS, 65)[1] == "size"
     assert kp.verify_value(w, v, PS, 64, b"k")[1] == "digest"
     assert kp.verify_value(w, b"XXXX" + v[4:], PS, 64)[1] == "format"
+
+
+class _Request:
+    def __init__(self, rid, tokens):
+        self.request_id, self._all_token_ids = rid, tokens
+        self.skip_reading_prefix_cache = False
+
+
+class _Blocks:
+    def __init__(self, n):
+        self.ids = list(range(1, n + 1))
+
+    def get_block_ids(self):
+        return [self.ids]
+
+
+class _Manager:
+    enable_caching = True
+
+    def __init__(self):
+        self.cache = kvshare.Cache(page_size=PS, num_device_pages=32, skip_cached_writes=False,
+                                   pool={"namespace": "t", "identity": "tiny",
+                                         "store": "write_through"})
+
+    def _extra_for(self, request):
+        return None
+
+
+def test_the_connector_stores_back_a_failed_page_and_forgets_finished_requests(monkeypatch):
+    """kvshare's vLLM connector (scheduler half) skips storing pages it loaded, but stores a
+    page whose load failed (the worker removed a rejected entry), and holds the loaded keys
+    of live requests only: a finished request's go after the next step."""
+    from kvshare_vllm import pool_tier
+
+    store = FakeStore()
+    t = list(range(1, 18))  # 4 full pages + 1
+    Engine(store).run(t)
+    monkeypatch.setattr(pool_tier, "store_client", lambda settings: store)
+    mgr = _Manager()
+    sp = pool_tier.SchedulerPool({"mac_key": b"", "cooldown_s": 5.0}, mgr)
+    req = _Request("r1", t)
+    assert sp.matched(req, 0) == 16
+    sp.allocated(req, _Blocks(5), 16)
+    step = sp.step()
+    keys = [w["key"] for w in step.loads["r1"]]
+    assert len(keys) == 4 and len(sp._loaded_keys) == 4
+    # The worker rejected page 1's entry; vLLM recomputes the request and the manager
+    # registers its pages: page 1's store goes out, the three loaded pages' do not.
+    sp.outcomes(pool_tier.PoolOutcomes(failed_loads={keys[1]: "size"}))
+    mgr.cache.seq_begin(1, t)
+    mgr.cache.seq_free(1)
+    step = sp.step()
+    assert [w["key"] for w in step.stores] == [keys[1]]
+    assert sp.stores_skipped == 3
+    # Finished: its keys go once the step after it has taken the store work.
+    sp.forget("r1")
+    assert len(sp._loaded_keys) == 3
+    sp.step()
+    assert sp._loaded_keys == {} and sp._loaded == {}
