@@ -348,7 +348,7 @@ class PoolTransfers:
 class PoolRuntime(PoolTransfers):
     """Runs ``cache``'s pool work against ``store`` (a ``MooncakeDistributedStore`` set up by
     the caller, or anything with its ``batch_is_exist``, ``batch_get_into``,
-    ``batch_put_from``, ``register_buffer`` and ``unregister_buffer``)."""
+    ``batch_put_from``, ``remove``, ``register_buffer`` and ``unregister_buffer``)."""
 
     def __init__(self, cache: Any, store: Any, pages: Any, *, mac_key: bytes = b"",
                  batch: int = 16, breaker: Breaker | None = None,
