@@ -98,8 +98,9 @@ def start_master(binary):
 def killed_writer(out, a, b, c, w):
     """w computes a prompt and is killed while putting its pages (with 24 MiB of ballast in
     the same call, so that the kill lands inside it); b continues the conversation at once,
-    while the keys are held by the dead put (and so computes and stores the pages); once the master's discard timeout has passed, a
-    continues it and stores the pages, and c loads them."""
+    while the keys are held by the dead put (so it computes the pages, and its stores of them
+    fail); once the master's discard timeout has passed, a continues it and stores the
+    pages, and c loads them."""
     kw = [(29 * i + 6) % 251 for i in range(70)]  # 4 full pages + 6
     out["writer"] = w.run_killed(kw, 6)
     killed = time.monotonic()
