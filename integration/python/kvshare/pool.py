@@ -10,9 +10,15 @@ kvshare decides what to look up, load and store (``Cache.pool_lookup``,
   write into it) and verified before its payload reaches the page: size, magic, format
   version, the key it was written under, the page's chain digest and token ids, and a digest
   of all of it (HMAC-SHA-256 under the deployment key when one is configured, under the empty
-  key otherwise). Any mismatch reports the load failed and the engine recomputes;
-* stores are one ``batch_put_from`` of header and payload (a key already present stores
-  nothing: the first writer wins until eviction).
+  key otherwise). Any mismatch reports the load failed and the engine recomputes, and the
+  entry is removed (``remove``, forced past the lease the load itself took) so that the
+  recomputed page can be stored under its key again;
+* stores are one ``batch_put_from`` of header and payload, then one ``batch_is_exist`` of the
+  keys put. The client reports a put of a key the master already holds as success and stores
+  nothing: a complete entry (the first writer wins until eviction) counts as stored, a key
+  still held by an unfinished put (a writer that died between Mooncake's put start and end:
+  the key reads as absent, ``get`` answers ``REPLICA_IS_NOT_READY`` -703, ``remove`` refuses,
+  until the master's ``put_start_discard_timeout_sec`` has passed) as failed, ``"not stored"``.
 
 A failed RPC (``RPC_FAIL`` -900, ``RPC_TIMEOUT`` -901) opens a circuit breaker: for
 ``cooldown_s`` the pool is treated as absent (lookups miss without asking, loads fail, stores
@@ -43,6 +49,9 @@ _HEAD = struct.Struct("<4sHHQII32s16s32s")
 _DIGEST_AT = _HEAD.size - 32
 
 RPC_FAIL, RPC_TIMEOUT, TRANSFER_FAIL, OBJECT_NOT_FOUND = -900, -901, -800, -704
+REPLICA_IS_NOT_READY = -703
+_LOAD_CAUSES = {OBJECT_NOT_FOUND: "missing", REPLICA_IS_NOT_READY: "not ready",
+                TRANSFER_FAIL: "transfer", RPC_FAIL: "rpc", RPC_TIMEOUT: "timeout"}
 
 
 def header_len(page_size: int) -> int:
@@ -116,6 +125,8 @@ class RuntimeStats:
     load_failures: dict[str, int] = field(default_factory=dict)
     stores_ok: int = 0
     store_failures: dict[str, int] = field(default_factory=dict)
+    removed: int = 0  # entries that failed verification, removed so they can be stored again
+    remove_failures: dict[str, int] = field(default_factory=dict)
 
     def fail(self, table: dict[str, int], cause: str) -> None:
         table[cause] = table.get(cause, 0) + 1
@@ -238,23 +249,40 @@ class PoolTransfers:
             if code < 0:
                 if code == TRANSFER_FAIL or code == RPC_TIMEOUT:
                     self.negative[w["key"]] = self.clock() + self.negative_ttl_s
-                causes[i] = self._fail_load(
-                    {OBJECT_NOT_FOUND: "missing", TRANSFER_FAIL: "transfer", RPC_FAIL: "rpc",
-                     RPC_TIMEOUT: "timeout"}.get(code, f"error {code}"))
+                causes[i] = self._fail_load(_LOAD_CAUSES.get(code, f"error {code}"))
                 continue
             # A private copy: the registered staging buffer stays writable by the network.
             value = ctypes.string_at(ptr, min(code, size))
             if code != size:
-                causes[i] = self._fail_load("size")
-                continue
-            payload, why = verify_value(w, value, ps, size - header_len(ps), self.mac_key)
+                payload, why = None, "size"
+            else:
+                payload, why = verify_value(w, value, ps, size - header_len(ps), self.mac_key)
             if payload is None:
                 causes[i] = self._fail_load(why)
+                self._remove_bad(w["key"])
                 continue
             write(w, payload)
             self.stats.loads_ok += 1
             causes[i] = ""
         return causes  # type: ignore[return-value]
+
+    def _remove_bad(self, key: str) -> None:
+        """Removes the entry under ``key`` that failed verification for the page ``key``
+        names, so that the recomputed page can be stored under it (a put of a present key
+        stores nothing). Forced: the load just read it, and its lease (Mooncake's
+        ``default_kv_lease_ttl``) would refuse a plain remove."""
+        if self.breaker.is_open():
+            self.stats.fail(self.stats.remove_failures, "breaker")
+            return
+        try:
+            code = self.store.remove(key, True)
+        except Exception:  # noqa: BLE001 - a client that raises is a failed RPC
+            code = RPC_FAIL
+        if code == 0:
+            self.stats.removed += 1
+        else:
+            self._rpc_failed([code])
+            self.stats.fail(self.stats.remove_failures, f"error {code}")
 
     def store_values(self, items: list[dict], read: Callable[[dict], bytes]) -> list[bool]:
         """Stores ``items`` (``read(item)``: the page's payload), ``batch`` per
@@ -283,22 +311,44 @@ class PoolTransfers:
         except Exception:  # noqa: BLE001 - a client that raises is a failed RPC
             codes = RPC_FAIL
         codes = list(codes) if isinstance(codes, (list, tuple)) else [codes] * len(keys)
-        self._rpc_failed(codes)
+        if len(codes) != len(keys):
+            codes = [RPC_FAIL] * len(keys)
+        if not self._rpc_failed(codes):
+            codes = self._confirm_stored(keys, codes)
         oks = []
         for code in codes:
             ok = code == 0
             if ok:
                 self.stats.stores_ok += 1
             else:
-                self.stats.fail(self.stats.store_failures, f"error {code}")
+                self.stats.fail(self.stats.store_failures, code if isinstance(code, str)
+                                else f"error {code}")
             oks.append(ok)
         return oks
+
+    def _confirm_stored(self, keys: list[str], codes: list) -> list:
+        """``codes`` with ``"not stored"`` for each key put "successfully" that the master
+        does not list as complete: another writer's put of it never ended."""
+        put = [j for j, c in enumerate(codes) if c == 0]
+        if not put:
+            return codes
+        try:
+            exist = list(self.store.batch_is_exist([keys[j] for j in put]))
+        except Exception:  # noqa: BLE001 - a client that raises is a failed RPC
+            exist = [RPC_FAIL]
+        if len(exist) != len(put) or self._rpc_failed(exist):
+            exist = [RPC_FAIL] * len(put)
+        codes = list(codes)
+        for j, e in zip(put, exist):
+            if e != 1:
+                codes[j] = "not stored" if e == 0 else e
+        return codes
 
 
 class PoolRuntime(PoolTransfers):
     """Runs ``cache``'s pool work against ``store`` (a ``MooncakeDistributedStore`` set up by
     the caller, or anything with its ``batch_is_exist``, ``batch_get_into``,
-    ``batch_put_from``, ``register_buffer`` and ``unregister_buffer``)."""
+    ``batch_put_from``, ``remove``, ``register_buffer`` and ``unregister_buffer``)."""
 
     def __init__(self, cache: Any, store: Any, pages: Any, *, mac_key: bytes = b"",
                  batch: int = 16, breaker: Breaker | None = None,

@@ -28,7 +28,11 @@ KV is written (``wait_for_save``); with ``on_demotion`` the cached pages demoted
 tier do, read from the host pool after the demotion copy.  A page being stored keeps a
 reference in kvshare until the worker's outcome comes back in its worker metadata
 (``build_connector_worker_meta`` → ``update_connector_output`` → ``kvs_pool_done``), so it is
-never reused under the transfer.  Pages that came from the pool are not stored back.
+never reused under the transfer.  Pages that came from the pool are not stored back: the
+scheduler keeps the keys each live request loaded and drops them one step after the request
+finishes (the step whose commit hands out the store work of its last registered pages), or
+at once when the load failed, so that the recomputed page is stored (a rejected entry has
+been removed by the worker's :class:`~kvshare.pool.PoolTransfers`).
 
 Settings (``kv_connector_extra_config["pool"]``): ``master`` (required, ``host:port`` of
 ``mooncake_master``), ``local_host`` (default ``127.0.0.1``), ``namespace`` (default
@@ -214,7 +218,11 @@ class SchedulerPool:
         self.io = _transfers(settings, store_client(settings), self.cache.page_size, 0, 1)
         self._found: dict[str, list[dict]] = {}   # request id -> its pool pages, unallocated
         self._loads: dict[str, list[dict]] = {}   # this step's loads
-        self._loaded_keys: set[str] = set()       # keys loaded: never stored back
+        # Keys loaded and not failed, never stored back: per live request, and how many live
+        # requests loaded each; a finished request's keys go after the next step's stores.
+        self._loaded: dict[str, list[str]] = {}
+        self._loaded_keys: dict[str, int] = {}
+        self._finished: list[str] = []
         self.hit_pages = 0
         self.load_failures: dict[str, int] = {}  # reported by the worker, by cause
         self.stores_shipped = 0
@@ -252,11 +260,24 @@ class SchedulerPool:
         n = num_external_tokens // self.cache.page_size
         items = [dict(p, block=ids[p["position"]]) for p in pages[:n]]
         self._loads[request.request_id] = items
-        self._loaded_keys.update(p["key"] for p in items)
+        keys = self._loaded.setdefault(request.request_id, [])
+        for p in items:
+            keys.append(p["key"])
+            self._loaded_keys[p["key"]] = self._loaded_keys.get(p["key"], 0) + 1
         self.hit_pages += len(items)
 
     def forget(self, request_id: str) -> None:
+        """The request finished: its loaded keys go after the next step's stores."""
         self._found.pop(request_id, None)
+        if request_id in self._loaded:
+            self._finished.append(request_id)
+
+    def _release(self, key: str) -> None:
+        n = self._loaded_keys.get(key, 0)
+        if n > 1:
+            self._loaded_keys[key] = n - 1
+        else:
+            self._loaded_keys.pop(key, None)
 
     def step(self) -> PoolStep:
         """This step's loads, and the store work the cache handed out since the last step."""
@@ -276,8 +297,10 @@ class SchedulerPool:
                     stores.append({k: w[k] for k in ("ticket", "key", "hash", "tokens",
                                                      "tier", "page")})
         self.stores_shipped += len(stores)
-        if len(self._loaded_keys) > 1 << 16:
-            self._loaded_keys.clear()
+        for rid in self._finished:
+            for key in self._loaded.pop(rid, ()):
+                self._release(key)
+        self._finished.clear()
         loads, self._loads = self._loads, {}
         return PoolStep(loads, stores)
 
@@ -294,6 +317,7 @@ class SchedulerPool:
             until = self.io.clock() + self.io.negative_ttl_s
             for key, cause in meta.failed_loads.items():
                 self.io.negative[key] = until
+                self._loaded_keys.pop(key, None)  # the recomputed page is stored
                 self.load_failures[cause] = self.load_failures.get(cause, 0) + 1
 
 

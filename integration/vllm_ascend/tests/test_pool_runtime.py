@@ -19,13 +19,18 @@ PAGE_BYTES = 64
 
 
 class FakeStore:
-    """Mooncake Store's batch calls on a dict: a put of a present key stores nothing."""
+    """Mooncake Store's batch calls on a dict: a put of a present key reports success and
+    stores nothing; a key whose put never ended (``unfinished``) reads as absent, a put of it
+    likewise reports success and stores nothing, and it cannot be removed."""
 
     def __init__(self):
         self.values: dict[str, bytes] = {}
         self.rpc_code = 0  # nonzero: every call fails with it
         self.calls = 0
         self.lost_on_get: set[str] = set()  # listed by batch_is_exist, gone at the load
+        # held by a put that never ended: absent, and a put of it "succeeds" storing nothing
+        self.unfinished: set[str] = set()
+        self.removed: list[tuple[str, bool]] = []
 
     def register_buffer(self, ptr, size):
         return 0
@@ -60,8 +65,18 @@ class FakeStore:
         if self.rpc_code:
             return [self.rpc_code] * len(keys)
         for k, p, n in zip(keys, ptrs, sizes):
-            self.values.setdefault(k, ctypes.string_at(p, n))
+            if k not in self.unfinished:
+                self.values.setdefault(k, ctypes.string_at(p, n))
         return [0] * len(keys)
+
+    def remove(self, key, force=False):
+        self.calls += 1
+        self.removed.append((key, force))
+        if self.rpc_code:
+            return self.rpc_code
+        if key in self.unfinished:
+            return kp.REPLICA_IS_NOT_READY
+        return 0 if self.values.pop(key, None) is not None else kp.OBJECT_NOT_FOUND
 
 
 def kv(tokens, salt=b"") -> bytes:
@@ -172,6 +187,48 @@ def test_bad_entries_fall_back_to_recomputation(damage):
     failures = b.rt.stats.load_failures
     if damage != "lost":
         assert sum(failures.values()) >= 1, failures
+    # An entry that failed verification was removed and b's recomputed page stored in its
+    # place: the next engine loads every page. A load that failed for want of an entry
+    # removes nothing and, with the key free, b's store filled it too.
+    verified = damage not in ("lie", "lost")
+    assert [k for k, _ in store.removed] == ([k1] if verified else [])
+    assert all(force for _, force in store.removed)
+    assert b.rt.stats.removed == (1 if verified else 0)
+    if damage != "lie":
+        c = Engine(store)
+        assert c.run(t) == 16
+        assert c.rt.stats.load_failures == {} and c.rt.stats.loads_ok == 4
+
+
+def test_only_an_entry_that_fails_verification_is_removed():
+    """A tenant's or another model's engine never removes an entry it cannot load: their
+    keys differ, so neither reads the other's entries; an engine reading a valid entry under
+    its own key verifies it and removes nothing."""
+    store = FakeStore()
+    t = list(range(1, 14))
+    Engine(store).run(t)
+    before = dict(store.values)
+    assert Engine(store).run(t, salt=b"tenant-b") == 0
+    assert Engine(store, identity="other-model").run(t) == 0
+    assert Engine(store).run(t) == 12
+    assert store.removed == []
+    assert all(store.values[k] == v for k, v in before.items())
+
+
+def test_a_store_over_an_unfinished_put_counts_as_failed():
+    """The client reports a put of a key held by an unfinished put as success; the runtime
+    asks the master and counts the store failed."""
+    store = FakeStore()
+    a = Engine(store)
+    t = list(range(1, 14))
+    first, keys = a.cache.pool_lookup(t, None, len(t) - 1)
+    store.unfinished.add(keys[1][2])
+    assert a.run(t) == 0
+    assert a.rt.stats.store_failures == {"not stored": 1}
+    assert a.rt.stats.stores_ok == 2
+    assert a.cache.pool_stats()["stores_failed"] == 1
+    assert keys[1][2] not in store.values
+    assert Engine(store).run(t) == PS  # page 0 from the pool; page 1 absent: computed
 
 
 def test_an_engine_with_a_key_rejects_entries_without_it():
@@ -230,3 +287,62 @@ def test_values_verify_and_reject():
     assert kp.verify_value(w, v, PS, 65)[1] == "size"
     assert kp.verify_value(w, v, PS, 64, b"k")[1] == "digest"
     assert kp.verify_value(w, b"XXXX" + v[4:], PS, 64)[1] == "format"
+
+
+class _Request:
+    def __init__(self, rid, tokens):
+        self.request_id, self._all_token_ids = rid, tokens
+        self.skip_reading_prefix_cache = False
+
+
+class _Blocks:
+    def __init__(self, n):
+        self.ids = list(range(1, n + 1))
+
+    def get_block_ids(self):
+        return [self.ids]
+
+
+class _Manager:
+    enable_caching = True
+
+    def __init__(self):
+        self.cache = kvshare.Cache(page_size=PS, num_device_pages=32, skip_cached_writes=False,
+                                   pool={"namespace": "t", "identity": "tiny",
+                                         "store": "write_through"})
+
+    def _extra_for(self, request):
+        return None
+
+
+def test_the_connector_stores_back_a_failed_page_and_forgets_finished_requests(monkeypatch):
+    """kvshare's vLLM connector (scheduler half) skips storing pages it loaded, but stores a
+    page whose load failed (the worker removed a rejected entry), and holds the loaded keys
+    of live requests only: a finished request's go after the next step."""
+    from kvshare_vllm import pool_tier
+
+    store = FakeStore()
+    t = list(range(1, 18))  # 4 full pages + 1
+    Engine(store).run(t)
+    monkeypatch.setattr(pool_tier, "store_client", lambda settings: store)
+    mgr = _Manager()
+    sp = pool_tier.SchedulerPool({"mac_key": b"", "cooldown_s": 5.0}, mgr)
+    req = _Request("r1", t)
+    assert sp.matched(req, 0) == 16
+    sp.allocated(req, _Blocks(5), 16)
+    step = sp.step()
+    keys = [w["key"] for w in step.loads["r1"]]
+    assert len(keys) == 4 and len(sp._loaded_keys) == 4
+    # The worker rejected page 1's entry; vLLM recomputes the request and the manager
+    # registers its pages: page 1's store goes out, the three loaded pages' do not.
+    sp.outcomes(pool_tier.PoolOutcomes(failed_loads={keys[1]: "size"}))
+    mgr.cache.seq_begin(1, t)
+    mgr.cache.seq_free(1)
+    step = sp.step()
+    assert [w["key"] for w in step.stores] == [keys[1]]
+    assert sp.stores_skipped == 3
+    # Finished: its keys go once the step after it has taken the store work.
+    sp.forget("r1")
+    assert len(sp._loaded_keys) == 3
+    sp.step()
+    assert sp._loaded_keys == {} and sp._loaded == {}

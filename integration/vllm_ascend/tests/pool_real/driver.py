@@ -1,7 +1,8 @@
 """Runs inside a fresh network namespace (``unshare -n``, loopback up): a real mooncake_master
-on 127.0.0.1 and two engine processes (engine.py), then a conversation that moves between
-them, a master killed mid-run and a new one started in its place. Prints one JSON object with
-every engine reply.
+on 127.0.0.1 and engine processes (engine.py): a writer killed in the middle of its put and
+the conversation continued without it; an entry truncated in the pool and replaced; a
+conversation that moves between two engines, a master killed mid-run and a new one started in
+its place; a hung master. Prints one JSON object with every engine reply.
 
     driver.py MOONCAKE_MASTER_BINARY PYTHON
 """
@@ -19,6 +20,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 RPC, METRICS = 50951, 9903
 COOLDOWN_S = 4.0  # the engines' circuit breaker
+DISCARD_S = 5  # the master's put_start_discard_timeout_sec (default 30)
+KILL_AFTER_S = 0.03  # into the writer's put of 24 MiB (about 150 ms on loopback)
 
 
 def wait_port(port, proc, deadline_s=20.0):
@@ -34,22 +37,43 @@ def wait_port(port, proc, deadline_s=20.0):
 
 
 class Engine:
-    def __init__(self, python, name):
+    def __init__(self, python, name, segment=32 << 20):
         self.name = name
         self.p = subprocess.Popen([python, os.path.join(HERE, "engine.py"), f"127.0.0.1:{RPC}",
-                                   str(COOLDOWN_S)],
+                                   str(COOLDOWN_S), str(segment)],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         ready = self.p.stdout.readline()
         if not ready:
             raise SystemExit(f"engine {name} did not start")
 
-    def run(self, tokens):
-        self.p.stdin.write(json.dumps({"op": "run", "tokens": tokens}) + "\n")
+    def send(self, **cmd):
+        self.p.stdin.write(json.dumps(cmd) + "\n")
         self.p.stdin.flush()
+
+    def read(self):
         line = self.p.stdout.readline()
         if not line:
             raise SystemExit(f"engine {self.name} died")
         return dict(json.loads(line), engine=self.name)
+
+    def run(self, tokens):
+        self.send(op="run", tokens=tokens)
+        return self.read()
+
+    def run_killed(self, tokens, ballast):
+        """Runs ``tokens`` with its stores padded by ``ballast`` 4 MiB values and kills the
+        process with SIGKILL once the put has begun. Returns the lines it printed after the
+        announcement, and whether the put was still in flight when it died."""
+        self.send(op="run", tokens=tokens, ballast=ballast)
+        first = self.read()
+        if first["op"] != "putting":
+            raise SystemExit(f"writer: {first}")
+        time.sleep(KILL_AFTER_S)
+        self.p.send_signal(signal.SIGKILL)
+        self.p.wait()
+        rest = [json.loads(x) for x in self.p.stdout.read().splitlines() if x.strip()]
+        return {"announced": first, "after": rest,
+                "in_flight": not any(x["op"] == "put" for x in rest)}
 
     def close(self):
         try:
@@ -64,10 +88,40 @@ class Engine:
 def start_master(binary):
     return subprocess.Popen(
         [binary, f"--rpc_port={RPC}", f"--metrics_port={METRICS}",
+         f"--put_start_discard_timeout_sec={DISCARD_S}",
          "--enable_http_metadata_server=false", "--enable_kv_events=false", "--enable_ha=false",
          "--rpc_address=127.0.0.1", "--metrics_host=127.0.0.1",
          "--http_metadata_server_host=127.0.0.1"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def killed_writer(out, a, b, c, w):
+    """w computes a prompt and is killed while putting its pages (with 24 MiB of ballast in
+    the same call, so that the kill lands inside it); b continues the conversation at once,
+    while the keys are held by the dead put (so it computes the pages, and its stores of them
+    fail); once the master's discard timeout has passed, a continues it and stores the
+    pages, and c loads them."""
+    kw = [(29 * i + 6) % 251 for i in range(70)]  # 4 full pages + 6
+    out["writer"] = w.run_killed(kw, 6)
+    killed = time.monotonic()
+    steps = out["killed_writer"] = []
+    steps.append(b.run(kw + [(31 * i + 1) % 251 for i in range(20)]))
+    out["blocked_for_s"] = round(time.monotonic() - killed, 2)
+    time.sleep(max(0.0, killed + DISCARD_S + 1.0 - time.monotonic()))
+    steps.append(a.run(kw + [(31 * i + 3) % 251 for i in range(20)]))
+    steps.append(c.run(kw + [(31 * i + 4) % 251 for i in range(40)]))
+
+
+def replaced_entry(out, a, b, c):
+    """a stores a prompt's pages; c replaces page 1's entry in the pool by a value one byte
+    short; b loads page 0, rejects page 1 (removing it) and stores its own page 1; c loads
+    every page."""
+    p = [(37 * i + 8) % 251 for i in range(70)]
+    steps = out["replaced"] = [a.run(p)]
+    c.send(op="poison", tokens=p, page=1)
+    out["poisoned"] = c.read()
+    steps.append(b.run(p))
+    steps.append(c.run(p + [1, 2, 3]))
 
 
 def main():
@@ -78,7 +132,10 @@ def main():
     try:
         wait_port(RPC, master)
         a, b = Engine(python, "a"), Engine(python, "b")
-        engines = [a, b]
+        c, w = Engine(python, "c"), Engine(python, "w", segment=0)
+        engines = [a, b, c]
+        killed_writer(out, a, b, c, w)
+        replaced_entry(out, a, b, c)
         turn1 = [(7 * i + 3) % 251 for i in range(70)]          # 4 full pages of 16 + 6
         turn2 = turn1 + [(5 * i + 1) % 251 for i in range(40)]  # 6 full pages + 14
         turn3 = turn2 + [(3 * i + 2) % 251 for i in range(30)]

@@ -7,7 +7,17 @@ Driven by JSON lines on stdin (one reply line per command):
   for the last token of every layer, and compares it with dense attention over K/V computed
   from the tokens alone; then commits, stores and frees. Replies with the match, the largest
   error and the counters.
+  With ``"ballast": n``, its stores are put together with ``n`` values of 4 MiB (one
+  ``batch_put_from``) and a ``{"op": "putting"}`` line goes out just before that call and a
+  ``{"op": "put"}`` line after it: the driver kills the process in between.
+* ``{"op": "poison", "tokens": [...], "page": p}``: replaces the pool's entry of the prompt's
+  page ``p`` with the same value one byte short (``remove``, then ``put``).
 * ``{"op": "exit"}``.
+
+    engine.py MASTER [COOLDOWN_S [SEGMENT_BYTES]]
+
+A writer started with ``SEGMENT_BYTES`` 0 mounts no memory: what it puts lands in the other
+engines' segments.
 
 The "model" is fixed random projections: K, V and Q of a token at a position are functions of
 (token, position, layer) alone, seeded identically in every process, so a page loaded from
@@ -17,6 +27,7 @@ as an attention error.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import os
@@ -96,11 +107,47 @@ def dense(model, tokens, layer):
     return torch.einsum("hql,lhd->qhd", s.softmax(-1), v)
 
 
+class BallastStore:
+    """The client, with every ``batch_put_from`` padded by ``n`` 4 MiB values so that the
+    call lasts long enough to be killed in the middle, announced on stdout."""
+    SIZE = 4 << 20
+
+    def __init__(self, store, n, tag):
+        self.store, self.n, self.tag = store, n, tag
+        self.raw = bytearray(n * self.SIZE + 4096)
+        self.buf = (ctypes.c_char * len(self.raw)).from_buffer(self.raw)
+        self.ptr = (ctypes.addressof(self.buf) + 4095) & ~4095
+        if store.register_buffer(self.ptr, n * self.SIZE) != 0:
+            raise SystemExit("register ballast")
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+    def batch_put_from(self, keys, ptrs, sizes):
+        extra = [f"kvs-test-ballast/{self.tag}/{j}" for j in range(self.n)]
+        print(json.dumps({"op": "putting", "keys": len(keys), "ballast": self.n}), flush=True)
+        codes = self.store.batch_put_from(
+            list(keys) + extra, list(ptrs) + [self.ptr + j * self.SIZE for j in range(self.n)],
+            list(sizes) + [self.SIZE] * self.n)
+        print(json.dumps({"op": "put", "codes": list(codes)}), flush=True)
+        return list(codes)[:len(keys)]
+
+
+def poison(cache, store, tokens, page):
+    _first, keys = cache.pool_lookup(tokens, None, len(tokens) - 1)
+    key = [k for p, _, k in keys if p == page][0]
+    value = store.get(key)
+    removed = store.remove(key, True)
+    return {"op": "poison", "key": key, "size": len(value), "removed": removed,
+            "put": store.put(key, value[:-1]), "now": store.get_size(key)}
+
+
 def main():
     master = sys.argv[1]
     cooldown_s = float(sys.argv[2]) if len(sys.argv) > 2 else 30.0
+    segment = int(sys.argv[3]) if len(sys.argv) > 3 else 32 << 20
     store = MooncakeDistributedStore()
-    rc = store.setup("127.0.0.1", "P2PHANDSHAKE", 32 << 20, 16 << 20, "tcp", "", master)
+    rc = store.setup("127.0.0.1", "P2PHANDSHAKE", segment, 16 << 20, "tcp", "", master)
     if rc != 0:
         raise SystemExit(f"mooncake setup: {rc}")
     cache = kvshare.Cache(page_size=PS, num_device_pages=PAGES, skip_cached_writes=False,
@@ -115,6 +162,9 @@ def main():
         if cmd["op"] == "exit":
             break
         tokens = cmd["tokens"]
+        if cmd["op"] == "poison":
+            print(json.dumps(poison(cache, store, tokens, cmd["page"])), flush=True)
+            continue
         sid += 1
         t0 = time.perf_counter()
         rt.begin(sid, tokens, max_match_tokens=len(tokens) - 1)
@@ -133,7 +183,10 @@ def main():
                                 scale=1 / math.sqrt(D), num_kv_heads=KV_HEADS)
             err = max(err, (out.double() - dense(model, tokens, layer)).abs().max().item())
         cache.commit()
+        if cmd.get("ballast"):
+            rt.store = BallastStore(store, cmd["ballast"], sid)
         rt.pump()
+        rt.store = store
         cache.seq_free(sid)
         cache.check()
         print(json.dumps({"op": "run", "matched": matched, "loading": loading, "err": err,
@@ -145,6 +198,7 @@ def main():
                                       "load_failures": rt.stats.load_failures,
                                       "stores_ok": rt.stats.stores_ok,
                                       "store_failures": rt.stats.store_failures,
+                                      "removed": rt.stats.removed,
                                       "breaker_trips": rt.breaker.trips}}), flush=True)
     rt.close()
     os._exit(0)  # the client's threads; close() after a dead master can hang
