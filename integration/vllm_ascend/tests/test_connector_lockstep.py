@@ -117,17 +117,23 @@ class Side:
 
 
 def _block_map(ref: Side, kvs: Side, where: str) -> dict[int, int]:
-    """vLLM's block id -> kvshare's page id, from every request holding blocks on either
-    side; asserts the pairing is one-to-one."""
-    fwd: dict[int, int] = {}
-    back: dict[int, int] = {}
+    """vLLM's block id -> kvshare's page id, from every request's table in every group on
+    either side; asserts the null block sits at the same positions and the pairing of the
+    others is one-to-one."""
+    fwd: dict[int, int] = {0: 0}
+    back: dict[int, int] = {0: 0}
     for rid in sorted(set(ref.s.requests) | set(kvs.s.requests)):
-        (a,) = ref.s.kv_cache_manager.get_block_ids(rid)
-        (b,) = kvs.s.kv_cache_manager.get_block_ids(rid)
-        assert len(a) == len(b), f"{where}: {rid} holds {len(a)} vs {len(b)} blocks"
-        for x, y in zip(a, b):
-            assert fwd.setdefault(x, y) == y and back.setdefault(y, x) == x, \
-                f"{where}: block sharing differs ({rid})"
+        ga = ref.s.kv_cache_manager.get_block_ids(rid)
+        gb = kvs.s.kv_cache_manager.get_block_ids(rid)
+        assert len(ga) == len(gb), f"{where}: {len(ga)} vs {len(gb)} groups"
+        for g, (a, b) in enumerate(zip(ga, gb)):
+            assert len(a) == len(b), \
+                f"{where}: {rid} holds {len(a)} vs {len(b)} blocks in group {g}"
+            assert [x == 0 for x in a] == [y == 0 for y in b], \
+                f"{where}: {rid}'s null blocks differ in group {g}"
+            for x, y in zip(a, b):
+                assert fwd.setdefault(x, y) == y and back.setdefault(y, x) == x, \
+                    f"{where}: block sharing differs ({rid}, group {g})"
     return fwd
 
 
@@ -156,13 +162,28 @@ def _meta(meta, bmap, bs: int) -> tuple:
     return ("example", out)
 
 
-class ConnPair:
-    """The same workload on both sides, compared every step (see the module docstring)."""
+@pytest.fixture(params=["one-group", "groups"])
+def manager(request, monkeypatch) -> str:
+    """Which of kvshare's managers serves a one-group model: the one-group class, or the
+    groups class in its place (``plugin`` builds whatever ``manager.KvshareKVCacheManager``
+    names).  Returns the class name the scheduler must hold."""
+    if request.param == "groups":
+        from kvshare_vllm import hybrid, manager as manager_mod
 
-    def __init__(self, model_dir, kv_transfer, worker, **kw):
+        monkeypatch.setattr(manager_mod, "KvshareKVCacheManager",
+                            hybrid.KvshareHybridKVCacheManager)
+        return "KvshareHybridKVCacheManager"
+    return "KvshareKVCacheManager"
+
+
+class ConnPair:
+    """The same workload on both sides, compared every step (see the module docstring).
+    ``manager``: the class name kvshare's side must hold."""
+
+    def __init__(self, model_dir, kv_transfer, worker, manager="KvshareKVCacheManager", **kw):
         self.ref = Side(model_dir, False, kv_transfer(0), worker, **kw)
         self.kvs = Side(model_dir, True, kv_transfer(1), worker, **kw)
-        assert type(self.kvs.s.kv_cache_manager).__name__ == "KvshareKVCacheManager"
+        assert type(self.kvs.s.kv_cache_manager).__name__ == manager
         assert type(self.ref.s.kv_cache_manager).__name__ == "KVCacheManager"
         self.steps = 0
         self.waited_remote = 0  # request-steps spent in WAITING_FOR_REMOTE_KVS
@@ -262,7 +283,7 @@ def _prompts(seed: int, n: int) -> list[list[int]]:
     return [heads[k // 2] + [rng.randrange(3, 30000) for _ in range(17)] for k in range(n)]
 
 
-def test_example_connector_lockstep(tiny_model_dir, tmp_path):
+def test_example_connector_lockstep(tiny_model_dir, tmp_path, manager):
     """vLLM's example (shared-storage) connector: synchronous external loads.  It stores a
     prompt's first 48 tokens and finds them for a prompt one token longer (its "cached prompt
     + one generated token" convention), so later waves send the first wave's prompts plus a
@@ -270,7 +291,7 @@ def test_example_connector_lockstep(tiny_model_dir, tmp_path):
     in storage only: external tokens, allocated and cached in allocate_slots (the third wave
     then hits them locally)."""
     pair = ConnPair(tiny_model_dir, lambda i: example_config(tmp_path / f"side{i}"),
-                    ExampleWorker, num_blocks=200, max_num_seqs=4)
+                    ExampleWorker, manager, num_blocks=200, max_num_seqs=4)
     prompts = _prompts(1, 8)
     for wave in range(3):
         for k, p in enumerate(prompts):
@@ -289,7 +310,7 @@ def test_example_connector_lockstep(tiny_model_dir, tmp_path):
 
 @pytest.mark.parametrize("num_blocks,policy", [(200, "recompute"), (200, "fail"),
                                                (28, "recompute")])
-def test_offloading_connector_lockstep(tiny_model_dir, num_blocks, policy):
+def test_offloading_connector_lockstep(tiny_model_dir, num_blocks, policy, manager):
     """vLLM's offloading connector with its CPU spec: every prompt block is stored to the CPU
     tier; requests whose prefix left the device (a reset, or eviction with 28 blocks) load it
     back asynchronously (WAITING_FOR_REMOTE_KVS, delayed caching).  Load jobs take 2 steps, so
@@ -304,7 +325,7 @@ def test_offloading_connector_lockstep(tiny_model_dir, num_blocks, policy):
     keeps a prefix vLLM evicted, hits it locally and schedules a request vLLM loads."""
     pair = ConnPair(tiny_model_dir, lambda i: offloading_config(64, policy),
                     lambda c: OffloadingWorker(load_delay=2, store_delay=1, fail_every=4),
-                    num_blocks=num_blocks, max_num_seqs=4)
+                    manager, num_blocks=num_blocks, max_num_seqs=4)
     prompts = _prompts(2, 10)
     aborted = 0
     for wave in range(3):
@@ -330,12 +351,13 @@ def test_offloading_connector_lockstep(tiny_model_dir, num_blocks, policy):
     assert st["num_seqs"] == 0 and st["device_pages_in_use"] == 0
 
 
-def test_delayed_pages_are_not_found_before_the_load_lands(tiny_model_dir):
+def test_delayed_pages_are_not_found_before_the_load_lands(tiny_model_dir, manager):
     """Driven directly: a request admitted with an asynchronous load holds pages for its
     external tokens, but a prefix lookup finds none of them until cache_blocks after the
     load; then it finds them all.  The block objects carry vLLM's block hash exactly on the
     locally cached pages (what the offloading connector reads to start its load)."""
     m = h.make_scheduler(tiny_model_dir, kvshare=True, num_blocks=64).kv_cache_manager
+    assert type(m).__name__ == manager
     prompt = list(range(100, 165))  # 65 tokens: 4 full blocks
     a = h.make_request("a", prompt)
     blocks, hit = m.get_computed_blocks(a)
