@@ -187,6 +187,7 @@ class ConnPair:
         assert type(self.ref.s.kv_cache_manager).__name__ == "KVCacheManager"
         self.steps = 0
         self.waited_remote = 0  # request-steps spent in WAITING_FOR_REMOTE_KVS
+        self.remote_nulls = 0  # those with a null block (a window dropped loaded tokens)
         self.preemptions = 0
 
     def add(self, rid, prompt, max_tokens=16, **kw):
@@ -221,8 +222,10 @@ class ConnPair:
         st1 = {r: (q.status, q.num_computed_tokens) for r, q in self.ref.s.requests.items()}
         st2 = {r: (q.status, q.num_computed_tokens) for r, q in self.kvs.s.requests.items()}
         assert st1 == st2, f"{where}: request states differ"
-        self.waited_remote += sum(s == RequestStatus.WAITING_FOR_REMOTE_KVS
-                                  for s, _ in st1.values())
+        remote = [r for r, (s, _) in st1.items() if s == RequestStatus.WAITING_FOR_REMOTE_KVS]
+        self.waited_remote += len(remote)
+        self.remote_nulls += sum(any(0 in t for t in self.ref.s.kv_cache_manager.get_block_ids(r))
+                                 for r in remote)
         bmap = _block_map(self.ref, self.kvs, where)
         m1, m2 = o1.kv_connector_metadata, o2.kv_connector_metadata
         assert _meta(m1, bmap, BS) == _meta(m2, {v: v for v in bmap.values()}, BS), \
@@ -402,3 +405,59 @@ def test_plugin_serves_connectors_using_the_public_surface(tiny_model_dir, tmp_p
                          num_blocks=64)
     assert type(s.connector).__name__ == connector
     assert (type(s.kv_cache_manager).__name__ == "KvshareKVCacheManager") is managed
+
+
+@pytest.mark.parametrize("model,size,num_blocks", [("gpt-oss", 32, 400), ("gemma3", 64, 400),
+                                                   ("gemma3", 64, 90)])
+def test_offloading_connector_lockstep_with_groups(tiny_model_dir, model, size, num_blocks):
+    """vLLM's offloading connector on a model with several KV-cache groups (full attention
+    next to sliding windows of 32 or 64 (vLLM's offloading connector takes no chunked local
+    attention), as
+    test_hybrid_compare builds them): the groups manager against vLLM's
+    ``HybridKVCacheCoordinator``, every step.  Prompts of 97 tokens (65 shared by pairs) leave
+    the window at admission, so external tokens the window drops are null blocks in the
+    windowed group; loads take 2 steps (delayed caching) and requests with the same prefix
+    arrive while a load is in flight.  No load fails: vLLM's own manager cannot take a failed
+    block with several groups (its scheduler reads one block table).  With 90 blocks, the
+    prefixes leave the device by eviction rather than by a reset."""
+    pair = ConnPair(tiny_model_dir, lambda i: offloading_config(256),
+                    lambda c: OffloadingWorker(load_delay=2, store_delay=1),
+                    "KvshareHybridKVCacheManager", num_blocks=num_blocks, max_num_seqs=4,
+                    specs=h.layer_specs(model, size=size))
+    assert len(pair.kvs.s.kv_cache_manager.kv_cache_config.kv_cache_groups) > 1
+    rng = random.Random(hash((model, num_blocks)) & 0xffff)
+    heads = [[rng.randrange(3, 30000) for _ in range(65)] for _ in range(4)]
+    prompts = [heads[k // 2] + [rng.randrange(3, 30000) for _ in range(32)] for k in range(8)]
+    for wave in range(3):
+        for k, p in enumerate(prompts):
+            pair.add(f"w{wave}r{k}", p)
+            if k % 2 == 1:
+                pair.step()
+        pair.run_until_idle()
+        for _ in range(3):  # lets the last stores complete
+            pair.step()
+        if wave == 0 and num_blocks == 400:
+            assert pair.ref.s.reset_prefix_cache() and pair.kvs.s.reset_prefix_cache()
+    w = pair.ref.worker
+    assert pair.ref.ext_hits > 0 and w.loads > 0 and w.stores > 0
+    assert pair.waited_remote > 0 and pair.remote_nulls > 0
+    assert pair.ref.hits > 0
+    st = pair.kvs.s.kv_cache_manager.kvshare_stats()
+    assert st["num_seqs"] == 0 and st["device_pages_in_use"] == 0
+
+
+@pytest.mark.parametrize("state", [False, True])
+def test_plugin_serves_connectors_on_groups(tiny_model_dir, state):
+    """With vLLM's offloading connector on a model of several groups the plugin builds the
+    groups manager for attention groups (full + sliding window), and keeps vLLM's manager with
+    Mamba / linear-attention state groups (external tokens load attention pages only)."""
+    if state:
+        kw = dict(specs=h.mamba_layer_specs("qwen3-next", "all", max_model_len=2048),
+                  mamba_cache_mode="all", max_model_len=2048)
+    else:
+        kw = dict(specs=h.layer_specs("gpt-oss", size=32))
+    s = h.make_scheduler(tiny_model_dir, kvshare=True, kv_transfer=offloading_config(64),
+                         num_blocks=200, **kw)
+    assert len(s.kv_cache_config.kv_cache_groups) > 1
+    assert type(s.kv_cache_manager).__name__ == \
+        ("KVCacheManager" if state else "KvshareHybridKVCacheManager")
