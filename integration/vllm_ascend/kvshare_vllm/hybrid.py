@@ -18,7 +18,9 @@ linear-attention state groups in ``mamba_cache_mode`` "align" or with KV events,
 attention, EAGLE, per-group block sizes.  Mamba / linear-attention state groups in "all" and
 "none" run on kvshare's STATE groups (``state_groups``).  KV events are
 vLLM's (``events.GroupEventTranslator``: its block hashes, one ``BlockStored`` per group and
-caching call, removals in the group the page was stored for).
+caching call, removals in the group the page was stored for).  KV connectors' calls are
+served as in the single-group manager: external tokens and delayed caching
+(``_begin_external``), ``evict_blocks`` and the block hashes connectors read (``base``).
 """
 
 from __future__ import annotations
