@@ -7,7 +7,10 @@ spec's page element (``_kv_dtype``).
 
 A subclass provides ``empty_kv_cache_blocks``, ``_capacity()`` (vLLM's free blocks),
 ``_drain_events(st, request)`` (vLLM's events for what kvshare queued; called with
-``(None, None)`` when no request's call is pending) and ``_reset_index()``.
+``(None, None)`` when no request's call is pending), ``_reset_index()`` and
+``_clear_index()`` (the prefix index emptied while requests hold pages), and the block objects
+in ``_blocks``.  Both serve a KV connector's calls the same way: ``evict_blocks`` and the
+block hashes connectors read after an allocation with external tokens (``_mark_hashed``).
 """
 
 from __future__ import annotations
@@ -18,7 +21,12 @@ import itertools
 import kvshare
 
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
 from vllm.v1.metrics.stats import PrefixCacheStats
+
+
+# block_hash of a registered page whose request carries no vLLM block hash (see _mark_hashed)
+_HASHED = b"kvshare:registered"
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -97,6 +105,43 @@ class ManagerBase:
 
     def new_step_starts(self) -> None:
         """Nothing per step: registration is immediate (no deferred commit)."""
+
+    def evict_blocks(self, block_ids) -> None:
+        """Drops cached entries of failed KV loads (vLLM's ``kv_load_failure_policy``
+        recompute).  kvshare has no per-page unregister call yet, so the whole prefix index is
+        cleared (``_clear_index``): safe (never a false hit), costs hits."""
+        if not block_ids:
+            return
+        from . import logger
+
+        logger.warning("kvshare_vllm: evict_blocks(%d blocks) clears the whole prefix index",
+                       len(block_ids))
+        self._clear_index()
+
+    def _mark_hashed(self, tables, registered: int, request) -> None:
+        """Sets ``block_hash`` on the request's block objects as vLLM's blocks have it right
+        after an allocation with external tokens: in every group's table (``tables``, page ids,
+        0 at the null page, which is left alone) the pages kvshare registered (positions below
+        ``registered``: local hits, and without a delayed load every full page of the handed
+        tokens) carry the request's vLLM block hash for that group (a placeholder when the
+        engine computes none), the others ``None``.  KV connectors read exactly this, on
+        ``get_blocks`` of this request in ``update_state_after_alloc`` (the offloading
+        connector's first unhashed block, ``get_unhashed_block_ids`` of NIXL / Mooncake /
+        HF3FS); nothing else reads it, so it is maintained only here (the block objects are
+        shared handles: a page's flag is only meaningful in this request's table now)."""
+        blocks = self._blocks
+        n = registered if self.enable_caching else 0
+        hashes = getattr(request, "block_hashes", None) or ()
+        for g, table in enumerate(tables):
+            for i, p in enumerate(table):
+                if not p:
+                    continue
+                b = blocks[p]
+                if i < n:
+                    b._block_hash = make_block_hash_with_group_id(hashes[i], g) \
+                        if i < len(hashes) else _HASHED
+                else:
+                    b._block_hash = None
 
 
 def extra_keys_for(request):

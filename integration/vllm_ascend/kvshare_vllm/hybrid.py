@@ -18,7 +18,9 @@ linear-attention state groups in ``mamba_cache_mode`` "align" or with KV events,
 attention, EAGLE, per-group block sizes.  Mamba / linear-attention state groups in "all" and
 "none" run on kvshare's STATE groups (``state_groups``).  KV events are
 vLLM's (``events.GroupEventTranslator``: its block hashes, one ``BlockStored`` per group and
-caching call, removals in the group the page was stored for).
+caching call, removals in the group the page was stored for).  KV connectors' calls are
+served as in the single-group manager: external tokens and delayed caching
+(``_begin_external``), ``evict_blocks`` and the block hashes connectors read (``base``).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from .host_tier import HOST_PAGES, HostTier
 from .state_groups import (is_state_spec, skipped_tokens, state_group_kind,
                            state_unsupported_reason, vllm_table)
 from .base import extra_keys_for
-from .manager import _REMOVED, _STORED
+from .manager import _NO_SPACE, _REMOVED, _STORED
 from .views import _BlockPoolView, _CoordinatorView, _SingleTypeView
 
 # kvshare_vllm._fast.Groups' group kinds
@@ -433,13 +435,14 @@ class KvshareHybridKVCacheManager(ManagerBase):
         if num_new_tokens == 0 and num_external_computed_tokens == 0:
             raise ValueError("num_new_tokens must be greater than 0 when there are no "
                              "external computed tokens")
-        if num_external_computed_tokens or delay_cache_blocks or num_encoder_tokens:
+        if num_encoder_tokens:
             raise NotImplementedError(
-                "kvshare_vllm: KV connectors' external tokens, delayed caching and encoder "
-                "(cross-attention) blocks are not supported with KV-cache groups")
+                "kvshare_vllm: encoder (cross-attention) blocks are not supported")
         hits = new_computed_blocks.blocks if new_computed_blocks is not None else None
         local = request.num_computed_tokens + num_new_computed_tokens
-        total = min(local, self.max_model_len)
+        # Tokens a KV connector loads come after the local hit; windows count them computed.
+        external = num_external_computed_tokens
+        total = min(local + external, self.max_model_len)
         if full_sequence_must_fit:
             full = min(request.num_tokens, self.max_model_len)
             if self._blocks_to_allocate(st, full, hits, total, True) > self._capacity():
@@ -447,7 +450,8 @@ class KvshareHybridKVCacheManager(ManagerBase):
         main = total + num_new_tokens
         need_slot = min(main + num_lookahead_tokens, self.max_model_len)
         fast = self._fast
-        if st is not None and fast is not None and not reserved_blocks:
+        if st is not None and fast is not None and not reserved_blocks \
+                and not delay_cache_blocks:
             # A running request's step, one compiled call: the release, vLLM's room check and
             # the append below (full_sequence_must_fit was checked above).
             inflight = max(0, getattr(request, "num_in_flight_tokens", 0))
@@ -471,14 +475,20 @@ class KvshareHybridKVCacheManager(ManagerBase):
             # of steps still in flight keep their window, as its patched manager does.
             inflight = max(0, getattr(request, "num_in_flight_tokens", 0))
             self._release(st, max(0, total - inflight))
-        need = self._blocks_to_allocate(st, need_slot, hits, local, False)
+        need = self._blocks_to_allocate(st, need_slot, hits, local + external, False)
         if (need or reserved_blocks) and need > self._capacity() - reserved_blocks:
             return None
-        # vLLM caches min(total + new, num_tokens) tokens: drafts are not tokens yet.
+        # vLLM caches min(total + new, num_tokens) tokens: drafts are not tokens yet; with a
+        # delayed (asynchronous) load it caches none here (cache_blocks after the load).
         known = min(main, request.num_tokens)
         ids = _token_ids(request)
         if st is None:
+            if external or delay_cache_blocks:
+                return self._begin_external(request, ids, local, local + external,
+                                            known, need_slot, delay_cache_blocks)
             return self._begin(request, ids, known, need_slot, num_new_computed_tokens)
+        if delay_cache_blocks:
+            known = st.n
         bs = self.block_size
         grows = _cdiv(need_slot, bs) > len(st.tables[0])
         if grows or known // bs > st.n // bs:
@@ -539,6 +549,65 @@ class KvshareHybridKVCacheManager(ManagerBase):
         return self._handed([vllm_table(t) if g in self._single else t[nh:]
                              for g, t in enumerate(st.tables)])
 
+    def _begin_external(self, request, ids, local: int, computed: int, known: int,
+                        need_slot: int, delay: bool) -> KVCacheBlocks | None:
+        """``allocate_slots`` of a request without a sequence whose tokens ``local..computed``
+        a KV connector loads, or whose caching waits for a load (``delay``): vLLM's
+        ``allocate_new_computed_blocks`` (hit, nulls where a window no longer reads at
+        ``computed``, fresh blocks for the external tokens) and ``allocate_new_blocks`` in
+        every group.  kvshare begins the sequence with the local hit and slots up to
+        ``need_slot`` (no page of the transfer is registered: nothing finds it before its KV
+        is written), releases what each window drops at ``computed``
+        (``kvs_seq_release_skipped``), then without ``delay`` hands over the ``known`` tokens,
+        whose full pages register as vLLM caches them in this call.  Returns the blocks past
+        the external tokens', as vLLM does.
+
+        Windowed positions a connector's tokens skip are allocated and released again in the
+        same call: kvshare's begin has no computed count apart from its tokens.  The free
+        count is vLLM's afterwards; a pool too full for those pages answers None (vLLM would
+        admit the request), and the pages taken may evict cached ones vLLM keeps."""
+        fast = self._fast
+        if fast is None:
+            raise NotImplementedError(
+                "kvshare_vllm: KV connectors' external tokens with Mamba / linear-attention "
+                "state groups")
+        rid, bs = request.request_id, self.block_size
+        pend = self._pending
+        extra = pend[1] if pend is not None and pend[0] == rid else extra_keys_for(request)
+        self._pending = None
+        st = _HReq(next(self._seq_ids), extra, self.num_kv_cache_groups)
+        rc, matched, _, self._avail = fast.begin(st, ids, local, _extra_addr(extra), local,
+                                                 max(need_slot - local, 0), 0, self._avail)
+        if rc == _NO_SPACE:
+            return None
+        if rc:
+            kvshare.check(rc, "kvs_seq_begin")
+        self._reqs[rid] = st
+        if matched != local:
+            self.free(request)
+            raise RuntimeError(
+                f"kvshare_vllm: request {rid}: {local} tokens were found cached by "
+                f"get_computed_blocks but {matched} at allocation")
+        if computed > local:
+            _, self._avail = fast.release(st, computed, self._avail)
+        if not delay and known > st.n:
+            rc, _, self._avail = fast.append(st, ids, known, 0, self._avail)
+            if rc:
+                kvshare.check(rc, "kvs_seq_append")
+        nh = local // bs
+        self._drain_events(st, request, nh, st.n // bs if self.enable_caching else nh)
+        self._mark_hashed(st.tables, st.n // bs, request)
+        if self._zero_new:  # every block added, the external tokens' too (full groups)
+            for g, t in enumerate(st.tables):
+                if self._full[g]:
+                    self._new_block_ids.extend(t[nh:])
+        skip = _cdiv(computed, bs)
+        out = [t[skip:] for t in st.tables]
+        if not any(out):
+            return self.empty_kv_cache_blocks
+        blocks = self._blocks
+        return KVCacheBlocks(tuple([blocks[p] for p in t] for t in out))
+
     def free(self, request) -> None:
         rid = request.request_id
         if self._pending is not None and self._pending[0] == rid:
@@ -589,10 +658,14 @@ class KvshareHybridKVCacheManager(ManagerBase):
                 self._refresh(st)
             self._drain_events(st, request, cached, target // bs)
 
-    def evict_blocks(self, block_ids) -> None:
-        """Failed KV loads (KV connectors, which these configurations do not run with)."""
-        if block_ids:
-            raise NotImplementedError("kvshare_vllm: evict_blocks with KV-cache groups")
+    def _clear_index(self) -> None:
+        """Empties the prefix index while requests may hold pages (``evict_blocks``)."""
+        self._drain_events(None, None)
+        self._avail = None
+        kvshare.check(lib.kvs_prefix_clear(self._h), "kvs_prefix_clear")
+        if self.enable_kv_cache_events:
+            self.cache.take_events()  # the clear's own: published as vLLM's one below
+            self._events.append(self._translator.clear())
 
     def _reset_index(self) -> bool:
         """No request holds pages: every page is free, so a fresh cache is the cleared one."""

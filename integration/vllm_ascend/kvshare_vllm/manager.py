@@ -30,7 +30,6 @@ from .compat import manager_api
 _API = manager_api()  # the vLLM release whose KVCacheManager signatures this module presents
 
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
-from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
 from vllm.v1.request import RequestStatus
 
 from . import logger
@@ -51,8 +50,6 @@ _DEVICE = ffi.typeof("enum kvs_tier").relements["KVS_TIER_DEVICE"]
 _CACHED_STATE = ffi.typeof("enum kvs_page_state").relements["KVS_PAGE_STATE_CACHED"]
 # Request states vLLM 0.32's admission watermark applies to (waiting, preempted).
 _ADMITTED_FROM = frozenset((RequestStatus.WAITING, RequestStatus.PREEMPTED))
-# block_hash of a registered page whose request carries no vLLM block hash (see _mark_hashed)
-_HASHED = b"kvshare:registered"
 
 
 def _common_pages(a: bytes, b: bytes) -> int:
@@ -591,33 +588,12 @@ class KvshareKVCacheManager(NewerSurface, ManagerBase):
             self._common = self._common[:4 * _common_pages(self._common, st.raw)]
         if not num_external:
             return self._handed(st, request, new)
-        self._mark_hashed(st, request)
+        self._mark_hashed((st.pages,), st.n // bs, request)
         # vLLM returns the blocks past the external tokens' (those are in get_blocks and,
         # for KV zeroing, in take_new_block_ids, like every block added here, unless the
         # asynchronous load writes them after this step: skip_zeroing, vLLM 0.32).
         skip = max(_cdiv(local + num_external, bs) - nh, 0)
         return self._handed(st, request, new, skip, skip if skip_zeroing else 0)
-
-    def _mark_hashed(self, st: _Req, request) -> None:
-        """Sets ``block_hash`` on the request's block objects as vLLM's blocks have it right
-        after an allocation with external tokens: the pages kvshare registered (the first
-        ``st.n // block_size``: local hits, and without a delayed load every full page of
-        the handed tokens) carry the request's vLLM block hash (a placeholder when the engine
-        computes none), the others ``None``.  KV connectors read exactly this, on
-        ``get_blocks`` of this request in ``update_state_after_alloc`` (the offloading
-        connector's first unhashed block, ``get_unhashed_block_ids`` of NIXL / Mooncake /
-        HF3FS); nothing else reads it, so it is maintained only here (the block objects are
-        shared handles: a page's flag is only meaningful in this request's table now)."""
-        blocks = self._blocks
-        n = st.n // self.block_size if self.enable_caching else 0
-        hashes = getattr(request, "block_hashes", None) or ()
-        for i, p in enumerate(st.pages):
-            b = blocks[p]
-            if i < n:
-                b._block_hash = make_block_hash_with_group_id(hashes[i], 0) \
-                    if i < len(hashes) else _HASHED
-            else:
-                b._block_hash = None
 
     def _extend(self, request, st: _Req, main: int, num_lookahead_tokens: int,
                 full_sequence_must_fit: bool, reserved_blocks: int,
@@ -682,15 +658,6 @@ class KvshareKVCacheManager(NewerSurface, ManagerBase):
             kvshare.check(rc, "kvs_seq_free")
         if self.enable_kv_cache_events:
             self._drain_events(None, None)
-
-    def evict_blocks(self, block_ids) -> None:
-        """Drops cached entries of failed KV loads.  kvshare has no per-page unregister call
-        yet, so the whole prefix index is cleared: safe (never a false hit), costs hits."""
-        if not block_ids:
-            return
-        logger.warning("kvshare_vllm: evict_blocks(%d blocks) clears the whole prefix index",
-                       len(block_ids))
-        self._clear_index()
 
     def _clear_index(self) -> None:
         self._flush()

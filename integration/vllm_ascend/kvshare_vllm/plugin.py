@@ -10,13 +10,14 @@ once the package is installed is *off*: ``KVSHARE_VLLM=1`` turns it on; vLLM's o
 vLLM's CPU engine: :mod:`kvshare_vllm.cpu_attn` serves the platform's attention backend slot.
 
 One full-attention group runs in :class:`kvshare_vllm.manager.KvshareKVCacheManager`; several
-groups (sliding window, chunked local attention, full / MLA) or one windowed group run in
-:class:`kvshare_vllm.hybrid.KvshareHybridKVCacheManager`.  Configurations neither manages
-(Mamba / linear attention, cross-attention, EAGLE with groups, a KV connector with
-groups, context parallelism) fall back to vLLM's own manager, with a log line.  So do KV
-connectors whose scheduler side takes vLLM's ``BlockPool`` itself (``connector_reason``:
-``SimpleCPUOffloadConnector`` in vLLM 0.23.0); every other connector runs with kvshare's
-single-group manager, which takes their external tokens and delayed caching (``allocate_slots``).
+groups (sliding window, chunked local attention, full / MLA, Mamba state) or one windowed
+group run in :class:`kvshare_vllm.hybrid.KvshareHybridKVCacheManager`.  Configurations
+neither manages (``hybrid_unsupported_reason``: cross-attention, EAGLE with groups, context
+parallelism, ...; a KV connector with Mamba / linear-attention state groups) fall back to
+vLLM's own manager, with a log line.  So do KV connectors whose scheduler side takes vLLM's
+``BlockPool`` itself (``connector_reason``: ``SimpleCPUOffloadConnector`` in vLLM 0.23.0);
+every other connector runs with kvshare's managers, both of which take their external tokens,
+delayed caching (``allocate_slots``) and ``evict_blocks``.
 On vLLM 0.32 the single-group manager runs; models with groups and KV connectors keep vLLM's
 manager there (``compat.VllmSupport.hybrid_missing`` / ``connector_missing``, logged).  The
 scheduler builds the manager with keywords on both releases; ``_keywords`` reads positional
@@ -80,6 +81,23 @@ def connector_reason(connector) -> str | None:
     return None
 
 
+def _connector_groups_reason(connector, kv_cache_config) -> str | None:
+    """Why the groups manager cannot serve this KV connector on this model's groups (None when
+    it can, and for no connector): a connector loads external tokens into attention pages, and
+    the groups manager takes external tokens in attention groups only (kvshare's own connector
+    is judged by ``hybrid_unsupported_reason`` through its host tier)."""
+    if connector is None:
+        return None
+    from .connector import KvshareConnector
+    from .state_groups import is_state_spec
+
+    if isinstance(connector, KvshareConnector):
+        return None
+    if any(is_state_spec(g.kv_cache_spec) for g in kv_cache_config.kv_cache_groups):
+        return "a KV connector with Mamba / linear-attention state groups"
+    return None
+
+
 def _building_scheduler():
     """The ``Scheduler`` whose ``__init__`` is constructing the manager (vLLM's
     ``Scheduler.__init__`` sets ``self.cache_config`` and builds ``self.connector`` before the
@@ -129,15 +147,13 @@ def make_kv_cache_manager_factory(original):
                                             hash_block_size, kw.get("dcp_world_size", 1),
                                             kw.get("pcp_world_size", 1),
                                             kw.get("num_prefill_lookahead", 0))
-            why = why_groups or (support.connector_missing if connector is not None else None) \
-                or connector_reason(connector)
+            why_conn = None
+            if connector is not None:
+                why_conn = support.connector_missing or connector_reason(connector)
+            why = why_groups or why_conn
             if why:
-                from .connector import KvshareConnector
-
-                if connector is not None and support.connector_missing:
-                    why_hybrid = "a KV connector"
-                elif connector is not None and not isinstance(connector, KvshareConnector):
-                    why_hybrid = "a KV connector with KV-cache groups"
+                if why_conn:
+                    why_hybrid = why_conn
                 elif support.hybrid_missing:
                     why_hybrid = support.hybrid_missing
                 else:
@@ -145,7 +161,8 @@ def make_kv_cache_manager_factory(original):
                         kv_cache_config, scheduler_block_size, hash_block_size,
                         kw.get("dcp_world_size", 1), kw.get("pcp_world_size", 1),
                         kw.get("use_eagle", False), kw.get("enable_kv_cache_events", False),
-                        max_model_len=max_model_len)
+                        max_model_len=max_model_len) or _connector_groups_reason(
+                            connector, kv_cache_config)
                 if why_groups and not why_hybrid:
                     logger.info("kvshare_vllm: KV-cache bookkeeping of %d KV-cache groups "
                                 "runs in kvshare", len(kv_cache_config.kv_cache_groups))
@@ -153,8 +170,8 @@ def make_kv_cache_manager_factory(original):
                     return KvshareHybridKVCacheManager(kv_cache_config, max_model_len,
                                                        scheduler_block_size, hash_block_size,
                                                        *args, **kwargs)
-                logger.warning("kvshare_vllm: using vLLM's KVCacheManager: %s; %s", why,
-                               why_hybrid)
+                logger.warning("kvshare_vllm: using vLLM's KVCacheManager: %s%s", why,
+                               f"; {why_hybrid}" if why_hybrid != why else "")
                 return original(kv_cache_config, max_model_len, scheduler_block_size,
                                 hash_block_size, *args, **kwargs)
             logger.info("kvshare_vllm: KV-cache bookkeeping runs in kvshare")

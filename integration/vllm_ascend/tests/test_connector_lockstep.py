@@ -117,17 +117,23 @@ class Side:
 
 
 def _block_map(ref: Side, kvs: Side, where: str) -> dict[int, int]:
-    """vLLM's block id -> kvshare's page id, from every request holding blocks on either
-    side; asserts the pairing is one-to-one."""
-    fwd: dict[int, int] = {}
-    back: dict[int, int] = {}
+    """vLLM's block id -> kvshare's page id, from every request's table in every group on
+    either side; asserts the null block sits at the same positions and the pairing of the
+    others is one-to-one."""
+    fwd: dict[int, int] = {0: 0}
+    back: dict[int, int] = {0: 0}
     for rid in sorted(set(ref.s.requests) | set(kvs.s.requests)):
-        (a,) = ref.s.kv_cache_manager.get_block_ids(rid)
-        (b,) = kvs.s.kv_cache_manager.get_block_ids(rid)
-        assert len(a) == len(b), f"{where}: {rid} holds {len(a)} vs {len(b)} blocks"
-        for x, y in zip(a, b):
-            assert fwd.setdefault(x, y) == y and back.setdefault(y, x) == x, \
-                f"{where}: block sharing differs ({rid})"
+        ga = ref.s.kv_cache_manager.get_block_ids(rid)
+        gb = kvs.s.kv_cache_manager.get_block_ids(rid)
+        assert len(ga) == len(gb), f"{where}: {len(ga)} vs {len(gb)} groups"
+        for g, (a, b) in enumerate(zip(ga, gb)):
+            assert len(a) == len(b), \
+                f"{where}: {rid} holds {len(a)} vs {len(b)} blocks in group {g}"
+            assert [x == 0 for x in a] == [y == 0 for y in b], \
+                f"{where}: {rid}'s null blocks differ in group {g}"
+            for x, y in zip(a, b):
+                assert fwd.setdefault(x, y) == y and back.setdefault(y, x) == x, \
+                    f"{where}: block sharing differs ({rid}, group {g})"
     return fwd
 
 
@@ -156,16 +162,32 @@ def _meta(meta, bmap, bs: int) -> tuple:
     return ("example", out)
 
 
-class ConnPair:
-    """The same workload on both sides, compared every step (see the module docstring)."""
+@pytest.fixture(params=["one-group", "groups"])
+def manager(request, monkeypatch) -> str:
+    """Which of kvshare's managers serves a one-group model: the one-group class, or the
+    groups class in its place (``plugin`` builds whatever ``manager.KvshareKVCacheManager``
+    names).  Returns the class name the scheduler must hold."""
+    if request.param == "groups":
+        from kvshare_vllm import hybrid, manager as manager_mod
 
-    def __init__(self, model_dir, kv_transfer, worker, **kw):
+        monkeypatch.setattr(manager_mod, "KvshareKVCacheManager",
+                            hybrid.KvshareHybridKVCacheManager)
+        return "KvshareHybridKVCacheManager"
+    return "KvshareKVCacheManager"
+
+
+class ConnPair:
+    """The same workload on both sides, compared every step (see the module docstring).
+    ``manager``: the class name kvshare's side must hold."""
+
+    def __init__(self, model_dir, kv_transfer, worker, manager="KvshareKVCacheManager", **kw):
         self.ref = Side(model_dir, False, kv_transfer(0), worker, **kw)
         self.kvs = Side(model_dir, True, kv_transfer(1), worker, **kw)
-        assert type(self.kvs.s.kv_cache_manager).__name__ == "KvshareKVCacheManager"
+        assert type(self.kvs.s.kv_cache_manager).__name__ == manager
         assert type(self.ref.s.kv_cache_manager).__name__ == "KVCacheManager"
         self.steps = 0
         self.waited_remote = 0  # request-steps spent in WAITING_FOR_REMOTE_KVS
+        self.remote_nulls = 0  # those with a null block (a window dropped loaded tokens)
         self.preemptions = 0
 
     def add(self, rid, prompt, max_tokens=16, **kw):
@@ -200,8 +222,10 @@ class ConnPair:
         st1 = {r: (q.status, q.num_computed_tokens) for r, q in self.ref.s.requests.items()}
         st2 = {r: (q.status, q.num_computed_tokens) for r, q in self.kvs.s.requests.items()}
         assert st1 == st2, f"{where}: request states differ"
-        self.waited_remote += sum(s == RequestStatus.WAITING_FOR_REMOTE_KVS
-                                  for s, _ in st1.values())
+        remote = [r for r, (s, _) in st1.items() if s == RequestStatus.WAITING_FOR_REMOTE_KVS]
+        self.waited_remote += len(remote)
+        self.remote_nulls += sum(any(0 in t for t in self.ref.s.kv_cache_manager.get_block_ids(r))
+                                 for r in remote)
         bmap = _block_map(self.ref, self.kvs, where)
         m1, m2 = o1.kv_connector_metadata, o2.kv_connector_metadata
         assert _meta(m1, bmap, BS) == _meta(m2, {v: v for v in bmap.values()}, BS), \
@@ -262,7 +286,7 @@ def _prompts(seed: int, n: int) -> list[list[int]]:
     return [heads[k // 2] + [rng.randrange(3, 30000) for _ in range(17)] for k in range(n)]
 
 
-def test_example_connector_lockstep(tiny_model_dir, tmp_path):
+def test_example_connector_lockstep(tiny_model_dir, tmp_path, manager):
     """vLLM's example (shared-storage) connector: synchronous external loads.  It stores a
     prompt's first 48 tokens and finds them for a prompt one token longer (its "cached prompt
     + one generated token" convention), so later waves send the first wave's prompts plus a
@@ -270,7 +294,7 @@ def test_example_connector_lockstep(tiny_model_dir, tmp_path):
     in storage only: external tokens, allocated and cached in allocate_slots (the third wave
     then hits them locally)."""
     pair = ConnPair(tiny_model_dir, lambda i: example_config(tmp_path / f"side{i}"),
-                    ExampleWorker, num_blocks=200, max_num_seqs=4)
+                    ExampleWorker, manager, num_blocks=200, max_num_seqs=4)
     prompts = _prompts(1, 8)
     for wave in range(3):
         for k, p in enumerate(prompts):
@@ -289,7 +313,7 @@ def test_example_connector_lockstep(tiny_model_dir, tmp_path):
 
 @pytest.mark.parametrize("num_blocks,policy", [(200, "recompute"), (200, "fail"),
                                                (28, "recompute")])
-def test_offloading_connector_lockstep(tiny_model_dir, num_blocks, policy):
+def test_offloading_connector_lockstep(tiny_model_dir, num_blocks, policy, manager):
     """vLLM's offloading connector with its CPU spec: every prompt block is stored to the CPU
     tier; requests whose prefix left the device (a reset, or eviction with 28 blocks) load it
     back asynchronously (WAITING_FOR_REMOTE_KVS, delayed caching).  Load jobs take 2 steps, so
@@ -304,7 +328,7 @@ def test_offloading_connector_lockstep(tiny_model_dir, num_blocks, policy):
     keeps a prefix vLLM evicted, hits it locally and schedules a request vLLM loads."""
     pair = ConnPair(tiny_model_dir, lambda i: offloading_config(64, policy),
                     lambda c: OffloadingWorker(load_delay=2, store_delay=1, fail_every=4),
-                    num_blocks=num_blocks, max_num_seqs=4)
+                    manager, num_blocks=num_blocks, max_num_seqs=4)
     prompts = _prompts(2, 10)
     aborted = 0
     for wave in range(3):
@@ -330,12 +354,13 @@ def test_offloading_connector_lockstep(tiny_model_dir, num_blocks, policy):
     assert st["num_seqs"] == 0 and st["device_pages_in_use"] == 0
 
 
-def test_delayed_pages_are_not_found_before_the_load_lands(tiny_model_dir):
+def test_delayed_pages_are_not_found_before_the_load_lands(tiny_model_dir, manager):
     """Driven directly: a request admitted with an asynchronous load holds pages for its
     external tokens, but a prefix lookup finds none of them until cache_blocks after the
     load; then it finds them all.  The block objects carry vLLM's block hash exactly on the
     locally cached pages (what the offloading connector reads to start its load)."""
     m = h.make_scheduler(tiny_model_dir, kvshare=True, num_blocks=64).kv_cache_manager
+    assert type(m).__name__ == manager
     prompt = list(range(100, 165))  # 65 tokens: 4 full blocks
     a = h.make_request("a", prompt)
     blocks, hit = m.get_computed_blocks(a)
@@ -380,3 +405,59 @@ def test_plugin_serves_connectors_using_the_public_surface(tiny_model_dir, tmp_p
                          num_blocks=64)
     assert type(s.connector).__name__ == connector
     assert (type(s.kv_cache_manager).__name__ == "KvshareKVCacheManager") is managed
+
+
+@pytest.mark.parametrize("model,size,num_blocks", [("gpt-oss", 32, 400), ("gemma3", 64, 400),
+                                                   ("gemma3", 64, 90)])
+def test_offloading_connector_lockstep_with_groups(tiny_model_dir, model, size, num_blocks):
+    """vLLM's offloading connector on a model with several KV-cache groups (full attention
+    next to sliding windows of 32 or 64 (vLLM's offloading connector takes no chunked local
+    attention), as
+    test_hybrid_compare builds them): the groups manager against vLLM's
+    ``HybridKVCacheCoordinator``, every step.  Prompts of 97 tokens (65 shared by pairs) leave
+    the window at admission, so external tokens the window drops are null blocks in the
+    windowed group; loads take 2 steps (delayed caching) and requests with the same prefix
+    arrive while a load is in flight.  No load fails: vLLM's own manager cannot take a failed
+    block with several groups (its scheduler reads one block table).  With 90 blocks, the
+    prefixes leave the device by eviction rather than by a reset."""
+    pair = ConnPair(tiny_model_dir, lambda i: offloading_config(256),
+                    lambda c: OffloadingWorker(load_delay=2, store_delay=1),
+                    "KvshareHybridKVCacheManager", num_blocks=num_blocks, max_num_seqs=4,
+                    specs=h.layer_specs(model, size=size))
+    assert len(pair.kvs.s.kv_cache_manager.kv_cache_config.kv_cache_groups) > 1
+    rng = random.Random(hash((model, num_blocks)) & 0xffff)
+    heads = [[rng.randrange(3, 30000) for _ in range(65)] for _ in range(4)]
+    prompts = [heads[k // 2] + [rng.randrange(3, 30000) for _ in range(32)] for k in range(8)]
+    for wave in range(3):
+        for k, p in enumerate(prompts):
+            pair.add(f"w{wave}r{k}", p)
+            if k % 2 == 1:
+                pair.step()
+        pair.run_until_idle()
+        for _ in range(3):  # lets the last stores complete
+            pair.step()
+        if wave == 0 and num_blocks == 400:
+            assert pair.ref.s.reset_prefix_cache() and pair.kvs.s.reset_prefix_cache()
+    w = pair.ref.worker
+    assert pair.ref.ext_hits > 0 and w.loads > 0 and w.stores > 0
+    assert pair.waited_remote > 0 and pair.remote_nulls > 0
+    assert pair.ref.hits > 0
+    st = pair.kvs.s.kv_cache_manager.kvshare_stats()
+    assert st["num_seqs"] == 0 and st["device_pages_in_use"] == 0
+
+
+@pytest.mark.parametrize("state", [False, True])
+def test_plugin_serves_connectors_on_groups(tiny_model_dir, state):
+    """With vLLM's offloading connector on a model of several groups the plugin builds the
+    groups manager for attention groups (full + sliding window), and keeps vLLM's manager with
+    Mamba / linear-attention state groups (external tokens load attention pages only)."""
+    if state:
+        kw = dict(specs=h.mamba_layer_specs("qwen3-next", "all", max_model_len=2048),
+                  mamba_cache_mode="all", max_model_len=2048)
+    else:
+        kw = dict(specs=h.layer_specs("gpt-oss", size=32))
+    s = h.make_scheduler(tiny_model_dir, kvshare=True, kv_transfer=offloading_config(64),
+                         num_blocks=200, **kw)
+    assert len(s.kv_cache_config.kv_cache_groups) > 1
+    assert type(s.kv_cache_manager).__name__ == \
+        ("KVCacheManager" if state else "KvshareHybridKVCacheManager")
