@@ -165,6 +165,12 @@ def main():
         if cmd["op"] == "poison":
             print(json.dumps(poison(cache, store, tokens, cmd["page"])), flush=True)
             continue
+        if cmd["op"] == "exists":  # what the master lists of the prompt's full pages
+            _first, keys = cache.pool_lookup(tokens, None, len(tokens) - 1)
+            print(json.dumps({"op": "exists",
+                              "exist": list(store.batch_is_exist([k for _, _, k in keys]))}),
+                  flush=True)
+            continue
         sid += 1
         t0 = time.perf_counter()
         rt.begin(sid, tokens, max_match_tokens=len(tokens) - 1)
