@@ -504,15 +504,31 @@ class KvshareHybridKVCacheManager(ManagerBase):
             return out
         return self.empty_kv_cache_blocks
 
+    def _new_seq(self, request) -> _HReq:
+        """The state of a request beginning its sequence, with the extra keys its
+        ``get_computed_blocks`` computed (or computed now)."""
+        pend = self._pending
+        extra = pend[1] if pend is not None and pend[0] == request.request_id \
+            else extra_keys_for(request)
+        self._pending = None
+        return _HReq(next(self._seq_ids), extra, self.num_kv_cache_groups)
+
+    def _check_matched(self, request, expected: int, matched: int) -> None:
+        """The hit at allocation is the one ``get_computed_blocks`` reported, or the request
+        is freed and the call fails."""
+        if matched != expected:
+            self.free(request)
+            raise RuntimeError(
+                f"kvshare_vllm: request {request.request_id}: {expected} tokens were found "
+                f"cached by get_computed_blocks but {matched} at allocation")
+
     def _begin(self, request, ids, known: int, need_slot: int, num_hit: int) -> KVCacheBlocks:
         """``allocate_slots`` of a request without a sequence: ``kvs_seq_begin`` (the
         hit again, skipped positions null, fresh pages up to ``need_slot``, full pages of the
         known tokens registered)."""
         rid = request.request_id
-        pend = self._pending
-        extra = pend[1] if pend is not None and pend[0] == rid else extra_keys_for(request)
-        self._pending = None
-        st = _HReq(next(self._seq_ids), extra, self.num_kv_cache_groups)
+        st = self._new_seq(request)
+        extra = st.extra
         fast = self._fast
         nh = num_hit // self.block_size
         rows = None
@@ -539,11 +555,7 @@ class KvshareHybridKVCacheManager(ManagerBase):
             st.n = known
             self._refresh(st)
         self._drain_events(st, request, nh, known // self.block_size if self.enable_caching else nh)
-        if info["matched_tokens"] != num_hit:
-            self.free(request)
-            raise RuntimeError(
-                f"kvshare_vllm: request {rid}: {num_hit} tokens were found cached by "
-                f"get_computed_blocks but {info['matched_tokens']} at allocation")
+        self._check_matched(request, num_hit, info["matched_tokens"])
         if rows is not None:
             return self._handed_blocks(rows)
         return self._handed([vllm_table(t) if g in self._single else t[nh:]
@@ -572,10 +584,8 @@ class KvshareHybridKVCacheManager(ManagerBase):
                 "kvshare_vllm: KV connectors' external tokens with Mamba / linear-attention "
                 "state groups")
         rid, bs = request.request_id, self.block_size
-        pend = self._pending
-        extra = pend[1] if pend is not None and pend[0] == rid else extra_keys_for(request)
-        self._pending = None
-        st = _HReq(next(self._seq_ids), extra, self.num_kv_cache_groups)
+        st = self._new_seq(request)
+        extra = st.extra
         rc, matched, _, self._avail = fast.begin(st, ids, local, _extra_addr(extra), local,
                                                  max(need_slot - local, 0), 0, self._avail)
         if rc == _NO_SPACE:
@@ -583,11 +593,7 @@ class KvshareHybridKVCacheManager(ManagerBase):
         if rc:
             kvshare.check(rc, "kvs_seq_begin")
         self._reqs[rid] = st
-        if matched != local:
-            self.free(request)
-            raise RuntimeError(
-                f"kvshare_vllm: request {rid}: {local} tokens were found cached by "
-                f"get_computed_blocks but {matched} at allocation")
+        self._check_matched(request, local, matched)
         if computed > local:
             _, self._avail = fast.release(st, computed, self._avail)
         if not delay and known > st.n:
