@@ -280,36 +280,59 @@ impl State {
         max_tokens: usize,
         tiers: bool,
     ) -> GroupsHit {
+        self.prefix_hit_keyed(tokens, extra, max_tokens, tiers).0
+    }
+
+    /// [`prefix_hit`](Self::prefix_hit) and the chain digest a unit hit after it continues from:
+    /// its last page's (the root for no page), `None` when the hit runs past the hashed pages
+    /// (chunked local attention never looks up the pages before its chunk), as in a begin.
+    fn prefix_hit_keyed(
+        &mut self,
+        tokens: &[i32],
+        extra: Option<&ExtraKeys>,
+        max_tokens: usize,
+        tiers: bool,
+    ) -> (GroupsHit, Option<u128>) {
         let tokens = &tokens[..tokens.len().min(max_tokens)];
         if self.plain {
             let walked = self.walk(tokens, extra, usize::MAX, tiers);
-            return GroupsHit {
+            let parent = walked.last().map_or(self.root, |(_, k)| k.hash);
+            let hit = GroupsHit {
                 groups: vec![walked.into_iter().map(|(h, _)| Some(h)).collect()],
             };
+            return (hit, Some(parent));
         }
         if !self.cfg.enable_prefix_caching {
-            return GroupsHit {
+            let hit = GroupsHit {
                 groups: vec![Vec::new(); self.groups.len()],
             };
+            return (hit, Some(self.root));
         }
         let (keys, _) = self.page_keys(tokens, extra, &[]);
-        self.groups_hit(&keys, tokens, tokens.len(), tiers)
+        let hit = self.groups_hit(&keys, tokens, tokens.len(), tiers);
+        let parent = match hit.groups.iter().map(Vec::len).max().unwrap_or(0) {
+            0 => Some(self.root),
+            n => keys.get(n - 1).map(|k| k.hash),
+        };
+        (hit, parent)
     }
 
     /// The longest prefix hit of `tokens` every group can serve, at most `max_tokens` tokens
-    /// (vLLM's `get_computed_blocks`: pass `tokens.len() - 1`), in the device tier only.
-    /// Read-only: nothing is held, promoted or counted, so the pages may be evicted by the next
-    /// allocation. Returns the hit in tokens (whole pages) and, per group, its pages for the hit's
-    /// positions: [`NULL_PAGE`] where the group no longer reads the
-    /// position (what [`begin`](Self::begin) would share, before the same-step rule of state
-    /// groups).
+    /// (vLLM's `get_computed_blocks`: pass `tokens.len() - 1`), in the device tier: what
+    /// [`begin`](Self::begin) would take, before the same-step rule of state groups. Read-only:
+    /// nothing is held, promoted or counted, so the pages may be evicted by the next allocation.
+    /// Returns the hit in tokens and, per group, its pages for the hit's whole-page positions:
+    /// [`NULL_PAGE`] where the group no longer reads the position. With `match_unit` below the
+    /// page size the hit also counts the whole units a begin would copy from a cached page no
+    /// sequence holds (device or host tier, as a begin picks them) into its first new page:
+    /// then it is no multiple of the page size, and the pages cover its whole pages only.
     pub fn find_hit(
         &mut self,
         tokens: &[i32],
         extra: Option<&ExtraKeys>,
         max_tokens: usize,
     ) -> (usize, Vec<Vec<u32>>) {
-        let hit = self.prefix_hit(tokens, extra, max_tokens, false);
+        let (hit, parent) = self.prefix_hit_keyed(tokens, extra, max_tokens, false);
         let n = hit.groups.iter().map(Vec::len).max().unwrap_or(0);
         let pages = hit
             .groups
@@ -320,7 +343,12 @@ impl State {
                 p
             })
             .collect();
-        (n * self.ps, pages)
+        let limit = tokens.len().min(max_tokens);
+        let units = match parent {
+            Some(parent) => self.unit_hits(tokens, extra, parent, n, limit),
+            None => Vec::new(),
+        };
+        (n * self.ps + units.first().map_or(0, |u| u.tokens), pages)
     }
 
     /// Tokens of the longest prefix hit of `tokens` every group can serve from the device and

@@ -28,6 +28,11 @@ fn hit_inside_a_page_shares_full_pages_and_copies_whole_units() {
     s.free(1).unwrap();
     // Shares 13 tokens with `a`: page 0 whole, then 5 tokens of page 1, so 2 units (4 tokens).
     let b = prompt(13, 50..60);
+    // The read-only lookup announces the units with the shared page (an engine's scheduler
+    // asks it before allocating); a limit inside a unit drops that unit.
+    assert_eq!(s.find_hit(&b, None, usize::MAX), (12, vec![vec![pa[0]]]));
+    assert_eq!(s.find_hit(&b, None, 11).0, 10);
+    assert_eq!(s.find_hit(&b, None, 7), (6, vec![vec![]]));
     let info = s.begin(2, &b, None, usize::MAX, 0).unwrap();
     assert_eq!((info.matched_tokens, info.unit_tokens), (12, 4));
     assert_eq!((info.num_pages, info.new_pages), (3, 2));
@@ -153,6 +158,9 @@ fn a_demoted_source_is_copied_from_the_host_tier() {
     s.take_copies(usize::MAX);
     s.free(2).unwrap();
     let b: Vec<i32> = prompt(6, 0..0).into_iter().chain([7000, 7001]).collect();
+    // The device tier holds neither page now: the lookup finds no whole page, but the units a
+    // begin would copy from a host page.
+    assert_eq!(s.find_hit(&b, None, usize::MAX).0, 2);
     let info = s.begin(3, &b, None, usize::MAX, 0).unwrap();
     assert_eq!((info.matched_tokens, info.unit_tokens), (6, 2));
     assert_eq!(info.promoted_pages, 1);

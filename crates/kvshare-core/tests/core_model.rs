@@ -143,6 +143,8 @@ struct Engine {
     partial: Vec<Option<usize>>,
     /// Begins held to the match-unit promise, and those where it promised units.
     unit_checks: (usize, usize),
+    /// `Config::skip_cached_writes` (a begin then also shares a cached page the limit cuts).
+    skip_cached_writes: bool,
 }
 
 impl Engine {
@@ -174,6 +176,7 @@ impl Engine {
             },
             partial: vec![None; 24],
             unit_checks: (0, 0),
+            skip_cached_writes,
         }
     }
 
@@ -412,8 +415,15 @@ impl Engine {
                     usize::MAX
                 };
                 let promised = self.promised_units(&t, salt, cap);
+                // The read-only lookup announces what the begin takes: whole pages and units,
+                // unless host-tier pages lengthen the begin's page hit or skip_cached_writes
+                // shares the page the limit cuts.
+                let (found, _) = self.s.find_hit(&t, extra.as_ref(), cap);
                 match self.s.begin(id, &t, extra, cap, 0) {
                     Ok(b) => {
+                        if b.promoted_pages == 0 && !self.skip_cached_writes {
+                            assert_eq!(b.matched_tokens, found, "find_hit before begin");
+                        }
                         self.check_unit_promise(&t, &b, &promised);
                         self.drain();
                         assert!(b.matched_tokens <= cap);
@@ -527,7 +537,16 @@ impl Engine {
                 let t = &prefixes[prefix as usize];
                 // The read-only cross-group hit is the device part of the match that follows.
                 let (hit, found) = self.s.find_hit(t, None, usize::MAX);
-                assert_eq!((found.len(), hit), (1, found[0].len() * PS));
+                let pages_hit = found[0].len() * PS;
+                // Whole pages, then (with a unit below the page) fewer than a page of units.
+                assert_eq!(found.len(), 1);
+                assert!(
+                    hit >= pages_hit && hit - pages_hit < PS.max(1),
+                    "find_hit {hit}"
+                );
+                if self.unit == PS {
+                    assert_eq!(hit, pages_hit, "find_hit with whole-page hits");
+                }
                 // The device-and-host hit a router asks for: read-only, at least the device
                 // hit, at most what the match that follows takes (host pages promoted as room
                 // allows).
@@ -539,8 +558,8 @@ impl Engine {
                     "cached_prefix_tokens changed the cache"
                 );
                 assert!(
-                    cached >= hit,
-                    "cached_prefix_tokens {cached} < device hit {hit}"
+                    cached >= pages_hit,
+                    "cached_prefix_tokens {cached} < device hit {pages_hit}"
                 );
                 let m = self
                     .s

@@ -112,11 +112,14 @@ impl kvs_cache {
     /// (vLLM's `get_computed_blocks`: pass `num_tokens - 1`), in the device tier: what
     /// `kvs_seq_begin` would share (before the same-step rule of state groups). Read-only:
     /// nothing is held, promoted or counted, and the pages may be evicted by any later
-    /// allocation. Writes the hit N (whole pages) to `*matched_tokens_out` and, when `pages_out`
-    /// is not NULL, row `g` of `pages_out` (row-major `[num_groups, max_pages_per_group]`) gets
-    /// group `g`'s `N / page_size` pages: its hit pages, `KVS_NULL_PAGE` at positions it no
-    /// longer reads; entries after them are left as they were. `pages_out` may be NULL with
-    /// `pages_len` 0 (the hit length only).
+    /// allocation. Writes the hit N to `*matched_tokens_out` and, when `pages_out` is not NULL,
+    /// row `g` of `pages_out` (row-major `[num_groups, max_pages_per_group]`) gets group `g`'s
+    /// `N / page_size` pages: its hit pages, `KVS_NULL_PAGE` at positions it no longer reads;
+    /// entries after them are left as they were. `pages_out` may be NULL with `pages_len` 0
+    /// (the hit length only). N is whole pages, plus, with `match_unit` below `page_size`, the
+    /// whole units `kvs_seq_begin` would copy into the first new page from a cached page no
+    /// sequence holds (device or host tier): an engine's scheduler learns the sub-page hit
+    /// before it allocates.
     ///
     /// **Failure:** NULL `cache`, `tokens` with `num_tokens` above 0, `pages_out` with
     /// `pages_len` above 0 or `matched_tokens_out`; misaligned pointers, a `num_groups *
