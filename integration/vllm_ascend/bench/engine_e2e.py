@@ -67,6 +67,8 @@ DEFAULTS = {
     "output_tokens": 12,
     "extras": True,             # the n>1 and cache_salt requests after the turns
     "host_pages": 0,            # > 0: kvshare's KV connector with a host tier of that many pages
+    "match_unit": 0,            # KVSHARE_VLLM_MATCH_UNIT: sub-page hits (on vLLM 0.23 through
+                                # kvshare's KV connector, configured here with the host pages)
     "prefetch_waiting": 2,      # the connector's prefetch_waiting option
     "returns": 0,               # evict-and-return rounds before the turns (see run)
     "kv_transfer": None,        # a KV connector's KVTransferConfig fields (e.g. ExampleConnector)
@@ -355,6 +357,7 @@ def run(cfg: dict) -> dict:
     os.environ["KVSHARE_VLLM"] = "1" if cfg["kvshare"] else "0"
     os.environ["KVSHARE_VLLM_OPS"] = "1" if cfg["kvshare_attention"] else "0"
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if cfg["multiprocess"] else "0"
+    os.environ["KVSHARE_VLLM_MATCH_UNIT"] = str(cfg["match_unit"])
     os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import numpy as np
@@ -373,7 +376,14 @@ def run(cfg: dict) -> dict:
     if cfg["kv_transfer"]:
         from vllm.config import KVTransferConfig
         extra["kv_transfer_config"] = KVTransferConfig(**cfg["kv_transfer"])
-    if cfg["host_pages"]:  # kvshare's own connector (one connector: not with kv_transfer)
+    # kvshare's own connector (one connector: not with kv_transfer): the host tier, and the
+    # channel of sub-page hits' copies where vLLM has no block copies of its own (0.23).
+    own_connector = bool(cfg["host_pages"])
+    if cfg["match_unit"] and cfg["kvshare"]:
+        from kvshare_vllm import compat
+
+        own_connector = own_connector or compat.manager_api() == "0.23.0"
+    if own_connector:
         from vllm.config import KVTransferConfig
 
         if cfg["kv_transfer"]:
@@ -494,9 +504,10 @@ def run(cfg: dict) -> dict:
         if hasattr(mgr, "kvshare_stats"):
             st = mgr.kvshare_stats()
             res["kvshare_stats"] = {k: st[k] for k in ("demotions", "promotions", "prefetched",
-                                                      "host_hit_tokens", "evictions")
+                                                      "host_hit_tokens", "evictions",
+                                                      "unit_hits", "unit_hit_tokens")
                                     if k in st}
-        if cfg["host_pages"]:
+        if own_connector:
             from vllm.distributed.kv_transfer import get_kv_transfer_group
 
             w = get_kv_transfer_group()

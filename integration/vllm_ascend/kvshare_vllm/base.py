@@ -48,6 +48,30 @@ def _extra_addr(extra) -> int:
     return int(ffi.cast("uintptr_t", extra.ptr)) if extra is not None else 0
 
 
+MATCH_UNIT_ENV = "KVSHARE_VLLM_MATCH_UNIT"
+
+
+def match_unit_setting(block_size: int) -> int:
+    """``KVSHARE_VLLM_MATCH_UNIT``: the granularity of prefix hits in tokens, a divisor of the
+    block size below it (e.g. 16 with 128-token blocks); 0 (unset, or the block size itself)
+    keeps whole-block hits.  A hit then also takes the whole units of a cached block it goes
+    on into, copied into the request's first new block before the step's forward pass.
+    Raises ValueError naming the variable for any other value."""
+    import os
+
+    raw = os.environ.get(MATCH_UNIT_ENV, "").strip()
+    if not raw:
+        return 0
+    try:
+        unit = int(raw)
+    except ValueError:
+        unit = -1
+    if unit < 0 or (unit and block_size % unit):
+        raise ValueError(f"kvshare_vllm: {MATCH_UNIT_ENV}={raw!r} must be 0 or a divisor of the "
+                         f"block size {block_size} (tokens)")
+    return 0 if unit == block_size else unit
+
+
 class ManagerBase:
     """The shared half of both managers; see the module doc for what a subclass provides."""
 

@@ -8,9 +8,11 @@ Selected with vLLM's usual KV-transfer config (kvshare's manager must be on: ``K
 
 Options (``kv_connector_extra_config``):
 
-* ``num_host_pages`` (required, > 0): host pages (of one block of every layer each) in the pool
+* ``num_host_pages`` (default 0): host pages (of one block of every layer each) in the pool
   the worker allocates, page-locked when the KV cache is not on the CPU; kvshare's manager is
-  built with the same number (``num_host_pages``, ``demote_to_host``).
+  built with the same number (``num_host_pages``, ``demote_to_host``).  0 is no host tier: the
+  connector then carries the partial copies of sub-page hits (``KVSHARE_VLLM_MATCH_UNIT``) and
+  the pool tier's transfers.
 * ``prefetch_waiting`` (default 2): waiting requests whose host-tier prefix is promoted after
   each ``schedule`` (``kvs_prefix_prefetch``), so their copies run with the current step.
 * ``pool`` (optional): the pool tier on Mooncake Store, shared by engines (``master``,
@@ -76,15 +78,16 @@ NAME = "KvshareConnector"
 MODULE = "kvshare_vllm.connector"
 
 
-def host_pages(vllm_config) -> int:
-    """``num_host_pages`` of a config that selects this connector; 0 when it does not."""
+def host_pages(vllm_config) -> int | None:
+    """``num_host_pages`` of a config that selects this connector (0 when not given: no host
+    tier); None when it does not select it."""
     ktc = getattr(vllm_config, "kv_transfer_config", None)
     if ktc is None or ktc.kv_connector != NAME:
-        return 0
-    n = (ktc.kv_connector_extra_config or {}).get("num_host_pages")
-    if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
+        return None
+    n = (ktc.kv_connector_extra_config or {}).get("num_host_pages", 0)
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
         raise ValueError(f"{NAME}: kv_connector_extra_config['num_host_pages'] must be an "
-                         f"int > 0, got {n!r}")
+                         f"int >= 0, got {n!r}")
     return n
 
 
@@ -164,20 +167,19 @@ _D2D = lib.KVS_COPY_KIND_DEVICE_TO_DEVICE
 
 
 def _torch_copies(dev, host, rows, page_size: int) -> None:
-    """Whole-block copies along dimension 0 of ``dev`` / ``host``, one at a time, in order (a
-    block may be written and read again within one step's list)."""
+    """Copies of blocks along dimension 0 of ``dev`` / ``host`` (vLLM CPU's layout, token slots
+    in dimension 2), one at a time, in order (a block may be written and read again within one
+    step's list); a partial copy (a sub-page hit's units) takes the first ``n`` slots."""
     for src, dst, n, kind in rows:
         if n == 0:
             continue
-        if n != page_size:
-            raise NotImplementedError(f"{NAME}: a partial-page copy ({n} of {page_size} tokens) "
-                                      "on vLLM's CPU KV layout")
+        slots = slice(None) if n == page_size else slice(0, n)
         if kind == _D2H:
-            host[dst].copy_(dev[src])
+            host[dst, :, slots].copy_(dev[src, :, slots])
         elif kind == _H2D:
-            dev[dst].copy_(host[src])
+            dev[dst, :, slots].copy_(host[src, :, slots])
         elif kind == _D2D:
-            dev[dst].copy_(dev[src])
+            dev[dst, :, slots].copy_(dev[src, :, slots])
         else:
             raise ValueError(f"{NAME}: unknown copy kind {kind}")
 
@@ -217,8 +219,8 @@ class KvshareConnector(KVConnectorBase_V1, SupportsHMA):
         if not isinstance(mgr, (KvshareKVCacheManager, KvshareHybridKVCacheManager)) \
                 or mgr.host_tier is None:
             raise RuntimeError(
-                f"{NAME} needs kvshare's KV-cache manager with host pages (KVSHARE_VLLM=1 and a "
-                "configuration kvshare manages); the scheduler built "
+                f"{NAME} needs kvshare's KV-cache manager (KVSHARE_VLLM=1 and a configuration "
+                "kvshare manages); the scheduler built "
                 f"{type(mgr).__name__ if mgr is not None else type(gpu_block_pool).__name__}")
         if mgr.host_tier.num_host_pages != self.num_host_pages:
             raise RuntimeError(f"{NAME}: the manager has {mgr.host_tier.num_host_pages} host "
@@ -342,8 +344,9 @@ class KvshareConnector(KVConnectorBase_V1, SupportsHMA):
             a.key_cache = ffi.cast("void *", k.data_ptr())
             a.value_cache = ffi.cast("void *", v.data_ptr())
             a.cache = lay[0]
-            a.host_key_cache = ffi.cast("void *", hk.data_ptr())
-            a.host_value_cache = ffi.cast("void *", hv.data_ptr())
+            if self.num_host_pages:  # else NULL: no host pool
+                a.host_key_cache = ffi.cast("void *", hk.data_ptr())
+                a.host_value_cache = ffi.cast("void *", hv.data_ptr())
             a.num_host_pages = self.num_host_pages
             layers.append(_Layer(a, host if isinstance(host, tuple) else (host,)))
             self._device = k.device

@@ -16,7 +16,9 @@ copy (``kvs_cache_take_copies``).  Here:
   after each ``schedule``), so its copies run with this step and its admission finds the pages
   on the device.
 * :meth:`HostTier.take_copies` drains the copy queue as packed ``kvs_copy`` records (20 bytes
-  each), the form the connector ships in its metadata and the worker hands to ``kvs_kv_copy``.
+  each), the form the connector ships in its metadata and the worker hands to ``kvs_kv_copy``:
+  demotions, promotions and the partial copies of sub-page hits (``KVSHARE_VLLM_MATCH_UNIT``,
+  ``base.match_unit_setting``).
 
 Why ordering is enough (no completion report): every copy is queued inside ``schedule`` and
 shipped with that step's metadata; the worker executes the list in queue order in
@@ -34,28 +36,53 @@ from kvshare import ffi, lib
 
 COPY_BYTES = ffi.sizeof("kvs_copy")
 # The host pages of the manager being built: set by the plugin around ``Scheduler.__init__``
-# from the connector's options (``plugin._wrap_scheduler_init``), 0 otherwise.  A context
-# variable because vLLM's manager constructor (whose signature kvshare's keeps exactly, see
-# compat.py) has no view of the KV-transfer config; the scheduler builds its connector and then
-# its manager.
-HOST_PAGES: contextvars.ContextVar[int] = contextvars.ContextVar("kvshare_host_pages", default=0)
+# from the connector's options (``plugin._wrap_scheduler_init``): None without kvshare's KV
+# connector, its ``num_host_pages`` with it (0: no host tier, the connector still carries the
+# manager's other copies).  A context variable because vLLM's manager constructor (whose
+# signature kvshare's keeps exactly, see compat.py) has no view of the KV-transfer config; the
+# scheduler builds its connector and then its manager.
+HOST_PAGES: contextvars.ContextVar[int | None] = contextvars.ContextVar("kvshare_host_pages",
+                                                                        default=None)
+
+
+class CopyQueue:
+    """Drains a kvshare cache's queued page copies (``kvs_cache_take_copies``)."""
+
+    def __init__(self, handle, batch: int = 1024):
+        self._h = handle
+        self._buf = ffi.new("kvs_copy[]", batch)
+        self._n = ffi.new("size_t *")
+
+    def take(self) -> bytes:
+        """Every queued page copy, oldest first, as packed ``kvs_copy`` records."""
+        out = []
+        cap = len(self._buf)
+        while True:
+            rc = lib.kvs_cache_take_copies(self._h, self._buf, cap, self._n)
+            if rc:
+                kvshare.check(rc, "kvs_cache_take_copies")
+            k = self._n[0]
+            if k:
+                out.append(ffi.buffer(self._buf, k * COPY_BYTES)[:])
+            if k < cap:
+                return b"".join(out)
 
 
 class HostTier:
     """The host-tier calls of one kvshare manager (``KvshareKVCacheManager`` or
-    ``KvshareHybridKVCacheManager``, which owns the cache handle ``_h``)."""
+    ``KvshareHybridKVCacheManager``, which owns the cache handle ``_h``) built with kvshare's
+    KV connector; with 0 host pages only its copy hand-off does anything."""
 
     def __init__(self, manager, num_host_pages: int, batch: int = 1024):
         self._mgr = manager
         self.num_host_pages = num_host_pages
-        self._buf = ffi.new("kvs_copy[]", batch)
-        self._n = ffi.new("size_t *")
+        self._copies = CopyQueue(manager._h, batch)
         self._promoted = ffi.new("size_t *")
 
     def _prefetch(self, ids, extra) -> int:
         """``kvs_prefix_prefetch`` of ``ids`` minus the last token; returns pages promoted."""
         n = max(len(ids) - 1, 0)
-        if n < self._mgr.block_size:
+        if n < self._mgr.block_size or not self.num_host_pages:
             return 0
         toks = self._mgr._pack(ids[:n])
         rc = lib.kvs_prefix_prefetch(self._mgr._h, ffi.from_buffer("int32_t[]", toks), n,
@@ -76,20 +103,11 @@ class HostTier:
         """For a waiting request: starts its promotions now (their copies ride this step)."""
         from .base import _token_ids
 
-        if not self._mgr.enable_caching or request.skip_reading_prefix_cache:
+        if not self.num_host_pages or not self._mgr.enable_caching \
+                or request.skip_reading_prefix_cache:
             return 0
         return self._prefetch(_token_ids(request), self._mgr._extra_for(request))
 
     def take_copies(self) -> bytes:
         """Every queued page copy, oldest first, as packed ``kvs_copy`` records."""
-        out = []
-        cap = len(self._buf)
-        while True:
-            rc = lib.kvs_cache_take_copies(self._mgr._h, self._buf, cap, self._n)
-            if rc:
-                kvshare.check(rc, "kvs_cache_take_copies")
-            k = self._n[0]
-            if k:
-                out.append(ffi.buffer(self._buf, k * COPY_BYTES)[:])
-            if k < cap:
-                return b"".join(out)
+        return self._copies.take()

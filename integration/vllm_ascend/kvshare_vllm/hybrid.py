@@ -38,7 +38,7 @@ _require_supported_vllm_and_native()  # before vLLM's imports: an unsupported vL
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 
 from . import _fast, logger  # _fast required: startup.require() has checked that it loads
-from .base import ManagerBase, _cdiv, _extra_addr, _token_ids
+from .base import MATCH_UNIT_ENV, ManagerBase, _cdiv, _extra_addr, _token_ids, match_unit_setting
 from .host_tier import HOST_PAGES, HostTier
 from .state_groups import (is_state_spec, skipped_tokens, state_group_kind,
                            state_unsupported_reason, vllm_table)
@@ -173,6 +173,10 @@ class KvshareHybridKVCacheManager(ManagerBase):
         # The page size: the attention groups' block size (a "none" state group's block is
         # max_model_len tokens: one page here, see state_groups).
         self.block_size = bs = next(s.block_size for s in self.specs if not is_state_spec(s))
+        if match_unit_setting(bs):
+            raise ValueError(f"kvshare_vllm: {MATCH_UNIT_ENV}: sub-page hits run for models of "
+                             "one full-attention KV-cache group, not on "
+                             f"{', '.join(type(x).__name__ for x in self.specs)} (unset it)")
         kinds = [_group_kind(s) for s in self.specs]
         self._groups = [(k, w, s.page_size_bytes) for (k, w), s in zip(kinds, self.specs)]
         # Tokens a group skips once c tokens are computed (vLLM's get_num_skipped_tokens).
@@ -194,9 +198,10 @@ class KvshareHybridKVCacheManager(ManagerBase):
                           if k != "full" and g not in self._single]
         self._zero_new = bool(getattr(kv_cache_config, "needs_kv_cache_zeroing", False))
         # The host tier, when kvshare's KV connector executes its copies (host_tier.py).
-        self.num_host_pages = HOST_PAGES.get()
+        connector = HOST_PAGES.get()  # None without kvshare's KV connector
+        self.num_host_pages = connector or 0
         self.cache = self._new_cache()
-        self.host_tier = HostTier(self, self.num_host_pages) if self.num_host_pages else None
+        self.host_tier = HostTier(self, self.num_host_pages) if connector is not None else None
         if enable_kv_cache_events:
             from vllm.v1.kv_cache_interface import (get_kv_cache_spec_kind,
                                                     get_kv_cache_spec_sliding_window)

@@ -34,9 +34,10 @@ from vllm.v1.request import RequestStatus
 
 from . import logger
 from . import _fast  # required: startup.require() has checked that it loads
-from .base import ManagerBase, _cdiv, _extra_addr, _kv_dtype, _token_ids, extra_keys_for
+from .base import (MATCH_UNIT_ENV, ManagerBase, _cdiv, _extra_addr, _kv_dtype, _token_ids,
+                   extra_keys_for, match_unit_setting)
 from .events import EventTranslator, cached_blocks_event
-from .host_tier import HOST_PAGES, HostTier
+from .host_tier import HOST_PAGES, CopyQueue, HostTier
 from .pool_tier import POOL
 from .manager_newer import NewerSurface
 from .views import _BlockPoolView, _CoordinatorView
@@ -206,7 +207,19 @@ class KvshareKVCacheManager(NewerSurface, ManagerBase):
         spec = group.kv_cache_spec
         self.block_size = bs = spec.block_size
         self.num_kv_cache_groups = 1
-        num_host_pages = HOST_PAGES.get()  # > 0 with kvshare's KV connector (host_tier.py)
+        connector = HOST_PAGES.get()  # None without kvshare's KV connector (host_tier.py)
+        num_host_pages = connector or 0
+        # The pool tier's key settings, when kvshare's connector has a pool (pool_tier.py).
+        pool = POOL.get()
+        self._unit = unit = match_unit_setting(bs)
+        if unit and _API == "0.23.0" and connector is None:
+            raise ValueError(
+                f"kvshare_vllm: {MATCH_UNIT_ENV}={unit}: on vLLM 0.23 the partial copies of "
+                "sub-page hits run in the worker through kvshare's KV connector; configure "
+                "KvshareConnector (kv_transfer_config, docs/vllm.md) or unset it")
+        if unit and pool:
+            raise ValueError(f"kvshare_vllm: {MATCH_UNIT_ENV}={unit} with the pool tier: the "
+                             "pool stores and loads whole pages; unset one of them")
 
         dtype = _kv_dtype(spec)
         cfg = kvshare.config_default(
@@ -223,12 +236,10 @@ class KvshareKVCacheManager(NewerSurface, ManagerBase):
             skip_cached_writes=False,
             demote_to_host=num_host_pages > 0,
             enable_events=enable_kv_cache_events,
-            # Whole-page hits: a hit inside a page needs its partial copy executed in the
-            # worker, and no worker-side copy channel exists yet (docs/vllm.md, "Prefix hits").
-            match_unit=0,
+            # Sub-page hits: their partial copies reach the worker through kvshare's KV
+            # connector (0.23) or vLLM's block copies (0.32, take_kv_cache_block_copies).
+            match_unit=unit,
         )
-        # The pool tier's key settings, when kvshare's connector has a pool (pool_tier.py).
-        pool = POOL.get()
         self.cache = kvshare.Cache(cfg, pool=pool["cache"] if pool else None)
         self._h = self.cache.handle
         # kvshare's page is vLLM's, byte for byte, where vLLM's geometry is kvshare's (K and V
@@ -240,8 +251,11 @@ class KvshareKVCacheManager(NewerSurface, ManagerBase):
                 raise ValueError(f"kvshare_vllm: vLLM's KV pages hold {want} bytes over "
                                  f"{len(group.layer_names)} layers, kvshare's would hold {got} "
                                  f"(element type {spec.dtype})")
-        # The host tier, when kvshare's KV connector executes its copies (host_tier.py).
-        self.host_tier = HostTier(self, num_host_pages) if num_host_pages > 0 else None
+        # The host tier and copy hand-off, when kvshare's KV connector executes the copies
+        # (host_tier.py); without it, sub-page hits' copies go out as vLLM's block copies.
+        self.host_tier = HostTier(self, num_host_pages) if connector is not None else None
+        self._copy_queue = CopyQueue(self._h) if unit and connector is None else None
+        self._found_out = ffi.new("size_t *")
 
         self.block_pool = _BlockPoolView(self, self.num_blocks)
         self._blocks = self.block_pool.blocks
@@ -368,23 +382,43 @@ class KvshareKVCacheManager(NewerSurface, ManagerBase):
 
     # ------------------------------------------------------------------ public surface
     def _lookup(self, request) -> tuple[KVCacheBlocks, int]:
-        """The hit blocks and hit tokens of ``request`` (whole pages, at most ``num_tokens - 1``
-        tokens; EAGLE drops the last page), remembered for its ``allocate_slots``."""
+        """The hit blocks and hit tokens of ``request`` (whole pages, then with a match unit
+        the whole units of a cached page the hit goes on into; at most ``num_tokens - 1``
+        tokens; EAGLE drops the last page and any units), remembered for its
+        ``allocate_slots``."""
         if self._dirty:
             self._flush()
         ids = _token_ids(request)
         st_extra = self._extra_for(request)
         if self.host_tier is not None:
             self.host_tier.promote(ids, st_extra)
-        rc, toks, hits = self._match(ids, _extra_addr(st_extra), max(len(ids) - 1, 0))
+        limit = max(len(ids) - 1, 0)
+        rc, toks, hits = self._match(ids, _extra_addr(st_extra), limit)
         if rc:
             kvshare.check(rc, "kvs_prefix_match")
         if self.use_eagle and hits:
             hits.pop()  # EAGLE recomputes the last matched block for its hidden states
         self._pending = (request.request_id, toks, st_extra)
-        if not hits:
+        hit = len(hits) * self.block_size
+        if self._unit and not self.use_eagle and hit + self._unit <= limit:
+            hit = self._unit_hit(toks, st_extra, limit, len(hits))
+        if not hit:
             return self.empty_kv_cache_blocks, 0
-        return KVCacheBlocks((hits,)), len(hits) * self.block_size
+        return KVCacheBlocks((hits,)), hit
+
+    def _unit_hit(self, toks: bytes, extra, limit: int, pages: int) -> int:
+        """The hit of ``pages`` whole pages plus the units ``kvs_seq_begin`` will copy from a
+        cached page (``kvs_prefix_find``, which walks the same device pages)."""
+        rc = lib.kvs_prefix_find(self._h, ffi.from_buffer("int32_t[]", toks), len(toks) // 4,
+                                 extra.ptr if extra is not None else ffi.NULL, limit, ffi.NULL,
+                                 0, 0, self._found_out)
+        if rc:
+            kvshare.check(rc, "kvs_prefix_find")
+        found = self._found_out[0]
+        if found // self.block_size != pages:
+            raise RuntimeError(f"kvshare_vllm: prefix lookups disagree ({pages} pages, then "
+                               f"{found} tokens)")
+        return found
 
     def prefix_cache_lookup_enabled(self, request) -> bool:
         """Whether ``request`` may take prefix-cache hits (caching on, and the request does not
@@ -542,7 +576,8 @@ class KvshareKVCacheManager(NewerSurface, ManagerBase):
             self._flush()  # kvs_seq_begin matches: pages that filled must be findable
         group = new_computed_blocks.blocks[0] if new_computed_blocks is not None else ()
         nh = len(group)
-        if nh * bs != num_new_computed_tokens:
+        units = num_new_computed_tokens - nh * bs  # a sub-page hit's copied tokens
+        if units and not (self._unit and 0 < units < bs and units % self._unit == 0):
             raise ValueError("num_new_computed_tokens does not match new_computed_blocks")
         lookahead = max(need_slot - known, 0)
         # kvs_seq_begin's own NO_SPACE is vLLM's check for `known` tokens; the gate adds what

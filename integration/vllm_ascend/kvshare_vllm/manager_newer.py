@@ -1,13 +1,13 @@
 """The calls only vLLM 0.32's scheduler makes on ``KvshareKVCacheManager`` (a mixin of it):
 lookups cut to computed tokens, the cached-token estimate, KV zeroing after a failed load, the
-copy and offload hand-offs kvshare has none of, and the deferred free (``pop_blocks_for_free``,
-then ``block_pool.free_blocks``).  The state they read (``_reqs``, ``_pages``, ``_popped``, ...)
+block copies of sub-page hits, the offload hand-offs kvshare has none of, and the deferred
+free (``pop_blocks_for_free``, then ``block_pool.free_blocks``).  The state they read (``_reqs``, ``_pages``, ``_popped``, ...)
 is the manager's (``manager.py``)."""
 
 from __future__ import annotations
 
 import kvshare
-from kvshare import lib
+from kvshare import ffi, lib
 
 from .base import _cdiv
 
@@ -68,10 +68,27 @@ class NewerSurface:
             self._new_block_ids.extend(st.pages[start_token // self.block_size:])
 
     def take_kv_cache_block_copies(self) -> tuple[list, list]:
-        """Copy-on-write block copies for hits ending inside a block, and the blocks they hold:
-        none.  kvshare's hits are whole pages here (``match_unit`` 0), as vLLM's own are for
-        one full-attention group, where vLLM refuses a hash granularity below the block."""
-        return [], []
+        """The block copies of this step's sub-page hits (``KVSHARE_VLLM_MATCH_UNIT``), which
+        the worker runs before the step's forward pass, and the blocks retained for them:
+        none, as kvshare holds each source until this hand-off and every later use of it
+        (a new owner's KV writes, a later copy) comes in a later step, after these copies.
+        vLLM copies whole blocks; the slots past the hit's units are the request's to write
+        before anything reads them."""
+        queue = self._copy_queue
+        if queue is None:
+            return [], []
+        raw = queue.take()
+        if not raw:
+            return [], []
+        from vllm.v1.core.kv_cache_utils import KVCacheBlockCopy
+
+        copies = []
+        for c in ffi.from_buffer("kvs_copy[]", raw):
+            if c.kind != lib.KVS_COPY_KIND_DEVICE_TO_DEVICE or c.group != 0:
+                raise RuntimeError(f"kvshare_vllm: a copy of kind {c.kind} in group {c.group} "
+                                   "has no vLLM block copy")
+            copies.append(KVCacheBlockCopy(c.src_page, c.dst_page))
+        return copies, []
 
     def take_boundary_state_offloads(self) -> dict:
         """Mamba "align" boundary states for a KV connector: none (no Mamba group)."""

@@ -267,3 +267,115 @@ def step(s: Scheduler, requests: dict[str, Request]):
                             prompt_logprobs_dict={}, pooler_output=[])
     eco = s.update_from_output(out, mro)
     return out, eco
+
+
+def connector_copies(meta) -> list[tuple[int, int, int, int]]:
+    """(src, dst, tokens, kind) of each ``kvs_copy`` kvshare's KV connector shipped in a step's
+    metadata (group 0: one group)."""
+    import struct
+
+    rows = list(struct.iter_unpack("<5I", meta.copies))
+    assert all(r[4] == 0 for r in rows)
+    return [r[:4] for r in rows]
+
+
+class ShadowWorker:
+    """A worker's KV as labels: ``dev[page]`` / ``host[page]`` is the token tuple whose KV the
+    page holds (``None``: garbage).  ``apply`` runs a step's copies (``(src, dst, tokens,
+    kind)``, kvs_copy kinds) in order; ``compute`` writes the step's tokens; ``check`` verifies
+    a request's computed tokens before its step.  A partial copy (a sub-page hit's units) gives
+    the destination the first ``tokens`` slots of the source page; a whole-page copy its
+    label."""
+
+    def __init__(self, num_blocks: int, host_pages: int, block_size: int,
+                 apply_copies: bool = True):
+        self.dev = [None] * num_blocks
+        self.host = [None] * host_pages
+        self.bs = block_size
+        self.apply_copies = apply_copies
+        self.promotions = 0    # whole pages host -> device
+        self.partial = 0       # copies of fewer tokens than a page
+        self.hits: dict = {}   # request id -> tokens computed before its first step
+
+    def _cut(self, label, n: int):
+        if label is None or n == self.bs:
+            return label
+        return label[:(len(label) - 1) // self.bs * self.bs + n]
+
+    def apply(self, rows) -> None:
+        from kvshare import lib
+
+        for src, dst, n, kind in rows:
+            assert 0 < n <= self.bs
+            self.partial += n < self.bs
+            if not self.apply_copies:
+                continue
+            if kind == lib.KVS_COPY_KIND_DEVICE_TO_HOST:
+                assert n == self.bs, "a demotion moves a whole page"
+                self.host[dst] = self.dev[src]
+            elif kind == lib.KVS_COPY_KIND_HOST_TO_DEVICE:
+                self.dev[dst] = self._cut(self.host[src], n)
+                self.promotions += n == self.bs
+            elif kind == lib.KVS_COPY_KIND_DEVICE_TO_DEVICE:
+                self.dev[dst] = self._cut(self.dev[src], n)
+            else:
+                raise AssertionError(f"unexpected copy kind {kind}")
+
+    def check(self, rid, tokens, table, computed: int) -> None:
+        bs = self.bs
+        for i in range((computed + bs - 1) // bs):
+            end = min((i + 1) * bs, computed)
+            want = tuple(tokens[:end])
+            got = self.dev[table[i]]
+            assert got is not None and got[:end] == want, \
+                f"{rid}: block {i} (page {table[i]}) does not hold tokens [0, {end})"
+
+    def compute(self, tokens, table, start: int, end: int) -> None:
+        for pos in range(start, end):
+            self.dev[table[pos // self.bs]] = tuple(tokens[:pos + 1])
+
+
+def shadow_run(s, shadow: ShadowWorker, pending: list, rng, copies_of,
+               max_steps: int = 3000) -> dict:
+    """Drives scheduler ``s`` until ``pending`` is served, a few requests at a time, with
+    ``shadow`` as the worker: each step's copies (``copies_of(scheduler output)`` as
+    ``ShadowWorker.apply`` takes them) run first, then every scheduled request's computed
+    tokens are checked and its new ones written.  An item of ``pending`` is a ``Request``, or a
+    callable given the finished requests by id that returns one, or None until it can (a
+    conversation's next turn).  Returns the finished requests by id."""
+    mgr = s.kv_cache_manager
+    reqs: dict = {}
+    done: dict = {}
+    pending = list(pending)
+    for _ in range(max_steps):
+        while pending and (not reqs or rng.random() < 0.3):
+            r = pending[0] if isinstance(pending[0], Request) else pending[0](done)
+            if r is None:
+                break
+            pending.pop(0)
+            reqs[r.request_id] = r
+            s.add_request(r)
+        if not reqs and not pending:
+            break
+        out = s.schedule()
+        shadow.apply(copies_of(out))
+        sampled, ids = [], list(out.num_scheduled_tokens)
+        for rid in ids:
+            r = reqs[rid]
+            n = out.num_scheduled_tokens[rid]
+            end = r.num_computed_tokens  # schedule() advanced it already
+            start = end - n
+            table = mgr.get_block_ids(rid)[0]
+            toks = list(r.all_token_ids)
+            shadow.hits.setdefault(rid, start)
+            shadow.check(rid, toks, table, start)
+            shadow.compute(toks, table, start, end)
+            sampled.append([rng.randrange(3, 30000)] if end >= r.num_tokens else [])
+        mro = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                                sampled_token_ids=sampled, logprobs=None,
+                                prompt_logprobs_dict={}, pooler_output=[])
+        s.update_from_output(out, mro)
+        for rid in [rid for rid, r in reqs.items() if r.is_finished()]:
+            done[rid] = reqs.pop(rid)
+    assert not reqs and not pending, "the workload did not finish"
+    return done

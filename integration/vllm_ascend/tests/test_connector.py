@@ -23,7 +23,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from harness import make_request, make_vllm_config
+from harness import (ShadowWorker, connector_copies, make_request, make_vllm_config,
+                     shadow_run)
 from kvshare import lib
 from kvshare_vllm import connector as conn_mod
 from kvshare_vllm import plugin
@@ -68,50 +69,6 @@ def _scheduler(model_dir, num_blocks: int, host_pages: int, kvshare: bool = True
             plugin.remove()
 
 
-def _copies(meta: KvshareConnectorMetadata):
-    """(src, dst, tokens, kind) of each shipped ``kvs_copy`` (group 0: one group here)."""
-    rows = list(struct.iter_unpack("<5I", meta.copies))
-    assert all(r[4] == 0 for r in rows)
-    return [r[:4] for r in rows]
-
-
-class ShadowWorker:
-    """The KV as labels: ``dev[page]`` / ``host[page]`` is the token tuple whose KV the page
-    holds (``None``: garbage).  ``apply`` runs a step's copies in order; ``compute`` writes the
-    step's tokens; ``check`` verifies a request's computed tokens before its step."""
-
-    def __init__(self, num_blocks: int, host_pages: int, apply_copies: bool = True):
-        self.dev = [None] * num_blocks
-        self.host = [None] * host_pages
-        self.apply_copies = apply_copies
-        self.promotions = 0
-
-    def apply(self, meta) -> None:
-        for src, dst, n, kind in _copies(meta):
-            assert n == BS
-            if not self.apply_copies:
-                continue
-            if kind == D2H:
-                self.host[dst] = self.dev[src]
-            elif kind == H2D:
-                self.dev[dst] = self.host[src]
-                self.promotions += 1
-            else:
-                raise AssertionError(f"unexpected copy kind {kind}")
-
-    def check(self, rid, tokens, table, computed: int) -> None:
-        for i in range((computed + BS - 1) // BS):
-            end = min((i + 1) * BS, computed)
-            want = tuple(tokens[:end])
-            got = self.dev[table[i]]
-            assert got is not None and got[:end] == want, \
-                f"{rid}: block {i} (page {table[i]}) does not hold tokens [0, {end})"
-
-    def compute(self, tokens, table, start: int, end: int) -> None:
-        for pos in range(start, end):
-            self.dev[table[pos // BS]] = tuple(tokens[:pos + 1])
-
-
 def _run(model_dir, seed: int, apply_copies: bool = True):
     num_blocks, host_pages = 20, 128
     s = _scheduler(model_dir, num_blocks, host_pages)
@@ -123,42 +80,14 @@ def _run(model_dir, seed: int, apply_copies: bool = True):
     # plus a private tail, and they return after others pushed them out of 19 device blocks.
     prefixes = [[rng.randrange(3, 30000) for _ in range(rng.randrange(3, 9) * BS)]
                 for _ in range(4)]
-    shadow = ShadowWorker(num_blocks, host_pages, apply_copies)
-    reqs: dict = {}
+    shadow = ShadowWorker(num_blocks, host_pages, BS, apply_copies)
     pending = []
     for i in range(40):
         p = rng.choice(prefixes)
         pending.append(make_request(f"r{i}", p + [rng.randrange(3, 30000)
                                                   for _ in range(rng.randrange(1, 40))],
                                     max_tokens=rng.randrange(1, 12), hash_blocks=False))
-    for _ in range(2000):
-        while pending and (not reqs or rng.random() < 0.3):
-            r = pending.pop(0)
-            reqs[r.request_id] = r
-            s.add_request(r)
-        if not reqs and not pending:
-            break
-        out = s.schedule()
-        shadow.apply(out.kv_connector_metadata)
-        sampled, ids = [], list(out.num_scheduled_tokens)
-        for rid in ids:
-            r = reqs[rid]
-            n = out.num_scheduled_tokens[rid]
-            end = r.num_computed_tokens  # schedule() advanced it already
-            start = end - n
-            table = mgr.get_block_ids(rid)[0]
-            toks = list(r.all_token_ids)
-            shadow.check(rid, toks, table, start)
-            shadow.compute(toks, table, start, end)
-            done = end >= r.num_tokens
-            sampled.append([rng.randrange(3, 30000)] if done else [])
-        mro = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-                                sampled_token_ids=sampled, logprobs=None,
-                                prompt_logprobs_dict={}, pooler_output=[])
-        s.update_from_output(out, mro)
-        for rid in [rid for rid, r in reqs.items() if r.is_finished()]:
-            del reqs[rid]
-    assert not reqs and not pending, "the workload did not finish"
+    shadow_run(s, shadow, pending, rng, lambda out: connector_copies(out.kv_connector_metadata))
     mgr.check()
     return mgr.kvshare_stats(), shadow, s.connector
 
@@ -215,9 +144,13 @@ def test_waiting_requests_are_prefetched(tiny_model_dir):
 
 
 def test_host_pages_option(tiny_model_dir):
-    assert conn_mod.host_pages(SimpleNamespace(kv_transfer_config=None)) == 0
+    assert conn_mod.host_pages(SimpleNamespace(kv_transfer_config=None)) is None
     assert conn_mod.host_pages(SimpleNamespace(kv_transfer_config=_ktc(7))) == 7
-    for bad in (0, -1, "8", None, True):
+    assert conn_mod.host_pages(SimpleNamespace(kv_transfer_config=_ktc(0))) == 0
+    no_pages = _ktc()
+    del no_pages.kv_connector_extra_config["num_host_pages"]
+    assert conn_mod.host_pages(SimpleNamespace(kv_transfer_config=no_pages)) == 0
+    for bad in (-1, "8", None, True):
         with pytest.raises(ValueError, match="num_host_pages"):
             conn_mod.host_pages(SimpleNamespace(kv_transfer_config=_ktc(bad)))
 

@@ -1,0 +1,157 @@
+"""Sub-page prefix hits (``KVSHARE_VLLM_MATCH_UNIT``) in vLLM's real Scheduler, on the copy
+channel of the running release: on vLLM 0.23 kvshare's KV connector ships the partial copies in
+its metadata (the worker runs them in ``start_load_kv``); on vLLM 0.32 they are vLLM's own block
+copies (``SchedulerOutput.kv_cache_block_copies``), which its model runner executes before the
+forward pass.
+
+Model-based: ``harness.ShadowWorker`` keeps each page's KV as a label (the tokens it holds),
+runs each step's copies, checks every scheduled request's computed tokens against its block
+table and writes the new ones.  The workload ends hits inside blocks: prompts share prefixes of
+any length, and conversations come back with their history (prompt + output) plus a new message,
+under a small device cache.  A copy not executed, shipped late or pointing at the wrong page
+breaks a check.  The configurations kvshare cannot serve are refused by name.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from harness import API, ShadowWorker, connector_copies, make_request, make_scheduler, \
+    shadow_run
+from kvshare import lib
+
+BS = 16
+UNIT = 4
+ENV = "KVSHARE_VLLM_MATCH_UNIT"
+OWN_CONNECTOR = dict(kv_connector="KvshareConnector", kv_role="kv_both",
+                     kv_connector_module_path="kvshare_vllm.connector")
+
+
+def _scheduler(model_dir, monkeypatch, num_blocks: int, unit: int = UNIT, host_pages: int = 0,
+               connector: bool = API == "0.23.0"):
+    monkeypatch.setenv(ENV, str(unit))
+    kv_transfer = dict(OWN_CONNECTOR, kv_connector_extra_config={"num_host_pages": host_pages}) \
+        if connector else None
+    return make_scheduler(model_dir, kvshare=True, num_blocks=num_blocks, block_size=BS,
+                          max_num_seqs=4, max_num_batched_tokens=64, max_model_len=2048,
+                          kv_transfer=kv_transfer)
+
+
+def _copies(out):
+    """The step's copies as (src, dst, tokens, kind), from the running release's channel."""
+    if API == "0.23.0":
+        return connector_copies(out.kv_connector_metadata)
+    d2d = lib.KVS_COPY_KIND_DEVICE_TO_DEVICE
+    return [(c.src_block_id, c.dst_block_id, BS, d2d)
+            for c in out.kv_cache_block_copies or ()]
+
+
+def _workload(rng):
+    """Prompts on four shared prefixes of any length, and conversations returning with their
+    history plus a new message (the units of their last, partly filled page are a hit)."""
+    prefixes = [[rng.randrange(3, 30000) for _ in range(rng.randrange(20, 90))]
+                for _ in range(4)]
+    items = []
+    for i in range(24):
+        p = rng.choice(prefixes)
+        items.append(make_request(f"r{i}", p + [rng.randrange(3, 30000)
+                                                for _ in range(rng.randrange(1, 30))],
+                                  max_tokens=rng.randrange(1, 10), hash_blocks=False))
+        if i % 3 == 2:  # the next turn of an earlier request
+            base, k = f"r{i - 1}", i
+
+            def turn(done, base=base, k=k):
+                r = done.get(base)
+                if r is None:
+                    return None
+                more = [rng.randrange(3, 30000) for _ in range(rng.randrange(1, 20))]
+                return make_request(f"t{k}", list(r.all_token_ids) + more,
+                                    max_tokens=rng.randrange(1, 10), hash_blocks=False)
+
+            items.append(turn)
+    return items
+
+
+def _run(model_dir, monkeypatch, seed: int, apply_copies: bool = True, host_pages: int = 0,
+         unit: int = UNIT, num_blocks: int = 24):
+    s = _scheduler(model_dir, monkeypatch, num_blocks, unit=unit, host_pages=host_pages)
+    mgr = s.kv_cache_manager
+    assert type(mgr).__name__ == "KvshareKVCacheManager"
+    rng = random.Random(seed)
+    shadow = ShadowWorker(num_blocks, host_pages, BS, apply_copies)
+    shadow_run(s, shadow, _workload(rng), rng, _copies)
+    mgr.check()
+    return mgr.kvshare_stats(), shadow, sum(shadow.hits.values())
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_partial_copies_reach_the_worker(tiny_model_dir, monkeypatch, seed):
+    stats, shadow, _ = _run(tiny_model_dir, monkeypatch, seed)
+    assert stats["unit_hits"] > 0 and stats["pending_copies"] == 0
+    if API == "0.23.0":
+        assert shadow.partial == stats["unit_hits"]
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_more_hits_than_whole_blocks(tiny_model_dir, monkeypatch, seed):
+    """Without cache pressure a sub-page hit only adds to a whole-block one.  (Under pressure
+    the two runs evict differently: a finished request's last, partly filled page stays cached
+    for its units, where with whole blocks it is free.)"""
+    stats, _, hits = _run(tiny_model_dir, monkeypatch, seed, num_blocks=400)
+    _, _, whole = _run(tiny_model_dir, monkeypatch, seed, unit=0, num_blocks=400)
+    assert hits == whole + stats["unit_hit_tokens"] and stats["unit_hit_tokens"] > 0
+
+
+@pytest.mark.skipif(API != "0.23.0", reason="the host tier runs on vLLM 0.23 (its connector)")
+@pytest.mark.parametrize("seed", range(2))
+def test_partial_copies_beside_the_host_tier(tiny_model_dir, monkeypatch, seed):
+    """Units copied from device or host pages, in one queue with demotions and promotions."""
+    stats, shadow, _ = _run(tiny_model_dir, monkeypatch, seed, host_pages=64)
+    assert stats["unit_hits"] > 0 and stats["demotions"] > 0
+    assert shadow.promotions == stats["promotions"]
+
+
+def test_skipped_copies_are_caught(tiny_model_dir, monkeypatch):
+    """The checks can fail: the same run with the copies dropped."""
+    with pytest.raises(AssertionError, match="does not hold tokens"):
+        _run(tiny_model_dir, monkeypatch, 0, apply_copies=False)
+
+
+def test_lookup_announces_the_units_and_allocation_takes_them(tiny_model_dir, monkeypatch):
+    s = _scheduler(tiny_model_dir, monkeypatch, 24)
+    mgr = s.kv_cache_manager
+    prompt = list(range(100, 100 + 2 * BS + 10))
+    rng = random.Random(0)
+    shadow = ShadowWorker(24, 0, BS)
+    shadow_run(s, shadow, [make_request("a", prompt, max_tokens=1, hash_blocks=False)], rng,
+               _copies)
+    # 2 blocks and 9 more tokens of "a" (10 prompt tokens, the last token's KV not computed):
+    # a prompt sharing 2 blocks + 9 tokens hits 2 blocks + 2 units.
+    b = make_request("b", prompt[:2 * BS + 9] + [7, 8, 9], max_tokens=1, hash_blocks=False)
+    res = mgr.get_computed_blocks(b)
+    assert res[1] == 2 * BS + 2 * UNIT and len(res[0].blocks[0]) == 2
+    shadow_run(s, shadow, [b], rng, _copies)
+    assert shadow.hits["b"] == 2 * BS + 2 * UNIT
+    assert mgr.kvshare_stats()["unit_hit_tokens"] == 2 * UNIT
+
+
+@pytest.mark.parametrize("value", ["5", "-4", "x", "32"])
+def test_bad_unit_is_refused(tiny_model_dir, monkeypatch, value):
+    monkeypatch.setenv(ENV, value)
+    with pytest.raises(ValueError, match=ENV):
+        make_scheduler(tiny_model_dir, kvshare=True, num_blocks=24, block_size=BS)
+
+
+@pytest.mark.skipif(API != "0.23.0", reason="vLLM 0.32 runs the copies itself")
+def test_needs_the_connector_on_0_23(tiny_model_dir, monkeypatch):
+    with pytest.raises(ValueError, match="KvshareConnector"):
+        _scheduler(tiny_model_dir, monkeypatch, 24, connector=False)
+
+
+def test_whole_block_unit_is_whole_block_hits(tiny_model_dir, monkeypatch):
+    """A unit of the block size is the default: whole-block hits, no connector needed."""
+    s = _scheduler(tiny_model_dir, monkeypatch, 24, unit=BS, connector=False)
+    assert s.kv_cache_manager.cache.stats()["unit_hits"] == 0
+    assert s.kv_cache_manager._unit == 0
