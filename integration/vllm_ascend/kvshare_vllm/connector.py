@@ -166,20 +166,21 @@ _H2D = lib.KVS_COPY_KIND_HOST_TO_DEVICE
 _D2D = lib.KVS_COPY_KIND_DEVICE_TO_DEVICE
 
 
-def _torch_copies(dev, host, rows, page_size: int) -> None:
-    """Copies of blocks along dimension 0 of ``dev`` / ``host`` (vLLM CPU's layout, token slots
-    in dimension 2), one at a time, in order (a block may be written and read again within one
-    step's list); a partial copy (a sub-page hit's units) takes the first ``n`` slots."""
+def _torch_copies(dev, host, rows) -> None:
+    """Copies of whole blocks along dimension 0 of ``dev`` / ``host``, one at a time, in order
+    (a block may be written and read again within one step's list).  A partial copy (a
+    sub-page hit's units) copies the whole block too, as vLLM's own block copies do: vLLM's
+    CPU kernels order a block's slots their own way (K and V halves, ISA-specific packing), and
+    the slots past the units are the request's to write before anything reads them."""
     for src, dst, n, kind in rows:
         if n == 0:
             continue
-        slots = slice(None) if n == page_size else slice(0, n)
         if kind == _D2H:
-            host[dst, :, slots].copy_(dev[src, :, slots])
+            host[dst].copy_(dev[src])
         elif kind == _H2D:
-            dev[dst, :, slots].copy_(host[src, :, slots])
+            dev[dst].copy_(host[src])
         elif kind == _D2D:
-            dev[dst, :, slots].copy_(dev[src, :, slots])
+            dev[dst].copy_(dev[src])
         else:
             raise ValueError(f"{NAME}: unknown copy kind {kind}")
 
@@ -351,7 +352,6 @@ class KvshareConnector(KVConnectorBase_V1, SupportsHMA):
             layers.append(_Layer(a, host if isinstance(host, tuple) else (host,)))
             self._device = k.device
         self._layers = layers
-        self._page_size = spec.block_size
         if self.pool_settings is not None:
             self.pool = WorkerPool(self.pool_settings, *self._pool_parts(kv_caches, spec),
                                    spec.block_size)
@@ -385,7 +385,7 @@ class KvshareConnector(KVConnectorBase_V1, SupportsHMA):
                 continue
             if rows is None:
                 rows = [(c.src_page, c.dst_page, c.num_tokens, c.kind) for c in arr[0:n]]
-            _torch_copies(layer.device, layer.host[0], rows, self._page_size)
+            _torch_copies(layer.device, layer.host[0], rows)
         self.copy_s += time.perf_counter() - t0
         self.copies_done += n
         self.steps_with_copies += 1

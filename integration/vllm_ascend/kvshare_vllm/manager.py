@@ -251,8 +251,7 @@ class KvshareKVCacheManager(NewerSurface, ManagerBase):
                 raise ValueError(f"kvshare_vllm: vLLM's KV pages hold {want} bytes over "
                                  f"{len(group.layer_names)} layers, kvshare's would hold {got} "
                                  f"(element type {spec.dtype})")
-        # The host tier and copy hand-off, when kvshare's KV connector executes the copies
-        # (host_tier.py); without it, sub-page hits' copies go out as vLLM's block copies.
+        # Copies run by kvshare's KV connector (host_tier.py), or vLLM's block copies (0.32).
         self.host_tier = HostTier(self, num_host_pages) if connector is not None else None
         self._copy_queue = CopyQueue(self._h) if unit and connector is None else None
         self._found_out = ffi.new("size_t *")
@@ -415,9 +414,7 @@ class KvshareKVCacheManager(NewerSurface, ManagerBase):
         if rc:
             kvshare.check(rc, "kvs_prefix_find")
         found = self._found_out[0]
-        if found // self.block_size != pages:
-            raise RuntimeError(f"kvshare_vllm: prefix lookups disagree ({pages} pages, then "
-                               f"{found} tokens)")
+        assert found // self.block_size == pages, (pages, found)  # the same device walk
         return found
 
     def prefix_cache_lookup_enabled(self, request) -> bool:
@@ -683,10 +680,7 @@ class KvshareKVCacheManager(NewerSurface, ManagerBase):
             self._pending = None
         if st is None:
             return
-        if self._dirty:
-            d = self._dirty.pop(request.request_id, None)
-            if d is not None:  # a filled page is cached at free, as in vLLM
-                self._append_known(*d)
+        self._settle_known(st, request)
         self._avail = None
         rc = lib.kvs_seq_free(self._h, st.seq)
         if rc:
@@ -767,6 +761,19 @@ class KvshareKVCacheManager(NewerSurface, ManagerBase):
                 self._avail -= len(new)
             if self._track_new:
                 self._new_block_ids.extend(new)
+
+    def _settle_known(self, st: _Req, request) -> None:
+        """Before a request's pages go back: a page that filled with no native call is
+        registered, as vLLM caches it at free; with a match unit, the computed tokens of the
+        last, partly filled page are handed over too, so its whole units stay matchable."""
+        if self._dirty:
+            d = self._dirty.pop(request.request_id, None)
+            if d is not None:
+                self._append_known(*d)
+        if self._unit and self.enable_caching:
+            target = min(request.num_computed_tokens, request.num_tokens)
+            if target > st.n:
+                self._append_known(st, request, target)
 
     def _flush(self) -> None:
         """Hands kvshare the tokens of pages that filled up in steps that made no native call

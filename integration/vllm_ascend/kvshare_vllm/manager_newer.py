@@ -104,17 +104,14 @@ class NewerSurface:
         0.32's deferred free, while an in-flight step may still write them): its kvshare
         sequence stays open, holding its pages, until the scheduler returns exactly these
         blocks through ``block_pool.free_blocks`` (``_free_popped``).  A page that filled
-        without a native call is registered first, as ``free`` would."""
+        without a native call is registered first, as ``free`` would (``_settle_known``)."""
         st = self._reqs.pop(request.request_id, None)
         self._common = None
         if self._pending is not None and self._pending[0] == request.request_id:
             self._pending = None
         if st is None:
             return []
-        if self._dirty:
-            d = self._dirty.pop(request.request_id, None)
-            if d is not None:
-                self._append_known(*d)
+        self._settle_known(st, request)
         self._popped.append(st)
         return [self._blocks[p] for p in st.pages]
 

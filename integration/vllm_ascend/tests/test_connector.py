@@ -38,6 +38,7 @@ from vllm.v1.structured_output import StructuredOutputManager
 
 BS = 16
 D2H, H2D = lib.KVS_COPY_KIND_DEVICE_TO_HOST, lib.KVS_COPY_KIND_HOST_TO_DEVICE
+D2D = lib.KVS_COPY_KIND_DEVICE_TO_DEVICE
 
 
 def _ktc(num_host_pages=64, **extra) -> KVTransferConfig:
@@ -185,7 +186,8 @@ def _shape(layout: str, blocks: int, heads: int, hd: int) -> tuple:
 @pytest.mark.parametrize("cache_dtype", ["auto", "fp8", "fp8_e5m2"])
 @pytest.mark.parametrize("seed", range(4))
 def test_worker_copies_match_torch(layout, cache_dtype, seed):
-    """Random copy lists against torch's; an fp8 cache (vLLM's uint8 tensor, random bytes: every
+    """Random copy lists (demotions, promotions, sub-page hits' partial copies) against
+    torch's; an fp8 cache (vLLM's uint8 tensor, random bytes: every
     code, NaN and infinity included) is copied byte for byte, into a host pool of one byte an
     element."""
     g = torch.Generator().manual_seed(seed)
@@ -219,17 +221,26 @@ def test_worker_copies_match_torch(layout, cache_dtype, seed):
     for step in range(6):
         rows = list(first) if step == 0 else []
         for _ in range(0 if step == 0 else rng.randrange(0, 12)):
-            kind = rng.choice([D2H, H2D])
-            src = rng.randrange(blocks if kind == D2H else host_pages)
+            kind = rng.choice([D2H, H2D, D2D])
+            src = rng.randrange(host_pages if kind == H2D else blocks)
             dst = rng.randrange(host_pages if kind == D2H else blocks)
-            rows.append((src, dst, BS, kind, 0))
-        for src, dst, _, kind, _ in rows:
+            # A sub-page hit's units: the first slots, from a device or host page.
+            n = BS if kind == D2H or rng.random() < 0.5 else rng.randrange(1, BS // 4) * 4
+            rows.append((src, dst, n, kind, 0))
+        for src, dst, n, kind, _ in rows:
+            # kvshare's layout takes the first n slots (dimension 1 of a page); vLLM's CPU
+            # layout copies whole blocks (its kernels order a block's slots their own way).
+            def cut(t):
+                return t[:, :n] if layout == "kvshare" else t
+
             for k in caches:
                 d, h = ref[k], ref_host[k]
                 if kind == D2H:
-                    h.select(dim, dst).copy_(d.select(dim, src))
+                    cut(h.select(dim, dst)).copy_(cut(d.select(dim, src)))
+                elif kind == H2D:
+                    cut(d.select(dim, dst)).copy_(cut(h.select(dim, src)))
                 else:
-                    d.select(dim, dst).copy_(h.select(dim, src))
+                    cut(d.select(dim, dst)).copy_(cut(d.select(dim, src)))
         w.bind_connector_metadata(KvshareConnectorMetadata(
             b"".join(struct.pack("<5I", *r) for r in rows)))
         w.start_load_kv(None)

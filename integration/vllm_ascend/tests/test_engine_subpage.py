@@ -1,0 +1,104 @@
+"""Sub-page prefix hits in the real vLLM CPU engine (0.23.0 or 0.32.0, whichever this venv
+holds): 128-token blocks, Ascend's default, with ``KVSHARE_VLLM_MATCH_UNIT=16``.
+
+Each configuration runs in its own process (``bench/engine_e2e.py``): greedy multi-turn chat
+on a 200-token system prompt (not a whole number of blocks), each turn's prompt the
+conversation's history plus a new message, then parallel sampling and salted prompts.  With
+whole-block hits a turn finds only the history's full 128-token blocks; with the unit it also
+finds the whole 16-token units of the block the history ends in, copied into the request's own
+block (vLLM 0.23: by kvshare's KV connector, configured with no host pages; vLLM 0.32: by vLLM's
+own block copies).  The tokens must be those of vLLM's own manager at the same block size; the
+hits at least its hits, and (a turn coming back to a finished conversation) those of vLLM with
+the CPU kernel's smallest block (16 on 0.23, 32 on 0.32).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "bench"))
+import engine_e2e  # noqa: E402
+from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend  # noqa: E402
+
+from kvshare_vllm import compat  # noqa: E402
+
+SUPPORT = compat.support()
+SMALL = CPUAttentionBackend.get_supported_kernel_block_sizes()[0].base
+BLOCK, UNIT = 128, 16
+WORKLOAD = dict(convs=4, turns=3, system_tokens=200, user_tokens=24, output_tokens=10,
+                max_model_len=512, block_size=BLOCK)
+CONFIGS = {
+    "vllm": dict(kvshare=False),
+    "unit": dict(kvshare=True, match_unit=UNIT),
+    "vllm_small": dict(kvshare=False, block_size=SMALL),
+    # kvshare's attention backend: on 0.23 its KV layout, where the connector's partial copies
+    # run in kvs_kv_copy (vLLM's CPU layout: torch slices).
+    "unit_ops": dict(kvshare=True, kvshare_attention=True, match_unit=UNIT),
+}
+
+
+@pytest.fixture(scope="module")
+def engine(installed, tmp_path_factory):
+    model = engine_e2e.write_tiny_model(str(tmp_path_factory.mktemp("tiny-llama")))
+    env = dict(os.environ, PYTHONPATH=installed, VLLM_HOST_IP="127.0.0.1")
+    env.pop("VLLM_LOGGING_LEVEL", None)
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            cfg = dict(WORKLOAD, model_dir=model, **CONFIGS[name])
+            cache[name] = engine_e2e.run_in_subprocess(cfg, env=env)
+        return cache[name]
+
+    return get
+
+
+def _turns(res, first: int = 0) -> dict:
+    return {k: v for k, v in res["cached"].items()
+            if k.startswith("c") and int(k.split("t")[1]) >= first}
+
+
+def test_tokens_unchanged_and_more_hits_at_block_128(engine):
+    vllm, _ = engine("vllm")
+    unit, log = engine("unit")
+    assert unit["manager"] == "KvshareKVCacheManager"
+    assert unit["tokens"] == vllm["tokens"]
+    assert all(unit["cached"][r] >= vllm["cached"][r] for r in vllm["cached"]), \
+        {r: (vllm["cached"][r], unit["cached"][r]) for r in vllm["cached"]}
+    st = unit["kvshare_stats"]
+    assert st["unit_hits"] > 0
+    # Every turn after the first comes back to a finished conversation and hits its computed
+    # history (the last turn's prompt and all but its last generated token) down to a whole
+    # unit, past the last whole block.
+    w = WORKLOAD
+    for r, n in _turns(unit, 1).items():
+        turn = int(r.split("t")[1])
+        prompt = w["system_tokens"] + w["user_tokens"] + (turn - 1) * (
+            w["output_tokens"] + w["user_tokens"])
+        assert n == (prompt + w["output_tokens"] - 1) // UNIT * UNIT, (r, n)
+    assert sum(unit["cached"].values()) > sum(vllm["cached"].values())
+    # Tenants stay apart inside a page as across pages.
+    assert unit["cached"]["salt_b"] == 0 and unit["cached"]["salt_a1"] == 0
+    if compat.manager_api() == "0.23.0":
+        assert unit["connector"]["copies"] == st["unit_hits"]
+
+
+def test_unit_hits_match_small_blocks(engine):
+    """A returning turn hits at least what vLLM hits with the kernel's smallest block."""
+    small, _ = engine("vllm_small")
+    unit, _ = engine("unit")
+    for r, n in _turns(small, 1).items():
+        assert unit["cached"][r] >= n, (r, unit["cached"][r], n)
+
+
+@pytest.mark.skipif(not SUPPORT.attention, reason=SUPPORT.attention_missing or "")
+def test_kvshare_attention_with_unit_hits(engine):
+    ops, log = engine("unit_ops")
+    assert ops["attention"] == "KvshareCPUAttentionBackend"
+    unit, _ = engine("unit")
+    assert ops["tokens"] == unit["tokens"]
+    assert ops["cached"] == unit["cached"]
