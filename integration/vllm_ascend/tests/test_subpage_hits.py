@@ -155,3 +155,18 @@ def test_whole_block_unit_is_whole_block_hits(tiny_model_dir, monkeypatch):
     s = _scheduler(tiny_model_dir, monkeypatch, 24, unit=BS, connector=False)
     assert s.kv_cache_manager.cache.stats()["unit_hits"] == 0
     assert s.kv_cache_manager._unit == 0
+
+
+@pytest.mark.skipif(API != "0.23.0", reason="kvshare's connector and groups manager run on 0.23")
+def test_pool_tier_and_groups_are_refused(tiny_model_dir, monkeypatch):
+    monkeypatch.setenv(ENV, str(UNIT))
+    pool = dict(OWN_CONNECTOR, kv_load_failure_policy="recompute",
+                kv_connector_extra_config={"pool": {"master": "127.0.0.1:1"}})
+    with pytest.raises(ValueError, match=f"{ENV}=4 with the pool tier"):
+        make_scheduler(tiny_model_dir, kvshare=True, num_blocks=24, block_size=BS,
+                       kv_transfer=pool)
+    import harness as h
+
+    with pytest.raises(ValueError, match=f"{ENV}: sub-page hits run for models of one"):
+        make_scheduler(tiny_model_dir, kvshare=True, num_blocks=48, block_size=BS,
+                       max_model_len=400, specs=h.layer_specs("gpt-oss", size=64))
