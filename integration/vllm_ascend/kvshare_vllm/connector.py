@@ -285,7 +285,11 @@ class KvshareConnector(KVConnectorBase_V1, SupportsHMA):
             tier = self._manager.host_tier
             for req in list(waiting.values())[:self.prefetch_waiting]:
                 self.prefetched_pages += tier.prefetch(req)
-        return KvshareConnectorMetadata(self._manager.host_tier.take_copies(),
+        copies = self._manager.host_tier.take_copies()
+        if copies and hasattr(scheduler_output, "has_sync_kv_loads"):
+            # vLLM 0.32 starts a step's loads after its forward pass unless they feed it.
+            scheduler_output.has_sync_kv_loads = True
+        return KvshareConnectorMetadata(copies,
                                         self.pool.step() if self.pool is not None else None)
 
     # ------------------------------------------------------------------ worker side

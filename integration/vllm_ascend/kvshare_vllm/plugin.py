@@ -18,8 +18,9 @@ vLLM's own manager, with a log line.  So do KV connectors whose scheduler side t
 ``BlockPool`` itself (``connector_reason``: ``SimpleCPUOffloadConnector`` in vLLM 0.23.0);
 every other connector runs with kvshare's managers, both of which take their external tokens,
 delayed caching (``allocate_slots``) and ``evict_blocks``.
-On vLLM 0.32 the single-group manager runs; models with groups and KV connectors keep vLLM's
-manager there (``compat.VllmSupport.hybrid_missing`` / ``connector_missing``, logged).  The
+On vLLM 0.32 the single-group manager runs, with kvshare's own KV connector too; models with
+groups and vLLM's own KV connectors keep vLLM's manager there
+(``compat.VllmSupport.hybrid_missing`` / ``connector_missing``, logged).  The
 scheduler builds the manager with keywords on both releases; ``_keywords`` reads positional
 arguments by the running vLLM's signature.
 
@@ -149,7 +150,10 @@ def make_kv_cache_manager_factory(original):
                                             kw.get("num_prefill_lookahead", 0))
             why_conn = None
             if connector is not None:
-                why_conn = support.connector_missing or connector_reason(connector)
+                from .connector import KvshareConnector
+
+                why_conn = connector_reason(connector) or (
+                    None if isinstance(connector, KvshareConnector) else support.connector_missing)
             why = why_groups or why_conn
             if why:
                 if why_conn:

@@ -172,7 +172,10 @@ def make_scheduler(model_dir: str, *, kvshare: bool, num_blocks: int = 1000, blo
     tensors = []
     if kv_transfer is not None:
         from vllm.v1.kv_cache_interface import KVCacheTensor
-        tensors = [KVCacheTensor(size=num_blocks * block_size * 2 * 4, shared_by=["layer"])]
+        page = block_size * 2 * 4
+        tensors = [KVCacheTensor(size=num_blocks * page, shared_by=["layer"]) if API == "0.23.0"
+                   else KVCacheTensor(size=num_blocks * page, layers=["layer"],
+                                      layer_stride=num_blocks * page, block_stride=page)]
     kv_cache_config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=tensors,
                                     kv_cache_groups=groups)
     cache_config.num_gpu_blocks = num_blocks

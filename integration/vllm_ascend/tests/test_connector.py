@@ -27,7 +27,7 @@ from harness import (ShadowWorker, connector_copies, make_request, make_vllm_con
                      shadow_run)
 from kvshare import lib
 from kvshare_vllm import connector as conn_mod
-from kvshare_vllm import plugin
+from kvshare_vllm import compat, plugin
 from kvshare_vllm.connector import KvshareConnector, KvshareConnectorMetadata
 from vllm.config import KVTransferConfig
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
@@ -326,6 +326,8 @@ def _hybrid_run(model_dir, host_pages: int):
     return {k: list(r.output_token_ids) for k, r in reqs.items()}, m, looked, shipped
 
 
+@pytest.mark.skipif(bool(compat.support().hybrid_missing),
+                    reason=compat.support().hybrid_missing or "")
 def test_hybrid_model_gets_the_host_tier(tiny_model_dir):
     """kvshare's connector keeps vLLM's KV-cache groups (``SupportsHMA``) and the hybrid manager
     gets the host tier: the same outputs as without it, pages demoted and promoted, every copy
@@ -340,3 +342,12 @@ def test_hybrid_model_gets_the_host_tier(tiny_model_dir):
     assert len(shipped) == st["demotions"] + st["promotions"]
     assert {c[3] for c in shipped} == {D2H, H2D} and {c[4] for c in shipped} <= {0, 1}
     assert looked[2] - looked[1] < plain_looked[2] - plain_looked[1]
+
+
+@pytest.mark.skipif(compat.manager_api() == "0.23.0", reason="the pool tier runs on 0.23")
+def test_pool_tier_refused_on_newer_vllm():
+    from kvshare_vllm.pool_tier import pool_settings
+
+    ktc = _ktc(0, pool={"master": "127.0.0.1:1"})
+    with pytest.raises(ValueError, match="the pool tier runs on vLLM 0.23.0"):
+        pool_settings(SimpleNamespace(kv_transfer_config=ktc))

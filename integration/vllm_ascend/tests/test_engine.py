@@ -16,8 +16,8 @@ layout), and must generate the tokens vLLM's CPU attention does.
 
 The block size is the CPU attention kernel's granularity on the running release (16 on 0.23, 32
 on 0.32), the pressure cache the same number of tokens on both.  What a release does not run
-(``compat.VllmSupport``: on 0.32 KV connectors) is skipped with
-the reason recorded there.
+(``compat.VllmSupport``: on 0.32 vLLM's own KV connectors) is skipped with the reason recorded
+there.
 """
 
 from __future__ import annotations
@@ -247,7 +247,6 @@ def _recomputed(res) -> int:
     return res["prefix_queries"] - res["prefix_hits"]
 
 
-@NEEDS_CONNECTOR
 def test_host_tier_more_hits_same_tokens(engine):
     """Device budget below the working set: kvshare with its KV connector's host tier hits
     more and recomputes less than without it, and generates vLLM's tokens."""
@@ -271,7 +270,6 @@ def test_host_tier_more_hits_same_tokens(engine):
     assert host["blocks_peak"] <= PRESSURE_BLOCKS
 
 
-@NEEDS_CONNECTOR
 def test_host_tier_multiprocess_engine(engine):
     """The connector's metadata pickled to a worker process: the same hits and tokens."""
     mp, log = engine("host_multiprocess")
@@ -282,7 +280,6 @@ def test_host_tier_multiprocess_engine(engine):
     assert mp["tokens"] == off["tokens"]
 
 
-@NEEDS_CONNECTOR
 def test_host_tier_hits_are_the_demoted_kv(engine):
     """A prompt pushed out of the device cache and asked again: without a host tier nothing
     of it is hit; with it its whole prefix is, so every one of those hits came from a
@@ -301,7 +298,6 @@ def test_host_tier_hits_are_the_demoted_kv(engine):
 
 
 @NEEDS_ATTENTION
-@NEEDS_CONNECTOR
 def test_host_tier_with_kvshare_attention(engine):
     """The connector's kvs_kv_copy path (kvshare's own KV layout): same hits and tokens."""
     ops_host, _ = engine("return_ops_host")

@@ -266,7 +266,6 @@ def test_vllms_cpu_fp8_write_truncates():
 
 
 @NEEDS_ATTENTION
-@NEEDS_CONNECTOR
 @NEEDS_FP8_CPU
 def test_fp8_cache_host_tier_hits_same_tokens(engine):
     """kvshare's KV connector on an fp8 cache: each returning prompt's prefix is hit from the
