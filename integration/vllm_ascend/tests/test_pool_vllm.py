@@ -73,8 +73,12 @@ def test_a_killed_holder_and_master_cost_recomputation(run):
     # places a value in any client's segment, so some may live in b's): each such load fails,
     # is counted, and vLLM computes from the first failed block (kv_load_failure_policy
     # "recompute"); the tokens are the reference's (test_tokens_equal_vllms_own_manager).
-    assert after_holder["pool"]["hit_pages"] > before["pool"]["hit_pages"]
-    assert after_holder["pool"]["load_failures"].get("transfer", 0) >= 1
+    # Where the values live is Mooncake's choice (measured: 3 of the 6 pages in a's segment):
+    # every listed page is either loaded or counted as a failed transfer.
+    new = after_holder["pool"]["hit_pages"] - before["pool"]["hit_pages"]
+    loaded = after_holder["pool"]["loads_ok"] - before["pool"]["loads_ok"]
+    failed = after_holder["pool"]["load_failures"].get("transfer", 0)
+    assert new > 0 and loaded + failed == new, (new, loaded, failed)
     assert after_holder["pool"]["failures_seen"] == after_holder["pool"]["load_failures"]
     # Asked once: the failed keys count as missing in the scheduler (no lookup-load loop).
     assert after_holder["pool"]["hit_pages"] - before["pool"]["hit_pages"] <= 6
