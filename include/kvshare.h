@@ -639,7 +639,7 @@ typedef struct kvs_backend kvs_backend;
  `kvs_cache_block_tables`, `kvs_cache_slot_mapping`; groups: `kvs_cache_group_info`,
  `kvs_cache_group_stats`; pages: `kvs_pages_alloc`, `kvs_pages_acquire`, `kvs_pages_release`,
  `kvs_page_get_info`; prefix index: `kvs_prefix_register`, `kvs_prefix_match`,
- `kvs_prefix_find`, `kvs_prefix_clear`; sequences: `kvs_seq_begin`, `kvs_seq_append`,
+ `kvs_prefix_find`, `kvs_prefix_unregister`, `kvs_prefix_clear`; sequences: `kvs_seq_begin`, `kvs_seq_append`,
  `kvs_seq_append_pages`, `kvs_seq_append_batch`, `kvs_seq_fork`, `kvs_seq_free`,
  `kvs_seq_release_skipped`, `kvs_seq_set_computed`, `kvs_seq_swap_out`, `kvs_seq_swap_in`, `kvs_seq_get_info`,
  `kvs_seq_pages`, `kvs_seq_state_page`, `kvs_seq_set_priority`, `kvs_seq_append_need`,
@@ -2456,6 +2456,27 @@ kvs_status kvs_prefix_register(struct kvs_cache *cache,
                                size_t num_pages,
                                const struct kvs_extra_keys *extra,
                                size_t *registered_out);
+
+/*
+ Drops the prefix-index entries of device pages `pages` of group `group`'s pool, whichever
+ group of that pool registered them (vLLM's `evict_blocks`: blocks a failed KV load left
+ wrong must not be hit). A page with no entry is skipped. An unreferenced page becomes
+ free; a held page stays with its holders and is freed, not cached, when they release it.
+ A duplicate of a dropped page's content (another page holding the same tokens) takes its
+ entry. Pages registered after a dropped one stay registered, found again once a page of
+ the dropped content is registered. Emits `KVS_EVENT_KIND_REMOVED` for each entry dropped
+ (with `enable_events`). Writes the number of entries dropped to `*removed_out`
+ (optional).
+
+ **Failure:** `group` not below the group count, an out-of-range or padding page: an
+ error status and nothing dropped.
+ **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+ */
+kvs_status kvs_prefix_unregister(struct kvs_cache *cache,
+                                 size_t group,
+                                 const uint32_t *pages,
+                                 size_t num_pages,
+                                 size_t *removed_out);
 
 /*
  Finds the longest cached prefix of `tokens` in group `group`'s index (whole pages from the

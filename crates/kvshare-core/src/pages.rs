@@ -149,6 +149,28 @@ impl State {
         Ok(added)
     }
 
+    /// Drops the prefix-index entries of device pages `pages` of `group`'s pool, whichever of
+    /// the pool's groups registered them (vLLM's `evict_blocks`: blocks whose KV a failed load
+    /// left wrong). A page that holds no entry is skipped. An unreferenced page becomes free; a
+    /// held one stays with its holders and is freed, not cached, when they let it go. A
+    /// registered page's duplicate (the same content in another page) takes its entry; pages
+    /// registered after it stay registered, unreachable by a prefix walk until a page of the
+    /// same content is registered again. Removals are published as events. Returns the
+    /// number of entries dropped. Refused (nothing changes) for a bad group, an out-of-range
+    /// or padding page.
+    pub fn unregister(&mut self, group: usize, pages: &[u32]) -> Result<usize> {
+        self.check_group(group)?;
+        let pool = self.groups[group].pool;
+        for &p in pages {
+            self.pools[pool].device.check_id(p)?;
+        }
+        let mut n = 0;
+        for &page in pages {
+            n += usize::from(self.drop_entry(pool, page));
+        }
+        Ok(n)
+    }
+
     /// Longest cached prefix of `tokens` in `group`'s index (at most `max_tokens` tokens, whole
     /// pages only, pages from the first on).
     ///

@@ -439,6 +439,12 @@ impl State {
     /// list; a registered page is demoted (when configured) and leaves the index, the oldest
     /// duplicate of its content taking its place.
     fn evict(&mut self, pool: usize, page: u32) {
+        self.unlist(pool, page, true);
+    }
+
+    /// [`evict`](Self::evict)'s work; `evicting`: counted as an eviction, and demoted when
+    /// configured (a page unregistered for wrong KV is neither).
+    fn unlist(&mut self, pool: usize, page: u32, evicting: bool) {
         if let Some((g, hash)) = self.pools[pool].dup_of[page as usize].take() {
             let key = PrefixIndex::key(g, hash);
             let p = &mut self.pools[pool];
@@ -447,8 +453,10 @@ impl State {
             if list.is_empty() {
                 p.dups.remove(&key);
             }
-            self.counters.evictions += 1;
-            self.group_counters[g as usize].evictions += 1;
+            if evicting {
+                self.counters.evictions += 1;
+                self.group_counters[g as usize].evictions += 1;
+            }
             self.removed_event(Tier::Device, g, hash, page);
             return;
         }
@@ -457,7 +465,7 @@ impl State {
             // behind the cached ones in vLLM's order).
             let p = &mut self.pools[pool];
             if let Some(r) = p.index.remove(page) {
-                self.counters.evictions += 1;
+                self.counters.evictions += u64::from(evicting);
                 if let Some(parent) = r.parent_leaf {
                     p.device.unhold(parent);
                 }
@@ -471,9 +479,11 @@ impl State {
             .dups
             .contains_key(&key)
             .then(|| e.tokens.to_vec());
-        self.counters.evictions += 1;
-        self.group_counters[g as usize].evictions += 1;
-        self.demote(pool, page);
+        if evicting {
+            self.counters.evictions += 1;
+            self.group_counters[g as usize].evictions += 1;
+            self.demote(pool, page);
+        }
         self.index_remove(pool, Tier::Device, page);
         if let Some(tokens) = heir_tokens {
             let p = &mut self.pools[pool];
@@ -493,6 +503,21 @@ impl State {
             let ok = p.index.insert(next, g, entry);
             debug_assert!(ok, "a duplicate's digest is free once its page left");
         }
+    }
+
+    /// Drops device page `page`'s entry of `pool` (a duplicate's listing, a partial entry or a
+    /// registered page, whose oldest duplicate takes over), without demoting it, and frees the
+    /// page if nothing holds it. Returns whether an entry was dropped.
+    pub(crate) fn drop_entry(&mut self, pool: usize, page: u32) -> bool {
+        let p = &self.pools[pool];
+        let dropped = if p.dup_of[page as usize].is_some() || p.index.is_registered(page) {
+            self.unlist(pool, page, false);
+            true
+        } else {
+            false
+        };
+        self.pools[pool].device.uncache(page);
+        dropped
     }
 
     /// Takes one host page of `pool` (evicting the least valuable cached host page if needed).

@@ -80,6 +80,10 @@ enum Op {
         seq: u8,
         prio: u8,
     },
+    /// Drops a device page's index entry (an engine's failed KV load).
+    Unregister {
+        page: u8,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -101,6 +105,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Unpin),
         1 => (0u8..4).prop_map(|prefix| Op::Prefetch { prefix }),
         1 => (any::<u8>(), 0u8..4).prop_map(|(seq, prio)| Op::Priority { seq, prio }),
+        1 => (0u8..24).prop_map(|page| Op::Unregister { page }),
     ]
 }
 
@@ -596,6 +601,30 @@ impl Engine {
                 }
             }
             Op::Clear => self.s.clear_index(),
+            Op::Unregister { page } => {
+                let page = u32::from(page);
+                let before = self.s.page_info(Tier::Device, 0, page).unwrap();
+                let n = match self.s.unregister(0, &[page]) {
+                    Ok(n) => n,
+                    Err(Error::PaddingPage { .. }) => {
+                        assert_eq!(self.s.page_info(Tier::Device, 0, page).unwrap(), before);
+                        return;
+                    }
+                    Err(e) => panic!("unregister: {e}"),
+                };
+                self.drain();
+                let (refs, state, registered) = self.s.page_info(Tier::Device, 0, page).unwrap();
+                // Found by no lookup now; freed unless held; an entry dropped only if it had one.
+                assert!(!registered, "page {page} still registered");
+                assert_eq!(refs, before.0, "unregister changed page {page}'s holders");
+                if refs == 0 {
+                    assert_eq!(state, PageState::Free, "unreferenced page {page} not freed");
+                }
+                assert!(
+                    n <= 1 && (n == 1 || !before.2),
+                    "page {page}: {n} dropped, {before:?}"
+                );
+            }
             Op::Pin { prefix } => match self.s.pin(&prefixes[prefix as usize], None) {
                 Ok((id, _)) => {
                     self.drain();

@@ -31,7 +31,7 @@ use kvshare_core::{Cache, Config, DType, EvictionPolicy, Tier};
 /// `kvs_cache_block_tables`, `kvs_cache_slot_mapping`; groups: `kvs_cache_group_info`,
 /// `kvs_cache_group_stats`; pages: `kvs_pages_alloc`, `kvs_pages_acquire`, `kvs_pages_release`,
 /// `kvs_page_get_info`; prefix index: `kvs_prefix_register`, `kvs_prefix_match`,
-/// `kvs_prefix_find`, `kvs_prefix_clear`; sequences: `kvs_seq_begin`, `kvs_seq_append`,
+/// `kvs_prefix_find`, `kvs_prefix_unregister`, `kvs_prefix_clear`; sequences: `kvs_seq_begin`, `kvs_seq_append`,
 /// `kvs_seq_append_pages`, `kvs_seq_append_batch`, `kvs_seq_fork`, `kvs_seq_free`,
 /// `kvs_seq_release_skipped`, `kvs_seq_set_computed`, `kvs_seq_swap_out`, `kvs_seq_swap_in`, `kvs_seq_get_info`,
 /// `kvs_seq_pages`, `kvs_seq_state_page`, `kvs_seq_set_priority`, `kvs_seq_append_need`,

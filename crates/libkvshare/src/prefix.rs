@@ -51,6 +51,41 @@ impl kvs_cache {
         })
     }
 
+    /// Drops the prefix-index entries of device pages `pages` of group `group`'s pool, whichever
+    /// group of that pool registered them (vLLM's `evict_blocks`: blocks a failed KV load left
+    /// wrong must not be hit). A page with no entry is skipped. An unreferenced page becomes
+    /// free; a held page stays with its holders and is freed, not cached, when they release it.
+    /// A duplicate of a dropped page's content (another page holding the same tokens) takes its
+    /// entry. Pages registered after a dropped one stay registered, found again once a page of
+    /// the dropped content is registered. Emits `KVS_EVENT_KIND_REMOVED` for each entry dropped
+    /// (with `enable_events`). Writes the number of entries dropped to `*removed_out`
+    /// (optional).
+    ///
+    /// **Failure:** `group` not below the group count, an out-of-range or padding page: an
+    /// error status and nothing dropped.
+    /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+    #[no_mangle]
+    pub unsafe extern "C" fn kvs_prefix_unregister(
+        cache: *mut kvs_cache,
+        group: usize,
+        pages: *const u32,
+        num_pages: usize,
+        removed_out: *mut usize,
+    ) -> kvs_status {
+        // SAFETY: `cache`, `pages` and `removed_out` are NULL or valid for the call (the export
+        // contract); the helpers refuse NULL and misalignment.
+        guard(|| unsafe {
+            let c = self::cache(cache)?;
+            let p = slice(pages, num_pages, "pages")?;
+            let out = opt_out(removed_out, "removed_out")?;
+            let n = c.lock()?.unregister(group, p)?;
+            if let Some(o) = out {
+                *o = n;
+            }
+            Ok(())
+        })
+    }
+
     /// Finds the longest cached prefix of `tokens` in group `group`'s index (whole pages from the
     /// first on, at most `max_tokens` tokens; pass `SIZE_MAX` for no limit, or `num_tokens - 1`
     /// so the last token is recomputed for its logits; `kvs_prefix_find` gives the hit every

@@ -142,6 +142,35 @@ static void prefix(void) {
         SENTINEL(n1);
     }
 
+    /* unregister: refused as a whole (a valid page before a bad one keeps its entry). */
+    {
+        kvs_stats b = t_stats(c);
+        uint32_t sp[8];
+        size_t k = 0;
+        CHECK_OK(kvs_seq_pages(c, 0, 1, sp, 8, &k));
+        CHECK(k > 0);
+        bool reg = t_page(c, T_TIER_DEVICE, sp[0]).registered;
+        const uint32_t then_pad[2] = {sp[0], 0};
+        const uint32_t then_oob[2] = {sp[0], NDEV};
+        EXPECT(kvs_prefix_unregister(c, 0, NULL, 1, &n1), KVS_STATUS_NULL_ARGUMENT, "pages");
+        EXPECT(kvs_prefix_unregister(c, 0, then_pad, 2, &n1), KVS_STATUS_PADDING_PAGE, NULL);
+        EXPECT(kvs_prefix_unregister(c, 0, then_oob, 2, &n1), KVS_STATUS_PAGE_OUT_OF_RANGE,
+               NULL);
+        UNTOUCHED(n1);
+        CHECK_EQ(t_page(c, T_TIER_DEVICE, sp[0]).registered, reg);
+        kvs_stats a = t_stats(c);
+        CHECK(memcmp(&a, &b, sizeof a) == 0);
+        /* No entry: nothing to drop (a free page, a held unregistered one). */
+        CHECK_OK(kvs_prefix_unregister(c, 0, &free_page, 1, &n1));
+        CHECK_EQ(n1, 0);
+        CHECK_OK(kvs_prefix_unregister(c, 0, &held, 1, NULL));
+        CHECK_OK(kvs_prefix_unregister(c, 0, NULL, 0, &n1));
+        CHECK_EQ(n1, 0);
+        a = t_stats(c);
+        CHECK(memcmp(&a, &b, sizeof a) == 0);
+        SENTINEL(n1);
+    }
+
     /* match */
     EXPECT(kvs_prefix_match(c, 0, NULL, 4, NULL, SIZE_MAX, true, pg, 4, &n1, &n2),
            KVS_STATUS_NULL_ARGUMENT, "tokens");
@@ -225,6 +254,7 @@ static void one_group(void) {
         EXPECT(kvs_pages_release(c, g, &held, 1), KVS_STATUS_INVALID_ARGUMENT, "group");
         EXPECT(kvs_prefix_register(c, g, t, 4, &held, 1, NULL, &n1),
                KVS_STATUS_INVALID_ARGUMENT, "group");
+        EXPECT(kvs_prefix_unregister(c, g, &held, 1, &n1), KVS_STATUS_INVALID_ARGUMENT, "group");
         EXPECT(kvs_prefix_match(c, g, t, 8, NULL, SIZE_MAX, true, pg, 8, &n1, &n2),
                KVS_STATUS_INVALID_ARGUMENT, "group");
         EXPECT(kvs_seq_pages(c, g, 1, pg, 8, &n1), KVS_STATUS_INVALID_ARGUMENT, "group");

@@ -3,7 +3,8 @@
  * the whole pages and the units a kvs_seq_begin then takes, the begin shares the pages and
  * queues one partial copy into the sequence's first new page, and the copy holds its source
  * until kvs_cache_take_copies hands it out. What an engine's scheduler does: look up, then
- * allocate, then run the step's copies before its KV writes.
+ * allocate, then run the step's copies before its KV writes. Then kvs_prefix_unregister drops
+ * a page an engine found wrong.
  */
 #include "kvs_test.h"
 
@@ -83,6 +84,20 @@ int main(void) {
     CHECK_OK(kvs_prefix_find(c, d, 16, NULL, SIZE_MAX, NULL, 0, 0, &hit));
     CHECK_EQ(hit, PS + 2 * UNIT);
     CHECK_OK(kvs_seq_free(c, 2));
+    CHECK_CACHE(c);
+
+    /* A page whose KV a failed load left wrong: its entry (and its units) dropped, the page
+     * freed; nothing after it is reachable without it. */
+    size_t removed = 0;
+    CHECK_OK(kvs_prefix_unregister(c, 0, &pa[0], 1, &removed));
+    CHECK_EQ(removed, 1);
+    CHECK_OK(kvs_page_get_info(c, KVS_TIER_DEVICE, 0, pa[0], &pi));
+    CHECK_EQ(pi.state, KVS_PAGE_STATE_FREE);
+    CHECK(!pi.registered);
+    CHECK_OK(kvs_prefix_find(c, d, 16, NULL, SIZE_MAX, NULL, 0, 0, &hit));
+    CHECK_EQ(hit, 0);
+    CHECK_OK(kvs_prefix_unregister(c, 0, &pa[0], 1, &removed));
+    CHECK_EQ(removed, 0);
     CHECK_CACHE(c);
     kvs_cache_free(c);
     return 0;
