@@ -131,16 +131,34 @@ class ManagerBase:
         """Nothing per step: registration is immediate (no deferred commit)."""
 
     def evict_blocks(self, block_ids) -> None:
-        """Drops cached entries of failed KV loads (vLLM's ``kv_load_failure_policy``
-        recompute).  kvshare has no per-page unregister call yet, so the whole prefix index is
-        cleared (``_clear_index``): safe (never a false hit), costs hits."""
-        if not block_ids:
-            return
-        from . import logger
+        """Drops the cached entries of blocks a failed KV load left wrong (vLLM's
+        ``kv_load_failure_policy`` recompute), as vLLM's ``BlockPool.evict_blocks`` drops
+        theirs: ``kvs_prefix_unregister`` on their pages (vLLM's block ids are the page ids of
+        the cache's one device pool; the null block is skipped).  A cache of several pools
+        (state groups beside attention) has no one id space for them: its whole prefix index is
+        cleared instead (safe, costs hits)."""
+        from kvshare import ffi, lib
 
-        logger.warning("kvshare_vllm: evict_blocks(%d blocks) clears the whole prefix index",
-                       len(block_ids))
-        self._clear_index()
+        ids = sorted({int(b) for b in block_ids if b})
+        if not ids:
+            return
+        if getattr(self, "_dirty", None):
+            self._flush()  # pages that filled with no native call register first
+        info = ffi.new("kvs_group_info *")
+        kvshare.check(lib.kvs_cache_group_info(self._h, 0, info), "kvs_cache_group_info")
+        if info.num_pools != 1:
+            from . import logger
+
+            logger.warning("kvshare_vllm: evict_blocks(%d blocks) on a cache of %d pools clears "
+                           "the whole prefix index", len(ids), info.num_pools)
+            self._clear_index()
+            return
+        pages = ffi.new("uint32_t[]", ids)
+        kvshare.check(lib.kvs_prefix_unregister(self._h, 0, pages, len(ids), ffi.NULL),
+                      "kvs_prefix_unregister")
+        self._avail = None
+        if self.enable_kv_cache_events:
+            self._drain_events(None, None)
 
     def _mark_hashed(self, tables, registered: int, request) -> None:
         """Sets ``block_hash`` on the request's block objects as vLLM's blocks have it right

@@ -468,3 +468,34 @@ def test_plugin_serves_connectors_on_groups(tiny_model_dir, state):
     assert len(s.kv_cache_config.kv_cache_groups) > 1
     assert type(s.kv_cache_manager).__name__ == \
         ("KVCacheManager" if state else "KvshareHybridKVCacheManager")
+
+
+@pytest.mark.parametrize("held", [False, True])
+def test_evict_blocks_drops_those_blocks_only(tiny_model_dir, manager, held):
+    """A failed load's blocks (``evict_blocks``) leave the prefix cache, the blocks before them
+    stay: the next lookup of the prompt hits up to the first evicted block, with vLLM's manager
+    and kvshare's alike, whether the request still held it or had ended."""
+    prompt = list(range(100, 165))  # 4 full blocks + 1 token
+    hits = {}
+    for kvshare in (False, True):
+        s = h.make_scheduler(tiny_model_dir, kvshare=kvshare, num_blocks=64)
+        m = s.kv_cache_manager
+        if kvshare:
+            assert type(m).__name__ == manager
+        a = h.make_request("a", prompt)
+        blocks, hit = h.lookup(m, a)
+        assert hit == 0
+        m.allocate_slots(a, len(prompt), 0, blocks)
+        a.num_computed_tokens = len(prompt)
+        m.cache_blocks(a, len(prompt))
+        evicted = m.get_block_ids("a")[0][2]
+        if held:
+            m.evict_blocks({evicted})
+        m.free(a)
+        if not held:
+            m.evict_blocks({evicted})
+        hits[kvshare] = h.lookup(m, h.make_request("b", prompt))[1]
+        if kvshare:
+            m.check()
+            assert m.cache.stats()["device_pages_in_use"] == 0
+    assert hits[True] == hits[False] == 2 * BS
