@@ -151,6 +151,13 @@ pub enum Op {
         vocab: u8,
         group: u8,
     },
+    /// Drop the index entries of pages the caller holds and of arbitrary ids (some past the
+    /// pool or the padding page: the call is then refused as a whole).
+    Unregister {
+        held: Vec<u8>,
+        raw: Vec<u16>,
+        group: u8,
+    },
     Match {
         len: u8,
         vocab: u8,

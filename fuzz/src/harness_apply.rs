@@ -297,6 +297,31 @@ impl Run {
                     assert!(n <= pages.len());
                 }
             }
+            Op::Unregister {
+                ref held,
+                ref raw,
+                group,
+            } => {
+                let g = self.group(group);
+                let pages = self.pick_pages(self.pools[g], held, 4, raw, 4);
+                let mut n = usize::MAX;
+                let st = unsafe {
+                    kvs_cache::kvs_prefix_unregister(self.c, g, pages.as_ptr(), pages.len(), &mut n)
+                };
+                self.expect(
+                    st,
+                    &[
+                        kvs_status::Ok,
+                        kvs_status::PageOutOfRange,
+                        kvs_status::PaddingPage,
+                    ],
+                );
+                if st == kvs_status::Ok {
+                    assert!(n <= pages.len());
+                } else {
+                    assert_eq!(n, usize::MAX, "a refused unregister wrote its count");
+                }
+            }
             Op::Match {
                 len,
                 vocab,

@@ -164,6 +164,9 @@ impl State {
         for &p in pages {
             self.pools[pool].device.check_id(p)?;
         }
+        if !self.cfg.enable_prefix_caching {
+            return Ok(0); // nothing is ever registered
+        }
         let mut n = 0;
         for &page in pages {
             n += usize::from(self.drop_entry(pool, page));

@@ -510,7 +510,8 @@ impl State {
     /// page if nothing holds it. Returns whether an entry was dropped.
     pub(crate) fn drop_entry(&mut self, pool: usize, page: u32) -> bool {
         let p = &self.pools[pool];
-        let dropped = if p.dup_of[page as usize].is_some() || p.index.is_registered(page) {
+        let dup = p.dup_of.get(page as usize).is_some_and(Option::is_some);
+        let dropped = if dup || p.index.is_registered(page) {
             self.unlist(pool, page, false);
             true
         } else {

@@ -209,6 +209,10 @@ static void prefix(void) {
     CHECK_OK(kvs_pages_alloc(off, 0, 1, &p, 1));
     CHECK_STATUS(kvs_prefix_register(off, 0, t, 4, &p, 1, NULL, &n1), KVS_STATUS_UNSUPPORTED);
     UNTOUCHED(n1);
+    /* Nothing is ever registered without prefix caching: nothing to drop. */
+    CHECK_OK(kvs_prefix_unregister(off, 0, &p, 1, &n1));
+    CHECK_EQ(n1, 0);
+    SENTINEL(n1);
     CHECK_OK(kvs_prefix_match(off, 0, t, 4, NULL, SIZE_MAX, true, pg, 4, &n1, &n2));
     CHECK_EQ(n1, 0);
     CHECK_OK(kvs_pages_release(off, 0, &p, 1));
