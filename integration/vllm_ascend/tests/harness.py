@@ -382,3 +382,41 @@ def shadow_run(s, shadow: ShadowWorker, pending: list, rng, copies_of,
             done[rid] = reqs.pop(rid)
     assert not reqs and not pending, "the workload did not finish"
     return done
+
+
+def engine_runs(installed: str, model_dir: str, workload: dict, configs: dict,
+                user_env: tuple[str, ...] = ()):
+    """A getter running each named configuration of ``configs`` once, lazily, through
+    ``bench/engine_e2e.py`` in a process of its own (the plugin from ``installed``, the model in
+    ``model_dir``, ``workload`` under every configuration's own settings), returning
+    (measurements, its log output).  ``user_env``: variables removed from the engines'
+    environment, so that they run with vLLM's or torch's defaults, as a user has them."""
+    import os
+
+    import engine_e2e
+
+    env = dict(os.environ, PYTHONPATH=installed, VLLM_HOST_IP="127.0.0.1")
+    for name in user_env:
+        env.pop(name, None)
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            cfg = dict(workload, model_dir=model_dir, **configs[name])
+            cache[name] = engine_e2e.run_in_subprocess(cfg, env=env)
+        return cache[name]
+
+    return get
+
+
+def shared_prefix_requests(rng, n: int, prefix_len, tail_len, max_tokens, num_prefixes: int = 4):
+    """``n`` requests (``r0``, ``r1``, ...), each one of ``num_prefixes`` shared prefixes (system
+    prompts, documents) plus a private tail, drawn from ``rng`` (``prefix_len``, ``tail_len``,
+    ``max_tokens``: callables drawing each length), as the engine builds them when kvshare
+    manages the cache (no vLLM block hasher).  A generator: the requests are drawn as taken."""
+    prefixes = [[rng.randrange(3, 30000) for _ in range(prefix_len())]
+                for _ in range(num_prefixes)]
+    for i in range(n):
+        p = rng.choice(prefixes)
+        yield make_request(f"r{i}", p + [rng.randrange(3, 30000) for _ in range(tail_len())],
+                           max_tokens=max_tokens(), hash_blocks=False)

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from harness import (ShadowWorker, connector_copies, make_request, make_vllm_config,
-                     shadow_run)
+                     shadow_run, shared_prefix_requests)
 from kvshare import lib
 from kvshare_vllm import connector as conn_mod
 from kvshare_vllm import compat, plugin
@@ -79,15 +79,10 @@ def _run(model_dir, seed: int, apply_copies: bool = True):
     rng = random.Random(seed)
     # A few shared prefixes (system prompts, documents) of 3-8 blocks; each request takes one
     # plus a private tail, and they return after others pushed them out of 19 device blocks.
-    prefixes = [[rng.randrange(3, 30000) for _ in range(rng.randrange(3, 9) * BS)]
-                for _ in range(4)]
+    pending = list(shared_prefix_requests(rng, 40, lambda: rng.randrange(3, 9) * BS,
+                                          lambda: rng.randrange(1, 40),
+                                          lambda: rng.randrange(1, 12)))
     shadow = ShadowWorker(num_blocks, host_pages, BS, apply_copies)
-    pending = []
-    for i in range(40):
-        p = rng.choice(prefixes)
-        pending.append(make_request(f"r{i}", p + [rng.randrange(3, 30000)
-                                                  for _ in range(rng.randrange(1, 40))],
-                                    max_tokens=rng.randrange(1, 12), hash_blocks=False))
     shadow_run(s, shadow, pending, rng, lambda out: connector_copies(out.kv_connector_metadata))
     mgr.check()
     return mgr.kvshare_stats(), shadow, s.connector

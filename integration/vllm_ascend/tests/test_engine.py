@@ -30,6 +30,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "bench"))
 import engine_e2e  # noqa: E402
+import harness  # noqa: E402
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend  # noqa: E402
 
 from kvshare_vllm import compat  # noqa: E402
@@ -83,18 +84,9 @@ CONFIGS = {
 def engine(installed, tmp_path_factory):
     """Runs a configuration once (lazily) and returns (measurements, its log output)."""
     model = engine_e2e.write_tiny_model(str(tmp_path_factory.mktemp("tiny-llama")))
-    env = dict(os.environ, PYTHONPATH=installed, VLLM_HOST_IP="127.0.0.1")
-    env.pop("VLLM_LOGGING_LEVEL", None)  # vLLM's default logging, as a user has it
-    env.pop("THP_MEM_ALLOC_ENABLE", None)  # torch's default allocation, as a user has it
-    cache = {}
-
-    def get(name):
-        if name not in cache:
-            cfg = dict(WORKLOAD, model_dir=model, **CONFIGS[name])
-            cache[name] = engine_e2e.run_in_subprocess(cfg, env=env)
-        return cache[name]
-
-    return get
+    # vLLM's default logging and torch's default allocation, as a user has them.
+    return harness.engine_runs(installed, model, WORKLOAD, CONFIGS,
+                               user_env=("VLLM_LOGGING_LEVEL", "THP_MEM_ALLOC_ENABLE"))
 
 
 def test_plugin_engages_and_logs_in_process(engine):

@@ -20,6 +20,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "bench"))
 import engine_e2e  # noqa: E402
+import harness  # noqa: E402
 
 WINDOW = 64
 WORKLOAD = dict(convs=4, turns=3, system_tokens=192, user_tokens=24, output_tokens=24,
@@ -44,16 +45,7 @@ CONFIGS = {
 def engine(installed, tmp_path_factory):
     model = engine_e2e.write_tiny_model(str(tmp_path_factory.mktemp("tiny-hybrid")),
                                         sliding_window=WINDOW)
-    env = dict(os.environ, PYTHONPATH=installed, VLLM_HOST_IP="127.0.0.1")
-    cache = {}
-
-    def get(name):
-        if name not in cache:
-            cfg = dict(WORKLOAD, model_dir=model, **CONFIGS[name])
-            cache[name] = engine_e2e.run_in_subprocess(cfg, env=env)
-        return cache[name]
-
-    return get
+    return harness.engine_runs(installed, model, WORKLOAD, CONFIGS)
 
 
 def _steps(res) -> list:

@@ -22,6 +22,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "bench"))
 import engine_e2e  # noqa: E402
+import harness  # noqa: E402
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend  # noqa: E402
 
 from kvshare_vllm import compat  # noqa: E402
@@ -44,17 +45,8 @@ CONFIGS = {
 @pytest.fixture(scope="module")
 def engine(installed, tmp_path_factory):
     model = engine_e2e.write_tiny_model(str(tmp_path_factory.mktemp("tiny-llama")))
-    env = dict(os.environ, PYTHONPATH=installed, VLLM_HOST_IP="127.0.0.1")
-    env.pop("VLLM_LOGGING_LEVEL", None)
-    cache = {}
-
-    def get(name):
-        if name not in cache:
-            cfg = dict(WORKLOAD, model_dir=model, **CONFIGS[name])
-            cache[name] = engine_e2e.run_in_subprocess(cfg, env=env)
-        return cache[name]
-
-    return get
+    return harness.engine_runs(installed, model, WORKLOAD, CONFIGS,
+                               user_env=("VLLM_LOGGING_LEVEL",))
 
 
 def _turns(res, first: int = 0) -> dict:

@@ -19,7 +19,7 @@ import random
 import pytest
 
 from harness import API, ShadowWorker, connector_copies, make_request, make_scheduler, \
-    shadow_run
+    shadow_run, shared_prefix_requests
 from kvshare import lib
 
 BS = 16
@@ -51,14 +51,11 @@ def _copies(out):
 def _workload(rng):
     """Prompts on four shared prefixes of any length, and conversations returning with their
     history plus a new message (the units of their last, partly filled page are a hit)."""
-    prefixes = [[rng.randrange(3, 30000) for _ in range(rng.randrange(20, 90))]
-                for _ in range(4)]
     items = []
-    for i in range(24):
-        p = rng.choice(prefixes)
-        items.append(make_request(f"r{i}", p + [rng.randrange(3, 30000)
-                                                for _ in range(rng.randrange(1, 30))],
-                                  max_tokens=rng.randrange(1, 10), hash_blocks=False))
+    requests = shared_prefix_requests(rng, 24, lambda: rng.randrange(20, 90),
+                                      lambda: rng.randrange(1, 30), lambda: rng.randrange(1, 10))
+    for i, r in enumerate(requests):
+        items.append(r)
         if i % 3 == 2:  # the next turn of an earlier request
             base, k = f"r{i - 1}", i
 
