@@ -1,9 +1,10 @@
 """Prefix hits at 128-token blocks with and without a match unit, in the real vLLM CPU engine.
 
 ``python subpage_e2e.py [--unit 16] [--convs 8] [--turns 4] [--json]`` (in a vLLM venv, with
-``KVSHARE_LIB`` / ``KVSHARE_HEADER`` set; the plugin is installed into a scratch folder) runs ``engine_e2e``'s multi-turn chat once per configuration, each in
-its own process: vLLM's manager at block 128, kvshare's at block 128 with whole-block hits and
-with ``KVSHARE_VLLM_MATCH_UNIT``, and vLLM's manager at the CPU kernel's smallest block (16 on
+``KVSHARE_LIB`` / ``KVSHARE_HEADER`` set; the plugin is installed into a scratch folder) runs
+``engine_e2e``'s multi-turn chat once per configuration, each in its own process: vLLM's
+manager at block 128, kvshare's at block 128 with whole-block hits and with
+``KVSHARE_VLLM_MATCH_UNIT``, and vLLM's manager at the CPU kernel's smallest block (16 on
 vLLM 0.23, 32 on 0.32).  It prints vLLM's own prefix-cache counters (hit tokens over looked-up
 tokens), the tokens recomputed, and whether each run generated vLLM's block-128 tokens.  Exits
 non-zero when a run's tokens differ.

@@ -1,8 +1,8 @@
 """The calls only vLLM 0.32's scheduler makes on ``KvshareKVCacheManager`` (a mixin of it):
 lookups cut to computed tokens, the cached-token estimate, KV zeroing after a failed load, the
 block copies of sub-page hits, the offload hand-offs kvshare has none of, and the deferred
-free (``pop_blocks_for_free``, then ``block_pool.free_blocks``).  The state they read (``_reqs``, ``_pages``, ``_popped``, ...)
-is the manager's (``manager.py``)."""
+free (``pop_blocks_for_free``, then ``block_pool.free_blocks``).  The state they read
+(``_reqs``, ``_pages``, ``_popped``, ...) is the manager's (``manager.py``)."""
 
 from __future__ import annotations
 
