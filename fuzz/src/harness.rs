@@ -282,6 +282,8 @@ fn last_error() -> String {
 struct Run {
     c: *mut kvs_cache,
     ps: usize,
+    /// The granularity of a prefix hit: `match_unit` when below the page, else the page.
+    unit: usize,
     dev_pages: u32,
     /// Per group: its pool and whether it is a state group.
     pools: Vec<u32>,
@@ -591,6 +593,10 @@ pub fn run(data: &[u8], max_ops: usize) -> usize {
     let mut run = Run {
         c,
         ps: cfg.page_size as usize,
+        unit: match cfg.match_unit {
+            0 => cfg.page_size as usize,
+            u => u.min(cfg.page_size) as usize,
+        },
         dev_pages: cfg.num_device_pages,
         pools,
         state: (0..ng).map(|g| groups.get(g).is_some_and(state)).collect(),
