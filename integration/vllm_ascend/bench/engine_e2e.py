@@ -115,6 +115,13 @@ def install_plugin(target: str, python: str = sys.executable) -> str:
     return target
 
 
+def kernel_block_size() -> int:
+    """The smallest block vLLM's CPU attention kernel takes: 16 on vLLM 0.23, 32 on 0.32."""
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    return CPUAttentionBackend.get_supported_kernel_block_sizes()[0].base
+
+
 def block_bytes(block_size: int) -> int:
     """Bytes of one KV block of the tiny model (K and V, every layer, float32)."""
     head_dim = MODEL["hidden_size"] // MODEL["num_attention_heads"]
@@ -382,7 +389,7 @@ def run(cfg: dict) -> dict:
     if cfg["match_unit"] and cfg["kvshare"]:
         from kvshare_vllm import compat
 
-        own_connector = own_connector or compat.manager_api() == "0.23.0"
+        own_connector = own_connector or not compat.support().block_copies
     if own_connector:
         from vllm.config import KVTransferConfig
 
@@ -590,9 +597,7 @@ def bench(argv) -> int:
     ap.add_argument("--json", action="store_true", help="print the raw measurements as JSON")
     a = ap.parse_args(argv)
     if a.block_size is None:
-        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
-
-        a.block_size = CPUAttentionBackend.get_supported_kernel_block_sizes()[0].base
+        a.block_size = kernel_block_size()
     if a.quick:
         a.repeats, a.convs, a.turns, a.system_tokens, a.output_tokens = 1, 4, 2, 128, 8
     configs = [("vLLM manager + vLLM attention", {"kvshare": False}),
@@ -744,8 +749,9 @@ def bench_host_tier(argv) -> int:
               f"{row['preempt']:8.0f} {row['promoted']:9.0f} {row['demoted']:8.0f} "
               f"{row['step']:8.2f} {row['sched']:9.1f} {row['copy']:8.1f} {str(row['same']):>12}")
     base, conn = rows[("kvshare", "no pressure")], rows[("kvshare + host tier", "no pressure")]
-    print(f"connector cost without pressure (no copies): step time x{conn['step'] / base['step']:.3f}, "
-          f"scheduler time per step x{conn['sched'] / base['sched']:.3f}")
+    print(f"connector cost without pressure (no copies): step time "
+          f"x{conn['step'] / base['step']:.3f}, scheduler time per step "
+          f"x{conn['sched'] / base['sched']:.3f}")
     return 0 if all(r["same"] for r in rows.values()) else 1
 
 

@@ -32,9 +32,7 @@ def main(argv) -> int:
     ap.add_argument("--system-tokens", type=int, default=200)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
-    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
-
-    small = CPUAttentionBackend.get_supported_kernel_block_sizes()[0].base
+    small = engine_e2e.kernel_block_size()
     work = dict(convs=a.convs, turns=a.turns, system_tokens=a.system_tokens, user_tokens=24,
                 output_tokens=10, max_model_len=2048, block_size=128, extras=False)
     runs = {

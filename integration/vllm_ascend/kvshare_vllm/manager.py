@@ -25,7 +25,7 @@ from .startup import require as _require_supported_vllm_and_native
 
 _require_supported_vllm_and_native()  # before vLLM's imports: an unsupported vLLM is named
 
-from .compat import manager_api
+from .compat import manager_api, support
 
 _API = manager_api()  # the vLLM release whose KVCacheManager signatures this module presents
 
@@ -212,9 +212,9 @@ class KvshareKVCacheManager(NewerSurface, ManagerBase):
         # The pool tier's key settings, when kvshare's connector has a pool (pool_tier.py).
         pool = POOL.get()
         self._unit = unit = match_unit_setting(bs)
-        if unit and _API == "0.23.0" and connector is None:
+        if unit and not support().block_copies and connector is None:
             raise ValueError(
-                f"kvshare_vllm: {MATCH_UNIT_ENV}={unit}: on vLLM 0.23 the partial copies of "
+                f"kvshare_vllm: {MATCH_UNIT_ENV}={unit}: on vLLM {_API} the partial copies of "
                 "sub-page hits run in the worker through kvshare's KV connector; configure "
                 "KvshareConnector (kv_transfer_config, docs/vllm.md) or unset it")
         if unit and pool:

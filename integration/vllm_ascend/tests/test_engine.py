@@ -9,7 +9,8 @@ plugin is found through its installed ``vllm.general_plugins`` entry point, as i
 kvshare's manager must be invisible to the engine's output: identical tokens and identical
 prefix hits (vLLM's own ``num_cached_tokens`` and counters) with and without the plugin, without
 cache pressure and under pressure with preemption (there kvshare's hits are at least vLLM's: it
-evicts later), in the in-process and the multiprocess engine; and the plugin's log line must show under vLLM's default logging in both. With
+evicts later), in the in-process and the multiprocess engine; and the plugin's log line must
+show under vLLM's default logging in both. With
 ``KVSHARE_VLLM_OPS=1`` kvshare's own attention backend (``kvshare_vllm.cpu_attn``) computes every
 layer, in the release's KV-cache layout (on 0.23 one it asks for, on 0.32 vLLM's fused CPU
 layout), and must generate the tokens vLLM's CPU attention does.
@@ -31,13 +32,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
                                 "bench"))
 import engine_e2e  # noqa: E402
 import harness  # noqa: E402
-from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend  # noqa: E402
 
 from kvshare_vllm import compat  # noqa: E402
 
 SUPPORT = compat.support()
 # The smallest block vLLM's CPU attention kernel takes (its block sizes are multiples of it).
-BLOCK = CPUAttentionBackend.get_supported_kernel_block_sizes()[0].base
+BLOCK = engine_e2e.kernel_block_size()
 NEEDS_ATTENTION = pytest.mark.skipif(not SUPPORT.attention, reason=SUPPORT.attention_missing)
 NEEDS_CONNECTOR = pytest.mark.skipif(bool(SUPPORT.connector_missing),
                                      reason=SUPPORT.connector_missing)

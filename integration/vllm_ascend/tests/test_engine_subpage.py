@@ -23,12 +23,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
                                 "bench"))
 import engine_e2e  # noqa: E402
 import harness  # noqa: E402
-from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend  # noqa: E402
 
 from kvshare_vllm import compat  # noqa: E402
 
 SUPPORT = compat.support()
-SMALL = CPUAttentionBackend.get_supported_kernel_block_sizes()[0].base
+SMALL = engine_e2e.kernel_block_size()
 BLOCK, UNIT = 128, 16
 WORKLOAD = dict(convs=4, turns=3, system_tokens=200, user_tokens=24, output_tokens=10,
                 max_model_len=512, block_size=BLOCK)
