@@ -7,7 +7,8 @@ kvshare decides what to look up, load and store (``Cache.pool_lookup``,
 * a lookup is one ``batch_is_exist`` for every key of the prompt;
 * loads are one ``batch_get_into`` into a staging buffer; each value is copied out of it (the
   staging buffer is registered with the client, so other processes on the pool network can
-  write into it) and verified before its payload reaches the page: size, magic, format
+  write into it) and verified before its payload reaches the page: size (a value larger than
+  the buffer the client refuses, ``INVALID_PARAMS`` -600: a wrong size too), magic, format
   version, the key it was written under, the page's chain digest and token ids, and a digest
   of all of it (HMAC-SHA-256 under the deployment key when one is configured, under the empty
   key otherwise). Any mismatch reports the load failed and the engine recomputes, and the
@@ -50,6 +51,9 @@ _DIGEST_AT = _HEAD.size - 32
 
 RPC_FAIL, RPC_TIMEOUT, TRANSFER_FAIL, OBJECT_NOT_FOUND = -900, -901, -800, -704
 REPLICA_IS_NOT_READY = -703
+# batch_get_into's answer for a value larger than its buffer ("Buffer too small"): an entry of
+# another size than this key's page can have, so it fails verification like a short one.
+INVALID_PARAMS = -600
 _LOAD_CAUSES = {OBJECT_NOT_FOUND: "missing", REPLICA_IS_NOT_READY: "not ready",
                 TRANSFER_FAIL: "transfer", RPC_FAIL: "rpc", RPC_TIMEOUT: "timeout"}
 
@@ -246,6 +250,10 @@ class PoolTransfers:
         self._rpc_failed(codes)
         for i, ptr, size, code in zip(todo, ptrs, sizes, codes):
             w = items[i]
+            if code == INVALID_PARAMS:
+                causes[i] = self._fail_load("size")
+                self._remove_bad(w["key"])
+                continue
             if code < 0:
                 if code == TRANSFER_FAIL or code == RPC_TIMEOUT:
                     self.negative[w["key"]] = self.clock() + self.negative_ttl_s

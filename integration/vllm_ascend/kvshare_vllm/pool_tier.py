@@ -87,11 +87,6 @@ def pool_settings(vllm_config) -> dict | None:
         return None
     if not isinstance(raw, dict):
         raise ValueError(f"{NAME}: kv_connector_extra_config['pool'] must be a dict")
-    from .compat import manager_api
-
-    if manager_api() != "0.23.0":
-        raise ValueError(f"{NAME}: the pool tier runs on vLLM 0.23.0 (vllm-ascend's); with "
-                         f"vLLM {manager_api()} the connector's host tier runs, not its pool")
     unknown = set(raw) - SETTINGS
     if unknown:
         raise ValueError(f"{NAME}: unknown pool settings {sorted(unknown)} (known: "

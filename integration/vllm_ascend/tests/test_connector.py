@@ -337,12 +337,3 @@ def test_hybrid_model_gets_the_host_tier(tiny_model_dir):
     assert len(shipped) == st["demotions"] + st["promotions"]
     assert {c[3] for c in shipped} == {D2H, H2D} and {c[4] for c in shipped} <= {0, 1}
     assert looked[2] - looked[1] < plain_looked[2] - plain_looked[1]
-
-
-@pytest.mark.skipif(compat.manager_api() == "0.23.0", reason="the pool tier runs on 0.23")
-def test_pool_tier_refused_on_newer_vllm():
-    from kvshare_vllm.pool_tier import pool_settings
-
-    ktc = _ktc(0, pool={"master": "127.0.0.1:1"})
-    with pytest.raises(ValueError, match="the pool tier runs on vLLM 0.23.0"):
-        pool_settings(SimpleNamespace(kv_transfer_config=ktc))

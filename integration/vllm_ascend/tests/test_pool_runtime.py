@@ -153,8 +153,8 @@ def _value_of(store, b, tokens, position):
     return [k for p, _, k in keys if p == position][0]
 
 
-@pytest.mark.parametrize("damage", ["truncated", "payload", "tokens", "foreign", "lie",
-                                    "lost", "version"])
+@pytest.mark.parametrize("damage", ["truncated", "oversize", "payload", "tokens", "foreign",
+                                    "lie", "lost", "version"])
 def test_bad_entries_fall_back_to_recomputation(damage):
     store = FakeStore()
     a, b = Engine(store), Engine(store)
@@ -164,6 +164,8 @@ def test_bad_entries_fall_back_to_recomputation(damage):
     k2 = _value_of(store, b, t, 2)
     if damage == "truncated":
         store.values[k1] = store.values[k1][:-1]
+    elif damage == "oversize":  # the client refuses a value larger than the buffer
+        store.values[k1] = store.values[k1] + b"\0"
     elif damage == "payload":
         v = bytearray(store.values[k1])
         v[-1] ^= 1
@@ -187,6 +189,8 @@ def test_bad_entries_fall_back_to_recomputation(damage):
     failures = b.rt.stats.load_failures
     if damage != "lost":
         assert sum(failures.values()) >= 1, failures
+    if damage in ("truncated", "oversize"):
+        assert failures == {"size": 1}, failures
     # An entry that failed verification was removed and b's recomputed page stored in its
     # place: the next engine loads every page. A load that failed for want of an entry
     # removes nothing and, with the key free, b's store filled it too.

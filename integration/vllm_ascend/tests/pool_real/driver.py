@@ -124,15 +124,18 @@ def killed_writer(out, a, b, c, python):
 
 
 def replaced_entry(out, a, b, c):
-    """a stores a prompt's pages; c replaces page 1's entry in the pool by a value one byte
-    short; b loads page 0, rejects page 1 (removing it) and stores its own page 1; c loads
-    every page."""
-    p = [(37 * i + 8) % 251 for i in range(70)]
-    steps = out["replaced"] = [a.run(p)]
-    c.send(op="poison", tokens=p, page=1)
-    out["poisoned"] = c.read()
-    steps.append(b.run(p))
-    steps.append(c.run(p + [1, 2, 3]))
+    """Twice, for a value one byte short, then one byte long: a stores a prompt's pages; c
+    replaces page 1's entry in the pool by that value; b loads page 0, rejects page 1
+    (removing it) and stores its own page 1; c loads every page."""
+    steps = out["replaced"] = []
+    out["poisoned"] = []
+    for seed, delta in ((8, -1), (9, 1)):
+        p = [(37 * i + seed) % 251 for i in range(70)]
+        steps.append(a.run(p))
+        c.send(op="poison", tokens=p, page=1, delta=delta)
+        out["poisoned"].append(c.read())
+        steps.append(b.run(p))
+        steps.append(c.run(p + [1, 2, 3]))
 
 
 def main():

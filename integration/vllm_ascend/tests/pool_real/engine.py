@@ -10,8 +10,9 @@ Driven by JSON lines on stdin (one reply line per command):
   With ``"ballast": n``, its stores are put together with ``n`` values of 4 MiB (one
   ``batch_put_from``) and a ``{"op": "putting"}`` line goes out just before that call and a
   ``{"op": "put"}`` line after it: the driver kills the process in between.
-* ``{"op": "poison", "tokens": [...], "page": p}``: replaces the pool's entry of the prompt's
-  page ``p`` with the same value one byte short (``remove``, then ``put``).
+* ``{"op": "poison", "tokens": [...], "page": p, "delta": d}``: replaces the pool's entry of
+  the prompt's page ``p`` with the same value one byte short (``d`` -1) or with one zero byte
+  more (``d`` 1) (``remove``, then ``put``).
 * ``{"op": "exit"}``.
 
     engine.py MASTER [COOLDOWN_S [SEGMENT_BYTES]]
@@ -133,13 +134,14 @@ class BallastStore:
         return list(codes)[:len(keys)]
 
 
-def poison(cache, store, tokens, page):
+def poison(cache, store, tokens, page, delta):
     _first, keys = cache.pool_lookup(tokens, None, len(tokens) - 1)
     key = [k for p, _, k in keys if p == page][0]
     value = store.get(key)
     removed = store.remove(key, True)
+    bad = value[:-1] if delta < 0 else value + b"\0"
     return {"op": "poison", "key": key, "size": len(value), "removed": removed,
-            "put": store.put(key, value[:-1]), "now": store.get_size(key)}
+            "put": store.put(key, bad), "now": store.get_size(key)}
 
 
 def main():
@@ -163,7 +165,7 @@ def main():
             break
         tokens = cmd["tokens"]
         if cmd["op"] == "poison":
-            print(json.dumps(poison(cache, store, tokens, cmd["page"])), flush=True)
+            print(json.dumps(poison(cache, store, tokens, cmd["page"], cmd["delta"])), flush=True)
             continue
         if cmd["op"] == "exists":  # what the master lists of the prompt's full pages
             _first, keys = cache.pool_lookup(tokens, None, len(tokens) - 1)

@@ -27,6 +27,7 @@ from driver import METRICS, RPC, wait_port  # noqa: E402
 class Engine:
     def __init__(self, python, model, master, name):
         self.name = name
+        self.block = None
         self.p = subprocess.Popen([python, os.path.join(HERE, "vllm_engine.py"), model, master],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         while True:  # vLLM logs to stdout too (passed on to stderr): replies start '{"op"
@@ -34,6 +35,7 @@ class Engine:
             if not line:
                 raise SystemExit(f"engine {name} did not start")
             if line.startswith('{"op": "ready"'):
+                self.block = json.loads(line)["block"]
                 return
             sys.stderr.write(line)
 
@@ -72,14 +74,15 @@ def measure(a, b, rounds=5, pages=25):
     """Per page: b's worker time loading from the pool (batch_get_into, verification, the copy
     into every layer's block), and b's wall time for a fresh prompt of ``pages`` pages with one
     output token (prefill), against the same prompt with all but its last page loaded."""
-    prompts = [ids(100 + r, pages * 16 + 1) for r in range(rounds)]
+    n = pages * a.block + 1
+    prompts = [ids(100 + r, n) for r in range(rounds)]
     a.generate(prompts, max_tokens=1)                              # computed and stored on a
-    b.generate([ids(99, pages * 16 + 1)], max_tokens=1)            # b warmed up
+    b.generate([ids(99, n)], max_tokens=1)                         # b warmed up
     before = b.generate([], max_tokens=1)["pool"]
     hit = b.generate(prompts, max_tokens=1)                        # from the pool
-    fresh = b.generate([ids(200 + r, pages * 16 + 1) for r in range(rounds)], max_tokens=1)
+    fresh = b.generate([ids(200 + r, n) for r in range(rounds)], max_tokens=1)
     loaded = hit["pool"]["loads_ok"] - before["loads_ok"]
-    return {"pages_per_prompt": pages, "rounds": rounds, "pages_loaded": loaded,
+    return {"pages_per_prompt": pages, "block": a.block, "rounds": rounds, "pages_loaded": loaded,
             "load_ms_per_page": 1e3 * (hit["pool"]["load_s"] - before["load_s"]) / loaded,
             "prefill_ms_per_page": 1e3 * sum(fresh["s"]) / (rounds * pages),
             "request_ms_fresh": [1e3 * x for x in fresh["s"]],
@@ -97,7 +100,7 @@ def main():
          "--http_metadata_server_host=127.0.0.1"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     engines = []
-    out = {"steps": []}
+    out = {"steps": [], "block": None}
     steps = out["steps"]
     try:
         wait_port(RPC, master)
@@ -106,11 +109,12 @@ def main():
         engines.append(a)
         b = Engine(python, model, addr, "b")
         engines.append(b)
+        out["block"] = a.block
         if measuring:
             out = measure(a, b)
             return
         system = ids(1, 64)
-        t1 = system + ids(2, 6)                                   # 70 tokens: 4 full pages
+        t1 = system + ids(2, 6)                                   # 70 tokens
         s = a.generate([t1])                                      # computed on a, stored
         steps.append(s)
         t2 = t1 + s["tokens"][0] + ids(3, 20)                     # 98 tokens

@@ -6,6 +6,9 @@ stdin (one reply line per command):
   (local and external prefix hits), and the connector's pool counters.
 * ``{"op": "exit"}``.
 
+The engine's block is the smallest vLLM's CPU attention kernel takes (16 on vLLM 0.23, 32 on
+0.32), announced in its ``ready`` line.
+
     vllm_engine.py MODEL_DIR MASTER|none
 
 With a master: kvshare's manager and KV connector with a pool tier on that ``mooncake_master``
@@ -23,7 +26,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "bench"))
 
-BLOCK, BLOCKS = 16, 256
+BLOCKS = 256
 
 
 def main():
@@ -33,11 +36,12 @@ def main():
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from engine_e2e import block_bytes
+    from engine_e2e import block_bytes, kernel_block_size
     from vllm import LLM, SamplingParams
     from vllm.config import KVTransferConfig
     from vllm.inputs import TokensPrompt
 
+    block = kernel_block_size()
     extra = {}
     if pooled:
         extra["kv_transfer_config"] = KVTransferConfig(
@@ -49,8 +53,8 @@ def main():
                                                 "cooldown_s": 60.0}})
     llm = LLM(model=model_dir, skip_tokenizer_init=True, enable_prefix_caching=True,
               max_model_len=512, dtype="float32", seed=0, enforce_eager=True, max_num_seqs=4,
-              max_num_batched_tokens=512, block_size=BLOCK,
-              kv_cache_memory_bytes=BLOCKS * block_bytes(BLOCK), **extra)
+              max_num_batched_tokens=512, block_size=block,
+              kv_cache_memory_bytes=BLOCKS * block_bytes(block), **extra)
     core = llm.llm_engine.engine_core.engine_core
     worker = None
     if pooled:
@@ -71,7 +75,7 @@ def main():
                 "load_s": w.load_s, "page_bytes": w.page_bytes, "failures_seen": s.load_failures,
                 "kvshare": core.scheduler.kv_cache_manager.cache.pool_stats()}
 
-    print(json.dumps({"op": "ready"}), flush=True)
+    print(json.dumps({"op": "ready", "block": block}), flush=True)
     for line in sys.stdin:
         cmd = json.loads(line)
         if cmd["op"] == "exit":
