@@ -33,6 +33,21 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _common_pages(a: bytes, b: bytes) -> int:
+    """Leading uint32 page ids two packed block tables share (memcmp + binary search)."""
+    n = min(len(a), len(b)) // 4
+    if a[:4 * n] == b[:4 * n]:
+        return n
+    lo, hi = 0, n  # they agree on lo pages, not on hi
+    while hi - lo > 1:
+        m = (lo + hi) // 2
+        if a[:4 * m] == b[:4 * m]:
+            lo = m
+        else:
+            hi = m
+    return lo
+
+
 def _token_ids(request) -> list[int]:
     """The request's token ids as a plain list (vLLM's own list behind the read-only
     ``all_token_ids`` view; a copy when a Request type has no such list)."""

@@ -34,8 +34,8 @@ from vllm.v1.request import RequestStatus
 
 from . import logger
 from . import _fast  # required: startup.require() has checked that it loads
-from .base import (MATCH_UNIT_ENV, ManagerBase, _cdiv, _extra_addr, _kv_dtype, _token_ids,
-                   extra_keys_for, match_unit_setting)
+from .base import (MATCH_UNIT_ENV, ManagerBase, _cdiv, _common_pages, _extra_addr, _kv_dtype,
+                   _token_ids, extra_keys_for, match_unit_setting)
 from .events import EventTranslator, cached_blocks_event
 from .host_tier import HOST_PAGES, CopyQueue, HostTier
 from .pool_tier import POOL
@@ -51,21 +51,6 @@ _DEVICE = ffi.typeof("enum kvs_tier").relements["KVS_TIER_DEVICE"]
 _CACHED_STATE = ffi.typeof("enum kvs_page_state").relements["KVS_PAGE_STATE_CACHED"]
 # Request states vLLM 0.32's admission watermark applies to (waiting, preempted).
 _ADMITTED_FROM = frozenset((RequestStatus.WAITING, RequestStatus.PREEMPTED))
-
-
-def _common_pages(a: bytes, b: bytes) -> int:
-    """Leading uint32 page ids two packed block tables share (memcmp + binary search)."""
-    n = min(len(a), len(b)) // 4
-    if a[:4 * n] == b[:4 * n]:
-        return n
-    lo, hi = 0, n  # they agree on lo pages, not on hi
-    while hi - lo > 1:
-        m = (lo + hi) // 2
-        if a[:4 * m] == b[:4 * m]:
-            lo = m
-        else:
-            hi = m
-    return lo
 
 
 class _Req:
@@ -492,9 +477,9 @@ class KvshareKVCacheManager(NewerSurface, ManagerBase):
         skip_zeroing_group_ids: tuple[int, ...] = (),
     ) -> KVCacheBlocks | None:
         """vLLM's ``allocate_slots`` (0.23's parameters; 0.32 adds ``has_scheduled_reqs``, which
-        applies the watermark to a waiting or preempted request, and
-        ``skip_zeroing_group_ids``: with group 0 in it, the blocks of an asynchronous load's
-        external tokens are not handed out for KV zeroing, which would race the load)."""
+        applies the watermark to a waiting or preempted request, and ``skip_zeroing_group_ids``:
+        with group 0 in it, an asynchronous load's blocks are not handed out for KV zeroing,
+        which would race the load)."""
         st = self._reqs.get(request.request_id)
         wm = self.watermark_blocks
         if wm and not (has_scheduled_reqs and request.status in _ADMITTED_FROM):
