@@ -407,6 +407,13 @@ class KvshareConnector(KVConnectorBase_V1, SupportsHMA):
         if self.pool is not None:
             self.pool.store()
 
+    def shutdown(self) -> None:
+        """vLLM's shutdown of either side: this side's hold on the pool's client ends (the
+        process's last one closes it, unmounting its segment; ``pool_tier.release_client``)."""
+        if self.pool is not None:
+            pool, self.pool = self.pool, None
+            pool.close()
+
     def get_finished(self, finished_req_ids):
         """Requests whose pool loads ran in this step's ``start_load_kv``."""
         if self.pool is None:

@@ -140,16 +140,21 @@ def pool_settings(vllm_config) -> dict | None:
 
 
 # One Mooncake client per process and master (a process-wide fact: the scheduler's and the
-# worker's connectors share it when vLLM runs both in one process).
-_CLIENTS: dict[tuple[str, str], Any] = {}
+# worker's connectors share it when vLLM runs both in one process), with its number of users.
+_CLIENTS: dict[tuple[str, str], list] = {}
+# How long a connector's shutdown waits for the client's close (a client whose master is gone
+# can hang in it; the process then exits without it).
+CLOSE_WAIT_S = 5.0
 
 
 def store_client(settings: dict):
-    """The process's ``MooncakeDistributedStore`` for ``settings``' master, set up once."""
+    """The process's ``MooncakeDistributedStore`` for ``settings``' master, set up once; each
+    call is one user until :func:`release_client`."""
     key = (settings["master"], settings["local_host"])
-    client = _CLIENTS.get(key)
-    if client is not None:
-        return client
+    held = _CLIENTS.get(key)
+    if held is not None:
+        held[1] += 1
+        return held[0]
     try:
         from mooncake.store import MooncakeDistributedStore
     except ImportError as e:
@@ -162,8 +167,34 @@ def store_client(settings: dict):
     if rc != 0:
         raise RuntimeError(f"{NAME}: Mooncake Store setup against {settings['master']} "
                            f"failed ({rc})")
-    _CLIENTS[key] = client
+    _CLIENTS[key] = [client, 1]
     return client
+
+
+def release_client(settings: dict, io) -> None:
+    """A connector half is done with the pool (vLLM's ``shutdown``): ``io``'s staging buffer
+    is unregistered, and the process's last user closes the client, which unmounts its
+    segment: the master stops placing other engines' values in memory that is about to go
+    (they would fail to store, and later to load, until the master's client TTL passed). Not
+    with the circuit breaker open (the master is not answering), and not waiting more than
+    ``CLOSE_WAIT_S`` for it."""
+    import threading
+
+    key = (settings["master"], settings["local_host"])
+    held = _CLIENTS.get(key)
+    if held is None:
+        return
+    if not io.breaker.is_open():
+        io.close()
+    held[1] -= 1
+    if held[1] > 0:
+        return
+    del _CLIENTS[key]
+    if io.breaker.is_open():
+        return
+    closer = threading.Thread(target=held[0].close, name="kvshare-pool-close", daemon=True)
+    closer.start()
+    closer.join(CLOSE_WAIT_S)
 
 
 def _transfers(settings: dict, client, page_size: int, page_bytes: int, batch: int):
@@ -227,6 +258,9 @@ class SchedulerPool:
         self.load_failures: dict[str, int] = {}  # reported by the worker, by cause
         self.stores_shipped = 0
         self.stores_skipped = 0
+
+    def close(self) -> None:
+        release_client(self.settings, self.io)
 
     def matched(self, request, num_computed_tokens: int) -> int:
         """External tokens: the run of the prompt's next full pages the pool holds."""
@@ -339,6 +373,9 @@ class WorkerPool:
         self._errors: set[int] = set()
         self.load_s = 0.0
         self.store_s = 0.0
+
+    def close(self) -> None:
+        release_client(self.settings, self.io)
 
     def _read(self, parts, page: int) -> bytes:
         return b"".join(t.select(d, page).contiguous().view(torch.uint8).numpy().tobytes()

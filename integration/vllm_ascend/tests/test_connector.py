@@ -337,3 +337,56 @@ def test_hybrid_model_gets_the_host_tier(tiny_model_dir):
     assert len(shipped) == st["demotions"] + st["promotions"]
     assert {c[3] for c in shipped} == {D2H, H2D} and {c[4] for c in shipped} <= {0, 1}
     assert looked[2] - looked[1] < plain_looked[2] - plain_looked[1]
+
+
+def test_the_last_connector_half_closes_the_pool_client(monkeypatch):
+    """vLLM's ``shutdown`` of each connector half releases the process's Mooncake client: the
+    staging buffer of each half is unregistered, the last release closes the client (which
+    unmounts its segment); a close that hangs (a master gone) is not waited for past
+    ``CLOSE_WAIT_S``; with the breaker open nothing is asked of the store."""
+    import threading
+    import time
+
+    from kvshare_vllm import pool_tier
+
+    class Client:
+        def __init__(self):
+            self.closed = 0
+
+        def close(self):
+            self.closed += 1
+
+    class IO:
+        def __init__(self, open_=False):
+            self.breaker = SimpleNamespace(is_open=lambda: open_)
+            self.closed = 0
+
+        def close(self):
+            self.closed += 1
+
+    settings = {"master": "h:1", "local_host": "127.0.0.1"}
+    key = ("h:1", "127.0.0.1")
+    client = Client()
+    monkeypatch.setitem(pool_tier._CLIENTS, key, [client, 2])  # scheduler and worker halves
+    sched, worker = IO(), IO()
+    pool_tier.release_client(settings, sched)
+    assert sched.closed == 1 and client.closed == 0 and key in pool_tier._CLIENTS
+    pool_tier.release_client(settings, worker)
+    assert worker.closed == 1 and client.closed == 1 and key not in pool_tier._CLIENTS
+    pool_tier.release_client(settings, IO())  # released already: nothing
+    assert client.closed == 1
+
+    gate = threading.Event()
+    hanging = SimpleNamespace(close=gate.wait)
+    monkeypatch.setitem(pool_tier._CLIENTS, key, [hanging, 1])
+    monkeypatch.setattr(pool_tier, "CLOSE_WAIT_S", 0.2)
+    t = time.monotonic()
+    pool_tier.release_client(settings, IO())
+    assert time.monotonic() - t < 2.0 and key not in pool_tier._CLIENTS
+    gate.set()
+
+    dead = Client()
+    monkeypatch.setitem(pool_tier._CLIENTS, key, [dead, 1])
+    io = IO(open_=True)
+    pool_tier.release_client(settings, io)
+    assert dead.closed == 0 and io.closed == 0 and key not in pool_tier._CLIENTS

@@ -2,7 +2,8 @@
 mooncake_master bound to 127.0.0.1 and two vLLM engine processes, each with kvshare's manager
 and KV connector (its own cache) on that master, inside a fresh network namespace
 (pool_real/vllm_driver.py). A conversation started on engine a continues on engine b, and b
-loads a's pages from the pool; every request's tokens equal those of a reference engine with
+loads a's pages from the pool (as does a third engine whose engine core runs in a process of
+its own); every request's tokens equal those of a reference engine with
 vLLM's own manager (greedy); then the engine holding a conversation's pages is killed and then
 the master: b computes instead, with the same tokens, and counts the failures.
 """
@@ -66,6 +67,20 @@ def test_a_conversation_continues_on_another_engine_from_the_pool(run):
     assert on_b["cached"] == [pages * run["block"]]
     assert on_b["pool"]["hit_pages"] == pages and on_b["pool"]["loads_ok"] == pages
     assert not on_b["pool"]["load_failures"]
+
+
+def test_an_engine_core_in_its_own_process_loads_from_the_pool(run):
+    """vLLM's default: the engine core (scheduler, connector, Mooncake client) in a process of
+    its own. A fresh engine asked the second turn loads its full pages, which a and b stored,
+    with the reference's tokens. It then shuts down, and its connector closes its Mooncake
+    client, unmounting its segment: the master places nothing more there, so a's next
+    stores all land (they failed while the master still listed the closed engine's memory)."""
+    m = run["separate"]
+    assert m["cached"] == [(98 - 1) // run["block"] * run["block"]], m
+    assert m["tokens"][0] == run["reference"]["tokens"][1]
+    after = run["steps"][2]["pool"]
+    assert after["stores_ok"] > run["steps"][0]["pool"]["stores_ok"], after
+    assert after["store_failures"] == {}, after
 
 
 def test_a_killed_holder_and_master_cost_recomputation(run):

@@ -192,7 +192,9 @@ def main():
             err = max(err, (out.double() - dense(model, tokens, layer)).abs().max().item())
         cache.commit()
         if cmd.get("ballast"):
-            rt.store = BallastStore(store, cmd["ballast"], sid)
+            # Keys of this process's own: a retried writer's put of a complete earlier
+            # writer's ballast would store nothing and end at once.
+            rt.store = BallastStore(store, cmd["ballast"], f"{os.getpid()}-{sid}")
         rt.pump()
         rt.store = store
         cache.seq_free(sid)

@@ -25,10 +25,11 @@ from driver import METRICS, RPC, wait_port  # noqa: E402
 
 
 class Engine:
-    def __init__(self, python, model, master, name):
+    def __init__(self, python, model, master, name, *extra):
         self.name = name
         self.block = None
-        self.p = subprocess.Popen([python, os.path.join(HERE, "vllm_engine.py"), model, master],
+        self.p = subprocess.Popen([python, os.path.join(HERE, "vllm_engine.py"), model, master,
+                                   *extra],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         while True:  # vLLM logs to stdout too (passed on to stderr): replies start '{"op"
             line = self.p.stdout.readline()
@@ -120,6 +121,10 @@ def main():
         t2 = t1 + s["tokens"][0] + ids(3, 20)                     # 98 tokens
         s = b.generate([t2])                                      # b: a's pages from the pool
         steps.append(s)
+        m = Engine(python, model, addr, "m", "mp")                # engine core in a process
+        engines.append(m)
+        out["separate"] = m.generate([t2])                        # a's and b's pages
+        m.close()
         c1 = ids(4, 100)                                          # a second conversation
         s = a.generate([c1])
         steps.append(s)

@@ -9,10 +9,12 @@ stdin (one reply line per command):
 The engine's block is the smallest vLLM's CPU attention kernel takes (16 on vLLM 0.23, 32 on
 0.32), announced in its ``ready`` line.
 
-    vllm_engine.py MODEL_DIR MASTER|none
+    vllm_engine.py MODEL_DIR MASTER|none [mp]
 
 With a master: kvshare's manager and KV connector with a pool tier on that ``mooncake_master``
-(``write_through``); with ``none``: vLLM's own manager and no connector (the reference).
+(``write_through``); with ``none``: vLLM's own manager and no connector (the reference). With
+``mp``: the engine core in a process of its own (vLLM's default), where this process cannot
+read the connector's counters (replies carry none).
 Each reply also has each request's wall time (``s``).
 """
 
@@ -31,9 +33,10 @@ BLOCKS = 256
 
 def main():
     model_dir, master = sys.argv[1], sys.argv[2]
+    separate = sys.argv[3:] == ["mp"]
     pooled = master != "none"
     os.environ["KVSHARE_VLLM"] = "1" if pooled else "0"
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if separate else "0"
     os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from engine_e2e import block_bytes, kernel_block_size
@@ -44,27 +47,28 @@ def main():
     block = kernel_block_size()
     extra = {}
     if pooled:
+        pool = {"master": master, "namespace": "kvs-test", "store": "write_through",
+                "cooldown_s": 60.0}
         extra["kv_transfer_config"] = KVTransferConfig(
             kv_connector="KvshareConnector", kv_connector_module_path="kvshare_vllm.connector",
             kv_role="kv_both", kv_load_failure_policy="recompute",
             kv_connector_extra_config={"num_host_pages": 64,
-                                       "pool": {"master": master, "namespace": "kvs-test",
-                                                "store": "write_through",
-                                                "cooldown_s": 60.0}})
+                                       "pool": pool})
     llm = LLM(model=model_dir, skip_tokenizer_init=True, enable_prefix_caching=True,
               max_model_len=512, dtype="float32", seed=0, enforce_eager=True, max_num_seqs=4,
               max_num_batched_tokens=512, block_size=block,
               kv_cache_memory_bytes=BLOCKS * block_bytes(block), **extra)
-    core = llm.llm_engine.engine_core.engine_core
+    counted = pooled and not separate
+    core = None if separate else llm.llm_engine.engine_core.engine_core
     worker = None
-    if pooled:
+    if counted:
         from vllm.distributed.kv_transfer import get_kv_transfer_group
 
         worker = get_kv_transfer_group()
-    sched = core.scheduler.connector if pooled else None
+    sched = core.scheduler.connector if counted else None
 
     def counters():
-        if not pooled:
+        if not counted:
             return {}
         s, w = sched.pool, worker.pool
         return {"hit_pages": s.hit_pages, "lookups": s.io.stats.lookups,
@@ -91,6 +95,8 @@ def main():
             cached.append(o.num_cached_tokens)
         print(json.dumps({"op": cmd["op"], "tokens": tokens, "cached": cached, "s": secs,
                           "pool": counters()}), flush=True)
+    if separate:
+        llm.llm_engine.engine_core.shutdown()  # the engine core process, its client with it
     os._exit(0)  # the Mooncake client's threads; close() after a dead master can hang
 
 
