@@ -12,9 +12,9 @@ The engine's block is the smallest vLLM's CPU attention kernel takes (16 on vLLM
     vllm_engine.py MODEL_DIR MASTER|none [mp]
 
 With a master: kvshare's manager and KV connector with a pool tier on that ``mooncake_master``
-(``write_through``); with ``none``: vLLM's own manager and no connector (the reference). With
-``mp``: the engine core in a process of its own (vLLM's default), where this process cannot
-read the connector's counters (replies carry none).
+(``write_through``, a deployment key); with ``none``: vLLM's own manager and no connector (the
+reference). With ``mp``: the engine core in a process of its own (vLLM's default), where this
+process cannot read the connector's counters (replies carry none).
 Each reply also has each request's wall time (``s``).
 """
 
@@ -47,8 +47,9 @@ def main():
     block = kernel_block_size()
     extra = {}
     if pooled:
+        # Every engine with the deployment key: values carry HMAC-SHA-256 digests under it.
         pool = {"master": master, "namespace": "kvs-test", "store": "write_through",
-                "cooldown_s": 60.0}
+                "cooldown_s": 60.0, "mac_key": "6b76732d74657374"}
         extra["kv_transfer_config"] = KVTransferConfig(
             kv_connector="KvshareConnector", kv_connector_module_path="kvshare_vllm.connector",
             kv_role="kv_both", kv_load_failure_policy="recompute",
