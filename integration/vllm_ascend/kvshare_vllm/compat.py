@@ -26,10 +26,9 @@ class VllmSupport:
     """What the plugin runs on one vLLM release: kvshare's ``KVCacheManager`` in vLLM's
     scheduler (``KVSHARE_VLLM=1``) and kvshare's CPU attention backend (``KVSHARE_VLLM_OPS=1``).
     An empty reason means the part runs; otherwise it says why not, for the start-up refusal.
-    ``hybrid_missing`` / ``connector_missing``: why kvshare's manager does not take models with
-    several KV-cache groups (or one windowed group) / a KV connector other than kvshare's own
-    on this release (empty: it does); such configurations keep vLLM's own manager there, with
-    that reason logged.
+    ``hybrid_missing``: why kvshare's manager does not take models with several KV-cache groups
+    (or one windowed group) on this release (empty: it does); such models keep vLLM's own
+    manager there, with that reason logged.
     KV events need no entry: the translator builds the running vLLM's own event classes, which
     carry that release's wire format.
 
@@ -52,7 +51,6 @@ class VllmSupport:
     manager_missing: str = ""
     attention_missing: str = ""
     hybrid_missing: str = ""
-    connector_missing: str = ""
     attention_cache: str = "split"
     block_copies: bool = False
 
@@ -76,11 +74,7 @@ VLLM_SUPPORT: dict[str, VllmSupport] = {
             "kvshare's manager for several KV-cache groups (or one sliding-window / "
             "chunked-local group) runs on vLLM 0.23.0 only: on vLLM 0.32.0 it does not "
             "implement the scheduler's interface (per-group admission caps over in-flight "
-            "tokens, sub-block hits of Mamba 'align' groups, boundary-state hand-offs)"),
-        connector_missing=(
-            "kvshare's manager serves vLLM's own KV connectors on vLLM 0.23.0 only (on vLLM "
-            "0.32.0 it serves kvshare's KvshareConnector): 0.32.0's connectors (the offloading "
-            "connector's chunked stores, boundary-state hand-offs) are not tested with it")),
+            "tokens, sub-block hits of Mamba 'align' groups, boundary-state hand-offs)")),
 }
 
 SUPPORTED_VLLM_VERSIONS = tuple(VLLM_SUPPORT)

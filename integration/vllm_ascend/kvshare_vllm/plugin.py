@@ -18,9 +18,8 @@ vLLM's own manager, with a log line.  So do KV connectors whose scheduler side t
 ``BlockPool`` itself (``connector_reason``: ``SimpleCPUOffloadConnector`` in vLLM 0.23.0);
 every other connector runs with kvshare's managers, both of which take their external tokens,
 delayed caching (``allocate_slots``) and ``evict_blocks``.
-On vLLM 0.32 the single-group manager runs, with kvshare's own KV connector too; models with
-groups and vLLM's own KV connectors keep vLLM's manager there
-(``compat.VllmSupport.hybrid_missing`` / ``connector_missing``, logged).  The
+On vLLM 0.32 the single-group manager runs, with kvshare's KV connector and vLLM's own; models
+with groups keep vLLM's manager there (``compat.VllmSupport.hybrid_missing``, logged).  The
 scheduler builds the manager with keywords on both releases; ``_keywords`` reads positional
 arguments by the running vLLM's signature.
 
@@ -59,7 +58,8 @@ def connector_reason(connector) -> str | None:
     ``block_hash``, plus ``allocate_slots``' external tokens).  One that overrides
     ``KVConnectorBase_V1.bind_gpu_block_pool`` takes vLLM's ``BlockPool`` and drives its
     internals (free queue, cached-block map, ref counts), which kvshare's manager does not
-    have; a ``MultiConnector`` is judged by the connectors it holds."""
+    have; so does one overriding ``bind_kv_cache_manager`` (vLLM 0.32's HiSparse connector);
+    a ``MultiConnector`` is judged by the connectors it holds."""
     if connector is None:
         return None
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
@@ -75,10 +75,12 @@ def connector_reason(connector) -> str | None:
 
     if isinstance(connector, KvshareConnector):  # binds kvshare's own manager (connector.py)
         return None
-    bind = getattr(type(connector), "bind_gpu_block_pool", None)
-    if bind is not None and bind is not KVConnectorBase_V1.bind_gpu_block_pool:
-        return (f"KV connector {type(connector).__name__} takes vLLM's BlockPool "
-                "(bind_gpu_block_pool) and drives its internals")
+    for hook, what in (("bind_gpu_block_pool", "BlockPool"),
+                       ("bind_kv_cache_manager", "KVCacheManager")):  # the second: vLLM 0.31+
+        bind = getattr(type(connector), hook, None)
+        if bind is not None and bind is not getattr(KVConnectorBase_V1, hook, None):
+            return (f"KV connector {type(connector).__name__} takes vLLM's {what} ({hook}) "
+                    "and drives its internals")
     return None
 
 
@@ -148,12 +150,7 @@ def make_kv_cache_manager_factory(original):
                                             hash_block_size, kw.get("dcp_world_size", 1),
                                             kw.get("pcp_world_size", 1),
                                             kw.get("num_prefill_lookahead", 0))
-            why_conn = None
-            if connector is not None:
-                from .connector import KvshareConnector
-
-                why_conn = connector_reason(connector) or (
-                    None if isinstance(connector, KvshareConnector) else support.connector_missing)
+            why_conn = connector_reason(connector) if connector is not None else None
             why = why_groups or why_conn
             if why:
                 if why_conn:

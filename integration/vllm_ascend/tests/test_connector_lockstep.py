@@ -33,11 +33,20 @@ def example_config(path) -> dict:
             "kv_connector_extra_config": {"shared_storage_path": str(path)}}
 
 
-def offloading_config(cpu_blocks: int, policy: str = "recompute") -> dict:
-    # CPUOffloadingSpec sizes its pool in bytes: one block is BS slots x (K, V) x float32.
+def offloading_config(cpu_blocks: int, policy: str = "recompute", chunk: int = 1) -> dict:
+    # CPUOffloadingSpec sizes its pool in bytes: one offloaded block (``chunk`` device blocks)
+    # is chunk x BS slots x (K, V) x float32, on vLLM 0.32 rounded up to the memory page (its
+    # shared offload region's alignment).
+    block = chunk * BS * 2 * 4
+    if compat.manager_api() != "0.23.0":
+        import mmap
+
+        block = -(-block // mmap.PAGESIZE) * mmap.PAGESIZE
+    extra = {"cpu_bytes_to_use": cpu_blocks * block}
+    if chunk > 1:
+        extra["block_size"] = chunk * BS  # tokens per offloaded block
     return {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
-            "kv_load_failure_policy": policy,
-            "kv_connector_extra_config": {"cpu_bytes_to_use": cpu_blocks * BS * 2 * 4}}
+            "kv_load_failure_policy": policy, "kv_connector_extra_config": extra}
 
 
 class ExampleWorker:
@@ -80,7 +89,7 @@ class OffloadingWorker:
         self.step += 1
         for jid, job in meta.load_jobs.items():
             self.loads += 1
-            dst = job.transfer_spec[1].block_ids.tolist()
+            dst = np.asarray(_job_specs(job)[1].block_ids).tolist()
             bad = None
             if self.fail_every and self.loads % self.fail_every == 0:
                 bad = [dst[1] if len(dst) > 1 else dst[0]]
@@ -138,20 +147,27 @@ def _block_map(ref: Side, kvs: Side, where: str) -> dict[int, int]:
     return fwd
 
 
+def _job_specs(job) -> tuple:
+    """A transfer job's (source, destination) specs (vLLM 0.32 names them)."""
+    if hasattr(job, "dst_spec"):
+        return job.src_spec, job.dst_spec
+    return job.transfer_spec
+
+
 def _spec(spec, bmap) -> tuple:
     """A transfer spec as comparable data; GPU block ids through ``bmap``."""
-    ids = spec.block_ids.tolist()
-    if spec.medium() == "GPU":
+    ids = np.asarray(spec.block_ids).tolist()
+    if hasattr(spec, "group_sizes"):  # GPULoadStoreSpec
         return ("GPU", [bmap[b] for b in ids], list(spec.group_sizes),
                 list(spec.block_indices))
-    return (spec.medium(), ids)
+    return (type(spec).__name__, ids)
 
 
 def _meta(meta, bmap, bs: int) -> tuple:
     """A step's connector metadata as comparable data (block ids through ``bmap``)."""
     if hasattr(meta, "load_jobs"):  # OffloadingConnectorMetadata
         def jobs(d):
-            return {j: (t.req_id, _spec(t.transfer_spec[0], bmap), _spec(t.transfer_spec[1], bmap))
+            return {j: (t.req_id, *(_spec(x, bmap) for x in _job_specs(t)))
                     for j, t in d.items()}
         return ("offload", jobs(meta.load_jobs), jobs(meta.store_jobs),
                 sorted(meta.jobs_to_flush or ()))
@@ -163,10 +179,10 @@ def _meta(meta, bmap, bs: int) -> tuple:
     return ("example", out)
 
 
-# The connectors here are vLLM's own (not kvshare's): served by kvshare's managers where the
-# release says so (compat.VllmSupport.connector_missing).
-pytestmark = pytest.mark.skipif(bool(compat.support().connector_missing),
-                                reason=compat.support().connector_missing or "")
+# The connectors here are vLLM's own (not kvshare's). The groups manager runs where the release
+# says so (compat.VllmSupport.hybrid_missing).
+NEEDS_GROUPS = pytest.mark.skipif(bool(compat.support().hybrid_missing),
+                                  reason=compat.support().hybrid_missing or "")
 
 
 @pytest.fixture(params=["one-group", "groups"])
@@ -175,6 +191,8 @@ def manager(request, monkeypatch) -> str:
     groups class in its place (``plugin`` builds whatever ``manager.KvshareKVCacheManager``
     names).  Returns the class name the scheduler must hold."""
     if request.param == "groups":
+        if compat.support().hybrid_missing:
+            pytest.skip(compat.support().hybrid_missing)
         from kvshare_vllm import hybrid, manager as manager_mod
 
         monkeypatch.setattr(manager_mod, "KvshareKVCacheManager",
@@ -318,22 +336,24 @@ def test_example_connector_lockstep(tiny_model_dir, tmp_path, manager):
     assert pair.ref.hits > 0
 
 
-@pytest.mark.parametrize("num_blocks,policy", [(200, "recompute"), (200, "fail"),
-                                               (28, "recompute")])
-def test_offloading_connector_lockstep(tiny_model_dir, num_blocks, policy, manager):
+@pytest.mark.parametrize("num_blocks,policy,chunk", [(200, "recompute", 1), (200, "fail", 1),
+                                                     (28, "recompute", 1),
+                                                     (200, "recompute", 2)])
+def test_offloading_connector_lockstep(tiny_model_dir, num_blocks, policy, chunk, manager):
     """vLLM's offloading connector with its CPU spec: every prompt block is stored to the CPU
     tier; requests whose prefix left the device (a reset, or eviction with 28 blocks) load it
     back asynchronously (WAITING_FOR_REMOTE_KVS, delayed caching).  Load jobs take 2 steps, so
     requests with the same prefix arrive while the first load is in flight (the connector
     delays them; kvshare must not find the transfer's pages before cache_blocks); every 4th
     load fails one block (recompute: truncated and cached up to the failure, or freed; fail:
-    the request ends with an error), and a request is aborted while receiving.
+    the request ends with an error), and a request is aborted while receiving.  ``chunk`` 2:
+    offloaded blocks of two device blocks (stores and loads in whole chunks).
 
     Not (28, "fail"): a failed request frees pages that were never cached, and under cache
     pressure the two managers then evict differently by design (docs/vllm.md, "Difference
     under cache pressure": vLLM queues freed uncached blocks behind cached ones); there kvshare
     keeps a prefix vLLM evicted, hits it locally and schedules a request vLLM loads."""
-    pair = ConnPair(tiny_model_dir, lambda i: offloading_config(64, policy),
+    pair = ConnPair(tiny_model_dir, lambda i: offloading_config(64, policy, chunk),
                     lambda c: OffloadingWorker(load_delay=2, store_delay=1, fail_every=4),
                     manager, num_blocks=num_blocks, max_num_seqs=4)
     prompts = _prompts(2, 10)
@@ -394,6 +414,25 @@ def test_delayed_pages_are_not_found_before_the_load_lands(tiny_model_dir, manag
     m.check()
 
 
+def test_a_connector_that_binds_vllms_internals_is_refused():
+    """A scheduler side that takes vLLM's BlockPool (``bind_gpu_block_pool``) or KVCacheManager
+    (``bind_kv_cache_manager``, vLLM 0.32's HiSparse connector) is refused by name; one that
+    overrides neither is served."""
+    from kvshare_vllm.plugin import connector_reason
+
+    class TakesPool:
+        def bind_gpu_block_pool(self, pool):
+            pass
+
+    class TakesManager:
+        def bind_kv_cache_manager(self, manager):
+            pass
+
+    assert "BlockPool (bind_gpu_block_pool)" in connector_reason(TakesPool())
+    assert "KVCacheManager (bind_kv_cache_manager)" in connector_reason(TakesManager())
+    assert connector_reason(object()) is None and connector_reason(None) is None
+
+
 @pytest.mark.parametrize("connector,managed", [("ExampleConnector", True),
                                                ("OffloadingConnector", True),
                                                ("SimpleCPUOffloadConnector", False)])
@@ -407,7 +446,7 @@ def test_plugin_serves_connectors_using_the_public_surface(tiny_model_dir, tmp_p
             "SimpleCPUOffloadConnector": {"kv_connector": "SimpleCPUOffloadConnector",
                                           "kv_role": "kv_both",
                                           "kv_connector_extra_config":
-                                              {"cpu_bytes_to_use": 64 * BS * 2 * 4}}}
+                                              offloading_config(64)["kv_connector_extra_config"]}}
     s = h.make_scheduler(tiny_model_dir, kvshare=True, kv_transfer=cfgs[connector],
                          num_blocks=64)
     assert type(s.connector).__name__ == connector
@@ -416,6 +455,7 @@ def test_plugin_serves_connectors_using_the_public_surface(tiny_model_dir, tmp_p
 
 @pytest.mark.parametrize("model,size,num_blocks", [("gpt-oss", 32, 400), ("gemma3", 64, 400),
                                                    ("gemma3", 64, 90)])
+@NEEDS_GROUPS
 def test_offloading_connector_lockstep_with_groups(tiny_model_dir, model, size, num_blocks):
     """vLLM's offloading connector on a model with several KV-cache groups (full attention
     next to sliding windows of 32 or 64 (vLLM's offloading connector takes no chunked local
@@ -453,6 +493,7 @@ def test_offloading_connector_lockstep_with_groups(tiny_model_dir, model, size, 
     assert st["num_seqs"] == 0 and st["device_pages_in_use"] == 0
 
 
+@NEEDS_GROUPS
 @pytest.mark.parametrize("state", [False, True])
 def test_plugin_serves_connectors_on_groups(tiny_model_dir, state):
     """With vLLM's offloading connector on a model of several groups the plugin builds the

@@ -56,8 +56,6 @@ from kvshare_vllm import compat  # noqa: E402
 
 SUPPORT = compat.support()
 NEEDS_ATTENTION = pytest.mark.skipif(not SUPPORT.attention, reason=SUPPORT.attention_missing)
-NEEDS_CONNECTOR = pytest.mark.skipif(bool(SUPPORT.connector_missing),
-                                     reason=SUPPORT.connector_missing)
 FP8_CPU = torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported()
 NEEDS_FP8_CPU = pytest.mark.skipif(not FP8_CPU, reason="vLLM's CPU backend stores fp8 KV "
                                    "caches only on x86 with AVX-512 or AMX")

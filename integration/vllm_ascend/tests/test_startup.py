@@ -66,9 +66,8 @@ def test_supported_versions_are_the_two_releases():
     assert compat.VLLM_SUPPORT["0.32.0"].attention
     assert compat.VLLM_SUPPORT["0.32.0"].attention_cache == "fused"
     assert compat.VLLM_SUPPORT["0.23.0"].attention_cache == "split"
-    # On 0.32 models with KV-cache groups and KV connectors keep vLLM's manager.
+    # On 0.32 models with KV-cache groups keep vLLM's manager.
     assert compat.VLLM_SUPPORT["0.32.0"].hybrid_missing
-    assert compat.VLLM_SUPPORT["0.32.0"].connector_missing
     assert not compat.VLLM_SUPPORT["0.23.0"].hybrid_missing
 
 
