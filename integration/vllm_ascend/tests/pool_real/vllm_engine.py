@@ -50,6 +50,11 @@ def main():
         # Every engine with the deployment key: values carry HMAC-SHA-256 digests under it.
         pool = {"master": master, "namespace": "kvs-test", "store": "write_through",
                 "cooldown_s": 60.0, "mac_key": "6b76732d74657374"}
+        if separate:
+            # A reader that leaves mid-run mounts no memory: whether its engine core process
+            # closes its client before it is terminated depends on timing, and until the
+            # master's client TTL passes it would keep placing values in a dead segment.
+            pool["segment_bytes"] = 0
         extra["kv_transfer_config"] = KVTransferConfig(
             kv_connector="KvshareConnector", kv_connector_module_path="kvshare_vllm.connector",
             kv_role="kv_both", kv_load_failure_policy="recompute",
