@@ -250,20 +250,16 @@ class PoolTransfers:
         self._rpc_failed(codes)
         for i, ptr, size, code in zip(todo, ptrs, sizes, codes):
             w = items[i]
-            if code == INVALID_PARAMS:
-                causes[i] = self._fail_load("size")
-                self._remove_bad(w["key"])
-                continue
-            if code < 0:
+            if code < 0 and code != INVALID_PARAMS:
                 if code == TRANSFER_FAIL or code == RPC_TIMEOUT:
                     self.negative[w["key"]] = self.clock() + self.negative_ttl_s
                 causes[i] = self._fail_load(_LOAD_CAUSES.get(code, f"error {code}"))
                 continue
-            # A private copy: the registered staging buffer stays writable by the network.
-            value = ctypes.string_at(ptr, min(code, size))
-            if code != size:
+            if code != size:  # shorter, or larger than the buffer (INVALID_PARAMS)
                 payload, why = None, "size"
             else:
+                # A private copy: the registered staging buffer stays writable by the network.
+                value = ctypes.string_at(ptr, size)
                 payload, why = verify_value(w, value, ps, size - header_len(ps), self.mac_key)
             if payload is None:
                 causes[i] = self._fail_load(why)

@@ -147,10 +147,14 @@ _CLIENTS: dict[tuple[str, str], list] = {}
 CLOSE_WAIT_S = 5.0
 
 
+def _client_key(settings: dict) -> tuple[str, str]:
+    return settings["master"], settings["local_host"]
+
+
 def store_client(settings: dict):
     """The process's ``MooncakeDistributedStore`` for ``settings``' master, set up once; each
     call is one user until :func:`release_client`."""
-    key = (settings["master"], settings["local_host"])
+    key = _client_key(settings)
     held = _CLIENTS.get(key)
     if held is not None:
         held[1] += 1
@@ -180,7 +184,7 @@ def release_client(settings: dict, io) -> None:
     ``CLOSE_WAIT_S`` for it."""
     import threading
 
-    key = (settings["master"], settings["local_host"])
+    key = _client_key(settings)
     held = _CLIENTS.get(key)
     if held is None:
         return
