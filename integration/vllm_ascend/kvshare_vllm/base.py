@@ -7,8 +7,7 @@ spec's page element (``_kv_dtype``).
 
 A subclass provides ``empty_kv_cache_blocks``, ``_capacity()`` (vLLM's free blocks),
 ``_drain_events(st, request)`` (vLLM's events for what kvshare queued; called with
-``(None, None)`` when no request's call is pending), ``_reset_index()`` and
-``_clear_index()`` (the prefix index emptied while requests hold pages), and the block objects
+``(None, None)`` when no request's call is pending), ``_reset_index()``, and the block objects
 in ``_blocks``.  Both serve a KV connector's calls the same way: ``evict_blocks`` and the
 block hashes connectors read after an allocation with external tokens (``_mark_hashed``).
 """
@@ -149,9 +148,8 @@ class ManagerBase:
         """Drops the cached entries of blocks a failed KV load left wrong (vLLM's
         ``kv_load_failure_policy`` recompute), as vLLM's ``BlockPool.evict_blocks`` drops
         theirs: ``kvs_prefix_unregister`` on their pages (vLLM's block ids are the page ids of
-        the cache's one device pool; the null block is skipped).  A cache of several pools
-        (state groups beside attention) has no one id space for them: its whole prefix index is
-        cleared instead (safe, costs hits)."""
+        the cache's one device pool, whichever group holds them: every group's pages have the
+        same bytes, see ``hybrid_unsupported_reason``; the null block is skipped)."""
         from kvshare import ffi, lib
 
         ids = sorted({int(b) for b in block_ids if b})
@@ -159,15 +157,6 @@ class ManagerBase:
             return
         if getattr(self, "_dirty", None):
             self._flush()  # pages that filled with no native call register first
-        info = ffi.new("kvs_group_info *")
-        kvshare.check(lib.kvs_cache_group_info(self._h, 0, info), "kvs_cache_group_info")
-        if info.num_pools != 1:
-            from . import logger
-
-            logger.warning("kvshare_vllm: evict_blocks(%d blocks) on a cache of %d pools clears "
-                           "the whole prefix index", len(ids), info.num_pools)
-            self._clear_index()
-            return
         pages = ffi.new("uint32_t[]", ids)
         kvshare.check(lib.kvs_prefix_unregister(self._h, 0, pages, len(ids), ffi.NULL),
                       "kvs_prefix_unregister")

@@ -669,15 +669,6 @@ class KvshareHybridKVCacheManager(ManagerBase):
                 self._refresh(st)
             self._drain_events(st, request, cached, target // bs)
 
-    def _clear_index(self) -> None:
-        """Empties the prefix index while requests may hold pages (``evict_blocks``)."""
-        self._drain_events(None, None)
-        self._avail = None
-        kvshare.check(lib.kvs_prefix_clear(self._h), "kvs_prefix_clear")
-        if self.enable_kv_cache_events:
-            self.cache.take_events()  # the clear's own: published as vLLM's one below
-            self._events.append(self._translator.clear())
-
     def _reset_index(self) -> bool:
         """No request holds pages: every page is free, so a fresh cache is the cleared one."""
         if self._reqs:
