@@ -639,8 +639,8 @@ typedef struct kvs_backend kvs_backend;
  `kvs_cache_block_tables`, `kvs_cache_slot_mapping`; groups: `kvs_cache_group_info`,
  `kvs_cache_group_stats`; pages: `kvs_pages_alloc`, `kvs_pages_acquire`, `kvs_pages_release`,
  `kvs_page_get_info`; prefix index: `kvs_prefix_register`, `kvs_prefix_match`,
- `kvs_prefix_find`, `kvs_prefix_unregister`, `kvs_prefix_clear`; sequences: `kvs_seq_begin`, `kvs_seq_append`,
- `kvs_seq_append_pages`, `kvs_seq_append_batch`, `kvs_seq_fork`, `kvs_seq_free`,
+ `kvs_prefix_find`, `kvs_prefix_unregister`, `kvs_prefix_clear`; sequences: `kvs_seq_begin`,
+ `kvs_seq_begin_computed`, `kvs_seq_append`, `kvs_seq_append_pages`, `kvs_seq_append_batch`, `kvs_seq_fork`, `kvs_seq_free`,
  `kvs_seq_release_skipped`, `kvs_seq_set_computed`, `kvs_seq_swap_out`, `kvs_seq_swap_in`, `kvs_seq_get_info`,
  `kvs_seq_pages`, `kvs_seq_state_page`, `kvs_seq_set_priority`, `kvs_seq_append_need`,
  `kvs_seq_swap_in_need`, `kvs_seq_swap_out_need`; queues: `kvs_cache_take_copies`,
@@ -2638,6 +2638,32 @@ kvs_status kvs_seq_begin(struct kvs_cache *cache,
                          size_t max_match_tokens,
                          size_t lookahead_slots,
                          struct kvs_seq_info *info_out);
+
+/*
+ `kvs_seq_begin` of a sequence whose first `computed_tokens` tokens have KV once the call
+ returns, the hit's and those the engine writes from elsewhere (vLLM's KV connectors load
+ the tokens after the hit into the sequence's slots; `tokens` may stop at the hit and
+ `lookahead_slots` hold the loaded ones). Each group's table gets `KVS_NULL_PAGE` wherever
+ the group no longer reads at `computed_tokens`: a sliding window or a chunk takes no page
+ for the positions it drops (vLLM's `allocate_new_computed_blocks`), and the admission
+ check counts only the pages that remain. `computed_tokens` at most the hit is
+ `kvs_seq_begin`; a unit hit (`match_unit`) is dropped when a window leaves its page
+ behind.
+
+ **Failure:** as `kvs_seq_begin`; also `KVS_STATUS_INVALID_ARGUMENT` for
+ `computed_tokens` past `num_tokens + lookahead_slots`, or nonzero on a cache with a
+ state group: nothing changes and `*info_out` is untouched.
+ **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+ */
+kvs_status kvs_seq_begin_computed(struct kvs_cache *cache,
+                                  uint64_t seq_id,
+                                  const int32_t *tokens,
+                                  size_t num_tokens,
+                                  const struct kvs_extra_keys *extra,
+                                  size_t max_match_tokens,
+                                  size_t lookahead_slots,
+                                  size_t computed_tokens,
+                                  struct kvs_seq_info *info_out);
 
 /*
  Appends `num_tokens` tokens to a device-resident sequence and grows every group's table to

@@ -447,22 +447,33 @@ impl Run {
         }
     }
 
-    fn begin(&mut self, id: u64, toks: &[i32], max_match: usize) {
+    /// `kvs_seq_begin`, or `kvs_seq_begin_computed` when `computed` tokens are computed
+    /// elsewhere (refused with a state group).
+    fn begin(&mut self, id: u64, toks: &[i32], max_match: usize, computed: usize) {
         let mut info = std::mem::MaybeUninit::<kvs_seq_info>::zeroed();
+        let (t, n, out) = (toks.as_ptr(), toks.len(), info.as_mut_ptr());
         let st = unsafe {
-            kvs_cache::kvs_seq_begin(
-                self.c,
-                id,
-                toks.as_ptr(),
-                toks.len(),
-                null(),
-                max_match,
-                0,
-                info.as_mut_ptr(),
-            )
+            if computed == 0 {
+                kvs_cache::kvs_seq_begin(self.c, id, t, n, null(), max_match, 0, out)
+            } else {
+                kvs_cache::kvs_seq_begin_computed(
+                    self.c,
+                    id,
+                    t,
+                    n,
+                    null(),
+                    max_match,
+                    0,
+                    computed,
+                    out,
+                )
+            }
         };
         if self.model.seqs.contains_key(&id) {
             return self.expect(st, &[kvs_status::SeqExists]);
+        }
+        if computed > 0 && self.state.iter().any(|&s| s) {
+            return self.expect(st, &[kvs_status::InvalidArgument]);
         }
         self.expect(st, &[kvs_status::Ok, kvs_status::NoSpace]);
         if st == kvs_status::Ok {

@@ -26,7 +26,9 @@ impl Run {
                 } else {
                     usize::from(max_match)
                 };
-                self.begin(u64::from(id % 16), &toks, max);
+                // The id's high bits: the share of the tokens computed elsewhere (0: none).
+                let computed = toks.len() * usize::from(id / 16) / 15;
+                self.begin(u64::from(id % 16), &toks, max, computed);
             }
             Op::Append {
                 id,

@@ -91,7 +91,36 @@ impl State {
         max_match_tokens: usize,
         lookahead: usize,
     ) -> Result<BeginInfo> {
-        self.begin_pooled(id, tokens, extra, max_match_tokens, lookahead, None)
+        self.begin_at(id, tokens, extra, max_match_tokens, lookahead, 0, None)
+    }
+
+    /// [`begin`](Self::begin) of a sequence whose first `computed` tokens have KV once the call
+    /// returns, whether found cached or written by the engine from elsewhere (vLLM's KV
+    /// connectors load the tokens after the hit into the sequence's slots): each group's table
+    /// gets the null page wherever the group no longer reads at `computed` (a window's dropped
+    /// positions take no page, as in vLLM's `allocate_new_computed_blocks`), and the admission
+    /// check counts the pages that remain. `computed` at most the hit changes nothing; a unit
+    /// hit is dropped when a group's window leaves its page behind. Refused
+    /// (`InvalidArgument`) for `computed` past the prompt and its lookahead slots, and for a
+    /// nonzero `computed` on a cache with a state group.
+    pub fn begin_computed(
+        &mut self,
+        id: u64,
+        tokens: &[i32],
+        extra: Option<ExtraKeys>,
+        max_match_tokens: usize,
+        lookahead: usize,
+        computed: usize,
+    ) -> Result<BeginInfo> {
+        self.begin_at(
+            id,
+            tokens,
+            extra,
+            max_match_tokens,
+            lookahead,
+            computed,
+            None,
+        )
     }
 
     /// [`begin`](Self::begin) with the store's answer to a [`pool_lookup`](Self::pool_lookup)
@@ -108,6 +137,20 @@ impl State {
         lookahead: usize,
         answer: Option<PoolAnswer<'_>>,
     ) -> Result<BeginInfo> {
+        self.begin_at(id, tokens, extra, max_match_tokens, lookahead, 0, answer)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn begin_at(
+        &mut self,
+        id: u64,
+        tokens: &[i32],
+        extra: Option<ExtraKeys>,
+        max_match_tokens: usize,
+        lookahead: usize,
+        computed: usize,
+        answer: Option<PoolAnswer<'_>>,
+    ) -> Result<BeginInfo> {
         if self.seqs.contains_key(&id) {
             return Err(Error::SeqExists(id));
         }
@@ -118,6 +161,18 @@ impl State {
             )
         })?;
         self.check_lookahead(lookahead)?;
+        if computed > slots {
+            return Err(Error::arg(
+                "computed_tokens",
+                format!("{computed} past the {slots} slots of the prompt and its lookahead"),
+            ));
+        }
+        if computed > 0 && self.groups.iter().any(|g| g.rules.is_state()) {
+            return Err(Error::arg(
+                "computed_tokens",
+                "a state group's state is the engine's own once computed; begin with the hit",
+            ));
+        }
         let extra = extra.filter(|x| !x.is_empty()).map(Box::new);
         let ps = self.ps;
         let ng = self.groups.len();
@@ -162,31 +217,40 @@ impl State {
             0 => Some(self.root),
             n => keys.get(n - 1).map(|k| k.hash),
         };
-        let units = match parent {
+        let mut units = match parent {
             // Whole pages from the pool beat a part of one.
             Some(parent) if run == 0 => {
                 self.unit_hits(tokens, extra.as_deref(), parent, hit_pages, limit)
             }
             _ => Vec::new(),
         };
+        // A unit copy lands in the page after the hit: not where a window no longer reads.
+        if (0..ng).any(|g| self.groups[g].rules.skipped_tokens(computed) / ps > hit_pages) {
+            units.clear();
+        }
         let unit_tokens = units.first().map_or(0, |u| u.tokens);
         let hit_tokens = (hit_pages + run) * ps;
         let matched = (hit_tokens + unit_tokens).min(max_match_tokens);
         let total = slots.div_ceil(ps);
+        // The tokens with KV once the call returns, which set what each window drops.
+        let reads_at = matched.max(computed);
         self.state_gate(&keys, &positions)?;
         // Per group: skipped positions, fresh pages; per pool: needs and reserved cached pages.
         let np = self.pools.len();
         // Pools and groups number at most MAX_GROUPS: the counts live on the stack.
         let (mut need, mut reserved) = ([0usize; MAX_GROUPS], [0usize; MAX_GROUPS]);
-        let mut skip = [0usize; MAX_GROUPS];
+        // Per group: hits dropped (the null page); the first fresh position.
+        let (mut skip, mut start) = ([0usize; MAX_GROUPS], [0usize; MAX_GROUPS]);
         let mut new_pages = 0;
         let mut promoted = 0;
         for g in 0..ng {
             let pool = self.groups[g].pool;
             let pos = &positions[g];
             let rules = &self.groups[g].rules;
-            skip[g] = (rules.skipped_tokens(matched) / ps).min(pos.len());
-            let fresh = rules.begin_pages(total, pos.len(), tokens.len(), ps);
+            let dropped = rules.skipped_tokens(reads_at) / ps;
+            skip[g] = dropped.min(pos.len());
+            start[g] = dropped.min(total).max(pos.len());
+            let fresh = rules.begin_pages(total, start[g], tokens.len(), ps);
             let live = || pos[skip[g]..].iter().flatten();
             let host = live().filter(|h| h.tier == Tier::Host).count();
             promoted += host;
@@ -233,33 +297,41 @@ impl State {
             // Positions before a group's live run stay null; the live hits are its pages.
             t.resize(skip[g], NULL_PAGE);
             self.promote_held(g, pos[skip[g]..].iter().copied(), Holder::Seq, &mut t);
+            t.resize(start[g], NULL_PAGE); // dropped positions past the hit
             tables.push(t);
         }
-        for g in 0..ng {
-            let pool = self.groups[g].pool;
-            let hit_len = positions[g].len();
-            let want = self.groups[g].rules.begin_len(total, tokens.len(), ps);
-            let n = self.groups[g]
-                .rules
-                .begin_pages(total, hit_len, tokens.len(), ps);
-            let mut taken = std::mem::take(&mut self.page_scratch);
-            taken.clear();
-            taken.extend((0..n).map(|_| self.take_device(pool, Holder::Seq)));
-            let mut it = taken.drain(..);
-            let t = &mut tables[g];
-            self.groups[g]
-                .rules
-                .grow(t, want, &mut grow[g], NULL_PAGE, &mut || {
-                    it.next().expect("begin takes the pages its rules count")
-                });
-            debug_assert!(it.next().is_none(), "every page taken is placed");
-            drop(it);
-            self.page_scratch = taken;
-            if let Some(&u) = units.get(g) {
-                // The new page after the shared ones receives the cached units.
-                let dst = tables[g][hit_pages];
-                self.queue_unit_copy(g, u, dst);
+        // vLLM's order: with tokens computed past the hit, every group's pages for them first
+        // (`allocate_new_computed_blocks`), then every group's for the rest.
+        let upto = computed.div_ceil(ps).min(total);
+        let ends: &[usize] = if computed > matched && upto < total {
+            &[upto, total]
+        } else {
+            &[total]
+        };
+        for &end in ends {
+            for (g, t) in tables.iter_mut().enumerate() {
+                let pool = self.groups[g].pool;
+                let rules = &self.groups[g].rules;
+                let want = rules.begin_len(end, tokens.len(), ps);
+                let n = rules.begin_pages(end, t.len(), tokens.len(), ps);
+                let mut taken = std::mem::take(&mut self.page_scratch);
+                taken.clear();
+                taken.extend((0..n).map(|_| self.take_device(pool, Holder::Seq)));
+                let mut it = taken.drain(..);
+                self.groups[g]
+                    .rules
+                    .grow(t, want, &mut grow[g], NULL_PAGE, &mut || {
+                        it.next().expect("begin takes the pages its rules count")
+                    });
+                debug_assert!(it.next().is_none(), "every page taken is placed");
+                drop(it);
+                self.page_scratch = taken;
             }
+        }
+        for (g, &u) in units.iter().enumerate() {
+            // The new page after the shared ones receives the cached units.
+            let dst = tables[g][hit_pages];
+            self.queue_unit_copy(g, u, dst);
         }
         let answered = answer.map_or(0, |a| a.hits.iter().filter(|&&h| h).count());
         let pool = (answer.is_some()).then(|| {

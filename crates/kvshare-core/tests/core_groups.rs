@@ -14,7 +14,8 @@
 //! groups of window 1024 per full group), Llama-4-like (chunk 8192 / full) and state-group
 //! (Qwen3-Next-like, Nemotron-H-like, Jamba-like) configurations, with scheduler steps:
 //! multi-turn conversations over shared documents, chunked prefills and decode steps (most
-//! after `release_skipped`, as vLLM releases before it allocates, some appends alone), frees,
+//! after `release_skipped`, as vLLM releases before it allocates, some appends alone), begins
+//! with a KV connector's external tokens (`begin_computed`; refused with state groups), frees,
 //! and pools small enough to evict and refuse. After every operation both sides must agree on
 //! the result (ok or out of space), the hit, every group's block table of every live sequence
 //! (page ids, the null page at released positions) and the whole free queue in order; the
@@ -37,12 +38,15 @@ use vllm::{hashes_of, Vllm};
 #[derive(Debug, Clone)]
 enum Op {
     /// A new conversation turn: a shared document (or the tokens of an earlier sequence, a
-    /// multi-turn follow-up) plus `extra` new tokens.
+    /// multi-turn follow-up) plus `extra` new tokens. With `ext`, a KV connector supplies that
+    /// share (in 1/256ths) of the tokens after the hit but the last (vLLM's external computed
+    /// tokens: `kvs_seq_begin_computed`).
     Begin {
         doc: u8,
         prev: Option<usize>,
         extra: u16,
         seed: u32,
+        ext: Option<u8>,
     },
     /// A step of a live sequence: `k` new tokens (a prefill chunk or one decode token), after
     /// `release_skipped` when `release` (vLLM's order), or an append alone.
@@ -61,8 +65,9 @@ enum Op {
 
 fn op(max_extra: u16, max_step: u16) -> impl Strategy<Value = Op> {
     prop_oneof![
-        3 => (0u8..3, proptest::option::of(0usize..64), 1..=max_extra, any::<u32>())
-            .prop_map(|(doc, prev, extra, seed)| Op::Begin { doc, prev, extra, seed }),
+        3 => (0u8..3, proptest::option::of(0usize..64), 1..=max_extra, any::<u32>(),
+              proptest::option::weighted(0.3, any::<u8>()))
+            .prop_map(|(doc, prev, extra, seed, ext)| Op::Begin { doc, prev, extra, seed, ext }),
         5 => (0usize..64, prop_oneof![Just(1u16), 1..=max_step], any::<u32>(),
               proptest::bool::weighted(0.7))
             .prop_map(|(who, k, seed, release)| Op::Step { who, k, seed, release }),
@@ -117,6 +122,7 @@ fn run_with(
                 prev,
                 extra,
                 seed,
+                ext,
             } => {
                 let mut toks = match prev.filter(|_| !history.is_empty()) {
                     Some(i) => history[i % history.len()].clone(),
@@ -131,8 +137,27 @@ fn run_with(
                 let (hit, pages) = h.find_hit(&toks, None, toks.len() - 1);
                 prop_assert_eq!(hit, want_hit, "step {}: find_hit", step);
                 prop_assert_eq!(pages, want_pages, "step {}: find_hit pages", step);
-                let want = v.begin(id, &toks);
-                let got = h.begin(id, &toks, None, toks.len() - 1, 0);
+                // External tokens: after the hit, at least one token left to compute.
+                let ext = ext.map_or(0, |e| (toks.len() - 1 - hit) * e as usize / 256);
+                let state = kinds.iter().any(|k| matches!(k, GroupKind::State(_)));
+                if ext > 0 && state {
+                    // Refused whole: the model's vLLM does nothing either.
+                    let got = h.begin_computed(id, &toks, None, hit, 0, hit + ext);
+                    prop_assert!(
+                        matches!(got, Err(Error::InvalidArgument { .. })),
+                        "{:?}",
+                        got
+                    );
+                    h.check()
+                        .map_err(|e| TestCaseError::fail(format!("step {step}: {e}")))?;
+                    continue;
+                }
+                let want = v.begin_external(id, &toks, ext);
+                let got = if ext > 0 {
+                    h.begin_computed(id, &toks, None, hit, 0, hit + ext)
+                } else {
+                    h.begin(id, &toks, None, toks.len() - 1, 0)
+                };
                 match (want, got) {
                     (Some(hit), Ok(b)) => {
                         prop_assert_eq!(hit, b.matched_tokens, "step {}: hit", step);

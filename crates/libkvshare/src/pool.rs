@@ -323,16 +323,7 @@ impl kvs_cache {
                 lookahead_slots,
                 Some(answer),
             )?;
-            if let Some(o) = out {
-                *o = kvs_seq_info {
-                    num_tokens: num_tokens as u64,
-                    num_pages: b.num_pages as u64,
-                    matched_tokens: b.matched_tokens as u64,
-                    new_pages: b.new_pages as u64,
-                    promoted_pages: b.promoted_pages as u64,
-                    tier: kvs_tier::Device as u32,
-                };
-            }
+            super::seq::write_begin_info(out, num_tokens, &b);
             if let Some(p) = pages_out {
                 *p = b.pool_pages;
             }

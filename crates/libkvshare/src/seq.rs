@@ -8,7 +8,7 @@ use super::slice::{opt_out, slice, slice_mut, try_out};
 
 use super::types::{extra_from_c, kvs_copy, kvs_extra_keys};
 use crate::error::Error;
-use kvshare_core::{PageCopy, SeqInfo, State};
+use kvshare_core::{BeginInfo, PageCopy, SeqInfo, State};
 
 /// A sequence's shape (`kvs_seq_begin`, `kvs_seq_get_info`).
 #[repr(C)]
@@ -76,6 +76,20 @@ unsafe fn with_copies(
     Ok(())
 }
 
+/// A begin's `kvs_seq_info` (device-resident), when the caller asked for it.
+pub(crate) fn write_begin_info(out: Option<&mut kvs_seq_info>, num_tokens: usize, b: &BeginInfo) {
+    if let Some(o) = out {
+        *o = kvs_seq_info {
+            num_tokens: num_tokens as u64,
+            num_pages: b.num_pages as u64,
+            matched_tokens: b.matched_tokens as u64,
+            new_pages: b.new_pages as u64,
+            promoted_pages: b.promoted_pages as u64,
+            tier: kvs_tier::Device as u32,
+        };
+    }
+}
+
 /// Number of retention priorities: `kvs_seq_set_priority` takes 0 ..= `KVS_NUM_PRIORITIES - 1`.
 pub const KVS_NUM_PRIORITIES: u32 = 4;
 const _: () = assert!(KVS_NUM_PRIORITIES == kvshare_core::pool::PRIORITIES as u32);
@@ -130,16 +144,54 @@ impl kvs_cache {
             let b = c
                 .lock()?
                 .begin(seq_id, t, x, max_match_tokens, lookahead_slots)?;
-            if let Some(o) = out {
-                *o = kvs_seq_info {
-                    num_tokens: num_tokens as u64,
-                    num_pages: b.num_pages as u64,
-                    matched_tokens: b.matched_tokens as u64,
-                    new_pages: b.new_pages as u64,
-                    promoted_pages: b.promoted_pages as u64,
-                    tier: kvs_tier::Device as u32,
-                };
-            }
+            write_begin_info(out, num_tokens, &b);
+            Ok(())
+        })
+    }
+
+    /// `kvs_seq_begin` of a sequence whose first `computed_tokens` tokens have KV once the call
+    /// returns, the hit's and those the engine writes from elsewhere (vLLM's KV connectors load
+    /// the tokens after the hit into the sequence's slots; `tokens` may stop at the hit and
+    /// `lookahead_slots` hold the loaded ones). Each group's table gets `KVS_NULL_PAGE` wherever
+    /// the group no longer reads at `computed_tokens`: a sliding window or a chunk takes no page
+    /// for the positions it drops (vLLM's `allocate_new_computed_blocks`), and the admission
+    /// check counts only the pages that remain. `computed_tokens` at most the hit is
+    /// `kvs_seq_begin`; a unit hit (`match_unit`) is dropped when a window leaves its page
+    /// behind.
+    ///
+    /// **Failure:** as `kvs_seq_begin`; also `KVS_STATUS_INVALID_ARGUMENT` for
+    /// `computed_tokens` past `num_tokens + lookahead_slots`, or nonzero on a cache with a
+    /// state group: nothing changes and `*info_out` is untouched.
+    /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+    #[no_mangle]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe extern "C" fn kvs_seq_begin_computed(
+        cache: *mut kvs_cache,
+        seq_id: u64,
+        tokens: *const i32,
+        num_tokens: usize,
+        extra: *const kvs_extra_keys,
+        max_match_tokens: usize,
+        lookahead_slots: usize,
+        computed_tokens: usize,
+        info_out: *mut kvs_seq_info,
+    ) -> kvs_status {
+        // SAFETY: `cache`, `tokens`, `extra` and `info_out` are NULL or valid for the call (the
+        // export contract); the helpers refuse NULL and misalignment.
+        guard(|| unsafe {
+            let c = self::cache(cache)?;
+            let t = slice(tokens, num_tokens, "tokens")?;
+            let x = extra_from_c(extra)?;
+            let out = opt_out(info_out, "info_out")?;
+            let b = c.lock()?.begin_computed(
+                seq_id,
+                t,
+                x,
+                max_match_tokens,
+                lookahead_slots,
+                computed_tokens,
+            )?;
+            write_begin_info(out, num_tokens, &b);
             Ok(())
         })
     }

@@ -522,11 +522,16 @@ class Cache:
 
     # -- sequences ------------------------------------------------------------------------
     def seq_begin(self, seq_id: int, tokens, extra: ExtraKeys | None = None,
-                  max_match_tokens: int = SIZE_MAX, lookahead_slots: int = 0) -> dict[str, int]:
+                  max_match_tokens: int = SIZE_MAX, lookahead_slots: int = 0,
+                  computed_tokens: int = 0) -> dict[str, int]:
+        """``kvs_seq_begin_computed`` (``kvs_seq_begin`` with ``computed_tokens`` 0): the first
+        ``computed_tokens`` tokens have KV once the call returns (the hit's, and those a KV
+        connector loads into the slots), so windows take no page where they no longer read."""
         t, nt, _k = i32_buffer(tokens)
         info = ffi.new("kvs_seq_info *")
-        check(lib.kvs_seq_begin(self.handle, seq_id, t, nt, _extra(extra), max_match_tokens,
-                                lookahead_slots, info), "kvs_seq_begin")
+        check(lib.kvs_seq_begin_computed(self.handle, seq_id, t, nt, _extra(extra),
+                                         max_match_tokens, lookahead_slots, computed_tokens,
+                                         info), "kvs_seq_begin_computed")
         return _struct_dict(info)
 
     def seq_append(self, seq_id: int, tokens, lookahead_slots: int = 0) -> list[tuple]:

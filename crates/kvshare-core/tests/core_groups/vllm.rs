@@ -324,10 +324,15 @@ impl Vllm {
         }
     }
 
-    /// `get_computed_blocks` + `allocate_slots` of a new request scheduling all its tokens.
-    pub fn begin(&mut self, id: u64, tokens: &[i32]) -> Option<usize> {
+    /// `get_computed_blocks` + `allocate_slots` of a new request scheduling all its tokens, `ext`
+    /// of them after the hit computed by a KV connector (`num_external_computed_tokens`, loaded
+    /// at once): `get_num_blocks_to_allocate` and
+    /// `allocate_new_computed_blocks` skip at the hit plus those tokens, every group's blocks
+    /// for them come first, then every group's for the rest (`allocate_new_blocks`).
+    pub fn begin_external(&mut self, id: u64, tokens: &[i32], ext: usize) -> Option<usize> {
         let hashes = hashes_of(tokens, self.ps);
         let (hit_blocks, hit) = self.find_longest_cache_hit(&hashes, tokens.len() - 1);
+        let computed = hit + ext;
         let mut need = 0;
         let align = |k| k == GroupKind::State(StateMode::Align);
         for (g, b) in hit_blocks.iter().enumerate() {
@@ -339,7 +344,7 @@ impl Vllm {
                 }
             }
             let required = tokens.len().div_ceil(self.bs(g));
-            let skipped = self.skipped(g, hit) / self.bs(g);
+            let skipped = self.skipped(g, computed) / self.bs(g);
             need += if align(self.kinds[g]) {
                 usize::from(required > b.len()) // first prefill: 1 block
             } else {
@@ -355,10 +360,11 @@ impl Vllm {
         }
         let mut blocks = Vec::new();
         for (g, b) in hit_blocks.iter().enumerate() {
-            let skipped = (self.skipped(g, hit) / self.bs(g)).min(b.len());
-            self.touch(&b[skipped..]);
+            let skipped = self.skipped(g, computed) / self.bs(g);
+            let live = &b[skipped.min(b.len())..];
+            self.touch(live);
             let mut t = vec![NULL; skipped];
-            t.extend_from_slice(&b[skipped..]);
+            t.extend_from_slice(live);
             blocks.push(t);
         }
         let n = self.kinds.len();
@@ -373,6 +379,14 @@ impl Vllm {
                 allocated: vec![false; n],
             },
         );
+        if ext > 0 {
+            for g in 0..n {
+                let r = self.reqs.get_mut(&id).unwrap();
+                let have = r.blocks[g].len();
+                let new = self.get_new_blocks(computed.div_ceil(self.bs(g)).saturating_sub(have));
+                self.reqs.get_mut(&id).unwrap().blocks[g].extend(new);
+            }
+        }
         for g in 0..n {
             self.allocate_new_blocks(id, g, tokens.len().div_ceil(self.bs(g)));
         }

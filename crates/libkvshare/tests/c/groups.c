@@ -2,7 +2,8 @@
  * A cache of KV-cache groups from C: config validation of the groups (every bad field named,
  * out-param untouched), a sliding-window + full-attention flow (the cross-group hit of
  * kvs_prefix_find, null pages after the window moved, per-group block tables and slot
- * mappings, group stats, events with their group), and bad input at the group arguments
+ * mappings, group stats, events with their group), a KV connector's tokens past the hit
+ * (kvs_seq_begin_computed), and bad input at the group arguments
  * (unknown group and sequence, short buffers) leaving out-params untouched and the cache
  * consistent.
  */
@@ -21,6 +22,43 @@ static void bad_config(kvs_config c, uint32_t status, const char *field) {
     kvs_cache *h = (kvs_cache *)(uintptr_t)0x1;
     CHECK_FAILS(kvs_cache_new(&c, &h), status, field);
     CHECK(h == (kvs_cache *)(uintptr_t)0x1);
+}
+
+/* A KV connector's tokens after the hit (kvs_seq_begin_computed): the window takes the null
+ * page where it no longer reads at the computed count, so a pool of 13 free pages admits a
+ * sequence of 40 slots whose first 36 tokens are computed (window 8: 3 pages, full: 10) that
+ * kvs_seq_begin (20 pages) refuses. */
+static void external_tokens(const kvs_group *g) {
+    kvs_config c = cfg_of(g, 2);
+    c.num_device_pages = 14; /* the null page and 13 */
+    kvs_cache *h = NULL;
+    CHECK_OK(kvs_cache_new(&c, &h));
+    int32_t toks[4];
+    t_iota(toks, 4, 500);
+    kvs_seq_info si;
+    CHECK_FAILS(kvs_seq_begin(h, 1, toks, 4, NULL, 0, 36, &si), KVS_STATUS_NO_SPACE, NULL);
+    CHECK_OK(kvs_seq_begin_computed(h, 1, toks, 4, NULL, 0, 36, 36, &si));
+    CHECK_EQ(si.new_pages, 13);
+    CHECK_EQ(si.num_pages, 10);
+    uint32_t pages[10];
+    CHECK_EQ(t_pages(h, 0, 1, pages, 10), 10);
+    for (size_t j = 0; j < 10; j++) {
+        CHECK((pages[j] == KVS_NULL_PAGE) == (j < 7));
+    }
+    CHECK_EQ(t_pages(h, 1, 1, pages, 10), 10);
+    for (size_t j = 0; j < 10; j++) {
+        CHECK(pages[j] != KVS_NULL_PAGE);
+    }
+    CHECK_CACHE(h);
+    /* Past the prompt and its slots is refused; 0 is kvs_seq_begin. */
+    CHECK_FAILS(kvs_seq_begin_computed(h, 2, toks, 4, NULL, 0, 0, 5, &si),
+                KVS_STATUS_INVALID_ARGUMENT, "computed_tokens");
+    CHECK_OK(kvs_seq_free(h, 1));
+    CHECK_OK(kvs_seq_begin_computed(h, 2, toks, 4, NULL, 0, 0, 0, &si));
+    CHECK_EQ(si.new_pages, 2);
+    CHECK_OK(kvs_seq_free(h, 2));
+    CHECK_CACHE(h);
+    kvs_cache_free(h);
 }
 
 int main(void) {
@@ -262,6 +300,7 @@ int main(void) {
     CHECK_CACHE(h);
     kvs_cache_free(h);
     kvs_cache_free(NULL);
+    external_tokens(g);
     printf("groups: ok\n");
     return 0;
 }

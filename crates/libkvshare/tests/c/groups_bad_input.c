@@ -177,6 +177,8 @@ static void nulls(void) {
            KVS_STATUS_NULL_ARGUMENT, "cache");
     EXPECT(kvs_seq_begin(NULL, 50, tok, 4, NULL, 3, 0, &bi), KVS_STATUS_NULL_ARGUMENT,
            "cache");
+    EXPECT(kvs_seq_begin_computed(NULL, 50, tok, 4, NULL, 3, 0, 0, &bi),
+           KVS_STATUS_NULL_ARGUMENT, "cache");
     EXPECT(kvs_seq_release_skipped(NULL, 1, 4, &n1), KVS_STATUS_NULL_ARGUMENT, "cache");
     EXPECT(kvs_seq_append(NULL, 1, tok, 1, 0, CP, 8, &NC), KVS_STATUS_NULL_ARGUMENT, "cache");
     EXPECT(kvs_seq_append_need(NULL, 1, 1, 0, &n1, NULL), KVS_STATUS_NULL_ARGUMENT, "cache");
@@ -259,6 +261,12 @@ static void misaligned(void) {
     EXPECT(kvs_seq_begin(h, 50, tok, 4, MIS(kvs_extra_keys), 3, 0, NULL),
            KVS_STATUS_INVALID_ARGUMENT, "extra");
     EXPECT(kvs_seq_begin(h, 50, tok, 4, NULL, 3, 0, MIS(kvs_seq_info)),
+           KVS_STATUS_INVALID_ARGUMENT, "info_out");
+    EXPECT(kvs_seq_begin_computed(h, 50, MIS(int32_t), 4, NULL, 3, 0, 0, NULL),
+           KVS_STATUS_INVALID_ARGUMENT, "tokens");
+    EXPECT(kvs_seq_begin_computed(h, 50, tok, 4, MIS(kvs_extra_keys), 3, 0, 0, NULL),
+           KVS_STATUS_INVALID_ARGUMENT, "extra");
+    EXPECT(kvs_seq_begin_computed(h, 50, tok, 4, NULL, 3, 0, 0, MIS(kvs_seq_info)),
            KVS_STATUS_INVALID_ARGUMENT, "info_out");
     EXPECT(kvs_seq_release_skipped(h, 1, 10, MIS(size_t)), KVS_STATUS_INVALID_ARGUMENT,
            "num_released_out");
@@ -361,6 +369,16 @@ static void group_calls(void) {
         EXPECT(kvs_seq_state_page(h, 1, g, &page), KVS_STATUS_INVALID_ARGUMENT,
                "group");
     }
+    /* Computed tokens past the prompt and its slots; any with a state group (this cache). */
+    kvs_seq_info bi;
+    SENTINEL(bi);
+    EXPECT(kvs_seq_begin_computed(h, 50, tok, 8, NULL, 0, 2, 11, &bi),
+           KVS_STATUS_INVALID_ARGUMENT, "computed_tokens");
+    EXPECT(kvs_seq_begin_computed(h, 50, tok, 8, NULL, 0, 2, SIZE_MAX, &bi),
+           KVS_STATUS_INVALID_ARGUMENT, "computed_tokens");
+    EXPECT(kvs_seq_begin_computed(h, 50, tok, 8, NULL, 0, 0, 4, &bi),
+           KVS_STATUS_INVALID_ARGUMENT, "computed_tokens");
+    UNTOUCHED(bi);
     /* Not a state group. */
     EXPECT(kvs_seq_state_page(h, 1, 0, &page), KVS_STATUS_INVALID_ARGUMENT, "group");
     EXPECT(kvs_seq_state_page(h, 1, 1, &page), KVS_STATUS_INVALID_ARGUMENT, "group");
