@@ -5,7 +5,8 @@
  * ``Groups(hybrid_addr, fns, block_size, num_pages, kinds, refs, blocks)`` holds a
  * ``kvs_cache *`` and the addresses of the ``kvs_*`` calls it makes (all taken from
  * the cffi binding, so this module links against nothing): ``fns`` is the tuple (seq_append,
- * seq_get_info, seq_pages, seq_release_skipped, seq_free, seq_begin, prefix_find).  ``kinds`` gives
+ * seq_get_info, seq_pages, seq_release_skipped, seq_free, seq_begin_computed, prefix_find).
+ * ``kinds`` gives
  * each group's (kind, window): 0 full attention, 1 sliding window W, 2 chunked local C (any
  * other kind is refused: hybrid.py then makes its calls through the binding).  ``refs`` is the
  * manager's page refcount mirror (a writable buffer of uint32, one per page: how many live block tables hold
@@ -24,9 +25,9 @@
  *       ``ids[st.n:known]`` with slots up to ``need_slot`` when a page is added or fills.
  *   append(st, ids, known, lookahead, avail) -> (rc, added, avail)     (``cache_blocks``)
  *   release(st, num_computed, avail) -> (released, avail)     (``remove_skipped_blocks``)
- *   begin(st, ids, known, extra_addr, max_match, lookahead, first, avail)
- *       -> (rc, matched, rows, avail)     (``_begin``; rows: per group the block objects of
- *       the table from position ``first`` on, None on a failure)
+ *   begin(st, ids, known, extra_addr, max_match, lookahead, first, computed, avail)
+ *       -> (rc, matched, rows, avail)     (``_begin``, ``kvs_seq_begin_computed``; rows: per
+ *       group the block objects of the table from position ``first`` on, None on a failure)
  *   free(st, avail) -> (rc, avail)
  *   match(ids, extra_addr, max_tokens) -> (rc, hit tokens, [block objects] per group)
  * ``added``: None when the tables did not grow, else one list of block objects per group (the
@@ -45,7 +46,7 @@ typedef kvs_status (*pages_fn)(const kvs_cache *, size_t, uint64_t, uint32_t *, 
 typedef kvs_status (*release_fn)(kvs_cache *, uint64_t, size_t, size_t *);
 typedef kvs_status (*free_fn)(kvs_cache *, uint64_t);
 typedef kvs_status (*begin_fn)(kvs_cache *, uint64_t, const int32_t *, size_t,
-                               const kvs_extra_keys *, size_t, size_t, kvs_seq_info *);
+                               const kvs_extra_keys *, size_t, size_t, size_t, kvs_seq_info *);
 typedef kvs_status (*match_fn)(const kvs_cache *, const int32_t *, size_t,
                                const kvs_extra_keys *, size_t, uint32_t *, size_t, size_t,
                                size_t *);
@@ -579,14 +580,14 @@ static PyObject *groups_release_impl(Groups *self, PyObject *const *args, Py_ssi
 }
 
 static PyObject *groups_begin_impl(Groups *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 8) {
+    if (nargs != 9) {
         PyErr_SetString(PyExc_TypeError, "begin(st, ids, known, extra_addr, max_match, "
-                                         "lookahead, first, avail) takes 8 arguments");
+                                         "lookahead, first, computed, avail) takes 9 arguments");
         return NULL;
     }
-    Py_ssize_t known, v[3], avail;
-    if (counts(args + 2, 1, &known, "begin") < 0 || counts(args + 4, 3, v, "begin") < 0 ||
-        avail_in(args[7], &avail) < 0)
+    Py_ssize_t known, v[4], avail;
+    if (counts(args + 2, 1, &known, "begin") < 0 || counts(args + 4, 4, v, "begin") < 0 ||
+        avail_in(args[8], &avail) < 0)
         return NULL;
     const kvs_extra_keys *extra;
     if (extra_ptr(args[3], &extra) < 0)
@@ -606,8 +607,7 @@ static PyObject *groups_begin_impl(Groups *self, PyObject *const *args, Py_ssize
         goto done;
     kvs_seq_info info;
     kvs_status rc = self->begin(self->h, s.seq, known ? self->tokens : NULL, (size_t)known,
-                                extra, (size_t)v[0],
-                                (size_t)v[1], &info);
+                                extra, (size_t)v[0], (size_t)v[1], (size_t)v[3], &info);
     if (rc != KVS_STATUS_OK) {
         out = Py_BuildValue("(inON)", (int)rc, (Py_ssize_t)0, Py_None, avail_out(avail));
         goto done;
@@ -762,8 +762,8 @@ static PyMethodDef Groups_methods[] = {
     {"release", (PyCFunction)(void (*)(void))Groups_release, METH_FASTCALL,
      "release(st, num_computed, avail) -> (released, avail)"},
     {"begin", (PyCFunction)(void (*)(void))Groups_begin, METH_FASTCALL,
-     "begin(st, ids, known, extra_addr, max_match, lookahead, first, avail) -> (rc, matched, "
-     "rows, avail)"},
+     "begin(st, ids, known, extra_addr, max_match, lookahead, first, computed, avail) -> (rc, "
+     "matched, rows, avail)"},
     {"free", (PyCFunction)(void (*)(void))Groups_free, METH_FASTCALL,
      "free(st, avail) -> (rc, avail)"},
     {"match", (PyCFunction)(void (*)(void))Groups_match, METH_FASTCALL,

@@ -245,7 +245,8 @@ class KvshareHybridKVCacheManager(ManagerBase):
             return None
         fns = tuple(int(ffi.cast("uintptr_t", ffi.addressof(lib, f"kvs_{name}")))
                     for name in ("seq_append", "seq_get_info", "seq_pages",
-                                 "seq_release_skipped", "seq_free", "seq_begin", "prefix_find"))
+                                 "seq_release_skipped", "seq_free", "seq_begin_computed",
+                                 "prefix_find"))
         return _fast.Groups(
             int(ffi.cast("uintptr_t", self.cache.handle)), fns, self.block_size, self.num_blocks,
             tuple((_FAST_KINDS[k], w) for k, w in self._windows), self._refs, self._blocks)
@@ -540,7 +541,7 @@ class KvshareHybridKVCacheManager(ManagerBase):
         if fast is not None:
             rc, matched, rows, self._avail = fast.begin(st, ids, known, _extra_addr(extra),
                                                         num_hit, max(need_slot - known, 0), nh,
-                                                        self._avail)
+                                                        0, self._avail)
             if rc:
                 kvshare.check(rc, "kvs_seq_begin")
             info = {"matched_tokens": matched}
@@ -572,17 +573,13 @@ class KvshareHybridKVCacheManager(ManagerBase):
         a KV connector loads, or whose caching waits for a load (``delay``): vLLM's
         ``allocate_new_computed_blocks`` (hit, nulls where a window no longer reads at
         ``computed``, fresh blocks for the external tokens) and ``allocate_new_blocks`` in
-        every group.  kvshare begins the sequence with the local hit and slots up to
-        ``need_slot`` (no page of the transfer is registered: nothing finds it before its KV
-        is written), releases what each window drops at ``computed``
-        (``kvs_seq_release_skipped``), then without ``delay`` hands over the ``known`` tokens,
-        whose full pages register as vLLM caches them in this call.  Returns the blocks past
-        the external tokens', as vLLM does.
-
-        Windowed positions a connector's tokens skip are allocated and released again in the
-        same call: kvshare's begin has no computed count apart from its tokens.  The free
-        count is vLLM's afterwards; a pool too full for those pages answers None (vLLM would
-        admit the request), and the pages taken may evict cached ones vLLM keeps."""
+        every group.  kvshare begins the sequence with the local hit, slots up to
+        ``need_slot`` and the computed count (``kvs_seq_begin_computed``: positions a window
+        drops at ``computed`` take the null page, none is taken, so admission counts vLLM's
+        pages; no page of the transfer is registered: nothing finds it before its KV is
+        written), then without ``delay`` hands over the ``known`` tokens, whose full pages
+        register as vLLM caches them in this call.  Returns the blocks past the external
+        tokens', as vLLM does."""
         fast = self._fast
         if fast is None:
             raise NotImplementedError(
@@ -592,15 +589,14 @@ class KvshareHybridKVCacheManager(ManagerBase):
         st = self._new_seq(request)
         extra = st.extra
         rc, matched, _, self._avail = fast.begin(st, ids, local, _extra_addr(extra), local,
-                                                 max(need_slot - local, 0), 0, self._avail)
+                                                 max(need_slot - local, 0), 0, computed,
+                                                 self._avail)
         if rc == _NO_SPACE:
             return None
         if rc:
             kvshare.check(rc, "kvs_seq_begin")
         self._reqs[rid] = st
         self._check_matched(request, local, matched)
-        if computed > local:
-            _, self._avail = fast.release(st, computed, self._avail)
         if not delay and known > st.n:
             rc, _, self._avail = fast.append(st, ids, known, 0, self._avail)
             if rc:

@@ -454,7 +454,8 @@ def test_plugin_serves_connectors_using_the_public_surface(tiny_model_dir, tmp_p
 
 
 @pytest.mark.parametrize("model,size,num_blocks", [("gpt-oss", 32, 400), ("gemma3", 64, 400),
-                                                   ("gemma3", 64, 90)])
+                                                   ("gemma3", 64, 90), ("gemma3", 64, 60),
+                                                   ("gpt-oss", 32, 30)])
 @NEEDS_GROUPS
 def test_offloading_connector_lockstep_with_groups(tiny_model_dir, model, size, num_blocks):
     """vLLM's offloading connector on a model with several KV-cache groups (full attention
@@ -465,8 +466,10 @@ def test_offloading_connector_lockstep_with_groups(tiny_model_dir, model, size, 
     the window at admission, so external tokens the window drops are null blocks in the
     windowed group; loads take 2 steps (delayed caching) and requests with the same prefix
     arrive while a load is in flight.  No load fails: vLLM's own manager cannot take a failed
-    block with several groups (its scheduler reads one block table).  With 90 blocks, the
-    prefixes leave the device by eviction rather than by a reset."""
+    block with several groups (its scheduler reads one block table).  With 90 blocks or
+    fewer, the prefixes leave the device by eviction rather than by a reset; with 60 and 30,
+    admissions hang on the pages the external tokens take: none where the window drops them
+    (``kvs_seq_begin_computed``), as in vLLM."""
     pair = ConnPair(tiny_model_dir, lambda i: offloading_config(256),
                     lambda c: OffloadingWorker(load_delay=2, store_delay=1),
                     "KvshareHybridKVCacheManager", num_blocks=num_blocks, max_num_seqs=4,

@@ -52,9 +52,11 @@ def test_bad_input_changes_nothing(mgr):
         (fast.append, (st, ids + ["x"] * 10, 80, 0, None), TypeError),
         (fast.append, (st, ids + [2 ** 40] * 10, 80, 0, None), OverflowError),
         (fast.release, (st, -5, None), ValueError),
-        (fast.begin, (st, ids, 70, 0, 70, 0, 0, None), ValueError),  # st holds tokens
-        (fast.begin, (st, ids, 70, -1, 70, 0, 0, None), OverflowError),  # extra_addr first
-        (fast.begin, (st, ids, 70, "x", 70, 0, 0, None), TypeError),
+        (fast.begin, (st, ids, 70, 0, 70, 0, 0, 0, None), ValueError),  # st holds tokens
+        (fast.begin, (st, ids, 70, -1, 70, 0, 0, 0, None), OverflowError),  # extra_addr first
+        (fast.begin, (st, ids, 70, "x", 70, 0, 0, 0, None), TypeError),
+        (fast.begin, (st, ids, 70, 0, 70, 0, 0, -1, None), ValueError),  # computed
+        (fast.begin, (st, ids, 70, 0, 70, 0, 0, None), TypeError),  # 8 arguments
         (fast.match, (range(5), 0, 4), TypeError),
         (fast.match, (ids, -1, 4), OverflowError),
         (fast.match, (ids, 2 ** 64, 4), OverflowError),
@@ -87,7 +89,7 @@ def test_groups_refuses_what_it_cannot_run(mgr):
     fns = tuple(int(hybrid_mod.ffi.cast("uintptr_t", hybrid_mod.ffi.addressof(
         hybrid_mod.lib, f"kvs_{n}"))) for n in (
         "seq_append", "seq_get_info", "seq_pages", "seq_release_skipped", "seq_free",
-        "seq_begin", "prefix_find"))
+        "seq_begin_computed", "prefix_find"))
     kinds = ((1, 32), (0, 0))
     refs = array("I", bytes(4 * m.num_blocks))
     with pytest.raises(ValueError):

@@ -27,8 +27,8 @@ hy = kvshare.Cache(page_size=BS, num_device_pages=PAGES, reserve_null_page=True,
 refs = array("I", bytes(4 * PAGES))
 blocks = [object() for _ in range(PAGES)]
 fns = tuple(int(ffi.cast("uintptr_t", ffi.addressof(lib, f"kvs_{n}"))) for n in (
-    "seq_append", "seq_get_info", "seq_pages", "seq_release_skipped", "seq_free", "seq_begin",
-    "prefix_find"))
+    "seq_append", "seq_get_info", "seq_pages", "seq_release_skipped", "seq_free",
+    "seq_begin_computed", "prefix_find"))
 g = fg.Groups(int(ffi.cast("uintptr_t", hy.handle)), fns, BS, PAGES, ((1, 32), (0, 0)), refs,
               blocks)
 
@@ -70,8 +70,9 @@ for seq in range(1, 500):
         assert [[blocks[p] for p in r] for r in want_rows] == [list(r) for r in rows]
         st = St(seq)
         first = rng.choice((0, hit // BS))
-        rc, matched, rows, avail = g.begin(st, ids, len(ids), 0, hit, rng.choice((0, 5)), first,
-                                           avail)
+        la = rng.choice((0, 5))
+        computed = rng.choice((0, hit, len(ids), len(ids) + la))  # tokens with KV at the begin
+        rc, matched, rows, avail = g.begin(st, ids, len(ids), 0, hit, la, first, computed, avail)
         if rc:
             assert st.n == 0 and st.tables == [[], []] and rows is None
             continue
@@ -105,7 +106,7 @@ for fn, args, exc in [
         (g.append, (st, ids, len(ids) + 5, 0, avail), ValueError),
         (g.append, (st, ids + ["x"], len(ids) + 1, 0, avail), TypeError),
         (g.append, (st, range(5), len(ids) + 1, 0, avail), TypeError),
-        (g.begin, (st, ids, 3, 0, 0, 0, 0, avail), ValueError),
+        (g.begin, (st, ids, 3, 0, 0, 0, 0, 0, avail), ValueError),
         (g.match, (ids, -1, 3), OverflowError),
         (g.match, ("abc", 0, 3), TypeError),
         (g.free, (object(), avail), AttributeError)]:
