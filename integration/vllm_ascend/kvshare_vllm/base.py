@@ -65,6 +65,14 @@ def _extra_addr(extra) -> int:
 MATCH_UNIT_ENV = "KVSHARE_VLLM_MATCH_UNIT"
 
 
+def copies_need_connector(unit: int, where: str) -> ValueError:
+    """The refusal of sub-page hits whose partial copies have no channel to the worker
+    (``where``: a release without vLLM's block copies, or a model of several groups)."""
+    return ValueError(f"kvshare_vllm: {MATCH_UNIT_ENV}={unit}: {where} the partial copies of "
+                      "sub-page hits run in the worker through kvshare's KV connector; "
+                      "configure KvshareConnector (kv_transfer_config, docs/vllm.md) or unset it")
+
+
 def match_unit_setting(block_size: int) -> int:
     """``KVSHARE_VLLM_MATCH_UNIT``: the granularity of prefix hits in tokens, a divisor of the
     block size below it (e.g. 16 with 128-token blocks); 0 (unset, or the block size itself)

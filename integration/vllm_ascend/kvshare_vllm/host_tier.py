@@ -109,5 +109,9 @@ class HostTier:
         return self._prefetch(_token_ids(request), self._mgr._extra_for(request))
 
     def take_copies(self) -> bytes:
-        """Every queued page copy, oldest first, as packed ``kvs_copy`` records."""
-        return self._copies.take()
+        """Every queued page copy, oldest first, as packed ``kvs_copy`` records.  A sub-page
+        hit's copy held its source page until taken: the free count may grow."""
+        rows = self._copies.take()
+        if rows:
+            self._mgr._avail = None
+        return rows

@@ -38,7 +38,8 @@ _require_supported_vllm_and_native()  # before vLLM's imports: an unsupported vL
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 
 from . import _fast, logger  # _fast required: startup.require() has checked that it loads
-from .base import MATCH_UNIT_ENV, ManagerBase, _cdiv, _extra_addr, _token_ids, match_unit_setting
+from .base import (MATCH_UNIT_ENV, ManagerBase, _cdiv, _extra_addr, _token_ids,
+                   copies_need_connector, match_unit_setting)
 from .host_tier import HOST_PAGES, HostTier
 from .state_groups import (is_state_spec, skipped_tokens, state_group_kind,
                            state_unsupported_reason, vllm_table)
@@ -173,10 +174,6 @@ class KvshareHybridKVCacheManager(ManagerBase):
         # The page size: the attention groups' block size (a "none" state group's block is
         # max_model_len tokens: one page here, see state_groups).
         self.block_size = bs = next(s.block_size for s in self.specs if not is_state_spec(s))
-        if match_unit_setting(bs):
-            raise ValueError(f"kvshare_vllm: {MATCH_UNIT_ENV}: sub-page hits run for models of "
-                             "one full-attention KV-cache group, not on "
-                             f"{', '.join(type(x).__name__ for x in self.specs)} (unset it)")
         kinds = [_group_kind(s) for s in self.specs]
         self._groups = [(k, w, s.page_size_bytes) for (k, w), s in zip(kinds, self.specs)]
         # Tokens a group skips once c tokens are computed (vLLM's get_num_skipped_tokens).
@@ -199,6 +196,7 @@ class KvshareHybridKVCacheManager(ManagerBase):
         self._zero_new = bool(getattr(kv_cache_config, "needs_kv_cache_zeroing", False))
         # The host tier, when kvshare's KV connector executes its copies (host_tier.py).
         connector = HOST_PAGES.get()  # None without kvshare's KV connector
+        self._unit = self._unit_setting(bs, connector is not None)
         self.num_host_pages = connector or 0
         self.cache = self._new_cache()
         self.host_tier = HostTier(self, self.num_host_pages) if connector is not None else None
@@ -228,7 +226,20 @@ class KvshareHybridKVCacheManager(ManagerBase):
             enable_prefix_caching=self.enable_caching, enable_events=self.enable_kv_cache_events,
             reserve_null_page=True, vllm_free_order=True, defer_commit=False,
             skip_cached_writes=False, num_host_pages=self.num_host_pages,
-            demote_to_host=self.num_host_pages > 0)
+            demote_to_host=self.num_host_pages > 0, match_unit=self._unit)
+
+    def _unit_setting(self, bs: int, connector: bool) -> int:
+        """``KVSHARE_VLLM_MATCH_UNIT`` for these groups: sub-page hits on attention groups,
+        their partial copies run by kvshare's KV connector (which also runs the groups' host
+        tier); refused with a state group (a state page is whole or nothing)."""
+        unit = match_unit_setting(bs)
+        if unit and self._has_state:
+            raise ValueError(f"kvshare_vllm: {MATCH_UNIT_ENV}={unit}: sub-page hits with "
+                             "Mamba / linear-attention state groups (a state page is a "
+                             "checkpoint, whole or nothing; unset it)")
+        if unit and not connector:
+            raise copies_need_connector(unit, "on a model of several KV-cache groups")
+        return unit
 
     @property
     def _h(self):
@@ -542,6 +553,8 @@ class KvshareHybridKVCacheManager(ManagerBase):
             rc, matched, rows, self._avail = fast.begin(st, ids, known, _extra_addr(extra),
                                                         num_hit, max(need_slot - known, 0), nh,
                                                         0, self._avail)
+            if rc == _NO_SPACE and self._unit:
+                return None  # a sub-page hit's source page, cached, is held too: no room
             if rc:
                 kvshare.check(rc, "kvs_seq_begin")
             info = {"matched_tokens": matched}
@@ -622,6 +635,17 @@ class KvshareHybridKVCacheManager(ManagerBase):
         st = self._reqs.pop(rid, None)
         if st is None:
             return
+        if self._unit and self.enable_caching and self._fast is not None:
+            # The computed tokens of the last, partly filled page go to kvshare before the
+            # pages do, so their whole units stay matchable (a conversation's next turn).
+            target = min(request.num_computed_tokens, request.num_tokens)
+            if target > st.n:
+                cached = st.n // self.block_size
+                rc, _, self._avail = self._fast.append(st, _token_ids(request), target, 0,
+                                                       self._avail)
+                if rc:
+                    kvshare.check(rc, "kvs_seq_append")
+                self._drain_events(st, request, cached, target // self.block_size)
         if self._fast is not None:
             rc, self._avail = self._fast.free(st, self._avail)
             if rc:

@@ -35,7 +35,7 @@ from vllm.v1.request import RequestStatus
 from . import logger
 from . import _fast  # required: startup.require() has checked that it loads
 from .base import (MATCH_UNIT_ENV, ManagerBase, _cdiv, _common_pages, _extra_addr, _kv_dtype,
-                   _token_ids, extra_keys_for, match_unit_setting)
+                   _token_ids, copies_need_connector, extra_keys_for, match_unit_setting)
 from .events import EventTranslator, cached_blocks_event
 from .host_tier import HOST_PAGES, CopyQueue, HostTier
 from .pool_tier import POOL
@@ -198,10 +198,7 @@ class KvshareKVCacheManager(NewerSurface, ManagerBase):
         pool = POOL.get()
         self._unit = unit = match_unit_setting(bs)
         if unit and not support().block_copies and connector is None:
-            raise ValueError(
-                f"kvshare_vllm: {MATCH_UNIT_ENV}={unit}: on vLLM {_API} the partial copies of "
-                "sub-page hits run in the worker through kvshare's KV connector; configure "
-                "KvshareConnector (kv_transfer_config, docs/vllm.md) or unset it")
+            raise copies_need_connector(unit, f"on vLLM {_API}")
         if unit and pool:
             raise ValueError(f"kvshare_vllm: {MATCH_UNIT_ENV}={unit} with the pool tier: the "
                              "pool stores and loads whole pages; unset one of them")

@@ -272,13 +272,14 @@ def step(s: Scheduler, requests: dict[str, Request]):
     return out, eco
 
 
-def connector_copies(meta) -> list[tuple[int, int, int, int]]:
+def connector_copies(meta, num_groups: int = 1) -> list[tuple[int, int, int, int]]:
     """(src, dst, tokens, kind) of each ``kvs_copy`` kvshare's KV connector shipped in a step's
-    metadata (group 0: one group)."""
+    metadata, each of one of the model's ``num_groups`` groups (page ids are the pool's, shared
+    by every group)."""
     import struct
 
     rows = list(struct.iter_unpack("<5I", meta.copies))
-    assert all(r[4] == 0 for r in rows)
+    assert all(r[4] < num_groups for r in rows)
     return [r[:4] for r in rows]
 
 
@@ -288,10 +289,12 @@ class ShadowWorker:
     kind)``, kvs_copy kinds) in order; ``compute`` writes the step's tokens; ``check`` verifies
     a request's computed tokens before its step.  A partial copy (a sub-page hit's units) gives
     the destination the first ``tokens`` slots of the source page; a whole-page copy its
-    label."""
+    label.  ``skipped[g](c)``: the tokens group ``g`` no longer reads once ``c`` are computed
+    (a window's; its pages there may be the null block or stale)."""
 
     def __init__(self, num_blocks: int, host_pages: int, block_size: int,
-                 apply_copies: bool = True):
+                 apply_copies: bool = True, skipped=(lambda c: 0,)):
+        self.skipped = skipped
         self.dev = [None] * num_blocks
         self.host = [None] * host_pages
         self.bs = block_size
@@ -324,9 +327,9 @@ class ShadowWorker:
             else:
                 raise AssertionError(f"unexpected copy kind {kind}")
 
-    def check(self, rid, tokens, table, computed: int) -> None:
+    def check(self, rid, tokens, table, computed: int, group: int = 0) -> None:
         bs = self.bs
-        for i in range((computed + bs - 1) // bs):
+        for i in range(self.skipped[group](computed) // bs, (computed + bs - 1) // bs):
             end = min((i + 1) * bs, computed)
             want = tuple(tokens[:end])
             got = self.dev[table[i]]
@@ -335,7 +338,9 @@ class ShadowWorker:
 
     def compute(self, tokens, table, start: int, end: int) -> None:
         for pos in range(start, end):
-            self.dev[table[pos // self.bs]] = tuple(tokens[:pos + 1])
+            page = table[pos // self.bs]
+            assert page, f"token {pos} has the null block"
+            self.dev[page] = tuple(tokens[:pos + 1])
 
 
 def shadow_run(s, shadow: ShadowWorker, pending: list, rng, copies_of,
@@ -368,11 +373,13 @@ def shadow_run(s, shadow: ShadowWorker, pending: list, rng, copies_of,
             n = out.num_scheduled_tokens[rid]
             end = r.num_computed_tokens  # schedule() advanced it already
             start = end - n
-            table = mgr.get_block_ids(rid)[0]
+            tables = mgr.get_block_ids(rid)
             toks = list(r.all_token_ids)
             shadow.hits.setdefault(rid, start)
-            shadow.check(rid, toks, table, start)
-            shadow.compute(toks, table, start, end)
+            for g, table in enumerate(tables):
+                shadow.check(rid, toks, table, start, g)
+            for table in tables:
+                shadow.compute(toks, table, start, end)
             sampled.append([rng.randrange(3, 30000)] if end >= r.num_tokens else [])
         mro = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
                                 sampled_token_ids=sampled, logprobs=None,

@@ -93,3 +93,45 @@ def test_kvshare_attention_with_unit_hits(engine):
     unit, _ = engine("unit")
     assert ops["tokens"] == unit["tokens"]
     assert ops["cached"] == unit["cached"]
+
+
+WINDOW = 64
+HYBRID_CONFIGS = {
+    "vllm": dict(kvshare=False),
+    "unit": dict(kvshare=True, match_unit=UNIT),
+}
+
+
+@pytest.fixture(scope="module")
+def hybrid_engine(installed, tmp_path_factory):
+    """The tiny Llama with even layers sliding over the last 64 tokens (two KV-cache groups)."""
+    model = engine_e2e.write_tiny_model(str(tmp_path_factory.mktemp("tiny-hybrid")),
+                                        sliding_window=WINDOW)
+    return harness.engine_runs(installed, model, dict(WORKLOAD, sliding_window=WINDOW),
+                               HYBRID_CONFIGS, user_env=("VLLM_LOGGING_LEVEL",))
+
+
+@pytest.mark.skipif(compat.manager_api() != "0.23.0",
+                    reason="kvshare's groups manager runs on vLLM 0.23")
+def test_hybrid_model_tokens_unchanged_and_more_hits_at_block_128(hybrid_engine):
+    """Sliding window + full attention at 128-token blocks: every group's new block receives
+    the units of its own cached block (kvshare's connector copies both groups'), the tokens
+    are vLLM's, and a turn coming back to a finished conversation hits its history down to a
+    whole unit where vLLM hits whole blocks."""
+    vllm, _ = hybrid_engine("vllm")
+    unit, log = hybrid_engine("unit")
+    assert vllm["kv_groups"] == unit["kv_groups"] == 2
+    assert unit["manager"] == "KvshareHybridKVCacheManager", log[-3000:]
+    assert unit["tokens"] == vllm["tokens"]
+    assert all(unit["cached"][r] >= vllm["cached"][r] for r in vllm["cached"]), \
+        {r: (vllm["cached"][r], unit["cached"][r]) for r in vllm["cached"]}
+    st = unit["kvshare_stats"]
+    assert st["unit_hits"] > 0 and unit["connector"]["copies"] == 2 * st["unit_hits"]
+    w = WORKLOAD
+    for r, n in _turns(unit, 1).items():
+        turn = int(r.split("t")[1])
+        prompt = w["system_tokens"] + w["user_tokens"] + (turn - 1) * (
+            w["output_tokens"] + w["user_tokens"])
+        assert n == (prompt + w["output_tokens"] - 1) // UNIT * UNIT, (r, n)
+    assert sum(unit["cached"].values()) > sum(vllm["cached"].values())
+    assert unit["cached"]["salt_b"] == 0 and unit["cached"]["salt_a1"] == 0

@@ -154,8 +154,68 @@ def test_whole_block_unit_is_whole_block_hits(tiny_model_dir, monkeypatch):
     assert s.kv_cache_manager._unit == 0
 
 
+GROUPS_API = pytest.mark.skipif(API != "0.23.0",
+                                reason="kvshare's groups manager runs on vLLM 0.23")
+
+
+def _groups_run(model_dir, monkeypatch, seed: int, model: str, unit: int = UNIT,
+                num_blocks: int = 48, host_pages: int = 0, apply_copies: bool = True):
+    """The workload on a model of two groups (full attention beside a window or chunk of 32
+    tokens): every group's table checked where it reads."""
+    import harness as h
+
+    monkeypatch.setenv(ENV, str(unit))
+    kv_transfer = dict(OWN_CONNECTOR, kv_connector_extra_config={"num_host_pages": host_pages})
+    s = make_scheduler(model_dir, kvshare=True, num_blocks=num_blocks, block_size=BS,
+                       max_num_seqs=4, max_num_batched_tokens=64, max_model_len=2048,
+                       kv_transfer=kv_transfer, specs=h.layer_specs(model, size=32))
+    mgr = s.kv_cache_manager
+    assert type(mgr).__name__ == "KvshareHybridKVCacheManager"
+    ng = mgr.num_kv_cache_groups
+    skipped = [(lambda c, g=g: mgr._skipped(g, c)) for g in range(ng)]
+    rng = random.Random(seed)
+    shadow = ShadowWorker(num_blocks, host_pages, BS, apply_copies, skipped)
+    shadow_run(s, shadow, _workload(rng), rng,
+               lambda out: connector_copies(out.kv_connector_metadata, ng))
+    mgr.check()
+    return mgr.kvshare_stats(), shadow, sum(shadow.hits.values()), ng
+
+
+@GROUPS_API
+@pytest.mark.parametrize("model", ["gpt-oss", "llama4"])
+@pytest.mark.parametrize("seed", range(2))
+def test_groups_take_sub_page_hits(tiny_model_dir, monkeypatch, model, seed):
+    """Sliding windows / chunked local attention beside full attention: each group's new page
+    receives the units of its own cached page (copies of both groups in one queue); every
+    group's table holds the tokens it reads; without pressure the units only add to the
+    whole-block hits."""
+    stats, shadow, hits, ng = _groups_run(tiny_model_dir, monkeypatch, seed, model,
+                                          num_blocks=400)
+    assert ng > 1 and stats["unit_hits"] > 0 and stats["pending_copies"] == 0
+    assert shadow.partial == ng * stats["unit_hits"]  # one copy per group
+    _, _, whole, _ = _groups_run(tiny_model_dir, monkeypatch, seed, model, unit=0,
+                                 num_blocks=400)
+    assert hits == whole + stats["unit_hit_tokens"]
+
+
+@GROUPS_API
+@pytest.mark.parametrize("seed", range(2))
+def test_groups_take_sub_page_hits_under_pressure_and_beside_the_host_tier(
+        tiny_model_dir, monkeypatch, seed):
+    stats, _, _, _ = _groups_run(tiny_model_dir, monkeypatch, seed, "gpt-oss", num_blocks=40,
+                                 host_pages=48)
+    assert stats["unit_hits"] > 0 and stats["demotions"] > 0
+
+
+@GROUPS_API
+def test_groups_skipped_copies_are_caught(tiny_model_dir, monkeypatch):
+    with pytest.raises(AssertionError, match="does not hold tokens"):
+        _groups_run(tiny_model_dir, monkeypatch, 0, "gpt-oss", apply_copies=False)
+
+
 @pytest.mark.skipif(API != "0.23.0", reason="kvshare's connector and groups manager run on 0.23")
-def test_pool_tier_and_groups_are_refused(tiny_model_dir, monkeypatch):
+def test_pool_tier_state_groups_and_groups_without_the_connector_are_refused(tiny_model_dir,
+                                                                           monkeypatch):
     monkeypatch.setenv(ENV, str(UNIT))
     pool = dict(OWN_CONNECTOR, kv_load_failure_policy="recompute",
                 kv_connector_extra_config={"pool": {"master": "127.0.0.1:1"}})
@@ -164,6 +224,11 @@ def test_pool_tier_and_groups_are_refused(tiny_model_dir, monkeypatch):
                        kv_transfer=pool)
     import harness as h
 
-    with pytest.raises(ValueError, match=f"{ENV}: sub-page hits run for models of one"):
+    # Several groups: the copies need kvshare's connector; a state page is whole or nothing.
+    with pytest.raises(ValueError, match=f"{ENV}=4: on a model of several KV-cache groups"):
         make_scheduler(tiny_model_dir, kvshare=True, num_blocks=48, block_size=BS,
                        max_model_len=400, specs=h.layer_specs("gpt-oss", size=64))
+    with pytest.raises(ValueError, match=f"{ENV}=4: sub-page hits with Mamba"):
+        make_scheduler(tiny_model_dir, kvshare=True, num_blocks=200, block_size=BS,
+                       max_model_len=2048, mamba_cache_mode="all",
+                       specs=h.mamba_layer_specs("qwen3-next", "all", max_model_len=2048))
