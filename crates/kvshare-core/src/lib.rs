@@ -14,8 +14,8 @@
 //!   [`prefix`]: the index;
 //! * `state.rs`: the state and the helpers every operation shares (taking and releasing pages,
 //!   demotion, index updates, queues, stats);
-//! * `hit.rs`: prefix hits across tiers and groups; `sequences.rs`: begin, fork, free, release;
-//!   `append.rs`: appends with copy-on-write; `swap.rs`: swaps between tiers; [`pages`]: the
+//! * `hit.rs`: prefix hits across tiers and groups; `begin.rs`: begins; `sequences.rs`: fork,
+//!   free, release; `append.rs`: appends with copy-on-write; `swap.rs`: swaps between tiers; [`pages`]: the
 //!   page API, pins, prefetch; `batch.rs`: block tables and slot mappings; `check.rs`: the
 //!   invariant checker;
 //! * [`pooltier`]: the pool tier, a store shared by engines behind device and host (what to
@@ -26,6 +26,7 @@
 pub mod alloc;
 mod append;
 mod batch;
+mod begin;
 pub mod cache;
 mod check;
 pub mod config;

@@ -1,5 +1,5 @@
 //! The sequence record and what sequence operations report. The operations themselves are in
-//! `sequences.rs` (begin, append, fork, free, release) and `swap.rs`.
+//! `begin.rs`, `append.rs`, `sequences.rs` (fork, free, release) and `swap.rs`.
 
 use super::pooltier::SeqPool;
 use super::prefix::ExtraKeys;

@@ -2,10 +2,10 @@
 //! pages (with demotion of evicted cached pages to the host tier, and vLLM's duplicates), index
 //! updates (with events), copies and events queues, and the stats.
 //!
-//! Sequences are in `sequences.rs` (swaps in `swap.rs`), prefix hits in `hit.rs`, the page API
-//! (external holders, pins, prefetch) in `pages.rs`, the per-step views in `batch.rs`, the checker
-//! in `check.rs`. Every public operation validates everything first and mutates only once it
-//! cannot fail, so an error leaves the state exactly as it was.
+//! Sequences are in `begin.rs` and `sequences.rs` (swaps in `swap.rs`), prefix hits in
+//! `hit.rs`, the page API (external holders, pins, prefetch) in `pages.rs`, the per-step views in
+//! `batch.rs`, the checker in `check.rs`. Every public operation validates everything first and
+//! mutates only once it cannot fail, so an error leaves the state exactly as it was.
 
 use std::collections::VecDeque;
 

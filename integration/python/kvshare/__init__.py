@@ -559,9 +559,9 @@ class Cache:
         t, nt, _k = i32_buffer(tokens)
         copies = ffi.new("kvs_copy[]", max(len(ids) * self.num_groups, 1))
         n = ffi.new("size_t *")
-        check(lib.kvs_seq_append_batch(self.handle, ffi.from_buffer("uint64_t[]", ids) if ids else ffi.NULL,
-                                       len(ids), t, nt, copies, len(copies), n),
-              "kvs_seq_append_batch")
+        id_buf = ffi.from_buffer("uint64_t[]", ids) if ids else ffi.NULL
+        check(lib.kvs_seq_append_batch(self.handle, id_buf, len(ids), t, nt, copies,
+                                       len(copies), n), "kvs_seq_append_batch")
         return [_copy_tuple(c) for c in copies[0:n[0]]]
 
     def seq_fork(self, parent_id: int, child_id: int) -> None:
