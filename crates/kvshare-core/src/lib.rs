@@ -15,9 +15,9 @@
 //! * `state.rs`: the state and the helpers every operation shares (taking and releasing pages,
 //!   demotion, index updates, queues, stats);
 //! * `hit.rs`: prefix hits across tiers and groups; `begin.rs`: begins; `sequences.rs`: fork,
-//!   free, release; `append.rs`: appends with copy-on-write; `swap.rs`: swaps between tiers; [`pages`]: the
-//!   page API, pins, prefetch; `batch.rs`: block tables and slot mappings; `check.rs`: the
-//!   invariant checker;
+//!   free, release; `append.rs`: appends with copy-on-write; `swap.rs`: swaps between tiers;
+//!   [`pages`]: the page API, pins, prefetch; `batch.rs`: block tables and slot mappings;
+//!   `check.rs`: the invariant checker;
 //! * [`pooltier`]: the pool tier, a store shared by engines behind device and host (what to
 //!   look up, load and store; the engine side moves the bytes);
 //! * [`copies`], [`events`], [`stats`]: what the cache reports.
