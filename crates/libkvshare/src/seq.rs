@@ -134,19 +134,21 @@ impl kvs_cache {
         lookahead_slots: usize,
         info_out: *mut kvs_seq_info,
     ) -> kvs_status {
-        // SAFETY: `cache`, `tokens`, `extra` and `info_out` are NULL or valid for the call (the
-        // export contract); the helpers refuse NULL and misalignment.
-        guard(|| unsafe {
-            let c = self::cache(cache)?;
-            let t = slice(tokens, num_tokens, "tokens")?;
-            let x = extra_from_c(extra)?;
-            let out = opt_out(info_out, "info_out")?;
-            let b = c
-                .lock()?
-                .begin(seq_id, t, x, max_match_tokens, lookahead_slots)?;
-            write_begin_info(out, num_tokens, &b);
-            Ok(())
-        })
+        // SAFETY: the export contract is `kvs_seq_begin_computed`'s, which checks every argument;
+        // no token computed elsewhere is its `kvs_seq_begin`.
+        unsafe {
+            Self::kvs_seq_begin_computed(
+                cache,
+                seq_id,
+                tokens,
+                num_tokens,
+                extra,
+                max_match_tokens,
+                lookahead_slots,
+                0,
+                info_out,
+            )
+        }
     }
 
     /// `kvs_seq_begin` of a sequence whose first `computed_tokens` tokens have KV once the call

@@ -53,18 +53,15 @@ def _turns(res, first: int = 0) -> dict:
             if k.startswith("c") and int(k.split("t")[1]) >= first}
 
 
-def test_tokens_unchanged_and_more_hits_at_block_128(engine):
-    vllm, _ = engine("vllm")
-    unit, log = engine("unit")
-    assert unit["manager"] == "KvshareKVCacheManager"
+def _beside_vllm(unit, vllm) -> None:
+    """The unit's run against vLLM's at block 128: the same tokens, at least vLLM's hits for
+    every request; every turn after the first comes back to a finished conversation and hits
+    its computed history (the last turn's prompt and all but its last generated token) down to
+    a whole unit, past the last whole block; tenants stay apart inside a page as across
+    pages."""
     assert unit["tokens"] == vllm["tokens"]
     assert all(unit["cached"][r] >= vllm["cached"][r] for r in vllm["cached"]), \
         {r: (vllm["cached"][r], unit["cached"][r]) for r in vllm["cached"]}
-    st = unit["kvshare_stats"]
-    assert st["unit_hits"] > 0
-    # Every turn after the first comes back to a finished conversation and hits its computed
-    # history (the last turn's prompt and all but its last generated token) down to a whole
-    # unit, past the last whole block.
     w = WORKLOAD
     for r, n in _turns(unit, 1).items():
         turn = int(r.split("t")[1])
@@ -72,8 +69,16 @@ def test_tokens_unchanged_and_more_hits_at_block_128(engine):
             w["output_tokens"] + w["user_tokens"])
         assert n == (prompt + w["output_tokens"] - 1) // UNIT * UNIT, (r, n)
     assert sum(unit["cached"].values()) > sum(vllm["cached"].values())
-    # Tenants stay apart inside a page as across pages.
     assert unit["cached"]["salt_b"] == 0 and unit["cached"]["salt_a1"] == 0
+
+
+def test_tokens_unchanged_and_more_hits_at_block_128(engine):
+    vllm, _ = engine("vllm")
+    unit, log = engine("unit")
+    assert unit["manager"] == "KvshareKVCacheManager"
+    st = unit["kvshare_stats"]
+    assert st["unit_hits"] > 0
+    _beside_vllm(unit, vllm)
     if compat.manager_api() == "0.23.0":
         assert unit["connector"]["copies"] == st["unit_hits"]
 
@@ -122,16 +127,6 @@ def test_hybrid_model_tokens_unchanged_and_more_hits_at_block_128(hybrid_engine)
     unit, log = hybrid_engine("unit")
     assert vllm["kv_groups"] == unit["kv_groups"] == 2
     assert unit["manager"] == "KvshareHybridKVCacheManager", log[-3000:]
-    assert unit["tokens"] == vllm["tokens"]
-    assert all(unit["cached"][r] >= vllm["cached"][r] for r in vllm["cached"]), \
-        {r: (vllm["cached"][r], unit["cached"][r]) for r in vllm["cached"]}
     st = unit["kvshare_stats"]
     assert st["unit_hits"] > 0 and unit["connector"]["copies"] == 2 * st["unit_hits"]
-    w = WORKLOAD
-    for r, n in _turns(unit, 1).items():
-        turn = int(r.split("t")[1])
-        prompt = w["system_tokens"] + w["user_tokens"] + (turn - 1) * (
-            w["output_tokens"] + w["user_tokens"])
-        assert n == (prompt + w["output_tokens"] - 1) // UNIT * UNIT, (r, n)
-    assert sum(unit["cached"].values()) > sum(vllm["cached"].values())
-    assert unit["cached"]["salt_b"] == 0 and unit["cached"]["salt_a1"] == 0
+    _beside_vllm(unit, vllm)
