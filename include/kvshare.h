@@ -2647,8 +2647,8 @@ kvs_status kvs_seq_begin(struct kvs_cache *cache,
  the group no longer reads at `computed_tokens`: a sliding window or a chunk takes no page
  for the positions it drops (vLLM's `allocate_new_computed_blocks`), and the admission
  check counts only the pages that remain. `computed_tokens` at most the hit is
- `kvs_seq_begin`; a unit hit (`match_unit`) is dropped when a window leaves its page
- behind.
+ `kvs_seq_begin`; a group whose window leaves a unit hit's page (`match_unit`) behind
+ takes no copy of it.
 
  **Failure:** as `kvs_seq_begin`; also `KVS_STATUS_INVALID_ARGUMENT` for
  `computed_tokens` past `num_tokens + lookahead_slots`, or nonzero on a cache with a

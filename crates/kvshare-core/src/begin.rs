@@ -45,8 +45,8 @@ impl State {
     /// connectors load the tokens after the hit into the sequence's slots): each group's table
     /// gets the null page wherever the group no longer reads at `computed` (a window's dropped
     /// positions take no page, as in vLLM's `allocate_new_computed_blocks`), and the admission
-    /// check counts the pages that remain. `computed` at most the hit changes nothing; a unit
-    /// hit is dropped when a group's window leaves its page behind. Refused
+    /// check counts the pages that remain. `computed` at most the hit changes nothing; a group
+    /// whose window leaves a unit hit's page behind takes no copy of it. Refused
     /// (`InvalidArgument`) for `computed` past the prompt and its lookahead slots, and for a
     /// nonzero `computed` on a cache with a state group.
     pub fn begin_computed(
@@ -163,17 +163,13 @@ impl State {
             0 => Some(self.root),
             n => keys.get(n - 1).map(|k| k.hash),
         };
-        let mut units = match parent {
+        let units = match parent {
             // Whole pages from the pool beat a part of one.
             Some(parent) if run == 0 => {
                 self.unit_hits(tokens, extra.as_deref(), parent, hit_pages, limit)
             }
             _ => Vec::new(),
         };
-        // A unit copy lands in the page after the hit: not where a window no longer reads.
-        if (0..ng).any(|g| self.groups[g].rules.skipped_tokens(computed) / ps > hit_pages) {
-            units.clear();
-        }
         let unit_tokens = units.first().map_or(0, |u| u.tokens);
         let hit_tokens = (hit_pages + run) * ps;
         let matched = (hit_tokens + unit_tokens).min(max_match_tokens);
@@ -207,7 +203,10 @@ impl State {
                 .device
                 .check_acquire(live().filter(|h| h.tier == Tier::Device).map(|h| h.page))?;
         }
-        for (g, u) in units.iter().enumerate() {
+        // A unit copy lands in the page after the hit, in the groups that still read it there
+        // (not where a window dropped it at the tokens computed elsewhere).
+        let copied = |g: usize| start[g] <= hit_pages;
+        for (g, u) in units.iter().enumerate().filter(|&(g, _)| copied(g)) {
             let pool = self.groups[g].pool;
             // Holding a cached device source takes it off the evictable set, like a device hit.
             if u.tier == Tier::Device && self.pools[pool].device.refcount(u.page) == 0 {
@@ -228,7 +227,7 @@ impl State {
         }
         // Unit sources are held first, so that no promotion, demotion or allocation below can
         // evict them before their copies are queued.
-        for (g, &u) in units.iter().enumerate() {
+        for (g, &u) in units.iter().enumerate().filter(|&(g, _)| copied(g)) {
             self.hold_unit_source(g, u);
         }
         // Every group's hits are held before any page is taken: a promotion or a fresh page of
@@ -274,7 +273,7 @@ impl State {
                 self.page_scratch = taken;
             }
         }
-        for (g, &u) in units.iter().enumerate() {
+        for (g, &u) in units.iter().enumerate().filter(|&(g, _)| copied(g)) {
             // The new page after the shared ones receives the cached units.
             let dst = tables[g][hit_pages];
             self.queue_unit_copy(g, u, dst);

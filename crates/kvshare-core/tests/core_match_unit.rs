@@ -273,3 +273,52 @@ fn a_finished_sequence_keeps_the_whole_units_of_its_last_page() {
         0
     );
 }
+
+/// Tokens computed elsewhere past a unit hit (`begin_computed`, a KV connector's): full
+/// attention still reads the hit's page and copies its units into its own page; a sliding
+/// window that no longer reads that page takes the null page there and no copy, and holds no
+/// source. The matched tokens are the units' all the same.
+#[test]
+fn a_window_past_a_unit_hit_takes_no_copy() {
+    use kvshare_core::{GroupKind, GroupSpec};
+    let g = |kind| GroupSpec {
+        kind,
+        page_bytes: 4096,
+    };
+    let mut s = State::new(Config {
+        page_size: 8,
+        match_unit: 2,
+        num_device_pages: 32,
+        groups: vec![g(GroupKind::SlidingWindow(8)), g(GroupKind::Full)],
+        reserve_null_page: true,
+        ..Config::default()
+    })
+    .unwrap();
+    let a = prompt(16, 0..3);
+    s.begin(1, &a, None, usize::MAX, 0).unwrap();
+    s.free(1).unwrap();
+    // 13 shared tokens: page 0 whole and 2 units of page 1 (12 tokens); 20 more come from
+    // elsewhere, so the window (8) reads from token 25 on: not page 1.
+    let b = prompt(13, 50..60);
+    let info = s.begin_computed(2, &b[..12], None, 12, 24, 32).unwrap();
+    assert_eq!((info.matched_tokens, info.unit_tokens), (12, 4));
+    let window = s.seq_pages(2, 0).unwrap().to_vec();
+    let full = s.seq_pages(2, 1).unwrap().to_vec();
+    assert_eq!(window.len(), 5);
+    assert_eq!(
+        window[..3],
+        [0, 0, 0],
+        "the window's pages up to token 25 are null"
+    );
+    assert!(full.iter().all(|&p| p != 0));
+    let copies = s.take_copies(usize::MAX);
+    assert_eq!(copies.len(), 1, "{copies:?}");
+    assert_eq!(
+        (copies[0].group, copies[0].dst_page, copies[0].num_tokens),
+        (1, full[1], 4)
+    );
+    s.check().unwrap();
+    s.free(2).unwrap();
+    s.check().unwrap();
+    assert_eq!(s.pool(0).unwrap().num_in_use(), 0);
+}
