@@ -640,12 +640,7 @@ class KvshareHybridKVCacheManager(ManagerBase):
             # pages do, so their whole units stay matchable (a conversation's next turn).
             target = min(request.num_computed_tokens, request.num_tokens)
             if target > st.n:
-                cached = st.n // self.block_size
-                rc, _, self._avail = self._fast.append(st, _token_ids(request), target, 0,
-                                                       self._avail)
-                if rc:
-                    kvshare.check(rc, "kvs_seq_append")
-                self._drain_events(st, request, cached, target // self.block_size)
+                self._hand_over(st, request, target)
         if self._fast is not None:
             rc, self._avail = self._fast.free(st, self._avail)
             if rc:
@@ -676,18 +671,22 @@ class KvshareHybridKVCacheManager(ManagerBase):
         target = min(num_computed_tokens, request.num_tokens)
         bs = self.block_size
         if target // bs > st.n // bs and self._fast is not None:
-            cached = st.n // bs
-            rc, added, self._avail = self._fast.append(st, _token_ids(request), target, 0,
-                                                       self._avail)
-            if rc:
-                kvshare.check(rc, "kvs_seq_append")
-            self._drain_events(st, request, cached, target // bs)
+            self._hand_over(st, request, target)
         elif target // bs > st.n // bs:  # a page fills (partial pages wait, see allocate_slots)
             self.cache.seq_append(st.seq, _token_ids(request)[st.n:target], 0)
             cached, st.n = st.n // bs, target
             if _cdiv(target, bs) > len(st.tables[0]):
                 self._refresh(st)
             self._drain_events(st, request, cached, target // bs)
+
+    def _hand_over(self, st: _HReq, request, target: int) -> None:
+        """The request's tokens up to ``target`` to kvshare (``_fast.append``), full pages
+        registered, and vLLM's events for them."""
+        cached = st.n // self.block_size
+        rc, _, self._avail = self._fast.append(st, _token_ids(request), target, 0, self._avail)
+        if rc:
+            kvshare.check(rc, "kvs_seq_append")
+        self._drain_events(st, request, cached, target // self.block_size)
 
     def _reset_index(self) -> bool:
         """No request holds pages: every page is free, so a fresh cache is the cleared one."""

@@ -30,19 +30,19 @@ OWN_CONNECTOR = dict(kv_connector="KvshareConnector", kv_role="kv_both",
 
 
 def _scheduler(model_dir, monkeypatch, num_blocks: int, unit: int = UNIT, host_pages: int = 0,
-               connector: bool = API == "0.23.0"):
+               connector: bool = API == "0.23.0", specs: dict | None = None):
     monkeypatch.setenv(ENV, str(unit))
     kv_transfer = dict(OWN_CONNECTOR, kv_connector_extra_config={"num_host_pages": host_pages}) \
         if connector else None
     return make_scheduler(model_dir, kvshare=True, num_blocks=num_blocks, block_size=BS,
                           max_num_seqs=4, max_num_batched_tokens=64, max_model_len=2048,
-                          kv_transfer=kv_transfer)
+                          kv_transfer=kv_transfer, specs=specs)
 
 
-def _copies(out):
+def _copies(out, num_groups: int = 1):
     """The step's copies as (src, dst, tokens, kind), from the running release's channel."""
     if API == "0.23.0":
-        return connector_copies(out.kv_connector_metadata)
+        return connector_copies(out.kv_connector_metadata, num_groups)
     d2d = lib.KVS_COPY_KIND_DEVICE_TO_DEVICE
     return [(c.src_block_id, c.dst_block_id, BS, d2d)
             for c in out.kv_cache_block_copies or ()]
@@ -72,13 +72,25 @@ def _workload(rng):
 
 
 def _run(model_dir, monkeypatch, seed: int, apply_copies: bool = True, host_pages: int = 0,
-         unit: int = UNIT, num_blocks: int = 24):
-    s = _scheduler(model_dir, monkeypatch, num_blocks, unit=unit, host_pages=host_pages)
+         unit: int = UNIT, num_blocks: int = 24, model: str | None = None):
+    """The workload under the shadow worker.  ``model``: a model of several groups
+    (``harness.MODELS``: full attention beside windows or chunks of 32 tokens, kvshare's groups
+    manager), every group's table checked where the group reads (``shadow.skipped``: one
+    entry per group)."""
+    import harness as h
+
+    specs = h.layer_specs(model, size=32) if model else None
+    s = _scheduler(model_dir, monkeypatch, num_blocks, unit=unit, host_pages=host_pages,
+                   specs=specs)
     mgr = s.kv_cache_manager
-    assert type(mgr).__name__ == "KvshareKVCacheManager"
+    assert type(mgr).__name__ == ("KvshareHybridKVCacheManager" if model
+                                  else "KvshareKVCacheManager")
+    ng = mgr.num_kv_cache_groups
+    skipped = [(lambda c, g=g: mgr._skipped(g, c)) for g in range(ng)] if model \
+        else [lambda c: 0]
     rng = random.Random(seed)
-    shadow = ShadowWorker(num_blocks, host_pages, BS, apply_copies)
-    shadow_run(s, shadow, _workload(rng), rng, _copies)
+    shadow = ShadowWorker(num_blocks, host_pages, BS, apply_copies, skipped)
+    shadow_run(s, shadow, _workload(rng), rng, lambda out: _copies(out, ng))
     mgr.check()
     return mgr.kvshare_stats(), shadow, sum(shadow.hits.values())
 
@@ -158,29 +170,6 @@ GROUPS_API = pytest.mark.skipif(API != "0.23.0",
                                 reason="kvshare's groups manager runs on vLLM 0.23")
 
 
-def _groups_run(model_dir, monkeypatch, seed: int, model: str, unit: int = UNIT,
-                num_blocks: int = 48, host_pages: int = 0, apply_copies: bool = True):
-    """The workload on a model of two groups (full attention beside a window or chunk of 32
-    tokens): every group's table checked where it reads."""
-    import harness as h
-
-    monkeypatch.setenv(ENV, str(unit))
-    kv_transfer = dict(OWN_CONNECTOR, kv_connector_extra_config={"num_host_pages": host_pages})
-    s = make_scheduler(model_dir, kvshare=True, num_blocks=num_blocks, block_size=BS,
-                       max_num_seqs=4, max_num_batched_tokens=64, max_model_len=2048,
-                       kv_transfer=kv_transfer, specs=h.layer_specs(model, size=32))
-    mgr = s.kv_cache_manager
-    assert type(mgr).__name__ == "KvshareHybridKVCacheManager"
-    ng = mgr.num_kv_cache_groups
-    skipped = [(lambda c, g=g: mgr._skipped(g, c)) for g in range(ng)]
-    rng = random.Random(seed)
-    shadow = ShadowWorker(num_blocks, host_pages, BS, apply_copies, skipped)
-    shadow_run(s, shadow, _workload(rng), rng,
-               lambda out: connector_copies(out.kv_connector_metadata, ng))
-    mgr.check()
-    return mgr.kvshare_stats(), shadow, sum(shadow.hits.values()), ng
-
-
 @GROUPS_API
 @pytest.mark.parametrize("model", ["gpt-oss", "llama4"])
 @pytest.mark.parametrize("seed", range(2))
@@ -189,12 +178,11 @@ def test_groups_take_sub_page_hits(tiny_model_dir, monkeypatch, model, seed):
     receives the units of its own cached page (copies of both groups in one queue); every
     group's table holds the tokens it reads; without pressure the units only add to the
     whole-block hits."""
-    stats, shadow, hits, ng = _groups_run(tiny_model_dir, monkeypatch, seed, model,
-                                          num_blocks=400)
+    stats, shadow, hits = _run(tiny_model_dir, monkeypatch, seed, num_blocks=400, model=model)
+    ng = len(shadow.skipped)
     assert ng > 1 and stats["unit_hits"] > 0 and stats["pending_copies"] == 0
     assert shadow.partial == ng * stats["unit_hits"]  # one copy per group
-    _, _, whole, _ = _groups_run(tiny_model_dir, monkeypatch, seed, model, unit=0,
-                                 num_blocks=400)
+    _, _, whole = _run(tiny_model_dir, monkeypatch, seed, unit=0, num_blocks=400, model=model)
     assert hits == whole + stats["unit_hit_tokens"]
 
 
@@ -202,15 +190,15 @@ def test_groups_take_sub_page_hits(tiny_model_dir, monkeypatch, model, seed):
 @pytest.mark.parametrize("seed", range(2))
 def test_groups_take_sub_page_hits_under_pressure_and_beside_the_host_tier(
         tiny_model_dir, monkeypatch, seed):
-    stats, _, _, _ = _groups_run(tiny_model_dir, monkeypatch, seed, "gpt-oss", num_blocks=40,
-                                 host_pages=48)
+    stats, _, _ = _run(tiny_model_dir, monkeypatch, seed, num_blocks=40, host_pages=48,
+                       model="gpt-oss")
     assert stats["unit_hits"] > 0 and stats["demotions"] > 0
 
 
 @GROUPS_API
 def test_groups_skipped_copies_are_caught(tiny_model_dir, monkeypatch):
     with pytest.raises(AssertionError, match="does not hold tokens"):
-        _groups_run(tiny_model_dir, monkeypatch, 0, "gpt-oss", apply_copies=False)
+        _run(tiny_model_dir, monkeypatch, 0, apply_copies=False, num_blocks=48, model="gpt-oss")
 
 
 @pytest.mark.skipif(API != "0.23.0", reason="kvshare's connector and groups manager run on 0.23")
