@@ -12,15 +12,13 @@ fixed point across groups (``kvs_prefix_find``), positions released out of the w
 
 vLLM's admission arithmetic (``get_num_blocks_to_allocate``: the per-request cap of windowed
 groups under ``full_sequence_must_fit``, skipped positions, evictable hit blocks) runs here on a
-mirror of the block tables; every page operation runs in kvshare.  What is not handled is
-refused by :func:`hybrid_unsupported_reason` (the plugin then keeps vLLM's manager): Mamba /
-linear-attention state groups in ``mamba_cache_mode`` "align" or with KV events, cross
-attention, EAGLE, per-group block sizes.  Mamba / linear-attention state groups in "all" and
-"none" run on kvshare's STATE groups (``state_groups``).  KV events are
-vLLM's (``events.GroupEventTranslator``: its block hashes, one ``BlockStored`` per group and
-caching call, removals in the group the page was stored for).  KV connectors' calls are
-served as in the single-group manager: external tokens and delayed caching
-(``_begin_external``), ``evict_blocks`` and the block hashes connectors read (``base``).
+mirror of the block tables; every page operation runs in kvshare.  Mamba / linear-attention
+state groups run on kvshare's STATE groups (``state_groups``).  What is not handled is refused
+by :func:`hybrid_unsupported_reason` (the plugin then keeps vLLM's manager): state groups with
+KV events or speculative blocks, cross attention, EAGLE, per-group block sizes.  KV events are
+vLLM's (``events.GroupEventTranslator``).  KV connectors' calls are served as in the
+single-group manager: external tokens and delayed caching (``_begin_external``),
+``evict_blocks`` and the block hashes connectors read (``base``).
 """
 
 from __future__ import annotations
@@ -39,11 +37,11 @@ from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 
 from . import _fast, logger  # _fast required: startup.require() has checked that it loads
 from .base import (MATCH_UNIT_ENV, ManagerBase, _cdiv, _extra_addr, _token_ids,
-                   copies_need_connector, match_unit_setting)
+                   copies_need_connector, extra_keys_for, match_unit_setting)
 from .host_tier import HOST_PAGES, HostTier
-from .state_groups import (is_state_spec, skipped_tokens, state_group_kind,
-                           state_unsupported_reason, vllm_table)
-from .base import extra_keys_for
+from .state_groups import (align_blocks_to_allocate, align_release, is_state_spec,
+                           skipped_tokens, state_group_kind, state_unsupported_reason,
+                           vllm_table)
 from .manager import _NO_SPACE, _REMOVED, _STORED
 from .views import _BlockPoolView, _CoordinatorView, _SingleTypeView
 
@@ -115,16 +113,19 @@ def hybrid_unsupported_reason(kv_cache_config, scheduler_block_size: int, hash_b
 
 
 class _HReq:
-    """A request's kvshare sequence: id, tokens handed over (``n``), extra keys and a mirror of
-    its block table per group (page ids, 0 for the null page)."""
+    """A request's kvshare sequence: id, tokens handed over (``n``), extra keys, a mirror of
+    its block table per group (page ids, 0 for the null page) and ``quiet``: the most tokens
+    a running step can reach with no native call (``KvshareHybridKVCacheManager._quiet``),
+    -1 until computed again after a call that changed ``n`` or the tables."""
 
-    __slots__ = ("seq", "n", "extra", "tables")  # n // block size: blocks cached
+    __slots__ = ("seq", "n", "extra", "tables", "quiet")  # n // block size: blocks cached
 
     def __init__(self, seq: int, extra, num_groups: int):
         self.seq = seq
         self.n = 0
         self.extra = extra
         self.tables: list[list[int]] = [[] for _ in range(num_groups)]
+        self.quiet = -1
 
 
 class _HybridCoordinatorView(_CoordinatorView):
@@ -185,7 +186,6 @@ class KvshareHybridKVCacheManager(ManagerBase):
             max_num_batched_tokens=mnbt, max_model_len=max_model_len)
             for (k, _), s in zip(kinds, self.specs)]
         self._full = [k == "full" for k, _ in kinds]
-        self._all_full = all(self._full)  # no group releases positions or keeps state
         # State groups in "none": one page per request, handed to vLLM as a one-block table.
         self._single = frozenset(g for g, w in enumerate(self._windows) if w == ("state", "none"))
         self._has_state = any(k == "state" for k, _ in kinds)
@@ -282,6 +282,27 @@ class KvshareHybridKVCacheManager(ManagerBase):
             return skipped_tokens(w, c)
         return 0
 
+    def _quiet(self, st: _HReq) -> int:
+        """The most tokens (computed plus new) ``st`` can reach in a running step that changes
+        nothing (``_fast.Groups.running`` would return at once): the slots exist, no page
+        fills with known tokens, and at the computed tokens (less than that bound) every
+        position a window skips is already null, so ``_release`` has nothing to drop.  The
+        skipped positions only grow with the computed tokens, which bounds them here."""
+        bs = self.block_size
+        q = min(min(map(len, st.tables)) * bs, (st.n // bs + 1) * bs - 1)
+        for g in self._windowed:
+            t = st.tables[g]
+            z = t.count(0)  # null positions: leading ones, as windows drop from the front
+            if any(t[:z]):  # a held page among them: the first held position
+                z = next(i for i, p in enumerate(t) if p)
+            if z == len(t):
+                continue  # nothing held to drop (the table does not grow in a quiet step)
+            edge = z * bs + bs - 1  # skipped tokens up to here leave position z held
+            kind, w = self._windows[g]
+            c = edge + w - 1 if kind == "sliding_window" else edge // w * w + w - 1
+            q = min(q, c + 1)  # computed tokens <= c when computed + new <= c + 1
+        return q
+
     def _capacity(self) -> int:
         """vLLM's ``get_num_free_blocks``: unreferenced pages of the pool, cached ones
         included, the null page not.  Kept until the next call that changes the pool."""
@@ -309,7 +330,9 @@ class KvshareHybridKVCacheManager(ManagerBase):
                 n += st is None
                 continue
             if g in self._align:
-                n += self._align_blocks_to_allocate(g, st, num_tokens, hits)
+                hit = hits[g] if hits and st is None else ()
+                held = len(st.tables[g]) if st is not None else 0
+                n += align_blocks_to_allocate(held, hit, num_tokens, bs, self._evictable)
                 continue
             need = _cdiv(num_tokens, bs)
             gcap = views[g]._max_admission_blocks_per_request if cap else None
@@ -396,7 +419,7 @@ class KvshareHybridKVCacheManager(ManagerBase):
             t = st.tables[g]
             i = min(self._skipped(g, total_computed) // bs, len(t)) - 1
             if g in self._align:
-                n += self._align_release(t, i + 1)
+                n += align_release(t, i + 1, lambda p: self._ref(refs, p, -1))
                 continue
             while i >= 0 and t[i]:
                 self._ref(refs, t[i], -1)
@@ -439,15 +462,17 @@ class KvshareHybridKVCacheManager(ManagerBase):
                        full_sequence_must_fit: bool = False,
                        reserved_blocks: int = 0) -> KVCacheBlocks | None:
         st = self._reqs.get(request.request_id)
-        if st is not None and self._all_full and num_new_tokens and not (
+        if st is not None and num_new_tokens and self._fast is not None and not (
                 num_new_computed_tokens or num_lookahead_tokens or full_sequence_must_fit
                 or reserved_blocks or num_external_computed_tokens or delay_cache_blocks
                 or num_encoder_tokens):
-            # Most decode steps of a model whose groups are all full attention: no position
-            # leaves a window, the slots exist and no page fills, so there is nothing to tell
-            # kvshare (the tokens go with a later call, as below).
-            end, bs = request.num_computed_tokens + num_new_tokens, self.block_size
-            if end <= len(st.tables[0]) * bs and end // bs <= st.n // bs:
+            # Most decode steps: the slots exist, no page fills and no window drops a page
+            # the request holds, so there is nothing to tell kvshare (the tokens go with a
+            # later call, as below).
+            q = st.quiet
+            if q < 0:
+                q = st.quiet = self._quiet(st)
+            if request.num_computed_tokens + num_new_tokens <= q:
                 return self.empty_kv_cache_blocks
         if num_new_tokens == 0 and num_external_computed_tokens == 0:
             raise ValueError("num_new_tokens must be greater than 0 when there are no "
@@ -475,6 +500,7 @@ class KvshareHybridKVCacheManager(ManagerBase):
             events = self.enable_kv_cache_events
             cached = st.n // self.block_size if events else 0
             avail = self._avail
+            st.quiet = -1
             room, rc, appended, added, self._avail = fast.running(
                 st, _token_ids(request), max(0, total - inflight), need_slot,
                 min(main, request.num_tokens), avail if avail is not None else self._capacity())
@@ -611,6 +637,7 @@ class KvshareHybridKVCacheManager(ManagerBase):
         self._reqs[rid] = st
         self._check_matched(request, local, matched)
         if not delay and known > st.n:
+            st.quiet = -1
             rc, _, self._avail = fast.append(st, ids, known, 0, self._avail)
             if rc:
                 kvshare.check(rc, "kvs_seq_append")
@@ -658,6 +685,7 @@ class KvshareHybridKVCacheManager(ManagerBase):
         if st is None:
             return
         if self._fast is not None:
+            st.quiet = -1
             _, self._avail = self._fast.release(st, total_computed_tokens, self._avail)
         else:
             self._release(st, total_computed_tokens)
@@ -683,6 +711,7 @@ class KvshareHybridKVCacheManager(ManagerBase):
         """The request's tokens up to ``target`` to kvshare (``_fast.append``), full pages
         registered, and vLLM's events for them."""
         cached = st.n // self.block_size
+        st.quiet = -1
         rc, _, self._avail = self._fast.append(st, _token_ids(request), target, 0, self._avail)
         if rc:
             kvshare.check(rc, "kvs_seq_append")
@@ -722,34 +751,11 @@ class KvshareHybridKVCacheManager(ManagerBase):
                 out[g] = n
         return out
 
-    # ------------------------------------------------------------------ state groups
     def _vllm_tables(self, st: _HReq) -> list[list[int]]:
         """The request's tables as vLLM holds them ("none" state groups: one block)."""
         if not self._single:
             return st.tables
         return [vllm_table(t) if g in self._single else t for g, t in enumerate(st.tables)]
-
-    def _align_blocks_to_allocate(self, g: int, st: _HReq | None, num_tokens: int,
-                                  hits) -> int:
-        """vLLM's ``MambaManager.get_num_blocks_to_allocate`` in "align": one new block when
-        the table must grow (whatever the tokens), plus the evictable hit blocks."""
-        hit = hits[g] if hits and st is None else ()
-        held = len(st.tables[g]) if st is not None else 0
-        grow = _cdiv(num_tokens, self.block_size) - len(hit) - held > 0
-        return int(grow) + (self._evictable(hit) if hit else 0)
-
-    def _align_release(self, t: list[int], k: int) -> int:
-        """The mirror of an "align" group's ``remove_skipped_blocks``: every page before
-        position ``k`` (the last computed token's) is released (the pages above the first null
-        by the base rule, the previous step's state page by ``last_state_block_idx``; at most
-        those two are live).  Returns the pages released."""
-        n = 0
-        for i in range(k):
-            if t[i]:
-                self._ref(self._refs, t[i], -1)
-                t[i] = 0
-                n += 1
-        return n
 
     def new_step_starts(self) -> None:
         """vLLM's ``MambaManager.new_step_starts`` (clears ``cached_blocks_this_step``):

@@ -15,10 +15,10 @@ vLLM 0.23.0's ``mamba_cache_mode`` decides what a request holds in a state group
   for the group is one block, ``[state]``, for the request's life.  kvshare keeps the state
   page at the last position of a table as long as the attention groups'; the manager hands
   vLLM ``[page]`` (:func:`vllm_table`).
-* ``"align"`` (the default for Qwen3-Next / Qwen3.5 GDN layers): not managed by the plugin yet
-  (the core runs it since h17m's 61c0b67; vLLM's align admission arithmetic, one new block per
-  step regardless of tokens, and the mirror of its releases are not written here): the plugin
-  keeps vLLM's manager, logged.
+* ``"align"`` (the default for Qwen3-Next / Qwen3.5 GDN layers): a request holds at most its
+  running state page and the previous step's; vLLM's admission takes one new block whenever
+  the table grows (:func:`align_blocks_to_allocate`), and a release drops every page before
+  the last computed token's (:func:`align_release`).
 """
 
 from __future__ import annotations
@@ -52,8 +52,7 @@ def state_unsupported_reason(groups, scheduler_block_size: int, hash_block_size:
         mode = spec.mamba_cache_mode
         if mode not in MANAGED_MODES:
             return (f"KV-cache group {i}: MambaSpec with mamba_cache_mode {mode!r} (kvshare's "
-                    f"state groups run {' and '.join(map(repr, MANAGED_MODES))} in the plugin; "
-                    "'align''s admission arithmetic and table mirror are not written)"), None
+                    f"state groups run {', '.join(map(repr, MANAGED_MODES))})"), None
         if spec.num_speculative_blocks:
             return (f"KV-cache group {i}: MambaSpec with {spec.num_speculative_blocks} "
                     "speculative blocks (MTP / EAGLE with linear attention)"), None
@@ -95,3 +94,26 @@ def vllm_table(table: list[int]) -> list[int]:
         if p:
             return [p]
     return []
+
+
+def align_blocks_to_allocate(held: int, hit, num_tokens: int, block_size: int,
+                             evictable) -> int:
+    """vLLM's ``MambaManager.get_num_blocks_to_allocate`` in "align" for one group: one new
+    block when the table (``held`` blocks, or the ``hit`` of a request being admitted) must
+    grow, whatever the tokens, plus the hit's evictable blocks (``evictable(hit)``)."""
+    grow = -(-num_tokens // block_size) - len(hit) - held > 0
+    return int(grow) + (evictable(hit) if hit else 0)
+
+
+def align_release(table: list[int], k: int, unref) -> int:
+    """The mirror of an "align" group's ``remove_skipped_blocks``: every page before position
+    ``k`` (the last computed token's) is released, ``unref(page)`` for each (the pages above
+    the first null by the base rule, the previous step's state page by
+    ``last_state_block_idx``; at most those two are live).  Returns the pages released."""
+    n = 0
+    for i in range(k):
+        if table[i]:
+            unref(table[i])
+            table[i] = 0
+            n += 1
+    return n

@@ -68,12 +68,15 @@ WINDOWED = {"gpt-oss", "gemma3", "llama4", "mistral"}
 
 
 def run_case(model_dir, name: str, vllm_only: bool = False, events: list | None = None,
-             **extra) -> Pair:
+             on_pair=None, **extra) -> Pair:
     """Runs case ``name``; with ``events`` (a list), KV events are on and every step compares
-    both managers' streams (``_lockstep_events``), whose common stream lands in ``events``."""
+    both managers' streams (``_lockstep_events``), whose common stream lands in ``events``;
+    ``on_pair(pair)`` runs before the workload."""
     model, size, pair_kw, work = CASES[name]
     pair = Pair(model_dir, vllm_only=vllm_only, specs=h.layer_specs(model, size=size),
                 kv_events=events is not None, **pair_kw, **extra)
+    if on_pair is not None:
+        on_pair(pair)
     if events is not None:
         seen = _lockstep_events(pair)
         events.append(seen[1])
@@ -106,18 +109,60 @@ def pair_kw_caching(name: str) -> bool:
     return CASES[name][2].get("enable_prefix_caching", True)
 
 
+class DecodeCalls:
+    """Counts a groups manager's decode steps (``allocate_slots`` of a running request with one
+    new token and nothing else), the native calls they make (``_fast.Groups.running``) and
+    those calls that changed nothing (room found, no token handed over, every table as it
+    was): a step the manager could have answered in Python."""
+
+    def __init__(self):
+        self.decodes = self.calls = self.idle = 0
+
+    def attach(self, pair) -> None:
+        mgr, counts = pair.kvs.kv_cache_manager, self
+        fast, allocate = mgr._fast, mgr.allocate_slots
+        decoding = [False]
+
+        class Counted:
+            def __getattr__(self, name):
+                return getattr(fast, name)
+
+            def running(self, st, *args):
+                before = (st.n, [list(t) for t in st.tables])
+                out = fast.running(st, *args)
+                if decoding[0]:
+                    counts.calls += 1
+                    counts.idle += out[0] and not out[1] and before == (st.n, st.tables)
+                return out
+
+        def allocate_slots(request, num_new_tokens, *args, **kw):
+            decoding[0] = request.request_id in mgr._reqs and num_new_tokens == 1 \
+                and not args and not any(kw.values())
+            counts.decodes += decoding[0]
+            try:
+                return allocate(request, num_new_tokens, *args, **kw)
+            finally:
+                decoding[0] = False
+
+        mgr._fast, mgr.allocate_slots = Counted(), allocate_slots
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_lockstep(tiny_model_dir, name):
     """kvshare's manager against vLLM's on the same workload, every step (``Pair.step``; its
     ``check()`` compares the mirrored tables and refcounts with kvshare's), on the native calls
-    (``_fast.Groups``)."""
-    pair = run_case(tiny_model_dir, name)
+    (``_fast.Groups``).  A decode step that changes nothing in kvshare (slots there, no page
+    filled, no page out of a window) makes no native call, and every other one makes one."""
+    calls = DecodeCalls()
+    pair = run_case(tiny_model_dir, name,
+                    on_pair=None if name == "mla" else calls.attach)
     mgr = pair.kvs.kv_cache_manager
     manager = type(mgr).__name__
     assert manager == ("KvshareKVCacheManager" if name == "mla" else
                        "KvshareHybridKVCacheManager")
     if name != "mla":
-        assert mgr._fast is not None
+        assert calls.idle == 0, f"{calls.idle} decode steps called kvshare for nothing"
+        assert 0 < calls.calls < calls.decodes / 4, (calls.calls, calls.decodes)
     assert pair.hits[0] == pair.hits[1]
     assert pair.peak_blocks[0] == pair.peak_blocks[1]
     st = pair.kvs.kv_cache_manager.kvshare_stats()
@@ -140,7 +185,7 @@ def test_groups_manager_serves_one_full_group(tiny_model_dir, model, pressure, m
     pair_kw = dict(num_blocks=60, max_num_seqs=8) if pressure else dict(num_blocks=2000)
     pair = Pair(tiny_model_dir, specs=specs, **pair_kw)
     mgr = pair.kvs.kv_cache_manager
-    assert type(mgr).__name__ == "KvshareHybridKVCacheManager" and mgr._all_full
+    assert type(mgr).__name__ == "KvshareHybridKVCacheManager" and not mgr._windowed
     rng = random.Random(zlib.crc32(f"{model}-{pressure}".encode()))
     system = [rng.randrange(3, 30000) for _ in range(40 if pressure else 100)]
     conversations(pair, num_convs=8 if pressure else 6, turns=3, system=system,
