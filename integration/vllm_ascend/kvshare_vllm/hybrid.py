@@ -574,8 +574,8 @@ class KvshareHybridKVCacheManager(GroupTables, ManagerBase):
         st = self._reqs.get(request_id)
         if st is None:
             return self.empty_kv_cache_blocks
-        blocks = self._blocks
-        return KVCacheBlocks(tuple([blocks[p] for p in t] for t in self._vllm_tables(st)))
+        get = self._blocks.__getitem__
+        return KVCacheBlocks(tuple(list(map(get, t)) for t in self._vllm_tables(st)))
 
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
         st = self._reqs.get(request_id)
