@@ -26,7 +26,7 @@ from .state_groups import align_blocks_to_allocate, align_release, skipped_token
 class _HReq:
     """A request's kvshare sequence: id, tokens handed over (``n``), extra keys, a mirror of
     its block table per group (page ids, 0 for the null page) and ``quiet``: the most tokens
-    a running step can reach with no native call (``KvshareHybridKVCacheManager._quiet``),
+    a running step can reach with no native call (``GroupTables._quiet``),
     -1 until computed again after a call that changed ``n`` or the tables."""
 
     __slots__ = ("seq", "n", "extra", "tables", "quiet")  # n // block size: blocks cached
