@@ -78,6 +78,8 @@ DEFAULTS = {
                                 # cache cannot)
     "seed": 0,
     "sliding_window": None,     # a hybrid model: even layers slide over this many tokens
+    "groups_manager": False,    # a model of one full-attention group in kvshare's groups
+                                # manager (the plugin gives it the one-group manager)
     "qwen3_next": False,        # a tiny Qwen3-Next (3 gated-delta-net layers per full one, random
                                 # "dummy" weights): Mamba-style state groups (write_qwen3_next)
     "prefix_caching": True,     # False: vLLM runs state groups in mamba_cache_mode "none"
@@ -369,6 +371,10 @@ def run(cfg: dict) -> dict:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import numpy as np
     extra = {}
+    if cfg["groups_manager"]:
+        from kvshare_vllm import hybrid, manager
+
+        manager.KvshareKVCacheManager = hybrid.KvshareHybridKVCacheManager
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -419,6 +425,8 @@ def run(cfg: dict) -> dict:
     timer = None
     if not cfg["multiprocess"]:
         timer = _Timer(llm.llm_engine.engine_core.engine_core, trace=bool(cfg.get("trace")))
+        if cfg["groups_manager"] and timer.manager != "KvshareHybridKVCacheManager":
+            raise RuntimeError(f"engine_e2e: groups_manager, but the engine built {timer.manager}")
         _time_attention()
     attn0 = dict(_ATTN_S)
 
@@ -593,6 +601,8 @@ def bench(argv) -> int:
                     "kernel takes, 16 on vLLM 0.23 and 32 on 0.32)")
     ap.add_argument("--sliding-window", type=int, default=None, metavar="W",
                     help="a hybrid model: even layers slide over W tokens (two KV-cache groups)")
+    ap.add_argument("--groups-manager", action="store_true",
+                    help="also the dense model in kvshare's groups manager (one full group)")
     ap.add_argument("--quick", action="store_true", help="a small run for CI smoke tests")
     ap.add_argument("--json", action="store_true", help="print the raw measurements as JSON")
     a = ap.parse_args(argv)
@@ -604,6 +614,8 @@ def bench(argv) -> int:
                ("kvshare manager + vLLM attention", {"kvshare": True}),
                ("kvshare manager + kvshare attention",
                 {"kvshare": True, "kvshare_attention": True})]
+    if a.groups_manager and a.sliding_window:
+        raise SystemExit("--groups-manager: a hybrid model runs in the groups manager anyway")
     with tempfile.TemporaryDirectory() as d:
         model = write_tiny_model(os.path.join(d, "model"), sliding_window=a.sliding_window)
         site = install_plugin(os.path.join(d, "site"))
@@ -614,6 +626,9 @@ def bench(argv) -> int:
             print(f"kvshare attention left out: {compat.support().attention_missing}",
                   file=sys.stderr)
             configs = configs[:2]
+        if a.groups_manager:
+            configs.append(("kvshare groups mgr + vLLM attention",
+                            {"kvshare": True, "groups_manager": True}))
         results = {name: [] for name, _ in configs}
         env = _bench_env(site)
         for rep in range(a.repeats):
@@ -665,7 +680,7 @@ def bench(argv) -> int:
                   f"{base['mgr'] / row['mgr']:12.2f} {base['model'] / row['model']:14.2f} "
                   f"{base['attn'] / row['attn']:13.2f}")
     print("the manager's time per step by call (us/step, calls/step), medians:")
-    for name, _ in configs[:2]:
+    for name, _ in [c for c in configs if "kvshare attention" not in c[0]]:
         rs = results[name]
         calls = sorted({c for r in rs for c in r["mgr_calls"]},
                        key=lambda c: -med(r["mgr_calls"].get(c, [0, 0.0])[1] for r in rs))
