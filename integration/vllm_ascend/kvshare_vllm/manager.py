@@ -501,10 +501,8 @@ class KvshareKVCacheManager(NewerSurface, ManagerBase):
             if not (full_sequence_must_fit or reserved_blocks or wm):
                 # A page crossing (the common case of a native call while running): written
                 # out here rather than through _extend, it runs once per page per request.
-                if self._dirty:
-                    self._dirty.pop(request.request_id, None)  # this append carries the tokens
-                rc, blocks = self._cross(st, _token_ids(request), end, num_lookahead_tokens,
-                                         self.max_model_len)
+                rc, blocks = self._crossing(st, request, _token_ids(request), end,
+                                            num_lookahead_tokens)
                 if rc:
                     if rc == _NO_SPACE:
                         return None
@@ -628,14 +626,26 @@ class KvshareKVCacheManager(NewerSurface, ManagerBase):
                                        full if full_sequence_must_fit else None,
                                        reserved_blocks, watermark):
                 return None
-        if self._dirty:
-            self._dirty.pop(request.request_id, None)  # this append carries the tokens
-        rc, blocks = self._cross(st, ids, main, num_lookahead_tokens, self.max_model_len)
+        rc, blocks = self._crossing(st, request, ids, main, num_lookahead_tokens, not delay)
         if rc:
             if rc == _NO_SPACE:
                 return None
             kvshare.check(rc, "kvs_seq_append_pages")
         return self._handed(st, request, blocks)
+
+    def _crossing(self, st: _Req, request, ids, main: int, lookahead: int,
+                  carries: bool = True) -> tuple[int, list]:
+        """``_cross`` of a running request (``ids[st.n:main]`` handed over, slots up to
+        ``main`` plus ``lookahead``).  A page of it that filled with no native call and waits
+        to register goes with the call (``carries``: the ids reach past it), so its entry in
+        ``_dirty`` is dropped, unless kvshare refuses the call (nothing changed: it still
+        waits, and registers at the request's next call or free, as vLLM cached it)."""
+        rid = request.request_id
+        waiting = self._dirty.pop(rid, None) if carries and self._dirty else None
+        rc, blocks = self._cross(st, ids, main, lookahead, self.max_model_len)
+        if rc and waiting is not None:
+            self._dirty[rid] = waiting
+        return rc, blocks
 
     def _handed(self, st: _Req, request, blocks: list, skip: int = 0,
                 unzeroed: int = 0) -> KVCacheBlocks:

@@ -365,6 +365,23 @@ def test_page_filled_without_a_call_is_cached_at_free(tiny_model_dir):
     pair.run_until_idle()
 
 
+def test_page_waiting_to_register_survives_a_refused_crossing(tiny_model_dir):
+    """Five usable blocks, two requests running: ``r1`` fills a page with no native call (its
+    registration waits), then needs a new page when none is free: the crossing is refused
+    whole, the scheduler preempts ``r1`` itself, and its pages go back.  The filled page must
+    still register (vLLM cached it when it filled), so ``r1`` resumes on both managers with the
+    same two-page hit."""
+    pair = Pair(tiny_model_dir, num_blocks=6, max_num_seqs=2)
+    for rid, prompt, max_tokens, steps in (("r0", range(1000, 1028), 14, 1),
+                                           ("r1", range(2000, 2022), 37, 5),
+                                           ("r2", range(3000, 3026), 13, 6)):
+        pair.add(rid, list(prompt), max_tokens=max_tokens)
+        for _ in range(steps):
+            pair.step()
+    pair.run_until_idle()
+    assert pair.preemptions > 0  # and every step scheduled the same tokens (Pair.step)
+
+
 @pytest.mark.skipif(not h.CASCADE, reason="vLLM 0.32 removed cascade attention: the scheduler "
                     "reports no common prefix and both managers answer 0 (Pair.step compares)")
 def test_common_prefix_follows_arrivals_and_departures(tiny_model_dir):
