@@ -266,6 +266,39 @@ def test_unmanaged_configurations_fall_back(tiny_model_dir):
     assert "block sizes" in hybrid_unsupported_reason(cfg, 32, 16)
 
 
+@pytest.mark.parametrize("seed", range(16))
+def test_random_small_pools_in_lockstep(tiny_model_dir, seed):
+    """Random small workloads on every layout (gpt-oss, Gemma 3, Llama 4, Mistral with short
+    windows or chunks): 16 to 24 blocks, 2 to 4 running requests, a shared system prompt or
+    none, chunked prefill on some, arrivals between steps and the odd abort.  Preemption,
+    eviction and re-admission come often; kvshare's groups keep vLLM's free order, so the two
+    managers stay in lockstep every step (``Pair.step``), however the schedule goes (a
+    workload whose requests cannot all fit runs 300 steps, still compared)."""
+    rng = random.Random(seed)
+    model, size = [("gpt-oss", 32), ("gemma3", 64), ("llama4", 64), ("mistral", 32)][seed % 4]
+    kw = dict(num_blocks=rng.randint(16, 24), max_num_seqs=rng.randint(2, 4),
+              specs=h.layer_specs(model, size=size))
+    if rng.random() < 0.4:
+        kw["max_num_batched_tokens"] = rng.choice([16, 32, 48])
+    pair = Pair(tiny_model_dir, **kw)
+    assert type(pair.kvs.kv_cache_manager).__name__ == "KvshareHybridKVCacheManager"
+    system = [rng.randrange(3, 30000) for _ in range(rng.randint(0, 40))]
+    for i in range(rng.randint(2, 4)):
+        own = [rng.randrange(3, 30000) for _ in range(rng.randint(3, 30))]
+        pair.add(f"r{i}", (system if rng.random() < 0.7 else []) + own,
+                 max_tokens=rng.randint(5, 40))
+        for _ in range(rng.randint(0, 6)):
+            pair.step()
+            live = [r for r, q in pair.reqs_ref.items() if not q.is_finished()]
+            if live and rng.random() < 0.03:
+                pair.abort(rng.choice(live))
+    for _ in range(300):
+        if not pair.ref.has_unfinished_requests():
+            break
+        pair.step()
+    assert pair.steps > 0
+
+
 def test_pressure_with_duplicate_blocks_in_lockstep(tiny_model_dir):
     """Heavier pressure (48 blocks, 256-token chunks, six conversations computing the same
     system prompt at once): vLLM registers a block whose content is already cached a second
