@@ -73,7 +73,10 @@ class GroupTables:
         nothing (``_fast.Groups.running`` would return at once): the slots exist, no page
         fills with known tokens, and at the computed tokens (less than that bound) every
         position a window skips is already null, so ``_release`` has nothing to drop.  The
-        skipped positions only grow with the computed tokens, which bounds them here."""
+        skipped positions only grow with the computed tokens, which bounds them here.  Each
+        part only grows over a request's life (tables gain nulls at the front and pages at the
+        end, tokens are only added), so a bound kept across a change is never above the true
+        one: invalidating it after a call is for speed, not for correctness."""
         bs = self.block_size
         q = min(min(map(len, st.tables)) * bs, (st.n // bs + 1) * bs - 1)
         for g in self._windowed:
