@@ -680,7 +680,7 @@ def bench(argv) -> int:
                   f"{base['mgr'] / row['mgr']:12.2f} {base['model'] / row['model']:14.2f} "
                   f"{base['attn'] / row['attn']:13.2f}")
     print("the manager's time per step by call (us/step, calls/step), medians:")
-    for name, _ in [c for c in configs if "kvshare attention" not in c[0]]:
+    for name, _ in [c for c in configs if not c[1].get("kvshare_attention")]:
         rs = results[name]
         calls = sorted({c for r in rs for c in r["mgr_calls"]},
                        key=lambda c: -med(r["mgr_calls"].get(c, [0, 0.0])[1] for r in rs))

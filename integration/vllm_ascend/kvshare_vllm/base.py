@@ -32,15 +32,16 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _common_pages(a: bytes, b: bytes) -> int:
-    """Leading uint32 page ids two packed block tables share (memcmp + binary search)."""
-    n = min(len(a), len(b)) // 4
-    if a[:4 * n] == b[:4 * n]:
+def _common_prefix(a, b, width: int = 1) -> int:
+    """Leading entries two sequences share, an entry being ``width`` items (4: the uint32 page
+    ids of a packed block table; 1: a list of page ids): slice comparisons, binary search."""
+    n = min(len(a), len(b)) // width
+    if a[:width * n] == b[:width * n]:
         return n
-    lo, hi = 0, n  # they agree on lo pages, not on hi
+    lo, hi = 0, n  # they agree on lo entries, not on hi
     while hi - lo > 1:
         m = (lo + hi) // 2
-        if a[:4 * m] == b[:4 * m]:
+        if a[:width * m] == b[:width * m]:
             lo = m
         else:
             hi = m

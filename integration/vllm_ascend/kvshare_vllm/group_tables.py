@@ -19,7 +19,7 @@ _require_supported_vllm_and_native()  # before vLLM's imports: an unsupported vL
 
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 
-from .base import _cdiv
+from .base import _cdiv, _common_prefix
 from .state_groups import align_blocks_to_allocate, align_release, skipped_tokens, vllm_table
 
 
@@ -37,21 +37,6 @@ class _HReq:
         self.extra = extra
         self.tables: list[list[int]] = [[] for _ in range(num_groups)]
         self.quiet = -1
-
-
-def _common_length(a: list[int], b: list[int]) -> int:
-    """Leading entries two lists share (slice comparisons, binary search)."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # they agree on lo entries, not on hi
-    while hi - lo > 1:
-        m = (lo + hi) // 2
-        if a[:m] == b[:m]:
-            lo = m
-        else:
-            hi = m
-    return lo
 
 
 class GroupTables:
@@ -247,7 +232,7 @@ class GroupTables:
                 if full:
                     tables = [o.tables[g] for o in self._reqs.values()]
                     lo, hi = min(tables), max(tables)
-                    common[g] = lo[:_common_length(lo, hi)]
+                    common[g] = lo[:_common_prefix(lo, hi)]
         for g, prefix in common.items():
             out[g] = len(prefix)
         return out
@@ -257,9 +242,7 @@ class GroupTables:
         common = self._common
         if common is not None:
             for g, prefix in common.items():
-                t = st.tables[g]
-                if t[:len(prefix)] != prefix:
-                    del prefix[_common_length(prefix, t):]
+                del prefix[_common_prefix(prefix, st.tables[g]):]
 
     def _vllm_tables(self, st: _HReq) -> list[list[int]]:
         """The request's tables as vLLM holds them ("none" state groups: one block)."""

@@ -34,7 +34,7 @@ from vllm.v1.request import RequestStatus
 
 from . import logger
 from . import _fast  # required: startup.require() has checked that it loads
-from .base import (MATCH_UNIT_ENV, ManagerBase, _cdiv, _common_pages, _extra_addr, _kv_dtype,
+from .base import (MATCH_UNIT_ENV, ManagerBase, _cdiv, _common_prefix, _extra_addr, _kv_dtype,
                    _token_ids, copies_need_connector, extra_keys_for, match_unit_setting)
 from .events import EventTranslator, cached_blocks_event
 from .host_tier import HOST_PAGES, CopyQueue, HostTier
@@ -597,7 +597,7 @@ class KvshareKVCacheManager(NewerSurface, ManagerBase):
         if append_rc:  # the gate checked room for the lookahead; anything else is a bug
             kvshare.check(append_rc, "kvs_seq_append_pages")
         if self._common is not None:  # a new table can only shorten the shared prefix
-            self._common = self._common[:4 * _common_pages(self._common, st.raw)]
+            self._common = self._common[:4 * _common_prefix(self._common, st.raw, 4)]
         if not num_external:
             return self._handed(st, request, new)
         self._mark_hashed((st.pages,), st.n // bs, request)
@@ -712,7 +712,7 @@ class KvshareKVCacheManager(NewerSurface, ManagerBase):
         if common is None:
             raws = [o.raw for o in self._reqs.values()]
             lo, hi = min(raws), max(raws)
-            common = self._common = lo[:4 * _common_pages(lo, hi)]
+            common = self._common = lo[:4 * _common_prefix(lo, hi, 4)]
         return [len(common) // 4]
 
     def get_blocks(self, request_id: str) -> KVCacheBlocks:
