@@ -1164,6 +1164,14 @@ typedef struct kvs_config {
    */
   bool vllm_free_order;
   /*
+   With `vllm_free_order`: every page released with no cached content goes to the front of
+   the reuse order, the last released first, as newer vLLM releases' block pool (0.32)
+   reuses uncached blocks before evicting any cached one. Default off: vLLM 0.23's order
+   (only a window's releases and a sliding-window group's frees go first). Set without
+   `vllm_free_order`: `KVS_STATUS_INVALID_CONFIG` naming `vllm_uncached_first`.
+   */
+  bool vllm_uncached_first;
+  /*
    A `kvs_eviction_policy`: which unreferenced cached page of a tier goes first when a page
    is needed, within retention priorities. Default `KVS_EVICTION_POLICY_LRU`; any other
    policy with `vllm_free_order` is `KVS_STATUS_INVALID_CONFIG` naming `eviction_policy`.

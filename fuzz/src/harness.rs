@@ -563,6 +563,8 @@ pub fn run(data: &[u8], max_ops: usize) -> usize {
     cfg.demote_to_host = setup.demote;
     cfg.enable_events = setup.events;
     cfg.vllm_free_order = setup.vllm_free_order;
+    // vLLM 0.32's order (uncached pages first) or 0.23's; the policy byte picks (unused there).
+    cfg.vllm_uncached_first = setup.vllm_free_order && setup.policy & 1 == 1;
     cfg.eviction_policy = if setup.vllm_free_order {
         kvs_eviction_policy::Lru as u32
     } else {

@@ -201,6 +201,13 @@ pub struct Config {
     /// cached. For lockstep with vLLM's own manager; it keeps vLLM's order, so it takes
     /// [`EvictionPolicy::Lru`] only, and parents are not held back behind their children.
     pub vllm_free_order: bool,
+    /// With [`vllm_free_order`](Self::vllm_free_order): every page released with no cached
+    /// content goes to the front of the reuse order, the last released first (a batch keeps its
+    /// order), as the block pool of newer vLLM releases (0.32) keeps blocks: uncached blocks
+    /// are reused before any cached block is evicted, whichever manager freed them. Off (the
+    /// default), vLLM 0.23's order: only a window's releases and a sliding-window group's frees
+    /// go first. Refused without `vllm_free_order`.
+    pub vllm_uncached_first: bool,
     /// The order in which unreferenced cached pages of one retention priority are evicted when
     /// an allocation finds no free page (see [`crate::evict`]). Every policy evicts lower
     /// priorities first and, outside `vllm_free_order`, a full-attention page only after its
@@ -230,6 +237,7 @@ impl Default for Config {
             enable_events: false,
             match_unit: 0,
             vllm_free_order: false,
+            vllm_uncached_first: false,
             eviction_policy: EvictionPolicy::Lru,
             pool: None,
         }
@@ -288,6 +296,12 @@ impl Config {
         }
         if self.defer_commit && !self.enable_prefix_caching {
             return bad("defer_commit", "needs enable_prefix_caching".into());
+        }
+        if self.vllm_uncached_first && !self.vllm_free_order {
+            return bad(
+                "vllm_uncached_first",
+                "orders vLLM's block pool and needs vllm_free_order".into(),
+            );
         }
         if self.vllm_free_order && self.eviction_policy != EvictionPolicy::Lru {
             return bad(
@@ -484,6 +498,10 @@ mod tests {
             (
                 "num_groups",
                 Box::new(|c| c.groups = vec![GroupSpec::FULL; MAX_GROUPS + 1]),
+            ),
+            (
+                "vllm_uncached_first",
+                Box::new(|c| c.vllm_uncached_first = true),
             ),
             // vLLM's order is LRU's.
             (

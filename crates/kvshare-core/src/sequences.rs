@@ -295,7 +295,8 @@ impl State {
             let pool = self.groups[g].pool;
             match s.tier {
                 Tier::Device => {
-                    if self.groups[g].rules.free_prepends_uncached() {
+                    if self.cfg.vllm_uncached_first || self.groups[g].rules.free_prepends_uncached()
+                    {
                         let rev: Vec<u32> = t
                             .iter()
                             .rev()

@@ -600,7 +600,8 @@ impl State {
     #[inline]
     pub(crate) fn release_device(&mut self, pool: usize, page: u32, holder: Holder, how: Release) {
         let digest = self.has_digest(pool, page);
-        let back = digest || (self.cfg.vllm_free_order && how == Release::Free);
+        let back = digest
+            || (self.cfg.vllm_free_order && !self.cfg.vllm_uncached_first && how == Release::Free);
         self.pools[pool].device.release(page, holder, back);
     }
 

@@ -83,9 +83,11 @@ fn run(
     doc_len: usize,
     ops: &[Op],
 ) -> Result<(), TestCaseError> {
-    run_with(ps, num_pages, kinds, doc_len, ops, true)
+    run_with(ps, num_pages, kinds, doc_len, ops, true, false)
 }
 
+/// `uncached_first`: the block pool of vLLM 0.32 (kvshare's `vllm_uncached_first`), which
+/// reuses every freed block without a hash first, not vLLM 0.23's.
 fn run_with(
     ps: usize,
     num_pages: u32,
@@ -93,6 +95,7 @@ fn run_with(
     doc_len: usize,
     ops: &[Op],
     caching: bool,
+    uncached_first: bool,
 ) -> Result<(), TestCaseError> {
     let cfg = HybridConfig {
         page_size: ps as u32,
@@ -107,11 +110,13 @@ fn run_with(
         enable_prefix_caching: caching,
         enable_events: true,
         policy: None,
+        uncached_first,
     };
     let mut h = Hybrid::new(cfg).unwrap();
     // (hash, group, page) of every cached page, rebuilt from the events alone.
     let mut from_events: HashSet<(u128, usize, u32)> = HashSet::new();
     let mut v = Vllm::new(ps, num_pages, kinds.clone(), caching);
+    v.uncached_first = uncached_first;
     let mut live: Vec<u64> = Vec::new();
     let mut history: Vec<Vec<i32>> = Vec::new();
     let mut next = 1u64;
@@ -290,6 +295,7 @@ fn state_pages_of_other_bytes_have_their_own_pool() {
         enable_prefix_caching: true,
         enable_events: false,
         policy: None,
+        uncached_first: false,
     })
     .unwrap();
     assert_eq!((h.pool_of(0).unwrap(), h.pool_of(1).unwrap()), (0, 1));
@@ -331,6 +337,7 @@ fn a_hit_ending_at_a_chunk_boundary_takes_no_chunked_page() {
         enable_prefix_caching: true,
         enable_events: false,
         policy: None,
+        uncached_first: false,
     })
     .unwrap();
     let toks: Vec<i32> = (0..9).collect();
@@ -371,12 +378,29 @@ proptest! {
         run(64, 700, kinds, 8500, &ops)?;
     }
 
+    /// vLLM 0.32's block pool (`vllm_uncached_first`): a freed block without a hash goes to
+    /// the front of the free queue whichever group frees it; gpt-oss-like and Llama-4-like
+    /// layouts, with and without prefix caching.
+    #[test]
+    fn vllm_0_32_free_order(
+        ops in proptest::collection::vec(op(300, 200), 1..40),
+        layout in 0..2usize,
+        caching in proptest::bool::weighted(0.8),
+    ) {
+        let (kinds, ps, pages, doc) = if layout == 0 {
+            (vec![GroupKind::SlidingWindow(128), GroupKind::Full], 16, 160, 200)
+        } else {
+            (vec![GroupKind::ChunkedLocal(64), GroupKind::Full], 16, 120, 200)
+        };
+        run_with(ps, pages, kinds, doc, &ops, caching, true)?;
+    }
+
     /// Prefix caching off (h17b's report: the checker indexed the empty indices): no hit,
     /// nothing registered, the same tables and free queue as vLLM's no-cache coordinator.
     #[test]
     fn no_prefix_caching(ops in proptest::collection::vec(op(40, 20), 1..60)) {
         let kinds = vec![GroupKind::SlidingWindow(9), GroupKind::Full, GroupKind::ChunkedLocal(12)];
-        run_with(4, 48, kinds, 10, &ops, false)?;
+        run_with(4, 48, kinds, 10, &ops, false, false)?;
     }
 
     /// Qwen3-Next-like: three linear-attention (state) groups per full-attention group, mode
@@ -437,7 +461,7 @@ proptest! {
             GroupKind::State(StateMode::None),
             GroupKind::SlidingWindow(9),
         ];
-        run_with(4, 48, kinds, 10, &ops, false)?;
+        run_with(4, 48, kinds, 10, &ops, false, false)?;
     }
 
     /// Mixed kinds, windows of a page multiple plus one and less, small pages.

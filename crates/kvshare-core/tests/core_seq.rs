@@ -754,3 +754,40 @@ fn a_forked_state_is_copied_on_its_first_write() {
         assert_eq!(s.stats().device_pages_in_use, 0);
     }
 }
+
+/// In vLLM's order a freed page with no cached content goes behind the cached pages (0.23's
+/// block pool) or, with `vllm_uncached_first`, in front of them (0.32's): a later allocation
+/// evicts the older cached page in the first, reuses the uncached one in the second.
+#[test]
+fn uncached_first_reuses_a_freed_uncached_page_before_evicting() {
+    for uncached_first in [false, true] {
+        let mut s = State::new(Config {
+            page_size: 4,
+            num_device_pages: 3, // the null page and two
+            enable_prefix_caching: true,
+            reserve_null_page: true,
+            vllm_free_order: true,
+            vllm_uncached_first: uncached_first,
+            skip_cached_writes: false,
+            ..Config::default()
+        })
+        .unwrap();
+        s.begin(1, &toks(0..4), None, usize::MAX, 0).unwrap(); // one full page: cached
+        let cached = s.seq_pages(1, 0).unwrap()[0];
+        s.free(1).unwrap();
+        s.begin(2, &toks(10..12), None, usize::MAX, 0).unwrap(); // a partial page: uncached
+        let uncached = s.seq_pages(2, 0).unwrap()[0];
+        s.free(2).unwrap();
+        s.begin(3, &toks(20..22), None, usize::MAX, 0).unwrap();
+        let want = if uncached_first { uncached } else { cached };
+        assert_eq!(
+            s.seq_pages(3, 0).unwrap()[0],
+            want,
+            "uncached_first {uncached_first}"
+        );
+        s.check().unwrap();
+        let hit = s.begin(4, &toks(0..4), None, usize::MAX, 0).unwrap();
+        assert_eq!(hit.matched_tokens, if uncached_first { 4 } else { 0 });
+        s.check().unwrap();
+    }
+}

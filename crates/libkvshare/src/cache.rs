@@ -135,6 +135,12 @@ pub struct kvs_config {
     /// evicted. Default off: a page with no cached content is always reused before any cached
     /// page is evicted, which keeps more prefixes cached.
     pub vllm_free_order: bool,
+    /// With `vllm_free_order`: every page released with no cached content goes to the front of
+    /// the reuse order, the last released first, as newer vLLM releases' block pool (0.32)
+    /// reuses uncached blocks before evicting any cached one. Default off: vLLM 0.23's order
+    /// (only a window's releases and a sliding-window group's frees go first). Set without
+    /// `vllm_free_order`: `KVS_STATUS_INVALID_CONFIG` naming `vllm_uncached_first`.
+    pub vllm_uncached_first: bool,
     /// A `kvs_eviction_policy`: which unreferenced cached page of a tier goes first when a page
     /// is needed, within retention priorities. Default `KVS_EVICTION_POLICY_LRU`; any other
     /// policy with `vllm_free_order` is `KVS_STATUS_INVALID_CONFIG` naming `eviction_policy`.
@@ -150,7 +156,7 @@ pub struct kvs_config {
 }
 
 /// The `bool` fields of `kvs_config`, with their byte offsets.
-const CONFIG_BOOLS: [(&str, usize); 7] = [
+const CONFIG_BOOLS: [(&str, usize); 8] = [
     (
         "enable_prefix_caching",
         std::mem::offset_of!(kvs_config, enable_prefix_caching),
@@ -178,6 +184,10 @@ const CONFIG_BOOLS: [(&str, usize); 7] = [
     (
         "vllm_free_order",
         std::mem::offset_of!(kvs_config, vllm_free_order),
+    ),
+    (
+        "vllm_uncached_first",
+        std::mem::offset_of!(kvs_config, vllm_uncached_first),
     ),
 ];
 
@@ -251,6 +261,7 @@ impl kvs_config {
             enable_events: self.enable_events,
             match_unit: self.match_unit,
             vllm_free_order: self.vllm_free_order,
+            vllm_uncached_first: self.vllm_uncached_first,
             eviction_policy,
             groups,
             pool: None,
@@ -275,6 +286,7 @@ impl kvs_config {
             enable_events: c.enable_events,
             match_unit: c.match_unit,
             vllm_free_order: c.vllm_free_order,
+            vllm_uncached_first: c.vllm_uncached_first,
             eviction_policy: kvs_eviction_policy::from(c.eviction_policy) as u32,
             groups: std::ptr::null(),
             num_groups,

@@ -96,6 +96,7 @@ impl ReplayConfig {
                 })
                 .collect(),
             vllm_free_order: false,
+            vllm_uncached_first: false,
             eviction_policy: self.policy,
             pool: None,
         }

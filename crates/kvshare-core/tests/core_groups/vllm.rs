@@ -20,6 +20,10 @@ pub struct Vllm {
     pub caching: bool,
     /// Per group: `MambaManager.cached_blocks_this_step`.
     pub this_step: Vec<HashSet<u128>>,
+    /// vLLM 0.32's `BlockPool.free_blocks`: freed blocks without a hash (all, without caching)
+    /// go to the front of the queue, the others to its back, each in the given order,
+    /// whatever the caller asked (0.32 has no `prepend`).
+    pub uncached_first: bool,
 }
 
 /// vLLM's mamba block size in mode "none": `max_model_len` (longer than any test sequence).
@@ -70,6 +74,7 @@ impl Vllm {
             reqs: HashMap::new(),
             caching,
             this_step: vec![HashSet::new(); n_groups],
+            uncached_first: false,
         }
     }
 
@@ -258,7 +263,15 @@ impl Vllm {
                 freed.push(b);
             }
         }
-        if prepend {
+        if self.uncached_first {
+            let caching = self.caching;
+            let (cached, mut first): (Vec<u32>, Vec<u32>) = freed
+                .into_iter()
+                .partition(|&b| caching && self.block_hash[b as usize].is_some());
+            first.append(&mut self.queue);
+            self.queue = first;
+            self.queue.extend(cached);
+        } else if prepend {
             freed.append(&mut self.queue);
             self.queue = freed;
         } else {

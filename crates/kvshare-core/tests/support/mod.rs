@@ -18,6 +18,8 @@ pub struct HybridConfig {
     /// `None`: vLLM's free order (LRU, duplicates kept); else kvshare's own order and this
     /// eviction policy (parents held back behind their children).
     pub policy: Option<EvictionPolicy>,
+    /// With vLLM's order: newer vLLM's (0.32), every freed page without cached content first.
+    pub uncached_first: bool,
 }
 
 /// A cache of groups that keeps pages as vLLM's block pool does (or in kvshare's order with an
@@ -36,6 +38,7 @@ impl Hybrid {
             reserve_null_page: true,
             skip_cached_writes: false,
             vllm_free_order: c.policy.is_none(),
+            vllm_uncached_first: c.uncached_first,
             eviction_policy: c.policy.unwrap_or_default(),
             ..Config::default()
         })

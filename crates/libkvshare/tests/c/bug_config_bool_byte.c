@@ -53,6 +53,7 @@ int main(void) {
         {offsetof(kvs_config, demote_to_host), "demote_to_host"},
         {offsetof(kvs_config, enable_events), "enable_events"},
         {offsetof(kvs_config, vllm_free_order), "vllm_free_order"},
+        {offsetof(kvs_config, vllm_uncached_first), "vllm_uncached_first"},
     };
     for (size_t i = 0; i < sizeof bools / sizeof bools[0]; i++) {
         refuse_byte(bools[i].offset, bools[i].field, 2);

@@ -113,6 +113,19 @@ int main(void) {
     c.eviction_policy = KVS_EVICTION_POLICY_S3_FIFO;
     bad_config(c, KVS_STATUS_INVALID_CONFIG, "eviction_policy");
     CHECK(strstr(kvs_last_error_message(), "vllm_free_order") != NULL);
+    /* vLLM 0.32's order (uncached pages first) is a variant of vLLM's order: refused without it,
+     * kept with it. */
+    c = cfg_of(g, 2);
+    c.vllm_free_order = false;
+    c.vllm_uncached_first = true;
+    bad_config(c, KVS_STATUS_INVALID_CONFIG, "vllm_uncached_first");
+    c = cfg_of(g, 2);
+    c.vllm_uncached_first = true;
+    CHECK_OK(kvs_cache_new(&c, &h));
+    kvs_config got_order;
+    CHECK_OK(kvs_cache_get_config(h, &got_order));
+    CHECK(got_order.vllm_free_order && got_order.vllm_uncached_first);
+    kvs_cache_free(h);
     c = cfg_of(g, 2);
     c.vllm_free_order = false;
     c.eviction_policy = KVS_EVICTION_POLICY_LFU;
