@@ -44,6 +44,7 @@ import subprocess
 import sys
 import time
 
+import kv_scales
 from tiny_models import MODEL, QWEN3_NEXT, write_qwen3_next, write_tiny_model  # noqa: F401
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -269,24 +270,6 @@ def _time_attention() -> None:
         setattr(cls, name, timed)
 
 
-def _wrong_kv_scales(fault: str) -> None:
-    """Makes kvshare's attention read its caches with wrong per-tensor scales (``fault``: "swap"
-    or "double", see DEFAULTS), its write left alone."""
-    from kvshare_vllm import ops
-
-    attend = ops.KvCaches.attend
-
-    def wrong(self, *a, k_scale=1.0, v_scale=1.0, **k):
-        if fault == "swap":
-            k_scale, v_scale = v_scale, k_scale
-        elif fault == "double":
-            k_scale = 2 * k_scale
-        else:
-            raise ValueError(f"engine_e2e: kv_scale_fault {fault!r} is not swap or double")
-        return attend(self, *a, k_scale=k_scale, v_scale=v_scale, **k)
-    ops.KvCaches.attend = wrong
-
-
 def _score(llm, cfg: dict, system: list, ids, tokens: dict, cached: dict) -> dict:
     """The ``scored`` workload (module doc): fills ``tokens`` and ``cached`` for each request;
     returns ``prompt_logprobs``, ``prompt_top`` and ``gen_logprobs``, by request name: the
@@ -315,29 +298,6 @@ def _score(llm, cfg: dict, system: list, ids, tokens: dict, cached: dict) -> dic
         cached[f"s{i}"] = o.num_cached_tokens
         glp[f"s{i}"] = [d[t].logprob for d, t in zip(out.logprobs, out.token_ids)]
     return {"prompt_logprobs": plp, "prompt_top": top, "gen_logprobs": glp}
-
-
-def _set_kv_scales(llm, k_scale: float, v_scale: float) -> None:
-    """Gives every attention layer of the in-process engine these per-tensor scales, as a
-    checkpoint's ``k_scale``/``v_scale`` would (vLLM's ``calculate_kv_scales`` takes them from
-    the profiling forward, whose attention output no backend writes, so from layer 1 on they
-    are not reproducible)."""
-    runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker \
-        .model_runner
-    for _, m in runner.model.named_modules():
-        if hasattr(m, "_k_scale_float"):
-            m._k_scale.fill_(k_scale)
-            m._v_scale.fill_(v_scale)
-            m._k_scale_float, m._v_scale_float = float(k_scale), float(v_scale)
-
-
-def _kv_scales(llm) -> list:
-    """Each attention layer's ``(k_scale, v_scale)`` (vLLM's ``_k_scale_float``/``_v_scale_float``)
-    in the in-process engine's model."""
-    runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker \
-        .model_runner
-    return [(m._k_scale_float, m._v_scale_float) for _, m in runner.model.named_modules()
-            if hasattr(m, "_k_scale_float")]
 
 
 def _attention_backend(llm) -> str | None:
@@ -406,10 +366,15 @@ def run(cfg: dict) -> dict:
             kv_role="kv_both",
             kv_connector_extra_config={"num_host_pages": cfg["host_pages"],
                                        "prefetch_waiting": cfg["prefetch_waiting"]})
+    if cfg["sliding_window"]:
+        from kvshare_vllm import compat
+
+        if compat.manager_api() != "0.23.0":  # 0.32 keeps windows' pages sparsely by default;
+            extra["prefix_cache_retention_interval"] = None  # kvshare's groups, densely
     if cfg["kv_cache_dtype"] != "auto":
         extra["kv_cache_dtype"] = cfg["kv_cache_dtype"]
     if cfg["kv_scale_fault"]:
-        _wrong_kv_scales(cfg["kv_scale_fault"])
+        kv_scales.wrong_kv_scales(cfg["kv_scale_fault"])
     t0 = time.perf_counter()
     if not cfg["qwen3_next"]:  # a hybrid's block size is vLLM's (attention page = state page)
         extra["block_size"] = cfg["block_size"]
@@ -421,7 +386,7 @@ def run(cfg: dict) -> dict:
               kv_cache_memory_bytes=cfg["kv_blocks"] * block_bytes(cfg["block_size"]), **extra)
     init_s = time.perf_counter() - t0
     if cfg["kv_scales"]:
-        _set_kv_scales(llm, *cfg["kv_scales"])
+        kv_scales.set_kv_scales(llm, *cfg["kv_scales"])
     timer = None
     if not cfg["multiprocess"]:
         timer = _Timer(llm.llm_engine.engine_core.engine_core, trace=bool(cfg.get("trace")))
@@ -532,7 +497,7 @@ def run(cfg: dict) -> dict:
                                     prefetched_pages=s.prefetched_pages)
         res.update(attention=_attention_backend(llm))
         if cfg["scored"] or cfg["kv_scales"]:
-            res["kv_scales"] = _kv_scales(llm)
+            res["kv_scales"] = kv_scales.kv_scales(llm)
         res.update(scheduler=timer.scheduler, trace=timer.trace, kv_groups=timer.groups,
                    kv_blocks_total=timer.total + 1)
         res.update(attn_s=_ATTN_S["forward"] - attn0["forward"],
