@@ -129,6 +129,19 @@ class ManagerBase:
         self.prefix_cache_stats = PrefixCacheStats()
         return stats
 
+    def prefix_cache_lookup_enabled(self, request) -> bool:
+        """Whether ``request`` may take prefix-cache hits (caching on, and the request does not
+        skip reading the cache: prompt logprobs, all-token pooling)."""
+        return self.enable_caching and not request.skip_reading_prefix_cache
+
+    def record_prefix_cache_stats(self, request, num_hits: int) -> None:
+        """vLLM 0.32: records an admitted request's lookup (not for a request that skipped
+        it); on 0.23 ``get_computed_blocks`` records it."""
+        if not self.log_stats or not self.prefix_cache_lookup_enabled(request):
+            return
+        self.prefix_cache_stats.record(num_tokens=request.num_tokens, num_hits=num_hits,
+                                       preempted=request.num_preemptions > 0)
+
     def reset_prefix_cache(self) -> bool:
         if not self._reset_index():
             return False

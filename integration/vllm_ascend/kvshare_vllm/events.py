@@ -147,12 +147,14 @@ def stored_event(out: list, request, first: int, end: int, run: list[int], bs: i
     return new
 
 
-def cached_blocks_event(out: list, request, num_blocks: int, bs: int, meta: tuple) -> None:
+def cached_blocks_event(out: list, request, num_blocks: int, bs: int, meta: tuple,
+                        group: int = 0) -> None:
     """vLLM 0.32's ``BlockPool.emit_cached_block_events``: one ``BlockStored`` for the first
-    ``num_blocks`` blocks of ``request``, a prefix hit it reuses (published when the request
-    asks for ``kv_cache_report_mode == "full"``; the index does not change).  Appends it to
+    ``num_blocks`` blocks of ``request`` in KV-cache group ``group``, a prefix hit it reuses
+    (published when the request asks for ``kv_cache_report_mode == "full"``; the index does
+    not change; a window's null positions are named too, as vLLM names them).  Appends it to
     ``out``."""
-    stored_event(out, request, 0, num_blocks, list(range(num_blocks)), bs, 0, meta)
+    stored_event(out, request, 0, num_blocks, list(range(num_blocks)), bs, group, meta)
 
 
 class GroupEventTranslator:
@@ -165,7 +167,7 @@ class GroupEventTranslator:
     def __init__(self, block_size: int, stored: int, removed: int, metas) -> None:
         self.block_size = block_size
         self._kinds = (stored, removed)
-        self._metas = list(metas)
+        self.metas = list(metas)
         self._page_hash: dict[int, tuple] = {}  # page id -> (external hash, group)
 
     def clear(self) -> AllBlocksCleared:
@@ -180,7 +182,7 @@ class GroupEventTranslator:
         before its removal."""
         stored, removed = self._kinds
         out: list[KVCacheEvent] = []
-        runs: list[list[int]] = [[] for _ in self._metas]
+        runs: list[list[int]] = [[] for _ in self.metas]
         for e in raw:
             kind, g, page = e["kind"], e["group"], e["page"]
             if kind == removed:
@@ -199,7 +201,7 @@ class GroupEventTranslator:
             for g, run in enumerate(runs):
                 run.sort()
                 new = stored_event(out, request, first, end, run, self.block_size, g,
-                                   self._metas[g])
+                                   self.metas[g])
                 for i, h in zip(run, new):
                     self._page_hash[tables[g][i]] = (h, g)
         return out

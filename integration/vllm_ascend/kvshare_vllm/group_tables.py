@@ -254,7 +254,7 @@ class GroupTables:
         """kvshare's invariant check, plus the mirrored tables and refcounts against it."""
         self.cache.check()
         refs: Counter = Counter()
-        for st in self._reqs.values():
+        for st in [*self._reqs.values(), *self._popped]:  # popped: held until freed
             for g, t in enumerate(st.tables):
                 got = list(self.cache.seq_pages(st.seq, g))
                 if got != t:

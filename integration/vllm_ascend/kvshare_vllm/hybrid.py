@@ -35,17 +35,21 @@ _require_supported_vllm_and_native()  # before vLLM's imports: an unsupported vL
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 
 from . import _fast, logger  # _fast required: startup.require() has checked that it loads
+from .compat import manager_api
 from .base import (MATCH_UNIT_ENV, ManagerBase, _cdiv, _extra_addr, _token_ids,
                    copies_need_connector, extra_keys_for, match_unit_setting)
+from .events import cached_blocks_event
 from .group_tables import GroupTables, _HReq
 from .host_tier import HOST_PAGES, HostTier
+from .hybrid_newer import GroupsNewerSurface, newer_groups_reason
 from .state_groups import (is_state_spec, state_group_kind, state_unsupported_reason,
                            vllm_table)
-from .manager import _NO_SPACE, _REMOVED, _STORED
+from .manager import _ADMITTED_FROM, _NO_SPACE, _REMOVED, _STORED
 from .views import _BlockPoolView, _CoordinatorView, _SingleTypeView
 
 # kvshare_vllm._fast.Groups' group kinds
 _FAST_KINDS = {"full": 0, "sliding_window": 1, "chunked_local": 2}
+_API = manager_api()  # the vLLM release whose KVCacheManager signatures this module presents
 
 
 def _group_kind(spec) -> tuple[str, int] | None:
@@ -72,11 +76,17 @@ def hybrid_unsupported_reason(kv_cache_config, scheduler_block_size: int, hash_b
                               dcp_world_size: int = 1, pcp_world_size: int = 1,
                               use_eagle: bool = False,
                               enable_kv_cache_events: bool = False,
-                              max_model_len: int | None = None) -> str | None:
-    """Why the hybrid manager cannot manage this configuration (None when it can)."""
+                              max_model_len: int | None = None,
+                              num_prefill_lookahead: int = 0) -> str | None:
+    """Why the hybrid manager cannot manage this configuration (None when it can); on vLLM
+    0.32 also ``newer_groups_reason``."""
     groups = kv_cache_config.kv_cache_groups
     if not groups:
         return "no KV-cache groups (attention-free model)"
+    if _API != "0.23.0":
+        why = newer_groups_reason(kv_cache_config, num_prefill_lookahead)
+        if why:
+            return why
     for i, g in enumerate(groups):
         if _group_kind(g.kv_cache_spec) is None:
             return (f"KV-cache group {i}: {type(g.kv_cache_spec).__name__} (kvshare's groups "
@@ -132,27 +142,72 @@ class _HybridCoordinatorView(_CoordinatorView):
     def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int, new_computed_blocks,
                                    num_encoder_tokens: int = 0, total_computed_tokens: int = 0,
                                    num_tokens_main_model: int | None = None,
-                                   apply_admission_cap: bool = False) -> int:
+                                   apply_admission_cap: bool = False,
+                                   num_local_computed_tokens: int = 0,
+                                   prefill_end: int = 0) -> int:
+        """vLLM's count (0.32 adds ``num_local_computed_tokens``, read for sub-block hits, and
+        ``prefill_end``, read by sparse Mamba checkpoints: neither exists here)."""
         return self._mgr._blocks_to_allocate(self._mgr._reqs.get(request_id), num_tokens,
                                              new_computed_blocks, total_computed_tokens,
                                              apply_admission_cap)
 
 
-class KvshareHybridKVCacheManager(GroupTables, ManagerBase):
-    """Drop-in for ``vllm.v1.core.kv_cache_manager.KVCacheManager`` on hybrid configurations."""
+class KvshareHybridKVCacheManager(GroupsNewerSurface, GroupTables, ManagerBase):
+    """Drop-in for ``vllm.v1.core.kv_cache_manager.KVCacheManager`` on hybrid configurations,
+    with the running vLLM's signatures (``compat.manager_api()``: 0.23.0 or 0.32.0)."""
 
-    def __init__(self, kv_cache_config, max_model_len: int, scheduler_block_size: int,
-                 hash_block_size: int, max_num_batched_tokens: int | None = None,
-                 enable_caching: bool = True, use_eagle: bool = False, log_stats: bool = False,
-                 enable_kv_cache_events: bool = False, dcp_world_size: int = 1,
-                 pcp_world_size: int = 1, metrics_collector=None) -> None:
+    if _API == "0.23.0":
+        def __init__(self, kv_cache_config, max_model_len: int, scheduler_block_size: int,
+                     hash_block_size: int, max_num_batched_tokens: int | None = None,
+                     enable_caching: bool = True, use_eagle: bool = False,
+                     log_stats: bool = False, enable_kv_cache_events: bool = False,
+                     dcp_world_size: int = 1, pcp_world_size: int = 1,
+                     metrics_collector=None) -> None:
+            self._setup(kv_cache_config, max_model_len, scheduler_block_size, hash_block_size,
+                        enable_caching, use_eagle, log_stats, enable_kv_cache_events,
+                        dcp_world_size, pcp_world_size, metrics_collector,
+                        {"max_num_batched_tokens": max_num_batched_tokens})
+    else:
+        def __init__(self, kv_cache_config, max_model_len: int, scheduler_block_size: int,
+                     hash_block_size: int, max_in_flight_tokens: int | None = None,
+                     enable_caching: bool = True, use_eagle: bool = False,
+                     num_prefill_lookahead: int = 0, log_stats: bool = False,
+                     enable_kv_cache_events: bool = False, dcp_world_size: int = 1,
+                     pcp_world_size: int = 1, metrics_collector=None, watermark: float = 0.0,
+                     enable_mamba_shared_prefix_checkpoint: bool = False) -> None:
+            """``max_in_flight_tokens`` sizes windowed groups' admission caps;
+            ``enable_mamba_shared_prefix_checkpoint`` concerns Mamba groups (none here: the
+            attribute the scheduler reads is False, as vLLM's manager sets it without them)."""
+            if watermark < 0.0:
+                raise ValueError(f"kvshare_vllm: watermark {watermark} must be non-negative")
+            self._setup(kv_cache_config, max_model_len, scheduler_block_size, hash_block_size,
+                        enable_caching, use_eagle, log_stats, enable_kv_cache_events,
+                        dcp_world_size, pcp_world_size, metrics_collector,
+                        {"max_in_flight_tokens": max_in_flight_tokens}, num_prefill_lookahead,
+                        watermark)
+
+    def _setup(self, kv_cache_config, max_model_len: int, scheduler_block_size: int,
+               hash_block_size: int, enable_caching: bool, use_eagle: bool, log_stats: bool,
+               enable_kv_cache_events: bool, dcp_world_size: int, pcp_world_size: int,
+               metrics_collector, in_flight: dict, num_prefill_lookahead: int = 0,
+               watermark: float = 0.0) -> None:
+        """The constructor of both releases; ``in_flight``: the tokens windowed groups' caps
+        are sized by, under the running vLLM's parameter name."""
         why = hybrid_unsupported_reason(kv_cache_config, scheduler_block_size, hash_block_size,
                                         dcp_world_size, pcp_world_size, use_eagle,
-                                        enable_kv_cache_events, max_model_len)
+                                        enable_kv_cache_events, max_model_len,
+                                        num_prefill_lookahead)
         if why:
             raise ValueError(f"kvshare_vllm: unsupported configuration: {why}")
         self._init_base(kv_cache_config, max_model_len, enable_caching, use_eagle, log_stats,
                         enable_kv_cache_events, metrics_collector)
+        # Blocks kept free when admitting a waiting / preempted request while others are
+        # scheduled (vLLM 0.32's admission watermark; 0 on 0.23).
+        self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
+        # vLLM 0.32 attributes the scheduler reads: no Mamba group, no group retaining a
+        # longer hit than the computed tokens.
+        self.mamba_shared_prefix_checkpoint = False
+        self.retained_hit_group_ids = ()
         self.specs = [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups]
         self.num_kv_cache_groups = ng = len(self.specs)
         # The page size: the attention groups' block size (a "none" state group's block is
@@ -164,11 +219,14 @@ class KvshareHybridKVCacheManager(GroupTables, ManagerBase):
         self._windows = [(k, s.mamba_cache_mode if k == "state" else w)
                          for (k, w), s in zip(kinds, self.specs)]
         # vLLM's per-request admission cap of windowed groups (full_sequence_must_fit).
-        mnbt = max_num_batched_tokens if max_num_batched_tokens is not None else max_model_len
-        self._caps = [None if k in ("full", "state") else s.max_admission_blocks_per_request(
-            max_num_batched_tokens=mnbt, max_model_len=max_model_len)
-            for (k, _), s in zip(kinds, self.specs)]
+        ((name, tokens),) = in_flight.items()
+        cap_args = {name: tokens if tokens is not None else max_model_len,
+                    "max_model_len": max_model_len}
+        self._caps = [None if k in ("full", "state") else
+                      s.max_admission_blocks_per_request(**cap_args)
+                      for (k, _), s in zip(kinds, self.specs)]
         self._full = [k == "full" for k, _ in kinds]
+        self._first_full = self._full.index(True) if any(self._full) else None
         # State groups in "none": one page per request, handed to vLLM as a one-block table.
         self._single = frozenset(g for g, w in enumerate(self._windows) if w == ("state", "none"))
         self._has_state = any(k == "state" for k, _ in kinds)
@@ -202,6 +260,9 @@ class KvshareHybridKVCacheManager(GroupTables, ManagerBase):
         self._refs = array("I", bytes(4 * self.num_blocks))
         self._fast = self._new_fast()
         self._pending: tuple[str, object] | None = None  # (request id, extra keys) of a match
+        # Requests taken with pop_blocks_for_free, holding their pages until
+        # block_pool.free_blocks returns them (vLLM 0.32's deferred frees), oldest first.
+        self._popped: list[_HReq] = []
         # Per full group, the page ids every live table begins with (None: recompute).
         self._common: dict[int, list[int]] | None = None
 
@@ -209,7 +270,10 @@ class KvshareHybridKVCacheManager(GroupTables, ManagerBase):
         return kvshare.Cache(
             page_size=self.block_size, num_device_pages=self.num_blocks, groups=self._groups,
             enable_prefix_caching=self.enable_caching, enable_events=self.enable_kv_cache_events,
-            reserve_null_page=True, vllm_free_order=True, defer_commit=False,
+            reserve_null_page=True, vllm_free_order=True,
+            # vLLM 0.32's block pool reuses every freed uncached block first, 0.23's only a
+            # window's
+            vllm_uncached_first=_API != "0.23.0", defer_commit=False,
             skip_cached_writes=False, num_host_pages=self.num_host_pages,
             demote_to_host=self.num_host_pages > 0, match_unit=self._unit)
 
@@ -258,9 +322,9 @@ class KvshareHybridKVCacheManager(GroupTables, ManagerBase):
                     raw, st.tables if st is not None else None, request, first, end))
 
     # ------------------------------------------------------------------ public surface
-    def get_computed_blocks(self, request) -> tuple[KVCacheBlocks, int]:
-        if not self.enable_caching or request.skip_reading_prefix_cache:
-            return self.empty_kv_cache_blocks, 0
+    def _lookup(self, request):
+        """The request's hit: (blocks, tokens, token ids, extra keys); kept for its
+        ``allocate_slots`` (``_pending``)."""
         ids = _token_ids(request)
         extra = extra_keys_for(request)
         if self.host_tier is not None:  # the request's host-tier prefix back on the device
@@ -274,20 +338,63 @@ class KvshareHybridKVCacheManager(GroupTables, ManagerBase):
             hit, rows = self.cache.prefix_find(ids, max(len(ids) - 1, 0), extra)
             blocks = self._blocks
             rows = [[blocks[p] for p in row] for row in rows] if hit else rows
-        if self.log_stats:
-            self.prefix_cache_stats.record(num_tokens=request.num_tokens, num_hits=hit,
-                                           preempted=request.num_preemptions > 0)
         self._pending = (request.request_id, extra)
         if not hit:
-            return self.empty_kv_cache_blocks, 0
-        return KVCacheBlocks(tuple(rows)), hit
+            return self.empty_kv_cache_blocks, 0, ids, extra
+        return KVCacheBlocks(tuple(rows)), hit, ids, extra
+
+    if _API == "0.23.0":
+        def get_computed_blocks(self, request) -> tuple[KVCacheBlocks, int]:
+            """The request's hit (blocks, tokens); records the lookup in the prefix-cache
+            stats."""
+            if not self.enable_caching or request.skip_reading_prefix_cache:
+                return self.empty_kv_cache_blocks, 0
+            blocks, hit, _, _ = self._lookup(request)
+            if self.log_stats:
+                self.prefix_cache_stats.record(num_tokens=request.num_tokens, num_hits=hit,
+                                               preempted=request.num_preemptions > 0)
+            return blocks, hit
+
+        def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
+            self._remove_skipped(request_id, total_computed_tokens)
+    else:
+        def get_computed_blocks(self, request) -> tuple[KVCacheBlocks, int, int]:
+            """The request's hit (blocks, tokens, ``shared_prefix_boundary``).  The scheduler
+            records the lookup at admission (``record_prefix_cache_stats``).  A request asking
+            for ``kv_cache_report_mode == "full"`` with KV events on gets a ``BlockStored`` per
+            group for the hit blocks, as vLLM's coordinator publishes them."""
+            if not self.enable_caching or request.skip_reading_prefix_cache:
+                return self.empty_kv_cache_blocks, 0, 0
+            blocks, hit, ids, extra = self._lookup(request)
+            if hit and self.enable_kv_cache_events \
+                    and getattr(request, "kv_cache_report_mode", "incremental") == "full":
+                self._drain_events(None, None)  # what earlier calls queued comes first
+                for g, row in enumerate(blocks.blocks):
+                    if row:
+                        cached_blocks_event(self._events, request, len(row), self.block_size,
+                                            self._translator.metas[g], g)
+            return blocks, hit, self._shared_prefix_boundary(request, ids, extra, hit)
+
+        def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
+            """vLLM 0.32 removed cascade attention: always 0s, as its manager answers."""
+            return [0] * self.num_kv_cache_groups
+
+        def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int,
+                                  num_prompt_tokens: int | None = None) -> None:
+            """Positions out of every window become null (``num_prompt_tokens`` concerns
+            R-SWA groups: none here)."""
+            self._remove_skipped(request_id, processed_computed_tokens)
 
     def allocate_slots(self, request, num_new_tokens: int, num_new_computed_tokens: int = 0,
                        new_computed_blocks: KVCacheBlocks | None = None,
                        num_lookahead_tokens: int = 0, num_external_computed_tokens: int = 0,
                        delay_cache_blocks: bool = False, num_encoder_tokens: int = 0,
                        full_sequence_must_fit: bool = False,
-                       reserved_blocks: int = 0) -> KVCacheBlocks | None:
+                       reserved_blocks: int = 0, has_scheduled_reqs: bool = True,
+                       skip_zeroing_group_ids: tuple[int, ...] = ()) -> KVCacheBlocks | None:
+        """vLLM's ``allocate_slots`` (0.23's parameters; 0.32 adds ``has_scheduled_reqs``,
+        which applies the watermark to a waiting or preempted request, and
+        ``skip_zeroing_group_ids``: blocks of no group here are zeroed on 0.32)."""
         st = self._reqs.get(request.request_id)
         if st is not None and num_new_tokens and self._fast is not None and not (
                 num_new_computed_tokens or num_lookahead_tokens or full_sequence_must_fit
@@ -301,9 +408,13 @@ class KvshareHybridKVCacheManager(GroupTables, ManagerBase):
                 q = st.quiet = self._quiet(st)
             if request.num_computed_tokens + num_new_tokens <= q:
                 return self.empty_kv_cache_blocks
-        if num_new_tokens == 0 and num_external_computed_tokens == 0:
+        if num_new_tokens == 0 and num_external_computed_tokens == 0 and (
+                _API == "0.23.0" or num_new_computed_tokens == 0):
             raise ValueError("num_new_tokens must be greater than 0 when there are no "
-                             "external computed tokens")
+                             "computed tokens to adopt")
+        wm = self.watermark_blocks
+        if wm and not (has_scheduled_reqs and request.status in _ADMITTED_FROM):
+            wm = 0
         if num_encoder_tokens:
             raise NotImplementedError(
                 "kvshare_vllm: encoder (cross-attention) blocks are not supported")
@@ -315,13 +426,14 @@ class KvshareHybridKVCacheManager(GroupTables, ManagerBase):
         seen = {} if st is None else None  # evictable hit counts, shared by the two checks
         if full_sequence_must_fit:
             full = min(request.num_tokens, self.max_model_len)
-            if self._blocks_to_allocate(st, full, hits, total, True, seen) > self._capacity():
+            if self._blocks_to_allocate(st, full, hits, total, True, seen) + wm \
+                    > self._capacity():
                 return None
         main = total + num_new_tokens
         need_slot = min(main + num_lookahead_tokens, self.max_model_len)
         fast = self._fast
         if st is not None and fast is not None and not reserved_blocks \
-                and not delay_cache_blocks:
+                and not delay_cache_blocks and not wm:
             # A running request's step, one compiled call: the release, vLLM's room check and
             # the append below (full_sequence_must_fit was checked above).
             inflight = max(0, getattr(request, "num_in_flight_tokens", 0))
@@ -347,7 +459,7 @@ class KvshareHybridKVCacheManager(GroupTables, ManagerBase):
             inflight = max(0, getattr(request, "num_in_flight_tokens", 0))
             self._release(st, max(0, total - inflight))
         need = self._blocks_to_allocate(st, need_slot, hits, local + external, False, seen)
-        if (need or reserved_blocks) and need > self._capacity() - reserved_blocks:
+        if (need or reserved_blocks or wm) and need + wm > self._capacity() - reserved_blocks:
             return None
         # vLLM caches min(total + new, num_tokens) tokens: drafts are not tokens yet; with a
         # delayed (asynchronous) load it caches none here (cache_blocks after the load).
@@ -499,6 +611,10 @@ class KvshareHybridKVCacheManager(GroupTables, ManagerBase):
             target = min(request.num_computed_tokens, request.num_tokens)
             if target > st.n:
                 self._hand_over(st, request, target)
+        self._release_seq(st)
+
+    def _release_seq(self, st: _HReq) -> None:
+        """Frees the request's sequence: its pages released, full pages still cached."""
         if self._fast is not None:
             rc, self._avail = self._fast.free(st, self._avail)
             if rc:
@@ -511,7 +627,7 @@ class KvshareHybridKVCacheManager(GroupTables, ManagerBase):
                 if p:
                     self._ref(refs, p, -1)
 
-    def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
+    def _remove_skipped(self, request_id: str, total_computed_tokens: int) -> None:
         st = self._reqs.get(request_id)
         if st is None:
             return
@@ -550,9 +666,10 @@ class KvshareHybridKVCacheManager(GroupTables, ManagerBase):
 
     def _reset_index(self) -> bool:
         """No request holds pages: every page is free, so a fresh cache is the cleared one."""
-        if self._reqs:
+        if self._reqs or self._popped:  # popped: held until block_pool.free_blocks
             logger.warning("Failed to reset prefix cache because some blocks (%d) are not "
-                           "freed yet", sum(len(t) for st in self._reqs.values()
+                           "freed yet", sum(len(t) for st in [*self._reqs.values(),
+                                                              *self._popped]
                                             for t in st.tables))
             return False
         self._drain_events(None, None)

@@ -399,11 +399,6 @@ class KvshareKVCacheManager(NewerSurface, ManagerBase):
         assert found // self.block_size == pages, (pages, found)  # the same device walk
         return found
 
-    def prefix_cache_lookup_enabled(self, request) -> bool:
-        """Whether ``request`` may take prefix-cache hits (caching on, and the request does not
-        skip reading the cache: prompt logprobs, all-token pooling)."""
-        return self.enable_caching and not request.skip_reading_prefix_cache
-
     if _API == "0.23.0":
         def get_computed_blocks(self, request) -> tuple[KVCacheBlocks, int]:
             """The request's hit (blocks, tokens); records the lookup in the prefix-cache
@@ -437,13 +432,6 @@ class KvshareKVCacheManager(NewerSurface, ManagerBase):
                 cached_blocks_event(self._events, request, hit // self.block_size,
                                     self.block_size, self._translator.meta)
             return blocks, hit, 0
-
-        def record_prefix_cache_stats(self, request, num_hits: int) -> None:
-            """Records an admitted request's lookup (not for a request that skipped it)."""
-            if not self.log_stats or not self.prefix_cache_lookup_enabled(request):
-                return
-            self.prefix_cache_stats.record(num_tokens=request.num_tokens, num_hits=num_hits,
-                                           preempted=request.num_preemptions > 0)
 
         def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
             """vLLM 0.32 removed cascade attention: always 0, as its manager answers."""

@@ -18,8 +18,10 @@ vLLM's own manager, with a log line.  So do KV connectors whose scheduler side t
 ``BlockPool`` itself (``connector_reason``: ``SimpleCPUOffloadConnector`` in vLLM 0.23.0);
 every other connector runs with kvshare's managers, both of which take their external tokens,
 delayed caching (``allocate_slots``) and ``evict_blocks``.
-On vLLM 0.32 the single-group manager runs, with kvshare's KV connector and vLLM's own; models
-with groups keep vLLM's manager there (``compat.VllmSupport.hybrid_missing``, logged).  The
+On vLLM 0.32 both managers run, with kvshare's KV connector and vLLM's own; the groups
+manager there refuses Mamba / linear-attention state groups and sliding-window groups under
+0.32's sparse prefix-cache retention (``hybrid_newer.newer_groups_reason``), and a scheduler
+that defers block frees (``_deferred_free_reason``).  The
 scheduler builds the manager with keywords on both releases; ``_keywords`` reads positional
 arguments by the running vLLM's signature.
 
@@ -36,7 +38,7 @@ from __future__ import annotations
 
 import os
 
-from . import compat, logger
+from . import logger
 
 ENV = "KVSHARE_VLLM"
 OPS_ENV = "KVSHARE_VLLM_OPS"
@@ -101,6 +103,17 @@ def _connector_groups_reason(connector, kv_cache_config) -> str | None:
     return None
 
 
+def _deferred_free_reason(sched) -> str | None:
+    """Why the groups manager cannot serve a scheduler that defers block frees (vLLM 0.32 with
+    a consuming KV connector and several batches in flight: ``pop_blocks_for_free``, the
+    blocks returned later through the block pool, whose order over several groups kvshare's
+    sequence free does not follow); None otherwise."""
+    if getattr(sched, "defer_block_free", False):
+        return ("deferred block frees (a consuming KV connector with several batches in "
+                "flight) on several KV-cache groups")
+    return None
+
+
 def _building_scheduler():
     """The ``Scheduler`` whose ``__init__`` is constructing the manager (vLLM's
     ``Scheduler.__init__`` sets ``self.cache_config`` and builds ``self.connector`` before the
@@ -145,7 +158,6 @@ def make_kv_cache_manager_factory(original):
                     raise ValueError(f"kvshare_vllm: {why_format}; KVSHARE_VLLM=0 keeps "
                                      "vLLM's own manager")
             kw = _keywords(original, args, kwargs)
-            support = compat.support()
             why_groups = unsupported_reason(kv_cache_config, scheduler_block_size,
                                             hash_block_size, kw.get("dcp_world_size", 1),
                                             kw.get("pcp_world_size", 1),
@@ -155,15 +167,15 @@ def make_kv_cache_manager_factory(original):
             if why:
                 if why_conn:
                     why_hybrid = why_conn
-                elif support.hybrid_missing:
-                    why_hybrid = support.hybrid_missing
                 else:
                     why_hybrid = hybrid_unsupported_reason(
                         kv_cache_config, scheduler_block_size, hash_block_size,
                         kw.get("dcp_world_size", 1), kw.get("pcp_world_size", 1),
                         kw.get("use_eagle", False), kw.get("enable_kv_cache_events", False),
-                        max_model_len=max_model_len) or _connector_groups_reason(
-                            connector, kv_cache_config)
+                        max_model_len=max_model_len,
+                        num_prefill_lookahead=kw.get("num_prefill_lookahead", 0)) \
+                        or _connector_groups_reason(connector, kv_cache_config) \
+                        or _deferred_free_reason(sched)
                 if why_groups and not why_hybrid:
                     logger.info("kvshare_vllm: KV-cache bookkeeping of %d KV-cache groups "
                                 "runs in kvshare", len(kv_cache_config.kv_cache_groups))

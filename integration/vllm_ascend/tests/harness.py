@@ -168,6 +168,8 @@ def make_scheduler(model_dir: str, *, kvshare: bool, num_blocks: int = 1000, blo
     else:
         from vllm.v1.core.kv_cache_utils import get_kv_cache_groups
 
+        if API != "0.23.0" and cache_config.kv_cache_layout is None:
+            cache_config.kv_cache_layout = "NHD"  # as the engine core resolves it on CPU
         groups = get_kv_cache_groups(vllm_config, dict(specs))
     tensors = []
     if kv_transfer is not None:
@@ -230,13 +232,14 @@ def make_request(req_id: str, prompt: list[int], max_tokens: int = 16, block_siz
 
 def lookup(manager, request) -> tuple:
     """``manager.get_computed_blocks(request)`` as (blocks, hit tokens) on either release
-    (vLLM 0.32 adds a third value, ``shared_prefix_boundary``: 0 for one group) and, as the
-    0.32 scheduler does at admission, the lookup recorded in the prefix-cache stats."""
+    (vLLM 0.32 adds a third value, ``shared_prefix_boundary``: 0 for one group, which
+    ``Pair.step`` compares for several) and, as the 0.32 scheduler does at admission, the
+    lookup recorded in the prefix-cache stats."""
     res = manager.get_computed_blocks(request)
     if API == "0.23.0":
         return res
     blocks, hit, boundary = res
-    assert boundary == 0
+    assert boundary == 0 or len(blocks.blocks) > 1
     manager.record_prefix_cache_stats(request, hit)
     return blocks, hit
 

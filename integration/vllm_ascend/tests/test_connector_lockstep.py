@@ -179,10 +179,7 @@ def _meta(meta, bmap, bs: int) -> tuple:
     return ("example", out)
 
 
-# The connectors here are vLLM's own (not kvshare's). The groups manager runs where the release
-# says so (compat.VllmSupport.hybrid_missing).
-NEEDS_GROUPS = pytest.mark.skipif(bool(compat.support().hybrid_missing),
-                                  reason=compat.support().hybrid_missing or "")
+# The connectors here are vLLM's own (not kvshare's).
 
 
 @pytest.fixture(params=["one-group", "groups"])
@@ -191,8 +188,6 @@ def manager(request, monkeypatch) -> str:
     groups class in its place (``plugin`` builds whatever ``manager.KvshareKVCacheManager``
     names).  Returns the class name the scheduler must hold."""
     if request.param == "groups":
-        if compat.support().hybrid_missing:
-            pytest.skip(compat.support().hybrid_missing)
         from kvshare_vllm import hybrid, manager as manager_mod
 
         monkeypatch.setattr(manager_mod, "KvshareKVCacheManager",
@@ -456,7 +451,6 @@ def test_plugin_serves_connectors_using_the_public_surface(tiny_model_dir, tmp_p
 @pytest.mark.parametrize("model,size,num_blocks", [("gpt-oss", 32, 400), ("gemma3", 64, 400),
                                                    ("gemma3", 64, 90), ("gemma3", 64, 60),
                                                    ("gpt-oss", 32, 30)])
-@NEEDS_GROUPS
 def test_offloading_connector_lockstep_with_groups(tiny_model_dir, model, size, num_blocks):
     """vLLM's offloading connector on a model with several KV-cache groups (full attention
     next to sliding windows of 32 or 64 (vLLM's offloading connector takes no chunked local
@@ -496,7 +490,6 @@ def test_offloading_connector_lockstep_with_groups(tiny_model_dir, model, size, 
     assert st["num_seqs"] == 0 and st["device_pages_in_use"] == 0
 
 
-@NEEDS_GROUPS
 @pytest.mark.parametrize("state", [False, True])
 def test_plugin_serves_connectors_on_groups(tiny_model_dir, state):
     """With vLLM's offloading connector on a model of several groups the plugin builds the

@@ -42,9 +42,10 @@ def test_vllm_plugins_filter_excludes_it(installed):
 
 
 def test_unsupported_config_falls_back(tiny_model_dir):
-    """Sliding window + full attention: kvshare's hybrid manager (KV events on too) on vLLM
-    0.23, vLLM's own manager on 0.32 (``compat.VllmSupport.hybrid_missing``); a Mamba group
-    (or EAGLE with several groups): the selector builds vLLM's own manager."""
+    """Sliding window + full attention: kvshare's hybrid manager (KV events on too); on vLLM
+    0.32 under sparse prefix-cache retention (0.32's default, ``prefix_cache_retention_interval``
+    0), vLLM's own manager; a Mamba group (or EAGLE with several groups): the selector builds
+    vLLM's own manager."""
     import torch
     from vllm.v1.core.kv_cache_manager import KVCacheManager
     from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
@@ -61,12 +62,18 @@ def test_unsupported_config_falls_back(tiny_model_dir):
         KVCacheGroupSpec(["b"], SlidingWindowSpec(block_size=16, num_kv_heads=1, head_size=1,
                                                   dtype=torch.float32, sliding_window=32))]
     cfg = KVCacheConfig(num_blocks=64, kv_cache_tensors=[], kv_cache_groups=groups)
-    hybrid = KVCacheManager if compat.support().hybrid_missing else KvshareHybridKVCacheManager
+    hybrid = KvshareHybridKVCacheManager
     m = sel(kv_cache_config=cfg, max_model_len=256, scheduler_block_size=16, hash_block_size=16)
     assert type(m) is hybrid
     m = sel(kv_cache_config=cfg, max_model_len=256, scheduler_block_size=16, hash_block_size=16,
             enable_kv_cache_events=True)
     assert type(m) is hybrid and m.enable_kv_cache_events
+    if compat.manager_api() != "0.23.0":
+        sparse = KVCacheConfig(num_blocks=64, kv_cache_tensors=[], kv_cache_groups=groups,
+                               prefix_cache_retention_interval=0)
+        m = sel(kv_cache_config=sparse, max_model_len=256, scheduler_block_size=16,
+                hash_block_size=16)
+        assert type(m) is KVCacheManager
     m = sel(kv_cache_config=cfg, max_model_len=256, scheduler_block_size=16, hash_block_size=16,
             use_eagle=True)  # EAGLE with groups
     assert type(m) is KVCacheManager

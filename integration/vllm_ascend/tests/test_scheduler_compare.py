@@ -37,6 +37,8 @@ class Pair:
         self.num_blocks = kw.get("num_blocks", 1000)
         self.peak_blocks = [0, 0]  # most blocks in use (null block excluded) at a step's end
         self.nulls = 0  # released (null) block-table entries seen on vLLM's side
+        # running requests whose lookup set a shared-prefix boundary (vLLM 0.32), per step
+        self.junctions = 0
         self.reqs_ref: dict = {}
         self.reqs_kvs: dict = {}
         self.block_size = kw.get("block_size", 16)
@@ -93,6 +95,11 @@ class Pair:
             p1 = [[b == 0 for b in g] for g in t1]
             assert p1 == [[b == 0 for b in g] for g in t2], f"{where}: {rid}'s block tables"
             self.nulls += sum(map(sum, p1))
+            if not h.CASCADE:  # vLLM 0.32: where the longest group's hit ended, if it lagged
+                j = r.shared_prefix_boundary
+                assert j == self.reqs_kvs[rid].shared_prefix_boundary, \
+                    f"{where}: {rid}'s shared-prefix boundary"
+                self.junctions += bool(j)
         self.preemptions += len(o1.preempted_req_ids or ())
         assert o1.finished_req_ids == o2.finished_req_ids, where
         # Same tokens out.

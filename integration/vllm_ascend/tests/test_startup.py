@@ -66,9 +66,6 @@ def test_supported_versions_are_the_two_releases():
     assert compat.VLLM_SUPPORT["0.32.0"].attention
     assert compat.VLLM_SUPPORT["0.32.0"].attention_cache == "fused"
     assert compat.VLLM_SUPPORT["0.23.0"].attention_cache == "split"
-    # On 0.32 models with KV-cache groups keep vLLM's manager.
-    assert compat.VLLM_SUPPORT["0.32.0"].hybrid_missing
-    assert not compat.VLLM_SUPPORT["0.23.0"].hybrid_missing
 
 
 @pytest.mark.parametrize("part", sorted(PARTS))

@@ -1,0 +1,179 @@
+"""vLLM 0.32 for the groups manager: which configurations of several KV-cache groups it takes
+there (``newer_groups_reason``), and the calls only 0.32's scheduler makes
+(``GroupsNewerSurface``, a mixin of ``hybrid.KvshareHybridKVCacheManager``): the lookup's
+shared-prefix boundary, lookups cut to computed tokens, the cached-token estimate, the
+deferred free (``pop_blocks_for_free``, then ``block_pool.free_blocks``) and the hand-offs of
+features it refuses.  The state they read (``_reqs``, ``_refs``, ``cache``, ...) is the
+manager's."""
+
+from __future__ import annotations
+
+from .base import _cdiv
+from .state_groups import is_state_spec
+
+
+def newer_groups_reason(kv_cache_config, num_prefill_lookahead: int = 0) -> str | None:
+    """Why the groups manager cannot keep lockstep with vLLM 0.32's coordinator on this
+    configuration (None when it can).  0.32 keeps sliding-window groups' pages in the prefix
+    cache only where a hit can reach them (``prefix_cache_retention_interval``, 0 by
+    default: only the tail before each prompt's last block and before a shared-prefix
+    junction); kvshare registers every full page, so a sliding-window group is taken only
+    with dense retention (``--prefix-cache-retention-interval`` unset to None).  Mamba /
+    linear-attention state groups ("align" sub-block hits, boundary-state hand-offs, sparse
+    checkpoints), bounded prefix replay, extra retained window tokens (multi-module MTP),
+    group roles (HiSparse), caches that need KV zeroing (mixed precision) and multi-module MTP
+    prefill lookahead are refused."""
+    from vllm.v1.kv_cache_interface import SlidingWindowSpec
+
+    groups = kv_cache_config.kv_cache_groups
+    windowed = False
+    for i, g in enumerate(groups):
+        spec = g.kv_cache_spec
+        if is_state_spec(spec):
+            return (f"KV-cache group {i}: Mamba / linear-attention state on vLLM 0.32 (its "
+                    "'align' sub-block hits, boundary-state hand-offs and sparse checkpoints "
+                    "are not implemented; vLLM 0.23.0 has them)")
+        role = getattr(g, "role", None)
+        if role is not None and getattr(role, "value", role) != "default":
+            return f"KV-cache group {i} with role {getattr(role, 'value', role)!r}"
+        if not getattr(spec, "prefix_cacheable", True):
+            return f"KV-cache group {i}: {type(spec).__name__} is not prefix-cacheable"
+        if getattr(spec, "prefix_replay_tokens", 0):
+            return (f"KV-cache group {i}: bounded prefix replay of {spec.prefix_replay_tokens} "
+                    "tokens")
+        if getattr(spec, "extra_retained_tokens", 0):
+            return (f"KV-cache group {i}: {spec.extra_retained_tokens} extra retained window "
+                    "tokens (multi-module MTP)")
+        windowed = windowed or isinstance(spec, SlidingWindowSpec)
+    interval = getattr(kv_cache_config, "prefix_cache_retention_interval", None)
+    if windowed and interval is not None:
+        return (f"sparse prefix-cache retention of sliding-window groups "
+                f"(prefix_cache_retention_interval={interval}, vLLM 0.32's default is 0): "
+                "kvshare registers every full page; set it to None (dense) for kvshare")
+    if getattr(kv_cache_config, "needs_kv_cache_zeroing", False):
+        return "a KV cache whose new blocks need zeroing (mixed-precision groups)"
+    if num_prefill_lookahead > 1:
+        return (f"multi-module MTP prefill lookahead of {num_prefill_lookahead} tokens (their "
+                "re-prefillable KV is kept out of the prefix cache)")
+    return None
+
+
+class GroupsNewerSurface:
+    """vLLM 0.32's additions to the groups manager's surface."""
+
+    def _shared_prefix_boundary(self, request, ids, extra, hit: int) -> int:
+        """vLLM 0.32's ``shared_prefix_boundary`` of a lookup that found ``hit`` tokens: where
+        the longest single-group hit ends when a lagging group shortened the reconciled hit
+        (0 otherwise).  The coordinator looks up a full-attention group first, so that
+        longest hit is the first full group's alone; one group (vLLM's unitary coordinator)
+        never lags."""
+        full = self._first_full
+        if full is None or self.num_kv_cache_groups == 1:
+            return 0
+        limit = max(len(ids) - 1, 0)
+        if hit + self.block_size > limit:
+            return 0  # the full group cannot reach a whole page further
+        _, longest = self.cache.prefix_match(ids, extra, max_tokens=limit, group=full)
+        return longest if longest > hit else 0
+
+    def get_block_ids_for_computed_tokens(self, request_id: str,
+                                          num_computed_tokens: int) -> tuple[list[int], ...]:
+        """Each group's block ids covering the first ``num_computed_tokens`` tokens."""
+        st = self._reqs.get(request_id)
+        if st is None:
+            return tuple([] for _ in range(self.num_kv_cache_groups))
+        n = _cdiv(num_computed_tokens, self.block_size)
+        return tuple(list(t[:n]) for t in self._vllm_tables(st))
+
+    def estimate_cached_tokens(self, request) -> int:
+        """Tokens of the request's blocks found in the prefix cache (vLLM: per group the most
+        tokens a held block's hash covers, the least over the groups): per group, the end of
+        its last held page among the full pages of known tokens (every such page registered
+        when it filled).  0 with prefix caching off."""
+        st = self._reqs.get(request.request_id)
+        if st is None or not self.enable_caching:
+            return 0
+        k = st.n // self.block_size
+        out = None
+        for t in st.tables:
+            i = min(k, len(t))
+            while i and not t[i - 1]:
+                i -= 1
+            out = i if out is None else min(out, i)
+        return (out or 0) * self.block_size
+
+    def truncate_computed_blocks(self, blocks, num_computed_tokens: int):
+        """A lookup result cut to its first ``num_computed_tokens`` tokens (block-aligned) in
+        every group; no reference changes (a hit holds none until ``allocate_slots``)."""
+        bs = self.block_size
+        if num_computed_tokens % bs:
+            raise ValueError(f"kvshare_vllm: truncate_computed_blocks at {num_computed_tokens} "
+                             f"tokens, not a multiple of the block size {bs}")
+        n = num_computed_tokens // bs
+        if any(n > len(g) for g in blocks.blocks):
+            raise ValueError(f"kvshare_vllm: truncate_computed_blocks to {n} blocks of a hit "
+                             f"of {[len(g) for g in blocks.blocks]}")
+        return self.create_kv_cache_blocks(tuple(list(g[:n]) for g in blocks.blocks))
+
+    def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
+        """Blocks a failed asynchronous KV load left unwritten, handed out again for KV
+        zeroing: only where the cache needs zeroing, which this manager refuses on vLLM 0.32
+        (``newer_groups_reason``), so nothing to hand out."""
+        if start_token % self.block_size:
+            raise ValueError(f"kvshare_vllm: record_blocks_for_zeroing at {start_token} "
+                             f"tokens, not a multiple of the block size {self.block_size}")
+
+    def take_kv_cache_block_copies(self) -> tuple[list, list]:
+        """Copy-on-write block copies: none (sub-page hits on several groups run their copies
+        through kvshare's KV connector)."""
+        return [], []
+
+    def take_boundary_state_offloads(self) -> dict:
+        """Mamba "align" boundary states: none (no state group on vLLM 0.32)."""
+        return {}
+
+    def finalize_partial_tail_offloads(self, request) -> list:
+        """Partial Mamba tails at a request's end: none (no state group on vLLM 0.32)."""
+        return []
+
+    def get_computed_blocks_for_connector(self, request):
+        """The lookup for a scheduler with a KV connector: without a Mamba group vLLM answers
+        with ``get_computed_blocks`` and ``hit_diverged`` False."""
+        return (*self.get_computed_blocks(request), False)
+
+    def pop_blocks_for_free(self, request) -> list:
+        """Ends the request's bookkeeping and returns its blocks, every group's table in group
+        order (null blocks included, as vLLM's), without releasing them: its kvshare sequence
+        keeps its pages until the scheduler returns exactly these blocks through
+        ``block_pool.free_blocks`` (``_free_popped``), after a step in flight may have written
+        them.  vLLM's scheduler does this only with a consuming KV connector and several
+        batches in flight, which the plugin leaves to vLLM's manager on several groups: the
+        sequence then releases its pages in ``free``'s order (group by group, each table's
+        tail first), where vLLM's pool takes the whole list reversed (the last group first)."""
+        rid = request.request_id
+        if self._pending is not None and self._pending[0] == rid:
+            self._pending = None
+        st = self._reqs.pop(rid, None)
+        if st is None:
+            return []
+        self._common = None
+        self._popped.append(st)
+        blocks = self._blocks
+        return [blocks[p] for t in self._vllm_tables(st) for p in t]
+
+    def _free_popped(self, blocks) -> None:
+        """``block_pool.free_blocks`` of a popped request's blocks (reversed, as the scheduler
+        returns them).  Raises ValueError, changing nothing, for blocks no popped request
+        holds in that order."""
+        ids = [b.block_id for b in blocks]
+        if not ids:
+            return
+        ids.reverse()
+        for i, st in enumerate(self._popped):
+            if ids == [p for t in self._vllm_tables(st) for p in t]:
+                break
+        else:
+            raise ValueError(f"kvshare_vllm: free_blocks({ids}) names no request's blocks "
+                             "taken with pop_blocks_for_free")
+        del self._popped[i]
+        self._release_seq(st)
