@@ -263,6 +263,8 @@ class KvshareHybridKVCacheManager(GroupsNewerSurface, GroupTables, ManagerBase):
         # Requests taken with pop_blocks_for_free, holding their pages until
         # block_pool.free_blocks returns them (vLLM 0.32's deferred frees), oldest first.
         self._popped: list[_HReq] = []
+        if _API != "0.23.0":
+            self._newer_setup()
         # Per full group, the page ids every live table begins with (None: recompute).
         self._common: dict[int, list[int]] | None = None
 

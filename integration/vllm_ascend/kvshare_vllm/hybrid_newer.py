@@ -8,6 +8,10 @@ manager's."""
 
 from __future__ import annotations
 
+import kvshare
+from kvshare import ffi, lib
+
+from . import _fast
 from .base import _cdiv
 from .state_groups import is_state_spec
 
@@ -61,6 +65,14 @@ def newer_groups_reason(kv_cache_config, num_prefill_lookahead: int = 0) -> str 
 class GroupsNewerSurface:
     """vLLM 0.32's additions to the groups manager's surface."""
 
+    def _newer_setup(self) -> None:
+        """What the shared-prefix boundary's lookup reuses at every admission: the C function,
+        the token buffer type and the out-buffers (cffi resolves a function and parses a type at
+        their first use, which costs milliseconds: paid here, at start)."""
+        self._full_match = (lib.kvs_prefix_match, ffi.typeof("int32_t[]"),
+                            ffi.new("uint32_t[]", self.num_blocks), ffi.new("size_t *"),
+                            ffi.new("size_t *"))
+
     def _shared_prefix_boundary(self, request, ids, extra, hit: int) -> int:
         """vLLM 0.32's ``shared_prefix_boundary`` of a lookup that found ``hit`` tokens: where
         the longest single-group hit ends when a lagging group shortened the reconciled hit
@@ -73,8 +85,13 @@ class GroupsNewerSurface:
         limit = max(len(ids) - 1, 0)
         if hit + self.block_size > limit:
             return 0  # the full group cannot reach a whole page further
-        _, longest = self.cache.prefix_match(ids, extra, max_tokens=limit, group=full)
-        return longest if longest > hit else 0
+        match, i32, pages, npages, longest = self._full_match
+        rc = match(self.cache.handle, full, ffi.from_buffer(i32, _fast.pack_i32(ids)), len(ids),
+                   extra.ptr if extra is not None else ffi.NULL, limit, False, pages,
+                   self.num_blocks, npages, longest)
+        if rc:
+            kvshare.check(rc, "kvs_prefix_match")
+        return longest[0] if longest[0] > hit else 0
 
     def get_block_ids_for_computed_tokens(self, request_id: str,
                                           num_computed_tokens: int) -> tuple[list[int], ...]:
