@@ -603,8 +603,12 @@ def bench(argv) -> int:
                            system_tokens=a.system_tokens, output_tokens=a.output_tokens,
                            kv_blocks=a.kv_blocks, block_size=a.block_size, max_model_len=4096,
                            extras=False, max_num_seqs=max(16, a.convs),
-                           max_num_batched_tokens=1024)
-                res, _ = run_in_subprocess(cfg, env=env)
+                           max_num_batched_tokens=1024, sliding_window=a.sliding_window)
+                res, log = run_in_subprocess(cfg, env=env)
+                if extra["kvshare"] and not res.get("manager", "Kvshare").startswith("Kvshare"):
+                    raise SystemExit(f"engine_e2e: {name} ran vLLM's {res['manager']}:\n"
+                                     + "\n".join(line for line in log.splitlines()
+                                                  if "kvshare_vllm" in line))
                 results[name].append(res)
                 print(f"  run {rep + 1}: {name}: {res['wall_s']:.2f} s", file=sys.stderr)
     if a.json:
