@@ -1,6 +1,7 @@
 """``ManagerBase``: what the single-group manager (``manager.KvshareKVCacheManager``) and the
 hybrid one (``hybrid.KvshareHybridKVCacheManager``) share of vLLM's ``KVCacheManager``
-surface: the constructor arguments both keep, prefix-cache stats, the usage fraction, new-block
+surface: the running vLLM's constructor (``__init__``, one per release, which hands the
+arguments to the subclass's ``_setup``), prefix-cache stats, the usage fraction, new-block
 ids for KV zeroing, ``KVCacheBlocks`` construction, reset and event hand-out; and the two
 translations both make: a request's kvshare extra keys (``extra_keys_for``) and a KV-cache
 spec's page element (``_kv_dtype``).
@@ -22,6 +23,10 @@ import kvshare
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
 from vllm.v1.metrics.stats import PrefixCacheStats
+
+from .compat import manager_api
+
+_API = manager_api()  # the vLLM release whose KVCacheManager signatures the managers present
 
 
 # block_hash of a registered page whose request carries no vLLM block hash (see _mark_hashed)
@@ -97,6 +102,39 @@ def match_unit_setting(block_size: int) -> int:
 
 class ManagerBase:
     """The shared half of both managers; see the module doc for what a subclass provides."""
+
+    if _API == "0.23.0":
+        def __init__(self, kv_cache_config, max_model_len: int, scheduler_block_size: int,
+                     hash_block_size: int, max_num_batched_tokens: int | None = None,
+                     enable_caching: bool = True, use_eagle: bool = False,
+                     log_stats: bool = False, enable_kv_cache_events: bool = False,
+                     dcp_world_size: int = 1, pcp_world_size: int = 1,
+                     metrics_collector=None) -> None:
+            """vLLM 0.23.0's ``KVCacheManager`` constructor; the subclass's ``_setup``
+            builds."""
+            self._setup(kv_cache_config, max_model_len, scheduler_block_size, hash_block_size,
+                        enable_caching, use_eagle, log_stats, enable_kv_cache_events,
+                        dcp_world_size, pcp_world_size, metrics_collector,
+                        {"max_num_batched_tokens": max_num_batched_tokens})
+    else:
+        def __init__(self, kv_cache_config, max_model_len: int, scheduler_block_size: int,
+                     hash_block_size: int, max_in_flight_tokens: int | None = None,
+                     enable_caching: bool = True, use_eagle: bool = False,
+                     num_prefill_lookahead: int = 0, log_stats: bool = False,
+                     enable_kv_cache_events: bool = False, dcp_world_size: int = 1,
+                     pcp_world_size: int = 1, metrics_collector=None, watermark: float = 0.0,
+                     enable_mamba_shared_prefix_checkpoint: bool = False) -> None:
+            """vLLM 0.32.0's ``KVCacheManager`` constructor; the subclass's ``_setup`` builds.
+            ``enable_mamba_shared_prefix_checkpoint`` concerns Mamba groups, which neither
+            manager takes on 0.32 (the attribute the scheduler reads is False, as vLLM's
+            manager sets it without them)."""
+            if watermark < 0.0:
+                raise ValueError(f"kvshare_vllm: watermark {watermark} must be non-negative")
+            self._setup(kv_cache_config, max_model_len, scheduler_block_size, hash_block_size,
+                        enable_caching, use_eagle, log_stats, enable_kv_cache_events,
+                        dcp_world_size, pcp_world_size, metrics_collector,
+                        {"max_in_flight_tokens": max_in_flight_tokens}, num_prefill_lookahead,
+                        watermark)
 
     def _init_base(self, kv_cache_config, max_model_len: int, enable_caching: bool,
                    use_eagle: bool, log_stats: bool, enable_kv_cache_events: bool,

@@ -120,59 +120,13 @@ class KvshareKVCacheManager(NewerSurface, ManagerBase):
     """Drop-in for ``vllm.v1.core.kv_cache_manager.KVCacheManager`` with the running vLLM's
     signatures (``compat.manager_api()``: 0.23.0 or 0.32.0)."""
 
-    if _API == "0.23.0":
-        def __init__(
-            self,
-            kv_cache_config,
-            max_model_len: int,
-            scheduler_block_size: int,
-            hash_block_size: int,
-            max_num_batched_tokens: int | None = None,
-            enable_caching: bool = True,
-            use_eagle: bool = False,
-            log_stats: bool = False,
-            enable_kv_cache_events: bool = False,
-            dcp_world_size: int = 1,
-            pcp_world_size: int = 1,
-            metrics_collector=None,
-        ) -> None:
-            self._setup(kv_cache_config, max_model_len, scheduler_block_size, hash_block_size,
-                        enable_caching, use_eagle, log_stats, enable_kv_cache_events,
-                        dcp_world_size, pcp_world_size, metrics_collector)
-    else:
-        def __init__(
-            self,
-            kv_cache_config,
-            max_model_len: int,
-            scheduler_block_size: int,
-            hash_block_size: int,
-            max_in_flight_tokens: int | None = None,
-            enable_caching: bool = True,
-            use_eagle: bool = False,
-            num_prefill_lookahead: int = 0,
-            log_stats: bool = False,
-            enable_kv_cache_events: bool = False,
-            dcp_world_size: int = 1,
-            pcp_world_size: int = 1,
-            metrics_collector=None,
-            watermark: float = 0.0,
-            enable_mamba_shared_prefix_checkpoint: bool = False,
-        ) -> None:
-            """``max_in_flight_tokens`` caps windowed groups' admission in vLLM (none here);
-            ``enable_mamba_shared_prefix_checkpoint`` concerns Mamba groups (none here: the
-            attribute the scheduler reads is False, as vLLM's manager sets it without them)."""
-            if watermark < 0.0:
-                raise ValueError(f"kvshare_vllm: watermark {watermark} must be non-negative")
-            self._setup(kv_cache_config, max_model_len, scheduler_block_size, hash_block_size,
-                        enable_caching, use_eagle, log_stats, enable_kv_cache_events,
-                        dcp_world_size, pcp_world_size, metrics_collector,
-                        num_prefill_lookahead, watermark)
-
     def _setup(self, kv_cache_config, max_model_len: int, scheduler_block_size: int,
                hash_block_size: int, enable_caching: bool, use_eagle: bool, log_stats: bool,
                enable_kv_cache_events: bool, dcp_world_size: int, pcp_world_size: int,
-               metrics_collector, num_prefill_lookahead: int = 0,
+               metrics_collector, in_flight: dict, num_prefill_lookahead: int = 0,
                watermark: float = 0.0) -> None:
+        """The constructor (``ManagerBase.__init__``, the running vLLM's signature);
+        ``in_flight`` sizes windowed groups' admission caps in vLLM: none here."""
         why = unsupported_reason(kv_cache_config, scheduler_block_size, hash_block_size,
                                  dcp_world_size, pcp_world_size, num_prefill_lookahead)
         if why:

@@ -244,6 +244,30 @@ def lookup(manager, request) -> tuple:
     return blocks, hit
 
 
+def admit(manager, rid: str, prompt: list[int], kvshare: bool):
+    """A request of ``prompt`` looked up and given slots for all of it on ``manager`` directly
+    (no scheduler), its tokens marked computed; returns (request, hit tokens)."""
+    r = make_request(rid, prompt, hash_blocks=not kvshare)
+    blocks, hit = lookup(manager, r)
+    assert manager.allocate_slots(r, len(prompt) - hit, hit, blocks) is not None
+    r.num_computed_tokens = len(prompt)
+    return r, hit
+
+
+def return_popped(manager, popped: list, kvshare: bool) -> float:
+    """vLLM 0.32's end of a deferred free: the blocks ``pop_blocks_for_free`` gave back to
+    the block pool, last first (on kvshare's manager, first in the wrong order: refused,
+    nothing changed).  Returns the usage after."""
+    import pytest
+
+    if kvshare:
+        with pytest.raises(ValueError, match="names no request's blocks"):
+            manager.block_pool.free_blocks(popped)
+        manager.check()
+    manager.block_pool.free_blocks(reversed(popped))
+    return round(manager.usage, 6)
+
+
 def token_for(req_id: str, pos: int) -> int:
     """Deterministic 'sampled' token: the same for both managers."""
     return 3 + (hash((req_id, pos)) & 0x7FFF) % 30000

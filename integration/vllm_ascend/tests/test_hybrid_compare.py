@@ -372,11 +372,7 @@ def test_newer_calls_match_vllm(tiny_model_dir):
                              specs=h.layer_specs("gpt-oss", size=32)).kv_cache_manager
 
         def admit(rid, prompt):
-            r = h.make_request(rid, prompt, hash_blocks=not kvshare)
-            blocks, hit = h.lookup(m, r)
-            assert m.allocate_slots(r, len(prompt) - hit, hit, blocks) is not None
-            r.num_computed_tokens = len(prompt)
-            return r, hit
+            return h.admit(m, rid, prompt, kvshare)
 
         def ids(blocks):
             return [[b.block_id for b in g] for g in blocks]
@@ -392,12 +388,7 @@ def test_newer_calls_match_vllm(tiny_model_dir):
                 m.reset_prefix_cache()]  # refused: the popped blocks are still held
         b, hit = admit("b", prompt)
         log += [hit, round(m.usage, 6), m.reset_prefix_cache()]
-        if kvshare:  # not last-first: refused, nothing changes
-            with pytest.raises(ValueError, match="names no request's blocks"):
-                m.block_pool.free_blocks(popped)
-            m.check()
-        m.block_pool.free_blocks(reversed(popped))
-        log.append(round(m.usage, 6))
+        log.append(h.return_popped(m, popped, kvshare))
         m.free(b)
         log += [round(m.usage, 6), m.reset_prefix_cache()]
         if kvshare:

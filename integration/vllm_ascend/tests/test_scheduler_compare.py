@@ -662,24 +662,14 @@ def test_deferred_free_matches_vllm(tiny_model_dir):
         m = h.make_scheduler(tiny_model_dir, kvshare=kvshare, num_blocks=12).kv_cache_manager
 
         def admit(rid, prompt):
-            r = h.make_request(rid, prompt, hash_blocks=not kvshare)
-            blocks, hit = h.lookup(m, r)
-            new = m.allocate_slots(r, len(prompt) - hit, hit, blocks)
-            assert new is not None
-            r.num_computed_tokens = len(prompt)
-            return r, hit
+            return h.admit(m, rid, prompt, kvshare)
 
         a, _ = admit("a", list(range(100, 150)))  # 3 full pages and a partial one
         popped = m.pop_blocks_for_free(a)
         log = [len(popped), m.get_block_ids("a"), round(m.usage, 6)]
         b, hit = admit("b", list(range(100, 150)))  # a's full pages, still held
         log += [hit, round(m.usage, 6), m.reset_prefix_cache()]
-        if kvshare:  # not last-first: refused, nothing changes
-            with pytest.raises(ValueError, match="names no request's blocks"):
-                m.block_pool.free_blocks(popped)
-            m.check()
-        m.block_pool.free_blocks(reversed(popped))
-        log.append(round(m.usage, 6))
+        log.append(h.return_popped(m, popped, kvshare))
         m.free(b)
         c, hit = admit("c", list(range(900, 1030)))  # 9 pages: evicts some cached ones
         log += [hit, round(m.usage, 6)]
