@@ -261,6 +261,10 @@ class KvshareHybridKVCacheManager(GroupsNewerSurface, GroupTables, ManagerBase):
                              "checkpoint, whole or nothing; unset it)")
         if unit and not connector:
             raise copies_need_connector(unit, "on a model of several KV-cache groups")
+        if unit and _API != "0.23.0":
+            raise ValueError(f"kvshare_vllm: {MATCH_UNIT_ENV}={unit} on a model of several "
+                             f"KV-cache groups runs on vLLM 0.23.0 only, not on {_API} (unset "
+                             "it)")
         return unit
 
     @property
