@@ -22,7 +22,7 @@ def newer_groups_reason(kv_cache_config, num_prefill_lookahead: int = 0) -> str 
     cache only where a hit can reach them (``prefix_cache_retention_interval``, 0 by
     default: only the tail before each prompt's last block and before a shared-prefix
     junction); kvshare registers every full page, so a sliding-window group is taken only
-    with dense retention (``--prefix-cache-retention-interval`` unset to None).  Mamba /
+    with dense retention (``--prefix-cache-retention-interval None``).  Mamba /
     linear-attention state groups ("align" sub-block hits, boundary-state hand-offs, sparse
     checkpoints), bounded prefix replay, extra retained window tokens (multi-module MTP),
     group roles (HiSparse), caches that need KV zeroing (mixed precision) and multi-module MTP
