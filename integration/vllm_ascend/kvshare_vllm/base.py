@@ -138,7 +138,7 @@ class ManagerBase:
 
     def _init_base(self, kv_cache_config, max_model_len: int, enable_caching: bool,
                    use_eagle: bool, log_stats: bool, enable_kv_cache_events: bool,
-                   metrics_collector) -> None:
+                   metrics_collector, watermark: float = 0.0) -> None:
         """The state both managers keep, set before anything else of theirs."""
         self.kv_cache_config = kv_cache_config
         self.max_model_len = max_model_len
@@ -155,6 +155,16 @@ class ManagerBase:
         self._new_block_ids: list[int] = []  # for KV zeroing (take_new_block_ids)
         self._events: list = []  # vLLM's KV events not yet taken
         self._avail: int | None = None  # the kept free count (the subclass's _capacity)
+        # Blocks kept free when admitting a waiting / preempted request while others are
+        # scheduled (vLLM 0.32's admission watermark; 0 on 0.23).
+        self.watermark_blocks = int(watermark * self.num_blocks)
+        # vLLM 0.32 attributes the scheduler reads: no Mamba group, no group retaining a
+        # longer hit than the computed tokens.
+        self.mamba_shared_prefix_checkpoint = False
+        self.retained_hit_group_ids = ()
+        # Sequences taken with pop_blocks_for_free, holding their pages until
+        # block_pool.free_blocks returns them (vLLM 0.32's deferred frees), oldest first.
+        self._popped: list = []
 
     @property
     def usage(self) -> float:
@@ -173,12 +183,28 @@ class ManagerBase:
         return self.enable_caching and not request.skip_reading_prefix_cache
 
     def record_prefix_cache_stats(self, request, num_hits: int) -> None:
-        """vLLM 0.32: records an admitted request's lookup (not for a request that skipped
-        it); on 0.23 ``get_computed_blocks`` records it."""
+        """Records a request's lookup (not for a request that skipped it): vLLM 0.32's
+        scheduler calls it at admission; on 0.23 ``get_computed_blocks`` does."""
         if not self.log_stats or not self.prefix_cache_lookup_enabled(request):
             return
         self.prefix_cache_stats.record(num_tokens=request.num_tokens, num_hits=num_hits,
                                        preempted=request.num_preemptions > 0)
+
+    def _take_popped(self, blocks, pages_of):
+        """The popped sequence whose blocks ``blocks`` are, given last block first as the
+        scheduler returns them to ``block_pool.free_blocks`` (``pages_of(state)``: its page
+        ids in vLLM's order), taken off ``_popped``; None for no blocks.  Raises ValueError,
+        changing nothing, for blocks no popped request holds in that order."""
+        ids = [b.block_id for b in blocks]
+        if not ids:
+            return None
+        ids.reverse()
+        for i, st in enumerate(self._popped):
+            if ids == pages_of(st):
+                del self._popped[i]
+                return st
+        raise ValueError(f"kvshare_vllm: free_blocks({ids}) names no request's blocks "
+                         "taken with pop_blocks_for_free")
 
     def reset_prefix_cache(self) -> bool:
         if not self._reset_index():
@@ -248,6 +274,16 @@ class ManagerBase:
                         if i < len(hashes) else _HASHED
                 else:
                     b._block_hash = None
+
+
+def lookahead_reason(num_prefill_lookahead: int) -> str | None:
+    """Why neither manager takes vLLM 0.32's multi-module MTP prefill lookahead (None without
+    one): vLLM keeps the last ``num_prefill_lookahead - 1`` computed tokens out of the prefix
+    cache, as re-prefillable; kvshare registers every full page of computed tokens."""
+    if num_prefill_lookahead > 1:
+        return (f"multi-module MTP prefill lookahead of {num_prefill_lookahead} tokens (their "
+                "re-prefillable KV is kept out of the prefix cache)")
+    return None
 
 
 def extra_keys_for(request):

@@ -171,14 +171,7 @@ class KvshareHybridKVCacheManager(GroupsNewerSurface, GroupTables, ManagerBase):
         if why:
             raise ValueError(f"kvshare_vllm: unsupported configuration: {why}")
         self._init_base(kv_cache_config, max_model_len, enable_caching, use_eagle, log_stats,
-                        enable_kv_cache_events, metrics_collector)
-        # Blocks kept free when admitting a waiting / preempted request while others are
-        # scheduled (vLLM 0.32's admission watermark; 0 on 0.23).
-        self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
-        # vLLM 0.32 attributes the scheduler reads: no Mamba group, no group retaining a
-        # longer hit than the computed tokens.
-        self.mamba_shared_prefix_checkpoint = False
-        self.retained_hit_group_ids = ()
+                        enable_kv_cache_events, metrics_collector, watermark)
         self.specs = [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups]
         self.num_kv_cache_groups = ng = len(self.specs)
         # The page size: the attention groups' block size (a "none" state group's block is
@@ -231,9 +224,6 @@ class KvshareHybridKVCacheManager(GroupsNewerSurface, GroupTables, ManagerBase):
         self._refs = array("I", bytes(4 * self.num_blocks))
         self._fast = self._new_fast()
         self._pending: tuple[str, object] | None = None  # (request id, extra keys) of a match
-        # Requests taken with pop_blocks_for_free, holding their pages until
-        # block_pool.free_blocks returns them (vLLM 0.32's deferred frees), oldest first.
-        self._popped: list[_HReq] = []
         if _API != "0.23.0":
             self._newer_setup()
         # Per full group, the page ids every live table begins with (None: recompute).
@@ -324,12 +314,10 @@ class KvshareHybridKVCacheManager(GroupsNewerSurface, GroupTables, ManagerBase):
         def get_computed_blocks(self, request) -> tuple[KVCacheBlocks, int]:
             """The request's hit (blocks, tokens); records the lookup in the prefix-cache
             stats."""
-            if not self.enable_caching or request.skip_reading_prefix_cache:
+            if not self.prefix_cache_lookup_enabled(request):
                 return self.empty_kv_cache_blocks, 0
             blocks, hit, _, _ = self._lookup(request)
-            if self.log_stats:
-                self.prefix_cache_stats.record(num_tokens=request.num_tokens, num_hits=hit,
-                                               preempted=request.num_preemptions > 0)
+            self.record_prefix_cache_stats(request, hit)
             return blocks, hit
 
         def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
@@ -340,7 +328,7 @@ class KvshareHybridKVCacheManager(GroupsNewerSurface, GroupTables, ManagerBase):
             records the lookup at admission (``record_prefix_cache_stats``).  A request asking
             for ``kv_cache_report_mode == "full"`` with KV events on gets a ``BlockStored`` per
             group for the hit blocks, as vLLM's coordinator publishes them."""
-            if not self.enable_caching or request.skip_reading_prefix_cache:
+            if not self.prefix_cache_lookup_enabled(request):
                 return self.empty_kv_cache_blocks, 0, 0
             blocks, hit, ids, extra = self._lookup(request)
             if hit and self.enable_kv_cache_events \

@@ -12,7 +12,7 @@ import kvshare
 from kvshare import ffi, lib
 
 from . import _fast
-from .base import _cdiv
+from .base import _cdiv, lookahead_reason
 from .state_groups import is_state_spec
 
 
@@ -56,10 +56,7 @@ def newer_groups_reason(kv_cache_config, num_prefill_lookahead: int = 0) -> str 
                 "kvshare registers every full page; set it to None (dense) for kvshare")
     if getattr(kv_cache_config, "needs_kv_cache_zeroing", False):
         return "a KV cache whose new blocks need zeroing (mixed-precision groups)"
-    if num_prefill_lookahead > 1:
-        return (f"multi-module MTP prefill lookahead of {num_prefill_lookahead} tokens (their "
-                "re-prefillable KV is kept out of the prefix cache)")
-    return None
+    return lookahead_reason(num_prefill_lookahead)
 
 
 class GroupsNewerSurface:
@@ -182,15 +179,7 @@ class GroupsNewerSurface:
         """``block_pool.free_blocks`` of a popped request's blocks (reversed, as the scheduler
         returns them).  Raises ValueError, changing nothing, for blocks no popped request
         holds in that order."""
-        ids = [b.block_id for b in blocks]
-        if not ids:
-            return
-        ids.reverse()
-        for i, st in enumerate(self._popped):
-            if ids == [p for t in self._vllm_tables(st) for p in t]:
-                break
-        else:
-            raise ValueError(f"kvshare_vllm: free_blocks({ids}) names no request's blocks "
-                             "taken with pop_blocks_for_free")
-        del self._popped[i]
-        self._release_seq(st)
+        st = self._take_popped(blocks,
+                               lambda st: [p for t in self._vllm_tables(st) for p in t])
+        if st is not None:
+            self._release_seq(st)

@@ -35,7 +35,8 @@ from vllm.v1.request import RequestStatus
 from . import logger
 from . import _fast  # required: startup.require() has checked that it loads
 from .base import (MATCH_UNIT_ENV, ManagerBase, _cdiv, _common_prefix, _extra_addr, _kv_dtype,
-                   _token_ids, copies_need_connector, extra_keys_for, match_unit_setting)
+                   _token_ids, copies_need_connector, extra_keys_for, lookahead_reason,
+                   match_unit_setting)
 from .events import EventTranslator, cached_blocks_event
 from .host_tier import HOST_PAGES, CopyQueue, HostTier
 from .pool_tier import POOL
@@ -110,10 +111,7 @@ def unsupported_reason(kv_cache_config, scheduler_block_size: int, hash_block_si
                 f"hash {hash_block_size})")
     if not 1 <= spec.block_size <= kvshare.MAX_PAGE_SIZE:
         return f"block size {spec.block_size} outside kvshare's 1..{kvshare.MAX_PAGE_SIZE}"
-    if num_prefill_lookahead > 1:
-        return (f"multi-module MTP prefill lookahead of {num_prefill_lookahead} tokens (their "
-                "re-prefillable KV is kept out of the prefix cache)")
-    return None
+    return lookahead_reason(num_prefill_lookahead)
 
 
 class KvshareKVCacheManager(NewerSurface, ManagerBase):
@@ -135,14 +133,7 @@ class KvshareKVCacheManager(NewerSurface, ManagerBase):
         # vLLM 0.32 also drops the last hit block of a group the model marks as EAGLE's.
         use_eagle = use_eagle or bool(getattr(group, "is_eagle_group", False))
         self._init_base(kv_cache_config, max_model_len, enable_caching, use_eagle, log_stats,
-                        enable_kv_cache_events, metrics_collector)
-        # Blocks kept free when admitting a waiting / preempted request while others are
-        # scheduled (vLLM 0.32's admission watermark; 0 on 0.23).
-        self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
-        # vLLM 0.32 attributes the scheduler reads: no Mamba group, no group retaining a
-        # longer hit than the computed tokens.
-        self.mamba_shared_prefix_checkpoint = False
-        self.retained_hit_group_ids = ()
+                        enable_kv_cache_events, metrics_collector, watermark)
         spec = group.kv_cache_spec
         self.block_size = bs = spec.block_size
         self.num_kv_cache_groups = 1
@@ -220,9 +211,6 @@ class KvshareKVCacheManager(NewerSurface, ManagerBase):
         # recomputed; kept across steps (see get_num_common_prefix_blocks).
         self._common: bytes | None = None
         self._defer = not enable_kv_cache_events
-        # Sequences of requests taken with pop_blocks_for_free, still holding their pages until
-        # block_pool.free_blocks returns them (vLLM 0.32's deferred frees), oldest first.
-        self._popped: list[_Req] = []
         # The native hand-over and packing (_fast.c).
         self._pack = _fast.pack_i32
         appender = _fast.Appender(
@@ -357,12 +345,10 @@ class KvshareKVCacheManager(NewerSurface, ManagerBase):
         def get_computed_blocks(self, request) -> tuple[KVCacheBlocks, int]:
             """The request's hit (blocks, tokens); records the lookup in the prefix-cache
             stats."""
-            if not self.enable_caching or request.skip_reading_prefix_cache:
+            if not self.prefix_cache_lookup_enabled(request):
                 return self.empty_kv_cache_blocks, 0
             blocks, hit = self._lookup(request)
-            if self.log_stats:
-                self.prefix_cache_stats.record(num_tokens=request.num_tokens, num_hits=hit,
-                                               preempted=request.num_preemptions > 0)
+            self.record_prefix_cache_stats(request, hit)
             return blocks, hit
 
         def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
@@ -377,7 +363,7 @@ class KvshareKVCacheManager(NewerSurface, ManagerBase):
             admission (``record_prefix_cache_stats``).  A request asking for
             ``kv_cache_report_mode == "full"`` with KV events on gets a ``BlockStored`` for the
             hit blocks, as vLLM's ``BlockPool.emit_cached_block_events`` publishes it."""
-            if not self.enable_caching or request.skip_reading_prefix_cache:
+            if not self.prefix_cache_lookup_enabled(request):
                 return self.empty_kv_cache_blocks, 0, 0
             blocks, hit = self._lookup(request)
             if hit and self.enable_kv_cache_events \

@@ -121,17 +121,9 @@ class NewerSurface:
         ``kvs_seq_free`` releases a sequence's pages, the tail cached to be evicted first).
         Raises ValueError for blocks that are no popped request's, in that order (nothing
         changes)."""
-        ids = [b.block_id for b in blocks]
-        if not ids:
+        st = self._take_popped(blocks, lambda st: st.pages)
+        if st is None:
             return
-        ids.reverse()
-        for i, st in enumerate(self._popped):
-            if ids == st.pages:
-                break
-        else:
-            raise ValueError(f"kvshare_vllm: free_blocks({ids}) names no request's blocks "
-                             "taken with pop_blocks_for_free")
-        del self._popped[i]
         self._avail = None
         rc = lib.kvs_seq_free(self._h, st.seq)
         if rc:
