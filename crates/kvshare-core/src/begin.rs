@@ -306,6 +306,7 @@ impl State {
             stamp: 0,
             priority: 0,
             pool: pool.filter(|p| p.loading()),
+            retain: Vec::new(),
         };
         let mut seq = seq;
         self.register_seq(id, &mut seq);

@@ -98,6 +98,35 @@ pub enum GroupKind {
     State(StateMode),
 }
 
+/// Which full pages of a sliding-window group a sequence registers as prefix hits. A hit in such
+/// a group needs the `cdiv(window - 1, page_size)` pages before its end (the group's tail), so
+/// a page outside every tail a later lookup can end at only takes room in the index and the
+/// cached part of the pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WindowRetention {
+    /// Every full page, as other kinds register them (vLLM 0.23; vLLM 0.32 with
+    /// `prefix_cache_retention_interval` None).
+    #[default]
+    Dense,
+    /// Only the tails ending at the sequence's retention boundaries
+    /// ([`State::set_retention`](crate::State::set_retention): vLLM 0.32 gives the prompt's last
+    /// token and a lookup's shared-prefix junction), plus, when `segment_pages` is not 0, the
+    /// tail ending at every multiple of `segment_pages` pages (vLLM 0.32's
+    /// `prefix_cache_retention_interval`, 0 by default, in pages). Segments no longer than a
+    /// tail register every page. At most [`MAX_SEGMENT_PAGES`].
+    Sparse {
+        /// Pages per segment; 0 for no segments.
+        segment_pages: u32,
+    },
+}
+
+/// Most pages a [`WindowRetention::Sparse`] segment can span (what the C ABI's 16-bit field
+/// holds).
+pub const MAX_SEGMENT_PAGES: u32 = u16::MAX as u32 - 1;
+
+/// Most retention boundaries a sequence keeps ([`State::set_retention`](crate::State::set_retention)).
+pub const MAX_RETENTION_BOUNDARIES: usize = 4;
+
 /// How a state group keeps and caches states (vLLM's `mamba_cache_mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum StateMode {
@@ -208,6 +237,10 @@ pub struct Config {
     /// default), vLLM 0.23's order: only a window's releases and a sliding-window group's frees
     /// go first. Refused without `vllm_free_order`.
     pub vllm_uncached_first: bool,
+    /// Which full pages of a sliding-window group are registered as prefix hits (see
+    /// [`WindowRetention`]); every page of the other kinds is. [`WindowRetention::Dense`] by
+    /// default.
+    pub window_retention: WindowRetention,
     /// The order in which unreferenced cached pages of one retention priority are evicted when
     /// an allocation finds no free page (see [`crate::evict`]). Every policy evicts lower
     /// priorities first and, outside `vllm_free_order`, a full-attention page only after its
@@ -238,6 +271,7 @@ impl Default for Config {
             match_unit: 0,
             vllm_free_order: false,
             vllm_uncached_first: false,
+            window_retention: WindowRetention::Dense,
             eviction_policy: EvictionPolicy::Lru,
             pool: None,
         }
@@ -302,6 +336,14 @@ impl Config {
                 "vllm_uncached_first",
                 "orders vLLM's block pool and needs vllm_free_order".into(),
             );
+        }
+        if let WindowRetention::Sparse { segment_pages } = self.window_retention {
+            if segment_pages > MAX_SEGMENT_PAGES {
+                return bad(
+                    "window_retention",
+                    format!("segments of {segment_pages} pages: at most {MAX_SEGMENT_PAGES}"),
+                );
+            }
         }
         if self.vllm_free_order && self.eviction_policy != EvictionPolicy::Lru {
             return bad(
@@ -502,6 +544,14 @@ mod tests {
             (
                 "vllm_uncached_first",
                 Box::new(|c| c.vllm_uncached_first = true),
+            ),
+            (
+                "window_retention",
+                Box::new(|c| {
+                    c.window_retention = WindowRetention::Sparse {
+                        segment_pages: MAX_SEGMENT_PAGES + 1,
+                    }
+                }),
             ),
             // vLLM's order is LRU's.
             (

@@ -50,7 +50,10 @@ mod swap;
 pub mod tier;
 
 pub use cache::Cache;
-pub use config::{Config, DType, GroupKind, GroupSpec, StateMode, MAX_GROUPS};
+pub use config::{
+    Config, DType, GroupKind, GroupSpec, StateMode, WindowRetention, MAX_GROUPS,
+    MAX_RETENTION_BOUNDARIES, MAX_SEGMENT_PAGES,
+};
 pub use copies::{CopyKind, PageCopy};
 pub use error::{Error, Result};
 pub use events::{Event, EventKind};

@@ -11,7 +11,7 @@
 use std::fmt::Debug;
 use std::ops::Range;
 
-use super::config::{GroupKind, StateMode};
+use super::config::{GroupKind, StateMode, WindowRetention};
 
 /// The pages of a hit in one group: positions `first_live..len` hold cached pages, positions
 /// before `first_live` are the null page (computed KV the group no longer reads).
@@ -117,6 +117,20 @@ pub(crate) trait Rules: Debug + Send + Sync {
         false
     }
 
+    /// Whether the group registers a sequence's full page `j` as a prefix hit under
+    /// `retention`, `boundaries` being the sequence's retention boundaries (token positions).
+    /// Every page but for sliding windows.
+    fn retains(
+        &self,
+        j: usize,
+        ps: usize,
+        retention: WindowRetention,
+        boundaries: &[usize],
+    ) -> bool {
+        let _ = (j, ps, retention, boundaries);
+        true
+    }
+
     /// Whether the group holds recurrent state rather than per-token KV: it keeps checkpoints
     /// only at page boundaries (no sub-page hits) and a hit's state is usable only after the
     /// step that wrote it (vLLM's same-step rule).
@@ -206,6 +220,28 @@ impl Rules for Window {
 
     fn free_prepends_uncached(&self) -> bool {
         true
+    }
+
+    /// `SlidingWindowManager.reachable_block_mask` (vLLM 0.32, no EAGLE, hits aligned to the
+    /// page): under sparse retention, the pages of a hit's tail (`cdiv(window - 1,
+    /// page_size)` pages) ending at a page boundary that is a multiple of the segment, or at
+    /// the page boundary at or before a retention boundary.
+    fn retains(
+        &self,
+        j: usize,
+        ps: usize,
+        retention: WindowRetention,
+        boundaries: &[usize],
+    ) -> bool {
+        let WindowRetention::Sparse { segment_pages } = retention else {
+            return true;
+        };
+        let need = (self.0 - 1).div_ceil(ps);
+        let k = segment_pages as usize;
+        if k > 0 && (need >= k || j % k >= k - need) {
+            return true;
+        }
+        boundaries.iter().any(|&b| j < b / ps && j + need >= b / ps)
     }
 }
 
@@ -531,5 +567,79 @@ mod tests {
         n.grow(&mut t, 2, &mut st, 0, &mut take);
         n.grow(&mut t, 4, &mut st, 0, &mut take);
         assert_eq!(t, vec![0, 0, 0, 13]);
+    }
+
+    /// vLLM 0.32's `SlidingWindowManager.reachable_block_mask` (no EAGLE, alignment one block),
+    /// line for line, over blocks `start..end`.
+    fn vllm_mask(
+        start: usize,
+        end: usize,
+        window: usize,
+        bs: usize,
+        interval: Option<usize>,
+        bounds: &[usize],
+    ) -> Option<Vec<bool>> {
+        let need = (window - 1).div_ceil(bs);
+        let mut mask = vec![false; end - start];
+        let segment = match interval {
+            None => Some(bs),
+            Some(0) => None,
+            Some(i) => Some(i),
+        };
+        if let Some(seg) = segment {
+            let per = seg / bs;
+            if need >= per {
+                return None;
+            }
+            for i in start..end {
+                if i % per >= per - need {
+                    mask[i - start] = true;
+                }
+            }
+        }
+        if interval.is_some() {
+            for &b in bounds {
+                let e = b / bs * bs / bs;
+                for j in start.max(e.saturating_sub(need))..end.min(e) {
+                    mask[j - start] = true;
+                }
+            }
+        }
+        Some(mask)
+    }
+
+    #[test]
+    fn window_retention_matches_vllm_mask() {
+        let bs = 16;
+        for window in [1, 2, 16, 17, 33, 64, 100, 128] {
+            let w = rules_of(GroupKind::SlidingWindow(window as u32));
+            for interval in [None, Some(0), Some(16), Some(32), Some(64), Some(256)] {
+                let retention = match interval {
+                    None => WindowRetention::Dense,
+                    Some(i) => WindowRetention::Sparse {
+                        segment_pages: (i / bs) as u32,
+                    },
+                };
+                if window == 1 && interval.is_none() {
+                    // vLLM 0.32's dense mask keeps nothing of a one-token window (no tail);
+                    // kvshare's dense retention is 0.23's: every full page.
+                    continue;
+                }
+                for bounds in [&[][..], &[99][..], &[127, 40][..], &[5, 300, 301][..]] {
+                    let mask = vllm_mask(0, 40, window, bs, interval, bounds);
+                    for j in 0..40 {
+                        let want = mask.as_ref().is_none_or(|m| m[j]);
+                        assert_eq!(
+                            w.retains(j, bs, retention, bounds),
+                            want,
+                            "window {window}, interval {interval:?}, bounds {bounds:?}, page {j}"
+                        );
+                    }
+                }
+            }
+        }
+        let full = rules_of(GroupKind::Full);
+        let sparse = WindowRetention::Sparse { segment_pages: 0 };
+        assert!(full.retains(3, bs, sparse, &[]));
     }
 }

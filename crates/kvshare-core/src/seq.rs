@@ -53,6 +53,8 @@ pub(crate) struct Seq {
     pub priority: u8,
     /// Its loads from the pool tier (outstanding, or the positions they served).
     pub pool: Option<Box<SeqPool>>,
+    /// Retention boundaries (token positions) of sparse window retention.
+    pub retain: Vec<usize>,
 }
 
 impl Seq {

@@ -2,6 +2,9 @@
 //! no longer reads, priorities and accessors. Begins (with the prefix hit) are in `begin.rs`,
 //! appends in `append.rs`, swaps between tiers in `swap.rs`, the batch views in `batch.rs`.
 
+use std::ops::Range;
+
+use super::config::{WindowRetention, MAX_RETENTION_BOUNDARIES};
 use super::error::{Error, Result};
 use super::pool::{Holder, PRIORITIES};
 use super::prefix::{has_placeholder, Entry};
@@ -119,7 +122,6 @@ impl State {
             let (keys, stopped) = self.page_keys(&s.tokens, s.extra.as_deref(), &keys);
             (s.keys, s.hash_stopped) = (keys, stopped);
         }
-        let dedup = self.cfg.skip_cached_writes;
         let full = s.keys.len().min(s.final_pages(ps));
         let lora = s.lora();
         // Nothing from the first loading position on is matchable before the loads settle;
@@ -129,61 +131,119 @@ impl State {
             Some(p) => (usize::MAX, p.start..p.end),
             None => (usize::MAX, 0..0),
         };
+        let retention = self.cfg.window_retention;
         for g in 0..self.groups.len() {
-            let pool = self.groups[g].pool;
-            let state = self.groups[g].rules.is_state();
             let to = full.min(s.tables[g].len()).min(gate);
             let from = s.offered[g].min(to);
             for j in from..to {
-                let page = s.tables[g][j];
-                if self.is_null(page) {
-                    continue;
-                }
-                let k = s.keys[j];
-                if state {
-                    self.this_step[g].insert(k.hash, ());
-                }
-                let tokens = &s.tokens[j * ps..(j + 1) * ps];
-                let entry = Entry {
-                    hash: k.hash,
-                    parent: s.parent(j, self.root),
-                    extra: k.extra,
-                    lora,
-                    tokens,
-                };
-                let g32 = g as u32;
-                if self.index_insert(pool, Tier::Device, g32, page, entry) {
-                    if !loaded.contains(&j) {
-                        self.pool_store(g, Tier::Device, page, k.hash, tokens);
-                    }
-                    continue;
-                }
-                let p = &self.pools[pool];
-                if p.index.is_registered(page) || p.dup_of[page as usize].is_some() {
-                    continue;
-                }
-                if dedup {
-                    // The same content is already cached in another page (two requests filled
-                    // identical pages independently): share that one and free this copy. The
-                    // slot mapping hides the page from KV writes, so the tokens of this step
-                    // that filled it never write into the shared page. A canonical page at the
-                    // reference limit is not shared: this copy is kept.
-                    let canonical = p.index.lookup(g32, k.hash, k.extra, tokens);
-                    let shareable = |c: u32| c != page && p.device.check_acquire([c]).is_ok();
-                    if let Some(c) = canonical.filter(|&c| shareable(c)) {
-                        self.pools[pool].device.acquire(c, Holder::Seq);
-                        self.release_device(pool, page, Holder::Seq, Release::Free);
-                        s.tables[g][j] = c;
-                        s.borrowed[g].push(j as u32);
-                        self.counters.dedup_pages += 1;
-                    }
-                } else if self.cfg.vllm_free_order {
-                    // Same content as a registered page: a duplicate, as vLLM keeps it.
-                    self.dup_insert(pool, g32, page, entry);
+                if self.groups[g].rules.retains(j, ps, retention, &s.retain) {
+                    self.offer_page(s, g, j, lora, &loaded);
                 }
             }
             s.offered[g] = s.offered[g].max(to);
         }
+    }
+
+    /// Offers the sequence's full page `j` of group `g` to the group's index: registered, or
+    /// (its content registered already) switched to the registered page (dedup), kept as a
+    /// duplicate (vLLM's order), or left unregistered. Positions in `loaded` came from the pool
+    /// tier and are not stored back.
+    fn offer_page(&mut self, s: &mut Seq, g: usize, j: usize, lora: u64, loaded: &Range<usize>) {
+        let ps = self.ps;
+        let pool = self.groups[g].pool;
+        let dedup = self.cfg.skip_cached_writes;
+        let page = s.tables[g][j];
+        if self.is_null(page) {
+            return;
+        }
+        let k = s.keys[j];
+        if self.groups[g].rules.is_state() {
+            self.this_step[g].insert(k.hash, ());
+        }
+        let tokens = &s.tokens[j * ps..(j + 1) * ps];
+        let entry = Entry {
+            hash: k.hash,
+            parent: s.parent(j, self.root),
+            extra: k.extra,
+            lora,
+            tokens,
+        };
+        let g32 = g as u32;
+        if self.index_insert(pool, Tier::Device, g32, page, entry) {
+            if !loaded.contains(&j) {
+                self.pool_store(g, Tier::Device, page, k.hash, tokens);
+            }
+            return;
+        }
+        let p = &self.pools[pool];
+        if p.index.is_registered(page) || p.dup_of[page as usize].is_some() {
+            return;
+        }
+        if dedup {
+            // The same content is already cached in another page (two requests filled
+            // identical pages independently): share that one and free this copy. The
+            // slot mapping hides the page from KV writes, so the tokens of this step
+            // that filled it never write into the shared page. A canonical page at the
+            // reference limit is not shared: this copy is kept.
+            let canonical = p.index.lookup(g32, k.hash, k.extra, tokens);
+            let shareable = |c: u32| c != page && p.device.check_acquire([c]).is_ok();
+            if let Some(c) = canonical.filter(|&c| shareable(c)) {
+                self.pools[pool].device.acquire(c, Holder::Seq);
+                self.release_device(pool, page, Holder::Seq, Release::Free);
+                s.tables[g][j] = c;
+                s.borrowed[g].push(j as u32);
+                self.counters.dedup_pages += 1;
+            }
+        } else if self.cfg.vllm_free_order {
+            // Same content as a registered page: a duplicate, as vLLM keeps it.
+            self.dup_insert(pool, g32, page, entry);
+        }
+    }
+
+    /// Sets the sequence's retention boundaries: token positions a later lookup can end at (at
+    /// most [`MAX_RETENTION_BOUNDARIES`]). Under sparse window retention
+    /// ([`WindowRetention::Sparse`]) a sliding-window group registers the tail of pages before
+    /// each; the full pages the sequence offered already that the new boundaries retain are
+    /// registered now, so a caller may set them right after the sequence begins. Pages
+    /// registered before stay registered. vLLM 0.32 retains the tails before a prompt's last
+    /// token and before a lookup's shared-prefix junction. Refused (nothing changes) for an
+    /// unknown or swapped-out sequence, too many boundaries, or a cache without sparse
+    /// retention.
+    pub fn set_retention(&mut self, id: u64, boundaries: &[usize]) -> Result<()> {
+        if !matches!(self.cfg.window_retention, WindowRetention::Sparse { .. }) {
+            return Err(Error::arg(
+                "window_retention",
+                "retention boundaries need sparse window retention",
+            ));
+        }
+        if boundaries.len() > MAX_RETENTION_BOUNDARIES {
+            return Err(Error::arg(
+                "num_boundaries",
+                format!(
+                    "{} boundaries, at most {MAX_RETENTION_BOUNDARIES}",
+                    boundaries.len()
+                ),
+            ));
+        }
+        self.device_seq(id)?;
+        let mut s = self.seqs.remove(&id).expect("checked");
+        let old = std::mem::replace(&mut s.retain, boundaries.to_vec());
+        if self.cfg.enable_prefix_caching {
+            let (ps, retention, lora) = (self.ps, self.cfg.window_retention, s.lora());
+            let loaded = s.pool.as_deref().map_or(0..0, |p| p.start..p.end);
+            for g in 0..self.groups.len() {
+                for j in 0..s.offered[g].min(s.tables[g].len()) {
+                    let rules = &self.groups[g].rules;
+                    let added = rules.retains(j, ps, retention, &s.retain)
+                        && !rules.retains(j, ps, retention, &old);
+                    if added {
+                        self.offer_page(&mut s, g, j, lora, &loaded);
+                    }
+                }
+            }
+        }
+        self.seqs.insert(id, s);
+        Ok(())
     }
 
     /// Tells the cache that the KV of the sequence's first `num_computed` tokens is written. A

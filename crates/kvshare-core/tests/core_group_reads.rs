@@ -292,6 +292,7 @@ fn run_reads(
         enable_events: false,
         policy,
         uncached_first: false,
+        retention: None,
     };
     let h = Hybrid::new(cfg).unwrap();
     let pool_of: Vec<usize> = (0..groups.len()).map(|g| h.pool_of(g).unwrap()).collect();

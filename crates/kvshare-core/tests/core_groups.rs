@@ -25,7 +25,7 @@
 use std::collections::{HashMap, HashSet};
 
 use kvshare_core::prefix::{chain_hash, root_hash};
-use kvshare_core::{Config, GroupKind, GroupSpec, State, StateMode};
+use kvshare_core::{Config, GroupKind, GroupSpec, State, StateMode, WindowRetention};
 use kvshare_core::{Error, EventKind};
 use proptest::prelude::*;
 
@@ -47,6 +47,9 @@ enum Op {
         extra: u16,
         seed: u32,
         ext: Option<u8>,
+        /// A retention boundary besides the prompt's last token (a lookup's shared-prefix
+        /// junction, in tokens), under sparse retention.
+        junction: Option<u16>,
     },
     /// A step of a live sequence: `k` new tokens (a prefill chunk or one decode token), after
     /// `release_skipped` when `release` (vLLM's order), or an append alone.
@@ -66,8 +69,11 @@ enum Op {
 fn op(max_extra: u16, max_step: u16) -> impl Strategy<Value = Op> {
     prop_oneof![
         3 => (0u8..3, proptest::option::of(0usize..64), 1..=max_extra, any::<u32>(),
-              proptest::option::weighted(0.3, any::<u8>()))
-            .prop_map(|(doc, prev, extra, seed, ext)| Op::Begin { doc, prev, extra, seed, ext }),
+              proptest::option::weighted(0.3, any::<u8>()),
+              proptest::option::weighted(0.5, any::<u16>()))
+            .prop_map(|(doc, prev, extra, seed, ext, junction)| {
+                Op::Begin { doc, prev, extra, seed, ext, junction }
+            }),
         5 => (0usize..64, prop_oneof![Just(1u16), 1..=max_step], any::<u32>(),
               proptest::bool::weighted(0.7))
             .prop_map(|(who, k, seed, release)| Op::Step { who, k, seed, release }),
@@ -83,20 +89,40 @@ fn run(
     doc_len: usize,
     ops: &[Op],
 ) -> Result<(), TestCaseError> {
-    run_with(ps, num_pages, kinds, doc_len, ops, true, false)
+    run_with(ps, num_pages, kinds, doc_len, ops, VLLM_0_23)
 }
 
-/// `uncached_first`: the block pool of vLLM 0.32 (kvshare's `vllm_uncached_first`), which
-/// reuses every freed block without a hash first, not vLLM 0.23's.
+/// What a run's cache and vLLM are set to beyond the layout.
+#[derive(Debug, Clone, Copy)]
+struct Mode {
+    caching: bool,
+    /// The block pool of vLLM 0.32 (kvshare's `vllm_uncached_first`), which reuses every freed
+    /// block without a hash first, not vLLM 0.23's.
+    uncached_first: bool,
+    /// vLLM 0.32's `prefix_cache_retention_interval` (tokens; None dense): kvshare's
+    /// `window_retention`, each sequence's boundaries given right after its begin.
+    retention: Option<usize>,
+}
+
+const VLLM_0_23: Mode = Mode {
+    caching: true,
+    uncached_first: false,
+    retention: None,
+};
+
 fn run_with(
     ps: usize,
     num_pages: u32,
     kinds: Vec<GroupKind>,
     doc_len: usize,
     ops: &[Op],
-    caching: bool,
-    uncached_first: bool,
+    mode: Mode,
 ) -> Result<(), TestCaseError> {
+    let Mode {
+        caching,
+        uncached_first,
+        retention,
+    } = mode;
     let cfg = HybridConfig {
         page_size: ps as u32,
         num_pages,
@@ -111,12 +137,16 @@ fn run_with(
         enable_events: true,
         policy: None,
         uncached_first,
+        retention: retention.map(|t| WindowRetention::Sparse {
+            segment_pages: (t / ps) as u32,
+        }),
     };
     let mut h = Hybrid::new(cfg).unwrap();
     // (hash, group, page) of every cached page, rebuilt from the events alone.
     let mut from_events: HashSet<(u128, usize, u32)> = HashSet::new();
     let mut v = Vllm::new(ps, num_pages, kinds.clone(), caching);
     v.uncached_first = uncached_first;
+    v.retention = retention;
     let mut live: Vec<u64> = Vec::new();
     let mut history: Vec<Vec<i32>> = Vec::new();
     let mut next = 1u64;
@@ -128,6 +158,7 @@ fn run_with(
                 extra,
                 seed,
                 ext,
+                junction,
             } => {
                 let mut toks = match prev.filter(|_| !history.is_empty()) {
                     Some(i) => history[i % history.len()].clone(),
@@ -157,12 +188,29 @@ fn run_with(
                         .map_err(|e| TestCaseError::fail(format!("step {step}: {e}")))?;
                     continue;
                 }
-                let want = v.begin_external(id, &toks, ext);
+                // vLLM 0.32's boundaries: the prompt's last token, maybe a junction.
+                let mut bounds = vec![toks.len() - 1];
+                bounds.extend(junction.map(|j| j as usize % toks.len()));
+                if retention.is_none() {
+                    bounds.clear();
+                }
+                let want = v.begin_external(id, &toks, ext, &bounds);
                 let got = if ext > 0 {
                     h.begin_computed(id, &toks, None, hit, 0, hit + ext)
                 } else {
                     h.begin(id, &toks, None, toks.len() - 1, 0)
                 };
+                if got.is_ok() {
+                    // Dense retention refuses boundaries.
+                    let set = h.set_retention(id, &bounds);
+                    match retention {
+                        Some(_) => set.unwrap(),
+                        None => {
+                            let refused = matches!(set, Err(Error::InvalidArgument { .. }));
+                            prop_assert!(refused, "{:?}", set);
+                        }
+                    }
+                }
                 match (want, got) {
                     (Some(hit), Ok(b)) => {
                         prop_assert_eq!(hit, b.matched_tokens, "step {}: hit", step);
@@ -296,6 +344,7 @@ fn state_pages_of_other_bytes_have_their_own_pool() {
         enable_events: false,
         policy: None,
         uncached_first: false,
+        retention: None,
     })
     .unwrap();
     assert_eq!((h.pool_of(0).unwrap(), h.pool_of(1).unwrap()), (0, 1));
@@ -338,6 +387,7 @@ fn a_hit_ending_at_a_chunk_boundary_takes_no_chunked_page() {
         enable_events: false,
         policy: None,
         uncached_first: false,
+        retention: None,
     })
     .unwrap();
     let toks: Vec<i32> = (0..9).collect();
@@ -392,7 +442,27 @@ proptest! {
         } else {
             (vec![GroupKind::ChunkedLocal(64), GroupKind::Full], 16, 120, 200)
         };
-        run_with(ps, pages, kinds, doc, &ops, caching, true)?;
+        let mode = Mode { caching, uncached_first: true, retention: None };
+        run_with(ps, pages, kinds, doc, &ops, mode)?;
+    }
+
+    /// vLLM 0.32's sparse retention of sliding-window pages (`prefix_cache_retention_interval`
+    /// 0, its default, and 64 tokens): only the tails a hit can end at are registered, each
+    /// sequence's boundaries given right after its begin; gpt-oss- and Gemma-3-like layouts
+    /// with short windows, 0.32's free order (uncached blocks first), small pools.
+    #[test]
+    fn vllm_0_32_sparse_window_retention(
+        ops in proptest::collection::vec(op(300, 200), 1..40),
+        layout in 0..2usize,
+        interval in prop_oneof![Just(0usize), Just(64)],
+    ) {
+        let kinds = if layout == 0 {
+            vec![GroupKind::SlidingWindow(32), GroupKind::Full]
+        } else {
+            vec![GroupKind::SlidingWindow(20), GroupKind::SlidingWindow(20), GroupKind::Full]
+        };
+        let mode = Mode { caching: true, uncached_first: true, retention: Some(interval) };
+        run_with(16, 160, kinds, 200, &ops, mode)?;
     }
 
     /// Prefix caching off (h17b's report: the checker indexed the empty indices): no hit,
@@ -400,7 +470,7 @@ proptest! {
     #[test]
     fn no_prefix_caching(ops in proptest::collection::vec(op(40, 20), 1..60)) {
         let kinds = vec![GroupKind::SlidingWindow(9), GroupKind::Full, GroupKind::ChunkedLocal(12)];
-        run_with(4, 48, kinds, 10, &ops, false, false)?;
+        run_with(4, 48, kinds, 10, &ops, Mode { caching: false, ..VLLM_0_23 })?;
     }
 
     /// Qwen3-Next-like: three linear-attention (state) groups per full-attention group, mode
@@ -461,7 +531,7 @@ proptest! {
             GroupKind::State(StateMode::None),
             GroupKind::SlidingWindow(9),
         ];
-        run_with(4, 48, kinds, 10, &ops, false, false)?;
+        run_with(4, 48, kinds, 10, &ops, Mode { caching: false, ..VLLM_0_23 })?;
     }
 
     /// Mixed kinds, windows of a page multiple plus one and less, small pages.

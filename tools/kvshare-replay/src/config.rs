@@ -1,7 +1,7 @@
 //! The replay's settings ([`ReplayConfig`]) and the check, before anything runs, that every
 //! request fits the device on its own ([`check_fits`]).
 
-use kvshare_core::{Config, EvictionPolicy, GroupKind, GroupSpec};
+use kvshare_core::{Config, EvictionPolicy, GroupKind, GroupSpec, WindowRetention};
 
 use super::model::Geometry;
 use super::requests::Schedule;
@@ -97,6 +97,7 @@ impl ReplayConfig {
                 .collect(),
             vllm_free_order: false,
             vllm_uncached_first: false,
+            window_retention: WindowRetention::Dense,
             eviction_policy: self.policy,
             pool: None,
         }

@@ -24,6 +24,9 @@ pub struct Vllm {
     /// go to the front of the queue, the others to its back, each in the given order,
     /// whatever the caller asked (0.32 has no `prepend`).
     pub uncached_first: bool,
+    /// vLLM 0.32's `prefix_cache_retention_interval` (tokens): None dense, 0 only the tails
+    /// before each request's `reachable_boundaries`, positive also one tail per segment.
+    pub retention: Option<usize>,
 }
 
 /// vLLM's mamba block size in mode "none": `max_model_len` (longer than any test sequence).
@@ -37,6 +40,8 @@ pub struct Req {
     /// Align mode: `last_state_block_idx` and `_allocated_block_reqs`, per group.
     pub last_state: Vec<Option<usize>>,
     pub allocated: Vec<bool>,
+    /// `replay_boundaries` plus the request's `shared_prefix_boundary` (sparse retention).
+    pub boundaries: Vec<usize>,
 }
 
 pub fn hashes_of(tokens: &[i32], ps: usize) -> Vec<u128> {
@@ -75,6 +80,7 @@ impl Vllm {
             caching,
             this_step: vec![HashSet::new(); n_groups],
             uncached_first: false,
+            retention: None,
         }
     }
 
@@ -314,16 +320,55 @@ impl Vllm {
         }
     }
 
+    /// vLLM 0.32's `SlidingWindowManager.reachable_block_mask` (no EAGLE, alignment one
+    /// block) for blocks `start..end` of a window group: None caches every block.
+    fn reachable_block_mask(
+        &self,
+        window: usize,
+        start: usize,
+        end: usize,
+        boundaries: &[usize],
+    ) -> Option<Vec<bool>> {
+        let interval = self.retention?;
+        let need = (window - 1).div_ceil(self.ps);
+        let mut mask = vec![false; end.saturating_sub(start)];
+        if interval > 0 {
+            let per = interval / self.ps;
+            if need >= per {
+                return None;
+            }
+            for i in start..end {
+                if i % per >= per - need {
+                    mask[i - start] = true;
+                }
+            }
+        }
+        for &b in boundaries {
+            let e = b / self.ps;
+            for j in start.max(e.saturating_sub(need))..end.min(e) {
+                mask[j - start] = true;
+            }
+        }
+        Some(mask)
+    }
+
     pub fn cache_blocks(&mut self, id: u64, num_tokens: usize) {
         if !self.caching {
             return;
         }
-        let r = self.reqs.get_mut(&id).unwrap();
         let full = num_tokens / self.ps;
         for g in 0..self.kinds.len() {
+            let (start, bounds) = (self.reqs[&id].num_cached[g], &self.reqs[&id].boundaries);
+            let mask = match self.kinds[g] {
+                GroupKind::SlidingWindow(w) => {
+                    self.reachable_block_mask(w as usize, start, full, bounds)
+                }
+                _ => None,
+            };
+            let r = self.reqs.get_mut(&id).unwrap();
             for j in r.num_cached[g]..full {
                 let b = r.blocks[g][j];
-                if b == NULL {
+                if b == NULL || mask.as_ref().is_some_and(|m| !m[j - start]) {
                     continue;
                 }
                 let key = (r.hashes[j], g);
@@ -342,7 +387,13 @@ impl Vllm {
     /// at once): `get_num_blocks_to_allocate` and
     /// `allocate_new_computed_blocks` skip at the hit plus those tokens, every group's blocks
     /// for them come first, then every group's for the rest (`allocate_new_blocks`).
-    pub fn begin_external(&mut self, id: u64, tokens: &[i32], ext: usize) -> Option<usize> {
+    pub fn begin_external(
+        &mut self,
+        id: u64,
+        tokens: &[i32],
+        ext: usize,
+        boundaries: &[usize],
+    ) -> Option<usize> {
         let hashes = hashes_of(tokens, self.ps);
         let (hit_blocks, hit) = self.find_longest_cache_hit(&hashes, tokens.len() - 1);
         let computed = hit + ext;
@@ -390,6 +441,7 @@ impl Vllm {
                 blocks,
                 last_state: vec![None; n],
                 allocated: vec![false; n],
+                boundaries: boundaries.to_vec(),
             },
         );
         if ext > 0 {

@@ -4,7 +4,7 @@
 //! `core_group_reads.rs`).
 #![allow(dead_code)]
 
-use kvshare_core::{Config, Error, EvictionPolicy, GroupSpec, State};
+use kvshare_core::{Config, Error, EvictionPolicy, GroupSpec, State, WindowRetention};
 
 pub const NULL: u32 = 0;
 
@@ -20,6 +20,8 @@ pub struct HybridConfig {
     pub policy: Option<EvictionPolicy>,
     /// With vLLM's order: newer vLLM's (0.32), every freed page without cached content first.
     pub uncached_first: bool,
+    /// Sparse window retention (None: dense).
+    pub retention: Option<WindowRetention>,
 }
 
 /// A cache of groups that keeps pages as vLLM's block pool does (or in kvshare's order with an
@@ -39,6 +41,7 @@ impl Hybrid {
             skip_cached_writes: false,
             vllm_free_order: c.policy.is_none(),
             vllm_uncached_first: c.uncached_first,
+            window_retention: c.retention.unwrap_or_default(),
             eviction_policy: c.policy.unwrap_or_default(),
             ..Config::default()
         })
