@@ -31,6 +31,27 @@
 #define KVS_MAX_PAGE_SIZE 1024
 
 /*
+ `kvs_config.window_retention`: every full page of a sliding-window group is registered.
+ */
+#define KVS_WINDOW_RETENTION_DENSE 0
+
+/*
+ `kvs_config.window_retention`: a sliding-window group registers only the tails before a
+ sequence's retention boundaries (`kvs_seq_set_retention`), no segment tails.
+ */
+#define KVS_WINDOW_RETENTION_BOUNDARIES 65535
+
+/*
+ The largest segment of `kvs_config.window_retention`, in pages.
+ */
+#define KVS_MAX_SEGMENT_PAGES 65534
+
+/*
+ The most retention boundaries `kvs_seq_set_retention` takes.
+ */
+#define KVS_MAX_RETENTION_BOUNDARIES 4
+
+/*
  Most events a cache queues; further events are dropped (and counted in
  `kvs_stats.events_dropped`) until `kvs_cache_take_events` drains some.
  */
@@ -1172,6 +1193,16 @@ typedef struct kvs_config {
    */
   bool vllm_uncached_first;
   /*
+   Which full pages of a sliding-window group are registered as prefix hits. 0 (the
+   default, `KVS_WINDOW_RETENTION_DENSE`): every one. `KVS_WINDOW_RETENTION_BOUNDARIES`:
+   only the tail a hit needs (`cdiv(window - 1, page_size)` pages) before each of a
+   sequence's retention boundaries (`kvs_seq_set_retention`). 1..=`KVS_MAX_SEGMENT_PAGES`:
+   those tails and the tail before every multiple of this many pages. vLLM 0.32's
+   `prefix_cache_retention_interval` None, 0 and positive (in pages); other kinds register
+   every full page.
+   */
+  uint16_t window_retention;
+  /*
    A `kvs_eviction_policy`: which unreferenced cached page of a tier goes first when a page
    is needed, within retention priorities. Default `KVS_EVICTION_POLICY_LRU`; any other
    policy with `vllm_free_order` is `KVS_STATUS_INVALID_CONFIG` naming `eviction_policy`.
@@ -2019,7 +2050,8 @@ kvs_status kvs_backend_describe(const struct kvs_backend *backend,
  A valid default configuration: 16-token pages, 1024 device pages, no host pages, one
  layer of one 128-wide f16 KV head, prefix caching on, no padding page, no deferred
  commit, cached writes skipped, demotion to host pages on, events off, whole-page matching
- (`match_unit` 0), kvshare's reuse order (`vllm_free_order` off), one full-attention
+ (`match_unit` 0), kvshare's reuse order (`vllm_free_order` off), dense window retention,
+ one full-attention
  group (`groups` NULL, `num_groups` 0).
 
  **Thread safety:** safe from any thread.
@@ -2807,6 +2839,27 @@ kvs_status kvs_seq_release_skipped(struct kvs_cache *cache,
 kvs_status kvs_seq_set_computed(struct kvs_cache *cache,
                                 uint64_t seq_id,
                                 size_t num_computed_tokens);
+
+/*
+ Sets the sequence's retention boundaries: `num_boundaries` (at most
+ `KVS_MAX_RETENTION_BOUNDARIES`) token positions a later lookup can end at. With
+ `kvs_config.window_retention` other than `KVS_WINDOW_RETENTION_DENSE`, a sliding-window
+ group registers only the tail of pages before each boundary (and before each segment's
+ end); the full pages the sequence offered already that the new boundaries retain are
+ registered by this call, so it can follow `kvs_seq_begin` at once. Pages registered
+ before stay registered. vLLM 0.32 retains the tail before a prompt's last token
+ (`num_prompt_tokens - 1`) and before a lookup's shared-prefix boundary when there is one.
+
+ **Failure:** unknown sequence (`KVS_STATUS_SEQ_NOT_FOUND`), a swapped-out sequence
+ (`KVS_STATUS_SEQ_WRONG_TIER`), a cache with dense window retention, more than
+ `KVS_MAX_RETENTION_BOUNDARIES` boundaries, `boundaries` NULL with `num_boundaries` not 0
+ (`KVS_STATUS_INVALID_ARGUMENT` / `KVS_STATUS_NULL_ARGUMENT`): nothing changes.
+ **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+ */
+kvs_status kvs_seq_set_retention(struct kvs_cache *cache,
+                                 uint64_t seq_id,
+                                 const size_t *boundaries,
+                                 size_t num_boundaries);
 
 /*
  Swaps a sequence out to host pages: one device→host copy per live page of each group's

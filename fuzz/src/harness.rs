@@ -27,7 +27,7 @@ use std::ffi::CStr;
 use std::ptr::{null, null_mut};
 
 use arbitrary::{Arbitrary, Unstructured};
-use kvshare::cache::{kvs_cache, kvs_config, kvs_stats};
+use kvshare::cache::{kvs_cache, kvs_config, kvs_stats, KVS_WINDOW_RETENTION_BOUNDARIES};
 use kvshare::enums::{kvs_eviction_policy, kvs_group_kind, kvs_state_mode, kvs_status};
 use kvshare::events::kvs_event;
 use kvshare::groups::{kvs_group, kvs_group_info, KVS_NULL_PAGE};
@@ -206,6 +206,13 @@ pub enum Op {
         id: u8,
         back: u8,
     },
+    /// `kvs_seq_set_retention` with `n % 6` boundaries (5: refused) derived from `at`, near the
+    /// sequence's token count.
+    SetRetention {
+        id: u8,
+        n: u8,
+        at: u16,
+    },
     NewStep,
     StatePage {
         id: u8,
@@ -290,6 +297,8 @@ struct Run {
     state: Vec<bool>,
     /// A state group in mode align: appends take no lookahead slots.
     align: bool,
+    /// Sparse window retention: sequences take retention boundaries.
+    sparse: bool,
     model: Model,
     op: String,
 }
@@ -565,6 +574,10 @@ pub fn run(data: &[u8], max_ops: usize) -> usize {
     cfg.vllm_free_order = setup.vllm_free_order;
     // vLLM 0.32's order (uncached pages first) or 0.23's; the policy byte picks (unused there).
     cfg.vllm_uncached_first = setup.vllm_free_order && setup.policy & 1 == 1;
+    // Window retention: dense, boundaries only, or segments of 1 or 3 pages (the policy
+    // byte's high bits).
+    cfg.window_retention =
+        [0, KVS_WINDOW_RETENTION_BOUNDARIES, 1, 3][usize::from(setup.policy >> 4 & 3)];
     cfg.eviction_policy = if setup.vllm_free_order {
         kvs_eviction_policy::Lru as u32
     } else {
@@ -611,6 +624,7 @@ pub fn run(data: &[u8], max_ops: usize) -> usize {
             u => u.min(cfg.page_size) as usize,
         },
         dev_pages: cfg.num_device_pages,
+        sparse: cfg.window_retention != 0,
         pools,
         state: (0..ng).map(|g| groups.get(g).is_some_and(state)).collect(),
         align: groups.iter().any(mode_align),

@@ -523,6 +523,25 @@ impl Run {
                 };
                 self.expect(st, &[want]);
             }
+            Op::SetRetention { id, n, at } => {
+                let id = u64::from(id % 16);
+                let held = self.model.seqs.get(&id).map_or(0, |s| s.tokens);
+                let n = usize::from(n % 6);
+                let bounds: Vec<usize> = (0..n)
+                    .map(|i| {
+                        (held + 1).saturating_sub(usize::from(at.rotate_left(4 * i as u32) % 48))
+                    })
+                    .collect();
+                let st = unsafe {
+                    kvs_cache::kvs_seq_set_retention(self.c, id, bounds.as_ptr(), bounds.len())
+                };
+                let want = if !self.sparse || n > 4 {
+                    kvs_status::InvalidArgument
+                } else {
+                    self.seq_status(id, Tier::Device).unwrap_or(kvs_status::Ok)
+                };
+                self.expect(st, &[want]);
+            }
             Op::NewStep => {
                 let st = unsafe { kvs_cache::kvs_cache_new_step(self.c) };
                 self.expect(st, &[kvs_status::Ok]);

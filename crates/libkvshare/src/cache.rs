@@ -10,7 +10,7 @@ use super::panic::guard;
 use super::slice::{slice, slice_mut, try_out, try_ref};
 
 use crate::error::Error;
-use kvshare_core::{Cache, Config, DType, EvictionPolicy, Tier};
+use kvshare_core::{Cache, Config, DType, EvictionPolicy, Tier, WindowRetention};
 
 /// A KV-cache manager: page pools (device and host), refcounts, the prefix index and sequences,
 /// for one KV-cache group (a plain model) or several (`kvs_config.groups`: sliding-window,
@@ -65,6 +65,18 @@ pub(crate) unsafe fn cache<'a>(cache: *const kvs_cache) -> Result<&'a Cache, Err
 /// a compile-time assertion ties it to the core's limit, which `kvs_cache_new` enforces.)
 pub const KVS_MAX_PAGE_SIZE: u32 = 1024;
 const _: () = assert!(KVS_MAX_PAGE_SIZE == kvshare_core::config::MAX_PAGE_SIZE);
+
+/// `kvs_config.window_retention`: every full page of a sliding-window group is registered.
+pub const KVS_WINDOW_RETENTION_DENSE: u16 = 0;
+/// `kvs_config.window_retention`: a sliding-window group registers only the tails before a
+/// sequence's retention boundaries (`kvs_seq_set_retention`), no segment tails.
+pub const KVS_WINDOW_RETENTION_BOUNDARIES: u16 = 0xFFFF;
+/// The largest segment of `kvs_config.window_retention`, in pages.
+pub const KVS_MAX_SEGMENT_PAGES: u16 = 0xFFFE;
+const _: () = assert!(KVS_MAX_SEGMENT_PAGES as u32 == kvshare_core::MAX_SEGMENT_PAGES);
+/// The most retention boundaries `kvs_seq_set_retention` takes.
+pub const KVS_MAX_RETENTION_BOUNDARIES: usize = 4;
+const _: () = assert!(KVS_MAX_RETENTION_BOUNDARIES == kvshare_core::MAX_RETENTION_BOUNDARIES);
 
 /// Geometry and options of a cache. Start from `kvs_config_default()` and set what you need.
 #[repr(C)]
@@ -141,6 +153,14 @@ pub struct kvs_config {
     /// (only a window's releases and a sliding-window group's frees go first). Set without
     /// `vllm_free_order`: `KVS_STATUS_INVALID_CONFIG` naming `vllm_uncached_first`.
     pub vllm_uncached_first: bool,
+    /// Which full pages of a sliding-window group are registered as prefix hits. 0 (the
+    /// default, `KVS_WINDOW_RETENTION_DENSE`): every one. `KVS_WINDOW_RETENTION_BOUNDARIES`:
+    /// only the tail a hit needs (`cdiv(window - 1, page_size)` pages) before each of a
+    /// sequence's retention boundaries (`kvs_seq_set_retention`). 1..=`KVS_MAX_SEGMENT_PAGES`:
+    /// those tails and the tail before every multiple of this many pages. vLLM 0.32's
+    /// `prefix_cache_retention_interval` None, 0 and positive (in pages); other kinds register
+    /// every full page.
+    pub window_retention: u16,
     /// A `kvs_eviction_policy`: which unreferenced cached page of a tier goes first when a page
     /// is needed, within retention priorities. Default `KVS_EVICTION_POLICY_LRU`; any other
     /// policy with `vllm_free_order` is `KVS_STATUS_INVALID_CONFIG` naming `eviction_policy`.
@@ -262,6 +282,13 @@ impl kvs_config {
             match_unit: self.match_unit,
             vllm_free_order: self.vllm_free_order,
             vllm_uncached_first: self.vllm_uncached_first,
+            window_retention: match self.window_retention {
+                KVS_WINDOW_RETENTION_DENSE => WindowRetention::Dense,
+                KVS_WINDOW_RETENTION_BOUNDARIES => WindowRetention::Sparse { segment_pages: 0 },
+                k => WindowRetention::Sparse {
+                    segment_pages: u32::from(k),
+                },
+            },
             eviction_policy,
             groups,
             pool: None,
@@ -287,6 +314,14 @@ impl kvs_config {
             match_unit: c.match_unit,
             vllm_free_order: c.vllm_free_order,
             vllm_uncached_first: c.vllm_uncached_first,
+            window_retention: match c.window_retention {
+                WindowRetention::Dense => KVS_WINDOW_RETENTION_DENSE,
+                WindowRetention::Sparse { segment_pages: 0 } => KVS_WINDOW_RETENTION_BOUNDARIES,
+                // At most `MAX_SEGMENT_PAGES` (`Config::validate`).
+                WindowRetention::Sparse { segment_pages } => {
+                    u16::try_from(segment_pages).unwrap_or(KVS_MAX_SEGMENT_PAGES)
+                }
+            },
             eviction_policy: kvs_eviction_policy::from(c.eviction_policy) as u32,
             groups: std::ptr::null(),
             num_groups,
@@ -383,7 +418,8 @@ impl kvs_cache {
     /// A valid default configuration: 16-token pages, 1024 device pages, no host pages, one
     /// layer of one 128-wide f16 KV head, prefix caching on, no padding page, no deferred
     /// commit, cached writes skipped, demotion to host pages on, events off, whole-page matching
-    /// (`match_unit` 0), kvshare's reuse order (`vllm_free_order` off), one full-attention
+    /// (`match_unit` 0), kvshare's reuse order (`vllm_free_order` off), dense window retention,
+    /// one full-attention
     /// group (`groups` NULL, `num_groups` 0).
     ///
     /// **Thread safety:** safe from any thread.

@@ -420,6 +420,36 @@ impl kvs_cache {
         })
     }
 
+    /// Sets the sequence's retention boundaries: `num_boundaries` (at most
+    /// `KVS_MAX_RETENTION_BOUNDARIES`) token positions a later lookup can end at. With
+    /// `kvs_config.window_retention` other than `KVS_WINDOW_RETENTION_DENSE`, a sliding-window
+    /// group registers only the tail of pages before each boundary (and before each segment's
+    /// end); the full pages the sequence offered already that the new boundaries retain are
+    /// registered by this call, so it can follow `kvs_seq_begin` at once. Pages registered
+    /// before stay registered. vLLM 0.32 retains the tail before a prompt's last token
+    /// (`num_prompt_tokens - 1`) and before a lookup's shared-prefix boundary when there is one.
+    ///
+    /// **Failure:** unknown sequence (`KVS_STATUS_SEQ_NOT_FOUND`), a swapped-out sequence
+    /// (`KVS_STATUS_SEQ_WRONG_TIER`), a cache with dense window retention, more than
+    /// `KVS_MAX_RETENTION_BOUNDARIES` boundaries, `boundaries` NULL with `num_boundaries` not 0
+    /// (`KVS_STATUS_INVALID_ARGUMENT` / `KVS_STATUS_NULL_ARGUMENT`): nothing changes.
+    /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+    #[no_mangle]
+    pub unsafe extern "C" fn kvs_seq_set_retention(
+        cache: *mut kvs_cache,
+        seq_id: u64,
+        boundaries: *const usize,
+        num_boundaries: usize,
+    ) -> kvs_status {
+        // SAFETY: `cache` is NULL or a live handle, `boundaries` readable for `num_boundaries`
+        // values (the export contract); the helpers refuse NULL and misalignment.
+        guard(|| unsafe {
+            let c = self::cache(cache)?;
+            let b = slice(boundaries, num_boundaries, "boundaries")?;
+            Ok(c.lock()?.set_retention(seq_id, b)?)
+        })
+    }
+
     /// Swaps a sequence out to host pages: one device→host copy per live page of each group's
     /// block table, groups in order, each in block-table order (`num_tokens` is the tokens held
     /// by that page; a state page's whole page), written to `copies_out`. Released positions

@@ -585,6 +585,15 @@ class Cache:
         check(lib.kvs_seq_set_computed(self.handle, seq_id, num_computed_tokens),
               "kvs_seq_set_computed")
 
+    def seq_set_retention(self, seq_id: int, boundaries) -> None:
+        """The sequence's retention boundaries (token positions, at most
+        ``MACROS["KVS_MAX_RETENTION_BOUNDARIES"]``): with sparse ``window_retention``, the
+        sliding-window groups register the tail of pages before each (those of its full pages
+        already offered now)."""
+        b = list(boundaries)
+        check(lib.kvs_seq_set_retention(self.handle, seq_id, ffi.new("size_t[]", b) if b
+                                        else ffi.NULL, len(b)), "kvs_seq_set_retention")
+
     def _swap(self, fn, name: str, seq_id: int) -> list[tuple]:
         cap = self.seq_info(seq_id)["num_pages"] * self.num_groups
         copies = ffi.new("kvs_copy[]", max(cap, 1))

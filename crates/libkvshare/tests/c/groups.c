@@ -61,6 +61,46 @@ static void external_tokens(const kvs_group *g) {
     kvs_cache_free(h);
 }
 
+/* Sparse window retention (vLLM 0.32's default): a window of 8 tokens over pages of 4 needs the
+ * 2 pages before a hit's end. Without boundaries the window group registers none of a
+ * 24-token sequence's 6 full pages (the full group all 6); the boundary at the last token (23)
+ * registers pages 3 and 4 at once; one at token 13 adds pages 1 and 2. A second sequence with
+ * the same tokens hits 20 of them in both groups. The config reads back. */
+static void sparse_retention(const kvs_group *g) {
+    kvs_config c = cfg_of(g, 2);
+    c.window_retention = KVS_WINDOW_RETENTION_BOUNDARIES;
+    kvs_cache *h = NULL;
+    CHECK_OK(kvs_cache_new(&c, &h));
+    kvs_config got;
+    CHECK_OK(kvs_cache_get_config(h, &got));
+    CHECK_EQ(got.window_retention, KVS_WINDOW_RETENTION_BOUNDARIES);
+    int32_t toks[24];
+    t_iota(toks, 24, 900);
+    kvs_seq_info si;
+    CHECK_OK(kvs_seq_begin(h, 1, toks, 24, NULL, 0, 0, &si));
+    CHECK_EQ(t_group_stats(h, 0).pages_registered, 0);
+    CHECK_EQ(t_group_stats(h, 1).pages_registered, 6);
+    size_t last = 23;
+    CHECK_OK(kvs_seq_set_retention(h, 1, &last, 1));
+    CHECK_EQ(t_group_stats(h, 0).pages_registered, 2);
+    size_t both[2] = {23, 13};
+    CHECK_OK(kvs_seq_set_retention(h, 1, both, 2));
+    CHECK_EQ(t_group_stats(h, 0).pages_registered, 4);
+    uint32_t pages[6];
+    CHECK_EQ(t_pages(h, 0, 1, pages, 6), 6);
+    for (size_t j = 0; j < 6; j++) {
+        kvs_page_info pi;
+        CHECK_OK(kvs_page_get_info(h, KVS_TIER_DEVICE, 0, pages[j], &pi));
+        CHECK(pi.registered == (j >= 1 && j <= 4));
+    }
+    CHECK_OK(kvs_seq_begin(h, 2, toks, 24, NULL, 23, 0, &si));
+    CHECK_EQ(si.matched_tokens, 20);
+    CHECK_OK(kvs_seq_free(h, 1));
+    CHECK_OK(kvs_seq_free(h, 2));
+    CHECK_CACHE(h);
+    kvs_cache_free(h);
+}
+
 int main(void) {
     kvs_group g[2] = {
         {KVS_GROUP_KIND_SLIDING_WINDOW, 8, 4096},
@@ -314,6 +354,7 @@ int main(void) {
     kvs_cache_free(h);
     kvs_cache_free(NULL);
     external_tokens(g);
+    sparse_retention(g);
     printf("groups: ok\n");
     return 0;
 }

@@ -411,6 +411,37 @@ static void group_calls(void) {
     UNTOUCHED(page);
 }
 
+/* kvs_seq_set_retention: refused on the fixture (dense window retention) and for a NULL cache;
+ * on a cache with sparse retention, refused for an unknown sequence, too many boundaries, NULL
+ * or misaligned boundaries, registering nothing. */
+static void retention_calls(void) {
+    size_t b[KVS_MAX_RETENTION_BOUNDARIES + 1] = {7, 11, 15, 19, 23};
+    EXPECT(kvs_seq_set_retention(h, 1, b, 1), KVS_STATUS_INVALID_ARGUMENT, "window_retention");
+    EXPECT(kvs_seq_set_retention(NULL, 1, b, 1), KVS_STATUS_NULL_ARGUMENT, "cache");
+    kvs_group g[2] = {
+        {KVS_GROUP_KIND_SLIDING_WINDOW, 8, 4096},
+        {KVS_GROUP_KIND_FULL, 0, 4096},
+    };
+    kvs_config cfg = config_of(g, 2);
+    cfg.window_retention = KVS_WINDOW_RETENTION_BOUNDARIES;
+    kvs_cache *s = NULL;
+    CHECK_OK(kvs_cache_new(&cfg, &s));
+    int32_t toks[24];
+    t_iota(toks, 24, 300);
+    kvs_seq_info si;
+    CHECK_OK(kvs_seq_begin(s, 1, toks, 24, NULL, 0, 0, &si));
+    uint64_t before = t_group_stats(s, 0).pages_registered;
+    CHECK_FAILS(kvs_seq_set_retention(s, 2, b, 1), KVS_STATUS_SEQ_NOT_FOUND, "2");
+    CHECK_FAILS(kvs_seq_set_retention(s, 1, b, KVS_MAX_RETENTION_BOUNDARIES + 1),
+                KVS_STATUS_INVALID_ARGUMENT, "num_boundaries");
+    CHECK_FAILS(kvs_seq_set_retention(s, 1, NULL, 1), KVS_STATUS_NULL_ARGUMENT, "boundaries");
+    CHECK_FAILS(kvs_seq_set_retention(s, 1, MIS(size_t), 1), KVS_STATUS_INVALID_ARGUMENT,
+                "boundaries");
+    CHECK_EQ(t_group_stats(s, 0).pages_registered, before);
+    CHECK_CACHE(s);
+    kvs_cache_free(s);
+}
+
 int main(void) {
     memset(raw, 0xA5, sizeof raw);
     configs();
@@ -418,6 +449,7 @@ int main(void) {
     nulls();
     misaligned();
     group_calls();
+    retention_calls();
     fixture_intact_then_free();
     printf("groups_bad_input: ok\n");
     return 0;
