@@ -366,11 +366,6 @@ def run(cfg: dict) -> dict:
             kv_role="kv_both",
             kv_connector_extra_config={"num_host_pages": cfg["host_pages"],
                                        "prefetch_waiting": cfg["prefetch_waiting"]})
-    if cfg["sliding_window"]:
-        from kvshare_vllm import compat
-
-        if compat.manager_api() != "0.23.0":  # 0.32 keeps windows' pages sparsely by default;
-            extra["prefix_cache_retention_interval"] = None  # kvshare's groups, densely
     if cfg["kv_cache_dtype"] != "auto":
         extra["kv_cache_dtype"] = cfg["kv_cache_dtype"]
     if cfg["kv_scale_fault"]:

@@ -41,7 +41,7 @@ from .base import (MATCH_UNIT_ENV, ManagerBase, _cdiv, _extra_addr, _token_ids,
 from .events import cached_blocks_event
 from .group_tables import GroupTables, _HReq
 from .host_tier import HOST_PAGES, HostTier
-from .hybrid_newer import GroupsNewerSurface, newer_groups_reason
+from .hybrid_newer import GroupsNewerSurface, newer_groups_reason, window_retention
 from .state_groups import (is_state_spec, state_group_kind, state_unsupported_reason,
                            vllm_table)
 from .manager import _ADMITTED_FROM, _NO_SPACE, _REMOVED, _STORED
@@ -199,6 +199,11 @@ class KvshareHybridKVCacheManager(GroupsNewerSurface, GroupTables, ManagerBase):
         self._windowed = [g for g, (k, _) in enumerate(kinds)
                           if k != "full" and g not in self._single]
         self._zero_new = bool(getattr(kv_cache_config, "needs_kv_cache_zeroing", False))
+        # vLLM 0.32's retention of sliding-window pages; sparse: sequences get boundaries.
+        self._retention = window_retention(kv_cache_config, bs) if _API != "0.23.0" \
+            else kvshare.MACROS["KVS_WINDOW_RETENTION_DENSE"]
+        self._sparse = bool(self._retention) and enable_caching
+        self._sliding = frozenset(g for g, (k, _) in enumerate(kinds) if k == "sliding_window")
         # The host tier, when kvshare's KV connector executes its copies (host_tier.py).
         connector = HOST_PAGES.get()  # None without kvshare's KV connector
         self._unit = self._unit_setting(bs, connector is not None)
@@ -238,7 +243,8 @@ class KvshareHybridKVCacheManager(GroupsNewerSurface, GroupTables, ManagerBase):
             # window's
             vllm_uncached_first=_API != "0.23.0", defer_commit=False,
             skip_cached_writes=False, num_host_pages=self.num_host_pages,
-            demote_to_host=self.num_host_pages > 0, match_unit=self._unit)
+            demote_to_host=self.num_host_pages > 0, match_unit=self._unit,
+            window_retention=self._retention)
 
     def _unit_setting(self, bs: int, connector: bool) -> int:
         """``KVSHARE_VLLM_MATCH_UNIT`` for these groups: sub-page hits on attention groups,
@@ -490,6 +496,8 @@ class KvshareHybridKVCacheManager(GroupsNewerSurface, GroupTables, ManagerBase):
                 kvshare.check(rc, "kvs_seq_begin")
             info = {"matched_tokens": matched}
             self._reqs[rid] = st
+            if self._sparse:
+                self._retain(st, request)
         else:
             try:
                 info = self.cache.seq_begin(st.seq, ids[:known], max_match_tokens=num_hit,
@@ -502,6 +510,8 @@ class KvshareHybridKVCacheManager(GroupsNewerSurface, GroupTables, ManagerBase):
                 # written by this step's forward): vLLM's MambaManager refuses it too.
                 return None
             self._reqs[rid] = st
+            if self._sparse:
+                self._retain(st, request)
             st.n = known
             self._refresh(st)
         self._drain_events(st, request, nh, known // self.block_size if self.enable_caching else nh)
@@ -541,6 +551,8 @@ class KvshareHybridKVCacheManager(GroupsNewerSurface, GroupTables, ManagerBase):
         if rc:
             kvshare.check(rc, "kvs_seq_begin")
         self._reqs[rid] = st
+        if self._sparse:
+            self._retain(st, request)
         self._common_with(st)
         self._check_matched(request, local, matched)
         if not delay and known > st.n:

@@ -18,15 +18,13 @@ from .state_groups import is_state_spec
 
 def newer_groups_reason(kv_cache_config, num_prefill_lookahead: int = 0) -> str | None:
     """Why the groups manager cannot keep lockstep with vLLM 0.32's coordinator on this
-    configuration (None when it can).  0.32 keeps sliding-window groups' pages in the prefix
-    cache only where a hit can reach them (``prefix_cache_retention_interval``, 0 by
-    default: only the tail before each prompt's last block and before a shared-prefix
-    junction); kvshare registers every full page, so a sliding-window group is taken only
-    with dense retention (``--prefix-cache-retention-interval None``).  Mamba /
-    linear-attention state groups ("align" sub-block hits, boundary-state hand-offs, sparse
-    checkpoints), bounded prefix replay, extra retained window tokens (multi-module MTP),
-    group roles (HiSparse), caches that need KV zeroing (mixed precision) and multi-module MTP
-    prefill lookahead are refused."""
+    configuration (None when it can).  Sparse retention of sliding-window pages
+    (``prefix_cache_retention_interval``) runs in the core (``window_retention``); an
+    interval beyond the core's segment limit is refused.  Mamba / linear-attention state
+    groups ("align" sub-block hits, boundary-state hand-offs, sparse checkpoints), bounded
+    prefix replay, extra retained window tokens (multi-module MTP), group roles (HiSparse),
+    caches that need KV zeroing (mixed precision) and multi-module MTP prefill lookahead are
+    refused."""
     from vllm.v1.kv_cache_interface import SlidingWindowSpec
 
     groups = kv_cache_config.kv_cache_groups
@@ -50,13 +48,31 @@ def newer_groups_reason(kv_cache_config, num_prefill_lookahead: int = 0) -> str 
                     "tokens (multi-module MTP)")
         windowed = windowed or isinstance(spec, SlidingWindowSpec)
     interval = getattr(kv_cache_config, "prefix_cache_retention_interval", None)
-    if windowed and interval is not None:
-        return (f"sparse prefix-cache retention of sliding-window groups "
-                f"(prefix_cache_retention_interval={interval}, vLLM 0.32's default is 0): "
-                "kvshare registers every full page; set it to None (dense) for kvshare")
+    if windowed and interval:
+        bs = groups[0].kv_cache_spec.block_size
+        if interval % bs or interval // bs > kvshare.MACROS["KVS_MAX_SEGMENT_PAGES"]:
+            return (f"prefix_cache_retention_interval={interval}: kvshare's window retention "
+                    f"takes a multiple of the block size {bs} up to "
+                    f"{kvshare.MACROS['KVS_MAX_SEGMENT_PAGES']} blocks")
     if getattr(kv_cache_config, "needs_kv_cache_zeroing", False):
         return "a KV cache whose new blocks need zeroing (mixed-precision groups)"
     return lookahead_reason(num_prefill_lookahead)
+
+
+def window_retention(kv_cache_config, block_size: int) -> int:
+    """``kvs_config.window_retention`` for vLLM 0.32's ``prefix_cache_retention_interval``
+    (which only sliding-window groups act on here): None dense, 0 the tails before each
+    request's retention boundaries only, a positive interval also a tail per segment of that
+    many tokens (in pages)."""
+    from vllm.v1.kv_cache_interface import SlidingWindowSpec
+
+    interval = getattr(kv_cache_config, "prefix_cache_retention_interval", None)
+    if interval is None or not any(isinstance(g.kv_cache_spec, SlidingWindowSpec)
+                                   for g in kv_cache_config.kv_cache_groups):
+        return kvshare.MACROS["KVS_WINDOW_RETENTION_DENSE"]
+    if interval == 0:
+        return kvshare.MACROS["KVS_WINDOW_RETENTION_BOUNDARIES"]
+    return interval // block_size
 
 
 class GroupsNewerSurface:
@@ -69,6 +85,14 @@ class GroupsNewerSurface:
         self._full_match = (lib.kvs_prefix_match, ffi.typeof("int32_t[]"),
                             ffi.new("uint32_t[]", self.num_blocks), ffi.new("size_t *"),
                             ffi.new("size_t *"))
+
+    def _retain(self, st, request) -> None:
+        """vLLM 0.32's reachable boundaries of a request beginning its sequence, under sparse
+        window retention: the prompt's last token (a resend of the prompt is capped there)
+        and the lookup's shared-prefix junction when it found one."""
+        last = request.num_prompt_tokens - 1
+        junction = request.shared_prefix_boundary
+        self.cache.seq_set_retention(st.seq, (last, junction) if junction else (last,))
 
     def _shared_prefix_boundary(self, request, ids, extra, hit: int) -> int:
         """vLLM 0.32's ``shared_prefix_boundary`` of a lookup that found ``hit`` tokens: where
@@ -102,16 +126,20 @@ class GroupsNewerSurface:
     def estimate_cached_tokens(self, request) -> int:
         """Tokens of the request's blocks found in the prefix cache (vLLM: per group the most
         tokens a held block's hash covers, the least over the groups): per group, the end of
-        its last held page among the full pages of known tokens (every such page registered
-        when it filled).  0 with prefix caching off."""
+        its last held page among the full pages of known tokens (registered when it filled;
+        under sparse window retention, the last registered one).  0 with prefix caching
+        off."""
         st = self._reqs.get(request.request_id)
         if st is None or not self.enable_caching:
             return 0
         k = st.n // self.block_size
         out = None
-        for t in st.tables:
+        for g, t in enumerate(st.tables):
             i = min(k, len(t))
-            while i and not t[i - 1]:
+            # Under sparse retention a window group registers only some of its full pages.
+            sparse = self._sparse and g in self._sliding
+            while i and (not t[i - 1] or sparse and
+                         not self.cache.page_info(t[i - 1], group=g)["registered"]):
                 i -= 1
             out = i if out is None else min(out, i)
         return (out or 0) * self.block_size

@@ -19,8 +19,8 @@ vLLM's own manager, with a log line.  So do KV connectors whose scheduler side t
 every other connector runs with kvshare's managers, both of which take their external tokens,
 delayed caching (``allocate_slots``) and ``evict_blocks``.
 On vLLM 0.32 both managers run, with kvshare's KV connector and vLLM's own; the groups
-manager there refuses Mamba / linear-attention state groups and sliding-window groups under
-0.32's sparse prefix-cache retention (``hybrid_newer.newer_groups_reason``), and a scheduler
+manager there follows 0.32's sparse prefix-cache retention of sliding-window groups and refuses
+Mamba / linear-attention state groups (``hybrid_newer.newer_groups_reason``), and a scheduler
 that defers block frees (``_deferred_free_reason``).  The
 scheduler builds the manager with keywords on both releases; ``_keywords`` reads positional
 arguments by the running vLLM's signature.

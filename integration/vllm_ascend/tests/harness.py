@@ -148,14 +148,16 @@ def make_scheduler(model_dir: str, *, kvshare: bool, num_blocks: int = 1000, blo
                    max_model_len: int | None = None, enable_prefix_caching: bool = True,
                    kv_events: bool = False, async_scheduling: bool = False,
                    kv_transfer: dict | None = None, specs: dict | None = None,
-                   mamba_cache_mode: str | None = None, watermark: float = 0.0) -> Scheduler:
+                   mamba_cache_mode: str | None = None, watermark: float = 0.0,
+                   retention_interval: int | None = None) -> Scheduler:
     """``kv_transfer``: a KV connector's ``KVTransferConfig`` fields; the scheduler then builds
     the connector's scheduler side (the KV tensor's size is declared: one float32 K and V
     value per slot, which offloading specs divide into per-block bytes).
     ``specs``: per-layer KV-cache specs (``layer_specs``), grouped by vLLM's own
     ``get_kv_cache_groups``; default one full-attention layer.  ``mamba_cache_mode``: the
     cache config's mode for specs with Mamba layers (``mamba_layer_specs``); the scheduler's
-    block sizes are then resolved as EngineCore resolves them."""
+    block sizes are then resolved as EngineCore resolves them.  ``retention_interval``: vLLM
+    0.32's ``prefix_cache_retention_interval`` (None, dense, unless given)."""
     vllm_config = make_vllm_config(
         model_dir, block_size=block_size, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
@@ -180,6 +182,8 @@ def make_scheduler(model_dir: str, *, kvshare: bool, num_blocks: int = 1000, blo
                                       layer_stride=num_blocks * page, block_stride=page)]
     kv_cache_config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=tensors,
                                     kv_cache_groups=groups)
+    if retention_interval is not None:
+        kv_cache_config.prefix_cache_retention_interval = retention_interval
     cache_config.num_gpu_blocks = num_blocks
     sched_kw = {}
     if mamba_cache_mode is not None:

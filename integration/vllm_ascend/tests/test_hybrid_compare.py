@@ -3,8 +3,9 @@
 (``Pair.step``: same tokens scheduled, hits, per-group block counts, null-block positions of
 every block table, blocks in use, preemptions, sampled tokens, on 0.32 the lookups'
 shared-prefix boundaries, every step).  The harness's ``KVCacheConfig`` keeps vLLM 0.32's
-sliding-window pages densely (``prefix_cache_retention_interval`` None), the retention kvshare
-keeps; 0.32's Mamba state groups are refused (``test_unmanaged_configurations_fall_back``).
+sliding-window pages densely (``prefix_cache_retention_interval`` None) unless a test asks for
+sparse retention (``test_sparse_retention_in_lockstep``); 0.32's Mamba state groups are refused
+(``test_unmanaged_configurations_fall_back``).
 
 The group layouts are vLLM's own (``harness.layer_specs`` per layer, grouped by vLLM's
 ``get_kv_cache_groups``): gpt-oss (sliding window 128 / full alternating), Gemma 3 (5 windows of
@@ -232,6 +233,51 @@ def test_kv_events_match_vllm(tiny_model_dir, name):
         assert removed and {ev["group_idx"] for ev in removed} == set(range(ngroups))
 
 
+SPARSE_CASES = ["gpt-oss", "gpt-oss-w32", "gemma3-w64", "mistral-w32", "gpt-oss-w32-async",
+                "gpt-oss-w32-chunked", "gpt-oss-w32-preempt", "gemma3-w64-preempt"]
+
+
+def _vllm_cached(pair) -> int:
+    """Blocks in vLLM's prefix cache (distinct hashes per group) on the reference side."""
+    return len(pair.ref.kv_cache_manager.block_pool.cached_block_hash_to_block._cache)
+
+
+@pytest.mark.skipif(h.API == "0.23.0", reason="vLLM 0.32's sparse prefix-cache retention")
+@pytest.mark.parametrize("interval", [0, 256])
+@pytest.mark.parametrize("name", SPARSE_CASES)
+def test_sparse_retention_in_lockstep(tiny_model_dir, name, interval):
+    """vLLM 0.32's sparse retention of sliding-window pages (``prefix_cache_retention_interval``
+    0, its default: only the tails before each prompt's last token and before a lookup's
+    shared-prefix junction; 256: also a tail per 256-token segment) in kvshare's core, in
+    lockstep: same hits, tables, free order under pressure and preemption, every step; the
+    index holds as many pages as vLLM's, fewer than with dense retention."""
+    pair = run_case(tiny_model_dir, name, retention_interval=interval)
+    mgr = pair.kvs.kv_cache_manager
+    assert type(mgr).__name__ == "KvshareHybridKVCacheManager" and mgr._sparse
+    assert pair.hits[0] == pair.hits[1] and pair.hits[0] > 0
+    assert pair.peak_blocks[0] == pair.peak_blocks[1]
+    kvs = mgr.kvshare_stats()["index_pages"]
+    assert kvs == _vllm_cached(pair)
+    if name.endswith("-preempt"):
+        assert pair.preemptions > 0
+    else:
+        dense = _vllm_cached(run_case(tiny_model_dir, name, vllm_only=True))
+        assert kvs < dense, (kvs, dense)
+
+
+@pytest.mark.skipif(h.API == "0.23.0", reason="vLLM 0.32's sparse prefix-cache retention")
+@pytest.mark.parametrize("name", ["gpt-oss-w32", "gemma3-w64-preempt"])
+def test_sparse_retention_events_match_vllm(tiny_model_dir, name):
+    """KV events under sparse retention: each caching call's ``BlockStored`` names the hashes
+    of the pages registered and the tokens of the whole range, as vLLM's block pool does."""
+    events: list = []
+    pair = run_case(tiny_model_dir, name, events=events, retention_interval=0)
+    assert pair.kvs.kv_cache_manager._sparse
+    stored = [dict(e[1:]) for e in events[0] if e[0] == "BlockStored"]
+    bs = pair.block_size
+    assert any(len(ev["block_hashes"]) < len(ev["token_ids"]) // bs for ev in stored)
+
+
 def test_unmanaged_configurations_fall_back(tiny_model_dir):
     """What kvshare's groups do not cover stays with vLLM's manager (the plugin logs why):
     Mamba / linear-attention state groups with speculative blocks or KV events,
@@ -279,7 +325,10 @@ def test_unmanaged_configurations_fall_back(tiny_model_dir):
         assert hybrid_unsupported_reason(sw, 16, 16) is None
         for interval in (0, 64):
             sw.prefix_cache_retention_interval = interval
-            assert "retention" in hybrid_unsupported_reason(sw, 16, 16)
+            assert hybrid_unsupported_reason(sw, 16, 16) is None
+        for interval in (40, 16 * 65535):  # not whole blocks; beyond the core's segments
+            sw.prefix_cache_retention_interval = interval
+            assert "retention_interval" in hybrid_unsupported_reason(sw, 16, 16)
         sw.prefix_cache_retention_interval = None
         sw.kv_cache_groups[1] = KVCacheGroupSpec(["w"], SlidingWindowSpec(
             block_size=16, num_kv_heads=1, head_size=8, dtype=torch.float32,

@@ -42,9 +42,9 @@ def test_vllm_plugins_filter_excludes_it(installed):
 
 
 def test_unsupported_config_falls_back(tiny_model_dir):
-    """Sliding window + full attention: kvshare's hybrid manager (KV events on too); on vLLM
-    0.32 under sparse prefix-cache retention (0.32's default, ``prefix_cache_retention_interval``
-    0), vLLM's own manager; a Mamba group (or EAGLE with several groups): the selector builds
+    """Sliding window + full attention: kvshare's hybrid manager (KV events on too; on vLLM
+    0.32 under sparse prefix-cache retention too, 0.32's default, but for segments longer than
+    kvshare's limit); a Mamba group (or EAGLE with several groups): the selector builds
     vLLM's own manager."""
     import torch
     from vllm.v1.core.kv_cache_manager import KVCacheManager
@@ -71,6 +71,10 @@ def test_unsupported_config_falls_back(tiny_model_dir):
     if compat.manager_api() != "0.23.0":
         sparse = KVCacheConfig(num_blocks=64, kv_cache_tensors=[], kv_cache_groups=groups,
                                prefix_cache_retention_interval=0)
+        m = sel(kv_cache_config=sparse, max_model_len=256, scheduler_block_size=16,
+                hash_block_size=16)
+        assert type(m) is hybrid and m._sparse
+        sparse.prefix_cache_retention_interval = 16 * 65535  # beyond kvshare's segments
         m = sel(kv_cache_config=sparse, max_model_len=256, scheduler_block_size=16,
                 hash_block_size=16)
         assert type(m) is KVCacheManager
