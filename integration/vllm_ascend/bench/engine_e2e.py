@@ -79,6 +79,8 @@ DEFAULTS = {
                                 # cache cannot)
     "seed": 0,
     "sliding_window": None,     # a hybrid model: even layers slide over this many tokens
+    "retention": "default",     # vLLM 0.32's prefix_cache_retention_interval (None: dense;
+                                # "default": the engine's own, 0)
     "groups_manager": False,    # a model of one full-attention group in kvshare's groups
                                 # manager (the plugin gives it the one-group manager)
     "qwen3_next": False,        # a tiny Qwen3-Next (3 gated-delta-net layers per full one, random
@@ -368,6 +370,8 @@ def run(cfg: dict) -> dict:
                                        "prefetch_waiting": cfg["prefetch_waiting"]})
     if cfg["kv_cache_dtype"] != "auto":
         extra["kv_cache_dtype"] = cfg["kv_cache_dtype"]
+    if cfg["retention"] != "default":
+        extra["prefix_cache_retention_interval"] = cfg["retention"]
     if cfg["kv_scale_fault"]:
         kv_scales.wrong_kv_scales(cfg["kv_scale_fault"])
     t0 = time.perf_counter()
@@ -561,6 +565,9 @@ def bench(argv) -> int:
                     "kernel takes, 16 on vLLM 0.23 and 32 on 0.32)")
     ap.add_argument("--sliding-window", type=int, default=None, metavar="W",
                     help="a hybrid model: even layers slide over W tokens (two KV-cache groups)")
+    ap.add_argument("--retention-interval", default="default", metavar="N|none",
+                    help="vLLM 0.32's prefix_cache_retention_interval for the hybrid model's "
+                    "window: tokens, or none (dense); default: the engine's own (0)")
     ap.add_argument("--groups-manager", action="store_true",
                     help="also the dense model in kvshare's groups manager (one full group)")
     ap.add_argument("--quick", action="store_true", help="a small run for CI smoke tests")
@@ -568,6 +575,8 @@ def bench(argv) -> int:
     a = ap.parse_args(argv)
     if a.block_size is None:
         a.block_size = kernel_block_size()
+    retention = {"default": "default", "none": None}.get(a.retention_interval.lower()) \
+        if not a.retention_interval.isdigit() else int(a.retention_interval)
     if a.quick:
         a.repeats, a.convs, a.turns, a.system_tokens, a.output_tokens = 1, 4, 2, 128, 8
     configs = [("vLLM manager + vLLM attention", {"kvshare": False}),
@@ -598,7 +607,8 @@ def bench(argv) -> int:
                            system_tokens=a.system_tokens, output_tokens=a.output_tokens,
                            kv_blocks=a.kv_blocks, block_size=a.block_size, max_model_len=4096,
                            extras=False, max_num_seqs=max(16, a.convs),
-                           max_num_batched_tokens=1024, sliding_window=a.sliding_window)
+                           max_num_batched_tokens=1024, sliding_window=a.sliding_window,
+                           retention=retention)
                 res, log = run_in_subprocess(cfg, env=env)
                 if extra["kvshare"] and not res.get("manager", "Kvshare").startswith("Kvshare"):
                     raise SystemExit(f"engine_e2e: {name} ran vLLM's {res['manager']}:\n"
@@ -613,6 +623,8 @@ def bench(argv) -> int:
     med = statistics.median
     model_name = (f"hybrid model (sliding window {a.sliding_window} + full attention)"
                   if a.sliding_window else "dense model")
+    if retention != "default":
+        model_name += f", prefix_cache_retention_interval {retention}"
     print(f"workload: {model_name}, {a.convs} conversations x {a.turns} turns, "
           f"{a.system_tokens}-token system prompt, {a.output_tokens} output tokens, "
           f"{a.kv_blocks} KV blocks of {a.block_size}; medians of {a.repeats} runs each, order "

@@ -81,18 +81,24 @@ class GroupsNewerSurface:
     def _newer_setup(self) -> None:
         """What the shared-prefix boundary's lookup reuses at every admission: the C function,
         the token buffer type and the out-buffers (cffi resolves a function and parses a type at
-        their first use, which costs milliseconds: paid here, at start)."""
+        their first use, which costs milliseconds: paid here, at start); likewise the page-info
+        struct of ``estimate_cached_tokens`` and the call and buffer of ``_retain``."""
         self._full_match = (lib.kvs_prefix_match, ffi.typeof("int32_t[]"),
                             ffi.new("uint32_t[]", self.num_blocks), ffi.new("size_t *"),
                             ffi.new("size_t *"))
+        self._page_info = (lib.kvs_page_get_info, ffi.new("kvs_page_info *"))  # estimates
+        self._retention_call = (lib.kvs_seq_set_retention, ffi.new("size_t[]", 2))  # _retain
 
     def _retain(self, st, request) -> None:
         """vLLM 0.32's reachable boundaries of a request beginning its sequence, under sparse
         window retention: the prompt's last token (a resend of the prompt is capped there)
         and the lookup's shared-prefix junction when it found one."""
-        last = request.num_prompt_tokens - 1
-        junction = request.shared_prefix_boundary
-        self.cache.seq_set_retention(st.seq, (last, junction) if junction else (last,))
+        fn, buf = self._retention_call
+        buf[0] = request.num_prompt_tokens - 1
+        buf[1] = junction = request.shared_prefix_boundary
+        rc = fn(self.cache.handle, st.seq, buf, 2 if junction else 1)
+        if rc:
+            kvshare.check(rc, "kvs_seq_set_retention")
 
     def _shared_prefix_boundary(self, request, ids, extra, hit: int) -> int:
         """vLLM 0.32's ``shared_prefix_boundary`` of a lookup that found ``hit`` tokens: where
@@ -134,12 +140,13 @@ class GroupsNewerSurface:
             return 0
         k = st.n // self.block_size
         out = None
+        (get_info, info), h = self._page_info, self.cache.handle
         for g, t in enumerate(st.tables):
             i = min(k, len(t))
             # Under sparse retention a window group registers only some of its full pages.
             sparse = self._sparse and g in self._sliding
-            while i and (not t[i - 1] or sparse and
-                         not self.cache.page_info(t[i - 1], group=g)["registered"]):
+            while i and (not t[i - 1] or sparse and (
+                    get_info(h, 0, g, t[i - 1], info) or not info.registered)):
                 i -= 1
             out = i if out is None else min(out, i)
         return (out or 0) * self.block_size

@@ -100,6 +100,10 @@ class Pair:
                 assert j == self.reqs_kvs[rid].shared_prefix_boundary, \
                     f"{where}: {rid}'s shared-prefix boundary"
                 self.junctions += bool(j)
+                # The prefill stats' cached-token estimate (registered blocks held).
+                assert self.ref.kv_cache_manager.estimate_cached_tokens(r) == \
+                    self.kvs.kv_cache_manager.estimate_cached_tokens(self.reqs_kvs[rid]), \
+                    f"{where}: {rid}'s cached-token estimate"
         self.preemptions += len(o1.preempted_req_ids or ())
         assert o1.finished_req_ids == o2.finished_req_ids, where
         # Same tokens out.
