@@ -124,7 +124,8 @@ pub enum WindowRetention {
 /// holds).
 pub const MAX_SEGMENT_PAGES: u32 = u16::MAX as u32 - 1;
 
-/// Most retention boundaries a sequence keeps ([`State::set_retention`](crate::State::set_retention)).
+/// Most retention boundaries a sequence keeps
+/// ([`State::set_retention`](crate::State::set_retention)).
 pub const MAX_RETENTION_BOUNDARIES: usize = 4;
 
 /// How a state group keeps and caches states (vLLM's `mamba_cache_mode`).
