@@ -20,15 +20,12 @@ def newer_groups_reason(kv_cache_config, num_prefill_lookahead: int = 0) -> str 
     """Why the groups manager cannot keep lockstep with vLLM 0.32's coordinator on this
     configuration (None when it can).  Sparse retention of sliding-window pages
     (``prefix_cache_retention_interval``) runs in the core (``window_retention``); an
-    interval beyond the core's segment limit is refused.  Mamba / linear-attention state
+    interval ``window_retention`` cannot carry is refused.  Mamba / linear-attention state
     groups ("align" sub-block hits, boundary-state hand-offs, sparse checkpoints), bounded
     prefix replay, extra retained window tokens (multi-module MTP), group roles (HiSparse),
     caches that need KV zeroing (mixed precision) and multi-module MTP prefill lookahead are
     refused."""
-    from vllm.v1.kv_cache_interface import SlidingWindowSpec
-
     groups = kv_cache_config.kv_cache_groups
-    windowed = False
     for i, g in enumerate(groups):
         spec = g.kv_cache_spec
         if is_state_spec(spec):
@@ -46,24 +43,23 @@ def newer_groups_reason(kv_cache_config, num_prefill_lookahead: int = 0) -> str 
         if getattr(spec, "extra_retained_tokens", 0):
             return (f"KV-cache group {i}: {spec.extra_retained_tokens} extra retained window "
                     "tokens (multi-module MTP)")
-        windowed = windowed or isinstance(spec, SlidingWindowSpec)
-    interval = getattr(kv_cache_config, "prefix_cache_retention_interval", None)
-    if windowed and interval:
-        bs = groups[0].kv_cache_spec.block_size
-        if interval % bs or interval // bs > kvshare.MACROS["KVS_MAX_SEGMENT_PAGES"]:
-            return (f"prefix_cache_retention_interval={interval}: kvshare's window retention "
-                    f"takes a multiple of the block size {bs} up to "
-                    f"{kvshare.MACROS['KVS_MAX_SEGMENT_PAGES']} blocks")
+    bs = groups[0].kv_cache_spec.block_size
+    if window_retention(kv_cache_config, bs) is None:
+        return (f"prefix_cache_retention_interval="
+                f"{kv_cache_config.prefix_cache_retention_interval}: kvshare's window "
+                f"retention takes a multiple of the block size {bs} up to "
+                f"{kvshare.MACROS['KVS_MAX_SEGMENT_PAGES']} blocks")
     if getattr(kv_cache_config, "needs_kv_cache_zeroing", False):
         return "a KV cache whose new blocks need zeroing (mixed-precision groups)"
     return lookahead_reason(num_prefill_lookahead)
 
 
-def window_retention(kv_cache_config, block_size: int) -> int:
+def window_retention(kv_cache_config, block_size: int) -> int | None:
     """``kvs_config.window_retention`` for vLLM 0.32's ``prefix_cache_retention_interval``
     (which only sliding-window groups act on here): None dense, 0 the tails before each
     request's retention boundaries only, a positive interval also a tail per segment of that
-    many tokens (in pages)."""
+    many tokens (in pages); None for an interval it cannot carry (not whole blocks, or more
+    than ``KVS_MAX_SEGMENT_PAGES`` blocks)."""
     from vllm.v1.kv_cache_interface import SlidingWindowSpec
 
     interval = getattr(kv_cache_config, "prefix_cache_retention_interval", None)
@@ -72,6 +68,8 @@ def window_retention(kv_cache_config, block_size: int) -> int:
         return kvshare.MACROS["KVS_WINDOW_RETENTION_DENSE"]
     if interval == 0:
         return kvshare.MACROS["KVS_WINDOW_RETENTION_BOUNDARIES"]
+    if interval % block_size or interval // block_size > kvshare.MACROS["KVS_MAX_SEGMENT_PAGES"]:
+        return None
     return interval // block_size
 
 
