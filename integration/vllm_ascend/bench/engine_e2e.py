@@ -547,6 +547,17 @@ def _manager_s(r: dict, call: str | None = None) -> float:
     return sum(max(0.0, s - n * r["mgr_wrap_s"]) for n, s in calls)
 
 
+def _retention_arg(text: str):
+    """``--retention-interval``: a token count, ``none`` (dense) or ``default``."""
+    import argparse
+
+    if text.isdigit():
+        return int(text)
+    if text.lower() in ("none", "default"):
+        return None if text.lower() == "none" else "default"
+    raise argparse.ArgumentTypeError(f"{text!r} is not a token count, 'none' or 'default'")
+
+
 def bench(argv) -> int:
     """``kvshare-bench vllm-e2e``: both managers through the real engine, order alternating."""
     import argparse
@@ -565,7 +576,8 @@ def bench(argv) -> int:
                     "kernel takes, 16 on vLLM 0.23 and 32 on 0.32)")
     ap.add_argument("--sliding-window", type=int, default=None, metavar="W",
                     help="a hybrid model: even layers slide over W tokens (two KV-cache groups)")
-    ap.add_argument("--retention-interval", default="default", metavar="N|none",
+    ap.add_argument("--retention-interval", default="default", type=_retention_arg,
+                    metavar="N|none",
                     help="vLLM 0.32's prefix_cache_retention_interval for the hybrid model's "
                     "window: tokens, or none (dense); default: the engine's own (0)")
     ap.add_argument("--groups-manager", action="store_true",
@@ -575,8 +587,6 @@ def bench(argv) -> int:
     a = ap.parse_args(argv)
     if a.block_size is None:
         a.block_size = kernel_block_size()
-    retention = {"default": "default", "none": None}.get(a.retention_interval.lower()) \
-        if not a.retention_interval.isdigit() else int(a.retention_interval)
     if a.quick:
         a.repeats, a.convs, a.turns, a.system_tokens, a.output_tokens = 1, 4, 2, 128, 8
     configs = [("vLLM manager + vLLM attention", {"kvshare": False}),
@@ -608,7 +618,7 @@ def bench(argv) -> int:
                            kv_blocks=a.kv_blocks, block_size=a.block_size, max_model_len=4096,
                            extras=False, max_num_seqs=max(16, a.convs),
                            max_num_batched_tokens=1024, sliding_window=a.sliding_window,
-                           retention=retention)
+                           retention=a.retention_interval)
                 res, log = run_in_subprocess(cfg, env=env)
                 if extra["kvshare"] and not res.get("manager", "Kvshare").startswith("Kvshare"):
                     raise SystemExit(f"engine_e2e: {name} ran vLLM's {res['manager']}:\n"
@@ -623,8 +633,8 @@ def bench(argv) -> int:
     med = statistics.median
     model_name = (f"hybrid model (sliding window {a.sliding_window} + full attention)"
                   if a.sliding_window else "dense model")
-    if retention != "default":
-        model_name += f", prefix_cache_retention_interval {retention}"
+    if a.retention_interval != "default":
+        model_name += f", prefix_cache_retention_interval {a.retention_interval}"
     print(f"workload: {model_name}, {a.convs} conversations x {a.turns} turns, "
           f"{a.system_tokens}-token system prompt, {a.output_tokens} output tokens, "
           f"{a.kv_blocks} KV blocks of {a.block_size}; medians of {a.repeats} runs each, order "
