@@ -419,8 +419,7 @@ impl kvs_cache {
     /// layer of one 128-wide f16 KV head, prefix caching on, no padding page, no deferred
     /// commit, cached writes skipped, demotion to host pages on, events off, whole-page matching
     /// (`match_unit` 0), kvshare's reuse order (`vllm_free_order` off), dense window retention,
-    /// one full-attention
-    /// group (`groups` NULL, `num_groups` 0).
+    /// one full-attention group (`groups` NULL, `num_groups` 0).
     ///
     /// **Thread safety:** safe from any thread.
     #[must_use]
