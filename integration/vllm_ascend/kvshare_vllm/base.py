@@ -8,8 +8,11 @@ spec's page element (``_kv_dtype``).
 
 A subclass provides ``empty_kv_cache_blocks``, ``_capacity()`` (vLLM's free blocks),
 ``_drain_events(st, request)`` (vLLM's events for what kvshare queued; called with
-``(None, None)`` when no request's call is pending), ``_reset_index()``, and the block objects
-in ``_blocks``.  Both serve a KV connector's calls the same way: ``evict_blocks`` and the
+``(None, None)`` when no request's call is pending), ``_reset_index()``,
+``_append_known(st, request, target)`` (hands kvshare the request's tokens up to ``target``, no
+slots: full pages register), and the block objects in ``_blocks``.  Both let the registration of
+a page that fills in a step needing no other native call wait (``_dirty``, ``_flush``).  Both
+serve a KV connector's calls the same way: ``evict_blocks`` and the
 block hashes connectors read after an allocation with external tokens (``_mark_hashed``).
 """
 
@@ -165,6 +168,11 @@ class ManagerBase:
         # Sequences taken with pop_blocks_for_free, holding their pages until
         # block_pool.free_blocks returns them (vLLM 0.32's deferred frees), oldest first.
         self._popped: list = []
+        # Requests whose last page filled up in a step that needed no native call: request id
+        # -> (state, request, known tokens), registered by _flush / _settle_dirty.  Off with
+        # KV events, which must come out in vLLM's order.
+        self._dirty: dict = {}
+        self._defer = not enable_kv_cache_events
 
     @property
     def usage(self) -> float:
@@ -241,7 +249,7 @@ class ManagerBase:
         ids = sorted({int(b) for b in block_ids if b})
         if not ids:
             return
-        if getattr(self, "_dirty", None):
+        if self._dirty:
             self._flush()  # pages that filled with no native call register first
         pages = ffi.new("uint32_t[]", ids)
         kvshare.check(lib.kvs_prefix_unregister(self._h, 0, pages, len(ids), ffi.NULL),
@@ -249,6 +257,23 @@ class ManagerBase:
         self._avail = None
         if self.enable_kv_cache_events:
             self._drain_events(None, None)
+
+    def _flush(self) -> None:
+        """Hands kvshare the tokens of pages that filled up in steps that made no native call
+        (``allocate_slots``), registering those pages, in the order the steps filled them.
+        Runs before anything could look them up (a prefix match, a sequence begin), free them,
+        count them or clear the index, so hits, evictions, events and block counts are what
+        registering at the fill gives, as vLLM's manager caches them."""
+        dirty, self._dirty = self._dirty, {}
+        for st, request, target in dirty.values():
+            if target > st.n:
+                self._append_known(st, request, target)
+
+    def _settle_dirty(self, request_id: str) -> None:
+        """``_flush`` of one request (before its pages go back or are counted)."""
+        d = self._dirty.pop(request_id, None)
+        if d is not None and d[2] > d[0].n:
+            self._append_known(*d)
 
     def _mark_hashed(self, tables, registered: int, request) -> None:
         """Sets ``block_hash`` on the request's block objects as vLLM's blocks have it right

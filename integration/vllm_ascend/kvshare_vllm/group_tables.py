@@ -25,11 +25,12 @@ from .state_groups import align_blocks_to_allocate, align_release, skipped_token
 
 class _HReq:
     """A request's kvshare sequence: id, tokens handed over (``n``), extra keys, a mirror of
-    its block table per group (page ids, 0 for the null page) and ``quiet``: the most tokens
-    a running step can reach with no native call (``GroupTables._quiet``),
-    -1 until computed again after a call that changed ``n`` or the tables."""
+    its block table per group (page ids, 0 for the null page), ``quiet``: the most tokens
+    a running step can reach with no native call (``GroupTables._quiet``), -1 until computed
+    again after a call that changed ``n`` or the tables, and ``room``: the most it can reach
+    with no native call but the registration of pages that filled (computed with ``quiet``)."""
 
-    __slots__ = ("seq", "n", "extra", "tables", "quiet")  # n // block size: blocks cached
+    __slots__ = ("seq", "n", "extra", "tables", "quiet", "room")  # n // bs: blocks cached
 
     def __init__(self, seq: int, extra, num_groups: int):
         self.seq = seq
@@ -37,6 +38,7 @@ class _HReq:
         self.extra = extra
         self.tables: list[list[int]] = [[] for _ in range(num_groups)]
         self.quiet = -1
+        self.room = 0
 
 
 class GroupTables:
@@ -53,6 +55,15 @@ class GroupTables:
             return skipped_tokens(w, c)
         return 0
 
+    def _kept(self, g: int, z: int) -> int:
+        """The most computed tokens at which windowed group ``g`` still reads position ``z``
+        (its skipped tokens end inside or before it)."""
+        kind, w = self._windows[g]
+        bs = self.block_size
+        if kind == "sliding_window":
+            return z * bs + bs - 1 + w - 1
+        return (z * bs + bs - 1) // w * w + w - 1  # chunked local
+
     def _quiet(self, st: _HReq) -> int:
         """The most tokens (computed plus new) ``st`` can reach in a running step that changes
         nothing (``_fast.Groups.running`` would return at once): the slots exist, no page
@@ -61,20 +72,29 @@ class GroupTables:
         skipped positions only grow with the computed tokens, which bounds them here.  Each
         part only grows over a request's life (tables gain nulls at the front and pages at the
         end, tokens are only added), so a bound kept across a change is never above the true
-        one: invalidating it after a call is for speed, not for correctness."""
+        one: invalidating it after a call is for speed, not for correctness.
+
+        Also sets ``st.room``: the same bound without the page fill, and such that no window
+        skips a page of tokens not yet handed over (from ``st.n``'s page on) while the
+        computed tokens stay within it, so a page that fills there can register at a later
+        call (``allocate_slots``' deferral): vLLM would have cached it before dropping it."""
         bs = self.block_size
-        q = min(min(map(len, st.tables)) * bs, (st.n // bs + 1) * bs - 1)
+        slots = min(map(len, st.tables)) * bs
+        q = min(slots, (st.n // bs + 1) * bs - 1)
+        room = slots
+        first = st.n // bs  # the first page of tokens not handed over
         for g in self._windowed:
+            room = min(room, self._kept(g, first))
             t = st.tables[g]
             z = t.count(0)  # null positions: leading ones, as windows drop from the front
             if any(t[:z]):  # a held page among them: the first held position
                 z = next(i for i, p in enumerate(t) if p)
             if z == len(t):
                 continue  # nothing held to drop (the table does not grow in a quiet step)
-            edge = z * bs + bs - 1  # skipped tokens up to here leave position z held
-            kind, w = self._windows[g]
-            c = edge + w - 1 if kind == "sliding_window" else edge // w * w + w - 1
+            c = self._kept(g, z)
             q = min(q, c + 1)  # computed tokens <= c when computed + new <= c + 1
+            room = min(room, c + 1)
+        st.room = room
         return q
 
     def _capacity(self) -> int:

@@ -198,6 +198,8 @@ class KvshareHybridKVCacheManager(GroupsNewerSurface, GroupTables, ManagerBase):
         self._align = frozenset(g for g, w in enumerate(self._windows) if w == ("state", "align"))
         self._windowed = [g for g, (k, _) in enumerate(kinds)
                           if k != "full" and g not in self._single]
+        # Full attention in every group: no window, no state (the plain model's case).
+        self._all_full = all(self._full)
         self._zero_new = bool(getattr(kv_cache_config, "needs_kv_cache_zeroing", False))
         # vLLM 0.32's retention of sliding-window pages; sparse: sequences get boundaries.
         self._retention = window_retention(kv_cache_config, bs) if _API != "0.23.0" \
@@ -298,6 +300,8 @@ class KvshareHybridKVCacheManager(GroupsNewerSurface, GroupTables, ManagerBase):
     def _lookup(self, request):
         """The request's hit: (blocks, tokens, token ids, extra keys); kept for its
         ``allocate_slots`` (``_pending``)."""
+        if self._dirty:
+            self._flush()  # pages that filled with no native call must be findable
         ids = _token_ids(request)
         extra = extra_keys_for(request)
         if self.host_tier is not None:  # the request's host-tier prefix back on the device
@@ -377,7 +381,15 @@ class KvshareHybridKVCacheManager(GroupsNewerSurface, GroupTables, ManagerBase):
             q = st.quiet
             if q < 0:
                 q = st.quiet = self._quiet(st)
-            if request.num_computed_tokens + num_new_tokens <= q:
+            end = request.num_computed_tokens + num_new_tokens
+            if end <= q:
+                return self.empty_kv_cache_blocks
+            if end <= st.room and self._defer and end <= self.max_model_len:
+                # A page fills in slots that exist and no window drops a page now or at the
+                # next call (``_quiet``).  Registering it waits until something could look it
+                # up, count or free it (_flush), or until this request's next native call,
+                # which then carries the tokens.
+                self._dirty[request.request_id] = (st, request, min(end, request.num_tokens))
                 return self.empty_kv_cache_blocks
         if num_new_tokens == 0 and num_external_computed_tokens == 0 and (
                 _API == "0.23.0" or num_new_computed_tokens == 0):
@@ -394,6 +406,22 @@ class KvshareHybridKVCacheManager(GroupsNewerSurface, GroupTables, ManagerBase):
         # Tokens a KV connector loads come after the local hit; windows count them computed.
         external = num_external_computed_tokens
         total = min(local + external, self.max_model_len)
+        if st is None and self._all_full and not (external or delay_cache_blocks
+                                                  or reserved_blocks or wm):
+            # Full attention only: kvs_seq_begin's own NO_SPACE is vLLM's room check (fresh
+            # pages for every slot against free pages less the evictable hits it holds), so
+            # only a full sequence longer than this chunk needs vLLM's arithmetic first.
+            bs = self.block_size
+            need_slot = min(total + num_new_tokens + num_lookahead_tokens, self.max_model_len)
+            full = min(request.num_tokens, self.max_model_len)
+            if full_sequence_must_fit and _cdiv(full, bs) > _cdiv(need_slot, bs) and \
+                    self._blocks_to_allocate(None, full, hits, total, True) > self._capacity():
+                return None
+            if self._dirty:
+                self._flush()  # the begin matches: pages that filled must be findable
+            return self._begin(request, _token_ids(request),
+                               min(total + num_new_tokens, request.num_tokens), need_slot,
+                               num_new_computed_tokens)
         seen = {} if st is None else None  # evictable hit counts, shared by the two checks
         if full_sequence_must_fit:
             full = min(request.num_tokens, self.max_model_len)
@@ -403,6 +431,9 @@ class KvshareHybridKVCacheManager(GroupsNewerSurface, GroupTables, ManagerBase):
         main = total + num_new_tokens
         need_slot = min(main + num_lookahead_tokens, self.max_model_len)
         fast = self._fast
+        # Tokens of a page that filled with no native call: this call carries them.
+        waiting = self._dirty.pop(request.request_id, None) \
+            if self._dirty and st is not None else None
         if st is not None and fast is not None and not reserved_blocks \
                 and not delay_cache_blocks and not wm:
             # A running request's step, one compiled call: the release, vLLM's room check and
@@ -412,10 +443,15 @@ class KvshareHybridKVCacheManager(GroupsNewerSurface, GroupTables, ManagerBase):
             cached = st.n // self.block_size if events else 0
             avail = self._avail
             st.quiet = -1
+            known = min(main, request.num_tokens)
+            if waiting is not None:  # the window drops none of its pages here (_quiet)
+                known = max(known, waiting[2])
             room, rc, appended, added, self._avail = fast.running(
-                st, _token_ids(request), max(0, total - inflight), need_slot,
-                min(main, request.num_tokens), avail if avail is not None else self._capacity())
+                st, _token_ids(request), max(0, total - inflight), need_slot, known,
+                avail if avail is not None else self._capacity())
             if not room:
+                if waiting is not None:  # nothing changed: the page still waits
+                    self._dirty[request.request_id] = waiting
                 return None
             if rc:
                 kvshare.check(rc, "kvs_seq_append")
@@ -423,6 +459,8 @@ class KvshareHybridKVCacheManager(GroupsNewerSurface, GroupTables, ManagerBase):
                 self._drain_events(st, request, cached,
                                    st.n // self.block_size if self.enable_caching else cached)
             return self.empty_kv_cache_blocks if added is None else self._handed_blocks(added)
+        if waiting is not None:  # registered before the release, as vLLM cached it
+            self._append_known(*waiting)
         if st is not None:
             # vLLM's remove_skipped_blocks, done even when the allocation below fails.  Under
             # vllm-ascend (its async-SWA patch gives requests ``num_in_flight_tokens``), tokens
@@ -437,6 +475,8 @@ class KvshareHybridKVCacheManager(GroupsNewerSurface, GroupTables, ManagerBase):
         known = min(main, request.num_tokens)
         ids = _token_ids(request)
         if st is None:
+            if self._dirty:
+                self._flush()  # the begin matches: pages that filled must be findable
             if external or delay_cache_blocks:
                 return self._begin_external(request, ids, local, local + external,
                                             known, need_slot, delay_cache_blocks)
@@ -490,8 +530,10 @@ class KvshareHybridKVCacheManager(GroupsNewerSurface, GroupTables, ManagerBase):
             rc, matched, rows, self._avail = fast.begin(st, ids, known, _extra_addr(extra),
                                                         num_hit, max(need_slot - known, 0), nh,
                                                         0, self._avail)
-            if rc == _NO_SPACE and self._unit:
-                return None  # a sub-page hit's source page, cached, is held too: no room
+            if rc == _NO_SPACE and (self._unit or self._all_full):
+                # Full attention only: the begin's room check is vLLM's (allocate_slots).  A
+                # sub-page hit's source page, cached, is held too: no room.
+                return None
             if rc:
                 kvshare.check(rc, "kvs_seq_begin")
             info = {"matched_tokens": matched}
@@ -582,12 +624,14 @@ class KvshareHybridKVCacheManager(GroupsNewerSurface, GroupTables, ManagerBase):
         if st is None:
             return
         self._common = None  # the shared prefix may lengthen
+        if self._dirty:
+            self._settle_dirty(rid)
         if self._unit and self.enable_caching and self._fast is not None:
             # The computed tokens of the last, partly filled page go to kvshare before the
             # pages do, so their whole units stay matchable (a conversation's next turn).
             target = min(request.num_computed_tokens, request.num_tokens)
             if target > st.n:
-                self._hand_over(st, request, target)
+                self._append_known(st, request, target)
         self._release_seq(st)
 
     def _release_seq(self, st: _HReq) -> None:
@@ -620,10 +664,12 @@ class KvshareHybridKVCacheManager(GroupsNewerSurface, GroupTables, ManagerBase):
         st = self._reqs.get(request.request_id)
         if st is None:
             return
+        if self._dirty:
+            self._settle_dirty(request.request_id)
         target = min(num_computed_tokens, request.num_tokens)
         bs = self.block_size
         if target // bs > st.n // bs and self._fast is not None:
-            self._hand_over(st, request, target)
+            self._append_known(st, request, target)
         elif target // bs > st.n // bs:  # a page fills (partial pages wait, see allocate_slots)
             self.cache.seq_append(st.seq, _token_ids(request)[st.n:target], 0)
             cached, st.n = st.n // bs, target
@@ -631,7 +677,7 @@ class KvshareHybridKVCacheManager(GroupsNewerSurface, GroupTables, ManagerBase):
                 self._refresh(st)
             self._drain_events(st, request, cached, target // bs)
 
-    def _hand_over(self, st: _HReq, request, target: int) -> None:
+    def _append_known(self, st: _HReq, request, target: int) -> None:
         """The request's tokens up to ``target`` to kvshare (``_fast.append``), full pages
         registered, and vLLM's events for them."""
         cached = st.n // self.block_size
@@ -678,6 +724,8 @@ class KvshareHybridKVCacheManager(GroupsNewerSurface, GroupTables, ManagerBase):
         return tuple(list(t) for t in self._vllm_tables(st))
 
     def kvshare_stats(self) -> dict[str, int]:
+        if self._dirty:
+            self._flush()
         st = self.cache.stats()
         return {**st, "device_pages_in_use": self.cache.group_stats(0)["pool_pages_in_use"],
                 **{f"group{g}_{k}": v for g in range(self.num_kv_cache_groups)

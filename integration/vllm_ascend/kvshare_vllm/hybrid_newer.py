@@ -136,7 +136,15 @@ class GroupsNewerSurface:
         st = self._reqs.get(request.request_id)
         if st is None or not self.enable_caching:
             return 0
-        k = st.n // self.block_size
+        known = st.n
+        if self._dirty:
+            d = self._dirty.get(request.request_id)
+            if d is not None:
+                if self._sparse:  # the core says which window pages register
+                    self._settle_dirty(request.request_id)
+                else:  # a page whose registration waits is counted: it registers unchanged
+                    known = max(known, d[2])
+        k = known // self.block_size
         out = None
         (get_info, info), h = self._page_info, self.cache.handle
         for g, t in enumerate(st.tables):
@@ -204,6 +212,8 @@ class GroupsNewerSurface:
         if st is None:
             return []
         self._common = None
+        if self._dirty:  # registered first, as free would
+            self._settle_dirty(rid)
         self._popped.append(st)
         blocks = self._blocks
         return [blocks[p] for t in self._vllm_tables(st) for p in t]

@@ -203,14 +203,9 @@ class KvshareKVCacheManager(NewerSurface, ManagerBase):
         self._num_events_out = ffi.new("size_t *")  # kvs_cache_take_events
         self._info = ffi.new("kvs_seq_info *")
         self._ev_buf = ffi.new("kvs_event[]", 256)
-        # Requests whose last page filled up with no native call: id -> (state, request,
-        # known tokens); see allocate_slots and _flush.  Off with KV events, which must
-        # come out in vLLM's order.
-        self._dirty: dict[str, tuple[_Req, Any, int]] = {}
         # The block-table prefix every request shares (packed page ids), None when it must be
         # recomputed; kept across steps (see get_num_common_prefix_blocks).
         self._common: bytes | None = None
-        self._defer = not enable_kv_cache_events
         # The native hand-over and packing (_fast.c).
         self._pack = _fast.pack_i32
         appender = _fast.Appender(
@@ -661,9 +656,7 @@ class KvshareKVCacheManager(NewerSurface, ManagerBase):
         if st is None:
             return
         if self._dirty:
-            d = self._dirty.pop(request.request_id, None)
-            if d is not None:
-                self._append_known(*d)
+            self._settle_dirty(request.request_id)
         target = min(num_computed_tokens, request.num_tokens)
         if target <= st.n:
             return
@@ -687,21 +680,9 @@ class KvshareKVCacheManager(NewerSurface, ManagerBase):
         registered, as vLLM caches it at free; with a match unit, the computed tokens of the
         last, partly filled page are handed over too, so its whole units stay matchable."""
         if self._dirty:
-            d = self._dirty.pop(request.request_id, None)
-            if d is not None:
-                self._append_known(*d)
+            self._settle_dirty(request.request_id)
         if self._unit and self.enable_caching:
             target = min(request.num_computed_tokens, request.num_tokens)
-            if target > st.n:
-                self._append_known(st, request, target)
-
-    def _flush(self) -> None:
-        """Hands kvshare the tokens of pages that filled up in steps that made no native call
-        (``allocate_slots``), registering those pages.  Runs before anything could look them
-        up (a prefix match, a sequence begin), free them or clear the index, so hits, evictions
-        and block counts are what immediate registration would give."""
-        dirty, self._dirty = self._dirty, {}
-        for st, request, target in dirty.values():
             if target > st.n:
                 self._append_known(st, request, target)
 

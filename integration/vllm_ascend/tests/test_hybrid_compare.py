@@ -117,10 +117,11 @@ class DecodeCalls:
     """Counts a groups manager's decode steps (``allocate_slots`` of a running request with one
     new token and nothing else), the native calls they make (``_fast.Groups.running``) and
     those calls that changed nothing (room found, no token handed over, every table as it
-    was): a step the manager could have answered in Python."""
+    was): a step the manager could have answered in Python; and ``fills``: calls that only
+    handed tokens over (registering a page that filled: no table changed)."""
 
     def __init__(self):
-        self.decodes = self.calls = self.idle = 0
+        self.decodes = self.calls = self.idle = self.fills = 0
 
     def attach(self, pair) -> None:
         mgr, counts = pair.kvs.kv_cache_manager, self
@@ -137,6 +138,8 @@ class DecodeCalls:
                 if decoding[0]:
                     counts.calls += 1
                     counts.idle += out[0] and not out[1] and before == (st.n, st.tables)
+                    counts.fills += out[0] and not out[1] and before[0] != st.n \
+                        and before[1] == st.tables
                 return out
 
         def allocate_slots(request, num_new_tokens, *args, **kw):
@@ -171,6 +174,9 @@ def test_lockstep(tiny_model_dir, name):
     assert pair.peak_blocks[0] == pair.peak_blocks[1]
     st = pair.kvs.kv_cache_manager.kvshare_stats()
     assert st["num_seqs"] == 0 and st["device_pages_in_use"] == 0
+    # Every page vLLM cached is in kvshare's index (a page whose registration waited included:
+    # a window may drop it right after it fills, vLLM cached it first).
+    assert st["index_pages"] == _vllm_cached(pair)
     if not h.CASCADE and name.endswith("-preempt") and pair_kw_caching(name):
         # vLLM 0.32: under pressure a window's pages go before the full group's, so hits lag
         # behind the full group's and lookups report where it ended (compared every step).
@@ -183,8 +189,9 @@ def test_groups_manager_serves_one_full_group(tiny_model_dir, model, pressure, m
     """The groups manager on a model of one full-attention group (plain or MLA; the plugin
     gives such a model the one-group manager): in lockstep with vLLM's ``KVCacheManager`` every
     step, under cache pressure too (pages kept in vLLM's free order, so evictions and hits
-    stay vLLM's), its decode steps that need no page and fill none answered without a native
-    call."""
+    stay vLLM's), its decode steps that need no page answered without a native call: a page
+    that fills registers with the next page's call (or before anything could look it up,
+    count or free it)."""
     from kvshare_vllm import manager as manager_mod
 
     monkeypatch.setattr(manager_mod, "KvshareKVCacheManager",
@@ -194,6 +201,8 @@ def test_groups_manager_serves_one_full_group(tiny_model_dir, model, pressure, m
     pair = Pair(tiny_model_dir, specs=specs, **pair_kw)
     mgr = pair.kvs.kv_cache_manager
     assert type(mgr).__name__ == "KvshareHybridKVCacheManager" and not mgr._windowed
+    calls = DecodeCalls()
+    calls.attach(pair)
     rng = random.Random(zlib.crc32(f"{model}-{pressure}".encode()))
     system = [rng.randrange(3, 30000) for _ in range(40 if pressure else 100)]
     conversations(pair, num_convs=8 if pressure else 6, turns=3, system=system,
@@ -201,6 +210,8 @@ def test_groups_manager_serves_one_full_group(tiny_model_dir, model, pressure, m
     assert pair.hits[0] == pair.hits[1] > 0
     assert pair.peak_blocks[0] == pair.peak_blocks[1]
     assert (pair.preemptions > 0) == pressure
+    assert calls.idle == calls.fills == 0 and 0 < calls.calls < calls.decodes / 8, \
+        (calls.idle, calls.fills, calls.calls, calls.decodes)
     st = mgr.kvshare_stats()
     assert st["num_seqs"] == 0 and st["device_pages_in_use"] == 0
 

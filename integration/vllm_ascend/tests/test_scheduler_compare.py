@@ -352,7 +352,21 @@ def _start_a(pair: Pair, steps: int) -> list[int]:
     return prefix
 
 
-def test_page_filled_without_a_call_is_found_by_a_match_in_the_same_step(tiny_model_dir):
+@pytest.fixture(params=["one-group", "groups"])
+def waiting_manager(request, monkeypatch):
+    """The manager of a deferred-registration test: the plugin's one-group manager, or the
+    groups manager on the same one-group model (both let a filled page's registration wait)."""
+    if request.param == "groups":
+        from kvshare_vllm import hybrid as hybrid_mod
+        from kvshare_vllm import manager as manager_mod
+
+        monkeypatch.setattr(manager_mod, "KvshareKVCacheManager",
+                            hybrid_mod.KvshareHybridKVCacheManager)
+    return request.param
+
+
+def test_page_filled_without_a_call_is_found_by_a_match_in_the_same_step(tiny_model_dir,
+                                                                          waiting_manager):
     """vLLM's manager caches the block during allocate_slots, so a request scheduled later in
     the same step hits it; kvshare registers the waiting page before that lookup."""
     pair = Pair(tiny_model_dir, num_blocks=300)
@@ -363,7 +377,7 @@ def test_page_filled_without_a_call_is_found_by_a_match_in_the_same_step(tiny_mo
     pair.run_until_idle()
 
 
-def test_page_filled_without_a_call_is_cached_at_free(tiny_model_dir):
+def test_page_filled_without_a_call_is_cached_at_free(tiny_model_dir, waiting_manager):
     pair = Pair(tiny_model_dir, num_blocks=300)
     prefix = _start_a(pair, 13)
     mgr = pair.kvs.kv_cache_manager
@@ -376,7 +390,8 @@ def test_page_filled_without_a_call_is_cached_at_free(tiny_model_dir):
     pair.run_until_idle()
 
 
-def test_page_waiting_to_register_survives_a_refused_crossing(tiny_model_dir):
+def test_page_waiting_to_register_survives_a_refused_crossing(tiny_model_dir,
+                                                             waiting_manager):
     """Five usable blocks, two requests running: ``r1`` fills a page with no native call (its
     registration waits), then needs a new page when none is free: the crossing is refused
     whole, the scheduler preempts ``r1`` itself, and its pages go back.  The filled page must
