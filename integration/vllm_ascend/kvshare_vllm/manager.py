@@ -180,7 +180,7 @@ class KvshareKVCacheManager(NewerSurface, ManagerBase):
                                  f"(element type {spec.dtype})")
         # Copies run by kvshare's KV connector (host_tier.py), or vLLM's block copies (0.32).
         self.host_tier = HostTier(self, num_host_pages) if connector is not None else None
-        self._copy_queue = CopyQueue(self._h) if unit and connector is None else None
+        self._copy_queue = CopyQueue(lambda: self._h) if unit and connector is None else None
         self._found_out = ffi.new("size_t *")
 
         self.block_pool = _BlockPoolView(self, self.num_blocks)

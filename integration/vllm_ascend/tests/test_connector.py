@@ -273,10 +273,11 @@ def test_worker_refuses_unknown_layout():
         w.register_kv_caches({"l0": torch.zeros(3, 5, 7)})
 
 
-def _hybrid_run(model_dir, host_pages: int):
+def _hybrid_run(model_dir, host_pages: int, reset: bool = False):
     """A sliding-window + full model (gpt-oss layout, window 64) under pressure: six
-    conversations sharing a 192-token system prompt, two turns each.  Returns the outputs,
-    the manager, (lookups, hit tokens, looked-up tokens) and the copies shipped per step."""
+    conversations sharing a 192-token system prompt, two turns each (with ``reset``, the
+    prefix cache reset between them).  Returns the outputs, the manager, (lookups, hit tokens,
+    looked-up tokens) and the copies shipped per step."""
     import harness as h
 
     kt = None if not host_pages else dict(
@@ -297,6 +298,9 @@ def _hybrid_run(model_dir, host_pages: int):
         return res
 
     m.get_computed_blocks = counted
+    if reset:  # the reset's new cache at another address than the old (held by a spare one)
+        new_cache, spare = m._new_cache, []
+        m._new_cache = lambda: (spare.append(new_cache()), new_cache())[1]
     rng = random.Random(0)
     system = [rng.randrange(3, 30000) for _ in range(192)]
     hist = {c: system + [rng.randrange(3, 30000) for _ in range(24)] for c in range(6)}
@@ -318,6 +322,9 @@ def _hybrid_run(model_dir, host_pages: int):
             r = reqs[f"c{c}t{turn}"]
             assert r.is_finished()
             hist[c] = list(r.all_token_ids) + [rng.randrange(3, 30000) for _ in range(24)]
+        if reset and not turn:
+            assert s.reset_prefix_cache()
+            shipped.clear()
     return {k: list(r.output_token_ids) for k, r in reqs.items()}, m, looked, shipped
 
 
@@ -335,6 +342,17 @@ def test_hybrid_model_gets_the_host_tier(tiny_model_dir):
     assert len(shipped) == st["demotions"] + st["promotions"]
     assert {c[3] for c in shipped} == {D2H, H2D} and {c[4] for c in shipped} <= {0, 1}
     assert looked[2] - looked[1] < plain_looked[2] - plain_looked[1]
+
+
+def test_hybrid_host_tier_after_a_prefix_cache_reset(tiny_model_dir):
+    """A prefix-cache reset gives the groups manager a fresh cache: the host tier and its copy
+    hand-off follow it (the second turn's copies come from the cache in use, and count its
+    demotions and promotions), with the outputs of the run without the host tier."""
+    plain_out, _, _, _ = _hybrid_run(tiny_model_dir, 0, reset=True)
+    host_out, m, _, shipped = _hybrid_run(tiny_model_dir, 256, reset=True)
+    assert host_out == plain_out
+    st = m.kvshare_stats()
+    assert st["demotions"] > 0 and len(shipped) == st["demotions"] + st["promotions"]
 
 
 def test_the_last_connector_half_closes_the_pool_client(monkeypatch):
