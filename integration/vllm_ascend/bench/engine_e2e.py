@@ -112,11 +112,18 @@ def install_plugin(target: str, python: str = sys.executable) -> str:
     """Installs the ``kvshare`` binding and the ``kvshare_vllm`` plugin (with its
     ``vllm.general_plugins`` entry point, which is how every vLLM process finds it) into the
     folder ``target``, from this checkout, offline; put ``target`` on ``PYTHONPATH`` to use it."""
+    import fcntl
+    import tempfile
+
     binding = os.path.join(os.path.dirname(PKG), "python")
-    for pkg in (binding, PKG):
-        subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                        "--no-index", "--disable-pip-version-check", "--target", target, pkg],
-                       check=True)
+    # pip builds each package in its source folder (build/): processes installing at once (test
+    # files in parallel workers) take turns.
+    with open(os.path.join(tempfile.gettempdir(), "kvshare-install-plugin.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for pkg in (binding, PKG):
+            subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps",
+                            "--no-build-isolation", "--no-index",
+                            "--disable-pip-version-check", "--target", target, pkg], check=True)
     return target
 
 
