@@ -491,7 +491,8 @@ def run(cfg: dict) -> dict:
             st = mgr.kvshare_stats()
             res["kvshare_stats"] = {k: st[k] for k in ("demotions", "promotions", "prefetched",
                                                       "host_hit_tokens", "evictions",
-                                                      "unit_hits", "unit_hit_tokens")
+                                                      "unit_hits", "unit_hit_tokens",
+                                                      "pending_copies")
                                     if k in st}
         if own_connector:
             from vllm.distributed.kv_transfer import get_kv_transfer_group

@@ -35,12 +35,12 @@ _require_supported_vllm_and_native()  # before vLLM's imports: an unsupported vL
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 
 from . import _fast, logger  # _fast required: startup.require() has checked that it loads
-from .compat import manager_api
+from .compat import manager_api, support
 from .base import (MATCH_UNIT_ENV, ManagerBase, _cdiv, _extra_addr, _token_ids,
                    copies_need_connector, extra_keys_for, match_unit_setting)
 from .events import cached_blocks_event
 from .group_tables import GroupTables, _HReq
-from .host_tier import HOST_PAGES, HostTier
+from .host_tier import HOST_PAGES, CopyQueue, HostTier
 from .hybrid_newer import GroupsNewerSurface, newer_groups_reason, window_retention
 from .state_groups import (is_state_spec, state_group_kind, state_unsupported_reason,
                            vllm_table)
@@ -212,6 +212,9 @@ class KvshareHybridKVCacheManager(GroupsNewerSurface, GroupTables, ManagerBase):
         self.num_host_pages = connector or 0
         self.cache = self._new_cache()
         self.host_tier = HostTier(self, self.num_host_pages) if connector is not None else None
+        # vLLM's block copies of sub-page hits (0.32), without kvshare's connector.
+        self._copy_queue = CopyQueue(lambda: self._h) if self._unit and connector is None \
+            else None
         if enable_kv_cache_events:
             from vllm.v1.kv_cache_interface import (get_kv_cache_spec_kind,
                                                     get_kv_cache_spec_sliding_window)
@@ -250,19 +253,23 @@ class KvshareHybridKVCacheManager(GroupsNewerSurface, GroupTables, ManagerBase):
 
     def _unit_setting(self, bs: int, connector: bool) -> int:
         """``KVSHARE_VLLM_MATCH_UNIT`` for these groups: sub-page hits on attention groups,
-        their partial copies run by kvshare's KV connector (which also runs the groups' host
-        tier); refused with a state group (a state page is whole or nothing)."""
+        their partial copies run by kvshare's KV connector on vLLM 0.23 (which also runs the
+        groups' host tier), by vLLM's block copies on 0.32 (whole blocks, every layer: a copy
+        lands in one group's page, which no other group's layers read); refused with a state
+        group (a state page is whole or nothing)."""
         unit = match_unit_setting(bs)
         if unit and self._has_state:
             raise ValueError(f"kvshare_vllm: {MATCH_UNIT_ENV}={unit}: sub-page hits with "
                              "Mamba / linear-attention state groups (a state page is a "
                              "checkpoint, whole or nothing; unset it)")
-        if unit and not connector:
-            raise copies_need_connector(unit, "on a model of several KV-cache groups")
-        if unit and _API != "0.23.0":
-            raise ValueError(f"kvshare_vllm: {MATCH_UNIT_ENV}={unit} on a model of several "
-                             f"KV-cache groups runs on vLLM 0.23.0 only, not on {_API} (unset "
-                             "it)")
+        if unit and not connector and not support().block_copies:
+            raise copies_need_connector(unit, f"on vLLM {_API}")
+        if unit and connector and support().block_copies:
+            raise ValueError(f"kvshare_vllm: {MATCH_UNIT_ENV}={unit} with kvshare's KV "
+                             "connector on a model of several KV-cache groups runs on vLLM "
+                             f"0.23.0 only; on {_API} sub-page hits on groups take vLLM's "
+                             "block copies, without the connector (remove it or unset the "
+                             "setting)")
         return unit
 
     @property
@@ -624,15 +631,20 @@ class KvshareHybridKVCacheManager(GroupsNewerSurface, GroupTables, ManagerBase):
         if st is None:
             return
         self._common = None  # the shared prefix may lengthen
+        self._settle_known(st, request)
+        self._release_seq(st)
+
+    def _settle_known(self, st: _HReq, request) -> None:
+        """Before a request's pages go back: a page that filled with no native call is
+        registered, as vLLM caches it at free; with a match unit, the computed tokens of the
+        last, partly filled page are handed over too, so their whole units stay matchable (a
+        conversation's next turn)."""
         if self._dirty:
-            self._settle_dirty(rid)
+            self._settle_dirty(request.request_id)
         if self._unit and self.enable_caching and self._fast is not None:
-            # The computed tokens of the last, partly filled page go to kvshare before the
-            # pages do, so their whole units stay matchable (a conversation's next turn).
             target = min(request.num_computed_tokens, request.num_tokens)
             if target > st.n:
                 self._append_known(st, request, target)
-        self._release_seq(st)
 
     def _release_seq(self, st: _HReq) -> None:
         """Frees the request's sequence: its pages released, full pages still cached."""

@@ -13,6 +13,7 @@ from kvshare import ffi, lib
 
 from . import _fast
 from .base import _cdiv, lookahead_reason
+from .manager_newer import NewerSurface
 from .state_groups import is_state_spec
 
 
@@ -178,10 +179,8 @@ class GroupsNewerSurface:
             raise ValueError(f"kvshare_vllm: record_blocks_for_zeroing at {start_token} "
                              f"tokens, not a multiple of the block size {self.block_size}")
 
-    def take_kv_cache_block_copies(self) -> tuple[list, list]:
-        """Copy-on-write block copies: none (sub-page hits on several groups run their copies
-        through kvshare's KV connector)."""
-        return [], []
+    # The block copies of this step's sub-page hits, as the one-group manager hands them out.
+    take_kv_cache_block_copies = NewerSurface.take_kv_cache_block_copies
 
     def take_boundary_state_offloads(self) -> dict:
         """Mamba "align" boundary states: none (no state group on vLLM 0.32)."""
@@ -212,8 +211,7 @@ class GroupsNewerSurface:
         if st is None:
             return []
         self._common = None
-        if self._dirty:  # registered first, as free would
-            self._settle_dirty(rid)
+        self._settle_known(st, request)  # as free would
         self._popped.append(st)
         blocks = self._blocks
         return [blocks[p] for t in self._vllm_tables(st) for p in t]

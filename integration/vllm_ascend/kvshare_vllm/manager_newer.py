@@ -72,8 +72,10 @@ class NewerSurface:
         the worker runs before the step's forward pass, and the blocks retained for them:
         none, as kvshare holds each source until this hand-off and every later use of it
         (a new owner's KV writes, a later copy) comes in a later step, after these copies.
-        vLLM copies whole blocks; the slots past the hit's units are the request's to write
-        before anything reads them."""
+        vLLM copies whole blocks, in every layer; the slots past the hit's units are the
+        request's to write before anything reads them.  On a model of several groups each
+        copy lands in one group's page, whose slots no other group's layers read (the groups
+        manager takes this method too)."""
         queue = self._copy_queue
         if queue is None:
             return [], []
@@ -84,7 +86,7 @@ class NewerSurface:
 
         copies = []
         for c in ffi.from_buffer("kvs_copy[]", raw):
-            if c.kind != lib.KVS_COPY_KIND_DEVICE_TO_DEVICE or c.group != 0:
+            if c.kind != lib.KVS_COPY_KIND_DEVICE_TO_DEVICE:
                 raise RuntimeError(f"kvshare_vllm: a copy of kind {c.kind} in group {c.group} "
                                    "has no vLLM block copy")
             copies.append(KVCacheBlockCopy(c.src_page, c.dst_page))
