@@ -24,7 +24,7 @@ import pytest
 
 import harness as h
 from kvshare_vllm import hybrid as hybrid_mod
-from test_scheduler_compare import NotManaged, Pair, _lockstep_events, conversations
+from test_scheduler_compare import Pair, _lockstep_events, conversations
 
 # (model, window/chunk override, Pair kwargs, workload kwargs)
 CASES = {
