@@ -11,7 +11,9 @@ A subclass provides ``empty_kv_cache_blocks``, ``_capacity()`` (vLLM's free bloc
 ``(None, None)`` when no request's call is pending), ``_reset_index()``,
 ``_append_known(st, request, target)`` (hands kvshare the request's tokens up to ``target``, no
 slots: full pages register), and the block objects in ``_blocks``.  Both let the registration of
-a page that fills in a step needing no other native call wait (``_dirty``, ``_flush``).  Both
+a page that fills in a step needing no other native call wait (``_dirty``, ``_flush``) and
+settle a request's tokens before its pages go back (``_settle_known``; ``_unit``: the match
+unit).  Both
 serve a KV connector's calls the same way: ``evict_blocks`` and the
 block hashes connectors read after an allocation with external tokens (``_mark_hashed``).
 """
@@ -274,6 +276,18 @@ class ManagerBase:
         d = self._dirty.pop(request_id, None)
         if d is not None and d[2] > d[0].n:
             self._append_known(*d)
+
+    def _settle_known(self, st, request) -> None:
+        """Before a request's pages go back (``free``, ``pop_blocks_for_free``): a page that
+        filled with no native call is registered, as vLLM caches it at free; with a match
+        unit, the computed tokens of the last, partly filled page are handed over too, so their
+        whole units stay matchable (a conversation's next turn)."""
+        if self._dirty:
+            self._settle_dirty(request.request_id)
+        if self._unit and self.enable_caching:
+            target = min(request.num_computed_tokens, request.num_tokens)
+            if target > st.n:
+                self._append_known(st, request, target)
 
     def _mark_hashed(self, tables, registered: int, request) -> None:
         """Sets ``block_hash`` on the request's block objects as vLLM's blocks have it right

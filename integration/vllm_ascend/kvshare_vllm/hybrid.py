@@ -413,6 +413,8 @@ class KvshareHybridKVCacheManager(GroupsNewerSurface, GroupTables, ManagerBase):
         # Tokens a KV connector loads come after the local hit; windows count them computed.
         external = num_external_computed_tokens
         total = min(local + external, self.max_model_len)
+        if st is None and self._dirty:
+            self._flush()  # the begin matches: pages that filled must be findable
         if st is None and self._all_full and not (external or delay_cache_blocks
                                                   or reserved_blocks or wm):
             # Full attention only: kvs_seq_begin's own NO_SPACE is vLLM's room check (fresh
@@ -424,8 +426,6 @@ class KvshareHybridKVCacheManager(GroupsNewerSurface, GroupTables, ManagerBase):
             if full_sequence_must_fit and _cdiv(full, bs) > _cdiv(need_slot, bs) and \
                     self._blocks_to_allocate(None, full, hits, total, True) > self._capacity():
                 return None
-            if self._dirty:
-                self._flush()  # the begin matches: pages that filled must be findable
             return self._begin(request, _token_ids(request),
                                min(total + num_new_tokens, request.num_tokens), need_slot,
                                num_new_computed_tokens)
@@ -482,8 +482,6 @@ class KvshareHybridKVCacheManager(GroupsNewerSurface, GroupTables, ManagerBase):
         known = min(main, request.num_tokens)
         ids = _token_ids(request)
         if st is None:
-            if self._dirty:
-                self._flush()  # the begin matches: pages that filled must be findable
             if external or delay_cache_blocks:
                 return self._begin_external(request, ids, local, local + external,
                                             known, need_slot, delay_cache_blocks)
@@ -633,18 +631,6 @@ class KvshareHybridKVCacheManager(GroupsNewerSurface, GroupTables, ManagerBase):
         self._common = None  # the shared prefix may lengthen
         self._settle_known(st, request)
         self._release_seq(st)
-
-    def _settle_known(self, st: _HReq, request) -> None:
-        """Before a request's pages go back: a page that filled with no native call is
-        registered, as vLLM caches it at free; with a match unit, the computed tokens of the
-        last, partly filled page are handed over too, so their whole units stay matchable (a
-        conversation's next turn)."""
-        if self._dirty:
-            self._settle_dirty(request.request_id)
-        if self._unit and self.enable_caching and self._fast is not None:
-            target = min(request.num_computed_tokens, request.num_tokens)
-            if target > st.n:
-                self._append_known(st, request, target)
 
     def _release_seq(self, st: _HReq) -> None:
         """Frees the request's sequence: its pages released, full pages still cached."""

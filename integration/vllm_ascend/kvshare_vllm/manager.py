@@ -675,17 +675,6 @@ class KvshareKVCacheManager(NewerSurface, ManagerBase):
             if self._track_new:
                 self._new_block_ids.extend(new)
 
-    def _settle_known(self, st: _Req, request) -> None:
-        """Before a request's pages go back: a page that filled with no native call is
-        registered, as vLLM caches it at free; with a match unit, the computed tokens of the
-        last, partly filled page are handed over too, so its whole units stay matchable."""
-        if self._dirty:
-            self._settle_dirty(request.request_id)
-        if self._unit and self.enable_caching:
-            target = min(request.num_computed_tokens, request.num_tokens)
-            if target > st.n:
-                self._append_known(st, request, target)
-
     # ------------------------------------------------------------------ extras
     def check(self) -> None:
         """kvshare's full invariant check (tests); registrations still waiting stay waiting.
