@@ -42,6 +42,25 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def zeroed_groups(kv_cache_config) -> tuple[bool, ...]:
+    """Per KV-cache group, whether vLLM hands its new blocks out for KV zeroing
+    (``take_new_block_ids``): only where the cache needs zeroing (0.23: Mamba layers; 0.32 also
+    mixed precision).  vLLM 0.23 zeroes full-attention and MLA blocks only (exact spec types);
+    0.32 every attention group's but a circular buffer's."""
+    from vllm.v1 import kv_cache_interface as kci
+
+    groups = kv_cache_config.kv_cache_groups
+    if not getattr(kv_cache_config, "needs_kv_cache_zeroing", False):
+        return tuple(False for _ in groups)
+    if _API == "0.23.0":
+        return tuple(type(g.kv_cache_spec).__name__ in
+                     ("FullAttentionSpec", "TQFullAttentionSpec", "MLAAttentionSpec")
+                     for g in groups)
+    ring = getattr(kci, "CircularBufferSpec", ())
+    return tuple(isinstance(g.kv_cache_spec, kci.AttentionSpec)
+                 and not isinstance(g.kv_cache_spec, ring) for g in groups)
+
+
 def _common_prefix(a, b, width: int = 1) -> int:
     """Leading entries two sequences share, an entry being ``width`` items (4: the uint32 page
     ids of a packed block table; 1: a list of page ids): slice comparisons, binary search."""
@@ -157,7 +176,11 @@ class ManagerBase:
         self._usable = self.num_blocks - 1  # the null block is never usable
         self._reqs: dict = {}  # request id -> the subclass's per-request state
         self._seq_ids = itertools.count(1)  # kvshare sequence ids
-        self._new_block_ids: list[int] = []  # for KV zeroing (take_new_block_ids)
+        # KV zeroing (take_new_block_ids): which groups' new blocks vLLM zeroes, and the ids
+        # not yet taken, per group (vLLM hands them out group after group).
+        self._zeroed = zeroed_groups(kv_cache_config)
+        self._zero_new = any(self._zeroed)
+        self._new_block_ids: list[list[int]] = [[] for _ in self._zeroed]
         self._events: list = []  # vLLM's KV events not yet taken
         self._avail: int | None = None  # the kept free count (the subclass's _capacity)
         # Blocks kept free when admitting a waiting / preempted request while others are
@@ -234,8 +257,17 @@ class ManagerBase:
         return KVCacheBlocks(blocks) if any(blocks) else self.empty_kv_cache_blocks
 
     def take_new_block_ids(self) -> list[int]:
-        ids, self._new_block_ids = self._new_block_ids, []
-        return ids
+        lists = self._new_block_ids
+        if not any(lists):
+            return []
+        self._new_block_ids = [[] for _ in lists]
+        return [b for ids in lists for b in ids]
+
+    def _zero(self, g: int, ids) -> None:
+        """Hands blocks ``ids`` added to group ``g`` out for KV zeroing, where vLLM zeroes that
+        group's new blocks."""
+        if self._zeroed[g]:
+            self._new_block_ids[g].extend(ids)
 
     def new_step_starts(self) -> None:
         """Nothing per step: registration is immediate (no deferred commit)."""

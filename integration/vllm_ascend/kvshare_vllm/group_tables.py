@@ -180,10 +180,9 @@ class GroupTables:
     def _handed(self, added: list[list[int]]) -> KVCacheBlocks:
         if not any(added):
             return self.empty_kv_cache_blocks
-        if self._zero_new:  # vLLM zeroes new blocks of full-attention groups only
+        if self._zero_new:
             for g, pages in enumerate(added):
-                if self._full[g]:
-                    self._new_block_ids.extend(pages)
+                self._zero(g, pages)
         blocks = self._blocks
         return KVCacheBlocks(tuple([blocks[p] for p in pages] for pages in added))
 
@@ -193,8 +192,7 @@ class GroupTables:
             return self.empty_kv_cache_blocks
         if self._zero_new:
             for g, objs in enumerate(added):
-                if self._full[g]:
-                    self._new_block_ids.extend(b.block_id for b in objs)
+                self._zero(g, [b.block_id for b in objs])
         return KVCacheBlocks(tuple(added))
 
     def _release(self, st: _HReq, total_computed: int) -> None:

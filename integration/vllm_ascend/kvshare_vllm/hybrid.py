@@ -65,7 +65,8 @@ def _group_kind(spec) -> tuple[str, int] | None:
         return "sliding_window", spec.sliding_window
     if name == "ChunkedLocalAttentionSpec" and isinstance(spec, ChunkedLocalAttentionSpec):
         return "chunked_local", spec.attention_chunk_size
-    if name in ("FullAttentionSpec", "MLAAttentionSpec") and isinstance(spec, FullAttentionSpec) \
+    if name in ("FullAttentionSpec", "MLAAttentionSpec", "TQFullAttentionSpec") \
+            and isinstance(spec, FullAttentionSpec) \
             and not getattr(spec, "sliding_window", None) \
             and not getattr(spec, "attention_chunk_size", None):
         return "full", 0
@@ -200,7 +201,6 @@ class KvshareHybridKVCacheManager(GroupsNewerSurface, GroupTables, ManagerBase):
                           if k != "full" and g not in self._single]
         # Full attention in every group: no window, no state (the plain model's case).
         self._all_full = all(self._full)
-        self._zero_new = bool(getattr(kv_cache_config, "needs_kv_cache_zeroing", False))
         # vLLM 0.32's retention of sliding-window pages; sparse: sequences get boundaries.
         self._retention = window_retention(kv_cache_config, bs) if _API != "0.23.0" \
             else kvshare.MACROS["KVS_WINDOW_RETENTION_DENSE"]
@@ -484,7 +484,8 @@ class KvshareHybridKVCacheManager(GroupsNewerSurface, GroupTables, ManagerBase):
         if st is None:
             if external or delay_cache_blocks:
                 return self._begin_external(request, ids, local, local + external,
-                                            known, need_slot, delay_cache_blocks)
+                                            known, need_slot, delay_cache_blocks,
+                                            skip_zeroing_group_ids)
             return self._begin(request, ids, known, need_slot, num_new_computed_tokens)
         if delay_cache_blocks:
             known = st.n
@@ -570,7 +571,8 @@ class KvshareHybridKVCacheManager(GroupsNewerSurface, GroupTables, ManagerBase):
                              for g, t in enumerate(st.tables)])
 
     def _begin_external(self, request, ids, local: int, computed: int, known: int,
-                        need_slot: int, delay: bool) -> KVCacheBlocks | None:
+                        need_slot: int, delay: bool,
+                        unzeroed: tuple[int, ...] = ()) -> KVCacheBlocks | None:
         """``allocate_slots`` of a request without a sequence whose tokens ``local..computed``
         a KV connector loads, or whose caching waits for a load (``delay``): vLLM's
         ``allocate_new_computed_blocks`` (hit, nulls where a window no longer reads at
@@ -581,7 +583,9 @@ class KvshareHybridKVCacheManager(GroupsNewerSurface, GroupTables, ManagerBase):
         pages; no page of the transfer is registered: nothing finds it before its KV is
         written), then without ``delay`` hands over the ``known`` tokens, whose full pages
         register as vLLM caches them in this call.  Returns the blocks past the external
-        tokens', as vLLM does."""
+        tokens', as vLLM does.  The blocks added go out for KV zeroing, but for the groups in
+        ``unzeroed`` only those past the external tokens' (the load writes those after this
+        step)."""
         fast = self._fast
         if fast is None:
             raise NotImplementedError(
@@ -610,11 +614,10 @@ class KvshareHybridKVCacheManager(GroupsNewerSurface, GroupTables, ManagerBase):
         nh = local // bs
         self._drain_events(st, request, nh, st.n // bs if self.enable_caching else nh)
         self._mark_hashed(st.tables, st.n // bs, request)
-        if self._zero_new:  # every block added, the external tokens' too (full groups)
-            for g, t in enumerate(st.tables):
-                if self._full[g]:
-                    self._new_block_ids.extend(t[nh:])
         skip = _cdiv(computed, bs)
+        if self._zero_new:  # every block added (a window's nulls are none), as vLLM
+            for g, t in enumerate(st.tables):
+                self._zero(g, t[skip:] if g in unzeroed else [p for p in t[nh:] if p])
         out = [t[skip:] for t in st.tables]
         if not any(out):
             return self.empty_kv_cache_blocks

@@ -23,9 +23,8 @@ def newer_groups_reason(kv_cache_config, num_prefill_lookahead: int = 0) -> str 
     (``prefix_cache_retention_interval``) runs in the core (``window_retention``); an
     interval ``window_retention`` cannot carry is refused.  Mamba / linear-attention state
     groups ("align" sub-block hits, boundary-state hand-offs, sparse checkpoints), bounded
-    prefix replay, extra retained window tokens (multi-module MTP), group roles (HiSparse),
-    caches that need KV zeroing (mixed precision) and multi-module MTP prefill lookahead are
-    refused."""
+    prefix replay, extra retained window tokens (multi-module MTP), group roles (HiSparse) and
+    multi-module MTP prefill lookahead are refused."""
     groups = kv_cache_config.kv_cache_groups
     for i, g in enumerate(groups):
         spec = g.kv_cache_spec
@@ -50,8 +49,6 @@ def newer_groups_reason(kv_cache_config, num_prefill_lookahead: int = 0) -> str 
                 f"{kv_cache_config.prefix_cache_retention_interval}: kvshare's window "
                 f"retention takes a multiple of the block size {bs} up to "
                 f"{kvshare.MACROS['KVS_MAX_SEGMENT_PAGES']} blocks")
-    if getattr(kv_cache_config, "needs_kv_cache_zeroing", False):
-        return "a KV cache whose new blocks need zeroing (mixed-precision groups)"
     return lookahead_reason(num_prefill_lookahead)
 
 
@@ -171,13 +168,9 @@ class GroupsNewerSurface:
                              f"of {[len(g) for g in blocks.blocks]}")
         return self.create_kv_cache_blocks(tuple(list(g[:n]) for g in blocks.blocks))
 
-    def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
-        """Blocks a failed asynchronous KV load left unwritten, handed out again for KV
-        zeroing: only where the cache needs zeroing, which this manager refuses on vLLM 0.32
-        (``newer_groups_reason``), so nothing to hand out."""
-        if start_token % self.block_size:
-            raise ValueError(f"kvshare_vllm: record_blocks_for_zeroing at {start_token} "
-                             f"tokens, not a multiple of the block size {self.block_size}")
+    # Blocks a failed load left unwritten, handed out for KV zeroing as the one-group manager
+    # hands them out (every zeroed group's table from the start token, null blocks included).
+    record_blocks_for_zeroing = NewerSurface.record_blocks_for_zeroing
 
     # The block copies of this step's sub-page hits, as the one-group manager hands them out.
     take_kv_cache_block_copies = NewerSurface.take_kv_cache_block_copies

@@ -195,7 +195,6 @@ class KvshareKVCacheManager(NewerSurface, ManagerBase):
 
         # (request id, packed tokens, extra keys) of the last get_computed_blocks
         self._pending: tuple[str, bytes, Any] | None = None
-        self._track_new = bool(getattr(kv_cache_config, "needs_kv_cache_zeroing", False))
         # Preallocated out-buffers: a block table can hold max_model_len tokens plus lookahead.
         self._max_pages = self.num_blocks
         # One size_t out-cell per meaning.
@@ -580,8 +579,8 @@ class KvshareKVCacheManager(NewerSurface, ManagerBase):
             return self.empty_kv_cache_blocks
         if self._avail is not None:
             self._avail -= len(blocks)
-        if self._track_new:
-            self._new_block_ids.extend([b.block_id for b in blocks[unzeroed:]])
+        if self._zero_new:
+            self._zero(0, [b.block_id for b in blocks[unzeroed:]])
         if skip:
             blocks = blocks[skip:]
             if not blocks:
@@ -672,8 +671,8 @@ class KvshareKVCacheManager(NewerSurface, ManagerBase):
         if new:
             if self._avail is not None:
                 self._avail -= len(new)
-            if self._track_new:
-                self._new_block_ids.extend(new)
+            if self._zero_new:
+                self._zero(0, new)
 
     # ------------------------------------------------------------------ extras
     def check(self) -> None:

@@ -6,10 +6,15 @@ free (``pop_blocks_for_free``, then ``block_pool.free_blocks``).  The state they
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import kvshare
 from kvshare import ffi, lib
 
 from .base import _cdiv
+
+if TYPE_CHECKING:
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 
 
 class NewerSurface:
@@ -56,16 +61,19 @@ class NewerSurface:
 
     def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
         """Hands the request's blocks from ``start_token`` (block-aligned) out again for KV
-        zeroing (``take_new_block_ids``): blocks a failed asynchronous KV load left unwritten.
-        Only where the cache needs zeroing (``KVCacheConfig.needs_kv_cache_zeroing``)."""
-        if not self._track_new:
+        zeroing (``take_new_block_ids``): blocks a failed asynchronous KV load left unwritten,
+        in every group whose new blocks vLLM zeroes (null blocks of a window included, as
+        vLLM's).  Only where the cache needs zeroing (``KVCacheConfig.needs_kv_cache_zeroing``).
+        Shared by both managers (``_vllm_tables``: a request's block table per group)."""
+        if not self._zero_new:
             return
         if start_token % self.block_size:
             raise ValueError(f"kvshare_vllm: record_blocks_for_zeroing at {start_token} "
                              f"tokens, not a multiple of the block size {self.block_size}")
         st = self._reqs.get(request_id)
         if st is not None:
-            self._new_block_ids.extend(st.pages[start_token // self.block_size:])
+            for g, t in enumerate(self._vllm_tables(st)):
+                self._zero(g, t[start_token // self.block_size:])
 
     def take_kv_cache_block_copies(self) -> tuple[list, list]:
         """The block copies of this step's sub-page hits (``KVSHARE_VLLM_MATCH_UNIT``), which
@@ -116,6 +124,11 @@ class NewerSurface:
         self._settle_known(st, request)
         self._popped.append(st)
         return [self._blocks[p] for p in st.pages]
+
+    @staticmethod
+    def _vllm_tables(st) -> tuple[list[int]]:
+        """A request's block tables as vLLM holds them: one group's."""
+        return (st.pages,)
 
     def _free_popped(self, blocks) -> None:
         """``block_pool.free_blocks``: releases the popped sequence whose blocks these are,

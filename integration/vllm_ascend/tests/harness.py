@@ -4,14 +4,11 @@ is asked of ``kvshare_vllm.compat`` (``API``, ``CASCADE``, ``lookup``)."""
 
 from __future__ import annotations
 
-import itertools
-
 import torch
 
 from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
 from vllm.sampling_params import SamplingParams
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-from vllm.v1.core.sched import scheduler as sched_mod
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import (ChunkedLocalAttentionSpec, FullAttentionSpec,
                                         KVCacheConfig, KVCacheGroupSpec, MambaSpec,
@@ -143,13 +140,19 @@ def layer_specs(model: str, block_size: int = 16, size: int | None = None) -> di
     return specs
 
 
+class ZeroingKVCacheConfig(KVCacheConfig):
+    """A ``KVCacheConfig`` that needs KV zeroing whatever its layers."""
+
+    needs_kv_cache_zeroing = True
+
+
 def make_scheduler(model_dir: str, *, kvshare: bool, num_blocks: int = 1000, block_size: int = 16,
                    max_num_seqs: int = 16, max_num_batched_tokens: int = 8192,
                    max_model_len: int | None = None, enable_prefix_caching: bool = True,
                    kv_events: bool = False, async_scheduling: bool = False,
                    kv_transfer: dict | None = None, specs: dict | None = None,
                    mamba_cache_mode: str | None = None, watermark: float = 0.0,
-                   retention_interval: int | None = None) -> Scheduler:
+                   retention_interval: int | None = None, zeroing: bool = False) -> Scheduler:
     """``kv_transfer``: a KV connector's ``KVTransferConfig`` fields; the scheduler then builds
     the connector's scheduler side (the KV tensor's size is declared: one float32 K and V
     value per slot, which offloading specs divide into per-block bytes).
@@ -157,7 +160,9 @@ def make_scheduler(model_dir: str, *, kvshare: bool, num_blocks: int = 1000, blo
     ``get_kv_cache_groups``; default one full-attention layer.  ``mamba_cache_mode``: the
     cache config's mode for specs with Mamba layers (``mamba_layer_specs``); the scheduler's
     block sizes are then resolved as EngineCore resolves them.  ``retention_interval``: vLLM
-    0.32's ``prefix_cache_retention_interval`` (None, dense, unless given)."""
+    0.32's ``prefix_cache_retention_interval`` (None, dense, unless given).  ``zeroing``: the
+    cache needs KV zeroing (as vLLM's for Mamba layers or mixed precision): the scheduler hands
+    new blocks out for zeroing every step (``SchedulerOutput.new_block_ids_to_zero``)."""
     vllm_config = make_vllm_config(
         model_dir, block_size=block_size, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
@@ -180,8 +185,9 @@ def make_scheduler(model_dir: str, *, kvshare: bool, num_blocks: int = 1000, blo
         tensors = [KVCacheTensor(size=num_blocks * page, shared_by=["layer"]) if API == "0.23.0"
                    else KVCacheTensor(size=num_blocks * page, layers=["layer"],
                                       layer_stride=num_blocks * page, block_stride=page)]
-    kv_cache_config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=tensors,
-                                    kv_cache_groups=groups)
+    config_cls = ZeroingKVCacheConfig if zeroing else KVCacheConfig
+    kv_cache_config = config_cls(num_blocks=num_blocks, kv_cache_tensors=tensors,
+                                 kv_cache_groups=groups)
     if retention_interval is not None:
         kv_cache_config.prefix_cache_retention_interval = retention_interval
     cache_config.num_gpu_blocks = num_blocks

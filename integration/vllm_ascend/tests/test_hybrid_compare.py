@@ -216,6 +216,47 @@ def test_groups_manager_serves_one_full_group(tiny_model_dir, model, pressure, m
     assert st["num_seqs"] == 0 and st["device_pages_in_use"] == 0
 
 
+ZEROING_CASES = ["gpt-oss-w32", "gpt-oss-w32-async", "gpt-oss-w32-chunked", "gemma3-w64-preempt",
+                 "llama4-c64", "mla"]
+
+
+@pytest.mark.parametrize("name", ZEROING_CASES)
+def test_kv_zeroing_in_lockstep(tiny_model_dir, name):
+    """A cache that needs KV zeroing (vLLM: Mamba layers or mixed precision; forced here): every
+    step the scheduler hands out the same block ids for zeroing in the same order (vLLM 0.23:
+    new blocks of full-attention and MLA groups; 0.32: of every attention group), beside the
+    lockstep's own checks."""
+    pair = run_case(tiny_model_dir, name, zeroing=True)
+    assert pair.kvs.kv_cache_manager.kv_cache_config.needs_kv_cache_zeroing
+    assert pair.zeroed > 0
+    assert pair.hits[0] == pair.hits[1] > 0
+
+
+@pytest.mark.skipif(h.API != "0.23.0", reason="TQFullAttentionSpec is vLLM 0.23's (0.32 "
+                    "describes quantized KV with kv_quant_mode)")
+def test_turboquant_full_attention_in_lockstep(tiny_model_dir):
+    """gpt-oss's layout with TurboQuant full-attention layers (``TQFullAttentionSpec``, a
+    full-attention spec with its own page size) beside sliding window 32, under KV zeroing:
+    the groups manager takes them as full attention, in lockstep with vLLM (zeroed blocks
+    included: vLLM 0.23 zeroes a TQ group's new blocks as a full group's)."""
+    from vllm.v1.kv_cache_interface import TQFullAttentionSpec
+
+    specs = {name: TQFullAttentionSpec(block_size=s.block_size, num_kv_heads=s.num_kv_heads,
+                                       head_size=s.head_size, dtype=s.dtype)
+             if type(s).__name__ == "FullAttentionSpec" else s
+             for name, s in h.layer_specs("gpt-oss", size=32).items()}
+    pair = Pair(tiny_model_dir, specs=specs, num_blocks=2000, zeroing=True)
+    mgr = pair.kvs.kv_cache_manager
+    assert type(mgr).__name__ == "KvshareHybridKVCacheManager"
+    assert [type(g.kv_cache_spec).__name__ for g in mgr.kv_cache_config.kv_cache_groups] == \
+        ["SlidingWindowSpec", "TQFullAttentionSpec"]
+    rng = random.Random(7)
+    system = [rng.randrange(3, 30000) for _ in range(60)]
+    conversations(pair, num_convs=5, turns=3, system=system, seed=rng.randrange(1 << 30),
+                  max_tokens=20)
+    assert pair.hits[0] == pair.hits[1] > 0 and pair.nulls > 0 and pair.zeroed > 0
+
+
 EVENT_CASES = ["gpt-oss", "gpt-oss-w32", "gpt-oss-w32-chunked", "gpt-oss-w32-preempt", "gemma3",
                "gemma3-w64", "gemma3-w64-preempt"]
 

@@ -34,6 +34,9 @@ class Pair:
         # With KV events on, the plugin keeps vLLM's request block hasher (events carry its
         # hashes); otherwise kvshare's side runs without it, as the plugin runs the engine.
         self.kvs_hashes = bool(kw.get("kv_events")) or not self.managed
+        # Block ids equal on both sides: the groups manager takes free pages in vLLM's order.
+        self.same_ids = type(self.kvs.kv_cache_manager).__name__ in (
+            "KVCacheManager", "KvshareHybridKVCacheManager")
         self.num_blocks = kw.get("num_blocks", 1000)
         self.peak_blocks = [0, 0]  # most blocks in use (null block excluded) at a step's end
         self.nulls = 0  # released (null) block-table entries seen on vLLM's side
@@ -47,6 +50,7 @@ class Pair:
         self.queries = [0, 0]
         self.peak_usage = [0.0, 0.0]
         self.preemptions = 0
+        self.zeroed = 0  # block ids handed out for KV zeroing, summed (equal on both sides)
         self.finished: dict[str, list[int]] = {}
         # vLLM 0.32's PrefillStats.num_cache_creation_tokens, summed (equal on both sides).
         self.cache_created = 0
@@ -82,6 +86,14 @@ class Pair:
         nb2 = [None if b is None else [len(x) for x in b] for b in c2.new_block_ids]
         assert nb1 == nb2, f"{where}: new block counts of running requests differ"
         assert o1.preempted_req_ids == o2.preempted_req_ids, where
+        # KV zeroing (a cache that needs it): the same block ids in the same order where kvshare
+        # hands out free pages in vLLM's order (the groups manager), as many elsewhere.
+        z1 = getattr(o1, "new_block_ids_to_zero", None)
+        z2 = getattr(o2, "new_block_ids_to_zero", None)
+        if self.same_ids:
+            assert z1 == z2, f"{where}: blocks to zero {z1} vs {z2}"
+        assert len(z1 or ()) == len(z2 or ()), f"{where}: blocks to zero {z1} vs {z2}"
+        self.zeroed += len(z1 or ())
         # Cascade attention's shared prefix, for every request holding blocks.
         assert o1.num_common_prefix_blocks == o2.num_common_prefix_blocks, where
         for r in self.ref.running:
@@ -703,48 +715,55 @@ def test_deferred_free_matches_vllm(tiny_model_dir):
 
 
 @NEW_SCHEDULER_ONLY
-def test_zeroing_ids_match_vllm():
-    """A cache that needs KV zeroing (vLLM: Mamba layers or mixed precision; forced here on one
-    full-attention group), both managers driven directly: every allocation's blocks handed out
-    for zeroing, except an asynchronous load's external-token blocks when the scheduler says
-    the load writes them (``skip_zeroing_group_ids``), and ``record_blocks_for_zeroing`` after
-    a failed load, block for block."""
-    import torch
-    from vllm.v1.core.kv_cache_manager import KVCacheManager
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-
-    from kvshare_vllm.manager import KvshareKVCacheManager
-
-    class Zeroing(KVCacheConfig):
-        needs_kv_cache_zeroing = True
-
-    spec = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=1, dtype=torch.float32)
+@pytest.mark.parametrize("model", [None, "gpt-oss", "llama4"])
+def test_zeroing_ids_match_vllm(tiny_model_dir, model):
+    """A cache that needs KV zeroing (vLLM: Mamba layers or mixed precision; forced here), both
+    managers driven directly, on one full-attention group and on several (sliding window 32 or
+    chunks of 32 beside full attention): every allocation's blocks handed out for zeroing in
+    every attention group, group after group, except an asynchronous load's external-token
+    blocks in the groups the scheduler names (``skip_zeroing_group_ids``: the load writes
+    them), and ``record_blocks_for_zeroing`` after a failed load (a window's null blocks
+    included).  The two managers hand out the same block ids (kvshare takes free pages in
+    vLLM's order)."""
+    specs = h.layer_specs(model, size=32) if model else None
+    groups = 2 if model else 1
+    skips = [(), *((g,) for g in range(groups)), tuple(range(groups))]
     seen = []
-    for cls in (KVCacheManager, KvshareKVCacheManager):
-        cfg = Zeroing(num_blocks=32, kv_cache_tensors=[],
-                      kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
-        m = cls(kv_cache_config=cfg, max_model_len=1024, scheduler_block_size=16,
-                hash_block_size=16)
-        kvshare = cls is KvshareKVCacheManager
+    for kvshare in (False, True):
+        m = h.make_scheduler(tiny_model_dir, kvshare=kvshare, num_blocks=200, specs=specs,
+                             zeroing=True).kv_cache_manager
         log = []
-
-        def tables(*rids):
-            return [m.get_block_ids(r)[0] for r in rids]
-
         a = h.make_request("a", list(range(100, 140)), hash_blocks=not kvshare)
         blocks, hit = h.lookup(m, a)
         m.allocate_slots(a, 40 - hit, hit, blocks)
-        log.append(m.take_new_block_ids() == tables("a")[0])
-        for rid, skip in (("b", (0,)), ("c", ())):  # asynchronous loads of 32 tokens
-            r = h.make_request(rid, list(range(500, 540)), hash_blocks=not kvshare)
-            assert m.allocate_slots(r, 0, 0, None, num_external_computed_tokens=32,
+        log.append((m.take_new_block_ids(), m.get_block_ids("a")))
+        for i, skip in enumerate(skips):  # asynchronous loads of 80 tokens after a hit of 32
+            r = h.make_request(f"r{i}", list(range(100, 132)) + list(range(500 + 100 * i,
+                                                                           590 + 100 * i)),
+                               hash_blocks=not kvshare)
+            blocks, hit = h.lookup(m, r)
+            assert m.allocate_slots(r, 0, hit, blocks, num_external_computed_tokens=80,
                                     delay_cache_blocks=True, skip_zeroing_group_ids=skip)
-            log.append(m.take_new_block_ids() == ([] if skip else tables(rid)[0]))
-        m.record_blocks_for_zeroing("b", 16)  # b's load failed after its first block
-        log.append(m.take_new_block_ids() == tables("b")[0][1:])
-        log.append([len(t) for t in tables("a", "b", "c")])
+            log.append((hit, m.take_new_block_ids(), m.get_block_ids(r.request_id)))
+        m.record_blocks_for_zeroing("r1", 64)  # r1's load failed after its fourth block
+        log.append(m.take_new_block_ids())
+        m.record_blocks_for_zeroing("r2", 0)
+        log.append(m.take_new_block_ids())
+        log.append(m.take_new_block_ids())  # drained
         seen.append(log)
-    assert seen[0] == seen[1] == [True, True, True, True, [3, 2, 2]]
+    assert seen[0] == seen[1]
+    log = seen[0]
+    assert log[0][0] == [b for t in log[0][1] for b in t] and log[-1] == []
+    for (hit, zeroed, tables), skip in zip(log[1:], skips):
+        assert hit == 32
+        # The blocks past the hit, but the external tokens' (7 blocks) where the load writes
+        # them; a window's nulls are none of them.
+        assert zeroed == [b for g, t in enumerate(tables)
+                          for b in (t[7:] if g in skip else t[2:]) if b]
+    assert log[-3] == [b for t in log[2][2] for b in t[4:]]
+    assert log[-2] == [b for t in log[3][2] for b in t]
+    if model:
+        assert 0 in log[-2], "the window's null blocks are handed out again"
 
 
 @NEW_SCHEDULER_ONLY
