@@ -491,20 +491,30 @@ impl State {
     }
 
     /// Drops every prefix-index entry of both tiers, every group (and vLLM's duplicates).
-    /// Unreferenced cached pages become free; pages in use (or pinned) stay with their holders
-    /// but will not be matched again. Works at any time.
+    /// Unreferenced cached pages become free, at the free list's tail in the order they would
+    /// have been evicted; pages in use (or pinned) stay with their holders but will not be
+    /// matched again. Works at any time.
     pub fn clear_index(&mut self) {
         for tier in [Tier::Device, Tier::Host] {
             for pool in 0..self.pools.len() {
                 let p = &mut self.pools[pool];
                 let pages = match tier {
                     Tier::Device => {
+                        // The eviction order, read before the index forgets the pages.
+                        let order = p.device.lists().map(|(_, c)| c).unwrap_or_default();
                         let mut pages = p.index.clear();
                         p.dups.clear();
                         for (i, d) in p.dup_of.iter_mut().enumerate() {
                             if d.take().is_some() {
                                 pages.push(i as u32);
                             }
+                        }
+                        // Every unreferenced page on the eviction lists (the cached ones, and
+                        // under vLLM's 0.23 free order its queued uncached ones) joins the free
+                        // list's tail in that order: vLLM's block pool keeps its free queue as
+                        // it is when it forgets every hash.
+                        for page in order.into_iter().flatten() {
+                            p.device.uncache_to(page, true);
                         }
                         pages
                     }

@@ -456,13 +456,22 @@ impl PagePool {
         self.ext_refs[page as usize] += 1;
     }
 
-    /// Moves an unreferenced cached page to the free list (its index entry was dropped).
+    /// Moves an unreferenced cached page to the free list's head (its index entry was dropped).
     pub fn uncache(&mut self, page: u32) {
+        self.uncache_to(page, false);
+    }
+
+    /// Moves an unreferenced cached page to the free list, at its head or (`back`) its tail.
+    pub fn uncache_to(&mut self, page: u32, back: bool) {
         let i = page as usize;
         if self.refcount[i] == 0 && self.loc[i] != NOT_CACHED {
             self.leave_cached(page);
             self.prio[i] = 0;
-            self.links.push_front(FREE, page);
+            if back {
+                self.links.push_back(FREE, page);
+            } else {
+                self.links.push_front(FREE, page);
+            }
         }
     }
 

@@ -26,7 +26,7 @@ use std::collections::{HashMap, HashSet};
 
 use kvshare_core::prefix::{chain_hash, root_hash};
 use kvshare_core::{Config, GroupKind, GroupSpec, State, StateMode, WindowRetention};
-use kvshare_core::{Error, EventKind};
+use kvshare_core::{Error, EventKind, Tier};
 use proptest::prelude::*;
 
 mod support;
@@ -64,6 +64,9 @@ enum Op {
     },
     /// The scheduler starts a new step.
     NewStep,
+    /// Every live sequence ends, then the prefix cache is reset (vLLM's `reset_prefix_cache`,
+    /// which refuses while a block is in use; kvshare's `clear_index`).
+    Reset,
 }
 
 fn op(max_extra: u16, max_step: u16) -> impl Strategy<Value = Op> {
@@ -79,6 +82,7 @@ fn op(max_extra: u16, max_step: u16) -> impl Strategy<Value = Op> {
             .prop_map(|(who, k, seed, release)| Op::Step { who, k, seed, release }),
         2 => (0usize..64).prop_map(|who| Op::Free { who }),
         2 => Just(Op::NewStep),
+        1 => Just(Op::Reset),
     ]
 }
 
@@ -255,6 +259,19 @@ fn run_with(
                 v.new_step();
                 h.new_step();
             }
+            Op::Reset => {
+                for id in live.drain(..) {
+                    history.push(v.reqs[&id].tokens.clone());
+                    v.free(id);
+                    h.free(id).unwrap();
+                }
+                prop_assert!(
+                    v.reset_prefix_cache(),
+                    "step {}: vLLM refused the reset",
+                    step
+                );
+                h.clear_index();
+            }
         }
         h.check()
             .map_err(|e| TestCaseError::fail(format!("step {step}: {e}")))?;
@@ -306,7 +323,11 @@ fn run_with(
                 EventKind::Removed => {
                     prop_assert!(from_events.remove(&key), "step {step}: removed unknown")
                 }
-                EventKind::Cleared => prop_assert!(false, "no clear"),
+                EventKind::Cleared => {
+                    if e.tier == Tier::Device {
+                        from_events.clear();
+                    }
+                }
             }
         }
         let cached: HashSet<(u128, usize, u32)> = v

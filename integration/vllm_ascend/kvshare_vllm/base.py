@@ -8,7 +8,8 @@ spec's page element (``_kv_dtype``).
 
 A subclass provides ``empty_kv_cache_blocks``, ``_capacity()`` (vLLM's free blocks),
 ``_drain_events(st, request)`` (vLLM's events for what kvshare queued; called with
-``(None, None)`` when no request's call is pending), ``_reset_index()``,
+``(None, None)`` when no request's call is pending), ``_vllm_tables(st)`` (a request's block
+table per group),
 ``_append_known(st, request, target)`` (hands kvshare the request's tokens up to ``target``, no
 slots: full pages register), and the block objects in ``_blocks``.  Both let the registration of
 a page that fills in a step needing no other native call wait (``_dirty``, ``_flush``) and
@@ -24,11 +25,13 @@ import hashlib
 import itertools
 
 import kvshare
+from kvshare import lib
 
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
 from vllm.v1.metrics.stats import PrefixCacheStats
 
+from . import logger
 from .compat import manager_api
 
 _API = manager_api()  # the vLLM release whose KVCacheManager signatures the managers present
@@ -240,8 +243,20 @@ class ManagerBase:
                          "taken with pop_blocks_for_free")
 
     def reset_prefix_cache(self) -> bool:
-        if not self._reset_index():
+        """vLLM's ``reset_prefix_cache``: refused (False, a warning) while a request holds
+        blocks; otherwise every cached page is forgotten (``kvs_prefix_clear``, an
+        ``AllBlocksCleared`` event) and stays where it was in the free order, as vLLM's
+        block pool keeps its free queue."""
+        if self._reqs or self._popped:  # popped: held until block_pool.free_blocks
+            held = [*self._reqs.values(), *self._popped]
+            logger.warning("Failed to reset prefix cache because some blocks (%d) are not "
+                           "freed yet", sum(len(t) for st in held for t in self._vllm_tables(st)))
             return False
+        self._flush()
+        self._drain_events(None, None)
+        self._avail = None
+        kvshare.check(lib.kvs_prefix_clear(self._h), "kvs_prefix_clear")
+        self._drain_events(None, None)
         if self.log_stats:
             self.prefix_cache_stats.reset = True
         return True
@@ -392,6 +407,34 @@ def _kv_dtype(spec) -> str:
     """The ``kvs_dtype`` name of a vLLM KV-cache spec's element type (f16 when the spec has none
     kvshare stores)."""
     return _KV_DTYPES.get(str(getattr(spec, "dtype", "")), "KVS_DTYPE_F16")
+
+
+def page_geometry(group) -> dict:
+    """``kvs_config`` fields giving one KV-cache group's page kvshare's geometry: its layers,
+    KV heads, head size and element type, so the page's bytes are vLLM's for that group over
+    all of its layers (the pool tier's store keys name them)."""
+    from kvshare import ffi
+
+    spec = group.kv_cache_spec
+    return {"num_layers": max(1, len(group.layer_names)),
+            "num_kv_heads": max(1, getattr(spec, "num_kv_heads", 1)),
+            "head_dim": max(1, getattr(spec, "head_size", 1)),
+            "dtype": ffi.typeof("enum kvs_dtype").relements[_kv_dtype(spec)]}
+
+
+def check_page_bytes(cache, group) -> None:
+    """Raises ValueError unless kvshare's page of a full-attention group built with
+    ``page_geometry`` holds vLLM's bytes (K and V of every layer, no scales or padding inside
+    the page); other specs are not judged."""
+    spec = group.kv_cache_spec
+    if type(spec).__name__ != "FullAttentionSpec":
+        return
+    want = spec.page_size_bytes * max(1, len(group.layer_names))
+    got = cache.group_info(0)["page_bytes"]
+    if got != want:
+        raise ValueError(f"kvshare_vllm: vLLM's KV pages hold {want} bytes over "
+                         f"{len(group.layer_names)} layers, kvshare's would hold {got} "
+                         f"(element type {spec.dtype})")
 
 
 # vLLM's ``kv_cache_dtype`` values whose caches kvshare's manager sizes and serves: the model's

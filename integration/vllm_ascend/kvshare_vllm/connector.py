@@ -227,7 +227,7 @@ class KvshareConnector(KVConnectorBase_V1, SupportsHMA):
             raise RuntimeError(f"{NAME}: the manager has {mgr.host_tier.num_host_pages} host "
                                f"pages, the connector {self.num_host_pages}")
         if self.pool_settings is not None:
-            if not isinstance(mgr, KvshareKVCacheManager):
+            if mgr.num_kv_cache_groups != 1:
                 raise RuntimeError(f"{NAME}: the pool tier takes one full-attention KV-cache "
                                    f"group; this model has {mgr.num_kv_cache_groups}")
             self.pool = SchedulerPool(self.pool_settings, mgr)

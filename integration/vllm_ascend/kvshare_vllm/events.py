@@ -164,15 +164,13 @@ class GroupEventTranslator:
     per group, in group order, for the call's block range (also when the group registered
     none of it: null positions).  ``metas[g]`` is group g's (kind, sliding window)."""
 
-    def __init__(self, block_size: int, stored: int, removed: int, metas) -> None:
+    def __init__(self, block_size: int, stored: int, removed: int, cleared: int, device: int,
+                 metas) -> None:
         self.block_size = block_size
-        self._kinds = (stored, removed)
+        self._kinds = (stored, removed, cleared)
+        self._device = device
         self.metas = list(metas)
         self._page_hash: dict[int, tuple] = {}  # page id -> (external hash, group)
-
-    def clear(self) -> AllBlocksCleared:
-        self._page_hash.clear()
-        return AllBlocksCleared()
 
     def convert(self, raw, tables, request, first: int, end: int) -> list[KVCacheEvent]:
         """vLLM's events for ``raw`` (one native call's events, in order).  ``tables`` are the
@@ -180,12 +178,16 @@ class GroupEventTranslator:
         caches (vLLM's ``num_cached_blocks`` .. ``num_full_blocks``; empty when it caches
         none).  Raises RuntimeError on a stored page outside that range or never stored
         before its removal."""
-        stored, removed = self._kinds
+        stored, removed, cleared = self._kinds
         out: list[KVCacheEvent] = []
         runs: list[list[int]] = [[] for _ in self.metas]
         for e in raw:
             kind, g, page = e["kind"], e["group"], e["page"]
-            if kind == removed:
+            if kind == cleared:  # the index cleared (reset_prefix_cache)
+                if e["tier"] == self._device:
+                    self._page_hash.clear()
+                    out.append(AllBlocksCleared())
+            elif kind == removed:
                 h = self._page_hash.pop(page, None)
                 if h is None or h[1] != g:
                     raise RuntimeError(f"kvshare_vllm: page {page} of group {g} removed but "

@@ -34,17 +34,19 @@ _require_supported_vllm_and_native()  # before vLLM's imports: an unsupported vL
 
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 
-from . import _fast, logger  # _fast required: startup.require() has checked that it loads
+from . import _fast  # required: startup.require() has checked that it loads
 from .compat import manager_api, support
 from .base import (MATCH_UNIT_ENV, ManagerBase, _cdiv, _extra_addr, _token_ids,
-                   copies_need_connector, extra_keys_for, match_unit_setting)
+                   check_page_bytes, copies_need_connector, extra_keys_for, match_unit_setting,
+                   page_geometry)
 from .events import cached_blocks_event
 from .group_tables import GroupTables, _HReq
 from .host_tier import HOST_PAGES, CopyQueue, HostTier
+from .pool_tier import manager_pool
 from .hybrid_newer import GroupsNewerSurface, newer_groups_reason, window_retention
 from .state_groups import (is_state_spec, state_group_kind, state_unsupported_reason,
                            vllm_table)
-from .manager import _ADMITTED_FROM, _NO_SPACE, _REMOVED, _STORED
+from .manager import _ADMITTED_FROM, _CLEARED, _DEVICE, _NO_SPACE, _REMOVED, _STORED
 from .views import _BlockPoolView, _CoordinatorView, _SingleTypeView
 
 # kvshare_vllm._fast.Groups' group kinds
@@ -210,7 +212,10 @@ class KvshareHybridKVCacheManager(GroupsNewerSurface, GroupTables, ManagerBase):
         connector = HOST_PAGES.get()  # None without kvshare's KV connector
         self._unit = self._unit_setting(bs, connector is not None)
         self.num_host_pages = connector or 0
-        self.cache = self._new_cache()
+        # The pool tier's key settings, when kvshare's connector has a pool (pool_tier.py).
+        self._pool = manager_pool(self._unit, ng)
+        self.cache = self._new_cache(kv_cache_config.kv_cache_groups)
+        self._h = self.cache.handle
         self.host_tier = HostTier(self, self.num_host_pages) if connector is not None else None
         # vLLM's block copies of sub-page hits (0.32), without kvshare's connector.
         self._copy_queue = CopyQueue(lambda: self._h) if self._unit and connector is None \
@@ -221,7 +226,7 @@ class KvshareHybridKVCacheManager(GroupsNewerSurface, GroupTables, ManagerBase):
 
             from .events import GroupEventTranslator
             self._translator = GroupEventTranslator(
-                bs, _STORED, _REMOVED,
+                bs, _STORED, _REMOVED, _CLEARED, _DEVICE,
                 [(get_kv_cache_spec_kind(s).value, get_kv_cache_spec_sliding_window(s))
                  for s in self.specs])
         self._stats_out = ffi.new("kvs_group_stats *")
@@ -239,9 +244,17 @@ class KvshareHybridKVCacheManager(GroupsNewerSurface, GroupTables, ManagerBase):
         # Per full group, the page ids every live table begins with (None: recompute).
         self._common: dict[int, list[int]] | None = None
 
-    def _new_cache(self):
-        return kvshare.Cache(
-            page_size=self.block_size, num_device_pages=self.num_blocks, groups=self._groups,
+    def _new_cache(self, groups):
+        """The cache of these groups.  One full-attention group's page is the one-group
+        manager's (``page_geometry``: every layer's K and V), so a pool's store keys, which name
+        the page bytes, are the same whichever manager stored a page."""
+        geometry = {}
+        specs = self._groups
+        if len(specs) == 1 and self._full[0]:
+            geometry = page_geometry(groups[0])
+            specs = [(specs[0][0], specs[0][1], 0)]  # 0: the geometry's page bytes
+        cache = kvshare.Cache(
+            page_size=self.block_size, num_device_pages=self.num_blocks, groups=specs,
             enable_prefix_caching=self.enable_caching, enable_events=self.enable_kv_cache_events,
             reserve_null_page=True, vllm_free_order=True,
             # vLLM 0.32's block pool reuses every freed uncached block first, 0.23's only a
@@ -249,7 +262,11 @@ class KvshareHybridKVCacheManager(GroupsNewerSurface, GroupTables, ManagerBase):
             vllm_uncached_first=_API != "0.23.0", defer_commit=False,
             skip_cached_writes=False, num_host_pages=self.num_host_pages,
             demote_to_host=self.num_host_pages > 0, match_unit=self._unit,
-            window_retention=self._retention)
+            window_retention=self._retention,
+            pool=self._pool["cache"] if self._pool else None, **geometry)
+        if geometry:
+            check_page_bytes(cache, groups[0])
+        return cache
 
     def _unit_setting(self, bs: int, connector: bool) -> int:
         """``KVSHARE_VLLM_MATCH_UNIT`` for these groups: sub-page hits on attention groups,
@@ -264,18 +281,7 @@ class KvshareHybridKVCacheManager(GroupsNewerSurface, GroupTables, ManagerBase):
                              "checkpoint, whole or nothing; unset it)")
         if unit and not connector and not support().block_copies:
             raise copies_need_connector(unit, f"on vLLM {_API}")
-        if unit and connector and support().block_copies:
-            raise ValueError(f"kvshare_vllm: {MATCH_UNIT_ENV}={unit} with kvshare's KV "
-                             "connector on a model of several KV-cache groups runs on vLLM "
-                             f"0.23.0 only; on {_API} sub-page hits on groups take vLLM's "
-                             "block copies, without the connector (remove it or unset the "
-                             "setting)")
         return unit
-
-    @property
-    def _h(self):
-        """The ``kvs_cache *`` (``_reset_index`` replaces the cache)."""
-        return self.cache.handle
 
     _pack = staticmethod(_fast.pack_i32)
     _extra_for = staticmethod(extra_keys_for)
@@ -687,23 +693,6 @@ class KvshareHybridKVCacheManager(GroupsNewerSurface, GroupTables, ManagerBase):
         if rc:
             kvshare.check(rc, "kvs_seq_append")
         self._drain_events(st, request, cached, target // self.block_size)
-
-    def _reset_index(self) -> bool:
-        """No request holds pages: every page is free, so a fresh cache is the cleared one."""
-        if self._reqs or self._popped:  # popped: held until block_pool.free_blocks
-            logger.warning("Failed to reset prefix cache because some blocks (%d) are not "
-                           "freed yet", sum(len(t) for st in [*self._reqs.values(),
-                                                              *self._popped]
-                                            for t in st.tables))
-            return False
-        self._drain_events(None, None)
-        self.cache.close()
-        self.cache = self._new_cache()
-        self._fast = self._new_fast()
-        self._avail = None  # no request holds a page: every count in _refs is 0 already
-        if self.enable_kv_cache_events:  # vLLM's BlockPool.reset_prefix_cache
-            self._events.append(self._translator.clear())
-        return True
 
     def new_step_starts(self) -> None:
         """vLLM's ``MambaManager.new_step_starts`` (clears ``cached_blocks_this_step``):

@@ -32,14 +32,13 @@ _API = manager_api()  # the vLLM release whose KVCacheManager signatures this mo
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.request import RequestStatus
 
-from . import logger
 from . import _fast  # required: startup.require() has checked that it loads
-from .base import (MATCH_UNIT_ENV, ManagerBase, _cdiv, _common_prefix, _extra_addr, _kv_dtype,
-                   _token_ids, copies_need_connector, extra_keys_for, lookahead_reason,
-                   match_unit_setting)
+from .base import (ManagerBase, _cdiv, _common_prefix, _extra_addr, _token_ids,
+                   check_page_bytes, copies_need_connector, extra_keys_for, lookahead_reason,
+                   match_unit_setting, page_geometry)
 from .events import EventTranslator, cached_blocks_event
 from .host_tier import HOST_PAGES, CopyQueue, HostTier
-from .pool_tier import POOL
+from .pool_tier import manager_pool
 from .manager_newer import NewerSurface
 from .views import _BlockPoolView, _CoordinatorView
 
@@ -139,24 +138,16 @@ class KvshareKVCacheManager(NewerSurface, ManagerBase):
         self.num_kv_cache_groups = 1
         connector = HOST_PAGES.get()  # None without kvshare's KV connector (host_tier.py)
         num_host_pages = connector or 0
-        # The pool tier's key settings, when kvshare's connector has a pool (pool_tier.py).
-        pool = POOL.get()
         self._unit = unit = match_unit_setting(bs)
         if unit and not support().block_copies and connector is None:
             raise copies_need_connector(unit, f"on vLLM {_API}")
-        if unit and pool:
-            raise ValueError(f"kvshare_vllm: {MATCH_UNIT_ENV}={unit} with the pool tier: the "
-                             "pool stores and loads whole pages; unset one of them")
-
-        dtype = _kv_dtype(spec)
+        # The pool tier's key settings, when kvshare's connector has a pool (pool_tier.py).
+        pool = manager_pool(unit, 1)
         cfg = kvshare.config_default(
             page_size=bs,
             num_device_pages=self.num_blocks,
             num_host_pages=num_host_pages,
-            num_layers=max(1, len(group.layer_names)),
-            num_kv_heads=max(1, getattr(spec, "num_kv_heads", 1)),
-            head_dim=max(1, getattr(spec, "head_size", 1)),
-            dtype=ffi.typeof("enum kvs_dtype").relements[dtype],
+            **page_geometry(group),
             enable_prefix_caching=enable_caching,
             reserve_null_page=True,
             defer_commit=False,
@@ -169,15 +160,7 @@ class KvshareKVCacheManager(NewerSurface, ManagerBase):
         )
         self.cache = kvshare.Cache(cfg, pool=pool["cache"] if pool else None)
         self._h = self.cache.handle
-        # kvshare's page is vLLM's, byte for byte, where vLLM's geometry is kvshare's (K and V
-        # of every layer, no scales or padding inside the page).
-        if type(spec).__name__ == "FullAttentionSpec":
-            want = spec.page_size_bytes * max(1, len(group.layer_names))
-            got = self.cache.stats()["page_bytes"]
-            if got != want:
-                raise ValueError(f"kvshare_vllm: vLLM's KV pages hold {want} bytes over "
-                                 f"{len(group.layer_names)} layers, kvshare's would hold {got} "
-                                 f"(element type {spec.dtype})")
+        check_page_bytes(self.cache, group)
         # Copies run by kvshare's KV connector (host_tier.py), or vLLM's block copies (0.32).
         self.host_tier = HostTier(self, num_host_pages) if connector is not None else None
         self._copy_queue = CopyQueue(lambda: self._h) if unit and connector is None else None
@@ -601,22 +584,6 @@ class KvshareKVCacheManager(NewerSurface, ManagerBase):
             kvshare.check(rc, "kvs_seq_free")
         if self.enable_kv_cache_events:
             self._drain_events(None, None)
-
-    def _clear_index(self) -> None:
-        self._flush()
-        self._avail = None
-        kvshare.check(lib.kvs_prefix_clear(self._h), "kvs_prefix_clear")
-        if self.enable_kv_cache_events:
-            self._drain_events(None, None)
-
-    def _reset_index(self) -> bool:
-        if self._reqs or self._popped:
-            held = list(self._reqs.values()) + self._popped
-            logger.warning("Failed to reset prefix cache because some blocks (%d) are not "
-                           "freed yet", sum(len(st.pages) for st in held))
-            return False
-        self._clear_index()
-        return True
 
     def _common_prefix_blocks(self, running_request_id: str) -> list[int]:
         """Leading blocks of the request held by every request with blocks (vLLM's

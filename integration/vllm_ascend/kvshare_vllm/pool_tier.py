@@ -52,7 +52,6 @@ import contextvars
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
@@ -65,6 +64,22 @@ SETTINGS = {"master", "local_host", "namespace", "store", "identity", "mac_key",
 # The pool settings of the manager being built (``kvshare.Cache(pool=...)``), set by the
 # plugin around ``Scheduler.__init__`` like ``host_tier.HOST_PAGES``; None without a pool.
 POOL: contextvars.ContextVar[dict | None] = contextvars.ContextVar("kvshare_pool", default=None)
+
+
+def manager_pool(unit: int, num_groups: int) -> dict | None:
+    """The pool settings of the manager being built (``POOL``), None without a pool.  Raises
+    ValueError for what the pool cannot serve: sub-page hits (``unit``: the pool stores and
+    loads whole pages) and several KV-cache groups."""
+    pool = POOL.get()
+    if pool is None:
+        return None
+    if unit:
+        raise ValueError(f"kvshare_vllm: KVSHARE_VLLM_MATCH_UNIT={unit} with the pool tier: "
+                         "the pool stores and loads whole pages; unset one of them")
+    if num_groups != 1:
+        raise ValueError(f"{NAME}: the pool tier takes one full-attention KV-cache group; "
+                         f"this model has {num_groups}")
+    return pool
 
 
 def _layout_tag(vllm_config) -> str:
@@ -246,7 +261,6 @@ class SchedulerPool:
     def __init__(self, settings: dict, manager):
         self.settings = settings
         self.mgr = manager
-        self.cache = manager.cache
         if not getattr(self.cache, "pooled", False):
             raise RuntimeError(f"{NAME}: kvshare's manager was built without the pool "
                                "settings (the plugin sets them around Scheduler.__init__)")
@@ -262,6 +276,11 @@ class SchedulerPool:
         self.load_failures: dict[str, int] = {}  # reported by the worker, by cause
         self.stores_shipped = 0
         self.stores_skipped = 0
+
+    @property
+    def cache(self):
+        """The manager's cache, read at every use (a manager may replace it)."""
+        return self.mgr.cache
 
     def close(self) -> None:
         release_client(self.settings, self.io)

@@ -273,10 +273,10 @@ def test_worker_refuses_unknown_layout():
         w.register_kv_caches({"l0": torch.zeros(3, 5, 7)})
 
 
-def _hybrid_run(model_dir, host_pages: int, reset: bool = False):
+def _hybrid_run(model_dir, host_pages: int, reset: list | None = None):
     """A sliding-window + full model (gpt-oss layout, window 64) under pressure: six
-    conversations sharing a 192-token system prompt, two turns each (with ``reset``, the
-    prefix cache reset between them).  Returns the outputs, the manager, (lookups, hit tokens,
+    conversations sharing a 192-token system prompt, two turns each (with ``reset``, a list,
+    the prefix cache reset between them; the manager's stats then land in the list).  Returns the outputs, the manager, (lookups, hit tokens,
     looked-up tokens) and the copies shipped per step."""
     import harness as h
 
@@ -298,9 +298,6 @@ def _hybrid_run(model_dir, host_pages: int, reset: bool = False):
         return res
 
     m.get_computed_blocks = counted
-    if reset:  # the reset's new cache at another address than the old (held by a spare one)
-        new_cache, spare = m._new_cache, []
-        m._new_cache = lambda: (spare.append(new_cache()), new_cache())[1]
     rng = random.Random(0)
     system = [rng.randrange(3, 30000) for _ in range(192)]
     hist = {c: system + [rng.randrange(3, 30000) for _ in range(24)] for c in range(6)}
@@ -322,9 +319,12 @@ def _hybrid_run(model_dir, host_pages: int, reset: bool = False):
             r = reqs[f"c{c}t{turn}"]
             assert r.is_finished()
             hist[c] = list(r.all_token_ids) + [rng.randrange(3, 30000) for _ in range(24)]
-        if reset and not turn:
+        if reset is not None and not turn:
+            cache = m.cache
             assert s.reset_prefix_cache()
+            assert m.cache is cache and m.kvshare_stats()["index_pages"] == 0
             shipped.clear()
+            reset.append(m.kvshare_stats())
     return {k: list(r.output_token_ids) for k, r in reqs.items()}, m, looked, shipped
 
 
@@ -345,14 +345,16 @@ def test_hybrid_model_gets_the_host_tier(tiny_model_dir):
 
 
 def test_hybrid_host_tier_after_a_prefix_cache_reset(tiny_model_dir):
-    """A prefix-cache reset gives the groups manager a fresh cache: the host tier and its copy
-    hand-off follow it (the second turn's copies come from the cache in use, and count its
-    demotions and promotions), with the outputs of the run without the host tier."""
-    plain_out, _, _, _ = _hybrid_run(tiny_model_dir, 0, reset=True)
-    host_out, m, _, shipped = _hybrid_run(tiny_model_dir, 256, reset=True)
+    """A prefix-cache reset clears the groups manager's cache in place (its device and host
+    indexes): the second turn's copies are its own demotions and promotions, shipped, with the
+    outputs of the run without the host tier."""
+    plain_out, _, _, _ = _hybrid_run(tiny_model_dir, 0, reset=[])
+    at_reset = []
+    host_out, m, _, shipped = _hybrid_run(tiny_model_dir, 256, reset=at_reset)
     assert host_out == plain_out
-    st = m.kvshare_stats()
-    assert st["demotions"] > 0 and len(shipped) == st["demotions"] + st["promotions"]
+    st, before = m.kvshare_stats(), at_reset[0]
+    moved = st["demotions"] - before["demotions"] + st["promotions"] - before["promotions"]
+    assert st["demotions"] > before["demotions"] and len(shipped) == moved
 
 
 def test_the_last_connector_half_closes_the_pool_client(monkeypatch):

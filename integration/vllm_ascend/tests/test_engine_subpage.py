@@ -105,6 +105,8 @@ HYBRID_CONFIGS = {
     "vllm": dict(kvshare=False),
     "unit": dict(kvshare=True, match_unit=UNIT),
 }
+if SUPPORT.block_copies:  # vLLM 0.32: also kvshare's connector (a host tier) carrying the copies
+    HYBRID_CONFIGS["unit_host"] = dict(kvshare=True, match_unit=UNIT, host_pages=64)
 
 
 @pytest.fixture(scope="module")
@@ -135,3 +137,21 @@ def test_hybrid_model_tokens_unchanged_and_more_hits_at_block_128(hybrid_engine)
     if not SUPPORT.block_copies:
         assert unit["connector"]["copies"] == 2 * st["unit_hits"]
     _beside_vllm(unit, vllm)
+
+
+@pytest.mark.skipif(not SUPPORT.block_copies, reason="on vLLM 0.23 the hybrid test above runs "
+                    "the copies in kvshare's connector already")
+def test_hybrid_model_unit_hits_through_kvshares_connector(hybrid_engine):
+    """vLLM 0.32 with kvshare's connector and a host tier: the connector, not vLLM's block
+    copies, carries both groups' partial copies (beside the host tier's), with vLLM's tokens
+    and the same hits as through vLLM's block copies."""
+    vllm, _ = hybrid_engine("vllm")
+    unit, _ = hybrid_engine("unit")
+    host, log = hybrid_engine("unit_host")
+    assert host["manager"] == "KvshareHybridKVCacheManager", log[-3000:]
+    st = host["kvshare_stats"]
+    moved = st["demotions"] + st["promotions"]
+    assert st["unit_hits"] > 0 and st["pending_copies"] == 0
+    assert host["connector"]["copies"] == 2 * st["unit_hits"] + moved
+    _beside_vllm(host, vllm)
+    assert host["cached"] == unit["cached"]

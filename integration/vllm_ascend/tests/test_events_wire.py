@@ -119,11 +119,12 @@ def test_single_group_stream_equals_vllm_block_pool(hash_algo):
 
 def test_group_stream_equals_vllm_block_pool():
     """Two KV-cache groups over one pool: per group one ``BlockStored`` with its group index,
-    then a removal named in the group it was stored for."""
+    then a removal named in the group it was stored for, then a reset's ``AllBlocksCleared``
+    (the device tier's clear only)."""
     metas = [_meta(), _meta()]
     pool = BlockPool(num_gpu_blocks=16, enable_caching=True, hash_block_size=BS,
                      enable_kv_cache_events=True)
-    tr = GroupEventTranslator(BS, STORED, REMOVED, metas)
+    tr = GroupEventTranslator(BS, STORED, REMOVED, CLEARED, DEVICE, metas)
     req = _request("tenant", 3 * BS, "sha256", cache_salt="tenant-b", session_id="s-2",
                    lora_request=LoRARequest("adapter", 3, "/nonexistent"))
     tables = [pool.get_new_blocks(3), pool.get_new_blocks(3)]
@@ -135,4 +136,10 @@ def test_group_stream_equals_vllm_block_pool():
     pool.free_blocks(reversed(tables[1]))
     pool.evict_blocks({pages[1][2]})
     ours += tr.convert([{"kind": REMOVED, "group": 1, "page": pages[1][2]}], pages, req, 0, 0)
-    _assert_same_stream(ours, _annotated(pool.take_events(), metas))
+    pool.free_blocks(reversed(tables[0]))
+    assert pool.reset_prefix_cache()
+    ours += tr.convert([{"kind": CLEARED, "tier": tier, "group": 0, "page": 0}
+                        for tier in (DEVICE, DEVICE + 1)], None, None, 0, 0)
+    theirs = _annotated(pool.take_events(), metas)
+    assert type(theirs[-1]).__name__ == "AllBlocksCleared"
+    _assert_same_stream(ours, theirs)

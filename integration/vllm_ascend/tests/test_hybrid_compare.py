@@ -257,6 +257,26 @@ def test_turboquant_full_attention_in_lockstep(tiny_model_dir):
     assert pair.hits[0] == pair.hits[1] > 0 and pair.nulls > 0 and pair.zeroed > 0
 
 
+@pytest.mark.parametrize("name", ["gpt-oss-w32-preempt", "llama4-c64"])
+def test_prefix_cache_reset_in_lockstep(tiny_model_dir, name):
+    """``reset_prefix_cache`` between two workloads (under KV zeroing, so that every step
+    compares the block ids handed out): kvshare forgets every cached page and keeps vLLM's
+    free order, so the second workload takes the same blocks as vLLM's and hits only what it
+    computed itself."""
+    pair = run_case(tiny_model_dir, name, zeroing=True)
+    mgr = pair.kvs.kv_cache_manager
+    cache = mgr.cache
+    hits = list(pair.hits)
+    assert pair.ref.reset_prefix_cache() and pair.kvs.reset_prefix_cache()
+    assert mgr.kvshare_stats()["index_pages"] == 0 and mgr.cache is cache
+    rng = random.Random(11)
+    system = [rng.randrange(3, 30000) for _ in range(60)]
+    conversations(pair, num_convs=5, turns=2, system=system, seed=rng.randrange(1 << 30),
+                  max_tokens=20)
+    assert pair.hits[0] == pair.hits[1] > hits[0] and pair.zeroed > 0
+    assert mgr.kvshare_stats()["index_pages"] == _vllm_cached(pair)
+
+
 EVENT_CASES = ["gpt-oss", "gpt-oss-w32", "gpt-oss-w32-chunked", "gpt-oss-w32-preempt", "gemma3",
                "gemma3-w64", "gemma3-w64-preempt"]
 

@@ -41,8 +41,9 @@ def _scheduler(model_dir, monkeypatch, num_blocks: int, unit: int = UNIT, host_p
 
 
 def _copies(out, num_groups: int = 1):
-    """The step's copies as (src, dst, tokens, kind), from the running release's channel."""
-    if API == "0.23.0":
+    """The step's copies as (src, dst, tokens, kind), from the running release's channel:
+    kvshare's KV connector where it runs (always on 0.23), vLLM's block copies otherwise."""
+    if API == "0.23.0" or out.kv_connector_metadata is not None:
         return connector_copies(out.kv_connector_metadata, num_groups)
     d2d = lib.KVS_COPY_KIND_DEVICE_TO_DEVICE
     return [(c.src_block_id, c.dst_block_id, BS, d2d)
@@ -73,7 +74,8 @@ def _workload(rng):
 
 
 def _run(model_dir, monkeypatch, seed: int, apply_copies: bool = True, host_pages: int = 0,
-         unit: int = UNIT, num_blocks: int = 24, model: str | None = None):
+         unit: int = UNIT, num_blocks: int = 24, model: str | None = None,
+         connector: bool = API == "0.23.0"):
     """The workload under the shadow worker.  ``model``: a model of several groups
     (``harness.MODELS``: full attention beside windows or chunks of 32 tokens, kvshare's groups
     manager), every group's table checked where the group reads (``shadow.skipped``: one
@@ -82,7 +84,7 @@ def _run(model_dir, monkeypatch, seed: int, apply_copies: bool = True, host_page
 
     specs = h.layer_specs(model, size=32) if model else None
     s = _scheduler(model_dir, monkeypatch, num_blocks, unit=unit, host_pages=host_pages,
-                   specs=specs)
+                   specs=specs, connector=connector)
     mgr = s.kv_cache_manager
     assert type(mgr).__name__ == ("KvshareHybridKVCacheManager" if model
                                   else "KvshareKVCacheManager")
@@ -183,12 +185,13 @@ def test_groups_take_sub_page_hits(tiny_model_dir, monkeypatch, model, seed):
     assert hits == whole + stats["unit_hit_tokens"]
 
 
-@pytest.mark.skipif(API != "0.23.0", reason="the host tier runs on vLLM 0.23 (its connector)")
 @pytest.mark.parametrize("seed", range(2))
 def test_groups_take_sub_page_hits_under_pressure_and_beside_the_host_tier(
         tiny_model_dir, monkeypatch, seed):
+    """Under pressure, with kvshare's connector and its host tier (on vLLM 0.32 too, where the
+    connector then carries the partial copies with the host tier's, not vLLM's block copies)."""
     stats, _, _ = _run(tiny_model_dir, monkeypatch, seed, num_blocks=40, host_pages=48,
-                       model="gpt-oss")
+                       model="gpt-oss", connector=True)
     assert stats["unit_hits"] > 0 and stats["demotions"] > 0
 
 

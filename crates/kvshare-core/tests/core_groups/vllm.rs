@@ -234,6 +234,17 @@ impl Vllm {
         }
     }
 
+    /// `BlockPool.reset_prefix_cache`: refused while a block is in use; otherwise every hash
+    /// is forgotten and the free queue stays as it is.
+    pub fn reset_prefix_cache(&mut self) -> bool {
+        if self.ref_cnt.iter().any(|&r| r > 0) {
+            return false;
+        }
+        self.cached.clear();
+        self.block_hash.iter_mut().for_each(|h| *h = None);
+        true
+    }
+
     pub fn get_new_blocks(&mut self, n: usize) -> Vec<u32> {
         let out: Vec<u32> = self.queue.drain(..n).collect();
         for &b in &out {

@@ -1,5 +1,6 @@
 """Runs inside a fresh network namespace (``unshare -n``, loopback up): a real mooncake_master
-on 127.0.0.1, two vLLM CPU engines with kvshare's manager and KV connector on it (a, b) and a
+on 127.0.0.1, two vLLM CPU engines with kvshare's manager and KV connector on it (a with the
+one-group manager, b with the groups manager, so each loads what the other stored) and a
 reference engine with vLLM's own manager (vllm_engine.py), then a conversation that moves
 between the engines, the engine holding pages killed, and the master killed. Prints one JSON
 object with every reply.
@@ -108,7 +109,8 @@ def main():
         addr = f"127.0.0.1:{RPC}"
         a = Engine(python, model, addr, "a")
         engines.append(a)
-        b = Engine(python, model, addr, "b")
+        # b runs kvshare's groups manager (a its one-group manager): the store keys are equal
+        b = Engine(python, model, addr, "b", *(() if measuring else ("groups",)))
         engines.append(b)
         out["block"] = a.block
         if measuring:
