@@ -115,8 +115,9 @@ def hybrid_unsupported_reason(kv_cache_config, scheduler_block_size: int, hash_b
                 f"hash {hash_block_size})")
     if len({g.kv_cache_spec.page_size_bytes for g in groups}) != 1:
         return "page bytes differ between groups (vLLM unifies them; one pool here)"
-    if use_eagle:
-        return "EAGLE / MTP speculative decoding (drops a hit block per group)"
+    if use_eagle and any(_group_kind(g.kv_cache_spec)[0] != "full" for g in groups):
+        return ("EAGLE / MTP speculative decoding with sliding-window, chunked-local or state "
+                "groups (vLLM drops a hit block per kind of group and matches again)")
     if dcp_world_size != 1 or pcp_world_size != 1:
         return f"context parallelism (dcp={dcp_world_size}, pcp={pcp_world_size})"
     if len(groups) > getattr(kvshare, "MAX_GROUPS", 32):
@@ -329,6 +330,11 @@ class KvshareHybridKVCacheManager(GroupsNewerSurface, GroupTables, ManagerBase):
             blocks = self._blocks
             rows = [[blocks[p] for p in row] for row in rows] if hit else rows
         self._pending = (request.request_id, extra)
+        if hit and self.use_eagle:
+            # EAGLE recomputes the last matched block for its hidden states (full attention
+            # only here: every group drops it, as vLLM's coordinator does once per group).
+            n = max(hit // self.block_size - 1, 0)
+            rows, hit = [row[:n] for row in rows], n * self.block_size
         if not hit:
             return self.empty_kv_cache_blocks, 0, ids, extra
         return KVCacheBlocks(tuple(rows)), hit, ids, extra

@@ -140,6 +140,35 @@ def layer_specs(model: str, block_size: int = 16, size: int | None = None) -> di
     return specs
 
 
+class EagleConfig:
+    """What vLLM's scheduler reads of an EAGLE ``SpeculativeConfig`` (0.23 and 0.32)."""
+
+    method = "eagle"
+    num_speculative_tokens_per_batch_size = None
+    max_num_new_slots_for_drafting = 0  # EAGLE drafts serially: no extra query slots
+
+    def __init__(self, num_speculative_tokens: int):
+        self.num_speculative_tokens = num_speculative_tokens
+
+    def use_eagle(self) -> bool:
+        return True
+
+    def use_eagle_block_drop(self) -> bool:
+        return True
+
+    def uses_draft_model(self) -> bool:
+        return False
+
+    def use_dflash(self) -> bool:
+        return False
+
+    def use_dspark(self) -> bool:
+        return False
+
+    def use_multi_module_mtp(self) -> bool:
+        return False
+
+
 class ZeroingKVCacheConfig(KVCacheConfig):
     """A ``KVCacheConfig`` that needs KV zeroing whatever its layers."""
 
@@ -152,7 +181,8 @@ def make_scheduler(model_dir: str, *, kvshare: bool, num_blocks: int = 1000, blo
                    kv_events: bool = False, async_scheduling: bool = False,
                    kv_transfer: dict | None = None, specs: dict | None = None,
                    mamba_cache_mode: str | None = None, watermark: float = 0.0,
-                   retention_interval: int | None = None, zeroing: bool = False) -> Scheduler:
+                   retention_interval: int | None = None, zeroing: bool = False,
+                   eagle: int = 0) -> Scheduler:
     """``kv_transfer``: a KV connector's ``KVTransferConfig`` fields; the scheduler then builds
     the connector's scheduler side (the KV tensor's size is declared: one float32 K and V
     value per slot, which offloading specs divide into per-block bytes).
@@ -162,13 +192,17 @@ def make_scheduler(model_dir: str, *, kvshare: bool, num_blocks: int = 1000, blo
     block sizes are then resolved as EngineCore resolves them.  ``retention_interval``: vLLM
     0.32's ``prefix_cache_retention_interval`` (None, dense, unless given).  ``zeroing``: the
     cache needs KV zeroing (as vLLM's for Mamba layers or mixed precision): the scheduler hands
-    new blocks out for zeroing every step (``SchedulerOutput.new_block_ids_to_zero``)."""
+    new blocks out for zeroing every step (``SchedulerOutput.new_block_ids_to_zero``).
+    ``eagle``: EAGLE speculative decoding with that many draft tokens, as the scheduler reads
+    its config (``EagleConfig``): lookahead slots, and the manager drops a hit's last block."""
     vllm_config = make_vllm_config(
         model_dir, block_size=block_size, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
         enable_prefix_caching=enable_prefix_caching, kv_events=kv_events,
         async_scheduling=async_scheduling, kv_transfer=kv_transfer, watermark=watermark)
     cache_config = vllm_config.cache_config
+    if eagle:  # no draft model here: the config as the scheduler reads it
+        object.__setattr__(vllm_config, "speculative_config", EagleConfig(eagle))
     if specs is None:
         groups = [KVCacheGroupSpec(["layer"], FullAttentionSpec(
             block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32))]

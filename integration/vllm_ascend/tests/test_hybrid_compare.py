@@ -277,6 +277,35 @@ def test_prefix_cache_reset_in_lockstep(tiny_model_dir, name):
     assert mgr.kvshare_stats()["index_pages"] == _vllm_cached(pair)
 
 
+@pytest.mark.parametrize("model", [None, "mla"])
+@pytest.mark.parametrize("groups,pressure", [(False, False), (True, False), (True, True)])
+def test_eagle_on_full_attention_in_lockstep(tiny_model_dir, groups, model, pressure,
+                                             monkeypatch):
+    """EAGLE speculative decoding (two draft tokens: lookahead slots, and vLLM drops a hit's
+    last block, whose hidden states the drafter needs) on a model of one full-attention group,
+    plain or MLA, in lockstep with vLLM's manager every step: the one-group manager, and the
+    groups manager in its place, under cache pressure too (the one-group manager evicts by
+    its own order there, docs/vllm.md, "Difference under cache pressure")."""
+    from kvshare_vllm import manager as manager_mod
+
+    if groups:
+        monkeypatch.setattr(manager_mod, "KvshareKVCacheManager",
+                            hybrid_mod.KvshareHybridKVCacheManager)
+    specs = h.layer_specs(model) if model else None
+    pair = Pair(tiny_model_dir, specs=specs, num_blocks=60 if pressure else 200, eagle=2,
+                max_num_seqs=8)
+    mgr = pair.kvs.kv_cache_manager
+    assert type(mgr).__name__ == ("KvshareHybridKVCacheManager" if groups
+                                  else "KvshareKVCacheManager")
+    assert mgr.use_eagle and pair.kvs.num_lookahead_tokens == 2
+    rng = random.Random(zlib.crc32(f"eagle-{model}-{pressure}".encode()))
+    system = [rng.randrange(3, 30000) for _ in range(40 if pressure else 100)]
+    conversations(pair, num_convs=8 if pressure else 6, turns=3, system=system,
+                  seed=rng.randrange(1 << 30), max_tokens=40 if pressure else 12)
+    assert pair.hits[0] == pair.hits[1] > 0
+    assert (pair.preemptions > 0) == pressure
+
+
 EVENT_CASES = ["gpt-oss", "gpt-oss-w32", "gpt-oss-w32-chunked", "gpt-oss-w32-preempt", "gemma3",
                "gemma3-w64", "gemma3-w64-preempt"]
 
@@ -353,7 +382,7 @@ def test_sparse_retention_events_match_vllm(tiny_model_dir, name):
 def test_unmanaged_configurations_fall_back(tiny_model_dir):
     """What kvshare's groups do not cover stays with vLLM's manager (the plugin logs why):
     Mamba / linear-attention state groups with speculative blocks or KV events,
-    EAGLE, differing block sizes.  KV events with
+    EAGLE beside windowed groups, differing block sizes.  KV events with
     several groups run in kvshare (``test_kv_events_match_vllm``)."""
     import torch
     from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
@@ -409,7 +438,11 @@ def test_unmanaged_configurations_fall_back(tiny_model_dir):
     cfg.kv_cache_groups.pop()
     assert hybrid_unsupported_reason(cfg, 16, 16) is None
     assert hybrid_unsupported_reason(cfg, 16, 16, enable_kv_cache_events=True) is None
-    assert "EAGLE" in hybrid_unsupported_reason(cfg, 16, 16, use_eagle=True)
+    assert hybrid_unsupported_reason(cfg, 16, 16, use_eagle=True) is None  # full attention
+    win = KVCacheConfig(num_blocks=64, kv_cache_tensors=[], kv_cache_groups=[
+        KVCacheGroupSpec(["a"], full), KVCacheGroupSpec(["w"], SlidingWindowSpec(
+            block_size=16, num_kv_heads=1, head_size=8, dtype=torch.float32, sliding_window=32))])
+    assert "EAGLE" in hybrid_unsupported_reason(win, 16, 16, use_eagle=True)
     assert "block sizes" in hybrid_unsupported_reason(cfg, 32, 16)
     if h.API != "0.23.0":
         assert "MTP" in hybrid_unsupported_reason(cfg, 16, 16, num_prefill_lookahead=2)
