@@ -276,8 +276,9 @@ def test_worker_refuses_unknown_layout():
 def _hybrid_run(model_dir, host_pages: int, reset: list | None = None):
     """A sliding-window + full model (gpt-oss layout, window 64) under pressure: six
     conversations sharing a 192-token system prompt, two turns each (with ``reset``, a list,
-    the prefix cache reset between them; the manager's stats then land in the list).  Returns the outputs, the manager, (lookups, hit tokens,
-    looked-up tokens) and the copies shipped per step."""
+    the prefix cache reset between them; the manager's stats then land in the list).  Returns
+    the outputs, the manager, (lookups, hit tokens, looked-up tokens) and the copies shipped
+    per step."""
     import harness as h
 
     kt = None if not host_pages else dict(
