@@ -562,16 +562,3 @@ def test_watermark_in_lockstep(tiny_model_dir):
     assert type(held.kvs.kv_cache_manager).__name__ == "KvshareHybridKVCacheManager"
     assert held.kvs.kv_cache_manager.watermark_blocks == 6
     assert (held.steps, held.preemptions) != (plain.steps, plain.preemptions)
-
-
-@pytest.mark.skipif(h.API == "0.23.0", reason="the refusal is vLLM 0.32's")
-def test_subpage_hits_on_groups_refused_on_newer_vllm(tiny_model_dir, monkeypatch):
-    """Sub-page hits on several groups take vLLM's block copies on 0.32
-    (``test_subpage_hits.py``); with kvshare's connector to run the copies instead, the groups
-    manager refuses the setting by name there."""
-    monkeypatch.setenv("KVSHARE_VLLM_MATCH_UNIT", "8")
-    kt = dict(kv_connector="KvshareConnector", kv_connector_module_path="kvshare_vllm.connector",
-              kv_role="kv_both", kv_connector_extra_config={"num_host_pages": 64})
-    with pytest.raises(ValueError, match="KVSHARE_VLLM_MATCH_UNIT=8 .* 0.23.0 only"):
-        h.make_scheduler(tiny_model_dir, kvshare=True, kv_transfer=kt,
-                         specs=h.layer_specs("gpt-oss", size=32))
