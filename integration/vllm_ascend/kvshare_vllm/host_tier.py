@@ -46,12 +46,11 @@ HOST_PAGES: contextvars.ContextVar[int | None] = contextvars.ContextVar("kvshare
 
 
 class CopyQueue:
-    """Drains the queued page copies (``kvs_cache_take_copies``) of the cache ``handle_of()``
-    returns: asked at every take, since a manager may replace its cache (the groups manager's
-    prefix-cache reset)."""
+    """Drains the queued page copies (``kvs_cache_take_copies``) of the cache ``handle`` (a
+    manager keeps its cache for its life: a prefix-cache reset clears it in place)."""
 
-    def __init__(self, handle_of, batch: int = 1024):
-        self._handle_of = handle_of
+    def __init__(self, handle, batch: int = 1024):
+        self._h = handle
         self._buf = ffi.new("kvs_copy[]", batch)
         self._n = ffi.new("size_t *")
 
@@ -59,7 +58,7 @@ class CopyQueue:
         """Every queued page copy, oldest first, as packed ``kvs_copy`` records."""
         out = []
         cap = len(self._buf)
-        h = self._handle_of()
+        h = self._h
         while True:
             rc = lib.kvs_cache_take_copies(h, self._buf, cap, self._n)
             if rc:
@@ -79,7 +78,7 @@ class HostTier:
     def __init__(self, manager, num_host_pages: int, batch: int = 1024):
         self._mgr = manager
         self.num_host_pages = num_host_pages
-        self._copies = CopyQueue(lambda: manager._h, batch)
+        self._copies = CopyQueue(manager._h, batch)
         self._promoted = ffi.new("size_t *")
 
     def _prefetch(self, ids, extra) -> int:

@@ -219,7 +219,7 @@ class KvshareHybridKVCacheManager(GroupsNewerSurface, GroupTables, ManagerBase):
         self._h = self.cache.handle
         self.host_tier = HostTier(self, self.num_host_pages) if connector is not None else None
         # vLLM's block copies of sub-page hits (0.32), without kvshare's connector.
-        self._copy_queue = CopyQueue(lambda: self._h) if self._unit and connector is None \
+        self._copy_queue = CopyQueue(self._h) if self._unit and connector is None \
             else None
         if enable_kv_cache_events:
             from vllm.v1.kv_cache_interface import (get_kv_cache_spec_kind,

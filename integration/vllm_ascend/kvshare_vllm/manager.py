@@ -163,7 +163,7 @@ class KvshareKVCacheManager(NewerSurface, ManagerBase):
         check_page_bytes(self.cache, group)
         # Copies run by kvshare's KV connector (host_tier.py), or vLLM's block copies (0.32).
         self.host_tier = HostTier(self, num_host_pages) if connector is not None else None
-        self._copy_queue = CopyQueue(lambda: self._h) if unit and connector is None else None
+        self._copy_queue = CopyQueue(self._h) if unit and connector is None else None
         self._found_out = ffi.new("size_t *")
 
         self.block_pool = _BlockPoolView(self, self.num_blocks)
@@ -629,6 +629,11 @@ class KvshareKVCacheManager(NewerSurface, ManagerBase):
         self._append_known(st, request, target)
         if self.enable_kv_cache_events:
             self._drain_events(st, request)
+
+    @staticmethod
+    def _vllm_tables(st: _Req) -> tuple[list[int]]:
+        """A request's block tables as vLLM holds them: one group's."""
+        return (st.pages,)
 
     def _append_known(self, st: _Req, request, target: int) -> None:
         """Appends the request's tokens ``st.n:target`` (no lookahead): full pages register."""

@@ -125,11 +125,6 @@ class NewerSurface:
         self._popped.append(st)
         return [self._blocks[p] for p in st.pages]
 
-    @staticmethod
-    def _vllm_tables(st) -> tuple[list[int]]:
-        """A request's block tables as vLLM holds them: one group's."""
-        return (st.pages,)
-
     def _free_popped(self, blocks) -> None:
         """``block_pool.free_blocks``: releases the popped sequence whose blocks these are,
         given last block first as the scheduler returns them (``reversed``: the order in which

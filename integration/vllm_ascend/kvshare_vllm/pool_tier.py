@@ -70,11 +70,13 @@ def manager_pool(unit: int, num_groups: int) -> dict | None:
     """The pool settings of the manager being built (``POOL``), None without a pool.  Raises
     ValueError for what the pool cannot serve: sub-page hits (``unit``: the pool stores and
     loads whole pages) and several KV-cache groups."""
+    from .base import MATCH_UNIT_ENV
+
     pool = POOL.get()
     if pool is None:
         return None
     if unit:
-        raise ValueError(f"kvshare_vllm: KVSHARE_VLLM_MATCH_UNIT={unit} with the pool tier: "
+        raise ValueError(f"kvshare_vllm: {MATCH_UNIT_ENV}={unit} with the pool tier: "
                          "the pool stores and loads whole pages; unset one of them")
     if num_groups != 1:
         raise ValueError(f"{NAME}: the pool tier takes one full-attention KV-cache group; "
@@ -261,6 +263,7 @@ class SchedulerPool:
     def __init__(self, settings: dict, manager):
         self.settings = settings
         self.mgr = manager
+        self.cache = manager.cache  # kept for the manager's life (a reset clears it in place)
         if not getattr(self.cache, "pooled", False):
             raise RuntimeError(f"{NAME}: kvshare's manager was built without the pool "
                                "settings (the plugin sets them around Scheduler.__init__)")
@@ -276,11 +279,6 @@ class SchedulerPool:
         self.load_failures: dict[str, int] = {}  # reported by the worker, by cause
         self.stores_shipped = 0
         self.stores_skipped = 0
-
-    @property
-    def cache(self):
-        """The manager's cache, read at every use (a manager may replace it)."""
-        return self.mgr.cache
 
     def close(self) -> None:
         release_client(self.settings, self.io)
