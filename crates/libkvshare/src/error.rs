@@ -2,6 +2,7 @@
 //! pointer, a bad length, a caught panic). `crate::status::status_of` maps each to one
 //! `kvs_status`, in one place; the `Display` text becomes `kvs_last_error_message()`.
 
+#[cfg(feature = "attention")]
 use kvshare_attention::Error as AttnError;
 use kvshare_core::Error as CacheError;
 
@@ -11,6 +12,7 @@ pub enum Error {
     /// A cache operation failed (the cache is unchanged).
     Cache(CacheError),
     /// A backend refused its arguments or failed.
+    #[cfg(feature = "attention")]
     Attn(AttnError),
     /// A required pointer argument was NULL (with a non-zero length, where it has one).
     NullArgument(&'static str),
@@ -36,6 +38,7 @@ impl Error {
     }
 
     /// Attention / KV-write / copy arguments contradict each other or the tensor layout.
+    #[cfg(feature = "attention")]
     pub fn attn(field: &'static str, reason: impl Into<String>) -> Self {
         Error::Attn(AttnError::Invalid {
             field,
@@ -60,6 +63,7 @@ impl From<CacheError> for Error {
     }
 }
 
+#[cfg(feature = "attention")]
 impl From<AttnError> for Error {
     fn from(e: AttnError) -> Self {
         match e {
@@ -74,6 +78,7 @@ impl std::fmt::Display for Error {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Error::Cache(e) => e.fmt(f),
+            #[cfg(feature = "attention")]
             Error::Attn(e) => e.fmt(f),
             Error::NullArgument(a) => write!(f, "argument `{a}` is NULL"),
             Error::Panic(m) => write!(f, "internal panic: {m}"),

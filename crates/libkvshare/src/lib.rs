@@ -3,6 +3,10 @@
 //!
 //! One file per exported object (`cache.rs` ↔ `kvs_cache_*`, …) plus shared helpers.
 //!
+//! The `attention` feature (default; every shipped build has it) holds the exports over
+//! [`kvshare_attention`]: `attn.rs`, `attn_args.rs`, `backend.rs` and `huge_pages.rs`. Without
+//! it the crate is the cache exports alone, which is how the fuzz target (`fuzz/`) builds it.
+//!
 //! # Safety contract of every export
 //! Pointer arguments are either NULL (refused with `KVS_STATUS_NULL_ARGUMENT` unless documented
 //! as optional) or valid for the length given beside them, for the duration of the call; handles
@@ -26,8 +30,11 @@
 #![allow(clippy::missing_safety_doc)]
 #![allow(non_camel_case_types)]
 
+#[cfg(feature = "attention")]
 pub mod attn;
+#[cfg(feature = "attention")]
 pub mod attn_args;
+#[cfg(feature = "attention")]
 pub mod backend;
 pub mod cache;
 pub mod enums;
@@ -35,6 +42,7 @@ pub mod error;
 pub mod events;
 pub mod groups;
 pub(crate) mod handle;
+#[cfg(feature = "attention")]
 pub mod huge_pages;
 pub mod pages;
 pub(crate) mod panic;

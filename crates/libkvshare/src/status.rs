@@ -4,6 +4,7 @@ use super::enums::kvs_status;
 use std::cell::RefCell;
 use std::ffi::{c_char, CString};
 
+#[cfg(feature = "attention")]
 use kvshare_attention::Error as AttnError;
 use kvshare_core::Error as CacheError;
 
@@ -33,6 +34,7 @@ pub(crate) fn status_of(e: &Error) -> kvs_status {
             CacheError::Poisoned => S::Poisoned,
             CacheError::Unsupported(_) => S::Unsupported,
         },
+        #[cfg(feature = "attention")]
         Error::Attn(e) => match e {
             AttnError::Invalid { .. } => S::AttnInvalidArgument,
             AttnError::InvalidArgument { .. } => S::InvalidArgument,
