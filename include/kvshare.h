@@ -2633,7 +2633,10 @@ kvs_status kvs_prefix_prefetch(struct kvs_cache *cache,
 /*
  Drops every prefix-index entry of both tiers, every group (e.g. after a weight update or
  for `reset_prefix_cache`). Cached pages become free; pages in use or pinned stay with
- their holders. Works at any time.
+ their holders. The freed pages join the free list's tail in eviction order (oldest
+ first), behind the pages already free, so the order pages are handed out in is the one
+ they would have been evicted in (vLLM's reset keeps its free queue the same way).
+ Works at any time.
 
  **Failure:** `KVS_STATUS_NULL_ARGUMENT` for a NULL `cache`, `KVS_STATUS_POISONED` after a
  panic inside the library: nothing changes.
