@@ -101,7 +101,10 @@ def _cpu_moe_silu_workaround() -> None:
     kernels) builds a ``SiluAndMul`` CustomOp inside the forward pass, which asserts that no
     vLLM config is current; the same function, without the CustomOp."""
     import torch.nn.functional as F
-    from vllm.model_executor.layers.fused_moe import cpu_fused_moe
+    try:
+        from vllm.model_executor.layers.fused_moe import cpu_fused_moe
+    except ImportError:  # vLLM 0.32: the CPU MoE moved, and builds no CustomOp in the forward
+        return
     from vllm.model_executor.layers.fused_moe.activation import MoEActivation
 
     cpu_fused_moe._CPU_MOE_ACT_FN[MoEActivation.SILU] = \

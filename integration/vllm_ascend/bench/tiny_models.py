@@ -71,12 +71,13 @@ def write_tiny_model(path: str, seed: int = 0, sliding_window: int | None = None
 
 # The tiny Qwen3-Next: layers 0-2 gated delta net (linear attention, vLLM's CPU GDN kernels),
 # layer 3 full attention; dense MLPs except layer 3's MoE (vLLM needs one MoE layer).  The CPU
-# kernels want head sizes that are multiples of 32, bf16 activations and an f32 SSM state.
+# kernels want head sizes that are multiples of 32 (vLLM 0.32's gated delta net: linear-attention
+# heads of 128), bf16 activations and an f32 SSM state.
 QWEN3_NEXT = {
     "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next",
     "vocab_size": MODEL["vocab_size"], "hidden_size": 64, "intermediate_size": 128,
     "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
-    "linear_conv_kernel_dim": 4, "linear_key_head_dim": 32, "linear_value_head_dim": 32,
+    "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
     "linear_num_key_heads": 2, "linear_num_value_heads": 4, "decoder_sparse_step": 1,
     "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32,
     "num_experts_per_tok": 2, "num_experts": 4, "norm_topk_prob": True,

@@ -22,16 +22,18 @@ def newer_groups_reason(kv_cache_config, num_prefill_lookahead: int = 0) -> str 
     configuration (None when it can).  Sparse retention of sliding-window pages
     (``prefix_cache_retention_interval``) runs in the core (``window_retention``); an
     interval ``window_retention`` cannot carry is refused.  Mamba / linear-attention state
-    groups ("align" sub-block hits, boundary-state hand-offs, sparse checkpoints), bounded
+    groups run in ``mamba_cache_mode`` "none"; the modes that cache states ("align" sub-block
+    hits, boundary-state hand-offs, sparse checkpoints), bounded
     prefix replay, extra retained window tokens (multi-module MTP), group roles (HiSparse) and
     multi-module MTP prefill lookahead are refused."""
     groups = kv_cache_config.kv_cache_groups
     for i, g in enumerate(groups):
         spec = g.kv_cache_spec
-        if is_state_spec(spec):
-            return (f"KV-cache group {i}: Mamba / linear-attention state on vLLM 0.32 (its "
-                    "'align' sub-block hits, boundary-state hand-offs and sparse checkpoints "
-                    "are not implemented; vLLM 0.23.0 has them)")
+        if is_state_spec(spec) and spec.mamba_cache_mode != "none":
+            return (f"KV-cache group {i}: Mamba / linear-attention state with "
+                    f"mamba_cache_mode={spec.mamba_cache_mode!r} on vLLM 0.32 (its 'align' "
+                    "sub-block hits, boundary-state hand-offs and sparse checkpoints are not "
+                    "implemented; vLLM 0.23.0 has them; 'none' runs)")
         role = getattr(g, "role", None)
         if role is not None and getattr(role, "value", role) != "default":
             return f"KV-cache group {i} with role {getattr(role, 'value', role)!r}"
@@ -176,11 +178,11 @@ class GroupsNewerSurface:
     take_kv_cache_block_copies = NewerSurface.take_kv_cache_block_copies
 
     def take_boundary_state_offloads(self) -> dict:
-        """Mamba "align" boundary states: none (no state group on vLLM 0.32)."""
+        """Mamba "align" boundary states: none (state groups run in mode "none" only here)."""
         return {}
 
     def finalize_partial_tail_offloads(self, request) -> list:
-        """Partial Mamba tails at a request's end: none (no state group on vLLM 0.32)."""
+        """Partial Mamba tails at a request's end: none (state groups: mode "none" only)."""
         return []
 
     def get_computed_blocks_for_connector(self, request):

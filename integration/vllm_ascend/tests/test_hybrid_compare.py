@@ -417,7 +417,11 @@ def test_unmanaged_configurations_fall_back(tiny_model_dir):
             mamba_cache_mode="all", num_speculative_blocks=1))
         assert "speculative" in hybrid_unsupported_reason(cfg, 16, 16)
     else:  # vLLM 0.32: state groups, and sparse retention of sliding-window groups
-        assert "Mamba" in hybrid_unsupported_reason(cfg, 16, 16)
+        assert "mamba_cache_mode='align'" in hybrid_unsupported_reason(cfg, 16, 16)
+        cfg.kv_cache_groups[1] = KVCacheGroupSpec(["m"], MambaSpec(
+            block_size=256, shapes=((16, 16),), dtypes=(torch.float32,),
+            mamba_cache_mode="none"))
+        assert hybrid_unsupported_reason(cfg, 256, 256, max_model_len=256) is None
         window = SlidingWindowSpec(block_size=16, num_kv_heads=1, head_size=8,
                                    dtype=torch.float32, sliding_window=32)
         sw = KVCacheConfig(num_blocks=64, kv_cache_tensors=[],
