@@ -23,9 +23,9 @@ def newer_groups_reason(kv_cache_config, num_prefill_lookahead: int = 0) -> str 
     (``prefix_cache_retention_interval``) runs in the core (``window_retention``); an
     interval ``window_retention`` cannot carry is refused.  Mamba / linear-attention state
     groups run in ``mamba_cache_mode`` "none"; the modes that cache states ("align" sub-block
-    hits, boundary-state hand-offs, sparse checkpoints), bounded
-    prefix replay, extra retained window tokens (multi-module MTP), group roles (HiSparse) and
-    multi-module MTP prefill lookahead are refused."""
+    hits, boundary-state hand-offs, sparse checkpoints), bounded prefix replay, extra retained
+    window tokens (multi-module MTP), group roles (HiSparse) and multi-module MTP prefill
+    lookahead are refused."""
     groups = kv_cache_config.kv_cache_groups
     for i, g in enumerate(groups):
         spec = g.kv_cache_spec
