@@ -662,10 +662,10 @@ typedef struct kvs_backend kvs_backend;
  `kvs_page_get_info`; prefix index: `kvs_prefix_register`, `kvs_prefix_match`,
  `kvs_prefix_find`, `kvs_prefix_unregister`, `kvs_prefix_clear`; sequences: `kvs_seq_begin`,
  `kvs_seq_begin_computed`, `kvs_seq_append`, `kvs_seq_append_pages`, `kvs_seq_append_batch`,
- `kvs_seq_fork`, `kvs_seq_free`, `kvs_seq_release_skipped`, `kvs_seq_set_computed`,
- `kvs_seq_swap_out`, `kvs_seq_swap_in`, `kvs_seq_get_info`, `kvs_seq_pages`,
- `kvs_seq_state_page`, `kvs_seq_set_priority`, `kvs_seq_append_need`, `kvs_seq_swap_in_need`,
- `kvs_seq_swap_out_need`; queues: `kvs_cache_take_copies`,
+ `kvs_seq_fork`, `kvs_seq_free`, `kvs_seq_free_deferred`, `kvs_seq_release_skipped`,
+ `kvs_seq_set_computed`, `kvs_seq_swap_out`, `kvs_seq_swap_in`, `kvs_seq_get_info`,
+ `kvs_seq_pages`, `kvs_seq_state_page`, `kvs_seq_set_priority`, `kvs_seq_append_need`,
+ `kvs_seq_swap_in_need`, `kvs_seq_swap_out_need`; queues: `kvs_cache_take_copies`,
  `kvs_cache_take_events`; retention: `kvs_prefix_pin`, `kvs_prefix_unpin`,
  `kvs_prefix_prefetch`; pool tier: `kvs_cache_new_pooled`, `kvs_pool_lookup`,
  `kvs_seq_begin_pooled`, `kvs_pool_take_work`, `kvs_pool_done`, `kvs_seq_pool_loading`,
@@ -2799,6 +2799,21 @@ kvs_status kvs_seq_fork(struct kvs_cache *cache, uint64_t parent_id, uint64_t ch
  **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
  */
 kvs_status kvs_seq_free(struct kvs_cache *cache, uint64_t seq_id);
+
+/*
+ Ends a sequence as vLLM 0.32's scheduler ends a request whose free it deferred
+ (`pop_blocks_for_free`, then `block_pool.free_blocks` of that list reversed): its
+ pages are released as one list, from the last group's last position to the first
+ group's first, and each pool places the pages this frees in one go: with
+ `vllm_uncached_first`, those with cached content to the back of the reuse order in list
+ order, the others to its front keeping theirs; otherwise each where `kvs_seq_free` sends
+ a full-attention group's page. No group kind's own free rule applies. On a cache of one
+ full-attention group this is `kvs_seq_free`; everything else is as there.
+
+ **Failure:** `KVS_STATUS_SEQ_NOT_FOUND` (also for a second free of the same id).
+ **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+ */
+kvs_status kvs_seq_free_deferred(struct kvs_cache *cache, uint64_t seq_id);
 
 /*
  vLLM's `remove_skipped_blocks(request, num_computed_tokens)`: every group replaces the

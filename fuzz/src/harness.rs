@@ -116,8 +116,10 @@ pub enum Op {
         parent: u8,
         child: u8,
     },
+    /// `kvs_seq_free`, or `kvs_seq_free_deferred` (vLLM 0.32's deferred free).
     Free {
         id: u8,
+        deferred: bool,
     },
     SwapOut {
         id: u8,

@@ -129,9 +129,13 @@ impl Run {
                     },
                 );
             }
-            Op::Free { id } => {
+            Op::Free { id, deferred } => {
                 let id = u64::from(id % 16);
-                let st = unsafe { kvs_cache::kvs_seq_free(self.c, id) };
+                let st = if deferred {
+                    unsafe { kvs_cache::kvs_seq_free_deferred(self.c, id) }
+                } else {
+                    unsafe { kvs_cache::kvs_seq_free(self.c, id) }
+                };
                 if self.model.seqs.remove(&id).is_some() {
                     self.expect(st, &[kvs_status::Ok]);
                 } else {

@@ -344,12 +344,34 @@ impl State {
     /// never-full page are kept matchable (a partial entry: the next turn of a conversation
     /// repeats them), when the sequence is its only holder.
     pub fn free(&mut self, id: u64) -> Result<()> {
+        self.end(id, false)
+    }
+
+    /// Ends a sequence as vLLM 0.32's scheduler ends a request whose free it deferred
+    /// (`pop_blocks_for_free`: every group's blocks in one list, in group order, handed back
+    /// later to `block_pool.free_blocks` reversed). The pages are released as that one list,
+    /// from the last group's last position to the first group's first, and each pool places
+    /// the pages this frees in one go, as `free_blocks` does: with `vllm_uncached_first`,
+    /// those with cached content to the back of the reuse order in list order and the others
+    /// to its front keeping theirs; otherwise each where `free` sends a full-attention group's
+    /// page. No group kind's own free rule applies: vLLM's single-type managers never see
+    /// these blocks again. A cache of one full-attention group frees as [`State::free`] does;
+    /// everything else (partial entries, a pool load, a swapped-out sequence) is as there.
+    pub fn free_deferred(&mut self, id: u64) -> Result<()> {
+        self.end(id, true)
+    }
+
+    fn end(&mut self, id: u64, as_one_list: bool) -> Result<()> {
         let s = self.seqs.remove(&id).ok_or(Error::SeqNotFound(id))?;
         if let Some(p) = s.pool.as_deref().filter(|p| p.loading()) {
             self.pool_orphan(&p.tickets);
         }
         if s.tier == Tier::Device {
             self.keep_partial_pages(&s);
+            if as_one_list {
+                self.release_as_one_list(&s.tables);
+                return Ok(());
+            }
         }
         for (g, t) in s.tables.iter().enumerate() {
             let pool = self.groups[g].pool;
@@ -380,6 +402,33 @@ impl State {
             }
         }
         Ok(())
+    }
+
+    /// `block_pool.free_blocks` of `tables` concatenated in group order and reversed: per pool
+    /// (groups whose pages differ in bytes have pools of their own), one placement of its pages.
+    fn release_as_one_list(&mut self, tables: &[Vec<u32>]) {
+        let mut by_pool: Vec<(usize, Vec<u32>)> = Vec::new();
+        for (g, t) in tables.iter().enumerate().rev() {
+            let pool = self.groups[g].pool;
+            let at = match by_pool.iter().position(|(p, _)| *p == pool) {
+                Some(i) => i,
+                None => {
+                    by_pool.push((pool, Vec::new()));
+                    by_pool.len() - 1
+                }
+            };
+            let live = t.iter().rev().copied().filter(|&p| !self.is_null(p));
+            by_pool[at].1.extend(live);
+        }
+        for (pool, pages) in by_pool {
+            if self.cfg.vllm_uncached_first {
+                self.release_split(pool, &pages, Holder::Seq);
+            } else {
+                for p in pages {
+                    self.release_device(pool, p, Holder::Seq, Release::Free);
+                }
+            }
+        }
     }
 
     /// Registers the whole units of `s`'s first unregistered position, in each attention group,

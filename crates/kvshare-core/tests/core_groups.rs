@@ -15,7 +15,8 @@
 //! (Qwen3-Next-like, Nemotron-H-like, Jamba-like) configurations, with scheduler steps:
 //! multi-turn conversations over shared documents, chunked prefills and decode steps (most
 //! after `release_skipped`, as vLLM releases before it allocates, some appends alone), begins
-//! with a KV connector's external tokens (`begin_computed`; refused with state groups), frees,
+//! with a KV connector's external tokens (`begin_computed`; refused with state groups), frees
+//! (some deferred, as vLLM 0.32's scheduler frees: `free_deferred`),
 //! and pools small enough to evict and refuse. After every operation both sides must agree on
 //! the result (ok or out of space), the hit, every group's block table of every live sequence
 //! (page ids, the null page at released positions) and the whole free queue in order; the
@@ -59,9 +60,9 @@ enum Op {
         seed: u32,
         release: bool,
     },
-    Free {
-        who: usize,
-    },
+    /// A request ends: its sequence freed, or with `deferred` freed as vLLM 0.32's scheduler
+    /// frees a request it deferred (`pop_blocks_for_free`, then one `free_blocks`).
+    Free { who: usize, deferred: bool },
     /// The scheduler starts a new step.
     NewStep,
     /// Every live sequence ends, then the prefix cache is reset (vLLM's `reset_prefix_cache`,
@@ -80,7 +81,8 @@ fn op(max_extra: u16, max_step: u16) -> impl Strategy<Value = Op> {
         5 => (0usize..64, prop_oneof![Just(1u16), 1..=max_step], any::<u32>(),
               proptest::bool::weighted(0.7))
             .prop_map(|(who, k, seed, release)| Op::Step { who, k, seed, release }),
-        2 => (0usize..64).prop_map(|who| Op::Free { who }),
+        2 => (0usize..64, proptest::bool::weighted(0.4))
+            .prop_map(|(who, deferred)| Op::Free { who, deferred }),
         2 => Just(Op::NewStep),
         1 => Just(Op::Reset),
     ]
@@ -246,14 +248,19 @@ fn run_with(
                     (w, g) => prop_assert!(false, "step {step}: vLLM {w}, kvshare {g:?}"),
                 }
             }
-            Op::Free { who } => {
+            Op::Free { who, deferred } => {
                 if live.is_empty() {
                     continue;
                 }
                 let id = live.swap_remove(who % live.len());
                 history.push(v.reqs[&id].tokens.clone());
-                v.free(id);
-                h.free(id).unwrap();
+                if deferred {
+                    v.free_deferred(id);
+                    h.free_deferred(id).unwrap();
+                } else {
+                    v.free(id);
+                    h.free(id).unwrap();
+                }
             }
             Op::NewStep => {
                 v.new_step();

@@ -356,6 +356,31 @@ impl kvs_cache {
         guard(|| Ok(unsafe { self::cache(cache) }?.lock()?.free(seq_id)?))
     }
 
+    /// Ends a sequence as vLLM 0.32's scheduler ends a request whose free it deferred
+    /// (`pop_blocks_for_free`, then `block_pool.free_blocks` of that list reversed): its
+    /// pages are released as one list, from the last group's last position to the first
+    /// group's first, and each pool places the pages this frees in one go: with
+    /// `vllm_uncached_first`, those with cached content to the back of the reuse order in list
+    /// order, the others to its front keeping theirs; otherwise each where `kvs_seq_free` sends
+    /// a full-attention group's page. No group kind's own free rule applies. On a cache of one
+    /// full-attention group this is `kvs_seq_free`; everything else is as there.
+    ///
+    /// **Failure:** `KVS_STATUS_SEQ_NOT_FOUND` (also for a second free of the same id).
+    /// **Thread safety:** safe concurrently with any call but `kvs_cache_free`.
+    #[no_mangle]
+    pub unsafe extern "C" fn kvs_seq_free_deferred(
+        cache: *mut kvs_cache,
+        seq_id: u64,
+    ) -> kvs_status {
+        guard(|| {
+            // SAFETY: `cache` is NULL or a live handle (the export contract); `cache()` refuses
+            // NULL.
+            Ok(unsafe { self::cache(cache) }?
+                .lock()?
+                .free_deferred(seq_id)?)
+        })
+    }
+
     /// vLLM's `remove_skipped_blocks(request, num_computed_tokens)`: every group replaces the
     /// positions it no longer reads once `num_computed_tokens` tokens have KV (sliding window
     /// W: the first `max(0, c - W + 1) / page_size` pages; chunked local C: the pages before

@@ -570,6 +570,11 @@ class Cache:
     def seq_free(self, seq_id: int) -> None:
         check(lib.kvs_seq_free(self.handle, seq_id), "kvs_seq_free")
 
+    def seq_free_deferred(self, seq_id: int) -> None:
+        """Ends a sequence as vLLM 0.32 ends a request whose free it deferred: every group's
+        pages released as one list, last group first (``kvs_seq_free_deferred``)."""
+        check(lib.kvs_seq_free_deferred(self.handle, seq_id), "kvs_seq_free_deferred")
+
     def seq_release_skipped(self, seq_id: int, num_computed_tokens: int) -> int:
         """Releases the positions no group reads any more once ``num_computed_tokens`` are
         computed (vLLM's ``remove_skipped_blocks``); returns the pages released."""

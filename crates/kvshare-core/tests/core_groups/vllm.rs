@@ -556,6 +556,14 @@ impl Vllm {
         r.allocated[g] = true;
     }
 
+    /// vLLM 0.32's deferred free: the scheduler takes `pop_blocks_for_free`'s one list of
+    /// every group's blocks in group order, and later gives it reversed to `free_blocks`.
+    pub fn free_deferred(&mut self, id: u64) {
+        let r = self.reqs.remove(&id).unwrap();
+        let list: Vec<u32> = r.blocks.iter().flatten().rev().copied().collect();
+        self.free_blocks(&list, false);
+    }
+
     pub fn free(&mut self, id: u64) {
         let r = self.reqs.remove(&id).unwrap();
         for (g, blocks) in r.blocks.iter().enumerate() {

@@ -135,6 +135,7 @@ static void null_cache(void) {
            "cache");
     EXPECT(kvs_seq_fork(NULL, 1, 50), KVS_STATUS_NULL_ARGUMENT, "cache");
     EXPECT(kvs_seq_free(NULL, 1), KVS_STATUS_NULL_ARGUMENT, "cache");
+    EXPECT(kvs_seq_free_deferred(NULL, 1), KVS_STATUS_NULL_ARGUMENT, "cache");
     EXPECT(kvs_seq_swap_out(NULL, 1, cp, 4, &n1), KVS_STATUS_NULL_ARGUMENT, "cache");
     EXPECT(kvs_seq_swap_in(NULL, 2, cp, 4, &n1), KVS_STATUS_NULL_ARGUMENT, "cache");
     EXPECT(kvs_seq_info_fn(NULL, 1, &si), KVS_STATUS_NULL_ARGUMENT, "cache");
@@ -347,6 +348,11 @@ static void seqs(void) {
     CHECK_OK(kvs_seq_begin(c, 70, t, 5, NULL, SIZE_MAX, 0, NULL));
     CHECK_OK(kvs_seq_free(c, 70));
     EXPECT(kvs_seq_free(c, 70), KVS_STATUS_SEQ_NOT_FOUND, "70");
+    EXPECT(kvs_seq_free_deferred(c, 70), KVS_STATUS_SEQ_NOT_FOUND, "70");
+    CHECK_OK(kvs_seq_begin(c, 72, t, 5, NULL, SIZE_MAX, 0, NULL));
+    CHECK_OK(kvs_seq_free_deferred(c, 72));
+    EXPECT(kvs_seq_free_deferred(c, 72), KVS_STATUS_SEQ_NOT_FOUND, "72");
+    CHECK_CACHE(c);
     EXPECT(kvs_seq_append(c, 70, t, 1, 0, cp, 8, &n), KVS_STATUS_SEQ_NOT_FOUND, NULL);
     EXPECT(kvs_seq_info_fn(c, 70, &si), KVS_STATUS_SEQ_NOT_FOUND, NULL);
     EXPECT(kvs_seq_fork(c, 70, 71), KVS_STATUS_SEQ_NOT_FOUND, NULL);
