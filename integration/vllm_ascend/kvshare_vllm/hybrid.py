@@ -647,14 +647,19 @@ class KvshareHybridKVCacheManager(GroupsNewerSurface, GroupTables, ManagerBase):
         self._settle_known(st, request)
         self._release_seq(st)
 
-    def _release_seq(self, st: _HReq) -> None:
-        """Frees the request's sequence: its pages released, full pages still cached."""
-        if self._fast is not None:
+    def _release_seq(self, st: _HReq, deferred: bool = False) -> None:
+        """Frees the request's sequence: its pages released, full pages still cached; with
+        ``deferred`` as vLLM 0.32's block pool takes a popped request's blocks back (one list,
+        the last group first: ``kvs_seq_free_deferred``)."""
+        if self._fast is not None and not deferred:
             rc, self._avail = self._fast.free(st, self._avail)
             if rc:
                 kvshare.check(rc, "kvs_seq_free")
             return
-        self.cache.seq_free(st.seq)
+        if deferred:
+            self.cache.seq_free_deferred(st.seq)
+        else:
+            self.cache.seq_free(st.seq)
         refs = self._refs
         for t in st.tables:
             for p in t:

@@ -196,9 +196,7 @@ class GroupsNewerSurface:
         keeps its pages until the scheduler returns exactly these blocks through
         ``block_pool.free_blocks`` (``_free_popped``), after a step in flight may have written
         them.  vLLM's scheduler does this only with a consuming KV connector and several
-        batches in flight, which the plugin leaves to vLLM's manager on several groups: the
-        sequence then releases its pages in ``free``'s order (group by group, each table's
-        tail first), where vLLM's pool takes the whole list reversed (the last group first)."""
+        batches in flight."""
         rid = request.request_id
         if self._pending is not None and self._pending[0] == rid:
             self._pending = None
@@ -213,9 +211,10 @@ class GroupsNewerSurface:
 
     def _free_popped(self, blocks) -> None:
         """``block_pool.free_blocks`` of a popped request's blocks (reversed, as the scheduler
-        returns them).  Raises ValueError, changing nothing, for blocks no popped request
-        holds in that order."""
+        returns them): one list, the last group's tail first, each page placed as vLLM's pool
+        places it.  Raises ValueError, changing nothing, for blocks no popped request holds
+        in that order."""
         st = self._take_popped(blocks,
                                lambda st: [p for t in self._vllm_tables(st) for p in t])
         if st is not None:
-            self._release_seq(st)
+            self._release_seq(st, deferred=True)

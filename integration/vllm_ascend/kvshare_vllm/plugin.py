@@ -19,11 +19,11 @@ vLLM's own manager, with a log line.  So do KV connectors whose scheduler side t
 every other connector runs with kvshare's managers, both of which take their external tokens,
 delayed caching (``allocate_slots``) and ``evict_blocks``.
 On vLLM 0.32 both managers run, with kvshare's KV connector and vLLM's own; the groups
-manager there follows 0.32's sparse prefix-cache retention of sliding-window groups and refuses
-Mamba / linear-attention state groups (``hybrid_newer.newer_groups_reason``), and a scheduler
-that defers block frees (``_deferred_free_reason``).  The
-scheduler builds the manager with keywords on both releases; ``_keywords`` reads positional
-arguments by the running vLLM's signature.
+manager there follows 0.32's sparse prefix-cache retention of sliding-window groups and its
+deferred block frees, and refuses Mamba / linear-attention state groups that cache states
+(modes all and align: ``hybrid_newer.newer_groups_reason``).  The scheduler builds the
+manager with keywords on both releases; ``_keywords`` reads positional arguments by the
+running vLLM's signature.
 
 When kvshare manages the cache, vLLM's per-request block hasher (``Request.block_hashes``,
 SHA-256 over every full block, recomputed as tokens arrive) has no reader left: kvshare
@@ -103,17 +103,6 @@ def _connector_groups_reason(connector, kv_cache_config) -> str | None:
     return None
 
 
-def _deferred_free_reason(sched) -> str | None:
-    """Why the groups manager cannot serve a scheduler that defers block frees (vLLM 0.32 with
-    a consuming KV connector and several batches in flight: ``pop_blocks_for_free``, the
-    blocks returned later through the block pool, whose order over several groups kvshare's
-    sequence free does not follow); None otherwise."""
-    if getattr(sched, "defer_block_free", False):
-        return ("deferred block frees (a consuming KV connector with several batches in "
-                "flight) on several KV-cache groups")
-    return None
-
-
 def _building_scheduler():
     """The ``Scheduler`` whose ``__init__`` is constructing the manager (vLLM's
     ``Scheduler.__init__`` sets ``self.cache_config`` and builds ``self.connector`` before the
@@ -174,8 +163,7 @@ def make_kv_cache_manager_factory(original):
                         kw.get("use_eagle", False), kw.get("enable_kv_cache_events", False),
                         max_model_len=max_model_len,
                         num_prefill_lookahead=kw.get("num_prefill_lookahead", 0)) \
-                        or _connector_groups_reason(connector, kv_cache_config) \
-                        or _deferred_free_reason(sched)
+                        or _connector_groups_reason(connector, kv_cache_config)
                 if why_groups and not why_hybrid:
                     logger.info("kvshare_vllm: KV-cache bookkeeping of %d KV-cache groups "
                                 "runs in kvshare", len(kv_cache_config.kv_cache_groups))

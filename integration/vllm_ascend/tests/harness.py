@@ -326,9 +326,10 @@ def fake_output(sched_out) -> ModelRunnerOutput:
     return req_ids, sampled
 
 
-def step(s: Scheduler, requests: dict[str, Request]):
+def step(s: Scheduler, requests: dict[str, Request], in_flight=None):
     """One engine step: schedule, then feed back one sampled token per request whose prefill
-    finished. Returns the SchedulerOutput and the EngineCoreOutputs."""
+    finished; ``in_flight(s)``, when given, runs between the two, while the step's batch would
+    be on the device.  Returns the SchedulerOutput and the EngineCoreOutputs."""
     out = s.schedule()
     req_ids = list(out.num_scheduled_tokens.keys())
     sampled = []
@@ -339,6 +340,8 @@ def step(s: Scheduler, requests: dict[str, Request]):
     mro = ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
                             sampled_token_ids=sampled, logprobs=None,
                             prompt_logprobs_dict={}, pooler_output=[])
+    if in_flight is not None:
+        in_flight(s)
     eco = s.update_from_output(out, mro)
     return out, eco
 

@@ -23,6 +23,7 @@ import zlib
 import pytest
 
 import harness as h
+from vllm.v1.request import RequestStatus
 from kvshare_vllm import hybrid as hybrid_mod
 from test_scheduler_compare import Pair, _lockstep_events, conversations
 
@@ -566,3 +567,67 @@ def test_watermark_in_lockstep(tiny_model_dir):
     assert type(held.kvs.kv_cache_manager).__name__ == "KvshareHybridKVCacheManager"
     assert held.kvs.kv_cache_manager.watermark_blocks == 6
     assert (held.steps, held.preemptions) != (plain.steps, plain.preemptions)
+
+
+class InFlightAborts(Pair):
+    """A Pair on schedulers that defer block frees (vLLM 0.32 with a consuming KV connector and
+    several batches in flight), whose aborts land while a step is in flight (between
+    ``schedule`` and ``update_from_output``, as an asynchronous engine's do): an aborted
+    request's blocks go back to the block pool (``pop_blocks_for_free``, then
+    ``free_blocks``) once that step is processed.  Every step also compares every running
+    request's block ids, group by group: they depend on the order freed blocks were queued."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.queued: list[str] = []
+        self.pops = [0, 0]  # pop_blocks_for_free calls: vLLM's side, kvshare's
+        for i, s in enumerate((self.ref, self.kvs)):
+            s.defer_block_free = True
+            m = s.kv_cache_manager
+            m.pop_blocks_for_free = self._counted(m.pop_blocks_for_free, i)
+
+    def _counted(self, pop, i):
+        def counted(request):
+            self.pops[i] += 1
+            return pop(request)
+        return counted
+
+    def abort(self, rid):
+        self.queued.append(rid)
+
+    def in_flight(self, s):
+        s.finish_requests(self.queued, RequestStatus.FINISHED_ABORTED)
+        if s is self.kvs:
+            self.queued = []
+
+    def step(self):
+        out = super().step()
+        for r in self.ref.running:
+            ids = [m.get_block_ids(r.request_id) for m in
+                   (self.ref.kv_cache_manager, self.kvs.kv_cache_manager)]
+            assert [list(g) for g in ids[0]] == [list(g) for g in ids[1]], \
+                f"step {self.steps}: {r.request_id}'s block ids"
+        return out
+
+
+@pytest.mark.skipif(h.API == "0.23.0", reason="vLLM 0.32's deferred block frees")
+@pytest.mark.parametrize("name", ["gpt-oss-w32-preempt", "llama4-c64-preempt",
+                                  "gemma3-w64-preempt"])
+def test_deferred_frees_in_lockstep(tiny_model_dir, name):
+    """vLLM 0.32's deferred block frees on hybrid models under memory pressure, with an abort
+    in flight every third step: both managers stay in lockstep every step, block ids
+    included, which holds only if kvshare queues a popped request's freed pages as vLLM's
+    block pool does (every group's blocks in one list, the last group's tail first, cached
+    ones to the back, the others to the front, in one go)."""
+    model, size, pair_kw, work = CASES[name]
+    pair = InFlightAborts(tiny_model_dir, specs=h.layer_specs(model, size=size), **pair_kw)
+    assert type(pair.kvs.kv_cache_manager).__name__ == "KvshareHybridKVCacheManager"
+    rng = random.Random(zlib.crc32(name.encode()))
+    work = dict(work)
+    system = [rng.randrange(3, 30000) for _ in range(work.pop("system"))]
+    conversations(pair, system=system, seed=rng.randrange(1 << 30), abort_every=3, **work)
+    assert pair.pops[0] == pair.pops[1] > 0 and pair.preemptions > 0
+    m = pair.kvs.kv_cache_manager
+    st = m.kvshare_stats()
+    assert not m._popped and st["num_seqs"] == 0 and st["device_pages_in_use"] == 0
+

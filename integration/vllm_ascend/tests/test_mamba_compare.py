@@ -16,7 +16,7 @@ preemptions, the block-aligned prefill chunks of "align").
 
 On vLLM 0.32 the cases in "none" run; "all" and "align" (0.32's sub-block hits, boundary-state
 hand-offs and sparse checkpoints) are refused there, and vLLM's own manager takes the model
-(``test_state_caching_modes_refused_on_newer_vllm``)."""
+(``test_state_caching_modes_refused_on_newer_vllm``); "none" also with deferred block frees."""
 
 from __future__ import annotations
 
@@ -78,18 +78,20 @@ CASES = {
 }
 
 
-def run_case(model_dir, name: str, vllm_only: bool = False, **extra) -> Pair:
+def run_case(model_dir, name: str, vllm_only: bool = False, pair_cls=Pair, abort_every=0,
+             **extra) -> Pair:
     model, mode, pair_kw, work = CASES[name]
     pair_kw = dict(pair_kw)
     max_model_len = pair_kw.pop("max_model_len", 2048)
-    pair = Pair(model_dir, vllm_only=vllm_only, mamba_cache_mode=mode,
+    pair = pair_cls(model_dir, vllm_only=vllm_only, mamba_cache_mode=mode,
                 enable_prefix_caching=mode != "none", max_model_len=max_model_len,
                 specs=h.mamba_layer_specs(model, mode, max_model_len=max_model_len),
                 **pair_kw, **extra)
     work = dict(work)
     rng = random.Random(zlib.crc32(name.encode()))
     system = [rng.randrange(3, 30000) for _ in range(work.pop("system"))]
-    conversations(pair, system=system, seed=rng.randrange(1 << 30), **work)
+    conversations(pair, system=system, seed=rng.randrange(1 << 30), abort_every=abort_every,
+                  **work)
     return pair
 
 
@@ -152,3 +154,19 @@ def test_state_caching_modes_refused_on_newer_vllm(tiny_model_dir, caplog, mode)
                              specs=h.mamba_layer_specs("qwen3-next", mode, max_model_len=2048))
     assert type(s.kv_cache_manager).__name__ == "KVCacheManager"
     assert f"mamba_cache_mode={mode!r} on vLLM 0.32" in caplog.text
+
+
+@pytest.mark.skipif(h.API == "0.23.0", reason="vLLM 0.32's deferred block frees")
+def test_deferred_frees_in_lockstep(tiny_model_dir):
+    """Qwen3-Next-like under memory pressure ("none") on schedulers that defer block frees,
+    an abort in flight every third step (``test_hybrid_compare.InFlightAborts``): both
+    managers in lockstep every step, block ids included; each popped request's state block
+    and attention blocks go back to the pool as one list."""
+    from test_hybrid_compare import InFlightAborts
+
+    pair = run_case(tiny_model_dir, "qwen3-next-none-preempt", pair_cls=InFlightAborts,
+                    abort_every=3)
+    assert pair.pops[0] == pair.pops[1] > 0 and pair.preemptions > 0
+    st = pair.kvs.kv_cache_manager.kvshare_stats()
+    assert st["num_seqs"] == 0 and st["device_pages_in_use"] == 0
+
