@@ -205,9 +205,13 @@ class GroupsNewerSurface:
             return []
         self._common = None
         self._settle_known(st, request)  # as free would
-        self._popped.append(st)
         blocks = self._blocks
-        return [blocks[p] for t in self._vllm_tables(st) for p in t]
+        popped = [blocks[p] for t in self._vllm_tables(st) for p in t]
+        if not popped:  # an empty list never comes back: the sequence ends now
+            self._release_seq(st, deferred=True)
+            return []
+        self._popped.append(st)
+        return popped
 
     def _free_popped(self, blocks) -> None:
         """``block_pool.free_blocks`` of a popped request's blocks (reversed, as the scheduler

@@ -79,7 +79,9 @@ class NewerSurface:
         """The block copies of this step's sub-page hits (``KVSHARE_VLLM_MATCH_UNIT``), which
         the worker runs before the step's forward pass, and the blocks retained for them:
         none, as kvshare holds each source until this hand-off and every later use of it
-        (a new owner's KV writes, a later copy) comes in a later step, after these copies.
+        (a new owner's KV writes, a later copy) comes in a later step, after these copies; a
+        scheduler that defers block frees, whose loads may overlap a step in flight, gets no
+        sub-page hits (``plugin.deferred_copies_reason``).
         vLLM copies whole blocks, in every layer; the slots past the hit's units are the
         request's to write before anything reads them.  On a model of several groups each
         copy lands in one group's page, whose slots no other group's layers read (the groups
@@ -122,6 +124,9 @@ class NewerSurface:
         if st is None:
             return []
         self._settle_known(st, request)
+        if not st.pages:  # an empty list never comes back: the sequence ends now
+            self._end_popped(st)
+            return []
         self._popped.append(st)
         return [self._blocks[p] for p in st.pages]
 
@@ -132,8 +137,11 @@ class NewerSurface:
         Raises ValueError for blocks that are no popped request's, in that order (nothing
         changes)."""
         st = self._take_popped(blocks, lambda st: st.pages)
-        if st is None:
-            return
+        if st is not None:
+            self._end_popped(st)
+
+    def _end_popped(self, st) -> None:
+        """Frees a popped sequence (one group: ``kvs_seq_free``'s order is the pool's)."""
         self._avail = None
         rc = lib.kvs_seq_free(self._h, st.seq)
         if rc:

@@ -103,6 +103,27 @@ def _connector_groups_reason(connector, kv_cache_config) -> str | None:
     return None
 
 
+def deferred_copies_reason(sched, connector, block_size: int) -> str | None:
+    """Why sub-page hits (``KVSHARE_VLLM_MATCH_UNIT``) cannot run on this scheduler: one that
+    defers block frees (vLLM 0.32 with a consuming KV connector and several batches in
+    flight) while vLLM's block copies carry the hits' partial copies (any connector but
+    kvshare's, which runs them itself, in order).  vLLM then holds a copy's source block
+    until the step in flight is done; kvshare hands a source back with the copy, so the next
+    step could give it to a load that overwrites it first.  None otherwise."""
+    from .base import MATCH_UNIT_ENV, match_unit_setting
+    from .connector import KvshareConnector
+
+    if not getattr(sched, "defer_block_free", False) or isinstance(connector, KvshareConnector):
+        return None
+    unit = match_unit_setting(block_size)
+    if not unit:
+        return None
+    return (f"{MATCH_UNIT_ENV}={unit}: sub-page hits on a scheduler that defers block frees "
+            f"(a consuming KV connector, {type(connector).__name__}, with several batches in "
+            "flight): vLLM's block copies would read a source block the next step may hand "
+            "out; configure KvshareConnector (it runs the copies) or unset it")
+
+
 def _building_scheduler():
     """The ``Scheduler`` whose ``__init__`` is constructing the manager (vLLM's
     ``Scheduler.__init__`` sets ``self.cache_config`` and builds ``self.connector`` before the
@@ -146,6 +167,9 @@ def make_kv_cache_manager_factory(original):
                 if why_format:
                     raise ValueError(f"kvshare_vllm: {why_format}; KVSHARE_VLLM=0 keeps "
                                      "vLLM's own manager")
+            why_copies = deferred_copies_reason(sched, connector, scheduler_block_size)
+            if why_copies:
+                raise ValueError(f"kvshare_vllm: {why_copies}")
             kw = _keywords(original, args, kwargs)
             why_groups = unsupported_reason(kv_cache_config, scheduler_block_size,
                                             hash_block_size, kw.get("dcp_world_size", 1),

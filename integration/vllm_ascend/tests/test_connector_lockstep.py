@@ -448,6 +448,36 @@ def test_plugin_serves_connectors_using_the_public_surface(tiny_model_dir, tmp_p
     assert (type(s.kv_cache_manager).__name__ == "KvshareKVCacheManager") is managed
 
 
+@pytest.mark.skipif(compat.manager_api() == "0.23.0", reason="vLLM 0.32's deferred frees")
+def test_deferred_frees_keep_kvshare(tiny_model_dir, tmp_path, monkeypatch):
+    """A consuming KV connector with several batches in flight (GPU async scheduling or
+    pipeline parallelism; vLLM's CPU platform turns async scheduling off, so the config's
+    ``max_concurrent_batches`` says 2 here) makes vLLM 0.32's scheduler defer block frees:
+    the plugin keeps kvshare's managers (one group and several).  Sub-page hits through
+    vLLM's block copies are refused there, naming the variable: vLLM holds a copy's source
+    until the step in flight is done, kvshare does not."""
+    from vllm.config import VllmConfig
+
+    def build(in_flight, specs=None, kv_transfer=None):
+        monkeypatch.setattr(VllmConfig, "max_concurrent_batches",
+                            property(lambda self: in_flight))
+        return h.make_scheduler(tiny_model_dir, kvshare=True, num_blocks=64, specs=specs,
+                                kv_transfer=kv_transfer or example_config(tmp_path))
+
+    # The offloading connector keeps vLLM's KV-cache groups (the example one merges them).
+    for specs, name, kt in ((None, "KvshareKVCacheManager", None),
+                            (h.layer_specs("gpt-oss", size=32), "KvshareHybridKVCacheManager",
+                             offloading_config(64))):
+        s = build(2, specs, kt)
+        assert s.defer_block_free and type(s.kv_cache_manager).__name__ == name
+    monkeypatch.setenv("KVSHARE_VLLM_MATCH_UNIT", "8")
+    with pytest.raises(ValueError, match="MATCH_UNIT=8: sub-page hits on a scheduler that "
+                                         "defers block frees .*ExampleConnector"):
+        build(2)
+    s = build(1)
+    assert not s.defer_block_free and s.kv_cache_manager._copy_queue is not None
+
+
 @pytest.mark.parametrize("model,size,num_blocks", [("gpt-oss", 32, 400), ("gemma3", 64, 400),
                                                    ("gemma3", 64, 90), ("gemma3", 64, 60),
                                                    ("gpt-oss", 32, 30)])

@@ -160,8 +160,9 @@ def test_state_caching_modes_refused_on_newer_vllm(tiny_model_dir, caplog, mode)
 def test_deferred_frees_in_lockstep(tiny_model_dir):
     """Qwen3-Next-like under memory pressure ("none") on schedulers that defer block frees,
     an abort in flight every third step (``test_hybrid_compare.InFlightAborts``): both
-    managers in lockstep every step, block ids included; each popped request's state block
-    and attention blocks go back to the pool as one list."""
+    managers in lockstep every step, block ids included, and nothing held at the end.  With
+    prefix caching off ("none") every freed block is uncached, so the free order is the same
+    either way; this checks the popped requests' bookkeeping beside a state group."""
     from test_hybrid_compare import InFlightAborts
 
     pair = run_case(tiny_model_dir, "qwen3-next-none-preempt", pair_cls=InFlightAborts,
