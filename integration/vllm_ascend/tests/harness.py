@@ -326,10 +326,13 @@ def fake_output(sched_out) -> ModelRunnerOutput:
     return req_ids, sampled
 
 
-def step(s: Scheduler, requests: dict[str, Request], in_flight=None):
+def step(s: Scheduler, requests: dict[str, Request], in_flight=None, overlap=False):
     """One engine step: schedule, then feed back one sampled token per request whose prefill
     finished; ``in_flight(s)``, when given, runs between the two, while the step's batch would
-    be on the device.  Returns the SchedulerOutput and the EngineCoreOutputs."""
+    be on the device.  With ``overlap`` two batches are in flight, as in an asynchronous
+    engine's batch queue: the previous step's output is fed back after this schedule (an
+    ``AsyncScheduler`` schedules on output placeholders meanwhile).  Returns the
+    SchedulerOutput and the EngineCoreOutputs."""
     out = s.schedule()
     req_ids = list(out.num_scheduled_tokens.keys())
     sampled = []
@@ -342,8 +345,10 @@ def step(s: Scheduler, requests: dict[str, Request], in_flight=None):
                             prompt_logprobs_dict={}, pooler_output=[])
     if in_flight is not None:
         in_flight(s)
-    eco = s.update_from_output(out, mro)
-    return out, eco
+    if not overlap:
+        return out, s.update_from_output(out, mro)
+    prev, s.kvs_test_in_flight = getattr(s, "kvs_test_in_flight", None), (out, mro)
+    return out, (s.update_from_output(*prev) if prev is not None else {})
 
 
 def connector_copies(meta, num_groups: int = 1) -> list[tuple[int, int, int, int]]:

@@ -67,12 +67,12 @@ class Pair:
         for s in (self.ref, self.kvs):
             s.finish_requests([rid], RequestStatus.FINISHED_ABORTED)
 
-    # Called on each side between its schedule and its update (``h.step``); None: nothing.
-    in_flight = None
+    in_flight = None  # when set, called on each side between its schedule and its update
+    overlap = False  # two batches in flight (h.step)
 
     def step(self):
-        o1, e1 = h.step(self.ref, self.reqs_ref, self.in_flight)
-        o2, e2 = h.step(self.kvs, self.reqs_kvs, self.in_flight)
+        o1, e1 = h.step(self.ref, self.reqs_ref, self.in_flight, self.overlap)
+        o2, e2 = h.step(self.kvs, self.reqs_kvs, self.in_flight, self.overlap)
         self.steps += 1
         where = f"step {self.steps}"
         assert o1.num_scheduled_tokens == o2.num_scheduled_tokens, where
