@@ -124,6 +124,14 @@ def deferred_copies_reason(sched, connector, block_size: int) -> str | None:
             "out; configure KvshareConnector (it runs the copies) or unset it")
 
 
+def _refuse_deferred_copies(sched, connector, block_size: int) -> None:
+    """Raises ValueError with ``deferred_copies_reason`` where it has one (before kvshare's
+    manager is built: the user asked for sub-page hits)."""
+    why = deferred_copies_reason(sched, connector, block_size)
+    if why:
+        raise ValueError(f"kvshare_vllm: {why}")
+
+
 def _building_scheduler():
     """The ``Scheduler`` whose ``__init__`` is constructing the manager (vLLM's
     ``Scheduler.__init__`` sets ``self.cache_config`` and builds ``self.connector`` before the
@@ -167,9 +175,6 @@ def make_kv_cache_manager_factory(original):
                 if why_format:
                     raise ValueError(f"kvshare_vllm: {why_format}; KVSHARE_VLLM=0 keeps "
                                      "vLLM's own manager")
-            why_copies = deferred_copies_reason(sched, connector, scheduler_block_size)
-            if why_copies:
-                raise ValueError(f"kvshare_vllm: {why_copies}")
             kw = _keywords(original, args, kwargs)
             why_groups = unsupported_reason(kv_cache_config, scheduler_block_size,
                                             hash_block_size, kw.get("dcp_world_size", 1),
@@ -189,6 +194,7 @@ def make_kv_cache_manager_factory(original):
                         num_prefill_lookahead=kw.get("num_prefill_lookahead", 0)) \
                         or _connector_groups_reason(connector, kv_cache_config)
                 if why_groups and not why_hybrid:
+                    _refuse_deferred_copies(sched, connector, scheduler_block_size)
                     logger.info("kvshare_vllm: KV-cache bookkeeping of %d KV-cache groups "
                                 "runs in kvshare", len(kv_cache_config.kv_cache_groups))
                     _log_host_tier()
@@ -199,6 +205,7 @@ def make_kv_cache_manager_factory(original):
                                f"; {why_hybrid}" if why_hybrid != why else "")
                 return original(kv_cache_config, max_model_len, scheduler_block_size,
                                 hash_block_size, *args, **kwargs)
+            _refuse_deferred_copies(sched, connector, scheduler_block_size)
             logger.info("kvshare_vllm: KV-cache bookkeeping runs in kvshare")
             _log_host_tier()
             return KvshareKVCacheManager(kv_cache_config, max_model_len, scheduler_block_size,
