@@ -398,6 +398,70 @@ fn state_pages_of_other_bytes_have_their_own_pool() {
     h.check().unwrap();
 }
 
+/// `free_deferred` on groups in two pools (full attention and a sliding window of 4096-byte
+/// pages, full attention of 8192-byte pages), with 0.32's free order: each pool places its own
+/// part of the one list (the last group's tail first) at once, uncached pages to the front in
+/// list order, cached ones to the back in list order; `free` places them group by group.
+#[test]
+fn a_deferred_free_places_each_pools_part_of_the_list_at_once() {
+    let group = |kind, page_bytes| GroupSpec { kind, page_bytes };
+    let toks: Vec<i32> = (0..10).collect(); // 2 full pages of 4 (cached), 1 partial
+    let mut orders = Vec::new();
+    for deferred in [true, false] {
+        let mut h = Hybrid::new(HybridConfig {
+            page_size: 4,
+            num_pages: 16,
+            groups: vec![
+                group(GroupKind::Full, 4096),
+                group(GroupKind::SlidingWindow(64), 4096),
+                group(GroupKind::Full, 8192),
+            ],
+            enable_prefix_caching: true,
+            enable_events: false,
+            policy: None,
+            uncached_first: true,
+            retention: None,
+        })
+        .unwrap();
+        assert_eq!((h.pool_of(1).unwrap(), h.pool_of(2).unwrap()), (0, 1));
+        h.begin(1, &toks, None, 9, 0).unwrap();
+        let t: Vec<Vec<u32>> = (0..3)
+            .map(|g| h.seq_pages(1, g).unwrap().to_vec())
+            .collect();
+        if deferred {
+            h.free_deferred(1).unwrap();
+        } else {
+            h.free(1).unwrap();
+        }
+        h.check().unwrap();
+        let queue = |pool: usize| {
+            let (free, back) = h.pool(pool).unwrap().lists().unwrap();
+            (free[..free.len().min(2)].to_vec(), back[0].clone())
+        };
+        orders.push((queue(0), queue(1), t));
+    }
+    let ((front, back), (front1, back1), t) = &orders[0];
+    assert_eq!(
+        front,
+        &[t[1][2], t[0][2]],
+        "pool 0: uncached, the last group first"
+    );
+    assert_eq!(
+        back,
+        &[t[1][1], t[1][0], t[0][1], t[0][0]],
+        "pool 0: cached in list order"
+    );
+    assert_eq!(
+        (front1[0], &back1[..]),
+        (t[2][2], &[t[2][1], t[2][0]][..]),
+        "pool 1"
+    );
+    // `free`: group by group, so the cached pages of the first group go back first.
+    let ((front, back), _, t) = &orders[1];
+    assert_eq!(front, &[t[1][2], t[0][2]]);
+    assert_eq!(back, &[t[0][1], t[0][0], t[1][1], t[1][0]]);
+}
+
 /// A hit that ends at a chunk boundary needs no page of the chunked group (the first token to
 /// compute starts a chunk), so that group looks nothing up: the hit is the full group's pages
 /// and null pages for the chunked one, for the lookup and the begin alike.
