@@ -226,19 +226,42 @@ class ManagerBase:
         self.prefix_cache_stats.record(num_tokens=request.num_tokens, num_hits=num_hits,
                                        preempted=request.num_preemptions > 0)
 
-    def _take_popped(self, blocks, pages_of):
-        """The popped sequence whose blocks ``blocks`` are, given last block first as the
-        scheduler returns them to ``block_pool.free_blocks`` (``pages_of(state)``: its page
-        ids in vLLM's order), taken off ``_popped``; None for no blocks.  Raises ValueError,
-        changing nothing, for blocks no popped request holds in that order."""
+    def _pop_for_free(self, request) -> list:
+        """vLLM 0.32's ``pop_blocks_for_free`` for both managers: ends the request's
+        bookkeeping and returns its blocks in vLLM's order (``_popped_ids``) without releasing
+        them; its sequence is held on ``_popped`` until ``_free_popped``.  A page that filled
+        without a native call is registered first, as ``free`` would (``_settle_known``).  A
+        request with no blocks ends at once: vLLM never hands an empty list back."""
+        rid = request.request_id
+        if self._pending is not None and self._pending[0] == rid:
+            self._pending = None
+        st = self._reqs.pop(rid, None)
+        self._common = None
+        if st is None:
+            return []
+        self._settle_known(st, request)
+        ids = self._popped_ids(st)
+        if not ids:
+            self._end_popped(st)
+            return []
+        self._popped.append(st)
+        blocks = self._blocks
+        return [blocks[p] for p in ids]
+
+    def _free_popped(self, blocks) -> None:
+        """``block_pool.free_blocks`` of a popped request's blocks, given last block first as
+        the scheduler returns them: the popped sequence whose blocks they are ends
+        (``_end_popped``).  Raises ValueError, changing nothing, for blocks no popped request
+        holds in that order."""
         ids = [b.block_id for b in blocks]
         if not ids:
-            return None
+            return
         ids.reverse()
         for i, st in enumerate(self._popped):
-            if ids == pages_of(st):
+            if ids == self._popped_ids(st):
                 del self._popped[i]
-                return st
+                self._end_popped(st)
+                return
         raise ValueError(f"kvshare_vllm: free_blocks({ids}) names no request's blocks "
                          "taken with pop_blocks_for_free")
 

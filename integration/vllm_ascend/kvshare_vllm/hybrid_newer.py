@@ -194,31 +194,15 @@ class GroupsNewerSurface:
         """Ends the request's bookkeeping and returns its blocks, every group's table in group
         order (null blocks included, as vLLM's), without releasing them: its kvshare sequence
         keeps its pages until the scheduler returns exactly these blocks through
-        ``block_pool.free_blocks`` (``_free_popped``), after a step in flight may have written
-        them.  vLLM's scheduler does this only with a consuming KV connector and several
-        batches in flight."""
-        rid = request.request_id
-        if self._pending is not None and self._pending[0] == rid:
-            self._pending = None
-        st = self._reqs.pop(rid, None)
-        if st is None:
-            return []
-        self._common = None
-        self._settle_known(st, request)  # as free would
-        blocks = self._blocks
-        popped = [blocks[p] for t in self._vllm_tables(st) for p in t]
-        if not popped:  # an empty list never comes back: the sequence ends now
-            self._release_seq(st, deferred=True)
-            return []
-        self._popped.append(st)
-        return popped
+        ``block_pool.free_blocks`` (``ManagerBase._pop_for_free``, ``_free_popped``), after a
+        step in flight may have written them.  vLLM's scheduler does this only with a
+        consuming KV connector and several batches in flight."""
+        return self._pop_for_free(request)
 
-    def _free_popped(self, blocks) -> None:
-        """``block_pool.free_blocks`` of a popped request's blocks (reversed, as the scheduler
-        returns them): one list, the last group's tail first, each page placed as vLLM's pool
-        places it.  Raises ValueError, changing nothing, for blocks no popped request holds
-        in that order."""
-        st = self._take_popped(blocks,
-                               lambda st: [p for t in self._vllm_tables(st) for p in t])
-        if st is not None:
-            self._release_seq(st, deferred=True)
+    def _popped_ids(self, st) -> list:
+        return [p for t in self._vllm_tables(st) for p in t]
+
+    def _end_popped(self, st) -> None:
+        """Frees a popped sequence as vLLM's pool takes its list back: one list, the last
+        group's tail first, each page placed as the pool places it."""
+        self._release_seq(st, deferred=True)

@@ -115,30 +115,14 @@ class NewerSurface:
         """Ends the request's bookkeeping and returns its blocks without releasing them (vLLM
         0.32's deferred free, while an in-flight step may still write them): its kvshare
         sequence stays open, holding its pages, until the scheduler returns exactly these
-        blocks through ``block_pool.free_blocks`` (``_free_popped``).  A page that filled
-        without a native call is registered first, as ``free`` would (``_settle_known``)."""
-        st = self._reqs.pop(request.request_id, None)
-        self._common = None
-        if self._pending is not None and self._pending[0] == request.request_id:
-            self._pending = None
-        if st is None:
-            return []
-        self._settle_known(st, request)
-        if not st.pages:  # an empty list never comes back: the sequence ends now
-            self._end_popped(st)
-            return []
-        self._popped.append(st)
-        return [self._blocks[p] for p in st.pages]
+        blocks, last first (``reversed``: the order in which ``kvs_seq_free`` releases a
+        sequence's pages), through ``block_pool.free_blocks`` (``ManagerBase._pop_for_free``,
+        ``_free_popped``)."""
+        return self._pop_for_free(request)
 
-    def _free_popped(self, blocks) -> None:
-        """``block_pool.free_blocks``: releases the popped sequence whose blocks these are,
-        given last block first as the scheduler returns them (``reversed``: the order in which
-        ``kvs_seq_free`` releases a sequence's pages, the tail cached to be evicted first).
-        Raises ValueError for blocks that are no popped request's, in that order (nothing
-        changes)."""
-        st = self._take_popped(blocks, lambda st: st.pages)
-        if st is not None:
-            self._end_popped(st)
+    @staticmethod
+    def _popped_ids(st) -> list:
+        return st.pages
 
     def _end_popped(self, st) -> None:
         """Frees a popped sequence (one group: ``kvs_seq_free``'s order is the pool's)."""
