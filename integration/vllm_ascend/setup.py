@@ -2,8 +2,8 @@
 (``integration/cargo_version.py``); the plugin requires the binding of the same C ABI
 (``kvshare~=<version>``: before 1.0 the minor version is the ABI version).
 
-Builds ``kvshare_vllm._fast`` (the adapter's page hand-over, compiled, for one group and for
-KV-cache groups). It is required: without a C compiler or
+Builds ``kvshare_vllm._fast`` (the adapter's page hand-over, compiled, for one or many KV-cache
+groups). It is required: without a C compiler or
 Python's headers the build stops and says what to install, instead of installing a plugin that
 runs the same steps in Python, slower. The extension includes the generated ``kvshare.h``
 (``$KVSHARE_HEADER``, the installed ``kvshare`` package's copy, the repository's ``include/``,
@@ -32,8 +32,8 @@ from cargo_version import (MANIFEST, REPO, fresh_build, package_version,  # noqa
                            project_urls, release_series)
 
 VERSION = package_version(HERE, MANIFEST)
-# The native module and its C sources: _fast.c (the module; Appender: one full-attention group,
-# manager.py) and _fast_groups.c (Groups: KV-cache groups, hybrid.py).
+# The native module and its C sources: _fast.c (the module) and _fast_groups.c (Groups: the
+# manager's calls, manager.py).
 NATIVE = {"_fast": ("_fast.c", "_fast_groups.c")}
 NEEDS = ("kvshare-vllm needs its native module (kvshare_vllm._fast): "
          "install a C compiler and Python's headers (Debian / Ubuntu: apt-get install gcc "

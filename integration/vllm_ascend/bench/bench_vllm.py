@@ -12,8 +12,7 @@ the kvshare side runs its requests without it, as the engine does.
 The two schedulers run in lockstep: one step of one, then one step of the other, so the
 machine's noise (it comes in phases of seconds) falls on both alike, and each side's caches are
 as cold at its next step as an engine's are after a model step.  The side going first in every
-step runs measurably slower, so the order rotates between repeats (an even number, a
-multiple of three with ``--groups-manager``).
+step runs measurably slower, so the order alternates between repeats (an even number).
 
 Reported: ``speedup`` = (vLLM manager + hasher) / (kvshare manager + hasher, i.e. none), and
 ``speedup_manager_only``, the managers' methods alone: geometric means over the repeats of
@@ -24,17 +23,9 @@ hybrid (``harness.mamba_layer_specs``) the same way.
 
 ``--model gpt-oss|gemma3|llama4|mla`` runs a hybrid model's KV-cache groups (``harness.MODELS``,
 grouped by vLLM's own ``get_kv_cache_groups``; ``--window N`` overrides its window / chunk):
-vLLM's side then runs its ``HybridKVCacheCoordinator``, kvshare's side the plugin's hybrid
-manager.  Default: one full-attention group.
-
-``--groups-manager`` adds a third side on the default model: kvshare's groups manager, which
-the plugin gives models of several groups, serving the one full-attention group (the plugin
-gives that model the one-group manager).  The three sides then take turns going first (repeats
-come in threes), and ``groups_over_one`` is the groups manager's time over the one-group
-manager's: the cost of the general manager on a plain model.
+vLLM's side then runs its ``HybridKVCacheCoordinator``.  Default: one full-attention group.
 
 Usage: bench_vllm.py [--quick] [--convs N] [--turns T] [--repeats R] [--model M [--window N]]
-                     [--groups-manager]
 """
 
 from __future__ import annotations
@@ -103,10 +94,9 @@ def instrument(mgr, clock: Clock):
     mgr.__class__ = type("Timed" + cls.__name__, (cls,), ns)
 
 
-def side(model_dir, kvshare: bool, args, seed=1, groups: bool = False):
+def side(model_dir, kvshare: bool, args, seed=1):
     """One side of the comparison as a generator: yields after each scheduler step, returns
-    (StopIteration value) its figures.  The workload is the same for every side.  ``groups``:
-    kvshare's groups manager in the place of its one-group manager."""
+    (StopIteration value) its figures.  The workload is the same for both sides."""
     import harness as h
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher
     from vllm.utils.hashing import sha256
@@ -120,17 +110,9 @@ def side(model_dir, kvshare: bool, args, seed=1, groups: bool = False):
     else:
         specs = h.layer_specs(args.model, size=args.window) if args.model else None
         extra = dict(max_model_len=args.max_model_len)
-    from kvshare_vllm import hybrid, manager
-
-    one_group = manager.KvshareKVCacheManager
-    if groups:  # the plugin builds the one-group manager by this name when the model is built
-        manager.KvshareKVCacheManager = hybrid.KvshareHybridKVCacheManager
-    try:
-        s = h.make_scheduler(model_dir, kvshare=kvshare, num_blocks=args.blocks,
-                             max_num_seqs=args.convs, max_num_batched_tokens=4096, specs=specs,
-                             **extra)
-    finally:
-        manager.KvshareKVCacheManager = one_group
+    s = h.make_scheduler(model_dir, kvshare=kvshare, num_blocks=args.blocks,
+                         max_num_seqs=args.convs, max_num_batched_tokens=4096, specs=specs,
+                         **extra)
     clock, hclock = Clock(), Clock()
     instrument(s.kv_cache_manager, clock)
     base_hasher = get_request_block_hasher(16, sha256)
@@ -194,16 +176,12 @@ def side(model_dir, kvshare: bool, args, seed=1, groups: bool = False):
                 peak=peak, tokens=tokens, manager=type(s.kv_cache_manager).__mro__[1].__name__)
 
 
-SIDES = {"vllm": dict(kvshare=False), "kvshare": dict(kvshare=True),
-         "groups": dict(kvshare=True, groups=True)}
-
-
-def lockstep(model_dir, args, names: list) -> dict:
-    """Runs the sides (``SIDES`` names, in this order) one scheduler step each in turn, so
-    that the machine's noise (it comes in phases of seconds) falls on all alike; returns
-    name -> figures.  The side going first in every step runs measurably slower (about 5-40%
-    here), so callers rotate the order between repeats."""
-    return run_in_lockstep({name: side(model_dir, args=args, **SIDES[name]) for name in names})
+def lockstep(model_dir, args, sides: dict) -> dict:
+    """Runs the sides (name -> kvshare flag, in this order) one scheduler step each in turn, so
+    that the machine's noise (it comes in phases of seconds) falls on both alike; returns
+    name -> figures.  The side going first in every step runs measurably slower (about 5-20%
+    here), so callers alternate the order between repeats."""
+    return run_in_lockstep({name: side(model_dir, flag, args) for name, flag in sides.items()})
 
 
 def run_in_lockstep(gens: dict) -> dict:
@@ -245,11 +223,7 @@ def main():
                     help="mamba_cache_mode of a Mamba hybrid (none: prefix caching off)")
     ap.add_argument("--window", type=int, default=None, help="the model's window / chunk")
     ap.add_argument("--max-model-len", type=int, default=None)
-    ap.add_argument("--groups-manager", action="store_true",
-                    help="a third side: the groups manager on the one-group model")
     args = ap.parse_args()
-    if args.groups_manager and args.model:
-        ap.error("--groups-manager compares the managers on the default one-group model")
     if args.quick:
         args.convs, args.turns, args.repeats, args.max_tokens = 8, 2, 1, 16
     from conftest import TINY_CONFIG
@@ -257,14 +231,14 @@ def main():
     model_dir = tempfile.mkdtemp(prefix="kvshare-bench-")
     with open(os.path.join(model_dir, "config.json"), "w") as f:
         json.dump(TINY_CONFIG, f)
-    # Noise on these machines comes in phases of seconds: the sides run in lockstep (one
-    # scheduler step each in turn, which side goes first rotating between repeats, so repeats
-    # come in pairs, or threes with the groups manager) and a ratio is the geometric mean over
-    # the repeats of each repeat's ratio; per-side times are medians.
-    names = ["vllm", "kvshare"] + (["groups"] if args.groups_manager else [])
-    n = len(names)
-    repeats = max(n, -(-args.repeats // n) * n)
-    pairs = [lockstep(model_dir, args, names[i % n:] + names[:i % n]) for i in range(repeats)]
+    # Noise on these machines comes in phases of seconds: the two sides run in lockstep (one
+    # scheduler step each in turn, which side goes first alternating between repeats, so
+    # repeats come in pairs) and the ratio is the geometric mean over the repeats of each
+    # repeat's ratio; per-side times are medians.
+    repeats = max(2, args.repeats + args.repeats % 2)
+    pairs = [lockstep(model_dir, args, {"vllm": False, "kvshare": True} if i % 2 == 0
+                      else {"kvshare": True, "vllm": False})
+             for i in range(repeats)]
 
     def per_step(r, key):
         return r[key] / 1e3 / r["steps"]
@@ -290,21 +264,6 @@ def main():
     print("speedup per pair: " + ", ".join(f"{x:.2f}" for x in total)
           + "  (manager only: " + ", ".join(f"{x:.2f}" for x in manager) + ")",
           file=sys.stderr)
-    extra = {}
-    if args.groups_manager:
-        g = pairs[0]["groups"]
-        extra = {
-            "groups_manager_us_per_step": round(med([per_step(p["groups"], "kv_ns")
-                                                     for p in pairs]), 2),
-            "groups_over_one": round(gmean([p["groups"]["kv_ns"] / p["kvshare"]["kv_ns"]
-                                            for p in pairs]), 3),
-            "groups_same": all(p["groups"][k] == p["kvshare"][k] for p in pairs
-                               for k in ("tokens", "hits", "queries", "steps", "peak")),
-            "groups_manager": g["manager"],
-        }
-        print("groups / one-group per repeat: " + ", ".join(
-            f"{p['groups']['kv_ns'] / p['kvshare']['kv_ns']:.2f}" for p in pairs),
-            file=sys.stderr)
     out = {
         "bench": "vllm",
         "vllm_version": __import__("vllm").__version__,
@@ -329,13 +288,11 @@ def main():
                      "kvshare": round(k["hits"] / max(k["queries"], 1), 4)},
         "peak_blocks": {"vllm": v["peak"], "kvshare": k["peak"]},
         "same_tokens": all(p["vllm"]["tokens"] == p["kvshare"]["tokens"] for p in pairs),
-        **extra,
     }
     print(json.dumps(out))
     # The managers must agree on the workload: a difference is a failure, not a figure.
     if not (out["same_tokens"] and out["hit_rate"]["vllm"] == out["hit_rate"]["kvshare"]
-            and out["peak_blocks"]["vllm"] == out["peak_blocks"]["kvshare"]
-            and extra.get("groups_same", True)):
+            and out["peak_blocks"]["vllm"] == out["peak_blocks"]["kvshare"]):
         sys.exit("bench_vllm.py: the managers' tokens, hits or peak blocks differ")
 
 

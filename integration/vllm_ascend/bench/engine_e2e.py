@@ -81,8 +81,6 @@ DEFAULTS = {
     "sliding_window": None,     # a hybrid model: even layers slide over this many tokens
     "retention": "default",     # vLLM 0.32's prefix_cache_retention_interval (None: dense;
                                 # "default": the engine's own, 0)
-    "groups_manager": False,    # a model of one full-attention group in kvshare's groups
-                                # manager (the plugin gives it the one-group manager)
     "qwen3_next": False,        # a tiny Qwen3-Next (3 gated-delta-net layers per full one, random
                                 # "dummy" weights): Mamba-style state groups (write_qwen3_next)
     "prefix_caching": True,     # False: vLLM runs state groups in mamba_cache_mode "none"
@@ -343,10 +341,6 @@ def run(cfg: dict) -> dict:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import numpy as np
     extra = {}
-    if cfg["groups_manager"]:
-        from kvshare_vllm import hybrid, manager
-
-        manager.KvshareKVCacheManager = hybrid.KvshareHybridKVCacheManager
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -399,8 +393,6 @@ def run(cfg: dict) -> dict:
     timer = None
     if not cfg["multiprocess"]:
         timer = _Timer(llm.llm_engine.engine_core.engine_core, trace=bool(cfg.get("trace")))
-        if cfg["groups_manager"] and timer.manager != "KvshareHybridKVCacheManager":
-            raise RuntimeError(f"engine_e2e: groups_manager, but the engine built {timer.manager}")
         _time_attention()
     attn0 = dict(_ATTN_S)
 
@@ -591,8 +583,6 @@ def bench(argv) -> int:
                     metavar="N|none",
                     help="vLLM 0.32's prefix_cache_retention_interval for the hybrid model's "
                     "window: tokens, or none (dense); default: the engine's own (0)")
-    ap.add_argument("--groups-manager", action="store_true",
-                    help="also the dense model in kvshare's groups manager (one full group)")
     ap.add_argument("--quick", action="store_true", help="a small run for CI smoke tests")
     ap.add_argument("--json", action="store_true", help="print the raw measurements as JSON")
     a = ap.parse_args(argv)
@@ -604,8 +594,6 @@ def bench(argv) -> int:
                ("kvshare manager + vLLM attention", {"kvshare": True}),
                ("kvshare manager + kvshare attention",
                 {"kvshare": True, "kvshare_attention": True})]
-    if a.groups_manager and a.sliding_window:
-        raise SystemExit("--groups-manager: a hybrid model runs in the groups manager anyway")
     with tempfile.TemporaryDirectory() as d:
         model = write_tiny_model(os.path.join(d, "model"), sliding_window=a.sliding_window)
         site = install_plugin(os.path.join(d, "site"))
@@ -616,9 +604,6 @@ def bench(argv) -> int:
             print(f"kvshare attention left out: {compat.support().attention_missing}",
                   file=sys.stderr)
             configs = configs[:2]
-        if a.groups_manager:
-            configs.append(("kvshare groups mgr + vLLM attention",
-                            {"kvshare": True, "groups_manager": True}))
         results = {name: [] for name, _ in configs}
         env = _bench_env(site)
         for rep in range(a.repeats):

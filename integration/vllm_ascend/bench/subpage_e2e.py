@@ -6,7 +6,7 @@ scratch folder) runs ``engine_e2e``'s multi-turn chat once per configuration, ea
 process: vLLM's manager at block 128, kvshare's at block 128 with whole-block hits and with
 ``KVSHARE_VLLM_MATCH_UNIT``, and vLLM's manager at the CPU kernel's smallest block (16 on
 vLLM 0.23, 32 on 0.32).  ``--sliding-window W``: the hybrid model (even layers slide over the
-last W tokens: two KV-cache groups, kvshare's groups manager, vLLM 0.23).  It prints vLLM's
+last W tokens: two KV-cache groups, vLLM 0.23).  It prints vLLM's
 own prefix-cache counters (hit tokens over looked-up tokens), the tokens recomputed, and
 whether each run generated vLLM's block-128 tokens.  Exits non-zero when a run's tokens
 differ.

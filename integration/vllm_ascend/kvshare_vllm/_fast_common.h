@@ -1,5 +1,5 @@
 /* Argument parsing of the vLLM adapter's native module (``_fast.c``: the module and
- * ``Appender`` for one full-attention group; ``_fast_groups.c``: ``Groups`` for KV-cache groups):
+ * ``pack_i32``; ``_fast_groups.c``: ``Groups``, the manager's calls):
  * token ids packed from Python ints to int32, with the checks ``kvshare.pack_i32`` makes, count
  * arguments read as non-negative Py_ssize_t, and the extra-keys address read as a pointer; and
  * the one call between the two sources (``kvshare_fast_groups_ready``). */

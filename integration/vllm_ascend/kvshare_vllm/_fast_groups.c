@@ -1,6 +1,6 @@
-/* kvshare_vllm._fast's Groups: the hybrid manager's (``hybrid.py``, KV-cache groups) native
+/* kvshare_vllm._fast's Groups: the manager's (``manager.py``, one or many KV-cache groups) native
  * calls, one C call per manager method, compiled into the module with ``_fast.c`` (the module and
- * ``Appender``; its ``PyInit__fast`` readies the type through ``kvshare_fast_groups_ready``).
+ * ``pack_i32``; its ``PyInit__fast`` readies the type through ``kvshare_fast_groups_ready``).
  *
  * ``Groups(hybrid_addr, fns, block_size, num_pages, kinds, refs, blocks)`` holds a
  * ``kvs_cache *`` and the addresses of the ``kvs_*`` calls it makes (all taken from
@@ -8,17 +8,17 @@
  * seq_get_info, seq_pages, seq_release_skipped, seq_free, seq_begin_computed, prefix_find).
  * ``kinds`` gives
  * each group's (kind, window): 0 full attention, 1 sliding window W, 2 chunked local C (any
- * other kind is refused: hybrid.py then makes its calls through the binding).  ``refs`` is the
+ * other kind is refused: manager.py then makes its calls through the binding).  ``refs`` is the
  * manager's page refcount mirror (a writable buffer of uint32, one per page: how many live block tables hold
  * the page), held for the object's life; ``blocks`` the block object of each page id.
  *
- * A request's state ``st`` (hybrid.py's ``_HReq``) is read and written through its attributes
+ * A request's state ``st`` (manager.py's ``_HReq``) is read and written through its attributes
  * ``seq``, ``n`` (tokens handed to kvshare) and ``tables`` (one list of page ids per group, 0
  * at the null page).  ``avail`` is the manager's kept free count (vLLM's free blocks: pages no
  * live table holds) or None when unknown; every call returns it updated as the mirror moves
  * (a page going from no holder to one leaves it, and back).
  *
- * Methods (each the Python code of hybrid.py it replaces, with the same results):
+ * Methods (each the Python code of manager.py it replaces, with the same results):
  *   running(st, ids, release_at, need_slot, known, avail) -> (room, rc, appended, added, avail)
  *       ``allocate_slots`` of a running request: ``remove_skipped_blocks(release_at)``, vLLM's
  *       room check (``room`` False: no room, nothing appended), then the append of
@@ -289,7 +289,7 @@ static int page_at(PyObject *t, Py_ssize_t i, uint32_t *p) {
     return 0;
 }
 
-/* hybrid.py's ``_refresh``: reads every group's table back from kvshare into ``s->tables``
+/* group_tables.py's ``_refresh``: reads every group's table back from kvshare into ``s->tables``
  * (positions that changed and the ones past the old length), the mirror following.  With
  * ``added_out``: None when no table grew, else per group the block objects of the positions
  * past its old length. */
@@ -411,7 +411,7 @@ static Py_ssize_t skipped(Groups *self, Py_ssize_t g, Py_ssize_t c) {
     }
 }
 
-/* hybrid.py's ``_release``: the positions out of every window become null (kvshare's
+/* group_tables.py's ``_release``: the positions out of every window become null (kvshare's
  * ``kvs_seq_release_skipped``, the mirror by the same rule), only when one is still
  * held.  Writes the pages released to ``*released``. */
 static int release_core(Groups *self, State *s, Py_ssize_t c, Py_ssize_t *avail,
@@ -778,7 +778,7 @@ static PyTypeObject GroupsType = {
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_traverse = (traverseproc)Groups_traverse,
     .tp_clear = (inquiry)Groups_clear,
-    .tp_doc = "the hybrid manager's native calls with their request-state and mirror updates",
+    .tp_doc = "the manager's native calls with their request-state and mirror updates",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Groups_init,
     .tp_dealloc = (destructor)Groups_dealloc,

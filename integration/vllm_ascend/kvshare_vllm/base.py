@@ -1,22 +1,20 @@
-"""``ManagerBase``: what the single-group manager (``manager.KvshareKVCacheManager``) and the
-hybrid one (``hybrid.KvshareHybridKVCacheManager``) share of vLLM's ``KVCacheManager``
-surface: the running vLLM's constructor (``__init__``, one per release, which hands the
-arguments to the subclass's ``_setup``), prefix-cache stats, the usage fraction, new-block
-ids for KV zeroing, ``KVCacheBlocks`` construction, reset and event hand-out; and the two
-translations both make: a request's kvshare extra keys (``extra_keys_for``) and a KV-cache
-spec's page element (``_kv_dtype``).
+"""``ManagerBase``: the part of ``manager.KvshareKVCacheManager`` that follows vLLM's
+``KVCacheManager`` surface whatever the groups: the running vLLM's constructor (``__init__``,
+one per release, which hands the arguments to the subclass's ``_setup``), prefix-cache stats,
+the usage fraction, new-block ids for KV zeroing, ``KVCacheBlocks`` construction, reset and
+event hand-out; and two translations: a request's kvshare extra keys (``extra_keys_for``) and
+a KV-cache spec's page element (``_kv_dtype``).
 
 A subclass provides ``empty_kv_cache_blocks``, ``_capacity()`` (vLLM's free blocks),
 ``_drain_events(st, request)`` (vLLM's events for what kvshare queued; called with
 ``(None, None)`` when no request's call is pending), ``_vllm_tables(st)`` (a request's block
 table per group),
 ``_append_known(st, request, target)`` (hands kvshare the request's tokens up to ``target``, no
-slots: full pages register), and the block objects in ``_blocks``.  Both let the registration of
-a page that fills in a step needing no other native call wait (``_dirty``, ``_flush``) and
-settle a request's tokens before its pages go back (``_settle_known``; ``_unit``: the match
-unit).  Both
-serve a KV connector's calls the same way: ``evict_blocks`` and the
-block hashes connectors read after an allocation with external tokens (``_mark_hashed``).
+slots: full pages register), and the block objects in ``_blocks``.  The base lets the
+registration of a page that fills in a step needing no other native call wait (``_dirty``,
+``_flush``), settles a request's tokens before its pages go back (``_settle_known``; ``_unit``:
+the match unit) and serves a KV connector's calls: ``evict_blocks`` and the block hashes
+connectors read after an allocation with external tokens (``_mark_hashed``).
 """
 
 from __future__ import annotations
@@ -128,7 +126,8 @@ def match_unit_setting(block_size: int) -> int:
 
 
 class ManagerBase:
-    """The shared half of both managers; see the module doc for what a subclass provides."""
+    """The manager's half that follows vLLM's surface; see the module doc for what a
+    subclass provides."""
 
     if _API == "0.23.0":
         def __init__(self, kv_cache_config, max_model_len: int, scheduler_block_size: int,
@@ -166,7 +165,7 @@ class ManagerBase:
     def _init_base(self, kv_cache_config, max_model_len: int, enable_caching: bool,
                    use_eagle: bool, log_stats: bool, enable_kv_cache_events: bool,
                    metrics_collector, watermark: float = 0.0) -> None:
-        """The state both managers keep, set before anything else of theirs."""
+        """The state the manager keeps, set before anything else of theirs."""
         self.kv_cache_config = kv_cache_config
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
@@ -227,7 +226,7 @@ class ManagerBase:
                                        preempted=request.num_preemptions > 0)
 
     def _pop_for_free(self, request) -> list:
-        """vLLM 0.32's ``pop_blocks_for_free`` for both managers: ends the request's
+        """vLLM 0.32's ``pop_blocks_for_free``: ends the request's
         bookkeeping and returns its blocks in vLLM's order (``_popped_ids``) without releasing
         them; its sequence is held on ``_popped`` until ``_free_popped``.  A page that filled
         without a native call is registered first, as ``free`` would (``_settle_known``).  A
@@ -315,7 +314,7 @@ class ManagerBase:
         ``kv_load_failure_policy`` recompute), as vLLM's ``BlockPool.evict_blocks`` drops
         theirs: ``kvs_prefix_unregister`` on their pages (vLLM's block ids are the page ids of
         the cache's one device pool, whichever group holds them: every group's pages have the
-        same bytes, see ``hybrid_unsupported_reason``; the null block is skipped)."""
+        same bytes, see ``unsupported_reason``; the null block is skipped)."""
         from kvshare import ffi, lib
 
         ids = sorted({int(b) for b in block_ids if b})

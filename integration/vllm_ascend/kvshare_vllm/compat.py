@@ -26,9 +26,9 @@ class VllmSupport:
     """What the plugin runs on one vLLM release: kvshare's ``KVCacheManager`` in vLLM's
     scheduler (``KVSHARE_VLLM=1``) and kvshare's CPU attention backend (``KVSHARE_VLLM_OPS=1``).
     An empty reason means the part runs; otherwise it says why not, for the start-up refusal.
-    Models with several KV-cache groups (or one windowed group) run in kvshare's groups manager
-    on both releases; the configurations it refuses on a release are named by
-    ``hybrid.hybrid_unsupported_reason`` (on 0.32: ``hybrid_newer.newer_groups_reason``).
+    Every model kvshare takes runs in one manager on both releases; the configurations it
+    refuses on a release are named by ``manager.unsupported_reason`` (on 0.32:
+    ``manager_newer.newer_groups_reason``).
     KV events need no entry: the translator builds the running vLLM's own event classes, which
     carry that release's wire format.
 

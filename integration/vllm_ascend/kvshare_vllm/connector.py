@@ -213,11 +213,10 @@ class KvshareConnector(KVConnectorBase_V1, SupportsHMA):
     # ------------------------------------------------------------------ scheduler side
     def bind_gpu_block_pool(self, gpu_block_pool) -> None:
         """Links the connector to kvshare's manager (its block pool view names it)."""
-        from .hybrid import KvshareHybridKVCacheManager
         from .manager import KvshareKVCacheManager
 
         mgr = getattr(gpu_block_pool, "_mgr", None)
-        if not isinstance(mgr, (KvshareKVCacheManager, KvshareHybridKVCacheManager)) \
+        if not isinstance(mgr, KvshareKVCacheManager) \
                 or mgr.host_tier is None:
             raise RuntimeError(
                 f"{NAME} needs kvshare's KV-cache manager (KVSHARE_VLLM=1 and a configuration "

@@ -1,5 +1,5 @@
-"""The groups manager's mirror of vLLM's block tables (``GroupTables``, mixed into
-``hybrid.KvshareHybridKVCacheManager``): per request and group the page ids kvshare holds (0 at
+"""The manager's mirror of vLLM's block tables (``GroupTables``, mixed into
+``manager.KvshareKVCacheManager``): per request and group the page ids kvshare holds (0 at
 the null page), a refcount per page (how many live tables hold it) and the kept free count,
 and vLLM's arithmetic on them: skipped positions, admission counts, the release out of a
 window, the shared prefix, the quiet bound of a decode step.  kvshare holds the pages; the
@@ -43,7 +43,7 @@ class _HReq:
 
 class GroupTables:
     """The block-table mirror and vLLM's arithmetic on it; the state it reads (``_reqs``,
-    ``_refs``, ``_windows``, ``cache``, ...) is the manager's (``hybrid.py``)."""
+    ``_refs``, ``_windows``, ``cache``, ...) is the manager's (``manager.py``)."""
 
     def _skipped(self, g: int, c: int) -> int:
         kind, w = self._windows[g]

@@ -71,9 +71,8 @@ class CopyQueue:
 
 
 class HostTier:
-    """The host-tier calls of one kvshare manager (``KvshareKVCacheManager`` or
-    ``KvshareHybridKVCacheManager``, which owns the cache handle ``_h``) built with kvshare's
-    KV connector; with 0 host pages only its copy hand-off does anything."""
+    """The host-tier calls of one kvshare manager (``KvshareKVCacheManager``, which owns the
+    cache handle ``_h``) built with kvshare's KV connector; with 0 host pages only its copy hand-off does anything."""
 
     def __init__(self, manager, num_host_pages: int, batch: int = 1024):
         self._mgr = manager

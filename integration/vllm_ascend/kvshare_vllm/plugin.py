@@ -9,21 +9,20 @@ once the package is installed is *off*: ``KVSHARE_VLLM=1`` turns it on; vLLM's o
 ``KVSHARE_VLLM_OPS=1`` (independently of ``KVSHARE_VLLM``) also puts kvshare's attention inside
 vLLM's CPU engine: :mod:`kvshare_vllm.cpu_attn` serves the platform's attention backend slot.
 
-One full-attention group runs in :class:`kvshare_vllm.manager.KvshareKVCacheManager`; several
-groups (sliding window, chunked local attention, full / MLA, Mamba state) or one windowed
-group run in :class:`kvshare_vllm.hybrid.KvshareHybridKVCacheManager`.  Configurations
-neither manages (``hybrid_unsupported_reason``: cross-attention, EAGLE with groups, context
-parallelism, ...; a KV connector with Mamba / linear-attention state groups) fall back to
-vLLM's own manager, with a log line.  So do KV connectors whose scheduler side takes vLLM's
-``BlockPool`` itself (``connector_reason``: ``SimpleCPUOffloadConnector`` in vLLM 0.23.0);
-every other connector runs with kvshare's managers, both of which take their external tokens,
-delayed caching (``allocate_slots``) and ``evict_blocks``.
-On vLLM 0.32 both managers run, with kvshare's KV connector and vLLM's own; the groups
-manager there follows 0.32's sparse prefix-cache retention of sliding-window groups and its
-deferred block frees, and refuses Mamba / linear-attention state groups that cache states
-(modes all and align: ``hybrid_newer.newer_groups_reason``).  The scheduler builds the
-manager with keywords on both releases; ``_keywords`` reads positional arguments by the
-running vLLM's signature.
+Every model kvshare takes runs in :class:`kvshare_vllm.manager.KvshareKVCacheManager`, one
+class for one or many KV-cache groups (full attention / MLA, sliding window, chunked local
+attention, Mamba / linear-attention state): a plain model is one full-attention group.
+Configurations it does not manage (``unsupported_reason``: cross-attention, EAGLE beside
+windowed or state groups, context parallelism, ...; a KV connector with Mamba /
+linear-attention state groups) fall back to vLLM's own manager, with a log line.  So do KV
+connectors whose scheduler side takes vLLM's ``BlockPool`` itself (``connector_reason``:
+``SimpleCPUOffloadConnector`` in vLLM 0.23.0); every other connector runs with kvshare's
+manager, which takes their external tokens, delayed caching (``allocate_slots``) and
+``evict_blocks``.  On vLLM 0.32 the manager runs with kvshare's KV connector and vLLM's own,
+follows 0.32's sparse prefix-cache retention of sliding-window groups and its deferred block
+frees, and refuses Mamba / linear-attention state groups that cache states (modes all and
+align: ``manager_newer.newer_groups_reason``).  The scheduler builds the manager with keywords
+on both releases; ``_keywords`` reads positional arguments by the running vLLM's signature.
 
 When kvshare manages the cache, vLLM's per-request block hasher (``Request.block_hashes``,
 SHA-256 over every full block, recomputed as tokens arrive) has no reader left: kvshare
@@ -87,10 +86,10 @@ def connector_reason(connector) -> str | None:
 
 
 def _connector_groups_reason(connector, kv_cache_config) -> str | None:
-    """Why the groups manager cannot serve this KV connector on this model's groups (None when
+    """Why kvshare's manager cannot serve this KV connector on this model's groups (None when
     it can, and for no connector): a connector loads external tokens into attention pages, and
-    the groups manager takes external tokens in attention groups only (kvshare's own connector
-    is judged by ``hybrid_unsupported_reason`` through its host tier)."""
+    the manager takes external tokens in attention groups only (kvshare's own connector
+    is judged by ``unsupported_reason`` through its host tier)."""
     if connector is None:
         return None
     from .connector import KvshareConnector
@@ -153,7 +152,6 @@ def _log_host_tier() -> None:
 
 def make_kv_cache_manager_factory(original):
     """A callable with KVCacheManager's constructor signature choosing kvshare or ``original``."""
-    from .hybrid import KvshareHybridKVCacheManager, hybrid_unsupported_reason
     from .base import cache_dtype_reason
     from .manager import KvshareKVCacheManager, unsupported_reason
 
@@ -176,37 +174,21 @@ def make_kv_cache_manager_factory(original):
                     raise ValueError(f"kvshare_vllm: {why_format}; KVSHARE_VLLM=0 keeps "
                                      "vLLM's own manager")
             kw = _keywords(original, args, kwargs)
-            why_groups = unsupported_reason(kv_cache_config, scheduler_block_size,
-                                            hash_block_size, kw.get("dcp_world_size", 1),
-                                            kw.get("pcp_world_size", 1),
-                                            kw.get("num_prefill_lookahead", 0))
-            why_conn = connector_reason(connector) if connector is not None else None
-            why = why_groups or why_conn
+            why = connector_reason(connector) or unsupported_reason(
+                kv_cache_config, scheduler_block_size, hash_block_size,
+                kw.get("dcp_world_size", 1), kw.get("pcp_world_size", 1),
+                kw.get("use_eagle", False), kw.get("enable_kv_cache_events", False),
+                max_model_len=max_model_len,
+                num_prefill_lookahead=kw.get("num_prefill_lookahead", 0)) \
+                or _connector_groups_reason(connector, kv_cache_config)
             if why:
-                if why_conn:
-                    why_hybrid = why_conn
-                else:
-                    why_hybrid = hybrid_unsupported_reason(
-                        kv_cache_config, scheduler_block_size, hash_block_size,
-                        kw.get("dcp_world_size", 1), kw.get("pcp_world_size", 1),
-                        kw.get("use_eagle", False), kw.get("enable_kv_cache_events", False),
-                        max_model_len=max_model_len,
-                        num_prefill_lookahead=kw.get("num_prefill_lookahead", 0)) \
-                        or _connector_groups_reason(connector, kv_cache_config)
-                if why_groups and not why_hybrid:
-                    _refuse_deferred_copies(sched, connector, scheduler_block_size)
-                    logger.info("kvshare_vllm: KV-cache bookkeeping of %d KV-cache groups "
-                                "runs in kvshare", len(kv_cache_config.kv_cache_groups))
-                    _log_host_tier()
-                    return KvshareHybridKVCacheManager(kv_cache_config, max_model_len,
-                                                       scheduler_block_size, hash_block_size,
-                                                       *args, **kwargs)
-                logger.warning("kvshare_vllm: using vLLM's KVCacheManager: %s%s", why,
-                               f"; {why_hybrid}" if why_hybrid != why else "")
+                logger.warning("kvshare_vllm: using vLLM's KVCacheManager: %s", why)
                 return original(kv_cache_config, max_model_len, scheduler_block_size,
                                 hash_block_size, *args, **kwargs)
             _refuse_deferred_copies(sched, connector, scheduler_block_size)
-            logger.info("kvshare_vllm: KV-cache bookkeeping runs in kvshare")
+            n = len(kv_cache_config.kv_cache_groups)
+            logger.info("kvshare_vllm: KV-cache bookkeeping runs in kvshare (%d KV-cache "
+                        "group%s)", n, "" if n == 1 else "s")
             _log_host_tier()
             return KvshareKVCacheManager(kv_cache_config, max_model_len, scheduler_block_size,
                                          hash_block_size, *args, **kwargs)
@@ -231,7 +213,6 @@ def drop_block_hasher(engine_core) -> bool:
     computes: the scheduler's KV cache manager is kvshare's, KV events are off (they publish
     vLLM's block hashes) and there is no KV connector.
     Returns whether it did.  Requests built afterwards carry no ``block_hashes``."""
-    from .hybrid import KvshareHybridKVCacheManager
     from .manager import KvshareKVCacheManager
 
     if getattr(engine_core, "request_block_hasher", None) is None:
@@ -240,7 +221,7 @@ def drop_block_hasher(engine_core) -> bool:
         return False
     sched = getattr(engine_core, "scheduler", None)
     manager = getattr(sched, "kv_cache_manager", None)
-    if not isinstance(manager, (KvshareKVCacheManager, KvshareHybridKVCacheManager)) \
+    if not isinstance(manager, KvshareKVCacheManager) \
             or manager.enable_kv_cache_events:
         return False
     get_connector = getattr(sched, "get_kv_connector", None)

@@ -1,4 +1,4 @@
-"""Mamba / linear-attention state groups (vLLM's ``MambaSpec`` / ``MambaManager``) in the hybrid
+"""Mamba / linear-attention state groups (vLLM's ``MambaSpec`` / ``MambaManager``) in kvshare's
 manager: kvshare's STATE group kind (``KVS_GROUP_KIND_STATE``, the group's ``window`` carrying
 the ``kvs_state_mode``).
 

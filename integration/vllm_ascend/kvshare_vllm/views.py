@@ -21,8 +21,11 @@ class _Manager(Protocol):
     usage: float
 
     def take_new_block_ids(self) -> list[int]: ...
-    def _blocks_to_allocate(self, request_id: str, num_tokens: int,
-                            new_computed_blocks: Any) -> int: ...
+    _caps: list
+    _reqs: dict
+
+    def _blocks_to_allocate(self, st: Any, num_tokens: int, hits: Any, total_computed: int,
+                            apply_cap: bool) -> int: ...
     def get_blocks(self, request_id: str) -> Any: ...
     def _capacity(self) -> int: ...
     def take_events(self) -> list[KVCacheEvent]: ...
@@ -45,13 +48,23 @@ class _SingleTypeView:
 
 
 class _CoordinatorView:
-    """``KVCacheManager.coordinator`` surface the scheduler uses (``single_type_managers``,
-    ``get_num_blocks_to_allocate``, ``block_pool``)."""
+    """``KVCacheManager.coordinator`` surface the scheduler uses (``single_type_managers``, one
+    view per group, ``get_num_blocks_to_allocate``: vLLM's arithmetic, ``_blocks_to_allocate``,
+    ``block_pool``)."""
 
-    def __init__(self, mgr: _Manager, spec):
+    def __init__(self, mgr: _Manager, specs):
         self._mgr = mgr
-        self.single_type_managers = (_SingleTypeView(mgr, spec),)
-        self.num_single_type_manager = 1
+        views = []
+        for i, spec in enumerate(specs):
+            v = _SingleTypeView(mgr, spec)
+            v.kv_cache_group_id = i
+            # vLLM's per-request admission cap of a windowed group (None: uncapped).  Read at
+            # every admission: vllm-ascend's Scheduler.__init__ patch (async SWA lifetime)
+            # rewrites it on the coordinator's managers, and kvshare follows.
+            v._max_admission_blocks_per_request = mgr._caps[i]
+            views.append(v)
+        self.single_type_managers = tuple(views)
+        self.num_single_type_manager = len(views)
         self.block_pool = mgr.block_pool
         self.enable_caching = mgr.enable_caching
         self.use_eagle = mgr.use_eagle
@@ -64,9 +77,12 @@ class _CoordinatorView:
                                    apply_admission_cap: bool = False,
                                    num_local_computed_tokens: int = 0,
                                    prefill_end: int = 0) -> int:
-        """vLLM's count (0.23's parameters; 0.32 adds ``num_local_computed_tokens`` and
-        ``prefill_end``, which only windowed and Mamba groups read)."""
-        return self._mgr._blocks_to_allocate(request_id, num_tokens, new_computed_blocks)
+        """vLLM's count (0.23's parameters; 0.32 adds ``num_local_computed_tokens``, read for
+        sub-block hits, and ``prefill_end``, read by sparse Mamba checkpoints: neither exists
+        here)."""
+        return self._mgr._blocks_to_allocate(self._mgr._reqs.get(request_id), num_tokens,
+                                             new_computed_blocks, total_computed_tokens,
+                                             apply_admission_cap)
 
     def get_blocks(self, request_id: str):
         return self._mgr.get_blocks(request_id).blocks

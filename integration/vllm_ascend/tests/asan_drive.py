@@ -1,7 +1,7 @@
 """Runs the adapter's native module (``kvshare_vllm/_fast*.c``) under AddressSanitizer +
 UndefinedBehaviorSanitizer: built with ``-fsanitize=address,undefined`` and
 driven by a script of ``tests/fast_asan/`` in a process of its own (the sanitizer runtime
-preloaded; no torch, no vLLM).  One helper for ``test_fast.py`` and ``test_fast_groups.py``."""
+preloaded; no torch, no vLLM), for ``test_fast.py``."""
 
 from __future__ import annotations
 

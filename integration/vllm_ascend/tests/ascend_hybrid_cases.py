@@ -48,7 +48,7 @@ def test_lockstep_against_ascend_coordinator(tiny_model_dir, name):
     pair = run_case(tiny_model_dir, name)
     coord = type(pair.ref.kv_cache_manager.coordinator).__name__
     assert coord == "AscendHybridKVCacheCoordinator"
-    assert type(pair.kvs.kv_cache_manager).__name__ == "KvshareHybridKVCacheManager"
+    assert type(pair.kvs.kv_cache_manager).__name__ == "KvshareKVCacheManager"
     assert pair.hits[0] == pair.hits[1] and pair.peak_blocks[0] == pair.peak_blocks[1]
     if CASES[name][0] != "mla":
         assert pair.nulls > 0

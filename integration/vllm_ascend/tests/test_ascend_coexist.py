@@ -1,4 +1,4 @@
-"""kvshare's hybrid manager next to vllm-ascend 0.23.0's KV-cache patches, without an NPU.
+"""kvshare's manager on hybrid models next to vllm-ascend 0.23.0's KV-cache patches, without an NPU.
 
 vllm-ascend's platform plugin replaces vLLM's ``get_kv_cache_coordinator`` (its
 ``AscendHybridKVCacheCoordinator`` for every multi-group configuration) and patches

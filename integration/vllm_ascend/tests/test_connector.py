@@ -287,7 +287,7 @@ def _hybrid_run(model_dir, host_pages: int, reset: list | None = None):
     s = h.make_scheduler(model_dir, kvshare=True, num_blocks=48, max_model_len=400,
                          specs=h.layer_specs("gpt-oss", size=64), kv_transfer=kt)
     m = s.kv_cache_manager
-    assert type(m).__name__ == "KvshareHybridKVCacheManager"
+    assert type(m).__name__ == "KvshareKVCacheManager"
     looked = [0, 0, 0]
     real = m.get_computed_blocks
 
@@ -346,7 +346,7 @@ def test_hybrid_model_gets_the_host_tier(tiny_model_dir):
 
 
 def test_hybrid_host_tier_after_a_prefix_cache_reset(tiny_model_dir):
-    """A prefix-cache reset clears the groups manager's cache in place (its device and host
+    """A prefix-cache reset clears kvshare's cache in place (its device and host
     indexes): the second turn's copies are its own demotions and promotions, shipped, with the
     outputs of the run without the host tier."""
     plain_out, _, _, _ = _hybrid_run(tiny_model_dir, 0, reset=[])

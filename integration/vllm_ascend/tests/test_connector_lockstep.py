@@ -182,28 +182,13 @@ def _meta(meta, bmap, bs: int) -> tuple:
 # The connectors here are vLLM's own (not kvshare's).
 
 
-@pytest.fixture(params=["one-group", "groups"])
-def manager(request, monkeypatch) -> str:
-    """Which of kvshare's managers serves a one-group model: the one-group class, or the
-    groups class in its place (``plugin`` builds whatever ``manager.KvshareKVCacheManager``
-    names).  Returns the class name the scheduler must hold."""
-    if request.param == "groups":
-        from kvshare_vllm import hybrid, manager as manager_mod
-
-        monkeypatch.setattr(manager_mod, "KvshareKVCacheManager",
-                            hybrid.KvshareHybridKVCacheManager)
-        return "KvshareHybridKVCacheManager"
-    return "KvshareKVCacheManager"
-
-
 class ConnPair:
-    """The same workload on both sides, compared every step (see the module docstring).
-    ``manager``: the class name kvshare's side must hold."""
+    """The same workload on both sides, compared every step (see the module docstring)."""
 
-    def __init__(self, model_dir, kv_transfer, worker, manager="KvshareKVCacheManager", **kw):
+    def __init__(self, model_dir, kv_transfer, worker, **kw):
         self.ref = Side(model_dir, False, kv_transfer(0), worker, **kw)
         self.kvs = Side(model_dir, True, kv_transfer(1), worker, **kw)
-        assert type(self.kvs.s.kv_cache_manager).__name__ == manager
+        assert type(self.kvs.s.kv_cache_manager).__name__ == "KvshareKVCacheManager"
         assert type(self.ref.s.kv_cache_manager).__name__ == "KVCacheManager"
         self.steps = 0
         self.waited_remote = 0  # request-steps spent in WAITING_FOR_REMOTE_KVS
@@ -306,7 +291,7 @@ def _prompts(seed: int, n: int) -> list[list[int]]:
     return [heads[k // 2] + [rng.randrange(3, 30000) for _ in range(17)] for k in range(n)]
 
 
-def test_example_connector_lockstep(tiny_model_dir, tmp_path, manager):
+def test_example_connector_lockstep(tiny_model_dir, tmp_path):
     """vLLM's example (shared-storage) connector: synchronous external loads.  It stores a
     prompt's first 48 tokens and finds them for a prompt one token longer (its "cached prompt
     + one generated token" convention), so later waves send the first wave's prompts plus a
@@ -314,7 +299,7 @@ def test_example_connector_lockstep(tiny_model_dir, tmp_path, manager):
     in storage only: external tokens, allocated and cached in allocate_slots (the third wave
     then hits them locally)."""
     pair = ConnPair(tiny_model_dir, lambda i: example_config(tmp_path / f"side{i}"),
-                    ExampleWorker, manager, num_blocks=200, max_num_seqs=4)
+                    ExampleWorker, num_blocks=200, max_num_seqs=4)
     prompts = _prompts(1, 8)
     for wave in range(3):
         for k, p in enumerate(prompts):
@@ -334,7 +319,7 @@ def test_example_connector_lockstep(tiny_model_dir, tmp_path, manager):
 @pytest.mark.parametrize("num_blocks,policy,chunk", [(200, "recompute", 1), (200, "fail", 1),
                                                      (28, "recompute", 1),
                                                      (200, "recompute", 2)])
-def test_offloading_connector_lockstep(tiny_model_dir, num_blocks, policy, chunk, manager):
+def test_offloading_connector_lockstep(tiny_model_dir, num_blocks, policy, chunk):
     """vLLM's offloading connector with its CPU spec: every prompt block is stored to the CPU
     tier; requests whose prefix left the device (a reset, or eviction with 28 blocks) load it
     back asynchronously (WAITING_FOR_REMOTE_KVS, delayed caching).  Load jobs take 2 steps, so
@@ -350,7 +335,7 @@ def test_offloading_connector_lockstep(tiny_model_dir, num_blocks, policy, chunk
     keeps a prefix vLLM evicted, hits it locally and schedules a request vLLM loads."""
     pair = ConnPair(tiny_model_dir, lambda i: offloading_config(64, policy, chunk),
                     lambda c: OffloadingWorker(load_delay=2, store_delay=1, fail_every=4),
-                    manager, num_blocks=num_blocks, max_num_seqs=4)
+                    num_blocks=num_blocks, max_num_seqs=4)
     prompts = _prompts(2, 10)
     aborted = 0
     for wave in range(3):
@@ -376,13 +361,13 @@ def test_offloading_connector_lockstep(tiny_model_dir, num_blocks, policy, chunk
     assert st["num_seqs"] == 0 and st["device_pages_in_use"] == 0
 
 
-def test_delayed_pages_are_not_found_before_the_load_lands(tiny_model_dir, manager):
+def test_delayed_pages_are_not_found_before_the_load_lands(tiny_model_dir):
     """Driven directly: a request admitted with an asynchronous load holds pages for its
     external tokens, but a prefix lookup finds none of them until cache_blocks after the
     load; then it finds them all.  The block objects carry vLLM's block hash exactly on the
     locally cached pages (what the offloading connector reads to start its load)."""
     m = h.make_scheduler(tiny_model_dir, kvshare=True, num_blocks=64).kv_cache_manager
-    assert type(m).__name__ == manager
+    assert type(m).__name__ == "KvshareKVCacheManager"
     prompt = list(range(100, 165))  # 65 tokens: 4 full blocks
     a = h.make_request("a", prompt)
     blocks, hit = h.lookup(m, a)
@@ -453,7 +438,7 @@ def test_deferred_frees_keep_kvshare(tiny_model_dir, tmp_path, monkeypatch):
     """A consuming KV connector with several batches in flight (GPU async scheduling or
     pipeline parallelism; vLLM's CPU platform turns async scheduling off, so the config's
     ``max_concurrent_batches`` says 2 here) makes vLLM 0.32's scheduler defer block frees:
-    the plugin keeps kvshare's managers (one group and several).  Sub-page hits through
+    the plugin keeps kvshare's manager (one group and several).  Sub-page hits through
     vLLM's block copies are refused there, naming the variable: vLLM holds a copy's source
     until the step in flight is done, kvshare does not."""
     from vllm.config import VllmConfig
@@ -466,7 +451,7 @@ def test_deferred_frees_keep_kvshare(tiny_model_dir, tmp_path, monkeypatch):
 
     # The offloading connector keeps vLLM's KV-cache groups (the example one merges them).
     for specs, name, kt in ((None, "KvshareKVCacheManager", None),
-                            (h.layer_specs("gpt-oss", size=32), "KvshareHybridKVCacheManager",
+                            (h.layer_specs("gpt-oss", size=32), "KvshareKVCacheManager",
                              offloading_config(64))):
         s = build(2, specs, kt)
         assert s.defer_block_free and type(s.kv_cache_manager).__name__ == name
@@ -485,7 +470,7 @@ def test_offloading_connector_lockstep_with_groups(tiny_model_dir, model, size, 
     """vLLM's offloading connector on a model with several KV-cache groups (full attention
     next to sliding windows of 32 or 64 (vLLM's offloading connector takes no chunked local
     attention), as
-    test_hybrid_compare builds them): the groups manager against vLLM's
+    test_hybrid_compare builds them): kvshare's manager against vLLM's
     ``HybridKVCacheCoordinator``, every step.  Prompts of 97 tokens (65 shared by pairs) leave
     the window at admission, so external tokens the window drops are null blocks in the
     windowed group; loads take 2 steps (delayed caching) and requests with the same prefix
@@ -496,7 +481,7 @@ def test_offloading_connector_lockstep_with_groups(tiny_model_dir, model, size, 
     (``kvs_seq_begin_computed``), as in vLLM."""
     pair = ConnPair(tiny_model_dir, lambda i: offloading_config(256),
                     lambda c: OffloadingWorker(load_delay=2, store_delay=1),
-                    "KvshareHybridKVCacheManager", num_blocks=num_blocks, max_num_seqs=4,
+                    num_blocks=num_blocks, max_num_seqs=4,
                     specs=h.layer_specs(model, size=size))
     assert len(pair.kvs.s.kv_cache_manager.kv_cache_config.kv_cache_groups) > 1
     rng = random.Random(hash((model, num_blocks)) & 0xffff)
@@ -522,8 +507,8 @@ def test_offloading_connector_lockstep_with_groups(tiny_model_dir, model, size, 
 
 @pytest.mark.parametrize("state", [False, True])
 def test_plugin_serves_connectors_on_groups(tiny_model_dir, state):
-    """With vLLM's offloading connector on a model of several groups the plugin builds the
-    groups manager for attention groups (full + sliding window), and keeps vLLM's manager with
+    """With vLLM's offloading connector on a model of several groups the plugin builds
+    kvshare's manager for attention groups (full + sliding window), and keeps vLLM's manager with
     Mamba / linear-attention state groups (external tokens load attention pages only)."""
     if state:
         kw = dict(specs=h.mamba_layer_specs("qwen3-next", "all", max_model_len=2048),
@@ -534,11 +519,11 @@ def test_plugin_serves_connectors_on_groups(tiny_model_dir, state):
                          num_blocks=200, **kw)
     assert len(s.kv_cache_config.kv_cache_groups) > 1
     assert type(s.kv_cache_manager).__name__ == \
-        ("KVCacheManager" if state else "KvshareHybridKVCacheManager")
+        ("KVCacheManager" if state else "KvshareKVCacheManager")
 
 
 @pytest.mark.parametrize("held", [False, True])
-def test_evict_blocks_drops_those_blocks_only(tiny_model_dir, manager, held):
+def test_evict_blocks_drops_those_blocks_only(tiny_model_dir, held):
     """A failed load's blocks (``evict_blocks``) leave the prefix cache, the blocks before them
     stay: the next lookup of the prompt hits up to the first evicted block, with vLLM's manager
     and kvshare's alike, whether the request still held it or had ended."""
@@ -548,7 +533,7 @@ def test_evict_blocks_drops_those_blocks_only(tiny_model_dir, manager, held):
         s = h.make_scheduler(tiny_model_dir, kvshare=kvshare, num_blocks=64)
         m = s.kv_cache_manager
         if kvshare:
-            assert type(m).__name__ == manager
+            assert type(m).__name__ == "KvshareKVCacheManager"
         a = h.make_request("a", prompt)
         blocks, hit = h.lookup(m, a)
         assert hit == 0

@@ -1,5 +1,5 @@
 """vLLM's CPU engine on a hybrid model (two KV-cache groups: sliding window + full attention),
-with vLLM's hybrid manager and with kvshare's (``KvshareHybridKVCacheManager``).
+with vLLM's hybrid manager and with kvshare's (``KvshareKVCacheManager``).
 
 The tiny Llama of ``bench/engine_e2e.py`` with ``layer_types`` (Mistral / gpt-oss layout): even
 layers attend to the last 64 tokens, odd layers to all.  vLLM builds a sliding-window group and a
@@ -64,7 +64,7 @@ def test_hybrid_same_tokens_hits_and_blocks(engine):
     on, log = engine("on")
     assert off["kv_groups"] == on["kv_groups"] == 2
     assert off["manager"] == "KVCacheManager"
-    assert on["manager"] == "KvshareHybridKVCacheManager", log[-3000:]
+    assert on["manager"] == "KvshareKVCacheManager", log[-3000:]
     assert on["tokens"] == off["tokens"]
     assert on["cached"] == off["cached"]
     assert (on["prefix_queries"], on["prefix_hits"]) == (off["prefix_queries"],
@@ -80,7 +80,7 @@ def test_hybrid_same_tokens_hits_and_blocks(engine):
 def test_hybrid_under_pressure(engine):
     off, _ = engine("off_pressure")
     on, _ = engine("on_pressure")
-    assert on["manager"] == "KvshareHybridKVCacheManager"
+    assert on["manager"] == "KvshareKVCacheManager"
     assert off["preemptions"] > 0 and on["preemptions"] > 0, "the workload must preempt"
     # The same tokens, and the same schedule every step: several conversations compute the
     # system prompt at once, vLLM keeps every copy of a block computed twice, and kvshare's
@@ -96,7 +96,7 @@ def test_hybrid_host_tier_more_hits_same_tokens(engine):
     host, log = engine("host_pressure")
     on, _ = engine("on_pressure")
     off, _ = engine("off_pressure")
-    assert host["manager"] == "KvshareHybridKVCacheManager", log[-3000:]
+    assert host["manager"] == "KvshareKVCacheManager", log[-3000:]
     assert f"host tier of {HOST_PAGES} pages" in log
     assert host["tokens"] == off["tokens"]
     st = host["kvshare_stats"]

@@ -50,7 +50,7 @@ def test_qwen3_next_same_tokens_and_schedule(engine):
     on, log = engine(kvshare=True)
     assert off["kv_groups"] == on["kv_groups"] == 4  # a state group per GDN layer + full
     assert off["manager"] == "KVCacheManager"
-    assert on["manager"] == "KvshareHybridKVCacheManager", log[-3000:]
+    assert on["manager"] == "KvshareKVCacheManager", log[-3000:]
     assert on["tokens"] == off["tokens"]
     assert _steps(on) == _steps(off)
     # The random weights still make prompts matter: not every conversation says the same.

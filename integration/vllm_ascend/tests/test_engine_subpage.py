@@ -131,7 +131,7 @@ def test_hybrid_model_tokens_unchanged_and_more_hits_at_block_128(hybrid_engine)
     vllm, _ = hybrid_engine("vllm")
     unit, log = hybrid_engine("unit")
     assert vllm["kv_groups"] == unit["kv_groups"] == 2
-    assert unit["manager"] == "KvshareHybridKVCacheManager", log[-3000:]
+    assert unit["manager"] == "KvshareKVCacheManager", log[-3000:]
     st = unit["kvshare_stats"]
     assert st["unit_hits"] > 0 and st["pending_copies"] == 0
     if not SUPPORT.block_copies:
@@ -148,7 +148,7 @@ def test_hybrid_model_unit_hits_through_kvshares_connector(hybrid_engine):
     vllm, _ = hybrid_engine("vllm")
     unit, _ = hybrid_engine("unit")
     host, log = hybrid_engine("unit_host")
-    assert host["manager"] == "KvshareHybridKVCacheManager", log[-3000:]
+    assert host["manager"] == "KvshareKVCacheManager", log[-3000:]
     st = host["kvshare_stats"]
     moved = st["demotions"] + st["promotions"]
     assert st["unit_hits"] > 0 and st["pending_copies"] == 0

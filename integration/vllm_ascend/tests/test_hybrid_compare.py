@@ -24,7 +24,6 @@ import pytest
 
 import harness as h
 from vllm.v1.request import RequestStatus
-from kvshare_vllm import hybrid as hybrid_mod
 from test_scheduler_compare import Pair, _lockstep_events, conversations
 
 # (model, window/chunk override, Pair kwargs, workload kwargs)
@@ -115,7 +114,7 @@ def pair_kw_caching(name: str) -> bool:
 
 
 class DecodeCalls:
-    """Counts a groups manager's decode steps (``allocate_slots`` of a running request with one
+    """Counts the manager's decode steps (``allocate_slots`` of a running request with one
     new token and nothing else), the native calls they make (``_fast.Groups.running``) and
     those calls that changed nothing (room found, no token handed over, every table as it
     was): a step the manager could have answered in Python; and ``fills``: calls that only
@@ -162,15 +161,10 @@ def test_lockstep(tiny_model_dir, name):
     (``_fast.Groups``).  A decode step that changes nothing in kvshare (slots there, no page
     filled, no page out of a window) makes no native call, and every other one makes one."""
     calls = DecodeCalls()
-    pair = run_case(tiny_model_dir, name,
-                    on_pair=None if name == "mla" else calls.attach)
-    mgr = pair.kvs.kv_cache_manager
-    manager = type(mgr).__name__
-    assert manager == ("KvshareKVCacheManager" if name == "mla" else
-                       "KvshareHybridKVCacheManager")
-    if name != "mla":
-        assert calls.idle == 0, f"{calls.idle} decode steps called kvshare for nothing"
-        assert 0 < calls.calls < calls.decodes / 4, (calls.calls, calls.decodes)
+    pair = run_case(tiny_model_dir, name, on_pair=calls.attach)
+    assert type(pair.kvs.kv_cache_manager).__name__ == "KvshareKVCacheManager"
+    assert calls.idle == 0, f"{calls.idle} decode steps called kvshare for nothing"
+    assert 0 < calls.calls < calls.decodes / 4, (calls.calls, calls.decodes)
     assert pair.hits[0] == pair.hits[1]
     assert pair.peak_blocks[0] == pair.peak_blocks[1]
     st = pair.kvs.kv_cache_manager.kvshare_stats()
@@ -186,22 +180,17 @@ def test_lockstep(tiny_model_dir, name):
 
 @pytest.mark.parametrize("model", [None, "mla"])
 @pytest.mark.parametrize("pressure", [False, True])
-def test_groups_manager_serves_one_full_group(tiny_model_dir, model, pressure, monkeypatch):
-    """The groups manager on a model of one full-attention group (plain or MLA; the plugin
-    gives such a model the one-group manager): in lockstep with vLLM's ``KVCacheManager`` every
-    step, under cache pressure too (pages kept in vLLM's free order, so evictions and hits
-    stay vLLM's), its decode steps that need no page answered without a native call: a page
-    that fills registers with the next page's call (or before anything could look it up,
-    count or free it)."""
-    from kvshare_vllm import manager as manager_mod
-
-    monkeypatch.setattr(manager_mod, "KvshareKVCacheManager",
-                        hybrid_mod.KvshareHybridKVCacheManager)
+def test_one_full_group_in_lockstep(tiny_model_dir, model, pressure):
+    """The manager on a model of one full-attention group (plain or MLA): in lockstep with
+    vLLM's ``KVCacheManager`` every step, under cache pressure too (pages kept in vLLM's free
+    order, so evictions and hits stay vLLM's), its decode steps that need no page answered
+    without a native call: a page that fills registers with the next page's call (or before
+    anything could look it up, count or free it)."""
     specs = h.layer_specs(model) if model else None
     pair_kw = dict(num_blocks=60, max_num_seqs=8) if pressure else dict(num_blocks=2000)
     pair = Pair(tiny_model_dir, specs=specs, **pair_kw)
     mgr = pair.kvs.kv_cache_manager
-    assert type(mgr).__name__ == "KvshareHybridKVCacheManager" and not mgr._windowed
+    assert type(mgr).__name__ == "KvshareKVCacheManager" and not mgr._windowed
     calls = DecodeCalls()
     calls.attach(pair)
     rng = random.Random(zlib.crc32(f"{model}-{pressure}".encode()))
@@ -238,7 +227,7 @@ def test_kv_zeroing_in_lockstep(tiny_model_dir, name):
 def test_turboquant_full_attention_in_lockstep(tiny_model_dir):
     """gpt-oss's layout with TurboQuant full-attention layers (``TQFullAttentionSpec``, a
     full-attention spec with its own page size) beside sliding window 32, under KV zeroing:
-    the groups manager takes them as full attention, in lockstep with vLLM (zeroed blocks
+    the manager takes them as full attention, in lockstep with vLLM (zeroed blocks
     included: vLLM 0.23 zeroes a TQ group's new blocks as a full group's)."""
     from vllm.v1.kv_cache_interface import TQFullAttentionSpec
 
@@ -248,7 +237,7 @@ def test_turboquant_full_attention_in_lockstep(tiny_model_dir):
              for name, s in h.layer_specs("gpt-oss", size=32).items()}
     pair = Pair(tiny_model_dir, specs=specs, num_blocks=2000, zeroing=True)
     mgr = pair.kvs.kv_cache_manager
-    assert type(mgr).__name__ == "KvshareHybridKVCacheManager"
+    assert type(mgr).__name__ == "KvshareKVCacheManager"
     assert [type(g.kv_cache_spec).__name__ for g in mgr.kv_cache_config.kv_cache_groups] == \
         ["SlidingWindowSpec", "TQFullAttentionSpec"]
     rng = random.Random(7)
@@ -279,25 +268,16 @@ def test_prefix_cache_reset_in_lockstep(tiny_model_dir, name):
 
 
 @pytest.mark.parametrize("model", [None, "mla"])
-@pytest.mark.parametrize("groups,pressure", [(False, False), (True, False), (True, True)])
-def test_eagle_on_full_attention_in_lockstep(tiny_model_dir, groups, model, pressure,
-                                             monkeypatch):
+@pytest.mark.parametrize("pressure", [False, True])
+def test_eagle_on_full_attention_in_lockstep(tiny_model_dir, model, pressure):
     """EAGLE speculative decoding (two draft tokens: lookahead slots, and vLLM drops a hit's
     last block, whose hidden states the drafter needs) on a model of one full-attention group,
-    plain or MLA, in lockstep with vLLM's manager every step: the one-group manager, and the
-    groups manager in its place, under cache pressure too (the one-group manager evicts by
-    its own order there, docs/vllm.md, "Difference under cache pressure")."""
-    from kvshare_vllm import manager as manager_mod
-
-    if groups:
-        monkeypatch.setattr(manager_mod, "KvshareKVCacheManager",
-                            hybrid_mod.KvshareHybridKVCacheManager)
+    plain or MLA, in lockstep with vLLM's manager every step, under cache pressure too."""
     specs = h.layer_specs(model) if model else None
     pair = Pair(tiny_model_dir, specs=specs, num_blocks=60 if pressure else 200, eagle=2,
                 max_num_seqs=8)
     mgr = pair.kvs.kv_cache_manager
-    assert type(mgr).__name__ == ("KvshareHybridKVCacheManager" if groups
-                                  else "KvshareKVCacheManager")
+    assert type(mgr).__name__ == "KvshareKVCacheManager"
     assert mgr.use_eagle and pair.kvs.num_lookahead_tokens == 2
     rng = random.Random(zlib.crc32(f"eagle-{model}-{pressure}".encode()))
     system = [rng.randrange(3, 30000) for _ in range(40 if pressure else 100)]
@@ -313,13 +293,13 @@ EVENT_CASES = ["gpt-oss", "gpt-oss-w32", "gpt-oss-w32-chunked", "gpt-oss-w32-pre
 
 @pytest.mark.parametrize("name", EVENT_CASES)
 def test_kv_events_match_vllm(tiny_model_dir, name):
-    """With KV events on, kvshare's hybrid manager publishes vLLM's hybrid stream field by
+    """With KV events on, kvshare's manager publishes vLLM's hybrid stream field by
     field every step: one ``BlockStored`` per group and caching call (group index, spec kind
     and window, vLLM's block hashes of the group's registered blocks, parent, token ids, extra
     keys), ``BlockRemoved`` in the group the page was stored for, and the clear of a reset."""
     events: list = []
     pair = run_case(tiny_model_dir, name, events=events)
-    assert type(pair.kvs.kv_cache_manager).__name__ == "KvshareHybridKVCacheManager"
+    assert type(pair.kvs.kv_cache_manager).__name__ == "KvshareKVCacheManager"
     assert pair.ref.reset_prefix_cache() and pair.kvs.reset_prefix_cache()
     pair.step()  # drains (and compares) the reset's events
     stream = events[0]
@@ -355,7 +335,7 @@ def test_sparse_retention_in_lockstep(tiny_model_dir, name, interval):
     index holds as many pages as vLLM's, fewer than with dense retention."""
     pair = run_case(tiny_model_dir, name, retention_interval=interval)
     mgr = pair.kvs.kv_cache_manager
-    assert type(mgr).__name__ == "KvshareHybridKVCacheManager" and mgr._sparse
+    assert type(mgr).__name__ == "KvshareKVCacheManager" and mgr._sparse
     assert pair.hits[0] == pair.hits[1] and pair.hits[0] > 0
     assert pair.peak_blocks[0] == pair.peak_blocks[1]
     kvs = mgr.kvshare_stats()["index_pages"]
@@ -389,14 +369,14 @@ def test_unmanaged_configurations_fall_back(tiny_model_dir):
     from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
                                             MambaSpec, SlidingWindowSpec)
 
-    from kvshare_vllm.hybrid import hybrid_unsupported_reason
+    from kvshare_vllm.manager import unsupported_reason
 
     s = h.make_scheduler(tiny_model_dir, kvshare=True, kv_events=True,
                          specs=h.layer_specs("gpt-oss", size=32))
-    assert type(s.kv_cache_manager).__name__ == "KvshareHybridKVCacheManager"
+    assert type(s.kv_cache_manager).__name__ == "KvshareKVCacheManager"
     assert s.kv_cache_manager.enable_kv_cache_events
     s = h.make_scheduler(tiny_model_dir, kvshare=True, specs=h.layer_specs("gpt-oss", size=32))
-    assert type(s.kv_cache_manager).__name__ == "KvshareHybridKVCacheManager"
+    assert type(s.kv_cache_manager).__name__ == "KvshareKVCacheManager"
     full = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=8, dtype=torch.float32)
     # Mamba state groups run in kvshare in "align" / "all" / "none" (test_mamba_compare.py);
     # speculative state blocks and KV events with state groups stay with vLLM.
@@ -406,51 +386,51 @@ def test_unmanaged_configurations_fall_back(tiny_model_dir):
                         kv_cache_groups=[KVCacheGroupSpec(["a"], full),
                                          KVCacheGroupSpec(["m"], mamba)])
     if h.API == "0.23.0":
-        assert hybrid_unsupported_reason(cfg, 16, 16) is None
+        assert unsupported_reason(cfg, 16, 16) is None
         cfg.kv_cache_groups[1] = KVCacheGroupSpec(["m"], MambaSpec(
             block_size=16, shapes=((16, 16),), dtypes=(torch.float32,),
             mamba_cache_mode="all"))
-        assert hybrid_unsupported_reason(cfg, 16, 16) is None
-        assert "KV events" in hybrid_unsupported_reason(cfg, 16, 16,
+        assert unsupported_reason(cfg, 16, 16) is None
+        assert "KV events" in unsupported_reason(cfg, 16, 16,
                                                         enable_kv_cache_events=True)
         cfg.kv_cache_groups[1] = KVCacheGroupSpec(["m"], MambaSpec(
             block_size=16, shapes=((16, 16),), dtypes=(torch.float32,),
             mamba_cache_mode="all", num_speculative_blocks=1))
-        assert "speculative" in hybrid_unsupported_reason(cfg, 16, 16)
+        assert "speculative" in unsupported_reason(cfg, 16, 16)
     else:  # vLLM 0.32: state groups, and sparse retention of sliding-window groups
-        assert "mamba_cache_mode='align'" in hybrid_unsupported_reason(cfg, 16, 16)
+        assert "mamba_cache_mode='align'" in unsupported_reason(cfg, 16, 16)
         cfg.kv_cache_groups[1] = KVCacheGroupSpec(["m"], MambaSpec(
             block_size=256, shapes=((16, 16),), dtypes=(torch.float32,),
             mamba_cache_mode="none"))
-        assert hybrid_unsupported_reason(cfg, 256, 256, max_model_len=256) is None
+        assert unsupported_reason(cfg, 256, 256, max_model_len=256) is None
         window = SlidingWindowSpec(block_size=16, num_kv_heads=1, head_size=8,
                                    dtype=torch.float32, sliding_window=32)
         sw = KVCacheConfig(num_blocks=64, kv_cache_tensors=[],
                            kv_cache_groups=[KVCacheGroupSpec(["a"], full),
                                             KVCacheGroupSpec(["w"], window)])
-        assert hybrid_unsupported_reason(sw, 16, 16) is None
+        assert unsupported_reason(sw, 16, 16) is None
         for interval in (0, 64):
             sw.prefix_cache_retention_interval = interval
-            assert hybrid_unsupported_reason(sw, 16, 16) is None
+            assert unsupported_reason(sw, 16, 16) is None
         for interval in (40, 16 * 65535):  # not whole blocks; beyond the core's segments
             sw.prefix_cache_retention_interval = interval
-            assert "retention_interval" in hybrid_unsupported_reason(sw, 16, 16)
+            assert "retention_interval" in unsupported_reason(sw, 16, 16)
         sw.prefix_cache_retention_interval = None
         sw.kv_cache_groups[1] = KVCacheGroupSpec(["w"], SlidingWindowSpec(
             block_size=16, num_kv_heads=1, head_size=8, dtype=torch.float32,
             sliding_window=32, extra_retained_tokens=2))
-        assert "MTP" in hybrid_unsupported_reason(sw, 16, 16)
+        assert "MTP" in unsupported_reason(sw, 16, 16)
     cfg.kv_cache_groups.pop()
-    assert hybrid_unsupported_reason(cfg, 16, 16) is None
-    assert hybrid_unsupported_reason(cfg, 16, 16, enable_kv_cache_events=True) is None
-    assert hybrid_unsupported_reason(cfg, 16, 16, use_eagle=True) is None  # full attention
+    assert unsupported_reason(cfg, 16, 16) is None
+    assert unsupported_reason(cfg, 16, 16, enable_kv_cache_events=True) is None
+    assert unsupported_reason(cfg, 16, 16, use_eagle=True) is None  # full attention
     win = KVCacheConfig(num_blocks=64, kv_cache_tensors=[], kv_cache_groups=[
         KVCacheGroupSpec(["a"], full), KVCacheGroupSpec(["w"], SlidingWindowSpec(
             block_size=16, num_kv_heads=1, head_size=8, dtype=torch.float32, sliding_window=32))])
-    assert "EAGLE" in hybrid_unsupported_reason(win, 16, 16, use_eagle=True)
-    assert "block sizes" in hybrid_unsupported_reason(cfg, 32, 16)
+    assert "EAGLE" in unsupported_reason(win, 16, 16, use_eagle=True)
+    assert "block sizes" in unsupported_reason(cfg, 32, 16)
     if h.API != "0.23.0":
-        assert "MTP" in hybrid_unsupported_reason(cfg, 16, 16, num_prefill_lookahead=2)
+        assert "MTP" in unsupported_reason(cfg, 16, 16, num_prefill_lookahead=2)
 
 
 @pytest.mark.parametrize("seed", range(16))
@@ -468,7 +448,7 @@ def test_random_small_pools_in_lockstep(tiny_model_dir, seed):
     if rng.random() < 0.4:
         kw["max_num_batched_tokens"] = rng.choice([16, 32, 48])
     pair = Pair(tiny_model_dir, **kw)
-    assert type(pair.kvs.kv_cache_manager).__name__ == "KvshareHybridKVCacheManager"
+    assert type(pair.kvs.kv_cache_manager).__name__ == "KvshareKVCacheManager"
     system = [rng.randrange(3, 30000) for _ in range(rng.randint(0, 40))]
     for i in range(rng.randint(2, 4)):
         own = [rng.randrange(3, 30000) for _ in range(rng.randint(3, 30))]
@@ -505,7 +485,7 @@ def test_pressure_with_duplicate_blocks_in_lockstep(tiny_model_dir):
     kw = dict(specs=h.layer_specs("gpt-oss", size=64), num_blocks=48,
               max_num_batched_tokens=256, max_model_len=400)
     pair = Pair(tiny_model_dir, **kw)
-    assert type(pair.kvs.kv_cache_manager).__name__ == "KvshareHybridKVCacheManager"
+    assert type(pair.kvs.kv_cache_manager).__name__ == "KvshareKVCacheManager"
     workload(pair)
     assert pair.preemptions > 0
     ref, kvs = Single(tiny_model_dir, False, **kw), Single(tiny_model_dir, True, **kw)
@@ -564,7 +544,7 @@ def test_watermark_in_lockstep(tiny_model_dir):
     lockstep with 0.32's manager every step, and the watermark changes the schedule."""
     plain = run_case(tiny_model_dir, "gpt-oss-w32-preempt")
     held = run_case(tiny_model_dir, "gpt-oss-w32-preempt", watermark=0.1)
-    assert type(held.kvs.kv_cache_manager).__name__ == "KvshareHybridKVCacheManager"
+    assert type(held.kvs.kv_cache_manager).__name__ == "KvshareKVCacheManager"
     assert held.kvs.kv_cache_manager.watermark_blocks == 6
     assert (held.steps, held.preemptions) != (plain.steps, plain.preemptions)
 
@@ -635,7 +615,7 @@ def test_deferred_frees_in_lockstep(tiny_model_dir, name, overlap):
     model, size, pair_kw, work = CASES[name]
     pair = InFlightAborts(tiny_model_dir, specs=h.layer_specs(model, size=size), **pair_kw,
                           overlap=overlap)
-    assert type(pair.kvs.kv_cache_manager).__name__ == "KvshareHybridKVCacheManager"
+    assert type(pair.kvs.kv_cache_manager).__name__ == "KvshareKVCacheManager"
     rng = random.Random(zlib.crc32(name.encode()))
     work = dict(work)
     system = [rng.randrange(3, 30000) for _ in range(work.pop("system"))]

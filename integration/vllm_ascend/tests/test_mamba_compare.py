@@ -101,7 +101,7 @@ def _state_groups(s) -> list[int]:
 
 
 def _runs_here(name: str) -> None:
-    """Skips a case the groups manager refuses on the running vLLM (state caching on 0.32)."""
+    """Skips a case kvshare's manager refuses on the running vLLM (state caching on 0.32)."""
     if h.API != "0.23.0" and CASES[name][1] != "none":
         pytest.skip(f"mamba_cache_mode={CASES[name][1]!r} is refused on vLLM {h.API}")
 
@@ -133,7 +133,7 @@ def test_mamba_lockstep(tiny_model_dir, name):
     """kvshare's manager against vLLM's on the same workload, every step (``Pair.step``)."""
     _runs_here(name)
     pair = run_case(tiny_model_dir, name)
-    assert type(pair.kvs.kv_cache_manager).__name__ == "KvshareHybridKVCacheManager"
+    assert type(pair.kvs.kv_cache_manager).__name__ == "KvshareKVCacheManager"
     assert pair.hits[0] == pair.hits[1]
     assert pair.peak_blocks[0] == pair.peak_blocks[1]
     # Beside Mamba layers vLLM zeroes new attention blocks; Pair.step compared their ids.

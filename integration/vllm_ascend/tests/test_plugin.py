@@ -52,7 +52,7 @@ def test_unsupported_config_falls_back(tiny_model_dir):
                                             MambaSpec, SlidingWindowSpec)
 
     from kvshare_vllm import compat
-    from kvshare_vllm.hybrid import KvshareHybridKVCacheManager
+    from kvshare_vllm.manager import KvshareKVCacheManager
     from kvshare_vllm.plugin import make_kv_cache_manager_factory
 
     sel = make_kv_cache_manager_factory(KVCacheManager)
@@ -62,18 +62,17 @@ def test_unsupported_config_falls_back(tiny_model_dir):
         KVCacheGroupSpec(["b"], SlidingWindowSpec(block_size=16, num_kv_heads=1, head_size=1,
                                                   dtype=torch.float32, sliding_window=32))]
     cfg = KVCacheConfig(num_blocks=64, kv_cache_tensors=[], kv_cache_groups=groups)
-    hybrid = KvshareHybridKVCacheManager
     m = sel(kv_cache_config=cfg, max_model_len=256, scheduler_block_size=16, hash_block_size=16)
-    assert type(m) is hybrid
+    assert type(m) is KvshareKVCacheManager
     m = sel(kv_cache_config=cfg, max_model_len=256, scheduler_block_size=16, hash_block_size=16,
             enable_kv_cache_events=True)
-    assert type(m) is hybrid and m.enable_kv_cache_events
+    assert type(m) is KvshareKVCacheManager and m.enable_kv_cache_events
     if compat.manager_api() != "0.23.0":
         sparse = KVCacheConfig(num_blocks=64, kv_cache_tensors=[], kv_cache_groups=groups,
                                prefix_cache_retention_interval=0)
         m = sel(kv_cache_config=sparse, max_model_len=256, scheduler_block_size=16,
                 hash_block_size=16)
-        assert type(m) is hybrid and m._sparse
+        assert type(m) is KvshareKVCacheManager and m._sparse
         sparse.prefix_cache_retention_interval = 16 * 65535  # beyond kvshare's segments
         m = sel(kv_cache_config=sparse, max_model_len=256, scheduler_block_size=16,
                 hash_block_size=16)
@@ -83,7 +82,7 @@ def test_unsupported_config_falls_back(tiny_model_dir):
     assert type(m) is KVCacheManager
     if compat.manager_api() == "0.23.0":  # by position (0.32's scheduler passes keywords)
         m = sel(cfg, 256, 16, 16, 256, True, False, False, True)  # events on
-        assert type(m) is KvshareHybridKVCacheManager and m.enable_kv_cache_events
+        assert type(m) is KvshareKVCacheManager and m.enable_kv_cache_events
         m = sel(cfg, 256, 16, 16, 256, True, True)  # EAGLE with groups
         assert type(m) is KVCacheManager
     mamba = KVCacheGroupSpec(["m"], MambaSpec(block_size=16, shapes=((1, 16),),

@@ -1,7 +1,6 @@
 """The pool tier from kvshare's vLLM KV connector, in vLLM's real CPU engine: a real
 mooncake_master bound to 127.0.0.1 and two vLLM engine processes, each with kvshare's manager
-(one the one-group manager, the other the groups manager) and KV connector (its own cache) on
-that master, inside a fresh network namespace
+and KV connector (its own cache) on that master, inside a fresh network namespace
 (pool_real/vllm_driver.py). A conversation started on engine a continues on engine b, and b
 loads a's pages from the pool (as does a third engine whose engine core runs in a process of
 its own); every request's tokens equal those of a reference engine with
@@ -58,11 +57,10 @@ def test_tokens_equal_vllms_own_manager(run):
 
 
 def test_a_conversation_continues_on_another_engine_from_the_pool(run):
-    """b runs kvshare's groups manager, a its one-group manager: b finds a's pages under the
-    same store keys (one full-attention group has the one-group manager's page geometry)."""
+    """b finds a's pages under the same store keys."""
     first, on_b = run["steps"][:2]
     assert first["pool"]["manager"] == "KvshareKVCacheManager"
-    assert on_b["pool"]["manager"] == "KvshareHybridKVCacheManager"
+    assert on_b["pool"]["manager"] == "KvshareKVCacheManager"
     # a computed the first turn's 70 prompt tokens and 7 of its 8 output tokens: its full
     # pages (4 of 16 tokens, 2 of 32) are stored.
     pages = 77 // run["block"]

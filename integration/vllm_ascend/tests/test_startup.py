@@ -145,7 +145,7 @@ def test_release_drops_the_local_label():
 
 @pytest.mark.parametrize("code", [
     "import kvshare_vllm.manager",
-    "import kvshare_vllm.hybrid",
+    "import kvshare_vllm.manager",
     "from kvshare_vllm.plugin import register; register()",
 ])
 def test_unsupported_vllm_is_named(vllm_0_99, code):
@@ -195,7 +195,7 @@ def test_a_native_module_of_another_abi_is_refused():
 
 def test_a_native_module_that_does_not_load_is_refused():
     res = _run("import sys; sys.modules['kvshare_vllm._fast'] = None\n"
-               "import kvshare_vllm.hybrid", {"KVSHARE_VLLM": "1"})
+               "import kvshare_vllm.manager", {"KVSHARE_VLLM": "1"})
     assert res.returncode != 0
     assert "NativeModuleError" in res.stderr and "_fast does not load" in res.stderr, \
         res.stderr[-3000:]

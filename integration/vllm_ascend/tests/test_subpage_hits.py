@@ -86,8 +86,7 @@ def _run(model_dir, monkeypatch, seed: int, apply_copies: bool = True, host_page
     s = _scheduler(model_dir, monkeypatch, num_blocks, unit=unit, host_pages=host_pages,
                    specs=specs, connector=connector)
     mgr = s.kv_cache_manager
-    assert type(mgr).__name__ == ("KvshareHybridKVCacheManager" if model
-                                  else "KvshareKVCacheManager")
+    assert type(mgr).__name__ == "KvshareKVCacheManager"
     ng = mgr.num_kv_cache_groups
     skipped = [(lambda c, g=g: mgr._skipped(g, c)) for g in range(ng)] if model \
         else [lambda c: 0]
@@ -200,7 +199,7 @@ def test_groups_skipped_copies_are_caught(tiny_model_dir, monkeypatch):
         _run(tiny_model_dir, monkeypatch, 0, apply_copies=False, num_blocks=48, model="gpt-oss")
 
 
-@pytest.mark.skipif(API != "0.23.0", reason="kvshare's connector and groups manager run on 0.23")
+@pytest.mark.skipif(API != "0.23.0", reason="kvshare's connector runs on 0.23")
 def test_pool_tier_state_groups_and_groups_without_the_connector_are_refused(tiny_model_dir,
                                                                            monkeypatch):
     monkeypatch.setenv(ENV, str(UNIT))

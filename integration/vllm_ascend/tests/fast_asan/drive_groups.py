@@ -1,9 +1,9 @@
-"""Drives kvshare_vllm/_fast_groups.c's Groups (the module built with AddressSanitizer + UBSan,
-loaded from the path given as argv[1], no torch or vLLM in the process): random begins, running
-steps, appends, releases, frees and matches on a two-group cache (sliding window 32 / full), each
-checked against kvshare through the binding (tables, the page refcount mirror, the free count), plus
-bad input.  Run by tests/test_fast_groups.py under LD_PRELOAD=libasan; any memory error aborts the
-process."""
+"""Drives kvshare_vllm._fast and its Groups (built with AddressSanitizer + UBSan, loaded from
+the path given as argv[1], no torch or vLLM in the process): random begins, running steps,
+appends, releases, frees and matches on a two-group cache (sliding window 32 / full), each
+checked against kvshare through the binding (tables, the page refcount mirror, the free count),
+plus bad input, and pack_i32 on edge and bad ids.  Run by tests/test_fast.py under
+LD_PRELOAD=libasan; any memory error aborts the process."""
 
 import importlib.machinery
 import importlib.util
@@ -33,7 +33,7 @@ g = fg.Groups(int(ffi.cast("uintptr_t", hy.handle)), fns, BS, PAGES, ((1, 32), (
               blocks)
 
 
-class St:  # hybrid.py's _HReq
+class St:  # group_tables.py's _HReq
     __slots__ = ("seq", "n", "extra", "tables")
 
     def __init__(self, seq):
@@ -122,4 +122,30 @@ for st, _ in live.values():
     assert rc == 0
 check({}, avail)
 assert not any(refs)
+for bad in ([2 ** 40], ["x"], [None]):
+    try:
+        fg.pack_i32(bad)
+    except (OverflowError, TypeError):
+        pass
+    else:
+        raise AssertionError(bad)
+# An __index__ that shrinks a long list while it is packed (the read-ahead must follow the
+# list's current size, not the size it started with).
+for at in (3, 100, 190):
+    long_ids = list(range(1000, 1200))
+
+    class Shrink:
+        def __index__(self):
+            del long_ids[at - 2:]
+            return 0
+
+    long_ids[at] = Shrink()
+    try:
+        fg.pack_i32(long_ids)
+    except RuntimeError:
+        pass
+    else:
+        raise AssertionError("shrunk list packed")
+edges = [0, 1, -1, 2 ** 30 - 1, 2 ** 30, -(2 ** 30), 2 ** 31 - 1, -(2 ** 31)] * 20
+assert fg.pack_i32(edges) == kvshare.pack_i32(edges)
 print("ok")

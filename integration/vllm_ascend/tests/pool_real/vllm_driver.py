@@ -1,9 +1,8 @@
 """Runs inside a fresh network namespace (``unshare -n``, loopback up): a real mooncake_master
-on 127.0.0.1, two vLLM CPU engines with kvshare's manager and KV connector on it (a with the
-one-group manager, b with the groups manager, so each loads what the other stored) and a
-reference engine with vLLM's own manager (vllm_engine.py), then a conversation that moves
-between the engines, the engine holding pages killed, and the master killed. Prints one JSON
-object with every reply.
+on 127.0.0.1, two vLLM CPU engines with kvshare's manager and KV connector on it (each loads
+what the other stored) and a reference engine with vLLM's own manager (vllm_engine.py), then a
+conversation that moves between the engines, the engine holding pages killed, and the master
+killed. Prints one JSON object with every reply.
 
     vllm_driver.py MOONCAKE_MASTER_BINARY PYTHON MODEL_DIR [measure]
 
@@ -109,8 +108,7 @@ def main():
         addr = f"127.0.0.1:{RPC}"
         a = Engine(python, model, addr, "a")
         engines.append(a)
-        # b runs kvshare's groups manager (a its one-group manager): the store keys are equal
-        b = Engine(python, model, addr, "b", *(() if measuring else ("groups",)))
+        b = Engine(python, model, addr, "b")
         engines.append(b)
         out["block"] = a.block
         if measuring:

@@ -9,14 +9,13 @@ stdin (one reply line per command):
 The engine's block is the smallest vLLM's CPU attention kernel takes (16 on vLLM 0.23, 32 on
 0.32), announced in its ``ready`` line.
 
-    vllm_engine.py MODEL_DIR MASTER|none [mp] [groups]
+    vllm_engine.py MODEL_DIR MASTER|none [mp]
 
 With a master: kvshare's manager and KV connector with a pool tier on that ``mooncake_master``
 (``write_through``, a deployment key); with ``none``: vLLM's own manager and no connector (the
 reference). With ``mp``: the engine core in a process of its own (vLLM's default), where this
-process cannot read the connector's counters (replies carry none). With ``groups``: kvshare's
-groups manager in the place of its one-group manager (the model has one full-attention
-group), the manager's class named in each reply.
+process cannot read the connector's counters (replies carry none).  The manager's class is
+named in each reply.
 Each reply also has each request's wall time (``s``).
 """
 
@@ -35,7 +34,7 @@ BLOCKS = 256
 
 def main():
     model_dir, master = sys.argv[1], sys.argv[2]
-    separate, groups = "mp" in sys.argv[3:], "groups" in sys.argv[3:]
+    separate = "mp" in sys.argv[3:]
     pooled = master != "none"
     os.environ["KVSHARE_VLLM"] = "1" if pooled else "0"
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if separate else "0"
@@ -47,10 +46,6 @@ def main():
     from vllm.inputs import TokensPrompt
 
     block = kernel_block_size()
-    if groups:
-        from kvshare_vllm import hybrid, manager
-
-        manager.KvshareKVCacheManager = hybrid.KvshareHybridKVCacheManager
     extra = {}
     if pooled:
         # Every engine with the deployment key: values carry HMAC-SHA-256 digests under it.
