@@ -56,62 +56,6 @@ def _index(pages: list[int] | None, page: int) -> int:
     raise RuntimeError(f"kvshare_vllm: page {page} stored outside the calling request")
 
 
-class EventTranslator:
-    """Turns one drain of kvshare events (kind, tier, page) into vLLM's events.
-
-    ``stored``/``removed``/``cleared`` are kvshare's ``kvs_event_kind`` values, ``device`` its
-    device tier; ``meta`` is ``(kv_cache_spec_kind, kv_cache_spec_sliding_window)`` as vLLM sets
-    them on a ``BlockStored``."""
-
-    def __init__(self, block_size: int, stored: int, removed: int, cleared: int, device: int,
-                 meta: tuple) -> None:
-        self.block_size = block_size
-        self._kinds = (stored, removed, cleared)
-        self._device = device
-        self.meta = meta
-        self._page_hash: dict[int, object] = {}  # page id -> external hash it was stored under
-
-    def convert(self, raw, pages: list[int] | None, request) -> list[KVCacheEvent]:
-        """vLLM's events for ``raw`` (kvshare events as ``(kind, tier, page)``, in order, of one
-        native call or of calls
-        that stored nothing).  ``pages`` is the block table of the request whose call it was
-        (``request``); stored pages are looked up in it.  Raises RuntimeError when a page was
-        stored by no known request or when the request carries no vLLM block hashes for it
-        (its engine dropped vLLM's request block hasher)."""
-        stored, removed, cleared = self._kinds
-        out: list[KVCacheEvent] = []
-        run: list[int] = []  # block indices stored by this call
-        for kind, tier, page in raw:
-            if tier != self._device:
-                continue
-            if kind == removed:
-                h = self._page_hash.pop(page, None)
-                if h is None:
-                    raise RuntimeError(f"kvshare_vllm: page {page} removed but never stored")
-                out.append(BlockRemoved(block_hashes=[h], medium=MEDIUM, group_idx=0))
-            elif kind == cleared:
-                self._flush_run(out, run, request, pages)
-                self._page_hash.clear()
-                out.append(AllBlocksCleared())
-            elif kind == stored:
-                run.append(_index(pages, page))
-        self._flush_run(out, run, request, pages)
-        return out
-
-    def _flush_run(self, out: list, run: list[int], request, pages) -> None:
-        """Appends one ``BlockStored`` for the blocks in ``run`` (then empties it)."""
-        if not run:
-            return
-        run.sort()
-        first, last = run[0], run[-1]
-        if last - first + 1 != len(run):
-            raise RuntimeError(f"kvshare_vllm: stored blocks {run} are not one run")
-        new = stored_event(out, request, first, last + 1, run, self.block_size, 0, self.meta)
-        for i, h in zip(run, new):
-            self._page_hash[pages[i]] = h
-        run.clear()
-
-
 def stored_event(out: list, request, first: int, end: int, run: list[int], bs: int,
                  group: int, meta: tuple) -> list:
     """vLLM's ``BlockPool.cache_full_blocks`` event for blocks ``first..end-1`` of ``request``
@@ -158,8 +102,10 @@ def cached_blocks_event(out: list, request, num_blocks: int, bs: int, meta: tupl
 
 
 class GroupEventTranslator:
-    """The same translation for several KV-cache groups (``kvshare.Cache.take_events()``
-    dicts), as vLLM's ``HybridKVCacheCoordinator`` publishes: per caching call, the removals
+    """Turns one drain of kvshare events (``kvshare.Cache.take_events()`` dicts) into vLLM's
+    events, for one KV-cache group or several, as vLLM's ``KVCacheCoordinator`` publishes:
+    only the device tier's (``device``: kvshare's device ``kvs_tier``; vLLM publishes nothing
+    for another tier); per caching call, the removals
     of its allocations (each in the group its page was stored for), then one ``BlockStored``
     per group, in group order, for the call's block range (also when the group registered
     none of it: null positions).  ``metas[g]`` is group g's (kind, sliding window)."""
@@ -182,11 +128,12 @@ class GroupEventTranslator:
         out: list[KVCacheEvent] = []
         runs: list[list[int]] = [[] for _ in self.metas]
         for e in raw:
+            if e["tier"] != self._device:
+                continue
             kind, g, page = e["kind"], e["group"], e["page"]
             if kind == cleared:  # the index cleared (reset_prefix_cache)
-                if e["tier"] == self._device:
-                    self._page_hash.clear()
-                    out.append(AllBlocksCleared())
+                self._page_hash.clear()
+                out.append(AllBlocksCleared())
             elif kind == removed:
                 h = self._page_hash.pop(page, None)
                 if h is None or h[1] != g:

@@ -28,7 +28,7 @@ from vllm.v1.kv_cache_interface import (FullAttentionSpec, get_kv_cache_spec_kin
                                         get_kv_cache_spec_sliding_window)
 from vllm.v1.request import Request
 
-from kvshare_vllm.events import EventTranslator, GroupEventTranslator
+from kvshare_vllm.events import GroupEventTranslator
 
 BS = 16
 STORED, REMOVED, CLEARED, DEVICE = 1, 2, 3, 0
@@ -78,6 +78,11 @@ def _assert_same_stream(ours, theirs):
     assert all(isinstance(e, ENCODED_AS[RELEASE]) for e in raw[1]), raw
 
 
+def _ev(kind: int, tier: int, page: int, group: int = 0) -> dict:
+    """One kvshare event as ``kvshare.Cache.take_events()`` gives it."""
+    return {"kind": kind, "tier": tier, "group": group, "page": page}
+
+
 @pytest.mark.parametrize("hash_algo", ["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"])
 def test_single_group_stream_equals_vllm_block_pool(hash_algo):
     """Stores in two calls (the second with a parent), a salted LoRA request with a session,
@@ -85,7 +90,7 @@ def test_single_group_stream_equals_vllm_block_pool(hash_algo):
     meta = _meta()
     pool = BlockPool(num_gpu_blocks=16, enable_caching=True, hash_block_size=BS,
                      enable_kv_cache_events=True)
-    tr = EventTranslator(BS, STORED, REMOVED, CLEARED, DEVICE, meta)
+    tr = GroupEventTranslator(BS, STORED, REMOVED, CLEARED, DEVICE, [meta])
     reqs = [_request("plain", 3 * BS + 5, hash_algo),
             _request("tenant", 4 * BS, hash_algo, cache_salt="tenant-a", session_id="s-1",
                      lora_request=LoRARequest("adapter", 7, "/nonexistent"))]
@@ -97,9 +102,10 @@ def test_single_group_stream_equals_vllm_block_pool(hash_algo):
         full = req.num_tokens // BS
         for first, end in ((0, 2), (2, full)):
             pool.cache_full_blocks(req, blocks, first, end, BS, 0)
-            ours += tr.convert([(STORED, DEVICE, p) for p in pages[first:end]], pages, req)
+            ours += tr.convert([_ev(STORED, DEVICE, p) for p in pages[first:end]], [pages], req,
+                               first, end)
             # Another tier's event is not the device's: vLLM publishes none for it.
-            ours += tr.convert([(STORED, DEVICE + 1, pages[0])], pages, req)
+            assert tr.convert([_ev(STORED, DEVICE + 1, pages[0])], [pages], req, 0, 0) == []
     theirs += _annotated(pool.take_events(), [meta])
     _assert_same_stream(ours, theirs)
 
@@ -109,9 +115,9 @@ def test_single_group_stream_equals_vllm_block_pool(hash_algo):
     ours, theirs = [], []
     for page in evicted:
         pool.evict_blocks({page})
-        ours += tr.convert([(REMOVED, DEVICE, page)], None, None)
+        ours += tr.convert([_ev(REMOVED, DEVICE, page)], None, None, 0, 0)
     assert pool.reset_prefix_cache()
-    ours += tr.convert([(CLEARED, DEVICE, 0)], None, None)
+    ours += tr.convert([_ev(CLEARED, DEVICE + 1, 0), _ev(CLEARED, DEVICE, 0)], None, None, 0, 0)
     theirs += _annotated(pool.take_events(), [meta])
     assert len(theirs) == len(evicted) + 1
     _assert_same_stream(ours, theirs)
@@ -131,15 +137,15 @@ def test_group_stream_equals_vllm_block_pool():
     pages = [[b.block_id for b in t] for t in tables]
     for g, blocks in enumerate(tables):
         pool.cache_full_blocks(req, blocks, 0, 3, BS, g)
-    raw = [{"kind": STORED, "group": g, "page": p} for g in (0, 1) for p in pages[g]]
+    raw = [_ev(STORED, DEVICE, p, g) for g in (0, 1) for p in pages[g]]
     ours = tr.convert(raw, pages, req, 0, 3)
     pool.free_blocks(reversed(tables[1]))
     pool.evict_blocks({pages[1][2]})
-    ours += tr.convert([{"kind": REMOVED, "group": 1, "page": pages[1][2]}], pages, req, 0, 0)
+    ours += tr.convert([_ev(REMOVED, DEVICE, pages[1][2], 1)], pages, req, 0, 0)
     pool.free_blocks(reversed(tables[0]))
     assert pool.reset_prefix_cache()
-    ours += tr.convert([{"kind": CLEARED, "tier": tier, "group": 0, "page": 0}
-                        for tier in (DEVICE, DEVICE + 1)], None, None, 0, 0)
+    ours += tr.convert([_ev(CLEARED, tier, 0) for tier in (DEVICE, DEVICE + 1)], None, None,
+                       0, 0)
     theirs = _annotated(pool.take_events(), metas)
     assert type(theirs[-1]).__name__ == "AllBlocksCleared"
     _assert_same_stream(ours, theirs)
