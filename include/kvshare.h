@@ -69,6 +69,19 @@
 #define KVS_NULL_PAGE 0
 
 /*
+ `kvs_group.flags`: an EAGLE / MTP group (vLLM's `is_eagle_group`, or every group when the
+ engine runs EAGLE with no group marked). The draft model recomputes the last page of a hit
+ for its hidden states, so `kvs_prefix_find`'s hit ends one page earlier, and a sliding
+ window finds its tail one page longer before dropping it (vLLM's `drop_eagle_block`);
+ groups of one kind and page size drop together when any of them is EAGLE's.
+ `kvs_seq_begin` does not drop: cap it at the hit `kvs_prefix_find` found. A pool tier's pages after the hit load
+ as vLLM loads a KV connector's tokens beside EAGLE (no drop). Full-attention and
+ sliding-window groups only, without `match_unit` below `page_size`
+ (`KVS_STATUS_INVALID_CONFIG` otherwise).
+ */
+#define KVS_GROUP_EAGLE 1
+
+/*
  Bytes of `kvs_pool_key.key` and `kvs_pool_work.key`: the longest key (247 bytes with a
  128-byte namespace) and its NUL.
  */
@@ -1083,6 +1096,11 @@ typedef struct kvs_group {
    `num_device_pages` device and `num_host_pages` host pages, and page ids are per pool.
    */
   uint64_t page_bytes;
+  /*
+   `KVS_GROUP_*` flags: `KVS_GROUP_EAGLE` or 0. Other bits: `KVS_STATUS_INVALID_CONFIG`
+   naming `groups.flags`.
+   */
+  uint32_t flags;
 } kvs_group;
 
 /*
@@ -1409,6 +1427,10 @@ typedef struct kvs_group_info {
    Groups of the cache (1 for a cache configured without groups).
    */
   uint32_t num_groups;
+  /*
+   The group's `KVS_GROUP_*` flags as configured.
+   */
+  uint32_t flags;
 } kvs_group_info;
 
 /*
@@ -2562,7 +2584,9 @@ kvs_status kvs_prefix_match(struct kvs_cache *cache,
  (the hit length only). N is whole pages, plus, with `match_unit` below `page_size`, the
  whole units `kvs_seq_begin` would copy into the first new page from a cached page no
  sequence holds (device or host tier): an engine's scheduler learns the sub-page hit
- before it allocates.
+ before it allocates. With an EAGLE group (`KVS_GROUP_EAGLE`) the hit has dropped its last
+ page (vLLM's `drop_eagle_block`, in every group of the group's kind and page size); a
+ `kvs_seq_begin` capped at it takes it, page for page.
 
  **Failure:** NULL `cache`, `tokens` with `num_tokens` above 0, `pages_out` with
  `pages_len` above 0 or `matched_tokens_out`; misaligned pointers, a `num_groups *
@@ -2653,6 +2677,10 @@ kvs_status kvs_prefix_clear(struct kvs_cache *cache);
  `lookahead_slots` more slots (speculative decoding); full new pages are registered for
  later prompts (at `kvs_cache_commit` with `defer_commit`). `extra` may be NULL. Writes
  what happened to `*info_out` (optional).
+
+ With an EAGLE group (`KVS_GROUP_EAGLE`) the begin does not drop a page itself: find the
+ hit with `kvs_prefix_find` (which drops it) and pass it as `max_match_tokens`, as vLLM's
+ `allocate_slots` takes the blocks `get_computed_blocks` found.
 
  Each group's table gets `KVS_NULL_PAGE` where the group no longer reads at the hit
  (`kvs_prefix_find` shows the hit), the hit's pages, and fresh pages; a state group takes

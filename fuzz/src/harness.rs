@@ -30,7 +30,7 @@ use arbitrary::{Arbitrary, Unstructured};
 use kvshare::cache::{kvs_cache, kvs_config, kvs_stats, KVS_WINDOW_RETENTION_BOUNDARIES};
 use kvshare::enums::{kvs_eviction_policy, kvs_group_kind, kvs_state_mode, kvs_status};
 use kvshare::events::kvs_event;
-use kvshare::groups::{kvs_group, kvs_group_info, KVS_NULL_PAGE};
+use kvshare::groups::{kvs_group, kvs_group_info, KVS_GROUP_EAGLE, KVS_NULL_PAGE};
 use kvshare::pages::kvs_page_info;
 use kvshare::seq::kvs_seq_info;
 use kvshare::types::kvs_copy;
@@ -60,12 +60,14 @@ pub struct Setup {
 const OWN_POOL_BYTES: u64 = 12_345;
 
 /// The groups of `layout`: half the programs one full-attention group (`groups` NULL), the rest
-/// full attention next to another kind, some in a pool of their own.
+/// full attention next to another kind, some in a pool of their own; full attention next to a
+/// sliding window is EAGLE's (both groups, or the window only) in some.
 fn groups_of(layout: u8, ps: u32, caching: bool) -> Vec<kvs_group> {
     let g = |kind: kvs_group_kind, window: u32, page_bytes: u64| kvs_group {
         kind: kind as u32,
         window,
         page_bytes,
+        flags: 0,
     };
     let full = g(kvs_group_kind::Full, 0, 0);
     let mode = match (caching, layout & 8 != 0) {
@@ -74,14 +76,21 @@ fn groups_of(layout: u8, ps: u32, caching: bool) -> Vec<kvs_group> {
         (true, true) => kvs_state_mode::Align,
     };
     match layout % 8 {
-        4 => vec![
-            full,
-            g(
-                kvs_group_kind::SlidingWindow,
-                1 + ps + u32::from(layout >> 4),
-                0,
-            ),
-        ],
+        4 => {
+            let mut v = vec![
+                full,
+                g(
+                    kvs_group_kind::SlidingWindow,
+                    1 + ps + u32::from(layout >> 4 & 7),
+                    0,
+                ),
+            ];
+            if layout & 0x80 != 0 {
+                v[1].flags = KVS_GROUP_EAGLE;
+                v[0].flags = u32::from(layout & 0x40 != 0) * KVS_GROUP_EAGLE;
+            }
+            v
+        }
         5 => vec![full, g(kvs_group_kind::ChunkedLocal, 2 * ps, 0)],
         6 => vec![full, g(kvs_group_kind::State, mode as u32, OWN_POOL_BYTES)],
         7 => vec![
@@ -588,11 +597,13 @@ pub fn run(data: &[u8], max_ops: usize) -> usize {
     let groups = groups_of(setup.layout, cfg.page_size, setup.caching);
     let state = |g: &kvs_group| g.kind == kvs_group_kind::State as u32;
     let has_state = groups.iter().any(state);
+    let eagle = groups.iter().any(|g| g.flags & KVS_GROUP_EAGLE != 0);
     // Every kind but full attention shows the null page at released positions; state groups
     // keep checkpoints at page boundaries only.
     cfg.reserve_null_page |= !groups.is_empty();
     cfg.match_unit = match setup.unit % 4 {
-        _ if has_state => 0,
+        // An EAGLE hit ends a page early: whole pages only.
+        _ if has_state || eagle => 0,
         1 => 1,
         2 => cfg.page_size / 2,
         3 => cfg.page_size,

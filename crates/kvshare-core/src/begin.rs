@@ -144,7 +144,7 @@ impl State {
             } else {
                 (Vec::new(), false)
             };
-            let hit = self.groups_hit(&keys, tokens, limit, true);
+            let hit = self.groups_hit(&keys, tokens, limit, true, false);
             (hit.groups, keys, stopped)
         };
         let hit_pages = positions.iter().map(Vec::len).max().unwrap_or(0);

@@ -162,6 +162,14 @@ pub struct GroupSpec {
     /// Bytes of one page; groups with equal page bytes share one page pool. 0: the bytes the
     /// cache's geometry gives ([`Config::page_bytes`]).
     pub page_bytes: u64,
+    /// An EAGLE / MTP group (vLLM's `is_eagle_group`, or every group with `use_eagle`): the
+    /// draft model recomputes the last page of a hit for its hidden states, so the hit of an
+    /// engine's lookup ([`State::find_hit`](crate::State::find_hit)) ends one page earlier in
+    /// this group, and a sliding window finds its tail one page longer before dropping it
+    /// (vLLM's `drop_eagle_block`); a begin takes the hit it is capped at. Groups of one kind and
+    /// page size are looked up together and drop together when any of them is EAGLE's. Full
+    /// attention and sliding windows only.
+    pub eagle: bool,
 }
 
 impl GroupSpec {
@@ -169,6 +177,7 @@ impl GroupSpec {
     pub const FULL: GroupSpec = GroupSpec {
         kind: GroupKind::Full,
         page_bytes: 0,
+        eagle: false,
     };
 }
 
@@ -416,6 +425,9 @@ impl Config {
             }
             _ => {}
         }
+        if g.eagle {
+            self.validate_eagle(i, g)?;
+        }
         if g.kind != GroupKind::Full && !self.reserve_null_page {
             return bad(
                 "reserve_null_page",
@@ -423,6 +435,34 @@ impl Config {
                     "group {i} ({:?}) releases pages and shows the null page (page 0) at released \
                      positions: reserve_null_page must be on (groups)",
                     g.kind
+                ),
+            );
+        }
+        Ok(())
+    }
+
+    /// What an EAGLE group `i` cannot be combined with.
+    fn validate_eagle(&self, i: usize, g: &GroupSpec) -> Result<()> {
+        let bad = |field: &'static str, reason: String| Err(Error::InvalidConfig { field, reason });
+        if !matches!(g.kind, GroupKind::Full | GroupKind::SlidingWindow(_)) {
+            // vLLM asserts `drop_eagle_block` off for chunked local attention and never drops a
+            // state block; its EAGLE with Mamba layers needs speculative state blocks.
+            return bad(
+                "groups.flags",
+                format!(
+                    "group {i} ({:?}): EAGLE drops a hit's last page in full-attention and \
+                     sliding-window groups only",
+                    g.kind
+                ),
+            );
+        }
+        if self.unit() < self.page_size as usize {
+            return bad(
+                "match_unit",
+                format!(
+                    "{} is finer than page_size {} but group {i} is EAGLE's, whose hits end a \
+                     page early for the draft model to recompute (groups.flags)",
+                    self.match_unit, self.page_size
                 ),
             );
         }
@@ -502,10 +542,18 @@ mod tests {
                 .map(|&kind| GroupSpec {
                     kind,
                     page_bytes: 0,
+                    eagle: false,
                 })
                 .collect(),
             ..Config::default()
         }
+    }
+
+    /// [`groups`] with every group EAGLE's.
+    fn eagle(kinds: &[GroupKind]) -> Config {
+        let mut c = groups(kinds);
+        c.groups.iter_mut().for_each(|g| g.eagle = true);
+        c
     }
 
     #[test]
@@ -604,6 +652,24 @@ mod tests {
                 }),
             ),
         ];
+        let eagle_cases: Vec<(&str, Config)> = vec![
+            ("groups.flags", eagle(&[GroupKind::ChunkedLocal(16)])),
+            ("groups.flags", eagle(&[GroupKind::State(StateMode::All)])),
+            ("match_unit", {
+                let mut c = eagle(&[GroupKind::Full, GroupKind::SlidingWindow(8)]);
+                c.match_unit = 4;
+                c
+            }),
+        ];
+        for (field, c) in eagle_cases {
+            match c.validate() {
+                Err(Error::InvalidConfig { field: f, .. }) => assert_eq!(f, field),
+                other => panic!("{field}: expected InvalidConfig, got {other:?}"),
+            }
+        }
+        eagle(&[GroupKind::Full, GroupKind::SlidingWindow(8)])
+            .validate()
+            .unwrap();
         for (field, mutate) in cases {
             let mut c = Config::default();
             mutate(&mut c);

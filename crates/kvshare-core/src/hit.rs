@@ -7,7 +7,10 @@
 //! `HybridKVCacheCoordinator.find_longest_cache_hit`, an iteration to a fixed point over the
 //! lookup sets (groups of equal specs), each asking its kind's [`Rules::find_hit`]
 //! (`rules.rs`) through a [`Probe`] that looks each position up on the device, then (with a host
-//! cache) on the host.
+//! cache) on the host. In an engine's lookup ([`State::find_hit`]) an EAGLE set drops the last
+//! page of its hit once per candidate length (vLLM's `eagle_verified`), looking one page
+//! further first; a begin then takes the hit it is given (a fixed point without the drop
+//! returns that hit, page for page).
 
 use super::copies::{CopyKind, PageCopy, Queued};
 use super::pool::Holder;
@@ -222,13 +225,16 @@ impl State {
     }
 
     /// The longest hit of at most `max_len` tokens across the groups (`keys`: the prompt's page
-    /// keys), looking host pages up too when `tiers`. Read-only.
+    /// keys), looking host pages up too when `tiers`; with `eagle`, an engine's lookup: EAGLE
+    /// sets drop their last hit page (a begin takes the hit it is given, without a drop).
+    /// Read-only.
     pub(crate) fn groups_hit(
         &self,
         keys: &[PageKey],
         tokens: &[i32],
         max_len: usize,
         tiers: bool,
+        eagle: bool,
     ) -> GroupsHit {
         let ng = self.groups.len();
         if !self.cfg.enable_prefix_caching {
@@ -244,6 +250,9 @@ impl State {
         let full = |s: usize| kind(s) == super::config::GroupKind::Full;
         let simple = self.sets.len() == 2 && full(0);
         let mut hit = max_len;
+        // Sets (bits) whose EAGLE drop holds at the current candidate: each drops at most once
+        // per candidate length (vLLM's `eagle_verified`).
+        let mut verified = 0u32;
         loop {
             let mut curr = hit;
             for (s, set) in self.sets.iter().enumerate() {
@@ -260,7 +269,20 @@ impl State {
                     host,
                     seen: &mut seen[s],
                 };
-                let span = self.groups[set[0]].rules.find_hit(curr, ps, &mut probe);
+                let (rules, bit) = (&self.groups[set[0]].rules, 1u32 << s);
+                let drop = eagle && self.groups[set[0]].eagle && verified & bit == 0;
+                let span = if drop {
+                    // EAGLE looks one page further, then drops the last hit page.
+                    let span = rules.find_hit_dropping((curr + ps).min(max_len), ps, &mut probe);
+                    verified |= bit;
+                    span
+                } else {
+                    let span = rules.find_hit(curr, ps, &mut probe);
+                    if span.len * ps < curr {
+                        verified = 0; // the candidate shrank: every drop is checked again
+                    }
+                    span
+                };
                 curr = span.len * ps;
                 spans[s] = Some(span);
             }

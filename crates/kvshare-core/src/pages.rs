@@ -305,10 +305,12 @@ impl State {
         max_tokens: usize,
         tiers: bool,
     ) -> GroupsHit {
-        self.prefix_hit_keyed(tokens, extra, max_tokens, tiers).0
+        self.prefix_hit_keyed(tokens, extra, max_tokens, tiers, false)
+            .0
     }
 
-    /// [`prefix_hit`](Self::prefix_hit) and the chain digest a unit hit after it continues from:
+    /// [`prefix_hit`](Self::prefix_hit) (with `eagle`, an engine's lookup: EAGLE sets drop their
+    /// last hit page) and the chain digest a unit hit after it continues from:
     /// its last page's (the root for no page), `None` when the hit runs past the hashed pages
     /// (chunked local attention never looks up the pages before its chunk), as in a begin.
     fn prefix_hit_keyed(
@@ -317,6 +319,7 @@ impl State {
         extra: Option<&ExtraKeys>,
         max_tokens: usize,
         tiers: bool,
+        eagle: bool,
     ) -> (GroupsHit, Option<u128>) {
         let tokens = &tokens[..tokens.len().min(max_tokens)];
         if self.plain {
@@ -334,7 +337,7 @@ impl State {
             return (hit, Some(self.root));
         }
         let (keys, _) = self.page_keys(tokens, extra, &[]);
-        let hit = self.groups_hit(&keys, tokens, tokens.len(), tiers);
+        let hit = self.groups_hit(&keys, tokens, tokens.len(), tiers, eagle);
         let parent = match hit.groups.iter().map(Vec::len).max().unwrap_or(0) {
             0 => Some(self.root),
             n => keys.get(n - 1).map(|k| k.hash),
@@ -350,14 +353,16 @@ impl State {
     /// [`NULL_PAGE`] where the group no longer reads the position. With `match_unit` below the
     /// page size the hit also counts the whole units a begin would copy from a cached page no
     /// sequence holds (device or host tier, as a begin picks them) into its first new page:
-    /// then it is no multiple of the page size, and the pages cover its whole pages only.
+    /// then it is no multiple of the page size, and the pages cover its whole pages only. An
+    /// EAGLE group's hit drops its last page (vLLM's `drop_eagle_block`); a begin capped at the
+    /// hit found here then takes exactly it.
     pub fn find_hit(
         &mut self,
         tokens: &[i32],
         extra: Option<&ExtraKeys>,
         max_tokens: usize,
     ) -> (usize, Vec<Vec<u32>>) {
-        let (hit, parent) = self.prefix_hit_keyed(tokens, extra, max_tokens, false);
+        let (hit, parent) = self.prefix_hit_keyed(tokens, extra, max_tokens, false, true);
         let n = hit.groups.iter().map(Vec::len).max().unwrap_or(0);
         let pages = hit
             .groups

@@ -431,7 +431,7 @@ impl State {
         let hit = if self.plain {
             self.walk(tokens, extra, limit / self.ps, true).len()
         } else {
-            let hit = self.groups_hit(&keys, tokens, limit, true);
+            let hit = self.groups_hit(&keys, tokens, limit, true, false);
             hit.groups.iter().map(Vec::len).max().unwrap_or(0)
         };
         (hit, keys)

@@ -55,6 +55,13 @@ pub(crate) trait Rules: Debug + Send + Sync {
     /// `find_longest_cache_hit` of the kind), probing the cache through `probe`.
     fn find_hit(&self, max_len: usize, ps: usize, probe: &mut dyn Probe) -> Span;
 
+    /// [`find_hit`](Self::find_hit) for an EAGLE group (vLLM's `drop_eagle_block`): the hit less
+    /// its last page, which the draft model recomputes. Only the kinds a config lets be EAGLE's
+    /// are asked (full attention and sliding windows).
+    fn find_hit_dropping(&self, max_len: usize, ps: usize, probe: &mut dyn Probe) -> Span {
+        drop_last(self.find_hit(max_len, ps, probe))
+    }
+
     /// Pages the table takes at a begin whose tables are `total` positions long, for a prompt
     /// of `num_tokens` tokens whose hit gave this group `hit_len` positions.
     fn begin_pages(&self, total: usize, hit_len: usize, num_tokens: usize, ps: usize) -> usize {
@@ -154,11 +161,24 @@ pub(crate) trait Rules: Debug + Send + Sync {
     }
 }
 
-/// The rules of `kind`.
-pub(crate) fn rules_of(kind: GroupKind) -> Box<dyn Rules> {
+/// `span` less its last position (none left of an empty one).
+fn drop_last(span: Span) -> Span {
+    let len = span.len.saturating_sub(1);
+    Span {
+        len,
+        first_live: span.first_live.min(len),
+    }
+}
+
+/// The rules of `kind`; `eagle` when the group's lookup set is EAGLE's (it shapes which pages a
+/// sliding window registers).
+pub(crate) fn rules_of(kind: GroupKind, eagle: bool) -> Box<dyn Rules> {
     match kind {
         GroupKind::Full => Box::new(Full),
-        GroupKind::SlidingWindow(w) => Box::new(Window(w as usize)),
+        GroupKind::SlidingWindow(w) => Box::new(Window {
+            window: w as usize,
+            eagle,
+        }),
         GroupKind::ChunkedLocal(c) => Box::new(Chunked(c as usize)),
         GroupKind::State(StateMode::All) => Box::new(StateAll),
         GroupKind::State(StateMode::Align) => Box::new(StateAlign),
@@ -184,20 +204,24 @@ impl Rules for Full {
     }
 }
 
-/// Sliding-window attention over the last `0` tokens.
+/// Sliding-window attention over the last `window` tokens.
 #[derive(Debug)]
-struct Window(usize);
+struct Window {
+    window: usize,
+    /// The group's lookup set is EAGLE's: its hits need one page more before the drop.
+    eagle: bool,
+}
 
-impl Rules for Window {
-    fn skipped_tokens(&self, computed: usize) -> usize {
-        (computed + 1).saturating_sub(self.0)
+impl Window {
+    /// Cached pages a hit needs before its end: `cdiv(window - 1, page_size)`, one more for
+    /// EAGLE (vLLM's `_contiguous_blocks_for_hit`).
+    fn need(&self, ps: usize, eagle: bool) -> usize {
+        (self.window - 1).div_ceil(ps) + usize::from(eagle)
     }
 
-    /// `SlidingWindowManager.find_longest_cache_hit`: the rightmost run of `cdiv(window - 1,
-    /// page_size)` cached pages ending at or before `max_len`, null before it; without such a
-    /// run, the run starting at page 0 (shorter than the window).
-    fn find_hit(&self, max_len: usize, ps: usize, probe: &mut dyn Probe) -> Span {
-        let need = (self.0 - 1).div_ceil(ps);
+    /// The rightmost run of `need` cached pages ending at or before `max_len`, null before it;
+    /// without such a run, the run starting at page 0.
+    fn run_hit(need: usize, max_len: usize, ps: usize, probe: &mut dyn Probe) -> Span {
         let mut run = 0;
         for i in (0..max_len / ps).rev() {
             if probe.has(i) {
@@ -217,15 +241,34 @@ impl Rules for Window {
             first_live: 0,
         }
     }
+}
+
+impl Rules for Window {
+    fn skipped_tokens(&self, computed: usize) -> usize {
+        (computed + 1).saturating_sub(self.window)
+    }
+
+    /// `SlidingWindowManager.find_longest_cache_hit`: the rightmost run of `cdiv(window - 1,
+    /// page_size)` cached pages ending at or before `max_len`, null before it; without such a
+    /// run, the run starting at page 0 (shorter than the window).
+    fn find_hit(&self, max_len: usize, ps: usize, probe: &mut dyn Probe) -> Span {
+        Self::run_hit(self.need(ps, false), max_len, ps, probe)
+    }
+
+    /// With `drop_eagle_block`: a run one page longer, then its last page dropped.
+    fn find_hit_dropping(&self, max_len: usize, ps: usize, probe: &mut dyn Probe) -> Span {
+        drop_last(Self::run_hit(self.need(ps, true), max_len, ps, probe))
+    }
 
     fn free_prepends_uncached(&self) -> bool {
         true
     }
 
-    /// `SlidingWindowManager.reachable_block_mask` (vLLM 0.32, no EAGLE, hits aligned to the
-    /// page): under sparse retention, the pages of a hit's tail (`cdiv(window - 1,
-    /// page_size)` pages) ending at a page boundary that is a multiple of the segment, or at
-    /// the page boundary at or before a retention boundary.
+    /// `SlidingWindowManager.reachable_block_mask` (vLLM 0.32, hits aligned to the page): under
+    /// sparse retention, the pages of a hit's tail (`cdiv(window - 1, page_size)` pages, one
+    /// more for EAGLE) ending at a page boundary that is a multiple of the segment, or at the
+    /// page boundary at or before a retention boundary; for EAGLE each tail ends one page
+    /// later, on the page its lookup peeks at and drops.
     fn retains(
         &self,
         j: usize,
@@ -236,12 +279,15 @@ impl Rules for Window {
         let WindowRetention::Sparse { segment_pages } = retention else {
             return true;
         };
-        let need = (self.0 - 1).div_ceil(ps);
+        let need = self.need(ps, self.eagle);
+        let shift = usize::from(self.eagle);
         let k = segment_pages as usize;
-        if k > 0 && (need >= k || j % k >= k - need) {
+        if k > 0 && (need >= k || (j >= shift && (j - shift) % k >= k - need)) {
             return true;
         }
-        boundaries.iter().any(|&b| j < b / ps && j + need >= b / ps)
+        boundaries
+            .iter()
+            .any(|&b| j < b / ps + shift && j + need >= b / ps + shift)
     }
 }
 
@@ -464,10 +510,10 @@ mod tests {
     #[test]
     fn skipped_tokens_match_vllm_examples() {
         // SlidingWindowManager.get_num_skipped_tokens: window 4, 7 computed -> 4.
-        let w = rules_of(GroupKind::SlidingWindow(4));
+        let w = rules_of(GroupKind::SlidingWindow(4), false);
         assert_eq!((w.skipped_tokens(7), w.skipped_tokens(2)), (4, 0));
         // ChunkedLocalAttentionManager: chunk 8 -> 13: 8, 8: 8, 7: 0.
-        let c = rules_of(GroupKind::ChunkedLocal(8));
+        let c = rules_of(GroupKind::ChunkedLocal(8), false);
         assert_eq!(
             (
                 c.skipped_tokens(13),
@@ -476,14 +522,14 @@ mod tests {
             ),
             (8, 8, 0)
         );
-        assert_eq!(rules_of(GroupKind::Full).skipped_tokens(1 << 20), 0);
+        assert_eq!(rules_of(GroupKind::Full, false).skipped_tokens(1 << 20), 0);
         // MambaManager.get_num_skipped_tokens: n - 1 (nothing at 0); "none" keeps its page.
         for m in [StateMode::All, StateMode::Align] {
-            let s = rules_of(GroupKind::State(m));
+            let s = rules_of(GroupKind::State(m), false);
             assert_eq!((s.skipped_tokens(7), s.skipped_tokens(0)), (6, 0));
         }
         assert_eq!(
-            rules_of(GroupKind::State(StateMode::None)).skipped_tokens(99),
+            rules_of(GroupKind::State(StateMode::None), false).skipped_tokens(99),
             0
         );
     }
@@ -500,7 +546,7 @@ mod tests {
     fn hits_follow_each_kind() {
         // Pages 0..6 cached but page 2; page size 4, max 24 tokens (6 pages).
         let mut p = Cached(vec![true, true, false, true, true, true]);
-        let full = rules_of(GroupKind::Full).find_hit(24, 4, &mut p);
+        let full = rules_of(GroupKind::Full, false).find_hit(24, 4, &mut p);
         assert_eq!(
             full,
             Span {
@@ -509,7 +555,7 @@ mod tests {
             }
         );
         // Window 9 needs cdiv(8, 4) = 2 pages: the rightmost run 4..6.
-        let win = rules_of(GroupKind::SlidingWindow(9)).find_hit(24, 4, &mut p);
+        let win = rules_of(GroupKind::SlidingWindow(9), false).find_hit(24, 4, &mut p);
         assert_eq!(
             win,
             Span {
@@ -517,8 +563,21 @@ mod tests {
                 first_live: 4
             }
         );
+        // EAGLE: full attention drops the last page of its hit; window 9 needs a run of 3
+        // pages (3..6) and drops its last.
+        let span = |len, first_live| Span { len, first_live };
+        let full_e = rules_of(GroupKind::Full, true).find_hit_dropping(24, 4, &mut p);
+        assert_eq!(full_e, span(1, 0));
+        let win_e = rules_of(GroupKind::SlidingWindow(9), true);
+        assert_eq!(win_e.find_hit_dropping(24, 4, &mut p), span(5, 3));
+        // No run of 3 before page 5: the run from page 0 (pages 0..2), less its last page.
+        assert_eq!(win_e.find_hit_dropping(20, 4, &mut p), span(1, 0));
+        assert_eq!(
+            win_e.find_hit_dropping(24, 4, &mut Cached(vec![false; 6])),
+            span(0, 0)
+        );
         // Chunk 8 (2 pages): max 24 -> chunk start 24 = page 6: nothing to look up.
-        let ch = rules_of(GroupKind::ChunkedLocal(8)).find_hit(24, 4, &mut p);
+        let ch = rules_of(GroupKind::ChunkedLocal(8), false).find_hit(24, 4, &mut p);
         assert_eq!(
             ch,
             Span {
@@ -526,7 +585,7 @@ mod tests {
                 first_live: 6
             }
         );
-        let ch = rules_of(GroupKind::ChunkedLocal(8)).find_hit(20, 4, &mut p);
+        let ch = rules_of(GroupKind::ChunkedLocal(8), false).find_hit(20, 4, &mut p);
         assert_eq!(
             ch,
             Span {
@@ -534,7 +593,7 @@ mod tests {
                 first_live: 4
             }
         );
-        let st = rules_of(GroupKind::State(StateMode::All)).find_hit(12, 4, &mut p);
+        let st = rules_of(GroupKind::State(StateMode::All), false).find_hit(12, 4, &mut p);
         assert_eq!(
             st,
             Span {
@@ -542,13 +601,13 @@ mod tests {
                 first_live: 1
             }
         );
-        let none = rules_of(GroupKind::State(StateMode::None)).find_hit(24, 4, &mut p);
+        let none = rules_of(GroupKind::State(StateMode::None), false).find_hit(24, 4, &mut p);
         assert_eq!(none, Span::default());
     }
 
     #[test]
     fn align_grows_one_page_a_step_and_remembers_the_last_state() {
-        let r = rules_of(GroupKind::State(StateMode::Align));
+        let r = rules_of(GroupKind::State(StateMode::Align), false);
         let mut t = vec![];
         let mut st = GrowState::default();
         let mut next = 10;
@@ -562,24 +621,25 @@ mod tests {
         assert_eq!((t.clone(), st.last), (vec![0, 0, 11, 0, 12], Some(2)));
         assert_eq!(r.stale_state(&t, &st, 17, 4, 0), Some(2));
         assert_eq!(r.stale_state(&t, &st, 12, 4, 0), None);
-        let n = rules_of(GroupKind::State(StateMode::None));
+        let n = rules_of(GroupKind::State(StateMode::None), false);
         let mut t = vec![];
         n.grow(&mut t, 2, &mut st, 0, &mut take);
         n.grow(&mut t, 4, &mut st, 0, &mut take);
         assert_eq!(t, vec![0, 0, 0, 13]);
     }
 
-    /// vLLM 0.32's `SlidingWindowManager.reachable_block_mask` (no EAGLE, alignment one block),
-    /// line for line, over blocks `start..end`.
+    /// vLLM 0.32's `SlidingWindowManager.reachable_block_mask` (alignment one block), line for
+    /// line, over blocks `start..end`.
     fn vllm_mask(
         start: usize,
         end: usize,
-        window: usize,
+        (window, eagle): (usize, bool),
         bs: usize,
         interval: Option<usize>,
         bounds: &[usize],
     ) -> Option<Vec<bool>> {
-        let need = (window - 1).div_ceil(bs);
+        let need = (window - 1).div_ceil(bs) + usize::from(eagle);
+        let shift = usize::from(eagle);
         let mut mask = vec![false; end - start];
         let segment = match interval {
             None => Some(bs),
@@ -592,14 +652,14 @@ mod tests {
                 return None;
             }
             for i in start..end {
-                if i % per >= per - need {
+                if i >= shift && (i - shift) % per >= per - need {
                     mask[i - start] = true;
                 }
             }
         }
         if interval.is_some() {
             for &b in bounds {
-                let e = b / bs * bs / bs;
+                let e = b / bs * bs / bs + shift;
                 for j in start.max(e.saturating_sub(need))..end.min(e) {
                     mask[j - start] = true;
                 }
@@ -611,8 +671,11 @@ mod tests {
     #[test]
     fn window_retention_matches_vllm_mask() {
         let bs = 16;
-        for window in [1, 2, 16, 17, 33, 64, 100, 128] {
-            let w = rules_of(GroupKind::SlidingWindow(window as u32));
+        for (window, eagle) in [1, 2, 16, 17, 33, 64, 100, 128]
+            .into_iter()
+            .flat_map(|w| [(w, false), (w, true)])
+        {
+            let w = rules_of(GroupKind::SlidingWindow(window as u32), eagle);
             for interval in [None, Some(0), Some(16), Some(32), Some(64), Some(256)] {
                 let retention = match interval {
                     None => WindowRetention::Dense,
@@ -626,19 +689,20 @@ mod tests {
                     continue;
                 }
                 for bounds in [&[][..], &[99][..], &[127, 40][..], &[5, 300, 301][..]] {
-                    let mask = vllm_mask(0, 40, window, bs, interval, bounds);
+                    let mask = vllm_mask(0, 40, (window, eagle), bs, interval, bounds);
                     for j in 0..40 {
                         let want = mask.as_ref().is_none_or(|m| m[j]);
                         assert_eq!(
                             w.retains(j, bs, retention, bounds),
                             want,
-                            "window {window}, interval {interval:?}, bounds {bounds:?}, page {j}"
+                            "window {window}, eagle {eagle}, interval {interval:?}, \
+                             bounds {bounds:?}, page {j}"
                         );
                     }
                 }
             }
         }
-        let full = rules_of(GroupKind::Full);
+        let full = rules_of(GroupKind::Full, false);
         let sparse = WindowRetention::Sparse { segment_pages: 0 };
         assert!(full.retains(3, bs, sparse, &[]));
     }

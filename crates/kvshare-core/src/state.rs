@@ -10,7 +10,7 @@
 use std::collections::VecDeque;
 
 use super::alloc::try_vec;
-use super::config::{Config, GroupKind};
+use super::config::{Config, GroupKind, GroupSpec};
 use super::copies::{CopyKind, PageCopy, Queued};
 use super::error::{Error, Result};
 use super::events::{Event, EventKind, EventQueue};
@@ -34,6 +34,8 @@ pub(crate) struct Group {
     pub kind: GroupKind,
     pub pool: usize,
     pub page_bytes: u64,
+    /// The group's lookup set is EAGLE's (one of its groups is): hits drop a page.
+    pub eagle: bool,
 }
 
 /// Pages of one size: both tiers, their prefix indices (every group of the pool registers in
@@ -77,9 +79,9 @@ pub struct State {
     /// Tokens per page.
     pub(crate) ps: usize,
     pub(crate) groups: Vec<Group>,
-    /// Groups of equal specs, looked up together (vLLM's sets), full attention first.
+    /// Groups of one kind and page size, looked up together (vLLM's sets), full attention first.
     pub(crate) sets: Vec<Vec<usize>>,
-    /// One full-attention group: the plain model, with its own fast prefix walk.
+    /// One full-attention group, not EAGLE's: the plain model, with its own fast prefix walk.
     pub(crate) plain: bool,
     pub(crate) pools: Vec<Pool>,
     pub(crate) seqs: IdMap<Seq>,
@@ -114,9 +116,26 @@ impl State {
         let caching = cfg.enable_prefix_caching;
         let host_index_on = caching && cfg.num_host_pages > 0;
         let specs = cfg.group_specs();
+        // Lookup sets: groups of one kind and page size (vLLM's groups of equal specs), EAGLE's
+        // when any of them is.
+        let same = |a: &GroupSpec, b: &GroupSpec| (a.kind, a.page_bytes) == (b.kind, b.page_bytes);
+        let mut sets: Vec<Vec<usize>> = Vec::new();
+        for (g, spec) in specs.iter().enumerate() {
+            match sets.iter_mut().find(|s| same(&specs[s[0]], spec)) {
+                Some(s) => s.push(g),
+                None => sets.push(vec![g]),
+            }
+        }
+        // A stable sort, as vLLM's `list.sort`: full attention first, then first appearance.
+        sets.sort_by_key(|s| specs[s[0]].kind != GroupKind::Full);
+        let set_eagle = |g: usize| {
+            sets.iter()
+                .find(|s| s.contains(&g))
+                .is_some_and(|s| s.iter().any(|&m| specs[m].eagle))
+        };
         let mut groups = Vec::with_capacity(specs.len());
         let mut pool_bytes: Vec<u64> = Vec::new();
-        for spec in &specs {
+        for (g, spec) in specs.iter().enumerate() {
             let bytes = cfg.group_page_bytes(spec);
             let pool = match pool_bytes.iter().position(|&b| b == bytes) {
                 Some(p) => p,
@@ -125,11 +144,13 @@ impl State {
                     pool_bytes.len() - 1
                 }
             };
+            let eagle = set_eagle(g);
             groups.push(Group {
-                rules: rules_of(spec.kind),
+                rules: rules_of(spec.kind, eagle),
                 kind: spec.kind,
                 pool,
                 page_bytes: bytes,
+                eagle,
             });
         }
         let mut pools = Vec::with_capacity(pool_bytes.len());
@@ -184,19 +205,10 @@ impl State {
                 )?,
             });
         }
-        let mut sets: Vec<Vec<usize>> = Vec::new();
-        for (g, spec) in specs.iter().enumerate() {
-            match sets.iter_mut().find(|s| specs[s[0]] == *spec) {
-                Some(s) => s.push(g),
-                None => sets.push(vec![g]),
-            }
-        }
-        // A stable sort, as vLLM's `list.sort`: full attention first, then first appearance.
-        sets.sort_by_key(|s| specs[s[0]].kind != GroupKind::Full);
         let n = groups.len();
         Ok(State {
             ps: cfg.page_size as usize,
-            plain: n == 1 && groups[0].kind == GroupKind::Full,
+            plain: n == 1 && groups[0].kind == GroupKind::Full && !groups[0].eagle,
             groups,
             sets,
             pools,

@@ -286,7 +286,11 @@ fn run_reads(
         num_pages,
         groups: groups
             .iter()
-            .map(|&(kind, page_bytes)| GroupSpec { kind, page_bytes })
+            .map(|&(kind, page_bytes)| GroupSpec {
+                kind,
+                page_bytes,
+                eagle: false,
+            })
             .collect(),
         enable_prefix_caching: true,
         enable_events: false,

@@ -108,12 +108,15 @@ struct Mode {
     /// vLLM 0.32's `prefix_cache_retention_interval` (tokens; None dense): kvshare's
     /// `window_retention`, each sequence's boundaries given right after its begin.
     retention: Option<usize>,
+    /// The groups (bits) marked EAGLE's (vLLM's `eagle_group_ids`).
+    eagle: u32,
 }
 
 const VLLM_0_23: Mode = Mode {
     caching: true,
     uncached_first: false,
     retention: None,
+    eagle: 0,
 };
 
 fn run_with(
@@ -128,15 +131,18 @@ fn run_with(
         caching,
         uncached_first,
         retention,
+        eagle,
     } = mode;
     let cfg = HybridConfig {
         page_size: ps as u32,
         num_pages,
         groups: kinds
             .iter()
-            .map(|&kind| GroupSpec {
+            .enumerate()
+            .map(|(g, &kind)| GroupSpec {
                 kind,
                 page_bytes: 4096,
+                eagle: eagle & (1 << g) != 0,
             })
             .collect(),
         enable_prefix_caching: caching,
@@ -153,6 +159,7 @@ fn run_with(
     let mut v = Vllm::new(ps, num_pages, kinds.clone(), caching);
     v.uncached_first = uncached_first;
     v.retention = retention;
+    v.set_eagle_groups(eagle);
     let mut live: Vec<u64> = Vec::new();
     let mut history: Vec<Vec<i32>> = Vec::new();
     let mut next = 1u64;
@@ -201,10 +208,13 @@ fn run_with(
                     bounds.clear();
                 }
                 let want = v.begin_external(id, &toks, ext, &bounds);
+                // With EAGLE groups the begin takes the lookup's hit (capped at it): a begin
+                // does not drop a page itself.
+                let cap = if eagle != 0 { hit } else { toks.len() - 1 };
                 let got = if ext > 0 {
                     h.begin_computed(id, &toks, None, hit, 0, hit + ext)
                 } else {
-                    h.begin(id, &toks, None, toks.len() - 1, 0)
+                    h.begin(id, &toks, None, cap, 0)
                 };
                 if got.is_ok() {
                     // Dense retention refuses boundaries.
@@ -360,7 +370,11 @@ fn run_with(
 /// to empty (vLLM pads the bytes equal instead; this is the cache's answer when they are not).
 #[test]
 fn state_pages_of_other_bytes_have_their_own_pool() {
-    let group = |kind, page_bytes| GroupSpec { kind, page_bytes };
+    let group = |kind, page_bytes| GroupSpec {
+        kind,
+        page_bytes,
+        eagle: false,
+    };
     let mut h = Hybrid::new(HybridConfig {
         page_size: 4,
         num_pages: 16,
@@ -404,7 +418,11 @@ fn state_pages_of_other_bytes_have_their_own_pool() {
 /// list order, cached ones to the back in list order; `free` places them group by group.
 #[test]
 fn a_deferred_free_places_each_pools_part_of_the_list_at_once() {
-    let group = |kind, page_bytes| GroupSpec { kind, page_bytes };
+    let group = |kind, page_bytes| GroupSpec {
+        kind,
+        page_bytes,
+        eagle: false,
+    };
     let toks: Vec<i32> = (0..10).collect(); // 2 full pages of 4 (cached), 1 partial
     let mut orders = Vec::new();
     for deferred in [true, false] {
@@ -470,6 +488,7 @@ fn a_hit_ending_at_a_chunk_boundary_takes_no_chunked_page() {
     let group = |kind| GroupSpec {
         kind,
         page_bytes: 4096,
+        eagle: false,
     };
     let mut h = Hybrid::new(HybridConfig {
         page_size: 4,
@@ -534,7 +553,7 @@ proptest! {
         } else {
             (vec![GroupKind::ChunkedLocal(64), GroupKind::Full], 16, 120, 200)
         };
-        let mode = Mode { caching, uncached_first: true, retention: None };
+        let mode = Mode { caching, uncached_first: true, retention: None, eagle: 0 };
         run_with(ps, pages, kinds, doc, &ops, mode)?;
     }
 
@@ -553,7 +572,7 @@ proptest! {
         } else {
             vec![GroupKind::SlidingWindow(20), GroupKind::SlidingWindow(20), GroupKind::Full]
         };
-        let mode = Mode { caching: true, uncached_first: true, retention: Some(interval) };
+        let mode = Mode { caching: true, uncached_first: true, retention: Some(interval), eagle: 0 };
         run_with(16, 160, kinds, 200, &ops, mode)?;
     }
 
@@ -626,6 +645,38 @@ proptest! {
         run_with(4, 48, kinds, 10, &ops, Mode { caching: false, ..VLLM_0_23 })?;
     }
 
+    /// EAGLE / MTP (vLLM's `drop_eagle_block` and `eagle_verified`): every group EAGLE's
+    /// (`use_eagle` with no group marked), or only some (`is_eagle_group`); a plain model,
+    /// gpt-oss-like and Gemma-3-like layouts with short windows and small pools, windows a page
+    /// multiple plus one and less; dense retention, or vLLM 0.32's sparse one and free order.
+    #[test]
+    fn eagle(
+        ops in proptest::collection::vec(op(300, 200), 1..40),
+        layout in 0..4usize,
+        marked in 1u32..16,
+        sparse in proptest::option::weighted(0.3, prop_oneof![Just(0usize), Just(64)]),
+    ) {
+        let kinds = match layout {
+            0 => vec![GroupKind::Full],
+            1 => vec![GroupKind::SlidingWindow(32), GroupKind::Full],
+            2 => vec![GroupKind::Full, GroupKind::SlidingWindow(33), GroupKind::SlidingWindow(33)],
+            _ => vec![
+                GroupKind::SlidingWindow(9),
+                GroupKind::Full,
+                GroupKind::SlidingWindow(40),
+                GroupKind::Full,
+            ],
+        };
+        let mode = Mode {
+            caching: true,
+            uncached_first: sparse.is_some(),
+            retention: sparse,
+            eagle: marked & ((1 << kinds.len()) - 1),
+        };
+        let pages = if layout == 3 { 48 } else { 160 };
+        run_with(16, pages, kinds, 200, &ops, mode)?;
+    }
+
     /// Mixed kinds, windows of a page multiple plus one and less, small pages.
     #[test]
     fn mixed_small(ops in proptest::collection::vec(op(40, 20), 1..60)) {
@@ -655,6 +706,7 @@ fn align_stale_state_without_content_is_freed_outside_vllm_order() {
                 GroupSpec {
                     kind: GroupKind::State(StateMode::Align),
                     page_bytes: 0,
+                    eagle: false,
                 },
             ],
             reserve_null_page: true,

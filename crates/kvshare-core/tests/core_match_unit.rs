@@ -284,6 +284,7 @@ fn a_window_past_a_unit_hit_takes_no_copy() {
     let g = |kind| GroupSpec {
         kind,
         page_bytes: 4096,
+        eagle: false,
     };
     let mut s = State::new(Config {
         page_size: 8,

@@ -758,6 +758,7 @@ fn bad_pool_settings_are_refused() {
             kvshare_core::GroupSpec {
                 kind: kvshare_core::GroupKind::SlidingWindow(8),
                 page_bytes: 0,
+                eagle: false,
             },
         ];
     }));

@@ -593,6 +593,7 @@ fn an_empty_sequence_takes_its_first_pages_by_append() {
     let group = |kind| GroupSpec {
         kind,
         page_bytes: 0,
+        eagle: false,
     };
     for groups in [
         vec![],
@@ -663,6 +664,7 @@ fn a_released_align_state_without_a_checkpoint_is_free() {
             GroupSpec {
                 kind: GroupKind::State(StateMode::Align),
                 page_bytes: 0,
+                eagle: false,
             },
         ],
         ..Config::default()
@@ -718,6 +720,7 @@ fn a_forked_state_is_copied_on_its_first_write() {
                 GroupSpec {
                     kind: GroupKind::State(mode),
                     page_bytes: 0,
+                    eagle: false,
                 },
             ],
             ..Config::default()

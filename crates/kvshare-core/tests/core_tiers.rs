@@ -459,6 +459,7 @@ fn two_groups_one_pool(device: u32, host: u32) -> State {
             GroupSpec {
                 kind: GroupKind::SlidingWindow(100),
                 page_bytes: 0,
+                eagle: false,
             },
         ],
         ..Config::default()

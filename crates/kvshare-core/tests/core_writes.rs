@@ -180,6 +180,7 @@ fn a_full_align_checkpoint_another_holder_shares_is_read_not_copied() {
                 GroupSpec {
                     kind: GroupKind::State(StateMode::Align),
                     page_bytes: 0,
+                    eagle: false,
                 },
             ],
             ..Config::default()

@@ -3,7 +3,8 @@
 use super::enums::decode;
 use super::enums::{kvs_dtype, kvs_eviction_policy, kvs_status, kvs_tier};
 use super::groups::{
-    count, groups_from_c, kind_of, kvs_group, kvs_group_info, kvs_group_stats, spec_of, window_of,
+    count, flags_of, groups_from_c, kind_of, kvs_group, kvs_group_info, kvs_group_stats, spec_of,
+    window_of,
 };
 use super::handle::{self, Handle};
 use super::panic::guard;
@@ -740,6 +741,7 @@ impl kvs_cache {
                 pool: count(pool, "group")?,
                 num_pools: count(st.num_pools(), "group")?,
                 num_groups: count(st.num_groups(), "group")?,
+                flags: flags_of(&spec),
             };
             Ok(())
         })

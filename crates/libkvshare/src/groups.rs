@@ -39,7 +39,21 @@ pub struct kvs_group {
     /// Groups with equal bytes share one page pool; each distinct value has its own pool of
     /// `num_device_pages` device and `num_host_pages` host pages, and page ids are per pool.
     pub page_bytes: u64,
+    /// `KVS_GROUP_*` flags: `KVS_GROUP_EAGLE` or 0. Other bits: `KVS_STATUS_INVALID_CONFIG`
+    /// naming `groups.flags`.
+    pub flags: u32,
 }
+
+/// `kvs_group.flags`: an EAGLE / MTP group (vLLM's `is_eagle_group`, or every group when the
+/// engine runs EAGLE with no group marked). The draft model recomputes the last page of a hit
+/// for its hidden states, so `kvs_prefix_find`'s hit ends one page earlier, and a sliding
+/// window finds its tail one page longer before dropping it (vLLM's `drop_eagle_block`);
+/// groups of one kind and page size drop together when any of them is EAGLE's.
+/// `kvs_seq_begin` does not drop: cap it at the hit `kvs_prefix_find` found. A pool tier's pages after the hit load
+/// as vLLM loads a KV connector's tokens beside EAGLE (no drop). Full-attention and
+/// sliding-window groups only, without `match_unit` below `page_size`
+/// (`KVS_STATUS_INVALID_CONFIG` otherwise).
+pub const KVS_GROUP_EAGLE: u32 = 1;
 
 /// A group as the cache sees it (`kvs_cache_group_info`).
 #[repr(C)]
@@ -57,6 +71,8 @@ pub struct kvs_group_info {
     pub num_pools: u32,
     /// Groups of the cache (1 for a cache configured without groups).
     pub num_groups: u32,
+    /// The group's `KVS_GROUP_*` flags as configured.
+    pub flags: u32,
 }
 
 /// One group's share of the cache and its pool's totals, one consistent snapshot
@@ -140,10 +156,26 @@ fn group_from_c(i: usize, g: &kvs_group) -> Result<GroupSpec, Error> {
             ))
         }
     };
+    if g.flags & !KVS_GROUP_EAGLE != 0 {
+        return Err(Error::config(
+            "groups.flags",
+            format!("group {i}: unknown bits {:#x}", g.flags & !KVS_GROUP_EAGLE),
+        ));
+    }
     Ok(GroupSpec {
         kind,
         page_bytes: g.page_bytes,
+        eagle: g.flags & KVS_GROUP_EAGLE != 0,
     })
+}
+
+/// `kvs_group.flags` of a group.
+pub(crate) fn flags_of(spec: &GroupSpec) -> u32 {
+    if spec.eagle {
+        KVS_GROUP_EAGLE
+    } else {
+        0
+    }
 }
 
 /// `kvs_group.kind` of a group.

@@ -154,7 +154,9 @@ impl kvs_cache {
     /// (the hit length only). N is whole pages, plus, with `match_unit` below `page_size`, the
     /// whole units `kvs_seq_begin` would copy into the first new page from a cached page no
     /// sequence holds (device or host tier): an engine's scheduler learns the sub-page hit
-    /// before it allocates.
+    /// before it allocates. With an EAGLE group (`KVS_GROUP_EAGLE`) the hit has dropped its last
+    /// page (vLLM's `drop_eagle_block`, in every group of the group's kind and page size); a
+    /// `kvs_seq_begin` capped at it takes it, page for page.
     ///
     /// **Failure:** NULL `cache`, `tokens` with `num_tokens` above 0, `pages_out` with
     /// `pages_len` above 0 or `matched_tokens_out`; misaligned pointers, a `num_groups *

@@ -104,6 +104,10 @@ impl kvs_cache {
     /// later prompts (at `kvs_cache_commit` with `defer_commit`). `extra` may be NULL. Writes
     /// what happened to `*info_out` (optional).
     ///
+    /// With an EAGLE group (`KVS_GROUP_EAGLE`) the begin does not drop a page itself: find the
+    /// hit with `kvs_prefix_find` (which drops it) and pass it as `max_match_tokens`, as vLLM's
+    /// `allocate_slots` takes the blocks `get_computed_blocks` found.
+    ///
     /// Each group's table gets `KVS_NULL_PAGE` where the group no longer reads at the hit
     /// (`kvs_prefix_find` shows the hit), the hit's pages, and fresh pages; a state group takes
     /// one page in modes none and align (at the table's end), a page per position after the hit

@@ -117,11 +117,13 @@ fn groups_new_reports_allocation_failure() {
             kind: kvs_group_kind::Full as u32,
             window: 0,
             page_bytes: 4096,
+            flags: 0,
         },
         kvs_group {
             kind: kvs_group_kind::SlidingWindow as u32,
             window: 64,
             page_bytes: 2048,
+            flags: 0,
         },
     ];
     let cfg = |page_size, num_device_pages, num_groups| kvs_config {

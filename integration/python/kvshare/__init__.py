@@ -77,6 +77,8 @@ MACROS = _header.int_macros(_HEADER_TEXT)
 ABI_VERSION: int = MACROS["KVS_ABI_VERSION"]
 #: The largest page size (tokens per page) the library accepts (``KVS_MAX_PAGE_SIZE``).
 MAX_PAGE_SIZE: int = MACROS["KVS_MAX_PAGE_SIZE"]
+#: ``kvs_group.flags``: an EAGLE / MTP group (its prefix hits end a page earlier).
+GROUP_EAGLE: int = MACROS["KVS_GROUP_EAGLE"]
 
 ffi = FFI()
 ffi.cdef(_header.cdef_text(HEADER_PATH))
@@ -261,23 +263,28 @@ STATE_MODES = {
 STATE_MODE_NAMES = {v: k for k, v in STATE_MODES.items()}
 
 
-def group_spec(g: Any) -> tuple[int, int, int]:
-    """``(kind, window, page_bytes)`` numbers of one group given as a tuple or a dict.
+def group_spec(g: Any) -> tuple[int, int, int, int]:
+    """``(kind, window, page_bytes, flags)`` numbers of one group given as a tuple or a dict.
 
     ``kind`` is ``"full"``, ``"sliding_window"``, ``"chunked_local"``, ``"state"`` or the
     ``KVS_GROUP_KIND_*`` value; a ``"state"`` group (Mamba / linear attention) takes its
     ``mamba_cache_mode`` (``"none"``, ``"all"``, ``"align"`` or the ``KVS_STATE_MODE_*`` value)
     in place of the window: ``("state", "all", page_bytes)`` or ``{"kind": "state", "mode":
-    "all", "page_bytes": page_bytes}``.  ``page_bytes`` 0: the geometry's."""
+    "all", "page_bytes": page_bytes}``.  ``page_bytes`` 0: the geometry's.  An EAGLE / MTP
+    group (``KVS_GROUP_EAGLE``: a hit ends a page earlier for the draft model to recompute) adds
+    ``True`` as a fourth tuple item or ``"eagle": True``."""
     if isinstance(g, dict):
-        kind, page_bytes = g["kind"], g.get("page_bytes", 0)
+        kind, page_bytes, eagle = g["kind"], g.get("page_bytes", 0), g.get("eagle", False)
         window = g["mode"] if "mode" in g else g.get("window", 0)
     else:
-        kind, window, page_bytes = g
+        kind, window, page_bytes, *rest = g
+        if len(rest) > 1:
+            raise ValueError(f"group {g!r}: (kind, window, page_bytes[, eagle])")
+        eagle = rest[0] if rest else False
     k = KINDS[kind] if isinstance(kind, str) else int(kind)
     if isinstance(window, str):
         window = STATE_MODES[window]
-    return k, int(window), int(page_bytes)
+    return k, int(window), int(page_bytes), GROUP_EAGLE if eagle else 0
 
 
 def _copy_tuple(c) -> tuple[int, int, int, int, int]:
@@ -333,8 +340,8 @@ class Cache:
         if groups is not None:
             specs = [group_spec(g) for g in groups]
             arr = ffi.new("kvs_group[]", max(len(specs), 1))
-            for i, (k, w, b) in enumerate(specs):
-                arr[i].kind, arr[i].window, arr[i].page_bytes = k, w, b
+            for i, (k, w, b, f) in enumerate(specs):
+                arr[i].kind, arr[i].window, arr[i].page_bytes, arr[i].flags = k, w, b, f
             cfg.groups, cfg.num_groups = arr, len(specs)
         out = ffi.new("kvs_cache **")
         if pool is None:
@@ -367,11 +374,13 @@ class Cache:
         return _struct_dict(s)
 
     def group_info(self, group: int) -> dict[str, Any]:
-        """Kind (a :data:`KINDS` name), window (state groups: also ``mode``), page bytes, pool."""
+        """Kind (a :data:`KINDS` name), window (state groups: also ``mode``), page bytes, pool,
+        flags (``eagle``: whether it is an EAGLE group)."""
         info = ffi.new("kvs_group_info *")
         check(lib.kvs_cache_group_info(self.handle, group, info), "kvs_cache_group_info")
         d = _struct_dict(info)
         d["kind"] = KIND_NAMES[d["kind"]]
+        d["eagle"] = bool(d["flags"] & GROUP_EAGLE)
         if d["kind"] == "state":
             d["mode"] = STATE_MODE_NAMES[d["window"]]
         return d
@@ -698,4 +707,5 @@ class Cache:
         return page[0]
 
 
-__all__ += ["ExtraKeys", "SIZE_MAX", "KINDS", "STATE_MODES", "POOL_STORES", "group_spec"]
+__all__ += ["ExtraKeys", "SIZE_MAX", "KINDS", "STATE_MODES", "POOL_STORES", "GROUP_EAGLE",
+            "group_spec"]

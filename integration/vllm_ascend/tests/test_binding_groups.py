@@ -46,6 +46,28 @@ def test_config_errors_name_the_field():
         assert "groups.window" in str(e.value)
 
 
+def test_eagle_groups_drop_the_last_hit_page():
+    """An EAGLE group (a fourth tuple item or ``"eagle"``) reads back as one; the hit of a
+    window + full cache drops its last page (20 tokens without EAGLE, 16 with); a begin capped
+    at that hit takes it; kinds that cannot drop a page are refused by name."""
+    toks = list(range(700, 724))
+    hits = []
+    for eagle in (False, True):
+        h = make(groups=[("sliding_window", 8, 4096, eagle),
+                         {"kind": "full", "page_bytes": 4096, "eagle": eagle}])
+        assert [h.group_info(g)["eagle"] for g in (0, 1)] == [eagle, eagle]
+        h.seq_begin(1, toks)
+        h.seq_free(1)
+        hit, _ = h.prefix_find(toks, 23)
+        assert begin(h, 2, toks, max_match_tokens=hit)["matched_tokens"] == hit
+        hits.append(hit)
+    assert hits == [20, 16]
+    for g in [("chunked_local", 8, 4096, True), ("state", "all", 4096, True)]:
+        with pytest.raises(kvshare.InvalidConfigError) as e:
+            make(groups=[("full", 0, 4096), g])
+        assert "groups.flags" in str(e.value)
+
+
 def test_no_groups_is_one_full_group():
     c = kvshare.Cache(page_size=PS, num_device_pages=8)
     assert c.num_groups == 1 and c.group_info(0)["kind"] == "full"
@@ -57,7 +79,8 @@ def test_pools_follow_page_bytes():
                      ("sliding_window", 8, 100)])
     assert [h.group_info(g)["pool"] for g in range(3)] == [0, 1, 0]
     assert h.group_info(1) == {"kind": "chunked_local", "window": 16, "page_bytes": 50,
-                               "pool": 1, "num_pools": 2, "num_groups": 3}
+                               "pool": 1, "num_pools": 2, "num_groups": 3, "flags": 0,
+                               "eagle": False}
 
 
 def test_window_release_hit_and_views():
@@ -110,7 +133,8 @@ def test_state_all_checkpoints_gate_and_release():
     registered in this step is not usable until ``new_step`` (vLLM's cached_blocks_this_step)."""
     h = make(groups=[("full", 0, 4096), {"kind": "state", "mode": "all", "page_bytes": 4096}])
     assert h.group_info(1) == {"kind": "state", "window": kvshare.lib.KVS_STATE_MODE_ALL,
-                               "mode": "all", "page_bytes": 4096, "pool": 0, "num_pools": 1, "num_groups": 2}
+                               "mode": "all", "page_bytes": 4096, "pool": 0, "num_pools": 1,
+                               "num_groups": 2, "flags": 0, "eagle": False}
     toks = list(range(100, 110))
     assert begin(h, 1, toks) == {"matched_tokens": 0, "num_pages": 3, "new_pages": 6}
     state = h.seq_pages(1, 1)

@@ -48,11 +48,13 @@ const HYBRID_GROUPS: [kvs_group; 2] = [
         kind: kvs_group_kind::Full as u32,
         window: 0,
         page_bytes: 0,
+        flags: 0,
     },
     kvs_group {
         kind: kvs_group_kind::SlidingWindow as u32,
         window: WINDOW,
         page_bytes: 0,
+        flags: 0,
     },
 ];
 
@@ -74,6 +76,7 @@ impl Model {
                 GroupSpec {
                     kind: GroupKind::SlidingWindow(WINDOW),
                     page_bytes: 0,
+                    eagle: false,
                 },
             ],
         }

@@ -93,6 +93,7 @@ impl ReplayConfig {
                 .map(|&kind| GroupSpec {
                     kind,
                     page_bytes: 0,
+                    eagle: false,
                 })
                 .collect(),
             vllm_free_order: false,

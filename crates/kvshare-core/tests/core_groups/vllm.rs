@@ -27,6 +27,9 @@ pub struct Vllm {
     /// vLLM 0.32's `prefix_cache_retention_interval` (tokens): None dense, 0 only the tails
     /// before each request's `reachable_boundaries`, positive also one tail per segment.
     pub retention: Option<usize>,
+    /// Per spec group (`sets`): `SpecGroup.use_eagle` (one of its groups is in
+    /// `eagle_group_ids`).
+    pub set_eagle: Vec<bool>,
 }
 
 /// vLLM's mamba block size in mode "none": `max_model_len` (longer than any test sequence).
@@ -66,6 +69,7 @@ impl Vllm {
             }
         }
         sets.sort_by_key(|s| kinds[s[0]] != GroupKind::Full);
+        let n_sets = sets.len();
         let n = num_pages as usize;
         let n_groups = kinds.len();
         Vllm {
@@ -81,7 +85,26 @@ impl Vllm {
             this_step: vec![HashSet::new(); n_groups],
             uncached_first: false,
             retention: None,
+            set_eagle: vec![false; n_sets],
         }
+    }
+
+    /// `eagle_group_ids`: the groups of `mask` (bits); a spec group drops when any of its
+    /// groups is one.
+    pub fn set_eagle_groups(&mut self, mask: u32) {
+        self.set_eagle = self
+            .sets
+            .iter()
+            .map(|s| s.iter().any(|&g| mask & (1 << g) != 0))
+            .collect();
+    }
+
+    /// Whether group `g`'s manager has `use_eagle` (its spec group's bit, propagated).
+    pub fn eagle_of(&self, g: usize) -> bool {
+        self.sets
+            .iter()
+            .zip(&self.set_eagle)
+            .any(|(s, &e)| e && s.contains(&g))
     }
 
     /// Block size of group `g`: the page size, or `max_model_len` for a "none" state group.
@@ -109,9 +132,31 @@ impl Vllm {
         gids: &[usize],
         hashes: &[u128],
         max_len: usize,
+        drop_eagle_block: bool,
     ) -> Vec<Vec<u32>> {
         let ps = self.ps;
         let max_blocks = max_len / ps;
+        let mut out = self.find_kind(kind, gids, hashes, max_len, max_blocks, drop_eagle_block);
+        // Full attention and sliding windows drop the last matched block (chunked local
+        // attention asserts no drop; mamba ignores it: the cache refuses both with EAGLE).
+        if drop_eagle_block && !out[0].is_empty() {
+            out.iter_mut().for_each(|o| {
+                o.pop();
+            });
+        }
+        out
+    }
+
+    fn find_kind(
+        &self,
+        kind: GroupKind,
+        gids: &[usize],
+        hashes: &[u128],
+        max_len: usize,
+        max_blocks: usize,
+        drop_eagle_block: bool,
+    ) -> Vec<Vec<u32>> {
+        let ps = self.ps;
         match kind {
             GroupKind::Full => {
                 let mut out = vec![Vec::new(); gids.len()];
@@ -124,7 +169,8 @@ impl Vllm {
                 out
             }
             GroupKind::SlidingWindow(w) => {
-                let need = (w as usize - 1).div_ceil(ps);
+                // `_contiguous_blocks_for_hit`: one block more for EAGLE.
+                let need = (w as usize - 1).div_ceil(ps) + usize::from(drop_eagle_block);
                 let mut out = vec![vec![NULL; max_blocks]; gids.len()];
                 let mut n = 0;
                 let mut found = false;
@@ -186,16 +232,29 @@ impl Vllm {
         let mut by_group: Vec<Option<Vec<u32>>> = vec![None; self.kinds.len()];
         let simple = self.sets.len() == 2 && self.kinds[self.sets[0][0]] == GroupKind::Full;
         let mut hit = max;
+        let mut eagle_verified: HashSet<usize> = HashSet::new();
         loop {
             let mut curr = hit;
-            for set in &self.sets {
+            for (idx, set) in self.sets.iter().enumerate() {
                 let kind = self.kinds[set[0]];
                 if kind == GroupKind::Full && by_group[set[0]].is_some() {
                     curr = curr / self.ps * self.ps;
                     continue;
                 }
-                let blocks = self.find(kind, set, hashes, curr);
-                curr = blocks[0].len() * self.ps;
+                let drop = self.set_eagle[idx] && !eagle_verified.contains(&idx);
+                let max_length = if drop {
+                    (curr + self.ps).min(max)
+                } else {
+                    curr
+                };
+                let blocks = self.find(kind, set, hashes, max_length, drop);
+                let new = blocks[0].len() * self.ps;
+                if drop {
+                    eagle_verified.insert(idx);
+                } else if new < curr {
+                    eagle_verified.clear();
+                }
+                curr = new;
                 for (&g, b) in set.iter().zip(blocks) {
                     by_group[g] = Some(b);
                 }
@@ -331,17 +390,18 @@ impl Vllm {
         }
     }
 
-    /// vLLM 0.32's `SlidingWindowManager.reachable_block_mask` (no EAGLE, alignment one
-    /// block) for blocks `start..end` of a window group: None caches every block.
+    /// vLLM 0.32's `SlidingWindowManager.reachable_block_mask` (alignment one block) for
+    /// blocks `start..end` of a window group: None caches every block.
     fn reachable_block_mask(
         &self,
-        window: usize,
+        (window, use_eagle): (usize, bool),
         start: usize,
         end: usize,
         boundaries: &[usize],
     ) -> Option<Vec<bool>> {
         let interval = self.retention?;
-        let need = (window - 1).div_ceil(self.ps);
+        let need = (window - 1).div_ceil(self.ps) + usize::from(use_eagle);
+        let shift = usize::from(use_eagle);
         let mut mask = vec![false; end.saturating_sub(start)];
         if interval > 0 {
             let per = interval / self.ps;
@@ -349,13 +409,13 @@ impl Vllm {
                 return None;
             }
             for i in start..end {
-                if i % per >= per - need {
+                if i >= shift && (i - shift) % per >= per - need {
                     mask[i - start] = true;
                 }
             }
         }
         for &b in boundaries {
-            let e = b / self.ps;
+            let e = b / self.ps + shift;
             for j in start.max(e.saturating_sub(need))..end.min(e) {
                 mask[j - start] = true;
             }
@@ -367,12 +427,15 @@ impl Vllm {
         if !self.caching {
             return;
         }
+        // An EAGLE manager may cache one block past the aligned boundary
+        // (`min(num_computed, aligned + block_size)`): with alignment one block, that is
+        // `num_tokens` itself.
         let full = num_tokens / self.ps;
         for g in 0..self.kinds.len() {
             let (start, bounds) = (self.reqs[&id].num_cached[g], &self.reqs[&id].boundaries);
             let mask = match self.kinds[g] {
                 GroupKind::SlidingWindow(w) => {
-                    self.reachable_block_mask(w as usize, start, full, bounds)
+                    self.reachable_block_mask((w as usize, self.eagle_of(g)), start, full, bounds)
                 }
                 _ => None,
             };

@@ -17,8 +17,8 @@
 
 static kvs_cache *make(uint32_t num_pages, bool with_full, uint64_t full_bytes) {
     const kvs_group g[2] = {
-        {KVS_GROUP_KIND_STATE, KVS_STATE_MODE_ALIGN, 4096},
-        {KVS_GROUP_KIND_FULL, 0, full_bytes},
+        {KVS_GROUP_KIND_STATE, KVS_STATE_MODE_ALIGN, 4096, 0},
+        {KVS_GROUP_KIND_FULL, 0, full_bytes, 0},
     };
     kvs_config c = t_groups_config(PS, num_pages, g, with_full ? 2 : 1);
     kvs_cache *h = NULL;

@@ -19,8 +19,8 @@ static kvs_config cfg_of(const kvs_group *g, size_t n) {
 
 static void refused(uint32_t chunk) {
     const kvs_group g[2] = {
-        {KVS_GROUP_KIND_FULL, 0, 4096},
-        {KVS_GROUP_KIND_CHUNKED_LOCAL, chunk, 4096},
+        {KVS_GROUP_KIND_FULL, 0, 4096, 0},
+        {KVS_GROUP_KIND_CHUNKED_LOCAL, chunk, 4096, 0},
     };
     kvs_config c = cfg_of(g, 2);
     kvs_cache *h = (kvs_cache *)(uintptr_t)0x1;
@@ -41,8 +41,8 @@ int main(void) {
 
     /* Page multiples: the scenario with chunk 8. */
     const kvs_group g[2] = {
-        {KVS_GROUP_KIND_FULL, 0, 4096},
-        {KVS_GROUP_KIND_CHUNKED_LOCAL, 8, 4096},
+        {KVS_GROUP_KIND_FULL, 0, 4096, 0},
+        {KVS_GROUP_KIND_CHUNKED_LOCAL, 8, 4096, 0},
     };
     kvs_config c = cfg_of(g, 2);
     kvs_cache *h = NULL;

@@ -64,14 +64,14 @@ static void scenario(kvs_cache *h, size_t num_groups) {
 }
 
 int main(void) {
-    const kvs_group one[1] = {{KVS_GROUP_KIND_CHUNKED_LOCAL, CHUNK, 4096}};
+    const kvs_group one[1] = {{KVS_GROUP_KIND_CHUNKED_LOCAL, CHUNK, 4096, 0}};
     kvs_cache *h = make(one, 1);
     scenario(h, 1);
     kvs_cache_free(h);
     /* Two chunked groups of different page bytes (two pools, one lookup set each). */
     const kvs_group two[2] = {
-        {KVS_GROUP_KIND_CHUNKED_LOCAL, CHUNK, 4096},
-        {KVS_GROUP_KIND_CHUNKED_LOCAL, CHUNK, 2048},
+        {KVS_GROUP_KIND_CHUNKED_LOCAL, CHUNK, 4096, 0},
+        {KVS_GROUP_KIND_CHUNKED_LOCAL, CHUNK, 2048, 0},
     };
     h = make(two, 2);
     scenario(h, 2);

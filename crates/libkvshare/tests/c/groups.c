@@ -103,8 +103,8 @@ static void sparse_retention(const kvs_group *g) {
 
 int main(void) {
     kvs_group g[2] = {
-        {KVS_GROUP_KIND_SLIDING_WINDOW, 8, 4096},
-        {KVS_GROUP_KIND_FULL, 0, 4096},
+        {KVS_GROUP_KIND_SLIDING_WINDOW, 8, 4096, 0},
+        {KVS_GROUP_KIND_FULL, 0, 4096, 0},
     };
     kvs_group many[KVS_MAX_GROUPS + 1];
     for (size_t i = 0; i < KVS_MAX_GROUPS + 1; i++) {
@@ -119,15 +119,15 @@ int main(void) {
     bad_config(cfg_of(many, KVS_MAX_GROUPS + 1), KVS_STATUS_INVALID_CONFIG, "num_groups");
     bad_config(cfg_of(NULL, 2), KVS_STATUS_NULL_ARGUMENT, "config.groups");
     kvs_group bad[1];
-    bad[0] = (kvs_group){7, 0, 1};
+    bad[0] = (kvs_group){7, 0, 1, 0};
     bad_config(cfg_of(bad, 1), KVS_STATUS_INVALID_CONFIG, "groups.kind");
-    bad[0] = (kvs_group){KVS_GROUP_KIND_STATE, 9, 1}; /* 9 is no kvs_state_mode */
+    bad[0] = (kvs_group){KVS_GROUP_KIND_STATE, 9, 1, 0}; /* 9 is no kvs_state_mode */
     bad_config(cfg_of(bad, 1), KVS_STATUS_INVALID_CONFIG, "groups.window");
-    bad[0] = (kvs_group){KVS_GROUP_KIND_SLIDING_WINDOW, 0, 1};
+    bad[0] = (kvs_group){KVS_GROUP_KIND_SLIDING_WINDOW, 0, 1, 0};
     bad_config(cfg_of(bad, 1), KVS_STATUS_INVALID_CONFIG, "groups.window");
-    bad[0] = (kvs_group){KVS_GROUP_KIND_CHUNKED_LOCAL, 0, 1};
+    bad[0] = (kvs_group){KVS_GROUP_KIND_CHUNKED_LOCAL, 0, 1, 0};
     bad_config(cfg_of(bad, 1), KVS_STATUS_INVALID_CONFIG, "groups.window");
-    bad[0] = (kvs_group){KVS_GROUP_KIND_FULL, 5, 1};
+    bad[0] = (kvs_group){KVS_GROUP_KIND_FULL, 5, 1, 0};
     bad_config(cfg_of(bad, 1), KVS_STATUS_INVALID_CONFIG, "groups.window");
     c = cfg_of(g, 2);
     c.num_device_pages = 1;

@@ -86,18 +86,18 @@ static void configs(void) {
     }
 
     /* Groups. */
-    bad_group((kvs_group){4, 0, 1}, true, "groups.kind");
-    bad_group((kvs_group){UINT32_MAX, 0, 1}, true, "groups.kind");
-    bad_group((kvs_group){KVS_GROUP_KIND_FULL, 1, 1}, true, "groups.window");
-    bad_group((kvs_group){KVS_GROUP_KIND_SLIDING_WINDOW, 0, 1}, true, "groups.window");
-    bad_group((kvs_group){KVS_GROUP_KIND_CHUNKED_LOCAL, 0, 1}, true, "groups.window");
-    bad_group((kvs_group){KVS_GROUP_KIND_CHUNKED_LOCAL, PS + 2, 1}, true, "groups.window");
-    bad_group((kvs_group){KVS_GROUP_KIND_CHUNKED_LOCAL, UINT32_MAX, 1}, true, "groups.window");
-    bad_group((kvs_group){KVS_GROUP_KIND_STATE, 3, 1}, true, "groups.window");
-    bad_group((kvs_group){KVS_GROUP_KIND_STATE, UINT32_MAX, 1}, true, "groups.window");
-    bad_group((kvs_group){KVS_GROUP_KIND_STATE, KVS_STATE_MODE_NONE, 1}, true, "groups.window");
-    bad_group((kvs_group){KVS_GROUP_KIND_STATE, KVS_STATE_MODE_ALL, 1}, false, "groups.window");
-    bad_group((kvs_group){KVS_GROUP_KIND_STATE, KVS_STATE_MODE_ALIGN, 1}, false,
+    bad_group((kvs_group){4, 0, 1, 0}, true, "groups.kind");
+    bad_group((kvs_group){UINT32_MAX, 0, 1, 0}, true, "groups.kind");
+    bad_group((kvs_group){KVS_GROUP_KIND_FULL, 1, 1, 0}, true, "groups.window");
+    bad_group((kvs_group){KVS_GROUP_KIND_SLIDING_WINDOW, 0, 1, 0}, true, "groups.window");
+    bad_group((kvs_group){KVS_GROUP_KIND_CHUNKED_LOCAL, 0, 1, 0}, true, "groups.window");
+    bad_group((kvs_group){KVS_GROUP_KIND_CHUNKED_LOCAL, PS + 2, 1, 0}, true, "groups.window");
+    bad_group((kvs_group){KVS_GROUP_KIND_CHUNKED_LOCAL, UINT32_MAX, 1, 0}, true, "groups.window");
+    bad_group((kvs_group){KVS_GROUP_KIND_STATE, 3, 1, 0}, true, "groups.window");
+    bad_group((kvs_group){KVS_GROUP_KIND_STATE, UINT32_MAX, 1, 0}, true, "groups.window");
+    bad_group((kvs_group){KVS_GROUP_KIND_STATE, KVS_STATE_MODE_NONE, 1, 0}, true, "groups.window");
+    bad_group((kvs_group){KVS_GROUP_KIND_STATE, KVS_STATE_MODE_ALL, 1, 0}, false, "groups.window");
+    bad_group((kvs_group){KVS_GROUP_KIND_STATE, KVS_STATE_MODE_ALIGN, 1, 0}, false,
               "groups.window");
     /* Combinations: every kind but full attention needs the null page; a state group keeps
      * page-aligned checkpoints only; deferred commits need prefix caching. */
@@ -123,9 +123,9 @@ static void configs(void) {
     CHECK_OK(kvs_cache_new(&c, &out));
     CHECK_OK(kvs_cache_check(out));
     kvs_cache_free(out);
-    kvs_group wide[3] = {{KVS_GROUP_KIND_SLIDING_WINDOW, UINT32_MAX, UINT64_MAX},
-                         {KVS_GROUP_KIND_CHUNKED_LOCAL, PS * 1000, 1},
-                         {KVS_GROUP_KIND_FULL, 0, 0}};
+    kvs_group wide[3] = {{KVS_GROUP_KIND_SLIDING_WINDOW, UINT32_MAX, UINT64_MAX, 0},
+                         {KVS_GROUP_KIND_CHUNKED_LOCAL, PS * 1000, 1, 0},
+                         {KVS_GROUP_KIND_FULL, 0, 0, 0}};
     c = config_of(wide, 3);
     CHECK_OK(kvs_cache_new(&c, &out));
     kvs_group_info gi;
@@ -419,8 +419,8 @@ static void retention_calls(void) {
     EXPECT(kvs_seq_set_retention(h, 1, b, 1), KVS_STATUS_INVALID_ARGUMENT, "window_retention");
     EXPECT(kvs_seq_set_retention(NULL, 1, b, 1), KVS_STATUS_NULL_ARGUMENT, "cache");
     kvs_group g[2] = {
-        {KVS_GROUP_KIND_SLIDING_WINDOW, 8, 4096},
-        {KVS_GROUP_KIND_FULL, 0, 4096},
+        {KVS_GROUP_KIND_SLIDING_WINDOW, 8, 4096, 0},
+        {KVS_GROUP_KIND_FULL, 0, 4096, 0},
     };
     kvs_config cfg = config_of(g, 2);
     cfg.window_retention = KVS_WINDOW_RETENTION_BOUNDARIES;

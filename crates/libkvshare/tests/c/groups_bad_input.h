@@ -31,9 +31,9 @@
 static kvs_cache *h; /* the fixture every EXPECT compares stats on */
 
 static const kvs_group GROUPS[NG] = {
-    {KVS_GROUP_KIND_SLIDING_WINDOW, 8, 4096},
-    {KVS_GROUP_KIND_FULL, 0, 4096},
-    {KVS_GROUP_KIND_STATE, KVS_STATE_MODE_ALL, 2048},
+    {KVS_GROUP_KIND_SLIDING_WINDOW, 8, 4096, 0},
+    {KVS_GROUP_KIND_FULL, 0, 4096, 0},
+    {KVS_GROUP_KIND_STATE, KVS_STATE_MODE_ALL, 2048, 0},
 };
 
 /* Copies an append may report (kvs_seq_append's out-params). */

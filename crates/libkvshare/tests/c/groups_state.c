@@ -27,8 +27,8 @@ static void bad_config(kvs_group g, bool caching, const char *field) {
 
 static kvs_cache *make(uint32_t mode, bool caching) {
     kvs_group g[2] = {
-        {KVS_GROUP_KIND_FULL, 0, 4096},
-        {KVS_GROUP_KIND_STATE, mode, 4096},
+        {KVS_GROUP_KIND_FULL, 0, 4096, 0},
+        {KVS_GROUP_KIND_STATE, mode, 4096, 0},
     };
     kvs_config c = cfg_of(g, 2, caching);
     kvs_cache *h = NULL;
@@ -42,14 +42,14 @@ static size_t pages_of(kvs_cache *h, uint64_t seq, uint32_t *out) {
 
 int main(void) {
     /* Modes: 3 is none; none needs prefix caching off, all and align need it on. */
-    bad_config((kvs_group){KVS_GROUP_KIND_STATE, 3, 1}, true, "groups.window");
-    bad_config((kvs_group){KVS_GROUP_KIND_STATE, KVS_STATE_MODE_NONE, 1}, true, "groups.window");
-    bad_config((kvs_group){KVS_GROUP_KIND_STATE, KVS_STATE_MODE_ALL, 1}, false, "groups.window");
-    bad_config((kvs_group){KVS_GROUP_KIND_STATE, KVS_STATE_MODE_ALIGN, 1}, false,
+    bad_config((kvs_group){KVS_GROUP_KIND_STATE, 3, 1, 0}, true, "groups.window");
+    bad_config((kvs_group){KVS_GROUP_KIND_STATE, KVS_STATE_MODE_NONE, 1, 0}, true, "groups.window");
+    bad_config((kvs_group){KVS_GROUP_KIND_STATE, KVS_STATE_MODE_ALL, 1, 0}, false, "groups.window");
+    bad_config((kvs_group){KVS_GROUP_KIND_STATE, KVS_STATE_MODE_ALIGN, 1, 0}, false,
                "groups.window");
     {
         /* Checkpoints exist at page boundaries only: no hits inside a page. */
-        kvs_group g = {KVS_GROUP_KIND_STATE, KVS_STATE_MODE_ALL, 1};
+        kvs_group g = {KVS_GROUP_KIND_STATE, KVS_STATE_MODE_ALL, 1, 0};
         kvs_config c = cfg_of(&g, 1, true);
         c.match_unit = PS / 2;
         kvs_cache *h = (kvs_cache *)(uintptr_t)0x1;

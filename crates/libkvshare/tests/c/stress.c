@@ -450,9 +450,9 @@ int main(void) {
     }
     scenario("one group", NULL, 0);
     const kvs_group groups[3] = {
-        {KVS_GROUP_KIND_FULL, 0, 0},
-        {KVS_GROUP_KIND_SLIDING_WINDOW, 7, 0},
-        {KVS_GROUP_KIND_STATE, KVS_STATE_MODE_ALL, 4096},
+        {KVS_GROUP_KIND_FULL, 0, 0, 0},
+        {KVS_GROUP_KIND_SLIDING_WINDOW, 7, 0, 0},
+        {KVS_GROUP_KIND_STATE, KVS_STATE_MODE_ALL, 4096, 0},
     };
     scenario("full, window, state", groups, 3);
     printf("stress: ok\n");

@@ -139,6 +139,7 @@ pub fn window_released(
         kind: kvs_group_kind::SlidingWindow as u32,
         window,
         page_bytes: 0,
+        flags: 0,
     };
     let num_pages = num_tokens.div_ceil(page_size as usize);
     let cfg = kvs_config {
