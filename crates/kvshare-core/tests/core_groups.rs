@@ -572,7 +572,8 @@ proptest! {
         } else {
             vec![GroupKind::SlidingWindow(20), GroupKind::SlidingWindow(20), GroupKind::Full]
         };
-        let mode = Mode { caching: true, uncached_first: true, retention: Some(interval), eagle: 0 };
+        let mode =
+            Mode { caching: true, uncached_first: true, retention: Some(interval), eagle: 0 };
         run_with(16, 160, kinds, 200, &ops, mode)?;
     }
 

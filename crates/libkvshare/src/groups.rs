@@ -49,9 +49,9 @@ pub struct kvs_group {
 /// for its hidden states, so `kvs_prefix_find`'s hit ends one page earlier, and a sliding
 /// window finds its tail one page longer before dropping it (vLLM's `drop_eagle_block`);
 /// groups of one kind and page size drop together when any of them is EAGLE's.
-/// `kvs_seq_begin` does not drop: cap it at the hit `kvs_prefix_find` found. A pool tier's pages after the hit load
-/// as vLLM loads a KV connector's tokens beside EAGLE (no drop). Full-attention and
-/// sliding-window groups only, without `match_unit` below `page_size`
+/// `kvs_seq_begin` does not drop: cap it at the hit `kvs_prefix_find` found. A pool tier's
+/// pages after the hit load as vLLM loads a KV connector's tokens beside EAGLE (no drop).
+/// Full-attention and sliding-window groups only, without `match_unit` below `page_size`
 /// (`KVS_STATUS_INVALID_CONFIG` otherwise).
 pub const KVS_GROUP_EAGLE: u32 = 1;
 

@@ -17,8 +17,10 @@ groups under ``full_sequence_must_fit``, skipped positions, evictable hit blocks
 mirror of the block tables (``group_tables``); every page operation runs in kvshare.  Mamba /
 linear-attention state groups run on kvshare's STATE groups (``state_groups``).  What is not
 handled is refused by :func:`unsupported_reason` (the plugin then keeps vLLM's manager): state
-groups with KV events or speculative blocks, cross attention, EAGLE beside windowed or state
-groups, per-group block sizes.  KV events are vLLM's (``events.GroupEventTranslator``).  KV
+groups with KV events or speculative blocks, cross attention, EAGLE beside chunked-local or
+state groups (on vLLM 0.32 beside any windowed group), per-group block sizes.  EAGLE / MTP
+groups are kvshare's (``KVS_GROUP_EAGLE``): its lookup drops their last hit block as vLLM's
+coordinator does.  KV events are vLLM's (``events.GroupEventTranslator``).  KV
 connectors' calls are served: external tokens and delayed caching (``_begin_external``),
 ``evict_blocks`` and the block hashes connectors read (``base``).  vLLM 0.32's additions are in
 ``manager_newer.py``, the views (``coordinator``, ``block_pool``) in ``views.py``.
@@ -85,6 +87,37 @@ def _group_kind(spec) -> tuple[str, int] | None:
     return None
 
 
+def eagle_groups(groups, use_eagle: bool) -> list[bool]:
+    """Per group, whether vLLM's coordinator drops its last hit block: the groups the model
+    marks (``is_eagle_group``), or every group under ``use_eagle`` when none is marked
+    (``eagle_group_ids``), spread to every group of an equal spec (``SpecGroup.use_eagle``)."""
+    marked = [bool(getattr(g, "is_eagle_group", False)) for g in groups]
+    if use_eagle and not any(marked):
+        marked = [True] * len(groups)
+    return [any(m and g.kv_cache_spec == h.kv_cache_spec for m, h in zip(marked, groups))
+            for g in groups]
+
+
+def _eagle_reason(groups, eagle: list[bool]) -> str | None:
+    """Why kvshare cannot drop the EAGLE block as vLLM does for these groups (None: it can)."""
+    kinds = [_group_kind(g.kv_cache_spec) for g in groups]
+    bad = {k for (k, _), e in zip(kinds, eagle) if e and k not in ("full", "sliding_window")}
+    if bad:
+        return (f"EAGLE / MTP speculative decoding with {', '.join(sorted(bad))} groups (vLLM "
+                "drops no block there)")
+    if _API != "0.23.0" and any(eagle) and any(k != "full" for k, _ in kinds):
+        return ("EAGLE / MTP speculative decoding beside windowed or state groups on vLLM "
+                f"{_API} (its coordinator looks a block past the lookup limit)")
+    # kvshare looks groups of one kind and window up together and drops in all of them when one
+    # is EAGLE's.  For full attention that is vLLM's hit whenever the groups cache the same
+    # blocks (a draft model's group marked beside the target's); windows must agree.
+    for k in set(kinds):
+        if k[0] != "full" and len({e for kk, e in zip(kinds, eagle) if kk == k}) > 1:
+            return (f"EAGLE / MTP on part of the sliding-window groups of window {k[1]} (vLLM "
+                    "drops per spec, kvshare per kind and window)")
+    return None
+
+
 def unsupported_reason(kv_cache_config, scheduler_block_size: int, hash_block_size: int,
                        dcp_world_size: int = 1, pcp_world_size: int = 1,
                        use_eagle: bool = False, enable_kv_cache_events: bool = False,
@@ -122,12 +155,9 @@ def unsupported_reason(kv_cache_config, scheduler_block_size: int, hash_block_si
                 f"hash {hash_block_size})")
     if len({g.kv_cache_spec.page_size_bytes for g in groups}) != 1:
         return "page bytes differ between groups (vLLM unifies them; one pool here)"
-    # A group the model marks as EAGLE's drops its last hit block (vLLM's eagle_group_ids); with
-    # full attention only, the hit is the shortest group's, so that is the drop for every group.
-    eagle = use_eagle or any(getattr(g, "is_eagle_group", False) for g in groups)
-    if eagle and any(_group_kind(g.kv_cache_spec)[0] != "full" for g in groups):
-        return ("EAGLE / MTP speculative decoding with sliding-window, chunked-local or state "
-                "groups (vLLM drops a hit block per kind of group and matches again)")
+    why = _eagle_reason(groups, eagle_groups(groups, use_eagle))
+    if why:
+        return why
     if dcp_world_size != 1 or pcp_world_size != 1:
         return f"context parallelism (dcp={dcp_world_size}, pcp={pcp_world_size})"
     if not 1 <= bs <= kvshare.MAX_PAGE_SIZE:
@@ -155,9 +185,9 @@ class KvshareKVCacheManager(NewerSurface, GroupTables, ManagerBase):
                                         num_prefill_lookahead)
         if why:
             raise ValueError(f"kvshare_vllm: unsupported configuration: {why}")
-        # vLLM 0.32 also drops the last hit block of a group the model marks as EAGLE's.
-        use_eagle = use_eagle or any(getattr(g, "is_eagle_group", False)
-                                     for g in kv_cache_config.kv_cache_groups)
+        # The groups whose last hit block vLLM drops (EAGLE / MTP); kvshare's lookup drops it.
+        eagle = eagle_groups(kv_cache_config.kv_cache_groups, use_eagle)
+        use_eagle = any(eagle)
         self._init_base(kv_cache_config, max_model_len, enable_caching, use_eagle, log_stats,
                         enable_kv_cache_events, metrics_collector, watermark)
         self.specs = [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups]
@@ -166,7 +196,8 @@ class KvshareKVCacheManager(NewerSurface, GroupTables, ManagerBase):
         # max_model_len tokens: one page here, see state_groups).
         self.block_size = bs = next(s.block_size for s in self.specs if not is_state_spec(s))
         kinds = [_group_kind(s) for s in self.specs]
-        self._groups = [(k, w, s.page_size_bytes) for (k, w), s in zip(kinds, self.specs)]
+        self._groups = [(k, w, s.page_size_bytes, e)
+                        for (k, w), s, e in zip(kinds, self.specs, eagle)]
         # Tokens a group skips once c tokens are computed (vLLM's get_num_skipped_tokens).
         self._windows = [(k, s.mamba_cache_mode if k == "state" else w)
                          for (k, w), s in zip(kinds, self.specs)]
@@ -237,7 +268,7 @@ class KvshareKVCacheManager(NewerSurface, GroupTables, ManagerBase):
         specs = self._groups
         if len(specs) == 1 and self._full[0]:
             geometry = page_geometry(groups[0])
-            specs = [(specs[0][0], specs[0][1], 0)]  # 0: the geometry's page bytes
+            specs = [(specs[0][0], specs[0][1], 0, specs[0][3])]  # 0: the geometry's bytes
         cache = kvshare.Cache(
             page_size=self.block_size, num_device_pages=self.num_blocks, groups=specs,
             enable_prefix_caching=self.enable_caching, enable_events=self.enable_kv_cache_events,
@@ -264,6 +295,10 @@ class KvshareKVCacheManager(NewerSurface, GroupTables, ManagerBase):
             raise ValueError(f"kvshare_vllm: {MATCH_UNIT_ENV}={unit}: sub-page hits with "
                              "Mamba / linear-attention state groups (a state page is a "
                              "checkpoint, whole or nothing; unset it)")
+        if unit and self.use_eagle:
+            raise ValueError(f"kvshare_vllm: {MATCH_UNIT_ENV}={unit}: sub-page hits with EAGLE "
+                             "/ MTP (a hit ends a block early for the draft model to recompute, "
+                             "and a sub-page hit would reuse part of that block; unset it)")
         if unit and not connector and not support().block_copies:
             raise copies_need_connector(unit, f"on vLLM {_API}")
         return unit
@@ -314,11 +349,6 @@ class KvshareKVCacheManager(NewerSurface, GroupTables, ManagerBase):
             blocks = self._blocks
             rows = [[blocks[p] for p in row] for row in rows] if hit else rows
         self._pending = (request.request_id, extra)
-        if hit and self.use_eagle:
-            # EAGLE recomputes the last matched block for its hidden states (full attention
-            # only here: every group drops it, as vLLM's coordinator does once per group).
-            n = max(hit // self.block_size - 1, 0)
-            rows, hit = [row[:n] for row in rows], n * self.block_size
         if not hit:
             return self.empty_kv_cache_blocks, 0, ids, extra
         return KVCacheBlocks(tuple(rows)), hit, ids, extra

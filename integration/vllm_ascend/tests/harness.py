@@ -182,7 +182,7 @@ def make_scheduler(model_dir: str, *, kvshare: bool, num_blocks: int = 1000, blo
                    kv_transfer: dict | None = None, specs: dict | None = None,
                    mamba_cache_mode: str | None = None, watermark: float = 0.0,
                    retention_interval: int | None = None, zeroing: bool = False,
-                   eagle: int = 0) -> Scheduler:
+                   eagle: int = 0, eagle_groups: str | None = None) -> Scheduler:
     """``kv_transfer``: a KV connector's ``KVTransferConfig`` fields; the scheduler then builds
     the connector's scheduler side (the KV tensor's size is declared: one float32 K and V
     value per slot, which offloading specs divide into per-block bytes).
@@ -194,7 +194,9 @@ def make_scheduler(model_dir: str, *, kvshare: bool, num_blocks: int = 1000, blo
     cache needs KV zeroing (as vLLM's for Mamba layers or mixed precision): the scheduler hands
     new blocks out for zeroing every step (``SchedulerOutput.new_block_ids_to_zero``).
     ``eagle``: EAGLE speculative decoding with that many draft tokens, as the scheduler reads
-    its config (``EagleConfig``): lookahead slots, and the manager drops a hit's last block."""
+    its config (``EagleConfig``): lookahead slots, and the manager drops a hit's last block.
+    ``eagle_groups``: ``"full"`` or ``"window"``: the model marks those groups as EAGLE's
+    (``is_eagle_group``), and only they drop the block."""
     vllm_config = make_vllm_config(
         model_dir, block_size=block_size, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
@@ -212,6 +214,12 @@ def make_scheduler(model_dir: str, *, kvshare: bool, num_blocks: int = 1000, blo
         if API != "0.23.0" and cache_config.kv_cache_layout is None:
             cache_config.kv_cache_layout = "NHD"  # as the engine core resolves it on CPU
         groups = get_kv_cache_groups(vllm_config, dict(specs))
+    if eagle_groups is not None:
+        import dataclasses
+
+        groups = [dataclasses.replace(g, is_eagle_group=(
+            isinstance(g.kv_cache_spec, SlidingWindowSpec) == (eagle_groups == "window")))
+            for g in groups]
     tensors = []
     if kv_transfer is not None:
         from vllm.v1.kv_cache_interface import KVCacheTensor

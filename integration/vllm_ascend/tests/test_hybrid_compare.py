@@ -287,6 +287,37 @@ def test_eagle_on_full_attention_in_lockstep(tiny_model_dir, model, pressure):
     assert (pair.preemptions > 0) == pressure
 
 
+@pytest.mark.skipif(h.API != "0.23.0", reason="vLLM 0.32's EAGLE beside windows stays vLLM's")
+@pytest.mark.parametrize("model,size,marked", [("gpt-oss", 32, None), ("gemma3", 64, None),
+                                               ("gpt-oss", 32, "full"), ("gemma3", 64, "window")])
+@pytest.mark.parametrize("pressure", [False, True])
+def test_eagle_beside_windows_in_lockstep(tiny_model_dir, model, size, marked, pressure):
+    """EAGLE beside sliding-window groups (two draft tokens): vLLM's coordinator drops the
+    last hit block of every EAGLE group, a window looking for a tail one block longer, each
+    once per candidate length of its fixed point; kvshare's lookup does the same.  Every group
+    EAGLE's (``use_eagle``), or only the groups of one kind (``is_eagle_group``), on gpt-oss-
+    and Gemma-3-like layouts with short windows, in lockstep with vLLM's manager every step,
+    under cache pressure too."""
+    specs = h.layer_specs(model, size=size)
+    blocks = (150 if model == "gemma3" else 60) if pressure else 2000
+    pair = Pair(tiny_model_dir, specs=specs, num_blocks=blocks, eagle=2, eagle_groups=marked,
+                max_num_seqs=8)
+    groups = pair.kvs.kv_cache_manager.kv_cache_config.kv_cache_groups
+    assert [g.is_eagle_group for g in groups] == (
+        [False] * len(groups) if marked is None else
+        [(type(g.kv_cache_spec).__name__ == "SlidingWindowSpec") == (marked == "window")
+         for g in groups])
+    mgr = pair.kvs.kv_cache_manager
+    assert type(mgr).__name__ == "KvshareKVCacheManager"
+    assert mgr.use_eagle and pair.kvs.num_lookahead_tokens == 2
+    rng = random.Random(zlib.crc32(f"eagle-{model}-{marked}-{pressure}".encode()))
+    system = [rng.randrange(3, 30000) for _ in range(40 if pressure else 100)]
+    conversations(pair, num_convs=8 if pressure else 6, turns=3, system=system,
+                  seed=rng.randrange(1 << 30), max_tokens=40 if pressure else 12)
+    assert pair.hits[0] == pair.hits[1] > 0
+    assert (pair.preemptions > 0) == pressure
+
+
 EVENT_CASES = ["gpt-oss", "gpt-oss-w32", "gpt-oss-w32-chunked", "gpt-oss-w32-preempt", "gemma3",
                "gemma3-w64", "gemma3-w64-preempt"]
 
@@ -363,11 +394,12 @@ def test_sparse_retention_events_match_vllm(tiny_model_dir, name):
 def test_unmanaged_configurations_fall_back(tiny_model_dir):
     """What kvshare's groups do not cover stays with vLLM's manager (the plugin logs why):
     Mamba / linear-attention state groups with speculative blocks or KV events,
-    EAGLE beside windowed groups, differing block sizes.  KV events with
-    several groups run in kvshare (``test_kv_events_match_vllm``)."""
+    EAGLE beside chunked groups (beside windows on vLLM 0.32), differing block sizes.  KV
+    events with several groups run in kvshare (``test_kv_events_match_vllm``)."""
     import torch
-    from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
-                                            MambaSpec, SlidingWindowSpec)
+    from vllm.v1.kv_cache_interface import (ChunkedLocalAttentionSpec, FullAttentionSpec,
+                                            KVCacheConfig, KVCacheGroupSpec, MambaSpec,
+                                            SlidingWindowSpec)
 
     from kvshare_vllm.manager import unsupported_reason
 
@@ -427,7 +459,24 @@ def test_unmanaged_configurations_fall_back(tiny_model_dir):
     win = KVCacheConfig(num_blocks=64, kv_cache_tensors=[], kv_cache_groups=[
         KVCacheGroupSpec(["a"], full), KVCacheGroupSpec(["w"], SlidingWindowSpec(
             block_size=16, num_kv_heads=1, head_size=8, dtype=torch.float32, sliding_window=32))])
-    assert "EAGLE" in unsupported_reason(win, 16, 16, use_eagle=True)
+    if h.API == "0.23.0":  # EAGLE beside a window: test_eagle_beside_windows_in_lockstep
+        assert unsupported_reason(win, 16, 16, use_eagle=True) is None
+    else:  # 0.32's coordinator looks a block past the lookup limit
+        assert "EAGLE" in unsupported_reason(win, 16, 16, use_eagle=True)
+    # vLLM drops no block in a chunked group; nor can kvshare drop in part of one window's
+    # groups when vLLM's specs split them.
+    chunked = KVCacheConfig(num_blocks=64, kv_cache_tensors=[], kv_cache_groups=[
+        KVCacheGroupSpec(["a"], full), KVCacheGroupSpec(["c"], ChunkedLocalAttentionSpec(
+            block_size=16, num_kv_heads=1, head_size=8, dtype=torch.float32,
+            attention_chunk_size=64))])
+    assert "chunked_local" in unsupported_reason(chunked, 16, 16, use_eagle=True)
+    if h.API == "0.23.0":
+        split = KVCacheConfig(num_blocks=64, kv_cache_tensors=[], kv_cache_groups=[
+            KVCacheGroupSpec(["a"], full), win.kv_cache_groups[1],
+            KVCacheGroupSpec(["d"], SlidingWindowSpec(
+                block_size=16, num_kv_heads=2, head_size=4, dtype=torch.float32,
+                sliding_window=32), is_eagle_group=True)])
+        assert "part of the sliding-window groups" in unsupported_reason(split, 16, 16)
     assert "block sizes" in unsupported_reason(cfg, 32, 16)
     if h.API != "0.23.0":
         assert "MTP" in unsupported_reason(cfg, 16, 16, num_prefill_lookahead=2)

@@ -44,12 +44,13 @@ def test_vllm_plugins_filter_excludes_it(installed):
 def test_unsupported_config_falls_back(tiny_model_dir):
     """Sliding window + full attention: kvshare's hybrid manager (KV events on too; on vLLM
     0.32 under sparse prefix-cache retention too, 0.32's default, but for segments longer than
-    kvshare's limit); a Mamba group (or EAGLE with several groups): the selector builds
-    vLLM's own manager."""
+    kvshare's limit; with EAGLE on vLLM 0.23); a Mamba group, EAGLE beside a chunked group (or
+    beside a window on vLLM 0.32): the selector builds vLLM's own manager."""
     import torch
     from vllm.v1.core.kv_cache_manager import KVCacheManager
-    from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
-                                            MambaSpec, SlidingWindowSpec)
+    from vllm.v1.kv_cache_interface import (ChunkedLocalAttentionSpec, FullAttentionSpec,
+                                            KVCacheConfig, KVCacheGroupSpec, MambaSpec,
+                                            SlidingWindowSpec)
 
     from kvshare_vllm import compat
     from kvshare_vllm.manager import KvshareKVCacheManager
@@ -77,14 +78,23 @@ def test_unsupported_config_falls_back(tiny_model_dir):
         m = sel(kv_cache_config=sparse, max_model_len=256, scheduler_block_size=16,
                 hash_block_size=16)
         assert type(m) is KVCacheManager
+    old = compat.manager_api() == "0.23.0"
     m = sel(kv_cache_config=cfg, max_model_len=256, scheduler_block_size=16, hash_block_size=16,
-            use_eagle=True)  # EAGLE with groups
-    assert type(m) is KVCacheManager
-    if compat.manager_api() == "0.23.0":  # by position (0.32's scheduler passes keywords)
+            use_eagle=True)  # EAGLE beside a window
+    assert type(m) is (KvshareKVCacheManager if old else KVCacheManager)
+    if old:  # by position (0.32's scheduler passes keywords)
         m = sel(cfg, 256, 16, 16, 256, True, False, False, True)  # events on
         assert type(m) is KvshareKVCacheManager and m.enable_kv_cache_events
-        m = sel(cfg, 256, 16, 16, 256, True, True)  # EAGLE with groups
-        assert type(m) is KVCacheManager
+        m = sel(cfg, 256, 16, 16, 256, True, True)  # EAGLE beside a window
+        assert type(m) is KvshareKVCacheManager and m.use_eagle
+        assert [m.cache.group_info(g)["eagle"] for g in (0, 1)] == [True, True]
+    chunked = KVCacheGroupSpec(["c"], ChunkedLocalAttentionSpec(
+        block_size=16, num_kv_heads=1, head_size=1, dtype=torch.float32,
+        attention_chunk_size=64))
+    cfg_c = KVCacheConfig(num_blocks=64, kv_cache_tensors=[], kv_cache_groups=[groups[0], chunked])
+    m = sel(kv_cache_config=cfg_c, max_model_len=256, scheduler_block_size=16,
+            hash_block_size=16, use_eagle=True)  # vLLM drops no block in a chunked group
+    assert type(m) is KVCacheManager
     mamba = KVCacheGroupSpec(["m"], MambaSpec(block_size=16, shapes=((1, 16),),
                                               dtypes=(torch.float32,)))
     cfg = KVCacheConfig(num_blocks=64, kv_cache_tensors=[], kv_cache_groups=[groups[0], mamba])
