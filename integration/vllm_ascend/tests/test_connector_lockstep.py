@@ -317,7 +317,7 @@ def test_example_connector_lockstep(tiny_model_dir, tmp_path):
 
 
 @pytest.mark.parametrize("num_blocks,policy,chunk", [(200, "recompute", 1), (200, "fail", 1),
-                                                     (28, "recompute", 1),
+                                                     (28, "recompute", 1), (28, "fail", 1),
                                                      (200, "recompute", 2)])
 def test_offloading_connector_lockstep(tiny_model_dir, num_blocks, policy, chunk):
     """vLLM's offloading connector with its CPU spec: every prompt block is stored to the CPU
@@ -327,12 +327,9 @@ def test_offloading_connector_lockstep(tiny_model_dir, num_blocks, policy, chunk
     delays them; kvshare must not find the transfer's pages before cache_blocks); every 4th
     load fails one block (recompute: truncated and cached up to the failure, or freed; fail:
     the request ends with an error), and a request is aborted while receiving.  ``chunk`` 2:
-    offloaded blocks of two device blocks (stores and loads in whole chunks).
-
-    Not (28, "fail"): a failed request frees pages that were never cached, and under cache
-    pressure the two managers then evict differently by design (docs/vllm.md, "Difference
-    under cache pressure": vLLM queues freed uncached blocks behind cached ones); there kvshare
-    keeps a prefix vLLM evicted, hits it locally and schedules a request vLLM loads."""
+    offloaded blocks of two device blocks (stores and loads in whole chunks).  With 28 blocks a
+    failed request's never-cached pages rejoin the free queue where vLLM's do, so eviction
+    stays in lockstep under pressure too."""
     pair = ConnPair(tiny_model_dir, lambda i: offloading_config(64, policy, chunk),
                     lambda c: OffloadingWorker(load_delay=2, store_delay=1, fail_every=4),
                     num_blocks=num_blocks, max_num_seqs=4)

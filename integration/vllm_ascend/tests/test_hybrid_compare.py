@@ -267,6 +267,23 @@ def test_prefix_cache_reset_in_lockstep(tiny_model_dir, name):
     assert mgr.kvshare_stats()["index_pages"] == _vllm_cached(pair)
 
 
+def _eagle_in_lockstep(pair, key: str, pressure: bool) -> None:
+    """Conversations with EAGLE (two draft tokens) on ``pair``, in lockstep every step: the
+    groups kvshare drops in are those vLLM's coordinator drops in."""
+    mgr = pair.kvs.kv_cache_manager
+    assert type(mgr).__name__ == "KvshareKVCacheManager"
+    assert mgr.use_eagle and pair.kvs.num_lookahead_tokens == 2
+    vllm = pair.ref.kv_cache_manager.coordinator.single_type_managers
+    assert [mgr.cache.group_info(g)["eagle"] for g in range(len(vllm))] == \
+        [m.use_eagle for m in vllm]
+    rng = random.Random(zlib.crc32(f"eagle-{key}-{pressure}".encode()))
+    system = [rng.randrange(3, 30000) for _ in range(40 if pressure else 100)]
+    conversations(pair, num_convs=8 if pressure else 6, turns=3, system=system,
+                  seed=rng.randrange(1 << 30), max_tokens=40 if pressure else 12)
+    assert pair.hits[0] == pair.hits[1] > 0
+    assert (pair.preemptions > 0) == pressure
+
+
 @pytest.mark.parametrize("model", [None, "mla"])
 @pytest.mark.parametrize("pressure", [False, True])
 def test_eagle_on_full_attention_in_lockstep(tiny_model_dir, model, pressure):
@@ -276,15 +293,7 @@ def test_eagle_on_full_attention_in_lockstep(tiny_model_dir, model, pressure):
     specs = h.layer_specs(model) if model else None
     pair = Pair(tiny_model_dir, specs=specs, num_blocks=60 if pressure else 200, eagle=2,
                 max_num_seqs=8)
-    mgr = pair.kvs.kv_cache_manager
-    assert type(mgr).__name__ == "KvshareKVCacheManager"
-    assert mgr.use_eagle and pair.kvs.num_lookahead_tokens == 2
-    rng = random.Random(zlib.crc32(f"eagle-{model}-{pressure}".encode()))
-    system = [rng.randrange(3, 30000) for _ in range(40 if pressure else 100)]
-    conversations(pair, num_convs=8 if pressure else 6, turns=3, system=system,
-                  seed=rng.randrange(1 << 30), max_tokens=40 if pressure else 12)
-    assert pair.hits[0] == pair.hits[1] > 0
-    assert (pair.preemptions > 0) == pressure
+    _eagle_in_lockstep(pair, str(model), pressure)
 
 
 @pytest.mark.skipif(h.API != "0.23.0", reason="vLLM 0.32's EAGLE beside windows stays vLLM's")
@@ -292,30 +301,20 @@ def test_eagle_on_full_attention_in_lockstep(tiny_model_dir, model, pressure):
                                                ("gpt-oss", 32, "full"), ("gemma3", 64, "window")])
 @pytest.mark.parametrize("pressure", [False, True])
 def test_eagle_beside_windows_in_lockstep(tiny_model_dir, model, size, marked, pressure):
-    """EAGLE beside sliding-window groups (two draft tokens): vLLM's coordinator drops the
-    last hit block of every EAGLE group, a window looking for a tail one block longer, each
-    once per candidate length of its fixed point; kvshare's lookup does the same.  Every group
-    EAGLE's (``use_eagle``), or only the groups of one kind (``is_eagle_group``), on gpt-oss-
-    and Gemma-3-like layouts with short windows, in lockstep with vLLM's manager every step,
-    under cache pressure too."""
-    specs = h.layer_specs(model, size=size)
+    """EAGLE beside sliding-window groups: vLLM's coordinator drops the last hit block of every
+    EAGLE group, a window looking for a tail one block longer, each once per candidate length
+    of its fixed point; kvshare's lookup does the same.  Every group EAGLE's (``use_eagle``),
+    or only the groups of one kind (``is_eagle_group``), on gpt-oss- and Gemma-3-like layouts
+    with short windows, under cache pressure too."""
     blocks = (150 if model == "gemma3" else 60) if pressure else 2000
-    pair = Pair(tiny_model_dir, specs=specs, num_blocks=blocks, eagle=2, eagle_groups=marked,
-                max_num_seqs=8)
+    pair = Pair(tiny_model_dir, specs=h.layer_specs(model, size=size), num_blocks=blocks,
+                eagle=2, eagle_groups=marked, max_num_seqs=8)
     groups = pair.kvs.kv_cache_manager.kv_cache_config.kv_cache_groups
     assert [g.is_eagle_group for g in groups] == (
         [False] * len(groups) if marked is None else
         [(type(g.kv_cache_spec).__name__ == "SlidingWindowSpec") == (marked == "window")
          for g in groups])
-    mgr = pair.kvs.kv_cache_manager
-    assert type(mgr).__name__ == "KvshareKVCacheManager"
-    assert mgr.use_eagle and pair.kvs.num_lookahead_tokens == 2
-    rng = random.Random(zlib.crc32(f"eagle-{model}-{marked}-{pressure}".encode()))
-    system = [rng.randrange(3, 30000) for _ in range(40 if pressure else 100)]
-    conversations(pair, num_convs=8 if pressure else 6, turns=3, system=system,
-                  seed=rng.randrange(1 << 30), max_tokens=40 if pressure else 12)
-    assert pair.hits[0] == pair.hits[1] > 0
-    assert (pair.preemptions > 0) == pressure
+    _eagle_in_lockstep(pair, f"{model}-{marked}", pressure)
 
 
 EVENT_CASES = ["gpt-oss", "gpt-oss-w32", "gpt-oss-w32-chunked", "gpt-oss-w32-preempt", "gemma3",
