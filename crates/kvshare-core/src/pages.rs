@@ -323,7 +323,10 @@ impl State {
     ) -> (GroupsHit, Option<u128>) {
         let tokens = &tokens[..tokens.len().min(max_tokens)];
         if self.plain {
-            let walked = self.walk(tokens, extra, usize::MAX, tiers);
+            let mut walked = self.walk(tokens, extra, usize::MAX, tiers);
+            if eagle && self.groups[0].eagle {
+                walked.pop(); // the fixed point of one full set: its hit less its last page
+            }
             let parent = walked.last().map_or(self.root, |(_, k)| k.hash);
             let hit = GroupsHit {
                 groups: vec![walked.into_iter().map(|(h, _)| Some(h)).collect()],

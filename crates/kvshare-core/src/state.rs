@@ -81,7 +81,7 @@ pub struct State {
     pub(crate) groups: Vec<Group>,
     /// Groups of one kind and page size, looked up together (vLLM's sets), full attention first.
     pub(crate) sets: Vec<Vec<usize>>,
-    /// One full-attention group, not EAGLE's: the plain model, with its own fast prefix walk.
+    /// One full-attention group: the plain model, with its own fast prefix walk.
     pub(crate) plain: bool,
     pub(crate) pools: Vec<Pool>,
     pub(crate) seqs: IdMap<Seq>,
@@ -208,7 +208,7 @@ impl State {
         let n = groups.len();
         Ok(State {
             ps: cfg.page_size as usize,
-            plain: n == 1 && groups[0].kind == GroupKind::Full && !groups[0].eagle,
+            plain: n == 1 && groups[0].kind == GroupKind::Full,
             groups,
             sets,
             pools,
